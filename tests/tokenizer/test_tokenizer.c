@@ -1,0 +1,358 @@
+/* test_tokenizer: the fixture tokenizer (encode ids + decoded text for every case of
+ * fixtures/tokenizer/expected.json, through tokenizer.json and through the GGUF-style vocab
+ * description), the streaming decoder, a hand-made SentencePiece vocabulary, lookups, and
+ * malformed tokenizer.json inputs (each must fail with a message, never crash). */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "tokenizer/tokenizer.h"
+
+static int failures, checks;
+
+#define CHECK(cond, ...)                                                                       \
+  do {                                                                                         \
+    checks++;                                                                                  \
+    if (!(cond)) {                                                                             \
+      failures++;                                                                              \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                     \
+      fprintf(stderr, __VA_ARGS__);                                                            \
+      fprintf(stderr, "\n");                                                                   \
+    }                                                                                          \
+  } while (0)
+
+static void print_ids(const char *what, const int32_t *ids, size_t n) {
+  fprintf(stderr, "  %s:", what);
+  for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+  fprintf(stderr, "\n");
+}
+
+/* Encodes every expected.json case with tok and compares ids, decode and stream decode. */
+static void check_cases(const tokenizer *tok, const json_t *cases, const char *label) {
+  char err[256];
+  for (size_t i = 0; i < json_array_size(cases); i++) {
+    const json_t *c = json_array_get(cases, i);
+    const char *text = json_string_value(json_object_get(c, "text"));
+    size_t tlen = json_string_length(json_object_get(c, "text"));
+    const json_t *exp = json_object_get(c, "ids");
+    const json_t *dec = json_object_get(c, "decoded");
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tokenizer_encode(tok, text, tlen, 0, &ids, &n, err, sizeof err);
+    CHECK(rc == 0, "%s case %zu: encode failed: %s", label, i, err);
+    if (rc) continue;
+    int same = n == json_array_size(exp);
+    for (size_t k = 0; same && k < n; k++)
+      same = ids[k] == (int32_t)json_integer_value(json_array_get(exp, k));
+    CHECK(same, "%s case %zu (%.40s): ids differ", label, i, text);
+    if (!same) {
+      print_ids("got", ids, n);
+      fprintf(stderr, "  want:");
+      for (size_t k = 0; k < json_array_size(exp); k++)
+        fprintf(stderr, " %d", (int)json_integer_value(json_array_get(exp, k)));
+      fprintf(stderr, "\n");
+    }
+    if (json_is_string(dec)) {
+      char *out = NULL;
+      size_t olen = 0;
+      rc = tokenizer_decode(tok, ids, n, 0, &out, &olen, err, sizeof err);
+      CHECK(rc == 0 && olen == json_string_length(dec) &&
+                memcmp(out, json_string_value(dec), olen) == 0,
+            "%s case %zu: decoded \"%s\" want \"%s\"", label, i, out ? out : "(null)",
+            json_string_value(dec));
+      /* The stream must give the same bytes, and each piece must be whole UTF-8. */
+      tokenizer_stream *s = NULL;
+      rc = tokenizer_stream_new(&s, tok, 0, err, sizeof err);
+      CHECK(rc == 0, "stream_new: %s", err);
+      char acc[4096];
+      size_t alen = 0;
+      int whole = 1;
+      for (size_t k = 0; s && k <= n; k++) {
+        char piece[256];
+        size_t pl = 0;
+        rc = k < n ? tokenizer_stream_feed(s, ids[k], piece, sizeof piece, &pl, err, sizeof err)
+                   : tokenizer_stream_flush(s, piece, sizeof piece, &pl, err, sizeof err);
+        CHECK(rc == 0, "stream feed: %s", err);
+        if (pl && ((unsigned char)piece[0] & 0xc0) == 0x80) whole = 0;
+        if (alen + pl < sizeof acc) {
+          memcpy(acc + alen, piece, pl);
+          alen += pl;
+        }
+      }
+      CHECK(whole, "%s case %zu: stream emitted a split character", label, i);
+      CHECK(alen == olen && out && memcmp(acc, out, olen) == 0,
+            "%s case %zu: stream output differs from decode", label, i);
+      tokenizer_stream_free(s);
+      free(out);
+    }
+    free(ids);
+  }
+}
+
+/* Builds a vocab description out of a byte-level tokenizer.json (what a GGUF converter
+ * writes) so both constructors can be checked against the same expected ids. */
+static tokenizer *vocab_from_json(const char *path, const char *pre) {
+  json_error_t je;
+  json_t *root = json_load_file(path, 0, &je);
+  const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
+  const json_t *merges = json_object_get(json_object_get(root, "model"), "merges");
+  const json_t *added = json_object_get(root, "added_tokens");
+  size_t nv = 0;
+  const char *key;
+  json_t *val;
+  json_object_foreach((json_t *)vocab, key, val) if ((size_t)json_integer_value(val) + 1 > nv) nv =
+      (size_t)json_integer_value(val) + 1;
+  for (size_t i = 0; i < json_array_size(added); i++) {
+    size_t id = (size_t)json_integer_value(json_object_get(json_array_get(added, i), "id"));
+    if (id + 1 > nv) nv = id + 1;
+  }
+  const char **toks = calloc(nv, sizeof *toks);
+  int32_t *types = calloc(nv, sizeof *types);
+  json_object_foreach((json_t *)vocab, key, val) {
+    toks[json_integer_value(val)] = key;
+    types[json_integer_value(val)] = TOKENIZER_TOKEN_NORMAL;
+  }
+  for (size_t i = 0; i < json_array_size(added); i++) {
+    const json_t *a = json_array_get(added, i);
+    size_t id = (size_t)json_integer_value(json_object_get(a, "id"));
+    toks[id] = json_string_value(json_object_get(a, "content"));
+    types[id] = json_is_true(json_object_get(a, "special")) ? TOKENIZER_TOKEN_CONTROL
+                                                            : TOKENIZER_TOKEN_USER_DEFINED;
+  }
+  size_t nm = json_array_size(merges);
+  char **ms = calloc(nm, sizeof *ms);
+  for (size_t i = 0; i < nm; i++) {
+    const json_t *m = json_array_get(merges, i);
+    if (json_is_string(m)) {
+      ms[i] = strdup(json_string_value(m));
+    } else {
+      const char *a = json_string_value(json_array_get(m, 0));
+      const char *b = json_string_value(json_array_get(m, 1));
+      ms[i] = malloc(strlen(a) + strlen(b) + 2);
+      sprintf(ms[i], "%s %s", a, b);
+    }
+  }
+  tokenizer_vocab_desc d;
+  tokenizer_vocab_desc_init(&d);
+  d.model = "gpt2";
+  d.pre = pre;
+  d.n_tokens = nv;
+  d.tokens = toks;
+  d.token_types = types;
+  d.n_merges = nm;
+  d.merges = (const char *const *)ms;
+  d.eos_id = 2;
+  tokenizer *tok = NULL;
+  char err[256];
+  int rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == 0, "create_from_vocab: %s", err);
+  for (size_t i = 0; i < nm; i++) free(ms[i]);
+  free(ms);
+  free(toks);
+  free(types);
+  json_decref(root);
+  return tok;
+}
+
+static void test_fixture(const char *fixtures) {
+  char path[4096], err[256];
+  snprintf(path, sizeof path, "%s/tokenizer/expected.json", fixtures);
+  json_error_t je;
+  json_t *exp = json_load_file(path, JSON_ALLOW_NUL, &je);
+  CHECK(exp != NULL, "cannot read %s: %s", path, je.text);
+  if (!exp) return;
+  const json_t *cases = json_object_get(exp, "encode");
+  CHECK(json_array_size(cases) > 0, "no encode cases");
+
+  snprintf(path, sizeof path, "%s/tokenizer", fixtures);
+  tokenizer *tok = NULL;
+  int rc = tokenizer_load_json(&tok, path, err, sizeof err);
+  CHECK(rc == 0, "load %s: %s", path, err);
+  if (!rc) {
+    check_cases(tok, cases, "json");
+    CHECK(tokenizer_token_id(tok, "<|im_end|>") == 2, "im_end id");
+    CHECK(tokenizer_eos_id(tok) == 2, "eos from tokenizer_config: %d", tokenizer_eos_id(tok));
+    CHECK(tokenizer_pad_id(tok) == 0, "pad id");
+    CHECK(tokenizer_is_eog(tok, 2) && tokenizer_is_eog(tok, 0), "eog list");
+    size_t na = 0;
+    const tokenizer_added_token *at = tokenizer_added_tokens(tok, &na);
+    CHECK(na == 10 && at[1].id == 1 && at[1].special && strcmp(at[1].content, "<|im_start|>") == 0,
+          "added tokens list");
+    size_t l = 0;
+    CHECK(tokenizer_token_str(tok, 1, &l) && l == 12, "token_str");
+    CHECK(tokenizer_token_str(tok, 1000000, &l) == NULL, "token_str out of range");
+    /* NO_PARSE_SPECIAL: the special text is tokenized as plain text. */
+    int32_t *ids;
+    size_t n;
+    rc = tokenizer_encode(tok, "<|im_end|>", 10, TOKENIZER_ENCODE_NO_PARSE_SPECIAL, &ids, &n, err,
+                          sizeof err);
+    CHECK(rc == 0 && n > 1, "no-parse-special gave %zu ids", n);
+    free(ids);
+    rc = tokenizer_encode(tok, "a\xff", 2, 0, &ids, &n, err, sizeof err);
+    CHECK(rc == ANNA_EINVAL, "invalid UTF-8 must be rejected");
+    int32_t bad[] = {5, 99999};
+    char *txt;
+    size_t tl;
+    rc = tokenizer_decode(tok, bad, 2, 0, &txt, &tl, err, sizeof err);
+    CHECK(rc == ANNA_ERANGE, "decode of bad id must fail");
+    int32_t sp[] = {1, 81, 2};
+    rc = tokenizer_decode(tok, sp, 3, TOKENIZER_DECODE_SKIP_SPECIAL, &txt, &tl, err, sizeof err);
+    CHECK(rc == 0 && tl == 1, "skip special");
+    if (!rc) free(txt);
+    tokenizer_free(tok);
+  }
+
+  snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", fixtures);
+  tok = vocab_from_json(path, "qwen2");
+  if (tok) {
+    check_cases(tok, cases, "vocab-desc");
+    CHECK(tokenizer_eos_id(tok) == 2, "desc eos");
+    tokenizer_free(tok);
+  }
+  json_decref(exp);
+}
+
+/* A tiny SentencePiece vocabulary: merges come from scores, unknown chars fall back to
+ * <0xNN> bytes, a space prefix is added, specials are matched. */
+static void test_spm(void) {
+  const char *toks[300];
+  float scores[300];
+  int32_t types[300];
+  char bytes[256][7];
+  int n = 0;
+  toks[n] = "<unk>", scores[n] = 0, types[n++] = TOKENIZER_TOKEN_UNKNOWN;
+  toks[n] = "<s>", scores[n] = 0, types[n++] = TOKENIZER_TOKEN_CONTROL;
+  toks[n] = "</s>", scores[n] = 0, types[n++] = TOKENIZER_TOKEN_CONTROL;
+  for (int b = 0; b < 256; b++) {
+    snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
+    toks[n] = bytes[b], scores[n] = 0, types[n++] = TOKENIZER_TOKEN_BYTE;
+  }
+  const char *pieces[] = {"\xe2\x96\x81", "h", "e", "l", "o", "w", "r", "d", "he", "ll",
+                          "hell", "hello", "\xe2\x96\x81hello", "wo", "rl", "\xe2\x96\x81w"};
+  float sc[] = {-1, -2, -2, -2, -2, -2, -2, -2, -3, -4, -5, -6, -7, -8, -9, -10};
+  int first = n;
+  for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++)
+    toks[n] = pieces[i], scores[n] = sc[i], types[n++] = TOKENIZER_TOKEN_NORMAL;
+  tokenizer_vocab_desc d;
+  tokenizer_vocab_desc_init(&d);
+  d.model = "llama";
+  d.n_tokens = (size_t)n;
+  d.tokens = toks;
+  d.scores = scores;
+  d.token_types = types;
+  d.bos_id = 1;
+  d.eos_id = 2;
+  d.unk_id = 0;
+  tokenizer *tok = NULL;
+  char err[256];
+  int rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == 0, "spm create: %s", err);
+  if (rc) return;
+  int32_t *ids;
+  size_t cnt;
+  const char *text = "hello world\xc3\xa9</s>";
+  rc = tokenizer_encode(tok, text, strlen(text), TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &cnt, err,
+                        sizeof err);
+  /* <s> ▁hello ▁ wo rl d <0xC3> <0xA9> </s>: "wo" (-8) outscores "▁w" (-10) */
+  int32_t want[] = {1, first + 12, first + 0, first + 13, first + 14, first + 7, 3 + 0xc3,
+                    3 + 0xa9, 2};
+  int same = rc == 0 && cnt == sizeof want / sizeof *want;
+  for (size_t i = 0; same && i < cnt; i++) same = ids[i] == want[i];
+  CHECK(same, "spm encode");
+  if (!same && rc == 0) print_ids("got", ids, cnt);
+  char *out;
+  size_t ol;
+  rc = tokenizer_decode(tok, ids, cnt, TOKENIZER_DECODE_SKIP_SPECIAL, &out, &ol, err, sizeof err);
+  CHECK(rc == 0 && strcmp(out, "hello world\xc3\xa9") == 0, "spm decode: \"%s\"", rc ? err : out);
+  if (!rc) free(out);
+  free(ids);
+  tokenizer_free(tok);
+
+  d.model = "bert";
+  rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == ANNA_EUNSUPPORTED, "unknown model kind must be refused");
+  d.model = "gpt2";
+  d.pre = "no-such-pre";
+  rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == ANNA_EUNSUPPORTED, "unknown pre must be refused");
+  const char *bad_merge[] = {"h zz"};
+  d.pre = "gpt2";
+  d.merges = bad_merge;
+  d.n_merges = 1;
+  rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == ANNA_EFORMAT, "bad merge must be refused");
+}
+
+static void test_malformed(const char *fixtures) {
+  char path[4096], err[256];
+  snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", fixtures);
+  FILE *f = fopen(path, "rb");
+  CHECK(f != NULL, "open %s", path);
+  if (!f) return;
+  static char good[1 << 20];
+  size_t n = fread(good, 1, sizeof good - 1, f);
+  fclose(f);
+  tokenizer *tok = NULL;
+  /* Truncated at many points. */
+  for (size_t cut = 0; cut < n; cut += n / 37 + 1) {
+    int rc = tokenizer_load_json_text(&tok, good, cut, err, sizeof err);
+    CHECK(rc < 0 && tok == NULL && err[0], "truncated at %zu must fail", cut);
+    tokenizer_free(tok);
+    tok = NULL;
+  }
+  static const char *bad[] = {
+      "[]",
+      "{\"model\": 3}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": [1,2], \"merges\": []}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 99999999999}, \"merges\": []}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -4}, \"merges\": []}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, \"merges\": []}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"ab\"]}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [[\"a\"]]}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}}",
+      "{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]]}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+      "\"added_tokens\": [{\"id\": 123456789012, \"content\": \"x\"}]}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+      "\"added_tokens\": [{\"id\": 1}]}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+      "\"normalizer\": {\"type\": \"Precompiled\"}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+      "\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+      "\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": 7}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+      "\"decoder\": {\"type\": \"CTC\"}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
+      "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
+      "[{\"SpecialToken\": {\"id\": \"<s>\"}}], \"special_tokens\": {}}}",
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    err[0] = 0;
+    int rc = tokenizer_load_json_text(&tok, bad[i], strlen(bad[i]), err, sizeof err);
+    int want_ok = i == 10; /* the one valid file in the list */
+    if (want_ok) {
+      CHECK(rc == 0, "bad[%zu] should load: %s", i, err);
+    } else {
+      CHECK(rc < 0 && tok == NULL && err[0], "bad[%zu] must fail with a message", i);
+      if (getenv("ANNA_TEST_VERBOSE")) fprintf(stderr, "  bad[%zu]: %s\n", i, err);
+    }
+    tokenizer_free(tok);
+    tok = NULL;
+  }
+  int rc = tokenizer_load_json(&tok, "/nonexistent/dir", err, sizeof err);
+  CHECK(rc == ANNA_EIO, "missing file");
+}
+
+int main(int argc, char **argv) {
+  const char *fixtures = argc > 1 ? argv[1] : "../shared/fixtures";
+  test_fixture(fixtures);
+  test_spm();
+  test_malformed(fixtures);
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures ? 1 : 0;
+}
