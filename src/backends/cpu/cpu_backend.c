@@ -1,0 +1,353 @@
+/* cpu_backend.c: the CPU op table, and the ops that are not matmul or GDN. */
+#include "backends/cpu/cpu_internal.h"
+
+#include "base/error.h"
+#include "model/config.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+/* ---- norms and elementwise ---- */
+
+static void cpu_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d,
+                        float eps, int one_plus) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d;
+    float *yr = y + r * d;
+    double ss = 0; /* double: the mean of squares of a 4096-wide row loses bits in f32 */
+    for (int i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+    const float inv = 1.0f / sqrtf((float)(ss / d) + eps);
+    if (!w)
+      for (int i = 0; i < d; i++) yr[i] = xr[i] * inv;
+    else if (one_plus)
+      for (int i = 0; i < d; i++) yr[i] = xr[i] * inv * (1.0f + w[i]);
+    else
+      for (int i = 0; i < d; i++) yr[i] = xr[i] * inv * w[i];
+  }
+}
+
+static void cpu_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) {
+    float *xr = x + r * d;
+    double ss = 0;
+    for (int i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+    const float inv = scale / sqrtf((float)ss + eps);
+    for (int i = 0; i < d; i++) xr[i] *= inv;
+  }
+}
+
+static inline float silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+static inline float gelu_tanh(float x) {
+  const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static void cpu_rmsnorm_gated(ops_backend *be, float *y, const float *x, const float *z, const float *w,
+                              int64_t rows, int d, float eps) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * d, *zr = z + r * d;
+    float *yr = y + r * d;
+    double ss = 0;
+    for (int i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+    const float inv = 1.0f / sqrtf((float)(ss / d) + eps);
+    for (int i = 0; i < d; i++) yr[i] = w[i] * (xr[i] * inv) * silu(zr[i]);
+  }
+}
+
+static void cpu_act_mul(ops_backend *be, float *y, const float *gate, const float *up, int64_t n, int d,
+                        int64_t gs, int64_t us, int act) {
+  (void)be;
+  for (int64_t t = 0; t < n; t++) {
+    const float *g = gate + t * gs, *u = up + t * us;
+    float *o = y + t * d;
+    if (act == ACT_KIND_GELU_TANH)
+      for (int i = 0; i < d; i++) o[i] = gelu_tanh(g[i]) * u[i];
+    else
+      for (int i = 0; i < d; i++) o[i] = silu(g[i]) * u[i];
+  }
+}
+
+static void cpu_add(ops_backend *be, float *y, const float *x, int64_t n) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_scale(ops_backend *be, float *y, float s, int64_t n) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) y[i] *= s;
+}
+
+static void cpu_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows, int d, int64_t gs,
+                            int bcast) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++)
+    for (int i = 0; i < d; i++) y[r * d + i] *= 1.0f / (1.0f + expf(-g[r * gs + (bcast ? 0 : i)]));
+}
+
+static void cpu_copy_rows(ops_backend *be, float *dst, int64_t ds, const float *src, int64_t ss, int64_t rows,
+                          int d) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ds, src + r * ss, (size_t)d * sizeof(float));
+}
+
+static void cpu_softcap(ops_backend *be, float *y, int64_t n, float cap) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) y[i] = cap * tanhf(y[i] / cap);
+}
+
+/* ---- rope ---- */
+
+static void cpu_rope(ops_backend *be, float *x, int64_t n, int n_heads, int head_dim, int64_t stride, int rot,
+                     const float *inv_freq, const int32_t *pos) {
+  (void)be;
+  const int half = rot / 2;
+  for (int64_t t = 0; t < n; t++) {
+    for (int i = 0; i < half; i++) {
+      /* Angle in f32 as transformers computes it (inv_freq @ position in float). */
+      const float ang = (float)pos[t] * inv_freq[i];
+      const float c = cosf(ang), s = sinf(ang);
+      for (int h = 0; h < n_heads; h++) {
+        float *v = x + t * stride + (int64_t)h * head_dim;
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+/* ---- attention: one pass with an online softmax per (token, head) ---- */
+
+struct attn_ctx {
+  ops_backend *be;
+  float *out;
+  const float *q;
+  const ops_attn_args *a;
+};
+
+static void attn_task(void *p, int ith, int nth) {
+  struct attn_ctx *c = p;
+  const ops_attn_args *a = c->a;
+  const int64_t total = a->n * a->n_heads;
+  int64_t i0, i1;
+  threadpool_range(total, ith, nth, &i0, &i1);
+  const int group = a->n_heads / a->n_kv_heads;
+  float *acc = cpu_scratch(c->be, ith);
+  for (int64_t it = i0; it < i1; it++) {
+    const int64_t t = it / a->n_heads;
+    const int h = (int)(it % a->n_heads), kh = h / group;
+    const float *q = c->q + (t * a->n_heads + h) * a->head_dim;
+    const int32_t pos = a->pos[t];
+    int32_t p0 = 0;
+    if (a->window > 0 && pos - a->window + 1 > 0) p0 = pos - a->window + 1;
+    float m = -INFINITY, l = 0;
+    for (int j = 0; j < a->v_dim; j++) acc[j] = 0;
+    for (int32_t kp = p0; kp <= pos; kp++) {
+      const float *k = a->k[t] + kp * a->kv_stride + (int64_t)kh * a->head_dim;
+      float s = 0;
+      for (int j = 0; j < a->head_dim; j++) s += q[j] * k[j];
+      s *= a->scale;
+      if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
+      const float *v = a->v[t] + kp * a->kv_stride + (int64_t)kh * a->v_dim;
+      if (s > m) {
+        const float corr = expf(m - s);
+        l *= corr;
+        for (int j = 0; j < a->v_dim; j++) acc[j] *= corr;
+        m = s;
+      }
+      const float e = expf(s - m);
+      l += e;
+      for (int j = 0; j < a->v_dim; j++) acc[j] += e * v[j];
+    }
+    float *o = c->out + (t * a->n_heads + h) * a->v_dim;
+    const float inv = 1.0f / l;
+    for (int j = 0; j < a->v_dim; j++) o[j] = acc[j] * inv;
+  }
+}
+
+static void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
+  cpu_impl *ci = be->impl;
+  struct attn_ctx c = {be, out, q, a};
+  threadpool_run(ci->tp, attn_task, &c);
+}
+
+/* ---- GDN helpers ---- */
+
+static void cpu_conv1d_silu(ops_backend *be, float *y, const float *x, int64_t n, int ch, const float *w, int kw,
+                            float *state) {
+  (void)be;
+  const int ns = kw - 1;
+  for (int c = 0; c < ch; c++) {
+    const float *wc = w + (int64_t)c * kw;
+    float *st = state + (int64_t)c * ns;
+    for (int64_t t = 0; t < n; t++) {
+      /* window = [state..., x_0..x_t] last kw inputs */
+      float s = 0;
+      for (int j = 0; j < kw; j++) {
+        int64_t src = t - (kw - 1) + j; /* index into x; negative -> state */
+        float v = src >= 0 ? x[src * ch + c] : st[ns + src];
+        s += wc[j] * v;
+      }
+      y[t * ch + c] = silu(s);
+    }
+    /* New state: the last ns inputs (from state and x). */
+    if (n >= ns) {
+      for (int j = 0; j < ns; j++) st[j] = x[(n - ns + j) * ch + c];
+    } else {
+      int keep = ns - (int)n;
+      for (int j = 0; j < keep; j++) st[j] = st[j + n];
+      for (int64_t j = 0; j < n; j++) st[keep + j] = x[j * ch + c];
+    }
+  }
+}
+
+static inline float softplus(float x) {
+  return x > 20.0f ? x : log1pf(expf(x));
+}
+
+static void cpu_gdn_gates(ops_backend *be, float *beta, float *g, const float *b, int64_t bs, const float *a,
+                          int64_t as, const float *a_log, const float *dt_bias, int64_t n, int h) {
+  (void)be;
+  for (int64_t t = 0; t < n; t++)
+    for (int i = 0; i < h; i++) {
+      beta[t * h + i] = 1.0f / (1.0f + expf(-b[t * bs + i]));
+      g[t * h + i] = -expf(a_log[i]) * softplus(a[t * as + i] + dt_bias[i]);
+    }
+}
+
+/* ---- MoE ---- */
+
+static void cpu_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k,
+                          int renorm, const float *per_expert) {
+  (void)be;
+  for (int64_t t = 0; t < n; t++) {
+    const float *l = logits + t * E;
+    float mx = -INFINITY;
+    for (int e = 0; e < E; e++) mx = l[e] > mx ? l[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < E; e++) sum += exp((double)l[e] - mx);
+    int32_t *ti = idx + t * k;
+    float *tw = wts + t * k;
+    for (int j = 0; j < k; j++) {
+      int best = -1;
+      for (int e = 0; e < E; e++) {
+        int used = 0;
+        for (int q = 0; q < j; q++) used |= ti[q] == e;
+        if (!used && (best < 0 || l[e] > l[best])) best = e;
+      }
+      ti[j] = best;
+      tw[j] = (float)(exp((double)l[best] - mx) / sum);
+    }
+    if (renorm) {
+      float s = 0;
+      for (int j = 0; j < k; j++) s += tw[j];
+      for (int j = 0; j < k; j++) tw[j] /= s;
+    }
+    if (per_expert)
+      for (int j = 0; j < k; j++) tw[j] *= per_expert[ti[j]];
+  }
+}
+
+/* Groups the (token, slot) pairs by expert, runs each expert's FFN on its gathered rows,
+ * and scatters back weighted. Only the selected experts' weights are read. */
+static void cpu_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                        const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                        const ops_weight *down, int act, float *scratch) {
+  const int64_t I = up ? up[0].rows : gate[0].rows / 2;
+  const int64_t nk = n * k;
+  float *xs = scratch;              /* [nk, H] gathered inputs */
+  float *gu = xs + nk * H;          /* [nk, 2I] gate|up */
+  float *hbuf = gu + nk * 2 * I;    /* [nk, I] */
+  float *ys = hbuf + nk * I;        /* [nk, H] */
+  int32_t *order = (int32_t *)(ys + nk * H); /* [nk] pair ids sorted by expert */
+  int64_t cnt = 0;
+  memset(out, 0, (size_t)(n * H) * sizeof(float));
+  /* Expert ids are bounded by the router's E; find the max to loop experts in order. */
+  int32_t emax = -1;
+  for (int64_t i = 0; i < nk; i++) emax = idx[i] > emax ? idx[i] : emax;
+  for (int32_t e = 0; e <= emax; e++) {
+    int64_t start = cnt;
+    for (int64_t i = 0; i < nk; i++)
+      if (idx[i] == e) order[cnt++] = (int32_t)i;
+    int64_t m = cnt - start;
+    if (!m) continue;
+    for (int64_t r = 0; r < m; r++) memcpy(xs + r * H, x + (order[start + r] / k) * H, (size_t)H * sizeof(float));
+    if (up) {
+      cpu_matmul(be, gu, xs, m, &gate[e], NULL);
+      cpu_matmul(be, gu + m * I, xs, m, &up[e], NULL);
+      cpu_act_mul(be, hbuf, gu, gu + m * I, m, (int)I, I, I, act);
+    } else {
+      cpu_matmul(be, gu, xs, m, &gate[e], NULL); /* [m, 2I]: gate rows then up rows */
+      cpu_act_mul(be, hbuf, gu, gu + I, m, (int)I, 2 * I, 2 * I, act);
+    }
+    cpu_matmul(be, ys, hbuf, m, &down[e], NULL);
+    for (int64_t r = 0; r < m; r++) {
+      int32_t pair = order[start + r];
+      float w = wts[pair];
+      float *o = out + (pair / k) * H;
+      for (int j = 0; j < H; j++) o[j] += w * ys[r * H + j];
+    }
+  }
+}
+
+/* ---- table ---- */
+
+int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats_per_thread, char *err,
+                       size_t errlen) {
+  *out = NULL;
+  ops_backend *be = calloc(1, sizeof *be);
+  cpu_impl *c = calloc(1, sizeof *c);
+  int nth = threadpool_size(tp);
+  float *scratch = NULL;
+  if (be && c && scratch_floats_per_thread > 0)
+    scratch = aligned_alloc(64, (((size_t)nth * (size_t)scratch_floats_per_thread * sizeof(float)) + 63) & ~(size_t)63);
+  if (!be || !c || !scratch) {
+    free(be);
+    free(c);
+    free(scratch);
+    return anna_err(err, errlen, ANNA_ENOMEM, "cpu backend: cannot allocate %lld scratch floats per thread",
+                    (long long)scratch_floats_per_thread);
+  }
+  c->tp = tp;
+  c->scratch = scratch;
+  c->scratch_per_thread = scratch_floats_per_thread;
+  *be = (ops_backend){
+      .name = "cpu",
+      .impl = c,
+      .matmul = cpu_matmul,
+      .embed = cpu_embed,
+      .rmsnorm = cpu_rmsnorm,
+      .rope = cpu_rope,
+      .attention = cpu_attention,
+      .act_mul = cpu_act_mul,
+      .conv1d_silu = cpu_conv1d_silu,
+      .gdn_chunked = cpu_gdn_chunked,
+      .gdn_recurrent = cpu_gdn_recurrent,
+      .gdn_gates = cpu_gdn_gates,
+      .l2norm = cpu_l2norm,
+      .rmsnorm_gated = cpu_rmsnorm_gated,
+      .add = cpu_add,
+      .scale = cpu_scale,
+      .mul_sigmoid = cpu_mul_sigmoid,
+      .copy_rows = cpu_copy_rows,
+      .softcap = cpu_softcap,
+      .moe_ffn = cpu_moe_ffn,
+      .moe_route = cpu_moe_route,
+  };
+  *out = be;
+  return 0;
+}
+
+void cpu_backend_free(ops_backend *be) {
+  if (!be) return;
+  cpu_impl *c = be->impl;
+  if (c) free(c->scratch);
+  free(c);
+  free(be);
+}

@@ -1,0 +1,24 @@
+/* cpu_backend.h: the reference backend: every op of ops.h on host memory, multithreaded
+ * over a caller-owned threadpool.
+ *
+ * Scratch: each worker gets scratch_floats_per_thread floats, allocated once here; ops
+ * never allocate. Weights of any dtype are read in place (bf16/f16/f32 converted on the
+ * fly; quantized types through src/formats/quant.h).
+ */
+#ifndef ANNA_BACKENDS_CPU_H
+#define ANNA_BACKENDS_CPU_H
+
+#include "base/threadpool.h"
+#include "ops/ops.h"
+
+/* tp is borrowed and must outlive the backend. Caller frees with cpu_backend_free. */
+int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats_per_thread,
+                       char *err, size_t errlen);
+void cpu_backend_free(ops_backend *be);
+
+/* Which SIMD path matmul uses ("avx512", "avx2", "scalar"); for logs and tests. */
+const char *cpu_backend_isa(void);
+/* Forces a path for tests (0 scalar, 1 avx2, 2 avx512); clamped to what the CPU has. */
+void cpu_backend_force_isa(int level);
+
+#endif

@@ -1,0 +1,38 @@
+/* cpu_internal.h: shared between the CPU backend's files; not a public interface. */
+#ifndef ANNA_BACKENDS_CPU_INTERNAL_H
+#define ANNA_BACKENDS_CPU_INTERNAL_H
+
+#include "backends/cpu/cpu_backend.h"
+
+#include <stdint.h>
+#include <string.h>
+
+typedef struct cpu_impl {
+  threadpool *tp;
+  float *scratch;            /* nth * per_thread floats */
+  int64_t scratch_per_thread;
+} cpu_impl;
+
+static inline float *cpu_scratch(ops_backend *be, int ith) {
+  cpu_impl *c = be->impl;
+  return c->scratch + (int64_t)ith * c->scratch_per_thread;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
+                const float *bias);
+void cpu_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
+               float scale);
+/* Converts row r of w into dst[cols] f32 (any supported dtype). */
+void cpu_weight_row_f32(const ops_weight *w, int64_t r, float *dst);
+void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
+void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
+int cpu_isa_level(void);
+
+#endif

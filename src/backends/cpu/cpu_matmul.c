@@ -1,0 +1,246 @@
+/* cpu_matmul.c: y = x W^T for bf16/f16/f32 weights read in place, quantized weights
+ * through a per-row dequantize into scratch.
+ *
+ * Rows are split across threads; each weight row is loaded once per block of 4 tokens and
+ * used for all 4 (the decode case n = 1 is a plain bandwidth-bound dot). Tokens are taken
+ * in blocks of TOK_BLOCK so the activations stay in L2 while every row streams by.
+ * Accumulation is f32 in SIMD lanes, then a horizontal sum: the order differs from a
+ * sequential sum by normal float rounding only.
+ */
+#include "backends/cpu/cpu_internal.h"
+#include "formats/dtype.h"
+#if __has_include("formats/quant.h")
+#include "formats/quant.h"
+#else
+static void quant_dequantize_row(int t, const void *s, float *d, int64_t n) { (void)t; (void)s; for (int64_t i = 0; i < n; i++) d[i] = NAN; }
+#endif
+
+#include <immintrin.h>
+#include <math.h>
+
+#define TOK_BLOCK 32
+
+static int g_isa = -1;
+
+int cpu_isa_level(void) {
+  if (g_isa < 0) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) g_isa = 2;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c"))
+      g_isa = 1;
+    else g_isa = 0;
+  }
+  return g_isa;
+}
+
+void cpu_backend_force_isa(int level) {
+  g_isa = -1;
+  int have = cpu_isa_level();
+  g_isa = level < have ? level : have;
+}
+
+const char *cpu_backend_isa(void) {
+  static const char *names[] = {"scalar", "avx2", "avx512"};
+  return names[cpu_isa_level()];
+}
+
+static inline float f16_to_f32(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+/* ---- scalar ---- */
+static float wval(int type, const void *w, int64_t i) {
+  switch (type) {
+  case ANNA_DTYPE_BF16: return bf16_to_f32(((const uint16_t *)w)[i]);
+  case ANNA_DTYPE_F16: return f16_to_f32(((const uint16_t *)w)[i]);
+  default: return ((const float *)w)[i];
+  }
+}
+
+static void dot_scalar(int type, const void *w, const float *x, int64_t xs, int nt, int64_t cols,
+                       float *out) {
+  for (int t = 0; t < nt; t++) {
+    float s = 0;
+    for (int64_t i = 0; i < cols; i++) s += wval(type, w, i) * x[t * xs + i];
+    out[t] = s;
+  }
+}
+
+/* ---- AVX2 ---- */
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 ld8(int type, const void *w, int64_t i) {
+  switch (type) {
+  case ANNA_DTYPE_BF16:
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i))), 16));
+  case ANNA_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + i)));
+  default: return _mm256_loadu_ps((const float *)w + i);
+  }
+}
+
+__attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+  return _mm_cvtss_f32(a);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void dot_avx2(int type, const void *w, const float *x,
+                                                              int64_t xs, int nt, int64_t cols,
+                                                              float *out) {
+  int64_t c8 = cols & ~(int64_t)7;
+  if (nt == 4) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < c8; i += 8) {
+      __m256 wv = ld8(type, w, i);
+      a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), a0);
+      a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + xs + i), a1);
+      a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * xs + i), a2);
+      a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * xs + i), a3);
+    }
+    out[0] = hsum8(a0), out[1] = hsum8(a1), out[2] = hsum8(a2), out[3] = hsum8(a3);
+  } else {
+    for (int t = 0; t < nt; t++) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+      int64_t i = 0;
+      for (; i + 16 <= c8; i += 16) {
+        a0 = _mm256_fmadd_ps(ld8(type, w, i), _mm256_loadu_ps(x + t * xs + i), a0);
+        a1 = _mm256_fmadd_ps(ld8(type, w, i + 8), _mm256_loadu_ps(x + t * xs + i + 8), a1);
+      }
+      for (; i < c8; i += 8) a0 = _mm256_fmadd_ps(ld8(type, w, i), _mm256_loadu_ps(x + t * xs + i), a0);
+      out[t] = hsum8(_mm256_add_ps(a0, a1));
+    }
+  }
+  for (int64_t i = c8; i < cols; i++) {
+    float wi = wval(type, w, i);
+    for (int t = 0; t < nt; t++) out[t] += wi * x[t * xs + i];
+  }
+}
+
+/* ---- AVX-512 ---- */
+__attribute__((target("avx512f,avx512bw"))) static inline __m512 ld16(int type, const void *w, int64_t i) {
+  switch (type) {
+  case ANNA_DTYPE_BF16:
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i))), 16));
+  case ANNA_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i)));
+  default: return _mm512_loadu_ps((const float *)w + i);
+  }
+}
+
+__attribute__((target("avx512f,avx512bw"))) static void dot_avx512(int type, const void *w,
+                                                                  const float *x, int64_t xs, int nt,
+                                                                  int64_t cols, float *out) {
+  int64_t c16 = cols & ~(int64_t)15;
+  if (nt == 4) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t i = 0; i < c16; i += 16) {
+      __m512 wv = ld16(type, w, i);
+      a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + i), a0);
+      a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + xs + i), a1);
+      a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 2 * xs + i), a2);
+      a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 3 * xs + i), a3);
+    }
+    out[0] = _mm512_reduce_add_ps(a0), out[1] = _mm512_reduce_add_ps(a1);
+    out[2] = _mm512_reduce_add_ps(a2), out[3] = _mm512_reduce_add_ps(a3);
+  } else {
+    for (int t = 0; t < nt; t++) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0;
+      int64_t i = 0;
+      for (; i + 32 <= c16; i += 32) {
+        a0 = _mm512_fmadd_ps(ld16(type, w, i), _mm512_loadu_ps(x + t * xs + i), a0);
+        a1 = _mm512_fmadd_ps(ld16(type, w, i + 16), _mm512_loadu_ps(x + t * xs + i + 16), a1);
+      }
+      for (; i < c16; i += 16) a0 = _mm512_fmadd_ps(ld16(type, w, i), _mm512_loadu_ps(x + t * xs + i), a0);
+      out[t] = _mm512_reduce_add_ps(_mm512_add_ps(a0, a1));
+    }
+  }
+  for (int64_t i = c16; i < cols; i++) {
+    float wi = wval(type, w, i);
+    for (int t = 0; t < nt; t++) out[t] += wi * x[t * xs + i];
+  }
+}
+
+typedef void (*dot_fn)(int, const void *, const float *, int64_t, int, int64_t, float *);
+
+static dot_fn pick_dot(void) {
+  switch (cpu_isa_level()) {
+  case 2: return dot_avx512;
+  case 1: return dot_avx2;
+  default: return dot_scalar;
+  }
+}
+
+static int is_plain(int type) {
+  return type == ANNA_DTYPE_F32 || type == ANNA_DTYPE_F16 || type == ANNA_DTYPE_BF16;
+}
+
+void cpu_weight_row_f32(const ops_weight *w, int64_t r, float *dst) {
+  size_t rb = (size_t)dtype_row_bytes(w->type, w->cols);
+  const char *row = (const char *)w->data + (size_t)r * rb;
+  if (is_plain(w->type)) {
+    for (int64_t i = 0; i < w->cols; i++) dst[i] = wval(w->type, row, i);
+  } else {
+    quant_dequantize_row(w->type, row, dst, w->cols);
+  }
+}
+
+struct mm_ctx {
+  ops_backend *be;
+  float *y;
+  const float *x;
+  int64_t n;
+  const ops_weight *w;
+  const float *bias;
+  dot_fn dot;
+};
+
+static void mm_task(void *p, int ith, int nth) {
+  struct mm_ctx *m = p;
+  const ops_weight *w = m->w;
+  int64_t r0, r1;
+  threadpool_range(w->rows, ith, nth, &r0, &r1);
+  const int64_t cols = w->cols, rows = w->rows;
+  const size_t rb = (size_t)dtype_row_bytes(w->type, cols);
+  const int plain = is_plain(w->type);
+  float *rowbuf = plain ? NULL : cpu_scratch(m->be, ith);
+  for (int64_t t0 = 0; t0 < m->n; t0 += TOK_BLOCK) {
+    int64_t t1 = t0 + TOK_BLOCK < m->n ? t0 + TOK_BLOCK : m->n;
+    for (int64_t r = r0; r < r1; r++) {
+      const void *wr = (const char *)w->data + (size_t)r * rb;
+      int type = w->type;
+      if (!plain) {
+        quant_dequantize_row(w->type, wr, rowbuf, cols);
+        wr = rowbuf;
+        type = ANNA_DTYPE_F32;
+      }
+      float b = m->bias ? m->bias[r] : 0.0f;
+      float out[4];
+      for (int64_t t = t0; t < t1; t += 4) {
+        int nt = t1 - t >= 4 ? 4 : (int)(t1 - t);
+        m->dot(type, wr, m->x + t * cols, cols, nt, cols, out);
+        for (int j = 0; j < nt; j++) m->y[(t + j) * rows + r] = out[j] + b;
+      }
+    }
+  }
+}
+
+void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
+                const float *bias) {
+  cpu_impl *c = be->impl;
+  struct mm_ctx m = {be, y, x, n, w, bias, pick_dot()};
+  /* Tiny matrices (router, gates) are not worth waking the pool for. */
+  if (w->rows * w->cols * n < 32768) mm_task(&m, 0, 1);
+  else threadpool_run(c->tp, mm_task, &m);
+}
+
+void cpu_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
+               float scale) {
+  (void)be;
+  for (int64_t i = 0; i < n; i++) {
+    float *o = out + i * table->cols;
+    cpu_weight_row_f32(table, ids[i], o);
+    if (scale != 1.0f)
+      for (int64_t j = 0; j < table->cols; j++) o[j] *= scale;
+  }
+}

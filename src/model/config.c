@@ -1,0 +1,480 @@
+/* config.c: Hugging Face config.json -> model_config, one function per family. Defaults
+ * are those of transformers' config classes, so a config that omits a field means what it
+ * means there. */
+#include "model/config.h"
+
+#include "base/error.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct {
+  const char *path;
+  char *err;
+  size_t errlen;
+} pctx;
+
+static json_t *jget(json_t *o, const char *k) {
+  json_t *v = json_object_get(o, k);
+  return json_is_null(v) ? NULL : v;
+}
+
+static int get_int(pctx *p, json_t *o, const char *k, int def, int *out) {
+  json_t *v = jget(o, k);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > (1 << 30))
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: field '%s' must be a non-negative integer",
+                    p->path, k);
+  *out = (int)json_integer_value(v);
+  return 0;
+}
+
+static int req_int(pctx *p, json_t *o, const char *k, int *out) {
+  if (!jget(o, k))
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: missing field '%s'", p->path, k);
+  return get_int(p, o, k, 0, out);
+}
+
+static int get_num(pctx *p, json_t *o, const char *k, double def, double *out) {
+  json_t *v = jget(o, k);
+  if (!v) {
+    *out = def;
+    return 0;
+  }
+  if (!json_is_number(v))
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: field '%s' must be a number", p->path, k);
+  *out = json_number_value(v);
+  return 0;
+}
+
+static int get_bool(json_t *o, const char *k, int def) {
+  json_t *v = jget(o, k);
+  return v ? json_is_true(v) : def;
+}
+
+/* Rope parameters: transformers 5 `rope_parameters` (flat, or keyed by layer type), or
+ * the older top-level `rope_theta` + `rope_scaling`. */
+static int parse_rope(pctx *p, json_t *root, const char *layer_type, double def_theta,
+                      layer_config *l, double *partial) {
+  json_t *rp = jget(root, "rope_parameters");
+  if (rp && layer_type && jget(rp, layer_type)) rp = jget(rp, layer_type);
+  json_t *rs = jget(root, "rope_scaling");
+  json_t *src = rp ? rp : rs;
+  double theta = def_theta;
+  if (rp) {
+    if (get_num(p, rp, "rope_theta", def_theta, &theta)) return ANNA_EFORMAT;
+  } else if (get_num(p, root, "rope_theta", def_theta, &theta)) {
+    return ANNA_EFORMAT;
+  }
+  l->rope_theta = theta;
+  l->rope_type = ROPE_KIND_DEFAULT;
+  l->rope_factor = 1.0;
+  if (src && jget(src, "partial_rotary_factor") && partial) {
+    if (get_num(p, src, "partial_rotary_factor", 1.0, partial)) return ANNA_EFORMAT;
+  }
+  const char *type = "default";
+  if (src) {
+    json_t *t = jget(src, "rope_type");
+    if (!t) t = jget(src, "type");
+    if (t && json_is_string(t)) type = json_string_value(t);
+  }
+  if (!strcmp(type, "default")) return 0;
+  if (get_num(p, src, "factor", 1.0, &l->rope_factor)) return ANNA_EFORMAT;
+  if (!strcmp(type, "linear")) {
+    l->rope_type = ROPE_KIND_LINEAR;
+  } else if (!strcmp(type, "llama3")) {
+    l->rope_type = ROPE_KIND_LLAMA3;
+    if (get_num(p, src, "low_freq_factor", 1.0, &l->rope_low_freq_factor) ||
+        get_num(p, src, "high_freq_factor", 4.0, &l->rope_high_freq_factor) ||
+        get_num(p, src, "original_max_position_embeddings", 8192, &l->rope_orig_max_pos))
+      return ANNA_EFORMAT;
+  } else if (!strcmp(type, "proportional")) {
+    l->rope_type = ROPE_KIND_PROPORTIONAL;
+  } else {
+    return anna_err(p->err, p->errlen, ANNA_EUNSUPPORTED, "%s: rope_type '%s' is not supported",
+                    p->path, type);
+  }
+  return 0;
+}
+
+/* Standard rope over the first rot dims (rot = partial * head_dim). */
+static void rope_standard(layer_config *l, double partial) {
+  int rot = (int)(partial * l->head_dim);
+  rot &= ~1;
+  l->rope_dims = rot;
+  l->rope_n_freq = rot / 2;
+  l->rope_freq_denom = rot;
+}
+
+void config_rope_inv_freq(const layer_config *l, float *inv_freq) {
+  int half = l->rope_dims / 2;
+  for (int i = 0; i < half; i++) {
+    if (i >= l->rope_n_freq) {
+      inv_freq[i] = 0.0f;
+      continue;
+    }
+    /* Computed in float like transformers: base ** (arange(0, dim, 2).float() / dim). */
+    float e = (float)(2 * i) / (float)l->rope_freq_denom;
+    float f = 1.0f / powf((float)l->rope_theta, e);
+    if (l->rope_type == ROPE_KIND_LINEAR) {
+      f /= (float)l->rope_factor;
+    } else if (l->rope_type == ROPE_KIND_LLAMA3) {
+      double low_wl = l->rope_orig_max_pos / l->rope_low_freq_factor;
+      double high_wl = l->rope_orig_max_pos / l->rope_high_freq_factor;
+      double wl = 2 * M_PI / f;
+      if (wl > low_wl) {
+        f = (float)(f / l->rope_factor);
+      } else if (wl >= high_wl) {
+        double smooth = (l->rope_orig_max_pos / wl - l->rope_low_freq_factor) /
+                        (l->rope_high_freq_factor - l->rope_low_freq_factor);
+        f = (float)((1 - smooth) * f / l->rope_factor + smooth * f);
+      }
+    }
+    inv_freq[i] = f;
+  }
+}
+
+static int layer_types(pctx *p, json_t *t, model_config *c, const char *first_kind_default) {
+  json_t *lt = jget(t, "layer_types");
+  if (!lt) return 1; /* caller derives */
+  if (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers)
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer_types must list %d layers", p->path,
+                    c->n_layers);
+  (void)first_kind_default;
+  for (int i = 0; i < c->n_layers; i++) {
+    const char *s = json_string_value(json_array_get(lt, i));
+    if (!s) return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer_types[%d] not a string", p->path, i);
+    if (!strcmp(s, "full_attention")) c->layers[i].kind = LAYER_KIND_ATTN;
+    else if (!strcmp(s, "sliding_attention")) c->layers[i].kind = LAYER_KIND_SLIDING;
+    else if (!strcmp(s, "linear_attention")) c->layers[i].kind = LAYER_KIND_GDN;
+    else
+      return anna_err(p->err, p->errlen, ANNA_EUNSUPPORTED, "%s: layer type '%s' is not supported",
+                      p->path, s);
+  }
+  return 0;
+}
+
+static int parse_common(pctx *p, json_t *t, model_config *c) {
+  int rc;
+  if ((rc = req_int(p, t, "hidden_size", &c->hidden)) || (rc = req_int(p, t, "num_hidden_layers", &c->n_layers)) ||
+      (rc = req_int(p, t, "vocab_size", &c->vocab)) ||
+      (rc = req_int(p, t, "num_attention_heads", &c->n_heads)) ||
+      (rc = get_int(p, t, "num_key_value_heads", c->n_heads, &c->n_kv_heads)) ||
+      (rc = get_int(p, t, "intermediate_size", 0, &c->ffn_dim)))
+    return rc;
+  if (c->n_layers < 1 || c->n_layers > CONFIG_MAX_LAYERS)
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: num_hidden_layers %d out of range 1..%d",
+                    p->path, c->n_layers, CONFIG_MAX_LAYERS);
+  if (c->hidden < 1 || c->vocab < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads)
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT,
+                    "%s: inconsistent sizes (hidden %d, vocab %d, heads %d, kv heads %d)", p->path,
+                    c->hidden, c->vocab, c->n_heads, c->n_kv_heads);
+  int hd = c->hidden / c->n_heads;
+  if ((rc = get_int(p, t, "head_dim", hd, &c->head_dim))) return rc;
+  if (c->head_dim < 2 || c->head_dim > 1024 || (c->head_dim & 1))
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: head_dim %d out of range", p->path, c->head_dim);
+  if ((rc = get_num(p, t, "rms_norm_eps", 1e-6, &c->eps))) return rc;
+  c->tie_embeddings = get_bool(t, "tie_word_embeddings", 0);
+  c->embed_scale = 1.0f;
+  c->attn_scale = 1.0f / sqrtf((float)c->head_dim);
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    l->kind = LAYER_KIND_ATTN;
+    l->head_dim = c->head_dim;
+    l->n_kv_heads = c->n_kv_heads;
+    l->kv_source = i;
+    l->ffn_dim = c->ffn_dim;
+  }
+  return 0;
+}
+
+static int parse_classic(pctx *p, json_t *t, model_config *c) {
+  int rc = parse_common(p, t, c);
+  if (rc) return rc;
+  c->norm = NORM_KIND_W;
+  c->act = ACT_KIND_SILU;
+  c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3_MOE;
+  c->attn_bias = c->arch == MODEL_ARCH_QWEN2 ? 1 : get_bool(t, "attention_bias", 0);
+  rc = layer_types(p, t, c, "full_attention");
+  if (rc < 0) return rc;
+  int window = 0;
+  if ((rc = get_int(p, t, "sliding_window", 0, &window))) return rc;
+  if (rc == 0 && jget(t, "layer_types") == NULL && c->arch == MODEL_ARCH_QWEN2 &&
+      get_bool(t, "use_sliding_window", 0)) {
+    int mwl = 0;
+    if ((rc = get_int(p, t, "max_window_layers", c->n_layers, &mwl))) return rc;
+    for (int i = mwl; i < c->n_layers; i++) c->layers[i].kind = LAYER_KIND_SLIDING;
+  }
+  if (c->arch == MODEL_ARCH_QWEN3_MOE) {
+    int step = 1;
+    if ((rc = get_int(p, t, "num_experts", 0, &c->n_experts))) return rc;
+    if (!c->n_experts && (rc = get_int(p, t, "num_local_experts", 0, &c->n_experts))) return rc;
+    if ((rc = req_int(p, t, "num_experts_per_tok", &c->top_k)) ||
+        (rc = req_int(p, t, "moe_intermediate_size", &c->expert_ffn)) ||
+        (rc = get_int(p, t, "decoder_sparse_step", 1, &step)))
+      return rc;
+    c->norm_topk = get_bool(t, "norm_topk_prob", 1);
+    json_t *mlp_only = jget(t, "mlp_only_layers");
+    for (int i = 0; i < c->n_layers; i++) {
+      int only = 0;
+      for (size_t j = 0; mlp_only && j < json_array_size(mlp_only); j++)
+        if (json_integer_value(json_array_get(mlp_only, j)) == i) only = 1;
+      c->layers[i].is_moe = !only && c->n_experts > 0 && step > 0 && (i + 1) % step == 0;
+      if (c->layers[i].is_moe) c->layers[i].ffn_dim = 0;
+    }
+  }
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    double partial = 1.0;
+    get_num(p, t, "partial_rotary_factor", 1.0, &partial);
+    if ((rc = parse_rope(p, t, NULL, 10000.0, l, &partial))) return rc;
+    rope_standard(l, partial);
+    if (l->kind == LAYER_KIND_SLIDING) l->window = window;
+  }
+  return 0;
+}
+
+static int parse_qwen3_5(pctx *p, json_t *t, model_config *c) {
+  int rc = parse_common(p, t, c);
+  if (rc) return rc;
+  c->norm = NORM_KIND_1PW;
+  c->act = ACT_KIND_SILU;
+  c->qk_norm = 1;
+  c->attn_out_gate = 1;
+  if ((rc = req_int(p, t, "linear_num_key_heads", &c->gdn_hk)) ||
+      (rc = req_int(p, t, "linear_num_value_heads", &c->gdn_hv)) ||
+      (rc = req_int(p, t, "linear_key_head_dim", &c->gdn_dk)) ||
+      (rc = req_int(p, t, "linear_value_head_dim", &c->gdn_dv)) ||
+      (rc = get_int(p, t, "linear_conv_kernel_dim", 4, &c->gdn_conv)))
+    return rc;
+  if (c->gdn_hk < 1 || c->gdn_hv < 1 || c->gdn_hv % c->gdn_hk || c->gdn_dk < 1 || c->gdn_dv < 1 ||
+      c->gdn_conv < 1 || c->gdn_conv > 16)
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT,
+                    "%s: inconsistent linear attention sizes (k heads %d, v heads %d, dk %d, dv %d, conv %d)",
+                    p->path, c->gdn_hk, c->gdn_hv, c->gdn_dk, c->gdn_dv, c->gdn_conv);
+  rc = layer_types(p, t, c, NULL);
+  if (rc < 0) return rc;
+  if (rc == 1) {
+    int interval = 4;
+    if ((rc = get_int(p, t, "full_attention_interval", 4, &interval))) return rc;
+    if (interval < 1) interval = 1;
+    for (int i = 0; i < c->n_layers; i++)
+      c->layers[i].kind = (i + 1) % interval == 0 ? LAYER_KIND_ATTN : LAYER_KIND_GDN;
+  }
+  if (c->arch == MODEL_ARCH_QWEN3_5_MOE) {
+    if ((rc = req_int(p, t, "num_experts", &c->n_experts)) ||
+        (rc = req_int(p, t, "num_experts_per_tok", &c->top_k)) ||
+        (rc = req_int(p, t, "moe_intermediate_size", &c->expert_ffn)) ||
+        (rc = get_int(p, t, "shared_expert_intermediate_size", 0, &c->shared_ffn)))
+      return rc;
+    c->norm_topk = 1;
+    for (int i = 0; i < c->n_layers; i++) {
+      c->layers[i].is_moe = 1;
+      c->layers[i].ffn_dim = 0;
+    }
+  }
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    double partial = 0.25;
+    get_num(p, t, "partial_rotary_factor", 0.25, &partial);
+    if ((rc = parse_rope(p, t, NULL, 10000.0, l, &partial))) return rc;
+    rope_standard(l, partial);
+  }
+  return 0;
+}
+
+static int parse_gemma(pctx *p, json_t *t, model_config *c) {
+  int rc = parse_common(p, t, c);
+  if (rc) return rc;
+  const int g4 = c->arch == MODEL_ARCH_GEMMA4;
+  c->norm = g4 ? NORM_KIND_W : NORM_KIND_1PW;
+  c->act = ACT_KIND_GELU_TANH;
+  c->qk_norm = 1;
+  c->post_norms = 1;
+  c->embed_scale = sqrtf((float)c->hidden);
+  c->tie_embeddings = get_bool(t, "tie_word_embeddings", 1);
+  double cap = 0;
+  if ((rc = get_num(p, t, "final_logit_softcapping", 0, &cap))) return rc;
+  c->final_softcap = (float)cap;
+  if ((rc = get_num(p, t, "attn_logit_softcapping", 0, &cap))) return rc;
+  c->attn_softcap = (float)cap;
+  int window = 0;
+  if ((rc = get_int(p, t, "sliding_window", 4096, &window))) return rc;
+  rc = layer_types(p, t, c, NULL);
+  if (rc < 0) return rc;
+  if (rc == 1) {
+    int pattern = 6;
+    if ((rc = get_int(p, t, "sliding_window_pattern", 6, &pattern))) return rc;
+    if (jget(t, "_sliding_window_pattern")) get_int(p, t, "_sliding_window_pattern", 6, &pattern);
+    if (pattern < 1) pattern = 1;
+    for (int i = 0; i < c->n_layers; i++)
+      c->layers[i].kind = (i + 1) % pattern ? LAYER_KIND_SLIDING : LAYER_KIND_ATTN;
+  }
+  if (!g4) {
+    double qpas = c->head_dim;
+    if ((rc = get_num(p, t, "query_pre_attn_scalar", c->head_dim, &qpas))) return rc;
+    c->attn_scale = (float)(1.0 / sqrt(qpas));
+    for (int i = 0; i < c->n_layers; i++) {
+      layer_config *l = &c->layers[i];
+      int sl = l->kind == LAYER_KIND_SLIDING;
+      /* Gemma3's local layers: rope_local_base_freq (old configs) or the sliding entry. */
+      double local_base = 10000.0;
+      get_num(p, t, "rope_local_base_freq", 10000.0, &local_base);
+      if ((rc = parse_rope(p, t, sl ? "sliding_attention" : "full_attention", sl ? local_base : 1e6, l, NULL)))
+        return rc;
+      if (sl && !jget(t, "rope_parameters")) { /* old style: rope_scaling applies to global only */
+        l->rope_theta = local_base;
+        l->rope_type = ROPE_KIND_DEFAULT;
+        l->rope_factor = 1.0;
+      }
+      rope_standard(l, 1.0);
+      if (sl) l->window = window;
+    }
+    return 0;
+  }
+  /* Gemma4 */
+  c->attn_scale = 1.0f;
+  c->v_norm = 1;
+  int k_eq_v = get_bool(t, "attention_k_eq_v", 0);
+  int global_hd = 512, global_kv = 0;
+  if ((rc = get_int(p, t, "global_head_dim", 512, &global_hd)) ||
+      (rc = get_int(p, t, "num_global_key_value_heads", 0, &global_kv)) ||
+      (rc = get_int(p, t, "hidden_size_per_layer_input", 0, &c->ple_dim)) ||
+      (rc = get_int(p, t, "vocab_size_per_layer_input", c->vocab, &c->ple_vocab)) ||
+      (rc = get_int(p, t, "num_kv_shared_layers", 0, &c->n_kv_shared)))
+    return rc;
+  c->double_wide = get_bool(t, "use_double_wide_mlp", 0);
+  c->moe_block = get_bool(t, "enable_moe_block", 0);
+  if (c->moe_block) {
+    if ((rc = req_int(p, t, "num_experts", &c->n_experts)) || (rc = req_int(p, t, "top_k_experts", &c->top_k)) ||
+        (rc = req_int(p, t, "moe_intermediate_size", &c->expert_ffn)))
+      return rc;
+    c->norm_topk = 1;
+  }
+  if (c->n_kv_shared < 0 || c->n_kv_shared >= c->n_layers)
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: num_kv_shared_layers %d out of range", p->path,
+                    c->n_kv_shared);
+  json_t *plc = jget(t, "per_layer_config");
+  const int first_shared = c->n_layers - c->n_kv_shared;
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    int sl = l->kind == LAYER_KIND_SLIDING;
+    if (plc) {
+      char key[16];
+      snprintf(key, sizeof key, "%d", i);
+      json_t *e = jget(plc, key);
+      if (e) {
+        if ((rc = get_int(p, e, "head_dim", c->head_dim, &l->head_dim)) ||
+            (rc = get_int(p, e, "num_key_value_heads", c->n_kv_heads, &l->n_kv_heads)))
+          return rc;
+      }
+    } else if (!sl) {
+      l->head_dim = global_hd;
+      if (k_eq_v && global_kv) l->n_kv_heads = global_kv;
+    }
+    if (l->head_dim < 2 || (l->head_dim & 1) || l->n_kv_heads < 1 || c->n_heads % l->n_kv_heads)
+      return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer %d: bad head_dim %d / kv heads %d", p->path,
+                      i, l->head_dim, l->n_kv_heads);
+    if ((rc = parse_rope(p, t, sl ? "sliding_attention" : "full_attention", sl ? 1e4 : 1e6, l, NULL)))
+      return rc;
+    if (l->rope_type == ROPE_KIND_PROPORTIONAL) {
+      /* Pairs span the whole head; only the first partial*D/2 frequencies are non-zero. */
+      json_t *rp = jget(jget(t, "rope_parameters"), "full_attention");
+      double partial = 1.0;
+      if (rp) get_num(p, rp, "partial_rotary_factor", 1.0, &partial);
+      l->rope_dims = l->head_dim;
+      l->rope_n_freq = (int)(partial * l->head_dim / 2);
+      l->rope_freq_denom = l->head_dim;
+      l->rope_type = ROPE_KIND_DEFAULT;
+      if (l->rope_factor != 1.0) l->rope_type = ROPE_KIND_LINEAR;
+    } else {
+      rope_standard(l, 1.0);
+    }
+    if (sl) l->window = window;
+    if (c->n_kv_shared > 0 && i >= first_shared) {
+      l->kv_source = -1;
+      for (int j = first_shared - 1; j >= 0; j--)
+        if (c->layers[j].kind == l->kind) {
+          l->kv_source = j;
+          break;
+        }
+      if (l->kv_source < 0)
+        return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer %d shares KV but no earlier layer has its type",
+                        p->path, i);
+      l->n_kv_heads = c->layers[l->kv_source].n_kv_heads;
+      if (c->layers[l->kv_source].head_dim != l->head_dim)
+        return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer %d shares KV with a different head_dim", p->path, i);
+      if (c->double_wide) l->ffn_dim = 2 * c->ffn_dim;
+    }
+    l->is_moe = c->moe_block;
+  }
+  c->k_eq_v = k_eq_v;
+  return 0;
+}
+
+static const struct {
+  const char *name;
+  int arch;
+} k_archs[] = {
+    {"qwen3_5", MODEL_ARCH_QWEN3_5},         {"qwen3_5_text", MODEL_ARCH_QWEN3_5},
+    {"qwen3_5_moe", MODEL_ARCH_QWEN3_5_MOE}, {"qwen3_5_moe_text", MODEL_ARCH_QWEN3_5_MOE},
+    {"gemma4", MODEL_ARCH_GEMMA4},           {"gemma4_text", MODEL_ARCH_GEMMA4},
+    {"gemma3", MODEL_ARCH_GEMMA3},           {"gemma3_text", MODEL_ARCH_GEMMA3},
+    {"qwen3", MODEL_ARCH_QWEN3},             {"qwen2", MODEL_ARCH_QWEN2},
+    {"llama", MODEL_ARCH_LLAMA},             {"qwen3_moe", MODEL_ARCH_QWEN3_MOE},
+};
+
+const char *config_arch_name(int arch) {
+  for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+    if (k_archs[i].arch == arch) return k_archs[i].name;
+  return "?";
+}
+
+int config_parse_hf(model_config *cfg, const char *path, char *err, size_t errlen) {
+  memset(cfg, 0, sizeof *cfg);
+  json_error_t je;
+  json_t *root = json_load_file(path, 0, &je);
+  if (!root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+  pctx p = {path, err, errlen};
+  int rc = 0;
+  json_t *t = root;
+  if (jget(root, "text_config")) t = jget(root, "text_config");
+  if (!json_is_object(t)) {
+    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: not a JSON object", path);
+    goto out;
+  }
+  json_t *mt = jget(root, "model_type");
+  if (!json_is_string(mt)) mt = jget(t, "model_type");
+  if (!json_is_string(mt)) {
+    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: missing model_type", path);
+    goto out;
+  }
+  const char *name = json_string_value(mt);
+  int arch = -1;
+  for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+    if (!strcmp(k_archs[i].name, name)) arch = k_archs[i].arch;
+  if (arch < 0) {
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: model_type '%s' is not supported", path, name);
+    goto out;
+  }
+  cfg->arch = arch;
+  snprintf(cfg->model_type, sizeof cfg->model_type, "%s", name);
+  switch (arch) {
+  case MODEL_ARCH_QWEN3_5:
+  case MODEL_ARCH_QWEN3_5_MOE: rc = parse_qwen3_5(&p, t, cfg); break;
+  case MODEL_ARCH_GEMMA3:
+  case MODEL_ARCH_GEMMA4: rc = parse_gemma(&p, t, cfg); break;
+  default: rc = parse_classic(&p, t, cfg); break;
+  }
+  /* Composite checkpoints keep tie_word_embeddings at the top level. */
+  if (!rc && t != root && jget(root, "tie_word_embeddings"))
+    cfg->tie_embeddings = get_bool(root, "tie_word_embeddings", cfg->tie_embeddings);
+out:
+  json_decref(root);
+  return rc;
+}

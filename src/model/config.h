@@ -1,0 +1,97 @@
+/* config.h: the architecture description every loader produces and the forward pass reads.
+ *
+ * model_config is plain data, filled once by config_parse_hf (config.json) or by the GGUF
+ * loader, then never changed. Everything the forward pass needs to know about a family is
+ * resolved here into per-layer fields (kind, head dim, rope table parameters, KV source),
+ * so the forward code has no `if (arch == ...)` beyond the few genuinely different blocks.
+ */
+#ifndef ANNA_MODEL_CONFIG_H
+#define ANNA_MODEL_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONFIG_MAX_LAYERS 256
+
+enum model_arch {
+  MODEL_ARCH_QWEN3_5 = 0, /* dense hybrid GDN + gated attention */
+  MODEL_ARCH_QWEN3_5_MOE,
+  MODEL_ARCH_GEMMA4,
+  MODEL_ARCH_GEMMA3,
+  MODEL_ARCH_QWEN3,
+  MODEL_ARCH_QWEN2,
+  MODEL_ARCH_LLAMA,
+  MODEL_ARCH_QWEN3_MOE,
+};
+
+enum layer_kind {
+  LAYER_KIND_ATTN = 0,  /* full causal attention */
+  LAYER_KIND_SLIDING,   /* causal attention over the last `window` positions */
+  LAYER_KIND_GDN,       /* Gated DeltaNet (linear attention) */
+};
+
+enum rope_kind { ROPE_KIND_DEFAULT = 0, ROPE_KIND_LINEAR, ROPE_KIND_LLAMA3, ROPE_KIND_PROPORTIONAL };
+
+enum act_kind { ACT_KIND_SILU = 0, ACT_KIND_GELU_TANH };
+
+enum norm_kind {
+  NORM_KIND_W = 0,    /* x/rms * w */
+  NORM_KIND_1PW,      /* x/rms * (1 + w): zero-centred weights (Qwen3.5, Gemma3) */
+};
+
+typedef struct layer_config {
+  int kind;            /* layer_kind */
+  int head_dim;        /* attention head dim of this layer */
+  int n_kv_heads;
+  int rope_dims;       /* rotated dims (pairs i, i + rope_dims/2) */
+  double rope_theta;
+  int rope_n_freq;     /* non-zero frequencies (rest are 0: identity rotation) */
+  int rope_freq_denom; /* inv_freq_i = theta^(-2i/denom), then scaled per rope_type */
+  int rope_type;       /* rope_kind */
+  double rope_factor;  /* linear / llama3 factor (1 = none) */
+  double rope_low_freq_factor, rope_high_freq_factor, rope_orig_max_pos; /* llama3 */
+  int kv_source;       /* layer whose K/V this layer reads (itself unless Gemma4 KV sharing) */
+  int is_moe;          /* sparse MoE FFN in this layer */
+  int ffn_dim;         /* dense MLP width (0 = none) */
+  int window;          /* sliding window (0 = none) */
+} layer_config;
+
+typedef struct model_config {
+  int arch;            /* model_arch */
+  char model_type[64];
+  int n_layers, hidden, vocab, n_heads, n_kv_heads, head_dim, ffn_dim;
+  double eps;
+  int tie_embeddings;
+  int norm;            /* norm_kind of the block/final norms and q/k norms */
+  int act;             /* act_kind of the MLP */
+  float embed_scale;   /* embeddings multiplied by this (1 or sqrt(H)) */
+  float attn_scale;    /* score scale */
+  float attn_softcap;  /* 0 = none */
+  float final_softcap; /* 0 = none */
+  int qk_norm;         /* per-head q/k RMSNorm */
+  int attn_bias;       /* q/k/v biases (Qwen2) */
+  int attn_out_gate;   /* Qwen3.5: q_proj also yields a sigmoid output gate */
+  int v_norm;          /* Gemma4: V = rmsnorm_noweight(v) */
+  int k_eq_v;          /* Gemma4 attention_k_eq_v on full layers: V is the raw K projection */
+  int post_norms;      /* Gemma: post-attention and post-FFN norms (4 norms per layer) */
+  /* Gated DeltaNet */
+  int gdn_hk, gdn_hv, gdn_dk, gdn_dv, gdn_conv;
+  /* MoE */
+  int n_experts, top_k, expert_ffn, shared_ffn, norm_topk;
+  /* Gemma4 */
+  int ple_dim, ple_vocab, n_kv_shared, double_wide, moe_block;
+  layer_config layers[CONFIG_MAX_LAYERS];
+} model_config;
+
+/* Parses a Hugging Face config.json (composite configs: the text_config is used) into cfg.
+ * Unknown model_type or an inconsistent field is ANNA_EUNSUPPORTED / ANNA_EFORMAT with a
+ * message naming the file and field. */
+int config_parse_hf(model_config *cfg, const char *path, char *err, size_t errlen);
+
+/* Fills inv_freq[0 .. rope_dims/2) for layer l (zeros past rope_n_freq). */
+void config_rope_inv_freq(const layer_config *l, float *inv_freq);
+
+/* Static name of an arch ("qwen3_5", ...). */
+const char *config_arch_name(int arch);
+
+#endif

@@ -1,0 +1,31 @@
+/* forward.h: the one forward pass, for every architecture, over a batch of tokens from
+ * several sequences, written against ops.h.
+ *
+ * fwd_state owns the per-sequence state (KV caches of attention layers, conv and recurrent
+ * state of GDN layers, lengths) and the activation scratch, all allocated once by
+ * fwd_state_create for (n_seq, n_ctx, n_batch): forward_batch allocates nothing.
+ */
+#ifndef ANNA_MODEL_FORWARD_H
+#define ANNA_MODEL_FORWARD_H
+
+#include "anna/anna.h"
+#include "model/model.h"
+#include "ops/ops.h"
+
+typedef struct fwd_state fwd_state;
+
+/* Caller frees with fwd_state_free. */
+int fwd_state_create(fwd_state **out, const anna_model *m, int n_seq, int n_ctx, int n_batch, char *err,
+                     size_t errlen);
+void fwd_state_free(fwd_state *s);
+/* Floats of per-thread scratch the CPU backend needs for this model. */
+int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx);
+
+int32_t fwd_state_seq_len(const fwd_state *s, int seq);
+void fwd_state_seq_reset(fwd_state *s, int seq);
+
+/* Runs the batch (see anna_batch) and writes logits of flagged tokens to out. */
+int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
+                  char *err, size_t errlen);
+
+#endif

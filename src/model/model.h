@@ -1,0 +1,73 @@
+/* model.h: a loaded model: config + weight views + the per-layer constant tables.
+ *
+ * Weights are ops_weight views into the mapped files (safetensors or GGUF): no copies,
+ * except small vectors (norm weights, gates, conv kernels, biases) which are converted to
+ * f32 once at load into model-owned memory. Loaders fill the same structs from either file
+ * format through a tensor_source, so forward.c never knows where weights came from.
+ */
+#ifndef ANNA_MODEL_MODEL_H
+#define ANNA_MODEL_MODEL_H
+
+#include "anna/anna.h"
+#include "model/config.h"
+#include "ops/ops.h"
+
+typedef struct layer_weights {
+  /* norms (f32, NULL when absent) */
+  float *attn_norm, *post_attn_norm, *pre_ff_norm, *post_ff_norm;
+  /* attention */
+  ops_weight q, k, v, o;
+  float *q_bias, *k_bias, *v_bias, *q_norm, *k_norm;
+  float *inv_freq; /* [rope_dims / 2] */
+  /* Gated DeltaNet */
+  ops_weight qkv, z, b, a, out;
+  float *conv_w; /* [conv_dim, K] */
+  float *a_log, *dt_bias, *gdn_norm;
+  /* dense MLP */
+  ops_weight gate, up, down;
+  /* MoE: arrays of n_experts weights (gate_up fused: up == NULL, gate has 2I rows) */
+  ops_weight router;
+  ops_weight *exp_gate, *exp_up, *exp_down;
+  ops_weight sh_gate, sh_up, sh_down, sh_gate_inp;
+  int has_shared;
+  /* Gemma4 MoE block */
+  float *router_scale, *per_expert_scale, *post_ff_norm1, *pre_ff_norm2, *post_ff_norm2;
+  /* Gemma4 per-layer input */
+  ops_weight ple_gate, ple_proj;
+  float *ple_post_norm;
+  float layer_scalar;
+} layer_weights;
+
+struct anna_model {
+  model_config cfg;
+  char *path;
+  char describe[160];
+  ops_weight embed, lm_head;
+  float *final_norm;
+  /* Gemma4 PLE */
+  ops_weight ple_embed, ple_model_proj;
+  float *ple_proj_norm;
+  layer_weights layers[CONFIG_MAX_LAYERS];
+  /* ownership */
+  void *st;            /* safetensors_set* */
+  void *gguf;          /* gguf_file* */
+  void **allocs;       /* f32 conversions owned by the model */
+  size_t n_allocs, cap_allocs;
+  int64_t max_cols;    /* widest weight row, for dequant scratch */
+};
+
+/* A name -> tensor lookup the weight builder reads through. */
+typedef struct tensor_info {
+  int dtype;
+  int ndim;
+  int64_t shape[4]; /* outermost first (PyTorch order) */
+  const void *data;
+} tensor_info;
+
+typedef int (*tensor_lookup_fn)(void *src, const char *name, tensor_info *out);
+
+/* Loads an HF folder. Caller frees with model_free. */
+int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen);
+void model_free(anna_model *m);
+
+#endif

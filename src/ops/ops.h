@@ -1,0 +1,129 @@
+/* ops.h: the op interface the model code is written against.
+ *
+ * A backend is a table of functions over its own memory (host memory for the CPU backend,
+ * device memory for CUDA). The model code (src/model/forward.c) calls only these; every
+ * backend implements every op, and each op of each backend is tested against the CPU
+ * reference (tests/engine/test_ops.c). A NULL entry means the backend lacks the op; the
+ * model refuses to run on it rather than silently falling back.
+ *
+ * Conventions: activations are f32, row-major; `n` is the number of tokens in the batch.
+ * Weights are read-only views (ops_weight) owned by the model. Output buffers never alias
+ * inputs unless an op says "in place". Ops never allocate: scratch comes from the backend's
+ * arena sized at context creation.
+ */
+#ifndef ANNA_OPS_OPS_H
+#define ANNA_OPS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* A weight matrix W [rows, cols] (y = W x): `data` holds rows of dtype_row_bytes(type,cols)
+ * bytes each. Borrowed from the model (mmap'd file or device copy). */
+typedef struct ops_weight {
+  int type; /* anna_dtype */
+  const void *data;
+  int64_t rows, cols;
+} ops_weight;
+
+/* Attention batch description: token i (of n) belongs to a sequence whose keys/values for
+ * positions 0..pos[i] are at k[i] / v[i] ([positions][n_kv_heads][head_dim], row stride
+ * kv_stride floats). Tokens may come from different sequences. */
+typedef struct ops_attn_args {
+  int64_t n;
+  int n_heads, n_kv_heads, head_dim, v_dim;
+  int64_t kv_stride;        /* floats between consecutive positions in k/v */
+  float scale;
+  int window;               /* 0: full causal; else key p visible when pos - p < window */
+  float softcap;            /* 0: none; else scores = softcap * tanh(scores / softcap) */
+  const int32_t *pos;       /* [n] */
+  const float *const *k;    /* [n] base of the sequence's K cache */
+  const float *const *v;    /* [n] */
+} ops_attn_args;
+
+/* Gated DeltaNet run over consecutive tokens of ONE sequence. q, k: [n, hk, dk] already
+ * l2-normalised (q also scaled by 1/sqrt(dk)); v: [n, hv, dv]; g: [n, hv] log-decay;
+ * beta: [n, hv]; state: [hv, dk, dv] in/out; out: [n, hv, dv]. V-head h reads k-head
+ * h / (hv / hk). */
+typedef struct ops_gdn_args {
+  int64_t n;
+  int hk, hv, dk, dv;
+  const float *q, *k, *v, *g, *beta;
+  float *state;
+  float *out;
+} ops_gdn_args;
+
+typedef struct ops_backend ops_backend;
+
+struct ops_backend {
+  const char *name;
+  void *impl;
+
+  /* y[n, W.rows] = x[n, W.cols] W^T (+ bias[W.rows] when bias != NULL). */
+  void (*matmul)(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
+                 const float *bias);
+  /* Rows of table (any weight dtype) for ids, times scale: out[n, cols]. */
+  void (*embed)(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
+                float scale);
+  /* Per row of d: y = x / sqrt(mean(x^2) + eps) * (w | 1 + w | 1). w may be NULL (no weight).
+   * rows = n * heads; in place allowed. */
+  void (*rmsnorm)(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d,
+                  float eps, int one_plus);
+  /* In place on x [n, n_heads, head_dim] (row stride `stride` floats per token): rotate
+   * pairs (i, i + rot/2), i < rot/2, by angle pos * inv_freq[i]. */
+  void (*rope)(ops_backend *be, float *x, int64_t n, int n_heads, int head_dim, int64_t stride,
+               int rot, const float *inv_freq, const int32_t *pos);
+  /* out[n, n_heads, v_dim] = softmax(scale q k^T [+softcap], causal/window) v. */
+  void (*attention)(ops_backend *be, float *out, const float *q, const ops_attn_args *a);
+  /* y = act(gate) * up elementwise over n*d (act: act_kind); y may alias gate. */
+  void (*act_mul)(ops_backend *be, float *y, const float *gate, const float *up, int64_t n, int d,
+                  int64_t gate_stride, int64_t up_stride, int act);
+  /* Causal depthwise conv over one sequence's n tokens, then SiLU. x: [n, ch];
+   * w: [ch, kw]; state: [ch, kw-1] (the previous kw-1 inputs, oldest first), updated. */
+  void (*conv1d_silu)(ops_backend *be, float *y, const float *x, int64_t n, int ch, const float *w,
+                      int kw, float *state);
+  /* Gated delta rule, chunked (C = 64) form for prefill. */
+  void (*gdn_chunked)(ops_backend *be, const ops_gdn_args *a);
+  /* Gated delta rule, token by token (decode; also the reference for the chunked form). */
+  void (*gdn_recurrent)(ops_backend *be, const ops_gdn_args *a);
+  /* beta = sigmoid(b), g = -exp(a_log) * softplus(a + dt_bias); b, a, beta, g: [n, h]
+   * with row strides b_stride / a_stride for b and a. */
+  void (*gdn_gates)(ops_backend *be, float *beta, float *g, const float *b, int64_t b_stride,
+                    const float *a, int64_t a_stride, const float *a_log, const float *dt_bias,
+                    int64_t n, int h);
+  /* Per row of d: x = x / sqrt(sum(x^2) + eps) * scale (in place). */
+  void (*l2norm)(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale);
+  /* Per row of d: y = w * rmsnorm(x) * silu(z) (GDN output norm). */
+  void (*rmsnorm_gated)(ops_backend *be, float *y, const float *x, const float *z, const float *w,
+                        int64_t rows, int d, float eps);
+  /* y[i] += x[i], i < n. */
+  void (*add)(ops_backend *be, float *y, const float *x, int64_t n);
+  /* y[i] *= s. */
+  void (*scale)(ops_backend *be, float *y, float s, int64_t n);
+  /* y[r, i] *= sigmoid(g[r * g_stride + (g_bcast ? 0 : i)]) for r < rows, i < d (y row
+   * stride d); g_bcast: one gate per row. */
+  void (*mul_sigmoid)(ops_backend *be, float *y, const float *g, int64_t rows, int d, int64_t g_stride,
+                      int g_bcast);
+  /* Strided row copy: dst[r*dst_stride + :d] = src[r*src_stride + :d]. */
+  void (*copy_rows)(ops_backend *be, float *dst, int64_t dst_stride, const float *src,
+                    int64_t src_stride, int64_t rows, int d);
+  /* y = cap * tanh(y / cap). */
+  void (*softcap)(ops_backend *be, float *y, int64_t n, float cap);
+  /* Sparse MoE FFN: out[n, H] = sum_j wts[i, j] * down_e(act(gate_e x) * up_e x) over the k
+   * experts e = idx[i, j] of token i. Experts are given as arrays of E weights (gate/up may
+   * be one fused gate_up weight of 2I rows: then up[] is NULL). scratch must hold
+   * ops_moe_scratch_floats(n, k, H, I) floats. */
+  void (*moe_ffn)(ops_backend *be, float *out, const float *x, int64_t n, int hidden,
+                  const int32_t *idx, const float *wts, int k, const ops_weight *gate,
+                  const ops_weight *up, const ops_weight *down, int act, float *scratch);
+  /* Router: logits [n, E] -> top-k indices and weights. mode: 0 = softmax then top-k
+   * (renormalised when renorm); weights additionally multiplied by per_expert[e] if given. */
+  void (*moe_route)(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n,
+                    int n_experts, int k, int renorm, const float *per_expert);
+};
+
+/* Scratch floats moe_ffn needs for n tokens. */
+static inline int64_t ops_moe_scratch_floats(int64_t n, int k, int hidden, int inter) {
+  return n * k * (3 * (int64_t)inter + 2 * (int64_t)hidden) + 4 * n * k;
+}
+
+#endif

@@ -1,0 +1,100 @@
+/* context.c: the public API (include/anna/anna.h) over model loading, a backend and the
+ * forward state. */
+#include "anna/anna.h"
+
+#include "backends/cpu/cpu_backend.h"
+#include "base/error.h"
+#include "base/threadpool.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+struct anna_context {
+  anna_model *m;
+  threadpool *tp;
+  ops_backend *be;
+  fwd_state *st;
+};
+
+int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
+  *out = NULL;
+  if (!path) return anna_err(err, errlen, ANNA_EINVAL, "no model path given");
+  if (opt && opt->device && strcmp(opt->device, "cpu") && strcmp(opt->device, "auto"))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s' is not available in this build (have: cpu)",
+                    opt->device);
+  if (opt && opt->dtype && strcmp(opt->dtype, "f32") && strcmp(opt->dtype, "float32"))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "compute dtype '%s' is not supported on cpu (have: f32)",
+                    opt->dtype);
+  struct stat st;
+  if (stat(path, &st) != 0) return anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
+  if (S_ISDIR(st.st_mode)) return model_load_hf(out, path, err, errlen);
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: not a model folder (GGUF support is not built yet)", path);
+}
+
+void anna_model_free(anna_model *m) {
+  model_free(m);
+}
+
+int anna_model_vocab(const anna_model *m) {
+  return m->cfg.vocab;
+}
+
+int anna_model_n_layers(const anna_model *m) {
+  return m->cfg.n_layers;
+}
+
+const char *anna_model_describe(const anna_model *m) {
+  return m->describe;
+}
+
+const char *anna_model_path(const anna_model *m) {
+  return m->path;
+}
+
+int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
+                        size_t errlen) {
+  *out = NULL;
+  anna_context_options o = {1, 4096, 512, 0};
+  if (opt) {
+    if (opt->n_seq) o.n_seq = opt->n_seq;
+    if (opt->n_ctx) o.n_ctx = opt->n_ctx;
+    if (opt->n_batch) o.n_batch = opt->n_batch;
+    o.n_threads = opt->n_threads;
+  }
+  anna_context *c = calloc(1, sizeof *c);
+  if (!c) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  c->m = m;
+  int rc;
+  if ((rc = threadpool_create(&c->tp, o.n_threads, err, errlen)) ||
+      (rc = cpu_backend_create(&c->be, c->tp, fwd_backend_scratch_floats(m, o.n_ctx), err, errlen)) ||
+      (rc = fwd_state_create(&c->st, m, o.n_seq, o.n_ctx, o.n_batch, err, errlen))) {
+    anna_context_free(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+void anna_context_free(anna_context *c) {
+  if (!c) return;
+  fwd_state_free(c->st);
+  cpu_backend_free(c->be);
+  threadpool_free(c->tp);
+  free(c);
+}
+
+int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
+  if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
+  return forward_batch(c->m, c->be, c->st, b, out, err, errlen);
+}
+
+int32_t anna_context_seq_len(const anna_context *c, int seq) {
+  return fwd_state_seq_len(c->st, seq);
+}
+
+void anna_context_seq_reset(anna_context *c, int seq) {
+  fwd_state_seq_reset(c->st, seq);
+}
