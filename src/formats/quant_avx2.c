@@ -1,5 +1,6 @@
 /* quant_avx2.c: AVX2+FMA+F16C dot kernels. Compiled for any x86-64 target via function
  * target attributes; only called after quant.c has checked the CPU. */
+#include "formats/quant_grids.h"
 #include "formats/quant_impl.h"
 
 #if defined(__x86_64__)
@@ -124,6 +125,212 @@ TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
   return hsum_ps(acc) - acc_off;
 }
 
+
+/* 32 bits -> 32 bytes, 0xff where the bit is set (byte j <- bit j). */
+TGT static inline __m256i bits_to_bytes(const uint8_t *p) {
+  uint32_t x;
+  memcpy(&x, p, 4);
+  const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2,
+                                        2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);
+  __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* 16 packed nibble bytes -> 32 bytes: low nibbles are elements 0..15, high ones 16..31. */
+TGT static inline __m256i nibbles32(const uint8_t *p) {
+  __m128i b = _mm_loadu_si128((const __m128i *)p);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
+}
+
+/* Sum of 32 int8 as float (for the min/offset terms of Q4_1/Q5_1). */
+TGT static inline __m256i sum_i8(__m256i a) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
+}
+
+TGT static float dot_q4_1(int64_t n, const void *w, const void *act) {
+  const blk_q4_1 *x = w;
+  const blk_q8_0 *y = act;
+  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK; i++) {
+    __m256i q = nibbles32(x[i].qs);
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    float dy = h2f(y[i].d);
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, qy), _mm256_set1_epi16(1));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * dy), _mm256_cvtepi32_ps(p), acc);
+    accm = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].m) * dy), _mm256_cvtepi32_ps(sum_i8(qy)), accm);
+  }
+  return hsum_ps(_mm256_add_ps(acc, accm));
+}
+
+TGT static float dot_q5_0(int64_t n, const void *w, const void *act) {
+  const blk_q5_0 *x = w;
+  const blk_q8_0 *y = act;
+  const __m256i h16 = _mm256_set1_epi8(0x10), off = _mm256_set1_epi8(16);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK; i++) {
+    __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_and_si256(bits_to_bytes(x[i].qh), h16));
+    q = _mm256_sub_epi8(q, off);
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, qy)), acc);
+  }
+  return hsum_ps(acc);
+}
+
+TGT static float dot_q5_1(int64_t n, const void *w, const void *act) {
+  const blk_q5_1 *x = w;
+  const blk_q8_0 *y = act;
+  const __m256i h16 = _mm256_set1_epi8(0x10);
+  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK; i++) {
+    __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_and_si256(bits_to_bytes(x[i].qh), h16));
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    float dy = h2f(y[i].d);
+    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, qy), _mm256_set1_epi16(1));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * dy), _mm256_cvtepi32_ps(p), acc);
+    accm = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].m) * dy), _mm256_cvtepi32_ps(sum_i8(qy)), accm);
+  }
+  return hsum_ps(_mm256_add_ps(acc, accm));
+}
+
+TGT static inline __m256i iq4nl_table(void) {
+  __m128i t = _mm_loadu_si128((const __m128i *)quant_kvalues_iq4nl);
+  return _mm256_set_m128i(t, t);
+}
+
+TGT static float dot_iq4_nl(int64_t n, const void *w, const void *act) {
+  const blk_iq4_nl *x = w;
+  const blk_q8_0 *y = act;
+  const __m256i tab = iq4nl_table();
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QK; i++) {
+    __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[i].qs));
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    __m256 d = _mm256_set1_ps(h2f(x[i].d) * h2f(y[i].d));
+    acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(dot_i8(q, qy)), acc);
+  }
+  return hsum_ps(acc);
+}
+
+TGT static float dot_iq4_xs(int64_t n, const void *w, const void *act) {
+  const blk_iq4_xs *x = w;
+  const blk_q8_k *y = act;
+  const __m256i tab = iq4nl_table();
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QKK; i++) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int ib = 0; ib < 8; ib++) {
+      int ls = ((x[i].scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) |
+               (((x[i].scales_h >> (2 * ib)) & 3) << 4);
+      __m256i q = _mm256_shuffle_epi8(tab, nibbles32(x[i].qs + 16 * ib));
+      __m256i a = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
+      __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+      sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(ls - 32))));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  return hsum_ps(acc);
+}
+
+TGT static float dot_q5_k(int64_t n, const void *w, const void *act) {
+  const blk_q5_k *x = w;
+  const blk_q8_k *y = act;
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0;
+  for (int64_t i = 0; i < n / QKK; i++) {
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; j++) quant_k4_scale_min(x[i].scales, j, &sc[j], &mn[j]);
+    int summ = 0;
+    for (int j = 0; j < 8; j++) summ += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+    __m256i hb = _mm256_loadu_si256((const __m256i *)x[i].qh);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int c = 0; c < 4; c++) {
+      __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
+      __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), m1);
+      __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), m1);
+      __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), _mm256_slli_epi16(h0, 4));
+      __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4),
+                                   _mm256_slli_epi16(h1, 4));
+      __m256i a0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c));
+      __m256i a1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * c + 32));
+      __m256i p0 = _mm256_madd_epi16(dot_u8_16(lo, a0), _mm256_set1_epi16(sc[2 * c]));
+      __m256i p1 = _mm256_madd_epi16(dot_u8_16(hi, a1), _mm256_set1_epi16(sc[2 * c + 1]));
+      sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_m += h2f(x[i].dmin) * y[i].d * (float)summ;
+  }
+  return hsum_ps(acc) - acc_m;
+}
+
+/* Q2_K and Q3_K share the 2-bit plane layout: element h*128 + 32*s + l is bits 2s..2s+1 of
+ * qs[32*h + l]; one scale per 16 elements. */
+TGT static float dot_q2_k(int64_t n, const void *w, const void *act) {
+  const blk_q2_k *x = w;
+  const blk_q8_k *y = act;
+  const __m256i m3 = _mm256_set1_epi8(3);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_m = 0;
+  for (int64_t i = 0; i < n / QKK; i++) {
+    int summ = 0;
+    for (int k = 0; k < 16; k++) summ += (x[i].scales[k] >> 4) * y[i].bsums[k];
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+      __m256i qb = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+      for (int s = 0; s < 4; s++) {
+        __m256i q = _mm256_and_si256(_mm256_srli_epi16(qb, 2 * s), m3);
+        __m256i a = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * s));
+        int k = 8 * h + 2 * s;
+        __m256i scv = _mm256_set_m128i(_mm_set1_epi16(x[i].scales[k + 1] & 0xf),
+                                       _mm_set1_epi16(x[i].scales[k] & 0xf));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot_u8_16(q, a), scv));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_m += h2f(x[i].dmin) * y[i].d * (float)summ;
+  }
+  return hsum_ps(acc) - acc_m;
+}
+
+TGT static float dot_q3_k(int64_t n, const void *w, const void *act) {
+  const blk_q3_k *x = w;
+  const blk_q8_k *y = act;
+  const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+  __m256 acc = _mm256_setzero_ps();
+  float acc_off = 0;
+  for (int64_t i = 0; i < n / QKK; i++) {
+    int sc[16];
+    for (int k = 0; k < 16; k++) {
+      int lo = (x[i].scales[k % 8] >> (4 * (k / 8))) & 0xf;
+      int hi = (x[i].scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+      sc[k] = (lo | (hi << 4)) - 32;
+    }
+    /* q = low2 + 4*hbit - 4: the unsigned part goes through maddubs, -4 via bsums. */
+    int off = 0;
+    for (int k = 0; k < 16; k++) off += sc[k] * y[i].bsums[k];
+    __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+      __m256i qb = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+      for (int s = 0; s < 4; s++) {
+        __m256i hbit = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + s), m1);
+        __m256i q = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qb, 2 * s), m3),
+                                    _mm256_slli_epi16(hbit, 2));
+        __m256i a = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * s));
+        int k = 8 * h + 2 * s;
+        __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)sc[k + 1]), _mm_set1_epi16((short)sc[k]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot_u8_16(q, a), scv));
+      }
+    }
+    float d = h2f(x[i].d) * y[i].d;
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    acc_off += d * 4.0f * (float)off;
+  }
+  return hsum_ps(acc) - acc_off;
+}
+
 TGT static float dot_f32(int64_t n, const void *w, const void *act) {
   const float *a = w, *b = act;
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -187,6 +394,14 @@ void quant_avx2_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) {
   t[ANNA_DTYPE_Q4_0] = dot_q4_0;
   t[ANNA_DTYPE_Q4_K] = dot_q4_k;
   t[ANNA_DTYPE_Q6_K] = dot_q6_k;
+  t[ANNA_DTYPE_Q4_1] = dot_q4_1;
+  t[ANNA_DTYPE_Q5_0] = dot_q5_0;
+  t[ANNA_DTYPE_Q5_1] = dot_q5_1;
+  t[ANNA_DTYPE_IQ4_NL] = dot_iq4_nl;
+  t[ANNA_DTYPE_IQ4_XS] = dot_iq4_xs;
+  t[ANNA_DTYPE_Q5_K] = dot_q5_k;
+  t[ANNA_DTYPE_Q2_K] = dot_q2_k;
+  t[ANNA_DTYPE_Q3_K] = dot_q3_k;
 }
 
 #else
