@@ -142,8 +142,9 @@ static void test_matmul(const char *dir, int type) {
       float want = quant_vec_dot(type, cols, W + r * rb, act + t * ab);
       CHECK(y[t * rows + r] == want && y2[t * rows + r] == want);
     }
-  CHECK(quant_matmul(type, W, rows, cols + 1, x, n_tok, y, NULL, err, sizeof err) ==
-            ANNA_EINVAL || dtype_block_size(type) == 1);
+  if (dtype_block_size(type) > 1) /* partial block: rejected before touching x or W */
+    CHECK(quant_matmul(type, W, rows, cols + 1, x, n_tok, y, NULL, err, sizeof err) ==
+          ANNA_EINVAL);
   free(act), free(y2), free(y), free(x), free(W), free(raw);
 }
 
