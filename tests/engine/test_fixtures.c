@@ -142,13 +142,13 @@ static void test_model(const char *root, const char *name) {
     return;
   }
   anna_context *ctx = NULL;
-  anna_context_options o = {.n_seq = 2, .n_ctx = 512, .n_batch = 256, .n_threads = 2};
+  anna_context_options o = {.n_seq = 2, .n_ctx = 1024, .n_batch = 640, .n_threads = 2};
   if (anna_context_create(&ctx, m, &o, err, sizeof err)) {
     CHECK(0, "context: %s", err);
     anna_model_free(m);
     return;
   }
-  float *lg = malloc(sizeof(float) * (size_t)V * 512);
+  float *lg = malloc(sizeof(float) * (size_t)V * 640);
   for (int c = 0; c < nc; c++) {
     fcase *fc = &cs[c];
     CHECK(fc->logits != NULL, "%s: missing logits file", fc->tag);
@@ -199,11 +199,11 @@ static void test_model(const char *root, const char *name) {
   if (nc == 2 && cs[0].logits && cs[1].logits) {
     anna_context_seq_reset(ctx, 0);
     anna_context_seq_reset(ctx, 1);
-    int32_t tok[512], sq[512], pos[512];
-    int8_t want[512];
+    int32_t tok[1024], sq[1024], pos[1024];
+    int8_t want[1024];
     int n = 0;
     for (int c = 0; c < 2; c++)
-      for (int i = 0; i < cs[c].n && n < 256; i++) {
+      for (int i = 0; i < cs[c].n && n < 640; i++) {
         tok[n] = cs[c].ids[i], sq[n] = c, pos[n] = i, want[n] = i == cs[c].n - 1;
         n++;
       }
