@@ -461,6 +461,131 @@ GEN(Q6_K) GEN(IQ4_NL) GEN(IQ4_XS) GEN(IQ2_XXS) GEN(IQ2_XS) GEN(IQ2_S) GEN(IQ3_XX
 GEN(IQ1_S) GEN(IQ1_M)
 #undef GEN
 
+
+/* ---- i-quant decoding to int8 (for the SIMD integer dots) ---- */
+
+static uint64_t g_sign_mask[256]; /* bit j of the index -> byte j = 0xff */
+
+static void sign_mask_init(void) {
+  for (int s = 0; s < 256; s++) {
+    uint64_t m = 0;
+    for (int j = 0; j < 8; j++)
+      if ((s >> j) & 1) m |= (uint64_t)0xff << (8 * j);
+    g_sign_mask[s] = m;
+  }
+}
+
+/* 8 unsigned grid bytes (each 1..127), negated where the sign bit is set: two's complement
+ * per byte as (g ^ m) + 1, which cannot carry across bytes since g != 0. */
+static void signed8(int8_t *dst, const uint8_t *g, uint8_t signs) {
+  uint64_t v, m = g_sign_mask[signs];
+  memcpy(&v, g, 8);
+  v = (v ^ m) + (m & 0x0101010101010101ull);
+  memcpy(dst, &v, 8);
+}
+
+static void iq1_group(int8_t *dst, const int8_t *g, bool neg_delta) {
+  int8_t dl = neg_delta ? -1 : 1;
+  for (int j = 0; j < 8; j++) dst[j] = (int8_t)(8 * g[j] + dl);
+}
+
+bool quant_iq_decode(int type, const void *blk, int8_t q[256], float sc[16]) {
+  switch (type) {
+  case ANNA_DTYPE_IQ2_XXS: {
+    const blk_iq2_xxs *b = blk;
+    float d = quant_h2f(b->d);
+    for (int ib = 0; ib < 8; ib++) {
+      uint32_t a0, a1;
+      memcpy(&a0, b->qs + 4 * ib, 4);
+      memcpy(&a1, b->qs + 4 * ib + 2, 4);
+      sc[2 * ib] = sc[2 * ib + 1] = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+      for (int l = 0; l < 4; l++)
+        signed8(q + 32 * ib + 8 * l, quant_grid_iq2xxs[(a0 >> (8 * l)) & 0xff],
+                quant_ksigns[(a1 >> (7 * l)) & 127]);
+    }
+    return true;
+  }
+  case ANNA_DTYPE_IQ2_XS: {
+    const blk_iq2_xs *b = blk;
+    float d = quant_h2f(b->d);
+    for (int k = 0; k < 16; k++)
+      sc[k] = d * (0.5f + (float)((b->scales[k / 2] >> (4 * (k % 2))) & 0xf)) * 0.25f;
+    for (int g = 0; g < 32; g++)
+      signed8(q + 8 * g, quant_grid_iq2xs[b->qs[g] & 511], quant_ksigns[b->qs[g] >> 9]);
+    return true;
+  }
+  case ANNA_DTYPE_IQ2_S: {
+    const blk_iq2_s *b = blk;
+    float d = quant_h2f(b->d);
+    for (int k = 0; k < 16; k++)
+      sc[k] = d * (0.5f + (float)((b->scales[k / 2] >> (4 * (k % 2))) & 0xf)) * 0.25f;
+    for (int g = 0; g < 32; g++) {
+      int idx = b->qs[g] | (((b->qh[g / 4] >> (2 * (g % 4))) & 3) << 8);
+      signed8(q + 8 * g, quant_grid_iq2s[idx], b->signs[g]);
+    }
+    return true;
+  }
+  case ANNA_DTYPE_IQ3_XXS: {
+    const blk_iq3_xxs *b = blk;
+    float d = quant_h2f(b->d);
+    for (int ib = 0; ib < 8; ib++) {
+      uint32_t ss;
+      memcpy(&ss, b->qs + 64 + 4 * ib, 4);
+      sc[2 * ib] = sc[2 * ib + 1] = d * (0.5f + (float)(ss >> 28)) * 0.5f;
+      for (int l = 0; l < 4; l++) {
+        uint8_t g[8];
+        memcpy(g, quant_grid_iq3xxs[b->qs[8 * ib + 2 * l]], 4);
+        memcpy(g + 4, quant_grid_iq3xxs[b->qs[8 * ib + 2 * l + 1]], 4);
+        signed8(q + 32 * ib + 8 * l, g, quant_ksigns[(ss >> (7 * l)) & 127]);
+      }
+    }
+    return true;
+  }
+  case ANNA_DTYPE_IQ3_S: {
+    const blk_iq3_s *b = blk;
+    float d = quant_h2f(b->d);
+    for (int ib = 0; ib < 8; ib++)
+      sc[2 * ib] = sc[2 * ib + 1] = d * (float)(1 + 2 * ((b->scales[ib / 2] >> (4 * (ib % 2))) & 0xf));
+    for (int g = 0; g < 32; g++) {
+      uint8_t v[8];
+      for (int h = 0; h < 2; h++) {
+        int i = 2 * g + h;
+        memcpy(v + 4 * h, quant_grid_iq3s[b->qs[i] | (((b->qh[i / 8] >> (i % 8)) & 1) << 8)], 4);
+      }
+      signed8(q + 8 * g, v, b->signs[g]);
+    }
+    return true;
+  }
+  case ANNA_DTYPE_IQ1_S: {
+    const blk_iq1_s *b = blk;
+    float d = quant_h2f(b->d);
+    for (int ib = 0; ib < 8; ib++) {
+      uint16_t qh = b->qh[ib];
+      sc[2 * ib] = sc[2 * ib + 1] = d * (float)(2 * ((qh >> 12) & 7) + 1) * 0.125f;
+      for (int l = 0; l < 4; l++)
+        iq1_group(q + 32 * ib + 8 * l,
+                  quant_grid_iq1s[b->qs[4 * ib + l] | (((qh >> (3 * l)) & 7) << 8)], qh & 0x8000);
+    }
+    return true;
+  }
+  case ANNA_DTYPE_IQ1_M: {
+    const blk_iq1_m *b = blk;
+    uint16_t s4[4];
+    memcpy(s4, b->scales, 8);
+    float d = quant_h2f((uint16_t)((s4[0] >> 12) | ((s4[1] >> 8) & 0x00f0) |
+                                   ((s4[2] >> 4) & 0x0f00) | (s4[3] & 0xf000)));
+    for (int k = 0; k < 16; k++)
+      sc[k] = d * (float)(2 * ((s4[k / 4] >> (3 * (k % 4))) & 7) + 1) * 0.125f;
+    for (int g = 0; g < 32; g++) {
+      int nib = (b->qh[g / 2] >> (4 * (g % 2))) & 0xf;
+      iq1_group(q + 8 * g, quant_grid_iq1s[b->qs[g] | ((nib & 7) << 8)], nib & 8);
+    }
+    return true;
+  }
+  default: return false;
+  }
+}
+
 /* ---- ISA dispatch ---- */
 
 static quant_dot_fn g_tab[QUANT_ISA_COUNT][ANNA_DTYPE_COUNT];
@@ -469,6 +594,7 @@ static int g_isa = QUANT_ISA_SCALAR;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static void dispatch_init(void) {
+  sign_mask_init();
   quant_dot_fn *s = g_tab[QUANT_ISA_SCALAR];
   s[ANNA_DTYPE_F32] = dot_f32;
   s[ANNA_DTYPE_F16] = dot_f16;

@@ -331,6 +331,37 @@ TGT static float dot_q3_k(int64_t n, const void *w, const void *act) {
   return hsum_ps(acc) - acc_off;
 }
 
+/* i-quants: decode a super-block to int8 + per-16 scales (quant.c), then an int8 dot. The
+ * decode is table lookups, so this is far from llama.cpp's hand-tuned kernels, but an order
+ * of magnitude above the float reference. */
+TGT static float dot_iq(int type, int64_t n, const void *w, const void *act) {
+  const uint8_t *wp = w;
+  const blk_q8_k *y = act;
+  int64_t bb = dtype_block_bytes(type);
+  int8_t q[QKK] __attribute__((aligned(32)));
+  float sc[16];
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n / QKK; i++) {
+    quant_iq_decode(type, wp + i * bb, q, sc);
+    __m256 accb = _mm256_setzero_ps();
+    for (int g = 0; g < 8; g++) {
+      __m256i qv = _mm256_load_si256((const __m256i *)(q + 32 * g));
+      __m256i av = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * g));
+      __m256 s = _mm256_set_m128(_mm_set1_ps(sc[2 * g + 1]), _mm_set1_ps(sc[2 * g]));
+      accb = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot_i8(qv, av)), accb);
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d), accb, acc);
+  }
+  return hsum_ps(acc);
+}
+
+#define IQ(T) \
+  TGT static float dot_##T(int64_t n, const void *w, const void *a) { \
+    return dot_iq(ANNA_DTYPE_##T, n, w, a); \
+  }
+IQ(IQ2_XXS) IQ(IQ2_XS) IQ(IQ2_S) IQ(IQ3_XXS) IQ(IQ3_S) IQ(IQ1_S) IQ(IQ1_M)
+#undef IQ
+
 TGT static float dot_f32(int64_t n, const void *w, const void *act) {
   const float *a = w, *b = act;
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -402,6 +433,13 @@ void quant_avx2_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) {
   t[ANNA_DTYPE_Q5_K] = dot_q5_k;
   t[ANNA_DTYPE_Q2_K] = dot_q2_k;
   t[ANNA_DTYPE_Q3_K] = dot_q3_k;
+  t[ANNA_DTYPE_IQ2_XXS] = dot_IQ2_XXS;
+  t[ANNA_DTYPE_IQ2_XS] = dot_IQ2_XS;
+  t[ANNA_DTYPE_IQ2_S] = dot_IQ2_S;
+  t[ANNA_DTYPE_IQ3_XXS] = dot_IQ3_XXS;
+  t[ANNA_DTYPE_IQ3_S] = dot_IQ3_S;
+  t[ANNA_DTYPE_IQ1_S] = dot_IQ1_S;
+  t[ANNA_DTYPE_IQ1_M] = dot_IQ1_M;
 }
 
 #else

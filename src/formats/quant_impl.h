@@ -3,6 +3,7 @@
 #ifndef ANNA_FORMATS_QUANT_IMPL_H
 #define ANNA_FORMATS_QUANT_IMPL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -55,6 +56,12 @@ _Static_assert(sizeof(blk_iq4_nl) == 18, "iq4_nl");
 _Static_assert(sizeof(blk_iq4_xs) == 136, "iq4_xs");
 
 typedef float (*quant_dot_fn)(int64_t n, const void *w, const void *act);
+
+/* i-quant super-block decoded for integer dots: q[256] signed values (|q| <= 127) and one
+ * float scale per 16 elements, so that weight[e] == sc[e / 16] * q[e] up to float rounding.
+ * IQ1 deltas (+-1/8) are folded in exactly as q = 8 * grid +- 1 with sc / 8. Returns false
+ * for a type that has no decoder. */
+bool quant_iq_decode(int type, const void *blk, int8_t q[256], float sc[16]);
 
 /* Fill table[type] with the kernels an ISA file provides (others untouched). */
 void quant_avx2_fill(quant_dot_fn table[ANNA_DTYPE_COUNT]);

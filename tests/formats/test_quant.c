@@ -245,6 +245,8 @@ int main(int argc, char **argv) {
     bench(ANNA_DTYPE_Q6_K);
     bench(ANNA_DTYPE_Q4_0);
     bench(ANNA_DTYPE_Q5_0);
+    bench(ANNA_DTYPE_IQ4_XS);
+    bench(ANNA_DTYPE_IQ2_XXS);
   }
   if (g_fail) {
     fprintf(stderr, "test_quant: %d failures\n", g_fail);
