@@ -1186,6 +1186,12 @@ int jinja_apply_filter(jctx *c, const char *name, jv v, const jargs *a, jv *out)
     *out = mklist(r);
     return 0;
   }
+  if ((IS("map") || IS("select") || IS("reject") || IS("selectattr") || IS("rejectattr")) && !jv_truthy(v)) {
+    jlist *l = jlist_new(&c->a, 0);
+    if (!l) return jctx_nomem(c);
+    *out = mklist(l);
+    return 0;
+  }
   if (IS("map")) {
     jlist *l;
     if ((rc = jinja_to_list(c, v, &l))) return rc;

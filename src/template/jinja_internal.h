@@ -99,6 +99,7 @@ typedef enum jnode_kind {
   JN_FILTER_BLOCK, /* b = body, a = filter chain applied to JN_BLOCKVAL */
   JN_BREAK,
   JN_CONTINUE,
+  JN_CALL_BLOCK, /* a = JN_CALL, d = JN_MACRO "caller" (params + body) */
   /* expressions */
   JN_LIT, /* lit */
   JN_NAME, /* str */
@@ -107,6 +108,7 @@ typedef enum jnode_kind {
   JN_SLICE, /* a = obj, kids[0..2] = start, stop, step (may be NULL) */
   JN_CALL, /* a = callee, kids = args (JN_KWARG for keyword) */
   JN_KWARG, /* str = name, a = value */
+  JN_SPLAT, /* a = value; op 1 = *args, 2 = **kwargs */
   JN_FILTER, /* a = operand, str = name, kids = args */
   JN_TEST, /* a = operand, str = name, kids = args, op = negated */
   JN_BINOP, /* op, a, b */
@@ -233,6 +235,7 @@ typedef struct jctx {
   int depth;
   int line;         /* line of the node being evaluated, for messages */
   int flow;         /* JFLOW_* after break/continue */
+  jv next_caller;   /* `caller` handed to the macro called next by a call block */
   char *err;
   size_t errlen;
   int failed;       /* an error message has been written */

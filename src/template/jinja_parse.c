@@ -538,7 +538,14 @@ static int parse_args(parser *p, nvec *args) {
     if (args->n && expect_op(p, ",")) return -1;
     if (accept_op(p, ")")) break; /* trailing comma */
     tok *t = peek(p);
-    if (t->k == TK_NAME && is_op(peek2(p), "=")) {
+    if (is_op(t, "*") || is_op(t, "**")) {
+      jnode *sp = mk(p, JN_SPLAT, t->line);
+      if (!sp) return -1;
+      sp->op = is_op(t, "**") ? 2 : 1;
+      p->pos++;
+      sp->a = parse_expr(p);
+      if (!sp->a || nvec_push(p, args, sp)) return -1;
+    } else if (t->k == TK_NAME && is_op(peek2(p), "=")) {
       jnode *kw = mk(p, JN_KWARG, t->line);
       if (!kw) return -1;
       kw->str = tok_str(p, t);
@@ -568,7 +575,6 @@ static jnode *parse_filter(parser *p, jnode *operand) {
   }
   f->str = jstr_new(p->a, ns, nlen);
   if (!f->str) return perr(p, t->line, "out of memory"), NULL;
-  if (!jinja_filter_known(ns, nlen)) return perr(p, t->line, "no filter named '%.*s'", (int)(nlen > 60 ? 60 : nlen), ns), NULL;
   f->a = operand;
   if (accept_op(p, "(")) {
     nvec args = {0};
@@ -590,7 +596,6 @@ static jnode *parse_test(parser *p, jnode *operand) {
   if (nt->k != TK_NAME) return perr(p, nt->line, "expected test name"), NULL;
   t->str = tok_str(p, nt);
   if (!t->str) return NULL;
-  if (!jinja_test_known(nt->s, nt->n)) return perr(p, nt->line, "no test named '%.*s'", (int)(nt->n > 60 ? 60 : nt->n), nt->s), NULL;
   if (accept_op(p, "(")) {
     nvec args = {0};
     if (parse_args(p, &args)) return NULL;
@@ -1252,6 +1257,41 @@ static jnode *parse_stmt(parser *p) {
     if (peek(p)->k == TK_NAME) p->pos++; /* {% endmacro name %} */
     return expect_block_end(p) ? NULL : n;
   }
+  if (is_name(kw, "call")) {
+    jnode *n = mk(p, JN_CALL_BLOCK, line);
+    jnode *caller = mk(p, JN_MACRO, line);
+    if (!n || !caller) return NULL;
+    caller->str = jstr_new(p->a, "caller", 6);
+    if (!caller->str) return perr(p, line, "out of memory"), NULL;
+    if (accept_op(p, "(")) {
+      nvec params = {0};
+      while (!accept_op(p, ")")) {
+        if (params.n && expect_op(p, ",")) return NULL;
+        if (accept_op(p, ")")) break;
+        tok *pn = next(p);
+        if (pn->k != TK_NAME) return perr(p, pn->line, "expected parameter name"), NULL;
+        jnode *pr = mk(p, JN_NAME, pn->line);
+        if (!pr) return NULL;
+        pr->str = tok_str(p, pn);
+        if (accept_op(p, "=")) {
+          pr->a = parse_expr(p);
+          if (!pr->a) return NULL;
+        }
+        if (nvec_push(p, &params, pr)) return NULL;
+      }
+      caller->kids = params.v;
+      caller->nkids = params.n;
+    }
+    n->a = parse_expr(p);
+    if (!n->a) return NULL;
+    if (n->a->kind != JN_CALL) return perr(p, line, "expected a call after 'call'"), NULL;
+    if (expect_block_end(p)) return NULL;
+    static const char *const ends[] = {"endcall", NULL};
+    caller->b = parse_body(p, ends, &which);
+    if (!caller->b || expect_block_end(p)) return NULL;
+    n->d = caller;
+    return n;
+  }
   if (is_name(kw, "generation")) {
     if (expect_block_end(p)) return NULL;
     static const char *const ends[] = {"endgeneration", NULL};
@@ -1294,6 +1334,7 @@ static int check_loops(parser *p, const jnode *n, int in_loop, int depth) {
   case JN_IF: return check_loops(p, n->b, in_loop, depth + 1) || check_loops(p, n->c, in_loop, depth + 1) ? -1 : 0;
   case JN_FOR: return check_loops(p, n->b, 1, depth + 1) || check_loops(p, n->c, in_loop, depth + 1) ? -1 : 0;
   case JN_MACRO: return check_loops(p, n->b, 0, depth + 1);
+  case JN_CALL_BLOCK: return check_loops(p, n->d->b, 0, depth + 1);
   case JN_SET_BLOCK:
   case JN_FILTER_BLOCK: return check_loops(p, n->b, in_loop, depth + 1);
   default: return 0;

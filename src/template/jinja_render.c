@@ -135,21 +135,45 @@ int jinja_to_list(jctx *c, jv v, jlist **out) {
 static int eval_args(jctx *c, jscope *s, jnode **kids, size_t nkids, jargs *a) {
   memset(a, 0, sizeof(*a));
   if (!nkids) return 0;
-  a->pos = jarena_alloc(&c->a, nkids * sizeof(jv));
-  a->kwv = jarena_alloc(&c->a, nkids * sizeof(jv));
-  a->kwn = jarena_alloc(&c->a, nkids * sizeof(jstr *));
+  jv *vals = jarena_alloc(&c->a, nkids * sizeof(jv));
+  if (!vals) return jctx_nomem(c);
+  size_t npos = 0, nkw = 0;
+  for (size_t i = 0; i < nkids; i++) {
+    const jnode *k = kids[i];
+    int rc = eval(c, s, k->kind == JN_KWARG || k->kind == JN_SPLAT ? k->a : k, &vals[i]);
+    if (rc) return rc;
+    if (k->kind == JN_SPLAT && k->op == 1) {
+      jlist *l;
+      if ((rc = jinja_to_list(c, vals[i], &l))) return rc;
+      vals[i] = (jv){.t = JV_LIST, .u.l = l};
+      npos += l->n;
+    } else if (k->kind == JN_SPLAT) {
+      if (vals[i].t != JV_DICT) return jctx_err(c, ANNA_EINVAL, "argument after ** must be a mapping");
+      nkw += vals[i].u.d->n;
+    } else if (k->kind == JN_KWARG)
+      nkw++;
+    else
+      npos++;
+  }
+  a->pos = jarena_alloc(&c->a, (npos + 1) * sizeof(jv));
+  a->kwv = jarena_alloc(&c->a, (nkw + 1) * sizeof(jv));
+  a->kwn = jarena_alloc(&c->a, (nkw + 1) * sizeof(jstr *));
   if (!a->pos || !a->kwv || !a->kwn) return jctx_nomem(c);
   for (size_t i = 0; i < nkids; i++) {
     const jnode *k = kids[i];
-    if (k->kind == JN_KWARG) {
-      int rc = eval(c, s, k->a, &a->kwv[a->nkw]);
-      if (rc) return rc;
-      a->kwn[a->nkw++] = k->str;
-    } else {
-      if (a->nkw) return jctx_err(c, ANNA_EINVAL, "positional argument follows keyword argument");
-      int rc = eval(c, s, k, &a->pos[a->npos++]);
-      if (rc) return rc;
-    }
+    if (k->kind == JN_SPLAT && k->op == 1) {
+      for (size_t j = 0; j < vals[i].u.l->n; j++) a->pos[a->npos++] = vals[i].u.l->items[j];
+    } else if (k->kind == JN_SPLAT) {
+      jdict *d = vals[i].u.d;
+      for (size_t j = 0; j < d->n; j++) {
+        a->kwn[a->nkw] = d->keys[j];
+        a->kwv[a->nkw++] = d->vals[j];
+      }
+    } else if (k->kind == JN_KWARG) {
+      a->kwn[a->nkw] = k->str;
+      a->kwv[a->nkw++] = vals[i];
+    } else
+      a->pos[a->npos++] = vals[i];
   }
   return 0;
 }
@@ -741,6 +765,20 @@ static int exec_stmt(jctx *c, jscope *s, const jnode *n) {
     m->closure = s;
     return scope_set(c, s, n->str, (jv){.t = JV_MACRO, .u.mac = m});
   }
+  case JN_CALL_BLOCK: {
+    jmacro *m = jarena_alloc(&c->a, sizeof(*m));
+    if (!m) return jctx_nomem(c);
+    m->def = n->d;
+    m->closure = s;
+    jv callee, r;
+    jargs a;
+    if ((rc = eval(c, s, n->a->a, &callee)) || (rc = eval_args(c, s, n->a->kids, n->a->nkids, &a))) return rc;
+    if (callee.t != JV_MACRO) return jctx_err(c, ANNA_EINVAL, "call block needs a macro");
+    c->next_caller = (jv){.t = JV_MACRO, .u.mac = m};
+    if ((rc = jinja_call_macro(c, callee, &a, &r))) return rc;
+    jv_print(c->out, r);
+    return check_out(c, c->out);
+  }
   case JN_BREAK: c->flow = JFLOW_BREAK; return 0;
   case JN_CONTINUE: c->flow = JFLOW_CONTINUE; return 0;
   default: return jctx_err(c, ANNA_EINVAL, "unexpected node in statement position");
@@ -760,6 +798,8 @@ static int exec_body(jctx *c, jscope *s, const jnode *n) {
 
 int jinja_call_macro(jctx *c, jv mac, const jargs *a, jv *out) {
   const jnode *def = mac.u.mac->def;
+  jv caller = c->next_caller;
+  c->next_caller = jv_undef();
   if (a->npos > def->nkids)
     return jctx_err(c, ANNA_EINVAL, "macro '%s' takes not more than %zu argument(s)", def->str->s,
                     def->nkids);
@@ -783,6 +823,12 @@ int jinja_call_macro(jctx *c, jv mac, const jargs *a, jv *out) {
       if (rc) return rc;
     }
     int rc = scope_set(c, ms, prm->str, v);
+    if (rc) return rc;
+  }
+  if (caller.t == JV_MACRO) {
+    jstr *cn = jstr_new(&c->a, "caller", 6);
+    if (!cn) return jctx_nomem(c);
+    int rc = scope_set(c, ms, cn, caller);
     if (rc) return rc;
   }
   if (++c->depth > c->lim.max_depth) {
