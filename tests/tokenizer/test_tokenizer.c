@@ -8,153 +8,8 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "tok_testutil.h"
 #include "tokenizer/tokenizer.h"
-
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                                       \
-  do {                                                                                         \
-    checks++;                                                                                  \
-    if (!(cond)) {                                                                             \
-      failures++;                                                                              \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                     \
-      fprintf(stderr, __VA_ARGS__);                                                            \
-      fprintf(stderr, "\n");                                                                   \
-    }                                                                                          \
-  } while (0)
-
-static void print_ids(const char *what, const int32_t *ids, size_t n) {
-  fprintf(stderr, "  %s:", what);
-  for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
-  fprintf(stderr, "\n");
-}
-
-/* Encodes every expected.json case with tok and compares ids, decode and stream decode. */
-static void check_cases(const tokenizer *tok, const json_t *cases, const char *label) {
-  char err[256];
-  for (size_t i = 0; i < json_array_size(cases); i++) {
-    const json_t *c = json_array_get(cases, i);
-    const char *text = json_string_value(json_object_get(c, "text"));
-    size_t tlen = json_string_length(json_object_get(c, "text"));
-    const json_t *exp = json_object_get(c, "ids");
-    const json_t *dec = json_object_get(c, "decoded");
-    int32_t *ids = NULL;
-    size_t n = 0;
-    int rc = tokenizer_encode(tok, text, tlen, 0, &ids, &n, err, sizeof err);
-    CHECK(rc == 0, "%s case %zu: encode failed: %s", label, i, err);
-    if (rc) continue;
-    int same = n == json_array_size(exp);
-    for (size_t k = 0; same && k < n; k++)
-      same = ids[k] == (int32_t)json_integer_value(json_array_get(exp, k));
-    CHECK(same, "%s case %zu (%.40s): ids differ", label, i, text);
-    if (!same) {
-      print_ids("got", ids, n);
-      fprintf(stderr, "  want:");
-      for (size_t k = 0; k < json_array_size(exp); k++)
-        fprintf(stderr, " %d", (int)json_integer_value(json_array_get(exp, k)));
-      fprintf(stderr, "\n");
-    }
-    if (json_is_string(dec)) {
-      char *out = NULL;
-      size_t olen = 0;
-      rc = tokenizer_decode(tok, ids, n, 0, &out, &olen, err, sizeof err);
-      CHECK(rc == 0 && olen == json_string_length(dec) &&
-                memcmp(out, json_string_value(dec), olen) == 0,
-            "%s case %zu: decoded \"%s\" want \"%s\"", label, i, out ? out : "(null)",
-            json_string_value(dec));
-      /* The stream must give the same bytes, and each piece must be whole UTF-8. */
-      tokenizer_stream *s = NULL;
-      rc = tokenizer_stream_new(&s, tok, 0, err, sizeof err);
-      CHECK(rc == 0, "stream_new: %s", err);
-      char acc[4096];
-      size_t alen = 0;
-      int whole = 1;
-      for (size_t k = 0; s && k <= n; k++) {
-        char piece[256];
-        size_t pl = 0;
-        rc = k < n ? tokenizer_stream_feed(s, ids[k], piece, sizeof piece, &pl, err, sizeof err)
-                   : tokenizer_stream_flush(s, piece, sizeof piece, &pl, err, sizeof err);
-        CHECK(rc == 0, "stream feed: %s", err);
-        if (pl && ((unsigned char)piece[0] & 0xc0) == 0x80) whole = 0;
-        if (alen + pl < sizeof acc) {
-          memcpy(acc + alen, piece, pl);
-          alen += pl;
-        }
-      }
-      CHECK(whole, "%s case %zu: stream emitted a split character", label, i);
-      CHECK(alen == olen && out && memcmp(acc, out, olen) == 0,
-            "%s case %zu: stream output differs from decode", label, i);
-      tokenizer_stream_free(s);
-      free(out);
-    }
-    free(ids);
-  }
-}
-
-/* Builds a vocab description out of a byte-level tokenizer.json (what a GGUF converter
- * writes) so both constructors can be checked against the same expected ids. */
-static tokenizer *vocab_from_json(const char *path, const char *pre) {
-  json_error_t je;
-  json_t *root = json_load_file(path, 0, &je);
-  const json_t *vocab = json_object_get(json_object_get(root, "model"), "vocab");
-  const json_t *merges = json_object_get(json_object_get(root, "model"), "merges");
-  const json_t *added = json_object_get(root, "added_tokens");
-  size_t nv = 0;
-  const char *key;
-  json_t *val;
-  json_object_foreach((json_t *)vocab, key, val) if ((size_t)json_integer_value(val) + 1 > nv) nv =
-      (size_t)json_integer_value(val) + 1;
-  for (size_t i = 0; i < json_array_size(added); i++) {
-    size_t id = (size_t)json_integer_value(json_object_get(json_array_get(added, i), "id"));
-    if (id + 1 > nv) nv = id + 1;
-  }
-  const char **toks = calloc(nv, sizeof *toks);
-  int32_t *types = calloc(nv, sizeof *types);
-  json_object_foreach((json_t *)vocab, key, val) {
-    toks[json_integer_value(val)] = key;
-    types[json_integer_value(val)] = TOKENIZER_TOKEN_NORMAL;
-  }
-  for (size_t i = 0; i < json_array_size(added); i++) {
-    const json_t *a = json_array_get(added, i);
-    size_t id = (size_t)json_integer_value(json_object_get(a, "id"));
-    toks[id] = json_string_value(json_object_get(a, "content"));
-    types[id] = json_is_true(json_object_get(a, "special")) ? TOKENIZER_TOKEN_CONTROL
-                                                            : TOKENIZER_TOKEN_USER_DEFINED;
-  }
-  size_t nm = json_array_size(merges);
-  char **ms = calloc(nm, sizeof *ms);
-  for (size_t i = 0; i < nm; i++) {
-    const json_t *m = json_array_get(merges, i);
-    if (json_is_string(m)) {
-      ms[i] = strdup(json_string_value(m));
-    } else {
-      const char *a = json_string_value(json_array_get(m, 0));
-      const char *b = json_string_value(json_array_get(m, 1));
-      ms[i] = malloc(strlen(a) + strlen(b) + 2);
-      sprintf(ms[i], "%s %s", a, b);
-    }
-  }
-  tokenizer_vocab_desc d;
-  tokenizer_vocab_desc_init(&d);
-  d.model = "gpt2";
-  d.pre = pre;
-  d.n_tokens = nv;
-  d.tokens = toks;
-  d.token_types = types;
-  d.n_merges = nm;
-  d.merges = (const char *const *)ms;
-  d.eos_id = 2;
-  tokenizer *tok = NULL;
-  char err[256];
-  int rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
-  CHECK(rc == 0, "create_from_vocab: %s", err);
-  for (size_t i = 0; i < nm; i++) free(ms[i]);
-  free(ms);
-  free(toks);
-  free(types);
-  json_decref(root);
-  return tok;
-}
 
 static void test_fixture(const char *fixtures) {
   char path[4096], err[256];
@@ -171,7 +26,7 @@ static void test_fixture(const char *fixtures) {
   int rc = tokenizer_load_json(&tok, path, err, sizeof err);
   CHECK(rc == 0, "load %s: %s", path, err);
   if (!rc) {
-    check_cases(tok, cases, "json");
+    tt_check_cases(tok, cases, NULL, 0, "json");
     CHECK(tokenizer_token_id(tok, "<|im_end|>") == 2, "im_end id");
     CHECK(tokenizer_eos_id(tok) == 2, "eos from tokenizer_config: %d", tokenizer_eos_id(tok));
     CHECK(tokenizer_pad_id(tok) == 0, "pad id");
@@ -205,9 +60,9 @@ static void test_fixture(const char *fixtures) {
   }
 
   snprintf(path, sizeof path, "%s/tokenizer/tokenizer.json", fixtures);
-  tok = vocab_from_json(path, "qwen2");
+  tok = tt_vocab_from_hf_json(path, "qwen2");
   if (tok) {
-    check_cases(tok, cases, "vocab-desc");
+    tt_check_cases(tok, cases, NULL, 0, "vocab-desc");
     CHECK(tokenizer_eos_id(tok) == 2, "desc eos");
     tokenizer_free(tok);
   }
@@ -261,7 +116,7 @@ static void test_spm(void) {
   int same = rc == 0 && cnt == sizeof want / sizeof *want;
   for (size_t i = 0; same && i < cnt; i++) same = ids[i] == want[i];
   CHECK(same, "spm encode");
-  if (!same && rc == 0) print_ids("got", ids, cnt);
+  if (!same && rc == 0) tt_print_ids("got", ids, cnt);
   char *out;
   size_t ol;
   rc = tokenizer_decode(tok, ids, cnt, TOKENIZER_DECODE_SKIP_SPECIAL, &out, &ol, err, sizeof err);
@@ -353,6 +208,6 @@ int main(int argc, char **argv) {
   test_fixture(fixtures);
   test_spm();
   test_malformed(fixtures);
-  printf("%d passed, %d failed\n", checks - failures, failures);
-  return failures ? 1 : 0;
+  printf("%d passed, %d failed\n", tt_checks - tt_failures, tt_failures);
+  return tt_failures ? 1 : 0;
 }
