@@ -55,17 +55,24 @@ TGT static float dot_q4_0(int64_t n, const void *w, const void *act) {
   return hsum_ps(acc);
 }
 
+/* sum_j mn[j] * (bsums[2j] + bsums[2j+1]) as 4 int32 lanes. */
+TGT static inline __m128i k4_min_sums(const uint8_t mn[8], const int16_t *bsums) {
+  __m128i b0 = _mm_loadu_si128((const __m128i *)bsums);
+  __m128i b1 = _mm_loadu_si128((const __m128i *)(bsums + 8));
+  __m128i pairs = _mm_hadd_epi16(b0, b1);
+  return _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), pairs);
+}
+
 TGT static float dot_q4_k(int64_t n, const void *w, const void *act) {
   const blk_q4_k *x = w;
   const blk_q8_k *y = act;
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0;
+  __m128 accm = _mm_setzero_ps();
   for (int64_t i = 0; i < n / QKK; i++) {
     uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; j++) quant_k4_scale_min(x[i].scales, j, &sc[j], &mn[j]);
-    int summ = 0;
-    for (int j = 0; j < 8; j++) summ += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+    quant_k4_unpack(x[i].scales, sc, mn);
+    __m128i ms = k4_min_sums(mn, y[i].bsums);
     __m256i sumi = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
       __m256i q = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * c));
@@ -76,11 +83,12 @@ TGT static float dot_q4_k(int64_t n, const void *w, const void *act) {
       __m256i p1 = _mm256_madd_epi16(dot_u8_16(hi, a1), _mm256_set1_epi16(sc[2 * c + 1]));
       sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
     }
-    float d = h2f(x[i].d) * y[i].d;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_m += h2f(x[i].dmin) * y[i].d * (float)summ;
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+    accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * y[i].d), _mm_cvtepi32_ps(ms), accm);
   }
-  return hsum_ps(acc) - acc_m;
+  __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return hsum_ps(acc) - _mm_cvtss_f32(m);
 }
 
 TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
@@ -88,12 +96,11 @@ TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
   const blk_q8_k *y = act;
   const __m256i m4 = _mm256_set1_epi8(0x0f), m3 = _mm256_set1_epi8(3);
   __m256 acc = _mm256_setzero_ps();
-  float acc_off = 0;
   for (int64_t i = 0; i < n / QKK; i++) {
     const int8_t *sc = x[i].scales;
     /* q - 32 folded out: dot(q - 32, a) = dot(q, a) - 32 * sum(a) per 16-group. */
-    int off = 0;
-    for (int k = 0; k < 16; k++) off += sc[k] * y[i].bsums[k];
+    __m256i offv = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
+                                     _mm256_loadu_si256((const __m256i *)y[i].bsums));
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
       const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
@@ -119,10 +126,10 @@ TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
       }
     }
     float d = h2f(x[i].d) * y[i].d;
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offv, 5));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_off += d * 32.0f * (float)off;
   }
-  return hsum_ps(acc) - acc_off;
+  return hsum_ps(acc);
 }
 
 
@@ -241,7 +248,7 @@ TGT static float dot_q5_k(int64_t n, const void *w, const void *act) {
   float acc_m = 0;
   for (int64_t i = 0; i < n / QKK; i++) {
     uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; j++) quant_k4_scale_min(x[i].scales, j, &sc[j], &mn[j]);
+    quant_k4_unpack(x[i].scales, sc, mn);
     int summ = 0;
     for (int j = 0; j < 8; j++) summ += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
     __m256i hb = _mm256_loadu_si256((const __m256i *)x[i].qh);

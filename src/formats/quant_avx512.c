@@ -157,12 +157,13 @@ TGT static float dot_q4_k(int64_t n, const void *w, const void *act) {
   const blk_q8_k *y = act;
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   __m512 acc = _mm512_setzero_ps();
-  float acc_m = 0;
+  __m128 accm = _mm_setzero_ps();
   for (int64_t i = 0; i < n / QKK; i++) {
     uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; j++) quant_k4_scale_min(x[i].scales, j, &sc[j], &mn[j]);
-    int summ = 0;
-    for (int j = 0; j < 8; j++) summ += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+    quant_k4_unpack(x[i].scales, sc, mn);
+    __m128i pairs = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)y[i].bsums),
+                                   _mm_loadu_si128((const __m128i *)(y[i].bsums + 8)));
+    __m128i ms = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)), pairs);
     __m512i sumi = _mm512_setzero_si512();
     const int8_t *a = y[i].qs;
     for (int p = 0; p < 2; p++) { /* chunks 2p, 2p+1 = sub-blocks 4p..4p+3 */
@@ -177,9 +178,11 @@ TGT static float dot_q4_k(int64_t n, const void *w, const void *act) {
       sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(p0, p1));
     }
     acc = _mm512_fmadd_ps(_mm512_set1_ps(h2f(x[i].d) * y[i].d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_m += h2f(x[i].dmin) * y[i].d * (float)summ;
+    accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * y[i].d), _mm_cvtepi32_ps(ms), accm);
   }
-  return _mm512_reduce_add_ps(acc) - acc_m;
+  __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return _mm512_reduce_add_ps(acc) - _mm_cvtss_f32(m);
 }
 
 TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
@@ -187,11 +190,10 @@ TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
   const blk_q8_k *y = act;
   const __m512i m4 = _mm512_set1_epi8(0x0f), m3 = _mm512_set1_epi8(3);
   __m512 acc = _mm512_setzero_ps();
-  float acc_off = 0;
   for (int64_t i = 0; i < n / QKK; i++) {
     const int8_t *sc = x[i].scales;
-    int off = 0;
-    for (int k = 0; k < 16; k++) off += sc[k] * y[i].bsums[k];
+    __m256i offv = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
+                                     _mm256_loadu_si256((const __m256i *)y[i].bsums));
     __m512i sumi = _mm512_setzero_si512();
     for (int h = 0; h < 2; h++) {
       /* groups s = 0..3 of 32: low nibbles of ql[0..63] are groups 0,1; high are 2,3;
@@ -219,10 +221,10 @@ TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
       sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(_mm512_maddubs_epi16(q23, a23), sv23));
     }
     float d = h2f(x[i].d) * y[i].d;
+    sumi = _mm512_sub_epi32(sumi, _mm512_zextsi256_si512(_mm256_slli_epi32(offv, 5)));
     acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
-    acc_off += d * 32.0f * (float)off;
   }
-  return _mm512_reduce_add_ps(acc) - acc_off;
+  return _mm512_reduce_add_ps(acc);
 }
 
 void quant_avx512_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) {

@@ -100,4 +100,18 @@ static inline void quant_k4_scale_min(const uint8_t *s, int j, uint8_t *sc, uint
   }
 }
 
+/* Q4_K/Q5_K 6-bit scales and mins, unpacked four at a time with 32-bit masks. */
+static inline void quant_k4_unpack(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
+  uint32_t u[3], a, b, c, e;
+  memcpy(u, s, 12);
+  a = u[0] & 0x3f3f3f3fu;
+  b = u[1] & 0x3f3f3f3fu;
+  c = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 2) & 0x30303030u);
+  e = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 2) & 0x30303030u);
+  memcpy(sc, &a, 4);
+  memcpy(sc + 4, &c, 4);
+  memcpy(mn, &b, 4);
+  memcpy(mn + 4, &e, 4);
+}
+
 #endif
