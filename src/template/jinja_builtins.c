@@ -439,12 +439,10 @@ jv jinja_getattr(jctx *c, jv obj, const char *name, size_t n) {
 
 jv jinja_getitem(jctx *c, jv obj, jv key) {
   switch (obj.t) {
-  case JV_DICT:
-    if (key.t == JV_STR) {
-      jv *v = jdict_get(obj.u.d, key.u.s->s, key.u.s->len);
-      return v ? *v : jv_undef();
-    }
-    return jv_undef();
+  case JV_DICT: {
+    jv *v = jdict_getv(obj.u.d, key);
+    return v ? *v : jv_undef();
+  }
   case JV_LIST:
     if (is_intlike(key)) {
       int64_t i = ival(key), n = (int64_t)obj.u.l->n;
@@ -475,7 +473,7 @@ int jinja_call_method(jctx *c, jv self, const char *name, const jargs *a, jv *ou
       jlist *l = jlist_new(&c->a, d->n);
       if (!l) return jctx_nomem(c);
       for (size_t i = 0; i < d->n; i++) {
-        jv k = {.t = JV_STR, .u.s = d->keys[i]};
+        jv k = d->keys[i];
         if (name[0] == 'k') l->items[l->n++] = k;
         else if (name[0] == 'v') l->items[l->n++] = d->vals[i];
         else {
@@ -496,7 +494,7 @@ int jinja_call_method(jctx *c, jv self, const char *name, const jargs *a, jv *ou
       if (!found) return jctx_err(c, ANNA_EINVAL, "get expected at least 1 argument");
       jv def = jargs_get(a, 1, NULL, &found);
       if (!found) def = jv_none();
-      jv *v = k.t == JV_STR ? jdict_get(d, k.u.s->s, k.u.s->len) : NULL;
+      jv *v = jdict_getv(d, k);
       *out = v ? *v : def;
       return 0;
     }
@@ -504,7 +502,7 @@ int jinja_call_method(jctx *c, jv self, const char *name, const jargs *a, jv *ou
       jdict *nd = jdict_new(&c->a, d->n);
       if (!nd) return jctx_nomem(c);
       for (size_t i = 0; i < d->n; i++)
-        if (jdict_set(&c->a, nd, d->keys[i], d->vals[i])) return jctx_nomem(c);
+        if (jdict_setv(&c->a, nd, d->keys[i], d->vals[i])) return jctx_nomem(c);
       *out = (jv){.t = JV_DICT, .u.d = nd};
       return 0;
     }
@@ -723,7 +721,7 @@ int jinja_call_builtin(jctx *c, int fn, const jargs *a, jv *out) {
         return jctx_err(c, ANNA_EINVAL, "%s() positional argument must be a mapping", global_names[fn]);
       jdict *src = a->pos[i].u.d;
       for (size_t k = 0; k < src->n; k++)
-        if (jdict_set(&c->a, d, src->keys[k], src->vals[k])) return jctx_nomem(c);
+        if (jdict_setv(&c->a, d, src->keys[k], src->vals[k])) return jctx_nomem(c);
     }
     for (size_t i = 0; i < a->nkw; i++)
       if (jdict_set(&c->a, d, a->kwn[i], a->kwv[i])) return jctx_nomem(c);
@@ -807,7 +805,7 @@ int jinja_apply_test(jctx *c, const char *name, jv v, const jargs *a, int *r) {
     if (x.t == JV_STR && v.t == JV_STR) *r = memmem(x.u.s->s, x.u.s->len, v.u.s->s, v.u.s->len) != NULL || v.u.s->len == 0;
     else if (x.t == JV_LIST)
       for (size_t i = 0; i < x.u.l->n && !*r; i++) *r = jv_equal(x.u.l->items[i], v);
-    else if (x.t == JV_DICT) *r = v.t == JV_STR && jdict_get(x.u.d, v.u.s->s, v.u.s->len) != NULL;
+    else if (x.t == JV_DICT) *r = jdict_getv(x.u.d, v) != NULL;
   } else if (IS("lower") || IS("upper")) {
     if (v.t != JV_STR) *r = 0;
     else {
@@ -960,7 +958,18 @@ static int do_indent(jctx *c, const jstr *s, jv width, int first, int blank, jv 
 int jinja_apply_filter(jctx *c, const char *name, jv v, const jargs *a, jv *out) {
   int found, rc;
 #define IS(n) (strcmp(name, n) == 0)
-  if (IS("safe") || IS("forceescape")) {
+  if (IS("safe")) {
+    if (v.t == JV_STR && v.u.s->markup) {
+      *out = v;
+      return 0;
+    }
+    jstr *t = jinja_to_str(c, v);
+    if (!t) return ANNA_ENOMEM;
+    if ((rc = ret_str(c, t->s, t->len, out))) return rc;
+    out->u.s->markup = 1;
+    return 0;
+  }
+  if ((IS("e") || IS("escape")) && v.t == JV_STR && v.u.s->markup) {
     *out = v;
     return 0;
   }
@@ -1347,7 +1356,7 @@ int jinja_apply_filter(jctx *c, const char *name, jv v, const jargs *a, jv *out)
     *out = jv_int(cnt);
     return 0;
   }
-  if (IS("e") || IS("escape")) {
+  if (IS("e") || IS("escape") || IS("forceescape")) {
     jbuf b = {.limit = c->lim.max_output};
     for (size_t i = 0; i < s->len; i++) {
       switch (s->s[i]) {
@@ -1359,7 +1368,9 @@ int jinja_apply_filter(jctx *c, const char *name, jv v, const jargs *a, jv *out)
       default: jbuf_put(&b, s->s + i, 1);
       }
     }
-    return ret_buf(c, &b, out);
+    if ((rc = ret_buf(c, &b, out))) return rc;
+    out->u.s->markup = 1;
+    return 0;
   }
   if (IS("format")) return do_format_percent(c, s, a, out);
   if (IS("center")) {

@@ -43,7 +43,8 @@ typedef enum jv_type {
 
 typedef struct jstr {
   size_t len;
-  char s[]; /* NUL-terminated, UTF-8 */
+  int markup; /* markupsafe.Markup (from |safe, |escape): `+` HTML-escapes plain operands */
+  char s[];   /* NUL-terminated, UTF-8 */
 } jstr;
 
 struct jv;
@@ -75,7 +76,7 @@ struct jlist {
 
 struct jdict {
   size_t n, cap;
-  jstr **keys; /* insertion order kept (Python dict order) */
+  jv *keys; /* insertion order kept (Python dict order); strings except in dict literals */
   jv *vals;
   int is_ns;
 };
@@ -180,7 +181,9 @@ jlist *jlist_new(jarena *a, size_t cap);
 int jlist_push(jarena *a, jlist *l, jv v); /* 0 or -1 on allocation failure */
 jdict *jdict_new(jarena *a, size_t cap);
 int jdict_set(jarena *a, jdict *d, jstr *key, jv v); /* replaces an existing key */
-jv *jdict_get(const jdict *d, const char *key, size_t klen); /* NULL when absent */
+jv *jdict_get(const jdict *d, const char *key, size_t klen); /* string key; NULL when absent */
+jv *jdict_getv(const jdict *d, jv key);                      /* any key, Python equality */
+int jdict_setv(jarena *a, jdict *d, jv key, jv v);
 int jstr_eq(const jstr *a, const char *s, size_t n);
 
 int jv_truthy(jv v);

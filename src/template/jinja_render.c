@@ -108,7 +108,7 @@ int jinja_to_list(jctx *c, jv v, jlist **out) {
   case JV_DICT: {
     jlist *l = jlist_new(&c->a, v.u.d->n);
     if (!l) return jctx_nomem(c);
-    for (size_t i = 0; i < v.u.d->n; i++) l->items[l->n++] = (jv){.t = JV_STR, .u.s = v.u.d->keys[i]};
+    for (size_t i = 0; i < v.u.d->n; i++) l->items[l->n++] = v.u.d->keys[i];
     *out = l;
     return 0;
   }
@@ -166,7 +166,8 @@ static int eval_args(jctx *c, jscope *s, jnode **kids, size_t nkids, jargs *a) {
     } else if (k->kind == JN_SPLAT) {
       jdict *d = vals[i].u.d;
       for (size_t j = 0; j < d->n; j++) {
-        a->kwn[a->nkw] = d->keys[j];
+        if (d->keys[j].t != JV_STR) return jctx_err(c, ANNA_EINVAL, "keywords must be strings");
+        a->kwn[a->nkw] = d->keys[j].u.s;
         a->kwv[a->nkw++] = d->vals[j];
       }
     } else if (k->kind == JN_KWARG) {
@@ -276,6 +277,25 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
       return 0;
     }
   }
+  if (op == JOP_ADD && a.t == JV_STR && b.t == JV_STR && (a.u.s->markup || b.u.s->markup)) {
+    /* Markup.__add__/__radd__ escape the plain side, as jinja2 does for `x|safe + y` */
+    jv ea = a, eb = b;
+    jargs none = {0};
+    int rc = 0;
+    if (!a.u.s->markup) rc = jinja_apply_filter(c, "escape", a, &none, &ea);
+    if (!rc && !b.u.s->markup) rc = jinja_apply_filter(c, "escape", b, &none, &eb);
+    if (rc) return rc;
+    size_t n = ea.u.s->len + eb.u.s->len;
+    jstr *r = jarena_alloc(&c->a, sizeof(jstr) + n + 1);
+    if (!r) return jctx_nomem(c);
+    memcpy(r->s, ea.u.s->s, ea.u.s->len);
+    memcpy(r->s + ea.u.s->len, eb.u.s->s, eb.u.s->len);
+    r->len = n;
+    r->s[n] = 0;
+    r->markup = 1;
+    *out = (jv){.t = JV_STR, .u.s = r};
+    return 0;
+  }
   if (op == JOP_ADD && a.t == JV_STR && b.t == JV_STR) {
     size_t n = a.u.s->len + b.u.s->len;
     jstr *r = jarena_alloc(&c->a, sizeof(jstr) + n + 1);
@@ -319,7 +339,7 @@ static int contains(jctx *c, jv container, jv item, int *res) {
     for (size_t i = 0; i < container.u.l->n && !*res; i++) *res = jv_equal(container.u.l->items[i], item);
     return 0;
   case JV_DICT:
-    *res = item.t == JV_STR && jdict_get(container.u.d, item.u.s->s, item.u.s->len) != NULL;
+    *res = jdict_getv(container.u.d, item) != NULL;
     return 0;
   case JV_UNDEF: *res = 0; return 0;
   default:
@@ -553,9 +573,11 @@ static int eval(jctx *c, jscope *s, const jnode *n, jv *out) {
     for (size_t i = 0; i + 1 < n->nkids && !rc; i += 2) {
       jv k, v;
       if ((rc = eval(c, s, n->kids[i], &k)) || (rc = eval(c, s, n->kids[i + 1], &v))) break;
-      jstr *ks = k.t == JV_STR ? k.u.s : jinja_to_str(c, k); /* non-string keys print as text */
-      if (!ks) rc = jctx_nomem(c);
-      else if (jdict_set(&c->a, d, ks, v)) rc = jctx_nomem(c);
+      if (k.t != JV_STR && k.t != JV_INT && k.t != JV_FLOAT && k.t != JV_BOOL && k.t != JV_NONE &&
+          !(k.t == JV_LIST && k.u.l->is_tuple))
+        rc = jctx_err(c, ANNA_EINVAL, "unhashable type: '%s'", jv_type_name(k));
+      else if (jdict_setv(&c->a, d, k, v))
+        rc = jctx_nomem(c);
     }
     *out = (jv){.t = JV_DICT, .u.d = d};
     break;

@@ -121,7 +121,7 @@ jdict *jdict_new(jarena *a, size_t cap) {
   jdict *d = jarena_alloc(a, sizeof(*d));
   if (!d) return NULL;
   if (cap) {
-    d->keys = jarena_alloc(a, cap * sizeof(jstr *));
+    d->keys = jarena_alloc(a, cap * sizeof(jv));
     d->vals = jarena_alloc(a, cap * sizeof(jv));
     if (!d->keys || !d->vals) return NULL;
     d->cap = cap;
@@ -135,23 +135,34 @@ int jstr_eq(const jstr *a, const char *s, size_t n) {
 
 jv *jdict_get(const jdict *d, const char *key, size_t klen) {
   for (size_t i = 0; i < d->n; i++)
-    if (jstr_eq(d->keys[i], key, klen)) return &d->vals[i];
+    if (d->keys[i].t == JV_STR && jstr_eq(d->keys[i].u.s, key, klen)) return &d->vals[i];
+  return NULL;
+}
+
+jv *jdict_getv(const jdict *d, jv key) {
+  if (key.t == JV_STR) return jdict_get(d, key.u.s->s, key.u.s->len);
+  for (size_t i = 0; i < d->n; i++)
+    if (jv_equal(d->keys[i], key)) return &d->vals[i];
   return NULL;
 }
 
 int jdict_set(jarena *a, jdict *d, jstr *key, jv v) {
-  jv *old = jdict_get(d, key->s, key->len);
+  return jdict_setv(a, d, (jv){.t = JV_STR, .u.s = key}, v);
+}
+
+int jdict_setv(jarena *a, jdict *d, jv key, jv v) {
+  jv *old = jdict_getv(d, key);
   if (old) {
     *old = v;
     return 0;
   }
   if (d->n == d->cap) {
     size_t nc = d->cap ? d->cap * 2 : 4;
-    jstr **nk = jarena_alloc(a, nc * sizeof(jstr *));
+    jv *nk = jarena_alloc(a, nc * sizeof(jv));
     jv *nv = jarena_alloc(a, nc * sizeof(jv));
     if (!nk || !nv) return -1;
     if (d->n) {
-      memcpy(nk, d->keys, d->n * sizeof(jstr *));
+      memcpy(nk, d->keys, d->n * sizeof(jv));
       memcpy(nv, d->vals, d->n * sizeof(jv));
     }
     d->keys = nk;
@@ -204,7 +215,7 @@ int jv_equal(jv a, jv b) {
     if (a.u.d == b.u.d) return 1;
     if (a.u.d->is_ns || b.u.d->is_ns || a.u.d->n != b.u.d->n) return 0;
     for (size_t i = 0; i < a.u.d->n; i++) {
-      jv *o = jdict_get(b.u.d, a.u.d->keys[i]->s, a.u.d->keys[i]->len);
+      jv *o = jdict_getv(b.u.d, a.u.d->keys[i]);
       if (!o || !jv_equal(a.u.d->vals[i], *o)) return 0;
     }
     return 1;
@@ -478,7 +489,7 @@ void jv_repr(jbuf *b, jv v) {
     jbuf_puts(b, "{");
     for (size_t i = 0; i < v.u.d->n; i++) {
       if (i) jbuf_puts(b, ", ");
-      repr_str(b, v.u.d->keys[i]);
+      jv_repr(b, v.u.d->keys[i]);
       jbuf_puts(b, ": ");
       jv_repr(b, v.u.d->vals[i]);
     }
@@ -596,8 +607,7 @@ static int tojson_rec(jbuf *b, jv v, int indent, const char *isep, const char *k
         size_t k = order[i], j = i;
         while (j > 0) {
           int c;
-          jv_compare((jv){.t = JV_STR, .u.s = d->keys[order[j - 1]]},
-                     (jv){.t = JV_STR, .u.s = d->keys[k]}, &c);
+          if (jv_compare(d->keys[order[j - 1]], d->keys[k], &c)) c = 0;
           if (c <= 0) break;
           order[j] = order[j - 1];
           j--;
@@ -609,7 +619,19 @@ static int tojson_rec(jbuf *b, jv v, int indent, const char *isep, const char *k
     for (size_t i = 0; i < d->n && rc == 0; i++) {
       if (i) jbuf_puts(b, isep);
       if (indent >= 0) json_newline(b, indent, level + 1);
-      json_str(b, d->keys[order[i]]->s, d->keys[order[i]]->len);
+      jv key = d->keys[order[i]];
+      if (key.t == JV_STR) json_str(b, key.u.s->s, key.u.s->len);
+      else if (key.t == JV_NONE) jbuf_puts(b, "\"null\"");
+      else if (key.t == JV_BOOL) jbuf_puts(b, key.u.b ? "\"true\"" : "\"false\"");
+      else if (key.t == JV_INT || key.t == JV_FLOAT) {
+        jbuf_puts(b, "\"");
+        jv_print(b, key);
+        jbuf_puts(b, "\"");
+      } else {
+        rc = -1;
+        *msg = "keys must be str, int, float, bool or None";
+        break;
+      }
       jbuf_puts(b, ksep);
       rc = tojson_rec(b, d->vals[order[i]], indent, isep, ksep, sort, level + 1, msg);
     }
