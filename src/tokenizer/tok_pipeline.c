@@ -445,7 +445,8 @@ static int pre_step(const tokenizer *t, const tok_step *st, const tok_pieces *in
       tok_buf tmp = {0};
       int prepend = st->prepend_scheme == TOK_PREPEND_ALWAYS ||
                     (st->prepend_scheme == TOK_PREPEND_FIRST && seg_first && pi == 0);
-      if (prepend && n > 0 &&
+      /* HF checks for a leading marker after replacing spaces, so a leading ' ' counts. */
+      if (prepend && n > 0 && s[0] != ' ' &&
           !(n >= st->repl_len && memcmp(s, st->repl, st->repl_len) == 0))
         rc = tok_buf_put(&tmp, st->repl, st->repl_len);
       for (size_t j = 0; j < n && !rc; j++)
@@ -535,7 +536,9 @@ static int dec_step(const tokenizer *t, const tok_step *st, const char *s, size_
     size_t pl = st->kind == TOK_DEC_REPLACE ? st->lit_len : st->repl_len;
     const char *rep = st->kind == TOK_DEC_REPLACE ? st->repl : " ";
     size_t rl = st->kind == TOK_DEC_REPLACE ? st->repl_len : 1;
-    size_t start = out->n;
+    /* HF's Metaspace decoder drops every marker of the first token, not only a leading
+     * one ("▁hello▁" -> "hello"); kept for identical output. */
+    if (st->kind == TOK_DEC_METASPACE && first && st->prepend_scheme != TOK_PREPEND_NEVER) rl = 0;
     for (size_t i = 0; i < n;) {
       if (pl && i + pl <= n && memcmp(s + i, pat, pl) == 0) {
         if (tok_buf_put(out, rep, rl)) return ANNA_ENOMEM;
@@ -545,14 +548,7 @@ static int dec_step(const tokenizer *t, const tok_step *st, const char *s, size_
         i++;
       }
     }
-    if (tok_buf_put(out, "", 0)) return ANNA_ENOMEM;
-    if (st->kind == TOK_DEC_METASPACE && first && st->prepend_scheme != TOK_PREPEND_NEVER &&
-        out->n > start && out->p[start] == ' ') {
-      memmove(out->p + start, out->p + start + 1, out->n - start - 1);
-      out->n--;
-      out->p[out->n] = 0;
-    }
-    return 0;
+    return tok_buf_put(out, "", 0);
   }
   case TOK_DEC_STRIP: {
     size_t a = 0;

@@ -203,10 +203,46 @@ static void test_malformed(const char *fixtures) {
   CHECK(rc == ANNA_EIO, "missing file");
 }
 
+/* SentencePiece-style tokenizer.json files (Llama-2 legacy normalizer + Strip decoder, and
+ * Metaspace), made by data/gen_spm_json.py, against HF tokenizers' ids. */
+static void test_spm_json(void) {
+  json_error_t je;
+  json_t *exp = json_load_file(ANNA_TOK_TESTDATA "/spm_expected.json", 0, &je);
+  CHECK(exp != NULL, "spm_expected.json: %s", je.text);
+  if (!exp) return;
+  const json_t *texts = json_object_get(exp, "texts"), *toks = json_object_get(exp, "tokenizers");
+  for (size_t k = 0; k < json_array_size(toks); k++) {
+    const json_t *e = json_array_get(toks, k);
+    const char *name = json_string_value(json_object_get(e, "name"));
+    char path[4096], err[256];
+    snprintf(path, sizeof path, "%s/%s", ANNA_TOK_TESTDATA, name);
+    tokenizer *tok = NULL;
+    int rc = tokenizer_load_json(&tok, path, err, sizeof err);
+    CHECK(rc == 0, "%s: %s", name, err);
+    if (rc) continue;
+    tt_check_cases(tok, json_object_get(e, "cases"), texts, 0, name);
+    const json_t *sp = json_object_get(e, "special_ids");
+    const json_t *t0 = json_array_get(texts, 0);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    rc = tokenizer_encode(tok, json_string_value(t0), json_string_length(t0),
+                          TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &n, err, sizeof err);
+    int same = rc == 0 && n == json_array_size(sp);
+    for (size_t i = 0; same && i < n; i++)
+      same = ids[i] == (int32_t)json_integer_value(json_array_get(sp, i));
+    CHECK(same, "%s: add-special ids", name);
+    CHECK(tokenizer_bos_id(tok) == 1, "%s: bos from the template", name);
+    free(ids);
+    tokenizer_free(tok);
+  }
+  json_decref(exp);
+}
+
 int main(int argc, char **argv) {
   const char *fixtures = argc > 1 ? argv[1] : "../shared/fixtures";
   test_fixture(fixtures);
   test_spm();
+  test_spm_json();
   test_malformed(fixtures);
   printf("%d passed, %d failed\n", tt_checks - tt_failures, tt_failures);
   return tt_failures ? 1 : 0;
