@@ -26,6 +26,10 @@ struct gguf_file {
   gguf_kv *kvs;
   int64_t n_tensors;
   gguf_tensor *tensors;
+  /* Sorted by name for O(log n) lookup and the duplicate check (MoE files hold thousands
+   * of tensors, and callers look each one up by name). */
+  const gguf_kv **kv_sorted;
+  const gguf_tensor **t_sorted;
 };
 
 /* Every read checks `n > size || pos > size - n` (no overflow possible) and the first
@@ -283,8 +287,33 @@ static int read_tensor_info(cursor *c, gguf_tensor *ti, int64_t idx, char *err, 
   return 0;
 }
 
-static int cmp_str_ptr(const void *a, const void *b) {
-  return strcmp(*(const char *const *)a, *(const char *const *)b);
+static int cmp_kv(const void *a, const void *b) {
+  return strcmp((*(const gguf_kv *const *)a)->key, (*(const gguf_kv *const *)b)->key);
+}
+
+static int cmp_tensor(const void *a, const void *b) {
+  return strcmp((*(const gguf_tensor *const *)a)->name, (*(const gguf_tensor *const *)b)->name);
+}
+
+/* Builds the sorted indexes; a duplicate key or tensor name is a format error, since a
+ * lookup would silently pick one of them. */
+static int build_index(gguf_file *f, char *err, size_t errlen) {
+  f->kv_sorted = malloc((f->n_kv ? (size_t)f->n_kv : 1) * sizeof(gguf_kv *));
+  f->t_sorted = malloc((f->n_tensors ? (size_t)f->n_tensors : 1) * sizeof(gguf_tensor *));
+  if (!f->kv_sorted || !f->t_sorted) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  for (int64_t k = 0; k < f->n_kv; k++) f->kv_sorted[k] = &f->kvs[k];
+  for (int64_t k = 0; k < f->n_tensors; k++) f->t_sorted[k] = &f->tensors[k];
+  qsort(f->kv_sorted, (size_t)f->n_kv, sizeof(gguf_kv *), cmp_kv);
+  qsort(f->t_sorted, (size_t)f->n_tensors, sizeof(gguf_tensor *), cmp_tensor);
+  for (int64_t k = 1; k < f->n_kv; k++)
+    if (strcmp(f->kv_sorted[k - 1]->key, f->kv_sorted[k]->key) == 0)
+      return anna_err(err, errlen, ANNA_EFORMAT, "duplicate metadata key '%s'",
+                      f->kv_sorted[k]->key);
+  for (int64_t k = 1; k < f->n_tensors; k++)
+    if (strcmp(f->t_sorted[k - 1]->name, f->t_sorted[k]->name) == 0)
+      return anna_err(err, errlen, ANNA_EFORMAT, "duplicate tensor name '%s'",
+                      f->t_sorted[k]->name);
+  return 0;
 }
 
 static int parse(gguf_file *f, char *err, size_t errlen) {
@@ -348,22 +377,7 @@ static int parse(gguf_file *f, char *err, size_t errlen) {
                       data_size);
     t->data = f->base + f->data_offset + t->offset;
   }
-  /* Duplicate names would make gguf_tensor_find ambiguous; sorting name pointers keeps the
-   * check O(n log n) for MoE files with tens of thousands of tensors. */
-  if (f->n_tensors > 1) {
-    const char **names = malloc((size_t)f->n_tensors * sizeof(char *));
-    if (!names) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-    for (int64_t k = 0; k < f->n_tensors; k++) names[k] = f->tensors[k].name;
-    qsort(names, (size_t)f->n_tensors, sizeof(char *), cmp_str_ptr);
-    for (int64_t k = 1; k < f->n_tensors; k++)
-      if (strcmp(names[k - 1], names[k]) == 0) {
-        anna_err(err, errlen, ANNA_EFORMAT, "duplicate tensor name '%s'", names[k]);
-        free(names);
-        return ANNA_EFORMAT;
-      }
-    free(names);
-  }
-  return 0;
+  return build_index(f, err, errlen);
 }
 
 static int open_common(gguf_file **out, gguf_file *f, char *err, size_t errlen) {
@@ -422,6 +436,8 @@ void gguf_close(gguf_file *f) {
   for (int64_t k = 0; k < f->n_tensors; k++) free((void *)f->tensors[k].name);
   free(f->kvs);
   free(f->tensors);
+  free(f->kv_sorted);
+  free(f->t_sorted);
   if (f->mapped) munmap((void *)f->base, f->size);
   free(f);
 }
@@ -438,9 +454,10 @@ const gguf_kv *gguf_kv_at(const gguf_file *f, int64_t i) {
 }
 
 const gguf_kv *gguf_kv_find(const gguf_file *f, const char *key) {
-  for (int64_t k = 0; k < f->n_kv; k++)
-    if (strcmp(f->kvs[k].key, key) == 0) return &f->kvs[k];
-  return NULL;
+  gguf_kv probe = {.key = key};
+  const gguf_kv *pp = &probe;
+  const gguf_kv **hit = bsearch(&pp, f->kv_sorted, (size_t)f->n_kv, sizeof(gguf_kv *), cmp_kv);
+  return hit ? *hit : NULL;
 }
 
 const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i) {
@@ -448,9 +465,11 @@ const gguf_tensor *gguf_tensor_at(const gguf_file *f, int64_t i) {
 }
 
 const gguf_tensor *gguf_tensor_find(const gguf_file *f, const char *name) {
-  for (int64_t k = 0; k < f->n_tensors; k++)
-    if (strcmp(f->tensors[k].name, name) == 0) return &f->tensors[k];
-  return NULL;
+  gguf_tensor probe = {.name = name};
+  const gguf_tensor *pp = &probe;
+  const gguf_tensor **hit =
+      bsearch(&pp, f->t_sorted, (size_t)f->n_tensors, sizeof(gguf_tensor *), cmp_tensor);
+  return hit ? *hit : NULL;
 }
 
 static bool is_unsigned(int t) {

@@ -294,6 +294,12 @@ static void test_malformed(void) {
   for (int k = 0; k < 32; k++) u8(&h, 0);
   expect_error("duplicate tensor name", &h);
   free(h.p);
+  h = (buf){0};
+  u32(&h, 0x46554747u); u32(&h, 3); u64(&h, 0); u64(&h, 2);
+  str(&h, "k"); u32(&h, GGUF_TYPE_UINT8); u8(&h, 1);
+  str(&h, "k"); u32(&h, GGUF_TYPE_UINT8); u8(&h, 2);
+  expect_error("duplicate metadata key", &h);
+  free(h.p);
 
   /* Random byte flips of the honest image: must never crash (result may be ok or error). */
   srand(1234);
