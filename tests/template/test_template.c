@@ -102,9 +102,14 @@ static void test_cases(const char *data_dir, const char *file) {
     failures++;
     return;
   }
+  json_t *vars_sets = NULL, *list = cases;
+  if (json_is_object(cases)) { /* {vars_sets: {id: vars}, cases: [... vars_id ...]} */
+    vars_sets = json_object_get(cases, "vars_sets");
+    list = json_object_get(cases, "cases");
+  }
   size_t i, nfail = 0, n = 0;
   json_t *c;
-  json_array_foreach(cases, i, c) {
+  json_array_foreach(list, i, c) {
     const char *name = json_string_value(json_object_get(c, "name"));
     if (json_object_get(c, "pyerror")) continue; /* jinja2 itself failed: nothing to compare */
     const char *tsrc = json_string_value(json_object_get(c, "template"));
@@ -129,7 +134,10 @@ static void test_cases(const char *data_dir, const char *file) {
     checks++;
     n++;
     int rc = jinja_template_parse(&t, tsrc ? tsrc : "", tsrc ? tlen : 0, err, sizeof(err));
-    if (!rc) rc = jinja_template_render(t, json_object_get(c, "vars"), &out, &out_len, err, sizeof(err));
+    json_t *vars = json_object_get(c, "vars");
+    const char *vid = json_string_value(json_object_get(c, "vars_id"));
+    if (vid && vars_sets) vars = json_object_get(vars_sets, vid);
+    if (!rc) rc = jinja_template_render(t, vars, &out, &out_len, err, sizeof(err));
     int bad = 0;
     if (want_err) {
       if (!rc) {

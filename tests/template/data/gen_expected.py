@@ -134,27 +134,56 @@ def alias_reasoning(msgs):
     return out
 
 def model_cases():
+    """Every template in templates/ over every conversation x add_generation_prompt x kwargs
+    variant. The template variables are stored once per variant (vars_sets) and referenced."""
     convs = json.load(open(os.path.join(HERE, "conversations.json")))
     tdir = os.path.join(HERE, "templates")
-    cases = []
+    vars_sets, cases = {}, []
     for fn in sorted(os.listdir(tdir)):
         if not fn.endswith(".jinja"):
             continue
-        meta_path = os.path.join(tdir, fn[:-6] + ".json")
-        meta = json.load(open(meta_path)) if os.path.exists(meta_path) else {}
         src = open(os.path.join(tdir, fn)).read()
         for conv in convs:
             for agp in (False, True):
                 for kw in conv.get("kwargs_variants", [{}]):
+                    vid = f"{conv['name']}/agp={int(agp)}/{json.dumps(kw, sort_keys=True)}"
+                    # what transformers passes: tools/documents None when absent, special tokens,
+                    # a fixed date_string so Llama templates do not read the clock
                     vars = {"messages": alias_reasoning(conv["messages"]), "tools": conv.get("tools"),
                             "documents": None, "add_generation_prompt": agp,
-                            "bos_token": meta.get("bos_token", "<s>"), "eos_token": meta.get("eos_token", "</s>"),
-                            "date_string": "26 Jul 2024", **kw}
+                            "bos_token": "<s>", "eos_token": "</s>", "date_string": "26 Jul 2024", **kw}
+                    vars_sets[vid] = vars
                     r = render(src, vars)
-                    name = f"{fn[:-6]}/{conv['name']}/agp={int(agp)}/{json.dumps(kw, sort_keys=True)}"
-                    cases.append({"name": name, "template": "@templates/" + fn, "vars": vars, **r})
-    json.dump(cases, open(os.path.join(HERE, "model_cases.json"), "w"), ensure_ascii=False, indent=1)
+                    cases.append({"name": f"{fn[:-6]}/{vid}", "template": "@templates/" + fn, "vars_id": vid, **r})
+    json.dump({"vars_sets": vars_sets, "cases": cases}, open(os.path.join(HERE, "model_cases.json"), "w"),
+              ensure_ascii=False, indent=0)
     print(f"model_cases.json: {len(cases)} cases, {sum('error' in c for c in cases)} errors")
 
+def sweep(src_dir, out_path):
+    """All templates of a folder over the conversations, template paths absolute, for
+    `test_template FIXTURES OUT.json`. Cases jinja2 itself fails on are marked pyerror."""
+    convs = json.load(open(os.path.join(HERE, "conversations.json")))
+    cases = []
+    for fn in sorted(os.listdir(src_dir)):
+        if not fn.endswith(".jinja"):
+            continue
+        src = open(os.path.join(src_dir, fn)).read()
+        for conv in convs:
+            for agp in (False, True):
+                for kw in conv.get("kwargs_variants", [{}]):
+                    vars = {"messages": alias_reasoning(conv["messages"]), "tools": conv.get("tools"),
+                            "documents": None, "add_generation_prompt": agp, "bos_token": "<s>",
+                            "eos_token": "</s>", "date_string": "26 Jul 2024", **kw}
+                    r = render(src, vars)
+                    if "error" in r:
+                        r = {"pyerror": r["error"]}
+                    cases.append({"name": f"{fn}/{conv['name']}/{agp}/{kw}",
+                                  "template": "@" + os.path.join(os.path.abspath(src_dir), fn), "vars": vars, **r})
+    json.dump(cases, open(out_path, "w"), ensure_ascii=False)
+    print(f"{out_path}: {len(cases)} cases, {sum('pyerror' in c for c in cases)} fail in jinja2 too")
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) == 4 and sys.argv[1] == "--sweep":
+        sweep(sys.argv[2], sys.argv[3])
+    else:
+        main()
