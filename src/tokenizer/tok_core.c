@@ -730,8 +730,10 @@ static int stream_emit(tokenizer_stream *s, int final, char *out, size_t cap, si
   }
   if (s->out.n) memcpy(out, s->out.p, s->out.n);
   *out_len = s->out.n;
-  memmove(s->pend.p, s->pend.p + used, s->pend.n - used);
-  s->pend.n -= used;
+  if (used) {
+    memmove(s->pend.p, s->pend.p + used, s->pend.n - used);
+    s->pend.n -= used;
+  }
   return 0;
 }
 

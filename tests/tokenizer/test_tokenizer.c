@@ -3,6 +3,7 @@
  * description), the streaming decoder, a hand-made SentencePiece vocabulary, lookups, and
  * malformed tokenizer.json inputs (each must fail with a message, never crash). */
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +133,20 @@ static void test_spm(void) {
   d.pre = "no-such-pre";
   rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
   CHECK(rc == ANNA_EUNSUPPORTED, "unknown pre must be refused");
+  d.model = "llama";
+  d.scores = NULL;
+  rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == ANNA_EFORMAT, "llama without scores must be refused");
+  d.scores = scores;
+  toks[5] = NULL;
+  rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == ANNA_EFORMAT, "NULL token must be refused");
+  toks[5] = bytes[2];
+  d.n_tokens = 0;
+  rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
+  CHECK(rc == ANNA_EFORMAT, "empty vocab must be refused");
+  d.n_tokens = (size_t)n;
+  d.model = "gpt2";
   const char *bad_merge[] = {"h zz"};
   d.pre = "gpt2";
   d.merges = bad_merge;
@@ -203,6 +218,95 @@ static void test_malformed(const char *fixtures) {
   CHECK(rc == ANNA_EIO, "missing file");
 }
 
+/* Concurrent encodes on one tokenizer must agree with a single-threaded run. */
+typedef struct thread_arg {
+  const tokenizer *tok;
+  const char *text;
+  size_t len;
+  const int32_t *want;
+  size_t nwant;
+  int bad;
+} thread_arg;
+
+static void *encode_loop(void *p) {
+  thread_arg *a = p;
+  char err[128];
+  for (int it = 0; it < 40; it++) {
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tokenizer_encode(a->tok, a->text, a->len, 0, &ids, &n, err, sizeof err) || n != a->nwant ||
+        memcmp(ids, a->want, n * sizeof *ids) != 0)
+      a->bad++;
+    free(ids);
+  }
+  return NULL;
+}
+
+static void test_threads(const char *fixtures) {
+  char path[4096], err[256];
+  snprintf(path, sizeof path, "%s/tokenizer", fixtures);
+  tokenizer *tok = NULL;
+  if (tokenizer_load_json(&tok, path, err, sizeof err)) return;
+  static const char text[] = "Hello world! 你好 😀 line1\r\n  x = 12345 <|im_start|>user\nhi<|im_end|> "
+                             "café naïve   trailing   ";
+  int32_t *want = NULL;
+  size_t nwant = 0;
+  int rc = tokenizer_encode(tok, text, sizeof text - 1, 0, &want, &nwant, err, sizeof err);
+  CHECK(rc == 0, "threads: %s", err);
+  pthread_t th[4];
+  thread_arg args[4];
+  for (int i = 0; i < 4; i++) {
+    args[i] = (thread_arg){tok, text, sizeof text - 1, want, nwant, 0};
+    pthread_create(&th[i], NULL, encode_loop, &args[i]);
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(th[i], NULL);
+    CHECK(args[i].bad == 0, "thread %d got different ids", i);
+  }
+  free(want);
+  tokenizer_free(tok);
+}
+
+/* Random valid UTF-8 (and ASCII round trips): no crash, decode(encode(x)) == x for ASCII. */
+static void test_random(const char *fixtures) {
+  char path[4096], err[256];
+  snprintf(path, sizeof path, "%s/tokenizer", fixtures);
+  tokenizer *tok = NULL;
+  if (tokenizer_load_json(&tok, path, err, sizeof err)) return;
+  unsigned seed = 12345;
+  int ok = 1;
+  for (int it = 0; it < 300 && ok; it++) {
+    char buf[512];
+    size_t n = 0;
+    int ascii = it % 2;
+    while (n < 400) {
+      seed = seed * 1103515245u + 12345u;
+      unsigned r = seed >> 8;
+      unsigned cp = ascii ? 1 + r % 127 : (r % 4 == 0 ? 1 + r % 127 : r % 0x2ffff);
+      if (cp == 0 || (cp >= 0xd800 && cp < 0xe000)) continue;
+      if (cp < 0x80) buf[n++] = (char)cp;
+      else if (cp < 0x800) buf[n++] = (char)(0xc0 | cp >> 6), buf[n++] = (char)(0x80 | (cp & 63));
+      else if (cp < 0x10000)
+        buf[n++] = (char)(0xe0 | cp >> 12), buf[n++] = (char)(0x80 | ((cp >> 6) & 63)),
+        buf[n++] = (char)(0x80 | (cp & 63));
+      else
+        buf[n++] = (char)(0xf0 | cp >> 18), buf[n++] = (char)(0x80 | ((cp >> 12) & 63)),
+        buf[n++] = (char)(0x80 | ((cp >> 6) & 63)), buf[n++] = (char)(0x80 | (cp & 63));
+    }
+    int32_t *ids = NULL;
+    size_t nid = 0;
+    char *out = NULL;
+    size_t olen = 0;
+    ok = tokenizer_encode(tok, buf, n, 0, &ids, &nid, err, sizeof err) == 0 &&
+         tokenizer_decode(tok, ids, nid, 0, &out, &olen, err, sizeof err) == 0;
+    if (ok && ascii) ok = olen == n && memcmp(out, buf, n) == 0;
+    free(ids);
+    free(out);
+  }
+  CHECK(ok, "random text round trip: %s", err);
+  tokenizer_free(tok);
+}
+
 /* SentencePiece-style tokenizer.json files (Llama-2 legacy normalizer + Strip decoder, and
  * Metaspace), made by data/gen_spm_json.py, against HF tokenizers' ids. */
 static void test_spm_json(void) {
@@ -243,6 +347,8 @@ int main(int argc, char **argv) {
   test_fixture(fixtures);
   test_spm();
   test_spm_json();
+  test_threads(fixtures);
+  test_random(fixtures);
   test_malformed(fixtures);
   printf("%d passed, %d failed\n", tt_checks - tt_failures, tt_failures);
   return tt_failures ? 1 : 0;
