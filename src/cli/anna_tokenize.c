@@ -52,7 +52,8 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
   *ids = malloc(cap * sizeof **ids);
   if (!*ids) return -1;
   while (*s) {
-    while (*s == ' ' || *s == ',') s++;
+    while (*s == ' ' || *s == ',')
+      s++;
     if (!*s) break;
     char *end;
     errno = 0;
@@ -76,14 +77,22 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int has_val = i + 1 < argc;
-    if (!strcmp(a, "--model-dir") && has_val) dir = argv[++i];
-    else if (!strcmp(a, "--text") && has_val) text = argv[++i];
-    else if (!strcmp(a, "--file") && has_val) file = argv[++i];
-    else if (!strcmp(a, "--decode") && has_val) decode = argv[++i];
-    else if (!strcmp(a, "--add-special")) enc_flags |= TOKENIZER_ENCODE_ADD_SPECIAL;
-    else if (!strcmp(a, "--no-parse-special")) enc_flags |= TOKENIZER_ENCODE_NO_PARSE_SPECIAL;
-    else if (!strcmp(a, "--skip-special")) dec_flags |= TOKENIZER_DECODE_SKIP_SPECIAL;
-    else if (!strcmp(a, "--bench")) bench = 1;
+    if (!strcmp(a, "--model-dir") && has_val)
+      dir = argv[++i];
+    else if (!strcmp(a, "--text") && has_val)
+      text = argv[++i];
+    else if (!strcmp(a, "--file") && has_val)
+      file = argv[++i];
+    else if (!strcmp(a, "--decode") && has_val)
+      decode = argv[++i];
+    else if (!strcmp(a, "--add-special"))
+      enc_flags |= TOKENIZER_ENCODE_ADD_SPECIAL;
+    else if (!strcmp(a, "--no-parse-special"))
+      enc_flags |= TOKENIZER_ENCODE_NO_PARSE_SPECIAL;
+    else if (!strcmp(a, "--skip-special"))
+      dec_flags |= TOKENIZER_DECODE_SKIP_SPECIAL;
+    else if (!strcmp(a, "--bench"))
+      bench = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
@@ -94,7 +103,8 @@ int main(int argc, char **argv) {
     }
   }
   if (!dir || (!!text + !!file + !!decode) != 1) {
-    fprintf(stderr, "anna-tokenize: need --model-dir and exactly one of --text, --file, --decode\n");
+    fprintf(stderr,
+            "anna-tokenize: need --model-dir and exactly one of --text, --file, --decode\n");
     usage(stderr);
     return 2;
   }
@@ -149,7 +159,8 @@ int main(int argc, char **argv) {
       printf("%zu bytes -> %zu tokens in %.3f s: %.0f tokens/s, %.2f MB/s\n", len, n, s,
              (double)n / s, (double)len / s / 1e6);
     } else {
-      for (size_t i = 0; i < n; i++) printf(i ? ",%d" : "%d", ids[i]);
+      for (size_t i = 0; i < n; i++)
+        printf(i ? ",%d" : "%d", ids[i]);
       fputc('\n', stdout);
     }
     free(ids);

@@ -14,8 +14,7 @@
 int tok_alloc(tokenizer **out, int32_t n_vocab, char *err, size_t errlen) {
   *out = NULL;
   if (n_vocab <= 0 || n_vocab > TOK_MAX_ID)
-    return anna_err(err, errlen, ANNA_EFORMAT, "vocabulary size %ld out of range",
-                    (long)n_vocab);
+    return anna_err(err, errlen, ANNA_EFORMAT, "vocabulary size %ld out of range", (long)n_vocab);
   tokenizer *t = calloc(1, sizeof *t);
   if (!t) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   t->n_vocab = n_vocab;
@@ -26,9 +25,11 @@ int tok_alloc(tokenizer **out, int32_t n_vocab, char *err, size_t errlen) {
     tokenizer_free(t);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
-  for (int32_t i = 0; i < n_vocab; i++) t->len[i] = UINT32_MAX;
+  for (int32_t i = 0; i < n_vocab; i++)
+    t->len[i] = UINT32_MAX;
   t->unk_id = t->bos_id = t->eos_id = t->pad_id = t->eot_id = -1;
-  for (int i = 0; i < 256; i++) t->byte_ids[i] = -1;
+  for (int i = 0; i < 256; i++)
+    t->byte_ids[i] = -1;
   tok_bytelevel_init(t);
   *out = t;
   return 0;
@@ -41,7 +42,8 @@ int tok_set_piece(tokenizer *t, int32_t id, const char *s, size_t n, char *err, 
     return anna_err(err, errlen, ANNA_EFORMAT, "token %ld is too long", (long)id);
   if (t->arena_len + n + 1 > t->arena_cap) {
     size_t nc = t->arena_cap ? t->arena_cap : 1 << 16;
-    while (nc < t->arena_len + n + 1) nc *= 2;
+    while (nc < t->arena_len + n + 1)
+      nc *= 2;
     char *na = realloc(t->arena, nc);
     if (!na) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
     t->arena = na;
@@ -57,7 +59,8 @@ int tok_set_piece(tokenizer *t, int32_t id, const char *s, size_t n, char *err, 
 
 static uint64_t hash_bytes(const char *s, size_t n) {
   uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ (unsigned char)s[i]) * 1099511628211ull;
   return h ^ (h >> 29);
 }
 
@@ -96,11 +99,13 @@ static void map_insert(const tokenizer *t, tok_strmap *m, int32_t id) {
 
 static int map_build(const tokenizer *t, tok_strmap *m, size_t count) {
   size_t cap = 16;
-  while (cap < count * 2 + 1) cap *= 2;
+  while (cap < count * 2 + 1)
+    cap *= 2;
   m->slots = malloc(cap * sizeof *m->slots);
   if (!m->slots) return ANNA_ENOMEM;
   m->cap = cap;
-  for (size_t i = 0; i < cap; i++) m->slots[i] = -1;
+  for (size_t i = 0; i < cap; i++)
+    m->slots[i] = -1;
   return 0;
 }
 
@@ -117,7 +122,8 @@ static int merges_grow(tok_mergemap *mm) {
   for (size_t i = 0; i < mm->cap; i++) {
     if (!mm->keys[i]) continue;
     size_t j = hash_u64(mm->keys[i]) & (nc - 1);
-    while (k[j]) j = (j + 1) & (nc - 1);
+    while (k[j])
+      j = (j + 1) & (nc - 1);
     k[j] = mm->keys[i];
     r[j] = mm->rank[i];
     res[j] = mm->result[i];
@@ -181,7 +187,8 @@ static int cmp_u32_desc(const void *a, const void *b) {
 
 int tok_finish(tokenizer *t, char *err, size_t errlen) {
   size_t count = 0;
-  for (int32_t i = 0; i < t->n_vocab; i++) count += t->len[i] != UINT32_MAX;
+  for (int32_t i = 0; i < t->n_vocab; i++)
+    count += t->len[i] != UINT32_MAX;
   if (map_build(t, &t->map, count)) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   for (int32_t i = 0; i < t->n_vocab; i++) {
     if (t->len[i] == UINT32_MAX) continue;
@@ -244,7 +251,7 @@ int tok_finish(tokenizer *t, char *err, size_t errlen) {
 
   /* Turn-ending specials that chat templates close a reply with. */
   static const char *const eog_names[] = {
-      "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>", "<end_of_turn>",
+      "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|endoftext|>",   "<end_of_turn>",
       "<|end|>",    "<|return|>", "</s>",       "<|end_of_text|>", "<turn|>",
   };
   tok_eog_add(t, t->eos_id);
@@ -274,7 +281,8 @@ void tokenizer_free(tokenizer *t) {
   tok_pipe_free(&t->dec);
   free(t->added);
   free(t->added_map.slots);
-  for (int b = 0; b < 256; b++) free(t->len_lists[b]);
+  for (int b = 0; b < 256; b++)
+    free(t->len_lists[b]);
   free(t->eog);
   free(t);
 }
@@ -377,8 +385,7 @@ static int try_pair(const tokenizer *t, scratch *sc, const char *w, int32_t l, i
   cand c = {0, l, r, -1, a->len + b->len};
   if (t->kind == TOK_MODEL_BPE) {
     int32_t rank;
-    if (a->id < 0 || b->id < 0 || !merge_find(&t->merges, a->id, b->id, &rank, &c.result))
-      return 0;
+    if (a->id < 0 || b->id < 0 || !merge_find(&t->merges, a->id, b->id, &rank, &c.result)) return 0;
     c.key = rank;
   } else {
     int32_t id = tok_map_find(t, &t->map, w + a->off, c.size);
@@ -391,7 +398,11 @@ static int try_pair(const tokenizer *t, scratch *sc, const char *w, int32_t l, i
 
 static size_t utf8_clen(const char *s, size_t n) {
   unsigned char c = (unsigned char)s[0];
-  size_t k = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 1;
+  size_t k = c < 0x80             ? 1
+             : (c & 0xe0) == 0xc0 ? 2
+             : (c & 0xf0) == 0xe0 ? 3
+             : (c & 0xf8) == 0xf0 ? 4
+                                  : 1;
   return k > n ? n : k;
 }
 
@@ -399,7 +410,8 @@ static size_t utf8_clen(const char *s, size_t n) {
 static int emit_unknown(const tokenizer *t, scratch *sc, const char *s, size_t n, int *last_unk) {
   if (t->byte_fallback) {
     int all = 1;
-    for (size_t i = 0; i < n; i++) all &= t->byte_ids[(unsigned char)s[i]] >= 0;
+    for (size_t i = 0; i < n; i++)
+      all &= t->byte_ids[(unsigned char)s[i]] >= 0;
     if (all) {
       for (size_t i = 0; i < n; i++)
         if (ids_push(sc, t->byte_ids[(unsigned char)s[i]])) return ANNA_ENOMEM;
@@ -435,15 +447,18 @@ static int bpe_word(const tokenizer *t, scratch *sc, const char *w, size_t n) {
       /* HF BPE: an unknown char becomes byte-fallback symbols (which may still merge),
        * else one unk symbol, fused with a preceding unk when fuse_unk is set. */
       int all = t->byte_fallback;
-      for (size_t j = 0; j < k && all; j++) all = t->byte_ids[(unsigned char)w[i + j]] >= 0;
+      for (size_t j = 0; j < k && all; j++)
+        all = t->byte_ids[(unsigned char)w[i + j]] >= 0;
       if (all) {
         for (size_t j = 0; j < k; j++)
           if (sym_push(sc, (uint32_t)(i + j), 1, t->byte_ids[(unsigned char)w[i + j]]))
             return ANNA_ENOMEM;
         last_unk = 0;
       } else if (t->unk_id >= 0) {
-        if (t->fuse_unk && last_unk) sc->syms[sc->nsym - 1].len += (uint32_t)k;
-        else if (sym_push(sc, (uint32_t)i, (uint32_t)k, t->unk_id)) return ANNA_ENOMEM;
+        if (t->fuse_unk && last_unk)
+          sc->syms[sc->nsym - 1].len += (uint32_t)k;
+        else if (sym_push(sc, (uint32_t)i, (uint32_t)k, t->unk_id))
+          return ANNA_ENOMEM;
         last_unk = 1;
       }
     }
@@ -475,8 +490,8 @@ static int bpe_word(const tokenizer *t, scratch *sc, const char *w, size_t n) {
   return 0;
 }
 
-static int encode_segment(const tokenizer *t, scratch *sc, const char *s, size_t n,
-                          int seg_first, char *err, size_t errlen) {
+static int encode_segment(const tokenizer *t, scratch *sc, const char *s, size_t n, int seg_first,
+                          char *err, size_t errlen) {
   if (n == 0) return 0;
   int rc = tok_normalize(t, s, n, &sc->norm, sc->md, err, errlen);
   if (rc) return rc;
@@ -495,7 +510,8 @@ static size_t ws_before(const char *s, size_t start, size_t end) {
   size_t e = end;
   while (e > start) {
     size_t k = 1;
-    while (k < e - start && k < 4 && ((unsigned char)s[e - k] & 0xc0) == 0x80) k++;
+    while (k < e - start && k < 4 && ((unsigned char)s[e - k] & 0xc0) == 0x80)
+      k++;
     utf8proc_int32_t c;
     if (utf8proc_iterate((const utf8proc_uint8_t *)s + e - k, (utf8proc_ssize_t)k, &c) !=
             (utf8proc_ssize_t)k ||
@@ -510,7 +526,8 @@ static size_t ws_after(const char *s, size_t start, size_t n) {
   size_t i = start;
   while (i < n) {
     utf8proc_int32_t c;
-    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
+    utf8proc_ssize_t k =
+        utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
     if (k <= 0 || !tok_is_ws(c)) break;
     i += (size_t)k;
   }
@@ -538,10 +555,12 @@ static int32_t added_match(const tokenizer *t, const char *text, size_t len, siz
     if ((flags & TOKENIZER_ENCODE_NO_PARSE_SPECIAL) && (t->flags[id] & TOK_FLAG_SPECIAL)) continue;
     if (t->flags[id] & TOK_FLAG_SINGLE_WORD) {
       size_t q = p;
-      while (q > 0 && ((unsigned char)text[q - 1] & 0xc0) == 0x80) q--;
+      while (q > 0 && ((unsigned char)text[q - 1] & 0xc0) == 0x80)
+        q--;
       if (p > 0 && q > 0) {
         size_t s0 = q - 1;
-        while (s0 > 0 && ((unsigned char)text[s0] & 0xc0) == 0x80) s0--;
+        while (s0 > 0 && ((unsigned char)text[s0] & 0xc0) == 0x80)
+          s0--;
         if (is_word_char(text + s0, p - s0)) continue;
       }
       if (p + l < len && is_word_char(text + p + l, len - p - l)) continue;
@@ -559,7 +578,8 @@ static int utf8_valid(const char *s, size_t n, size_t *bad) {
       continue;
     }
     utf8proc_int32_t c;
-    utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
+    utf8proc_ssize_t k =
+        utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &c);
     if (k <= 0) {
       *bad = i;
       return 0;
@@ -588,7 +608,8 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int flags
   size_t seg = 0;
   for (size_t p = 0; p < len && !rc;) {
     size_t ml = 0;
-    int32_t id = t->n_len_lists[(unsigned char)text[p]] ? added_match(t, text, len, p, flags, &ml) : -1;
+    int32_t id =
+        t->n_len_lists[(unsigned char)text[p]] ? added_match(t, text, len, p, flags, &ml) : -1;
     if (id < 0) {
       p++;
       continue;
@@ -638,13 +659,14 @@ static size_t utf8_sanitize(const char *s, size_t n, int final, tok_buf *out, in
     size_t need = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
     if (need && i + need > n && !final) {
       int cont = 1;
-      for (size_t j = i + 1; j < n; j++) cont &= ((unsigned char)s[j] & 0xc0) == 0x80;
+      for (size_t j = i + 1; j < n; j++)
+        cont &= ((unsigned char)s[j] & 0xc0) == 0x80;
       if (cont) break;
     }
     utf8proc_int32_t cp;
-    utf8proc_ssize_t k = need && i + need <= n
-                             ? utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)need, &cp)
-                             : -1;
+    utf8proc_ssize_t k = need && i + need <= n ? utf8proc_iterate((const utf8proc_uint8_t *)s + i,
+                                                                  (utf8proc_ssize_t)need, &cp)
+                                               : -1;
     if (k == (utf8proc_ssize_t)need) {
       if (tok_buf_put(out, s + i, need)) *oom = 1;
       i += need;
@@ -737,8 +759,8 @@ static int stream_emit(tokenizer_stream *s, int final, char *out, size_t cap, si
   return 0;
 }
 
-int tokenizer_stream_feed(tokenizer_stream *s, int32_t id, char *out, size_t cap,
-                          size_t *out_len, char *err, size_t errlen) {
+int tokenizer_stream_feed(tokenizer_stream *s, int32_t id, char *out, size_t cap, size_t *out_len,
+                          char *err, size_t errlen) {
   const tokenizer *t = s->t;
   *out_len = 0;
   if (id < 0 || id >= t->n_vocab || t->len[id] == UINT32_MAX)
@@ -751,8 +773,8 @@ int tokenizer_stream_feed(tokenizer_stream *s, int32_t id, char *out, size_t cap
   return stream_emit(s, 0, out, cap, out_len, err, errlen);
 }
 
-int tokenizer_stream_flush(tokenizer_stream *s, char *out, size_t cap, size_t *out_len,
-                           char *err, size_t errlen) {
+int tokenizer_stream_flush(tokenizer_stream *s, char *out, size_t cap, size_t *out_len, char *err,
+                           size_t errlen) {
   int rc = stream_emit(s, 1, out, cap, out_len, err, errlen);
   if (!rc) s->first = 1;
   return rc;
@@ -760,7 +782,9 @@ int tokenizer_stream_flush(tokenizer_stream *s, char *out, size_t cap, size_t *o
 
 /* ---------------------------------------------------------------- lookups */
 
-int32_t tokenizer_n_vocab(const tokenizer *t) { return t->n_vocab; }
+int32_t tokenizer_n_vocab(const tokenizer *t) {
+  return t->n_vocab;
+}
 
 int32_t tokenizer_token_id_n(const tokenizer *t, const char *piece, size_t len) {
   return tok_map_find(t, &t->map, piece, len);
@@ -780,10 +804,18 @@ int tokenizer_token_is_special(const tokenizer *t, int32_t id) {
   return id >= 0 && id < t->n_vocab && (t->flags[id] & TOK_FLAG_SPECIAL) != 0;
 }
 
-int32_t tokenizer_bos_id(const tokenizer *t) { return t->bos_id; }
-int32_t tokenizer_eos_id(const tokenizer *t) { return t->eos_id; }
-int32_t tokenizer_pad_id(const tokenizer *t) { return t->pad_id; }
-int32_t tokenizer_unk_id(const tokenizer *t) { return t->unk_id; }
+int32_t tokenizer_bos_id(const tokenizer *t) {
+  return t->bos_id;
+}
+int32_t tokenizer_eos_id(const tokenizer *t) {
+  return t->eos_id;
+}
+int32_t tokenizer_pad_id(const tokenizer *t) {
+  return t->pad_id;
+}
+int32_t tokenizer_unk_id(const tokenizer *t) {
+  return t->unk_id;
+}
 
 const int32_t *tokenizer_eog_ids(const tokenizer *t, size_t *n) {
   *n = t->n_eog;

@@ -177,13 +177,13 @@ void tok_pieces_free(tok_pieces *p);
 
 /* Runs the normalizer on one segment: out receives the normalized bytes (replacing its
  * content). seg_first: the segment starts the input (Prepend scheme "first"). */
-int tok_normalize(const tokenizer *t, const char *s, size_t n, tok_buf *out,
-                  pcre2_match_data *md, char *err, size_t errlen);
+int tok_normalize(const tokenizer *t, const char *s, size_t n, tok_buf *out, pcre2_match_data *md,
+                  char *err, size_t errlen);
 /* Runs the pre-tokenizer: out receives the pieces (cleared first). */
 int tok_pretokenize(const tokenizer *t, const char *s, size_t n, int seg_first, tok_pieces *out,
                     tok_pieces *tmp, pcre2_match_data *md, char *err, size_t errlen);
-/* Decodes one token's piece to bytes (appended to out; s1, s2 are reusable scratch). first: the token is the first one
- * output (Metaspace / Strip decoders drop a leading space there). */
+/* Decodes one token's piece to bytes (appended to out; s1, s2 are reusable scratch). first: the
+ * token is the first one output (Metaspace / Strip decoders drop a leading space there). */
 int tok_decode_piece(const tokenizer *t, int32_t id, int first, tok_buf *out, tok_buf *s1,
                      tok_buf *s2);
 /* Unicode White_Space (what Rust's char::is_whitespace accepts). */

@@ -93,8 +93,10 @@ static int parse_normalizer(tokenizer *t, const json_t *o, int depth, char *err,
   static const struct {
     const char *name;
     int kind;
-  } simple[] = {{"NFC", TOK_NORM_NFC},   {"NFD", TOK_NORM_NFD},
-                {"NFKC", TOK_NORM_NFKC}, {"NFKD", TOK_NORM_NFKD},
+  } simple[] = {{"NFC", TOK_NORM_NFC},
+                {"NFD", TOK_NORM_NFD},
+                {"NFKC", TOK_NORM_NFKC},
+                {"NFKD", TOK_NORM_NFKD},
                 {"Lowercase", TOK_NORM_LOWERCASE}};
   for (size_t i = 0; i < sizeof simple / sizeof simple[0]; i++)
     if (!strcmp(type, simple[i].name)) return tok_pipe_push(&t->norm, simple[i].kind) ? 0 : NOMEM();
@@ -120,8 +122,7 @@ static int parse_normalizer(tokenizer *t, const json_t *o, int depth, char *err,
     st->strip_right = get_bool(o, "strip_right", 1);
     return 0;
   }
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "normalizer type \"%s\" is not supported",
-                  type);
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "normalizer type \"%s\" is not supported", type);
 }
 
 static int parse_behavior(const char *b) {
@@ -175,8 +176,7 @@ static int parse_pretok(tokenizer *t, const json_t *o, int depth, char *err, siz
     st->individual_digits = get_bool(o, "individual_digits", 0);
     return 0;
   }
-  if (!strcmp(type, "WhitespaceSplit"))
-    return tok_pipe_push(&t->pre, TOK_PRE_WSPLIT) ? 0 : NOMEM();
+  if (!strcmp(type, "WhitespaceSplit")) return tok_pipe_push(&t->pre, TOK_PRE_WSPLIT) ? 0 : NOMEM();
   return anna_err(err, errlen, ANNA_EUNSUPPORTED, "pre_tokenizer type \"%s\" is not supported",
                   type);
 }
@@ -339,8 +339,10 @@ static int build_from_root(tokenizer **out, const json_t *root, char *err, size_
     return anna_err(err, errlen, ANNA_EFORMAT, "tokenizer.json: no model object");
   const char *mtype = get_str(model, "type", NULL);
   if (mtype && strcmp(mtype, "BPE"))
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "tokenizer.json: model type \"%s\" is not "
-                    "supported (BPE only)", mtype);
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "tokenizer.json: model type \"%s\" is not "
+                    "supported (BPE only)",
+                    mtype);
   const json_t *vocab = json_object_get(model, "vocab");
   const json_t *merges = json_object_get(model, "merges");
   const json_t *added = json_object_get(root, "added_tokens");
@@ -364,8 +366,10 @@ static int build_from_root(tokenizer **out, const json_t *root, char *err, size_
   json_object_foreach((json_t *)vocab, key, val) {
     json_int_t id = json_is_integer(val) ? json_integer_value(val) : -1;
     if (id < 0 || id >= TOK_MAX_ID)
-      return anna_err(err, errlen, ANNA_EFORMAT, "tokenizer.json: vocab entry \"%.40s\" has a "
-                      "bad id", key);
+      return anna_err(err, errlen, ANNA_EFORMAT,
+                      "tokenizer.json: vocab entry \"%.40s\" has a "
+                      "bad id",
+                      key);
     if (id > maxid) maxid = id;
   }
   for (size_t i = 0; i < json_array_size(added); i++) {
@@ -387,8 +391,7 @@ static int build_from_root(tokenizer **out, const json_t *root, char *err, size_
   json_object_foreach((json_t *)vocab, key, val) {
     int32_t id = (int32_t)json_integer_value(val);
     if (t->len[id] != UINT32_MAX) {
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "tokenizer.json: vocab id %ld used twice",
-                    (long)id);
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "tokenizer.json: vocab id %ld used twice", (long)id);
       goto fail;
     }
     if ((rc = tok_set_piece(t, id, key, strlen(key), err, errlen))) goto fail;
@@ -416,8 +419,10 @@ static int build_from_root(tokenizer **out, const json_t *root, char *err, size_
     const char *a, *b;
     size_t al, bl;
     if (!merge_parts(json_array_get(merges, i), &a, &al, &b, &bl)) {
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "tokenizer.json: merges[%zu] is not \"a b\" or "
-                    "[a, b]", i);
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "tokenizer.json: merges[%zu] is not \"a b\" or "
+                    "[a, b]",
+                    i);
       goto fail;
     }
     int32_t ia = tok_map_find(t, &t->map, a, al), ib = tok_map_find(t, &t->map, b, bl);
@@ -433,7 +438,8 @@ static int build_from_root(tokenizer **out, const json_t *root, char *err, size_
     if (ia < 0 || ib < 0 || ir < 0) {
       rc = anna_err(err, errlen, ANNA_EFORMAT,
                     "tokenizer.json: merges[%zu] (\"%.*s\" + \"%.*s\") uses a token not in the "
-                    "vocabulary", i, (int)(al > 40 ? 40 : al), a, (int)(bl > 40 ? 40 : bl), b);
+                    "vocabulary",
+                    i, (int)(al > 40 ? 40 : al), a, (int)(bl > 40 ? 40 : bl), b);
       goto fail;
     }
     if ((rc = tok_merge_add(t, ia, ib, ir, (int32_t)i, err, errlen))) goto fail;
@@ -521,8 +527,10 @@ int tokenizer_load_json(tokenizer **out, const char *path, char *err, size_t err
     snprintf(file, sizeof file, "%s", path);
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
-    if (slash) *slash = 0;
-    else snprintf(dir, sizeof dir, ".");
+    if (slash)
+      *slash = 0;
+    else
+      snprintf(dir, sizeof dir, ".");
   }
   FILE *f = fopen(file, "rb");
   if (!f) return anna_err(err, errlen, ANNA_EIO, "cannot open %s", file);

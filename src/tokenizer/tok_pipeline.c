@@ -56,7 +56,8 @@ void tok_bytelevel_init(tokenizer *t) {
   /* GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68
    * bytes get code points from 256 up, in byte order. */
   int next = 256;
-  for (int i = 0; i < 512; i++) t->bl_dec[i] = -1;
+  for (int i = 0; i < 512; i++)
+    t->bl_dec[i] = -1;
   for (int b = 0; b < 256; b++) {
     int keep = (b >= 0x21 && b <= 0x7e) || (b >= 0xa1 && b <= 0xac) || (b >= 0xae && b <= 0xff);
     int cp = keep ? b : next++;
@@ -69,7 +70,8 @@ int tok_buf_put(tok_buf *b, const void *s, size_t n) {
   if (n > SIZE_MAX / 2 - b->n) return ANNA_ENOMEM;
   if (b->n + n + 1 > b->cap) {
     size_t nc = b->cap ? b->cap : 64;
-    while (nc < b->n + n + 1) nc *= 2;
+    while (nc < b->n + n + 1)
+      nc *= 2;
     char *np = realloc(b->p, nc);
     if (!np) return ANNA_ENOMEM;
     b->p = np;
@@ -140,8 +142,8 @@ static size_t utf8_next(const char *s, size_t n, int32_t *cp) {
 
 int tok_is_ws(int32_t c) {
   if (c == ' ' || (c >= 9 && c <= 13) || c == 0x85 || c == 0xa0 || c == 0x1680 ||
-      (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
-      c == 0x205f || c == 0x3000)
+      (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f ||
+      c == 0x3000)
     return 1;
   return 0;
 }
@@ -184,8 +186,8 @@ static int norm_utf8proc(const char *s, size_t n, tok_buf *out, utf8proc_option_
   out->n = 0;
   if (n == 0) return tok_buf_put(out, "", 0);
   utf8proc_uint8_t *dst = NULL;
-  utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst,
-                                    opt | UTF8PROC_STABLE);
+  utf8proc_ssize_t k =
+      utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, opt | UTF8PROC_STABLE);
   if (k < 0) return ANNA_EINVAL;
   int rc = tok_buf_put(out, dst, (size_t)k);
   free(dst);
@@ -243,7 +245,8 @@ static int norm_step(const tok_step *st, const char *s, size_t n, tok_buf *out,
     }
     while (st->strip_right && b > a) {
       size_t k = 1;
-      while (k < b - a && ((unsigned char)s[b - k] & 0xc0) == 0x80) k++;
+      while (k < b - a && ((unsigned char)s[b - k] & 0xc0) == 0x80)
+        k++;
       int32_t c;
       utf8_next(s + b - k, k, &c);
       if (!tok_is_ws(c)) break;
@@ -255,8 +258,8 @@ static int norm_step(const tok_step *st, const char *s, size_t n, tok_buf *out,
   return ANNA_EINVAL;
 }
 
-int tok_normalize(const tokenizer *t, const char *s, size_t n, tok_buf *out,
-                  pcre2_match_data *md, char *err, size_t errlen) {
+int tok_normalize(const tokenizer *t, const char *s, size_t n, tok_buf *out, pcre2_match_data *md,
+                  char *err, size_t errlen) {
   out->n = 0;
   if (tok_buf_put(out, s, n)) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   if (t->norm.n == 0) return 0;
@@ -340,7 +343,8 @@ static int emit_spans(const char *s, span_vec *sv, int behavior, int invert, tok
   span *v = sv->v;
   size_t m = 0;
   if (invert)
-    for (size_t i = 0; i < sv->n; i++) v[i].match = !v[i].match;
+    for (size_t i = 0; i < sv->n; i++)
+      v[i].match = !v[i].match;
   switch (behavior) {
   case TOK_SPLIT_ISOLATED: m = sv->n; break;
   case TOK_SPLIT_REMOVED:
@@ -350,8 +354,10 @@ static int emit_spans(const char *s, span_vec *sv, int behavior, int invert, tok
   case TOK_SPLIT_MERGED_PREV: {
     int prev = 0;
     for (size_t i = 0; i < sv->n; i++) {
-      if (v[i].match && !prev && m > 0) v[m - 1].b = v[i].b;
-      else v[m++] = v[i];
+      if (v[i].match && !prev && m > 0)
+        v[m - 1].b = v[i].b;
+      else
+        v[m++] = v[i];
       prev = v[i].match;
     }
     break;
@@ -362,8 +368,10 @@ static int emit_spans(const char *s, span_vec *sv, int behavior, int invert, tok
     size_t w = sv->n;
     for (size_t i = sv->n; i-- > 0;) {
       span cur = v[i];
-      if (cur.match && !prev && w < sv->n) v[w].a = cur.a;
-      else v[--w] = cur;
+      if (cur.match && !prev && w < sv->n)
+        v[w].a = cur.a;
+      else
+        v[--w] = cur;
       prev = cur.match;
     }
     memmove(v, v + w, (sv->n - w) * sizeof *v);
@@ -373,8 +381,10 @@ static int emit_spans(const char *s, span_vec *sv, int behavior, int invert, tok
   case TOK_SPLIT_CONTIGUOUS: {
     int prev = 0;
     for (size_t i = 0; i < sv->n; i++) {
-      if (v[i].match && prev && m > 0) v[m - 1].b = v[i].b;
-      else v[m++] = v[i];
+      if (v[i].match && prev && m > 0)
+        v[m - 1].b = v[i].b;
+      else
+        v[m++] = v[i];
       prev = v[i].match;
     }
     break;
@@ -403,8 +413,8 @@ static int pre_step(const tokenizer *t, const tok_step *st, const tok_pieces *in
     case TOK_PRE_DIGITS:
       rc = find_spans(st, NULL, s, n, md, sv);
       if (!rc)
-        rc = emit_spans(s, sv, st->individual_digits ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS,
-                        0, out);
+        rc = emit_spans(s, sv, st->individual_digits ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS, 0,
+                        out);
       break;
     case TOK_PRE_WSPLIT:
       rc = find_spans(st, NULL, s, n, md, sv);
@@ -511,8 +521,8 @@ static int dec_step(const tokenizer *t, const tok_step *st, const char *s, size_
   out->n = 0;
   switch (st->kind) {
   case TOK_DEC_BYTEFALLBACK:
-    if (n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>' &&
-        hexval(s[3]) >= 0 && hexval(s[4]) >= 0) {
+    if (n == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>' && hexval(s[3]) >= 0 &&
+        hexval(s[4]) >= 0) {
       unsigned char b = (unsigned char)(hexval(s[3]) * 16 + hexval(s[4]));
       return tok_buf_put(out, &b, 1);
     }

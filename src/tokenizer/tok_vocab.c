@@ -72,7 +72,8 @@ static int spm_pipeline(tokenizer *t, int add_space_prefix, char *err, size_t er
    * written as U+2581, the whole segment merged as one word. */
   tok_step *st;
   if (add_space_prefix) {
-    if (!(st = tok_pipe_push(&t->norm, TOK_NORM_PREPEND)) || set_str(&st->repl, &st->repl_len, "\xe2\x96\x81"))
+    if (!(st = tok_pipe_push(&t->norm, TOK_NORM_PREPEND)) ||
+        set_str(&st->repl, &st->repl_len, "\xe2\x96\x81"))
       return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   if (!(st = tok_pipe_push(&t->norm, TOK_NORM_REPLACE)) || set_str(&st->lit, &st->lit_len, " ") ||
@@ -98,8 +99,10 @@ int tokenizer_create_from_vocab(tokenizer **out, const tokenizer_vocab_desc *d, 
     return anna_err(err, errlen, ANNA_EINVAL, "vocab: model and tokens are required");
   int spm = !strcmp(d->model, "llama");
   if (!spm && strcmp(d->model, "gpt2"))
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "tokenizer model \"%s\" is not supported "
-                    "(gpt2, llama)", d->model);
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "tokenizer model \"%s\" is not supported "
+                    "(gpt2, llama)",
+                    d->model);
   if (d->n_tokens == 0 || d->n_tokens > TOK_MAX_ID)
     return anna_err(err, errlen, ANNA_EFORMAT, "vocab: %zu tokens is out of range", d->n_tokens);
   if (spm && !d->scores)
@@ -120,8 +123,10 @@ int tokenizer_create_from_vocab(tokenizer **out, const tokenizer_vocab_desc *d, 
     }
     if ((rc = tok_set_piece(t, i, s, n, err, errlen))) goto fail;
     int type = d->token_types ? d->token_types[i] : TOKENIZER_TOKEN_NORMAL;
-    if (type == TOKENIZER_TOKEN_CONTROL) t->flags[i] = TOK_FLAG_ADDED | TOK_FLAG_SPECIAL;
-    else if (type == TOKENIZER_TOKEN_USER_DEFINED) t->flags[i] = TOK_FLAG_ADDED;
+    if (type == TOKENIZER_TOKEN_CONTROL)
+      t->flags[i] = TOK_FLAG_ADDED | TOK_FLAG_SPECIAL;
+    else if (type == TOKENIZER_TOKEN_USER_DEFINED)
+      t->flags[i] = TOK_FLAG_ADDED;
   }
   if (spm) {
     t->scores = malloc((size_t)nv * sizeof *t->scores);
@@ -135,7 +140,8 @@ int tokenizer_create_from_vocab(tokenizer **out, const tokenizer_vocab_desc *d, 
   /* Specials must be known before tok_finish builds the eog list. */
   int32_t *ids[] = {&t->bos_id, &t->eos_id, &t->pad_id, &t->unk_id, &t->eot_id};
   int32_t vals[] = {d->bos_id, d->eos_id, d->pad_id, d->unk_id, d->eot_id};
-  for (int k = 0; k < 5; k++) *ids[k] = vals[k] >= 0 && vals[k] < nv ? vals[k] : -1;
+  for (int k = 0; k < 5; k++)
+    *ids[k] = vals[k] >= 0 && vals[k] < nv ? vals[k] : -1;
   if ((rc = tok_finish(t, err, errlen))) goto fail;
 
   for (size_t i = 0; i < d->n_merges; i++) {
@@ -159,8 +165,10 @@ int tokenizer_create_from_vocab(tokenizer **out, const tokenizer_vocab_desc *d, 
     int32_t r = tok_map_find(t, &t->map, cat, n - 1);
     free(cat);
     if (a < 0 || b < 0 || r < 0) {
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "vocab: merge %zu (\"%.*s\") uses a token not in "
-                    "the vocabulary", i, (int)(n > 60 ? 60 : n), m);
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "vocab: merge %zu (\"%.*s\") uses a token not in "
+                    "the vocabulary",
+                    i, (int)(n > 60 ? 60 : n), m);
       goto fail;
     }
     if ((rc = tok_merge_add(t, a, b, r, (int32_t)i, err, errlen))) goto fail;

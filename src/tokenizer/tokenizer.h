@@ -85,8 +85,8 @@ enum tokenizer_encode_flags {
 /* Encodes len bytes of UTF-8 text (need not be NUL-terminated). On success *ids (caller
  * frees with free()) holds *n ids; *ids may be NULL when *n == 0. flags: the bits above
  * (passing 1 means "add special tokens"). Errors: ANNA_EINVAL for invalid UTF-8. */
-int tokenizer_encode(const tokenizer *tok, const char *text, size_t len, int flags,
-                     int32_t **ids, size_t *n, char *err, size_t errlen);
+int tokenizer_encode(const tokenizer *tok, const char *text, size_t len, int flags, int32_t **ids,
+                     size_t *n, char *err, size_t errlen);
 
 enum tokenizer_decode_flags {
   TOKENIZER_DECODE_SKIP_SPECIAL = 1, /* drop special (control) tokens from the output */
@@ -105,12 +105,12 @@ int tokenizer_stream_new(tokenizer_stream **out, const tokenizer *tok, int flags
 void tokenizer_stream_free(tokenizer_stream *s);
 /* Writes the newly completed bytes to out (cap bytes; 64 always suffices for one token of
  * a real vocabulary, ANNA_ERANGE if not) and their count to *out_len (may be 0). */
-int tokenizer_stream_feed(tokenizer_stream *s, int32_t id, char *out, size_t cap,
-                          size_t *out_len, char *err, size_t errlen);
+int tokenizer_stream_feed(tokenizer_stream *s, int32_t id, char *out, size_t cap, size_t *out_len,
+                          char *err, size_t errlen);
 /* Emits what is still held (an incomplete character becomes U+FFFD) and resets the stream
  * for a new sequence. */
-int tokenizer_stream_flush(tokenizer_stream *s, char *out, size_t cap, size_t *out_len,
-                           char *err, size_t errlen);
+int tokenizer_stream_flush(tokenizer_stream *s, char *out, size_t cap, size_t *out_len, char *err,
+                           size_t errlen);
 
 /* Lookups. */
 int32_t tokenizer_n_vocab(const tokenizer *tok);

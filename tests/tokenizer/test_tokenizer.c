@@ -67,6 +67,28 @@ static void test_fixture(const char *fixtures) {
     CHECK(tokenizer_eos_id(tok) == 2, "desc eos");
     tokenizer_free(tok);
   }
+  /* The other GGUF pre-types build and encode (their ids are checked in test_tokenizer_real
+   * where a real vocabulary of that kind exists). */
+  static const char *const pres[] = {"qwen35", "llama-bpe", "smollm", "default", "gpt2"};
+  for (size_t p = 0; p < sizeof pres / sizeof *pres; p++) {
+    tok = tt_vocab_from_hf_json(path, pres[p]);
+    CHECK(tok != NULL, "pre %s", pres[p]);
+    if (!tok) continue;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char *s = "Hello  world 123 e\xcc\x81 \xf0\x9f\x8f\xb3\xef\xb8\x8f x";
+    int erc = tokenizer_encode(tok, s, strlen(s), 0, &ids, &n, err, sizeof err);
+    char *out = NULL;
+    size_t ol = 0;
+    if (!erc) erc = tokenizer_decode(tok, ids, n, 0, &out, &ol, err, sizeof err);
+    CHECK(erc == 0 && n > 0, "pre %s encode: %s", pres[p], err);
+    /* Without NFC (all but qwen*), byte-level BPE round-trips exactly. */
+    if (!erc && p > 0)
+      CHECK(ol == strlen(s) && memcmp(out, s, ol) == 0, "pre %s round trip", pres[p]);
+    free(ids);
+    free(out);
+    tokenizer_free(tok);
+  }
   json_decref(exp);
 }
 
@@ -85,8 +107,22 @@ static void test_spm(void) {
     snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
     toks[n] = bytes[b], scores[n] = 0, types[n++] = TOKENIZER_TOKEN_BYTE;
   }
-  const char *pieces[] = {"\xe2\x96\x81", "h", "e", "l", "o", "w", "r", "d", "he", "ll",
-                          "hell", "hello", "\xe2\x96\x81hello", "wo", "rl", "\xe2\x96\x81w"};
+  const char *pieces[] = {"\xe2\x96\x81",
+                          "h",
+                          "e",
+                          "l",
+                          "o",
+                          "w",
+                          "r",
+                          "d",
+                          "he",
+                          "ll",
+                          "hell",
+                          "hello",
+                          "\xe2\x96\x81hello",
+                          "wo",
+                          "rl",
+                          "\xe2\x96\x81w"};
   float sc[] = {-1, -2, -2, -2, -2, -2, -2, -2, -3, -4, -5, -6, -7, -8, -9, -10};
   int first = n;
   for (size_t i = 0; i < sizeof pieces / sizeof *pieces; i++)
@@ -112,10 +148,11 @@ static void test_spm(void) {
   rc = tokenizer_encode(tok, text, strlen(text), TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &cnt, err,
                         sizeof err);
   /* <s> ▁hello ▁ wo rl d <0xC3> <0xA9> </s>: "wo" (-8) outscores "▁w" (-10) */
-  int32_t want[] = {1, first + 12, first + 0, first + 13, first + 14, first + 7, 3 + 0xc3,
-                    3 + 0xa9, 2};
+  int32_t want[] = {1,         first + 12, first + 0, first + 13, first + 14,
+                    first + 7, 3 + 0xc3,   3 + 0xa9,  2};
   int same = rc == 0 && cnt == sizeof want / sizeof *want;
-  for (size_t i = 0; same && i < cnt; i++) same = ids[i] == want[i];
+  for (size_t i = 0; same && i < cnt; i++)
+    same = ids[i] == want[i];
   CHECK(same, "spm encode");
   if (!same && rc == 0) tt_print_ids("got", ids, cnt);
   char *out;
@@ -183,7 +220,8 @@ static void test_malformed(const char *fixtures) {
       "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"a c\"]}}",
       "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [\"ab\"]}}",
       "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, \"merges\": [[\"a\"]]}}",
-      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": [\"a b\"]}}",
+      "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}, \"merges\": "
+      "[\"a b\"]}}",
       "{\"model\": {\"type\": \"Unigram\", \"vocab\": [[\"a\", 0.0]]}}",
       "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, "
       "\"added_tokens\": [{\"id\": 123456789012, \"content\": \"x\"}]}",
@@ -247,8 +285,9 @@ static void test_threads(const char *fixtures) {
   snprintf(path, sizeof path, "%s/tokenizer", fixtures);
   tokenizer *tok = NULL;
   if (tokenizer_load_json(&tok, path, err, sizeof err)) return;
-  static const char text[] = "Hello world! 你好 😀 line1\r\n  x = 12345 <|im_start|>user\nhi<|im_end|> "
-                             "café naïve   trailing   ";
+  static const char text[] =
+      "Hello world! 你好 😀 line1\r\n  x = 12345 <|im_start|>user\nhi<|im_end|> "
+      "café naïve   trailing   ";
   int32_t *want = NULL;
   size_t nwant = 0;
   int rc = tokenizer_encode(tok, text, sizeof text - 1, 0, &want, &nwant, err, sizeof err);
@@ -284,8 +323,10 @@ static void test_random(const char *fixtures) {
       unsigned r = seed >> 8;
       unsigned cp = ascii ? 1 + r % 127 : (r % 4 == 0 ? 1 + r % 127 : r % 0x2ffff);
       if (cp == 0 || (cp >= 0xd800 && cp < 0xe000)) continue;
-      if (cp < 0x80) buf[n++] = (char)cp;
-      else if (cp < 0x800) buf[n++] = (char)(0xc0 | cp >> 6), buf[n++] = (char)(0x80 | (cp & 63));
+      if (cp < 0x80)
+        buf[n++] = (char)cp;
+      else if (cp < 0x800)
+        buf[n++] = (char)(0xc0 | cp >> 6), buf[n++] = (char)(0x80 | (cp & 63));
       else if (cp < 0x10000)
         buf[n++] = (char)(0xe0 | cp >> 12), buf[n++] = (char)(0x80 | ((cp >> 6) & 63)),
         buf[n++] = (char)(0x80 | (cp & 63));

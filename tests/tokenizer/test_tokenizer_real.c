@@ -40,8 +40,8 @@ static void bench(const tokenizer *tok, const json_t *texts, const char *name, i
   double dt = now_s() - t0;
   CHECK(rc == 0, "%s bench encode: %s", name, err);
   if (!rc)
-    printf("%-9s encode %zu bytes -> %zu tokens: %.3f s, %.0f tokens/s (%.1f MB/s)\n", name, n,
-           nid, dt, (double)nid / dt, (double)n / dt / 1e6);
+    printf("%-9s encode %zu bytes -> %zu tokens: %.3f s, %.0f tokens/s (%.1f MB/s)\n", name, n, nid,
+           dt, (double)nid / dt, (double)n / dt / 1e6);
   free(ids);
   free(buf);
 }
@@ -51,8 +51,10 @@ int main(int argc, char **argv) {
   (void)argv;
   const char *cache = getenv("ANNA_CACHE");
   char base[4096], path[4200], err[256];
-  if (cache) snprintf(base, sizeof base, "%s/tokenizers", cache);
-  else snprintf(base, sizeof base, "%s/.cache/anna/tokenizers", getenv("HOME") ? getenv("HOME") : ".");
+  if (cache)
+    snprintf(base, sizeof base, "%s/tokenizers", cache);
+  else
+    snprintf(base, sizeof base, "%s/.cache/anna/tokenizers", getenv("HOME") ? getenv("HOME") : ".");
   json_error_t je;
   json_t *exp = json_load_file(ANNA_TOK_TESTDATA "/real_expected.json", JSON_ALLOW_NUL, &je);
   CHECK(exp != NULL, "cannot read %s: %s", ANNA_TOK_TESTDATA "/real_expected.json", je.text);
@@ -71,8 +73,10 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/%s/%s", base, name, file);
     struct stat sb;
     if (stat(path, &sb) != 0) {
-      CHECK(0, "%s is missing: run scripts/fetch_tokenizers.sh (it fills "
-               "${ANNA_CACHE:-$HOME/.cache/anna}/tokenizers)", path);
+      CHECK(0,
+            "%s is missing: run scripts/fetch_tokenizers.sh (it fills "
+            "${ANNA_CACHE:-$HOME/.cache/anna}/tokenizers)",
+            path);
       continue;
     }
     tokenizer *tok = NULL;

@@ -8,7 +8,8 @@ int tt_failures, tt_checks;
 
 void tt_print_ids(const char *what, const int32_t *ids, size_t n) {
   fprintf(stderr, "  %s:", what);
-  for (size_t i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+  for (size_t i = 0; i < n; i++)
+    fprintf(stderr, " %d", ids[i]);
   fprintf(stderr, "\n");
 }
 
@@ -134,7 +135,8 @@ tokenizer *tt_vocab_from_hf_json(const char *path, const char *pre) {
   char err[256];
   int rc = tokenizer_create_from_vocab(&tok, &d, err, sizeof err);
   CHECK(rc == 0, "create_from_vocab: %s", err);
-  for (size_t i = 0; i < nm; i++) free(ms[i]);
+  for (size_t i = 0; i < nm; i++)
+    free(ms[i]);
   free(ms);
   free(toks);
   free(types);
@@ -163,7 +165,8 @@ tokenizer *tt_vocab_from_dump(const char *path) {
     if (sc) sc[i] = (float)json_number_value(json_array_get(scores, i));
     ty[i] = (int32_t)json_integer_value(json_array_get(types, i));
   }
-  for (size_t i = 0; i < nm; i++) mp[i] = json_string_value(json_array_get(merges, i));
+  for (size_t i = 0; i < nm; i++)
+    mp[i] = json_string_value(json_array_get(merges, i));
   tokenizer_vocab_desc d;
   tokenizer_vocab_desc_init(&d);
   d.model = json_string_value(json_object_get(v, "model"));

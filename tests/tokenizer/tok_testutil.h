@@ -12,15 +12,15 @@
 
 extern int tt_failures, tt_checks;
 
-#define CHECK(cond, ...)                                                                       \
-  do {                                                                                         \
-    tt_checks++;                                                                               \
-    if (!(cond)) {                                                                             \
-      tt_failures++;                                                                           \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                     \
-      fprintf(stderr, __VA_ARGS__);                                                            \
-      fprintf(stderr, "\n");                                                                   \
-    }                                                                                          \
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    tt_checks++;                                                                                   \
+    if (!(cond)) {                                                                                 \
+      tt_failures++;                                                                               \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                         \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fprintf(stderr, "\n");                                                                       \
+    }                                                                                              \
   } while (0)
 
 void tt_print_ids(const char *what, const int32_t *ids, size_t n);
