@@ -245,12 +245,11 @@ TGT static float dot_q5_k(int64_t n, const void *w, const void *act) {
   const blk_q8_k *y = act;
   const __m256i m4 = _mm256_set1_epi8(0x0f), m1 = _mm256_set1_epi8(1);
   __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0;
+  __m128 accm = _mm_setzero_ps();
   for (int64_t i = 0; i < n / QKK; i++) {
     uint8_t sc[8], mn[8];
     quant_k4_unpack(x[i].scales, sc, mn);
-    int summ = 0;
-    for (int j = 0; j < 8; j++) summ += mn[j] * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
+    __m128i ms = k4_min_sums(mn, y[i].bsums);
     __m256i hb = _mm256_loadu_si256((const __m256i *)x[i].qh);
     __m256i sumi = _mm256_setzero_si256();
     for (int c = 0; c < 4; c++) {
@@ -267,9 +266,11 @@ TGT static float dot_q5_k(int64_t n, const void *w, const void *act) {
       sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_m += h2f(x[i].dmin) * y[i].d * (float)summ;
+    accm = _mm_fmadd_ps(_mm_set1_ps(h2f(x[i].dmin) * y[i].d), _mm_cvtepi32_ps(ms), accm);
   }
-  return hsum_ps(acc) - acc_m;
+  __m128 m = _mm_add_ps(accm, _mm_movehl_ps(accm, accm));
+  m = _mm_add_ss(m, _mm_movehdup_ps(m));
+  return hsum_ps(acc) - _mm_cvtss_f32(m);
 }
 
 /* Q2_K and Q3_K share the 2-bit plane layout: element h*128 + 32*s + l is bits 2s..2s+1 of

@@ -262,6 +262,8 @@ int main(int argc, char **argv) {
     bench(ANNA_DTYPE_Q6_K);
     bench(ANNA_DTYPE_Q4_0);
     bench(ANNA_DTYPE_Q5_0);
+    bench(ANNA_DTYPE_Q4_1);
+    bench(ANNA_DTYPE_Q5_K);
     bench(ANNA_DTYPE_IQ4_XS);
     bench(ANNA_DTYPE_IQ2_XXS);
   }
