@@ -498,6 +498,12 @@ int jinja_call_method(jctx *c, jv self, const char *name, const jargs *a, jv *ou
       *out = v ? *v : def;
       return 0;
     }
+    if (!strcmp(name, "cycle")) { /* loop.cycle(a, b, ...) */
+      jv *i0 = jdict_get(d, "index0", 6);
+      if (!a->npos || !i0 || i0->t != JV_INT) return jctx_err(c, ANNA_EINVAL, "cycle: no items");
+      *out = a->pos[(size_t)i0->u.i % a->npos];
+      return 0;
+    }
     if (!strcmp(name, "copy")) {
       jdict *nd = jdict_new(&c->a, d->n);
       if (!nd) return jctx_nomem(c);

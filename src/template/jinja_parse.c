@@ -1095,26 +1095,33 @@ static jnode *parse_body(parser *p, const char *const *ends, const char **which)
   return body;
 }
 
+/* An elif chain becomes nested JN_IF nodes in c, built iteratively so a long chain cannot
+ * exhaust the stack. */
 static jnode *parse_if(parser *p, int line) {
-  jnode *n = mk(p, JN_IF, line);
-  if (!n) return NULL;
-  n->a = parse_tuple_expr(p);
-  if (!n->a || expect_block_end(p)) return NULL;
+  jnode *first = NULL, **slot = &first;
   static const char *const ends[] = {"elif", "else", "endif", NULL};
-  const char *which = NULL;
-  n->b = parse_body(p, ends, &which);
-  if (!n->b) return NULL;
-  if (strcmp(which, "elif") == 0) {
-    n->c = parse_if(p, p->toks[p->pos - 1].line);
-    return n->c ? n : NULL;
+  static const char *const ends2[] = {"endif", NULL};
+  for (;;) {
+    jnode *n = mk(p, JN_IF, line);
+    if (!n) return NULL;
+    *slot = n;
+    n->a = parse_tuple_expr(p);
+    if (!n->a || expect_block_end(p)) return NULL;
+    const char *which = NULL;
+    n->b = parse_body(p, ends, &which);
+    if (!n->b) return NULL;
+    if (strcmp(which, "elif") == 0) {
+      line = p->toks[p->pos - 1].line;
+      slot = &n->c;
+      continue;
+    }
+    if (strcmp(which, "else") == 0) {
+      if (expect_block_end(p)) return NULL;
+      n->c = parse_body(p, ends2, &which);
+      if (!n->c) return NULL;
+    }
+    return expect_block_end(p) ? NULL : first;
   }
-  if (strcmp(which, "else") == 0) {
-    if (expect_block_end(p)) return NULL;
-    static const char *const ends2[] = {"endif", NULL};
-    n->c = parse_body(p, ends2, &which);
-    if (!n->c) return NULL;
-  }
-  return expect_block_end(p) ? NULL : n;
 }
 
 static jnode *parse_assign_target(parser *p, int allow_attr) {
@@ -1331,7 +1338,10 @@ static int check_loops(parser *p, const jnode *n, int in_loop, int depth) {
     for (size_t i = 0; i < n->nkids; i++)
       if (check_loops(p, n->kids[i], in_loop, depth + 1)) return -1;
     return 0;
-  case JN_IF: return check_loops(p, n->b, in_loop, depth + 1) || check_loops(p, n->c, in_loop, depth + 1) ? -1 : 0;
+  case JN_IF:
+    for (; n && n->kind == JN_IF; n = n->c)
+      if (check_loops(p, n->b, in_loop, depth + 1)) return -1;
+    return check_loops(p, n, in_loop, depth + 1);
   case JN_FOR: return check_loops(p, n->b, 1, depth + 1) || check_loops(p, n->c, in_loop, depth + 1) ? -1 : 0;
   case JN_MACRO: return check_loops(p, n->b, 0, depth + 1);
   case JN_CALL_BLOCK: return check_loops(p, n->d->b, 0, depth + 1);

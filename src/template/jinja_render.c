@@ -685,6 +685,12 @@ static int set_loop_vars(jctx *c, jdict *loop, jlist *items, size_t i) {
     }
     jstr *ks = jstr_new(&c->a, "depth0", 6);
     if (!ks || jdict_set(&c->a, loop, ks, jv_int(0))) return jctx_nomem(c);
+    jmethod *cyc = jarena_alloc(&c->a, sizeof(*cyc));
+    ks = jstr_new(&c->a, "cycle", 5);
+    if (!cyc || !ks) return jctx_nomem(c);
+    cyc->self = (jv){.t = JV_DICT, .u.d = loop};
+    cyc->name = "cycle";
+    if (jdict_set(&c->a, loop, ks, (jv){.t = JV_METHOD, .u.m = cyc})) return jctx_nomem(c);
   } else {
     for (int k = 0; k < 10; k++) loop->vals[k] = vals[k];
   }
@@ -754,13 +760,14 @@ static int exec_stmt(jctx *c, jscope *s, const jnode *n) {
     return check_out(c, c->out);
   }
   case JN_BODY: return exec_body(c, s, n);
-  case JN_IF: {
-    jv cond;
-    if ((rc = eval(c, s, n->a, &cond))) return rc;
-    if (jv_truthy(cond)) return exec_body(c, s, n->b);
-    if (n->c) return n->c->kind == JN_IF ? exec_stmt(c, s, n->c) : exec_body(c, s, n->c);
-    return 0;
-  }
+  case JN_IF:
+    for (; n && n->kind == JN_IF; n = n->c) { /* elif chain, iteratively */
+      jv cond;
+      c->line = n->line;
+      if ((rc = eval(c, s, n->a, &cond))) return rc;
+      if (jv_truthy(cond)) return exec_body(c, s, n->b);
+    }
+    return n ? exec_body(c, s, n) : 0;
   case JN_FOR: return exec_for(c, s, n);
   case JN_SET: {
     jv v;

@@ -196,7 +196,12 @@ static double jv_num(jv v) {
 }
 static int64_t jv_inum(jv v) { return v.t == JV_INT ? v.u.i : v.u.b; }
 
-int jv_equal(jv a, jv b) {
+static int equal_rec(jv a, jv b, int depth);
+int jv_equal(jv a, jv b) { return equal_rec(a, b, 0); }
+
+/* Depth-bounded: a list that contains itself (via append) must not recurse forever. */
+static int equal_rec(jv a, jv b, int depth) {
+  if (depth > 100) return 0;
   if (jv_is_num(a) && jv_is_num(b)) {
     if (a.t != JV_FLOAT && b.t != JV_FLOAT) return jv_inum(a) == jv_inum(b);
     return jv_num(a) == jv_num(b);
@@ -207,16 +212,17 @@ int jv_equal(jv a, jv b) {
   case JV_NONE: return 1;
   case JV_STR: return jstr_eq(a.u.s, b.u.s->s, b.u.s->len);
   case JV_LIST:
+    if (a.u.l == b.u.l) return 1; /* identity first, as CPython does */
     if (a.u.l->is_tuple != b.u.l->is_tuple || a.u.l->n != b.u.l->n) return 0;
     for (size_t i = 0; i < a.u.l->n; i++)
-      if (!jv_equal(a.u.l->items[i], b.u.l->items[i])) return 0;
+      if (!equal_rec(a.u.l->items[i], b.u.l->items[i], depth + 1)) return 0;
     return 1;
   case JV_DICT:
     if (a.u.d == b.u.d) return 1;
     if (a.u.d->is_ns || b.u.d->is_ns || a.u.d->n != b.u.d->n) return 0;
     for (size_t i = 0; i < a.u.d->n; i++) {
       jv *o = jdict_getv(b.u.d, a.u.d->keys[i]);
-      if (!o || !jv_equal(a.u.d->vals[i], *o)) return 0;
+      if (!o || !equal_rec(a.u.d->vals[i], *o, depth + 1)) return 0;
     }
     return 1;
   case JV_MACRO: return a.u.mac == b.u.mac;
@@ -225,7 +231,11 @@ int jv_equal(jv a, jv b) {
   }
 }
 
-int jv_compare(jv a, jv b, int *cmp) {
+static int compare_rec(jv a, jv b, int *cmp, int depth);
+int jv_compare(jv a, jv b, int *cmp) { return compare_rec(a, b, cmp, 0); }
+
+static int compare_rec(jv a, jv b, int *cmp, int depth) {
+  if (depth > 100) return -1;
   if (jv_is_num(a) && jv_is_num(b)) {
     if (a.t != JV_FLOAT && b.t != JV_FLOAT) {
       int64_t x = jv_inum(a), y = jv_inum(b);
@@ -247,7 +257,7 @@ int jv_compare(jv a, jv b, int *cmp) {
     size_t n = a.u.l->n < b.u.l->n ? a.u.l->n : b.u.l->n;
     for (size_t i = 0; i < n; i++) {
       if (jv_equal(a.u.l->items[i], b.u.l->items[i])) continue;
-      return jv_compare(a.u.l->items[i], b.u.l->items[i], cmp);
+      return compare_rec(a.u.l->items[i], b.u.l->items[i], cmp, depth + 1);
     }
     *cmp = a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
     return 0;
@@ -471,14 +481,21 @@ static void repr_str(jbuf *b, const jstr *s) {
   jbuf_put(b, &q, 1);
 }
 
-void jv_repr(jbuf *b, jv v) {
+static void repr_rec(jbuf *b, jv v, int depth);
+void jv_repr(jbuf *b, jv v) { repr_rec(b, v, 0); }
+
+static void repr_rec(jbuf *b, jv v, int depth) {
+  if (depth > 100 && (v.t == JV_LIST || v.t == JV_DICT)) { /* Python prints cycles as [...] */
+    jbuf_puts(b, v.t == JV_LIST ? "[...]" : "{...}");
+    return;
+  }
   switch (v.t) {
   case JV_STR: repr_str(b, v.u.s); return;
   case JV_LIST: {
     jbuf_puts(b, v.u.l->is_tuple ? "(" : "[");
     for (size_t i = 0; i < v.u.l->n; i++) {
       if (i) jbuf_puts(b, ", ");
-      jv_repr(b, v.u.l->items[i]);
+      repr_rec(b, v.u.l->items[i], depth + 1);
     }
     if (v.u.l->is_tuple && v.u.l->n == 1) jbuf_puts(b, ",");
     jbuf_puts(b, v.u.l->is_tuple ? ")" : "]");
@@ -489,9 +506,9 @@ void jv_repr(jbuf *b, jv v) {
     jbuf_puts(b, "{");
     for (size_t i = 0; i < v.u.d->n; i++) {
       if (i) jbuf_puts(b, ", ");
-      jv_repr(b, v.u.d->keys[i]);
+      repr_rec(b, v.u.d->keys[i], depth + 1);
       jbuf_puts(b, ": ");
-      jv_repr(b, v.u.d->vals[i]);
+      repr_rec(b, v.u.d->vals[i], depth + 1);
     }
     jbuf_puts(b, "}");
     if (v.u.d->is_ns) jbuf_puts(b, ">");

@@ -225,6 +225,49 @@ static void test_errors(void) {
                "1 }}", 1, ANNA_EFORMAT);
 }
 
+static void expect_output(const char *name, const char *src, const char *want) {
+  jinja_template *t = NULL;
+  char err[512] = {0};
+  char *out = NULL;
+  size_t n = 0;
+  checks++;
+  int rc = jinja_template_parse(&t, src, strlen(src), err, sizeof(err));
+  if (!rc) rc = jinja_template_render(t, NULL, &out, &n, err, sizeof(err));
+  if (rc) {
+    fprintf(stderr, "FAIL %s: %s\n", name, err);
+    failures++;
+  } else if (strlen(want) != n || memcmp(want, out, n) != 0) {
+    fprintf(stderr, "FAIL %s: got '%s', want '%s'\n", name, out, want);
+    failures++;
+  }
+  free(out);
+  jinja_template_free(t);
+}
+
+/* Things jinja2 under transformers cannot render (its sandbox forbids list.append) but that
+ * must work or at least not crash here. */
+static void test_extras(void) {
+  expect_output("append", "{% set l = [] %}{% set _ = l.append(1) %}{{ l.append(2) }}{{ l }}", "None[1, 2]");
+  expect_output("self cycle", "{% set l = [1] %}{% set _ = l.append(l) %}{{ (l | string)[:12] }}|{{ l == l }}",
+                "[1, [1, [1, |True");
+  expect_output("loop.cycle", "{% for i in range(5) %}{{ loop.cycle('a', 'b') }}{% endfor %}", "ababa");
+  expect_output("call block",
+                "{% macro box(t) %}[{{ t }}:{{ caller('x') }}]{% endmacro %}{% call(v) box('T') %}in-{{ v }}{% endcall %}",
+                "[T:in-x]");
+  expect_output("splat", "{% macro f(a, b, c=3) %}{{ a }}{{ b }}{{ c }}{% endmacro %}{{ f(*[1, 2]) }}{{ f(**{'a': 4, 'b': 5, 'c': 6}) }}",
+                "123456");
+  /* a 20000-branch elif chain must neither overflow the parser's nor the renderer's stack */
+  size_t n = 20000, cap = n * 24 + 64;
+  char *src = malloc(cap);
+  size_t o = (size_t)snprintf(src, cap, "{%% if false %%}");
+  for (size_t i = 0; i < n; i++) o += (size_t)snprintf(src + o, cap - o, "{%% elif %s %%}%zu", i + 1 == n ? "true" : "false", i);
+  snprintf(src + o, cap - o, "{%% endif %%}");
+  char want[16];
+  snprintf(want, sizeof(want), "%zu", n - 1);
+  expect_output("long elif chain", src, want);
+  free(src);
+}
+
 /* Rendering the same template concurrently would race if the AST were mutated; this only
  * checks that repeated renders are identical. */
 static void test_repeat(void) {
@@ -262,6 +305,7 @@ int main(int argc, char **argv) {
   test_cases(ANNA_TEMPLATE_DATA, "unit_cases.json");
   test_cases(ANNA_TEMPLATE_DATA, "model_cases.json");
   test_errors();
+  test_extras();
   test_repeat();
   printf("test_template: %d checks, %d failures\n", checks, failures);
   return failures ? 1 : 0;
