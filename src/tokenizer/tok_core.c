@@ -671,8 +671,14 @@ static size_t utf8_sanitize(const char *s, size_t n, int final, tok_buf *out, in
       if (tok_buf_put(out, s + i, need)) *oom = 1;
       i += need;
     } else {
+      /* Like from_utf8_lossy: a lead byte and the continuation bytes that follow it (a
+       * truncated character) become one U+FFFD. */
+      size_t j = i + 1;
+      if (need && c >= 0xc2 && c <= 0xf4)
+        while (j < n && j < i + need && ((unsigned char)s[j] & 0xc0) == 0x80)
+          j++;
       if (tok_buf_put(out, repl, 3)) *oom = 1;
-      i++;
+      i = j;
     }
   }
   return i;

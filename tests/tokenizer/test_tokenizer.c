@@ -53,6 +53,25 @@ static void test_fixture(const char *fixtures) {
     size_t tl;
     rc = tokenizer_decode(tok, bad, 2, 0, &txt, &tl, err, sizeof err);
     CHECK(rc == ANNA_ERANGE, "decode of bad id must fail");
+    /* A truncated character decodes to one U+FFFD; the stream holds it back until it is
+     * known to be broken, and refuses a too-small buffer without losing bytes. */
+    int32_t trunc[] = {170, 131, 81}; /* E4 BD (2 of 3 bytes of a CJK char), then 'h' */
+    rc = tokenizer_decode(tok, trunc, 3, 0, &txt, &tl, err, sizeof err);
+    CHECK(rc == 0 && strcmp(txt, "\xef\xbf\xbdh") == 0, "decode truncated (HF gives U+FFFD h)");
+    if (!rc) free(txt);
+    tokenizer_stream *st = NULL;
+    if (tokenizer_stream_new(&st, tok, 0, err, sizeof err) == 0) {
+      char o[8];
+      size_t ol = 0;
+      int32_t hello[] = {49, 357};
+      rc = tokenizer_stream_feed(st, hello[0], o, 0, &ol, err, sizeof err);
+      CHECK(rc == ANNA_ERANGE, "stream with cap 0 must refuse");
+      rc = tokenizer_stream_feed(st, hello[1], o, sizeof o, &ol, err, sizeof err);
+      size_t want_len = 0;
+      const char *p0 = tokenizer_token_str(tok, 49, &want_len);
+      CHECK(rc == 0 && ol >= 1 && p0 && o[0] == p0[0], "stream kept the refused bytes");
+      tokenizer_stream_free(st);
+    }
     int32_t sp[] = {1, 81, 2};
     rc = tokenizer_decode(tok, sp, 3, TOKENIZER_DECODE_SKIP_SPECIAL, &txt, &tl, err, sizeof err);
     CHECK(rc == 0 && tl == 1, "skip special");
