@@ -279,11 +279,11 @@ TGT static float dot_q2_k(int64_t n, const void *w, const void *act) {
   const blk_q2_k *x = w;
   const blk_q8_k *y = act;
   const __m256i m3 = _mm256_set1_epi8(3);
-  __m256 acc = _mm256_setzero_ps();
-  float acc_m = 0;
+  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
   for (int64_t i = 0; i < n / QKK; i++) {
-    int summ = 0;
-    for (int k = 0; k < 16; k++) summ += (x[i].scales[k] >> 4) * y[i].bsums[k];
+    __m128i sb = _mm_loadu_si128((const __m128i *)x[i].scales);
+    __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sb, 4), _mm_set1_epi8(0x0f)));
+    __m256i msum = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)y[i].bsums));
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
       __m256i qb = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
@@ -297,9 +297,9 @@ TGT static float dot_q2_k(int64_t n, const void *w, const void *act) {
       }
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_m += h2f(x[i].dmin) * y[i].d * (float)summ;
+    accm = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].dmin) * y[i].d), _mm256_cvtepi32_ps(msum), accm);
   }
-  return hsum_ps(acc) - acc_m;
+  return hsum_ps(_mm256_sub_ps(acc, accm));
 }
 
 TGT static float dot_q3_k(int64_t n, const void *w, const void *act) {
@@ -307,17 +307,21 @@ TGT static float dot_q3_k(int64_t n, const void *w, const void *act) {
   const blk_q8_k *y = act;
   const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
   __m256 acc = _mm256_setzero_ps();
-  float acc_off = 0;
   for (int64_t i = 0; i < n / QKK; i++) {
-    int sc[16];
-    for (int k = 0; k < 16; k++) {
-      int lo = (x[i].scales[k % 8] >> (4 * (k / 8))) & 0xf;
-      int hi = (x[i].scales[8 + k % 4] >> (2 * (k / 4))) & 3;
-      sc[k] = (lo | (hi << 4)) - 32;
-    }
+    /* 16 6-bit scales: low nibbles from bytes 0..7, high 2 bits from bytes 8..11, four at
+     * a time in 32-bit words (word w holds scales 4w..4w+3). */
+    uint32_t u[3], wv[4];
+    memcpy(u, x[i].scales, 12);
+    wv[0] = (u[0] & 0x0f0f0f0fu) | ((u[2] & 0x03030303u) << 4);
+    wv[1] = (u[1] & 0x0f0f0f0fu) | (((u[2] >> 2) & 0x03030303u) << 4);
+    wv[2] = ((u[0] >> 4) & 0x0f0f0f0fu) | (((u[2] >> 4) & 0x03030303u) << 4);
+    wv[3] = ((u[1] >> 4) & 0x0f0f0f0fu) | (((u[2] >> 6) & 0x03030303u) << 4);
+    __m128i s8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)wv), _mm_set1_epi8(32));
+    __m256i s16 = _mm256_cvtepi8_epi16(s8);
+    int16_t sc[16];
+    _mm256_storeu_si256((__m256i *)sc, s16);
     /* q = low2 + 4*hbit - 4: the unsigned part goes through maddubs, -4 via bsums. */
-    int off = 0;
-    for (int k = 0; k < 16; k++) off += sc[k] * y[i].bsums[k];
+    __m256i offv = _mm256_madd_epi16(s16, _mm256_loadu_si256((const __m256i *)y[i].bsums));
     __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
@@ -328,15 +332,14 @@ TGT static float dot_q3_k(int64_t n, const void *w, const void *act) {
                                     _mm256_slli_epi16(hbit, 2));
         __m256i a = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * s));
         int k = 8 * h + 2 * s;
-        __m256i scv = _mm256_set_m128i(_mm_set1_epi16((short)sc[k + 1]), _mm_set1_epi16((short)sc[k]));
+        __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[k + 1]), _mm_set1_epi16(sc[k]));
         sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(dot_u8_16(q, a), scv));
       }
     }
-    float d = h2f(x[i].d) * y[i].d;
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    acc_off += d * 4.0f * (float)off;
+    sumi = _mm256_sub_epi32(sumi, _mm256_slli_epi32(offv, 2));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
   }
-  return hsum_ps(acc) - acc_off;
+  return hsum_ps(acc);
 }
 
 /* i-quants: decode a super-block to int8 + per-16 scales (quant.c), then an int8 dot. The

@@ -200,7 +200,7 @@ static void bench(int type) {
   uint8_t *W = malloc(bytes);
   for (size_t i = 0; i < bytes; i++) W[i] = (uint8_t)(frand() * 127);
   int64_t bb = dtype_block_bytes(type);
-  int off = type == ANNA_DTYPE_Q6_K ? 208 : 0;
+  int off = type == ANNA_DTYPE_Q6_K ? 208 : type == ANNA_DTYPE_Q3_K ? 108 : type == ANNA_DTYPE_Q2_K ? 80 : 0;
   for (size_t b = 0; b + (size_t)bb <= bytes; b += (size_t)bb) {
     W[b + (size_t)off] = 0x00;
     W[b + (size_t)off + 1] = 0x20;
@@ -264,6 +264,8 @@ int main(int argc, char **argv) {
     bench(ANNA_DTYPE_Q5_0);
     bench(ANNA_DTYPE_Q4_1);
     bench(ANNA_DTYPE_Q5_K);
+    bench(ANNA_DTYPE_Q3_K);
+    bench(ANNA_DTYPE_Q2_K);
     bench(ANNA_DTYPE_IQ4_XS);
     bench(ANNA_DTYPE_IQ2_XXS);
   }
