@@ -393,10 +393,23 @@ static int do_format_percent(jctx *c, const jstr *f, const jargs *a, jv *out) {
       double d = v.t == JV_FLOAT ? v.u.f : (double)ival(v);
       snprintf(tmp, sizeof(tmp), spec, d);
       jbuf_puts(&b, tmp);
-    } else if (conv == 'r') {
-      jv_repr(&b, v);
-    } else {
-      jv_print(&b, v);
+    } else { /* %s / %r with optional '-', width and .precision (code points) */
+      jbuf t = {.limit = c->lim.max_output};
+      if (conv == 'r') jv_repr(&t, v);
+      else jv_print(&t, v);
+      const char *q = f->s + st + 1;
+      int left = 0;
+      while (*q == '-' || *q == '+' || *q == ' ' || *q == '#' || *q == '0') left |= *q++ == '-';
+      long width = strtol(q, (char **)&q, 10);
+      long prec = *q == '.' ? strtol(q + 1, NULL, 10) : -1;
+      size_t tl = t.n;
+      if (prec >= 0 && (size_t)prec < jutf8_len(t.p ? t.p : "", t.n)) tl = jutf8_offset(t.p, t.n, (size_t)prec);
+      long pad = width - (long)jutf8_len(t.p ? t.p : "", tl);
+      if (width > 4096) pad = 0;
+      for (long k = 0; !left && k < pad; k++) jbuf_put(&b, " ", 1);
+      jbuf_put(&b, t.p ? t.p : "", tl);
+      for (long k = 0; left && k < pad; k++) jbuf_put(&b, " ", 1);
+      jbuf_free(&t);
     }
   }
   return ret_buf(c, &b, out);
@@ -994,9 +1007,11 @@ int jinja_apply_filter(jctx *c, const char *name, jv v, const jargs *a, jv *out)
       ksep = seps.u.l->items[1].u.s->s;
     }
     jv sk = jargs_get(a, 99, "sort_keys", &found);
+    jv ea = jargs_get(a, 99, "ensure_ascii", &found);
+    int flags = (jv_truthy(sk) ? JTOJSON_SORT_KEYS : 0) | (jv_truthy(ea) ? JTOJSON_ASCII : 0);
     jbuf b = {.limit = c->lim.max_output};
     const char *msg = NULL;
-    if (jv_tojson(&b, v, indent, isep, ksep, jv_truthy(sk), 0, &msg)) {
+    if (jv_tojson(&b, v, indent, isep, ksep, flags, 0, &msg)) {
       jbuf_free(&b);
       return jctx_err(c, ANNA_EINVAL, "tojson: %s", msg ? msg : "cannot encode");
     }

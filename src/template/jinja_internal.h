@@ -211,10 +211,13 @@ void jbuf_free(jbuf *b);
 /* Python str(v) (what {{ v }} prints) and repr(v), appended to b. */
 void jv_print(jbuf *b, jv v);
 void jv_repr(jbuf *b, jv v);
-/* json.dumps(v, ensure_ascii=False, indent=indent (<0 = None), separators=(item_sep,
- * key_sep)). Returns 0 or -1 when v holds something JSON cannot encode (msg says what). */
-int jv_tojson(jbuf *b, jv v, int indent, const char *item_sep, const char *key_sep,
-              int sort_keys, int depth, const char **msg);
+/* json.dumps(v, ensure_ascii=flags & JTOJSON_ASCII, indent=indent (<0 = None),
+ * separators=(item_sep, key_sep) (NULL = Python's defaults), sort_keys=flags &
+ * JTOJSON_SORT_KEYS). Returns 0 or -1 when v holds something JSON cannot encode (msg says
+ * what). */
+enum { JTOJSON_SORT_KEYS = 1, JTOJSON_ASCII = 2 };
+int jv_tojson(jbuf *b, jv v, int indent, const char *item_sep, const char *key_sep, int flags,
+              int depth, const char **msg);
 /* Python float repr (shortest round-trip): "1.0", "1e+20", "0.30000000000000004". */
 void jfloat_repr(char *out, size_t cap, double f);
 

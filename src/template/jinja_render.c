@@ -316,6 +316,17 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
     *out = (jv){.t = JV_LIST, .u.l = l};
     return 0;
   }
+  if (op == JOP_MOD && a.t == JV_STR) { /* printf-style 'fmt' % args */
+    jargs fa = {0};
+    if (b.t == JV_LIST && b.u.l->is_tuple) {
+      fa.pos = b.u.l->items;
+      fa.npos = b.u.l->n;
+    } else {
+      fa.pos = &b;
+      fa.npos = 1;
+    }
+    return jinja_apply_filter(c, "format", a, &fa, out);
+  }
   if (op == JOP_MUL && (a.t == JV_STR || a.t == JV_LIST) && (b.t == JV_INT || b.t == JV_BOOL))
     return repeat_seq(c, a, inum(b), out);
   if (op == JOP_MUL && (b.t == JV_STR || b.t == JV_LIST) && (a.t == JV_INT || a.t == JV_BOOL))

@@ -535,7 +535,7 @@ void jv_print(jbuf *b, jv v) {
   }
 }
 
-static void json_str(jbuf *b, const char *s, size_t n) {
+static void json_str(jbuf *b, const char *s, size_t n, int ascii) {
   jbuf_puts(b, "\"");
   size_t run = 0;
   for (size_t i = 0; i < n; i++) {
@@ -554,6 +554,23 @@ static void json_str(jbuf *b, const char *s, size_t n) {
       if (c < 0x20) {
         snprintf(t, sizeof(t), "\\u%04x", c);
         esc = t;
+      } else if (c >= 0x80 && ascii) { /* ensure_ascii: \uXXXX, surrogate pairs above BMP */
+        utf8proc_int32_t cp;
+        utf8proc_ssize_t k = utf8proc_iterate((const utf8proc_uint8_t *)s + i, (utf8proc_ssize_t)(n - i), &cp);
+        if (k <= 0) {
+          cp = 0xFFFD;
+          k = 1;
+        }
+        jbuf_put(b, s + run, i - run);
+        char u[16];
+        if (cp >= 0x10000) {
+          snprintf(u, sizeof(u), "\\u%04x\\u%04x", 0xD800 + ((cp - 0x10000) >> 10), 0xDC00 + ((cp - 0x10000) & 0x3FF));
+        } else
+          snprintf(u, sizeof(u), "\\u%04x", (unsigned)cp);
+        jbuf_puts(b, u);
+        i += (size_t)k - 1;
+        run = i + 1;
+        continue;
       }
     }
     if (esc) {
@@ -586,7 +603,7 @@ static int tojson_rec(jbuf *b, jv v, int indent, const char *isep, const char *k
     else if (isinf(v.u.f)) jbuf_puts(b, v.u.f < 0 ? "-Infinity" : "Infinity");
     else put_float(b, v.u.f);
     return 0;
-  case JV_STR: json_str(b, v.u.s->s, v.u.s->len); return 0;
+  case JV_STR: json_str(b, v.u.s->s, v.u.s->len, sort & JTOJSON_ASCII); return 0;
   case JV_LIST: {
     if (v.u.l->n == 0) {
       jbuf_puts(b, "[]");
@@ -619,7 +636,7 @@ static int tojson_rec(jbuf *b, jv v, int indent, const char *isep, const char *k
       return -1;
     }
     for (size_t i = 0; i < d->n; i++) order[i] = i;
-    if (sort) /* insertion sort: dicts in templates are small */
+    if (sort & JTOJSON_SORT_KEYS) /* insertion sort: dicts in templates are small */
       for (size_t i = 1; i < d->n; i++) {
         size_t k = order[i], j = i;
         while (j > 0) {
@@ -637,7 +654,7 @@ static int tojson_rec(jbuf *b, jv v, int indent, const char *isep, const char *k
       if (i) jbuf_puts(b, isep);
       if (indent >= 0) json_newline(b, indent, level + 1);
       jv key = d->keys[order[i]];
-      if (key.t == JV_STR) json_str(b, key.u.s->s, key.u.s->len);
+      if (key.t == JV_STR) json_str(b, key.u.s->s, key.u.s->len, sort & JTOJSON_ASCII);
       else if (key.t == JV_NONE) jbuf_puts(b, "\"null\"");
       else if (key.t == JV_BOOL) jbuf_puts(b, key.u.b ? "\"true\"" : "\"false\"");
       else if (key.t == JV_INT || key.t == JV_FLOAT) {
@@ -663,11 +680,11 @@ static int tojson_rec(jbuf *b, jv v, int indent, const char *isep, const char *k
   }
 }
 
-int jv_tojson(jbuf *b, jv v, int indent, const char *item_sep, const char *key_sep,
-              int sort_keys, int depth, const char **msg) {
+int jv_tojson(jbuf *b, jv v, int indent, const char *item_sep, const char *key_sep, int flags,
+              int depth, const char **msg) {
   if (!item_sep) item_sep = indent >= 0 ? "," : ", ";
   if (!key_sep) key_sep = ": ";
-  return tojson_rec(b, v, indent, item_sep, key_sep, sort_keys, depth, msg);
+  return tojson_rec(b, v, indent, item_sep, key_sep, flags, depth, msg);
 }
 
 /* ---- UTF-8 ---- */

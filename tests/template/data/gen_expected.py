@@ -112,6 +112,8 @@ UNIT = [
     "{{ 'abc'[1] }}{{ 'abc'[-1] }}{{ [[1, 2], [3]][0][1] }}{{ d['a'][0] }}{{ messages[-1]['role'] }}",
     "{{ messages | selectattr('role', 'equalto', 'user') | list | length }} {{ (messages | last).content.split('</think>')[-1].lstrip('\\n') }}",
     "{{ messages[0].content if messages[0].role == 'system' else '' }}{% if messages[1].content is string %}S{% endif %}",
+    "{{ '%s-%s' % ('a', 1) }} {{ '%d%%' % 5 }} {{ '%.3f|%5s|%-4d|' % (3.14159, 'ab', 7) }} {{ 'x=%r' % 'q' }}",
+    "{{ 'é☃😀\\n' | tojson(ensure_ascii=true) }} {{ {'k': 'ü'} | tojson(ensure_ascii=true, indent=1) }}",
     "{{- bos_token }}{%- for message in messages %}{{- '<|' + message['role'] + '|>\\n' + message['content'] | trim + eos_token }}{%- endfor %}",
 ]
 
