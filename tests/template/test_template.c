@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/error.h"
 #include "template/chat_template.h"
@@ -268,6 +269,73 @@ static void test_extras(void) {
   free(src);
 }
 
+static void write_file(const char *dir, const char *name, const char *text) {
+  char path[512];
+  snprintf(path, sizeof(path), "%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+}
+
+/* chat_template_load: list-form chat_template, AddedToken-style bos/eos, huge
+ * model_max_length, and chat_template.jinja taking precedence. */
+static void test_loader(void) {
+  char dir[] = "/tmp/anna_tpl_XXXXXX";
+  char err[512];
+  checks++;
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "FAIL loader: mkdtemp\n");
+    failures++;
+    return;
+  }
+  write_file(dir, "tokenizer_config.json",
+             "{\"model_max_length\": 1000000000000000019884624838656,"
+             " \"bos_token\": {\"content\": \"<B>\", \"lstrip\": false},"
+             " \"eos_token\": \"<E>\","
+             " \"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+             "                     {\"name\": \"default\", \"template\": \"{{ bos_token }}{{ messages[0].content }}{{ eos_token }}{{ add_generation_prompt }}\"}]}");
+  chat_template *ct = NULL;
+  char *out = NULL;
+  size_t n;
+  json_t *msgs = json_pack("[{s:s,s:s}]", "role", "user", "content", "hey");
+  int rc = chat_template_load(&ct, dir, err, sizeof(err));
+  if (!rc) rc = chat_template_apply(ct, msgs, NULL, 1, NULL, &out, &n, err, sizeof(err));
+  if (rc || strcmp(out, "<B>hey<E>True") != 0) {
+    fprintf(stderr, "FAIL loader (config list): %s\n", rc ? err : out);
+    failures++;
+  }
+  free(out);
+  out = NULL;
+  chat_template_free(ct);
+  ct = NULL;
+  checks++;
+  write_file(dir, "chat_template.jinja", "J:{{ messages | length }}{{ extra }}\n");
+  json_t *kw = json_pack("{s:s}", "extra", "!");
+  rc = chat_template_load(&ct, dir, err, sizeof(err));
+  if (!rc) rc = chat_template_apply(ct, msgs, NULL, 0, kw, &out, &n, err, sizeof(err));
+  if (rc || strcmp(out, "J:1!") != 0) {
+    fprintf(stderr, "FAIL loader (jinja file): %s\n", rc ? err : out);
+    failures++;
+  }
+  free(out);
+  chat_template_free(ct);
+  checks++;
+  char path[512];
+  snprintf(path, sizeof(path), "%s/chat_template.jinja", dir);
+  remove(path);
+  snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+  remove(path);
+  if (chat_template_load(&ct, dir, err, sizeof(err)) != ANNA_ENOTFOUND) {
+    fprintf(stderr, "FAIL loader: empty folder should be ANNA_ENOTFOUND (%s)\n", err);
+    failures++;
+  }
+  rmdir(dir);
+  json_decref(kw);
+  json_decref(msgs);
+}
+
 /* Rendering the same template concurrently would race if the AST were mutated; this only
  * checks that repeated renders are identical. */
 static void test_repeat(void) {
@@ -306,6 +374,7 @@ int main(int argc, char **argv) {
   test_cases(ANNA_TEMPLATE_DATA, "model_cases.json");
   test_errors();
   test_extras();
+  test_loader();
   test_repeat();
   printf("test_template: %d checks, %d failures\n", checks, failures);
   return failures ? 1 : 0;
