@@ -50,6 +50,7 @@ typedef struct layer_config {
   int rope_type;       /* rope_kind */
   double rope_factor;  /* linear / llama3 factor (1 = none) */
   double rope_low_freq_factor, rope_high_freq_factor, rope_orig_max_pos; /* llama3 */
+  int rope_interleaved; /* pairs (2i, 2i+1) (llama.cpp's Llama GGUF layout) instead of NeoX */
   int kv_source;       /* layer whose K/V this layer reads (itself unless Gemma4 KV sharing) */
   int is_moe;          /* sparse MoE FFN in this layer */
   int ffn_dim;         /* dense MLP width (0 = none) */
@@ -76,6 +77,7 @@ typedef struct model_config {
   int post_norms;      /* Gemma: post-attention and post-FFN norms (4 norms per layer) */
   /* Gated DeltaNet */
   int gdn_hk, gdn_hv, gdn_dk, gdn_dv, gdn_conv;
+  int gdn_v_tiled; /* V heads in tiled order (GGUF) */
   /* MoE */
   int n_experts, top_k, expert_ffn, shared_ffn, norm_topk;
   /* Gemma4 */

@@ -196,7 +196,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
     q = qf;
   }
   if (w->q_norm) norm(r, q, q, w->q_norm, n * Hq, D);
-  be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->b->pos);
+  be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->b->pos, lc->rope_interleaved);
 
   const int own = lc->kv_source == li;
   if (own) {
@@ -205,7 +205,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
     else be->copy_rows(be, v, kvd, k, kvd, n, (int)kvd); /* attention_k_eq_v: V is the raw K */
     if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
     if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, (float)c->eps, 0);
-    be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->b->pos);
+    be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->b->pos, lc->rope_interleaved);
     for (int64_t t = 0; t < n; t++) {
       size_t at = (size_t)li * s->n_seq + r->b->seq[t];
       be->copy_rows(be, s->k[at] + (int64_t)r->b->pos[t] * kvd, kvd, k + t * kvd, kvd, 1, (int)kvd);
@@ -262,7 +262,7 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
     const int64_t t0 = s->run_start[ri], len = s->run_len[ri];
     size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
     ops_gdn_args a = {
-        .n = len, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .q = q + t0 * Kd, .k = k + t0 * Kd,
+        .n = len, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .v_tiled = c->gdn_v_tiled, .q = q + t0 * Kd, .k = k + t0 * Kd,
         .v = v + t0 * Vd, .g = g + t0 * hv, .beta = beta + t0 * hv, .state = s->ssm[at], .out = o + t0 * Vd,
     };
     if (len >= GDN_CHUNKED_MIN) be->gdn_chunked(be, &a);

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "formats/dtype.h"
+#include "formats/gguf.h"
 #include "formats/safetensors.h"
 
 #include <limits.h>
@@ -373,6 +374,7 @@ void model_free(anna_model *m) {
   for (size_t i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
   free(m->allocs);
   safetensors_close(m->st);
+  gguf_close(m->gguf);
   free(m->path);
   free(m);
 }

@@ -43,10 +43,11 @@ typedef struct ops_attn_args {
 /* Gated DeltaNet run over consecutive tokens of ONE sequence. q, k: [n, hk, dk] already
  * l2-normalised (q also scaled by 1/sqrt(dk)); v: [n, hv, dv]; g: [n, hv] log-decay;
  * beta: [n, hv]; state: [hv, dk, dv] in/out; out: [n, hv, dv]. V-head h reads k-head
- * h / (hv / hk). */
+ * h / (hv / hk) (grouped, HF order) or h % hk (v_tiled: llama.cpp's GGUF order). */
 typedef struct ops_gdn_args {
   int64_t n;
   int hk, hv, dk, dv;
+  int v_tiled;
   const float *q, *k, *v, *g, *beta;
   float *state;
   float *out;
@@ -69,9 +70,9 @@ struct ops_backend {
   void (*rmsnorm)(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d,
                   float eps, int one_plus);
   /* In place on x [n, n_heads, head_dim] (row stride `stride` floats per token): rotate
-   * pairs (i, i + rot/2), i < rot/2, by angle pos * inv_freq[i]. */
+   * pairs (i, i + rot/2) (NeoX; interleaved: (2i, 2i+1)), i < rot/2, by pos * inv_freq[i]. */
   void (*rope)(ops_backend *be, float *x, int64_t n, int n_heads, int head_dim, int64_t stride,
-               int rot, const float *inv_freq, const int32_t *pos);
+               int rot, const float *inv_freq, const int32_t *pos, int interleaved);
   /* out[n, n_heads, v_dim] = softmax(scale q k^T [+softcap], causal/window) v. */
   void (*attention)(ops_backend *be, float *out, const float *q, const ops_attn_args *a);
   /* y = act(gate) * up elementwise over n*d (act: act_kind); y may alias gate. */

@@ -6,6 +6,7 @@
 #include "base/error.h"
 #include "base/threadpool.h"
 #include "model/forward.h"
+#include "model/gguf_model.h"
 #include "model/model.h"
 
 #include <stdlib.h>
@@ -31,7 +32,7 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   struct stat st;
   if (stat(path, &st) != 0) return anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
   if (S_ISDIR(st.st_mode)) return model_load_hf(out, path, err, errlen);
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: not a model folder (GGUF support is not built yet)", path);
+  return gguf_model_load(out, path, err, errlen);
 }
 
 void anna_model_free(anna_model *m) {
@@ -69,7 +70,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   c->m = m;
   int rc;
   if ((rc = threadpool_create(&c->tp, o.n_threads, err, errlen)) ||
-      (rc = cpu_backend_create(&c->be, c->tp, fwd_backend_scratch_floats(m, o.n_ctx), err, errlen)) ||
+      (rc = cpu_backend_create(&c->be, c->tp, fwd_backend_scratch_floats(m, o.n_ctx),
+                               (size_t)o.n_batch * (size_t)m->max_cols * 4, err, errlen)) ||
       (rc = fwd_state_create(&c->st, m, o.n_seq, o.n_ctx, o.n_batch, err, errlen))) {
     anna_context_free(c);
     return rc;

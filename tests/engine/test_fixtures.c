@@ -6,7 +6,8 @@
  * (3) greedy ids via prefill then one-token decode, equal to the reference up to the first
  * step whose margin is < 1e-3; (4) both cases decoded together as two sequences of one
  * batch give the same ids as decoded alone.
- * Usage: test_fixtures FIXTURES_DIR [model ...]
+ * Usage: test_fixtures FIXTURES_DIR [--gguf GGUF_DIR] [model ...]
+ * With --gguf, the models are the llama.cpp-converted GGUF files of the same fixtures.
  */
 #include "anna/anna.h"
 
@@ -20,6 +21,7 @@
 #define NGEN 24
 
 static int g_fail;
+static const char *g_gguf_dir; /* --gguf DIR: load DIR/<name>.gguf, compare with the same references */
 
 #define CHECK(cond, ...)                                                                                               \
   do {                                                                                                                 \
@@ -128,7 +130,10 @@ static void test_model(const char *root, const char *name) {
   snprintf(dir, sizeof dir, "%s/%s", root, name);
   printf("%s\n", name);
   anna_model *m = NULL;
-  if (anna_model_load(&m, dir, NULL, err, sizeof err)) {
+  char mpath[1024];
+  if (g_gguf_dir) snprintf(mpath, sizeof mpath, "%.900s/%.100s.gguf", g_gguf_dir, name);
+  else snprintf(mpath, sizeof mpath, "%s", dir);
+  if (anna_model_load(&m, mpath, NULL, err, sizeof err)) {
     CHECK(0, "load: %s", err);
     return;
   }
@@ -245,8 +250,13 @@ int main(int argc, char **argv) {
   }
   static const char *all[] = {"qwen3_5",     "qwen3_5_text", "qwen3_5_moe_text", "gemma4_text", "gemma3_text",
                               "qwen3",       "qwen2",        "llama",            "qwen3_moe"};
-  if (argc > 2)
-    for (int i = 2; i < argc; i++) test_model(argv[1], argv[i]);
+  int first = 2;
+  if (argc > 3 && !strcmp(argv[2], "--gguf")) {
+    g_gguf_dir = argv[3];
+    first = 4;
+  }
+  if (argc > first)
+    for (int i = first; i < argc; i++) test_model(argv[1], argv[i]);
   else
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) test_model(argv[1], all[i]);
   printf("%s: %d failure(s)\n", g_fail ? "FAILED" : "OK", g_fail);

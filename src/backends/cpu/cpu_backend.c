@@ -104,9 +104,10 @@ static void cpu_softcap(ops_backend *be, float *y, int64_t n, float cap) {
 /* ---- rope ---- */
 
 static void cpu_rope(ops_backend *be, float *x, int64_t n, int n_heads, int head_dim, int64_t stride, int rot,
-                     const float *inv_freq, const int32_t *pos) {
+                     const float *inv_freq, const int32_t *pos, int interleaved) {
   (void)be;
   const int half = rot / 2;
+  const int step = interleaved ? 2 : 1, off = interleaved ? 1 : half;
   for (int64_t t = 0; t < n; t++) {
     for (int i = 0; i < half; i++) {
       /* Angle in f32 as transformers computes it (inv_freq @ position in float). */
@@ -114,9 +115,9 @@ static void cpu_rope(ops_backend *be, float *x, int64_t n, int n_heads, int head
       const float c = cosf(ang), s = sinf(ang);
       for (int h = 0; h < n_heads; h++) {
         float *v = x + t * stride + (int64_t)h * head_dim;
-        const float a = v[i], b = v[i + half];
-        v[i] = a * c - b * s;
-        v[i + half] = b * c + a * s;
+        const float a = v[i * step], b = v[i * step + off];
+        v[i * step] = a * c - b * s;
+        v[i * step + off] = b * c + a * s;
       }
     }
   }
@@ -298,8 +299,8 @@ static void cpu_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, 
 
 /* ---- table ---- */
 
-int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats_per_thread, char *err,
-                       size_t errlen) {
+int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats_per_thread, size_t act_bytes,
+                       char *err, size_t errlen) {
   *out = NULL;
   ops_backend *be = calloc(1, sizeof *be);
   cpu_impl *c = calloc(1, sizeof *c);
@@ -307,7 +308,9 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
   float *scratch = NULL;
   if (be && c && scratch_floats_per_thread > 0)
     scratch = aligned_alloc(64, (((size_t)nth * (size_t)scratch_floats_per_thread * sizeof(float)) + 63) & ~(size_t)63);
-  if (!be || !c || !scratch) {
+  void *act = c ? aligned_alloc(64, (act_bytes + 64) & ~(size_t)63) : NULL;
+  if (!be || !c || !scratch || !act) {
+    free(act);
     free(be);
     free(c);
     free(scratch);
@@ -317,6 +320,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
   c->tp = tp;
   c->scratch = scratch;
   c->scratch_per_thread = scratch_floats_per_thread;
+  c->act = act;
   *be = (ops_backend){
       .name = "cpu",
       .impl = c,
@@ -347,7 +351,10 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
 void cpu_backend_free(ops_backend *be) {
   if (!be) return;
   cpu_impl *c = be->impl;
-  if (c) free(c->scratch);
+  if (c) {
+    free(c->scratch);
+    free(c->act);
+  }
   free(c);
   free(be);
 }

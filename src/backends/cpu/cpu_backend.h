@@ -11,9 +11,11 @@
 #include "base/threadpool.h"
 #include "ops/ops.h"
 
-/* tp is borrowed and must outlive the backend. Caller frees with cpu_backend_free. */
+/* tp is borrowed and must outlive the backend. act_bytes: room for the quantized
+ * activations of the largest matmul input (n_batch rows of the widest weight row; 4 bytes
+ * per element always suffices). Caller frees with cpu_backend_free. */
 int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats_per_thread,
-                       char *err, size_t errlen);
+                       size_t act_bytes, char *err, size_t errlen);
 void cpu_backend_free(ops_backend *be);
 
 /* Which SIMD path matmul uses ("avx512", "avx2", "scalar"); for logs and tests. */

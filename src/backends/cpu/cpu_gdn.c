@@ -25,7 +25,7 @@ static void recurrent_task(void *p, int ith, int nth) {
   float *u = cpu_scratch(c->be, ith); /* [dv] */
   for (int64_t h = h0; h < h1; h++) {
     float *S = a->state + h * dk * dv;
-    const int64_t kh = h / r;
+    const int64_t kh = a->v_tiled ? h % a->hk : h / r;
     for (int64_t t = 0; t < a->n; t++) {
       const float *q = a->q + (t * a->hk + kh) * dk, *k = a->k + (t * a->hk + kh) * dk;
       const float *v = a->v + (t * a->hv + h) * dv;
@@ -84,7 +84,7 @@ static void chunked_task(void *p, int ith, int nth) {
   float *W = U + C * dv;        /* [C, dk] */
   for (int64_t h = h0; h < h1; h++) {
     float *S = a->state + h * dk * dv;
-    const int64_t kh = h / r;
+    const int64_t kh = a->v_tiled ? h % a->hk : h / r;
     for (int64_t c0 = 0; c0 < a->n; c0 += C) {
       const int L = a->n - c0 < C ? (int)(a->n - c0) : C;
 #define QROW(i) (a->q + ((c0 + (i)) * a->hk + kh) * dk)

@@ -11,6 +11,7 @@ typedef struct cpu_impl {
   threadpool *tp;
   float *scratch;            /* nth * per_thread floats */
   int64_t scratch_per_thread;
+  void *act;                 /* quantized-activation buffer */
 } cpu_impl;
 
 static inline float *cpu_scratch(ops_backend *be, int ith) {

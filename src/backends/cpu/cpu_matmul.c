@@ -1,5 +1,6 @@
-/* cpu_matmul.c: y = x W^T for bf16/f16/f32 weights read in place, quantized weights
- * through a per-row dequantize into scratch.
+/* cpu_matmul.c: y = x W^T for bf16/f16/f32 weights read in place, and for llama.cpp
+ * quantized weights on their blocks against 8-bit quantized activations (formats/quant.h),
+ * as llama.cpp computes them.
  *
  * Rows are split across threads; each weight row is loaded once per block of 4 tokens and
  * used for all 4 (the decode case n = 1 is a plain bandwidth-bound dot). Tokens are taken
@@ -9,11 +10,7 @@
  */
 #include "backends/cpu/cpu_internal.h"
 #include "formats/dtype.h"
-#if __has_include("formats/quant.h")
 #include "formats/quant.h"
-#else
-static void quant_dequantize_row(int t, const void *s, float *d, int64_t n) { (void)t; (void)s; for (int64_t i = 0; i < n; i++) d[i] = NAN; }
-#endif
 
 #include <immintrin.h>
 #include <math.h>
@@ -193,7 +190,20 @@ struct mm_ctx {
   const ops_weight *w;
   const float *bias;
   dot_fn dot;
+  const void *act; /* quantized activations (quantized weights only) */
 };
+
+static void mm_quant_task(void *p, int ith, int nth) {
+  struct mm_ctx *m = p;
+  const ops_weight *w = m->w;
+  int64_t r0, r1;
+  threadpool_range(w->rows, ith, nth, &r0, &r1);
+  if (r0 >= r1) return;
+  quant_matmul_rows(w->type, w->data, w->cols, r0, r1, m->act, m->n, m->y, w->rows);
+  if (m->bias)
+    for (int64_t t = 0; t < m->n; t++)
+      for (int64_t r = r0; r < r1; r++) m->y[t * w->rows + r] += m->bias[r];
+}
 
 static void mm_task(void *p, int ith, int nth) {
   struct mm_ctx *m = p;
@@ -202,18 +212,11 @@ static void mm_task(void *p, int ith, int nth) {
   threadpool_range(w->rows, ith, nth, &r0, &r1);
   const int64_t cols = w->cols, rows = w->rows;
   const size_t rb = (size_t)dtype_row_bytes(w->type, cols);
-  const int plain = is_plain(w->type);
-  float *rowbuf = plain ? NULL : cpu_scratch(m->be, ith);
   for (int64_t t0 = 0; t0 < m->n; t0 += TOK_BLOCK) {
     int64_t t1 = t0 + TOK_BLOCK < m->n ? t0 + TOK_BLOCK : m->n;
     for (int64_t r = r0; r < r1; r++) {
       const void *wr = (const char *)w->data + (size_t)r * rb;
-      int type = w->type;
-      if (!plain) {
-        quant_dequantize_row(w->type, wr, rowbuf, cols);
-        wr = rowbuf;
-        type = ANNA_DTYPE_F32;
-      }
+      const int type = w->type;
       float b = m->bias ? m->bias[r] : 0.0f;
       float out[4];
       for (int64_t t = t0; t < t1; t += 4) {
@@ -228,7 +231,16 @@ static void mm_task(void *p, int ith, int nth) {
 void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
                 const float *bias) {
   cpu_impl *c = be->impl;
-  struct mm_ctx m = {be, y, x, n, w, bias, pick_dot()};
+  struct mm_ctx m = {be, y, x, n, w, bias, pick_dot(), NULL};
+  if (!is_plain(w->type)) {
+    /* Activations quantized once, shared by all workers (bounded by the backend's act
+     * buffer, sized for n_batch x widest row at creation). */
+    const int64_t ab = quant_act_row_bytes(w->type, w->cols);
+    for (int64_t t = 0; t < n; t++) quant_quantize_act(w->type, x + t * w->cols, (char *)c->act + t * ab, w->cols);
+    m.act = c->act;
+    threadpool_run(c->tp, mm_quant_task, &m);
+    return;
+  }
   /* Tiny matrices (router, gates) are not worth waking the pool for. */
   if (w->rows * w->cols * n < 32768) mm_task(&m, 0, 1);
   else threadpool_run(c->tp, mm_task, &m);

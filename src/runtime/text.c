@@ -1,0 +1,73 @@
+/* text.c: see text.h. */
+#include "runtime/text.h"
+
+#include "base/error.h"
+#include "model/gguf_model.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+int model_text_open(model_text **out, const char *path, char *err, size_t errlen) {
+  *out = NULL;
+  model_text *t = calloc(1, sizeof *t);
+  if (!t) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  struct stat st;
+  int rc;
+  if (stat(path, &st) != 0) {
+    rc = anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
+    goto fail;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    if ((rc = tokenizer_load_json(&t->tok, path, err, errlen))) goto fail;
+    rc = chat_template_load(&t->ct, path, err, errlen);
+    if (rc == ANNA_ENOTFOUND) rc = 0;
+    if (rc) goto fail;
+  } else {
+    if ((rc = gguf_model_text(path, &t->tok, &t->ct, err, errlen))) goto fail;
+  }
+  *out = t;
+  return 0;
+fail:
+  model_text_free(t);
+  return rc;
+}
+
+void model_text_free(model_text *t) {
+  if (!t) return;
+  tokenizer_free(t->tok);
+  chat_template_free(t->ct);
+  free(t);
+}
+
+int model_text_encode_chat(const model_text *t, const json_t *messages, const json_t *tools, const json_t *kwargs,
+                           int32_t **ids, size_t *n, char *err, size_t errlen) {
+  *ids = NULL;
+  *n = 0;
+  char *txt = NULL;
+  size_t len = 0;
+  int rc;
+  if (t->ct) {
+    rc = chat_template_apply(t->ct, messages, tools, 1, kwargs, &txt, &len, err, errlen);
+    if (rc) return rc;
+    /* The template already wrote any BOS; special tokens in it are real control tokens. */
+    rc = tokenizer_encode(t->tok, txt, len, 0, ids, n, err, errlen);
+  } else {
+    size_t cap = 1;
+    for (size_t i = 0; i < json_array_size(messages); i++)
+    {
+      const char *c = json_string_value(json_object_get(json_array_get(messages, i), "content"));
+      cap += (c ? strlen(c) : 0) + 1;
+    }
+    txt = malloc(cap);
+    if (!txt) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    txt[0] = '\0';
+    for (size_t i = 0; i < json_array_size(messages); i++) {
+      const char *c = json_string_value(json_object_get(json_array_get(messages, i), "content"));
+      if (c) strcat(strcat(txt, c), "\n");
+    }
+    rc = tokenizer_encode(t->tok, txt, strlen(txt), TOKENIZER_ENCODE_ADD_SPECIAL, ids, n, err, errlen);
+  }
+  free(txt);
+  return rc;
+}
