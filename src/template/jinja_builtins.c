@@ -378,18 +378,35 @@ static int do_format_percent(jctx *c, const jstr *f, const jargs *a, jv *out) {
       jbuf_free(&b);
       return jctx_err(c, ANNA_EINVAL, "not enough arguments for format string");
     }
-    char spec[32];
-    size_t sl = i - st;
-    if (sl >= sizeof(spec) - 4) sl = sizeof(spec) - 4;
-    memcpy(spec, f->s + st, sl);
+    /* Rebuild the spec from parsed parts so that a template cannot hand snprintf an
+     * unbounded width or precision. */
+    char flags[8];
+    size_t nf = 0;
+    const char *q0 = f->s + st + 1;
+    while (*q0 == '-' || *q0 == '+' || *q0 == ' ' || *q0 == '#' || *q0 == '0') {
+      if (nf < sizeof(flags) - 1 && !memchr(flags, *q0, nf)) flags[nf++] = *q0;
+      q0++;
+    }
+    flags[nf] = 0;
+    long w0 = 0, p0 = -1;
+    while (*q0 >= '0' && *q0 <= '9') w0 = w0 < 1000 ? w0 * 10 + (*q0++ - '0') : (q0++, w0);
+    if (*q0 == '.') {
+      p0 = 0;
+      q0++;
+      while (*q0 >= '0' && *q0 <= '9') p0 = p0 < 1000 ? p0 * 10 + (*q0++ - '0') : (q0++, p0);
+    }
+    if (w0 > 256) w0 = 256;
+    if (p0 > 100) p0 = 100;
+    char spec[48];
     char tmp[512];
     if (conv == 'd' || conv == 'i') {
-      memcpy(spec + sl, "lld", 4);
+      if (p0 >= 0) snprintf(spec, sizeof(spec), "%%%s%ld.%ldlld", flags, w0, p0);
+      else snprintf(spec, sizeof(spec), "%%%s%ldlld", flags, w0);
       snprintf(tmp, sizeof(tmp), spec, (long long)(v.t == JV_FLOAT ? (int64_t)v.u.f : ival(v)));
       jbuf_puts(&b, tmp);
     } else if (conv == 'f' || conv == 'e' || conv == 'g' || conv == 'F' || conv == 'E' || conv == 'G') {
-      spec[sl] = conv;
-      spec[sl + 1] = 0;
+      if (p0 >= 0) snprintf(spec, sizeof(spec), "%%%s%ld.%ld%c", flags, w0, p0, conv);
+      else snprintf(spec, sizeof(spec), "%%%s%ld%c", flags, w0, conv);
       double d = v.t == JV_FLOAT ? v.u.f : (double)ival(v);
       snprintf(tmp, sizeof(tmp), spec, d);
       jbuf_puts(&b, tmp);

@@ -479,6 +479,18 @@ static int eval(jctx *c, jscope *s, const jnode *n, jv *out) {
     jv callee;
     jargs a;
     if ((rc = eval(c, s, n->a, &callee))) break;
+    if (callee.t == JV_UNDEF) {
+      c->line = n->line;
+      if (n->a->kind == JN_GETATTR) {
+        jv obj;
+        if ((rc = eval(c, s, n->a->a, &obj))) break;
+        rc = jctx_err(c, ANNA_EINVAL, "'%s' object has no attribute '%s'", jv_type_name(obj), n->a->str->s);
+      } else if (n->a->kind == JN_NAME)
+        rc = jctx_err(c, ANNA_EINVAL, "'%s' is undefined", n->a->str->s);
+      else
+        rc = jctx_err(c, ANNA_EINVAL, "'Undefined' object is not callable");
+      break;
+    }
     if ((rc = eval_args(c, s, n->kids, n->nkids, &a))) break;
     c->line = n->line;
     if ((rc = step(c))) break;
