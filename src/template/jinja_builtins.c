@@ -497,6 +497,7 @@ jv jinja_getitem(jctx *c, jv obj, jv key) {
 /* ---- methods ---- */
 int jinja_call_method(jctx *c, jv self, const char *name, const jargs *a, jv *out) {
   int rc, found;
+  if ((rc = jctx_charge(c, self))) return rc;
   if (self.t == JV_DICT) {
     jdict *d = self.u.d;
     if (!strcmp(name, "items") || !strcmp(name, "keys") || !strcmp(name, "values")) {
@@ -993,6 +994,7 @@ static int do_indent(jctx *c, const jstr *s, jv width, int first, int blank, jv 
 
 int jinja_apply_filter(jctx *c, const char *name, jv v, const jargs *a, jv *out) {
   int found, rc;
+  if ((rc = jctx_charge(c, v))) return rc;
 #define IS(n) (strcmp(name, n) == 0)
   if (IS("safe")) {
     if (v.t == JV_STR && v.u.s->markup) {
@@ -1224,6 +1226,8 @@ int jinja_apply_filter(jctx *c, const char *name, jv v, const jargs *a, jv *out)
     for (size_t i = 0; i < l->n; i++) {
       jv k = attr ? attr_path(c, l->items[i], attr) : l->items[i];
       if (!jv_truthy(cs) && k.t == JV_STR && (rc = do_case(c, k.u.s, 0, &k))) return rc;
+      c->steps += (int64_t)seen->n; /* quadratic: charge the comparisons */
+      if ((rc = jctx_charge(c, jv_none()))) return rc;
       int dup = 0;
       for (size_t j = 0; j < seen->n && !dup; j++) dup = jv_equal(seen->items[j], k);
       if (dup) continue;

@@ -258,6 +258,9 @@ typedef struct jargs {
 } jargs;
 
 int jctx_err(jctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Counts work against max_steps: one step per call plus one per 64 bytes / 8 items an
+ * operation scans, so that a loop of cheap-looking operations on huge strings still ends. */
+int jctx_charge(jctx *c, jv v);
 int jctx_nomem(jctx *c);
 /* Positional argument idx or keyword `name` (NULL = positional only); JV_UNDEF with
  * *found = 0 when absent. */

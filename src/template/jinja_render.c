@@ -45,6 +45,17 @@ jv jargs_get(const jargs *a, size_t idx, const char *name, int *found) {
   return jv_undef();
 }
 
+int jctx_charge(jctx *c, jv v) {
+  int64_t cost = 1;
+  if (v.t == JV_STR) cost += (int64_t)(v.u.s->len >> 6);
+  else if (v.t == JV_LIST) cost += (int64_t)(v.u.l->n >> 3);
+  else if (v.t == JV_DICT) cost += (int64_t)(v.u.d->n >> 3);
+  c->steps += cost;
+  if (c->steps > c->lim.max_steps)
+    return jctx_err(c, ANNA_ERANGE, "render step limit (%lld) exceeded", (long long)c->lim.max_steps);
+  return 0;
+}
+
 static int step(jctx *c) {
   if (++c->steps > c->lim.max_steps)
     return jctx_err(c, ANNA_ERANGE, "render step limit (%lld) exceeded", (long long)c->lim.max_steps);
@@ -217,6 +228,9 @@ static int repeat_seq(jctx *c, jv seq, int64_t times, jv *out) {
 }
 
 static int binop(jctx *c, int op, jv a, jv b, jv *out) {
+  int crc = jctx_charge(c, a);
+  if (!crc) crc = jctx_charge(c, b);
+  if (crc) return crc;
   if (is_num(a) && is_num(b)) {
     int fl = a.t == JV_FLOAT || b.t == JV_FLOAT;
     int64_t x = inum(a), y = inum(b), r;
@@ -337,6 +351,8 @@ static int binop(jctx *c, int op, jv a, jv b, jv *out) {
 }
 
 static int contains(jctx *c, jv container, jv item, int *res) {
+  int rc = jctx_charge(c, container);
+  if (rc) return rc;
   switch (container.t) {
   case JV_STR:
     if (item.t != JV_STR)
@@ -360,8 +376,13 @@ static int contains(jctx *c, jv container, jv item, int *res) {
 
 static int compare(jctx *c, int op, jv a, jv b, int *res) {
   switch (op) {
-  case JOP_EQ: *res = jv_equal(a, b); return 0;
-  case JOP_NE: *res = !jv_equal(a, b); return 0;
+  case JOP_EQ:
+  case JOP_NE: {
+    int rc = jctx_charge(c, a);
+    if (rc) return rc;
+    *res = jv_equal(a, b) == (op == JOP_EQ);
+    return 0;
+  }
   case JOP_IN: return contains(c, b, a, res);
   case JOP_NOTIN: {
     int rc = contains(c, b, a, res);
@@ -609,7 +630,7 @@ static int eval(jctx *c, jscope *s, const jnode *n, jv *out) {
     jbuf b = {.limit = c->lim.max_output};
     for (size_t i = 0; i < n->nkids && !rc; i++) {
       jv v;
-      if (!(rc = eval(c, s, n->kids[i], &v))) jv_print(&b, v);
+      if (!(rc = eval(c, s, n->kids[i], &v)) && !(rc = jctx_charge(c, v))) jv_print(&b, v);
     }
     if (!rc) rc = check_out(c, &b);
     if (!rc) {

@@ -220,6 +220,9 @@ static void test_errors(void) {
                ANNA_ERANGE);
   expect_error("string blowup", "{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(64) %}"
                "{% set ns.s = ns.s ~ ns.s %}{% endfor %}", 1, ANNA_ERANGE);
+  expect_error("scan blowup", "{% set s = 'x' * 16000000 %}{% for i in range(9000000) %}{% if 'y' in s %}{% endif %}"
+               "{% endfor %}", 1, ANNA_ERANGE);
+  expect_error("unique blowup", "{{ range(1000000) | unique | list | length }}", 1, ANNA_ERANGE);
   expect_error("deep nesting", "{{ ((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((("
                "((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((("
                "((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((((("
