@@ -1,0 +1,232 @@
+/* anna-generate: one-shot generation from a prompt (chat-templated by default) or from
+ * token ids, with the testing hooks --print-ids and --dump-logits. */
+#include "anna/anna.h"
+#include "cli/cli_common.h"
+#include "runtime/sampler.h"
+#include "runtime/text.h"
+
+#include <jansson.h>
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: anna-generate --model-dir DIR|--model FILE.gguf (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+          "  --prompt TEXT            user message, rendered with the model's chat template\n"
+          "  --system TEXT            system message (with --prompt)\n"
+          "  --raw                    tokenize --prompt as is (no chat template)\n"
+          "  --no-think               chat template kwarg enable_thinking=false\n"
+          "  --prompt-ids LIST        token ids instead of text\n"
+          "  --max-new-tokens N       default 256 (0: prompt only)\n"
+          "  --temperature T          default 0 (greedy)\n"
+          "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"
+          "  --presence-penalty P  --frequency-penalty P  --seed S\n"
+          "  --ctx-size N             context length (default: prompt + max-new-tokens)\n"
+          "  --threads N              default: one per core\n"
+          "  --device cpu|auto  --dtype f32\n"
+          "  --print-ids              print generated ids as one comma-separated line\n"
+          "  --dump-logits FILE       write float32 logits of every prompt position [n, vocab]\n"
+          "  --quiet                  no statistics on stderr\n");
+}
+
+int main(int argc, char **argv) {
+  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL;
+  const char *device = NULL, *dtype = NULL;
+  int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
+  sampler_params sp = sampler_params_default();
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV()                                                                                                        \
+  do {                                                                                                                 \
+    if (!v) {                                                                                                          \
+      fprintf(stderr, "error: %s needs a value\n", a);                                                                 \
+      return 2;                                                                                                        \
+    }                                                                                                                  \
+    i++;                                                                                                               \
+  } while (0)
+    if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); model = v; }
+    else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
+    else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
+    else if (!strcmp(a, "--prompt-ids")) { NEEDV(); ids_arg = v; }
+    else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
+    else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
+    else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
+    else if (!strcmp(a, "--raw")) raw = 1;
+    else if (!strcmp(a, "--no-think")) no_think = 1;
+    else if (!strcmp(a, "--print-ids")) print_ids = 1;
+    else if (!strcmp(a, "--quiet")) quiet = 1;
+    else if (!strcmp(a, "--max-new-tokens")) { NEEDV(); if (cli_int(a, v, 0, 1 << 24, &max_new)) return 2; }
+    else if (!strcmp(a, "--threads")) { NEEDV(); if (cli_int(a, v, 0, 1024, &threads)) return 2; }
+    else if (!strcmp(a, "--ctx-size")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &ctx_size)) return 2; }
+    else if (!strcmp(a, "--temperature")) { NEEDV(); if (cli_float(a, v, 0, 100, &sp.temperature)) return 2; }
+    else if (!strcmp(a, "--top-p")) { NEEDV(); if (cli_float(a, v, 0, 1, &sp.top_p)) return 2; }
+    else if (!strcmp(a, "--min-p")) { NEEDV(); if (cli_float(a, v, 0, 1, &sp.min_p)) return 2; }
+    else if (!strcmp(a, "--repetition-penalty")) { NEEDV(); if (cli_float(a, v, 0.01, 100, &sp.repetition_penalty)) return 2; }
+    else if (!strcmp(a, "--presence-penalty")) { NEEDV(); if (cli_float(a, v, -2, 2, &sp.presence_penalty)) return 2; }
+    else if (!strcmp(a, "--frequency-penalty")) { NEEDV(); if (cli_float(a, v, -2, 2, &sp.frequency_penalty)) return 2; }
+    else if (!strcmp(a, "--top-k")) { NEEDV(); if (cli_int(a, v, 0, 1 << 24, &sp.top_k)) return 2; }
+    else if (!strcmp(a, "--seed")) { NEEDV(); int s; if (cli_int(a, v, 0, INT32_MAX, &s)) return 2; sp.seed = (uint64_t)s; }
+    else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+    else {
+      fprintf(stderr, "error: unknown flag '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+#undef NEEDV
+  }
+  if (!model || (!prompt && !ids_arg) || (prompt && ids_arg)) {
+    fprintf(stderr, "error: need --model-dir (or --model) and exactly one of --prompt / --prompt-ids\n");
+    usage(stderr);
+    return 2;
+  }
+  char err[512] = "";
+  int rc = 1;
+  anna_model *m = NULL;
+  anna_context *ctx = NULL;
+  model_text *text = NULL;
+  sampler *smp = NULL;
+  tokenizer_stream *stream = NULL;
+  int32_t *ids = NULL, *gen = NULL;
+  float *logits = NULL;
+  FILE *df = NULL;
+  size_t n = 0;
+  double t0 = cli_now();
+  anna_model_options mo = {device, dtype};
+  if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
+  double t_load = cli_now() - t0;
+  const int V = anna_model_vocab(m);
+  if (prompt || !ids_arg) {
+    if (model_text_open(&text, model, err, sizeof err)) goto fail;
+  } else if (model_text_open(&text, model, err, sizeof err)) {
+    text = NULL; /* ids in, ids out: the text side is optional */
+    err[0] = '\0';
+  }
+  if (ids_arg) {
+    long k = cli_ids("--prompt-ids", ids_arg, &ids);
+    if (k < 0) goto fail_quiet;
+    n = (size_t)k;
+  } else if (raw || !text->ct) {
+    if (tokenizer_encode(text->tok, prompt, strlen(prompt), TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &n, err, sizeof err))
+      goto fail;
+  } else {
+    json_t *msgs = json_array();
+    if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+    json_t *kw = no_think ? json_pack("{s:b}", "enable_thinking", 0) : NULL;
+    int e = model_text_encode_chat(text, msgs, NULL, kw, &ids, &n, err, sizeof err);
+    json_decref(msgs);
+    json_decref(kw);
+    if (e) goto fail;
+  }
+  if (n == 0) {
+    snprintf(err, sizeof err, "the prompt is empty after tokenization");
+    goto fail;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= V) {
+      snprintf(err, sizeof err, "prompt token id %d out of range (vocab %d)", ids[i], V);
+      goto fail;
+    }
+  int n_ctx = ctx_size ? ctx_size : (int)n + max_new + 1;
+  if ((long)n + max_new > n_ctx) {
+    snprintf(err, sizeof err, "prompt (%zu tokens) + --max-new-tokens %d exceeds --ctx-size %d", n, max_new, n_ctx);
+    goto fail;
+  }
+  const int n_batch = n < 512 ? (int)n : 512;
+  anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads};
+  if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
+  if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
+  if (text && tokenizer_stream_new(&stream, text->tok, TOKENIZER_DECODE_SKIP_SPECIAL, err, sizeof err)) goto fail;
+  logits = malloc(sizeof(float) * (size_t)V * (dump ? (size_t)n_batch : 1));
+  gen = malloc(sizeof(int32_t) * (size_t)(max_new + 1));
+  if (!logits || !gen) {
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
+  if (dump && !(df = fopen(dump, "wb"))) {
+    snprintf(err, sizeof err, "%s: cannot open for writing", dump);
+    goto fail;
+  }
+  for (size_t i = 0; i < n; i++) sampler_accept(smp, ids[i]);
+  /* Prefill in n_batch pieces; keep the last position's logits (all of them with --dump-logits). */
+  double t1 = cli_now();
+  int32_t *seq = calloc((size_t)n_batch, sizeof *seq), *pos = malloc((size_t)n_batch * sizeof *pos);
+  int8_t *want = malloc((size_t)n_batch);
+  if (!seq || !pos || !want) {
+    free(seq), free(pos), free(want);
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
+  for (size_t at = 0; at < n;) {
+    int len = (int)(n - at < (size_t)n_batch ? n - at : (size_t)n_batch);
+    for (int i = 0; i < len; i++) pos[i] = (int32_t)(at + i), want[i] = dump || at + i == n - 1;
+    anna_batch b = {len, ids + at, seq, pos, want};
+    if (anna_context_decode(ctx, &b, logits, err, sizeof err)) {
+      free(seq), free(pos), free(want);
+      goto fail;
+    }
+    if (df && fwrite(logits, sizeof(float) * (size_t)V, (size_t)len, df) != (size_t)len) {
+      free(seq), free(pos), free(want);
+      snprintf(err, sizeof err, "%s: write failed", dump);
+      goto fail;
+    }
+    at += (size_t)len;
+  }
+  free(seq), free(pos), free(want);
+  if (dump) memmove(logits, logits + (size_t)((n - 1) % (size_t)n_batch) * V, sizeof(float) * (size_t)V);
+  double t_prefill = cli_now() - t1;
+  /* Decode. */
+  double t2 = cli_now();
+  int n_gen = 0;
+  char piece[256];
+  size_t plen;
+  for (; n_gen < max_new; n_gen++) {
+    int32_t t = sampler_sample(smp, logits);
+    gen[n_gen] = t;
+    sampler_accept(smp, t);
+    if (text && tokenizer_is_eog(text->tok, t)) {
+      n_gen++;
+      break;
+    }
+    if (stream && !print_ids && tokenizer_stream_feed(stream, t, piece, sizeof piece, &plen, err, sizeof err) == 0) {
+      fwrite(piece, 1, plen, stdout);
+      fflush(stdout);
+    }
+    if (n_gen + 1 == max_new) {
+      n_gen++;
+      break;
+    }
+    int32_t s0 = 0, p0 = (int32_t)(n + (size_t)n_gen);
+    int8_t w = 1;
+    anna_batch b = {1, &t, &s0, &p0, &w};
+    if (anna_context_decode(ctx, &b, logits, err, sizeof err)) goto fail;
+  }
+  double t_decode = cli_now() - t2;
+  if (stream && !print_ids && tokenizer_stream_flush(stream, piece, sizeof piece, &plen, err, sizeof err) == 0)
+    fwrite(piece, 1, plen, stdout);
+  if (print_ids) {
+    for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", gen[i]);
+    printf("\n");
+  } else if (n_gen > 0) {
+    printf("\n");
+  }
+  if (!quiet)
+    fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s\n",
+            anna_model_describe(m), t_load, n, (double)n / t_prefill, n_gen,
+            n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0);
+  rc = 0;
+  goto done;
+fail:
+  fprintf(stderr, "error: %s\n", err);
+fail_quiet:
+  rc = 1;
+done:
+  if (df) fclose(df);
+  free(logits);
+  free(gen);
+  free(ids);
+  tokenizer_stream_free(stream);
+  sampler_free(smp);
+  model_text_free(text);
+  anna_context_free(ctx);
+  anna_model_free(m);
+  return rc;
+}

@@ -1,0 +1,73 @@
+/* cli_common.h: small helpers shared by the command-line tools (flag parsing that reports
+ * what was wrong, id lists, timing). Header-only: each tool is one translation unit. */
+#ifndef ANNA_CLI_COMMON_H
+#define ANNA_CLI_COMMON_H
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static inline double cli_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Parses an int flag value in [lo, hi]; prints the error and returns -1 on failure. */
+static inline int cli_int(const char *flag, const char *v, long lo, long hi, int *out) {
+  char *end;
+  errno = 0;
+  long x = v ? strtol(v, &end, 10) : 0;
+  if (!v || errno || *end || end == v || x < lo || x > hi) {
+    fprintf(stderr, "error: %s expects an integer in [%ld, %ld], got '%s'\n", flag, lo, hi, v ? v : "");
+    return -1;
+  }
+  *out = (int)x;
+  return 0;
+}
+
+static inline int cli_float(const char *flag, const char *v, double lo, double hi, float *out) {
+  char *end;
+  errno = 0;
+  double x = v ? strtod(v, &end) : 0;
+  if (!v || errno || *end || end == v || !(x >= lo && x <= hi)) {
+    fprintf(stderr, "error: %s expects a number in [%g, %g], got '%s'\n", flag, lo, hi, v ? v : "");
+    return -1;
+  }
+  *out = (float)x;
+  return 0;
+}
+
+/* "5,17,3" -> ids (caller frees). Returns count or -1 (message printed). */
+static inline long cli_ids(const char *flag, const char *v, int32_t **out) {
+  *out = NULL;
+  if (!v || !*v) {
+    fprintf(stderr, "error: %s expects a comma-separated list of token ids\n", flag);
+    return -1;
+  }
+  size_t cap = 1;
+  for (const char *p = v; *p; p++) cap += *p == ',';
+  int32_t *ids = malloc(cap * sizeof *ids);
+  if (!ids) return -1;
+  long n = 0;
+  const char *p = v;
+  while (*p) {
+    char *end;
+    errno = 0;
+    long x = strtol(p, &end, 10);
+    if (errno || end == p || x < 0 || x > INT32_MAX || (*end && *end != ',')) {
+      fprintf(stderr, "error: %s: bad token id at '%s'\n", flag, p);
+      free(ids);
+      return -1;
+    }
+    ids[n++] = (int32_t)x;
+    p = *end ? end + 1 : end;
+  }
+  *out = ids;
+  return n;
+}
+
+#endif
