@@ -1,0 +1,494 @@
+/* anna-bench: prefill / TTFT / decode throughput of one model, over one prompt or a sweep of
+ * synthetic prompt lengths (benchy-style PP / TTFT / TG table), with --json for harnesses
+ * (bench/compare_llamacpp.py reads "prefill_tok_s" and "decode_tok_s", one value per run).
+ *
+ * Method: one context sized for the longest prompt; every run (warm-up or measured) starts
+ * from a fresh sequence (anna_context_seq_reset), prefills in n_batch pieces asking only for
+ * the last position's logits, samples greedily, then decodes exactly --max-new-tokens tokens
+ * (EOS ignored, so every run does the same work). Figures per run:
+ *   prefill tok/s = prompt tokens / prefill time
+ *   TTFT          = prefill time + sampling of the first token
+ *   decode tok/s  = (max_new - 1) / time from the first token to the last one (each step is
+ *                   one forward of the previous token plus sampling)
+ * Warm-up runs are excluded; median, min and max are over the measured runs. */
+#include "anna/anna.h"
+#include "cli/cli_common.h"
+#include "runtime/sampler.h"
+#include "runtime/text.h"
+
+#include <jansson.h>
+#include <sys/resource.h>
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: anna-bench --model-dir DIR|--model FILE.gguf [prompt] [options]\n"
+          "prompt (one of; default --prompt-len 512):\n"
+          "  --prompt TEXT            user message, rendered with the model's chat template\n"
+          "  --system TEXT  --raw  --no-think   as in anna-generate (with --prompt)\n"
+          "  --prompt-len N           N synthetic token ids (deterministic, no special/eog ids)\n"
+          "  --prompt-lengths A,B,..  sweep of synthetic prompt lengths, one table row each\n"
+          "options:\n"
+          "  --warmup N               unmeasured runs per prompt (default 1)\n"
+          "  --runs N                 measured runs per prompt (default 3)\n"
+          "  --max-new-tokens N       decoded tokens per run, EOS ignored (default 128)\n"
+          "  --threads N              default: one per core\n"
+          "  --batch N                prefill tokens per decode call (default 512)\n"
+          "  --ctx-size N             context length (default: longest prompt + max-new-tokens)\n"
+          "  --seed S                 synthetic prompt seed (default 1234)\n"
+          "  --device cpu|auto  --dtype f32\n"
+          "  --json                   one JSON object on stdout instead of the table\n"
+          "  --profile-runtime        per-op-family time (needs a backend hook: reports availability)\n"
+          "  --verbose                one line per run on stderr\n");
+}
+
+typedef struct bench_run {
+  double prefill_s, ttft_s, decode_s;
+  int n_decoded; /* forwards timed in decode_s */
+  double sample_s; /* time spent in the sampler over the whole run */
+} bench_run;
+
+typedef struct bench_case {
+  int64_t n_prompt;
+  bench_run *runs; /* [n_runs] */
+  double rss_mib;  /* peak RSS after this case */
+} bench_case;
+
+typedef struct bench_stat {
+  double med, min, max;
+} bench_stat;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* vals is reordered. */
+static bench_stat stat_of(double *vals, int n) {
+  bench_stat s = {0, 0, 0};
+  if (n <= 0) return s;
+  qsort(vals, (size_t)n, sizeof *vals, cmp_double);
+  s.min = vals[0];
+  s.max = vals[n - 1];
+  s.med = n % 2 ? vals[n / 2] : 0.5 * (vals[n / 2 - 1] + vals[n / 2]);
+  return s;
+}
+
+static double peak_rss_mib(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return (double)ru.ru_maxrss / 1024.0; /* Linux: KiB */
+}
+
+static uint64_t splitmix64(uint64_t *s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* A token a real prompt could contain: not a control/special token and not end-of-generation,
+ * so the synthetic prompt exercises the same paths as text. Without a tokenizer every id is. */
+static int id_is_plain(const model_text *text, int32_t id) {
+  if (!text) return 1;
+  const tokenizer *tok = text->tok;
+  return !tokenizer_token_is_special(tok, id) && !tokenizer_is_eog(tok, id) && id != tokenizer_bos_id(tok) &&
+         id != tokenizer_eos_id(tok) && id != tokenizer_pad_id(tok);
+}
+
+/* n ids drawn uniformly from the plain ids below min(model vocab, tokenizer vocab); a longer
+ * prompt extends a shorter one with the same seed. ids: caller frees. */
+static int synth_prompt(int32_t **ids, int64_t n, int vocab, const model_text *text, uint64_t seed, char *err,
+                        size_t errlen) {
+  *ids = NULL;
+  int64_t range = vocab;
+  if (text) {
+    int32_t tv = tokenizer_n_vocab(text->tok);
+    if (tv > 0 && tv < range) range = tv;
+  }
+  if (range <= 0) {
+    snprintf(err, errlen, "empty vocabulary");
+    return -1;
+  }
+  int32_t *out = malloc((size_t)n * sizeof *out);
+  if (!out) {
+    snprintf(err, errlen, "out of memory");
+    return -1;
+  }
+  uint64_t s = seed;
+  for (int64_t i = 0; i < n; i++) {
+    int tries = 0;
+    int32_t id;
+    do {
+      id = (int32_t)(splitmix64(&s) % (uint64_t)range);
+    } while (!id_is_plain(text, id) && ++tries < 1000);
+    if (tries >= 1000) {
+      free(out);
+      snprintf(err, errlen, "could not draw a non-special token id (vocab %lld)", (long long)range);
+      return -1;
+    }
+    out[i] = id;
+  }
+  *ids = out;
+  return 0;
+}
+
+/* One run from an empty sequence. seq/pos/want: [n_batch] scratch. */
+static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_t n, int n_batch, int max_new,
+                     float *logits, int32_t *seq, int32_t *pos, int8_t *want, bench_run *r, char *err,
+                     size_t errlen) {
+  memset(r, 0, sizeof *r);
+  anna_context_seq_reset(ctx, 0);
+  sampler_reset(smp);
+  double t0 = cli_now();
+  for (int64_t at = 0; at < n;) {
+    int len = (int)(n - at < n_batch ? n - at : n_batch);
+    for (int i = 0; i < len; i++) seq[i] = 0, pos[i] = (int32_t)(at + i), want[i] = at + i == n - 1;
+    anna_batch b = {len, ids + at, seq, pos, want};
+    if (anna_context_decode(ctx, &b, logits, err, errlen)) return -1;
+    at += len;
+  }
+  double t1 = cli_now();
+  r->prefill_s = t1 - t0;
+  r->ttft_s = r->prefill_s;
+  if (max_new <= 0) return 0;
+  int32_t t = sampler_sample(smp, logits);
+  double t2 = cli_now();
+  r->sample_s += t2 - t1;
+  r->ttft_s = t2 - t0;
+  double ts = 0;
+  for (int i = 1; i < max_new; i++) {
+    int32_t s0 = 0, p0 = (int32_t)(n + i - 1);
+    int8_t w = 1;
+    anna_batch b = {1, &t, &s0, &p0, &w};
+    if (anna_context_decode(ctx, &b, logits, err, errlen)) return -1;
+    double a = cli_now();
+    t = sampler_sample(smp, logits);
+    ts += cli_now() - a;
+  }
+  r->decode_s = cli_now() - t2;
+  r->sample_s += ts;
+  r->n_decoded = max_new - 1;
+  return 0;
+}
+
+static double run_prefill_tps(const bench_run *r, int64_t n) {
+  return r->prefill_s > 0 ? (double)n / r->prefill_s : 0;
+}
+static double run_decode_tps(const bench_run *r) {
+  return r->n_decoded > 0 && r->decode_s > 0 ? (double)r->n_decoded / r->decode_s : 0;
+}
+
+enum { FIG_PP = 0, FIG_TTFT, FIG_TG, FIG_N };
+static const char *const fig_json[FIG_N] = {"prefill_tok_s", "ttft_ms", "decode_tok_s"};
+
+static double fig_value(const bench_run *r, int64_t n, int fig) {
+  switch (fig) {
+  case FIG_PP: return run_prefill_tps(r, n);
+  case FIG_TTFT: return r->ttft_s * 1e3;
+  default: return run_decode_tps(r);
+  }
+}
+
+static bench_stat case_stat(const bench_case *c, int n_runs, int fig, double *tmp) {
+  for (int i = 0; i < n_runs; i++) tmp[i] = fig_value(&c->runs[i], c->n_prompt, fig);
+  return stat_of(tmp, n_runs);
+}
+
+/* Per-case JSON: arrays of per-run values and median/min/max objects. */
+static json_t *case_json(const bench_case *c, int n_runs, double *tmp) {
+  json_t *o = json_object(), *med = json_object(), *mn = json_object(), *mx = json_object();
+  json_object_set_new(o, "prompt_tokens", json_integer(c->n_prompt));
+  for (int f = 0; f < FIG_N; f++) {
+    json_t *arr = json_array();
+    for (int i = 0; i < n_runs; i++) json_array_append_new(arr, json_real(fig_value(&c->runs[i], c->n_prompt, f)));
+    json_object_set_new(o, fig_json[f], arr);
+    bench_stat s = case_stat(c, n_runs, f, tmp);
+    json_object_set_new(med, fig_json[f], json_real(s.med));
+    json_object_set_new(mn, fig_json[f], json_real(s.min));
+    json_object_set_new(mx, fig_json[f], json_real(s.max));
+  }
+  json_t *smp = json_array();
+  for (int i = 0; i < n_runs; i++) json_array_append_new(smp, json_real(c->runs[i].sample_s * 1e3));
+  json_object_set_new(o, "sampling_ms", smp);
+  json_object_set_new(o, "median", med);
+  json_object_set_new(o, "min", mn);
+  json_object_set_new(o, "max", mx);
+  json_object_set_new(o, "peak_rss_mib", json_real(c->rss_mib));
+  return o;
+}
+
+static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
+  snprintf(buf, cap, "%.*f (%.*f-%.*f)", prec, s.med, prec, s.min, prec, s.max);
+}
+
+int main(int argc, char **argv) {
+  const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL;
+  const char *device = NULL, *dtype = NULL;
+  int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
+  int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV()                                                                                    \
+  do {                                                                                             \
+    if (!v) {                                                                                      \
+      fprintf(stderr, "error: %s needs a value\n", a);                                             \
+      return 2;                                                                                    \
+    }                                                                                              \
+    i++;                                                                                           \
+  } while (0)
+    if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); model = v; }
+    else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
+    else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
+    else if (!strcmp(a, "--prompt-lengths")) { NEEDV(); lengths_arg = v; }
+    else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
+    else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
+    else if (!strcmp(a, "--raw")) raw = 1;
+    else if (!strcmp(a, "--no-think")) no_think = 1;
+    else if (!strcmp(a, "--json")) as_json = 1;
+    else if (!strcmp(a, "--profile-runtime")) profile = 1;
+    else if (!strcmp(a, "--verbose")) verbose = 1;
+    else if (!strcmp(a, "--prompt-len")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &prompt_len)) return 2; }
+    else if (!strcmp(a, "--warmup")) { NEEDV(); if (cli_int(a, v, 0, 1000, &warmup)) return 2; }
+    else if (!strcmp(a, "--runs")) { NEEDV(); if (cli_int(a, v, 1, 100000, &n_runs)) return 2; }
+    else if (!strcmp(a, "--max-new-tokens")) { NEEDV(); if (cli_int(a, v, 0, 1 << 24, &max_new)) return 2; }
+    else if (!strcmp(a, "--threads")) { NEEDV(); if (cli_int(a, v, 0, 1024, &threads)) return 2; }
+    else if (!strcmp(a, "--batch")) { NEEDV(); if (cli_int(a, v, 1, 1 << 20, &batch)) return 2; }
+    else if (!strcmp(a, "--ctx-size")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &ctx_size)) return 2; }
+    else if (!strcmp(a, "--seed")) { NEEDV(); if (cli_int(a, v, 0, INT32_MAX, &seed)) return 2; }
+    else if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+    else {
+      fprintf(stderr, "error: unknown flag '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+#undef NEEDV
+  }
+  if (!model) {
+    fprintf(stderr, "error: need --model-dir (or --model)\n");
+    usage(stderr);
+    return 2;
+  }
+  if ((prompt != NULL) + (prompt_len > 0) + (lengths_arg != NULL) > 1) {
+    fprintf(stderr, "error: --prompt, --prompt-len and --prompt-lengths are mutually exclusive\n");
+    return 2;
+  }
+  char err[512] = "";
+  int rc = 1;
+  anna_model *m = NULL;
+  anna_context *ctx = NULL;
+  model_text *text = NULL;
+  sampler *smp = NULL;
+  int32_t *ids = NULL, *lens32 = NULL, *seq = NULL, *pos = NULL;
+  int8_t *want = NULL;
+  float *logits = NULL;
+  double *tmp = NULL;
+  bench_case *cases = NULL;
+  int n_cases = 0;
+  int64_t n_ids = 0;
+
+  /* Prompt lengths first: a bad list should fail before a long model load. */
+  int64_t *lens = NULL;
+  if (lengths_arg) {
+    long k = cli_ids("--prompt-lengths", lengths_arg, &lens32);
+    if (k <= 0) return 2;
+    n_cases = (int)k;
+  } else {
+    n_cases = 1;
+  }
+  lens = calloc((size_t)n_cases, sizeof *lens);
+  cases = calloc((size_t)n_cases, sizeof *cases);
+  tmp = calloc((size_t)n_runs, sizeof *tmp);
+  if (!lens || !cases || !tmp) {
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < n_cases; i++) {
+    lens[i] = lens32 ? lens32[i] : (prompt_len > 0 ? prompt_len : 512);
+    if (lens[i] < 1) {
+      snprintf(err, sizeof err, "--prompt-lengths: lengths must be >= 1");
+      goto fail;
+    }
+  }
+
+  double t0 = cli_now();
+  anna_model_options mo = {device, dtype};
+  if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
+  double t_load = cli_now() - t0;
+  const int V = anna_model_vocab(m);
+  if (model_text_open(&text, model, err, sizeof err)) {
+    if (prompt) goto fail;
+    text = NULL; /* synthetic ids need no tokenizer; without one no id counts as special */
+    err[0] = '\0';
+  }
+
+  if (prompt) {
+    size_t n = 0;
+    if (raw || !text->ct) {
+      if (tokenizer_encode(text->tok, prompt, strlen(prompt), TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &n, err,
+                           sizeof err))
+        goto fail;
+    } else {
+      json_t *msgs = json_array();
+      if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+      json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+      json_t *kw = no_think ? json_pack("{s:b}", "enable_thinking", 0) : NULL;
+      int e = model_text_encode_chat(text, msgs, NULL, kw, &ids, &n, err, sizeof err);
+      json_decref(msgs);
+      json_decref(kw);
+      if (e) goto fail;
+    }
+    if (n == 0) {
+      snprintf(err, sizeof err, "the prompt is empty after tokenization");
+      goto fail;
+    }
+    n_ids = (int64_t)n;
+    lens[0] = n_ids;
+    for (int64_t i = 0; i < n_ids; i++)
+      if (ids[i] < 0 || ids[i] >= V) {
+        snprintf(err, sizeof err, "prompt token id %d out of range (vocab %d)", ids[i], V);
+        goto fail;
+      }
+  } else {
+    for (int i = 0; i < n_cases; i++) n_ids = lens[i] > n_ids ? lens[i] : n_ids;
+    if (synth_prompt(&ids, n_ids, V, text, (uint64_t)seed, err, sizeof err)) goto fail;
+  }
+
+  int64_t need = n_ids + max_new + 1;
+  if (need > INT32_MAX) {
+    snprintf(err, sizeof err, "prompt + --max-new-tokens too long");
+    goto fail;
+  }
+  int n_ctx = ctx_size ? ctx_size : (int)need;
+  if (n_ids + max_new > n_ctx) {
+    snprintf(err, sizeof err, "longest prompt (%lld tokens) + --max-new-tokens %d exceeds --ctx-size %d",
+             (long long)n_ids, max_new, n_ctx);
+    goto fail;
+  }
+  const int n_batch = n_ids < batch ? (int)n_ids : batch;
+  anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads};
+  if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
+  sampler_params sp = sampler_params_default(); /* greedy: the sampler's cheapest honest path */
+  if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
+  logits = malloc(sizeof(float) * (size_t)V);
+  seq = malloc(sizeof(int32_t) * (size_t)n_batch);
+  pos = malloc(sizeof(int32_t) * (size_t)n_batch);
+  want = malloc((size_t)n_batch);
+  if (!logits || !seq || !pos || !want) {
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
+  double rss_loaded = peak_rss_mib();
+
+  for (int c = 0; c < n_cases; c++) {
+    bench_case *bc = &cases[c];
+    bc->n_prompt = lens[c];
+    bc->runs = calloc((size_t)n_runs, sizeof *bc->runs);
+    if (!bc->runs) {
+      snprintf(err, sizeof err, "out of memory");
+      goto fail;
+    }
+    for (int r = 0; r < warmup + n_runs; r++) {
+      bench_run run;
+      if (bench_one(ctx, smp, ids, bc->n_prompt, n_batch, max_new, logits, seq, pos, want, &run, err,
+                    sizeof err))
+        goto fail;
+      if (verbose)
+        fprintf(stderr, "[anna-bench] pp %lld %s %d: prefill %.1f tok/s, ttft %.1f ms, decode %.2f tok/s\n",
+                (long long)bc->n_prompt, r < warmup ? "warmup" : "run", r < warmup ? r + 1 : r - warmup + 1,
+                run_prefill_tps(&run, bc->n_prompt), run.ttft_s * 1e3, run_decode_tps(&run));
+      if (r >= warmup) bc->runs[r - warmup] = run;
+    }
+    bc->rss_mib = peak_rss_mib();
+  }
+  double rss_peak = peak_rss_mib();
+  const char *prof_note = "per-op-family timing is not available in this build: the CPU backend has no "
+                          "timing hook yet (sampling time is measured by anna-bench itself)";
+
+  if (as_json) {
+    json_t *o = json_object();
+    json_object_set_new(o, "tool", json_string("anna-bench"));
+    json_object_set_new(o, "model", json_string(model));
+    json_object_set_new(o, "describe", json_string(anna_model_describe(m)));
+    json_object_set_new(o, "device", json_string(device ? device : "cpu"));
+    json_object_set_new(o, "dtype", json_string(dtype ? dtype : "f32"));
+    json_object_set_new(o, "threads", json_integer(threads));
+    json_object_set_new(o, "n_batch", json_integer(n_batch));
+    json_object_set_new(o, "n_ctx", json_integer(n_ctx));
+    json_object_set_new(o, "warmup", json_integer(warmup));
+    json_object_set_new(o, "runs", json_integer(n_runs));
+    json_object_set_new(o, "max_new_tokens", json_integer(max_new));
+    json_object_set_new(o, "prompt_source", json_string(prompt ? "text" : "synthetic"));
+    json_object_set_new(o, "load_s", json_real(t_load));
+    json_object_set_new(o, "rss_after_load_mib", json_real(rss_loaded));
+    json_object_set_new(o, "peak_rss_mib", json_real(rss_peak));
+    json_object_set_new(o, "peak_device_mib", json_null());
+    /* The first prompt length's figures sit at the top level too: harnesses that run one
+     * length (compare_llamacpp.py) read them there. */
+    json_t *first = case_json(&cases[0], n_runs, tmp);
+    const char *keys[] = {"prompt_tokens", "prefill_tok_s", "ttft_ms", "decode_tok_s", "sampling_ms",
+                          "median", "min", "max"};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+      json_object_set(o, keys[k], json_object_get(first, keys[k]));
+    json_decref(first);
+    json_t *sweep = json_array();
+    for (int c = 0; c < n_cases; c++) json_array_append_new(sweep, case_json(&cases[c], n_runs, tmp));
+    json_object_set_new(o, "sweep", sweep);
+    json_object_set_new(o, "profile", profile ? json_string(prof_note) : json_null());
+    char *s = json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
+    json_decref(o);
+    if (!s) {
+      snprintf(err, sizeof err, "out of memory");
+      goto fail;
+    }
+    printf("%s\n", s);
+    free(s);
+  } else {
+    printf("anna-bench | %s | %s\n", anna_model_describe(m), model);
+    printf("device %s, dtype %s, threads %d, batch %d | load %.3f s | peak RSS %.1f MiB (after load %.1f)\n",
+           device ? device : "cpu", dtype ? dtype : "f32", threads, n_batch, t_load, rss_peak, rss_loaded);
+    printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n\n", warmup,
+           n_runs, max_new, prompt ? "chat-templated" : "synthetic");
+    printf("| %8s | %-28s | %-24s | %-26s |\n", "prompt", "PP tok/s", "TTFT ms", "TG tok/s");
+    printf("|---------:|:-----------------------------|:-------------------------|:---------------------------|\n");
+    for (int c = 0; c < n_cases; c++) {
+      char b[3][64];
+      int prec[FIG_N] = {1, 1, 2};
+      for (int f = 0; f < FIG_N; f++) fmt_stat(b[f], sizeof b[f], case_stat(&cases[c], n_runs, f, tmp), prec[f]);
+      printf("| %8lld | %-28s | %-24s | %-26s |\n", (long long)cases[c].n_prompt, b[0], b[1], b[2]);
+    }
+    if (profile) {
+      printf("\nprofile-runtime: %s\n", prof_note);
+      for (int c = 0; c < n_cases; c++) {
+        double tot = 0, smpt = 0;
+        for (int r = 0; r < n_runs; r++) {
+          tot += cases[c].runs[r].ttft_s + cases[c].runs[r].decode_s;
+          smpt += cases[c].runs[r].sample_s;
+        }
+        printf("  prompt %lld: sampling %.2f ms/run (%.2f%% of run time)\n", (long long)cases[c].n_prompt,
+               smpt * 1e3 / n_runs, tot > 0 ? 100.0 * smpt / tot : 0.0);
+      }
+    }
+  }
+  rc = 0;
+  goto done;
+fail:
+  fprintf(stderr, "error: %s\n", err);
+  rc = 1;
+done:
+  if (cases)
+    for (int c = 0; c < n_cases; c++) free(cases[c].runs);
+  free(cases);
+  free(lens);
+  free(lens32);
+  free(tmp);
+  free(ids);
+  free(logits);
+  free(seq);
+  free(pos);
+  free(want);
+  sampler_free(smp);
+  model_text_free(text);
+  anna_context_free(ctx);
+  anna_model_free(m);
+  return rc;
+}
