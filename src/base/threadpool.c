@@ -6,9 +6,19 @@
 #include "base/error.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
+
+/* About 50-100 us of polling before sleeping on the condition variable. */
+#define SPIN_LIMIT 4096
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
 
 struct threadpool {
   int n;
@@ -35,13 +45,11 @@ static void *worker_main(void *p) {
   free(wa);
   uint_fast64_t seen = 0;
   for (;;) {
-    /* Spin a little: the next op usually follows within microseconds. */
-    int spins = 0;
-    while (atomic_load_explicit(&tp->gen, memory_order_acquire) == seen && spins < 20000) {
-      spins++;
-#if defined(__x86_64__)
-      __builtin_ia32_pause();
-#endif
+    /* Spin a little: the next op usually follows within microseconds. Yield now and then
+     * so a spinning worker never starves a busy thread on an oversubscribed machine. */
+    for (int spins = 0; atomic_load_explicit(&tp->gen, memory_order_acquire) == seen && spins < SPIN_LIMIT; spins++) {
+      cpu_relax();
+      if ((spins & 63) == 63) sched_yield();
     }
     if (atomic_load_explicit(&tp->gen, memory_order_acquire) == seen) {
       pthread_mutex_lock(&tp->mu);
@@ -129,10 +137,9 @@ void threadpool_run(threadpool *tp, threadpool_fn fn, void *ctx) {
   pthread_mutex_unlock(&tp->mu);
   fn(ctx, 0, tp->n);
   /* Spin first, then sleep, for the other workers to finish. */
-  for (int spins = 0; atomic_load(&tp->pending) > 0 && spins < 200000; spins++) {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
+  for (int spins = 0; atomic_load(&tp->pending) > 0 && spins < SPIN_LIMIT; spins++) {
+    cpu_relax();
+    if ((spins & 63) == 63) sched_yield();
   }
   if (atomic_load(&tp->pending) > 0) {
     pthread_mutex_lock(&tp->mu);

@@ -9,6 +9,7 @@
  */
 #include "model/forward.h"
 
+#include "backends/cpu/cpu_backend.h"
 #include "base/error.h"
 
 #include <math.h>
@@ -72,7 +73,7 @@ static int64_t widest(const model_config *c) {
 
 int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx) {
   const model_config *c = &m->cfg;
-  int64_t s = max64(m->max_cols, 1024);
+  int64_t s = max64(cpu_matmul_scratch_floats(m->max_cols), 1024);
   /* chunked GDN: gam + A + U + W for a 64-token chunk */
   s = max64(s, 64 + 64 * 64 + 64 * (int64_t)(c->gdn_dk + c->gdn_dv));
   for (int i = 0; i < c->n_layers; i++) s = max64(s, c->layers[i].head_dim);

@@ -18,6 +18,9 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
                        size_t act_bytes, char *err, size_t errlen);
 void cpu_backend_free(ops_backend *be);
 
+/* Per-thread scratch floats the prefill matmul tiles need for rows of max_cols. */
+int64_t cpu_matmul_scratch_floats(int64_t max_cols);
+
 /* Which SIMD path matmul uses ("avx512", "avx2", "scalar"); for logs and tests. */
 const char *cpu_backend_isa(void);
 /* Forces a path for tests (0 scalar, 1 avx2, 2 avx512); clamped to what the CPU has. */

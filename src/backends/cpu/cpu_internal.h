@@ -35,5 +35,7 @@ void cpu_weight_row_f32(const ops_weight *w, int64_t r, float *dst);
 void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
 void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
 int cpu_isa_level(void);
+/* Per-thread scratch floats the prefill matmul tile needs for rows of max_cols. */
+int64_t cpu_matmul_scratch_floats(int64_t max_cols);
 
 #endif
