@@ -77,6 +77,13 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  int32_t *ids = NULL;
+  size_t n = 0;
+  if (ids_arg) { /* a malformed id list is a flag error: report it before loading anything */
+    long k = cli_ids("--prompt-ids", ids_arg, &ids);
+    if (k < 0) return 2;
+    n = (size_t)k;
+  }
   char err[512] = "";
   int rc = 1;
   anna_model *m = NULL;
@@ -84,10 +91,9 @@ int main(int argc, char **argv) {
   model_text *text = NULL;
   sampler *smp = NULL;
   tokenizer_stream *stream = NULL;
-  int32_t *ids = NULL, *gen = NULL;
+  int32_t *gen = NULL;
   float *logits = NULL;
   FILE *df = NULL;
-  size_t n = 0;
   double t0 = cli_now();
   anna_model_options mo = {device, dtype};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
@@ -100,9 +106,7 @@ int main(int argc, char **argv) {
     err[0] = '\0';
   }
   if (ids_arg) {
-    long k = cli_ids("--prompt-ids", ids_arg, &ids);
-    if (k < 0) goto fail_quiet;
-    n = (size_t)k;
+    /* parsed above */
   } else if (raw || !text->ct) {
     if (tokenizer_encode(text->tok, prompt, strlen(prompt), TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &n, err, sizeof err))
       goto fail;
@@ -216,7 +220,6 @@ int main(int argc, char **argv) {
   goto done;
 fail:
   fprintf(stderr, "error: %s\n", err);
-fail_quiet:
   rc = 1;
 done:
   if (df) fclose(df);

@@ -54,8 +54,8 @@ static float *read_f32(const char *path, size_t n) {
 }
 
 static int load_cases(const char *dir, fcase *cs, int *ncase, int vocab_check) {
-  char path[1024];
-  snprintf(path, sizeof path, "%s/expected.json", dir);
+  char path[2200];
+  snprintf(path, sizeof path, "%.1024s/expected.json", dir);
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
   if (!root) return -1;
@@ -73,7 +73,7 @@ static int load_cases(const char *dir, fcase *cs, int *ncase, int vocab_check) {
       fc->greedy[j] = (int32_t)json_integer_value(json_array_get(g, j));
       fc->margin[j] = json_number_value(json_array_get(mg, j));
     }
-    snprintf(path, sizeof path, "%s/%s", dir, json_string_value(json_object_get(c, "logits_file")));
+    snprintf(path, sizeof path, "%.1024s/%.1024s", dir, json_string_value(json_object_get(c, "logits_file")));
     fc->logits = read_f32(path, (size_t)fc->n * vocab_check);
   }
   json_decref(root);
