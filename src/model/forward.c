@@ -20,32 +20,50 @@
 #define GDN_CHUNKED_MIN 8
 
 struct fwd_state {
+  ops_backend *be;     /* owns the backend allocations below */
   int n_seq, n_ctx, n_batch, n_layers;
   int64_t wmax;
   float **k, **v;     /* [layer * n_seq + s] -> [n_ctx, kv_dim]; NULL: no own cache */
   float **conv, **ssm; /* [layer * n_seq + s] */
   int32_t *len;       /* [n_seq] */
-  /* scratch */
-  float *x, *xn, *res, *buf[5], *ple, *moe_scratch, *logits_in;
-  int32_t *moe_idx;
+  /* backend scratch */
+  float *x, *xn, *res, *buf[5], *ple, *moe_scratch, *logits_in, *logits;
+  int32_t *moe_idx, *tokens, *pos;
   float *moe_w;
+  /* host */
   const float **kp, **vp;
   int32_t *run_start, *run_len, *run_seq;
-  void **allocs;
-  size_t n_allocs;
+  void **allocs, **hallocs;
+  size_t n_allocs, n_hallocs;
 };
 
+/* Backend memory (state, activations), tracked for fwd_state_free. */
 static void *salloc(fwd_state *s, size_t bytes, int *fail) {
-  void *p = calloc(1, bytes ? bytes : 1);
+  void *p = s->be->alloc(s->be, bytes ? bytes : 1);
   void **na = realloc(s->allocs, (s->n_allocs + 1) * sizeof *na);
   if (!p || !na) {
-    free(p);
+    if (p) s->be->free(s->be, p);
     if (na) s->allocs = na;
     *fail = 1;
     return NULL;
   }
   s->allocs = na;
   s->allocs[s->n_allocs++] = p;
+  return p;
+}
+
+/* Host memory (bookkeeping the forward pass reads on the CPU). */
+static void *halloc(fwd_state *s, size_t bytes, int *fail) {
+  void *p = calloc(1, bytes ? bytes : 1);
+  void **na = realloc(s->hallocs, (s->n_hallocs + 1) * sizeof *na);
+  if (!p || !na) {
+    free(p);
+    if (na) s->hallocs = na;
+    *fail = 1;
+    return NULL;
+  }
+  s->hallocs = na;
+  s->hallocs[s->n_hallocs++] = p;
   return p;
 }
 
@@ -81,8 +99,8 @@ int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx) {
   return s + 64;
 }
 
-int fwd_state_create(fwd_state **out, const anna_model *m, int n_seq, int n_ctx, int n_batch, char *err,
-                     size_t errlen) {
+int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
+                     char *err, size_t errlen) {
   *out = NULL;
   const model_config *c = &m->cfg;
   if (n_seq < 1 || n_ctx < 1 || n_batch < 1 || n_seq > 4096 || n_batch > 1 << 20)
@@ -91,16 +109,17 @@ int fwd_state_create(fwd_state **out, const anna_model *m, int n_seq, int n_ctx,
   fwd_state *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int fail = 0;
+  s->be = be;
   s->n_seq = n_seq;
   s->n_ctx = n_ctx;
   s->n_batch = n_batch;
   s->n_layers = c->n_layers;
   const size_t nl = (size_t)c->n_layers * (size_t)n_seq;
-  s->k = salloc(s, nl * sizeof(float *), &fail);
-  s->v = salloc(s, nl * sizeof(float *), &fail);
-  s->conv = salloc(s, nl * sizeof(float *), &fail);
-  s->ssm = salloc(s, nl * sizeof(float *), &fail);
-  s->len = salloc(s, (size_t)n_seq * sizeof(int32_t), &fail);
+  s->k = halloc(s, nl * sizeof(float *), &fail);
+  s->v = halloc(s, nl * sizeof(float *), &fail);
+  s->conv = halloc(s, nl * sizeof(float *), &fail);
+  s->ssm = halloc(s, nl * sizeof(float *), &fail);
+  s->len = halloc(s, (size_t)n_seq * sizeof(int32_t), &fail);
   const int64_t conv_dim = 2 * (int64_t)c->gdn_hk * c->gdn_dk + (int64_t)c->gdn_hv * c->gdn_dv;
   for (int l = 0; !fail && l < c->n_layers; l++) {
     const layer_config *lc = &c->layers[l];
@@ -122,6 +141,9 @@ int fwd_state_create(fwd_state **out, const anna_model *m, int n_seq, int n_ctx,
   s->xn = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
   s->res = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
   s->logits_in = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
+  s->logits = salloc(s, (size_t)(n * c->vocab) * sizeof(float), &fail);
+  s->tokens = salloc(s, (size_t)n * sizeof(int32_t), &fail);
+  s->pos = salloc(s, (size_t)n * sizeof(int32_t), &fail);
   for (int i = 0; i < 5; i++) s->buf[i] = salloc(s, (size_t)(n * s->wmax) * sizeof(float), &fail);
   if (c->ple_dim > 0) s->ple = salloc(s, (size_t)(n * c->n_layers * c->ple_dim) * sizeof(float), &fail);
   if (c->n_experts > 0) {
@@ -129,11 +151,11 @@ int fwd_state_create(fwd_state **out, const anna_model *m, int n_seq, int n_ctx,
     s->moe_idx = salloc(s, (size_t)(n * c->top_k) * sizeof(int32_t), &fail);
     s->moe_w = salloc(s, (size_t)(n * c->top_k) * sizeof(float), &fail);
   }
-  s->kp = salloc(s, (size_t)n * sizeof(float *), &fail);
-  s->vp = salloc(s, (size_t)n * sizeof(float *), &fail);
-  s->run_start = salloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_len = salloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_seq = salloc(s, (size_t)n * sizeof(int32_t), &fail);
+  s->kp = halloc(s, (size_t)n * sizeof(float *), &fail);
+  s->vp = halloc(s, (size_t)n * sizeof(float *), &fail);
+  s->run_start = halloc(s, (size_t)n * sizeof(int32_t), &fail);
+  s->run_len = halloc(s, (size_t)n * sizeof(int32_t), &fail);
+  s->run_seq = halloc(s, (size_t)n * sizeof(int32_t), &fail);
   if (fail) {
     fwd_state_free(s);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequences x %d positions", n_seq, n_ctx);
@@ -144,8 +166,10 @@ int fwd_state_create(fwd_state **out, const anna_model *m, int n_seq, int n_ctx,
 
 void fwd_state_free(fwd_state *s) {
   if (!s) return;
-  for (size_t i = 0; i < s->n_allocs; i++) free(s->allocs[i]);
+  for (size_t i = 0; i < s->n_allocs; i++) s->be->free(s->be, s->allocs[i]);
+  for (size_t i = 0; i < s->n_hallocs; i++) free(s->hallocs[i]);
   free(s->allocs);
+  free(s->hallocs);
   free(s);
 }
 
@@ -197,7 +221,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
     q = qf;
   }
   if (w->q_norm) norm(r, q, q, w->q_norm, n * Hq, D);
-  be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->b->pos, lc->rope_interleaved);
+  be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
 
   const int own = lc->kv_source == li;
   if (own) {
@@ -206,12 +230,15 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
     else be->copy_rows(be, v, kvd, k, kvd, n, (int)kvd); /* attention_k_eq_v: V is the raw K */
     if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
     if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, (float)c->eps, 0);
-    be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->b->pos, lc->rope_interleaved);
+    be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
+    float **kd = (float **)s->kp, **vd = (float **)s->vp; /* reused below for reading */
     for (int64_t t = 0; t < n; t++) {
       size_t at = (size_t)li * s->n_seq + r->b->seq[t];
-      be->copy_rows(be, s->k[at] + (int64_t)r->b->pos[t] * kvd, kvd, k + t * kvd, kvd, 1, (int)kvd);
-      be->copy_rows(be, s->v[at] + (int64_t)r->b->pos[t] * kvd, kvd, v + t * kvd, kvd, 1, (int)kvd);
+      kd[t] = s->k[at] + (int64_t)r->b->pos[t] * kvd;
+      vd[t] = s->v[at] + (int64_t)r->b->pos[t] * kvd;
     }
+    be->scatter_rows(be, kd, k, n, (int)kvd);
+    be->scatter_rows(be, vd, v, n, (int)kvd);
   }
   for (int64_t t = 0; t < n; t++) {
     size_t at = (size_t)lc->kv_source * s->n_seq + r->b->seq[t];
@@ -220,7 +247,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   }
   ops_attn_args a = {
       .n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = kvd,
-      .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = r->b->pos,
+      .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = s->pos,
       .k = s->kp, .v = s->vp,
   };
   float *ao = s->buf[4] == v && own ? s->buf[3] : s->buf[4];
@@ -345,7 +372,7 @@ static void ple_inputs(fwd_run *r, const float *emb) {
   fwd_state *s = r->s;
   const int64_t n = r->n, LP = (int64_t)c->n_layers * c->ple_dim;
   float *tok = s->buf[0];
-  be->embed(be, tok, &m->ple_embed, r->b->tokens, n, sqrtf((float)c->ple_dim));
+  be->embed(be, tok, &m->ple_embed, s->tokens, n, sqrtf((float)c->ple_dim));
   be->matmul(be, s->ple, emb, n, &m->ple_model_proj, NULL);
   be->scale(be, s->ple, 1.0f / sqrtf((float)c->hidden), n * LP);
   norm(r, s->ple, s->ple, m->ple_proj_norm, n * c->n_layers, c->ple_dim);
@@ -415,13 +442,15 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
     for (int l = 0; l < c->n_layers; l++) {
       size_t at = (size_t)l * s->n_seq + q;
       if (s->conv[at])
-        memset(s->conv[at], 0, sizeof(float) * (size_t)(2 * c->gdn_hk * c->gdn_dk + c->gdn_hv * c->gdn_dv) *
-                                   (size_t)(c->gdn_conv - 1));
-      if (s->ssm[at]) memset(s->ssm[at], 0, sizeof(float) * (size_t)c->gdn_hv * c->gdn_dk * c->gdn_dv);
+        be->memset0(be, s->conv[at], sizeof(float) * (size_t)(2 * c->gdn_hk * c->gdn_dk + c->gdn_hv * c->gdn_dv) *
+                                         (size_t)(c->gdn_conv - 1));
+      if (s->ssm[at]) be->memset0(be, s->ssm[at], sizeof(float) * (size_t)c->gdn_hv * c->gdn_dk * c->gdn_dv);
     }
   }
+  be->upload(be, s->tokens, b->tokens, sizeof(int32_t) * (size_t)n);
+  be->upload(be, s->pos, b->pos, sizeof(int32_t) * (size_t)n);
   float *x = s->x;
-  be->embed(be, x, &m->embed, b->tokens, n, c->embed_scale);
+  be->embed(be, x, &m->embed, s->tokens, n, c->embed_scale);
   if (c->ple_dim > 0) ple_inputs(&r, x);
   for (int li = 0; li < c->n_layers; li++) {
     const layer_config *lc = &c->layers[li];
@@ -442,7 +471,8 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
     if (!b->logits || b->logits[t]) be->copy_rows(be, s->logits_in + (nl++) * H, H, x + t * H, H, 1, (int)H);
   if (nl == 0) return 0;
   norm(&r, s->logits_in, s->logits_in, m->final_norm, nl, (int)H);
-  be->matmul(be, out, s->logits_in, nl, &m->lm_head, NULL);
-  if (c->final_softcap > 0) be->softcap(be, out, nl * c->vocab, c->final_softcap);
+  be->matmul(be, s->logits, s->logits_in, nl, &m->lm_head, NULL);
+  if (c->final_softcap > 0) be->softcap(be, s->logits, nl * c->vocab, c->final_softcap);
+  be->download(be, out, s->logits, sizeof(float) * (size_t)(nl * c->vocab));
   return 0;
 }

@@ -15,8 +15,9 @@
 typedef struct fwd_state fwd_state;
 
 /* Caller frees with fwd_state_free. */
-int fwd_state_create(fwd_state **out, const anna_model *m, int n_seq, int n_ctx, int n_batch, char *err,
-                     size_t errlen);
+/* be is borrowed: state and scratch live in its memory; it must outlive the state. */
+int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
+                     char *err, size_t errlen);
 void fwd_state_free(fwd_state *s);
 /* Floats of per-thread scratch the CPU backend needs for this model. */
 int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx);

@@ -7,9 +7,13 @@
  * model refuses to run on it rather than silently falling back.
  *
  * Conventions: activations are f32, row-major; `n` is the number of tokens in the batch.
- * Weights are read-only views (ops_weight) owned by the model. Output buffers never alias
- * inputs unless an op says "in place". Ops never allocate: scratch comes from the backend's
- * arena sized at context creation.
+ * Activations, KV caches and recurrent state live in backend memory (`alloc`); token ids,
+ * positions and index arrays passed to ops are backend memory too, except the pointer
+ * arrays of ops_attn_args (host arrays of backend pointers). Weights (ops_weight) and the
+ * model's small f32 vectors are host memory owned by the model (mmap'd file or load-time
+ * conversions): a device backend mirrors them, keyed by address, on first use. Output
+ * buffers never alias inputs unless an op says "in place". Ops never allocate: scratch
+ * comes from the backend's arena sized at context creation.
  */
 #ifndef ANNA_OPS_OPS_H
 #define ANNA_OPS_OPS_H
@@ -59,6 +63,14 @@ struct ops_backend {
   const char *name;
   void *impl;
 
+  /* Backend memory: zero-filled; NULL when out of memory (an error, never an abort). */
+  void *(*alloc)(ops_backend *be, size_t bytes);
+  void (*free)(ops_backend *be, void *p);
+  void (*memset0)(ops_backend *be, void *p, size_t bytes);
+  /* Host <-> backend copies (synchronous). */
+  void (*upload)(ops_backend *be, void *dst, const void *src, size_t bytes);
+  void (*download)(ops_backend *be, void *dst, const void *src, size_t bytes);
+
   /* y[n, W.rows] = x[n, W.cols] W^T (+ bias[W.rows] when bias != NULL). */
   void (*matmul)(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
                  const float *bias);
@@ -107,6 +119,9 @@ struct ops_backend {
   /* Strided row copy: dst[r*dst_stride + :d] = src[r*src_stride + :d]. */
   void (*copy_rows)(ops_backend *be, float *dst, int64_t dst_stride, const float *src,
                     int64_t src_stride, int64_t rows, int d);
+  /* Row r of src [rows, d] to dst[r] (a host array of backend pointers): KV-cache writes of
+   * a batch whose tokens belong to different sequences and positions. */
+  void (*scatter_rows)(ops_backend *be, float *const *dst, const float *src, int64_t rows, int d);
   /* y = cap * tanh(y / cap). */
   void (*softcap)(ops_backend *be, float *y, int64_t n, float cap);
   /* Sparse MoE FFN: out[n, H] = sum_j wts[i, j] * down_e(act(gate_e x) * up_e x) over the k

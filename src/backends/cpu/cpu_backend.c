@@ -96,6 +96,11 @@ static void cpu_copy_rows(ops_backend *be, float *dst, int64_t ds, const float *
   for (int64_t r = 0; r < rows; r++) memcpy(dst + r * ds, src + r * ss, (size_t)d * sizeof(float));
 }
 
+static void cpu_scatter_rows(ops_backend *be, float *const *dst, const float *src, int64_t rows, int d) {
+  (void)be;
+  for (int64_t r = 0; r < rows; r++) memcpy(dst[r], src + r * d, (size_t)d * sizeof(float));
+}
+
 static void cpu_softcap(ops_backend *be, float *y, int64_t n, float cap) {
   (void)be;
   for (int64_t i = 0; i < n; i++) y[i] = cap * tanhf(y[i] / cap);
@@ -297,6 +302,28 @@ static void cpu_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, 
   }
 }
 
+/* ---- memory: plain host memory ---- */
+
+static void *cpu_alloc(ops_backend *be, size_t bytes) {
+  (void)be;
+  return calloc(1, bytes ? bytes : 1);
+}
+
+static void cpu_free(ops_backend *be, void *p) {
+  (void)be;
+  free(p);
+}
+
+static void cpu_memset0(ops_backend *be, void *p, size_t bytes) {
+  (void)be;
+  memset(p, 0, bytes);
+}
+
+static void cpu_copy(ops_backend *be, void *dst, const void *src, size_t bytes) {
+  (void)be;
+  if (dst != src) memcpy(dst, src, bytes);
+}
+
 /* ---- table ---- */
 
 int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats_per_thread, size_t act_bytes,
@@ -324,6 +351,11 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
   *be = (ops_backend){
       .name = "cpu",
       .impl = c,
+      .alloc = cpu_alloc,
+      .free = cpu_free,
+      .memset0 = cpu_memset0,
+      .upload = cpu_copy,
+      .download = cpu_copy,
       .matmul = cpu_matmul,
       .embed = cpu_embed,
       .rmsnorm = cpu_rmsnorm,
@@ -341,6 +373,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .mul_sigmoid = cpu_mul_sigmoid,
       .copy_rows = cpu_copy_rows,
       .softcap = cpu_softcap,
+      .scatter_rows = cpu_scatter_rows,
       .moe_ffn = cpu_moe_ffn,
       .moe_route = cpu_moe_route,
   };
