@@ -1,0 +1,177 @@
+/* anna-serve: the OpenAI-compatible HTTP server (flags -> server_options -> server_run). */
+#include "cli/cli_common.h"
+#include "server/server.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: anna-serve --model-dir DIR|--model FILE.gguf [options]\n"
+          "  --model-name NAME        id in the API (default: from the path)\n"
+          "  --host HOST --port PORT  bind address (default 127.0.0.1:8000; port 0 = any free port)\n"
+          "  --ctx-size N             positions per sequence (default 4096)\n"
+          "  --parallel N             sequence slots (default: max(4, scheduler batch size))\n"
+          "  --batch-size N           max tokens per engine step (default 512)\n"
+          "  --threads N              compute threads (default: one per core)\n"
+          "  --device cpu|auto  --dtype f32\n"
+          "  --scheduler-profile none|interactive|throughput\n"
+          "  --scheduler-max-batch-size N  --scheduler-batch-wait-ms MS\n"
+          "  --scheduler-max-prefill-tokens N  --scheduler-max-decode-tokens N\n"
+          "  --scheduler-max-waiting-requests N (429 beyond; 0 = unlimited)\n"
+          "  --scheduler-max-queue-wait-ms MS\n"
+          "  --log-format text|json  --log-level debug|info|warn|error\n"
+          "  --metrics-log-interval-seconds S (0 = off)\n"
+          "  --reasoning-format none|deepseek\n"
+          "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
+          "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
+          "  --enable-thinking | --disable-thinking\n"
+          "  --max-body-bytes N (default 8 MiB)  --http-timeout-seconds S (default 60)\n"
+          "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n");
+}
+
+int main(int argc, char **argv) {
+  server_options o = {0};
+  o.host = "127.0.0.1";
+  o.port = 8000;
+  o.defaults = sampler_params_default();
+  o.defaults.temperature = 1.0f; /* OpenAI's default when a request names none */
+  o.default_enable_thinking = -1;
+  o.log_level = SLOG_INFO;
+  o.max_body_bytes = 8u << 20;
+  o.http_timeout_s = 60;
+  o.max_connections = 256;
+  o.shutdown_timeout_s = 30;
+  o.eng.n_ctx = 4096;
+  o.eng.n_batch = 512;
+  int parallel = 0, max_body = 8 << 20;
+  /* Explicit knobs override the profile: -2 = not given. */
+  int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2;
+  const char *profile = "none";
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDV()                                                                                                        \
+  do {                                                                                                                 \
+    if (!v) {                                                                                                          \
+      fprintf(stderr, "error: %s needs a value\n", a);                                                                 \
+      return 2;                                                                                                        \
+    }                                                                                                                  \
+    i++;                                                                                                               \
+  } while (0)
+#define INTF(name, lo, hi, dst)                                                                                        \
+  else if (!strcmp(a, name)) {                                                                                         \
+    NEEDV();                                                                                                           \
+    if (cli_int(a, v, lo, hi, &(dst))) return 2;                                                                       \
+  }
+#define FLTF(name, lo, hi, dst)                                                                                        \
+  else if (!strcmp(a, name)) {                                                                                         \
+    NEEDV();                                                                                                           \
+    if (cli_float(a, v, lo, hi, &(dst))) return 2;                                                                     \
+  }
+    if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); o.model_path = v; }
+    else if (!strcmp(a, "--model-name")) { NEEDV(); o.model_name = v; }
+    else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
+    else if (!strcmp(a, "--device")) { NEEDV(); o.device = v; }
+    else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
+    else if (!strcmp(a, "--scheduler-profile")) {
+      NEEDV();
+      if (strcmp(v, "none") && strcmp(v, "interactive") && strcmp(v, "throughput")) {
+        fprintf(stderr, "error: --scheduler-profile expects none, interactive or throughput, got '%s'\n", v);
+        return 2;
+      }
+      profile = v;
+    } else if (!strcmp(a, "--log-format")) {
+      NEEDV();
+      if (strcmp(v, "text") && strcmp(v, "json")) {
+        fprintf(stderr, "error: --log-format expects text or json, got '%s'\n", v);
+        return 2;
+      }
+      o.log_json = !strcmp(v, "json");
+    } else if (!strcmp(a, "--log-level")) {
+      NEEDV();
+      if (!strcmp(v, "debug")) o.log_level = SLOG_DEBUG;
+      else if (!strcmp(v, "info")) o.log_level = SLOG_INFO;
+      else if (!strcmp(v, "warn") || !strcmp(v, "warning")) o.log_level = SLOG_WARN;
+      else if (!strcmp(v, "error")) o.log_level = SLOG_ERROR;
+      else {
+        fprintf(stderr, "error: --log-level expects debug, info, warn or error, got '%s'\n", v);
+        return 2;
+      }
+    } else if (!strcmp(a, "--reasoning-format")) {
+      NEEDV();
+      if (strcmp(v, "none") && strcmp(v, "deepseek")) {
+        fprintf(stderr, "error: --reasoning-format expects none or deepseek, got '%s'\n", v);
+        return 2;
+      }
+      o.reasoning_deepseek = !strcmp(v, "deepseek");
+    } else if (!strcmp(a, "--enable-thinking")) o.default_enable_thinking = 1;
+    else if (!strcmp(a, "--disable-thinking")) o.default_enable_thinking = 0;
+    else if (!strcmp(a, "--seed")) {
+      NEEDV();
+      int s;
+      if (cli_int(a, v, 0, INT32_MAX, &s)) return 2;
+      o.defaults.seed = (uint64_t)s;
+    }
+    INTF("--port", 0, 65535, o.port)
+    INTF("--ctx-size", 8, 1 << 24, o.eng.n_ctx)
+    INTF("--parallel", 1, 1024, parallel)
+    INTF("--batch-size", 1, 1 << 20, o.eng.n_batch)
+    INTF("--threads", 0, 1024, o.eng.n_threads)
+    INTF("--scheduler-max-batch-size", 1, 1024, k_batch)
+    INTF("--scheduler-batch-wait-ms", 0, 60000, k_wait)
+    INTF("--scheduler-max-prefill-tokens", 0, 1 << 24, k_pre)
+    INTF("--scheduler-max-decode-tokens", 0, 1 << 30, k_dec)
+    INTF("--scheduler-max-waiting-requests", 0, 1 << 20, k_waiting)
+    INTF("--scheduler-max-queue-wait-ms", 0, 3600000, k_qwait)
+    INTF("--metrics-log-interval-seconds", 0, 86400, o.metrics_log_interval_s)
+    INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)
+    INTF("--top-k", 0, 1 << 24, o.defaults.top_k)
+    INTF("--max-body-bytes", 1024, 1 << 30, max_body)
+    INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
+    INTF("--max-connections", 1, 65536, o.max_connections)
+    FLTF("--temperature", 0, 2, o.defaults.temperature)
+    FLTF("--top-p", 0, 1, o.defaults.top_p)
+    FLTF("--min-p", 0, 1, o.defaults.min_p)
+    FLTF("--presence-penalty", -2, 2, o.defaults.presence_penalty)
+    FLTF("--frequency-penalty", -2, 2, o.defaults.frequency_penalty)
+    FLTF("--repetition-penalty", 0.01, 10, o.defaults.repetition_penalty)
+    else if (!strcmp(a, "--shutdown-timeout-seconds")) {
+      NEEDV();
+      float t;
+      if (cli_float(a, v, 0, 86400, &t)) return 2;
+      o.shutdown_timeout_s = t;
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      return 0;
+    } else {
+      fprintf(stderr, "error: unknown flag '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+#undef NEEDV
+#undef INTF
+#undef FLTF
+  }
+  if (!o.model_path) {
+    fprintf(stderr, "error: --model-dir (or --model) is required\n");
+    usage(stderr);
+    return 2;
+  }
+  o.max_body_bytes = (size_t)max_body;
+  /* Profiles (the seed's presets); 0 budgets mean "no budget". */
+  int p_batch = 0, p_wait = 0, p_pre = 0, p_dec = 0, p_waiting = 0, p_qwait = 0;
+  if (!strcmp(profile, "interactive")) p_batch = 2, p_wait = 0, p_pre = 1024, p_dec = 2048, p_waiting = 32, p_qwait = 100;
+  else if (!strcmp(profile, "throughput")) p_batch = 8, p_wait = 8, p_pre = 2048, p_dec = 4096, p_waiting = 128, p_qwait = 500;
+  int batch = k_batch != -2 ? k_batch : p_batch;
+  o.eng.n_seq = parallel ? parallel : (batch > 4 ? batch : 4);
+  o.eng.max_batch_size = batch > 0 ? batch : o.eng.n_seq;
+  o.eng.batch_wait_ms = k_wait != -2 ? k_wait : p_wait;
+  o.eng.max_prefill_tokens = k_pre != -2 ? k_pre : p_pre;
+  o.eng.max_decode_tokens = k_dec != -2 ? k_dec : p_dec;
+  o.eng.max_waiting = k_waiting != -2 ? k_waiting : p_waiting;
+  o.eng.max_queue_wait_ms = k_qwait != -2 ? k_qwait : p_qwait;
+  o.profile_name = profile;
+  char err[512] = "";
+  if (server_run(&o, err, sizeof err)) {
+    fprintf(stderr, "error: %s\n", err);
+    return 1;
+  }
+  return 0;
+}

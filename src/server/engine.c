@@ -1,0 +1,692 @@
+/* engine.c: the engine thread and its continuous-batching scheduler (see engine.h). */
+#include "server/engine.h"
+
+#include "base/error.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double engine_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- requests ---- */
+
+gen_request *gen_request_new(void) {
+  gen_request *r = calloc(1, sizeof *r);
+  if (!r) return NULL;
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&r->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  r->refs = 1;
+  r->n = 1;
+  r->sp = sampler_params_default();
+  r->t_arrival = engine_now();
+  return r;
+}
+
+int gen_request_prepare(gen_request *r) {
+  if (r->n_prompts <= 0 || r->n <= 0) return ANNA_EINVAL;
+  r->n_choices = r->n_prompts * r->n;
+  r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
+  if (!r->choices) return ANNA_ENOMEM;
+  for (int i = 0; i < r->n_choices; i++) r->choices[i].n_prompt = (int)r->n_prompt[i / r->n];
+  return 0;
+}
+
+void gen_request_retain(gen_request *r) {
+  __atomic_add_fetch(&r->refs, 1, __ATOMIC_ACQ_REL);
+}
+
+void gen_request_release(gen_request *r) {
+  if (!r || __atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  for (int i = 0; i < r->n_prompts; i++) free(r->prompts ? r->prompts[i] : NULL);
+  free(r->prompts);
+  free(r->n_prompt);
+  for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+  for (int i = 0; r->choices && i < r->n_choices; i++) {
+    free(r->choices[i].text);
+    free(r->choices[i].toks);
+  }
+  free(r->choices);
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv);
+  free(r);
+}
+
+void gen_request_wait(gen_request *r, int timeout_ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ts.tv_sec += timeout_ms / 1000;
+  ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+  pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+}
+
+/* ---- engine ---- */
+
+typedef struct wunit {
+  gen_request *r;
+  int ci; /* choice index */
+  double t_queued;
+  struct wunit *next;
+} wunit;
+
+typedef struct slot {
+  gen_request *r; /* NULL: free */
+  int ci;
+  const int32_t *prompt;
+  size_t n_prompt, n_fed;
+  int32_t next_tok;
+  int decoding;
+  int n_gen, max_gen;
+  int64_t order; /* admission order: prefill is first come, first served */
+  sampler *smp;
+  tokenizer_stream *ts;
+  char *txt; /* all generated text; [0, released) has gone to the choice */
+  size_t len, cap, released;
+  double t_last;
+} slot;
+
+struct engine {
+  anna_model *m;
+  const model_text *text;
+  anna_context *ctx;
+  metrics *mx;
+  engine_options o;
+  int V;
+  pthread_t th;
+  int th_started;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;      /* engine waits for work */
+  pthread_cond_t idle_cv; /* drain waits for idle */
+  wunit *head, *tail;
+  int n_waiting, running, stop, draining, cancel_all;
+  int64_t kv_tokens;
+  slot *slots;
+  int32_t *b_tok, *b_seq, *b_pos;
+  int8_t *b_want;
+  int *out_slot, *pre_slot;
+  float *logits, *lp_row;
+  int rr;
+  int64_t admitted;
+};
+
+static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  double t = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec + seconds;
+  ts.tv_sec = (time_t)t;
+  ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+  pthread_cond_timedwait(cv, mu, &ts);
+}
+
+static int is_cancelled(const gen_request *r) {
+  return __atomic_load_n(&r->cancelled, __ATOMIC_ACQUIRE);
+}
+
+/* The engine's reference goes when its last sequence of r leaves. */
+static void unit_done(gen_request *r) {
+  if (--r->eng_units == 0) gen_request_release(r);
+}
+
+static int txt_append(char **buf, size_t *len, size_t *cap, const char *s, size_t n) {
+  if (*len + n + 1 > *cap) {
+    size_t nc = (*len + n + 1) * 2 < 256 ? 256 : (*len + n + 1) * 2;
+    char *nb = realloc(*buf, nc);
+    if (!nb) return ANNA_ENOMEM;
+    *buf = nb;
+    *cap = nc;
+  }
+  memcpy(*buf + *len, s, n);
+  *len += n;
+  (*buf)[*len] = '\0';
+  return 0;
+}
+
+/* Finishes one choice (under r->mu) and wakes its connection. */
+static void choice_finish(gen_request *r, int ci, const char *reason, const char *msg) {
+  pthread_mutex_lock(&r->mu);
+  gen_choice *c = &r->choices[ci];
+  if (!c->done) {
+    c->done = 1;
+    c->finish_reason = reason;
+    r->n_done++;
+    if (msg && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", msg);
+  }
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* Moves text from the slot to the choice: everything up to the first stop string, minus a
+ * tail that could still become a stop string. Returns 1 when a stop string was hit. */
+static int slot_release(slot *s, int final) {
+  gen_request *r = s->r;
+  size_t end = s->len;
+  int hit = 0;
+  if (r->n_stop) {
+    const char *from = s->txt + s->released;
+    size_t avail = s->len - s->released, best = (size_t)-1;
+    for (int k = 0; k < r->n_stop; k++) {
+      const char *f = avail ? memmem(from, avail, r->stop[k], strlen(r->stop[k])) : NULL;
+      if (f && (size_t)(f - from) < best) best = (size_t)(f - from);
+    }
+    if (best != (size_t)-1) {
+      end = s->released + best;
+      hit = 1;
+    } else if (!final) {
+      size_t hold = 0;
+      for (int k = 0; k < r->n_stop; k++) {
+        size_t sl = strlen(r->stop[k]);
+        for (size_t h = sl - 1 < avail ? sl - 1 : avail; h > hold; h--)
+          if (!memcmp(s->txt + s->len - h, r->stop[k], h)) {
+            hold = h;
+            break;
+          }
+      }
+      end = s->len - hold;
+    }
+  }
+  if (end > s->released) {
+    pthread_mutex_lock(&r->mu);
+    gen_choice *c = &r->choices[s->ci];
+    if (txt_append(&c->text, &c->text_len, &c->text_cap, s->txt + s->released, end - s->released) == 0)
+      s->released = end;
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+  }
+  return hit;
+}
+
+static void slot_free(engine *e, int i, const char *reason, const char *msg, int flush) {
+  slot *s = &e->slots[i];
+  gen_request *r = s->r;
+  char piece[256];
+  size_t plen = 0;
+  if (s->ts) tokenizer_stream_flush(s->ts, piece, sizeof piece, &plen, NULL, 0);
+  if (flush) {
+    if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
+    slot_release(s, 1);
+  }
+  choice_finish(r, s->ci, reason, msg);
+  if (!strcmp(reason, "cancelled")) metrics_add(e->mx, &e->mx->cancelled, 1);
+  else metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
+  anna_context_seq_reset(e->ctx, i);
+  sampler_free(s->smp);
+  s->smp = NULL;
+  s->r = NULL;
+  s->len = s->released = 0;
+  s->decoding = 0;
+  unit_done(r);
+}
+
+static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
+  slot *s = &e->slots[i];
+  gen_request *r = u->r;
+  int pi = u->ci / r->n;
+  sampler_params sp = r->sp;
+  sp.seed = r->sp.seed + (uint64_t)(u->ci % r->n);
+  int rc = sampler_create(&s->smp, e->V, &sp, err, errlen);
+  if (rc) return rc;
+  s->r = r;
+  s->ci = u->ci;
+  s->prompt = r->prompts[pi];
+  s->n_prompt = r->n_prompt[pi];
+  s->n_fed = 0;
+  s->decoding = 0;
+  s->n_gen = 0;
+  int room = e->o.n_ctx - (int)s->n_prompt;
+  s->max_gen = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
+  s->order = e->admitted++;
+  s->len = s->released = 0;
+  for (size_t k = 0; k < s->n_prompt; k++) sampler_accept(s->smp, s->prompt[k]);
+  anna_context_seq_reset(e->ctx, i);
+  metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
+  return 0;
+}
+
+/* log-softmax of the raw logits (before penalties and temperature, as OpenAI reports). */
+static void token_logprobs(const float *row, int V, int32_t t, int ntop, gen_token *g) {
+  float mx = row[0];
+  for (int j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+  double sum = 0;
+  for (int j = 0; j < V; j++) sum += exp((double)(row[j] - mx));
+  float lse = mx + (float)log(sum);
+  g->id = t;
+  g->logprob = row[t] - lse;
+  g->n_top = 0;
+  for (int j = 0; j < V && ntop > 0; j++) {
+    float v = row[j];
+    if (g->n_top == ntop && v <= row[g->top_id[ntop - 1]]) continue;
+    int k = g->n_top < ntop ? g->n_top++ : ntop - 1;
+    while (k > 0 && row[g->top_id[k - 1]] < v) {
+      g->top_id[k] = g->top_id[k - 1];
+      k--;
+    }
+    g->top_id[k] = j;
+  }
+  for (int k = 0; k < g->n_top; k++) g->top_lp[k] = row[g->top_id[k]] - lse;
+}
+
+/* One sampled position of slot i: record, stream text, decide whether it goes on. */
+static void slot_sample(engine *e, int i, float *row) {
+  slot *s = &e->slots[i];
+  gen_request *r = s->r;
+  gen_token g;
+  int want_lp = r->logprobs;
+  if (want_lp) memcpy(e->lp_row, row, sizeof(float) * (size_t)e->V);
+  int32_t t = sampler_sample(s->smp, row);
+  sampler_accept(s->smp, t);
+  if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
+  s->n_gen++;
+  double now = engine_now();
+  if (s->n_gen == 1) metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);
+  else metrics_observe(e->mx, &e->mx->itl, (now - s->t_last) * 1000.0);
+  s->t_last = now;
+  metrics_add(e->mx, &e->mx->completion_tokens, 1);
+  int eog = !r->ignore_eos && tokenizer_is_eog(e->text->tok, t);
+  pthread_mutex_lock(&r->mu);
+  gen_choice *c = &r->choices[s->ci];
+  c->n_gen = s->n_gen;
+  if (want_lp && !eog) {
+    if (c->n_toks == c->cap_toks) {
+      size_t nc = c->cap_toks ? c->cap_toks * 2 : 16;
+      gen_token *nt = realloc(c->toks, nc * sizeof *nt);
+      if (nt) c->toks = nt, c->cap_toks = nc;
+    }
+    if (c->n_toks < c->cap_toks) c->toks[c->n_toks++] = g;
+  }
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+  if (eog) {
+    slot_free(e, i, "stop", NULL, 1);
+    return;
+  }
+  char piece[256];
+  size_t plen = 0;
+  if (tokenizer_stream_feed(s->ts, t, piece, sizeof piece, &plen, NULL, 0) == 0 && plen &&
+      txt_append(&s->txt, &s->len, &s->cap, piece, plen)) {
+    slot_free(e, i, "error", "out of memory", 0);
+    return;
+  }
+  if (slot_release(s, 0)) {
+    slot_free(e, i, "stop", NULL, 0);
+    return;
+  }
+  if (s->n_gen >= s->max_gen || (int64_t)s->n_prompt + s->n_gen >= e->o.n_ctx) {
+    slot_free(e, i, "length", NULL, 1);
+    return;
+  }
+  s->next_tok = t;
+  s->decoding = 1;
+}
+
+static int count_running(const engine *e) {
+  int n = 0;
+  for (int i = 0; i < e->o.n_seq; i++) n += e->slots[i].r != NULL;
+  return n;
+}
+
+/* Takes waiting units into free slots (under e->mu): up to max_batch_size running, more
+ * only for a waiter older than max_queue_wait_ms (fairness). Cancelled waiters come out
+ * in *dead. */
+static int admit(engine *e, wunit **take, int cap, wunit **dead) {
+  int n_run = count_running(e), n = 0;
+  double now = engine_now();
+  while (e->head && n < cap) {
+    wunit *u = e->head;
+    if (!is_cancelled(u->r) && !e->cancel_all) {
+      int force = e->o.max_queue_wait_ms > 0 && (now - u->t_queued) * 1000.0 > e->o.max_queue_wait_ms;
+      if (n_run + n >= e->o.max_batch_size && !force) break;
+    }
+    e->head = u->next;
+    if (!e->head) e->tail = NULL;
+    e->n_waiting--;
+    if (is_cancelled(u->r) || e->cancel_all) {
+      u->next = *dead;
+      *dead = u;
+    } else {
+      take[n++] = u;
+    }
+  }
+  return n;
+}
+
+static void *engine_main(void *arg) {
+  engine *e = arg;
+  const int S = e->o.n_seq;
+  wunit **take = calloc((size_t)S, sizeof *take);
+  char err[512];
+  for (;;) {
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+      if (e->stop || count_running(e) > 0) break;
+      if (e->head) {
+        /* An idle engine may wait a little for company, so the first step is shared. */
+        double age_ms = (engine_now() - e->head->t_queued) * 1000.0;
+        if (e->o.batch_wait_ms > 0 && e->n_waiting < e->o.max_batch_size && age_ms < e->o.batch_wait_ms &&
+            !e->cancel_all) {
+          timed_wait(&e->cv, &e->mu, (e->o.batch_wait_ms - age_ms) / 1000.0);
+          continue;
+        }
+        break;
+      }
+      e->running = 0;
+      e->kv_tokens = 0;
+      pthread_cond_broadcast(&e->idle_cv);
+      pthread_cond_wait(&e->cv, &e->mu);
+    }
+    int stop = e->stop, cancel_all = e->cancel_all || e->stop;
+    wunit *dead = NULL;
+    int free_slots = 0;
+    for (int i = 0; i < S; i++) free_slots += e->slots[i].r == NULL;
+    int n_take = admit(e, take, free_slots, &dead);
+    if (stop)
+      while (e->head) { /* shutdown: nothing queued survives */
+        wunit *u = e->head;
+        e->head = u->next;
+        u->next = dead;
+        dead = u;
+      }
+    if (stop) e->tail = NULL, e->n_waiting = 0;
+    pthread_mutex_unlock(&e->mu);
+
+    while (dead) {
+      wunit *u = dead;
+      dead = u->next;
+      metrics_add(e->mx, &e->mx->cancelled, 1);
+      choice_finish(u->r, u->ci, "cancelled", NULL);
+      unit_done(u->r);
+      free(u);
+    }
+    for (int k = 0, i = 0; k < n_take; k++) {
+      while (e->slots[i].r) i++;
+      if (slot_start(e, i, take[k], err, sizeof err)) {
+        choice_finish(take[k]->r, take[k]->ci, "error", err);
+        unit_done(take[k]->r);
+      }
+      free(take[k]);
+    }
+    /* Cancelled or shut down: free those slots now. */
+    for (int i = 0; i < S; i++)
+      if (e->slots[i].r && (cancel_all || is_cancelled(e->slots[i].r))) slot_free(e, i, "cancelled", NULL, 0);
+    if (stop) break;
+
+    /* Build the step: decodes first (one token each, under the decode budget, rotating the
+     * start so a tight budget still serves everyone), then prompt chunks in admission order. */
+    int nb = 0, nflag = 0, nseqs = 0;
+    int64_t dec_budget = e->o.max_decode_tokens > 0 ? e->o.max_decode_tokens : INT64_MAX, used = 0;
+    for (int k = 0; k < S; k++) {
+      int i = (e->rr + k) % S;
+      slot *s = &e->slots[i];
+      if (!s->r || !s->decoding) continue;
+      int64_t L = (int64_t)s->n_prompt + s->n_gen;
+      if (used > 0 && used + L > dec_budget) continue;
+      used += L;
+      e->b_tok[nb] = s->next_tok;
+      e->b_seq[nb] = i;
+      e->b_pos[nb] = anna_context_seq_len(e->ctx, i);
+      e->b_want[nb] = 1;
+      e->out_slot[nflag++] = i;
+      nb++;
+      nseqs++;
+    }
+    e->rr = (e->rr + 1) % S;
+    int budget = e->o.max_prefill_tokens > 0 ? e->o.max_prefill_tokens : e->o.n_batch;
+    if (budget > e->o.n_batch - nb) budget = e->o.n_batch - nb;
+    int npre = 0;
+    int64_t prompt_fed = 0;
+    while (budget > 0) {
+      int best = -1;
+      for (int i = 0; i < S; i++) {
+        slot *s = &e->slots[i];
+        if (!s->r || s->decoding || s->n_fed == s->n_prompt) continue;
+        int seen = 0;
+        for (int k = 0; k < npre; k++) seen |= e->pre_slot[k] == i;
+        if (!seen && (best < 0 || s->order < e->slots[best].order)) best = i;
+      }
+      if (best < 0) break;
+      slot *s = &e->slots[best];
+      size_t take_n = s->n_prompt - s->n_fed;
+      if (take_n > (size_t)budget) take_n = (size_t)budget;
+      for (size_t j = 0; j < take_n; j++) {
+        e->b_tok[nb] = s->prompt[s->n_fed + j];
+        e->b_seq[nb] = best;
+        e->b_pos[nb] = (int32_t)(s->n_fed + j);
+        e->b_want[nb] = s->n_fed + j + 1 == s->n_prompt;
+        if (e->b_want[nb]) e->out_slot[nflag++] = best;
+        nb++;
+      }
+      e->pre_slot[npre++] = best;
+      budget -= (int)take_n;
+      prompt_fed += (int64_t)take_n;
+      nseqs++;
+    }
+    if (nb == 0) continue;
+    anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
+    if (anna_context_decode(e->ctx, &b, e->logits, err, sizeof err)) {
+      slog(SLOG_ERROR, NULL, "decode failed: %s", err);
+      for (int i = 0; i < S; i++) {
+        int touched = 0;
+        for (int k = 0; k < nb; k++) touched |= e->b_seq[k] == i;
+        if (touched && e->slots[i].r) slot_free(e, i, "error", err, 0);
+      }
+      continue;
+    }
+    pthread_mutex_lock(&e->mx->mu);
+    e->mx->decode_steps++;
+    e->mx->batch_tokens += (uint64_t)nb;
+    e->mx->batch_seqs += (uint64_t)nseqs;
+    e->mx->prompt_tokens += (uint64_t)prompt_fed;
+    pthread_mutex_unlock(&e->mx->mu);
+    for (int k = 0; k < npre; k++) {
+      slot *s = &e->slots[e->pre_slot[k]];
+      for (int j = 0; j < nb; j++) s->n_fed += e->b_seq[j] == e->pre_slot[k];
+    }
+    for (int k = 0; k < nflag; k++) {
+      int i = e->out_slot[k];
+      if (e->slots[i].r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V);
+    }
+    int64_t kv = 0;
+    for (int i = 0; i < S; i++) kv += e->slots[i].r ? anna_context_seq_len(e->ctx, i) : 0;
+    pthread_mutex_lock(&e->mu);
+    e->running = count_running(e);
+    e->kv_tokens = kv;
+    pthread_mutex_unlock(&e->mu);
+  }
+  free(take);
+  pthread_mutex_lock(&e->mu);
+  e->running = 0;
+  pthread_cond_broadcast(&e->idle_cv);
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o, metrics *mx,
+                  char *err, size_t errlen) {
+  *out = NULL;
+  if (!text || !text->tok) return anna_err(err, errlen, ANNA_EINVAL, "the engine needs a tokenizer");
+  engine *e = calloc(1, sizeof *e);
+  if (!e) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  e->m = m;
+  e->text = text;
+  e->mx = mx;
+  e->o = *o;
+  if (e->o.n_seq < 1) e->o.n_seq = 1;
+  if (e->o.n_ctx < 8) e->o.n_ctx = 8;
+  /* Every running sequence must fit one decode token in a step, with room left for prefill. */
+  if (e->o.n_batch < e->o.n_seq + 1) e->o.n_batch = e->o.n_seq + 1;
+  if (e->o.max_batch_size < 1 || e->o.max_batch_size > e->o.n_seq) e->o.max_batch_size = e->o.n_seq;
+  e->V = anna_model_vocab(m);
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->cv, &ca);
+  pthread_cond_init(&e->idle_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  const int S = e->o.n_seq, B = e->o.n_batch;
+  anna_context_options co = {.n_seq = S, .n_ctx = e->o.n_ctx, .n_batch = B, .n_threads = e->o.n_threads};
+  int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
+  if (rc) goto fail;
+  e->slots = calloc((size_t)S, sizeof *e->slots);
+  e->b_tok = malloc((size_t)B * sizeof *e->b_tok);
+  e->b_seq = malloc((size_t)B * sizeof *e->b_seq);
+  e->b_pos = malloc((size_t)B * sizeof *e->b_pos);
+  e->b_want = malloc((size_t)B);
+  e->out_slot = malloc((size_t)S * sizeof *e->out_slot);
+  e->pre_slot = malloc((size_t)S * sizeof *e->pre_slot);
+  e->logits = malloc((size_t)S * (size_t)e->V * sizeof(float));
+  e->lp_row = malloc((size_t)e->V * sizeof(float));
+  if (!e->slots || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_want || !e->out_slot || !e->pre_slot || !e->logits ||
+      !e->lp_row) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
+    goto fail;
+  }
+  for (int i = 0; i < S; i++)
+    if ((rc = tokenizer_stream_new(&e->slots[i].ts, text->tok, TOKENIZER_DECODE_SKIP_SPECIAL, err, errlen))) goto fail;
+  if (pthread_create(&e->th, NULL, engine_main, e)) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
+    goto fail;
+  }
+  e->th_started = 1;
+  *out = e;
+  return 0;
+fail:
+  engine_free(e);
+  return rc;
+}
+
+void engine_free(engine *e) {
+  if (!e) return;
+  if (e->th_started) {
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->th, NULL);
+  }
+  for (int i = 0; e->slots && i < e->o.n_seq; i++) {
+    tokenizer_stream_free(e->slots[i].ts);
+    sampler_free(e->slots[i].smp);
+    free(e->slots[i].txt);
+  }
+  free(e->slots);
+  free(e->b_tok);
+  free(e->b_seq);
+  free(e->b_pos);
+  free(e->b_want);
+  free(e->out_slot);
+  free(e->pre_slot);
+  free(e->logits);
+  free(e->lp_row);
+  anna_context_free(e->ctx);
+  pthread_mutex_destroy(&e->mu);
+  pthread_cond_destroy(&e->cv);
+  pthread_cond_destroy(&e->idle_cv);
+  free(e);
+}
+
+int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
+  if (!r->choices) return anna_err(err, errlen, ANNA_EINVAL, "request not prepared");
+  for (int p = 0; p < r->n_prompts; p++) {
+    if (r->n_prompt[p] == 0) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
+    if (r->n_prompt[p] >= (size_t)e->o.n_ctx)
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "the prompt has %zu tokens; this server's context (--ctx-size) holds %d, with room for at "
+                      "least one generated token",
+                      r->n_prompt[p], e->o.n_ctx);
+    for (size_t k = 0; k < r->n_prompt[p]; k++)
+      if (r->prompts[p][k] < 0 || r->prompts[p][k] >= e->V)
+        return anna_err(err, errlen, ANNA_EINVAL, "prompt token id %d is out of range (vocabulary %d)",
+                        r->prompts[p][k], e->V);
+  }
+  wunit *first = NULL, *last = NULL;
+  double now = engine_now();
+  for (int i = 0; i < r->n_choices; i++) {
+    wunit *u = calloc(1, sizeof *u);
+    if (!u) {
+      while (first) {
+        wunit *nx = first->next;
+        free(first);
+        first = nx;
+      }
+      return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    }
+    u->r = r;
+    u->ci = i;
+    u->t_queued = now;
+    if (last) last->next = u;
+    else first = u;
+    last = u;
+  }
+  pthread_mutex_lock(&e->mu);
+  int rc = 0;
+  if (e->draining || e->stop) rc = anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
+  else if (e->o.max_waiting > 0 && e->n_waiting >= e->o.max_waiting)
+    rc = anna_err(err, errlen, ANNA_ERANGE, "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
+                  e->n_waiting);
+  if (rc) {
+    pthread_mutex_unlock(&e->mu);
+    while (first) {
+      wunit *nx = first->next;
+      free(first);
+      first = nx;
+    }
+    return rc;
+  }
+  r->eng_units = r->n_choices;
+  gen_request_retain(r);
+  if (e->tail) e->tail->next = first;
+  else e->head = first;
+  e->tail = last;
+  e->n_waiting += r->n_choices;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  return 0;
+}
+
+void engine_cancel(engine *e, gen_request *r) {
+  if (__atomic_exchange_n(&r->cancelled, 1, __ATOMIC_ACQ_REL)) return;
+  pthread_mutex_lock(&e->mu);
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+}
+
+void engine_drain(engine *e, double timeout_s) {
+  double until = engine_now() + timeout_s;
+  pthread_mutex_lock(&e->mu);
+  e->draining = 1;
+  pthread_cond_signal(&e->cv);
+  while ((e->running > 0 || e->head) && engine_now() < until) timed_wait(&e->idle_cv, &e->mu, 0.1);
+  if (e->running > 0 || e->head) {
+    e->cancel_all = 1;
+    pthread_cond_signal(&e->cv);
+    while (e->running > 0 || e->head) timed_wait(&e->idle_cv, &e->mu, 0.1);
+  }
+  pthread_mutex_unlock(&e->mu);
+}
+
+void engine_get_stats(engine *e, engine_stats *st) {
+  pthread_mutex_lock(&e->mu);
+  st->n_seq = e->o.n_seq;
+  st->n_ctx = e->o.n_ctx;
+  st->running = e->running;
+  st->waiting = e->n_waiting;
+  st->kv_tokens = e->kv_tokens;
+  st->kv_capacity = (int64_t)e->o.n_seq * e->o.n_ctx;
+  st->draining = e->draining;
+  pthread_mutex_unlock(&e->mu);
+}
+
+const engine_options *engine_get_options(const engine *e) {
+  return &e->o;
+}

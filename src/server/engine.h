@@ -1,0 +1,121 @@
+/* engine.h: the one thread that owns the model context and every sequence, and the
+ * continuous-batching scheduler that drives it.
+ *
+ * Connection threads build a gen_request (prompt ids + sampling options), submit it, and
+ * then only read its gen_choice results under the request's mutex (waiting on its condition
+ * variable). The engine thread admits waiting requests into free sequence slots between
+ * steps, builds each step from one decode token per running sequence plus chunks of
+ * waiting prompts under the token budgets (chunked prefill), calls anna_context_decode once,
+ * samples each sequence, applies stop strings, and appends released text to the choice.
+ * A request is reference counted: the creator holds one reference, the engine another
+ * while any of its sequences is queued or running. Cancelling (client gone, shutdown)
+ * frees its slots at the next step.
+ */
+#ifndef ANNA_SERVER_ENGINE_H
+#define ANNA_SERVER_ENGINE_H
+
+#include "anna/anna.h"
+#include "runtime/sampler.h"
+#include "runtime/text.h"
+#include "server/metrics.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GEN_MAX_TOP 20
+#define GEN_MAX_STOP 4
+
+typedef struct engine_options {
+  int n_seq, n_ctx, n_batch, n_threads; /* context shape (anna_context_options) */
+  int max_batch_size;    /* running sequences (<= n_seq) */
+  int batch_wait_ms;     /* coalescing wait before admitting into an idle engine */
+  int max_prefill_tokens;/* prompt tokens per step (0: what the step has room for) */
+  int max_decode_tokens; /* cached tokens over one step's decode sequences (0: off) */
+  int max_waiting;       /* queued sequences before submit fails with ANNA_EBUSY-like ERANGE (0: off) */
+  int max_queue_wait_ms; /* fairness: an older waiter forces admission / a prefill step (0: off) */
+} engine_options;
+
+/* One generated token with its log-probabilities (only kept when asked for). */
+typedef struct gen_token {
+  int32_t id;
+  float logprob;
+  int n_top;
+  int32_t top_id[GEN_MAX_TOP];
+  float top_lp[GEN_MAX_TOP];
+} gen_token;
+
+/* The output of one choice. Written by the engine, read under gen_request.mu. */
+typedef struct gen_choice {
+  char *text; /* released text (stop strings cut, never held back past the end) */
+  size_t text_len, text_cap;
+  gen_token *toks; /* with logprobs only */
+  size_t n_toks, cap_toks;
+  int n_prompt, n_gen;
+  int done;
+  const char *finish_reason; /* static: "stop", "length", "cancelled", "error" */
+} gen_choice;
+
+typedef struct gen_request {
+  /* Set by the creator before engine_submit; read-only afterwards. */
+  char id[80];
+  int n_prompts;       /* prompts (completions may batch several) */
+  int32_t **prompts;   /* owned */
+  size_t *n_prompt;    /* owned */
+  int n;               /* choices per prompt */
+  int max_tokens;      /* per choice; <= 0: up to the context */
+  sampler_params sp;   /* choice i uses seed + i */
+  char *stop[GEN_MAX_STOP];
+  int n_stop;
+  int logprobs, top_logprobs, ignore_eos;
+  double t_arrival;
+  /* Shared state. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  gen_choice *choices; /* n_prompts * n, prompt-major */
+  int n_choices, n_done;
+  int cancelled;       /* atomic: set by engine_cancel */
+  int refs;            /* atomic */
+  char error[256];     /* first engine error, when a choice ends with "error" */
+  /* Engine-thread only. */
+  int eng_units;
+} gen_request;
+
+/* Allocates an empty request with one reference (caller releases). */
+gen_request *gen_request_new(void);
+/* Allocates choices for n_prompts * n after the creator set them; 0 or ANNA_ENOMEM. */
+int gen_request_prepare(gen_request *r);
+void gen_request_retain(gen_request *r);
+void gen_request_release(gen_request *r);
+
+typedef struct engine engine;
+
+/* m and text are borrowed and must outlive the engine; mx too. Starts the engine thread.
+ * Caller frees with engine_free. */
+int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o, metrics *mx,
+                  char *err, size_t errlen);
+/* Stops the thread (cancelling whatever is left) and frees everything. */
+void engine_free(engine *e);
+/* Queues r (takes an engine reference). ANNA_ERANGE: the waiting queue is full (HTTP 429);
+ * ANNA_ESTATE: shutting down (HTTP 503); ANNA_EINVAL: a prompt does not fit. */
+int engine_submit(engine *e, gen_request *r, char *err, size_t errlen);
+/* Asks the engine to drop r's sequences; idempotent, returns at once. */
+void engine_cancel(engine *e, gen_request *r);
+/* Refuses new work from now on. Returns once nothing is queued or running, or after
+ * timeout_s, when the rest is cancelled. */
+void engine_drain(engine *e, double timeout_s);
+
+typedef struct engine_stats {
+  int n_seq, n_ctx, running, waiting;
+  int64_t kv_tokens, kv_capacity;
+  int draining;
+} engine_stats;
+void engine_get_stats(engine *e, engine_stats *st);
+const engine_options *engine_get_options(const engine *e);
+
+/* Blocks until r has news (text, tokens, done) or timeout_ms passed; call with r->mu held. */
+void gen_request_wait(gen_request *r, int timeout_ms);
+
+double engine_now(void);
+
+#endif

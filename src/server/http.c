@@ -1,0 +1,531 @@
+/* http.c: libmicrohttpd glue, routes, health/metrics and the process lifecycle (see
+ * server.h). Connection threads parse, validate, tokenize and queue; they then block on
+ * their request's condition variable (non-stream) or inside the SSE content callback
+ * (stream), polling the socket so a vanished client cancels its generation at once. */
+#include "server/server.h"
+
+#include "base/error.h"
+#include "server/metrics.h"
+#include "server/oai.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct server {
+  const server_options *o;
+  anna_model *m;
+  model_text *text;
+  engine *eng;
+  metrics mx;
+  oai_config cfg;
+  char model_name[256];
+  int active; /* requests between first callback and completion (atomic) */
+  uint64_t rid_seq;
+  long long created;
+} server;
+
+typedef struct conn {
+  server *srv;
+  struct MHD_Connection *c;
+  char rid[80];
+  char method[16];
+  char url[256];
+  char *body;
+  size_t len, cap;
+  int too_big;
+  double t0;
+  gen_request *gr; /* a reference while generating: cancelled if the request ends early */
+  int status;
+  int n_prompt, n_gen;
+} conn;
+
+typedef struct sse {
+  server *srv;
+  oai_job job;
+  oai_stream *st;
+  char *buf;
+  size_t len, cap, off;
+  int finished;
+  int fd;
+} sse;
+
+/* ---- helpers ---- */
+
+static int peer_gone(int fd) {
+  if (fd < 0) return 0;
+  struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+  if (poll(&p, 1, 0) <= 0) return 0;
+  return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  return ci ? ci->connect_fd : -1;
+}
+
+static void make_rid(server *srv, conn *cn) {
+  const char *h = MHD_lookup_connection_value(cn->c, MHD_HEADER_KIND, "X-Request-Id");
+  int ok = h && *h && strlen(h) <= 64;
+  for (const char *p = h; ok && *p; p++)
+    ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || strchr("-_.:", *p);
+  if (ok) {
+    snprintf(cn->rid, sizeof cn->rid, "%s", h);
+    return;
+  }
+  uint64_t n = __atomic_add_fetch(&srv->rid_seq, 1, __ATOMIC_RELAXED);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  snprintf(cn->rid, sizeof cn->rid, "req-%08llx%06llx%04x", (unsigned long long)ts.tv_sec & 0xffffffffULL,
+           (unsigned long long)n & 0xffffffULL, (unsigned)(ts.tv_nsec >> 10) & 0xffff);
+}
+
+static enum MHD_Result send_body(conn *cn, int status, char *body, const char *ctype) {
+  if (!body) {
+    status = 500;
+    body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    if (!body) return MHD_NO;
+  }
+  struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+  if (!resp) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(resp, "Content-Type", ctype);
+  MHD_add_response_header(resp, "X-Request-Id", cn->rid);
+  if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
+  if (status == 405)
+    MHD_add_response_header(resp, "Allow", strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
+                                                   strcmp(cn->url, "/metrics")
+                                               ? "POST"
+                                               : "GET");
+  enum MHD_Result r = MHD_queue_response(cn->c, (unsigned)status, resp);
+  MHD_destroy_response(resp);
+  cn->status = status;
+  return r;
+}
+
+static enum MHD_Result send_error(conn *cn, const oai_error *e) {
+  return send_body(cn, e->status, oai_error_json(e), "application/json");
+}
+
+static enum MHD_Result send_fail(conn *cn, int status, const char *param, const char *code, const char *msg) {
+  oai_error e;
+  oai_fail(&e, status, param, code, "%s", msg);
+  return send_error(cn, &e);
+}
+
+static long rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long pages = 0, rss = 0;
+  if (f) {
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+    fclose(f);
+  }
+  return rss * sysconf(_SC_PAGESIZE);
+}
+
+/* ---- routes ---- */
+
+static enum MHD_Result route_health(server *srv, conn *cn) {
+  engine_stats st;
+  engine_get_stats(srv->eng, &st);
+  const engine_options *eo = engine_get_options(srv->eng);
+  json_t *o = json_pack(
+      "{s:s,s:{s:s,s:s,s:s,s:i,s:i},s:{s:I,s:I,s:I,s:f},s:{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:o}", "status",
+      st.draining ? "draining" : "ok", "model", "id", srv->model_name, "path", anna_model_path(srv->m), "describe",
+      anna_model_describe(srv->m), "vocab", anna_model_vocab(srv->m), "layers", anna_model_n_layers(srv->m), "memory",
+      "rss_bytes", (json_int_t)rss_bytes(), "kv_tokens_used", (json_int_t)st.kv_tokens, "kv_tokens_capacity",
+      (json_int_t)st.kv_capacity, "kv_usage", st.kv_capacity ? (double)st.kv_tokens / (double)st.kv_capacity : 0.0,
+      "scheduler", "profile", srv->o->profile_name ? srv->o->profile_name : "none", "running", st.running, "waiting",
+      st.waiting, "slots", st.n_seq, "ctx_size", st.n_ctx, "max_batch_size", eo->max_batch_size, "batch_wait_ms",
+      eo->batch_wait_ms, "max_prefill_tokens", eo->max_prefill_tokens, "max_decode_tokens", eo->max_decode_tokens,
+      "max_waiting_requests", eo->max_waiting, "max_queue_wait_ms", eo->max_queue_wait_ms, "service",
+      metrics_json(&srv->mx));
+  if (o) {
+    json_object_set_new(o, "prompt_cache", json_pack("{s:b}", "enabled", 0));
+    json_object_set_new(o, "active_http_requests", json_integer(__atomic_load_n(&srv->active, __ATOMIC_RELAXED)));
+  }
+  char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  return send_body(cn, st.draining ? 503 : 200, s, "application/json");
+}
+
+static enum MHD_Result route_metrics(server *srv, conn *cn) {
+  engine_stats st;
+  engine_get_stats(srv->eng, &st);
+  char g[2048];
+  snprintf(g, sizeof g,
+           "# HELP anna_requests_running sequences in the running batch\n# TYPE anna_requests_running gauge\n"
+           "anna_requests_running %d\n"
+           "# HELP anna_requests_waiting sequences waiting for a slot\n# TYPE anna_requests_waiting gauge\n"
+           "anna_requests_waiting %d\n"
+           "# HELP anna_kv_tokens_used cached positions over all slots\n# TYPE anna_kv_tokens_used gauge\n"
+           "anna_kv_tokens_used %lld\n"
+           "# HELP anna_kv_tokens_capacity slots x context\n# TYPE anna_kv_tokens_capacity gauge\n"
+           "anna_kv_tokens_capacity %lld\n"
+           "# HELP anna_resident_memory_bytes process RSS\n# TYPE anna_resident_memory_bytes gauge\n"
+           "anna_resident_memory_bytes %ld\n"
+           "# HELP anna_draining 1 while shutting down\n# TYPE anna_draining gauge\nanna_draining %d\n",
+           st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, rss_bytes(), st.draining);
+  return send_body(cn, 200, metrics_prometheus(&srv->mx, g), "text/plain; version=0.0.4");
+}
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  sse *s = cls;
+  gen_request *r = s->job.r;
+  for (;;) {
+    if (s->off < s->len) {
+      size_t n = s->len - s->off < max ? s->len - s->off : max;
+      memcpy(buf, s->buf + s->off, n);
+      s->off += n;
+      if (s->off == s->len) s->off = s->len = 0;
+      return (ssize_t)n;
+    }
+    if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
+    pthread_mutex_lock(&r->mu);
+    while (!oai_stream_has_news(s->st)) {
+      gen_request_wait(r, 50);
+      if (peer_gone(s->fd)) {
+        pthread_mutex_unlock(&r->mu);
+        engine_cancel(s->srv->eng, r);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+      }
+    }
+    pthread_mutex_unlock(&r->mu);
+    if (oai_stream_step(s->st, &s->buf, &s->len, &s->cap, &s->finished)) {
+      engine_cancel(s->srv->eng, r);
+      return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+  }
+}
+
+static void sse_free(void *cls) {
+  sse *s = cls;
+  if (s->job.r) engine_cancel(s->srv->eng, s->job.r);
+  oai_stream_free(s->st);
+  oai_job_clear(&s->job);
+  free(s->buf);
+  free(s);
+}
+
+static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
+  if (cn->too_big) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body-bytes)", srv->o->max_body_bytes);
+    return send_fail(cn, 413, NULL, "request_too_large", msg);
+  }
+  oai_job job;
+  oai_error e;
+  if (oai_parse(&srv->cfg, kind, cn->body ? cn->body : "", cn->len, cn->rid, &job, &e)) {
+    oai_job_clear(&job);
+    slog(SLOG_INFO, cn->rid, "rejected %d: %s", e.status, e.message);
+    return send_error(cn, &e);
+  }
+  char err[512];
+  int rc = engine_submit(srv->eng, job.r, err, sizeof err);
+  if (rc) {
+    oai_job_clear(&job);
+    int status = rc == ANNA_ERANGE ? 429 : rc == ANNA_ESTATE ? 503 : rc == ANNA_EINVAL ? 400 : 500;
+    return send_fail(cn, status, NULL, rc == ANNA_ERANGE ? "queue_full" : rc == ANNA_ESTATE ? "shutting_down" : NULL, err);
+  }
+  gen_request *r = job.r;
+  gen_request_retain(r);
+  cn->gr = r;
+  for (int p = 0; p < r->n_prompts; p++) cn->n_prompt += (int)r->n_prompt[p];
+  int fd = conn_fd(cn->c);
+  if (job.stream) {
+    sse *s = calloc(1, sizeof *s);
+    if (!s) {
+      engine_cancel(srv->eng, r);
+      oai_job_clear(&job);
+      return send_fail(cn, 500, NULL, NULL, "out of memory");
+    }
+    s->srv = srv;
+    s->job = job; /* the stream owns the job from here on */
+    s->fd = fd;
+    if (!(s->st = oai_stream_new(&srv->cfg, &s->job))) {
+      sse_free(s);
+      return send_fail(cn, 500, NULL, NULL, "out of memory");
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, s, sse_free);
+    if (!resp) {
+      sse_free(s);
+      return send_fail(cn, 500, NULL, NULL, "out of memory");
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Request-Id", cn->rid);
+    enum MHD_Result ret = MHD_queue_response(cn->c, 200, resp);
+    MHD_destroy_response(resp);
+    cn->status = 200;
+    return ret;
+  }
+  pthread_mutex_lock(&r->mu);
+  while (r->n_done < r->n_choices) {
+    gen_request_wait(r, 50);
+    if (peer_gone(fd)) {
+      pthread_mutex_unlock(&r->mu);
+      engine_cancel(srv->eng, r);
+      oai_job_clear(&job);
+      cn->status = 499; /* client closed request */
+      return MHD_NO;
+    }
+  }
+  int failed = r->error[0] != 0;
+  pthread_mutex_unlock(&r->mu);
+  enum MHD_Result ret;
+  if (failed) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "generation failed: %s", r->error);
+    ret = send_fail(cn, 500, NULL, "generation_failed", msg);
+  } else {
+    ret = send_body(cn, 200, oai_response_json(&srv->cfg, &job), "application/json");
+  }
+  oai_job_clear(&job);
+  return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+  server *srv = cls;
+  conn *cn = *con_cls;
+  if (!cn) {
+    cn = calloc(1, sizeof *cn);
+    if (!cn) return MHD_NO;
+    cn->srv = srv;
+    cn->c = c;
+    cn->t0 = engine_now();
+    snprintf(cn->method, sizeof cn->method, "%s", method);
+    snprintf(cn->url, sizeof cn->url, "%s", url);
+    make_rid(srv, cn);
+    *con_cls = cn;
+    __atomic_add_fetch(&srv->active, 1, __ATOMIC_RELAXED);
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > srv->o->max_body_bytes) {
+      /* Refuse before reading a byte of it. */
+      cn->too_big = 1;
+      return route_generate(srv, cn, OAI_CHAT);
+    }
+    return MHD_YES;
+  }
+  if (*upload_size) {
+    if (!cn->too_big) {
+      if (cn->len + *upload_size > srv->o->max_body_bytes) {
+        cn->too_big = 1;
+        free(cn->body);
+        cn->body = NULL;
+        cn->len = cn->cap = 0;
+      } else {
+        if (cn->len + *upload_size + 1 > cn->cap) {
+          size_t nc = (cn->len + *upload_size + 1) * 2;
+          char *nb = realloc(cn->body, nc);
+          if (!nb) return MHD_NO;
+          cn->body = nb;
+          cn->cap = nc;
+        }
+        memcpy(cn->body + cn->len, upload_data, *upload_size);
+        cn->len += *upload_size;
+      }
+    }
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  if (cn->status) return MHD_YES; /* already answered (oversized body refused up front) */
+  int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+  if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
+    if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
+    return route_generate(srv, cn, !strcmp(url, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION);
+  }
+  if (!strcmp(url, "/healthz") || !strcmp(url, "/health")) {
+    if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
+    return route_health(srv, cn);
+  }
+  if (!strcmp(url, "/metrics")) {
+    if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
+    return route_metrics(srv, cn);
+  }
+  if (!strcmp(url, "/v1/models")) {
+    if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
+    return send_body(cn, 200, oai_models_json(&srv->cfg, srv->created), "application/json");
+  }
+  if (!strncmp(url, "/v1/models/", 11)) {
+    if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
+    if (strcmp(url + 11, srv->model_name)) return send_fail(cn, 404, "model", "model_not_found", "no such model");
+    json_t *o = json_pack("{s:s,s:s,s:I,s:s}", "id", srv->model_name, "object", "model", "created",
+                          (json_int_t)srv->created, "owned_by", "anna");
+    char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return send_body(cn, 200, s, "application/json");
+  }
+  char msg[320];
+  snprintf(msg, sizeof msg, "no route for %s %.200s", method, url);
+  return send_fail(cn, 404, NULL, "not_found", msg);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+  server *srv = cls;
+  conn *cn = *con_cls;
+  if (!cn) return;
+  int n_gen = 0;
+  if (cn->gr) {
+    if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) engine_cancel(srv->eng, cn->gr);
+    pthread_mutex_lock(&cn->gr->mu);
+    for (int i = 0; i < cn->gr->n_choices; i++) n_gen += cn->gr->choices[i].n_gen;
+    pthread_mutex_unlock(&cn->gr->mu);
+    gen_request_release(cn->gr);
+  }
+  int status = cn->status ? cn->status : 500;
+  if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;
+  metrics_count_response(&srv->mx, status == 499 ? 200 : status);
+  slog(SLOG_INFO, cn->rid, "%s %s %d %.1f ms prompt=%d completion=%d%s", cn->method, cn->url, status,
+       (engine_now() - cn->t0) * 1000.0, cn->n_prompt, n_gen,
+       toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (client gone)");
+  free(cn->body);
+  free(cn);
+  *con_cls = NULL;
+  __atomic_sub_fetch(&srv->active, 1, __ATOMIC_RELAXED);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  char buf[512];
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  size_t n = strlen(buf);
+  while (n && buf[n - 1] == '\n') buf[--n] = '\0';
+  slog(SLOG_DEBUG, NULL, "http: %s", buf);
+}
+
+/* ---- lifecycle ---- */
+
+static void log_metrics(server *srv) {
+  engine_stats st;
+  engine_get_stats(srv->eng, &st);
+  pthread_mutex_lock(&srv->mx.mu);
+  metrics c = srv->mx;
+  pthread_mutex_unlock(&srv->mx.mu);
+  slog(SLOG_INFO, NULL,
+       "metrics: running=%d waiting=%d kv=%lld/%lld requests=%llu 4xx=%llu 5xx=%llu rejected=%llu cancelled=%llu "
+       "prompt_tok=%llu gen_tok=%llu steps=%llu batch=%.2f ttft_p50=%.1fms ttft_p99=%.1fms itl_p50=%.1fms "
+       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=n/a",
+       st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, (unsigned long long)c.requests,
+       (unsigned long long)c.responses_4xx, (unsigned long long)c.responses_5xx, (unsigned long long)c.rejected_busy,
+       (unsigned long long)c.cancelled, (unsigned long long)c.prompt_tokens, (unsigned long long)c.completion_tokens,
+       (unsigned long long)c.decode_steps, c.decode_steps ? (double)c.batch_seqs / (double)c.decode_steps : 0.0,
+       metrics_quantile(&c.ttft, 0.5), metrics_quantile(&c.ttft, 0.99), metrics_quantile(&c.itl, 0.5),
+       metrics_quantile(&c.itl, 0.99), rss_bytes() >> 20);
+}
+
+static void derive_name(const char *path, char *out, size_t cap) {
+  size_t n = strlen(path);
+  while (n > 1 && path[n - 1] == '/') n--;
+  const char *b = path;
+  for (size_t i = 0; i < n; i++)
+    if (path[i] == '/') b = path + i + 1;
+  size_t bl = (size_t)(path + n - b);
+  if (bl > 5 && !memcmp(b + bl - 5, ".gguf", 5)) bl -= 5;
+  if (bl >= cap) bl = cap - 1;
+  memcpy(out, b, bl);
+  out[bl] = '\0';
+}
+
+int server_run(const server_options *o, char *err, size_t errlen) {
+  slog_configure(o->log_json, o->log_level);
+  /* Signals go to the main thread only: every thread created below inherits this mask. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  server *srv = calloc(1, sizeof *srv);
+  if (!srv) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  srv->o = o;
+  srv->created = (long long)time(NULL);
+  metrics_init(&srv->mx);
+  int rc = 0;
+  struct MHD_Daemon *d = NULL;
+  struct addrinfo *ai = NULL;
+  double t0 = engine_now();
+  anna_model_options mo = {o->device, o->dtype};
+  if ((rc = anna_model_load(&srv->m, o->model_path, &mo, err, errlen))) goto done;
+  if ((rc = model_text_open(&srv->text, o->model_path, err, errlen))) goto done;
+  if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
+  else derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
+  if ((rc = engine_create(&srv->eng, srv->m, srv->text, &o->eng, &srv->mx, err, errlen))) goto done;
+  const engine_options *eo = engine_get_options(srv->eng);
+  srv->cfg = (oai_config){.model_name = srv->model_name,
+                          .text = srv->text,
+                          .n_ctx = eo->n_ctx,
+                          .reasoning_deepseek = o->reasoning_deepseek,
+                          .defaults = o->defaults,
+                          .default_max_tokens = o->default_max_tokens,
+                          .max_n = 16,
+                          .default_enable_thinking = o->default_enable_thinking};
+
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+  char port[16];
+  snprintf(port, sizeof port, "%d", o->port);
+  int gai = getaddrinfo(o->host ? o->host : "127.0.0.1", port, &hints, &ai);
+  if (gai) {
+    rc = anna_err(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
+    goto done;
+  }
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+  if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
+                       srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                       (unsigned)o->max_connections, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_EXTERNAL_LOGGER,
+                       mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE,
+                       (unsigned)256, MHD_OPTION_END);
+  if (!d) {
+    rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port, strerror(errno));
+    goto done;
+  }
+  const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  int bound = di ? di->port : o->port;
+  slog(SLOG_INFO, NULL, "model %s (%s) loaded in %.2f s; slots=%d ctx=%d batch=%d max_batch=%d", srv->model_name,
+       anna_model_describe(srv->m), engine_now() - t0, eo->n_seq, eo->n_ctx, eo->n_batch, eo->max_batch_size);
+  slog(SLOG_INFO, NULL, "listening on http://%s:%d", o->host ? o->host : "127.0.0.1", bound);
+
+  double next_log = engine_now() + o->metrics_log_interval_s;
+  for (;;) {
+    struct timespec ts = {0, 250 * 1000 * 1000};
+    int sig = sigtimedwait(&set, NULL, &ts);
+    if (sig == SIGTERM || sig == SIGINT) {
+      slog(SLOG_INFO, NULL, "signal %d: draining (up to %.0f s)", sig, o->shutdown_timeout_s);
+      break;
+    }
+    if (o->metrics_log_interval_s > 0 && engine_now() >= next_log) {
+      log_metrics(srv);
+      next_log = engine_now() + o->metrics_log_interval_s;
+    }
+  }
+  /* Drain: stop accepting, let the engine finish (or cut) what it has, then give the
+   * connection threads time to write their last bytes before the daemon goes. */
+  MHD_socket ls = MHD_quiesce_daemon(d);
+  if (ls != MHD_INVALID_SOCKET) close(ls);
+  engine_drain(srv->eng, o->shutdown_timeout_s);
+  double until = engine_now() + 10;
+  while (__atomic_load_n(&srv->active, __ATOMIC_RELAXED) > 0 && engine_now() < until) usleep(10 * 1000);
+  log_metrics(srv);
+  slog(SLOG_INFO, NULL, "shut down cleanly");
+done:
+  if (d) MHD_stop_daemon(d);
+  if (ai) freeaddrinfo(ai);
+  engine_free(srv->eng);
+  model_text_free(srv->text);
+  anna_model_free(srv->m);
+  metrics_destroy(&srv->mx);
+  free(srv);
+  return rc;
+}

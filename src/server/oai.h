@@ -1,0 +1,79 @@
+/* oai.h: the OpenAI wire format of anna-serve: request bodies in (validated, rendered with
+ * the chat template, tokenized into a gen_request), responses out (one JSON object, or SSE
+ * chunks rendered incrementally from what the engine has released so far).
+ *
+ * Everything here runs on connection threads and never touches the model: only the
+ * immutable model_text (tokenizer + template). Errors carry the HTTP status and the
+ * OpenAI error object fields.
+ */
+#ifndef ANNA_SERVER_OAI_H
+#define ANNA_SERVER_OAI_H
+
+#include "runtime/sampler.h"
+#include "runtime/text.h"
+#include "server/engine.h"
+#include "server/outparse.h"
+
+#include <stddef.h>
+
+typedef struct oai_error {
+  int status;          /* HTTP status */
+  const char *type;    /* "invalid_request_error", ... (static) */
+  const char *code;    /* static or NULL */
+  char param[64];      /* offending field, "" for none */
+  char message[512];
+} oai_error;
+
+/* Server-wide settings the parser applies (borrowed). */
+typedef struct oai_config {
+  const char *model_name;
+  const model_text *text;
+  int n_ctx;
+  int reasoning_deepseek;  /* --reasoning-format deepseek */
+  sampler_params defaults; /* generation-default flags */
+  int default_max_tokens;  /* chat; <= 0: up to the context */
+  int max_n;
+  int default_enable_thinking; /* -1: leave to the template */
+} oai_config;
+
+enum { OAI_CHAT = 0, OAI_COMPLETION = 1 };
+
+typedef struct oai_job {
+  int kind;
+  int stream, include_usage;
+  int tools;                 /* parse tool calls from the output */
+  int reasoning, start_in_reasoning;
+  gen_request *r;            /* owned: one reference */
+  char *model;               /* model name echoed back; owned */
+  long long created;
+} oai_job;
+
+/* Parses a body into job (job->r prepared, not yet submitted). 0, or -1 with *e filled. */
+int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid, oai_job *job,
+              oai_error *e);
+void oai_job_clear(oai_job *job);
+
+/* The error object as JSON text (caller frees). */
+char *oai_error_json(const oai_error *e);
+/* Fills e; returns -1. */
+int oai_fail(oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* Non-stream response body for a finished request (caller frees); NULL when out of memory. */
+char *oai_response_json(const oai_config *cfg, const oai_job *job);
+
+/* Incremental SSE rendering. Caller frees with oai_stream_free. */
+typedef struct oai_stream oai_stream;
+oai_stream *oai_stream_new(const oai_config *cfg, const oai_job *job);
+void oai_stream_free(oai_stream *s);
+/* Renders everything new in job->r as SSE events appended to *out (growing the buffer out, len, cap;
+ * caller frees *out). Sets *finished once "data: [DONE]" has been written. Takes r->mu
+ * itself. Returns 0 or ANNA_ENOMEM. */
+int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *finished);
+/* 1 when the request has something the stream has not rendered yet (call with r->mu held). */
+int oai_stream_has_news(const oai_stream *s);
+
+/* GET /v1/models body (caller frees). */
+char *oai_models_json(const oai_config *cfg, long long created);
+
+#endif

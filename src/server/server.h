@@ -1,0 +1,41 @@
+/* server.h: anna-serve's HTTP front end (libmicrohttpd, one thread per connection) over
+ * one engine thread (engine.h) and the OpenAI wire format (oai.h).
+ *
+ * server_run owns everything it creates: model, text side, engine, HTTP daemon. It blocks
+ * until SIGTERM/SIGINT, then drains: the listening socket closes, new requests get 503,
+ * in-flight requests finish (or are cut after shutdown_timeout_s), their responses are
+ * flushed, and it returns 0.
+ */
+#ifndef ANNA_SERVER_SERVER_H
+#define ANNA_SERVER_SERVER_H
+
+#include "runtime/sampler.h"
+#include "server/engine.h"
+
+#include <stddef.h>
+
+typedef struct server_options {
+  const char *model_path; /* HF folder or .gguf */
+  const char *model_name; /* id in the API; NULL: derived from the path */
+  const char *host;       /* default 127.0.0.1 */
+  int port;               /* 0: any free port (the log line says which) */
+  const char *device, *dtype;
+  engine_options eng;
+  sampler_params defaults;    /* generation defaults for fields a request omits */
+  int default_max_tokens;     /* chat; <= 0: up to the context */
+  int default_enable_thinking;/* -1: template default, 0/1: chat_template_kwargs default */
+  int reasoning_deepseek;
+  int log_json, log_level;
+  int metrics_log_interval_s; /* 0: off */
+  size_t max_body_bytes;
+  int http_timeout_s;         /* idle connection timeout (slow clients) */
+  int max_connections;
+  double shutdown_timeout_s;
+  const char *profile_name;   /* for /healthz */
+} server_options;
+
+/* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled
+ * when startup fails (model, port). */
+int server_run(const server_options *o, char *err, size_t errlen);
+
+#endif
