@@ -41,6 +41,32 @@ static void usage(FILE *f) {
           "  --verbose                one line per run on stderr\n");
 }
 
+/* "512,8192" -> lengths (caller frees). Returns the count, or -1 with the message printed. */
+static long parse_lengths(const char *v, int64_t **out) {
+  *out = NULL;
+  size_t cap = 1;
+  for (const char *p = v; *p; p++) cap += *p == ',';
+  int64_t *l = malloc(cap * sizeof *l);
+  if (!l) return -1;
+  long n = 0;
+  for (const char *p = v;;) {
+    char *end;
+    errno = 0;
+    long long x = strtoll(p, &end, 10);
+    if (errno || end == p || x < 1 || x > (1 << 24) || (*end && *end != ',')) {
+      fprintf(stderr, "error: --prompt-lengths expects comma-separated lengths in [1, %d], bad at '%s'\n",
+              1 << 24, p);
+      free(l);
+      return -1;
+    }
+    l[n++] = x;
+    if (!*end) break;
+    p = end + 1;
+  }
+  *out = l;
+  return n;
+}
+
 typedef struct bench_run {
   double prefill_s, ttft_s, decode_s;
   int n_decoded; /* forwards timed in decode_s */
@@ -278,7 +304,7 @@ int main(int argc, char **argv) {
   anna_context *ctx = NULL;
   model_text *text = NULL;
   sampler *smp = NULL;
-  int32_t *ids = NULL, *lens32 = NULL, *seq = NULL, *pos = NULL;
+  int32_t *ids = NULL, *seq = NULL, *pos = NULL;
   int8_t *want = NULL;
   float *logits = NULL;
   double *tmp = NULL;
@@ -289,25 +315,19 @@ int main(int argc, char **argv) {
   /* Prompt lengths first: a bad list should fail before a long model load. */
   int64_t *lens = NULL;
   if (lengths_arg) {
-    long k = cli_ids("--prompt-lengths", lengths_arg, &lens32);
+    long k = parse_lengths(lengths_arg, &lens);
     if (k <= 0) return 2;
     n_cases = (int)k;
   } else {
     n_cases = 1;
+    lens = malloc(sizeof *lens);
+    if (lens) lens[0] = prompt_len > 0 ? prompt_len : 512;
   }
-  lens = calloc((size_t)n_cases, sizeof *lens);
   cases = calloc((size_t)n_cases, sizeof *cases);
   tmp = calloc((size_t)n_runs, sizeof *tmp);
   if (!lens || !cases || !tmp) {
     snprintf(err, sizeof err, "out of memory");
     goto fail;
-  }
-  for (int i = 0; i < n_cases; i++) {
-    lens[i] = lens32 ? lens32[i] : (prompt_len > 0 ? prompt_len : 512);
-    if (lens[i] < 1) {
-      snprintf(err, sizeof err, "--prompt-lengths: lengths must be >= 1");
-      goto fail;
-    }
   }
 
   double t0 = cli_now();
@@ -444,8 +464,10 @@ int main(int argc, char **argv) {
     free(s);
   } else {
     printf("anna-bench | %s | %s\n", anna_model_describe(m), model);
-    printf("device %s, dtype %s, threads %d, batch %d | load %.3f s | peak RSS %.1f MiB (after load %.1f)\n",
-           device ? device : "cpu", dtype ? dtype : "f32", threads, n_batch, t_load, rss_peak, rss_loaded);
+    char th[16];
+    snprintf(th, sizeof th, threads > 0 ? "%d" : "auto", threads);
+    printf("device %s, dtype %s, threads %s, batch %d | load %.3f s | peak RSS %.1f MiB (after load %.1f)\n",
+           device ? device : "cpu", dtype ? dtype : "f32", th, n_batch, t_load, rss_peak, rss_loaded);
     printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n\n", warmup,
            n_runs, max_new, prompt ? "chat-templated" : "synthetic");
     printf("| %8s | %-28s | %-24s | %-26s |\n", "prompt", "PP tok/s", "TTFT ms", "TG tok/s");
@@ -479,7 +501,6 @@ done:
     for (int c = 0; c < n_cases; c++) free(cases[c].runs);
   free(cases);
   free(lens);
-  free(lens32);
   free(tmp);
   free(ids);
   free(logits);
