@@ -111,6 +111,34 @@ def run_cmd(cmd, timeout, env=None):
         return None, "", str(e)
 
 
+def _proc_stat():
+    """(total jiffies, idle+iowait jiffies) over all CPUs, or None off Linux."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+        return sum(v), v[3] + v[4]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_measured(cmd, timeout):
+    """run_cmd plus the share of all CPUs that *other* processes used meanwhile.
+
+    On a shared 2-core box another build easily halves a 2-thread benchmark, and
+    spin-waiting thread pools make it worse, so the table flags such runs."""
+    import resource
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    s0, r0, w0 = _proc_stat(), resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
+    rc, out, err = run_cmd(cmd, timeout)
+    s1, r1, wall = _proc_stat(), resource.getrusage(resource.RUSAGE_CHILDREN), time.time() - w0
+    others = None
+    if s0 and s1 and wall > 0:
+        own = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        busy = ((s1[0] - s0[0]) - (s1[1] - s0[1])) / tick
+        others = max(0.0, busy - own) / ((os.cpu_count() or 1) * wall) * 100
+    return rc, out, err, others
+
+
 def last_line(s):
     lines = [ln for ln in (s or "").strip().splitlines() if ln.strip()]
     return lines[-1][:200] if lines else ""
@@ -170,13 +198,13 @@ def llama_speed(llama, a):
         return {"error": f"{exe} missing (run scripts/setup_llamacpp.sh)"}
     cmd = [exe, "-m", a.model, "-p", str(a.prompt_len), "-n", str(a.gen_len),
            "-t", str(a.threads), "-r", str(a.runs), "-o", "json"]
-    rc, out, err = run_cmd(cmd, a.timeout)
+    rc, out, err, others = run_measured(cmd, a.timeout)
     if rc != 0:
         return {"error": f"llama-bench failed (rc={rc}): {last_line(err)}", "cmd": cmd}
     data = parse_json_stdout(out)
     if not isinstance(data, list):
         return {"error": "llama-bench printed no JSON list", "cmd": cmd}
-    res = {"cmd": cmd}
+    res = {"cmd": cmd, "others_cpu_pct": others}
     for e in data:
         if not isinstance(e, dict):
             continue
@@ -202,7 +230,7 @@ def anna_speed(a):
     cmd = [exe, "--model", a.model, "--threads", str(a.threads),
            "--prompt-len", str(a.prompt_len), "--max-new-tokens", str(a.gen_len),
            "--runs", str(a.runs), "--json"]
-    rc, out, err = run_cmd(cmd, a.timeout)
+    rc, out, err, others = run_measured(cmd, a.timeout)
     if rc != 0:
         return {"error": f"anna-bench failed (rc={rc}): {last_line(err) or last_line(out)}",
                 "cmd": cmd}
@@ -213,7 +241,7 @@ def anna_speed(a):
     if pre is None or dec is None:
         return {"error": "anna-bench JSON lacks numeric arrays prefill_tok_s/decode_tok_s",
                 "cmd": cmd}
-    return {"cmd": cmd, "prefill": pre, "decode": dec}
+    return {"cmd": cmd, "prefill": pre, "decode": dec, "others_cpu_pct": others}
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -413,6 +441,11 @@ def main():
             notes.append(f"llama.cpp speed: {ls['error']}")
         if "error" in ans:
             notes.append(f"anna: not available ({ans['error']})")
+        for who, r in (("llama.cpp", ls), ("anna", ans)):
+            o = r.get("others_cpu_pct")
+            if o is not None and o >= 5:
+                notes.append(f"{who} speed runs shared the CPU: other processes used {o:.0f}% "
+                             f"of all cores meanwhile; tok/s is understated")
     if not a.skip_correctness:
         c = results["correctness"]
         if "error" in c:
