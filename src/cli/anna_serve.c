@@ -24,7 +24,10 @@ static void usage(FILE *f) {
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
           "  --max-body-bytes N (default 8 MiB)  --http-timeout-seconds S (default 60)\n"
-          "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n");
+          "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
+          "testing hooks:\n"
+          "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
+          "  --debug-step-delay-ms MS sleep after every engine step (slow generation on tiny models)\n");
 }
 
 int main(int argc, char **argv) {
@@ -103,6 +106,7 @@ int main(int argc, char **argv) {
       o.reasoning_deepseek = !strcmp(v, "deepseek");
     } else if (!strcmp(a, "--enable-thinking")) o.default_enable_thinking = 1;
     else if (!strcmp(a, "--disable-thinking")) o.default_enable_thinking = 0;
+    else if (!strcmp(a, "--debug-hooks")) o.debug_hooks = 1;
     else if (!strcmp(a, "--seed")) {
       NEEDV();
       int s;
@@ -121,6 +125,7 @@ int main(int argc, char **argv) {
     INTF("--scheduler-max-waiting-requests", 0, 1 << 20, k_waiting)
     INTF("--scheduler-max-queue-wait-ms", 0, 3600000, k_qwait)
     INTF("--metrics-log-interval-seconds", 0, 86400, o.metrics_log_interval_s)
+    INTF("--debug-step-delay-ms", 0, 10000, o.eng.debug_step_delay_ms)
     INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)
     INTF("--top-k", 0, 1 << 24, o.defaults.top_k)
     INTF("--max-body-bytes", 1024, 1 << 30, max_body)

@@ -52,6 +52,7 @@ void gen_request_release(gen_request *r) {
   free(r->prompts);
   free(r->n_prompt);
   for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+  free(r->forced);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
     free(r->choices[i].text);
     free(r->choices[i].toks);
@@ -118,6 +119,7 @@ struct engine {
   float *logits, *lp_row;
   int rr;
   int64_t admitted;
+  int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
 };
 
 static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
@@ -287,12 +289,18 @@ static void slot_sample(engine *e, int i, float *row) {
   sampler_accept(s->smp, t);
   if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   s->n_gen++;
+  int forced_end = 0;
+  if (r->forced) {
+    if ((size_t)s->n_gen <= r->n_forced) t = r->forced[s->n_gen - 1];
+    else forced_end = 1;
+    if (want_lp && !forced_end) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
+  }
   double now = engine_now();
   if (s->n_gen == 1) metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);
   else metrics_observe(e->mx, &e->mx->itl, (now - s->t_last) * 1000.0);
   s->t_last = now;
   metrics_add(e->mx, &e->mx->completion_tokens, 1);
-  int eog = !r->ignore_eos && tokenizer_is_eog(e->text->tok, t);
+  int eog = forced_end || (!r->ignore_eos && tokenizer_is_eog(e->text->tok, t));
   pthread_mutex_lock(&r->mu);
   gen_choice *c = &r->choices[s->ci];
   c->n_gen = s->n_gen;
@@ -312,7 +320,11 @@ static void slot_sample(engine *e, int i, float *row) {
   }
   char piece[256];
   size_t plen = 0;
-  if (tokenizer_stream_feed(s->ts, t, piece, sizeof piece, &plen, NULL, 0) == 0 && plen &&
+  /* Control tokens stay out of the text, except the reasoning / tool-call tags, which some
+   * vocabularies mark special but which the response parser has to see. */
+  int keep = !tokenizer_token_is_special(e->text->tok, t);
+  for (int k = 0; k < 4 && !keep; k++) keep = t == e->keep_ids[k];
+  if (keep && tokenizer_stream_feed(s->ts, t, piece, sizeof piece, &plen, NULL, 0) == 0 && plen &&
       txt_append(&s->txt, &s->len, &s->cap, piece, plen)) {
     slot_free(e, i, "error", "out of memory", 0);
     return;
@@ -495,6 +507,10 @@ static void *engine_main(void *arg) {
       int i = e->out_slot[k];
       if (e->slots[i].r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V);
     }
+    if (e->o.debug_step_delay_ms > 0) {
+      struct timespec d = {e->o.debug_step_delay_ms / 1000, (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
+      nanosleep(&d, NULL);
+    }
     int64_t kv = 0;
     for (int i = 0; i < S; i++) kv += e->slots[i].r ? anna_context_seq_len(e->ctx, i) : 0;
     pthread_mutex_lock(&e->mu);
@@ -552,7 +568,9 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
     goto fail;
   }
   for (int i = 0; i < S; i++)
-    if ((rc = tokenizer_stream_new(&e->slots[i].ts, text->tok, TOKENIZER_DECODE_SKIP_SPECIAL, err, errlen))) goto fail;
+    if ((rc = tokenizer_stream_new(&e->slots[i].ts, text->tok, 0, err, errlen))) goto fail;
+  const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
+  for (int k = 0; k < 4; k++) e->keep_ids[k] = tokenizer_token_id(text->tok, keep[k]);
   if (pthread_create(&e->th, NULL, engine_main, e)) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
     goto fail;

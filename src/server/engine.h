@@ -33,7 +33,8 @@ typedef struct engine_options {
   int max_prefill_tokens;/* prompt tokens per step (0: what the step has room for) */
   int max_decode_tokens; /* cached tokens over one step's decode sequences (0: off) */
   int max_waiting;       /* queued sequences before submit fails with ANNA_EBUSY-like ERANGE (0: off) */
-  int max_queue_wait_ms; /* fairness: an older waiter forces admission / a prefill step (0: off) */
+  int max_queue_wait_ms; /* fairness: an older waiter forces admission beyond max_batch_size (0: off) */
+  int debug_step_delay_ms; /* testing hook: sleep this long after every step */
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
@@ -68,6 +69,8 @@ typedef struct gen_request {
   char *stop[GEN_MAX_STOP];
   int n_stop;
   int logprobs, top_logprobs, ignore_eos;
+  int32_t *forced; /* testing hook: emit these ids instead of sampling, then stop; owned */
+  size_t n_forced;
   double t_arrival;
   /* Shared state. */
   pthread_mutex_t mu;

@@ -470,7 +470,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .defaults = o->defaults,
                           .default_max_tokens = o->default_max_tokens,
                           .max_n = 16,
-                          .default_enable_thinking = o->default_enable_thinking};
+                          .default_enable_thinking = o->default_enable_thinking,
+                          .debug_hooks = o->debug_hooks};
 
   struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
   char port[16];

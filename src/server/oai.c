@@ -544,6 +544,16 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
       goto done;
     }
   }
+  json_t *dbg = json_object_get(root, "anna_debug_output");
+  if (dbg && cfg->debug_hooks) {
+    char err[256];
+    if (!json_is_string(dbg) ||
+        tokenizer_encode(cfg->text->tok, json_string_value(dbg), json_string_length(dbg), 0, &job->r->forced,
+                         &job->r->n_forced, err, sizeof err)) {
+      oai_fail(e, 400, "anna_debug_output", "invalid_value", "'anna_debug_output' must be a string of valid UTF-8");
+      goto done;
+    }
+  }
   if (job->r->n_prompts * job->r->n > 64) {
     oai_fail(e, 400, "n", "invalid_value", "prompts x n must be at most 64");
     goto done;

@@ -34,6 +34,7 @@ typedef struct oai_config {
   int default_max_tokens;  /* chat; <= 0: up to the context */
   int max_n;
   int default_enable_thinking; /* -1: leave to the template */
+  int debug_hooks;             /* accept "anna_debug_output" (forced output text) */
 } oai_config;
 
 enum { OAI_CHAT = 0, OAI_COMPLETION = 1 };

@@ -81,7 +81,7 @@ static int parse_json_body(const char *b, size_t len, char **name, char **args) 
     char *as = NULL;
     if (!a || json_is_null(a)) as = strdup("{}");
     else if (json_is_string(a)) as = strdup(json_string_value(a));
-    else if (json_is_object(a)) as = json_dumps(a, JSON_COMPACT | JSON_ENSURE_ASCII);
+    else if (json_is_object(a)) as = json_dumps(a, JSON_COMPACT);
     if (as) {
       *name = strdup(json_string_value(n));
       *args = as;
@@ -128,7 +128,7 @@ static int parse_xml_body(const char *b, size_t len, char **name, char **args) {
     if (bad) goto fail;
     p = next;
   }
-  char *as = json_dumps(obj, JSON_COMPACT | JSON_ENSURE_ASCII);
+  char *as = json_dumps(obj, JSON_COMPACT);
   json_decref(obj);
   if (!as) {
     free(nm);

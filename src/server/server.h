@@ -32,6 +32,7 @@ typedef struct server_options {
   int max_connections;
   double shutdown_timeout_s;
   const char *profile_name;   /* for /healthz */
+  int debug_hooks;            /* testing: forced outputs per request */
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled
