@@ -113,7 +113,7 @@ def fixture_model():
 
 @pytest.fixture(scope="module")
 def srv(fixture_model):
-    s = Server(fixture_model, "--parallel", "8", "--ctx-size", "1024", "--debug-hooks",
+    s = Server(fixture_model, "--parallel", "8", "--ctx-size", "1024", "--debug-hooks", "--max-body-bytes", "1048576",
                "--reasoning-format", "deepseek", "--log-format", "json")
     yield s
     s.stop()
