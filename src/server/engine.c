@@ -401,6 +401,8 @@ static void *engine_main(void *arg) {
     int free_slots = 0;
     for (int i = 0; i < S; i++) free_slots += e->slots[i].r == NULL;
     int n_take = admit(e, take, free_slots, &dead);
+    /* Counted as running from now on, so a drain never sees the handover as idle. */
+    e->running = count_running(e) + n_take;
     if (stop)
       while (e->head) { /* shutdown: nothing queued survives */
         wunit *u = e->head;

@@ -13,6 +13,7 @@ enum { MODE_TEXT, MODE_REASON, MODE_TOOL };
 struct outparse {
   int reasoning, tools, mode, n_calls;
   int skip_ws; /* drop whitespace right after </think>: templates put "\n\n" there */
+  int bare;    /* 0: undecided whether the reply is one bare JSON call, 1: decided it is not */
   char *buf;   /* bytes not yet emitted */
   size_t len, cap;
 };
@@ -155,6 +156,15 @@ int outparse_tool_body(const char *body, size_t len, char **name, char **args) {
   return rc;
 }
 
+static int bare_call(const char *s, size_t n) {
+  json_error_t je;
+  json_t *o = json_loadb(s, n, 0, &je);
+  int ok = json_is_object(o) && json_object_size(o) == 2 && json_is_string(json_object_get(o, "name")) &&
+           json_is_object(json_object_get(o, "arguments"));
+  json_decref(o);
+  return ok;
+}
+
 static int emit_text(outparse *p, const char *s, size_t n, outparse_sink sink, void *ud) {
   int kind = p->mode == MODE_REASON ? OUTPARSE_REASONING : OUTPARSE_CONTENT;
   if (kind == OUTPARSE_CONTENT && p->skip_ws) {
@@ -162,6 +172,7 @@ static int emit_text(outparse *p, const char *s, size_t n, outparse_sink sink, v
     if (n) p->skip_ws = 0;
   }
   if (!n) return 0;
+  if (kind == OUTPARSE_CONTENT) p->bare = 1;
   return sink(ud, kind, s, n, NULL, 0);
 }
 
@@ -220,6 +231,25 @@ int outparse_feed(outparse *p, const char *s, size_t len, int final, outparse_si
       if ((rc = finish_call(p, p->buf, blen, 1, sink, ud))) return rc;
       drop(p, blen + sizeof TAG_UNCALL - 1);
       continue;
+    }
+    /* Small models often answer a tool prompt with the bare call object, no tags: a reply
+     * that starts with '{' is held to the end and becomes a call if it is exactly
+     * {"name": ..., "arguments": {...}}. */
+    if (p->tools && p->mode == MODE_TEXT && !p->bare) {
+      size_t k = 0;
+      while (k < p->len && isspace((unsigned char)p->buf[k])) k++;
+      if (k == p->len && !final) return 0;
+      if (k < p->len && p->buf[k] == '{') {
+        if (!final) return 0;
+        if (bare_call(p->buf + k, p->len - k)) {
+          p->mode = MODE_TOOL;
+          rc = finish_call(p, p->buf + k, p->len - k, 1, sink, ud);
+          p->mode = MODE_TEXT;
+          p->len = 0;
+          return rc;
+        }
+      }
+      p->bare = 1;
     }
     /* Text or reasoning: find the earliest tag that matters in this mode. */
     const char *tags[2];

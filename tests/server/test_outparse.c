@@ -91,6 +91,15 @@ int main(void) {
   check("less-than that is no tag", "a < b and <to be>", 1, 0, 1, "a < b and <to be>", "", "");
   check("utf-8 around tags", "\xc3\xa9t\xc3\xa9 <tool_call>{\"name\":\"f\",\"arguments\":{\"v\":\"\xe2\x82\xac\"}}</tool_call>", 0, 0, 1,
         "\xc3\xa9t\xc3\xa9 ", "", "f({\"v\":\"\xe2\x82\xac\"});");
+  check("bare json call", "\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", 0, 0, 1, "", "",
+        "get_weather({\"city\":\"Paris\"});");
+  check("bare json, tools off", "{\"name\": \"f\", \"arguments\": {}}", 0, 0, 0, "{\"name\": \"f\", \"arguments\": {}}", "", "");
+  check("json with other keys is content", "{\"name\": \"f\", \"arguments\": {}, \"x\": 1}", 0, 0, 1,
+        "{\"name\": \"f\", \"arguments\": {}, \"x\": 1}", "", "");
+  check("json after text is content", "Use {\"name\": \"f\", \"arguments\": {}}", 0, 0, 1,
+        "Use {\"name\": \"f\", \"arguments\": {}}", "", "");
+  check("json object then tag call", "{\"a\":1}<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>", 0, 0, 1,
+        "{\"a\":1}", "", "f({});");
   /* Direct body parser errors. */
   char *n, *a;
   const char *bad[] = {"", "{", "[1,2]", "{\"name\": 5}", "<function=>", "<function=f><parameter=>x</parameter>",
