@@ -212,6 +212,28 @@ def load_prompt_file(path: str) -> list[Prompt]:
     return out
 
 
+def warmup_prompt(salt: str, i: int) -> Prompt:
+    """Shares no text with the scenarios, so warm-up cannot prime a prefix
+    cache for the timed requests."""
+    tag = f"[warm-up {salt} {i}] " if salt else f"[warm-up {i}] "
+    return _mk_prompt("warmup", tag + "Reply with the single word: ready.")
+
+
+def apply_salt(prompts: list[Prompt], salt: str) -> list[Prompt]:
+    """Prefix the first message of every prompt with one per-invocation tag.
+    Prompt caches kept from an earlier run (llama.cpp keeps each slot's last
+    prompt) then cannot serve this run, while prefixes shared inside the run
+    (repeated-system) stay shared, and every server sees identical bytes."""
+    if not salt:
+        return prompts
+    out = []
+    for p in prompts:
+        msgs = [dict(m) for m in p.messages]
+        msgs[0]["content"] = f"[run {salt}] " + msgs[0]["content"]
+        out.append(Prompt(p.kind, msgs, f"[run {salt}] " + p.text))
+    return out
+
+
 def build_prompts(scenario: str, n: int, long_chars: int, system_chars: int,
                   prompt_file: str | None) -> list[Prompt]:
     """The n requests of a run, in submission order."""
@@ -309,6 +331,7 @@ class RequestResult:
     prompt_tokens: int | None = None
     token_source: str = "none"        # usage | chunks | none
     finish_reason: str | None = None
+    reconnects: int = 0               # keep-alive races retried (see _create)
 
 
 def _chunk_text(choice: Any, route: str) -> str:
@@ -360,7 +383,7 @@ def _request_kwargs(cfg: argparse.Namespace, model: str, prompt: Prompt) -> dict
         kw["temperature"] = cfg.temperature
     if cfg.seed is not None:
         kw["seed"] = cfg.seed
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(cfg.extra_body or {})
     if cfg.top_k is not None:
         extra["top_k"] = cfg.top_k
     if cfg.ignore_eos:
@@ -374,6 +397,26 @@ def _request_kwargs(cfg: argparse.Namespace, model: str, prompt: Prompt) -> dict
     return kw
 
 
+async def _create(api: Any, kw: dict[str, Any], res: RequestResult) -> tuple[Any, float]:
+    """POST once; retry once when the connection dropped before any response.
+    llama.cpp's HTTP server closes a keep-alive connection after a few
+    requests without saying so, and the client may already be writing the
+    next request on it ("Server disconnected without sending a response").
+    That is a transport race, not a server failure; retries of anything else
+    stay off so that real failures are counted. Returns (response, send time)."""
+    import openai
+
+    t_send = time.perf_counter()
+    try:
+        return await api.create(**kw), t_send
+    except openai.APIConnectionError as e:
+        if isinstance(e, openai.APITimeoutError) or "without sending a response" not in repr(e.__cause__):
+            raise
+    res.reconnects += 1
+    t_send = time.perf_counter()
+    return await api.create(**kw), t_send
+
+
 async def do_request(client: Any, cfg: argparse.Namespace, model: str, prompt: Prompt,
                      res: RequestResult, t0: float) -> None:
     """Fills `res`; never raises except CancelledError (the caller marks the
@@ -385,7 +428,7 @@ async def do_request(client: Any, cfg: argparse.Namespace, model: str, prompt: P
     usage = None
     try:
         if cfg.stream:
-            stream = await api.create(**kw)
+            stream, t_send = await _create(api, kw, res)
             last = None
             try:
                 async for chunk in stream:
@@ -407,7 +450,7 @@ async def do_request(client: Any, cfg: argparse.Namespace, model: str, prompt: P
             finally:
                 await stream.close()
         else:
-            resp = await api.create(**kw)
+            resp, t_send = await _create(api, kw, res)
             usage = getattr(resp, "usage", None)
             choices = getattr(resp, "choices", None) or []
             if choices:
@@ -482,7 +525,7 @@ async def run_target(cfg: argparse.Namespace, base_url: str, model: str | None, 
             if stop.is_set():
                 break
             w = RequestResult(index=-1, kind="warmup")
-            wp = prompts[i % len(prompts)]
+            wp = warmup_prompt(cfg.salt, i)
             wt = asyncio.ensure_future(do_request(client, cfg, model, wp, w, time.perf_counter()))
             st = asyncio.ensure_future(stop.wait())
             await asyncio.wait({wt, st}, return_when=asyncio.FIRST_COMPLETED)
@@ -582,6 +625,8 @@ def build_summary(cfg: argparse.Namespace, out: RunOutcome, per_request: bool) -
             "timeout_s": cfg.timeout,
             "long_chars": cfg.long_chars,
             "system_chars": cfg.system_chars,
+            "salt": cfg.salt,
+            "extra_body": cfg.extra_body,
         },
         "interrupted": out.interrupted,
         "counts": {
@@ -590,8 +635,10 @@ def build_summary(cfg: argparse.Namespace, out: RunOutcome, per_request: bool) -
             "failed": len(failed),
             "cancelled": len(cancelled),
             "not_started": sum(1 for r in rs if r.sent_s is None),
-            "empty_outputs": sum(1 for r in ok if r.output_tokens == 0),
+            # Streaming: no text at all (a usage count of 1 can be a bare EOS).
+            "empty_outputs": sum(1 for r in ok if (r.chunks == 0 if cfg.stream else r.output_tokens == 0)),
             "finish_length": sum(1 for r in ok if r.finish_reason == "length"),
+            "reconnects": sum(r.reconnects for r in rs),
         },
         "wall_s": out.wall_s,
         "requests_per_s": len(ok) / wall if ok else 0.0,
@@ -637,7 +684,8 @@ def format_text(s: dict[str, Any]) -> str:
         lines.append("INTERRUPTED: partial results (cancelled requests are excluded)")
     lines += [
         f"successful: {n['successful']}  failed: {n['failed']}  cancelled: {n['cancelled']}  "
-        f"not started: {n['not_started']}  empty: {n['empty_outputs']}  hit max_tokens: {n['finish_length']}",
+        f"not started: {n['not_started']}  empty: {n['empty_outputs']}  hit max_tokens: {n['finish_length']}  "
+        f"reconnects: {n.get('reconnects', 0)}",
         f"wall time s:    {_fmt(s['wall_s'], 3)}",
         f"requests/s:     {_fmt(s['requests_per_s'], 3)}",
         f"output tok/s:   {_fmt(s['output_tok_per_s'])}",
@@ -759,7 +807,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="sent as the request seed; also seeds the Poisson arrivals (0 when unset)")
     p.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos=true (llama.cpp, vLLM) so every request makes max_tokens tokens")
-    p.add_argument("--warmup", type=int, default=1, help="untimed requests sent one by one first")
+    p.add_argument("--warmup", type=int, default=1,
+                   help="untimed requests sent one by one first (their prompt shares no prefix with the run)")
+    p.add_argument("--salt", default="auto",
+                   help="tag prefixed to every prompt so caches from earlier runs do not hit: "
+                        "'auto' = random per invocation (same for every server), 'none', or a fixed string")
+    p.add_argument("--extra-body", type=json.loads, default=None, metavar="JSON",
+                   help='extra request fields, e.g. \'{"cache_prompt": false}\' for llama.cpp')
     p.add_argument("--timeout", type=float, default=300.0, help="per-request timeout, seconds")
     p.add_argument("--max-retries", type=int, default=0,
                    help="client retries on 429/5xx/connection errors; 0 so failures are counted, not hidden")
@@ -783,6 +837,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--timeout must be > 0; --long-chars, --system-chars, --max-retries >= 0")
     if a.scenario == "custom" and not a.prompt_file:
         p.error("--scenario custom needs --prompt-file")
+    if a.extra_body is not None and not isinstance(a.extra_body, dict):
+        p.error("--extra-body must be a JSON object")
+    if a.salt == "auto":
+        a.salt = "%08x" % random.SystemRandom().getrandbits(32)
+    elif a.salt == "none":
+        a.salt = ""
     a.base_url = a.base_url or ["http://127.0.0.1:8080"]
     n = len(a.base_url)
     if a.model and len(a.model) not in (1, n):
@@ -814,6 +874,7 @@ def load_summaries(paths: list[str]) -> list[dict[str, Any]]:
 
 async def amain(a: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
     prompts = build_prompts(a.scenario, a.requests, a.long_chars, a.system_chars, a.prompt_file)
+    prompts = apply_salt(prompts, a.salt)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = False

@@ -29,6 +29,7 @@ class StubConfig:
     fail_every: int = 0           # every Nth completion request answers HTTP 500
     stall_s: float = 0.0          # sleep this long before answering (timeouts)
     tokens_per_chunk: int = 1     # >1 imitates servers that batch tokens per chunk
+    drop_call: int = 0            # Nth completion request: close the socket, no response
     model: str = "stub-model"
 
 
@@ -135,6 +136,9 @@ class StubServer:
             return
         self.state.requests.append(req)
         self.state.completion_calls += 1
+        if self.cfg.drop_call and self.state.completion_calls == self.cfg.drop_call:
+            # What a keep-alive close race looks like to the client.
+            raise ConnectionResetError("scripted drop")
         if self.cfg.stall_s:
             await asyncio.sleep(self.cfg.stall_s)
         if self.cfg.fail_every and self.state.completion_calls % self.cfg.fail_every == 0:

@@ -42,7 +42,8 @@ def run_bench(args, capsys):
 
 
 def run_json(stub, capsys, *extra):
-    rc, out = run_bench(["--base-url", stub.base_url, "--json", "--warmup", "0", *extra], capsys)
+    rc, out = run_bench(["--base-url", stub.base_url, "--json", "--warmup", "0", "--salt", "none", *extra],
+                        capsys)
     return rc, json.loads(out)
 
 
@@ -113,7 +114,7 @@ def test_stream_with_usage_timings(stub, capsys):
                      "--seed", "5", "--top-k", "1")
     assert rc == 0
     assert s["counts"] == {"requests": 6, "successful": 6, "failed": 0, "cancelled": 0,
-                           "not_started": 0, "empty_outputs": 0, "finish_length": 0}
+                           "not_started": 0, "empty_outputs": 0, "finish_length": 0, "reconnects": 0}
     assert s["token_count_source"] == "usage"
     assert s["output_tokens"] == 6 * 8 and s["input_tokens"] > 0
     assert s["model"] == "stub-model"  # taken from GET /v1/models
@@ -262,3 +263,27 @@ def test_ctrl_c_prints_partial_results(stub):
     assert s["interrupted"] is True
     assert s["counts"]["cancelled"] == 6 and s["counts"]["not_started"] == 4
     assert "partial results" in err
+
+
+@pytest.mark.parametrize("stub", [StubConfig(drop_call=2)], indirect=True)
+def test_dropped_connection_before_response_is_retried_once(stub, capsys):
+    rc, s = run_json(stub, capsys, "--requests", "3", "--concurrency", "1")
+    assert rc == 0 and s["counts"]["successful"] == 3 and s["counts"]["reconnects"] == 1
+    assert len(stub.state.requests) == 4
+
+
+def test_salt_warmup_and_extra_body(stub, capsys):
+    rc, s = run_bench(["--base-url", stub.base_url, "--json", "--warmup", "2", "--requests", "3",
+                       "--scenario", "repeated-system", "--salt", "abc", "--extra-body", '{"cache_prompt": false}'],
+                      capsys)
+    assert rc == 0
+    reqs = stub.state.requests
+    assert len(reqs) == 5
+    warm, timed = reqs[:2], reqs[2:]
+    policy = hb.system_policy(2400)
+    assert all(policy not in m["content"] for r in warm for m in r["messages"])
+    assert all(r["messages"][0]["content"] == "[run abc] " + policy for r in timed)
+    assert all(r["cache_prompt"] is False for r in reqs)
+    assert json.loads(s)["config"]["salt"] == "abc"
+    with pytest.raises(SystemExit):
+        hb.main(["--extra-body", "[1]"])
