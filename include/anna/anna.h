@@ -45,6 +45,7 @@ typedef struct anna_context_options {
   int n_ctx;      /* max positions per sequence (default 4096) */
   int n_batch;    /* max tokens per anna_context_decode call (default 512) */
   int n_threads;  /* <= 0: one per core */
+  const char *device; /* NULL or "cpu": CPU; "cuda": the GPU (error if absent); "auto": GPU when present */
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */

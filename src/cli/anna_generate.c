@@ -21,7 +21,7 @@ static void usage(FILE *f) {
           "  --presence-penalty P  --frequency-penalty P  --seed S\n"
           "  --ctx-size N             context length (default: prompt + max-new-tokens)\n"
           "  --threads N              default: one per core\n"
-          "  --device cpu|auto  --dtype f32\n"
+          "  --device cpu|cuda|auto  --dtype f32\n"
           "  --print-ids              print generated ids as one comma-separated line\n"
           "  --dump-logits FILE       write float32 logits of every prompt position [n, vocab]\n"
           "  --quiet                  no statistics on stderr\n");
@@ -135,7 +135,7 @@ int main(int argc, char **argv) {
     goto fail;
   }
   const int n_batch = n < 512 ? (int)n : 512;
-  anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads};
+  anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && tokenizer_stream_new(&stream, text->tok, TOKENIZER_DECODE_SKIP_SPECIAL, err, sizeof err)) goto fail;

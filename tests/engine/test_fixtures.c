@@ -6,7 +6,7 @@
  * (3) greedy ids via prefill then one-token decode, equal to the reference up to the first
  * step whose margin is < 1e-3; (4) both cases decoded together as two sequences of one
  * batch give the same ids as decoded alone.
- * Usage: test_fixtures FIXTURES_DIR [--gguf GGUF_DIR] [model ...]
+ * Usage: test_fixtures FIXTURES_DIR [--gguf GGUF_DIR] [--device cpu|cuda|auto] [model ...]
  * With --gguf, the models are the llama.cpp-converted GGUF files of the same fixtures.
  */
 #include "anna/anna.h"
@@ -22,6 +22,7 @@
 
 static int g_fail;
 static const char *g_gguf_dir; /* --gguf DIR: load DIR/<name>.gguf, compare with the same references */
+static const char *g_device;   /* --device NAME: the context's device (default cpu) */
 
 #define CHECK(cond, ...)                                                                                               \
   do {                                                                                                                 \
@@ -147,7 +148,7 @@ static void test_model(const char *root, const char *name) {
     return;
   }
   anna_context *ctx = NULL;
-  anna_context_options o = {.n_seq = 2, .n_ctx = 1024, .n_batch = 640, .n_threads = 2};
+  anna_context_options o = {.n_seq = 2, .n_ctx = 1024, .n_batch = 640, .n_threads = 2, .device = g_device};
   if (anna_context_create(&ctx, m, &o, err, sizeof err)) {
     CHECK(0, "context: %s", err);
     anna_model_free(m);
@@ -251,9 +252,11 @@ int main(int argc, char **argv) {
   static const char *all[] = {"qwen3_5",     "qwen3_5_text", "qwen3_5_moe_text", "gemma4_text", "gemma3_text",
                               "qwen3",       "qwen2",        "llama",            "qwen3_moe"};
   int first = 2;
-  if (argc > 3 && !strcmp(argv[2], "--gguf")) {
-    g_gguf_dir = argv[3];
-    first = 4;
+  for (;;) {
+    if (argc > first + 1 && !strcmp(argv[first], "--gguf")) g_gguf_dir = argv[first + 1];
+    else if (argc > first + 1 && !strcmp(argv[first], "--device")) g_device = argv[first + 1];
+    else break;
+    first += 2;
   }
   if (argc > first)
     for (int i = first; i < argc; i++) test_model(argv[1], argv[i]);

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# gpu_check.sh: one complete CUDA measurement on a GPU machine: build (or use prebuilt
+# binaries), run the CUDA op tests and the fixture tests on the GPU, benchmark decode and
+# prefill with anna-generate --device cuda, and print a short table last.
+#
+#   scripts/gpu_check.sh [--prebuilt DIR] [--fixtures DIR] [--synth SHAPE] [--sanitize] [--out DIR]
+#
+# --prebuilt DIR: DIR/bin holds test_cuda_ops, test_fixtures, anna-generate built elsewhere
+#   (DIR/lib: shared libraries they need), for machines without the -dev packages.
+#   Without it the script configures build-gpu with -DANNA_CUDA=ON and builds there.
+# --fixtures DIR: the shared fixtures (default ../shared/fixtures).
+# --synth SHAPE: also write a synthetic real-shape model with tools/mkshape.py (e.g.
+#   qwen3.5-0.8b; bf16 safetensors + Q8_0 GGUF) and benchmark it.
+# --sanitize: also run test_cuda_ops under compute-sanitizer memcheck.
+set -u
+cd "$(dirname "$0")/.."
+PREBUILT="" FIX="../shared/fixtures" SYNTH="" SAN=0 OUTD="${OUT:-/tmp/gpu_check}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) PREBUILT="$2"; shift 2 ;;
+    --fixtures) FIX="$2"; shift 2 ;;
+    --synth) SYNTH="$2"; shift 2 ;;
+    --sanitize) SAN=1; shift ;;
+    --out) OUTD="$2"; shift 2 ;;
+    *) echo "unknown flag $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUTD"
+ROWS=()
+row() { ROWS+=("$(printf '%-34s %s' "$1" "$2")"); }
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib $(python3 -c 'import nvidia.cublas, os; print(os.path.dirname(nvidia.cublas.__file__) + "/lib")' 2>/dev/null); do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+
+if [ -n "$PREBUILT" ]; then
+  BIN="$PREBUILT/bin"
+  [ -d "$PREBUILT/lib" ] && export LD_LIBRARY_PATH="$(cd "$PREBUILT/lib" && pwd):$LD_LIBRARY_PATH"
+  row "build" "prebuilt ($PREBUILT)"
+else
+  t0=$(date +%s)
+  if cmake -S . -B build-gpu -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUTD/build.log" 2>&1 &&
+     cmake --build build-gpu -j"$(nproc)" --target test_cuda_ops test_fixtures anna-generate >>"$OUTD/build.log" 2>&1; then
+    row "build" "ok ($(( $(date +%s) - t0 )) s)"
+  else
+    tail -30 "$OUTD/build.log"; row "build" "FAILED (see build.log)"; printf '%s\n' "${ROWS[@]}"; exit 1
+  fi
+  mkdir -p build-gpu/bin
+  for b in tests/cuda/test_cuda_ops tests/engine/test_fixtures src/cli/anna-generate; do ln -sf "../$b" build-gpu/bin/; done
+  BIN=build-gpu/bin
+fi
+
+# 1. every op against the CPU backend, plus decode-matvec bandwidth
+"$BIN/test_cuda_ops" --bench 2>&1 | tee "$OUTD/ops.log"
+row "test_cuda_ops" "$(tail -1 "$OUTD/ops.log")"
+if [ "$SAN" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --print-limit 20 "$BIN/test_cuda_ops" >"$OUTD/memcheck.log" 2>&1
+  row "memcheck test_cuda_ops" "$(grep -E 'ERROR SUMMARY' "$OUTD/memcheck.log" | tail -1)"
+fi
+
+# 2. fixtures on the GPU: HF folders, the extra configurations, the GGUF conversions
+FX=""
+for m in qwen3_5 qwen3_5_text qwen3_5_moe_text gemma4_text gemma3_text qwen3 qwen2 llama qwen3_moe; do
+  [ -f "$FIX/$m/model.safetensors" ] && FX="$FX $m"
+done
+"$BIN/test_fixtures" "$FIX" --device cuda $FX 2>&1 | tee "$OUTD/fixtures.log" | grep -E "FAIL|^[a-z0-9_]+$|failure"
+row "fixtures (cuda):$FX" "$(tail -1 "$OUTD/fixtures.log")"
+"$BIN/test_fixtures" tests/fixtures --device cuda qwen3_5_x qwen3_5_moe_fused gemma4_kv gemma4_moe gemma3_x llama3 qwen3moe_x \
+  2>&1 | tee "$OUTD/fixtures_extra.log" | grep -E "FAIL|failure"
+row "fixtures extra (cuda)" "$(tail -1 "$OUTD/fixtures_extra.log")"
+GG=""
+for m in qwen3_5 qwen3_5_text qwen3_5_moe_text gemma4_text qwen3 qwen2 llama qwen3_moe; do
+  [ -f "$FIX/$m/expected.json" ] && GG="$GG $m"
+done
+"$BIN/test_fixtures" "$FIX" --gguf tests/fixtures/gguf --device cuda $GG 2>&1 | tee "$OUTD/fixtures_gguf.log" | grep -E "FAIL|failure"
+row "fixtures gguf (cuda)" "$(tail -1 "$OUTD/fixtures_gguf.log")"
+
+# 3. decode / prefill: 512-token prompt (ids), 128 new tokens
+IDS=$(python3 -c 'print(",".join(str((i * 37 + 11) % 997) for i in range(512)))')
+bench() { # name, model path, device
+  local line
+  line=$("$BIN/anna-generate" --model "$2" --device "$3" --prompt-ids "$IDS" --max-new-tokens 128 --threads 16 2>&1 >/dev/null |
+         grep '^\[anna\]' | tail -1)
+  echo "$1 [$3]: $line"
+  row "bench $1 [$3]" "$(echo "$line" | sed -E 's/.*prompt ([0-9]+) tok, ([0-9.]+) tok\/s \| generated ([0-9]+) tok, ([0-9.]+) tok\/s.*/prefill \2 tok\/s (\1) | decode \4 tok\/s (\3)/')"
+}
+[ -d "$FIX/qwen3_5_text" ] && bench qwen3_5_text "$FIX/qwen3_5_text" cuda
+[ -f tests/fixtures/gguf/qwen3_5_moe_text.gguf ] && bench qwen3_5_moe_text.gguf tests/fixtures/gguf/qwen3_5_moe_text.gguf cuda
+for g in "${ANNA_CACHE:-$HOME/.cache/anna}"/models/*.gguf; do
+  [ -f "$g" ] && bench "$(basename "$g")" "$g" cuda
+done
+if [ -n "$SYNTH" ]; then
+  SD=/tmp/anna_synth_$SYNTH
+  if [ ! -d "$SD" ]; then
+    t0=$(date +%s)
+    timeout 150 python3 tools/mkshape.py "$SYNTH" "$SD" --tokenizer "$FIX/tokenizer" --gguf q8_0 --no-mtp \
+      --tokenizer-gguf tests/fixtures/gguf/qwen3_5.gguf >"$OUTD/mkshape.log" 2>&1 || tail -5 "$OUTD/mkshape.log"
+    echo "mkshape: $(( $(date +%s) - t0 )) s"
+  fi
+  [ -f "$SD/config.json" ] && bench "$SYNTH bf16" "$SD" cuda
+  for g in "$SD"/*.gguf; do [ -f "$g" ] && bench "$(basename "$g")" "$g" cuda; done
+fi
+grep -E "copy_rows|matvec" "$OUTD/ops.log" | sed 's/^ *//' | while read -r l; do echo "$l"; done > "$OUTD/bw.txt"
+
+echo
+echo "==== gpu_check summary ===="
+printf '%s\n' "${ROWS[@]}"
+sed 's/^/bw: /' "$OUTD/bw.txt"

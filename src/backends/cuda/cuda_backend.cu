@@ -1,0 +1,300 @@
+/* cuda_backend.cu: device memory, the sticky error, the weight mirror, the pointer ring
+ * and the op table. Kernels live in one .cu per op family. */
+#include "backends/cuda/cuda_internal.h"
+
+#include "base/error.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEQ_FLOATS ((size_t)16 << 20) /* 64 MiB of f32 weight tile for GEMMs */
+#define RING_MIN ((size_t)1 << 20)
+
+/* anna_err's contract, local so this library needs nothing from anna's objects at link time. */
+static int put_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int put_err(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+int cuda_fail(cuda_impl *ci, int code, const char *fmt, ...) {
+  if (ci->err) return ci->err;
+  ci->err = code;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(ci->msg, sizeof ci->msg, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+bool cuda_check(cuda_impl *ci, cudaError_t e, const char *what) {
+  if (e == cudaSuccess) return true;
+  cuda_fail(ci, e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO, "cuda: %s: %s", what, cudaGetErrorString(e));
+  return false;
+}
+
+bool cuda_check_launch(cuda_impl *ci, const char *what) {
+  return cuda_check(ci, cudaGetLastError(), what);
+}
+
+/* ---- weight mirror ---- */
+
+static size_t mirror_slot(const void *p, size_t cap) {
+  uint64_t h = (uint64_t)(uintptr_t)p;
+  h ^= h >> 29;
+  h *= 0x9e3779b97f4a7c15ull;
+  return (size_t)(h >> 17) & (cap - 1);
+}
+
+static bool mirror_grow(cuda_impl *ci) {
+  size_t ncap = ci->map_cap ? ci->map_cap * 2 : 1024;
+  cuda_mirror_ent *nm = (cuda_mirror_ent *)calloc(ncap, sizeof *nm);
+  if (!nm) return cuda_fail(ci, ANNA_ENOMEM, "cuda: out of host memory for the weight mirror"), false;
+  for (size_t i = 0; i < ci->map_cap; i++) {
+    if (!ci->map[i].host) continue;
+    size_t s = mirror_slot(ci->map[i].host, ncap);
+    while (nm[s].host) s = (s + 1) & (ncap - 1);
+    nm[s] = ci->map[i];
+  }
+  free(ci->map);
+  ci->map = nm;
+  ci->map_cap = ncap;
+  return true;
+}
+
+const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (!host || ci->err) return NULL;
+  if (ci->map_cap) {
+    size_t s = mirror_slot(host, ci->map_cap);
+    while (ci->map[s].host) {
+      if (ci->map[s].host == host) {
+        if (ci->map[s].bytes >= bytes) return ci->map[s].dev;
+        /* Seen before with fewer bytes: replace the copy by a larger one. */
+        void *nd = NULL;
+        if (!cuda_check(ci, cudaMalloc(&nd, bytes), "mirror alloc")) return NULL;
+        if (!cuda_check(ci, cudaMemcpyAsync(nd, host, bytes, cudaMemcpyHostToDevice, ci->stream), "mirror copy"))
+          return NULL;
+        cudaStreamSynchronize(ci->stream);
+        cudaFree(ci->map[s].dev);
+        ci->map[s].dev = nd;
+        ci->map[s].bytes = bytes;
+        return nd;
+      }
+      s = (s + 1) & (ci->map_cap - 1);
+    }
+  }
+  cudaPointerAttributes at;
+  if (cudaPointerGetAttributes(&at, host) == cudaSuccess &&
+      (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged))
+    return host;
+  cudaGetLastError(); /* an unregistered host pointer may leave a benign error behind */
+  if ((ci->map_n + 1) * 2 > ci->map_cap && !mirror_grow(ci)) return NULL;
+  void *d = NULL;
+  if (!cuda_check(ci, cudaMalloc(&d, bytes ? bytes : 1), "mirror alloc")) return NULL;
+  if (!cuda_check(ci, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, ci->stream), "mirror copy")) {
+    cudaFree(d);
+    return NULL;
+  }
+  size_t s = mirror_slot(host, ci->map_cap);
+  while (ci->map[s].host) s = (s + 1) & (ci->map_cap - 1);
+  ci->map[s].host = host;
+  ci->map[s].dev = d;
+  ci->map[s].bytes = bytes;
+  ci->map_n++;
+  return d;
+}
+
+void cuda_backend_drop_mirrors(ops_backend *be) {
+  if (!be) return;
+  cuda_impl *ci = cuda_impl_of(be);
+  cudaStreamSynchronize(ci->stream);
+  for (size_t i = 0; i < ci->map_cap; i++)
+    if (ci->map[i].host) cudaFree(ci->map[i].dev);
+  free(ci->map);
+  ci->map = NULL;
+  ci->map_cap = ci->map_n = 0;
+}
+
+/* ---- pointer ring ---- */
+
+void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err) return NULL;
+  bytes = (bytes + 15) & ~(size_t)15;
+  if (bytes > ci->ring_cap) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: %zu bytes of op arguments exceed the %zu-byte ring", bytes, ci->ring_cap);
+    return NULL;
+  }
+  if (ci->ring_off + bytes > ci->ring_cap) {
+    /* Wrapping: every earlier copy out of the ring must have finished first. */
+    if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "ring sync")) return NULL;
+    ci->ring_off = 0;
+  }
+  char *h = ci->ring_h + ci->ring_off, *d = ci->ring_d + ci->ring_off;
+  memcpy(h, host, bytes);
+  ci->ring_off += bytes;
+  if (!cuda_check(ci, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, ci->stream), "ring copy")) return NULL;
+  return d;
+}
+
+/* ---- memory entries ---- */
+
+static void *cu_alloc(ops_backend *be, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  void *p = NULL;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+    cudaGetLastError(); /* out of memory is reported by the caller (NULL), not sticky */
+    return NULL;
+  }
+  if (!cuda_check(ci, cudaMemsetAsync(p, 0, bytes ? bytes : 1, ci->stream), "alloc memset")) {
+    cudaFree(p);
+    return NULL;
+  }
+  return p;
+}
+
+static void cu_free(ops_backend *be, void *p) {
+  (void)be;
+  if (p) cudaFree(p);
+}
+
+static void cu_memset0(ops_backend *be, void *p, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || !bytes) return;
+  cuda_check(ci, cudaMemsetAsync(p, 0, bytes, ci->stream), "memset");
+}
+
+static void cu_upload(ops_backend *be, void *dst, const void *src, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || !bytes) return;
+  if (cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "upload"))
+    cuda_check(ci, cudaStreamSynchronize(ci->stream), "upload sync");
+}
+
+static void cu_download(ops_backend *be, void *dst, const void *src, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err) {
+    memset(dst, 0, bytes); /* defined output even after a failure; the error is reported */
+    return;
+  }
+  if (!bytes) return;
+  if (cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ci->stream), "download"))
+    cuda_check(ci, cudaStreamSynchronize(ci->stream), "download sync");
+}
+
+/* ---- backend ---- */
+
+extern "C" int cuda_backend_available(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n > 0;
+}
+
+extern "C" const char *cuda_backend_device_name(void) {
+  static char name[256];
+  cudaDeviceProp p;
+  if (!cuda_backend_available() || cudaGetDeviceProperties(&p, 0) != cudaSuccess) return "none";
+  snprintf(name, sizeof name, "%s", p.name);
+  return name;
+}
+
+extern "C" int cuda_backend_error(ops_backend *be, char *err, size_t errlen) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (!ci->err) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
+  if (!ci->err) return 0;
+  return put_err(err, errlen, ci->err, "%s", ci->msg);
+}
+
+extern "C" void cuda_backend_free(ops_backend *be) {
+  if (!be) return;
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci) {
+    if (ci->stream) cudaStreamSynchronize(ci->stream);
+    cuda_backend_drop_mirrors(be);
+    if (ci->deq) cudaFree(ci->deq);
+    if (ci->ring_d) cudaFree(ci->ring_d);
+    if (ci->ring_h) cudaFreeHost(ci->ring_h);
+    if (ci->blas) cublasDestroy(ci->blas);
+    if (ci->stream) cudaStreamDestroy(ci->stream);
+    free(ci);
+  }
+  free(be);
+}
+
+extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen) {
+  *out = NULL;
+  if (!cuda_backend_available()) return put_err(err, errlen, ANNA_EUNSUPPORTED, "cuda: no CUDA device found");
+  if (max_batch < 1) max_batch = 1;
+  ops_backend *be = (ops_backend *)calloc(1, sizeof *be);
+  cuda_impl *ci = (cuda_impl *)calloc(1, sizeof *ci);
+  if (!be || !ci) {
+    free(be);
+    free(ci);
+    return put_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  be->impl = ci;
+  cudaError_t e;
+  const char *what = "set device";
+  ci->ring_cap = RING_MIN;
+  if ((size_t)max_batch * 64 > ci->ring_cap) ci->ring_cap = (size_t)max_batch * 64;
+  if ((e = cudaSetDevice(0)) != cudaSuccess ||
+      (what = "stream", e = cudaStreamCreateWithFlags(&ci->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (what = "scratch", e = cudaMalloc((void **)&ci->deq, DEQ_FLOATS * sizeof(float))) != cudaSuccess ||
+      (what = "ring", e = cudaMalloc((void **)&ci->ring_d, ci->ring_cap)) != cudaSuccess ||
+      (what = "pinned ring", e = cudaHostAlloc((void **)&ci->ring_h, ci->ring_cap, cudaHostAllocDefault)) !=
+          cudaSuccess) {
+    int code = e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO;
+    cudaGetLastError();
+    cuda_backend_free(be);
+    return put_err(err, errlen, code, "cuda backend: %s: %s", what, cudaGetErrorString(e));
+  }
+  ci->deq_floats = DEQ_FLOATS;
+  ci->max_batch = max_batch;
+  if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
+    ci->blas = NULL;
+    cuda_backend_free(be);
+    return put_err(err, errlen, ANNA_EIO, "cuda backend: cannot create a cuBLAS handle");
+  }
+  cublasSetStream(ci->blas, ci->stream);
+  /* Plain f32 GEMMs: activations are f32 and the fixtures hold logits to 2e-3. */
+  cublasSetMathMode(ci->blas, CUBLAS_PEDANTIC_MATH);
+  be->name = "cuda";
+  be->alloc = cu_alloc;
+  be->free = cu_free;
+  be->memset0 = cu_memset0;
+  be->upload = cu_upload;
+  be->download = cu_download;
+  be->matmul = cuda_op_matmul;
+  be->embed = cuda_op_embed;
+  be->rmsnorm = cuda_op_rmsnorm;
+  be->rope = cuda_op_rope;
+  be->attention = cuda_op_attention;
+  be->act_mul = cuda_op_act_mul;
+  be->conv1d_silu = cuda_op_conv1d_silu;
+  be->gdn_chunked = cuda_op_gdn_chunked;
+  be->gdn_recurrent = cuda_op_gdn_recurrent;
+  be->gdn_gates = cuda_op_gdn_gates;
+  be->l2norm = cuda_op_l2norm;
+  be->rmsnorm_gated = cuda_op_rmsnorm_gated;
+  be->add = cuda_op_add;
+  be->scale = cuda_op_scale;
+  be->mul_sigmoid = cuda_op_mul_sigmoid;
+  be->copy_rows = cuda_op_copy_rows;
+  be->scatter_rows = cuda_op_scatter_rows;
+  be->softcap = cuda_op_softcap;
+  be->moe_ffn = cuda_op_moe_ffn;
+  be->moe_route = cuda_op_moe_route;
+  *out = be;
+  return 0;
+}

@@ -1,0 +1,46 @@
+/* cuda_backend.h: the CUDA op table (ops.h) over device memory on one stream.
+ *
+ * Owns: a cuBLAS handle, one non-blocking stream, a scratch arena (weight-tile
+ * dequantization for GEMMs, pinned + device rings for the host pointer arrays some ops
+ * take) and the weight mirror: host weights and the model's small f32 vectors passed to
+ * ops are copied to the device on first use and cached, keyed by host address, until the
+ * backend is freed (the model must not change a mirrored buffer meanwhile).
+ *
+ * Errors never abort: a failed CUDA/cuBLAS call or an unsupported argument sets a sticky
+ * error; every later op becomes a no-op and cuda_backend_error reports the first failure.
+ * alloc returns NULL when device memory is exhausted.
+ */
+#ifndef ANNA_BACKENDS_CUDA_H
+#define ANNA_BACKENDS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when a usable CUDA device is present (never fails loudly; 0 otherwise). */
+int cuda_backend_available(void);
+
+/* max_batch: most rows any op gets per call (sizes the pointer rings). Caller frees with
+ * cuda_backend_free. Returns 0, ANNA_EUNSUPPORTED (no device) or ANNA_ENOMEM. */
+int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen);
+void cuda_backend_free(ops_backend *be);
+
+/* Waits for queued work, then returns 0 or the sticky error (message into err). */
+int cuda_backend_error(ops_backend *be, char *err, size_t errlen);
+
+/* Forgets every mirrored weight (frees their device copies): for callers that reuse host
+ * buffers with new contents at the same address (tests). */
+void cuda_backend_drop_mirrors(ops_backend *be);
+
+/* Device name for logs ("NVIDIA H200"); static storage, "none" without a device. */
+const char *cuda_backend_device_name(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,259 @@
+/* cuda_elem.cu: norms, rope and the elementwise ops. Row ops use one block per row with
+ * a shuffle reduction; elementwise ops one thread per element (grid-stride). */
+#include "backends/cuda/cuda_internal.h"
+
+#include "base/error.h"
+#include "model/config.h"
+
+#define ROW_THREADS 256
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result. */
+__device__ float block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+    s = warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  float r = total;
+  __syncthreads(); /* part/total are reused by the next call */
+  return r;
+}
+
+__device__ __forceinline__ float silu_f(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+static __global__ void k_rmsnorm(float *y, const float *x, const float *w, int d, float eps, int one_plus) {
+  const int64_t r = blockIdx.x;
+  const float *xr = x + r * d;
+  float *yr = y + r * d;
+  float ss = 0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = rsqrtf(ss / (float)d + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = xr[i] * inv;
+    if (w) v *= one_plus ? 1.0f + w[i] : w[i];
+    yr[i] = v;
+  }
+}
+
+static __global__ void k_l2norm(float *x, int d, float eps, float scale) {
+  float *xr = x + (int64_t)blockIdx.x * d;
+  float ss = 0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = scale / sqrtf(ss + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] *= inv;
+}
+
+static __global__ void k_rmsnorm_gated(float *y, const float *x, const float *z, const float *w, int d, float eps) {
+  const int64_t r = blockIdx.x;
+  const float *xr = x + r * d, *zr = z + r * d;
+  float *yr = y + r * d;
+  float ss = 0;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = block_sum(ss);
+  const float inv = rsqrtf(ss / (float)d + eps);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv) * silu_f(zr[i]);
+}
+
+/* Rows go on grid.x up to 2^31-1; more rows than that are split into launches. */
+#define FOR_ROW_CHUNKS(rows, r0, cnt)                                                                                 \
+  for (int64_t r0 = 0, cnt = 0; r0 < (rows); r0 += cnt)                                                              \
+    if ((cnt = ((rows)-r0 < 0x7fffffff ? (rows)-r0 : 0x7fffffff)), 1)
+
+static int row_threads(int d) {
+  int t = ((d + 31) / 32) * 32;
+  return t < ROW_THREADS ? (t < 32 ? 32 : t) : ROW_THREADS;
+}
+
+void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d, float eps,
+                     int one_plus) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || rows <= 0 || d <= 0) return;
+  const float *wd = w ? (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float)) : NULL;
+  if (w && !wd) return;
+  FOR_ROW_CHUNKS(rows, r0, cnt)
+  k_rmsnorm<<<(unsigned)cnt, row_threads(d), 0, ci->stream>>>(y + r0 * d, x + r0 * d, wd, d, eps, one_plus);
+  cuda_check_launch(ci, "rmsnorm");
+}
+
+void cuda_op_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || rows <= 0 || d <= 0) return;
+  FOR_ROW_CHUNKS(rows, r0, cnt)
+  k_l2norm<<<(unsigned)cnt, row_threads(d), 0, ci->stream>>>(x + r0 * d, d, eps, scale);
+  cuda_check_launch(ci, "l2norm");
+}
+
+void cuda_op_rmsnorm_gated(ops_backend *be, float *y, const float *x, const float *z, const float *w, int64_t rows,
+                           int d, float eps) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || rows <= 0 || d <= 0) return;
+  const float *wd = (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float));
+  if (!wd) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: rmsnorm_gated without a weight");
+    return;
+  }
+  FOR_ROW_CHUNKS(rows, r0, cnt)
+  k_rmsnorm_gated<<<(unsigned)cnt, row_threads(d), 0, ci->stream>>>(y + r0 * d, x + r0 * d, z + r0 * d, wd, d,
+                                                                    eps);
+  cuda_check_launch(ci, "rmsnorm_gated");
+}
+
+/* ---- elementwise ---- */
+
+#define GRID_STRIDE(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); \
+                               i += (int64_t)gridDim.x * blockDim.x)
+
+static unsigned ew_blocks(int64_t n) {
+  int64_t b = (n + 255) / 256;
+  return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+static __global__ void k_act_mul(float *y, const float *gate, const float *up, int64_t n, int d, int64_t gs,
+                                 int64_t us, int act) {
+  GRID_STRIDE(i, n * d) {
+    const int64_t t = i / d, j = i % d;
+    const float g = gate[t * gs + j], u = up[t * us + j];
+    y[i] = (act == ACT_KIND_GELU_TANH ? gelu_tanh_f(g) : silu_f(g)) * u;
+  }
+}
+
+void cuda_op_act_mul(ops_backend *be, float *y, const float *gate, const float *up, int64_t n, int d,
+                     int64_t gate_stride, int64_t up_stride, int act) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0 || d <= 0) return;
+  k_act_mul<<<ew_blocks(n * d), 256, 0, ci->stream>>>(y, gate, up, n, d, gate_stride, up_stride, act);
+  cuda_check_launch(ci, "act_mul");
+}
+
+static __global__ void k_add(float *y, const float *x, int64_t n) {
+  GRID_STRIDE(i, n) y[i] += x[i];
+}
+
+void cuda_op_add(ops_backend *be, float *y, const float *x, int64_t n) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  k_add<<<ew_blocks(n), 256, 0, ci->stream>>>(y, x, n);
+  cuda_check_launch(ci, "add");
+}
+
+static __global__ void k_scale(float *y, float s, int64_t n) {
+  GRID_STRIDE(i, n) y[i] *= s;
+}
+
+void cuda_op_scale(ops_backend *be, float *y, float s, int64_t n) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  k_scale<<<ew_blocks(n), 256, 0, ci->stream>>>(y, s, n);
+  cuda_check_launch(ci, "scale");
+}
+
+static __global__ void k_mul_sigmoid(float *y, const float *g, int64_t rows, int d, int64_t gs, int bcast) {
+  GRID_STRIDE(i, rows * d) {
+    const int64_t r = i / d, j = i % d;
+    y[i] *= 1.0f / (1.0f + expf(-g[r * gs + (bcast ? 0 : j)]));
+  }
+}
+
+void cuda_op_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows, int d, int64_t g_stride,
+                         int g_bcast) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || rows <= 0 || d <= 0) return;
+  k_mul_sigmoid<<<ew_blocks(rows * d), 256, 0, ci->stream>>>(y, g, rows, d, g_stride, g_bcast);
+  cuda_check_launch(ci, "mul_sigmoid");
+}
+
+static __global__ void k_copy_rows(float *dst, int64_t ds, const float *src, int64_t ss, int64_t rows, int d) {
+  GRID_STRIDE(i, rows * d) {
+    const int64_t r = i / d, j = i % d;
+    dst[r * ds + j] = src[r * ss + j];
+  }
+}
+
+void cuda_op_copy_rows(ops_backend *be, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                       int64_t rows, int d) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || rows <= 0 || d <= 0) return;
+  k_copy_rows<<<ew_blocks(rows * d), 256, 0, ci->stream>>>(dst, dst_stride, src, src_stride, rows, d);
+  cuda_check_launch(ci, "copy_rows");
+}
+
+static __global__ void k_scatter_rows(float *const *dst, const float *src, int64_t rows, int d) {
+  GRID_STRIDE(i, rows * d) {
+    const int64_t r = i / d, j = i % d;
+    dst[r][j] = src[i];
+  }
+}
+
+void cuda_op_scatter_rows(ops_backend *be, float *const *dst, const float *src, int64_t rows, int d) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || rows <= 0 || d <= 0) return;
+  float *const *dd = (float *const *)cuda_ring_put(be, dst, (size_t)rows * sizeof(float *));
+  if (!dd) return;
+  k_scatter_rows<<<ew_blocks(rows * d), 256, 0, ci->stream>>>(dd, src, rows, d);
+  cuda_check_launch(ci, "scatter_rows");
+}
+
+static __global__ void k_softcap(float *y, int64_t n, float cap) {
+  GRID_STRIDE(i, n) y[i] = cap * tanhf(y[i] / cap);
+}
+
+void cuda_op_softcap(ops_backend *be, float *y, int64_t n, float cap) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  k_softcap<<<ew_blocks(n), 256, 0, ci->stream>>>(y, n, cap);
+  cuda_check_launch(ci, "softcap");
+}
+
+/* ---- rope: one thread per (token, head, pair) ---- */
+
+static __global__ void k_rope(float *x, int64_t n, int n_heads, int head_dim, int64_t stride, int hr,
+                              const float *inv_freq, const int32_t *pos, int interleaved) {
+  GRID_STRIDE(it, n * n_heads * hr) {
+    const int i = (int)(it % hr);
+    const int64_t th = it / hr;
+    const int h = (int)(th % n_heads);
+    const int64_t t = th / n_heads;
+    /* Angle rounded to f32 first, as the reference computes it. */
+    const float ang = (float)pos[t] * inv_freq[i];
+    float s, c;
+    sincosf(ang, &s, &c);
+    const int step = interleaved ? 2 : 1, off = interleaved ? 1 : hr;
+    float *v = x + t * stride + (int64_t)h * head_dim;
+    const float a = v[i * step], b = v[i * step + off];
+    v[i * step] = a * c - b * s;
+    v[i * step + off] = b * c + a * s;
+  }
+}
+
+void cuda_op_rope(ops_backend *be, float *x, int64_t n, int n_heads, int head_dim, int64_t stride, int rot,
+                  const float *inv_freq, const int32_t *pos, int interleaved) {
+  cuda_impl *ci = cuda_impl_of(be);
+  const int hr = rot / 2;
+  if (ci->err || n <= 0 || n_heads <= 0 || hr <= 0) return;
+  const float *fd = (const float *)cuda_mirror(be, inv_freq, (size_t)hr * sizeof(float));
+  if (!fd) return;
+  k_rope<<<ew_blocks(n * n_heads * hr), 256, 0, ci->stream>>>(x, n, n_heads, head_dim, stride, hr, fd, pos,
+                                                                interleaved);
+  cuda_check_launch(ci, "rope");
+}

@@ -1,0 +1,94 @@
+/* cuda_internal.h: shared between the CUDA backend's .cu files; not a public interface.
+ * Each op family's file exports host launchers only (cuda_op_*); kernels stay static. */
+#ifndef ANNA_BACKENDS_CUDA_INTERNAL_H
+#define ANNA_BACKENDS_CUDA_INTERNAL_H
+
+#include "backends/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+typedef struct cuda_mirror_ent {
+  const void *host;
+  void *dev;
+  size_t bytes;
+} cuda_mirror_ent;
+
+typedef struct cuda_impl {
+  int device;
+  cudaStream_t stream;
+  cublasHandle_t blas;
+  int err;          /* sticky: first ANNA_E* code, 0 while healthy */
+  char msg[256];
+  cuda_mirror_ent *map; /* open addressing on the host address */
+  size_t map_cap, map_n;
+  float *deq;       /* weight tiles dequantized to f32 for GEMM */
+  size_t deq_floats;
+  char *ring_h, *ring_d; /* pinned host ring and its device twin */
+  size_t ring_cap, ring_off;
+  int64_t max_batch;
+} cuda_impl;
+
+static inline cuda_impl *cuda_impl_of(ops_backend *be) {
+  return (cuda_impl *)be->impl;
+}
+
+/* Records the first failure (later ones are consequences); returns the code. */
+int cuda_fail(cuda_impl *ci, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Checks a runtime result / the last launch; false (and sticky error) on failure. */
+bool cuda_check(cuda_impl *ci, cudaError_t e, const char *what);
+bool cuda_check_launch(cuda_impl *ci, const char *what);
+
+/* Device address for a host buffer of `bytes` (the model's weights and vectors): the
+ * mirror, made on first use; a device pointer is returned as is. NULL on failure (sticky
+ * error set) or when host is NULL. */
+const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes);
+/* Copies `bytes` of host data through the pinned ring to device memory valid for work
+ * queued on the stream after this call. NULL on failure. */
+void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
+
+/* Launchers (one per op; signatures as ops.h). */
+void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias);
+void cuda_op_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
+                   float scale);
+void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d, float eps,
+                     int one_plus);
+void cuda_op_rope(ops_backend *be, float *x, int64_t n, int n_heads, int head_dim, int64_t stride, int rot,
+                  const float *inv_freq, const int32_t *pos, int interleaved);
+void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a);
+void cuda_op_act_mul(ops_backend *be, float *y, const float *gate, const float *up, int64_t n, int d,
+                     int64_t gate_stride, int64_t up_stride, int act);
+void cuda_op_conv1d_silu(ops_backend *be, float *y, const float *x, int64_t n, int ch, const float *w, int kw,
+                         float *state);
+void cuda_op_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
+void cuda_op_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
+void cuda_op_gdn_gates(ops_backend *be, float *beta, float *g, const float *b, int64_t b_stride, const float *a,
+                       int64_t a_stride, const float *a_log, const float *dt_bias, int64_t n, int h);
+void cuda_op_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale);
+void cuda_op_rmsnorm_gated(ops_backend *be, float *y, const float *x, const float *z, const float *w,
+                           int64_t rows, int d, float eps);
+void cuda_op_add(ops_backend *be, float *y, const float *x, int64_t n);
+void cuda_op_scale(ops_backend *be, float *y, float s, int64_t n);
+void cuda_op_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows, int d, int64_t g_stride,
+                         int g_bcast);
+void cuda_op_copy_rows(ops_backend *be, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
+                       int64_t rows, int d);
+void cuda_op_scatter_rows(ops_backend *be, float *const *dst, const float *src, int64_t rows, int d);
+void cuda_op_softcap(ops_backend *be, float *y, int64_t n, float cap);
+void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int hidden, const int32_t *idx,
+                     const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
+                     int act, float *scratch);
+void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts,
+                       int k, int renorm, const float *per_expert);
+
+/* Grid size for a 1-D elementwise launch of n items with `threads` per block. */
+static inline unsigned cuda_blocks(int64_t n, int threads) {
+  int64_t b = (n + threads - 1) / threads;
+  if (b < 1) b = 1;
+  if (b > 1 << 30) b = 1 << 30;
+  return (unsigned)b;
+}
+
+#endif

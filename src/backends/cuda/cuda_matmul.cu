@@ -1,0 +1,253 @@
+/* cuda_matmul.cu: y = x W^T and embedding lookups, for bf16/f16/f32 and the llama.cpp
+ * quantized weight types.
+ *
+ * Decode (n <= MV_MAX_TOK tokens): one warp per weight row reads the row once and dots it
+ * with every token's activations (f32 accumulation); plain types use 16-byte loads when
+ * rows and activations are aligned. Quantized rows are decoded in-kernel, 32 elements per
+ * lane step. Prefill: weights are decoded to f32 in row tiles (f32 weights are used in
+ * place) and multiplied by cuBLAS SGEMM, so results match the f32 CPU reference to
+ * rounding. */
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_quant.cuh"
+
+#include "base/error.h"
+
+#define MV_MAX_TOK 8
+#define MV_WARPS 8
+
+template <int TYPE, int NT>
+static __global__ void k_matvec_plain(float *y, const float *x, const void *W, int64_t rows, int64_t cols,
+                                      int vec) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const int esz = TYPE == ANNA_DTYPE_F32 ? 4 : 2;
+  const char *row = (const char *)W + r * cols * esz;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+  int64_t i0 = 0;
+  if (vec) {
+    /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. */
+    for (int64_t i = (int64_t)lane * 8; i + 8 <= cols; i += 256) {
+      float w[8];
+      if (TYPE == ANNA_DTYPE_F32) {
+        const float4 a = *(const float4 *)(row + i * 4), b = *(const float4 *)(row + i * 4 + 16);
+        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+      } else {
+        const uint4 q = *(const uint4 *)(row + i * 2);
+        const uint32_t p[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          if (TYPE == ANNA_DTYPE_BF16) {
+            w[2 * j] = __uint_as_float(p[j] << 16);
+            w[2 * j + 1] = __uint_as_float(p[j] & 0xffff0000u);
+          } else {
+            w[2 * j] = __half2float(__ushort_as_half((unsigned short)(p[j] & 0xffff)));
+            w[2 * j + 1] = __half2float(__ushort_as_half((unsigned short)(p[j] >> 16)));
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        const float4 a = *(const float4 *)(x + t * cols + i), b = *(const float4 *)(x + t * cols + i + 4);
+        acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z +
+                  w[7] * b.w;
+      }
+    }
+    i0 = cols & ~(int64_t)7;
+  }
+  for (int64_t i = i0 + lane; i < cols; i += 32) {
+    const float w = cuda_ldw(TYPE, row, i);
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] += w * x[t * cols + i];
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    float v = acc[t];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[t * rows + r] = v;
+  }
+}
+
+template <int NT>
+static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols,
+                                      int64_t row_bytes, int type) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  const uint8_t *row = W + r * row_bytes;
+  float acc[NT];
+#pragma unroll
+  for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+  const int64_t units = cols / 32;
+  for (int64_t u = lane; u < units; u += 32) {
+    float w[32];
+    cuda_deq32(type, row, u, w);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      const float *xv = x + t * cols + u * 32;
+      float s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 32; j++) s += w[j] * xv[j];
+      acc[t] += s;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < NT; t++) {
+    float v = acc[t];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[t * rows + r] = v;
+  }
+}
+
+/* Rows [0, m) of W (any supported type) to f32 dst[m, cols]. */
+static __global__ void k_dequant_rows(float *dst, const uint8_t *W, int64_t m, int64_t cols, int64_t row_bytes,
+                                      int type) {
+  if (cuda_float_type(type)) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m * cols; i += (int64_t)gridDim.x * blockDim.x)
+      dst[i] = cuda_ldw(type, W + (i / cols) * row_bytes, i % cols);
+    return;
+  }
+  const int64_t units = cols / 32;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m * units; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / units, u = i % units;
+    float w[32];
+    cuda_deq32(type, W + r * row_bytes, u, w);
+    float *o = dst + r * cols + u * 32;
+#pragma unroll
+    for (int j = 0; j < 32; j++) o[j] = w[j];
+  }
+}
+
+static __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t rows) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * rows; i += (int64_t)gridDim.x * blockDim.x)
+    y[i] += bias[i % rows];
+}
+
+static unsigned grid_for(int64_t n) {
+  int64_t b = (n + 255) / 256;
+  return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+/* Checks the weight and returns its device copy (NULL with a sticky error otherwise). */
+static const uint8_t *weight_dev(ops_backend *be, const ops_weight *w, int64_t *row_bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (!cuda_float_type(w->type) && !cuda_quant_supported(w->type)) {
+    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: weight type %s is not supported", dtype_name(w->type));
+    return NULL;
+  }
+  const int64_t rb = dtype_row_bytes(w->type, w->cols);
+  if (rb <= 0 || w->rows <= 0) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: bad weight shape [%lld, %lld] for %s", (long long)w->rows,
+              (long long)w->cols, dtype_name(w->type));
+    return NULL;
+  }
+  *row_bytes = rb;
+  return (const uint8_t *)cuda_mirror(be, w->data, (size_t)(rb * w->rows));
+}
+
+template <int NT>
+static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
+                          int64_t rb, int vec) {
+  const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
+  const int th = 32 * MV_WARPS;
+  switch (w->type) {
+  case ANNA_DTYPE_F32: k_matvec_plain<ANNA_DTYPE_F32, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
+  case ANNA_DTYPE_F16: k_matvec_plain<ANNA_DTYPE_F16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
+  case ANNA_DTYPE_BF16:
+    k_matvec_plain<ANNA_DTYPE_BF16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec);
+    break;
+  default: k_matvec_quant<NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, w->type); break;
+  }
+}
+
+void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  int64_t rb = 0;
+  const uint8_t *W = weight_dev(be, w, &rb);
+  if (!W) return;
+  const float *bd = bias ? (const float *)cuda_mirror(be, bias, (size_t)w->rows * sizeof(float)) : NULL;
+  if (bias && !bd) return;
+  if (n <= MV_MAX_TOK) {
+    const int vec = w->cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    switch (n) {
+    case 1: launch_matvec<1>(ci->stream, y, x, W, w, rb, vec); break;
+    case 2: launch_matvec<2>(ci->stream, y, x, W, w, rb, vec); break;
+    case 3: launch_matvec<3>(ci->stream, y, x, W, w, rb, vec); break;
+    case 4: launch_matvec<4>(ci->stream, y, x, W, w, rb, vec); break;
+    case 5: launch_matvec<5>(ci->stream, y, x, W, w, rb, vec); break;
+    case 6: launch_matvec<6>(ci->stream, y, x, W, w, rb, vec); break;
+    case 7: launch_matvec<7>(ci->stream, y, x, W, w, rb, vec); break;
+    default: launch_matvec<8>(ci->stream, y, x, W, w, rb, vec); break;
+    }
+    if (!cuda_check_launch(ci, "matvec")) return;
+  } else {
+    const float one = 1.0f, zero = 0.0f;
+    if (w->cols > (int64_t)ci->deq_floats || w->cols > 0x7fffffff || n > 0x7fffffff) {
+      cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: matmul of %lld columns exceeds the GEMM tile", (long long)w->cols);
+      return;
+    }
+    int64_t tile = (int64_t)ci->deq_floats / w->cols;
+    if (tile > w->rows) tile = w->rows;
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+      const int64_t m = w->rows - r0 < tile ? w->rows - r0 : tile;
+      const float *A;
+      if (w->type == ANNA_DTYPE_F32) {
+        A = (const float *)(W + r0 * rb);
+      } else {
+        k_dequant_rows<<<grid_for(m * w->cols / (cuda_float_type(w->type) ? 1 : 32)), 256, 0, ci->stream>>>(
+            ci->deq, W + r0 * rb, m, w->cols, rb, w->type);
+        if (!cuda_check_launch(ci, "dequant")) return;
+        A = ci->deq;
+      }
+      /* Column-major view: Y^T[m, n] = A^T... i.e. C(m x n, ld rows) = A(cols x m)^T B(cols x n). */
+      cublasStatus_t s = cublasSgemm(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, (int)w->cols, &one, A,
+                                     (int)w->cols, x, (int)w->cols, &zero, y + r0, (int)w->rows);
+      if (s != CUBLAS_STATUS_SUCCESS) {
+        cuda_fail(ci, ANNA_EIO, "cuda: cublasSgemm failed (status %d)", (int)s);
+        return;
+      }
+    }
+  }
+  if (bd) {
+    k_add_bias<<<grid_for(n * w->rows), 256, 0, ci->stream>>>(y, bd, n, w->rows);
+    cuda_check_launch(ci, "bias");
+  }
+}
+
+static __global__ void k_embed(float *out, const uint8_t *T, int64_t rows, int64_t cols, int64_t row_bytes, int type,
+                               const int32_t *ids, float scale) {
+  const int64_t t = blockIdx.x;
+  const int32_t id = ids[t];
+  float *o = out + t * cols;
+  if (id < 0 || id >= rows) { /* the forward pass rejects such ids first; stay in bounds anyway */
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) o[i] = 0.0f;
+    return;
+  }
+  const uint8_t *row = T + (int64_t)id * row_bytes;
+  if (cuda_float_type(type)) {
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) o[i] = cuda_ldw(type, row, i) * scale;
+    return;
+  }
+  for (int64_t u = threadIdx.x; u < cols / 32; u += blockDim.x) {
+    float w[32];
+    cuda_deq32(type, row, u, w);
+    for (int j = 0; j < 32; j++) o[u * 32 + j] = w[j] * scale;
+  }
+}
+
+void cuda_op_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n, float scale) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  int64_t rb = 0;
+  const uint8_t *T = weight_dev(be, table, &rb);
+  if (!T) return;
+  for (int64_t t0 = 0; t0 < n; t0 += 65535) {
+    const int64_t cnt = n - t0 < 65535 ? n - t0 : 65535;
+    k_embed<<<(unsigned)cnt, 128, 0, ci->stream>>>(out + t0 * table->cols, T, table->rows, table->cols, rb,
+                                                   table->type, ids + t0, scale);
+  }
+  cuda_check_launch(ci, "embed");
+}

@@ -1,0 +1,609 @@
+/* test_cuda_ops.c: every op of the CUDA backend against the CPU backend on fresh random
+ * inputs (several shapes, odd sizes, long sequences), and the quantized matmuls against a
+ * dequantize-then-dot reference. Outputs start as NaN on the device so an element the
+ * kernel never writes fails the check. Exits 77 ("skipped") without a CUDA device.
+ * Usage: test_cuda_ops [FIXTURES_DIR] [--bench] */
+#include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "base/threadpool.h"
+#include "formats/dtype.h"
+#include "formats/quant.h"
+#include "model/config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int g_fail, g_checks;
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static ops_backend *g_cpu, *g_gpu;
+
+static uint64_t rnd(void) {
+  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+  return g_rng;
+}
+
+static float frand(void) {
+  return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static float *hrand(int64_t n, float scale) {
+  float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  for (int64_t i = 0; i < n; i++) x[i] = frand() * scale;
+  return x;
+}
+
+/* Device copy of host floats / bytes. */
+static void *dput(const void *h, size_t bytes) {
+  void *d = g_gpu->alloc(g_gpu, bytes);
+  if (d && bytes) g_gpu->upload(g_gpu, d, h, bytes);
+  return d;
+}
+
+/* Device buffer of n floats, all NaN (to catch unwritten outputs). */
+static float *dnan(int64_t n) {
+  float *h = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) h[i] = NAN;
+  float *d = dput(h, sizeof(float) * (size_t)n);
+  free(h);
+  return d;
+}
+
+static float *dget(const float *d, int64_t n) {
+  float *h = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  g_gpu->download(g_gpu, h, d, sizeof(float) * (size_t)n);
+  return h;
+}
+
+static void gpu_status(const char *what) {
+  char err[256];
+  if (cuda_backend_error(g_gpu, err, sizeof err)) {
+    printf("  FAIL %s: cuda error: %s\n", what, err);
+    g_fail++;
+    exit(1); /* the sticky error would fail everything after */
+  }
+}
+
+/* Max |gpu - ref| over max |ref|; NaN anywhere fails. */
+static void cmp(const char *what, const float *g, const float *ref, int64_t n, double tol) {
+  gpu_status(what);
+  double m = 0, scale = 1e-6;
+  int nan = 0;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+  for (int64_t i = 0; i < n; i++) {
+    if (isnan(g[i]) || isinf(g[i])) nan = 1;
+    m = fmax(m, fabs((double)g[i] - ref[i]) / scale);
+  }
+  g_checks++;
+  if (nan || !(m <= tol)) {
+    printf("  FAIL %-58s rel err %.3g (tol %.1g)%s\n", what, m, tol, nan ? " NaN/unwritten" : "");
+    g_fail++;
+  }
+}
+
+/* Compares device result d with host ref and frees d's host copy. */
+static void cmpd(const char *what, const float *d, const float *ref, int64_t n, double tol) {
+  float *g = dget(d, n);
+  cmp(what, g, ref, n, tol);
+  free(g);
+}
+
+static void dfree(void *d) {
+  g_gpu->free(g_gpu, d);
+}
+
+static float *hcopy(const float *x, int64_t n) {
+  float *y = malloc(sizeof(float) * (size_t)n);
+  memcpy(y, x, sizeof(float) * (size_t)n);
+  return y;
+}
+
+/* ---- weights ---- */
+
+/* Offsets of the f16 scale fields per block, set to sane values after random fill. */
+static void fix_scales(int type, uint8_t *blk) {
+  const int off[][3] = {
+      {ANNA_DTYPE_Q4_0, 0, -1}, {ANNA_DTYPE_Q4_1, 0, 2},  {ANNA_DTYPE_Q5_0, 0, -1}, {ANNA_DTYPE_Q5_1, 0, 2},
+      {ANNA_DTYPE_Q8_0, 0, -1}, {ANNA_DTYPE_IQ4_NL, 0, -1}, {ANNA_DTYPE_Q2_K, 80, 82}, {ANNA_DTYPE_Q3_K, 108, -1},
+      {ANNA_DTYPE_Q4_K, 0, 2},  {ANNA_DTYPE_Q5_K, 0, 2},  {ANNA_DTYPE_Q6_K, 208, -1}, {ANNA_DTYPE_IQ4_XS, 0, -1},
+  };
+  for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
+    if (off[i][0] != type) continue;
+    for (int j = 1; j < 3; j++) {
+      if (off[i][j] < 0) continue;
+      uint16_t h = quant_f32_to_f16(0.002f + 0.01f * (frand() + 1.0f));
+      memcpy(blk + off[i][j], &h, 2);
+    }
+  }
+}
+
+/* Random weight of type; *ref gets its f32 values [rows, cols]. */
+static void *make_weight(int type, int64_t rows, int64_t cols, float **ref) {
+  const int64_t rb = dtype_row_bytes(type, cols);
+  uint8_t *w = malloc((size_t)(rb * rows));
+  float *f = malloc(sizeof(float) * (size_t)(rows * cols));
+  if (type == ANNA_DTYPE_F32 || type == ANNA_DTYPE_F16 || type == ANNA_DTYPE_BF16) {
+    for (int64_t i = 0; i < rows * cols; i++) {
+      float v = frand() * 0.5f;
+      if (type == ANNA_DTYPE_F32) {
+        memcpy(w + 4 * i, &v, 4);
+      } else {
+        uint16_t h;
+        if (type == ANNA_DTYPE_F16) h = quant_f32_to_f16(v);
+        else {
+          uint32_t u;
+          memcpy(&u, &v, 4);
+          h = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        }
+        memcpy(w + 2 * i, &h, 2);
+      }
+    }
+  } else {
+    for (int64_t i = 0; i < rb * rows; i++) w[i] = (uint8_t)rnd();
+    const int64_t bb = dtype_block_bytes(type), nb = rb * rows / bb;
+    for (int64_t b = 0; b < nb; b++) fix_scales(type, w + b * bb);
+  }
+  for (int64_t r = 0; r < rows; r++) quant_dequantize_row(type, w + r * rb, f + r * cols, cols);
+  *ref = f;
+  return w;
+}
+
+/* ---- tests ---- */
+
+static void test_matmul(void) {
+  printf("matmul\n");
+  const int types[] = {ANNA_DTYPE_F32,  ANNA_DTYPE_F16,  ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0,
+                       ANNA_DTYPE_Q4_1, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q5_1, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_Q2_K,
+                       ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS};
+  const int shapes[][3] = {{1, 17, 1}, {1, 300, 4}, {2, 129, 2}, {5, 64, 3}, {8, 33, 1}, {9, 100, 2}, {67, 129, 3}};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    const int64_t bs = dtype_block_size(type);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = shapes[s][0], rows = shapes[s][1];
+      /* plain types get odd widths; block types whole blocks (256-blocks: 1..4 of them) */
+      const int64_t cols = bs == 1 ? (s % 2 ? 8 * 33 : 257) : bs == 32 ? 32 * (3 + 5 * shapes[s][2]) : 256 * shapes[s][2];
+      float *wf;
+      void *w = make_weight(type, rows, cols, &wf);
+      float *x = hrand(n * cols, 1.0f), *bias = s % 2 ? hrand(rows, 1.0f) : NULL;
+      float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+      for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+          double acc = bias ? bias[r] : 0;
+          for (int64_t c = 0; c < cols; c++) acc += (double)x[t * cols + c] * wf[r * cols + c];
+          ref[t * rows + r] = (float)acc;
+        }
+      ops_weight ow = {type, w, rows, cols};
+      float *dx = dput(x, sizeof(float) * (size_t)(n * cols)), *dy = dnan(n * rows);
+      g_gpu->matmul(g_gpu, dy, dx, n, &ow, bias);
+      char what[128];
+      snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s", dtype_name(type), (long long)n, (long long)rows,
+               (long long)cols, bias ? " +bias" : "");
+      cmpd(what, dy, ref, n * rows, 1e-4);
+      dfree(dx), dfree(dy);
+      free(w), free(wf), free(x), free(bias), free(ref);
+    }
+  }
+}
+
+static void test_embed(void) {
+  printf("embed\n");
+  const int types[] = {ANNA_DTYPE_F32, ANNA_DTYPE_BF16, ANNA_DTYPE_F16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int type = types[ti];
+    const int64_t rows = 1000, cols = dtype_block_size(type) == 1 ? 200 : 512, n = 37;
+    float *wf;
+    void *w = make_weight(type, rows, cols, &wf);
+    int32_t ids[37];
+    for (int i = 0; i < n; i++) ids[i] = (int32_t)(rnd() % rows);
+    ops_weight ow = {type, w, rows, cols};
+    float *ref = malloc(sizeof(float) * (size_t)(n * cols));
+    g_cpu->embed(g_cpu, ref, &ow, ids, n, 1.7f);
+    int32_t *dids = dput(ids, sizeof ids);
+    float *dy = dnan(n * cols);
+    g_gpu->embed(g_gpu, dy, &ow, dids, n, 1.7f);
+    char what[64];
+    snprintf(what, sizeof what, "embed %s", dtype_name(type));
+    cmpd(what, dy, ref, n * cols, 1e-6);
+    dfree(dids), dfree(dy);
+    free(w), free(wf), free(ref);
+  }
+}
+
+static void test_norms(void) {
+  printf("norms\n");
+  const int ds[] = {1, 7, 33, 128, 1000, 4096};
+  for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int d = ds[i];
+    const int64_t rows = 13;
+    float *x = hrand(rows * d, 3.0f), *w = hrand(d, 1.0f), *z = hrand(rows * d, 2.0f);
+    float *ref = malloc(sizeof(float) * (size_t)(rows * d));
+    float *dx = dput(x, sizeof(float) * (size_t)(rows * d)), *dz = dput(z, sizeof(float) * (size_t)(rows * d));
+    char what[64];
+    for (int mode = 0; mode < 3; mode++) {
+      g_cpu->rmsnorm(g_cpu, ref, x, mode ? w : NULL, rows, d, 1e-6f, mode == 2);
+      float *dy = dnan(rows * d);
+      g_gpu->rmsnorm(g_gpu, dy, dx, mode ? w : NULL, rows, d, 1e-6f, mode == 2);
+      snprintf(what, sizeof what, "rmsnorm d=%d mode=%d", d, mode);
+      cmpd(what, dy, ref, rows * d, 1e-5);
+      dfree(dy);
+    }
+    g_cpu->rmsnorm_gated(g_cpu, ref, x, z, w, rows, d, 1e-6f);
+    float *dy = dnan(rows * d);
+    g_gpu->rmsnorm_gated(g_gpu, dy, dx, dz, w, rows, d, 1e-6f);
+    snprintf(what, sizeof what, "rmsnorm_gated d=%d", d);
+    cmpd(what, dy, ref, rows * d, 1e-5);
+    dfree(dy);
+    memcpy(ref, x, sizeof(float) * (size_t)(rows * d));
+    g_cpu->l2norm(g_cpu, ref, rows, d, 1e-6f, 0.3f);
+    g_gpu->l2norm(g_gpu, dx, rows, d, 1e-6f, 0.3f);
+    snprintf(what, sizeof what, "l2norm d=%d", d);
+    cmpd(what, dx, ref, rows * d, 1e-5);
+    dfree(dx), dfree(dz);
+    free(x), free(w), free(z), free(ref);
+  }
+}
+
+static void test_elementwise(void) {
+  printf("elementwise\n");
+  const int64_t n = 11;
+  const int d = 1031;
+  char what[64];
+  float *a = hrand(n * 2 * d, 4.0f), *b = hrand(n * 2 * d, 4.0f);
+  for (int act = 0; act < 2; act++) {
+    float *ref = malloc(sizeof(float) * (size_t)(n * d));
+    g_cpu->act_mul(g_cpu, ref, a, b + 3, n, d, 2 * d, 2 * d, act);
+    float *da = dput(a, sizeof(float) * (size_t)(n * 2 * d)), *db = dput(b, sizeof(float) * (size_t)(n * 2 * d));
+    float *dy = dnan(n * d);
+    g_gpu->act_mul(g_gpu, dy, da, db + 3, n, d, 2 * d, 2 * d, act);
+    snprintf(what, sizeof what, "act_mul act=%d", act);
+    cmpd(what, dy, ref, n * d, 1e-5);
+    dfree(da), dfree(db), dfree(dy), free(ref);
+  }
+  {
+    float *y = hcopy(a, n * d);
+    float *dy = dput(a, sizeof(float) * (size_t)(n * d)), *dx = dput(b, sizeof(float) * (size_t)(n * d));
+    g_cpu->add(g_cpu, y, b, n * d);
+    g_gpu->add(g_gpu, dy, dx, n * d);
+    cmpd("add", dy, y, n * d, 1e-6);
+    g_cpu->scale(g_cpu, y, -0.37f, n * d);
+    g_gpu->scale(g_gpu, dy, -0.37f, n * d);
+    cmpd("scale", dy, y, n * d, 1e-6);
+    g_cpu->softcap(g_cpu, y, n * d, 3.0f);
+    g_gpu->softcap(g_gpu, dy, n * d, 3.0f);
+    cmpd("softcap", dy, y, n * d, 1e-5);
+    for (int bc = 0; bc < 2; bc++) {
+      g_cpu->mul_sigmoid(g_cpu, y, b, n, d, bc ? 3 : d, bc);
+      g_gpu->mul_sigmoid(g_gpu, dy, dx, n, d, bc ? 3 : d, bc);
+      cmpd(bc ? "mul_sigmoid bcast" : "mul_sigmoid", dy, y, n * d, 1e-5);
+    }
+    dfree(dy), dfree(dx), free(y);
+  }
+  {
+    float *y = hrand(n * 2 * d, 1.0f), *dy = dput(y, sizeof(float) * (size_t)(n * 2 * d));
+    float *da = dput(a, sizeof(float) * (size_t)(n * 2 * d));
+    g_cpu->copy_rows(g_cpu, y + 5, 2 * d, a + 7, 2 * d - 1, n, d - 9);
+    g_gpu->copy_rows(g_gpu, dy + 5, 2 * d, da + 7, 2 * d - 1, n, d - 9);
+    cmpd("copy_rows", dy, y, n * 2 * d, 0);
+    /* scatter: rows to shuffled destinations */
+    float *hdst[11], *ddst[11];
+    for (int i = 0; i < n; i++) {
+      int r = (int)((i * 7 + 3) % n);
+      hdst[i] = y + (int64_t)r * 2 * d + 1;
+      ddst[i] = dy + (int64_t)r * 2 * d + 1;
+    }
+    g_cpu->scatter_rows(g_cpu, hdst, a, n, d);
+    g_gpu->scatter_rows(g_gpu, ddst, da, n, d);
+    cmpd("scatter_rows", dy, y, n * 2 * d, 0);
+    dfree(dy), dfree(da), free(y);
+  }
+  free(a), free(b);
+}
+
+static void test_rope(void) {
+  printf("rope\n");
+  const int cfg[][4] = {/* heads, head_dim, rot, interleaved */ {3, 64, 64, 0}, {2, 128, 32, 0}, {4, 64, 64, 1},
+                        {1, 256, 64, 1}};
+  for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int H = cfg[c][0], D = cfg[c][1], rot = cfg[c][2], il = cfg[c][3];
+    const int64_t n = 9, stride = (int64_t)H * D + 5;
+    float *x = hrand(n * stride, 2.0f), *f = malloc(sizeof(float) * (size_t)(rot / 2));
+    for (int i = 0; i < rot / 2; i++) f[i] = powf(10000.0f, -2.0f * i / rot);
+    int32_t pos[9];
+    for (int i = 0; i < n; i++) pos[i] = i * 911 + 3;
+    float *dx = dput(x, sizeof(float) * (size_t)(n * stride));
+    int32_t *dpos = dput(pos, sizeof pos);
+    g_cpu->rope(g_cpu, x, n, H, D, stride, rot, f, pos, il);
+    g_gpu->rope(g_gpu, dx, n, H, D, stride, rot, f, dpos, il);
+    char what[64];
+    snprintf(what, sizeof what, "rope H=%d D=%d rot=%d il=%d", H, D, rot, il);
+    cmpd(what, dx, x, n * stride, 1e-5);
+    dfree(dx), dfree(dpos), free(x), free(f);
+  }
+}
+
+static void test_attention(void) {
+  printf("attention\n");
+  const int cfg[][7] = {/* heads, kv heads, head_dim, window, softcap, len0, n */
+                        {4, 2, 64, 0, 0, 23, 23},   {8, 1, 256, 0, 0, 0, 40},   {6, 3, 32, 16, 0, 100, 7},
+                        {4, 4, 128, 0, 30, 5, 1},   {16, 2, 128, 0, 0, 2000, 3}, {2, 1, 512, 512, 50, 700, 2},
+                        {5, 5, 80, 64, 0, 0, 130}};
+  for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+    const int Hq = cfg[c][0], Hkv = cfg[c][1], D = cfg[c][2], win = cfg[c][3], cap = cfg[c][4];
+    const int len0 = cfg[c][5], n1 = cfg[c][6];
+    /* two sequences in the batch: seq A continues at len0 with n1 tokens, seq B starts at 0 with 3 */
+    const int64_t n = n1 + 3, kvd = (int64_t)Hkv * D, ctx = len0 + n1 + 4;
+    float *kA = hrand(ctx * kvd, 1.0f), *vA = hrand(ctx * kvd, 1.0f), *kB = hrand(ctx * kvd, 1.0f),
+          *vB = hrand(ctx * kvd, 1.0f), *q = hrand(n * Hq * D, 1.0f);
+    float *dkA = dput(kA, sizeof(float) * (size_t)(ctx * kvd)), *dvA = dput(vA, sizeof(float) * (size_t)(ctx * kvd));
+    float *dkB = dput(kB, sizeof(float) * (size_t)(ctx * kvd)), *dvB = dput(vB, sizeof(float) * (size_t)(ctx * kvd));
+    float *dq = dput(q, sizeof(float) * (size_t)(n * Hq * D));
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+    const float **hk = malloc(sizeof(float *) * (size_t)n), **hv = malloc(sizeof(float *) * (size_t)n);
+    const float **gk = malloc(sizeof(float *) * (size_t)n), **gv = malloc(sizeof(float *) * (size_t)n);
+    for (int64_t t = 0; t < n; t++) {
+      const int a = t < n1;
+      pos[t] = a ? len0 + (int32_t)t : (int32_t)(t - n1);
+      hk[t] = a ? kA : kB, hv[t] = a ? vA : vB, gk[t] = a ? dkA : dkB, gv[t] = a ? dvA : dvB;
+    }
+    int32_t *dpos = dput(pos, sizeof(int32_t) * (size_t)n);
+    ops_attn_args ha = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = kvd,
+                        .scale = 1.0f / sqrtf((float)D), .window = win, .softcap = (float)cap, .pos = pos, .k = hk,
+                        .v = hv};
+    ops_attn_args ga = ha;
+    ga.pos = dpos, ga.k = gk, ga.v = gv;
+    float *ref = malloc(sizeof(float) * (size_t)(n * Hq * D));
+    g_cpu->attention(g_cpu, ref, q, &ha);
+    float *dy = dnan(n * Hq * D);
+    g_gpu->attention(g_gpu, dy, dq, &ga);
+    char what[96];
+    snprintf(what, sizeof what, "attention H=%d/%d D=%d win=%d cap=%d len=%d n=%lld", Hq, Hkv, D, win, cap, len0,
+             (long long)n);
+    cmpd(what, dy, ref, n * Hq * D, 1e-4);
+    dfree(dkA), dfree(dvA), dfree(dkB), dfree(dvB), dfree(dq), dfree(dpos), dfree(dy);
+    free(kA), free(vA), free(kB), free(vB), free(q), free(pos), free(hk), free(hv), free(gk), free(gv), free(ref);
+  }
+}
+
+static void test_conv_gates(void) {
+  printf("conv1d_silu, gdn_gates\n");
+  const int ns[] = {1, 2, 3, 7, 100};
+  for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int64_t n = ns[i];
+    const int ch = 67, kw = 4;
+    float *x = hrand(n * ch, 2.0f), *w = hrand(ch * kw, 0.5f), *st = hrand(ch * (kw - 1), 1.0f);
+    float *dx = dput(x, sizeof(float) * (size_t)(n * ch)), *dst = dput(st, sizeof(float) * (size_t)(ch * (kw - 1)));
+    float *y = malloc(sizeof(float) * (size_t)(n * ch)), *dy = dnan(n * ch);
+    g_cpu->conv1d_silu(g_cpu, y, x, n, ch, w, kw, st);
+    g_gpu->conv1d_silu(g_gpu, dy, dx, n, ch, w, kw, dst);
+    char what[64];
+    snprintf(what, sizeof what, "conv1d_silu n=%lld", (long long)n);
+    cmpd(what, dy, y, n * ch, 1e-5);
+    snprintf(what, sizeof what, "conv1d_silu state n=%lld", (long long)n);
+    cmpd(what, dst, st, ch * (kw - 1), 0);
+    dfree(dx), dfree(dst), dfree(dy), free(x), free(w), free(st), free(y);
+  }
+  cuda_backend_drop_mirrors(g_gpu);
+  const int64_t n = 19;
+  const int h = 48;
+  float *ba = hrand(n * 2 * h, 5.0f), *alog = hrand(h, 1.0f), *dtb = hrand(h, 3.0f);
+  ba[5] = 30.0f; /* softplus' large-input branch */
+  float *beta = malloc(sizeof(float) * (size_t)(n * h)), *g = malloc(sizeof(float) * (size_t)(n * h));
+  g_cpu->gdn_gates(g_cpu, beta, g, ba, 2 * h, ba + h, 2 * h, alog, dtb, n, h);
+  float *dba = dput(ba, sizeof(float) * (size_t)(n * 2 * h)), *dbeta = dnan(n * h), *dg = dnan(n * h);
+  g_gpu->gdn_gates(g_gpu, dbeta, dg, dba, 2 * h, dba + h, 2 * h, alog, dtb, n, h);
+  cmpd("gdn_gates beta", dbeta, beta, n * h, 1e-6);
+  cmpd("gdn_gates g", dg, g, n * h, 1e-5);
+  dfree(dba), dfree(dbeta), dfree(dg), free(ba), free(alog), free(dtb), free(beta), free(g);
+}
+
+static void l2n(float *x, int64_t rows, int d, float scale) {
+  for (int64_t r = 0; r < rows; r++) {
+    double s = 0;
+    for (int i = 0; i < d; i++) s += (double)x[r * d + i] * x[r * d + i];
+    for (int i = 0; i < d; i++) x[r * d + i] *= scale / (float)sqrt(s + 1e-6);
+  }
+}
+
+static void test_gdn(void) {
+  printf("gdn\n");
+  const int cfgs[][6] = {/* n, hk, hv, dk, dv, tiled */ {1, 2, 4, 16, 16, 0},  {5, 2, 4, 32, 24, 1},
+                         {64, 1, 3, 32, 8, 0},  {150, 2, 4, 128, 128, 0}, {300, 4, 8, 128, 128, 1},
+                         {77, 2, 2, 64, 40, 0}, {33, 1, 2, 256, 64, 0}};
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    const int64_t n = cfgs[c][0];
+    const int hk = cfgs[c][1], hv = cfgs[c][2], dk = cfgs[c][3], dv = cfgs[c][4], tiled = cfgs[c][5];
+    float *q = hrand(n * hk * dk, 1), *k = hrand(n * hk * dk, 1), *v = hrand(n * hv * dv, 1);
+    l2n(q, n * hk, dk, 1.0f / sqrtf((float)dk)), l2n(k, n * hk, dk, 1.0f);
+    float *g = malloc(sizeof(float) * (size_t)(n * hv)), *beta = malloc(sizeof(float) * (size_t)(n * hv));
+    for (int64_t i = 0; i < n * hv; i++) g[i] = -0.3f * (frand() + 1.0f), beta[i] = 0.5f * (frand() + 1.0f);
+    float *st0 = hrand((int64_t)hv * dk * dv, 0.2f);
+    float *dq = dput(q, sizeof(float) * (size_t)(n * hk * dk)), *dk_ = dput(k, sizeof(float) * (size_t)(n * hk * dk));
+    float *dv_ = dput(v, sizeof(float) * (size_t)(n * hv * dv)), *dg = dput(g, sizeof(float) * (size_t)(n * hv));
+    float *db = dput(beta, sizeof(float) * (size_t)(n * hv));
+    for (int chunked = 0; chunked < 2; chunked++) {
+      float *st = hcopy(st0, (int64_t)hv * dk * dv), *out = malloc(sizeof(float) * (size_t)(n * hv * dv));
+      float *dst = dput(st0, sizeof(float) * (size_t)hv * dk * dv), *dout = dnan(n * hv * dv);
+      ops_gdn_args ha = {n, hk, hv, dk, dv, tiled, q, k, v, g, beta, st, out};
+      ops_gdn_args ga = {n, hk, hv, dk, dv, tiled, dq, dk_, dv_, dg, db, dst, dout};
+      if (chunked) g_cpu->gdn_chunked(g_cpu, &ha), g_gpu->gdn_chunked(g_gpu, &ga);
+      else g_cpu->gdn_recurrent(g_cpu, &ha), g_gpu->gdn_recurrent(g_gpu, &ga);
+      char what[96];
+      snprintf(what, sizeof what, "gdn %s n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d", chunked ? "chunked" : "recurrent",
+               (long long)n, hk, hv, dk, dv, tiled);
+      cmpd(what, dout, out, n * hv * dv, 1e-4);
+      strcat(what, " state");
+      cmpd(what, dst, st, (int64_t)hv * dk * dv, 1e-4);
+      dfree(dst), dfree(dout), free(st), free(out);
+    }
+    dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db);
+    free(q), free(k), free(v), free(g), free(beta), free(st0);
+  }
+}
+
+static void test_moe(void) {
+  printf("moe\n");
+  const int rc[][4] = {/* n, E, k, renorm */ {1, 8, 2, 1}, {7, 16, 4, 0}, {33, 128, 8, 1}, {5, 256, 8, 1}};
+  for (size_t c = 0; c < sizeof rc / sizeof rc[0]; c++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int64_t n = rc[c][0];
+    const int E = rc[c][1], k = rc[c][2], renorm = rc[c][3];
+    float *lg = hrand(n * E, 3.0f), *pe = c % 2 ? hrand(E, 1.0f) : NULL;
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(n * k));
+    float *w = malloc(sizeof(float) * (size_t)(n * k));
+    g_cpu->moe_route(g_cpu, idx, w, lg, n, E, k, renorm, pe);
+    float *dlg = dput(lg, sizeof(float) * (size_t)(n * E));
+    int32_t *didx = g_gpu->alloc(g_gpu, sizeof(int32_t) * (size_t)(n * k));
+    float *dw = dnan(n * k);
+    g_gpu->moe_route(g_gpu, didx, dw, dlg, n, E, k, renorm, pe);
+    int32_t *gidx = malloc(sizeof(int32_t) * (size_t)(n * k));
+    g_gpu->download(g_gpu, gidx, didx, sizeof(int32_t) * (size_t)(n * k));
+    char what[64];
+    snprintf(what, sizeof what, "moe_route n=%lld E=%d k=%d", (long long)n, E, k);
+    g_checks++;
+    if (memcmp(gidx, idx, sizeof(int32_t) * (size_t)(n * k))) {
+      printf("  FAIL %s: expert ids differ\n", what);
+      g_fail++;
+    }
+    cmpd(what, dw, w, n * k, 1e-5);
+    dfree(dlg), dfree(didx), dfree(dw), free(lg), free(pe), free(idx), free(w), free(gidx);
+  }
+  /* moe_ffn: decode and prefill sizes, separate and fused gate/up, bf16 and Q4_K experts */
+  const int fc[][5] = {/* n, fused, type, H, I */ {1, 0, ANNA_DTYPE_BF16, 64, 96}, {20, 1, ANNA_DTYPE_BF16, 64, 96},
+                       {3, 0, ANNA_DTYPE_Q4_K, 256, 512}, {40, 1, ANNA_DTYPE_Q8_0, 96, 160}};
+  for (size_t c = 0; c < sizeof fc / sizeof fc[0]; c++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int64_t n = fc[c][0];
+    const int fused = fc[c][1], type = fc[c][2], H = fc[c][3], I = fc[c][4], E = 8, k = 2;
+    ops_weight gate[8], up[8], down[8];
+    void *mem[24];
+    int nm = 0;
+    for (int e = 0; e < E; e++) {
+      float *f;
+      void *p = make_weight(type, fused ? 2 * I : I, H, &f);
+      free(f);
+      gate[e] = (ops_weight){type, p, fused ? 2 * I : I, H};
+      mem[nm++] = p;
+      if (!fused) {
+        p = make_weight(type, I, H, &f);
+        free(f);
+        up[e] = (ops_weight){type, p, I, H};
+        mem[nm++] = p;
+      }
+      p = make_weight(type, H, I, &f);
+      free(f);
+      down[e] = (ops_weight){type, p, H, I};
+      mem[nm++] = p;
+    }
+    float *x = hrand(n * H, 1.0f), *w = malloc(sizeof(float) * (size_t)(n * k));
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(n * k));
+    for (int64_t t = 0; t < n; t++) {
+      idx[t * k] = (int32_t)(rnd() % E);
+      idx[t * k + 1] = (idx[t * k] + 1 + (int32_t)(rnd() % (E - 1))) % E;
+      w[t * k] = 0.7f, w[t * k + 1] = 0.3f * (frand() + 1.0f);
+    }
+    const int64_t sf = ops_moe_scratch_floats(n, k, H, I);
+    float *scratch = malloc(sizeof(float) * (size_t)sf), *ref = malloc(sizeof(float) * (size_t)(n * H));
+    g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, gate, fused ? NULL : up, down, ACT_KIND_SILU, scratch);
+    float *dx = dput(x, sizeof(float) * (size_t)(n * H)), *dw = dput(w, sizeof(float) * (size_t)(n * k));
+    int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)(n * k));
+    float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf), *dy = dnan(n * H);
+    g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx, dw, k, gate, fused ? NULL : up, down, ACT_KIND_SILU, dscr);
+    char what[64];
+    snprintf(what, sizeof what, "moe_ffn n=%lld %s%s", (long long)n, dtype_name(type), fused ? " fused" : "");
+    /* quantized: the CPU multiplies 8-bit-quantized activations, the GPU f32 ones */
+    cmpd(what, dy, ref, n * H, type == ANNA_DTYPE_BF16 ? 1e-4 : 2e-2);
+    dfree(dx), dfree(dw), dfree(didx), dfree(dscr), dfree(dy);
+    for (int i = 0; i < nm; i++) free(mem[i]);
+    free(x), free(w), free(idx), free(scratch), free(ref);
+  }
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Decode-shaped matvec bandwidth (weight bytes / time) against a device copy. */
+static void bench(void) {
+  printf("bench (GB/s: weight bytes read per second; copy counts read + write)\n");
+  cuda_backend_drop_mirrors(g_gpu);
+  const int64_t big = (int64_t)1 << 28; /* 1 GiB of floats */
+  float *a = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)big), *b = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)big);
+  if (a && b) {
+    g_gpu->copy_rows(g_gpu, b, big / 4, a, big / 4, 4, (int)(big / 4));
+    gpu_status("copy warmup");
+    double t0 = now_s();
+    for (int i = 0; i < 5; i++) g_gpu->copy_rows(g_gpu, b, big / 4, a, big / 4, 4, (int)(big / 4));
+    gpu_status("copy");
+    double dt = (now_s() - t0) / 5;
+    printf("  copy_rows 1 GiB: %.0f GB/s\n", 2.0 * sizeof(float) * big / dt / 1e9);
+  }
+  dfree(a), dfree(b);
+  const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q4_0};
+  const int64_t rows = 12288, cols = 4096;
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    float *f;
+    void *w = make_weight(types[i], rows, cols, &f);
+    free(f);
+    ops_weight ow = {types[i], w, rows, cols};
+    float *x = hrand(8 * cols, 1.0f), *dx = dput(x, sizeof(float) * 8 * (size_t)cols), *dy = dnan(64 * rows);
+    for (int nt = 1; nt <= 8; nt *= 8) {
+      g_gpu->matmul(g_gpu, dy, dx, nt, &ow, NULL);
+      gpu_status("matvec warmup");
+      const int reps = 50;
+      double t0 = now_s();
+      for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow, NULL);
+      gpu_status("matvec");
+      double dt = (now_s() - t0) / reps;
+      printf("  matvec %-5s n=%d %lldx%lld: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt, (long long)rows,
+             (long long)cols, dt * 1e6, (double)dtype_row_bytes(types[i], cols) * rows / dt / 1e9);
+    }
+    dfree(dx), dfree(dy), free(x), free(w);
+    cuda_backend_drop_mirrors(g_gpu);
+  }
+}
+
+int main(int argc, char **argv) {
+  int do_bench = 0;
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--bench")) do_bench = 1;
+  if (!cuda_backend_available()) {
+    printf("skipped: no CUDA device\n");
+    return 77;
+  }
+  char err[256];
+  threadpool *tp = NULL;
+  int64_t sf = cpu_matmul_scratch_floats(8192);
+  if (sf < 64 + 64 * 64 + 64 * 512 + 1024) sf = 64 + 64 * 64 + 64 * 512 + 1024;
+  if (threadpool_create(&tp, 2, err, sizeof err) ||
+      cpu_backend_create(&g_cpu, tp, sf, (size_t)128 * 8192 * 4, err, sizeof err) ||
+      cuda_backend_create(&g_gpu, 1024, err, sizeof err)) {
+    printf("FAILED: setup: %s\n", err);
+    return 1;
+  }
+  printf("device: %s\n", cuda_backend_device_name());
+  test_matmul();
+  test_embed();
+  test_norms();
+  test_elementwise();
+  test_rope();
+  test_attention();
+  test_conv_gates();
+  test_gdn();
+  test_moe();
+  if (do_bench) bench();
+  cuda_backend_free(g_gpu);
+  cpu_backend_free(g_cpu);
+  threadpool_free(tp);
+  printf("%s: %d check(s), %d failure(s)\n", g_fail ? "FAILED" : "OK", g_checks, g_fail);
+  return g_fail ? 1 : 0;
+}
