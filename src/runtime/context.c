@@ -111,7 +111,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 #endif
   if ((rc = threadpool_create(&c->tp, o.n_threads, err, errlen)) ||
       (rc = cpu_backend_create(&c->be, c->tp, fwd_backend_scratch_floats(m, o.n_ctx),
-                               (size_t)o.n_batch * (size_t)m->max_cols * 4, err, errlen)) ||
+                               ((size_t)o.n_batch + 32) * (size_t)m->max_cols * 4, err, errlen)) ||
       (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, err, errlen))) {
     anna_context_free(c);
     return rc;

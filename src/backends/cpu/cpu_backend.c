@@ -348,6 +348,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
   c->scratch = scratch;
   c->scratch_per_thread = scratch_floats_per_thread;
   c->act = act;
+  c->act_bytes = act_bytes;
   *be = (ops_backend){
       .name = "cpu",
       .impl = c,

@@ -11,7 +11,8 @@ typedef struct cpu_impl {
   threadpool *tp;
   float *scratch;            /* nth * per_thread floats */
   int64_t scratch_per_thread;
-  void *act;                 /* quantized-activation buffer */
+  void *act;                 /* quantized activations, or transposed panels (prefill) */
+  size_t act_bytes;
 } cpu_impl;
 
 static inline float *cpu_scratch(ops_backend *be, int ith) {

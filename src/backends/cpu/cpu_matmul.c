@@ -158,36 +158,29 @@ __attribute__((target("avx512f,avx512bw"))) static void dot_avx512(int type, con
   }
 }
 
-/* 4 rows x 4 tokens of f32: 16 accumulators, 8 loads per 16 FMAs (the dot kernels above
- * do 5 loads per 4). w: 4 rows (stride ws), x: 4 tokens (stride xs); out[r][t]. */
-__attribute__((target("avx512f,avx512bw"))) static void mk4x4_avx512(const float *w, int64_t ws, const float *x,
-                                                                     int64_t xs, int64_t K, float out[4][4]) {
-  __m512 acc[4][4];
-  for (int r = 0; r < 4; r++)
-    for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 16 <= K; k += 16) {
-    __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + ws + k), w2 = _mm512_loadu_ps(w + 2 * ws + k),
-           w3 = _mm512_loadu_ps(w + 3 * ws + k);
-    for (int t = 0; t < 4; t++) {
-      __m512 xv = _mm512_loadu_ps(x + t * xs + k);
-      acc[0][t] = _mm512_fmadd_ps(w0, xv, acc[0][t]);
-      acc[1][t] = _mm512_fmadd_ps(w1, xv, acc[1][t]);
-      acc[2][t] = _mm512_fmadd_ps(w2, xv, acc[2][t]);
-      acc[3][t] = _mm512_fmadd_ps(w3, xv, acc[3][t]);
+/* Prefill micro-kernel: 8 weight rows x 32 tokens, K-major token panel. For each k it loads
+ * two 16-token vectors of x^T and multiplies them by 8 broadcast weights: 16 FMAs, 2 vector
+ * loads, and no horizontal reductions (the vector dimension is tokens, not k). c: [8][32]
+ * accumulators in memory, added to (acc != 0) or overwritten. */
+__attribute__((target("avx512f,avx512bw"))) static void mk8x32_avx512(const float *w, int64_t ws, const float *xt,
+                                                                      int64_t K, float *c, int acc) {
+  __m512 a[8][2];
+  for (int r = 0; r < 8; r++) {
+    a[r][0] = acc ? _mm512_loadu_ps(c + r * 32) : _mm512_setzero_ps();
+    a[r][1] = acc ? _mm512_loadu_ps(c + r * 32 + 16) : _mm512_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; k++) {
+    const __m512 x0 = _mm512_loadu_ps(xt + k * 32), x1 = _mm512_loadu_ps(xt + k * 32 + 16);
+    for (int r = 0; r < 8; r++) {
+      const __m512 b = _mm512_set1_ps(w[r * ws + k]);
+      a[r][0] = _mm512_fmadd_ps(b, x0, a[r][0]);
+      a[r][1] = _mm512_fmadd_ps(b, x1, a[r][1]);
     }
   }
-  if (k < K) {
-    __mmask16 mk = (__mmask16)((1u << (K - k)) - 1);
-    __m512 wv[4];
-    for (int r = 0; r < 4; r++) wv[r] = _mm512_maskz_loadu_ps(mk, w + r * ws + k);
-    for (int t = 0; t < 4; t++) {
-      __m512 xv = _mm512_maskz_loadu_ps(mk, x + t * xs + k);
-      for (int r = 0; r < 4; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], xv, acc[r][t]);
-    }
+  for (int r = 0; r < 8; r++) {
+    _mm512_storeu_ps(c + r * 32, a[r][0]);
+    _mm512_storeu_ps(c + r * 32 + 16, a[r][1]);
   }
-  for (int r = 0; r < 4; r++)
-    for (int t = 0; t < 4; t++) out[r][t] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
 typedef void (*dot_fn)(int, const void *, const float *, int64_t, int, int64_t, float *);
@@ -260,61 +253,76 @@ static void mm_task(void *p, int ith, int nth) {
   }
 }
 
-/* Prefill path: rows in blocks of TILE_ROWS are converted to f32 once per token block
- * (dequantized for quantized types) into the worker's scratch, then multiplied with f32
- * activations by the 4x4 register tile. For quantized weights this keeps the activations
- * in f32 (more exact than the 8-bit activations of the decode path) and turns the work
- * into dense FMA, so prefill runs near the FMA peak instead of the block-decode rate. */
+/* Prefill path (n >= 8, AVX-512). Exact: weights are converted (dequantized) to f32 and
+ * multiplied with f32 activations, like the reference, at FMA speed rather than block-decode
+ * speed. Layout: the activations are transposed once into panels of 32 tokens, K-major
+ * ([panel][k][32], zero-padded), shared by all workers; each worker converts TILE_ROWS rows
+ * at a time into its scratch and runs the 8x32 kernel over K in chunks that keep the panel
+ * slice in L1. Workers split rows in whole tiles. */
 #define TILE_ROWS 16
+#define PANEL 32
+#define KC 256
+
+struct tile_ctx {
+  struct mm_ctx *m;
+  const float *xt; /* [n_panels][cols][PANEL] */
+};
 
 static void mm_tile_task(void *p, int ith, int nth) {
-  struct mm_ctx *m = p;
+  struct tile_ctx *tc = p;
+  struct mm_ctx *m = tc->m;
   const ops_weight *w = m->w;
-  const int64_t cols = w->cols, rows = w->rows;
-  const size_t rb = (size_t)dtype_row_bytes(w->type, cols);
-  /* Split rows in whole tiles so every worker converts disjoint rows. */
+  const int64_t cols = w->cols, rows = w->rows, n = m->n, panels = (n + PANEL - 1) / PANEL;
   const int64_t tiles = (rows + TILE_ROWS - 1) / TILE_ROWS;
   int64_t tl0, tl1;
   threadpool_range(tiles, ith, nth, &tl0, &tl1);
-  float *wt = cpu_scratch(m->be, ith); /* [TILE_ROWS, cols] */
+  float *wt = cpu_scratch(m->be, ith);          /* [TILE_ROWS][cols] */
+  float *cbuf = wt + TILE_ROWS * cols;          /* [TILE_ROWS][PANEL] */
   for (int64_t tile = tl0; tile < tl1; tile++) {
-    const int64_t r0 = tile * TILE_ROWS, r1 = r0 + TILE_ROWS < rows ? r0 + TILE_ROWS : rows, nr = r1 - r0;
-    for (int64_t r = r0; r < r1; r++) cpu_weight_row_f32(w, r, wt + (r - r0) * cols);
-    (void)rb;
-    int64_t t = 0;
-    for (; t + 4 <= m->n; t += 4) {
-      int64_t r = 0;
-      for (; r + 4 <= nr; r += 4) {
-        float out[4][4];
-        mk4x4_avx512(wt + r * cols, cols, m->x + t * cols, cols, cols, out);
-        for (int i = 0; i < 4; i++)
-          for (int j = 0; j < 4; j++) m->y[(t + j) * rows + r0 + r + i] = out[i][j] + (m->bias ? m->bias[r0 + r + i] : 0.0f);
+    const int64_t r0 = tile * TILE_ROWS, nr = r0 + TILE_ROWS < rows ? TILE_ROWS : rows - r0;
+    for (int64_t r = 0; r < nr; r++) cpu_weight_row_f32(w, r0 + r, wt + r * cols);
+    for (int64_t r = nr; r < TILE_ROWS; r++) memset(wt + r * cols, 0, (size_t)cols * sizeof(float));
+    for (int64_t pnl = 0; pnl < panels; pnl++) {
+      const float *xt = tc->xt + pnl * cols * PANEL;
+      for (int64_t k0 = 0; k0 < cols; k0 += KC) {
+        const int64_t kl = cols - k0 < KC ? cols - k0 : KC;
+        for (int g = 0; g < TILE_ROWS / 8; g++)
+          mk8x32_avx512(wt + g * 8 * cols + k0, cols, xt + k0 * PANEL, kl, cbuf + g * 8 * PANEL, k0 > 0);
       }
-      for (; r < nr; r++) {
-        float out[4];
-        m->dot(ANNA_DTYPE_F32, wt + r * cols, m->x + t * cols, cols, 4, cols, out);
-        for (int j = 0; j < 4; j++) m->y[(t + j) * rows + r0 + r] = out[j] + (m->bias ? m->bias[r0 + r] : 0.0f);
+      const int64_t t0 = pnl * PANEL, nt = n - t0 < PANEL ? n - t0 : PANEL;
+      for (int64_t r = 0; r < nr; r++) {
+        const float b = m->bias ? m->bias[r0 + r] : 0.0f;
+        for (int64_t t = 0; t < nt; t++) m->y[(t0 + t) * rows + r0 + r] = cbuf[r * PANEL + t] + b;
       }
     }
-    for (; t < m->n; t++)
-      for (int64_t r = 0; r < nr; r++) {
-        float out[1];
-        m->dot(ANNA_DTYPE_F32, wt + r * cols, m->x + t * cols, cols, 1, cols, out);
-        m->y[t * rows + r0 + r] = out[0] + (m->bias ? m->bias[r0 + r] : 0.0f);
-      }
   }
 }
 
 int64_t cpu_matmul_scratch_floats(int64_t max_cols) {
-  return TILE_ROWS * max_cols;
+  return TILE_ROWS * max_cols + TILE_ROWS * PANEL;
 }
 
 void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
                 const float *bias) {
   cpu_impl *c = be->impl;
   struct mm_ctx m = {be, y, x, n, w, bias, pick_dot(), NULL};
-  if (n >= 8 && cpu_isa_level() == 2 && c->scratch_per_thread >= TILE_ROWS * w->cols) {
-    threadpool_run(c->tp, mm_tile_task, &m);
+  if (n >= 8 && cpu_isa_level() == 2 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
+      c->act_bytes >= (size_t)((n + PANEL - 1) / PANEL * PANEL * w->cols) * sizeof(float)) {
+    /* Transpose the activations into zero-padded K-major panels (the act buffer is free:
+     * this path quantizes nothing). */
+    float *xt = c->act;
+    const int64_t cols = w->cols, panels = (n + PANEL - 1) / PANEL;
+    for (int64_t pnl = 0; pnl < panels; pnl++) {
+      float *dst = xt + pnl * cols * PANEL;
+      const int64_t t0 = pnl * PANEL, nt = n - t0 < PANEL ? n - t0 : PANEL;
+      if (nt < PANEL) memset(dst, 0, (size_t)(cols * PANEL) * sizeof(float));
+      for (int64_t t = 0; t < nt; t++) {
+        const float *src = x + (t0 + t) * cols;
+        for (int64_t k = 0; k < cols; k++) dst[k * PANEL + t] = src[k];
+      }
+    }
+    struct tile_ctx tc = {&m, xt};
+    threadpool_run(c->tp, mm_tile_task, &tc);
     return;
   }
   if (!is_plain(w->type)) {
