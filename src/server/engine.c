@@ -38,7 +38,8 @@ int gen_request_prepare(gen_request *r) {
   r->n_choices = r->n_prompts * r->n;
   r->choices = calloc((size_t)r->n_choices, sizeof *r->choices);
   if (!r->choices) return ANNA_ENOMEM;
-  for (int i = 0; i < r->n_choices; i++) r->choices[i].n_prompt = (int)r->n_prompt[i / r->n];
+  for (int i = 0; i < r->n_choices; i++)
+    r->choices[i].n_prompt = (int)r->n_prompt[i / r->n];
   return 0;
 }
 
@@ -48,10 +49,12 @@ void gen_request_retain(gen_request *r) {
 
 void gen_request_release(gen_request *r) {
   if (!r || __atomic_sub_fetch(&r->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
-  for (int i = 0; i < r->n_prompts; i++) free(r->prompts ? r->prompts[i] : NULL);
+  for (int i = 0; i < r->n_prompts; i++)
+    free(r->prompts ? r->prompts[i] : NULL);
   free(r->prompts);
   free(r->n_prompt);
-  for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
+  for (int i = 0; i < r->n_stop; i++)
+    free(r->stop[i]);
   free(r->forced);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
     free(r->choices[i].text);
@@ -200,7 +203,8 @@ static int slot_release(slot *s, int final) {
   if (end > s->released) {
     pthread_mutex_lock(&r->mu);
     gen_choice *c = &r->choices[s->ci];
-    if (txt_append(&c->text, &c->text_len, &c->text_cap, s->txt + s->released, end - s->released) == 0)
+    if (txt_append(&c->text, &c->text_len, &c->text_cap, s->txt + s->released, end - s->released) ==
+        0)
       s->released = end;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
@@ -219,8 +223,10 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
     slot_release(s, 1);
   }
   choice_finish(r, s->ci, reason, msg);
-  if (!strcmp(reason, "cancelled")) metrics_add(e->mx, &e->mx->cancelled, 1);
-  else metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
+  if (!strcmp(reason, "cancelled"))
+    metrics_add(e->mx, &e->mx->cancelled, 1);
+  else
+    metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
   anna_context_seq_reset(e->ctx, i);
   sampler_free(s->smp);
   s->smp = NULL;
@@ -249,7 +255,8 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->max_gen = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
   s->order = e->admitted++;
   s->len = s->released = 0;
-  for (size_t k = 0; k < s->n_prompt; k++) sampler_accept(s->smp, s->prompt[k]);
+  for (size_t k = 0; k < s->n_prompt; k++)
+    sampler_accept(s->smp, s->prompt[k]);
   anna_context_seq_reset(e->ctx, i);
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   return 0;
@@ -258,9 +265,11 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
 /* log-softmax of the raw logits (before penalties and temperature, as OpenAI reports). */
 static void token_logprobs(const float *row, int V, int32_t t, int ntop, gen_token *g) {
   float mx = row[0];
-  for (int j = 1; j < V; j++) mx = row[j] > mx ? row[j] : mx;
+  for (int j = 1; j < V; j++)
+    mx = row[j] > mx ? row[j] : mx;
   double sum = 0;
-  for (int j = 0; j < V; j++) sum += exp((double)(row[j] - mx));
+  for (int j = 0; j < V; j++)
+    sum += exp((double)(row[j] - mx));
   float lse = mx + (float)log(sum);
   g->id = t;
   g->logprob = row[t] - lse;
@@ -275,7 +284,8 @@ static void token_logprobs(const float *row, int V, int32_t t, int ntop, gen_tok
     }
     g->top_id[k] = j;
   }
-  for (int k = 0; k < g->n_top; k++) g->top_lp[k] = row[g->top_id[k]] - lse;
+  for (int k = 0; k < g->n_top; k++)
+    g->top_lp[k] = row[g->top_id[k]] - lse;
 }
 
 /* One sampled position of slot i: record, stream text, decide whether it goes on. */
@@ -291,13 +301,17 @@ static void slot_sample(engine *e, int i, float *row) {
   s->n_gen++;
   int forced_end = 0;
   if (r->forced) {
-    if ((size_t)s->n_gen <= r->n_forced) t = r->forced[s->n_gen - 1];
-    else forced_end = 1;
+    if ((size_t)s->n_gen <= r->n_forced)
+      t = r->forced[s->n_gen - 1];
+    else
+      forced_end = 1;
     if (want_lp && !forced_end) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   }
   double now = engine_now();
-  if (s->n_gen == 1) metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);
-  else metrics_observe(e->mx, &e->mx->itl, (now - s->t_last) * 1000.0);
+  if (s->n_gen == 1)
+    metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);
+  else
+    metrics_observe(e->mx, &e->mx->itl, (now - s->t_last) * 1000.0);
   s->t_last = now;
   metrics_add(e->mx, &e->mx->completion_tokens, 1);
   int eog = forced_end || (!r->ignore_eos && tokenizer_is_eog(e->text->tok, t));
@@ -323,7 +337,8 @@ static void slot_sample(engine *e, int i, float *row) {
   /* Control tokens stay out of the text, except the reasoning / tool-call tags, which some
    * vocabularies mark special but which the response parser has to see. */
   int keep = !tokenizer_token_is_special(e->text->tok, t);
-  for (int k = 0; k < 4 && !keep; k++) keep = t == e->keep_ids[k];
+  for (int k = 0; k < 4 && !keep; k++)
+    keep = t == e->keep_ids[k];
   if (keep && tokenizer_stream_feed(s->ts, t, piece, sizeof piece, &plen, NULL, 0) == 0 && plen &&
       txt_append(&s->txt, &s->len, &s->cap, piece, plen)) {
     slot_free(e, i, "error", "out of memory", 0);
@@ -343,7 +358,8 @@ static void slot_sample(engine *e, int i, float *row) {
 
 static int count_running(const engine *e) {
   int n = 0;
-  for (int i = 0; i < e->o.n_seq; i++) n += e->slots[i].r != NULL;
+  for (int i = 0; i < e->o.n_seq; i++)
+    n += e->slots[i].r != NULL;
   return n;
 }
 
@@ -356,7 +372,8 @@ static int admit(engine *e, wunit **take, int cap, wunit **dead) {
   while (e->head && n < cap) {
     wunit *u = e->head;
     if (!is_cancelled(u->r) && !e->cancel_all) {
-      int force = e->o.max_queue_wait_ms > 0 && (now - u->t_queued) * 1000.0 > e->o.max_queue_wait_ms;
+      int force =
+          e->o.max_queue_wait_ms > 0 && (now - u->t_queued) * 1000.0 > e->o.max_queue_wait_ms;
       if (n_run + n >= e->o.max_batch_size && !force) break;
     }
     e->head = u->next;
@@ -384,8 +401,8 @@ static void *engine_main(void *arg) {
       if (e->head) {
         /* An idle engine may wait a little for company, so the first step is shared. */
         double age_ms = (engine_now() - e->head->t_queued) * 1000.0;
-        if (e->o.batch_wait_ms > 0 && e->n_waiting < e->o.max_batch_size && age_ms < e->o.batch_wait_ms &&
-            !e->cancel_all) {
+        if (e->o.batch_wait_ms > 0 && e->n_waiting < e->o.max_batch_size &&
+            age_ms < e->o.batch_wait_ms && !e->cancel_all) {
           timed_wait(&e->cv, &e->mu, (e->o.batch_wait_ms - age_ms) / 1000.0);
           continue;
         }
@@ -399,7 +416,8 @@ static void *engine_main(void *arg) {
     int stop = e->stop, cancel_all = e->cancel_all || e->stop;
     wunit *dead = NULL;
     int free_slots = 0;
-    for (int i = 0; i < S; i++) free_slots += e->slots[i].r == NULL;
+    for (int i = 0; i < S; i++)
+      free_slots += e->slots[i].r == NULL;
     int n_take = admit(e, take, free_slots, &dead);
     /* Counted as running from now on, so a drain never sees the handover as idle. */
     e->running = count_running(e) + n_take;
@@ -422,7 +440,8 @@ static void *engine_main(void *arg) {
       free(u);
     }
     for (int k = 0, i = 0; k < n_take; k++) {
-      while (e->slots[i].r) i++;
+      while (e->slots[i].r)
+        i++;
       if (slot_start(e, i, take[k], err, sizeof err)) {
         choice_finish(take[k]->r, take[k]->ci, "error", err);
         unit_done(take[k]->r);
@@ -431,7 +450,8 @@ static void *engine_main(void *arg) {
     }
     /* Cancelled or shut down: free those slots now. */
     for (int i = 0; i < S; i++)
-      if (e->slots[i].r && (cancel_all || is_cancelled(e->slots[i].r))) slot_free(e, i, "cancelled", NULL, 0);
+      if (e->slots[i].r && (cancel_all || is_cancelled(e->slots[i].r)))
+        slot_free(e, i, "cancelled", NULL, 0);
     if (stop) break;
 
     /* Build the step: decodes first (one token each, under the decode budget, rotating the
@@ -464,7 +484,8 @@ static void *engine_main(void *arg) {
         slot *s = &e->slots[i];
         if (!s->r || s->decoding || s->n_fed == s->n_prompt) continue;
         int seen = 0;
-        for (int k = 0; k < npre; k++) seen |= e->pre_slot[k] == i;
+        for (int k = 0; k < npre; k++)
+          seen |= e->pre_slot[k] == i;
         if (!seen && (best < 0 || s->order < e->slots[best].order)) best = i;
       }
       if (best < 0) break;
@@ -490,7 +511,8 @@ static void *engine_main(void *arg) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
       for (int i = 0; i < S; i++) {
         int touched = 0;
-        for (int k = 0; k < nb; k++) touched |= e->b_seq[k] == i;
+        for (int k = 0; k < nb; k++)
+          touched |= e->b_seq[k] == i;
         if (touched && e->slots[i].r) slot_free(e, i, "error", err, 0);
       }
       continue;
@@ -503,18 +525,21 @@ static void *engine_main(void *arg) {
     pthread_mutex_unlock(&e->mx->mu);
     for (int k = 0; k < npre; k++) {
       slot *s = &e->slots[e->pre_slot[k]];
-      for (int j = 0; j < nb; j++) s->n_fed += e->b_seq[j] == e->pre_slot[k];
+      for (int j = 0; j < nb; j++)
+        s->n_fed += e->b_seq[j] == e->pre_slot[k];
     }
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
       if (e->slots[i].r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V);
     }
     if (e->o.debug_step_delay_ms > 0) {
-      struct timespec d = {e->o.debug_step_delay_ms / 1000, (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
+      struct timespec d = {e->o.debug_step_delay_ms / 1000,
+                           (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
       nanosleep(&d, NULL);
     }
     int64_t kv = 0;
-    for (int i = 0; i < S; i++) kv += e->slots[i].r ? anna_context_seq_len(e->ctx, i) : 0;
+    for (int i = 0; i < S; i++)
+      kv += e->slots[i].r ? anna_context_seq_len(e->ctx, i) : 0;
     pthread_mutex_lock(&e->mu);
     e->running = count_running(e);
     e->kv_tokens = kv;
@@ -528,10 +553,11 @@ static void *engine_main(void *arg) {
   return NULL;
 }
 
-int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o, metrics *mx,
-                  char *err, size_t errlen) {
+int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o,
+                  metrics *mx, char *err, size_t errlen) {
   *out = NULL;
-  if (!text || !text->tok) return anna_err(err, errlen, ANNA_EINVAL, "the engine needs a tokenizer");
+  if (!text || !text->tok)
+    return anna_err(err, errlen, ANNA_EINVAL, "the engine needs a tokenizer");
   engine *e = calloc(1, sizeof *e);
   if (!e) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   e->m = m;
@@ -552,7 +578,8 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   pthread_cond_init(&e->idle_cv, &ca);
   pthread_condattr_destroy(&ca);
   const int S = e->o.n_seq, B = e->o.n_batch;
-  anna_context_options co = {.n_seq = S, .n_ctx = e->o.n_ctx, .n_batch = B, .n_threads = e->o.n_threads};
+  anna_context_options co = {
+      .n_seq = S, .n_ctx = e->o.n_ctx, .n_batch = B, .n_threads = e->o.n_threads};
   int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
   e->slots = calloc((size_t)S, sizeof *e->slots);
@@ -564,15 +591,16 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   e->pre_slot = malloc((size_t)S * sizeof *e->pre_slot);
   e->logits = malloc((size_t)S * (size_t)e->V * sizeof(float));
   e->lp_row = malloc((size_t)e->V * sizeof(float));
-  if (!e->slots || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_want || !e->out_slot || !e->pre_slot || !e->logits ||
-      !e->lp_row) {
+  if (!e->slots || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_want || !e->out_slot ||
+      !e->pre_slot || !e->logits || !e->lp_row) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
     goto fail;
   }
   for (int i = 0; i < S; i++)
     if ((rc = tokenizer_stream_new(&e->slots[i].ts, text->tok, 0, err, errlen))) goto fail;
   const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
-  for (int k = 0; k < 4; k++) e->keep_ids[k] = tokenizer_token_id(text->tok, keep[k]);
+  for (int k = 0; k < 4; k++)
+    e->keep_ids[k] = tokenizer_token_id(text->tok, keep[k]);
   if (pthread_create(&e->th, NULL, engine_main, e)) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
     goto fail;
@@ -621,13 +649,15 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
     if (r->n_prompt[p] == 0) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
     if (r->n_prompt[p] >= (size_t)e->o.n_ctx)
       return anna_err(err, errlen, ANNA_EINVAL,
-                      "the prompt has %zu tokens; this server's context (--ctx-size) holds %d, with room for at "
+                      "the prompt has %zu tokens; this server's context (--ctx-size) holds %d, "
+                      "with room for at "
                       "least one generated token",
                       r->n_prompt[p], e->o.n_ctx);
     for (size_t k = 0; k < r->n_prompt[p]; k++)
       if (r->prompts[p][k] < 0 || r->prompts[p][k] >= e->V)
-        return anna_err(err, errlen, ANNA_EINVAL, "prompt token id %d is out of range (vocabulary %d)",
-                        r->prompts[p][k], e->V);
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "prompt token id %d is out of range (vocabulary %d)", r->prompts[p][k],
+                        e->V);
   }
   wunit *first = NULL, *last = NULL;
   double now = engine_now();
@@ -644,15 +674,19 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
     u->r = r;
     u->ci = i;
     u->t_queued = now;
-    if (last) last->next = u;
-    else first = u;
+    if (last)
+      last->next = u;
+    else
+      first = u;
     last = u;
   }
   pthread_mutex_lock(&e->mu);
   int rc = 0;
-  if (e->draining || e->stop) rc = anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
+  if (e->draining || e->stop)
+    rc = anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
   else if (e->o.max_waiting > 0 && e->n_waiting >= e->o.max_waiting)
-    rc = anna_err(err, errlen, ANNA_ERANGE, "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
+    rc = anna_err(err, errlen, ANNA_ERANGE,
+                  "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
                   e->n_waiting);
   if (rc) {
     pthread_mutex_unlock(&e->mu);
@@ -665,8 +699,10 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
   }
   r->eng_units = r->n_choices;
   gen_request_retain(r);
-  if (e->tail) e->tail->next = first;
-  else e->head = first;
+  if (e->tail)
+    e->tail->next = first;
+  else
+    e->head = first;
   e->tail = last;
   e->n_waiting += r->n_choices;
   pthread_cond_signal(&e->cv);
@@ -686,11 +722,13 @@ void engine_drain(engine *e, double timeout_s) {
   pthread_mutex_lock(&e->mu);
   e->draining = 1;
   pthread_cond_signal(&e->cv);
-  while ((e->running > 0 || e->head) && engine_now() < until) timed_wait(&e->idle_cv, &e->mu, 0.1);
+  while ((e->running > 0 || e->head) && engine_now() < until)
+    timed_wait(&e->idle_cv, &e->mu, 0.1);
   if (e->running > 0 || e->head) {
     e->cancel_all = 1;
     pthread_cond_signal(&e->cv);
-    while (e->running > 0 || e->head) timed_wait(&e->idle_cv, &e->mu, 0.1);
+    while (e->running > 0 || e->head)
+      timed_wait(&e->idle_cv, &e->mu, 0.1);
   }
   pthread_mutex_unlock(&e->mu);
 }

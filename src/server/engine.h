@@ -28,12 +28,13 @@
 
 typedef struct engine_options {
   int n_seq, n_ctx, n_batch, n_threads; /* context shape (anna_context_options) */
-  int max_batch_size;    /* running sequences (<= n_seq) */
-  int batch_wait_ms;     /* coalescing wait before admitting into an idle engine */
-  int max_prefill_tokens;/* prompt tokens per step (0: what the step has room for) */
+  int max_batch_size;                   /* running sequences (<= n_seq) */
+  int batch_wait_ms;                    /* coalescing wait before admitting into an idle engine */
+  int max_prefill_tokens;               /* prompt tokens per step (0: what the step has room for) */
   int max_decode_tokens; /* cached tokens over one step's decode sequences (0: off) */
-  int max_waiting;       /* queued sequences before submit fails with ANNA_EBUSY-like ERANGE (0: off) */
-  int max_queue_wait_ms; /* fairness: an older waiter forces admission beyond max_batch_size (0: off) */
+  int max_waiting; /* queued sequences before submit fails with ANNA_EBUSY-like ERANGE (0: off) */
+  int max_queue_wait_ms;   /* fairness: an older waiter forces admission beyond max_batch_size (0:
+                              off) */
   int debug_step_delay_ms; /* testing hook: sleep this long after every step */
 } engine_options;
 
@@ -60,12 +61,12 @@ typedef struct gen_choice {
 typedef struct gen_request {
   /* Set by the creator before engine_submit; read-only afterwards. */
   char id[80];
-  int n_prompts;       /* prompts (completions may batch several) */
-  int32_t **prompts;   /* owned */
-  size_t *n_prompt;    /* owned */
-  int n;               /* choices per prompt */
-  int max_tokens;      /* per choice; <= 0: up to the context */
-  sampler_params sp;   /* choice i uses seed + i */
+  int n_prompts;     /* prompts (completions may batch several) */
+  int32_t **prompts; /* owned */
+  size_t *n_prompt;  /* owned */
+  int n;             /* choices per prompt */
+  int max_tokens;    /* per choice; <= 0: up to the context */
+  sampler_params sp; /* choice i uses seed + i */
   char *stop[GEN_MAX_STOP];
   int n_stop;
   int logprobs, top_logprobs, ignore_eos;
@@ -77,9 +78,9 @@ typedef struct gen_request {
   pthread_cond_t cv;
   gen_choice *choices; /* n_prompts * n, prompt-major */
   int n_choices, n_done;
-  int cancelled;       /* atomic: set by engine_cancel */
-  int refs;            /* atomic */
-  char error[256];     /* first engine error, when a choice ends with "error" */
+  int cancelled;   /* atomic: set by engine_cancel */
+  int refs;        /* atomic */
+  char error[256]; /* first engine error, when a choice ends with "error" */
   /* Engine-thread only. */
   int eng_units;
 } gen_request;
@@ -95,8 +96,8 @@ typedef struct engine engine;
 
 /* m and text are borrowed and must outlive the engine; mx too. Starts the engine thread.
  * Caller frees with engine_free. */
-int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o, metrics *mx,
-                  char *err, size_t errlen);
+int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o,
+                  metrics *mx, char *err, size_t errlen);
 /* Stops the thread (cancelling whatever is left) and frees everything. */
 void engine_free(engine *e);
 /* Queues r (takes an engine reference). ANNA_ERANGE: the waiting queue is full (HTTP 429);

@@ -69,7 +69,8 @@ static int peer_gone(int fd) {
 }
 
 static int conn_fd(struct MHD_Connection *c) {
-  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
   return ci ? ci->connect_fd : -1;
 }
 
@@ -77,7 +78,8 @@ static void make_rid(server *srv, conn *cn) {
   const char *h = MHD_lookup_connection_value(cn->c, MHD_HEADER_KIND, "X-Request-Id");
   int ok = h && *h && strlen(h) <= 64;
   for (const char *p = h; ok && *p; p++)
-    ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || strchr("-_.:", *p);
+    ok = (*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') ||
+         strchr("-_.:", *p);
   if (ok) {
     snprintf(cn->rid, sizeof cn->rid, "%s", h);
     return;
@@ -85,17 +87,20 @@ static void make_rid(server *srv, conn *cn) {
   uint64_t n = __atomic_add_fetch(&srv->rid_seq, 1, __ATOMIC_RELAXED);
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  snprintf(cn->rid, sizeof cn->rid, "req-%08llx%06llx%04x", (unsigned long long)ts.tv_sec & 0xffffffffULL,
-           (unsigned long long)n & 0xffffffULL, (unsigned)(ts.tv_nsec >> 10) & 0xffff);
+  snprintf(cn->rid, sizeof cn->rid, "req-%08llx%06llx%04x",
+           (unsigned long long)ts.tv_sec & 0xffffffffULL, (unsigned long long)n & 0xffffffULL,
+           (unsigned)(ts.tv_nsec >> 10) & 0xffff);
 }
 
 static enum MHD_Result send_body(conn *cn, int status, char *body, const char *ctype) {
   if (!body) {
     status = 500;
-    body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
+    body = strdup("{\"error\":{\"message\":\"out of "
+                  "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
     if (!body) return MHD_NO;
   }
-  struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
   if (!resp) {
     free(body);
     return MHD_NO;
@@ -104,10 +109,11 @@ static enum MHD_Result send_body(conn *cn, int status, char *body, const char *c
   MHD_add_response_header(resp, "X-Request-Id", cn->rid);
   if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
   if (status == 405)
-    MHD_add_response_header(resp, "Allow", strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
-                                                   strcmp(cn->url, "/metrics")
-                                               ? "POST"
-                                               : "GET");
+    MHD_add_response_header(resp, "Allow",
+                            strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
+                                    strcmp(cn->url, "/metrics")
+                                ? "POST"
+                                : "GET");
   enum MHD_Result r = MHD_queue_response(cn->c, (unsigned)status, resp);
   MHD_destroy_response(resp);
   cn->status = status;
@@ -118,7 +124,8 @@ static enum MHD_Result send_error(conn *cn, const oai_error *e) {
   return send_body(cn, e->status, oai_error_json(e), "application/json");
 }
 
-static enum MHD_Result send_fail(conn *cn, int status, const char *param, const char *code, const char *msg) {
+static enum MHD_Result send_fail(conn *cn, int status, const char *param, const char *code,
+                                 const char *msg) {
   oai_error e;
   oai_fail(&e, status, param, code, "%s", msg);
   return send_error(cn, &e);
@@ -141,19 +148,23 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
   engine_get_stats(srv->eng, &st);
   const engine_options *eo = engine_get_options(srv->eng);
   json_t *o = json_pack(
-      "{s:s,s:{s:s,s:s,s:s,s:i,s:i},s:{s:I,s:I,s:I,s:f},s:{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i},s:o}", "status",
-      st.draining ? "draining" : "ok", "model", "id", srv->model_name, "path", anna_model_path(srv->m), "describe",
-      anna_model_describe(srv->m), "vocab", anna_model_vocab(srv->m), "layers", anna_model_n_layers(srv->m), "memory",
-      "rss_bytes", (json_int_t)rss_bytes(), "kv_tokens_used", (json_int_t)st.kv_tokens, "kv_tokens_capacity",
-      (json_int_t)st.kv_capacity, "kv_usage", st.kv_capacity ? (double)st.kv_tokens / (double)st.kv_capacity : 0.0,
-      "scheduler", "profile", srv->o->profile_name ? srv->o->profile_name : "none", "running", st.running, "waiting",
-      st.waiting, "slots", st.n_seq, "ctx_size", st.n_ctx, "max_batch_size", eo->max_batch_size, "batch_wait_ms",
-      eo->batch_wait_ms, "max_prefill_tokens", eo->max_prefill_tokens, "max_decode_tokens", eo->max_decode_tokens,
-      "max_waiting_requests", eo->max_waiting, "max_queue_wait_ms", eo->max_queue_wait_ms, "service",
-      metrics_json(&srv->mx));
+      "{s:s,s:{s:s,s:s,s:s,s:i,s:i},s:{s:I,s:I,s:I,s:f},s:{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,"
+      "s:i},s:o}",
+      "status", st.draining ? "draining" : "ok", "model", "id", srv->model_name, "path",
+      anna_model_path(srv->m), "describe", anna_model_describe(srv->m), "vocab",
+      anna_model_vocab(srv->m), "layers", anna_model_n_layers(srv->m), "memory", "rss_bytes",
+      (json_int_t)rss_bytes(), "kv_tokens_used", (json_int_t)st.kv_tokens, "kv_tokens_capacity",
+      (json_int_t)st.kv_capacity, "kv_usage",
+      st.kv_capacity ? (double)st.kv_tokens / (double)st.kv_capacity : 0.0, "scheduler", "profile",
+      srv->o->profile_name ? srv->o->profile_name : "none", "running", st.running, "waiting",
+      st.waiting, "slots", st.n_seq, "ctx_size", st.n_ctx, "max_batch_size", eo->max_batch_size,
+      "batch_wait_ms", eo->batch_wait_ms, "max_prefill_tokens", eo->max_prefill_tokens,
+      "max_decode_tokens", eo->max_decode_tokens, "max_waiting_requests", eo->max_waiting,
+      "max_queue_wait_ms", eo->max_queue_wait_ms, "service", metrics_json(&srv->mx));
   if (o) {
     json_object_set_new(o, "prompt_cache", json_pack("{s:b}", "enabled", 0));
-    json_object_set_new(o, "active_http_requests", json_integer(__atomic_load_n(&srv->active, __ATOMIC_RELAXED)));
+    json_object_set_new(o, "active_http_requests",
+                        json_integer(__atomic_load_n(&srv->active, __ATOMIC_RELAXED)));
   }
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
@@ -164,19 +175,24 @@ static enum MHD_Result route_metrics(server *srv, conn *cn) {
   engine_stats st;
   engine_get_stats(srv->eng, &st);
   char g[2048];
-  snprintf(g, sizeof g,
-           "# HELP anna_requests_running sequences in the running batch\n# TYPE anna_requests_running gauge\n"
-           "anna_requests_running %d\n"
-           "# HELP anna_requests_waiting sequences waiting for a slot\n# TYPE anna_requests_waiting gauge\n"
-           "anna_requests_waiting %d\n"
-           "# HELP anna_kv_tokens_used cached positions over all slots\n# TYPE anna_kv_tokens_used gauge\n"
-           "anna_kv_tokens_used %lld\n"
-           "# HELP anna_kv_tokens_capacity slots x context\n# TYPE anna_kv_tokens_capacity gauge\n"
-           "anna_kv_tokens_capacity %lld\n"
-           "# HELP anna_resident_memory_bytes process RSS\n# TYPE anna_resident_memory_bytes gauge\n"
-           "anna_resident_memory_bytes %ld\n"
-           "# HELP anna_draining 1 while shutting down\n# TYPE anna_draining gauge\nanna_draining %d\n",
-           st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, rss_bytes(), st.draining);
+  snprintf(
+      g, sizeof g,
+      "# HELP anna_requests_running sequences in the running batch\n# TYPE anna_requests_running "
+      "gauge\n"
+      "anna_requests_running %d\n"
+      "# HELP anna_requests_waiting sequences waiting for a slot\n# TYPE anna_requests_waiting "
+      "gauge\n"
+      "anna_requests_waiting %d\n"
+      "# HELP anna_kv_tokens_used cached positions over all slots\n# TYPE anna_kv_tokens_used "
+      "gauge\n"
+      "anna_kv_tokens_used %lld\n"
+      "# HELP anna_kv_tokens_capacity slots x context\n# TYPE anna_kv_tokens_capacity gauge\n"
+      "anna_kv_tokens_capacity %lld\n"
+      "# HELP anna_resident_memory_bytes process RSS\n# TYPE anna_resident_memory_bytes gauge\n"
+      "anna_resident_memory_bytes %ld\n"
+      "# HELP anna_draining 1 while shutting down\n# TYPE anna_draining gauge\nanna_draining %d\n",
+      st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, rss_bytes(),
+      st.draining);
   return send_body(cn, 200, metrics_prometheus(&srv->mx, g), "text/plain; version=0.0.4");
 }
 
@@ -221,7 +237,8 @@ static void sse_free(void *cls) {
 static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   if (cn->too_big) {
     char msg[128];
-    snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body-bytes)", srv->o->max_body_bytes);
+    snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body-bytes)",
+             srv->o->max_body_bytes);
     return send_fail(cn, 413, NULL, "request_too_large", msg);
   }
   oai_job job;
@@ -236,12 +253,17 @@ static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   if (rc) {
     oai_job_clear(&job);
     int status = rc == ANNA_ERANGE ? 429 : rc == ANNA_ESTATE ? 503 : rc == ANNA_EINVAL ? 400 : 500;
-    return send_fail(cn, status, NULL, rc == ANNA_ERANGE ? "queue_full" : rc == ANNA_ESTATE ? "shutting_down" : NULL, err);
+    return send_fail(cn, status, NULL,
+                     rc == ANNA_ERANGE   ? "queue_full"
+                     : rc == ANNA_ESTATE ? "shutting_down"
+                                         : NULL,
+                     err);
   }
   gen_request *r = job.r;
   gen_request_retain(r);
   cn->gr = r;
-  for (int p = 0; p < r->n_prompts; p++) cn->n_prompt += (int)r->n_prompt[p];
+  for (int p = 0; p < r->n_prompts; p++)
+    cn->n_prompt += (int)r->n_prompt[p];
   int fd = conn_fd(cn->c);
   if (job.stream) {
     sse *s = calloc(1, sizeof *s);
@@ -257,7 +279,8 @@ static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
       sse_free(s);
       return send_fail(cn, 500, NULL, NULL, "out of memory");
     }
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, s, sse_free);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, s, sse_free);
     if (!resp) {
       sse_free(s);
       return send_fail(cn, 500, NULL, NULL, "out of memory");
@@ -295,8 +318,9 @@ static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   return ret;
 }
 
-static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_size, void **con_cls) {
   server *srv = cls;
   conn *cn = *con_cls;
   if (!cn) {
@@ -307,6 +331,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     cn->t0 = engine_now();
     snprintf(cn->method, sizeof cn->method, "%s", method);
     snprintf(cn->url, sizeof cn->url, "%s", url);
+    for (char *p = cn->url; *p; p++) /* the path goes into log lines: keep them one line of ASCII */
+      if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
     make_rid(srv, cn);
     *con_cls = cn;
     __atomic_add_fetch(&srv->active, 1, __ATOMIC_RELAXED);
@@ -344,7 +370,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
   if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
-    return route_generate(srv, cn, !strcmp(url, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION);
+    return route_generate(srv, cn,
+                          !strcmp(url, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION);
   }
   if (!strcmp(url, "/healthz") || !strcmp(url, "/health")) {
     if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
@@ -360,7 +387,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   if (!strncmp(url, "/v1/models/", 11)) {
     if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
-    if (strcmp(url + 11, srv->model_name)) return send_fail(cn, 404, "model", "model_not_found", "no such model");
+    if (strcmp(url + 11, srv->model_name))
+      return send_fail(cn, 404, "model", "model_not_found", "no such model");
     json_t *o = json_pack("{s:s,s:s,s:I,s:s}", "id", srv->model_name, "object", "model", "created",
                           (json_int_t)srv->created, "owned_by", "anna");
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -372,7 +400,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   return send_fail(cn, 404, NULL, "not_found", msg);
 }
 
-static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
   server *srv = cls;
   conn *cn = *con_cls;
   if (!cn) return;
@@ -380,15 +409,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
   if (cn->gr) {
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) engine_cancel(srv->eng, cn->gr);
     pthread_mutex_lock(&cn->gr->mu);
-    for (int i = 0; i < cn->gr->n_choices; i++) n_gen += cn->gr->choices[i].n_gen;
+    for (int i = 0; i < cn->gr->n_choices; i++)
+      n_gen += cn->gr->choices[i].n_gen;
     pthread_mutex_unlock(&cn->gr->mu);
     gen_request_release(cn->gr);
   }
   int status = cn->status ? cn->status : 500;
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;
   metrics_count_response(&srv->mx, status == 499 ? 200 : status);
-  slog(SLOG_INFO, cn->rid, "%s %s %d %.1f ms prompt=%d completion=%d%s", cn->method, cn->url, status,
-       (engine_now() - cn->t0) * 1000.0, cn->n_prompt, n_gen,
+  slog(SLOG_INFO, cn->rid, "%s %s %d %.1f ms prompt=%d completion=%d%s", cn->method, cn->url,
+       status, (engine_now() - cn->t0) * 1000.0, cn->n_prompt, n_gen,
        toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (client gone)");
   free(cn->body);
   free(cn);
@@ -400,7 +430,8 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
   char buf[512];
   vsnprintf(buf, sizeof buf, fmt, ap);
   size_t n = strlen(buf);
-  while (n && buf[n - 1] == '\n') buf[--n] = '\0';
+  while (n && buf[n - 1] == '\n')
+    buf[--n] = '\0';
   slog(SLOG_DEBUG, NULL, "http: %s", buf);
 }
 
@@ -413,20 +444,25 @@ static void log_metrics(server *srv) {
   metrics c = srv->mx;
   pthread_mutex_unlock(&srv->mx.mu);
   slog(SLOG_INFO, NULL,
-       "metrics: running=%d waiting=%d kv=%lld/%lld requests=%llu 4xx=%llu 5xx=%llu rejected=%llu cancelled=%llu "
-       "prompt_tok=%llu gen_tok=%llu steps=%llu batch=%.2f ttft_p50=%.1fms ttft_p99=%.1fms itl_p50=%.1fms "
+       "metrics: running=%d waiting=%d kv=%lld/%lld requests=%llu 4xx=%llu 5xx=%llu rejected=%llu "
+       "cancelled=%llu "
+       "prompt_tok=%llu gen_tok=%llu steps=%llu batch=%.2f ttft_p50=%.1fms ttft_p99=%.1fms "
+       "itl_p50=%.1fms "
        "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=n/a",
-       st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, (unsigned long long)c.requests,
-       (unsigned long long)c.responses_4xx, (unsigned long long)c.responses_5xx, (unsigned long long)c.rejected_busy,
-       (unsigned long long)c.cancelled, (unsigned long long)c.prompt_tokens, (unsigned long long)c.completion_tokens,
-       (unsigned long long)c.decode_steps, c.decode_steps ? (double)c.batch_seqs / (double)c.decode_steps : 0.0,
-       metrics_quantile(&c.ttft, 0.5), metrics_quantile(&c.ttft, 0.99), metrics_quantile(&c.itl, 0.5),
-       metrics_quantile(&c.itl, 0.99), rss_bytes() >> 20);
+       st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity,
+       (unsigned long long)c.requests, (unsigned long long)c.responses_4xx,
+       (unsigned long long)c.responses_5xx, (unsigned long long)c.rejected_busy,
+       (unsigned long long)c.cancelled, (unsigned long long)c.prompt_tokens,
+       (unsigned long long)c.completion_tokens, (unsigned long long)c.decode_steps,
+       c.decode_steps ? (double)c.batch_seqs / (double)c.decode_steps : 0.0,
+       metrics_quantile(&c.ttft, 0.5), metrics_quantile(&c.ttft, 0.99),
+       metrics_quantile(&c.itl, 0.5), metrics_quantile(&c.itl, 0.99), rss_bytes() >> 20);
 }
 
 static void derive_name(const char *path, char *out, size_t cap) {
   size_t n = strlen(path);
-  while (n > 1 && path[n - 1] == '/') n--;
+  while (n > 1 && path[n - 1] == '/')
+    n--;
   const char *b = path;
   for (size_t i = 0; i < n; i++)
     if (path[i] == '/') b = path + i + 1;
@@ -459,8 +495,10 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   anna_model_options mo = {o->device, o->dtype};
   if ((rc = anna_model_load(&srv->m, o->model_path, &mo, err, errlen))) goto done;
   if ((rc = model_text_open(&srv->text, o->model_path, err, errlen))) goto done;
-  if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
-  else derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
+  if (o->model_name && *o->model_name)
+    snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
+  else
+    derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
   if ((rc = engine_create(&srv->eng, srv->m, srv->text, &o->eng, &srv->mx, err, errlen))) goto done;
   const engine_options *eo = engine_get_options(srv->eng);
   srv->cfg = (oai_config){.model_name = srv->model_name,
@@ -473,7 +511,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .default_enable_thinking = o->default_enable_thinking,
                           .debug_hooks = o->debug_hooks};
 
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+  struct addrinfo hints = {
+      .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
   char port[16];
   snprintf(port, sizeof port, "%d", o->port);
   int gai = getaddrinfo(o->host ? o->host : "127.0.0.1", port, &hints, &ai);
@@ -481,21 +520,25 @@ int server_run(const server_options *o, char *err, size_t errlen) {
     rc = anna_err(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
     goto done;
   }
-  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                   MHD_USE_ERROR_LOG | MHD_USE_ITC;
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-  d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED, on_completed,
-                       srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                       (unsigned)o->max_connections, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_EXTERNAL_LOGGER,
-                       mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-                       (unsigned)256, MHD_OPTION_END);
+  d = MHD_start_daemon(
+      flags, (uint16_t)o->port, NULL, NULL, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
+      on_completed, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+      MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
   if (!d) {
-    rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port, strerror(errno));
+    rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
+                  strerror(errno));
     goto done;
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   int bound = di ? di->port : o->port;
-  slog(SLOG_INFO, NULL, "model %s (%s) loaded in %.2f s; slots=%d ctx=%d batch=%d max_batch=%d", srv->model_name,
-       anna_model_describe(srv->m), engine_now() - t0, eo->n_seq, eo->n_ctx, eo->n_batch, eo->max_batch_size);
+  slog(SLOG_INFO, NULL, "model %s (%s) loaded in %.2f s; slots=%d ctx=%d batch=%d max_batch=%d",
+       srv->model_name, anna_model_describe(srv->m), engine_now() - t0, eo->n_seq, eo->n_ctx,
+       eo->n_batch, eo->max_batch_size);
   slog(SLOG_INFO, NULL, "listening on http://%s:%d", o->host ? o->host : "127.0.0.1", bound);
 
   double next_log = engine_now() + o->metrics_log_interval_s;
@@ -517,7 +560,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   if (ls != MHD_INVALID_SOCKET) close(ls);
   engine_drain(srv->eng, o->shutdown_timeout_s);
   double until = engine_now() + 10;
-  while (__atomic_load_n(&srv->active, __ATOMIC_RELAXED) > 0 && engine_now() < until) usleep(10 * 1000);
+  while (__atomic_load_n(&srv->active, __ATOMIC_RELAXED) > 0 && engine_now() < until)
+    usleep(10 * 1000);
   log_metrics(srv);
   slog(SLOG_INFO, NULL, "shut down cleanly");
 done:

@@ -7,8 +7,8 @@
 #include <string.h>
 #include <time.h>
 
-static const double BOUNDS_MS[METRICS_NBUCKETS] = {1,   2.5,  5,    10,   25,    50,    100,   250,
-                                                   500, 1000, 2500, 5000, 10000, 30000, 60000, 120000};
+static const double BOUNDS_MS[METRICS_NBUCKETS] = {
+    1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000};
 
 static double now_s(void) {
   struct timespec ts;
@@ -29,7 +29,8 @@ void metrics_destroy(metrics *m) {
 void metrics_observe(metrics *m, metrics_histo *h, double ms) {
   if (!(ms >= 0)) ms = 0;
   int b = 0;
-  while (b < METRICS_NBUCKETS && ms > BOUNDS_MS[b]) b++;
+  while (b < METRICS_NBUCKETS && ms > BOUNDS_MS[b])
+    b++;
   pthread_mutex_lock(&m->mu);
   h->counts[b]++;
   h->n++;
@@ -46,9 +47,12 @@ void metrics_add(metrics *m, uint64_t *counter, uint64_t v) {
 void metrics_count_response(metrics *m, int status) {
   pthread_mutex_lock(&m->mu);
   m->requests++;
-  if (status < 300) m->responses_2xx++;
-  else if (status < 500) m->responses_4xx++;
-  else m->responses_5xx++;
+  if (status < 300)
+    m->responses_2xx++;
+  else if (status < 500)
+    m->responses_4xx++;
+  else
+    m->responses_5xx++;
   if (status == 429) m->rejected_busy++;
   pthread_mutex_unlock(&m->mu);
 }
@@ -72,28 +76,33 @@ static json_t *histo_json(const metrics_histo *h) {
   json_t *buckets = json_array();
   for (int b = 0; b <= METRICS_NBUCKETS; b++) {
     json_t *e = json_object();
-    if (b < METRICS_NBUCKETS) json_object_set_new(e, "le_ms", json_real(BOUNDS_MS[b]));
-    else json_object_set_new(e, "le_ms", json_string("+Inf"));
+    if (b < METRICS_NBUCKETS)
+      json_object_set_new(e, "le_ms", json_real(BOUNDS_MS[b]));
+    else
+      json_object_set_new(e, "le_ms", json_string("+Inf"));
     json_object_set_new(e, "count", json_integer((json_int_t)h->counts[b]));
     json_array_append_new(buckets, e);
   }
   return json_pack("{s:I,s:f,s:f,s:f,s:f,s:o}", "count", (json_int_t)h->n, "mean_ms",
-                   h->n ? h->sum_ms / (double)h->n : 0.0, "p50_ms", metrics_quantile(h, 0.5), "p90_ms",
-                   metrics_quantile(h, 0.9), "p99_ms", metrics_quantile(h, 0.99), "buckets", buckets);
+                   h->n ? h->sum_ms / (double)h->n : 0.0, "p50_ms", metrics_quantile(h, 0.5),
+                   "p90_ms", metrics_quantile(h, 0.9), "p99_ms", metrics_quantile(h, 0.99),
+                   "buckets", buckets);
 }
 
 json_t *metrics_json(metrics *m) {
   pthread_mutex_lock(&m->mu);
   metrics c = *m;
   pthread_mutex_unlock(&m->mu);
-  return json_pack("{s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:o,s:o,s:o}", "uptime_s", now_s() - c.t_start,
-                   "requests", (json_int_t)c.requests, "responses_2xx", (json_int_t)c.responses_2xx, "responses_4xx",
-                   (json_int_t)c.responses_4xx, "responses_5xx", (json_int_t)c.responses_5xx, "rejected_busy",
-                   (json_int_t)c.rejected_busy, "cancelled", (json_int_t)c.cancelled, "prompt_tokens",
-                   (json_int_t)c.prompt_tokens, "completion_tokens", (json_int_t)c.completion_tokens,
-                   "decode_steps", (json_int_t)c.decode_steps, "mean_batch_seqs",
-                   c.decode_steps ? (double)c.batch_seqs / (double)c.decode_steps : 0.0, "ttft", histo_json(&c.ttft),
-                   "itl", histo_json(&c.itl), "e2e", histo_json(&c.e2e), "queue_wait", histo_json(&c.queue));
+  return json_pack(
+      "{s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:o,s:o,s:o}", "uptime_s",
+      now_s() - c.t_start, "requests", (json_int_t)c.requests, "responses_2xx",
+      (json_int_t)c.responses_2xx, "responses_4xx", (json_int_t)c.responses_4xx, "responses_5xx",
+      (json_int_t)c.responses_5xx, "rejected_busy", (json_int_t)c.rejected_busy, "cancelled",
+      (json_int_t)c.cancelled, "prompt_tokens", (json_int_t)c.prompt_tokens, "completion_tokens",
+      (json_int_t)c.completion_tokens, "decode_steps", (json_int_t)c.decode_steps,
+      "mean_batch_seqs", c.decode_steps ? (double)c.batch_seqs / (double)c.decode_steps : 0.0,
+      "ttft", histo_json(&c.ttft), "itl", histo_json(&c.itl), "e2e", histo_json(&c.e2e),
+      "queue_wait", histo_json(&c.queue));
 }
 
 typedef struct sbuf {
@@ -127,11 +136,12 @@ static void prom_histo(sbuf *b, const char *name, const char *help, const metric
   uint64_t acc = 0;
   for (int i = 0; i < METRICS_NBUCKETS; i++) {
     acc += h->counts[i];
-    sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, BOUNDS_MS[i] / 1000.0, (unsigned long long)acc);
+    sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, BOUNDS_MS[i] / 1000.0,
+              (unsigned long long)acc);
   }
   acc += h->counts[METRICS_NBUCKETS];
-  sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)acc, name,
-            h->sum_ms / 1000.0, name, (unsigned long long)h->n);
+  sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+            (unsigned long long)acc, name, h->sum_ms / 1000.0, name, (unsigned long long)h->n);
 }
 
 char *metrics_prometheus(metrics *m, const char *gauges) {
@@ -156,10 +166,12 @@ char *metrics_prometheus(metrics *m, const char *gauges) {
       {"anna_batch_tokens_total", "tokens over all engine steps", c.batch_tokens},
   };
   for (size_t i = 0; i < sizeof ctr / sizeof ctr[0]; i++)
-    sb_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", ctr[i].name, ctr[i].help, ctr[i].name, ctr[i].name,
-              (unsigned long long)ctr[i].v);
-  prom_histo(&b, "anna_time_to_first_token_seconds", "request arrival to first generated token", &c.ttft);
-  prom_histo(&b, "anna_inter_token_latency_seconds", "gap between consecutive tokens of a sequence", &c.itl);
+    sb_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", ctr[i].name, ctr[i].help,
+              ctr[i].name, ctr[i].name, (unsigned long long)ctr[i].v);
+  prom_histo(&b, "anna_time_to_first_token_seconds", "request arrival to first generated token",
+             &c.ttft);
+  prom_histo(&b, "anna_inter_token_latency_seconds", "gap between consecutive tokens of a sequence",
+             &c.itl);
   prom_histo(&b, "anna_request_duration_seconds", "request arrival to last token", &c.e2e);
   prom_histo(&b, "anna_queue_wait_seconds", "arrival to admission into a sequence slot", &c.queue);
   return b.s;
@@ -186,8 +198,8 @@ void slog(int level, const char *rid, const char *fmt, ...) {
   struct tm tm;
   gmtime_r(&ts.tv_sec, &tm);
   char tbuf[64];
-  snprintf(tbuf, sizeof tbuf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-           tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+  snprintf(tbuf, sizeof tbuf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
+           tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
   pthread_mutex_lock(&g_log_mu);
   if (g_json) {
     json_t *o = json_pack("{s:s,s:s,s:s}", "ts", tbuf, "level", names[level], "msg", msg);
@@ -197,7 +209,8 @@ void slog(int level, const char *rid, const char *fmt, ...) {
     free(s);
     json_decref(o);
   } else {
-    fprintf(stderr, "%s %-5s %s%s%s%s\n", tbuf, names[level], rid ? "[" : "", rid ? rid : "", rid ? "] " : "", msg);
+    fprintf(stderr, "%s %-5s %s%s%s%s\n", tbuf, names[level], rid ? "[" : "", rid ? rid : "",
+            rid ? "] " : "", msg);
   }
   fflush(stderr);
   pthread_mutex_unlock(&g_log_mu);

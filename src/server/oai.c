@@ -66,28 +66,37 @@ static const char *type_name(const json_t *v) {
 static int get_num(json_t *root, const char *key, double lo, double hi, float *out, oai_error *e) {
   json_t *v = json_object_get(root, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_number(v)) return oai_fail(e, 400, key, "invalid_type", "'%s' must be a number, got %s", key, type_name(v));
+  if (!json_is_number(v))
+    return oai_fail(e, 400, key, "invalid_type", "'%s' must be a number, got %s", key,
+                    type_name(v));
   double x = json_number_value(v);
-  if (!(x >= lo && x <= hi)) return oai_fail(e, 400, key, "invalid_value", "'%s' must be in [%g, %g], got %g", key, lo, hi, x);
+  if (!(x >= lo && x <= hi))
+    return oai_fail(e, 400, key, "invalid_value", "'%s' must be in [%g, %g], got %g", key, lo, hi,
+                    x);
   *out = (float)x;
   return 0;
 }
 
-static int get_int(json_t *root, const char *key, long long lo, long long hi, long long *out, int *present, oai_error *e) {
+static int get_int(json_t *root, const char *key, long long lo, long long hi, long long *out,
+                   int *present, oai_error *e) {
   json_t *v = json_object_get(root, key);
   if (present) *present = 0;
   if (!v || json_is_null(v)) return 0;
   if (!json_is_integer(v)) {
     /* 5.0 is an integer to most clients */
-    if (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v) && fabs(json_real_value(v)) < 9e15) {
+    if (json_is_real(v) && floor(json_real_value(v)) == json_real_value(v) &&
+        fabs(json_real_value(v)) < 9e15) {
       *out = (long long)json_real_value(v);
     } else {
-      return oai_fail(e, 400, key, "invalid_type", "'%s' must be an integer, got %s", key, type_name(v));
+      return oai_fail(e, 400, key, "invalid_type", "'%s' must be an integer, got %s", key,
+                      type_name(v));
     }
   } else {
     *out = json_integer_value(v);
   }
-  if (*out < lo || *out > hi) return oai_fail(e, 400, key, "invalid_value", "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, *out);
+  if (*out < lo || *out > hi)
+    return oai_fail(e, 400, key, "invalid_value", "'%s' must be in [%lld, %lld], got %lld", key, lo,
+                    hi, *out);
   if (present) *present = 1;
   return 0;
 }
@@ -95,7 +104,9 @@ static int get_int(json_t *root, const char *key, long long lo, long long hi, lo
 static int get_bool(json_t *root, const char *key, int *out, oai_error *e) {
   json_t *v = json_object_get(root, key);
   if (!v || json_is_null(v)) return 0;
-  if (!json_is_boolean(v)) return oai_fail(e, 400, key, "invalid_type", "'%s' must be a boolean, got %s", key, type_name(v));
+  if (!json_is_boolean(v))
+    return oai_fail(e, 400, key, "invalid_type", "'%s' must be a boolean, got %s", key,
+                    type_name(v));
   *out = json_is_true(v);
   return 0;
 }
@@ -103,18 +114,21 @@ static int get_bool(json_t *root, const char *key, int *out, oai_error *e) {
 static int parse_model(const oai_config *cfg, json_t *root, oai_job *job, oai_error *e) {
   json_t *v = json_object_get(root, "model");
   if (v && !json_is_null(v) && !json_is_string(v))
-    return oai_fail(e, 400, "model", "invalid_type", "'model' must be a string, got %s", type_name(v));
+    return oai_fail(e, 400, "model", "invalid_type", "'model' must be a string, got %s",
+                    type_name(v));
   const char *name = json_is_string(v) ? json_string_value(v) : NULL;
   if (name && *name && strcmp(name, cfg->model_name))
-    return oai_fail(e, 404, "model", "model_not_found", "The model '%.200s' does not exist; this server serves '%s'",
-                    name, cfg->model_name);
+    return oai_fail(e, 404, "model", "model_not_found",
+                    "The model '%.200s' does not exist; this server serves '%s'", name,
+                    cfg->model_name);
   job->model = strdup(cfg->model_name);
   return job->model ? 0 : oai_fail(e, 500, NULL, NULL, "out of memory");
 }
 
 static int parse_sampling(const oai_config *cfg, json_t *root, gen_request *r, oai_error *e) {
   r->sp = cfg->defaults;
-  if (get_num(root, "temperature", 0, 2, &r->sp.temperature, e) || get_num(root, "top_p", 0, 1, &r->sp.top_p, e) ||
+  if (get_num(root, "temperature", 0, 2, &r->sp.temperature, e) ||
+      get_num(root, "top_p", 0, 1, &r->sp.top_p, e) ||
       get_num(root, "min_p", 0, 1, &r->sp.min_p, e) ||
       get_num(root, "presence_penalty", -2, 2, &r->sp.presence_penalty, e) ||
       get_num(root, "frequency_penalty", -2, 2, &r->sp.frequency_penalty, e) ||
@@ -125,11 +139,13 @@ static int parse_sampling(const oai_config *cfg, json_t *root, gen_request *r, o
   if (get_int(root, "top_k", -1, 1 << 30, &v, &present, e)) return -1;
   if (present) r->sp.top_k = v < 0 ? 0 : (int)v;
   if (get_int(root, "seed", INT64_MIN, INT64_MAX, &v, &present, e)) return -1;
-  if (present) r->sp.seed = (uint64_t)v;
+  if (present)
+    r->sp.seed = (uint64_t)v;
   else if (cfg->defaults.seed == (uint64_t)-1 || cfg->defaults.seed == 0) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    r->sp.seed = (uint64_t)ts.tv_nsec * 6364136223846793005ULL + (uint64_t)ts.tv_sec + (uint64_t)(uintptr_t)r;
+    r->sp.seed = (uint64_t)ts.tv_nsec * 6364136223846793005ULL + (uint64_t)ts.tv_sec +
+                 (uint64_t)(uintptr_t)r;
   }
   /* n */
   if (get_int(root, "n", 1, cfg->max_n, &v, &present, e)) return -1;
@@ -142,17 +158,20 @@ static int parse_sampling(const oai_config *cfg, json_t *root, gen_request *r, o
       arr = json_array();
       json_array_append(arr, st);
     } else if (!json_is_array(st)) {
-      return oai_fail(e, 400, "stop", "invalid_type", "'stop' must be a string or an array of strings, got %s", type_name(st));
+      return oai_fail(e, 400, "stop", "invalid_type",
+                      "'stop' must be a string or an array of strings, got %s", type_name(st));
     } else {
       json_incref(arr);
     }
     int rc = 0;
     if (json_array_size(arr) > GEN_MAX_STOP)
-      rc = oai_fail(e, 400, "stop", "invalid_value", "'stop' holds at most %d sequences", GEN_MAX_STOP);
+      rc = oai_fail(e, 400, "stop", "invalid_value", "'stop' holds at most %d sequences",
+                    GEN_MAX_STOP);
     for (size_t i = 0; !rc && i < json_array_size(arr); i++) {
       json_t *s = json_array_get(arr, i);
       if (!json_is_string(s) || json_string_length(s) == 0 || json_string_length(s) > 512)
-        rc = oai_fail(e, 400, "stop", "invalid_value", "'stop' entries must be non-empty strings of at most 512 bytes");
+        rc = oai_fail(e, 400, "stop", "invalid_value",
+                      "'stop' entries must be non-empty strings of at most 512 bytes");
       else if (!(r->stop[r->n_stop++] = strdup(json_string_value(s))))
         rc = oai_fail(e, 500, NULL, NULL, "out of memory");
     }
@@ -163,7 +182,8 @@ static int parse_sampling(const oai_config *cfg, json_t *root, gen_request *r, o
   return 0;
 }
 
-static int parse_max_tokens(const oai_config *cfg, json_t *root, gen_request *r, int dflt, oai_error *e) {
+static int parse_max_tokens(const oai_config *cfg, json_t *root, gen_request *r, int dflt,
+                            oai_error *e) {
   long long v;
   int present;
   const char *keys[2] = {"max_completion_tokens", "max_tokens"};
@@ -173,7 +193,8 @@ static int parse_max_tokens(const oai_config *cfg, json_t *root, gen_request *r,
     if (present) {
       if (v > cfg->n_ctx)
         return oai_fail(e, 400, keys[k], "invalid_value",
-                        "'%s' is %lld, more than this server's context of %d tokens (--ctx-size)", keys[k], v, cfg->n_ctx);
+                        "'%s' is %lld, more than this server's context of %d tokens (--ctx-size)",
+                        keys[k], v, cfg->n_ctx);
       r->max_tokens = (int)v;
       break;
     }
@@ -201,16 +222,21 @@ static int content_text(json_t *c, int idx, json_t **out, oai_error *e) {
     *out = json_incref(c);
     return 0;
   }
-  if (!json_is_array(c)) return oai_fail(e, 400, p, "invalid_type", "'%s' must be a string or an array of content parts, got %s", p, type_name(c));
+  if (!json_is_array(c))
+    return oai_fail(e, 400, p, "invalid_type",
+                    "'%s' must be a string or an array of content parts, got %s", p, type_name(c));
   size_t total = 0;
   for (size_t i = 0; i < json_array_size(c); i++) {
-    json_t *part = json_array_get(c, i), *t = json_object_get(part, "type"), *tx = json_object_get(part, "text");
+    json_t *part = json_array_get(c, i), *t = json_object_get(part, "type"),
+           *tx = json_object_get(part, "text");
     if (!json_is_object(part) || !json_is_string(t))
       return oai_fail(e, 400, p, "invalid_type", "'%s[%zu]' must be an object with a 'type'", p, i);
     if (strcmp(json_string_value(t), "text"))
-      return oai_fail(e, 400, p, "unsupported_content", "content part type '%.40s' is not supported by this text model",
+      return oai_fail(e, 400, p, "unsupported_content",
+                      "content part type '%.40s' is not supported by this text model",
                       json_string_value(t));
-    if (!json_is_string(tx)) return oai_fail(e, 400, p, "invalid_type", "'%s[%zu].text' must be a string", p, i);
+    if (!json_is_string(tx))
+      return oai_fail(e, 400, p, "invalid_type", "'%s[%zu].text' must be a string", p, i);
     total += json_string_length(tx);
   }
   char *buf = malloc(total + 1);
@@ -228,10 +254,15 @@ static int content_text(json_t *c, int idx, json_t **out, oai_error *e) {
 
 static int parse_messages(json_t *root, json_t **out, oai_error *e) {
   json_t *msgs = json_object_get(root, "messages");
-  if (!msgs) return oai_fail(e, 400, "messages", "missing_required_parameter", "'messages' is required");
-  if (!json_is_array(msgs)) return oai_fail(e, 400, "messages", "invalid_type", "'messages' must be an array, got %s", type_name(msgs));
-  if (json_array_size(msgs) == 0) return oai_fail(e, 400, "messages", "invalid_value", "'messages' must not be empty");
-  if (json_array_size(msgs) > 4096) return oai_fail(e, 400, "messages", "invalid_value", "too many messages");
+  if (!msgs)
+    return oai_fail(e, 400, "messages", "missing_required_parameter", "'messages' is required");
+  if (!json_is_array(msgs))
+    return oai_fail(e, 400, "messages", "invalid_type", "'messages' must be an array, got %s",
+                    type_name(msgs));
+  if (json_array_size(msgs) == 0)
+    return oai_fail(e, 400, "messages", "invalid_value", "'messages' must not be empty");
+  if (json_array_size(msgs) > 4096)
+    return oai_fail(e, 400, "messages", "invalid_value", "too many messages");
   json_t *norm = json_array();
   for (size_t i = 0; i < json_array_size(msgs); i++) {
     json_t *m = json_array_get(msgs, i);
@@ -243,8 +274,8 @@ static int parse_messages(json_t *root, json_t **out, oai_error *e) {
     }
     json_t *role = json_object_get(m, "role");
     const char *rs = json_is_string(role) ? json_string_value(role) : NULL;
-    if (!rs || (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
-                strcmp(rs, "tool"))) {
+    if (!rs || (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") &&
+                strcmp(rs, "assistant") && strcmp(rs, "tool"))) {
       json_decref(norm);
       snprintf(p, sizeof p, "messages[%zu].role", i);
       return oai_fail(e, 400, p, "invalid_value",
@@ -260,21 +291,25 @@ static int parse_messages(json_t *root, json_t **out, oai_error *e) {
     if (!content && !(is_asst && tc)) {
       json_decref(norm);
       snprintf(p, sizeof p, "messages[%zu].content", i);
-      return oai_fail(e, 400, p, "missing_required_parameter", "'%s' is required for role '%s'", p, rs);
+      return oai_fail(e, 400, p, "missing_required_parameter", "'%s' is required for role '%s'", p,
+                      rs);
     }
     json_t *nm = json_object();
     json_object_set_new(nm, "role", json_string(!strcmp(rs, "developer") ? "system" : rs));
     json_object_set_new(nm, "content", content ? content : json_string(""));
     json_t *v;
     if ((v = json_object_get(m, "name")) && json_is_string(v)) json_object_set(nm, "name", v);
-    if ((v = json_object_get(m, "tool_call_id")) && json_is_string(v)) json_object_set(nm, "tool_call_id", v);
-    if ((v = json_object_get(m, "reasoning_content")) && json_is_string(v)) json_object_set(nm, "reasoning_content", v);
+    if ((v = json_object_get(m, "tool_call_id")) && json_is_string(v))
+      json_object_set(nm, "tool_call_id", v);
+    if ((v = json_object_get(m, "reasoning_content")) && json_is_string(v))
+      json_object_set(nm, "reasoning_content", v);
     if (tc && !json_is_null(tc)) {
       snprintf(p, sizeof p, "messages[%zu].tool_calls", i);
       if (!is_asst || !json_is_array(tc)) {
         json_decref(nm);
         json_decref(norm);
-        return oai_fail(e, 400, p, "invalid_value", "'%s' must be an array on an assistant message", p);
+        return oai_fail(e, 400, p, "invalid_value", "'%s' must be an array on an assistant message",
+                        p);
       }
       json_t *calls = json_array();
       for (size_t k = 0; k < json_array_size(tc); k++) {
@@ -285,7 +320,8 @@ static int parse_messages(json_t *root, json_t **out, oai_error *e) {
           json_decref(calls);
           json_decref(nm);
           json_decref(norm);
-          return oai_fail(e, 400, p, "invalid_value", "'%s[%zu]' must be {type, function: {name, arguments}}", p, k);
+          return oai_fail(e, 400, p, "invalid_value",
+                          "'%s[%zu]' must be {type, function: {name, arguments}}", p, k);
         }
         /* Templates index into the arguments, so a JSON string becomes an object. */
         json_t *aobj = NULL;
@@ -299,7 +335,8 @@ static int parse_messages(json_t *root, json_t **out, oai_error *e) {
         } else {
           aobj = args ? json_incref(args) : json_object();
         }
-        json_t *nc = json_pack("{s:s,s:{s:O,s:o}}", "type", "function", "function", "name", name, "arguments", aobj);
+        json_t *nc = json_pack("{s:s,s:{s:O,s:o}}", "type", "function", "function", "name", name,
+                               "arguments", aobj);
         if ((v = json_object_get(c, "id")) && json_is_string(v)) json_object_set(nc, "id", v);
         json_array_append_new(calls, nc);
       }
@@ -316,20 +353,28 @@ static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, oai_err
   *use_tools = 0;
   json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice");
   if (tools && !json_is_null(tools)) {
-    if (!json_is_array(tools)) return oai_fail(e, 400, "tools", "invalid_type", "'tools' must be an array, got %s", type_name(tools));
-    if (json_array_size(tools) > 128) return oai_fail(e, 400, "tools", "invalid_value", "at most 128 tools");
+    if (!json_is_array(tools))
+      return oai_fail(e, 400, "tools", "invalid_type", "'tools' must be an array, got %s",
+                      type_name(tools));
+    if (json_array_size(tools) > 128)
+      return oai_fail(e, 400, "tools", "invalid_value", "at most 128 tools");
     for (size_t i = 0; i < json_array_size(tools); i++) {
-      json_t *t = json_array_get(tools, i), *ty = json_object_get(t, "type"), *fn = json_object_get(t, "function");
+      json_t *t = json_array_get(tools, i), *ty = json_object_get(t, "type"),
+             *fn = json_object_get(t, "function");
       char p[48];
       snprintf(p, sizeof p, "tools[%zu]", i);
-      if (!json_is_object(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "function") || !json_is_object(fn))
-        return oai_fail(e, 400, p, "invalid_value", "'%s' must be {\"type\": \"function\", \"function\": {...}}", p);
+      if (!json_is_object(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "function") ||
+          !json_is_object(fn))
+        return oai_fail(e, 400, p, "invalid_value",
+                        "'%s' must be {\"type\": \"function\", \"function\": {...}}", p);
       json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters"),
              *desc = json_object_get(fn, "description");
       if (!json_is_string(name) || !valid_fn_name(json_string_value(name)))
-        return oai_fail(e, 400, p, "invalid_value", "'%s.function.name' must be 1-64 letters, digits, '_', '-' or '.'", p);
+        return oai_fail(e, 400, p, "invalid_value",
+                        "'%s.function.name' must be 1-64 letters, digits, '_', '-' or '.'", p);
       if (params && !json_is_null(params) && !json_is_object(params))
-        return oai_fail(e, 400, p, "invalid_value", "'%s.function.parameters' must be a JSON Schema object", p);
+        return oai_fail(e, 400, p, "invalid_value",
+                        "'%s.function.parameters' must be a JSON Schema object", p);
       if (desc && !json_is_null(desc) && !json_is_string(desc))
         return oai_fail(e, 400, p, "invalid_type", "'%s.function.description' must be a string", p);
     }
@@ -337,21 +382,28 @@ static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, oai_err
   int has_tools = tools && json_is_array(tools) && json_array_size(tools) > 0;
   int none = 0;
   if (choice && !json_is_null(choice)) {
-    if (!has_tools) return oai_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' is only allowed when 'tools' are given");
+    if (!has_tools)
+      return oai_fail(e, 400, "tool_choice", "invalid_value",
+                      "'tool_choice' is only allowed when 'tools' are given");
     if (json_is_string(choice)) {
       const char *c = json_string_value(choice);
       if (strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required"))
-        return oai_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' must be none, auto, required or a function");
+        return oai_fail(e, 400, "tool_choice", "invalid_value",
+                        "'tool_choice' must be none, auto, required or a function");
       none = !strcmp(c, "none");
     } else {
       json_t *fn = json_object_get(choice, "function"), *name = json_object_get(fn, "name");
       if (!json_is_object(choice) || !json_is_string(name))
-        return oai_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' must be a string or {type: function, function: {name}}");
+        return oai_fail(e, 400, "tool_choice", "invalid_value",
+                        "'tool_choice' must be a string or {type: function, function: {name}}");
       int found = 0;
       for (size_t i = 0; i < json_array_size(tools); i++)
-        found |= !strcmp(json_string_value(json_object_get(json_object_get(json_array_get(tools, i), "function"), "name")),
+        found |= !strcmp(json_string_value(json_object_get(
+                             json_object_get(json_array_get(tools, i), "function"), "name")),
                          json_string_value(name));
-      if (!found) return oai_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' names a function that is not in 'tools'");
+      if (!found)
+        return oai_fail(e, 400, "tool_choice", "invalid_value",
+                        "'tool_choice' names a function that is not in 'tools'");
     }
   }
   if (has_tools && !none) {
@@ -366,12 +418,15 @@ static int parse_response_format(json_t *root, oai_error *e) {
   if (!rf || json_is_null(rf)) return 0;
   json_t *t = json_object_get(rf, "type");
   if (!json_is_object(rf) || !json_is_string(t))
-    return oai_fail(e, 400, "response_format", "invalid_value", "'response_format' must be an object with a 'type'");
+    return oai_fail(e, 400, "response_format", "invalid_value",
+                    "'response_format' must be an object with a 'type'");
   const char *ts = json_string_value(t);
   if (!strcmp(ts, "json_schema") && !json_is_object(json_object_get(rf, "json_schema")))
-    return oai_fail(e, 400, "response_format", "invalid_value", "'response_format.json_schema' must be an object");
+    return oai_fail(e, 400, "response_format", "invalid_value",
+                    "'response_format.json_schema' must be an object");
   if (strcmp(ts, "text") && strcmp(ts, "json_object") && strcmp(ts, "json_schema"))
-    return oai_fail(e, 400, "response_format", "invalid_value", "'response_format.type' must be text, json_object or json_schema");
+    return oai_fail(e, 400, "response_format", "invalid_value",
+                    "'response_format.type' must be text, json_object or json_schema");
   return 0;
 }
 
@@ -382,7 +437,8 @@ static int prompt_opens_think(const tokenizer *tok, const int32_t *ids, size_t n
   size_t len = 0;
   if (tokenizer_decode(tok, ids + n - k, k, 0, &s, &len, NULL, 0)) return 0;
   const char *open = NULL;
-  for (const char *p = s; (p = strstr(p, "<think>")); p++) open = p;
+  for (const char *p = s; (p = strstr(p, "<think>")); p++)
+    open = p;
   int r = open && !strstr(open, "</think>");
   free(s);
   return r;
@@ -403,7 +459,8 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   if (parse_tools(root, &tools, &job->tools, e) || parse_response_format(root, e)) goto done;
   json_t *kw = json_object_get(root, "chat_template_kwargs");
   if (kw && !json_is_null(kw) && !json_is_object(kw)) {
-    oai_fail(e, 400, "chat_template_kwargs", "invalid_type", "'chat_template_kwargs' must be an object");
+    oai_fail(e, 400, "chat_template_kwargs", "invalid_type",
+             "'chat_template_kwargs' must be an object");
     goto done;
   }
   if (json_is_null(kw)) kw = NULL;
@@ -414,7 +471,9 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   }
   long long lp = 0;
   int logprobs = 0, present;
-  if (get_bool(root, "logprobs", &logprobs, e) || get_int(root, "top_logprobs", 0, GEN_MAX_TOP, &lp, &present, e)) goto done;
+  if (get_bool(root, "logprobs", &logprobs, e) ||
+      get_int(root, "top_logprobs", 0, GEN_MAX_TOP, &lp, &present, e))
+    goto done;
   if (present && !logprobs) {
     oai_fail(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
     goto done;
@@ -426,14 +485,17 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
     oai_fail(e, 500, NULL, NULL, "out of memory");
     goto done;
   }
-  int terr = model_text_encode_chat(cfg->text, msgs, tools, kw, &r->prompts[0], &r->n_prompt[0], err, sizeof err);
+  int terr = model_text_encode_chat(cfg->text, msgs, tools, kw, &r->prompts[0], &r->n_prompt[0],
+                                    err, sizeof err);
   if (terr) {
-    oai_fail(e, 400, "messages", "template_error", "the chat template rejected these messages: %s", err);
+    oai_fail(e, 400, "messages", "template_error", "the chat template rejected these messages: %s",
+             err);
     goto done;
   }
   job->reasoning = cfg->reasoning_deepseek;
   if (r->n_prompt[0])
-    job->start_in_reasoning = job->reasoning && prompt_opens_think(cfg->text->tok, r->prompts[0], r->n_prompt[0]);
+    job->start_in_reasoning =
+        job->reasoning && prompt_opens_think(cfg->text->tok, r->prompts[0], r->n_prompt[0]);
   rc = 0;
 done:
   json_decref(kw_own);
@@ -442,11 +504,12 @@ done:
 }
 
 /* One completions prompt: a string or an array of token ids. */
-static int completion_prompt(const oai_config *cfg, json_t *p, int32_t **ids, size_t *n, oai_error *e) {
+static int completion_prompt(const oai_config *cfg, json_t *p, int32_t **ids, size_t *n,
+                             oai_error *e) {
   char err[512];
   if (json_is_string(p)) {
-    if (tokenizer_encode(cfg->text->tok, json_string_value(p), json_string_length(p), TOKENIZER_ENCODE_ADD_SPECIAL, ids,
-                         n, err, sizeof err))
+    if (tokenizer_encode(cfg->text->tok, json_string_value(p), json_string_length(p),
+                         TOKENIZER_ENCODE_ADD_SPECIAL, ids, n, err, sizeof err))
       return oai_fail(e, 400, "prompt", "invalid_value", "cannot tokenize the prompt: %s", err);
     return 0;
   }
@@ -460,22 +523,26 @@ static int completion_prompt(const oai_config *cfg, json_t *p, int32_t **ids, si
       if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
         free(*ids);
         *ids = NULL;
-        return oai_fail(e, 400, "prompt", "invalid_value", "prompt token ids must be integers in [0, %d)", vocab);
+        return oai_fail(e, 400, "prompt", "invalid_value",
+                        "prompt token ids must be integers in [0, %d)", vocab);
       }
       (*ids)[i] = (int32_t)json_integer_value(v);
     }
     *n = k;
     return 0;
   }
-  return oai_fail(e, 400, "prompt", "invalid_type", "'prompt' must be a string, an array of token ids, or an array of those");
+  return oai_fail(e, 400, "prompt", "invalid_type",
+                  "'prompt' must be a string, an array of token ids, or an array of those");
 }
 
 static int parse_completion(const oai_config *cfg, json_t *root, oai_job *job, oai_error *e) {
   gen_request *r = job->r;
   json_t *p = json_object_get(root, "prompt");
-  if (!p || json_is_null(p)) return oai_fail(e, 400, "prompt", "missing_required_parameter", "'prompt' is required");
+  if (!p || json_is_null(p))
+    return oai_fail(e, 400, "prompt", "missing_required_parameter", "'prompt' is required");
   json_t *sfx = json_object_get(root, "suffix");
-  if (sfx && !json_is_null(sfx)) return oai_fail(e, 400, "suffix", "unsupported", "'suffix' is not supported");
+  if (sfx && !json_is_null(sfx))
+    return oai_fail(e, 400, "suffix", "unsupported", "'suffix' is not supported");
   int echo = 0;
   if (get_bool(root, "echo", &echo, e)) return -1;
   if (echo) return oai_fail(e, 400, "echo", "unsupported", "'echo' is not supported");
@@ -486,7 +553,8 @@ static int parse_completion(const oai_config *cfg, json_t *root, oai_job *job, o
   r->top_logprobs = (int)lp;
   long long best_of;
   if (get_int(root, "best_of", 1, 16, &best_of, &present, e)) return -1;
-  if (present && best_of != r->n) return oai_fail(e, 400, "best_of", "unsupported", "'best_of' other than 'n' is not supported");
+  if (present && best_of != r->n)
+    return oai_fail(e, 400, "best_of", "unsupported", "'best_of' other than 'n' is not supported");
   /* A list of prompts (strings or id lists) batches them: choice index = prompt * n + i. */
   int multi = json_is_array(p) && json_array_size(p) > 0 &&
               (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
@@ -494,23 +562,27 @@ static int parse_completion(const oai_config *cfg, json_t *root, oai_job *job, o
   if (np > 64) return oai_fail(e, 400, "prompt", "invalid_value", "at most 64 prompts per request");
   if (set_prompts(r, np)) return oai_fail(e, 500, NULL, NULL, "out of memory");
   for (int i = 0; i < np; i++)
-    if (completion_prompt(cfg, multi ? json_array_get(p, (size_t)i) : p, &r->prompts[i], &r->n_prompt[i], e)) return -1;
+    if (completion_prompt(cfg, multi ? json_array_get(p, (size_t)i) : p, &r->prompts[i],
+                          &r->n_prompt[i], e))
+      return -1;
   return 0;
 }
 
-int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid, oai_job *job,
-              oai_error *e) {
+int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid,
+              oai_job *job, oai_error *e) {
   memset(job, 0, sizeof *job);
   job->kind = kind;
   job->created = (long long)time(NULL);
   json_error_t je;
   json_t *root = json_loadb(body, len, 0, &je);
   if (!root)
-    return oai_fail(e, 400, NULL, "invalid_json", "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
+    return oai_fail(e, 400, NULL, "invalid_json",
+                    "the body is not valid JSON: %s (line %d, column %d)", je.text, je.line,
                     je.column);
   int rc = -1;
   if (!json_is_object(root)) {
-    oai_fail(e, 400, NULL, "invalid_type", "the body must be a JSON object, got %s", type_name(root));
+    oai_fail(e, 400, NULL, "invalid_type", "the body must be a JSON object, got %s",
+             type_name(root));
     goto done;
   }
   job->r = gen_request_new();
@@ -531,16 +603,18 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
     }
     if (get_bool(so, "include_usage", &job->include_usage, e)) goto done;
   }
-  if ((kind == OAI_CHAT ? parse_chat(cfg, root, job, e) : parse_completion(cfg, root, job, e))) goto done;
+  if ((kind == OAI_CHAT ? parse_chat(cfg, root, job, e) : parse_completion(cfg, root, job, e)))
+    goto done;
   for (int i = 0; i < job->r->n_prompts; i++) {
     if (job->r->n_prompt[i] == 0) {
-      oai_fail(e, 400, kind == OAI_CHAT ? "messages" : "prompt", "invalid_value", "the prompt is empty after tokenization");
+      oai_fail(e, 400, kind == OAI_CHAT ? "messages" : "prompt", "invalid_value",
+               "the prompt is empty after tokenization");
       goto done;
     }
     if (job->r->n_prompt[i] >= (size_t)cfg->n_ctx) {
       oai_fail(e, 400, kind == OAI_CHAT ? "messages" : "prompt", "context_length_exceeded",
-               "the prompt has %zu tokens; this server's context (--ctx-size) is %d tokens", job->r->n_prompt[i],
-               cfg->n_ctx);
+               "the prompt has %zu tokens; this server's context (--ctx-size) is %d tokens",
+               job->r->n_prompt[i], cfg->n_ctx);
       goto done;
     }
   }
@@ -548,9 +622,10 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
   if (dbg && cfg->debug_hooks) {
     char err[256];
     if (!json_is_string(dbg) ||
-        tokenizer_encode(cfg->text->tok, json_string_value(dbg), json_string_length(dbg), 0, &job->r->forced,
-                         &job->r->n_forced, err, sizeof err)) {
-      oai_fail(e, 400, "anna_debug_output", "invalid_value", "'anna_debug_output' must be a string of valid UTF-8");
+        tokenizer_encode(cfg->text->tok, json_string_value(dbg), json_string_length(dbg), 0,
+                         &job->r->forced, &job->r->n_forced, err, sizeof err)) {
+      oai_fail(e, 400, "anna_debug_output", "invalid_value",
+               "'anna_debug_output' must be a string of valid UTF-8");
       goto done;
     }
   }
@@ -584,7 +659,7 @@ typedef struct split {
   struct ev {
     int kind;
     size_t a, alen; /* into content/reasoning for text kinds, call index for tools */
-  } *evs;
+  } * evs;
   int n_evs, cap_evs;
 } split;
 
@@ -640,7 +715,8 @@ static int split_sink(void *ud, int kind, const char *a, size_t alen, const char
 static void split_clear(split *sp) {
   free(sp->content);
   free(sp->reasoning);
-  for (int i = 0; i < sp->n_calls; i++) free(sp->calls[i].name), free(sp->calls[i].args);
+  for (int i = 0; i < sp->n_calls; i++)
+    free(sp->calls[i].name), free(sp->calls[i].args);
   free(sp->calls);
   free(sp->evs);
   memset(sp, 0, sizeof *sp);
@@ -649,7 +725,8 @@ static void split_clear(split *sp) {
 static void call_id(char *out, size_t cap, const gen_request *r, int ci, int k) {
   /* Unique per request: the request id is unique, the rest indexes within it. */
   unsigned h = 2166136261u;
-  for (const char *p = r->id; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+  for (const char *p = r->id; *p; p++)
+    h = (h ^ (unsigned char)*p) * 16777619u;
   snprintf(out, cap, "call_%08x%04x%04x", h, (unsigned)ci & 0xffff, (unsigned)k & 0xffff);
 }
 
@@ -664,7 +741,8 @@ static json_t *token_text(const tokenizer *tok, int32_t id, json_t **bytes) {
   if (!j) j = json_string("\xef\xbf\xbd");
   if (bytes) {
     *bytes = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(*bytes, json_integer((unsigned char)s[i]));
+    for (size_t i = 0; i < n; i++)
+      json_array_append_new(*bytes, json_integer((unsigned char)s[i]));
   }
   free(s);
   return j;
@@ -678,16 +756,18 @@ static json_t *chat_logprobs(const tokenizer *tok, const gen_token *toks, size_t
     json_t *bytes, *t = token_text(tok, g->id, &bytes), *top = json_array();
     for (int k = 0; k < g->n_top; k++) {
       json_t *tb, *tt = token_text(tok, g->top_id[k], &tb);
-      json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", tt, "logprob", (double)g->top_lp[k], "bytes", tb));
+      json_array_append_new(top, json_pack("{s:o,s:f,s:o}", "token", tt, "logprob",
+                                           (double)g->top_lp[k], "bytes", tb));
     }
-    json_array_append_new(arr, json_pack("{s:o,s:f,s:o,s:o}", "token", t, "logprob", (double)g->logprob, "bytes", bytes,
-                                         "top_logprobs", top));
+    json_array_append_new(arr, json_pack("{s:o,s:f,s:o,s:o}", "token", t, "logprob",
+                                         (double)g->logprob, "bytes", bytes, "top_logprobs", top));
   }
   return json_pack("{s:o}", "content", arr);
 }
 
 /* Completions (legacy) logprobs for toks[from, to), text offsets from base. */
-static json_t *completion_logprobs(const tokenizer *tok, const gen_token *toks, size_t from, size_t to, size_t *offset) {
+static json_t *completion_logprobs(const tokenizer *tok, const gen_token *toks, size_t from,
+                                   size_t to, size_t *offset) {
   json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
   for (size_t i = from; i < to; i++) {
     const gen_token *g = &toks[i];
@@ -705,7 +785,8 @@ static json_t *completion_logprobs(const tokenizer *tok, const gen_token *toks, 
     json_array_append_new(offs, json_integer((json_int_t)*offset));
     *offset += tl;
   }
-  return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
+  return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs",
+                   tops, "text_offset", offs);
 }
 
 static const char *public_reason(const char *r, int has_calls) {
@@ -717,10 +798,12 @@ static const char *public_reason(const char *r, int has_calls) {
 
 static json_t *usage_json(const gen_request *r) {
   long long pt = 0, ct = 0;
-  for (int p = 0; p < r->n_prompts; p++) pt += (long long)r->n_prompt[p];
-  for (int i = 0; i < r->n_choices; i++) ct += r->choices[i].n_gen;
-  return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)pt, "completion_tokens", (json_int_t)ct, "total_tokens",
-                   (json_int_t)(pt + ct));
+  for (int p = 0; p < r->n_prompts; p++)
+    pt += (long long)r->n_prompt[p];
+  for (int i = 0; i < r->n_choices; i++)
+    ct += r->choices[i].n_gen;
+  return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)pt, "completion_tokens",
+                   (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct));
 }
 
 static const char *id_prefix(int kind) {
@@ -736,9 +819,10 @@ char *oai_response_json(const oai_config *cfg, const oai_job *job) {
     json_t *ch;
     if (job->kind == OAI_COMPLETION) {
       size_t off = 0;
-      json_t *lp = r->logprobs ? completion_logprobs(cfg->text->tok, c->toks, 0, c->n_toks, &off) : json_null();
-      ch = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", c->text ? c->text : "", c->text_len, "logprobs", lp,
-                     "finish_reason", public_reason(c->finish_reason, 0));
+      json_t *lp = r->logprobs ? completion_logprobs(cfg->text->tok, c->toks, 0, c->n_toks, &off)
+                               : json_null();
+      ch = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", c->text ? c->text : "", c->text_len,
+                     "logprobs", lp, "finish_reason", public_reason(c->finish_reason, 0));
     } else {
       split sp = {0};
       outparse *op = outparse_new(job->reasoning, job->start_in_reasoning, job->tools);
@@ -747,24 +831,29 @@ char *oai_response_json(const oai_config *cfg, const oai_job *job) {
       json_t *msg = json_object();
       json_object_set_new(msg, "role", json_string("assistant"));
       int only_ws = 1;
-      for (size_t k = 0; k < sp.clen; k++) only_ws &= isspace((unsigned char)sp.content[k]) != 0;
+      for (size_t k = 0; k < sp.clen; k++)
+        only_ws &= isspace((unsigned char)sp.content[k]) != 0;
       json_object_set_new(msg, "content",
-                          sp.n_calls && only_ws ? json_null() : json_stringn(sp.content ? sp.content : "", sp.clen));
-      if (sp.reasoning) json_object_set_new(msg, "reasoning_content", json_stringn(sp.reasoning, sp.rlen));
+                          sp.n_calls && only_ws
+                              ? json_null()
+                              : json_stringn(sp.content ? sp.content : "", sp.clen));
+      if (sp.reasoning)
+        json_object_set_new(msg, "reasoning_content", json_stringn(sp.reasoning, sp.rlen));
       if (sp.n_calls) {
         json_t *calls = json_array();
         for (int k = 0; k < sp.n_calls; k++) {
           char id[48];
           call_id(id, sizeof id, r, i, k);
-          json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function",
-                                                 "name", sp.calls[k].name ? sp.calls[k].name : "", "arguments",
-                                                 sp.calls[k].args ? sp.calls[k].args : "{}"));
+          json_array_append_new(
+              calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", id, "type", "function", "function",
+                               "name", sp.calls[k].name ? sp.calls[k].name : "", "arguments",
+                               sp.calls[k].args ? sp.calls[k].args : "{}"));
         }
         json_object_set_new(msg, "tool_calls", calls);
       }
       json_t *lp = r->logprobs ? chat_logprobs(cfg->text->tok, c->toks, 0, c->n_toks) : json_null();
-      ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg, "logprobs", lp, "finish_reason",
-                     public_reason(c->finish_reason, sp.n_calls > 0));
+      ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg, "logprobs", lp,
+                     "finish_reason", public_reason(c->finish_reason, sp.n_calls > 0));
       split_clear(&sp);
     }
     json_array_append_new(choices, ch);
@@ -775,8 +864,8 @@ char *oai_response_json(const oai_config *cfg, const oai_job *job) {
   snprintf(id, sizeof id, "%s%s", id_prefix(job->kind), r->id);
   json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:o}", "id", id, "object",
                         job->kind == OAI_CHAT ? "chat.completion" : "text_completion", "created",
-                        (json_int_t)job->created, "model", job->model, "system_fingerprint", "anna", "choices", choices,
-                        "usage", usage);
+                        (json_int_t)job->created, "model", job->model, "system_fingerprint", "anna",
+                        "choices", choices, "usage", usage);
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   return s;
@@ -808,7 +897,8 @@ oai_stream *oai_stream_new(const oai_config *cfg, const oai_job *job) {
     return NULL;
   }
   for (int i = 0; i < job->r->n_choices; i++) {
-    if (job->kind == OAI_CHAT && !(s->ch[i].op = outparse_new(job->reasoning, job->start_in_reasoning, job->tools))) {
+    if (job->kind == OAI_CHAT &&
+        !(s->ch[i].op = outparse_new(job->reasoning, job->start_in_reasoning, job->tools))) {
       oai_stream_free(s);
       return NULL;
     }
@@ -818,7 +908,8 @@ oai_stream *oai_stream_new(const oai_config *cfg, const oai_job *job) {
 
 void oai_stream_free(oai_stream *s) {
   if (!s) return;
-  for (int i = 0; s->ch && i < s->job->r->n_choices; i++) outparse_free(s->ch[i].op);
+  for (int i = 0; s->ch && i < s->job->r->n_choices; i++)
+    outparse_free(s->ch[i].op);
   free(s->ch);
   free(s);
 }
@@ -828,7 +919,8 @@ int oai_stream_has_news(const oai_stream *s) {
   for (int i = 0; i < r->n_choices; i++) {
     const gen_choice *c = &r->choices[i];
     const stream_choice *sc = &s->ch[i];
-    if (c->text_len > sc->text_off || c->n_toks > sc->tok_off || (c->done && !sc->finish_sent) || !sc->role_sent)
+    if (c->text_len > sc->text_off || c->n_toks > sc->tok_off || (c->done && !sc->finish_sent) ||
+        !sc->role_sent)
       return 1;
   }
   return !s->done_sent && r->n_done == r->n_choices;
@@ -850,16 +942,18 @@ static json_t *chunk_base(const oai_stream *s, json_t *choices) {
   char id[128];
   snprintf(id, sizeof id, "%s%s", id_prefix(job->kind), job->r->id);
   json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o}", "id", id, "object",
-                        job->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created",
-                        (json_int_t)job->created, "model", job->model, "system_fingerprint", "anna", "choices", choices);
+                        job->kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion",
+                        "created", (json_int_t)job->created, "model", job->model,
+                        "system_fingerprint", "anna", "choices", choices);
   if (o && job->include_usage) json_object_set_new(o, "usage", json_null());
   return o;
 }
 
-static int chat_chunk(const oai_stream *s, char **out, size_t *len, size_t *cap, int index, json_t *delta, json_t *lp,
-                      const char *finish) {
-  json_t *ch = json_pack("{s:i,s:o,s:o,s:o}", "index", index, "delta", delta, "logprobs", lp ? lp : json_null(),
-                         "finish_reason", finish ? json_string(finish) : json_null());
+static int chat_chunk(const oai_stream *s, char **out, size_t *len, size_t *cap, int index,
+                      json_t *delta, json_t *lp, const char *finish) {
+  json_t *ch =
+      json_pack("{s:i,s:o,s:o,s:o}", "index", index, "delta", delta, "logprobs",
+                lp ? lp : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
   json_t *arr = json_array();
   json_array_append_new(arr, ch);
   return emit_event(out, len, cap, chunk_base(s, arr));
@@ -893,14 +987,16 @@ int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *fi
     sc->text_off += tl;
     sc->tok_off += nt;
     if (job->kind == OAI_COMPLETION) {
+      sc->role_sent = 1; /* no role chunk in this format; marks the choice as started */
       if (tl || nt || done) {
         json_t *lp = json_null();
         if (r->logprobs && nt) {
           json_decref(lp);
           lp = completion_logprobs(tok, toks, 0, nt, &sc->lp_text_off);
         }
-        json_t *ch = json_pack("{s:i,s:s%,s:o,s:o}", "index", i, "text", txt ? txt : "", tl, "logprobs", lp,
-                               "finish_reason", done ? json_string(public_reason(reason, 0)) : json_null());
+        json_t *ch =
+            json_pack("{s:i,s:s%,s:o,s:o}", "index", i, "text", txt ? txt : "", tl, "logprobs", lp,
+                      "finish_reason", done ? json_string(public_reason(reason, 0)) : json_null());
         json_t *arr = json_array();
         json_array_append_new(arr, ch);
         rc = emit_event(out, len, cap, chunk_base(s, arr));
@@ -908,11 +1004,13 @@ int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *fi
       }
     } else {
       if (!sc->role_sent) {
-        rc = chat_chunk(s, out, len, cap, i, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
+        rc = chat_chunk(s, out, len, cap, i,
+                        json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL, NULL);
         sc->role_sent = 1;
       }
       split sp = {0};
-      if (!rc && (tl || done)) rc = outparse_feed(sc->op, txt ? txt : "", tl, done, split_sink, &sp);
+      if (!rc && (tl || done))
+        rc = outparse_feed(sc->op, txt ? txt : "", tl, done, split_sink, &sp);
       json_t *lp = r->logprobs && nt ? chat_logprobs(tok, toks, 0, nt) : NULL;
       /* Merge neighbouring pieces of one kind: fewer, larger chunks. */
       for (int k = 0; k < sp.n_evs && !rc;) {
@@ -922,30 +1020,38 @@ int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *fi
           tc_item *t = &sp.calls[ev->a];
           char id[48];
           call_id(id, sizeof id, r, i, sc->n_calls);
-          json_t *d1 = json_pack("{s:[{s:i,s:s,s:s,s:{s:s,s:s}}]}", "tool_calls", "index", sc->n_calls, "id", id, "type",
-                                 "function", "function", "name", t->name ? t->name : "", "arguments", "");
+          json_t *d1 = json_pack("{s:[{s:i,s:s,s:s,s:{s:s,s:s}}]}", "tool_calls", "index",
+                                 sc->n_calls, "id", id, "type", "function", "function", "name",
+                                 t->name ? t->name : "", "arguments", "");
           rc = chat_chunk(s, out, len, cap, i, d1, lp, NULL);
           lp = NULL;
-          delta = json_pack("{s:[{s:i,s:{s:s}}]}", "tool_calls", "index", sc->n_calls, "function", "arguments",
-                            t->args ? t->args : "{}");
+          delta = json_pack("{s:[{s:i,s:{s:s}}]}", "tool_calls", "index", sc->n_calls, "function",
+                            "arguments", t->args ? t->args : "{}");
           sc->n_calls++;
           k++;
         } else {
           size_t a = ev->a, n = ev->alen;
           int kind = ev->kind;
           k++;
-          while (k < sp.n_evs && sp.evs[k].kind == kind) n += sp.evs[k++].alen;
+          while (k < sp.n_evs && sp.evs[k].kind == kind)
+            n += sp.evs[k++].alen;
           const char *base = kind == OUTPARSE_REASONING ? sp.reasoning : sp.content;
-          delta = json_pack("{s:s%}", kind == OUTPARSE_REASONING ? "reasoning_content" : "content", base + a, n);
+          delta = json_pack("{s:s%}", kind == OUTPARSE_REASONING ? "reasoning_content" : "content",
+                            base + a, n);
         }
-        if (!rc) rc = chat_chunk(s, out, len, cap, i, delta, lp, NULL);
-        else json_decref(delta);
+        if (!rc)
+          rc = chat_chunk(s, out, len, cap, i, delta, lp, NULL);
+        else
+          json_decref(delta);
         lp = NULL;
       }
-      if (lp && !rc) rc = chat_chunk(s, out, len, cap, i, json_pack("{s:s}", "content", ""), lp, NULL);
-      else json_decref(lp);
+      if (lp && !rc)
+        rc = chat_chunk(s, out, len, cap, i, json_pack("{s:s}", "content", ""), lp, NULL);
+      else
+        json_decref(lp);
       if (done && !rc) {
-        rc = chat_chunk(s, out, len, cap, i, json_object(), NULL, public_reason(reason, sc->n_calls > 0));
+        rc = chat_chunk(s, out, len, cap, i, json_object(), NULL,
+                        public_reason(reason, sc->n_calls > 0));
         sc->finish_sent = 1;
       }
       split_clear(&sp);
@@ -954,7 +1060,8 @@ int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *fi
     free(toks);
   }
   int all = 1;
-  for (int i = 0; i < r->n_choices; i++) all &= s->ch[i].finish_sent;
+  for (int i = 0; i < r->n_choices; i++)
+    all &= s->ch[i].finish_sent;
   if (all && !rc) {
     pthread_mutex_lock(&r->mu);
     int err = r->error[0] != 0;
@@ -988,8 +1095,9 @@ int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *fi
 }
 
 char *oai_models_json(const oai_config *cfg, long long created) {
-  json_t *o = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id", cfg->model_name, "object", "model",
-                        "created", (json_int_t)created, "owned_by", "anna");
+  json_t *o =
+      json_pack("{s:s,s:[{s:s,s:s,s:I,s:s}]}", "object", "list", "data", "id", cfg->model_name,
+                "object", "model", "created", (json_int_t)created, "owned_by", "anna");
   char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
   json_decref(o);
   return s;

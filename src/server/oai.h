@@ -17,10 +17,10 @@
 #include <stddef.h>
 
 typedef struct oai_error {
-  int status;          /* HTTP status */
-  const char *type;    /* "invalid_request_error", ... (static) */
-  const char *code;    /* static or NULL */
-  char param[64];      /* offending field, "" for none */
+  int status;       /* HTTP status */
+  const char *type; /* "invalid_request_error", ... (static) */
+  const char *code; /* static or NULL */
+  char param[64];   /* offending field, "" for none */
   char message[512];
 } oai_error;
 
@@ -42,16 +42,16 @@ enum { OAI_CHAT = 0, OAI_COMPLETION = 1 };
 typedef struct oai_job {
   int kind;
   int stream, include_usage;
-  int tools;                 /* parse tool calls from the output */
+  int tools; /* parse tool calls from the output */
   int reasoning, start_in_reasoning;
-  gen_request *r;            /* owned: one reference */
-  char *model;               /* model name echoed back; owned */
+  gen_request *r; /* owned: one reference */
+  char *model;    /* model name echoed back; owned */
   long long created;
 } oai_job;
 
 /* Parses a body into job (job->r prepared, not yet submitted). 0, or -1 with *e filled. */
-int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid, oai_job *job,
-              oai_error *e);
+int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid,
+              oai_job *job, oai_error *e);
 void oai_job_clear(oai_job *job);
 
 /* The error object as JSON text (caller frees). */
@@ -67,9 +67,9 @@ char *oai_response_json(const oai_config *cfg, const oai_job *job);
 typedef struct oai_stream oai_stream;
 oai_stream *oai_stream_new(const oai_config *cfg, const oai_job *job);
 void oai_stream_free(oai_stream *s);
-/* Renders everything new in job->r as SSE events appended to *out (growing the buffer out, len, cap;
- * caller frees *out). Sets *finished once "data: [DONE]" has been written. Takes r->mu
- * itself. Returns 0 or ANNA_ENOMEM. */
+/* Renders everything new in job->r as SSE events appended to *out (growing the buffer out, len,
+ * cap; caller frees *out). Sets *finished once "data: [DONE]" has been written. Takes r->mu itself.
+ * Returns 0 or ANNA_ENOMEM. */
 int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *finished);
 /* 1 when the request has something the stream has not rendered yet (call with r->mu held). */
 int oai_stream_has_news(const oai_stream *s);

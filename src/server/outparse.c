@@ -58,8 +58,10 @@ static size_t partial_tag(const char *s, size_t len, const char *tag) {
 }
 
 static char *trim_dup(const char *s, size_t len, size_t *out_len) {
-  while (len && isspace((unsigned char)*s)) s++, len--;
-  while (len && isspace((unsigned char)s[len - 1])) len--;
+  while (len && isspace((unsigned char)*s))
+    s++, len--;
+  while (len && isspace((unsigned char)s[len - 1]))
+    len--;
   char *r = malloc(len + 1);
   if (!r) return NULL;
   memcpy(r, s, len);
@@ -80,9 +82,12 @@ static int parse_json_body(const char *b, size_t len, char **name, char **args) 
   int rc = ANNA_EFORMAT;
   if (json_is_string(n) && json_string_length(n) > 0) {
     char *as = NULL;
-    if (!a || json_is_null(a)) as = strdup("{}");
-    else if (json_is_string(a)) as = strdup(json_string_value(a));
-    else if (json_is_object(a)) as = json_dumps(a, JSON_COMPACT);
+    if (!a || json_is_null(a))
+      as = strdup("{}");
+    else if (json_is_string(a))
+      as = strdup(json_string_value(a));
+    else if (json_is_object(a))
+      as = json_dumps(a, JSON_COMPACT);
     if (as) {
       *name = strdup(json_string_value(n));
       *args = as;
@@ -150,8 +155,10 @@ int outparse_tool_body(const char *body, size_t len, char **name, char **args) {
   char *t = trim_dup(body, len, &tl);
   if (!t) return ANNA_ENOMEM;
   int rc = ANNA_EFORMAT;
-  if (tl && t[0] == '{') rc = parse_json_body(t, tl, name, args);
-  else if (tl && t[0] == '<') rc = parse_xml_body(t, tl, name, args);
+  if (tl && t[0] == '{')
+    rc = parse_json_body(t, tl, name, args);
+  else if (tl && t[0] == '<')
+    rc = parse_xml_body(t, tl, name, args);
   free(t);
   return rc;
 }
@@ -159,7 +166,8 @@ int outparse_tool_body(const char *body, size_t len, char **name, char **args) {
 static int bare_call(const char *s, size_t n) {
   json_error_t je;
   json_t *o = json_loadb(s, n, 0, &je);
-  int ok = json_is_object(o) && json_object_size(o) == 2 && json_is_string(json_object_get(o, "name")) &&
+  int ok = json_is_object(o) && json_object_size(o) == 2 &&
+           json_is_string(json_object_get(o, "name")) &&
            json_is_object(json_object_get(o, "arguments"));
   json_decref(o);
   return ok;
@@ -168,7 +176,8 @@ static int bare_call(const char *s, size_t n) {
 static int emit_text(outparse *p, const char *s, size_t n, outparse_sink sink, void *ud) {
   int kind = p->mode == MODE_REASON ? OUTPARSE_REASONING : OUTPARSE_CONTENT;
   if (kind == OUTPARSE_CONTENT && p->skip_ws) {
-    while (n && isspace((unsigned char)*s)) s++, n--;
+    while (n && isspace((unsigned char)*s))
+      s++, n--;
     if (n) p->skip_ws = 0;
   }
   if (!n) return 0;
@@ -182,7 +191,8 @@ static void drop(outparse *p, size_t k) {
   p->len -= k;
 }
 
-static int finish_call(outparse *p, const char *body, size_t blen, int closed, outparse_sink sink, void *ud) {
+static int finish_call(outparse *p, const char *body, size_t blen, int closed, outparse_sink sink,
+                       void *ud) {
   char *name, *args;
   int rc = outparse_tool_body(body, blen, &name, &args);
   if (rc == ANNA_ENOMEM) return rc;
@@ -196,7 +206,8 @@ static int finish_call(outparse *p, const char *body, size_t blen, int closed, o
   /* Not a call after all: the text goes out as it was written. */
   int mode = p->mode;
   p->mode = MODE_TEXT;
-  if ((rc = emit_text(p, TAG_CALL, sizeof TAG_CALL - 1, sink, ud)) || (rc = emit_text(p, body, blen, sink, ud)))
+  if ((rc = emit_text(p, TAG_CALL, sizeof TAG_CALL - 1, sink, ud)) ||
+      (rc = emit_text(p, body, blen, sink, ud)))
     return rc;
   if (closed) rc = emit_text(p, TAG_UNCALL, sizeof TAG_UNCALL - 1, sink, ud);
   p->mode = mode;
@@ -237,7 +248,8 @@ int outparse_feed(outparse *p, const char *s, size_t len, int final, outparse_si
      * {"name": ..., "arguments": {...}}. */
     if (p->tools && p->mode == MODE_TEXT && !p->bare) {
       size_t k = 0;
-      while (k < p->len && isspace((unsigned char)p->buf[k])) k++;
+      while (k < p->len && isspace((unsigned char)p->buf[k]))
+        k++;
       if (k == p->len && !final) return 0;
       if (k < p->len && p->buf[k] == '{') {
         if (!final) return 0;
@@ -254,7 +266,8 @@ int outparse_feed(outparse *p, const char *s, size_t len, int final, outparse_si
     /* Text or reasoning: find the earliest tag that matters in this mode. */
     const char *tags[2];
     int nt = 0;
-    if (p->mode == MODE_REASON) tags[nt++] = TAG_UNTHINK;
+    if (p->mode == MODE_REASON)
+      tags[nt++] = TAG_UNTHINK;
     else {
       if (p->reasoning) tags[nt++] = TAG_THINK;
       if (p->tools) tags[nt++] = TAG_CALL;
@@ -281,9 +294,12 @@ int outparse_feed(outparse *p, const char *s, size_t len, int final, outparse_si
     if (pre && (rc = emit_text(p, p->buf, pre, sink, ud))) return rc;
     const char *tag = tags[bi];
     drop(p, pre + strlen(tag));
-    if (tag == TAG_UNTHINK) p->mode = MODE_TEXT, p->skip_ws = 1;
-    else if (tag == TAG_THINK) p->mode = MODE_REASON;
-    else p->mode = MODE_TOOL;
+    if (tag == TAG_UNTHINK)
+      p->mode = MODE_TEXT, p->skip_ws = 1;
+    else if (tag == TAG_THINK)
+      p->mode = MODE_REASON;
+    else
+      p->mode = MODE_TOOL;
   }
   return 0;
 }

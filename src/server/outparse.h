@@ -20,7 +20,8 @@ enum outparse_kind {
 };
 
 /* a/b are borrowed for the duration of the call. Returns 0, or a negative code to stop. */
-typedef int (*outparse_sink)(void *ud, int kind, const char *a, size_t alen, const char *b, size_t blen);
+typedef int (*outparse_sink)(void *ud, int kind, const char *a, size_t alen, const char *b,
+                             size_t blen);
 
 typedef struct outparse outparse;
 

@@ -21,18 +21,18 @@ typedef struct server_options {
   int port;               /* 0: any free port (the log line says which) */
   const char *device, *dtype;
   engine_options eng;
-  sampler_params defaults;    /* generation defaults for fields a request omits */
-  int default_max_tokens;     /* chat; <= 0: up to the context */
-  int default_enable_thinking;/* -1: template default, 0/1: chat_template_kwargs default */
+  sampler_params defaults;     /* generation defaults for fields a request omits */
+  int default_max_tokens;      /* chat; <= 0: up to the context */
+  int default_enable_thinking; /* -1: template default, 0/1: chat_template_kwargs default */
   int reasoning_deepseek;
   int log_json, log_level;
   int metrics_log_interval_s; /* 0: off */
   size_t max_body_bytes;
-  int http_timeout_s;         /* idle connection timeout (slow clients) */
+  int http_timeout_s; /* idle connection timeout (slow clients) */
   int max_connections;
   double shutdown_timeout_s;
-  const char *profile_name;   /* for /healthz */
-  int debug_hooks;            /* testing: forced outputs per request */
+  const char *profile_name; /* for /healthz */
+  int debug_hooks;          /* testing: forced outputs per request */
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled

@@ -34,6 +34,16 @@ def server_bin():
     return found[-1]
 
 
+LIVE = []  # every server started, so none outlives the session even when a test fails early
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for s in LIVE:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
 class Server:
     """One anna-serve process; .url, .port, .log() and helpers for raw HTTP."""
 
@@ -46,6 +56,7 @@ class Server:
         env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "") + ":quarantine_size_mb=4:detect_leaks=1"
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      errors="replace", env=env)
+        LIVE.append(self)
         self._t = threading.Thread(target=self._pump, daemon=True)
         self._t.start()
         deadline = time.time() + timeout

@@ -317,16 +317,42 @@ def test_load_with_disconnects():
         except openai.APIStatusError as e:
             return e.status_code
 
-    rss = []
-    for rnd in range(2):
-        with cf.ThreadPoolExecutor(32) as ex:
-            statuses += list(ex.map(one, range(rnd * 120, rnd * 120 + 120)))
-        h = s.wait_idle(timeout=10)
-        assert h["memory"]["kv_tokens_used"] == 0
-        rss.append(h["memory"]["rss_bytes"])
-    assert len(statuses) == 240
-    assert all(x in (200, "gone") for x in statuses), [x for x in statuses if x not in (200, "gone")]
-    h = s.health()
-    assert h["service"]["responses_5xx"] == 0
-    assert rss[1] - rss[0] < 32 << 20, rss  # no growth between rounds beyond allocator noise
-    s.stop()
+    try:
+        rss = []
+        for rnd in range(2):
+            with cf.ThreadPoolExecutor(32) as ex:
+                statuses += list(ex.map(one, range(rnd * 120, rnd * 120 + 120)))
+            h = s.wait_idle(timeout=10)
+            assert h["memory"]["kv_tokens_used"] == 0
+            rss.append(h["memory"]["rss_bytes"])
+        assert len(statuses) == 240
+        assert all(x in (200, "gone") for x in statuses), [x for x in statuses if x not in (200, "gone")]
+        h = s.health()
+        assert h["service"]["responses_5xx"] == 0
+        assert rss[1] - rss[0] < 32 << 20, rss  # no growth between rounds beyond allocator noise
+    finally:
+        s.stop()
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_waiting_streams_do_not_spin():
+    """Connections waiting for slow tokens sleep on their request's condition variable."""
+    s = start_server(os.path.join(FIXTURES, "qwen3"), "--parallel", "2", "--debug-step-delay-ms", "50")
+    try:
+        c = s.client()
+        t0 = cpu_seconds(s.proc.pid)
+        with cf.ThreadPoolExecutor(2) as ex:
+            a = ex.submit(lambda: list(c.completions.create(model="qwen3", prompt="hi", max_tokens=20, stream=True,
+                                                            extra_body={"ignore_eos": True})))
+            b = ex.submit(lambda: list(c.chat.completions.create(model="qwen3", messages=U, max_tokens=20,
+                                                                 stream=True, extra_body={"ignore_eos": True})))
+            assert a.result() and b.result()
+        used = cpu_seconds(s.proc.pid) - t0
+        assert used < 0.5, f"server used {used:.2f} s of CPU for two 1-second streams"
+    finally:
+        s.stop()
