@@ -5,6 +5,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "base/threadpool.h"
 #include "formats/dtype.h"
+#include "formats/quant.h"
 #include "model/config.h"
 #include "runtime/sampler.h"
 
@@ -83,6 +84,38 @@ static void test_matmul(ops_backend *be) {
       cpu_backend_force_isa(9);
     }
     free(x), free(wf), free(y), free(bias), free(wb), free(ref);
+  }
+}
+
+/* Quantized weights (Q8_0 here: the one format with a writer in formats/quant.h). Prefill
+ * (n >= 8) must equal the dequantized weights times f32 activations; decode (n < 8) uses
+ * 8-bit activations like llama.cpp, so it gets the format's rounding budget. */
+static void test_matmul_quant(ops_backend *be) {
+  printf("matmul q8_0\n");
+  const int shapes[][3] = {{1, 33, 64}, {3, 40, 96}, {8, 17, 128}, {37, 50, 256}, {70, 24, 4864}};
+  for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+    const int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
+    float *x = malloc(sizeof(float) * n * cols), *wf = malloc(sizeof(float) * rows * cols), *y = malloc(sizeof(float) * n * rows);
+    float *deq = malloc(sizeof(float) * cols);
+    const size_t rb = (size_t)dtype_row_bytes(ANNA_DTYPE_Q8_0, cols);
+    unsigned char *wq = malloc(rb * rows);
+    double *ref = malloc(sizeof(double) * n * rows);
+    fill(x, (int64_t)n * cols, 1), fill(wf, (int64_t)rows * cols, 0.5f);
+    for (int r = 0; r < rows; r++) quant_quantize_row_q8_0(wf + (int64_t)r * cols, wq + rb * r, cols);
+    for (int r = 0; r < rows; r++) {
+      quant_dequantize_row(ANNA_DTYPE_Q8_0, wq + rb * r, deq, cols);
+      for (int t = 0; t < n; t++) {
+        double acc = 0;
+        for (int c = 0; c < cols; c++) acc += (double)deq[c] * x[t * cols + c];
+        ref[t * rows + r] = acc;
+      }
+    }
+    ops_weight w = {ANNA_DTYPE_Q8_0, wq, rows, cols};
+    be->matmul(be, y, x, n, &w, NULL);
+    char what[96];
+    snprintf(what, sizeof what, "q8_0 %dx%dx%d (%s)", n, rows, cols, n >= 8 ? "exact prefill" : "8-bit activations");
+    check(what, max_rel(y, ref, (int64_t)n * rows), n >= 8 ? 1e-5 : 2e-2);
+    free(x), free(wf), free(y), free(deq), free(wq), free(ref);
   }
 }
 
@@ -329,11 +362,12 @@ int main(void) {
   threadpool *tp = NULL;
   ops_backend *be = NULL;
   char err[256];
-  if (threadpool_create(&tp, 2, err, sizeof err) || cpu_backend_create(&be, tp, 1 << 16, 1 << 20, err, sizeof err)) {
+  if (threadpool_create(&tp, 2, err, sizeof err) || cpu_backend_create(&be, tp, cpu_matmul_scratch_floats(8192), (size_t)(128 + 32) * 8192 * 4, err, sizeof err)) {
     fprintf(stderr, "%s\n", err);
     return 1;
   }
   test_matmul(be);
+  test_matmul_quant(be);
   test_gdn(be);
   test_attention(be);
   test_conv_rope_norm(be);
