@@ -29,12 +29,18 @@ def run(client, prompts, concurrent, max_tokens=32):
         return list(ex.map(one, range(len(prompts))))
 
 
-@pytest.mark.parametrize("model", ["qwen3", "qwen3_5"])
-def test_batched_equals_alone(model):
+CHUNKED = ("--scheduler-max-prefill-tokens", "7", "--scheduler-profile", "throughput",
+           "--scheduler-max-batch-size", "8")
+# A decode budget (cached tokens per step) that fits only one or two sequences: the rotation
+# must still serve all of them.
+TIGHT_DECODE = ("--scheduler-max-decode-tokens", "60", "--scheduler-max-batch-size", "8")
+
+
+@pytest.mark.parametrize("model,flags", [("qwen3", CHUNKED), ("qwen3_5", CHUNKED), ("qwen3", TIGHT_DECODE)],
+                         ids=["qwen3-chunked", "qwen3_5-chunked", "qwen3-decode-budget"])
+def test_batched_equals_alone(model, flags):
     alone_srv = start_server(os.path.join(FIXTURES, model), "--parallel", "1", "--ctx-size", "512")
-    batch_srv = start_server(os.path.join(FIXTURES, model), "--parallel", "8", "--ctx-size", "512",
-                             "--scheduler-max-prefill-tokens", "7", "--scheduler-profile", "throughput",
-                             "--scheduler-max-batch-size", "8")
+    batch_srv = start_server(os.path.join(FIXTURES, model), "--parallel", "8", "--ctx-size", "512", *flags)
     try:
         a, b = alone_srv.client(), batch_srv.client()
         a._m = b._m = model
@@ -42,8 +48,34 @@ def test_batched_equals_alone(model):
         batched = run(b, PROMPTS, concurrent=True)
         assert batched == alone
         h = batch_srv.wait_idle()
-        assert h["service"]["mean_batch_seqs"] > 1.5, h["service"]  # steps really were shared
+        assert h["service"]["mean_batch_seqs"] > 1.2, h["service"]  # steps really were shared
         assert h["memory"]["kv_tokens_used"] == 0
     finally:
         alone_srv.stop()
         batch_srv.stop()
+
+
+def test_queue_wait_fairness():
+    """With one running slot allowed, a waiter older than --scheduler-max-queue-wait-ms is
+    admitted beside a long decode instead of waiting for it to end."""
+    import threading
+    import time
+    for knob, fast in (("0", False), ("50", True)):
+        s = start_server(os.path.join(FIXTURES, "qwen3"), "--parallel", "2", "--scheduler-max-batch-size", "1",
+                         "--scheduler-max-queue-wait-ms", knob, "--debug-step-delay-ms", "20")
+        try:
+            c = s.client()
+            long_run = threading.Thread(target=lambda: c.chat.completions.create(
+                model="qwen3", messages=[{"role": "user", "content": "x"}], max_tokens=60,
+                extra_body={"ignore_eos": True}))
+            long_run.start()
+            while s.health()["scheduler"]["running"] < 1:
+                time.sleep(0.01)
+            t0 = time.time()
+            c.chat.completions.create(model="qwen3", messages=[{"role": "user", "content": "y"}], max_tokens=2,
+                                      extra_body={"ignore_eos": True})
+            took = time.time() - t0
+            long_run.join()
+            assert (took < 0.6) == fast, (knob, took)
+        finally:
+            s.stop()
