@@ -42,6 +42,9 @@ import time
 import numpy as np
 
 FIXTURE_TOKENIZER = "/work/shared/fixtures/tokenizer"
+# The same fixture tokenizer as written by llama.cpp's converter (vocab, merges, template).
+TOKENIZER_GGUF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                              "tests", "fixtures", "gguf", "qwen3_5.gguf")
 
 # ----------------------------------------------------------------------------- shapes
 # From the released configs (see /work/shared/docs/MODELS.md, "Published shapes").
@@ -432,6 +435,169 @@ def copy_tokenizer(out, src):
             shutil.copyfile(p, os.path.join(out, fn))
 
 
+# ----------------------------------------------------------------------------- GGUF (Qwen3.5)
+# Written straight from the random init, in the layout llama.cpp's converter produces
+# (checked against tests/fixtures/gguf/qwen3_5*.gguf, which that converter wrote): the +1 of
+# zero-centred norms baked in, ssm_a = -exp(A_log), conv1d as [C, K], experts split into
+# gate/up/down stacks, routers and 1-D tensors in F32. V heads need no reordering: the data
+# is random, so grouped and tiled order are the same distribution.
+
+GGUF_TYPES = {"q8_0": "Q8_0", "bf16": "BF16", "f16": "F16", "f32": "F32"}
+NEG_A = "neg_a"  # -uniform(1, 16) == -exp(A_log)
+
+
+def qwen35_gguf_tensors(s, n_layers, vocab):
+    H = s["hidden"]
+    C = QWEN35_COMMON
+    hk, hv, dk, dv = C["gdn_hk"], s["gdn_hv"], C["gdn_dk"], C["gdn_dv"]
+    D = C["head_dim"]
+    conv_dim = 2 * hk * dk + hv * dv
+    one = (NORMAL, 1.0, NORM_STD)  # 1 + zero-centred weight
+    moe = s["family"] == "qwen3_5_moe"
+
+    def w(name, *shape):  # quantizable matrix
+        return Tensor(name, shape, (NORMAL, 0.0, PROJ_STD), dtype="Q")
+
+    def f32(name, shape, init):
+        return Tensor(name, shape, init, dtype="F32")
+
+    ts = [w("token_embd.weight", vocab, H)]
+    for i, kind in enumerate(qwen35_layer_types(n_layers)):
+        b = f"blk.{i}."
+        ts.append(f32(b + "attn_norm.weight", (H,), one))
+        if kind == "linear_attention":
+            ts += [f32(b + "ssm_a", (hv,), (NEG_A, 0, 0)),
+                   f32(b + "ssm_conv1d.weight", (conv_dim, C["conv"]), (UNIFORM, -0.5, 0.5)),
+                   f32(b + "ssm_dt.bias", (hv,), (DTBIAS, 0, 0)),
+                   w(b + "ssm_alpha.weight", hv, H), w(b + "ssm_beta.weight", hv, H),
+                   w(b + "attn_qkv.weight", conv_dim, H), w(b + "attn_gate.weight", hv * dv, H),
+                   f32(b + "ssm_norm.weight", (dv,), (NORMAL, 1.0, NORM_STD)),
+                   w(b + "ssm_out.weight", H, hv * dv)]
+        else:
+            ts += [w(b + "attn_q.weight", s["heads"] * D * 2, H), w(b + "attn_k.weight", s["kv"] * D, H),
+                   w(b + "attn_v.weight", s["kv"] * D, H), w(b + "attn_output.weight", H, s["heads"] * D),
+                   f32(b + "attn_q_norm.weight", (D,), one), f32(b + "attn_k_norm.weight", (D,), one)]
+        if moe:
+            E, I, SI = s["experts"], s["expert_inter"], s["shared_inter"]
+            ts += [f32(b + "ffn_gate_inp.weight", (E, H), (NORMAL, 0.0, ROUTER_LOGIT_STD / math.sqrt(H))),
+                   w(b + "ffn_gate_exps.weight", E, I, H), w(b + "ffn_up_exps.weight", E, I, H),
+                   w(b + "ffn_down_exps.weight", E, H, I),
+                   w(b + "ffn_gate_shexp.weight", SI, H), w(b + "ffn_up_shexp.weight", SI, H),
+                   w(b + "ffn_down_shexp.weight", H, SI),
+                   f32(b + "ffn_gate_inp_shexp.weight", (1, H), (NORMAL, 0.0, 1.0 / math.sqrt(H)))]
+        else:
+            I = s["inter"]
+            ts += [w(b + "ffn_gate.weight", I, H), w(b + "ffn_up.weight", I, H), w(b + "ffn_down.weight", H, I)]
+        ts.append(f32(b + "post_attention_norm.weight", (H,), one))
+    ts.append(f32("output_norm.weight", (H,), (NORMAL, 1.0 + FINAL_NORM_QWEN, 0.1)))
+    if not s["tied"]:
+        ts.append(w("output.weight", vocab, H))
+    return ts
+
+
+def gguf_write_qwen35(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_gguf):
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    moe = s["family"] == "qwen3_5_moe"
+    arch = "qwen35moe" if moe else "qwen35"
+    C = QWEN35_COMMON
+    ts = qwen35_gguf_tensors(s, n_layers, vocab)
+    wt = QT[GGUF_TYPES[qtype]]
+    for t in ts:
+        if t.dtype == "Q":
+            t.dtype = GGUF_TYPES[qtype]
+
+    def nbytes(t):
+        bs, ts_ = gguf.GGML_QUANT_SIZES[QT[t.dtype]]
+        return t.numel // bs * ts_
+
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_type("model")
+    w.add_uint32(f"{arch}.block_count", n_layers)
+    w.add_uint32(f"{arch}.context_length", C["max_pos"])
+    w.add_uint32(f"{arch}.embedding_length", s["hidden"])
+    if not moe:
+        w.add_uint32(f"{arch}.feed_forward_length", s["inter"])
+    w.add_uint32(f"{arch}.attention.head_count", s["heads"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", s["kv"])
+    w.add_float32(f"{arch}.rope.freq_base", C["rope_theta"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", C["eps"])
+    if moe:
+        w.add_uint32(f"{arch}.expert_count", s["experts"])
+        w.add_uint32(f"{arch}.expert_used_count", s["top_k"])
+    w.add_uint32(f"{arch}.attention.key_length", C["head_dim"])
+    w.add_uint32(f"{arch}.attention.value_length", C["head_dim"])
+    w.add_uint32("general.file_type", {"q8_0": 7, "bf16": 32, "f16": 1, "f32": 0}[qtype])
+    if moe:
+        w.add_uint32(f"{arch}.expert_feed_forward_length", s["expert_inter"])
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", s["shared_inter"])
+    w.add_uint32(f"{arch}.ssm.conv_kernel", C["conv"])
+    w.add_uint32(f"{arch}.ssm.state_size", C["gdn_dk"])
+    w.add_uint32(f"{arch}.ssm.group_count", C["gdn_hk"])
+    w.add_uint32(f"{arch}.ssm.time_step_rank", s["gdn_hv"])
+    w.add_uint32(f"{arch}.ssm.inner_size", s["gdn_hv"] * C["gdn_dv"])
+    w.add_array(f"{arch}.attention.recurrent_layers", [k == "linear_attention" for k in qwen35_layer_types(n_layers)])
+    w.add_uint32(f"{arch}.full_attention_interval", C["full_every"])
+    w.add_uint32(f"{arch}.rope.dimension_count", int(C["head_dim"] * C["partial_rotary"]))
+    w.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])
+    w.add_uint32("general.quantization_version", 2)
+    # Tokenizer: the fixture's, padded to the model vocabulary as the converter pads.
+    r = gguf.GGUFReader(tok_gguf)
+    f = r.fields
+    toks = list(f["tokenizer.ggml.tokens"].contents())
+    types = list(f["tokenizer.ggml.token_type"].contents())
+    toks = toks[:vocab]
+    types = types[:vocab]
+    for i in range(len(toks), vocab):
+        toks.append(f"[PAD{i}]")
+        types.append(int(gguf.TokenType.UNUSED))
+    w.add_tokenizer_model(f["tokenizer.ggml.model"].contents())
+    w.add_tokenizer_pre(f["tokenizer.ggml.pre"].contents())
+    w.add_token_list(toks)
+    w.add_token_types(types)
+    w.add_token_merges(list(f["tokenizer.ggml.merges"].contents()))
+    w.add_eos_token_id(int(f["tokenizer.ggml.eos_token_id"].contents()))
+    w.add_pad_token_id(int(f["tokenizer.ggml.padding_token_id"].contents()))
+    w.add_chat_template(f["tokenizer.chat_template"].contents())
+    for t in ts:
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), nbytes(t), raw_dtype=QT[t.dtype])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    fout = w.fout[0]
+    total, done, t0 = sum(nbytes(t) for t in ts), 0, time.time()
+    for t in ts:
+        w.write_padding(fout, fout.tell())
+        rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, t.name)))
+        cols = t.shape[-1]
+        rows = t.numel // cols
+        step = max(1, chunk_elems // cols)
+        for r0 in range(0, rows, step):
+            n = min(step, rows - r0)
+            init = t.init
+            if init[0] == NEG_A:
+                x = -rng.uniform(1.0, 16.0, n * cols).astype(np.float32)
+            else:
+                x = gen_block(rng, init, n * cols)
+            x = x.reshape(n, cols)
+            if t.dtype == "F32":
+                fout.write(x.astype("<f4").tobytes())
+            elif t.dtype == "BF16":
+                fout.write(f32_to_bf16_bytes(x))
+            elif t.dtype == "F16":
+                fout.write(x.astype("<f2").tobytes())
+            else:
+                fout.write(gguf.quants.quantize(x, QT[t.dtype]).tobytes())
+        w.write_padding(fout, nbytes(t))
+        done += nbytes(t)
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\r[mkshape] {os.path.basename(path)}: {done / 2**30:.2f} / {total / 2**30:.2f} GiB")
+    w.fout[0].close()
+    sys.stderr.write(f"\r[mkshape] wrote {path}: {total / 2**30:.2f} GiB {qtype}, {time.time() - t0:.1f} s\n")
+    return total
+
+
 # ----------------------------------------------------------------------------- main
 
 def build(name, args):
@@ -464,6 +630,12 @@ def main():
     ap.add_argument("--max-gb", type=float, default=10.0,
                     help="refuse to write more than this many GB (default 10; 0 = no limit)")
     ap.add_argument("--tokenizer", default=FIXTURE_TOKENIZER, help="folder to copy tokenizer files from")
+    ap.add_argument("--gguf", choices=sorted(GGUF_TYPES),
+                    help="Qwen3.5 shapes: also write OUT/<shape>-<type>.gguf (llama.cpp layout; Q4_K: run "
+                         "llama-quantize on the bf16 file, gguf-py cannot quantize k-quants)")
+    ap.add_argument("--gguf-only", action="store_true", help="write the GGUF (and config/tokenizer), no safetensors")
+    ap.add_argument("--tokenizer-gguf", default=TOKENIZER_GGUF,
+                    help="GGUF whose tokenizer metadata is copied into --gguf output")
     ap.add_argument("--list", action="store_true", help="print every shape's parameter count and size")
     ap.add_argument("--dry-run", action="store_true", help="print the tensors, write nothing")
     args = ap.parse_intermixed_args()
@@ -484,6 +656,16 @@ def main():
         ap.error("--layers: at most 256")
     if args.vocab and args.vocab < 16:
         ap.error("--vocab: at least 16 (the fixture tokenizer's specials sit at 0..9)")
+    if (args.gguf or args.gguf_only) and not SHAPES[args.shape]["family"].startswith("qwen3_5"):
+        ap.error("--gguf: only the Qwen3.5 shapes so far")
+    if args.gguf_only and not args.gguf:
+        ap.error("--gguf-only needs --gguf TYPE")
+    fam = SHAPES[args.shape]["family"]
+    if fam.startswith("qwen3_5") and args.layers and args.layers < QWEN35_COMMON["full_every"]:
+        print(f"[mkshape] warning: {args.layers} layers hold no full-attention layer; llama.cpp aborts on such a "
+              f"model (no KV cache buffer), anna runs it", file=sys.stderr)
+    if args.gguf:
+        args.no_mtp = True  # the GGUF carries no nextn layer; keep both files the same model
     tensors, cfg = build(args.shape, args)
     n, b = summary(tensors)
     print(f"[mkshape] {args.shape}: {cfg.get('text_config', cfg)['num_hidden_layers']} layers, "
@@ -495,6 +677,12 @@ def main():
         return 0
     if not args.out:
         ap.error("need an output folder")
+    if args.gguf:
+        s = SHAPES[args.shape]
+        gts = qwen35_gguf_tensors(s, args.layers or s["layers"], args.vocab or QWEN35_COMMON["vocab"])
+        per = {"q8_0": 34 / 32, "bf16": 2, "f16": 2, "f32": 4}[args.gguf]
+        gb = sum(t.numel * (4 if t.dtype == "F32" else per) for t in gts)
+        b = gb if args.gguf_only else b + gb
     if args.max_gb and b > args.max_gb * 1e9:
         print(f"error: {b / 1e9:.1f} GB is over --max-gb {args.max_gb:g}; pass --vocab/--layers or raise "
               f"--max-gb", file=sys.stderr)
@@ -516,7 +704,13 @@ def main():
         json.dump({"shape": args.shape, "vocab": args.vocab or None, "layers": args.layers or None,
                    "seed": args.seed, "mtp": not args.no_mtp, "params": n, "bytes": b,
                    "command": " ".join(sys.argv)}, f, indent=1)
-    write_model(args.out, tensors, args.seed, int(args.shard_gb * 1e9), args.chunk_mb * (1 << 20) // 4)
+    if not args.gguf_only:
+        write_model(args.out, tensors, args.seed, int(args.shard_gb * 1e9), args.chunk_mb * (1 << 20) // 4)
+    if args.gguf:
+        s = SHAPES[args.shape]
+        gguf_write_qwen35(os.path.join(args.out, f"{args.shape}-{args.gguf}.gguf"), args.shape, s,
+                          args.layers or s["layers"], args.vocab or QWEN35_COMMON["vocab"], args.gguf, args.seed,
+                          args.chunk_mb * (1 << 20) // 4, args.tokenizer_gguf)
     return 0
 
 
