@@ -417,9 +417,13 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   int status = cn->status ? cn->status : 500;
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;
   metrics_count_response(&srv->mx, status == 499 ? 200 : status);
-  slog(SLOG_INFO, cn->rid, "%s %s %d %.1f ms prompt=%d completion=%d%s", cn->method, cn->url,
-       status, (engine_now() - cn->t0) * 1000.0, cn->n_prompt, n_gen,
-       toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (client gone)");
+  double ms = (engine_now() - cn->t0) * 1000.0;
+  int gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
+  json_t *f = json_pack("{s:s,s:s,s:i,s:f,s:i,s:i,s:b}", "method", cn->method, "path", cn->url,
+                        "status", status, "duration_ms", ms, "prompt_tokens", cn->n_prompt,
+                        "completion_tokens", n_gen, "client_gone", gone);
+  slog_fields(SLOG_INFO, cn->rid, f, "%s %s %d %.1f ms prompt=%d completion=%d%s", cn->method,
+              cn->url, status, ms, cn->n_prompt, n_gen, gone ? " (client gone)" : "");
   free(cn->body);
   free(cn);
   *con_cls = NULL;

@@ -185,14 +185,17 @@ void slog_configure(int json, int min_level) {
   g_level = min_level;
 }
 
-void slog(int level, const char *rid, const char *fmt, ...) {
-  if (level < g_level) return;
+static void slog_v(int level, const char *rid, json_t *fields, const char *fmt, va_list ap) {
+  if (level < g_level) {
+    json_decref(fields);
+    return;
+  }
   static const char *names[] = {"debug", "info", "warn", "error"};
   char msg[2048];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
+  /* One line each, whatever the message quotes. */
+  for (char *p = msg; *p; p++)
+    if ((unsigned char)*p < 0x20) *p = ' ';
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
@@ -202,8 +205,16 @@ void slog(int level, const char *rid, const char *fmt, ...) {
            tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
   pthread_mutex_lock(&g_log_mu);
   if (g_json) {
-    json_t *o = json_pack("{s:s,s:s,s:s}", "ts", tbuf, "level", names[level], "msg", msg);
+    json_t *m = json_string(msg);
+    if (!m) { /* not UTF-8: keep the ASCII */
+      for (char *p = msg; *p; p++)
+        if ((unsigned char)*p >= 0x80) *p = '?';
+      m = json_string(msg);
+    }
+    json_t *o = json_pack("{s:s,s:s,s:o}", "ts", tbuf, "level", names[level], "msg",
+                          m ? m : json_string(""));
     if (o && rid) json_object_set_new(o, "request_id", json_string(rid));
+    if (o && fields) json_object_update_missing(o, fields);
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (s) fprintf(stderr, "%s\n", s);
     free(s);
@@ -214,4 +225,19 @@ void slog(int level, const char *rid, const char *fmt, ...) {
   }
   fflush(stderr);
   pthread_mutex_unlock(&g_log_mu);
+  json_decref(fields);
+}
+
+void slog(int level, const char *rid, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  slog_v(level, rid, NULL, fmt, ap);
+  va_end(ap);
+}
+
+void slog_fields(int level, const char *rid, json_t *fields, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  slog_v(level, rid, fields, fmt, ap);
+  va_end(ap);
 }

@@ -48,5 +48,9 @@ char *metrics_prometheus(metrics *m, const char *gauges);
 enum slog_level { SLOG_DEBUG, SLOG_INFO, SLOG_WARN, SLOG_ERROR };
 void slog_configure(int json, int min_level);
 void slog(int level, const char *rid, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Same, with structured fields (an object, stolen; may be NULL) that JSON lines carry as
+ * top-level keys; text lines show only the message. */
+void slog_fields(int level, const char *rid, json_t *fields, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

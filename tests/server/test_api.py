@@ -237,7 +237,9 @@ def test_request_id_echoed(srv):
         assert r.headers["X-Request-Id"] == "trace-abc.123"
     with urllib.request.urlopen(srv.url + "/v1/models") as r:
         assert r.headers["X-Request-Id"].startswith("req-")
-    assert any('"request_id":"trace-abc.123"' in ln for ln in srv.lines)
+    (line,) = [json.loads(ln) for ln in srv.lines if '"request_id":"trace-abc.123"' in ln]
+    assert line["status"] == 200 and line["path"] == "/v1/models" and line["method"] == "GET"
+    assert all(json.loads(ln) for ln in srv.lines)  # --log-format json: every line is one object
 
 
 def test_health_and_metrics(srv, client):
