@@ -111,6 +111,26 @@ static void rope_standard(layer_config *l, double partial) {
   l->rope_freq_denom = rot;
 }
 
+int config_link_shared_kv(model_config *c, char *err, size_t errlen) {
+  const int first_shared = c->n_layers - c->n_kv_shared;
+  if (c->n_kv_shared <= 0) return 0;
+  for (int i = first_shared; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    l->kv_source = -1;
+    for (int j = first_shared - 1; j >= 0; j--)
+      if (c->layers[j].kind == l->kind) {
+        l->kv_source = j;
+        break;
+      }
+    if (l->kv_source < 0)
+      return anna_err(err, errlen, ANNA_EFORMAT, "layer %d shares KV but no earlier layer has its type", i);
+    if (c->layers[l->kv_source].head_dim != l->head_dim)
+      return anna_err(err, errlen, ANNA_EFORMAT, "layer %d shares KV with a layer of another head_dim", i);
+    l->n_kv_heads = c->layers[l->kv_source].n_kv_heads;
+  }
+  return 0;
+}
+
 void config_rope_inv_freq(const layer_config *l, float *inv_freq) {
   int half = l->rope_dims / 2;
   for (int i = 0; i < half; i++) {
@@ -396,23 +416,10 @@ static int parse_gemma(pctx *p, json_t *t, model_config *c) {
       rope_standard(l, 1.0);
     }
     if (sl) l->window = window;
-    if (c->n_kv_shared > 0 && i >= first_shared) {
-      l->kv_source = -1;
-      for (int j = first_shared - 1; j >= 0; j--)
-        if (c->layers[j].kind == l->kind) {
-          l->kv_source = j;
-          break;
-        }
-      if (l->kv_source < 0)
-        return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer %d shares KV but no earlier layer has its type",
-                        p->path, i);
-      l->n_kv_heads = c->layers[l->kv_source].n_kv_heads;
-      if (c->layers[l->kv_source].head_dim != l->head_dim)
-        return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer %d shares KV with a different head_dim", p->path, i);
-      if (c->double_wide) l->ffn_dim = 2 * c->ffn_dim;
-    }
+    if (c->double_wide && c->n_kv_shared > 0 && i >= first_shared) l->ffn_dim = 2 * c->ffn_dim;
     l->is_moe = c->moe_block;
   }
+  if ((rc = config_link_shared_kv(c, p->err, p->errlen))) return anna_err_prefix(p->err, p->errlen, rc, "%s", p->path);
   c->k_eq_v = k_eq_v;
   return 0;
 }

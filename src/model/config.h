@@ -90,6 +90,10 @@ typedef struct model_config {
  * message naming the file and field. */
 int config_parse_hf(model_config *cfg, const char *path, char *err, size_t errlen);
 
+/* Gemma4 KV sharing: points each of the last n_kv_shared layers at the last earlier layer
+ * of the same kind (kv_source) and copies its KV head count. 0 or ANNA_EFORMAT. */
+int config_link_shared_kv(model_config *c, char *err, size_t errlen);
+
 /* Fills inv_freq[0 .. rope_dims/2) for layer l (zeros past rope_n_freq). */
 void config_rope_inv_freq(const layer_config *l, float *inv_freq);
 

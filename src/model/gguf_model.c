@@ -297,7 +297,6 @@ static int build_config(gb *b, int g) {
       c->attn_scale = 1.0f;
       c->moe_block = c->n_experts > 0;
     }
-    const int first_shared = c->n_layers - shared;
     for (int i = 0; i < c->n_layers; i++) {
       layer_config *l = &c->layers[i];
       int sl = (i + 1) % 6 != 0;
@@ -315,19 +314,8 @@ static int build_config(gb *b, int g) {
         l->rope_factor = factor;
       }
       l->is_moe = c->moe_block;
-      if (shared > 0 && i >= first_shared) {
-        l->kv_source = -1;
-        for (int j = first_shared - 1; j >= 0; j--)
-          if (c->layers[j].kind == l->kind) {
-            l->kv_source = j;
-            break;
-          }
-        if (l->kv_source < 0)
-          return anna_err(b->err, b->errlen, ANNA_EFORMAT, "%s: layer %d shares KV with no earlier layer of its kind",
-                          b->m->path, i);
-        l->n_kv_heads = c->layers[l->kv_source].n_kv_heads;
-      }
     }
+    if ((rc = config_link_shared_kv(c, b->err, b->errlen))) return anna_err_prefix(b->err, b->errlen, rc, "%s", b->m->path);
     break;
   }
   case G_QWEN3:
