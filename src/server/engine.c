@@ -2,6 +2,7 @@
 #include "server/engine.h"
 
 #include "base/error.h"
+#include "server/jsonmask.h"
 
 #include <errno.h>
 #include <math.h>
@@ -95,7 +96,8 @@ typedef struct slot {
   int64_t order; /* admission order: prefill is first come, first served */
   sampler *smp;
   tokenizer_stream *ts;
-  char *txt; /* all generated text; [0, released) has gone to the choice */
+  jsonmask jm; /* JSON mode: what has been generated so far */
+  char *txt;   /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
 } slot;
@@ -123,6 +125,11 @@ struct engine {
   int rr;
   int64_t admitted;
   int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
+  /* JSON mode, built on first use: every token's bytes, and its class (0 plain text, 1 never
+   * inside JSON (special), 2 part of a split UTF-8 character: only inside strings). */
+  char *tok_bytes;
+  uint32_t *tok_off;
+  uint8_t *tok_cls;
 };
 
 static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
@@ -257,6 +264,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->len = s->released = 0;
   for (size_t k = 0; k < s->n_prompt; k++)
     sampler_accept(s->smp, s->prompt[k]);
+  jsonmask_init(&s->jm);
   anna_context_seq_reset(e->ctx, i);
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   return 0;
@@ -288,6 +296,85 @@ static void token_logprobs(const float *row, int V, int32_t t, int ntop, gen_tok
     g->top_lp[k] = row[g->top_id[k]] - lse;
 }
 
+static int json_tables(engine *e) {
+  if (e->tok_cls) return 0;
+  size_t cap = (size_t)e->V * 8, len = 0;
+  char *bytes = malloc(cap);
+  uint32_t *off = malloc(((size_t)e->V + 1) * sizeof *off);
+  uint8_t *cls = malloc((size_t)e->V);
+  if (!bytes || !off || !cls) goto fail;
+  for (int32_t v = 0; v < e->V; v++) {
+    char *t = NULL;
+    size_t n = 0;
+    off[v] = (uint32_t)len;
+    cls[v] = 1;
+    if (tokenizer_token_is_special(e->text->tok, v) ||
+        tokenizer_decode(e->text->tok, &v, 1, 0, &t, &n, NULL, 0)) {
+      free(t);
+      continue;
+    }
+    if (len + n > cap || len + n > UINT32_MAX) {
+      size_t nc = (len + n) * 2;
+      char *nb = realloc(bytes, nc);
+      if (!nb || nc > UINT32_MAX) {
+        free(nb ? nb : bytes);
+        bytes = NULL;
+        free(t);
+        goto fail;
+      }
+      bytes = nb;
+      cap = nc;
+    }
+    memcpy(bytes + len, t, n);
+    len += n;
+    cls[v] = n == 0 ? 1 : memmem(t, n, "\xef\xbf\xbd", 3) ? 2 : 0;
+    /* A piece of a split character may only sit inside a string, and must not end it. */
+    for (size_t k = 0; k < n && cls[v] == 2; k++)
+      if ((unsigned char)t[k] < 0x20 || t[k] == '"' || t[k] == '\\') cls[v] = 1;
+    free(t);
+  }
+  off[e->V] = (uint32_t)len;
+  e->tok_bytes = bytes;
+  e->tok_off = off;
+  e->tok_cls = cls;
+  return 0;
+fail:
+  free(bytes);
+  free(off);
+  free(cls);
+  return ANNA_ENOMEM;
+}
+
+/* Masks every token that would break the JSON prefix (-inf logit); end of generation only
+ * once the object is complete. Returns the number of tokens left. */
+static int json_mask(engine *e, slot *s, float *row) {
+  int allowed = 0;
+  if (jsonmask_done(&s->jm)) {
+    for (int v = 0; v < e->V; v++)
+      if (!tokenizer_is_eog(e->text->tok, v))
+        row[v] = -INFINITY;
+      else
+        allowed++;
+    return allowed;
+  }
+  int in_str = jsonmask_in_string(&s->jm);
+  for (int v = 0; v < e->V; v++) {
+    int ok;
+    if (e->tok_cls[v] == 1)
+      ok = 0;
+    else if (e->tok_cls[v] == 2)
+      ok = in_str;
+    else {
+      jsonmask probe = s->jm;
+      ok = jsonmask_feed(&probe, e->tok_bytes + e->tok_off[v], e->tok_off[v + 1] - e->tok_off[v]) ==
+           0;
+    }
+    if (!ok) row[v] = -INFINITY;
+    allowed += ok;
+  }
+  return allowed;
+}
+
 /* One sampled position of slot i: record, stream text, decide whether it goes on. */
 static void slot_sample(engine *e, int i, float *row) {
   slot *s = &e->slots[i];
@@ -295,7 +382,19 @@ static void slot_sample(engine *e, int i, float *row) {
   gen_token g;
   int want_lp = r->logprobs;
   if (want_lp) memcpy(e->lp_row, row, sizeof(float) * (size_t)e->V);
+  if (r->json_mode && !r->forced) {
+    if (json_tables(e)) {
+      slot_free(e, i, "error", "out of memory for the JSON token tables", 0);
+      return;
+    }
+    if (json_mask(e, s, row) == 0) {
+      slot_free(e, i, "stop", NULL, 1);
+      return;
+    }
+  }
   int32_t t = sampler_sample(s->smp, row);
+  if (r->json_mode && !r->forced && e->tok_cls[t] == 0)
+    jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
   sampler_accept(s->smp, t);
   if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   s->n_gen++;
@@ -636,6 +735,9 @@ void engine_free(engine *e) {
   free(e->pre_slot);
   free(e->logits);
   free(e->lp_row);
+  free(e->tok_bytes);
+  free(e->tok_off);
+  free(e->tok_cls);
   anna_context_free(e->ctx);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);

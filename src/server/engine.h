@@ -70,6 +70,7 @@ typedef struct gen_request {
   char *stop[GEN_MAX_STOP];
   int n_stop;
   int logprobs, top_logprobs, ignore_eos;
+  int json_mode;   /* constrain the output to one JSON object (response_format) */
   int32_t *forced; /* testing hook: emit these ids instead of sampling, then stop; owned */
   size_t n_forced;
   double t_arrival;

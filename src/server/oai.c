@@ -413,7 +413,7 @@ static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, oai_err
   return 0;
 }
 
-static int parse_response_format(json_t *root, oai_error *e) {
+static int parse_response_format(json_t *root, gen_request *r, oai_error *e) {
   json_t *rf = json_object_get(root, "response_format");
   if (!rf || json_is_null(rf)) return 0;
   json_t *t = json_object_get(rf, "type");
@@ -427,6 +427,8 @@ static int parse_response_format(json_t *root, oai_error *e) {
   if (strcmp(ts, "text") && strcmp(ts, "json_object") && strcmp(ts, "json_schema"))
     return oai_fail(e, 400, "response_format", "invalid_value",
                     "'response_format.type' must be text, json_object or json_schema");
+  /* json_schema: the output is held to a JSON object; the schema itself is not enforced. */
+  r->json_mode = strcmp(ts, "text") != 0;
   return 0;
 }
 
@@ -456,7 +458,7 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   json_t *msgs = NULL, *tools = NULL, *kw_own = NULL;
   if (parse_messages(root, &msgs, e)) return -1;
   int rc = -1;
-  if (parse_tools(root, &tools, &job->tools, e) || parse_response_format(root, e)) goto done;
+  if (parse_tools(root, &tools, &job->tools, e) || parse_response_format(root, r, e)) goto done;
   json_t *kw = json_object_get(root, "chat_template_kwargs");
   if (kw && !json_is_null(kw) && !json_is_object(kw)) {
     oai_fail(e, 400, "chat_template_kwargs", "invalid_type",

@@ -57,3 +57,11 @@ def test_real_tool_call(real):
     (tc,) = ch.message.tool_calls
     assert tc.function.name == "get_weather"
     assert json.loads(tc.function.arguments)["city"].startswith("Paris")
+
+
+def test_real_json_mode(real):
+    c = real.client()
+    r = ask(c, "Give a JSON object with keys name and age for Bob, aged 30.", max_tokens=24,
+            response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop"
+    assert json.loads(r.choices[0].message.content) == {"name": "Bob", "age": 30}
