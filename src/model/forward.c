@@ -94,7 +94,7 @@ int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx) {
   int64_t s = max64(cpu_matmul_scratch_floats(m->max_cols), 1024);
   /* chunked GDN: gam + A + U + W for a 64-token chunk */
   s = max64(s, 64 + 64 * 64 + 64 * (int64_t)(c->gdn_dk + c->gdn_dv));
-  for (int i = 0; i < c->n_layers; i++) s = max64(s, c->layers[i].head_dim);
+  for (int i = 0; i < c->n_layers; i++) s = max64(s, c->layers[i].head_dim + 64); /* attention: acc + score block */
   (void)n_ctx;
   return s + 64;
 }

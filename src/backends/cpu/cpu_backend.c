@@ -4,6 +4,7 @@
 #include "base/error.h"
 #include "model/config.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -137,14 +138,33 @@ struct attn_ctx {
   const ops_attn_args *a;
 };
 
+/* Scores for a block of keys, then one max/rescale per block (not per key): the exp and
+ * the V accumulation run over contiguous arrays the compiler vectorises. */
+#define ATTN_BLOCK 64
+
+static float dot_f32(const float *a, const float *b, int n) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  float s = _mm512_reduce_add_ps(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+#else
+  float s = 0;
+  for (int i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+#endif
+}
+
 static void attn_task(void *p, int ith, int nth) {
   struct attn_ctx *c = p;
   const ops_attn_args *a = c->a;
   const int64_t total = a->n * a->n_heads;
   int64_t i0, i1;
   threadpool_range(total, ith, nth, &i0, &i1);
-  const int group = a->n_heads / a->n_kv_heads;
-  float *acc = cpu_scratch(c->be, ith);
+  const int group = a->n_heads / a->n_kv_heads, vd = a->v_dim;
+  float *acc = cpu_scratch(c->be, ith), *sc = acc + vd; /* [v_dim] accumulators, [ATTN_BLOCK] scores */
   for (int64_t it = i0; it < i1; it++) {
     const int64_t t = it / a->n_heads;
     const int h = (int)(it % a->n_heads), kh = h / group;
@@ -153,27 +173,33 @@ static void attn_task(void *p, int ith, int nth) {
     int32_t p0 = 0;
     if (a->window > 0 && pos - a->window + 1 > 0) p0 = pos - a->window + 1;
     float m = -INFINITY, l = 0;
-    for (int j = 0; j < a->v_dim; j++) acc[j] = 0;
-    for (int32_t kp = p0; kp <= pos; kp++) {
-      const float *k = a->k[t] + kp * a->kv_stride + (int64_t)kh * a->head_dim;
-      float s = 0;
-      for (int j = 0; j < a->head_dim; j++) s += q[j] * k[j];
-      s *= a->scale;
-      if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
-      const float *v = a->v[t] + kp * a->kv_stride + (int64_t)kh * a->v_dim;
-      if (s > m) {
-        const float corr = expf(m - s);
-        l *= corr;
-        for (int j = 0; j < a->v_dim; j++) acc[j] *= corr;
-        m = s;
+    for (int j = 0; j < vd; j++) acc[j] = 0;
+    for (int32_t b0 = p0; b0 <= pos; b0 += ATTN_BLOCK) {
+      const int nb = pos - b0 + 1 < ATTN_BLOCK ? pos - b0 + 1 : ATTN_BLOCK;
+      float bm = -INFINITY;
+      for (int i = 0; i < nb; i++) {
+        const float *k = a->k[t] + (int64_t)(b0 + i) * a->kv_stride + (int64_t)kh * a->head_dim;
+        float s = dot_f32(q, k, a->head_dim) * a->scale;
+        if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
+        sc[i] = s;
+        bm = s > bm ? s : bm;
       }
-      const float e = expf(s - m);
-      l += e;
-      for (int j = 0; j < a->v_dim; j++) acc[j] += e * v[j];
+      if (bm > m) { /* rescale what was accumulated under the old maximum */
+        const float corr = expf(m - bm);
+        l *= corr;
+        for (int j = 0; j < vd; j++) acc[j] *= corr;
+        m = bm;
+      }
+      for (int i = 0; i < nb; i++) {
+        const float e = expf(sc[i] - m);
+        const float *v = a->v[t] + (int64_t)(b0 + i) * a->kv_stride + (int64_t)kh * vd;
+        l += e;
+        for (int j = 0; j < vd; j++) acc[j] += e * v[j];
+      }
     }
-    float *o = c->out + (t * a->n_heads + h) * a->v_dim;
+    float *o = c->out + (t * a->n_heads + h) * vd;
     const float inv = 1.0f / l;
-    for (int j = 0; j < a->v_dim; j++) o[j] = acc[j] * inv;
+    for (int j = 0; j < vd; j++) o[j] = acc[j] * inv;
   }
 }
 
