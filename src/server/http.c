@@ -337,10 +337,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     *con_cls = cn;
     __atomic_add_fetch(&srv->active, 1, __ATOMIC_RELAXED);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    if (cl && strtoull(cl, NULL, 10) > srv->o->max_body_bytes) {
-      /* Refuse before reading a byte of it. */
+    unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
+    if (declared > srv->o->max_body_bytes) {
       cn->too_big = 1;
-      return route_generate(srv, cn, OAI_CHAT);
+      /* A body up to a few times the limit is read and dropped, so the client (which
+       * is still sending) gets the 413 instead of a reset; a larger one is refused
+       * before reading a byte of it. */
+      if (declared / 4 > srv->o->max_body_bytes) return route_generate(srv, cn, OAI_CHAT);
     }
     return MHD_YES;
   }

@@ -169,6 +169,13 @@ def test_oversized_body(srv):
     except (BrokenPipeError, ConnectionResetError):
         pass  # the server may close as soon as it answered
     c.close()
+    # a declared size far beyond the limit is refused before the body is sent
+    sock = socket.create_connection(("127.0.0.1", srv.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n")
+    sock.settimeout(10)
+    head = sock.recv(4096)
+    sock.close()
+    assert head.startswith(b"HTTP/1.1 413"), head[:100]
     assert srv.health()["status"] == "ok"
 
 
