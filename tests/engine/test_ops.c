@@ -3,6 +3,7 @@
  * recurrent one, and the sampler's contracts. The fixture tests check the composition;
  * this file pins down each op so a backend (CUDA) has a reference to match. */
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/cpu_internal.h"
 #include "base/threadpool.h"
 #include "formats/dtype.h"
 #include "formats/quant.h"
@@ -358,6 +359,36 @@ static void test_sampler(void) {
   check("bad parameters rejected", sampler_create(&s, V, &bad, err, sizeof err) < 0 ? 0 : 1, 0);
 }
 
+/* The CPU backend's AVX-512 dequantization must equal formats/quant.h's reference, bit
+ * for bit, on random blocks (random scales, all nibble/high-bit patterns). */
+static void test_dequant_fast(void) {
+  printf("dequantize fast paths\n");
+  const int types[] = {ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0, ANNA_DTYPE_Q5_0};
+  const int64_t n = 32 * 37;
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    const int64_t rbs = dtype_row_bytes(type, n);
+    if (rbs <= 0) continue;
+    const size_t rb = (size_t)rbs;
+    unsigned char *row = malloc(rb);
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    for (size_t i = 0; i < rb; i++) row[i] = (unsigned char)(frand() * 128 + 128);
+    for (int64_t blk = 0; blk < n / 32; blk++) { /* sane f16 scales: 2^-8 .. 2^4 with random mantissa */
+      uint16_t h = (uint16_t)(((7 + (int)(fabsf(frand()) * 12)) << 10) | ((int)(fabsf(frand()) * 1023)));
+      memcpy(row + blk * (rb / (size_t)(n / 32)), &h, 2);
+    }
+    quant_dequantize_row(type, row, a, n);
+    ops_weight w = {type, row, 1, n};
+    cpu_weight_row_f32(&w, 0, b);
+    double d = 0;
+    for (int64_t i = 0; i < n; i++) d = fmax(d, fabs((double)a[i] - b[i]));
+    char what[64];
+    snprintf(what, sizeof what, "%s fast dequantize == reference", dtype_name(type));
+    check(what, d, 0);
+    free(row), free(a), free(b);
+  }
+}
+
 int main(void) {
   threadpool *tp = NULL;
   ops_backend *be = NULL;
@@ -368,6 +399,7 @@ int main(void) {
   }
   test_matmul(be);
   test_matmul_quant(be);
+  test_dequant_fast();
   test_gdn(be);
   test_attention(be);
   test_conv_rope_norm(be);
