@@ -16,7 +16,7 @@ static void usage(FILE *f) {
           "  --scheduler-max-batch-size N  --scheduler-batch-wait-ms MS\n"
           "  --scheduler-max-prefill-tokens N  --scheduler-max-decode-tokens N\n"
           "  --scheduler-max-waiting-requests N (429 beyond; 0 = unlimited)\n"
-          "  --scheduler-max-queue-wait-ms MS\n"
+          "  --scheduler-max-queue-wait-ms MS  --scheduler-prefill-interval-steps N\n"
           "  --log-format text|json  --log-level debug|info|warn|error\n"
           "  --metrics-log-interval-seconds S (0 = off)\n"
           "  --reasoning-format none|deepseek\n"
@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20;
   /* Explicit knobs override the profile: -2 = not given. */
-  int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2;
+  int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
   const char *profile = "none";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -124,6 +124,7 @@ int main(int argc, char **argv) {
     INTF("--scheduler-max-decode-tokens", 0, 1 << 30, k_dec)
     INTF("--scheduler-max-waiting-requests", 0, 1 << 20, k_waiting)
     INTF("--scheduler-max-queue-wait-ms", 0, 3600000, k_qwait)
+    INTF("--scheduler-prefill-interval-steps", 1, 1000, k_interval)
     INTF("--metrics-log-interval-seconds", 0, 86400, o.metrics_log_interval_s)
     INTF("--debug-step-delay-ms", 0, 10000, o.eng.debug_step_delay_ms)
     INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)
@@ -161,9 +162,10 @@ int main(int argc, char **argv) {
   }
   o.max_body_bytes = (size_t)max_body;
   /* Profiles (the seed's presets); 0 budgets mean "no budget". */
-  int p_batch = 0, p_wait = 0, p_pre = 0, p_dec = 0, p_waiting = 0, p_qwait = 0;
+  int p_batch = 0, p_wait = 0, p_pre = 0, p_dec = 0, p_waiting = 0, p_qwait = 0, p_interval = 1;
   if (!strcmp(profile, "interactive")) p_batch = 2, p_wait = 0, p_pre = 1024, p_dec = 2048, p_waiting = 32, p_qwait = 100;
-  else if (!strcmp(profile, "throughput")) p_batch = 8, p_wait = 8, p_pre = 2048, p_dec = 4096, p_waiting = 128, p_qwait = 500;
+  else if (!strcmp(profile, "throughput"))
+    p_batch = 8, p_wait = 8, p_pre = 2048, p_dec = 4096, p_waiting = 128, p_qwait = 500, p_interval = 4;
   int batch = k_batch != -2 ? k_batch : p_batch;
   o.eng.n_seq = parallel ? parallel : (batch > 4 ? batch : 4);
   o.eng.max_batch_size = batch > 0 ? batch : o.eng.n_seq;
@@ -172,6 +174,7 @@ int main(int argc, char **argv) {
   o.eng.max_decode_tokens = k_dec != -2 ? k_dec : p_dec;
   o.eng.max_waiting = k_waiting != -2 ? k_waiting : p_waiting;
   o.eng.max_queue_wait_ms = k_qwait != -2 ? k_qwait : p_qwait;
+  o.eng.prefill_interval_steps = k_interval != -2 ? k_interval : p_interval;
   o.profile_name = profile;
   char err[512] = "";
   if (server_run(&o, err, sizeof err)) {

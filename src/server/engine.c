@@ -122,7 +122,7 @@ struct engine {
   int8_t *b_want;
   int *out_slot, *pre_slot;
   float *logits, *lp_row;
-  int rr;
+  int rr, steps_since_prefill;
   int64_t admitted;
   int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
   /* JSON mode, built on first use: every token's bytes, and its class (0 plain text, 1 never
@@ -575,6 +575,11 @@ static void *engine_main(void *arg) {
     e->rr = (e->rr + 1) % S;
     int budget = e->o.max_prefill_tokens > 0 ? e->o.max_prefill_tokens : e->o.n_batch;
     if (budget > e->o.n_batch - nb) budget = e->o.n_batch - nb;
+    /* Prompt chunks every N-th step only, so running decodes keep a steady pace; with nothing
+     * decoding there is nothing to protect. */
+    if (nb > 0 && e->o.prefill_interval_steps > 1 &&
+        ++e->steps_since_prefill < e->o.prefill_interval_steps)
+      budget = 0;
     int npre = 0;
     int64_t prompt_fed = 0;
     while (budget > 0) {
@@ -600,6 +605,7 @@ static void *engine_main(void *arg) {
         nb++;
       }
       e->pre_slot[npre++] = best;
+      e->steps_since_prefill = 0;
       budget -= (int)take_n;
       prompt_fed += (int64_t)take_n;
       nseqs++;

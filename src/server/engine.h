@@ -33,9 +33,11 @@ typedef struct engine_options {
   int max_prefill_tokens;               /* prompt tokens per step (0: what the step has room for) */
   int max_decode_tokens; /* cached tokens over one step's decode sequences (0: off) */
   int max_waiting; /* queued sequences before submit fails with ANNA_EBUSY-like ERANGE (0: off) */
-  int max_queue_wait_ms;   /* fairness: an older waiter forces admission beyond max_batch_size (0:
-                              off) */
-  int debug_step_delay_ms; /* testing hook: sleep this long after every step */
+  int max_queue_wait_ms; /* fairness: an older waiter forces admission beyond max_batch_size (0:
+                            off) */
+  int prefill_interval_steps; /* while sequences decode, add prompt chunks every N steps (<= 1:
+                                 every step) */
+  int debug_step_delay_ms;    /* testing hook: sleep this long after every step */
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */

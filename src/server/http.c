@@ -149,7 +149,7 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
   const engine_options *eo = engine_get_options(srv->eng);
   json_t *o = json_pack(
       "{s:s,s:{s:s,s:s,s:s,s:i,s:i},s:{s:I,s:I,s:I,s:f},s:{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,"
-      "s:i},s:o}",
+      "s:i,s:i},s:o}",
       "status", st.draining ? "draining" : "ok", "model", "id", srv->model_name, "path",
       anna_model_path(srv->m), "describe", anna_model_describe(srv->m), "vocab",
       anna_model_vocab(srv->m), "layers", anna_model_n_layers(srv->m), "memory", "rss_bytes",
@@ -160,7 +160,8 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
       st.waiting, "slots", st.n_seq, "ctx_size", st.n_ctx, "max_batch_size", eo->max_batch_size,
       "batch_wait_ms", eo->batch_wait_ms, "max_prefill_tokens", eo->max_prefill_tokens,
       "max_decode_tokens", eo->max_decode_tokens, "max_waiting_requests", eo->max_waiting,
-      "max_queue_wait_ms", eo->max_queue_wait_ms, "service", metrics_json(&srv->mx));
+      "max_queue_wait_ms", eo->max_queue_wait_ms, "prefill_interval_steps",
+      eo->prefill_interval_steps, "service", metrics_json(&srv->mx));
   if (o) {
     json_object_set_new(o, "prompt_cache", json_pack("{s:b}", "enabled", 0));
     json_object_set_new(o, "active_http_requests",
