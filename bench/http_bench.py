@@ -510,10 +510,12 @@ class RunOutcome:
     base_url: str
     label: str
     warmup_errors: list[str]
+    round: int = 1
+    salt: str = ""
 
 
 async def run_target(cfg: argparse.Namespace, base_url: str, model: str | None, label: str,
-                     prompts: list[Prompt], stop: asyncio.Event) -> RunOutcome:
+                     prompts: list[Prompt], stop: asyncio.Event, salt: str = "") -> RunOutcome:
     client = make_client(base_url, cfg.timeout, cfg.max_retries)
     results = [RequestResult(index=i, kind=p.kind) for i, p in enumerate(prompts)]
     warm_errs: list[str] = []
@@ -525,7 +527,7 @@ async def run_target(cfg: argparse.Namespace, base_url: str, model: str | None, 
             if stop.is_set():
                 break
             w = RequestResult(index=-1, kind="warmup")
-            wp = warmup_prompt(cfg.salt, i)
+            wp = warmup_prompt(salt, i)
             wt = asyncio.ensure_future(do_request(client, cfg, model, wp, w, time.perf_counter()))
             st = asyncio.ensure_future(stop.wait())
             await asyncio.wait({wt, st}, return_when=asyncio.FIRST_COMPLETED)
@@ -603,6 +605,7 @@ def build_summary(cfg: argparse.Namespace, out: RunOutcome, per_request: bool) -
         "tool": TOOL_NAME,
         "version": JSON_VERSION,
         "label": out.label,
+        "round": out.round,
         "date_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": platform.node(),
         "base_url": out.base_url,
@@ -625,7 +628,8 @@ def build_summary(cfg: argparse.Namespace, out: RunOutcome, per_request: bool) -
             "timeout_s": cfg.timeout,
             "long_chars": cfg.long_chars,
             "system_chars": cfg.system_chars,
-            "salt": cfg.salt,
+            "salt": out.salt,
+            "rounds": cfg.rounds,
             "extra_body": cfg.extra_body,
         },
         "interrupted": out.interrupted,
@@ -674,8 +678,9 @@ def format_text(s: dict[str, Any]) -> str:
     c = s["config"]
     n = s["counts"]
     rate = "all-at-once" if c["request_rate"] is None else f"{c['request_rate']:g}/s Poisson"
+    rnd = f" (round {s['round']}/{c['rounds']})" if c.get("rounds", 1) > 1 else ""
     lines = [
-        f"== {s['label']}: {s['base_url']}  model={s['model']}",
+        f"== {s['label']}{rnd}: {s['base_url']}  model={s['model']}",
         f"scenario={c['scenario']} route={c['route']} stream={'on' if c['stream'] else 'off'} "
         f"requests={c['requests']} concurrency={c['concurrency']} max_tokens={c['max_tokens']} "
         f"arrivals={rate} warmup={c['warmup']}",
@@ -732,12 +737,27 @@ _CONFIG_KEYS = ("route", "scenario", "requests", "concurrency", "max_tokens", "s
                 "request_rate", "temperature", "ignore_eos", "long_chars", "system_chars")
 
 
+def _median(vals: list[Any]) -> Any:
+    v = sorted(x for x in vals if isinstance(x, (int, float)))
+    if not v:
+        return None
+    if len(v) % 2:
+        return v[len(v) // 2]
+    return (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 def format_compare(summaries: list[dict[str, Any]]) -> str:
-    """Markdown table, one column per run, plus `<last>/<first>` ratios: the
-    first run is the baseline (put the peer first, anna last)."""
-    labels = [s.get("label") or f"run{i}" for i, s in enumerate(summaries)]
-    head = ["figure"] + labels
-    ratio = len(summaries) >= 2
+    """Markdown table, one column per label, plus `<last>/<first>` ratios: the
+    first label is the baseline (put the peer first, anna last). Several
+    summaries with one label (--rounds) are reduced to the median of each
+    figure, which is what makes alternating rounds robust to load spikes."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for i, s in enumerate(summaries):
+        groups.setdefault(s.get("label") or f"run{i}", []).append(s)
+    labels = list(groups)
+    nrounds = {len(g) for g in groups.values()}
+    head = ["figure"] + [lb if len(groups[lb]) == 1 else f"{lb} (median of {len(groups[lb])})" for lb in labels]
+    ratio = len(labels) >= 2
     if ratio:
         head.append(f"{labels[-1]}/{labels[0]}")
     lines = []
@@ -750,15 +770,22 @@ def format_compare(summaries: list[dict[str, Any]]) -> str:
                  f"request_rate={c.get('request_rate') or 'all-at-once'}")
     if diffs:
         lines.append("WARNING: runs differ in " + ", ".join(sorted(set(diffs))) + "; ratios are not like for like")
+    if len(nrounds) > 1:
+        lines.append("WARNING: labels have different numbers of rounds")
+    if any(s.get("interrupted") for s in summaries):
+        lines.append("WARNING: some runs were interrupted; their figures are partial")
     lines.append("| " + " | ".join(head) + " |")
     lines.append("|" + "---|" * len(head))
     for name, get, _hib in _COMPARE_ROWS:
         vals = []
-        for s in summaries:
-            try:
-                vals.append(get(s))
-            except (KeyError, TypeError):
-                vals.append(None)
+        for lb in labels:
+            per = []
+            for s in groups[lb]:
+                try:
+                    per.append(get(s))
+                except (KeyError, TypeError):
+                    per.append(None)
+            vals.append(_median(per))
         row = [name] + [_fmt(v) for v in vals]
         if ratio:
             a, b = vals[0], vals[-1]
@@ -809,6 +836,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="send ignore_eos=true (llama.cpp, vLLM) so every request makes max_tokens tokens")
     p.add_argument("--warmup", type=int, default=1,
                    help="untimed requests sent one by one first (their prompt shares no prefix with the run)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat the run, alternating servers each round; tables show the median per figure")
     p.add_argument("--salt", default="auto",
                    help="tag prefixed to every prompt so caches from earlier runs do not hit: "
                         "'auto' = random per invocation (same for every server), 'none', or a fixed string")
@@ -829,8 +858,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.compare:
         return a
-    if a.requests < 1 or a.concurrency < 1 or a.max_tokens < 1 or a.warmup < 0:
-        p.error("--requests, --concurrency and --max-tokens must be >= 1, --warmup >= 0")
+    if a.requests < 1 or a.concurrency < 1 or a.max_tokens < 1 or a.warmup < 0 or a.rounds < 1:
+        p.error("--requests, --concurrency, --max-tokens and --rounds must be >= 1, --warmup >= 0")
     if a.request_rate <= 0 or math.isnan(a.request_rate):
         p.error("--request-rate must be > 0 (inf = all at once)")
     if a.timeout <= 0 or a.long_chars < 0 or a.system_chars < 0 or a.max_retries < 0:
@@ -873,8 +902,7 @@ def load_summaries(paths: list[str]) -> list[dict[str, Any]]:
 
 
 async def amain(a: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
-    prompts = build_prompts(a.scenario, a.requests, a.long_chars, a.system_chars, a.prompt_file)
-    prompts = apply_salt(prompts, a.salt)
+    base_prompts = build_prompts(a.scenario, a.requests, a.long_chars, a.system_chars, a.prompt_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = False
@@ -891,21 +919,29 @@ async def amain(a: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
         pass
     summaries = []
     try:
-        for i, url in enumerate(a.base_url):
-            if stop.is_set():
-                break
-            model = (a.model[i] if len(a.model) > 1 else a.model[0]) if a.model else None
-            label = a.label[i] if a.label else _default_label(url)
-            try:
-                out = await run_target(a, normalize_base_url(url), model, label, prompts, stop)
-            except Exception as e:  # e.g. server down while listing models
-                print(f"{label}: {_describe_error(e)}", file=sys.stderr)
-                res = [RequestResult(index=j, kind=p.kind, error=_describe_error(e)) for j, p in enumerate(prompts)]
-                out = RunOutcome(res, 0.0, False, model or "?", normalize_base_url(url), label, [])
-            summaries.append(build_summary(a, out, a.per_request))
+        # Rounds alternate the servers (A B A B ...) so that a burst of
+        # background load hits both rather than one; each round has its own
+        # salt so that a round cannot reuse the previous round's cached prompts.
+        for rnd in range(1, a.rounds + 1):
+            salt = a.salt if (a.rounds == 1 or not a.salt) else f"{a.salt}-r{rnd}"
+            prompts = apply_salt(base_prompts, salt)
+            for i, url in enumerate(a.base_url):
+                if stop.is_set():
+                    break
+                model = (a.model[i] if len(a.model) > 1 else a.model[0]) if a.model else None
+                label = a.label[i] if a.label else _default_label(url)
+                try:
+                    out = await run_target(a, normalize_base_url(url), model, label, prompts, stop, salt)
+                except Exception as e:  # e.g. server down while listing models
+                    print(f"{label}: {_describe_error(e)}", file=sys.stderr)
+                    res = [RequestResult(index=j, kind=p.kind, error=_describe_error(e))
+                           for j, p in enumerate(prompts)]
+                    out = RunOutcome(res, 0.0, False, model or "?", normalize_base_url(url), label, [])
+                out.round, out.salt = rnd, salt
+                summaries.append(build_summary(a, out, a.per_request))
             if not a.json:
-                print(format_text(summaries[-1]), flush=True)
-                print(flush=True)
+                    print(format_text(summaries[-1]), flush=True)
+                    print(flush=True)
     finally:
         if installed:
             try:
@@ -937,6 +973,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print("aborted", file=sys.stderr)
+        return 130
+    if not summaries:
+        print("http_bench.py: interrupted before any run", file=sys.stderr)
         return 130
     if a.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))

@@ -79,6 +79,11 @@ class StubServer:
             self._loop.run_forever()
         finally:
             self._server.close()
+            # Idle keep-alive handlers are still parked in readline().
+            pending = asyncio.all_tasks(self._loop)
+            for t in pending:
+                t.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
 
     # ---- HTTP

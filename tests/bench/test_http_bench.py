@@ -287,3 +287,32 @@ def test_salt_warmup_and_extra_body(stub, capsys):
     assert json.loads(s)["config"]["salt"] == "abc"
     with pytest.raises(SystemExit):
         hb.main(["--extra-body", "[1]"])
+
+
+def test_rounds_alternate_servers_and_report_medians(capsys):
+    a, b = StubServer(StubConfig(itl=0.001)), StubServer(StubConfig(itl=0.01))
+    a.start()
+    b.start()
+    try:
+        rc, text = run_bench(["--base-url", a.base_url, "--base-url", b.base_url, "--label", "peer",
+                              "--label", "anna", "--requests", "2", "--warmup", "1", "--rounds", "3",
+                              "--salt", "s"], capsys)
+    finally:
+        a.stop()
+        b.stop()
+    assert rc == 0
+    assert "| figure | peer (median of 3) | anna (median of 3) | anna/peer |" in text
+    assert len(a.state.requests) == 9 and len(b.state.requests) == 9
+    firsts = [r["messages"][0]["content"] for r in a.state.requests if "warm-up" not in r["messages"][0]["content"]]
+    assert {f.split("]")[0] for f in firsts} == {"[run s-r1", "[run s-r2", "[run s-r3"}
+    assert firsts == [r["messages"][0]["content"] for r in b.state.requests
+                      if "warm-up" not in r["messages"][0]["content"]]
+    assert "(round 2/3)" in text
+    row = next(ln for ln in text.splitlines() if ln.startswith("| successful requests"))
+    assert row.split("|")[2].strip() == "2"
+
+
+def test_median_helper():
+    assert hb._median([3, None, 1, 2]) == 2
+    assert hb._median([1.0, 4.0]) == 2.5
+    assert hb._median([None]) is None
