@@ -259,17 +259,19 @@ def test_health_and_metrics(srv, client):
 
 def test_response_format_json_object(client):
     """Constrained decoding: even a random-weight model only writes JSON-object prefixes;
-    a reply that ends by itself parses as an object."""
-    seen_stop = 0
+    a reply that ends by itself parses as an object (a random model rarely closes its
+    object within the budget: test_real_model checks complete replies, test_jsonmask the
+    recognizer itself)."""
     for seed in range(8):
         r = client.chat.completions.create(model="qwen3", messages=MSG, max_tokens=120, temperature=0.8, seed=seed,
                                            response_format={"type": "json_object"})
         text = r.choices[0].message.content
         assert text.lstrip().startswith("{"), text
         if r.choices[0].finish_reason == "stop":
-            seen_stop += 1
             assert isinstance(json.loads(text), dict)
-    assert seen_stop >= 1
+        else:
+            with pytest.raises(json.JSONDecodeError):  # cut short, never malformed midway
+                json.loads(text)
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     r = client.chat.completions.create(model="qwen3", messages=MSG, max_tokens=10, response_format=schema)
     assert r.choices[0].message.content.lstrip().startswith("{")
