@@ -349,6 +349,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return MHD_YES;
   }
   if (*upload_size) {
+    /* The idle timeout alone lets a client trickle a body forever: the whole upload must
+     * fit in the same window. */
+    if (engine_now() - cn->t0 > srv->o->http_timeout_s) {
+      slog(SLOG_INFO, cn->rid, "body upload exceeded %d s: closing", srv->o->http_timeout_s);
+      cn->status = 408;
+      return MHD_NO;
+    }
     if (!cn->too_big) {
       if (cn->len + *upload_size > srv->o->max_body_bytes) {
         cn->too_big = 1;

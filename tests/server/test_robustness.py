@@ -201,6 +201,20 @@ def test_slow_loris():
             got = b""
         assert got == b"" and time.time() - t0 < 4.5  # closed by the server's idle timeout
         sock.close()
+        # a body trickled a byte at a time never goes idle, but runs out of total time
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        t0 = time.time()
+        closed = False
+        while time.time() - t0 < 5 and not closed:
+            try:
+                sock.sendall(b" ")
+                time.sleep(0.3)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+        assert closed and time.time() - t0 < 4
+        sock.close()
+        assert s.health()["status"] == "ok"
     finally:
         s.stop()
 
