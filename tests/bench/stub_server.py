@@ -30,6 +30,8 @@ class StubConfig:
     stall_s: float = 0.0          # sleep this long before answering (timeouts)
     tokens_per_chunk: int = 1     # >1 imitates servers that batch tokens per chunk
     drop_call: int = 0            # Nth completion request: close the socket, no response
+    cut_after: int = 0            # streams: close the socket after this many tokens
+    garbage_sse: bool = False     # streams: one event that is not JSON
     model: str = "stub-model"
 
 
@@ -108,8 +110,8 @@ class StubServer:
                 n = int(headers.get("content-length", "0") or 0)
                 body = await reader.readexactly(n) if n else b""
                 await self._route(method, path, body, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # cancelled = stop() shutting the loop down; nothing to report
         finally:
             try:
                 writer.close()
@@ -211,6 +213,10 @@ class StubServer:
                 await asyncio.sleep(cfg.itl)
             await event(chunk("".join(f"t{j} " for j in range(i, i + k)), None))
             i += k
+            if cfg.cut_after and i >= cfg.cut_after:
+                raise ConnectionResetError("scripted cut")
+            if cfg.garbage_sse and i == 1:
+                await event(b"{not json")
         await event(chunk(None if chat else "", finish))
         opts = req.get("stream_options") or {}
         if cfg.usage and opts.get("include_usage"):

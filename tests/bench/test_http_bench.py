@@ -316,3 +316,11 @@ def test_median_helper():
     assert hb._median([3, None, 1, 2]) == 2
     assert hb._median([1.0, 4.0]) == 2.5
     assert hb._median([None]) is None
+
+
+@pytest.mark.parametrize("stub", [StubConfig(cut_after=3), StubConfig(garbage_sse=True)], indirect=True)
+def test_broken_streams_are_failures(stub, capsys):
+    rc, s = run_json(stub, capsys, "--requests", "2", "--concurrency", "2")
+    assert rc == 1 and s["counts"]["failed"] == 2 and s["counts"]["successful"] == 0
+    assert s["ttft_ms"]["n"] == 0 and s["output_tok_per_s"] is None
+    assert s["errors"] and s["errors"][0]["count"] == 2
