@@ -71,6 +71,8 @@ typedef struct bench_run {
   double prefill_s, ttft_s, decode_s;
   int n_decoded; /* forwards timed in decode_s */
   double sample_s; /* time spent in the sampler over the whole run */
+  double cpu_s;    /* process CPU time (user + system) over the run */
+  double wall_s;
 } bench_run;
 
 typedef struct bench_case {
@@ -103,6 +105,25 @@ static double peak_rss_mib(void) {
   struct rusage ru;
   if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
   return (double)ru.ru_maxrss / 1024.0; /* Linux: KiB */
+}
+
+static double cpu_seconds(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;
+  return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+         1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
+/* 1-minute load average, to print next to the figures: on a shared machine it says how much
+ * of the spread is other work. -1 when unknown. */
+static double load_avg(void) {
+  double l = -1;
+  FILE *f = fopen("/proc/loadavg", "r");
+  if (f) {
+    if (fscanf(f, "%lf", &l) != 1) l = -1;
+    fclose(f);
+  }
+  return l;
 }
 
 static uint64_t splitmix64(uint64_t *s) {
@@ -165,6 +186,7 @@ static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_
   memset(r, 0, sizeof *r);
   anna_context_seq_reset(ctx, 0);
   sampler_reset(smp);
+  double c0 = cpu_seconds();
   double t0 = cli_now();
   for (int64_t at = 0; at < n;) {
     int len = (int)(n - at < n_batch ? n - at : n_batch);
@@ -176,7 +198,11 @@ static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_
   double t1 = cli_now();
   r->prefill_s = t1 - t0;
   r->ttft_s = r->prefill_s;
-  if (max_new <= 0) return 0;
+  if (max_new <= 0) {
+    r->wall_s = cli_now() - t0;
+    r->cpu_s = cpu_seconds() - c0;
+    return 0;
+  }
   int32_t t = sampler_sample(smp, logits);
   double t2 = cli_now();
   r->sample_s += t2 - t1;
@@ -194,6 +220,8 @@ static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_
   r->decode_s = cli_now() - t2;
   r->sample_s += ts;
   r->n_decoded = max_new - 1;
+  r->wall_s = cli_now() - t0;
+  r->cpu_s = cpu_seconds() - c0;
   return 0;
 }
 
@@ -236,6 +264,10 @@ static json_t *case_json(const bench_case *c, int n_runs, double *tmp) {
   json_t *smp = json_array();
   for (int i = 0; i < n_runs; i++) json_array_append_new(smp, json_real(c->runs[i].sample_s * 1e3));
   json_object_set_new(o, "sampling_ms", smp);
+  json_t *cpu = json_array();
+  for (int i = 0; i < n_runs; i++)
+    json_array_append_new(cpu, json_real(c->runs[i].wall_s > 0 ? c->runs[i].cpu_s / c->runs[i].wall_s : 0));
+  json_object_set_new(o, "cpu_per_wall", cpu);
   json_object_set_new(o, "median", med);
   json_object_set_new(o, "min", mn);
   json_object_set_new(o, "max", mx);
@@ -398,6 +430,7 @@ int main(int argc, char **argv) {
     goto fail;
   }
   double rss_loaded = peak_rss_mib();
+  double load_start = load_avg();
 
   for (int c = 0; c < n_cases; c++) {
     bench_case *bc = &cases[c];
@@ -442,11 +475,13 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "rss_after_load_mib", json_real(rss_loaded));
     json_object_set_new(o, "peak_rss_mib", json_real(rss_peak));
     json_object_set_new(o, "peak_device_mib", json_null());
+    json_object_set_new(o, "loadavg_start", json_real(load_start));
+    json_object_set_new(o, "loadavg_end", json_real(load_avg()));
     /* The first prompt length's figures sit at the top level too: harnesses that run one
      * length (compare_llamacpp.py) read them there. */
     json_t *first = case_json(&cases[0], n_runs, tmp);
     const char *keys[] = {"prompt_tokens", "prefill_tok_s", "ttft_ms", "decode_tok_s", "sampling_ms",
-                          "median", "min", "max"};
+                          "cpu_per_wall", "median", "min", "max"};
     for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
       json_object_set(o, keys[k], json_object_get(first, keys[k]));
     json_decref(first);
@@ -470,14 +505,20 @@ int main(int argc, char **argv) {
            device ? device : "cpu", dtype ? dtype : "f32", th, n_batch, t_load, rss_peak, rss_loaded);
     printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n\n", warmup,
            n_runs, max_new, prompt ? "chat-templated" : "synthetic");
-    printf("| %8s | %-28s | %-24s | %-26s |\n", "prompt", "PP tok/s", "TTFT ms", "TG tok/s");
-    printf("|---------:|:-----------------------------|:-------------------------|:---------------------------|\n");
+    printf("| %8s | %-28s | %-24s | %-26s | %8s |\n", "prompt", "PP tok/s", "TTFT ms", "TG tok/s", "CPU/wall");
+    printf("|---------:|:-----------------------------|:-------------------------|:---------------------------|---------:|\n");
     for (int c = 0; c < n_cases; c++) {
       char b[3][64];
       int prec[FIG_N] = {1, 1, 2};
       for (int f = 0; f < FIG_N; f++) fmt_stat(b[f], sizeof b[f], case_stat(&cases[c], n_runs, f, tmp), prec[f]);
-      printf("| %8lld | %-28s | %-24s | %-26s |\n", (long long)cases[c].n_prompt, b[0], b[1], b[2]);
+      for (int r = 0; r < n_runs; r++)
+        tmp[r] = cases[c].runs[r].wall_s > 0 ? cases[c].runs[r].cpu_s / cases[c].runs[r].wall_s : 0;
+      bench_stat cw = stat_of(tmp, n_runs);
+      printf("| %8lld | %-28s | %-24s | %-26s | %8.2f |\n", (long long)cases[c].n_prompt, b[0], b[1], b[2], cw.med);
     }
+    printf("\nCPU/wall: process CPU seconds per wall second over a run (median); with --threads N on an idle\n"
+           "machine it is close to N, lower means the cores were shared. Load average %.2f at start, %.2f at end.\n",
+           load_start, load_avg());
     if (profile) {
       printf("\nprofile-runtime: %s\n", prof_note);
       for (int c = 0; c < n_cases; c++) {
