@@ -516,8 +516,9 @@ int main(int argc, char **argv) {
       bench_stat cw = stat_of(tmp, n_runs);
       printf("| %8lld | %-28s | %-24s | %-26s | %8.2f |\n", (long long)cases[c].n_prompt, b[0], b[1], b[2], cw.med);
     }
-    printf("\nCPU/wall: process CPU seconds per wall second over a run (median); with --threads N on an idle\n"
-           "machine it is close to N, lower means the cores were shared. Load average %.2f at start, %.2f at end.\n",
+    printf("\nCPU/wall: process CPU seconds per wall second over a run (median). With --threads N, a model\n"
+           "big enough to keep the threads busy and an idle machine it approaches N; less means shared cores\n"
+           "(or idle workers on a tiny model). Load average %.2f at start, %.2f at end.\n",
            load_start, load_avg());
     if (profile) {
       printf("\nprofile-runtime: %s\n", prof_note);
