@@ -54,10 +54,6 @@ fi
 # 1. every op against the CPU backend, plus decode-matvec bandwidth
 "$BIN/test_cuda_ops" --bench 2>&1 | tee "$OUTD/ops.log"
 row "test_cuda_ops" "$(tail -1 "$OUTD/ops.log")"
-if [ "$SAN" = 1 ] && command -v compute-sanitizer >/dev/null; then
-  compute-sanitizer --tool memcheck --print-limit 20 "$BIN/test_cuda_ops" >"$OUTD/memcheck.log" 2>&1
-  row "memcheck test_cuda_ops" "$(grep -E 'ERROR SUMMARY' "$OUTD/memcheck.log" | tail -1)"
-fi
 
 # 2. fixtures on the GPU: HF folders, the extra configurations, the GGUF conversions
 FX=""
@@ -78,7 +74,7 @@ row "fixtures gguf (cuda)" "$(tail -1 "$OUTD/fixtures_gguf.log")"
 
 # 3. decode / prefill: 512-token prompt (ids), 128 new tokens
 IDS=$(python3 -c 'print(",".join(str((i * 37 + 11) % 997) for i in range(512)))')
-bench() { # name, model path, device
+bench() { # name, model path, device (decode steps replay as CUDA graphs except for MoE models)
   local line
   line=$("$BIN/anna-generate" --model "$2" --device "$3" --prompt-ids "$IDS" --max-new-tokens 128 --threads 16 2>&1 >/dev/null |
          grep '^\[anna\]' | tail -1)
@@ -101,7 +97,12 @@ if [ -n "$SYNTH" ]; then
   [ -f "$SD/config.json" ] && bench "$SYNTH bf16" "$SD" cuda
   for g in "$SD"/*.gguf; do [ -f "$g" ] && bench "$(basename "$g")" "$g" cuda; done
 fi
-grep -E "copy_rows|matvec" "$OUTD/ops.log" | sed 's/^ *//' | while read -r l; do echo "$l"; done > "$OUTD/bw.txt"
+# 4. memory checker last (slow; bounded so the table always prints)
+if [ "$SAN" = 1 ] && command -v compute-sanitizer >/dev/null; then
+  timeout "${SAN_TIMEOUT:-100}" compute-sanitizer --tool memcheck --print-limit 20 "$BIN/test_cuda_ops" >"$OUTD/memcheck.log" 2>&1
+  row "memcheck test_cuda_ops" "$(grep -E 'ERROR SUMMARY' "$OUTD/memcheck.log" | tail -1) $(tail -1 "$OUTD/memcheck.log")"
+fi
+grep -E "copy_rows|matvec|launch|step of" "$OUTD/ops.log" | sed 's/^ *//' | while read -r l; do echo "$l"; done > "$OUTD/bw.txt"
 
 echo
 echo "==== gpu_check summary ===="

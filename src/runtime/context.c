@@ -80,16 +80,35 @@ const char *anna_model_path(const anna_model *m) {
   return m->path;
 }
 
+#ifdef ANNA_HAVE_CUDA
+/* One throwaway token on sequence 0 (then reset): copies the weights it touches to the
+ * device now rather than inside the caller's first, timed, decode. Experts a MoE router
+ * did not pick are still copied on first use. */
+static int cuda_warmup(anna_context *c, char *err, size_t errlen) {
+  float *lg = malloc(sizeof(float) * (size_t)c->m->cfg.vocab);
+  if (!lg) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  int32_t tok = 0, seq = 0, pos = 0;
+  int8_t want = 1;
+  anna_batch b = {1, &tok, &seq, &pos, &want};
+  int rc = forward_batch(c->m, c->be, c->st, &b, lg, err, errlen);
+  if (!rc) rc = cuda_backend_error(c->be, err, errlen);
+  fwd_state_seq_reset(c->st, 0);
+  free(lg);
+  return rc;
+}
+#endif
+
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
-  anna_context_options o = {1, 4096, 512, 0, NULL};
+  anna_context_options o = {1, 4096, 512, 0, NULL, 0};
   if (opt) {
     if (opt->n_seq) o.n_seq = opt->n_seq;
     if (opt->n_ctx) o.n_ctx = opt->n_ctx;
     if (opt->n_batch) o.n_batch = opt->n_batch;
     o.n_threads = opt->n_threads;
     o.device = opt->device;
+    o.n_checkpoints = opt->n_checkpoints;
   }
   int cuda;
   int rc = device_pick(o.device, &cuda, err, errlen);
@@ -101,10 +120,13 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   if (cuda) {
     c->on_cuda = 1;
     if ((rc = cuda_backend_create(&c->be, o.n_batch, err, errlen)) ||
-        (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, err, errlen))) {
+        (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, err, errlen)) ||
+        (rc = cuda_warmup(c, err, errlen))) {
       anna_context_free(c);
       return rc;
     }
+    /* Decode steps replay as graphs, except for MoE (expert ids are read back mid-step). */
+    cuda_backend_set_graphs(c->be, m->cfg.n_experts == 0);
     *out = c;
     return 0;
   }
@@ -112,7 +134,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   if ((rc = threadpool_create(&c->tp, o.n_threads, err, errlen)) ||
       (rc = cpu_backend_create(&c->be, c->tp, fwd_backend_scratch_floats(m, o.n_ctx),
                                ((size_t)o.n_batch + 32) * (size_t)m->max_cols * 4, err, errlen)) ||
-      (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, err, errlen))) {
+      (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, err, errlen))) {
     anna_context_free(c);
     return rc;
   }
@@ -134,12 +156,17 @@ void anna_context_free(anna_context *c) {
 
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
-  int rc = forward_batch(c->m, c->be, c->st, b, out, err, errlen);
 #ifdef ANNA_HAVE_CUDA
-  /* Device failures are sticky in the backend; report the first one here. */
-  if (!rc && c->on_cuda) rc = cuda_backend_error(c->be, err, errlen);
+  if (c->on_cuda) {
+    cuda_backend_step_begin(c->be, b->n);
+    int rc = forward_batch(c->m, c->be, c->st, b, out, err, errlen);
+    cuda_backend_step_end(c->be);
+    /* Device failures are sticky in the backend; report the first one here. */
+    int rc2 = cuda_backend_error(c->be, err, errlen);
+    return rc ? rc : rc2;
+  }
 #endif
-  return rc;
+  return forward_batch(c->m, c->be, c->st, b, out, err, errlen);
 }
 
 int32_t anna_context_seq_len(const anna_context *c, int seq) {
@@ -148,4 +175,16 @@ int32_t anna_context_seq_len(const anna_context *c, int seq) {
 
 void anna_context_seq_reset(anna_context *c, int seq) {
   fwd_state_seq_reset(c->st, seq);
+}
+
+int anna_context_seq_checkpoint(anna_context *c, int seq, char *err, size_t errlen) {
+  return fwd_state_checkpoint(c->st, seq, err, errlen);
+}
+
+int anna_context_seq_rewind(anna_context *c, int seq, int32_t n, char *err, size_t errlen) {
+  return fwd_state_seq_rewind(c->st, seq, n, err, errlen);
+}
+
+int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *err, size_t errlen) {
+  return fwd_state_seq_copy(c->st, dst, src, n, err, errlen);
 }

@@ -526,6 +526,57 @@ static void test_moe(void) {
   }
 }
 
+/* A decode-like step captured as a graph (upload, ops, ring arguments, download) gives the
+ * eager result, also when replayed with new inputs (graph updated in place). */
+static void test_graphs(void) {
+  printf("graphs\n");
+  cuda_backend_drop_mirrors(g_gpu);
+  const int64_t n = 3, d = 256, rows = 300;
+  float *wf;
+  void *w = make_weight(ANNA_DTYPE_BF16, rows, d, &wf);
+  ops_weight ow = {ANNA_DTYPE_BF16, w, rows, d};
+  float *nw = hrand(d, 1.0f);
+  float *dx = g_gpu->alloc(g_gpu, sizeof(float) * n * d), *dn = g_gpu->alloc(g_gpu, sizeof(float) * n * d);
+  float *dy = g_gpu->alloc(g_gpu, sizeof(float) * n * rows), *dk = g_gpu->alloc(g_gpu, sizeof(float) * 8 * rows);
+  /* eager once so the mirrors exist, as after the context's warm-up */
+  g_gpu->rmsnorm(g_gpu, dn, dx, nw, n, (int)d, 1e-6f, 0);
+  g_gpu->matmul(g_gpu, dy, dn, n, &ow, NULL);
+  gpu_status("graph warmup");
+  cuda_backend_set_graphs(g_gpu, 1);
+  for (int step = 0; step < 3; step++) {
+    float *x = hrand(n * d, 1.0f), *ref = malloc(sizeof(float) * n * rows), *xn = malloc(sizeof(float) * n * d);
+    float *out = malloc(sizeof(float) * n * rows), *kc = malloc(sizeof(float) * 8 * rows);
+    g_cpu->rmsnorm(g_cpu, xn, x, nw, n, (int)d, 1e-6f, 0);
+    g_cpu->matmul(g_cpu, ref, xn, n, &ow, NULL);
+    cuda_backend_step_begin(g_gpu, n);
+    g_gpu->upload(g_gpu, dx, x, sizeof(float) * n * d);
+    memset(x, 0, sizeof(float) * n * d); /* the staged copy must not read the caller's buffer later */
+    g_gpu->rmsnorm(g_gpu, dn, dx, nw, n, (int)d, 1e-6f, 0);
+    g_gpu->matmul(g_gpu, dy, dn, n, &ow, NULL);
+    float *dst[3] = {dk + (step + 0) * rows, dk + (step + 2) * rows, dk + (step + 4) * rows};
+    g_gpu->scatter_rows(g_gpu, dst, dy, n, (int)rows);
+    g_gpu->download(g_gpu, out, dy, sizeof(float) * n * rows);
+    cuda_backend_step_end(g_gpu);
+    char what[64];
+    snprintf(what, sizeof what, "graph step %d", step);
+    cmp(what, out, ref, n * rows, 1e-4);
+    g_gpu->download(g_gpu, kc, dk + (step + 4) * rows, sizeof(float) * rows);
+    snprintf(what, sizeof what, "graph step %d scatter", step);
+    cmp(what, kc, ref + 2 * rows, rows, 1e-4);
+    free(x), free(ref), free(xn), free(out), free(kc);
+  }
+  int64_t launches, builds;
+  cuda_backend_graph_stats(g_gpu, &launches, &builds);
+  g_checks++;
+  if (launches != 3 || builds < 1) {
+    printf("  FAIL graph launches %lld builds %lld\n", (long long)launches, (long long)builds);
+    g_fail++;
+  }
+  printf("  graph launches %lld, builds %lld\n", (long long)launches, (long long)builds);
+  cuda_backend_set_graphs(g_gpu, 0);
+  dfree(dx), dfree(dn), dfree(dy), dfree(dk), free(w), free(wf), free(nw);
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -548,7 +599,57 @@ static void bench(void) {
     printf("  copy_rows 1 GiB: %.0f GB/s\n", 2.0 * sizeof(float) * big / dt / 1e9);
   }
   dfree(a), dfree(b);
-  const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q4_0};
+  {
+    /* per-op cost when launches, not bandwidth, bound the time */
+    float *one = dnan(1), *z = g_gpu->alloc(g_gpu, sizeof(float));
+    g_gpu->add(g_gpu, z, z, 1);
+    gpu_status("launch warmup");
+    const int reps = 2000;
+    double t0 = now_s();
+    for (int i = 0; i < reps; i++) g_gpu->add(g_gpu, z, z, 1);
+    gpu_status("launch");
+    printf("  launch: %.2f us per tiny op (add of 1 float, %d in a row)\n", (now_s() - t0) / reps * 1e6, reps);
+    t0 = now_s();
+    for (int i = 0; i < 200; i++) {
+      g_gpu->add(g_gpu, z, z, 1);
+      gpu_status("sync");
+    }
+    printf("  launch + sync: %.2f us\n", (now_s() - t0) / 200 * 1e6);
+    dfree(one), dfree(z);
+  }
+  {
+    /* a decode-like step of 300 small ops (rmsnorm, 1024x1024 bf16 matvec, add), eager and
+     * captured as a graph, each ending in a small download */
+    float *wf;
+    void *w = make_weight(ANNA_DTYPE_BF16, 1024, 1024, &wf);
+    ops_weight ow = {ANNA_DTYPE_BF16, w, 1024, 1024};
+    float *nw = hrand(1024, 1.0f), *x = hrand(1024, 1.0f), res[4];
+    float *dx = dput(x, sizeof(float) * 1024), *dn = dnan(1024), *dy = dnan(1024);
+    for (int graphs = 0; graphs < 2; graphs++) {
+      cuda_backend_set_graphs(g_gpu, graphs);
+      double best = 1e9;
+      for (int rep = 0; rep < 6; rep++) {
+        double t0 = now_s();
+        cuda_backend_step_begin(g_gpu, 1);
+        for (int i = 0; i < 100; i++) {
+          g_gpu->rmsnorm(g_gpu, dn, dx, nw, 1, 1024, 1e-6f, 0);
+          g_gpu->matmul(g_gpu, dy, dn, 1, &ow, NULL);
+          g_gpu->scale(g_gpu, dy, 0.01f, 1024);
+        }
+        g_gpu->download(g_gpu, res, dy, sizeof res);
+        cuda_backend_step_end(g_gpu);
+        gpu_status("step bench");
+        double dt = now_s() - t0;
+        if (rep > 0 && dt < best) best = dt; /* rep 0 builds the graph */
+      }
+      printf("  step of 300 ops (%s): %.0f us\n", graphs ? "graph" : "eager", best * 1e6);
+    }
+    cuda_backend_set_graphs(g_gpu, 0);
+    dfree(dx), dfree(dn), dfree(dy), free(w), free(wf), free(nw), free(x);
+    cuda_backend_drop_mirrors(g_gpu);
+  }
+  const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K,
+                       ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_XS};
   const int64_t rows = 12288, cols = 4096;
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     float *f;
@@ -600,6 +701,7 @@ int main(int argc, char **argv) {
   test_conv_gates();
   test_gdn();
   test_moe();
+  test_graphs();
   if (do_bench) bench();
   cuda_backend_free(g_gpu);
   cpu_backend_free(g_cpu);

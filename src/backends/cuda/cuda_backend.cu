@@ -11,6 +11,7 @@
 
 #define DEQ_FLOATS ((size_t)16 << 20) /* 64 MiB of f32 weight tile for GEMMs */
 #define RING_MIN ((size_t)1 << 20)
+#define ATT_PART_FLOATS ((size_t)4 << 20) /* 16 MiB of split-K attention partials */
 
 /* anna_err's contract, local so this library needs nothing from anna's objects at link time. */
 static int put_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -78,9 +79,14 @@ const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes) {
       if (ci->map[s].host == host) {
         if (ci->map[s].bytes >= bytes) return ci->map[s].dev;
         /* Seen before with fewer bytes: replace the copy by a larger one. */
+        if (ci->capturing) { /* freeing the old copy would wait on the captured stream */
+          cuda_fail(ci, ANNA_ESTATE, "cuda: weight at %p grew during a captured step", host);
+          return NULL;
+        }
         void *nd = NULL;
         if (!cuda_check(ci, cudaMalloc(&nd, bytes), "mirror alloc")) return NULL;
-        if (!cuda_check(ci, cudaMemcpyAsync(nd, host, bytes, cudaMemcpyHostToDevice, ci->stream), "mirror copy"))
+        if (!cuda_check(ci, cudaMemcpyAsync(nd, host, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
+            !cuda_check(ci, cudaStreamSynchronize(ci->copy_stream), "mirror sync"))
           return NULL;
         cudaStreamSynchronize(ci->stream);
         cudaFree(ci->map[s].dev);
@@ -99,7 +105,10 @@ const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes) {
   if ((ci->map_n + 1) * 2 > ci->map_cap && !mirror_grow(ci)) return NULL;
   void *d = NULL;
   if (!cuda_check(ci, cudaMalloc(&d, bytes ? bytes : 1), "mirror alloc")) return NULL;
-  if (!cuda_check(ci, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, ci->stream), "mirror copy")) {
+  /* On the side stream and waited for: the copy is complete before any kernel that reads
+   * it is queued, also while the main stream is being captured. */
+  if (!cuda_check(ci, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
+      !cuda_check(ci, cudaStreamSynchronize(ci->copy_stream), "mirror sync")) {
     cudaFree(d);
     return NULL;
   }
@@ -125,24 +134,98 @@ void cuda_backend_drop_mirrors(ops_backend *be) {
 
 /* ---- pointer ring ---- */
 
-void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes) {
+bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (ci->err) return NULL;
+  if (ci->err) return false;
   bytes = (bytes + 15) & ~(size_t)15;
   if (bytes > ci->ring_cap) {
     cuda_fail(ci, ANNA_EINVAL, "cuda: %zu bytes of op arguments exceed the %zu-byte ring", bytes, ci->ring_cap);
-    return NULL;
+    return false;
   }
   if (ci->ring_off + bytes > ci->ring_cap) {
+    if (ci->capturing) {
+      cuda_fail(ci, ANNA_ESTATE, "cuda: op arguments of one captured step exceed the %zu-byte ring", ci->ring_cap);
+      return false;
+    }
     /* Wrapping: every earlier copy out of the ring must have finished first. */
-    if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "ring sync")) return NULL;
+    if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "ring sync")) return false;
     ci->ring_off = 0;
   }
-  char *h = ci->ring_h + ci->ring_off, *d = ci->ring_d + ci->ring_off;
-  memcpy(h, host, bytes);
+  *h = ci->ring_h + ci->ring_off;
+  *d = ci->ring_d + ci->ring_off;
   ci->ring_off += bytes;
+  return true;
+}
+
+void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  char *h, *d;
+  if (!cuda_ring_reserve(be, bytes, &h, &d)) return NULL;
+  memcpy(h, host, bytes);
   if (!cuda_check(ci, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, ci->stream), "ring copy")) return NULL;
   return d;
+}
+
+/* ---- decode steps as graphs ---- */
+
+/* Ends the capture and replays it: the executable graph of the last step is updated in
+ * place when only kernel arguments changed, else rebuilt. */
+static void graph_finish(cuda_impl *ci) {
+  if (!ci->capturing) return;
+  ci->capturing = 0;
+  cudaGraph_t g = NULL;
+  cudaError_t e = cudaStreamEndCapture(ci->stream, &g);
+  if (e != cudaSuccess || !g) {
+    cuda_check(ci, e != cudaSuccess ? e : cudaErrorUnknown, "end capture");
+    if (g) cudaGraphDestroy(g);
+    return;
+  }
+  if (ci->err) { /* an op failed while captured: nothing of the step runs */
+    cudaGraphDestroy(g);
+    return;
+  }
+  if (ci->gexec) {
+    cudaGraphExecUpdateResultInfo info;
+    if (cudaGraphExecUpdate(ci->gexec, g, &info) != cudaSuccess) {
+      cudaGetLastError();
+      cudaGraphExecDestroy(ci->gexec);
+      ci->gexec = NULL;
+    }
+  }
+  if (!ci->gexec) {
+    if (!cuda_check(ci, cudaGraphInstantiate(&ci->gexec, g, 0), "graph instantiate")) {
+      ci->gexec = NULL;
+      cudaGraphDestroy(g);
+      return;
+    }
+    ci->graph_builds++;
+  }
+  cudaGraphDestroy(g);
+  if (cuda_check(ci, cudaGraphLaunch(ci->gexec, ci->stream), "graph launch")) ci->graph_launches++;
+}
+
+extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
+  cuda_impl_of(be)->graphs = on;
+}
+
+extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || !ci->graphs || ci->capturing || n_tokens < 1 || n_tokens > CUDA_GRAPH_MAX_TOK) return;
+  /* The previous step may still read the ring (a graph launched without a download). */
+  if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "step sync")) return;
+  ci->ring_off = 0;
+  if (cuda_check(ci, cudaStreamBeginCapture(ci->stream, cudaStreamCaptureModeRelaxed), "begin capture"))
+    ci->capturing = 1;
+}
+
+extern "C" void cuda_backend_step_end(ops_backend *be) {
+  graph_finish(cuda_impl_of(be));
+}
+
+extern "C" void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds) {
+  cuda_impl *ci = cuda_impl_of(be);
+  *launches = ci->graph_launches;
+  *builds = ci->graph_builds;
 }
 
 /* ---- memory entries ---- */
@@ -175,6 +258,13 @@ static void cu_memset0(ops_backend *be, void *p, size_t bytes) {
 static void cu_upload(ops_backend *be, void *dst, const void *src, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || !bytes) return;
+  if (ci->capturing) { /* staged in pinned memory: the replay reads it, the caller may reuse src */
+    char *h, *d;
+    if (!cuda_ring_reserve(be, bytes, &h, &d)) return;
+    memcpy(h, src, bytes);
+    cuda_check(ci, cudaMemcpyAsync(dst, h, bytes, cudaMemcpyHostToDevice, ci->stream), "upload");
+    return;
+  }
   if (cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "upload"))
     cuda_check(ci, cudaStreamSynchronize(ci->stream), "upload sync");
 }
@@ -186,6 +276,11 @@ static void cu_download(ops_backend *be, void *dst, const void *src, size_t byte
     return;
   }
   if (!bytes) return;
+  graph_finish(ci); /* a download ends the captured part of a step */
+  if (ci->err) {
+    memset(dst, 0, bytes);
+    return;
+  }
   if (cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, ci->stream), "download"))
     cuda_check(ci, cudaStreamSynchronize(ci->stream), "download sync");
 }
@@ -211,6 +306,7 @@ extern "C" const char *cuda_backend_device_name(void) {
 
 extern "C" int cuda_backend_error(ops_backend *be, char *err, size_t errlen) {
   cuda_impl *ci = cuda_impl_of(be);
+  graph_finish(ci);
   if (!ci->err) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
   if (!ci->err) return 0;
   return put_err(err, errlen, ci->err, "%s", ci->msg);
@@ -220,9 +316,13 @@ extern "C" void cuda_backend_free(ops_backend *be) {
   if (!be) return;
   cuda_impl *ci = cuda_impl_of(be);
   if (ci) {
+    if (ci->capturing) graph_finish(ci);
     if (ci->stream) cudaStreamSynchronize(ci->stream);
+    if (ci->gexec) cudaGraphExecDestroy(ci->gexec);
+    if (ci->copy_stream) cudaStreamDestroy(ci->copy_stream);
     cuda_backend_drop_mirrors(be);
     if (ci->deq) cudaFree(ci->deq);
+    if (ci->att_part) cudaFree(ci->att_part);
     if (ci->ring_d) cudaFree(ci->ring_d);
     if (ci->ring_h) cudaFreeHost(ci->ring_h);
     if (ci->blas) cublasDestroy(ci->blas);
@@ -250,8 +350,11 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   if ((size_t)max_batch * 64 > ci->ring_cap) ci->ring_cap = (size_t)max_batch * 64;
   if ((e = cudaSetDevice(0)) != cudaSuccess ||
       (what = "stream", e = cudaStreamCreateWithFlags(&ci->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (what = "copy stream", e = cudaStreamCreateWithFlags(&ci->copy_stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (what = "scratch", e = cudaMalloc((void **)&ci->deq, DEQ_FLOATS * sizeof(float))) != cudaSuccess ||
       (what = "ring", e = cudaMalloc((void **)&ci->ring_d, ci->ring_cap)) != cudaSuccess ||
+      (what = "attention scratch", e = cudaMalloc((void **)&ci->att_part, ATT_PART_FLOATS * sizeof(float))) !=
+          cudaSuccess ||
       (what = "pinned ring", e = cudaHostAlloc((void **)&ci->ring_h, ci->ring_cap, cudaHostAllocDefault)) !=
           cudaSuccess) {
     int code = e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO;
@@ -260,6 +363,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     return put_err(err, errlen, code, "cuda backend: %s: %s", what, cudaGetErrorString(e));
   }
   ci->deq_floats = DEQ_FLOATS;
+  ci->att_part_floats = ATT_PART_FLOATS;
   ci->max_batch = max_batch;
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;

@@ -37,6 +37,16 @@ int cuda_backend_error(ops_backend *be, char *err, size_t errlen);
  * buffers with new contents at the same address (tests). */
 void cuda_backend_drop_mirrors(ops_backend *be);
 
+/* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
+ * most 8 tokens are captured and replayed as one graph (updated in place while the step's
+ * shape repeats), which removes most of the per-launch cost. Only for models whose ops
+ * never read device data back mid-step (no MoE); default off. */
+void cuda_backend_set_graphs(ops_backend *be, int on);
+void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
+void cuda_backend_step_end(ops_backend *be);
+/* Graph launches and (re)builds so far, for logs and benchmarks. */
+void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds);
+
 /* Device name for logs ("NVIDIA H200"); static storage, "none" without a device. */
 const char *cuda_backend_device_name(void);
 

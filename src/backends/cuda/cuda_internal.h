@@ -29,7 +29,16 @@ typedef struct cuda_impl {
   char *ring_h, *ring_d; /* pinned host ring and its device twin */
   size_t ring_cap, ring_off;
   int64_t max_batch;
+  cudaStream_t copy_stream; /* weight mirror copies: never part of a captured step */
+  int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
+  int capturing;            /* the stream is being captured for the current step */
+  cudaGraphExec_t gexec;    /* last step's executable graph, updated in place when it fits */
+  int64_t graph_launches, graph_builds;
+  float *att_part;          /* split-K attention partials */
+  size_t att_part_floats;
 } cuda_impl;
+
+#define CUDA_GRAPH_MAX_TOK 8
 
 static inline cuda_impl *cuda_impl_of(ops_backend *be) {
   return (cuda_impl *)be->impl;
@@ -45,6 +54,9 @@ bool cuda_check_launch(cuda_impl *ci, const char *what);
  * mirror, made on first use; a device pointer is returned as is. NULL on failure (sticky
  * error set) or when host is NULL. */
 const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes);
+/* Reserves `bytes` of the pinned ring: *h (host, write now) and its device twin *d. The
+ * caller queues the copy. Never waits while a step is being captured. */
+bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d);
 /* Copies `bytes` of host data through the pinned ring to device memory valid for work
  * queued on the stream after this call. NULL on failure. */
 void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);

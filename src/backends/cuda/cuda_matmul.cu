@@ -70,9 +70,11 @@ static __global__ void k_matvec_plain(float *y, const float *x, const void *W, i
   }
 }
 
-template <int NT>
+/* TYPE is a template argument so the block decoder inlines with constant indices and the
+ * 32 decoded weights stay in registers. xal: activations 16-byte aligned (float4 loads). */
+template <int TYPE, int NT>
 static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols,
-                                      int64_t row_bytes, int type) {
+                                      int64_t row_bytes, int xal) {
   const int lane = threadIdx.x & 31;
   const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -83,13 +85,22 @@ static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W
   const int64_t units = cols / 32;
   for (int64_t u = lane; u < units; u += 32) {
     float w[32];
-    cuda_deq32(type, row, u, w);
+    if constexpr (TYPE == ANNA_DTYPE_Q4_K) cuda_deq32_q4k_wide(row, u, w);
+    else cuda_deq32(TYPE, row, u, w);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       const float *xv = x + t * cols + u * 32;
       float s = 0.0f;
+      if (xal) {
 #pragma unroll
-      for (int j = 0; j < 32; j++) s += w[j] * xv[j];
+        for (int j = 0; j < 32; j += 4) {
+          const float4 a = *(const float4 *)(xv + j);
+          s += w[j] * a.x + w[j + 1] * a.y + w[j + 2] * a.z + w[j + 3] * a.w;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++) s += w[j] * xv[j];
+      }
       acc[t] += s;
     }
   }
@@ -147,18 +158,34 @@ static const uint8_t *weight_dev(ops_backend *be, const ops_weight *w, int64_t *
   return (const uint8_t *)cuda_mirror(be, w->data, (size_t)(rb * w->rows));
 }
 
+#define QCASE(T)                                                                                                      \
+  case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
+
 template <int NT>
 static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
                           int64_t rb, int vec) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
+  const int xal = ((uintptr_t)x & 15) == 0;
   switch (w->type) {
   case ANNA_DTYPE_F32: k_matvec_plain<ANNA_DTYPE_F32, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
   case ANNA_DTYPE_F16: k_matvec_plain<ANNA_DTYPE_F16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
   case ANNA_DTYPE_BF16:
     k_matvec_plain<ANNA_DTYPE_BF16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec);
     break;
-  default: k_matvec_quant<NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, w->type); break;
+    QCASE(ANNA_DTYPE_Q4_0)
+    QCASE(ANNA_DTYPE_Q4_1)
+    QCASE(ANNA_DTYPE_Q5_0)
+    QCASE(ANNA_DTYPE_Q5_1)
+    QCASE(ANNA_DTYPE_Q8_0)
+    QCASE(ANNA_DTYPE_IQ4_NL)
+    QCASE(ANNA_DTYPE_Q2_K)
+    QCASE(ANNA_DTYPE_Q3_K)
+    QCASE(ANNA_DTYPE_Q4_K)
+    QCASE(ANNA_DTYPE_Q5_K)
+    QCASE(ANNA_DTYPE_Q6_K)
+    QCASE(ANNA_DTYPE_IQ4_XS)
+  default: break; /* weight_dev rejected other types */
   }
 }
 
@@ -170,17 +197,19 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (!W) return;
   const float *bd = bias ? (const float *)cuda_mirror(be, bias, (size_t)w->rows * sizeof(float)) : NULL;
   if (bias && !bd) return;
-  if (n <= MV_MAX_TOK) {
+  /* Q4_K's wide loads need 16-byte aligned rows (a mirror copy always is: cudaMalloc). */
+  const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
+  if (n <= MV_MAX_TOK && wide_ok) {
     const int vec = w->cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    switch (n) {
-    case 1: launch_matvec<1>(ci->stream, y, x, W, w, rb, vec); break;
-    case 2: launch_matvec<2>(ci->stream, y, x, W, w, rb, vec); break;
-    case 3: launch_matvec<3>(ci->stream, y, x, W, w, rb, vec); break;
-    case 4: launch_matvec<4>(ci->stream, y, x, W, w, rb, vec); break;
-    case 5: launch_matvec<5>(ci->stream, y, x, W, w, rb, vec); break;
-    case 6: launch_matvec<6>(ci->stream, y, x, W, w, rb, vec); break;
-    case 7: launch_matvec<7>(ci->stream, y, x, W, w, rb, vec); break;
-    default: launch_matvec<8>(ci->stream, y, x, W, w, rb, vec); break;
+    /* Token groups of 4/2/1 (8 at most in one pass): few template instances. */
+    for (int64_t t0 = 0; t0 < n;) {
+      const int64_t left = n - t0;
+      const float *xt = x + t0 * w->cols;
+      float *yt = y + t0 * w->rows;
+      if (left >= 8) launch_matvec<8>(ci->stream, yt, xt, W, w, rb, vec), t0 += 8;
+      else if (left >= 4) launch_matvec<4>(ci->stream, yt, xt, W, w, rb, vec), t0 += 4;
+      else if (left >= 2) launch_matvec<2>(ci->stream, yt, xt, W, w, rb, vec), t0 += 2;
+      else launch_matvec<1>(ci->stream, yt, xt, W, w, rb, vec), t0 += 1;
     }
     if (!cuda_check_launch(ci, "matvec")) return;
   } else {

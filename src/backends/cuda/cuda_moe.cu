@@ -84,6 +84,10 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
                      int act, float *scratch) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
+  if (ci->capturing) { /* the expert ids are read back mid-op: not capturable */
+    cuda_fail(ci, ANNA_ESTATE, "cuda: moe_ffn inside a captured step (graphs must be off for MoE models)");
+    return;
+  }
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
   const int64_t nk = n * k;
   int32_t *hidx = (int32_t *)malloc((size_t)nk * 2 * sizeof(int32_t));
