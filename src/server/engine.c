@@ -57,6 +57,8 @@ void gen_request_release(gen_request *r) {
   for (int i = 0; i < r->n_stop; i++)
     free(r->stop[i]);
   free(r->forced);
+  free(r->prefix);
+  free(r->suffix);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
     free(r->choices[i].text);
     free(r->choices[i].toks);
@@ -96,8 +98,9 @@ typedef struct slot {
   int64_t order; /* admission order: prefill is first come, first served */
   sampler *smp;
   tokenizer_stream *ts;
-  jsonmask jm; /* JSON mode: what has been generated so far */
-  char *txt;   /* all generated text; [0, released) has gone to the choice */
+  jsonmask jm;       /* JSON mode: what has been generated so far */
+  size_t suffix_pos; /* forced suffix tokens emitted */
+  char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
 } slot;
@@ -265,6 +268,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   for (size_t k = 0; k < s->n_prompt; k++)
     sampler_accept(s->smp, s->prompt[k]);
   jsonmask_init(&s->jm);
+  s->suffix_pos = 0;
   anna_context_seq_reset(e->ctx, i);
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   return 0;
@@ -382,30 +386,43 @@ static void slot_sample(engine *e, int i, float *row) {
   gen_token g;
   int want_lp = r->logprobs;
   if (want_lp) memcpy(e->lp_row, row, sizeof(float) * (size_t)e->V);
-  if (r->json_mode && !r->forced) {
-    if (json_tables(e)) {
-      slot_free(e, i, "error", "out of memory for the JSON token tables", 0);
-      return;
-    }
-    if (json_mask(e, s, row) == 0) {
-      slot_free(e, i, "stop", NULL, 1);
-      return;
-    }
-  }
-  int32_t t = sampler_sample(s->smp, row);
-  if (r->json_mode && !r->forced && e->tok_cls[t] == 0)
-    jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
-  sampler_accept(s->smp, t);
-  if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
-  s->n_gen++;
+  /* Which token: a forced one (debug output, a forced tool-call prefix or its closing
+   * suffix once the JSON arguments are complete), or a sample, masked in JSON mode. */
+  size_t idx = (size_t)s->n_gen;
+  int32_t t = 0;
   int forced_end = 0;
   if (r->forced) {
-    if ((size_t)s->n_gen <= r->n_forced)
-      t = r->forced[s->n_gen - 1];
+    if (idx < r->n_forced)
+      t = r->forced[idx];
     else
       forced_end = 1;
-    if (want_lp && !forced_end) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
+  } else if (idx < r->n_prefix) {
+    t = r->prefix[idx];
+  } else if (r->json_mode && r->n_suffix && jsonmask_done(&s->jm)) {
+    if (s->suffix_pos < r->n_suffix)
+      t = r->suffix[s->suffix_pos++];
+    else
+      forced_end = 1;
+  } else {
+    if (r->json_mode) {
+      if (json_tables(e)) {
+        slot_free(e, i, "error", "out of memory for the JSON token tables", 0);
+        return;
+      }
+      if (json_mask(e, s, row) == 0) {
+        slot_free(e, i, "stop", NULL, 1);
+        return;
+      }
+    }
+    t = sampler_sample(s->smp, row);
+    if (r->json_mode && e->tok_cls[t] == 0)
+      jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
   }
+  if (!forced_end) {
+    sampler_accept(s->smp, t);
+    if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
+  }
+  s->n_gen++;
   double now = engine_now();
   if (s->n_gen == 1)
     metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);

@@ -72,7 +72,11 @@ typedef struct gen_request {
   char *stop[GEN_MAX_STOP];
   int n_stop;
   int logprobs, top_logprobs, ignore_eos;
-  int json_mode;   /* constrain the output to one JSON object (response_format) */
+  int json_mode; /* constrain the output to one JSON object (response_format) */
+  /* Forced tool call (tool_choice naming a function): emit prefix, then a JSON-masked
+   * arguments object, then suffix, then stop. Owned; NULL when unused. */
+  int32_t *prefix, *suffix;
+  size_t n_prefix, n_suffix;
   int32_t *forced; /* testing hook: emit these ids instead of sampling, then stop; owned */
   size_t n_forced;
   double t_arrival;

@@ -348,9 +348,13 @@ static int parse_messages(json_t *root, json_t **out, oai_error *e) {
   return 0;
 }
 
-static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, oai_error *e) {
+/* *force: the function a reply must call (tool_choice names it, or "required" with one
+ * tool); borrowed from root. */
+static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, const char **force,
+                       oai_error *e) {
   *tools_out = NULL;
   *use_tools = 0;
+  *force = NULL;
   json_t *tools = json_object_get(root, "tools"), *choice = json_object_get(root, "tool_choice");
   if (tools && !json_is_null(tools)) {
     if (!json_is_array(tools))
@@ -391,6 +395,9 @@ static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, oai_err
         return oai_fail(e, 400, "tool_choice", "invalid_value",
                         "'tool_choice' must be none, auto, required or a function");
       none = !strcmp(c, "none");
+      if (!strcmp(c, "required") && json_array_size(tools) == 1)
+        *force = json_string_value(
+            json_object_get(json_object_get(json_array_get(tools, 0), "function"), "name"));
     } else {
       json_t *fn = json_object_get(choice, "function"), *name = json_object_get(fn, "name");
       if (!json_is_object(choice) || !json_is_string(name))
@@ -404,6 +411,7 @@ static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, oai_err
       if (!found)
         return oai_fail(e, 400, "tool_choice", "invalid_value",
                         "'tool_choice' names a function that is not in 'tools'");
+      *force = json_string_value(name);
     }
   }
   if (has_tools && !none) {
@@ -446,6 +454,28 @@ static int prompt_opens_think(const tokenizer *tok, const int32_t *ids, size_t n
   return r;
 }
 
+/* tool_choice that names a function, for templates whose calls are
+ * <tool_call>{"name": ..., "arguments": {...}}</tool_call> (the rendered tool instructions say
+ * so): the reply is forced to open that call, its arguments are held to one JSON object, and
+ * the call is closed. Templates with another call syntax (Qwen3.5 XML) are left free. */
+static int force_tool_call(const oai_config *cfg, gen_request *r, const char *name) {
+  char *prompt = NULL;
+  size_t plen = 0;
+  if (tokenizer_decode(cfg->text->tok, r->prompts[0], r->n_prompt[0], 0, &prompt, &plen, NULL, 0))
+    return 0;
+  int json_style = strstr(prompt, "<tool_call>") && !strstr(prompt, "<function=");
+  free(prompt);
+  if (!json_style) return 0;
+  char pre[160];
+  snprintf(pre, sizeof pre, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);
+  const char *suf = "}\n</tool_call>";
+  if (tokenizer_encode(cfg->text->tok, pre, strlen(pre), 0, &r->prefix, &r->n_prefix, NULL, 0) ||
+      tokenizer_encode(cfg->text->tok, suf, strlen(suf), 0, &r->suffix, &r->n_suffix, NULL, 0))
+    return ANNA_ENOMEM;
+  r->json_mode = 1;
+  return 0;
+}
+
 static int set_prompts(gen_request *r, int n) {
   r->n_prompts = n;
   r->prompts = calloc((size_t)n, sizeof *r->prompts);
@@ -458,7 +488,9 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   json_t *msgs = NULL, *tools = NULL, *kw_own = NULL;
   if (parse_messages(root, &msgs, e)) return -1;
   int rc = -1;
-  if (parse_tools(root, &tools, &job->tools, e) || parse_response_format(root, r, e)) goto done;
+  const char *force = NULL;
+  if (parse_tools(root, &tools, &job->tools, &force, e) || parse_response_format(root, r, e))
+    goto done;
   json_t *kw = json_object_get(root, "chat_template_kwargs");
   if (kw && !json_is_null(kw) && !json_is_object(kw)) {
     oai_fail(e, 400, "chat_template_kwargs", "invalid_type",
@@ -498,6 +530,10 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   if (r->n_prompt[0])
     job->start_in_reasoning =
         job->reasoning && prompt_opens_think(cfg->text->tok, r->prompts[0], r->n_prompt[0]);
+  if (force && r->n_prompt[0] && force_tool_call(cfg, r, force)) {
+    oai_fail(e, 500, NULL, NULL, "out of memory");
+    goto done;
+  }
   rc = 0;
 done:
   json_decref(kw_own);

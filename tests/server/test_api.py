@@ -275,3 +275,20 @@ def test_response_format_json_object(client):
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
     r = client.chat.completions.create(model="qwen3", messages=MSG, max_tokens=10, response_format=schema)
     assert r.choices[0].message.content.lstrip().startswith("{")
+
+
+def test_tool_choice_forces_the_call(client):
+    """tool_choice naming a function (with a <tool_call> JSON template): the reply opens that
+    call, its arguments are held to a JSON object, and the call is closed."""
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(4):
+        r = client.chat.completions.create(model="qwen3", messages=MSG, tools=TOOLS, tool_choice=forced,
+                                           max_tokens=200, temperature=0.8, seed=seed)
+        ch = r.choices[0]
+        if ch.finish_reason == "tool_calls":
+            (tc,) = ch.message.tool_calls
+            assert tc.function.name == "get_weather"
+            assert isinstance(json.loads(tc.function.arguments), dict)
+        else:  # a random model may not close its arguments within the budget
+            assert ch.finish_reason == "length"
+            assert ch.message.content.startswith('<tool_call>\n{"name": "get_weather", "arguments": ')

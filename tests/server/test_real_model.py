@@ -65,3 +65,13 @@ def test_real_json_mode(real):
             response_format={"type": "json_object"})
     assert r.choices[0].finish_reason == "stop"
     assert json.loads(r.choices[0].message.content) == {"name": "Bob", "age": 30}
+
+
+def test_real_forced_tool_choice(real):
+    c = real.client()
+    r = ask(c, "Say hello.", max_tokens=30, tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls", ch
+    (tc,) = ch.message.tool_calls
+    assert tc.function.name == "get_weather" and isinstance(json.loads(tc.function.arguments), dict)
