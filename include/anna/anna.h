@@ -46,6 +46,7 @@ typedef struct anna_context_options {
   int n_batch;    /* max tokens per anna_context_decode call (default 512) */
   int n_threads;  /* <= 0: one per core */
   const char *device; /* NULL or "cpu": CPU; "cuda": the GPU (error if absent); "auto": GPU when present */
+  int n_checkpoints; /* recurrent-state checkpoint slots for prefix reuse (GDN models; 0: none) */
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */
@@ -72,6 +73,18 @@ int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *
 /* Current length of a sequence slot, and clearing it. */
 int32_t anna_context_seq_len(const anna_context *c, int seq);
 void anna_context_seq_reset(anna_context *c, int seq);
+
+/* Prefix reuse (prompt caches, branching conversations). Attention KV can be cut at any
+ * position; the recurrent state of Gated DeltaNet layers only where it was saved, so:
+ *   checkpoint: save seq's recurrent state at its current length (needs n_checkpoints > 0 on
+ *               models with GDN layers; a no-op for attention-only models);
+ *   rewind:     seq keeps its first n positions (n = its length or a checkpointed position);
+ *   copy:       dst becomes a copy of src's first n positions (same rule for n).
+ * Callers checkpoint at block boundaries while prefilling (split the prompt there) and
+ * recompute the tokens from the last boundary when a prefix ends mid-block. */
+int anna_context_seq_checkpoint(anna_context *c, int seq, char *err, size_t errlen);
+int anna_context_seq_rewind(anna_context *c, int seq, int32_t n, char *err, size_t errlen);
+int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *err, size_t errlen);
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,17 @@
 struct fwd_state {
   ops_backend *be;     /* owns the backend allocations below */
   int n_seq, n_ctx, n_batch, n_layers;
+  const model_config *cfg;
+  /* Recurrent-state checkpoints (GDN conv + recurrent state of every GDN layer at one
+   * position of one sequence), a fixed pool reused least-recently-saved first. */
+  int has_gdn, n_ckpt;
+  struct fwd_ckpt {
+    int seq;        /* -1: free */
+    int32_t pos;
+    uint64_t tick;
+    float **conv, **ssm; /* [layer] (NULL for non-GDN layers) */
+  } *ckpt;
+  uint64_t tick;
   int64_t wmax;
   float **k, **v;     /* [layer * n_seq + s] -> [n_ctx, kv_dim]; NULL: no own cache */
   float **conv, **ssm; /* [layer * n_seq + s] */
@@ -99,8 +110,16 @@ int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx) {
   return s + 64;
 }
 
+static int64_t conv_floats(const model_config *c) {
+  return (2 * (int64_t)c->gdn_hk * c->gdn_dk + (int64_t)c->gdn_hv * c->gdn_dv) * (c->gdn_conv - 1);
+}
+
+static int64_t ssm_floats(const model_config *c) {
+  return (int64_t)c->gdn_hv * c->gdn_dk * c->gdn_dv;
+}
+
 int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
-                     char *err, size_t errlen) {
+                     int n_ckpt, char *err, size_t errlen) {
   *out = NULL;
   const model_config *c = &m->cfg;
   if (n_seq < 1 || n_ctx < 1 || n_batch < 1 || n_seq > 4096 || n_batch > 1 << 20)
@@ -110,6 +129,7 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int fail = 0;
   s->be = be;
+  s->cfg = c;
   s->n_seq = n_seq;
   s->n_ctx = n_ctx;
   s->n_batch = n_batch;
@@ -151,6 +171,22 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
     s->moe_idx = salloc(s, (size_t)(n * c->top_k) * sizeof(int32_t), &fail);
     s->moe_w = salloc(s, (size_t)(n * c->top_k) * sizeof(float), &fail);
   }
+  int has_gdn = 0;
+  for (int l = 0; l < c->n_layers; l++) has_gdn |= c->layers[l].kind == LAYER_KIND_GDN;
+  s->has_gdn = has_gdn;
+  s->n_ckpt = has_gdn && n_ckpt > 0 ? n_ckpt : 0;
+  s->ckpt = halloc(s, (size_t)(s->n_ckpt + 1) * sizeof *s->ckpt, &fail);
+  for (int i = 0; !fail && i < s->n_ckpt; i++) {
+    struct fwd_ckpt *k = &s->ckpt[i];
+    k->seq = -1;
+    k->conv = halloc(s, (size_t)c->n_layers * sizeof(float *), &fail);
+    k->ssm = halloc(s, (size_t)c->n_layers * sizeof(float *), &fail);
+    for (int l = 0; !fail && l < c->n_layers; l++)
+      if (c->layers[l].kind == LAYER_KIND_GDN) {
+        k->conv[l] = salloc(s, (size_t)conv_floats(c) * sizeof(float), &fail);
+        k->ssm[l] = salloc(s, (size_t)ssm_floats(c) * sizeof(float), &fail);
+      }
+  }
   s->kp = halloc(s, (size_t)n * sizeof(float *), &fail);
   s->vp = halloc(s, (size_t)n * sizeof(float *), &fail);
   s->run_start = halloc(s, (size_t)n * sizeof(int32_t), &fail);
@@ -177,10 +213,122 @@ int32_t fwd_state_seq_len(const fwd_state *s, int seq) {
   return seq >= 0 && seq < s->n_seq ? s->len[seq] : -1;
 }
 
+/* Checkpoints of seq past position n no longer describe its tokens. */
+static void ckpt_invalidate(fwd_state *s, int seq, int32_t n) {
+  for (int i = 0; i < s->n_ckpt; i++)
+    if (s->ckpt[i].seq == seq && s->ckpt[i].pos > n) s->ckpt[i].seq = -1;
+}
+
 void fwd_state_seq_reset(fwd_state *s, int seq) {
   if (seq < 0 || seq >= s->n_seq) return;
   /* KV entries past len are never read; GDN state is zeroed when the sequence restarts. */
   s->len[seq] = 0;
+  ckpt_invalidate(s, seq, 0);
+}
+
+static struct fwd_ckpt *ckpt_find(fwd_state *s, int seq, int32_t pos) {
+  for (int i = 0; i < s->n_ckpt; i++)
+    if (s->ckpt[i].seq == seq && s->ckpt[i].pos == pos) return &s->ckpt[i];
+  return NULL;
+}
+
+/* Recurrent state of every GDN layer: from (conv, ssm) arrays to those of dst. */
+static void gdn_state_copy(fwd_state *s, float **dconv, float **dssm, int dseq_stride, float **sconv, float **sssm,
+                           int sseq_stride) {
+  const model_config *c = s->cfg;
+  for (int l = 0; l < c->n_layers; l++) {
+    if (c->layers[l].kind != LAYER_KIND_GDN) continue;
+    float *dc = dconv[(size_t)l * dseq_stride], *ds = dssm[(size_t)l * dseq_stride];
+    const float *sc = sconv[(size_t)l * sseq_stride], *ss = sssm[(size_t)l * sseq_stride];
+    s->be->copy_rows(s->be, dc, 0, sc, 0, 1, (int)conv_floats(c));
+    s->be->copy_rows(s->be, ds, 0, ss, 0, 1, (int)ssm_floats(c));
+  }
+}
+
+int fwd_state_checkpoint(fwd_state *s, int seq, char *err, size_t errlen) {
+  if (seq < 0 || seq >= s->n_seq) return anna_err(err, errlen, ANNA_ERANGE, "sequence %d out of range", seq);
+  if (s->n_ckpt == 0) return 0; /* no recurrent state: positions alone describe the state */
+  struct fwd_ckpt *k = ckpt_find(s, seq, s->len[seq]);
+  if (!k) {
+    k = &s->ckpt[0];
+    for (int i = 0; i < s->n_ckpt; i++) {
+      if (s->ckpt[i].seq < 0) {
+        k = &s->ckpt[i];
+        break;
+      }
+      if (s->ckpt[i].tick < k->tick) k = &s->ckpt[i];
+    }
+  }
+  k->seq = seq;
+  k->pos = s->len[seq];
+  k->tick = ++s->tick;
+  gdn_state_copy(s, k->conv, k->ssm, 1, s->conv + seq, s->ssm + seq, s->n_seq);
+  return 0;
+}
+
+/* The recurrent state of src at position n: its live state or a checkpoint. */
+static int state_source(fwd_state *s, int src, int32_t n, float ***conv, float ***ssm, int *stride, char *err,
+                        size_t errlen) {
+  if (!s->has_gdn) {
+    *conv = *ssm = NULL;
+    return 0;
+  }
+  if (n == s->len[src]) {
+    *conv = s->conv + src, *ssm = s->ssm + src, *stride = s->n_seq;
+    return 0;
+  }
+  struct fwd_ckpt *k = ckpt_find(s, src, n);
+  if (!k)
+    return anna_err(err, errlen, ANNA_ENOTFOUND,
+                    "sequence %d has no recurrent-state checkpoint at position %d (its length is %d)", src, n,
+                    s->len[src]);
+  k->tick = ++s->tick;
+  *conv = k->conv, *ssm = k->ssm, *stride = 1;
+  return 0;
+}
+
+int fwd_state_seq_rewind(fwd_state *s, int seq, int32_t n, char *err, size_t errlen) {
+  if (seq < 0 || seq >= s->n_seq) return anna_err(err, errlen, ANNA_ERANGE, "sequence %d out of range", seq);
+  if (n < 0 || n > s->len[seq])
+    return anna_err(err, errlen, ANNA_ERANGE, "cannot rewind sequence %d of length %d to %d", seq, s->len[seq], n);
+  if (n == 0) {
+    fwd_state_seq_reset(s, seq);
+    return 0;
+  }
+  float **conv, **ssm;
+  int stride = 1;
+  int rc = state_source(s, seq, n, &conv, &ssm, &stride, err, errlen);
+  if (rc) return rc;
+  if (conv && conv != s->conv + seq) gdn_state_copy(s, s->conv + seq, s->ssm + seq, s->n_seq, conv, ssm, stride);
+  s->len[seq] = n;
+  ckpt_invalidate(s, seq, n);
+  return 0;
+}
+
+int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, size_t errlen) {
+  if (dst < 0 || dst >= s->n_seq || src < 0 || src >= s->n_seq || dst == src)
+    return anna_err(err, errlen, ANNA_ERANGE, "bad sequence pair %d <- %d", dst, src);
+  if (n < 0 || n > s->len[src])
+    return anna_err(err, errlen, ANNA_ERANGE, "cannot copy %d positions of sequence %d (length %d)", n, src, s->len[src]);
+  const model_config *c = s->cfg;
+  float **conv = NULL, **ssm = NULL;
+  int stride = 1;
+  if (n > 0) {
+    int rc = state_source(s, src, n, &conv, &ssm, &stride, err, errlen);
+    if (rc) return rc;
+  }
+  ckpt_invalidate(s, dst, 0);
+  for (int l = 0; l < c->n_layers; l++) {
+    const size_t a = (size_t)l * s->n_seq;
+    if (s->k[a + dst] && n > 0) {
+      const int kvd = c->layers[l].n_kv_heads * c->layers[l].head_dim;
+      s->be->copy_rows(s->be, s->k[a + dst], kvd, s->k[a + src], kvd, n, kvd);
+      s->be->copy_rows(s->be, s->v[a + dst], kvd, s->v[a + src], kvd, n, kvd);
+    }
+  }
+  if (conv) gdn_state_copy(s, s->conv + dst, s->ssm + dst, s->n_seq, conv, ssm, stride);
+  s->len[dst] = n;
+  return 0;
 }
 
 /* ---- layers ---- */
