@@ -151,6 +151,10 @@ static void test_model(const char *root, const char *name) {
   anna_context_options o = {.n_seq = 2, .n_ctx = 1024, .n_batch = 640, .n_threads = 2, .device = g_device};
   if (anna_context_create(&ctx, m, &o, err, sizeof err)) {
     CHECK(0, "context: %s", err);
+    for (int c = 0; c < nc; c++) {
+      free(cs[c].logits);
+      free((char *)cs[c].tag);
+    }
     anna_model_free(m);
     return;
   }
