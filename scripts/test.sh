@@ -16,6 +16,12 @@ log "ctest ($BUILD)"
 ctest --test-dir "$BUILD" --output-on-failure -j2
 
 if [[ "${ANNA_TEST_FAST:-0}" != 1 ]]; then
+  log "portable build (-DANNA_NATIVE=OFF: runtime ISA dispatch only), compile check"
+  ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-portable ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_NATIVE=OFF" bash scripts/setup.sh >/dev/null
+  if command -v nvcc >/dev/null 2>&1; then
+    log "CUDA build (nvcc, no GPU needed): compile check; GPU tests skip without a device"
+    ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-cuda ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_CUDA=ON" bash scripts/setup.sh >/dev/null
+  fi
   log "sanitizer build (address + undefined)"
   SAN=$(ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-asan ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" bash scripts/setup.sh)
   # Everything but the HTTP suite (it starts its own sanitized server where it needs one).

@@ -43,7 +43,7 @@ const char *cpu_backend_isa(void) {
 }
 
 static inline float f16_to_f32(uint16_t h) {
-  return _cvtsh_ss(h);
+  return quant_f16_to_f32(h); /* portable: this file also builds without -march=native */
 }
 
 /* ---- scalar ---- */
