@@ -20,6 +20,9 @@ static void usage(FILE *f) {
           "  --log-format text|json  --log-level debug|info|warn|error\n"
           "  --metrics-log-interval-seconds S (0 = off)\n"
           "  --reasoning-format none|deepseek\n"
+          "  --no-prompt-cache        do not keep finished sequences' KV for prefix reuse\n"
+          "  --prompt-cache-block N   checkpoint hybrid (GDN) state every N prompt tokens (default 256)\n"
+          "  --prompt-cache-checkpoints N  checkpoint pool (default 2 x --parallel)\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
@@ -44,7 +47,8 @@ int main(int argc, char **argv) {
   o.shutdown_timeout_s = 30;
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
-  int parallel = 0, max_body = 8 << 20;
+  int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
+  o.eng.prompt_cache_block = 256;
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
   const char *profile = "none";
@@ -107,6 +111,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--enable-thinking")) o.default_enable_thinking = 1;
     else if (!strcmp(a, "--disable-thinking")) o.default_enable_thinking = 0;
     else if (!strcmp(a, "--debug-hooks")) o.debug_hooks = 1;
+    else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
     else if (!strcmp(a, "--seed")) {
       NEEDV();
       int s;
@@ -127,6 +132,8 @@ int main(int argc, char **argv) {
     INTF("--scheduler-prefill-interval-steps", 1, 1000, k_interval)
     INTF("--metrics-log-interval-seconds", 0, 86400, o.metrics_log_interval_s)
     INTF("--debug-step-delay-ms", 0, 10000, o.eng.debug_step_delay_ms)
+    INTF("--prompt-cache-block", 0, 1 << 20, o.eng.prompt_cache_block)
+    INTF("--prompt-cache-checkpoints", 0, 4096, ckpts)
     INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)
     INTF("--top-k", 0, 1 << 24, o.defaults.top_k)
     INTF("--max-body-bytes", 1024, 1 << 30, max_body)
@@ -176,6 +183,8 @@ int main(int argc, char **argv) {
   o.eng.max_queue_wait_ms = k_qwait != -2 ? k_qwait : p_qwait;
   o.eng.prefill_interval_steps = k_interval != -2 ? k_interval : p_interval;
   o.profile_name = profile;
+  o.eng.prompt_cache = !no_cache;
+  o.eng.prompt_cache_checkpoints = ckpts >= 0 ? ckpts : 2 * o.eng.n_seq;
   char err[512] = "";
   if (server_run(&o, err, sizeof err)) {
     fprintf(stderr, "error: %s\n", err);

@@ -103,6 +103,13 @@ typedef struct slot {
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
+  /* Prompt cache: the tokens behind this slot's KV (kept after the request ends), and the
+   * positions where the recurrent state was checkpointed. */
+  int32_t *ctok;
+  int32_t n_ctok;
+  int32_t ckpt[16];
+  int n_ckpt;
+  uint64_t last_used;
 } slot;
 
 struct engine {
@@ -119,13 +126,14 @@ struct engine {
   pthread_cond_t idle_cv; /* drain waits for idle */
   wunit *head, *tail;
   int n_waiting, running, stop, draining, cancel_all;
-  int64_t kv_tokens;
+  int64_t kv_tokens, kv_cached;
   slot *slots;
   int32_t *b_tok, *b_seq, *b_pos;
   int8_t *b_want;
   int *out_slot, *pre_slot;
   float *logits, *lp_row;
   int rr, steps_since_prefill;
+  uint64_t use_tick;
   int64_t admitted;
   int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
   /* JSON mode, built on first use: every token's bytes, and its class (0 plain text, 1 never
@@ -237,13 +245,74 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
     metrics_add(e->mx, &e->mx->cancelled, 1);
   else
     metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
-  anna_context_seq_reset(e->ctx, i);
+  if (!e->o.prompt_cache || !strcmp(reason, "error")) {
+    anna_context_seq_reset(e->ctx, i);
+    s->n_ctok = 0;
+    s->n_ckpt = 0;
+  }
+  s->last_used = ++e->use_tick;
   sampler_free(s->smp);
   s->smp = NULL;
   s->r = NULL;
   s->len = s->released = 0;
   s->decoding = 0;
   unit_done(r);
+}
+
+static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+  size_t k = 0;
+  while (k < na && k < nb && a[k] == b[k])
+    k++;
+  return k;
+}
+
+/* The free slot for a prompt: the longest cached common prefix, else the least recently
+ * used (so recent caches live longest). */
+static int slot_pick(engine *e, const int32_t *p, size_t n) {
+  int best = -1;
+  size_t best_l = 0;
+  for (int i = 0; i < e->o.n_seq; i++) {
+    slot *s = &e->slots[i];
+    if (s->r) continue;
+    size_t l = e->o.prompt_cache ? common_prefix(p, n, s->ctok, (size_t)s->n_ctok) : 0;
+    if (best < 0 || l > best_l || (l == best_l && s->last_used < e->slots[best].last_used)) {
+      best = i;
+      best_l = l;
+    }
+  }
+  return best;
+}
+
+/* Positions of slot i's KV that the new prompt can keep: the common prefix, cut to leave at
+ * least one prompt token to run (its logits start the reply), and to a position the
+ * recurrent state can return to (the live length or a checkpoint). Rewinds the sequence. */
+static size_t cache_reuse(engine *e, int i) {
+  slot *s = &e->slots[i];
+  size_t l = 0;
+  if (e->o.prompt_cache && s->n_ctok > 0) {
+    l = common_prefix(s->prompt, s->n_prompt, s->ctok, (size_t)s->n_ctok);
+    if (l >= s->n_prompt) l = s->n_prompt - 1;
+    metrics_add(e->mx, &e->mx->cache_lookups, 1);
+  }
+  while (l > 0 && anna_context_seq_rewind(e->ctx, i, (int32_t)l, NULL, 0)) {
+    size_t next = 0; /* the highest checkpoint below l */
+    for (int k = 0; k < s->n_ckpt; k++)
+      if ((size_t)s->ckpt[k] < l && (size_t)s->ckpt[k] > next) next = (size_t)s->ckpt[k];
+    l = next;
+  }
+  if (l == 0) anna_context_seq_reset(e->ctx, i);
+  s->n_ctok = (int32_t)l;
+  int keep = 0;
+  for (int k = 0; k < s->n_ckpt; k++)
+    if ((size_t)s->ckpt[k] <= l) s->ckpt[keep++] = s->ckpt[k];
+  s->n_ckpt = keep;
+  if (l > 0) {
+    pthread_mutex_lock(&e->mx->mu);
+    e->mx->cache_hits++;
+    e->mx->cache_reused_tokens += l;
+    pthread_mutex_unlock(&e->mx->mu);
+  }
+  return l;
 }
 
 static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
@@ -258,7 +327,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->ci = u->ci;
   s->prompt = r->prompts[pi];
   s->n_prompt = r->n_prompt[pi];
-  s->n_fed = 0;
+  s->n_fed = cache_reuse(e, i);
   s->decoding = 0;
   s->n_gen = 0;
   int room = e->o.n_ctx - (int)s->n_prompt;
@@ -269,7 +338,6 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
     sampler_accept(s->smp, s->prompt[k]);
   jsonmask_init(&s->jm);
   s->suffix_pos = 0;
-  anna_context_seq_reset(e->ctx, i);
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   return 0;
 }
@@ -555,9 +623,10 @@ static void *engine_main(void *arg) {
       unit_done(u->r);
       free(u);
     }
-    for (int k = 0, i = 0; k < n_take; k++) {
-      while (e->slots[i].r)
-        i++;
+    for (int k = 0; k < n_take; k++) {
+      gen_request *tr = take[k]->r;
+      int pi = take[k]->ci / tr->n;
+      int i = slot_pick(e, tr->prompts[pi], tr->n_prompt[pi]);
       if (slot_start(e, i, take[k], err, sizeof err)) {
         choice_finish(take[k]->r, take[k]->ci, "error", err);
         unit_done(take[k]->r);
@@ -613,6 +682,10 @@ static void *engine_main(void *arg) {
       slot *s = &e->slots[best];
       size_t take_n = s->n_prompt - s->n_fed;
       if (take_n > (size_t)budget) take_n = (size_t)budget;
+      if (e->o.prompt_cache && e->o.prompt_cache_block > 0) {
+        size_t blk = (size_t)e->o.prompt_cache_block, edge = (s->n_fed / blk + 1) * blk;
+        if (edge < s->n_prompt && s->n_fed + take_n > edge) take_n = edge - s->n_fed;
+      }
       for (size_t j = 0; j < take_n; j++) {
         e->b_tok[nb] = s->prompt[s->n_fed + j];
         e->b_seq[nb] = best;
@@ -635,7 +708,10 @@ static void *engine_main(void *arg) {
         int touched = 0;
         for (int k = 0; k < nb; k++)
           touched |= e->b_seq[k] == i;
-        if (touched && e->slots[i].r) slot_free(e, i, "error", err, 0);
+        if (touched && e->slots[i].r)
+          slot_free(e, i, "error", err, 0);
+        else if (touched)
+          anna_context_seq_reset(e->ctx, i), e->slots[i].n_ctok = 0, e->slots[i].n_ckpt = 0;
       }
       continue;
     }
@@ -649,6 +725,21 @@ static void *engine_main(void *arg) {
       slot *s = &e->slots[e->pre_slot[k]];
       for (int j = 0; j < nb; j++)
         s->n_fed += e->b_seq[j] == e->pre_slot[k];
+      size_t blk = (size_t)e->o.prompt_cache_block;
+      if (e->o.prompt_cache && blk && s->n_fed % blk == 0 && s->n_fed < s->n_prompt &&
+          anna_context_seq_checkpoint(e->ctx, e->pre_slot[k], NULL, 0) == 0) {
+        if (s->n_ckpt == (int)(sizeof s->ckpt / sizeof s->ckpt[0])) {
+          memmove(s->ckpt, s->ckpt + 1, sizeof s->ckpt - sizeof s->ckpt[0]);
+          s->n_ckpt--;
+        }
+        s->ckpt[s->n_ckpt++] = (int32_t)s->n_fed;
+      }
+    }
+    /* What each touched sequence's KV now holds, for the prompt cache. */
+    for (int j = 0; j < nb; j++) {
+      slot *s = &e->slots[e->b_seq[j]];
+      s->ctok[e->b_pos[j]] = e->b_tok[j];
+      if (e->b_pos[j] + 1 > s->n_ctok) s->n_ctok = e->b_pos[j] + 1;
     }
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
@@ -659,12 +750,17 @@ static void *engine_main(void *arg) {
                            (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
       nanosleep(&d, NULL);
     }
-    int64_t kv = 0;
-    for (int i = 0; i < S; i++)
-      kv += e->slots[i].r ? anna_context_seq_len(e->ctx, i) : 0;
+    int64_t kv = 0, cached = 0;
+    for (int i = 0; i < S; i++) {
+      if (e->slots[i].r)
+        kv += anna_context_seq_len(e->ctx, i);
+      else
+        cached += anna_context_seq_len(e->ctx, i);
+    }
     pthread_mutex_lock(&e->mu);
     e->running = count_running(e);
     e->kv_tokens = kv;
+    e->kv_cached = cached;
     pthread_mutex_unlock(&e->mu);
   }
   free(take);
@@ -700,8 +796,12 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   pthread_cond_init(&e->idle_cv, &ca);
   pthread_condattr_destroy(&ca);
   const int S = e->o.n_seq, B = e->o.n_batch;
-  anna_context_options co = {
-      .n_seq = S, .n_ctx = e->o.n_ctx, .n_batch = B, .n_threads = e->o.n_threads};
+  anna_context_options co = {.n_seq = S,
+                             .n_ctx = e->o.n_ctx,
+                             .n_batch = B,
+                             .n_threads = e->o.n_threads,
+                             .n_checkpoints =
+                                 e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0};
   int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
   e->slots = calloc((size_t)S, sizeof *e->slots);
@@ -718,6 +818,11 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
     goto fail;
   }
+  for (int i = 0; i < S; i++)
+    if (!(e->slots[i].ctok = malloc((size_t)e->o.n_ctx * sizeof(int32_t)))) {
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
+      goto fail;
+    }
   for (int i = 0; i < S; i++)
     if ((rc = tokenizer_stream_new(&e->slots[i].ts, text->tok, 0, err, errlen))) goto fail;
   const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
@@ -748,6 +853,7 @@ void engine_free(engine *e) {
     tokenizer_stream_free(e->slots[i].ts);
     sampler_free(e->slots[i].smp);
     free(e->slots[i].txt);
+    free(e->slots[i].ctok);
   }
   free(e->slots);
   free(e->b_tok);
@@ -865,6 +971,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->running = e->running;
   st->waiting = e->n_waiting;
   st->kv_tokens = e->kv_tokens;
+  st->kv_cached = e->kv_cached;
   st->kv_capacity = (int64_t)e->o.n_seq * e->o.n_ctx;
   st->draining = e->draining;
   pthread_mutex_unlock(&e->mu);

@@ -37,7 +37,12 @@ typedef struct engine_options {
                             off) */
   int prefill_interval_steps; /* while sequences decode, add prompt chunks every N steps (<= 1:
                                  every step) */
-  int debug_step_delay_ms;    /* testing hook: sleep this long after every step */
+  int prompt_cache;       /* keep a finished sequence's KV and reuse its longest common prefix */
+  int prompt_cache_block; /* prefill chunks end on multiples of this and checkpoint the recurrent
+                             (GDN) state there, so prefixes of hybrid models can be reused (0: off)
+                           */
+  int prompt_cache_checkpoints; /* recurrent-state checkpoint pool (GDN models only) */
+  int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
@@ -118,7 +123,7 @@ void engine_drain(engine *e, double timeout_s);
 
 typedef struct engine_stats {
   int n_seq, n_ctx, running, waiting;
-  int64_t kv_tokens, kv_capacity;
+  int64_t kv_tokens, kv_capacity, kv_cached;
   int draining;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);

@@ -163,7 +163,17 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
       "max_queue_wait_ms", eo->max_queue_wait_ms, "prefill_interval_steps",
       eo->prefill_interval_steps, "service", metrics_json(&srv->mx));
   if (o) {
-    json_object_set_new(o, "prompt_cache", json_pack("{s:b}", "enabled", 0));
+    pthread_mutex_lock(&srv->mx.mu);
+    uint64_t lookups = srv->mx.cache_lookups, hits = srv->mx.cache_hits,
+             reused = srv->mx.cache_reused_tokens, fed = srv->mx.prompt_tokens;
+    pthread_mutex_unlock(&srv->mx.mu);
+    json_object_set_new(o, "prompt_cache",
+                        json_pack("{s:b,s:i,s:I,s:I,s:I,s:f}", "enabled", eo->prompt_cache, "block",
+                                  eo->prompt_cache_block, "lookups", (json_int_t)lookups, "hits",
+                                  (json_int_t)hits, "reused_tokens", (json_int_t)reused, "hit_rate",
+                                  reused + fed ? (double)reused / (double)(reused + fed) : 0.0));
+    json_object_set_new(json_object_get(o, "memory"), "kv_tokens_cached",
+                        json_integer((json_int_t)st.kv_cached));
     json_object_set_new(o, "active_http_requests",
                         json_integer(__atomic_load_n(&srv->active, __ATOMIC_RELAXED)));
   }
@@ -463,7 +473,7 @@ static void log_metrics(server *srv) {
        "cancelled=%llu "
        "prompt_tok=%llu gen_tok=%llu steps=%llu batch=%.2f ttft_p50=%.1fms ttft_p99=%.1fms "
        "itl_p50=%.1fms "
-       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=n/a",
+       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=%.3f",
        st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity,
        (unsigned long long)c.requests, (unsigned long long)c.responses_4xx,
        (unsigned long long)c.responses_5xx, (unsigned long long)c.rejected_busy,
@@ -471,7 +481,10 @@ static void log_metrics(server *srv) {
        (unsigned long long)c.completion_tokens, (unsigned long long)c.decode_steps,
        c.decode_steps ? (double)c.batch_seqs / (double)c.decode_steps : 0.0,
        metrics_quantile(&c.ttft, 0.5), metrics_quantile(&c.ttft, 0.99),
-       metrics_quantile(&c.itl, 0.5), metrics_quantile(&c.itl, 0.99), rss_bytes() >> 20);
+       metrics_quantile(&c.itl, 0.5), metrics_quantile(&c.itl, 0.99), rss_bytes() >> 20,
+       c.cache_reused_tokens + c.prompt_tokens
+           ? (double)c.cache_reused_tokens / (double)(c.cache_reused_tokens + c.prompt_tokens)
+           : 0.0);
 }
 
 static void derive_name(const char *path, char *out, size_t cap) {

@@ -164,6 +164,11 @@ char *metrics_prometheus(metrics *m, const char *gauges) {
       {"anna_completion_tokens_total", "tokens generated", c.completion_tokens},
       {"anna_decode_steps_total", "engine steps (one model call each)", c.decode_steps},
       {"anna_batch_tokens_total", "tokens over all engine steps", c.batch_tokens},
+      {"anna_prompt_cache_lookups_total", "admissions that looked for a cached prefix",
+       c.cache_lookups},
+      {"anna_prompt_cache_hits_total", "admissions that reused a cached prefix", c.cache_hits},
+      {"anna_prompt_cache_reused_tokens_total",
+       "prompt tokens taken from the cache instead of prefilled", c.cache_reused_tokens},
   };
   for (size_t i = 0; i < sizeof ctr / sizeof ctr[0]; i++)
     sb_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", ctr[i].name, ctr[i].help,

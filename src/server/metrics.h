@@ -27,6 +27,7 @@ typedef struct metrics {
   metrics_histo ttft, itl, e2e, queue;
   uint64_t requests, responses_2xx, responses_4xx, responses_5xx, rejected_busy, cancelled;
   uint64_t prompt_tokens, completion_tokens, decode_steps, batch_tokens, batch_seqs;
+  uint64_t cache_lookups, cache_hits, cache_reused_tokens; /* prompt cache */
 } metrics;
 
 void metrics_init(metrics *m);
