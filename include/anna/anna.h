@@ -47,6 +47,10 @@ typedef struct anna_context_options {
   int n_threads;  /* <= 0: one per core */
   const char *device; /* NULL or "cpu": CPU; "cuda": the GPU (error if absent); "auto": GPU when present */
   int n_checkpoints; /* recurrent-state checkpoint slots for prefix reuse (GDN models; 0: none) */
+  /* KV cache format: NULL/"none"/"auto" (f32, exact), "q8", "q4", "turboquant" (random
+   * Hadamard rotation + Lloyd-Max codes of kv_cache_quant_bits = 2, 3 or 4 bits; default 4). */
+  const char *kv_cache_quantization;
+  int kv_cache_quant_bits;
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */

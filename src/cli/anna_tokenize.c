@@ -1,10 +1,12 @@
 /* anna-tokenize: encode text (or a file) to ids, or decode ids to text, with the tokenizer
  * of a model folder (tokenizer.json). Output: one comma-separated line of ids, or the text.
- *   anna-tokenize --model-dir DIR --text T [--add-special] [--no-parse-special]
+ *   anna-tokenize --model-dir DIR|--model FILE.gguf --text T [--add-special] [--no-parse-special]
  *   anna-tokenize --model-dir DIR --file F
  *   anna-tokenize --model-dir DIR --decode 1,2,3 [--skip-special]
  *   anna-tokenize --model-dir DIR --file F --bench    (tokens/s over the file)
  */
+#include "model/gguf_model.h"
+#include <sys/stat.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +79,7 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int has_val = i + 1 < argc;
-    if (!strcmp(a, "--model-dir") && has_val)
+    if ((!strcmp(a, "--model-dir") || !strcmp(a, "--model")) && has_val)
       dir = argv[++i];
     else if (!strcmp(a, "--text") && has_val)
       text = argv[++i];
@@ -110,7 +112,13 @@ int main(int argc, char **argv) {
   }
   char err[512];
   tokenizer *tok = NULL;
-  if (tokenizer_load_json(&tok, dir, err, sizeof err)) {
+  chat_template *unused_ct = NULL;
+  /* A folder's tokenizer.json, or a GGUF file's tokenizer.ggml.* metadata. */
+  struct stat st;
+  int load = stat(dir, &st) == 0 && !S_ISDIR(st.st_mode) ? gguf_model_text(dir, &tok, &unused_ct, err, sizeof err)
+                                                        : tokenizer_load_json(&tok, dir, err, sizeof err);
+  chat_template_free(unused_ct);
+  if (load) {
     fprintf(stderr, "anna-tokenize: %s\n", err);
     return 1;
   }

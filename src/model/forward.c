@@ -34,7 +34,8 @@ struct fwd_state {
   } *ckpt;
   uint64_t tick;
   int64_t wmax;
-  float **k, **v;     /* [layer * n_seq + s] -> [n_ctx, kv_dim]; NULL: no own cache */
+  int kv_type;        /* ops_kv_type of every attention layer's cache */
+  uint8_t **k, **v;   /* [layer * n_seq + s] -> n_ctx rows of kv_row_bytes(layer); NULL: no own cache */
   float **conv, **ssm; /* [layer * n_seq + s] */
   int32_t *len;       /* [n_seq] */
   /* backend scratch */
@@ -105,7 +106,8 @@ int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx) {
   int64_t s = max64(cpu_matmul_scratch_floats(m->max_cols), 1024);
   /* chunked GDN: gam + A + U + W for a 64-token chunk */
   s = max64(s, 64 + 64 * 64 + 64 * (int64_t)(c->gdn_dk + c->gdn_dv));
-  for (int i = 0; i < c->n_layers; i++) s = max64(s, c->layers[i].head_dim + 64); /* attention: acc + score block */
+  for (int i = 0; i < c->n_layers; i++)
+    s = max64(s, cpu_attention_scratch_floats(c->n_heads, c->layers[i].n_kv_heads, c->layers[i].head_dim));
   (void)n_ctx;
   return s + 64;
 }
@@ -118,8 +120,13 @@ static int64_t ssm_floats(const model_config *c) {
   return (int64_t)c->gdn_hv * c->gdn_dk * c->gdn_dv;
 }
 
+/* Bytes of one position row of layer l's cache. */
+static int64_t kv_row_bytes(const fwd_state *s, const layer_config *l) {
+  return (int64_t)l->n_kv_heads * ops_kv_head_bytes(s->kv_type, l->head_dim);
+}
+
 int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
-                     int n_ckpt, char *err, size_t errlen) {
+                     int n_ckpt, int kv_type, char *err, size_t errlen) {
   *out = NULL;
   const model_config *c = &m->cfg;
   if (n_seq < 1 || n_ctx < 1 || n_batch < 1 || n_seq > 4096 || n_batch > 1 << 20)
@@ -130,6 +137,23 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
   int fail = 0;
   s->be = be;
   s->cfg = c;
+  s->kv_type = kv_type;
+  if (kv_type != OPS_KV_F32) {
+    for (int l = 0; l < c->n_layers; l++) {
+      const int d = c->layers[l].head_dim;
+      if (c->layers[l].kind == LAYER_KIND_GDN) continue;
+      if (d % 32 || (kv_type >= OPS_KV_TQ2 && ((d & (d - 1)) || d > 1024))) {
+        free(s);
+        return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                        "KV-cache quantization needs head dims that are multiples of 32 (powers of two up to 1024 "
+                        "for turboquant); layer %d has %d", l, d);
+      }
+    }
+    if (!be->kv_store) {
+      free(s);
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the %s backend has no quantized KV cache", be->name);
+    }
+  }
   s->n_seq = n_seq;
   s->n_ctx = n_ctx;
   s->n_batch = n_batch;
@@ -149,7 +173,7 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
         s->conv[at] = salloc(s, (size_t)conv_dim * (c->gdn_conv - 1) * sizeof(float), &fail);
         s->ssm[at] = salloc(s, (size_t)c->gdn_hv * c->gdn_dk * c->gdn_dv * sizeof(float), &fail);
       } else if (lc->kv_source == l) {
-        size_t kv = (size_t)lc->n_kv_heads * lc->head_dim * (size_t)n_ctx * sizeof(float);
+        size_t kv = (size_t)kv_row_bytes(s, lc) * (size_t)n_ctx;
         s->k[at] = salloc(s, kv, &fail);
         s->v[at] = salloc(s, kv, &fail);
       }
@@ -207,6 +231,13 @@ void fwd_state_free(fwd_state *s) {
   free(s->allocs);
   free(s->hallocs);
   free(s);
+}
+
+int64_t fwd_state_kv_bytes_per_token(const fwd_state *s) {
+  int64_t b = 0;
+  for (int l = 0; l < s->cfg->n_layers; l++)
+    if (s->cfg->layers[l].kind != LAYER_KIND_GDN && s->cfg->layers[l].kv_source == l) b += 2 * kv_row_bytes(s, &s->cfg->layers[l]);
+  return b;
 }
 
 int32_t fwd_state_seq_len(const fwd_state *s, int seq) {
@@ -321,9 +352,9 @@ int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, siz
   for (int l = 0; l < c->n_layers; l++) {
     const size_t a = (size_t)l * s->n_seq;
     if (s->k[a + dst] && n > 0) {
-      const int kvd = c->layers[l].n_kv_heads * c->layers[l].head_dim;
-      s->be->copy_rows(s->be, s->k[a + dst], kvd, s->k[a + src], kvd, n, kvd);
-      s->be->copy_rows(s->be, s->v[a + dst], kvd, s->v[a + src], kvd, n, kvd);
+      const size_t bytes = (size_t)kv_row_bytes(s, &c->layers[l]) * (size_t)n;
+      s->be->copy(s->be, s->k[a + dst], s->k[a + src], bytes);
+      s->be->copy(s->be, s->v[a + dst], s->v[a + src], bytes);
     }
   }
   if (conv) gdn_state_copy(s, s->conv + dst, s->ssm + dst, s->n_seq, conv, ssm, stride);
@@ -379,22 +410,29 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
     if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
     if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, (float)c->eps, 0);
     be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
-    float **kd = (float **)s->kp, **vd = (float **)s->vp; /* reused below for reading */
+    const int64_t rb = kv_row_bytes(s, lc);
+    void **kd = (void **)s->kp, **vd = (void **)s->vp; /* reused below for reading */
     for (int64_t t = 0; t < n; t++) {
       size_t at = (size_t)li * s->n_seq + r->b->seq[t];
-      kd[t] = s->k[at] + (int64_t)r->b->pos[t] * kvd;
-      vd[t] = s->v[at] + (int64_t)r->b->pos[t] * kvd;
+      kd[t] = s->k[at] + (int64_t)r->b->pos[t] * rb;
+      vd[t] = s->v[at] + (int64_t)r->b->pos[t] * rb;
     }
-    be->scatter_rows(be, kd, k, n, (int)kvd);
-    be->scatter_rows(be, vd, v, n, (int)kvd);
+    if (s->kv_type == OPS_KV_F32) {
+      be->scatter_rows(be, (float **)kd, k, n, (int)kvd);
+      be->scatter_rows(be, (float **)vd, v, n, (int)kvd);
+    } else {
+      be->kv_store(be, kd, k, n, Hkv, D, s->kv_type);
+      be->kv_store(be, vd, v, n, Hkv, D, s->kv_type);
+    }
   }
   for (int64_t t = 0; t < n; t++) {
     size_t at = (size_t)lc->kv_source * s->n_seq + r->b->seq[t];
-    s->kp[t] = s->k[at];
-    s->vp[t] = s->v[at];
+    s->kp[t] = (const float *)s->k[at];
+    s->vp[t] = (const float *)s->v[at];
   }
   ops_attn_args a = {
       .n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = kvd,
+      .kv_type = s->kv_type, .kv_row_bytes = kv_row_bytes(s, lc),
       .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = s->pos,
       .k = s->kp, .v = s->vp,
   };

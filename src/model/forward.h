@@ -18,7 +18,9 @@ typedef struct fwd_state fwd_state;
 /* be is borrowed: state and scratch live in its memory; it must outlive the state.
  * n_ckpt: recurrent-state checkpoint slots (used only by models with GDN layers). */
 int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
-                     int n_ckpt, char *err, size_t errlen);
+                     int n_ckpt, int kv_type, char *err, size_t errlen);
+/* Bytes of KV cache per token of one sequence (all attention layers, K and V). */
+int64_t fwd_state_kv_bytes_per_token(const fwd_state *s);
 void fwd_state_free(fwd_state *s);
 /* Floats of per-thread scratch the CPU backend needs for this model. */
 int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx);

@@ -29,13 +29,35 @@ typedef struct ops_weight {
   int64_t rows, cols;
 } ops_weight;
 
+/* KV-cache element formats. Each position row holds n_kv_heads head records of head_dim
+ * values; ops_kv_head_bytes gives a record's size. F32 is exact. Q8/Q4 are llama.cpp's
+ * Q8_0/Q4_0 blocks of 32. TQ<b> is TurboQuant: the head vector is rotated by a random-sign
+ * Walsh-Hadamard transform (orthonormal, head_dim a power of two), then each coordinate
+ * is quantized with the b-bit Lloyd-Max quantizer of a unit Gaussian, scaled by
+ * |x| / sqrt(head_dim) (one f32 per record). Attention runs in the rotated space (q is
+ * rotated once; the V sum is rotated back once), so nothing is dequantized to a copy. */
+enum ops_kv_type { OPS_KV_F32 = 0, OPS_KV_Q8, OPS_KV_Q4, OPS_KV_TQ2, OPS_KV_TQ3, OPS_KV_TQ4 };
+
+static inline int64_t ops_kv_head_bytes(int type, int d) {
+  switch (type) {
+  case OPS_KV_Q8: return (int64_t)d / 32 * 34;
+  case OPS_KV_Q4: return (int64_t)d / 32 * 18;
+  case OPS_KV_TQ2: return 4 + (int64_t)d * 2 / 8;
+  case OPS_KV_TQ3: return 4 + ((int64_t)d * 3 + 7) / 8;
+  case OPS_KV_TQ4: return 4 + (int64_t)d * 4 / 8;
+  default: return (int64_t)d * 4;
+  }
+}
+
 /* Attention batch description: token i (of n) belongs to a sequence whose keys/values for
- * positions 0..pos[i] are at k[i] / v[i] ([positions][n_kv_heads][head_dim], row stride
- * kv_stride floats). Tokens may come from different sequences. */
+ * positions 0..pos[i] start at k[i] / v[i] (position rows of kv_row_bytes bytes, each
+ * n_kv_heads records in kv_type format). Tokens may come from different sequences. */
 typedef struct ops_attn_args {
   int64_t n;
   int n_heads, n_kv_heads, head_dim, v_dim;
-  int64_t kv_stride;        /* floats between consecutive positions in k/v */
+  int64_t kv_stride;        /* F32 only: floats between consecutive positions */
+  int kv_type;              /* ops_kv_type */
+  int64_t kv_row_bytes;     /* bytes between consecutive positions (any type) */
   float scale;
   int window;               /* 0: full causal; else key p visible when pos - p < window */
   float softcap;            /* 0: none; else scores = softcap * tanh(scores / softcap) */
@@ -122,6 +144,12 @@ struct ops_backend {
   /* Row r of src [rows, d] to dst[r] (a host array of backend pointers): KV-cache writes of
    * a batch whose tokens belong to different sequences and positions. */
   void (*scatter_rows)(ops_backend *be, float *const *dst, const float *src, int64_t rows, int d);
+  /* KV-cache write in any ops_kv_type: row r of src ([rows, n_heads * head_dim] f32) is
+   * encoded into dst[r] (host array of backend pointers). NULL: F32 only (scatter_rows). */
+  void (*kv_store)(ops_backend *be, void *const *dst, const float *src, int64_t rows, int n_heads, int head_dim,
+                   int kv_type);
+  /* Byte copy within backend memory. */
+  void (*copy)(ops_backend *be, void *dst, const void *src, size_t bytes);
   /* y = cap * tanh(y / cap). */
   void (*softcap)(ops_backend *be, float *y, int64_t n, float cap);
   /* Sparse MoE FFN: out[n, H] = sum_j wts[i, j] * down_e(act(gate_e x) * up_e x) over the k

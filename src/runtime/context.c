@@ -101,7 +101,7 @@ static int cuda_warmup(anna_context *c, char *err, size_t errlen) {
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
-  anna_context_options o = {1, 4096, 512, 0, NULL, 0};
+  anna_context_options o = {1, 4096, 512, 0, NULL, 0, NULL, 0};
   if (opt) {
     if (opt->n_seq) o.n_seq = opt->n_seq;
     if (opt->n_ctx) o.n_ctx = opt->n_ctx;
@@ -109,6 +109,20 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.n_threads = opt->n_threads;
     o.device = opt->device;
     o.n_checkpoints = opt->n_checkpoints;
+    o.kv_cache_quantization = opt->kv_cache_quantization;
+    o.kv_cache_quant_bits = opt->kv_cache_quant_bits;
+  }
+  int kv_type = OPS_KV_F32;
+  {
+    const char *q = o.kv_cache_quantization;
+    const int bits = o.kv_cache_quant_bits ? o.kv_cache_quant_bits : 4;
+    if (!q || !strcmp(q, "none") || !strcmp(q, "auto")) kv_type = OPS_KV_F32;
+    else if (!strcmp(q, "q8")) kv_type = OPS_KV_Q8;
+    else if (!strcmp(q, "q4")) kv_type = OPS_KV_Q4;
+    else if (!strcmp(q, "turboquant") && bits >= 2 && bits <= 4) kv_type = OPS_KV_TQ2 + (bits - 2);
+    else
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "KV-cache quantization '%s' (bits %d) is not one of none, q8, q4, turboquant with 2-4 bits", q, bits);
   }
   int cuda;
   int rc = device_pick(o.device, &cuda, err, errlen);
@@ -120,7 +134,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   if (cuda) {
     c->on_cuda = 1;
     if ((rc = cuda_backend_create(&c->be, o.n_batch, err, errlen)) ||
-        (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, err, errlen)) ||
+        (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, kv_type, err, errlen)) ||
         (rc = cuda_warmup(c, err, errlen))) {
       anna_context_free(c);
       return rc;
@@ -134,7 +148,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   if ((rc = threadpool_create(&c->tp, o.n_threads, err, errlen)) ||
       (rc = cpu_backend_create(&c->be, c->tp, fwd_backend_scratch_floats(m, o.n_ctx),
                                ((size_t)o.n_batch + 32) * (size_t)m->max_cols * 4, err, errlen)) ||
-      (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, err, errlen))) {
+      (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, kv_type, err, errlen))) {
     anna_context_free(c);
     return rc;
   }

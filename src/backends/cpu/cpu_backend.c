@@ -157,50 +157,85 @@ static float dot_f32(const float *a, const float *b, int n) {
 #endif
 }
 
+/* One work item = (token, KV head): the query heads of the group share every decoded key
+ * and value block, so a quantized cache is decoded once per group, not once per head. */
 static void attn_task(void *p, int ith, int nth) {
   struct attn_ctx *c = p;
   const ops_attn_args *a = c->a;
-  const int64_t total = a->n * a->n_heads;
+  const int64_t total = a->n * a->n_kv_heads;
   int64_t i0, i1;
   threadpool_range(total, ith, nth, &i0, &i1);
-  const int group = a->n_heads / a->n_kv_heads, vd = a->v_dim;
-  float *acc = cpu_scratch(c->be, ith), *sc = acc + vd; /* [v_dim] accumulators, [ATTN_BLOCK] scores */
+  const int g = a->n_heads / a->n_kv_heads, D = a->head_dim, vd = a->v_dim;
+  const int quant = a->kv_type != OPS_KV_F32, rotated = a->kv_type >= OPS_KV_TQ2;
+  const int64_t hb = ops_kv_head_bytes(a->kv_type, D), row = quant ? a->kv_row_bytes : a->kv_stride * 4;
+  float *sc = cpu_scratch(c->be, ith);     /* [ATTN_BLOCK] scores */
+  float *acc = sc + ATTN_BLOCK;            /* [g][vd] */
+  float *qb = acc + (int64_t)g * vd;       /* [g][D] (rotated queries for TQ) */
+  float *ml = qb + (int64_t)g * D;         /* [g][2]: running max, sum */
+  float *kb = ml + 2 * g;                  /* [ATTN_BLOCK][D] decoded keys */
+  float *vb = kb + (int64_t)ATTN_BLOCK * D; /* [ATTN_BLOCK][vd] decoded values */
+  const float *krow[ATTN_BLOCK], *vrow[ATTN_BLOCK];
   for (int64_t it = i0; it < i1; it++) {
-    const int64_t t = it / a->n_heads;
-    const int h = (int)(it % a->n_heads), kh = h / group;
-    const float *q = c->q + (t * a->n_heads + h) * a->head_dim;
+    const int64_t t = it / a->n_kv_heads;
+    const int kh = (int)(it % a->n_kv_heads);
     const int32_t pos = a->pos[t];
-    int32_t p0 = 0;
-    if (a->window > 0 && pos - a->window + 1 > 0) p0 = pos - a->window + 1;
-    float m = -INFINITY, l = 0;
-    for (int j = 0; j < vd; j++) acc[j] = 0;
+    const int32_t p0 = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+    const uint8_t *kbase = (const uint8_t *)a->k[t] + kh * (quant ? hb : (int64_t)D * 4);
+    const uint8_t *vbase = (const uint8_t *)a->v[t] + kh * (quant ? hb : (int64_t)vd * 4);
+    for (int j = 0; j < g; j++) {
+      memcpy(qb + (int64_t)j * D, c->q + (t * a->n_heads + kh * g + j) * D, (size_t)D * sizeof(float));
+      if (rotated) cpu_kv_rotate(qb + (int64_t)j * D, D);
+      for (int i = 0; i < vd; i++) acc[(int64_t)j * vd + i] = 0;
+      ml[2 * j] = -INFINITY, ml[2 * j + 1] = 0;
+    }
     for (int32_t b0 = p0; b0 <= pos; b0 += ATTN_BLOCK) {
       const int nb = pos - b0 + 1 < ATTN_BLOCK ? pos - b0 + 1 : ATTN_BLOCK;
-      float bm = -INFINITY;
       for (int i = 0; i < nb; i++) {
-        const float *k = a->k[t] + (int64_t)(b0 + i) * a->kv_stride + (int64_t)kh * a->head_dim;
-        float s = dot_f32(q, k, a->head_dim) * a->scale;
-        if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
-        sc[i] = s;
-        bm = s > bm ? s : bm;
+        const uint8_t *kr = kbase + (int64_t)(b0 + i) * row, *vr = vbase + (int64_t)(b0 + i) * row;
+        if (quant) {
+          cpu_kv_decode(a->kv_type, kr, D, kb + (int64_t)i * D);
+          cpu_kv_decode(a->kv_type, vr, vd, vb + (int64_t)i * vd);
+          krow[i] = kb + (int64_t)i * D, vrow[i] = vb + (int64_t)i * vd;
+        } else {
+          krow[i] = (const float *)kr, vrow[i] = (const float *)vr;
+        }
       }
-      if (bm > m) { /* rescale what was accumulated under the old maximum */
-        const float corr = expf(m - bm);
-        l *= corr;
-        for (int j = 0; j < vd; j++) acc[j] *= corr;
-        m = bm;
-      }
-      for (int i = 0; i < nb; i++) {
-        const float e = expf(sc[i] - m);
-        const float *v = a->v[t] + (int64_t)(b0 + i) * a->kv_stride + (int64_t)kh * vd;
-        l += e;
-        for (int j = 0; j < vd; j++) acc[j] += e * v[j];
+      for (int j = 0; j < g; j++) {
+        const float *q = qb + (int64_t)j * D;
+        float *aj = acc + (int64_t)j * vd, m = ml[2 * j], l = ml[2 * j + 1], bm = -INFINITY;
+        for (int i = 0; i < nb; i++) {
+          float s = dot_f32(q, krow[i], D) * a->scale;
+          if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
+          sc[i] = s;
+          bm = s > bm ? s : bm;
+        }
+        if (bm > m) { /* rescale what was accumulated under the old maximum */
+          const float corr = expf(m - bm);
+          l *= corr;
+          for (int i = 0; i < vd; i++) aj[i] *= corr;
+          m = bm;
+        }
+        for (int i = 0; i < nb; i++) {
+          const float e = expf(sc[i] - m);
+          const float *v = vrow[i];
+          l += e;
+          for (int x = 0; x < vd; x++) aj[x] += e * v[x];
+        }
+        ml[2 * j] = m, ml[2 * j + 1] = l;
       }
     }
-    float *o = c->out + (t * a->n_heads + h) * vd;
-    const float inv = 1.0f / l;
-    for (int j = 0; j < vd; j++) o[j] = acc[j] * inv;
+    for (int j = 0; j < g; j++) {
+      float *o = c->out + (t * a->n_heads + kh * g + j) * vd, *aj = acc + (int64_t)j * vd;
+      const float inv = 1.0f / ml[2 * j + 1];
+      for (int i = 0; i < vd; i++) o[i] = aj[i] * inv;
+      if (rotated) cpu_kv_unrotate(o, vd);
+    }
   }
+}
+
+int64_t cpu_attention_scratch_floats(int n_heads, int n_kv_heads, int head_dim) {
+  const int64_t g = n_heads / (n_kv_heads > 0 ? n_kv_heads : 1);
+  return ATTN_BLOCK + 2 * g * head_dim + 2 * g + 2 * (int64_t)ATTN_BLOCK * head_dim;
 }
 
 static void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
@@ -401,6 +436,8 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .copy_rows = cpu_copy_rows,
       .softcap = cpu_softcap,
       .scatter_rows = cpu_scatter_rows,
+      .kv_store = cpu_kv_store,
+      .copy = cpu_copy,
       .moe_ffn = cpu_moe_ffn,
       .moe_route = cpu_moe_route,
   };

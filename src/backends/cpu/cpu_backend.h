@@ -21,6 +21,9 @@ void cpu_backend_free(ops_backend *be);
 /* Per-thread scratch floats the prefill matmul tiles need for rows of max_cols. */
 int64_t cpu_matmul_scratch_floats(int64_t max_cols);
 
+/* Per-thread scratch floats attention needs for these head counts and head dim. */
+int64_t cpu_attention_scratch_floats(int n_heads, int n_kv_heads, int head_dim);
+
 /* Which SIMD path matmul uses ("avx512", "avx2", "scalar"); for logs and tests. */
 const char *cpu_backend_isa(void);
 /* Forces a path for tests (0 scalar, 1 avx2, 2 avx512); clamped to what the CPU has. */

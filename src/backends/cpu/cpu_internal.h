@@ -33,6 +33,13 @@ void cpu_embed(ops_backend *be, float *out, const ops_weight *table, const int32
                float scale);
 /* Converts row r of w into dst[cols] f32 (any supported dtype). */
 void cpu_weight_row_f32(const ops_weight *w, int64_t r, float *dst);
+/* KV-cache formats (cpu_kv.c). */
+void cpu_kv_encode(int type, const float *x, int d, uint8_t *rec);
+void cpu_kv_decode(int type, const uint8_t *rec, int d, float *y);
+void cpu_kv_rotate(float *x, int d);
+void cpu_kv_unrotate(float *x, int d);
+void cpu_kv_store(ops_backend *be, void *const *dst, const float *src, int64_t rows, int n_heads, int head_dim,
+                  int kv_type);
 void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
 void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
 int cpu_isa_level(void);

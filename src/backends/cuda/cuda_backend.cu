@@ -285,6 +285,14 @@ static void cu_download(ops_backend *be, void *dst, const void *src, size_t byte
     cuda_check(ci, cudaStreamSynchronize(ci->stream), "download sync");
 }
 
+/* Device-to-device byte copy on the compute stream (prefix reuse copies KV rows and
+ * recurrent state between sequences). */
+static void cu_copy(ops_backend *be, void *dst, const void *src, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (!bytes || ci->err || dst == src) return;
+  cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ci->stream), "copy");
+}
+
 /* ---- backend ---- */
 
 extern "C" int cuda_backend_available(void) {
@@ -379,6 +387,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->memset0 = cu_memset0;
   be->upload = cu_upload;
   be->download = cu_download;
+  be->copy = cu_copy;
   be->matmul = cuda_op_matmul;
   be->embed = cuda_op_embed;
   be->rmsnorm = cuda_op_rmsnorm;
