@@ -79,6 +79,8 @@ def find_llama(args):
 
 
 def find_anna_tool(name, args):
+    if args.skip_anna:
+        return None
     dirs = []
     if args.anna_bin:
         dirs.append(args.anna_bin)
@@ -407,8 +409,6 @@ def main():
         print(f"error: model {a.model} not found", file=sys.stderr)
         return 2
     a.model = os.path.abspath(a.model)
-    if a.skip_anna:
-        a.anna_bin = os.path.join(tempfile.gettempdir(), "anna-skipped-nonexistent")
     llama = find_llama(a)
     results = {"model": a.model, "model_sha256_16": sha256_prefix(a.model),
                "model_bytes": os.path.getsize(a.model), "threads": a.threads,
