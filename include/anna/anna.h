@@ -74,6 +74,9 @@ typedef struct anna_batch {
  * the sequences touched by the batch are in an unspecified state: reset them. */
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
 
+/* KV-cache bytes one token of one sequence occupies (all attention layers, K and V). */
+int64_t anna_context_kv_bytes_per_token(const anna_context *c);
+
 /* Current length of a sequence slot, and clearing it. */
 int32_t anna_context_seq_len(const anna_context *c, int seq);
 void anna_context_seq_reset(anna_context *c, int seq);

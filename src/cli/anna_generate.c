@@ -218,9 +218,9 @@ int main(int argc, char **argv) {
     printf("\n");
   }
   if (!quiet)
-    fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s\n",
+    fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s | KV %lld B/token\n",
             anna_model_describe(m), t_load, n, (double)n / t_prefill, n_gen,
-            n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0);
+            n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, (long long)anna_context_kv_bytes_per_token(ctx));
   rc = 0;
   goto done;
 fail:

@@ -202,3 +202,7 @@ int anna_context_seq_rewind(anna_context *c, int seq, int32_t n, char *err, size
 int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *err, size_t errlen) {
   return fwd_state_seq_copy(c->st, dst, src, n, err, errlen);
 }
+
+int64_t anna_context_kv_bytes_per_token(const anna_context *c) {
+  return fwd_state_kv_bytes_per_token(c->st);
+}
