@@ -23,6 +23,7 @@ static void usage(FILE *f) {
           "  --no-prompt-cache        do not keep finished sequences' KV for prefix reuse\n"
           "  --prompt-cache-block N   checkpoint hybrid (GDN) state every N prompt tokens (default 256)\n"
           "  --prompt-cache-checkpoints N  checkpoint pool (default 2 x --parallel)\n"
+          "  --device cpu|cuda|auto  --kv-cache-quantization none|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
@@ -112,6 +113,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--disable-thinking")) o.default_enable_thinking = 0;
     else if (!strcmp(a, "--debug-hooks")) o.debug_hooks = 1;
     else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
+    else if (!strcmp(a, "--device")) {
+      NEEDV();
+      o.eng.device = v;
+    } else if (!strcmp(a, "--kv-cache-quantization")) {
+      NEEDV();
+      o.eng.kv_cache_quantization = v;
+    }
     else if (!strcmp(a, "--seed")) {
       NEEDV();
       int s;
@@ -134,6 +142,7 @@ int main(int argc, char **argv) {
     INTF("--debug-step-delay-ms", 0, 10000, o.eng.debug_step_delay_ms)
     INTF("--prompt-cache-block", 0, 1 << 20, o.eng.prompt_cache_block)
     INTF("--prompt-cache-checkpoints", 0, 4096, ckpts)
+    INTF("--kv-cache-quant-bits", 2, 4, o.eng.kv_cache_quant_bits)
     INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)
     INTF("--top-k", 0, 1 << 24, o.defaults.top_k)
     INTF("--max-body-bytes", 1024, 1 << 30, max_body)

@@ -801,7 +801,10 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
                              .n_batch = B,
                              .n_threads = e->o.n_threads,
                              .n_checkpoints =
-                                 e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0};
+                                 e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
+                             .device = e->o.device,
+                             .kv_cache_quantization = e->o.kv_cache_quantization,
+                             .kv_cache_quant_bits = e->o.kv_cache_quant_bits};
   int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
   e->slots = calloc((size_t)S, sizeof *e->slots);

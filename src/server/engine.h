@@ -43,6 +43,9 @@ typedef struct engine_options {
                            */
   int prompt_cache_checkpoints; /* recurrent-state checkpoint pool (GDN models only) */
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
+  const char *device;           /* anna_context_options.device (borrowed) */
+  const char *kv_cache_quantization; /* anna_context_options (borrowed) */
+  int kv_cache_quant_bits;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
