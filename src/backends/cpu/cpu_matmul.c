@@ -269,13 +269,88 @@ struct mm_ctx {
   const void *act; /* quantized activations (quantized weights only) */
 };
 
+/* Small decode batches (2..7 tokens) of Q8_0/Q5_0/Q4_0 weights: each weight row is decoded
+ * to int8 + per-block scales once, then dotted with every token's Q8_0 activation blocks
+ * with VNNI (sign trick: |w| x sign(w)*a), accumulating scaled block sums in SIMD lanes.
+ * Same integer products and scales as the per-token vec_dot; only the float summation
+ * order differs. */
+static int row_i8_type(int type) {
+  return type == ANNA_DTYPE_Q8_0 || type == ANNA_DTYPE_Q5_0 || type == ANNA_DTYPE_Q4_0;
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) static void
+row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_t ab, int nt, int8_t *q, float *d,
+            float *out) {
+  /* decode the row once */
+  const __m128i lo4 = _mm_set1_epi8(0x0f);
+  for (int64_t i = 0; i < nb; i++) {
+    uint16_t hd;
+    if (type == ANNA_DTYPE_Q8_0) {
+      const uint8_t *b = row + i * 34;
+      memcpy(&hd, b, 2);
+      memcpy(q + i * 32, b + 2, 32);
+    } else {
+      const int q5 = type == ANNA_DTYPE_Q5_0;
+      const uint8_t *b = row + i * (q5 ? 22 : 18);
+      memcpy(&hd, b, 2);
+      const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (q5 ? 6 : 2)));
+      __m128i v0 = _mm_and_si128(qs, lo4), v1 = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
+      if (q5) {
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        const __m128i h = _mm_set1_epi8(0x10);
+        v0 = _mm_or_si128(v0, _mm_maskz_mov_epi8((__mmask16)(qh & 0xffff), h));
+        v1 = _mm_or_si128(v1, _mm_maskz_mov_epi8((__mmask16)(qh >> 16), h));
+      }
+      const __m128i off = _mm_set1_epi8(q5 ? 16 : 8);
+      _mm_storeu_si128((__m128i *)(q + i * 32), _mm_sub_epi8(v0, off));
+      _mm_storeu_si128((__m128i *)(q + i * 32 + 16), _mm_sub_epi8(v1, off));
+    }
+    d[i] = _cvtsh_ss(hd);
+  }
+  for (int t = 0; t < nt; t++) {
+    const uint8_t *a = act + t * ab;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+      const uint8_t *ab_ = a + i * 34;
+      uint16_t ha;
+      memcpy(&ha, ab_, 2);
+      const __m256i wv = _mm256_loadu_si256((const __m256i *)(q + i * 32));
+      const __m256i av = _mm256_loadu_si256((const __m256i *)(ab_ + 2));
+      const __m256i sa = _mm256_sign_epi8(av, wv);
+      const __m256i dp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), sa);
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_set1_ps(d[i] * _cvtsh_ss(ha)), acc);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
+    out[t] = _mm_cvtss_f32(s4);
+  }
+}
+
+static int g_vnni = -1;
+
 static void mm_quant_task(void *p, int ith, int nth) {
   struct mm_ctx *m = p;
   const ops_weight *w = m->w;
   int64_t r0, r1;
   threadpool_range(w->rows, ith, nth, &r0, &r1);
   if (r0 >= r1) return;
-  quant_matmul_rows(w->type, w->data, w->cols, r0, r1, m->act, m->n, m->y, w->rows);
+  if (m->n >= 2 && g_vnni && row_i8_type(w->type) && quant_act_type(w->type) == ANNA_DTYPE_Q8_0) {
+    const int64_t nb = w->cols / 32, ab = quant_act_row_bytes(w->type, w->cols);
+    const size_t rb = (size_t)dtype_row_bytes(w->type, w->cols);
+    float *sc = cpu_scratch(m->be, ith), *d = sc, out[8];
+    int8_t *q = (int8_t *)(sc + nb);
+    for (int64_t r = r0; r < r1; r++)
+      for (int64_t t0 = 0; t0 < m->n; t0 += 8) {
+        const int nt = m->n - t0 < 8 ? (int)(m->n - t0) : 8;
+        row_i8_dots(w->type, (const uint8_t *)w->data + (size_t)r * rb, nb, (const uint8_t *)m->act + t0 * ab, ab, nt,
+                    q, d, out);
+        for (int t = 0; t < nt; t++) m->y[(t0 + t) * w->rows + r] = out[t];
+      }
+  } else {
+    quant_matmul_rows(w->type, w->data, w->cols, r0, r1, m->act, m->n, m->y, w->rows);
+  }
   if (m->bias)
     for (int64_t t = 0; t < m->n; t++)
       for (int64_t r = r0; r < r1; r++) m->y[t * w->rows + r] += m->bias[r];
@@ -375,6 +450,10 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
     struct tile_ctx tc = {&m, xt};
     threadpool_run(c->tp, mm_tile_task, &tc);
     return;
+  }
+  if (g_vnni < 0) {
+    __builtin_cpu_init();
+    g_vnni = cpu_isa_level() == 2 && __builtin_cpu_supports("avx512vnni");
   }
   if (!is_plain(w->type)) {
     /* Activations quantized once, shared by all workers (bounded by the backend's act
