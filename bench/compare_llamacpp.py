@@ -87,8 +87,11 @@ def find_anna_tool(name, args):
     if os.environ.get("ANNA_BIN"):
         dirs.append(os.environ["ANNA_BIN"])
     if not args.anna_bin:
-        for b in ["build", "build-release"] + sorted(
-                os.path.basename(p) for p in glob.glob(os.path.join(REPO, "build*"))):
+        # Sanitizer/debug trees would give meaningless speed figures; never pick
+        # them implicitly (pass --anna-bin to use one on purpose).
+        others = sorted(os.path.basename(p) for p in glob.glob(os.path.join(REPO, "build*"))
+                        if not any(t in os.path.basename(p) for t in ("asan", "san", "debug", "dbg")))
+        for b in ["build", "build-release"] + others:
             for sub in ("src/cli", "bin", ""):
                 dirs.append(os.path.join(REPO, b, sub))
     for d in dirs:
@@ -243,7 +246,7 @@ def anna_speed(a):
     if pre is None or dec is None:
         return {"error": "anna-bench JSON lacks numeric arrays prefill_tok_s/decode_tok_s",
                 "cmd": cmd}
-    return {"cmd": cmd, "prefill": pre, "decode": dec, "others_cpu_pct": others}
+    return {"cmd": cmd, "prefill": pre, "decode": dec, "others_cpu_pct": others, "anna_tool": exe}
 
 
 # ----------------------------------------------------------------------------- correctness
@@ -270,6 +273,8 @@ def correctness(llama, a):
         data = parse_json_stdout(out)
         if not isinstance(data, dict):
             return {"error": "correctness worker printed no JSON"}
+        if anna_gen:
+            data["anna_tool"] = anna_gen
         return data
 
 
@@ -427,6 +432,9 @@ def main():
 
     # ---- table
     print(f"model   {a.model}  ({results['model_bytes'] / 1e6:.1f} MB, sha256 {results['model_sha256_16']}...)")
+    for k in ("anna_speed", "correctness"):
+        if results.get(k, {}).get("anna_tool"):
+            print(f"anna    {results[k]['anna_tool']}")
     print(f"machine {results['cpu']}, {results['nproc']} cpus; threads={a.threads} runs={a.runs}; {results['date_utc']}")
     rows = []
     notes = []
