@@ -241,11 +241,14 @@ def gemma4_layout(s, n_layers):
     types = ["full_attention" if (i + 1) % pat == 0 else "sliding_attention" for i in range(n_layers)]
     shared = s["kv_shared"]
     if n_layers != s["layers"]:
-        # Keep the released fraction of shared layers, but leave a full pattern period of
-        # unshared layers in front so both layer types have a KV source.
-        shared = int(s["kv_shared"] * n_layers / s["layers"])
-        if n_layers - shared < pat:
-            shared = max(0, n_layers - pat)
+        # Keep about the released fraction of shared layers, with the unshared prefix a whole
+        # number of pattern periods (at least one), as in the released configs: the last
+        # unshared layer is then full and the one before it sliding, which is where llama.cpp
+        # takes the shared K/V from.
+        if s["kv_shared"]:
+            unshared = n_layers - s["kv_shared"] * n_layers / s["layers"]
+            unshared = max(pat, int(round(unshared / pat)) * pat)
+            shared = max(0, n_layers - unshared)
     return types, shared
 
 
@@ -444,6 +447,7 @@ def copy_tokenizer(out, src):
 
 GGUF_TYPES = {"q8_0": "Q8_0", "bf16": "BF16", "f16": "F16", "f32": "F32"}
 NEG_A = "neg_a"  # -uniform(1, 16) == -exp(A_log)
+ROPE_FREQS = "rope_freqs"  # 1 for the first a entries, 1e30 (frequency off) after
 
 
 def qwen35_gguf_tensors(s, n_layers, vocab):
@@ -495,25 +499,10 @@ def qwen35_gguf_tensors(s, n_layers, vocab):
     return ts
 
 
-def gguf_write_qwen35(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_gguf):
-    import gguf
-    from gguf import GGMLQuantizationType as QT
+def qwen35_gguf_kv(w, s, n_layers, vocab):
     moe = s["family"] == "qwen3_5_moe"
     arch = "qwen35moe" if moe else "qwen35"
     C = QWEN35_COMMON
-    ts = qwen35_gguf_tensors(s, n_layers, vocab)
-    wt = QT[GGUF_TYPES[qtype]]
-    for t in ts:
-        if t.dtype == "Q":
-            t.dtype = GGUF_TYPES[qtype]
-
-    def nbytes(t):
-        bs, ts_ = gguf.GGML_QUANT_SIZES[QT[t.dtype]]
-        return t.numel // bs * ts_
-
-    w = gguf.GGUFWriter(path, arch)
-    w.add_name(name)
-    w.add_type("model")
     w.add_uint32(f"{arch}.block_count", n_layers)
     w.add_uint32(f"{arch}.context_length", C["max_pos"])
     w.add_uint32(f"{arch}.embedding_length", s["hidden"])
@@ -528,7 +517,6 @@ def gguf_write_qwen35(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, 
         w.add_uint32(f"{arch}.expert_used_count", s["top_k"])
     w.add_uint32(f"{arch}.attention.key_length", C["head_dim"])
     w.add_uint32(f"{arch}.attention.value_length", C["head_dim"])
-    w.add_uint32("general.file_type", {"q8_0": 7, "bf16": 32, "f16": 1, "f32": 0}[qtype])
     if moe:
         w.add_uint32(f"{arch}.expert_feed_forward_length", s["expert_inter"])
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", s["shared_inter"])
@@ -541,14 +529,132 @@ def gguf_write_qwen35(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, 
     w.add_uint32(f"{arch}.full_attention_interval", C["full_every"])
     w.add_uint32(f"{arch}.rope.dimension_count", int(C["head_dim"] * C["partial_rotary"]))
     w.add_array(f"{arch}.rope.dimension_sections", [11, 11, 10, 0])
+    return arch
+
+
+# ----------------------------------------------------------------------------- GGUF (Gemma4)
+# Layout checked against tests/fixtures/gguf/gemma4_{text,kv,moe}.gguf (llama.cpp's
+# converter): plain norm weights (no +1), fused ffn_gate_up_exps, router/scales in F32,
+# rope_freqs = 1 for the first partial*D/2 frequencies of full layers and 1e30 (off) after,
+# per-layer head_count_kv / feed_forward_length arrays where layers differ.
+
+def gemma4_gguf_tensors(s, n_layers, vocab):
+    G = GEMMA4_COMMON
+    H, heads, P = s["hidden"], s["heads"], s["ple"]
+    one = (NORMAL, 1.0, NORM_STD)
+    types, shared = gemma4_layout(s, n_layers)
+    first_shared = n_layers - shared
+
+    def w(name, *shape):
+        return Tensor(name, shape, (NORMAL, 0.0, PROJ_STD), dtype="Q")
+
+    def f32(name, shape, init):
+        return Tensor(name, shape, init, dtype="F32")
+
+    gd = G["global_head_dim"]
+    ts = [f32("rope_freqs.weight", (gd // 2,), (ROPE_FREQS, int(0.25 * gd / 2), 0)),
+          w("token_embd.weight", vocab, H)]
+    if P:
+        ts.append(w("per_layer_token_embd.weight", vocab, n_layers * P))
+    for i, kind in enumerate(types):
+        b = f"blk.{i}."
+        full = kind == "full_attention"
+        D = gd if full else G["head_dim"]
+        kv = s["global_kv"] if (full and s["k_eq_v"] and s["global_kv"]) else s["kv"]
+        is_shared = i >= first_shared
+        I = s["inter"] * (2 if (s["double_wide"] and is_shared) else 1)
+        ts += [f32(b + "attn_norm.weight", (H,), one), f32(b + "layer_output_scale.weight", (1,), (CONST, 1.0, 0)),
+               w(b + "ffn_down.weight", H, I), w(b + "ffn_gate.weight", I, H), w(b + "ffn_up.weight", I, H)]
+        if s.get("experts"):
+            E, EI = s["experts"], s["expert_inter"]
+            ts += [w(b + "ffn_down_exps.weight", E, H, EI), w(b + "ffn_gate_up_exps.weight", E, 2 * EI, H),
+                   f32(b + "post_ffw_norm_1.weight", (H,), one), f32(b + "post_ffw_norm_2.weight", (H,), one),
+                   f32(b + "pre_ffw_norm_2.weight", (H,), one), f32(b + "ffn_down_exps.scale", (E,), one),
+                   f32(b + "ffn_gate_inp.weight", (E, H), (NORMAL, 0.0, ROUTER_LOGIT_STD)),
+                   f32(b + "ffn_gate_inp.scale", (H,), one)]
+        if P:
+            ts += [w(b + "inp_gate.weight", P, H), w(b + "proj.weight", H, P), f32(b + "post_norm.weight", (H,), one)]
+        ts += [f32(b + "post_attention_norm.weight", (H,), one), f32(b + "post_ffw_norm.weight", (H,), one),
+               f32(b + "ffn_norm.weight", (H,), one)]
+        if not is_shared:
+            ts += [f32(b + "attn_k_norm.weight", (D,), one), w(b + "attn_k.weight", kv * D, H)]
+        ts += [w(b + "attn_output.weight", H, heads * D), f32(b + "attn_q_norm.weight", (D,), one),
+               w(b + "attn_q.weight", heads * D, H)]
+        if not is_shared and not (full and s["k_eq_v"]):
+            ts.append(w(b + "attn_v.weight", kv * D, H))
+    ts.append(f32("output_norm.weight", (H,), one))
+    if P:
+        ts += [w("per_layer_model_proj.weight", n_layers * P, H), f32("per_layer_proj_norm.weight", (P,), one)]
+    return ts
+
+
+def gemma4_gguf_kv(w, s, n_layers, vocab):
+    G = GEMMA4_COMMON
+    a = "gemma4"
+    types, shared = gemma4_layout(s, n_layers)
+    first_shared = n_layers - shared
+    full = [k == "full_attention" for k in types]
+    kvs = [s["global_kv"] if (f and s["k_eq_v"] and s["global_kv"]) else s["kv"] for f in full]
+    ffs = [s["inter"] * (2 if (s["double_wide"] and i >= first_shared) else 1) for i in range(n_layers)]
+    w.add_uint32(f"{a}.block_count", n_layers)
+    w.add_uint32(f"{a}.context_length", G["max_pos"])
+    w.add_uint32(f"{a}.embedding_length", s["hidden"])
+    if len(set(ffs)) == 1:
+        w.add_uint32(f"{a}.feed_forward_length", ffs[0])
+    else:
+        w.add_array(f"{a}.feed_forward_length", ffs)
+    w.add_uint32(f"{a}.attention.head_count", s["heads"])
+    if len(set(kvs)) == 1:
+        w.add_uint32(f"{a}.attention.head_count_kv", kvs[0])
+    else:
+        w.add_array(f"{a}.attention.head_count_kv", kvs)
+    w.add_float32(f"{a}.rope.freq_base", 1e6)
+    w.add_float32(f"{a}.rope.freq_base_swa", 1e4)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", G["eps"])
+    if s.get("experts"):
+        w.add_uint32(f"{a}.expert_count", s["experts"])
+        w.add_uint32(f"{a}.expert_used_count", s["top_k"])
+    w.add_uint32(f"{a}.attention.key_length", G["global_head_dim"])
+    w.add_uint32(f"{a}.attention.value_length", G["global_head_dim"])
+    w.add_float32(f"{a}.final_logit_softcapping", G["softcap"])
+    w.add_uint32(f"{a}.attention.sliding_window", s["window"])
+    w.add_uint32(f"{a}.attention.shared_kv_layers", shared)
+    w.add_uint32(f"{a}.embedding_length_per_layer_input", s["ple"])
+    w.add_array(f"{a}.attention.sliding_window_pattern", [not f for f in full])
+    w.add_uint32(f"{a}.attention.key_length_swa", G["head_dim"])
+    w.add_uint32(f"{a}.attention.value_length_swa", G["head_dim"])
+    if s.get("experts"):
+        w.add_uint32(f"{a}.expert_feed_forward_length", s["expert_inter"])
+    w.add_uint32(f"{a}.rope.dimension_count", G["global_head_dim"])
+    w.add_uint32(f"{a}.rope.dimension_count_swa", G["head_dim"])
+    return a
+
+
+def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_gguf):
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    qwen = s["family"].startswith("qwen3_5")
+    ts = qwen35_gguf_tensors(s, n_layers, vocab) if qwen else gemma4_gguf_tensors(s, n_layers, vocab)
+    for t in ts:
+        if t.dtype == "Q":
+            t.dtype = GGUF_TYPES[qtype]
+
+    def nbytes(t):
+        bs, ts_ = gguf.GGML_QUANT_SIZES[QT[t.dtype]]
+        return t.numel // bs * ts_
+
+    arch = ("qwen35moe" if s["family"] == "qwen3_5_moe" else "qwen35") if qwen else "gemma4"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_type("model")
+    (qwen35_gguf_kv if qwen else gemma4_gguf_kv)(w, s, n_layers, vocab)
+    w.add_uint32("general.file_type", {"q8_0": 7, "bf16": 32, "f16": 1, "f32": 0}[qtype])
     w.add_uint32("general.quantization_version", 2)
     # Tokenizer: the fixture's, padded to the model vocabulary as the converter pads.
     r = gguf.GGUFReader(tok_gguf)
     f = r.fields
-    toks = list(f["tokenizer.ggml.tokens"].contents())
-    types = list(f["tokenizer.ggml.token_type"].contents())
-    toks = toks[:vocab]
-    types = types[:vocab]
+    toks = list(f["tokenizer.ggml.tokens"].contents())[:vocab]
+    types = list(f["tokenizer.ggml.token_type"].contents())[:vocab]
     for i in range(len(toks), vocab):
         toks.append(f"[PAD{i}]")
         types.append(int(gguf.TokenType.UNUSED))
@@ -559,6 +665,8 @@ def gguf_write_qwen35(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, 
     w.add_token_merges(list(f["tokenizer.ggml.merges"].contents()))
     w.add_eos_token_id(int(f["tokenizer.ggml.eos_token_id"].contents()))
     w.add_pad_token_id(int(f["tokenizer.ggml.padding_token_id"].contents()))
+    if not qwen:
+        w.add_bos_token_id(int(f["tokenizer.ggml.eos_token_id"].contents()))  # as the gemma4 fixtures
     w.add_chat_template(f["tokenizer.chat_template"].contents())
     for t in ts:
         w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), nbytes(t), raw_dtype=QT[t.dtype])
@@ -575,11 +683,13 @@ def gguf_write_qwen35(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, 
         step = max(1, chunk_elems // cols)
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)
-            init = t.init
-            if init[0] == NEG_A:
+            kind = t.init[0]
+            if kind == NEG_A:
                 x = -rng.uniform(1.0, 16.0, n * cols).astype(np.float32)
+            elif kind == ROPE_FREQS:
+                x = np.where(np.arange(n * cols) < t.init[1], 1.0, 1e30).astype(np.float32)
             else:
-                x = gen_block(rng, init, n * cols)
+                x = gen_block(rng, t.init, n * cols)
             x = x.reshape(n, cols)
             if t.dtype == "F32":
                 fout.write(x.astype("<f4").tobytes())
@@ -593,7 +703,7 @@ def gguf_write_qwen35(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, 
         done += nbytes(t)
         if sys.stderr.isatty():
             sys.stderr.write(f"\r[mkshape] {os.path.basename(path)}: {done / 2**30:.2f} / {total / 2**30:.2f} GiB")
-    w.fout[0].close()
+    fout.close()
     sys.stderr.write(f"\r[mkshape] wrote {path}: {total / 2**30:.2f} GiB {qtype}, {time.time() - t0:.1f} s\n")
     return total
 
@@ -631,7 +741,7 @@ def main():
                     help="refuse to write more than this many GB (default 10; 0 = no limit)")
     ap.add_argument("--tokenizer", default=FIXTURE_TOKENIZER, help="folder to copy tokenizer files from")
     ap.add_argument("--gguf", choices=sorted(GGUF_TYPES),
-                    help="Qwen3.5 shapes: also write OUT/<shape>-<type>.gguf (llama.cpp layout; Q4_K: run "
+                    help="also write OUT/<shape>-<type>.gguf (llama.cpp layout; Q4_K: run "
                          "llama-quantize on the bf16 file, gguf-py cannot quantize k-quants)")
     ap.add_argument("--gguf-only", action="store_true", help="write the GGUF (and config/tokenizer), no safetensors")
     ap.add_argument("--tokenizer-gguf", default=TOKENIZER_GGUF,
@@ -656,8 +766,6 @@ def main():
         ap.error("--layers: at most 256")
     if args.vocab and args.vocab < 16:
         ap.error("--vocab: at least 16 (the fixture tokenizer's specials sit at 0..9)")
-    if (args.gguf or args.gguf_only) and not SHAPES[args.shape]["family"].startswith("qwen3_5"):
-        ap.error("--gguf: only the Qwen3.5 shapes so far")
     if args.gguf_only and not args.gguf:
         ap.error("--gguf-only needs --gguf TYPE")
     fam = SHAPES[args.shape]["family"]
@@ -679,7 +787,9 @@ def main():
         ap.error("need an output folder")
     if args.gguf:
         s = SHAPES[args.shape]
-        gts = qwen35_gguf_tensors(s, args.layers or s["layers"], args.vocab or QWEN35_COMMON["vocab"])
+        qwen = s["family"].startswith("qwen3_5")
+        gvocab = args.vocab or (QWEN35_COMMON if qwen else GEMMA4_COMMON)["vocab"]
+        gts = (qwen35_gguf_tensors if qwen else gemma4_gguf_tensors)(s, args.layers or s["layers"], gvocab)
         per = {"q8_0": 34 / 32, "bf16": 2, "f16": 2, "f32": 4}[args.gguf]
         gb = sum(t.numel * (4 if t.dtype == "F32" else per) for t in gts)
         b = gb if args.gguf_only else b + gb
@@ -708,9 +818,9 @@ def main():
         write_model(args.out, tensors, args.seed, int(args.shard_gb * 1e9), args.chunk_mb * (1 << 20) // 4)
     if args.gguf:
         s = SHAPES[args.shape]
-        gguf_write_qwen35(os.path.join(args.out, f"{args.shape}-{args.gguf}.gguf"), args.shape, s,
-                          args.layers or s["layers"], args.vocab or QWEN35_COMMON["vocab"], args.gguf, args.seed,
-                          args.chunk_mb * (1 << 20) // 4, args.tokenizer_gguf)
+        gguf_write(os.path.join(args.out, f"{args.shape}-{args.gguf}.gguf"), args.shape, s,
+                   args.layers or s["layers"], gvocab, args.gguf, args.seed, args.chunk_mb * (1 << 20) // 4,
+                   args.tokenizer_gguf)
     return 0
 
 
