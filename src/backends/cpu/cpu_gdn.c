@@ -7,6 +7,7 @@
  */
 #include "backends/cpu/cpu_internal.h"
 
+#include <immintrin.h>
 #include <math.h>
 
 #define GDN_CHUNK 64
@@ -61,9 +62,18 @@ void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a) {
 }
 
 static inline float dotf(const float *a, const float *b, int n) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  float s = _mm512_reduce_add_ps(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+#else
   float s = 0;
   for (int i = 0; i < n; i++) s += a[i] * b[i];
   return s;
+#endif
 }
 
 /* Per chunk of L tokens with carried state S [dk, dv]:
@@ -71,6 +81,45 @@ static inline float dotf(const float *a, const float *b, int n) {
  *   (I + A) U = diag(beta) V;  (I + A) W = diag(beta exp(gam)) K   (forward substitution)
  *   V' = U - W S;  O_i = exp(gam_i) q_i S + sum_{j<=i} (q_i . k_j) exp(gam_i - gam_j) V'_j
  *   S = exp(gam_last) S + sum_j exp(gam_last - gam_j) k_j V'_j^T. */
+/* C[M][N] += alpha * A[M][K] B[K][N] (row-major, leading dims given). The chunk's products
+ * (W S, Q S, P V', K^T V') are small GEMMs whose B operand (the 128x128 state) does not fit
+ * in L1: a 4-row register tile reuses every loaded B vector four times and keeps C in
+ * registers across K, instead of streaming C through memory once per k. */
+static void gemm_acc(float *C, int64_t ldc, const float *A, int64_t lda, const float *B, int64_t ldb, int M, int N,
+                     int K, float alpha) {
+#if defined(__AVX512F__)
+  int i = 0;
+  const int N16 = N & ~15;
+  for (; i + 4 <= M; i += 4)
+    for (int j = 0; j < N16; j += 16) {
+      __m512 c0 = _mm512_loadu_ps(C + (int64_t)i * ldc + j), c1 = _mm512_loadu_ps(C + (int64_t)(i + 1) * ldc + j),
+             c2 = _mm512_loadu_ps(C + (int64_t)(i + 2) * ldc + j), c3 = _mm512_loadu_ps(C + (int64_t)(i + 3) * ldc + j);
+      for (int k = 0; k < K; k++) {
+        const __m512 bv = _mm512_loadu_ps(B + (int64_t)k * ldb + j);
+        c0 = _mm512_fmadd_ps(_mm512_set1_ps(alpha * A[(int64_t)i * lda + k]), bv, c0);
+        c1 = _mm512_fmadd_ps(_mm512_set1_ps(alpha * A[(int64_t)(i + 1) * lda + k]), bv, c1);
+        c2 = _mm512_fmadd_ps(_mm512_set1_ps(alpha * A[(int64_t)(i + 2) * lda + k]), bv, c2);
+        c3 = _mm512_fmadd_ps(_mm512_set1_ps(alpha * A[(int64_t)(i + 3) * lda + k]), bv, c3);
+      }
+      _mm512_storeu_ps(C + (int64_t)i * ldc + j, c0), _mm512_storeu_ps(C + (int64_t)(i + 1) * ldc + j, c1);
+      _mm512_storeu_ps(C + (int64_t)(i + 2) * ldc + j, c2), _mm512_storeu_ps(C + (int64_t)(i + 3) * ldc + j, c3);
+    }
+  /* leftover rows and columns */
+  for (int r = 0; r < M; r++)
+    for (int j = (r < i ? N16 : 0); j < N; j++) {
+      float acc = 0;
+      for (int k = 0; k < K; k++) acc += A[(int64_t)r * lda + k] * B[(int64_t)k * ldb + j];
+      C[(int64_t)r * ldc + j] += alpha * acc;
+    }
+#else
+  for (int r = 0; r < M; r++)
+    for (int k = 0; k < K; k++) {
+      const float av = alpha * A[(int64_t)r * lda + k];
+      for (int j = 0; j < N; j++) C[(int64_t)r * ldc + j] += av * B[(int64_t)k * ldb + j];
+    }
+#endif
+}
+
 static void chunked_task(void *p, int ith, int nth) {
   struct gdn_ctx *c = p;
   const ops_gdn_args *a = c->a;
@@ -79,9 +128,13 @@ static void chunked_task(void *p, int ith, int nth) {
   threadpool_range(a->hv, ith, nth, &h0, &h1);
   float *sc = cpu_scratch(c->be, ith);
   float *gam = sc;              /* [C] */
-  float *A = gam + C;           /* [C, C] */
-  float *U = A + C * C;         /* [C, dv] */
+  float *A = gam + C;           /* [C, C] strictly lower: beta_i k_i.k_j e^(gam_i-gam_j) */
+  float *P = A + C * C;         /* [C, C] lower incl. diagonal: q_i.k_j e^(gam_i-gam_j) */
+  float *U = P + C * C;         /* [C, dv] -> V' */
   float *W = U + C * dv;        /* [C, dk] */
+  float *Qs = W + C * dk;       /* [C, dk] e^gam_i q_i */
+  float *KsT = Qs + C * dk;     /* [dk, C] e^(gam_last-gam_j) k_j, transposed */
+  float *O = KsT + dk * C;      /* [C, dv] */
   for (int64_t h = h0; h < h1; h++) {
     float *S = a->state + h * dk * dv;
     const int64_t kh = a->v_tiled ? h % a->hk : h / r;
@@ -90,7 +143,6 @@ static void chunked_task(void *p, int ith, int nth) {
 #define QROW(i) (a->q + ((c0 + (i)) * a->hk + kh) * dk)
 #define KROW(i) (a->k + ((c0 + (i)) * a->hk + kh) * dk)
 #define VROW(i) (a->v + ((c0 + (i)) * a->hv + h) * dv)
-#define ORow(i) (a->out + ((c0 + (i)) * a->hv + h) * dv)
       float acc = 0;
       for (int i = 0; i < L; i++) {
         acc += a->g[(c0 + i) * a->hv + h];
@@ -98,9 +150,16 @@ static void chunked_task(void *p, int ith, int nth) {
       }
       for (int i = 0; i < L; i++) {
         const float bi = a->beta[(c0 + i) * a->hv + h];
-        for (int j = 0; j < i; j++) A[i * C + j] = bi * dotf(KROW(i), KROW(j), dk) * expf(gam[i] - gam[j]);
+        const float *qi = QROW(i), *ki = KROW(i);
+        for (int j = 0; j < i; j++) {
+          const float e = expf(gam[i] - gam[j]);
+          A[i * C + j] = bi * dotf(ki, KROW(j), dk) * e;
+          P[i * C + j] = dotf(qi, KROW(j), dk) * e;
+        }
+        for (int j = i; j < L; j++) A[i * C + j] = P[i * C + j] = 0;
+        P[i * C + i] = dotf(qi, ki, dk);
       }
-      /* U and W by forward substitution. */
+      /* U and W by forward substitution (row i needs rows < i). */
       for (int i = 0; i < L; i++) {
         const float bi = a->beta[(c0 + i) * a->hv + h], ei = expf(gam[i]);
         float *Ui = U + i * dv, *Wi = W + i * dk;
@@ -114,49 +173,30 @@ static void chunked_task(void *p, int ith, int nth) {
           for (int j = 0; j < dk; j++) Wi[j] -= aim * Wm[j];
         }
       }
-      /* V' = U - W S (in U). */
+      /* V' = U - W S */
+      gemm_acc(U, dv, W, dk, S, dv, L, dv, dk, -1.0f);
+      /* O = diag(e^gam) Q S + P V' */
       for (int i = 0; i < L; i++) {
-        float *Ui = U + i * dv;
-        const float *Wi = W + i * dk;
-        for (int m = 0; m < dk; m++) {
-          const float wm = Wi[m];
-          const float *Sm = S + (int64_t)m * dv;
-          for (int j = 0; j < dv; j++) Ui[j] -= wm * Sm[j];
-        }
-      }
-      /* Outputs. */
-      for (int i = 0; i < L; i++) {
-        float *o = ORow(i);
-        const float *qi = QROW(i);
         const float ei = expf(gam[i]);
-        for (int j = 0; j < dv; j++) o[j] = 0;
-        for (int m = 0; m < dk; m++) {
-          const float qm = qi[m] * ei;
-          const float *Sm = S + (int64_t)m * dv;
-          for (int j = 0; j < dv; j++) o[j] += qm * Sm[j];
-        }
-        for (int m = 0; m <= i; m++) {
-          const float pim = dotf(qi, KROW(m), dk) * expf(gam[i] - gam[m]);
-          const float *Um = U + m * dv;
-          for (int j = 0; j < dv; j++) o[j] += pim * Um[j];
-        }
+        const float *qi = QROW(i);
+        for (int j = 0; j < dk; j++) Qs[i * dk + j] = ei * qi[j];
       }
-      /* State. */
+      memset(O, 0, sizeof(float) * (size_t)L * dv);
+      gemm_acc(O, dv, Qs, dk, S, dv, L, dv, dk, 1.0f);
+      gemm_acc(O, dv, P, C, U, dv, L, dv, L, 1.0f);
+      for (int i = 0; i < L; i++) memcpy(a->out + ((c0 + i) * a->hv + h) * dv, O + i * dv, sizeof(float) * (size_t)dv);
+      /* S = e^gam_last S + Ks^T V' */
       const float glast = gam[L - 1], el = expf(glast);
       for (int64_t i = 0; i < (int64_t)dk * dv; i++) S[i] *= el;
       for (int m = 0; m < L; m++) {
         const float em = expf(glast - gam[m]);
-        const float *km = KROW(m), *Um = U + m * dv;
-        for (int i = 0; i < dk; i++) {
-          const float f = em * km[i];
-          float *Si = S + (int64_t)i * dv;
-          for (int j = 0; j < dv; j++) Si[j] += f * Um[j];
-        }
+        const float *km = KROW(m);
+        for (int i = 0; i < dk; i++) KsT[i * C + m] = em * km[i];
       }
+      gemm_acc(S, dv, KsT, C, U, dv, dk, dv, L, 1.0f);
 #undef QROW
 #undef KROW
 #undef VROW
-#undef ORow
     }
   }
 }
