@@ -249,6 +249,22 @@ def anna_speed(a):
     return {"cmd": cmd, "prefill": pre, "decode": dec, "others_cpu_pct": others, "anna_tool": exe}
 
 
+def least_contended(fn, retries, threshold=5.0):
+    """Repeat a speed measurement while other processes ate >= threshold% of the
+    CPU, up to `retries` extra times; keep the least disturbed result."""
+    best = fn()
+    for i in range(retries):
+        o = best.get("others_cpu_pct")
+        if "error" in best or o is None or o < threshold:
+            break
+        print(f"[compare]   contended ({o:.0f}% other CPU), retry {i + 1}/{retries}", file=sys.stderr)
+        time.sleep(5)
+        r = fn()
+        if "error" not in r and (r.get("others_cpu_pct") or 0) < o:
+            best = r
+    return best
+
+
 # ----------------------------------------------------------------------------- correctness
 
 def correctness(llama, a):
@@ -399,6 +415,9 @@ def main():
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-anna", action="store_true", help="llama.cpp half only")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per tool run")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="re-run a speed measurement up to N times while other processes "
+                         "use >= 5%% of the CPU; the least disturbed run is reported")
     ap.add_argument("--json", dest="json_out", help="also write all results to this file")
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--tmp", help=argparse.SUPPRESS)
@@ -423,9 +442,9 @@ def main():
 
     if not a.skip_speed:
         print(f"[compare] llama-bench pp{a.prompt_len}/tg{a.gen_len} x{a.runs} ...", file=sys.stderr)
-        results["llama_speed"] = llama_speed(llama, a)
+        results["llama_speed"] = least_contended(lambda: llama_speed(llama, a), a.retries)
         print("[compare] anna-bench ...", file=sys.stderr)
-        results["anna_speed"] = anna_speed(a)
+        results["anna_speed"] = least_contended(lambda: anna_speed(a), a.retries)
     if not a.skip_correctness:
         print(f"[compare] teacher-forced logits over <= {a.n_eval} tokens ...", file=sys.stderr)
         results["correctness"] = correctness(llama, a)
