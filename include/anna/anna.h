@@ -51,6 +51,9 @@ typedef struct anna_context_options {
    * Hadamard rotation + Lloyd-Max codes of kv_cache_quant_bits = 2, 3 or 4 bits; default 4). */
   const char *kv_cache_quantization;
   int kv_cache_quant_bits;
+  /* CPU prefill of Q8_0/Q5_0/Q4_0 weights with 8-bit activations (llama.cpp's numerics,
+   * faster) instead of the default exact float32 tiles. */
+  int int8_prefill;
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */

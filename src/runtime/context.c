@@ -101,7 +101,7 @@ static int cuda_warmup(anna_context *c, char *err, size_t errlen) {
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
-  anna_context_options o = {1, 4096, 512, 0, NULL, 0, NULL, 0};
+  anna_context_options o = {1, 4096, 512, 0, NULL, 0, NULL, 0, 0};
   if (opt) {
     if (opt->n_seq) o.n_seq = opt->n_seq;
     if (opt->n_ctx) o.n_ctx = opt->n_ctx;
@@ -111,6 +111,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.n_checkpoints = opt->n_checkpoints;
     o.kv_cache_quantization = opt->kv_cache_quantization;
     o.kv_cache_quant_bits = opt->kv_cache_quant_bits;
+    o.int8_prefill = opt->int8_prefill;
   }
   int kv_type = OPS_KV_F32;
   {
@@ -152,6 +153,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     anna_context_free(c);
     return rc;
   }
+  cpu_backend_set_int8_prefill(c->be, o.int8_prefill);
   *out = c;
   return 0;
 }

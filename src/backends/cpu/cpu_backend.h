@@ -24,6 +24,11 @@ int64_t cpu_matmul_scratch_floats(int64_t max_cols);
 /* Per-thread scratch floats attention needs for these head counts and head dim. */
 int64_t cpu_attention_scratch_floats(int n_heads, int n_kv_heads, int head_dim);
 
+/* Opt-in: prefill matmuls of Q8_0/Q5_0/Q4_0 weights with 8-bit activations (llama.cpp's
+ * numerics; ~2x faster prefill) instead of the exact f32 tiles. */
+void cpu_backend_set_int8_prefill(ops_backend *be, int on);
+int64_t cpu_matmul_i8_scratch_floats(int64_t max_cols);
+
 /* Which SIMD path matmul uses ("avx512", "avx2", "scalar"); for logs and tests. */
 const char *cpu_backend_isa(void);
 /* Forces a path for tests (0 scalar, 1 avx2, 2 avx512); clamped to what the CPU has. */

@@ -13,6 +13,7 @@ typedef struct cpu_impl {
   int64_t scratch_per_thread;
   void *act;                 /* quantized activations, or transposed panels (prefill) */
   size_t act_bytes;
+  int int8_prefill;          /* prefill matmuls of Q8_0/Q5_0/Q4_0 weights with 8-bit activations */
 } cpu_impl;
 
 static inline float *cpu_scratch(ops_backend *be, int ith) {

@@ -279,9 +279,7 @@ static int row_i8_type(int type) {
 }
 
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) static void
-row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_t ab, int nt, int8_t *q, float *d,
-            float *out) {
-  /* decode the row once */
+row_i8_decode(int type, const uint8_t *row, int64_t nb, int8_t *q, float *d) {
   const __m128i lo4 = _mm_set1_epi8(0x0f);
   for (int64_t i = 0; i < nb; i++) {
     uint16_t hd;
@@ -308,6 +306,12 @@ row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_
     }
     d[i] = _cvtsh_ss(hd);
   }
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) static void
+row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_t ab, int nt, int8_t *q, float *d,
+            float *out) {
+  row_i8_decode(type, row, nb, q, d);
   for (int t = 0; t < nt; t++) {
     const uint8_t *a = act + t * ab;
     __m256 acc = _mm256_setzero_ps();
@@ -326,6 +330,151 @@ row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_
     s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
     out[t] = _mm_cvtss_f32(s4);
   }
+}
+
+/* ---- int8 prefill GEMM (opt-in: 8-bit activations, as llama.cpp computes) ----
+ * One zmm holds 16 int32 lanes = (4 weight rows) x (4 tokens). For each 32-block, eight
+ * vpdpbusd accumulate 4-byte groups: the weight operand is pre-replicated per lane
+ * ([r0 x4 | r1 x4 | r2 x4 | r3 x4], biased +128 to be unsigned), the activation operand is a
+ * broadcast 16-byte group [t0 t1 t2 t3]. The +128 bias is removed with the activation
+ * block sums, then one convert and one FMA with the (d_w x d_a) lane scales per block:
+ * 512 multiply-adds per ~12 vector ops, where float FMA does 16 per op. */
+#define I8_TOK_BLOCK 256
+
+typedef struct i8_act_pack {
+  int64_t nb;    /* blocks per row */
+  int64_t quads; /* token quads */
+  uint8_t *a;    /* [quad][block][8 groups][16 bytes] */
+  float *da;     /* [quad][block][16] lane pattern t0..t3 x4 */
+  int32_t *corr; /* [quad][block][16] 128 * block sum of token t */
+} i8_act_pack;
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) static void
+i8_tile_4x4(const uint8_t *wp, const float *dw, const i8_act_pack *ap, int64_t quad, float out[16]) {
+  const int64_t nb = ap->nb;
+  const uint8_t *a = ap->a + quad * nb * 128;
+  const float *da = ap->da + quad * nb * 16;
+  const int32_t *corr = ap->corr + quad * nb * 16;
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; b++) {
+    __m512i isum = _mm512_setzero_si512();
+    const uint8_t *wb = wp + b * 8 * 64, *ab = a + b * 128;
+    for (int g = 0; g < 8; g++)
+      isum = _mm512_dpbusd_epi32(isum, _mm512_loadu_si512((const void *)(wb + g * 64)),
+                                 _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(ab + g * 16))));
+    isum = _mm512_sub_epi32(isum, _mm512_loadu_si512((const void *)(corr + b * 16)));
+    const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(dw + b * 16), _mm512_loadu_ps(da + b * 16));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc);
+  }
+  _mm512_storeu_ps(out, acc);
+}
+
+/* Packs up to 4 decoded rows (q int8, d scales; missing rows zero) into the lane layout. */
+__attribute__((target("avx512f,avx512bw,avx512vl"))) static void i8_pack_rows(const int8_t *q[4], const float *d[4],
+                                                                              int64_t nb, uint8_t *wp, float *dw) {
+  static const int32_t rep[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
+  const __m512i idx = _mm512_loadu_si512((const void *)rep), bias = _mm512_set1_epi8((char)0x80);
+  static const int8_t zero[32] = {0};
+  const int8_t *src[4];
+  for (int r = 0; r < 4; r++) src[r] = q[r];
+  for (int64_t b = 0; b < nb; b++) {
+    const int8_t *rb[4];
+    for (int r = 0; r < 4; r++) rb[r] = src[r] ? src[r] + b * 32 : zero;
+    for (int g = 0; g < 8; g++) {
+      int32_t v[4];
+      for (int r = 0; r < 4; r++) memcpy(&v[r], rb[r] + g * 4, 4);
+      const __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)v));
+      /* +128 in two's complement is a flip of the sign bit */
+      _mm512_storeu_si512((void *)(wp + (b * 8 + g) * 64), _mm512_xor_si512(_mm512_permutexvar_epi32(idx, x), bias));
+    }
+    for (int r = 0; r < 4; r++) {
+      const float dv = d[r] ? d[r][b] : 0.0f;
+      for (int t = 0; t < 4; t++) dw[b * 16 + r * 4 + t] = dv;
+    }
+  }
+}
+
+/* Activation rows (Q8_0 blocks, stride ab) of tokens [t0, t0 + nt) into quads. */
+static void i8_pack_acts(const uint8_t *act, int64_t ab, int64_t t0, int64_t nt, int64_t nb, i8_act_pack *ap) {
+  ap->nb = nb;
+  ap->quads = (nt + 3) / 4;
+  for (int64_t qd = 0; qd < ap->quads; qd++)
+    for (int64_t b = 0; b < nb; b++) {
+      uint8_t *dst = ap->a + (qd * nb + b) * 128;
+      float *da = ap->da + (qd * nb + b) * 16;
+      int32_t *corr = ap->corr + (qd * nb + b) * 16;
+      for (int t = 0; t < 4; t++) {
+        const int64_t tok = qd * 4 + t;
+        float scale = 0;
+        int32_t sum = 0;
+        int8_t qs[32] = {0};
+        if (tok < nt) {
+          const uint8_t *blk = act + (t0 + tok) * ab + b * 34;
+          uint16_t h;
+          memcpy(&h, blk, 2);
+          scale = quant_f16_to_f32(h);
+          memcpy(qs, blk + 2, 32);
+          for (int j = 0; j < 32; j++) sum += qs[j];
+        }
+        for (int g = 0; g < 8; g++) memcpy(dst + g * 16 + t * 4, qs + g * 4, 4);
+        for (int r = 0; r < 4; r++) {
+          da[r * 4 + t] = scale;
+          corr[r * 4 + t] = 128 * sum;
+        }
+      }
+    }
+}
+
+struct i8_ctx {
+  struct mm_ctx *m;
+  i8_act_pack ap;
+  int64_t t0, nt;
+};
+
+static void mm_i8_task(void *p, int ith, int nth) {
+  struct i8_ctx *ic = p;
+  struct mm_ctx *m = ic->m;
+  const ops_weight *w = m->w;
+  const int64_t rows = w->rows, nb = w->cols / 32, quads_r = (rows + 3) / 4;
+  const size_t rb = (size_t)dtype_row_bytes(w->type, w->cols);
+  int64_t q0, q1;
+  threadpool_range(quads_r, ith, nth, &q0, &q1);
+  /* scratch: 4 decoded rows (int8 + scales), then the packed quad */
+  float *sc = cpu_scratch(m->be, ith);
+  float *d4 = sc;                                  /* [4][nb] */
+  int8_t *q4 = (int8_t *)(d4 + 4 * nb);            /* [4][cols] */
+  uint8_t *wp = (uint8_t *)(q4 + 4 * w->cols);     /* [nb][8][64] */
+  float *dw = (float *)(wp + nb * 8 * 64);         /* [nb][16] */
+  float out[16];
+  for (int64_t qr = q0; qr < q1; qr++) {
+    const int8_t *qp[4] = {0};
+    const float *dp[4] = {0};
+    for (int r = 0; r < 4; r++) {
+      const int64_t row = qr * 4 + r;
+      if (row >= rows) break;
+      row_i8_decode(w->type, (const uint8_t *)w->data + (size_t)row * rb, nb, q4 + r * w->cols, d4 + r * nb);
+      qp[r] = q4 + r * w->cols;
+      dp[r] = d4 + r * nb;
+    }
+    i8_pack_rows(qp, dp, nb, wp, dw);
+    for (int64_t qt = 0; qt < ic->ap.quads; qt++) {
+      i8_tile_4x4(wp, dw, &ic->ap, qt, out);
+      for (int r = 0; r < 4; r++) {
+        const int64_t row = qr * 4 + r;
+        if (row >= rows) break;
+        const float b = m->bias ? m->bias[row] : 0.0f;
+        for (int t = 0; t < 4; t++) {
+          const int64_t tok = ic->t0 + qt * 4 + t;
+          if (tok < ic->t0 + ic->nt) m->y[tok * rows + row] = out[r * 4 + t] + b;
+        }
+      }
+    }
+  }
+}
+
+int64_t cpu_matmul_i8_scratch_floats(int64_t max_cols) {
+  /* 4 rows of scales + int8, the packed quad (16 bytes per element) and its scales */
+  return 4 * (max_cols / 32) + max_cols + 4 * max_cols + (max_cols / 32) * 16 + 64;
 }
 
 static int g_vnni = -1;
@@ -432,6 +581,26 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
                 const float *bias) {
   cpu_impl *c = be->impl;
   struct mm_ctx m = {be, y, x, n, w, bias, pick_dot(), NULL};
+  if (g_vnni < 0) {
+    __builtin_cpu_init();
+    g_vnni = cpu_isa_level() == 2 && __builtin_cpu_supports("avx512vnni");
+  }
+  if (n >= 8 && c->int8_prefill && g_vnni && row_i8_type(w->type) &&
+      c->scratch_per_thread >= cpu_matmul_i8_scratch_floats(w->cols)) {
+    /* Opt-in int8 prefill: activations quantized to Q8_0 once, then token blocks packed. */
+    const int64_t ab = quant_act_row_bytes(w->type, w->cols), nb = w->cols / 32;
+    for (int64_t t = 0; t < n; t++) quant_quantize_act(w->type, x + t * w->cols, (char *)c->act + t * ab, w->cols);
+    uint8_t *pk = (uint8_t *)c->act + ((n * ab + 63) & ~(int64_t)63);
+    for (int64_t t0 = 0; t0 < n; t0 += I8_TOK_BLOCK) {
+      const int64_t nt = n - t0 < I8_TOK_BLOCK ? n - t0 : I8_TOK_BLOCK, quads = (nt + 3) / 4;
+      struct i8_ctx ic = {&m, {nb, quads, pk, NULL, NULL}, t0, nt};
+      ic.ap.da = (float *)(pk + quads * nb * 128);
+      ic.ap.corr = (int32_t *)(ic.ap.da + quads * nb * 16);
+      i8_pack_acts(c->act, ab, t0, nt, nb, &ic.ap);
+      threadpool_run(c->tp, mm_i8_task, &ic);
+    }
+    return;
+  }
   if (n >= 8 && cpu_isa_level() == 2 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
       c->act_bytes >= (size_t)((n + PANEL - 1) / PANEL * PANEL * w->cols) * sizeof(float)) {
     /* Transpose the activations into zero-padded K-major panels (the act buffer is free:
