@@ -24,6 +24,7 @@ static void usage(FILE *f) {
           "  --prompt-cache-block N   checkpoint hybrid (GDN) state every N prompt tokens (default 256)\n"
           "  --prompt-cache-checkpoints N  checkpoint pool (default 2 x --parallel)\n"
           "  --device cpu|cuda|auto  --kv-cache-quantization none|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
+          "  --int8-prefill         8-bit activations in prefill (faster; default: exact f32)\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); o.model_path = v; }
     else if (!strcmp(a, "--model-name")) { NEEDV(); o.model_name = v; }
     else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
+    else if (!strcmp(a, "--int8-prefill")) o.eng.int8_prefill = 1;
     else if (!strcmp(a, "--device")) { NEEDV(); o.device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--scheduler-profile")) {

@@ -804,7 +804,8 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
                                  e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
                              .device = e->o.device,
                              .kv_cache_quantization = e->o.kv_cache_quantization,
-                             .kv_cache_quant_bits = e->o.kv_cache_quant_bits};
+                             .kv_cache_quant_bits = e->o.kv_cache_quant_bits,
+                             .int8_prefill = e->o.int8_prefill};
   int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
   e->slots = calloc((size_t)S, sizeof *e->slots);
