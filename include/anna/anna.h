@@ -54,6 +54,8 @@ typedef struct anna_context_options {
   /* CPU prefill of Q8_0/Q5_0/Q4_0 weights with 8-bit activations (llama.cpp's numerics,
    * faster) instead of the default exact float32 tiles. */
   int int8_prefill;
+  /* CPU: time every op family (anna_context_profile); costs a clock read per op. */
+  int profile;
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */
@@ -76,6 +78,12 @@ typedef struct anna_batch {
  * the flagged tokens, in batch order, to out[n_flagged * vocab] (caller-owned). On error
  * the sequences touched by the batch are in an unspecified state: reset them. */
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
+
+/* Per-op-family seconds since creation or the last reset (families: matmul, lm_head,
+ * attention, gdn, moe, other), when created with .profile = 1 on the CPU; returns how many
+ * were written (0: not profiling). Names are static strings. */
+int anna_context_profile(const anna_context *c, double *seconds, const char **names, int cap);
+void anna_context_profile_reset(anna_context *c);
 
 /* KV-cache bytes one token of one sequence occupies (all attention layers, K and V). */
 int64_t anna_context_kv_bytes_per_token(const anna_context *c);

@@ -11,6 +11,7 @@
 #include "model/forward.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
+#include "ops/ops_profile.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,8 @@
 struct anna_context {
   anna_model *m;
   threadpool *tp;
-  ops_backend *be;
+  ops_backend *be;      /* what the forward pass calls (the profiler's wrapper when profiling) */
+  ops_backend *be_cpu;  /* the CPU backend itself (owned) */
   fwd_state *st;
   int on_cuda;
 };
@@ -101,7 +103,7 @@ static int cuda_warmup(anna_context *c, char *err, size_t errlen) {
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
-  anna_context_options o = {1, 4096, 512, 0, NULL, 0, NULL, 0, 0};
+  anna_context_options o = {1, 4096, 512, 0, NULL, 0, NULL, 0, 0, 0};
   if (opt) {
     if (opt->n_seq) o.n_seq = opt->n_seq;
     if (opt->n_ctx) o.n_ctx = opt->n_ctx;
@@ -112,6 +114,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.kv_cache_quantization = opt->kv_cache_quantization;
     o.kv_cache_quant_bits = opt->kv_cache_quant_bits;
     o.int8_prefill = opt->int8_prefill;
+    o.profile = opt->profile;
   }
   int kv_type = OPS_KV_F32;
   {
@@ -147,13 +150,21 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   }
 #endif
   if ((rc = threadpool_create(&c->tp, o.n_threads, err, errlen)) ||
-      (rc = cpu_backend_create(&c->be, c->tp, fwd_backend_scratch_floats(m, o.n_ctx),
-                               ((size_t)o.n_batch + 32) * (size_t)m->max_cols * 4, err, errlen)) ||
-      (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, kv_type, err, errlen))) {
+      (rc = cpu_backend_create(&c->be_cpu, c->tp, fwd_backend_scratch_floats(m, o.n_ctx),
+                               ((size_t)o.n_batch + 32) * (size_t)m->max_cols * 4, err, errlen))) {
     anna_context_free(c);
     return rc;
   }
-  cpu_backend_set_int8_prefill(c->be, o.int8_prefill);
+  c->be = c->be_cpu;
+  if (o.profile && !(c->be = ops_profile_wrap(c->be_cpu, m->cfg.vocab))) {
+    anna_context_free(c);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  if ((rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, kv_type, err, errlen))) {
+    anna_context_free(c);
+    return rc;
+  }
+  cpu_backend_set_int8_prefill(c->be_cpu, o.int8_prefill);
   *out = c;
   return 0;
 }
@@ -165,7 +176,10 @@ void anna_context_free(anna_context *c) {
   if (c->on_cuda) cuda_backend_free(c->be);
   else
 #endif
-    cpu_backend_free(c->be);
+  {
+    if (c->be && c->be != c->be_cpu) ops_profile_free(c->be);
+    cpu_backend_free(c->be_cpu);
+  }
   threadpool_free(c->tp);
   free(c);
 }
@@ -207,4 +221,20 @@ int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *er
 
 int64_t anna_context_kv_bytes_per_token(const anna_context *c) {
   return fwd_state_kv_bytes_per_token(c->st);
+}
+
+int anna_context_profile(const anna_context *c, double *seconds, const char **names, int cap) {
+  if (c->on_cuda || c->be == c->be_cpu) return 0;
+  double t[OPS_FAMILY_COUNT];
+  ops_profile_read(c->be, t);
+  int n = 0;
+  for (int f = 0; f < OPS_FAMILY_COUNT && n < cap; f++, n++) {
+    seconds[n] = t[f];
+    names[n] = ops_family_name(f);
+  }
+  return n;
+}
+
+void anna_context_profile_reset(anna_context *c) {
+  if (!c->on_cuda && c->be != c->be_cpu) ops_profile_reset(c->be);
 }
