@@ -201,7 +201,7 @@ static int is_plain(int type) {
  * prefill tile converts every weight once per tile, so this is on the prefill path).
  * Same values as quant_dequantize_row: d * small integer, exact in f32. Returns 0 when the
  * type has no fast path here. */
-__attribute__((target("avx512f,avx512bw,avx512vl,f16c"))) static int deq_row_avx512(int type, const uint8_t *row,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static int deq_row_avx512(int type, const uint8_t *row,
                                                                                     float *y, int64_t n) {
   const int64_t nb = n / 32;
   switch (type) {
@@ -278,7 +278,7 @@ static int row_i8_type(int type) {
   return type == ANNA_DTYPE_Q8_0 || type == ANNA_DTYPE_Q5_0 || type == ANNA_DTYPE_Q4_0;
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) static void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
 row_i8_decode(int type, const uint8_t *row, int64_t nb, int8_t *q, float *d) {
   const __m128i lo4 = _mm_set1_epi8(0x0f);
   for (int64_t i = 0; i < nb; i++) {
@@ -308,7 +308,7 @@ row_i8_decode(int type, const uint8_t *row, int64_t nb, int8_t *q, float *d) {
   }
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) static void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
 row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_t ab, int nt, int8_t *q, float *d,
             float *out) {
   row_i8_decode(type, row, nb, q, d);
@@ -349,7 +349,7 @@ typedef struct i8_act_pack {
   int32_t *corr; /* [quad][block][16] 128 * block sum of token t */
 } i8_act_pack;
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c"))) static void
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
 i8_tile_4x4(const uint8_t *wp, const float *dw, const i8_act_pack *ap, int64_t quad, float out[16]) {
   const int64_t nb = ap->nb;
   const uint8_t *a = ap->a + quad * nb * 128;
@@ -370,7 +370,7 @@ i8_tile_4x4(const uint8_t *wp, const float *dw, const i8_act_pack *ap, int64_t q
 }
 
 /* Packs up to 4 decoded rows (q int8, d scales; missing rows zero) into the lane layout. */
-__attribute__((target("avx512f,avx512bw,avx512vl"))) static void i8_pack_rows(const int8_t *q[4], const float *d[4],
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) static void i8_pack_rows(const int8_t *q[4], const float *d[4],
                                                                               int64_t nb, uint8_t *wp, float *dw) {
   static const int32_t rep[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
   const __m512i idx = _mm512_loadu_si512((const void *)rep), bias = _mm512_set1_epi8((char)0x80);
