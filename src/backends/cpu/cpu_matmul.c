@@ -340,6 +340,7 @@ row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_
  * block sums, then one convert and one FMA with the (d_w x d_a) lane scales per block:
  * 512 multiply-adds per ~12 vector ops, where float FMA does 16 per op. */
 #define I8_TOK_BLOCK 256
+#define I8_ROW_MAX 32
 
 typedef struct i8_act_pack {
   int64_t nb;    /* blocks per row */
@@ -477,7 +478,18 @@ int64_t cpu_matmul_i8_scratch_floats(int64_t max_cols) {
   return 4 * (max_cols / 32) + max_cols + 4 * max_cols + (max_cols / 32) * 16 + 64;
 }
 
-static int g_vnni = -1;
+static int g_vnni = -1; /* the CPU has AVX-512 VNNI (cached) */
+
+/* VNNI paths run when the hardware has them and the ISA in use is AVX-512 (tests force
+ * lower ISAs to cover every path). */
+static int vnni_usable(void) {
+  if (g_vnni < 0) {
+    __builtin_cpu_init();
+    g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }
+  return g_vnni && cpu_isa_level() == 2;
+}
 
 static void mm_quant_task(void *p, int ith, int nth) {
   struct mm_ctx *m = p;
@@ -485,7 +497,7 @@ static void mm_quant_task(void *p, int ith, int nth) {
   int64_t r0, r1;
   threadpool_range(w->rows, ith, nth, &r0, &r1);
   if (r0 >= r1) return;
-  if (m->n >= 2 && g_vnni && row_i8_type(w->type) && quant_act_type(w->type) == ANNA_DTYPE_Q8_0) {
+  if (m->n >= 2 && vnni_usable() && row_i8_type(w->type) && quant_act_type(w->type) == ANNA_DTYPE_Q8_0) {
     const int64_t nb = w->cols / 32, ab = quant_act_row_bytes(w->type, w->cols);
     const size_t rb = (size_t)dtype_row_bytes(w->type, w->cols);
     float *sc = cpu_scratch(m->be, ith), *d = sc, out[8];
@@ -581,11 +593,8 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
                 const float *bias) {
   cpu_impl *c = be->impl;
   struct mm_ctx m = {be, y, x, n, w, bias, pick_dot(), NULL};
-  if (g_vnni < 0) {
-    __builtin_cpu_init();
-    g_vnni = cpu_isa_level() == 2 && __builtin_cpu_supports("avx512vnni");
-  }
-  if (n >= 8 && c->int8_prefill && g_vnni && row_i8_type(w->type) &&
+  const int vnni = vnni_usable();
+  if (n >= 8 && c->int8_prefill && vnni && row_i8_type(w->type) &&
       c->scratch_per_thread >= cpu_matmul_i8_scratch_floats(w->cols)) {
     /* Opt-in int8 prefill: activations quantized to Q8_0 once, then token blocks packed. */
     const int64_t ab = quant_act_row_bytes(w->type, w->cols), nb = w->cols / 32;
@@ -601,7 +610,11 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
     }
     return;
   }
-  if (n >= 8 && cpu_isa_level() == 2 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
+  /* Decode-sized batches (< I8_ROW_MAX tokens: one token per running sequence) of
+   * Q8_0/Q5_0/Q4_0 weights stay on the 8-bit-activation row path, like single-token decode:
+   * the exact f32 tiles only pay off when a tile's dequantization is shared by many tokens. */
+  const int i8_rows = vnni && row_i8_type(w->type) && n < I8_ROW_MAX;
+  if (n >= 8 && !i8_rows && cpu_isa_level() == 2 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
       c->act_bytes >= (size_t)((n + PANEL - 1) / PANEL * PANEL * w->cols) * sizeof(float)) {
     /* Transpose the activations into zero-padded K-major panels (the act buffer is free:
      * this path quantizes nothing). */
@@ -619,10 +632,6 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
     struct tile_ctx tc = {&m, xt};
     threadpool_run(c->tp, mm_tile_task, &tc);
     return;
-  }
-  if (g_vnni < 0) {
-    __builtin_cpu_init();
-    g_vnni = cpu_isa_level() == 2 && __builtin_cpu_supports("avx512vnni");
   }
   if (!is_plain(w->type)) {
     /* Activations quantized once, shared by all workers (bounded by the backend's act
