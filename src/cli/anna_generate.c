@@ -37,14 +37,7 @@ int main(int argc, char **argv) {
   sampler_params sp = sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV()                                                                                                        \
-  do {                                                                                                                 \
-    if (!v) {                                                                                                          \
-      fprintf(stderr, "error: %s needs a value\n", a);                                                                 \
-      return 2;                                                                                                        \
-    }                                                                                                                  \
-    i++;                                                                                                               \
-  } while (0)
+#define NEEDV() CLI_NEEDV()
     if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); model = v; }
     else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
     else if (!strcmp(a, "--system")) { NEEDV(); system = v; }

@@ -10,6 +10,17 @@
 #include <string.h>
 #include <time.h>
 
+/* Inside a `for (int i = 1; i < argc; i++)` flag loop with `a` = argv[i] and `v` = argv[i+1]
+ * (or NULL): takes the flag's value, or reports the missing value and returns 2 (usage). */
+#define CLI_NEEDV()                                                                                                    \
+  do {                                                                                                                 \
+    if (!v) {                                                                                                          \
+      fprintf(stderr, "error: %s needs a value\n", a);                                                                 \
+      return 2;                                                                                                        \
+    }                                                                                                                  \
+    i++;                                                                                                               \
+  } while (0)
+
 static inline double cli_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

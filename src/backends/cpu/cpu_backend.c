@@ -142,20 +142,6 @@ struct attn_ctx {
  * the V accumulation run over contiguous arrays the compiler vectorises. */
 #define ATTN_BLOCK 64
 
-static float dot_f32(const float *a, const float *b, int n) {
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  float s = _mm512_reduce_add_ps(acc);
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-#else
-  float s = 0;
-  for (int i = 0; i < n; i++) s += a[i] * b[i];
-  return s;
-#endif
-}
 
 /* One work item = (token, KV head): the query heads of the group share every decoded key
  * and value block, so a quantized cache is decoded once per group, not once per head. */
@@ -204,7 +190,7 @@ static void attn_task(void *p, int ith, int nth) {
         const float *q = qb + (int64_t)j * D;
         float *aj = acc + (int64_t)j * vd, m = ml[2 * j], l = ml[2 * j + 1], bm = -INFINITY;
         for (int i = 0; i < nb; i++) {
-          float s = dot_f32(q, krow[i], D) * a->scale;
+          float s = cpu_dot_f32(q, krow[i], D) * a->scale;
           if (a->softcap > 0) s = a->softcap * tanhf(s / a->softcap);
           sc[i] = s;
           bm = s > bm ? s : bm;

@@ -61,20 +61,6 @@ void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a) {
   threadpool_run(ci->tp, recurrent_task, &c);
 }
 
-static inline float dotf(const float *a, const float *b, int n) {
-#if defined(__AVX512F__)
-  __m512 acc = _mm512_setzero_ps();
-  int i = 0;
-  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-  float s = _mm512_reduce_add_ps(acc);
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-#else
-  float s = 0;
-  for (int i = 0; i < n; i++) s += a[i] * b[i];
-  return s;
-#endif
-}
 
 /* Per chunk of L tokens with carried state S [dk, dv]:
  *   gam = cumsum(g); A_ij = beta_i (k_i . k_j) exp(gam_i - gam_j) for j < i;
@@ -153,11 +139,11 @@ static void chunked_task(void *p, int ith, int nth) {
         const float *qi = QROW(i), *ki = KROW(i);
         for (int j = 0; j < i; j++) {
           const float e = expf(gam[i] - gam[j]);
-          A[i * C + j] = bi * dotf(ki, KROW(j), dk) * e;
-          P[i * C + j] = dotf(qi, KROW(j), dk) * e;
+          A[i * C + j] = bi * cpu_dot_f32(ki, KROW(j), dk) * e;
+          P[i * C + j] = cpu_dot_f32(qi, KROW(j), dk) * e;
         }
         for (int j = i; j < L; j++) A[i * C + j] = P[i * C + j] = 0;
-        P[i * C + i] = dotf(qi, ki, dk);
+        P[i * C + i] = cpu_dot_f32(qi, ki, dk);
       }
       /* U and W by forward substitution (row i needs rows < i). */
       for (int i = 0; i < L; i++) {

@@ -4,6 +4,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 
+#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -19,6 +20,22 @@ typedef struct cpu_impl {
 static inline float *cpu_scratch(ops_backend *be, int ith) {
   cpu_impl *c = be->impl;
   return c->scratch + (int64_t)ith * c->scratch_per_thread;
+}
+
+/* f32 dot product (AVX-512 when the build targets it; attention and GDN inner loops). */
+static inline float cpu_dot_f32(const float *a, const float *b, int n) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+  float s = _mm512_reduce_add_ps(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+#else
+  float s = 0;
+  for (int i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+#endif
 }
 
 static inline float bf16_to_f32(uint16_t h) {
