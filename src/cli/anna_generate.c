@@ -213,6 +213,7 @@ int main(int argc, char **argv) {
   } else if (n_gen > 0) {
     printf("\n");
   }
+  fflush(stdout); /* the text before the statistics line, also when both go to one pipe */
   if (!quiet)
     fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s | KV %lld B/token\n",
             anna_model_describe(m), t_load, n, (double)n / t_prefill, n_gen,
