@@ -373,24 +373,7 @@ int main(int argc, char **argv) {
 
   if (prompt) {
     size_t n = 0;
-    if (raw || !text->ct) {
-      if (tokenizer_encode(text->tok, prompt, strlen(prompt), TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &n, err,
-                           sizeof err))
-        goto fail;
-    } else {
-      json_t *msgs = json_array();
-      if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
-      json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
-      json_t *kw = no_think ? json_pack("{s:b}", "enable_thinking", 0) : NULL;
-      int e = model_text_encode_chat(text, msgs, NULL, kw, &ids, &n, err, sizeof err);
-      json_decref(msgs);
-      json_decref(kw);
-      if (e) goto fail;
-    }
-    if (n == 0) {
-      snprintf(err, sizeof err, "the prompt is empty after tokenization");
-      goto fail;
-    }
+    if (model_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
     n_ids = (int64_t)n;
     lens[0] = n_ids;
     for (int64_t i = 0; i < n_ids; i++)

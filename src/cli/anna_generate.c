@@ -104,21 +104,7 @@ int main(int argc, char **argv) {
     text = NULL; /* ids in, ids out: the text side is optional */
     err[0] = '\0';
   }
-  if (ids_arg) {
-    /* parsed above */
-  } else if (raw || !text->ct) {
-    if (tokenizer_encode(text->tok, prompt, strlen(prompt), TOKENIZER_ENCODE_ADD_SPECIAL, &ids, &n, err, sizeof err))
-      goto fail;
-  } else {
-    json_t *msgs = json_array();
-    if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
-    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
-    json_t *kw = no_think ? json_pack("{s:b}", "enable_thinking", 0) : NULL;
-    int e = model_text_encode_chat(text, msgs, NULL, kw, &ids, &n, err, sizeof err);
-    json_decref(msgs);
-    json_decref(kw);
-    if (e) goto fail;
-  }
+  if (!ids_arg && model_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
   if (n == 0) {
     snprintf(err, sizeof err, "the prompt is empty after tokenization");
     goto fail;

@@ -71,3 +71,25 @@ int model_text_encode_chat(const model_text *t, const json_t *messages, const js
   free(txt);
   return rc;
 }
+
+int model_text_encode_prompt(const model_text *t, const char *prompt, const char *system, int raw, int no_think,
+                             int32_t **ids, size_t *n, char *err, size_t errlen) {
+  int rc;
+  if (raw || !t->ct) {
+    rc = tokenizer_encode(t->tok, prompt, strlen(prompt), TOKENIZER_ENCODE_ADD_SPECIAL, ids, n, err, errlen);
+  } else {
+    json_t *msgs = json_array();
+    if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+    json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", prompt));
+    json_t *kw = no_think ? json_pack("{s:b}", "enable_thinking", 0) : NULL;
+    rc = model_text_encode_chat(t, msgs, NULL, kw, ids, n, err, errlen);
+    json_decref(msgs);
+    json_decref(kw);
+  }
+  if (!rc && *n == 0) {
+    free(*ids);
+    *ids = NULL;
+    rc = anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty after tokenization");
+  }
+  return rc;
+}

@@ -26,4 +26,11 @@ void model_text_free(model_text *t);
 int model_text_encode_chat(const model_text *t, const json_t *messages, const json_t *tools,
                            const json_t *kwargs, int32_t **ids, size_t *n, char *err, size_t errlen);
 
+/* The prompt of the command-line tools: a user message (after an optional system message)
+ * rendered with the chat template, or, with raw set or no template, the text itself with the
+ * tokenizer's special tokens. no_think passes enable_thinking=false. An empty result is an
+ * error. *ids: caller frees. */
+int model_text_encode_prompt(const model_text *t, const char *prompt, const char *system, int raw, int no_think,
+                             int32_t **ids, size_t *n, char *err, size_t errlen);
+
 #endif
