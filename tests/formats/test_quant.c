@@ -165,6 +165,86 @@ static void test_matmul(const char *dir, int type) {
   free(act), free(y2), free(y), free(x), free(W), free(raw);
 }
 
+/* Offsets of the f16 scale fields inside one block (IQ1_M packs its scale into the sub-block
+ * scales, so it has none). Facts of the llama.cpp block layouts. */
+static int scale_offsets(int type, int off[2]) {
+  switch (type) {
+  case ANNA_DTYPE_Q4_1: case ANNA_DTYPE_Q5_1: case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K:
+    off[0] = 0, off[1] = 2;
+    return 2;
+  case ANNA_DTYPE_Q2_K: off[0] = 80, off[1] = 82; return 2;
+  case ANNA_DTYPE_Q3_K: off[0] = 108; return 1;
+  case ANNA_DTYPE_Q6_K: off[0] = 208; return 1;
+  case ANNA_DTYPE_IQ1_M: return 0;
+  default: off[0] = 0; return 1;
+  }
+}
+
+/* Extreme scales: weight blocks whose f16 scales are 0, +-65504, a subnormal, or ordinary,
+ * against activation blocks that are all zero, one spike of 1e4 among tiny values, tiny
+ * (1e-2) or ordinary. Every ISA's dot must be finite, agree with the scalar dot, and the
+ * scalar dot must be within the 8-bit activation rounding of the exact dot: each activation
+ * moves by at most half its block's step (amax / 127, plus the f16 rounding of the step). */
+static void test_extreme(const char *dir, int type) {
+  if (dtype_block_size(type) == 1) return;
+  char p1[512];
+  snprintf(p1, sizeof p1, "%s/%s.bin", dir, dtype_name(type));
+  size_t nraw = 0;
+  uint8_t *raw = read_all(p1, &nraw);
+  CHECK(raw != NULL);
+  if (!raw) return;
+  static const uint16_t scales[] = {0x0000, 0x7bff, 0xfbff, 0x0003, 0x3c00, 0xb800, 0x2e66};
+  const int64_t bb = dtype_block_bytes(type), nb = N_ELEM / dtype_block_size(type);
+  int off[2];
+  const int nsc = scale_offsets(type, off);
+  float *deq = malloc(N_ELEM * sizeof(float)), *x = malloc(N_ELEM * sizeof(float));
+  void *act = malloc((size_t)quant_act_row_bytes(type, N_ELEM));
+  const int ab = quant_act_type(type) == ANNA_DTYPE_Q8_0 ? 32 : 256;
+  for (int variant = 0; variant < 4; variant++) {
+    for (int64_t b = 0; b < nb; b++)
+      for (int f = 0; f < nsc; f++) {
+        uint16_t h = scales[(b * 3 + f + variant) % (int64_t)(sizeof scales / sizeof scales[0])];
+        memcpy(raw + b * bb + off[f], &h, 2);
+      }
+    CHECK(quant_dequantize_row(type, raw, deq, N_ELEM) == 0);
+    for (int64_t i0 = 0; i0 < N_ELEM; i0 += ab) {
+      const int kind = (int)((i0 / ab + variant) % 4);
+      for (int64_t i = i0; i < i0 + ab; i++) {
+        float v = frand();
+        x[i] = kind == 0 ? 0.0f : kind == 1 ? (i == i0 + 5 ? 1e4f : 1e-3f * v) : kind == 2 ? 1e-2f * v : v;
+      }
+    }
+    CHECK(quant_quantize_act(type, x, act, N_ELEM) == 0);
+    /* Checked per activation block, so a huge block cannot hide the error of a tiny one. */
+    const int64_t wb = dtype_row_bytes(type, ab), xb = quant_act_row_bytes(type, ab);
+    for (int64_t i0 = 0; i0 < N_ELEM; i0 += ab) {
+      double amax = 0, exact = 0, mag = 0, bound = 0;
+      for (int64_t i = i0; i < i0 + ab; i++) amax = fmax(amax, fabs(x[i]));
+      for (int64_t i = i0; i < i0 + ab; i++) {
+        exact += (double)deq[i] * x[i];
+        mag += fabs((double)deq[i] * x[i]);
+        bound += fabs((double)deq[i]) * amax / 127.0 * 0.6;
+      }
+      const uint8_t *w = raw + i0 / ab * wb, *a = (const uint8_t *)act + i0 / ab * xb;
+      const float ds = quant_vec_dot_isa(QUANT_ISA_SCALAR, type, ab, w, a);
+      const double tol = bound + 1e-6 * mag + 1e-30;
+      if (!isfinite(ds) || !(fabs(ds - exact) <= tol))
+        fprintf(stderr, "%s extreme %d @%lld: scalar %.9g exact %.9g bound %.3g\n", dtype_name(type), variant,
+                (long long)i0, ds, exact, bound);
+      CHECK(isfinite(ds) && fabs(ds - exact) <= tol);
+      for (int isa = QUANT_ISA_AVX2; isa <= quant_isa_best(); isa++) {
+        const float d = quant_vec_dot_isa(isa, type, ab, w, a);
+        if (!(fabs((double)d - ds) <= 1e-6 * mag + 1e-30))
+          fprintf(stderr, "%s extreme %d @%lld: %s %.9g scalar %.9g\n", dtype_name(type), variant, (long long)i0,
+                  quant_isa_name(isa), d, ds);
+        CHECK(fabs((double)d - ds) <= 1e-6 * mag + 1e-30);
+      }
+    }
+  }
+  printf("  %-8s extreme scales ok\n", dtype_name(type));
+  free(act), free(x), free(deq), free(raw);
+}
+
 static void test_f16(void) {
   float vals[] = {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f, 5.9604645e-08f,
                   1e-9f, 70000.0f, 0.333333f};
@@ -251,6 +331,7 @@ int main(int argc, char **argv) {
   test_f16();
   for (int k = 0; k < N_TYPES; k++) test_type(dir, k_types[k]);
   for (int k = 0; k < N_TYPES; k++) test_matmul(dir, k_types[k]);
+  for (int k = 0; k < N_TYPES; k++) test_extreme(dir, k_types[k]);
   CHECK(quant_act_type(ANNA_DTYPE_Q4_K) == ANNA_DTYPE_Q8_K);
   CHECK(quant_act_type(ANNA_DTYPE_IQ4_NL) == ANNA_DTYPE_Q8_0);
   CHECK(quant_act_type(ANNA_DTYPE_F16) == ANNA_DTYPE_F32);
