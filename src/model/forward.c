@@ -877,7 +877,7 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
     const int64_t cut = s->run_snap[ri] >= 0 ? s->run_split[ri] : len;
     size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
     be->conv1d_silu(be, conv + t0 * cd, qkv + t0 * cd, cut, (int)cd, w->conv_w, c->gdn_conv, s->conv[at]);
-    if (cut == len) continue;
+    if (s->run_snap[ri] < 0) continue;
     be->copy(be, s->ckpt[s->run_snap[ri]].conv[li], s->conv[at], sizeof(float) * (size_t)conv_floats(c));
     if (len > cut)
       be->conv1d_silu(be, conv + (t0 + cut) * cd, qkv + (t0 + cut) * cd, len - cut, (int)cd, w->conv_w, c->gdn_conv,
