@@ -70,6 +70,10 @@ typedef struct anna_context_options {
   /* Prefix block pool (anna_context_prefix_attach): 0 = on unless the environment sets
    * ANNA_PREFIX_KV_SHARE=0; -1 = off. */
   int prefix_share;
+  /* GDN models: besides the last block boundary each decode call reaches, snapshot the
+   * recurrent state every N tokens inside a call (rounded up to whole blocks; 0: off), so a
+   * long prompt leaves reusable points behind (e.g. the end of a shared system prompt). */
+  int prefix_snapshot_interval;
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */

@@ -87,7 +87,10 @@ struct fwd_state {
   void **wk, **wv;             /* [n] per-token row pointers (cache writes) */
   float **wrk, **wrv;          /* [n] per-token ring rows (cache writes) */
   int32_t *run_start, *run_len, *run_seq;
-  int32_t *run_snap, *run_split; /* [run] ckpt slot to snapshot into (-1: none), tokens before it */
+  /* GDN snapshots of this call: run ri cuts at run_cut0[ri] .. + run_ncut[ri] entries of
+   * cut_at (tokens into the run, ascending) / cut_slot (ckpt slot to save into). */
+  int32_t *run_cut0, *run_ncut, *cut_at, *cut_slot;
+  int snap_every; /* tokens between snapshots inside a run (0: only the last boundary) */
   void **allocs, **hallocs;
   size_t n_allocs, n_hallocs;
 };
@@ -381,6 +384,8 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
   s->max_bps = (int)(((int64_t)n_ctx + s->block_len - 1) / s->block_len);
   s->n_blocks = o.n_blocks ? o.n_blocks : (int64_t)n_seq * s->max_bps;
   s->share_enabled = o.prefix_share;
+  /* Snapshot points are block boundaries. */
+  s->snap_every = o.snapshot_interval > 0 ? (o.snapshot_interval + o.block_len - 1) / o.block_len * o.block_len : 0;
   /* The residual ring only means something for a quantized cache. */
   s->resid = kv_type != OPS_KV_F32 ? o.residual_len : 0;
   s->ring_len = s->resid ? s->resid + n_batch : 0;
@@ -497,8 +502,10 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
   s->run_start = halloc(s, (size_t)n * sizeof(int32_t), &fail);
   s->run_len = halloc(s, (size_t)n * sizeof(int32_t), &fail);
   s->run_seq = halloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_snap = halloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_split = halloc(s, (size_t)n * sizeof(int32_t), &fail);
+  s->run_cut0 = halloc(s, (size_t)n * sizeof(int32_t), &fail);
+  s->run_ncut = halloc(s, (size_t)n * sizeof(int32_t), &fail);
+  s->cut_at = halloc(s, (size_t)(2 * n + 1) * sizeof(int32_t), &fail);
+  s->cut_slot = halloc(s, (size_t)(2 * n + 1) * sizeof(int32_t), &fail);
   if (fail) {
     fwd_state_free(s);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequences x %d positions", n_seq, n_ctx);
@@ -870,18 +877,23 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   be->matmul(be, z, xn, n, &w->z, NULL);
   be->matmul(be, ba, xn, n, &w->b, NULL);
   be->matmul(be, ba + n * hv, xn, n, &w->a, NULL);
-  /* A run that reaches a block boundary is split there and the state at the boundary
-   * saved (prefix-pool snapshot; planned by forward_batch). */
+  /* A run that reaches snapshot points (block boundaries, planned by forward_batch) is cut
+   * there and the state at each saved. */
   for (int ri = 0; ri < r->n_runs; ri++) {
     const int64_t t0 = s->run_start[ri], len = s->run_len[ri];
-    const int64_t cut = s->run_snap[ri] >= 0 ? s->run_split[ri] : len;
     size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
-    be->conv1d_silu(be, conv + t0 * cd, qkv + t0 * cd, cut, (int)cd, w->conv_w, c->gdn_conv, s->conv[at]);
-    if (s->run_snap[ri] < 0) continue;
-    be->copy(be, s->ckpt[s->run_snap[ri]].conv[li], s->conv[at], sizeof(float) * (size_t)conv_floats(c));
-    if (len > cut)
-      be->conv1d_silu(be, conv + (t0 + cut) * cd, qkv + (t0 + cut) * cd, len - cut, (int)cd, w->conv_w, c->gdn_conv,
-                      s->conv[at]);
+    int64_t done = 0;
+    for (int ci = 0; ci <= s->run_ncut[ri]; ci++) {
+      const int last = ci == s->run_ncut[ri];
+      const int64_t upto = last ? len : s->cut_at[s->run_cut0[ri] + ci];
+      if (upto > done)
+        be->conv1d_silu(be, conv + (t0 + done) * cd, qkv + (t0 + done) * cd, upto - done, (int)cd, w->conv_w,
+                        c->gdn_conv, s->conv[at]);
+      done = upto;
+      if (!last)
+        be->copy(be, s->ckpt[s->cut_slot[s->run_cut0[ri] + ci]].conv[li], s->conv[at],
+                 sizeof(float) * (size_t)conv_floats(c));
+    }
   }
   float *q = qkv, *k = qkv + n * Kd, *v = qkv + 2 * n * Kd;
   be->copy_rows(be, q, Kd, conv, cd, n, (int)Kd);
@@ -894,12 +906,12 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   float *o = conv; /* conv output no longer needed */
   for (int ri = 0; ri < r->n_runs; ri++) {
     const int64_t t0 = s->run_start[ri], len = s->run_len[ri];
-    const int64_t cut = s->run_snap[ri] >= 0 ? s->run_split[ri] : len;
     size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
-    for (int part = 0; part < 2; part++) {
-      const int64_t p0 = part ? cut : 0, pn = part ? len - cut : cut;
+    int64_t done = 0;
+    for (int ci = 0; ci <= s->run_ncut[ri]; ci++) {
+      const int last = ci == s->run_ncut[ri];
+      const int64_t upto = last ? len : s->cut_at[s->run_cut0[ri] + ci], pn = upto - done, u = t0 + done;
       if (pn > 0) {
-        const int64_t u = t0 + p0;
         ops_gdn_args a = {
             .n = pn, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .v_tiled = c->gdn_v_tiled, .q = q + u * Kd,
             .k = k + u * Kd, .v = v + u * Vd, .g = g + u * hv, .beta = beta + u * hv, .state = s->ssm[at],
@@ -908,9 +920,10 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
         if (pn >= GDN_CHUNKED_MIN) be->gdn_chunked(be, &a);
         else be->gdn_recurrent(be, &a);
       }
-      if (part == 0 && s->run_snap[ri] >= 0)
-        be->copy(be, s->ckpt[s->run_snap[ri]].ssm[li], s->ssm[at], sizeof(float) * (size_t)ssm_floats(c));
-      if (cut == len) break;
+      done = upto;
+      if (!last)
+        be->copy(be, s->ckpt[s->cut_slot[s->run_cut0[ri] + ci]].ssm[li], s->ssm[at],
+                 sizeof(float) * (size_t)ssm_floats(c));
     }
   }
   float *y = ba; /* [n, Vd] fits: buffers are wmax wide */
@@ -1058,33 +1071,41 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
     if ((rc = seq_ensure(s, q, s->len[q], s->len[q] + s->run_len[ri], err, errlen))) return rc;
   }
   for (int32_t i = 0; i < b->n; i++) s->stok[(int64_t)b->seq[i] * s->n_ctx + b->pos[i]] = b->tokens[i];
+  int32_t ncut = 0;
   for (int ri = 0; ri < r.n_runs; ri++) {
     const int q = s->run_seq[ri];
     const int32_t from = s->len[q], to = from + s->run_len[ri];
-    s->run_snap[ri] = -1;
+    s->run_ncut[ri] = 0;
+    s->run_cut0[ri] = ncut;
     if (!s->share[q]) continue;
     /* Chain hashes of the blocks this run completes. */
     uint64_t *bh = s->bhash + (int64_t)q * s->max_bps;
     for (int32_t j = from >> s->bshift; (j + 1) << s->bshift <= to; j++)
       bh[j] = block_hash(j ? bh[j - 1] : 0, s->stok + (int64_t)q * s->n_ctx + ((int64_t)j << s->bshift),
                          s->block_len);
-    /* GDN: snapshot the state at the last block boundary the run reaches. */
+    /* GDN: snapshot the state at every snap_every-th boundary the run passes and at the
+     * last boundary it reaches (the end of a prompt chunk, or a decode step filling a block). */
     const int32_t edge = to & ~(s->block_len - 1);
     if (!s->n_ckpt || edge <= from) continue;
-    const uint64_t hj = bh[(edge >> s->bshift) - 1];
-    struct fwd_ckpt *k = snap_find(s, hj);
-    if (k) {
+    for (int32_t bnd = ((from >> s->bshift) + 1) << s->bshift; bnd <= edge; bnd += s->block_len) {
+      if (bnd != edge && (!s->snap_every || bnd % s->snap_every)) continue;
+      const uint64_t hj = bh[(bnd >> s->bshift) - 1];
+      struct fwd_ckpt *k = snap_find(s, hj);
+      if (k) {
+        k->tick = ++s->tick;
+        continue;
+      }
+      k = ckpt_pick(s);
+      k->seq = q;
+      k->pos = bnd;
+      k->hashed = 1;
+      k->hash = hj;
       k->tick = ++s->tick;
-      continue;
+      s->cut_at[ncut] = bnd - from;
+      s->cut_slot[ncut] = (int32_t)(k - s->ckpt);
+      ncut++;
+      s->run_ncut[ri]++;
     }
-    k = ckpt_pick(s);
-    k->seq = q;
-    k->pos = edge;
-    k->hashed = 1;
-    k->hash = hj;
-    k->tick = ++s->tick;
-    s->run_snap[ri] = (int32_t)(k - s->ckpt);
-    s->run_split[ri] = edge - from;
   }
   tab_upload(s);
   /* A fresh sequence starts with zero recurrent state. */

@@ -22,6 +22,8 @@ typedef struct fwd_state_options {
   int64_t n_blocks; /* KV blocks in the pool (default n_seq * ceil(n_ctx / block_len)) */
   int residual_len; /* quantized caches: newest positions also kept in f32 (0: none) */
   int prefix_share; /* 1: prefix pool on (attach reuses, registers); 0: attach reuses nothing */
+  int snapshot_interval; /* GDN snapshots every N tokens inside a call (rounded up to blocks;
+                            0: only at the last block boundary each call reaches) */
 } fwd_state_options;
 
 /* KV pool accounting and prefix-pool counters: the public struct. */

@@ -119,6 +119,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.kv_blocks = opt->kv_blocks;
     o.kv_cache_residual_len = opt->kv_cache_residual_len;
     o.prefix_share = opt->prefix_share;
+    o.prefix_snapshot_interval = opt->prefix_snapshot_interval;
   }
   if (o.kv_cache_residual_len < 0)
     return anna_err(err, errlen, ANNA_EINVAL, "--kv-cache-residual-len %d is negative", o.kv_cache_residual_len);
@@ -137,7 +138,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
                       "KV-cache quantization '%s' (bits %d) is not one of none, q8, q4, turboquant with 2-4 bits", q, bits);
   }
   fwd_state_options fo = {.n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
-                          .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len, .prefix_share = share};
+                          .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len, .prefix_share = share,
+                          .snapshot_interval = o.prefix_snapshot_interval};
   int cuda;
   int rc = device_pick(o.device, &cuda, err, errlen);
   if (rc) return rc;

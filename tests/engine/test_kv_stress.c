@@ -51,7 +51,8 @@ static void stress(const char *root, const char *name) {
     return;
   }
   anna_context_options o = {.n_seq = NSEQ, .n_ctx = 256, .n_batch = 256, .n_threads = 2, .n_checkpoints = 6,
-                            .kv_block_len = 16, .kv_blocks = 20};
+                            .kv_block_len = 16, .kv_blocks = 20,
+                            .prefix_snapshot_interval = 32};
   anna_context_options ro = {.n_seq = 1, .n_ctx = 256, .n_batch = 256, .n_threads = 2, .prefix_share = -1};
   if (anna_context_create(&c, m, &o, err, sizeof err) || anna_context_create(&rc, m, &ro, err, sizeof err)) {
     printf("FAIL %s: %s\n", name, err);
