@@ -144,6 +144,7 @@ int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *toke
 /* KV pool accounting and prefix-pool counters (cumulative since creation). */
 typedef struct anna_kv_stats {
   int block_len;
+  int prefix_share; /* the prefix pool is on */
   int64_t n_blocks, free_blocks, cached_blocks; /* cached: holding a prefix, unreferenced */
   int64_t pool_bytes;     /* KV blocks of all attention layers, K and V */
   int64_t snapshot_bytes; /* recurrent-state checkpoint / snapshot slots */

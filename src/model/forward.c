@@ -533,6 +533,7 @@ int64_t fwd_state_kv_bytes_per_token(const fwd_state *s) {
 void fwd_state_kv_stats(const fwd_state *s, fwd_kv_stats *st) {
   *st = s->st;
   st->block_len = s->block_len;
+  st->prefix_share = s->share_enabled;
   st->n_blocks = s->n_blocks;
   st->free_blocks = s->n_free;
   st->cached_blocks = 0;
