@@ -10,7 +10,7 @@
  * (seq_copy: shared blocks, copy on write). Every logit row a call returns is compared (1e-3) with a
  * fresh, unshared computation of the same tokens in a second context. Run for a dense model
  * and a hybrid GDN model; the run must see hits, evictions and copy-free reuse.
- * Usage: test_kv_stress FIXTURES_DIR */
+ * Usage: test_kv_stress FIXTURES_DIR [DEVICE]   (DEVICE: cpu (default), cuda) */
 #include "anna/anna.h"
 #include "base/error.h"
 
@@ -40,6 +40,8 @@ typedef struct plan {
   float *ref; /* [n][V] logits of a fresh computation */
 } plan;
 
+static const char *g_device;
+
 static void stress(const char *root, const char *name) {
   char dir[1200], err[256];
   snprintf(dir, sizeof dir, "%.1000s/%.100s", root, name);
@@ -52,8 +54,9 @@ static void stress(const char *root, const char *name) {
   }
   anna_context_options o = {.n_seq = NSEQ, .n_ctx = 256, .n_batch = 256, .n_threads = 2, .n_checkpoints = 6,
                             .kv_block_len = 16, .kv_blocks = 20,
-                            .prefix_snapshot_interval = 32};
-  anna_context_options ro = {.n_seq = 1, .n_ctx = 256, .n_batch = 256, .n_threads = 2, .prefix_share = -1};
+                            .prefix_snapshot_interval = 32, .device = g_device};
+  anna_context_options ro = {.n_seq = 1, .n_ctx = 256, .n_batch = 256, .n_threads = 2, .prefix_share = -1,
+                             .device = g_device};
   if (anna_context_create(&c, m, &o, err, sizeof err) || anna_context_create(&rc, m, &ro, err, sizeof err)) {
     printf("FAIL %s: %s\n", name, err);
     g_fail++;
@@ -196,9 +199,10 @@ done:
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s FIXTURES_DIR\n", argv[0]);
+    fprintf(stderr, "usage: %s FIXTURES_DIR [DEVICE]\n", argv[0]);
     return 2;
   }
+  g_device = argc > 2 ? argv[2] : NULL;
   stress(argv[1], "qwen3");
   stress(argv[1], "qwen3_5");
   printf(g_fail ? "FAILED\n" : "ok\n");
