@@ -26,6 +26,8 @@ typedef struct kv_blk {
   uint64_t hash;   /* chain hash: block_hash(parent, its tokens) */
   uint64_t parent; /* chain hash of the block before it (0 for the first) */
   uint64_t tick;   /* when ref last dropped to 0: eviction is least recently used first */
+  int32_t fill;    /* cached positions: block_len, or fewer for the partial last block a
+                      finished sequence left (keyed by partial_hash) */
 } kv_blk;
 
 struct fwd_state {
@@ -188,19 +190,25 @@ static uint64_t block_hash(uint64_t parent, const int32_t *t, int n) {
   return h;
 }
 
+/* Key of a partial block (its first n < block_len tokens): never equal to a full block's
+ * key for the same tokens. */
+static uint64_t partial_hash(uint64_t parent, const int32_t *t, int n) {
+  return block_hash(parent ^ 0x5bd1e9955bd1e995ULL, t, n) ^ (uint64_t)n;
+}
+
 static int64_t hidx_home(const fwd_state *s, uint64_t h) {
   return (int64_t)(h & (uint64_t)(s->hcap - 1));
 }
 
 /* The cached block with this chain position and these tokens (-1: none). Tokens are
  * compared, so a hash collision cannot map a wrong block. */
-static int32_t hidx_find(const fwd_state *s, uint64_t hash, uint64_t parent, const int32_t *tok) {
+static int32_t hidx_find(const fwd_state *s, uint64_t hash, uint64_t parent, const int32_t *tok, int n) {
   for (int64_t i = hidx_home(s, hash);; i = (i + 1) & (s->hcap - 1)) {
     const int32_t b = s->hidx[i];
     if (b < 0) return -1;
     const kv_blk *k = &s->blk[b];
-    if (k->hash == hash && k->parent == parent &&
-        !memcmp(s->blk_tok + (int64_t)b * s->block_len, tok, sizeof(int32_t) * (size_t)s->block_len))
+    if (k->hash == hash && k->parent == parent && k->fill == n &&
+        !memcmp(s->blk_tok + (int64_t)b * s->block_len, tok, sizeof(int32_t) * (size_t)n))
       return b;
   }
 }
@@ -318,8 +326,9 @@ static void seq_register(fwd_state *s, int seq, int32_t j0, int32_t j1) {
     const int32_t b = t[j];
     const uint64_t parent = j ? bh[j - 1] : 0;
     const int32_t *tok = s->stok + (int64_t)seq * s->n_ctx + (int64_t)j * s->block_len;
-    if (s->blk[b].cached || hidx_find(s, bh[j], parent, tok) >= 0) continue; /* already known */
+    if (s->blk[b].cached || hidx_find(s, bh[j], parent, tok, s->block_len) >= 0) continue; /* already known */
     s->blk[b].cached = 1;
+    s->blk[b].fill = s->block_len;
     s->blk[b].hash = bh[j];
     s->blk[b].parent = parent;
     memcpy(s->blk_tok + (int64_t)b * s->block_len, tok, sizeof(int32_t) * (size_t)s->block_len);
@@ -564,8 +573,11 @@ static void ckpt_invalidate(fwd_state *s, int seq, int32_t n) {
     if (s->ckpt[i].seq == seq && s->ckpt[i].pos > n) s->ckpt[i].seq = -1;
 }
 
+static void seq_register_tail(fwd_state *s, int seq);
+
 void fwd_state_seq_reset(fwd_state *s, int seq) {
   if (seq < 0 || seq >= s->n_seq) return;
+  seq_register_tail(s, seq);
   /* GDN state is zeroed when the sequence restarts. */
   s->len[seq] = 0;
   seq_release(s, seq, 0);
@@ -619,6 +631,34 @@ int fwd_state_checkpoint(fwd_state *s, int seq, char *err, size_t errlen) {
   k->tick = ++s->tick;
   gdn_state_copy(s, k->conv, k->ssm, 1, s->conv + seq, s->ssm + seq, s->n_seq);
   return 0;
+}
+
+/* A registering sequence that ends mid-block leaves that block in the index as a partial
+ * block (its first len % block_len positions), and for GDN models its final state as a
+ * snapshot: the next turn of a conversation reuses everything up to where this one ended. */
+static void seq_register_tail(fwd_state *s, int seq) {
+  const int32_t len = s->len[seq], p = len & (s->block_len - 1), j = len >> s->bshift;
+  if (s->share[seq] != 2 || p == 0 || j >= s->nblk[seq] || (s->has_gdn && !s->n_ckpt)) return;
+  const int32_t b = s->tab_id[(int64_t)seq * s->max_bps + j];
+  const uint64_t parent = j ? s->bhash[(int64_t)seq * s->max_bps + j - 1] : 0;
+  const int32_t *tok = s->stok + (int64_t)seq * s->n_ctx + ((int64_t)j << s->bshift);
+  const uint64_t h = partial_hash(parent, tok, p);
+  if (s->has_gdn && !snap_find(s, h)) {
+    struct fwd_ckpt *k = ckpt_pick(s);
+    k->seq = -1;
+    k->hashed = 1;
+    k->hash = h;
+    k->tick = ++s->tick;
+    gdn_state_copy(s, k->conv, k->ssm, 1, s->conv + seq, s->ssm + seq, s->n_seq);
+  }
+  kv_blk *k = &s->blk[b];
+  if (k->ref != 1 || k->cached || hidx_find(s, h, parent, tok, p) >= 0) return;
+  k->cached = 1;
+  k->fill = p;
+  k->hash = h;
+  k->parent = parent;
+  memcpy(s->blk_tok + (int64_t)b * s->block_len, tok, sizeof(int32_t) * (size_t)p);
+  hidx_insert(s, b);
 }
 
 /* The recurrent state of src at position n: its live state or a checkpoint. */
@@ -729,7 +769,7 @@ int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, in
   for (int32_t j = 0; j < full; j++) {
     const int32_t *tok = tokens + (int64_t)j * s->block_len;
     const uint64_t hj = block_hash(h, tok, s->block_len);
-    const int32_t b = hidx_find(s, hj, h, tok);
+    const int32_t b = hidx_find(s, hj, h, tok, s->block_len);
     if (b < 0) break;
     s->cand[j] = b;
     bh[j] = hj;
@@ -742,13 +782,30 @@ int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, in
       if (k) best = j + 1, snap = k;
     }
   }
-  (void)found;
+  /* Then a partial block a finished sequence left after the matched ones (with, for GDN
+   * models, its end state): the longest one whose tokens continue this prompt. */
+  int32_t pfill = 0, pb = -1;
+  const int32_t rest = n - (found << s->bshift);
+  for (int32_t p = rest < s->block_len - 1 ? rest : s->block_len - 1; p > 0 && pb < 0; p--) {
+    const int32_t *tok = tokens + ((int64_t)found << s->bshift);
+    const uint64_t hp = partial_hash(h, tok, p);
+    const int32_t b = hidx_find(s, hp, h, tok, p);
+    struct fwd_ckpt *k = b >= 0 && s->has_gdn ? snap_find(s, hp) : NULL;
+    if (b < 0 || (s->has_gdn && !k)) continue;
+    pb = b, pfill = p, best = found;
+    if (k) snap = k;
+  }
   for (int32_t j = 0; j < best; j++) {
     s->blk[s->cand[j]].ref++;
     tab_set(s, seq, j, s->cand[j]);
   }
   s->nblk[seq] = best;
-  const int32_t len = best << s->bshift;
+  if (pb >= 0) {
+    s->blk[pb].ref++;
+    tab_set(s, seq, best, pb);
+    s->nblk[seq] = best + 1;
+  }
+  const int32_t len = (best << s->bshift) + pfill;
   memcpy(s->stok + (int64_t)seq * s->n_ctx, tokens, sizeof(int32_t) * (size_t)len);
   if (snap) {
     snap->tick = ++s->tick;
@@ -756,7 +813,7 @@ int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, in
   }
   s->len[seq] = len;
   s->st.hit_blocks += (uint64_t)best;
-  s->st.miss_blocks += (uint64_t)(full - best);
+  s->st.miss_blocks += (uint64_t)(full - best - (pfill && best < full ? 1 : 0));
   s->st.hit_tokens += (uint64_t)len;
   return len;
 }

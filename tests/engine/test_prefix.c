@@ -222,6 +222,23 @@ static void test_pool(const char *root, const char *name) {
   feed(c, 3, BR, 0, mid + nb, lg, V);
   feed(c, 1, BR, mid, mid + nb, got, V);
   check(name, "pool: copy on write, the other sharer", maxdiff(got, lg + (size_t)mid * V, (size_t)nb * V));
+  /* (j) seq 0 ends mid-block at n: its partial last block (and, for GDN, its end state)
+   * stays in the pool, so the next turn P + B reuses exactly n positions. */
+  {
+    memcpy(BR, P, sizeof(int32_t) * (size_t)n);
+    memcpy(BR + n, B, sizeof(int32_t) * (size_t)nb);
+    anna_context_seq_reset(c, 3);
+    feed(c, 3, BR, 0, n + nb, lg, V);
+    anna_context_seq_reset(c, 0);
+    const int32_t rj = anna_context_prefix_attach(c, 2, BR, n + nb - 1, ANNA_PREFIX_REGISTER);
+    g_checks++;
+    if (rj != n) {
+      printf("  FAIL %s: the next turn reused %d positions, expected %d\n", name, rj, n);
+      g_fail++;
+    } else if (feed(c, 2, BR, n, n + nb, got, V) == 0) {
+      check(name, "pool: next turn reuses a partial last block", maxdiff(got, lg + (size_t)n * V, (size_t)nb * V));
+    }
+  }
   anna_context_kv_stats(c, &st1);
   g_checks++;
   if (st1.cow_copies <= st0.cow_copies || st1.hit_tokens == 0) {
