@@ -2,8 +2,9 @@
  *
  * Boundary: an anna_model is a loaded, immutable model (config + weights, mmap'd where
  * possible); it may be shared by several contexts. An anna_context owns everything that
- * changes while generating: per-sequence state (attention KV caches, Gated DeltaNet conv
- * and recurrent state) for up to n_seq sequence slots, the backend and its scratch. One
+ * changes while generating: per-sequence state (attention KV in one paged block pool shared
+ * by all sequences, Gated DeltaNet conv and recurrent state) for up to n_seq sequence slots,
+ * the prefix block pool, the backend and its scratch. One
  * thread drives a context at a time. Callers (CLI, server) never see tensors: they pass
  * token batches and read logits.
  *
