@@ -759,8 +759,8 @@ int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, in
   s->share[seq] = register_blocks ? 2 : 1;
   s->st.lookups++;
   s->st.lookup_tokens += (uint64_t)n;
-  /* Rows reused from blocks were never in this sequence's f32 ring: with a residual ring
-   * only the hybrid-free, ring-free reuse is exact, so reuse nothing there. */
+  /* Rows reused from blocks were never written to this sequence's f32 residual ring (and
+   * the quantized rows cannot refill it), so with a ring nothing is reused. */
   if (s->resid) return 0;
   const int32_t full = n >> s->bshift;
   uint64_t h = 0, *bh = s->bhash + (int64_t)seq * s->max_bps;
