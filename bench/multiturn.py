@@ -7,9 +7,14 @@ chat clients do, and the time to the first streamed token is recorded. With a wo
 cache, turns 2..N cost only their new tokens. Servers are measured one after another, each with
 a fresh conversation (a per-run tag in the system prompt keeps earlier runs from hitting).
 
+--canned-replies (for random-weight models, which may stream no text): each turn is timed as
+one request for a single token (prefill + one step, i.e. the TTFT), and the history grows by a
+fixed reply text instead of the model's; the new tokens per turn are then the canned reply plus
+the next question, the same for every server.
+
 Usage:
   bench/multiturn.py --base-url http://127.0.0.1:8092 --label anna \\
-                     [--base-url http://127.0.0.1:8091 --label llama.cpp] [--turns 10]
+                     [--base-url http://127.0.0.1:8091 --label llama.cpp] [--turns 10] [--canned-replies]
 Needs the `openai` package.
 """
 import argparse
@@ -29,13 +34,25 @@ QUESTIONS = ["What is the first sentence about?", "Summarise the second passage 
              "What is the main theme overall?", "Thank you. One final sentence, please."]
 
 
-def run(base, label, turns, max_tokens, system):
+CANNED = ("Thank you for the question. Based on the text above, the answer is short: it is in the passage, "
+          "and I have nothing more to add to it.")
+
+
+def run(base, label, turns, max_tokens, system, canned=False):
     c = OpenAI(base_url=base.rstrip("/") + "/v1", api_key="x", max_retries=0, timeout=600)
     model = c.models.list().data[0].id
     msgs = [{"role": "system", "content": system}]
     rows = []
     for t in range(turns):
         msgs.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
+        if canned:
+            t0 = time.perf_counter()
+            r = c.chat.completions.create(model=model, messages=msgs, max_tokens=1, temperature=0,
+                                          extra_body={"ignore_eos": True})
+            ttft = time.perf_counter() - t0
+            msgs.append({"role": "assistant", "content": CANNED})
+            rows.append((t + 1, r.usage.prompt_tokens if r.usage else None, ttft))
+            continue
         t0 = time.perf_counter()
         ttft, text, usage = None, [], None
         stream = c.chat.completions.create(model=model, messages=msgs, max_tokens=max_tokens, temperature=0,
@@ -59,6 +76,7 @@ def main():
     ap.add_argument("--label", action="append")
     ap.add_argument("--turns", type=int, default=10)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--canned-replies", action="store_true")
     ap.add_argument("--text", default=os.path.join(REPO, "bench", "data", "public_domain_en.txt"))
     a = ap.parse_args()
     labels = a.label or [f"server{i}" for i in range(len(a.base_url))]
@@ -67,15 +85,17 @@ def main():
     for base, label in zip(a.base_url, labels):
         tag = f"[run {random.randrange(1 << 30)}] "
         system = tag + "You answer questions about this text briefly.\n\n" + text
-        results.append(run(base, label, a.turns, a.max_tokens, system))
+        results.append(run(base, label, a.turns, a.max_tokens, system, a.canned_replies))
     turns = len(results[0][1])
     head = "| turn | prompt tokens | " + " | ".join(f"{l} TTFT ms" for l, _ in results) + " |"
+    head += " new tokens |" if turns else ""
     print(head)
-    print("|" + "---|" * (2 + len(results)))
+    print("|" + "---|" * (3 + len(results)))
     for i in range(turns):
         pt = results[0][1][i][1]
+        new = pt - results[0][1][i - 1][1] if i and pt and results[0][1][i - 1][1] else pt
         cells = " | ".join(f"{r[i][2] * 1e3:.0f}" if r[i][2] else "n/a" for _, r in results)
-        print(f"| {i + 1} | {pt} | {cells} |")
+        print(f"| {i + 1} | {pt} | {cells} | {new} |")
     for label, r in results:
         later = [x[2] for x in r[1:] if x[2]]
         if later and r[0][2]:

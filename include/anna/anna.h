@@ -2,8 +2,9 @@
  *
  * Boundary: an anna_model is a loaded, immutable model (config + weights, mmap'd where
  * possible); it may be shared by several contexts. An anna_context owns everything that
- * changes while generating: per-sequence state (attention KV caches, Gated DeltaNet conv
- * and recurrent state) for up to n_seq sequence slots, the backend and its scratch. One
+ * changes while generating: per-sequence state (attention KV in one paged block pool shared
+ * by all sequences, Gated DeltaNet conv and recurrent state) for up to n_seq sequence slots,
+ * the prefix block pool, the backend and its scratch. One
  * thread drives a context at a time. Callers (CLI, server) never see tensors: they pass
  * token batches and read logits.
  *
@@ -56,6 +57,24 @@ typedef struct anna_context_options {
   int int8_prefill;
   /* CPU: time every op family (anna_context_profile); costs a clock read per op. */
   int profile;
+  /* Paged KV cache: every attention layer's cache is one pool of blocks of kv_block_len
+   * positions (a power of two >= 16; default 64, the GDN chunk), shared by all sequences
+   * through per-sequence block tables. kv_blocks: pool size (default n_seq *
+   * ceil(n_ctx / kv_block_len), so every sequence can reach n_ctx). A decode that needs a
+   * block when none is free (and no cached prefix block can be evicted) fails with
+   * ANNA_ERANGE. */
+  int kv_block_len;
+  int64_t kv_blocks;
+  /* Quantized caches: the newest N positions of each sequence are also kept, and attended,
+   * in f32 (a per-sequence ring). 0: off. Prefix reuse across sequences is off with it. */
+  int kv_cache_residual_len;
+  /* Prefix block pool (anna_context_prefix_attach): 0 = on unless the environment sets
+   * ANNA_PREFIX_KV_SHARE=0; -1 = off. */
+  int prefix_share;
+  /* GDN models: besides the last block boundary each decode call reaches, snapshot the
+   * recurrent state every N tokens inside a call (rounded up to whole blocks; 0: off), so a
+   * long prompt leaves reusable points behind (e.g. the end of a shared system prompt). */
+  int prefix_snapshot_interval;
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */
@@ -92,17 +111,51 @@ int64_t anna_context_kv_bytes_per_token(const anna_context *c);
 int32_t anna_context_seq_len(const anna_context *c, int seq);
 void anna_context_seq_reset(anna_context *c, int seq);
 
-/* Prefix reuse (prompt caches, branching conversations). Attention KV can be cut at any
+/* Prefix reuse by hand (branching conversations). Attention KV can be cut at any
  * position; the recurrent state of Gated DeltaNet layers only where it was saved, so:
  *   checkpoint: save seq's recurrent state at its current length (needs n_checkpoints > 0 on
  *               models with GDN layers; a no-op for attention-only models);
  *   rewind:     seq keeps its first n positions (n = its length or a checkpointed position);
- *   copy:       dst becomes a copy of src's first n positions (same rule for n).
+ *   copy:       dst becomes src's first n positions (same rule for n); KV blocks are
+ *               shared, and copied only when one of the sequences writes into a shared one.
  * Callers checkpoint at block boundaries while prefilling (split the prompt there) and
  * recompute the tokens from the last boundary when a prefix ends mid-block. */
 int anna_context_seq_checkpoint(anna_context *c, int seq, char *err, size_t errlen);
 int anna_context_seq_rewind(anna_context *c, int seq, int32_t n, char *err, size_t errlen);
 int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *err, size_t errlen);
+
+/* Prefix block pool. Full KV blocks are keyed by a hash chain of their tokens (block j's
+ * key covers tokens [0, (j+1) * block_len)), reference-counted, shared between sequences,
+ * copied on write, and kept after their sequences end until the pool needs them (least
+ * recently used first). For models with Gated DeltaNet layers, the recurrent + conv state
+ * is snapshotted at the last block boundary each decode call reaches for an attached
+ * sequence (into the n_checkpoints slots, least recently used first); a prefix is reused
+ * only up to the longest boundary with a snapshot, which is restored exactly.
+ *
+ * attach: empties seq, maps the longest cached prefix of tokens[0, n) into it and returns
+ * its length r (a multiple of the block length, <= n; 0 when nothing matches or sharing
+ * is off). The caller then feeds tokens[r, ...) at positions r, ...; pass n = prompt
+ * length - 1 to keep the last prompt token (whose logits start the reply) to compute.
+ * flags & ANNA_PREFIX_REGISTER: seq's own full blocks (and GDN snapshots) enter the pool
+ * as decode fills them; without it seq only reads the pool (e.g. a prompt that an exact
+ * prompt cache keeps instead). Returns a negative ANNA_E* code on a bad seq. */
+#define ANNA_PREFIX_REGISTER 1
+int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *tokens, int32_t n, int flags);
+
+/* KV pool accounting and prefix-pool counters (cumulative since creation). */
+typedef struct anna_kv_stats {
+  int block_len;
+  int prefix_share; /* the prefix pool is on */
+  int64_t n_blocks, free_blocks, cached_blocks; /* cached: holding a prefix, unreferenced */
+  int64_t pool_bytes;     /* KV blocks of all attention layers, K and V */
+  int64_t snapshot_bytes; /* recurrent-state checkpoint / snapshot slots */
+  int64_t ring_bytes;     /* residual f32 rings */
+  int64_t n_snapshots;    /* slots holding a prefix snapshot */
+  uint64_t lookups, lookup_tokens; /* attach calls and the tokens they asked about */
+  uint64_t hit_blocks, miss_blocks, hit_tokens; /* full blocks found / not found; tokens reused */
+  uint64_t evictions, cow_copies;
+} anna_kv_stats;
+void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st);
 
 #ifdef __cplusplus
 }

@@ -39,7 +39,9 @@ static void usage(FILE *f) {
           "  --json                   one JSON object on stdout instead of the table\n"
           "  --profile-runtime        per-op-family time (matmul, lm_head, attention, gdn, moe, other; CPU)\n"
           "  --verbose                one line per run on stderr\n"
-          "  --int8-prefill           8-bit activations in prefill (faster; default: exact f32)\n");
+          "  --int8-prefill           8-bit activations in prefill (faster; default: exact f32)\n"
+          "  --kv-cache-quantization none|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
+          "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n");
 }
 
 /* "512,8192" -> lengths (caller frees). Returns the count, or -1 with the message printed. */
@@ -285,7 +287,8 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL;
-  const char *device = NULL, *dtype = NULL;
+  const char *device = NULL, *dtype = NULL, *kvq = NULL;
+  int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
   int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, int8_prefill = 0;
   for (int i = 1; i < argc; i++) {
@@ -297,6 +300,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--prompt-lengths")) { NEEDV(); lengths_arg = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
+    else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
+    else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
+    else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
     else if (!strcmp(a, "--raw")) raw = 1;
     else if (!strcmp(a, "--no-think")) no_think = 1;
     else if (!strcmp(a, "--json")) as_json = 1;
@@ -399,7 +405,8 @@ int main(int argc, char **argv) {
   }
   const int n_batch = n_ids < batch ? (int)n_ids : batch;
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
-                             .int8_prefill = int8_prefill, .profile = profile};
+                             .int8_prefill = int8_prefill, .profile = profile, .kv_cache_quantization = kvq,
+                             .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   sampler_params sp = sampler_params_default(); /* greedy: the sampler's cheapest honest path */
   if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;

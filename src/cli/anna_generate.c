@@ -21,6 +21,7 @@ static void usage(FILE *f) {
           "  --presence-penalty P  --frequency-penalty P  --seed S\n"
           "  --ctx-size N             context length (default: prompt + max-new-tokens)\n"
           "  --kv-cache-quantization none|q8|q4|turboquant   --kv-cache-quant-bits 2|3|4\n"
+          "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
           "  --int8-prefill           8-bit activations in prefill (faster; default: exact f32)\n"
           "  --threads N              default: one per core\n"
           "  --device cpu|cuda|auto  --dtype f32\n"
@@ -32,7 +33,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL;
   const char *device = NULL, *dtype = NULL, *kvq = NULL;
-  int kv_bits = 0, int8_prefill = 0;
+  int kv_bits = 0, int8_prefill = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   sampler_params sp = sampler_params_default();
   for (int i = 1; i < argc; i++) {
@@ -47,6 +48,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
     else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
+    else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
     else if (!strcmp(a, "--raw")) raw = 1;
     else if (!strcmp(a, "--int8-prefill")) int8_prefill = 1;
     else if (!strcmp(a, "--no-think")) no_think = 1;
@@ -122,7 +124,7 @@ int main(int argc, char **argv) {
   const int n_batch = n < 512 ? (int)n : 512;
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
-                             .int8_prefill = int8_prefill};
+                             .kv_cache_residual_len = kv_resid, .int8_prefill = int8_prefill};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && tokenizer_stream_new(&stream, text->tok, TOKENIZER_DECODE_SKIP_SPECIAL, err, sizeof err)) goto fail;

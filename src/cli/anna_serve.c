@@ -20,9 +20,14 @@ static void usage(FILE *f) {
           "  --log-format text|json  --log-level debug|info|warn|error\n"
           "  --metrics-log-interval-seconds S (0 = off)\n"
           "  --reasoning-format none|deepseek\n"
-          "  --no-prompt-cache        do not keep finished sequences' KV for prefix reuse\n"
-          "  --prompt-cache-block N   checkpoint hybrid (GDN) state every N prompt tokens (default 256)\n"
-          "  --prompt-cache-checkpoints N  checkpoint pool (default 2 x --parallel)\n"
+          "  --no-prompt-cache        no prefix block pool and no exact prompt cache (also: ANNA_PREFIX_KV_SHARE=0\n"
+          "                           turns the prefix pool off)\n"
+          "  --prompt-cache-block N   snapshot hybrid (GDN) state every N prompt tokens (default 256)\n"
+          "  --prompt-cache-checkpoints N  GDN state snapshot slots (default max(8, 2 x --parallel))\n"
+          "  --prompt-cache-size N    exact prompt cache entries: identical prompts skip prefill (default 0)\n"
+          "  --prompt-cache-max-tokens N  only prompts up to N tokens enter the exact cache (0 = no limit)\n"
+          "  --kv-block-len N         KV cache block length, a power of two >= 16 (default 64)\n"
+          "  --kv-cache-residual-len N  quantized KV: newest N positions kept and attended in f32\n"
           "  --device cpu|cuda|auto  --kv-cache-quantization none|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --int8-prefill         8-bit activations in prefill (faster; default: exact f32)\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
@@ -144,6 +149,10 @@ int main(int argc, char **argv) {
     INTF("--debug-step-delay-ms", 0, 10000, o.eng.debug_step_delay_ms)
     INTF("--prompt-cache-block", 0, 1 << 20, o.eng.prompt_cache_block)
     INTF("--prompt-cache-checkpoints", 0, 4096, ckpts)
+    INTF("--prompt-cache-size", 0, 4096, o.eng.prompt_cache_size)
+    INTF("--prompt-cache-max-tokens", 0, 1 << 24, o.eng.prompt_cache_max_tokens)
+    INTF("--kv-block-len", 16, 4096, o.eng.kv_block_len)
+    INTF("--kv-cache-residual-len", 0, 1 << 20, o.eng.kv_cache_residual_len)
     INTF("--kv-cache-quant-bits", 2, 4, o.eng.kv_cache_quant_bits)
     INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)
     INTF("--top-k", 0, 1 << 24, o.defaults.top_k)
@@ -195,7 +204,11 @@ int main(int argc, char **argv) {
   o.eng.prefill_interval_steps = k_interval != -2 ? k_interval : p_interval;
   o.profile_name = profile;
   o.eng.prompt_cache = !no_cache;
-  o.eng.prompt_cache_checkpoints = ckpts >= 0 ? ckpts : 2 * o.eng.n_seq;
+  o.eng.prompt_cache_checkpoints = ckpts >= 0 ? ckpts : (2 * o.eng.n_seq > 8 ? 2 * o.eng.n_seq : 8);
+  if (o.eng.kv_block_len & (o.eng.kv_block_len - 1)) {
+    fprintf(stderr, "error: --kv-block-len %d is not a power of two\n", o.eng.kv_block_len);
+    return 2;
+  }
   char err[512] = "";
   if (server_run(&o, err, sizeof err)) {
     fprintf(stderr, "error: %s\n", err);

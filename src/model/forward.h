@@ -14,29 +14,52 @@
 
 typedef struct fwd_state fwd_state;
 
+/* Shape of the state beyond (n_seq, n_ctx, n_batch). Zeros mean defaults. */
+typedef struct fwd_state_options {
+  int n_ckpt;       /* recurrent-state checkpoint / prefix-snapshot slots (GDN models only) */
+  int kv_type;      /* ops_kv_type of the attention caches */
+  int block_len;    /* positions per KV block (power of two >= 16; default 64 = the GDN chunk) */
+  int64_t n_blocks; /* KV blocks in the pool (default n_seq * ceil(n_ctx / block_len)) */
+  int residual_len; /* quantized caches: newest positions also kept in f32 (0: none) */
+  int prefix_share; /* 1: prefix pool on (attach reuses, registers); 0: attach reuses nothing */
+  int snapshot_interval; /* GDN snapshots every N tokens inside a call (rounded up to blocks;
+                            0: only at the last block boundary each call reaches) */
+} fwd_state_options;
+
+/* KV pool accounting and prefix-pool counters: the public struct. */
+typedef anna_kv_stats fwd_kv_stats;
+
 /* Caller frees with fwd_state_free. */
-/* be is borrowed: state and scratch live in its memory; it must outlive the state.
- * n_ckpt: recurrent-state checkpoint slots (used only by models with GDN layers). */
+/* be is borrowed: state and scratch live in its memory; it must outlive the state. */
 int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
-                     int n_ckpt, int kv_type, char *err, size_t errlen);
+                     const fwd_state_options *o, char *err, size_t errlen);
 /* Bytes of KV cache per token of one sequence (all attention layers, K and V). */
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s);
+void fwd_state_kv_stats(const fwd_state *s, fwd_kv_stats *st);
 void fwd_state_free(fwd_state *s);
 /* Floats of per-thread scratch the CPU backend needs for this model. */
 int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx);
 
 int32_t fwd_state_seq_len(const fwd_state *s, int seq);
+/* Empties seq: its blocks go back to the pool (registered ones stay cached until evicted). */
 void fwd_state_seq_reset(fwd_state *s, int seq);
 
 /* Prefix reuse. Attention KV can be cut at any position; recurrent (GDN) state only where
  * it was saved: fwd_state_checkpoint saves seq's state at its current length (into the
- * least recently saved slot when the pool is full); rewind and copy then accept that
+ * least recently used slot when the pool is full); rewind and copy then accept that
  * position, or the source's current length. Models without GDN layers need no checkpoint.
  *   rewind: seq keeps its first n positions.
- *   copy:   dst becomes a copy of the first n positions of src (KV rows and state). */
+ *   copy:   dst becomes the first n positions of src: KV blocks are shared (copy on write),
+ *           recurrent state copied. */
 int fwd_state_checkpoint(fwd_state *s, int seq, char *err, size_t errlen);
 int fwd_state_seq_rewind(fwd_state *s, int seq, int32_t n, char *err, size_t errlen);
 int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, size_t errlen);
+
+/* Prefix pool (anna_context_prefix_attach): empties seq, then maps the longest cached
+ * block-aligned prefix of tokens[0, n) into it (blocks shared; for GDN models only up to
+ * the longest prefix with a state snapshot, which is restored). register_blocks: seq's
+ * full blocks enter the pool as they fill. Returns the reused length (>= 0). */
+int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, int32_t n, int register_blocks);
 
 /* Runs the batch (see anna_batch) and writes logits of flagged tokens to out. */
 int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,

@@ -103,7 +103,7 @@ static int cuda_warmup(anna_context *c, char *err, size_t errlen) {
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
-  anna_context_options o = {1, 4096, 512, 0, NULL, 0, NULL, 0, 0, 0};
+  anna_context_options o = {.n_seq = 1, .n_ctx = 4096, .n_batch = 512};
   if (opt) {
     if (opt->n_seq) o.n_seq = opt->n_seq;
     if (opt->n_ctx) o.n_ctx = opt->n_ctx;
@@ -115,7 +115,16 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.kv_cache_quant_bits = opt->kv_cache_quant_bits;
     o.int8_prefill = opt->int8_prefill;
     o.profile = opt->profile;
+    o.kv_block_len = opt->kv_block_len;
+    o.kv_blocks = opt->kv_blocks;
+    o.kv_cache_residual_len = opt->kv_cache_residual_len;
+    o.prefix_share = opt->prefix_share;
+    o.prefix_snapshot_interval = opt->prefix_snapshot_interval;
   }
+  if (o.kv_cache_residual_len < 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "--kv-cache-residual-len %d is negative", o.kv_cache_residual_len);
+  const char *env = getenv("ANNA_PREFIX_KV_SHARE");
+  const int share = o.prefix_share >= 0 && !(env && !strcmp(env, "0"));
   int kv_type = OPS_KV_F32;
   {
     const char *q = o.kv_cache_quantization;
@@ -128,6 +137,9 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
       return anna_err(err, errlen, ANNA_EINVAL,
                       "KV-cache quantization '%s' (bits %d) is not one of none, q8, q4, turboquant with 2-4 bits", q, bits);
   }
+  fwd_state_options fo = {.n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
+                          .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len, .prefix_share = share,
+                          .snapshot_interval = o.prefix_snapshot_interval};
   int cuda;
   int rc = device_pick(o.device, &cuda, err, errlen);
   if (rc) return rc;
@@ -138,7 +150,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   if (cuda) {
     c->on_cuda = 1;
     if ((rc = cuda_backend_create(&c->be, o.n_batch, err, errlen)) ||
-        (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, kv_type, err, errlen)) ||
+        (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen)) ||
         (rc = cuda_warmup(c, err, errlen))) {
       anna_context_free(c);
       return rc;
@@ -160,7 +172,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     anna_context_free(c);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
-  if ((rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, o.n_checkpoints, kv_type, err, errlen))) {
+  if ((rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen))) {
     anna_context_free(c);
     return rc;
   }
@@ -237,4 +249,12 @@ int anna_context_profile(const anna_context *c, double *seconds, const char **na
 
 void anna_context_profile_reset(anna_context *c) {
   if (!c->on_cuda && c->be != c->be_cpu) ops_profile_reset(c->be);
+}
+
+int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *tokens, int32_t n, int flags) {
+  return fwd_state_prefix_attach(c->st, seq, tokens, n, flags & ANNA_PREFIX_REGISTER);
+}
+
+void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st) {
+  fwd_state_kv_stats(c->st, st);
 }

@@ -103,14 +103,19 @@ typedef struct slot {
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
-  /* Prompt cache: the tokens behind this slot's KV (kept after the request ends), and the
-   * positions where the recurrent state was checkpointed. */
-  int32_t *ctok;
-  int32_t n_ctok;
-  int32_t ckpt[16];
-  int n_ckpt;
+  int exact_store; /* keep this prompt's state + logits in the exact cache once prefilled */
   uint64_t last_used;
 } slot;
+
+/* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
+ * prompt's KV blocks (shared with whoever copies them) and recurrent state, and the logits
+ * of its last token, so an identical prompt starts sampling at once. */
+typedef struct exact_entry {
+  int32_t *tok; /* [n_ctx] */
+  int32_t n;    /* 0: empty */
+  float *logits;
+  uint64_t last_used;
+} exact_entry;
 
 struct engine {
   anna_model *m;
@@ -127,7 +132,10 @@ struct engine {
   wunit *head, *tail;
   int n_waiting, running, stop, draining, cancel_all;
   int64_t kv_tokens, kv_cached;
+  anna_kv_stats kvs; /* the context's pool, as of the last step (under mu) */
   slot *slots;
+  exact_entry *ex; /* [prompt_cache_size]; entry k is context sequence n_seq + k */
+  float *row_tmp;
   int32_t *b_tok, *b_seq, *b_pos;
   int8_t *b_want;
   int *out_slot, *pre_slot;
@@ -245,11 +253,8 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
     metrics_add(e->mx, &e->mx->cancelled, 1);
   else
     metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
-  if (!e->o.prompt_cache || !strcmp(reason, "error")) {
-    anna_context_seq_reset(e->ctx, i);
-    s->n_ctok = 0;
-    s->n_ckpt = 0;
-  }
+  /* Its blocks go back to the pool; the registered ones stay cached for the next prompt. */
+  anna_context_seq_reset(e->ctx, i);
   s->last_used = ++e->use_tick;
   sampler_free(s->smp);
   s->smp = NULL;
@@ -259,61 +264,98 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
   unit_done(r);
 }
 
-static size_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
-  size_t k = 0;
-  while (k < na && k < nb && a[k] == b[k])
-    k++;
-  return k;
-}
-
-/* The free slot for a prompt: the longest cached common prefix, else the least recently
- * used (so recent caches live longest). */
-static int slot_pick(engine *e, const int32_t *p, size_t n) {
+/* A free slot (the least recently used: nothing depends on which). */
+static int slot_pick(engine *e) {
   int best = -1;
-  size_t best_l = 0;
   for (int i = 0; i < e->o.n_seq; i++) {
     slot *s = &e->slots[i];
-    if (s->r) continue;
-    size_t l = e->o.prompt_cache ? common_prefix(p, n, s->ctok, (size_t)s->n_ctok) : 0;
-    if (best < 0 || l > best_l || (l == best_l && s->last_used < e->slots[best].last_used)) {
-      best = i;
-      best_l = l;
-    }
+    if (!s->r && (best < 0 || s->last_used < e->slots[best].last_used)) best = i;
   }
   return best;
 }
 
-/* Positions of slot i's KV that the new prompt can keep: the common prefix, cut to leave at
- * least one prompt token to run (its logits start the reply), and to a position the
- * recurrent state can return to (the live length or a checkpoint). Rewinds the sequence. */
-static size_t cache_reuse(engine *e, int i) {
+/* The exact-cache entry holding this prompt (-1: none). */
+static int exact_find(engine *e, const int32_t *p, size_t n) {
+  for (int k = 0; k < e->o.prompt_cache_size; k++)
+    if (e->ex[k].n == (int32_t)n && !memcmp(e->ex[k].tok, p, n * sizeof *p)) return k;
+  return -1;
+}
+
+/* Where slot i's prompt starts: an exact-cache hit (the whole prompt, logits in hand: returns
+ * the entry), else the longest prefix the block pool holds (the tokens before s->n_fed).
+ * Prompts the exact cache will keep read the pool but do not register their blocks, so
+ * nothing is resident twice. */
+static int cache_reuse(engine *e, int i) {
   slot *s = &e->slots[i];
-  size_t l = 0;
-  if (e->o.prompt_cache && s->n_ctok > 0) {
-    l = common_prefix(s->prompt, s->n_prompt, s->ctok, (size_t)s->n_ctok);
-    if (l >= s->n_prompt) l = s->n_prompt - 1;
-    metrics_add(e->mx, &e->mx->cache_lookups, 1);
+  s->n_fed = 0;
+  s->exact_store = 0;
+  anna_context_seq_reset(e->ctx, i);
+  if (!e->o.prompt_cache) return -1;
+  metrics_add(e->mx, &e->mx->cache_lookups, 1);
+  const int eligible = e->o.prompt_cache_size > 0 &&
+                       (e->o.prompt_cache_max_tokens <= 0 || s->n_prompt <= (size_t)e->o.prompt_cache_max_tokens);
+  int hit = -1;
+  if (eligible) {
+    metrics_add(e->mx, &e->mx->exact_lookups, 1);
+    hit = exact_find(e, s->prompt, s->n_prompt);
+    if (hit >= 0 && anna_context_seq_copy(e->ctx, i, e->o.n_seq + hit, (int32_t)s->n_prompt, NULL, 0) == 0) {
+      e->ex[hit].last_used = ++e->use_tick;
+      s->n_fed = s->n_prompt;
+      metrics_add(e->mx, &e->mx->exact_hits, 1);
+    } else {
+      hit = -1;
+      s->exact_store = 1;
+    }
   }
-  while (l > 0 && anna_context_seq_rewind(e->ctx, i, (int32_t)l, NULL, 0)) {
-    size_t next = 0; /* the highest checkpoint below l */
-    for (int k = 0; k < s->n_ckpt; k++)
-      if ((size_t)s->ckpt[k] < l && (size_t)s->ckpt[k] > next) next = (size_t)s->ckpt[k];
-    l = next;
-  }
-  if (l == 0) anna_context_seq_reset(e->ctx, i);
-  s->n_ctok = (int32_t)l;
-  int keep = 0;
-  for (int k = 0; k < s->n_ckpt; k++)
-    if ((size_t)s->ckpt[k] <= l) s->ckpt[keep++] = s->ckpt[k];
-  s->n_ckpt = keep;
-  if (l > 0) {
+  anna_kv_stats before, after;
+  if (hit < 0) {
+    anna_context_kv_stats(e->ctx, &before);
+    int32_t r = anna_context_prefix_attach(e->ctx, i, s->prompt, (int32_t)s->n_prompt - 1,
+                                           eligible ? 0 : ANNA_PREFIX_REGISTER);
+    anna_context_kv_stats(e->ctx, &after);
+    s->n_fed = r > 0 ? (size_t)r : 0;
     pthread_mutex_lock(&e->mx->mu);
-    e->mx->cache_hits++;
-    e->mx->cache_reused_tokens += l;
+    e->mx->prefix_hit_blocks += after.hit_blocks - before.hit_blocks;
+    e->mx->prefix_miss_blocks += after.miss_blocks - before.miss_blocks;
+    e->mx->prefix_hit_tokens += (uint64_t)s->n_fed;
+    e->mx->prefix_miss_tokens += (uint64_t)(s->n_prompt - s->n_fed);
     pthread_mutex_unlock(&e->mx->mu);
   }
-  return l;
+  if (s->n_fed > 0) {
+    pthread_mutex_lock(&e->mx->mu);
+    e->mx->cache_hits++;
+    e->mx->cache_reused_tokens += s->n_fed;
+    pthread_mutex_unlock(&e->mx->mu);
+  }
+  return hit;
 }
+
+/* Slot i has just computed its prompt's last logits (row): keep the prompt in the exact
+ * cache, replacing the least recently used entry. */
+static void exact_store(engine *e, int i, const float *row) {
+  slot *s = &e->slots[i];
+  s->exact_store = 0;
+  int k = 0;
+  for (int j = 0; j < e->o.prompt_cache_size; j++) {
+    if (e->ex[j].n == 0) {
+      k = j;
+      break;
+    }
+    if (e->ex[j].last_used < e->ex[k].last_used) k = j;
+  }
+  exact_entry *x = &e->ex[k];
+  x->n = 0;
+  if (anna_context_seq_copy(e->ctx, e->o.n_seq + k, i, (int32_t)s->n_prompt, NULL, 0)) {
+    anna_context_seq_reset(e->ctx, e->o.n_seq + k);
+    return;
+  }
+  memcpy(x->tok, s->prompt, s->n_prompt * sizeof *s->prompt);
+  memcpy(x->logits, row, sizeof(float) * (size_t)e->V);
+  x->n = (int32_t)s->n_prompt;
+  x->last_used = ++e->use_tick;
+}
+
+static void slot_sample(engine *e, int i, float *row);
 
 static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   slot *s = &e->slots[i];
@@ -327,7 +369,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->ci = u->ci;
   s->prompt = r->prompts[pi];
   s->n_prompt = r->n_prompt[pi];
-  s->n_fed = cache_reuse(e, i);
+  const int hit = cache_reuse(e, i);
   s->decoding = 0;
   s->n_gen = 0;
   int room = e->o.n_ctx - (int)s->n_prompt;
@@ -339,6 +381,10 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   jsonmask_init(&s->jm);
   s->suffix_pos = 0;
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
+  if (hit >= 0) { /* the whole prompt was cached: its first token comes from the stored logits */
+    memcpy(e->row_tmp, e->ex[hit].logits, sizeof(float) * (size_t)e->V);
+    slot_sample(e, i, e->row_tmp);
+  }
   return 0;
 }
 
@@ -626,7 +672,8 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < n_take; k++) {
       gen_request *tr = take[k]->r;
       int pi = take[k]->ci / tr->n;
-      int i = slot_pick(e, tr->prompts[pi], tr->n_prompt[pi]);
+      (void)pi;
+      int i = slot_pick(e);
       if (slot_start(e, i, take[k], err, sizeof err)) {
         choice_finish(take[k]->r, take[k]->ci, "error", err);
         unit_done(take[k]->r);
@@ -682,10 +729,6 @@ static void *engine_main(void *arg) {
       slot *s = &e->slots[best];
       size_t take_n = s->n_prompt - s->n_fed;
       if (take_n > (size_t)budget) take_n = (size_t)budget;
-      if (e->o.prompt_cache && e->o.prompt_cache_block > 0) {
-        size_t blk = (size_t)e->o.prompt_cache_block, edge = (s->n_fed / blk + 1) * blk;
-        if (edge < s->n_prompt && s->n_fed + take_n > edge) take_n = edge - s->n_fed;
-      }
       for (size_t j = 0; j < take_n; j++) {
         e->b_tok[nb] = s->prompt[s->n_fed + j];
         e->b_seq[nb] = best;
@@ -711,7 +754,7 @@ static void *engine_main(void *arg) {
         if (touched && e->slots[i].r)
           slot_free(e, i, "error", err, 0);
         else if (touched)
-          anna_context_seq_reset(e->ctx, i), e->slots[i].n_ctok = 0, e->slots[i].n_ckpt = 0;
+          anna_context_seq_reset(e->ctx, i);
       }
       continue;
     }
@@ -725,25 +768,12 @@ static void *engine_main(void *arg) {
       slot *s = &e->slots[e->pre_slot[k]];
       for (int j = 0; j < nb; j++)
         s->n_fed += e->b_seq[j] == e->pre_slot[k];
-      size_t blk = (size_t)e->o.prompt_cache_block;
-      if (e->o.prompt_cache && blk && s->n_fed % blk == 0 && s->n_fed < s->n_prompt &&
-          anna_context_seq_checkpoint(e->ctx, e->pre_slot[k], NULL, 0) == 0) {
-        if (s->n_ckpt == (int)(sizeof s->ckpt / sizeof s->ckpt[0])) {
-          memmove(s->ckpt, s->ckpt + 1, sizeof s->ckpt - sizeof s->ckpt[0]);
-          s->n_ckpt--;
-        }
-        s->ckpt[s->n_ckpt++] = (int32_t)s->n_fed;
-      }
-    }
-    /* What each touched sequence's KV now holds, for the prompt cache. */
-    for (int j = 0; j < nb; j++) {
-      slot *s = &e->slots[e->b_seq[j]];
-      s->ctok[e->b_pos[j]] = e->b_tok[j];
-      if (e->b_pos[j] + 1 > s->n_ctok) s->n_ctok = e->b_pos[j] + 1;
     }
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
-      if (e->slots[i].r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V);
+      slot *s = &e->slots[i];
+      if (s->r && s->exact_store && !s->decoding) exact_store(e, i, e->logits + (size_t)k * (size_t)e->V);
+      if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V);
     }
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
@@ -751,16 +781,18 @@ static void *engine_main(void *arg) {
       nanosleep(&d, NULL);
     }
     int64_t kv = 0, cached = 0;
-    for (int i = 0; i < S; i++) {
-      if (e->slots[i].r)
-        kv += anna_context_seq_len(e->ctx, i);
-      else
-        cached += anna_context_seq_len(e->ctx, i);
-    }
+    for (int i = 0; i < S; i++)
+      if (e->slots[i].r) kv += anna_context_seq_len(e->ctx, i);
+    anna_kv_stats ks;
+    anna_context_kv_stats(e->ctx, &ks);
+    /* Cached: what idle blocks and exact entries hold for later prompts. */
+    cached = ks.cached_blocks * ks.block_len;
+    for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     pthread_mutex_lock(&e->mu);
     e->running = count_running(e);
     e->kv_tokens = kv;
     e->kv_cached = cached;
+    e->kvs = ks;
     pthread_mutex_unlock(&e->mu);
   }
   free(take);
@@ -796,7 +828,16 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   pthread_cond_init(&e->idle_cv, &ca);
   pthread_condattr_destroy(&ca);
   const int S = e->o.n_seq, B = e->o.n_batch;
-  anna_context_options co = {.n_seq = S,
+  if (e->o.prompt_cache_size < 0 || !e->o.prompt_cache) e->o.prompt_cache_size = 0;
+  /* KV blocks of 64 positions (the GDN chunk), smaller when snapshots are asked for more
+   * often; GDN state snapshots every prompt_cache_block tokens inside a prefill chunk. */
+  int blk = e->o.kv_block_len > 0 ? e->o.kv_block_len : 64;
+  while (e->o.prompt_cache_block > 0 && blk > 16 && e->o.prompt_cache_block % blk) blk /= 2;
+  anna_context_options co = {.n_seq = S + e->o.prompt_cache_size,
+                             .kv_block_len = blk,
+                             .kv_cache_residual_len = e->o.kv_cache_residual_len,
+                             .prefix_share = e->o.prompt_cache ? 0 : -1,
+                             .prefix_snapshot_interval = e->o.prompt_cache ? e->o.prompt_cache_block : 0,
                              .n_ctx = e->o.n_ctx,
                              .n_batch = B,
                              .n_threads = e->o.n_threads,
@@ -808,6 +849,7 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
                              .int8_prefill = e->o.int8_prefill};
   int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
+  anna_context_kv_stats(e->ctx, &e->kvs);
   e->slots = calloc((size_t)S, sizeof *e->slots);
   e->b_tok = malloc((size_t)B * sizeof *e->b_tok);
   e->b_seq = malloc((size_t)B * sizeof *e->b_seq);
@@ -822,8 +864,15 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
     goto fail;
   }
-  for (int i = 0; i < S; i++)
-    if (!(e->slots[i].ctok = malloc((size_t)e->o.n_ctx * sizeof(int32_t)))) {
+  e->row_tmp = malloc((size_t)e->V * sizeof(float));
+  e->ex = calloc((size_t)e->o.prompt_cache_size + 1, sizeof *e->ex);
+  if (!e->row_tmp || !e->ex) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
+    goto fail;
+  }
+  for (int k = 0; k < e->o.prompt_cache_size; k++)
+    if (!(e->ex[k].tok = malloc((size_t)e->o.n_ctx * sizeof(int32_t))) ||
+        !(e->ex[k].logits = malloc((size_t)e->V * sizeof(float)))) {
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
       goto fail;
     }
@@ -857,9 +906,14 @@ void engine_free(engine *e) {
     tokenizer_stream_free(e->slots[i].ts);
     sampler_free(e->slots[i].smp);
     free(e->slots[i].txt);
-    free(e->slots[i].ctok);
   }
   free(e->slots);
+  for (int k = 0; e->ex && k < e->o.prompt_cache_size; k++) {
+    free(e->ex[k].tok);
+    free(e->ex[k].logits);
+  }
+  free(e->ex);
+  free(e->row_tmp);
   free(e->b_tok);
   free(e->b_seq);
   free(e->b_pos);
@@ -977,6 +1031,9 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->kv_tokens = e->kv_tokens;
   st->kv_cached = e->kv_cached;
   st->kv_capacity = (int64_t)e->o.n_seq * e->o.n_ctx;
+  st->kv = e->kvs;
+  st->exact_entries = 0;
+  for (int k = 0; k < e->o.prompt_cache_size; k++) st->exact_entries += e->ex[k].n > 0;
   st->draining = e->draining;
   pthread_mutex_unlock(&e->mu);
 }

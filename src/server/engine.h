@@ -37,11 +37,15 @@ typedef struct engine_options {
                             off) */
   int prefill_interval_steps; /* while sequences decode, add prompt chunks every N steps (<= 1:
                                  every step) */
-  int prompt_cache;       /* keep a finished sequence's KV and reuse its longest common prefix */
-  int prompt_cache_block; /* prefill chunks end on multiples of this and checkpoint the recurrent
-                             (GDN) state there, so prefixes of hybrid models can be reused (0: off)
-                           */
-  int prompt_cache_checkpoints; /* recurrent-state checkpoint pool (GDN models only) */
+  int prompt_cache; /* prefix block pool: finished sequences leave their KV blocks (and GDN
+                       state snapshots) cached; a new prompt reuses its longest cached prefix */
+  int prompt_cache_block; /* GDN models: snapshot the recurrent state every N prompt tokens
+                             (rounded to KV blocks; the KV block shrinks to divide it, >= 16) */
+  int prompt_cache_checkpoints; /* GDN state snapshot slots (least recently used first) */
+  int prompt_cache_size;        /* exact prompt cache: whole prompts (KV + state + last logits) */
+  int prompt_cache_max_tokens;  /* only prompts up to this many tokens go there (0: no limit) */
+  int kv_block_len;             /* KV block length (0: 64) */
+  int kv_cache_residual_len;    /* anna_context_options.kv_cache_residual_len */
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
   const char *device;           /* anna_context_options.device (borrowed) */
   const char *kv_cache_quantization; /* anna_context_options (borrowed) */
@@ -129,6 +133,8 @@ typedef struct engine_stats {
   int n_seq, n_ctx, running, waiting;
   int64_t kv_tokens, kv_capacity, kv_cached;
   int draining;
+  anna_kv_stats kv; /* the block pool as of the last step */
+  int exact_entries;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);

@@ -164,14 +164,33 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
       eo->prefill_interval_steps, "service", metrics_json(&srv->mx));
   if (o) {
     pthread_mutex_lock(&srv->mx.mu);
-    uint64_t lookups = srv->mx.cache_lookups, hits = srv->mx.cache_hits,
-             reused = srv->mx.cache_reused_tokens, fed = srv->mx.prompt_tokens;
+    metrics c = srv->mx;
     pthread_mutex_unlock(&srv->mx.mu);
+    const uint64_t reused = c.cache_reused_tokens, fed = c.prompt_tokens;
     json_object_set_new(o, "prompt_cache",
                         json_pack("{s:b,s:i,s:I,s:I,s:I,s:f}", "enabled", eo->prompt_cache, "block",
-                                  eo->prompt_cache_block, "lookups", (json_int_t)lookups, "hits",
-                                  (json_int_t)hits, "reused_tokens", (json_int_t)reused, "hit_rate",
+                                  eo->prompt_cache_block, "lookups", (json_int_t)c.cache_lookups, "hits",
+                                  (json_int_t)c.cache_hits, "reused_tokens", (json_int_t)reused, "hit_rate",
                                   reused + fed ? (double)reused / (double)(reused + fed) : 0.0));
+    const uint64_t hb = c.prefix_hit_blocks, mb = c.prefix_miss_blocks, ht = c.prefix_hit_tokens,
+                   mt = c.prefix_miss_tokens;
+    json_object_set_new(
+        o, "prefix_cache",
+        json_pack("{s:b,s:i,s:I,s:I,s:I,s:I,s:f,s:f,s:I,s:I,s:I,s:I,s:I,s:I}", "enabled",
+                  st.kv.prefix_share, "block_len", st.kv.block_len, "hit_blocks",
+                  (json_int_t)hb, "miss_blocks", (json_int_t)mb, "hit_tokens", (json_int_t)ht, "miss_tokens",
+                  (json_int_t)mt, "block_hit_rate", hb + mb ? (double)hb / (double)(hb + mb) : 0.0,
+                  "token_hit_rate", ht + mt ? (double)ht / (double)(ht + mt) : 0.0, "blocks",
+                  (json_int_t)st.kv.n_blocks, "free_blocks", (json_int_t)st.kv.free_blocks, "cached_blocks",
+                  (json_int_t)st.kv.cached_blocks, "snapshots", (json_int_t)st.kv.n_snapshots, "evictions",
+                  (json_int_t)st.kv.evictions, "cow_copies", (json_int_t)st.kv.cow_copies));
+    json_object_set_new(o, "exact_prompt_cache",
+                        json_pack("{s:i,s:i,s:I,s:I}", "size", eo->prompt_cache_size, "entries", st.exact_entries,
+                                  "lookups", (json_int_t)c.exact_lookups, "hits", (json_int_t)c.exact_hits));
+    json_t *mem = json_object_get(o, "memory");
+    json_object_set_new(mem, "kv_pool_bytes", json_integer((json_int_t)st.kv.pool_bytes));
+    json_object_set_new(mem, "kv_snapshot_bytes", json_integer((json_int_t)st.kv.snapshot_bytes));
+    json_object_set_new(mem, "kv_residual_bytes", json_integer((json_int_t)st.kv.ring_bytes));
     json_object_set_new(json_object_get(o, "memory"), "kv_tokens_cached",
                         json_integer((json_int_t)st.kv_cached));
     json_object_set_new(o, "active_http_requests",
@@ -473,7 +492,8 @@ static void log_metrics(server *srv) {
        "cancelled=%llu "
        "prompt_tok=%llu gen_tok=%llu steps=%llu batch=%.2f ttft_p50=%.1fms ttft_p99=%.1fms "
        "itl_p50=%.1fms "
-       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=%.3f",
+       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=%.3f prefix_block_hits=%llu prefix_block_misses=%llu "
+       "prefix_token_hit_rate=%.3f exact_hits=%llu/%llu kv_blocks_free=%lld/%lld",
        st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity,
        (unsigned long long)c.requests, (unsigned long long)c.responses_4xx,
        (unsigned long long)c.responses_5xx, (unsigned long long)c.rejected_busy,
@@ -484,7 +504,13 @@ static void log_metrics(server *srv) {
        metrics_quantile(&c.itl, 0.5), metrics_quantile(&c.itl, 0.99), rss_bytes() >> 20,
        c.cache_reused_tokens + c.prompt_tokens
            ? (double)c.cache_reused_tokens / (double)(c.cache_reused_tokens + c.prompt_tokens)
-           : 0.0);
+           : 0.0,
+       (unsigned long long)c.prefix_hit_blocks, (unsigned long long)c.prefix_miss_blocks,
+       c.prefix_hit_tokens + c.prefix_miss_tokens
+           ? (double)c.prefix_hit_tokens / (double)(c.prefix_hit_tokens + c.prefix_miss_tokens)
+           : 0.0,
+       (unsigned long long)c.exact_hits, (unsigned long long)c.exact_lookups, (long long)st.kv.free_blocks,
+       (long long)st.kv.n_blocks);
 }
 
 static void derive_name(const char *path, char *out, size_t cap) {

@@ -169,6 +169,17 @@ char *metrics_prometheus(metrics *m, const char *gauges) {
       {"anna_prompt_cache_hits_total", "admissions that reused a cached prefix", c.cache_hits},
       {"anna_prompt_cache_reused_tokens_total",
        "prompt tokens taken from the cache instead of prefilled", c.cache_reused_tokens},
+      {"anna_exact_prompt_cache_lookups_total", "admissions eligible for the exact prompt cache",
+       c.exact_lookups},
+      {"anna_exact_prompt_cache_hits_total", "admissions whose whole prompt was cached", c.exact_hits},
+      {"anna_prefix_cache_hit_blocks_total", "full prompt blocks found in the prefix pool",
+       c.prefix_hit_blocks},
+      {"anna_prefix_cache_miss_blocks_total", "full prompt blocks not in the prefix pool",
+       c.prefix_miss_blocks},
+      {"anna_prefix_cache_hit_tokens_total", "prompt tokens reused from the prefix pool",
+       c.prefix_hit_tokens},
+      {"anna_prefix_cache_miss_tokens_total", "prompt tokens the prefix pool did not have",
+       c.prefix_miss_tokens},
   };
   for (size_t i = 0; i < sizeof ctr / sizeof ctr[0]; i++)
     sb_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", ctr[i].name, ctr[i].help,

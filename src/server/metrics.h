@@ -27,7 +27,10 @@ typedef struct metrics {
   metrics_histo ttft, itl, e2e, queue;
   uint64_t requests, responses_2xx, responses_4xx, responses_5xx, rejected_busy, cancelled;
   uint64_t prompt_tokens, completion_tokens, decode_steps, batch_tokens, batch_seqs;
-  uint64_t cache_lookups, cache_hits, cache_reused_tokens; /* prompt cache */
+  uint64_t cache_lookups, cache_hits, cache_reused_tokens; /* any reuse (prefix or exact) */
+  uint64_t exact_lookups, exact_hits;                      /* exact prompt cache */
+  uint64_t prefix_hit_blocks, prefix_miss_blocks;          /* prefix pool: full prompt blocks */
+  uint64_t prefix_hit_tokens, prefix_miss_tokens;          /* prompt tokens reused / computed */
 } metrics;
 
 void metrics_init(metrics *m);

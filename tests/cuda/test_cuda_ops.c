@@ -345,19 +345,34 @@ static void test_attention(void) {
     float *dkB = dput(kB, sizeof(float) * (size_t)(ctx * kvd)), *dvB = dput(vB, sizeof(float) * (size_t)(ctx * kvd));
     float *dq = dput(q, sizeof(float) * (size_t)(n * Hq * D));
     int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
-    const float **hk = malloc(sizeof(float *) * (size_t)n), **hv = malloc(sizeof(float *) * (size_t)n);
-    const float **gk = malloc(sizeof(float *) * (size_t)n), **gv = malloc(sizeof(float *) * (size_t)n);
+    /* Paged: each sequence's cache as blocks of 16 positions (contiguous here; the block
+     * tables are what the kernels read). Host tables for the CPU, device ones for the GPU. */
+    const int BL = 16, nbk = (int)((ctx + BL - 1) / BL);
+    const void **tkA = malloc(sizeof(void *) * nbk), **tvA = malloc(sizeof(void *) * nbk),
+               **tkB = malloc(sizeof(void *) * nbk), **tvB = malloc(sizeof(void *) * nbk);
+    const void **ukA = malloc(sizeof(void *) * nbk), **uvA = malloc(sizeof(void *) * nbk),
+               **ukB = malloc(sizeof(void *) * nbk), **uvB = malloc(sizeof(void *) * nbk);
+    for (int j = 0; j < nbk; j++) {
+      const int64_t o = (int64_t)j * BL * kvd;
+      tkA[j] = kA + o, tvA[j] = vA + o, tkB[j] = kB + o, tvB[j] = vB + o;
+      ukA[j] = dkA + o, uvA[j] = dvA + o, ukB[j] = dkB + o, uvB[j] = dvB + o;
+    }
+    void *dtkA = dput(ukA, sizeof(void *) * nbk), *dtvA = dput(uvA, sizeof(void *) * nbk),
+         *dtkB = dput(ukB, sizeof(void *) * nbk), *dtvB = dput(uvB, sizeof(void *) * nbk);
+    const void **hk = malloc(sizeof(void *) * (size_t)n), **hv = malloc(sizeof(void *) * (size_t)n);
+    const void **gk = malloc(sizeof(void *) * (size_t)n), **gv = malloc(sizeof(void *) * (size_t)n);
     for (int64_t t = 0; t < n; t++) {
       const int a = t < n1;
       pos[t] = a ? len0 + (int32_t)t : (int32_t)(t - n1);
-      hk[t] = a ? kA : kB, hv[t] = a ? vA : vB, gk[t] = a ? dkA : dkB, gv[t] = a ? dvA : dvB;
+      hk[t] = a ? tkA : tkB, hv[t] = a ? tvA : tvB, gk[t] = a ? dtkA : dtkB, gv[t] = a ? dtvA : dtvB;
     }
     int32_t *dpos = dput(pos, sizeof(int32_t) * (size_t)n);
-    ops_attn_args ha = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = kvd,
-                        .scale = 1.0f / sqrtf((float)D), .window = win, .softcap = (float)cap, .pos = pos, .k = hk,
-                        .v = hv};
+    ops_attn_args ha = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = OPS_KV_F32,
+                        .kv_row_bytes = kvd * 4, .block_len = BL, .scale = 1.0f / sqrtf((float)D), .window = win,
+                        .softcap = (float)cap, .pos = pos, .k_blocks = (const void *const *const *)hk,
+                        .v_blocks = (const void *const *const *)hv};
     ops_attn_args ga = ha;
-    ga.pos = dpos, ga.k = gk, ga.v = gv;
+    ga.pos = dpos, ga.k_blocks = (const void *const *const *)gk, ga.v_blocks = (const void *const *const *)gv;
     float *ref = malloc(sizeof(float) * (size_t)(n * Hq * D));
     g_cpu->attention(g_cpu, ref, q, &ha);
     float *dy = dnan(n * Hq * D);
@@ -368,6 +383,8 @@ static void test_attention(void) {
     cmpd(what, dy, ref, n * Hq * D, 1e-4);
     dfree(dkA), dfree(dvA), dfree(dkB), dfree(dvB), dfree(dq), dfree(dpos), dfree(dy);
     free(kA), free(vA), free(kB), free(vB), free(q), free(pos), free(hk), free(hv), free(gk), free(gv), free(ref);
+    dfree(dtkA), dfree(dtvA), dfree(dtkB), dfree(dtvB);
+    free(tkA), free(tvA), free(tkB), free(tvB), free(ukA), free(uvA), free(ukB), free(uvB);
   }
 }
 

@@ -197,6 +197,23 @@ static void test_gdn(ops_backend *be) {
   }
 }
 
+/* Pages a contiguous cache of L rows (rowb bytes each) into blocks of BL rows laid out in
+ * reverse order in a pool, as a paged KV cache would scatter them: table[j] is the block of
+ * rows [j*BL, (j+1)*BL). Caller frees *pool and the table. */
+static const void **page_cache(const void *rows, int L, int64_t rowb, int BL, void **pool) {
+  const int nb = (L + BL - 1) / BL;
+  uint8_t *p = calloc((size_t)nb * BL, (size_t)rowb);
+  const void **tab = malloc(sizeof(void *) * (size_t)nb);
+  for (int j = 0; j < nb; j++) {
+    uint8_t *blk = p + (int64_t)(nb - 1 - j) * BL * rowb;
+    const int cnt = L - j * BL < BL ? L - j * BL : BL;
+    memcpy(blk, (const uint8_t *)rows + (int64_t)j * BL * rowb, (size_t)(cnt * rowb));
+    tab[j] = blk;
+  }
+  *pool = p;
+  return tab;
+}
+
 static void test_attention(ops_backend *be) {
   printf("attention\n");
   const int cfgs[][6] = {/* n_ctx, Hq, Hkv, D, window, softcap*10 */ {1, 4, 2, 32, 0, 0}, {37, 6, 2, 16, 0, 0},
@@ -209,8 +226,12 @@ static void test_attention(ops_backend *be) {
     double *ref = malloc(sizeof(double) * L * Hq * D), *p = malloc(sizeof(double) * L);
     fill(K, (int64_t)L * Hkv * D, 1), fill(V, (int64_t)L * Hkv * D, 1), fill(q, (int64_t)L * Hq * D, 2);
     int32_t *pos = malloc(sizeof(int32_t) * L);
-    const float **kp = malloc(sizeof(float *) * L), **vp = malloc(sizeof(float *) * L);
-    for (int t = 0; t < L; t++) pos[t] = t, kp[t] = K, vp[t] = V;
+    const void ***kp = malloc(sizeof(void *) * L), ***vp = malloc(sizeof(void *) * L);
+    void *kpool, *vpool;
+    const int BL = c % 2 ? 16 : 32; /* blocks of 16 or 32 positions, scattered */
+    const void **ktab = page_cache(K, L, (int64_t)Hkv * D * 4, BL, &kpool),
+               **vtab = page_cache(V, L, (int64_t)Hkv * D * 4, BL, &vpool);
+    for (int t = 0; t < L; t++) pos[t] = t, kp[t] = ktab, vp[t] = vtab;
     for (int t = 0; t < L; t++)
       for (int h = 0; h < Hq; h++) {
         const int kh = h / (Hq / Hkv), lo = win && t - win + 1 > 0 ? t - win + 1 : 0;
@@ -229,14 +250,16 @@ static void test_attention(ops_backend *be) {
           ref[(t * Hq + h) * D + d] = acc;
         }
       }
-    ops_attn_args a = {.n = L, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = (int64_t)Hkv * D,
-                       .kv_type = OPS_KV_F32, .kv_row_bytes = (int64_t)Hkv * D * 4, .scale = scale, .window = win,
-                       .softcap = cap, .pos = pos, .k = kp, .v = vp};
+    ops_attn_args a = {.n = L, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D,
+                       .kv_type = OPS_KV_F32, .kv_row_bytes = (int64_t)Hkv * D * 4, .block_len = BL, .scale = scale,
+                       .window = win, .softcap = cap, .pos = pos, .k_blocks = (const void *const *const *)kp,
+                       .v_blocks = (const void *const *const *)vp};
     be->attention(be, o, q, &a);
     char what[96];
     snprintf(what, sizeof what, "L=%d Hq=%d Hkv=%d D=%d window=%d softcap=%g", L, Hq, Hkv, D, win, cap);
     check(what, max_rel(o, ref, (int64_t)L * Hq * D), 1e-5);
     free(K), free(V), free(q), free(o), free(ref), free(p), free(pos), free(kp), free(vp);
+    free(kpool), free(vpool), free(ktab), free(vtab);
   }
 }
 
@@ -284,7 +307,10 @@ static void test_kv_formats(ops_backend *be) {
     snprintf(what, sizeof what, "%s reconstruction rel. RMS %.3f", names[ti], sqrt(err2 / n2));
     check(what, sqrt(err2 / n2), budget[ti]);
     printf("  %s\n", what);
+    float *ksrc = malloc(sizeof(float) * L * Hkv * D), *vsrc = malloc(sizeof(float) * L * Hkv * D);
+    memcpy(ksrc, src, sizeof(float) * L * Hkv * D);
     fill(src, (int64_t)L * Hkv * D, 1);
+    memcpy(vsrc, src, sizeof(float) * L * Hkv * D);
     for (int r = 0; r < L; r++) dst[r] = V + r * rowb;
     be->kv_store(be, dst, src, L, Hkv, D, type);
     for (int r = 0; r < L * Hkv; r++) {
@@ -310,14 +336,58 @@ static void test_kv_formats(ops_backend *be) {
         }
       }
     int32_t *pos = malloc(sizeof(int32_t) * L);
-    const float **kp = malloc(sizeof(float *) * L), **vp = malloc(sizeof(float *) * L);
-    for (int t = 0; t < L; t++) pos[t] = t, kp[t] = (const float *)K, vp[t] = (const float *)V;
+    const void ***kp = malloc(sizeof(void *) * L), ***vp = malloc(sizeof(void *) * L);
+    void *kpool, *vpool;
+    const void **ktab = page_cache(K, L, rowb, 16, &kpool), **vtab = page_cache(V, L, rowb, 16, &vpool);
+    for (int t = 0; t < L; t++) pos[t] = t, kp[t] = ktab, vp[t] = vtab;
     ops_attn_args a = {.n = L, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = type,
-                       .kv_row_bytes = rowb, .scale = scale, .pos = pos, .k = kp, .v = vp};
+                       .kv_row_bytes = rowb, .block_len = 16, .scale = scale, .pos = pos,
+                       .k_blocks = (const void *const *const *)kp, .v_blocks = (const void *const *const *)vp};
     be->attention(be, o, q, &a);
     snprintf(what, sizeof what, "%s attention = exact attention on decoded cache", names[ti]);
     check(what, max_rel(o, ref, (int64_t)L * Hq * D), 2e-5);
+    /* Residual ring: the last 4 queries with the newest R = 8 positions read in f32 from a
+     * ring of 12 rows (position p at row p % 12), older ones from the blocks. */
+    {
+      const int R = 8, RL = 12, NQ = 4;
+      float *rk = malloc(sizeof(float) * RL * Hkv * D), *rv = malloc(sizeof(float) * RL * Hkv * D);
+      for (int p2 = L - RL; p2 < L; p2++) {
+        memcpy(rk + (int64_t)(p2 % RL) * Hkv * D, ksrc + (int64_t)p2 * Hkv * D, sizeof(float) * Hkv * D);
+        memcpy(rv + (int64_t)(p2 % RL) * Hkv * D, vsrc + (int64_t)p2 * Hkv * D, sizeof(float) * Hkv * D);
+      }
+      const float *rkp[4], *rvp[4];
+      for (int i = 0; i < NQ; i++) rkp[i] = rk, rvp[i] = rv;
+      for (int i = 0; i < NQ; i++) {
+        const int t = L - NQ + i;
+        for (int h = 0; h < Hq; h++) {
+          const int kh = h / (Hq / Hkv);
+          double mx = -1e300, sum = 0;
+          for (int j = 0; j <= t; j++) {
+            const float *kr = j > t - R ? ksrc + (int64_t)(j * Hkv + kh) * D : dk + (int64_t)(j * Hkv + kh) * D;
+            double sc = 0;
+            for (int d = 0; d < D; d++) sc += (double)q[(t * Hq + h) * D + d] * kr[d];
+            p[j] = sc * scale, mx = fmax(mx, p[j]);
+          }
+          for (int j = 0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
+          for (int d = 0; d < D; d++) {
+            double acc = 0;
+            for (int j = 0; j <= t; j++)
+              acc += p[j] / sum * (j > t - R ? vsrc : dv)[(j * Hkv + kh) * D + d];
+            ref[(i * Hq + h) * D + d] = acc;
+          }
+        }
+      }
+      ops_attn_args ra = a;
+      ra.n = NQ;
+      ra.pos = pos + L - NQ;
+      ra.residual_len = R, ra.ring_len = RL, ra.k_ring = rkp, ra.v_ring = rvp;
+      be->attention(be, o, q + (int64_t)(L - NQ) * Hq * D, &ra);
+      snprintf(what, sizeof what, "%s attention with an f32 residual ring of %d", names[ti], R);
+      check(what, max_rel(o, ref, (int64_t)NQ * Hq * D), 2e-5);
+      free(rk), free(rv);
+    }
     free(K), free(V), free(src), free(dk), free(dv), free(q), free(o), free(ref), free(p), free(dst), free(pos), free(kp), free(vp);
+    free(kpool), free(vpool), free(ktab), free(vtab), free(ksrc), free(vsrc);
   }
 }
 

@@ -153,7 +153,10 @@ static void attn_task(void *p, int ith, int nth) {
   threadpool_range(total, ith, nth, &i0, &i1);
   const int g = a->n_heads / a->n_kv_heads, D = a->head_dim, vd = a->v_dim;
   const int quant = a->kv_type != OPS_KV_F32, rotated = a->kv_type >= OPS_KV_TQ2;
-  const int64_t hb = ops_kv_head_bytes(a->kv_type, D), row = quant ? a->kv_row_bytes : a->kv_stride * 4;
+  const int64_t khb = ops_kv_head_bytes(a->kv_type, D), vhb = ops_kv_head_bytes(a->kv_type, vd);
+  const int64_t row = a->kv_row_bytes, bmask = a->block_len - 1;
+  int bshift = 0;
+  while ((1 << bshift) < a->block_len) bshift++;
   float *sc = cpu_scratch(c->be, ith);     /* [ATTN_BLOCK] scores */
   float *acc = sc + ATTN_BLOCK;            /* [g][vd] */
   float *qb = acc + (int64_t)g * vd;       /* [g][D] (rotated queries for TQ) */
@@ -166,8 +169,10 @@ static void attn_task(void *p, int ith, int nth) {
     const int kh = (int)(it % a->n_kv_heads);
     const int32_t pos = a->pos[t];
     const int32_t p0 = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
-    const uint8_t *kbase = (const uint8_t *)a->k[t] + kh * (quant ? hb : (int64_t)D * 4);
-    const uint8_t *vbase = (const uint8_t *)a->v[t] + kh * (quant ? hb : (int64_t)vd * 4);
+    /* Keys newer than this come from the f32 residual ring (quantized caches only). */
+    const int32_t ring_from = quant && a->residual_len > 0 ? pos - a->residual_len + 1 : INT32_MAX;
+    const uint8_t *const *kt = (const uint8_t *const *)a->k_blocks[t];
+    const uint8_t *const *vt = (const uint8_t *const *)a->v_blocks[t];
     for (int j = 0; j < g; j++) {
       memcpy(qb + (int64_t)j * D, c->q + (t * a->n_heads + kh * g + j) * D, (size_t)D * sizeof(float));
       if (rotated) cpu_kv_rotate(qb + (int64_t)j * D, D);
@@ -177,7 +182,23 @@ static void attn_task(void *p, int ith, int nth) {
     for (int32_t b0 = p0; b0 <= pos; b0 += ATTN_BLOCK) {
       const int nb = pos - b0 + 1 < ATTN_BLOCK ? pos - b0 + 1 : ATTN_BLOCK;
       for (int i = 0; i < nb; i++) {
-        const uint8_t *kr = kbase + (int64_t)(b0 + i) * row, *vr = vbase + (int64_t)(b0 + i) * row;
+        const int32_t kp = b0 + i;
+        if (kp >= ring_from) {
+          const int64_t r = kp % a->ring_len;
+          const float *kr = a->k_ring[t] + (r * a->n_kv_heads + kh) * D;
+          const float *vr = a->v_ring[t] + (r * a->n_kv_heads + kh) * vd;
+          if (rotated) { /* the ring is unrotated f32: bring it into the rotated space */
+            memcpy(kb + (int64_t)i * D, kr, (size_t)D * sizeof(float));
+            memcpy(vb + (int64_t)i * vd, vr, (size_t)vd * sizeof(float));
+            cpu_kv_rotate(kb + (int64_t)i * D, D);
+            cpu_kv_rotate(vb + (int64_t)i * vd, vd);
+            kr = kb + (int64_t)i * D, vr = vb + (int64_t)i * vd;
+          }
+          krow[i] = kr, vrow[i] = vr;
+          continue;
+        }
+        const int64_t off = (int64_t)(kp & bmask) * row;
+        const uint8_t *kr = kt[kp >> bshift] + off + kh * khb, *vr = vt[kp >> bshift] + off + kh * vhb;
         if (quant) {
           cpu_kv_decode(a->kv_type, kr, D, kb + (int64_t)i * D);
           cpu_kv_decode(a->kv_type, vr, vd, vb + (int64_t)i * vd);

@@ -1,5 +1,5 @@
-/* cuda_attn.cu: causal / sliding-window attention with softcap and GQA over per-token
- * K/V cache bases, with an online softmax.
+/* cuda_attn.cu: causal / sliding-window attention with softcap and GQA over a paged f32
+ * K/V cache (per-token block tables, see ops_attn_args), with an online softmax.
  *
  * One block per (token, head, key split). Keys are taken ATT_TILE at a time: each warp
  * scores ATT_KPW keys at once (lanes across head_dim, independent loads in flight), then
@@ -17,8 +17,9 @@
 #define ATT_KPW 4 /* keys a warp scores together */
 
 static __global__ void k_attention(float *out, float *part, int nsplit, const float *q, int n_heads, int n_kv_heads,
-                                   int head_dim, int v_dim, int64_t kv_stride, float scale, int window,
-                                   float softcap, const int32_t *pos, const float *const *kb, const float *const *vb) {
+                                   int head_dim, int v_dim, int64_t row_floats, int bshift, float scale, int window,
+                                   float softcap, const int32_t *pos, const void *const *const *kb,
+                                   const void *const *const *vb) {
   extern __shared__ float qs[]; /* [head_dim] */
   __shared__ float sc[ATT_TILE];
   const int64_t bh = blockIdx.x, t = bh / n_heads;
@@ -31,7 +32,11 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
   if (window > 0 && p - window + 1 > 0) p0 = p - window + 1;
   const int32_t len = p - p0 + 1, chunk = (len + nsplit - 1) / nsplit;
   const int32_t ks = p0 + split * chunk, ke = min(p, ks + chunk - 1);
-  const float *K = kb[t] + (int64_t)kh * head_dim, *V = vb[t] + (int64_t)kh * v_dim;
+  /* Position p: row (p & bmask) of block p >> bshift of this token's sequence. */
+  const float *const *KT = (const float *const *)kb[t], *const *VT = (const float *const *)vb[t];
+  const int32_t bmask = (1 << bshift) - 1;
+#define KROW(p) (KT[(p) >> bshift] + (int64_t)((p) & bmask) * row_floats + (int64_t)kh * head_dim)
+#define VROW(p) (VT[(p) >> bshift] + (int64_t)((p) & bmask) * row_floats + (int64_t)kh * v_dim)
   float m = -INFINITY, l = 0.0f, acc[ATT_MAXC];
 #pragma unroll
   for (int c = 0; c < ATT_MAXC; c++) acc[c] = 0.0f;
@@ -44,7 +49,7 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
 #pragma unroll
       for (int u = 0; u < ATT_KPW; u++) {
         s[u] = 0.0f;
-        kr[u] = K + (int64_t)(k0 + (kk + u < cnt ? kk + u : kk)) * kv_stride;
+        kr[u] = KROW(k0 + (kk + u < cnt ? kk + u : kk));
       }
       for (int j = lane; j < head_dim; j += 32) {
         const float qj = qs[j];
@@ -75,7 +80,7 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
 #pragma unroll
       for (int u = 0; u < 4; u++) {
         e[u] = expf(sc[kk + u] - mnew);
-        vr[u] = V + (int64_t)(k0 + kk + u) * kv_stride;
+        vr[u] = VROW(k0 + kk + u);
       }
       psum += (e[0] + e[1]) + (e[2] + e[3]);
 #pragma unroll
@@ -87,7 +92,7 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
     for (; kk < cnt; kk++) {
       const float e = expf(sc[kk] - mnew);
       psum += e;
-      const float *vr = V + (int64_t)(k0 + kk) * kv_stride;
+      const float *vr = VROW(k0 + kk);
 #pragma unroll
       for (int c = 0; c < ATT_MAXC; c++) {
         const int j = tid + c * ATT_THREADS;
@@ -100,6 +105,8 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
     m = mnew;
     __syncthreads(); /* sc is rewritten by the next tile */
   }
+#undef KROW
+#undef VROW
   if (nsplit == 1) {
     float *o = out + bh * (int64_t)v_dim;
     const float inv = 1.0f / l;
@@ -151,13 +158,23 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
               a->n_kv_heads, a->head_dim, a->v_dim);
     return;
   }
+  if (a->kv_type != OPS_KV_F32 || a->residual_len > 0 || a->block_len < 1 || (a->block_len & (a->block_len - 1)) ||
+      a->kv_row_bytes != (int64_t)a->n_kv_heads * a->head_dim * 4 || a->head_dim != a->v_dim) {
+    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: attention over a KV cache of type %d (block %d) not supported", a->kv_type,
+              a->block_len);
+    return;
+  }
+  int bshift = 0;
+  while ((1 << bshift) < a->block_len) bshift++;
   const int64_t nbh = a->n * a->n_heads;
   if (nbh > 0x7fffffff) {
     cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: attention batch too large");
     return;
   }
-  const float *const *kd = (const float *const *)cuda_ring_put(be, a->k, (size_t)a->n * sizeof(float *));
-  const float *const *vd = (const float *const *)cuda_ring_put(be, a->v, (size_t)a->n * sizeof(float *));
+  const void *const *const *kd =
+      (const void *const *const *)cuda_ring_put(be, a->k_blocks, (size_t)a->n * sizeof(void *));
+  const void *const *const *vd =
+      (const void *const *const *)cuda_ring_put(be, a->v_blocks, (size_t)a->n * sizeof(void *));
   if (!kd || !vd) return;
   /* Split the keys when (token, head) pairs alone cannot fill the GPU: about two blocks
    * per multiprocessor, bounded by the partials scratch. Splits past a sequence's length
@@ -172,7 +189,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   }
   dim3 grid((unsigned)nbh, (unsigned)nsplit);
   k_attention<<<grid, ATT_THREADS, (size_t)a->head_dim * sizeof(float), ci->stream>>>(
-      out, ci->att_part, nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, a->kv_stride, a->scale,
+      out, ci->att_part, nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, a->kv_row_bytes / 4, bshift, a->scale,
       a->window, a->softcap, a->pos, kd, vd);
   if (!cuda_check_launch(ci, "attention")) return;
   if (nsplit > 1) {
