@@ -23,7 +23,7 @@ static void usage(FILE *f) {
           "  --no-prompt-cache        do not keep finished sequences' KV for prefix reuse\n"
           "  --prompt-cache-block N   checkpoint hybrid (GDN) state every N prompt tokens (default 256)\n"
           "  --prompt-cache-checkpoints N  checkpoint pool (default 2 x --parallel)\n"
-          "  --device cpu|cuda|auto  --kv-cache-quantization none|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
+          "  --device cpu|cuda|auto  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --int8-prefill         8-bit activations in prefill (faster; default: exact f32)\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"

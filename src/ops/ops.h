@@ -30,16 +30,19 @@ typedef struct ops_weight {
 } ops_weight;
 
 /* KV-cache element formats. Each position row holds n_kv_heads head records of head_dim
- * values; ops_kv_head_bytes gives a record's size. F32 is exact. Q8/Q4 are llama.cpp's
+ * values; ops_kv_head_bytes gives a record's size. F32 is exact; F16 is IEEE half
+ * (round to nearest even; llama.cpp's default KV type). Q8/Q4 are llama.cpp's
  * Q8_0/Q4_0 blocks of 32. TQ<b> is TurboQuant: the head vector is rotated by a random-sign
  * Walsh-Hadamard transform (orthonormal, head_dim a power of two), then each coordinate
  * is quantized with the b-bit Lloyd-Max quantizer of a unit Gaussian, scaled by
  * |x| / sqrt(head_dim) (one f32 per record). Attention runs in the rotated space (q is
  * rotated once; the V sum is rotated back once), so nothing is dequantized to a copy. */
-enum ops_kv_type { OPS_KV_F32 = 0, OPS_KV_Q8, OPS_KV_Q4, OPS_KV_TQ2, OPS_KV_TQ3, OPS_KV_TQ4 };
+/* F16 sits next to F32 so that "kv_type >= OPS_KV_TQ2" keeps meaning TurboQuant. */
+enum ops_kv_type { OPS_KV_F32 = 0, OPS_KV_F16, OPS_KV_Q8, OPS_KV_Q4, OPS_KV_TQ2, OPS_KV_TQ3, OPS_KV_TQ4 };
 
 static inline int64_t ops_kv_head_bytes(int type, int d) {
   switch (type) {
+  case OPS_KV_F16: return (int64_t)d * 2;
   case OPS_KV_Q8: return (int64_t)d / 32 * 34;
   case OPS_KV_Q4: return (int64_t)d / 32 * 18;
   case OPS_KV_TQ2: return 4 + (int64_t)d * 2 / 8;
@@ -49,21 +52,27 @@ static inline int64_t ops_kv_head_bytes(int type, int d) {
   }
 }
 
-/* Attention batch description: token i (of n) belongs to a sequence whose keys/values for
- * positions 0..pos[i] start at k[i] / v[i] (position rows of kv_row_bytes bytes, each
- * n_kv_heads records in kv_type format). Tokens may come from different sequences. */
 typedef struct ops_attn_args {
   int64_t n;
   int n_heads, n_kv_heads, head_dim, v_dim;
-  int64_t kv_stride;        /* F32 only: floats between consecutive positions */
-  int kv_type;              /* ops_kv_type */
-  int64_t kv_row_bytes;     /* bytes between consecutive positions (any type) */
+  int kv_type;              /* ops_kv_type of the blocks (F32, F16, Q8, Q4, TQ2..4) */
+  int64_t kv_row_bytes;     /* bytes of one position (n_kv_heads records of kv_type) */
+  int block_len;            /* positions per KV block, a power of two (>= 16) */
   float scale;
   int window;               /* 0: full causal; else key p visible when pos - p < window */
   float softcap;            /* 0: none; else scores = softcap * tanh(scores / softcap) */
-  const int32_t *pos;       /* [n] */
-  const float *const *k;    /* [n] base of the sequence's K cache */
-  const float *const *v;    /* [n] */
+  const int32_t *pos;       /* [n] query positions */
+  /* [n] block table of token i's sequence (in backend memory): position p of that
+   * sequence is row (p & (block_len-1)) of block k_blocks[i][p / block_len]. */
+  const void *const *const *k_blocks;
+  const void *const *const *v_blocks;
+  /* --kv-cache-residual-len: when residual_len > 0 (quantized caches only), keys/values at
+   * positions p > pos[i] - residual_len are read in f32 from a per-sequence ring instead of the
+   * blocks: k_ring[i] + (p % ring_len) * n_kv_heads * head_dim floats (ring_len >= residual_len +
+   * the batch size, so those rows are always present). NULL / 0 when unused. */
+  int residual_len, ring_len;
+  const float *const *k_ring;
+  const float *const *v_ring;
 } ops_attn_args;
 
 /* Gated DeltaNet run over consecutive tokens of ONE sequence. q, k: [n, hk, dk] already

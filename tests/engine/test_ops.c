@@ -1,6 +1,6 @@
 /* test_ops.c: CPU backend ops against plain reference code on fresh random inputs (odd
  * sizes included), SIMD paths against the scalar path, the chunked GDN kernel against the
- * recurrent one, and the sampler's contracts. The fixture tests check the composition;
+ * recurrent one, and the sampler's contracts (attention and the KV formats: test_attn.c). The fixture tests check the composition;
  * this file pins down each op so a backend (CUDA) has a reference to match. */
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_internal.h"
@@ -197,130 +197,6 @@ static void test_gdn(ops_backend *be) {
   }
 }
 
-static void test_attention(ops_backend *be) {
-  printf("attention\n");
-  const int cfgs[][6] = {/* n_ctx, Hq, Hkv, D, window, softcap*10 */ {1, 4, 2, 32, 0, 0}, {37, 6, 2, 16, 0, 0},
-                         {70, 4, 1, 64, 16, 0},  {50, 8, 8, 8, 5, 300}};
-  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-    const int L = cfgs[c][0], Hq = cfgs[c][1], Hkv = cfgs[c][2], D = cfgs[c][3], win = cfgs[c][4];
-    const float cap = cfgs[c][5] / 10.0f, scale = 1.0f / sqrtf((float)D);
-    float *K = malloc(sizeof(float) * L * Hkv * D), *V = malloc(sizeof(float) * L * Hkv * D);
-    float *q = malloc(sizeof(float) * L * Hq * D), *o = malloc(sizeof(float) * L * Hq * D);
-    double *ref = malloc(sizeof(double) * L * Hq * D), *p = malloc(sizeof(double) * L);
-    fill(K, (int64_t)L * Hkv * D, 1), fill(V, (int64_t)L * Hkv * D, 1), fill(q, (int64_t)L * Hq * D, 2);
-    int32_t *pos = malloc(sizeof(int32_t) * L);
-    const float **kp = malloc(sizeof(float *) * L), **vp = malloc(sizeof(float *) * L);
-    for (int t = 0; t < L; t++) pos[t] = t, kp[t] = K, vp[t] = V;
-    for (int t = 0; t < L; t++)
-      for (int h = 0; h < Hq; h++) {
-        const int kh = h / (Hq / Hkv), lo = win && t - win + 1 > 0 ? t - win + 1 : 0;
-        double mx = -1e300, sum = 0;
-        for (int j = lo; j <= t; j++) {
-          double s = 0;
-          for (int d = 0; d < D; d++) s += (double)q[(t * Hq + h) * D + d] * K[(j * Hkv + kh) * D + d];
-          s *= scale;
-          if (cap > 0) s = cap * tanh(s / cap);
-          p[j] = s, mx = fmax(mx, s);
-        }
-        for (int j = lo; j <= t; j++) sum += p[j] = exp(p[j] - mx);
-        for (int d = 0; d < D; d++) {
-          double acc = 0;
-          for (int j = lo; j <= t; j++) acc += p[j] / sum * V[(j * Hkv + kh) * D + d];
-          ref[(t * Hq + h) * D + d] = acc;
-        }
-      }
-    ops_attn_args a = {.n = L, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = (int64_t)Hkv * D,
-                       .kv_type = OPS_KV_F32, .kv_row_bytes = (int64_t)Hkv * D * 4, .scale = scale, .window = win,
-                       .softcap = cap, .pos = pos, .k = kp, .v = vp};
-    be->attention(be, o, q, &a);
-    char what[96];
-    snprintf(what, sizeof what, "L=%d Hq=%d Hkv=%d D=%d window=%d softcap=%g", L, Hq, Hkv, D, win, cap);
-    check(what, max_rel(o, ref, (int64_t)L * Hq * D), 1e-5);
-    free(K), free(V), free(q), free(o), free(ref), free(p), free(pos), free(kp), free(vp);
-  }
-}
-
-/* KV-cache formats: the rotation is orthonormal; each format's reconstruction error is
- * within its budget; attention over an encoded cache equals exact attention over the
- * decoded values (so the fused decode adds no error of its own). */
-static void test_kv_formats(ops_backend *be) {
-  printf("kv-cache formats\n");
-  const int D = 64, Hkv = 2, Hq = 4, L = 80;
-  float x[64], y[64];
-  fill(x, D, 1);
-  memcpy(y, x, sizeof x);
-  cpu_kv_rotate(y, D);
-  cpu_kv_unrotate(y, D);
-  double rd = 0;
-  for (int i = 0; i < D; i++) rd = fmax(rd, fabs(x[i] - y[i]));
-  check("rotation then inverse = identity", rd, 1e-5);
-  const int types[] = {OPS_KV_Q8, OPS_KV_Q4, OPS_KV_TQ4, OPS_KV_TQ3, OPS_KV_TQ2};
-  const char *names[] = {"q8", "q4", "turboquant 4", "turboquant 3", "turboquant 2"};
-  /* relative RMS reconstruction error budgets (Q4 suffers most from the outlier channel) */
-  const double budget[] = {0.01, 0.15, 0.12, 0.22, 0.40};
-  for (int ti = 0; ti < 5; ti++) {
-    const int type = types[ti];
-    const int64_t hb = ops_kv_head_bytes(type, D), rowb = hb * Hkv;
-    uint8_t *K = malloc((size_t)(rowb * L)), *V = malloc((size_t)(rowb * L));
-    float *src = malloc(sizeof(float) * L * Hkv * D), *dk = malloc(sizeof(float) * L * Hkv * D),
-          *dv = malloc(sizeof(float) * L * Hkv * D), *q = malloc(sizeof(float) * L * Hq * D),
-          *o = malloc(sizeof(float) * L * Hq * D);
-    double *ref = malloc(sizeof(double) * L * Hq * D), *p = malloc(sizeof(double) * L);
-    void **dst = malloc(sizeof(void *) * L);
-    /* keys: Gaussian-ish with a few outlier channels, as real keys have */
-    fill(src, (int64_t)L * Hkv * D, 1);
-    for (int i = 0; i < L * Hkv; i++) src[i * D + 3] *= 6;
-    for (int r = 0; r < L; r++) dst[r] = K + r * rowb;
-    be->kv_store(be, dst, src, L, Hkv, D, type);
-    double err2 = 0, n2 = 0;
-    for (int r = 0; r < L * Hkv; r++) {
-      float rec[64];
-      cpu_kv_decode(type, K + (int64_t)r * hb, D, rec);
-      if (type >= OPS_KV_TQ2) cpu_kv_unrotate(rec, D);
-      for (int i = 0; i < D; i++) err2 += (rec[i] - src[r * D + i]) * (rec[i] - src[r * D + i]), n2 += src[r * D + i] * src[r * D + i];
-      memcpy(dk + (int64_t)r * D, rec, sizeof rec);
-    }
-    char what[96];
-    snprintf(what, sizeof what, "%s reconstruction rel. RMS %.3f", names[ti], sqrt(err2 / n2));
-    check(what, sqrt(err2 / n2), budget[ti]);
-    printf("  %s\n", what);
-    fill(src, (int64_t)L * Hkv * D, 1);
-    for (int r = 0; r < L; r++) dst[r] = V + r * rowb;
-    be->kv_store(be, dst, src, L, Hkv, D, type);
-    for (int r = 0; r < L * Hkv; r++) {
-      cpu_kv_decode(type, V + (int64_t)r * hb, D, dv + (int64_t)r * D);
-      if (type >= OPS_KV_TQ2) cpu_kv_unrotate(dv + (int64_t)r * D, D);
-    }
-    fill(q, (int64_t)L * Hq * D, 1);
-    const float scale = 1.0f / sqrtf((float)D);
-    for (int t = 0; t < L; t++)
-      for (int h = 0; h < Hq; h++) {
-        const int kh = h / (Hq / Hkv);
-        double mx = -1e300, sum = 0;
-        for (int j = 0; j <= t; j++) {
-          double sc = 0;
-          for (int d = 0; d < D; d++) sc += (double)q[(t * Hq + h) * D + d] * dk[(j * Hkv + kh) * D + d];
-          p[j] = sc * scale, mx = fmax(mx, p[j]);
-        }
-        for (int j = 0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
-        for (int d = 0; d < D; d++) {
-          double acc = 0;
-          for (int j = 0; j <= t; j++) acc += p[j] / sum * dv[(j * Hkv + kh) * D + d];
-          ref[(t * Hq + h) * D + d] = acc;
-        }
-      }
-    int32_t *pos = malloc(sizeof(int32_t) * L);
-    const float **kp = malloc(sizeof(float *) * L), **vp = malloc(sizeof(float *) * L);
-    for (int t = 0; t < L; t++) pos[t] = t, kp[t] = (const float *)K, vp[t] = (const float *)V;
-    ops_attn_args a = {.n = L, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = type,
-                       .kv_row_bytes = rowb, .scale = scale, .pos = pos, .k = kp, .v = vp};
-    be->attention(be, o, q, &a);
-    snprintf(what, sizeof what, "%s attention = exact attention on decoded cache", names[ti]);
-    check(what, max_rel(o, ref, (int64_t)L * Hq * D), 2e-5);
-    free(K), free(V), free(src), free(dk), free(dv), free(q), free(o), free(ref), free(p), free(dst), free(pos), free(kp), free(vp);
-  }
-}
-
 static void test_conv_rope_norm(ops_backend *be) {
   printf("conv1d, rope, norms\n");
   const int n = 23, ch = 37, kw = 4;
@@ -493,8 +369,6 @@ int main(void) {
   test_matmul_quant(be);
   test_dequant_fast();
   test_gdn(be);
-  test_attention(be);
-  test_kv_formats(be);
   test_conv_rope_norm(be);
   test_moe_route(be);
   test_sampler();

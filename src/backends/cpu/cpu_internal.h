@@ -58,6 +58,8 @@ void cpu_kv_rotate(float *x, int d);
 void cpu_kv_unrotate(float *x, int d);
 void cpu_kv_store(ops_backend *be, void *const *dst, const float *src, int64_t rows, int n_heads, int head_dim,
                   int kv_type);
+/* The attention op (cpu_attn.c). */
+void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a);
 void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
 void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
 int cpu_isa_level(void);
