@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int g_fail, g_checks;
 static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
@@ -295,7 +296,52 @@ static void test_kv_formats(ops_backend *be) {
   }
 }
 
-int main(void) {
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *x, const void *y) {
+  const double a = *(const double *)x, b = *(const double *)y;
+  return a < b ? -1 : a > b;
+}
+
+/* test_attn DIR --bench: one layer of qwen2.5-0.5b attention (14/2 heads, D 64): prefill of n
+ * tokens from position 0, and one decode token at depth `depth`; median ms of several (and the minimum: the machine may be shared). */
+static void bench(ops_backend *be, int type, int n, int depth) {
+  const int Hq = 14, Hkv = 2, D = 64, bl = 64;
+  seq_cache sc;
+  const int len = n > depth ? n : depth;
+  seq_build(be, &sc, len, Hkv, D, type, bl, 0);
+  float *q = malloc(sizeof(float) * (size_t)n * Hq * D), *o = malloc(sizeof(float) * (size_t)n * Hq * D);
+  fill(q, (int64_t)n * Hq * D, 1.0f);
+  int32_t *pos = malloc(sizeof(int32_t) * (size_t)n);
+  const void *const **kt = malloc(sizeof(void *) * (size_t)n), *const **vt = malloc(sizeof(void *) * (size_t)n);
+  for (int t = 0; t < n; t++) pos[t] = t, kt[t] = (const void *const *)sc.kblk, vt[t] = (const void *const *)sc.vblk;
+  ops_attn_args a = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = type,
+                     .kv_row_bytes = ops_kv_head_bytes(type, D) * Hkv, .block_len = bl, .scale = 0.125f,
+                     .pos = pos, .k_blocks = kt, .v_blocks = vt};
+  double tp[7], td[41];
+  for (int r = 0; r < 7; r++) {
+    const double t0 = now_s();
+    be->attention(be, o, q, &a);
+    tp[r] = now_s() - t0;
+  }
+  a.n = 1, pos[0] = depth - 1;
+  for (int r = 0; r < 41; r++) {
+    const double t0 = now_s();
+    be->attention(be, o, q, &a);
+    td[r] = now_s() - t0;
+  }
+  qsort(tp, 7, sizeof(double), cmp_d), qsort(td, 41, sizeof(double), cmp_d);
+  printf("  %-4s %-6s prefill %d: %7.3f ms (min %7.3f)   decode at %d: %6.4f ms (min %6.4f)  per layer\n",
+         type_name(type), cpu_backend_isa(), n, tp[3] * 1e3, tp[0] * 1e3, depth, td[20] * 1e3, td[0] * 1e3);
+  seq_free(&sc);
+  free(q), free(o), free(pos), free(kt), free(vt);
+}
+
+int main(int argc, char **argv) {
   threadpool *tp = NULL;
   ops_backend *be = NULL;
   char err[256];
@@ -303,6 +349,15 @@ int main(void) {
   if (threadpool_create(&tp, 2, err, sizeof err) || cpu_backend_create(&be, tp, scratch, 4096, err, sizeof err)) {
     fprintf(stderr, "%s\n", err);
     return 1;
+  }
+  if (argc > 2 && !strcmp(argv[2], "--bench")) {
+    const int types[] = {OPS_KV_F32, OPS_KV_F16, OPS_KV_Q8, OPS_KV_TQ4};
+    for (int i = 0; i < 4; i++) bench(be, types[i], 512, 4096);
+    cpu_backend_force_isa(1);
+    bench(be, OPS_KV_F32, 512, 4096);
+    cpu_backend_free(be);
+    threadpool_free(tp);
+    return 0;
   }
   test_kv_formats(be);
   test_attention(be);

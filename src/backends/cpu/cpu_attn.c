@@ -5,10 +5,10 @@
  * (e.g. 9 tokens x 7 heads), so every key and value is fetched (and, for F16 / quantized
  * caches, decoded) once per item and shared by all its rows. Keys go in tiles of ATTN_T:
  *
- *   S^T[key][row] = K Q^T     (Q is stored transposed, [dim][row]: the inner loop is one
- *                              load of a row vector and ATTN_KG broadcast-FMAs, one per key)
+ *   S^T[key][row] = K Q^T     (Q is stored transposed, [dim][row]; register tile of 4 row
+ *                              vectors x 6 keys: per dim 4 loads, 6 broadcasts, 24 FMAs)
  *   mask, online softmax      (vectorised across rows: each row keeps its running max/sum)
- *   O^T[dim][row] += V^T P^T  (one load of a row vector of P, broadcast-FMAs per value dim)
+ *   O^T[dim][row] += V^T P^T  (register tile of 4 row vectors of P x 4 value dims)
  *
  * Everything is vectorised across rows, so no horizontal sums are needed. Masks (causal,
  * sliding window, residual ring vs blocks) are one interval of key positions per row.
@@ -41,8 +41,6 @@
 
 #define ATTN_T 64    /* keys per tile */
 #define ATTN_ROWS 64 /* target rows per work item */
-#define ATTN_KG 8    /* keys per register group in S = K Q^T */
-#define ATTN_XG 8    /* value dims per register group in O += V^T P^T */
 
 typedef struct attn_job {
   ops_backend *be;
@@ -70,7 +68,7 @@ static int64_t round_up(int64_t x, int64_t m) {
 
 /* Floats of scratch an item of rp (padded) rows needs, including 16 for alignment. */
 static int64_t attn_need(int64_t rp, int d, int vd) {
-  return rp * ((int64_t)d + ATTN_T + vd + 5) + (int64_t)ATTN_T * (d + vd) + 2 * (int64_t)(d > vd ? d : vd) + 32;
+  return rp * ((int64_t)d + ATTN_T + vd + 6) + (int64_t)ATTN_T * (d + vd) + 2 * (int64_t)(d > vd ? d : vd) + 32;
 }
 
 int64_t cpu_attention_scratch_floats(int n_heads, int n_kv_heads, int head_dim) {
@@ -313,13 +311,14 @@ void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_a
 #define viset FN(viset)
 #define vsel_range FN(vsel_range)
 #define vfinite0 FN(vfinite0)
-#define vany_ne1 FN(vany_ne1)
 #define vexp FN(vexp)
 #define f16_row FN(f16_row)
 
 #if ATTN_ISA == 2
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define VW 16
+#define S_MC 4
+#define P_MC 4
 #define V __m512
 #define VI __m512i
 TGT static inline V vld(const float *p) { return _mm512_loadu_ps(p); }
@@ -341,7 +340,6 @@ TGT static inline V vsel_range(V s, VI p, VI lo, VI hi) {
 TGT static inline V vfinite0(V m) {
   return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(m, _mm512_set1_ps(-INFINITY), _CMP_EQ_OQ), m, _mm512_setzero_ps());
 }
-TGT static inline int vany_ne1(V c) { return _mm512_cmp_ps_mask(c, _mm512_set1_ps(1.0f), _CMP_NEQ_UQ) != 0; }
 TGT static inline V vexp(V x) {
   const V xc = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
   const V n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504089f)),
@@ -367,6 +365,8 @@ TGT static inline void f16_row(const uint16_t *s, float *y, int d) {
 #elif ATTN_ISA == 1
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define VW 8
+#define S_MC 2
+#define P_MC 2
 #define V __m256
 #define VI __m256i
 TGT static inline V vld(const float *p) { return _mm256_loadu_ps(p); }
@@ -385,9 +385,6 @@ TGT static inline V vsel_range(V s, VI p, VI lo, VI hi) {
 }
 TGT static inline V vfinite0(V m) {
   return _mm256_blendv_ps(m, _mm256_setzero_ps(), _mm256_cmp_ps(m, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ));
-}
-TGT static inline int vany_ne1(V c) {
-  return _mm256_movemask_ps(_mm256_cmp_ps(c, _mm256_set1_ps(1.0f), _CMP_NEQ_UQ)) != 0;
 }
 TGT static inline V vexp(V x) {
   const V xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
@@ -416,6 +413,8 @@ TGT static inline void f16_row(const uint16_t *s, float *y, int d) {
 #else
 #define TGT
 #define VW 1
+#define S_MC 1
+#define P_MC 1
 #define V float
 #define VI int32_t
 static inline V vld(const float *p) { return *p; }
@@ -430,12 +429,167 @@ static inline VI vild(const int32_t *p) { return *p; }
 static inline VI viset(int32_t x) { return x; }
 static inline V vsel_range(V s, VI p, VI lo, VI hi) { return lo <= p && p <= hi ? s : -INFINITY; }
 static inline V vfinite0(V m) { return m == -INFINITY ? 0.0f : m; }
-static inline int vany_ne1(V c) { return c != 1.0f; }
 static inline V vexp(V x) { return x < -87.3f ? 0.0f : expf(x); }
 static inline void f16_row(const uint16_t *s, float *y, int d) {
   for (int i = 0; i < d; i++) y[i] = quant_f16_to_f32(s[i]);
 }
 #endif
+
+/* Micro-kernels. Accumulators are named variables (an array of 24 vectors is not kept in
+ * registers by GCC). s_*: so[u * rp + lanes] = sum_d kr[u][d] qc[d * rp + lanes] for keys
+ * u < nk (pointers past nk repeat key 0); pv_*: o[u * rp + lanes] = corr * o + sum_jj
+ * vrow[jj][x + u] p[jj * rp + lanes]. */
+#define K6(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#define K8(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define K4(X) X(0) X(1) X(2) X(3)
+
+TGT static inline void FN(s_tile_1)(const float *qc, int64_t rp, int D, const float *const *krow, int nk, float *so) {
+#define KP(u) const float *k##u = krow[u < nk ? u : 0];
+#define AC(u) V a##u = vset(0);
+  K8(KP) K8(AC)
+#undef KP
+#undef AC
+  for (int d = 0; d < D; d++) {
+    const V q = vld(qc + (int64_t)d * rp);
+#define ST(u) a##u = vfma(vset(k##u[d]), q, a##u);
+    K8(ST)
+#undef ST
+  }
+#define SO(u) if (u < nk) vst(so + u * rp, a##u);
+  K8(SO)
+#undef SO
+}
+
+TGT static inline void FN(pv_col)(float *o, int64_t rp, const float *corr, const float *p, const float *const *vrow, int x,
+                                   int jb, int je) {
+  V acc = vmul(vld(o), vld(corr));
+  for (int jj = jb; jj < je; jj++) acc = vfma(vset(vrow[jj][x]), vld(p + (int64_t)jj * rp), acc);
+  vst(o, acc);
+}
+
+TGT static inline void FN(pv_tile_1)(float *o, int64_t rp, const float *corr, const float *p, const float *const *vrow,
+                                      int x, int jb, int je) {
+  const V cr = vld(corr);
+#define AC(u) V a##u = vmul(vld(o + u * rp), cr);
+  K8(AC)
+#undef AC
+  for (int jj = jb; jj < je; jj++) {
+    const V pv = vld(p + (int64_t)jj * rp);
+    const float *vr = vrow[jj] + x;
+#define ST(u) a##u = vfma(vset(vr[u]), pv, a##u);
+    K8(ST)
+#undef ST
+  }
+#define SO(u) vst(o + u * rp, a##u);
+  K8(SO)
+#undef SO
+}
+
+#if S_MC == 4
+/* 4 row vectors x 6 keys: 24 accumulators + 4 + 1 of 32 zmm */
+TGT static inline void FN(s_tile_mc)(const float *qc, int64_t rp, int D, const float *const *krow, int nk, float *so) {
+#define KP(u) const float *k##u = krow[u < nk ? u : 0];
+#define AC(u) V a0_##u = vset(0), a1_##u = vset(0), a2_##u = vset(0), a3_##u = vset(0);
+  K6(KP) K6(AC)
+#undef KP
+#undef AC
+  for (int d = 0; d < D; d++) {
+    const float *qd = qc + (int64_t)d * rp;
+    const V q0 = vld(qd), q1 = vld(qd + VW), q2 = vld(qd + 2 * VW), q3 = vld(qd + 3 * VW);
+#define ST(u)                                                                                                          \
+  {                                                                                                                    \
+    const V b = vset(k##u[d]);                                                                                         \
+    a0_##u = vfma(b, q0, a0_##u), a1_##u = vfma(b, q1, a1_##u), a2_##u = vfma(b, q2, a2_##u), a3_##u = vfma(b, q3, a3_##u); \
+  }
+    K6(ST)
+#undef ST
+  }
+#define SO(u)                                                                                                          \
+  if (u < nk) {                                                                                                        \
+    vst(so + u * rp, a0_##u), vst(so + u * rp + VW, a1_##u), vst(so + u * rp + 2 * VW, a2_##u);                         \
+    vst(so + u * rp + 3 * VW, a3_##u);                                                                                 \
+  }
+  K6(SO)
+#undef SO
+}
+
+/* 4 row vectors x 4 value dims: 16 accumulators; per key 4 loads + 4 broadcasts */
+TGT static inline void FN(pv_tile_mc)(float *o, int64_t rp, const float *corr, const float *p, const float *const *vrow,
+                                       int x, int jb, int je) {
+  const V c0 = vld(corr), c1 = vld(corr + VW), c2 = vld(corr + 2 * VW), c3 = vld(corr + 3 * VW);
+#define AC(u)                                                                                                          \
+  V a0_##u = vmul(vld(o + u * rp), c0), a1_##u = vmul(vld(o + u * rp + VW), c1);                                        \
+  V a2_##u = vmul(vld(o + u * rp + 2 * VW), c2), a3_##u = vmul(vld(o + u * rp + 3 * VW), c3);
+  K4(AC)
+#undef AC
+  for (int jj = jb; jj < je; jj++) {
+    const float *pj = p + (int64_t)jj * rp;
+    const V p0 = vld(pj), p1 = vld(pj + VW), p2 = vld(pj + 2 * VW), p3 = vld(pj + 3 * VW);
+    const float *vr = vrow[jj] + x;
+#define ST(u)                                                                                                          \
+  {                                                                                                                    \
+    const V b = vset(vr[u]);                                                                                           \
+    a0_##u = vfma(b, p0, a0_##u), a1_##u = vfma(b, p1, a1_##u), a2_##u = vfma(b, p2, a2_##u), a3_##u = vfma(b, p3, a3_##u); \
+  }
+    K4(ST)
+#undef ST
+  }
+#define SO(u)                                                                                                          \
+  vst(o + u * rp, a0_##u), vst(o + u * rp + VW, a1_##u), vst(o + u * rp + 2 * VW, a2_##u), vst(o + u * rp + 3 * VW, a3_##u);
+  K4(SO)
+#undef SO
+}
+#elif S_MC == 2
+/* 2 row vectors x 6 keys: 12 accumulators + 2 + 1 of 16 ymm */
+TGT static inline void FN(s_tile_mc)(const float *qc, int64_t rp, int D, const float *const *krow, int nk, float *so) {
+#define KP(u) const float *k##u = krow[u < nk ? u : 0];
+#define AC(u) V a0_##u = vset(0), a1_##u = vset(0);
+  K6(KP) K6(AC)
+#undef KP
+#undef AC
+  for (int d = 0; d < D; d++) {
+    const float *qd = qc + (int64_t)d * rp;
+    const V q0 = vld(qd), q1 = vld(qd + VW);
+#define ST(u)                                                                                                          \
+  {                                                                                                                    \
+    const V b = vset(k##u[d]);                                                                                         \
+    a0_##u = vfma(b, q0, a0_##u), a1_##u = vfma(b, q1, a1_##u);                                                        \
+  }
+    K6(ST)
+#undef ST
+  }
+#define SO(u)                                                                                                          \
+  if (u < nk) vst(so + u * rp, a0_##u), vst(so + u * rp + VW, a1_##u);
+  K6(SO)
+#undef SO
+}
+
+TGT static inline void FN(pv_tile_mc)(float *o, int64_t rp, const float *corr, const float *p, const float *const *vrow,
+                                       int x, int jb, int je) {
+  const V c0 = vld(corr), c1 = vld(corr + VW);
+#define AC(u) V a0_##u = vmul(vld(o + u * rp), c0), a1_##u = vmul(vld(o + u * rp + VW), c1);
+  K4(AC)
+#undef AC
+  for (int jj = jb; jj < je; jj++) {
+    const float *pj = p + (int64_t)jj * rp;
+    const V p0 = vld(pj), p1 = vld(pj + VW);
+    const float *vr = vrow[jj] + x;
+#define ST(u)                                                                                                          \
+  {                                                                                                                    \
+    const V b = vset(vr[u]);                                                                                           \
+    a0_##u = vfma(b, p0, a0_##u), a1_##u = vfma(b, p1, a1_##u);                                                        \
+  }
+    K4(ST)
+#undef ST
+  }
+#define SO(u) vst(o + u * rp, a0_##u), vst(o + u * rp + VW, a1_##u);
+  K4(SO)
+#undef SO
+}
+#endif
+#undef K4
+#undef K6
+#undef K8
 
 /* Pointer to the f32 values of key/value p of head kh (decoded into buf when the cache is
  * not f32, rotated when the cache is TurboQuant and the row came from the f32 ring). */
@@ -473,6 +627,7 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
   float *kbuf = (float *)(thr + rp);         /* [ATTN_T][D] decoded keys */
   float *vbuf = kbuf + (int64_t)ATTN_T * D;  /* [ATTN_T][vd] decoded values */
   float *tmp = vbuf + (int64_t)ATTN_T * vd;  /* [max(D, vd)] */
+  float *cbuf = tmp + (D > vd ? D : vd);      /* [rp] per-row rescale of the tile */
   const int ring_on = a->residual_len > 0 && a->k_ring;
   const void *const *ktbl = a->k_blocks[it->t0], *const *vtbl = a->v_blocks[it->t0];
   const float *kring = ring_on ? a->k_ring[it->t0] : NULL, *vring = ring_on ? a->v_ring[it->t0] : NULL;
@@ -517,30 +672,30 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
         krow[jj] = FN(load_row)(a, ktbl, kring, src, k0 + jj, it->kh, D, kbuf + (int64_t)jj * D);
         vrow[jj] = FN(load_row)(a, vtbl, vring, src, k0 + jj, it->kh, vd, vbuf + (int64_t)jj * vd);
       }
-      /* S^T[jj][r] = sum_d K[jj][d] Qt[d][r] */
-      for (int jj = jb; jj < je; jj += ATTN_KG) {
-        const int nk = je - jj < ATTN_KG ? je - jj : ATTN_KG;
-        const float *kr[ATTN_KG];
-        for (int u = 0; u < ATTN_KG; u++) kr[u] = krow[jj + (u < nk ? u : 0)];
-        for (int64_t c = 0; c < nc; c++) {
-          V acc[ATTN_KG];
-          for (int u = 0; u < ATTN_KG; u++) acc[u] = vset(0);
-          const float *qc = qt + c * VW;
-          for (int d = 0; d < D; d++) {
-            const V qv = vld(qc + (int64_t)d * rp);
-            for (int u = 0; u < ATTN_KG; u++) acc[u] = vfma(vset(kr[u][d]), qv, acc[u]);
-          }
-          for (int u = 0; u < nk; u++) vst(st + (int64_t)(jj + u) * rp + c * VW, acc[u]);
+      /* S^T[jj][r] = sum_d K[jj][d] Qt[d][r]: S_MC row vectors x S_NK keys of accumulators
+       * (per dim: S_MC loads, S_NK broadcasts, S_MC * S_NK FMAs); leftover row vectors one
+       * at a time. */
+      int64_t c = 0;
+#if S_MC > 1
+      for (; c + S_MC <= nc; c += S_MC)
+        for (int jj = jb; jj < je; jj += 6) {
+          const int nk = je - jj < 6 ? je - jj : 6;
+          FN(s_tile_mc)(qt + c * VW, rp, D, krow + jj, nk, st + (int64_t)jj * rp + c * VW);
         }
-      }
+#endif
+      for (; c < nc; c++)
+        for (int jj = jb; jj < je; jj += 8) {
+          const int nk = je - jj < 8 ? je - jj : 8;
+          FN(s_tile_1)(qt + c * VW, rp, D, krow + jj, nk, st + (int64_t)jj * rp + c * VW);
+        }
       if (a->softcap > 0)
         for (int jj = jb; jj < je; jj++)
           for (int64_t r = 0; r < rp; r++) {
-            float *s = st + (int64_t)jj * rp + r;
-            *s = a->softcap * tanhf(*s / a->softcap);
+            float *sp = st + (int64_t)jj * rp + r;
+            *sp = a->softcap * tanhf(*sp / a->softcap);
           }
-      /* mask, online softmax, rescale, O^T += V^T P^T per vector of rows */
-      for (int64_t c = 0; c < nc; c++) {
+      /* mask and online softmax per vector of rows; corr = how much the old sums shrink */
+      for (c = 0; c < nc; c++) {
         const int64_t r0 = c * VW;
         VI vlo = vild(lo + r0), vhi = vild(hi + r0);
         if (ring_on) {
@@ -558,9 +713,9 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
         V mx = mold;
         for (int jj = jb; jj < je; jj++) {
           float *sp = st + (int64_t)jj * rp + r0;
-          const V s = vsel_range(vld(sp), viset(k0 + jj), vlo, vhi);
-          vst(sp, s);
-          mx = vmax(mx, s);
+          const V sv = vsel_range(vld(sp), viset(k0 + jj), vlo, vhi);
+          vst(sp, sv);
+          mx = vmax(mx, sv);
         }
         const V muse = vfinite0(mx);
         const V corr = vexp(vsub(mold, muse));
@@ -573,27 +728,23 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
         }
         vst(lrow + r0, vadd(vmul(vld(lrow + r0), corr), sum));
         vst(mrow + r0, mx);
-        const int resc = vany_ne1(corr);
+        vst(cbuf + r0, corr);
+      }
+      /* O^T[x][r] = corr[r] O^T[x][r] + sum_jj V[jj][x] P^T[jj][r]: P_MC row vectors x P_NX
+       * value dims of accumulators; leftovers one row vector / one dim at a time. */
+      c = 0;
+#if P_MC > 1
+      for (; c + P_MC <= nc; c += P_MC) {
         int x = 0;
-        for (; x + ATTN_XG <= vd; x += ATTN_XG) {
-          V acc[ATTN_XG];
-          for (int u = 0; u < ATTN_XG; u++) {
-            acc[u] = vld(ot + (int64_t)(x + u) * rp + r0);
-            if (resc) acc[u] = vmul(acc[u], corr);
-          }
-          for (int jj = jb; jj < je; jj++) {
-            const V pv = vld(st + (int64_t)jj * rp + r0);
-            const float *vr = vrow[jj] + x;
-            for (int u = 0; u < ATTN_XG; u++) acc[u] = vfma(vset(vr[u]), pv, acc[u]);
-          }
-          for (int u = 0; u < ATTN_XG; u++) vst(ot + (int64_t)(x + u) * rp + r0, acc[u]);
-        }
-        for (; x < vd; x++) {
-          V acc = vld(ot + (int64_t)x * rp + r0);
-          if (resc) acc = vmul(acc, corr);
-          for (int jj = jb; jj < je; jj++) acc = vfma(vset(vrow[jj][x]), vld(st + (int64_t)jj * rp + r0), acc);
-          vst(ot + (int64_t)x * rp + r0, acc);
-        }
+        for (; x + 4 <= vd; x += 4) FN(pv_tile_mc)(ot + (int64_t)x * rp + c * VW, rp, cbuf + c * VW, st + c * VW, vrow, x, jb, je);
+        for (; x < vd; x++)
+          for (int m = 0; m < P_MC; m++) FN(pv_col)(ot + (int64_t)x * rp + (c + m) * VW, rp, cbuf + (c + m) * VW, st + (c + m) * VW, vrow, x, jb, je);
+      }
+#endif
+      for (; c < nc; c++) {
+        int x = 0;
+        for (; x + 8 <= vd; x += 8) FN(pv_tile_1)(ot + (int64_t)x * rp + c * VW, rp, cbuf + c * VW, st + c * VW, vrow, x, jb, je);
+        for (; x < vd; x++) FN(pv_col)(ot + (int64_t)x * rp + c * VW, rp, cbuf + c * VW, st + c * VW, vrow, x, jb, je);
       }
     }
   }
@@ -609,6 +760,8 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
 
 #undef TGT
 #undef VW
+#undef S_MC
+#undef P_MC
 #undef FN
 #undef V
 #undef VI
@@ -624,7 +777,6 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
 #undef viset
 #undef vsel_range
 #undef vfinite0
-#undef vany_ne1
 #undef vexp
 #undef f16_row
 
