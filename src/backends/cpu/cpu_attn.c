@@ -313,6 +313,8 @@ void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_a
 #define vfinite0 FN(vfinite0)
 #define vexp FN(vexp)
 #define f16_row FN(f16_row)
+#define q8_row FN(q8_row)
+#define q4_row FN(q4_row)
 
 #if ATTN_ISA == 2
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -362,6 +364,29 @@ TGT static inline void f16_row(const uint16_t *s, float *y, int d) {
   for (; i + 16 <= d; i += 16) _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + i))));
   for (; i < d; i++) y[i] = quant_f16_to_f32(s[i]);
 }
+/* Q8_0 / Q4_0 records (d a multiple of 32): blocks of an f16 scale and 32 codes. */
+TGT static inline void q8_row(const uint8_t *rec, float *y, int d) {
+  for (int b = 0; b < d / 32; b++, rec += 34, y += 32) {
+    uint16_t h;
+    memcpy(&h, rec, 2);
+    const __m512 sc = _mm512_set1_ps(quant_f16_to_f32(h));
+    const __m128i *qs = (const __m128i *)(rec + 2);
+    _mm512_storeu_ps(y, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs)))));
+    _mm512_storeu_ps(y + 16, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs + 1)))));
+  }
+}
+TGT static inline void q4_row(const uint8_t *rec, float *y, int d) {
+  for (int b = 0; b < d / 32; b++, rec += 18, y += 32) {
+    uint16_t h;
+    memcpy(&h, rec, 2);
+    const __m512 sc = _mm512_set1_ps(quant_f16_to_f32(h));
+    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + 2))), eight = _mm512_set1_epi32(8);
+    const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(15)), eight);
+    const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
+    _mm512_storeu_ps(y, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lo)));
+    _mm512_storeu_ps(y + 16, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(hi)));
+  }
+}
 #elif ATTN_ISA == 1
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define VW 8
@@ -410,6 +435,31 @@ TGT static inline void f16_row(const uint16_t *s, float *y, int d) {
   for (; i + 8 <= d; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + i))));
   for (; i < d; i++) y[i] = quant_f16_to_f32(s[i]);
 }
+TGT static inline void q8_row(const uint8_t *rec, float *y, int d) {
+  for (int b = 0; b < d / 32; b++, rec += 34, y += 32) {
+    uint16_t h;
+    memcpy(&h, rec, 2);
+    const __m256 sc = _mm256_set1_ps(quant_f16_to_f32(h));
+    for (int k = 0; k < 4; k++) {
+      const __m128i q = _mm_loadl_epi64((const __m128i *)(rec + 2 + 8 * k));
+      _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))));
+    }
+  }
+}
+TGT static inline void q4_row(const uint8_t *rec, float *y, int d) {
+  for (int b = 0; b < d / 32; b++, rec += 18, y += 32) {
+    uint16_t h;
+    memcpy(&h, rec, 2);
+    const __m256 sc = _mm256_set1_ps(quant_f16_to_f32(h));
+    for (int k = 0; k < 2; k++) {
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(rec + 2 + 8 * k)));
+      const __m256i lo = _mm256_sub_epi32(_mm256_and_si256(q, _mm256_set1_epi32(15)), _mm256_set1_epi32(8));
+      const __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(q, 4), _mm256_set1_epi32(8));
+      _mm256_storeu_ps(y + 8 * k, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(lo)));
+      _mm256_storeu_ps(y + 16 + 8 * k, _mm256_mul_ps(sc, _mm256_cvtepi32_ps(hi)));
+    }
+  }
+}
 #else
 #define TGT
 #define VW 1
@@ -433,6 +483,8 @@ static inline V vexp(V x) { return x < -87.3f ? 0.0f : expf(x); }
 static inline void f16_row(const uint16_t *s, float *y, int d) {
   for (int i = 0; i < d; i++) y[i] = quant_f16_to_f32(s[i]);
 }
+static inline void q8_row(const uint8_t *rec, float *y, int d) { cpu_kv_decode(OPS_KV_Q8, rec, d, y); }
+static inline void q4_row(const uint8_t *rec, float *y, int d) { cpu_kv_decode(OPS_KV_Q4, rec, d, y); }
 #endif
 
 /* Micro-kernels. Accumulators are named variables (an array of 24 vectors is not kept in
@@ -606,6 +658,8 @@ TGT static const float *FN(load_row)(const ops_attn_args *a, const void *const *
   switch (a->kv_type) {
   case OPS_KV_F32: return (const float *)rec;
   case OPS_KV_F16: f16_row((const uint16_t *)rec, buf, d); return buf;
+  case OPS_KV_Q8: q8_row(rec, buf, d); return buf;
+  case OPS_KV_Q4: q4_row(rec, buf, d); return buf;
   default: cpu_kv_decode(a->kv_type, rec, d, buf); return buf;
   }
 }
@@ -779,5 +833,7 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
 #undef vfinite0
 #undef vexp
 #undef f16_row
+#undef q8_row
+#undef q4_row
 
 #endif /* ATTN_ISA */
