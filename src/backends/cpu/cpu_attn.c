@@ -272,6 +272,12 @@ void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_a
    * until the item fits the scratch. */
   int64_t rows = j.g <= ATTN_ROWS ? ATTN_ROWS / j.g * j.g : ATTN_ROWS;
   while (rows > 1 && attn_need(round_up(rows, 16), a->head_dim, a->v_dim) > ci->scratch_per_thread - 16) rows--;
+  if (attn_need(round_up(rows, 16), a->head_dim, a->v_dim) > ci->scratch_per_thread - 16) {
+    /* The scratch was sized for smaller heads (cpu_attention_scratch_floats): ops cannot
+     * fail, so make the result visibly wrong rather than overrun the arena. */
+    for (int64_t i = 0; i < a->n * a->n_heads * a->v_dim; i++) out[i] = NAN;
+    return;
+  }
   j.max_rows = rows;
   const int nth = threadpool_size(ci->tp);
   struct count_ctx cc = {0, 0};
