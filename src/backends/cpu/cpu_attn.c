@@ -689,6 +689,7 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
   float *tmp = vbuf + (int64_t)ATTN_T * vd;  /* [max(D, vd)] */
   float *cbuf = tmp + (D > vd ? D : vd);      /* [rp] per-row rescale of the tile */
   const int ring_on = a->residual_len > 0 && a->k_ring;
+  const int64_t hbk = ops_kv_head_bytes(a->kv_type, D), hbv = ops_kv_head_bytes(a->kv_type, vd);
   const void *const *ktbl = a->k_blocks[it->t0], *const *vtbl = a->v_blocks[it->t0];
   const float *kring = ring_on ? a->k_ring[it->t0] : NULL, *vring = ring_on ? a->v_ring[it->t0] : NULL;
 
@@ -732,6 +733,15 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
         krow[jj] = FN(load_row)(a, ktbl, kring, src, k0 + jj, it->kh, D, kbuf + (int64_t)jj * D);
         vrow[jj] = FN(load_row)(a, vtbl, vring, src, k0 + jj, it->kh, vd, vbuf + (int64_t)jj * vd);
       }
+      /* Few rows (decode) leave little compute per key to hide memory latency behind, and a
+       * record is only a few cache lines, too short for the hardware stream prefetchers:
+       * ask for the next tile's records now. */
+      if (src == 0 && nc == 1 && k1 < ke)
+        for (int32_t p = k1; p < ke && p < k1 + ATTN_T; p++) {
+          const uint8_t *kr = kv_rec(ktbl, a, p, it->kh * hbk), *vr = kv_rec(vtbl, a, p, it->kh * hbv);
+          for (int64_t o = 0; o < hbk; o += 64) __builtin_prefetch(kr + o);
+          for (int64_t o = 0; o < hbv; o += 64) __builtin_prefetch(vr + o);
+        }
       /* S^T[jj][r] = sum_d K[jj][d] Qt[d][r]: S_MC row vectors x S_NK keys of accumulators
        * (per dim: S_MC loads, S_NK broadcasts, S_MC * S_NK FMAs); leftover row vectors one
        * at a time. */
