@@ -19,11 +19,16 @@
  *
  * Decode: one token per sequence gives items of g rows; with fewer items than threads the
  * key range of each item is split across threads and the partial (max, sum, out) of the
- * parts are combined afterwards.
+ * parts are combined afterwards. Such items have little compute per key, so the next
+ * tile's records are prefetched.
+ *
+ * Tokens are grouped into items when they share the block-table pointer (k_blocks[i]):
+ * callers should pass one table pointer per sequence; distinct pointers only cost speed.
  *
  * exp: a degree-7 Taylor polynomial on |r| <= ln2/2 after range reduction x = n ln2 + r
- * (ln2 split in two constants); truncation error <= 0.35^8/8! = 5e-9 relative, so the
- * result is within about 2 ulp of expf; inputs below -87.3 give exactly 0.
+ * (ln2 split in two constants); truncation error <= 0.35^8/8! = 5e-9 relative; measured
+ * max relative error vs exp() 7.9e-8 (x in [-87, 0] step 1e-6 and [-20, 20] step 1e-5);
+ * inputs below -87.3 give exactly 0.
  *
  * Runtime dispatch (cpu_isa_level): AVX-512 (16 rows per vector), AVX2 (8 rows; also used
  * on AVX-512 machines when an item has at most 8 rows, as in decode of GQA groups <= 8),
