@@ -326,6 +326,7 @@ void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_a
 #define f16_row FN(f16_row)
 #define q8_row FN(q8_row)
 #define q4_row FN(q4_row)
+#define tq_row FN(tq_row)
 
 #if ATTN_ISA == 2
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -398,6 +399,31 @@ TGT static inline void q4_row(const uint8_t *rec, float *y, int d) {
     _mm512_storeu_ps(y + 16, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(hi)));
   }
 }
+/* TurboQuant record (d a multiple of 16): 16 codes of b bits are 2b bytes; broadcast them as
+ * one 64-bit word, shift each lane's code down, and look the levels up with a permute. Same
+ * products s * level as cpu_kv_decode. */
+TGT static inline void tq_row(int type, const uint8_t *rec, float *y, int d) {
+  const int bits = type == OPS_KV_TQ2 ? 2 : type == OPS_KV_TQ3 ? 3 : 4;
+  float s, lut[16] = {0};
+  memcpy(&s, rec, 4);
+  memcpy(lut, cpu_kv_tq_levels(type), sizeof(float) * (size_t)(1 << bits));
+  for (int i = 0; i < 16; i++) lut[i] *= s;
+  const __m512 L = _mm512_loadu_ps(lut);
+  const __m512i mask = _mm512_set1_epi64((1 << bits) - 1);
+  const int b = bits;
+  const __m512i sh0 = _mm512_set_epi64(7 * b, 6 * b, 5 * b, 4 * b, 3 * b, 2 * b, b, 0);
+  const __m512i sh1 = _mm512_add_epi64(sh0, _mm512_set1_epi64(8 * b));
+  const uint8_t *codes = rec + 4;
+  for (int k = 0; k < d / 16; k++) {
+    uint64_t w = 0;
+    memcpy(&w, codes + (int64_t)2 * bits * k, (size_t)(2 * bits));
+    const __m512i wv = _mm512_set1_epi64((long long)w);
+    const __m256i c0 = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srlv_epi64(wv, sh0), mask));
+    const __m256i c1 = _mm512_cvtepi64_epi32(_mm512_and_si512(_mm512_srlv_epi64(wv, sh1), mask));
+    const __m512i idx = _mm512_inserti64x4(_mm512_castsi256_si512(c0), c1, 1);
+    _mm512_storeu_ps(y + 16 * k, _mm512_permutexvar_ps(idx, L));
+  }
+}
 #elif ATTN_ISA == 1
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define VW 8
@@ -457,6 +483,12 @@ TGT static inline void q8_row(const uint8_t *rec, float *y, int d) {
     }
   }
 }
+/* Decode items (<= 8 rows) run this AVX2 kernel on AVX-512 machines too: use the AVX-512
+ * unpacking there (a call, not inlined: different target). */
+TGT static inline void tq_row(int type, const uint8_t *rec, float *y, int d) {
+  if (cpu_isa_level() == 2) tq_row_avx512(type, rec, y, d);
+  else cpu_kv_decode(type, rec, d, y);
+}
 TGT static inline void q4_row(const uint8_t *rec, float *y, int d) {
   for (int b = 0; b < d / 32; b++, rec += 18, y += 32) {
     uint16_t h;
@@ -496,6 +528,7 @@ static inline void f16_row(const uint16_t *s, float *y, int d) {
 }
 static inline void q8_row(const uint8_t *rec, float *y, int d) { cpu_kv_decode(OPS_KV_Q8, rec, d, y); }
 static inline void q4_row(const uint8_t *rec, float *y, int d) { cpu_kv_decode(OPS_KV_Q4, rec, d, y); }
+static inline void tq_row(int type, const uint8_t *rec, float *y, int d) { cpu_kv_decode(type, rec, d, y); }
 #endif
 
 /* Micro-kernels. Accumulators are named variables (an array of 24 vectors is not kept in
@@ -671,6 +704,7 @@ TGT static const float *FN(load_row)(const ops_attn_args *a, const void *const *
   case OPS_KV_F16: f16_row((const uint16_t *)rec, buf, d); return buf;
   case OPS_KV_Q8: q8_row(rec, buf, d); return buf;
   case OPS_KV_Q4: q4_row(rec, buf, d); return buf;
+  case OPS_KV_TQ2: case OPS_KV_TQ3: case OPS_KV_TQ4: tq_row(a->kv_type, rec, buf, d); return buf;
   default: cpu_kv_decode(a->kv_type, rec, d, buf); return buf;
   }
 }
@@ -856,5 +890,6 @@ TGT static void FN(attn_item)(const attn_job *j, float *scr, const attn_item *it
 #undef f16_row
 #undef q8_row
 #undef q4_row
+#undef tq_row
 
 #endif /* ATTN_ISA */

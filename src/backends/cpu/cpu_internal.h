@@ -55,6 +55,8 @@ void cpu_weight_row_f32(const ops_weight *w, int64_t r, float *dst);
 void cpu_kv_encode(int type, const float *x, int d, uint8_t *rec);
 void cpu_kv_decode(int type, const uint8_t *rec, int d, float *y);
 void cpu_kv_rotate(float *x, int d);
+/* The 2^bits reconstruction levels of a TurboQuant type (unit scale). */
+const float *cpu_kv_tq_levels(int type);
 void cpu_kv_unrotate(float *x, int d);
 void cpu_kv_store(ops_backend *be, void *const *dst, const float *src, int64_t rows, int n_heads, int head_dim,
                   int kv_type);

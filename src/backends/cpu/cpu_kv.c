@@ -21,6 +21,10 @@ static const float *tq_levels(int bits) {
   return bits == 2 ? k_tq2 : bits == 3 ? k_tq3 : k_tq4;
 }
 
+const float *cpu_kv_tq_levels(int type) {
+  return tq_levels(tq_bits(type));
+}
+
 /* The random signs of the rotation: a fixed hash of the coordinate index, so every
  * backend and every run uses the same rotation. */
 static inline float tq_sign(int i) {
