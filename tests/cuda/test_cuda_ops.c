@@ -353,23 +353,11 @@ static void test_attention(void) {
       hk[t] = a ? kA : kB, hv[t] = a ? vA : vB, gk[t] = a ? dkA : dkB, gv[t] = a ? dvA : dvB;
     }
     int32_t *dpos = dput(pos, sizeof(int32_t) * (size_t)n);
-    /* TEMP (paged interface, one block per sequence): tables of one block each */
-    const void *tkA[1] = {kA}, *tvA[1] = {vA}, *tkB[1] = {kB}, *tvB[1] = {vB};
-    const void *gkA[1] = {dkA}, *gvA[1] = {dvA}, *gkB[1] = {dkB}, *gvB[1] = {dvB};
-    const void *const **tk = malloc(sizeof(void *) * (size_t)n), *const **tv = malloc(sizeof(void *) * (size_t)n);
-    const void *const **tgk = malloc(sizeof(void *) * (size_t)n), *const **tgv = malloc(sizeof(void *) * (size_t)n);
-    for (int64_t t = 0; t < n; t++) {
-      const int a = t < n1;
-      tk[t] = a ? tkA : tkB, tv[t] = a ? tvA : tvB, tgk[t] = a ? gkA : gkB, tgv[t] = a ? gvA : gvB;
-    }
-    int bl = 16;
-    while (bl < ctx) bl *= 2;
-    ops_attn_args ha = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = OPS_KV_F32,
-                        .kv_row_bytes = kvd * 4, .block_len = bl, .scale = 1.0f / sqrtf((float)D), .window = win,
-                        .softcap = (float)cap, .pos = pos, .k_blocks = tk, .v_blocks = tv};
+    ops_attn_args ha = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = kvd,
+                        .scale = 1.0f / sqrtf((float)D), .window = win, .softcap = (float)cap, .pos = pos, .k = hk,
+                        .v = hv};
     ops_attn_args ga = ha;
-    ga.pos = dpos, ga.k_blocks = tgk, ga.v_blocks = tgv;
-    (void)hk, (void)hv, (void)gk, (void)gv;
+    ga.pos = dpos, ga.k = gk, ga.v = gv;
     float *ref = malloc(sizeof(float) * (size_t)(n * Hq * D));
     g_cpu->attention(g_cpu, ref, q, &ha);
     float *dy = dnan(n * Hq * D);
@@ -379,7 +367,7 @@ static void test_attention(void) {
              (long long)n);
     cmpd(what, dy, ref, n * Hq * D, 1e-4);
     dfree(dkA), dfree(dvA), dfree(dkB), dfree(dvB), dfree(dq), dfree(dpos), dfree(dy);
-    free(kA), free(vA), free(kB), free(vB), free(q), free(pos), free(hk), free(hv), free(gk), free(gv), free(ref), free(tk), free(tv), free(tgk), free(tgv);
+    free(kA), free(vA), free(kB), free(vB), free(q), free(pos), free(hk), free(hv), free(gk), free(gv), free(ref);
   }
 }
 

@@ -156,20 +156,9 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
     cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: attention batch too large");
     return;
   }
-  /* TEMP until the paged CUDA kernel lands: the caller's block tables have one block per
-   * sequence (f32), in host memory; its first block is the old contiguous cache. */
-  char *hk, *hv, *dk, *dv;
-  const size_t pb = (size_t)a->n * sizeof(float *);
-  if (!cuda_ring_reserve(be, pb, &hk, &dk) || !cuda_ring_reserve(be, pb, &hv, &dv)) return;
-  for (int64_t i = 0; i < a->n; i++) {
-    ((const void **)hk)[i] = a->k_blocks[i][0];
-    ((const void **)hv)[i] = a->v_blocks[i][0];
-  }
-  if (!cuda_check(ci, cudaMemcpyAsync(dk, hk, pb, cudaMemcpyHostToDevice, ci->stream), "ring copy") ||
-      !cuda_check(ci, cudaMemcpyAsync(dv, hv, pb, cudaMemcpyHostToDevice, ci->stream), "ring copy"))
-    return;
-  const float *const *kd = (const float *const *)dk, *const *vd = (const float *const *)dv;
-  const int64_t kv_stride = a->kv_row_bytes / (int64_t)sizeof(float);
+  const float *const *kd = (const float *const *)cuda_ring_put(be, a->k, (size_t)a->n * sizeof(float *));
+  const float *const *vd = (const float *const *)cuda_ring_put(be, a->v, (size_t)a->n * sizeof(float *));
+  if (!kd || !vd) return;
   /* Split the keys when (token, head) pairs alone cannot fill the GPU: about two blocks
    * per multiprocessor, bounded by the partials scratch. Splits past a sequence's length
    * are empty and cost one block each. */
@@ -183,7 +172,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   }
   dim3 grid((unsigned)nbh, (unsigned)nsplit);
   k_attention<<<grid, ATT_THREADS, (size_t)a->head_dim * sizeof(float), ci->stream>>>(
-      out, ci->att_part, nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, kv_stride, a->scale,
+      out, ci->att_part, nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, a->kv_stride, a->scale,
       a->window, a->softcap, a->pos, kd, vd);
   if (!cuda_check_launch(ci, "attention")) return;
   if (nsplit > 1) {
