@@ -425,21 +425,16 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
       be->kv_store(be, vd, v, n, Hkv, D, s->kv_type);
     }
   }
-  /* TEMP until the paged KV cache lands: each sequence's contiguous cache is one block of
-   * a one-entry block table (&s->k[at]); block_len = n_ctx rounded up to a power of two. */
-  const void *const **kt = (const void *const **)(void *)s->kp, *const **vt = (const void *const **)(void *)s->vp;
   for (int64_t t = 0; t < n; t++) {
     size_t at = (size_t)lc->kv_source * s->n_seq + r->b->seq[t];
-    kt[t] = (const void *const *)&s->k[at];
-    vt[t] = (const void *const *)&s->v[at];
+    s->kp[t] = (const float *)s->k[at];
+    s->vp[t] = (const float *)s->v[at];
   }
-  int block_len = 16;
-  while (block_len < s->n_ctx) block_len *= 2;
   ops_attn_args a = {
-      .n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D,
-      .kv_type = s->kv_type, .kv_row_bytes = kv_row_bytes(s, lc), .block_len = block_len,
+      .n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_stride = kvd,
+      .kv_type = s->kv_type, .kv_row_bytes = kv_row_bytes(s, lc),
       .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = s->pos,
-      .k_blocks = kt, .v_blocks = vt,
+      .k = s->kp, .v = s->vp,
   };
   float *ao = s->buf[4] == v && own ? s->buf[3] : s->buf[4];
   be->attention(be, ao, q, &a);
