@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """KV-cache quantization: quality and speed against the exact (f32) cache, one model, one run.
 
-For each mode (none, q8, q4, turboquant 4/3/2 bits) anna scores the same text (teacher
+For each mode (none, f16, q8, q4, turboquant 4/3/2 bits; --modes picks some) anna scores the same text (teacher
 forcing: the cache written during the prompt is the quantized one, so every position after
 the first reads quantized keys and values) and decodes a fixed number of tokens:
   perplexity, top-1 agreement and mean KL against mode none, KV bytes per token,
@@ -18,7 +18,7 @@ import sys
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODES = [("none", []), ("q8", ["--kv-cache-quantization", "q8"]), ("q4", ["--kv-cache-quantization", "q4"]),
+MODES = [("none", []), ("f16", ["--kv-cache-quantization", "f16"]), ("q8", ["--kv-cache-quantization", "q8"]), ("q4", ["--kv-cache-quantization", "q4"]),
          ("turboquant 4", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "4"]),
          ("turboquant 3", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "3"]),
          ("turboquant 2", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "2"])]
@@ -36,6 +36,7 @@ def main():
     ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--text", default=os.path.join(REPO, "bench", "data", "public_domain_en.txt"))
+    ap.add_argument("--modes", default="", help="comma-separated subset of the modes (none is always run)")
     ap.add_argument("--anna-bin", default=os.path.join(REPO, "build", "src", "cli"))
     a = ap.parse_args()
     tok = subprocess.run([os.path.join(a.anna_bin, "anna-tokenize"), "--model", a.model, "--file", a.text],
@@ -43,7 +44,8 @@ def main():
     ids = [int(x) for x in tok.split(",")][: a.n_eval]
     gen = os.path.join(a.anna_bin, "anna-generate")
     res = {}
-    for name, flags in MODES:
+    modes = [m for m in MODES if not a.modes or m[0] == "none" or m[0] in a.modes.split(",")]
+    for name, flags in modes:
         out = "/tmp/anna_kvq.f32"
         subprocess.run([gen, "--model", a.model, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "0",
                         "--dump-logits", out, "--quiet", "--threads", str(a.threads)] + flags, check=True)
@@ -57,7 +59,7 @@ def main():
     tgt = np.array(ids[1:])
     print(f"model {os.path.basename(a.model)}, {len(ids)} tokens scored, decode {a.gen} tokens after a 128-token prompt")
     print(f"{'KV cache':<14} {'bytes/token':>11} {'ppl':>9} {'top-1 = f32':>12} {'KL(f32||x)':>11} {'decode tok/s':>13} {'vs f32':>7}")
-    for name, _ in MODES:
+    for name, _ in modes:
         lg, tps, kvb = res[name]
         lp = lsm(lg)
         ppl = float(np.exp(-lp[np.arange(len(tgt)), tgt].mean()))

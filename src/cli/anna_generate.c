@@ -20,7 +20,7 @@ static void usage(FILE *f) {
           "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"
           "  --presence-penalty P  --frequency-penalty P  --seed S\n"
           "  --ctx-size N             context length (default: prompt + max-new-tokens)\n"
-          "  --kv-cache-quantization none|q8|q4|turboquant   --kv-cache-quant-bits 2|3|4\n"
+          "  --kv-cache-quantization none|f16|q8|q4|turboquant   --kv-cache-quant-bits 2|3|4\n"
           "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
           "  --int8-prefill           8-bit activations in prefill (faster; default: exact f32)\n"
           "  --threads N              default: one per core\n"

@@ -130,12 +130,13 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     const char *q = o.kv_cache_quantization;
     const int bits = o.kv_cache_quant_bits ? o.kv_cache_quant_bits : 4;
     if (!q || !strcmp(q, "none") || !strcmp(q, "auto")) kv_type = OPS_KV_F32;
+    else if (!strcmp(q, "f16")) kv_type = OPS_KV_F16;
     else if (!strcmp(q, "q8")) kv_type = OPS_KV_Q8;
     else if (!strcmp(q, "q4")) kv_type = OPS_KV_Q4;
     else if (!strcmp(q, "turboquant") && bits >= 2 && bits <= 4) kv_type = OPS_KV_TQ2 + (bits - 2);
     else
       return anna_err(err, errlen, ANNA_EINVAL,
-                      "KV-cache quantization '%s' (bits %d) is not one of none, q8, q4, turboquant with 2-4 bits", q, bits);
+                      "KV-cache quantization '%s' (bits %d) is not one of none, f16, q8, q4, turboquant with 2-4 bits", q, bits);
   }
   fwd_state_options fo = {.n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
                           .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len, .prefix_share = share,

@@ -1,6 +1,6 @@
 /* test_ops.c: CPU backend ops against plain reference code on fresh random inputs (odd
  * sizes included), SIMD paths against the scalar path, the chunked GDN kernel against the
- * recurrent one, and the sampler's contracts. The fixture tests check the composition;
+ * recurrent one, and the sampler's contracts (attention and the KV formats: test_attn.c). The fixture tests check the composition;
  * this file pins down each op so a backend (CUDA) has a reference to match. */
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_internal.h"
@@ -214,6 +214,8 @@ static const void **page_cache(const void *rows, int L, int64_t rowb, int BL, vo
   return tab;
 }
 
+/* A second, independent check of the attention op (test_attn is the main one): blocks laid
+ * out in reverse order in the pool, and an f32 residual ring. */
 static void test_attention(ops_backend *be) {
   printf("attention\n");
   const int cfgs[][6] = {/* n_ctx, Hq, Hkv, D, window, softcap*10 */ {1, 4, 2, 32, 0, 0}, {37, 6, 2, 16, 0, 0},
@@ -260,134 +262,6 @@ static void test_attention(ops_backend *be) {
     check(what, max_rel(o, ref, (int64_t)L * Hq * D), 1e-5);
     free(K), free(V), free(q), free(o), free(ref), free(p), free(pos), free(kp), free(vp);
     free(kpool), free(vpool), free(ktab), free(vtab);
-  }
-}
-
-/* KV-cache formats: the rotation is orthonormal; each format's reconstruction error is
- * within its budget; attention over an encoded cache equals exact attention over the
- * decoded values (so the fused decode adds no error of its own). */
-static void test_kv_formats(ops_backend *be) {
-  printf("kv-cache formats\n");
-  const int D = 64, Hkv = 2, Hq = 4, L = 80;
-  float x[64], y[64];
-  fill(x, D, 1);
-  memcpy(y, x, sizeof x);
-  cpu_kv_rotate(y, D);
-  cpu_kv_unrotate(y, D);
-  double rd = 0;
-  for (int i = 0; i < D; i++) rd = fmax(rd, fabs(x[i] - y[i]));
-  check("rotation then inverse = identity", rd, 1e-5);
-  const int types[] = {OPS_KV_Q8, OPS_KV_Q4, OPS_KV_TQ4, OPS_KV_TQ3, OPS_KV_TQ2};
-  const char *names[] = {"q8", "q4", "turboquant 4", "turboquant 3", "turboquant 2"};
-  /* relative RMS reconstruction error budgets (Q4 suffers most from the outlier channel) */
-  const double budget[] = {0.01, 0.15, 0.12, 0.22, 0.40};
-  for (int ti = 0; ti < 5; ti++) {
-    const int type = types[ti];
-    const int64_t hb = ops_kv_head_bytes(type, D), rowb = hb * Hkv;
-    uint8_t *K = malloc((size_t)(rowb * L)), *V = malloc((size_t)(rowb * L));
-    float *src = malloc(sizeof(float) * L * Hkv * D), *dk = malloc(sizeof(float) * L * Hkv * D),
-          *dv = malloc(sizeof(float) * L * Hkv * D), *q = malloc(sizeof(float) * L * Hq * D),
-          *o = malloc(sizeof(float) * L * Hq * D);
-    double *ref = malloc(sizeof(double) * L * Hq * D), *p = malloc(sizeof(double) * L);
-    void **dst = malloc(sizeof(void *) * L);
-    /* keys: Gaussian-ish with a few outlier channels, as real keys have */
-    fill(src, (int64_t)L * Hkv * D, 1);
-    for (int i = 0; i < L * Hkv; i++) src[i * D + 3] *= 6;
-    for (int r = 0; r < L; r++) dst[r] = K + r * rowb;
-    be->kv_store(be, dst, src, L, Hkv, D, type);
-    double err2 = 0, n2 = 0;
-    for (int r = 0; r < L * Hkv; r++) {
-      float rec[64];
-      cpu_kv_decode(type, K + (int64_t)r * hb, D, rec);
-      if (type >= OPS_KV_TQ2) cpu_kv_unrotate(rec, D);
-      for (int i = 0; i < D; i++) err2 += (rec[i] - src[r * D + i]) * (rec[i] - src[r * D + i]), n2 += src[r * D + i] * src[r * D + i];
-      memcpy(dk + (int64_t)r * D, rec, sizeof rec);
-    }
-    char what[96];
-    snprintf(what, sizeof what, "%s reconstruction rel. RMS %.3f", names[ti], sqrt(err2 / n2));
-    check(what, sqrt(err2 / n2), budget[ti]);
-    printf("  %s\n", what);
-    float *ksrc = malloc(sizeof(float) * L * Hkv * D), *vsrc = malloc(sizeof(float) * L * Hkv * D);
-    memcpy(ksrc, src, sizeof(float) * L * Hkv * D);
-    fill(src, (int64_t)L * Hkv * D, 1);
-    memcpy(vsrc, src, sizeof(float) * L * Hkv * D);
-    for (int r = 0; r < L; r++) dst[r] = V + r * rowb;
-    be->kv_store(be, dst, src, L, Hkv, D, type);
-    for (int r = 0; r < L * Hkv; r++) {
-      cpu_kv_decode(type, V + (int64_t)r * hb, D, dv + (int64_t)r * D);
-      if (type >= OPS_KV_TQ2) cpu_kv_unrotate(dv + (int64_t)r * D, D);
-    }
-    fill(q, (int64_t)L * Hq * D, 1);
-    const float scale = 1.0f / sqrtf((float)D);
-    for (int t = 0; t < L; t++)
-      for (int h = 0; h < Hq; h++) {
-        const int kh = h / (Hq / Hkv);
-        double mx = -1e300, sum = 0;
-        for (int j = 0; j <= t; j++) {
-          double sc = 0;
-          for (int d = 0; d < D; d++) sc += (double)q[(t * Hq + h) * D + d] * dk[(j * Hkv + kh) * D + d];
-          p[j] = sc * scale, mx = fmax(mx, p[j]);
-        }
-        for (int j = 0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
-        for (int d = 0; d < D; d++) {
-          double acc = 0;
-          for (int j = 0; j <= t; j++) acc += p[j] / sum * dv[(j * Hkv + kh) * D + d];
-          ref[(t * Hq + h) * D + d] = acc;
-        }
-      }
-    int32_t *pos = malloc(sizeof(int32_t) * L);
-    const void ***kp = malloc(sizeof(void *) * L), ***vp = malloc(sizeof(void *) * L);
-    void *kpool, *vpool;
-    const void **ktab = page_cache(K, L, rowb, 16, &kpool), **vtab = page_cache(V, L, rowb, 16, &vpool);
-    for (int t = 0; t < L; t++) pos[t] = t, kp[t] = ktab, vp[t] = vtab;
-    ops_attn_args a = {.n = L, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = type,
-                       .kv_row_bytes = rowb, .block_len = 16, .scale = scale, .pos = pos,
-                       .k_blocks = (const void *const *const *)kp, .v_blocks = (const void *const *const *)vp};
-    be->attention(be, o, q, &a);
-    snprintf(what, sizeof what, "%s attention = exact attention on decoded cache", names[ti]);
-    check(what, max_rel(o, ref, (int64_t)L * Hq * D), 2e-5);
-    /* Residual ring: the last 4 queries with the newest R = 8 positions read in f32 from a
-     * ring of 12 rows (position p at row p % 12), older ones from the blocks. */
-    {
-      const int R = 8, RL = 12, NQ = 4;
-      float *rk = malloc(sizeof(float) * RL * Hkv * D), *rv = malloc(sizeof(float) * RL * Hkv * D);
-      for (int p2 = L - RL; p2 < L; p2++) {
-        memcpy(rk + (int64_t)(p2 % RL) * Hkv * D, ksrc + (int64_t)p2 * Hkv * D, sizeof(float) * Hkv * D);
-        memcpy(rv + (int64_t)(p2 % RL) * Hkv * D, vsrc + (int64_t)p2 * Hkv * D, sizeof(float) * Hkv * D);
-      }
-      const float *rkp[4], *rvp[4];
-      for (int i = 0; i < NQ; i++) rkp[i] = rk, rvp[i] = rv;
-      for (int i = 0; i < NQ; i++) {
-        const int t = L - NQ + i;
-        for (int h = 0; h < Hq; h++) {
-          const int kh = h / (Hq / Hkv);
-          double mx = -1e300, sum = 0;
-          for (int j = 0; j <= t; j++) {
-            const float *kr = j > t - R ? ksrc + (int64_t)(j * Hkv + kh) * D : dk + (int64_t)(j * Hkv + kh) * D;
-            double sc = 0;
-            for (int d = 0; d < D; d++) sc += (double)q[(t * Hq + h) * D + d] * kr[d];
-            p[j] = sc * scale, mx = fmax(mx, p[j]);
-          }
-          for (int j = 0; j <= t; j++) sum += p[j] = exp(p[j] - mx);
-          for (int d = 0; d < D; d++) {
-            double acc = 0;
-            for (int j = 0; j <= t; j++)
-              acc += p[j] / sum * (j > t - R ? vsrc : dv)[(j * Hkv + kh) * D + d];
-            ref[(i * Hq + h) * D + d] = acc;
-          }
-        }
-      }
-      ops_attn_args ra = a;
-      ra.n = NQ;
-      ra.pos = pos + L - NQ;
-      ra.residual_len = R, ra.ring_len = RL, ra.k_ring = rkp, ra.v_ring = rvp;
-      be->attention(be, o, q + (int64_t)(L - NQ) * Hq * D, &ra);
-      snprintf(what, sizeof what, "%s attention with an f32 residual ring of %d", names[ti], R);
-      check(what, max_rel(o, ref, (int64_t)NQ * Hq * D), 2e-5);
-      free(rk), free(rv);
-    }
-    free(K), free(V), free(src), free(dk), free(dv), free(q), free(o), free(ref), free(p), free(dst), free(pos), free(kp), free(vp);
-    free(kpool), free(vpool), free(ktab), free(vtab), free(ksrc), free(vsrc);
   }
 }
 
@@ -564,7 +438,6 @@ int main(void) {
   test_dequant_fast();
   test_gdn(be);
   test_attention(be);
-  test_kv_formats(be);
   test_conv_rope_norm(be);
   test_moe_route(be);
   test_sampler();

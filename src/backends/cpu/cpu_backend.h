@@ -21,7 +21,8 @@ void cpu_backend_free(ops_backend *be);
 /* Per-thread scratch floats the prefill matmul tiles need for rows of max_cols. */
 int64_t cpu_matmul_scratch_floats(int64_t max_cols);
 
-/* Per-thread scratch floats attention needs for these head counts and head dim. */
+/* Per-thread scratch floats attention needs for these head counts and head dim (v_dim <=
+ * head_dim; with less scratch the op takes fewer query rows per work item). */
 int64_t cpu_attention_scratch_floats(int n_heads, int n_kv_heads, int head_dim);
 
 /* Opt-in: prefill matmuls of Q8_0/Q5_0/Q4_0 weights with 8-bit activations (llama.cpp's

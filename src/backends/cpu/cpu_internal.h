@@ -55,9 +55,13 @@ void cpu_weight_row_f32(const ops_weight *w, int64_t r, float *dst);
 void cpu_kv_encode(int type, const float *x, int d, uint8_t *rec);
 void cpu_kv_decode(int type, const uint8_t *rec, int d, float *y);
 void cpu_kv_rotate(float *x, int d);
+/* The 2^bits reconstruction levels of a TurboQuant type (unit scale). */
+const float *cpu_kv_tq_levels(int type);
 void cpu_kv_unrotate(float *x, int d);
 void cpu_kv_store(ops_backend *be, void *const *dst, const float *src, int64_t rows, int n_heads, int head_dim,
                   int kv_type);
+/* The attention op (cpu_attn.c). */
+void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a);
 void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
 void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
 int cpu_isa_level(void);

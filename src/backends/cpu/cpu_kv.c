@@ -21,6 +21,10 @@ static const float *tq_levels(int bits) {
   return bits == 2 ? k_tq2 : bits == 3 ? k_tq3 : k_tq4;
 }
 
+const float *cpu_kv_tq_levels(int type) {
+  return tq_levels(tq_bits(type));
+}
+
 /* The random signs of the rotation: a fixed hash of the coordinate index, so every
  * backend and every run uses the same rotation. */
 static inline float tq_sign(int i) {
@@ -78,6 +82,12 @@ static void quantize_q4_0(const float *x, uint8_t *dst, int n) {
 void cpu_kv_encode(int type, const float *x, int d, uint8_t *rec) {
   switch (type) {
   case OPS_KV_F32: memcpy(rec, x, (size_t)d * sizeof(float)); return;
+  case OPS_KV_F16: /* IEEE half, round to nearest even (out of range: inf, as llama.cpp) */
+    for (int i = 0; i < d; i++) {
+      const uint16_t h = quant_f32_to_f16(x[i]);
+      memcpy(rec + 2 * i, &h, 2);
+    }
+    return;
   case OPS_KV_Q8: quant_quantize_row_q8_0(x, rec, d); return;
   case OPS_KV_Q4: quantize_q4_0(x, rec, d); return;
   default: break;
@@ -107,6 +117,13 @@ void cpu_kv_encode(int type, const float *x, int d, uint8_t *rec) {
 void cpu_kv_decode(int type, const uint8_t *rec, int d, float *y) {
   switch (type) {
   case OPS_KV_F32: memcpy(y, rec, (size_t)d * sizeof(float)); return;
+  case OPS_KV_F16:
+    for (int i = 0; i < d; i++) {
+      uint16_t h;
+      memcpy(&h, rec + 2 * i, 2);
+      y[i] = quant_f16_to_f32(h);
+    }
+    return;
   case OPS_KV_Q8: quant_dequantize_row(ANNA_DTYPE_Q8_0, rec, y, d); return;
   case OPS_KV_Q4: quant_dequantize_row(ANNA_DTYPE_Q4_0, rec, y, d); return;
   default: break;
