@@ -379,6 +379,10 @@ static void q8_block(const float *v, int8_t *q, float *d_out, int *sum) {
 }
 
 void quant_quantize_row_q8_0(const float *x, void *dst, int64_t n) {
+  if (quant_isa_get() == QUANT_ISA_AVX512) {
+    quant_avx512_quantize_q8_0(x, dst, n, 0);
+    return;
+  }
   blk_q8_0 *y = dst;
   for (int64_t i = 0; i < n / QK; i++) {
     float d;
@@ -389,6 +393,10 @@ void quant_quantize_row_q8_0(const float *x, void *dst, int64_t n) {
 }
 
 void quant_quantize_row_q8_1(const float *x, void *dst, int64_t n) {
+  if (quant_isa_get() == QUANT_ISA_AVX512) {
+    quant_avx512_quantize_q8_0(x, dst, n, 1);
+    return;
+  }
   blk_q8_1 *y = dst;
   for (int64_t i = 0; i < n / QK; i++) {
     float d;
@@ -400,6 +408,10 @@ void quant_quantize_row_q8_1(const float *x, void *dst, int64_t n) {
 }
 
 void quant_quantize_row_q8_k(const float *x, void *dst, int64_t n) {
+  if (quant_isa_get() == QUANT_ISA_AVX512) {
+    quant_avx512_quantize_q8_k(x, dst, n);
+    return;
+  }
   blk_q8_k *y = dst;
   for (int64_t i = 0; i < n / QKK; i++) {
     const float *v = x + i * QKK;

@@ -98,6 +98,64 @@ TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
   return _mm512_reduce_add_ps(acc);
 }
 
+/* Activation quantizers, value for value the scalar ones in quant.c (ggml's x86
+ * conventions): max is exact in any order, the products and the round-half-even
+ * conversion are the same per element. */
+TGT void quant_avx512_quantize_q8_0(const float *x, void *dst, int64_t n, int with_s) {
+  const int64_t bb = with_s ? 36 : 34, qo = with_s ? 4 : 2;
+  uint8_t *y = dst;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / QK; i++) {
+    const __m512 v0 = _mm512_loadu_ps(x + i * QK), v1 = _mm512_loadu_ps(x + i * QK + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 m = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, m)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, m));
+    uint8_t *b = y + i * bb;
+    const uint16_t hd = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    memcpy(b, &hd, 2);
+    _mm_storeu_si128((__m128i *)(b + qo), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(b + qo + 16), _mm512_cvtsepi32_epi8(q1));
+    if (with_s) {
+      const int s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      const uint16_t hs = _cvtss_sh(d * (float)s, _MM_FROUND_TO_NEAREST_INT);
+      memcpy(b + 2, &hs, 2);
+    }
+  }
+}
+
+TGT void quant_avx512_quantize_q8_k(const float *x, void *dst, int64_t n) {
+  blk_q8_k *y = dst;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / QKK; i++) {
+    const float *v = x + i * QKK;
+    __m512 am = _mm512_setzero_ps();
+    for (int j = 0; j < QKK; j += 16) am = _mm512_max_ps(am, _mm512_andnot_ps(sign, _mm512_loadu_ps(v + j)));
+    const float amax = _mm512_reduce_max_ps(am);
+    if (amax == 0.0f) {
+      memset(&y[i], 0, sizeof y[i]);
+      continue;
+    }
+    float max = 0; /* the first element of largest magnitude, with its sign */
+    for (int j = 0; j < QKK; j += 16) {
+      const __mmask16 k = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_loadu_ps(v + j)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      if (k) {
+        max = v[j + __builtin_ctz(k)];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m512 m = _mm512_set1_ps(iscale);
+    const __m512i lim = _mm512_set1_epi32(127);
+    for (int j = 0; j < QKK; j += 16) {
+      const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), m)), lim);
+      _mm_storeu_si128((__m128i *)(y[i].qs + j), _mm512_cvtsepi32_epi8(q));
+      y[i].bsums[j / 16] = (int16_t)_mm512_reduce_add_epi32(q);
+    }
+    y[i].d = 1.0f / iscale;
+  }
+}
+
 void quant_avx512_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) {
   t[ANNA_DTYPE_Q4_K] = dot_q4_k;
   t[ANNA_DTYPE_Q6_K] = dot_q6_k;
@@ -105,4 +163,6 @@ void quant_avx512_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) {
 
 #else
 void quant_avx512_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) { (void)t; }
+void quant_avx512_quantize_q8_0(const float *x, void *dst, int64_t n, int with_s) { (void)x, (void)dst, (void)n, (void)with_s; }
+void quant_avx512_quantize_q8_k(const float *x, void *dst, int64_t n) { (void)x, (void)dst, (void)n; }
 #endif

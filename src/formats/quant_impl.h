@@ -69,6 +69,10 @@ bool quant_iq_decode(int type, const void *blk, int8_t q[256], float sc[16]);
 /* Fill table[type] with the kernels an ISA file provides (others untouched). */
 void quant_avx2_fill(quant_dot_fn table[ANNA_DTYPE_COUNT]);
 void quant_avx512_fill(quant_dot_fn table[ANNA_DTYPE_COUNT]);
+/* AVX-512 activation quantizers, bit-identical to the scalar ones (Q8_0, or Q8_1 with
+ * with_s; Q8_K). Only called when the CPU has AVX-512. */
+void quant_avx512_quantize_q8_0(const float *x, void *dst, int64_t n, int with_s);
+void quant_avx512_quantize_q8_k(const float *x, void *dst, int64_t n);
 
 /* Half -> float without F16C, so the scalar reference builds for any target. */
 static inline float quant_h2f(uint16_t h) {

@@ -120,10 +120,13 @@ static void make_refs(int type, const uint8_t *w, int64_t rows, int64_t cols, co
   const int64_t rb = dtype_row_bytes(type, cols), ab = quant_act_row_bytes(type, cols);
   uint8_t *act = malloc((size_t)(ab * n));
   float *deq = malloc(sizeof(float) * cols), *xq = malloc(sizeof(float) * cols * n), *serr = calloc((size_t)(cols / 32 * n), sizeof(float));
+  char err[128];
+  quant_isa_set(QUANT_ISA_SCALAR, err, sizeof err); /* the scalar quantizers are the reference */
   for (int64_t t = 0; t < n; t++) {
     quant_quantize_act(type, x + t * cols, act + t * ab, cols);
     act_dequant(type, act + t * ab, cols, xq + t * cols, serr + t * (cols / 32));
   }
+  quant_isa_set(quant_isa_best(), err, sizeof err);
   for (int64_t i = 0; i < rows; i++) {
     quant_dequantize_row(type, w + i * rb, deq, cols);
     for (int64_t t = 0; t < n; t++) {
@@ -255,6 +258,30 @@ static void test_act_quant(void) {
   check("q8_0/q8_1: q = rne(x * 127 / amax)", bad, 0);
   memcpy(&h, b1 + 2, 2);
   check("q8_1: s = f16(d * sum q)", h != quant_f32_to_f16(amax / 127.0f * (float)sum), 0);
+  /* SIMD quantizers: bit-identical to the scalar ones (random, huge, tiny, zero blocks) */
+  enum { NQ = 2048 };
+  float *xr = malloc(sizeof(float) * NQ);
+  uint8_t *qa = malloc(NQ * 2), *qb = malloc(NQ * 2);
+  char err[128];
+  for (int i = 0; i < NQ; i++) {
+    const int bi = i / 256;
+    xr[i] = frand() * (bi == 1 ? 1e4f : bi == 2 ? 1e-30f : bi == 3 ? 0.0f : 1.0f);
+    if (bi == 4 && i % 64 == 5) xr[i] = 7.0f, xr[i + 1] = -7.0f;
+  }
+  for (int at = 0; at < 3; at++) {
+    for (int isa = 0; isa <= quant_isa_best(); isa += quant_isa_best() ? quant_isa_best() : 1) {
+      quant_isa_set(isa, err, sizeof err);
+      uint8_t *o = isa ? qb : qa;
+      if (at == 0) quant_quantize_row_q8_0(xr, o, NQ);
+      else if (at == 1) quant_quantize_row_q8_1(xr, o, NQ);
+      else quant_quantize_row_q8_k(xr, o, NQ);
+    }
+    const size_t nbytes = at == 0 ? NQ / 32 * 34 : at == 1 ? NQ / 32 * 36 : NQ / 256 * 292;
+    check(at == 0 ? "q8_0 SIMD == scalar" : at == 1 ? "q8_1 SIMD == scalar" : "q8_K SIMD == scalar",
+          quant_isa_best() ? memcmp(qa, qb, nbytes) != 0 : 0, 0);
+  }
+  quant_isa_set(quant_isa_best(), err, sizeof err);
+  free(xr), free(qa), free(qb);
   float z[32] = {0};
   quant_quantize_row_q8_0(z, b0, 32);
   bad = 0;

@@ -275,13 +275,17 @@ static void qg_quant_task(void *p, int ith, int nth) {
 #define QG_TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 /* QG_TOK tokens (rows of q8 at tok[0..3]) x 32 decoded rows (wt, fst, fmt) over all K;
- * out[t][32] gets the sums. */
-QG_TGT static void qg_kernel(const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a,
-                             const int64_t tok[QG_TOK], int S, int has_min, float out[QG_TOK][QG_ROWS]) {
-  const int64_t K = a->K, nsb = a->nsb, G = S / 4;
+ * out[t][32] gets the sums. Always inlined into one copy per (S, has_min) so that every
+ * loop below has constant trip counts and the accumulators live in registers. */
+QG_TGT static inline __attribute__((always_inline)) void qg_kernel_body(
+    const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a, const int64_t tok[QG_TOK], const int S,
+    const int has_min, float out[QG_TOK][QG_ROWS]) {
+  const int64_t K = a->K, nsb = a->nsb;
+  const int G = S / 4;
   const int8_t *q[QG_TOK];
   const float *da[QG_TOK], *ma[QG_TOK];
   const int32_t *ia[QG_TOK];
+#pragma GCC unroll 8
   for (int t = 0; t < QG_TOK; t++) {
     q[t] = a->q8 + tok[t] * K;
     da[t] = a->da + tok[t] * nsb;
@@ -289,16 +293,18 @@ QG_TGT static void qg_kernel(const uint8_t *wt, const float *fst, const float *f
     ia[t] = a->ia + tok[t] * nsb;
   }
   __m512 acc[2][QG_TOK];
-  for (int h = 0; h < 2; h++)
-    for (int t = 0; t < QG_TOK; t++) acc[h][t] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int t = 0; t < QG_TOK; t++) acc[0][t] = acc[1][t] = _mm512_setzero_ps();
   for (int64_t j = 0; j < nsb; j++) {
     __m512i is[2][QG_TOK];
-    for (int h = 0; h < 2; h++)
-      for (int t = 0; t < QG_TOK; t++) is[h][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int t = 0; t < QG_TOK; t++) is[0][t] = is[1][t] = _mm512_setzero_si512();
     const uint8_t *wj = wt + j * G * 128;
-    for (int64_t g = 0; g < G; g++) {
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) {
       const __m512i w0 = _mm512_load_si512((const void *)(wj + g * 128));
       const __m512i w1 = _mm512_load_si512((const void *)(wj + g * 128 + 64));
+#pragma GCC unroll 8
       for (int t = 0; t < QG_TOK; t++) {
         int32_t v;
         memcpy(&v, q[t] + j * S + g * 4, 4);
@@ -308,6 +314,7 @@ QG_TGT static void qg_kernel(const uint8_t *wt, const float *fst, const float *f
       }
     }
     const __m512 fs0 = _mm512_load_ps(fst + j * 32), fs1 = _mm512_load_ps(fst + j * 32 + 16);
+#pragma GCC unroll 8
     for (int t = 0; t < QG_TOK; t++) {
       const __m512i o = _mm512_set1_epi32(ia[t][j]);
       const __m512 d = _mm512_set1_ps(da[t][j]);
@@ -316,6 +323,7 @@ QG_TGT static void qg_kernel(const uint8_t *wt, const float *fst, const float *f
     }
     if (has_min) {
       const __m512 fm0 = _mm512_load_ps(fmt + j * 32), fm1 = _mm512_load_ps(fmt + j * 32 + 16);
+#pragma GCC unroll 8
       for (int t = 0; t < QG_TOK; t++) {
         const __m512 m = _mm512_set1_ps(ma[t][j]);
         acc[0][t] = _mm512_fmadd_ps(fm0, m, acc[0][t]);
@@ -323,11 +331,25 @@ QG_TGT static void qg_kernel(const uint8_t *wt, const float *fst, const float *f
       }
     }
   }
+#pragma GCC unroll 8
   for (int t = 0; t < QG_TOK; t++) {
     _mm512_storeu_ps(out[t], acc[0][t]);
     _mm512_storeu_ps(out[t] + 16, acc[1][t]);
   }
 }
+
+#define QG_KERNEL(name, S, MIN)                                                                            \
+  QG_TGT static void name(const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a,          \
+                          const int64_t tok[QG_TOK], float out[QG_TOK][QG_ROWS]) {                         \
+    qg_kernel_body(wt, fst, fmt, a, tok, S, MIN, out);                                                     \
+  }
+QG_KERNEL(qg_kernel_32, 32, 0)
+QG_KERNEL(qg_kernel_32m, 32, 1)
+QG_KERNEL(qg_kernel_16, 16, 0)
+QG_KERNEL(qg_kernel_16m, 16, 1)
+
+typedef void (*qg_kernel_fn)(const uint8_t *, const float *, const float *, const qg_acts *, const int64_t *,
+                             float (*)[QG_ROWS]);
 
 /* Scratch layout per worker (bytes): wt [nsb][G][2][64] = 32 K; fst, fmt [nsb][32] floats;
  * u [K]; fs, fm [nsb] floats for one row. */
@@ -359,6 +381,7 @@ static void qg_tile_task(void *p, int ith, int nth) {
   int64_t tl0, tl1;
   threadpool_range(tiles, ith, nth, &tl0, &tl1);
   float out[QG_TOK][QG_ROWS];
+  const qg_kernel_fn kern = S == 32 ? (c->has_min ? qg_kernel_32m : qg_kernel_32) : (c->has_min ? qg_kernel_16m : qg_kernel_16);
   for (int64_t tile = tl0; tile < tl1; tile++) {
     const int64_t r0 = tile * QG_ROWS, nr = rows - r0 < QG_ROWS ? rows - r0 : QG_ROWS;
     for (int64_t r = 0; r < QG_ROWS; r++) {
@@ -378,7 +401,7 @@ static void qg_tile_task(void *p, int ith, int nth) {
     for (int64_t t0 = 0; t0 < n; t0 += QG_TOK) {
       int64_t tok[QG_TOK];
       for (int t = 0; t < QG_TOK; t++) tok[t] = t0 + t < n ? t0 + t : n;
-      qg_kernel(wt, fst, fmt, &c->a, tok, (int)S, c->has_min, out);
+      kern(wt, fst, fmt, &c->a, tok, out);
       for (int t = 0; t < QG_TOK && t0 + t < n; t++) {
         float *yr = c->y + (t0 + t) * rows + r0;
         for (int64_t r = 0; r < nr; r++) yr[r] = out[t][r] + (c->bias ? c->bias[r0 + r] : 0.0f);
