@@ -317,8 +317,9 @@ static void bench(int type, int64_t rows, int64_t K, int64_t n, int nthreads) {
       be->matmul(be, y, x, n, &ow, NULL);
       best = fmin(best, now_s() - t0);
     }
-    printf("  %-6s %5lldx%-5lld n=%-4lld threads %d %-6s %8.2f ms  %6.1f GMAC/s\n", dtype_name(type), (long long)rows,
-           (long long)K, (long long)n, nthreads, mode ? "exact" : "int8", best * 1e3, rows * K * n / best * 1e-9);
+    printf("  %-6s %6lldx%-5lld n=%-4lld threads %d %-6s %8.3f ms  %6.1f GMAC/s  %5.1f GB/s of weights\n",
+           dtype_name(type), (long long)rows, (long long)K, (long long)n, nthreads, mode ? "exact" : "int8", best * 1e3,
+           rows * K * n / best * 1e-9, (double)dtype_row_bytes(type, K) * rows / best * 1e-9);
   }
   free(w), free(x), free(y);
   cpu_backend_free(be);
@@ -333,6 +334,11 @@ int main(int argc, char **argv) {
     bench(ANNA_DTYPE_Q6_K, 896, 4864, 512, th);
     bench(ANNA_DTYPE_Q4_K, 896, 4864, 512, th);
     bench(ANNA_DTYPE_Q4_1, 1536, 576, 512, th);
+    /* decode: one token, bandwidth-bound (weights larger than the caches) */
+    bench(ANNA_DTYPE_Q8_0, 151936, 896, 1, th);
+    bench(ANNA_DTYPE_Q5_0, 4864 * 8, 896, 1, th);
+    bench(ANNA_DTYPE_Q6_K, 896 * 8, 4864, 1, th);
+    bench(ANNA_DTYPE_Q4_K, 896 * 8, 4864, 1, th);
     return 0;
   }
   threadpool *tp = NULL;
