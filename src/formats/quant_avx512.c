@@ -23,6 +23,72 @@ TGT static inline __m512i scales16x2(int s0, int s1) {
                             _mm256_set1_epi16((short)s1), 1);
 }
 
+/* Q8_0 and Q5_0 with 8-bit activations, two blocks per zmm: the weights as unsigned bytes
+ * (Q8_0 + 128, Q5_0 0..31) against the signed activations with vpdpbusd, the offset
+ * removed with a second vpdpbusd of the constant offset (o * sum a per 4 lanes). Same
+ * integer sums per block as the AVX2 kernels; the float order differs. */
+TGT static inline __m512 scale2(float s0, float s1) {
+  return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+}
+
+TGT static float dot_q8_0(int64_t n, const void *w, const void *act) {
+  const blk_q8_0 *x = w, *y = act;
+  const int64_t nb = n / QK;
+  const __m512i bias = _mm512_set1_epi8((char)0x80);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = _mm512_xor_si512(load2x256(x[i].qs, x[i + 1].qs), bias);
+    const __m512i qy = load2x256(y[i].qs, y[i + 1].qs);
+    const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qy));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale2(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)), acc);
+  }
+  float sum = _mm512_reduce_add_ps(acc);
+  for (; i < nb; i++) {
+    int32_t s = 0;
+    for (int j = 0; j < QK; j++) s += x[i].qs[j] * y[i].qs[j];
+    sum += h2f(x[i].d) * h2f(y[i].d) * (float)s;
+  }
+  return sum;
+}
+
+TGT static float dot_q5_0(int64_t n, const void *w, const void *act) {
+  const blk_q5_0 *x = w;
+  const blk_q8_0 *y = act;
+  const int64_t nb = n / QK;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m512i h16 = _mm512_set1_epi8(0x10);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i b = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)x[i + 1].qs), _mm_loadu_si128((const __m128i *)x[i].qs));
+    const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(lo, hi, 0x20)),
+                                   _mm256_permute2x128_si256(lo, hi, 0x31), 1);
+    uint32_t h0, h1;
+    memcpy(&h0, x[i].qh, 4);
+    memcpy(&h1, x[i + 1].qh, 4);
+    q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(_cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), h16));
+    const __m512i qy = load2x256(y[i].qs, y[i + 1].qs);
+    const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, qy),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), h16, qy));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale2(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)), acc);
+  }
+  float sum = _mm512_reduce_add_ps(acc);
+  for (; i < nb; i++) {
+    uint32_t qh;
+    memcpy(&qh, x[i].qh, 4);
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) {
+      s += (((x[i].qs[j] & 0xf) | (int)(((qh >> j) & 1) << 4)) - 16) * y[i].qs[j];
+      s += (((x[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16) * y[i].qs[j + 16];
+    }
+    sum += h2f(x[i].d) * h2f(y[i].d) * (float)s;
+  }
+  return sum;
+}
+
 TGT static float dot_q4_k(int64_t n, const void *w, const void *act) {
   const blk_q4_k *x = w;
   const blk_q8_k *y = act;
@@ -157,6 +223,8 @@ TGT void quant_avx512_quantize_q8_k(const float *x, void *dst, int64_t n) {
 }
 
 void quant_avx512_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) {
+  t[ANNA_DTYPE_Q8_0] = dot_q8_0;
+  t[ANNA_DTYPE_Q5_0] = dot_q5_0;
   t[ANNA_DTYPE_Q4_K] = dot_q4_k;
   t[ANNA_DTYPE_Q6_K] = dot_q6_k;
 }
