@@ -289,6 +289,24 @@ static void test_act_quant(void) {
   check("q8_0: zero block", bad, 0);
 }
 
+/* cpu_weight_row_f32's SIMD dequantization (the --exact path) == the scalar reference. */
+static void test_fast_dequant(void) {
+  const int types[] = {ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q4_1};
+  const int64_t K = 768;
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    uint8_t *w = malloc((size_t)dtype_row_bytes(types[i], K));
+    float *a = malloc(sizeof(float) * K), *b = malloc(sizeof(float) * K);
+    random_weights(types[i], w, 1, K);
+    quant_dequantize_row(types[i], w, a, K);
+    ops_weight ow = {types[i], w, 1, K};
+    cpu_weight_row_f32(&ow, 0, b);
+    char what[64];
+    snprintf(what, sizeof what, "%s fast dequantize == reference", dtype_name(types[i]));
+    check(what, memcmp(a, b, sizeof(float) * K) != 0, 0);
+    free(w), free(a), free(b);
+  }
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -351,6 +369,7 @@ int main(int argc, char **argv) {
   }
   printf("activation quantizers (ggml conventions)\n");
   test_act_quant();
+  test_fast_dequant();
   printf("quantized matmul (default: 8-bit activations; exact mode)\n");
   const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_Q4_1, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q5_1, ANNA_DTYPE_Q8_0,
                        ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_Q2_K, ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,

@@ -197,8 +197,8 @@ static int is_plain(int type) {
   return type == ANNA_DTYPE_F32 || type == ANNA_DTYPE_F16 || type == ANNA_DTYPE_BF16;
 }
 
-/* AVX-512 dequantization of the 32-element block formats that dominate real GGUFs (the
- * prefill tile converts every weight once per tile, so this is on the prefill path).
+/* AVX-512 dequantization of the formats that dominate real GGUFs (Q8_0, Q4_0, Q5_0, Q4_K,
+ * Q6_K: --exact converts every weight row once per matmul call, so this is its hot path).
  * Same values as quant_dequantize_row: d * small integer, exact in f32. Returns 0 when the
  * type has no fast path here. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static int deq_row_avx512(int type, const uint8_t *row,
@@ -243,6 +243,51 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static int de
     }
     return 1;
   }
+  case ANNA_DTYPE_Q4_K:
+    for (int64_t i = 0; i < n / 256; i++) {
+      const uint8_t *b = row + i * 144, *qs = b + 16;
+      uint16_t hd, hm;
+      memcpy(&hd, b, 2), memcpy(&hm, b + 2, 2);
+      const float d = _cvtsh_ss(hd), dmin = _cvtsh_ss(hm);
+      for (int p = 0; p < 4; p++) {
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)(qs + 32 * p)), q1 = _mm_loadu_si128((const __m128i *)(qs + 32 * p + 16));
+        for (int hi = 0; hi < 2; hi++) {
+          const int s = 2 * p + hi;
+          int sc, mn;
+          if (s < 4) sc = b[4 + s] & 63, mn = b[4 + s + 4] & 63;
+          else sc = (b[4 + s + 4] & 0x0f) | ((b[4 + s - 4] >> 6) << 4), mn = (b[4 + s + 4] >> 4) | ((b[4 + s] >> 6) << 4);
+          const __m512 ds = _mm512_set1_ps(d * (float)sc), ms = _mm512_set1_ps(dmin * (float)mn);
+          const __m128i lo4 = _mm_set1_epi8(0x0f);
+          const __m128i v0 = hi ? _mm_and_si128(_mm_srli_epi16(q0, 4), lo4) : _mm_and_si128(q0, lo4);
+          const __m128i v1 = hi ? _mm_and_si128(_mm_srli_epi16(q1, 4), lo4) : _mm_and_si128(q1, lo4);
+          float *o = y + i * 256 + s * 32;
+          _mm512_storeu_ps(o, _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v0))), ms));
+          _mm512_storeu_ps(o + 16, _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v1))), ms));
+        }
+      }
+    }
+    return 1;
+  case ANNA_DTYPE_Q6_K:
+    for (int64_t i = 0; i < n / 256; i++) {
+      const uint8_t *b = row + i * 210;
+      const int8_t *sc = (const int8_t *)(b + 192);
+      uint16_t hd;
+      memcpy(&hd, b + 208, 2);
+      const float d = _cvtsh_ss(hd);
+      const __m128i lo4 = _mm_set1_epi8(0x0f), m3 = _mm_set1_epi8(3);
+      const __m512 off = _mm512_set1_ps(32.0f);
+      for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 8; c++) {
+          __m128i l = _mm_loadu_si128((const __m128i *)(b + h * 64 + 16 * (c % 4)));
+          l = c >= 4 ? _mm_and_si128(_mm_srli_epi16(l, 4), lo4) : _mm_and_si128(l, lo4);
+          __m128i hb = _mm_loadu_si128((const __m128i *)(b + 128 + h * 32 + 16 * (c % 2)));
+          hb = _mm_and_si128(_mm_srlv_epi16(hb, _mm_set1_epi16((short)(2 * (c / 2)))), m3);
+          const __m128i q = _mm_or_si128(l, _mm_slli_epi16(hb, 4)); /* hb < 4: no carry across bytes */
+          const __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), off);
+          _mm512_storeu_ps(y + i * 256 + h * 128 + c * 16, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h * 8 + c]), v));
+        }
+    }
+    return 1;
   default: return 0;
   }
 }
