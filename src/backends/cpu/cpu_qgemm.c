@@ -199,6 +199,79 @@ static void qg_decode_row(int type, const uint8_t *row, int64_t K, uint8_t *u, f
   }
 }
 
+/* AVX-512 versions of qg_decode_row for the common types (same bytes and scales; the
+ * decode is ~10% of the GEMM's time when scalar). Returns 0 for other types. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static int qg_decode_row_avx512(
+    int type, const uint8_t *row, int64_t K, uint8_t *u, float *fs, float *fm) {
+  const __m128i lo4 = _mm_set1_epi8(0x0f);
+  switch (type) {
+  case ANNA_DTYPE_Q8_0:
+    for (int64_t i = 0; i < K / 32; i++) {
+      const uint8_t *b = row + i * 34;
+      fs[i] = h2f(b), fm[i] = 0;
+      _mm256_storeu_si256((__m256i *)(u + i * 32),
+                          _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(b + 2)), _mm256_set1_epi8((char)0x80)));
+    }
+    return 1;
+  case ANNA_DTYPE_Q4_0: case ANNA_DTYPE_Q4_1: case ANNA_DTYPE_Q5_0: case ANNA_DTYPE_Q5_1: {
+    const int q5 = type == ANNA_DTYPE_Q5_0 || type == ANNA_DTYPE_Q5_1, mn = type == ANNA_DTYPE_Q4_1 || type == ANNA_DTYPE_Q5_1;
+    const int64_t bb = dtype_block_bytes(type), qo = 2 + 2 * mn + 4 * q5;
+    for (int64_t i = 0; i < K / 32; i++) {
+      const uint8_t *b = row + i * bb;
+      fs[i] = h2f(b), fm[i] = mn ? h2f(b + 2) : 0.0f;
+      const __m128i qs = _mm_loadu_si128((const __m128i *)(b + qo));
+      __m128i v0 = _mm_and_si128(qs, lo4), v1 = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
+      if (q5) {
+        uint32_t qh;
+        memcpy(&qh, b + 2 + 2 * mn, 4);
+        const __m128i h = _mm_set1_epi8(0x10);
+        v0 = _mm_or_si128(v0, _mm_maskz_mov_epi8((__mmask16)(qh & 0xffff), h));
+        v1 = _mm_or_si128(v1, _mm_maskz_mov_epi8((__mmask16)(qh >> 16), h));
+      }
+      _mm_storeu_si128((__m128i *)(u + i * 32), v0);
+      _mm_storeu_si128((__m128i *)(u + i * 32 + 16), v1);
+    }
+    return 1;
+  }
+  case ANNA_DTYPE_Q4_K:
+    for (int64_t i = 0; i < K / 256; i++) {
+      const uint8_t *b = row + i * 144, *qs = b + 16;
+      const float d = h2f(b), dmin = h2f(b + 2);
+      for (int s = 0; s < 8; s++) {
+        int scv, mnv;
+        k4_scale_min(b + 4, s, &scv, &mnv);
+        fs[i * 8 + s] = d * (float)scv;
+        fm[i * 8 + s] = -dmin * (float)mnv;
+      }
+      for (int p = 0; p < 4; p++) {
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+        _mm256_storeu_si256((__m256i *)(u + i * 256 + 64 * p), _mm256_and_si256(q, _mm256_set1_epi8(0x0f)));
+        _mm256_storeu_si256((__m256i *)(u + i * 256 + 64 * p + 32),
+                            _mm256_and_si256(_mm256_srli_epi16(q, 4), _mm256_set1_epi8(0x0f)));
+      }
+    }
+    return 1;
+  case ANNA_DTYPE_Q6_K:
+    for (int64_t i = 0; i < K / 256; i++) {
+      const uint8_t *b = row + i * 210;
+      const int8_t *sc = (const int8_t *)(b + 192);
+      const float d = h2f(b + 208);
+      for (int g = 0; g < 16; g++) fs[i * 16 + g] = d * (float)sc[g], fm[i * 16 + g] = 0;
+      const __m128i m3 = _mm_set1_epi8(3);
+      for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 8; c++) {
+          __m128i l = _mm_loadu_si128((const __m128i *)(b + h * 64 + 16 * (c % 4)));
+          l = c >= 4 ? _mm_and_si128(_mm_srli_epi16(l, 4), lo4) : _mm_and_si128(l, lo4);
+          __m128i hb = _mm_loadu_si128((const __m128i *)(b + 128 + h * 32 + 16 * (c % 2)));
+          hb = _mm_and_si128(_mm_srl_epi16(hb, _mm_cvtsi32_si128(2 * (c / 2))), m3);
+          _mm_storeu_si128((__m128i *)(u + i * 256 + h * 128 + c * 16), _mm_or_si128(l, _mm_slli_epi16(hb, 4)));
+        }
+    }
+    return 1;
+  default: return 0;
+  }
+}
+
 /* ---- activations ----
  * Shared by all workers, built once per call: q8 [n + 1][K] int8 (row n all zero: the
  * padding token of a partial token group), and per (token, sub-block) da (scale),
@@ -386,7 +459,8 @@ static void qg_tile_task(void *p, int ith, int nth) {
     const int64_t r0 = tile * QG_ROWS, nr = rows - r0 < QG_ROWS ? rows - r0 : QG_ROWS;
     for (int64_t r = 0; r < QG_ROWS; r++) {
       if (r < nr) {
-        qg_decode_row(w->type, (const uint8_t *)w->data + (size_t)(r0 + r) * rb, K, u, fs, fm);
+        const uint8_t *src = (const uint8_t *)w->data + (size_t)(r0 + r) * rb;
+        if (!qg_decode_row_avx512(w->type, src, K, u, fs, fm)) qg_decode_row(w->type, src, K, u, fs, fm);
       } else { /* missing rows of the last tile: zero weights */
         memset(u, 0, (size_t)K);
         for (int64_t j = 0; j < nsb; j++) fs[j] = fm[j] = 0;
