@@ -61,19 +61,25 @@ TGT static float dot_q5_0(int64_t n, const void *w, const void *act) {
   const __m512i h16 = _mm512_set1_epi8(0x10);
   __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
+  /* Lane order [blk0 e0-15 | blk1 e0-15 | blk0 e16-31 | blk1 e16-31]: the nibbles need no
+   * permute, the activations one 128-bit lane shuffle, the high bits a reordered mask. */
   for (; i + 2 <= nb; i += 2) {
     const __m256i b = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)x[i + 1].qs), _mm_loadu_si128((const __m128i *)x[i].qs));
-    const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
-    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_permute2x128_si256(lo, hi, 0x20)),
-                                   _mm256_permute2x128_si256(lo, hi, 0x31), 1);
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m4)),
+                                   _mm256_and_si256(_mm256_srli_epi16(b, 4), m4), 1);
     uint32_t h0, h1;
     memcpy(&h0, x[i].qh, 4);
     memcpy(&h1, x[i + 1].qh, 4);
-    q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(_cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32), h16));
-    const __m512i qy = load2x256(y[i].qs, y[i + 1].qs);
+    const uint64_t hm = (uint64_t)(h0 & 0xffff) | (uint64_t)(h1 & 0xffff) << 16 | (uint64_t)(h0 >> 16) << 32 |
+                        (uint64_t)(h1 >> 16) << 48;
+    q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(_cvtu64_mask64(hm), h16));
+    const __m512i ya = load2x256(y[i].qs, y[i + 1].qs); /* [y0 lo | y0 hi | y1 lo | y1 hi] */
+    const __m512i qy = _mm512_shuffle_i64x2(ya, ya, _MM_SHUFFLE(3, 1, 2, 0));
     const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, qy),
                                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), h16, qy));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale2(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)), acc);
+    const __m512 sc = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(h2f(x[i].d) * h2f(y[i].d)),
+                                           _mm512_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc);
   }
   float sum = _mm512_reduce_add_ps(acc);
   for (; i < nb; i++) {
