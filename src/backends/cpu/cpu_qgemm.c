@@ -450,14 +450,23 @@ static void qg_tile_task(void *p, int ith, int nth) {
   float *fst = (float *)(wt + QG_ROWS * K), *fmt = fst + QG_ROWS * nsb;
   uint8_t *u = (uint8_t *)(fmt + QG_ROWS * nsb);
   float *fs = (float *)(u + K), *fm = fs + nsb;
+  /* Work items are (row tile, token chunk) pairs, tile-major so that a worker decodes each
+   * tile once. Token chunks only when there are too few tiles to keep every worker busy
+   * (k/v projections on many-core machines); each chunk keeps >= 32 tokens. */
   const int64_t tiles = (rows + QG_ROWS - 1) / QG_ROWS;
-  int64_t tl0, tl1;
-  threadpool_range(tiles, ith, nth, &tl0, &tl1);
+  int64_t tch = tiles >= 2 * nth ? 1 : (2 * nth + tiles - 1) / tiles;
+  if (tch > (n + 31) / 32) tch = (n + 31) / 32;
+  if (tch < 1) tch = 1;
+  const int64_t per_chunk = ((n + tch - 1) / tch + QG_TOK - 1) / QG_TOK * QG_TOK;
+  int64_t it0, it1;
+  threadpool_range(tiles * tch, ith, nth, &it0, &it1);
   float out[QG_TOK][QG_ROWS];
   const qg_kernel_fn kern = S == 32 ? (c->has_min ? qg_kernel_32m : qg_kernel_32) : (c->has_min ? qg_kernel_16m : qg_kernel_16);
-  for (int64_t tile = tl0; tile < tl1; tile++) {
+  int64_t have = -1; /* tile now decoded in wt */
+  for (int64_t item = it0; item < it1; item++) {
+    const int64_t tile = item / tch, chunk = item % tch;
     const int64_t r0 = tile * QG_ROWS, nr = rows - r0 < QG_ROWS ? rows - r0 : QG_ROWS;
-    for (int64_t r = 0; r < QG_ROWS; r++) {
+    for (int64_t r = 0; r < QG_ROWS && tile != have; r++) {
       if (r < nr) {
         const uint8_t *src = (const uint8_t *)w->data + (size_t)(r0 + r) * rb;
         if (!qg_decode_row_avx512(w->type, src, K, u, fs, fm)) qg_decode_row(w->type, src, K, u, fs, fm);
@@ -472,11 +481,13 @@ static void qg_tile_task(void *p, int ith, int nth) {
         for (int64_t g = 0; g < G; g++) memcpy(wt + ((j * G + g) * 2 + h) * 64 + l * 4, u + j * S + g * 4, 4);
       }
     }
-    for (int64_t t0 = 0; t0 < n; t0 += QG_TOK) {
+    have = tile;
+    const int64_t tb = chunk * per_chunk, te = tb + per_chunk < n ? tb + per_chunk : n;
+    for (int64_t t0 = tb; t0 < te; t0 += QG_TOK) {
       int64_t tok[QG_TOK];
-      for (int t = 0; t < QG_TOK; t++) tok[t] = t0 + t < n ? t0 + t : n;
+      for (int t = 0; t < QG_TOK; t++) tok[t] = t0 + t < te ? t0 + t : n;
       kern(wt, fst, fmt, &c->a, tok, out);
-      for (int t = 0; t < QG_TOK && t0 + t < n; t++) {
+      for (int t = 0; t < QG_TOK && t0 + t < te; t++) {
         float *yr = c->y + (t0 + t) * rows + r0;
         for (int64_t r = 0; r < nr; r++) yr[r] = out[t][r] + (c->bias ? c->bias[r0 + r] : 0.0f);
       }
