@@ -1,12 +1,15 @@
-/* cpu_matmul.c: y = x W^T for bf16/f16/f32 weights read in place, and for llama.cpp
- * quantized weights on their blocks against 8-bit quantized activations (formats/quant.h),
- * as llama.cpp computes them.
+/* cpu_matmul.c: y = x W^T (+ bias), the CPU backend's matmul dispatch.
  *
- * Rows are split across threads; each weight row is loaded once per block of 4 tokens and
- * used for all 4 (the decode case n = 1 is a plain bandwidth-bound dot). Tokens are taken
- * in blocks of TOK_BLOCK so the activations stay in L2 while every row streams by.
- * Accumulation is f32 in SIMD lanes, then a horizontal sum: the order differs from a
- * sequential sum by normal float rounding only.
+ * Quantized weights, default numerics (llama.cpp's): the activations are quantized to 8
+ * bits as ggml does (formats/quant.h) and multiplied in integers per block. 8+ tokens: the
+ * tiled VNNI GEMM of cpu_qgemm.c; fewer (decode steps), other types or no AVX-512 VNNI: per
+ * row integer dots, rows split across threads, bandwidth-bound (Q8_0/Q5_0/Q4_0 batches of
+ * 2..7 tokens decode each row once for all tokens).
+ * f32/f16/bf16 weights, and quantized weights with exact_matmul: f32 activations. 8+ tokens
+ * on AVX-512: weights converted to f32 tiles (dequantized) and an 8x32 FMA micro-kernel
+ * over K-major token panels; fewer: per-row f32 dots (quantized rows dequantized once).
+ * Accumulation is f32 in SIMD lanes: the order differs from a sequential sum by float
+ * rounding only.
  */
 #include "backends/cpu/cpu_internal.h"
 #include "formats/dtype.h"
