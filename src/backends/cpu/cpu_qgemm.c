@@ -424,6 +424,17 @@ QG_KERNEL(qg_kernel_16m, 16, 1)
 typedef void (*qg_kernel_fn)(const uint8_t *, const float *, const float *, const qg_acts *, const int64_t *,
                              float (*)[QG_ROWS]);
 
+/* y[0..nr) = out[0..nr) (+ bias): two masked 16-float stores. */
+QG_TGT static void qg_store(float *y, const float *out, const float *bias, int nr) {
+  for (int h = 0; h < 2 && h * 16 < nr; h++) {
+    const int m = nr - h * 16 >= 16 ? 16 : nr - h * 16;
+    const __mmask16 k = (__mmask16)((1u << m) - 1);
+    __m512 v = _mm512_loadu_ps(out + h * 16);
+    if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias + h * 16));
+    _mm512_mask_storeu_ps(y + h * 16, k, v);
+  }
+}
+
 /* Scratch layout per worker (bytes): wt [nsb][G][2][64] = 32 K; fst, fmt [nsb][32] floats;
  * u [K]; fs, fm [nsb] floats for one row. */
 static size_t qg_scratch_bytes(int64_t K) {
@@ -487,10 +498,8 @@ static void qg_tile_task(void *p, int ith, int nth) {
       int64_t tok[QG_TOK];
       for (int t = 0; t < QG_TOK; t++) tok[t] = t0 + t < te ? t0 + t : n;
       kern(wt, fst, fmt, &c->a, tok, out);
-      for (int t = 0; t < QG_TOK && t0 + t < te; t++) {
-        float *yr = c->y + (t0 + t) * rows + r0;
-        for (int64_t r = 0; r < nr; r++) yr[r] = out[t][r] + (c->bias ? c->bias[r0 + r] : 0.0f);
-      }
+      for (int t = 0; t < QG_TOK && t0 + t < te; t++)
+        qg_store(c->y + (t0 + t) * rows + r0, out[t], c->bias ? c->bias + r0 : NULL, (int)nr);
     }
   }
 }
