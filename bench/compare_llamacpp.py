@@ -287,7 +287,7 @@ def correctness(llama, a):
                "--timeout", str(a.timeout), "--tmp", tmp,
                "--anna-generate", anna_gen or ""]
         if a.anna_generate_args:
-            cmd += ["--anna-generate-args", a.anna_generate_args]
+            cmd += ["--anna-generate-args=" + a.anna_generate_args]  # "=": values may start with "--"
         rc, out, err = run_cmd(cmd, 2 * a.timeout + 60, env=env)
         if rc != 0:
             return {"error": f"correctness worker failed (rc={rc}): {last_line(err)}"}

@@ -11,7 +11,7 @@ gemma3), then scores both engines against it on the same token ids (tokenized by
   perplexity of each, and anna-vs-llama.cpp agreement.
 
 Usage (needs scripts/setup_llamacpp.sh, a built anna, and `pip install gguf numpy`):
-  bench/exact_check.py --model FILE.gguf [--n-eval 256] [--anna-bin build/src/cli]
+  bench/exact_check.py --model FILE.gguf [--n-eval 256] [--anna-bin build/src/cli] [--anna-args=--exact]
 Runs its llama.cpp half under the llama.cpp venv's python (numpy + the binding); the
 reference (gguf's numpy dequantize + float64 math) runs in this python.
 """
@@ -146,7 +146,7 @@ def compare(a, ids):
     lc = np.load(a.tmp + ".llama.npy").astype(np.float64)
     anna = os.path.join(a.anna_bin, "anna-generate")
     subprocess.run([anna, "--model", a.model, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "0",
-                    "--dump-logits", a.tmp, "--quiet", "--threads", str(a.threads)], check=True)
+                    "--dump-logits", a.tmp, "--quiet", "--threads", str(a.threads)] + a.anna_args.split(), check=True)
     an = np.fromfile(a.tmp, dtype=np.float32).astype(np.float64).reshape(len(ids), -1)
     ref = reference_logits(a.model, ids)
     vocab = min(ref.shape[1], lc.shape[1], an.shape[1])
@@ -180,6 +180,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--text", default=os.path.join(REPO, "bench", "data", "public_domain_en.txt"))
     ap.add_argument("--anna-bin", default=os.path.join(REPO, "build", "src", "cli"))
+    ap.add_argument("--anna-args", default="",
+                    help="extra anna-generate flags, e.g. --anna-args=--exact (exact f32 matmuls)")
     ap.add_argument("--tmp", default="/tmp/anna_exact_check.f32")
     ap.add_argument("--json", dest="json_out", help="also write the results here")
     ap.add_argument("--_worker", action="store_true", help=argparse.SUPPRESS)

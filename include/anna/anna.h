@@ -52,9 +52,10 @@ typedef struct anna_context_options {
    * Hadamard rotation + Lloyd-Max codes of kv_cache_quant_bits = 2, 3 or 4 bits; default 4). */
   const char *kv_cache_quantization;
   int kv_cache_quant_bits;
-  /* CPU prefill of Q8_0/Q5_0/Q4_0 weights with 8-bit activations (llama.cpp's numerics,
-   * faster) instead of the default exact float32 tiles. */
-  int int8_prefill;
+  /* CPU matmuls of quantized weights with float32 activations (weights dequantized: exact,
+   * slower) instead of the default, llama.cpp's numerics (activations quantized to 8 bits
+   * as ggml does, integer block dots). f32/f16/bf16 weights are float32 math either way. */
+  int exact_matmul;
   /* CPU: time every op family (anna_context_profile); costs a clock read per op. */
   int profile;
   /* Paged KV cache: every attention layer's cache is one pool of blocks of kv_block_len

@@ -39,9 +39,10 @@ static void usage(FILE *f) {
           "  --json                   one JSON object on stdout instead of the table\n"
           "  --profile-runtime        per-op-family time (matmul, lm_head, attention, gdn, moe, other; CPU)\n"
           "  --verbose                one line per run on stderr\n"
-          "  --int8-prefill           8-bit activations in prefill (faster; default: exact f32)\n"
-          "  --kv-cache-quantization none|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
-          "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n");
+          "  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
+          "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
+          "  --exact                  quantized weights x f32 activations (exact, slower;\n"
+          "                           default: 8-bit activations, llama.cpp's numerics)\n");
 }
 
 /* "512,8192" -> lengths (caller frees). Returns the count, or -1 with the message printed. */
@@ -290,7 +291,7 @@ int main(int argc, char **argv) {
   const char *device = NULL, *dtype = NULL, *kvq = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
-  int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, int8_prefill = 0;
+  int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, exact_matmul = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
@@ -308,7 +309,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--json")) as_json = 1;
     else if (!strcmp(a, "--profile-runtime")) profile = 1;
     else if (!strcmp(a, "--verbose")) verbose = 1;
-    else if (!strcmp(a, "--int8-prefill")) int8_prefill = 1;
+    else if (!strcmp(a, "--exact")) exact_matmul = 1;
+    else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
     else if (!strcmp(a, "--prompt-len")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &prompt_len)) return 2; }
     else if (!strcmp(a, "--warmup")) { NEEDV(); if (cli_int(a, v, 0, 1000, &warmup)) return 2; }
     else if (!strcmp(a, "--runs")) { NEEDV(); if (cli_int(a, v, 1, 100000, &n_runs)) return 2; }
@@ -405,7 +407,7 @@ int main(int argc, char **argv) {
   }
   const int n_batch = n_ids < batch ? (int)n_ids : batch;
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
-                             .int8_prefill = int8_prefill, .profile = profile, .kv_cache_quantization = kvq,
+                             .exact_matmul = exact_matmul, .profile = profile, .kv_cache_quantization = kvq,
                              .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   sampler_params sp = sampler_params_default(); /* greedy: the sampler's cheapest honest path */

@@ -22,7 +22,8 @@ static void usage(FILE *f) {
           "  --ctx-size N             context length (default: prompt + max-new-tokens)\n"
           "  --kv-cache-quantization none|f16|q8|q4|turboquant   --kv-cache-quant-bits 2|3|4\n"
           "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
-          "  --int8-prefill           8-bit activations in prefill (faster; default: exact f32)\n"
+          "  --exact                  quantized weights x f32 activations (exact, slower;\n"
+          "                           default: 8-bit activations, llama.cpp's numerics)\n"
           "  --threads N              default: one per core\n"
           "  --device cpu|cuda|auto  --dtype f32\n"
           "  --print-ids              print generated ids as one comma-separated line\n"
@@ -33,7 +34,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL;
   const char *device = NULL, *dtype = NULL, *kvq = NULL;
-  int kv_bits = 0, int8_prefill = 0, kv_resid = 0;
+  int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   sampler_params sp = sampler_params_default();
   for (int i = 1; i < argc; i++) {
@@ -50,7 +51,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
     else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
     else if (!strcmp(a, "--raw")) raw = 1;
-    else if (!strcmp(a, "--int8-prefill")) int8_prefill = 1;
+    else if (!strcmp(a, "--exact")) exact_matmul = 1;
+    else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
     else if (!strcmp(a, "--no-think")) no_think = 1;
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--quiet")) quiet = 1;
@@ -124,7 +126,7 @@ int main(int argc, char **argv) {
   const int n_batch = n < 512 ? (int)n : 512;
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
-                             .kv_cache_residual_len = kv_resid, .int8_prefill = int8_prefill};
+                             .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && tokenizer_stream_new(&stream, text->tok, TOKENIZER_DECODE_SKIP_SPECIAL, err, sizeof err)) goto fail;

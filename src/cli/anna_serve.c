@@ -29,7 +29,8 @@ static void usage(FILE *f) {
           "  --kv-block-len N         KV cache block length, a power of two >= 16 (default 64)\n"
           "  --kv-cache-residual-len N  quantized KV: newest N positions kept and attended in f32\n"
           "  --device cpu|cuda|auto  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
-          "  --int8-prefill         8-bit activations in prefill (faster; default: exact f32)\n"
+          "  --exact                  quantized weights x f32 activations (exact, slower;\n"
+          "                           default: 8-bit activations, llama.cpp's numerics)\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
@@ -82,7 +83,8 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); o.model_path = v; }
     else if (!strcmp(a, "--model-name")) { NEEDV(); o.model_name = v; }
     else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
-    else if (!strcmp(a, "--int8-prefill")) o.eng.int8_prefill = 1;
+    else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
+    else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
     else if (!strcmp(a, "--device")) { NEEDV(); o.device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--scheduler-profile")) {

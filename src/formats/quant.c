@@ -333,6 +333,7 @@ bool quant_can_dot(int type) { return quant_can_dequantize(type); }
 
 int quant_act_type(int wtype) {
   if (!quant_can_dot(wtype)) return -1;
+  if (wtype == ANNA_DTYPE_Q4_1 || wtype == ANNA_DTYPE_Q5_1) return ANNA_DTYPE_Q8_1; /* as ggml */
   switch (dtype_block_size(wtype)) {
   case 1: return ANNA_DTYPE_F32;
   case 32: return ANNA_DTYPE_Q8_0;
@@ -352,34 +353,86 @@ int quant_dequantize_row(int type, const void *src, float *dst, int64_t n) {
   return deq_blocks(type, src, dst, n / dtype_block_size(type));
 }
 
-/* ---- activation quantization ---- */
+/* ---- activation quantization ----
+ * These reproduce ggml-cpu's x86 activation quantizers value for value (llama.cpp's
+ * numerics; checked against the vendored source, see bench/notes/exactness.md):
+ *  Q8_0 / Q8_1 (quantize_row_q8_0/_q8_1, AVX path): amax over the block, d = amax / 127
+ *    stored as f16 (round to nearest even), multiplier 127 / amax (not 1 / d: the two differ
+ *    in the last bit for some amax), products rounded to nearest even. Q8_1 also stores
+ *    s = f16(d * sum(q)) with the unrounded f32 d.
+ *  Q8_K (quantize_row_q8_K_ref, which x86 uses): the signed value of largest magnitude
+ *    (first one in index order) gives iscale = -127 / max; q = round-half-even(iscale * x),
+ *    at most 127; d = 1 / iscale in f32 (negative when max > 0); bsums per 16.
+ * lrintf rounds half to even in the default rounding mode, like _mm256_round_ps. */
+
+static void q8_block(const float *v, int8_t *q, float *d_out, int *sum) {
+  float amax = 0;
+  for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(v[j]));
+  const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+  int s = 0;
+  for (int j = 0; j < QK; j++) {
+    q[j] = (int8_t)lrintf(v[j] * id);
+    s += q[j];
+  }
+  *d_out = d;
+  *sum = s;
+}
 
 void quant_quantize_row_q8_0(const float *x, void *dst, int64_t n) {
+  if (quant_isa_get() == QUANT_ISA_AVX512) {
+    quant_avx512_quantize_q8_0(x, dst, n, 0);
+    return;
+  }
   blk_q8_0 *y = dst;
   for (int64_t i = 0; i < n / QK; i++) {
-    const float *v = x + i * QK;
-    float amax = 0;
-    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(v[j]));
-    float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+    float d;
+    int s;
+    q8_block(x + i * QK, y[i].qs, &d, &s);
     y[i].d = quant_f32_to_f16(d);
-    for (int j = 0; j < QK; j++) y[i].qs[j] = (int8_t)lrintf(v[j] * id);
+  }
+}
+
+void quant_quantize_row_q8_1(const float *x, void *dst, int64_t n) {
+  if (quant_isa_get() == QUANT_ISA_AVX512) {
+    quant_avx512_quantize_q8_0(x, dst, n, 1);
+    return;
+  }
+  blk_q8_1 *y = dst;
+  for (int64_t i = 0; i < n / QK; i++) {
+    float d;
+    int s;
+    q8_block(x + i * QK, y[i].qs, &d, &s);
+    y[i].d = quant_f32_to_f16(d);
+    y[i].s = quant_f32_to_f16(d * (float)s);
   }
 }
 
 void quant_quantize_row_q8_k(const float *x, void *dst, int64_t n) {
+  if (quant_isa_get() == QUANT_ISA_AVX512) {
+    quant_avx512_quantize_q8_k(x, dst, n);
+    return;
+  }
   blk_q8_k *y = dst;
   for (int64_t i = 0; i < n / QKK; i++) {
     const float *v = x + i * QKK;
-    float amax = 0;
-    for (int j = 0; j < QKK; j++) amax = fmaxf(amax, fabsf(v[j]));
-    float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
-    y[i].d = d;
-    for (int j = 0; j < QKK; j++) y[i].qs[j] = (int8_t)lrintf(v[j] * id);
+    float amax = 0, max = 0;
+    for (int j = 0; j < QKK; j++)
+      if (fabsf(v[j]) > amax) amax = fabsf(v[j]), max = v[j];
+    if (amax == 0.0f) {
+      memset(&y[i], 0, sizeof y[i]);
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < QKK; j++) {
+      long q = lrintf(iscale * v[j]);
+      y[i].qs[j] = (int8_t)(q < 127 ? q : 127);
+    }
     for (int g = 0; g < 16; g++) {
       int s = 0;
       for (int j = 0; j < 16; j++) s += y[i].qs[16 * g + j];
       y[i].bsums[g] = (int16_t)s;
     }
+    y[i].d = 1.0f / iscale;
   }
 }
 
@@ -388,6 +441,7 @@ int quant_quantize_act(int wtype, const float *x, void *dst, int64_t n) {
   switch (quant_act_type(wtype)) {
   case ANNA_DTYPE_F32: memcpy(dst, x, (size_t)n * sizeof(float)); return 0;
   case ANNA_DTYPE_Q8_0: quant_quantize_row_q8_0(x, dst, n); return 0;
+  case ANNA_DTYPE_Q8_1: quant_quantize_row_q8_1(x, dst, n); return 0;
   default: quant_quantize_row_q8_k(x, dst, n); return 0;
   }
 }
@@ -403,6 +457,25 @@ static float dot_generic(int type, int64_t n, const void *w, const void *act) {
   float buf[QKK];
   double sum = 0;
   for (int64_t i = 0; i < n / bs; i++) {
+    if (type == ANNA_DTYPE_Q4_1 || type == ANNA_DTYPE_Q5_1) {
+      /* ggml's form: d_w d_a sum(q_w q_a) + m_w s_a, with s_a the stored f16 of d_a sum(q_a). */
+      const blk_q8_1 *a = (const blk_q8_1 *)act + i;
+      const uint8_t *b = wp + i * bb;
+      uint16_t hd, hm;
+      uint32_t qh = 0;
+      memcpy(&hd, b, 2);
+      memcpy(&hm, b + 2, 2);
+      const uint8_t *qs = b + 4;
+      if (type == ANNA_DTYPE_Q5_1) memcpy(&qh, b + 4, 4), qs = b + 8;
+      const float dw = quant_h2f(hd), mw = quant_h2f(hm);
+      int32_t si = 0;
+      for (int j = 0; j < 16; j++) {
+        si += (int32_t)((qs[j] & 0xf) | (((qh >> j) & 1) << 4)) * a->qs[j];
+        si += (int32_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4)) * a->qs[j + 16];
+      }
+      sum += (double)(dw * quant_h2f(a->d) * (float)si) + (double)(mw * quant_h2f(a->s));
+      continue;
+    }
     deq_blocks(type, wp + i * bb, buf, 1);
     float s = 0, d;
     const int8_t *q;

@@ -4,7 +4,8 @@
  * Weights stay in their file format (rows of whole blocks, usually borrowed from a GGUF
  * mapping). Products are computed as llama.cpp does: the activation row is quantized once
  * to 8 bits in the format the weight type pairs with (quant_act_type: Q8_0 for 32-element
- * block types, Q8_K for 256-element K- and i-quants, plain f32 for F32/F16/BF16), and each
+ * block types, Q8_1 for Q4_1/Q5_1, Q8_K for 256-element K- and i-quants, plain f32 for
+ * F32/F16/BF16; the quantizers match ggml-cpu's x86 ones value for value), and each
  * weight row is dotted against it in integer arithmetic with one float scale per block.
  *
  * Kernels exist per instruction set (scalar reference, AVX2, AVX-512 VNNI); the best one the
@@ -34,8 +35,10 @@ bool quant_can_dequantize(int type);
  * or integer type). */
 bool quant_can_dot(int type);
 
-/* Activation format paired with a weight type: ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q8_K or
- * ANNA_DTYPE_F32; -1 when the type cannot be dotted. */
+/* Activation format paired with a weight type, as ggml's vec_dot_type: ANNA_DTYPE_Q8_0
+ * (32-element block types), ANNA_DTYPE_Q8_1 (Q4_1, Q5_1), ANNA_DTYPE_Q8_K (K- and
+ * i-quants) or ANNA_DTYPE_F32 (f32/f16/bf16 weights: anna keeps f32 activations); -1 when
+ * the type cannot be dotted. */
 int quant_act_type(int wtype);
 /* Bytes of one quantized activation row of n elements for weight type wtype; -1 if n is
  * not a whole number of the weight's blocks or the type cannot be dotted. */
@@ -49,6 +52,8 @@ int quant_dequantize_row(int type, const void *src, float *dst, int64_t n);
  * n must be a multiple of 32 / 256 (checked by the callers that take untrusted n). */
 void quant_quantize_row_q8_0(const float *x, void *dst, int64_t n);
 void quant_quantize_row_q8_k(const float *x, void *dst, int64_t n);
+/* Q8_1 (36-byte blocks: f16 d, f16 s = d * sum(q), 32 int8), paired with Q4_1/Q5_1. */
+void quant_quantize_row_q8_1(const float *x, void *dst, int64_t n);
 /* Quantizes x (n floats) into dst (quant_act_row_bytes(wtype, n) bytes) in the format
  * wtype pairs with (F32: a copy). Returns 0 or ANNA_EINVAL. */
 int quant_quantize_act(int wtype, const float *x, void *dst, int64_t n);

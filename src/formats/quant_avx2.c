@@ -150,24 +150,20 @@ TGT static inline __m256i nibbles32(const uint8_t *p) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
 }
 
-/* Sum of 32 int8 as float (for the min/offset terms of Q4_1/Q5_1). */
-TGT static inline __m256i sum_i8(__m256i a) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), a), _mm256_set1_epi16(1));
-}
-
 TGT static float dot_q4_1(int64_t n, const void *w, const void *act) {
   const blk_q4_1 *x = w;
-  const blk_q8_0 *y = act;
-  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+  const blk_q8_1 *y = act;
+  __m256 acc = _mm256_setzero_ps();
+  float accm = 0; /* min term: m_w * s_a per block, as ggml */
   for (int64_t i = 0; i < n / QK; i++) {
     __m256i q = nibbles32(x[i].qs);
     __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
     float dy = h2f(y[i].d);
     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, qy), _mm256_set1_epi16(1));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * dy), _mm256_cvtepi32_ps(p), acc);
-    accm = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].m) * dy), _mm256_cvtepi32_ps(sum_i8(qy)), accm);
+    accm += h2f(x[i].m) * h2f(y[i].s);
   }
-  return hsum_ps(_mm256_add_ps(acc, accm));
+  return hsum_ps(acc) + accm;
 }
 
 TGT static float dot_q5_0(int64_t n, const void *w, const void *act) {
@@ -187,18 +183,19 @@ TGT static float dot_q5_0(int64_t n, const void *w, const void *act) {
 
 TGT static float dot_q5_1(int64_t n, const void *w, const void *act) {
   const blk_q5_1 *x = w;
-  const blk_q8_0 *y = act;
+  const blk_q8_1 *y = act;
   const __m256i h16 = _mm256_set1_epi8(0x10);
-  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
+  __m256 acc = _mm256_setzero_ps();
+  float accm = 0; /* min term: m_w * s_a per block, as ggml */
   for (int64_t i = 0; i < n / QK; i++) {
     __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_and_si256(bits_to_bytes(x[i].qh), h16));
     __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
     float dy = h2f(y[i].d);
     __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, qy), _mm256_set1_epi16(1));
     acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].d) * dy), _mm256_cvtepi32_ps(p), acc);
-    accm = _mm256_fmadd_ps(_mm256_set1_ps(h2f(x[i].m) * dy), _mm256_cvtepi32_ps(sum_i8(qy)), accm);
+    accm += h2f(x[i].m) * h2f(y[i].s);
   }
-  return hsum_ps(_mm256_add_ps(acc, accm));
+  return hsum_ps(acc) + accm;
 }
 
 TGT static inline __m256i iq4nl_table(void) {

@@ -23,6 +23,78 @@ TGT static inline __m512i scales16x2(int s0, int s1) {
                             _mm256_set1_epi16((short)s1), 1);
 }
 
+/* Q8_0 and Q5_0 with 8-bit activations, two blocks per zmm: the weights as unsigned bytes
+ * (Q8_0 + 128, Q5_0 0..31) against the signed activations with vpdpbusd, the offset
+ * removed with a second vpdpbusd of the constant offset (o * sum a per 4 lanes). Same
+ * integer sums per block as the AVX2 kernels; the float order differs. */
+TGT static inline __m512 scale2(float s0, float s1) {
+  return _mm512_insertf32x8(_mm512_set1_ps(s0), _mm256_set1_ps(s1), 1);
+}
+
+TGT static float dot_q8_0(int64_t n, const void *w, const void *act) {
+  const blk_q8_0 *x = w, *y = act;
+  const int64_t nb = n / QK;
+  const __m512i bias = _mm512_set1_epi8((char)0x80);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = _mm512_xor_si512(load2x256(x[i].qs, x[i + 1].qs), bias);
+    const __m512i qy = load2x256(y[i].qs, y[i + 1].qs);
+    const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), qx, qy),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, qy));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale2(h2f(x[i].d) * h2f(y[i].d), h2f(x[i + 1].d) * h2f(y[i + 1].d)), acc);
+  }
+  float sum = _mm512_reduce_add_ps(acc);
+  for (; i < nb; i++) {
+    int32_t s = 0;
+    for (int j = 0; j < QK; j++) s += x[i].qs[j] * y[i].qs[j];
+    sum += h2f(x[i].d) * h2f(y[i].d) * (float)s;
+  }
+  return sum;
+}
+
+TGT static float dot_q5_0(int64_t n, const void *w, const void *act) {
+  const blk_q5_0 *x = w;
+  const blk_q8_0 *y = act;
+  const int64_t nb = n / QK;
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m512i h16 = _mm512_set1_epi8(0x10);
+  __m512 acc = _mm512_setzero_ps();
+  int64_t i = 0;
+  /* Lane order [blk0 e0-15 | blk1 e0-15 | blk0 e16-31 | blk1 e16-31]: the nibbles need no
+   * permute, the activations one 128-bit lane shuffle, the high bits a reordered mask. */
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i b = _mm256_set_m128i(_mm_loadu_si128((const __m128i *)x[i + 1].qs), _mm_loadu_si128((const __m128i *)x[i].qs));
+    __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(b, m4)),
+                                   _mm256_and_si256(_mm256_srli_epi16(b, 4), m4), 1);
+    uint32_t h0, h1;
+    memcpy(&h0, x[i].qh, 4);
+    memcpy(&h1, x[i + 1].qh, 4);
+    const uint64_t hm = (uint64_t)(h0 & 0xffff) | (uint64_t)(h1 & 0xffff) << 16 | (uint64_t)(h0 >> 16) << 32 |
+                        (uint64_t)(h1 >> 16) << 48;
+    q = _mm512_or_si512(q, _mm512_maskz_mov_epi8(_cvtu64_mask64(hm), h16));
+    const __m512i ya = load2x256(y[i].qs, y[i + 1].qs); /* [y0 lo | y0 hi | y1 lo | y1 hi] */
+    const __m512i qy = _mm512_shuffle_i64x2(ya, ya, _MM_SHUFFLE(3, 1, 2, 0));
+    const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, qy),
+                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(), h16, qy));
+    const __m512 sc = _mm512_mask_blend_ps(0xf0f0, _mm512_set1_ps(h2f(x[i].d) * h2f(y[i].d)),
+                                           _mm512_set1_ps(h2f(x[i + 1].d) * h2f(y[i + 1].d)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), sc, acc);
+  }
+  float sum = _mm512_reduce_add_ps(acc);
+  for (; i < nb; i++) {
+    uint32_t qh;
+    memcpy(&qh, x[i].qh, 4);
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++) {
+      s += (((x[i].qs[j] & 0xf) | (int)(((qh >> j) & 1) << 4)) - 16) * y[i].qs[j];
+      s += (((x[i].qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1) << 4)) - 16) * y[i].qs[j + 16];
+    }
+    sum += h2f(x[i].d) * h2f(y[i].d) * (float)s;
+  }
+  return sum;
+}
+
 TGT static float dot_q4_k(int64_t n, const void *w, const void *act) {
   const blk_q4_k *x = w;
   const blk_q8_k *y = act;
@@ -98,11 +170,73 @@ TGT static float dot_q6_k(int64_t n, const void *w, const void *act) {
   return _mm512_reduce_add_ps(acc);
 }
 
+/* Activation quantizers, value for value the scalar ones in quant.c (ggml's x86
+ * conventions): max is exact in any order, the products and the round-half-even
+ * conversion are the same per element. */
+TGT void quant_avx512_quantize_q8_0(const float *x, void *dst, int64_t n, int with_s) {
+  const int64_t bb = with_s ? 36 : 34, qo = with_s ? 4 : 2;
+  uint8_t *y = dst;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / QK; i++) {
+    const __m512 v0 = _mm512_loadu_ps(x + i * QK), v1 = _mm512_loadu_ps(x + i * QK + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, v0), _mm512_andnot_ps(sign, v1)));
+    const float d = amax / 127.0f, id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 m = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, m)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, m));
+    uint8_t *b = y + i * bb;
+    const uint16_t hd = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+    memcpy(b, &hd, 2);
+    _mm_storeu_si128((__m128i *)(b + qo), _mm512_cvtsepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(b + qo + 16), _mm512_cvtsepi32_epi8(q1));
+    if (with_s) {
+      const int s = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+      const uint16_t hs = _cvtss_sh(d * (float)s, _MM_FROUND_TO_NEAREST_INT);
+      memcpy(b + 2, &hs, 2);
+    }
+  }
+}
+
+TGT void quant_avx512_quantize_q8_k(const float *x, void *dst, int64_t n) {
+  blk_q8_k *y = dst;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t i = 0; i < n / QKK; i++) {
+    const float *v = x + i * QKK;
+    __m512 am = _mm512_setzero_ps();
+    for (int j = 0; j < QKK; j += 16) am = _mm512_max_ps(am, _mm512_andnot_ps(sign, _mm512_loadu_ps(v + j)));
+    const float amax = _mm512_reduce_max_ps(am);
+    if (amax == 0.0f) {
+      memset(&y[i], 0, sizeof y[i]);
+      continue;
+    }
+    float max = 0; /* the first element of largest magnitude, with its sign */
+    for (int j = 0; j < QKK; j += 16) {
+      const __mmask16 k = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_loadu_ps(v + j)), _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      if (k) {
+        max = v[j + __builtin_ctz(k)];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m512 m = _mm512_set1_ps(iscale);
+    const __m512i lim = _mm512_set1_epi32(127);
+    for (int j = 0; j < QKK; j += 16) {
+      const __m512i q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(v + j), m)), lim);
+      _mm_storeu_si128((__m128i *)(y[i].qs + j), _mm512_cvtsepi32_epi8(q));
+      y[i].bsums[j / 16] = (int16_t)_mm512_reduce_add_epi32(q);
+    }
+    y[i].d = 1.0f / iscale;
+  }
+}
+
 void quant_avx512_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) {
+  t[ANNA_DTYPE_Q8_0] = dot_q8_0;
+  t[ANNA_DTYPE_Q5_0] = dot_q5_0;
   t[ANNA_DTYPE_Q4_K] = dot_q4_k;
   t[ANNA_DTYPE_Q6_K] = dot_q6_k;
 }
 
 #else
 void quant_avx512_fill(quant_dot_fn t[ANNA_DTYPE_COUNT]) { (void)t; }
+void quant_avx512_quantize_q8_0(const float *x, void *dst, int64_t n, int with_s) { (void)x, (void)dst, (void)n, (void)with_s; }
+void quant_avx512_quantize_q8_k(const float *x, void *dst, int64_t n) { (void)x, (void)dst, (void)n; }
 #endif

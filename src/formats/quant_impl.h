@@ -17,6 +17,8 @@ typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_0;
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } blk_q5_1;
 typedef struct { uint16_t d; int8_t qs[32]; } blk_q8_0;
+/* Activation block for Q4_1/Q5_1: s = f16(d * sum(qs)), for the weights' min term. */
+typedef struct { uint16_t d, s; int8_t qs[32]; } blk_q8_1;
 typedef struct { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } blk_q2_k;
 typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } blk_q3_k;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_k;
@@ -39,6 +41,7 @@ _Static_assert(sizeof(blk_q4_1) == 20, "q4_1");
 _Static_assert(sizeof(blk_q5_0) == 22, "q5_0");
 _Static_assert(sizeof(blk_q5_1) == 24, "q5_1");
 _Static_assert(sizeof(blk_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(blk_q8_1) == 36, "q8_1");
 _Static_assert(sizeof(blk_q2_k) == 84, "q2_k");
 _Static_assert(sizeof(blk_q3_k) == 110, "q3_k");
 _Static_assert(sizeof(blk_q4_k) == 144, "q4_k");
@@ -66,6 +69,10 @@ bool quant_iq_decode(int type, const void *blk, int8_t q[256], float sc[16]);
 /* Fill table[type] with the kernels an ISA file provides (others untouched). */
 void quant_avx2_fill(quant_dot_fn table[ANNA_DTYPE_COUNT]);
 void quant_avx512_fill(quant_dot_fn table[ANNA_DTYPE_COUNT]);
+/* AVX-512 activation quantizers, bit-identical to the scalar ones (Q8_0, or Q8_1 with
+ * with_s; Q8_K). Only called when the CPU has AVX-512. */
+void quant_avx512_quantize_q8_0(const float *x, void *dst, int64_t n, int with_s);
+void quant_avx512_quantize_q8_k(const float *x, void *dst, int64_t n);
 
 /* Half -> float without F16C, so the scalar reference builds for any target. */
 static inline float quant_h2f(uint16_t h) {

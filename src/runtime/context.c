@@ -113,7 +113,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.n_checkpoints = opt->n_checkpoints;
     o.kv_cache_quantization = opt->kv_cache_quantization;
     o.kv_cache_quant_bits = opt->kv_cache_quant_bits;
-    o.int8_prefill = opt->int8_prefill;
+    o.exact_matmul = opt->exact_matmul;
     o.profile = opt->profile;
     o.kv_block_len = opt->kv_block_len;
     o.kv_blocks = opt->kv_blocks;
@@ -177,7 +177,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     anna_context_free(c);
     return rc;
   }
-  cpu_backend_set_int8_prefill(c->be_cpu, o.int8_prefill);
+  cpu_backend_set_exact_matmul(c->be_cpu, o.exact_matmul);
   *out = c;
   return 0;
 }

@@ -846,7 +846,7 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
                              .device = e->o.device,
                              .kv_cache_quantization = e->o.kv_cache_quantization,
                              .kv_cache_quant_bits = e->o.kv_cache_quant_bits,
-                             .int8_prefill = e->o.int8_prefill};
+                             .exact_matmul = e->o.exact_matmul};
   int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
   anna_context_kv_stats(e->ctx, &e->kvs);

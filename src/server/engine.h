@@ -50,7 +50,7 @@ typedef struct engine_options {
   const char *device;           /* anna_context_options.device (borrowed) */
   const char *kv_cache_quantization; /* anna_context_options (borrowed) */
   int kv_cache_quant_bits;
-  int int8_prefill; /* anna_context_options.int8_prefill */
+  int exact_matmul; /* anna_context_options.exact_matmul */
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */

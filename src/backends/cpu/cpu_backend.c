@@ -330,9 +330,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
   return 0;
 }
 
-void cpu_backend_set_int8_prefill(ops_backend *be, int on) {
-  ((cpu_impl *)be->impl)->int8_prefill = on;
-}
+
 
 void cpu_backend_free(ops_backend *be) {
   if (!be) return;

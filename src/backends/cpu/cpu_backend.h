@@ -25,10 +25,12 @@ int64_t cpu_matmul_scratch_floats(int64_t max_cols);
  * head_dim; with less scratch the op takes fewer query rows per work item). */
 int64_t cpu_attention_scratch_floats(int n_heads, int n_kv_heads, int head_dim);
 
-/* Opt-in: prefill matmuls of Q8_0/Q5_0/Q4_0 weights with 8-bit activations (llama.cpp's
- * numerics; ~2x faster prefill) instead of the exact f32 tiles. */
-void cpu_backend_set_int8_prefill(ops_backend *be, int on);
-int64_t cpu_matmul_i8_scratch_floats(int64_t max_cols);
+/* Matmul numerics for quantized weights. Default (off): llama.cpp's, activations quantized
+ * to 8 bits exactly as ggml-cpu does (Q8_0/Q8_1/Q8_K, formats/quant.h) and integer block
+ * dots. On: exact, weights dequantized and multiplied with f32 activations (slower; matches
+ * a float64 evaluation of the file to f32 rounding). f32/f16/bf16 weights are f32 math
+ * either way. */
+void cpu_backend_set_exact_matmul(ops_backend *be, int on);
 
 /* Which SIMD path matmul uses ("avx512", "avx2", "scalar"); for logs and tests. */
 const char *cpu_backend_isa(void);

@@ -14,7 +14,7 @@ typedef struct cpu_impl {
   int64_t scratch_per_thread;
   void *act;                 /* quantized activations, or transposed panels (prefill) */
   size_t act_bytes;
-  int int8_prefill;          /* prefill matmuls of Q8_0/Q5_0/Q4_0 weights with 8-bit activations */
+  int exact_matmul;          /* quantized weights x f32 activations (default: 8-bit activations, as llama.cpp) */
 } cpu_impl;
 
 static inline float *cpu_scratch(ops_backend *be, int ith) {
@@ -67,5 +67,13 @@ void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
 int cpu_isa_level(void);
 /* Per-thread scratch floats the prefill matmul tile needs for rows of max_cols. */
 int64_t cpu_matmul_scratch_floats(int64_t max_cols);
+/* Tiled VNNI GEMM for quantized weights with 8-bit activations (cpu_qgemm.c).
+ * cpu_qgemm_usable: the CPU and ISA level allow it for this weight type. cpu_qgemm: runs
+ * y = x W^T (+ bias) and returns 1, or returns 0 without touching y when the backend's
+ * scratch or act buffer is too small for n x cols (the caller then uses the row dots). */
+int cpu_qgemm_usable(int type);
+int cpu_qgemm(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias);
+int64_t cpu_qgemm_scratch_floats(int64_t max_cols);
+size_t cpu_qgemm_act_bytes(int64_t n, int64_t cols, int n_threads);
 
 #endif

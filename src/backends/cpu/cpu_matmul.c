@@ -1,12 +1,15 @@
-/* cpu_matmul.c: y = x W^T for bf16/f16/f32 weights read in place, and for llama.cpp
- * quantized weights on their blocks against 8-bit quantized activations (formats/quant.h),
- * as llama.cpp computes them.
+/* cpu_matmul.c: y = x W^T (+ bias), the CPU backend's matmul dispatch.
  *
- * Rows are split across threads; each weight row is loaded once per block of 4 tokens and
- * used for all 4 (the decode case n = 1 is a plain bandwidth-bound dot). Tokens are taken
- * in blocks of TOK_BLOCK so the activations stay in L2 while every row streams by.
- * Accumulation is f32 in SIMD lanes, then a horizontal sum: the order differs from a
- * sequential sum by normal float rounding only.
+ * Quantized weights, default numerics (llama.cpp's): the activations are quantized to 8
+ * bits as ggml does (formats/quant.h) and multiplied in integers per block. 8+ tokens: the
+ * tiled VNNI GEMM of cpu_qgemm.c; fewer (decode steps), other types or no AVX-512 VNNI: per
+ * row integer dots, rows split across threads, bandwidth-bound (Q8_0/Q5_0/Q4_0 batches of
+ * 2..7 tokens decode each row once for all tokens).
+ * f32/f16/bf16 weights, and quantized weights with exact_matmul: f32 activations. 8+ tokens
+ * on AVX-512: weights converted to f32 tiles (dequantized) and an 8x32 FMA micro-kernel
+ * over K-major token panels; fewer: per-row f32 dots (quantized rows dequantized once).
+ * Accumulation is f32 in SIMD lanes: the order differs from a sequential sum by float
+ * rounding only.
  */
 #include "backends/cpu/cpu_internal.h"
 #include "formats/dtype.h"
@@ -197,8 +200,8 @@ static int is_plain(int type) {
   return type == ANNA_DTYPE_F32 || type == ANNA_DTYPE_F16 || type == ANNA_DTYPE_BF16;
 }
 
-/* AVX-512 dequantization of the 32-element block formats that dominate real GGUFs (the
- * prefill tile converts every weight once per tile, so this is on the prefill path).
+/* AVX-512 dequantization of the formats that dominate real GGUFs (Q8_0, Q4_0, Q5_0, Q4_K,
+ * Q6_K: --exact converts every weight row once per matmul call, so this is its hot path).
  * Same values as quant_dequantize_row: d * small integer, exact in f32. Returns 0 when the
  * type has no fast path here. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static int deq_row_avx512(int type, const uint8_t *row,
@@ -243,6 +246,51 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static int de
     }
     return 1;
   }
+  case ANNA_DTYPE_Q4_K:
+    for (int64_t i = 0; i < n / 256; i++) {
+      const uint8_t *b = row + i * 144, *qs = b + 16;
+      uint16_t hd, hm;
+      memcpy(&hd, b, 2), memcpy(&hm, b + 2, 2);
+      const float d = _cvtsh_ss(hd), dmin = _cvtsh_ss(hm);
+      for (int p = 0; p < 4; p++) {
+        const __m128i q0 = _mm_loadu_si128((const __m128i *)(qs + 32 * p)), q1 = _mm_loadu_si128((const __m128i *)(qs + 32 * p + 16));
+        for (int hi = 0; hi < 2; hi++) {
+          const int s = 2 * p + hi;
+          int sc, mn;
+          if (s < 4) sc = b[4 + s] & 63, mn = b[4 + s + 4] & 63;
+          else sc = (b[4 + s + 4] & 0x0f) | ((b[4 + s - 4] >> 6) << 4), mn = (b[4 + s + 4] >> 4) | ((b[4 + s] >> 6) << 4);
+          const __m512 ds = _mm512_set1_ps(d * (float)sc), ms = _mm512_set1_ps(dmin * (float)mn);
+          const __m128i lo4 = _mm_set1_epi8(0x0f);
+          const __m128i v0 = hi ? _mm_and_si128(_mm_srli_epi16(q0, 4), lo4) : _mm_and_si128(q0, lo4);
+          const __m128i v1 = hi ? _mm_and_si128(_mm_srli_epi16(q1, 4), lo4) : _mm_and_si128(q1, lo4);
+          float *o = y + i * 256 + s * 32;
+          _mm512_storeu_ps(o, _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v0))), ms));
+          _mm512_storeu_ps(o + 16, _mm512_sub_ps(_mm512_mul_ps(ds, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v1))), ms));
+        }
+      }
+    }
+    return 1;
+  case ANNA_DTYPE_Q6_K:
+    for (int64_t i = 0; i < n / 256; i++) {
+      const uint8_t *b = row + i * 210;
+      const int8_t *sc = (const int8_t *)(b + 192);
+      uint16_t hd;
+      memcpy(&hd, b + 208, 2);
+      const float d = _cvtsh_ss(hd);
+      const __m128i lo4 = _mm_set1_epi8(0x0f), m3 = _mm_set1_epi8(3);
+      const __m512 off = _mm512_set1_ps(32.0f);
+      for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 8; c++) {
+          __m128i l = _mm_loadu_si128((const __m128i *)(b + h * 64 + 16 * (c % 4)));
+          l = c >= 4 ? _mm_and_si128(_mm_srli_epi16(l, 4), lo4) : _mm_and_si128(l, lo4);
+          __m128i hb = _mm_loadu_si128((const __m128i *)(b + 128 + h * 32 + 16 * (c % 2)));
+          hb = _mm_and_si128(_mm_srlv_epi16(hb, _mm_set1_epi16((short)(2 * (c / 2)))), m3);
+          const __m128i q = _mm_or_si128(l, _mm_slli_epi16(hb, 4)); /* hb < 4: no carry across bytes */
+          const __m512 v = _mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), off);
+          _mm512_storeu_ps(y + i * 256 + h * 128 + c * 16, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h * 8 + c]), v));
+        }
+    }
+    return 1;
   default: return 0;
   }
 }
@@ -330,152 +378,6 @@ row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_
     s4 = _mm_add_ss(s4, _mm_shuffle_ps(s4, s4, 1));
     out[t] = _mm_cvtss_f32(s4);
   }
-}
-
-/* ---- int8 prefill GEMM (opt-in: 8-bit activations, as llama.cpp computes) ----
- * One zmm holds 16 int32 lanes = (4 weight rows) x (4 tokens). For each 32-block, eight
- * vpdpbusd accumulate 4-byte groups: the weight operand is pre-replicated per lane
- * ([r0 x4 | r1 x4 | r2 x4 | r3 x4], biased +128 to be unsigned), the activation operand is a
- * broadcast 16-byte group [t0 t1 t2 t3]. The +128 bias is removed with the activation
- * block sums, then one convert and one FMA with the (d_w x d_a) lane scales per block:
- * 512 multiply-adds per ~12 vector ops, where float FMA does 16 per op. */
-#define I8_TOK_BLOCK 256
-#define I8_ROW_MAX 32
-
-typedef struct i8_act_pack {
-  int64_t nb;    /* blocks per row */
-  int64_t quads; /* token quads */
-  uint8_t *a;    /* [quad][block][8 groups][16 bytes] */
-  float *da;     /* [quad][block][16] lane pattern t0..t3 x4 */
-  int32_t *corr; /* [quad][block][16] 128 * block sum of token t */
-} i8_act_pack;
-
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))) static void
-i8_tile_4x4(const uint8_t *wp, const float *dw, const i8_act_pack *ap, int64_t quad, float out[16]) {
-  const int64_t nb = ap->nb;
-  const uint8_t *a = ap->a + quad * nb * 128;
-  const float *da = ap->da + quad * nb * 16;
-  const int32_t *corr = ap->corr + quad * nb * 16;
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; b++) {
-    __m512i isum = _mm512_setzero_si512();
-    const uint8_t *wb = wp + b * 8 * 64, *ab = a + b * 128;
-    for (int g = 0; g < 8; g++)
-      isum = _mm512_dpbusd_epi32(isum, _mm512_loadu_si512((const void *)(wb + g * 64)),
-                                 _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(ab + g * 16))));
-    isum = _mm512_sub_epi32(isum, _mm512_loadu_si512((const void *)(corr + b * 16)));
-    const __m512 sc = _mm512_mul_ps(_mm512_loadu_ps(dw + b * 16), _mm512_loadu_ps(da + b * 16));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc);
-  }
-  _mm512_storeu_ps(out, acc);
-}
-
-/* Packs up to 4 decoded rows (q int8, d scales; missing rows zero) into the lane layout. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) static void i8_pack_rows(const int8_t *q[4], const float *d[4],
-                                                                              int64_t nb, uint8_t *wp, float *dw) {
-  static const int32_t rep[16] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3};
-  const __m512i idx = _mm512_loadu_si512((const void *)rep), bias = _mm512_set1_epi8((char)0x80);
-  static const int8_t zero[32] = {0};
-  const int8_t *src[4];
-  for (int r = 0; r < 4; r++) src[r] = q[r];
-  for (int64_t b = 0; b < nb; b++) {
-    const int8_t *rb[4];
-    for (int r = 0; r < 4; r++) rb[r] = src[r] ? src[r] + b * 32 : zero;
-    for (int g = 0; g < 8; g++) {
-      int32_t v[4];
-      for (int r = 0; r < 4; r++) memcpy(&v[r], rb[r] + g * 4, 4);
-      const __m512i x = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)v));
-      /* +128 in two's complement is a flip of the sign bit */
-      _mm512_storeu_si512((void *)(wp + (b * 8 + g) * 64), _mm512_xor_si512(_mm512_permutexvar_epi32(idx, x), bias));
-    }
-    for (int r = 0; r < 4; r++) {
-      const float dv = d[r] ? d[r][b] : 0.0f;
-      for (int t = 0; t < 4; t++) dw[b * 16 + r * 4 + t] = dv;
-    }
-  }
-}
-
-/* Activation rows (Q8_0 blocks, stride ab) of tokens [t0, t0 + nt) into quads. */
-static void i8_pack_acts(const uint8_t *act, int64_t ab, int64_t t0, int64_t nt, int64_t nb, i8_act_pack *ap) {
-  ap->nb = nb;
-  ap->quads = (nt + 3) / 4;
-  for (int64_t qd = 0; qd < ap->quads; qd++)
-    for (int64_t b = 0; b < nb; b++) {
-      uint8_t *dst = ap->a + (qd * nb + b) * 128;
-      float *da = ap->da + (qd * nb + b) * 16;
-      int32_t *corr = ap->corr + (qd * nb + b) * 16;
-      for (int t = 0; t < 4; t++) {
-        const int64_t tok = qd * 4 + t;
-        float scale = 0;
-        int32_t sum = 0;
-        int8_t qs[32] = {0};
-        if (tok < nt) {
-          const uint8_t *blk = act + (t0 + tok) * ab + b * 34;
-          uint16_t h;
-          memcpy(&h, blk, 2);
-          scale = quant_f16_to_f32(h);
-          memcpy(qs, blk + 2, 32);
-          for (int j = 0; j < 32; j++) sum += qs[j];
-        }
-        for (int g = 0; g < 8; g++) memcpy(dst + g * 16 + t * 4, qs + g * 4, 4);
-        for (int r = 0; r < 4; r++) {
-          da[r * 4 + t] = scale;
-          corr[r * 4 + t] = 128 * sum;
-        }
-      }
-    }
-}
-
-struct i8_ctx {
-  struct mm_ctx *m;
-  i8_act_pack ap;
-  int64_t t0, nt;
-};
-
-static void mm_i8_task(void *p, int ith, int nth) {
-  struct i8_ctx *ic = p;
-  struct mm_ctx *m = ic->m;
-  const ops_weight *w = m->w;
-  const int64_t rows = w->rows, nb = w->cols / 32, quads_r = (rows + 3) / 4;
-  const size_t rb = (size_t)dtype_row_bytes(w->type, w->cols);
-  int64_t q0, q1;
-  threadpool_range(quads_r, ith, nth, &q0, &q1);
-  /* scratch: 4 decoded rows (int8 + scales), then the packed quad */
-  float *sc = cpu_scratch(m->be, ith);
-  float *d4 = sc;                                  /* [4][nb] */
-  int8_t *q4 = (int8_t *)(d4 + 4 * nb);            /* [4][cols] */
-  uint8_t *wp = (uint8_t *)(q4 + 4 * w->cols);     /* [nb][8][64] */
-  float *dw = (float *)(wp + nb * 8 * 64);         /* [nb][16] */
-  float out[16];
-  for (int64_t qr = q0; qr < q1; qr++) {
-    const int8_t *qp[4] = {0};
-    const float *dp[4] = {0};
-    for (int r = 0; r < 4; r++) {
-      const int64_t row = qr * 4 + r;
-      if (row >= rows) break;
-      row_i8_decode(w->type, (const uint8_t *)w->data + (size_t)row * rb, nb, q4 + r * w->cols, d4 + r * nb);
-      qp[r] = q4 + r * w->cols;
-      dp[r] = d4 + r * nb;
-    }
-    i8_pack_rows(qp, dp, nb, wp, dw);
-    for (int64_t qt = 0; qt < ic->ap.quads; qt++) {
-      i8_tile_4x4(wp, dw, &ic->ap, qt, out);
-      for (int r = 0; r < 4; r++) {
-        const int64_t row = qr * 4 + r;
-        if (row >= rows) break;
-        const float b = m->bias ? m->bias[row] : 0.0f;
-        for (int t = 0; t < 4; t++) {
-          const int64_t tok = ic->t0 + qt * 4 + t;
-          if (tok < ic->t0 + ic->nt) m->y[tok * rows + row] = out[r * 4 + t] + b;
-        }
-      }
-    }
-  }
-}
-
-int64_t cpu_matmul_i8_scratch_floats(int64_t max_cols) {
-  /* 4 rows of scales + int8, the packed quad (16 bytes per element) and its scales */
-  return 4 * (max_cols / 32) + max_cols + 4 * max_cols + (max_cols / 32) * 16 + 64;
 }
 
 static int g_vnni = -1; /* the CPU has AVX-512 VNNI (cached) */
@@ -586,35 +488,50 @@ static void mm_tile_task(void *p, int ith, int nth) {
 }
 
 int64_t cpu_matmul_scratch_floats(int64_t max_cols) {
-  return TILE_ROWS * max_cols + TILE_ROWS * PANEL;
+  const int64_t f32_tile = TILE_ROWS * max_cols + TILE_ROWS * PANEL, qg = cpu_qgemm_scratch_floats(max_cols);
+  return f32_tile > qg ? f32_tile : qg;
 }
+
+/* Exact path for small batches of quantized weights: each row dequantized once into the
+ * worker's scratch, then f32 dots with every token. */
+static void mm_exact_rows_task(void *p, int ith, int nth) {
+  struct mm_ctx *m = p;
+  const ops_weight *w = m->w;
+  int64_t r0, r1;
+  threadpool_range(w->rows, ith, nth, &r0, &r1);
+  float *row = cpu_scratch(m->be, ith), out[4];
+  for (int64_t r = r0; r < r1; r++) {
+    cpu_weight_row_f32(w, r, row);
+    const float b = m->bias ? m->bias[r] : 0.0f;
+    for (int64_t t = 0; t < m->n; t += 4) {
+      const int nt = m->n - t >= 4 ? 4 : (int)(m->n - t);
+      m->dot(ANNA_DTYPE_F32, row, m->x + t * w->cols, w->cols, nt, w->cols, out);
+      for (int j = 0; j < nt; j++) m->y[(t + j) * w->rows + r] = out[j] + b;
+    }
+  }
+}
+
+/* Below this many tokens the quantized GEMM's one-off row decode is not amortized: batches
+ * (decode steps of one or a few sequences) use the per-row dots, bandwidth-bound. */
+#define QG_MIN_TOKENS 8
 
 void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
                 const float *bias) {
   cpu_impl *c = be->impl;
   struct mm_ctx m = {be, y, x, n, w, bias, pick_dot(), NULL};
-  const int vnni = vnni_usable();
-  if (n >= 8 && c->int8_prefill && vnni && row_i8_type(w->type) &&
-      c->scratch_per_thread >= cpu_matmul_i8_scratch_floats(w->cols)) {
-    /* Opt-in int8 prefill: activations quantized to Q8_0 once, then token blocks packed. */
-    const int64_t ab = quant_act_row_bytes(w->type, w->cols), nb = w->cols / 32;
+  if (!is_plain(w->type) && !c->exact_matmul) {
+    /* llama.cpp's numerics: 8-bit activations (quant.h), integer block dots. */
+    if (n >= QG_MIN_TOKENS && cpu_qgemm_usable(w->type) && cpu_qgemm(be, y, x, n, w, bias)) return;
+    /* Activations quantized once, shared by all workers (bounded by the backend's act
+     * buffer, sized for n_batch x widest row at creation). */
+    const int64_t ab = quant_act_row_bytes(w->type, w->cols);
     for (int64_t t = 0; t < n; t++) quant_quantize_act(w->type, x + t * w->cols, (char *)c->act + t * ab, w->cols);
-    uint8_t *pk = (uint8_t *)c->act + ((n * ab + 63) & ~(int64_t)63);
-    for (int64_t t0 = 0; t0 < n; t0 += I8_TOK_BLOCK) {
-      const int64_t nt = n - t0 < I8_TOK_BLOCK ? n - t0 : I8_TOK_BLOCK, quads = (nt + 3) / 4;
-      struct i8_ctx ic = {&m, {nb, quads, pk, NULL, NULL}, t0, nt};
-      ic.ap.da = (float *)(pk + quads * nb * 128);
-      ic.ap.corr = (int32_t *)(ic.ap.da + quads * nb * 16);
-      i8_pack_acts(c->act, ab, t0, nt, nb, &ic.ap);
-      threadpool_run(c->tp, mm_i8_task, &ic);
-    }
+    m.act = c->act;
+    threadpool_run(c->tp, mm_quant_task, &m);
     return;
   }
-  /* Decode-sized batches (< I8_ROW_MAX tokens: one token per running sequence) of
-   * Q8_0/Q5_0/Q4_0 weights stay on the 8-bit-activation row path, like single-token decode:
-   * the exact f32 tiles only pay off when a tile's dequantization is shared by many tokens. */
-  const int i8_rows = vnni && row_i8_type(w->type) && n < I8_ROW_MAX;
-  if (n >= 8 && !i8_rows && cpu_isa_level() == 2 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
+  /* f32 activations: plain weights always, quantized ones in exact mode. */
+  if (n >= 8 && cpu_isa_level() == 2 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
       c->act_bytes >= (size_t)((n + PANEL - 1) / PANEL * PANEL * w->cols) * sizeof(float)) {
     /* Transpose the activations into zero-padded K-major panels (the act buffer is free:
      * this path quantizes nothing). */
@@ -634,18 +551,15 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
     return;
   }
   if (!is_plain(w->type)) {
-    /* Activations quantized once, shared by all workers (bounded by the backend's act
-     * buffer, sized for n_batch x widest row at creation). */
-    const int64_t ab = quant_act_row_bytes(w->type, w->cols);
-    for (int64_t t = 0; t < n; t++) quant_quantize_act(w->type, x + t * w->cols, (char *)c->act + t * ab, w->cols);
-    m.act = c->act;
-    threadpool_run(c->tp, mm_quant_task, &m);
+    threadpool_run(c->tp, mm_exact_rows_task, &m);
     return;
   }
   /* Tiny matrices (router, gates) are not worth waking the pool for. */
   if (w->rows * w->cols * n < 32768) mm_task(&m, 0, 1);
   else threadpool_run(c->tp, mm_task, &m);
 }
+
+void cpu_backend_set_exact_matmul(ops_backend *be, int on) { ((cpu_impl *)be->impl)->exact_matmul = on; }
 
 void cpu_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
                float scale) {
