@@ -21,7 +21,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = [("none", []), ("f16", ["--kv-cache-quantization", "f16"]), ("q8", ["--kv-cache-quantization", "q8"]), ("q4", ["--kv-cache-quantization", "q4"]),
          ("turboquant 4", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "4"]),
          ("turboquant 3", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "3"]),
-         ("turboquant 2", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "2"])]
+         ("turboquant 2", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "2"]),
+         # --kv-cache-residual-len: the newest 128 positions of each query's past read in f32
+         ("q4+r128", ["--kv-cache-quantization", "q4", "--kv-cache-residual-len", "128"]),
+         ("turboquant 4+r128", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "4",
+                                "--kv-cache-residual-len", "128"]),
+         ("turboquant 2+r128", ["--kv-cache-quantization", "turboquant", "--kv-cache-quant-bits", "2",
+                                "--kv-cache-residual-len", "128"])]
 
 
 def lsm(z):
