@@ -97,7 +97,9 @@ static int byte(jsonmask *m, int c) {
   int w;
   switch (m->st) {
   case ST_START:
-    if ((w = skip_ws(m, c))) return w < 0 ? -1 : 0;
+    /* A reply has no reason to open with whitespace; allowing 16 bytes here let a weak
+     * model spend a whole short budget before its '{'. */
+    if (is_ws(c)) return ++m->ws <= JSONMASK_MAX_LEAD_WS ? 0 : -1;
     if (c != '{') return -1;
     return open_container(m, '{');
   case ST_VALUE:

@@ -4,8 +4,8 @@
  *
  * The state is a small value type (copy it to try a token), fed raw bytes. It accepts
  * exactly the prefixes of RFC 8259 texts whose top-level value is an object, with at most
- * JSONMASK_MAX_WS consecutive whitespace bytes between tokens (so a model cannot idle
- * forever) and nesting up to JSONMASK_MAX_DEPTH. Bytes >= 0x80 are accepted inside
+ * JSONMASK_MAX_WS consecutive whitespace bytes between tokens and JSONMASK_MAX_LEAD_WS
+ * before the opening '{' (so a model cannot idle on whitespace) and nesting up to JSONMASK_MAX_DEPTH. Bytes >= 0x80 are accepted inside
  * strings only; UTF-8 validity is the tokenizer's business.
  */
 #ifndef ANNA_SERVER_JSONMASK_H
@@ -16,6 +16,7 @@
 
 #define JSONMASK_MAX_DEPTH 48
 #define JSONMASK_MAX_WS 16
+#define JSONMASK_MAX_LEAD_WS 2
 
 typedef struct jsonmask {
   uint8_t st;                     /* parser state (jsonmask.c) */

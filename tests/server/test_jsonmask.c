@@ -72,6 +72,8 @@ int main(void) {
   invalid("{} x");
   invalid("{\"a\": 1]");
   invalid("                  {}"); /* more whitespace than allowed */
+  invalid("   {}");                 /* more leading whitespace than allowed */
+  valid("\n {}");
   /* nesting limit */
   char deep[256] = "{\"a\":";
   for (int i = 0; i < 60; i++)
