@@ -112,6 +112,75 @@ static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W
   }
 }
 
+/* Decode matvec for the formats with a piece decoder (cuda_quant.cuh): each warp owns
+ * MVQ_R rows; per step every lane decodes one 32-weight piece of each of its rows from a
+ * few wide loads (consecutive lanes read consecutive pieces, so a warp's loads cover
+ * contiguous bytes) and dots it with the matching activations of all NT tokens, loaded
+ * once per step for the MVQ_R rows. Weights are read once for all tokens; activations come
+ * from L1/L2 (f32, as the CPU reference). Out-of-range rows of the last warp are clamped to
+ * a valid row and not written. */
+#ifndef MVQ_RS
+#define MVQ_RS 2 /* rows per warp for 1-2 tokens */
+#endif
+#ifndef MVQ_RL
+#define MVQ_RL 2 /* rows per warp for 4-8 tokens */
+#endif
+#ifndef MVQ_WARPS
+#define MVQ_WARPS 4
+#endif
+
+template <int TYPE, int NT, int MVQ_R>
+static __global__ void __launch_bounds__(32 * MVQ_WARPS) k_matvec_piece(float *y, const float *x, const uint8_t *W,
+                                                                         int64_t rows, int64_t cols, int64_t row_bytes) {
+  constexpr bool iq4 = TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS;
+  __shared__ float tab[16];
+  if (iq4) {
+    if (threadIdx.x < 16) tab[threadIdx.x] = (float)c_kvalues_iq4nl[threadIdx.x];
+    __syncthreads();
+  }
+  const int lane = threadIdx.x & 31;
+  const int64_t r0 = ((int64_t)blockIdx.x * MVQ_WARPS + (threadIdx.x >> 5)) * MVQ_R;
+  if (r0 >= rows) return;
+  const uint8_t *row[MVQ_R];
+#pragma unroll
+  for (int r = 0; r < MVQ_R; r++) row[r] = W + (r0 + r < rows ? r0 + r : rows - 1) * row_bytes;
+  float acc[MVQ_R][NT];
+#pragma unroll
+  for (int r = 0; r < MVQ_R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+  const int64_t pieces = cols / 32;
+  constexpr int HI = cuda_piece<TYPE>::HI;
+  for (int64_t p = lane; p < pieces; p += 32) {
+    float w[MVQ_R][32];
+    int64_t e0 = 0;
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) e0 = cuda_piece_decode<TYPE>(row[r], p, w[r], iq4 ? tab : nullptr);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      const float4 *xa = (const float4 *)(x + t * cols + e0), *xb = (const float4 *)(x + t * cols + e0 + HI);
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        const float4 a = xa[j], b = xb[j];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+          acc[r][t] += w[r][4 * j] * a.x + w[r][4 * j + 1] * a.y + w[r][4 * j + 2] * a.z + w[r][4 * j + 3] * a.w;
+          acc[r][t] += w[r][16 + 4 * j] * b.x + w[r][17 + 4 * j] * b.y + w[r][18 + 4 * j] * b.z +
+                       w[r][19 + 4 * j] * b.w;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < MVQ_R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+      float v = acc[r][t];
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0 && r0 + r < rows) y[t * rows + r0 + r] = v;
+    }
+}
+
 /* Rows [0, m) of W (any supported type) to f32 dst[m, cols]. */
 static __global__ void k_dequant_rows(float *dst, const uint8_t *W, int64_t m, int64_t cols, int64_t row_bytes,
                                       int type) {
@@ -161,12 +230,45 @@ static const uint8_t *weight_dev(ops_backend *be, const ops_weight *w, int64_t *
 #define QCASE(T)                                                                                                      \
   case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
 
+/* True when the piece kernel reads this weight: its format has a piece decoder, the rows
+ * meet that decoder's load alignment and the activations are 16-byte aligned. */
+static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
+  if (((uintptr_t)x & 15) != 0) return false;
+  switch (type) {
+  case ANNA_DTYPE_Q4_0: case ANNA_DTYPE_IQ4_NL: case ANNA_DTYPE_Q8_0: case ANNA_DTYPE_Q6_K:
+    return ((uintptr_t)W & 1) == 0;
+  case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K: return ((uintptr_t)W & 15) == 0 && rb % 16 == 0;
+  case ANNA_DTYPE_IQ4_XS: return ((uintptr_t)W & 7) == 0 && rb % 8 == 0;
+  default: return false;
+  }
+}
+
+#define QCASE(T)                                                                                                      \
+  case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
+#define PCASE(T)                                                                                                      \
+  case T: k_matvec_piece<T, NT, R><<<pgrid, 32 * MVQ_WARPS, 0, st>>>(y, x, W, w->rows, w->cols, rb); return;
+
 template <int NT>
 static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
                           int64_t rb, int vec) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
+  if (piece_ok(w->type, W, rb, x)) {
+    constexpr int R = NT <= 2 ? MVQ_RS : MVQ_RL;
+    const int64_t per = (int64_t)MVQ_WARPS * R;
+    const unsigned pgrid = (unsigned)((w->rows + per - 1) / per);
+    switch (w->type) {
+      PCASE(ANNA_DTYPE_Q4_0)
+      PCASE(ANNA_DTYPE_IQ4_NL)
+      PCASE(ANNA_DTYPE_Q8_0)
+      PCASE(ANNA_DTYPE_Q4_K)
+      PCASE(ANNA_DTYPE_Q5_K)
+      PCASE(ANNA_DTYPE_Q6_K)
+      PCASE(ANNA_DTYPE_IQ4_XS)
+    default: break;
+    }
+  }
   switch (w->type) {
   case ANNA_DTYPE_F32: k_matvec_plain<ANNA_DTYPE_F32, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
   case ANNA_DTYPE_F16: k_matvec_plain<ANNA_DTYPE_F16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
