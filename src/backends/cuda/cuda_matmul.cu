@@ -125,6 +125,9 @@ static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W
 #ifndef MVQ_RL
 #define MVQ_RL 2 /* rows per warp for 4-8 tokens */
 #endif
+#ifndef MVQ_EARLY_NT
+#define MVQ_EARLY_NT 1 /* token counts up to this prefetch before decoding */
+#endif
 #ifndef MVQ_WARPS
 #define MVQ_WARPS 4
 #endif
@@ -150,24 +153,69 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS) k_matvec_piece(float *y
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
   const int64_t pieces = cols / 32;
-  constexpr int HI = cuda_piece<TYPE>::HI;
+  constexpr int HI = cuda_piece<TYPE>::HI, RAW = cuda_piece<TYPE>::RAW;
+  constexpr bool HAS_MIN = cuda_piece_has_min<TYPE>();
+  /* software pipeline: the next piece's loads are in flight while this one is decoded */
+  uint32_t raw[MVQ_R][RAW];
+  if (lane < pieces) {
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) cuda_piece_load<TYPE>(row[r], lane, lane == pieces - 1, raw[r]);
+  }
   for (int64_t p = lane; p < pieces; p += 32) {
-    float w[MVQ_R][32];
+    /* one token: issue the next loads before decoding (registers are plentiful); more
+     * tokens: after decoding, so the raw words and the decoded weights are not live
+     * together (the loads still overlap the token loop, which is most of the work) */
+    constexpr bool early = NT <= MVQ_EARLY_NT;
+    uint32_t nxt[MVQ_R][RAW];
+    const int64_t pn = p + 32;
+    if (early && pn < pieces) {
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++) cuda_piece_load<TYPE>(row[r], pn, pn == pieces - 1, nxt[r]);
+    }
+    float w[MVQ_R][32], sc[MVQ_R][2], mn[MVQ_R][2];
     int64_t e0 = 0;
 #pragma unroll
-    for (int r = 0; r < MVQ_R; r++) e0 = cuda_piece_decode<TYPE>(row[r], p, w[r], iq4 ? tab : nullptr);
+    for (int r = 0; r < MVQ_R; r++) {
+      e0 = cuda_piece_decode<TYPE>(row[r], p, raw[r], w[r], iq4 ? tab : nullptr, sc[r], mn[r]);
+      if (early) {
+#pragma unroll
+        for (int i = 0; i < RAW; i++) raw[r][i] = nxt[r][i];
+      }
+    }
+    if (!early && pn < pieces) {
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++) cuda_piece_load<TYPE>(row[r], pn, pn == pieces - 1, raw[r]);
+    }
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       const float4 *xa = (const float4 *)(x + t * cols + e0), *xb = (const float4 *)(x + t * cols + e0 + HI);
+      /* two fma chains per run and row: the integers dot the activations, scales come after */
+      float s[MVQ_R][4], xs0 = 0.0f, xs1 = 0.0f;
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++) s[r][0] = s[r][1] = s[r][2] = s[r][3] = 0.0f;
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const float4 a = xa[j], b = xb[j];
+        if constexpr (HAS_MIN) xs0 += (a.x + a.y) + (a.z + a.w), xs1 += (b.x + b.y) + (b.z + b.w);
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
-          acc[r][t] += w[r][4 * j] * a.x + w[r][4 * j + 1] * a.y + w[r][4 * j + 2] * a.z + w[r][4 * j + 3] * a.w;
-          acc[r][t] += w[r][16 + 4 * j] * b.x + w[r][17 + 4 * j] * b.y + w[r][18 + 4 * j] * b.z +
-                       w[r][19 + 4 * j] * b.w;
+          const int h = j & 1;
+          s[r][h] = fmaf(w[r][4 * j], a.x, s[r][h]);
+          s[r][h] = fmaf(w[r][4 * j + 1], a.y, s[r][h]);
+          s[r][h] = fmaf(w[r][4 * j + 2], a.z, s[r][h]);
+          s[r][h] = fmaf(w[r][4 * j + 3], a.w, s[r][h]);
+          s[r][2 + h] = fmaf(w[r][16 + 4 * j], b.x, s[r][2 + h]);
+          s[r][2 + h] = fmaf(w[r][17 + 4 * j], b.y, s[r][2 + h]);
+          s[r][2 + h] = fmaf(w[r][18 + 4 * j], b.z, s[r][2 + h]);
+          s[r][2 + h] = fmaf(w[r][19 + 4 * j], b.w, s[r][2 + h]);
         }
+      }
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++) {
+        float v = fmaf(sc[r][0], s[r][0] + s[r][1], acc[r][t]);
+        v = fmaf(sc[r][1], s[r][2] + s[r][3], v);
+        if constexpr (HAS_MIN) v -= mn[r][0] * xs0 + mn[r][1] * xs1;
+        acc[r][t] = v;
       }
     }
   }

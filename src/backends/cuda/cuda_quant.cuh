@@ -238,155 +238,194 @@ __device__ __forceinline__ float cuda_ldw(int type, const void *row, int64_t i) 
 }
 
 /* ---- Decode pieces for the matvec kernels ----
- * A piece is 32 weights of one row that one lane decodes from a few wide loads: two runs
- * of 16 consecutive elements, [e0, e0 + 16) into w[0..15] and [e0 + HI, e0 + HI + 16) into
- * w[16..31] (HI is the format's distance between the low- and high-nibble runs). Small
- * integers become floats by the exponent trick (0x4B000000 | v is 2^23 + v exactly), so the
- * decode needs no int-to-float conversions (a quarter-rate instruction on sm_90); values
- * are scale * q in f32, the same products as the CPU decoder. Loads: 16-byte when the
- * format's blocks are 16-byte multiples (Q4_K, Q5_K), 8-byte for IQ4_XS, 2-byte where
- * blocks are only 2-byte aligned (Q4_0, IQ4_NL, Q8_0, Q6_K): a wider load there would read
- * past the block at the row's end. */
+ * A piece is 32 weights of one row that one lane decodes: two runs of 16 consecutive
+ * elements, [e0, e0 + 16) into w[0..15] and [e0 + HI, e0 + HI + 16) into w[16..31] (HI is
+ * the format's distance between the low- and high-nibble runs). Loading and decoding are
+ * separate steps (cuda_piece_load fills RAW words, cuda_piece_decode turns them into
+ * floats) so the kernel can issue the next piece's loads before it decodes this one.
+ * Loads are 16-byte where the format's blocks are 16-byte multiples (Q4_K, Q5_K), 8-byte
+ * for IQ4_XS, and aligned 4-byte words where blocks are only 2-byte aligned (Q4_0, IQ4_NL,
+ * Q8_0, Q6_K): the covering words are read and funnel-shifted into place. Small integers
+ * become floats by the exponent trick (0x4B000000 | v is 2^23 + v exactly), so the decode
+ * needs no int-to-float conversions (a quarter-rate instruction on sm_90); weights are
+ * scale * q in f32, the same products as the CPU decoder. */
 template <int TYPE> struct cuda_piece;
-template <> struct cuda_piece<ANNA_DTYPE_Q4_0> { enum { BB = 18, PPB = 1, HI = 16 }; };
-template <> struct cuda_piece<ANNA_DTYPE_IQ4_NL> { enum { BB = 18, PPB = 1, HI = 16 }; };
-template <> struct cuda_piece<ANNA_DTYPE_Q8_0> { enum { BB = 34, PPB = 1, HI = 16 }; };
-template <> struct cuda_piece<ANNA_DTYPE_Q4_K> { enum { BB = 144, PPB = 8, HI = 32 }; };
-template <> struct cuda_piece<ANNA_DTYPE_Q5_K> { enum { BB = 176, PPB = 8, HI = 32 }; };
-template <> struct cuda_piece<ANNA_DTYPE_Q6_K> { enum { BB = 210, PPB = 8, HI = 64 }; };
-template <> struct cuda_piece<ANNA_DTYPE_IQ4_XS> { enum { BB = 136, PPB = 8, HI = 16 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q4_0> { enum { PPB = 1, HI = 16, RAW = 5 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ4_NL> { enum { PPB = 1, HI = 16, RAW = 5 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q8_0> { enum { PPB = 1, HI = 16, RAW = 9 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q4_K> { enum { PPB = 8, HI = 32, RAW = 8 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q5_K> { enum { PPB = 8, HI = 32, RAW = 12 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q6_K> { enum { PPB = 8, HI = 64, RAW = 13 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ4_XS> { enum { PPB = 8, HI = 16, RAW = 6 }; };
 
 /* 2^23 + byte i of v, as a float (byte_perm places the byte under the exponent 0x4B). */
 __device__ __forceinline__ float pc_bf(uint32_t v, int i) {
   return __int_as_float((int)__byte_perm(v, 0x4B000000u, 0x7440u + (unsigned)i));
 }
-__device__ __forceinline__ uint32_t pc_ld16x2(const uint8_t *p) {
-  const uint16_t *h = (const uint16_t *)p;
-  return (uint32_t)h[0] | ((uint32_t)h[1] << 16);
-}
 __device__ __forceinline__ float pc_h2f(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)v)); }
 
-/* Bytes q[0..3] of 4 words (16 values, one per byte, 0..255 after masking) to floats
- * d * (v - bias): into w[0..15]. */
-__device__ __forceinline__ void pc_bytes16(const uint32_t *q, float bias, float d, float *w) {
+/* The N aligned words covering [p - (p & 2), ...) for a 2-byte aligned p. last: the range
+ * ends a row, so the final word's upper half may lie past the weight's allocation when p
+ * is 4-byte aligned; it is then read as 2 bytes. */
+template <int N>
+__device__ __forceinline__ void pc_window(const uint8_t *p, uint32_t *o, bool last) {
+  const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+#pragma unroll
+  for (int i = 0; i < N - 1; i++) o[i] = a[i];
+  if (last && ((uintptr_t)p & 2) == 0) o[N - 1] = *(const uint16_t *)(a + N - 1);
+  else o[N - 1] = a[N - 1];
+}
+/* Word i of the bytes at offset 'byte' (even) of a window whose data start 'off' (0 or 2)
+ * bytes in: the clamped funnel shift returns the upper word when the shift is 32. */
+__device__ __forceinline__ uint32_t pc_at(const uint32_t *wv, int i, int sh) {
+  return __funnelshift_rc(wv[i], wv[i + 1], sh);
+}
+
+/* Bytes of 4 words (16 values, 0..255 each) to floats v - bias (exact): into w[0..15]. */
+__device__ __forceinline__ void pc_bytes16(const uint32_t *q, float bias, float *w) {
 #pragma unroll
   for (int i = 0; i < 4; i++)
 #pragma unroll
-    for (int j = 0; j < 4; j++) w[4 * i + j] = d * (pc_bf(q[i], j) - bias);
+    for (int j = 0; j < 4; j++) w[4 * i + j] = pc_bf(q[i], j) - bias;
 }
 
-/* Piece p of a row: w[32] and the first element of the low run. tab: the IQ4 value table
- * (shared memory) or NULL. */
+/* Loads piece p of a row into raw (cuda_piece<TYPE>::RAW words). last: p is the row's
+ * final piece. */
 template <int TYPE>
-__device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t p, float *w, const float *tab) {
+__device__ __forceinline__ void cuda_piece_load(const uint8_t *row, int64_t p, bool last, uint32_t *raw) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL) {
-    const uint8_t *b = row + p * 18;
-    const float d = pc_h2f(*(const uint16_t *)b);
-    uint32_t q[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) q[i] = pc_ld16x2(b + 2 + 4 * i);
-    if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
-      uint32_t lo[4], hi[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) lo[i] = q[i] & 0x0f0f0f0fu, hi[i] = (q[i] >> 4) & 0x0f0f0f0fu;
-      pc_bytes16(lo, 8388616.0f, d, w);
-      pc_bytes16(hi, 8388616.0f, d, w + 16);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-          w[4 * i + j] = d * tab[(q[i] >> (8 * j)) & 15];
-          w[16 + 4 * i + j] = d * tab[(q[i] >> (8 * j + 4)) & 15];
-        }
-    }
-    return p * 32;
+    pc_window<5>(row + p * 18, raw, last);
   } else if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
-    const uint8_t *b = row + p * 34;
-    const float d = pc_h2f(*(const uint16_t *)b);
-    uint32_t q[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) q[i] = pc_ld16x2(b + 2 + 4 * i) ^ 0x80808080u; /* int8 + 128 */
-    pc_bytes16(q, 8388736.0f, d, w);
-    pc_bytes16(q + 4, 8388736.0f, d, w + 16);
-    return p * 32;
+    pc_window<9>(row + p * 34, raw, last);
   } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
-    /* piece k covers quant bytes 16k..16k+15: low nibbles are sub-block 2c, high 2c+1 */
-    const int k = (int)(p & 7), c = k >> 1, l = 16 * (k & 1);
+    const int k = (int)(p & 7);
     const uint8_t *b = row + (p >> 3) * (TYPE == ANNA_DTYPE_Q4_K ? 144 : 176);
     const uint4 h = *(const uint4 *)b;
-    const uint4 qv = *(const uint4 *)(b + (TYPE == ANNA_DTYPE_Q4_K ? 16 : 48) + 16 * k);
-    const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
-    int sc0, mn0, sc1, mn1;
-    if (c < 2) {
-      sc0 = (h.y >> sa) & 63, mn0 = (h.z >> sa) & 63;
-      sc1 = (h.y >> sb) & 63, mn1 = (h.z >> sb) & 63;
-    } else {
-      sc0 = ((h.w >> sa) & 0x0f) | (((h.y >> sa) >> 6 & 3) << 4);
-      mn0 = ((h.w >> sa) >> 4 & 0x0f) | (((h.z >> sa) >> 6 & 3) << 4);
-      sc1 = ((h.w >> sb) & 0x0f) | (((h.y >> sb) >> 6 & 3) << 4);
-      mn1 = ((h.w >> sb) >> 4 & 0x0f) | (((h.z >> sb) >> 6 & 3) << 4);
-    }
-    const float d = pc_h2f(h.x), dm = pc_h2f(h.x >> 16);
-    const float ds0 = d * (float)sc0, ms0 = dm * (float)mn0, ds1 = d * (float)sc1, ms1 = dm * (float)mn1;
-    const uint32_t q[4] = {qv.x, qv.y, qv.z, qv.w};
-    uint32_t qh[4] = {0, 0, 0, 0};
+    const uint4 q = *(const uint4 *)(b + (TYPE == ANNA_DTYPE_Q4_K ? 16 : 48) + 16 * k);
+    raw[0] = h.x, raw[1] = h.y, raw[2] = h.z, raw[3] = h.w;
+    raw[4] = q.x, raw[5] = q.y, raw[6] = q.z, raw[7] = q.w;
     if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
-      const uint4 hv = *(const uint4 *)(b + 16 + l);
-      qh[0] = hv.x, qh[1] = hv.y, qh[2] = hv.z, qh[3] = hv.w;
+      const uint4 hv = *(const uint4 *)(b + 16 + 16 * (k & 1));
+      raw[8] = hv.x, raw[9] = hv.y, raw[10] = hv.z, raw[11] = hv.w;
     }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      uint32_t lo = q[i] & 0x0f0f0f0fu, hi = (q[i] >> 4) & 0x0f0f0f0fu;
-      if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
-        lo |= ((qh[i] >> (2 * c)) & 0x01010101u) << 4;
-        hi |= ((qh[i] >> (2 * c + 1)) & 0x01010101u) << 4;
-      }
-#pragma unroll
-      for (int j = 0; j < 4; j++) {
-        w[4 * i + j] = ds0 * (pc_bf(lo, j) - 8388608.0f) - ms0;
-        w[16 + 4 * i + j] = ds1 * (pc_bf(hi, j) - 8388608.0f) - ms1;
-      }
-    }
-    return (p >> 3) * 256 + 64 * c + l;
   } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
-    /* piece k: half hh = k / 4, quant-low bytes hh*64 + m .. +15 (m = 16 (k % 4)) hold
-     * elements 128 hh + m + i (low nibbles) and 128 hh + 64 + m + i (high nibbles) */
     const int k = (int)(p & 7), hh = k >> 2, m = 16 * (k & 3);
     const uint8_t *b = row + (p >> 3) * 210;
-    uint32_t ql[4], qh[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      ql[i] = pc_ld16x2(b + hh * 64 + m + 4 * i);
-      qh[i] = pc_ld16x2(b + 128 + hh * 32 + (m & 31) + 4 * i);
-    }
-    const float d = pc_h2f(*(const uint16_t *)(b + 208));
-    const int8_t *scl = (const int8_t *)(b + 192 + 8 * hh + (k & 3));
-    const float d0 = d * (float)scl[0], d1 = d * (float)scl[4];
-    const int s0 = 2 * (m >> 5);
-    uint32_t lo[4], hi[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      lo[i] = (ql[i] & 0x0f0f0f0fu) | (((qh[i] >> s0) & 0x03030303u) << 4);
-      hi[i] = ((ql[i] >> 4) & 0x0f0f0f0fu) | (((qh[i] >> (s0 + 4)) & 0x03030303u) << 4);
-    }
-    pc_bytes16(lo, 8388640.0f, d0, w);
-    pc_bytes16(hi, 8388640.0f, d1, w + 16);
-    return (p >> 3) * 256 + 128 * hh + m;
-  } else { /* IQ4_XS: piece ib is sub-block ib */
+    pc_window<5>(b + hh * 64 + m, raw, false);             /* ends inside the block */
+    pc_window<5>(b + 128 + hh * 32 + (m & 31), raw + 5, false);
+    const uint8_t *scl = b + 192 + 8 * hh + (k & 3);
+    raw[10] = scl[0], raw[11] = scl[4];
+    raw[12] = *(const uint16_t *)(b + 208);
+  } else { /* IQ4_XS */
     const int ib = (int)(p & 7);
     const uint8_t *b = row + (p >> 3) * 136;
     const uint2 h = *(const uint2 *)b;
     const uint2 qa = *(const uint2 *)(b + 8 + 16 * ib), qb = *(const uint2 *)(b + 16 + 16 * ib);
-    const int ls = ((h.y >> (4 * ib)) & 0xf) | (((h.x >> (16 + 2 * ib)) & 3) << 4);
-    const float dl = pc_h2f(h.x) * (float)(ls - 32);
-    const uint32_t q[4] = {qa.x, qa.y, qb.x, qb.y};
+    raw[0] = h.x, raw[1] = h.y, raw[2] = qa.x, raw[3] = qa.y, raw[4] = qb.x, raw[5] = qb.y;
+  }
+}
+
+/* Decodes a loaded piece: weight i of run k (k = i / 16) is sc[k] * w[i] - mn[k], with
+ * w[i] a small integer (exact in f32) or an IQ4 table value, so the kernel can dot the
+ * integers with the activations and apply the scales once per run. mn is set only where
+ * cuda_piece_has_min<TYPE>. Returns e0. tab: the IQ4 value table (shared memory) or NULL. */
+template <int TYPE> __host__ __device__ constexpr bool cuda_piece_has_min() {
+  return TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K;
+}
+template <int TYPE>
+__device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t p, const uint32_t *raw, float *w,
+                                                     const float *tab, float *sc, float *mn) {
+  if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_Q8_0) {
+    const int sh = (int)((uintptr_t)(row + p * (TYPE == ANNA_DTYPE_Q8_0 ? 34 : 18)) & 2) * 8;
+    const float d = pc_h2f(pc_at(raw, 0, sh));
+    uint32_t q[8];
+    if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) q[i] = pc_at(raw, i, sh + 16) ^ 0x80808080u; /* int8 + 128 */
+      pc_bytes16(q, 8388736.0f, w);
+      pc_bytes16(q + 4, 8388736.0f, w + 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; i++) q[i] = pc_at(raw, i, sh + 16);
+      if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[4 + i] = (q[i] >> 4) & 0x0f0f0f0fu, q[i] &= 0x0f0f0f0fu;
+        pc_bytes16(q, 8388616.0f, w);
+        pc_bytes16(q + 4, 8388616.0f, w + 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            w[4 * i + j] = tab[(q[i] >> (8 * j)) & 15];
+            w[16 + 4 * i + j] = tab[(q[i] >> (8 * j + 4)) & 15];
+          }
+      }
+    }
+    sc[0] = sc[1] = d;
+    return p * 32;
+  } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
+    /* piece k covers quant bytes 16k..16k+15: low nibbles are sub-block 2c, high 2c+1 */
+    const int k = (int)(p & 7), c = k >> 1, l = 16 * (k & 1);
+    const uint32_t hx = raw[0], hy = raw[1], hz = raw[2], hw = raw[3];
+    const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
+    int sc0, mn0, sc1, mn1;
+    if (c < 2) {
+      sc0 = (hy >> sa) & 63, mn0 = (hz >> sa) & 63;
+      sc1 = (hy >> sb) & 63, mn1 = (hz >> sb) & 63;
+    } else {
+      sc0 = ((hw >> sa) & 0x0f) | (((hy >> sa) >> 6 & 3) << 4);
+      mn0 = ((hw >> sa) >> 4 & 0x0f) | (((hz >> sa) >> 6 & 3) << 4);
+      sc1 = ((hw >> sb) & 0x0f) | (((hy >> sb) >> 6 & 3) << 4);
+      mn1 = ((hw >> sb) >> 4 & 0x0f) | (((hz >> sb) >> 6 & 3) << 4);
+    }
+    const float d = pc_h2f(hx), dm = pc_h2f(hx >> 16);
+    sc[0] = d * (float)sc0, mn[0] = dm * (float)mn0, sc[1] = d * (float)sc1, mn[1] = dm * (float)mn1;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      uint32_t lo = raw[4 + i] & 0x0f0f0f0fu, hi = (raw[4 + i] >> 4) & 0x0f0f0f0fu;
+      if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
+        lo |= ((raw[8 + i] >> (2 * c)) & 0x01010101u) << 4;
+        hi |= ((raw[8 + i] >> (2 * c + 1)) & 0x01010101u) << 4;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        w[4 * i + j] = pc_bf(lo, j) - 8388608.0f;
+        w[16 + 4 * i + j] = pc_bf(hi, j) - 8388608.0f;
+      }
+    }
+    return (p >> 3) * 256 + 64 * c + l;
+  } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
+    /* piece k: half hh = k / 4, low-quant bytes hh*64 + m .. +15 (m = 16 (k % 4)) hold
+     * elements 128 hh + m + i (low nibbles) and 128 hh + 64 + m + i (high nibbles); their
+     * 2 high bits are field m / 32 (+ 2 for the high run) of bytes 128 + 32 hh + m % 32 + i */
+    const int k = (int)(p & 7), hh = k >> 2, m = 16 * (k & 3);
+    const uint8_t *b = row + (p >> 3) * 210;
+    const int shl = (int)((uintptr_t)(b + hh * 64 + m) & 2) * 8;
+    const int shh = (int)((uintptr_t)(b + 128 + hh * 32 + (m & 31)) & 2) * 8;
+    const float d = pc_h2f(raw[12]);
+    sc[0] = d * (float)(int8_t)raw[10], sc[1] = d * (float)(int8_t)raw[11];
+    const int s0 = 2 * (m >> 5);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t ql = pc_at(raw, i, shl), qh = pc_at(raw + 5, i, shh);
+      lo[i] = (ql & 0x0f0f0f0fu) | (((qh >> s0) & 0x03030303u) << 4);
+      hi[i] = ((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (s0 + 4)) & 0x03030303u) << 4);
+    }
+    pc_bytes16(lo, 8388640.0f, w);
+    pc_bytes16(hi, 8388640.0f, w + 16);
+    return (p >> 3) * 256 + 128 * hh + m;
+  } else { /* IQ4_XS: piece ib is sub-block ib */
+    const int ib = (int)(p & 7);
+    const int ls = ((raw[1] >> (4 * ib)) & 0xf) | (((raw[0] >> (16 + 2 * ib)) & 3) << 4);
+    sc[0] = sc[1] = pc_h2f(raw[0]) * (float)(ls - 32);
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
       for (int j = 0; j < 4; j++) {
-        w[4 * i + j] = dl * tab[(q[i] >> (8 * j)) & 15];
-        w[16 + 4 * i + j] = dl * tab[(q[i] >> (8 * j + 4)) & 15];
+        w[4 * i + j] = tab[(raw[2 + i] >> (8 * j)) & 15];
+        w[16 + 4 * i + j] = tab[(raw[2 + i] >> (8 * j + 4)) & 15];
       }
     return (p >> 3) * 256 + 32 * ib;
   }
