@@ -1,8 +1,9 @@
 /* cuda_quant.cuh: device-side decoding of weight rows (included by the .cu files that read
  * weights; all functions are static device code). A quantized row is read in units of 32
  * elements: one block of the 32-element formats, or one eighth of a 256-element block.
- * Byte layouts are llama.cpp's (see formats/quant_impl.h); fields are read byte by byte
- * because blocks are not aligned. */
+ * Byte layouts are llama.cpp's (see formats/quant_impl.h). cuda_deq32 reads fields byte by
+ * byte (any alignment, every type); the piece decoders at the end (decode matvec) use wide
+ * loads and need the row alignment that cuda_matmul.cu's piece_ok checks. */
 #ifndef ANNA_BACKENDS_CUDA_QUANT_CUH
 #define ANNA_BACKENDS_CUDA_QUANT_CUH
 
@@ -247,8 +248,10 @@ __device__ __forceinline__ float cuda_ldw(int type, const void *row, int64_t i) 
  * for IQ4_XS, and aligned 4-byte words where blocks are only 2-byte aligned (Q4_0, IQ4_NL,
  * Q8_0, Q6_K): the covering words are read and funnel-shifted into place. Small integers
  * become floats by the exponent trick (0x4B000000 | v is 2^23 + v exactly), so the decode
- * needs no int-to-float conversions (a quarter-rate instruction on sm_90); weights are
- * scale * q in f32, the same products as the CPU decoder. */
+ * needs no int-to-float conversions (a quarter-rate instruction on sm_90). The kernel dots
+ * these integers with the activations and applies each run's scale (and min) once, which
+ * rounds differently from the CPU's per-weight scale * q but stays within f32 rounding of
+ * the same sum. */
 template <int TYPE> struct cuda_piece;
 template <> struct cuda_piece<ANNA_DTYPE_Q4_0> { enum { PPB = 1, HI = 16, RAW = 5 }; };
 template <> struct cuda_piece<ANNA_DTYPE_IQ4_NL> { enum { PPB = 1, HI = 16, RAW = 5 }; };
@@ -264,19 +267,24 @@ __device__ __forceinline__ float pc_bf(uint32_t v, int i) {
 }
 __device__ __forceinline__ float pc_h2f(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)v)); }
 
-/* The N aligned words covering [p - (p & 2), ...) for a 2-byte aligned p. last: the range
- * ends a row, so the final word's upper half may lie past the weight's allocation when p
- * is 4-byte aligned; it is then read as 2 bytes. */
+/* Weight loads: evict-first (ld.global.cs), so the streamed weights leave the activations,
+ * which every row reads again, in L1. */
+template <typename T> __device__ __forceinline__ T pc_ld(const T *p) { return __ldcs(p); }
+
+/* The N aligned words from p - (p & 2), for a 2-byte aligned p whose data (4N - 2 bytes
+ * when p & 2, else up to 4N) lie in the weight. last: the data end a row, so when p is
+ * 4-byte aligned the final word's upper half may lie past the allocation: it is read as 2
+ * bytes. */
 template <int N>
 __device__ __forceinline__ void pc_window(const uint8_t *p, uint32_t *o, bool last) {
   const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
 #pragma unroll
-  for (int i = 0; i < N - 1; i++) o[i] = a[i];
-  if (last && ((uintptr_t)p & 2) == 0) o[N - 1] = *(const uint16_t *)(a + N - 1);
-  else o[N - 1] = a[N - 1];
+  for (int i = 0; i < N - 1; i++) o[i] = pc_ld(a + i);
+  if (last && ((uintptr_t)p & 2) == 0) o[N - 1] = pc_ld((const unsigned short *)(a + N - 1));
+  else o[N - 1] = pc_ld(a + N - 1);
 }
-/* Word i of the bytes at offset 'byte' (even) of a window whose data start 'off' (0 or 2)
- * bytes in: the clamped funnel shift returns the upper word when the shift is 32. */
+/* Word i of a window shifted right by sh bits (0, 16 or 32): the bytes starting sh / 8
+ * bytes into word i. The clamped funnel shift returns the upper word when sh is 32. */
 __device__ __forceinline__ uint32_t pc_at(const uint32_t *wv, int i, int sh) {
   return __funnelshift_rc(wv[i], wv[i + 1], sh);
 }
@@ -300,12 +308,12 @@ __device__ __forceinline__ void cuda_piece_load(const uint8_t *row, int64_t p, b
   } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
     const int k = (int)(p & 7);
     const uint8_t *b = row + (p >> 3) * (TYPE == ANNA_DTYPE_Q4_K ? 144 : 176);
-    const uint4 h = *(const uint4 *)b;
-    const uint4 q = *(const uint4 *)(b + (TYPE == ANNA_DTYPE_Q4_K ? 16 : 48) + 16 * k);
+    const uint4 h = pc_ld((const uint4 *)b);
+    const uint4 q = pc_ld((const uint4 *)(b + (TYPE == ANNA_DTYPE_Q4_K ? 16 : 48) + 16 * k));
     raw[0] = h.x, raw[1] = h.y, raw[2] = h.z, raw[3] = h.w;
     raw[4] = q.x, raw[5] = q.y, raw[6] = q.z, raw[7] = q.w;
     if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
-      const uint4 hv = *(const uint4 *)(b + 16 + 16 * (k & 1));
+      const uint4 hv = pc_ld((const uint4 *)(b + 16 + 16 * (k & 1)));
       raw[8] = hv.x, raw[9] = hv.y, raw[10] = hv.z, raw[11] = hv.w;
     }
   } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
@@ -314,13 +322,13 @@ __device__ __forceinline__ void cuda_piece_load(const uint8_t *row, int64_t p, b
     pc_window<5>(b + hh * 64 + m, raw, false);             /* ends inside the block */
     pc_window<5>(b + 128 + hh * 32 + (m & 31), raw + 5, false);
     const uint8_t *scl = b + 192 + 8 * hh + (k & 3);
-    raw[10] = scl[0], raw[11] = scl[4];
-    raw[12] = *(const uint16_t *)(b + 208);
+    raw[10] = pc_ld(scl), raw[11] = pc_ld(scl + 4);
+    raw[12] = pc_ld((const unsigned short *)(b + 208));
   } else { /* IQ4_XS */
     const int ib = (int)(p & 7);
     const uint8_t *b = row + (p >> 3) * 136;
-    const uint2 h = *(const uint2 *)b;
-    const uint2 qa = *(const uint2 *)(b + 8 + 16 * ib), qb = *(const uint2 *)(b + 16 + 16 * ib);
+    const uint2 h = pc_ld((const uint2 *)b);
+    const uint2 qa = pc_ld((const uint2 *)(b + 8 + 16 * ib)), qb = pc_ld((const uint2 *)(b + 16 + 16 * ib));
     raw[0] = h.x, raw[1] = h.y, raw[2] = qa.x, raw[3] = qa.y, raw[4] = qb.x, raw[5] = qb.y;
   }
 }
