@@ -6,9 +6,9 @@
  * 16-byte loads when rows and activations are aligned. Q4_0, IQ4_NL, Q8_0, Q4_K, Q5_K,
  * Q6_K and IQ4_XS: the piece kernel (k_matvec_piece: persistent warps of several rows,
  * wide loads, the next loads in flight during the decode). The other quantized types and
- * unaligned activations: k_matvec_quant, one lane per 32-element unit. Prefill: weights are decoded to f32 in row tiles (f32 weights are used in
- * place) and multiplied by cuBLAS SGEMM, so results match the f32 CPU reference to
- * rounding. */
+ * unaligned activations: k_matvec_quant, one lane per 32-element unit. Prefill: weights
+ * are decoded to f32 in row tiles (f32 weights are used in place) and multiplied by cuBLAS
+ * SGEMM, so results match the f32 CPU reference to rounding. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
 
@@ -132,8 +132,8 @@ template <int TYPE, int NT> static constexpr int mvq_rows() {
 }
 
 template <int TYPE, int NT, int MVQ_R>
-static __global__ void __launch_bounds__(32 * MVQ_WARPS) k_matvec_piece(float *y, const float *x, const uint8_t *W,
-                                                                         int64_t rows, int64_t cols, int64_t row_bytes) {
+static __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    k_matvec_piece(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
   constexpr bool iq4 = TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS;
   constexpr int HI = cuda_piece<TYPE>::HI, RAW = cuda_piece<TYPE>::RAW;
   constexpr bool HAS_MIN = cuda_piece_has_min<TYPE>();
@@ -210,7 +210,8 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS) k_matvec_piece(float *y
       float w[MVQ_R][32], sc[MVQ_R][2], mn[MVQ_R][2];
       int64_t e0 = 0;
 #pragma unroll
-      for (int r = 0; r < MVQ_R; r++) e0 = cuda_piece_decode<TYPE>(row[r], p, raw[r], w[r], iq4 ? tab : nullptr, sc[r], mn[r]);
+      for (int r = 0; r < MVQ_R; r++)
+        e0 = cuda_piece_decode<TYPE>(row[r], p, raw[r], w[r], iq4 ? tab : nullptr, sc[r], mn[r]);
 #pragma unroll
       for (int t = 0; t < NT; t++) {
         const float4 *xa = (const float4 *)(x + t * cols + e0), *xb = (const float4 *)(x + t * cols + e0 + HI);
@@ -330,24 +331,33 @@ static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
 
 #define QCASE(T)                                                                                                      \
   case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
-#define PCASE(T)                                                                                                      \
-  case T: {                                                                                                           \
-    constexpr int R = mvq_rows<T, NT>();                                                                              \
-    const unsigned g = piece_grid<T, NT, R>((w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R));                         \
-    k_matvec_piece<T, NT, R><<<g, 32 * MVQ_WARPS, 0, st>>>(y, x, W, w->rows, w->cols, rb);                            \
-    return;                                                                                                           \
+#define PCASE(T)                                                                                \
+  case T: {                                                                                     \
+    constexpr int R = mvq_rows<T, NT>();                                                        \
+    const unsigned g = piece_grid<T, NT, R>(st, (w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R)); \
+    k_matvec_piece<T, NT, R><<<g, 32 * MVQ_WARPS, 0, st>>>(y, x, W, w->rows, w->cols, rb);      \
+    return;                                                                                     \
   }
 
 /* Blocks for a persistent piece kernel: what fits on the device at once, or fewer when
- * there is less work. Measured once per instance (the process uses one device kind). */
+ * there is less work. Measured once per instance (the process uses one device kind), never
+ * while st is being captured into a graph: until then every row group gets its own warp,
+ * which the kernel handles as well (any grid size is correct). */
 template <int TYPE, int NT, int R>
-static unsigned piece_grid(int64_t blocks) {
+static unsigned piece_grid(cudaStream_t st, int64_t blocks) {
   static int64_t resident = 0;
   if (!resident) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return (unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff);
+    }
     int dev = 0, sms = 0, per = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_piece<TYPE, NT, R>, 32 * MVQ_WARPS, 0) != cudaSuccess)
-      (void)cudaGetLastError(); /* fall back to one block per multiprocessor guess below */
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_piece<TYPE, NT, R>, 32 * MVQ_WARPS, 0) !=
+            cudaSuccess)
+      (void)cudaGetLastError(); /* clear it; the guesses below still give a correct grid */
     resident = (int64_t)(sms > 0 ? sms : 128) * (per > 0 ? per : 1);
   }
   return (unsigned)(blocks < resident ? blocks : resident);
