@@ -157,7 +157,10 @@ static void test_matmul(void) {
   const int types[] = {ANNA_DTYPE_F32,  ANNA_DTYPE_F16,  ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0,
                        ANNA_DTYPE_Q4_1, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q5_1, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_Q2_K,
                        ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS};
-  const int shapes[][3] = {{1, 17, 1}, {1, 300, 4}, {2, 129, 2}, {5, 64, 3}, {8, 33, 1}, {9, 100, 2}, {67, 129, 3}};
+  /* the last two have more rows than the decode kernels keep resident, so their warps
+   * walk several row groups */
+  const int shapes[][3] = {{1, 17, 1},  {1, 300, 4},  {2, 129, 2},    {5, 64, 3},
+                           {8, 33, 1},  {9, 100, 2},  {67, 129, 3},   {1, 20001, 2}, {3, 9001, 1}};
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
     const int64_t bs = dtype_block_size(type);
@@ -183,6 +186,18 @@ static void test_matmul(void) {
       snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s", dtype_name(type), (long long)n, (long long)rows,
                (long long)cols, bias ? " +bias" : "");
       cmpd(what, dy, ref, n * rows, 1e-4);
+      if (s == 2) {
+        /* activations off 16-byte alignment: the matvec falls back to its unit kernel */
+        float *x1 = malloc(sizeof(float) * (size_t)(n * cols + 1));
+        x1[0] = 0.0f;
+        memcpy(x1 + 1, x, sizeof(float) * (size_t)(n * cols));
+        float *dx1 = dput(x1, sizeof(float) * (size_t)(n * cols + 1));
+        float *dy1 = dnan(n * rows);
+        g_gpu->matmul(g_gpu, dy1, dx1 + 1, n, &ow, bias);
+        strncat(what, " x unaligned", sizeof what - strlen(what) - 1);
+        cmpd(what, dy1, ref, n * rows, 1e-4);
+        dfree(dx1), dfree(dy1), free(x1);
+      }
       dfree(dx), dfree(dy);
       free(w), free(wf), free(x), free(bias), free(ref);
     }
@@ -665,28 +680,42 @@ static void bench(void) {
     dfree(dx), dfree(dn), dfree(dy), free(w), free(wf), free(nw), free(x);
     cuda_backend_drop_mirrors(g_gpu);
   }
-  const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K,
-                       ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_XS};
+  /* Matvec bandwidth: NCOPY copies of the weight (distinct host pointers, so distinct device
+   * mirrors) are used in turn, so together they exceed the L2 (60 MB) and each call reads
+   * its weight from device memory, as a decode step does. */
+  enum { NCOPY = 4 };
+  const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K,   ANNA_DTYPE_Q5_K,
+                       ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_IQ4_NL};
   const int64_t rows = 12288, cols = 4096;
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
     float *f;
     void *w = make_weight(types[i], rows, cols, &f);
     free(f);
-    ops_weight ow = {types[i], w, rows, cols};
+    const size_t wb = (size_t)(dtype_row_bytes(types[i], cols) * rows);
+    ops_weight ow[NCOPY];
+    void *wc[NCOPY];
+    for (int c = 0; c < NCOPY; c++) {
+      wc[c] = malloc(wb);
+      memcpy(wc[c], w, wb);
+      ow[c] = (ops_weight){types[i], wc[c], rows, cols};
+    }
     float *x = hrand(8 * cols, 1.0f), *dx = dput(x, sizeof(float) * 8 * (size_t)cols), *dy = dnan(64 * rows);
-    for (int nt = 1; nt <= 8; nt *= 8) {
-      g_gpu->matmul(g_gpu, dy, dx, nt, &ow, NULL);
+    const int nts[] = {1, 2, 4, 8};
+    for (int k = 0; k < 4; k++) {
+      const int nt = nts[k];
+      for (int c = 0; c < NCOPY; c++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[c], NULL);
       gpu_status("matvec warmup");
-      const int reps = 50;
+      const int reps = 200;
       double t0 = now_s();
-      for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow, NULL);
+      for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[r % NCOPY], NULL);
       gpu_status("matvec");
       double dt = (now_s() - t0) / reps;
-      printf("  matvec %-5s n=%d %lldx%lld: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt, (long long)rows,
-             (long long)cols, dt * 1e6, (double)dtype_row_bytes(types[i], cols) * rows / dt / 1e9);
+      printf("  matvec %-6s n=%d %lldx%lld: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt, (long long)rows,
+             (long long)cols, dt * 1e6, (double)wb / dt / 1e9);
     }
     dfree(dx), dfree(dy), free(x), free(w);
     cuda_backend_drop_mirrors(g_gpu);
+    for (int c = 0; c < NCOPY; c++) free(wc[c]);
   }
 }
 

@@ -1,12 +1,14 @@
 /* cuda_matmul.cu: y = x W^T and embedding lookups, for bf16/f16/f32 and the llama.cpp
  * quantized weight types.
  *
- * Decode (n <= MV_MAX_TOK tokens): one warp per weight row reads the row once and dots it
- * with every token's activations (f32 accumulation); plain types use 16-byte loads when
- * rows and activations are aligned. Quantized rows are decoded in-kernel, 32 elements per
- * lane step. Prefill: weights are decoded to f32 in row tiles (f32 weights are used in
- * place) and multiplied by cuBLAS SGEMM, so results match the f32 CPU reference to
- * rounding. */
+ * Decode (n <= MV_MAX_TOK tokens): weights are read once for all tokens of a launch (up to
+ * 8) and dotted with f32 activations (f32 accumulation). Plain types: one warp per row,
+ * 16-byte loads when rows and activations are aligned. Q4_0, IQ4_NL, Q8_0, Q4_K, Q5_K,
+ * Q6_K and IQ4_XS: the piece kernel (k_matvec_piece: persistent warps of several rows,
+ * wide loads, the next loads in flight during the decode). The other quantized types and
+ * unaligned activations: k_matvec_quant, one lane per 32-element unit. Prefill: weights
+ * are decoded to f32 in row tiles (f32 weights are used in place) and multiplied by cuBLAS
+ * SGEMM, so results match the f32 CPU reference to rounding. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
 
@@ -112,6 +114,159 @@ static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W
   }
 }
 
+/* Decode matvec for the formats with a piece decoder (cuda_quant.cuh): each warp owns a
+ * group of MVQ_R rows at a time; per step every lane decodes one 32-weight piece of each
+ * of its rows (consecutive lanes read consecutive pieces, so a warp's loads cover
+ * contiguous bytes) and dots the piece's small integers with the matching activations of
+ * all NT tokens, loaded once per step for the MVQ_R rows; the block scales are applied
+ * once per 16-element run. Weights are read once for all tokens; activations come from
+ * L1/L2 (f32, as in the CPU reference). Rows past the end of the last group are clamped to
+ * a valid row and not written. */
+#define MVQ_WARPS 4
+
+/* Rows per warp: more rows share each activation load but cost registers. Chosen from
+ * H200 timings (bench/notes/gpu.md): 8 for one token of the 32-element-block formats,
+ * whose pieces are cheap to decode, 4 otherwise. */
+template <int TYPE, int NT> static constexpr int mvq_rows() {
+  return NT == 1 && (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS) ? 8 : 4;
+}
+
+template <int TYPE, int NT, int MVQ_R>
+static __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    k_matvec_piece(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
+  constexpr bool iq4 = TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS;
+  constexpr int HI = cuda_piece<TYPE>::HI, RAW = cuda_piece<TYPE>::RAW;
+  constexpr bool HAS_MIN = cuda_piece_has_min<TYPE>();
+  __shared__ float tab[16];
+  if (iq4) {
+    if (threadIdx.x < 16) tab[threadIdx.x] = (float)c_kvalues_iq4nl[threadIdx.x];
+    __syncthreads();
+  }
+  const int lane = threadIdx.x & 31;
+  /* Persistent warps: warp gw takes row groups gw, gw + GW, ...; its steps (group, iteration
+   * over the row's pieces) form one sequence, and the loads of the next step, in the same
+   * or the next group, are in flight while the current step is decoded. */
+  const int64_t groups = (rows + MVQ_R - 1) / MVQ_R, pieces = cols / 32, iters = (pieces + 31) / 32;
+  const int64_t GW = (int64_t)gridDim.x * MVQ_WARPS;
+  int64_t g = (int64_t)blockIdx.x * MVQ_WARPS + (threadIdx.x >> 5), it = 0;
+  if (g >= groups || pieces == 0) return;
+  const uint8_t *row[MVQ_R];
+#pragma unroll
+  for (int r = 0; r < MVQ_R; r++) row[r] = W + (g * MVQ_R + r < rows ? g * MVQ_R + r : rows - 1) * row_bytes;
+  float acc[MVQ_R][NT];
+#pragma unroll
+  for (int r = 0; r < MVQ_R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+  uint32_t raw[MVQ_R][RAW];
+  if (lane < pieces) {
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) cuda_piece_load<TYPE>(row[r], lane, lane == pieces - 1, raw[r]);
+  }
+  for (;;) {
+    int64_t g2 = g, it2 = it + 1;
+    if (it2 == iters) it2 = 0, g2 += GW;
+    const bool more = g2 < groups;
+    const uint8_t *row2[MVQ_R];
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++)
+      row2[r] = g2 == g ? row[r] : W + (g2 * MVQ_R + r < rows ? g2 * MVQ_R + r : rows - 1) * row_bytes;
+    const int64_t p = it * 32 + lane, pn = it2 * 32 + lane;
+    uint32_t nxt[MVQ_R][RAW];
+    if (more && pn < pieces) {
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++) cuda_piece_load<TYPE>(row2[r], pn, pn == pieces - 1, nxt[r]);
+    }
+    if (NT == 1 && p < pieces) {
+      /* one token: its 32 activations stay in registers and the rows are decoded one
+       * after the other, so registers do not grow with MVQ_R */
+      float xv[32], xs0 = 0.0f, xs1 = 0.0f;
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++) {
+        float w[32], sc[2], mn[2];
+        const int64_t e0 = cuda_piece_decode<TYPE>(row[r], p, raw[r], w, iq4 ? tab : nullptr, sc, mn);
+        if (r == 0) {
+          const float4 *xa = (const float4 *)(x + e0), *xb = (const float4 *)(x + e0 + HI);
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            const float4 a = xa[j], b = xb[j];
+            xv[4 * j] = a.x, xv[4 * j + 1] = a.y, xv[4 * j + 2] = a.z, xv[4 * j + 3] = a.w;
+            xv[16 + 4 * j] = b.x, xv[17 + 4 * j] = b.y, xv[18 + 4 * j] = b.z, xv[19 + 4 * j] = b.w;
+            if constexpr (HAS_MIN) xs0 += (a.x + a.y) + (a.z + a.w), xs1 += (b.x + b.y) + (b.z + b.w);
+          }
+        }
+        float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i += 2) {
+          s0 = fmaf(w[i], xv[i], s0), s1 = fmaf(w[i + 1], xv[i + 1], s1);
+          s2 = fmaf(w[16 + i], xv[16 + i], s2), s3 = fmaf(w[17 + i], xv[17 + i], s3);
+        }
+        float v = fmaf(sc[0], s0 + s1, acc[r][0]);
+        v = fmaf(sc[1], s2 + s3, v);
+        if constexpr (HAS_MIN) v -= mn[0] * xs0 + mn[1] * xs1;
+        acc[r][0] = v;
+      }
+    } else if (p < pieces) {
+      float w[MVQ_R][32], sc[MVQ_R][2], mn[MVQ_R][2];
+      int64_t e0 = 0;
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++)
+        e0 = cuda_piece_decode<TYPE>(row[r], p, raw[r], w[r], iq4 ? tab : nullptr, sc[r], mn[r]);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        const float4 *xa = (const float4 *)(x + t * cols + e0), *xb = (const float4 *)(x + t * cols + e0 + HI);
+        /* two fma chains per run and row: the integers dot the activations, scales after */
+        float s[MVQ_R][4], xs0 = 0.0f, xs1 = 0.0f;
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) s[r][0] = s[r][1] = s[r][2] = s[r][3] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const float4 a = xa[j], b = xb[j];
+          if constexpr (HAS_MIN) xs0 += (a.x + a.y) + (a.z + a.w), xs1 += (b.x + b.y) + (b.z + b.w);
+#pragma unroll
+          for (int r = 0; r < MVQ_R; r++) {
+            const int h = j & 1;
+            s[r][h] = fmaf(w[r][4 * j], a.x, s[r][h]);
+            s[r][h] = fmaf(w[r][4 * j + 1], a.y, s[r][h]);
+            s[r][h] = fmaf(w[r][4 * j + 2], a.z, s[r][h]);
+            s[r][h] = fmaf(w[r][4 * j + 3], a.w, s[r][h]);
+            s[r][2 + h] = fmaf(w[r][16 + 4 * j], b.x, s[r][2 + h]);
+            s[r][2 + h] = fmaf(w[r][17 + 4 * j], b.y, s[r][2 + h]);
+            s[r][2 + h] = fmaf(w[r][18 + 4 * j], b.z, s[r][2 + h]);
+            s[r][2 + h] = fmaf(w[r][19 + 4 * j], b.w, s[r][2 + h]);
+          }
+        }
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+          float v = fmaf(sc[r][0], s[r][0] + s[r][1], acc[r][t]);
+          v = fmaf(sc[r][1], s[r][2] + s[r][3], v);
+          if constexpr (HAS_MIN) v -= mn[r][0] * xs0 + mn[r][1] * xs1;
+          acc[r][t] = v;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++)
+#pragma unroll
+      for (int i = 0; i < RAW; i++) raw[r][i] = nxt[r][i];
+    if (it2 == 0) { /* the group is done: reduce over the lanes and write its rows */
+#pragma unroll
+      for (int r = 0; r < MVQ_R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          float v = acc[r][t];
+          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (lane == 0 && g * MVQ_R + r < rows) y[t * rows + g * MVQ_R + r] = v;
+          acc[r][t] = 0.0f;
+        }
+    }
+    if (!more) break;
+    g = g2, it = it2;
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) row[r] = row2[r];
+  }
+}
+
 /* Rows [0, m) of W (any supported type) to f32 dst[m, cols]. */
 static __global__ void k_dequant_rows(float *dst, const uint8_t *W, int64_t m, int64_t cols, int64_t row_bytes,
                                       int type) {
@@ -161,12 +316,71 @@ static const uint8_t *weight_dev(ops_backend *be, const ops_weight *w, int64_t *
 #define QCASE(T)                                                                                                      \
   case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
 
+/* True when the piece kernel reads this weight: its format has a piece decoder, the rows
+ * meet that decoder's load alignment and the activations are 16-byte aligned. */
+static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
+  if (((uintptr_t)x & 15) != 0) return false;
+  switch (type) {
+  case ANNA_DTYPE_Q4_0: case ANNA_DTYPE_IQ4_NL: case ANNA_DTYPE_Q8_0: case ANNA_DTYPE_Q6_K:
+    return ((uintptr_t)W & 1) == 0;
+  case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K: return ((uintptr_t)W & 15) == 0 && rb % 16 == 0;
+  case ANNA_DTYPE_IQ4_XS: return ((uintptr_t)W & 7) == 0 && rb % 8 == 0;
+  default: return false;
+  }
+}
+
+#define QCASE(T)                                                                                                      \
+  case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
+#define PCASE(T)                                                                                \
+  case T: {                                                                                     \
+    constexpr int R = mvq_rows<T, NT>();                                                        \
+    const unsigned g = piece_grid<T, NT, R>(st, (w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R)); \
+    k_matvec_piece<T, NT, R><<<g, 32 * MVQ_WARPS, 0, st>>>(y, x, W, w->rows, w->cols, rb);      \
+    return;                                                                                     \
+  }
+
+/* Blocks for a persistent piece kernel: what fits on the device at once, or fewer when
+ * there is less work. Measured once per instance (the process uses one device kind), never
+ * while st is being captured into a graph: until then every row group gets its own warp,
+ * which the kernel handles as well (any grid size is correct). */
+template <int TYPE, int NT, int R>
+static unsigned piece_grid(cudaStream_t st, int64_t blocks) {
+  static int64_t resident = 0;
+  if (!resident) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return (unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff);
+    }
+    int dev = 0, sms = 0, per = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_piece<TYPE, NT, R>, 32 * MVQ_WARPS, 0) !=
+            cudaSuccess)
+      (void)cudaGetLastError(); /* clear it; the guesses below still give a correct grid */
+    resident = (int64_t)(sms > 0 ? sms : 128) * (per > 0 ? per : 1);
+  }
+  return (unsigned)(blocks < resident ? blocks : resident);
+}
+
 template <int NT>
 static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
                           int64_t rb, int vec) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
+  if (piece_ok(w->type, W, rb, x)) {
+    switch (w->type) {
+      PCASE(ANNA_DTYPE_Q4_0)
+      PCASE(ANNA_DTYPE_IQ4_NL)
+      PCASE(ANNA_DTYPE_Q8_0)
+      PCASE(ANNA_DTYPE_Q4_K)
+      PCASE(ANNA_DTYPE_Q5_K)
+      PCASE(ANNA_DTYPE_Q6_K)
+      PCASE(ANNA_DTYPE_IQ4_XS)
+    default: break;
+    }
+  }
   switch (w->type) {
   case ANNA_DTYPE_F32: k_matvec_plain<ANNA_DTYPE_F32, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
   case ANNA_DTYPE_F16: k_matvec_plain<ANNA_DTYPE_F16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;

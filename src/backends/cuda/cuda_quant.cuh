@@ -1,8 +1,9 @@
 /* cuda_quant.cuh: device-side decoding of weight rows (included by the .cu files that read
  * weights; all functions are static device code). A quantized row is read in units of 32
  * elements: one block of the 32-element formats, or one eighth of a 256-element block.
- * Byte layouts are llama.cpp's (see formats/quant_impl.h); fields are read byte by byte
- * because blocks are not aligned. */
+ * Byte layouts are llama.cpp's (see formats/quant_impl.h). cuda_deq32 reads fields byte by
+ * byte (any alignment, every type); the piece decoders at the end (decode matvec) use wide
+ * loads and need the row alignment that cuda_matmul.cu's piece_ok checks. */
 #ifndef ANNA_BACKENDS_CUDA_QUANT_CUH
 #define ANNA_BACKENDS_CUDA_QUANT_CUH
 
@@ -235,6 +236,207 @@ __device__ __forceinline__ float cuda_ldw(int type, const void *row, int64_t i) 
   if (type == ANNA_DTYPE_BF16) return __uint_as_float((uint32_t)((const uint16_t *)row)[i] << 16);
   if (type == ANNA_DTYPE_F16) return __half2float(__ushort_as_half(((const unsigned short *)row)[i]));
   return ((const float *)row)[i];
+}
+
+/* ---- Decode pieces for the matvec kernels ----
+ * A piece is 32 weights of one row that one lane decodes: two runs of 16 consecutive
+ * elements, [e0, e0 + 16) into w[0..15] and [e0 + HI, e0 + HI + 16) into w[16..31] (HI is
+ * the format's distance between the low- and high-nibble runs). Loading and decoding are
+ * separate steps (cuda_piece_load fills RAW words, cuda_piece_decode turns them into
+ * floats) so the kernel can issue the next piece's loads before it decodes this one.
+ * Loads are 16-byte where the format's blocks are 16-byte multiples (Q4_K, Q5_K), 8-byte
+ * for IQ4_XS, and aligned 4-byte words where blocks are only 2-byte aligned (Q4_0, IQ4_NL,
+ * Q8_0, Q6_K): the covering words are read and funnel-shifted into place. Small integers
+ * become floats by the exponent trick (0x4B000000 | v is 2^23 + v exactly), so the decode
+ * needs no int-to-float conversions (a quarter-rate instruction on sm_90). The kernel dots
+ * these integers with the activations and applies each run's scale (and min) once, which
+ * rounds differently from the CPU's per-weight scale * q but stays within f32 rounding of
+ * the same sum. */
+template <int TYPE> struct cuda_piece;
+template <> struct cuda_piece<ANNA_DTYPE_Q4_0> { enum { PPB = 1, HI = 16, RAW = 5 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ4_NL> { enum { PPB = 1, HI = 16, RAW = 5 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q8_0> { enum { PPB = 1, HI = 16, RAW = 9 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q4_K> { enum { PPB = 8, HI = 32, RAW = 8 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q5_K> { enum { PPB = 8, HI = 32, RAW = 12 }; };
+template <> struct cuda_piece<ANNA_DTYPE_Q6_K> { enum { PPB = 8, HI = 64, RAW = 13 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ4_XS> { enum { PPB = 8, HI = 16, RAW = 6 }; };
+
+/* 2^23 + byte i of v, as a float (byte_perm places the byte under the exponent 0x4B). */
+__device__ __forceinline__ float pc_bf(uint32_t v, int i) {
+  return __int_as_float((int)__byte_perm(v, 0x4B000000u, 0x7440u + (unsigned)i));
+}
+__device__ __forceinline__ float pc_h2f(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)v)); }
+
+/* Weight loads: evict-first (ld.global.cs), so the streamed weights leave the activations,
+ * which every row reads again, in L1. */
+template <typename T> __device__ __forceinline__ T pc_ld(const T *p) { return __ldcs(p); }
+
+/* The N aligned words from p - (p & 2), for a 2-byte aligned p whose data (4N - 2 bytes
+ * when p & 2, else up to 4N) lie in the weight. last: the data end a row, so when p is
+ * 4-byte aligned the final word's upper half may lie past the allocation: it is read as 2
+ * bytes. */
+template <int N>
+__device__ __forceinline__ void pc_window(const uint8_t *p, uint32_t *o, bool last) {
+  const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+#pragma unroll
+  for (int i = 0; i < N - 1; i++) o[i] = pc_ld(a + i);
+  if (last && ((uintptr_t)p & 2) == 0) o[N - 1] = pc_ld((const unsigned short *)(a + N - 1));
+  else o[N - 1] = pc_ld(a + N - 1);
+}
+/* Word i of a window shifted right by sh bits (0, 16 or 32): the bytes starting sh / 8
+ * bytes into word i. The clamped funnel shift returns the upper word when sh is 32. */
+__device__ __forceinline__ uint32_t pc_at(const uint32_t *wv, int i, int sh) {
+  return __funnelshift_rc(wv[i], wv[i + 1], sh);
+}
+
+/* Bytes of 4 words (16 values, 0..255 each) to floats v - bias (exact): into w[0..15]. */
+__device__ __forceinline__ void pc_bytes16(const uint32_t *q, float bias, float *w) {
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) w[4 * i + j] = pc_bf(q[i], j) - bias;
+}
+
+/* Loads piece p of a row into raw (cuda_piece<TYPE>::RAW words). last: p is the row's
+ * final piece. */
+template <int TYPE>
+__device__ __forceinline__ void cuda_piece_load(const uint8_t *row, int64_t p, bool last, uint32_t *raw) {
+  if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL) {
+    pc_window<5>(row + p * 18, raw, last);
+  } else if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
+    pc_window<9>(row + p * 34, raw, last);
+  } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
+    const int k = (int)(p & 7);
+    const uint8_t *b = row + (p >> 3) * (TYPE == ANNA_DTYPE_Q4_K ? 144 : 176);
+    const uint4 h = pc_ld((const uint4 *)b);
+    const uint4 q = pc_ld((const uint4 *)(b + (TYPE == ANNA_DTYPE_Q4_K ? 16 : 48) + 16 * k));
+    raw[0] = h.x, raw[1] = h.y, raw[2] = h.z, raw[3] = h.w;
+    raw[4] = q.x, raw[5] = q.y, raw[6] = q.z, raw[7] = q.w;
+    if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
+      const uint4 hv = pc_ld((const uint4 *)(b + 16 + 16 * (k & 1)));
+      raw[8] = hv.x, raw[9] = hv.y, raw[10] = hv.z, raw[11] = hv.w;
+    }
+  } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
+    const int k = (int)(p & 7), hh = k >> 2, m = 16 * (k & 3);
+    const uint8_t *b = row + (p >> 3) * 210;
+    pc_window<5>(b + hh * 64 + m, raw, false);             /* ends inside the block */
+    pc_window<5>(b + 128 + hh * 32 + (m & 31), raw + 5, false);
+    const uint8_t *scl = b + 192 + 8 * hh + (k & 3);
+    raw[10] = pc_ld(scl), raw[11] = pc_ld(scl + 4);
+    raw[12] = pc_ld((const unsigned short *)(b + 208));
+  } else { /* IQ4_XS */
+    const int ib = (int)(p & 7);
+    const uint8_t *b = row + (p >> 3) * 136;
+    const uint2 h = pc_ld((const uint2 *)b);
+    const uint2 qa = pc_ld((const uint2 *)(b + 8 + 16 * ib)), qb = pc_ld((const uint2 *)(b + 16 + 16 * ib));
+    raw[0] = h.x, raw[1] = h.y, raw[2] = qa.x, raw[3] = qa.y, raw[4] = qb.x, raw[5] = qb.y;
+  }
+}
+
+/* Decodes a loaded piece: weight i of run k (k = i / 16) is sc[k] * w[i] - mn[k], with
+ * w[i] a small integer (exact in f32) or an IQ4 table value, so the kernel can dot the
+ * integers with the activations and apply the scales once per run. mn is set only where
+ * cuda_piece_has_min<TYPE>. Returns e0. tab: the IQ4 value table (shared memory) or NULL. */
+template <int TYPE> __host__ __device__ constexpr bool cuda_piece_has_min() {
+  return TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K;
+}
+template <int TYPE>
+__device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t p, const uint32_t *raw, float *w,
+                                                     const float *tab, float *sc, float *mn) {
+  if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_Q8_0) {
+    const int sh = (int)((uintptr_t)(row + p * (TYPE == ANNA_DTYPE_Q8_0 ? 34 : 18)) & 2) * 8;
+    const float d = pc_h2f(pc_at(raw, 0, sh));
+    uint32_t q[8];
+    if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) q[i] = pc_at(raw, i, sh + 16) ^ 0x80808080u; /* int8 + 128 */
+      pc_bytes16(q, 8388736.0f, w);
+      pc_bytes16(q + 4, 8388736.0f, w + 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; i++) q[i] = pc_at(raw, i, sh + 16);
+      if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) q[4 + i] = (q[i] >> 4) & 0x0f0f0f0fu, q[i] &= 0x0f0f0f0fu;
+        pc_bytes16(q, 8388616.0f, w);
+        pc_bytes16(q + 4, 8388616.0f, w + 16);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+          for (int j = 0; j < 4; j++) {
+            w[4 * i + j] = tab[(q[i] >> (8 * j)) & 15];
+            w[16 + 4 * i + j] = tab[(q[i] >> (8 * j + 4)) & 15];
+          }
+      }
+    }
+    sc[0] = sc[1] = d;
+    return p * 32;
+  } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
+    /* piece k covers quant bytes 16k..16k+15: low nibbles are sub-block 2c, high 2c+1 */
+    const int k = (int)(p & 7), c = k >> 1, l = 16 * (k & 1);
+    const uint32_t hx = raw[0], hy = raw[1], hz = raw[2], hw = raw[3];
+    const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
+    int sc0, mn0, sc1, mn1;
+    if (c < 2) {
+      sc0 = (hy >> sa) & 63, mn0 = (hz >> sa) & 63;
+      sc1 = (hy >> sb) & 63, mn1 = (hz >> sb) & 63;
+    } else {
+      sc0 = ((hw >> sa) & 0x0f) | (((hy >> sa) >> 6 & 3) << 4);
+      mn0 = ((hw >> sa) >> 4 & 0x0f) | (((hz >> sa) >> 6 & 3) << 4);
+      sc1 = ((hw >> sb) & 0x0f) | (((hy >> sb) >> 6 & 3) << 4);
+      mn1 = ((hw >> sb) >> 4 & 0x0f) | (((hz >> sb) >> 6 & 3) << 4);
+    }
+    const float d = pc_h2f(hx), dm = pc_h2f(hx >> 16);
+    sc[0] = d * (float)sc0, mn[0] = dm * (float)mn0, sc[1] = d * (float)sc1, mn[1] = dm * (float)mn1;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      uint32_t lo = raw[4 + i] & 0x0f0f0f0fu, hi = (raw[4 + i] >> 4) & 0x0f0f0f0fu;
+      if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
+        lo |= ((raw[8 + i] >> (2 * c)) & 0x01010101u) << 4;
+        hi |= ((raw[8 + i] >> (2 * c + 1)) & 0x01010101u) << 4;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        w[4 * i + j] = pc_bf(lo, j) - 8388608.0f;
+        w[16 + 4 * i + j] = pc_bf(hi, j) - 8388608.0f;
+      }
+    }
+    return (p >> 3) * 256 + 64 * c + l;
+  } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
+    /* piece k: half hh = k / 4, low-quant bytes hh*64 + m .. +15 (m = 16 (k % 4)) hold
+     * elements 128 hh + m + i (low nibbles) and 128 hh + 64 + m + i (high nibbles); their
+     * 2 high bits are field m / 32 (+ 2 for the high run) of bytes 128 + 32 hh + m % 32 + i */
+    const int k = (int)(p & 7), hh = k >> 2, m = 16 * (k & 3);
+    const uint8_t *b = row + (p >> 3) * 210;
+    const int shl = (int)((uintptr_t)(b + hh * 64 + m) & 2) * 8;
+    const int shh = (int)((uintptr_t)(b + 128 + hh * 32 + (m & 31)) & 2) * 8;
+    const float d = pc_h2f(raw[12]);
+    sc[0] = d * (float)(int8_t)raw[10], sc[1] = d * (float)(int8_t)raw[11];
+    const int s0 = 2 * (m >> 5);
+    uint32_t lo[4], hi[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t ql = pc_at(raw, i, shl), qh = pc_at(raw + 5, i, shh);
+      lo[i] = (ql & 0x0f0f0f0fu) | (((qh >> s0) & 0x03030303u) << 4);
+      hi[i] = ((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (s0 + 4)) & 0x03030303u) << 4);
+    }
+    pc_bytes16(lo, 8388640.0f, w);
+    pc_bytes16(hi, 8388640.0f, w + 16);
+    return (p >> 3) * 256 + 128 * hh + m;
+  } else { /* IQ4_XS: piece ib is sub-block ib */
+    const int ib = (int)(p & 7);
+    const int ls = ((raw[1] >> (4 * ib)) & 0xf) | (((raw[0] >> (16 + 2 * ib)) & 3) << 4);
+    sc[0] = sc[1] = pc_h2f(raw[0]) * (float)(ls - 32);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        w[4 * i + j] = tab[(raw[2 + i] >> (8 * j)) & 15];
+        w[16 + 4 * i + j] = tab[(raw[2 + i] >> (8 * j + 4)) & 15];
+      }
+    return (p >> 3) * 256 + 32 * ib;
+  }
 }
 
 #endif
