@@ -795,6 +795,23 @@ int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, in
     pb = b, pfill = p, best = found;
     if (k) snap = k;
   }
+  /* Attention-only models can cut a cached block anywhere (GDN state exists only where a
+   * snapshot was taken): reuse the longest common token prefix with any cached block that
+   * follows the matched chain, e.g. the shared chat-template header of two different
+   * prompts. Writing past it copies the block first (seq_ensure: the block is cached). A
+   * scan of the pool, once per request: cheap next to any prefill. */
+  if (pb < 0 && !s->has_gdn && rest > 0) {
+    const int32_t *tok = tokens + ((int64_t)found << s->bshift);
+    const int32_t lim = rest < s->block_len - 1 ? rest : s->block_len - 1;
+    for (int64_t b = 0; b < s->n_blocks; b++) {
+      const kv_blk *k = &s->blk[b];
+      if (!k->cached || k->parent != h || k->fill <= pfill) continue;
+      const int32_t *bt = s->blk_tok + b * s->block_len, m = lim < k->fill ? lim : k->fill;
+      int32_t cp = 0;
+      while (cp < m && bt[cp] == tok[cp]) cp++;
+      if (cp > pfill) pfill = cp, pb = (int32_t)b;
+    }
+  }
   for (int32_t j = 0; j < best; j++) {
     s->blk[s->cand[j]].ref++;
     tab_set(s, seq, j, s->cand[j]);

@@ -148,7 +148,7 @@ static void test_model(const char *root, const char *name, int gdn) {
 }
 
 /* The prefix block pool on one model (block length 64, the default). */
-static void test_pool(const char *root, const char *name) {
+static void test_pool(const char *root, const char *name, int gdn) {
   char dir[1200], err[256];
   snprintf(dir, sizeof dir, "%.1000s/%.100s", root, name);
   anna_model *m = NULL;
@@ -178,8 +178,16 @@ static void test_pool(const char *root, const char *name) {
   /* (f) seq 1 attaches P: reuses a block-aligned prefix, computes the rest */
   int32_t r = anna_context_prefix_attach(c, 1, P, n - 1, ANNA_PREFIX_REGISTER);
   g_checks++;
-  if (r0 != 0 || r <= 0 || r % 64 || r > n - 1 || anna_context_seq_len(c, 1) != r) {
+  /* GDN models reuse up to a block boundary with a snapshot; attention-only models cut the
+   * partial block seq 0 left at any token (all n - 1). The steps below start from the block
+   * boundary either way (rewinding an attention-only sequence is exact). */
+  if (r0 != 0 || r <= 0 || (gdn ? r % 64 != 0 : r != n - 1) || anna_context_seq_len(c, 1) != r) {
     printf("  FAIL %s: attach reused %d (first attach %d), length %d\n", name, r, r0, anna_context_seq_len(c, 1));
+    g_fail++;
+    goto done;
+  }
+  if (!gdn && (r = r & ~63) > 0 && anna_context_seq_rewind(c, 1, r, err, sizeof err)) {
+    printf("  FAIL %s: %s\n", name, err);
     g_fail++;
     goto done;
   }
@@ -237,6 +245,26 @@ static void test_pool(const char *root, const char *name) {
       g_fail++;
     } else if (feed(c, 2, BR, n, n + nb, got, V) == 0) {
       check(name, "pool: next turn reuses a partial last block", maxdiff(got, lg + (size_t)n * V, (size_t)nb * V));
+    }
+  }
+  /* (k) attention-only models: a prompt that shares P's first 64 + 10 tokens, then goes
+   * elsewhere, reuses exactly those (the cached block after the first is cut mid-block). */
+  if (!gdn && n > 80) {
+    const int x = 64 + 10;
+    memcpy(BR, P, sizeof(int32_t) * (size_t)x);
+    /* ids no earlier prompt continued P with (the branch of (g) may share 64 + 10 too) */
+    for (int i = 0; i < nb; i++) BR[x + i] = (B[i] + 7) % V;
+    if (BR[x] == P[x]) BR[x] = (BR[x] + 1) % V;
+    anna_context_seq_reset(c, 3);
+    feed(c, 3, BR, 0, x + nb, lg, V);
+    anna_context_seq_reset(c, 2);
+    const int32_t rk = anna_context_prefix_attach(c, 2, BR, x + nb - 1, ANNA_PREFIX_REGISTER);
+    g_checks++;
+    if (rk != x) {
+      printf("  FAIL %s: a prompt sharing %d tokens reused %d\n", name, x, rk);
+      g_fail++;
+    } else if (feed(c, 2, BR, x, x + nb, got, V) == 0) {
+      check(name, "pool: token-granular reuse of a cached block", maxdiff(got, lg + (size_t)x * V, (size_t)nb * V));
     }
   }
   anna_context_kv_stats(c, &st1);
@@ -338,11 +366,11 @@ int main(int argc, char **argv) {
   test_model(argv[2], "gemma4_kv", 0);
   test_model(argv[1], "qwen3", 0);
   test_model(argv[1], "gemma3_text", 0);
-  test_pool(argv[1], "qwen3_5");
-  test_pool(argv[2], "qwen3_5_x");
-  test_pool(argv[1], "gemma4_text");
-  test_pool(argv[2], "gemma4_kv");
-  test_pool(argv[1], "qwen3");
+  test_pool(argv[1], "qwen3_5", 1);
+  test_pool(argv[2], "qwen3_5_x", 1);
+  test_pool(argv[1], "gemma4_text", 0);
+  test_pool(argv[2], "gemma4_kv", 0);
+  test_pool(argv[1], "qwen3", 0);
   test_residual(argv[1], "qwen3", 1);
   test_residual(argv[1], "qwen3_5", 0);
   printf("%d passed, %d failed\n", g_checks - g_fail, g_fail);
