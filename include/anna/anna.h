@@ -134,8 +134,9 @@ int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *er
  * only up to the longest boundary with a snapshot, which is restored exactly.
  *
  * attach: empties seq, maps the longest cached prefix of tokens[0, n) into it and returns
- * its length r (a multiple of the block length, <= n; 0 when nothing matches or sharing
- * is off). The caller then feeds tokens[r, ...) at positions r, ...; pass n = prompt
+ * its length r (<= n; 0 when nothing matches or sharing is off). Attention-only models
+ * reuse up to any token (a cached block is cut where the tokens part); GDN models up to a
+ * block boundary with a snapshot, or the exact end of a turn a finished sequence left. The caller then feeds tokens[r, ...) at positions r, ...; pass n = prompt
  * length - 1 to keep the last prompt token (whose logits start the reply) to compute.
  * flags & ANNA_PREFIX_REGISTER: seq's own full blocks (and GDN snapshots) enter the pool
  * as decode fills them; without it seq only reads the pool (e.g. a prompt that an exact

@@ -782,27 +782,26 @@ int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, in
       if (k) best = j + 1, snap = k;
     }
   }
-  /* Then a partial block a finished sequence left after the matched ones (with, for GDN
-   * models, its end state): the longest one whose tokens continue this prompt. */
+  /* Then the block after the matched ones, cut short. GDN models: a partial block that a
+   * finished sequence left, at exactly its length, and only with the end state saved for it
+   * (the recurrent state exists only where a snapshot was taken). Attention-only models cut
+   * any cached block that follows the matched chain at the longest common token prefix (the
+   * partial blocks included, and e.g. the shared chat-template header of two different
+   * prompts); writing past the cut copies the block first (seq_ensure: it is cached). The
+   * scan of the pool runs once per request: cheap next to any prefill. */
   int32_t pfill = 0, pb = -1;
   const int32_t rest = n - (found << s->bshift);
-  for (int32_t p = rest < s->block_len - 1 ? rest : s->block_len - 1; p > 0 && pb < 0; p--) {
-    const int32_t *tok = tokens + ((int64_t)found << s->bshift);
-    const uint64_t hp = partial_hash(h, tok, p);
-    const int32_t b = hidx_find(s, hp, h, tok, p);
-    struct fwd_ckpt *k = b >= 0 && s->has_gdn ? snap_find(s, hp) : NULL;
-    if (b < 0 || (s->has_gdn && !k)) continue;
-    pb = b, pfill = p, best = found;
-    if (k) snap = k;
-  }
-  /* Attention-only models can cut a cached block anywhere (GDN state exists only where a
-   * snapshot was taken): reuse the longest common token prefix with any cached block that
-   * follows the matched chain, e.g. the shared chat-template header of two different
-   * prompts. Writing past it copies the block first (seq_ensure: the block is cached). A
-   * scan of the pool, once per request: cheap next to any prefill. */
-  if (pb < 0 && !s->has_gdn && rest > 0) {
-    const int32_t *tok = tokens + ((int64_t)found << s->bshift);
-    const int32_t lim = rest < s->block_len - 1 ? rest : s->block_len - 1;
+  const int32_t lim = rest < s->block_len - 1 ? rest : s->block_len - 1;
+  const int32_t *tok = tokens + ((int64_t)found << s->bshift);
+  if (s->has_gdn) {
+    for (int32_t p = lim; p > 0 && pb < 0; p--) {
+      const uint64_t hp = partial_hash(h, tok, p);
+      const int32_t b = hidx_find(s, hp, h, tok, p);
+      struct fwd_ckpt *k = b >= 0 ? snap_find(s, hp) : NULL;
+      if (!k) continue;
+      pb = b, pfill = p, best = found, snap = k;
+    }
+  } else {
     for (int64_t b = 0; b < s->n_blocks; b++) {
       const kv_blk *k = &s->blk[b];
       if (!k->cached || k->parent != h || k->fill <= pfill) continue;

@@ -37,6 +37,7 @@
  */
 #ifndef ATTN_ISA
 
+#include "backends/cpu/cpu_deq_avx512.h"
 #include "backends/cpu/cpu_internal.h"
 
 #include "formats/quant.h"
@@ -378,26 +379,10 @@ TGT static inline void f16_row(const uint16_t *s, float *y, int d) {
 }
 /* Q8_0 / Q4_0 records (d a multiple of 32): blocks of an f16 scale and 32 codes. */
 TGT static inline void q8_row(const uint8_t *rec, float *y, int d) {
-  for (int b = 0; b < d / 32; b++, rec += 34, y += 32) {
-    uint16_t h;
-    memcpy(&h, rec, 2);
-    const __m512 sc = _mm512_set1_ps(quant_f16_to_f32(h));
-    const __m128i *qs = (const __m128i *)(rec + 2);
-    _mm512_storeu_ps(y, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs)))));
-    _mm512_storeu_ps(y + 16, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(qs + 1)))));
-  }
+  for (int b = 0; b < d / 32; b++) cpu_deq_q8_0_block_avx512(rec + 34 * b, y + 32 * b);
 }
 TGT static inline void q4_row(const uint8_t *rec, float *y, int d) {
-  for (int b = 0; b < d / 32; b++, rec += 18, y += 32) {
-    uint16_t h;
-    memcpy(&h, rec, 2);
-    const __m512 sc = _mm512_set1_ps(quant_f16_to_f32(h));
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(rec + 2))), eight = _mm512_set1_epi32(8);
-    const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(15)), eight);
-    const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
-    _mm512_storeu_ps(y, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(lo)));
-    _mm512_storeu_ps(y + 16, _mm512_mul_ps(sc, _mm512_cvtepi32_ps(hi)));
-  }
+  for (int b = 0; b < d / 32; b++) cpu_deq_q4_0_block_avx512(rec + 18 * b, y + 32 * b);
 }
 /* TurboQuant record (d a multiple of 16): 16 codes of b bits are 2b bytes; broadcast them as
  * one 64-bit word, shift each lane's code down, and look the levels up with a permute. Same

@@ -11,6 +11,7 @@
  * Accumulation is f32 in SIMD lanes: the order differs from a sequential sum by float
  * rounding only.
  */
+#include "backends/cpu/cpu_deq_avx512.h"
 #include "backends/cpu/cpu_internal.h"
 #include "formats/dtype.h"
 #include "formats/quant.h"
@@ -201,45 +202,34 @@ static int is_plain(int type) {
 }
 
 /* AVX-512 dequantization of the formats that dominate real GGUFs (Q8_0, Q4_0, Q5_0, Q4_K,
- * Q6_K: --exact converts every weight row once per matmul call, so this is its hot path).
+ * Q6_K: --exact converts every weight row once per matmul call, so this is its hot path;
+ * the Q8_0/Q4_0 block decoders are shared with the KV-cache records, cpu_deq_avx512.h).
  * Same values as quant_dequantize_row: d * small integer, exact in f32. Returns 0 when the
  * type has no fast path here. */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c"))) static int deq_row_avx512(int type, const uint8_t *row,
-                                                                                    float *y, int64_t n) {
+CPU_DEQ_AVX512_TARGET static int deq_row_avx512(int type, const uint8_t *row, float *y, int64_t n) {
   const int64_t nb = n / 32;
   switch (type) {
   case ANNA_DTYPE_Q8_0:
-    for (int64_t i = 0; i < nb; i++) {
-      const uint8_t *b = row + i * 34;
-      uint16_t hd;
-      memcpy(&hd, b, 2);
-      const __m512 d = _mm512_set1_ps(_cvtsh_ss(hd));
-      const __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
-      _mm512_storeu_ps(y + i * 32, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))));
-      _mm512_storeu_ps(y + i * 32 + 16,
-                       _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)))));
-    }
+    for (int64_t i = 0; i < nb; i++) cpu_deq_q8_0_block_avx512(row + i * 34, y + i * 32);
     return 1;
   case ANNA_DTYPE_Q4_0:
+    for (int64_t i = 0; i < nb; i++) cpu_deq_q4_0_block_avx512(row + i * 18, y + i * 32);
+    return 1;
   case ANNA_DTYPE_Q5_0: {
-    const int q5 = type == ANNA_DTYPE_Q5_0;
-    const int64_t bb = q5 ? 22 : 18;
     const __m128i lo4 = _mm_set1_epi8(0x0f);
     for (int64_t i = 0; i < nb; i++) {
-      const uint8_t *b = row + i * bb;
+      const uint8_t *b = row + i * 22;
       uint16_t hd;
       memcpy(&hd, b, 2);
       const __m512 d = _mm512_set1_ps(_cvtsh_ss(hd));
-      const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (q5 ? 6 : 2)));
+      const __m128i qs = _mm_loadu_si128((const __m128i *)(b + 6));
       __m128i v0 = _mm_and_si128(qs, lo4), v1 = _mm_and_si128(_mm_srli_epi16(qs, 4), lo4);
-      if (q5) {
-        uint32_t qh;
-        memcpy(&qh, b + 2, 4);
-        const __m128i h = _mm_set1_epi8(0x10);
-        v0 = _mm_or_si128(v0, _mm_maskz_mov_epi8((__mmask16)(qh & 0xffff), h));
-        v1 = _mm_or_si128(v1, _mm_maskz_mov_epi8((__mmask16)(qh >> 16), h));
-      }
-      const __m128i off = _mm_set1_epi8(q5 ? 16 : 8);
+      uint32_t qh;
+      memcpy(&qh, b + 2, 4);
+      const __m128i h = _mm_set1_epi8(0x10);
+      v0 = _mm_or_si128(v0, _mm_maskz_mov_epi8((__mmask16)(qh & 0xffff), h));
+      v1 = _mm_or_si128(v1, _mm_maskz_mov_epi8((__mmask16)(qh >> 16), h));
+      const __m128i off = _mm_set1_epi8(16);
       v0 = _mm_sub_epi8(v0, off), v1 = _mm_sub_epi8(v1, off);
       _mm512_storeu_ps(y + i * 32, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v0))));
       _mm512_storeu_ps(y + i * 32 + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v1))));
