@@ -150,8 +150,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 #ifdef ANNA_HAVE_CUDA
   if (cuda) {
     c->on_cuda = 1;
-    if ((rc = cuda_backend_create(&c->be, o.n_batch, err, errlen)) ||
-        (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen)) ||
+    if (!(rc = cuda_backend_create(&c->be, o.n_batch, err, errlen))) cuda_backend_set_exact(c->be, o.exact_matmul);
+    if (rc || (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen)) ||
         (rc = cuda_warmup(c, err, errlen))) {
       anna_context_free(c);
       return rc;

@@ -204,6 +204,10 @@ static void graph_finish(cuda_impl *ci) {
   if (cuda_check(ci, cudaGraphLaunch(ci->gexec, ci->stream), "graph launch")) ci->graph_launches++;
 }
 
+extern "C" void cuda_backend_set_exact(ops_backend *be, int on) {
+  cuda_impl_of(be)->exact = on;
+}
+
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }

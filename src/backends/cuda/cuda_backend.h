@@ -37,6 +37,12 @@ int cuda_backend_error(ops_backend *be, char *err, size_t errlen);
  * buffers with new contents at the same address (tests). */
 void cuda_backend_drop_mirrors(ops_backend *be);
 
+/* Exact mode (anna_context_options.exact_matmul, --exact): every op keeps f32 inputs and
+ * f32 arithmetic (SGEMM without TF32, CUDA-core attention and delta rule), matching the CPU
+ * reference to f32 rounding. Off (default): prefill GEMMs, attention and the chunked delta
+ * rule may run on tensor cores with bf16/f16/TF32 inputs and f32 accumulation. */
+void cuda_backend_set_exact(ops_backend *be, int on);
+
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
  * most 8 tokens are captured and replayed as one graph (updated in place while the step's
  * shape repeats), which removes most of the per-launch cost. Only for models whose ops

@@ -30,6 +30,7 @@ typedef struct cuda_impl {
   size_t ring_cap, ring_off;
   int64_t max_batch;
   cudaStream_t copy_stream; /* weight mirror copies: never part of a captured step */
+  int exact;                /* cuda_backend_set_exact: f32 inputs and arithmetic everywhere */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
   int capturing;            /* the stream is being captured for the current step */
   cudaGraphExec_t gexec;    /* last step's executable graph, updated in place when it fits */
