@@ -106,6 +106,9 @@ struct ops_backend {
   /* Host <-> backend copies (synchronous). */
   void (*upload)(ops_backend *be, void *dst, const void *src, size_t bytes);
   void (*download)(ops_backend *be, void *dst, const void *src, size_t bytes);
+  /* Waits until every queued op has finished (device backends, for timing); NULL when
+   * every op is synchronous (CPU). */
+  void (*sync)(ops_backend *be);
 
   /* y[n, W.rows] = x[n, W.cols] W^T (+ bias[W.rows] when bias != NULL). */
   void (*matmul)(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,

@@ -19,10 +19,13 @@ static double now(void) {
 }
 
 #define P(be) ((prof *)(be))
+/* Device backends: sync before (earlier untimed work is not charged to this op) and after. */
 #define TIMED(fam, call)                                                                                               \
   do {                                                                                                                 \
+    if (P(be)->inner.sync) P(be)->inner.sync(be);                                                                      \
     const double t0_ = now();                                                                                          \
     call;                                                                                                              \
+    if (P(be)->inner.sync) P(be)->inner.sync(be);                                                                      \
     P(be)->t[fam] += now() - t0_;                                                                                      \
   } while (0)
 
@@ -72,6 +75,32 @@ static void p_act_mul(ops_backend *be, float *y, const float *g, const float *u,
   TIMED(OPS_FAMILY_OTHER, P(be)->inner.act_mul(be, y, g, u, n, d, gs, us, act));
 }
 
+static void p_embed(ops_backend *be, float *out, const ops_weight *t, const int32_t *ids, int64_t n, float sc) {
+  TIMED(OPS_FAMILY_OTHER, P(be)->inner.embed(be, out, t, ids, n, sc));
+}
+static void p_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float sc) {
+  TIMED(OPS_FAMILY_GDN, P(be)->inner.l2norm(be, x, rows, d, eps, sc));
+}
+static void p_rmsnorm_gated(ops_backend *be, float *y, const float *x, const float *z, const float *w, int64_t rows,
+                            int d, float eps) {
+  TIMED(OPS_FAMILY_GDN, P(be)->inner.rmsnorm_gated(be, y, x, z, w, rows, d, eps));
+}
+static void p_add(ops_backend *be, float *y, const float *x, int64_t n) {
+  TIMED(OPS_FAMILY_OTHER, P(be)->inner.add(be, y, x, n));
+}
+static void p_scale(ops_backend *be, float *y, float s, int64_t n) {
+  TIMED(OPS_FAMILY_OTHER, P(be)->inner.scale(be, y, s, n));
+}
+static void p_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows, int d, int64_t gs, int gb) {
+  TIMED(OPS_FAMILY_OTHER, P(be)->inner.mul_sigmoid(be, y, g, rows, d, gs, gb));
+}
+static void p_copy_rows(ops_backend *be, float *dst, int64_t ds, const float *src, int64_t ss, int64_t rows, int d) {
+  TIMED(OPS_FAMILY_OTHER, P(be)->inner.copy_rows(be, dst, ds, src, ss, rows, d));
+}
+static void p_softcap(ops_backend *be, float *y, int64_t n, float cap) {
+  TIMED(OPS_FAMILY_LM_HEAD, P(be)->inner.softcap(be, y, n, cap));
+}
+
 const char *ops_family_name(int f) {
   static const char *names[] = {"matmul", "lm_head", "attention", "gdn", "moe", "other"};
   return f >= 0 && f < OPS_FAMILY_COUNT ? names[f] : "?";
@@ -98,6 +127,14 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
   WRAP(moe_route, p_moe_route);
   WRAP(rmsnorm, p_rmsnorm);
   WRAP(act_mul, p_act_mul);
+  WRAP(embed, p_embed);
+  WRAP(l2norm, p_l2norm);
+  WRAP(rmsnorm_gated, p_rmsnorm_gated);
+  WRAP(add, p_add);
+  WRAP(scale, p_scale);
+  WRAP(mul_sigmoid, p_mul_sigmoid);
+  WRAP(copy_rows, p_copy_rows);
+  WRAP(softcap, p_softcap);
 #undef WRAP
   return &p->be;
 }

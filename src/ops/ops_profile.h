@@ -2,8 +2,10 @@
  *
  * ops_profile_wrap returns a table that forwards every entry to the wrapped backend (same
  * impl pointer) and times the compute ops, grouped in families. The wrapped backend stays
- * owned by the caller and must outlive the wrapper. Times are host wall clock: exact for the
- * synchronous CPU backend; for an asynchronous device backend they measure launches only.
+ * owned by the caller and must outlive the wrapper. Times are host wall clock. For an
+ * asynchronous device backend (one with a `sync` entry) every timed op is bracketed by syncs,
+ * so its time is the op's own, plus one launch + sync (microseconds: the figures are right
+ * for prefill-sized ops and overstate tiny decode ops).
  * Single-threaded use (the thread that drives the context).
  */
 #ifndef ANNA_OPS_OPS_PROFILE_H

@@ -22,6 +22,7 @@ struct anna_context {
   threadpool *tp;
   ops_backend *be;      /* what the forward pass calls (the profiler's wrapper when profiling) */
   ops_backend *be_cpu;  /* the CPU backend itself (owned) */
+  ops_backend *be_dev;  /* the CUDA backend itself (owned), NULL on the CPU */
   fwd_state *st;
   int on_cuda;
 };
@@ -150,14 +151,20 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 #ifdef ANNA_HAVE_CUDA
   if (cuda) {
     c->on_cuda = 1;
-    if (!(rc = cuda_backend_create(&c->be, o.n_batch, err, errlen))) cuda_backend_set_exact(c->be, o.exact_matmul);
+    if (!(rc = cuda_backend_create(&c->be_dev, o.n_batch, err, errlen))) {
+      cuda_backend_set_exact(c->be_dev, o.exact_matmul);
+      c->be = c->be_dev;
+      /* Profiling syncs around every op, which a captured graph cannot do: eager steps. */
+      if (o.profile && !(c->be = ops_profile_wrap(c->be_dev, m->cfg.vocab)))
+        rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    }
     if (rc || (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen)) ||
         (rc = cuda_warmup(c, err, errlen))) {
       anna_context_free(c);
       return rc;
     }
     /* Decode steps replay as graphs, except for MoE (expert ids are read back mid-step). */
-    cuda_backend_set_graphs(c->be, m->cfg.n_experts == 0);
+    cuda_backend_set_graphs(c->be_dev, m->cfg.n_experts == 0 && !o.profile);
     *out = c;
     return 0;
   }
@@ -186,8 +193,10 @@ void anna_context_free(anna_context *c) {
   if (!c) return;
   fwd_state_free(c->st);
 #ifdef ANNA_HAVE_CUDA
-  if (c->on_cuda) cuda_backend_free(c->be);
-  else
+  if (c->on_cuda) {
+    if (c->be && c->be != c->be_dev) ops_profile_free(c->be);
+    cuda_backend_free(c->be_dev);
+  } else
 #endif
   {
     if (c->be && c->be != c->be_cpu) ops_profile_free(c->be);
@@ -236,8 +245,13 @@ int64_t anna_context_kv_bytes_per_token(const anna_context *c) {
   return fwd_state_kv_bytes_per_token(c->st);
 }
 
+/* The forward pass's table is the profiler's wrapper exactly when profiling. */
+static int profiling(const anna_context *c) {
+  return c->be && c->be != c->be_cpu && c->be != c->be_dev;
+}
+
 int anna_context_profile(const anna_context *c, double *seconds, const char **names, int cap) {
-  if (c->on_cuda || c->be == c->be_cpu) return 0;
+  if (!profiling(c)) return 0;
   double t[OPS_FAMILY_COUNT];
   ops_profile_read(c->be, t);
   int n = 0;
@@ -249,7 +263,7 @@ int anna_context_profile(const anna_context *c, double *seconds, const char **na
 }
 
 void anna_context_profile_reset(anna_context *c) {
-  if (!c->on_cuda && c->be != c->be_cpu) ops_profile_reset(c->be);
+  if (profiling(c)) ops_profile_reset(c->be);
 }
 
 int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *tokens, int32_t n, int flags) {

@@ -160,7 +160,8 @@ static void test_matmul(void) {
   /* the last two have more rows than the decode kernels keep resident, so their warps
    * walk several row groups */
   const int shapes[][3] = {{1, 17, 1},  {1, 300, 4},  {2, 129, 2},    {5, 64, 3},
-                           {8, 33, 1},  {9, 100, 2},  {67, 129, 3},   {1, 20001, 2}, {3, 9001, 1}};
+                           {8, 33, 1},  {9, 100, 2},  {67, 129, 3},   {1, 20001, 2}, {3, 9001, 1},
+                           {40, 1000, 4}};
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
     const int64_t bs = dtype_block_size(type);
@@ -181,11 +182,26 @@ static void test_matmul(void) {
         }
       ops_weight ow = {type, w, rows, cols};
       float *dx = dput(x, sizeof(float) * (size_t)(n * cols)), *dy = dnan(n * rows);
+      cuda_backend_set_exact(g_gpu, 1);
       g_gpu->matmul(g_gpu, dy, dx, n, &ow, bias);
       char what[128];
       snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s", dtype_name(type), (long long)n, (long long)rows,
                (long long)cols, bias ? " +bias" : "");
       cmpd(what, dy, ref, n * rows, 1e-4);
+      if (n > 8) {
+        cuda_backend_set_exact(g_gpu, 0);
+        /* Tensor-core GEMM: activations and dequantized weights rounded to bf16 (f16 for
+         * f16 weights, TF32 for f32), f32 accumulation. Each term carries <= 2^-8 relative
+         * rounding; over random-sign sums that stays ~1e-3 of the largest output, so 1e-2
+         * fails on any layout or indexing error (those give O(1)) but not on rounding. */
+        float *dz = dnan(n * rows);
+        g_gpu->matmul(g_gpu, dz, dx, n, &ow, bias);
+        strncat(what, " tensor cores", sizeof what - strlen(what) - 1);
+        cmpd(what, dz, ref, n * rows, 1e-2);
+        dfree(dz);
+        what[strlen(what) - strlen(" tensor cores")] = 0;
+        cuda_backend_set_exact(g_gpu, 1);
+      }
       if (s == 2) {
         /* activations off 16-byte alignment: the matvec falls back to its unit kernel */
         float *x1 = malloc(sizeof(float) * (size_t)(n * cols + 1));
@@ -719,6 +735,37 @@ static void bench(void) {
   }
 }
 
+/* Prefill GEMM throughput: 512 tokens x a 12288 x 4096 weight, f32 path (exact) against the
+ * tensor-core path; TFLOP/s = 2 * n * rows * cols / time (dequantization included). */
+static void bench_gemm(void) {
+  const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K};
+  const int64_t rows = 12288, cols = 4096, n = 512;
+  float *x = hrand(n * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(n * cols)), *dy = dnan(n * rows);
+  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+    float *f;
+    void *w = make_weight(types[i], rows, cols, &f);
+    free(f);
+    ops_weight ow = {types[i], w, rows, cols};
+    for (int exact = 1; exact >= 0; exact--) {
+      cuda_backend_set_exact(g_gpu, exact);
+      g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+      gpu_status("gemm warmup");
+      const int reps = 20;
+      double t0 = now_s();
+      for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+      gpu_status("gemm");
+      double dt = (now_s() - t0) / reps;
+      printf("  gemm %-6s n=%lld %lldx%lld %-12s: %8.1f us, %6.1f TFLOP/s\n", dtype_name(types[i]), (long long)n,
+             (long long)rows, (long long)cols, exact ? "f32" : "tensor cores", dt * 1e6,
+             2.0 * n * rows * cols / dt / 1e12);
+    }
+    cuda_backend_drop_mirrors(g_gpu);
+    free(w);
+  }
+  cuda_backend_set_exact(g_gpu, 1);
+  dfree(dx), dfree(dy), free(x);
+}
+
 int main(int argc, char **argv) {
   int do_bench = 0;
   for (int i = 1; i < argc; i++)
@@ -738,6 +785,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   printf("device: %s\n", cuda_backend_device_name());
+  /* Exact (f32) numerics unless a test switches to the tensor-core paths on purpose. */
+  cuda_backend_set_exact(g_gpu, 1);
   test_matmul();
   test_embed();
   test_norms();
@@ -748,7 +797,10 @@ int main(int argc, char **argv) {
   test_gdn();
   test_moe();
   test_graphs();
-  if (do_bench) bench();
+  if (do_bench) {
+    bench();
+    bench_gemm();
+  }
   cuda_backend_free(g_gpu);
   cpu_backend_free(g_cpu);
   threadpool_free(tp);

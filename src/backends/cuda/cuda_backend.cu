@@ -335,6 +335,7 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     cuda_backend_drop_mirrors(be);
     if (ci->deq) cudaFree(ci->deq);
     if (ci->att_part) cudaFree(ci->att_part);
+    if (ci->act16) cudaFree(ci->act16);
     if (ci->ring_d) cudaFree(ci->ring_d);
     if (ci->ring_h) cudaFreeHost(ci->ring_h);
     if (ci->blas) cublasDestroy(ci->blas);
@@ -342,6 +343,12 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     free(ci);
   }
   free(be);
+}
+
+/* Not while a step is being captured: a graph is timed as a whole. */
+static void cu_sync(ops_backend *be) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (!ci->err && !ci->capturing) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
 }
 
 extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen) {
@@ -391,6 +398,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->memset0 = cu_memset0;
   be->upload = cu_upload;
   be->download = cu_download;
+  be->sync = cu_sync;
   be->copy = cu_copy;
   be->matmul = cuda_op_matmul;
   be->embed = cuda_op_embed;

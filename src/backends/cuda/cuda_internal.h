@@ -35,6 +35,8 @@ typedef struct cuda_impl {
   int capturing;            /* the stream is being captured for the current step */
   cudaGraphExec_t gexec;    /* last step's executable graph, updated in place when it fits */
   int64_t graph_launches, graph_builds;
+  void *act16;              /* bf16/f16 activations of a tensor-core GEMM (cuda_gemm.cu), grown on demand */
+  size_t act16_bytes;
   float *att_part;          /* split-K attention partials */
   size_t att_part_floats;
 } cuda_impl;
@@ -61,6 +63,12 @@ bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d);
 /* Copies `bytes` of host data through the pinned ring to device memory valid for work
  * queued on the stream after this call. NULL on failure. */
 void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
+
+/* Tensor-core GEMM for batches above the matvec range (cuda_gemm.cu): true when it took
+ * the product (or set a sticky error trying), false when the f32 path must (exact mode, f32
+ * weights, unsupported shape). W: the weight's device copy, rb its row bytes. */
+bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W,
+                  int64_t rb);
 
 /* Launchers (one per op; signatures as ops.h). */
 void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias);

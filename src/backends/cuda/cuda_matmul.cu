@@ -426,8 +426,10 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
       else launch_matvec<1>(ci->stream, yt, xt, W, w, rb, vec), t0 += 1;
     }
     if (!cuda_check_launch(ci, "matvec")) return;
-  } else {
+  } else if (!cuda_gemm_tc(be, y, x, n, w, W, rb)) {
     const float one = 1.0f, zero = 0.0f;
+    /* f32 weights outside exact mode may use TF32 tensor cores (10-bit mantissa inputs). */
+    cublasSetMathMode(ci->blas, ci->exact ? CUBLAS_PEDANTIC_MATH : CUBLAS_TF32_TENSOR_OP_MATH);
     if (w->cols > (int64_t)ci->deq_floats || w->cols > 0x7fffffff || n > 0x7fffffff) {
       cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: matmul of %lld columns exceeds the GEMM tile", (long long)w->cols);
       return;
@@ -454,7 +456,7 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
       }
     }
   }
-  if (bd) {
+  if (bd && !ci->err) {
     k_add_bias<<<grid_for(n * w->rows), 256, 0, ci->stream>>>(y, bd, n, w->rows);
     cuda_check_launch(ci, "bias");
   }

@@ -1,0 +1,143 @@
+/* cuda_gemm.cu: prefill GEMMs on tensor cores (the default, non-exact numerics).
+ *
+ * y[n, rows] = x[n, cols] W^T for batches above the matvec range. The activations are
+ * rounded once to bf16 (f16 for f16 weights: cuBLAS wants both operands of one type) and
+ * multiplied by cuBLAS on tensor cores with f32 accumulation and f32 output:
+ *   bf16 / f16 weights   used in place (the mirror), no copy;
+ *   quantized weights    dequantized tile by tile (as many rows as the scratch holds) to
+ *                        bf16, then multiplied; a Q4/Q8 value q * d needs up to 15
+ *                        significant bits, so the tile rounds it to bf16's 8;
+ *   f32 weights          stay with the f32 path (cuda_matmul.cu), TF32 allowed there.
+ * Error budget: bf16 keeps 8 significant bits, so each product term carries a relative
+ * rounding of at most 2^-8 (activation and weight); sums of n random-sign terms grow like
+ * sqrt(n) of that, far under the spread the 8-bit activations of llama.cpp's own quantized
+ * GEMMs introduce. --exact (cuda_impl.exact) keeps the f32 SGEMM instead. */
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_quant.cuh"
+
+#include "base/error.h"
+
+#include <cuda_bf16.h>
+
+/* x[i] -> bf16 or f16: four at a time when x is 16-byte aligned (vec), else one at a time. */
+template <bool F16OUT>
+static __global__ void k_round_act(void *dst, const float *x, int64_t count, int vec) {
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x, t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  int64_t done = 0;
+  if (vec) {
+    const int64_t n4 = count / 4;
+    for (int64_t i = t; i < n4; i += stride) {
+      const float4 v = ((const float4 *)x)[i];
+      if (F16OUT) {
+        __half2 *o = (__half2 *)dst + 2 * i;
+        o[0] = __floats2half2_rn(v.x, v.y);
+        o[1] = __floats2half2_rn(v.z, v.w);
+      } else {
+        __nv_bfloat162 *o = (__nv_bfloat162 *)dst + 2 * i;
+        o[0] = __floats2bfloat162_rn(v.x, v.y);
+        o[1] = __floats2bfloat162_rn(v.z, v.w);
+      }
+    }
+    done = n4 * 4;
+  }
+  for (int64_t j = done + t; j < count; j += stride) {
+    if (F16OUT) ((__half *)dst)[j] = __float2half_rn(x[j]);
+    else ((__nv_bfloat16 *)dst)[j] = __float2bfloat16_rn(x[j]);
+  }
+}
+
+/* Rows [0, m) of a quantized W to bf16 dst[m, cols]; one thread per 32-element unit, the
+ * units of a row on consecutive threads so a warp's stores are contiguous. */
+static __global__ void k_dequant_bf16(__nv_bfloat16 *dst, const uint8_t *W, int64_t m, int64_t cols,
+                                      int64_t row_bytes, int type) {
+  const int64_t units = cols / 32;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m * units; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / units, u = i % units;
+    float w[32];
+    cuda_deq32(type, W + r * row_bytes, u, w);
+    uint4 *o = (uint4 *)(dst + r * cols + u * 32); /* 64-byte aligned: cols % 32 == 0 */
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      __nv_bfloat162 h[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) h[e] = __floats2bfloat162_rn(w[q * 8 + 2 * e], w[q * 8 + 2 * e + 1]);
+      o[q] = *(const uint4 *)h;
+    }
+  }
+}
+
+static unsigned grid_of(int64_t items) {
+  int64_t b = (items + 255) / 256;
+  return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
+}
+
+/* The activation scratch, grown on demand. Only batches above the matvec range come here
+ * and those are never captured into a graph, so a (rare) cudaMalloc is allowed. */
+static void *act_scratch(cuda_impl *ci, size_t bytes) {
+  if (bytes <= ci->act16_bytes) return ci->act16;
+  if (ci->capturing) {
+    cuda_fail(ci, ANNA_ESTATE, "cuda: GEMM scratch cannot grow inside a captured step");
+    return NULL;
+  }
+  if (ci->act16) cudaFree(ci->act16);
+  ci->act16 = NULL;
+  ci->act16_bytes = 0;
+  size_t want = bytes < ((size_t)8 << 20) ? ((size_t)8 << 20) : bytes;
+  cudaError_t e = cudaMalloc(&ci->act16, want);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    ci->act16 = NULL;
+    cuda_fail(ci, e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO, "cuda: GEMM activation scratch (%zu bytes): %s",
+              want, cudaGetErrorString(e));
+    return NULL;
+  }
+  ci->act16_bytes = want;
+  return ci->act16;
+}
+
+bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W,
+                  int64_t rb) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->exact || w->type == ANNA_DTYPE_F32) return false;
+  const bool use_f16 = w->type == ANNA_DTYPE_F16;
+  if (!use_f16 && w->type != ANNA_DTYPE_BF16 && (!cuda_quant_supported(w->type) || w->cols % 32 != 0)) return false;
+  if (w->cols > 0x7fffffff || n > 0x7fffffff || w->rows > 0x7fffffff) return false;
+  const int64_t count = n * w->cols;
+  void *xb = act_scratch(ci, (size_t)count * 2);
+  if (!xb) return true; /* sticky error set */
+  const int vec = ((uintptr_t)x & 15) == 0;
+  const unsigned g = grid_of(vec ? count / 4 + 1 : count);
+  if (use_f16) k_round_act<true><<<g, 256, 0, ci->stream>>>(xb, x, count, vec);
+  else k_round_act<false><<<g, 256, 0, ci->stream>>>(xb, x, count, vec);
+  if (!cuda_check_launch(ci, "round activations")) return true;
+  const cudaDataType_t dt = use_f16 ? CUDA_R_16F : CUDA_R_16BF;
+  const float one = 1.0f, zero = 0.0f;
+  const int k = (int)w->cols;
+  int64_t tile = w->rows;
+  if (cuda_quant_supported(w->type)) {
+    tile = (int64_t)(ci->deq_floats * 2) / w->cols; /* the f32 scratch holds twice as many bf16 */
+    if (tile < 1) {
+      cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: matmul of %lld columns exceeds the GEMM tile", (long long)w->cols);
+      return true;
+    }
+    if (tile > w->rows) tile = w->rows;
+  }
+  for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
+    const int64_t m = w->rows - r0 < tile ? w->rows - r0 : tile;
+    const void *A = W + r0 * rb;
+    if (cuda_quant_supported(w->type)) {
+      k_dequant_bf16<<<grid_of(m * (w->cols / 32)), 256, 0, ci->stream>>>((__nv_bfloat16 *)ci->deq, W + r0 * rb, m,
+                                                                          w->cols, rb, w->type);
+      if (!cuda_check_launch(ci, "dequant bf16")) return true;
+      A = ci->deq;
+    }
+    /* Column-major view, as the f32 path: C(m x n, ldc rows) = A(k x m)^T B(k x n). */
+    cublasStatus_t s = cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, k, &one, A, dt, k, xb, dt, k,
+                                    &zero, y + r0, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      cuda_fail(ci, ANNA_EIO, "cuda: cublasGemmEx (%s) failed (status %d)", use_f16 ? "f16" : "bf16", (int)s);
+      return true;
+    }
+  }
+  return true;
+}
