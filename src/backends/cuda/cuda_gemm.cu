@@ -1,17 +1,19 @@
 /* cuda_gemm.cu: prefill GEMMs on tensor cores (the default, non-exact numerics).
  *
- * y[n, rows] = x[n, cols] W^T for batches above the matvec range. The activations are
- * rounded once to bf16 (f16 for f16 weights: cuBLAS wants both operands of one type) and
- * multiplied by cuBLAS on tensor cores with f32 accumulation and f32 output:
- *   bf16 / f16 weights   used in place (the mirror), no copy;
- *   quantized weights    dequantized tile by tile (as many rows as the scratch holds) to
- *                        bf16, then multiplied; a Q4/Q8 value q * d needs up to 15
- *                        significant bits, so the tile rounds it to bf16's 8;
- *   f32 weights          stay with the f32 path (cuda_matmul.cu), TF32 allowed there.
- * Error budget: bf16 keeps 8 significant bits, so each product term carries a relative
- * rounding of at most 2^-8 (activation and weight); sums of n random-sign terms grow like
- * sqrt(n) of that, far under the spread the 8-bit activations of llama.cpp's own quantized
- * GEMMs introduce. --exact (cuda_impl.exact) keeps the f32 SGEMM instead. */
+ * y[n, rows] = x[n, cols] W^T for batches above the matvec range, by cuBLAS on bf16 tensor
+ * cores with f32 accumulation and f32 output:
+ *   activations   split once into two bf16 matrices, hi = bf16(x) and lo = bf16(x - hi), and
+ *                 multiplied twice (y = W hi + W lo): 16 significant bits instead of bf16's 8.
+ *                 Rounding x to plain bf16 moved the fixtures' logits by up to 2.2 (on a
+ *                 logit spread of 0.9: tiny random models amplify it); the split keeps them
+ *                 within f32 summation-order noise, for twice the tensor-core work, which
+ *                 is still several times faster than f32 SGEMM;
+ *   bf16 weights  used in place (the device mirror): exact;
+ *   quantized     dequantized tile by tile (as many rows as the 64 MiB scratch holds) to
+ *                 bf16: q * d keeps 8 of its up to 15 significant bits (2^-9 relative, far
+ *                 below the format's own quantization error);
+ *   f32 and f16 weights stay on the exact f32 SGEMM (cuda_matmul.cu): rare in matmuls.
+ * --exact (cuda_impl.exact) sends everything to the f32 SGEMM. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
 
@@ -19,30 +21,27 @@
 
 #include <cuda_bf16.h>
 
-/* x[i] -> bf16 or f16: four at a time when x is 16-byte aligned (vec), else one at a time. */
-template <bool F16OUT>
-static __global__ void k_round_act(void *dst, const float *x, int64_t count, int vec) {
+/* x -> hi = bf16(x), lo = bf16(x - hi); four at a time when x is 16-byte aligned (vec). */
+static __global__ void k_split_act(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t count, int vec) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x, t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   int64_t done = 0;
   if (vec) {
     const int64_t n4 = count / 4;
     for (int64_t i = t; i < n4; i += stride) {
       const float4 v = ((const float4 *)x)[i];
-      if (F16OUT) {
-        __half2 *o = (__half2 *)dst + 2 * i;
-        o[0] = __floats2half2_rn(v.x, v.y);
-        o[1] = __floats2half2_rn(v.z, v.w);
-      } else {
-        __nv_bfloat162 *o = (__nv_bfloat162 *)dst + 2 * i;
-        o[0] = __floats2bfloat162_rn(v.x, v.y);
-        o[1] = __floats2bfloat162_rn(v.z, v.w);
-      }
+      const __nv_bfloat162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
+      ((__nv_bfloat162 *)hi)[2 * i] = h0;
+      ((__nv_bfloat162 *)hi)[2 * i + 1] = h1;
+      const float2 f0 = __bfloat1622float2(h0), f1 = __bfloat1622float2(h1);
+      ((__nv_bfloat162 *)lo)[2 * i] = __floats2bfloat162_rn(v.x - f0.x, v.y - f0.y);
+      ((__nv_bfloat162 *)lo)[2 * i + 1] = __floats2bfloat162_rn(v.z - f1.x, v.w - f1.y);
     }
     done = n4 * 4;
   }
   for (int64_t j = done + t; j < count; j += stride) {
-    if (F16OUT) ((__half *)dst)[j] = __float2half_rn(x[j]);
-    else ((__nv_bfloat16 *)dst)[j] = __float2bfloat16_rn(x[j]);
+    const __nv_bfloat16 h = __float2bfloat16_rn(x[j]);
+    hi[j] = h;
+    lo[j] = __float2bfloat16_rn(x[j] - __bfloat162float(h));
   }
 }
 
@@ -87,8 +86,8 @@ static void *act_scratch(cuda_impl *ci, size_t bytes) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
     ci->act16 = NULL;
-    cuda_fail(ci, e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO, "cuda: GEMM activation scratch (%zu bytes): %s",
-              want, cudaGetErrorString(e));
+    cuda_fail(ci, e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO,
+              "cuda: GEMM activation scratch (%zu bytes): %s", want, cudaGetErrorString(e));
     return NULL;
   }
   ci->act16_bytes = want;
@@ -98,23 +97,20 @@ static void *act_scratch(cuda_impl *ci, size_t bytes) {
 bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W,
                   int64_t rb) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (ci->exact || w->type == ANNA_DTYPE_F32) return false;
-  const bool use_f16 = w->type == ANNA_DTYPE_F16;
-  if (!use_f16 && w->type != ANNA_DTYPE_BF16 && (!cuda_quant_supported(w->type) || w->cols % 32 != 0)) return false;
+  const bool quant = cuda_quant_supported(w->type);
+  if (ci->exact || (w->type != ANNA_DTYPE_BF16 && !(quant && w->cols % 32 == 0))) return false;
   if (w->cols > 0x7fffffff || n > 0x7fffffff || w->rows > 0x7fffffff) return false;
   const int64_t count = n * w->cols;
-  void *xb = act_scratch(ci, (size_t)count * 2);
-  if (!xb) return true; /* sticky error set */
+  __nv_bfloat16 *hi = (__nv_bfloat16 *)act_scratch(ci, (size_t)count * 2 * sizeof(__nv_bfloat16));
+  if (!hi) return true; /* sticky error set */
+  __nv_bfloat16 *lo = hi + count;
   const int vec = ((uintptr_t)x & 15) == 0;
-  const unsigned g = grid_of(vec ? count / 4 + 1 : count);
-  if (use_f16) k_round_act<true><<<g, 256, 0, ci->stream>>>(xb, x, count, vec);
-  else k_round_act<false><<<g, 256, 0, ci->stream>>>(xb, x, count, vec);
-  if (!cuda_check_launch(ci, "round activations")) return true;
-  const cudaDataType_t dt = use_f16 ? CUDA_R_16F : CUDA_R_16BF;
+  k_split_act<<<grid_of(vec ? count / 4 + 1 : count), 256, 0, ci->stream>>>(hi, lo, x, count, vec);
+  if (!cuda_check_launch(ci, "split activations")) return true;
   const float one = 1.0f, zero = 0.0f;
   const int k = (int)w->cols;
   int64_t tile = w->rows;
-  if (cuda_quant_supported(w->type)) {
+  if (quant) {
     tile = (int64_t)(ci->deq_floats * 2) / w->cols; /* the f32 scratch holds twice as many bf16 */
     if (tile < 1) {
       cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: matmul of %lld columns exceeds the GEMM tile", (long long)w->cols);
@@ -125,18 +121,22 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
   for (int64_t r0 = 0; r0 < w->rows; r0 += tile) {
     const int64_t m = w->rows - r0 < tile ? w->rows - r0 : tile;
     const void *A = W + r0 * rb;
-    if (cuda_quant_supported(w->type)) {
+    if (quant) {
       k_dequant_bf16<<<grid_of(m * (w->cols / 32)), 256, 0, ci->stream>>>((__nv_bfloat16 *)ci->deq, W + r0 * rb, m,
                                                                           w->cols, rb, w->type);
       if (!cuda_check_launch(ci, "dequant bf16")) return true;
       A = ci->deq;
     }
-    /* Column-major view, as the f32 path: C(m x n, ldc rows) = A(k x m)^T B(k x n). */
-    cublasStatus_t s = cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, k, &one, A, dt, k, xb, dt, k,
-                                    &zero, y + r0, CUDA_R_32F, (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) {
-      cuda_fail(ci, ANNA_EIO, "cuda: cublasGemmEx (%s) failed (status %d)", use_f16 ? "f16" : "bf16", (int)s);
-      return true;
+    /* Column-major view, as the f32 path: C(m x n, ldc rows) = A(k x m)^T B(k x n); the lo
+     * product accumulates onto the hi one (beta 1). */
+    for (int part = 0; part < 2; part++) {
+      cublasStatus_t s = cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, k, &one, A, CUDA_R_16BF, k,
+                                      part ? lo : hi, CUDA_R_16BF, k, part ? &one : &zero, y + r0, CUDA_R_32F,
+                                      (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (s != CUBLAS_STATUS_SUCCESS) {
+        cuda_fail(ci, ANNA_EIO, "cuda: cublasGemmEx (bf16) failed (status %d)", (int)s);
+        return true;
+      }
     }
   }
   return true;

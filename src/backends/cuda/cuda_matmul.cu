@@ -428,8 +428,6 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
     if (!cuda_check_launch(ci, "matvec")) return;
   } else if (!cuda_gemm_tc(be, y, x, n, w, W, rb)) {
     const float one = 1.0f, zero = 0.0f;
-    /* f32 weights outside exact mode may use TF32 tensor cores (10-bit mantissa inputs). */
-    cublasSetMathMode(ci->blas, ci->exact ? CUBLAS_PEDANTIC_MATH : CUBLAS_TF32_TENSOR_OP_MATH);
     if (w->cols > (int64_t)ci->deq_floats || w->cols > 0x7fffffff || n > 0x7fffffff) {
       cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: matmul of %lld columns exceeds the GEMM tile", (long long)w->cols);
       return;
