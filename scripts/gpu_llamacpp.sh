@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# gpu_llamacpp.sh: the llama.cpp CUDA peer on the GPU machine, side by side with anna on one
-# GGUF, in one call of the device tool.
+# gpu_llamacpp.sh: anna vs llama.cpp's CUDA build on the GPU machine, same GGUF files, same
+# run, in one call of the device tool; prints one table last.
 #
-#   scripts/gpu_llamacpp.sh --src TARBALL --anna BIN_DIR --gguf FILE [--build DIR] [--out DIR]
+#   scripts/gpu_llamacpp.sh --src TARBALL --anna DIR (--gguf FILE ... | --shape NAME [--layers N]
+#                           [--quant q4_k_m,bf16]) [--lengths 512,8192] [--build DIR] [--out DIR]
 #
 # --src: llama.cpp sources as a .tar.xz holding llama.cpp/ (the copy vendored in
 #   llama-cpp-python's sdist, trimmed of docs/models/tests/other backends to travel; make it
 #   with `scripts/gpu_llamacpp.sh --pack OUT.tar.xz` on the dev machine).
-# --anna: folder holding anna-generate built with -DANNA_CUDA=ON (and lib/ beside it, if any).
-# --gguf: the model both engines run (e.g. a tools/mkshape.py shape).
-# --build: where llama.cpp is built (default .gpu/llama-build: inside the checkout, ignored,
-#   so a second call on a warm machine reuses it).
-# Prints one table last: prefill tok/s (512-token prompt) and decode tok/s (128 tokens).
+# --anna: folder with bin/anna-bench (built with -DANNA_CUDA=ON) and lib/ (its shared libs).
+# --gguf FILE: a model both engines run (repeatable).
+# --shape NAME: write a tools/mkshape.py shape as a bf16 GGUF (while llama.cpp builds), then
+#   llama-quantize it to each --quant type (bf16 = the file itself). --layers N truncates the
+#   depth (the 35B-A3B shape's bf16 file does not fit the machine's disk otherwise).
+# --build: where llama.cpp is built (default /tmp/llama-build: kept while the machine is warm).
+# Both engines: prefill tok/s of --lengths prompts and decode tok/s of 128 tokens after the
+# first length; llama-bench -r 2 (its defaults: n_batch 2048, n_ubatch 512), anna-bench
+# --runs 2 --batch 2048. Achieved decode bandwidth = bytes read per token (every tensor but
+# the token embedding, which a token reads one row of) x tok/s, against a measured copy.
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--pack" ]; then
@@ -27,45 +33,99 @@ if [ "${1:-}" = "--pack" ]; then
   ls -la "$2"
   exit $?
 fi
-SRC="" ANNA="" GGUF="" BUILD=".gpu/llama-build" OUTD="${OUT:-/tmp/gpu_llamacpp}"
+SRC="" ANNA="" GGUFS=() SHAPE="" LAYERS="" QUANT="q4_k_m,bf16" LENS="512,8192" BUILD="/tmp/llama-build"
+OUTD="${OUT:-/tmp/gpu_llamacpp}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --src) SRC="$2"; shift 2 ;;
     --anna) ANNA="$2"; shift 2 ;;
-    --gguf) GGUF="$2"; shift 2 ;;
+    --gguf) GGUFS+=("$2"); shift 2 ;;
+    --shape) SHAPE="$2"; shift 2 ;;
+    --layers) LAYERS="$2"; shift 2 ;;
+    --quant) QUANT="$2"; shift 2 ;;
+    --lengths) LENS="$2"; shift 2 ;;
     --build) BUILD="$2"; shift 2 ;;
     --out) OUTD="$2"; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
 done
-[ -n "$SRC" ] && [ -n "$ANNA" ] && [ -n "$GGUF" ] || { echo "usage: see the header" >&2; exit 2; }
+[ -n "$SRC" ] && [ -n "$ANNA" ] && { [ ${#GGUFS[@]} -gt 0 ] || [ -n "$SHAPE" ]; } || { echo "usage: see the header" >&2; exit 2; }
 mkdir -p "$OUTD" "$BUILD"
 ROWS=()
-row() { ROWS+=("$(printf '%-40s %s' "$1" "$2")"); }
+row() { ROWS+=("$(printf '%-44s %s' "$1" "$2")"); }
+T0=$(date +%s)
+for d in /usr/local/cuda/lib64 "$ANNA/lib"; do [ -d "$d" ] && export LD_LIBRARY_PATH="$(cd "$d" && pwd):${LD_LIBRARY_PATH:-}"; done
 
-if [ ! -x "$BUILD/bin/llama-bench" ]; then
-  t0=$(date +%s)
-  [ -d "$BUILD/llama.cpp" ] || tar -C "$BUILD" -xJf "$SRC"
-  cmake -S "$BUILD/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=90a-real -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$OUTD/llama-cmake.log" 2>&1 || { tail -20 "$OUTD/llama-cmake.log"; exit 1; }
-  # Bounded so the table still prints; a second call on the warm machine resumes the build.
-  timeout "${LLAMA_BUILD_TIMEOUT:-420}" cmake --build "$BUILD" -j"$(nproc)" --target llama-bench >"$OUTD/llama-build.log" 2>&1
-  row "llama.cpp build" "rc $? in $(( $(date +%s) - t0 )) s ($(grep -c '^\[' "$OUTD/llama-build.log") steps)"
+# 1. llama.cpp (background) and the model (foreground, single-threaded python) at once
+if [ ! -x "$BUILD/bin/llama-bench" ] || [ ! -x "$BUILD/bin/llama-quantize" ]; then
+  (
+    [ -d "$BUILD/llama.cpp" ] || tar -C "$BUILD" -xJf "$SRC"
+    cmake -S "$BUILD/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a-real -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$OUTD/llama-cmake.log" 2>&1 &&
+      cmake --build "$BUILD" -j"$(nproc)" --target llama-bench llama-quantize >"$OUTD/llama-build.log" 2>&1
+    echo "rc $? in $(( $(date +%s) - T0 )) s" >"$OUTD/llama-build.rc"
+  ) &
+  BUILD_PID=$!
 fi
-if [ -x "$BUILD/bin/llama-bench" ]; then
-  "$BUILD/bin/llama-bench" -m "$GGUF" -p 512 -n 128 -ngl 99 -r 3 -o md 2>&1 | tee "$OUTD/llama-bench.md"
-  pp=$(grep -E "pp512" "$OUTD/llama-bench.md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
-  tg=$(grep -E "tg128" "$OUTD/llama-bench.md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
-  row "llama.cpp CUDA $(basename "$GGUF")" "prefill ${pp:-?} tok/s (512) | decode ${tg:-?} tok/s (128)"
+if [ -n "$SHAPE" ]; then
+  SD=/tmp/shape_${SHAPE}${LAYERS:+_L$LAYERS}
+  BF="$SD/$SHAPE-bf16.gguf"
+  if [ ! -f "$BF" ]; then
+    t0=$(date +%s)
+    rm -rf "$SD"
+    python3 tools/mkshape.py "$SHAPE" "$SD" --gguf bf16 --gguf-only --max-gb 0 ${LAYERS:+--layers $LAYERS} \
+      --tokenizer "${FIX:-.gpu/fx}/tokenizer" --tokenizer-gguf tests/fixtures/gguf/qwen3_5.gguf >"$OUTD/mkshape.log" 2>&1 ||
+      tail -5 "$OUTD/mkshape.log"
+    row "mkshape $SHAPE${LAYERS:+ ($LAYERS layers)} bf16 gguf" "$(( $(date +%s) - t0 )) s, $(du -h "$BF" | cut -f1)"
+  fi
 fi
-[ -d "$ANNA/../lib" ] && export LD_LIBRARY_PATH="$(cd "$ANNA/../lib" && pwd):${LD_LIBRARY_PATH:-}"
-IDS=$(python3 -c 'print(",".join(str((i * 37 + 11) % 997) for i in range(512)))')
-for run in 1 2 3; do
-  "$ANNA/anna-generate" --model "$GGUF" --device cuda --prompt-ids "$IDS" --max-new-tokens 128 2>&1 >/dev/null |
-    grep '^\[anna\]' | tail -1
-done | tee "$OUTD/anna.txt"
-row "anna CUDA $(basename "$GGUF") (3 runs)" "$(sed -E 's/.*prompt ([0-9]+) tok, ([0-9.]+) tok\/s \| generated ([0-9]+) tok, ([0-9.]+) tok\/s.*/\2|\4/' "$OUTD/anna.txt" | tr '\n' ' ')(prefill|decode tok/s)"
+[ -n "${BUILD_PID:-}" ] && wait "$BUILD_PID"
+[ -f "$OUTD/llama-build.rc" ] && row "llama.cpp build (llama-bench, llama-quantize)" "$(cat "$OUTD/llama-build.rc")"
+[ -x "$BUILD/bin/llama-bench" ] || { tail -20 "$OUTD/llama-build.log"; printf '%s\n' "${ROWS[@]}"; exit 1; }
+if [ -n "$SHAPE" ]; then
+  for q in ${QUANT//,/ }; do
+    if [ "$q" = bf16 ]; then GGUFS+=("$BF"); continue; fi
+    QF="$SD/$SHAPE-$q.gguf"
+    if [ ! -f "$QF" ]; then
+      t0=$(date +%s)
+      "$BUILD/bin/llama-quantize" "$BF" "$QF" "$(echo "$q" | tr a-z A-Z)" "$(nproc)" >"$OUTD/quantize-$q.log" 2>&1 ||
+        tail -5 "$OUTD/quantize-$q.log"
+      row "llama-quantize $q" "$(( $(date +%s) - t0 )) s, $(du -h "$QF" | cut -f1)"
+    fi
+    GGUFS+=("$QF")
+  done
+fi
+
+# 2. the two engines on each file
+FIRST=${LENS%%,*}
+for G in "${GGUFS[@]}"; do
+  [ -f "$G" ] || continue
+  name=$(basename "$G" .gguf)
+  rbytes=$(python3 - "$G" <<'PY'
+import sys
+from gguf import GGUFReader
+r = GGUFReader(sys.argv[1])
+print(sum(int(t.n_bytes) for t in r.tensors if t.name != "token_embd.weight"))
+PY
+)
+  "$BUILD/bin/llama-bench" -m "$G" -p "$LENS" -n 128 -ngl 99 -r 2 -o md >"$OUTD/llama-$name.md" 2>&1
+  "$ANNA/bin/anna-bench" --model "$G" --device cuda --prompt-lengths "$LENS" --max-new-tokens 128 --runs 2 --warmup 1 \
+    --batch "${ANNA_BATCH:-2048}" >"$OUTD/anna-$name.txt" 2>&1
+  cat "$OUTD/llama-$name.md" "$OUTD/anna-$name.txt" | grep -E "^\|"
+  # llama-bench md rows: | model | size | params | backend | ngl | test | t/s |
+  lpp() { grep -E "\| +pp$1 +\|" "$OUTD/llama-$name.md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}'; }
+  ltg=$(grep -E "\| +tg128 +\|" "$OUTD/llama-$name.md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}')
+  # anna-bench rows: | prompt | PP tok/s | TTFT | TG tok/s | CPU/wall |
+  app() { grep -E "^\| +$1 \|" "$OUTD/anna-$name.txt" | awk -F'|' '{print $3}' | awk '{print $1}'; }
+  atg=$(grep -E "^\| +$FIRST \|" "$OUTD/anna-$name.txt" | awk -F'|' '{print $5}' | awk '{print $1}')
+  for L in ${LENS//,/ }; do
+    a=$(app "$L") l=$(lpp "$L")
+    row "$name prefill $L (tok/s)" "anna ${a:-?} | llama.cpp ${l:-?} | $(python3 -c "print(f'{float(\"$a\")/float(\"$l\"):.2f}x')" 2>/dev/null || echo '?')"
+  done
+  row "$name decode 128 after $FIRST (tok/s)" "anna ${atg:-?} | llama.cpp ${ltg:-?} | $(python3 -c "print(f'{float(\"$atg\")/float(\"$ltg\"):.2f}x')" 2>/dev/null || echo '?')"
+  row "$name decode bandwidth (GB/s)" "$(python3 -c "b=$rbytes; print(f'{b/1e9:.2f} GB/token: anna {b*float(\"$atg\")/1e9:.0f}, llama.cpp {b*float(\"$ltg\")/1e9:.0f}')" 2>/dev/null || echo '?')"
+done
 echo
-echo "==== gpu_llamacpp summary ===="
+echo "==== gpu_llamacpp summary ($(( $(date +%s) - T0 )) s) ===="
 printf '%s\n' "${ROWS[@]}"

@@ -98,12 +98,15 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
                   int64_t rb) {
   cuda_impl *ci = cuda_impl_of(be);
   const bool quant = cuda_quant_supported(w->type);
-  if (ci->exact || (w->type != ANNA_DTYPE_BF16 && !(quant && w->cols % 32 == 0))) return false;
+  /* cuBLAS's bf16 kernels want 16-byte aligned rows (cols % 8; an odd width failed with
+   * CUBLAS_STATUS_INTERNAL_ERROR on the H200): other widths take the f32 path. */
+  if (ci->exact || w->cols % 8 != 0 || (w->type != ANNA_DTYPE_BF16 && !(quant && w->cols % 32 == 0))) return false;
+  if (w->type == ANNA_DTYPE_BF16 && ((uintptr_t)W & 15) != 0) return false;
   if (w->cols > 0x7fffffff || n > 0x7fffffff || w->rows > 0x7fffffff) return false;
-  const int64_t count = n * w->cols;
-  __nv_bfloat16 *hi = (__nv_bfloat16 *)act_scratch(ci, (size_t)count * 2 * sizeof(__nv_bfloat16));
+  const int64_t count = n * w->cols, lo_at = (count + 127) / 128 * 128; /* lo 256-byte aligned */
+  __nv_bfloat16 *hi = (__nv_bfloat16 *)act_scratch(ci, (size_t)(lo_at + count) * sizeof(__nv_bfloat16));
   if (!hi) return true; /* sticky error set */
-  __nv_bfloat16 *lo = hi + count;
+  __nv_bfloat16 *lo = hi + lo_at;
   const int vec = ((uintptr_t)x & 15) == 0;
   k_split_act<<<grid_of(vec ? count / 4 + 1 : count), 256, 0, ci->stream>>>(hi, lo, x, count, vec);
   if (!cuda_check_launch(ci, "split activations")) return true;
