@@ -74,7 +74,7 @@ if [ -n "$SHAPE" ]; then
   if [ ! -f "$BF" ]; then
     t0=$(date +%s)
     rm -rf "$SD"
-    python3 tools/mkshape.py "$SHAPE" "$SD" --gguf bf16 --gguf-only --max-gb 0 ${LAYERS:+--layers $LAYERS} \
+    python3 tools/mkshape.py "$SHAPE" "$SD" --gguf bf16 --gguf-only --max-gb 0 --jobs 8 ${LAYERS:+--layers $LAYERS} \
       --tokenizer "${FIX:-.gpu/fx}/tokenizer" --tokenizer-gguf tests/fixtures/gguf/qwen3_5.gguf >"$OUTD/mkshape.log" 2>&1 ||
       tail -5 "$OUTD/mkshape.log"
     row "mkshape $SHAPE${LAYERS:+ ($LAYERS layers)} bf16 gguf" "$(( $(date +%s) - t0 )) s, $(du -h "$BF" | cut -f1)"

@@ -630,7 +630,7 @@ def gemma4_gguf_kv(w, s, n_layers, vocab):
     return a
 
 
-def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_gguf):
+def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_gguf, n_jobs=1):
     import gguf
     from gguf import GGMLQuantizationType as QT
     qwen = s["family"].startswith("qwen3_5")
@@ -674,13 +674,40 @@ def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_ggu
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     fout = w.fout[0]
-    total, done, t0 = sum(nbytes(t) for t in ts), 0, time.time()
+    w.write_padding(fout, fout.tell())
+    data_start, align = fout.tell(), w.data_alignment
+    # Each tensor's place is fixed by the header (padded to the alignment), so tensors are
+    # generated in parallel processes, each writing at its own offset; the bytes are the
+    # same as a sequential write (one RNG per tensor, seeded by its name).
+    jobs, off = [], 0
     for t in ts:
-        w.write_padding(fout, fout.tell())
-        rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, t.name)))
-        cols = t.shape[-1]
-        rows = t.numel // cols
-        step = max(1, chunk_elems // cols)
+        jobs.append((path, data_start + off, t, seed, chunk_elems, nbytes(t)))
+        off += nbytes(t) + (-nbytes(t) % align)
+    fout.truncate(data_start + off)
+    fout.close()
+    total, done, t0 = sum(nbytes(t) for t in ts), 0, time.time()
+    import multiprocessing
+    with multiprocessing.get_context("fork").Pool(max(1, n_jobs)) as pool:
+        for nb in pool.imap_unordered(_gguf_write_tensor, sorted(jobs, key=lambda j: -j[5])):
+            done += nb
+            if sys.stderr.isatty():
+                sys.stderr.write(f"\r[mkshape] {os.path.basename(path)}: {done / 2**30:.2f} / {total / 2**30:.2f} GiB")
+    sys.stderr.write(f"\r[mkshape] wrote {path}: {total / 2**30:.2f} GiB {qtype}, {time.time() - t0:.1f} s "
+                     f"({max(1, n_jobs)} processes)\n")
+    return total
+
+
+def _gguf_write_tensor(job):
+    """One GGUF tensor's data at its offset (a worker of gguf_write's pool)."""
+    import gguf
+    from gguf import GGMLQuantizationType as QT
+    path, at, t, seed, chunk_elems, nb = job
+    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, t.name)))
+    cols = t.shape[-1]
+    rows = t.numel // cols
+    step = max(1, chunk_elems // cols)
+    with open(path, "r+b") as fout:
+        fout.seek(at)
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)
             kind = t.init[0]
@@ -699,13 +726,7 @@ def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_ggu
                 fout.write(x.astype("<f2").tobytes())
             else:
                 fout.write(gguf.quants.quantize(x, QT[t.dtype]).tobytes())
-        w.write_padding(fout, nbytes(t))
-        done += nbytes(t)
-        if sys.stderr.isatty():
-            sys.stderr.write(f"\r[mkshape] {os.path.basename(path)}: {done / 2**30:.2f} / {total / 2**30:.2f} GiB")
-    fout.close()
-    sys.stderr.write(f"\r[mkshape] wrote {path}: {total / 2**30:.2f} GiB {qtype}, {time.time() - t0:.1f} s\n")
-    return total
+    return nb
 
 
 # ----------------------------------------------------------------------------- main
@@ -746,6 +767,8 @@ def main():
     ap.add_argument("--gguf-only", action="store_true", help="write the GGUF (and config/tokenizer), no safetensors")
     ap.add_argument("--tokenizer-gguf", default=TOKENIZER_GGUF,
                     help="GGUF whose tokenizer metadata is copied into --gguf output")
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                    help="processes writing GGUF tensors in parallel (default: one per core)")
     ap.add_argument("--list", action="store_true", help="print every shape's parameter count and size")
     ap.add_argument("--dry-run", action="store_true", help="print the tensors, write nothing")
     args = ap.parse_intermixed_args()
@@ -820,7 +843,7 @@ def main():
         s = SHAPES[args.shape]
         gguf_write(os.path.join(args.out, f"{args.shape}-{args.gguf}.gguf"), args.shape, s,
                    args.layers or s["layers"], gvocab, args.gguf, args.seed, args.chunk_mb * (1 << 20) // 4,
-                   args.tokenizer_gguf)
+                   args.tokenizer_gguf, args.jobs)
     return 0
 
 
