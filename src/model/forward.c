@@ -1026,7 +1026,7 @@ static void moe(fwd_run *r, int li, const float *rin, const float *xn, float *ou
   float *logits = s->buf[2];
   be->matmul(be, logits, rin, n, &w->router, NULL);
   be->moe_route(be, s->moe_idx, s->moe_w, logits, n, c->n_experts, c->top_k, c->norm_topk, w->per_expert_scale);
-  be->moe_ffn(be, out, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k, w->exp_gate, w->exp_up, w->exp_down,
+  be->moe_ffn(be, out, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up, w->exp_down,
               c->act, s->moe_scratch);
 }
 

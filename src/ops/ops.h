@@ -171,10 +171,10 @@ struct ops_backend {
   void (*softcap)(ops_backend *be, float *y, int64_t n, float cap);
   /* Sparse MoE FFN: out[n, H] = sum_j wts[i, j] * down_e(act(gate_e x) * up_e x) over the k
    * experts e = idx[i, j] of token i. Experts are given as arrays of E weights (gate/up may
-   * be one fused gate_up weight of 2I rows: then up[] is NULL). scratch must hold
-   * ops_moe_scratch_floats(n, k, H, I) floats. */
+   * be one fused gate_up weight of 2I rows: then up[] is NULL); n_experts = E, the length
+   * of those arrays. scratch must hold ops_moe_scratch_floats(n, k, H, I) floats. */
   void (*moe_ffn)(ops_backend *be, float *out, const float *x, int64_t n, int hidden,
-                  const int32_t *idx, const float *wts, int k, const ops_weight *gate,
+                  const int32_t *idx, const float *wts, int k, int n_experts, const ops_weight *gate,
                   const ops_weight *up, const ops_weight *down, int act, float *scratch);
   /* Router: logits [n, E] -> top-k indices and weights. mode: 0 = softmax then top-k
    * (renormalised when renorm); weights additionally multiplied by per_expert[e] if given. */

@@ -59,9 +59,9 @@ static void p_gdn_gates(ops_backend *be, float *beta, float *g, const float *b, 
   TIMED(OPS_FAMILY_GDN, P(be)->inner.gdn_gates(be, beta, g, b, bs, a, as, al, dt, n, h));
 }
 static void p_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int hidden, const int32_t *idx,
-                      const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
-                      int act, float *scratch) {
-  TIMED(OPS_FAMILY_MOE, P(be)->inner.moe_ffn(be, out, x, n, hidden, idx, wts, k, gate, up, down, act, scratch));
+                      const float *wts, int k, int ne, const ops_weight *gate, const ops_weight *up,
+                      const ops_weight *down, int act, float *scratch) {
+  TIMED(OPS_FAMILY_MOE, P(be)->inner.moe_ffn(be, out, x, n, hidden, idx, wts, k, ne, gate, up, down, act, scratch));
 }
 static void p_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int e, int k,
                         int renorm, const float *per) {

@@ -163,8 +163,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
       anna_context_free(c);
       return rc;
     }
-    /* Decode steps replay as graphs, except for MoE (expert ids are read back mid-step). */
-    cuda_backend_set_graphs(c->be_dev, m->cfg.n_experts == 0 && !o.profile);
+    /* Decode steps replay as graphs (MoE too: decode-sized expert FFNs stay on the device). */
+    cuda_backend_set_graphs(c->be_dev, !o.profile);
     *out = c;
     return 0;
   }

@@ -504,7 +504,8 @@ static void test_gdn(void) {
 
 static void test_moe(void) {
   printf("moe\n");
-  const int rc[][4] = {/* n, E, k, renorm */ {1, 8, 2, 1}, {7, 16, 4, 0}, {33, 128, 8, 1}, {5, 256, 8, 1}};
+  const int rc[][4] = {/* n, E, k, renorm */ {1, 8, 2, 1}, {7, 16, 4, 0}, {33, 128, 8, 1}, {5, 256, 8, 1},
+                       {3, 1000, 10, 0}};
   for (size_t c = 0; c < sizeof rc / sizeof rc[0]; c++) {
     cuda_backend_drop_mirrors(g_gpu);
     const int64_t n = rc[c][0];
@@ -529,9 +530,12 @@ static void test_moe(void) {
     cmpd(what, dw, w, n * k, 1e-5);
     dfree(dlg), dfree(didx), dfree(dw), free(lg), free(pe), free(idx), free(w), free(gidx);
   }
-  /* moe_ffn: decode and prefill sizes, separate and fused gate/up, bf16 and Q4_K experts */
+  /* moe_ffn: decode (n <= 8: device-side kernels, also replayed as a graph) and prefill
+   * sizes (host-grouped), separate and fused gate/up, float and quantized experts */
   const int fc[][5] = {/* n, fused, type, H, I */ {1, 0, ANNA_DTYPE_BF16, 64, 96}, {20, 1, ANNA_DTYPE_BF16, 64, 96},
-                       {3, 0, ANNA_DTYPE_Q4_K, 256, 512}, {40, 1, ANNA_DTYPE_Q8_0, 96, 160}};
+                       {3, 0, ANNA_DTYPE_Q4_K, 256, 512}, {40, 1, ANNA_DTYPE_Q8_0, 96, 160},
+                       {8, 0, ANNA_DTYPE_Q6_K, 256, 256}, {2, 1, ANNA_DTYPE_IQ4_XS, 256, 512},
+                       {5, 1, ANNA_DTYPE_F32, 40, 24}};
   for (size_t c = 0; c < sizeof fc / sizeof fc[0]; c++) {
     cuda_backend_drop_mirrors(g_gpu);
     const int64_t n = fc[c][0];
@@ -565,15 +569,31 @@ static void test_moe(void) {
     }
     const int64_t sf = ops_moe_scratch_floats(n, k, H, I);
     float *scratch = malloc(sizeof(float) * (size_t)sf), *ref = malloc(sizeof(float) * (size_t)(n * H));
-    g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, gate, fused ? NULL : up, down, ACT_KIND_SILU, scratch);
+    g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, E, gate, fused ? NULL : up, down, ACT_KIND_SILU, scratch);
     float *dx = dput(x, sizeof(float) * (size_t)(n * H)), *dw = dput(w, sizeof(float) * (size_t)(n * k));
     int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)(n * k));
     float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf), *dy = dnan(n * H);
-    g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx, dw, k, gate, fused ? NULL : up, down, ACT_KIND_SILU, dscr);
+    g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx, dw, k, E, gate, fused ? NULL : up, down, ACT_KIND_SILU, dscr);
     char what[64];
     snprintf(what, sizeof what, "moe_ffn n=%lld %s%s", (long long)n, dtype_name(type), fused ? " fused" : "");
     /* quantized: the CPU multiplies 8-bit-quantized activations, the GPU f32 ones */
-    cmpd(what, dy, ref, n * H, type == ANNA_DTYPE_BF16 ? 1e-4 : 2e-2);
+    const double tol = type == ANNA_DTYPE_BF16 || type == ANNA_DTYPE_F32 ? 1e-4 : 2e-2;
+    cmpd(what, dy, ref, n * H, tol);
+    if (n <= 8) {
+      /* the same op captured into a decode-step graph, built then replayed */
+      cuda_backend_set_graphs(g_gpu, 1);
+      for (int rep = 0; rep < 2; rep++) {
+        float *dg = dnan(n * H);
+        cuda_backend_step_begin(g_gpu, n);
+        g_gpu->moe_ffn(g_gpu, dg, dx, n, H, didx, dw, k, E, gate, fused ? NULL : up, down, ACT_KIND_SILU, dscr);
+        cuda_backend_step_end(g_gpu);
+        char gw[80];
+        snprintf(gw, sizeof gw, "%s graph %d", what, rep);
+        cmpd(gw, dg, ref, n * H, tol);
+        dfree(dg);
+      }
+      cuda_backend_set_graphs(g_gpu, 0);
+    }
     dfree(dx), dfree(dw), dfree(didx), dfree(dscr), dfree(dy);
     for (int i = 0; i < nm; i++) free(mem[i]);
     free(x), free(w), free(idx), free(scratch), free(ref);

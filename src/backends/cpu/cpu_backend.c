@@ -209,8 +209,9 @@ static void cpu_moe_route(ops_backend *be, int32_t *idx, float *wts, const float
 /* Groups the (token, slot) pairs by expert, runs each expert's FFN on its gathered rows,
  * and scatters back weighted. Only the selected experts' weights are read. */
 static void cpu_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
-                        const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                        const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
                         const ops_weight *down, int act, float *scratch) {
+  (void)n_experts; /* ids come from moe_route: always < n_experts */
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
   const int64_t nk = n * k;
   float *xs = scratch;              /* [nk, H] gathered inputs */

@@ -70,55 +70,80 @@ static bool mirror_grow(cuda_impl *ci) {
   return true;
 }
 
+/* The map entry for key, or NULL. */
+static cuda_mirror_ent *mirror_find(cuda_impl *ci, const void *key) {
+  if (!ci->map_cap) return NULL;
+  size_t s = mirror_slot(key, ci->map_cap);
+  while (ci->map[s].host) {
+    if (ci->map[s].host == key) return &ci->map[s];
+    s = (s + 1) & (ci->map_cap - 1);
+  }
+  return NULL;
+}
+
+/* A new entry: bytes of src copied to the device under key. */
+static const void *mirror_add(cuda_impl *ci, const void *key, const void *src, size_t bytes) {
+  if ((ci->map_n + 1) * 2 > ci->map_cap && !mirror_grow(ci)) return NULL;
+  void *d = NULL;
+  if (!cuda_check(ci, cudaMalloc(&d, bytes ? bytes : 1), "mirror alloc")) return NULL;
+  /* On the side stream and waited for: the copy is complete before any kernel that reads
+   * it is queued, also while the main stream is being captured. */
+  if (!cuda_check(ci, cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
+      !cuda_check(ci, cudaStreamSynchronize(ci->copy_stream), "mirror sync")) {
+    cudaFree(d);
+    return NULL;
+  }
+  size_t s = mirror_slot(key, ci->map_cap);
+  while (ci->map[s].host) s = (s + 1) & (ci->map_cap - 1);
+  ci->map[s].host = key;
+  ci->map[s].dev = d;
+  ci->map[s].bytes = bytes;
+  ci->map_n++;
+  return d;
+}
+
 const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
   if (!host || ci->err) return NULL;
-  if (ci->map_cap) {
-    size_t s = mirror_slot(host, ci->map_cap);
-    while (ci->map[s].host) {
-      if (ci->map[s].host == host) {
-        if (ci->map[s].bytes >= bytes) return ci->map[s].dev;
-        /* Seen before with fewer bytes: replace the copy by a larger one. */
-        if (ci->capturing) { /* freeing the old copy would wait on the captured stream */
-          cuda_fail(ci, ANNA_ESTATE, "cuda: weight at %p grew during a captured step", host);
-          return NULL;
-        }
-        void *nd = NULL;
-        if (!cuda_check(ci, cudaMalloc(&nd, bytes), "mirror alloc")) return NULL;
-        if (!cuda_check(ci, cudaMemcpyAsync(nd, host, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
-            !cuda_check(ci, cudaStreamSynchronize(ci->copy_stream), "mirror sync"))
-          return NULL;
-        cudaStreamSynchronize(ci->stream);
-        cudaFree(ci->map[s].dev);
-        ci->map[s].dev = nd;
-        ci->map[s].bytes = bytes;
-        return nd;
-      }
-      s = (s + 1) & (ci->map_cap - 1);
+  cuda_mirror_ent *m = mirror_find(ci, host);
+  if (m) {
+    if (m->bytes >= bytes) return m->dev;
+    /* Seen before with fewer bytes: replace the copy by a larger one. */
+    if (ci->capturing) { /* freeing the old copy would wait on the captured stream */
+      cuda_fail(ci, ANNA_ESTATE, "cuda: weight at %p grew during a captured step", host);
+      return NULL;
     }
+    void *nd = NULL;
+    if (!cuda_check(ci, cudaMalloc(&nd, bytes), "mirror alloc")) return NULL;
+    if (!cuda_check(ci, cudaMemcpyAsync(nd, host, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
+        !cuda_check(ci, cudaStreamSynchronize(ci->copy_stream), "mirror sync"))
+      return NULL;
+    cudaStreamSynchronize(ci->stream);
+    cudaFree(m->dev);
+    m->dev = nd;
+    m->bytes = bytes;
+    return nd;
   }
   cudaPointerAttributes at;
   if (cudaPointerGetAttributes(&at, host) == cudaSuccess &&
       (at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged))
     return host;
   cudaGetLastError(); /* an unregistered host pointer may leave a benign error behind */
-  if ((ci->map_n + 1) * 2 > ci->map_cap && !mirror_grow(ci)) return NULL;
-  void *d = NULL;
-  if (!cuda_check(ci, cudaMalloc(&d, bytes ? bytes : 1), "mirror alloc")) return NULL;
-  /* On the side stream and waited for: the copy is complete before any kernel that reads
-   * it is queued, also while the main stream is being captured. */
-  if (!cuda_check(ci, cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
-      !cuda_check(ci, cudaStreamSynchronize(ci->copy_stream), "mirror sync")) {
-    cudaFree(d);
-    return NULL;
-  }
-  size_t s = mirror_slot(host, ci->map_cap);
-  while (ci->map[s].host) s = (s + 1) & (ci->map_cap - 1);
-  ci->map[s].host = host;
-  ci->map[s].dev = d;
-  ci->map[s].bytes = bytes;
-  ci->map_n++;
-  return d;
+  return mirror_add(ci, host, host, bytes);
+}
+
+const void *cuda_mirror_find(ops_backend *be, const void *key) {
+  cuda_impl *ci = cuda_impl_of(be);
+  const cuda_mirror_ent *m = ci->err ? NULL : mirror_find(ci, key);
+  return m ? m->dev : NULL;
+}
+
+const void *cuda_mirror_keyed(ops_backend *be, const void *key, const void *src, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (!key || ci->err) return NULL;
+  const cuda_mirror_ent *m = mirror_find(ci, key);
+  if (m) return m->dev;
+  return mirror_add(ci, key, src, bytes);
 }
 
 void cuda_backend_drop_mirrors(ops_backend *be) {

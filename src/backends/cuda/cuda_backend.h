@@ -45,8 +45,8 @@ void cuda_backend_set_exact(ops_backend *be, int on);
 
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
  * most 8 tokens are captured and replayed as one graph (updated in place while the step's
- * shape repeats), which removes most of the per-launch cost. Only for models whose ops
- * never read device data back mid-step (no MoE); default off. */
+ * shape repeats), which removes most of the per-launch cost. Every op of a decode-sized
+ * batch stays on the device (MoE included); default off. */
 void cuda_backend_set_graphs(ops_backend *be, int on);
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);

@@ -57,6 +57,12 @@ bool cuda_check_launch(cuda_impl *ci, const char *what);
  * mirror, made on first use; a device pointer is returned as is. NULL on failure (sticky
  * error set) or when host is NULL. */
 const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes);
+/* Device data derived from model data (e.g. a table of device pointers to a layer's
+ * expert weights), kept like a mirror under `key`, a host address owned by the model that is
+ * not itself mirrored: find returns it or NULL; keyed copies src's bytes on first use (src
+ * may be a temporary) and returns the existing copy afterwards. Freed with the mirrors. */
+const void *cuda_mirror_find(ops_backend *be, const void *key);
+const void *cuda_mirror_keyed(ops_backend *be, const void *key, const void *src, size_t bytes);
 /* Reserves `bytes` of the pinned ring: *h (host, write now) and its device twin *d. The
  * caller queues the copy. Never waits while a step is being captured. */
 bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d);
@@ -99,8 +105,8 @@ void cuda_op_copy_rows(ops_backend *be, float *dst, int64_t dst_stride, const fl
 void cuda_op_scatter_rows(ops_backend *be, float *const *dst, const float *src, int64_t rows, int d);
 void cuda_op_softcap(ops_backend *be, float *y, int64_t n, float cap);
 void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int hidden, const int32_t *idx,
-                     const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
-                     int act, float *scratch);
+                     const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
+                     const ops_weight *down, int act, float *scratch);
 void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts,
                        int k, int renorm, const float *per_expert);
 

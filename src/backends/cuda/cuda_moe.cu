@@ -1,58 +1,78 @@
 /* cuda_moe.cu: router top-k on the device, and the sparse expert FFN.
  *
- * moe_ffn reads the chosen expert ids back to the host (n * k int32, one sync) to group
- * the (token, slot) pairs by expert; then, per selected expert only, it gathers that
- * expert's input rows, runs gate/up/act/down through the matmul entry and adds the
- * weighted rows into out. Experts run one after another on the stream, so the
- * scatter-adds never race. Grouped GEMMs without the readback are future work. */
+ * Decode batches (n <= CUDA_GRAPH_MAX_TOK tokens) never leave the device, so MoE decode
+ * steps can be captured as graphs: one kernel computes act(gate_e x) * up_e x for every
+ * (token, slot) pair reading its expert's rows through a device table of per-expert
+ * pointers (built once per layer, kept with the weight mirrors), a second computes
+ * out = sum over slots of w * down_e h, each output row written once (no atomics, no
+ * memset). Only the selected experts' rows are read.
+ * Larger batches read the chosen expert ids back to the host (n * k int32, one sync) to
+ * group the (token, slot) pairs by expert; then, per selected expert only, they gather that
+ * expert's input rows, run gate/up/act/down through the matmul entry (tensor cores for
+ * prefill) and add the weighted rows into out. Experts run one after another on the stream,
+ * so the scatter-adds never race. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
+#include "model/config.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* One warp per token: softmax statistics by warp reductions, then k rounds of a warp
+ * argmax (ties to the lower expert id, as the CPU's first-maximum scan). Lane l holds
+ * experts l, l + 32, ...; `taken` marks the ones already chosen (E <= 32 * 32). */
 static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k, int renorm,
                                    const float *per_expert) {
-  const int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= n) return;
   const float *l = logits + t * E;
   float mx = -INFINITY;
-  for (int e = 0; e < E; e++) mx = fmaxf(mx, l[e]);
+  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   double sum = 0;
-  for (int e = 0; e < E; e++) sum += exp((double)l[e] - mx);
+  for (int e = lane; e < E; e += 32) sum += exp((double)l[e] - mx);
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  uint32_t taken = 0;
   int32_t *ti = idx + t * k;
   float *tw = wts + t * k;
+  float wsum = 0.0f;
   for (int j = 0; j < k; j++) {
-    int best = -1;
-    for (int e = 0; e < E; e++) {
-      bool used = false;
-      for (int q = 0; q < j; q++) used |= ti[q] == e;
-      if (!used && (best < 0 || l[e] > l[best])) best = e;
+    float bv = -INFINITY;
+    int be = 0x7fffffff;
+    for (int e = lane, q = 0; e < E; e += 32, q++)
+      if (!(taken >> q & 1u) && (be == 0x7fffffff || l[e] > bv)) bv = l[e], be = e;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+      if (oe != 0x7fffffff && (be == 0x7fffffff || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
     }
-    ti[j] = best;
-    tw[j] = (float)(exp((double)l[best] - mx) / sum);
+    if ((be & 31) == lane) taken |= 1u << (be >> 5);
+    const float w = (float)(exp((double)bv - mx) / sum);
+    wsum += w;
+    if (lane == 0) ti[j] = be, tw[j] = w;
   }
-  if (renorm) {
-    float s = 0;
-    for (int j = 0; j < k; j++) s += tw[j];
-    for (int j = 0; j < k; j++) tw[j] /= s;
+  if (lane == 0) {
+    if (renorm)
+      for (int j = 0; j < k; j++) tw[j] /= wsum;
+    if (per_expert)
+      for (int j = 0; j < k; j++) tw[j] *= per_expert[ti[j]];
   }
-  if (per_expert)
-    for (int j = 0; j < k; j++) tw[j] *= per_expert[ti[j]];
 }
 
 void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts, int k,
                        int renorm, const float *per_expert) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  if (k < 1 || k > n_experts) {
-    cuda_fail(ci, ANNA_EINVAL, "cuda: top-%d of %d experts", k, n_experts);
+  if (k < 1 || k > n_experts || n_experts > 32 * 32) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: top-%d of %d experts not supported (at most 1024 experts)", k, n_experts);
     return;
   }
   const float *pe = per_expert ? (const float *)cuda_mirror(be, per_expert, (size_t)n_experts * sizeof(float)) : NULL;
   if (per_expert && !pe) return;
-  k_moe_route<<<cuda_blocks(n, 64), 64, 0, ci->stream>>>(idx, wts, logits, n, n_experts, k, renorm, pe);
+  k_moe_route<<<cuda_blocks(n * 32, 128), 128, 0, ci->stream>>>(idx, wts, logits, n, n_experts, k, renorm, pe);
   cuda_check_launch(ci, "moe_route");
 }
 
@@ -79,13 +99,149 @@ static unsigned grid_of(int64_t n) {
   return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
+/* ---- decode: device-side expert FFN ---- */
+
+#define MOE_WARPS 4
+
+__device__ __forceinline__ float moe_act(float g, int act) {
+  if (act == ACT_KIND_GELU_TANH) {
+    const float c = 0.7978845608028654f;
+    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
+  }
+  return g / (1.0f + expf(-g));
+}
+
+/* This lane's share of row . x (cols elements; the caller reduces over the warp). Quantized
+ * rows go by 32-element units (cols % 32 == 0), float rows by elements. */
+__device__ __forceinline__ float moe_lane_dot(int type, const uint8_t *row, const float *x, int64_t cols, int lane) {
+  float acc = 0.0f;
+  if (cuda_float_type(type)) {
+    for (int64_t c = lane; c < cols; c += 32) acc += cuda_ldw(type, row, c) * x[c];
+    return acc;
+  }
+  for (int64_t u = lane; u < cols / 32; u += 32) {
+    float w[32];
+    cuda_deq32(type, row, u, w);
+    const float4 *xu = (const float4 *)(x + u * 32);
+#pragma unroll
+    for (int q = 0; q < 8; q++) {
+      const float4 v = xu[q];
+      acc += w[4 * q] * v.x + w[4 * q + 1] * v.y + w[4 * q + 2] * v.z + w[4 * q + 3] * v.w;
+    }
+  }
+  return acc;
+}
+
+__device__ __forceinline__ float moe_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* h[p, i] = act(gate_e[i] . x_t) * (up_e[i] . x_t) for pair p = t * k + j, e = idx[p];
+ * grid (ceil(I / MOE_WARPS), n * k), one warp per row. tab: [gate E][up E][down E]
+ * device row pointers; fused: gate_e holds 2I rows (gate, then up). */
+static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_t I, const int32_t *idx, int k, int E,
+                                     const uint8_t *const *tab, int tg, int tu, int64_t rbg, int64_t rbu, int fused,
+                                     int act) {
+  const int lane = threadIdx.x & 31;
+  const int64_t p = blockIdx.y, i = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+  if (i >= I) return;
+  const int e = idx[p];
+  float g = 0.0f, u = 0.0f;
+  if (e >= 0 && e < E) { /* an id out of range (never from moe_route) contributes nothing */
+    const float *xt = x + (p / k) * H;
+    const uint8_t *G = tab[e];
+    g = moe_lane_dot(tg, G + i * rbg, xt, H, lane);
+    u = fused ? moe_lane_dot(tg, G + (I + i) * rbg, xt, H, lane) : moe_lane_dot(tu, tab[E + e] + i * rbu, xt, H, lane);
+    g = moe_warp_sum(g);
+    u = moe_warp_sum(u);
+  }
+  if (lane == 0) h[p * I + i] = e >= 0 && e < E ? moe_act(g, act) * u : 0.0f;
+}
+
+/* out[t, r] = sum_j wts[t * k + j] * (down_e[r] . h[t * k + j]); grid (ceil(H / MOE_WARPS),
+ * n), one warp per output row: every row written exactly once. */
+static __global__ void k_moe_down(float *out, const float *h, int64_t H, int64_t I, const int32_t *idx,
+                                  const float *wts, int k, int E, const uint8_t *const *tab, int td, int64_t rbd) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = blockIdx.y, r = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+  if (r >= H) return;
+  float acc = 0.0f;
+  for (int j = 0; j < k; j++) {
+    const int64_t p = t * k + j;
+    const int e = idx[p];
+    if (e < 0 || e >= E) continue;
+    acc += wts[p] * moe_lane_dot(td, tab[2 * E + e] + r * rbd, h + p * I, I, lane);
+  }
+  acc = moe_warp_sum(acc);
+  if (lane == 0) out[t * H + r] = acc;
+}
+
+/* The layer's device table of expert row pointers ([gate E][up E][down E]), built on first
+ * use and kept under the host address of the gate array. NULL when the experts of one matrix
+ * differ in type or shape, or a type this path cannot read (the caller falls back). */
+static const uint8_t *const *moe_table(ops_backend *be, int E, const ops_weight *gate, const ops_weight *up,
+                                       const ops_weight *down) {
+  const void *hit = cuda_mirror_find(be, gate);
+  if (hit) return (const uint8_t *const *)hit;
+  const ops_weight *mats[3] = {gate, up, down};
+  for (int m = 0; m < 3; m++) {
+    if (!mats[m]) continue;
+    const int ty = mats[m][0].type;
+    if (!cuda_float_type(ty) && !(cuda_quant_supported(ty) && mats[m][0].cols % 32 == 0)) return NULL;
+    for (int e = 1; e < E; e++)
+      if (mats[m][e].type != ty || mats[m][e].rows != mats[m][0].rows || mats[m][e].cols != mats[m][0].cols)
+        return NULL;
+  }
+  const uint8_t **t = (const uint8_t **)calloc((size_t)3 * E, sizeof *t);
+  if (!t) return NULL;
+  for (int m = 0; m < 3; m++) {
+    if (!mats[m]) continue;
+    const size_t bytes = (size_t)(dtype_row_bytes(mats[m][0].type, mats[m][0].cols) * mats[m][0].rows);
+    for (int e = 0; e < E; e++)
+      if (!(t[m * E + e] = (const uint8_t *)cuda_mirror(be, mats[m][e].data, bytes))) {
+        free(t);
+        return NULL;
+      }
+  }
+  const void *d = cuda_mirror_keyed(be, gate, t, (size_t)3 * E * sizeof *t);
+  free(t);
+  return (const uint8_t *const *)d;
+}
+
+/* The decode path; false when it cannot take these weights (nothing queued). */
+static bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                           const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                           const ops_weight *down, int act, float *scratch, int E) {
+  cuda_impl *ci = cuda_impl_of(be);
+  const int64_t I = up ? up[0].rows : gate[0].rows / 2;
+  if (((uintptr_t)x & 15) != 0 || H % 4 != 0 || I % 4 != 0 || down[0].rows != H || down[0].cols != I ||
+      gate[0].cols != H)
+    return false;
+  const uint8_t *const *tab = moe_table(be, E, gate, up, down);
+  if (!tab) return false;
+  const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
+  const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
+  float *h = scratch; /* n * k * I floats: within ops_moe_scratch_floats */
+  k_moe_gate_up<<<dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)), 32 * MOE_WARPS, 0,
+                  ci->stream>>>(h, x, H, I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
+  if (!cuda_check_launch(ci, "moe gate/up")) return true;
+  k_moe_down<<<dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n), 32 * MOE_WARPS, 0, ci->stream>>>(
+      out, h, H, I, idx, wts, k, E, tab, td, rbd);
+  cuda_check_launch(ci, "moe down");
+  return true;
+}
+
 void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
-                     const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
-                     int act, float *scratch) {
+                     const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
+                     const ops_weight *down, int act, float *scratch) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
+  if (n <= CUDA_GRAPH_MAX_TOK &&
+      moe_ffn_decode(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
+    return;
   if (ci->capturing) { /* the expert ids are read back mid-op: not capturable */
-    cuda_fail(ci, ANNA_ESTATE, "cuda: moe_ffn inside a captured step (graphs must be off for MoE models)");
+    cuda_fail(ci, ANNA_ESTATE, "cuda: moe_ffn of these expert weights inside a captured step");
     return;
   }
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
