@@ -874,13 +874,13 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   const int64_t n = r->n;
   const int D = lc->head_dim, Hq = c->n_heads, Hkv = lc->n_kv_heads;
   const int64_t qd = (int64_t)Hq * D, kvd = (int64_t)Hkv * D;
-  float *qf = s->buf[0], *q = s->buf[1], *gate = s->buf[2], *k = s->buf[3], *v = s->buf[4];
+  float *qf = s->buf[0], *q = s->buf[1], *k = s->buf[3], *v = s->buf[4];
 
   be->matmul(be, qf, xn, n, &w->q, w->q_bias);
   if (c->attn_out_gate) {
-    /* q_proj rows are [head][query D | gate D]: split them. */
+    /* q_proj rows are [head][query D | gate D]: the queries are copied out; the gate is read
+     * in place (strided) by mul_sigmoid below, qf staying untouched until then. */
     be->copy_rows(be, q, D, qf, 2 * D, n * Hq, D);
-    be->copy_rows(be, gate, D, qf + D, 2 * D, n * Hq, D);
   } else {
     q = qf;
   }
@@ -944,7 +944,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   };
   float *ao = s->buf[4] == v && own ? s->buf[3] : s->buf[4];
   be->attention(be, ao, q, &a);
-  if (c->attn_out_gate) be->mul_sigmoid(be, ao, gate, n, (int)qd, qd, 0);
+  if (c->attn_out_gate) be->mul_sigmoid(be, ao, qf + D, n * Hq, D, 2 * D, 0);
   be->matmul(be, out, ao, n, &w->o, NULL);
 }
 

@@ -791,7 +791,7 @@ static void bench(void) {
     for (int l = 0; l < L; l++)
       dcs[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)(cd * (kw - 1))),
       dst[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ssz);
-    ops_gdn_step_args a = {
+    ops_gdn_step_args sa = {
         .n = 1, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = 0, .eps = 1e-6f, .qkv = dqkv,
         .z = dz, .b = dba, .a = dba + hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw, .y = dy,
     };
@@ -802,9 +802,9 @@ static void bench(void) {
         double t0 = now_s();
         cuda_backend_step_begin(g_gpu, 1);
         for (int l = 0; l < L; l++) {
-          a.conv_state = dcs[l], a.state = dst[l];
-          if (fused) g_gpu->gdn_step(g_gpu, &a);
-          else gdn_unfused(g_gpu, &a, dconv, dq2, dg, dout);
+          sa.conv_state = dcs[l], sa.state = dst[l];
+          if (fused) g_gpu->gdn_step(g_gpu, &sa);
+          else gdn_unfused(g_gpu, &sa, dconv, dq2, dg, dout);
         }
         g_gpu->download(g_gpu, res, dy, sizeof res);
         cuda_backend_step_end(g_gpu);
