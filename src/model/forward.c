@@ -876,25 +876,37 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   const int64_t qd = (int64_t)Hq * D, kvd = (int64_t)Hkv * D;
   float *qf = s->buf[0], *q = s->buf[1], *k = s->buf[3], *v = s->buf[4];
 
+  const float eps = (float)c->eps;
+  const int one_plus = c->norm == NORM_KIND_1PW;
   be->matmul(be, qf, xn, n, &w->q, w->q_bias);
-  if (c->attn_out_gate) {
-    /* q_proj rows are [head][query D | gate D]: the queries are copied out; the gate is read
-     * in place (strided) by mul_sigmoid below, qf staying untouched until then. */
-    be->copy_rows(be, q, D, qf, 2 * D, n * Hq, D);
+  /* q_proj rows are [head][query D | gate D] with the output gate: the queries are copied
+   * out; the gate is read in place (strided) by mul_sigmoid below, qf staying untouched
+   * until then. */
+  const int qhs = c->attn_out_gate ? 2 * D : D; /* query head stride in qf */
+  if (!c->attn_out_gate) q = qf;
+  if (w->q_norm && be->norm_rope) { /* copy, norm and rope in one kernel */
+    be->norm_rope(be, q, qf, n, Hq, D, (int64_t)Hq * qhs, qhs, w->q_norm, eps, one_plus, lc->rope_dims,
+                  w->inv_freq, r->s->pos, lc->rope_interleaved);
   } else {
-    q = qf;
+    if (c->attn_out_gate) be->copy_rows(be, q, D, qf, 2 * D, n * Hq, D);
+    if (w->q_norm) norm(r, q, q, w->q_norm, n * Hq, D);
+    be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
   }
-  if (w->q_norm) norm(r, q, q, w->q_norm, n * Hq, D);
-  be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
 
   const int own = lc->kv_source == li;
   if (own) {
     be->matmul(be, k, xn, n, &w->k, w->k_bias);
     if (w->v.data) be->matmul(be, v, xn, n, &w->v, w->v_bias);
     else be->copy_rows(be, v, kvd, k, kvd, n, (int)kvd); /* attention_k_eq_v: V is the raw K */
-    if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
-    if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, (float)c->eps, 0);
-    be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
+    if (w->k_norm && be->norm_rope) {
+      be->norm_rope(be, k, k, n, Hkv, D, kvd, D, w->k_norm, eps, one_plus, lc->rope_dims, w->inv_freq, r->s->pos,
+                    lc->rope_interleaved);
+      if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, eps, 0);
+    } else {
+      if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
+      if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, eps, 0);
+      be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
+    }
     const int64_t rb = kv_row_bytes(s, lc), mask = s->block_len - 1;
     const int oi = s->own_idx[li];
     for (int64_t t = 0; t < n; t++) {

@@ -179,6 +179,15 @@ struct ops_backend {
    * model calls add and rmsnorm. */
   void (*add_rmsnorm)(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
                       float eps, int one_plus);
+  /* Per-head RMSNorm then rotary embedding, as copy_rows + rmsnorm + rope: for t < n and
+   * h < n_heads, the head_dim values at x + t * x_stride + h * x_head_stride are normalised
+   * (w, eps, one_plus as rmsnorm; w not NULL), then rotated as rope does (rot, inv_freq,
+   * pos, interleaved), into y[t, h, :] (contiguous [n, n_heads, head_dim]). y may be x when x
+   * already has that layout (in place); otherwise they do not overlap. NULL: the model calls
+   * the three ops. */
+  void (*norm_rope)(ops_backend *be, float *y, const float *x, int64_t n, int n_heads, int head_dim,
+                    int64_t x_stride, int64_t x_head_stride, const float *w, float eps, int one_plus, int rot,
+                    const float *inv_freq, const int32_t *pos, int interleaved);
   /* y[i] += x[i], i < n. */
   void (*add)(ops_backend *be, float *y, const float *x, int64_t n);
   /* y[i] *= s. */

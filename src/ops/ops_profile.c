@@ -62,6 +62,10 @@ static void p_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, c
                           float eps, int op) {
   TIMED(OPS_FAMILY_OTHER, P(be)->inner.add_rmsnorm(be, x, r, y, w, rows, d, eps, op));
 }
+static void p_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int h, int d, int64_t xs, int64_t xhs,
+                        const float *w, float eps, int op, int rot, const float *f, const int32_t *pos, int il) {
+  TIMED(OPS_FAMILY_ATTENTION, P(be)->inner.norm_rope(be, y, x, n, h, d, xs, xhs, w, eps, op, rot, f, pos, il));
+}
 static void p_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int hidden, const int32_t *idx,
                       const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
                       int act, float *scratch) {
@@ -103,6 +107,7 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
   WRAP(gdn_gates, p_gdn_gates);
   WRAP(gdn_step, p_gdn_step);
   WRAP(add_rmsnorm, p_add_rmsnorm);
+  WRAP(norm_rope, p_norm_rope);
   WRAP(moe_ffn, p_moe_ffn);
   WRAP(moe_route, p_moe_route);
   WRAP(rmsnorm, p_rmsnorm);

@@ -498,7 +498,7 @@ static void gdn_unfused(ops_backend *be, const ops_gdn_step_args *a, float *conv
   be->rmsnorm_gated(be, a->y, o, a->z, a->norm_w, n * a->hv, a->dv, a->eps);
 }
 
-/* gdn_step and add_rmsnorm against the CPU backend's (the unfused sequences, bit for bit:
+/* gdn_step, add_rmsnorm and norm_rope against the CPU backend's (the unfused sequences, bit for bit:
  * test_ops), in both numerics modes (both run f32 kernels: the modes must agree).
  * Tolerances (max error over max |ref|): gdn_step output and state 1e-4, as the recurrent
  * kernel's test: the delta rule's dot products over dk are summed in another order (a tree
@@ -507,7 +507,7 @@ static void gdn_unfused(ops_backend *be, const ops_gdn_step_args *a, float *conv
  * The conv state is a copy of raw inputs: exact. add_rmsnorm: x exact (one f32 add, as the
  * CPU), y 1e-5 as the rmsnorm test. */
 static void test_fused(void) {
-  printf("fused ops (gdn_step, add_rmsnorm)\n");
+  printf("fused ops (gdn_step, add_rmsnorm, norm_rope)\n");
   const int cfgs[][7] = {
       /* n, hk, hv, dk, dv, tiled, kw */
       {1, 16, 16, 128, 128, 0, 4}, /* Qwen3.5-0.8B decode */
@@ -573,6 +573,31 @@ static void test_fused(void) {
         dfree(dx), dfree(dy), free(xh);
       }
       dfree(dr), free(x), free(r), free(w), free(y);
+    }
+    /* norm_rope: Qwen3.5's strided q (head_dim 256, [q | gate] per head) and in place (k);
+     * partial and interleaved rotations; 1e-5 as the rmsnorm and rope tests. */
+    const int nr[][6] = {/* n, heads, D, rot, interleaved, strided */ {1, 8, 256, 64, 0, 1}, {3, 2, 256, 64, 0, 0},
+                         {7, 3, 40, 40, 1, 1}, {2, 5, 96, 32, 1, 0}, {1, 1, 32, 0, 0, 1}};
+    for (size_t i = 0; i < sizeof nr / sizeof nr[0]; i++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = nr[i][0];
+      const int H = nr[i][1], D = nr[i][2], rot = nr[i][3], il = nr[i][4], strided = nr[i][5];
+      const int64_t xhs = strided ? 2 * D : D, xs = H * xhs, out = n * H * D;
+      float *x = hrand(n * xs, 2.0f), *w = hrand(D, 1.0f), *f = malloc(sizeof(float) * (size_t)(rot / 2 + 1));
+      for (int j = 0; j < rot / 2; j++) f[j] = powf(1e6f, -2.0f * j / (float)rot);
+      int32_t pos[7];
+      for (int t = 0; t < n; t++) pos[t] = t * 911 + 3;
+      float *y = malloc(sizeof(float) * (size_t)out), *dx = dput(x, sizeof(float) * (size_t)(n * xs));
+      int32_t *dpos = dput(pos, sizeof(int32_t) * (size_t)n);
+      float *dy = strided ? dnan(out) : dx;
+      g_cpu->norm_rope(g_cpu, y, x, n, H, D, xs, xhs, w, 1e-6f, i % 2, rot, rot ? f : NULL, pos, il);
+      g_gpu->norm_rope(g_gpu, dy, dx, n, H, D, xs, xhs, w, 1e-6f, i % 2, rot, rot ? f : NULL, dpos, il);
+      char what[80];
+      snprintf(what, sizeof what, "norm_rope n=%lld H=%d D=%d rot=%d il=%d strided=%d ex=%d", (long long)n, H, D, rot,
+               il, strided, exact);
+      cmpd(what, dy, y, out, 1e-5);
+      if (strided) dfree(dy);
+      dfree(dx), dfree(dpos), free(x), free(w), free(f), free(y);
     }
   }
   cuda_backend_set_exact(g_gpu, 0);

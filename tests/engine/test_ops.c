@@ -412,6 +412,30 @@ static void test_fused(ops_backend *be) {
     }
     free(x0), free(r), free(w), free(x1), free(x2), free(y1), free(y2);
   }
+  /* norm_rope: from a strided [head][q | gate] layout (Qwen3.5's q projection) and in place */
+  const int nr[][5] = {/* n, heads, D, rot, interleaved */ {1, 2, 16, 16, 0}, {3, 4, 32, 16, 1}, {5, 3, 24, 24, 0}};
+  for (size_t i = 0; i < sizeof nr / sizeof nr[0]; i++) {
+    const int n = nr[i][0], H = nr[i][1], D = nr[i][2], rot = nr[i][3], il = nr[i][4];
+    float *src = malloc(sizeof(float) * (size_t)(n * H * 2 * D)), *w = malloc(sizeof(float) * (size_t)D);
+    float *y1 = malloc(sizeof(float) * (size_t)(n * H * D)), *y2 = malloc(sizeof(float) * (size_t)(n * H * D));
+    float inv[64];
+    int32_t pos[5];
+    fill(src, n * H * 2 * D, 2), fill(w, D, 1);
+    for (int j = 0; j < rot / 2; j++) inv[j] = powf(10000.0f, -2.0f * j / rot);
+    for (int t = 0; t < n; t++) pos[t] = 7 + 300 * t;
+    for (int inplace = 0; inplace < 2; inplace++) {
+      const int64_t xs = inplace ? (int64_t)H * D : (int64_t)H * 2 * D, xhs = inplace ? D : 2 * D;
+      if (inplace) memcpy(y1, src, sizeof(float) * (size_t)(n * H * D));
+      be->norm_rope(be, y1, inplace ? y1 : src, n, H, D, xs, xhs, w, 1e-6f, il, rot, inv, pos, il);
+      be->copy_rows(be, y2, D, src, xhs, (int64_t)n * H, D);
+      be->rmsnorm(be, y2, y2, w, (int64_t)n * H, D, 1e-6f, il);
+      be->rope(be, y2, n, H, D, (int64_t)H * D, rot, inv, pos, il);
+      char what[80];
+      snprintf(what, sizeof what, "norm_rope = copy, rmsnorm, rope n=%d H=%d D=%d%s", n, H, D, inplace ? " in place" : "");
+      check(what, same_bits(y1, y2, (int64_t)n * H * D) ? 0 : 1, 0);
+    }
+    free(src), free(w), free(y1), free(y2);
+  }
 }
 
 static void test_moe_route(ops_backend *be) {

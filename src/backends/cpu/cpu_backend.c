@@ -200,6 +200,17 @@ static void cpu_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
   cpu_rmsnorm_gated(be, a->y, a->y, a->z, a->norm_w, n * a->hv, a->dv, a->eps); /* row-wise: in place is safe */
 }
 
+static void cpu_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int n_heads, int head_dim,
+                          int64_t x_stride, int64_t x_head_stride, const float *w, float eps, int one_plus, int rot,
+                          const float *inv_freq, const int32_t *pos, int interleaved) {
+  const int64_t row = (int64_t)n_heads * head_dim;
+  if (y != x)
+    for (int64_t t = 0; t < n; t++)
+      cpu_copy_rows(be, y + t * row, head_dim, x + t * x_stride, x_head_stride, n_heads, head_dim);
+  cpu_rmsnorm(be, y, y, w, n * n_heads, head_dim, eps, one_plus);
+  cpu_rope(be, y, n, n_heads, head_dim, row, rot, inv_freq, pos, interleaved);
+}
+
 static void cpu_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
                             float eps, int one_plus) {
   cpu_add(be, x, r, rows * d);
@@ -348,6 +359,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .rmsnorm_gated = cpu_rmsnorm_gated,
       .gdn_step = cpu_gdn_step,
       .add_rmsnorm = cpu_add_rmsnorm,
+      .norm_rope = cpu_norm_rope,
       .add = cpu_add,
       .scale = cpu_scale,
       .mul_sigmoid = cpu_mul_sigmoid,

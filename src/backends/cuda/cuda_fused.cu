@@ -1,4 +1,4 @@
-/* cuda_fused.cu: fused decode ops (ops.h: gdn_step, add_rmsnorm). A decode step of a small
+/* cuda_fused.cu: fused decode ops (ops.h: gdn_step, add_rmsnorm, norm_rope). A decode step of a small
  * model is bound by the number of kernels, not by the work in them (bench/notes/gpu.md:
  * ~3 us per kernel even replayed as a graph), so these do in one kernel what the model
  * would otherwise run as a chain of small ones. Both compute the same math as the unfused
@@ -263,4 +263,69 @@ void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, co
     k_add_rmsnorm<<<(unsigned)cnt, th, 0, ci->stream>>>(x + r0 * d, r + r0 * d, y + r0 * d, wd, d, eps, one_plus);
     if (!cuda_check_launch(ci, "add_rmsnorm")) return;
   }
+}
+
+/* ---- norm_rope: one block per (token, head) row; the row is staged in shared memory, so
+ * in place (y == x) is safe: every read of x precedes the block's first barrier. ---- */
+
+static __global__ void k_norm_rope(float *y, const float *x, int n_heads, int D, int64_t xs, int64_t xhs,
+                                   const float *w, float eps, int one_plus, int hr, const float *inv_freq,
+                                   const int32_t *pos, int interleaved) {
+  extern __shared__ float row[]; /* [D] */
+  const int64_t r = blockIdx.x, t = r / n_heads;
+  const int h = (int)(r % n_heads);
+  const float *xr = x + t * xs + (int64_t)h * xhs;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    const float v = xr[i];
+    row[i] = v;
+    ss += v * v;
+  }
+  ss = fz_block_sum(ss); /* also the barrier after the staging */
+  const float inv = rsqrtf(ss / (float)D + eps);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = row[i] * inv * (one_plus ? 1.0f + w[i] : w[i]);
+  __syncthreads();
+  float *yr = y + r * D;
+  const float p = (float)pos[t];
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float v = row[i]; /* dims past the rotated ones pass */
+    if (i < 2 * hr) { /* element i of pair pi = (ia, ib), rotated as rope does */
+      int pi, ia, ib;
+      if (interleaved) pi = i >> 1, ia = 2 * pi, ib = ia + 1;
+      else pi = i < hr ? i : i - hr, ia = pi, ib = pi + hr;
+      float s, c;
+      sincosf(p * inv_freq[pi], &s, &c); /* angle rounded to f32 first, as the reference */
+      const float a = row[ia], b = row[ib];
+      v = i == ia ? a * c - b * s : b * c + a * s;
+    }
+    yr[i] = v;
+  }
+}
+
+void cuda_op_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int n_heads, int head_dim,
+                       int64_t x_stride, int64_t x_head_stride, const float *w, float eps, int one_plus, int rot,
+                       const float *inv_freq, const int32_t *pos, int interleaved) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0 || n_heads <= 0 || head_dim <= 0) return;
+  const int hr = rot > 0 ? rot / 2 : 0;
+  if (2 * hr > head_dim || head_dim > 12288) { /* the row must fit 48 KiB of shared memory */
+    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: norm_rope of head_dim %d, rot %d not supported", head_dim, rot);
+    return;
+  }
+  const int64_t rows = n * n_heads;
+  if (rows > 0x7fffffff) {
+    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: norm_rope of %lld rows", (long long)rows);
+    return;
+  }
+  const float *wd = (const float *)cuda_mirror(be, w, (size_t)head_dim * sizeof(float));
+  const float *fd = hr ? (const float *)cuda_mirror(be, inv_freq, (size_t)hr * sizeof(float)) : NULL;
+  if (!wd || (hr && !fd)) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: norm_rope without its weight or frequencies");
+    return;
+  }
+  int th = (head_dim + 31) / 32 * 32;
+  if (th > AN_THREADS) th = AN_THREADS;
+  k_norm_rope<<<(unsigned)rows, th, (size_t)head_dim * sizeof(float), ci->stream>>>(
+      y, x, n_heads, head_dim, x_stride, x_head_stride, wd, eps, one_plus, hr, fd, pos, interleaved);
+  cuda_check_launch(ci, "norm_rope");
 }
