@@ -136,6 +136,7 @@ static int64_t widest(const model_config *c) {
   int64_t w = c->hidden;
   const int64_t conv_dim = 2 * (int64_t)c->gdn_hk * c->gdn_dk + (int64_t)c->gdn_hv * c->gdn_dv;
   w = max64(w, conv_dim);
+  if (conv_dim) w = max64(w, conv_dim + 2 * (int64_t)c->gdn_hv); /* gdn_step's work (ops_gdn_step_work_floats) */
   w = max64(w, 2 * (int64_t)c->gdn_hv);
   w = max64(w, c->n_experts);
   w = max64(w, 2 * (int64_t)c->shared_ffn);
@@ -850,6 +851,18 @@ static void norm(fwd_run *r, float *y, const float *x, const float *w, int64_t r
   r->be->rmsnorm(r->be, y, x, w, rows, d, (float)c->eps, c->norm == NORM_KIND_1PW);
 }
 
+/* x += res, then y = norm(x): one kernel instead of two where the backend fuses them (the
+ * CPU's fused op is the same two loops, so results do not change). */
+static void add_norm(fwd_run *r, float *x, const float *res, float *y, const float *w, int64_t rows, int d) {
+  const model_config *c = &r->m->cfg;
+  if (r->be->add_rmsnorm) {
+    r->be->add_rmsnorm(r->be, x, res, y, w, rows, d, (float)c->eps, c->norm == NORM_KIND_1PW);
+  } else {
+    r->be->add(r->be, x, res, rows * d);
+    norm(r, y, x, w, rows, d);
+  }
+}
+
 /* out[n, H] = attention mixer of xn. */
 static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   const anna_model *m = r->m;
@@ -861,27 +874,39 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   const int64_t n = r->n;
   const int D = lc->head_dim, Hq = c->n_heads, Hkv = lc->n_kv_heads;
   const int64_t qd = (int64_t)Hq * D, kvd = (int64_t)Hkv * D;
-  float *qf = s->buf[0], *q = s->buf[1], *gate = s->buf[2], *k = s->buf[3], *v = s->buf[4];
+  float *qf = s->buf[0], *q = s->buf[1], *k = s->buf[3], *v = s->buf[4];
 
+  const float eps = (float)c->eps;
+  const int one_plus = c->norm == NORM_KIND_1PW;
   be->matmul(be, qf, xn, n, &w->q, w->q_bias);
-  if (c->attn_out_gate) {
-    /* q_proj rows are [head][query D | gate D]: split them. */
-    be->copy_rows(be, q, D, qf, 2 * D, n * Hq, D);
-    be->copy_rows(be, gate, D, qf + D, 2 * D, n * Hq, D);
+  /* q_proj rows are [head][query D | gate D] with the output gate: the queries are copied
+   * out; the gate is read in place (strided) by mul_sigmoid below, qf staying untouched
+   * until then. */
+  const int qhs = c->attn_out_gate ? 2 * D : D; /* query head stride in qf */
+  if (!c->attn_out_gate) q = qf;
+  if (w->q_norm && be->norm_rope) { /* copy, norm and rope in one kernel */
+    be->norm_rope(be, q, qf, n, Hq, D, (int64_t)Hq * qhs, qhs, w->q_norm, eps, one_plus, lc->rope_dims,
+                  w->inv_freq, r->s->pos, lc->rope_interleaved);
   } else {
-    q = qf;
+    if (c->attn_out_gate) be->copy_rows(be, q, D, qf, 2 * D, n * Hq, D);
+    if (w->q_norm) norm(r, q, q, w->q_norm, n * Hq, D);
+    be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
   }
-  if (w->q_norm) norm(r, q, q, w->q_norm, n * Hq, D);
-  be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
 
   const int own = lc->kv_source == li;
   if (own) {
     be->matmul(be, k, xn, n, &w->k, w->k_bias);
     if (w->v.data) be->matmul(be, v, xn, n, &w->v, w->v_bias);
     else be->copy_rows(be, v, kvd, k, kvd, n, (int)kvd); /* attention_k_eq_v: V is the raw K */
-    if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
-    if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, (float)c->eps, 0);
-    be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
+    if (w->k_norm && be->norm_rope) {
+      be->norm_rope(be, k, k, n, Hkv, D, kvd, D, w->k_norm, eps, one_plus, lc->rope_dims, w->inv_freq, r->s->pos,
+                    lc->rope_interleaved);
+      if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, eps, 0);
+    } else {
+      if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
+      if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, eps, 0);
+      be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
+    }
     const int64_t rb = kv_row_bytes(s, lc), mask = s->block_len - 1;
     const int oi = s->own_idx[li];
     for (int64_t t = 0; t < n; t++) {
@@ -931,7 +956,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   };
   float *ao = s->buf[4] == v && own ? s->buf[3] : s->buf[4];
   be->attention(be, ao, q, &a);
-  if (c->attn_out_gate) be->mul_sigmoid(be, ao, gate, n, (int)qd, qd, 0);
+  if (c->attn_out_gate) be->mul_sigmoid(be, ao, qf + D, n * Hq, D, 2 * D, 0);
   be->matmul(be, out, ao, n, &w->o, NULL);
 }
 
@@ -951,6 +976,28 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   be->matmul(be, z, xn, n, &w->z, NULL);
   be->matmul(be, ba, xn, n, &w->b, NULL);
   be->matmul(be, ba + n * hv, xn, n, &w->a, NULL);
+  /* Decode: when every run is short (the recurrent kernel's range) and uncut, one fused
+   * gdn_step per run replaces conv, copies, norms, gates, delta rule and output norm. */
+  int fused = be->gdn_step != NULL;
+  for (int ri = 0; ri < r->n_runs; ri++)
+    if (s->run_ncut[ri] || s->run_len[ri] >= GDN_CHUNKED_MIN) fused = 0;
+  if (fused) {
+    float *y = s->buf[3];
+    for (int ri = 0; ri < r->n_runs; ri++) {
+      const int64_t t0 = s->run_start[ri];
+      const size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
+      const ops_gdn_step_args a = {
+          .n = s->run_len[ri], .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv,
+          .v_tiled = c->gdn_v_tiled, .eps = (float)c->eps, .qkv = qkv + t0 * cd, .z = z + t0 * Vd,
+          .b = ba + t0 * hv, .a = ba + n * hv + t0 * hv, .conv_w = w->conv_w, .a_log = w->a_log,
+          .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .conv_state = s->conv[at], .state = s->ssm[at],
+          .y = y + t0 * Vd, .work = s->buf[4],
+      };
+      be->gdn_step(be, &a);
+    }
+    be->matmul(be, out, y, n, &w->out, NULL);
+    return;
+  }
   /* A run that reaches snapshot points (block boundaries, planned by forward_batch) is cut
    * there and the state at each saved. */
   for (int ri = 0; ri < r->n_runs; ri++) {
@@ -1030,7 +1077,10 @@ static void moe(fwd_run *r, int li, const float *rin, const float *xn, float *ou
               c->act, s->moe_scratch);
 }
 
-static void layer_ffn(fwd_run *r, int li, float *x) {
+/* x += s->res (the mixer's output), then the FFN block. With defer, the FFN's own residual
+ * add is left to the caller (returns 1: s->res must still be added into x), who fuses it
+ * with the next norm. */
+static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
   const anna_model *m = r->m;
   const model_config *c = &m->cfg;
   const layer_config *lc = &c->layers[li];
@@ -1039,7 +1089,7 @@ static void layer_ffn(fwd_run *r, int li, float *x) {
   fwd_state *s = r->s;
   const int64_t n = r->n, H = c->hidden;
   float *xn = s->xn, *res = s->res;
-  norm(r, xn, x, w->pre_ff_norm, n, (int)H);
+  add_norm(r, x, res, xn, w->pre_ff_norm, n, (int)H);
   if (c->arch == MODEL_ARCH_GEMMA4 && lc->is_moe) {
     /* Dense MLP and experts side by side, each with its own post-norm. */
     mlp(r, &w->gate, &w->up, &w->down, xn, res);
@@ -1065,7 +1115,9 @@ static void layer_ffn(fwd_run *r, int li, float *x) {
     mlp(r, &w->gate, &w->up, &w->down, xn, res);
   }
   if (c->post_norms) norm(r, res, res, w->post_ff_norm, n, (int)H);
+  if (defer) return 1;
   be->add(be, x, res, n * H);
+  return 0;
 }
 
 /* Gemma4 per-layer inputs for the batch: ple[n, L, P]. */
@@ -1199,15 +1251,18 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
   float *x = s->x;
   be->embed(be, x, &m->embed, s->tokens, n, c->embed_scale);
   if (c->ple_dim > 0) ple_inputs(&r, x);
+  /* pend: s->res still has to be added into x (a layer's last residual add, fused with the
+   * next norm; only where nothing else (PLE, layer scalar) comes between). */
+  int pend = 0;
   for (int li = 0; li < c->n_layers; li++) {
     const layer_config *lc = &c->layers[li];
     const layer_weights *w = &m->layers[li];
-    norm(&r, s->xn, x, w->attn_norm, n, (int)H);
+    if (pend) add_norm(&r, x, s->res, s->xn, w->attn_norm, n, (int)H);
+    else norm(&r, s->xn, x, w->attn_norm, n, (int)H);
     if (lc->kind == LAYER_KIND_GDN) layer_gdn(&r, li, s->xn, s->res);
     else layer_attention(&r, li, s->xn, s->res);
     if (w->post_attn_norm) norm(&r, s->res, s->res, w->post_attn_norm, n, (int)H);
-    be->add(be, x, s->res, n * H);
-    layer_ffn(&r, li, x);
+    pend = layer_ffn(&r, li, x, c->ple_dim == 0 && w->layer_scalar == 1.0f);
     if (c->ple_dim > 0) layer_ple(&r, li, x);
     if (w->layer_scalar != 1.0f) be->scale(be, x, w->layer_scalar, n * H);
   }
@@ -1219,10 +1274,17 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
   }
   /* Logits only for the flagged tokens. */
   int64_t nl = 0;
-  for (int64_t t = 0; t < n; t++)
-    if (!b->logits || b->logits[t]) be->copy_rows(be, s->logits_in + (nl++) * H, H, x + t * H, H, 1, (int)H);
-  if (nl == 0) return 0;
-  norm(&r, s->logits_in, s->logits_in, m->final_norm, nl, (int)H);
+  for (int64_t t = 0; t < n; t++) nl += !b->logits || b->logits[t];
+  if (nl == n && pend) { /* every row: the last residual add and the final norm in one */
+    add_norm(&r, x, s->res, s->logits_in, m->final_norm, n, (int)H);
+  } else {
+    if (pend) be->add(be, x, s->res, n * H);
+    nl = 0;
+    for (int64_t t = 0; t < n; t++)
+      if (!b->logits || b->logits[t]) be->copy_rows(be, s->logits_in + (nl++) * H, H, x + t * H, H, 1, (int)H);
+    if (nl == 0) return 0;
+    norm(&r, s->logits_in, s->logits_in, m->final_norm, nl, (int)H);
+  }
   be->matmul(be, s->logits, s->logits_in, nl, &m->lm_head, NULL);
   if (c->final_softcap > 0) be->softcap(be, s->logits, nl * c->vocab, c->final_softcap);
   be->download(be, out, s->logits, sizeof(float) * (size_t)(nl * c->vocab));

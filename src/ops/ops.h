@@ -93,6 +93,33 @@ typedef struct ops_gdn_args {
   float *out;
 } ops_gdn_args;
 
+/* One fused Gated DeltaNet decode step (ops_backend.gdn_step) for n consecutive tokens of
+ * ONE sequence; the same math as this sequence of ops (and that is the CPU reference):
+ *   conv1d_silu over the cd = 2*hk*dk + hv*dv projection channels (q | k | v) with conv_w,
+ *   conv_state; l2norm of q (scale 1/sqrt(dk)) and k (scale 1), eps 1e-6; gdn_gates from
+ *   b, a, a_log, dt_bias; the recurrent gated delta rule on state; then
+ *   y = rmsnorm_gated(out, z, norm_w, eps) per v-head row of dv.
+ * Row strides are implicit: qkv [n, cd], z and y [n, hv*dv], b and a [n, hv]. conv_w
+ * [cd, kw], a_log and dt_bias [hv] and norm_w [dv] are model vectors (host memory, mirrored
+ * like every weight); conv_state [cd, kw-1] and state [hv, dk, dv] are updated in place.
+ * y aliases no input. work holds ops_gdn_step_work_floats(n, ...) floats of scratch (a
+ * backend with one fused kernel leaves it alone). Meant for short runs (decode, n < 8). */
+typedef struct ops_gdn_step_args {
+  int64_t n;
+  int hk, hv, dk, dv, kw;
+  int v_tiled; /* as ops_gdn_args */
+  float eps;   /* of the output RMSNorm */
+  const float *qkv, *z, *b, *a;
+  const float *conv_w, *a_log, *dt_bias, *norm_w;
+  float *conv_state, *state;
+  float *y;
+  float *work;
+} ops_gdn_step_args;
+
+static inline int64_t ops_gdn_step_work_floats(int64_t n, int hk, int hv, int dk, int dv) {
+  return n * (2 * (int64_t)hk * dk + (int64_t)hv * dv + 2 * (int64_t)hv);
+}
+
 typedef struct ops_backend ops_backend;
 
 struct ops_backend {
@@ -147,6 +174,23 @@ struct ops_backend {
   /* Per row of d: y = w * rmsnorm(x) * silu(z) (GDN output norm). */
   void (*rmsnorm_gated)(ops_backend *be, float *y, const float *x, const float *z, const float *w,
                         int64_t rows, int d, float eps);
+  /* Fused decode step of a GDN mixer (see ops_gdn_step_args). NULL: the model composes it
+   * from the ops above. */
+  void (*gdn_step)(ops_backend *be, const ops_gdn_step_args *a);
+  /* Residual add then RMSNorm, as add followed by rmsnorm: x[rows, d] += r; then per row
+   * y = x / sqrt(mean(x^2) + eps) * (w | 1 + w | 1). y aliases neither x nor r. NULL: the
+   * model calls add and rmsnorm. */
+  void (*add_rmsnorm)(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
+                      float eps, int one_plus);
+  /* Per-head RMSNorm then rotary embedding, as copy_rows + rmsnorm + rope: for t < n and
+   * h < n_heads, the head_dim values at x + t * x_stride + h * x_head_stride are normalised
+   * (w, eps, one_plus as rmsnorm; w not NULL), then rotated as rope does (rot, inv_freq,
+   * pos, interleaved), into y[t, h, :] (contiguous [n, n_heads, head_dim]). y may be x when x
+   * already has that layout (in place); otherwise they do not overlap. NULL: the model calls
+   * the three ops. */
+  void (*norm_rope)(ops_backend *be, float *y, const float *x, int64_t n, int n_heads, int head_dim,
+                    int64_t x_stride, int64_t x_head_stride, const float *w, float eps, int one_plus, int rot,
+                    const float *inv_freq, const int32_t *pos, int interleaved);
   /* y[i] += x[i], i < n. */
   void (*add)(ops_backend *be, float *y, const float *x, int64_t n);
   /* y[i] *= s. */

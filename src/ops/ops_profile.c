@@ -58,6 +58,17 @@ static void p_gdn_gates(ops_backend *be, float *beta, float *g, const float *b, 
                         const float *al, const float *dt, int64_t n, int h) {
   TIMED(OPS_FAMILY_GDN, P(be)->inner.gdn_gates(be, beta, g, b, bs, a, as, al, dt, n, h));
 }
+static void p_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
+  TIMED(OPS_FAMILY_GDN, P(be)->inner.gdn_step(be, a));
+}
+static void p_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
+                          float eps, int op) {
+  TIMED(OPS_FAMILY_OTHER, P(be)->inner.add_rmsnorm(be, x, r, y, w, rows, d, eps, op));
+}
+static void p_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int h, int d, int64_t xs, int64_t xhs,
+                        const float *w, float eps, int op, int rot, const float *f, const int32_t *pos, int il) {
+  TIMED(OPS_FAMILY_ATTENTION, P(be)->inner.norm_rope(be, y, x, n, h, d, xs, xhs, w, eps, op, rot, f, pos, il));
+}
 static void p_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int hidden, const int32_t *idx,
                       const float *wts, int k, int ne, const ops_weight *gate, const ops_weight *up,
                       const ops_weight *down, int act, float *scratch) {
@@ -123,6 +134,9 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
   WRAP(gdn_chunked, p_gdn_chunked);
   WRAP(gdn_recurrent, p_gdn_recurrent);
   WRAP(gdn_gates, p_gdn_gates);
+  WRAP(gdn_step, p_gdn_step);
+  WRAP(add_rmsnorm, p_add_rmsnorm);
+  WRAP(norm_rope, p_norm_rope);
   WRAP(moe_ffn, p_moe_ffn);
   WRAP(moe_route, p_moe_route);
   WRAP(rmsnorm, p_rmsnorm);

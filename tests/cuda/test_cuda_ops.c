@@ -502,6 +502,130 @@ static void test_gdn(void) {
   }
 }
 
+/* The unfused GDN decode sequence on one backend (what gdn_step replaces); device buffers
+ * conv [n, cd], qkv2 [n, cd], gates [2n, hv], o [n, Vd] given by the caller. */
+static void gdn_unfused(ops_backend *be, const ops_gdn_step_args *a, float *conv, float *qkv2, float *gates,
+                        float *o) {
+  const int64_t n = a->n, Kd = (int64_t)a->hk * a->dk, Vd = (int64_t)a->hv * a->dv, cd = 2 * Kd + Vd;
+  be->conv1d_silu(be, conv, a->qkv, n, (int)cd, a->conv_w, a->kw, a->conv_state);
+  float *q = qkv2, *k = qkv2 + n * Kd, *v = qkv2 + 2 * n * Kd;
+  be->copy_rows(be, q, Kd, conv, cd, n, (int)Kd);
+  be->copy_rows(be, k, Kd, conv + Kd, cd, n, (int)Kd);
+  be->copy_rows(be, v, Vd, conv + 2 * Kd, cd, n, (int)Vd);
+  be->l2norm(be, q, n * a->hk, a->dk, 1e-6f, 1.0f / sqrtf((float)a->dk));
+  be->l2norm(be, k, n * a->hk, a->dk, 1e-6f, 1.0f);
+  be->gdn_gates(be, gates, gates + n * a->hv, a->b, a->hv, a->a, a->hv, a->a_log, a->dt_bias, n, a->hv);
+  ops_gdn_args r = {n, a->hk, a->hv, a->dk, a->dv, a->v_tiled, q, k, v, gates + n * a->hv, gates, a->state, o};
+  be->gdn_recurrent(be, &r);
+  be->rmsnorm_gated(be, a->y, o, a->z, a->norm_w, n * a->hv, a->dv, a->eps);
+}
+
+/* gdn_step, add_rmsnorm and norm_rope against the CPU backend's (the unfused sequences, bit for bit:
+ * test_ops), in both numerics modes (both run f32 kernels: the modes must agree).
+ * Tolerances (max error over max |ref|): gdn_step output and state 1e-4, as the recurrent
+ * kernel's test: the delta rule's dot products over dk are summed in another order (a tree
+ * over P lanes) and the CPU's norms accumulate in double, so f32 rounding of ~dk terms,
+ * carried through up to 12 tokens of state, differs by well under 1e-5; rsqrtf adds 2 ulp.
+ * The conv state is a copy of raw inputs: exact. add_rmsnorm: x exact (one f32 add, as the
+ * CPU), y 1e-5 as the rmsnorm test. */
+static void test_fused(void) {
+  printf("fused ops (gdn_step, add_rmsnorm, norm_rope)\n");
+  const int cfgs[][7] = {
+      /* n, hk, hv, dk, dv, tiled, kw */
+      {1, 16, 16, 128, 128, 0, 4}, /* Qwen3.5-0.8B decode */
+      {3, 16, 16, 128, 128, 0, 4}, {7, 16, 32, 128, 128, 1, 4}, /* two v-heads per block, tiled */
+      {12, 2, 4, 128, 128, 0, 4},                                /* two launches (8 + 4 tokens) */
+      {5, 2, 6, 40, 24, 0, 4},                                   /* odd sizes, three v-heads per block */
+      {2, 1, 2, 256, 200, 1, 3},                                 /* widest: 2 lanes per column */
+      {9, 3, 3, 64, 64, 0, 2},     {1, 1, 1, 16, 16, 0, 4},
+  };
+  for (int exact = 0; exact < 2; exact++) {
+    cuda_backend_set_exact(g_gpu, exact);
+    for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = cfgs[c][0];
+      const int hk = cfgs[c][1], hv = cfgs[c][2], dk = cfgs[c][3], dv = cfgs[c][4], tiled = cfgs[c][5],
+                kw = cfgs[c][6];
+      const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+      const int64_t csz = cd * (kw - 1);
+      float *qkv = hrand(n * cd, 2.0f), *z = hrand(n * Vd, 2.0f), *ba = hrand(2 * n * hv, 2.0f);
+      float *cw = hrand(cd * kw, 0.5f), *alog = hrand(hv, 1.0f), *dtb = hrand(hv, 1.0f), *nw = hrand(dv, 1.0f);
+      float *cs = hrand(csz, 1.0f), *st = hrand(ssz, 0.2f), *y = malloc(sizeof(float) * (size_t)(n * Vd));
+      float *work = malloc(sizeof(float) * (size_t)ops_gdn_step_work_floats(n, hk, hv, dk, dv));
+      float *dqkv = dput(qkv, sizeof(float) * (size_t)(n * cd)), *dz = dput(z, sizeof(float) * (size_t)(n * Vd));
+      float *dba = dput(ba, sizeof(float) * (size_t)(2 * n * hv)), *dcs = dput(cs, sizeof(float) * (size_t)csz);
+      float *dst = dput(st, sizeof(float) * (size_t)ssz), *dy = dnan(n * Vd);
+      ops_gdn_step_args a = {
+          .n = n, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = tiled, .eps = 1e-6f, .qkv = qkv,
+          .z = z, .b = ba, .a = ba + n * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw,
+          .conv_state = cs, .state = st, .y = y, .work = work,
+      };
+      g_cpu->gdn_step(g_cpu, &a);
+      a.qkv = dqkv, a.z = dz, a.b = dba, a.a = dba + n * hv, a.conv_state = dcs, a.state = dst, a.y = dy;
+      a.work = NULL; /* the fused kernel needs none */
+      g_gpu->gdn_step(g_gpu, &a);
+      char what[96];
+      snprintf(what, sizeof what, "gdn_step n=%lld hk=%d hv=%d dk=%d dv=%d t=%d kw=%d ex=%d", (long long)n, hk, hv,
+               dk, dv, tiled, kw, exact);
+      cmpd(what, dy, y, n * Vd, 1e-4);
+      strcat(what, " state");
+      cmpd(what, dst, st, ssz, 1e-4);
+      strcat(what, " conv");
+      cmpd(what, dcs, cs, csz, 0);
+      dfree(dqkv), dfree(dz), dfree(dba), dfree(dcs), dfree(dst), dfree(dy);
+      free(qkv), free(z), free(ba), free(cw), free(alog), free(dtb), free(nw), free(cs), free(st), free(y), free(work);
+    }
+    const int ds[] = {1, 37, 1000, 1024, 4096};
+    for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int d = ds[i];
+      const int64_t rows = i % 2 ? 5 : 1;
+      float *x = hrand(rows * d, 3.0f), *r = hrand(rows * d, 3.0f), *w = hrand(d, 1.0f);
+      float *y = malloc(sizeof(float) * (size_t)(rows * d));
+      float *dr = dput(r, sizeof(float) * (size_t)(rows * d));
+      for (int mode = 0; mode < 3; mode++) {
+        float *xh = hcopy(x, rows * d), *dx = dput(x, sizeof(float) * (size_t)(rows * d)), *dy = dnan(rows * d);
+        g_cpu->add_rmsnorm(g_cpu, xh, r, y, mode ? w : NULL, rows, d, 1e-6f, mode == 2);
+        g_gpu->add_rmsnorm(g_gpu, dx, dr, dy, mode ? w : NULL, rows, d, 1e-6f, mode == 2);
+        char what[64];
+        snprintf(what, sizeof what, "add_rmsnorm d=%d rows=%lld mode=%d ex=%d", d, (long long)rows, mode, exact);
+        cmpd(what, dy, y, rows * d, 1e-5);
+        strcat(what, " x");
+        cmpd(what, dx, xh, rows * d, 0);
+        dfree(dx), dfree(dy), free(xh);
+      }
+      dfree(dr), free(x), free(r), free(w), free(y);
+    }
+    /* norm_rope: Qwen3.5's strided q (head_dim 256, [q | gate] per head) and in place (k);
+     * partial and interleaved rotations; 1e-5 as the rmsnorm and rope tests. */
+    const int nr[][6] = {/* n, heads, D, rot, interleaved, strided */ {1, 8, 256, 64, 0, 1}, {3, 2, 256, 64, 0, 0},
+                         {7, 3, 40, 40, 1, 1}, {2, 5, 96, 32, 1, 0}, {1, 1, 32, 0, 0, 1}};
+    for (size_t i = 0; i < sizeof nr / sizeof nr[0]; i++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = nr[i][0];
+      const int H = nr[i][1], D = nr[i][2], rot = nr[i][3], il = nr[i][4], strided = nr[i][5];
+      const int64_t xhs = strided ? 2 * D : D, xs = H * xhs, out = n * H * D;
+      float *x = hrand(n * xs, 2.0f), *w = hrand(D, 1.0f), *f = malloc(sizeof(float) * (size_t)(rot / 2 + 1));
+      for (int j = 0; j < rot / 2; j++) f[j] = powf(1e6f, -2.0f * j / (float)rot);
+      int32_t pos[7];
+      for (int t = 0; t < n; t++) pos[t] = t * 911 + 3;
+      float *y = malloc(sizeof(float) * (size_t)out), *dx = dput(x, sizeof(float) * (size_t)(n * xs));
+      int32_t *dpos = dput(pos, sizeof(int32_t) * (size_t)n);
+      float *dy = strided ? dnan(out) : dx;
+      g_cpu->norm_rope(g_cpu, y, x, n, H, D, xs, xhs, w, 1e-6f, i % 2, rot, rot ? f : NULL, pos, il);
+      g_gpu->norm_rope(g_gpu, dy, dx, n, H, D, xs, xhs, w, 1e-6f, i % 2, rot, rot ? f : NULL, dpos, il);
+      char what[80];
+      snprintf(what, sizeof what, "norm_rope n=%lld H=%d D=%d rot=%d il=%d strided=%d ex=%d", (long long)n, H, D, rot,
+               il, strided, exact);
+      cmpd(what, dy, y, out, 1e-5);
+      if (strided) dfree(dy);
+      dfree(dx), dfree(dpos), free(x), free(w), free(f), free(y);
+    }
+  }
+  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_drop_mirrors(g_gpu);
+}
+
 static void test_moe(void) {
   printf("moe\n");
   const int rc[][4] = {/* n, E, k, renorm */ {1, 8, 2, 1}, {7, 16, 4, 0}, {33, 128, 8, 1}, {5, 256, 8, 1},
@@ -727,6 +851,48 @@ static void bench(void) {
     dfree(dx), dfree(dn), dfree(dy), free(w), free(wf), free(nw), free(x);
     cuda_backend_drop_mirrors(g_gpu);
   }
+  {
+    /* The GDN mixer between its projections for the 18 GDN layers of a Qwen3.5-0.8B decode
+     * step (hk = hv = 16, dk = dv = 128), as a graph: the 9-op sequence vs gdn_step. */
+    const int hk = 16, hv = 16, dk = 128, dv = 128, kw = 4, L = 18;
+    const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+    float *cw = hrand(cd * kw, 0.5f), *alog = hrand(hv, 1.0f), *dtb = hrand(hv, 1.0f), *nw = hrand(dv, 1.0f);
+    float *h = hrand(cd, 1.0f), *dqkv = dput(h, sizeof(float) * (size_t)cd), *dz = dput(h, sizeof(float) * (size_t)Vd);
+    float *dba = dput(h, sizeof(float) * 2 * (size_t)hv), *dy = dnan(Vd), *dconv = dnan(cd), *dq2 = dnan(cd);
+    float *dg = dnan(2 * hv), *dout = dnan(Vd), *dcs[18], *dst[18], res[4];
+    for (int l = 0; l < L; l++)
+      dcs[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)(cd * (kw - 1))),
+      dst[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ssz);
+    ops_gdn_step_args sa = {
+        .n = 1, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = 0, .eps = 1e-6f, .qkv = dqkv,
+        .z = dz, .b = dba, .a = dba + hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw, .y = dy,
+    };
+    cuda_backend_set_graphs(g_gpu, 1);
+    for (int fused = 0; fused < 2; fused++) {
+      double best = 1e9;
+      for (int rep = 0; rep < 8; rep++) {
+        double t0 = now_s();
+        cuda_backend_step_begin(g_gpu, 1);
+        for (int l = 0; l < L; l++) {
+          sa.conv_state = dcs[l], sa.state = dst[l];
+          if (fused) g_gpu->gdn_step(g_gpu, &sa);
+          else gdn_unfused(g_gpu, &sa, dconv, dq2, dg, dout);
+        }
+        g_gpu->download(g_gpu, res, dy, sizeof res);
+        cuda_backend_step_end(g_gpu);
+        gpu_status("gdn step bench");
+        double dt = now_s() - t0;
+        if (rep > 1 && dt < best) best = dt; /* the first reps build the graph */
+      }
+      printf("  GDN mixer x%d layers, 0.8B shape, n=1, graph: %s %.1f us\n", L, fused ? "gdn_step (1 kernel):" :
+             "unfused (9 kernels):", best * 1e6);
+    }
+    cuda_backend_set_graphs(g_gpu, 0);
+    for (int l = 0; l < L; l++) dfree(dcs[l]), dfree(dst[l]);
+    dfree(dqkv), dfree(dz), dfree(dba), dfree(dy), dfree(dconv), dfree(dq2), dfree(dg), dfree(dout);
+    free(cw), free(alog), free(dtb), free(nw), free(h);
+    cuda_backend_drop_mirrors(g_gpu);
+  }
   /* Matvec bandwidth: NCOPY copies of the weight (distinct host pointers, so distinct device
    * mirrors) are used in turn, so together they exceed the L2 (60 MB) and each call reads
    * its weight from device memory, as a decode step does. */
@@ -827,6 +993,7 @@ int main(int argc, char **argv) {
   test_attention();
   test_conv_gates();
   test_gdn();
+  test_fused();
   test_moe();
   test_graphs();
   if (do_bench) {

@@ -324,6 +324,120 @@ static void test_conv_rope_norm(ops_backend *be) {
   free(x), free(w), free(y1), free(y2), free(s1), free(s2), free(ref), free(r), free(r0);
 }
 
+/* The unfused GDN decode sequence as forward.c ran it before gdn_step (and still runs it for
+ * long or cut runs): conv, three copies, two l2norms, gates, delta rule, gated norm. */
+static void gdn_step_unfused(ops_backend *be, const ops_gdn_step_args *a) {
+  const int64_t n = a->n, Kd = (int64_t)a->hk * a->dk, Vd = (int64_t)a->hv * a->dv, cd = 2 * Kd + Vd;
+  float *conv = malloc(sizeof(float) * (size_t)(n * cd)), *qkv = malloc(sizeof(float) * (size_t)(n * cd));
+  float *gates = malloc(sizeof(float) * (size_t)(2 * n * a->hv)), *o = malloc(sizeof(float) * (size_t)(n * Vd));
+  be->conv1d_silu(be, conv, a->qkv, n, (int)cd, a->conv_w, a->kw, a->conv_state);
+  float *q = qkv, *k = qkv + n * Kd, *v = qkv + 2 * n * Kd;
+  be->copy_rows(be, q, Kd, conv, cd, n, (int)Kd);
+  be->copy_rows(be, k, Kd, conv + Kd, cd, n, (int)Kd);
+  be->copy_rows(be, v, Vd, conv + 2 * Kd, cd, n, (int)Vd);
+  be->l2norm(be, q, n * a->hk, a->dk, 1e-6f, 1.0f / sqrtf((float)a->dk));
+  be->l2norm(be, k, n * a->hk, a->dk, 1e-6f, 1.0f);
+  float *beta = gates, *g = gates + n * a->hv;
+  be->gdn_gates(be, beta, g, a->b, a->hv, a->a, a->hv, a->a_log, a->dt_bias, n, a->hv);
+  ops_gdn_args r = {n, a->hk, a->hv, a->dk, a->dv, a->v_tiled, q, k, v, g, beta, a->state, o};
+  be->gdn_recurrent(be, &r);
+  be->rmsnorm_gated(be, a->y, o, a->z, a->norm_w, n * a->hv, a->dv, a->eps);
+  free(conv), free(qkv), free(gates), free(o);
+}
+
+static int same_bits(const float *x, const float *y, int64_t n) {
+  return memcmp(x, y, sizeof(float) * (size_t)n) == 0;
+}
+
+/* Fused ops against the unfused sequences they replace: bit for bit (the CPU's fused ops are
+ * those sequences, which is what keeps the fixtures' CPU logits unchanged). */
+static void test_fused(ops_backend *be) {
+  printf("fused ops (gdn_step, add_rmsnorm)\n");
+  const int cfgs[][7] = {/* n, hk, hv, dk, dv, tiled, kw */ {1, 2, 2, 16, 16, 0, 4}, {3, 2, 4, 32, 24, 1, 4},
+                         {7, 1, 3, 20, 8, 0, 2},   {5, 2, 4, 16, 40, 0, 4},  {11, 4, 8, 32, 32, 1, 3}};
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    const int64_t n = cfgs[c][0];
+    const int hk = cfgs[c][1], hv = cfgs[c][2], dk = cfgs[c][3], dv = cfgs[c][4], tiled = cfgs[c][5], kw = cfgs[c][6];
+    const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+    float *qkv = malloc(sizeof(float) * (size_t)(n * cd)), *z = malloc(sizeof(float) * (size_t)(n * Vd));
+    float *ba = malloc(sizeof(float) * (size_t)(2 * n * hv)), *cw = malloc(sizeof(float) * (size_t)(cd * kw));
+    float *alog = malloc(sizeof(float) * (size_t)hv), *dtb = malloc(sizeof(float) * (size_t)hv);
+    float *nw = malloc(sizeof(float) * (size_t)dv);
+    float *cs[2], *st[2], *y[2];
+    fill(qkv, n * cd, 2), fill(z, n * Vd, 2), fill(ba, 2 * n * hv, 2), fill(cw, cd * kw, 0.5f);
+    fill(alog, hv, 1), fill(dtb, hv, 1), fill(nw, dv, 1);
+    for (int i = 0; i < 2; i++) {
+      cs[i] = malloc(sizeof(float) * (size_t)(cd * (kw - 1) + 1)), st[i] = malloc(sizeof(float) * (size_t)ssz);
+      y[i] = malloc(sizeof(float) * (size_t)(n * Vd));
+    }
+    fill(cs[0], cd * (kw - 1), 1), fill(st[0], ssz, 0.2f);
+    memcpy(cs[1], cs[0], sizeof(float) * (size_t)(cd * (kw - 1))), memcpy(st[1], st[0], sizeof(float) * (size_t)ssz);
+    float *work = malloc(sizeof(float) * (size_t)ops_gdn_step_work_floats(n, hk, hv, dk, dv));
+    ops_gdn_step_args a = {
+        .n = n, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = tiled, .eps = 1e-6f, .qkv = qkv,
+        .z = z, .b = ba, .a = ba + n * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw,
+        .conv_state = cs[0], .state = st[0], .y = y[0], .work = work,
+    };
+    be->gdn_step(be, &a);
+    a.conv_state = cs[1], a.state = st[1], a.y = y[1];
+    gdn_step_unfused(be, &a);
+    char what[96];
+    snprintf(what, sizeof what, "gdn_step = unfused n=%lld hk=%d hv=%d dk=%d dv=%d", (long long)n, hk, hv, dk, dv);
+    check(what, same_bits(y[0], y[1], n * Vd) && same_bits(st[0], st[1], ssz) &&
+                        same_bits(cs[0], cs[1], cd * (kw - 1)) ? 0 : 1, 0);
+    /* equal outputs that are all zero would prove nothing (the pieces are checked against
+     * plain references in test_gdn and test_conv_rope_norm) */
+    double yabs = 0;
+    for (int64_t i = 0; i < n * Vd; i++) yabs = fmax(yabs, fabs(y[0][i]));
+    check("gdn_step output is finite and nonzero", yabs > 1e-3 && isfinite(yabs) ? 0 : 1, 0);
+    for (int i = 0; i < 2; i++) free(cs[i]), free(st[i]), free(y[i]);
+    free(qkv), free(z), free(ba), free(cw), free(alog), free(dtb), free(nw), free(work);
+  }
+  const int ds[] = {1, 10, 37, 1024};
+  for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
+    const int d = ds[i], rows = 3;
+    float *x0 = malloc(sizeof(float) * (size_t)(rows * d)), *r = malloc(sizeof(float) * (size_t)(rows * d));
+    float *w = malloc(sizeof(float) * (size_t)d), *x1 = malloc(sizeof(float) * (size_t)(rows * d));
+    float *x2 = malloc(sizeof(float) * (size_t)(rows * d)), *y1 = malloc(sizeof(float) * (size_t)(rows * d));
+    float *y2 = malloc(sizeof(float) * (size_t)(rows * d));
+    fill(x0, rows * d, 3), fill(r, rows * d, 3), fill(w, d, 1);
+    for (int mode = 0; mode < 3; mode++) {
+      memcpy(x1, x0, sizeof(float) * (size_t)(rows * d)), memcpy(x2, x0, sizeof(float) * (size_t)(rows * d));
+      be->add_rmsnorm(be, x1, r, y1, mode ? w : NULL, rows, d, 1e-6f, mode == 2);
+      be->add(be, x2, r, (int64_t)rows * d);
+      be->rmsnorm(be, y2, x2, mode ? w : NULL, rows, d, 1e-6f, mode == 2);
+      char what[64];
+      snprintf(what, sizeof what, "add_rmsnorm = add, rmsnorm d=%d mode=%d", d, mode);
+      check(what, same_bits(x1, x2, rows * d) && same_bits(y1, y2, rows * d) ? 0 : 1, 0);
+    }
+    free(x0), free(r), free(w), free(x1), free(x2), free(y1), free(y2);
+  }
+  /* norm_rope: from a strided [head][q | gate] layout (Qwen3.5's q projection) and in place */
+  const int nr[][5] = {/* n, heads, D, rot, interleaved */ {1, 2, 16, 16, 0}, {3, 4, 32, 16, 1}, {5, 3, 24, 24, 0}};
+  for (size_t i = 0; i < sizeof nr / sizeof nr[0]; i++) {
+    const int n = nr[i][0], H = nr[i][1], D = nr[i][2], rot = nr[i][3], il = nr[i][4];
+    float *src = malloc(sizeof(float) * (size_t)(n * H * 2 * D)), *w = malloc(sizeof(float) * (size_t)D);
+    float *y1 = malloc(sizeof(float) * (size_t)(n * H * D)), *y2 = malloc(sizeof(float) * (size_t)(n * H * D));
+    float inv[64];
+    int32_t pos[5];
+    fill(src, n * H * 2 * D, 2), fill(w, D, 1);
+    for (int j = 0; j < rot / 2; j++) inv[j] = powf(10000.0f, -2.0f * j / rot);
+    for (int t = 0; t < n; t++) pos[t] = 7 + 300 * t;
+    for (int inplace = 0; inplace < 2; inplace++) {
+      const int64_t xs = inplace ? (int64_t)H * D : (int64_t)H * 2 * D, xhs = inplace ? D : 2 * D;
+      if (inplace) memcpy(y1, src, sizeof(float) * (size_t)(n * H * D));
+      be->norm_rope(be, y1, inplace ? y1 : src, n, H, D, xs, xhs, w, 1e-6f, il, rot, inv, pos, il);
+      be->copy_rows(be, y2, D, src, xhs, (int64_t)n * H, D);
+      be->rmsnorm(be, y2, y2, w, (int64_t)n * H, D, 1e-6f, il);
+      be->rope(be, y2, n, H, D, (int64_t)H * D, rot, inv, pos, il);
+      char what[80];
+      snprintf(what, sizeof what, "norm_rope = copy, rmsnorm, rope n=%d H=%d D=%d%s", n, H, D, inplace ? " in place" : "");
+      check(what, same_bits(y1, y2, (int64_t)n * H * D) ? 0 : 1, 0);
+    }
+    free(src), free(w), free(y1), free(y2);
+  }
+}
+
 static void test_moe_route(ops_backend *be) {
   printf("moe routing\n");
   float logits[2 * 6] = {0.1f, 2.0f, -1.0f, 1.5f, 0.3f, 0.0f, 3.0f, 1.0f, 2.9f, -2.0f, 0.0f, 1.0f};
@@ -437,6 +551,7 @@ int main(void) {
   test_gdn(be);
   test_attention(be);
   test_conv_rope_norm(be);
+  test_fused(be);
   test_moe_route(be);
   test_sampler();
   cpu_backend_free(be);

@@ -175,6 +175,48 @@ static void cpu_gdn_gates(ops_backend *be, float *beta, float *g, const float *b
 
 /* ---- MoE ---- */
 
+/* ---- fused ops: the reference is the composition of the ops above, so the fused path
+ * computes bit for bit what the unfused sequence does (the fixtures rely on it) ---- */
+
+static void cpu_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
+  const int64_t n = a->n, Kd = (int64_t)a->hk * a->dk, Vd = (int64_t)a->hv * a->dv, cd = 2 * Kd + Vd;
+  if (n <= 0) return;
+  float *conv = a->work, *beta = conv + n * cd, *g = beta + n * a->hv;
+  cpu_conv1d_silu(be, conv, a->qkv, n, (int)cd, a->conv_w, a->kw, a->conv_state);
+  /* q, k and v stay in the conv rows: per token they are contiguous [hk, dk] / [hv, dv]. */
+  for (int64_t t = 0; t < n; t++) {
+    cpu_l2norm(be, conv + t * cd, a->hk, a->dk, 1e-6f, 1.0f / sqrtf((float)a->dk));
+    cpu_l2norm(be, conv + t * cd + Kd, a->hk, a->dk, 1e-6f, 1.0f);
+  }
+  cpu_gdn_gates(be, beta, g, a->b, a->hv, a->a, a->hv, a->a_log, a->dt_bias, n, a->hv);
+  for (int64_t t = 0; t < n; t++) { /* one token per call: the same per-token arithmetic */
+    const ops_gdn_args r = {
+        .n = 1, .hk = a->hk, .hv = a->hv, .dk = a->dk, .dv = a->dv, .v_tiled = a->v_tiled,
+        .q = conv + t * cd, .k = conv + t * cd + Kd, .v = conv + t * cd + 2 * Kd,
+        .g = g + t * a->hv, .beta = beta + t * a->hv, .state = a->state, .out = a->y + t * Vd,
+    };
+    cpu_gdn_recurrent(be, &r);
+  }
+  cpu_rmsnorm_gated(be, a->y, a->y, a->z, a->norm_w, n * a->hv, a->dv, a->eps); /* row-wise: in place is safe */
+}
+
+static void cpu_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int n_heads, int head_dim,
+                          int64_t x_stride, int64_t x_head_stride, const float *w, float eps, int one_plus, int rot,
+                          const float *inv_freq, const int32_t *pos, int interleaved) {
+  const int64_t row = (int64_t)n_heads * head_dim;
+  if (y != x)
+    for (int64_t t = 0; t < n; t++)
+      cpu_copy_rows(be, y + t * row, head_dim, x + t * x_stride, x_head_stride, n_heads, head_dim);
+  cpu_rmsnorm(be, y, y, w, n * n_heads, head_dim, eps, one_plus);
+  cpu_rope(be, y, n, n_heads, head_dim, row, rot, inv_freq, pos, interleaved);
+}
+
+static void cpu_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
+                            float eps, int one_plus) {
+  cpu_add(be, x, r, rows * d);
+  cpu_rmsnorm(be, y, x, w, rows, d, eps, one_plus);
+}
+
 static void cpu_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k,
                           int renorm, const float *per_expert) {
   (void)be;
@@ -316,6 +358,9 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .gdn_gates = cpu_gdn_gates,
       .l2norm = cpu_l2norm,
       .rmsnorm_gated = cpu_rmsnorm_gated,
+      .gdn_step = cpu_gdn_step,
+      .add_rmsnorm = cpu_add_rmsnorm,
+      .norm_rope = cpu_norm_rope,
       .add = cpu_add,
       .scale = cpu_scale,
       .mul_sigmoid = cpu_mul_sigmoid,

@@ -438,6 +438,9 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->gdn_gates = cuda_op_gdn_gates;
   be->l2norm = cuda_op_l2norm;
   be->rmsnorm_gated = cuda_op_rmsnorm_gated;
+  be->gdn_step = cuda_op_gdn_step;
+  be->add_rmsnorm = cuda_op_add_rmsnorm;
+  be->norm_rope = cuda_op_norm_rope;
   be->add = cuda_op_add;
   be->scale = cuda_op_scale;
   be->mul_sigmoid = cuda_op_mul_sigmoid;

@@ -97,6 +97,12 @@ void cuda_op_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, f
 void cuda_op_rmsnorm_gated(ops_backend *be, float *y, const float *x, const float *z, const float *w,
                            int64_t rows, int d, float eps);
 void cuda_op_add(ops_backend *be, float *y, const float *x, int64_t n);
+void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a);
+void cuda_op_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int n_heads, int head_dim,
+                       int64_t x_stride, int64_t x_head_stride, const float *w, float eps, int one_plus, int rot,
+                       const float *inv_freq, const int32_t *pos, int interleaved);
+void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
+                         float eps, int one_plus);
 void cuda_op_scale(ops_backend *be, float *y, float s, int64_t n);
 void cuda_op_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows, int d, int64_t g_stride,
                          int g_bcast);
