@@ -335,6 +335,7 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     cuda_backend_drop_mirrors(be);
     if (ci->deq) cudaFree(ci->deq);
     if (ci->att_part) cudaFree(ci->att_part);
+    if (ci->gdn_scr) cudaFree(ci->gdn_scr);
     if (ci->ring_d) cudaFree(ci->ring_d);
     if (ci->ring_h) cudaFreeHost(ci->ring_h);
     if (ci->blas) cublasDestroy(ci->blas);

@@ -1,0 +1,369 @@
+/* cuda_gdn_chunked.cu: the gated delta rule in chunked (C = 64) form for prefill.
+ *
+ * Contract: cuda_gdn_chunked_launch(be, a) queues the whole ops_gdn_args run (out and the
+ * final state, same results as the recurrent kernel up to f32 rounding) and returns true,
+ * or returns false without queueing anything when the recurrent kernel should run instead
+ * (short runs, a step being captured, shapes outside dk <= 256). Failures set the sticky
+ * error (and return true: the caller must not run the op a second time).
+ *
+ * The algorithm and its conventions are those of cpu_gdn.c (chunked_task). Per chunk of L
+ * tokens, gam = cumsum(g) within the chunk, and
+ *   A_ij = beta_i (k_i . k_j) e^(gam_i - gam_j) (j < i),  P_ij = (q_i . k_j) e^(gam_i - gam_j) (j <= i)
+ *   (I + A) W = diag(beta e^gam) K,  (I + A) U = diag(beta) V        (forward substitution)
+ *   V' = U - W S;  O = diag(e^gam) Q S + P V';  S = e^gam_last S + (diag(e^(gam_last - gam)) K)^T V'.
+ * Everything except the last line depends only on the chunk's own tokens, so it runs in two
+ * kernels:
+ *   phase 1 (k_gdn_prep), one block per (chunk, v-head), all chunks in parallel: gam, A, P,
+ *     the solve, W and U, written to scratch;
+ *   phase 2 (k_gdn_scan), one block per (16 state columns, v-head), sequential over the
+ *     chunks: the columns of S evolve independently (every product above is S times
+ *     something from the left), so a block keeps its [dk, 16] slice of S in shared memory
+ *     for the whole run and needs no communication with other blocks.
+ * Chunk rows past L (the last, shorter chunk) are zero in W, U, P, K and Q, and gam is padded
+ * with g = 0 so gam_last = gam[63]; the products then need no bounds.
+ *
+ * Arithmetic is f32 on CUDA cores in both numerics modes (the products are small: a 64x64
+ * triangular solve and [64 x dk] x [dk x 16] tiles); tensor cores are future work.
+ *
+ * Scratch: one buffer of GDN_SCR_FLOATS, allocated at the first chunked call (never inside
+ * graph capture: a captured step runs the recurrent kernel). A run whose W, U, P and gam do
+ * not fit is processed in segments of whole chunks; the state carries between segments
+ * through the state buffer, exactly as between chunks. */
+#include "backends/cuda/cuda_internal.h"
+
+#include "base/error.h"
+
+#define GDN_C 64
+#define GDN_NV 16 /* state columns per phase-2 block */
+#define GDN_THREADS 256
+/* 32 MiB: the 0.8B shape (hv 16, dk = dv = 128) fits 1600 tokens per segment, hv 64 fits 384;
+ * both give phase 1 several hundred blocks. */
+#define GDN_SCR_FLOATS ((size_t)8 << 20)
+/* Below this many tokens the token-sequential kernel is as fast (two launches and the
+ * solve cost about as much as 32 recurrent steps). */
+#define GDN_MIN_TOKENS 32
+
+/* ---- phase 1: grid (chunks, hv), GDN_THREADS threads ----
+ * Shared: As [64][64], gs [64] (gam), bs [64] (beta), ws [64] (beta e^gam),
+ * Qs, Ks [64][dk + 1] (rows past L zero; +1 keeps the 16 rows a warp reads in distinct banks). */
+static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a, float *W, float *U, float *P,
+                                                                  float *G, int nch) {
+  extern __shared__ float4 sm4[];
+  float *sm = (float *)sm4;
+  const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int dk = a.dk, dv = a.dv, ld = dk + 1;
+  const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
+  const int64_t t0 = (int64_t)c * GDN_C;
+  const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
+  const size_t hc = (size_t)h * nch + c;
+  float *As = sm, *gs = As + GDN_C * GDN_C, *bs = gs + GDN_C, *ws = bs + GDN_C;
+  float *Qs = ws + GDN_C, *Ks = Qs + GDN_C * ld;
+
+  if (tid < GDN_C) {
+    /* inclusive scan of g over each warp's 32 tokens; warp 1 adds warp 0's total below */
+    float gv = 0.0f, bv = 0.0f;
+    if (tid < L) {
+      gv = a.g[(t0 + tid) * a.hv + h];
+      bv = a.beta[(t0 + tid) * a.hv + h];
+    }
+    bs[tid] = bv;
+    const int lane = tid & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, gv, o);
+      if (lane >= o) gv += y;
+    }
+    gs[tid] = gv;
+  }
+  for (int idx = tid; idx < GDN_C * dk; idx += GDN_THREADS) {
+    const int r = idx / dk, d = idx - r * dk;
+    float qv = 0.0f, kv = 0.0f;
+    if (r < L) {
+      const int64_t o = ((t0 + r) * a.hk + kh) * dk + d;
+      qv = a.q[o];
+      kv = a.k[o];
+    }
+    Qs[r * ld + d] = qv;
+    Ks[r * ld + d] = kv;
+  }
+  __syncthreads();
+  if (tid >= 32 && tid < GDN_C) gs[tid] += gs[31]; /* gs[31] is final; gs[32..] read after the next barrier */
+
+  /* K K^T and Q K^T: thread (ti, tj) owns rows ti + 16a, columns tj + 16b */
+  const int ti = tid >> 4, tj = tid & 15;
+  float kk[4][4], qk[4][4];
+#pragma unroll
+  for (int x = 0; x < 4; x++)
+#pragma unroll
+    for (int y = 0; y < 4; y++) kk[x][y] = qk[x][y] = 0.0f;
+  for (int d = 0; d < dk; d++) {
+    float qi[4], ki[4], kj[4];
+#pragma unroll
+    for (int x = 0; x < 4; x++) {
+      qi[x] = Qs[(ti + 16 * x) * ld + d];
+      ki[x] = Ks[(ti + 16 * x) * ld + d];
+      kj[x] = Ks[(tj + 16 * x) * ld + d];
+    }
+#pragma unroll
+    for (int x = 0; x < 4; x++)
+#pragma unroll
+      for (int y = 0; y < 4; y++) {
+        kk[x][y] += ki[x] * kj[y];
+        qk[x][y] += qi[x] * kj[y];
+      }
+  }
+  __syncthreads(); /* gs complete */
+  if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
+  float *Pc = P + hc * GDN_C * GDN_C;
+#pragma unroll
+  for (int x = 0; x < 4; x++)
+#pragma unroll
+    for (int y = 0; y < 4; y++) {
+      const int i = ti + 16 * x, j = tj + 16 * y;
+      float av = 0.0f, pv = 0.0f;
+      if (j <= i && i < L) { /* the exponent is <= 0 only on and below the diagonal */
+        const float e = expf(gs[i] - gs[j]);
+        if (j < i) av = bs[i] * kk[x][y] * e;
+        pv = qk[x][y] * e;
+      }
+      As[i * GDN_C + j] = av;
+      Pc[i * GDN_C + j] = pv;
+    }
+  __syncthreads(); /* As, ws complete */
+
+  /* Forward substitution, one column of [W | U] per thread: x_i = b_i - sum_{m<i} A_im x_m
+   * (same order as the CPU). Fully unrolled so x stays in registers; rows past L have
+   * b = 0 and A = 0, so they stay 0. */
+  float *Wc = W + hc * GDN_C * dk, *Uc = U + hc * GDN_C * dv;
+  for (int col = tid; col < dk + dv; col += GDN_THREADS) {
+    float x[GDN_C];
+    if (col < dk) {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) x[i] = ws[i] * Ks[i * ld + col];
+    } else {
+      const int jv = col - dk;
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) x[i] = i < L ? bs[i] * a.v[((t0 + i) * a.hv + h) * dv + jv] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 1; i < GDN_C; i++) {
+      const float4 *Ar = (const float4 *)(As + i * GDN_C);
+      float acc = x[i];
+#pragma unroll
+      for (int m4 = 0; m4 < GDN_C / 4; m4++)
+        if (4 * m4 < i) {
+          const float4 av = Ar[m4];
+          acc -= av.x * x[4 * m4];
+          if (4 * m4 + 1 < i) acc -= av.y * x[4 * m4 + 1];
+          if (4 * m4 + 2 < i) acc -= av.z * x[4 * m4 + 2];
+          if (4 * m4 + 3 < i) acc -= av.w * x[4 * m4 + 3];
+        }
+      x[i] = acc;
+    }
+    if (col < dk) {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) Wc[(size_t)i * dk + col] = x[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) Uc[(size_t)i * dv + col - dk] = x[i];
+    }
+  }
+  if (tid < GDN_C) G[hc * GDN_C + tid] = gs[tid];
+}
+
+static size_t gdn_prep_smem(int dk) {
+  return sizeof(float) * ((size_t)GDN_C * GDN_C + 3 * GDN_C + 2 * (size_t)GDN_C * (dk + 1));
+}
+
+/* ---- phase 2: grid (ceil(dv / 16), hv), GDN_THREADS threads, DK >= dk (padded with 0) ----
+ * Shared: Ab [64][DK + 4] (W, then decay-to-end K), Bb [64][DK + 4] (Q), Pb [64][68],
+ * Ss [DK][16] (this block's state columns), Vs [64][16] (U, then V'), eq/ek [64].
+ * Row strides are multiples of 4 (float4 reads) and offset by 4 banks per row, so the two
+ * rows a warp reads at once never share banks. */
+template <int DK>
+static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a, const float *W, const float *U,
+                                                                  const float *P, const float *G, int nch) {
+  constexpr int LB = DK + 4, LP = GDN_C + 4, RPT = DK / 16;
+  extern __shared__ float4 sm4[];
+  float *sm = (float *)sm4;
+  float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
+  float *eq = Vs + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, ti = tid >> 4, tj = tid & 15;
+  const int dk = a.dk, dv = a.dv;
+  const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
+  const int j = j0 + tj;
+  float *Sg = a.state + (size_t)h * dk * dv;
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    Ss[idx] = i < dk && jj < dv ? Sg[(size_t)i * dv + jj] : 0.0f;
+  }
+  for (int c = 0; c < nch; c++) {
+    const int64_t t0 = (int64_t)c * GDN_C;
+    const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
+    const size_t hc = (size_t)h * nch + c;
+    __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
+    const float *Wc = W + hc * GDN_C * dk;
+    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+      const int r = idx / DK, d = idx % DK;
+      float wv = 0.0f, qv = 0.0f;
+      if (d < dk) {
+        wv = Wc[(size_t)r * dk + d];
+        if (r < L) qv = a.q[((t0 + r) * a.hk + kh) * dk + d];
+      }
+      Ab[r * LB + d] = wv;
+      Bb[r * LB + d] = qv;
+    }
+    const float *Pc = P + hc * GDN_C * GDN_C;
+    for (int idx = tid; idx < GDN_C * GDN_C; idx += GDN_THREADS) Pb[(idx >> 6) * LP + (idx & 63)] = Pc[idx];
+    const float *Uc = U + hc * GDN_C * dv;
+    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) {
+      const int jj = j0 + (idx & 15);
+      Vs[idx] = jj < dv ? Uc[(size_t)(idx >> 4) * dv + jj] : 0.0f;
+    }
+    if (tid < GDN_C) {
+      const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
+      eq[tid] = expf(gi);
+      ek[tid] = expf(gl - gi);
+    }
+    __syncthreads();
+
+    /* W S and Q S for rows ti + 16x, column tj */
+    float wsa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qsa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+    for (int d = 0; d < DK; d += 4) {
+      const float s0 = Ss[d * GDN_NV + tj], s1 = Ss[(d + 1) * GDN_NV + tj], s2 = Ss[(d + 2) * GDN_NV + tj],
+                  s3 = Ss[(d + 3) * GDN_NV + tj];
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        const float4 w = *(const float4 *)(Ab + (ti + 16 * x) * LB + d);
+        const float4 q = *(const float4 *)(Bb + (ti + 16 * x) * LB + d);
+        wsa[x] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+        qsa[x] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
+      }
+    }
+    float o[4];
+#pragma unroll
+    for (int x = 0; x < 4; x++) {
+      const int r = ti + 16 * x;
+      Vs[r * GDN_NV + tj] -= wsa[x]; /* only this thread touches this element until the barrier */
+      o[x] = eq[r] * qsa[x];
+    }
+    __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
+
+    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+      const int r = idx / DK, d = idx % DK;
+      Ab[r * LB + d] = r < L && d < dk ? ek[r] * a.k[((t0 + r) * a.hk + kh) * dk + d] : 0.0f;
+    }
+    /* O += P V': P is zero above the diagonal, so row ti + 48 (the last this thread owns)
+     * needs m <= ti + 48 only */
+    const int mend = ((ti + 48) | 3) + 1;
+    for (int m = 0; m < mend; m += 4) {
+      const float v0 = Vs[m * GDN_NV + tj], v1 = Vs[(m + 1) * GDN_NV + tj], v2 = Vs[(m + 2) * GDN_NV + tj],
+                  v3 = Vs[(m + 3) * GDN_NV + tj];
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        const float4 p = *(const float4 *)(Pb + (ti + 16 * x) * LP + m);
+        o[x] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
+      }
+    }
+    if (j < dv)
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        const int r = ti + 16 * x;
+        if (r < L) a.out[((t0 + r) * a.hv + h) * dv + j] = o[x];
+      }
+    __syncthreads(); /* Ab holds the decay-to-end K */
+
+    /* S rows ti * RPT + r, column tj: S = e^gam_last S + Ks^T V' */
+    float sacc[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; r++) sacc[r] = 0.0f;
+    for (int m = 0; m < L; m++) {
+      const float vm = Vs[m * GDN_NV + tj];
+      const float *kr = Ab + m * LB + ti * RPT;
+      if constexpr (RPT % 4 == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; r += 4) {
+          const float4 kv = *(const float4 *)(kr + r);
+          sacc[r] += kv.x * vm;
+          sacc[r + 1] += kv.y * vm;
+          sacc[r + 2] += kv.z * vm;
+          sacc[r + 3] += kv.w * vm;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < RPT; r++) sacc[r] += kr[r] * vm;
+      }
+    }
+    const float el = expf(G[hc * GDN_C + GDN_C - 1]);
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+      float *s = Ss + (ti * RPT + r) * GDN_NV + tj;
+      *s = el * *s + sacc[r];
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    if (i < dk && jj < dv) Sg[(size_t)i * dv + jj] = Ss[idx];
+  }
+}
+
+template <int DK>
+static size_t gdn_scan_smem(void) {
+  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + GDN_C * GDN_NV + 2 * GDN_C);
+}
+
+template <int DK>
+static bool gdn_scan_launch(cuda_impl *ci, const ops_gdn_args *s, const float *W, const float *U, const float *P,
+                            const float *G, int nch) {
+  const size_t smem = gdn_scan_smem<DK>();
+  if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_scan<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                  "gdn scan smem"))
+    return false;
+  dim3 grid((unsigned)((s->dv + GDN_NV - 1) / GDN_NV), (unsigned)s->hv);
+  k_gdn_scan<DK><<<grid, GDN_THREADS, smem, ci->stream>>>(*s, W, U, P, G, nch);
+  return cuda_check_launch(ci, "gdn scan");
+}
+
+bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err) return true;
+  if (ci->capturing || a->n < GDN_MIN_TOKENS) return false;
+  const int dk = a->dk, dv = a->dv, hv = a->hv, hk = a->hk;
+  if (dk <= 0 || dk > 256 || dv <= 0 || hk <= 0 || hv <= 0 || hv % hk != 0 || hv > 65535) return false;
+  const size_t per_chunk = (size_t)hv * GDN_C * ((size_t)dk + dv + GDN_C + 1);
+  const int64_t seg_max = (int64_t)(GDN_SCR_FLOATS / per_chunk);
+  if (seg_max < 1) return false;
+  if (!ci->gdn_scr && !cuda_check(ci, cudaMalloc((void **)&ci->gdn_scr, GDN_SCR_FLOATS * sizeof(float)),
+                                  "gdn scratch alloc")) {
+    ci->gdn_scr = NULL;
+    return true;
+  }
+  const size_t prep_smem = gdn_prep_smem(dk);
+  if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem),
+                  "gdn prep smem"))
+    return true;
+  const int64_t nc = (a->n + GDN_C - 1) / GDN_C;
+  for (int64_t c0 = 0; c0 < nc && !ci->err; c0 += seg_max) {
+    const int nch = (int)(nc - c0 < seg_max ? nc - c0 : seg_max);
+    const int64_t t0 = c0 * GDN_C;
+    ops_gdn_args s = *a;
+    s.n = a->n - t0 < (int64_t)nch * GDN_C ? a->n - t0 : (int64_t)nch * GDN_C;
+    s.q += t0 * hk * dk;
+    s.k += t0 * hk * dk;
+    s.v += t0 * hv * dv;
+    s.g += t0 * hv;
+    s.beta += t0 * hv;
+    s.out += t0 * hv * dv;
+    float *W = ci->gdn_scr, *U = W + (size_t)hv * nch * GDN_C * dk, *P = U + (size_t)hv * nch * GDN_C * dv;
+    float *G = P + (size_t)hv * nch * GDN_C * GDN_C;
+    k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch);
+    if (!cuda_check_launch(ci, "gdn prep")) break;
+    if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch);
+    else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch);
+    else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch);
+    else gdn_scan_launch<256>(ci, &s, W, U, P, G, nch);
+  }
+  return true;
+}
