@@ -33,6 +33,8 @@
 
 #include "base/error.h"
 
+#include <mma.h>
+
 #define GDN_C 64
 #define GDN_NV 16 /* state columns per phase-2 block */
 #define GDN_THREADS 256
@@ -309,20 +311,180 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
   }
 }
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define GDN_HAVE_TF32 1
+#else
+#define GDN_HAVE_TF32 0
+#endif
+
+/* ---- phase 2 on tensor cores (numerics mode exact = 0): the same chunk loop, with every
+ * product as WMMA m16n16k8 TF32 tiles (inputs rounded to TF32, f32 accumulation; the state
+ * itself stays f32 in shared memory and only enters the products rounded). Buffers as
+ * k_gdn_scan plus Ob [64][16] (the output tile). Warp w:
+ *   w < 4:  V' rows 16w = U - W S (the U tile is the accumulator's start, W negated);
+ *   w >= 4: O rows 16(w-4) = diag(e^gam) Q S (scaled per row through Ob), then += P V';
+ *   all:    S rows 16t (t = w, w + 8, ...) = e^gam_last S + Ks^T V' (Ks^T read column-major).
+ * WMMA needs 32-byte aligned tile pointers and ldm a multiple of 4 floats: every buffer
+ * offset and row stride below is a multiple of 8 floats times a tile's row count. */
+template <int DK>
+static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args a, const float *W, const float *U,
+                                                                     const float *P, const float *G, int nch) {
+#if GDN_HAVE_TF32
+  using namespace nvcuda;
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_a;
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> frag_at;
+  typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_b;
+  typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> frag_c;
+  constexpr int LB = DK + 4, LP = GDN_C + 4;
+  extern __shared__ float4 sm4[];
+  float *sm = (float *)sm4;
+  float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
+  float *Ob = Vs + GDN_C * GDN_NV, *eq = Ob + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int dk = a.dk, dv = a.dv;
+  const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
+  float *Sg = a.state + (size_t)h * dk * dv;
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    Ss[idx] = i < dk && jj < dv ? Sg[(size_t)i * dv + jj] : 0.0f;
+  }
+  for (int c = 0; c < nch; c++) {
+    const int64_t t0 = (int64_t)c * GDN_C;
+    const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
+    const size_t hc = (size_t)h * nch + c;
+    __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
+    const float *Wc = W + hc * GDN_C * dk;
+    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+      const int r = idx / DK, d = idx % DK;
+      float wv = 0.0f, qv = 0.0f;
+      if (d < dk) {
+        wv = Wc[(size_t)r * dk + d];
+        if (r < L) qv = a.q[((t0 + r) * a.hk + kh) * dk + d];
+      }
+      Ab[r * LB + d] = wv;
+      Bb[r * LB + d] = qv;
+    }
+    const float *Pc = P + hc * GDN_C * GDN_C;
+    for (int idx = tid; idx < GDN_C * GDN_C; idx += GDN_THREADS) Pb[(idx >> 6) * LP + (idx & 63)] = Pc[idx];
+    const float *Uc = U + hc * GDN_C * dv;
+    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) {
+      const int jj = j0 + (idx & 15);
+      Vs[idx] = jj < dv ? Uc[(size_t)(idx >> 4) * dv + jj] : 0.0f;
+    }
+    if (tid < GDN_C) {
+      const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
+      eq[tid] = expf(gi);
+      ek[tid] = expf(gl - gi);
+    }
+    __syncthreads();
+
+    const int t = warp & 3; /* row tile of V' (warps 0-3) or O (warps 4-7) */
+    {
+      frag_c acc;
+      frag_a fa;
+      frag_b fb;
+      const float *Am = warp < 4 ? Ab : Bb;
+      if (warp < 4) wmma::load_matrix_sync(acc, Vs + t * 16 * GDN_NV, GDN_NV, wmma::mem_row_major);
+      else wmma::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < DK; k += 8) {
+        wmma::load_matrix_sync(fa, Am + t * 16 * LB + k, LB);
+        wmma::load_matrix_sync(fb, Ss + k * GDN_NV, GDN_NV);
+#pragma unroll
+        for (int e = 0; e < fa.num_elements; e++) {
+          const float x = wmma::__float_to_tf32(fa.x[e]);
+          fa.x[e] = warp < 4 ? -x : x;
+        }
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      if (warp < 4) {
+        wmma::store_matrix_sync(Vs + t * 16 * GDN_NV, acc, GDN_NV, wmma::mem_row_major);
+      } else {
+        float *Ot = Ob + t * 16 * GDN_NV;
+        wmma::store_matrix_sync(Ot, acc, GDN_NV, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 16 * GDN_NV; e += 32) Ot[e] *= eq[t * 16 + (e >> 4)];
+        __syncwarp();
+      }
+    }
+    __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
+
+    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+      const int r = idx / DK, d = idx % DK;
+      Ab[r * LB + d] = r < L && d < dk ? ek[r] * a.k[((t0 + r) * a.hk + kh) * dk + d] : 0.0f;
+    }
+    if (warp >= 4) {
+      /* O += P V'; P is zero above the diagonal, so row tile t needs columns < 16t + 16 */
+      frag_c acc;
+      frag_a fa;
+      frag_b fb;
+      float *Ot = Ob + t * 16 * GDN_NV;
+      wmma::load_matrix_sync(acc, Ot, GDN_NV, wmma::mem_row_major);
+      for (int k = 0; k < 16 * t + 16; k += 8) {
+        wmma::load_matrix_sync(fa, Pb + t * 16 * LP + k, LP);
+        wmma::load_matrix_sync(fb, Vs + k * GDN_NV, GDN_NV);
+#pragma unroll
+        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(Ot, acc, GDN_NV, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 16 * GDN_NV; e += 32) {
+        const int r = t * 16 + (e >> 4), jj = j0 + (e & 15);
+        if (r < L && jj < dv) a.out[((t0 + r) * a.hv + h) * dv + jj] = Ot[e];
+      }
+    }
+    __syncthreads(); /* Ab holds the decay-to-end K */
+
+    const float el = expf(G[hc * GDN_C + GDN_C - 1]);
+    for (int st = warp; st < DK / 16; st += GDN_THREADS / 32) {
+      frag_c acc;
+      frag_at fa;
+      frag_b fb;
+      float *Sst = Ss + st * 16 * GDN_NV;
+      wmma::load_matrix_sync(acc, Sst, GDN_NV, wmma::mem_row_major);
+#pragma unroll
+      for (int e = 0; e < acc.num_elements; e++) acc.x[e] *= el;
+      for (int k = 0; k < L; k += 8) { /* rows of Ks and V' past L are zero */
+        wmma::load_matrix_sync(fa, Ab + k * LB + st * 16, LB); /* Ks^T tile: element (i, m) at Ab[m * LB + i] */
+        wmma::load_matrix_sync(fb, Vs + k * GDN_NV, GDN_NV);
+#pragma unroll
+        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(Sst, acc, GDN_NV, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    if (i < dk && jj < dv) Sg[(size_t)i * dv + jj] = Ss[idx];
+  }
+#endif
+}
+
 template <int DK>
 static size_t gdn_scan_smem(void) {
-  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + GDN_C * GDN_NV + 2 * GDN_C);
+  /* + Ob [64][16], used by the tensor-core kernel only */
+  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + 2 * GDN_C * GDN_NV +
+                          2 * GDN_C);
 }
 
 template <int DK>
 static bool gdn_scan_launch(cuda_impl *ci, const ops_gdn_args *s, const float *W, const float *U, const float *P,
-                            const float *G, int nch) {
+                            const float *G, int nch, bool tc) {
   const size_t smem = gdn_scan_smem<DK>();
-  if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_scan<DK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+  auto kern = tc ? k_gdn_scan_tc<DK> : k_gdn_scan<DK>;
+  if (!cuda_check(ci, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                   "gdn scan smem"))
     return false;
   dim3 grid((unsigned)((s->dv + GDN_NV - 1) / GDN_NV), (unsigned)s->hv);
-  k_gdn_scan<DK><<<grid, GDN_THREADS, smem, ci->stream>>>(*s, W, U, P, G, nch);
+  kern<<<grid, GDN_THREADS, smem, ci->stream>>>(*s, W, U, P, G, nch);
   return cuda_check_launch(ci, "gdn scan");
 }
 
@@ -344,6 +506,11 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
   if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem),
                   "gdn prep smem"))
     return true;
+  /* Tensor cores (TF32) when the numerics mode allows them and the device has them (sm_80+). */
+  int major = 0;
+  const bool tc = !ci->exact &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ci->device) == cudaSuccess &&
+                  major >= 8;
   const int64_t nc = (a->n + GDN_C - 1) / GDN_C;
   for (int64_t c0 = 0; c0 < nc && !ci->err; c0 += seg_max) {
     const int nch = (int)(nc - c0 < seg_max ? nc - c0 : seg_max);
@@ -360,10 +527,10 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     float *G = P + (size_t)hv * nch * GDN_C * GDN_C;
     k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch);
     if (!cuda_check_launch(ci, "gdn prep")) break;
-    if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch);
-    else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch);
-    else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch);
-    else gdn_scan_launch<256>(ci, &s, W, U, P, G, nch);
+    if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch, tc);
+    else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch, tc);
+    else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch, tc);
+    else gdn_scan_launch<256>(ci, &s, W, U, P, G, nch, tc);
   }
   return true;
 }
