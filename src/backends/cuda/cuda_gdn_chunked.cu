@@ -22,8 +22,10 @@
  * Chunk rows past L (the last, shorter chunk) are zero in W, U, P, K and Q, and gam is padded
  * with g = 0 so gam_last = gam[63]; the products then need no bounds.
  *
- * Arithmetic is f32 on CUDA cores in both numerics modes (the products are small: a 64x64
- * triangular solve and [64 x dk] x [dk x 16] tiles); tensor cores are future work.
+ * Numerics: with cuda_impl.exact (f32 mode) every product is f32 on CUDA cores, register
+ * tiles over shared memory. Otherwise (sm_80+) K K^T, Q K^T and all phase-2 products are WMMA
+ * TF32 tiles (inputs rounded to 10-bit mantissas, f32 accumulation, ~1e-3 relative); the
+ * triangular solve, the decays and the state itself stay f32 in both modes.
  *
  * Scratch: one buffer of GDN_SCR_FLOATS, allocated at the first chunked call (never inside
  * graph capture: a captured step runs the recurrent kernel). A run whose W, U, P and gam do
@@ -44,22 +46,36 @@
 /* Below this many tokens the token-sequential kernel is as fast (two launches and the
  * solve cost about as much as 32 recurrent steps). */
 #define GDN_MIN_TOKENS 32
+/* WMMA TF32 exists from sm_80 on; the host picks those kernels only on such devices. */
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define GDN_HAVE_TF32 1
+#else
+#define GDN_HAVE_TF32 0
+#endif
 
 /* ---- phase 1: grid (chunks, hv), GDN_THREADS threads ----
  * Shared: As [64][64], gs [64] (gam), bs [64] (beta), ws [64] (beta e^gam),
- * Qs, Ks [64][dk + 1] (rows past L zero; +1 keeps the 16 rows a warp reads in distinct banks). */
+ * Qs, Ks [64][ld] (rows past L and columns past dk zero), and with tc Pq [64][64].
+ * f32 (tc false): ld = dk + 1 keeps the 16 rows a warp reads in distinct banks.
+ * tc: K K^T and Q K^T as WMMA TF32 tiles, ld = gdn_prep_ld (a multiple of 4 floats, so
+ * every 16-row tile starts 32-byte aligned as WMMA requires), columns to a multiple of 8.
+ * The solve is f32 in both. */
+static __host__ __device__ inline int gdn_prep_ld(int dk, bool tc) {
+  return tc ? ((dk + 7) & ~7) + 4 : dk + 1;
+}
+
 static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a, float *W, float *U, float *P,
-                                                                  float *G, int nch) {
+                                                                  float *G, int nch, bool tc) {
   extern __shared__ float4 sm4[];
   float *sm = (float *)sm4;
   const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  const int dk = a.dk, dv = a.dv, ld = dk + 1;
+  const int dk = a.dk, dv = a.dv, ld = gdn_prep_ld(dk, tc), dkp = tc ? (dk + 7) & ~7 : dk;
   const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
   const int64_t t0 = (int64_t)c * GDN_C;
   const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
   const size_t hc = (size_t)h * nch + c;
   float *As = sm, *gs = As + GDN_C * GDN_C, *bs = gs + GDN_C, *ws = bs + GDN_C;
-  float *Qs = ws + GDN_C, *Ks = Qs + GDN_C * ld;
+  float *Qs = ws + GDN_C, *Ks = Qs + GDN_C * ld, *Pq = Ks + GDN_C * ld;
 
   if (tid < GDN_C) {
     /* inclusive scan of g over each warp's 32 tokens; warp 1 adds warp 0's total below */
@@ -77,10 +93,10 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a,
     }
     gs[tid] = gv;
   }
-  for (int idx = tid; idx < GDN_C * dk; idx += GDN_THREADS) {
-    const int r = idx / dk, d = idx - r * dk;
+  for (int idx = tid; idx < GDN_C * dkp; idx += GDN_THREADS) {
+    const int r = idx / dkp, d = idx - r * dkp;
     float qv = 0.0f, kv = 0.0f;
-    if (r < L) {
+    if (r < L && d < dk) {
       const int64_t o = ((t0 + r) * a.hk + kh) * dk + d;
       qv = a.q[o];
       kv = a.k[o];
@@ -91,47 +107,89 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a,
   __syncthreads();
   if (tid >= 32 && tid < GDN_C) gs[tid] += gs[31]; /* gs[31] is final; gs[32..] read after the next barrier */
 
-  /* K K^T and Q K^T: thread (ti, tj) owns rows ti + 16a, columns tj + 16b */
-  const int ti = tid >> 4, tj = tid & 15;
-  float kk[4][4], qk[4][4];
+  float *Pc = P + hc * GDN_C * GDN_C;
+  if (tc) {
+#if GDN_HAVE_TF32
+    /* tiles (ti, tj) of K K^T (-> As) and Q K^T (-> Pq) on or below the diagonal; tiles
+     * above it are never read */
+    using namespace nvcuda;
+    const int warp = tid >> 5;
+    for (int tile = warp; tile < 32; tile += GDN_THREADS / 32) {
+      const int ti = (tile >> 2) & 3, tj = tile & 3;
+      if (tj > ti) continue;
+      const float *Am = tile < 16 ? Ks : Qs;
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb; /* K^T */
+      wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < dkp; k += 8) {
+        wmma::load_matrix_sync(fa, Am + 16 * ti * ld + k, ld);
+        wmma::load_matrix_sync(fb, Ks + 16 * tj * ld + k, ld); /* (d, j) at Ks[j * ld + d] */
 #pragma unroll
-  for (int x = 0; x < 4; x++)
+        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
 #pragma unroll
-    for (int y = 0; y < 4; y++) kk[x][y] = qk[x][y] = 0.0f;
-  for (int d = 0; d < dk; d++) {
-    float qi[4], ki[4], kj[4];
-#pragma unroll
-    for (int x = 0; x < 4; x++) {
-      qi[x] = Qs[(ti + 16 * x) * ld + d];
-      ki[x] = Ks[(ti + 16 * x) * ld + d];
-      kj[x] = Ks[(tj + 16 * x) * ld + d];
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync((tile < 16 ? As : Pq) + 16 * ti * GDN_C + 16 * tj, acc, GDN_C, wmma::mem_row_major);
     }
+#endif
+    __syncthreads(); /* gs complete; As, Pq hold K K^T, Q K^T */
+    if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
+    for (int idx = tid; idx < GDN_C * GDN_C; idx += GDN_THREADS) {
+      const int i = idx >> 6, j = idx & 63;
+      float av = 0.0f, pv = 0.0f;
+      if (j <= i && i < L) { /* selects, never multiplies, the unwritten tiles above the diagonal */
+        const float e = expf(gs[i] - gs[j]);
+        if (j < i) av = bs[i] * As[idx] * e;
+        pv = Pq[idx] * e;
+      }
+      As[idx] = av; /* only this thread reads or writes element idx here */
+      Pc[idx] = pv;
+    }
+    __syncthreads(); /* As, ws complete */
+  } else {
+    /* K K^T and Q K^T: thread (ti, tj) owns rows ti + 16a, columns tj + 16b */
+    const int ti = tid >> 4, tj = tid & 15;
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int x = 0; x < 4; x++)
+#pragma unroll
+      for (int y = 0; y < 4; y++) kk[x][y] = qk[x][y] = 0.0f;
+    for (int d = 0; d < dk; d++) {
+      float qi[4], ki[4], kj[4];
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        qi[x] = Qs[(ti + 16 * x) * ld + d];
+        ki[x] = Ks[(ti + 16 * x) * ld + d];
+        kj[x] = Ks[(tj + 16 * x) * ld + d];
+      }
+#pragma unroll
+      for (int x = 0; x < 4; x++)
+#pragma unroll
+        for (int y = 0; y < 4; y++) {
+          kk[x][y] += ki[x] * kj[y];
+          qk[x][y] += qi[x] * kj[y];
+        }
+    }
+    __syncthreads(); /* gs complete */
+    if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
 #pragma unroll
     for (int x = 0; x < 4; x++)
 #pragma unroll
       for (int y = 0; y < 4; y++) {
-        kk[x][y] += ki[x] * kj[y];
-        qk[x][y] += qi[x] * kj[y];
+        const int i = ti + 16 * x, j = tj + 16 * y;
+        float av = 0.0f, pv = 0.0f;
+        if (j <= i && i < L) { /* the exponent is <= 0 only on and below the diagonal */
+          const float e = expf(gs[i] - gs[j]);
+          if (j < i) av = bs[i] * kk[x][y] * e;
+          pv = qk[x][y] * e;
+        }
+        As[i * GDN_C + j] = av;
+        Pc[i * GDN_C + j] = pv;
       }
+    __syncthreads(); /* As, ws complete */
   }
-  __syncthreads(); /* gs complete */
-  if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
-  float *Pc = P + hc * GDN_C * GDN_C;
-#pragma unroll
-  for (int x = 0; x < 4; x++)
-#pragma unroll
-    for (int y = 0; y < 4; y++) {
-      const int i = ti + 16 * x, j = tj + 16 * y;
-      float av = 0.0f, pv = 0.0f;
-      if (j <= i && i < L) { /* the exponent is <= 0 only on and below the diagonal */
-        const float e = expf(gs[i] - gs[j]);
-        if (j < i) av = bs[i] * kk[x][y] * e;
-        pv = qk[x][y] * e;
-      }
-      As[i * GDN_C + j] = av;
-      Pc[i * GDN_C + j] = pv;
-    }
-  __syncthreads(); /* As, ws complete */
 
   /* Forward substitution, one column of [W | U] per thread: x_i = b_i - sum_{m<i} A_im x_m
    * (same order as the CPU). Fully unrolled so x stays in registers; rows past L have
@@ -173,8 +231,8 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a,
   if (tid < GDN_C) G[hc * GDN_C + tid] = gs[tid];
 }
 
-static size_t gdn_prep_smem(int dk) {
-  return sizeof(float) * ((size_t)GDN_C * GDN_C + 3 * GDN_C + 2 * (size_t)GDN_C * (dk + 1));
+static size_t gdn_prep_smem(int dk, bool tc) {
+  return sizeof(float) * ((size_t)GDN_C * GDN_C * (tc ? 2 : 1) + 3 * GDN_C + 2 * (size_t)GDN_C * gdn_prep_ld(dk, tc));
 }
 
 /* ---- phase 2: grid (ceil(dv / 16), hv), GDN_THREADS threads, DK >= dk (padded with 0) ----
@@ -310,12 +368,6 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
     if (i < dk && jj < dv) Sg[(size_t)i * dv + jj] = Ss[idx];
   }
 }
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-#define GDN_HAVE_TF32 1
-#else
-#define GDN_HAVE_TF32 0
-#endif
 
 /* ---- phase 2 on tensor cores (numerics mode exact = 0): the same chunk loop, with every
  * product as WMMA m16n16k8 TF32 tiles (inputs rounded to TF32, f32 accumulation; the state
@@ -502,15 +554,15 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     ci->gdn_scr = NULL;
     return true;
   }
-  const size_t prep_smem = gdn_prep_smem(dk);
-  if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem),
-                  "gdn prep smem"))
-    return true;
   /* Tensor cores (TF32) when the numerics mode allows them and the device has them (sm_80+). */
   int major = 0;
   const bool tc = !ci->exact &&
                   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ci->device) == cudaSuccess &&
                   major >= 8;
+  const size_t prep_smem = gdn_prep_smem(dk, tc);
+  if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem),
+                  "gdn prep smem"))
+    return true;
   const int64_t nc = (a->n + GDN_C - 1) / GDN_C;
   for (int64_t c0 = 0; c0 < nc && !ci->err; c0 += seg_max) {
     const int nch = (int)(nc - c0 < seg_max ? nc - c0 : seg_max);
@@ -525,7 +577,7 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     s.out += t0 * hv * dv;
     float *W = ci->gdn_scr, *U = W + (size_t)hv * nch * GDN_C * dk, *P = U + (size_t)hv * nch * GDN_C * dv;
     float *G = P + (size_t)hv * nch * GDN_C * GDN_C;
-    k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch);
+    k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch, tc);
     if (!cuda_check_launch(ci, "gdn prep")) break;
     if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch, tc);
     else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch, tc);
