@@ -235,9 +235,90 @@ static size_t gdn_prep_smem(int dk, bool tc) {
   return sizeof(float) * ((size_t)GDN_C * GDN_C * (tc ? 2 : 1) + 3 * GDN_C + 2 * (size_t)GDN_C * gdn_prep_ld(dk, tc));
 }
 
+/* cp.async (sm_80+) as inline PTX: <cuda_pipeline.h> drags in headers that fail the host
+ * compiler's -Wshadow -Werror. Older devices copy synchronously (they run f32 kernels only,
+ * and the commit / wait are then no-ops). */
+static __device__ __forceinline__ void gdn_cp4(float *dst, const float *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#else
+  *dst = *src;
+#endif
+}
+
+static __device__ __forceinline__ void gdn_cp16(float *dst, const float *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#else
+  *(float4 *)dst = *(const float4 *)src;
+#endif
+}
+
+static __device__ __forceinline__ void gdn_cp_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits for all of this thread's copies; a __syncthreads must follow before other threads read them. */
+static __device__ __forceinline__ void gdn_cp_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/* Phase 2's chunk inputs as asynchronous copies (cp.async): every load of the chunk is in
+ * flight at once, instead of a few per thread at a time, on the sequential path. W -> Ab,
+ * Q -> Bb, P -> Pb, U -> Vs; elements past L, dk or dv are stored as 0 directly (stale
+ * shared memory could hold NaN, and NaN * 0 is not 0). The caller commits, waits and
+ * synchronises. P goes in 16-byte pieces: its rows are 64 floats and its scratch offset a
+ * multiple of 64 floats, Pb's row stride a multiple of 4. */
+template <int DK>
+static __device__ __forceinline__ void gdn_scan_load(const ops_gdn_args &a, const float *Wc, const float *Pc,
+                                                     const float *Uc, float *Ab, float *Bb, float *Pb, float *Vs,
+                                                     int64_t t0, int L, int kh, int j0, int tid) {
+  constexpr int LB = DK + 4, LP = GDN_C + 4;
+  const int dk = a.dk, dv = a.dv;
+#pragma unroll 4
+  for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+    const int r = idx / DK, d = idx % DK;
+    float *wd = Ab + r * LB + d, *qd = Bb + r * LB + d;
+    if (d < dk) gdn_cp4(wd, Wc + (size_t)r * dk + d);
+    else *wd = 0.0f;
+    if (r < L && d < dk) gdn_cp4(qd, a.q + ((t0 + r) * a.hk + kh) * dk + d);
+    else *qd = 0.0f;
+  }
+  for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += GDN_THREADS)
+    gdn_cp16(Pb + (idx >> 4) * LP + (idx & 15) * 4, Pc + (size_t)idx * 4);
+  for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) {
+    const int jj = j0 + (idx & 15);
+    if (jj < dv) gdn_cp4(Vs + idx, Uc + (size_t)(idx >> 4) * dv + jj);
+    else Vs[idx] = 0.0f;
+  }
+}
+
+/* The chunk's K rows -> Ab (asynchronous, as above; rows past L and columns past dk 0). */
+template <int DK>
+static __device__ __forceinline__ void gdn_scan_load_k(const ops_gdn_args &a, float *Ab, int64_t t0, int L, int kh,
+                                                       int tid) {
+  constexpr int LB = DK + 4;
+  const int dk = a.dk;
+#pragma unroll 4
+  for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+    const int r = idx / DK, d = idx % DK;
+    float *kd = Ab + r * LB + d;
+    if (r < L && d < dk) gdn_cp4(kd, a.k + ((t0 + r) * a.hk + kh) * dk + d);
+    else *kd = 0.0f;
+  }
+}
+
 /* ---- phase 2: grid (ceil(dv / 16), hv), GDN_THREADS threads, DK >= dk (padded with 0) ----
- * Shared: Ab [64][DK + 4] (W, then decay-to-end K), Bb [64][DK + 4] (Q), Pb [64][68],
- * Ss [DK][16] (this block's state columns), Vs [64][16] (U, then V'), eq/ek [64].
+ * Shared: Ab [64][DK + 4] (W, then K), Bb [64][DK + 4] (Q), Pb [64][68],
+ * Ss [DK][16] (this block's state columns), Vs [64][16] (U, then V'), Ob [64][16] (used by
+ * the tensor-core kernel), Vk [64][16] (V' rows times the decay to the chunk's end, so K
+ * enters the state update unscaled, straight from its asynchronous copy), eq/ek [64].
  * Row strides are multiples of 4 (float4 reads) and offset by 4 banks per row, so the two
  * rows a warp reads at once never share banks. */
 template <int DK>
@@ -247,7 +328,8 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
   extern __shared__ float4 sm4[];
   float *sm = (float *)sm4;
   float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
-  float *eq = Vs + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  float *Ob = Vs + GDN_C * GDN_NV, *Vk = Ob + GDN_C * GDN_NV, *eq = Vk + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  (void)Ob;
   const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, ti = tid >> 4, tj = tid & 15;
   const int dk = a.dk, dv = a.dv;
   const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
@@ -262,29 +344,15 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
     const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
     const size_t hc = (size_t)h * nch + c;
     __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
-    const float *Wc = W + hc * GDN_C * dk;
-    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
-      const int r = idx / DK, d = idx % DK;
-      float wv = 0.0f, qv = 0.0f;
-      if (d < dk) {
-        wv = Wc[(size_t)r * dk + d];
-        if (r < L) qv = a.q[((t0 + r) * a.hk + kh) * dk + d];
-      }
-      Ab[r * LB + d] = wv;
-      Bb[r * LB + d] = qv;
-    }
-    const float *Pc = P + hc * GDN_C * GDN_C;
-    for (int idx = tid; idx < GDN_C * GDN_C; idx += GDN_THREADS) Pb[(idx >> 6) * LP + (idx & 63)] = Pc[idx];
-    const float *Uc = U + hc * GDN_C * dv;
-    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) {
-      const int jj = j0 + (idx & 15);
-      Vs[idx] = jj < dv ? Uc[(size_t)(idx >> 4) * dv + jj] : 0.0f;
-    }
+    gdn_scan_load<DK>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
+                      j0, tid);
+    gdn_cp_commit();
     if (tid < GDN_C) {
       const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
       eq[tid] = expf(gi);
       ek[tid] = expf(gl - gi);
     }
+    gdn_cp_wait();
     __syncthreads();
 
     /* W S and Q S for rows ti + 16x, column tj */
@@ -310,10 +378,9 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
     }
     __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
 
-    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
-      const int r = idx / DK, d = idx % DK;
-      Ab[r * LB + d] = r < L && d < dk ? ek[r] * a.k[((t0 + r) * a.hk + kh) * dk + d] : 0.0f;
-    }
+    gdn_scan_load_k<DK>(a, Ab, t0, L, kh, tid);
+    gdn_cp_commit();
+    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) Vk[idx] = ek[idx >> 4] * Vs[idx];
     /* O += P V': P is zero above the diagonal, so row ti + 48 (the last this thread owns)
      * needs m <= ti + 48 only */
     const int mend = ((ti + 48) | 3) + 1;
@@ -332,14 +399,15 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
         const int r = ti + 16 * x;
         if (r < L) a.out[((t0 + r) * a.hv + h) * dv + j] = o[x];
       }
-    __syncthreads(); /* Ab holds the decay-to-end K */
+    gdn_cp_wait();
+    __syncthreads(); /* Ab holds K, Vk the decayed V' */
 
-    /* S rows ti * RPT + r, column tj: S = e^gam_last S + Ks^T V' */
+    /* S rows ti * RPT + r, column tj: S = e^gam_last S + K^T diag(e^(gam_last - gam)) V' */
     float sacc[RPT];
 #pragma unroll
     for (int r = 0; r < RPT; r++) sacc[r] = 0.0f;
     for (int m = 0; m < L; m++) {
-      const float vm = Vs[m * GDN_NV + tj];
+      const float vm = Vk[m * GDN_NV + tj];
       const float *kr = Ab + m * LB + ti * RPT;
       if constexpr (RPT % 4 == 0) {
 #pragma unroll
@@ -372,10 +440,10 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
 /* ---- phase 2 on tensor cores (numerics mode exact = 0): the same chunk loop, with every
  * product as WMMA m16n16k8 TF32 tiles (inputs rounded to TF32, f32 accumulation; the state
  * itself stays f32 in shared memory and only enters the products rounded). Buffers as
- * k_gdn_scan plus Ob [64][16] (the output tile). Warp w:
+ * k_gdn_scan (Ob is the output tile). Warp w:
  *   w < 4:  V' rows 16w = U - W S (the U tile is the accumulator's start, W negated);
  *   w >= 4: O rows 16(w-4) = diag(e^gam) Q S (scaled per row through Ob), then += P V';
- *   all:    S rows 16t (t = w, w + 8, ...) = e^gam_last S + Ks^T V' (Ks^T read column-major).
+ *   all:    S rows 16t (t = w, w + 8, ...) = e^gam_last S + K^T Vk (K^T read column-major).
  * WMMA needs 32-byte aligned tile pointers and ldm a multiple of 4 floats: every buffer
  * offset and row stride below is a multiple of 8 floats times a tile's row count. */
 template <int DK>
@@ -391,7 +459,7 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args
   extern __shared__ float4 sm4[];
   float *sm = (float *)sm4;
   float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
-  float *Ob = Vs + GDN_C * GDN_NV, *eq = Ob + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  float *Ob = Vs + GDN_C * GDN_NV, *Vk = Ob + GDN_C * GDN_NV, *eq = Vk + GDN_C * GDN_NV, *ek = eq + GDN_C;
   const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int dk = a.dk, dv = a.dv;
   const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
@@ -405,29 +473,15 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args
     const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
     const size_t hc = (size_t)h * nch + c;
     __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
-    const float *Wc = W + hc * GDN_C * dk;
-    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
-      const int r = idx / DK, d = idx % DK;
-      float wv = 0.0f, qv = 0.0f;
-      if (d < dk) {
-        wv = Wc[(size_t)r * dk + d];
-        if (r < L) qv = a.q[((t0 + r) * a.hk + kh) * dk + d];
-      }
-      Ab[r * LB + d] = wv;
-      Bb[r * LB + d] = qv;
-    }
-    const float *Pc = P + hc * GDN_C * GDN_C;
-    for (int idx = tid; idx < GDN_C * GDN_C; idx += GDN_THREADS) Pb[(idx >> 6) * LP + (idx & 63)] = Pc[idx];
-    const float *Uc = U + hc * GDN_C * dv;
-    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) {
-      const int jj = j0 + (idx & 15);
-      Vs[idx] = jj < dv ? Uc[(size_t)(idx >> 4) * dv + jj] : 0.0f;
-    }
+    gdn_scan_load<DK>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
+                      j0, tid);
+    gdn_cp_commit();
     if (tid < GDN_C) {
       const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
       eq[tid] = expf(gi);
       ek[tid] = expf(gl - gi);
     }
+    gdn_cp_wait();
     __syncthreads();
 
     const int t = warp & 3; /* row tile of V' (warps 0-3) or O (warps 4-7) */
@@ -462,10 +516,9 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args
     }
     __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
 
-    for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
-      const int r = idx / DK, d = idx % DK;
-      Ab[r * LB + d] = r < L && d < dk ? ek[r] * a.k[((t0 + r) * a.hk + kh) * dk + d] : 0.0f;
-    }
+    gdn_scan_load_k<DK>(a, Ab, t0, L, kh, tid);
+    gdn_cp_commit();
+    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) Vk[idx] = ek[idx >> 4] * Vs[idx];
     if (warp >= 4) {
       /* O += P V'; P is zero above the diagonal, so row tile t needs columns < 16t + 16 */
       frag_c acc;
@@ -489,7 +542,8 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args
         if (r < L && jj < dv) a.out[((t0 + r) * a.hv + h) * dv + jj] = Ot[e];
       }
     }
-    __syncthreads(); /* Ab holds the decay-to-end K */
+    gdn_cp_wait();
+    __syncthreads(); /* Ab holds K, Vk the decayed V' */
 
     const float el = expf(G[hc * GDN_C + GDN_C - 1]);
     for (int st = warp; st < DK / 16; st += GDN_THREADS / 32) {
@@ -501,8 +555,8 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args
 #pragma unroll
       for (int e = 0; e < acc.num_elements; e++) acc.x[e] *= el;
       for (int k = 0; k < L; k += 8) { /* rows of Ks and V' past L are zero */
-        wmma::load_matrix_sync(fa, Ab + k * LB + st * 16, LB); /* Ks^T tile: element (i, m) at Ab[m * LB + i] */
-        wmma::load_matrix_sync(fb, Vs + k * GDN_NV, GDN_NV);
+        wmma::load_matrix_sync(fa, Ab + k * LB + st * 16, LB); /* K^T tile: element (i, m) at Ab[m * LB + i] */
+        wmma::load_matrix_sync(fb, Vk + k * GDN_NV, GDN_NV);
 #pragma unroll
         for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
 #pragma unroll
@@ -522,8 +576,7 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args
 
 template <int DK>
 static size_t gdn_scan_smem(void) {
-  /* + Ob [64][16], used by the tensor-core kernel only */
-  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + 2 * GDN_C * GDN_NV +
+  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + 3 * GDN_C * GDN_NV +
                           2 * GDN_C);
 }
 
