@@ -17,6 +17,7 @@
 #include <time.h>
 
 static int g_fail, g_checks;
+static double now_s(void);
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static ops_backend *g_cpu, *g_gpu;
 
@@ -482,7 +483,11 @@ static void test_gdn(void) {
     float *dq = dput(q, sizeof(float) * (size_t)(n * hk * dk)), *dk_ = dput(k, sizeof(float) * (size_t)(n * hk * dk));
     float *dv_ = dput(v, sizeof(float) * (size_t)(n * hv * dv)), *dg = dput(g, sizeof(float) * (size_t)(n * hv));
     float *db = dput(beta, sizeof(float) * (size_t)(n * hv));
-    for (int chunked = 0; chunked < 2; chunked++) {
+    /* recurrent; chunked in f32 mode; chunked in tensor-core mode (TF32 products: 1e-2, see
+     * test_gdn_chunked) */
+    for (int mode = 0; mode < 3; mode++) {
+      const int chunked = mode > 0;
+      cuda_backend_set_exact(g_gpu, mode != 2);
       float *st = hcopy(st0, (int64_t)hv * dk * dv), *out = malloc(sizeof(float) * (size_t)(n * hv * dv));
       float *dst = dput(st0, sizeof(float) * (size_t)hv * dk * dv), *dout = dnan(n * hv * dv);
       ops_gdn_args ha = {n, hk, hv, dk, dv, tiled, q, k, v, g, beta, st, out};
@@ -490,13 +495,15 @@ static void test_gdn(void) {
       if (chunked) g_cpu->gdn_chunked(g_cpu, &ha), g_gpu->gdn_chunked(g_gpu, &ga);
       else g_cpu->gdn_recurrent(g_cpu, &ha), g_gpu->gdn_recurrent(g_gpu, &ga);
       char what[96];
-      snprintf(what, sizeof what, "gdn %s n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d", chunked ? "chunked" : "recurrent",
-               (long long)n, hk, hv, dk, dv, tiled);
-      cmpd(what, dout, out, n * hv * dv, 1e-4);
+      snprintf(what, sizeof what, "gdn %s n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d",
+               mode == 0 ? "recurrent" : mode == 1 ? "chunked" : "chunked tc", (long long)n, hk, hv, dk, dv, tiled);
+      const double tol = mode == 2 ? 1e-2 : 1e-4;
+      cmpd(what, dout, out, n * hv * dv, tol);
       strcat(what, " state");
-      cmpd(what, dst, st, (int64_t)hv * dk * dv, 1e-4);
+      cmpd(what, dst, st, (int64_t)hv * dk * dv, tol);
       dfree(dst), dfree(dout), free(st), free(out);
     }
+    cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
     dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db);
     free(q), free(k), free(v), free(g), free(beta), free(st0);
   }
@@ -622,8 +629,124 @@ static void test_fused(void) {
       dfree(dx), dfree(dpos), free(x), free(w), free(f), free(y);
     }
   }
-  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
   cuda_backend_drop_mirrors(g_gpu);
+}
+
+/* Random GDN inputs for one run: q, k l2-normalised (q scaled by 1/sqrt(dk)), beta in [0, 1],
+ * g in [-0.6, 0] (fast decay) or [-0.02, 0] (slow: the state carries across many chunks). */
+typedef struct gdn_case {
+  int64_t n;
+  int hk, hv, dk, dv, tiled;
+  float *q, *k, *v, *g, *beta, *st0;
+} gdn_case;
+
+static void gdn_case_make(gdn_case *c, int64_t n, int hk, int hv, int dk, int dv, int tiled, int slow) {
+  *c = (gdn_case){n, hk, hv, dk, dv, tiled, NULL, NULL, NULL, NULL, NULL, NULL};
+  c->q = hrand(n * hk * dk, 1), c->k = hrand(n * hk * dk, 1), c->v = hrand(n * hv * dv, 1);
+  l2n(c->q, n * hk, dk, 1.0f / sqrtf((float)dk)), l2n(c->k, n * hk, dk, 1.0f);
+  c->g = malloc(sizeof(float) * (size_t)(n * hv)), c->beta = malloc(sizeof(float) * (size_t)(n * hv));
+  for (int64_t i = 0; i < n * hv; i++)
+    c->g[i] = (slow ? -0.01f : -0.3f) * (frand() + 1.0f), c->beta[i] = 0.5f * (frand() + 1.0f);
+  c->st0 = hrand((int64_t)hv * dk * dv, 0.2f);
+}
+
+static void gdn_case_free(gdn_case *c) {
+  free(c->q), free(c->k), free(c->v), free(c->g), free(c->beta), free(c->st0);
+}
+
+/* The chunk-64 CUDA kernels (gdn_chunked) against both CPU forms, output and final state,
+ * in both numerics modes, from a nonzero state. n covers the short-run fallback (8), partial
+ * and exact chunks (63, 64, 65), several chunks, and (hv 64) more chunks than one scratch
+ * segment holds (the state carries between segments); dv 40 is not a multiple of the 16-
+ * column phase-2 slice, dk 256 needs two solve columns per thread. Tolerances, of max |ref|:
+ * exact=1 (f32 products) 1e-4: the two f32 computations differ only in summation order and
+ * in gam (a scan instead of a serial sum), ~1e-6 relative, and the recurrent form differs
+ * from the chunked one by the same rounding, which the decays keep from growing.
+ * exact=0 (TF32 tensor-core products) 1e-2: each product input is rounded to 11 significant
+ * bits (5e-4 relative); a numpy emulation of the kernels' exact operation order with TF32
+ * rounding gave 3e-4..6e-4 against an f64 recurrence on these shapes (slow decay included),
+ * so 1e-2 leaves a wide margin and still catches any indexing error (O(1) differences). */
+static void test_gdn_chunked(void) {
+  printf("gdn chunked (chunk-64 kernels)\n");
+  const int cfgs[][7] = {/* n, hk, hv, dk, dv, tiled, slow */
+                         {8, 2, 2, 128, 128, 0, 0},    {63, 2, 4, 128, 128, 0, 0},   {64, 2, 4, 64, 64, 1, 0},
+                         {65, 2, 2, 32, 32, 0, 1},     {200, 2, 4, 128, 128, 1, 1},  {512, 16, 32, 128, 128, 0, 0},
+                         {1000, 2, 4, 64, 64, 0, 1},   {1000, 2, 2, 128, 64, 0, 0},  {200, 2, 4, 32, 128, 0, 1},
+                         {130, 2, 2, 256, 128, 0, 1},  {97, 1, 3, 128, 40, 0, 0},    {1000, 16, 64, 128, 128, 0, 1},
+                         {512, 2, 4, 128, 128, 1, 1}};
+  for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+    gdn_case c;
+    gdn_case_make(&c, cfgs[ci][0], cfgs[ci][1], cfgs[ci][2], cfgs[ci][3], cfgs[ci][4], cfgs[ci][5], cfgs[ci][6]);
+    const int64_t n = c.n, nq = n * c.hk * c.dk, nv = n * c.hv * c.dv, ns = (int64_t)c.hv * c.dk * c.dv;
+    /* CPU references: chunked and recurrent */
+    float *st_c = hcopy(c.st0, ns), *out_c = malloc(sizeof(float) * (size_t)nv);
+    float *st_r = hcopy(c.st0, ns), *out_r = malloc(sizeof(float) * (size_t)nv);
+    ops_gdn_args hc = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, c.q, c.k, c.v, c.g, c.beta, st_c, out_c};
+    ops_gdn_args hr = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, c.q, c.k, c.v, c.g, c.beta, st_r, out_r};
+    g_cpu->gdn_chunked(g_cpu, &hc);
+    g_cpu->gdn_recurrent(g_cpu, &hr);
+    float *dq = dput(c.q, sizeof(float) * (size_t)nq), *dk_ = dput(c.k, sizeof(float) * (size_t)nq);
+    float *dv_ = dput(c.v, sizeof(float) * (size_t)nv), *dg = dput(c.g, sizeof(float) * (size_t)(n * c.hv));
+    float *db = dput(c.beta, sizeof(float) * (size_t)(n * c.hv));
+    for (int exact = 1; exact >= 0; exact--) {
+      cuda_backend_set_exact(g_gpu, exact);
+      float *dst = dput(c.st0, sizeof(float) * (size_t)ns), *dout = dnan(nv);
+      ops_gdn_args ga = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, dq, dk_, dv_, dg, db, dst, dout};
+      g_gpu->gdn_chunked(g_gpu, &ga);
+      float *go = dget(dout, nv), *gs = dget(dst, ns);
+      const double tol = exact ? 1e-4 : 1e-2;
+      char what[128];
+      for (int ref = 0; ref < 2; ref++) {
+        snprintf(what, sizeof what, "gdn chunked n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d slow=%d exact=%d vs cpu %s",
+                 (long long)n, c.hk, c.hv, c.dk, c.dv, c.tiled, cfgs[ci][6], exact, ref ? "recurrent" : "chunked");
+        cmp(what, go, ref ? out_r : out_c, nv, tol);
+        strcat(what, " state");
+        cmp(what, gs, ref ? st_r : st_c, ns, tol);
+      }
+      free(go), free(gs), dfree(dst), dfree(dout);
+    }
+    cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
+    dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db);
+    free(st_c), free(out_c), free(st_r), free(out_r);
+    gdn_case_free(&c);
+  }
+}
+
+/* Prefill GDN at the 0.8B shape (hk 16, hv 16, dk = dv = 128), 512 and 4096 tokens from a
+ * nonzero state: the token-sequential kernel (gdn_recurrent) against the chunk-64 kernels
+ * in f32 (exact=1) and TF32 tensor-core (exact=0) mode. */
+static void bench_gdn(void) {
+  const int64_t ns_[] = {512, 4096};
+  for (int ni = 0; ni < 2; ni++) {
+    gdn_case c;
+    gdn_case_make(&c, ns_[ni], 16, 16, 128, 128, 0, 0);
+    const int64_t n = c.n, nq = n * c.hk * c.dk, nv = n * c.hv * c.dv, ns = (int64_t)c.hv * c.dk * c.dv;
+    float *dq = dput(c.q, sizeof(float) * (size_t)nq), *dk_ = dput(c.k, sizeof(float) * (size_t)nq);
+    float *dv_ = dput(c.v, sizeof(float) * (size_t)nv), *dg = dput(c.g, sizeof(float) * (size_t)(n * c.hv));
+    float *db = dput(c.beta, sizeof(float) * (size_t)(n * c.hv));
+    float *dst = dput(c.st0, sizeof(float) * (size_t)ns), *dout = dnan(nv);
+    ops_gdn_args ga = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, dq, dk_, dv_, dg, db, dst, dout};
+    for (int mode = 0; mode < 3; mode++) { /* recurrent, chunked exact=1, chunked exact=0 */
+      cuda_backend_set_exact(g_gpu, mode != 2);
+      for (int i = 0; i < 3; i++) /* warm-up (and the scratch allocation) */
+        mode ? g_gpu->gdn_chunked(g_gpu, &ga) : g_gpu->gdn_recurrent(g_gpu, &ga);
+      float sync1;
+      g_gpu->download(g_gpu, &sync1, dout, sizeof sync1);
+      gpu_status("gdn bench warmup");
+      const int reps = ni ? 10 : 50;
+      double t0 = now_s();
+      for (int i = 0; i < reps; i++) mode ? g_gpu->gdn_chunked(g_gpu, &ga) : g_gpu->gdn_recurrent(g_gpu, &ga);
+      g_gpu->download(g_gpu, &sync1, dout, sizeof sync1);
+      gpu_status("gdn bench");
+      printf("  gdn %-18s %4lld tok, hk 16 hv 16 dk=dv=128: %8.1f us per call\n",
+             mode == 0 ? "recurrent" : mode == 1 ? "chunked f32" : "chunked tf32", (long long)n,
+             (now_s() - t0) / reps * 1e6);
+    }
+    cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
+    dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db), dfree(dst), dfree(dout);
+    gdn_case_free(&c);
+  }
 }
 
 static void test_moe(void) {
@@ -994,11 +1117,13 @@ int main(int argc, char **argv) {
   test_conv_gates();
   test_gdn();
   test_fused();
+  test_gdn_chunked();
   test_moe();
   test_graphs();
   if (do_bench) {
     bench();
     bench_gemm();
+    bench_gdn();
   }
   cuda_backend_free(g_gpu);
   cpu_backend_free(g_cpu);

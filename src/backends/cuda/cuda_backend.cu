@@ -361,6 +361,7 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->deq) cudaFree(ci->deq);
     if (ci->att_part) cudaFree(ci->att_part);
     if (ci->act16) cudaFree(ci->act16);
+    if (ci->gdn_scr) cudaFree(ci->gdn_scr);
     if (ci->ring_d) cudaFree(ci->ring_d);
     if (ci->ring_h) cudaFreeHost(ci->ring_h);
     if (ci->blas) cublasDestroy(ci->blas);

@@ -4,9 +4,8 @@
  * The delta rule keeps the state on chip within a call: one warp owns 32 columns of a
  * v-head's state S [dk, dv], each lane one column held in registers, so every product of
  * the step (k^T S, the rank-1 update, q^T S) is lane-local with no reductions; q and k of
- * the token are staged in shared memory. The chunked entry currently runs the same
- * token-sequential kernel (exact up to rounding); a tensor-core chunk-64 form is future
- * work. */
+ * the token are staged in shared memory. The chunked entry (prefill) runs the chunk-64
+ * form of cuda_gdn_chunked.cu. */
 #include "backends/cuda/cuda_internal.h"
 
 #include "base/error.h"
@@ -133,6 +132,8 @@ void cuda_op_gdn_recurrent(ops_backend *be, const ops_gdn_args *a) {
   cuda_check_launch(ci, "gdn_recurrent");
 }
 
+/* Chunk-64 form (cuda_gdn_chunked.cu) for prefill runs; short runs, captured steps and
+ * shapes it does not cover take the token-sequential kernel. */
 void cuda_op_gdn_chunked(ops_backend *be, const ops_gdn_args *a) {
-  cuda_op_gdn_recurrent(be, a);
+  if (!cuda_gdn_chunked_launch(be, a)) cuda_op_gdn_recurrent(be, a);
 }

@@ -39,6 +39,7 @@ typedef struct cuda_impl {
   size_t act16_bytes;
   float *att_part;          /* split-K attention partials */
   size_t att_part_floats;
+  float *gdn_scr;           /* chunked GDN scratch (W, U, P, gam), allocated at first use */
 } cuda_impl;
 
 #define CUDA_GRAPH_MAX_TOK 8
@@ -91,6 +92,9 @@ void cuda_op_conv1d_silu(ops_backend *be, float *y, const float *x, int64_t n, i
                          float *state);
 void cuda_op_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
 void cuda_op_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
+/* cuda_gdn_chunked.cu: queues the chunk-64 form and returns true, or returns false (nothing
+ * queued) when the recurrent kernel should run instead (see the file's contract). */
+bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a);
 void cuda_op_gdn_gates(ops_backend *be, float *beta, float *g, const float *b, int64_t b_stride, const float *a,
                        int64_t a_stride, const float *a_log, const float *dt_bias, int64_t n, int h);
 void cuda_op_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale);

@@ -1,0 +1,641 @@
+/* cuda_gdn_chunked.cu: the gated delta rule in chunked (C = 64) form for prefill.
+ *
+ * Contract: cuda_gdn_chunked_launch(be, a) queues the whole ops_gdn_args run (out and the
+ * final state, same results as the recurrent kernel up to f32 rounding) and returns true,
+ * or returns false without queueing anything when the recurrent kernel should run instead
+ * (short runs, a step being captured, shapes outside dk <= 256). Failures set the sticky
+ * error (and return true: the caller must not run the op a second time).
+ *
+ * The algorithm and its conventions are those of cpu_gdn.c (chunked_task). Per chunk of L
+ * tokens, gam = cumsum(g) within the chunk, and
+ *   A_ij = beta_i (k_i . k_j) e^(gam_i - gam_j) (j < i),  P_ij = (q_i . k_j) e^(gam_i - gam_j) (j <= i)
+ *   (I + A) W = diag(beta e^gam) K,  (I + A) U = diag(beta) V        (forward substitution)
+ *   V' = U - W S;  O = diag(e^gam) Q S + P V';  S = e^gam_last S + (diag(e^(gam_last - gam)) K)^T V'.
+ * Everything except the last line depends only on the chunk's own tokens, so it runs in two
+ * kernels:
+ *   phase 1 (k_gdn_prep), one block per (chunk, v-head), all chunks in parallel: gam, A, P,
+ *     the solve, W and U, written to scratch;
+ *   phase 2 (k_gdn_scan), one block per (16 state columns, v-head), sequential over the
+ *     chunks: the columns of S evolve independently (every product above is S times
+ *     something from the left), so a block keeps its [dk, 16] slice of S in shared memory
+ *     for the whole run and needs no communication with other blocks.
+ * Chunk rows past L (the last, shorter chunk) are zero in W, U, P, K and Q, and gam is padded
+ * with g = 0 so gam_last = gam[63]; the products then need no bounds.
+ *
+ * Numerics: with cuda_impl.exact (f32 mode) every product is f32 on CUDA cores, register
+ * tiles over shared memory. Otherwise (sm_80+) K K^T, Q K^T and all phase-2 products are WMMA
+ * TF32 tiles (inputs rounded to 10-bit mantissas, f32 accumulation, ~1e-3 relative); the
+ * triangular solve, the decays and the state itself stay f32 in both modes.
+ *
+ * Scratch: one buffer of GDN_SCR_FLOATS, allocated at the first chunked call (never inside
+ * graph capture: a captured step runs the recurrent kernel). A run whose W, U, P and gam do
+ * not fit is processed in segments of whole chunks; the state carries between segments
+ * through the state buffer, exactly as between chunks. */
+#include "backends/cuda/cuda_internal.h"
+
+#include "base/error.h"
+
+#include <mma.h>
+
+#define GDN_C 64
+#define GDN_NV 16 /* state columns per phase-2 block */
+#define GDN_THREADS 256
+/* 32 MiB: the 0.8B shape (hv 16, dk = dv = 128) fits 1600 tokens per segment, hv 64 fits 384;
+ * both give phase 1 several hundred blocks. */
+#define GDN_SCR_FLOATS ((size_t)8 << 20)
+/* Below this many tokens the token-sequential kernel is as fast (two launches and the
+ * solve cost about as much as 32 recurrent steps). */
+#define GDN_MIN_TOKENS 32
+/* WMMA TF32 exists from sm_80 on; the host picks those kernels only on such devices. */
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define GDN_HAVE_TF32 1
+#else
+#define GDN_HAVE_TF32 0
+#endif
+
+/* ---- phase 1: grid (chunks, hv), GDN_THREADS threads ----
+ * Shared: As [64][64], gs [64] (gam), bs [64] (beta), ws [64] (beta e^gam),
+ * Qs, Ks [64][ld] (rows past L and columns past dk zero), and with tc Pq [64][64].
+ * f32 (tc false): ld = dk + 1 keeps the 16 rows a warp reads in distinct banks.
+ * tc: K K^T and Q K^T as WMMA TF32 tiles, ld = gdn_prep_ld (a multiple of 4 floats, so
+ * every 16-row tile starts 32-byte aligned as WMMA requires), columns to a multiple of 8.
+ * The solve is f32 in both. */
+static __host__ __device__ inline int gdn_prep_ld(int dk, bool tc) {
+  return tc ? ((dk + 7) & ~7) + 4 : dk + 1;
+}
+
+static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a, float *W, float *U, float *P,
+                                                                  float *G, int nch, bool tc) {
+  extern __shared__ float4 sm4[];
+  float *sm = (float *)sm4;
+  const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+  const int dk = a.dk, dv = a.dv, ld = gdn_prep_ld(dk, tc), dkp = tc ? (dk + 7) & ~7 : dk;
+  const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
+  const int64_t t0 = (int64_t)c * GDN_C;
+  const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
+  const size_t hc = (size_t)h * nch + c;
+  float *As = sm, *gs = As + GDN_C * GDN_C, *bs = gs + GDN_C, *ws = bs + GDN_C;
+  float *Qs = ws + GDN_C, *Ks = Qs + GDN_C * ld, *Pq = Ks + GDN_C * ld;
+
+  if (tid < GDN_C) {
+    /* inclusive scan of g over each warp's 32 tokens; warp 1 adds warp 0's total below */
+    float gv = 0.0f, bv = 0.0f;
+    if (tid < L) {
+      gv = a.g[(t0 + tid) * a.hv + h];
+      bv = a.beta[(t0 + tid) * a.hv + h];
+    }
+    bs[tid] = bv;
+    const int lane = tid & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, gv, o);
+      if (lane >= o) gv += y;
+    }
+    gs[tid] = gv;
+  }
+  for (int idx = tid; idx < GDN_C * dkp; idx += GDN_THREADS) {
+    const int r = idx / dkp, d = idx - r * dkp;
+    float qv = 0.0f, kv = 0.0f;
+    if (r < L && d < dk) {
+      const int64_t o = ((t0 + r) * a.hk + kh) * dk + d;
+      qv = a.q[o];
+      kv = a.k[o];
+    }
+    Qs[r * ld + d] = qv;
+    Ks[r * ld + d] = kv;
+  }
+  __syncthreads();
+  if (tid >= 32 && tid < GDN_C) gs[tid] += gs[31]; /* gs[31] is final; gs[32..] read after the next barrier */
+
+  float *Pc = P + hc * GDN_C * GDN_C;
+  if (tc) {
+#if GDN_HAVE_TF32
+    /* tiles (ti, tj) of K K^T (-> As) and Q K^T (-> Pq) on or below the diagonal; tiles
+     * above it are never read */
+    using namespace nvcuda;
+    const int warp = tid >> 5;
+    for (int tile = warp; tile < 32; tile += GDN_THREADS / 32) {
+      const int ti = (tile >> 2) & 3, tj = tile & 3;
+      if (tj > ti) continue;
+      const float *Am = tile < 16 ? Ks : Qs;
+      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb; /* K^T */
+      wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < dkp; k += 8) {
+        wmma::load_matrix_sync(fa, Am + 16 * ti * ld + k, ld);
+        wmma::load_matrix_sync(fb, Ks + 16 * tj * ld + k, ld); /* (d, j) at Ks[j * ld + d] */
+#pragma unroll
+        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync((tile < 16 ? As : Pq) + 16 * ti * GDN_C + 16 * tj, acc, GDN_C, wmma::mem_row_major);
+    }
+#endif
+    __syncthreads(); /* gs complete; As, Pq hold K K^T, Q K^T */
+    if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
+    for (int idx = tid; idx < GDN_C * GDN_C; idx += GDN_THREADS) {
+      const int i = idx >> 6, j = idx & 63;
+      float av = 0.0f, pv = 0.0f;
+      if (j <= i && i < L) { /* selects, never multiplies, the unwritten tiles above the diagonal */
+        const float e = expf(gs[i] - gs[j]);
+        if (j < i) av = bs[i] * As[idx] * e;
+        pv = Pq[idx] * e;
+      }
+      As[idx] = av; /* only this thread reads or writes element idx here */
+      Pc[idx] = pv;
+    }
+    __syncthreads(); /* As, ws complete */
+  } else {
+    /* K K^T and Q K^T: thread (ti, tj) owns rows ti + 16a, columns tj + 16b */
+    const int ti = tid >> 4, tj = tid & 15;
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int x = 0; x < 4; x++)
+#pragma unroll
+      for (int y = 0; y < 4; y++) kk[x][y] = qk[x][y] = 0.0f;
+    for (int d = 0; d < dk; d++) {
+      float qi[4], ki[4], kj[4];
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        qi[x] = Qs[(ti + 16 * x) * ld + d];
+        ki[x] = Ks[(ti + 16 * x) * ld + d];
+        kj[x] = Ks[(tj + 16 * x) * ld + d];
+      }
+#pragma unroll
+      for (int x = 0; x < 4; x++)
+#pragma unroll
+        for (int y = 0; y < 4; y++) {
+          kk[x][y] += ki[x] * kj[y];
+          qk[x][y] += qi[x] * kj[y];
+        }
+    }
+    __syncthreads(); /* gs complete */
+    if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
+#pragma unroll
+    for (int x = 0; x < 4; x++)
+#pragma unroll
+      for (int y = 0; y < 4; y++) {
+        const int i = ti + 16 * x, j = tj + 16 * y;
+        float av = 0.0f, pv = 0.0f;
+        if (j <= i && i < L) { /* the exponent is <= 0 only on and below the diagonal */
+          const float e = expf(gs[i] - gs[j]);
+          if (j < i) av = bs[i] * kk[x][y] * e;
+          pv = qk[x][y] * e;
+        }
+        As[i * GDN_C + j] = av;
+        Pc[i * GDN_C + j] = pv;
+      }
+    __syncthreads(); /* As, ws complete */
+  }
+
+  /* Forward substitution, one column of [W | U] per thread: x_i = b_i - sum_{m<i} A_im x_m
+   * (same order as the CPU). Fully unrolled so x stays in registers; rows past L have
+   * b = 0 and A = 0, so they stay 0. */
+  float *Wc = W + hc * GDN_C * dk, *Uc = U + hc * GDN_C * dv;
+  for (int col = tid; col < dk + dv; col += GDN_THREADS) {
+    float x[GDN_C];
+    if (col < dk) {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) x[i] = ws[i] * Ks[i * ld + col];
+    } else {
+      const int jv = col - dk;
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) x[i] = i < L ? bs[i] * a.v[((t0 + i) * a.hv + h) * dv + jv] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 1; i < GDN_C; i++) {
+      const float4 *Ar = (const float4 *)(As + i * GDN_C);
+      float acc = x[i];
+#pragma unroll
+      for (int m4 = 0; m4 < GDN_C / 4; m4++)
+        if (4 * m4 < i) {
+          const float4 av = Ar[m4];
+          acc -= av.x * x[4 * m4];
+          if (4 * m4 + 1 < i) acc -= av.y * x[4 * m4 + 1];
+          if (4 * m4 + 2 < i) acc -= av.z * x[4 * m4 + 2];
+          if (4 * m4 + 3 < i) acc -= av.w * x[4 * m4 + 3];
+        }
+      x[i] = acc;
+    }
+    if (col < dk) {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) Wc[(size_t)i * dk + col] = x[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < GDN_C; i++) Uc[(size_t)i * dv + col - dk] = x[i];
+    }
+  }
+  if (tid < GDN_C) G[hc * GDN_C + tid] = gs[tid];
+}
+
+static size_t gdn_prep_smem(int dk, bool tc) {
+  return sizeof(float) * ((size_t)GDN_C * GDN_C * (tc ? 2 : 1) + 3 * GDN_C + 2 * (size_t)GDN_C * gdn_prep_ld(dk, tc));
+}
+
+/* cp.async (sm_80+) as inline PTX: <cuda_pipeline.h> drags in headers that fail the host
+ * compiler's -Wshadow -Werror. Older devices copy synchronously (they run f32 kernels only,
+ * and the commit / wait are then no-ops). */
+static __device__ __forceinline__ void gdn_cp4(float *dst, const float *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#else
+  *dst = *src;
+#endif
+}
+
+static __device__ __forceinline__ void gdn_cp16(float *dst, const float *src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+#else
+  *(float4 *)dst = *(const float4 *)src;
+#endif
+}
+
+static __device__ __forceinline__ void gdn_cp_commit(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+/* Waits for all of this thread's copies; a __syncthreads must follow before other threads read them. */
+static __device__ __forceinline__ void gdn_cp_wait(void) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+/* Phase 2's chunk inputs as asynchronous copies (cp.async): every load of the chunk is in
+ * flight at once, instead of a few per thread at a time, on the sequential path. W -> Ab,
+ * Q -> Bb, P -> Pb, U -> Vs; elements past L, dk or dv are stored as 0 directly (stale
+ * shared memory could hold NaN, and NaN * 0 is not 0). The caller commits, waits and
+ * synchronises. P goes in 16-byte pieces: its rows are 64 floats and its scratch offset a
+ * multiple of 64 floats, Pb's row stride a multiple of 4. */
+template <int DK>
+static __device__ __forceinline__ void gdn_scan_load(const ops_gdn_args &a, const float *Wc, const float *Pc,
+                                                     const float *Uc, float *Ab, float *Bb, float *Pb, float *Vs,
+                                                     int64_t t0, int L, int kh, int j0, int tid) {
+  constexpr int LB = DK + 4, LP = GDN_C + 4;
+  const int dk = a.dk, dv = a.dv;
+#pragma unroll 4
+  for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+    const int r = idx / DK, d = idx % DK;
+    float *wd = Ab + r * LB + d, *qd = Bb + r * LB + d;
+    if (d < dk) gdn_cp4(wd, Wc + (size_t)r * dk + d);
+    else *wd = 0.0f;
+    if (r < L && d < dk) gdn_cp4(qd, a.q + ((t0 + r) * a.hk + kh) * dk + d);
+    else *qd = 0.0f;
+  }
+  for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += GDN_THREADS)
+    gdn_cp16(Pb + (idx >> 4) * LP + (idx & 15) * 4, Pc + (size_t)idx * 4);
+  for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) {
+    const int jj = j0 + (idx & 15);
+    if (jj < dv) gdn_cp4(Vs + idx, Uc + (size_t)(idx >> 4) * dv + jj);
+    else Vs[idx] = 0.0f;
+  }
+}
+
+/* The chunk's K rows -> Ab (asynchronous, as above; rows past L and columns past dk 0). */
+template <int DK>
+static __device__ __forceinline__ void gdn_scan_load_k(const ops_gdn_args &a, float *Ab, int64_t t0, int L, int kh,
+                                                       int tid) {
+  constexpr int LB = DK + 4;
+  const int dk = a.dk;
+#pragma unroll 4
+  for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+    const int r = idx / DK, d = idx % DK;
+    float *kd = Ab + r * LB + d;
+    if (r < L && d < dk) gdn_cp4(kd, a.k + ((t0 + r) * a.hk + kh) * dk + d);
+    else *kd = 0.0f;
+  }
+}
+
+/* ---- phase 2: grid (ceil(dv / 16), hv), GDN_THREADS threads, DK >= dk (padded with 0) ----
+ * Shared: Ab [64][DK + 4] (W, then K), Bb [64][DK + 4] (Q), Pb [64][68],
+ * Ss [DK][16] (this block's state columns), Vs [64][16] (U, then V'), Ob [64][16] (used by
+ * the tensor-core kernel), Vk [64][16] (V' rows times the decay to the chunk's end, so K
+ * enters the state update unscaled, straight from its asynchronous copy), eq/ek [64].
+ * Row strides are multiples of 4 (float4 reads) and offset by 4 banks per row, so the two
+ * rows a warp reads at once never share banks. */
+template <int DK>
+static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a, const float *W, const float *U,
+                                                                  const float *P, const float *G, int nch) {
+  constexpr int LB = DK + 4, LP = GDN_C + 4, RPT = DK / 16;
+  extern __shared__ float4 sm4[];
+  float *sm = (float *)sm4;
+  float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
+  float *Ob = Vs + GDN_C * GDN_NV, *Vk = Ob + GDN_C * GDN_NV, *eq = Vk + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  (void)Ob;
+  const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, ti = tid >> 4, tj = tid & 15;
+  const int dk = a.dk, dv = a.dv;
+  const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
+  const int j = j0 + tj;
+  float *Sg = a.state + (size_t)h * dk * dv;
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    Ss[idx] = i < dk && jj < dv ? Sg[(size_t)i * dv + jj] : 0.0f;
+  }
+  for (int c = 0; c < nch; c++) {
+    const int64_t t0 = (int64_t)c * GDN_C;
+    const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
+    const size_t hc = (size_t)h * nch + c;
+    __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
+    gdn_scan_load<DK>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
+                      j0, tid);
+    gdn_cp_commit();
+    if (tid < GDN_C) {
+      const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
+      eq[tid] = expf(gi);
+      ek[tid] = expf(gl - gi);
+    }
+    gdn_cp_wait();
+    __syncthreads();
+
+    /* W S and Q S for rows ti + 16x, column tj */
+    float wsa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qsa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+    for (int d = 0; d < DK; d += 4) {
+      const float s0 = Ss[d * GDN_NV + tj], s1 = Ss[(d + 1) * GDN_NV + tj], s2 = Ss[(d + 2) * GDN_NV + tj],
+                  s3 = Ss[(d + 3) * GDN_NV + tj];
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        const float4 w = *(const float4 *)(Ab + (ti + 16 * x) * LB + d);
+        const float4 q = *(const float4 *)(Bb + (ti + 16 * x) * LB + d);
+        wsa[x] += w.x * s0 + w.y * s1 + w.z * s2 + w.w * s3;
+        qsa[x] += q.x * s0 + q.y * s1 + q.z * s2 + q.w * s3;
+      }
+    }
+    float o[4];
+#pragma unroll
+    for (int x = 0; x < 4; x++) {
+      const int r = ti + 16 * x;
+      Vs[r * GDN_NV + tj] -= wsa[x]; /* only this thread touches this element until the barrier */
+      o[x] = eq[r] * qsa[x];
+    }
+    __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
+
+    gdn_scan_load_k<DK>(a, Ab, t0, L, kh, tid);
+    gdn_cp_commit();
+    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) Vk[idx] = ek[idx >> 4] * Vs[idx];
+    /* O += P V': P is zero above the diagonal, so row ti + 48 (the last this thread owns)
+     * needs m <= ti + 48 only */
+    const int mend = ((ti + 48) | 3) + 1;
+    for (int m = 0; m < mend; m += 4) {
+      const float v0 = Vs[m * GDN_NV + tj], v1 = Vs[(m + 1) * GDN_NV + tj], v2 = Vs[(m + 2) * GDN_NV + tj],
+                  v3 = Vs[(m + 3) * GDN_NV + tj];
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        const float4 p = *(const float4 *)(Pb + (ti + 16 * x) * LP + m);
+        o[x] += p.x * v0 + p.y * v1 + p.z * v2 + p.w * v3;
+      }
+    }
+    if (j < dv)
+#pragma unroll
+      for (int x = 0; x < 4; x++) {
+        const int r = ti + 16 * x;
+        if (r < L) a.out[((t0 + r) * a.hv + h) * dv + j] = o[x];
+      }
+    gdn_cp_wait();
+    __syncthreads(); /* Ab holds K, Vk the decayed V' */
+
+    /* S rows ti * RPT + r, column tj: S = e^gam_last S + K^T diag(e^(gam_last - gam)) V' */
+    float sacc[RPT];
+#pragma unroll
+    for (int r = 0; r < RPT; r++) sacc[r] = 0.0f;
+    for (int m = 0; m < L; m++) {
+      const float vm = Vk[m * GDN_NV + tj];
+      const float *kr = Ab + m * LB + ti * RPT;
+      if constexpr (RPT % 4 == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; r += 4) {
+          const float4 kv = *(const float4 *)(kr + r);
+          sacc[r] += kv.x * vm;
+          sacc[r + 1] += kv.y * vm;
+          sacc[r + 2] += kv.z * vm;
+          sacc[r + 3] += kv.w * vm;
+        }
+      } else {
+#pragma unroll
+        for (int r = 0; r < RPT; r++) sacc[r] += kr[r] * vm;
+      }
+    }
+    const float el = expf(G[hc * GDN_C + GDN_C - 1]);
+#pragma unroll
+    for (int r = 0; r < RPT; r++) {
+      float *s = Ss + (ti * RPT + r) * GDN_NV + tj;
+      *s = el * *s + sacc[r];
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    if (i < dk && jj < dv) Sg[(size_t)i * dv + jj] = Ss[idx];
+  }
+}
+
+/* ---- phase 2 on tensor cores (numerics mode exact = 0): the same chunk loop, with every
+ * product as WMMA m16n16k8 TF32 tiles (inputs rounded to TF32, f32 accumulation; the state
+ * itself stays f32 in shared memory and only enters the products rounded). Buffers as
+ * k_gdn_scan (Ob is the output tile). Warp w:
+ *   w < 4:  V' rows 16w = U - W S (the U tile is the accumulator's start, W negated);
+ *   w >= 4: O rows 16(w-4) = diag(e^gam) Q S (scaled per row through Ob), then += P V';
+ *   all:    S rows 16t (t = w, w + 8, ...) = e^gam_last S + K^T Vk (K^T read column-major).
+ * WMMA needs 32-byte aligned tile pointers and ldm a multiple of 4 floats: every buffer
+ * offset and row stride below is a multiple of 8 floats times a tile's row count. */
+template <int DK>
+static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args a, const float *W, const float *U,
+                                                                     const float *P, const float *G, int nch) {
+#if GDN_HAVE_TF32
+  using namespace nvcuda;
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_a;
+  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> frag_at;
+  typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_b;
+  typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> frag_c;
+  constexpr int LB = DK + 4, LP = GDN_C + 4;
+  extern __shared__ float4 sm4[];
+  float *sm = (float *)sm4;
+  float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
+  float *Ob = Vs + GDN_C * GDN_NV, *Vk = Ob + GDN_C * GDN_NV, *eq = Vk + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int dk = a.dk, dv = a.dv;
+  const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
+  float *Sg = a.state + (size_t)h * dk * dv;
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    Ss[idx] = i < dk && jj < dv ? Sg[(size_t)i * dv + jj] : 0.0f;
+  }
+  for (int c = 0; c < nch; c++) {
+    const int64_t t0 = (int64_t)c * GDN_C;
+    const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
+    const size_t hc = (size_t)h * nch + c;
+    __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
+    gdn_scan_load<DK>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
+                      j0, tid);
+    gdn_cp_commit();
+    if (tid < GDN_C) {
+      const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
+      eq[tid] = expf(gi);
+      ek[tid] = expf(gl - gi);
+    }
+    gdn_cp_wait();
+    __syncthreads();
+
+    const int t = warp & 3; /* row tile of V' (warps 0-3) or O (warps 4-7) */
+    {
+      frag_c acc;
+      frag_a fa;
+      frag_b fb;
+      const float *Am = warp < 4 ? Ab : Bb;
+      if (warp < 4) wmma::load_matrix_sync(acc, Vs + t * 16 * GDN_NV, GDN_NV, wmma::mem_row_major);
+      else wmma::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < DK; k += 8) {
+        wmma::load_matrix_sync(fa, Am + t * 16 * LB + k, LB);
+        wmma::load_matrix_sync(fb, Ss + k * GDN_NV, GDN_NV);
+#pragma unroll
+        for (int e = 0; e < fa.num_elements; e++) {
+          const float x = wmma::__float_to_tf32(fa.x[e]);
+          fa.x[e] = warp < 4 ? -x : x;
+        }
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      if (warp < 4) {
+        wmma::store_matrix_sync(Vs + t * 16 * GDN_NV, acc, GDN_NV, wmma::mem_row_major);
+      } else {
+        float *Ot = Ob + t * 16 * GDN_NV;
+        wmma::store_matrix_sync(Ot, acc, GDN_NV, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 16 * GDN_NV; e += 32) Ot[e] *= eq[t * 16 + (e >> 4)];
+        __syncwarp();
+      }
+    }
+    __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
+
+    gdn_scan_load_k<DK>(a, Ab, t0, L, kh, tid);
+    gdn_cp_commit();
+    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) Vk[idx] = ek[idx >> 4] * Vs[idx];
+    if (warp >= 4) {
+      /* O += P V'; P is zero above the diagonal, so row tile t needs columns < 16t + 16 */
+      frag_c acc;
+      frag_a fa;
+      frag_b fb;
+      float *Ot = Ob + t * 16 * GDN_NV;
+      wmma::load_matrix_sync(acc, Ot, GDN_NV, wmma::mem_row_major);
+      for (int k = 0; k < 16 * t + 16; k += 8) {
+        wmma::load_matrix_sync(fa, Pb + t * 16 * LP + k, LP);
+        wmma::load_matrix_sync(fb, Vs + k * GDN_NV, GDN_NV);
+#pragma unroll
+        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(Ot, acc, GDN_NV, wmma::mem_row_major);
+      __syncwarp();
+      for (int e = lane; e < 16 * GDN_NV; e += 32) {
+        const int r = t * 16 + (e >> 4), jj = j0 + (e & 15);
+        if (r < L && jj < dv) a.out[((t0 + r) * a.hv + h) * dv + jj] = Ot[e];
+      }
+    }
+    gdn_cp_wait();
+    __syncthreads(); /* Ab holds K, Vk the decayed V' */
+
+    const float el = expf(G[hc * GDN_C + GDN_C - 1]);
+    for (int st = warp; st < DK / 16; st += GDN_THREADS / 32) {
+      frag_c acc;
+      frag_at fa;
+      frag_b fb;
+      float *Sst = Ss + st * 16 * GDN_NV;
+      wmma::load_matrix_sync(acc, Sst, GDN_NV, wmma::mem_row_major);
+#pragma unroll
+      for (int e = 0; e < acc.num_elements; e++) acc.x[e] *= el;
+      for (int k = 0; k < L; k += 8) { /* rows of Ks and V' past L are zero */
+        wmma::load_matrix_sync(fa, Ab + k * LB + st * 16, LB); /* K^T tile: element (i, m) at Ab[m * LB + i] */
+        wmma::load_matrix_sync(fb, Vk + k * GDN_NV, GDN_NV);
+#pragma unroll
+        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+#pragma unroll
+        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(Sst, acc, GDN_NV, wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
+    const int i = idx >> 4, jj = j0 + (idx & 15);
+    if (i < dk && jj < dv) Sg[(size_t)i * dv + jj] = Ss[idx];
+  }
+#endif
+}
+
+template <int DK>
+static size_t gdn_scan_smem(void) {
+  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + 3 * GDN_C * GDN_NV +
+                          2 * GDN_C);
+}
+
+template <int DK>
+static bool gdn_scan_launch(cuda_impl *ci, const ops_gdn_args *s, const float *W, const float *U, const float *P,
+                            const float *G, int nch, bool tc) {
+  const size_t smem = gdn_scan_smem<DK>();
+  auto kern = tc ? k_gdn_scan_tc<DK> : k_gdn_scan<DK>;
+  if (!cuda_check(ci, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                  "gdn scan smem"))
+    return false;
+  dim3 grid((unsigned)((s->dv + GDN_NV - 1) / GDN_NV), (unsigned)s->hv);
+  kern<<<grid, GDN_THREADS, smem, ci->stream>>>(*s, W, U, P, G, nch);
+  return cuda_check_launch(ci, "gdn scan");
+}
+
+bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err) return true;
+  if (ci->capturing || a->n < GDN_MIN_TOKENS) return false;
+  const int dk = a->dk, dv = a->dv, hv = a->hv, hk = a->hk;
+  if (dk <= 0 || dk > 256 || dv <= 0 || hk <= 0 || hv <= 0 || hv % hk != 0 || hv > 65535) return false;
+  const size_t per_chunk = (size_t)hv * GDN_C * ((size_t)dk + dv + GDN_C + 1);
+  const int64_t seg_max = (int64_t)(GDN_SCR_FLOATS / per_chunk);
+  if (seg_max < 1) return false;
+  if (!ci->gdn_scr && !cuda_check(ci, cudaMalloc((void **)&ci->gdn_scr, GDN_SCR_FLOATS * sizeof(float)),
+                                  "gdn scratch alloc")) {
+    ci->gdn_scr = NULL;
+    return true;
+  }
+  /* Tensor cores (TF32) when the numerics mode allows them and the device has them (sm_80+). */
+  int major = 0;
+  const bool tc = !ci->exact &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ci->device) == cudaSuccess &&
+                  major >= 8;
+  const size_t prep_smem = gdn_prep_smem(dk, tc);
+  if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem),
+                  "gdn prep smem"))
+    return true;
+  const int64_t nc = (a->n + GDN_C - 1) / GDN_C;
+  for (int64_t c0 = 0; c0 < nc && !ci->err; c0 += seg_max) {
+    const int nch = (int)(nc - c0 < seg_max ? nc - c0 : seg_max);
+    const int64_t t0 = c0 * GDN_C;
+    ops_gdn_args s = *a;
+    s.n = a->n - t0 < (int64_t)nch * GDN_C ? a->n - t0 : (int64_t)nch * GDN_C;
+    s.q += t0 * hk * dk;
+    s.k += t0 * hk * dk;
+    s.v += t0 * hv * dv;
+    s.g += t0 * hv;
+    s.beta += t0 * hv;
+    s.out += t0 * hv * dv;
+    float *W = ci->gdn_scr, *U = W + (size_t)hv * nch * GDN_C * dk, *P = U + (size_t)hv * nch * GDN_C * dv;
+    float *G = P + (size_t)hv * nch * GDN_C * GDN_C;
+    k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch, tc);
+    if (!cuda_check_launch(ci, "gdn prep")) break;
+    if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch, tc);
+    else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch, tc);
+    else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch, tc);
+    else gdn_scan_launch<256>(ci, &s, W, U, P, G, nch, tc);
+  }
+  return true;
+}
