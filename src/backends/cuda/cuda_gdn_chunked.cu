@@ -22,16 +22,20 @@
  * Chunk rows past L (the last, shorter chunk) are zero in W, U, P, K and Q, and gam is padded
  * with g = 0 so gam_last = gam[63]; the products then need no bounds.
  *
- * Numerics: with cuda_impl.exact (f32 mode) every product is f32 on CUDA cores, register
- * tiles over shared memory. Otherwise (sm_80+) K K^T, Q K^T and all phase-2 products are WMMA
- * TF32 tiles (inputs rounded to 10-bit mantissas, f32 accumulation, ~1e-3 relative); the
- * triangular solve, the decays and the state itself stay f32 in both modes.
+ * Numerics: every product is f32 on CUDA cores, register tiles over shared memory. A TF32
+ * variant (sm_80+, ANNA_CUDA_GDN_TF32=1 outside exact mode) makes K K^T, Q K^T and all phase-2
+ * products WMMA TF32 tiles (inputs rounded to 10-bit mantissas, f32 accumulation, ~1e-3
+ * relative); it is off by default (no faster, less exact: see the launcher). The triangular
+ * solve, the decays and the state itself stay f32 in both.
  *
  * Scratch: one buffer of GDN_SCR_FLOATS, allocated at the first chunked call (never inside
  * graph capture: a captured step runs the recurrent kernel). A run whose W, U, P and gam do
  * not fit is processed in segments of whole chunks; the state carries between segments
  * through the state buffer, exactly as between chunks. */
 #include "backends/cuda/cuda_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 
@@ -607,9 +611,17 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     ci->gdn_scr = NULL;
     return true;
   }
-  /* Tensor cores (TF32) when the numerics mode allows them and the device has them (sm_80+). */
+  /* f32 in both numerics modes. The TF32 tensor-core variant (kept, selected with
+   * ANNA_CUDA_GDN_TF32=1) measured no faster on the H200 (127 vs 129 us for 512 tokens of the
+   * 0.8B shape: phase 2 is bound by its loads and the sequential chunk loop, not by the
+   * products) and moved the Qwen3.5 fixtures' logits by up to 2.2e-2 (f32: 2e-4). */
+  static int tf32_env = -1;
+  if (tf32_env < 0) {
+    const char *e = getenv("ANNA_CUDA_GDN_TF32");
+    tf32_env = e && !strcmp(e, "1");
+  }
   int major = 0;
-  const bool tc = !ci->exact &&
+  const bool tc = tf32_env && !ci->exact &&
                   cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ci->device) == cudaSuccess &&
                   major >= 8;
   const size_t prep_smem = gdn_prep_smem(dk, tc);
