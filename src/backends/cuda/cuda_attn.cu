@@ -478,13 +478,15 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   if (!cuda_check(ci, cudaMemcpyAsync(tdev, th, (size_t)ntiles * sizeof(int2), cudaMemcpyHostToDevice, ci->stream),
                   "ring copy"))
     return true;
-  /* Key splits so that about two blocks per multiprocessor run (one fits at a time), bounded
-   * by the partials scratch. The host cannot see the positions: a short context leaves some
-   * splits empty, which cost a block and a partial each. */
+  /* Key splits: the most that keep the grid within two waves of one block per
+   * multiprocessor (the kernel's shared memory and 512 threads allow one at a time), so
+   * that equal blocks fill whole waves; bounded by the partials scratch. The host cannot
+   * see the positions: a short context leaves some splits empty, which cost a block and a
+   * partial each. */
   const int64_t base = (int64_t)ntiles * a->n_kv_heads, target = 2 * (int64_t)(nsm > 0 ? nsm : 132);
   int nsplit = 1;
-  if (base < target) {
-    int64_t ns = (target + base - 1) / base;
+  if (2 * base <= target) {
+    int64_t ns = target / base;
     if (ns > 32) ns = 32;
     const int64_t fit = (int64_t)ci->att_part_floats / (a->n * a->n_heads * (int64_t)(D + 2));
     if (ns > fit) ns = fit;
