@@ -432,8 +432,9 @@ template <int RB, int WC, int NF, int BK>
 static void fa_launch(cuda_impl *ci, dim3 grid, size_t smem, float *out, int nsplit, const float *q,
                       const ops_attn_args *a, int bshift, const void *const *const *kd, const void *const *const *vd,
                       const int2 *tiles) {
-  if (!cuda_check(ci, cudaFuncSetAttribute(k_flash<RB, WC, NF, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                  "flash attention smem"))
+  const cudaError_t e =
+      cudaFuncSetAttribute(k_flash<RB, WC, NF, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (!cuda_check(ci, e, "flash attention smem"))
     return;
   k_flash<RB, WC, NF, BK><<<grid, 32 * RB * WC, smem, ci->stream>>>(
       out, ci->att_part, nsplit, q, a->n_heads, a->n_heads / a->n_kv_heads, a->head_dim, a->kv_row_bytes / 4, bshift,
