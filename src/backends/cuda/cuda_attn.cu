@@ -16,6 +16,7 @@
 
 #include <cuda_fp16.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <mma.h>
 
 #define ATT_THREADS 128
@@ -208,7 +209,7 @@ static __device__ __forceinline__ void fa_st4(half *dst, float4 v, float s) {
 }
 
 template <int RB, int WC, int NF, int BK>
-static __global__ void __launch_bounds__(32 * RB * WC, 1)
+static __global__ void __launch_bounds__(32 * RB * WC, 512 / (32 * RB * WC))
     k_flash(float *out, float *part, int nsplit, const float *__restrict__ q, int n_heads, int G, int D,
             int64_t row_floats, int bshift, float scale, int window, float softcap, const int32_t *pos,
             const void *const *const *kb, const void *const *const *vb, const int2 *tiles) {
@@ -457,8 +458,14 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
     if (t1 - t0 >= 16) long_tok += t1 - t0;
   }
   if (2 * long_tok < a->n) return false;
-  /* Config by head dim: rows per tile (16*RB), key tile BK, value column blocks per warp. */
-  const int RB = D <= 256 ? 8 : 4, BK = D <= 256 ? 32 : 64, BM = 16 * RB, TQ = BM / G;
+  /* Config by head dim: rows per tile (16*RB), key tile BK, value column blocks per warp.
+   * ANNA_CUDA_FLASH_BM=64 (a benchmark knob, read per call) halves the tiles of head dims
+   * <= 256: twice the K/V reads from L2, but two blocks per multiprocessor whose load and
+   * tensor-core phases overlap. */
+  const char *bm_env = getenv("ANNA_CUDA_FLASH_BM");
+  const int half_tile = D <= 256 && bm_env && atoi(bm_env) == 64;
+  const int RB = D <= 256 && !half_tile ? 8 : 4, BK = D <= 256 ? 32 : 64, BM = 16 * RB, TQ = BM / G;
+  const int NT = D <= 256 && half_tile ? 256 : 512;
   const size_t smem = fa_smem_bytes(BM, BK, D);
   int optin = 0, nsm = 0;
   if (!cuda_check(ci, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ci->device),
@@ -479,12 +486,13 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   if (!cuda_check(ci, cudaMemcpyAsync(tdev, th, (size_t)ntiles * sizeof(int2), cudaMemcpyHostToDevice, ci->stream),
                   "ring copy"))
     return true;
-  /* Key splits: the most that keep the grid within two waves of one block per
-   * multiprocessor (the kernel's shared memory and 512 threads allow one at a time), so
-   * that equal blocks fill whole waves; bounded by the partials scratch. The host cannot
+  /* Key splits: the most that keep the grid within two waves of the blocks that fit on the
+   * multiprocessors at once (one of 512 threads, two of 256: shared memory and registers),
+   * so that equal blocks fill whole waves; bounded by the partials scratch. The host cannot
    * see the positions: a short context leaves some splits empty, which cost a block and a
    * partial each. */
-  const int64_t base = (int64_t)ntiles * a->n_kv_heads, target = 2 * (int64_t)(nsm > 0 ? nsm : 132);
+  const int64_t base = (int64_t)ntiles * a->n_kv_heads;
+  const int64_t target = 2 * (int64_t)(nsm > 0 ? nsm : 132) * (512 / NT);
   int nsplit = 1;
   if (2 * base <= target) {
     int64_t ns = target / base;
@@ -494,7 +502,11 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
     nsplit = ns < 2 ? 1 : (int)ns;
   }
   dim3 grid((unsigned)ntiles, (unsigned)a->n_kv_heads, (unsigned)nsplit);
-  if (D <= 128)
+  if (half_tile && D <= 128)
+    fa_launch<4, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
+  else if (half_tile)
+    fa_launch<4, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
+  else if (D <= 128)
     fa_launch<8, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
   else if (D <= 256)
     fa_launch<8, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
