@@ -17,6 +17,7 @@
 #include <cuda_fp16.h>
 #include <limits.h>
 #include <stdlib.h>
+#include <string.h>
 #include <mma.h>
 
 #define ATT_THREADS 128
@@ -459,13 +460,14 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   }
   if (2 * long_tok < a->n) return false;
   /* Config by head dim: rows per tile (16*RB), key tile BK, value column blocks per warp.
-   * ANNA_CUDA_FLASH_BM=64 (a benchmark knob, read per call) halves the tiles of head dims
-   * <= 256: twice the K/V reads from L2, but two blocks per multiprocessor whose load and
-   * tensor-core phases overlap. */
-  const char *bm_env = getenv("ANNA_CUDA_FLASH_BM");
-  const int half_tile = D <= 256 && bm_env && atoi(bm_env) == 64;
-  const int RB = D <= 256 && !half_tile ? 8 : 4, BK = D <= 256 ? 32 : 64, BM = 16 * RB, TQ = BM / G;
-  const int NT = D <= 256 && half_tile ? 256 : 512;
+   * ANNA_CUDA_FLASH_TILE (a benchmark knob, read per call) picks variants for head dims
+   * <= 256: "64" halves the row tile (twice the K/V reads from L2, but two blocks per
+   * multiprocessor whose load and tensor-core phases overlap), "bk64" doubles the key tile
+   * (each warp reuses its Q fragment for two S blocks; half the barriers per key). */
+  const char *tile_env = getenv("ANNA_CUDA_FLASH_TILE");
+  const int var = D > 256 || !tile_env ? 0 : !strcmp(tile_env, "64") ? 1 : !strcmp(tile_env, "bk64") ? 2 : 0;
+  const int RB = D <= 256 && var != 1 ? 8 : 4, BK = D <= 256 && var != 2 ? 32 : 64, BM = 16 * RB, TQ = BM / G;
+  const int NT = var == 1 ? 256 : 512;
   const size_t smem = fa_smem_bytes(BM, BK, D);
   int optin = 0, nsm = 0;
   if (!cuda_check(ci, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ci->device),
@@ -502,16 +504,18 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
     nsplit = ns < 2 ? 1 : (int)ns;
   }
   dim3 grid((unsigned)ntiles, (unsigned)a->n_kv_heads, (unsigned)nsplit);
-  if (half_tile && D <= 128)
-    fa_launch<4, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
-  else if (half_tile)
-    fa_launch<4, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
-  else if (D <= 128)
-    fa_launch<8, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
-  else if (D <= 256)
-    fa_launch<8, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
+  const int2 *td = (const int2 *)tdev;
+  if (D > 256)
+    fa_launch<4, 4, 8, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  else if (var == 1)
+    D <= 128 ? fa_launch<4, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+             : fa_launch<4, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  else if (var == 2)
+    D <= 128 ? fa_launch<8, 2, 4, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+             : fa_launch<8, 2, 8, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
   else
-    fa_launch<4, 4, 8, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, (const int2 *)tdev);
+    D <= 128 ? fa_launch<8, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+             : fa_launch<8, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
   if (!cuda_check_launch(ci, "flash attention")) return true;
   if (nsplit > 1) {
     k_attn_combine<<<(unsigned)(a->n * a->n_heads), ATT_THREADS, 0, ci->stream>>>(out, ci->att_part, nsplit, D);
