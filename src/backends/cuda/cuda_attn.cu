@@ -184,8 +184,13 @@ static __global__ void k_attn_combine(float *out, const float *part, int nsplit,
  * tile's key range. Contract from the host: D % 16 == 0, D <= 16*NF*WC, G <= BM, q and the
  * K/V rows 16-byte aligned (rows are n_kv_heads*D floats inside blocks allocated at
  * multiples of block_len rows), and every position from the tile's key range start to its
- * max pos is cached (a sequence's cache holds 0..pos). */
-#define FA_NT 512
+ * max pos is cached (a sequence's cache holds 0..pos). f16 holds K, V and the scaled Q
+ * up to 65504 in magnitude (bf16 would trade that range for 3 mantissa bits).
+ *
+ * Configs (host): D <= 128: 128 rows, 32 keys, 16 warps; D <= 256: the same with 8 value
+ * column blocks per warp (130 KB of shared memory, one block per multiprocessor); D <= 512:
+ * 64 rows, 64 keys, 16 warps (228 KB: fits the 227 KB opt-in of H100/H200; a device with
+ * less falls back to the f32 kernel). */
 #define FA_U 2 /* float4 loads of K and of V each thread keeps in flight */
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> fa_acc;
