@@ -188,9 +188,9 @@ static __global__ void k_attn_combine(float *out, const float *part, int nsplit,
  * up to 65504 in magnitude (bf16 would trade that range for 3 mantissa bits).
  *
  * Configs (host): D <= 128: 128 rows, 32 keys, 16 warps; D <= 256: the same with 8 value
- * column blocks per warp (130 KB of shared memory, one block per multiprocessor); D <= 512:
- * 64 rows, 64 keys, 16 warps (228 KB: fits the 227 KB opt-in of H100/H200; a device with
- * less falls back to the f32 kernel). */
+ * column blocks per warp (130 KiB of shared memory, one block per multiprocessor); D <= 512:
+ * 64 rows, 64 keys, 16 warps (222 KiB of the 227 KiB per-block opt-in of H100/H200; a
+ * device with less falls back to the f32 kernel). */
 #define FA_U 2 /* float4 loads of K and of V each thread keeps in flight */
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> fa_acc;
