@@ -6,10 +6,19 @@
  * every thread accumulates its value dimensions over the tile, four keys per step. For
  * decode (few tokens) the key range is split over several blocks (split-K) whose partial
  * (max, sum, unnormalised output) are merged by a second kernel, so a long context keeps
- * the whole GPU busy instead of one block per head. */
+ * the whole GPU busy instead of one block per head.
+ *
+ * Prefill (exact off, runs of >= 16 tokens of one sequence): a flash-attention kernel on
+ * tensor cores, see "flash prefill" below. */
 #include "backends/cuda/cuda_internal.h"
 
 #include "base/error.h"
+
+#include <cuda_fp16.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <mma.h>
 
 #define ATT_THREADS 128
 #define ATT_MAXC 4 /* v_dim <= ATT_THREADS * ATT_MAXC */
@@ -149,6 +158,377 @@ static __global__ void k_attn_combine(float *out, const float *part, int nsplit,
   }
 }
 
+/* ---- flash prefill ----
+ *
+ * One block per (query tile, kv head, key split). A tile holds up to BM = 16*RB rows:
+ * TQ = BM / G consecutive tokens of ONE sequence times the G query heads that share the
+ * kv head (row r = token r / G, head kh*G + r % G), so every K/V tile loaded serves all of
+ * them. K/V tiles of BK keys are read through the block table in f32, converted to f16 in
+ * shared memory, and S = Q K^T, O += P V run on tensor cores (WMMA 16x16x16, f16 inputs,
+ * f32 accumulators). The softmax is online and in f32; masking (causal, sliding window)
+ * uses each row's own position, so any positions are handled; the tile's key range is
+ * [min over rows of the window start, max over rows of pos], and key tiles no row sees are
+ * skipped. Q is pre-multiplied by the score scale before the f16 conversion (equivalent,
+ * and keeps |q| small). Splits of the key range write (max, sum, unnormalised output)
+ * partials that k_attn_combine merges, as the decode path does.
+ *
+ * Warps: warp w owns S/O rows 16*(w % RB).. and, for S, key columns 16*(w / RB).., for O
+ * the value column blocks f*WC + w / RB (f < NF). O stays in accumulator fragments; the
+ * element -> row map of a fragment is unspecified by WMMA, so it is read once at start by
+ * loading a fragment from a matrix whose entries are their row numbers (same fragment type,
+ * same map), which lets each thread rescale its O elements by its rows' softmax factors.
+ *
+ * Shared memory (halves unless noted; +8 / +4 padding against bank conflicts, keeps
+ * every WMMA pointer 32-byte aligned): Q [BM][D+8], K, V [BK][D+8], S [BM][BK+4] f32,
+ * P [BM][BK+8], per-row max / sum / correction (f32) and pos / window start (int), and the
+ * tile's key range. Contract from the host: D % 16 == 0, D <= 16*NF*WC, G <= BM, q and the
+ * K/V rows 16-byte aligned (rows are n_kv_heads*D floats inside blocks allocated at
+ * multiples of block_len rows), and every position from the tile's key range start to its
+ * max pos is cached (a sequence's cache holds 0..pos). f16 holds K, V and the scaled Q
+ * up to 65504 in magnitude (bf16 would trade that range for 3 mantissa bits).
+ *
+ * Configs (host): D <= 128: 128 rows, 32 keys, 16 warps; D <= 256: the same with 8 value
+ * column blocks per warp (130 KiB of shared memory, one block per multiprocessor); D <= 512:
+ * 64 rows, 64 keys, 16 warps (222 KiB of the 227 KiB per-block opt-in of H100/H200; a
+ * device with less falls back to the f32 kernel). */
+#define FA_U 2 /* float4 loads of K and of V each thread keeps in flight */
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> fa_acc;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, half, nvcuda::wmma::row_major> fa_a;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, half, nvcuda::wmma::col_major> fa_bc;
+typedef nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, half, nvcuda::wmma::row_major> fa_br;
+
+static size_t fa_smem_bytes(int bm, int bk, int d) {
+  return (size_t)(bm + 2 * bk) * (d + 8) * 2 + (size_t)bm * (bk + 4) * 4 + (size_t)bm * (bk + 8) * 2 +
+         (size_t)bm * 5 * 4 + 16;
+}
+
+/* Four floats times s as four halves at dst (8-byte aligned). */
+static __device__ __forceinline__ void fa_st4(half *dst, float4 v, float s) {
+  union {
+    __half2 h[2];
+    uint2 u;
+  } c;
+  c.h[0] = __floats2half2_rn(v.x * s, v.y * s);
+  c.h[1] = __floats2half2_rn(v.z * s, v.w * s);
+  *(uint2 *)dst = c.u;
+}
+
+template <int RB, int WC, int NF, int BK>
+static __global__ void __launch_bounds__(32 * RB * WC, 512 / (32 * RB * WC))
+    k_flash(float *out, float *part, int nsplit, const float *__restrict__ q, int n_heads, int G, int D,
+            int64_t row_floats, int bshift, float scale, int window, float softcap, const int32_t *pos,
+            const void *const *const *kb, const void *const *const *vb, const int2 *tiles) {
+  using namespace nvcuda;
+  constexpr int NT = 32 * RB * WC, BM = 16 * RB, SFW = BK / 16 / WC, TPR = NT / BM, CPT = BK / TPR;
+  constexpr int LDS = BK + 4, LDP = BK + 8, NE = fa_acc::num_elements;
+  static_assert(SFW >= 1 && SFW * WC * 16 == BK, "S column blocks must divide over the column warps");
+  static_assert(TPR * BM == NT && TPR <= 32 && (32 % TPR) == 0 && CPT * TPR == BK, "softmax thread map");
+  static_assert(BM * LDS >= 256 * RB * WC, "epilogue staging lives in S");
+  extern __shared__ __align__(128) unsigned char fa_sm[];
+  const int LDQ = D + 8, D4 = D >> 2, DF = D >> 4;
+  half *Qs = (half *)fa_sm, *Ks = Qs + BM * LDQ, *Vs = Ks + BK * LDQ;
+  float *Ss = (float *)(Vs + BK * LDQ);
+  half *Ps = (half *)(Ss + BM * LDS);
+  float *rm = (float *)(Ps + BM * LDP), *rl = rm + BM, *rc = rl + BM;
+  int *rp = (int *)(rc + BM), *rp0 = rp + BM, *krange = rp0 + BM;
+
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, rb = w % RB, wc = w / RB;
+  const int kh = blockIdx.y, split = blockIdx.z;
+  const int2 tl = tiles[blockIdx.x];
+  const int t0 = tl.x, nrows = G * tl.y;
+
+  /* Q tile (scaled, f16; zero rows past the tile's tokens), row positions, row state. */
+  for (int i = tid; i < BM * D4; i += NT) {
+    const int r = i / D4, c = i - r * D4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < nrows) {
+      const int64_t t = t0 + r / G;
+      const int h = kh * G + r % G;
+      v = __ldg((const float4 *)(q + (t * n_heads + h) * (int64_t)D) + c);
+    }
+    fa_st4(Qs + r * LDQ + c * 4, v, scale);
+  }
+  for (int r = tid; r < BM; r += NT) {
+    int p = -1, p0 = INT_MAX; /* padding rows see no key */
+    if (r < nrows) {
+      p = pos[t0 + r / G];
+      p0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    }
+    rp[r] = p, rp0[r] = p0, rm[r] = -INFINITY, rl[r] = 0.0f;
+  }
+  if (tid < 256) Ss[tid] = (float)(tid >> 4); /* 16x16 matrix of row numbers */
+  __syncthreads();
+  if (w == 0) {
+    int lo = INT_MAX, hi = -1;
+    for (int r = lane; r < nrows; r += 32) lo = min(lo, rp0[r]), hi = max(hi, rp[r]);
+    for (int o = 16; o > 0; o >>= 1) {
+      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+      hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lane == 0) krange[0] = lo, krange[1] = hi;
+  }
+  fa_acc rowf;
+  wmma::load_matrix_sync(rowf, Ss, 16, wmma::mem_row_major);
+  int rof[NE];
+#pragma unroll
+  for (int i = 0; i < NE; i++) rof[i] = rb * 16 + (int)rowf.x[i];
+  __syncthreads(); /* krange written; the row-number matrix read before S overwrites it */
+  const int kmin = krange[0], kmax = krange[1];
+  /* kmax >= kmin >= 0: every tile has a row and each row sees its own position. */
+  const int ntile = (kmax - kmin) / BK + 1, per = (ntile + nsplit - 1) / nsplit;
+  const int jt0 = split * per, jt1 = min(ntile, jt0 + per);
+
+  fa_acc o[NF];
+#pragma unroll
+  for (int f = 0; f < NF; f++) wmma::fill_fragment(o[f], 0.0f);
+  const float *const *KT = (const float *const *)kb[t0], *const *VT = (const float *const *)vb[t0];
+  const int bmask = (1 << bshift) - 1;
+  const int64_t khoff = (int64_t)kh * D;
+
+  for (int j = jt0; j < jt1; j++) {
+    const int ka = kmin + j * BK, kz = ka + BK - 1;
+    int vis = 0;
+    for (int r = tid; r < BM; r += NT) vis |= rp[r] >= ka && rp0[r] <= kz;
+    /* also the barrier before K, V, P of the previous tile are overwritten */
+    if (!__syncthreads_or(vis)) continue;
+
+    /* K, V tile: f32 rows through the block table -> f16; keys past kmax are zero. */
+    const int total = BK * D4;
+    for (int i0 = tid; i0 < total; i0 += NT * FA_U) {
+      float4 kv[FA_U], vv[FA_U];
+#pragma unroll
+      for (int u = 0; u < FA_U; u++) {
+        const int i = i0 + u * NT;
+        kv[u] = vv[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < total) {
+          const int r = i / D4, c = i - r * D4, kp = ka + r;
+          if (kp <= kmax) {
+            const int64_t off = (int64_t)(kp & bmask) * row_floats + khoff + 4 * c;
+            kv[u] = __ldg((const float4 *)(KT[kp >> bshift] + off));
+            vv[u] = __ldg((const float4 *)(VT[kp >> bshift] + off));
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < FA_U; u++) {
+        const int i = i0 + u * NT;
+        if (i < total) {
+          const int r = i / D4, c = i - r * D4;
+          fa_st4(Ks + r * LDQ + c * 4, kv[u], 1.0f);
+          fa_st4(Vs + r * LDQ + c * 4, vv[u], 1.0f);
+        }
+      }
+    }
+    __syncthreads();
+
+    /* S = Q K^T for this warp's 16 rows and SFW column blocks. */
+#pragma unroll
+    for (int s = 0; s < SFW; s++) {
+      const int cb = wc * SFW + s;
+      fa_acc sf;
+      wmma::fill_fragment(sf, 0.0f);
+      for (int k = 0; k < DF; k++) {
+        fa_a qa;
+        fa_bc kf;
+        wmma::load_matrix_sync(qa, Qs + rb * 16 * LDQ + k * 16, LDQ);
+        wmma::load_matrix_sync(kf, Ks + cb * 16 * LDQ + k * 16, LDQ);
+        wmma::mma_sync(sf, qa, kf, sf);
+      }
+      wmma::store_matrix_sync(Ss + rb * 16 * LDS + cb * 16, sf, LDS, wmma::mem_row_major);
+    }
+    __syncthreads();
+
+    /* Online softmax: TPR adjacent lanes per row, columns interleaved. */
+    {
+      const int r = tid / TPR, g = tid % TPR, p = rp[r], p0 = rp0[r];
+      float sv[CPT], mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < CPT; c++) {
+        const int col = g + c * TPR, kp = ka + col;
+        float s = Ss[r * LDS + col];
+        if (softcap > 0.0f) s = softcap * tanhf(s / softcap);
+        if (kp < p0 || kp > p) s = -INFINITY;
+        sv[c] = s;
+        mx = fmaxf(mx, s);
+      }
+#pragma unroll
+      for (int o2 = TPR / 2; o2 > 0; o2 >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+      const float mold = rm[r], mnew = fmaxf(mold, mx);
+      const float ms = mnew == -INFINITY ? 0.0f : mnew; /* a row with nothing visible yet */
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < CPT; c++) {
+        const half e = __float2half_rn(__expf(sv[c] - ms));
+        Ps[r * LDP + g + c * TPR] = e;
+        sum += __half2float(e); /* the sum of what P V will add */
+      }
+#pragma unroll
+      for (int o2 = TPR / 2; o2 > 0; o2 >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o2);
+      if (g == 0) {
+        const float corr = __expf(mold - ms); /* 0 while mold = -inf */
+        rc[r] = corr, rl[r] = rl[r] * corr + sum, rm[r] = mnew;
+      }
+    }
+    __syncthreads();
+
+    /* O = O * corr + P V */
+    float cf[NE];
+#pragma unroll
+    for (int i = 0; i < NE; i++) cf[i] = rc[rof[i]];
+#pragma unroll
+    for (int f = 0; f < NF; f++)
+      if (f * WC + wc < DF) {
+#pragma unroll
+        for (int i = 0; i < NE; i++) o[f].x[i] *= cf[i];
+      }
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      fa_a pa;
+      wmma::load_matrix_sync(pa, Ps + rb * 16 * LDP + kk * 16, LDP);
+#pragma unroll
+      for (int f = 0; f < NF; f++) {
+        const int cbk = f * WC + wc;
+        if (cbk < DF) {
+          fa_br vf;
+          wmma::load_matrix_sync(vf, Vs + kk * 16 * LDQ + cbk * 16, LDQ);
+          wmma::mma_sync(o[f], pa, vf, o[f]);
+        }
+      }
+    }
+  }
+  __syncthreads(); /* S becomes the per-warp staging area */
+
+  /* Output rows: normalised (one split) or partials (unnormalised, then max and sum). */
+  float *stg = Ss + w * 256;
+  float lf[NE];
+#pragma unroll
+  for (int i = 0; i < NE; i++) {
+    const float l = rl[rof[i]];
+    lf[i] = nsplit > 1 ? 1.0f : l > 0.0f ? 1.0f / l : 0.0f;
+  }
+  const int rr = lane >> 1, half8 = (lane & 1) * 8, r = rb * 16 + rr;
+  float *dst = NULL;
+  if (r < nrows) {
+    const int64_t bh = (int64_t)(t0 + r / G) * n_heads + kh * G + r % G;
+    dst = nsplit > 1 ? part + (bh * nsplit + split) * (int64_t)(D + 2) : out + bh * (int64_t)D;
+  }
+#pragma unroll
+  for (int f = 0; f < NF; f++) {
+    const int cbk = f * WC + wc;
+    if (cbk < DF) {
+#pragma unroll
+      for (int i = 0; i < NE; i++) o[f].x[i] *= lf[i];
+      wmma::store_matrix_sync(stg, o[f], 16, wmma::mem_row_major);
+      __syncwarp();
+      if (dst)
+#pragma unroll
+        for (int e = 0; e < 8; e++) dst[cbk * 16 + half8 + e] = stg[rr * 16 + half8 + e];
+      __syncwarp();
+    }
+  }
+  if (nsplit > 1)
+    for (int r2 = tid; r2 < nrows; r2 += NT) {
+      const int64_t bh = (int64_t)(t0 + r2 / G) * n_heads + kh * G + r2 % G;
+      float *pp = part + (bh * nsplit + split) * (int64_t)(D + 2);
+      pp[D] = rm[r2], pp[D + 1] = rl[r2];
+    }
+}
+
+template <int RB, int WC, int NF, int BK>
+static void fa_launch(cuda_impl *ci, dim3 grid, size_t smem, float *out, int nsplit, const float *q,
+                      const ops_attn_args *a, int bshift, const void *const *const *kd, const void *const *const *vd,
+                      const int2 *tiles) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(k_flash<RB, WC, NF, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (!cuda_check(ci, e, "flash attention smem"))
+    return;
+  k_flash<RB, WC, NF, BK><<<grid, 32 * RB * WC, smem, ci->stream>>>(
+      out, ci->att_part, nsplit, q, a->n_heads, a->n_heads / a->n_kv_heads, a->head_dim, a->kv_row_bytes / 4, bshift,
+      a->scale, a->window, a->softcap, a->pos, kd, vd, tiles);
+}
+
+/* The flash path when it applies (see the kernel's contract; exact off; at least half of
+ * the batch in runs of >= 16 tokens of one sequence, since a short run fills few of a
+ * tile's rows and the split-K kernel serves decode better). Returns false to fall back
+ * (nothing queued, no error set); true when launched or on a (sticky) error. */
+static bool flash_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a, int bshift,
+                            const void *const *const *kd, const void *const *const *vd) {
+  cuda_impl *ci = cuda_impl_of(be);
+  const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
+  if (ci->exact || a->n < 16 || D % 16 || D < 16 || D > 512 || G > 64 || ((uintptr_t)q & 15)) return false;
+  int64_t long_tok = 0;
+  for (int64_t t0 = 0, t1; t0 < a->n; t0 = t1) {
+    for (t1 = t0 + 1; t1 < a->n && a->k_blocks[t1] == a->k_blocks[t0] && a->v_blocks[t1] == a->v_blocks[t0]; t1++) {
+    }
+    if (t1 - t0 >= 16) long_tok += t1 - t0;
+  }
+  if (2 * long_tok < a->n) return false;
+  /* Config by head dim: rows per tile (16*RB), key tile BK, value column blocks per warp.
+   * ANNA_CUDA_FLASH_TILE (a benchmark knob, read per call) picks variants for head dims
+   * <= 256: "64" halves the row tile (twice the K/V reads from L2, but two blocks per
+   * multiprocessor whose load and tensor-core phases overlap), "bk64" doubles the key tile
+   * (each warp reuses its Q fragment for two S blocks; half the barriers per key). */
+  const char *tile_env = getenv("ANNA_CUDA_FLASH_TILE");
+  const int var = D > 256 || !tile_env ? 0 : !strcmp(tile_env, "64") ? 1 : !strcmp(tile_env, "bk64") ? 2 : 0;
+  const int RB = D <= 256 && var != 1 ? 8 : 4, BK = D <= 256 && var != 2 ? 32 : 64, BM = 16 * RB, TQ = BM / G;
+  const int NT = var == 1 ? 256 : 512;
+  const size_t smem = fa_smem_bytes(BM, BK, D);
+  int optin = 0, nsm = 0;
+  if (!cuda_check(ci, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ci->device),
+                  "device attribute") ||
+      !cuda_check(ci, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, ci->device), "device attribute"))
+    return true;
+  if (smem > (size_t)optin) return false;
+  /* Tiles: runs of equal block tables cut into TQ tokens, written straight into the ring. */
+  char *th, *tdev;
+  if (!cuda_ring_reserve(be, (size_t)a->n * sizeof(int2), &th, &tdev)) return true;
+  int2 *tiles = (int2 *)th;
+  int ntiles = 0;
+  for (int64_t t0 = 0, t1; t0 < a->n; t0 = t1) {
+    for (t1 = t0 + 1; t1 < a->n && a->k_blocks[t1] == a->k_blocks[t0] && a->v_blocks[t1] == a->v_blocks[t0]; t1++) {
+    }
+    for (int64_t s = t0; s < t1; s += TQ) tiles[ntiles++] = make_int2((int)s, (int)(t1 - s < TQ ? t1 - s : TQ));
+  }
+  if (!cuda_check(ci, cudaMemcpyAsync(tdev, th, (size_t)ntiles * sizeof(int2), cudaMemcpyHostToDevice, ci->stream),
+                  "ring copy"))
+    return true;
+  /* Key splits: the most that keep the grid within two waves of the blocks that fit on the
+   * multiprocessors at once (one of 512 threads, two of 256: shared memory and registers),
+   * so that equal blocks fill whole waves; bounded by the partials scratch. The host cannot
+   * see the positions: a short context leaves some splits empty, which cost a block and a
+   * partial each. */
+  const int64_t base = (int64_t)ntiles * a->n_kv_heads;
+  const int64_t target = 2 * (int64_t)(nsm > 0 ? nsm : 132) * (512 / NT);
+  int nsplit = 1;
+  if (2 * base <= target) {
+    int64_t ns = target / base;
+    if (ns > 32) ns = 32;
+    const int64_t fit = (int64_t)ci->att_part_floats / (a->n * a->n_heads * (int64_t)(D + 2));
+    if (ns > fit) ns = fit;
+    nsplit = ns < 2 ? 1 : (int)ns;
+  }
+  dim3 grid((unsigned)ntiles, (unsigned)a->n_kv_heads, (unsigned)nsplit);
+  const int2 *td = (const int2 *)tdev;
+  if (D > 256)
+    fa_launch<4, 4, 8, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  else if (var == 1)
+    D <= 128 ? fa_launch<4, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+             : fa_launch<4, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  else if (var == 2)
+    D <= 128 ? fa_launch<8, 2, 4, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+             : fa_launch<8, 2, 8, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  else
+    D <= 128 ? fa_launch<8, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+             : fa_launch<8, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  if (!cuda_check_launch(ci, "flash attention")) return true;
+  if (nsplit > 1) {
+    k_attn_combine<<<(unsigned)(a->n * a->n_heads), ATT_THREADS, 0, ci->stream>>>(out, ci->att_part, nsplit, D);
+    cuda_check_launch(ci, "attention combine");
+  }
+  return true;
+}
+
 void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || a->n <= 0) return;
@@ -176,6 +556,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   const void *const *const *vd =
       (const void *const *const *)cuda_ring_put(be, a->v_blocks, (size_t)a->n * sizeof(void *));
   if (!kd || !vd) return;
+  if (flash_attention(be, out, q, a, bshift, kd, vd)) return;
   /* Split the keys when (token, head) pairs alone cannot fill the GPU: about two blocks
    * per multiprocessor, bounded by the partials scratch. Splits past a sequence's length
    * are empty and cost one block each. */

@@ -11,7 +11,9 @@
 
 #define DEQ_FLOATS ((size_t)16 << 20) /* 64 MiB of f32 weight tile for GEMMs */
 #define RING_MIN ((size_t)1 << 20)
-#define ATT_PART_FLOATS ((size_t)4 << 20) /* 16 MiB of split-K attention partials */
+/* 64 MiB of split-K attention partials: a 512-token prefill chunk of 8 heads x 256 dims can
+ * split its keys 8 ways (flash prefill, cuda_attn.cu). */
+#define ATT_PART_FLOATS ((size_t)16 << 20)
 
 /* anna_err's contract, local so this library needs nothing from anna's objects at link time. */
 static int put_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
