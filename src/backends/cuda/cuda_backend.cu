@@ -208,6 +208,10 @@ extern "C" void cuda_backend_set_exact(ops_backend *be, int on) {
   cuda_impl_of(be)->exact = on;
 }
 
+extern "C" void cuda_backend_set_matvec_f32(ops_backend *be, int on) {
+  cuda_impl_of(be)->mv_f32 = on;
+}
+
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }

@@ -43,6 +43,12 @@ void cuda_backend_drop_mirrors(ops_backend *be);
  * rule may run on tensor cores with bf16/f16/TF32 inputs and f32 accumulation. */
 void cuda_backend_set_exact(ops_backend *be, int on);
 
+/* Decode matvecs (n <= 8 tokens) of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K and Q5_K weights
+ * quantize the activations to int8 per 32-element block (dp4a dots, f32 scales) unless
+ * exact mode is on; on = 1 keeps f32 activations there too (the previous kernels), for
+ * side-by-side benchmarks and f32-bound tests. Default 0. */
+void cuda_backend_set_matvec_f32(ops_backend *be, int on);
+
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
  * most 8 tokens are captured and replayed as one graph (updated in place while the step's
  * shape repeats), which removes most of the per-launch cost. Only for models whose ops
