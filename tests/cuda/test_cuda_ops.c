@@ -155,7 +155,7 @@ static void *make_weight(int type, int64_t rows, int64_t cols, float **ref) {
 static void test_matmul(void) {
   printf("matmul\n");
   /* f32 activations in the decode matvecs (the int8 path has its own test and bound) */
-  cuda_backend_set_matvec_f32(g_gpu, 1);
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_F32);
   const int types[] = {ANNA_DTYPE_F32,  ANNA_DTYPE_F16,  ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0,
                        ANNA_DTYPE_Q4_1, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q5_1, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_Q2_K,
                        ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS};
@@ -204,14 +204,15 @@ static void test_matmul(void) {
       free(w), free(wf), free(x), free(bias), free(ref);
     }
   }
-  cuda_backend_set_matvec_f32(g_gpu, 0);
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
 }
 
 /* Decode matvecs with int8 activations (exact off): each 32-element activation block is
  * rounded to q * s with s = max|x| / 127, an error of at most s / 2 per element, so output
  * r may differ from the f64 dot of the f32 inputs by sum_i |w_ri| * s_blk(i) / 2 (bound
  * below, with 1% for the f32 rounding of s and of the kernel's products and sums) plus
- * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation. Exact mode on must keep f32
+ * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation; checked for both int8 variants
+ * (2 and 4 rows per warp). Exact mode on must keep f32
  * activations: then the 1e-4 bound of test_matmul holds. Shapes: n = 1..8 (token groups
  * 8/4/2/1), odd row counts, rows past the resident warps, a zero activation block (scale
  * 0), a bias, and 8 tokens of 8192 columns, whose int8 activations exceed the kernel's
@@ -222,7 +223,7 @@ static void test_matvec_int8(void) {
                        ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K,   ANNA_DTYPE_Q5_K};
   const int shapes[][3] = {{1, 17, 1}, {2, 300, 4}, {3, 129, 2}, {4, 64, 3}, {5, 33, 1},
                            {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}};
-  cuda_backend_set_matvec_f32(g_gpu, 0);
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
     const int64_t bs = dtype_block_size(type);
@@ -253,15 +254,19 @@ static void test_matvec_int8(void) {
           bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
         }
       ops_weight ow = {type, w, rows, cols};
-      float *dx = dput(x, sizeof(float) * (size_t)(n * cols)), *dy = dnan(n * rows);
+      float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
       char what[128];
-      for (int exact = 0; exact < 2; exact++) {
+      for (int pass = 0; pass < 3; pass++) { /* int8, int8 with 4 rows per warp, exact */
+        const int exact = pass == 2;
+        float *dy = dnan(n * rows); /* fresh NaNs: a row no pass writes fails */
         cuda_backend_set_exact(g_gpu, exact);
+        cuda_backend_set_matvec_variant(g_gpu, pass == 1 ? CUDA_MV_INT8_R4 : CUDA_MV_DEFAULT);
         g_gpu->matmul(g_gpu, dy, dx, n, &ow, bias);
         snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s%s", dtype_name(type), (long long)n, (long long)rows,
-                 (long long)cols, bias ? " +bias" : "", exact ? " exact" : " int8");
+                 (long long)cols, bias ? " +bias" : "", exact ? " exact" : pass ? " int8 r4" : " int8");
         if (exact) {
           cmpd(what, dy, ref, n * rows, 1e-4);
+          dfree(dy);
           continue;
         }
         float *g = dget(dy, n * rows);
@@ -280,9 +285,11 @@ static void test_matvec_int8(void) {
         }
         worst = fmax(worst, q);
         free(g);
+        dfree(dy);
       }
       cuda_backend_set_exact(g_gpu, 0);
-      dfree(dx), dfree(dy);
+      cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+      dfree(dx);
       free(w), free(wf), free(x), free(bias), free(ref), free(bnd);
     }
     printf("  %-6s largest error / bound %.3f\n", dtype_name(type), worst);
@@ -787,11 +794,14 @@ static void bench(void) {
     float *x = hrand(8 * cols, 1.0f), *dx = dput(x, sizeof(float) * 8 * (size_t)cols), *dy = dnan(64 * rows);
     const int nts[] = {1, 2, 4, 8};
     /* f32: f32 activations (the kernels exact mode uses); int8: the default (exact off),
-     * int8 activations where the type has a dp4a kernel (else the same kernel again) */
+     * int8 activations where the type has a dp4a kernel (else the same kernel again);
+     * i8r4: int8 with 4 rows per warp (each activation load serves more rows) */
+    const int modes[] = {CUDA_MV_F32, CUDA_MV_DEFAULT, CUDA_MV_INT8_R4};
+    const char *mname[] = {"f32", "int8", "i8r4"};
     for (int k = 0; k < 4; k++)
-      for (int mode = 0; mode < 2; mode++) {
-        const int nt = nts[k];
-        cuda_backend_set_matvec_f32(g_gpu, mode == 0);
+      for (int mi = 0; mi < (nts[k] <= 2 ? 3 : 2); mi++) { /* i8r4 differs for n <= 2 only */
+        const int nt = nts[k], mode = modes[mi];
+        cuda_backend_set_matvec_variant(g_gpu, mode);
         for (int c = 0; c < NCOPY; c++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[c], NULL);
         gpu_status("matvec warmup");
         const int reps = 200;
@@ -800,9 +810,9 @@ static void bench(void) {
         gpu_status("matvec");
         double dt = (now_s() - t0) / reps;
         printf("  matvec %-6s n=%d %lldx%lld %-4s: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt,
-               (long long)rows, (long long)cols, mode ? "int8" : "f32", dt * 1e6, (double)wb / dt / 1e9);
+               (long long)rows, (long long)cols, mname[mi], dt * 1e6, (double)wb / dt / 1e9);
       }
-    cuda_backend_set_matvec_f32(g_gpu, 0);
+    cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
     dfree(dx), dfree(dy), free(x), free(w);
     cuda_backend_drop_mirrors(g_gpu);
     for (int c = 0; c < NCOPY; c++) free(wc[c]);

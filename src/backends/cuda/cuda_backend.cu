@@ -208,8 +208,8 @@ extern "C" void cuda_backend_set_exact(ops_backend *be, int on) {
   cuda_impl_of(be)->exact = on;
 }
 
-extern "C" void cuda_backend_set_matvec_f32(ops_backend *be, int on) {
-  cuda_impl_of(be)->mv_f32 = on;
+extern "C" void cuda_backend_set_matvec_variant(ops_backend *be, int variant) {
+  cuda_impl_of(be)->mv_variant = variant;
 }
 
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {

@@ -31,7 +31,7 @@ typedef struct cuda_impl {
   int64_t max_batch;
   cudaStream_t copy_stream; /* weight mirror copies: never part of a captured step */
   int exact;                /* cuda_backend_set_exact: f32 inputs and arithmetic everywhere */
-  int mv_f32;               /* cuda_backend_set_matvec_f32: no int8 activations in decode matvecs */
+  int mv_variant;           /* cuda_backend_set_matvec_variant (CUDA_MV_*) */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
   int capturing;            /* the stream is being captured for the current step */
   cudaGraphExec_t gexec;    /* last step's executable graph, updated in place when it fits */

@@ -285,10 +285,12 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
 #define MVQ8_SMEM_MAX (48 * 1024)
 #define MVQ8_MAGIC 0x4B400000 /* 12582912.0f: 2^23 + 2^22 */
 
-/* Rows per warp: 4 share each activation load; with 4 or 8 tokens the accumulators and
- * decoded words of 4 rows would cost too many registers, so 2, and so for Q5_K, whose
- * pieces are 12 words (4 rows in flight and prefetched: ~150 registers). */
-template <int TYPE, int NT> static constexpr int mvq8_rows() { return NT <= 2 && TYPE != ANNA_DTYPE_Q5_K ? 4 : 2; }
+/* Rows per warp: 2 (60-97 registers, 3-4 blocks per SM for 1-4 tokens: many warps, and
+ * a 12288-row weight is ~2 groups per resident warp, so the last round keeps the memory
+ * busy). The alternative (CUDA_MV_INT8_R4, for the bench) takes 4 rows for 1-2 tokens:
+ * each activation load then serves 4 rows, at 88-143 registers; Q5_K stays at 2 (its
+ * 12-word pieces, prefetched, would need ~150). Not yet measured against each other. */
+template <int TYPE, int NT> static constexpr int mvq8_rows_r4() { return NT <= 2 && TYPE != ANNA_DTYPE_Q5_K ? 4 : 2; }
 
 static size_t mvq8_smem(int64_t nt, int64_t cols) {
   const int64_t nb = nt * cols / 32;
@@ -608,16 +610,19 @@ static unsigned q8_grid(cudaStream_t st, int64_t blocks, size_t smem) {
   return (unsigned)(blocks < resident ? blocks : resident);
 }
 
-#define Q8CASE(T)                                                                               \
-  case T: {                                                                                     \
-    constexpr int R = mvq8_rows<T, NT>();                                                        \
-    const size_t sm = mvq8_smem(NT, w->cols);                                                   \
-    const unsigned g = q8_grid<T, NT, R>(st, (w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm); \
-    k_matvec_q8<T, NT, R><<<g, 32 * MVQ8_WARPS, sm, st>>>(y, x, W, w->rows, w->cols, rb);        \
-    return;                                                                                     \
-  }
+template <int TYPE, int NT, int R>
+static void launch_q8(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
+  const size_t sm = mvq8_smem(NT, w->cols);
+  const unsigned g = q8_grid<TYPE, NT, R>(st, (w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
+  k_matvec_q8<TYPE, NT, R><<<g, 32 * MVQ8_WARPS, sm, st>>>(y, x, W, w->rows, w->cols, rb);
+}
+#define Q8CASE(T)                                                                  \
+  case T:                                                                          \
+    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(st, y, x, W, w, rb);       \
+    else launch_q8<T, NT, 2>(st, y, x, W, w, rb);                                  \
+    return;
 
-/* q8: int8 activations allowed (exact off). */
+/* q8: int8 activations allowed (exact off): 1, or 2 for the 4-row variant. */
 template <int NT>
 static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
                           int64_t rb, int vec, int q8) {
@@ -681,7 +686,7 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
   if (n <= MV_MAX_TOK && wide_ok) {
     const int vec = w->cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
-    const int q8 = !ci->exact && !ci->mv_f32;
+    const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
     /* Token groups of 4/2/1 (8 at most in one pass): few template instances. */
     for (int64_t t0 = 0; t0 < n;) {
       const int64_t left = n - t0;
