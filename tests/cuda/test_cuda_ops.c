@@ -219,8 +219,8 @@ static void test_matmul(void) {
  * shared-memory budget (the f32 kernel takes them). */
 static void test_matvec_int8(void) {
   printf("matvec int8 activations\n");
-  const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS,
-                       ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K,   ANNA_DTYPE_Q5_K};
+  const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q8_0,
+                       ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,   ANNA_DTYPE_Q6_K};
   const int shapes[][3] = {{1, 17, 1}, {2, 300, 4}, {3, 129, 2}, {4, 64, 3}, {5, 33, 1},
                            {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}};
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);

@@ -3,7 +3,7 @@
  *
  * Decode (n <= MV_MAX_TOK tokens): weights are read once for all tokens of a launch (up to
  * 8) and dotted with f32 activations (f32 accumulation), or, with exact mode off, int8
- * activations (k_matvec_q8: dp4a, f32 scales; Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K, when
+ * activations (k_matvec_q8: dp4a, f32 scales; Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K-Q6_K, when
  * the quantized activations fit the shared-memory budget). Plain types: one warp per row,
  * 16-byte loads when rows and activations are aligned. Q4_0, IQ4_NL, Q8_0, Q4_K, Q5_K,
  * Q6_K and IQ4_XS: the piece kernel (k_matvec_piece: persistent warps of several rows,
@@ -288,9 +288,12 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
 /* Rows per warp: 2 (60-97 registers, 3-4 blocks per SM for 1-4 tokens: many warps, and
  * a 12288-row weight is ~2 groups per resident warp, so the last round keeps the memory
  * busy). The alternative (CUDA_MV_INT8_R4, for the bench) takes 4 rows for 1-2 tokens:
- * each activation load then serves 4 rows, at 88-143 registers; Q5_K stays at 2 (its
- * 12-word pieces, prefetched, would need ~150). Not yet measured against each other. */
-template <int TYPE, int NT> static constexpr int mvq8_rows_r4() { return NT <= 2 && TYPE != ANNA_DTYPE_Q5_K ? 4 : 2; }
+ * each activation load then serves 4 rows, at 88-143 registers; Q5_K and Q6_K stay at 2
+ * (their 12- and 13-word pieces, prefetched, would need ~150). Not yet measured against
+ * each other. */
+template <int TYPE, int NT> static constexpr int mvq8_rows_r4() {
+  return NT <= 2 && TYPE != ANNA_DTYPE_Q5_K && TYPE != ANNA_DTYPE_Q6_K ? 4 : 2;
+}
 
 static size_t mvq8_smem(int64_t nt, int64_t cols) {
   const int64_t nb = nt * cols / 32;
@@ -300,16 +303,18 @@ static size_t mvq8_smem(int64_t nt, int64_t cols) {
 /* Physical 16-byte chunk of logical chunk c. The 32-element formats read chunks 2p, 2p + 1
  * in lanes p = 0..7 of a quarter-warp: flipping bit 0 where bit 3 is set makes their
  * chunks distinct mod 8 (8 chunks = the 32 banks). Q4_K/Q5_K lanes k = 0..7 of a block read
- * chunks 4 (k / 2) + k % 2 (+ 2 for run 1): flipping bit 1 where bit 3 is set does the same. */
+ * chunks 4 (k / 2) + k % 2 (+ 2 for run 1): flipping bit 1 where bit 3 is set does the same;
+ * Q6_K lanes read chunks 8 (k / 4) + k % 4 (+ 4): flipping bit 2. */
 template <int TYPE> __device__ __forceinline__ int q8_chunk(int c) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) return c ^ (((c >> 3) & 1) << 1);
+  else if constexpr (TYPE == ANNA_DTYPE_Q6_K) return c ^ (((c >> 3) & 1) << 2);
   else return c ^ ((c >> 3) & 1);
 }
 
 template <int TYPE, int NT, int R>
 static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     k_matvec_q8(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
-  constexpr bool KQ = TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K;
+  constexpr bool KQ = TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K, Q6 = TYPE == ANNA_DTYPE_Q6_K;
   constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW;
   extern __shared__ __align__(16) uint8_t q8_smem[];
   const int ncol = (int)cols, nb = NT * ncol / 32; /* cols * NT fits: the launcher checks */
@@ -330,19 +335,22 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     for (int r = 0; r < R; r++) cuda_piece_load<TYPE>(row[r], lane, lane == pieces - 1, raw[r]);
   }
   {
-    /* 8 lanes per 32-block (4 elements each, one float4), 4 blocks per warp step; the
-     * tokens' activations are contiguous (stride cols), so blocks are numbered flat. Every
-     * lane takes part in the shuffles; only blocks < nb are stored. */
+    /* 8 lanes per 32-block (4 elements each, one float4), 4 blocks per warp step, U steps'
+     * loads issued together (the loop is bound by their L2 latency: one token of 4096
+     * columns is one round). The tokens' activations are contiguous (stride cols), so
+     * blocks are numbered flat. Every lane takes part in the shuffles; only blocks < nb are
+     * stored. */
+    constexpr int U = NT >= 4 ? 8 : 4;
     const int m = lane & 7;
-    for (int b0 = warp * 4; b0 < nb; b0 += 4 * MVQ8_WARPS * 2) {
-      float4 v[2];
+    for (int b0 = warp * 4; b0 < nb; b0 += 4 * MVQ8_WARPS * U) {
+      float4 v[U];
 #pragma unroll
-      for (int u = 0; u < 2; u++) {
+      for (int u = 0; u < U; u++) {
         const int blk = b0 + u * 4 * MVQ8_WARPS + (lane >> 3);
         v[u] = blk < nb ? *(const float4 *)(x + (int64_t)blk * 32 + 4 * m) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int u = 0; u < 2; u++) {
+      for (int u = 0; u < U; u++) {
         const int blk = b0 + u * 4 * MVQ8_WARPS + (lane >> 3);
         float am = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
 #pragma unroll
@@ -400,7 +408,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
       const int e0 = (int)cuda_q8_e0<TYPE>(p);
       /* activation words, scales and run sums of token t for this piece */
       auto act = [&](int t, int *a, float *dx, float *sx) {
-        const int f = t * ncol + e0, c0 = f >> 4, c1 = c0 + (KQ ? 2 : 1);
+        const int f = t * ncol + e0, c0 = f >> 4, c1 = c0 + (KQ ? 2 : Q6 ? 4 : 1);
         const uint4 A0 = *(const uint4 *)(xq + (q8_chunk<TYPE>(c0) << 4));
         const uint4 A1 = *(const uint4 *)(xq + (q8_chunk<TYPE>(c1) << 4));
         a[0] = (int)A0.x, a[1] = (int)A0.y, a[2] = (int)A0.z, a[3] = (int)A0.w;
@@ -408,6 +416,8 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
         if constexpr (KQ) {
           const float2 d2 = *(const float2 *)(xd + (f >> 5)); /* f / 32 is even */
           dx[0] = d2.x, dx[1] = d2.y, sx[0] = xs[f >> 4], sx[1] = xs[(f >> 4) + 2];
+        } else if constexpr (Q6) { /* run 1 is 64 elements on: 2 blocks, 4 runs */
+          dx[0] = xd[f >> 5], dx[1] = xd[(f >> 5) + 2], sx[0] = xs[f >> 4], sx[1] = xs[(f >> 4) + 4];
         } else {
           dx[0] = xd[f >> 5];
           if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
@@ -425,6 +435,12 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
           for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
           const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
           return fmaf(sc[0] * dx[0], f0, fmaf(sc[1] * dx[1], f1, -(mn[0] * sx[0] + mn[1] * sx[1])));
+        } else if constexpr (Q6) {
+          int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
+#pragma unroll
+          for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
+          const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
+          return sc[0] * fmaf(dx[0], f0, -32.0f * sx[0]) + sc[1] * fmaf(dx[1], f1, -32.0f * sx[1]);
         } else {
           int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
 #pragma unroll
@@ -636,6 +652,7 @@ static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8
       Q8CASE(ANNA_DTYPE_Q8_0)
       Q8CASE(ANNA_DTYPE_Q4_K)
       Q8CASE(ANNA_DTYPE_Q5_K)
+      Q8CASE(ANNA_DTYPE_Q6_K)
       Q8CASE(ANNA_DTYPE_IQ4_XS)
     default: break;
     }

@@ -488,6 +488,9 @@ template <int TYPE> __device__ __forceinline__ int64_t cuda_q8_e0(int64_t p) {
     return (p >> 3) * 256 + 64 * (k >> 1) + 16 * (k & 1);
   } else if constexpr (TYPE == ANNA_DTYPE_IQ4_XS) {
     return (p >> 3) * 256 + 32 * (p & 7);
+  } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
+    const int k = (int)(p & 7);
+    return (p >> 3) * 256 + 128 * (k >> 2) + 16 * (k & 3);
   } else {
     return p * 32;
   }
@@ -495,8 +498,9 @@ template <int TYPE> __device__ __forceinline__ int64_t cuda_q8_e0(int64_t p) {
 
 /* Decodes a loaded piece (cuda_piece_load) to cuda_q8p<TYPE>::NW int8x4 words: weight i of
  * run k is sc[k] * q_i - mn[k] (Q4_K, Q5_K: q in 0..31, mn set), sc[0] * (q_i - 8) (Q4_0:
- * q in 0..15, the kernel subtracts 8 * the block's activation sum), sc[0] * T[n_i] (IQ4) or
- * sc[0] * q_i (Q8_0). */
+ * q in 0..15, the kernel subtracts 8 * the block's activation sum), sc[k] * (q_i - 32)
+ * (Q6_K: q in 0..63, runs 64 elements apart, likewise), sc[0] * T[n_i] (IQ4) or sc[0] * q_i
+ * (Q8_0). */
 template <int TYPE>
 __device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, const uint32_t *raw, int *wq, float *sc,
                                                float *mn) {
@@ -541,6 +545,21 @@ __device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, co
         hi |= ((raw[8 + i] >> (2 * c + 1)) & 0x01010101u) << 4;
       }
       wq[i] = (int)lo, wq[4 + i] = (int)hi;
+    }
+  } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
+    /* as cuda_piece_decode: low nibbles + 2 high bits are run 0, high nibbles run 1 */
+    const int k = (int)(p & 7), hh = k >> 2, m = 16 * (k & 3);
+    const uint8_t *b = row + (p >> 3) * 210;
+    const int shl = (int)((uintptr_t)(b + hh * 64 + m) & 2) * 8;
+    const int shh = (int)((uintptr_t)(b + 128 + hh * 32 + (m & 31)) & 2) * 8;
+    const float d = pc_h2f(raw[12]);
+    sc[0] = d * (float)(int8_t)raw[10], sc[1] = d * (float)(int8_t)raw[11];
+    const int s0 = 2 * (m >> 5);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t ql = pc_at(raw, i, shl), qh = pc_at(raw + 5, i, shh);
+      wq[i] = (int)((ql & 0x0f0f0f0fu) | (((qh >> s0) & 0x03030303u) << 4));
+      wq[4 + i] = (int)(((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (s0 + 4)) & 0x03030303u) << 4));
     }
   } else { /* IQ4_XS */
     const int ib = (int)(p & 7);
