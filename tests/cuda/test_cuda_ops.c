@@ -215,14 +215,15 @@ static void test_matmul(void) {
  * (2 and 4 rows per warp). Exact mode on must keep f32
  * activations: then the 1e-4 bound of test_matmul holds. Shapes: n = 1..8 (token groups
  * 8/4/2/1), odd row counts, rows past the resident warps, a zero activation block (scale
- * 0), a bias, and 8 tokens of 8192 columns, whose int8 activations exceed the kernel's
- * shared-memory budget (the f32 kernel takes them). */
+ * 0), a bias, 8 tokens of 8192 columns (90 KB of int8 activations: past the default 48 KB
+ * of shared memory, so the opt-in limit set at backend creation is used) and 8 tokens of
+ * 24576 columns (270 KB: past any limit, the f32 kernel takes them). */
 static void test_matvec_int8(void) {
   printf("matvec int8 activations\n");
   const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q8_0,
                        ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,   ANNA_DTYPE_Q6_K};
   const int shapes[][3] = {{1, 17, 1}, {2, 300, 4}, {3, 129, 2}, {4, 64, 3}, {5, 33, 1},
-                           {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}};
+                           {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}, {8, 24, 96}};
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
@@ -231,7 +232,7 @@ static void test_matvec_int8(void) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
       cuda_backend_drop_mirrors(g_gpu);
       const int64_t n = shapes[s][0], rows = shapes[s][1];
-      const int64_t cols = shapes[s][2] == 32 ? 8192 : bs == 32 ? 32 * (3 + 5 * shapes[s][2]) : 256 * shapes[s][2];
+      const int64_t cols = shapes[s][2] >= 32 ? 256 * shapes[s][2] : bs == 32 ? 32 * (3 + 5 * shapes[s][2]) : 256 * shapes[s][2];
       float *wf;
       void *w = make_weight(type, rows, cols, &wf);
       float *x = hrand(n * cols, 1.0f), *bias = s % 3 == 1 ? hrand(rows, 1.0f) : NULL;

@@ -380,6 +380,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   }
   ci->deq_floats = DEQ_FLOATS;
   ci->att_part_floats = ATT_PART_FLOATS;
+  ci->mv_smem = cuda_matmul_setup();
   ci->max_batch = max_batch;
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;

@@ -280,9 +280,11 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
  * instruction). Shared memory, for NT tokens of cols activations: NT * cols int8 in
  * 16-byte chunks, swizzled so each quarter-warp's 16-byte loads touch distinct banks
  * (q8_chunk), NT * cols / 32 scales (rounded up to even), NT * cols / 16 run sums
- * (mvq8_smem). */
+ * (mvq8_smem): up to the device's opt-in limit (cuda_matmul_setup; 227 KB on sm_90, so 8
+ * tokens of up to 21000 columns), beyond it the f32 kernel. Past 48 KB fewer blocks fit
+ * per SM, but each still streams weights for 8 warps. */
 #define MVQ8_WARPS 8
-#define MVQ8_SMEM_MAX (48 * 1024)
+#define MVQ8_SMEM_DEFAULT (48 * 1024) /* without the opt-in of cuda_matmul_setup */
 #define MVQ8_MAGIC 0x4B400000 /* 12582912.0f: 2^23 + 2^22 */
 
 /* Rows per warp: 2 (60-97 registers, 3-4 blocks per SM for 1-4 tokens: many warps, and
@@ -602,27 +604,34 @@ static unsigned piece_grid(cudaStream_t st, int64_t blocks) {
   return (unsigned)(blocks < resident ? blocks : resident);
 }
 
-/* Blocks for a persistent k_matvec_q8: as piece_grid, for its shared-memory size (measured
- * again when that changes). */
+/* Blocks for a persistent k_matvec_q8: SMs times the blocks that fit one SM, the smaller of
+ * the register limit (the occupancy API without shared memory, queried once per instance,
+ * never while st is being captured; until then every row group gets its own warp, which is
+ * as correct) and the shared-memory limit for this launch's smem (computed, so weights of
+ * different widths do not re-query: 1 KB per block is reserved by the system). */
 template <int TYPE, int NT, int R>
 static unsigned q8_grid(cudaStream_t st, int64_t blocks, size_t smem) {
-  static size_t for_smem = 0;
-  static int64_t resident = 0;
-  if (!resident || for_smem != smem) {
+  static int sms = 0, per_regs = 0, smem_sm = 0;
+  if (!sms) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
       (void)cudaGetLastError();
       return (unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff);
     }
-    int dev = 0, sms = 0, per = 0;
+    int dev = 0, n = 0, per = 0, sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_q8<TYPE, NT, R>, 32 * MVQ8_WARPS, smem) !=
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_q8<TYPE, NT, R>, 32 * MVQ8_WARPS, 0) !=
             cudaSuccess)
       (void)cudaGetLastError(); /* clear it; the guesses below still give a correct grid */
-    resident = (int64_t)(sms > 0 ? sms : 128) * (per > 0 ? per : 1);
-    for_smem = smem;
+    per_regs = per > 0 ? per : 1, smem_sm = sm > 0 ? sm : 0;
+    sms = n > 0 ? n : 128;
   }
+  int64_t per = smem_sm ? (int64_t)smem_sm / (int64_t)(smem + 1024) : 1;
+  if (per > per_regs) per = per_regs;
+  if (per < 1) per = 1;
+  const int64_t resident = (int64_t)sms * per;
   return (unsigned)(blocks < resident ? blocks : resident);
 }
 
@@ -638,14 +647,41 @@ static void launch_q8(cudaStream_t st, float *y, const float *x, const uint8_t *
     else launch_q8<T, NT, 2>(st, y, x, W, w, rb);                                  \
     return;
 
-/* q8: int8 activations allowed (exact off): 1, or 2 for the 4-row variant. */
+/* Raises the dynamic shared memory limit of both instances for TYPE, NT to bytes. */
+template <int TYPE, int NT> static bool q8_optin(int bytes) {
+  return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+             cudaSuccess &&
+         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>()>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+}
+template <int NT> static bool q8_optin_all(int bytes) {
+  return q8_optin<ANNA_DTYPE_Q4_0, NT>(bytes) && q8_optin<ANNA_DTYPE_IQ4_NL, NT>(bytes) &&
+         q8_optin<ANNA_DTYPE_Q8_0, NT>(bytes) && q8_optin<ANNA_DTYPE_Q4_K, NT>(bytes) &&
+         q8_optin<ANNA_DTYPE_Q5_K, NT>(bytes) && q8_optin<ANNA_DTYPE_Q6_K, NT>(bytes) &&
+         q8_optin<ANNA_DTYPE_IQ4_XS, NT>(bytes);
+}
+
+size_t cuda_matmul_setup(void) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      optin <= MVQ8_SMEM_DEFAULT || !q8_optin_all<1>(optin) || !q8_optin_all<2>(optin) || !q8_optin_all<4>(optin) ||
+      !q8_optin_all<8>(optin)) {
+    (void)cudaGetLastError(); /* not fatal: the default limit still holds for every instance */
+    return MVQ8_SMEM_DEFAULT;
+  }
+  return (size_t)optin;
+}
+
+/* q8: int8 activations allowed (exact off): 1, or 2 for the 4-row variant. smem_max: the
+ * q8 kernels' dynamic shared memory limit. */
 template <int NT>
 static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
-                          int64_t rb, int vec, int q8) {
+                          int64_t rb, int vec, int q8, size_t smem_max) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
-  if (q8 && piece_ok(w->type, W, rb, x) && w->cols % 32 == 0 && mvq8_smem(NT, w->cols) <= MVQ8_SMEM_MAX) {
+  if (q8 && piece_ok(w->type, W, rb, x) && w->cols % 32 == 0 && mvq8_smem(NT, w->cols) <= smem_max) {
     switch (w->type) {
       Q8CASE(ANNA_DTYPE_Q4_0)
       Q8CASE(ANNA_DTYPE_IQ4_NL)
@@ -704,15 +740,16 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (n <= MV_MAX_TOK && wide_ok) {
     const int vec = w->cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
     const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
+    const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
     /* Token groups of 4/2/1 (8 at most in one pass): few template instances. */
     for (int64_t t0 = 0; t0 < n;) {
       const int64_t left = n - t0;
       const float *xt = x + t0 * w->cols;
       float *yt = y + t0 * w->rows;
-      if (left >= 8) launch_matvec<8>(ci->stream, yt, xt, W, w, rb, vec, q8), t0 += 8;
-      else if (left >= 4) launch_matvec<4>(ci->stream, yt, xt, W, w, rb, vec, q8), t0 += 4;
-      else if (left >= 2) launch_matvec<2>(ci->stream, yt, xt, W, w, rb, vec, q8), t0 += 2;
-      else launch_matvec<1>(ci->stream, yt, xt, W, w, rb, vec, q8), t0 += 1;
+      if (left >= 8) launch_matvec<8>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 8;
+      else if (left >= 4) launch_matvec<4>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 4;
+      else if (left >= 2) launch_matvec<2>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 2;
+      else launch_matvec<1>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 1;
     }
     if (!cuda_check_launch(ci, "matvec")) return;
   } else {
