@@ -274,7 +274,8 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
  * consecutive pieces, persistent warps, next loads in flight) with the activations
  * quantized to int8 once per block into shared memory, and dp4a dots (cuda_q8_decode).
  * Per 32-element activation block: one f32 scale (max|x| / 127), and per 16-element run
- * the f32 sum scale * sum(q), which applies the Q4_K/Q5_K mins and Q4_0's offset of 8. The
+ * the f32 sum scale * sum(q), which applies the Q4_K/Q5_K mins and the offsets of Q4_0 (8)
+ * and Q6_K (32). The
  * dp4a accumulators start at the bits of 1.5 * 2^23, so the integer sum (|sum| < 2^22:
  * at most 32 * 127 * 127) turns into a float with one subtraction (no I2F, a quarter-rate
  * instruction). Shared memory, for NT tokens of cols activations: NT * cols int8 in
@@ -287,7 +288,7 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
 #define MVQ8_SMEM_DEFAULT (48 * 1024) /* without the opt-in of cuda_matmul_setup */
 #define MVQ8_MAGIC 0x4B400000 /* 12582912.0f: 2^23 + 2^22 */
 
-/* Rows per warp: 2 (60-97 registers, 3-4 blocks per SM for 1-4 tokens: many warps, and
+/* Rows per warp: 2 (55-120 registers, 2-4 blocks per SM for 1-4 tokens: many warps, and
  * a 12288-row weight is ~2 groups per resident warp, so the last round keeps the memory
  * busy). The alternative (CUDA_MV_INT8_R4, for the bench) takes 4 rows for 1-2 tokens:
  * each activation load then serves 4 rows, at 88-143 registers; Q5_K and Q6_K stay at 2
