@@ -161,6 +161,8 @@ static int cuda_float_type_host(int t) {
 
 static void test_matmul(void) {
   printf("matmul\n");
+  /* f32 activations in the decode matvecs (the int8 path has its own test and bound) */
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_F32);
   const int types[] = {ANNA_DTYPE_F32,  ANNA_DTYPE_F16,  ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0,
                        ANNA_DTYPE_Q4_1, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q5_1, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_Q2_K,
                        ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS};
@@ -224,6 +226,97 @@ static void test_matmul(void) {
       dfree(dx), dfree(dy);
       free(w), free(wf), free(x), free(bias), free(ref);
     }
+  }
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+}
+
+/* Decode matvecs with int8 activations (exact off): each 32-element activation block is
+ * rounded to q * s with s = max|x| / 127, an error of at most s / 2 per element, so output
+ * r may differ from the f64 dot of the f32 inputs by sum_i |w_ri| * s_blk(i) / 2 (bound
+ * below, with 1% for the f32 rounding of s and of the kernel's products and sums) plus
+ * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation; checked for both int8 variants
+ * (2 and 4 rows per warp). Exact mode on must keep f32
+ * activations: then the 1e-4 bound of test_matmul holds. Shapes: n = 1..8 (token groups
+ * 8/4/2/1), odd row counts, rows past the resident warps, a zero activation block (scale
+ * 0), a bias, 8 tokens of 8192 columns (90 KB of int8 activations: past the default 48 KB
+ * of shared memory, so the opt-in limit set at backend creation is used) and 8 tokens of
+ * 24576 columns (270 KB: past any limit, the f32 kernel takes them). */
+static void test_matvec_int8(void) {
+  printf("matvec int8 activations\n");
+  const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q8_0,
+                       ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,   ANNA_DTYPE_Q6_K};
+  const int shapes[][3] = {{1, 17, 1}, {2, 300, 4}, {3, 129, 2}, {4, 64, 3}, {5, 33, 1},
+                           {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}, {8, 24, 96}};
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    const int64_t bs = dtype_block_size(type);
+    double worst = 0; /* largest error / bound, printed for the record */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = shapes[s][0], rows = shapes[s][1];
+      const int64_t cols = shapes[s][2] >= 32 ? 256 * shapes[s][2] : bs == 32 ? 32 * (3 + 5 * shapes[s][2]) : 256 * shapes[s][2];
+      float *wf;
+      void *w = make_weight(type, rows, cols, &wf);
+      float *x = hrand(n * cols, 1.0f), *bias = s % 3 == 1 ? hrand(rows, 1.0f) : NULL;
+      if (s == 2)
+        for (int j = 32; j < 64; j++) x[j] = 0.0f; /* token 0, block 1 */
+      float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+      double *bnd = malloc(sizeof(double) * (size_t)(n * rows));
+      for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+          double acc = bias ? bias[r] : 0, b = 0, mag = 0;
+          for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+            double am = 0;
+            for (int64_t c = c0; c < c0 + 32; c++) am = fmax(am, fabs(x[t * cols + c]));
+            for (int64_t c = c0; c < c0 + 32; c++) {
+              const double wv = wf[r * cols + c], xv = x[t * cols + c];
+              acc += wv * xv, mag += fabs(wv * xv), b += fabs(wv) * am / 254.0;
+            }
+          }
+          ref[t * rows + r] = (float)acc;
+          bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
+        }
+      ops_weight ow = {type, w, rows, cols};
+      float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
+      char what[128];
+      for (int pass = 0; pass < 3; pass++) { /* int8, int8 with 4 rows per warp, exact */
+        const int exact = pass == 2;
+        float *dy = dnan(n * rows); /* fresh NaNs: a row no pass writes fails */
+        cuda_backend_set_exact(g_gpu, exact);
+        cuda_backend_set_matvec_variant(g_gpu, pass == 1 ? CUDA_MV_INT8_R4 : CUDA_MV_DEFAULT);
+        g_gpu->matmul(g_gpu, dy, dx, n, &ow, bias);
+        snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s%s", dtype_name(type), (long long)n, (long long)rows,
+                 (long long)cols, bias ? " +bias" : "", exact ? " exact" : pass ? " int8 r4" : " int8");
+        if (exact) {
+          cmpd(what, dy, ref, n * rows, 1e-4);
+          dfree(dy);
+          continue;
+        }
+        float *g = dget(dy, n * rows);
+        gpu_status(what);
+        int bad = 0;
+        double q = 0;
+        for (int64_t i = 0; i < n * rows; i++) {
+          const double e = fabs((double)g[i] - ref[i]);
+          if (isnan(g[i]) || isinf(g[i]) || !(e <= bnd[i])) bad++;
+          else q = fmax(q, e / bnd[i]);
+        }
+        g_checks++;
+        if (bad) {
+          printf("  FAIL %-58s %d of %lld outside the int8 bound\n", what, bad, (long long)(n * rows));
+          g_fail++;
+        }
+        worst = fmax(worst, q);
+        free(g);
+        dfree(dy);
+      }
+      cuda_backend_set_exact(g_gpu, 0);
+      cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+      dfree(dx);
+      free(w), free(wf), free(x), free(bias), free(ref), free(bnd);
+    }
+    printf("  %-6s largest error / bound %.3f\n", dtype_name(type), worst);
   }
 }
 
@@ -1108,18 +1201,26 @@ static void bench(void) {
     }
     float *x = hrand(8 * cols, 1.0f), *dx = dput(x, sizeof(float) * 8 * (size_t)cols), *dy = dnan(64 * rows);
     const int nts[] = {1, 2, 4, 8};
-    for (int k = 0; k < 4; k++) {
-      const int nt = nts[k];
-      for (int c = 0; c < NCOPY; c++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[c], NULL);
-      gpu_status("matvec warmup");
-      const int reps = 200;
-      double t0 = now_s();
-      for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[r % NCOPY], NULL);
-      gpu_status("matvec");
-      double dt = (now_s() - t0) / reps;
-      printf("  matvec %-6s n=%d %lldx%lld: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt, (long long)rows,
-             (long long)cols, dt * 1e6, (double)wb / dt / 1e9);
-    }
+    /* f32: f32 activations (the kernels exact mode uses); int8: the default (exact off),
+     * int8 activations where the type has a dp4a kernel (else the same kernel again);
+     * i8r4: int8 with 4 rows per warp (each activation load serves more rows) */
+    const int modes[] = {CUDA_MV_F32, CUDA_MV_DEFAULT, CUDA_MV_INT8_R4};
+    const char *mname[] = {"f32", "int8", "i8r4"};
+    for (int k = 0; k < 4; k++)
+      for (int mi = 0; mi < (nts[k] <= 2 ? 3 : 2); mi++) { /* i8r4 differs for n <= 2 only */
+        const int nt = nts[k], mode = modes[mi];
+        cuda_backend_set_matvec_variant(g_gpu, mode);
+        for (int c = 0; c < NCOPY; c++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[c], NULL);
+        gpu_status("matvec warmup");
+        const int reps = 200;
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[r % NCOPY], NULL);
+        gpu_status("matvec");
+        double dt = (now_s() - t0) / reps;
+        printf("  matvec %-6s n=%d %lldx%lld %-4s: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt,
+               (long long)rows, (long long)cols, mname[mi], dt * 1e6, (double)wb / dt / 1e9);
+      }
+    cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
     dfree(dx), dfree(dy), free(x), free(w);
     cuda_backend_drop_mirrors(g_gpu);
     for (int c = 0; c < NCOPY; c++) free(wc[c]);
@@ -1180,6 +1281,7 @@ int main(int argc, char **argv) {
   /* Exact (f32) numerics unless a test switches to the tensor-core paths on purpose. */
   cuda_backend_set_exact(g_gpu, 1);
   test_matmul();
+  test_matvec_int8();
   test_embed();
   test_norms();
   test_elementwise();

@@ -235,6 +235,10 @@ extern "C" void cuda_backend_set_exact(ops_backend *be, int on) {
   cuda_impl_of(be)->exact = on;
 }
 
+extern "C" void cuda_backend_set_matvec_variant(ops_backend *be, int variant) {
+  cuda_impl_of(be)->mv_variant = variant;
+}
+
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }
@@ -411,6 +415,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   }
   ci->deq_floats = DEQ_FLOATS;
   ci->att_part_floats = ATT_PART_FLOATS;
+  ci->mv_smem = cuda_matmul_setup();
   ci->max_batch = max_batch;
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;

@@ -43,6 +43,14 @@ void cuda_backend_drop_mirrors(ops_backend *be);
  * rule may run on tensor cores with bf16/f16/TF32 inputs and f32 accumulation. */
 void cuda_backend_set_exact(ops_backend *be, int on);
 
+/* Decode matvecs (n <= 8 tokens) of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K and Q6_K weights
+ * quantize the activations to int8 per 32-element block (dp4a dots, f32 scales) unless
+ * exact mode is on. Variants, for side-by-side benchmarks and f32-bound tests:
+ * CUDA_MV_DEFAULT (that), CUDA_MV_F32 (f32 activations always: the kernels exact mode
+ * uses), CUDA_MV_INT8_R4 (int8 with 4 rows per warp instead of 2 for 1-2 tokens). */
+enum { CUDA_MV_DEFAULT = 0, CUDA_MV_F32 = 1, CUDA_MV_INT8_R4 = 2 };
+void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
+
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
  * most 8 tokens are captured and replayed as one graph (updated in place while the step's
  * shape repeats), which removes most of the per-launch cost. Every op of a decode-sized

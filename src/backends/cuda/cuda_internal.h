@@ -31,6 +31,8 @@ typedef struct cuda_impl {
   int64_t max_batch;
   cudaStream_t copy_stream; /* weight mirror copies: never part of a captured step */
   int exact;                /* cuda_backend_set_exact: f32 inputs and arithmetic everywhere */
+  int mv_variant;           /* cuda_backend_set_matvec_variant (CUDA_MV_*) */
+  size_t mv_smem;           /* int8 matvec shared-memory limit (cuda_matmul_setup) */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
   int capturing;            /* the stream is being captured for the current step */
   cudaGraphExec_t gexec;    /* last step's executable graph, updated in place when it fits */
@@ -76,6 +78,11 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
  * weights, unsupported shape). W: the weight's device copy, rb its row bytes. */
 bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W,
                   int64_t rb);
+
+/* Sets the int8 decode matvec kernels' shared-memory limit to the device's opt-in maximum
+ * and returns it (48 KB, the default, when that fails). Called once at backend creation:
+ * the attribute is not changed while a stream is being captured. */
+size_t cuda_matmul_setup(void);
 
 /* Launchers (one per op; signatures as ops.h). */
 void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias);

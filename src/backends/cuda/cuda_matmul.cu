@@ -2,7 +2,9 @@
  * quantized weight types.
  *
  * Decode (n <= MV_MAX_TOK tokens): weights are read once for all tokens of a launch (up to
- * 8) and dotted with f32 activations (f32 accumulation). Plain types: one warp per row,
+ * 8) and dotted with f32 activations (f32 accumulation), or, with exact mode off, int8
+ * activations (k_matvec_q8: dp4a, f32 scales; Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K-Q6_K, when
+ * the quantized activations fit the shared-memory budget). Plain types: one warp per row,
  * 16-byte loads when rows and activations are aligned. Q4_0, IQ4_NL, Q8_0, Q4_K, Q5_K,
  * Q6_K and IQ4_XS: the piece kernel (k_matvec_piece: persistent warps of several rows,
  * wide loads, the next loads in flight during the decode). The other quantized types and
@@ -267,6 +269,246 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
   }
 }
 
+/* ---- Decode matvec against int8 activations (exact off) ----
+ * k_matvec_q8: the piece kernel's structure (warps of R rows, consecutive lanes on
+ * consecutive pieces, persistent warps, next loads in flight) with the activations
+ * quantized to int8 once per block into shared memory, and dp4a dots (cuda_q8_decode).
+ * Per 32-element activation block: one f32 scale (max|x| / 127), and per 16-element run
+ * the f32 sum scale * sum(q), which applies the Q4_K/Q5_K mins and the offsets of Q4_0 (8)
+ * and Q6_K (32). The
+ * dp4a accumulators start at the bits of 1.5 * 2^23, so the integer sum (|sum| < 2^22:
+ * at most 32 * 127 * 127) turns into a float with one subtraction (no I2F, a quarter-rate
+ * instruction). Shared memory, for NT tokens of cols activations: NT * cols int8 in
+ * 16-byte chunks, swizzled so each quarter-warp's 16-byte loads touch distinct banks
+ * (q8_chunk), NT * cols / 32 scales (rounded up to even), NT * cols / 16 run sums
+ * (mvq8_smem): up to the device's opt-in limit (cuda_matmul_setup; 227 KB on sm_90, so 8
+ * tokens of up to 21000 columns), beyond it the f32 kernel. Past 48 KB fewer blocks fit
+ * per SM, but each still streams weights for 8 warps. */
+#define MVQ8_WARPS 8
+#define MVQ8_SMEM_DEFAULT (48 * 1024) /* without the opt-in of cuda_matmul_setup */
+#define MVQ8_MAGIC 0x4B400000 /* 12582912.0f: 2^23 + 2^22 */
+
+/* Rows per warp: 2 (55-120 registers, 2-4 blocks per SM for 1-4 tokens: many warps, and
+ * a 12288-row weight is ~2 groups per resident warp, so the last round keeps the memory
+ * busy). The alternative (CUDA_MV_INT8_R4, for the bench) takes 4 rows for 1-2 tokens:
+ * each activation load then serves 4 rows, at 88-143 registers; Q5_K and Q6_K stay at 2
+ * (their 12- and 13-word pieces, prefetched, would need ~150). Not yet measured against
+ * each other. */
+template <int TYPE, int NT> static constexpr int mvq8_rows_r4() {
+  return NT <= 2 && TYPE != ANNA_DTYPE_Q5_K && TYPE != ANNA_DTYPE_Q6_K ? 4 : 2;
+}
+
+static size_t mvq8_smem(int64_t nt, int64_t cols) {
+  const int64_t nb = nt * cols / 32;
+  return (size_t)(nt * cols + 4 * ((nb + 1) & ~(int64_t)1) + 8 * nb);
+}
+
+/* Physical 16-byte chunk of logical chunk c. The 32-element formats read chunks 2p, 2p + 1
+ * in lanes p = 0..7 of a quarter-warp: flipping bit 0 where bit 3 is set makes their
+ * chunks distinct mod 8 (8 chunks = the 32 banks). Q4_K/Q5_K lanes k = 0..7 of a block read
+ * chunks 4 (k / 2) + k % 2 (+ 2 for run 1): flipping bit 1 where bit 3 is set does the same;
+ * Q6_K lanes read chunks 8 (k / 4) + k % 4 (+ 4): flipping bit 2. */
+template <int TYPE> __device__ __forceinline__ int q8_chunk(int c) {
+  if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) return c ^ (((c >> 3) & 1) << 1);
+  else if constexpr (TYPE == ANNA_DTYPE_Q6_K) return c ^ (((c >> 3) & 1) << 2);
+  else return c ^ ((c >> 3) & 1);
+}
+
+template <int TYPE, int NT, int R>
+static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
+    k_matvec_q8(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
+  constexpr bool KQ = TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K, Q6 = TYPE == ANNA_DTYPE_Q6_K;
+  constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW;
+  extern __shared__ __align__(16) uint8_t q8_smem[];
+  const int ncol = (int)cols, nb = NT * ncol / 32; /* cols * NT fits: the launcher checks */
+  uint8_t *xq = q8_smem;
+  float *xd = (float *)(q8_smem + NT * ncol), *xs = xd + ((nb + 1) & ~1); /* 8-byte aligned: float2 loads */
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t groups = (rows + R - 1) / R, pieces = cols / 32, iters = (pieces + 31) / 32;
+  const int64_t GW = (int64_t)gridDim.x * MVQ8_WARPS;
+  int64_t g = (int64_t)blockIdx.x * MVQ8_WARPS + warp, it = 0;
+  const bool active = g < groups;
+  const uint8_t *row[R];
+#pragma unroll
+  for (int r = 0; r < R; r++) row[r] = W + (active && g * R + r < rows ? g * R + r : rows - 1) * row_bytes;
+  uint32_t raw[R][RAW];
+  /* the first weight loads are in flight while the block quantizes the activations */
+  if (active && lane < pieces) {
+#pragma unroll
+    for (int r = 0; r < R; r++) cuda_piece_load<TYPE>(row[r], lane, lane == pieces - 1, raw[r]);
+  }
+  {
+    /* 8 lanes per 32-block (4 elements each, one float4), 4 blocks per warp step, U steps'
+     * loads issued together (the loop is bound by their L2 latency: one token of 4096
+     * columns is one round). The tokens' activations are contiguous (stride cols), so
+     * blocks are numbered flat. Every lane takes part in the shuffles; only blocks < nb are
+     * stored. */
+    constexpr int U = NT >= 4 ? 8 : 4;
+    const int m = lane & 7;
+    for (int b0 = warp * 4; b0 < nb; b0 += 4 * MVQ8_WARPS * U) {
+      float4 v[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int blk = b0 + u * 4 * MVQ8_WARPS + (lane >> 3);
+        v[u] = blk < nb ? *(const float4 *)(x + (int64_t)blk * 32 + 4 * m) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int blk = b0 + u * 4 * MVQ8_WARPS + (lane >> 3);
+        float am = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+        const float d = am * (1.0f / 127.0f), inv = am > 0.0f ? 127.0f / am : 0.0f;
+        const int q0 = max(-127, min(127, __float2int_rn(v[u].x * inv)));
+        const int q1 = max(-127, min(127, __float2int_rn(v[u].y * inv)));
+        const int q2 = max(-127, min(127, __float2int_rn(v[u].z * inv)));
+        const int q3 = max(-127, min(127, __float2int_rn(v[u].w * inv)));
+        const uint32_t wv = __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
+        int s = q0 + q1 + q2 + q3;
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        int pos; /* byte of this lane's word in the block */
+        uint32_t ov = wv;
+        if constexpr (cuda_q8_interleaved<TYPE>()) {
+          /* lanes m and m + 4 hold elements 4m.. and 16 + 4m..: each writes one word of
+           * their interleaved 8 bytes */
+          const uint32_t pv = __shfl_xor_sync(0xffffffffu, wv, 4);
+          ov = m < 4 ? __byte_perm(wv, pv, 0x5140) : __byte_perm(pv, wv, 0x7362);
+          pos = m < 4 ? 8 * m : 8 * (m - 4) + 4;
+        } else {
+          pos = 4 * m;
+        }
+        if (blk < nb) {
+          const int fb = blk * 32 + pos;
+          *(uint32_t *)(xq + (q8_chunk<TYPE>(fb >> 4) << 4) + (fb & 15)) = ov;
+          if (m == 0) xd[blk] = d;
+          if ((m & 3) == 0) xs[2 * blk + (m >> 2)] = d * (float)s;
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (!active) return;
+  float acc[R][NT];
+#pragma unroll
+  for (int r = 0; r < R; r++)
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+  for (;;) {
+    int64_t g2 = g, it2 = it + 1;
+    if (it2 == iters) it2 = 0, g2 += GW;
+    const bool more = g2 < groups;
+    const uint8_t *row2[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) row2[r] = g2 == g ? row[r] : W + (g2 * R + r < rows ? g2 * R + r : rows - 1) * row_bytes;
+    const int64_t p = it * 32 + lane, pn = it2 * 32 + lane;
+    uint32_t nxt[R][RAW];
+    if (more && pn < pieces) {
+#pragma unroll
+      for (int r = 0; r < R; r++) cuda_piece_load<TYPE>(row2[r], pn, pn == pieces - 1, nxt[r]);
+    }
+    if (p < pieces) {
+      const int e0 = (int)cuda_q8_e0<TYPE>(p);
+      /* activation words, scales and run sums of token t for this piece */
+      auto act = [&](int t, int *a, float *dx, float *sx) {
+        const int f = t * ncol + e0, c0 = f >> 4, c1 = c0 + (KQ ? 2 : Q6 ? 4 : 1);
+        const uint4 A0 = *(const uint4 *)(xq + (q8_chunk<TYPE>(c0) << 4));
+        const uint4 A1 = *(const uint4 *)(xq + (q8_chunk<TYPE>(c1) << 4));
+        a[0] = (int)A0.x, a[1] = (int)A0.y, a[2] = (int)A0.z, a[3] = (int)A0.w;
+        a[4] = (int)A1.x, a[5] = (int)A1.y, a[6] = (int)A1.z, a[7] = (int)A1.w;
+        if constexpr (KQ) {
+          const float2 d2 = *(const float2 *)(xd + (f >> 5)); /* f / 32 is even */
+          dx[0] = d2.x, dx[1] = d2.y, sx[0] = xs[f >> 4], sx[1] = xs[(f >> 4) + 2];
+        } else if constexpr (Q6) { /* run 1 is 64 elements on: 2 blocks, 4 runs */
+          dx[0] = xd[f >> 5], dx[1] = xd[(f >> 5) + 2], sx[0] = xs[f >> 4], sx[1] = xs[(f >> 4) + 4];
+        } else {
+          dx[0] = xd[f >> 5];
+          if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
+            const float2 s2 = *(const float2 *)(xs + (f >> 4));
+            sx[0] = s2.x + s2.y;
+          }
+        }
+      };
+      /* one row's contribution for one token */
+      auto dot = [&](const int *wq, const float *sc, const float *mn, const int *a, const float *dx,
+                     const float *sx) -> float {
+        if constexpr (KQ) {
+          int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
+#pragma unroll
+          for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
+          const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
+          return fmaf(sc[0] * dx[0], f0, fmaf(sc[1] * dx[1], f1, -(mn[0] * sx[0] + mn[1] * sx[1])));
+        } else if constexpr (Q6) {
+          int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
+#pragma unroll
+          for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
+          const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
+          return sc[0] * fmaf(dx[0], f0, -32.0f * sx[0]) + sc[1] * fmaf(dx[1], f1, -32.0f * sx[1]);
+        } else {
+          int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
+#pragma unroll
+          for (int k = 0; k < 8; k += 2) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[k + 1], a[k + 1], i1);
+          if constexpr (NW == 16) {
+#pragma unroll
+            for (int k = 0; k < 8; k += 2) i0 = __dp4a(wq[8 + k], a[k], i0), i1 = __dp4a(wq[9 + k], a[k + 1], i1);
+          }
+          /* two chains for latency; each < 2^21 in magnitude, so the sum of both floats
+           * (each exact) is exact */
+          const float f = (__int_as_float(i0) - 12582912.0f) + (__int_as_float(i1) - 12582912.0f);
+          if constexpr (TYPE == ANNA_DTYPE_Q4_0) return sc[0] * fmaf(dx[0], f, -8.0f * sx[0]);
+          else return sc[0] * dx[0] * f;
+        }
+      };
+      if constexpr (NT == 1) {
+        /* one token: activations first, then the rows one after the other, so the
+         * decoded words of only one row are live */
+        int a[8];
+        float dx[2], sx[2];
+        act(0, a, dx, sx);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+          int wq[NW];
+          float sc[2], mn[2];
+          cuda_q8_decode<TYPE>(row[r], p, raw[r], wq, sc, mn);
+          acc[r][0] += dot(wq, sc, mn, a, dx, sx);
+        }
+      } else {
+        int wq[R][NW];
+        float sc[R][2], mn[R][2];
+#pragma unroll
+        for (int r = 0; r < R; r++) cuda_q8_decode<TYPE>(row[r], p, raw[r], wq[r], sc[r], mn[r]);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          int a[8];
+          float dx[2], sx[2];
+          act(t, a, dx, sx);
+#pragma unroll
+          for (int r = 0; r < R; r++) acc[r][t] += dot(wq[r], sc[r], mn[r], a, dx, sx);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+      for (int i = 0; i < RAW; i++) raw[r][i] = nxt[r][i];
+    if (it2 == 0) { /* the group is done: reduce over the lanes and write its rows */
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          float v = acc[r][t];
+          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (lane == 0 && g * R + r < rows) y[t * rows + g * R + r] = v;
+          acc[r][t] = 0.0f;
+        }
+    }
+    if (!more) break;
+    g = g2, it = it2;
+#pragma unroll
+    for (int r = 0; r < R; r++) row[r] = row2[r];
+  }
+}
+
 /* Rows [0, m) of W (any supported type) to f32 dst[m, cols]. */
 static __global__ void k_dequant_rows(float *dst, const uint8_t *W, int64_t m, int64_t cols, int64_t row_bytes,
                                       int type) {
@@ -363,12 +605,95 @@ static unsigned piece_grid(cudaStream_t st, int64_t blocks) {
   return (unsigned)(blocks < resident ? blocks : resident);
 }
 
+/* Blocks for a persistent k_matvec_q8: SMs times the blocks that fit one SM, the smaller of
+ * the register limit (the occupancy API without shared memory, queried once per instance,
+ * never while st is being captured; until then every row group gets its own warp, which is
+ * as correct) and the shared-memory limit for this launch's smem (computed, so weights of
+ * different widths do not re-query: 1 KB per block is reserved by the system). */
+template <int TYPE, int NT, int R>
+static unsigned q8_grid(cudaStream_t st, int64_t blocks, size_t smem) {
+  static int sms = 0, per_regs = 0, smem_sm = 0;
+  if (!sms) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      return (unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff);
+    }
+    int dev = 0, n = 0, per = 0, sm = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_q8<TYPE, NT, R>, 32 * MVQ8_WARPS, 0) !=
+            cudaSuccess)
+      (void)cudaGetLastError(); /* clear it; the guesses below still give a correct grid */
+    per_regs = per > 0 ? per : 1, smem_sm = sm > 0 ? sm : 0;
+    sms = n > 0 ? n : 128;
+  }
+  int64_t per = smem_sm ? (int64_t)smem_sm / (int64_t)(smem + 1024) : 1;
+  if (per > per_regs) per = per_regs;
+  if (per < 1) per = 1;
+  const int64_t resident = (int64_t)sms * per;
+  return (unsigned)(blocks < resident ? blocks : resident);
+}
+
+template <int TYPE, int NT, int R>
+static void launch_q8(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
+  const size_t sm = mvq8_smem(NT, w->cols);
+  const unsigned g = q8_grid<TYPE, NT, R>(st, (w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
+  k_matvec_q8<TYPE, NT, R><<<g, 32 * MVQ8_WARPS, sm, st>>>(y, x, W, w->rows, w->cols, rb);
+}
+#define Q8CASE(T)                                                                  \
+  case T:                                                                          \
+    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(st, y, x, W, w, rb);       \
+    else launch_q8<T, NT, 2>(st, y, x, W, w, rb);                                  \
+    return;
+
+/* Raises the dynamic shared memory limit of both instances for TYPE, NT to bytes. */
+template <int TYPE, int NT> static bool q8_optin(int bytes) {
+  return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+             cudaSuccess &&
+         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>()>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+}
+template <int NT> static bool q8_optin_all(int bytes) {
+  return q8_optin<ANNA_DTYPE_Q4_0, NT>(bytes) && q8_optin<ANNA_DTYPE_IQ4_NL, NT>(bytes) &&
+         q8_optin<ANNA_DTYPE_Q8_0, NT>(bytes) && q8_optin<ANNA_DTYPE_Q4_K, NT>(bytes) &&
+         q8_optin<ANNA_DTYPE_Q5_K, NT>(bytes) && q8_optin<ANNA_DTYPE_Q6_K, NT>(bytes) &&
+         q8_optin<ANNA_DTYPE_IQ4_XS, NT>(bytes);
+}
+
+size_t cuda_matmul_setup(void) {
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      optin <= MVQ8_SMEM_DEFAULT || !q8_optin_all<1>(optin) || !q8_optin_all<2>(optin) || !q8_optin_all<4>(optin) ||
+      !q8_optin_all<8>(optin)) {
+    (void)cudaGetLastError(); /* not fatal: the default limit still holds for every instance */
+    return MVQ8_SMEM_DEFAULT;
+  }
+  return (size_t)optin;
+}
+
+/* q8: int8 activations allowed (exact off): 1, or 2 for the 4-row variant. smem_max: the
+ * q8 kernels' dynamic shared memory limit. */
 template <int NT>
 static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
-                          int64_t rb, int vec) {
+                          int64_t rb, int vec, int q8, size_t smem_max) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
+  if (q8 && piece_ok(w->type, W, rb, x) && w->cols % 32 == 0 && mvq8_smem(NT, w->cols) <= smem_max) {
+    switch (w->type) {
+      Q8CASE(ANNA_DTYPE_Q4_0)
+      Q8CASE(ANNA_DTYPE_IQ4_NL)
+      Q8CASE(ANNA_DTYPE_Q8_0)
+      Q8CASE(ANNA_DTYPE_Q4_K)
+      Q8CASE(ANNA_DTYPE_Q5_K)
+      Q8CASE(ANNA_DTYPE_Q6_K)
+      Q8CASE(ANNA_DTYPE_IQ4_XS)
+    default: break;
+    }
+  }
   if (piece_ok(w->type, W, rb, x)) {
     switch (w->type) {
       PCASE(ANNA_DTYPE_Q4_0)
@@ -415,15 +740,17 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
   if (n <= MV_MAX_TOK && wide_ok) {
     const int vec = w->cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
+    const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
     /* Token groups of 4/2/1 (8 at most in one pass): few template instances. */
     for (int64_t t0 = 0; t0 < n;) {
       const int64_t left = n - t0;
       const float *xt = x + t0 * w->cols;
       float *yt = y + t0 * w->rows;
-      if (left >= 8) launch_matvec<8>(ci->stream, yt, xt, W, w, rb, vec), t0 += 8;
-      else if (left >= 4) launch_matvec<4>(ci->stream, yt, xt, W, w, rb, vec), t0 += 4;
-      else if (left >= 2) launch_matvec<2>(ci->stream, yt, xt, W, w, rb, vec), t0 += 2;
-      else launch_matvec<1>(ci->stream, yt, xt, W, w, rb, vec), t0 += 1;
+      if (left >= 8) launch_matvec<8>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 8;
+      else if (left >= 4) launch_matvec<4>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 4;
+      else if (left >= 2) launch_matvec<2>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 2;
+      else launch_matvec<1>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 1;
     }
     if (!cuda_check_launch(ci, "matvec")) return;
   } else if (!cuda_gemm_tc(be, y, x, n, w, W, rb)) {

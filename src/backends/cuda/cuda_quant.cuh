@@ -439,4 +439,135 @@ __device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t
   }
 }
 
+/* ---- Pieces against int8 activations (exact off: the dp4a decode matvec) ----
+ * The kernel quantizes each 32-element block of the activations to int8 with one f32
+ * scale (q = rint(x * 127 / max|x|)), and keeps per 16-element run the f32 sum of the
+ * quantized values (scale * sum q), in shared memory. A piece then becomes NW words of
+ * four int8 weights each, dotted with four int8 activations by one dp4a (about 0.3
+ * instructions per weight instead of ~3 with f32 activations). Word m (m < 8) pairs with
+ * activation word m of the piece: words 0-3 are the run [e0, e0 + 16), words 4-7 the run
+ * [e0 + HI, e0 + HI + 16), in the activation order cuda_q8_interleaved<TYPE> names.
+ * IQ4 formats need 16 words (two table halves, below) that pair with activation words
+ * m % 8. */
+template <int TYPE> struct cuda_q8p { enum { NW = 8 }; };
+template <> struct cuda_q8p<ANNA_DTYPE_IQ4_NL> { enum { NW = 16 }; };
+template <> struct cuda_q8p<ANNA_DTYPE_IQ4_XS> { enum { NW = 16 }; };
+
+/* True when the kernel must store a 32-block's activations as elements 0, 16, 1, 17, ...,
+ * 15, 31: the IQ4 lookup below makes a word of nibbles (lo, hi) of two consecutive bytes,
+ * i.e. elements j, j + 16, j + 1, j + 17. */
+template <int TYPE> __host__ __device__ constexpr bool cuda_q8_interleaved() {
+  return TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS;
+}
+
+/* prmt in its generic mode: selector nibble bits 0-2 pick a byte of {b, a}, bit 3 set
+ * replicates that byte's sign bit instead (0x00 or 0xff). __byte_perm ignores bit 3. */
+__device__ __forceinline__ uint32_t pc_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+/* IQ4 values of the 4 nibbles in the low 16 bits of q, as int8 in two words whose
+ * byte-wise sum is the value: lo = prmt(T[0..7], q) gives T[n] for n < 8 and, with bit 3
+ * set, the sign of T[n - 8] (all negative: -1); hi = prmt(T[8..15] + 1, q ^ 8) gives
+ * T[n] + 1 for n >= 8 and the sign of a positive byte (0) for n < 8. So lo + hi = T[n] in
+ * every byte, and the kernel dots both words with the same activations (two dp4a). The
+ * table words are c_kvalues_iq4nl as little-endian bytes: T[0..7] = -127 -104 -83 -65 |
+ * -49 -35 -22 -10, T[8..15] + 1 = 2 14 26 39 | 54 70 90 114. */
+__device__ __forceinline__ void pc_iq4_words(uint32_t q, int *lo, int *hi) {
+  const uint32_t x = q ^ 0x88888888u;
+  lo[0] = (int)pc_prmt(0xBFAD9881u, 0xF6EADDCFu, q), lo[1] = (int)pc_prmt(0xBFAD9881u, 0xF6EADDCFu, q >> 16);
+  hi[0] = (int)pc_prmt(0x271A0E02u, 0x725A4636u, x), hi[1] = (int)pc_prmt(0x271A0E02u, 0x725A4636u, x >> 16);
+}
+
+/* First element of piece p (its run 0) in the row. */
+template <int TYPE> __device__ __forceinline__ int64_t cuda_q8_e0(int64_t p) {
+  if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
+    const int k = (int)(p & 7);
+    return (p >> 3) * 256 + 64 * (k >> 1) + 16 * (k & 1);
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ4_XS) {
+    return (p >> 3) * 256 + 32 * (p & 7);
+  } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
+    const int k = (int)(p & 7);
+    return (p >> 3) * 256 + 128 * (k >> 2) + 16 * (k & 3);
+  } else {
+    return p * 32;
+  }
+}
+
+/* Decodes a loaded piece (cuda_piece_load) to cuda_q8p<TYPE>::NW int8x4 words: weight i of
+ * run k is sc[k] * q_i - mn[k] (Q4_K, Q5_K: q in 0..31, mn set), sc[0] * (q_i - 8) (Q4_0:
+ * q in 0..15, the kernel subtracts 8 * the block's activation sum), sc[k] * (q_i - 32)
+ * (Q6_K: q in 0..63, runs 64 elements apart, likewise), sc[0] * T[n_i] (IQ4) or sc[0] * q_i
+ * (Q8_0). */
+template <int TYPE>
+__device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, const uint32_t *raw, int *wq, float *sc,
+                                               float *mn) {
+  if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_Q8_0) {
+    const int sh = (int)((uintptr_t)(row + p * (TYPE == ANNA_DTYPE_Q8_0 ? 34 : 18)) & 2) * 8;
+    sc[0] = sc[1] = pc_h2f(pc_at(raw, 0, sh));
+    if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
+#pragma unroll
+      for (int i = 0; i < 8; i++) wq[i] = (int)pc_at(raw, i, sh + 16);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        const uint32_t q = pc_at(raw, i, sh + 16);
+        if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
+          wq[i] = (int)(q & 0x0f0f0f0fu), wq[4 + i] = (int)((q >> 4) & 0x0f0f0f0fu);
+        } else {
+          pc_iq4_words(q, wq + 2 * i, wq + 8 + 2 * i);
+        }
+      }
+    }
+  } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
+    const int k = (int)(p & 7), c = k >> 1;
+    const uint32_t hx = raw[0], hy = raw[1], hz = raw[2], hw = raw[3];
+    const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
+    int sc0, mn0, sc1, mn1;
+    if (c < 2) {
+      sc0 = (hy >> sa) & 63, mn0 = (hz >> sa) & 63;
+      sc1 = (hy >> sb) & 63, mn1 = (hz >> sb) & 63;
+    } else {
+      sc0 = ((hw >> sa) & 0x0f) | (((hy >> sa) >> 6 & 3) << 4);
+      mn0 = ((hw >> sa) >> 4 & 0x0f) | (((hz >> sa) >> 6 & 3) << 4);
+      sc1 = ((hw >> sb) & 0x0f) | (((hy >> sb) >> 6 & 3) << 4);
+      mn1 = ((hw >> sb) >> 4 & 0x0f) | (((hz >> sb) >> 6 & 3) << 4);
+    }
+    const float d = pc_h2f(hx), dm = pc_h2f(hx >> 16);
+    sc[0] = d * (float)sc0, mn[0] = dm * (float)mn0, sc[1] = d * (float)sc1, mn[1] = dm * (float)mn1;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      uint32_t lo = raw[4 + i] & 0x0f0f0f0fu, hi = (raw[4 + i] >> 4) & 0x0f0f0f0fu;
+      if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
+        lo |= ((raw[8 + i] >> (2 * c)) & 0x01010101u) << 4;
+        hi |= ((raw[8 + i] >> (2 * c + 1)) & 0x01010101u) << 4;
+      }
+      wq[i] = (int)lo, wq[4 + i] = (int)hi;
+    }
+  } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
+    /* as cuda_piece_decode: low nibbles + 2 high bits are run 0, high nibbles run 1 */
+    const int k = (int)(p & 7), hh = k >> 2, m = 16 * (k & 3);
+    const uint8_t *b = row + (p >> 3) * 210;
+    const int shl = (int)((uintptr_t)(b + hh * 64 + m) & 2) * 8;
+    const int shh = (int)((uintptr_t)(b + 128 + hh * 32 + (m & 31)) & 2) * 8;
+    const float d = pc_h2f(raw[12]);
+    sc[0] = d * (float)(int8_t)raw[10], sc[1] = d * (float)(int8_t)raw[11];
+    const int s0 = 2 * (m >> 5);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const uint32_t ql = pc_at(raw, i, shl), qh = pc_at(raw + 5, i, shh);
+      wq[i] = (int)((ql & 0x0f0f0f0fu) | (((qh >> s0) & 0x03030303u) << 4));
+      wq[4 + i] = (int)(((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (s0 + 4)) & 0x03030303u) << 4));
+    }
+  } else { /* IQ4_XS */
+    const int ib = (int)(p & 7);
+    const int ls = ((raw[1] >> (4 * ib)) & 0xf) | (((raw[0] >> (16 + 2 * ib)) & 3) << 4);
+    sc[0] = sc[1] = pc_h2f(raw[0]) * (float)(ls - 32);
+#pragma unroll
+    for (int i = 0; i < 4; i++) pc_iq4_words(raw[2 + i], wq + 2 * i, wq + 8 + 2 * i);
+  }
+}
+
 #endif
