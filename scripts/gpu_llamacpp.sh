@@ -52,8 +52,15 @@ done
 [ -n "$SRC" ] && [ -n "$ANNA" ] && { [ ${#GGUFS[@]} -gt 0 ] || [ -n "$SHAPE" ]; } || { echo "usage: see the header" >&2; exit 2; }
 mkdir -p "$OUTD" "$BUILD"
 ROWS=()
-row() { ROWS+=("$(printf '%-44s %s' "$1" "$2")"); }
+# Rows also go to OUT/summary.txt as they come, so a run cut short still reports.
+row() { ROWS+=("$(printf '%-44s %s' "$1" "$2")"); printf '%-44s %s\n' "$1" "$2" >>"$OUTD/summary.txt"; }
 T0=$(date +%s)
+# gguf-py (tools/mkshape.py, the tensor sizes below): the wheel carried with the call, unpacked
+# (its dependencies numpy, pyyaml, requests, tqdm are in the GPU image).
+if ! python3 -c "import gguf" 2>/dev/null; then
+  for w in ${GGUF_WHEEL:-.gpu/whl/gguf-*.whl}; do [ -f "$w" ] && python3 -m zipfile -e "$w" /tmp/gguf-site; done
+  export PYTHONPATH="/tmp/gguf-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 for d in /usr/local/cuda/lib64 "$ANNA/lib"; do [ -d "$d" ] && export LD_LIBRARY_PATH="$(cd "$d" && pwd):${LD_LIBRARY_PATH:-}"; done
 
 # 1. llama.cpp (background) and the model (foreground, single-threaded python) at once
@@ -97,7 +104,21 @@ if [ -n "$SHAPE" ]; then
   done
 fi
 
-# 2. the two engines on each file
+# 2. the ceiling: a device-to-device copy of 2 GiB (bytes read + written per second)
+COPY=$(python3 - <<'PY' 2>/dev/null
+import torch
+a = torch.empty(1 << 29, dtype=torch.float32, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+torch.cuda.synchronize(); s.record()
+for _ in range(10): b.copy_(a)
+e.record(); torch.cuda.synchronize()
+print(f"{2 * a.numel() * 4 * 10 / (s.elapsed_time(e) / 1e3) / 1e9:.0f}")
+PY
+)
+row "device copy (torch, read + write)" "${COPY:-?} GB/s"
+
+# 3. the two engines on each file
 FIRST=${LENS%%,*}
 for G in "${GGUFS[@]}"; do
   [ -f "$G" ] || continue
@@ -111,7 +132,10 @@ PY
 )
   "$BUILD/bin/llama-bench" -m "$G" -p "$LENS" -n 128 -ngl 99 -r 2 -o md >"$OUTD/llama-$name.md" 2>&1
   "$ANNA/bin/anna-bench" --model "$G" --device cuda --prompt-lengths "$LENS" --max-new-tokens 128 --runs 2 --warmup 1 \
-    --batch "${ANNA_BATCH:-2048}" >"$OUTD/anna-$name.txt" 2>&1
+    --batch "${ANNA_BATCH:-2048}" >"$OUTD/anna-$name.txt" 2>&1 ||
+    { tail -3 "$OUTD/anna-$name.txt"; row "$name anna-bench --batch ${ANNA_BATCH:-2048}" "FAILED, again with --batch 512";
+      "$ANNA/bin/anna-bench" --model "$G" --device cuda --prompt-lengths "$LENS" --max-new-tokens 128 --runs 2 \
+        --warmup 1 --batch 512 >"$OUTD/anna-$name.txt" 2>&1; }
   cat "$OUTD/llama-$name.md" "$OUTD/anna-$name.txt" | grep -E "^\|"
   # llama-bench md rows: | model | size | params | backend | ngl | test | t/s |
   lpp() { grep -E "\| +pp$1 +\|" "$OUTD/llama-$name.md" | awk -F'|' '{print $(NF-1)}' | awk '{print $1}'; }
