@@ -17,12 +17,14 @@
 
 typedef struct jinja_template jinja_template;
 
-/* Limits of one render; zero fields take the defaults below. */
+/* Limits (and the clock) of one render; zero fields take the defaults below. */
 typedef struct jinja_limits {
   size_t max_output;    /* bytes of rendered text (default 16 MiB) */
   int64_t max_steps;    /* loop iterations + calls + statements (default 10 million) */
   int max_depth;        /* nesting of macro calls / expression recursion (default 200) */
   size_t max_memory;    /* bytes of values a render may allocate (default 256 MiB) */
+  int64_t now_unix;     /* what strftime_now() reads: seconds since the epoch, formatted in UTC
+                         * (default 0: the system clock in local time); tests pin it */
 } jinja_limits;
 
 /* Parses src[0..len) (UTF-8). On success *out owns the template (free with

@@ -774,9 +774,14 @@ int jinja_call_builtin(jctx *c, int fn, const jargs *a, jv *out) {
   case G_STRFTIME: {
     jv f = jargs_get(a, 0, "format", &found);
     if (f.t != JV_STR) return jctx_err(c, ANNA_EINVAL, "strftime_now: format must be a string");
-    time_t now = time(NULL);
     struct tm tm;
-    localtime_r(&now, &tm);
+    if (c->lim.now_unix > 0) {
+      const time_t pinned = (time_t)c->lim.now_unix;
+      gmtime_r(&pinned, &tm);
+    } else {
+      const time_t now = time(NULL);
+      localtime_r(&now, &tm);
+    }
     char buf[512];
     size_t n = f.u.s->len ? strftime(buf, sizeof(buf), f.u.s->s, &tm) : 0;
     return ret_str(c, buf, n, out);
