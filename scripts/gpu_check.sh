@@ -124,7 +124,7 @@ if [ "$SAN" = 1 ] && command -v compute-sanitizer >/dev/null; then
     "$BIN/test_cuda_ops" >"$OUTD/memcheck.log" 2>&1
   row "memcheck test_cuda_ops" "$(grep -E 'ERROR SUMMARY' "$OUTD/memcheck.log" | tail -1) $(tail -1 "$OUTD/memcheck.log")"
 fi
-grep -E "copy_rows|matvec|launch|step of" "$OUTD/ops.log" | sed 's/^ *//' | while read -r l; do echo "$l"; done > "$OUTD/bw.txt"
+grep -E "copy_rows|cudaMemcpy|matvec|launch|step of|gemm|attention f|attention flash|gdn " "$OUTD/ops.log" | sed 's/^ *//' | while read -r l; do echo "$l"; done > "$OUTD/bw.txt"
 
 echo
 echo "==== gpu_check summary ===="

@@ -17,7 +17,8 @@
 # Both engines: prefill tok/s of --lengths prompts and decode tok/s of 128 tokens after the
 # first length; llama-bench -r 2 (its defaults: n_batch 2048, n_ubatch 512), anna-bench
 # --runs 2 --batch 2048. Achieved decode bandwidth = bytes read per token (every tensor but
-# the token embedding, which a token reads one row of) x tok/s, against a measured copy.
+# the token embedding, which a token reads one row of; of MoE expert tensors the k/E share a
+# token selects) x tok/s, against a measured copy.
 set -u
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--pack" ]; then
@@ -127,7 +128,14 @@ for G in "${GGUFS[@]}"; do
 import sys
 from gguf import GGUFReader
 r = GGUFReader(sys.argv[1])
-print(sum(int(t.n_bytes) for t in r.tensors if t.name != "token_embd.weight"))
+arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
+def num(key):
+    f = r.fields.get(f"{arch}.{key}")
+    return int(f.parts[-1][0]) if f else 0
+# MoE: a token reads k of the E experts' rows of each *_exps tensor
+share = num("expert_used_count") / num("expert_count") if num("expert_count") else 1.0
+print(int(sum(int(t.n_bytes) * (share if "_exps" in t.name else 1.0)
+              for t in r.tensors if t.name != "token_embd.weight")))
 PY
 )
   "$BUILD/bin/llama-bench" -m "$G" -p "$LENS" -n 128 -ngl 99 -r 2 -o md >"$OUTD/llama-$name.md" 2>&1

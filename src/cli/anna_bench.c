@@ -86,6 +86,7 @@ typedef struct bench_case {
   int n_prof;      /* --profile-runtime: op families timed over the measured runs */
   double prof_s[8];
   const char *prof_names[8];
+  anna_step_stats st; /* CUDA graph steps over the measured runs (zero on the CPU) */
 } bench_case;
 
 typedef struct bench_stat {
@@ -431,9 +432,13 @@ int main(int argc, char **argv) {
       snprintf(err, sizeof err, "out of memory");
       goto fail;
     }
+    anna_step_stats st0 = {0};
     for (int r = 0; r < warmup + n_runs; r++) {
       bench_run run;
-      if (r == warmup) anna_context_profile_reset(ctx); /* op times of measured runs only */
+      if (r == warmup) {
+        anna_context_profile_reset(ctx); /* op times of measured runs only */
+        anna_context_step_stats(ctx, &st0);
+      }
       if (bench_one(ctx, smp, ids, bc->n_prompt, n_batch, max_new, logits, seq, pos, want, &run, err,
                     sizeof err))
         goto fail;
@@ -444,6 +449,9 @@ int main(int argc, char **argv) {
       if (r >= warmup) bc->runs[r - warmup] = run;
     }
     bc->n_prof = anna_context_profile(ctx, bc->prof_s, bc->prof_names, 8);
+    anna_context_step_stats(ctx, &bc->st);
+    bc->st.steps -= st0.steps, bc->st.builds -= st0.builds;
+    bc->st.capture_s -= st0.capture_s, bc->st.update_s -= st0.update_s, bc->st.gpu_s -= st0.gpu_s;
     bc->rss_mib = peak_rss_mib();
   }
   double rss_peak = peak_rss_mib();
@@ -512,6 +520,21 @@ int main(int argc, char **argv) {
            "big enough to keep the threads busy and an idle machine it approaches N; less means shared cores\n"
            "(or idle workers on a tiny model). Load average %.2f at start, %.2f at end.\n",
            load_start, load_avg());
+    for (int c = 0; c < n_cases; c++) {
+      const anna_step_stats *s = &cases[c].st;
+      if (s->steps <= 0) continue;
+      double dec = 0;
+      int64_t toks = 0;
+      for (int r = 0; r < n_runs; r++) dec += cases[c].runs[r].decode_s, toks += cases[c].runs[r].n_decoded;
+      if (toks < 1) toks = 1;
+      if (c == 0)
+        printf("\nCUDA decode steps as graphs, per step (measured runs): host recording the ops (capture),\n"
+               "updating the executable graph, device time of the replay, and the decode wall time per token\n");
+      printf("  prompt %lld: %lld steps (%lld graph builds): capture %.0f us, update %.0f us, replay %.0f us; "
+             "wall %.0f us/token\n",
+             (long long)cases[c].n_prompt, (long long)s->steps, (long long)s->builds, 1e6 * s->capture_s / s->steps,
+             1e6 * s->update_s / s->steps, 1e6 * s->gpu_s / s->steps, 1e6 * dec / (double)toks);
+    }
     if (profile) {
       printf("\nprofile-runtime: %s\n", prof_note);
       for (int c = 0; c < n_cases; c++) {

@@ -250,6 +250,18 @@ static int profiling(const anna_context *c) {
   return c->be && c->be != c->be_cpu && c->be != c->be_dev;
 }
 
+void anna_context_step_stats(const anna_context *c, anna_step_stats *st) {
+  memset(st, 0, sizeof *st);
+#ifdef ANNA_HAVE_CUDA
+  if (c->on_cuda) {
+    cuda_backend_graph_stats(c->be_dev, &st->steps, &st->builds);
+    cuda_backend_graph_times(c->be_dev, &st->capture_s, &st->update_s, &st->gpu_s);
+  }
+#else
+  (void)c;
+#endif
+}
+
 int anna_context_profile(const anna_context *c, double *seconds, const char **names, int cap) {
   if (!profiling(c)) return 0;
   double t[OPS_FAMILY_COUNT];

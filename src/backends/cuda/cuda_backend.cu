@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DEQ_FLOATS ((size_t)16 << 20) /* 64 MiB of f32 weight tile for GEMMs */
 #define RING_MIN ((size_t)1 << 20)
@@ -197,11 +198,28 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes) {
 
 /* Ends the capture and replays it: the executable graph of the last step is updated in
  * place when only kernel arguments changed, else rebuilt. */
+static double host_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Adds the last replay's device time once it has finished (the caller synced). */
+static void graph_time_collect(cuda_impl *ci) {
+  if (!ci->ev_pending) return;
+  float ms = 0.0f;
+  if (cudaEventElapsedTime(&ms, ci->ev0, ci->ev1) == cudaSuccess) ci->t_gpu += 1e-3 * ms;
+  else (void)cudaGetLastError(); /* not finished or not recorded: the replay goes uncounted */
+  ci->ev_pending = 0;
+}
+
 static void graph_finish(cuda_impl *ci) {
   if (!ci->capturing) return;
   ci->capturing = 0;
   cudaGraph_t g = NULL;
   cudaError_t e = cudaStreamEndCapture(ci->stream, &g);
+  const double t1 = host_now();
+  ci->t_capture += t1 - ci->cap_t0;
   if (e != cudaSuccess || !g) {
     cuda_check(ci, e != cudaSuccess ? e : cudaErrorUnknown, "end capture");
     if (g) cudaGraphDestroy(g);
@@ -228,7 +246,10 @@ static void graph_finish(cuda_impl *ci) {
     ci->graph_builds++;
   }
   cudaGraphDestroy(g);
+  ci->t_update += host_now() - t1;
+  const bool timed = ci->ev0 && cudaEventRecord(ci->ev0, ci->stream) == cudaSuccess;
   if (cuda_check(ci, cudaGraphLaunch(ci->gexec, ci->stream), "graph launch")) ci->graph_launches++;
+  ci->ev_pending = timed && cudaEventRecord(ci->ev1, ci->stream) == cudaSuccess;
 }
 
 extern "C" void cuda_backend_set_exact(ops_backend *be, int on) {
@@ -248,13 +269,23 @@ extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
   if (ci->err || !ci->graphs || ci->capturing || n_tokens < 1 || n_tokens > CUDA_GRAPH_MAX_TOK) return;
   /* The previous step may still read the ring (a graph launched without a download). */
   if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "step sync")) return;
+  graph_time_collect(ci);
   ci->ring_off = 0;
+  ci->cap_t0 = host_now();
   if (cuda_check(ci, cudaStreamBeginCapture(ci->stream, cudaStreamCaptureModeRelaxed), "begin capture"))
     ci->capturing = 1;
 }
 
 extern "C" void cuda_backend_step_end(ops_backend *be) {
   graph_finish(cuda_impl_of(be));
+}
+
+extern "C" void cuda_backend_graph_times(ops_backend *be, double *capture_s, double *update_s, double *gpu_s) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->ev_pending && !ci->capturing && cudaStreamSynchronize(ci->stream) == cudaSuccess) graph_time_collect(ci);
+  *capture_s = ci->t_capture;
+  *update_s = ci->t_update;
+  *gpu_s = ci->t_gpu;
 }
 
 extern "C" void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds) {
@@ -362,6 +393,8 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->capturing) graph_finish(ci);
     if (ci->stream) cudaStreamSynchronize(ci->stream);
     if (ci->gexec) cudaGraphExecDestroy(ci->gexec);
+    if (ci->ev0) cudaEventDestroy(ci->ev0);
+    if (ci->ev1) cudaEventDestroy(ci->ev1);
     if (ci->copy_stream) cudaStreamDestroy(ci->copy_stream);
     cuda_backend_drop_mirrors(be);
     if (ci->deq) cudaFree(ci->deq);
@@ -423,6 +456,12 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     return put_err(err, errlen, ANNA_EIO, "cuda backend: cannot create a cuBLAS handle");
   }
   cublasSetStream(ci->blas, ci->stream);
+  /* Replay timing only: without the events the steps run untimed. */
+  if (cudaEventCreate(&ci->ev0) != cudaSuccess || cudaEventCreate(&ci->ev1) != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (ci->ev0) cudaEventDestroy(ci->ev0);
+    ci->ev0 = ci->ev1 = NULL;
+  }
   /* Default math: SGEMM stays f32 (no TF32: the exact path holds the fixtures' logits to
    * 2e-3), and bf16 GemmEx (cuda_gemm.cu) may use tensor cores. */
   cublasSetMathMode(ci->blas, CUBLAS_DEFAULT_MATH);

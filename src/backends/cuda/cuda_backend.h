@@ -60,6 +60,10 @@ void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);
 /* Graph launches and (re)builds so far, for logs and benchmarks. */
 void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds);
+/* Host seconds recording steps (begin capture .. end capture) and updating/instantiating
+ * their graphs, and device seconds of the replays (events around each launch, read at the
+ * next step or here). */
+void cuda_backend_graph_times(ops_backend *be, double *capture_s, double *update_s, double *gpu_s);
 
 /* Device name for logs ("NVIDIA H200"); static storage, "none" without a device. */
 const char *cuda_backend_device_name(void);

@@ -37,6 +37,10 @@ typedef struct cuda_impl {
   int capturing;            /* the stream is being captured for the current step */
   cudaGraphExec_t gexec;    /* last step's executable graph, updated in place when it fits */
   int64_t graph_launches, graph_builds;
+  double t_capture, t_update, t_gpu; /* cuda_backend_graph_times */
+  double cap_t0;                     /* host clock at begin capture */
+  cudaEvent_t ev0, ev1;              /* around the last replay; pending until read */
+  int ev_pending;
   void *act16;              /* bf16/f16 activations of a tensor-core GEMM (cuda_gemm.cu), grown on demand */
   size_t act16_bytes;
   float *att_part;          /* split-K attention partials */
