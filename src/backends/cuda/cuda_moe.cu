@@ -1,17 +1,16 @@
 /* cuda_moe.cu: router top-k on the device, and the sparse expert FFN.
  *
- * The expert FFN never leaves the device (so MoE decode steps can be captured as graphs).
- * Each layer gets a device table of per-expert weight pointers (built once, kept with the
- * weight mirrors); kernels compute act(gate_e x) * up_e x per (token, slot) pair, reading
- * only the selected experts' rows.
- * - Decode (n <= CUDA_GRAPH_MAX_TOK): two kernels, pairs in batch order; the down kernel
- *   sums the k slots of each output row itself (every row written once: no atomics).
- * - Larger batches: the pairs are first sorted by expert on the device, so consecutive
- *   blocks reuse one expert's rows from L2; down products go to a per-pair buffer and a
- *   last kernel sums each token's slots in order (deterministic).
- * Both are f32 (exact). Expert weights of mixed types fall back to the host-grouped path:
- * the ids are read back (one sync), the pairs grouped per expert, and each selected
- * expert's rows gathered and run through the matmul entry. */
+ * Decode batches (n <= CUDA_GRAPH_MAX_TOK tokens) never leave the device, so MoE decode
+ * steps can be captured as graphs: one kernel computes act(gate_e x) * up_e x for every
+ * (token, slot) pair reading its expert's rows through a device table of per-expert
+ * pointers (built once per layer, kept with the weight mirrors), a second computes
+ * out = sum over slots of w * down_e h, each output row written once (no atomics, no
+ * memset). Only the selected experts' rows are read.
+ * Larger batches read the chosen expert ids back to the host (n * k int32, one sync) to
+ * group the (token, slot) pairs by expert; then, per selected expert only, they gather that
+ * expert's input rows, run gate/up/act/down through the matmul entry (tensor cores for
+ * prefill) and add the weighted rows into out. Experts run one after another on the stream,
+ * so the scatter-adds never race. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
 
@@ -139,84 +138,25 @@ __device__ __forceinline__ float moe_warp_sum(float v) {
 }
 
 /* h[p, i] = act(gate_e[i] . x_t) * (up_e[i] . x_t) for pair p = t * k + j, e = idx[p];
- * grid (ceil(I / MOE_WARPS), <= 65535 pair slots), one warp per row; pairs in `order` (NULL:
- * 0..npairs-1). tab: [gate E][up E][down E]
+ * grid (ceil(I / MOE_WARPS), n * k), one warp per row. tab: [gate E][up E][down E]
  * device row pointers; fused: gate_e holds 2I rows (gate, then up). */
 static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_t I, const int32_t *idx, int k, int E,
                                      const uint8_t *const *tab, int tg, int tu, int64_t rbg, int64_t rbu, int fused,
-                                     int act, const int32_t *order, int64_t npairs) {
+                                     int act) {
   const int lane = threadIdx.x & 31;
-  const int64_t i = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
+  const int64_t p = blockIdx.y, i = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
   if (i >= I) return;
-  for (int64_t y = blockIdx.y; y < npairs; y += gridDim.y) {
-    const int64_t p = order ? order[y] : y;
-    const int e = idx[p];
-    float g = 0.0f, u = 0.0f;
-    if (e >= 0 && e < E) { /* an id out of range (never from moe_route) contributes nothing */
-      const float *xt = x + (p / k) * H;
-      const uint8_t *G = tab[e];
-      g = moe_lane_dot(tg, G + i * rbg, xt, H, lane);
-      u = fused ? moe_lane_dot(tg, G + (I + i) * rbg, xt, H, lane)
-                : moe_lane_dot(tu, tab[E + e] + i * rbu, xt, H, lane);
-      g = moe_warp_sum(g);
-      u = moe_warp_sum(u);
-    }
-    if (lane == 0) h[p * I + i] = e >= 0 && e < E ? moe_act(g, act) * u : 0.0f;
+  const int e = idx[p];
+  float g = 0.0f, u = 0.0f;
+  if (e >= 0 && e < E) { /* an id out of range (never from moe_route) contributes nothing */
+    const float *xt = x + (p / k) * H;
+    const uint8_t *G = tab[e];
+    g = moe_lane_dot(tg, G + i * rbg, xt, H, lane);
+    u = fused ? moe_lane_dot(tg, G + (I + i) * rbg, xt, H, lane) : moe_lane_dot(tu, tab[E + e] + i * rbu, xt, H, lane);
+    g = moe_warp_sum(g);
+    u = moe_warp_sum(u);
   }
-}
-
-/* Batches: the (token, slot) pairs sorted by expert (a counting sort in one block; ids out of
- * range go last), so consecutive blocks of the pair kernels read the same expert's rows
- * from L2. Only the order of work depends on the atomics, not any result. */
-static __global__ void k_moe_sort(int32_t *order, const int32_t *idx, int64_t npairs, int E) {
-  extern __shared__ int cnt[]; /* [E + 1] */
-  for (int b = threadIdx.x; b <= E; b += blockDim.x) cnt[b] = 0;
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < npairs; i += blockDim.x) {
-    const int e = idx[i];
-    atomicAdd(&cnt[e >= 0 && e < E ? e : E], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0;
-    for (int b = 0; b <= E; b++) {
-      const int c = cnt[b];
-      cnt[b] = run;
-      run += c;
-    }
-  }
-  __syncthreads();
-  for (int64_t i = threadIdx.x; i < npairs; i += blockDim.x) {
-    const int e = idx[i];
-    order[atomicAdd(&cnt[e >= 0 && e < E ? e : E], 1)] = (int32_t)i;
-  }
-}
-
-/* ys[p, r] = down_e[r] . h[p] for the pairs in expert order; grid (ceil(H / MOE_WARPS), <=
- * 65535), one warp per row. */
-static __global__ void k_moe_down_pairs(float *ys, const float *h, int64_t H, int64_t I, const int32_t *idx, int E,
-                                        const uint8_t *const *tab, int td, int64_t rbd, const int32_t *order,
-                                        int64_t npairs) {
-  const int lane = threadIdx.x & 31;
-  const int64_t r = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
-  if (r >= H) return;
-  for (int64_t y = blockIdx.y; y < npairs; y += gridDim.y) {
-    const int64_t p = order[y];
-    const int e = idx[p];
-    float acc = 0.0f;
-    if (e >= 0 && e < E) acc = moe_warp_sum(moe_lane_dot(td, tab[2 * E + e] + r * rbd, h + p * I, I, lane));
-    if (lane == 0) ys[p * H + r] = acc;
-  }
-}
-
-/* out[t, r] = sum_j wts[t * k + j] * ys[t * k + j, r], slots in order (deterministic). */
-static __global__ void k_moe_combine(float *out, const float *ys, const float *wts, int64_t n, int64_t H, int k) {
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * H; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t t = i / H, r = i % H;
-    float acc = 0.0f;
-    for (int j = 0; j < k; j++) acc += wts[t * k + j] * ys[(t * k + j) * H + r];
-    out[i] = acc;
-  }
+  if (lane == 0) h[p * I + i] = e >= 0 && e < E ? moe_act(g, act) * u : 0.0f;
 }
 
 /* out[t, r] = sum_j wts[t * k + j] * (down_e[r] . h[t * k + j]); grid (ceil(H / MOE_WARPS),
@@ -284,44 +224,11 @@ static bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t 
   const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
   float *h = scratch; /* n * k * I floats: within ops_moe_scratch_floats */
   k_moe_gate_up<<<dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)), 32 * MOE_WARPS, 0,
-                  ci->stream>>>(h, x, H, I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act, NULL, n * k);
+                  ci->stream>>>(h, x, H, I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
   if (!cuda_check_launch(ci, "moe gate/up")) return true;
   k_moe_down<<<dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n), 32 * MOE_WARPS, 0, ci->stream>>>(
       out, h, H, I, idx, wts, k, E, tab, td, rbd);
   cuda_check_launch(ci, "moe down");
-  return true;
-}
-
-/* Batches above the decode size, still without leaving the device: sort the pairs by
- * expert, gate/up per pair, down per pair into ys, then the weighted sum per token. Every
- * pair reads its expert's rows (from L2 for all but the first pair of an expert). False
- * when it cannot take these weights or the scratch is short (nothing queued). */
-static bool moe_ffn_batch(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
-                          const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
-                          int act, float *scratch, int E) {
-  cuda_impl *ci = cuda_impl_of(be);
-  const int64_t I = up ? up[0].rows : gate[0].rows / 2, nk = n * k;
-  /* h [nk, I], ys [nk, H], order [nk]: within ops_moe_scratch_floats = nk (3I + 2H) + 4 nk */
-  if (((uintptr_t)x & 15) != 0 || H % 4 != 0 || I % 4 != 0 || down[0].rows != H || down[0].cols != I ||
-      gate[0].cols != H || nk > 0x7fffffff || (size_t)(E + 1) * sizeof(int) > 48 * 1024)
-    return false;
-  const uint8_t *const *tab = moe_table(be, E, gate, up, down);
-  if (!tab) return false;
-  const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
-  const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
-  float *h = scratch, *ys = h + nk * I;
-  int32_t *order = (int32_t *)(ys + nk * H);
-  const unsigned gy = (unsigned)(nk < 65535 ? nk : 65535);
-  k_moe_sort<<<1, 1024, (size_t)(E + 1) * sizeof(int), ci->stream>>>(order, idx, nk, E);
-  if (!cuda_check_launch(ci, "moe sort")) return true;
-  k_moe_gate_up<<<dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), gy), 32 * MOE_WARPS, 0, ci->stream>>>(
-      h, x, H, I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act, order, nk);
-  if (!cuda_check_launch(ci, "moe gate/up")) return true;
-  k_moe_down_pairs<<<dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), gy), 32 * MOE_WARPS, 0, ci->stream>>>(
-      ys, h, H, I, idx, E, tab, td, rbd, order, nk);
-  if (!cuda_check_launch(ci, "moe down")) return true;
-  k_moe_combine<<<cuda_blocks(n * H, 256), 256, 0, ci->stream>>>(out, ys, wts, n, H, k);
-  cuda_check_launch(ci, "moe combine");
   return true;
 }
 
@@ -332,8 +239,6 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
   if (ci->err || n <= 0) return;
   if (n <= CUDA_GRAPH_MAX_TOK &&
       moe_ffn_decode(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
-    return;
-  if (n > CUDA_GRAPH_MAX_TOK && moe_ffn_batch(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
     return;
   if (ci->capturing) { /* the expert ids are read back mid-op: not capturable */
     cuda_fail(ci, ANNA_ESTATE, "cuda: moe_ffn of these expert weights inside a captured step");
