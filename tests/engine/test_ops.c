@@ -464,6 +464,25 @@ static void test_sampler(void) {
   memcpy(l, base, sizeof l);
   check("greedy = argmax", sampler_sample(s, l) != best, 0);
   sampler_free(s);
+  {
+    /* a vocabulary past the argmax's 16-wide blocks, with a tie (the first index wins, as a
+     * plain scan) in the block tail and -inf entries */
+    enum { W = 1003 };
+    float *big = malloc(sizeof(float) * W);
+    for (int i = 0; i < W; i++) big[i] = i % 7 == 0 ? -INFINITY : frand() * 3;
+    for (int at = 0; at < W; at += 97) {
+      float *c = malloc(sizeof(float) * W);
+      memcpy(c, big, sizeof(float) * W);
+      c[at] = 9.0f;
+      if (at + 500 < W) c[at + 500] = 9.0f;
+      sampler *g = NULL;
+      sampler_create(&g, W, &p, NULL, 0);
+      check("greedy argmax, first of tied maxima", sampler_sample(g, c) != at, 0);
+      sampler_free(g);
+      free(c);
+    }
+    free(big);
+  }
   p.temperature = 1.0f, p.top_k = 1, p.seed = 7;
   sampler_create(&s, V, &p, NULL, 0);
   memcpy(l, base, sizeof l);

@@ -10,7 +10,10 @@
  * group the (token, slot) pairs by expert; then, per selected expert only, they gather that
  * expert's input rows, run gate/up/act/down through the matmul entry (tensor cores for
  * prefill) and add the weighted rows into out. Experts run one after another on the stream,
- * so the scatter-adds never race. */
+ * so the scatter-adds never race. (Running batches through the decode kernels instead, pairs
+ * sorted by expert, measured slower on the 35B-A3B shape: 2544 vs 9186 tok/s at 8192 tokens;
+ * f32 unit decoding per pair loses to dequantized tiles on tensor cores. A grouped GEMM over
+ * all experts in one launch is the next step.) */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
 
