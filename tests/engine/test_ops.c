@@ -524,6 +524,67 @@ static void test_sampler(void) {
   bad.temperature = -1;
   char err[128];
   check("bad parameters rejected", sampler_create(&s, V, &bad, err, sizeof err) < 0 ? 0 : 1, 0);
+  {
+    /* Draw frequencies against the softmax over a vocabulary larger than the sorted head
+     * (256), flat enough that most draws land past it: t = 0.7; min-p 0.3 (a floor inside the
+     * tail); top-k 300 (the heap path, all sorted); top-p 0.5 (a nucleus past the head:
+     * the full-sort fallback). Ten groups of 100 ids each, compared as a z-score of the group
+     * count; masked (-inf) ids must never come out. */
+    enum { W = 1000, DRAWS = 40000, GROUPS = 10 };
+    float *lg = malloc(sizeof(float) * W), *c = malloc(sizeof(float) * W);
+    for (int i = 0; i < W; i++) lg[i] = i % 10 == 3 ? -INFINITY : frand() * 2.0f - (float)(i / 100) * 0.1f;
+    const float minps[] = {0.0f, 0.3f, 0.0f, 0.0f};
+    const int topks[] = {0, 0, 300, 0};
+    const float topps[] = {1.0f, 1.0f, 1.0f, 0.5f};
+    for (int v = 0; v < 4; v++) {
+      sampler_params q = sampler_params_default();
+      q.temperature = 0.7f, q.min_p = minps[v], q.top_k = topks[v], q.top_p = topps[v], q.seed = 11 + v;
+      /* reference probabilities with the same rules over a full sort */
+      double pr[W], z = 0, mxl = -INFINITY;
+      int ord[W];
+      for (int i = 0; i < W; i++) mxl = fmax(mxl, lg[i]), ord[i] = i;
+      for (int i = 0; i < W; i++)
+        for (int j = i + 1; j < W; j++)
+          if (lg[ord[j]] > lg[ord[i]]) {
+            int t = ord[i];
+            ord[i] = ord[j], ord[j] = t;
+          }
+      const int nk = q.top_k > 0 ? q.top_k : W;
+      for (int i = 0; i < W; i++) pr[i] = 0;
+      for (int r = 0; r < nk; r++) z += exp((lg[ord[r]] - mxl) / q.temperature);
+      double cum = 0, kept = 0;
+      for (int r = 0; r < nk; r++) {
+        const double pp = exp((lg[ord[r]] - mxl) / q.temperature) / z;
+        if (pp < q.min_p * (1.0 / z)) break; /* the top token's probability is 1 / z */
+        pr[ord[r]] = pp, kept += pp, cum += pp;
+        if (cum >= q.top_p) break;
+      }
+      double grp[GROUPS] = {0};
+      for (int i = 0; i < W; i++) grp[i / 100] += pr[i] / kept;
+      int cnt[GROUPS] = {0}, masked = 0, dropped = 0;
+      sampler *g = NULL;
+      sampler_create(&g, W, &q, NULL, 0);
+      for (int d = 0; d < DRAWS; d++) {
+        memcpy(c, lg, sizeof(float) * W);
+        const int t = sampler_sample(g, c);
+        cnt[t / 100]++;
+        masked += t % 10 == 3;
+        dropped += pr[t] == 0;
+      }
+      sampler_free(g);
+      double worst = 0;
+      for (int k = 0; k < GROUPS; k++) {
+        const double e = grp[k] * DRAWS, sd = sqrt(fmax(e * (1 - grp[k]), 1.0));
+        worst = fmax(worst, fabs(cnt[k] - e) / sd);
+      }
+      char what[96];
+      snprintf(what, sizeof what, "sampler distribution (min_p %.1f, top_k %d, top_p %.1f): max |z|", q.min_p, q.top_k,
+               q.top_p);
+      check(what, worst, 5.0);
+      check("sampler never draws a masked or cut token", masked + dropped, 0);
+    }
+    free(lg), free(c);
+  }
 }
 
 /* The CPU backend's AVX-512 dequantization must equal formats/quant.h's reference, bit
