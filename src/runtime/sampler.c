@@ -203,8 +203,8 @@ int32_t sampler_sample(sampler *s, float *logits) {
    * in vocabulary order behind them. The draw is the same as with a full sort whenever it
    * lands in the sorted head; past it the rest is walked in vocabulary order, which keeps
    * every token's probability (and a seed's run) but maps that draw to another token than a
-   * full sort would. When top-p needs to cut past the head (flat distributions), everything
-   * is sorted as before. */
+   * full sort would. When top-p needs to cut past the head, the head grows eightfold until
+   * the nucleus fits (everything sorted at worst, as before). */
   const int32_t V = s->vocab;
   const float inv_t = 1.0f / p->temperature, mx = logits[argmax_f32(logits, V)] * inv_t;
   for (int32_t i = 0; i < V; i++)
@@ -228,16 +228,20 @@ int32_t sampler_sample(sampler *s, float *logits) {
       cum += s->prob[i];
       if (cum >= p->top_p) break;
     }
-    if (i == nh && nh < nk) { /* the nucleus reaches past the head: sort everything */
-      for (int32_t q = 0; q < V; q++) s->cand[q] = (cand){logits[q], q};
-      qsort(s->cand, (size_t)V, sizeof *s->cand, by_logit_desc);
-      nh = V;
-      for (int32_t q = 0; q < V; q++) s->prob[q] = (float)(exp_nonpos(s->cand[q].logit * inv_t - mx) / z);
-      cum = 0;
-      for (i = 0; i < nh; i++) {
+    while (i == nh && nh < nk) { /* the nucleus reaches past the head: a head 8x as long */
+      const int32_t grow = nh > nk / 8 ? nk : 8 * nh;
+      if (grow == nk) {
+        for (int32_t q = 0; q < V; q++) s->cand[q] = (cand){logits[q], q};
+      } else {
+        cand_top(s->cand, logits, V, grow);
+      }
+      qsort(s->cand, (size_t)grow, sizeof *s->cand, by_logit_desc);
+      for (int32_t q = nh; q < grow; q++) s->prob[q] = (float)(exp_nonpos(s->cand[q].logit * inv_t - mx) / z);
+      for (; i < grow; i++) { /* the first nh are unchanged: the same best candidates, sorted */
         cum += s->prob[i];
         if (cum >= p->top_p) break;
       }
+      nh = grow;
     }
     if (i < nh) n = i + 1;
   }
