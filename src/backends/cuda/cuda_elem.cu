@@ -1,44 +1,12 @@
 /* cuda_elem.cu: norms, rope and the elementwise ops. Row ops use one block per row with
  * a shuffle reduction; elementwise ops one thread per element (grid-stride). */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
 #include "model/config.h"
 
 #define ROW_THREADS 256
-
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-/* Sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result. */
-__device__ float block_sum(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  if (lane == 0) part[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-    s = warp_sum(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  float r = total;
-  __syncthreads(); /* part/total are reused by the next call */
-  return r;
-}
-
-__device__ __forceinline__ float silu_f(float x) {
-  return x / (1.0f + expf(-x));
-}
-
-__device__ __forceinline__ float gelu_tanh_f(float x) {
-  const float k = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
 
 static __global__ void k_rmsnorm(float *y, const float *x, const float *w, int d, float eps, int one_plus) {
   const int64_t r = blockIdx.x;
@@ -46,7 +14,7 @@ static __global__ void k_rmsnorm(float *y, const float *x, const float *w, int d
   float *yr = y + r * d;
   float ss = 0;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss);
+  ss = cuda_block_sum(ss);
   const float inv = rsqrtf(ss / (float)d + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = xr[i] * inv;
@@ -59,7 +27,7 @@ static __global__ void k_l2norm(float *x, int d, float eps, float scale) {
   float *xr = x + (int64_t)blockIdx.x * d;
   float ss = 0;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss);
+  ss = cuda_block_sum(ss);
   const float inv = scale / sqrtf(ss + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) xr[i] *= inv;
 }
@@ -70,9 +38,9 @@ static __global__ void k_rmsnorm_gated(float *y, const float *x, const float *z,
   float *yr = y + r * d;
   float ss = 0;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
-  ss = block_sum(ss);
+  ss = cuda_block_sum(ss);
   const float inv = rsqrtf(ss / (float)d + eps);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv) * silu_f(zr[i]);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv) * cuda_silu(zr[i]);
 }
 
 /* Rows go on grid.x up to 2^31-1; more rows than that are split into launches. */
@@ -134,7 +102,7 @@ static __global__ void k_act_mul(float *y, const float *gate, const float *up, i
   GRID_STRIDE(i, n * d) {
     const int64_t t = i / d, j = i % d;
     const float g = gate[t * gs + j], u = up[t * us + j];
-    y[i] = (act == ACT_KIND_GELU_TANH ? gelu_tanh_f(g) : silu_f(g)) * u;
+    y[i] = (act == ACT_KIND_GELU_TANH ? cuda_gelu_tanh(g) : cuda_silu(g)) * u;
   }
 }
 

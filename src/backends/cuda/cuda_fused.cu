@@ -15,6 +15,7 @@
  *      shuffles), then the gated RMSNorm of each token's output row by one warp.
  * Tokens beyond STEP_TOK are handled by further launches (state carries over in memory). */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
 
@@ -22,11 +23,6 @@
 #define STEP_MAXKW 8     /* conv width */
 #define STEP_MAXDV 256   /* v-head width (shared rows) */
 #define STEP_THREADS 512 /* most threads per block: dv * P */
-
-static __device__ __forceinline__ float fz_warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 /* Sum over groups of P adjacent lanes (P a power of two <= 32); all 32 lanes must call. */
 template <int P>
@@ -36,9 +32,6 @@ static __device__ __forceinline__ float fz_group_sum(float v) {
   return v;
 }
 
-static __device__ __forceinline__ float fz_silu(float x) {
-  return x / (1.0f + expf(-x));
-}
 
 /* Causal depthwise conv + SiLU of channel c over n tokens (x row stride xs), as
  * k_conv1d_silu: out[t * os] for t < n; state [ch, kw-1] row c updated. */
@@ -53,7 +46,7 @@ static __device__ void fz_conv_channel(const float *x, int64_t xs, int n, int64_
     float s = 0.0f;
     for (int j = 0; j < ns; j++) s += wc[j] * win[j];
     s += wc[ns] * xt;
-    out[t * os] = fz_silu(s);
+    out[t * os] = cuda_silu(s);
     for (int j = 0; j + 1 < ns; j++) win[j] = win[j + 1];
     if (ns > 0) win[ns - 1] = xt;
   }
@@ -83,7 +76,7 @@ static __global__ void __launch_bounds__(STEP_THREADS) k_gdn_step(ops_gdn_step_a
     float *row = (p & 1) ? ks[p >> 1] : qs[p >> 1];
     float ss = 0.0f;
     for (int i = lane; i < dk; i += 32) ss += row[i] * row[i];
-    ss = fz_warp_sum(ss);
+    ss = cuda_warp_sum(ss);
     const float inv = ((p & 1) ? 1.0f : 1.0f / sqrtf((float)dk)) / sqrtf(ss + 1e-6f);
     for (int i = lane; i < dk; i += 32) row[i] *= inv;
   }
@@ -151,11 +144,11 @@ static __global__ void __launch_bounds__(STEP_THREADS) k_gdn_step(ops_gdn_step_a
     for (int t = warp; t < n; t += nwarp) {
       float ss = 0.0f;
       for (int c = lane; c < dv; c += 32) ss += os[t][c] * os[t][c];
-      ss = fz_warp_sum(ss);
+      ss = cuda_warp_sum(ss);
       const float inv = rsqrtf(ss / (float)dv + a.eps);
       const float *zr = a.z + (int64_t)t * Vd + (int64_t)h * dv;
       float *yr = a.y + (int64_t)t * Vd + (int64_t)h * dv;
-      for (int c = lane; c < dv; c += 32) yr[c] = a.norm_w[c] * (os[t][c] * inv) * fz_silu(zr[c]);
+      for (int c = lane; c < dv; c += 32) yr[c] = a.norm_w[c] * (os[t][c] * inv) * cuda_silu(zr[c]);
     }
     __syncthreads(); /* vs, os and the gates are rewritten for the next v-head */
   }
@@ -213,22 +206,6 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
 
 #define AN_THREADS 256
 
-static __device__ float fz_block_sum(float v) {
-  __shared__ float part[32];
-  __shared__ float total;
-  v = fz_warp_sum(v);
-  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-  if (lane == 0) part[wid] = v;
-  __syncthreads();
-  if (wid == 0) {
-    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
-    s = fz_warp_sum(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
-
 static __global__ void k_add_rmsnorm(float *x, const float *r, float *y, const float *w, int d, float eps,
                                      int one_plus) {
   const int64_t row = blockIdx.x;
@@ -241,7 +218,7 @@ static __global__ void k_add_rmsnorm(float *x, const float *r, float *y, const f
     xr[i] = v; /* read back below by this same thread */
     ss += v * v;
   }
-  ss = fz_block_sum(ss);
+  ss = cuda_block_sum(ss);
   const float inv = rsqrtf(ss / (float)d + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     float v = xr[i] * inv;
@@ -281,7 +258,7 @@ static __global__ void k_norm_rope(float *y, const float *x, int n_heads, int D,
     row[i] = v;
     ss += v * v;
   }
-  ss = fz_block_sum(ss); /* also the barrier after the staging */
+  ss = cuda_block_sum(ss); /* also the barrier after the staging */
   const float inv = rsqrtf(ss / (float)D + eps);
   for (int i = threadIdx.x; i < D; i += blockDim.x) row[i] = row[i] * inv * (one_plus ? 1.0f + w[i] : w[i]);
   __syncthreads();

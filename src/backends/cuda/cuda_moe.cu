@@ -15,6 +15,7 @@
  * f32 unit decoding per pair loses to dequantized tiles on tensor cores. A grouped GEMM over
  * all experts in one launch is the next step.) */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_math.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
@@ -107,11 +108,7 @@ static unsigned grid_of(int64_t n) {
 #define MOE_WARPS 4
 
 __device__ __forceinline__ float moe_act(float g, int act) {
-  if (act == ACT_KIND_GELU_TANH) {
-    const float c = 0.7978845608028654f;
-    return 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g)));
-  }
-  return g / (1.0f + expf(-g));
+  return act == ACT_KIND_GELU_TANH ? cuda_gelu_tanh(g) : cuda_silu(g);
 }
 
 /* This lane's share of row . x (cols elements; the caller reduces over the warp). Quantized
@@ -135,11 +132,6 @@ __device__ __forceinline__ float moe_lane_dot(int type, const uint8_t *row, cons
   return acc;
 }
 
-__device__ __forceinline__ float moe_warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 /* h[p, i] = act(gate_e[i] . x_t) * (up_e[i] . x_t) for pair p = t * k + j, e = idx[p];
  * grid (ceil(I / MOE_WARPS), n * k), one warp per row. tab: [gate E][up E][down E]
  * device row pointers; fused: gate_e holds 2I rows (gate, then up). */
@@ -156,8 +148,8 @@ static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_
     const uint8_t *G = tab[e];
     g = moe_lane_dot(tg, G + i * rbg, xt, H, lane);
     u = fused ? moe_lane_dot(tg, G + (I + i) * rbg, xt, H, lane) : moe_lane_dot(tu, tab[E + e] + i * rbu, xt, H, lane);
-    g = moe_warp_sum(g);
-    u = moe_warp_sum(u);
+    g = cuda_warp_sum(g);
+    u = cuda_warp_sum(u);
   }
   if (lane == 0) h[p * I + i] = e >= 0 && e < E ? moe_act(g, act) * u : 0.0f;
 }
@@ -176,7 +168,7 @@ static __global__ void k_moe_down(float *out, const float *h, int64_t H, int64_t
     if (e < 0 || e >= E) continue;
     acc += wts[p] * moe_lane_dot(td, tab[2 * E + e] + r * rbd, h + p * I, I, lane);
   }
-  acc = moe_warp_sum(acc);
+  acc = cuda_warp_sum(acc);
   if (lane == 0) out[t * H + r] = acc;
 }
 

@@ -1,0 +1,42 @@
+/* cuda_math.cuh: small device helpers shared by the CUDA op files (static inline device
+ * code only): warp and block sums, the activation functions of the FFNs. */
+#ifndef ANNA_BACKENDS_CUDA_MATH_CUH
+#define ANNA_BACKENDS_CUDA_MATH_CUH
+
+/* Sum over the 32 lanes of a warp; every lane gets the result (all lanes must call). */
+static __device__ __forceinline__ float cuda_warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result.
+ * Also a block barrier: writes to shared memory before the call are visible after it. Safe
+ * to call repeatedly (its scratch is released by the last barrier). */
+static __device__ __forceinline__ float cuda_block_sum(float v) {
+  __shared__ float part[32];
+  __shared__ float total;
+  v = cuda_warp_sum(v);
+  const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+  if (lane == 0) part[wid] = v;
+  __syncthreads();
+  if (wid == 0) {
+    float s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0f;
+    s = cuda_warp_sum(s);
+    if (lane == 0) total = s;
+  }
+  __syncthreads();
+  const float r = total;
+  __syncthreads();
+  return r;
+}
+
+static __device__ __forceinline__ float cuda_silu(float x) {
+  return x / (1.0f + expf(-x));
+}
+
+static __device__ __forceinline__ float cuda_gelu_tanh(float x) {
+  const float k = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+#endif
