@@ -19,32 +19,7 @@
 #include <string.h>
 #include <time.h>
 
-static int g_fail, g_checks;
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-
-static float frand(void) {
-  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-  return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
-
-static void fill(float *x, int64_t n, float scale) {
-  for (int64_t i = 0; i < n; i++) x[i] = frand() * scale;
-}
-
-static void check(const char *what, double err, double tol) {
-  g_checks++;
-  if (!(err <= tol)) {
-    printf("  FAIL %-70s err %.3g > %.3g\n", what, err, tol);
-    g_fail++;
-  }
-}
-
-static double max_rel(const float *a, const double *ref, int64_t n) {
-  double m = 0, scale = 1e-6;
-  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
-  for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(a[i] - ref[i]) / scale);
-  return isnan(m) ? INFINITY : m;
-}
+#include "test_util.h"
 
 static const char *type_name(int t) {
   static const char *n[] = {"f32", "f16", "q8", "q4", "tq2", "tq3", "tq4"};

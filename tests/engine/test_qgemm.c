@@ -25,22 +25,7 @@
 #include <string.h>
 #include <time.h>
 
-static int g_fail, g_checks;
-static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
-
-static uint64_t rnd(void) {
-  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
-  return g_rng;
-}
-static float frand(void) { return (float)((rnd() >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f; }
-
-static void check(const char *what, double err, double tol) {
-  g_checks++;
-  if (!(err <= tol)) {
-    printf("  FAIL %-60s err %.3g > %.3g\n", what, err, tol);
-    g_fail++;
-  }
-}
+#include "test_util.h"
 
 /* Byte offsets of the f16 scale fields in one block of type (d first; -1 ends). */
 static void scale_fields(int type, int f[3]) {
