@@ -605,8 +605,8 @@ static void test_gdn(void) {
     float *dq = dput(q, sizeof(float) * (size_t)(n * hk * dk)), *dk_ = dput(k, sizeof(float) * (size_t)(n * hk * dk));
     float *dv_ = dput(v, sizeof(float) * (size_t)(n * hv * dv)), *dg = dput(g, sizeof(float) * (size_t)(n * hv));
     float *db = dput(beta, sizeof(float) * (size_t)(n * hv));
-    /* recurrent; chunked in f32 mode; chunked in tensor-core mode (TF32 products: 1e-2, see
-     * test_gdn_chunked) */
+    /* recurrent; chunked with exact on; chunked with exact off (the same f32 kernels: both
+     * modes must agree with the CPU to f32 rounding) */
     for (int mode = 0; mode < 3; mode++) {
       const int chunked = mode > 0;
       cuda_backend_set_exact(g_gpu, mode != 2);
@@ -618,8 +618,9 @@ static void test_gdn(void) {
       else g_cpu->gdn_recurrent(g_cpu, &ha), g_gpu->gdn_recurrent(g_gpu, &ga);
       char what[96];
       snprintf(what, sizeof what, "gdn %s n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d",
-               mode == 0 ? "recurrent" : mode == 1 ? "chunked" : "chunked tc", (long long)n, hk, hv, dk, dv, tiled);
-      const double tol = mode == 2 && getenv("ANNA_CUDA_GDN_TF32") ? 1e-2 : 1e-4; /* f32 unless the TF32 variant is on */
+               mode == 0 ? "recurrent" : mode == 1 ? "chunked" : "chunked fast mode", (long long)n, hk, hv, dk, dv,
+               tiled);
+      const double tol = 1e-4;
       cmpd(what, dout, out, n * hv * dv, tol);
       strcat(what, " state");
       cmpd(what, dst, st, (int64_t)hv * dk * dv, tol);
@@ -782,13 +783,10 @@ static void gdn_case_free(gdn_case *c) {
  * and exact chunks (63, 64, 65), several chunks, and (hv 64) more chunks than one scratch
  * segment holds (the state carries between segments); dv 40 is not a multiple of the 16-
  * column phase-2 slice, dk 256 needs two solve columns per thread. Tolerances, of max |ref|:
- * exact=1 (f32 products) 1e-4: the two f32 computations differ only in summation order and
- * in gam (a scan instead of a serial sum), ~1e-6 relative, and the recurrent form differs
- * from the chunked one by the same rounding, which the decays keep from growing.
- * exact=0 (TF32 tensor-core products) 1e-2: each product input is rounded to 11 significant
- * bits (5e-4 relative); a numpy emulation of the kernels' exact operation order with TF32
- * rounding gave 3e-4..6e-4 against an f64 recurrence on these shapes (slow decay included),
- * so 1e-2 leaves a wide margin and still catches any indexing error (O(1) differences). */
+ * 1e-4 in both numerics modes (the kernels are f32 in both): the two f32 computations differ
+ * only in summation order and in gam (a scan instead of a serial sum), ~1e-6 relative, and the
+ * recurrent form differs from the chunked one by the same rounding, which the decays keep
+ * from growing. */
 static void test_gdn_chunked(void) {
   printf("gdn chunked (chunk-64 kernels)\n");
   const int cfgs[][7] = {/* n, hk, hv, dk, dv, tiled, slow */
@@ -817,7 +815,7 @@ static void test_gdn_chunked(void) {
       ops_gdn_args ga = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, dq, dk_, dv_, dg, db, dst, dout};
       g_gpu->gdn_chunked(g_gpu, &ga);
       float *go = dget(dout, nv), *gs = dget(dst, ns);
-      const double tol = !exact && getenv("ANNA_CUDA_GDN_TF32") ? 1e-2 : 1e-4; /* f32 unless the TF32 variant is on */
+      const double tol = 1e-4;
       char what[128];
       for (int ref = 0; ref < 2; ref++) {
         snprintf(what, sizeof what, "gdn chunked n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d slow=%d exact=%d vs cpu %s",
@@ -837,7 +835,7 @@ static void test_gdn_chunked(void) {
 
 /* Prefill GDN at the 0.8B shape (hk 16, hv 16, dk = dv = 128), 512 and 4096 tokens from a
  * nonzero state: the token-sequential kernel (gdn_recurrent) against the chunk-64 kernels
- * in f32 (exact=1) and TF32 tensor-core (exact=0) mode. */
+ * (f32). */
 static void bench_gdn(void) {
   const int64_t ns_[] = {512, 4096};
   for (int ni = 0; ni < 2; ni++) {
@@ -849,8 +847,7 @@ static void bench_gdn(void) {
     float *db = dput(c.beta, sizeof(float) * (size_t)(n * c.hv));
     float *dst = dput(c.st0, sizeof(float) * (size_t)ns), *dout = dnan(nv);
     ops_gdn_args ga = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, dq, dk_, dv_, dg, db, dst, dout};
-    for (int mode = 0; mode < 3; mode++) { /* recurrent, chunked exact=1, chunked exact=0 */
-      cuda_backend_set_exact(g_gpu, mode != 2);
+    for (int mode = 0; mode < 2; mode++) { /* recurrent, chunked */
       for (int i = 0; i < 3; i++) /* warm-up (and the scratch allocation) */
         mode ? g_gpu->gdn_chunked(g_gpu, &ga) : g_gpu->gdn_recurrent(g_gpu, &ga);
       float sync1;
@@ -862,10 +859,9 @@ static void bench_gdn(void) {
       g_gpu->download(g_gpu, &sync1, dout, sizeof sync1);
       gpu_status("gdn bench");
       printf("  gdn %-18s %4lld tok, hk 16 hv 16 dk=dv=128: %8.1f us per call\n",
-             mode == 0 ? "recurrent" : mode == 1 ? "chunked f32" : "chunked tf32", (long long)n,
+             mode == 0 ? "recurrent" : "chunked", (long long)n,
              (now_s() - t0) / reps * 1e6);
     }
-    cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
     dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db), dfree(dst), dfree(dout);
     gdn_case_free(&c);
   }

@@ -22,11 +22,8 @@
  * Chunk rows past L (the last, shorter chunk) are zero in W, U, P, K and Q, and gam is padded
  * with g = 0 so gam_last = gam[63]; the products then need no bounds.
  *
- * Numerics: every product is f32 on CUDA cores, register tiles over shared memory. A TF32
- * variant (sm_80+, ANNA_CUDA_GDN_TF32=1 outside exact mode) makes K K^T, Q K^T and all phase-2
- * products WMMA TF32 tiles (inputs rounded to 10-bit mantissas, f32 accumulation, ~1e-3
- * relative); it is off by default (no faster, less exact: see the launcher). The triangular
- * solve, the decays and the state itself stay f32 in both.
+ * Numerics: every product is f32 on CUDA cores, register tiles over shared memory, in both
+ * numerics modes (see the launcher for why not TF32).
  *
  * Scratch: one buffer of GDN_SCR_FLOATS, allocated at the first chunked call (never inside
  * graph capture: a captured step runs the recurrent kernel). A run whose W, U, P and gam do
@@ -34,12 +31,7 @@
  * through the state buffer, exactly as between chunks. */
 #include "backends/cuda/cuda_internal.h"
 
-#include <stdlib.h>
-#include <string.h>
-
 #include "base/error.h"
-
-#include <mma.h>
 
 #define GDN_C 64
 #define GDN_NV 16 /* state columns per phase-2 block */
@@ -50,36 +42,23 @@
 /* Below this many tokens the token-sequential kernel is as fast (two launches and the
  * solve cost about as much as 32 recurrent steps). */
 #define GDN_MIN_TOKENS 32
-/* WMMA TF32 exists from sm_80 on; the host picks those kernels only on such devices. */
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
-#define GDN_HAVE_TF32 1
-#else
-#define GDN_HAVE_TF32 0
-#endif
 
 /* ---- phase 1: grid (chunks, hv), GDN_THREADS threads ----
  * Shared: As [64][64], gs [64] (gam), bs [64] (beta), ws [64] (beta e^gam),
- * Qs, Ks [64][ld] (rows past L and columns past dk zero), and with tc Pq [64][64].
- * f32 (tc false): ld = dk + 1 keeps the 16 rows a warp reads in distinct banks.
- * tc: K K^T and Q K^T as WMMA TF32 tiles, ld = gdn_prep_ld (a multiple of 4 floats, so
- * every 16-row tile starts 32-byte aligned as WMMA requires), columns to a multiple of 8.
- * The solve is f32 in both. */
-static __host__ __device__ inline int gdn_prep_ld(int dk, bool tc) {
-  return tc ? ((dk + 7) & ~7) + 4 : dk + 1;
-}
-
+ * Qs, Ks [64][ld] (rows past L and columns past dk zero); ld = dk + 1 keeps the 16 rows a
+ * warp reads in distinct banks. */
 static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a, float *W, float *U, float *P,
-                                                                  float *G, int nch, bool tc) {
+                                                                  float *G, int nch) {
   extern __shared__ float4 sm4[];
   float *sm = (float *)sm4;
   const int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-  const int dk = a.dk, dv = a.dv, ld = gdn_prep_ld(dk, tc), dkp = tc ? (dk + 7) & ~7 : dk;
+  const int dk = a.dk, dv = a.dv, ld = dk + 1;
   const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
   const int64_t t0 = (int64_t)c * GDN_C;
   const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
   const size_t hc = (size_t)h * nch + c;
   float *As = sm, *gs = As + GDN_C * GDN_C, *bs = gs + GDN_C, *ws = bs + GDN_C;
-  float *Qs = ws + GDN_C, *Ks = Qs + GDN_C * ld, *Pq = Ks + GDN_C * ld;
+  float *Qs = ws + GDN_C, *Ks = Qs + GDN_C * ld;
 
   if (tid < GDN_C) {
     /* inclusive scan of g over each warp's 32 tokens; warp 1 adds warp 0's total below */
@@ -97,8 +76,8 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a,
     }
     gs[tid] = gv;
   }
-  for (int idx = tid; idx < GDN_C * dkp; idx += GDN_THREADS) {
-    const int r = idx / dkp, d = idx - r * dkp;
+  for (int idx = tid; idx < GDN_C * dk; idx += GDN_THREADS) {
+    const int r = idx / dk, d = idx - r * dk;
     float qv = 0.0f, kv = 0.0f;
     if (r < L && d < dk) {
       const int64_t o = ((t0 + r) * a.hk + kh) * dk + d;
@@ -112,88 +91,46 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a,
   if (tid >= 32 && tid < GDN_C) gs[tid] += gs[31]; /* gs[31] is final; gs[32..] read after the next barrier */
 
   float *Pc = P + hc * GDN_C * GDN_C;
-  if (tc) {
-#if GDN_HAVE_TF32
-    /* tiles (ti, tj) of K K^T (-> As) and Q K^T (-> Pq) on or below the diagonal; tiles
-     * above it are never read */
-    using namespace nvcuda;
-    const int warp = tid >> 5;
-    for (int tile = warp; tile < 32; tile += GDN_THREADS / 32) {
-      const int ti = (tile >> 2) & 3, tj = tile & 3;
-      if (tj > ti) continue;
-      const float *Am = tile < 16 ? Ks : Qs;
-      wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
-      wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> fb; /* K^T */
-      wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int k = 0; k < dkp; k += 8) {
-        wmma::load_matrix_sync(fa, Am + 16 * ti * ld + k, ld);
-        wmma::load_matrix_sync(fb, Ks + 16 * tj * ld + k, ld); /* (d, j) at Ks[j * ld + d] */
+  /* K K^T and Q K^T: thread (ti, tj) owns rows ti + 16a, columns tj + 16b */
+  const int ti = tid >> 4, tj = tid & 15;
+  float kk[4][4], qk[4][4];
 #pragma unroll
-        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
+  for (int x = 0; x < 4; x++)
 #pragma unroll
-        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      wmma::store_matrix_sync((tile < 16 ? As : Pq) + 16 * ti * GDN_C + 16 * tj, acc, GDN_C, wmma::mem_row_major);
+    for (int y = 0; y < 4; y++) kk[x][y] = qk[x][y] = 0.0f;
+  for (int d = 0; d < dk; d++) {
+    float qi[4], ki[4], kj[4];
+#pragma unroll
+    for (int x = 0; x < 4; x++) {
+      qi[x] = Qs[(ti + 16 * x) * ld + d];
+      ki[x] = Ks[(ti + 16 * x) * ld + d];
+      kj[x] = Ks[(tj + 16 * x) * ld + d];
     }
-#endif
-    __syncthreads(); /* gs complete; As, Pq hold K K^T, Q K^T */
-    if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
-    for (int idx = tid; idx < GDN_C * GDN_C; idx += GDN_THREADS) {
-      const int i = idx >> 6, j = idx & 63;
-      float av = 0.0f, pv = 0.0f;
-      if (j <= i && i < L) { /* selects, never multiplies, the unwritten tiles above the diagonal */
-        const float e = expf(gs[i] - gs[j]);
-        if (j < i) av = bs[i] * As[idx] * e;
-        pv = Pq[idx] * e;
-      }
-      As[idx] = av; /* only this thread reads or writes element idx here */
-      Pc[idx] = pv;
-    }
-    __syncthreads(); /* As, ws complete */
-  } else {
-    /* K K^T and Q K^T: thread (ti, tj) owns rows ti + 16a, columns tj + 16b */
-    const int ti = tid >> 4, tj = tid & 15;
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int x = 0; x < 4; x++)
-#pragma unroll
-      for (int y = 0; y < 4; y++) kk[x][y] = qk[x][y] = 0.0f;
-    for (int d = 0; d < dk; d++) {
-      float qi[4], ki[4], kj[4];
-#pragma unroll
-      for (int x = 0; x < 4; x++) {
-        qi[x] = Qs[(ti + 16 * x) * ld + d];
-        ki[x] = Ks[(ti + 16 * x) * ld + d];
-        kj[x] = Ks[(tj + 16 * x) * ld + d];
-      }
-#pragma unroll
-      for (int x = 0; x < 4; x++)
-#pragma unroll
-        for (int y = 0; y < 4; y++) {
-          kk[x][y] += ki[x] * kj[y];
-          qk[x][y] += qi[x] * kj[y];
-        }
-    }
-    __syncthreads(); /* gs complete */
-    if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
 #pragma unroll
     for (int x = 0; x < 4; x++)
 #pragma unroll
       for (int y = 0; y < 4; y++) {
-        const int i = ti + 16 * x, j = tj + 16 * y;
-        float av = 0.0f, pv = 0.0f;
-        if (j <= i && i < L) { /* the exponent is <= 0 only on and below the diagonal */
-          const float e = expf(gs[i] - gs[j]);
-          if (j < i) av = bs[i] * kk[x][y] * e;
-          pv = qk[x][y] * e;
-        }
-        As[i * GDN_C + j] = av;
-        Pc[i * GDN_C + j] = pv;
+        kk[x][y] += ki[x] * kj[y];
+        qk[x][y] += qi[x] * kj[y];
       }
-    __syncthreads(); /* As, ws complete */
   }
+  __syncthreads(); /* gs complete */
+  if (tid < GDN_C) ws[tid] = bs[tid] * expf(gs[tid]);
+#pragma unroll
+  for (int x = 0; x < 4; x++)
+#pragma unroll
+    for (int y = 0; y < 4; y++) {
+      const int i = ti + 16 * x, j = tj + 16 * y;
+      float av = 0.0f, pv = 0.0f;
+      if (j <= i && i < L) { /* the exponent is <= 0 only on and below the diagonal */
+        const float e = expf(gs[i] - gs[j]);
+        if (j < i) av = bs[i] * kk[x][y] * e;
+        pv = qk[x][y] * e;
+      }
+      As[i * GDN_C + j] = av;
+      Pc[i * GDN_C + j] = pv;
+    }
+  __syncthreads(); /* As, ws complete */
 
   /* Forward substitution, one column of [W | U] per thread: x_i = b_i - sum_{m<i} A_im x_m
    * (same order as the CPU). Fully unrolled so x stays in registers; rows past L have
@@ -235,8 +172,8 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_prep(ops_gdn_args a,
   if (tid < GDN_C) G[hc * GDN_C + tid] = gs[tid];
 }
 
-static size_t gdn_prep_smem(int dk, bool tc) {
-  return sizeof(float) * ((size_t)GDN_C * GDN_C * (tc ? 2 : 1) + 3 * GDN_C + 2 * (size_t)GDN_C * gdn_prep_ld(dk, tc));
+static size_t gdn_prep_smem(int dk) {
+  return sizeof(float) * ((size_t)GDN_C * GDN_C + 3 * GDN_C + 2 * (size_t)GDN_C * (dk + 1));
 }
 
 /* cp.async (sm_80+) as inline PTX: <cuda_pipeline.h> drags in headers that fail the host
@@ -441,143 +378,6 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
   }
 }
 
-/* ---- phase 2 on tensor cores (numerics mode exact = 0): the same chunk loop, with every
- * product as WMMA m16n16k8 TF32 tiles (inputs rounded to TF32, f32 accumulation; the state
- * itself stays f32 in shared memory and only enters the products rounded). Buffers as
- * k_gdn_scan (Ob is the output tile). Warp w:
- *   w < 4:  V' rows 16w = U - W S (the U tile is the accumulator's start, W negated);
- *   w >= 4: O rows 16(w-4) = diag(e^gam) Q S (scaled per row through Ob), then += P V';
- *   all:    S rows 16t (t = w, w + 8, ...) = e^gam_last S + K^T Vk (K^T read column-major).
- * WMMA needs 32-byte aligned tile pointers and ldm a multiple of 4 floats: every buffer
- * offset and row stride below is a multiple of 8 floats times a tile's row count. */
-template <int DK>
-static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan_tc(ops_gdn_args a, const float *W, const float *U,
-                                                                     const float *P, const float *G, int nch) {
-#if GDN_HAVE_TF32
-  using namespace nvcuda;
-  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_a;
-  typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> frag_at;
-  typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> frag_b;
-  typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> frag_c;
-  constexpr int LB = DK + 4, LP = GDN_C + 4;
-  extern __shared__ float4 sm4[];
-  float *sm = (float *)sm4;
-  float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
-  float *Ob = Vs + GDN_C * GDN_NV, *Vk = Ob + GDN_C * GDN_NV, *eq = Vk + GDN_C * GDN_NV, *ek = eq + GDN_C;
-  const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int dk = a.dk, dv = a.dv;
-  const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
-  float *Sg = a.state + (size_t)h * dk * dv;
-  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
-    const int i = idx >> 4, jj = j0 + (idx & 15);
-    Ss[idx] = i < dk && jj < dv ? Sg[(size_t)i * dv + jj] : 0.0f;
-  }
-  for (int c = 0; c < nch; c++) {
-    const int64_t t0 = (int64_t)c * GDN_C;
-    const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
-    const size_t hc = (size_t)h * nch + c;
-    __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
-    gdn_scan_load<DK>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
-                      j0, tid);
-    gdn_cp_commit();
-    if (tid < GDN_C) {
-      const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
-      eq[tid] = expf(gi);
-      ek[tid] = expf(gl - gi);
-    }
-    gdn_cp_wait();
-    __syncthreads();
-
-    const int t = warp & 3; /* row tile of V' (warps 0-3) or O (warps 4-7) */
-    {
-      frag_c acc;
-      frag_a fa;
-      frag_b fb;
-      const float *Am = warp < 4 ? Ab : Bb;
-      if (warp < 4) wmma::load_matrix_sync(acc, Vs + t * 16 * GDN_NV, GDN_NV, wmma::mem_row_major);
-      else wmma::fill_fragment(acc, 0.0f);
-      for (int k = 0; k < DK; k += 8) {
-        wmma::load_matrix_sync(fa, Am + t * 16 * LB + k, LB);
-        wmma::load_matrix_sync(fb, Ss + k * GDN_NV, GDN_NV);
-#pragma unroll
-        for (int e = 0; e < fa.num_elements; e++) {
-          const float x = wmma::__float_to_tf32(fa.x[e]);
-          fa.x[e] = warp < 4 ? -x : x;
-        }
-#pragma unroll
-        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      if (warp < 4) {
-        wmma::store_matrix_sync(Vs + t * 16 * GDN_NV, acc, GDN_NV, wmma::mem_row_major);
-      } else {
-        float *Ot = Ob + t * 16 * GDN_NV;
-        wmma::store_matrix_sync(Ot, acc, GDN_NV, wmma::mem_row_major);
-        __syncwarp();
-        for (int e = lane; e < 16 * GDN_NV; e += 32) Ot[e] *= eq[t * 16 + (e >> 4)];
-        __syncwarp();
-      }
-    }
-    __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
-
-    gdn_scan_load_k<DK>(a, Ab, t0, L, kh, tid);
-    gdn_cp_commit();
-    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) Vk[idx] = ek[idx >> 4] * Vs[idx];
-    if (warp >= 4) {
-      /* O += P V'; P is zero above the diagonal, so row tile t needs columns < 16t + 16 */
-      frag_c acc;
-      frag_a fa;
-      frag_b fb;
-      float *Ot = Ob + t * 16 * GDN_NV;
-      wmma::load_matrix_sync(acc, Ot, GDN_NV, wmma::mem_row_major);
-      for (int k = 0; k < 16 * t + 16; k += 8) {
-        wmma::load_matrix_sync(fa, Pb + t * 16 * LP + k, LP);
-        wmma::load_matrix_sync(fb, Vs + k * GDN_NV, GDN_NV);
-#pragma unroll
-        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
-#pragma unroll
-        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      wmma::store_matrix_sync(Ot, acc, GDN_NV, wmma::mem_row_major);
-      __syncwarp();
-      for (int e = lane; e < 16 * GDN_NV; e += 32) {
-        const int r = t * 16 + (e >> 4), jj = j0 + (e & 15);
-        if (r < L && jj < dv) a.out[((t0 + r) * a.hv + h) * dv + jj] = Ot[e];
-      }
-    }
-    gdn_cp_wait();
-    __syncthreads(); /* Ab holds K, Vk the decayed V' */
-
-    const float el = expf(G[hc * GDN_C + GDN_C - 1]);
-    for (int st = warp; st < DK / 16; st += GDN_THREADS / 32) {
-      frag_c acc;
-      frag_at fa;
-      frag_b fb;
-      float *Sst = Ss + st * 16 * GDN_NV;
-      wmma::load_matrix_sync(acc, Sst, GDN_NV, wmma::mem_row_major);
-#pragma unroll
-      for (int e = 0; e < acc.num_elements; e++) acc.x[e] *= el;
-      for (int k = 0; k < L; k += 8) { /* rows of Ks and V' past L are zero */
-        wmma::load_matrix_sync(fa, Ab + k * LB + st * 16, LB); /* K^T tile: element (i, m) at Ab[m * LB + i] */
-        wmma::load_matrix_sync(fb, Vk + k * GDN_NV, GDN_NV);
-#pragma unroll
-        for (int e = 0; e < fa.num_elements; e++) fa.x[e] = wmma::__float_to_tf32(fa.x[e]);
-#pragma unroll
-        for (int e = 0; e < fb.num_elements; e++) fb.x[e] = wmma::__float_to_tf32(fb.x[e]);
-        wmma::mma_sync(acc, fa, fb, acc);
-      }
-      wmma::store_matrix_sync(Sst, acc, GDN_NV, wmma::mem_row_major);
-    }
-  }
-  __syncthreads();
-  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
-    const int i = idx >> 4, jj = j0 + (idx & 15);
-    if (i < dk && jj < dv) Sg[(size_t)i * dv + jj] = Ss[idx];
-  }
-#endif
-}
-
 template <int DK>
 static size_t gdn_scan_smem(void) {
   return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + 3 * GDN_C * GDN_NV +
@@ -586,9 +386,9 @@ static size_t gdn_scan_smem(void) {
 
 template <int DK>
 static bool gdn_scan_launch(cuda_impl *ci, const ops_gdn_args *s, const float *W, const float *U, const float *P,
-                            const float *G, int nch, bool tc) {
+                            const float *G, int nch) {
   const size_t smem = gdn_scan_smem<DK>();
-  auto kern = tc ? k_gdn_scan_tc<DK> : k_gdn_scan<DK>;
+  auto kern = k_gdn_scan<DK>;
   if (!cuda_check(ci, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                   "gdn scan smem"))
     return false;
@@ -611,20 +411,11 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     ci->gdn_scr = NULL;
     return true;
   }
-  /* f32 in both numerics modes. The TF32 tensor-core variant (kept, selected with
-   * ANNA_CUDA_GDN_TF32=1) measured no faster on the H200 (127 vs 129 us for 512 tokens of the
-   * 0.8B shape: phase 2 is bound by its loads and the sequential chunk loop, not by the
-   * products) and moved the Qwen3.5 fixtures' logits by up to 2.2e-2 (f32: 2e-4). */
-  static int tf32_env = -1;
-  if (tf32_env < 0) {
-    const char *e = getenv("ANNA_CUDA_GDN_TF32");
-    tf32_env = e && !strcmp(e, "1");
-  }
-  int major = 0;
-  const bool tc = tf32_env && !ci->exact &&
-                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ci->device) == cudaSuccess &&
-                  major >= 8;
-  const size_t prep_smem = gdn_prep_smem(dk, tc);
+  /* f32 in both numerics modes: a TF32 tensor-core variant of both phases measured no
+   * faster on the H200 (127 vs 129 us for 512 tokens of the 0.8B shape: phase 2 is bound by
+   * its loads and the sequential chunk loop, not by the products) and moved the Qwen3.5
+   * fixtures' logits by up to 2.2e-2 (f32: 2e-4), so it was removed. */
+  const size_t prep_smem = gdn_prep_smem(dk);
   if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem),
                   "gdn prep smem"))
     return true;
@@ -642,12 +433,12 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     s.out += t0 * hv * dv;
     float *W = ci->gdn_scr, *U = W + (size_t)hv * nch * GDN_C * dk, *P = U + (size_t)hv * nch * GDN_C * dv;
     float *G = P + (size_t)hv * nch * GDN_C * GDN_C;
-    k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch, tc);
+    k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch);
     if (!cuda_check_launch(ci, "gdn prep")) break;
-    if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch, tc);
-    else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch, tc);
-    else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch, tc);
-    else gdn_scan_launch<256>(ci, &s, W, U, P, G, nch, tc);
+    if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch);
+    else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch);
+    else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch);
+    else gdn_scan_launch<256>(ci, &s, W, U, P, G, nch);
   }
   return true;
 }
