@@ -507,15 +507,13 @@ static void attn_case(int Hq, int Hkv, int D, int win, int cap, int len0, int n1
   ga.pos = dpos, ga.k_blocks = (const void *const *const *)gk, ga.v_blocks = (const void *const *const *)gv;
   float *ref = malloc(sizeof(float) * (size_t)(n * Hq * D));
   g_cpu->attention(g_cpu, ref, q, &ha);
-  /* modes: exact; not exact (flash default tiles); flash tile variants (D <= 256) */
-  static const char *const mname[] = {"exact", "fast", "fast tile64", "fast bk64"};
-  for (int mode = 0; mode < 4; mode++) {
+  /* modes: exact (f32 kernel); not exact (flash attention where it applies) */
+  static const char *const mname[] = {"exact", "fast"};
+  for (int mode = 0; mode < 2; mode++) {
     const int exact = mode == 0;
     cuda_backend_set_exact(g_gpu, exact);
-    if (mode >= 2) setenv("ANNA_CUDA_FLASH_TILE", mode == 2 ? "64" : "bk64", 1);
     float *dy = dnan(n * Hq * D);
     g_gpu->attention(g_gpu, dy, dq, &ga);
-    unsetenv("ANNA_CUDA_FLASH_TILE");
     char what[112];
     snprintf(what, sizeof what, "attention H=%d/%d D=%d win=%d cap=%d len=%d n=%d+%d %s", Hq, Hkv, D, win, cap, len0,
              n1, nB, mname[mode]);
@@ -1047,10 +1045,9 @@ static void bench_attention(int len0) {
   ops_attn_args ga = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = OPS_KV_F32,
                       .kv_row_bytes = kvd * 4, .block_len = BL, .scale = 1.0f / sqrtf((float)D), .pos = dpos,
                       .k_blocks = (const void *const *const *)gk, .v_blocks = (const void *const *const *)gv};
-  static const char *const mname[] = {"f32 split-K", "flash", "flash tile64", "flash bk64"};
-  for (int mode = 0; mode < 4; mode++) {
+  static const char *const mname[] = {"f32 split-K", "flash"};
+  for (int mode = 0; mode < 2; mode++) {
     cuda_backend_set_exact(g_gpu, mode == 0);
-    if (mode >= 2) setenv("ANNA_CUDA_FLASH_TILE", mode == 2 ? "64" : "bk64", 1);
     g_gpu->attention(g_gpu, dy, dq, &ga);
     gpu_status("attention warmup");
     const int reps = 20;
@@ -1058,7 +1055,6 @@ static void bench_attention(int len0) {
     for (int r = 0; r < reps; r++) g_gpu->attention(g_gpu, dy, dq, &ga);
     gpu_status("attention bench");
     const double dt = (now_s() - t0) / reps;
-    unsetenv("ANNA_CUDA_FLASH_TILE");
     printf("  attention %-12s n=%lld after %d (H=%d/%d D=%d): %8.1f us, %6.1f TFLOP/s\n", mname[mode], (long long)n,
            len0, Hq, Hkv, D, dt * 1e6, 4.0 * D * Hq * pairs / dt / 1e12);
   }
