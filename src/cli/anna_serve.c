@@ -62,14 +62,7 @@ int main(int argc, char **argv) {
   const char *profile = "none";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDV()                                                                                                        \
-  do {                                                                                                                 \
-    if (!v) {                                                                                                          \
-      fprintf(stderr, "error: %s needs a value\n", a);                                                                 \
-      return 2;                                                                                                        \
-    }                                                                                                                  \
-    i++;                                                                                                               \
-  } while (0)
+#define NEEDV() CLI_NEEDV()
 #define INTF(name, lo, hi, dst)                                                                                        \
   else if (!strcmp(a, name)) {                                                                                         \
     NEEDV();                                                                                                           \
