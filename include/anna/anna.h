@@ -159,11 +159,13 @@ typedef struct anna_kv_stats {
 } anna_kv_stats;
 void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st);
 
-/* Decode steps replayed as CUDA graphs (cumulative since creation; all zero on the CPU):
- * host seconds spent recording the steps' ops (capture) and updating / instantiating the
- * executable graph, and device seconds the replays took (CUDA events around each launch). */
+/* Decode steps run as CUDA graphs (cumulative since creation; all zero on the CPU): steps,
+ * graphs built (instantiated), steps that updated a cached graph's arguments in place (the
+ * rest relaunched one unchanged); host seconds spent recording the steps' ops (capture) and
+ * updating / instantiating graphs, and device seconds the replays took (CUDA events around
+ * each launch). */
 typedef struct anna_step_stats {
-  int64_t steps, builds;
+  int64_t steps, builds, updates;
   double capture_s, update_s, gpu_s;
 } anna_step_stats;
 void anna_context_step_stats(const anna_context *c, anna_step_stats *st);

@@ -450,7 +450,7 @@ int main(int argc, char **argv) {
     }
     bc->n_prof = anna_context_profile(ctx, bc->prof_s, bc->prof_names, 8);
     anna_context_step_stats(ctx, &bc->st);
-    bc->st.steps -= st0.steps, bc->st.builds -= st0.builds;
+    bc->st.steps -= st0.steps, bc->st.builds -= st0.builds, bc->st.updates -= st0.updates;
     bc->st.capture_s -= st0.capture_s, bc->st.update_s -= st0.update_s, bc->st.gpu_s -= st0.gpu_s;
     bc->rss_mib = peak_rss_mib();
   }
@@ -530,9 +530,10 @@ int main(int argc, char **argv) {
       if (c == 0)
         printf("\nCUDA decode steps as graphs, per step (measured runs): host recording the ops (capture),\n"
                "updating the executable graph, device time of the replay, and the decode wall time per token\n");
-      printf("  prompt %lld: %lld steps (%lld graph builds): capture %.0f us, update %.0f us, replay %.0f us; "
-             "wall %.0f us/token\n",
-             (long long)cases[c].n_prompt, (long long)s->steps, (long long)s->builds, 1e6 * s->capture_s / s->steps,
+      printf("  prompt %lld: %lld steps (%lld graph builds, %lld updated): capture %.0f us, update %.0f us, "
+             "replay %.0f us; wall %.0f us/token\n",
+             (long long)cases[c].n_prompt, (long long)s->steps, (long long)s->builds, (long long)s->updates,
+             1e6 * s->capture_s / s->steps,
              1e6 * s->update_s / s->steps, 1e6 * s->gpu_s / s->steps, 1e6 * dec / (double)toks);
     }
     if (profile) {

@@ -154,7 +154,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     if (!(rc = cuda_backend_create(&c->be_dev, o.n_batch, err, errlen))) {
       cuda_backend_set_exact(c->be_dev, o.exact_matmul);
       c->be = c->be_dev;
-      /* Profiling syncs around every op, which a captured graph cannot do: eager steps. */
+      /* Profiling syncs around every op, which a recorded graph cannot do: eager steps. */
       if (o.profile && !(c->be = ops_profile_wrap(c->be_dev, m->cfg.vocab)))
         rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
     }
@@ -254,7 +254,7 @@ void anna_context_step_stats(const anna_context *c, anna_step_stats *st) {
   memset(st, 0, sizeof *st);
 #ifdef ANNA_HAVE_CUDA
   if (c->on_cuda) {
-    cuda_backend_graph_stats(c->be_dev, &st->steps, &st->builds);
+    cuda_backend_graph_stats(c->be_dev, &st->steps, &st->builds, &st->updates);
     cuda_backend_graph_times(c->be_dev, &st->capture_s, &st->update_s, &st->gpu_s);
   }
 #else

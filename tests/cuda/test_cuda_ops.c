@@ -981,10 +981,14 @@ static void test_graphs(void) {
   g_gpu->rmsnorm(g_gpu, dn, dx, nw, n, (int)d, 1e-6f, 0);
   g_gpu->matmul(g_gpu, dy, dn, n, &ow, NULL);
   gpu_status("graph warmup");
-  int64_t launches0, builds0;
-  cuda_backend_graph_stats(g_gpu, &launches0, &builds0); /* earlier tests replay graphs too */
+  int64_t launches0, builds0, updates0;
+  cuda_backend_graph_stats(g_gpu, &launches0, &builds0, &updates0); /* earlier tests replay graphs too */
   cuda_backend_set_graphs(g_gpu, 1);
-  for (int step = 0; step < 3; step++) {
+  /* Step 3 writes the product to another buffer: the same nodes with one changed
+   * argument, which must update the cached graph in place. */
+  float *dy_alt = g_gpu->alloc(g_gpu, sizeof(float) * n * rows);
+  for (int step = 0; step < 4; step++) {
+    float *dyo = step == 3 ? dy_alt : dy;
     float *x = hrand(n * d, 1.0f), *ref = malloc(sizeof(float) * n * rows), *xn = malloc(sizeof(float) * n * d);
     float *out = malloc(sizeof(float) * n * rows), *kc = malloc(sizeof(float) * 8 * rows);
     g_cpu->rmsnorm(g_cpu, xn, x, nw, n, (int)d, 1e-6f, 0);
@@ -993,10 +997,10 @@ static void test_graphs(void) {
     g_gpu->upload(g_gpu, dx, x, sizeof(float) * n * d);
     memset(x, 0, sizeof(float) * n * d); /* the staged copy must not read the caller's buffer later */
     g_gpu->rmsnorm(g_gpu, dn, dx, nw, n, (int)d, 1e-6f, 0);
-    g_gpu->matmul(g_gpu, dy, dn, n, &ow, NULL);
+    g_gpu->matmul(g_gpu, dyo, dn, n, &ow, NULL);
     float *dst[3] = {dk + (step + 0) * rows, dk + (step + 2) * rows, dk + (step + 4) * rows};
-    g_gpu->scatter_rows(g_gpu, dst, dy, n, (int)rows);
-    g_gpu->download(g_gpu, out, dy, sizeof(float) * n * rows);
+    g_gpu->scatter_rows(g_gpu, dst, dyo, n, (int)rows);
+    g_gpu->download(g_gpu, out, dyo, sizeof(float) * n * rows);
     cuda_backend_step_end(g_gpu);
     char what[64];
     snprintf(what, sizeof what, "graph step %d", step);
@@ -1006,17 +1010,22 @@ static void test_graphs(void) {
     cmp(what, kc, ref + 2 * rows, rows, 1e-4);
     free(x), free(ref), free(xn), free(out), free(kc);
   }
-  int64_t launches, builds;
-  cuda_backend_graph_stats(g_gpu, &launches, &builds);
-  launches -= launches0, builds -= builds0;
+  int64_t launches, builds, updates;
+  cuda_backend_graph_stats(g_gpu, &launches, &builds, &updates);
+  launches -= launches0, builds -= builds0, updates -= updates0;
   g_checks++;
-  if (launches != 3 || builds < 1) {
-    printf("  FAIL graph launches %lld builds %lld\n", (long long)launches, (long long)builds);
+  /* Step 0 builds a graph (or updates one an earlier test left with the same kernels);
+   * steps 1 and 2 record the same nodes with the same arguments (the uploads and scatter
+   * pointers change only in the ring): relaunched as is; step 3 updates one argument. */
+  if (launches != 4 || builds + updates != 2 || updates < 1) {
+    printf("  FAIL graph launches %lld builds %lld updates %lld\n", (long long)launches, (long long)builds,
+           (long long)updates);
     g_fail++;
   }
-  printf("  graph launches %lld, builds %lld\n", (long long)launches, (long long)builds);
+  printf("  graph launches %lld, builds %lld, updates %lld\n", (long long)launches, (long long)builds,
+         (long long)updates);
   cuda_backend_set_graphs(g_gpu, 0);
-  dfree(dx), dfree(dn), dfree(dy), dfree(dk), free(w), free(wf), free(nw);
+  dfree(dx), dfree(dn), dfree(dy), dfree(dk), dfree(dy_alt), free(w), free(wf), free(nw);
 }
 
 static double now_s(void) {

@@ -443,9 +443,9 @@ static void fa_launch(cuda_impl *ci, dim3 grid, size_t smem, float *out, int nsp
       cudaFuncSetAttribute(k_flash<RB, WC, NF, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
   if (!cuda_check(ci, e, "flash attention smem"))
     return;
-  k_flash<RB, WC, NF, BK><<<grid, 32 * RB * WC, smem, ci->stream>>>(
-      out, ci->att_part, nsplit, q, a->n_heads, a->n_heads / a->n_kv_heads, a->head_dim, a->kv_row_bytes / 4, bshift,
-      a->scale, a->window, a->softcap, a->pos, kd, vd, tiles);
+  cuda_launch(ci, "flash attention", k_flash<RB, WC, NF, BK>, grid, 32 * RB * WC, smem, out, ci->att_part, nsplit, q,
+              a->n_heads, a->n_heads / a->n_kv_heads, a->head_dim, a->kv_row_bytes / 4, bshift, a->scale, a->window,
+              a->softcap, a->pos, kd, vd, tiles);
 }
 
 /* The flash path when it applies (see the kernel's contract; exact off; at least half of
@@ -492,9 +492,8 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
     }
     for (int64_t s = t0; s < t1; s += TQ) tiles[ntiles++] = make_int2((int)s, (int)(t1 - s < TQ ? t1 - s : TQ));
   }
-  if (!cuda_check(ci, cudaMemcpyAsync(tdev, th, (size_t)ntiles * sizeof(int2), cudaMemcpyHostToDevice, ci->stream),
-                  "ring copy"))
-    return true;
+  cuda_copy_async(ci, tdev, th, (size_t)ntiles * sizeof(int2), cudaMemcpyHostToDevice, "ring copy");
+  if (ci->err) return true;
   /* Key splits: the most that keep the grid within two waves of the blocks that fit on the
    * multiprocessors at once (one block of 512 threads: shared memory and registers),
    * so that equal blocks fill whole waves; bounded by the partials scratch. The host cannot
@@ -519,8 +518,8 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
              : fa_launch<8, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
   if (!cuda_check_launch(ci, "flash attention")) return true;
   if (nsplit > 1) {
-    k_attn_combine<<<(unsigned)(a->n * a->n_heads), ATT_THREADS, 0, ci->stream>>>(out, ci->att_part, nsplit, D);
-    cuda_check_launch(ci, "attention combine");
+    cuda_launch(ci, "attention combine", k_attn_combine,
+                (unsigned)(a->n * a->n_heads), ATT_THREADS, 0, out, ci->att_part, nsplit, D);
   }
   return true;
 }
@@ -565,12 +564,12 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
     if (nsplit < 2) nsplit = 1;
   }
   dim3 grid((unsigned)nbh, (unsigned)nsplit);
-  k_attention<<<grid, ATT_THREADS, (size_t)a->head_dim * sizeof(float), ci->stream>>>(
-      out, ci->att_part, nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, a->kv_row_bytes / 4, bshift, a->scale,
-      a->window, a->softcap, a->pos, kd, vd);
-  if (!cuda_check_launch(ci, "attention")) return;
+  cuda_launch(ci, "attention", k_attention, grid, ATT_THREADS, (size_t)a->head_dim * sizeof(float), out, ci->att_part,
+              nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, a->kv_row_bytes / 4, bshift, a->scale,
+              a->window, a->softcap, a->pos, kd, vd);
+  if (ci->err) return;
   if (nsplit > 1) {
-    k_attn_combine<<<(unsigned)nbh, ATT_THREADS, 0, ci->stream>>>(out, ci->att_part, nsplit, a->v_dim);
-    cuda_check_launch(ci, "attention combine");
+    cuda_launch(ci, "attention combine", k_attn_combine, (unsigned)nbh, ATT_THREADS, 0, out,
+                ci->att_part, nsplit, a->v_dim);
   }
 }

@@ -90,7 +90,7 @@ static const void *mirror_add(cuda_impl *ci, const void *key, const void *src, s
   void *d = NULL;
   if (!cuda_check(ci, cudaMalloc(&d, bytes ? bytes : 1), "mirror alloc")) return NULL;
   /* On the side stream and waited for: the copy is complete before any kernel that reads
-   * it is queued, also while the main stream is being captured. */
+   * it is queued, also while a step is being recorded. */
   if (!cuda_check(ci, cudaMemcpyAsync(d, src, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
       !cuda_check(ci, cudaStreamSynchronize(ci->copy_stream), "mirror sync")) {
     cudaFree(d);
@@ -112,10 +112,7 @@ const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes) {
   if (m) {
     if (m->bytes >= bytes) return m->dev;
     /* Seen before with fewer bytes: replace the copy by a larger one. */
-    if (ci->capturing) { /* freeing the old copy would wait on the captured stream */
-      cuda_fail(ci, ANNA_ESTATE, "cuda: weight at %p grew during a captured step", host);
-      return NULL;
-    }
+    cuda_flush(ci); /* recorded nodes may point at the old copy: they run before it is freed */
     void *nd = NULL;
     if (!cuda_check(ci, cudaMalloc(&nd, bytes), "mirror alloc")) return NULL;
     if (!cuda_check(ci, cudaMemcpyAsync(nd, host, bytes, cudaMemcpyHostToDevice, ci->copy_stream), "mirror copy") ||
@@ -171,8 +168,8 @@ bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d) {
     return false;
   }
   if (ci->ring_off + bytes > ci->ring_cap) {
-    if (ci->capturing) {
-      cuda_fail(ci, ANNA_ESTATE, "cuda: op arguments of one captured step exceed the %zu-byte ring", ci->ring_cap);
+    if (ci->recording) {
+      cuda_fail(ci, ANNA_ESTATE, "cuda: op arguments of one recorded step exceed the %zu-byte ring", ci->ring_cap);
       return false;
     }
     /* Wrapping: every earlier copy out of the ring must have finished first. */
@@ -190,65 +187,287 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes) {
   char *h, *d;
   if (!cuda_ring_reserve(be, bytes, &h, &d)) return NULL;
   memcpy(h, host, bytes);
-  if (!cuda_check(ci, cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, ci->stream), "ring copy")) return NULL;
-  return d;
+  cuda_copy_async(ci, d, h, bytes, cudaMemcpyHostToDevice, "ring copy");
+  return ci->err ? NULL : d;
 }
 
 /* ---- decode steps as graphs ---- */
 
-/* Ends the capture and replays it: the executable graph of the last step is updated in
- * place when only kernel arguments changed, else rebuilt. */
 static double host_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Grows *p (elements of `size` bytes, capacity *cap) to hold `need`; false when out of host
+ * memory (sticky error). Capacities only grow: after the first steps nothing is allocated. */
+static bool log_reserve(cuda_impl *ci, void **p, int64_t *cap, int64_t need, size_t size) {
+  if (need <= *cap) return true;
+  int64_t nc = *cap ? *cap : 256;
+  while (nc < need)
+    nc *= 2;
+  void *np = realloc(*p, (size_t)nc * size);
+  if (!np) return cuda_fail(ci, ANNA_ENOMEM, "cuda: out of host memory for the step log"), false;
+  *p = np;
+  *cap = nc;
+  return true;
+}
+
+static cuda_node *log_node(cuda_impl *ci, int kind) {
+  if (!log_reserve(ci, (void **)&ci->log, &ci->log_cap, ci->log_n + 1, sizeof(cuda_node)))
+    return NULL;
+  cuda_node *nd = &ci->log[ci->log_n++];
+  memset(nd, 0, sizeof *nd);
+  nd->kind = kind;
+  return nd;
+}
+
+bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, size_t smem, int nargs,
+                     const void *const *args, const size_t *sizes, const size_t *aligns) {
+  if (nargs > CUDA_MAX_KARGS) {
+    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: a kernel of %d parameters cannot be recorded", nargs);
+    return false;
+  }
+  size_t bytes = 0;
+  for (int i = 0; i < nargs; i++)
+    bytes = (bytes + aligns[i] - 1) / aligns[i] * aligns[i] + sizes[i];
+  /* Each node's arguments start 16-aligned so that their offsets (and alignment) are the
+   * same in every step. */
+  const int64_t at = (ci->log_args_n + 15) & ~(int64_t)15;
+  if (!log_reserve(ci, (void **)&ci->log_args, &ci->log_args_cap, at + (int64_t)bytes, 1) ||
+      !log_reserve(ci, (void **)&ci->log_offs, &ci->log_offs_cap, ci->log_offs_n + nargs,
+                   sizeof(uint32_t)))
+    return false;
+  cuda_node *nd = log_node(ci, CUDA_NODE_KERNEL);
+  if (!nd) return false;
+  memset(ci->log_args + ci->log_args_n, 0, (size_t)(at - ci->log_args_n) + bytes);
+  size_t off = 0;
+  for (int i = 0; i < nargs; i++) {
+    off = (off + aligns[i] - 1) / aligns[i] * aligns[i];
+    memcpy(ci->log_args + at + off, args[i], sizes[i]);
+    ci->log_offs[ci->log_offs_n + i] = (uint32_t)off;
+    off += sizes[i];
+  }
+  nd->func = func;
+  nd->grid[0] = grid.x, nd->grid[1] = grid.y, nd->grid[2] = grid.z;
+  nd->block[0] = block.x, nd->block[1] = block.y, nd->block[2] = block.z;
+  nd->smem = smem;
+  nd->arg0 = (uint32_t)at;
+  nd->arg_bytes = (uint32_t)bytes;
+  nd->off0 = (uint32_t)ci->log_offs_n;
+  nd->nargs = (uint32_t)nargs;
+  ci->log_args_n = at + (int64_t)bytes;
+  ci->log_offs_n += nargs;
+  return true;
+}
+
+void cuda_copy_async(cuda_impl *ci, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
+                     const char *what) {
+  if (ci->err || !bytes) return;
+  if (ci->recording && kind != cudaMemcpyDeviceToHost) {
+    cuda_node *nd = log_node(ci, CUDA_NODE_COPY);
+    if (!nd) return;
+    nd->copy_kind = (int32_t)kind;
+    nd->dst = dst;
+    nd->src = src;
+    nd->bytes = bytes;
+    return;
+  }
+  if (ci->recording) cuda_flush(ci);
+  cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, kind, ci->stream), what);
+}
+
+void cuda_memset_async(cuda_impl *ci, void *p, size_t bytes, const char *what) {
+  if (ci->err || !bytes) return;
+  if (ci->recording) {
+    cuda_node *nd = log_node(ci, CUDA_NODE_MEMSET);
+    if (!nd) return;
+    nd->dst = p;
+    nd->bytes = bytes;
+    return;
+  }
+  cuda_check(ci, cudaMemsetAsync(p, 0, bytes, ci->stream), what);
+}
+
 /* Adds the last replay's device time once it has finished (the caller synced). */
 static void graph_time_collect(cuda_impl *ci) {
   if (!ci->ev_pending) return;
   float ms = 0.0f;
-  if (cudaEventElapsedTime(&ms, ci->ev0, ci->ev1) == cudaSuccess) ci->t_gpu += 1e-3 * ms;
-  else (void)cudaGetLastError(); /* not finished or not recorded: the replay goes uncounted */
+  if (cudaEventElapsedTime(&ms, ci->ev0, ci->ev1) == cudaSuccess)
+    ci->t_gpu += 1e-3 * ms;
+  else
+    (void)cudaGetLastError(); /* not finished or not recorded: the replay goes uncounted */
   ci->ev_pending = 0;
 }
 
-static void graph_finish(cuda_impl *ci) {
-  if (!ci->capturing) return;
-  ci->capturing = 0;
-  cudaGraph_t g = NULL;
-  cudaError_t e = cudaStreamEndCapture(ci->stream, &g);
+static void kernel_params(const cuda_node *nd, const uint8_t *args, const uint32_t *offs,
+                          void **argv, cudaKernelNodeParams *p) {
+  for (uint32_t i = 0; i < nd->nargs; i++)
+    argv[i] = (void *)(args + nd->arg0 + offs[nd->off0 + i]);
+  *p = cudaKernelNodeParams();
+  p->func = (void *)nd->func;
+  p->gridDim = dim3(nd->grid[0], nd->grid[1], nd->grid[2]);
+  p->blockDim = dim3(nd->block[0], nd->block[1], nd->block[2]);
+  p->sharedMemBytes = (unsigned)nd->smem;
+  p->kernelParams = argv;
+}
+
+static cudaMemsetParams memset_params(const cuda_node *nd) {
+  cudaMemsetParams mp = cudaMemsetParams();
+  mp.dst = nd->dst;
+  mp.value = 0;
+  mp.elementSize = 1;
+  mp.width = nd->bytes;
+  mp.height = 1;
+  return mp;
+}
+
+static void gent_release(cuda_graph_ent *e) {
+  if (e->exec) cudaGraphExecDestroy(e->exec);
+  if (e->graph) cudaGraphDestroy(e->graph);
+  e->exec = NULL;
+  e->graph = NULL;
+  e->n = 0;
+}
+
+static void gent_free(cuda_graph_ent *e) {
+  gent_release(e);
+  free(e->nodes);
+  free(e->log);
+  free(e->args);
+  free(e->offs);
+  memset(e, 0, sizeof *e);
+}
+
+/* Same nodes: count, kinds, kernels and copy directions (what an exec update cannot change). */
+static bool gent_same_shape(const cuda_impl *ci, const cuda_graph_ent *e) {
+  if (!e->exec || e->n != ci->log_n) return false;
+  for (int64_t i = 0; i < e->n; i++) {
+    const cuda_node *a = &e->log[i], *b = &ci->log[i];
+    if (a->kind != b->kind || a->func != b->func || a->copy_kind != b->copy_kind) return false;
+  }
+  return true;
+}
+
+/* Room for n nodes (handles and log entries share one capacity). */
+static bool gent_reserve(cuda_impl *ci, cuda_graph_ent *e, int64_t n) {
+  if (n <= e->cap) return true;
+  int64_t cap = e->cap;
+  if (!log_reserve(ci, (void **)&e->log, &cap, n, sizeof(cuda_node))) return false;
+  cap = e->cap;
+  if (!log_reserve(ci, (void **)&e->nodes, &cap, n, sizeof(cudaGraphNode_t))) return false;
+  e->cap = cap;
+  return true;
+}
+
+/* Keeps the step log in the entry (for the next comparison). */
+static bool gent_keep_log(cuda_impl *ci, cuda_graph_ent *e) {
+  if (!gent_reserve(ci, e, ci->log_n) ||
+      !log_reserve(ci, (void **)&e->args, &e->args_cap, ci->log_args_n, 1) ||
+      !log_reserve(ci, (void **)&e->offs, &e->offs_cap, ci->log_offs_n, sizeof(uint32_t)))
+    return false;
+  memcpy(e->log, ci->log, (size_t)ci->log_n * sizeof(cuda_node));
+  memcpy(e->args, ci->log_args, (size_t)ci->log_args_n);
+  memcpy(e->offs, ci->log_offs, (size_t)ci->log_offs_n * sizeof(uint32_t));
+  e->n = ci->log_n;
+  e->args_n = ci->log_args_n;
+  e->offs_n = ci->log_offs_n;
+  return true;
+}
+
+/* Updates e's executable graph in place where the step's nodes differ from e's log. False
+ * when the driver refuses an update (the caller rebuilds). */
+static bool gent_update(cuda_impl *ci, cuda_graph_ent *e) {
+  void *argv[CUDA_MAX_KARGS];
+  int64_t changed = 0;
+  for (int64_t i = 0; i < e->n; i++) {
+    const cuda_node *a = &e->log[i], *b = &ci->log[i];
+    if (!memcmp(a, b, sizeof *a) &&
+        (b->kind != CUDA_NODE_KERNEL ||
+         !memcmp(e->args + a->arg0, ci->log_args + b->arg0, b->arg_bytes)))
+      continue;
+    cudaError_t r;
+    if (b->kind == CUDA_NODE_KERNEL) {
+      cudaKernelNodeParams p;
+      kernel_params(b, ci->log_args, ci->log_offs, argv, &p);
+      r = cudaGraphExecKernelNodeSetParams(e->exec, e->nodes[i], &p);
+    } else if (b->kind == CUDA_NODE_COPY) {
+      r = cudaGraphExecMemcpyNodeSetParams1D(e->exec, e->nodes[i], b->dst, b->src, b->bytes,
+                                             (cudaMemcpyKind)b->copy_kind);
+    } else {
+      const cudaMemsetParams mp = memset_params(b);
+      r = cudaGraphExecMemsetNodeSetParams(e->exec, e->nodes[i], &mp);
+    }
+    if (r != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    changed++;
+  }
+  if (changed) ci->graph_updates++;
+  return gent_keep_log(ci, e);
+}
+
+/* Builds e's graph from the step log: one chain, in recording order. */
+static bool gent_build(cuda_impl *ci, cuda_graph_ent *e) {
+  gent_release(e);
+  if (!gent_reserve(ci, e, ci->log_n)) return false;
+  if (!cuda_check(ci, cudaGraphCreate(&e->graph, 0), "graph create")) return false;
+  void *argv[CUDA_MAX_KARGS];
+  for (int64_t i = 0; i < ci->log_n; i++) {
+    const cuda_node *nd = &ci->log[i];
+    const cudaGraphNode_t *dep = i ? &e->nodes[i - 1] : NULL;
+    const size_t ndep = i ? 1 : 0;
+    cudaError_t r;
+    if (nd->kind == CUDA_NODE_KERNEL) {
+      cudaKernelNodeParams p;
+      kernel_params(nd, ci->log_args, ci->log_offs, argv, &p);
+      r = cudaGraphAddKernelNode(&e->nodes[i], e->graph, dep, ndep, &p);
+    } else if (nd->kind == CUDA_NODE_COPY) {
+      r = cudaGraphAddMemcpyNode1D(&e->nodes[i], e->graph, dep, ndep, nd->dst, nd->src, nd->bytes,
+                                   (cudaMemcpyKind)nd->copy_kind);
+    } else {
+      const cudaMemsetParams mp = memset_params(nd);
+      r = cudaGraphAddMemsetNode(&e->nodes[i], e->graph, dep, ndep, &mp);
+    }
+    if (!cuda_check(ci, r, "graph node")) {
+      gent_release(e);
+      return false;
+    }
+  }
+  if (!cuda_check(ci, cudaGraphInstantiate(&e->exec, e->graph, 0), "graph instantiate")) {
+    e->exec = NULL;
+    gent_release(e);
+    return false;
+  }
+  ci->graph_builds++;
+  return gent_keep_log(ci, e);
+}
+
+/* Ends the recording and runs what was recorded: as the cached graph with the same nodes
+ * (arguments updated in place where they changed), else as a new graph. */
+void cuda_flush(cuda_impl *ci) {
+  if (!ci->recording) return;
+  ci->recording = 0;
   const double t1 = host_now();
   ci->t_capture += t1 - ci->cap_t0;
-  if (e != cudaSuccess || !g) {
-    cuda_check(ci, e != cudaSuccess ? e : cudaErrorUnknown, "end capture");
-    if (g) cudaGraphDestroy(g);
-    return;
+  if (ci->err || ci->log_n == 0) return; /* an op failed while recorded: nothing of the step runs */
+  cuda_graph_ent *e = NULL;
+  for (int i = 0; i < CUDA_GRAPH_CACHE; i++)
+    if (gent_same_shape(ci, &ci->gcache[i]) && (!e || ci->gcache[i].tick > e->tick))
+      e = &ci->gcache[i];
+  if (e && !gent_update(ci, e)) {
+    if (ci->err || !gent_build(ci, e)) return; /* an update the driver refused: rebuilt */
+  } else if (!e) {
+    e = &ci->gcache[0];
+    for (int i = 1; i < CUDA_GRAPH_CACHE; i++)
+      if (ci->gcache[i].tick < e->tick) e = &ci->gcache[i];
+    if (!gent_build(ci, e)) return;
   }
-  if (ci->err) { /* an op failed while captured: nothing of the step runs */
-    cudaGraphDestroy(g);
-    return;
-  }
-  if (ci->gexec) {
-    cudaGraphExecUpdateResultInfo info;
-    if (cudaGraphExecUpdate(ci->gexec, g, &info) != cudaSuccess) {
-      cudaGetLastError();
-      cudaGraphExecDestroy(ci->gexec);
-      ci->gexec = NULL;
-    }
-  }
-  if (!ci->gexec) {
-    if (!cuda_check(ci, cudaGraphInstantiate(&ci->gexec, g, 0), "graph instantiate")) {
-      ci->gexec = NULL;
-      cudaGraphDestroy(g);
-      return;
-    }
-    ci->graph_builds++;
-  }
-  cudaGraphDestroy(g);
+  e->tick = ++ci->gtick;
   ci->t_update += host_now() - t1;
   const bool timed = ci->ev0 && cudaEventRecord(ci->ev0, ci->stream) == cudaSuccess;
-  if (cuda_check(ci, cudaGraphLaunch(ci->gexec, ci->stream), "graph launch")) ci->graph_launches++;
+  if (cuda_check(ci, cudaGraphLaunch(e->exec, ci->stream), "graph launch")) ci->graph_launches++;
   ci->ev_pending = timed && cudaEventRecord(ci->ev1, ci->stream) == cudaSuccess;
 }
 
@@ -266,32 +485,37 @@ extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
 
 extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (ci->err || !ci->graphs || ci->capturing || n_tokens < 1 || n_tokens > CUDA_GRAPH_MAX_TOK) return;
+  if (ci->err || !ci->graphs || ci->recording || n_tokens < 1 || n_tokens > CUDA_GRAPH_MAX_TOK)
+    return;
   /* The previous step may still read the ring (a graph launched without a download). */
   if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "step sync")) return;
   graph_time_collect(ci);
   ci->ring_off = 0;
+  ci->log_n = ci->log_args_n = ci->log_offs_n = 0;
   ci->cap_t0 = host_now();
-  if (cuda_check(ci, cudaStreamBeginCapture(ci->stream, cudaStreamCaptureModeRelaxed), "begin capture"))
-    ci->capturing = 1;
+  ci->recording = 1;
 }
 
 extern "C" void cuda_backend_step_end(ops_backend *be) {
-  graph_finish(cuda_impl_of(be));
+  cuda_flush(cuda_impl_of(be));
 }
 
-extern "C" void cuda_backend_graph_times(ops_backend *be, double *capture_s, double *update_s, double *gpu_s) {
+extern "C" void cuda_backend_graph_times(ops_backend *be, double *capture_s, double *update_s,
+                                         double *gpu_s) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (ci->ev_pending && !ci->capturing && cudaStreamSynchronize(ci->stream) == cudaSuccess) graph_time_collect(ci);
+  if (ci->ev_pending && !ci->recording && cudaStreamSynchronize(ci->stream) == cudaSuccess)
+    graph_time_collect(ci);
   *capture_s = ci->t_capture;
   *update_s = ci->t_update;
   *gpu_s = ci->t_gpu;
 }
 
-extern "C" void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds) {
+extern "C" void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds,
+                                         int64_t *updates) {
   cuda_impl *ci = cuda_impl_of(be);
   *launches = ci->graph_launches;
   *builds = ci->graph_builds;
+  if (updates) *updates = ci->graph_updates;
 }
 
 /* ---- memory entries ---- */
@@ -316,19 +540,17 @@ static void cu_free(ops_backend *be, void *p) {
 }
 
 static void cu_memset0(ops_backend *be, void *p, size_t bytes) {
-  cuda_impl *ci = cuda_impl_of(be);
-  if (ci->err || !bytes) return;
-  cuda_check(ci, cudaMemsetAsync(p, 0, bytes, ci->stream), "memset");
+  cuda_memset_async(cuda_impl_of(be), p, bytes, "memset");
 }
 
 static void cu_upload(ops_backend *be, void *dst, const void *src, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || !bytes) return;
-  if (ci->capturing) { /* staged in pinned memory: the replay reads it, the caller may reuse src */
+  if (ci->recording) { /* staged in pinned memory: the replay reads it, the caller may reuse src */
     char *h, *d;
     if (!cuda_ring_reserve(be, bytes, &h, &d)) return;
     memcpy(h, src, bytes);
-    cuda_check(ci, cudaMemcpyAsync(dst, h, bytes, cudaMemcpyHostToDevice, ci->stream), "upload");
+    cuda_copy_async(ci, dst, h, bytes, cudaMemcpyHostToDevice, "upload");
     return;
   }
   if (cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, ci->stream), "upload"))
@@ -342,7 +564,7 @@ static void cu_download(ops_backend *be, void *dst, const void *src, size_t byte
     return;
   }
   if (!bytes) return;
-  graph_finish(ci); /* a download ends the captured part of a step */
+  cuda_flush(ci); /* a download ends the recorded part of a step */
   if (ci->err) {
     memset(dst, 0, bytes);
     return;
@@ -356,7 +578,7 @@ static void cu_download(ops_backend *be, void *dst, const void *src, size_t byte
 static void cu_copy(ops_backend *be, void *dst, const void *src, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
   if (!bytes || ci->err || dst == src) return;
-  cuda_check(ci, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ci->stream), "copy");
+  cuda_copy_async(ci, dst, src, bytes, cudaMemcpyDeviceToDevice, "copy");
 }
 
 /* ---- backend ---- */
@@ -380,7 +602,7 @@ extern "C" const char *cuda_backend_device_name(void) {
 
 extern "C" int cuda_backend_error(ops_backend *be, char *err, size_t errlen) {
   cuda_impl *ci = cuda_impl_of(be);
-  graph_finish(ci);
+  cuda_flush(ci);
   if (!ci->err) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
   if (!ci->err) return 0;
   return put_err(err, errlen, ci->err, "%s", ci->msg);
@@ -390,9 +612,12 @@ extern "C" void cuda_backend_free(ops_backend *be) {
   if (!be) return;
   cuda_impl *ci = cuda_impl_of(be);
   if (ci) {
-    if (ci->capturing) graph_finish(ci);
+    if (ci->recording) cuda_flush(ci);
     if (ci->stream) cudaStreamSynchronize(ci->stream);
-    if (ci->gexec) cudaGraphExecDestroy(ci->gexec);
+    for (int i = 0; i < CUDA_GRAPH_CACHE; i++) gent_free(&ci->gcache[i]);
+    free(ci->log);
+    free(ci->log_args);
+    free(ci->log_offs);
     if (ci->ev0) cudaEventDestroy(ci->ev0);
     if (ci->ev1) cudaEventDestroy(ci->ev1);
     if (ci->copy_stream) cudaStreamDestroy(ci->copy_stream);
@@ -410,10 +635,10 @@ extern "C" void cuda_backend_free(ops_backend *be) {
   free(be);
 }
 
-/* Not while a step is being captured: a graph is timed as a whole. */
+/* Not while a step is being recorded: a graph is timed as a whole. */
 static void cu_sync(ops_backend *be) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (!ci->err && !ci->capturing) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
+  if (!ci->err && !ci->recording) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
 }
 
 extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen) {

@@ -52,17 +52,20 @@ enum { CUDA_MV_DEFAULT = 0, CUDA_MV_F32 = 1, CUDA_MV_INT8_R4 = 2 };
 void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
 
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
- * most 8 tokens are captured and replayed as one graph (updated in place while the step's
- * shape repeats), which removes most of the per-launch cost. Every op of a decode-sized
- * batch stays on the device (MoE included); default off. */
+ * most 8 tokens are recorded (not launched) and run as one graph. A step whose recorded
+ * nodes match a cached graph's relaunches it, with only the changed arguments updated in
+ * place: consecutive decode steps of the same sequences change none (their varying inputs
+ * are device or ring memory at fixed addresses), so they cost no capture and no update.
+ * Every op of a decode-sized batch stays on the device (MoE included); default off. */
 void cuda_backend_set_graphs(ops_backend *be, int on);
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);
-/* Graph launches and (re)builds so far, for logs and benchmarks. */
-void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds);
-/* Host seconds recording steps (begin capture .. end capture) and updating/instantiating
- * their graphs, and device seconds of the replays (events around each launch, read at the
- * next step or here). */
+/* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
+ * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */
+void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds, int64_t *updates);
+/* Host seconds recording steps (step begin .. the end of recording) and updating /
+ * instantiating their graphs, and device seconds of the replays (events around each
+ * launch, read at the next step or here). */
 void cuda_backend_graph_times(ops_backend *be, double *capture_s, double *update_s, double *gpu_s);
 
 /* Device name for logs ("NVIDIA H200"); static storage, "none" without a device. */

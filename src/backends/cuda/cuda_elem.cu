@@ -60,16 +60,14 @@ void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, 
   const float *wd = w ? (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float)) : NULL;
   if (w && !wd) return;
   FOR_ROW_CHUNKS(rows, r0, cnt)
-  k_rmsnorm<<<(unsigned)cnt, row_threads(d), 0, ci->stream>>>(y + r0 * d, x + r0 * d, wd, d, eps, one_plus);
-  cuda_check_launch(ci, "rmsnorm");
+  cuda_launch(ci, "rmsnorm", k_rmsnorm, (unsigned)cnt, row_threads(d), 0, y + r0 * d, x + r0 * d, wd, d, eps, one_plus);
 }
 
 void cuda_op_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || rows <= 0 || d <= 0) return;
   FOR_ROW_CHUNKS(rows, r0, cnt)
-  k_l2norm<<<(unsigned)cnt, row_threads(d), 0, ci->stream>>>(x + r0 * d, d, eps, scale);
-  cuda_check_launch(ci, "l2norm");
+  cuda_launch(ci, "l2norm", k_l2norm, (unsigned)cnt, row_threads(d), 0, x + r0 * d, d, eps, scale);
 }
 
 void cuda_op_rmsnorm_gated(ops_backend *be, float *y, const float *x, const float *z, const float *w, int64_t rows,
@@ -82,9 +80,8 @@ void cuda_op_rmsnorm_gated(ops_backend *be, float *y, const float *x, const floa
     return;
   }
   FOR_ROW_CHUNKS(rows, r0, cnt)
-  k_rmsnorm_gated<<<(unsigned)cnt, row_threads(d), 0, ci->stream>>>(y + r0 * d, x + r0 * d, z + r0 * d, wd, d,
-                                                                    eps);
-  cuda_check_launch(ci, "rmsnorm_gated");
+  cuda_launch(ci, "rmsnorm_gated", k_rmsnorm_gated, (unsigned)cnt, row_threads(d), 0, y + r0 * d, x + r0 * d,
+              z + r0 * d, wd, d, eps);
 }
 
 /* ---- elementwise ---- */
@@ -110,8 +107,7 @@ void cuda_op_act_mul(ops_backend *be, float *y, const float *gate, const float *
                      int64_t gate_stride, int64_t up_stride, int act) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0 || d <= 0) return;
-  k_act_mul<<<ew_blocks(n * d), 256, 0, ci->stream>>>(y, gate, up, n, d, gate_stride, up_stride, act);
-  cuda_check_launch(ci, "act_mul");
+  cuda_launch(ci, "act_mul", k_act_mul, ew_blocks(n * d), 256, 0, y, gate, up, n, d, gate_stride, up_stride, act);
 }
 
 static __global__ void k_add(float *y, const float *x, int64_t n) {
@@ -121,8 +117,7 @@ static __global__ void k_add(float *y, const float *x, int64_t n) {
 void cuda_op_add(ops_backend *be, float *y, const float *x, int64_t n) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  k_add<<<ew_blocks(n), 256, 0, ci->stream>>>(y, x, n);
-  cuda_check_launch(ci, "add");
+  cuda_launch(ci, "add", k_add, ew_blocks(n), 256, 0, y, x, n);
 }
 
 static __global__ void k_scale(float *y, float s, int64_t n) {
@@ -132,8 +127,7 @@ static __global__ void k_scale(float *y, float s, int64_t n) {
 void cuda_op_scale(ops_backend *be, float *y, float s, int64_t n) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  k_scale<<<ew_blocks(n), 256, 0, ci->stream>>>(y, s, n);
-  cuda_check_launch(ci, "scale");
+  cuda_launch(ci, "scale", k_scale, ew_blocks(n), 256, 0, y, s, n);
 }
 
 static __global__ void k_mul_sigmoid(float *y, const float *g, int64_t rows, int d, int64_t gs, int bcast) {
@@ -147,8 +141,7 @@ void cuda_op_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows
                          int g_bcast) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || rows <= 0 || d <= 0) return;
-  k_mul_sigmoid<<<ew_blocks(rows * d), 256, 0, ci->stream>>>(y, g, rows, d, g_stride, g_bcast);
-  cuda_check_launch(ci, "mul_sigmoid");
+  cuda_launch(ci, "mul_sigmoid", k_mul_sigmoid, ew_blocks(rows * d), 256, 0, y, g, rows, d, g_stride, g_bcast);
 }
 
 static __global__ void k_copy_rows(float *dst, int64_t ds, const float *src, int64_t ss, int64_t rows, int d) {
@@ -162,8 +155,7 @@ void cuda_op_copy_rows(ops_backend *be, float *dst, int64_t dst_stride, const fl
                        int64_t rows, int d) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || rows <= 0 || d <= 0) return;
-  k_copy_rows<<<ew_blocks(rows * d), 256, 0, ci->stream>>>(dst, dst_stride, src, src_stride, rows, d);
-  cuda_check_launch(ci, "copy_rows");
+  cuda_launch(ci, "copy_rows", k_copy_rows, ew_blocks(rows * d), 256, 0, dst, dst_stride, src, src_stride, rows, d);
 }
 
 static __global__ void k_scatter_rows(float *const *dst, const float *src, int64_t rows, int d) {
@@ -178,8 +170,7 @@ void cuda_op_scatter_rows(ops_backend *be, float *const *dst, const float *src, 
   if (ci->err || rows <= 0 || d <= 0) return;
   float *const *dd = (float *const *)cuda_ring_put(be, dst, (size_t)rows * sizeof(float *));
   if (!dd) return;
-  k_scatter_rows<<<ew_blocks(rows * d), 256, 0, ci->stream>>>(dd, src, rows, d);
-  cuda_check_launch(ci, "scatter_rows");
+  cuda_launch(ci, "scatter_rows", k_scatter_rows, ew_blocks(rows * d), 256, 0, dd, src, rows, d);
 }
 
 static __global__ void k_softcap(float *y, int64_t n, float cap) {
@@ -189,8 +180,7 @@ static __global__ void k_softcap(float *y, int64_t n, float cap) {
 void cuda_op_softcap(ops_backend *be, float *y, int64_t n, float cap) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  k_softcap<<<ew_blocks(n), 256, 0, ci->stream>>>(y, n, cap);
-  cuda_check_launch(ci, "softcap");
+  cuda_launch(ci, "softcap", k_softcap, ew_blocks(n), 256, 0, y, n, cap);
 }
 
 /* ---- rope: one thread per (token, head, pair) ---- */
@@ -221,7 +211,6 @@ void cuda_op_rope(ops_backend *be, float *x, int64_t n, int n_heads, int head_di
   if (ci->err || n <= 0 || n_heads <= 0 || hr <= 0) return;
   const float *fd = (const float *)cuda_mirror(be, inv_freq, (size_t)hr * sizeof(float));
   if (!fd) return;
-  k_rope<<<ew_blocks(n * n_heads * hr), 256, 0, ci->stream>>>(x, n, n_heads, head_dim, stride, hr, fd, pos,
-                                                                interleaved);
-  cuda_check_launch(ci, "rope");
+  cuda_launch(ci, "rope", k_rope, ew_blocks(n * n_heads * hr), 256, 0, x, n, n_heads, head_dim, stride, hr, fd, pos,
+              interleaved);
 }

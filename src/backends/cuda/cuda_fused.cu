@@ -155,11 +155,11 @@ static __global__ void __launch_bounds__(STEP_THREADS) k_gdn_step(ops_gdn_step_a
 }
 
 template <int MAXDK>
-static void launch_step(int P, unsigned grid, unsigned threads, cudaStream_t st, const ops_gdn_step_args &a) {
+static void launch_step(cuda_impl *ci, int P, unsigned grid, unsigned threads, const ops_gdn_step_args &a) {
   switch (P) {
-  case 8: k_gdn_step<MAXDK, 8><<<grid, threads, 0, st>>>(a); break;
-  case 4: k_gdn_step<MAXDK, 4><<<grid, threads, 0, st>>>(a); break;
-  default: k_gdn_step<MAXDK, 2><<<grid, threads, 0, st>>>(a); break;
+  case 8: cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, 8>, grid, threads, 0, a); break;
+  case 4: cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, 4>, grid, threads, 0, a); break;
+  default: cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, 2>, grid, threads, 0, a); break;
   }
 }
 
@@ -194,10 +194,10 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
     d.b = a->b + t0 * hv;
     d.a = a->a + t0 * hv;
     d.y = a->y + t0 * Vd;
-    if (dk <= 32) launch_step<32>(P, (unsigned)hk, threads, ci->stream, d);
-    else if (dk <= 64) launch_step<64>(P, (unsigned)hk, threads, ci->stream, d);
-    else if (dk <= 128) launch_step<128>(P, (unsigned)hk, threads, ci->stream, d);
-    else launch_step<256>(P, (unsigned)hk, threads, ci->stream, d);
+    if (dk <= 32) launch_step<32>(ci, P, (unsigned)hk, threads, d);
+    else if (dk <= 64) launch_step<64>(ci, P, (unsigned)hk, threads, d);
+    else if (dk <= 128) launch_step<128>(ci, P, (unsigned)hk, threads, d);
+    else launch_step<256>(ci, P, (unsigned)hk, threads, d);
     if (!cuda_check_launch(ci, "gdn_step")) return;
   }
 }
@@ -237,8 +237,9 @@ void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, co
   if (th > AN_THREADS) th = AN_THREADS;
   for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) { /* grid.x limit */
     const int64_t cnt = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
-    k_add_rmsnorm<<<(unsigned)cnt, th, 0, ci->stream>>>(x + r0 * d, r + r0 * d, y + r0 * d, wd, d, eps, one_plus);
-    if (!cuda_check_launch(ci, "add_rmsnorm")) return;
+    cuda_launch(ci, "add_rmsnorm", k_add_rmsnorm, (unsigned)cnt, th, 0, x + r0 * d, r + r0 * d, y + r0 * d, wd, d, eps,
+                one_plus);
+    if (ci->err) return;
   }
 }
 
@@ -302,7 +303,6 @@ void cuda_op_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int
   }
   int th = (head_dim + 31) / 32 * 32;
   if (th > AN_THREADS) th = AN_THREADS;
-  k_norm_rope<<<(unsigned)rows, th, (size_t)head_dim * sizeof(float), ci->stream>>>(
-      y, x, n_heads, head_dim, x_stride, x_head_stride, wd, eps, one_plus, hr, fd, pos, interleaved);
-  cuda_check_launch(ci, "norm_rope");
+  cuda_launch(ci, "norm_rope", k_norm_rope, (unsigned)rows, th, (size_t)head_dim * sizeof(float), y, x, n_heads,
+              head_dim, x_stride, x_head_stride, wd, eps, one_plus, hr, fd, pos, interleaved);
 }

@@ -41,8 +41,7 @@ void cuda_op_conv1d_silu(ops_backend *be, float *y, const float *x, int64_t n, i
   }
   const float *wd = (const float *)cuda_mirror(be, w, (size_t)ch * kw * sizeof(float));
   if (!wd) return;
-  k_conv1d_silu<<<cuda_blocks(ch, 128), 128, 0, ci->stream>>>(y, x, n, ch, wd, kw, state);
-  cuda_check_launch(ci, "conv1d_silu");
+  cuda_launch(ci, "conv1d_silu", k_conv1d_silu, cuda_blocks(ch, 128), 128, 0, y, x, n, ch, wd, kw, state);
 }
 
 static __global__ void k_gdn_gates(float *beta, float *g, const float *b, int64_t bs, const float *a, int64_t as,
@@ -65,9 +64,8 @@ void cuda_op_gdn_gates(ops_backend *be, float *beta, float *g, const float *b, i
   const float *db = (const float *)cuda_mirror(be, dt_bias, (size_t)h * sizeof(float));
   if (!al || !db) return;
   int64_t blocks = (n * h + 255) / 256;
-  k_gdn_gates<<<(unsigned)(blocks > 65536 ? 65536 : blocks), 256, 0, ci->stream>>>(beta, g, b, b_stride, a, a_stride,
-                                                                                   al, db, n, h);
-  cuda_check_launch(ci, "gdn_gates");
+  cuda_launch(ci, "gdn_gates", k_gdn_gates,
+              (unsigned)(blocks > 65536 ? 65536 : blocks), 256, 0, beta, g, b, b_stride, a, a_stride, al, db, n, h);
 }
 
 /* grid (hv, ceil(dv / 32)), one warp per block. */
@@ -125,11 +123,10 @@ void cuda_op_gdn_recurrent(ops_backend *be, const ops_gdn_args *a) {
     return;
   }
   dim3 grid((unsigned)a->hv, (unsigned)((a->dv + 31) / 32));
-  if (a->dk <= 32) k_gdn_recurrent<32><<<grid, 32, 0, ci->stream>>>(*a);
-  else if (a->dk <= 64) k_gdn_recurrent<64><<<grid, 32, 0, ci->stream>>>(*a);
-  else if (a->dk <= 128) k_gdn_recurrent<128><<<grid, 32, 0, ci->stream>>>(*a);
-  else k_gdn_recurrent<256><<<grid, 32, 0, ci->stream>>>(*a);
-  cuda_check_launch(ci, "gdn_recurrent");
+  if (a->dk <= 32) cuda_launch(ci, "gdn recurrent", k_gdn_recurrent<32>, grid, 32, 0, *a);
+  else if (a->dk <= 64) cuda_launch(ci, "gdn recurrent", k_gdn_recurrent<64>, grid, 32, 0, *a);
+  else if (a->dk <= 128) cuda_launch(ci, "gdn recurrent", k_gdn_recurrent<128>, grid, 32, 0, *a);
+  else cuda_launch(ci, "gdn_recurrent", k_gdn_recurrent<256>, grid, 32, 0, *a);
 }
 
 /* Chunk-64 form (cuda_gdn_chunked.cu) for prefill runs; short runs, captured steps and

@@ -393,14 +393,14 @@ static bool gdn_scan_launch(cuda_impl *ci, const ops_gdn_args *s, const float *W
                   "gdn scan smem"))
     return false;
   dim3 grid((unsigned)((s->dv + GDN_NV - 1) / GDN_NV), (unsigned)s->hv);
-  kern<<<grid, GDN_THREADS, smem, ci->stream>>>(*s, W, U, P, G, nch);
-  return cuda_check_launch(ci, "gdn scan");
+  cuda_launch(ci, "gdn scan", kern, grid, GDN_THREADS, smem, *s, W, U, P, G, nch);
+  return !ci->err;
 }
 
 bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err) return true;
-  if (ci->capturing || a->n < GDN_MIN_TOKENS) return false;
+  if (ci->recording || a->n < GDN_MIN_TOKENS) return false;
   const int dk = a->dk, dv = a->dv, hv = a->hv, hk = a->hk;
   if (dk <= 0 || dk > 256 || dv <= 0 || hk <= 0 || hv <= 0 || hv % hk != 0 || hv > 65535) return false;
   const size_t per_chunk = (size_t)hv * GDN_C * ((size_t)dk + dv + GDN_C + 1);
@@ -433,8 +433,9 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     s.out += t0 * hv * dv;
     float *W = ci->gdn_scr, *U = W + (size_t)hv * nch * GDN_C * dk, *P = U + (size_t)hv * nch * GDN_C * dv;
     float *G = P + (size_t)hv * nch * GDN_C * GDN_C;
-    k_gdn_prep<<<dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, ci->stream>>>(s, W, U, P, G, nch);
-    if (!cuda_check_launch(ci, "gdn prep")) break;
+    cuda_launch(ci, "gdn prep", k_gdn_prep, dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, s, W, U, P, G,
+                nch);
+    if (ci->err) break;
     if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch);
     else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch);
     else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch);

@@ -71,11 +71,11 @@ static unsigned grid_of(int64_t items) {
 }
 
 /* The activation scratch, grown on demand. Only batches above the matvec range come here
- * and those are never captured into a graph, so a (rare) cudaMalloc is allowed. */
+ * and those are never recorded into a graph, so a (rare) cudaMalloc is allowed. */
 static void *act_scratch(cuda_impl *ci, size_t bytes) {
   if (bytes <= ci->act16_bytes) return ci->act16;
-  if (ci->capturing) {
-    cuda_fail(ci, ANNA_ESTATE, "cuda: GEMM scratch cannot grow inside a captured step");
+  if (ci->recording) {
+    cuda_fail(ci, ANNA_ESTATE, "cuda: GEMM scratch cannot grow inside a recorded step");
     return NULL;
   }
   if (ci->act16) cudaFree(ci->act16);
@@ -108,8 +108,9 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
   if (!hi) return true; /* sticky error set */
   __nv_bfloat16 *lo = hi + lo_at;
   const int vec = ((uintptr_t)x & 15) == 0;
-  k_split_act<<<grid_of(vec ? count / 4 + 1 : count), 256, 0, ci->stream>>>(hi, lo, x, count, vec);
-  if (!cuda_check_launch(ci, "split activations")) return true;
+  cuda_launch(ci, "split activations", k_split_act, grid_of(vec ? count / 4 + 1 : count), 256, 0, hi, lo, x, count,
+              vec);
+  if (ci->err) return true;
   const float one = 1.0f, zero = 0.0f;
   const int k = (int)w->cols;
   int64_t tile = w->rows;
@@ -125,9 +126,9 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
     const int64_t m = w->rows - r0 < tile ? w->rows - r0 : tile;
     const void *A = W + r0 * rb;
     if (quant) {
-      k_dequant_bf16<<<grid_of(m * (w->cols / 32)), 256, 0, ci->stream>>>((__nv_bfloat16 *)ci->deq, W + r0 * rb, m,
-                                                                          w->cols, rb, w->type);
-      if (!cuda_check_launch(ci, "dequant bf16")) return true;
+      cuda_launch(ci, "dequant bf16", k_dequant_bf16,
+                  grid_of(m * (w->cols / 32)), 256, 0, (__nv_bfloat16 *)ci->deq, W + r0 * rb, m, w->cols, rb, w->type);
+      if (ci->err) return true;
       A = ci->deq;
     }
     /* Column-major view, as the f32 path: C(m x n, ldc rows) = A(k x m)^T B(k x n); the lo

@@ -16,6 +16,39 @@ typedef struct cuda_mirror_ent {
   size_t bytes;
 } cuda_mirror_ent;
 
+/* One recorded operation of a decode step (see "Launches" below). Compared byte for byte
+ * between steps, so every field is set (memset first) and the struct has no padding holes
+ * that could differ. */
+enum { CUDA_NODE_KERNEL = 1, CUDA_NODE_COPY = 2, CUDA_NODE_MEMSET = 3 };
+typedef struct cuda_node {
+  int32_t kind;      /* CUDA_NODE_* */
+  int32_t copy_kind; /* cudaMemcpyKind of a copy */
+  const void *func;  /* kernel */
+  uint32_t grid[3], block[3];
+  uint64_t smem;
+  uint32_t arg0, arg_bytes; /* kernel arguments: log_args[arg0 .. arg0 + arg_bytes) */
+  uint32_t off0, nargs;     /* their offsets in that span: log_offs[off0 .. off0 + nargs) */
+  void *dst;                /* copy / memset */
+  const void *src;          /* copy */
+  uint64_t bytes;           /* copy / memset */
+} cuda_node;
+
+/* A cached executable graph of a recorded step: its nodes (the graph's handles, for
+ * in-place argument updates) and the log it was made from. */
+typedef struct cuda_graph_ent {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cudaGraphNode_t *nodes;
+  cuda_node *log;
+  uint8_t *args;
+  uint32_t *offs;
+  int64_t n, cap, args_n, args_cap, offs_n, offs_cap;
+  int64_t tick; /* last use, for eviction */
+} cuda_graph_ent;
+
+#define CUDA_GRAPH_CACHE 4 /* graphs kept: e.g. decode steps with and without a block-table upload */
+#define CUDA_MAX_KARGS 32 /* kernel parameters a recorded launch may have */
+
 typedef struct cuda_impl {
   int device;
   cudaStream_t stream;
@@ -29,16 +62,21 @@ typedef struct cuda_impl {
   char *ring_h, *ring_d; /* pinned host ring and its device twin */
   size_t ring_cap, ring_off;
   int64_t max_batch;
-  cudaStream_t copy_stream; /* weight mirror copies: never part of a captured step */
+  cudaStream_t copy_stream; /* weight mirror copies: never part of a recorded step */
   int exact;                /* cuda_backend_set_exact: f32 inputs and arithmetic everywhere */
   int mv_variant;           /* cuda_backend_set_matvec_variant (CUDA_MV_*) */
   size_t mv_smem;           /* int8 matvec shared-memory limit (cuda_matmul_setup) */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
-  int capturing;            /* the stream is being captured for the current step */
-  cudaGraphExec_t gexec;    /* last step's executable graph, updated in place when it fits */
-  int64_t graph_launches, graph_builds;
+  int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
+  cuda_node *log;           /* the step being recorded: nodes, kernel argument bytes, offsets */
+  uint8_t *log_args;
+  uint32_t *log_offs;
+  int64_t log_n, log_cap, log_args_n, log_args_cap, log_offs_n, log_offs_cap;
+  cuda_graph_ent gcache[CUDA_GRAPH_CACHE];
+  int64_t gtick;
+  int64_t graph_launches, graph_builds, graph_updates; /* updates: launches with changed arguments */
   double t_capture, t_update, t_gpu; /* cuda_backend_graph_times */
-  double cap_t0;                     /* host clock at begin capture */
+  double cap_t0;                     /* host clock at step begin */
   cudaEvent_t ev0, ev1;              /* around the last replay; pending until read */
   int ev_pending;
   void *act16;              /* bf16/f16 activations of a tensor-core GEMM (cuda_gemm.cu), grown on demand */
@@ -60,6 +98,46 @@ int cuda_fail(cuda_impl *ci, int code, const char *fmt, ...) __attribute__((form
 bool cuda_check(cuda_impl *ci, cudaError_t e, const char *what);
 bool cuda_check_launch(cuda_impl *ci, const char *what);
 
+/* ---- Launches ----
+ * Every kernel launch, async copy and memset of an op goes through cuda_launch /
+ * cuda_copy_async / cuda_memset_async. Outside a decode step they are queued on the stream.
+ * Inside one (cuda_backend_step_begin .. step_end) they are appended to the step log
+ * instead: step end finds a cached graph with the same nodes and relaunches it, updating in
+ * place only the nodes whose arguments changed (none, for consecutive decode steps of the
+ * same sequences: positions, token ids and pointer arrays live in device or ring memory at
+ * fixed addresses), or builds a graph from the log. This replaces stream capture, whose
+ * per-launch recording cost about 1 us per kernel on every step.
+ * Work that cannot be recorded (cuBLAS, a copy to the host, a wait) calls cuda_flush first:
+ * the recorded part runs as a graph and the rest of the step runs eagerly. */
+bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, size_t smem, int nargs,
+                     const void *const *args, const size_t *sizes, const size_t *aligns);
+void cuda_flush(cuda_impl *ci);
+
+/* T, not deduced from the arguments: parameters convert as they would in k<<<>>>(args). */
+template <typename T> struct cuda_nodeduce { typedef T type; };
+
+/* k<<<grid, block, smem, stream>>>(a...), or recorded into the step log; `what` names the
+ * launch in error messages. */
+template <typename... P>
+static inline void cuda_launch(cuda_impl *ci, const char *what, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                               typename cuda_nodeduce<P>::type... a) {
+  if (ci->err) return;
+  if (ci->recording) {
+    const void *args[] = {(const void *)&a..., NULL};
+    const size_t sizes[] = {sizeof(P)..., 0};
+    const size_t aligns[] = {alignof(P)..., 1};
+    cuda_log_kernel(ci, (const void *)k, grid, block, smem, (int)sizeof...(P), args, sizes, aligns);
+    return;
+  }
+  k<<<grid, block, smem, ci->stream>>>(a...);
+  cuda_check_launch(ci, what);
+}
+/* cudaMemcpyAsync on the stream (kind: host-to-device from pinned memory, or
+ * device-to-device; a copy to the host is not recordable: cuda_flush first), or recorded. */
+void cuda_copy_async(cuda_impl *ci, void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, const char *what);
+/* cudaMemsetAsync(p, 0, bytes) on the stream, or recorded. */
+void cuda_memset_async(cuda_impl *ci, void *p, size_t bytes, const char *what);
+
 /* Device address for a host buffer of `bytes` (the model's weights and vectors): the
  * mirror, made on first use; a device pointer is returned as is. NULL on failure (sticky
  * error set) or when host is NULL. */
@@ -71,7 +149,7 @@ const void *cuda_mirror(ops_backend *be, const void *host, size_t bytes);
 const void *cuda_mirror_find(ops_backend *be, const void *key);
 const void *cuda_mirror_keyed(ops_backend *be, const void *key, const void *src, size_t bytes);
 /* Reserves `bytes` of the pinned ring: *h (host, write now) and its device twin *d. The
- * caller queues the copy. Never waits while a step is being captured. */
+ * caller queues the copy. Never waits while a step is being recorded. */
 bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d);
 /* Copies `bytes` of host data through the pinned ring to device memory valid for work
  * queued on the stream after this call. NULL on failure. */

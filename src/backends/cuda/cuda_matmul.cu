@@ -556,7 +556,9 @@ static const uint8_t *weight_dev(ops_backend *be, const ops_weight *w, int64_t *
 }
 
 #define QCASE(T)                                                                                                      \
-  case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
+  case T:                                                                                                             \
+    cuda_launch(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal);          \
+    break;
 
 /* True when the piece kernel reads this weight: its format has a piece decoder, the rows
  * meet that decoder's load alignment and the activations are 16-byte aligned. */
@@ -572,28 +574,24 @@ static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
 }
 
 #define QCASE(T)                                                                                                      \
-  case T: k_matvec_quant<T, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, rb, xal); break;
+  case T:                                                                                                             \
+    cuda_launch(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal);          \
+    break;
 #define PCASE(T)                                                                                \
   case T: {                                                                                     \
     constexpr int R = mvq_rows<T, NT>();                                                        \
-    const unsigned g = piece_grid<T, NT, R>(st, (w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R)); \
-    k_matvec_piece<T, NT, R><<<g, 32 * MVQ_WARPS, 0, st>>>(y, x, W, w->rows, w->cols, rb);      \
+    const unsigned g = piece_grid<T, NT, R>((w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R)); \
+    cuda_launch(ci, "matvec piece", k_matvec_piece<T, NT, R>, g, 32 * MVQ_WARPS, 0, y, x, W, w->rows, w->cols, rb); \
     return;                                                                                     \
   }
 
 /* Blocks for a persistent piece kernel: what fits on the device at once, or fewer when
- * there is less work. Measured once per instance (the process uses one device kind), never
- * while st is being captured into a graph: until then every row group gets its own warp,
- * which the kernel handles as well (any grid size is correct). */
+ * there is less work. Measured once per instance (the process uses one device kind); any
+ * grid size is correct. */
 template <int TYPE, int NT, int R>
-static unsigned piece_grid(cudaStream_t st, int64_t blocks) {
+static unsigned piece_grid(int64_t blocks) {
   static int64_t resident = 0;
   if (!resident) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-      (void)cudaGetLastError();
-      return (unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff);
-    }
     int dev = 0, sms = 0, per = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -606,19 +604,13 @@ static unsigned piece_grid(cudaStream_t st, int64_t blocks) {
 }
 
 /* Blocks for a persistent k_matvec_q8: SMs times the blocks that fit one SM, the smaller of
- * the register limit (the occupancy API without shared memory, queried once per instance,
- * never while st is being captured; until then every row group gets its own warp, which is
- * as correct) and the shared-memory limit for this launch's smem (computed, so weights of
- * different widths do not re-query: 1 KB per block is reserved by the system). */
+ * the register limit (the occupancy API without shared memory, queried once per instance)
+ * and the shared-memory limit for this launch's smem (computed, so weights of different
+ * widths do not re-query: 1 KB per block is reserved by the system). */
 template <int TYPE, int NT, int R>
-static unsigned q8_grid(cudaStream_t st, int64_t blocks, size_t smem) {
+static unsigned q8_grid(int64_t blocks, size_t smem) {
   static int sms = 0, per_regs = 0, smem_sm = 0;
   if (!sms) {
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-      (void)cudaGetLastError();
-      return (unsigned)(blocks < 0x7fffffff ? blocks : 0x7fffffff);
-    }
     int dev = 0, n = 0, per = 0, sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -637,15 +629,15 @@ static unsigned q8_grid(cudaStream_t st, int64_t blocks, size_t smem) {
 }
 
 template <int TYPE, int NT, int R>
-static void launch_q8(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
+static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
   const size_t sm = mvq8_smem(NT, w->cols);
-  const unsigned g = q8_grid<TYPE, NT, R>(st, (w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
-  k_matvec_q8<TYPE, NT, R><<<g, 32 * MVQ8_WARPS, sm, st>>>(y, x, W, w->rows, w->cols, rb);
+  const unsigned g = q8_grid<TYPE, NT, R>((w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
+  cuda_launch(ci, "matvec q8", k_matvec_q8<TYPE, NT, R>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb);
 }
 #define Q8CASE(T)                                                                  \
   case T:                                                                          \
-    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(st, y, x, W, w, rb);       \
-    else launch_q8<T, NT, 2>(st, y, x, W, w, rb);                                  \
+    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(ci, y, x, W, w, rb);       \
+    else launch_q8<T, NT, 2>(ci, y, x, W, w, rb);                                  \
     return;
 
 /* Raises the dynamic shared memory limit of both instances for TYPE, NT to bytes. */
@@ -677,7 +669,7 @@ size_t cuda_matmul_setup(void) {
 /* q8: int8 activations allowed (exact off): 1, or 2 for the 4-row variant. smem_max: the
  * q8 kernels' dynamic shared memory limit. */
 template <int NT>
-static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8_t *W, const ops_weight *w,
+static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w,
                           int64_t rb, int vec, int q8, size_t smem_max) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
@@ -707,10 +699,14 @@ static void launch_matvec(cudaStream_t st, float *y, const float *x, const uint8
     }
   }
   switch (w->type) {
-  case ANNA_DTYPE_F32: k_matvec_plain<ANNA_DTYPE_F32, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
-  case ANNA_DTYPE_F16: k_matvec_plain<ANNA_DTYPE_F16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec); break;
+  case ANNA_DTYPE_F32:
+    cuda_launch(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_F32, NT>, grid, th, 0, y, x, W, w->rows, w->cols, vec);
+    break;
+  case ANNA_DTYPE_F16:
+    cuda_launch(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_F16, NT>, grid, th, 0, y, x, W, w->rows, w->cols, vec);
+    break;
   case ANNA_DTYPE_BF16:
-    k_matvec_plain<ANNA_DTYPE_BF16, NT><<<grid, th, 0, st>>>(y, x, W, w->rows, w->cols, vec);
+    cuda_launch(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_BF16, NT>, grid, th, 0, y, x, W, w->rows, w->cols, vec);
     break;
     QCASE(ANNA_DTYPE_Q4_0)
     QCASE(ANNA_DTYPE_Q4_1)
@@ -738,6 +734,7 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (bias && !bd) return;
   /* Q4_K's wide loads need 16-byte aligned rows (a mirror copy always is: cudaMalloc). */
   const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
+  if (!(n <= MV_MAX_TOK && wide_ok)) cuda_flush(ci); /* cuBLAS calls are not recorded: the step goes on eagerly */
   if (n <= MV_MAX_TOK && wide_ok) {
     const int vec = w->cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
     const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
@@ -747,10 +744,10 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
       const int64_t left = n - t0;
       const float *xt = x + t0 * w->cols;
       float *yt = y + t0 * w->rows;
-      if (left >= 8) launch_matvec<8>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 8;
-      else if (left >= 4) launch_matvec<4>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 4;
-      else if (left >= 2) launch_matvec<2>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 2;
-      else launch_matvec<1>(ci->stream, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 1;
+      if (left >= 8) launch_matvec<8>(ci, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 8;
+      else if (left >= 4) launch_matvec<4>(ci, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 4;
+      else if (left >= 2) launch_matvec<2>(ci, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 2;
+      else launch_matvec<1>(ci, yt, xt, W, w, rb, vec, q8, smem_max), t0 += 1;
     }
     if (!cuda_check_launch(ci, "matvec")) return;
   } else if (!cuda_gemm_tc(be, y, x, n, w, W, rb)) {
@@ -767,9 +764,9 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
       if (w->type == ANNA_DTYPE_F32) {
         A = (const float *)(W + r0 * rb);
       } else {
-        k_dequant_rows<<<grid_for(m * w->cols / (cuda_float_type(w->type) ? 1 : 32)), 256, 0, ci->stream>>>(
-            ci->deq, W + r0 * rb, m, w->cols, rb, w->type);
-        if (!cuda_check_launch(ci, "dequant")) return;
+        cuda_launch(ci, "dequant", k_dequant_rows, grid_for(m * w->cols / (cuda_float_type(w->type) ? 1 : 32)), 256, 0,
+                    ci->deq, W + r0 * rb, m, w->cols, rb, w->type);
+        if (ci->err) return;
         A = ci->deq;
       }
       /* Column-major view: Y^T[m, n] = A^T... i.e. C(m x n, ld rows) = A(cols x m)^T B(cols x n). */
@@ -782,8 +779,7 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
     }
   }
   if (bd && !ci->err) {
-    k_add_bias<<<grid_for(n * w->rows), 256, 0, ci->stream>>>(y, bd, n, w->rows);
-    cuda_check_launch(ci, "bias");
+    cuda_launch(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
   }
 }
 
@@ -816,8 +812,8 @@ void cuda_op_embed(ops_backend *be, float *out, const ops_weight *table, const i
   if (!T) return;
   for (int64_t t0 = 0; t0 < n; t0 += 65535) {
     const int64_t cnt = n - t0 < 65535 ? n - t0 : 65535;
-    k_embed<<<(unsigned)cnt, 128, 0, ci->stream>>>(out + t0 * table->cols, T, table->rows, table->cols, rb,
-                                                   table->type, ids + t0, scale);
+    cuda_launch(ci, "embed", k_embed, (unsigned)cnt, 128, 0,
+                out + t0 * table->cols, T, table->rows, table->cols, rb, table->type, ids + t0, scale);
   }
   cuda_check_launch(ci, "embed");
 }

@@ -76,8 +76,8 @@ void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *l
   }
   const float *pe = per_expert ? (const float *)cuda_mirror(be, per_expert, (size_t)n_experts * sizeof(float)) : NULL;
   if (per_expert && !pe) return;
-  k_moe_route<<<cuda_blocks(n * 32, 128), 128, 0, ci->stream>>>(idx, wts, logits, n, n_experts, k, renorm, pe);
-  cuda_check_launch(ci, "moe_route");
+  cuda_launch(ci, "moe_route", k_moe_route, cuda_blocks(n * 32, 128), 128, 0, idx, wts, logits, n, n_experts, k, renorm,
+              pe);
 }
 
 /* xs[r] = x[order[r] / k] */
@@ -218,12 +218,11 @@ static bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t 
   const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
   const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
   float *h = scratch; /* n * k * I floats: within ops_moe_scratch_floats */
-  k_moe_gate_up<<<dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)), 32 * MOE_WARPS, 0,
-                  ci->stream>>>(h, x, H, I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
-  if (!cuda_check_launch(ci, "moe gate/up")) return true;
-  k_moe_down<<<dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n), 32 * MOE_WARPS, 0, ci->stream>>>(
-      out, h, H, I, idx, wts, k, E, tab, td, rbd);
-  cuda_check_launch(ci, "moe down");
+  cuda_launch(ci, "moe gate/up", k_moe_gate_up, dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)),
+              32 * MOE_WARPS, 0, h, x, H, I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
+  if (ci->err) return true;
+  cuda_launch(ci, "moe down", k_moe_down, dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n),
+              32 * MOE_WARPS, 0, out, h, H, I, idx, wts, k, E, tab, td, rbd);
   return true;
 }
 
@@ -235,10 +234,7 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
   if (n <= CUDA_GRAPH_MAX_TOK &&
       moe_ffn_decode(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
     return;
-  if (ci->capturing) { /* the expert ids are read back mid-op: not capturable */
-    cuda_fail(ci, ANNA_ESTATE, "cuda: moe_ffn of these expert weights inside a captured step");
-    return;
-  }
+  cuda_flush(ci); /* the expert ids are read back mid-op: the rest of a recorded step runs eagerly */
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
   const int64_t nk = n * k;
   int32_t *hidx = (int32_t *)malloc((size_t)nk * 2 * sizeof(int32_t));
@@ -285,13 +281,13 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
   }
   const int32_t *dorder = (const int32_t *)cuda_ring_put(be, order, (size_t)nk * sizeof(int32_t));
   float *xs = scratch, *gu = xs + nk * H, *hbuf = gu + nk * 2 * I, *ys = hbuf + nk * I;
-  if (dorder) cuda_check(ci, cudaMemsetAsync(out, 0, (size_t)(n * H) * sizeof(float), ci->stream), "moe memset");
+  if (dorder) cuda_memset_async(ci, out, (size_t)(n * H) * sizeof(float), "moe memset");
   for (int32_t e = 0; dorder && !ci->err && e <= emax; e++) {
     const int64_t m = start[e + 1] - start[e];
     if (!m) continue;
     const int32_t *ord = dorder + start[e];
-    k_gather<<<grid_of(m * H), 256, 0, ci->stream>>>(xs, x, ord, m, H, k);
-    if (!cuda_check_launch(ci, "moe gather")) break;
+    cuda_launch(ci, "moe gather", k_gather, grid_of(m * H), 256, 0, xs, x, ord, m, H, k);
+    if (ci->err) break;
     if (up) {
       cuda_op_matmul(be, gu, xs, m, &gate[e], NULL);
       cuda_op_matmul(be, gu + m * I, xs, m, &up[e], NULL);
@@ -302,8 +298,7 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
     }
     cuda_op_matmul(be, ys, hbuf, m, &down[e], NULL);
     if (ci->err) break;
-    k_scatter_add<<<grid_of(m * H), 256, 0, ci->stream>>>(out, ys, ord, wts, m, H, k);
-    cuda_check_launch(ci, "moe scatter");
+    cuda_launch(ci, "moe scatter", k_scatter_add, grid_of(m * H), 256, 0, out, ys, ord, wts, m, H, k);
   }
   free(start);
   free(hidx);
