@@ -347,7 +347,8 @@ static void test_embed(void) {
 
 static void test_norms(void) {
   printf("norms\n");
-  const int ds[] = {1, 7, 33, 128, 1000, 4096};
+  /* 4-aligned widths up to 16384 take the register-resident kernel; 7, 33, 20002 the strided one */
+  const int ds[] = {1, 7, 33, 128, 1000, 4096, 5120, 16384, 20002};
   for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
     cuda_backend_drop_mirrors(g_gpu);
     const int d = ds[i];
@@ -363,6 +364,14 @@ static void test_norms(void) {
       snprintf(what, sizeof what, "rmsnorm d=%d mode=%d", d, mode);
       cmpd(what, dy, ref, rows * d, 1e-5);
       dfree(dy);
+    }
+    { /* in place, as the model's final norm of a logits row runs */
+      float *dxi = dput(x, sizeof(float) * (size_t)(rows * d));
+      g_cpu->rmsnorm(g_cpu, ref, x, w, rows, d, 1e-6f, 0);
+      g_gpu->rmsnorm(g_gpu, dxi, dxi, w, rows, d, 1e-6f, 0);
+      snprintf(what, sizeof what, "rmsnorm in place d=%d", d);
+      cmpd(what, dxi, ref, rows * d, 1e-5);
+      dfree(dxi);
     }
     g_cpu->rmsnorm_gated(g_cpu, ref, x, z, w, rows, d, 1e-6f);
     float *dy = dnan(rows * d);
@@ -703,7 +712,7 @@ static void test_fused(void) {
       dfree(dqkv), dfree(dz), dfree(dba), dfree(dcs), dfree(dst), dfree(dy);
       free(qkv), free(z), free(ba), free(cw), free(alog), free(dtb), free(nw), free(cs), free(st), free(y), free(work);
     }
-    const int ds[] = {1, 37, 1000, 1024, 4096};
+    const int ds[] = {1, 37, 1000, 1024, 4096, 5120, 16384, 20000};
     for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
       cuda_backend_drop_mirrors(g_gpu);
       const int d = ds[i];

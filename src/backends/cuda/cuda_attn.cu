@@ -11,6 +11,7 @@
  * Prefill (exact off, runs of >= 16 tokens of one sequence): a flash-attention kernel on
  * tensor cores, see "flash prefill" below. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
 
@@ -137,24 +138,33 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
   if (tid == 0) pp[v_dim] = m, pp[v_dim + 1] = l;
 }
 
+/* Merges the splits of one (token, head): the first warp reads every split's (max, sum)
+ * at once and turns them into weights exp(m_s - M) / L in shared memory, then each thread
+ * sums its value columns over the splits (independent loads, not a chain of round trips).
+ * nsplit <= ATT_MAX_SPLIT (the launchers cap it). */
+#define ATT_MAX_SPLIT 32
 static __global__ void k_attn_combine(float *out, const float *part, int nsplit, int v_dim) {
+  __shared__ float wsh[ATT_MAX_SPLIT];
   const int64_t bh = blockIdx.x;
-  const float *pb = part + bh * nsplit * (int64_t)(v_dim + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < nsplit; s++) M = fmaxf(M, pb[s * (int64_t)(v_dim + 2) + v_dim]);
-  float L = 0.0f;
-  for (int s = 0; s < nsplit; s++) {
-    const float *ps = pb + s * (int64_t)(v_dim + 2);
-    if (ps[v_dim + 1] > 0.0f) L += ps[v_dim + 1] * expf(ps[v_dim] - M);
+  const int64_t stride = v_dim + 2;
+  const float *pb = part + bh * nsplit * stride;
+  if (threadIdx.x < 32) {
+    const int s = threadIdx.x;
+    const float m = s < nsplit ? pb[s * stride + v_dim] : -INFINITY;
+    const float l = s < nsplit ? pb[s * stride + v_dim + 1] : 0.0f;
+    float M = m;
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    const float e = l > 0.0f ? expf(m - M) : 0.0f; /* an empty split (l == 0) adds nothing */
+    const float L = cuda_warp_sum(l * e);
+    if (s < nsplit) wsh[s] = e / L;
   }
-  const float inv = 1.0f / L;
+  __syncthreads();
   for (int j = threadIdx.x; j < v_dim; j += blockDim.x) {
     float o = 0.0f;
-    for (int s = 0; s < nsplit; s++) {
-      const float *ps = pb + s * (int64_t)(v_dim + 2);
-      if (ps[v_dim + 1] > 0.0f) o += ps[j] * expf(ps[v_dim] - M);
-    }
-    out[bh * (int64_t)v_dim + j] = o * inv;
+#pragma unroll 8
+    for (int s = 0; s < nsplit; s++)
+      if (wsh[s] != 0.0f) o += pb[s * stride + j] * wsh[s]; /* an empty split's values may be unwritten */
+    out[bh * (int64_t)v_dim + j] = o;
   }
 }
 
@@ -504,7 +514,7 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   int nsplit = 1;
   if (2 * base <= target) {
     int64_t ns = target / base;
-    if (ns > 32) ns = 32;
+    if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
     const int64_t fit = (int64_t)ci->att_part_floats / (a->n * a->n_heads * (int64_t)(D + 2));
     if (ns > fit) ns = fit;
     nsplit = ns < 2 ? 1 : (int)ns;
@@ -558,7 +568,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   int nsplit = 1;
   if (nbh < 256) {
     nsplit = (int)(264 / nbh);
-    if (nsplit > 32) nsplit = 32;
+    if (nsplit > ATT_MAX_SPLIT) nsplit = ATT_MAX_SPLIT;
     const int64_t fit = (int64_t)ci->att_part_floats / (nbh * (a->v_dim + 2));
     if (nsplit > fit) nsplit = (int)fit;
     if (nsplit < 2) nsplit = 1;

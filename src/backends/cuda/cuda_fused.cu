@@ -233,6 +233,7 @@ void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, co
   if (ci->err || rows <= 0 || d <= 0) return;
   const float *wd = w ? (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float)) : NULL;
   if (w && !wd) return;
+  if (cuda_rmsnorm_rows(ci, x, r, y, wd, rows, d, eps, one_plus)) return; /* the register-resident form */
   int th = (d + 31) / 32 * 32;
   if (th > AN_THREADS) th = AN_THREADS;
   for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) { /* grid.x limit */
