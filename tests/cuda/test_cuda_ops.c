@@ -1133,8 +1133,11 @@ static void bench(void) {
     ops_weight ow = {ANNA_DTYPE_BF16, w, 1024, 1024};
     float *nw = hrand(1024, 1.0f), *x = hrand(1024, 1.0f), res[4];
     float *dx = dput(x, sizeof(float) * 1024), *dn = dnan(1024), *dy = dnan(1024);
-    for (int graphs = 0; graphs < 2; graphs++) {
+    /* 0: eager; 1: graph with programmatic launches (the default on sm_90); 2: graph without */
+    for (int mode = 0; mode < 3; mode++) {
+      const int graphs = mode > 0;
       cuda_backend_set_graphs(g_gpu, graphs);
+      cuda_backend_set_pdl(g_gpu, mode == 1);
       double best = 1e9;
       for (int rep = 0; rep < 6; rep++) {
         double t0 = now_s();
@@ -1150,9 +1153,11 @@ static void bench(void) {
         double dt = now_s() - t0;
         if (rep > 0 && dt < best) best = dt; /* rep 0 builds the graph */
       }
-      printf("  step of 300 ops (%s): %.0f us\n", graphs ? "graph" : "eager", best * 1e6);
+      printf("  step of 300 ops (%s): %.0f us\n", mode == 0 ? "eager" : mode == 1 ? "graph" : "graph, no PDL",
+             best * 1e6);
     }
     cuda_backend_set_graphs(g_gpu, 0);
+    cuda_backend_set_pdl(g_gpu, 1);
     dfree(dx), dfree(dn), dfree(dy), free(w), free(wf), free(nw), free(x);
     cuda_backend_drop_mirrors(g_gpu);
   }

@@ -30,6 +30,7 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
                                    int head_dim, int v_dim, int64_t row_floats, int bshift, float scale, int window,
                                    float softcap, const int32_t *pos, const void *const *const *kb,
                                    const void *const *const *vb) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   extern __shared__ float qs[]; /* [head_dim] */
   __shared__ float sc[ATT_TILE];
   const int64_t bh = blockIdx.x, t = bh / n_heads;
@@ -144,6 +145,7 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
  * nsplit <= ATT_MAX_SPLIT (the launchers cap it). */
 #define ATT_MAX_SPLIT 32
 static __global__ void k_attn_combine(float *out, const float *part, int nsplit, int v_dim) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   __shared__ float wsh[ATT_MAX_SPLIT];
   const int64_t bh = blockIdx.x;
   const int64_t stride = v_dim + 2;
@@ -528,7 +530,7 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
              : fa_launch<8, 2, 8, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
   if (!cuda_check_launch(ci, "flash attention")) return true;
   if (nsplit > 1) {
-    cuda_launch(ci, "attention combine", k_attn_combine,
+    cuda_launch_pdl(ci, "attention combine", k_attn_combine,
                 (unsigned)(a->n * a->n_heads), ATT_THREADS, 0, out, ci->att_part, nsplit, D);
   }
   return true;
@@ -574,12 +576,12 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
     if (nsplit < 2) nsplit = 1;
   }
   dim3 grid((unsigned)nbh, (unsigned)nsplit);
-  cuda_launch(ci, "attention", k_attention, grid, ATT_THREADS, (size_t)a->head_dim * sizeof(float), out, ci->att_part,
-              nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, a->kv_row_bytes / 4, bshift, a->scale,
-              a->window, a->softcap, a->pos, kd, vd);
+  cuda_launch_pdl(ci, "attention", k_attention, grid, ATT_THREADS, (size_t)a->head_dim * sizeof(float), out,
+                  ci->att_part, nsplit, q, a->n_heads, a->n_kv_heads, a->head_dim, a->v_dim, a->kv_row_bytes / 4,
+                  bshift, a->scale, a->window, a->softcap, a->pos, kd, vd);
   if (ci->err) return;
   if (nsplit > 1) {
-    cuda_launch(ci, "attention combine", k_attn_combine, (unsigned)nbh, ATT_THREADS, 0, out,
+    cuda_launch_pdl(ci, "attention combine", k_attn_combine, (unsigned)nbh, ATT_THREADS, 0, out,
                 ci->att_part, nsplit, a->v_dim);
   }
 }

@@ -222,7 +222,7 @@ static cuda_node *log_node(cuda_impl *ci, int kind) {
   return nd;
 }
 
-bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, size_t smem, int nargs,
+bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, size_t smem, int pdl, int nargs,
                      const void *const *args, const size_t *sizes, const size_t *aligns) {
   if (nargs > CUDA_MAX_KARGS) {
     cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: a kernel of %d parameters cannot be recorded", nargs);
@@ -249,6 +249,7 @@ bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, siz
     off += sizes[i];
   }
   nd->func = func;
+  nd->pdl = pdl && ci->pdl;
   nd->grid[0] = grid.x, nd->grid[1] = grid.y, nd->grid[2] = grid.z;
   nd->block[0] = block.x, nd->block[1] = block.y, nd->block[2] = block.z;
   nd->smem = smem;
@@ -344,7 +345,7 @@ static bool gent_same_shape(const cuda_impl *ci, const cuda_graph_ent *e) {
   if (!e->exec || e->n != ci->log_n) return false;
   for (int64_t i = 0; i < e->n; i++) {
     const cuda_node *a = &e->log[i], *b = &ci->log[i];
-    if (a->kind != b->kind || a->func != b->func || a->copy_kind != b->copy_kind) return false;
+    if (a->kind != b->kind || a->func != b->func || a->copy_kind != b->copy_kind || a->pdl != b->pdl) return false;
   }
   return true;
 }
@@ -419,10 +420,24 @@ static bool gent_build(cuda_impl *ci, cuda_graph_ent *e) {
     const cudaGraphNode_t *dep = i ? &e->nodes[i - 1] : NULL;
     const size_t ndep = i ? 1 : 0;
     cudaError_t r;
+    /* A cuda_launch_pdl kernel after a kernel: a programmatic edge, it may launch once every
+     * block of the one before has started (cuda_pdl_enter orders its memory accesses). */
+    const bool prog = nd->kind == CUDA_NODE_KERNEL && nd->pdl && i && ci->log[i - 1].kind == CUDA_NODE_KERNEL;
     if (nd->kind == CUDA_NODE_KERNEL) {
       cudaKernelNodeParams p;
       kernel_params(nd, ci->log_args, ci->log_offs, argv, &p);
-      r = cudaGraphAddKernelNode(&e->nodes[i], e->graph, dep, ndep, &p);
+      r = cudaGraphAddKernelNode(&e->nodes[i], e->graph, prog ? NULL : dep, prog ? 0 : ndep, &p);
+      if (r == cudaSuccess && prog) {
+        cudaGraphEdgeData ed;
+        memset(&ed, 0, sizeof ed);
+        ed.from_port = cudaGraphKernelNodePortProgrammatic;
+        ed.type = cudaGraphDependencyTypeProgrammatic;
+#if CUDART_VERSION >= 13000
+        r = cudaGraphAddDependencies(e->graph, dep, &e->nodes[i], &ed, 1);
+#else
+        r = cudaGraphAddDependencies_v2(e->graph, dep, &e->nodes[i], &ed, 1);
+#endif
+      }
     } else if (nd->kind == CUDA_NODE_COPY) {
       r = cudaGraphAddMemcpyNode1D(&e->nodes[i], e->graph, dep, ndep, nd->dst, nd->src, nd->bytes,
                                    (cudaMemcpyKind)nd->copy_kind);
@@ -477,6 +492,11 @@ extern "C" void cuda_backend_set_exact(ops_backend *be, int on) {
 
 extern "C" void cuda_backend_set_matvec_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->mv_variant = variant;
+}
+
+extern "C" void cuda_backend_set_pdl(ops_backend *be, int on) {
+  cuda_impl *ci = cuda_impl_of(be);
+  ci->pdl = on && ci->pdl_ok;
 }
 
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
@@ -675,6 +695,14 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   ci->att_part_floats = ATT_PART_FLOATS;
   ci->mv_smem = cuda_matmul_setup();
   ci->max_batch = max_batch;
+  /* Programmatic launches in decode graphs (cuda_launch_pdl) need sm_90; ANNA_CUDA_PDL=0
+   * turns them off for side-by-side measurements (read once, here). */
+  {
+    int major = 0;
+    const char *ev = getenv("ANNA_CUDA_PDL");
+    ci->pdl_ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
+    ci->pdl = ci->pdl_ok && !(ev && ev[0] == '0');
+  }
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;
     cuda_backend_free(be);

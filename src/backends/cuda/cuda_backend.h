@@ -60,6 +60,11 @@ void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
 void cuda_backend_set_graphs(ops_backend *be, int on);
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);
+/* Programmatic dependent launch inside decode graphs (sm_90 and newer; on by default there,
+ * or as the environment variable ANNA_CUDA_PDL=0 at creation says): kernels written for it
+ * may launch while the kernel before them finishes, hiding the per-kernel launch gap.
+ * Takes effect for graphs built afterwards; a device without it ignores on. */
+void cuda_backend_set_pdl(ops_backend *be, int on);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
  * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */
 void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds, int64_t *updates);

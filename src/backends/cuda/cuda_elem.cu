@@ -9,6 +9,7 @@
 #define ROW_THREADS 256
 
 static __global__ void k_rmsnorm(float *y, const float *x, const float *w, int d, float eps, int one_plus) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int64_t r = blockIdx.x;
   const float *xr = x + r * d;
   float *yr = y + r * d;
@@ -32,6 +33,7 @@ template <bool ADD>
 static __global__ void __launch_bounds__(1024)
     k_rmsnorm4(float *x, const float *r, float *y, const float *w,
                int d4, float eps, int one_plus) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int64_t row = blockIdx.x;
   float4 *xr = (float4 *)x + row * d4;
   const float4 *rr = (const float4 *)r + row * d4;
@@ -77,12 +79,13 @@ bool cuda_rmsnorm_rows(cuda_impl *ci, float *x, const float *r, float *y, const 
     return false;
   int th = (d4 + RN4_V - 1) / RN4_V;
   th = th < 32 ? 32 : (th + 31) / 32 * 32;
-  if (r) cuda_launch(ci, "add_rmsnorm", k_rmsnorm4<true>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
-  else cuda_launch(ci, "rmsnorm", k_rmsnorm4<false>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
+  if (r) cuda_launch_pdl(ci, "add_rmsnorm", k_rmsnorm4<true>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
+  else cuda_launch_pdl(ci, "rmsnorm", k_rmsnorm4<false>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
   return true;
 }
 
 static __global__ void k_l2norm(float *x, int d, float eps, float scale) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   float *xr = x + (int64_t)blockIdx.x * d;
   float ss = 0;
   for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
@@ -92,6 +95,7 @@ static __global__ void k_l2norm(float *x, int d, float eps, float scale) {
 }
 
 static __global__ void k_rmsnorm_gated(float *y, const float *x, const float *z, const float *w, int d, float eps) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int64_t r = blockIdx.x;
   const float *xr = x + r * d, *zr = z + r * d;
   float *yr = y + r * d;
@@ -121,14 +125,15 @@ void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, 
   /* In place (y == x) is fine: each element is read before it is written, by its thread. */
   if (cuda_rmsnorm_rows(ci, (float *)x, NULL, y, wd, rows, d, eps, one_plus)) return;
   FOR_ROW_CHUNKS(rows, r0, cnt)
-  cuda_launch(ci, "rmsnorm", k_rmsnorm, (unsigned)cnt, row_threads(d), 0, y + r0 * d, x + r0 * d, wd, d, eps, one_plus);
+  cuda_launch_pdl(ci, "rmsnorm", k_rmsnorm, (unsigned)cnt, row_threads(d), 0, y + r0 * d, x + r0 * d, wd, d, eps,
+                  one_plus);
 }
 
 void cuda_op_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || rows <= 0 || d <= 0) return;
   FOR_ROW_CHUNKS(rows, r0, cnt)
-  cuda_launch(ci, "l2norm", k_l2norm, (unsigned)cnt, row_threads(d), 0, x + r0 * d, d, eps, scale);
+  cuda_launch_pdl(ci, "l2norm", k_l2norm, (unsigned)cnt, row_threads(d), 0, x + r0 * d, d, eps, scale);
 }
 
 void cuda_op_rmsnorm_gated(ops_backend *be, float *y, const float *x, const float *z, const float *w, int64_t rows,
@@ -141,7 +146,7 @@ void cuda_op_rmsnorm_gated(ops_backend *be, float *y, const float *x, const floa
     return;
   }
   FOR_ROW_CHUNKS(rows, r0, cnt)
-  cuda_launch(ci, "rmsnorm_gated", k_rmsnorm_gated, (unsigned)cnt, row_threads(d), 0, y + r0 * d, x + r0 * d,
+  cuda_launch_pdl(ci, "rmsnorm_gated", k_rmsnorm_gated, (unsigned)cnt, row_threads(d), 0, y + r0 * d, x + r0 * d,
               z + r0 * d, wd, d, eps);
 }
 
@@ -157,6 +162,7 @@ static unsigned ew_blocks(int64_t n) {
 
 static __global__ void k_act_mul(float *y, const float *gate, const float *up, int64_t n, int d, int64_t gs,
                                  int64_t us, int act) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, n * d) {
     const int64_t t = i / d, j = i % d;
     const float g = gate[t * gs + j], u = up[t * us + j];
@@ -168,30 +174,33 @@ void cuda_op_act_mul(ops_backend *be, float *y, const float *gate, const float *
                      int64_t gate_stride, int64_t up_stride, int act) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0 || d <= 0) return;
-  cuda_launch(ci, "act_mul", k_act_mul, ew_blocks(n * d), 256, 0, y, gate, up, n, d, gate_stride, up_stride, act);
+  cuda_launch_pdl(ci, "act_mul", k_act_mul, ew_blocks(n * d), 256, 0, y, gate, up, n, d, gate_stride, up_stride, act);
 }
 
 static __global__ void k_add(float *y, const float *x, int64_t n) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, n) y[i] += x[i];
 }
 
 void cuda_op_add(ops_backend *be, float *y, const float *x, int64_t n) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  cuda_launch(ci, "add", k_add, ew_blocks(n), 256, 0, y, x, n);
+  cuda_launch_pdl(ci, "add", k_add, ew_blocks(n), 256, 0, y, x, n);
 }
 
 static __global__ void k_scale(float *y, float s, int64_t n) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, n) y[i] *= s;
 }
 
 void cuda_op_scale(ops_backend *be, float *y, float s, int64_t n) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  cuda_launch(ci, "scale", k_scale, ew_blocks(n), 256, 0, y, s, n);
+  cuda_launch_pdl(ci, "scale", k_scale, ew_blocks(n), 256, 0, y, s, n);
 }
 
 static __global__ void k_mul_sigmoid(float *y, const float *g, int64_t rows, int d, int64_t gs, int bcast) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, rows * d) {
     const int64_t r = i / d, j = i % d;
     y[i] *= 1.0f / (1.0f + expf(-g[r * gs + (bcast ? 0 : j)]));
@@ -202,10 +211,11 @@ void cuda_op_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows
                          int g_bcast) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || rows <= 0 || d <= 0) return;
-  cuda_launch(ci, "mul_sigmoid", k_mul_sigmoid, ew_blocks(rows * d), 256, 0, y, g, rows, d, g_stride, g_bcast);
+  cuda_launch_pdl(ci, "mul_sigmoid", k_mul_sigmoid, ew_blocks(rows * d), 256, 0, y, g, rows, d, g_stride, g_bcast);
 }
 
 static __global__ void k_copy_rows(float *dst, int64_t ds, const float *src, int64_t ss, int64_t rows, int d) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, rows * d) {
     const int64_t r = i / d, j = i % d;
     dst[r * ds + j] = src[r * ss + j];
@@ -216,10 +226,11 @@ void cuda_op_copy_rows(ops_backend *be, float *dst, int64_t dst_stride, const fl
                        int64_t rows, int d) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || rows <= 0 || d <= 0) return;
-  cuda_launch(ci, "copy_rows", k_copy_rows, ew_blocks(rows * d), 256, 0, dst, dst_stride, src, src_stride, rows, d);
+  cuda_launch_pdl(ci, "copy_rows", k_copy_rows, ew_blocks(rows * d), 256, 0, dst, dst_stride, src, src_stride, rows, d);
 }
 
 static __global__ void k_scatter_rows(float *const *dst, const float *src, int64_t rows, int d) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, rows * d) {
     const int64_t r = i / d, j = i % d;
     dst[r][j] = src[i];
@@ -231,23 +242,25 @@ void cuda_op_scatter_rows(ops_backend *be, float *const *dst, const float *src, 
   if (ci->err || rows <= 0 || d <= 0) return;
   float *const *dd = (float *const *)cuda_ring_put(be, dst, (size_t)rows * sizeof(float *));
   if (!dd) return;
-  cuda_launch(ci, "scatter_rows", k_scatter_rows, ew_blocks(rows * d), 256, 0, dd, src, rows, d);
+  cuda_launch_pdl(ci, "scatter_rows", k_scatter_rows, ew_blocks(rows * d), 256, 0, dd, src, rows, d);
 }
 
 static __global__ void k_softcap(float *y, int64_t n, float cap) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, n) y[i] = cap * tanhf(y[i] / cap);
 }
 
 void cuda_op_softcap(ops_backend *be, float *y, int64_t n, float cap) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  cuda_launch(ci, "softcap", k_softcap, ew_blocks(n), 256, 0, y, n, cap);
+  cuda_launch_pdl(ci, "softcap", k_softcap, ew_blocks(n), 256, 0, y, n, cap);
 }
 
 /* ---- rope: one thread per (token, head, pair) ---- */
 
 static __global__ void k_rope(float *x, int64_t n, int n_heads, int head_dim, int64_t stride, int hr,
                               const float *inv_freq, const int32_t *pos, int interleaved) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(it, n * n_heads * hr) {
     const int i = (int)(it % hr);
     const int64_t th = it / hr;
@@ -272,6 +285,6 @@ void cuda_op_rope(ops_backend *be, float *x, int64_t n, int n_heads, int head_di
   if (ci->err || n <= 0 || n_heads <= 0 || hr <= 0) return;
   const float *fd = (const float *)cuda_mirror(be, inv_freq, (size_t)hr * sizeof(float));
   if (!fd) return;
-  cuda_launch(ci, "rope", k_rope, ew_blocks(n * n_heads * hr), 256, 0, x, n, n_heads, head_dim, stride, hr, fd, pos,
+  cuda_launch_pdl(ci, "rope", k_rope, ew_blocks(n * n_heads * hr), 256, 0, x, n, n_heads, head_dim, stride, hr, fd, pos,
               interleaved);
 }

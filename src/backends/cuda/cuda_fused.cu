@@ -208,6 +208,7 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
 
 static __global__ void k_add_rmsnorm(float *x, const float *r, float *y, const float *w, int d, float eps,
                                      int one_plus) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int64_t row = blockIdx.x;
   float *xr = x + row * d;
   const float *rr = r + row * d;
@@ -238,8 +239,8 @@ void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, co
   if (th > AN_THREADS) th = AN_THREADS;
   for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) { /* grid.x limit */
     const int64_t cnt = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
-    cuda_launch(ci, "add_rmsnorm", k_add_rmsnorm, (unsigned)cnt, th, 0, x + r0 * d, r + r0 * d, y + r0 * d, wd, d, eps,
-                one_plus);
+    cuda_launch_pdl(ci, "add_rmsnorm", k_add_rmsnorm, (unsigned)cnt, th, 0, x + r0 * d, r + r0 * d, y + r0 * d, wd, d,
+                    eps, one_plus);
     if (ci->err) return;
   }
 }
@@ -250,6 +251,7 @@ void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, co
 static __global__ void k_norm_rope(float *y, const float *x, int n_heads, int D, int64_t xs, int64_t xhs,
                                    const float *w, float eps, int one_plus, int hr, const float *inv_freq,
                                    const int32_t *pos, int interleaved) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   extern __shared__ float row[]; /* [D] */
   const int64_t r = blockIdx.x, t = r / n_heads;
   const int h = (int)(r % n_heads);
@@ -304,6 +306,6 @@ void cuda_op_norm_rope(ops_backend *be, float *y, const float *x, int64_t n, int
   }
   int th = (head_dim + 31) / 32 * 32;
   if (th > AN_THREADS) th = AN_THREADS;
-  cuda_launch(ci, "norm_rope", k_norm_rope, (unsigned)rows, th, (size_t)head_dim * sizeof(float), y, x, n_heads,
+  cuda_launch_pdl(ci, "norm_rope", k_norm_rope, (unsigned)rows, th, (size_t)head_dim * sizeof(float), y, x, n_heads,
               head_dim, x_stride, x_head_stride, wd, eps, one_plus, hr, fd, pos, interleaved);
 }

@@ -7,12 +7,14 @@
  * the token are staged in shared memory. The chunked entry (prefill) runs the chunk-64
  * form of cuda_gdn_chunked.cu. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
 
 #define CONV_MAXKW 8
 
 static __global__ void k_conv1d_silu(float *y, const float *x, int64_t n, int ch, const float *w, int kw, float *state) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= ch) return;
   const int ns = kw - 1;
@@ -41,11 +43,12 @@ void cuda_op_conv1d_silu(ops_backend *be, float *y, const float *x, int64_t n, i
   }
   const float *wd = (const float *)cuda_mirror(be, w, (size_t)ch * kw * sizeof(float));
   if (!wd) return;
-  cuda_launch(ci, "conv1d_silu", k_conv1d_silu, cuda_blocks(ch, 128), 128, 0, y, x, n, ch, wd, kw, state);
+  cuda_launch_pdl(ci, "conv1d_silu", k_conv1d_silu, cuda_blocks(ch, 128), 128, 0, y, x, n, ch, wd, kw, state);
 }
 
 static __global__ void k_gdn_gates(float *beta, float *g, const float *b, int64_t bs, const float *a, int64_t as,
                                    const float *a_log, const float *dt_bias, int64_t n, int h) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * h; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t t = i / h;
     const int j = (int)(i % h);
@@ -64,13 +67,14 @@ void cuda_op_gdn_gates(ops_backend *be, float *beta, float *g, const float *b, i
   const float *db = (const float *)cuda_mirror(be, dt_bias, (size_t)h * sizeof(float));
   if (!al || !db) return;
   int64_t blocks = (n * h + 255) / 256;
-  cuda_launch(ci, "gdn_gates", k_gdn_gates,
+  cuda_launch_pdl(ci, "gdn_gates", k_gdn_gates,
               (unsigned)(blocks > 65536 ? 65536 : blocks), 256, 0, beta, g, b, b_stride, a, a_stride, al, db, n, h);
 }
 
 /* grid (hv, ceil(dv / 32)), one warp per block. */
 template <int MAXDK>
 static __global__ void k_gdn_recurrent(ops_gdn_args a) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   __shared__ float qs[MAXDK], ks[MAXDK];
   const int h = blockIdx.x, lane = threadIdx.x;
   const int j = blockIdx.y * 32 + lane;
@@ -123,10 +127,10 @@ void cuda_op_gdn_recurrent(ops_backend *be, const ops_gdn_args *a) {
     return;
   }
   dim3 grid((unsigned)a->hv, (unsigned)((a->dv + 31) / 32));
-  if (a->dk <= 32) cuda_launch(ci, "gdn recurrent", k_gdn_recurrent<32>, grid, 32, 0, *a);
-  else if (a->dk <= 64) cuda_launch(ci, "gdn recurrent", k_gdn_recurrent<64>, grid, 32, 0, *a);
-  else if (a->dk <= 128) cuda_launch(ci, "gdn recurrent", k_gdn_recurrent<128>, grid, 32, 0, *a);
-  else cuda_launch(ci, "gdn_recurrent", k_gdn_recurrent<256>, grid, 32, 0, *a);
+  if (a->dk <= 32) cuda_launch_pdl(ci, "gdn recurrent", k_gdn_recurrent<32>, grid, 32, 0, *a);
+  else if (a->dk <= 64) cuda_launch_pdl(ci, "gdn recurrent", k_gdn_recurrent<64>, grid, 32, 0, *a);
+  else if (a->dk <= 128) cuda_launch_pdl(ci, "gdn recurrent", k_gdn_recurrent<128>, grid, 32, 0, *a);
+  else cuda_launch_pdl(ci, "gdn_recurrent", k_gdn_recurrent<256>, grid, 32, 0, *a);
 }
 
 /* Chunk-64 form (cuda_gdn_chunked.cu) for prefill runs; short runs, captured steps and

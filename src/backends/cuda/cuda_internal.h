@@ -23,6 +23,8 @@ enum { CUDA_NODE_KERNEL = 1, CUDA_NODE_COPY = 2, CUDA_NODE_MEMSET = 3 };
 typedef struct cuda_node {
   int32_t kind;      /* CUDA_NODE_* */
   int32_t copy_kind; /* cudaMemcpyKind of a copy */
+  int32_t pdl;       /* kernel launched by cuda_launch_pdl: may start before its predecessor ends */
+  int32_t spare;     /* zero */
   const void *func;  /* kernel */
   uint32_t grid[3], block[3];
   uint64_t smem;
@@ -68,6 +70,7 @@ typedef struct cuda_impl {
   size_t mv_smem;           /* int8 matvec shared-memory limit (cuda_matmul_setup) */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
+  int pdl, pdl_ok;          /* programmatic edges into cuda_launch_pdl kernels (cuda_backend_set_pdl); sm_90+ */
   cuda_node *log;           /* the step being recorded: nodes, kernel argument bytes, offsets */
   uint8_t *log_args;
   uint32_t *log_offs;
@@ -109,7 +112,7 @@ bool cuda_check_launch(cuda_impl *ci, const char *what);
  * per-launch recording cost about 1 us per kernel on every step.
  * Work that cannot be recorded (cuBLAS, a copy to the host, a wait) calls cuda_flush first:
  * the recorded part runs as a graph and the rest of the step runs eagerly. */
-bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, size_t smem, int nargs,
+bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, size_t smem, int pdl, int nargs,
                      const void *const *args, const size_t *sizes, const size_t *aligns);
 void cuda_flush(cuda_impl *ci);
 
@@ -119,18 +122,33 @@ template <typename T> struct cuda_nodeduce { typedef T type; };
 /* k<<<grid, block, smem, stream>>>(a...), or recorded into the step log; `what` names the
  * launch in error messages. */
 template <typename... P>
-static inline void cuda_launch(cuda_impl *ci, const char *what, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
-                               typename cuda_nodeduce<P>::type... a) {
+static inline void cuda_launch_as(cuda_impl *ci, int pdl, const char *what, void (*k)(P...), dim3 grid, dim3 block,
+                                  size_t smem, typename cuda_nodeduce<P>::type... a) {
   if (ci->err) return;
   if (ci->recording) {
     const void *args[] = {(const void *)&a..., NULL};
     const size_t sizes[] = {sizeof(P)..., 0};
     const size_t aligns[] = {alignof(P)..., 1};
-    cuda_log_kernel(ci, (const void *)k, grid, block, smem, (int)sizeof...(P), args, sizes, aligns);
+    cuda_log_kernel(ci, (const void *)k, grid, block, smem, pdl, (int)sizeof...(P), args, sizes, aligns);
     return;
   }
   k<<<grid, block, smem, ci->stream>>>(a...);
   cuda_check_launch(ci, what);
+}
+template <typename... P>
+static inline void cuda_launch(cuda_impl *ci, const char *what, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                               typename cuda_nodeduce<P>::type... a) {
+  cuda_launch_as(ci, 0, what, k, grid, block, smem, a...);
+}
+/* Programmatic dependent launch (Hopper): in a recorded step the kernel may be launched
+ * while the kernel before it still runs, hiding the launch gap (~2 us per kernel in a
+ * graph on the H200). Only for kernels that call cuda_pdl_enter() (cuda_math.cuh) before
+ * their first access to memory an earlier op writes, and before any global write (weights,
+ * which nothing writes, may be read before). Eager launches are ordinary. */
+template <typename... P>
+static inline void cuda_launch_pdl(cuda_impl *ci, const char *what, void (*k)(P...), dim3 grid, dim3 block,
+                                   size_t smem, typename cuda_nodeduce<P>::type... a) {
+  cuda_launch_as(ci, 1, what, k, grid, block, smem, a...);
 }
 /* cudaMemcpyAsync on the stream (kind: host-to-device from pinned memory, or
  * device-to-device; a copy to the host is not recordable: cuda_flush first), or recorded. */

@@ -30,6 +30,17 @@ static __device__ __forceinline__ float cuda_block_sum(float v) {
   return r;
 }
 
+/* Entry of a kernel launched by cuda_launch_pdl: waits until the kernel before it in the
+ * graph has finished and its writes are visible (griddepcontrol.wait), then lets the next
+ * one launch (launch_dependents), so at most one kernel waits ahead. No-ops for an ordinary
+ * launch and before sm_90. */
+static __device__ __forceinline__ void cuda_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
 static __device__ __forceinline__ float cuda_silu(float x) {
   return x / (1.0f + expf(-x));
 }

@@ -12,6 +12,7 @@
  * are decoded to f32 in row tiles (f32 weights are used in place) and multiplied by cuBLAS
  * SGEMM, so results match the f32 CPU reference to rounding. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_math.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
@@ -22,6 +23,7 @@
 template <int TYPE, int NT>
 static __global__ void k_matvec_plain(float *y, const float *x, const void *W, int64_t rows, int64_t cols,
                                       int vec) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int lane = threadIdx.x & 31;
   const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -79,6 +81,7 @@ static __global__ void k_matvec_plain(float *y, const float *x, const void *W, i
 template <int TYPE, int NT>
 static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols,
                                       int64_t row_bytes, int xal) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int lane = threadIdx.x & 31;
   const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
   if (r >= rows) return;
@@ -136,6 +139,7 @@ template <int TYPE, int NT> static constexpr int mvq_rows() {
 template <int TYPE, int NT, int MVQ_R>
 static __global__ void __launch_bounds__(32 * MVQ_WARPS)
     k_matvec_piece(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   constexpr bool iq4 = TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS;
   constexpr int HI = cuda_piece<TYPE>::HI, RAW = cuda_piece<TYPE>::RAW;
   constexpr bool HAS_MIN = cuda_piece_has_min<TYPE>();
@@ -337,6 +341,9 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
 #pragma unroll
     for (int r = 0; r < R; r++) cuda_piece_load<TYPE>(row[r], lane, lane == pieces - 1, raw[r]);
   }
+  /* launched by cuda_launch_pdl: the weight loads above need nothing from earlier ops and
+   * overlap the tail of the kernel before; the activations below do */
+  cuda_pdl_enter();
   {
     /* 8 lanes per 32-block (4 elements each, one float4), 4 blocks per warp step, U steps'
      * loads issued together (the loop is bound by their L2 latency: one token of 4096
@@ -529,6 +536,7 @@ static __global__ void k_dequant_rows(float *dst, const uint8_t *W, int64_t m, i
 }
 
 static __global__ void k_add_bias(float *y, const float *bias, int64_t n, int64_t rows) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * rows; i += (int64_t)gridDim.x * blockDim.x)
     y[i] += bias[i % rows];
 }
@@ -557,7 +565,7 @@ static const uint8_t *weight_dev(ops_backend *be, const ops_weight *w, int64_t *
 
 #define QCASE(T)                                                                                                      \
   case T:                                                                                                             \
-    cuda_launch(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal);          \
+    cuda_launch_pdl(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal); \
     break;
 
 /* True when the piece kernel reads this weight: its format has a piece decoder, the rows
@@ -575,13 +583,13 @@ static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
 
 #define QCASE(T)                                                                                                      \
   case T:                                                                                                             \
-    cuda_launch(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal);          \
+    cuda_launch_pdl(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal); \
     break;
 #define PCASE(T)                                                                                \
   case T: {                                                                                     \
     constexpr int R = mvq_rows<T, NT>();                                                        \
     const unsigned g = piece_grid<T, NT, R>((w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R)); \
-    cuda_launch(ci, "matvec piece", k_matvec_piece<T, NT, R>, g, 32 * MVQ_WARPS, 0, y, x, W, w->rows, w->cols, rb); \
+    cuda_launch_pdl(ci, "matvec piece", k_matvec_piece<T, NT, R>, g, 32 * MVQ_WARPS, 0, y, x, W, w->rows, w->cols, rb); \
     return;                                                                                     \
   }
 
@@ -632,7 +640,7 @@ template <int TYPE, int NT, int R>
 static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
   const size_t sm = mvq8_smem(NT, w->cols);
   const unsigned g = q8_grid<TYPE, NT, R>((w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
-  cuda_launch(ci, "matvec q8", k_matvec_q8<TYPE, NT, R>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb);
+  cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb);
 }
 #define Q8CASE(T)                                                                  \
   case T:                                                                          \
@@ -700,13 +708,16 @@ static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t
   }
   switch (w->type) {
   case ANNA_DTYPE_F32:
-    cuda_launch(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_F32, NT>, grid, th, 0, y, x, W, w->rows, w->cols, vec);
+    cuda_launch_pdl(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_F32, NT>, grid, th, 0, y, x, W, w->rows, w->cols,
+                    vec);
     break;
   case ANNA_DTYPE_F16:
-    cuda_launch(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_F16, NT>, grid, th, 0, y, x, W, w->rows, w->cols, vec);
+    cuda_launch_pdl(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_F16, NT>, grid, th, 0, y, x, W, w->rows, w->cols,
+                    vec);
     break;
   case ANNA_DTYPE_BF16:
-    cuda_launch(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_BF16, NT>, grid, th, 0, y, x, W, w->rows, w->cols, vec);
+    cuda_launch_pdl(ci, "matvec plain", k_matvec_plain<ANNA_DTYPE_BF16, NT>, grid, th, 0, y, x, W, w->rows, w->cols,
+                    vec);
     break;
     QCASE(ANNA_DTYPE_Q4_0)
     QCASE(ANNA_DTYPE_Q4_1)
@@ -779,12 +790,13 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
     }
   }
   if (bd && !ci->err) {
-    cuda_launch(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
+    cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
   }
 }
 
 static __global__ void k_embed(float *out, const uint8_t *T, int64_t rows, int64_t cols, int64_t row_bytes, int type,
                                const int32_t *ids, float scale) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int64_t t = blockIdx.x;
   const int32_t id = ids[t];
   float *o = out + t * cols;
@@ -812,7 +824,7 @@ void cuda_op_embed(ops_backend *be, float *out, const ops_weight *table, const i
   if (!T) return;
   for (int64_t t0 = 0; t0 < n; t0 += 65535) {
     const int64_t cnt = n - t0 < 65535 ? n - t0 : 65535;
-    cuda_launch(ci, "embed", k_embed, (unsigned)cnt, 128, 0,
+    cuda_launch_pdl(ci, "embed", k_embed, (unsigned)cnt, 128, 0,
                 out + t0 * table->cols, T, table->rows, table->cols, rb, table->type, ids + t0, scale);
   }
   cuda_check_launch(ci, "embed");

@@ -29,6 +29,7 @@
  * experts l, l + 32, ...; `taken` marks the ones already chosen (E <= 32 * 32). */
 static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k, int renorm,
                                    const float *per_expert) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int lane = threadIdx.x & 31;
   const int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= n) return;
@@ -76,8 +77,8 @@ void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *l
   }
   const float *pe = per_expert ? (const float *)cuda_mirror(be, per_expert, (size_t)n_experts * sizeof(float)) : NULL;
   if (per_expert && !pe) return;
-  cuda_launch(ci, "moe_route", k_moe_route, cuda_blocks(n * 32, 128), 128, 0, idx, wts, logits, n, n_experts, k, renorm,
-              pe);
+  cuda_launch_pdl(ci, "moe_route", k_moe_route, cuda_blocks(n * 32, 128), 128, 0, idx, wts, logits, n, n_experts, k,
+                  renorm, pe);
 }
 
 /* xs[r] = x[order[r] / k] */
@@ -138,6 +139,7 @@ __device__ __forceinline__ float moe_lane_dot(int type, const uint8_t *row, cons
 static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_t I, const int32_t *idx, int k, int E,
                                      const uint8_t *const *tab, int tg, int tu, int64_t rbg, int64_t rbu, int fused,
                                      int act) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int lane = threadIdx.x & 31;
   const int64_t p = blockIdx.y, i = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
   if (i >= I) return;
@@ -158,6 +160,7 @@ static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_
  * n), one warp per output row: every row written exactly once. */
 static __global__ void k_moe_down(float *out, const float *h, int64_t H, int64_t I, const int32_t *idx,
                                   const float *wts, int k, int E, const uint8_t *const *tab, int td, int64_t rbd) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int lane = threadIdx.x & 31;
   const int64_t t = blockIdx.y, r = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
   if (r >= H) return;
@@ -218,10 +221,11 @@ static bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t 
   const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
   const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
   float *h = scratch; /* n * k * I floats: within ops_moe_scratch_floats */
-  cuda_launch(ci, "moe gate/up", k_moe_gate_up, dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)),
-              32 * MOE_WARPS, 0, h, x, H, I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
+  cuda_launch_pdl(ci, "moe gate/up", k_moe_gate_up,
+                  dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)), 32 * MOE_WARPS, 0, h, x, H, I,
+                  idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
   if (ci->err) return true;
-  cuda_launch(ci, "moe down", k_moe_down, dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n),
+  cuda_launch_pdl(ci, "moe down", k_moe_down, dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n),
               32 * MOE_WARPS, 0, out, h, H, I, idx, wts, k, E, tab, td, rbd);
   return true;
 }
