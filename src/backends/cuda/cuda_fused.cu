@@ -15,7 +15,7 @@
  *      owner); computes the gates of the v-heads it touches;
  *   2. runs the delta rule over the n tokens, P adjacent lanes per column (each holding every
  *      P-th row; dot products reduced over the P lanes by shuffles), output rows to shared;
- *   3. the gated RMSNorm needs each (token, v-head) row's sum of squares, which spans blocks:
+ *   3. the gated RMSNorm (its z and weight loaded in step 1) needs each (token, v-head) row's sum of squares, which spans blocks:
  *      each block writes its partial sums to shared memory, the cluster synchronises, and every
  *      block adds the partials of the blocks covering its heads through distributed shared
  *      memory (in block order: deterministic), then writes its normalised columns of y.
@@ -110,6 +110,7 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
   __shared__ float vs[STEP_TOK][STEP_MAXNC], os[STEP_TOK][STEP_MAXNC];
   __shared__ float sdecay[STEP_TOK][STEP_MAXR], sbeta[STEP_TOK][STEP_MAXR];
   __shared__ float pss[STEP_TOK][STEP_MAXR], sinv[STEP_TOK][STEP_MAXR];
+  __shared__ float zs[STEP_TOK][STEP_MAXNC], ws[STEP_MAXNC]; /* silu(z) and norm_w of the block's outputs */
   cg::cluster_group cl = cg::this_cluster();
   const int rank = (int)cl.block_rank(), kh = blockIdx.y;
   const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarp = nth >> 5;
@@ -152,6 +153,11 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
     const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
     sdecay[t][e] = expf(-expf(a.a_log[h]) * sp);
     sbeta[t][e] = 1.0f / (1.0f + expf(-a.b[(int64_t)t * hv + h]));
+  }
+  for (int p = tid; p < n * nc; p += nth) { /* loaded now, so their latency overlaps the rest */
+    const int t = p / nc, lc = p % nc, gc = c0 + lc;
+    zs[t][lc] = cuda_silu(a.z[(int64_t)t * Vd + (int64_t)FZ_HEAD(gc / dv) * dv + gc % dv]);
+    if (t == 0) ws[lc] = a.norm_w[gc % dv];
   }
   for (int lc = tid; lc < nc; lc += nth) {
     const int gc = c0 + lc, h = FZ_HEAD(gc / dv);
@@ -234,7 +240,7 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
   for (int p = tid; p < n * nc; p += nth) {
     const int t = p / nc, lc = p % nc, gc = c0 + lc, e = gc / dv, j = gc % dv;
     const int64_t off = (int64_t)t * Vd + (int64_t)FZ_HEAD(e) * dv + j;
-    a.y[off] = a.norm_w[j] * (os[t][lc] * sinv[t][e]) * cuda_silu(a.z[off]);
+    a.y[off] = ws[lc] * (os[t][lc] * sinv[t][e]) * zs[t][lc];
   }
 #undef FZ_HEAD
 }
