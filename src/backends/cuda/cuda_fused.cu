@@ -15,10 +15,15 @@
  *      owner); computes the gates of the v-heads it touches;
  *   2. runs the delta rule over the n tokens, P adjacent lanes per column (each holding every
  *      P-th row; dot products reduced over the P lanes by shuffles), output rows to shared;
- *   3. the gated RMSNorm (its z and weight loaded in step 1) needs each (token, v-head) row's sum of squares, which spans blocks:
- *      each block writes its partial sums to shared memory, the cluster synchronises, and every
- *      block adds the partials of the blocks covering its heads through distributed shared
- *      memory (in block order: deterministic), then writes its normalised columns of y.
+ *   3. the gated RMSNorm (its z and weight loaded in step 1) needs each (token, v-head) row's
+ *      sum of squares, which spans blocks: each block writes its partial sums to shared memory,
+ *      the cluster synchronises, and every block adds the partials of the blocks covering its
+ *      heads through distributed shared memory (in block order: deterministic), then writes its
+ *      normalised columns of y.
+ * Column ranges are contiguous so a v-head's state row segment [i, j0..j1) is one run of
+ * memory per block; hk * 8 blocks, 128 / 256 threads for the Qwen3.5 shapes (P = 8 lanes per
+ * column, 16 state rows each). Shapes: hv / hk <= 32, ceil(hv / hk * dv / 8) <= 256, dk <= 256,
+ * conv width <= 8 (else ANNA_EUNSUPPORTED); wider blocks run their columns in passes.
  * The q/k conv state is read by all 8 blocks of the cluster, so only rank 0 rewrites it, after
  * the first cluster barrier (every block has read it by then). A second barrier keeps each
  * block's partials alive until the other blocks have read them.
