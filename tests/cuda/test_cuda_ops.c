@@ -763,6 +763,67 @@ static void test_fused(void) {
   cuda_backend_drop_mirrors(g_gpu);
 }
 
+/* gdn_step over consecutive calls (state and conv state carry from call to call) against the
+ * CPU's gdn_step: the Qwen3.5 shapes (0.8B: hk = hv = 16; 9B / 35B-A3B: hv = 32, both v-head
+ * orders), odd sizes whose per-block column ranges straddle v-heads, a group narrower than the
+ * 8-block cluster (blocks without columns), 32 v-heads per k-head (several column passes per
+ * block); n = 1, 3, 8, 11 (two launches), 1. Then three decode steps through a recorded step
+ * (a graph, as the model runs it): the cluster launch must hold there too. Tolerance 1e-4 as
+ * test_fused, for the same reasons; the output norm's row sums are added as per-block partials
+ * (f32 rounding of <= dv terms, far below it). The conv state is a copy of inputs: exact. */
+static void test_gdn_step(void) {
+  printf("gdn_step (consecutive calls, recorded steps)\n");
+  const int cfgs[][6] = {
+      /* hk, hv, dk, dv, tiled, kw */
+      {16, 16, 128, 128, 0, 4}, {16, 32, 128, 128, 1, 4}, {16, 32, 128, 128, 0, 4}, {3, 6, 40, 24, 0, 4},
+      {3, 6, 40, 24, 1, 4},     {1, 3, 32, 2, 0, 4},      {2, 2, 256, 256, 1, 3},  {1, 32, 64, 64, 0, 2},
+  };
+  const int64_t ns[] = {1, 3, 8, 11, 1, 1, 1, 1}; /* the last three: recorded steps */
+  const int ncalls = 8, neager = 5;
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int hk = cfgs[c][0], hv = cfgs[c][1], dk = cfgs[c][2], dv = cfgs[c][3], tiled = cfgs[c][4], kw = cfgs[c][5];
+    const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+    const int64_t csz = cd * (kw - 1), nmax = 11;
+    float *cw = hrand(cd * kw, 0.5f), *alog = hrand(hv, 1.0f), *dtb = hrand(hv, 1.0f), *nw = hrand(dv, 1.0f);
+    float *cs = hrand(csz, 1.0f), *st = hrand(ssz, 0.2f), *y = malloc(sizeof(float) * (size_t)(nmax * Vd));
+    float *work = malloc(sizeof(float) * (size_t)ops_gdn_step_work_floats(nmax, hk, hv, dk, dv));
+    float *dcs = dput(cs, sizeof(float) * (size_t)csz), *dst = dput(st, sizeof(float) * (size_t)ssz);
+    float *dqkv = dnan(nmax * cd), *dz = dnan(nmax * Vd), *dba = dnan(2 * nmax * hv), *dy = dnan(nmax * Vd);
+    for (int call = 0; call < ncalls; call++) {
+      const int64_t n = ns[call];
+      const int rec = call >= neager;
+      float *qkv = hrand(n * cd, 2.0f), *z = hrand(n * Vd, 2.0f), *ba = hrand(2 * n * hv, 2.0f);
+      g_gpu->upload(g_gpu, dqkv, qkv, sizeof(float) * (size_t)(n * cd));
+      g_gpu->upload(g_gpu, dz, z, sizeof(float) * (size_t)(n * Vd));
+      g_gpu->upload(g_gpu, dba, ba, sizeof(float) * (size_t)(2 * n * hv));
+      ops_gdn_step_args a = {
+          .n = n, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = tiled, .eps = 1e-6f, .qkv = qkv,
+          .z = z, .b = ba, .a = ba + n * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw,
+          .conv_state = cs, .state = st, .y = y, .work = work,
+      };
+      g_cpu->gdn_step(g_cpu, &a);
+      a.qkv = dqkv, a.z = dz, a.b = dba, a.a = dba + n * hv, a.conv_state = dcs, a.state = dst, a.y = dy;
+      a.work = NULL;
+      if (rec) cuda_backend_set_graphs(g_gpu, 1), cuda_backend_step_begin(g_gpu, n);
+      g_gpu->gdn_step(g_gpu, &a);
+      if (rec) cuda_backend_step_end(g_gpu), cuda_backend_set_graphs(g_gpu, 0);
+      char what[96];
+      snprintf(what, sizeof what, "gdn_step call %d%s n=%lld hk=%d hv=%d dk=%d dv=%d t=%d kw=%d", call,
+               rec ? " (graph)" : "", (long long)n, hk, hv, dk, dv, tiled, kw);
+      cmpd(what, dy, y, n * Vd, 1e-4);
+      strcat(what, " state");
+      cmpd(what, dst, st, ssz, 1e-4);
+      strcat(what, " conv");
+      cmpd(what, dcs, cs, csz, 0);
+      free(qkv), free(z), free(ba);
+    }
+    dfree(dcs), dfree(dst), dfree(dqkv), dfree(dz), dfree(dba), dfree(dy);
+    free(cw), free(alog), free(dtb), free(nw), free(cs), free(st), free(y), free(work);
+  }
+  cuda_backend_drop_mirrors(g_gpu);
+}
+
 /* Random GDN inputs for one run: q, k l2-normalised (q scaled by 1/sqrt(dk)), beta in [0, 1],
  * g in [-0.6, 0] (fast decay) or [-0.02, 0] (slow: the state carries across many chunks). */
 typedef struct gdn_case {
@@ -1162,46 +1223,60 @@ static void bench(void) {
     cuda_backend_drop_mirrors(g_gpu);
   }
   {
-    /* The GDN mixer between its projections for the 18 GDN layers of a Qwen3.5-0.8B decode
-     * step (hk = hv = 16, dk = dv = 128), as a graph: the 9-op sequence vs gdn_step. */
-    const int hk = 16, hv = 16, dk = 128, dv = 128, kw = 4, L = 18;
-    const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
-    float *cw = hrand(cd * kw, 0.5f), *alog = hrand(hv, 1.0f), *dtb = hrand(hv, 1.0f), *nw = hrand(dv, 1.0f);
-    float *h = hrand(cd, 1.0f), *dqkv = dput(h, sizeof(float) * (size_t)cd), *dz = dput(h, sizeof(float) * (size_t)Vd);
-    float *dba = dput(h, sizeof(float) * 2 * (size_t)hv), *dy = dnan(Vd), *dconv = dnan(cd), *dq2 = dnan(cd);
-    float *dg = dnan(2 * hv), *dout = dnan(Vd), *dcs[18], *dst[18], res[4];
-    for (int l = 0; l < L; l++)
-      dcs[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)(cd * (kw - 1))),
-      dst[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ssz);
-    ops_gdn_step_args sa = {
-        .n = 1, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = 0, .eps = 1e-6f, .qkv = dqkv,
-        .z = dz, .b = dba, .a = dba + hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw, .y = dy,
-    };
-    cuda_backend_set_graphs(g_gpu, 1);
-    for (int fused = 0; fused < 2; fused++) {
-      double best = 1e9;
-      for (int rep = 0; rep < 8; rep++) {
-        double t0 = now_s();
-        cuda_backend_step_begin(g_gpu, 1);
-        for (int l = 0; l < L; l++) {
-          sa.conv_state = dcs[l], sa.state = dst[l];
-          if (fused) g_gpu->gdn_step(g_gpu, &sa);
-          else gdn_unfused(g_gpu, &sa, dconv, dq2, dg, dout);
+    /* The GDN mixer between its projections for the GDN layers of a decode step, as a graph:
+     * the 9-op sequence vs gdn_step, per layer (the step's fixed cost, its download and
+     * graph launch, included and spread over the layers). Qwen3.5-0.8B: 18 layers, hk = hv = 16;
+     * 9B: 24 layers, hv = 32; dk = dv = 128. */
+    const int shapes[][3] = {{16, 16, 18}, {16, 32, 24}}; /* hk, hv, layers */
+    for (int si = 0; si < 2; si++) {
+      const int hk = shapes[si][0], hv = shapes[si][1], dk = 128, dv = 128, kw = 4, L = shapes[si][2];
+      const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+      const int64_t NT = 8; /* inputs for up to 8 tokens */
+      float *cw = hrand(cd * kw, 0.5f), *alog = hrand(hv, 1.0f), *dtb = hrand(hv, 1.0f), *nw = hrand(dv, 1.0f);
+      float *h = hrand(NT * cd, 1.0f), *dqkv = dput(h, sizeof(float) * (size_t)(NT * cd));
+      float *dz = dput(h, sizeof(float) * (size_t)(NT * Vd)), *dba = dput(h, sizeof(float) * 2 * (size_t)(NT * hv));
+      float *dy = dnan(NT * Vd), *dconv = dnan(NT * cd), *dq2 = dnan(NT * cd), *dg = dnan(2 * NT * hv);
+      float *dout = dnan(NT * Vd), *dcs[24], *dst[24], res[4];
+      for (int l = 0; l < L; l++)
+        dcs[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)(cd * (kw - 1))),
+        dst[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ssz);
+      cuda_backend_set_graphs(g_gpu, 1);
+      for (int run = 0; run < 3; run++) { /* unfused n = 1, gdn_step n = 1, gdn_step n = 8 */
+        const int fused = run > 0;
+        const int64_t n = run == 2 ? 8 : 1;
+        ops_gdn_step_args sa = {
+            .n = n, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = 0, .eps = 1e-6f, .qkv = dqkv,
+            .z = dz, .b = dba, .a = dba + n * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw, .y = dy,
+        };
+        double best = 1e9, best_gpu = 1e9;
+        for (int rep = 0; rep < 8; rep++) {
+          double t0 = now_s(), cap, upd, gpu0, gpu1;
+          cuda_backend_graph_times(g_gpu, &cap, &upd, &gpu0);
+          cuda_backend_step_begin(g_gpu, n);
+          for (int l = 0; l < L; l++) {
+            sa.conv_state = dcs[l], sa.state = dst[l];
+            if (fused) g_gpu->gdn_step(g_gpu, &sa);
+            else gdn_unfused(g_gpu, &sa, dconv, dq2, dg, dout);
+          }
+          g_gpu->download(g_gpu, res, dy, sizeof res);
+          cuda_backend_step_end(g_gpu);
+          gpu_status("gdn step bench");
+          double dt = now_s() - t0;
+          cuda_backend_graph_times(g_gpu, &cap, &upd, &gpu1);
+          if (rep > 1 && dt < best) best = dt; /* the first reps build the graph */
+          if (rep > 1 && gpu1 - gpu0 < best_gpu) best_gpu = gpu1 - gpu0;
         }
-        g_gpu->download(g_gpu, res, dy, sizeof res);
-        cuda_backend_step_end(g_gpu);
-        gpu_status("gdn step bench");
-        double dt = now_s() - t0;
-        if (rep > 1 && dt < best) best = dt; /* the first reps build the graph */
+        /* step: host time of the whole step; gpu: the graph replay alone (events around it) */
+        printf("  GDN mixer x%d, %s shape (hv %d), n=%lld, graph, %-20s step %6.1f us, gpu %6.1f us = %5.2f us/layer\n",
+               L, si ? "9B" : "0.8B", hv, (long long)n, fused ? "gdn_step (1 kernel):" : "unfused (9 kernels):",
+               best * 1e6, best_gpu * 1e6, best_gpu * 1e6 / L);
       }
-      printf("  GDN mixer x%d layers, 0.8B shape, n=1, graph: %s %.1f us\n", L, fused ? "gdn_step (1 kernel):" :
-             "unfused (9 kernels):", best * 1e6);
+      cuda_backend_set_graphs(g_gpu, 0);
+      for (int l = 0; l < L; l++) dfree(dcs[l]), dfree(dst[l]);
+      dfree(dqkv), dfree(dz), dfree(dba), dfree(dy), dfree(dconv), dfree(dq2), dfree(dg), dfree(dout);
+      free(cw), free(alog), free(dtb), free(nw), free(h);
+      cuda_backend_drop_mirrors(g_gpu);
     }
-    cuda_backend_set_graphs(g_gpu, 0);
-    for (int l = 0; l < L; l++) dfree(dcs[l]), dfree(dst[l]);
-    dfree(dqkv), dfree(dz), dfree(dba), dfree(dy), dfree(dconv), dfree(dq2), dfree(dg), dfree(dout);
-    free(cw), free(alog), free(dtb), free(nw), free(h);
-    cuda_backend_drop_mirrors(g_gpu);
   }
   /* Matvec bandwidth: NCOPY copies of the weight (distinct host pointers, so distinct device
    * mirrors) are used in turn, so together they exceed the L2 (60 MB) and each call reads
@@ -1313,6 +1388,7 @@ int main(int argc, char **argv) {
   test_conv_gates();
   test_gdn();
   test_fused();
+  test_gdn_step();
   test_gdn_chunked();
   test_moe();
   test_graphs();

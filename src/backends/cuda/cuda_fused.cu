@@ -4,25 +4,48 @@
  * would otherwise run as a chain of small ones. Both compute the same math as the unfused
  * ops, in f32 in either numerics mode (they do no matrix products).
  *
- * gdn_step: one block per k-head group (k-head kh and the hv/hk v-heads that read it), so
- * every conv channel and every v-head's state has exactly one owner and the block needs no
- * cross-block synchronisation:
- *   1. conv + SiLU of the group's q and k channels for all n tokens (state updated), into
- *      shared memory; l2norm of each q/k row by one warp;
- *   2. per v-head of the group, in turn: its gates and the conv of its v channels, the delta
- *      rule over the n tokens with the state [dk, dv] in registers (P adjacent lanes share a
- *      column, each holding every P-th row; dot products are reduced over the P lanes by
- *      shuffles), then the gated RMSNorm of each token's output row by one warp.
+ * gdn_step: one thread-block cluster of GS_CLUSTER (8) blocks per k-head group (k-head kh and
+ * the r = hv/hk v-heads that read it), grid (8, hk): 128 blocks for the 16 k-heads of Qwen3.5,
+ * where one block per group left 116 of 132 SMs idle. The delta rule is independent per state
+ * column (v index), so the group's G = r * dv columns are split into 8 contiguous ranges, one
+ * per block (a range may span v-heads). Each block:
+ *   1. loads its state columns into registers (issued first: their latency overlaps the rest);
+ *      recomputes the conv + SiLU and l2norm of the group's q and k for the n tokens (cheap:
+ *      2 * dk channels) and convolves its own v columns (that conv state is written by its one
+ *      owner); computes the gates of the v-heads it touches;
+ *   2. runs the delta rule over the n tokens, P adjacent lanes per column (each holding every
+ *      P-th row; dot products reduced over the P lanes by shuffles), output rows to shared;
+ *   3. the gated RMSNorm (its z and weight loaded in step 1) needs each (token, v-head) row's
+ *      sum of squares, which spans blocks: each block writes its partial sums to shared memory,
+ *      the cluster synchronises, and every block adds the partials of the blocks covering its
+ *      heads through distributed shared memory (in block order: deterministic), then writes its
+ *      normalised columns of y.
+ * Column ranges are contiguous so a v-head's state row segment [i, j0..j1) is one run of
+ * memory per block; hk * 8 blocks, 128 / 256 threads for the Qwen3.5 shapes (P = 8 lanes per
+ * column, 16 state rows each). Shapes: hv / hk <= 32, ceil(hv / hk * dv / 8) <= 256, dk <= 256,
+ * conv width <= 8 (else ANNA_EUNSUPPORTED); wider blocks run their columns in passes.
+ * The q/k conv state is read by all 8 blocks of the cluster, so only rank 0 rewrites it, after
+ * the first cluster barrier (every block has read it by then). A second barrier keeps each
+ * block's partials alive until the other blocks have read them.
+ * The cluster size is a compile-time attribute (__cluster_dims__), so the plain launch of
+ * cuda_launch (and a graph node made from its log) forms the clusters; sm_90 and newer only,
+ * which is every architecture this backend is built for.
  * Tokens beyond STEP_TOK are handled by further launches (state carries over in memory). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
 
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
 #define STEP_TOK 8       /* tokens per launch */
 #define STEP_MAXKW 8     /* conv width */
-#define STEP_MAXDV 256   /* v-head width (shared rows) */
-#define STEP_THREADS 512 /* most threads per block: dv * P */
+#define STEP_MAXNC 256   /* state columns per block (shared rows of v and of the output) */
+#define STEP_MAXR 32     /* v-heads per k-head (gates and partial sums in shared memory) */
+#define STEP_THREADS 512 /* most threads per block: columns * P, or passes over the columns */
+#define GS_CLUSTER 8     /* blocks per k-head group (the portable cluster size limit) */
 
 /* Sum over groups of P adjacent lanes (P a power of two <= 32); all 32 lanes must call. */
 template <int P>
@@ -32,44 +55,119 @@ static __device__ __forceinline__ float fz_group_sum(float v) {
   return v;
 }
 
-
 /* Causal depthwise conv + SiLU of channel c over n tokens (x row stride xs), as
- * k_conv1d_silu: out[t * os] for t < n; state [ch, kw-1] row c updated. */
+ * k_conv1d_silu: out[t * os] for t < n. The state [ch, kw-1] row c is read, and rewritten only
+ * when write_state (its one owner). The loops over the window are unrolled to STEP_MAXKW with
+ * guards, so the window stays in registers (a runtime index would put it in local memory). */
 static __device__ void fz_conv_channel(const float *x, int64_t xs, int n, int64_t c, const float *w, int kw,
-                                       float *state, float *out, int os) {
+                                       float *state, bool write_state, float *out, int os) {
   const int ns = kw - 1;
   float win[STEP_MAXKW], wc[STEP_MAXKW];
-  for (int j = 0; j < kw; j++) wc[j] = w[c * kw + j];
-  for (int j = 0; j < ns; j++) win[j] = state[c * ns + j];
+#pragma unroll
+  for (int j = 0; j < STEP_MAXKW; j++) {
+    wc[j] = j < kw ? w[c * kw + j] : 0.0f;
+    win[j] = j < ns ? state[c * ns + j] : 0.0f;
+  }
   for (int t = 0; t < n; t++) {
     const float xt = x[(int64_t)t * xs + c];
     float s = 0.0f;
-    for (int j = 0; j < ns; j++) s += wc[j] * win[j];
-    s += wc[ns] * xt;
+#pragma unroll
+    for (int j = 0; j < STEP_MAXKW; j++) /* window j < ns, then the token itself at j == ns */
+      if (j < ns) s += wc[j] * win[j];
+      else if (j == ns) s += wc[j] * xt;
     out[t * os] = cuda_silu(s);
-    for (int j = 0; j + 1 < ns; j++) win[j] = win[j + 1];
-    if (ns > 0) win[ns - 1] = xt;
+#pragma unroll
+    for (int j = 0; j + 1 < STEP_MAXKW; j++)
+      if (j + 1 < ns) win[j] = win[j + 1];
+      else if (j + 1 == ns) win[j] = xt;
   }
-  for (int j = 0; j < ns; j++) state[c * ns + j] = win[j];
+  if (write_state)
+#pragma unroll
+    for (int j = 0; j < STEP_MAXKW; j++)
+      if (j < ns) state[c * ns + j] = win[j];
 }
 
-/* grid hk, block dv * P rounded up to a warp (<= STEP_THREADS); a.n <= STEP_TOK; the
- * model vectors in a are device pointers. */
-template <int MAXDK, int P>
-static __global__ void __launch_bounds__(STEP_THREADS) k_gdn_step(ops_gdn_step_args a) {
-  __shared__ float qs[STEP_TOK][MAXDK], ks[STEP_TOK][MAXDK];
-  __shared__ float vs[STEP_TOK][STEP_MAXDV], os[STEP_TOK][STEP_MAXDV];
-  __shared__ float sdecay[STEP_TOK], sbeta[STEP_TOK];
-  const int kh = blockIdx.x, tid = threadIdx.x, nth = blockDim.x;
-  const int lane = tid & 31, warp = tid >> 5, nwarp = nth >> 5;
-  const int n = (int)a.n, dk = a.dk, dv = a.dv, hk = a.hk, hv = a.hv, r = hv / hk;
-  const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd;
+/* The new conv state of channel c after n tokens: the last kw-1 of (old state, x rows). Each
+ * element is read before any is written, so the caller may be the only reader left. */
+static __device__ void fz_conv_state_advance(const float *x, int64_t xs, int n, int64_t c, int kw, float *state) {
+  const int ns = kw - 1;
+  float win[STEP_MAXKW];
+#pragma unroll
+  for (int j = 0; j < STEP_MAXKW; j++)
+    win[j] = j >= ns ? 0.0f : n + j < ns ? state[c * ns + n + j] : x[(int64_t)(n + j - ns) * xs + c];
+#pragma unroll
+  for (int j = 0; j < STEP_MAXKW; j++)
+    if (j < ns) state[c * ns + j] = win[j];
+}
 
-  /* 1. q and k of this k-head: conv + SiLU, then l2norm (q also scaled by 1/sqrt(dk)). */
+/* First state column of block b of the group's G columns (8 near-equal contiguous ranges). */
+static __device__ __forceinline__ int fz_col0(int b, int G) {
+  return (int)((int64_t)b * G / GS_CLUSTER);
+}
+
+/* grid (GS_CLUSTER, hk), clusters of GS_CLUSTER blocks along x; block dim a multiple of 32,
+ * <= STEP_THREADS; a.n <= STEP_TOK; hv / hk <= STEP_MAXR; ceil(hv / hk * dv / 8) <= STEP_MAXNC;
+ * dk <= MAXDK; the model vectors in a are device pointers. */
+template <int MAXDK, int P>
+static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP_THREADS)
+    k_gdn_step(ops_gdn_step_args a) {
+  __shared__ float qs[STEP_TOK][MAXDK], ks[STEP_TOK][MAXDK];
+  __shared__ float vs[STEP_TOK][STEP_MAXNC], os[STEP_TOK][STEP_MAXNC];
+  __shared__ float sdecay[STEP_TOK][STEP_MAXR], sbeta[STEP_TOK][STEP_MAXR];
+  __shared__ float pss[STEP_TOK][STEP_MAXR], sinv[STEP_TOK][STEP_MAXR];
+  __shared__ float zs[STEP_TOK][STEP_MAXNC], ws[STEP_MAXNC]; /* silu(z) and norm_w of the block's outputs */
+  cg::cluster_group cl = cg::this_cluster();
+  const int rank = (int)cl.block_rank(), kh = blockIdx.y;
+  const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarp = nth >> 5;
+  const int n = (int)a.n, dk = a.dk, dv = a.dv, hk = a.hk, hv = a.hv, r = hv / hk, G = r * dv;
+  const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd;
+  const int c0 = fz_col0(rank, G), nc = fz_col0(rank + 1, G) - c0; /* this block's columns; nc may be 0 */
+  const int e_lo = c0 / dv, nh = nc > 0 ? (c0 + nc - 1) / dv - e_lo + 1 : 0; /* v-heads touched (group index) */
+#define FZ_HEAD(e) (a.v_tiled ? kh + (e) * hk : kh * r + (e))
+
+  /* This thread's state column in pass `pass` (columns cpp at a time) and its row phase. */
+  constexpr int R = MAXDK / P; /* state rows per thread: part, part + P, ... */
+  const int cpp = nth / P, part = tid % P, npass = (nc + cpp - 1) / cpp;
+  float S[R];
+  auto state_col = [&](int pass) -> float * { /* NULL when the thread has no column this pass */
+    const int lc = pass * cpp + tid / P;
+    if (lc >= nc) return NULL;
+    const int gc = c0 + lc, h = FZ_HEAD(gc / dv);
+    return a.state + (int64_t)h * dk * dv + gc % dv;
+  };
+  auto state_load = [&](const float *Sc) {
+#pragma unroll
+    for (int m = 0; m < R; m++) {
+      const int i = part + P * m;
+      S[m] = Sc && i < dk ? Sc[(int64_t)i * dv] : 0.0f;
+    }
+  };
+  if (npass > 0) state_load(state_col(0));
+
+  /* 1. q and k of this k-head: conv + SiLU (state only read here), then l2norm (q also scaled
+   * by 1/sqrt(dk)); the gates of the touched v-heads (the delta rule uses exp(g)); the conv of
+   * this block's v columns (their one owner: state written). */
   for (int c = tid; c < 2 * dk; c += nth) {
     const int isk = c >= dk, i = c - isk * dk;
-    fz_conv_channel(a.qkv, cd, n, isk * Kd + (int64_t)kh * dk + i, a.conv_w, a.kw, a.conv_state,
+    fz_conv_channel(a.qkv, cd, n, isk * Kd + (int64_t)kh * dk + i, a.conv_w, a.kw, a.conv_state, false,
                     isk ? &ks[0][i] : &qs[0][i], MAXDK);
+  }
+  for (int p = tid; p < n * nh; p += nth) {
+    const int t = p / nh, e = e_lo + p % nh, h = FZ_HEAD(e);
+    const float zb = a.a[(int64_t)t * hv + h] + a.dt_bias[h];
+    const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
+    sdecay[t][e] = expf(-expf(a.a_log[h]) * sp);
+    sbeta[t][e] = 1.0f / (1.0f + expf(-a.b[(int64_t)t * hv + h]));
+  }
+  for (int p = tid; p < n * nc; p += nth) { /* loaded now, so their latency overlaps the rest */
+    const int t = p / nc, lc = p % nc, gc = c0 + lc;
+    zs[t][lc] = cuda_silu(a.z[(int64_t)t * Vd + (int64_t)FZ_HEAD(gc / dv) * dv + gc % dv]);
+    if (t == 0) ws[lc] = a.norm_w[gc % dv];
+  }
+  for (int lc = tid; lc < nc; lc += nth) {
+    const int gc = c0 + lc, h = FZ_HEAD(gc / dv);
+    fz_conv_channel(a.qkv, cd, n, 2 * Kd + (int64_t)h * dv + gc % dv, a.conv_w, a.kw, a.conv_state, true,
+                    &vs[0][lc], STEP_MAXNC);
   }
   __syncthreads();
   for (int p = warp; p < 2 * n; p += nwarp) { /* row p: token p / 2, q (even) or k (odd) */
@@ -82,33 +180,12 @@ static __global__ void __launch_bounds__(STEP_THREADS) k_gdn_step(ops_gdn_step_a
   }
   __syncthreads();
 
-  /* 2. each v-head that reads this k-head. */
-  const int j = tid / P, part = tid % P; /* this thread's state column and row phase */
-  const bool live = j < dv;
-  for (int e = 0; e < r; e++) {
-    const int h = a.v_tiled ? kh + e * hk : kh * r + e;
-    if (tid < n) { /* gates, as gdn_gates; the delta rule uses exp(g) */
-      const int t = tid;
-      const float zb = a.a[(int64_t)t * hv + h] + a.dt_bias[h];
-      const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
-      sdecay[t] = expf(-expf(a.a_log[h]) * sp);
-      sbeta[t] = 1.0f / (1.0f + expf(-a.b[(int64_t)t * hv + h]));
-    }
-    for (int c = tid; c < dv; c += nth)
-      fz_conv_channel(a.qkv, cd, n, 2 * Kd + (int64_t)h * dv + c, a.conv_w, a.kw, a.conv_state, &vs[0][c],
-                      STEP_MAXDV);
-    __syncthreads();
-
-    constexpr int R = MAXDK / P; /* state rows per thread: part, part + P, ... */
-    float S[R];
-    float *Sg = a.state + (int64_t)h * dk * dv;
-#pragma unroll
-    for (int m = 0; m < R; m++) {
-      const int i = part + P * m;
-      S[m] = live && i < dk ? Sg[(int64_t)i * dv + j] : 0.0f;
-    }
+  /* 2. the delta rule, per pass over the block's columns. */
+  for (int pass = 0; pass < npass; pass++) {
+    float *Sc = state_col(pass);
+    const int lc = pass * cpp + tid / P, e = Sc ? (c0 + lc) / dv : 0;
     for (int t = 0; t < n; t++) {
-      const float decay = sdecay[t], beta = sbeta[t];
+      const float decay = Sc ? sdecay[t][e] : 0.0f, beta = Sc ? sbeta[t][e] : 0.0f;
       float u = 0.0f;
 #pragma unroll
       for (int m = 0; m < R; m++) {
@@ -119,7 +196,7 @@ static __global__ void __launch_bounds__(STEP_THREADS) k_gdn_step(ops_gdn_step_a
         }
       }
       u = fz_group_sum<P>(u);
-      u = beta * ((live ? vs[t][j] : 0.0f) - u);
+      u = beta * ((Sc ? vs[t][lc] : 0.0f) - u);
       float o = 0.0f;
 #pragma unroll
       for (int m = 0; m < R; m++) {
@@ -130,45 +207,61 @@ static __global__ void __launch_bounds__(STEP_THREADS) k_gdn_step(ops_gdn_step_a
         }
       }
       o = fz_group_sum<P>(o);
-      if (live && part == 0) os[t][j] = o;
+      if (Sc && part == 0) os[t][lc] = o;
     }
-    if (live)
+    if (Sc)
 #pragma unroll
       for (int m = 0; m < R; m++) {
         const int i = part + P * m;
-        if (i < dk) Sg[(int64_t)i * dv + j] = S[m];
+        if (i < dk) Sc[(int64_t)i * dv] = S[m];
       }
-    __syncthreads();
-
-    /* Gated RMSNorm of each token's output row, as rmsnorm_gated. */
-    for (int t = warp; t < n; t += nwarp) {
-      float ss = 0.0f;
-      for (int c = lane; c < dv; c += 32) ss += os[t][c] * os[t][c];
-      ss = cuda_warp_sum(ss);
-      const float inv = rsqrtf(ss / (float)dv + a.eps);
-      const float *zr = a.z + (int64_t)t * Vd + (int64_t)h * dv;
-      float *yr = a.y + (int64_t)t * Vd + (int64_t)h * dv;
-      for (int c = lane; c < dv; c += 32) yr[c] = a.norm_w[c] * (os[t][c] * inv) * cuda_silu(zr[c]);
-    }
-    __syncthreads(); /* vs, os and the gates are rewritten for the next v-head */
+    if (pass + 1 < npass) state_load(state_col(pass + 1));
   }
+  __syncthreads();
+
+  /* 3. partial sums of squares of each (token, touched v-head) row over this block's columns. */
+  for (int p = warp; p < n * nh; p += nwarp) {
+    const int t = p / nh, e = e_lo + p % nh;
+    const int l0 = max(e * dv, c0) - c0, l1 = min((e + 1) * dv, c0 + nc) - c0;
+    float ss = 0.0f;
+    for (int l = l0 + lane; l < l1; l += 32) ss += os[t][l] * os[t][l];
+    ss = cuda_warp_sum(ss);
+    if (lane == 0) pss[t][e] = ss;
+  }
+  cl.sync(); /* every block's partials are written, and every block has read the q/k conv state */
+  if (rank == 0)
+    for (int c = tid; c < 2 * dk; c += nth)
+      fz_conv_state_advance(a.qkv, cd, n, (c >= dk) * Kd + (int64_t)kh * dk + c % dk, a.kw, a.conv_state);
+  for (int p = tid; p < n * nh; p += nth) {
+    const int t = p / nh, e = e_lo + p % nh;
+    float ss = 0.0f;
+    for (int b = 0; b < GS_CLUSTER; b++) { /* the blocks whose columns meet head e, in order */
+      const int b0 = fz_col0(b, G), b1 = fz_col0(b + 1, G);
+      if (b0 < (e + 1) * dv && b1 > e * dv && b1 > b0) ss += cl.map_shared_rank(&pss[0][0], b)[t * STEP_MAXR + e];
+    }
+    sinv[t][e] = 1.0f / sqrtf(ss / (float)dv + a.eps);
+  }
+  cl.sync(); /* sinv visible in the block; no block's partials are read after this */
+  for (int p = tid; p < n * nc; p += nth) {
+    const int t = p / nc, lc = p % nc, gc = c0 + lc, e = gc / dv, j = gc % dv;
+    const int64_t off = (int64_t)t * Vd + (int64_t)FZ_HEAD(e) * dv + j;
+    a.y[off] = ws[lc] * (os[t][lc] * sinv[t][e]) * zs[t][lc];
+  }
+#undef FZ_HEAD
 }
 
-template <int MAXDK>
-static void launch_step(cuda_impl *ci, int P, unsigned grid, unsigned threads, const ops_gdn_step_args &a) {
-  switch (P) {
-  case 8: cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, 8>, grid, threads, 0, a); break;
-  case 4: cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, 4>, grid, threads, 0, a); break;
-  default: cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, 2>, grid, threads, 0, a); break;
-  }
+template <int MAXDK, int P>
+static void launch_step(cuda_impl *ci, unsigned hk, unsigned threads, const ops_gdn_step_args &a) {
+  cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, P>, dim3(GS_CLUSTER, hk), threads, 0, a);
 }
 
 void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || a->n <= 0) return;
   const int hk = a->hk, hv = a->hv, dk = a->dk, dv = a->dv;
-  if (hk <= 0 || hv <= 0 || hv % hk != 0 || dk <= 0 || dk > 256 || dv <= 0 || dv > STEP_MAXDV || a->kw < 1 ||
-      a->kw > STEP_MAXKW) {
+  const int64_t G = hk > 0 && hv % hk == 0 ? (int64_t)(hv / hk) * dv : 0;
+  if (hk <= 0 || hk > 65535 || hv <= 0 || hv % hk != 0 || hv / hk > STEP_MAXR || dk <= 0 || dk > 256 || dv <= 0 ||
+      (G + GS_CLUSTER - 1) / GS_CLUSTER > STEP_MAXNC || a->kw < 1 || a->kw > STEP_MAXKW) {
     cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: gdn_step shape (hk %d, hv %d, dk %d, dv %d, conv %d) not supported", hk,
               hv, dk, dv, a->kw);
     return;
@@ -183,9 +276,14 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
     cuda_fail(ci, ANNA_EINVAL, "cuda: gdn_step without its model vectors");
     return;
   }
-  /* P lanes per state column: as many as fit in STEP_THREADS (more lanes, fewer registers). */
-  const int P = dv * 8 <= STEP_THREADS ? 8 : dv * 4 <= STEP_THREADS ? 4 : 2;
-  const unsigned threads = (unsigned)((dv * P + 31) / 32 * 32);
+  /* P lanes per column (R = dk / P state rows each in registers): 16 rows per thread keeps the
+   * state in registers and each dot product a short chain; threads = the widest block's columns
+   * times P, capped (more columns run in passes). */
+  const int64_t nc = (G + GS_CLUSTER - 1) / GS_CLUSTER;
+  const int P = dk <= 32 ? 4 : dk <= 128 ? 8 : 16;
+  int64_t th = (nc * P + 31) / 32 * 32;
+  if (th > STEP_THREADS) th = STEP_THREADS;
+  const unsigned threads = (unsigned)th;
   for (int64_t t0 = 0; t0 < a->n; t0 += STEP_TOK) {
     const int64_t m = a->n - t0 < STEP_TOK ? a->n - t0 : STEP_TOK;
     d.n = m;
@@ -194,11 +292,11 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
     d.b = a->b + t0 * hv;
     d.a = a->a + t0 * hv;
     d.y = a->y + t0 * Vd;
-    if (dk <= 32) launch_step<32>(ci, P, (unsigned)hk, threads, d);
-    else if (dk <= 64) launch_step<64>(ci, P, (unsigned)hk, threads, d);
-    else if (dk <= 128) launch_step<128>(ci, P, (unsigned)hk, threads, d);
-    else launch_step<256>(ci, P, (unsigned)hk, threads, d);
-    if (!cuda_check_launch(ci, "gdn_step")) return;
+    if (dk <= 32) launch_step<32, 4>(ci, (unsigned)hk, threads, d);
+    else if (dk <= 64) launch_step<64, 8>(ci, (unsigned)hk, threads, d);
+    else if (dk <= 128) launch_step<128, 8>(ci, (unsigned)hk, threads, d);
+    else launch_step<256, 16>(ci, (unsigned)hk, threads, d);
+    if (ci->err) return;
   }
 }
 
