@@ -165,11 +165,35 @@ static __global__ void k_moe_down(float *out, const float *h, int64_t H, int64_t
   const int64_t t = blockIdx.y, r = (int64_t)blockIdx.x * MOE_WARPS + (threadIdx.x >> 5);
   if (r >= H) return;
   float acc = 0.0f;
-  for (int j = 0; j < k; j++) {
-    const int64_t p = t * k + j;
-    const int e = idx[p];
-    if (e < 0 || e >= E) continue;
-    acc += wts[p] * moe_lane_dot(td, tab[2 * E + e] + r * rbd, h + p * I, I, lane);
+  if (!cuda_float_type(td)) {
+    /* The k experts' 32-element units of this row spread over all lanes at once (with I = 512
+     * a lane per unit would idle half the warp and walk the experts one after the other: a
+     * chain of k dependent loads); unrolled so a lane's loads are in flight together. */
+    const int units = (int)(I / 32), items = k * units;
+#pragma unroll 4
+    for (int it = lane; it < items; it += 32) {
+      const int j = it / units, u = it - j * units;
+      const int64_t p = t * k + j;
+      const int e = idx[p];
+      if (e < 0 || e >= E) continue;
+      float w[32];
+      cuda_deq32(td, tab[2 * E + e] + r * rbd, u, w);
+      const float4 *hu = (const float4 *)(h + p * I + (int64_t)u * 32);
+      float s = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 8; q++) {
+        const float4 v = hu[q];
+        s += w[4 * q] * v.x + w[4 * q + 1] * v.y + w[4 * q + 2] * v.z + w[4 * q + 3] * v.w;
+      }
+      acc += wts[p] * s;
+    }
+  } else {
+    for (int j = 0; j < k; j++) {
+      const int64_t p = t * k + j;
+      const int e = idx[p];
+      if (e < 0 || e >= E) continue;
+      acc += wts[p] * moe_lane_dot(td, tab[2 * E + e] + r * rbd, h + p * I, I, lane);
+    }
   }
   acc = cuda_warp_sum(acc);
   if (lane == 0) out[t * H + r] = acc;
