@@ -148,8 +148,28 @@ static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_
   if (e >= 0 && e < E) { /* an id out of range (never from moe_route) contributes nothing */
     const float *xt = x + (p / k) * H;
     const uint8_t *G = tab[e];
-    g = moe_lane_dot(tg, G + i * rbg, xt, H, lane);
-    u = fused ? moe_lane_dot(tg, G + (I + i) * rbg, xt, H, lane) : moe_lane_dot(tu, tab[E + e] + i * rbu, xt, H, lane);
+    const uint8_t *gr = G + i * rbg, *ur = fused ? G + (I + i) * rbg : tab[E + e] + i * rbu;
+    const int tur = fused ? tg : tu;
+    if (!cuda_float_type(tg) && !cuda_float_type(tur)) {
+      /* gate and up units of one step decoded together, two steps unrolled: four weight
+       * loads of a lane in flight at once instead of a chain per row */
+#pragma unroll 2
+      for (int64_t c = lane; c < H / 32; c += 32) {
+        float wg[32], wu[32];
+        cuda_deq32(tg, gr, c, wg);
+        cuda_deq32(tur, ur, c, wu);
+        const float4 *xu = (const float4 *)(xt + c * 32);
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+          const float4 v = xu[q];
+          g += wg[4 * q] * v.x + wg[4 * q + 1] * v.y + wg[4 * q + 2] * v.z + wg[4 * q + 3] * v.w;
+          u += wu[4 * q] * v.x + wu[4 * q + 1] * v.y + wu[4 * q + 2] * v.z + wu[4 * q + 3] * v.w;
+        }
+      }
+    } else {
+      g = moe_lane_dot(tg, gr, xt, H, lane);
+      u = moe_lane_dot(tur, ur, xt, H, lane);
+    }
     g = cuda_warp_sum(g);
     u = cuda_warp_sum(u);
   }
