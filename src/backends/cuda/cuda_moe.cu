@@ -151,9 +151,9 @@ static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_
     const uint8_t *gr = G + i * rbg, *ur = fused ? G + (I + i) * rbg : tab[E + e] + i * rbu;
     const int tur = fused ? tg : tu;
     if (!cuda_float_type(tg) && !cuda_float_type(tur)) {
-      /* gate and up units of one step decoded together, two steps unrolled: four weight
-       * loads of a lane in flight at once instead of a chain per row */
-#pragma unroll 2
+      /* gate and up units of one step decoded together: their weight loads are in flight at
+       * once instead of a chain per row (unrolling further spills: cuda_deq32 takes any type) */
+#pragma unroll 1
       for (int64_t c = lane; c < H / 32; c += 32) {
         float wg[32], wu[32];
         cuda_deq32(tg, gr, c, wg);
