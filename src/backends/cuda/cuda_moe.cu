@@ -281,10 +281,13 @@ static __global__ void __launch_bounds__(1024) k_moe_scan(int32_t *cnt, int32_t 
   const int e = threadIdx.x, lane = e & 31, w = e >> 5;
   int tot = 0;
   if (e < E)
-    for (int64_t b = 0; b < nb; b++) {
-      const int c = cnt[b * E + e];
-      cnt[b * E + e] = tot;
-      tot += c;
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) { /* 8 loads in flight, then their prefixes */
+      int c[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) c[j] = b0 + j < nb ? cnt[(b0 + j) * E + e] : 0;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        if (b0 + j < nb) cnt[(b0 + j) * E + e] = tot, tot += c[j];
     }
   const int nt = (tot + bn - 1) / bn;
   int it = tot, in = nt; /* inclusive scans within the warp */
