@@ -379,8 +379,15 @@ typedef struct moe_gemm_args {
   int64_t astride, Is;             /* row strides of the activations and of h (multiples of MG_BK) */
   int64_t rb0, rb1;                /* row bytes: gate (or down), up */
   int32_t t0, t1;                  /* types: gate (or down), up */
+  int32_t be0, bb0, be1, bb1;      /* their blocks: elements and bytes (bf16: 32 elements, 64 bytes) */
   int32_t E, k, fused, act;
 } moe_gemm_args;
+
+/* Hint: bring [p, p + bytes) into L2 (no registers, no fault; only valid addresses are given). */
+__device__ __forceinline__ void moe_prefetch(const void *p, int bytes) {
+  for (int o = 0; o < bytes; o += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + bytes - 1));
+}
 
 /* 32-element unit u of a weight row to 32 bf16 at dst (16-byte aligned shared memory):
  * zeros for a missing row (NULL) and for elements at or past K. Quantized types have
@@ -453,13 +460,13 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
    * all up rows: the type branch is uniform. */
   const int wr = tid % MG_BM, wu = tid / MG_BM;
   const uint8_t *wrow = NULL;
-  int wt = a.t0;
+  int wt = a.t0, wbe = a.be0, wbb = a.bb0;
   if (MODE == 0) {
     const int64_t i = m0 + (wr & (MG_BM / 2 - 1));
     if (i < a.M) {
       if (wr < MG_BM / 2) wrow = a.tab[e] + i * a.rb0;
       else if (a.fused) wrow = a.tab[e] + (a.M + i) * a.rb0;
-      else wrow = a.tab[a.E + e] + i * a.rb1, wt = a.t1;
+      else wrow = a.tab[a.E + e] + i * a.rb1, wt = a.t1, wbe = a.be1, wbb = a.bb1;
     }
   } else {
     const int64_t r = m0 + wr;
@@ -474,6 +481,18 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
   const int warp = tid >> 5, wm = warp % WM, wn = warp / WM;
   __syncthreads(); /* s_row */
   for (int64_t k0 = 0; k0 < a.K; k0 += MG_BK) {
+    /* The next step's weight block (when it starts a new one) and activation rows toward
+     * L2 while this step loads, decodes and multiplies: the loads below wait on DRAM only
+     * for the first step. Addresses stay inside the row / padded activation row. */
+    const int64_t un = (k0 + MG_BK) / 32 + wu;
+    if (wrow && un * 32 < a.K && (un * 32) / wbe != (un * 32 - MG_BK) / wbe)
+      moe_prefetch(wrow + (un * 32) / wbe * wbb, wt == ANNA_DTYPE_BF16 ? (int)min((a.K - un * 32) * 2, (int64_t)64) : wbb);
+    if (k0 + MG_BK < a.K)
+      for (int r = tid; r < BN; r += MG_THREADS)
+        if (s_row[r] >= 0) { /* one 128-byte line per row and half */
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(a.bhi + s_row[r] + k0 + MG_BK));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(a.blo + s_row[r] + k0 + MG_BK));
+        }
     moe_unit_bf16(wt, wrow, k0 / 32 + wu, a.K, (uint4 *)(Ws + wr * MG_LDS + wu * 32));
     for (int q = tid; q < BN * (MG_BK / 8); q += MG_THREADS) {
       const int r = q / (MG_BK / 8), ch = q % (MG_BK / 8);
@@ -535,6 +554,14 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
 
 static bool moe_type_grouped(int t, int64_t cols) {
   return t == ANNA_DTYPE_BF16 || (cuda_quant_supported(t) && cols % 32 == 0);
+}
+
+/* Block shape for the prefetch: bf16 rows count as 32-element "blocks" of 64 bytes. */
+static int32_t moe_block_elems(int t) {
+  return t == ANNA_DTYPE_BF16 ? 32 : (int32_t)dtype_block_size(t);
+}
+static int32_t moe_block_bytes(int t) {
+  return t == ANNA_DTYPE_BF16 ? 64 : (int32_t)dtype_block_bytes(t);
 }
 
 /* Queues both grouped GEMMs for token tiles of BN. */
@@ -602,9 +629,12 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   gu.hhi = hhi, gu.hlo = hlo, gu.K = H, gu.M = I, gu.astride = Hs, gu.Is = Is;
   gu.rb0 = dtype_row_bytes(gate[0].type, H), gu.rb1 = up ? dtype_row_bytes(up[0].type, H) : 0;
   gu.t0 = gate[0].type, gu.t1 = up ? up[0].type : gate[0].type, gu.E = E, gu.k = k, gu.fused = up == NULL, gu.act = act;
+  gu.be0 = moe_block_elems(gu.t0), gu.bb0 = moe_block_bytes(gu.t0);
+  gu.be1 = moe_block_elems(gu.t1), gu.bb1 = moe_block_bytes(gu.t1);
   dn = gu;
   dn.bhi = hhi, dn.blo = hlo, dn.hhi = NULL, dn.hlo = NULL, dn.y = y, dn.K = I, dn.M = H, dn.astride = Is;
   dn.rb0 = dtype_row_bytes(down[0].type, I), dn.rb1 = 0, dn.t0 = dn.t1 = down[0].type;
+  dn.be0 = dn.be1 = moe_block_elems(dn.t0), dn.bb0 = dn.bb1 = moe_block_bytes(dn.t0);
   if (bn == 16) moe_gemms<16>(ci, gu, dn, tmax);
   else if (bn == 32) moe_gemms<32>(ci, gu, dn, tmax);
   else moe_gemms<64>(ci, gu, dn, tmax);
