@@ -1066,9 +1066,9 @@ static void test_moe_grouped(void) {
       g_gpu->moe_ffn(g_gpu, dy, dx, n, c.H, didx, dw, c.k, c.E, c.gate, c.fused ? NULL : c.up, c.down, ACT_KIND_SILU,
                      dscr);
       char what[128];
+      static const char *const mname[] = {"exact", "grouped", "grouped t16", "grouped t32", "grouped t64"};
       snprintf(what, sizeof what, "moe_ffn n=%lld E=%d k=%d H=%d I=%d %s%s %s", (long long)n, c.E, c.k, c.H, c.I,
-               dtype_name(c.type), c.fused ? " fused" : "",
-               exact ? "exact" : mode == 1 ? "grouped" : mode == 2 ? "grouped t16" : mode == 3 ? "grouped t32" : "grouped t64");
+               dtype_name(c.type), c.fused ? " fused" : "", mname[mode]);
       const double tol = exact || c.type == ANNA_DTYPE_BF16 ? 1e-4 : 1e-2;
       float *g = dget(dy, n * c.H);
       cmp(what, g, ref, n * c.H, tol);

@@ -486,7 +486,8 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
      * for the first step. Addresses stay inside the row / padded activation row. */
     const int64_t un = (k0 + MG_BK) / 32 + wu;
     if (wrow && un * 32 < a.K && (un * 32) / wbe != (un * 32 - MG_BK) / wbe)
-      moe_prefetch(wrow + (un * 32) / wbe * wbb, wt == ANNA_DTYPE_BF16 ? (int)min((a.K - un * 32) * 2, (int64_t)64) : wbb);
+      moe_prefetch(wrow + (un * 32) / wbe * wbb,
+                   wt == ANNA_DTYPE_BF16 ? (int)min((a.K - un * 32) * 2, (int64_t)64) : wbb);
     if (k0 + MG_BK < a.K)
       for (int r = tid; r < BN; r += MG_THREADS)
         if (s_row[r] >= 0) { /* one 128-byte line per row and half */
