@@ -1035,6 +1035,178 @@ static void test_moe(void) {
   }
 }
 
+/* ---- MoE prefill: grouped GEMMs on the device ---- */
+
+/* E experts of one type (gate/up separate or fused as 2I rows), and n tokens routed to k
+ * distinct experts each (uniformly at random) with positive weights. */
+typedef struct moe_case {
+  int64_t n;
+  int E, k, H, I, type, fused;
+  ops_weight *gate, *up, *down;
+  void **mem;
+  int nm;
+  float *x, *w;
+  int32_t *idx;
+} moe_case;
+
+static void moe_case_make(moe_case *c, int64_t n, int E, int k, int H, int I, int type, int fused) {
+  memset(c, 0, sizeof *c);
+  c->n = n, c->E = E, c->k = k, c->H = H, c->I = I, c->type = type, c->fused = fused;
+  c->gate = malloc(sizeof(ops_weight) * (size_t)E), c->up = malloc(sizeof(ops_weight) * (size_t)E);
+  c->down = malloc(sizeof(ops_weight) * (size_t)E);
+  c->mem = malloc(sizeof(void *) * (size_t)(3 * E));
+  for (int e = 0; e < E; e++) {
+    float *f;
+    void *p = make_weight(type, fused ? 2 * I : I, H, &f);
+    free(f);
+    c->gate[e] = (ops_weight){type, p, fused ? 2 * I : I, H};
+    c->mem[c->nm++] = p;
+    if (!fused) {
+      p = make_weight(type, I, H, &f);
+      free(f);
+      c->up[e] = (ops_weight){type, p, I, H};
+      c->mem[c->nm++] = p;
+    }
+    p = make_weight(type, H, I, &f);
+    free(f);
+    c->down[e] = (ops_weight){type, p, H, I};
+    c->mem[c->nm++] = p;
+  }
+  c->x = hrand(n * H, 1.0f);
+  c->w = malloc(sizeof(float) * (size_t)(n * k));
+  c->idx = malloc(sizeof(int32_t) * (size_t)(n * k));
+  int32_t *perm = malloc(sizeof(int32_t) * (size_t)E);
+  for (int e = 0; e < E; e++) perm[e] = e;
+  for (int64_t t = 0; t < n; t++)
+    for (int j = 0; j < k; j++) { /* partial Fisher-Yates: k distinct experts */
+      const int r = j + (int)(rnd() % (uint64_t)(E - j));
+      const int32_t s = perm[j];
+      perm[j] = perm[r], perm[r] = s;
+      c->idx[t * k + j] = perm[j];
+      c->w[t * k + j] = 0.5f * (frand() + 1.0f) + 0.05f;
+    }
+  free(perm);
+}
+
+static void moe_case_free(moe_case *c) {
+  for (int i = 0; i < c->nm; i++) free(c->mem[i]);
+  free(c->mem), free(c->gate), free(c->up), free(c->down), free(c->x), free(c->w), free(c->idx);
+}
+
+/* moe_ffn above the decode range against the CPU op (exact matmul: f32 activations):
+ * - exact mode 1 (host-grouped path, f32 SGEMMs): 1e-4 of the output scale, f32 rounding;
+ * - exact mode 0 (grouped GEMMs on tensor cores), the automatic token tile and each forced
+ *   one (16, 32, 64 pairs): the bounds of the dense tensor-core GEMM test, since each of the
+ *   two chained products has that GEMM's numerics (activations and h split into bf16 hi +
+ *   lo: 16 significant bits; quantized weights rounded to bf16: 2^-9 relative; f32
+ *   accumulation): 1e-4 for bf16 experts (used exactly), 1e-2 for quantized ones, while a
+ *   wrong slot, tile or expert gives O(1). The automatic tile is run twice: bitwise equal
+ *   (no float atomics anywhere).
+ * Shapes: n 9..777, E 8 (every expert busy, many tiles each) and 256 (most experts with a
+ * few pairs, some with none), H 256..2048 (300: bf16 rows that end mid-unit), I 96..512
+ * (not multiples of the 64-column K step), fused and separate gate/up, k 8 and 2. */
+static void test_moe_grouped(void) {
+  printf("moe grouped (prefill)\n");
+  const int cs[][7] = {/* n, E, k, H, I, type, fused */
+                       {9, 8, 8, 256, 128, ANNA_DTYPE_BF16, 0},    {9, 256, 8, 256, 256, ANNA_DTYPE_Q4_K, 0},
+                       {33, 8, 8, 384, 160, ANNA_DTYPE_Q8_0, 1},   {33, 256, 8, 512, 256, ANNA_DTYPE_Q4_K, 1},
+                       {512, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0}, {777, 256, 8, 1024, 256, ANNA_DTYPE_Q6_K, 1},
+                       {777, 8, 8, 300, 136, ANNA_DTYPE_BF16, 1},  {512, 8, 8, 256, 512, ANNA_DTYPE_Q6_K, 0},
+                       {100, 8, 2, 264, 96, ANNA_DTYPE_Q8_0, 0}};
+  const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64};
+  for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    moe_case c;
+    moe_case_make(&c, cs[ci][0], cs[ci][1], cs[ci][2], cs[ci][3], cs[ci][4], cs[ci][5], cs[ci][6]);
+    const int64_t n = c.n, nk = n * c.k, sf = ops_moe_scratch_floats(n, c.k, c.H, c.I);
+    float *scratch = malloc(sizeof(float) * (size_t)sf), *ref = malloc(sizeof(float) * (size_t)(n * c.H));
+    cpu_backend_set_exact_matmul(g_cpu, 1);
+    g_cpu->moe_ffn(g_cpu, ref, c.x, n, c.H, c.idx, c.w, c.k, c.E, c.gate, c.fused ? NULL : c.up, c.down,
+                   ACT_KIND_SILU, scratch);
+    cpu_backend_set_exact_matmul(g_cpu, 0);
+    float *dx = dput(c.x, sizeof(float) * (size_t)(n * c.H)), *dw = dput(c.w, sizeof(float) * (size_t)nk);
+    int32_t *didx = dput(c.idx, sizeof(int32_t) * (size_t)nk);
+    float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf);
+    float *first = NULL;
+    for (int mode = 0; mode < 1 + (int)(sizeof variants / sizeof variants[0]); mode++) {
+      const int exact = mode == 0;
+      cuda_backend_set_exact(g_gpu, exact);
+      if (!exact) cuda_backend_set_moe_variant(g_gpu, variants[mode - 1]);
+      float *dy = dnan(n * c.H);
+      g_gpu->moe_ffn(g_gpu, dy, dx, n, c.H, didx, dw, c.k, c.E, c.gate, c.fused ? NULL : c.up, c.down, ACT_KIND_SILU,
+                     dscr);
+      char what[128];
+      static const char *const mname[] = {"exact", "grouped", "grouped t16", "grouped t32", "grouped t64"};
+      snprintf(what, sizeof what, "moe_ffn n=%lld E=%d k=%d H=%d I=%d %s%s %s", (long long)n, c.E, c.k, c.H, c.I,
+               dtype_name(c.type), c.fused ? " fused" : "", mname[mode]);
+      const double tol = exact || c.type == ANNA_DTYPE_BF16 ? 1e-4 : 1e-2;
+      float *g = dget(dy, n * c.H);
+      cmp(what, g, ref, n * c.H, tol);
+      if (mode == 1) {
+        first = g, g = NULL;
+        /* again: the same bits */
+        float *dz = dnan(n * c.H);
+        g_gpu->moe_ffn(g_gpu, dz, dx, n, c.H, didx, dw, c.k, c.E, c.gate, c.fused ? NULL : c.up, c.down,
+                       ACT_KIND_SILU, dscr);
+        float *g2 = dget(dz, n * c.H);
+        gpu_status(what);
+        g_checks++;
+        if (memcmp(g2, first, sizeof(float) * (size_t)(n * c.H))) {
+          printf("  FAIL %s: a second run differs\n", what);
+          g_fail++;
+        }
+        free(g2), dfree(dz);
+      }
+      free(g), dfree(dy);
+    }
+    cuda_backend_set_moe_variant(g_gpu, CUDA_MOE_DEFAULT);
+    cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
+    dfree(dx), dfree(dw), dfree(didx), dfree(dscr);
+    free(first), free(scratch), free(ref);
+    moe_case_free(&c);
+  }
+}
+
+/* MoE prefill throughput on the 35B-A3B layer shape (E 256, top-8, H 2048, I 512, Q4_K
+ * experts, separate gate/up as in the GGUF files; uniform random routing, so every expert
+ * gets about n * 8 / 256 pairs): us per call of the host-grouped path (ids read back,
+ * per-expert cuBLAS GEMMs) against the grouped GEMMs (automatic tile and each forced
+ * one). TFLOP/s counts the useful 2 * n * k * 3 * H * I flops. */
+static void bench_moe(void) {
+  printf("bench moe prefill (E 256, k 8, H 2048, I 512, Q4_K)\n");
+  cuda_backend_drop_mirrors(g_gpu); /* the weights below may reuse freed host addresses */
+  moe_case c;
+  moe_case_make(&c, 4096, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0);
+  const int64_t ns[] = {512, 4096};
+  const int variants[] = {CUDA_MOE_HOST, CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64};
+  const char *const vname[] = {"host-grouped", "grouped", "grouped t16", "grouped t32", "grouped t64"};
+  cuda_backend_set_exact(g_gpu, 0);
+  for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+    const int64_t n = ns[ni], nk = n * c.k, sf = ops_moe_scratch_floats(n, c.k, c.H, c.I);
+    float *dx = dput(c.x, sizeof(float) * (size_t)(n * c.H)), *dw = dput(c.w, sizeof(float) * (size_t)nk);
+    int32_t *didx = dput(c.idx, sizeof(int32_t) * (size_t)nk);
+    float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf), *dy = dnan(n * c.H);
+    for (size_t v = 0; v < sizeof variants / sizeof variants[0]; v++) {
+      cuda_backend_set_moe_variant(g_gpu, variants[v]);
+      g_gpu->moe_ffn(g_gpu, dy, dx, n, c.H, didx, dw, c.k, c.E, c.gate, c.up, c.down, ACT_KIND_SILU, dscr);
+      gpu_status("moe bench warmup");
+      const int reps = variants[v] == CUDA_MOE_HOST ? 3 : 10;
+      double t0 = now_s();
+      for (int r = 0; r < reps; r++)
+        g_gpu->moe_ffn(g_gpu, dy, dx, n, c.H, didx, dw, c.k, c.E, c.gate, c.up, c.down, ACT_KIND_SILU, dscr);
+      gpu_status("moe bench");
+      const double dt = (now_s() - t0) / reps;
+      printf("  moe n=%-5lld %-13s: %9.1f us, %6.1f TFLOP/s\n", (long long)n, vname[v], dt * 1e6,
+             2.0 * nk * 3.0 * c.H * c.I / dt / 1e12);
+    }
+    dfree(dx), dfree(dw), dfree(didx), dfree(dscr), dfree(dy);
+  }
+  cuda_backend_set_moe_variant(g_gpu, CUDA_MOE_DEFAULT);
+  cuda_backend_set_exact(g_gpu, 1);
+  cuda_backend_drop_mirrors(g_gpu);
+  moe_case_free(&c);
+}
+
 /* A decode-like step captured as a graph (upload, ops, ring arguments, download) gives the
  * eager result, also when replayed with new inputs (graph updated in place). */
 static void test_graphs(void) {
@@ -1391,11 +1563,13 @@ int main(int argc, char **argv) {
   test_gdn_step();
   test_gdn_chunked();
   test_moe();
+  test_moe_grouped();
   test_graphs();
   if (do_bench) {
     bench();
     bench_gemm();
     bench_gdn();
+    bench_moe();
   }
   cuda_backend_free(g_gpu);
   cpu_backend_free(g_cpu);

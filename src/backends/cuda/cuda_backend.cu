@@ -499,6 +499,10 @@ extern "C" void cuda_backend_set_pdl(ops_backend *be, int on) {
   ci->pdl = on && ci->pdl_ok;
 }
 
+extern "C" void cuda_backend_set_moe_variant(ops_backend *be, int variant) {
+  cuda_impl_of(be)->moe_variant = variant;
+}
+
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }

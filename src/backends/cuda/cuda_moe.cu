@@ -6,20 +6,41 @@
  * pointers (built once per layer, kept with the weight mirrors), a second computes
  * out = sum over slots of w * down_e h, each output row written once (no atomics, no
  * memset). Only the selected experts' rows are read.
- * Larger batches read the chosen expert ids back to the host (n * k int32, one sync) to
- * group the (token, slot) pairs by expert; then, per selected expert only, they gather that
- * expert's input rows, run gate/up/act/down through the matmul entry (tensor cores for
- * prefill) and add the weighted rows into out. Experts run one after another on the stream,
- * so the scatter-adds never race. (Running batches through the decode kernels instead, pairs
- * sorted by expert, measured slower on the 35B-A3B shape: 2544 vs 9186 tok/s at 8192 tokens;
- * f32 unit decoding per pair loses to dequantized tiles on tensor cores. A grouped GEMM over
- * all experts in one launch is the next step.) */
+ *
+ * Larger batches (prefill; default numerics) run as grouped GEMMs, also entirely on the
+ * device (no host sync, a fixed number of launches per layer):
+ *   1. the (token, slot) pairs are sorted by expert: per-chunk histograms, one block that
+ *      scans them (expert offsets, and a list of token tiles of BN pairs that never
+ *      straddle two experts), and a stable placement (slot order = expert, then pair id:
+ *      deterministic) with the inverse map pair -> slot;
+ *   2. one launch for gate/up over (row tile, token tile): each block finds its expert in
+ *      the tile list, dequantizes its weight rows tile by tile into shared memory as bf16
+ *      and multiplies on tensor cores (WMMA, f32 accumulation) with the activations split
+ *      into bf16 hi + lo (the two products of cuda_gemm.cu: 16 significant bits); gate and
+ *      up rows of the same h columns sit in one block, so act(gate) * up is its epilogue,
+ *      which writes h already split (hi, lo) in slot order;
+ *   3. one launch for down the same way, writing y[slot] (f32);
+ *   4. the combine out[t] = sum_j wts[t, j] * y[slot(t, j)], each output written once in a
+ *      fixed order (no float atomics: the result does not depend on scheduling).
+ * Blocks of a launch are an upper bound (sum_e ceil(cnt_e / BN) <= ceil(nk / BN) + E token
+ * tiles); blocks past the device-side tile count exit at once. BN (16, 32 or 64 pairs) is
+ * picked from the mean pairs per expert: small tiles waste less work on sparse experts,
+ * large ones dequantize each weight tile fewer times.
+ * Exact mode (and weights this path does not take: f32/f16 experts, mixed types) keeps the
+ * host-grouped path: the expert ids are read back (n * k int32, one sync) to group the
+ * pairs, then per selected expert gather + matmuls (f32 SGEMM in exact mode) + scatter-add,
+ * experts one after another on the stream so the adds never race. (Running prefill through
+ * the decode kernels instead was measured slower on the 35B-A3B shape: 2544 vs 9186 tok/s at
+ * 8192 tokens; f32 unit decoding per pair loses to dequantized tiles on tensor cores.) */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
 #include "model/config.h"
+
+#include <cuda_bf16.h>
+#include <mma.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -274,6 +295,451 @@ static bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t 
   return true;
 }
 
+/* ---- prefill: grouped GEMMs over all experts ---- */
+
+#define MG_BM 128          /* weight rows per block tile (gate/up: 64 gate + 64 up rows) */
+#define MG_BK 64           /* K step: two 32-element units per weight row */
+#define MG_LDS (MG_BK + 8) /* bf16 per shared row: 144 bytes, so 8 consecutive rows hit distinct banks */
+#define MG_LDC (MG_BM + 4) /* floats per shared column of the f32 result */
+#define MG_THREADS 256
+#define MG_CHUNK 256 /* pairs per histogram / placement block */
+#define MG_MAX_E 1024
+
+/* Pair counts per (chunk, expert): cnt[b * E + e]. Integer atomics in shared memory only. */
+static __global__ void k_moe_hist(int32_t *cnt, const int32_t *idx, int64_t nk, int E) {
+  __shared__ int h[MG_MAX_E];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) h[e] = 0;
+  __syncthreads();
+  const int64_t p = (int64_t)blockIdx.x * MG_CHUNK + threadIdx.x;
+  if (p < nk) {
+    const int e = idx[p];
+    if (e >= 0 && e < E) atomicAdd(&h[e], 1); /* an id out of range contributes nothing (as decode) */
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[(int64_t)blockIdx.x * E + e] = h[e];
+}
+
+/* One block of 1024 threads (E <= 1024), thread e owns expert e: cnt[b * E + e] becomes the
+ * exclusive prefix over chunks (the chunk's first rank within the expert); off[e] = first
+ * slot of expert e (off[E] = pairs placed); tiles[2 t], tiles[2 t + 1] = expert and first
+ * slot of token tile t (tiles of bn slots within one expert); *ntiles = their count. */
+static __global__ void __launch_bounds__(1024) k_moe_scan(int32_t *cnt, int32_t *off, int32_t *tiles, int32_t *ntiles,
+                                                          int64_t nb, int E, int bn) {
+  __shared__ int ws[2][32];
+  const int e = threadIdx.x, lane = e & 31, w = e >> 5;
+  int tot = 0;
+  if (e < E)
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) { /* 8 loads in flight, then their prefixes */
+      int c[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++) c[j] = b0 + j < nb ? cnt[(b0 + j) * E + e] : 0;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        if (b0 + j < nb) cnt[(b0 + j) * E + e] = tot, tot += c[j];
+    }
+  const int nt = (tot + bn - 1) / bn;
+  int it = tot, in = nt; /* inclusive scans within the warp */
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, it, o), b = __shfl_up_sync(0xffffffffu, in, o);
+    if (lane >= o) it += a, in += b;
+  }
+  if (lane == 31) ws[0][w] = it, ws[1][w] = in;
+  __syncthreads();
+  if (w == 0) {
+    const int a0 = ws[0][lane], b0 = ws[1][lane];
+    int a = a0, b = b0;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, a, o), y = __shfl_up_sync(0xffffffffu, b, o);
+      if (lane >= o) a += x, b += y;
+    }
+    ws[0][lane] = a - a0, ws[1][lane] = b - b0; /* exclusive over warps */
+  }
+  __syncthreads();
+  const int xo = ws[0][w] + it - tot, xt = ws[1][w] + in - nt;
+  if (e < E) {
+    off[e] = xo;
+    for (int j = 0; j < nt; j++) tiles[2 * (xt + j)] = e, tiles[2 * (xt + j) + 1] = xo + j * bn;
+  }
+  if (e == E - 1) off[E] = xo + tot, *ntiles = xt + nt;
+}
+
+/* Stable placement: pair p of chunk b goes to slot off[e] + cnt[b * E + e] + (pairs of
+ * expert e before p in the chunk); order[slot] = p, inv[p] = slot (-1: id out of range). */
+static __global__ void k_moe_place(int32_t *order, int32_t *inv, const int32_t *idx, const int32_t *cnt,
+                                   const int32_t *off, int64_t nk, int E) {
+  __shared__ int se[MG_CHUNK];
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int64_t p = (int64_t)blockIdx.x * MG_CHUNK + tid;
+  int e = -1;
+  if (p < nk) {
+    e = idx[p];
+    if (e < 0 || e >= E) e = -1;
+  }
+  se[tid] = e;
+  __syncthreads();
+  const unsigned peers = __match_any_sync(0xffffffffu, e); /* all lanes: blockDim is a multiple of 32 */
+  if (p >= nk) return;
+  if (e < 0) {
+    inv[p] = -1;
+    return;
+  }
+  int rank = __popc(peers & ((1u << lane) - 1u));
+  for (int j = 0; j < (tid & ~31); j++) rank += se[j] == e; /* earlier warps; same j across the warp: broadcast */
+  const int slot = off[e] + cnt[(int64_t)blockIdx.x * E + e] + rank;
+  order[slot] = (int32_t)p;
+  inv[p] = slot;
+}
+
+/* x[n, H] f32 -> hi, lo [n, Hs] bf16 (hi = bf16(x), lo = bf16(x - hi)), columns H..Hs zero. */
+static __global__ void k_moe_split(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t n, int64_t H,
+                                   int64_t Hs) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * Hs; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / Hs, c = i - t * Hs;
+    const float v = c < H ? x[t * H + c] : 0.0f;
+    const __nv_bfloat16 h = __float2bfloat16_rn(v);
+    hi[i] = h;
+    lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+  }
+}
+
+/* out[t, c] = sum_j wts[t k + j] * y[inv[t k + j], c], j in order: every element written once. */
+static __global__ void k_moe_combine(float *out, const float *y, const int32_t *inv, const float *wts, int64_t n,
+                                     int64_t H, int k) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * H; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / H, c = i - t * H;
+    float acc = 0.0f;
+    for (int j = 0; j < k; j++) {
+      const int32_t s = inv[t * k + j];
+      if (s >= 0) acc += wts[t * k + j] * y[(int64_t)s * H + c];
+    }
+    out[i] = acc;
+  }
+}
+
+/* Arguments of the grouped GEMM kernels (one struct: fewer parameters to pass; no padding). */
+typedef struct moe_gemm_args {
+  const uint8_t *const *tab;       /* [gate E][up E][down E] device row pointers (moe_table) */
+  const __nv_bfloat16 *bhi, *blo;  /* activations, split: gate/up: x [n, astride]; down: h [nk, astride] */
+  const int32_t *order, *off, *tiles, *ntiles;
+  __nv_bfloat16 *hhi, *hlo;        /* gate/up output h [nk, Is], split */
+  float *y;                        /* down output [nk, M] */
+  int64_t K, M;                    /* reduction length (weight cols) and output rows (I or H) */
+  int64_t astride, Is;             /* row strides of the activations and of h (multiples of MG_BK) */
+  int64_t rb0, rb1;                /* row bytes: gate (or down), up */
+  int32_t t0, t1;                  /* types: gate (or down), up */
+  int32_t be0, bb0, be1, bb1;      /* their blocks: elements and bytes (bf16: 32 elements, 64 bytes) */
+  int32_t E, k, fused, act;
+} moe_gemm_args;
+
+/* Hint: bring [p, p + bytes) into L2 (no registers, no fault; only valid addresses are given). */
+__device__ __forceinline__ void moe_prefetch(const void *p, int bytes) {
+  for (int o = 0; o < bytes; o += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+  asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + bytes - 1));
+}
+
+/* 32 bytes at p (2-byte aligned) as 8 little-endian words: word loads when p is 4-byte
+ * aligned, else halfword loads (never past the 32 bytes). */
+__device__ __forceinline__ void moe_ld32(const uint8_t *p, uint32_t *o) {
+  if (((uintptr_t)p & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = ((const uint32_t *)p)[i];
+  } else {
+    const uint16_t *h = (const uint16_t *)p;
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = h[2 * i] | (uint32_t)h[2 * i + 1] << 16;
+  }
+}
+
+/* cuda_deq32 for Q6_K and Q8_0 with 16 or 8 wide loads instead of a load per byte (the
+ * same values, the same float operations); blocks (210, 34 bytes) are 2-byte aligned when
+ * the row is. Q6_K unit sub of a block: elements 128 h + 32 (sub % 4) + l (h = sub / 4) take
+ * low bits from ql byte 64 h + 32 (sub % 2) + l (nibble (sub / 2) % 2) and high bits from qh
+ * byte 128 + 32 h + l (bit pair sub % 4), scales 2 sub and 2 sub + 1. */
+__device__ __forceinline__ void moe_deq32_q6k(const uint8_t *row, int64_t u, float *y) {
+  const uint8_t *b = row + (u >> 3) * 210;
+  const int sub = (int)(u & 7), h = sub >> 2;
+  uint32_t L[8], Q[8];
+  moe_ld32(b + h * 64 + (sub & 1) * 32, L);
+  moe_ld32(b + 128 + h * 32, Q);
+  const float d = ldh(b + 208);
+  const float s0 = d * (float)(int8_t)b[192 + 2 * sub], s1 = d * (float)(int8_t)b[193 + 2 * sub];
+  const int shl = 4 * ((sub >> 1) & 1), shh = 2 * (sub & 3);
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int q = (int)((L[i] >> (8 * j + shl)) & 0xf) | (int)(((Q[i] >> (8 * j + shh)) & 3) << 4);
+      y[4 * i + j] = (i < 4 ? s0 : s1) * (float)(q - 32);
+    }
+}
+__device__ __forceinline__ void moe_deq32_q8_0(const uint8_t *row, int64_t u, float *y) {
+  const uint8_t *b = row + u * 34;
+  uint32_t q[8];
+  moe_ld32(b + 2, q);
+  const float d = ldh(b);
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) y[4 * i + j] = d * (float)(int8_t)(q[i] >> (8 * j));
+}
+
+/* 32-element unit u of a weight row to 32 bf16 at dst (16-byte aligned shared memory):
+ * zeros for a missing row (NULL) and for elements at or past K. Quantized types have
+ * K % 32 == 0 (whole units); bf16 rows may end mid-unit. */
+__device__ __forceinline__ void moe_unit_bf16(int type, const uint8_t *row, int64_t u, int64_t K, uint4 *dst) {
+  const int64_t c0 = u * 32;
+  if (!row || c0 >= K) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) dst[q] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  if (type == ANNA_DTYPE_BF16) {
+    const uint16_t *p = (const uint16_t *)row + c0;
+    if (c0 + 32 <= K && ((uintptr_t)p & 15) == 0) {
+#pragma unroll
+      for (int q = 0; q < 4; q++) dst[q] = ((const uint4 *)p)[q];
+    } else {
+      uint32_t v[16];
+#pragma unroll
+      for (int j = 0; j < 16; j++) {
+        const uint32_t a = c0 + 2 * j < K ? p[2 * j] : 0, b = c0 + 2 * j + 1 < K ? p[2 * j + 1] : 0;
+        v[j] = a | b << 16;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; q++) dst[q] = make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+    }
+    return;
+  }
+  float w[32];
+  if (type == ANNA_DTYPE_Q4_K && ((uintptr_t)row & 15) == 0) cuda_deq32_q4k_wide(row, u, w);
+  else if (type == ANNA_DTYPE_Q6_K && ((uintptr_t)row & 1) == 0) moe_deq32_q6k(row, u, w);
+  else if (type == ANNA_DTYPE_Q8_0 && ((uintptr_t)row & 1) == 0) moe_deq32_q8_0(row, u, w);
+  else cuda_deq32(type, row, u, w);
+  uint32_t v[16];
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(w[2 * j], w[2 * j + 1]);
+    v[j] = *(const uint32_t *)&h;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; q++) dst[q] = make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+}
+
+/* One (row tile, token tile) block of a grouped GEMM: C[MG_BM, BN] = W_e[rows, K] . B[slots, K]^T
+ * on bf16 tensor cores (B as hi and lo: two products into one f32 accumulator).
+ * MODE 0 (gate/up): rows 0..63 of the tile are gate rows m0.., rows 64..127 the up rows of the
+ * same h columns; epilogue h = act(gate) * up, split, into h[slot, m0..m0+63] (zero past I).
+ * B rows are x rows of the pairs' tokens (order[slot] / k).
+ * MODE 1 (down): rows m0..m0+127 of down_e; B rows are h rows of the slots; y[slot, rows].
+ * 8 warps as WM x WN, each FM x FN fragments of 16 x 16. grid (row tiles, token tiles). */
+template <int BN, int MODE>
+static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args a) {
+  using namespace nvcuda;
+  constexpr int WN = BN >= 64 ? 2 : 1, WM = 8 / WN, FM = MG_BM / 16 / WM, FN = BN / 16 / WN;
+  static_assert(FM * 16 * WM == MG_BM && FN * 16 * WN == BN, "warp layout");
+  constexpr int STAGE = (MG_BM + 2 * BN) * MG_LDS * 2, CBYTES = BN * MG_LDC * 4;
+  __shared__ __align__(128) unsigned char smem[STAGE > CBYTES ? STAGE : CBYTES];
+  __shared__ int64_t s_row[BN];
+  const int tile = blockIdx.y;
+  if (tile >= *a.ntiles) return; /* surplus block of the upper-bound grid */
+  const int e = a.tiles[2 * tile], s0 = a.tiles[2 * tile + 1];
+  const int cnt = min(BN, a.off[e + 1] - s0);
+  const int tid = threadIdx.x;
+  const int64_t m0 = (int64_t)blockIdx.x * (MODE == 0 ? MG_BM / 2 : MG_BM);
+  for (int r = tid; r < BN; r += MG_THREADS) {
+    int64_t ro = -1; /* padding slot: zero activations */
+    if (r < cnt) ro = (MODE == 0 ? (int64_t)(a.order[s0 + r] / a.k) : (int64_t)(s0 + r)) * a.astride;
+    s_row[r] = ro;
+  }
+  /* This thread's weight row and unit within each K step: consecutive threads take
+   * consecutive rows (conflict-free 16-byte shared stores). A warp's rows are all gate or
+   * all up rows: the type branch is uniform. */
+  const int wr = tid % MG_BM, wu = tid / MG_BM;
+  const uint8_t *wrow = NULL;
+  int wt = a.t0, wbe = a.be0, wbb = a.bb0;
+  if (MODE == 0) {
+    const int64_t i = m0 + (wr & (MG_BM / 2 - 1));
+    if (i < a.M) {
+      if (wr < MG_BM / 2) wrow = a.tab[e] + i * a.rb0;
+      else if (a.fused) wrow = a.tab[e] + (a.M + i) * a.rb0;
+      else wrow = a.tab[a.E + e] + i * a.rb1, wt = a.t1, wbe = a.be1, wbb = a.bb1;
+    }
+  } else {
+    const int64_t r = m0 + wr;
+    if (r < a.M) wrow = a.tab[2 * a.E + e] + r * a.rb0;
+  }
+  __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem, *Xh = Ws + MG_BM * MG_LDS, *Xl = Xh + BN * MG_LDS;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+  for (int i = 0; i < FM; i++)
+#pragma unroll
+    for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+  const int warp = tid >> 5, wm = warp % WM, wn = warp / WM;
+  __syncthreads(); /* s_row */
+  for (int64_t k0 = 0; k0 < a.K; k0 += MG_BK) {
+    /* The next step's weight block (when it starts a new one) and activation rows toward
+     * L2 while this step loads, decodes and multiplies: the loads below wait on DRAM only
+     * for the first step. Addresses stay inside the row / padded activation row. */
+    const int64_t un = (k0 + MG_BK) / 32 + wu;
+    if (wrow && un * 32 < a.K && (un * 32) / wbe != (un * 32 - MG_BK) / wbe)
+      moe_prefetch(wrow + (un * 32) / wbe * wbb,
+                   wt == ANNA_DTYPE_BF16 ? (int)min((a.K - un * 32) * 2, (int64_t)64) : wbb);
+    if (k0 + MG_BK < a.K)
+      for (int r = tid; r < BN; r += MG_THREADS)
+        if (s_row[r] >= 0) { /* one 128-byte line per row and half */
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(a.bhi + s_row[r] + k0 + MG_BK));
+          asm volatile("prefetch.global.L2 [%0];" ::"l"(a.blo + s_row[r] + k0 + MG_BK));
+        }
+    moe_unit_bf16(wt, wrow, k0 / 32 + wu, a.K, (uint4 *)(Ws + wr * MG_LDS + wu * 32));
+    for (int q = tid; q < BN * (MG_BK / 8); q += MG_THREADS) {
+      const int r = q / (MG_BK / 8), ch = q % (MG_BK / 8);
+      const int64_t ro = s_row[r];
+      uint4 vh = make_uint4(0, 0, 0, 0), vl = vh;
+      if (ro >= 0) { /* k0 + 64 <= astride: the padded row holds the whole step */
+        vh = *(const uint4 *)(a.bhi + ro + k0 + ch * 8);
+        vl = *(const uint4 *)(a.blo + ro + k0 + ch * 8);
+      }
+      *(uint4 *)(Xh + r * MG_LDS + ch * 8) = vh;
+      *(uint4 *)(Xl + r * MG_LDS + ch * 8) = vl;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < MG_BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[FM];
+#pragma unroll
+      for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], Ws + (wm * FM + i) * 16 * MG_LDS + kk, MG_LDS);
+#pragma unroll
+      for (int j = 0; j < FN; j++) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fh, fl;
+        wmma::load_matrix_sync(fh, Xh + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
+        wmma::load_matrix_sync(fl, Xl + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
+#pragma unroll
+        for (int i = 0; i < FM; i++) {
+          wmma::mma_sync(acc[i][j], fa[i], fh, acc[i][j]);
+          wmma::mma_sync(acc[i][j], fa[i], fl, acc[i][j]);
+        }
+      }
+    }
+    __syncthreads(); /* the next step overwrites the tiles */
+  }
+  float *Cs = (float *)smem; /* C[row, col] at Cs[col * MG_LDC + row] */
+#pragma unroll
+  for (int i = 0; i < FM; i++)
+#pragma unroll
+    for (int j = 0; j < FN; j++)
+      wmma::store_matrix_sync(Cs + (wn * FN + j) * 16 * MG_LDC + (wm * FM + i) * 16, acc[i][j], MG_LDC,
+                              wmma::mem_col_major);
+  __syncthreads();
+  if (MODE == 0) {
+    constexpr int HALF = MG_BM / 2;
+    for (int q = tid; q < cnt * HALF; q += MG_THREADS) {
+      const int c = q / HALF, r = q % HALF;
+      const int64_t i = m0 + r; /* < Is: Is is a multiple of HALF */
+      const float h = i < a.M ? moe_act(Cs[c * MG_LDC + r], a.act) * Cs[c * MG_LDC + HALF + r] : 0.0f;
+      const __nv_bfloat16 hh = __float2bfloat16_rn(h);
+      const int64_t o = (int64_t)(s0 + c) * a.Is + i;
+      a.hhi[o] = hh;
+      a.hlo[o] = __float2bfloat16_rn(h - __bfloat162float(hh));
+    }
+  } else {
+    for (int q = tid; q < cnt * MG_BM; q += MG_THREADS) {
+      const int c = q / MG_BM, r = q % MG_BM;
+      if (m0 + r < a.M) a.y[(int64_t)(s0 + c) * a.M + m0 + r] = Cs[c * MG_LDC + r];
+    }
+  }
+}
+
+static bool moe_type_grouped(int t, int64_t cols) {
+  return t == ANNA_DTYPE_BF16 || (cuda_quant_supported(t) && cols % 32 == 0);
+}
+
+/* Block shape for the prefetch: bf16 rows count as 32-element "blocks" of 64 bytes. */
+static int32_t moe_block_elems(int t) {
+  return t == ANNA_DTYPE_BF16 ? 32 : (int32_t)dtype_block_size(t);
+}
+static int32_t moe_block_bytes(int t) {
+  return t == ANNA_DTYPE_BF16 ? 64 : (int32_t)dtype_block_bytes(t);
+}
+
+/* Queues both grouped GEMMs for token tiles of BN. */
+template <int BN>
+static void moe_gemms(cuda_impl *ci, const moe_gemm_args &gu, const moe_gemm_args &dn, int64_t tmax) {
+  cuda_launch(ci, "moe grouped gate/up", k_moe_gemm<BN, 0>, dim3((unsigned)(gu.Is / (MG_BM / 2)), (unsigned)tmax),
+              MG_THREADS, 0, gu);
+  cuda_launch(ci, "moe grouped down", k_moe_gemm<BN, 1>,
+              dim3((unsigned)((dn.M + MG_BM - 1) / MG_BM), (unsigned)tmax), MG_THREADS, 0, dn);
+}
+
+/* The grouped prefill path; false (nothing queued) when it cannot take these weights or
+ * the scratch is too small. */
+static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                            const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                            const ops_weight *down, int act, float *scratch, int E) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (E < 1 || E > MG_MAX_E || k < 1 || H < 1) return false;
+  const int64_t I = up ? up[0].rows : gate[0].rows / 2;
+  if (I < 1 || gate[0].cols != H || down[0].rows != H || down[0].cols != I || (!up && gate[0].rows != 2 * I) ||
+      (up && up[0].cols != H))
+    return false;
+  if (!moe_type_grouped(gate[0].type, H) || (up && !moe_type_grouped(up[0].type, H)) ||
+      !moe_type_grouped(down[0].type, I))
+    return false;
+  const int64_t nk = n * k;
+  if (nk > 0x3fffffff || (int64_t)H * nk > ((int64_t)1 << 40)) return false;
+  /* token tile: from the mean pairs per expert, unless a variant is forced */
+  int bn = ci->moe_variant == CUDA_MOE_T16 ? 16 : ci->moe_variant == CUDA_MOE_T32 ? 32
+         : ci->moe_variant == CUDA_MOE_T64 ? 64 : 0;
+  if (!bn) bn = nk < 24 * (int64_t)E ? 16 : nk < 56 * (int64_t)E ? 32 : 64;
+  int64_t tmax = (nk + bn - 1) / bn + E;
+  while (tmax > 65535 && bn < 64) bn *= 2, tmax = (nk + bn - 1) / bn + E;
+  if (tmax > 65535) return false;
+  /* scratch layout (256-byte aligned pieces) within ops_moe_scratch_floats */
+  const int64_t Hs = ((int64_t)H + MG_BK - 1) / MG_BK * MG_BK, Is = (I + MG_BK - 1) / MG_BK * MG_BK;
+  const int64_t nb = (nk + MG_CHUNK - 1) / MG_CHUNK;
+  const uintptr_t base = (uintptr_t)scratch,
+                  limit = base + (uintptr_t)ops_moe_scratch_floats(n, k, H, (int)I) * sizeof(float);
+  uintptr_t at = base;
+  auto carve = [&at](int64_t bytes) {
+    at = (at + 255) & ~(uintptr_t)255;
+    const uintptr_t r = at;
+    at += (uintptr_t)bytes;
+    return r;
+  };
+  __nv_bfloat16 *xhi = (__nv_bfloat16 *)carve(n * Hs * 2), *xlo = (__nv_bfloat16 *)carve(n * Hs * 2);
+  __nv_bfloat16 *hhi = (__nv_bfloat16 *)carve(nk * Is * 2), *hlo = (__nv_bfloat16 *)carve(nk * Is * 2);
+  float *y = (float *)carve(nk * H * 4);
+  int32_t *order = (int32_t *)carve(nk * 4), *inv = (int32_t *)carve(nk * 4);
+  int32_t *cnt = (int32_t *)carve(nb * E * 4), *off = (int32_t *)carve(((int64_t)E + 1) * 4);
+  int32_t *tiles = (int32_t *)carve(tmax * 2 * 4), *ntiles = (int32_t *)carve(4);
+  if (at > limit) return false;
+  const uint8_t *const *tab = moe_table(be, E, gate, up, down);
+  if (!tab) return false;
+
+  cuda_launch(ci, "moe split", k_moe_split, cuda_blocks(n * Hs, 256), 256, 0, xhi, xlo, x, n, (int64_t)H, Hs);
+  cuda_launch(ci, "moe hist", k_moe_hist, (unsigned)nb, MG_CHUNK, 0, cnt, idx, nk, E);
+  cuda_launch(ci, "moe scan", k_moe_scan, 1, 1024, 0, cnt, off, tiles, ntiles, nb, E, bn);
+  cuda_launch(ci, "moe place", k_moe_place, (unsigned)nb, MG_CHUNK, 0, order, inv, idx, (const int32_t *)cnt,
+              (const int32_t *)off, nk, E);
+  moe_gemm_args gu, dn;
+  memset(&gu, 0, sizeof gu);
+  gu.tab = tab, gu.bhi = xhi, gu.blo = xlo, gu.order = order, gu.off = off, gu.tiles = tiles, gu.ntiles = ntiles;
+  gu.hhi = hhi, gu.hlo = hlo, gu.K = H, gu.M = I, gu.astride = Hs, gu.Is = Is;
+  gu.rb0 = dtype_row_bytes(gate[0].type, H), gu.rb1 = up ? dtype_row_bytes(up[0].type, H) : 0;
+  gu.t0 = gate[0].type, gu.t1 = up ? up[0].type : gate[0].type, gu.E = E, gu.k = k, gu.fused = up == NULL, gu.act = act;
+  gu.be0 = moe_block_elems(gu.t0), gu.bb0 = moe_block_bytes(gu.t0);
+  gu.be1 = moe_block_elems(gu.t1), gu.bb1 = moe_block_bytes(gu.t1);
+  dn = gu;
+  dn.bhi = hhi, dn.blo = hlo, dn.hhi = NULL, dn.hlo = NULL, dn.y = y, dn.K = I, dn.M = H, dn.astride = Is;
+  dn.rb0 = dtype_row_bytes(down[0].type, I), dn.rb1 = 0, dn.t0 = dn.t1 = down[0].type;
+  dn.be0 = dn.be1 = moe_block_elems(dn.t0), dn.bb0 = dn.bb1 = moe_block_bytes(dn.t0);
+  if (bn == 16) moe_gemms<16>(ci, gu, dn, tmax);
+  else if (bn == 32) moe_gemms<32>(ci, gu, dn, tmax);
+  else moe_gemms<64>(ci, gu, dn, tmax);
+  cuda_launch(ci, "moe combine", k_moe_combine, cuda_blocks(n * H, 256), 256, 0, out, (const float *)y,
+              (const int32_t *)inv, wts, n, (int64_t)H, k);
+  return true;
+}
+
 void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                      const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
                      const ops_weight *down, int act, float *scratch) {
@@ -282,6 +748,10 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
   if (n <= CUDA_GRAPH_MAX_TOK &&
       moe_ffn_decode(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
     return;
+  if (!ci->exact && ci->moe_variant != CUDA_MOE_HOST &&
+      moe_ffn_grouped(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
+    return;
+  /* exact mode (f32 SGEMMs), or weights the grouped path does not take */
   cuda_flush(ci); /* the expert ids are read back mid-op: the rest of a recorded step runs eagerly */
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
   const int64_t nk = n * k;
