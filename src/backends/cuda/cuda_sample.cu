@@ -94,7 +94,7 @@ static __device__ void tk_sort_desc(uint64_t *a, int P) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       __syncthreads();
       for (int t = threadIdx.x; t < P / 2; t += blockDim.x) {
-        const int i = 2 * stride * (t / stride) + (t % stride), j = i + stride;
+        const int i = ((t & ~(stride - 1)) << 1) | (t & (stride - 1)), j = i + stride; /* stride: a power of two */
         const bool desc = (i & size) == 0;
         const uint64_t x = a[i], y = a[j];
         if ((x < y) == desc) a[i] = y, a[j] = x;
