@@ -104,7 +104,7 @@ int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *
  * only these few KB cross to the host): idx[r * k + j] / val[r * k + j], j < k, the k largest
  * logits in descending order (ties: lower id first; NaN ranks as -inf), and stats[2r] = the
  * row's largest logit, stats[2r + 1] = the sum over the whole row of exp((logit - max) / temp)
- * (temp <= 0: 1), so the candidates' softmax probabilities are exact. 1 <= k <= 256 and k <= the
+ * (temp <= 0: 0, not computed), so the candidates' softmax probabilities are exact. 1 <= k <= 256 and k <= the
  * vocabulary. The sampler (sampler_candidates_k / sampler_sample_candidates) says which k a
  * request needs and when a row must be sampled in full: anna_context_logits_row then fetches
  * it. ANNA_EUNSUPPORTED when the backend cannot (callers fall back to anna_context_decode). */

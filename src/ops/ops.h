@@ -229,8 +229,9 @@ struct ops_backend {
    * descending order, ties by lower index first (the host sampler's order); NaN counts as -inf
    * and -0 as +0 (val holds the value so normalised). stats[2r] = the row's largest logit and
    * stats[2r + 1] = the sum over the WHOLE row of ops_exp_nonpos(l * (1/temp) - max * (1/temp))
-   * (temp <= 0: 1), the softmax denominator at that temperature (the CPU reference sums in
-   * vocabulary order exactly as the sampler does; a device backend to its own rounding).
+   * (temp <= 0: not computed, 0: greedy and top-k sampling do not need it), the softmax
+   * denominator at that temperature (the CPU reference sums in vocabulary order exactly as the
+   * sampler does; a device backend to its own rounding).
    * 1 <= k <= OPS_TOPK_MAX and k <= vocab. NULL: not offered (the caller downloads the logits). */
   void (*topk)(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                int64_t vocab, int k, float temp);

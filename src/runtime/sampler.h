@@ -49,7 +49,8 @@ int32_t sampler_sample(sampler *s, float *logits);
  * candidates do not decide it (the top-p nucleus or the min-p survivors reach past them, or
  * k too small): the caller samples the full row with sampler_sample instead. With a device's
  * softmax sum (not summed as the CPU reference does) a draw can differ only where the
- * probabilities' last-bit rounding decides it. */
+ * probabilities' last-bit rounding decides it. A row without a finite logit (all -inf / NaN)
+ * is garbage either way: there the two paths may name different tokens. */
 int sampler_candidates_k(const sampler *s, float *temp);
 int sampler_sample_candidates(sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
                               int32_t *out);

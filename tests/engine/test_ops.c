@@ -640,7 +640,7 @@ static void test_topk(ops_backend *be) {
       for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
         const int k = ks[ki];
         if (k > V) continue;
-        const float temp = ki == 2 ? 0.7f : 1.0f;
+        const float temp = ki == 2 ? 0.7f : ki == 1 ? 0.0f : 1.0f; /* 0: no softmax sum (0) */
         be->topk(be, idx, val, st, l, rows, V, k, temp);
         double bad = 0, zerr = 0;
         for (int64_t r = 0; r < rows; r++) {
@@ -652,9 +652,9 @@ static void test_topk(ops_backend *be) {
           qsort(ref, (size_t)V, sizeof *ref, tk_pair_cmp);
           for (int j = 0; j < k; j++)
             bad += idx[r * k + j] != ref[j].i || memcmp(&val[r * k + j], &ref[j].v, sizeof(float)) != 0;
-          const float inv_t = 1.0f / temp, mt = ref[0].v * inv_t;
+          const float inv_t = temp > 0 ? 1.0f / temp : 0.0f, mt = ref[0].v * inv_t;
           double z = 0;
-          for (int64_t t = 0; t < V; t++) z += ops_exp_nonpos(lr[t] * inv_t - mt);
+          for (int64_t t = 0; t < V && temp > 0; t++) z += ops_exp_nonpos(lr[t] * inv_t - mt);
           bad += st[2 * r] != ref[0].v;
           zerr = fmax(zerr, fabs(st[2 * r + 1] - z));
         }
@@ -670,6 +670,14 @@ static void test_topk(ops_backend *be) {
     free(idx);
     free(val);
   }
+  float bad_row[5] = {NAN, -INFINITY, NAN, -INFINITY, -INFINITY};
+  int32_t bi[3];
+  float bv[3];
+  double bs[2];
+  be->topk(be, bi, bv, bs, bad_row, 1, 5, 1, 1.0f);
+  check("topk k 1, no finite logit: the first entry", bi[0] != 0 || bv[0] != -INFINITY, 0);
+  be->topk(be, bi, bv, bs, bad_row, 1, 5, 3, 1.0f);
+  check("topk k 3, no finite logit: the first entries", bi[0] != 0 || bi[1] != 1 || bi[2] != 2, 0);
 }
 
 /* The candidate path against the full-row sampler: two samplers with one seed, one fed the

@@ -8,7 +8,7 @@
  * sorted in shared memory (at most TK_SORT keys, 32 KB):
  *   slice:  the row is cut into slices of TK_SORT logits; each block sorts its slice and keeps
  *           the first k keys (k = 1: a block max instead of the sort), plus the slice's max
- *           m_s and sum_s = sum exp((l - m_s) / temp) for the softmax sum;
+ *           m_s and sum_s = sum exp((l - m_s) / temp) for the softmax sum (temp > 0 only);
  *   merge:  TK_SORT / k groups of k keys per block are sorted and the first k kept, level by
  *           level until one group is left; that last level writes idx / val and folds the
  *           slices' (m_s, sum_s) into the row's sum (double, scaled to the row's max).
@@ -133,10 +133,10 @@ static __global__ void k_topk_slice(uint64_t *keys, double *part, const float *l
   /* The slice's softmax terms relative to its own max (an all -inf slice adds nothing). */
   const float ms = tk_val(best);
   float acc = 0.0f;
-  if (ms > -INFINITY)
+  if (ms > -INFINITY && inv_t > 0) /* inv_t 0: no sum wanted (temp <= 0) */
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float x = l[beg + i];
-      if (x > -INFINITY) acc += expf((x - ms) * inv_t); /* NaN and -inf: 0 */
+      const float d = (l[beg + i] - ms) * inv_t;
+      if (d <= 0.0f) acc += expf(d); /* NaN (a NaN logit, or inf - inf) adds 0, as on the CPU */
     }
   const double sum = tk_block_sum((double)acc);
   if (threadIdx.x == 0) {
@@ -171,9 +171,9 @@ static __global__ void k_topk_merge(uint64_t *out, const uint64_t *in, int64_t n
   const double M = tk_val(tk_a[0]);
   const double *pr = part + row * (int64_t)S * 2;
   double z = 0;
-  if (M > -INFINITY)
+  if (M > -INFINITY && inv_t > 0)
     for (int s = threadIdx.x; s < S; s += blockDim.x)
-      if (pr[2 * s + 1] > 0) z += pr[2 * s + 1] * exp((pr[2 * s] - M) * (double)inv_t);
+      if (pr[2 * s + 1] > 0 && pr[2 * s] - M <= 0) z += pr[2 * s + 1] * exp((pr[2 * s] - M) * (double)inv_t);
   z = tk_block_sum(z);
   if (threadIdx.x == 0) {
     stats[row * 2] = M;
@@ -196,7 +196,7 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
               (long long)vocab, OPS_TOPK_MAX);
     return;
   }
-  const float inv_t = temp > 0 ? 1.0f / temp : 1.0f;
+  const float inv_t = temp > 0 ? 1.0f / temp : 0.0f; /* 0: the softmax sum is not wanted */
   const int64_t S = (vocab + TK_SORT - 1) / TK_SORT; /* slices per row */
   const int G = TK_SORT / k;                         /* groups per merge block */
   const int64_t S1 = (S + G - 1) / G;                /* groups after the first merge */
