@@ -99,6 +99,21 @@ typedef struct anna_batch {
  * the sequences touched by the batch are in an unspecified state: reset them. */
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
 
+/* As anna_context_decode, but instead of the logits of each flagged token (in batch order,
+ * row r) it returns that row's k best candidates, computed where the logits are (on a GPU
+ * only these few KB cross to the host): idx[r * k + j] / val[r * k + j], j < k, the k largest
+ * logits in descending order (ties: lower id first; NaN ranks as -inf), and stats[2r] = the
+ * row's largest logit, stats[2r + 1] = the sum over the whole row of exp((logit - max) / temp)
+ * (temp <= 0: 0, not computed), so the candidates' softmax probabilities are exact. 1 <= k <= 256 and k <= the
+ * vocabulary. The sampler (sampler_candidates_k / sampler_sample_candidates) says which k a
+ * request needs and when a row must be sampled in full: anna_context_logits_row then fetches
+ * it. ANNA_EUNSUPPORTED when the backend cannot (callers fall back to anna_context_decode). */
+int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float temp, int32_t *idx, float *val,
+                             double *stats, char *err, size_t errlen);
+/* Logits row `row` (flagged order) of the last anna_context_decode(_topk) call to out[vocab],
+ * valid until the next decode call. ANNA_ERANGE when that call had no such row. */
+int anna_context_logits_row(anna_context *c, int row, float *out, char *err, size_t errlen);
+
 /* Per-op-family seconds since creation or the last reset (families: matmul, lm_head,
  * attention, gdn, moe, other), when created with .profile = 1 on the CPU; returns how many
  * were written (0: not profiling). Names are static strings. */

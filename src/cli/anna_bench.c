@@ -13,6 +13,7 @@
  * Warm-up runs are excluded; median, min and max are over the measured runs. */
 #include "anna/anna.h"
 #include "cli/cli_common.h"
+#include "ops/ops.h"
 #include "runtime/sampler.h"
 #include "runtime/text.h"
 
@@ -42,7 +43,9 @@ static void usage(FILE *f) {
           "  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
           "  --exact                  f32 activations everywhere (exact, slower; CPU default:\n"
-          "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n");
+          "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n"
+          "  --host-sampling          download each step's logits and take the argmax on the host (default:\n"
+          "                           the backend's top-1 candidate, a few bytes)\n");
 }
 
 /* "512,8192" -> lengths (caller frees). Returns the count, or -1 with the message printed. */
@@ -189,8 +192,8 @@ static int synth_prompt(int32_t **ids, int64_t n, int vocab, const model_text *t
 
 /* One run from an empty sequence. seq/pos/want: [n_batch] scratch. */
 static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_t n, int n_batch, int max_new,
-                     float *logits, int32_t *seq, int32_t *pos, int8_t *want, bench_run *r, char *err,
-                     size_t errlen) {
+                     float *logits, int32_t *seq, int32_t *pos, int8_t *want, int host_sampling, bench_run *r,
+                     char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
   anna_context_seq_reset(ctx, 0);
   sampler_reset(smp);
@@ -216,10 +219,27 @@ static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_
   r->sample_s += t2 - t1;
   r->ttft_s = t2 - t0;
   double ts = 0;
+  /* Decode steps return the candidates the sampler needs (greedy: the top 1) unless
+   * --host-sampling; a row they do not decide is fetched in full (anna-generate's loop). */
+  float ktemp = 0.0f;
+  const int kc = host_sampling ? 0 : sampler_candidates_k(smp, &ktemp);
+  int32_t cidx[OPS_TOPK_MAX];
+  float cval[OPS_TOPK_MAX];
+  double cst[2];
   for (int i = 1; i < max_new; i++) {
     int32_t s0 = 0, p0 = (int32_t)(n + i - 1);
     int8_t w = 1;
     anna_batch b = {1, &t, &s0, &p0, &w};
+    if (kc > 0) {
+      if (anna_context_decode_topk(ctx, &b, kc, ktemp, cidx, cval, cst, err, errlen)) return -1;
+      double a = cli_now();
+      if (sampler_sample_candidates(smp, cidx, cval, kc, cst, &t)) {
+        if (anna_context_logits_row(ctx, 0, logits, err, errlen)) return -1;
+        t = sampler_sample(smp, logits);
+      }
+      ts += cli_now() - a;
+      continue;
+    }
     if (anna_context_decode(ctx, &b, logits, err, errlen)) return -1;
     double a = cli_now();
     t = sampler_sample(smp, logits);
@@ -293,6 +313,7 @@ int main(int argc, char **argv) {
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
   int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, exact_matmul = 0;
+  int host_sampling = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
@@ -311,6 +332,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--profile-runtime")) profile = 1;
     else if (!strcmp(a, "--verbose")) verbose = 1;
     else if (!strcmp(a, "--exact")) exact_matmul = 1;
+    else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
     else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
     else if (!strcmp(a, "--prompt-len")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &prompt_len)) return 2; }
     else if (!strcmp(a, "--warmup")) { NEEDV(); if (cli_int(a, v, 0, 1000, &warmup)) return 2; }
@@ -439,7 +461,7 @@ int main(int argc, char **argv) {
         anna_context_profile_reset(ctx); /* op times of measured runs only */
         anna_context_step_stats(ctx, &st0);
       }
-      if (bench_one(ctx, smp, ids, bc->n_prompt, n_batch, max_new, logits, seq, pos, want, &run, err,
+      if (bench_one(ctx, smp, ids, bc->n_prompt, n_batch, max_new, logits, seq, pos, want, host_sampling, &run, err,
                     sizeof err))
         goto fail;
       if (verbose)

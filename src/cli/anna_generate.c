@@ -2,6 +2,7 @@
  * token ids, with the testing hooks --print-ids and --dump-logits. */
 #include "anna/anna.h"
 #include "cli/cli_common.h"
+#include "ops/ops.h"
 #include "runtime/sampler.h"
 #include "runtime/text.h"
 
@@ -28,7 +29,9 @@ static void usage(FILE *f) {
           "  --device cpu|cuda|auto  --dtype f32\n"
           "  --print-ids              print generated ids as one comma-separated line\n"
           "  --dump-logits FILE       write float32 logits of every prompt position [n, vocab]\n"
-          "  --quiet                  no statistics on stderr\n");
+          "  --quiet                  no statistics on stderr\n"
+          "  --host-sampling          download every logits row and sample it on the host (default: the\n"
+          "                           backend returns the few candidates the sampling parameters need)\n");
 }
 
 int main(int argc, char **argv) {
@@ -36,6 +39,7 @@ int main(int argc, char **argv) {
   const char *device = NULL, *dtype = NULL, *kvq = NULL;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
+  int host_sampling = 0;
   sampler_params sp = sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -56,6 +60,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--no-think")) no_think = 1;
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--quiet")) quiet = 1;
+    else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
     else if (!strcmp(a, "--max-new-tokens")) { NEEDV(); if (cli_int(a, v, 0, 1 << 24, &max_new)) return 2; }
     else if (!strcmp(a, "--threads")) { NEEDV(); if (cli_int(a, v, 0, 1024, &threads)) return 2; }
     else if (!strcmp(a, "--ctx-size")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &ctx_size)) return 2; }
@@ -168,13 +173,25 @@ int main(int argc, char **argv) {
   free(seq), free(pos), free(want);
   if (dump) memmove(logits, logits + (size_t)((n - 1) % (size_t)n_batch) * V, sizeof(float) * (size_t)V);
   double t_prefill = cli_now() - t1;
-  /* Decode. */
+  /* Decode. Each step returns the candidates the sampling parameters need (kc of them; 0:
+   * they need the full row) instead of the logits; a row the candidates do not decide (e.g.
+   * a top-p nucleus longer than them) is fetched in full and sampled as before. */
   double t2 = cli_now();
   int n_gen = 0;
   char piece[256];
   size_t plen;
+  float ktemp = 0.0f;
+  const int kc = host_sampling ? 0 : sampler_candidates_k(smp, &ktemp);
+  int32_t cidx[OPS_TOPK_MAX];
+  float cval[OPS_TOPK_MAX];
+  double cst[2];
+  int have_cand = 0; /* the last step returned candidates, not logits */
   for (; n_gen < max_new; n_gen++) {
-    int32_t t = sampler_sample(smp, logits);
+    int32_t t;
+    if (!have_cand || sampler_sample_candidates(smp, cidx, cval, kc, cst, &t)) {
+      if (have_cand && anna_context_logits_row(ctx, 0, logits, err, sizeof err)) goto fail;
+      t = sampler_sample(smp, logits);
+    }
     gen[n_gen] = t;
     sampler_accept(smp, t);
     if (text && tokenizer_is_eog(text->tok, t)) {
@@ -192,7 +209,10 @@ int main(int argc, char **argv) {
     int32_t s0 = 0, p0 = (int32_t)(n + (size_t)n_gen);
     int8_t w = 1;
     anna_batch b = {1, &t, &s0, &p0, &w};
-    if (anna_context_decode(ctx, &b, logits, err, sizeof err)) goto fail;
+    if (kc > 0 ? anna_context_decode_topk(ctx, &b, kc, ktemp, cidx, cval, cst, err, sizeof err)
+               : anna_context_decode(ctx, &b, logits, err, sizeof err))
+      goto fail;
+    have_cand = kc > 0;
   }
   double t_decode = cli_now() - t2;
   if (stream && !print_ids && tokenizer_stream_flush(stream, piece, sizeof piece, &plen, err, sizeof err) == 0)

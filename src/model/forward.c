@@ -84,6 +84,10 @@ struct fwd_state {
   float *x, *xn, *res, *buf[5], *ple, *moe_scratch, *logits_in, *logits;
   int32_t *moe_idx, *tokens, *pos;
   float *moe_w;
+  /* sampling candidates (fwd_topk): one backend buffer [stats rows*2 doubles | idx rows*k | val
+   * rows*k] so one download brings a step's candidates, and its host staging copy */
+  void *tk_dev, *tk_host;
+  int64_t last_nl; /* logits rows the last call left in s->logits (fwd_state_logits_row) */
   /* host */
   const void **kp, **vp;       /* [n] per-token table bases (attention reads) */
   void **wk, **wv;             /* [n] per-token row pointers (cache writes) */
@@ -96,6 +100,9 @@ struct fwd_state {
   void **allocs, **hallocs;
   size_t n_allocs, n_hallocs;
 };
+
+/* Bytes per logits row of the candidate buffers: stats (2 doubles), idx and val of OPS_TOPK_MAX. */
+#define FWD_TOPK_ROW_BYTES (2 * sizeof(double) + (size_t)OPS_TOPK_MAX * (sizeof(int32_t) + sizeof(float)))
 
 /* Backend memory (state, activations), tracked for fwd_state_free. */
 static void *salloc(fwd_state *s, size_t bytes, int *fail) {
@@ -476,6 +483,8 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
   s->res = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
   s->logits_in = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
   s->logits = salloc(s, (size_t)(n * c->vocab) * sizeof(float), &fail);
+  s->tk_dev = salloc(s, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
+  s->tk_host = halloc(s, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
   s->tokens = salloc(s, (size_t)n * sizeof(int32_t), &fail);
   s->pos = salloc(s, (size_t)n * sizeof(int32_t), &fail);
   for (int i = 0; i < 5; i++) s->buf[i] = salloc(s, (size_t)(n * s->wmax) * sizeof(float), &fail);
@@ -1184,9 +1193,14 @@ static int plan_batch(fwd_run *r, char *err, size_t errlen) {
   return 0;
 }
 
-int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out, char *err,
-                  size_t errlen) {
+int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
+                  const fwd_topk *tk, char *err, size_t errlen) {
   fwd_run r = {m, be, s, b, b->n, 0};
+  if (tk && (tk->k < 1 || tk->k > OPS_TOPK_MAX || tk->k > m->cfg.vocab || !be->topk))
+    return anna_err(err, errlen, tk->k < 1 || tk->k > OPS_TOPK_MAX ? ANNA_EINVAL : ANNA_EUNSUPPORTED,
+                    "top-%d candidates: %s", tk->k,
+                    !be->topk ? "the backend has no topk op" : "k must be 1..256 and at most the vocabulary");
+  s->last_nl = 0;
   int rc = plan_batch(&r, err, errlen);
   if (rc) return rc;
   const model_config *c = &m->cfg;
@@ -1287,6 +1301,33 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
   }
   be->matmul(be, s->logits, s->logits_in, nl, &m->lm_head, NULL);
   if (c->final_softcap > 0) be->softcap(be, s->logits, nl * c->vocab, c->final_softcap);
-  be->download(be, out, s->logits, sizeof(float) * (size_t)(nl * c->vocab));
+  s->last_nl = nl;
+  if (!tk) {
+    be->download(be, out, s->logits, sizeof(float) * (size_t)(nl * c->vocab));
+    return 0;
+  }
+  /* Candidates instead of the logits: the op runs inside the step (a graph node on CUDA),
+   * then one download of a few KB. The logits stay for fwd_state_logits_row. */
+  const int k = tk->k;
+  double *st = s->tk_dev;
+  int32_t *ti = (int32_t *)(st + 2 * nl);
+  float *tv = (float *)(ti + nl * k);
+  be->topk(be, ti, tv, st, s->logits, nl, c->vocab, k, tk->temp);
+  const size_t bytes = (size_t)nl * (2 * sizeof(double) + (size_t)k * (sizeof(int32_t) + sizeof(float)));
+  be->download(be, s->tk_host, s->tk_dev, bytes);
+  const double *hs = s->tk_host;
+  const int32_t *hi = (const int32_t *)(hs + 2 * nl);
+  memcpy(tk->stats, hs, sizeof(double) * 2 * (size_t)nl);
+  memcpy(tk->idx, hi, sizeof(int32_t) * (size_t)(nl * k));
+  memcpy(tk->val, hi + nl * k, sizeof(float) * (size_t)(nl * k));
+  return 0;
+}
+
+int fwd_state_logits_row(const fwd_state *s, int64_t row, float *out, char *err, size_t errlen) {
+  if (row < 0 || row >= s->last_nl)
+    return anna_err(err, errlen, ANNA_ERANGE, "logits row %lld: the last decode left %lld rows", (long long)row,
+                    (long long)s->last_nl);
+  const int64_t V = s->cfg->vocab;
+  s->be->download(s->be, out, s->logits + row * V, sizeof(float) * (size_t)V);
   return 0;
 }

@@ -61,8 +61,22 @@ int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, siz
  * full blocks enter the pool as they fill. Returns the reused length (>= 0). */
 int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, int32_t n, int register_blocks);
 
-/* Runs the batch (see anna_batch) and writes logits of flagged tokens to out. */
+/* Sampling candidates instead of logits: per flagged row r, the backend's topk op (ops.h) at k
+ * and temp, written to host arrays idx/val[r * k + j] and stats[2r .. 2r+1]. */
+typedef struct fwd_topk {
+  int k; /* 1 .. OPS_TOPK_MAX, <= vocab */
+  float temp;
+  int32_t *idx;
+  float *val;
+  double *stats;
+} fwd_topk;
+
+/* Runs the batch (see anna_batch) and writes logits of flagged tokens to out, or (tk not
+ * NULL; out unused) their candidates to tk's arrays. */
 int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
-                  char *err, size_t errlen);
+                  const fwd_topk *tk, char *err, size_t errlen);
+/* Row `row` (in flagged order) of the logits the last forward_batch computed, to out[vocab]:
+ * the full-row fallback after a candidates call. ANNA_ERANGE when that call left no such row. */
+int fwd_state_logits_row(const fwd_state *s, int64_t row, float *out, char *err, size_t errlen);
 
 #endif

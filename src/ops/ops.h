@@ -224,7 +224,45 @@ struct ops_backend {
    * (renormalised when renorm); weights additionally multiplied by per_expert[e] if given. */
   void (*moe_route)(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n,
                     int n_experts, int k, int renorm, const float *per_expert);
+  /* Sampling candidates (on-device sampling: a few KB cross to the host instead of the logits).
+   * Per row r of logits [rows, vocab]: idx/val[r * k + j], j < k, the k largest logits in
+   * descending order, ties by lower index first (the host sampler's order); NaN counts as -inf
+   * and -0 as +0 (val holds the value so normalised). stats[2r] = the row's largest logit and
+   * stats[2r + 1] = the sum over the WHOLE row of ops_exp_nonpos(l * (1/temp) - max * (1/temp))
+   * (temp <= 0: not computed, 0: greedy and top-k sampling do not need it), the softmax
+   * denominator at that temperature (the CPU reference sums in vocabulary order exactly as the
+   * sampler does; a device backend to its own rounding).
+   * 1 <= k <= OPS_TOPK_MAX and k <= vocab. NULL: not offered (the caller downloads the logits). */
+  void (*topk)(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
+               int64_t vocab, int k, float temp);
 };
+
+/* Most candidates topk returns per row. */
+#define OPS_TOPK_MAX 256
+
+/* exp(x) for x <= 0 (softmax terms): x = k ln2 + r with |r| <= ln2/2, a degree-6 Taylor
+ * polynomial (truncation <= 0.347^7/7! = 1.2e-7 relative), 2^k from the exponent bits;
+ * exactly 0 below -87 (masked -inf logits keep probability 0). Branch-free: about a third of
+ * expf's time per element in the sampler's vocabulary-wide loop. Shared by the sampler and
+ * the CPU topk op so that sampling from candidates matches the full-row sampler bit for bit. */
+static inline float ops_exp_nonpos(float x) {
+  const int under = !(x >= -87.0f); /* also NaN */
+  x = under ? -87.0f : x;
+  const float k = __builtin_rintf(x * 1.44269504f);
+  const float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
+  float y = 1.0f / 720;
+  y = y * r + 1.0f / 120;
+  y = y * r + 1.0f / 24;
+  y = y * r + 1.0f / 6;
+  y = y * r + 0.5f;
+  y = y * r + 1.0f;
+  y = y * r + 1.0f;
+  union {
+    int32_t i;
+    float f;
+  } sc = {.i = ((int32_t)k + 127) << 23};
+  return under ? 0.0f : y * sc.f;
+}
 
 /* Scratch floats moe_ffn needs for n tokens. */
 static inline int64_t ops_moe_scratch_floats(int64_t n, int k, int hidden, int inter) {

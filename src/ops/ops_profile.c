@@ -78,6 +78,10 @@ static void p_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *
                         int renorm, const float *per) {
   TIMED(OPS_FAMILY_MOE, P(be)->inner.moe_route(be, idx, wts, logits, n, e, k, renorm, per));
 }
+static void p_topk(ops_backend *be, int32_t *idx, float *val, double *st, const float *l, int64_t rows, int64_t v, int k,
+                   float temp) {
+  TIMED(OPS_FAMILY_OTHER, P(be)->inner.topk(be, idx, val, st, l, rows, v, k, temp));
+}
 static void p_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d, float eps, int op) {
   TIMED(OPS_FAMILY_OTHER, P(be)->inner.rmsnorm(be, y, x, w, rows, d, eps, op));
 }
@@ -139,6 +143,7 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
   WRAP(norm_rope, p_norm_rope);
   WRAP(moe_ffn, p_moe_ffn);
   WRAP(moe_route, p_moe_route);
+  WRAP(topk, p_topk);
   WRAP(rmsnorm, p_rmsnorm);
   WRAP(act_mul, p_act_mul);
   WRAP(embed, p_embed);

@@ -93,7 +93,7 @@ static int cuda_warmup(anna_context *c, char *err, size_t errlen) {
   int32_t tok = 0, seq = 0, pos = 0;
   int8_t want = 1;
   anna_batch b = {1, &tok, &seq, &pos, &want};
-  int rc = forward_batch(c->m, c->be, c->st, &b, lg, err, errlen);
+  int rc = forward_batch(c->m, c->be, c->st, &b, lg, NULL, err, errlen);
   if (!rc) rc = cuda_backend_error(c->be, err, errlen);
   fwd_state_seq_reset(c->st, 0);
   free(lg);
@@ -206,19 +206,40 @@ void anna_context_free(anna_context *c) {
   free(c);
 }
 
-int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
+static int context_run(anna_context *c, const anna_batch *b, float *out, const fwd_topk *tk, char *err,
+                       size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
 #ifdef ANNA_HAVE_CUDA
   if (c->on_cuda) {
     cuda_backend_step_begin(c->be, b->n);
-    int rc = forward_batch(c->m, c->be, c->st, b, out, err, errlen);
+    int rc = forward_batch(c->m, c->be, c->st, b, out, tk, err, errlen);
     cuda_backend_step_end(c->be);
     /* Device failures are sticky in the backend; report the first one here. */
     int rc2 = cuda_backend_error(c->be, err, errlen);
     return rc ? rc : rc2;
   }
 #endif
-  return forward_batch(c->m, c->be, c->st, b, out, err, errlen);
+  return forward_batch(c->m, c->be, c->st, b, out, tk, err, errlen);
+}
+
+int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
+  return context_run(c, b, out, NULL, err, errlen);
+}
+
+int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float temp, int32_t *idx, float *val,
+                             double *stats, char *err, size_t errlen) {
+  if (!c->be->topk) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "backend %s has no topk op", c->be->name);
+  if (!idx || !val || !stats) return anna_err(err, errlen, ANNA_EINVAL, "decode_topk: NULL output");
+  const fwd_topk tk = {k, temp, idx, val, stats};
+  return context_run(c, b, NULL, &tk, err, errlen);
+}
+
+int anna_context_logits_row(anna_context *c, int row, float *out, char *err, size_t errlen) {
+  int rc = fwd_state_logits_row(c->st, row, out, err, errlen);
+#ifdef ANNA_HAVE_CUDA
+  if (!rc && c->on_cuda) rc = cuda_backend_error(c->be, err, errlen);
+#endif
+  return rc;
 }
 
 int32_t anna_context_seq_len(const anna_context *c, int seq) {

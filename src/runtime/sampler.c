@@ -2,6 +2,7 @@
 #include "runtime/sampler.h"
 
 #include "base/error.h"
+#include "ops/ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -99,28 +100,7 @@ void sampler_reset(sampler *s) {
   s->n_seen = 0;
 }
 
-/* exp(x) for x <= 0 (softmax terms): x = k ln2 + r with |r| <= ln2/2, a degree-6 Taylor
- * polynomial (truncation <= 0.347^7/7! = 1.2e-7 relative), 2^k from the exponent bits;
- * exactly 0 below -87 (masked -inf logits keep probability 0). Branch-free: about a third of
- * expf's time per element in the sampler's vocabulary-wide loop. */
-static inline float exp_nonpos(float x) {
-  const int under = !(x >= -87.0f); /* also NaN */
-  x = under ? -87.0f : x;
-  const float k = rintf(x * 1.44269504f);
-  const float r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
-  float y = 1.0f / 720;
-  y = y * r + 1.0f / 120;
-  y = y * r + 1.0f / 24;
-  y = y * r + 1.0f / 6;
-  y = y * r + 0.5f;
-  y = y * r + 1.0f;
-  y = y * r + 1.0f;
-  union {
-    int32_t i;
-    float f;
-  } sc = {.i = ((int32_t)k + 127) << 23};
-  return under ? 0.0f : y * sc.f;
-}
+#define exp_nonpos ops_exp_nonpos
 
 /* Candidates beyond this many are sorted only when top-p needs them (sampler_sample). */
 #define SAMPLER_HEAD 256
@@ -292,4 +272,75 @@ done:
   if (tail)
     for (int32_t i = 0; i < nh; i++) s->mark[s->cand[i].id] = 0;
   return pick;
+}
+
+int sampler_candidates_k(const sampler *s, float *temp) {
+  const sampler_params *p = &s->p;
+  if (temp) *temp = 0.0f;
+  if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) return 0;
+  if (p->temperature <= 0) return 1;
+  const int32_t V = s->vocab;
+  if (p->top_k > 0 && p->top_k < V) return p->top_k <= OPS_TOPK_MAX ? p->top_k : 0; /* the whole kept set */
+  if (V <= SAMPLER_HEAD && V <= OPS_TOPK_MAX) return V;                              /* every token */
+  if (p->top_p >= 1.0f && p->min_p <= 0) return 0; /* pure temperature: every token can be drawn */
+  /* the sorted head, whose probabilities divide by the whole row's softmax sum */
+  if (temp) *temp = p->temperature;
+  return SAMPLER_HEAD <= OPS_TOPK_MAX ? SAMPLER_HEAD : 0;
+}
+
+/* sampler_sample's steps on the candidates, in the same order and arithmetic (see there);
+ * the head is the first nh candidates, already sorted by the op. */
+int sampler_sample_candidates(sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
+                              int32_t *out) {
+  const sampler_params *p = &s->p;
+  const int need = sampler_candidates_k(s, NULL);
+  if (need <= 0 || k < need) return 1;
+  if (p->temperature <= 0) {
+    *out = idx[0];
+    return 0;
+  }
+  const int32_t V = s->vocab;
+  const float inv_t = 1.0f / p->temperature, mx = val[0] * inv_t;
+  const int32_t nk = p->top_k > 0 && p->top_k < V ? p->top_k : V;
+  const int32_t nh = nk < V ? nk : (V < SAMPLER_HEAD ? V : SAMPLER_HEAD);
+  double z = 0;
+  if (nh == nk) {
+    for (int32_t i = 0; i < nh; i++) z += exp_nonpos(val[i] * inv_t - mx);
+  } else {
+    z = stats[1];
+  }
+  for (int32_t i = 0; i < nh; i++) s->prob[i] = (float)(exp_nonpos(val[i] * inv_t - mx) / z);
+  int32_t n = nk;
+  if (p->top_p < 1.0f) {
+    double cum = 0;
+    int32_t i = 0;
+    for (; i < nh; i++) {
+      cum += s->prob[i];
+      if (cum >= p->top_p) break;
+    }
+    if (i == nh && nh < nk) return 1; /* the nucleus reaches past the head */
+    if (i < nh) n = i + 1;
+  }
+  const float floor_p = p->min_p > 0 ? p->min_p * s->prob[0] : 0.0f;
+  const int32_t ns = n < nh ? n : nh;
+  int32_t kept = ns;
+  if (p->min_p > 0) {
+    int32_t j = 1;
+    while (j < ns && s->prob[j] >= floor_p) j++;
+    kept = j;
+  }
+  if (kept == ns && n > nh) return 1; /* tokens past the head take part */
+  double sum = 0;
+  for (int32_t i = 0; i < kept; i++) sum += s->prob[i];
+  double u = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
+  int32_t pick = idx[kept - 1];
+  for (int32_t i = 0; i < kept; i++) {
+    u -= s->prob[i];
+    if (u <= 0) {
+      pick = idx[i];
+      break;
+    }
+  }
+  *out = pick;
+  return 0;
 }

@@ -2,6 +2,7 @@
 #include "server/engine.h"
 
 #include "base/error.h"
+#include "ops/ops.h"
 #include "server/jsonmask.h"
 
 #include <errno.h>
@@ -136,6 +137,13 @@ struct engine {
   slot *slots;
   exact_entry *ex; /* [prompt_cache_size]; entry k is context sequence n_seq + k */
   float *row_tmp;
+  /* sampling candidates of a step's rows (anna_context_decode_topk): [n_seq * OPS_TOPK_MAX]
+   * ids and logits, [n_seq * 2] max and softmax sum; host_sampling (ANNA_HOST_SAMPLING=1):
+   * always the full logits */
+  int32_t *c_idx;
+  float *c_val;
+  double *c_st;
+  int host_sampling;
   int32_t *b_tok, *b_seq, *b_pos;
   int8_t *b_want;
   int *out_slot, *pre_slot;
@@ -355,7 +363,7 @@ static void exact_store(engine *e, int i, const float *row) {
   x->last_used = ++e->use_tick;
 }
 
-static void slot_sample(engine *e, int i, float *row);
+static void slot_sample(engine *e, int i, float *row, int32_t pre);
 
 static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   slot *s = &e->slots[i];
@@ -383,7 +391,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   if (hit >= 0) { /* the whole prompt was cached: its first token comes from the stored logits */
     memcpy(e->row_tmp, e->ex[hit].logits, sizeof(float) * (size_t)e->V);
-    slot_sample(e, i, e->row_tmp);
+    slot_sample(e, i, e->row_tmp, -1);
   }
   return 0;
 }
@@ -493,19 +501,33 @@ static int json_mask(engine *e, slot *s, float *row) {
   return allowed;
 }
 
-/* One sampled position of slot i: record, stream text, decide whether it goes on. */
-static void slot_sample(engine *e, int i, float *row) {
+/* Whether slot i's next row can be sampled from the backend's candidates (see
+ * anna_context_decode_topk): a plain sample, no logprobs, JSON mask, forced or prefix token, or
+ * exact-cache store (those read the full row); *k and *temp as sampler_candidates_k. */
+static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
+  const slot *s = &e->slots[i];
+  const gen_request *r = s->r;
+  if (!r || r->logprobs || r->json_mode || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
+  if (s->exact_store && !s->decoding) return 0;
+  return (*k = sampler_candidates_k(s->smp, temp)) > 0;
+}
+
+/* One sampled position of slot i: record, stream text, decide whether it goes on. pre >= 0:
+ * the token, already drawn from candidates (slot_cand_ok held; row unused). */
+static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   slot *s = &e->slots[i];
   gen_request *r = s->r;
   gen_token g;
-  int want_lp = r->logprobs;
+  int want_lp = pre < 0 && r->logprobs;
   if (want_lp) memcpy(e->lp_row, row, sizeof(float) * (size_t)e->V);
   /* Which token: a forced one (debug output, a forced tool-call prefix or its closing
    * suffix once the JSON arguments are complete), or a sample, masked in JSON mode. */
   size_t idx = (size_t)s->n_gen;
   int32_t t = 0;
   int forced_end = 0;
-  if (r->forced) {
+  if (pre >= 0) {
+    t = pre;
+  } else if (r->forced) {
     if (idx < r->n_forced)
       t = r->forced[idx];
     else
@@ -745,7 +767,23 @@ static void *engine_main(void *arg) {
     }
     if (nb == 0) continue;
     anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
-    if (anna_context_decode(e->ctx, &b, e->logits, err, sizeof err)) {
+    /* Candidates instead of logits when every sampled row allows it: the largest k any row
+     * needs (a row's own top-k is a prefix of them) at the one temperature whose softmax sum
+     * the top-p / min-p rows need; rows of different such temperatures take the full rows. */
+    int kc = 0;
+    float ktemp = 0.0f;
+    for (int k = 0; k < nflag && !e->host_sampling; k++) {
+      int kk = 0;
+      float tt = 0.0f;
+      if (!slot_cand_ok(e, e->out_slot[k], &kk, &tt) || (tt > 0 && ktemp > 0 && tt != ktemp)) {
+        kc = 0;
+        break;
+      }
+      if (tt > 0) ktemp = tt;
+      kc = kk > kc ? kk : kc;
+    }
+    if (kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, sizeof err)
+               : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err)) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
       for (int i = 0; i < S; i++) {
         int touched = 0;
@@ -772,8 +810,21 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
       slot *s = &e->slots[i];
+      if (kc > 0) { /* from the candidates; a row they do not decide is fetched in full */
+        int32_t t;
+        if (!s->r) continue;
+        if (!sampler_sample_candidates(s->smp, e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc,
+                                       kc, e->c_st + 2 * (size_t)k, &t)) {
+          slot_sample(e, i, NULL, t);
+        } else if (anna_context_logits_row(e->ctx, k, e->row_tmp, err, sizeof err)) {
+          slot_free(e, i, "error", err, 0);
+        } else {
+          slot_sample(e, i, e->row_tmp, -1);
+        }
+        continue;
+      }
       if (s->r && s->exact_store && !s->decoding) exact_store(e, i, e->logits + (size_t)k * (size_t)e->V);
-      if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V);
+      if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V, -1);
     }
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
@@ -866,7 +917,14 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   }
   e->row_tmp = malloc((size_t)e->V * sizeof(float));
   e->ex = calloc((size_t)e->o.prompt_cache_size + 1, sizeof *e->ex);
-  if (!e->row_tmp || !e->ex) {
+  e->c_idx = malloc((size_t)S * OPS_TOPK_MAX * sizeof *e->c_idx);
+  e->c_val = malloc((size_t)S * OPS_TOPK_MAX * sizeof *e->c_val);
+  e->c_st = malloc((size_t)S * 2 * sizeof *e->c_st);
+  {
+    const char *hs = getenv("ANNA_HOST_SAMPLING");
+    e->host_sampling = hs && !strcmp(hs, "1");
+  }
+  if (!e->row_tmp || !e->ex || !e->c_idx || !e->c_val || !e->c_st) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
     goto fail;
   }
@@ -914,6 +972,9 @@ void engine_free(engine *e) {
   }
   free(e->ex);
   free(e->row_tmp);
+  free(e->c_idx);
+  free(e->c_val);
+  free(e->c_st);
   free(e->b_tok);
   free(e->b_seq);
   free(e->b_pos);

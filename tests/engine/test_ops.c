@@ -593,6 +593,180 @@ static void test_dequant_fast(void) {
   }
 }
 
+
+/* ---- sampling candidates: the topk op and the sampler's candidate path ---- */
+
+typedef struct tk_pair {
+  float v;
+  int32_t i;
+} tk_pair;
+
+static int tk_pair_cmp(const void *a, const void *b) {
+  const tk_pair *x = a, *y = b;
+  if (x->v != y->v) return x->v < y->v ? 1 : -1;
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* A logits row with the awkward cases: values on a coarse grid (many ties), -inf, NaN, -0,
+ * huge magnitudes, and a plain spread. */
+static void tk_fill(float *l, int64_t V, int kind) {
+  for (int64_t t = 0; t < V; t++) {
+    const uint64_t r = rnd() % 100;
+    float x = kind == 0 ? frand() * 8.0f : (float)(int)(frand() * 6.0f); /* kind 1: ties everywhere */
+    if (kind == 2 && r < 3) x = -INFINITY;
+    if (kind == 2 && r == 3) x = NAN;
+    if (kind == 2 && r == 4) x = -0.0f;
+    if (kind == 2 && r == 5) x = (rnd() & 1) ? 3e38f : -3e38f;
+    l[t] = x;
+  }
+}
+
+/* The op against a full sort of (value with NaN as -inf and -0 as +0, index) pairs and the
+ * softmax sum written out as the sampler sums it: exact (the same float operations). */
+static void test_topk(ops_backend *be) {
+  printf("topk (sampling candidates)\n");
+  static const int64_t vocabs[] = {1, 7, 255, 256, 1000, 4097, 151936};
+  static const int ks[] = {1, 7, 64, 256};
+  const int64_t rows = 3;
+  for (size_t vi = 0; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+    const int64_t V = vocabs[vi];
+    float *l = malloc(sizeof(float) * (size_t)(rows * V));
+    tk_pair *ref = malloc(sizeof(tk_pair) * (size_t)V);
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)rows * OPS_TOPK_MAX);
+    float *val = malloc(sizeof(float) * (size_t)rows * OPS_TOPK_MAX);
+    double st[2 * 3];
+    for (int kind = 0; kind < 3; kind++) {
+      for (int64_t r = 0; r < rows; r++) tk_fill(l + r * V, V, kind);
+      for (size_t ki = 0; ki < sizeof ks / sizeof *ks; ki++) {
+        const int k = ks[ki];
+        if (k > V) continue;
+        const float temp = ki == 2 ? 0.7f : ki == 1 ? 0.0f : 1.0f; /* 0: no softmax sum (0) */
+        be->topk(be, idx, val, st, l, rows, V, k, temp);
+        double bad = 0, zerr = 0;
+        for (int64_t r = 0; r < rows; r++) {
+          const float *lr = l + r * V;
+          for (int64_t t = 0; t < V; t++) {
+            float x = isnan(lr[t]) ? -INFINITY : lr[t];
+            ref[t] = (tk_pair){x == 0.0f ? 0.0f : x, (int32_t)t};
+          }
+          qsort(ref, (size_t)V, sizeof *ref, tk_pair_cmp);
+          for (int j = 0; j < k; j++)
+            bad += idx[r * k + j] != ref[j].i || memcmp(&val[r * k + j], &ref[j].v, sizeof(float)) != 0;
+          const float inv_t = temp > 0 ? 1.0f / temp : 0.0f, mt = ref[0].v * inv_t;
+          double z = 0;
+          for (int64_t t = 0; t < V && temp > 0; t++) z += ops_exp_nonpos(lr[t] * inv_t - mt);
+          bad += st[2 * r] != ref[0].v;
+          zerr = fmax(zerr, fabs(st[2 * r + 1] - z));
+        }
+        char what[96];
+        snprintf(what, sizeof what, "topk V %lld k %d kind %d: ids, values, max", (long long)V, k, kind);
+        check(what, bad, 0);
+        snprintf(what, sizeof what, "topk V %lld k %d kind %d: softmax sum", (long long)V, k, kind);
+        check(what, zerr, 0);
+      }
+    }
+    free(l);
+    free(ref);
+    free(idx);
+    free(val);
+  }
+  float bad_row[5] = {NAN, -INFINITY, NAN, -INFINITY, -INFINITY};
+  int32_t bi[3];
+  float bv[3];
+  double bs[2];
+  be->topk(be, bi, bv, bs, bad_row, 1, 5, 1, 1.0f);
+  check("topk k 1, no finite logit: the first entry", bi[0] != 0 || bv[0] != -INFINITY, 0);
+  be->topk(be, bi, bv, bs, bad_row, 1, 5, 3, 1.0f);
+  check("topk k 3, no finite logit: the first entries", bi[0] != 0 || bi[1] != 1 || bi[2] != 2, 0);
+}
+
+/* The candidate path against the full-row sampler: two samplers with one seed, one fed the
+ * whole row, the other the op's candidates (the full row only where it reports that they do
+ * not decide the draw): the same tokens, every step, for every parameter set. */
+static void test_sampler_candidates(ops_backend *be) {
+  printf("sampler from candidates\n");
+  typedef struct {
+    float temp, top_p, min_p, rep;
+    int top_k;
+  } ps;
+  static const ps sets[] = {
+      {0.0f, 1.0f, 0.0f, 1.0f, 0},    {0.7f, 1.0f, 0.0f, 1.0f, 40},    {1.0f, 0.9f, 0.0f, 1.0f, 0},
+      {0.8f, 1.0f, 0.1f, 1.0f, 0},    {1.3f, 0.5f, 0.0f, 1.0f, 5},     {1.0f, 0.999f, 0.0f, 1.0f, 0},
+      {1.0f, 0.95f, 0.02f, 1.0f, 0},  {2.0f, 1.0f, 0.0f, 1.0f, 256},   {1.0f, 1.0f, 0.0f, 1.0f, 0},
+      {0.7f, 1.0f, 0.0f, 1.1f, 40},   {1.0f, 1.0f, 0.0f, 1.0f, 300},   {0.0f, 1.0f, 0.0f, 1.2f, 0},
+  };
+  static const int32_t vocabs[] = {200, 5000, 151936};
+  int32_t idx[OPS_TOPK_MAX];
+  float val[OPS_TOPK_MAX];
+  double st[2];
+  for (size_t vi = 0; vi < sizeof vocabs / sizeof *vocabs; vi++) {
+    const int32_t V = vocabs[vi];
+    float *row = malloc(sizeof(float) * (size_t)V), *a = malloc(sizeof(float) * (size_t)V),
+          *b = malloc(sizeof(float) * (size_t)V);
+    for (size_t si = 0; si < sizeof sets / sizeof *sets; si++) {
+      const ps *q = &sets[si];
+      const int steps = V > 10000 ? 12 : 60;
+      int diff = 0, kbad = 0, fallbacks = 0, k_used = 0;
+      for (uint64_t seed = 1; seed <= 6; seed++) {
+        sampler_params p = sampler_params_default();
+        p.temperature = q->temp, p.top_p = q->top_p, p.min_p = q->min_p, p.top_k = q->top_k;
+        p.repetition_penalty = q->rep, p.seed = seed;
+        sampler *full = NULL, *cand = NULL;
+        sampler_create(&full, V, &p, NULL, 0);
+        sampler_create(&cand, V, &p, NULL, 0);
+        float temp = 0.0f;
+        const int k = sampler_candidates_k(cand, &temp);
+        k_used = k > 0;
+        /* the contract: penalties 0; greedy 1; top-k (<= 256) its k; a small vocabulary all of it;
+         * top-p / min-p the head of 256; pure temperature 0 */
+        int want = q->rep != 1.0f          ? 0
+                   : q->temp <= 0          ? 1
+                   : q->top_k > 0 && q->top_k < V ? (q->top_k <= 256 ? q->top_k : 0)
+                   : V <= 256              ? V
+                   : q->top_p >= 1.0f && q->min_p <= 0 ? 0
+                                           : 256;
+        kbad += k != want || (temp > 0) != (want == 256 && !(q->top_k > 0 && q->top_k < V));
+        for (int step = 0; step < steps; step++) {
+          /* Rows as a model's: a few dominant logits (30 or 150 tokens well above the rest; the
+           * nucleus fits the head) or a flat row (it does not: the full-row fallback). */
+          for (int32_t t = 0; t < V; t++) row[t] = frand() * 3.0f;
+          const int lift = step % 3 == 0 ? 30 : step % 3 == 1 ? 150 : 0;
+          for (int j = 0; j < lift; j++) row[rnd() % (uint64_t)V] += 14.0f + 4.0f * frand();
+          if (step % 5 == 4) row[rnd() % (uint64_t)V] = row[rnd() % (uint64_t)V]; /* a tie */
+          memcpy(a, row, sizeof(float) * (size_t)V);
+          memcpy(b, row, sizeof(float) * (size_t)V);
+          const int32_t ta = sampler_sample(full, a);
+          int32_t tb = -1;
+          if (k > 0) {
+            be->topk(be, idx, val, st, row, 1, V, k, temp);
+            if (sampler_sample_candidates(cand, idx, val, k, st, &tb)) fallbacks++, tb = -1;
+          } else {
+            check("k = 0: sample_candidates declines", sampler_sample_candidates(cand, idx, val, 1, st, &tb) != 1, 0);
+            tb = -1;
+          }
+          if (tb < 0) tb = sampler_sample(cand, b);
+          diff += ta != tb;
+          sampler_accept(full, ta);
+          sampler_accept(cand, tb);
+        }
+        sampler_free(full);
+        sampler_free(cand);
+      }
+      char what[128];
+      snprintf(what, sizeof what, "V %d T %.1f k %d p %.3f minp %.2f rep %.1f: candidates_k", V, q->temp, q->top_k,
+               q->top_p, q->min_p, q->rep);
+      check(what, kbad, 0);
+      snprintf(what, sizeof what, "V %d T %.1f k %d p %.3f minp %.2f rep %.1f: same tokens (%d fallbacks)", V, q->temp,
+               q->top_k, q->top_p, q->min_p, q->rep, fallbacks);
+      check(what, diff, 0);
+      if (k_used) printf("  V %6d set %2zu: %d of %d draws fell back to the full row\n", V, si, fallbacks, 6 * steps);
+    }
+    free(row);
+    free(a);
+    free(b);
+  }
+}
+
 int main(void) {
   threadpool *tp = NULL;
   ops_backend *be = NULL;
@@ -610,6 +784,8 @@ int main(void) {
   test_fused(be);
   test_moe_route(be);
   test_sampler();
+  test_topk(be);
+  test_sampler_candidates(be);
   cpu_backend_free(be);
   threadpool_free(tp);
   printf("%d passed, %d failed\n", g_checks - g_fail, g_fail);

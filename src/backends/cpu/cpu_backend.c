@@ -217,6 +217,93 @@ static void cpu_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y,
   cpu_rmsnorm(be, y, x, w, rows, d, eps, one_plus);
 }
 
+/* ---- sampling candidates (ops.h topk) ---- */
+
+/* (value, index) a before b: larger value, then smaller index (a strict total order). */
+static inline int topk_before(float av, int32_t ai, float bv, int32_t bi) {
+  return av > bv || (av == bv && ai < bi);
+}
+
+/* First index of the largest value, NaN never winning (an all-NaN row: 0), and that value:
+ * sixteen independent running maxima, then a scan for where the maximum sits (the sampler's
+ * greedy scan: 1 candidate costs what the host argmax did). */
+static int64_t topk_argmax(const float *x, int64_t n, float *best) {
+  float m[16];
+  for (int j = 0; j < 16; j++) m[j] = -INFINITY;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
+  float mx = -INFINITY;
+  for (int j = 0; j < 16; j++) mx = m[j] > mx ? m[j] : mx;
+  for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+  *best = mx == 0.0f ? 0.0f : mx; /* -0 as +0 */
+  for (i = 0; i < n; i++)
+    if (x[i] == mx) return i;
+  return 0;
+}
+
+/* The reference: per row a min-heap of the k best seen (root = the worst of them) in one
+ * pass, then an insertion sort of those k (k = 1: the vectorisable argmax); the softmax
+ * denominator exactly as the sampler sums it (vocabulary order, double accumulation of
+ * ops_exp_nonpos), only when temp > 0. */
+static void cpu_topk(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
+                     int64_t vocab, int k, float temp) {
+  (void)be;
+  const float inv_t = temp > 0 ? 1.0f / temp : 0.0f;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *l = logits + r * vocab;
+    int32_t *hi = idx + r * k;
+    float *hv = val + r * k;
+    int m = 0;
+    float mx = -INFINITY;
+    if (k == 1) {
+      hi[0] = (int32_t)topk_argmax(l, vocab, &hv[0]);
+      mx = hv[0];
+      if (!(mx > -INFINITY)) hi[0] = 0, hv[0] = mx = -INFINITY; /* every entry -inf or NaN: all tie, the first */
+    }
+    for (int64_t t = 0; t < vocab && k > 1; t++) {
+      float x = l[t];
+      if (isnan(x)) x = -INFINITY;
+      if (x == 0.0f) x = 0.0f; /* -0 ranks as +0 */
+      mx = x > mx ? x : mx;
+      int i;
+      if (m < k) { /* sift up */
+        i = m++;
+        while (i > 0 && topk_before(hv[(i - 1) / 2], hi[(i - 1) / 2], x, (int32_t)t)) {
+          hv[i] = hv[(i - 1) / 2], hi[i] = hi[(i - 1) / 2];
+          i = (i - 1) / 2;
+        }
+        hv[i] = x, hi[i] = (int32_t)t;
+        continue;
+      }
+      if (!topk_before(x, (int32_t)t, hv[0], hi[0])) continue;
+      i = 0; /* replace the root, sift down */
+      for (;;) {
+        int w = 2 * i + 1;
+        if (w >= m) break;
+        if (w + 1 < m && topk_before(hv[w], hi[w], hv[w + 1], hi[w + 1])) w++;
+        if (!topk_before(x, (int32_t)t, hv[w], hi[w])) break;
+        hv[i] = hv[w], hi[i] = hi[w];
+        i = w;
+      }
+      hv[i] = x, hi[i] = (int32_t)t;
+    }
+    for (int a = 1; a < m; a++) { /* insertion sort, best first (k <= OPS_TOPK_MAX) */
+      const float v = hv[a];
+      const int32_t id = hi[a];
+      int b = a;
+      for (; b > 0 && topk_before(v, id, hv[b - 1], hi[b - 1]); b--) hv[b] = hv[b - 1], hi[b] = hi[b - 1];
+      hv[b] = v, hi[b] = id;
+    }
+    const float mt = mx * inv_t;
+    double z = 0;
+    if (inv_t > 0)
+      for (int64_t t = 0; t < vocab; t++) z += ops_exp_nonpos(l[t] * inv_t - mt);
+    stats[2 * r] = mx;
+    stats[2 * r + 1] = z;
+  }
+}
+
 static void cpu_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k,
                           int renorm, const float *per_expert) {
   (void)be;
@@ -371,6 +458,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .copy = cpu_copy,
       .moe_ffn = cpu_moe_ffn,
       .moe_route = cpu_moe_route,
+      .topk = cpu_topk,
   };
   *out = be;
   return 0;

@@ -15,6 +15,8 @@
 /* 64 MiB of split-K attention partials: a 512-token prefill chunk of 8 heads x 256 dims can
  * split its keys 8 ways (flash prefill, cuda_attn.cu). */
 #define ATT_PART_FLOATS ((size_t)16 << 20)
+/* topk key levels: about 140 KB per row at a 248k vocabulary and k = 256, so 58 rows a pass */
+#define TOPK_SCR_BYTES ((size_t)8 << 20)
 
 /* anna_err's contract, local so this library needs nothing from anna's objects at link time. */
 static int put_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -650,6 +652,7 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->att_part) cudaFree(ci->att_part);
     if (ci->act16) cudaFree(ci->act16);
     if (ci->gdn_scr) cudaFree(ci->gdn_scr);
+    if (ci->topk_scr) cudaFree(ci->topk_scr);
     if (ci->ring_d) cudaFree(ci->ring_d);
     if (ci->ring_h) cudaFreeHost(ci->ring_h);
     if (ci->blas) cublasDestroy(ci->blas);
@@ -688,6 +691,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
       (what = "ring", e = cudaMalloc((void **)&ci->ring_d, ci->ring_cap)) != cudaSuccess ||
       (what = "attention scratch", e = cudaMalloc((void **)&ci->att_part, ATT_PART_FLOATS * sizeof(float))) !=
           cudaSuccess ||
+      (what = "topk scratch", e = cudaMalloc(&ci->topk_scr, TOPK_SCR_BYTES)) != cudaSuccess ||
       (what = "pinned ring", e = cudaHostAlloc((void **)&ci->ring_h, ci->ring_cap, cudaHostAllocDefault)) !=
           cudaSuccess) {
     int code = e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO;
@@ -697,6 +701,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   }
   ci->deq_floats = DEQ_FLOATS;
   ci->att_part_floats = ATT_PART_FLOATS;
+  ci->topk_scr_bytes = TOPK_SCR_BYTES;
   ci->mv_smem = cuda_matmul_setup();
   ci->max_batch = max_batch;
   /* Programmatic launches in decode graphs (cuda_launch_pdl) need sm_90; ANNA_CUDA_PDL=0
@@ -753,6 +758,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->softcap = cuda_op_softcap;
   be->moe_ffn = cuda_op_moe_ffn;
   be->moe_route = cuda_op_moe_route;
+  be->topk = cuda_op_topk;
   *out = be;
   return 0;
 }

@@ -88,6 +88,8 @@ typedef struct cuda_impl {
   float *att_part;          /* split-K attention partials */
   size_t att_part_floats;
   float *gdn_scr;           /* chunked GDN scratch (W, U, P, gam), allocated at first use */
+  void *topk_scr;           /* topk's key levels (cuda_sample.cu), allocated at creation */
+  size_t topk_scr_bytes;
 } cuda_impl;
 
 #define CUDA_GRAPH_MAX_TOK 8
@@ -234,6 +236,8 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
                      const ops_weight *down, int act, float *scratch);
 void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts,
                        int k, int renorm, const float *per_expert);
+void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
+                  int64_t vocab, int k, float temp);
 
 /* Grid size for a 1-D elementwise launch of n items with `threads` per block. */
 static inline unsigned cuda_blocks(int64_t n, int threads) {
