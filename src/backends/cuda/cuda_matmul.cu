@@ -22,15 +22,15 @@
 #define MV_WARPS 8
 
 /* ---- Grouped launches (cuda_op_matmul_group) ----
- * Each decode kernel below is a device body called by two kernels: the single one (one
- * weight; block index and grid size from blockIdx / gridDim) and the grouped one, which
- * takes up to OPS_GROUP_MAX weights of the same type sharing the activations x: entry i
- * owns blocks [first_i, first_{i+1}) of the grid (the last up to gridDim.x), and a block
- * runs the body on its entry with its index and block count inside that range. A row's
- * arithmetic never depends on which block or warp computes it, so both give the same bits;
- * a grouped entry's bias is added when its rows are written (the one f32 add k_add_bias
- * does after a single launch). Every field is 8 bytes: the table has no padding, whose
- * bytes would differ between recorded steps (launch arguments are compared byte for byte). */
+ * Each decode kernel below has a single form (one weight; block index and grid size from
+ * blockIdx / gridDim) and a grouped form, which takes a table of up to OPS_GROUP_MAX weights
+ * of one type sharing the activations x: entry i owns blocks [first_i, first_{i+1}) of the
+ * grid (the last up to gridDim.x), and a block runs the same body on its entry with its
+ * index and block count inside that range. A row's arithmetic never depends on which block
+ * or warp computes it, so both forms give the same bits; a grouped entry's bias is added
+ * when its rows are written (the one f32 add k_add_bias does after a single launch). Every
+ * field is 8 bytes: the table has no padding, whose bytes would differ between recorded
+ * steps (launch arguments are compared byte for byte). */
 typedef struct mv_ent {
   const uint8_t *W;
   float *y;
@@ -71,7 +71,8 @@ static __device__ __forceinline__ mv_sel mv_pick(const mv_table &t) {
 }
 
 /* The bodies take G (grouped): false reads the block index (and grid size) where the
- * single kernel always did and has no bias, so the single kernels compile as before. */
+ * single kernel always did and has no bias, so the single kernels keep their code (ptxas
+ * reports the same registers for the plain and piece kernels as before the split). */
 #define MV_BID(G, bid) ((G) ? (bid) : (int64_t)blockIdx.x)
 #define MV_NBLK(G, nblk) ((G) ? (nblk) : (int64_t)gridDim.x)
 #define MV_OUT(G, v, bias, r) ((G) && (bias) ? (v) + (bias)[r] : (v))
@@ -421,8 +422,9 @@ static __device__ __forceinline__ mv_sel mv_self(float *, const uint8_t *, int64
 }
 
 /* Single (no tab) or grouped (tab: one mv_table; y_, W_, rows_, row_bytes_ unused). Unlike
- * the other kernels the body is the kernel itself, not a shared device function: inlined
- * from one, it compiled to different register counts for the single instances. */
+ * the other kernels both forms are instances of this one kernel, not two kernels around a
+ * shared device function: inlined from one, the body compiled to other register counts
+ * for the single instances (Q8_0 one token: 71 instead of 64, one block less per SM). */
 template <int TYPE, int NT, int R, typename... Tab>
 static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
@@ -724,10 +726,11 @@ static unsigned piece_grid(int64_t blocks) {
   return (unsigned)(blocks < resident ? blocks : resident);
 }
 
-/* Blocks for a persistent k_matvec_q8 (G: the grouped instance, 2 rows per warp): SMs times the blocks that fit one
- * SM, the smaller of the register limit (the occupancy API without shared memory, queried
- * once per instance) and the shared-memory limit for this launch's smem (computed, so
- * weights of different widths do not re-query: 1 KB per block is reserved by the system). */
+/* Blocks for a persistent k_matvec_q8 (G: the grouped instance, 2 rows per warp): SMs
+ * times the blocks that fit one SM, the smaller of the register limit (the occupancy API
+ * without shared memory, queried once per instance) and the shared-memory limit for this
+ * launch's smem (computed, so weights of different widths do not re-query: 1 KB per block
+ * is reserved by the system). */
 template <int TYPE, int NT, int R, bool G = false>
 static unsigned q8_grid(int64_t blocks, size_t smem) {
   static int sms = 0, per_regs = 0, smem_sm = 0;
