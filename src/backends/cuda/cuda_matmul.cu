@@ -413,24 +413,19 @@ template <int TYPE> __device__ __forceinline__ int q8_chunk(int c) {
   else return c ^ ((c >> 3) & 1);
 }
 
-/* The single kernel's weight (no table), or a grouped block's entry. */
-static __device__ __forceinline__ mv_sel mv_self(float *y, const uint8_t *W, int64_t rows, int64_t row_bytes) {
-  return mv_sel{W, y, nullptr, rows, row_bytes, 0, 0};
-}
-static __device__ __forceinline__ mv_sel mv_self(float *, const uint8_t *, int64_t, int64_t, const mv_table &t) {
-  return mv_pick(t);
-}
-
-/* Single (no tab) or grouped (tab: one mv_table; y_, W_, rows_, row_bytes_ unused). Unlike
- * the other kernels both forms are instances of this one kernel, not two kernels around a
- * shared device function: inlined from one, the body compiled to other register counts
- * for the single instances (Q8_0 one token: 71 instead of 64, one block less per SM). */
-template <int TYPE, int NT, int R, typename... Tab>
+/* Single (G false: tab unused, all zero) or grouped (G: the weights in tab; y_, W_, rows_,
+ * row_bytes_ unused). Unlike the other kernels both forms are instances of this one kernel,
+ * not two kernels around a shared device function: inlined from one, the body compiled to
+ * other register counts for the single instances (Q8_0 one token: 71 instead of 64, one
+ * block less per SM). The table is the last parameter so the single form's others keep
+ * their places. */
+template <int TYPE, int NT, int R, bool G>
 static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
-                const __grid_constant__ Tab... tab) {
-  constexpr bool G = sizeof...(Tab) > 0;
-  const mv_sel sel = mv_self(y_, W_, rows_, row_bytes_, tab...);
+                const __grid_constant__ mv_table tab) {
+  mv_sel sel;
+  if constexpr (G) sel = mv_pick(tab);
+  else sel = mv_sel{W_, y_, nullptr, rows_, row_bytes_, 0, 0};
   float *const y = sel.y;
   const uint8_t *const W = sel.W;
   const float *const bias = sel.bias;
@@ -736,8 +731,8 @@ static unsigned q8_grid(int64_t blocks, size_t smem) {
   static int sms = 0, per_regs = 0, smem_sm = 0;
   if (!sms) {
     const void *k;
-    if constexpr (G) k = (const void *)k_matvec_q8<TYPE, NT, 2, mv_table>;
-    else k = (const void *)k_matvec_q8<TYPE, NT, R>;
+    if constexpr (G) k = (const void *)k_matvec_q8<TYPE, NT, 2, true>;
+    else k = (const void *)k_matvec_q8<TYPE, NT, R, false>;
     int dev = 0, n = 0, per = 0, sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -758,18 +753,20 @@ template <int TYPE, int NT, int R>
 static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
   const size_t sm = mvq8_smem(NT, w->cols);
   const unsigned g = q8_grid<TYPE, NT, R>((w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
-  cuda_launch(ci, "matvec q8", k_matvec_q8<TYPE, NT, R>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb);
+  static const mv_table none = {}; /* zero bytes: the same arguments every step */
+  cuda_launch(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb,
+              none);
 }
 
 /* Raises the dynamic shared memory limit of the q8 instances for TYPE, NT (single with 2
  * and with 4 rows per warp, grouped) to bytes. */
 template <int TYPE, int NT> static bool q8_optin(int bytes) {
-  return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
-             cudaSuccess &&
-         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>()>,
+  return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              bytes) == cudaSuccess &&
+         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>(), false>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess &&
-         cudaFuncSetAttribute((const void *)k_matvec_q8<TYPE, NT, 2, mv_table>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+             cudaSuccess;
 }
 template <int NT> static bool q8_optin_all(int bytes) {
   return q8_optin<ANNA_DTYPE_Q4_0, NT>(bytes) && q8_optin<ANNA_DTYPE_IQ4_NL, NT>(bytes) &&
@@ -898,7 +895,7 @@ static void group_q8(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t 
   for (int i = 0; i < m; i++) need[i] = (t->e[i].rows + MVQ8_WARPS * 2 - 1) / (MVQ8_WARPS * 2);
   mv_split(m, need, q8_grid<TYPE, NT, 2, true>((int64_t)1 << 40, sm), blocks);
   const unsigned g = mv_firsts(t, m, blocks);
-  cuda_launch(ci, "matvec q8 group", k_matvec_q8<TYPE, NT, 2, mv_table>, g, 32 * MVQ8_WARPS, sm, (float *)NULL, x,
+  cuda_launch(ci, "matvec q8 group", k_matvec_q8<TYPE, NT, 2, true>, g, 32 * MVQ8_WARPS, sm, (float *)NULL, x,
               (const uint8_t *)NULL, (int64_t)0, cols, (int64_t)0, *t);
 }
 
