@@ -872,6 +872,19 @@ static void add_norm(fwd_run *r, float *x, const float *res, float *y, const flo
   }
 }
 
+/* ys[i][n, ws[i]->rows] = x ws[i]^T (+ biases[i]) for count projections of the same input
+ * x: one matmul_group (on a device, fewer launches per decode step), or matmul per weight
+ * where the backend lacks it. biases may be NULL. */
+static void project(fwd_run *r, int count, float *const *ys, const float *x, const ops_weight *const *ws,
+                    const float *const *biases) {
+  ops_backend *be = r->be;
+  if (be->matmul_group && count > 1) {
+    be->matmul_group(be, count, ys, x, r->n, ws, biases);
+    return;
+  }
+  for (int i = 0; i < count; i++) be->matmul(be, ys[i], x, r->n, ws[i], biases ? biases[i] : NULL);
+}
+
 /* out[n, H] = attention mixer of xn. */
 static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   const anna_model *m = r->m;
@@ -887,7 +900,15 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
 
   const float eps = (float)c->eps;
   const int one_plus = c->norm == NORM_KIND_1PW;
-  be->matmul(be, qf, xn, n, &w->q, w->q_bias);
+  /* q, and k and v where this layer owns its cache (k alone with attention_k_eq_v), from the
+   * same xn; k and v stay untouched until their norms below. */
+  const int own = lc->kv_source == li;
+  {
+    float *ys[3] = {qf, k, v};
+    const ops_weight *ws[3] = {&w->q, &w->k, &w->v};
+    const float *bs[3] = {w->q_bias, w->k_bias, w->v_bias};
+    project(r, own ? (w->v.data ? 3 : 2) : 1, ys, xn, ws, bs);
+  }
   /* q_proj rows are [head][query D | gate D] with the output gate: the queries are copied
    * out; the gate is read in place (strided) by mul_sigmoid below, qf staying untouched
    * until then. */
@@ -902,11 +923,8 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
     be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
   }
 
-  const int own = lc->kv_source == li;
   if (own) {
-    be->matmul(be, k, xn, n, &w->k, w->k_bias);
-    if (w->v.data) be->matmul(be, v, xn, n, &w->v, w->v_bias);
-    else be->copy_rows(be, v, kvd, k, kvd, n, (int)kvd); /* attention_k_eq_v: V is the raw K */
+    if (!w->v.data) be->copy_rows(be, v, kvd, k, kvd, n, (int)kvd); /* attention_k_eq_v: V is the raw K */
     if (w->k_norm && be->norm_rope) {
       be->norm_rope(be, k, k, n, Hkv, D, kvd, D, w->k_norm, eps, one_plus, lc->rope_dims, w->inv_freq, r->s->pos,
                     lc->rope_interleaved);
@@ -981,10 +999,11 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd;
   float *qkv = s->buf[0], *z = s->buf[1], *ba = s->buf[2], *conv = s->buf[3], *gates = s->buf[4];
 
-  be->matmul(be, qkv, xn, n, &w->qkv, NULL);
-  be->matmul(be, z, xn, n, &w->z, NULL);
-  be->matmul(be, ba, xn, n, &w->b, NULL);
-  be->matmul(be, ba + n * hv, xn, n, &w->a, NULL);
+  {
+    float *ys[4] = {qkv, z, ba, ba + n * hv};
+    const ops_weight *ws[4] = {&w->qkv, &w->z, &w->b, &w->a};
+    project(r, 4, ys, xn, ws, NULL);
+  }
   /* Decode: when every run is short (the recurrent kernel's range) and uncut, one fused
    * gdn_step per run replaces conv, copies, norms, gates, delta rule and output norm. */
   int fused = be->gdn_step != NULL;
@@ -1066,24 +1085,30 @@ static void mlp(fwd_run *r, const ops_weight *gate, const ops_weight *up, const 
   ops_backend *be = r->be;
   const int64_t n = r->n, I = gate->rows;
   float *g = r->s->buf[0], *u = r->s->buf[1];
-  be->matmul(be, g, xn, n, gate, NULL);
-  be->matmul(be, u, xn, n, up, NULL);
+  float *ys[2] = {g, u};
+  const ops_weight *ws[2] = {gate, up};
+  project(r, 2, ys, xn, ws, NULL);
   be->act_mul(be, g, g, u, n, (int)I, I, I, r->m->cfg.act);
   be->matmul(be, out, g, n, down, NULL);
 }
 
-/* Sparse experts of layer li on xn (router input rin) added into out. */
-static void moe(fwd_run *r, int li, const float *rin, const float *xn, float *out) {
+/* Sparse experts of layer li on xn, routed by logits [n, E], into out. */
+static void moe_routed(fwd_run *r, int li, const float *logits, const float *xn, float *out) {
   const model_config *c = &r->m->cfg;
   const layer_weights *w = &r->m->layers[li];
   ops_backend *be = r->be;
   fwd_state *s = r->s;
   const int64_t n = r->n;
-  float *logits = s->buf[2];
-  be->matmul(be, logits, rin, n, &w->router, NULL);
   be->moe_route(be, s->moe_idx, s->moe_w, logits, n, c->n_experts, c->top_k, c->norm_topk, w->per_expert_scale);
   be->moe_ffn(be, out, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up, w->exp_down,
               c->act, s->moe_scratch);
+}
+
+/* Sparse experts of layer li on xn (router input rin) into out. */
+static void moe(fwd_run *r, int li, const float *rin, const float *xn, float *out) {
+  float *logits = r->s->buf[2];
+  r->be->matmul(r->be, logits, rin, r->n, &r->m->layers[li].router, NULL);
+  moe_routed(r, li, logits, xn, out);
 }
 
 /* x += s->res (the mixer's output), then the FFN block. With defer, the FFN's own residual
@@ -1111,15 +1136,22 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
     moe(r, li, rin, xn, e);
     norm(r, e, e, w->post_ff_norm2, n, (int)H);
     be->add(be, res, e, n * H);
+  } else if (lc->is_moe && w->has_shared) {
+    /* The router and the shared expert's gate, up and gate logit all read xn: one group
+     * first (buf[0], [1], [4] are left alone by the routed experts, which use their own
+     * scratch), then the experts into res, then the rest of the shared expert. */
+    float *g = s->buf[0], *u = s->buf[1], *logits = s->buf[2], *sh = s->buf[3], *sg = s->buf[4];
+    const int64_t S = w->sh_gate.rows;
+    float *ys[4] = {logits, g, u, sg};
+    const ops_weight *ws[4] = {&w->router, &w->sh_gate, &w->sh_up, &w->sh_gate_inp};
+    project(r, 4, ys, xn, ws, NULL);
+    moe_routed(r, li, logits, xn, res);
+    be->act_mul(be, g, g, u, n, (int)S, S, S, c->act);
+    be->matmul(be, sh, g, n, &w->sh_down, NULL);
+    be->mul_sigmoid(be, sh, sg, n, (int)H, 1, 1);
+    be->add(be, res, sh, n * H);
   } else if (lc->is_moe) {
     moe(r, li, xn, xn, res);
-    if (w->has_shared) {
-      float *sh = s->buf[3], *sg = s->buf[4];
-      mlp(r, &w->sh_gate, &w->sh_up, &w->sh_down, xn, sh);
-      be->matmul(be, sg, xn, n, &w->sh_gate_inp, NULL);
-      be->mul_sigmoid(be, sh, sg, n, (int)H, 1, 1);
-      be->add(be, res, sh, n * H);
-    }
   } else {
     mlp(r, &w->gate, &w->up, &w->down, xn, res);
   }

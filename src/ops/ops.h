@@ -120,6 +120,9 @@ static inline int64_t ops_gdn_step_work_floats(int64_t n, int hk, int hv, int dk
   return n * (2 * (int64_t)hk * dk + (int64_t)hv * dv + 2 * (int64_t)hv);
 }
 
+/* Most weights one matmul_group call takes (GDN's four in-projections). */
+#define OPS_GROUP_MAX 4
+
 typedef struct ops_backend ops_backend;
 
 struct ops_backend {
@@ -140,6 +143,13 @@ struct ops_backend {
   /* y[n, W.rows] = x[n, W.cols] W^T (+ bias[W.rows] when bias != NULL). */
   void (*matmul)(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
                  const float *bias);
+  /* Several matmuls of one input: for i < count, ys[i][n, ws[i]->rows] = x[n, cols] ws[i]^T
+   * (+ biases[i][ws[i]->rows] when biases && biases[i]), each exactly as matmul computes it
+   * (same result bits), where every ws[i]->cols == cols. 1 <= count <= OPS_GROUP_MAX; the ys
+   * do not overlap each other or x. A device backend runs the group in fewer launches (the
+   * decode projections that share an input). NULL: the model calls matmul per weight. */
+  void (*matmul_group)(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                       const ops_weight *const *ws, const float *const *biases);
   /* Rows of table (any weight dtype) for ids, times scale: out[n, cols]. */
   void (*embed)(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
                 float scale);

@@ -32,6 +32,10 @@ static double now(void) {
 static void p_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
   TIMED(w->rows == P(be)->lm_rows ? OPS_FAMILY_LM_HEAD : OPS_FAMILY_MATMUL, P(be)->inner.matmul(be, y, x, n, w, bias));
 }
+static void p_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                           const ops_weight *const *ws, const float *const *biases) {
+  TIMED(OPS_FAMILY_MATMUL, P(be)->inner.matmul_group(be, count, ys, x, n, ws, biases));
+}
 static void p_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
   TIMED(OPS_FAMILY_ATTENTION, P(be)->inner.attention(be, out, q, a));
 }
@@ -130,6 +134,7 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
 #define WRAP(field, fn)                                                                                                \
   if (inner->field) p->be.field = fn
   WRAP(matmul, p_matmul);
+  WRAP(matmul_group, p_matmul_group);
   WRAP(attention, p_attention);
   WRAP(rope, p_rope);
   WRAP(scatter_rows, p_scatter);

@@ -103,6 +103,71 @@ static void test_matmul_quant(ops_backend *be) {
   }
 }
 
+/* matmul_group: the CPU's is its matmuls in turn (the reference device backends match), so
+ * the outputs must equal per-weight matmul bit for bit: mixed types (f32, bf16, Q8_0), odd
+ * row counts, a bias on some entries, decode and prefill batch sizes, both numerics modes. */
+static int same_bits(const float *x, const float *y, int64_t n);
+static void test_matmul_group(ops_backend *be) {
+  printf("matmul_group\n");
+  const int cols = 256, rows[OPS_GROUP_MAX] = {33, 7, 64, 1};
+  const int ns[] = {1, 3, 9};
+  float *wf[OPS_GROUP_MAX], *bias[OPS_GROUP_MAX];
+  void *data[OPS_GROUP_MAX];
+  ops_weight ow[OPS_GROUP_MAX];
+  const ops_weight *ws[OPS_GROUP_MAX];
+  const int types[OPS_GROUP_MAX] = {ANNA_DTYPE_Q8_0, ANNA_DTYPE_F32, ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0};
+  int64_t tot = 0;
+  for (int i = 0; i < OPS_GROUP_MAX; i++) {
+    wf[i] = malloc(sizeof(float) * (size_t)rows[i] * cols);
+    fill(wf[i], (int64_t)rows[i] * cols, 0.5f);
+    bias[i] = i % 2 ? malloc(sizeof(float) * (size_t)rows[i]) : NULL;
+    if (bias[i]) fill(bias[i], rows[i], 1);
+    if (types[i] == ANNA_DTYPE_F32) {
+      data[i] = wf[i];
+    } else if (types[i] == ANNA_DTYPE_BF16) {
+      uint16_t *b = malloc(2 * (size_t)rows[i] * cols);
+      for (int j = 0; j < rows[i] * cols; j++) b[j] = to_bf16(wf[i][j]);
+      data[i] = b;
+    } else {
+      const size_t rb = (size_t)dtype_row_bytes(ANNA_DTYPE_Q8_0, cols);
+      unsigned char *q = malloc(rb * (size_t)rows[i]);
+      for (int r = 0; r < rows[i]; r++) quant_quantize_row_q8_0(wf[i] + (int64_t)r * cols, q + rb * r, cols);
+      data[i] = q;
+    }
+    ow[i] = (ops_weight){types[i], data[i], rows[i], cols};
+    ws[i] = &ow[i];
+    tot += rows[i];
+  }
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+    const int n = ns[k];
+    float *x = malloc(sizeof(float) * (size_t)n * cols), *a = malloc(sizeof(float) * (size_t)n * tot);
+    float *b = malloc(sizeof(float) * (size_t)n * tot);
+    fill(x, (int64_t)n * cols, 1);
+    for (int exact = 0; exact < 2; exact++) {
+      cpu_backend_set_exact_matmul(be, exact);
+      for (int cnt = 1; cnt <= OPS_GROUP_MAX; cnt++) {
+        float *ys[OPS_GROUP_MAX];
+        int64_t off = 0;
+        for (int i = 0; i < cnt; i++) {
+          ys[i] = a + off;
+          be->matmul(be, b + off, x, n, ws[i], bias[i]);
+          off += (int64_t)n * rows[i];
+        }
+        be->matmul_group(be, cnt, ys, x, n, ws, (const float *const *)bias);
+        char what[96];
+        snprintf(what, sizeof what, "matmul_group = matmul x%d n=%d exact=%d", cnt, n, exact);
+        check(what, same_bits(a, b, off) ? 0 : 1, 0);
+      }
+    }
+    cpu_backend_set_exact_matmul(be, 0);
+    free(x), free(a), free(b);
+  }
+  for (int i = 0; i < OPS_GROUP_MAX; i++) {
+    if (data[i] != wf[i]) free(data[i]);
+    free(wf[i]), free(bias[i]);
+  }
+}
+
 /* Reference GDN: the recurrence written from the definition, in double. */
 static void gdn_ref(int64_t n, int hk, int hv, int dk, int dv, int tiled, const float *q, const float *k, const float *v,
                     const float *g, const float *beta, double *S, double *out) {
@@ -777,6 +842,7 @@ int main(void) {
   }
   test_matmul(be);
   test_matmul_quant(be);
+  test_matmul_group(be);
   test_dequant_fast();
   test_gdn(be);
   test_attention(be);

@@ -434,6 +434,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .upload = cpu_copy,
       .download = cpu_copy,
       .matmul = cpu_matmul,
+      .matmul_group = cpu_matmul_group,
       .embed = cpu_embed,
       .rmsnorm = cpu_rmsnorm,
       .rope = cpu_rope,

@@ -47,6 +47,8 @@ static inline float bf16_to_f32(uint16_t h) {
 
 void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
                 const float *bias);
+void cpu_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                      const ops_weight *const *ws, const float *const *biases);
 void cpu_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
                float scale);
 /* Converts row r of w into dst[cols] f32 (any supported dtype). */

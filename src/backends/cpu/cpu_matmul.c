@@ -549,6 +549,14 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
   else threadpool_run(c->tp, mm_task, &m);
 }
 
+/* The CPU gains nothing from one pass over several weights (each matmul already spreads
+ * its rows over the pool), so a group is its matmuls in turn: also the reference the device
+ * backends' grouped kernels are tested against. */
+void cpu_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                      const ops_weight *const *ws, const float *const *biases) {
+  for (int i = 0; i < count; i++) cpu_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
+}
+
 void cpu_backend_set_exact_matmul(ops_backend *be, int on) { ((cpu_impl *)be->impl)->exact_matmul = on; }
 
 void cpu_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,

@@ -17,15 +17,73 @@
 
 #include "base/error.h"
 
+#include <string.h>
+
 #define MV_MAX_TOK 8
 #define MV_WARPS 8
 
-template <int TYPE, int NT>
-static __global__ void k_matvec_plain(float *y, const float *x, const void *W, int64_t rows, int64_t cols,
-                                      int vec) {
-  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+/* ---- Grouped launches (cuda_op_matmul_group) ----
+ * Each decode kernel below has a single form (one weight; block index and grid size from
+ * blockIdx / gridDim) and a grouped form, which takes a table of up to OPS_GROUP_MAX weights
+ * of one type sharing the activations x: entry i owns blocks [first_i, first_{i+1}) of the
+ * grid (the last up to gridDim.x), and a block runs the same body on its entry with its
+ * index and block count inside that range. A row's arithmetic never depends on which block
+ * or warp computes it, so both forms give the same bits; a grouped entry's bias is added
+ * when its rows are written (the one f32 add k_add_bias does after a single launch). Every
+ * field is 8 bytes: the table has no padding, whose bytes would differ between recorded
+ * steps (launch arguments are compared byte for byte). */
+typedef struct mv_ent {
+  const uint8_t *W;
+  float *y;
+  const float *bias; /* NULL: none */
+  int64_t rows, row_bytes;
+  int64_t first; /* first block of the grid */
+} mv_ent;
+typedef struct mv_table {
+  mv_ent e[OPS_GROUP_MAX];
+  int64_t count;
+} mv_table;
+
+/* A block's entry: its weight, and its index and block count within the entry's range. */
+struct mv_sel {
+  const uint8_t *W;
+  float *y;
+  const float *bias;
+  int64_t rows, row_bytes, bid, nblk;
+};
+static __device__ __forceinline__ mv_sel mv_pick(const mv_table &t) {
+  const int64_t b = blockIdx.x;
+  mv_sel s = {t.e[0].W, t.e[0].y, t.e[0].bias, t.e[0].rows, t.e[0].row_bytes, 0, 0};
+  int64_t first = 0, end = gridDim.x;
+  /* constant indices only (unrolled), so the table is read in place from the parameters */
+#pragma unroll
+  for (int i = 1; i < OPS_GROUP_MAX; i++) {
+    if (i >= t.count) break;
+    const int64_t f = t.e[i].first;
+    if (b >= f) {
+      s.W = t.e[i].W, s.y = t.e[i].y, s.bias = t.e[i].bias, s.rows = t.e[i].rows, s.row_bytes = t.e[i].row_bytes;
+      first = f;
+    } else if (f < end) {
+      end = f;
+    }
+  }
+  s.bid = b - first, s.nblk = end - first;
+  return s;
+}
+
+/* The bodies take G (grouped): false reads the block index (and grid size) where the
+ * single kernel always did and has no bias, so the single kernels keep their code (ptxas
+ * reports the same registers for the plain and piece kernels as before the split). */
+#define MV_BID(G, bid) ((G) ? (bid) : (int64_t)blockIdx.x)
+#define MV_NBLK(G, nblk) ((G) ? (nblk) : (int64_t)gridDim.x)
+#define MV_OUT(G, v, bias, r) ((G) && (bias) ? (v) + (bias)[r] : (v))
+
+/* One warp per row: rows bid * MV_WARPS .. of the block. */
+template <int TYPE, int NT, bool G>
+static __device__ __forceinline__ void mv_plain(float *y, const float *x, const void *W, int64_t rows, int64_t cols,
+                                                int vec, const float *bias, int64_t bid) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+  const int64_t r = MV_BID(G, bid) * MV_WARPS + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int esz = TYPE == ANNA_DTYPE_F32 ? 4 : 2;
   const char *row = (const char *)W + r * cols * esz;
@@ -72,18 +130,32 @@ static __global__ void k_matvec_plain(float *y, const float *x, const void *W, i
   for (int t = 0; t < NT; t++) {
     float v = acc[t];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[t * rows + r] = v;
+    if (lane == 0) y[t * rows + r] = MV_OUT(G, v, bias, r);
   }
+}
+
+template <int TYPE, int NT>
+static __global__ void k_matvec_plain(float *y, const float *x, const void *W, int64_t rows, int64_t cols,
+                                      int vec) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  mv_plain<TYPE, NT, false>(y, x, W, rows, cols, vec, nullptr, 0);
+}
+
+template <int TYPE, int NT>
+static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, const float *x, int64_t cols, int vec) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  const mv_sel s = mv_pick(t);
+  mv_plain<TYPE, NT, true>(s.y, x, s.W, s.rows, cols, vec, s.bias, s.bid);
 }
 
 /* TYPE is a template argument so the block decoder inlines with constant indices and the
  * 32 decoded weights stay in registers. xal: activations 16-byte aligned (float4 loads). */
-template <int TYPE, int NT>
-static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols,
-                                      int64_t row_bytes, int xal) {
-  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+template <int TYPE, int NT, bool G>
+static __device__ __forceinline__ void mv_quant(float *y, const float *x, const uint8_t *W, int64_t rows,
+                                                int64_t cols, int64_t row_bytes, int xal, const float *bias,
+                                                int64_t bid) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = (int64_t)blockIdx.x * MV_WARPS + (threadIdx.x >> 5);
+  const int64_t r = MV_BID(G, bid) * MV_WARPS + (threadIdx.x >> 5);
   if (r >= rows) return;
   const uint8_t *row = W + r * row_bytes;
   float acc[NT];
@@ -115,8 +187,22 @@ static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W
   for (int t = 0; t < NT; t++) {
     float v = acc[t];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[t * rows + r] = v;
+    if (lane == 0) y[t * rows + r] = MV_OUT(G, v, bias, r);
   }
+}
+
+template <int TYPE, int NT>
+static __global__ void k_matvec_quant(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols,
+                                      int64_t row_bytes, int xal) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  mv_quant<TYPE, NT, false>(y, x, W, rows, cols, row_bytes, xal, nullptr, 0);
+}
+
+template <int TYPE, int NT>
+static __global__ void k_matvec_quant_g(const __grid_constant__ mv_table t, const float *x, int64_t cols, int xal) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  const mv_sel s = mv_pick(t);
+  mv_quant<TYPE, NT, true>(s.y, x, s.W, s.rows, cols, s.row_bytes, xal, s.bias, s.bid);
 }
 
 /* Decode matvec for the formats with a piece decoder (cuda_quant.cuh): each warp owns a
@@ -136,10 +222,11 @@ template <int TYPE, int NT> static constexpr int mvq_rows() {
   return NT == 1 && (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS) ? 8 : 4;
 }
 
-template <int TYPE, int NT, int MVQ_R>
-static __global__ void __launch_bounds__(32 * MVQ_WARPS)
-    k_matvec_piece(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
-  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+/* bid, nblk: the block's index and the blocks working on this weight (persistent warps). */
+template <int TYPE, int NT, int MVQ_R, bool G>
+static __device__ __forceinline__ void mv_piece(float *y, const float *x, const uint8_t *W, int64_t rows,
+                                                int64_t cols, int64_t row_bytes, const float *bias, int64_t bid,
+                                                int64_t nblk) {
   constexpr bool iq4 = TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS;
   constexpr int HI = cuda_piece<TYPE>::HI, RAW = cuda_piece<TYPE>::RAW;
   constexpr bool HAS_MIN = cuda_piece_has_min<TYPE>();
@@ -153,8 +240,8 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
    * over the row's pieces) form one sequence, and the loads of the next step, in the same
    * or the next group, are in flight while the current step is decoded. */
   const int64_t groups = (rows + MVQ_R - 1) / MVQ_R, pieces = cols / 32, iters = (pieces + 31) / 32;
-  const int64_t GW = (int64_t)gridDim.x * MVQ_WARPS;
-  int64_t g = (int64_t)blockIdx.x * MVQ_WARPS + (threadIdx.x >> 5), it = 0;
+  const int64_t GW = MV_NBLK(G, nblk) * MVQ_WARPS;
+  int64_t g = MV_BID(G, bid) * MVQ_WARPS + (threadIdx.x >> 5), it = 0;
   if (g >= groups || pieces == 0) return;
   const uint8_t *row[MVQ_R];
 #pragma unroll
@@ -262,7 +349,7 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
         for (int t = 0; t < NT; t++) {
           float v = acc[r][t];
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-          if (lane == 0 && g * MVQ_R + r < rows) y[t * rows + g * MVQ_R + r] = v;
+          if (lane == 0 && g * MVQ_R + r < rows) y[t * rows + g * MVQ_R + r] = MV_OUT(G, v, bias, g * MVQ_R + r);
           acc[r][t] = 0.0f;
         }
     }
@@ -271,6 +358,21 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
 #pragma unroll
     for (int r = 0; r < MVQ_R; r++) row[r] = row2[r];
   }
+}
+
+template <int TYPE, int NT, int MVQ_R>
+static __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    k_matvec_piece(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  mv_piece<TYPE, NT, MVQ_R, false>(y, x, W, rows, cols, row_bytes, nullptr, 0, 0);
+}
+
+template <int TYPE, int NT, int MVQ_R>
+static __global__ void __launch_bounds__(32 * MVQ_WARPS)
+    k_matvec_piece_g(const __grid_constant__ mv_table t, const float *x, int64_t cols) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  const mv_sel s = mv_pick(t);
+  mv_piece<TYPE, NT, MVQ_R, true>(s.y, x, s.W, s.rows, cols, s.row_bytes, s.bias, s.bid, s.nblk);
 }
 
 /* ---- Decode matvec against int8 activations (exact off) ----
@@ -318,9 +420,23 @@ template <int TYPE> __device__ __forceinline__ int q8_chunk(int c) {
   else return c ^ ((c >> 3) & 1);
 }
 
-template <int TYPE, int NT, int R>
+/* Single (G false: tab unused, all zero) or grouped (G: the weights in tab; y_, W_, rows_,
+ * row_bytes_ unused). Unlike the other kernels both forms are instances of this one kernel,
+ * not two kernels around a shared device function: inlined from one, the body compiled to
+ * other register counts for the single instances (Q8_0 one token: 71 instead of 64, one
+ * block less per SM). The table is the last parameter so the single form's others keep
+ * their places. */
+template <int TYPE, int NT, int R, bool G>
 static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
-    k_matvec_q8(float *y, const float *x, const uint8_t *W, int64_t rows, int64_t cols, int64_t row_bytes) {
+    k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
+                const __grid_constant__ mv_table tab) {
+  mv_sel sel;
+  if constexpr (G) sel = mv_pick(tab);
+  else sel = mv_sel{W_, y_, nullptr, rows_, row_bytes_, 0, 0};
+  float *const y = sel.y;
+  const uint8_t *const W = sel.W;
+  const float *const bias = sel.bias;
+  const int64_t rows = sel.rows, row_bytes = sel.row_bytes, bid = sel.bid, nblk = sel.nblk;
   constexpr bool KQ = TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K, Q6 = TYPE == ANNA_DTYPE_Q6_K;
   constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW;
   extern __shared__ __align__(16) uint8_t q8_smem[];
@@ -329,8 +445,8 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
   float *xd = (float *)(q8_smem + NT * ncol), *xs = xd + ((nb + 1) & ~1); /* 8-byte aligned: float2 loads */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t groups = (rows + R - 1) / R, pieces = cols / 32, iters = (pieces + 31) / 32;
-  const int64_t GW = (int64_t)gridDim.x * MVQ8_WARPS;
-  int64_t g = (int64_t)blockIdx.x * MVQ8_WARPS + warp, it = 0;
+  const int64_t GW = MV_NBLK(G, nblk) * MVQ8_WARPS;
+  int64_t g = MV_BID(G, bid) * MVQ8_WARPS + warp, it = 0;
   const bool active = g < groups;
   const uint8_t *row[R];
 #pragma unroll
@@ -505,7 +621,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
         for (int t = 0; t < NT; t++) {
           float v = acc[r][t];
           for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-          if (lane == 0 && g * R + r < rows) y[t * rows + g * R + r] = v;
+          if (lane == 0 && g * R + r < rows) y[t * rows + g * R + r] = MV_OUT(G, v, bias, g * R + r);
           acc[r][t] = 0.0f;
         }
     }
@@ -515,6 +631,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     for (int r = 0; r < R; r++) row[r] = row2[r];
   }
 }
+
 
 /* Rows [0, m) of W (any supported type) to f32 dst[m, cols]. */
 static __global__ void k_dequant_rows(float *dst, const uint8_t *W, int64_t m, int64_t cols, int64_t row_bytes,
@@ -563,11 +680,6 @@ static const uint8_t *weight_dev(ops_backend *be, const ops_weight *w, int64_t *
   return (const uint8_t *)cuda_mirror(be, w->data, (size_t)(rb * w->rows));
 }
 
-#define QCASE(T)                                                                                                      \
-  case T:                                                                                                             \
-    cuda_launch_pdl(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal); \
-    break;
-
 /* True when the piece kernel reads this weight: its format has a piece decoder, the rows
  * meet that decoder's load alignment and the activations are 16-byte aligned. */
 static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
@@ -581,50 +693,62 @@ static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
   }
 }
 
-#define QCASE(T)                                                                                                      \
-  case T:                                                                                                             \
-    cuda_launch_pdl(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal); \
-    break;
-#define PCASE(T)                                                                                \
-  case T: {                                                                                     \
-    constexpr int R = mvq_rows<T, NT>();                                                        \
-    const unsigned g = piece_grid<T, NT, R>((w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R)); \
-    cuda_launch_pdl(ci, "matvec piece", k_matvec_piece<T, NT, R>, g, 32 * MVQ_WARPS, 0, y, x, W, w->rows, w->cols, rb); \
-    return;                                                                                     \
-  }
+/* The decode kernel a weight takes for nt tokens at x. One decision for single and grouped
+ * launches, so a weight in a group gets the arithmetic of its own matmul. q8: int8
+ * activations allowed (exact off): 1, or 2 for the 4-row variant; smem_max: the q8 kernels'
+ * dynamic shared memory limit. piece_ok holds for exactly the seven types that both the
+ * piece and the q8 kernels take. */
+enum mv_path { MV_PATH_Q8, MV_PATH_Q8R4, MV_PATH_PIECE, MV_PATH_PLAIN, MV_PATH_QUANT };
+static mv_path mv_choose(int type, const uint8_t *W, int64_t rb, const float *x, int64_t cols, int nt, int q8,
+                         size_t smem_max) {
+  const bool piece = piece_ok(type, W, rb, x);
+  if (q8 && piece && cols % 32 == 0 && mvq8_smem(nt, cols) <= smem_max) return q8 == 2 ? MV_PATH_Q8R4 : MV_PATH_Q8;
+  if (piece) return MV_PATH_PIECE;
+  return cuda_float_type(type) ? MV_PATH_PLAIN : MV_PATH_QUANT;
+}
 
-/* Blocks for a persistent piece kernel: what fits on the device at once, or fewer when
- * there is less work. Measured once per instance (the process uses one device kind); any
- * grid size is correct. */
-template <int TYPE, int NT, int R>
+/* The plain kernel's 16-byte loads: whole 8-element steps, rows and activations aligned. */
+static int mv_vec(const uint8_t *W, const float *x, int64_t cols) {
+  return cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
+}
+
+/* Blocks for a persistent piece kernel (G: the grouped one): what fits on the device at
+ * once, or fewer when there is less work. Measured once per instance (the process uses one
+ * device kind); any grid size is correct. */
+template <int TYPE, int NT, int R, bool G = false>
 static unsigned piece_grid(int64_t blocks) {
   static int64_t resident = 0;
   if (!resident) {
+    const void *k;
+    if constexpr (G) k = (const void *)k_matvec_piece_g<TYPE, NT, R>;
+    else k = (const void *)k_matvec_piece<TYPE, NT, R>;
     int dev = 0, sms = 0, per = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_piece<TYPE, NT, R>, 32 * MVQ_WARPS, 0) !=
-            cudaSuccess)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * MVQ_WARPS, 0) != cudaSuccess)
       (void)cudaGetLastError(); /* clear it; the guesses below still give a correct grid */
     resident = (int64_t)(sms > 0 ? sms : 128) * (per > 0 ? per : 1);
   }
   return (unsigned)(blocks < resident ? blocks : resident);
 }
 
-/* Blocks for a persistent k_matvec_q8: SMs times the blocks that fit one SM, the smaller of
- * the register limit (the occupancy API without shared memory, queried once per instance)
- * and the shared-memory limit for this launch's smem (computed, so weights of different
- * widths do not re-query: 1 KB per block is reserved by the system). */
-template <int TYPE, int NT, int R>
+/* Blocks for a persistent k_matvec_q8 (G: the grouped instance, 2 rows per warp): SMs
+ * times the blocks that fit one SM, the smaller of the register limit (the occupancy API
+ * without shared memory, queried once per instance) and the shared-memory limit for this
+ * launch's smem (computed, so weights of different widths do not re-query: 1 KB per block
+ * is reserved by the system). */
+template <int TYPE, int NT, int R, bool G = false>
 static unsigned q8_grid(int64_t blocks, size_t smem) {
   static int sms = 0, per_regs = 0, smem_sm = 0;
   if (!sms) {
+    const void *k;
+    if constexpr (G) k = (const void *)k_matvec_q8<TYPE, NT, 2, true>;
+    else k = (const void *)k_matvec_q8<TYPE, NT, R, false>;
     int dev = 0, n = 0, per = 0, sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_matvec_q8<TYPE, NT, R>, 32 * MVQ8_WARPS, 0) !=
-            cudaSuccess)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * MVQ8_WARPS, 0) != cudaSuccess)
       (void)cudaGetLastError(); /* clear it; the guesses below still give a correct grid */
     per_regs = per > 0 ? per : 1, smem_sm = sm > 0 ? sm : 0;
     sms = n > 0 ? n : 128;
@@ -640,20 +764,20 @@ template <int TYPE, int NT, int R>
 static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
   const size_t sm = mvq8_smem(NT, w->cols);
   const unsigned g = q8_grid<TYPE, NT, R>((w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
-  cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb);
+  static const mv_table none = {}; /* zero bytes: the same arguments every step */
+  cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb,
+              none);
 }
-#define Q8CASE(T)                                                                  \
-  case T:                                                                          \
-    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(ci, y, x, W, w, rb);       \
-    else launch_q8<T, NT, 2>(ci, y, x, W, w, rb);                                  \
-    return;
 
-/* Raises the dynamic shared memory limit of both instances for TYPE, NT to bytes. */
+/* Raises the dynamic shared memory limit of the q8 instances for TYPE, NT (single with 2
+ * and with 4 rows per warp, grouped) to bytes. */
 template <int TYPE, int NT> static bool q8_optin(int bytes) {
-  return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
-             cudaSuccess &&
-         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>()>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
+  return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              bytes) == cudaSuccess &&
+         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>(), false>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess &&
+         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
+             cudaSuccess;
 }
 template <int NT> static bool q8_optin_all(int bytes) {
   return q8_optin<ANNA_DTYPE_Q4_0, NT>(bytes) && q8_optin<ANNA_DTYPE_IQ4_NL, NT>(bytes) &&
@@ -674,15 +798,32 @@ size_t cuda_matmul_setup(void) {
   return (size_t)optin;
 }
 
-/* q8: int8 activations allowed (exact off): 1, or 2 for the 4-row variant. smem_max: the
- * q8 kernels' dynamic shared memory limit. */
+#define QCASE(T)                                                                                                      \
+  case T:                                                                                                             \
+    cuda_launch_pdl(ci, "matvec quant", k_matvec_quant<T, NT>, grid, th, 0, y, x, W, w->rows, w->cols, rb, xal);          \
+    break;
+#define PCASE(T)                                                                                \
+  case T: {                                                                                     \
+    constexpr int R = mvq_rows<T, NT>();                                                        \
+    const unsigned g = piece_grid<T, NT, R>((w->rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R)); \
+    cuda_launch_pdl(ci, "matvec piece", k_matvec_piece<T, NT, R>, g, 32 * MVQ_WARPS, 0, y, x, W, w->rows, w->cols, rb); \
+    return;                                                                                     \
+  }
+#define Q8CASE(T)                                                                  \
+  case T:                                                                          \
+    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(ci, y, x, W, w, rb);       \
+    else launch_q8<T, NT, 2>(ci, y, x, W, w, rb);                                  \
+    return;
+
+/* One weight, NT tokens (q8, smem_max: as mv_choose). */
 template <int NT>
 static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w,
                           int64_t rb, int vec, int q8, size_t smem_max) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
-  if (q8 && piece_ok(w->type, W, rb, x) && w->cols % 32 == 0 && mvq8_smem(NT, w->cols) <= smem_max) {
+  const mv_path path = mv_choose(w->type, W, rb, x, w->cols, NT, q8, smem_max);
+  if (path == MV_PATH_Q8 || path == MV_PATH_Q8R4) {
     switch (w->type) {
       Q8CASE(ANNA_DTYPE_Q4_0)
       Q8CASE(ANNA_DTYPE_IQ4_NL)
@@ -694,7 +835,7 @@ static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t
     default: break;
     }
   }
-  if (piece_ok(w->type, W, rb, x)) {
+  if (path == MV_PATH_PIECE) {
     switch (w->type) {
       PCASE(ANNA_DTYPE_Q4_0)
       PCASE(ANNA_DTYPE_IQ4_NL)
@@ -734,6 +875,147 @@ static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t
   default: break; /* weight_dev rejected other types */
   }
 }
+#undef QCASE
+#undef PCASE
+#undef Q8CASE
+
+/* ---- grouped launches (the kernels' contract is at mv_table) ---- */
+
+/* Blocks of each entry of a grouped persistent launch: what its rows need, scaled down in
+ * proportion when together they exceed `resident` (what the device holds at once), at least
+ * one each. So every block is resident from the start (no second wave of a few blocks) and
+ * the entries finish about together; each block's warps walk their entry's row groups. */
+static void mv_split(int m, const int64_t *need, int64_t resident, int64_t *blocks) {
+  int64_t total = 0;
+  for (int i = 0; i < m; i++) total += need[i];
+  for (int i = 0; i < m; i++) {
+    const int64_t b = total <= resident ? need[i] : need[i] * resident / total;
+    blocks[i] = b < 1 ? 1 : b;
+  }
+}
+
+/* Sets the entries' first blocks from their block counts; returns the grid size. */
+static unsigned mv_firsts(mv_table *t, int m, const int64_t *blocks) {
+  int64_t at = 0;
+  for (int i = 0; i < m; i++) t->e[i].first = at, at += blocks[i];
+  t->count = m;
+  return (unsigned)at;
+}
+
+template <int TYPE, int NT>
+static void group_q8(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t cols) {
+  const size_t sm = mvq8_smem(NT, cols);
+  int64_t need[OPS_GROUP_MAX], blocks[OPS_GROUP_MAX];
+  for (int i = 0; i < m; i++) need[i] = (t->e[i].rows + MVQ8_WARPS * 2 - 1) / (MVQ8_WARPS * 2);
+  mv_split(m, need, q8_grid<TYPE, NT, 2, true>((int64_t)1 << 40, sm), blocks);
+  const unsigned g = mv_firsts(t, m, blocks);
+  cuda_launch_pdl(ci, "matvec q8 group", k_matvec_q8<TYPE, NT, 2, true>, g, 32 * MVQ8_WARPS, sm, (float *)NULL, x,
+              (const uint8_t *)NULL, (int64_t)0, cols, (int64_t)0, *t);
+}
+
+template <int TYPE, int NT>
+static void group_piece(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t cols) {
+  constexpr int R = mvq_rows<TYPE, NT>();
+  int64_t need[OPS_GROUP_MAX], blocks[OPS_GROUP_MAX];
+  for (int i = 0; i < m; i++) need[i] = (t->e[i].rows + MVQ_WARPS * R - 1) / (MVQ_WARPS * R);
+  mv_split(m, need, piece_grid<TYPE, NT, R, true>((int64_t)1 << 40), blocks);
+  const unsigned g = mv_firsts(t, m, blocks);
+  cuda_launch_pdl(ci, "matvec piece group", k_matvec_piece_g<TYPE, NT, R>, g, 32 * MVQ_WARPS, 0, *t, x, cols);
+}
+
+/* Plain and unit kernels: one warp per row, every block resident or not (not persistent). */
+static unsigned group_rows(mv_table *t, int m) {
+  int64_t blocks[OPS_GROUP_MAX];
+  for (int i = 0; i < m; i++) blocks[i] = (t->e[i].rows + MV_WARPS - 1) / MV_WARPS;
+  return mv_firsts(t, m, blocks);
+}
+
+#define GQ8(T)                                                                                                        \
+  case T: group_q8<T, NT>(ci, t, m, x, cols); return;
+#define GPIECE(T)                                                                                                     \
+  case T: group_piece<T, NT>(ci, t, m, x, cols); return;
+#define GPLAIN(T)                                                                                                     \
+  case T: cuda_launch_pdl(ci, "matvec plain group", k_matvec_plain_g<T, NT>, g, 32 * MV_WARPS, 0, *t, x, cols, vec); return;
+#define GQUANT(T)                                                                                                     \
+  case T: cuda_launch_pdl(ci, "matvec quant group", k_matvec_quant_g<T, NT>, g, 32 * MV_WARPS, 0, *t, x, cols, xal); return;
+
+/* One grouped launch of the m entries of t, all of this type and path (vec: the plain
+ * kernel's flag, the same for all). */
+template <int NT>
+static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_table *t, int m, const float *x,
+                         int64_t cols) {
+  if (path == MV_PATH_Q8) {
+    switch (type) {
+      GQ8(ANNA_DTYPE_Q4_0) GQ8(ANNA_DTYPE_IQ4_NL) GQ8(ANNA_DTYPE_Q8_0) GQ8(ANNA_DTYPE_Q4_K) GQ8(ANNA_DTYPE_Q5_K)
+      GQ8(ANNA_DTYPE_Q6_K) GQ8(ANNA_DTYPE_IQ4_XS)
+    default: break;
+    }
+  } else if (path == MV_PATH_PIECE) {
+    switch (type) {
+      GPIECE(ANNA_DTYPE_Q4_0) GPIECE(ANNA_DTYPE_IQ4_NL) GPIECE(ANNA_DTYPE_Q8_0) GPIECE(ANNA_DTYPE_Q4_K)
+      GPIECE(ANNA_DTYPE_Q5_K) GPIECE(ANNA_DTYPE_Q6_K) GPIECE(ANNA_DTYPE_IQ4_XS)
+    default: break;
+    }
+  } else if (path == MV_PATH_PLAIN) {
+    const unsigned g = group_rows(t, m);
+    switch (type) {
+      GPLAIN(ANNA_DTYPE_F32) GPLAIN(ANNA_DTYPE_F16) GPLAIN(ANNA_DTYPE_BF16)
+    default: break;
+    }
+  } else if (path == MV_PATH_QUANT) {
+    const unsigned g = group_rows(t, m);
+    const int xal = ((uintptr_t)x & 15) == 0;
+    switch (type) {
+      GQUANT(ANNA_DTYPE_Q4_0) GQUANT(ANNA_DTYPE_Q4_1) GQUANT(ANNA_DTYPE_Q5_0) GQUANT(ANNA_DTYPE_Q5_1)
+      GQUANT(ANNA_DTYPE_Q8_0) GQUANT(ANNA_DTYPE_IQ4_NL) GQUANT(ANNA_DTYPE_Q2_K) GQUANT(ANNA_DTYPE_Q3_K)
+      GQUANT(ANNA_DTYPE_Q4_K) GQUANT(ANNA_DTYPE_Q5_K) GQUANT(ANNA_DTYPE_Q6_K) GQUANT(ANNA_DTYPE_IQ4_XS)
+    default: break;
+    }
+  }
+  /* every (path, type) pair mv_choose returns has a case above */
+  cuda_fail(ci, ANNA_EINVAL, "cuda: no grouped matvec for %s (path %d)", dtype_name(type), (int)path);
+}
+#undef GQ8
+#undef GPIECE
+#undef GPLAIN
+#undef GQUANT
+
+/* NT tokens (at x; y[i] their rows of output i) of a group: the weights that take the same
+ * kernel (path, type and, for plain weights, the vector flag) run as one grouped launch. A
+ * weight alone without a bias, or on the 4-row bench variant (no grouped instance), keeps
+ * its single launch and, with a bias, the bias kernel for these NT tokens. skip: weights
+ * the caller runs elsewhere. */
+template <int NT>
+static void group_tokens(cuda_impl *ci, int count, const int *skip, float *const *y, const float *x,
+                         const uint8_t *const *W, const int64_t *rb, const ops_weight *const *ws,
+                         const float *const *bd, int q8, size_t smem_max) {
+  const int64_t cols = ws[0]->cols;
+  int key[OPS_GROUP_MAX], done[OPS_GROUP_MAX];
+  for (int i = 0; i < count; i++) {
+    done[i] = skip[i];
+    const mv_path p = mv_choose(ws[i]->type, W[i], rb[i], x, cols, NT, q8, smem_max);
+    key[i] = p == MV_PATH_Q8R4 ? -1 - i /* matches no other */
+                               : (int)p | ws[i]->type << 4 | (p == MV_PATH_PLAIN ? mv_vec(W[i], x, cols) : 0) << 12;
+  }
+  for (int i = 0; i < count; i++) {
+    if (done[i]) continue;
+    mv_table t;
+    memset(&t, 0, sizeof t); /* unused entries too: launch arguments are compared as bytes */
+    int m = 0;
+    for (int j = i; j < count; j++)
+      if (!done[j] && key[j] == key[i]) {
+        t.e[m++] = mv_ent{W[j], y[j], bd[j], ws[j]->rows, rb[j], 0};
+        done[j] = 1;
+      }
+    if (key[i] < 0 || (m == 1 && !bd[i])) {
+      launch_matvec<NT>(ci, y[i], x, W[i], ws[i], rb[i], mv_vec(W[i], x, cols), q8, smem_max);
+      if (bd[i]) cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(NT * ws[i]->rows), 256, 0, y[i], bd[i], (int64_t)NT,
+                             ws[i]->rows);
+      continue;
+    }
+    group_launch<NT>(ci, (mv_path)(key[i] & 15), ws[i]->type, key[i] >> 12 & 1, &t, m, x, cols);
+  }
+}
 
 void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
   cuda_impl *ci = cuda_impl_of(be);
@@ -747,7 +1029,7 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
   if (!(n <= MV_MAX_TOK && wide_ok)) cuda_flush(ci); /* cuBLAS calls are not recorded: the step goes on eagerly */
   if (n <= MV_MAX_TOK && wide_ok) {
-    const int vec = w->cols % 8 == 0 && ((uintptr_t)W & 15) == 0 && ((uintptr_t)x & 15) == 0;
+    const int vec = mv_vec(W, x, w->cols);
     const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
     const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
     /* Token groups of 4/2/1 (8 at most in one pass): few template instances. */
@@ -792,6 +1074,57 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (bd && !ci->err) {
     cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
   }
+}
+
+void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                          const ops_weight *const *ws, const float *const *biases) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  if (count < 1 || count > OPS_GROUP_MAX) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: matmul group of %d weights (1..%d)", count, OPS_GROUP_MAX);
+    return;
+  }
+  const int64_t cols = ws[0]->cols;
+  for (int i = 1; i < count; i++)
+    if (ws[i]->cols != cols) {
+      cuda_fail(ci, ANNA_EINVAL, "cuda: matmul group of %lld- and %lld-column weights", (long long)cols,
+                (long long)ws[i]->cols);
+      return;
+    }
+  if (n > MV_MAX_TOK) { /* prefill: one GEMM per weight, nothing to share */
+    for (int i = 0; i < count; i++) cuda_op_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
+    return;
+  }
+  const uint8_t *W[OPS_GROUP_MAX];
+  const float *bd[OPS_GROUP_MAX];
+  int64_t rb[OPS_GROUP_MAX];
+  int skip[OPS_GROUP_MAX];
+  for (int i = 0; i < count; i++) {
+    W[i] = weight_dev(be, ws[i], &rb[i]);
+    if (!W[i]) return;
+    const float *b = biases ? biases[i] : NULL;
+    bd[i] = b ? (const float *)cuda_mirror(be, b, (size_t)ws[i]->rows * sizeof(float)) : NULL;
+    if (b && !bd[i]) return;
+    /* Q4_K rows off 16-byte alignment (a weight given as a device pointer) take
+     * cuda_op_matmul's GEMM path, as they would alone */
+    skip[i] = ws[i]->type == ANNA_DTYPE_Q4_K && ((uintptr_t)W[i] & 15) != 0;
+  }
+  const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
+  const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
+  /* the token groups of cuda_op_matmul (8/4/2/1), each with all the weights */
+  for (int64_t t0 = 0; t0 < n;) {
+    const int64_t left = n - t0;
+    const float *xt = x + t0 * cols;
+    float *yt[OPS_GROUP_MAX];
+    for (int i = 0; i < count; i++) yt[i] = ys[i] + t0 * ws[i]->rows;
+    if (left >= 8) group_tokens<8>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 8;
+    else if (left >= 4) group_tokens<4>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 4;
+    else if (left >= 2) group_tokens<2>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 2;
+    else group_tokens<1>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 1;
+  }
+  if (!cuda_check_launch(ci, "matvec group")) return;
+  for (int i = 0; i < count; i++)
+    if (skip[i]) cuda_op_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
 }
 
 static __global__ void k_embed(float *out, const uint8_t *T, int64_t rows, int64_t cols, int64_t row_bytes, int type,
