@@ -1112,7 +1112,7 @@ static void test_moe_grouped(void) {
                        {33, 8, 8, 384, 160, ANNA_DTYPE_Q8_0, 1},   {33, 256, 8, 512, 256, ANNA_DTYPE_Q4_K, 1},
                        {512, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0}, {777, 256, 8, 1024, 256, ANNA_DTYPE_Q6_K, 1},
                        {777, 8, 8, 300, 136, ANNA_DTYPE_BF16, 1},  {512, 8, 8, 256, 512, ANNA_DTYPE_Q6_K, 0},
-                       {100, 8, 2, 264, 96, ANNA_DTYPE_Q8_0, 0}};
+                       {100, 8, 2, 288, 96, ANNA_DTYPE_Q8_0, 0}};
   const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64};
   for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
     cuda_backend_drop_mirrors(g_gpu);
