@@ -1080,16 +1080,26 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   be->matmul(be, out, y, n, &w->out, NULL);
 }
 
+/* out = (act(g) * u) down^T over [n, d] rows; g may become the product. One op where the
+ * backend folds the activation into the product (CUDA decode), else act_mul + matmul. */
+static void act_down(fwd_run *r, float *out, float *g, const float *u, int64_t d, const ops_weight *down) {
+  ops_backend *be = r->be;
+  if (be->act_matmul) {
+    be->act_matmul(be, out, g, g, u, r->n, d, d, r->m->cfg.act, down);
+    return;
+  }
+  be->act_mul(be, g, g, u, r->n, (int)d, d, d, r->m->cfg.act);
+  be->matmul(be, out, g, r->n, down, NULL);
+}
+
 static void mlp(fwd_run *r, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
                 const float *xn, float *out) {
-  ops_backend *be = r->be;
-  const int64_t n = r->n, I = gate->rows;
+  const int64_t I = gate->rows;
   float *g = r->s->buf[0], *u = r->s->buf[1];
   float *ys[2] = {g, u};
   const ops_weight *ws[2] = {gate, up};
   project(r, 2, ys, xn, ws, NULL);
-  be->act_mul(be, g, g, u, n, (int)I, I, I, r->m->cfg.act);
-  be->matmul(be, out, g, n, down, NULL);
+  act_down(r, out, g, u, I, down);
 }
 
 /* Sparse experts of layer li on xn, routed by logits [n, E], into out. */
@@ -1146,8 +1156,7 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
     const ops_weight *ws[4] = {&w->router, &w->sh_gate, &w->sh_up, &w->sh_gate_inp};
     project(r, 4, ys, xn, ws, NULL);
     moe_routed(r, li, logits, xn, res);
-    be->act_mul(be, g, g, u, n, (int)S, S, S, c->act);
-    be->matmul(be, sh, g, n, &w->sh_down, NULL);
+    act_down(r, sh, g, u, S, &w->sh_down);
     be->mul_sigmoid(be, sh, sg, n, (int)H, 1, 1);
     be->add(be, res, sh, n * H);
   } else if (lc->is_moe) {

@@ -150,6 +150,12 @@ struct ops_backend {
    * decode projections that share an input). NULL: the model calls matmul per weight. */
   void (*matmul_group)(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                        const ops_weight *const *ws, const float *const *biases);
+  /* y[n, W.rows] = (act(gate) * up) W^T: act_mul then matmul (FFN down projections). gate,
+   * up: [n, W.cols] rows at strides gs, us; h [n, W.cols] receives act(gate) * up when the
+   * backend forms it (unspecified when it folds it into the product); h may be gate. NULL:
+   * the model calls act_mul and matmul. */
+  void (*act_matmul)(ops_backend *be, float *y, float *h, const float *gate, const float *up, int64_t n, int64_t gs,
+                     int64_t us, int act, const ops_weight *w);
   /* Rows of table (any weight dtype) for ids, times scale: out[n, cols]. */
   void (*embed)(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
                 float scale);

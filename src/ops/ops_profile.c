@@ -32,6 +32,10 @@ static double now(void) {
 static void p_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
   TIMED(w->rows == P(be)->lm_rows ? OPS_FAMILY_LM_HEAD : OPS_FAMILY_MATMUL, P(be)->inner.matmul(be, y, x, n, w, bias));
 }
+static void p_act_matmul(ops_backend *be, float *y, float *h, const float *gate, const float *up, int64_t n,
+                         int64_t gs, int64_t us, int act, const ops_weight *w) {
+  TIMED(OPS_FAMILY_MATMUL, P(be)->inner.act_matmul(be, y, h, gate, up, n, gs, us, act, w));
+}
 static void p_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                            const ops_weight *const *ws, const float *const *biases) {
   TIMED(OPS_FAMILY_MATMUL, P(be)->inner.matmul_group(be, count, ys, x, n, ws, biases));
@@ -135,6 +139,7 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
   if (inner->field) p->be.field = fn
   WRAP(matmul, p_matmul);
   WRAP(matmul_group, p_matmul_group);
+  WRAP(act_matmul, p_act_matmul);
   WRAP(attention, p_attention);
   WRAP(rope, p_rope);
   WRAP(scatter_rows, p_scatter);

@@ -1105,6 +1105,55 @@ static void moe_case_free(moe_case *c) {
  * Shapes: n 9..777, E 8 (every expert busy, many tiles each) and 256 (most experts with a
  * few pairs, some with none), H 256..2048 (300: bf16 rows that end mid-unit), I 96..512
  * (not multiples of the 64-column K step), fused and separate gate/up, k 8 and 2. */
+/* act_matmul (the FFN activation folded into the down projection's int8 prologue at decode
+ * sizes) against act_mul + matmul on the GPU (the same arithmetic: silu identical, gelu to
+ * 1e-6 as its fused multiply-adds may contract differently) and against the CPU op (exact f32
+ * reference; 3e-2 as for the int8 matvecs: the activation rounding, bounded per element by
+ * test_matvec_int8). Separate gate/up rows and one [n, 2d] gate|up buffer; n = 9 takes the
+ * unfused path; bf16 weights never fold. */
+static void test_act_matmul(void) {
+  printf("act_matmul\n");
+  const int types[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_BF16};
+  const int64_t ns[] = {1, 2, 3, 8, 9};
+  const int64_t d = 512, rows = 300;
+  cuda_backend_set_exact(g_gpu, 0);
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    float *wf;
+    void *w = make_weight(types[ti], rows, d, &wf);
+    ops_weight ow = {types[ti], w, rows, d};
+    for (int layout = 0; layout < 2; layout++)
+      for (int act = 0; act < 2; act++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+          const int64_t n = ns[ni], gs = layout ? 2 * d : d;
+          const int ak = act ? ACT_KIND_GELU_TANH : ACT_KIND_SILU;
+          float *gu = hrand(n * 2 * d, 2.0f), *h = malloc(sizeof(float) * (size_t)(n * d));
+          float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+          const float *hg = gu, *hu = layout ? gu + d : gu + n * d;
+          cpu_backend_set_exact_matmul(g_cpu, 1);
+          g_cpu->act_matmul(g_cpu, ref, h, hg, hu, n, gs, gs, ak, &ow);
+          cpu_backend_set_exact_matmul(g_cpu, 0);
+          float *dgu = dput(gu, sizeof(float) * (size_t)(n * 2 * d));
+          const float *dg = dgu, *du = layout ? dgu + d : dgu + n * d;
+          float *dh = dnan(n * d), *dy = dnan(n * rows), *dy2 = dnan(n * rows), *dh2 = dnan(n * d);
+          g_gpu->act_matmul(g_gpu, dy, dh, dg, du, n, gs, gs, ak, &ow);
+          g_gpu->act_mul(g_gpu, dh2, dg, du, n, (int)d, gs, gs, ak);
+          g_gpu->matmul(g_gpu, dy2, dh2, n, &ow, NULL);
+          float *sep = dget(dy2, n * rows);
+          char what[128];
+          snprintf(what, sizeof what, "act_matmul %s n=%lld %s %s", dtype_name(types[ti]), (long long)n,
+                   layout ? "gate|up" : "gate, up", act ? "gelu" : "silu");
+          cmpd(what, dy, sep, n * rows, act ? 1e-6 : 0.0);
+          strcat(what, " vs cpu");
+          cmpd(what, dy, ref, n * rows, 3e-2);
+          free(sep), free(gu), free(h), free(ref);
+          dfree(dgu), dfree(dh), dfree(dy), dfree(dy2), dfree(dh2);
+        }
+    free(w), free(wf);
+  }
+  cuda_backend_set_exact(g_gpu, 1);
+}
+
 static void test_moe_grouped(void) {
   printf("moe grouped (prefill)\n");
   const int cs[][7] = {/* n, E, k, H, I, type, fused */
@@ -1931,6 +1980,7 @@ int main(int argc, char **argv) {
   test_matmul();
   test_matvec_int8();
   test_matmul_group();
+  test_act_matmul();
   test_embed();
   test_norms();
   test_elementwise();

@@ -337,6 +337,13 @@ static void cpu_moe_route(ops_backend *be, int32_t *idx, float *wts, const float
 
 /* Groups the (token, slot) pairs by expert, runs each expert's FFN on its gathered rows,
  * and scatters back weighted. Only the selected experts' weights are read. */
+/* The reference: act_mul into h, then matmul. */
+static void cpu_act_matmul(ops_backend *be, float *y, float *h, const float *gate, const float *up, int64_t n, int64_t gs,
+                    int64_t us, int act, const ops_weight *w) {
+  cpu_act_mul(be, h, gate, up, n, (int)w->cols, gs, us, act);
+  cpu_matmul(be, y, h, n, w, NULL);
+}
+
 static void cpu_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                         const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
                         const ops_weight *down, int act, float *scratch) {
@@ -435,6 +442,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .download = cpu_copy,
       .matmul = cpu_matmul,
       .matmul_group = cpu_matmul_group,
+      .act_matmul = cpu_act_matmul,
       .embed = cpu_embed,
       .rmsnorm = cpu_rmsnorm,
       .rope = cpu_rope,

@@ -737,6 +737,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->copy = cu_copy;
   be->matmul = cuda_op_matmul;
   be->matmul_group = cuda_op_matmul_group;
+  be->act_matmul = cuda_op_act_matmul;
   be->embed = cuda_op_embed;
   be->rmsnorm = cuda_op_rmsnorm;
   be->rope = cuda_op_rope;

@@ -16,6 +16,7 @@
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
+#include "model/config.h"
 
 #include <string.h>
 
@@ -426,10 +427,18 @@ template <int TYPE> __device__ __forceinline__ int q8_chunk(int c) {
  * other register counts for the single instances (Q8_0 one token: 71 instead of 64, one
  * block less per SM). The table is the last parameter so the single form's others keep
  * their places. */
+/* The FFN activation folded into a down projection's int8 prologue (cuda_op_act_matmul): when
+ * gate is set, the kernel's activations are act(gate) * x, token t's gate row at gate + t * gs
+ * and up row (x) at x + t * us, computed as k_act_mul does; 8-byte fields (compared bytes). */
+typedef struct mv_glu {
+  const float *gate; /* NULL: x as is */
+  int64_t gs, us, act;
+} mv_glu;
+
 template <int TYPE, int NT, int R, bool G>
 static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
-                const __grid_constant__ mv_table tab) {
+                const __grid_constant__ mv_table tab, const mv_glu glu) {
   mv_sel sel;
   if constexpr (G) sel = mv_pick(tab);
   else sel = mv_sel{W_, y_, nullptr, rows_, row_bytes_, 0, 0};
@@ -473,7 +482,19 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int blk = b0 + u * 4 * MVQ8_WARPS + (lane >> 3);
-        v[u] = blk < nb ? *(const float4 *)(x + (int64_t)blk * 32 + 4 * m) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (blk >= nb) {
+          v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        } else if (!glu.gate) {
+          v[u] = *(const float4 *)(x + (int64_t)blk * 32 + 4 * m);
+        } else {
+          const int64_t t = (int64_t)blk * 32 / ncol, c = (int64_t)blk * 32 - t * ncol + 4 * m;
+          const float4 g = *(const float4 *)(glu.gate + t * glu.gs + c), up = *(const float4 *)(x + t * glu.us + c);
+          const bool gl = glu.act == ACT_KIND_GELU_TANH;
+          v[u].x = (gl ? cuda_gelu_tanh(g.x) : cuda_silu(g.x)) * up.x;
+          v[u].y = (gl ? cuda_gelu_tanh(g.y) : cuda_silu(g.y)) * up.y;
+          v[u].z = (gl ? cuda_gelu_tanh(g.z) : cuda_silu(g.z)) * up.z;
+          v[u].w = (gl ? cuda_gelu_tanh(g.w) : cuda_silu(g.w)) * up.w;
+        }
       }
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -761,12 +782,14 @@ static unsigned q8_grid(int64_t blocks, size_t smem) {
 }
 
 template <int TYPE, int NT, int R>
-static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb) {
+static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb,
+                      const mv_glu *glu) {
   const size_t sm = mvq8_smem(NT, w->cols);
   const unsigned g = q8_grid<TYPE, NT, R>((w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
   static const mv_table none = {}; /* zero bytes: the same arguments every step */
-  cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols, rb,
-              none);
+  static const mv_glu plain = {};
+  cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols,
+                  rb, none, glu ? *glu : plain);
 }
 
 /* Raises the dynamic shared memory limit of the q8 instances for TYPE, NT (single with 2
@@ -811,18 +834,23 @@ size_t cuda_matmul_setup(void) {
   }
 #define Q8CASE(T)                                                                  \
   case T:                                                                          \
-    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(ci, y, x, W, w, rb);       \
-    else launch_q8<T, NT, 2>(ci, y, x, W, w, rb);                                  \
+    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(ci, y, x, W, w, rb, glu);  \
+    else launch_q8<T, NT, 2>(ci, y, x, W, w, rb, glu);                             \
     return;
 
-/* One weight, NT tokens (q8, smem_max: as mv_choose). */
+/* One weight, NT tokens (q8, smem_max: as mv_choose). glu: the q8 kernels' folded
+ * activation, only where mv_choose picks them (NULL otherwise). */
 template <int NT>
 static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w,
-                          int64_t rb, int vec, int q8, size_t smem_max) {
+                          int64_t rb, int vec, int q8, size_t smem_max, const mv_glu *glu = NULL) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
   const mv_path path = mv_choose(w->type, W, rb, x, w->cols, NT, q8, smem_max);
+  if (glu && path != MV_PATH_Q8) { /* the caller checked: only the int8 kernel folds the activation */
+    cuda_fail(ci, ANNA_ESTATE, "cuda: act_matmul took a matvec path without the folded activation");
+    return;
+  }
   if (path == MV_PATH_Q8 || path == MV_PATH_Q8R4) {
     switch (w->type) {
       Q8CASE(ANNA_DTYPE_Q4_0)
@@ -909,8 +937,9 @@ static void group_q8(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t 
   for (int i = 0; i < m; i++) need[i] = (t->e[i].rows + MVQ8_WARPS * 2 - 1) / (MVQ8_WARPS * 2);
   mv_split(m, need, q8_grid<TYPE, NT, 2, true>((int64_t)1 << 40, sm), blocks);
   const unsigned g = mv_firsts(t, m, blocks);
+  static const mv_glu plain = {};
   cuda_launch_pdl(ci, "matvec q8 group", k_matvec_q8<TYPE, NT, 2, true>, g, 32 * MVQ8_WARPS, sm, (float *)NULL, x,
-              (const uint8_t *)NULL, (int64_t)0, cols, (int64_t)0, *t);
+                  (const uint8_t *)NULL, (int64_t)0, cols, (int64_t)0, *t, plain);
 }
 
 template <int TYPE, int NT>
@@ -1074,6 +1103,35 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (bd && !ci->err) {
     cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
   }
+}
+
+/* Decode sizes whose weight takes the int8 kernel fold the activation into its prologue (one
+ * launch instead of act_mul + matvec, h left alone); everything else forms h first. */
+void cuda_op_act_matmul(ops_backend *be, float *y, float *h, const float *gate, const float *up, int64_t n, int64_t gs,
+                        int64_t us, int act, const ops_weight *w) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  const int q8 = ci->exact || ci->mv_variant != CUDA_MV_DEFAULT ? 0 : 1;
+  const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
+  int64_t rb = 0;
+  const uint8_t *W = q8 && n <= MV_MAX_TOK ? weight_dev(be, w, &rb) : NULL;
+  const int first = n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1; /* the largest chunk needs the most shared memory */
+  if (W && gs % 4 == 0 && us % 4 == 0 && (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)W) & 15) == 0 &&
+      mv_choose(w->type, W, rb, up, w->cols, first, q8, smem_max) == MV_PATH_Q8) {
+    for (int64_t t0 = 0; t0 < n;) {
+      const int64_t left = n - t0;
+      const mv_glu glu = {gate + t0 * gs, gs, us, act};
+      const float *xt = up + t0 * us;
+      float *yt = y + t0 * w->rows;
+      if (left >= 8) launch_matvec<8>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 8;
+      else if (left >= 4) launch_matvec<4>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 4;
+      else if (left >= 2) launch_matvec<2>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 2;
+      else launch_matvec<1>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 1;
+    }
+    return;
+  }
+  cuda_op_act_mul(be, h, gate, up, n, (int)w->cols, gs, us, act);
+  cuda_op_matmul(be, y, h, n, w, NULL);
 }
 
 void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
