@@ -17,6 +17,7 @@
  * in several passes, so nothing is allocated per call. Launch arguments depend only on the
  * shape (rows, vocab, k, temp), never on the logits: a decode step's graph replays unchanged. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
 
@@ -109,6 +110,7 @@ static __device__ void tk_sort_desc(uint64_t *a, int P) {
  * length, <= TK_SORT), the dynamic shared memory in keys. */
 static __global__ void k_topk_slice(uint64_t *keys, double *part, const float *logits, int64_t vocab, int S, int k,
                                     int P, float inv_t) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   extern __shared__ uint64_t tk_a[];
   const int64_t row = blockIdx.y, s = blockIdx.x;
   const float *l = logits + row * vocab;
@@ -151,6 +153,7 @@ static __global__ void k_topk_slice(uint64_t *keys, double *part, const float *l
 static __global__ void k_topk_merge(uint64_t *out, const uint64_t *in, int64_t n_groups, int k, int G, int P,
                                     int32_t *idx, float *val, double *stats, const double *part, int S,
                                     float inv_t) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   extern __shared__ uint64_t tk_a[];
   const int64_t row = blockIdx.y, g0 = (int64_t)blockIdx.x * G;
   const int64_t ng = n_groups - g0 < G ? n_groups - g0 : G;
@@ -215,23 +218,24 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
     const int64_t nr = rows - r0 < R ? rows - r0 : R;
     uint64_t *A = (uint64_t *)ci->topk_scr, *B = A + nr * S * k;
     double *part = (double *)(B + nr * S1 * k);
-    cuda_launch(ci, "topk slice", k_topk_slice, dim3((unsigned)S, (unsigned)nr), TK_THREADS,
-                k == 1 ? 0 : (size_t)P1 * sizeof(uint64_t), A, part, logits + r0 * vocab, vocab, (int)S, k, P1, inv_t);
+    cuda_launch_pdl(ci, "topk slice", k_topk_slice, dim3((unsigned)S, (unsigned)nr), TK_THREADS,
+                    k == 1 ? 0 : (size_t)P1 * sizeof(uint64_t), A, part, logits + r0 * vocab, vocab, (int)S, k, P1,
+                    inv_t);
     uint64_t *cur = A;
     int64_t ng = S;
     for (;;) {
       const int64_t nout = (ng + G - 1) / G;
       const int P = tk_pow2_at_least((ng < G ? ng : G) * k);
       if (nout == 1) {
-        cuda_launch(ci, "topk merge", k_topk_merge, dim3(1, (unsigned)nr), TK_THREADS, (size_t)P * sizeof(uint64_t),
-                    (uint64_t *)NULL, cur, ng, k, G, P, idx + r0 * k, val + r0 * k, stats + r0 * 2, part, (int)S,
-                    inv_t);
+        cuda_launch_pdl(ci, "topk merge", k_topk_merge, dim3(1, (unsigned)nr), TK_THREADS, (size_t)P * sizeof(uint64_t),
+                        (uint64_t *)NULL, cur, ng, k, G, P, idx + r0 * k, val + r0 * k, stats + r0 * 2, part, (int)S,
+                        inv_t);
         break;
       }
       uint64_t *nxt = cur == A ? B : A;
-      cuda_launch(ci, "topk merge", k_topk_merge, dim3((unsigned)nout, (unsigned)nr), TK_THREADS,
-                  (size_t)P * sizeof(uint64_t), nxt, cur, ng, k, G, P, (int32_t *)NULL, (float *)NULL,
-                  (double *)NULL, part, (int)S, inv_t);
+      cuda_launch_pdl(ci, "topk merge", k_topk_merge, dim3((unsigned)nout, (unsigned)nr), TK_THREADS,
+                      (size_t)P * sizeof(uint64_t), nxt, cur, ng, k, G, P, (int32_t *)NULL, (float *)NULL,
+                      (double *)NULL, part, (int)S, inv_t);
       cur = nxt;
       ng = nout;
     }
