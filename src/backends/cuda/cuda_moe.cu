@@ -125,6 +125,61 @@ static unsigned grid_of(int64_t n) {
   return (unsigned)(b < 1 ? 1 : b > 65536 ? 65536 : b);
 }
 
+/* 32 bytes at p (2-byte aligned) as 8 little-endian words: word loads when p is 4-byte
+ * aligned, else halfword loads (never past the 32 bytes). */
+__device__ __forceinline__ void moe_ld32(const uint8_t *p, uint32_t *o) {
+  if (((uintptr_t)p & 3) == 0) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = ((const uint32_t *)p)[i];
+  } else {
+    const uint16_t *h = (const uint16_t *)p;
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = h[2 * i] | (uint32_t)h[2 * i + 1] << 16;
+  }
+}
+
+/* cuda_deq32 for Q6_K and Q8_0 with 16 or 8 wide loads instead of a load per byte (the
+ * same values, the same float operations); blocks (210, 34 bytes) are 2-byte aligned when
+ * the row is. Q6_K unit sub of a block: elements 128 h + 32 (sub % 4) + l (h = sub / 4) take
+ * low bits from ql byte 64 h + 32 (sub % 2) + l (nibble (sub / 2) % 2) and high bits from qh
+ * byte 128 + 32 h + l (bit pair sub % 4), scales 2 sub and 2 sub + 1. */
+__device__ __forceinline__ void moe_deq32_q6k(const uint8_t *row, int64_t u, float *y) {
+  const uint8_t *b = row + (u >> 3) * 210;
+  const int sub = (int)(u & 7), h = sub >> 2;
+  uint32_t L[8], Q[8];
+  moe_ld32(b + h * 64 + (sub & 1) * 32, L);
+  moe_ld32(b + 128 + h * 32, Q);
+  const float d = ldh(b + 208);
+  const float s0 = d * (float)(int8_t)b[192 + 2 * sub], s1 = d * (float)(int8_t)b[193 + 2 * sub];
+  const int shl = 4 * ((sub >> 1) & 1), shh = 2 * (sub & 3);
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int q = (int)((L[i] >> (8 * j + shl)) & 0xf) | (int)(((Q[i] >> (8 * j + shh)) & 3) << 4);
+      y[4 * i + j] = (i < 4 ? s0 : s1) * (float)(q - 32);
+    }
+}
+__device__ __forceinline__ void moe_deq32_q8_0(const uint8_t *row, int64_t u, float *y) {
+  const uint8_t *b = row + u * 34;
+  uint32_t q[8];
+  moe_ld32(b + 2, q);
+  const float d = ldh(b);
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) y[4 * i + j] = d * (float)(int8_t)(q[i] >> (8 * j));
+}
+
+/* One 32-element unit of any cuda_deq32 type as floats, with the wide loads where the type
+ * and the row's alignment allow them (the same values as cuda_deq32). */
+__device__ __forceinline__ void moe_deq32_fast(int type, const uint8_t *row, int64_t u, float *y) {
+  if (type == ANNA_DTYPE_Q4_K && ((uintptr_t)row & 15) == 0) cuda_deq32_q4k_wide(row, u, y);
+  else if (type == ANNA_DTYPE_Q6_K && ((uintptr_t)row & 1) == 0) moe_deq32_q6k(row, u, y);
+  else if (type == ANNA_DTYPE_Q8_0 && ((uintptr_t)row & 1) == 0) moe_deq32_q8_0(row, u, y);
+  else cuda_deq32(type, row, u, y);
+}
+
 /* ---- decode: device-side expert FFN ---- */
 
 #define MOE_WARPS 4
@@ -143,7 +198,7 @@ __device__ __forceinline__ float moe_lane_dot(int type, const uint8_t *row, cons
   }
   for (int64_t u = lane; u < cols / 32; u += 32) {
     float w[32];
-    cuda_deq32(type, row, u, w);
+    moe_deq32_fast(type, row, u, w);
     const float4 *xu = (const float4 *)(x + u * 32);
 #pragma unroll
     for (int q = 0; q < 8; q++) {
@@ -177,8 +232,8 @@ static __global__ void k_moe_gate_up(float *h, const float *x, int64_t H, int64_
 #pragma unroll 1
       for (int64_t c = lane; c < H / 32; c += 32) {
         float wg[32], wu[32];
-        cuda_deq32(tg, gr, c, wg);
-        cuda_deq32(tur, ur, c, wu);
+        moe_deq32_fast(tg, gr, c, wg);
+        moe_deq32_fast(tur, ur, c, wu);
         const float4 *xu = (const float4 *)(xt + c * 32);
 #pragma unroll
         for (int q = 0; q < 8; q++) {
@@ -218,7 +273,7 @@ static __global__ void k_moe_down(float *out, const float *h, int64_t H, int64_t
       const int e = idx[p];
       if (e < 0 || e >= E) continue;
       float w[32];
-      cuda_deq32(td, tab[2 * E + e] + r * rbd, u, w);
+      moe_deq32_fast(td, tab[2 * E + e] + r * rbd, u, w);
       const float4 *hu = (const float4 *)(h + p * I + (int64_t)u * 32);
       float s = 0.0f;
 #pragma unroll
@@ -437,52 +492,6 @@ __device__ __forceinline__ void moe_prefetch(const void *p, int bytes) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + bytes - 1));
 }
 
-/* 32 bytes at p (2-byte aligned) as 8 little-endian words: word loads when p is 4-byte
- * aligned, else halfword loads (never past the 32 bytes). */
-__device__ __forceinline__ void moe_ld32(const uint8_t *p, uint32_t *o) {
-  if (((uintptr_t)p & 3) == 0) {
-#pragma unroll
-    for (int i = 0; i < 8; i++) o[i] = ((const uint32_t *)p)[i];
-  } else {
-    const uint16_t *h = (const uint16_t *)p;
-#pragma unroll
-    for (int i = 0; i < 8; i++) o[i] = h[2 * i] | (uint32_t)h[2 * i + 1] << 16;
-  }
-}
-
-/* cuda_deq32 for Q6_K and Q8_0 with 16 or 8 wide loads instead of a load per byte (the
- * same values, the same float operations); blocks (210, 34 bytes) are 2-byte aligned when
- * the row is. Q6_K unit sub of a block: elements 128 h + 32 (sub % 4) + l (h = sub / 4) take
- * low bits from ql byte 64 h + 32 (sub % 2) + l (nibble (sub / 2) % 2) and high bits from qh
- * byte 128 + 32 h + l (bit pair sub % 4), scales 2 sub and 2 sub + 1. */
-__device__ __forceinline__ void moe_deq32_q6k(const uint8_t *row, int64_t u, float *y) {
-  const uint8_t *b = row + (u >> 3) * 210;
-  const int sub = (int)(u & 7), h = sub >> 2;
-  uint32_t L[8], Q[8];
-  moe_ld32(b + h * 64 + (sub & 1) * 32, L);
-  moe_ld32(b + 128 + h * 32, Q);
-  const float d = ldh(b + 208);
-  const float s0 = d * (float)(int8_t)b[192 + 2 * sub], s1 = d * (float)(int8_t)b[193 + 2 * sub];
-  const int shl = 4 * ((sub >> 1) & 1), shh = 2 * (sub & 3);
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      const int q = (int)((L[i] >> (8 * j + shl)) & 0xf) | (int)(((Q[i] >> (8 * j + shh)) & 3) << 4);
-      y[4 * i + j] = (i < 4 ? s0 : s1) * (float)(q - 32);
-    }
-}
-__device__ __forceinline__ void moe_deq32_q8_0(const uint8_t *row, int64_t u, float *y) {
-  const uint8_t *b = row + u * 34;
-  uint32_t q[8];
-  moe_ld32(b + 2, q);
-  const float d = ldh(b);
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++) y[4 * i + j] = d * (float)(int8_t)(q[i] >> (8 * j));
-}
-
 /* 32-element unit u of a weight row to 32 bf16 at dst (16-byte aligned shared memory):
  * zeros for a missing row (NULL) and for elements at or past K. Quantized types have
  * K % 32 == 0 (whole units); bf16 rows may end mid-unit. */
@@ -511,10 +520,7 @@ __device__ __forceinline__ void moe_unit_bf16(int type, const uint8_t *row, int6
     return;
   }
   float w[32];
-  if (type == ANNA_DTYPE_Q4_K && ((uintptr_t)row & 15) == 0) cuda_deq32_q4k_wide(row, u, w);
-  else if (type == ANNA_DTYPE_Q6_K && ((uintptr_t)row & 1) == 0) moe_deq32_q6k(row, u, w);
-  else if (type == ANNA_DTYPE_Q8_0 && ((uintptr_t)row & 1) == 0) moe_deq32_q8_0(row, u, w);
-  else cuda_deq32(type, row, u, w);
+  moe_deq32_fast(type, row, u, w);
   uint32_t v[16];
 #pragma unroll
   for (int j = 0; j < 16; j++) {
