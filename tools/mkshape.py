@@ -445,7 +445,37 @@ def copy_tokenizer(out, src):
 # gate/up/down stacks, routers and 1-D tensors in F32. V heads need no reordering: the data
 # is random, so grouped and tiled order are the same distribution.
 
-GGUF_TYPES = {"q8_0": "Q8_0", "bf16": "BF16", "f16": "F16", "f32": "F32"}
+GGUF_TYPES = {"q8_0": "Q8_0", "bf16": "BF16", "f16": "F16", "f32": "F32", "q4_k_rand": "Q4_K"}
+GGUF_FILE_TYPES = {"q8_0": 7, "bf16": 32, "f16": 1, "f32": 0, "q4_k_rand": 15}
+
+
+def q4km_type(name, n_layers):
+    """q4_k_rand: roughly the tensor types of llama-quantize's Q4_K_M (output, and attn_v /
+    ffn_down of its use_more_bits layers in Q6_K; the rest Q4_K)."""
+    if name == "output.weight":
+        return "Q6_K"
+    if name.startswith("blk.") and (".attn_v." in name or ".ffn_down" in name):
+        i = int(name.split(".")[1])
+        if i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2:
+            return "Q6_K"
+    return "Q4_K"
+
+
+def rand_kquant(rng, dtype, n_blocks):
+    """Random but well-formed Q4_K / Q6_K super-blocks (q4_k_rand: the formats' bytes at the
+    speed of a random generator; gguf-py cannot quantize k-quants). Scales are chosen so the
+    weights have a spread near PROJ_STD, like the float init; values are not those of the
+    float init (a speed-shape file, not a quantization of the bf16 one)."""
+    if dtype == "Q4_K":  # d, dmin (f16), 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
+        b = rng.integers(0, 256, (n_blocks, 144), dtype=np.uint8)
+        b[:, 0:2] = np.frombuffer(np.float16(8e-5).tobytes(), np.uint8)
+        b[:, 2:4] = np.frombuffer(np.float16(6e-4).tobytes(), np.uint8)
+        return b.tobytes()
+    # Q6_K: 128 bytes low bits, 64 high bits, 16 int8 scales, d (f16)
+    b = rng.integers(0, 256, (n_blocks, 210), dtype=np.uint8)
+    b[:, 192:208] = rng.integers(-16, 17, (n_blocks, 16)).astype(np.int8).view(np.uint8)
+    b[:, 208:210] = np.frombuffer(np.float16(1.2e-4).tobytes(), np.uint8)
+    return b.tobytes()
 NEG_A = "neg_a"  # -uniform(1, 16) == -exp(A_log)
 ROPE_FREQS = "rope_freqs"  # 1 for the first a entries, 1e30 (frequency off) after
 
@@ -638,6 +668,10 @@ def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_ggu
     for t in ts:
         if t.dtype == "Q":
             t.dtype = GGUF_TYPES[qtype]
+            if qtype == "q4_k_rand":
+                t.dtype = q4km_type(t.name, n_layers)
+                if t.shape[-1] % 256:  # k-quants need whole 256-element super-blocks
+                    t.dtype = "Q8_0" if t.shape[-1] % 32 == 0 else "BF16"
 
     def nbytes(t):
         bs, ts_ = gguf.GGML_QUANT_SIZES[QT[t.dtype]]
@@ -648,7 +682,7 @@ def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_ggu
     w.add_name(name)
     w.add_type("model")
     (qwen35_gguf_kv if qwen else gemma4_gguf_kv)(w, s, n_layers, vocab)
-    w.add_uint32("general.file_type", {"q8_0": 7, "bf16": 32, "f16": 1, "f32": 0}[qtype])
+    w.add_uint32("general.file_type", GGUF_FILE_TYPES[qtype])
     w.add_uint32("general.quantization_version", 2)
     # Tokenizer: the fixture's, padded to the model vocabulary as the converter pads.
     r = gguf.GGUFReader(tok_gguf)
@@ -710,6 +744,9 @@ def _gguf_write_tensor(job):
         fout.seek(at)
         for r0 in range(0, rows, step):
             n = min(step, rows - r0)
+            if t.dtype in ("Q4_K", "Q6_K"):
+                fout.write(rand_kquant(rng, t.dtype, n * cols // 256))
+                continue
             kind = t.init[0]
             if kind == NEG_A:
                 x = -rng.uniform(1.0, 16.0, n * cols).astype(np.float32)
@@ -762,8 +799,10 @@ def main():
                     help="refuse to write more than this many GB (default 10; 0 = no limit)")
     ap.add_argument("--tokenizer", default=FIXTURE_TOKENIZER, help="folder to copy tokenizer files from")
     ap.add_argument("--gguf", choices=sorted(GGUF_TYPES),
-                    help="also write OUT/<shape>-<type>.gguf (llama.cpp layout; Q4_K: run "
-                         "llama-quantize on the bf16 file, gguf-py cannot quantize k-quants)")
+                    help="also write OUT/<shape>-<type>.gguf (llama.cpp layout). q4_k_rand: the tensor "
+                         "types of Q4_K_M filled with random well-formed blocks, for speed runs without "
+                         "llama-quantize (gguf-py cannot quantize k-quants; side-by-side runs quantize the "
+                         "bf16 file with llama-quantize)")
     ap.add_argument("--gguf-only", action="store_true", help="write the GGUF (and config/tokenizer), no safetensors")
     ap.add_argument("--tokenizer-gguf", default=TOKENIZER_GGUF,
                     help="GGUF whose tokenizer metadata is copied into --gguf output")
@@ -813,7 +852,7 @@ def main():
         qwen = s["family"].startswith("qwen3_5")
         gvocab = args.vocab or (QWEN35_COMMON if qwen else GEMMA4_COMMON)["vocab"]
         gts = (qwen35_gguf_tensors if qwen else gemma4_gguf_tensors)(s, args.layers or s["layers"], gvocab)
-        per = {"q8_0": 34 / 32, "bf16": 2, "f16": 2, "f32": 4}[args.gguf]
+        per = {"q8_0": 34 / 32, "bf16": 2, "f16": 2, "f32": 4, "q4_k_rand": 160 / 256}[args.gguf]  # q4_k_rand: ~Q4_K_M
         gb = sum(t.numel * (4 if t.dtype == "F32" else per) for t in gts)
         b = gb if args.gguf_only else b + gb
     if args.max_gb and b > args.max_gb * 1e9:
