@@ -224,22 +224,11 @@ static inline int topk_before(float av, int32_t ai, float bv, int32_t bi) {
   return av > bv || (av == bv && ai < bi);
 }
 
-/* First index of the largest value, NaN never winning (an all-NaN row: 0), and that value:
- * sixteen independent running maxima, then a scan for where the maximum sits (the sampler's
- * greedy scan: 1 candidate costs what the host argmax did). */
+/* ops_argmax_f32 with -0 reported as +0 (topk's value convention). */
 static int64_t topk_argmax(const float *x, int64_t n, float *best) {
-  float m[16];
-  for (int j = 0; j < 16; j++) m[j] = -INFINITY;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; j++) m[j] = x[i + j] > m[j] ? x[i + j] : m[j];
-  float mx = -INFINITY;
-  for (int j = 0; j < 16; j++) mx = m[j] > mx ? m[j] : mx;
-  for (; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-  *best = mx == 0.0f ? 0.0f : mx; /* -0 as +0 */
-  for (i = 0; i < n; i++)
-    if (x[i] == mx) return i;
-  return 0;
+  const int64_t i = ops_argmax_f32(x, n, best);
+  if (*best == 0.0f) *best = 0.0f;
+  return i;
 }
 
 /* The reference: per row a min-heap of the k best seen (root = the worst of them) in one
