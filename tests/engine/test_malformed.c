@@ -223,6 +223,28 @@ int main(int argc, char **argv) {
         printf("  FAIL: bad batches must be rejected\n");
         g_fail++;
       }
+      /* The candidate path (anna_context_decode_topk) and the row fetch after it: k outside
+       * 1..OPS_TOPK_MAX, missing outputs, a row the last decode did not leave. */
+      int32_t idx[4];
+      float val[4];
+      double st[2];
+      anna_batch b4 = {1, ok_tok, seq, pos, NULL};
+      int r4 = anna_context_decode_topk(ctx, &b4, 0, 0.0f, idx, val, st, err, sizeof err);
+      printf("  %-44s rc=%d  %s\n", "top-0 candidates", r4, err);
+      int r5 = anna_context_decode_topk(ctx, &b4, 257, 0.0f, idx, val, st, err, sizeof err);
+      printf("  %-44s rc=%d  %s\n", "top-257 candidates", r5, err);
+      int r6 = anna_context_decode_topk(ctx, &b4, 1, 0.0f, NULL, val, st, err, sizeof err);
+      printf("  %-44s rc=%d  %s\n", "candidates without an output", r6, err);
+      int r7 = anna_context_decode_topk(ctx, &b4, 4, 0.0f, idx, val, st, err, sizeof err);
+      printf("  %-44s rc=%d  %s\n", "top-4 candidates (valid)", r7, r7 ? err : "");
+      int r8 = anna_context_logits_row(ctx, 1, lg, err, sizeof err);
+      printf("  %-44s rc=%d  %s\n", "logits row past the last decode", r8, err);
+      int r9 = anna_context_logits_row(ctx, -1, lg, err, sizeof err);
+      printf("  %-44s rc=%d  %s\n", "negative logits row", r9, err);
+      if (!(r4 < 0 && r5 < 0 && r6 < 0 && r7 == 0 && r8 < 0 && r9 < 0)) {
+        printf("  FAIL: bad candidate requests must be rejected (and the valid one taken)\n");
+        g_fail++;
+      }
       free(lg);
     }
     anna_context_free(ctx);
