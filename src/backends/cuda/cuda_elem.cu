@@ -8,13 +8,33 @@
 
 #define ROW_THREADS 256
 
-static __global__ void k_rmsnorm(float *y, const float *x, const float *w, int d, float eps, int one_plus) {
+/* Rows go on grid.x up to 2^31-1; more rows than that are split into launches. */
+#define FOR_ROW_CHUNKS(rows, r0, cnt)                                                                                 \
+  for (int64_t r0 = 0, cnt = 0; r0 < (rows); r0 += cnt)                                                              \
+    if ((cnt = ((rows)-r0 < 0x7fffffff ? (rows)-r0 : 0x7fffffff)), 1)
+
+static int row_threads(int d) {
+  int t = ((d + 31) / 32) * 32;
+  return t < ROW_THREADS ? (t < 32 ? 32 : t) : ROW_THREADS;
+}
+
+/* Rows of any width: one block per row, a strided loop (with ADD, x += r is stored first and
+ * read back by the same thread). */
+template <bool ADD>
+static __global__ void k_rmsnorm(float *x, const float *r, float *y, const float *w, int d, float eps, int one_plus) {
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
-  const int64_t r = blockIdx.x;
-  const float *xr = x + r * d;
-  float *yr = y + r * d;
+  const int64_t row = blockIdx.x;
+  float *xr = x + row * d;
+  float *yr = y + row * d;
   float ss = 0;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    float v = xr[i];
+    if (ADD) {
+      v += r[row * d + i];
+      xr[i] = v;
+    }
+    ss += v * v;
+  }
   ss = cuda_block_sum(ss);
   const float inv = rsqrtf(ss / (float)d + eps);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
@@ -71,17 +91,26 @@ static __global__ void __launch_bounds__(1024)
   }
 }
 
-bool cuda_rmsnorm_rows(cuda_impl *ci, float *x, const float *r, float *y, const float *w, int64_t rows, int d, float eps,
+void cuda_rmsnorm_rows(cuda_impl *ci, float *x, const float *r, float *y, const float *w, int64_t rows, int d, float eps,
                        int one_plus) {
   const int d4 = d / 4;
-  if (d % 4 || d4 > RN4_V * 1024 || rows > 0x7fffffff ||
-      (((uintptr_t)x | (uintptr_t)y | (uintptr_t)r | (uintptr_t)w) & 15))
-    return false;
-  int th = (d4 + RN4_V - 1) / RN4_V;
-  th = th < 32 ? 32 : (th + 31) / 32 * 32;
-  if (r) cuda_launch_pdl(ci, "add_rmsnorm", k_rmsnorm4<true>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
-  else cuda_launch_pdl(ci, "rmsnorm", k_rmsnorm4<false>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
-  return true;
+  if (d % 4 == 0 && d4 <= RN4_V * 1024 && rows <= 0x7fffffff &&
+      !(((uintptr_t)x | (uintptr_t)y | (uintptr_t)r | (uintptr_t)w) & 15)) {
+    int th = (d4 + RN4_V - 1) / RN4_V;
+    th = th < 32 ? 32 : (th + 31) / 32 * 32;
+    if (r) cuda_launch_pdl(ci, "add_rmsnorm", k_rmsnorm4<true>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
+    else cuda_launch_pdl(ci, "rmsnorm", k_rmsnorm4<false>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
+    return;
+  }
+  const int th = row_threads(d);
+  FOR_ROW_CHUNKS(rows, r0, cnt) {
+    if (r)
+      cuda_launch_pdl(ci, "add_rmsnorm", k_rmsnorm<true>, (unsigned)cnt, th, 0, x + r0 * d, r + r0 * d, y + r0 * d, w,
+                      d, eps, one_plus);
+    else
+      cuda_launch_pdl(ci, "rmsnorm", k_rmsnorm<false>, (unsigned)cnt, th, 0, x + r0 * d, r, y + r0 * d, w, d, eps,
+                      one_plus);
+  }
 }
 
 static __global__ void k_l2norm(float *x, int d, float eps, float scale) {
@@ -106,15 +135,6 @@ static __global__ void k_rmsnorm_gated(float *y, const float *x, const float *z,
   for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv) * cuda_silu(zr[i]);
 }
 
-/* Rows go on grid.x up to 2^31-1; more rows than that are split into launches. */
-#define FOR_ROW_CHUNKS(rows, r0, cnt)                                                                                 \
-  for (int64_t r0 = 0, cnt = 0; r0 < (rows); r0 += cnt)                                                              \
-    if ((cnt = ((rows)-r0 < 0x7fffffff ? (rows)-r0 : 0x7fffffff)), 1)
-
-static int row_threads(int d) {
-  int t = ((d + 31) / 32) * 32;
-  return t < ROW_THREADS ? (t < 32 ? 32 : t) : ROW_THREADS;
-}
 
 void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d, float eps,
                      int one_plus) {
@@ -123,10 +143,7 @@ void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, 
   const float *wd = w ? (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float)) : NULL;
   if (w && !wd) return;
   /* In place (y == x) is fine: each element is read before it is written, by its thread. */
-  if (cuda_rmsnorm_rows(ci, (float *)x, NULL, y, wd, rows, d, eps, one_plus)) return;
-  FOR_ROW_CHUNKS(rows, r0, cnt)
-  cuda_launch_pdl(ci, "rmsnorm", k_rmsnorm, (unsigned)cnt, row_threads(d), 0, y + r0 * d, x + r0 * d, wd, d, eps,
-                  one_plus);
+  cuda_rmsnorm_rows(ci, (float *)x, NULL, y, wd, rows, d, eps, one_plus);
 }
 
 void cuda_op_l2norm(ops_backend *be, float *x, int64_t rows, int d, float eps, float scale) {

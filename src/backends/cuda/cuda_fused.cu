@@ -300,31 +300,9 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
   }
 }
 
-/* ---- add_rmsnorm: one block per row ---- */
+/* ---- add_rmsnorm: the shared RMSNorm rows (cuda_elem.cu) with the residual add ---- */
 
-#define AN_THREADS 256
-
-static __global__ void k_add_rmsnorm(float *x, const float *r, float *y, const float *w, int d, float eps,
-                                     int one_plus) {
-  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
-  const int64_t row = blockIdx.x;
-  float *xr = x + row * d;
-  const float *rr = r + row * d;
-  float *yr = y + row * d;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = xr[i] + rr[i];
-    xr[i] = v; /* read back below by this same thread */
-    ss += v * v;
-  }
-  ss = cuda_block_sum(ss);
-  const float inv = rsqrtf(ss / (float)d + eps);
-  for (int i = threadIdx.x; i < d; i += blockDim.x) {
-    float v = xr[i] * inv;
-    if (w) v *= one_plus ? 1.0f + w[i] : w[i];
-    yr[i] = v;
-  }
-}
+#define AN_THREADS 256 /* norm_rope's most threads per row */
 
 void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
                          float eps, int one_plus) {
@@ -332,15 +310,7 @@ void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, co
   if (ci->err || rows <= 0 || d <= 0) return;
   const float *wd = w ? (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float)) : NULL;
   if (w && !wd) return;
-  if (cuda_rmsnorm_rows(ci, x, r, y, wd, rows, d, eps, one_plus)) return; /* the register-resident form */
-  int th = (d + 31) / 32 * 32;
-  if (th > AN_THREADS) th = AN_THREADS;
-  for (int64_t r0 = 0; r0 < rows; r0 += 0x7fffffff) { /* grid.x limit */
-    const int64_t cnt = rows - r0 < 0x7fffffff ? rows - r0 : 0x7fffffff;
-    cuda_launch_pdl(ci, "add_rmsnorm", k_add_rmsnorm, (unsigned)cnt, th, 0, x + r0 * d, r + r0 * d, y + r0 * d, wd, d,
-                    eps, one_plus);
-    if (ci->err) return;
-  }
+  cuda_rmsnorm_rows(ci, x, r, y, wd, rows, d, eps, one_plus);
 }
 
 /* ---- norm_rope: one block per (token, head) row; the row is staged in shared memory, so

@@ -187,11 +187,11 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
  * the attribute is not changed while a stream is being captured. */
 size_t cuda_matmul_setup(void);
 
-/* RMSNorm of rows of d (d % 4 == 0, d <= 16384, 16-byte aligned pointers) with each row held
- * in registers (cuda_elem.cu): y = x / rms(x) * (w | 1 + w | 1); with r != NULL first
- * x += r (stored). False, nothing queued, for shapes it does not take. y may be x only when
- * r is NULL (a thread loads its whole row share before the block reduction, then writes). */
-bool cuda_rmsnorm_rows(cuda_impl *ci, float *x, const float *r, float *y, const float *w, int64_t rows, int d, float eps,
+/* RMSNorm of rows of d (cuda_elem.cu): y = x / rms(x) * (w | 1 + w | 1); with r != NULL first
+ * x += r (stored). Rows of d % 4 == 0, d <= 16384 and 16-byte aligned pointers are held in
+ * registers (all loads before the reduction); other rows take a strided kernel. y may be x
+ * only when r is NULL. Shared by rmsnorm and add_rmsnorm. */
+void cuda_rmsnorm_rows(cuda_impl *ci, float *x, const float *r, float *y, const float *w, int64_t rows, int d, float eps,
                        int one_plus);
 
 /* Launchers (one per op; signatures as ops.h). */
