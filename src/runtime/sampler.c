@@ -152,6 +152,25 @@ static int32_t argmax_f32(const float *x, int32_t n) {
   return (int32_t)ops_argmax_f32(x, n, &best);
 }
 
+/* Top-p over sorted probabilities prob[from, to): adds them to *cum and returns the first i
+ * where *cum reaches top_p, or to. Shared by the full-row and candidate samplers, so both
+ * cut the nucleus with the same additions. */
+static int32_t nucleus_scan(const float *prob, int32_t from, int32_t to, double *cum, float top_p) {
+  int32_t i = from;
+  for (; i < to; i++) {
+    *cum += prob[i];
+    if (*cum >= top_p) break;
+  }
+  return i;
+}
+
+/* Min-p: how many of the first ns sorted candidates stay (the first always does). */
+static int32_t min_p_prefix(const float *prob, int32_t ns, float floor_p) {
+  int32_t k = 1;
+  while (k < ns && prob[k] >= floor_p) k++;
+  return k;
+}
+
 int32_t sampler_sample(sampler *s, float *logits) {
   const sampler_params *p = &s->p;
   for (int32_t i = 0; i < s->n_seen; i++) {
@@ -190,11 +209,7 @@ int32_t sampler_sample(sampler *s, float *logits) {
   int32_t n = nk; /* candidates kept; the first nh sorted */
   if (p->top_p < 1.0f) {
     double cum = 0;
-    int32_t i = 0;
-    for (; i < nh; i++) {
-      cum += s->prob[i];
-      if (cum >= p->top_p) break;
-    }
+    int32_t i = nucleus_scan(s->prob, 0, nh, &cum, p->top_p);
     while (i == nh && nh < nk) { /* the nucleus reaches past the head: a head 8x as long */
       const int32_t grow = nh > nk / 8 ? nk : 8 * nh;
       if (grow == nk) {
@@ -204,10 +219,8 @@ int32_t sampler_sample(sampler *s, float *logits) {
       }
       qsort(s->cand, (size_t)grow, sizeof *s->cand, by_logit_desc);
       for (int32_t q = nh; q < grow; q++) s->prob[q] = (float)(exp_nonpos(s->cand[q].logit * inv_t - mx) / z);
-      for (; i < grow; i++) { /* the first nh are unchanged: the same best candidates, sorted */
-        cum += s->prob[i];
-        if (cum >= p->top_p) break;
-      }
+      /* the first nh are unchanged: the same best candidates, sorted */
+      i = nucleus_scan(s->prob, i, grow, &cum, p->top_p);
       nh = grow;
     }
     if (i < nh) n = i + 1;
@@ -216,11 +229,7 @@ int32_t sampler_sample(sampler *s, float *logits) {
   const float floor_p = p->min_p > 0 ? p->min_p * s->prob[0] : 0.0f;
   const int32_t ns = n < nh ? n : nh; /* kept sorted candidates */
   int32_t kept = ns;
-  if (p->min_p > 0) {
-    int32_t k = 1;
-    while (k < ns && s->prob[k] >= floor_p) k++;
-    kept = k;
-  }
+  if (p->min_p > 0) kept = min_p_prefix(s->prob, ns, floor_p);
   const int tail = kept == ns && n > nh; /* tokens past the head still take part */
   double sum = 0;
   for (int32_t i = 0; i < kept; i++) sum += s->prob[i];
@@ -300,22 +309,14 @@ int sampler_sample_candidates(sampler *s, const int32_t *idx, const float *val, 
   int32_t n = nk;
   if (p->top_p < 1.0f) {
     double cum = 0;
-    int32_t i = 0;
-    for (; i < nh; i++) {
-      cum += s->prob[i];
-      if (cum >= p->top_p) break;
-    }
+    const int32_t i = nucleus_scan(s->prob, 0, nh, &cum, p->top_p);
     if (i == nh && nh < nk) return 1; /* the nucleus reaches past the head */
     if (i < nh) n = i + 1;
   }
   const float floor_p = p->min_p > 0 ? p->min_p * s->prob[0] : 0.0f;
   const int32_t ns = n < nh ? n : nh;
   int32_t kept = ns;
-  if (p->min_p > 0) {
-    int32_t j = 1;
-    while (j < ns && s->prob[j] >= floor_p) j++;
-    kept = j;
-  }
+  if (p->min_p > 0) kept = min_p_prefix(s->prob, ns, floor_p);
   if (kept == ns && n > nh) return 1; /* tokens past the head take part */
   double sum = 0;
   for (int32_t i = 0; i < kept; i++) sum += s->prob[i];
