@@ -340,6 +340,26 @@ __device__ __forceinline__ void cuda_piece_load(const uint8_t *row, int64_t p, b
 template <int TYPE> __host__ __device__ constexpr bool cuda_piece_has_min() {
   return TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K;
 }
+/* Q4_K / Q5_K: the scales and mins of sub-blocks 2c and 2c + 1 of a super-block whose
+ * header (d, dmin, 12 bytes of 6-bit scales/mins) is raw[0..3], times d and dmin. Shared by the
+ * f32 piece decoder and the int8 one. */
+__device__ __forceinline__ void pc_k_scales(const uint32_t *raw, int c, float *sc, float *mn) {
+  const uint32_t hx = raw[0], hy = raw[1], hz = raw[2], hw = raw[3];
+  const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
+  int sc0, mn0, sc1, mn1;
+  if (c < 2) {
+    sc0 = (hy >> sa) & 63, mn0 = (hz >> sa) & 63;
+    sc1 = (hy >> sb) & 63, mn1 = (hz >> sb) & 63;
+  } else {
+    sc0 = ((hw >> sa) & 0x0f) | (((hy >> sa) >> 6 & 3) << 4);
+    mn0 = ((hw >> sa) >> 4 & 0x0f) | (((hz >> sa) >> 6 & 3) << 4);
+    sc1 = ((hw >> sb) & 0x0f) | (((hy >> sb) >> 6 & 3) << 4);
+    mn1 = ((hw >> sb) >> 4 & 0x0f) | (((hz >> sb) >> 6 & 3) << 4);
+  }
+  const float d = pc_h2f(hx), dm = pc_h2f(hx >> 16);
+  sc[0] = d * (float)sc0, mn[0] = dm * (float)mn0, sc[1] = d * (float)sc1, mn[1] = dm * (float)mn1;
+}
+
 template <int TYPE>
 __device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t p, const uint32_t *raw, float *w,
                                                      const float *tab, float *sc, float *mn) {
@@ -375,20 +395,7 @@ __device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t
   } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
     /* piece k covers quant bytes 16k..16k+15: low nibbles are sub-block 2c, high 2c+1 */
     const int k = (int)(p & 7), c = k >> 1, l = 16 * (k & 1);
-    const uint32_t hx = raw[0], hy = raw[1], hz = raw[2], hw = raw[3];
-    const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
-    int sc0, mn0, sc1, mn1;
-    if (c < 2) {
-      sc0 = (hy >> sa) & 63, mn0 = (hz >> sa) & 63;
-      sc1 = (hy >> sb) & 63, mn1 = (hz >> sb) & 63;
-    } else {
-      sc0 = ((hw >> sa) & 0x0f) | (((hy >> sa) >> 6 & 3) << 4);
-      mn0 = ((hw >> sa) >> 4 & 0x0f) | (((hz >> sa) >> 6 & 3) << 4);
-      sc1 = ((hw >> sb) & 0x0f) | (((hy >> sb) >> 6 & 3) << 4);
-      mn1 = ((hw >> sb) >> 4 & 0x0f) | (((hz >> sb) >> 6 & 3) << 4);
-    }
-    const float d = pc_h2f(hx), dm = pc_h2f(hx >> 16);
-    sc[0] = d * (float)sc0, mn[0] = dm * (float)mn0, sc[1] = d * (float)sc1, mn[1] = dm * (float)mn1;
+    pc_k_scales(raw, c, sc, mn);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       uint32_t lo = raw[4 + i] & 0x0f0f0f0fu, hi = (raw[4 + i] >> 4) & 0x0f0f0f0fu;
@@ -523,20 +530,7 @@ __device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, co
     }
   } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
     const int k = (int)(p & 7), c = k >> 1;
-    const uint32_t hx = raw[0], hy = raw[1], hz = raw[2], hw = raw[3];
-    const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
-    int sc0, mn0, sc1, mn1;
-    if (c < 2) {
-      sc0 = (hy >> sa) & 63, mn0 = (hz >> sa) & 63;
-      sc1 = (hy >> sb) & 63, mn1 = (hz >> sb) & 63;
-    } else {
-      sc0 = ((hw >> sa) & 0x0f) | (((hy >> sa) >> 6 & 3) << 4);
-      mn0 = ((hw >> sa) >> 4 & 0x0f) | (((hz >> sa) >> 6 & 3) << 4);
-      sc1 = ((hw >> sb) & 0x0f) | (((hy >> sb) >> 6 & 3) << 4);
-      mn1 = ((hw >> sb) >> 4 & 0x0f) | (((hz >> sb) >> 6 & 3) << 4);
-    }
-    const float d = pc_h2f(hx), dm = pc_h2f(hx >> 16);
-    sc[0] = d * (float)sc0, mn[0] = dm * (float)mn0, sc[1] = d * (float)sc1, mn[1] = dm * (float)mn1;
+    pc_k_scales(raw, c, sc, mn);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       uint32_t lo = raw[4 + i] & 0x0f0f0f0fu, hi = (raw[4 + i] >> 4) & 0x0f0f0f0fu;
