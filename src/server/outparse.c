@@ -173,6 +173,35 @@ static int bare_call(const char *s, size_t n) {
   return ok;
 }
 
+/* A reply that opens with a Markdown fence around a bare call: "```", an optional "json",
+ * whitespace, then '{' (small Qwen coders write their calls so about as often as bare).
+ * Returns the offset of the '{' in s[0..n), 0 while s is a proper prefix of such an
+ * opening (undecided), -1 when s cannot open one. */
+static long fence_open(const char *s, size_t n) {
+  static const char FENCE[] = "```json";
+  size_t i = 0;
+  for (; i < sizeof FENCE - 1 && i < n; i++)
+    if (s[i] != FENCE[i]) break;
+  if (i < 3) return i == n ? 0 : -1;               /* the three backticks are required */
+  if (i < sizeof FENCE - 1 && i == n) return 0;    /* "```js" so far */
+  if (i < sizeof FENCE - 1 && i != 3) return -1;   /* "```jx": another language */
+  while (i < n && isspace((unsigned char)s[i]))
+    i++;
+  if (i == n) return 0;
+  return s[i] == '{' ? (long)i : -1;
+}
+
+/* The call object of a fenced reply s[0..n) whose '{' is at `at`: the text up to the closing
+ * fence (only whitespace after it). *len = 0 when the reply is not fenced that way. */
+static const char *fence_body(const char *s, size_t n, size_t at, size_t *len) {
+  *len = 0;
+  while (n > at && isspace((unsigned char)s[n - 1]))
+    n--;
+  if (n < at + 3 || memcmp(s + n - 3, "```", 3)) return NULL;
+  *len = n - 3 - at;
+  return s + at;
+}
+
 static int emit_text(outparse *p, const char *s, size_t n, outparse_sink sink, void *ud) {
   int kind = p->mode == MODE_REASON ? OUTPARSE_REASONING : OUTPARSE_CONTENT;
   if (kind == OUTPARSE_CONTENT && p->skip_ws) {
@@ -256,6 +285,21 @@ int outparse_feed(outparse *p, const char *s, size_t len, int final, outparse_si
         if (bare_call(p->buf + k, p->len - k)) {
           p->mode = MODE_TOOL;
           rc = finish_call(p, p->buf + k, p->len - k, 1, sink, ud);
+          p->mode = MODE_TEXT;
+          p->len = 0;
+          return rc;
+        }
+      }
+      /* The same object inside a ```json fence: held while the opening can still be one
+       * (any other fenced block streams at once), then to the end. */
+      const long fo = k < p->len && p->buf[k] == '`' ? fence_open(p->buf + k, p->len - k) : -1;
+      if (fo >= 0) {
+        if (!final) return 0;
+        size_t blen = 0;
+        const char *body = fo > 0 ? fence_body(p->buf + k, p->len - k, (size_t)fo, &blen) : NULL;
+        if (blen && bare_call(body, blen)) {
+          p->mode = MODE_TOOL;
+          rc = finish_call(p, body, blen, 1, sink, ud);
           p->mode = MODE_TEXT;
           p->len = 0;
           return rc;

@@ -1,7 +1,9 @@
 /* outparse.h: splits a model's generated text into what an OpenAI response carries:
  * plain content, reasoning (DeepSeek-style <think>...</think>), and tool calls written as
  * Qwen-style <tool_call>{"name": ..., "arguments": {...}}</tool_call> or Qwen3.5 XML
- * <tool_call><function=NAME><parameter=P>VALUE</parameter></function></tool_call>.
+ * <tool_call><function=NAME><parameter=P>VALUE</parameter></function></tool_call>. With tools on,
+ * a whole reply that is just {"name": ..., "arguments": {...}}, bare or inside a ```json fence
+ * (small Qwen coders answer so), is a call too (as llama.cpp's Hermes/Qwen parser takes it).
  *
  * Incremental: text arrives in arbitrary pieces (a tag may be split across pieces), and
  * every piece that can no longer be part of a tag goes out at once through the sink, so

@@ -120,6 +120,21 @@ int main(void) {
         1, "{\"name\": \"f\", \"arguments\": {}, \"x\": 1}", "", "");
   check("json after text is content", "Use {\"name\": \"f\", \"arguments\": {}}", 0, 0, 1,
         "Use {\"name\": \"f\", \"arguments\": {}}", "", "");
+  check("fenced json call", "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": "
+        "\"Paris\"}\n}\n```\n", 0, 0, 1, "", "", "get_weather({\"city\":\"Paris\"});");
+  check("fenced call without a language", "  ```\n{\"name\":\"f\",\"arguments\":{}}```", 0, 0, 1, "", "",
+        "f({});");
+  check("fenced call, tools off", "```json\n{\"name\":\"f\",\"arguments\":{}}\n```", 0, 0, 0,
+        "```json\n{\"name\":\"f\",\"arguments\":{}}\n```", "", "");
+  check("fenced other language is content", "```python\nprint(1)\n```", 0, 0, 1,
+        "```python\nprint(1)\n```", "", "");
+  check("fenced json that is no call", "```json\n{\"a\": 1}\n```", 0, 0, 1,
+        "```json\n{\"a\": 1}\n```", "", "");
+  check("fenced call with text after it", "```json\n{\"name\":\"f\",\"arguments\":{}}\n```\nDone.", 0, 0,
+        1, "```json\n{\"name\":\"f\",\"arguments\":{}}\n```\nDone.", "", "");
+  check("unclosed fence is content", "```json\n{\"name\":\"f\",\"arguments\":{}}", 0, 0, 1,
+        "```json\n{\"name\":\"f\",\"arguments\":{}}", "", "");
+  check("short backtick reply", "``", 0, 0, 1, "``", "", "");
   check("json object then tag call",
         "{\"a\":1}<tool_call>{\"name\":\"f\",\"arguments\":{}}</tool_call>", 0, 0, 1, "{\"a\":1}",
         "", "f({});");

@@ -90,16 +90,26 @@ __attribute__((target("avx2,fma,f16c"))) static void dot_avx2(int type, const vo
                                                               int64_t xs, int nt, int64_t cols,
                                                               float *out) {
   int64_t c8 = cols & ~(int64_t)7;
+  /* Four tokens share each weight load; every token keeps the two accumulators and the
+   * summation order of the one-token loop below, so a row's result does not depend on how
+   * the batch was grouped (prefix reuse and batched == alone compare bits: a single
+   * accumulator here moved logits by 1e-4 between a chunked and a whole prefill). */
   if (nt == 4) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t i = 0; i < c8; i += 8) {
-      __m256 wv = ld8(type, w, i);
-      a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), a0);
-      a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + xs + i), a1);
-      a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 2 * xs + i), a2);
-      a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 3 * xs + i), a3);
+    __m256 a[4][2];
+    for (int t = 0; t < 4; t++) a[t][0] = a[t][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= c8; i += 16) {
+      const __m256 w0 = ld8(type, w, i), w1 = ld8(type, w, i + 8);
+      for (int t = 0; t < 4; t++) {
+        a[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * xs + i), a[t][0]);
+        a[t][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + t * xs + i + 8), a[t][1]);
+      }
     }
-    out[0] = hsum8(a0), out[1] = hsum8(a1), out[2] = hsum8(a2), out[3] = hsum8(a3);
+    if (i < c8) {
+      const __m256 w0 = ld8(type, w, i);
+      for (int t = 0; t < 4; t++) a[t][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + t * xs + i), a[t][0]);
+    }
+    for (int t = 0; t < 4; t++) out[t] = hsum8(_mm256_add_ps(a[t][0], a[t][1]));
   } else {
     for (int t = 0; t < nt; t++) {
       __m256 a0 = _mm256_setzero_ps(), a1 = a0;
