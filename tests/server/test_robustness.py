@@ -258,9 +258,12 @@ def test_queue_full_429():
         next(iter(stream))
         with cf.ThreadPoolExecutor(1) as ex:
             waiting = ex.submit(lambda: c.chat.completions.create(model="qwen3", messages=U, max_tokens=3))
-            deadline = time.time() + 5
+            # generous: on a loaded machine the second request can take seconds to be queued,
+            # and the third must not take its place
+            deadline = time.time() + 60
             while s.health()["scheduler"]["waiting"] < 1 and time.time() < deadline:
                 time.sleep(0.02)
+            assert s.health()["scheduler"]["waiting"] == 1
             with pytest.raises(openai.RateLimitError) as ei:
                 c.chat.completions.create(model="qwen3", messages=U, max_tokens=3)
             assert ei.value.status_code == 429
