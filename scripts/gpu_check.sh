@@ -12,15 +12,19 @@
 # --synth SHAPE: also write a synthetic real-shape model with tools/mkshape.py (e.g.
 #   qwen3.5-0.8b; bf16 safetensors + Q8_0 GGUF) and benchmark it.
 # --sanitize: also run test_cuda_ops under compute-sanitizer memcheck.
+# --ab: with --synth, also run anna-bench on each synthetic GGUF once per runtime variant
+#   (AB_VARIANTS, space-separated VAR=VALUE settings, "-" for the defaults), one table row each,
+#   so kernels kept selectable (ANNA_CUDA_PDL, ANNA_CUDA_ATTN, ...) are compared in one run.
 set -u
 cd "$(dirname "$0")/.."
-PREBUILT="" FIX="../shared/fixtures" SYNTH="" SAN=0 OUTD="${OUT:-/tmp/gpu_check}"
+PREBUILT="" FIX="../shared/fixtures" SYNTH="" SAN=0 AB=0 OUTD="${OUT:-/tmp/gpu_check}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) PREBUILT="$2"; shift 2 ;;
     --fixtures) FIX="$2"; shift 2 ;;
     --synth) SYNTH="$2"; shift 2 ;;
     --sanitize) SAN=1; shift ;;
+    --ab) AB=1; shift ;;
     --out) OUTD="$2"; shift 2 ;;
     *) echo "unknown flag $1" >&2; exit 2 ;;
   esac
@@ -115,6 +119,27 @@ if [ -n "$SYNTH" ]; then
         --batch "${BENCH_BATCH:-512}" 2>&1 | tee -a "$OUTD/anna-profile.log" | tail -8
     done
   fi
+fi
+# 3b. runtime variants side by side (same binary, same model, one run each)
+if [ "$AB" = 1 ] && [ -n "$SYNTH" ] && [ -x "$BIN/anna-bench" ]; then
+  for m in "$SD"/*.gguf; do
+    [ -e "$m" ] || continue
+    for v in ${AB_VARIANTS:-- ANNA_CUDA_PDL=0 ANNA_CUDA_ATTN=per_head}; do
+      line=$( ( [ "$v" = - ] && v=; env $v "$BIN/anna-bench" --model "$m" --device cuda --prompt-lengths 512,8192 \
+        --max-new-tokens 128 --runs 2 --batch "${BENCH_BATCH:-2048}" --json ) 2>>"$OUTD/ab.err")
+      echo "$(basename "$m") [$v]: $line" >>"$OUTD/ab.log"
+      row "ab $(basename "$m") [$v]" "$(echo "$line" | python3 -c 'import json, sys
+try:
+    d = json.load(sys.stdin)
+    out = []
+    for r in d.get("sweep") or [d]:
+        m = r["median"]
+        out.append("%d: prefill %.0f decode %.1f" % (r["prompt_tokens"], m["prefill_tok_s"], m["decode_tok_s"]))
+    print(" | ".join(out))
+except Exception as e:
+    print("no result:", e)')"
+    done
+  done
 fi
 # 4. memory checker last (slow; bounded so the table always prints)
 if [ "$SAN" = 1 ] && command -v compute-sanitizer >/dev/null; then
