@@ -13,6 +13,9 @@
 # --shape NAME: write a tools/mkshape.py shape as a bf16 GGUF (while llama.cpp builds), then
 #   llama-quantize it to each --quant type (bf16 = the file itself). --layers N truncates the
 #   depth (the 35B-A3B shape's bf16 file does not fit the machine's disk otherwise).
+#   --quant q4_k_rand: mkshape's random well-formed Q4_K / Q6_K file (llama-quantize's Q4_K_M
+#   tensor mix) written directly, no bf16 file: the 35B-A3B shape at full depth fits (~20 GB)
+#   and both engines read the same bytes.
 # --build: where llama.cpp is built (default /tmp/llama-build: kept while the machine is warm).
 # Both engines: prefill tok/s of --lengths prompts and decode tok/s of 128 tokens after the
 # first length; llama-bench -r 2 (its defaults: n_batch 2048, n_ubatch 512), anna-bench
@@ -79,7 +82,7 @@ fi
 if [ -n "$SHAPE" ]; then
   SD=/tmp/shape_${SHAPE}${LAYERS:+_L$LAYERS}
   BF="$SD/$SHAPE-bf16.gguf"
-  if [ ! -f "$BF" ]; then
+  if [ ! -f "$BF" ] && [ -n "$(echo ",$QUANT," | sed 's/,q4_k_rand,/,/g; s/^,*//; s/,*$//')" ]; then
     t0=$(date +%s)
     rm -rf "$SD"
     python3 tools/mkshape.py "$SHAPE" "$SD" --gguf bf16 --gguf-only --max-gb 0 --jobs 8 ${LAYERS:+--layers $LAYERS} \
@@ -94,6 +97,19 @@ fi
 if [ -n "$SHAPE" ]; then
   for q in ${QUANT//,/ }; do
     if [ "$q" = bf16 ]; then GGUFS+=("$BF"); continue; fi
+    if [ "$q" = q4_k_rand ]; then
+      RD=${SD}_q4r
+      if [ ! -f "$RD/$SHAPE-q4_k_rand.gguf" ]; then
+        t0=$(date +%s)
+        rm -rf "$RD"
+        python3 tools/mkshape.py "$SHAPE" "$RD" --gguf q4_k_rand --gguf-only --max-gb 0 --jobs 8 \
+          ${LAYERS:+--layers $LAYERS} --tokenizer "${FIX:-.gpu/fx}/tokenizer" \
+          --tokenizer-gguf tests/fixtures/gguf/qwen3_5.gguf >"$OUTD/mkshape-q4r.log" 2>&1 || tail -5 "$OUTD/mkshape-q4r.log"
+        row "mkshape $SHAPE q4_k_rand gguf" "$(( $(date +%s) - t0 )) s, $(du -h "$RD/$SHAPE-q4_k_rand.gguf" | cut -f1)"
+      fi
+      GGUFS+=("$RD/$SHAPE-q4_k_rand.gguf")
+      continue
+    fi
     QF="$SD/$SHAPE-$q.gguf"
     if [ ! -f "$QF" ]; then
       t0=$(date +%s)
