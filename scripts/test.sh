@@ -21,6 +21,8 @@ if [[ "${ANNA_TEST_FAST:-0}" != 1 ]]; then
   if command -v nvcc >/dev/null 2>&1; then
     log "CUDA build (nvcc, no GPU needed): compile check; GPU tests skip without a device"
     ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-cuda ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_CUDA=ON" bash scripts/setup.sh >/dev/null
+    log "CUDA weight decoders on the host against the CPU dequantizer (no GPU needed)"
+    ctest --test-dir build-cuda -R test_cuda_decode --output-on-failure
   fi
   log "sanitizer build (address + undefined)"
   SAN=$(ANNA_SKIP_APT=1 ANNA_BUILD_DIR=build-asan ANNA_CMAKE_FLAGS="-DANNA_WERROR=ON -DANNA_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo" bash scripts/setup.sh)

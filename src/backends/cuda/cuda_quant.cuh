@@ -3,7 +3,11 @@
  * elements: one block of the 32-element formats, or one eighth of a 256-element block.
  * Byte layouts are llama.cpp's (see formats/quant_impl.h). cuda_deq32 reads fields byte by
  * byte (any alignment, every type); the piece decoders at the end (decode matvec) use wide
- * loads and need the row alignment that cuda_matmul.cu's piece_ok checks. */
+ * loads and need the row alignment that cuda_matmul.cu's piece_ok checks.
+ * Every decoder is __host__ __device__ (CUDA_HD) so tests/cuda/test_cuda_decode.cu checks it
+ * against the CPU dequantizer on a machine without a GPU: the device intrinsics and PTX it
+ * uses go through the cuda_hd_* twins below, whose host branches compute the same bits and
+ * whose device branches are the original calls (the device code is unchanged). */
 #ifndef ANNA_BACKENDS_CUDA_QUANT_CUH
 #define ANNA_BACKENDS_CUDA_QUANT_CUH
 
@@ -11,11 +15,70 @@
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
+
+#define CUDA_HD __host__ __device__ __forceinline__
+/* #pragma unroll in the device pass only: the host compiler does not know it. */
+#ifdef __CUDA_ARCH__
+#define CUDA_UNROLL _Pragma("unroll")
+#else
+#define CUDA_UNROLL
+#endif
 
 __constant__ static const int8_t c_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                         1,    13,   25,  38,  53,  69,  89,  113};
+/* The same table for the host build of the decoders (host code cannot read __constant__). */
+static const int8_t h_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                           1,    13,   25,  38,  53,  69,  89,  113};
 
-__device__ __forceinline__ float ldh(const uint8_t *p) {
+CUDA_HD int8_t cuda_hd_iq4nl(int n) {
+#ifdef __CUDA_ARCH__
+  return c_kvalues_iq4nl[n];
+#else
+  return h_kvalues_iq4nl[n];
+#endif
+}
+
+/* Host twins of the device intrinsics (CUDA Math API / PTX ISA definitions). __byte_perm:
+ * byte i of the result is byte (s >> 4i) & 7 of the pair {y: bytes 4-7, x: bytes 0-3}. */
+CUDA_HD uint32_t cuda_hd_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+  return __byte_perm(x, y, s);
+#else
+  const uint64_t v = (uint64_t)y << 32 | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; i++) r |= (uint32_t)(v >> (8 * ((s >> (4 * i)) & 7)) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+/* The low word of {hi, lo} >> min(sh, 32). */
+CUDA_HD uint32_t cuda_hd_funnelshift_rc(uint32_t lo, uint32_t hi, uint32_t sh) {
+#ifdef __CUDA_ARCH__
+  return __funnelshift_rc(lo, hi, sh);
+#else
+  return (uint32_t)(((uint64_t)hi << 32 | lo) >> (sh < 32 ? sh : 32));
+#endif
+}
+CUDA_HD float cuda_hd_int_as_float(int v) {
+#ifdef __CUDA_ARCH__
+  return __int_as_float(v);
+#else
+  float f;
+  memcpy(&f, &v, 4);
+  return f;
+#endif
+}
+CUDA_HD float cuda_hd_uint_as_float(uint32_t v) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(v);
+#else
+  float f;
+  memcpy(&f, &v, 4);
+  return f;
+#endif
+}
+
+CUDA_HD float ldh(const uint8_t *p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
 }
 
@@ -34,7 +97,7 @@ __host__ __device__ static inline bool cuda_float_type(int t) {
   return t == ANNA_DTYPE_F32 || t == ANNA_DTYPE_F16 || t == ANNA_DTYPE_BF16;
 }
 
-__device__ __forceinline__ void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
+CUDA_HD void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn) {
   if (j < 4) {
     *sc = s[j] & 63;
     *mn = s[j + 4] & 63;
@@ -45,12 +108,12 @@ __device__ __forceinline__ void k4_scale_min(const uint8_t *s, int j, int *sc, i
 }
 
 /* Elements [32u, 32u + 32) of a quantized row into y. */
-__device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t u, float *y) {
+CUDA_HD void cuda_deq32(int type, const uint8_t *row, int64_t u, float *y) {
   switch (type) {
   case ANNA_DTYPE_Q4_0: {
     const uint8_t *b = row + u * 18;
     const float d = ldh(b);
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 16; j++) {
       y[j] = d * (float)((b[2 + j] & 0xf) - 8);
       y[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
@@ -60,7 +123,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
   case ANNA_DTYPE_Q4_1: {
     const uint8_t *b = row + u * 20;
     const float d = ldh(b), m = ldh(b + 2);
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 16; j++) {
       y[j] = d * (float)(b[4 + j] & 0xf) + m;
       y[j + 16] = d * (float)(b[4 + j] >> 4) + m;
@@ -71,7 +134,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     const uint8_t *b = row + u * 22;
     const float d = ldh(b);
     const uint32_t qh = b[2] | (b[3] << 8) | (b[4] << 16) | ((uint32_t)b[5] << 24);
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 16; j++) {
       const int h0 = (int)((qh >> j) & 1) << 4, h1 = (int)((qh >> (j + 16)) & 1) << 4;
       y[j] = d * (float)(((b[6 + j] & 0xf) | h0) - 16);
@@ -83,7 +146,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     const uint8_t *b = row + u * 24;
     const float d = ldh(b), m = ldh(b + 2);
     const uint32_t qh = b[4] | (b[5] << 8) | (b[6] << 16) | ((uint32_t)b[7] << 24);
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 16; j++) {
       const int h0 = (int)((qh >> j) & 1) << 4, h1 = (int)((qh >> (j + 16)) & 1) << 4;
       y[j] = d * (float)((b[8 + j] & 0xf) | h0) + m;
@@ -94,17 +157,17 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
   case ANNA_DTYPE_Q8_0: {
     const uint8_t *b = row + u * 34;
     const float d = ldh(b);
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 32; j++) y[j] = d * (float)(int8_t)b[2 + j];
     break;
   }
   case ANNA_DTYPE_IQ4_NL: {
     const uint8_t *b = row + u * 18;
     const float d = ldh(b);
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 16; j++) {
-      y[j] = d * (float)c_kvalues_iq4nl[b[2 + j] & 0xf];
-      y[j + 16] = d * (float)c_kvalues_iq4nl[b[2 + j] >> 4];
+      y[j] = d * (float)cuda_hd_iq4nl(b[2 + j] & 0xf);
+      y[j + 16] = d * (float)cuda_hd_iq4nl(b[2 + j] >> 4);
     }
     break;
   }
@@ -112,7 +175,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     const uint8_t *b = row + (u >> 3) * 84;
     const int sub = (int)(u & 7), h = sub >> 2, s = sub & 3;
     const float d = ldh(b + 80), dmin = ldh(b + 82);
-    #pragma unroll
+    CUDA_UNROLL
     for (int l = 0; l < 32; l++) {
       const int e = h * 128 + s * 32 + l;
       const uint8_t sc = b[e / 16];
@@ -126,7 +189,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     const int sub = (int)(u & 7), h = sub >> 2, s = sub & 3;
     const float d = ldh(b + 108);
     const uint8_t *scl = b + 96;
-    #pragma unroll
+    CUDA_UNROLL
     for (int l = 0; l < 32; l++) {
       const int e = h * 128 + s * 32 + l, i = e / 16;
       const int lo = (scl[i % 8] >> (4 * (i / 8))) & 0xf, hi = (scl[8 + i % 4] >> (2 * (i / 4))) & 3;
@@ -143,7 +206,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     k4_scale_min(b + 4, s, &sc, &mn);
     const float ds = ldh(b) * (float)sc, ms = ldh(b + 2) * (float)mn;
     const uint8_t *q = b + 16 + (s / 2) * 32;
-    #pragma unroll
+    CUDA_UNROLL
     for (int l = 0; l < 32; l++) y[l] = ds * (float)((q[l] >> (4 * (s % 2))) & 0xf) - ms;
     break;
   }
@@ -154,7 +217,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     k4_scale_min(b + 4, s, &sc, &mn);
     const float ds = ldh(b) * (float)sc, ms = ldh(b + 2) * (float)mn;
     const uint8_t *qh = b + 16, *q = b + 48 + (s / 2) * 32;
-    #pragma unroll
+    CUDA_UNROLL
     for (int l = 0; l < 32; l++) {
       const int v = ((q[l] >> (4 * (s % 2))) & 0xf) | (((qh[l] >> s) & 1) << 4);
       y[l] = ds * (float)v - ms;
@@ -166,7 +229,7 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     const int sub = (int)(u & 7);
     const float d = ldh(b + 208);
     const int8_t *scales = (const int8_t *)(b + 192);
-    #pragma unroll
+    CUDA_UNROLL
     for (int l = 0; l < 32; l++) {
       const int e = sub * 32 + l, h = e / 128, p = e % 128;
       const int lo = (b[h * 64 + p % 64] >> (4 * (p / 64))) & 0xf;
@@ -183,15 +246,15 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
     const int ls = ((b[4 + ib / 2] >> (4 * (ib % 2))) & 0xf) | (((sh >> (2 * ib)) & 3) << 4);
     const float dl = d * (float)(ls - 32);
     const uint8_t *q = b + 8 + 16 * ib;
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 16; j++) {
-      y[j] = dl * (float)c_kvalues_iq4nl[q[j] & 0xf];
-      y[j + 16] = dl * (float)c_kvalues_iq4nl[q[j] >> 4];
+      y[j] = dl * (float)cuda_hd_iq4nl(q[j] & 0xf);
+      y[j + 16] = dl * (float)cuda_hd_iq4nl(q[j] >> 4);
     }
     break;
   }
   default:
-    #pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 32; j++) y[j] = 0.0f;
   }
 }
@@ -199,13 +262,13 @@ __device__ __forceinline__ void cuda_deq32(int type, const uint8_t *row, int64_t
 /* Q4_K unit with wide loads: blocks are 144 bytes and device rows start 16-byte aligned,
  * so the 32 quant bytes of a unit are two aligned 16-byte loads and the scales three
  * 4-byte loads (the byte-wise decoder issues ~50 loads per unit). */
-__device__ __forceinline__ void cuda_deq32_q4k_wide(const uint8_t *row, int64_t u, float *y) {
+CUDA_HD void cuda_deq32_q4k_wide(const uint8_t *row, int64_t u, float *y) {
   const uint8_t *b = row + (u >> 3) * 144;
   const int s = (int)(u & 7);
   const uint32_t dm = *(const uint32_t *)b;
   const uint32_t s0 = *(const uint32_t *)(b + 4), s1 = *(const uint32_t *)(b + 8), s2 = *(const uint32_t *)(b + 12);
   uint8_t sb[12];
-#pragma unroll
+  CUDA_UNROLL
   for (int i = 0; i < 4; i++) {
     sb[i] = (uint8_t)(s0 >> (8 * i));
     sb[4 + i] = (uint8_t)(s1 >> (8 * i));
@@ -225,15 +288,15 @@ __device__ __forceinline__ void cuda_deq32_q4k_wide(const uint8_t *row, int64_t 
   const uint4 qa = q[0], qb = q[1];
   const uint32_t wv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
   const int sh = 4 * (s % 2);
-#pragma unroll
+  CUDA_UNROLL
   for (int i = 0; i < 8; i++)
-#pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 4; j++) y[4 * i + j] = ds * (float)((wv[i] >> (8 * j + sh)) & 0xf) - ms;
 }
 
 /* Element i of a plain-typed row. */
-__device__ __forceinline__ float cuda_ldw(int type, const void *row, int64_t i) {
-  if (type == ANNA_DTYPE_BF16) return __uint_as_float((uint32_t)((const uint16_t *)row)[i] << 16);
+CUDA_HD float cuda_ldw(int type, const void *row, int64_t i) {
+  if (type == ANNA_DTYPE_BF16) return cuda_hd_uint_as_float((uint32_t)((const uint16_t *)row)[i] << 16);
   if (type == ANNA_DTYPE_F16) return __half2float(__ushort_as_half(((const unsigned short *)row)[i]));
   return ((const float *)row)[i];
 }
@@ -262,45 +325,59 @@ template <> struct cuda_piece<ANNA_DTYPE_Q6_K> { enum { PPB = 8, HI = 64, RAW = 
 template <> struct cuda_piece<ANNA_DTYPE_IQ4_XS> { enum { PPB = 8, HI = 16, RAW = 6 }; };
 
 /* 2^23 + byte i of v, as a float (byte_perm places the byte under the exponent 0x4B). */
-__device__ __forceinline__ float pc_bf(uint32_t v, int i) {
-  return __int_as_float((int)__byte_perm(v, 0x4B000000u, 0x7440u + (unsigned)i));
+CUDA_HD float pc_bf(uint32_t v, int i) {
+  return cuda_hd_int_as_float((int)cuda_hd_byte_perm(v, 0x4B000000u, 0x7440u + (unsigned)i));
 }
-__device__ __forceinline__ float pc_h2f(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)v)); }
+CUDA_HD float pc_h2f(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)v)); }
 
 /* Weight loads: evict-first (ld.global.cs), so the streamed weights leave the activations,
- * which every row reads again, in L1. */
-template <typename T> __device__ __forceinline__ T pc_ld(const T *p) { return __ldcs(p); }
+ * which every row reads again, in L1. On the host: the same bytes, reported to
+ * CUDA_QUANT_HOST_LOAD(p, bytes) where a test defines it (to check a row's loads stay inside
+ * the row). */
+#ifndef CUDA_QUANT_HOST_LOAD
+#define CUDA_QUANT_HOST_LOAD(p, bytes) ((void)0)
+#endif
+template <typename T> CUDA_HD T pc_ld(const T *p) {
+#ifdef __CUDA_ARCH__
+  return __ldcs(p);
+#else
+  CUDA_QUANT_HOST_LOAD(p, sizeof(T));
+  T v;
+  memcpy(&v, p, sizeof v);
+  return v;
+#endif
+}
 
 /* The N aligned words from p - (p & 2), for a 2-byte aligned p whose data (4N - 2 bytes
  * when p & 2, else up to 4N) lie in the weight. last: the data end a row, so when p is
  * 4-byte aligned the final word's upper half may lie past the allocation: it is read as 2
  * bytes. */
 template <int N>
-__device__ __forceinline__ void pc_window(const uint8_t *p, uint32_t *o, bool last) {
+CUDA_HD void pc_window(const uint8_t *p, uint32_t *o, bool last) {
   const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-#pragma unroll
+  CUDA_UNROLL
   for (int i = 0; i < N - 1; i++) o[i] = pc_ld(a + i);
   if (last && ((uintptr_t)p & 2) == 0) o[N - 1] = pc_ld((const unsigned short *)(a + N - 1));
   else o[N - 1] = pc_ld(a + N - 1);
 }
 /* Word i of a window shifted right by sh bits (0, 16 or 32): the bytes starting sh / 8
  * bytes into word i. The clamped funnel shift returns the upper word when sh is 32. */
-__device__ __forceinline__ uint32_t pc_at(const uint32_t *wv, int i, int sh) {
-  return __funnelshift_rc(wv[i], wv[i + 1], sh);
+CUDA_HD uint32_t pc_at(const uint32_t *wv, int i, int sh) {
+  return cuda_hd_funnelshift_rc(wv[i], wv[i + 1], sh);
 }
 
 /* Bytes of 4 words (16 values, 0..255 each) to floats v - bias (exact): into w[0..15]. */
-__device__ __forceinline__ void pc_bytes16(const uint32_t *q, float bias, float *w) {
-#pragma unroll
+CUDA_HD void pc_bytes16(const uint32_t *q, float bias, float *w) {
+  CUDA_UNROLL
   for (int i = 0; i < 4; i++)
-#pragma unroll
+    CUDA_UNROLL
     for (int j = 0; j < 4; j++) w[4 * i + j] = pc_bf(q[i], j) - bias;
 }
 
 /* Loads piece p of a row into raw (cuda_piece<TYPE>::RAW words). last: p is the row's
  * final piece. */
 template <int TYPE>
-__device__ __forceinline__ void cuda_piece_load(const uint8_t *row, int64_t p, bool last, uint32_t *raw) {
+CUDA_HD void cuda_piece_load(const uint8_t *row, int64_t p, bool last, uint32_t *raw) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL) {
     pc_window<5>(row + p * 18, raw, last);
   } else if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
@@ -343,7 +420,7 @@ template <int TYPE> __host__ __device__ constexpr bool cuda_piece_has_min() {
 /* Q4_K / Q5_K: the scales and mins of sub-blocks 2c and 2c + 1 of a super-block whose
  * header (d, dmin, 12 bytes of 6-bit scales/mins) is raw[0..3], times d and dmin. Shared by the
  * f32 piece decoder and the int8 one. */
-__device__ __forceinline__ void pc_k_scales(const uint32_t *raw, int c, float *sc, float *mn) {
+CUDA_HD void pc_k_scales(const uint32_t *raw, int c, float *sc, float *mn) {
   const uint32_t hx = raw[0], hy = raw[1], hz = raw[2], hw = raw[3];
   const int jj = (2 * c) & 3, sa = 8 * jj, sb = sa + 8;
   int sc0, mn0, sc1, mn1;
@@ -361,29 +438,29 @@ __device__ __forceinline__ void pc_k_scales(const uint32_t *raw, int c, float *s
 }
 
 template <int TYPE>
-__device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t p, const uint32_t *raw, float *w,
-                                                     const float *tab, float *sc, float *mn) {
+CUDA_HD int64_t cuda_piece_decode(const uint8_t *row, int64_t p, const uint32_t *raw, float *w, const float *tab,
+                                  float *sc, float *mn) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_Q8_0) {
     const int sh = (int)((uintptr_t)(row + p * (TYPE == ANNA_DTYPE_Q8_0 ? 34 : 18)) & 2) * 8;
     const float d = pc_h2f(pc_at(raw, 0, sh));
     uint32_t q[8];
     if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
-#pragma unroll
+      CUDA_UNROLL
       for (int i = 0; i < 8; i++) q[i] = pc_at(raw, i, sh + 16) ^ 0x80808080u; /* int8 + 128 */
       pc_bytes16(q, 8388736.0f, w);
       pc_bytes16(q + 4, 8388736.0f, w + 16);
     } else {
-#pragma unroll
+      CUDA_UNROLL
       for (int i = 0; i < 4; i++) q[i] = pc_at(raw, i, sh + 16);
       if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
-#pragma unroll
+        CUDA_UNROLL
         for (int i = 0; i < 4; i++) q[4 + i] = (q[i] >> 4) & 0x0f0f0f0fu, q[i] &= 0x0f0f0f0fu;
         pc_bytes16(q, 8388616.0f, w);
         pc_bytes16(q + 4, 8388616.0f, w + 16);
       } else {
-#pragma unroll
+        CUDA_UNROLL
         for (int i = 0; i < 4; i++)
-#pragma unroll
+          CUDA_UNROLL
           for (int j = 0; j < 4; j++) {
             w[4 * i + j] = tab[(q[i] >> (8 * j)) & 15];
             w[16 + 4 * i + j] = tab[(q[i] >> (8 * j + 4)) & 15];
@@ -396,14 +473,14 @@ __device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t
     /* piece k covers quant bytes 16k..16k+15: low nibbles are sub-block 2c, high 2c+1 */
     const int k = (int)(p & 7), c = k >> 1, l = 16 * (k & 1);
     pc_k_scales(raw, c, sc, mn);
-#pragma unroll
+    CUDA_UNROLL
     for (int i = 0; i < 4; i++) {
       uint32_t lo = raw[4 + i] & 0x0f0f0f0fu, hi = (raw[4 + i] >> 4) & 0x0f0f0f0fu;
       if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
         lo |= ((raw[8 + i] >> (2 * c)) & 0x01010101u) << 4;
         hi |= ((raw[8 + i] >> (2 * c + 1)) & 0x01010101u) << 4;
       }
-#pragma unroll
+      CUDA_UNROLL
       for (int j = 0; j < 4; j++) {
         w[4 * i + j] = pc_bf(lo, j) - 8388608.0f;
         w[16 + 4 * i + j] = pc_bf(hi, j) - 8388608.0f;
@@ -422,7 +499,7 @@ __device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t
     sc[0] = d * (float)(int8_t)raw[10], sc[1] = d * (float)(int8_t)raw[11];
     const int s0 = 2 * (m >> 5);
     uint32_t lo[4], hi[4];
-#pragma unroll
+    CUDA_UNROLL
     for (int i = 0; i < 4; i++) {
       const uint32_t ql = pc_at(raw, i, shl), qh = pc_at(raw + 5, i, shh);
       lo[i] = (ql & 0x0f0f0f0fu) | (((qh >> s0) & 0x03030303u) << 4);
@@ -435,9 +512,9 @@ __device__ __forceinline__ int64_t cuda_piece_decode(const uint8_t *row, int64_t
     const int ib = (int)(p & 7);
     const int ls = ((raw[1] >> (4 * ib)) & 0xf) | (((raw[0] >> (16 + 2 * ib)) & 3) << 4);
     sc[0] = sc[1] = pc_h2f(raw[0]) * (float)(ls - 32);
-#pragma unroll
+    CUDA_UNROLL
     for (int i = 0; i < 4; i++)
-#pragma unroll
+      CUDA_UNROLL
       for (int j = 0; j < 4; j++) {
         w[4 * i + j] = tab[(raw[2 + i] >> (8 * j)) & 15];
         w[16 + 4 * i + j] = tab[(raw[2 + i] >> (8 * j + 4)) & 15];
@@ -468,11 +545,22 @@ template <int TYPE> __host__ __device__ constexpr bool cuda_q8_interleaved() {
 }
 
 /* prmt in its generic mode: selector nibble bits 0-2 pick a byte of {b, a}, bit 3 set
- * replicates that byte's sign bit instead (0x00 or 0xff). __byte_perm ignores bit 3. */
-__device__ __forceinline__ uint32_t pc_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+ * replicates that byte's sign bit instead (0x00 or 0xff). __byte_perm ignores bit 3. Only
+ * the low 16 bits of sel count. */
+CUDA_HD uint32_t pc_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#ifdef __CUDA_ARCH__
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
   return d;
+#else
+  const uint64_t v = (uint64_t)b << 32 | a;
+  uint32_t d = 0;
+  for (int i = 0; i < 4; i++) {
+    const uint32_t n = (sel >> (4 * i)) & 15, byte = (uint32_t)(v >> (8 * (n & 7))) & 0xff;
+    d |= (n & 8 ? (byte & 0x80 ? 0xffu : 0u) : byte) << (8 * i);
+  }
+  return d;
+#endif
 }
 
 /* IQ4 values of the 4 nibbles in the low 16 bits of q, as int8 in two words whose
@@ -482,14 +570,14 @@ __device__ __forceinline__ uint32_t pc_prmt(uint32_t a, uint32_t b, uint32_t sel
  * every byte, and the kernel dots both words with the same activations (two dp4a). The
  * table words are c_kvalues_iq4nl as little-endian bytes: T[0..7] = -127 -104 -83 -65 |
  * -49 -35 -22 -10, T[8..15] + 1 = 2 14 26 39 | 54 70 90 114. */
-__device__ __forceinline__ void pc_iq4_words(uint32_t q, int *lo, int *hi) {
+CUDA_HD void pc_iq4_words(uint32_t q, int *lo, int *hi) {
   const uint32_t x = q ^ 0x88888888u;
   lo[0] = (int)pc_prmt(0xBFAD9881u, 0xF6EADDCFu, q), lo[1] = (int)pc_prmt(0xBFAD9881u, 0xF6EADDCFu, q >> 16);
   hi[0] = (int)pc_prmt(0x271A0E02u, 0x725A4636u, x), hi[1] = (int)pc_prmt(0x271A0E02u, 0x725A4636u, x >> 16);
 }
 
 /* First element of piece p (its run 0) in the row. */
-template <int TYPE> __device__ __forceinline__ int64_t cuda_q8_e0(int64_t p) {
+template <int TYPE> CUDA_HD int64_t cuda_q8_e0(int64_t p) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
     const int k = (int)(p & 7);
     return (p >> 3) * 256 + 64 * (k >> 1) + 16 * (k & 1);
@@ -509,16 +597,15 @@ template <int TYPE> __device__ __forceinline__ int64_t cuda_q8_e0(int64_t p) {
  * (Q6_K: q in 0..63, runs 64 elements apart, likewise), sc[0] * T[n_i] (IQ4) or sc[0] * q_i
  * (Q8_0). */
 template <int TYPE>
-__device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, const uint32_t *raw, int *wq, float *sc,
-                                               float *mn) {
+CUDA_HD void cuda_q8_decode(const uint8_t *row, int64_t p, const uint32_t *raw, int *wq, float *sc, float *mn) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_Q8_0) {
     const int sh = (int)((uintptr_t)(row + p * (TYPE == ANNA_DTYPE_Q8_0 ? 34 : 18)) & 2) * 8;
     sc[0] = sc[1] = pc_h2f(pc_at(raw, 0, sh));
     if constexpr (TYPE == ANNA_DTYPE_Q8_0) {
-#pragma unroll
+      CUDA_UNROLL
       for (int i = 0; i < 8; i++) wq[i] = (int)pc_at(raw, i, sh + 16);
     } else {
-#pragma unroll
+      CUDA_UNROLL
       for (int i = 0; i < 4; i++) {
         const uint32_t q = pc_at(raw, i, sh + 16);
         if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
@@ -531,7 +618,7 @@ __device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, co
   } else if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
     const int k = (int)(p & 7), c = k >> 1;
     pc_k_scales(raw, c, sc, mn);
-#pragma unroll
+    CUDA_UNROLL
     for (int i = 0; i < 4; i++) {
       uint32_t lo = raw[4 + i] & 0x0f0f0f0fu, hi = (raw[4 + i] >> 4) & 0x0f0f0f0fu;
       if constexpr (TYPE == ANNA_DTYPE_Q5_K) {
@@ -549,7 +636,7 @@ __device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, co
     const float d = pc_h2f(raw[12]);
     sc[0] = d * (float)(int8_t)raw[10], sc[1] = d * (float)(int8_t)raw[11];
     const int s0 = 2 * (m >> 5);
-#pragma unroll
+    CUDA_UNROLL
     for (int i = 0; i < 4; i++) {
       const uint32_t ql = pc_at(raw, i, shl), qh = pc_at(raw + 5, i, shh);
       wq[i] = (int)((ql & 0x0f0f0f0fu) | (((qh >> s0) & 0x03030303u) << 4));
@@ -559,7 +646,7 @@ __device__ __forceinline__ void cuda_q8_decode(const uint8_t *row, int64_t p, co
     const int ib = (int)(p & 7);
     const int ls = ((raw[1] >> (4 * ib)) & 0xf) | (((raw[0] >> (16 + 2 * ib)) & 3) << 4);
     sc[0] = sc[1] = pc_h2f(raw[0]) * (float)(ls - 32);
-#pragma unroll
+    CUDA_UNROLL
     for (int i = 0; i < 4; i++) pc_iq4_words(raw[2 + i], wq + 2 * i, wq + 8 + 2 * i);
   }
 }
