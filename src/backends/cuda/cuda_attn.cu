@@ -671,8 +671,8 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   if (!kd || !vd) return;
   if (flash_attention(be, out, q, a, bshift, kd, vd)) return;
   const int G = a->n_heads / a->n_kv_heads;
-  if (G >= 2 && G <= GQ_MAXG && a->head_dim <= 256 && a->head_dim % 4 == 0 && a->kv_row_bytes % 16 == 0 &&
-      a->n * a->n_kv_heads <= 0x7fffffff) {
+  if (ci->attn_variant != CUDA_ATTN_PER_HEAD && G >= 2 && G <= GQ_MAXG && a->head_dim <= 256 &&
+      a->head_dim % 4 == 0 && a->kv_row_bytes % 16 == 0 && a->n * a->n_kv_heads <= 0x7fffffff) {
     /* Grouped queries: blocks of (token, kv head, split), the same split rule on their count. */
     const int64_t nbk = a->n * a->n_kv_heads;
     int ns = 1;
