@@ -516,11 +516,14 @@ static void attn_case(int Hq, int Hkv, int D, int win, int cap, int len0, int n1
   ga.pos = dpos, ga.k_blocks = (const void *const *const *)gk, ga.v_blocks = (const void *const *const *)gv;
   float *ref = malloc(sizeof(float) * (size_t)(n * Hq * D));
   g_cpu->attention(g_cpu, ref, q, &ha);
-  /* modes: exact (f32 kernel); not exact (flash attention where it applies) */
-  static const char *const mname[] = {"exact", "fast"};
-  for (int mode = 0; mode < 2; mode++) {
-    const int exact = mode == 0;
+  /* modes: exact (f32 kernels); not exact (flash attention where it applies). Each with the
+   * decode kernel for grouped queries (the default where 2 <= Hq / Hkv <= 8 and D <= 256) and
+   * the per-head kernel (CUDA_ATTN_PER_HEAD): both f32, so both within 1e-4 in exact mode. */
+  static const char *const mname[] = {"exact", "fast", "exact per-head", "fast per-head"};
+  for (int mode = 0; mode < 4; mode++) {
+    const int exact = (mode & 1) == 0;
     cuda_backend_set_exact(g_gpu, exact);
+    cuda_backend_set_attn_variant(g_gpu, mode >= 2 ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT);
     float *dy = dnan(n * Hq * D);
     g_gpu->attention(g_gpu, dy, dq, &ga);
     char what[112];
@@ -529,6 +532,7 @@ static void attn_case(int Hq, int Hkv, int D, int win, int cap, int len0, int n1
     cmpd(what, dy, ref, n * Hq * D, exact ? 1e-4 : 1e-2);
     dfree(dy);
   }
+  cuda_backend_set_attn_variant(g_gpu, CUDA_ATTN_DEFAULT);
   cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
   dfree(dkA), dfree(dvA), dfree(dkB), dfree(dvB), dfree(dq), dfree(dpos);
   free(kA), free(vA), free(kB), free(vB), free(q), free(pos), free(hk), free(hv), free(gk), free(gv), free(ref);
@@ -550,7 +554,13 @@ static void test_attention(void) {
                         {8, 2, 256, 0, 0, 1500, 512, 0},   {8, 1, 512, 512, 0, 700, 300, 0},
                         {4, 4, 128, 0, 30, 0, 130, 0},     {16, 2, 64, 0, 0, 0, 77, 0},
                         {6, 2, 96, 0, 0, 50, 45, 37},      {8, 2, 256, 100, 0, 300, 70, 20},
-                        {2, 2, 512, 0, 0, 33, 17, 16},     {4, 1, 128, 1024, 20, 2000, 200, 40}};
+                        {2, 2, 512, 0, 0, 33, 17, 16},     {4, 1, 128, 1024, 20, 2000, 200, 40},
+                        /* decode of the grouped-query kernel: the 9B shape at 8k (every split
+                         * full), a group of 3 and odd dims, one token at position 0, a window
+                         * shorter than a split, G = 8 at D = 256 (its largest shared memory) */
+                        {16, 4, 256, 0, 0, 8000, 1, 0},    {12, 4, 40, 0, 0, 3000, 2, 1},
+                        {4, 2, 64, 0, 0, 0, 0, 1},         {8, 4, 128, 40, 0, 900, 3, 0},
+                        {8, 1, 256, 0, 30, 300, 2, 0}};
   for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
     attn_case(cfg[c][0], cfg[c][1], cfg[c][2], cfg[c][3], cfg[c][4], cfg[c][5], cfg[c][6], cfg[c][7]);
 }
@@ -1363,11 +1373,48 @@ static void bench_attention(int len0) {
   free(k), free(v), free(q), free(tk), free(tv), free(gk), free(gv), free(pos);
 }
 
+/* Decode attention of one token after len keys, Qwen3.5-9B shape (16 q heads, 4 kv heads,
+ * head dim 256, f32 cache): the grouped-query kernel against the per-head one. GB/s counts
+ * the K and V bytes once (what a kernel that reads each row once must move). */
+static void bench_attention_decode(int len) {
+  const int Hq = 16, Hkv = 4, D = 256, BL = 64;
+  const int64_t kvd = (int64_t)Hkv * D, ctx = len + 1, nbk = (ctx + BL - 1) / BL;
+  float *k = hrand(ctx * kvd, 1.0f), *v = hrand(ctx * kvd, 1.0f), *q = hrand(Hq * D, 1.0f);
+  float *dk = dput(k, sizeof(float) * (size_t)(ctx * kvd)), *dv = dput(v, sizeof(float) * (size_t)(ctx * kvd));
+  float *dq = dput(q, sizeof(float) * (size_t)(Hq * D)), *dy = dnan(Hq * D);
+  const void **tk = malloc(sizeof(void *) * (size_t)nbk), **tv = malloc(sizeof(void *) * (size_t)nbk);
+  for (int64_t j = 0; j < nbk; j++) tk[j] = dk + j * BL * kvd, tv[j] = dv + j * BL * kvd;
+  void *dtk = dput(tk, sizeof(void *) * (size_t)nbk), *dtv = dput(tv, sizeof(void *) * (size_t)nbk);
+  const void *gk[1] = {dtk}, *gv[1] = {dtv};
+  int32_t pos = len, *dpos = dput(&pos, sizeof(int32_t));
+  ops_attn_args ga = {.n = 1, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = OPS_KV_F32,
+                      .kv_row_bytes = kvd * 4, .block_len = BL, .scale = 1.0f / sqrtf((float)D), .pos = dpos,
+                      .k_blocks = (const void *const *const *)gk, .v_blocks = (const void *const *const *)gv};
+  static const char *const vname[] = {"grouped", "per-head"};
+  for (int var = 0; var < 2; var++) {
+    cuda_backend_set_attn_variant(g_gpu, var ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT);
+    g_gpu->attention(g_gpu, dy, dq, &ga);
+    gpu_status("decode attention warmup");
+    const int reps = 50;
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++) g_gpu->attention(g_gpu, dy, dq, &ga);
+    gpu_status("decode attention bench");
+    const double dt = (now_s() - t0) / reps;
+    printf("  attention decode %-8s n=1 after %d (H=%d/%d D=%d): %8.1f us, %6.0f GB/s of K+V\n", vname[var], len, Hq,
+           Hkv, D, dt * 1e6, 2.0 * ctx * kvd * 4 / dt / 1e9);
+  }
+  cuda_backend_set_attn_variant(g_gpu, CUDA_ATTN_DEFAULT);
+  dfree(dk), dfree(dv), dfree(dq), dfree(dy), dfree(dtk), dfree(dtv), dfree(dpos);
+  free(k), free(v), free(q), free(tk), free(tv);
+}
+
 /* Decode-shaped matvec bandwidth (weight bytes / time) against a device copy. */
 static void bench(void) {
   printf("bench (GB/s: weight bytes read per second; copy counts read + write)\n");
   bench_attention(8192 - 512);
   bench_attention(0);
+  bench_attention_decode(8192);
+  bench_attention_decode(32768);
   cuda_backend_drop_mirrors(g_gpu);
   const int64_t big = (int64_t)1 << 28; /* 1 GiB of floats */
   float *a = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)big), *b = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)big);

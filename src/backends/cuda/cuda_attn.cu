@@ -139,6 +139,112 @@ static __global__ void k_attention(float *out, float *part, int nsplit, const fl
   if (tid == 0) pp[v_dim] = m, pp[v_dim + 1] = l;
 }
 
+/* Decode attention for grouped queries (2 <= G = n_heads / n_kv_heads <= GQ_MAXG, head_dim
+ * <= 256): one block per (token, kv head, key split) serves the G query heads that read that
+ * kv head, so each K and V row is loaded once per block instead of once per query head (the
+ * per-head kernel above re-reads them G times: at 8k keys of the 9B shape, 4x the traffic).
+ * A tile of GQ_TILE keys is staged in shared memory with 16-byte loads (K, then V in the same
+ * buffer); warp g scores head g against the tile's keys (one key per lane) and keeps head g's
+ * online softmax; every thread then accumulates its (head, column) outputs over the tile.
+ * Same partials and scoring order (dot, then scale, then softcap) as k_attention. */
+#define GQ_MAXG 8
+#define GQ_TILE 32
+#define GQ_THREADS 256
+static __global__ void __launch_bounds__(GQ_THREADS)
+    k_attention_gqa(float *out, float *part, int nsplit, const float *q, int n_heads, int n_kv_heads, int D,
+                    int64_t row_floats, int bshift, float scale, int window, float softcap, const int32_t *pos,
+                    const void *const *const *kb, const void *const *const *vb) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  extern __shared__ __align__(16) float gq_smem[];
+  const int G = n_heads / n_kv_heads, DP = D + 4; /* +4: 16-byte rows that start on other banks */
+  float *qs = gq_smem;                            /* [G][D] */
+  float *kv = qs + GQ_MAXG * D;                   /* [GQ_TILE][DP] */
+  float *ps = kv + GQ_TILE * DP;                  /* [G][GQ_TILE] */
+  __shared__ float ms[GQ_MAXG], ls[GQ_MAXG], cs[GQ_MAXG];
+  const int64_t t = blockIdx.x / n_kv_heads;
+  const int kh = (int)(blockIdx.x % n_kv_heads), split = blockIdx.y, tid = threadIdx.x;
+  const int lane = tid & 31, wid = tid >> 5;
+  for (int i = tid; i < G * D; i += GQ_THREADS) qs[i] = q[(t * n_heads + (int64_t)kh * G) * D + i];
+  if (tid < GQ_MAXG) ms[tid] = -INFINITY, ls[tid] = 0.0f, cs[tid] = 0.0f;
+  const int32_t p = pos[t];
+  int32_t p0 = 0;
+  if (window > 0 && p - window + 1 > 0) p0 = p - window + 1;
+  const int32_t len = p - p0 + 1, chunk = (len + nsplit - 1) / nsplit;
+  const int32_t ks = p0 + split * chunk, ke = min(p, ks + chunk - 1);
+  const float *const *KT = (const float *const *)kb[t], *const *VT = (const float *const *)vb[t];
+  const int32_t bmask = (1 << bshift) - 1;
+  const int D4 = D / 4, nout = G * D; /* outputs o = tid + c * GQ_THREADS: head o / D, column o % D */
+  float acc[GQ_MAXG];
+#pragma unroll
+  for (int c = 0; c < GQ_MAXG; c++) acc[c] = 0.0f;
+  __syncthreads();
+  for (int32_t k0 = ks; k0 <= ke; k0 += GQ_TILE) {
+    const int cnt = ke - k0 + 1 < GQ_TILE ? ke - k0 + 1 : GQ_TILE;
+    for (int i = tid; i < cnt * D4; i += GQ_THREADS) {
+      const int key = i / D4, c4 = i - key * D4, pk = k0 + key;
+      const float *kr = KT[pk >> bshift] + (int64_t)(pk & bmask) * row_floats + (int64_t)kh * D;
+      *(float4 *)(kv + key * DP + 4 * c4) = ((const float4 *)kr)[c4];
+    }
+    __syncthreads();
+    if (wid < G) { /* warp wid: head wid, lane: key */
+      float sv = -INFINITY;
+      if (lane < cnt) {
+        const float4 *qr = (const float4 *)(qs + wid * D), *kr = (const float4 *)(kv + lane * DP);
+        float d = 0.0f;
+        for (int c4 = 0; c4 < D4; c4++) {
+          const float4 a = qr[c4], b = kr[c4];
+          d += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+        sv = d * scale;
+        if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
+      }
+      float tmax = sv;
+      for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      const float mold = ms[wid], mnew = fmaxf(mold, tmax);
+      const float e = lane < cnt ? expf(sv - mnew) : 0.0f;
+      const float esum = cuda_warp_sum(e);
+      ps[wid * GQ_TILE + lane] = e;
+      __syncwarp();
+      if (lane == 0) {
+        const float corr = expf(mold - mnew); /* mold = -inf on the first tile: 0 */
+        cs[wid] = corr;
+        ls[wid] = ls[wid] * corr + esum;
+        ms[wid] = mnew;
+      }
+    }
+    __syncthreads(); /* scores done: the buffer takes V */
+    for (int i = tid; i < cnt * D4; i += GQ_THREADS) {
+      const int key = i / D4, c4 = i - key * D4, pk = k0 + key;
+      const float *vr = VT[pk >> bshift] + (int64_t)(pk & bmask) * row_floats + (int64_t)kh * D;
+      *(float4 *)(kv + key * DP + 4 * c4) = ((const float4 *)vr)[c4];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int c = 0; c < GQ_MAXG; c++) {
+      const int o = tid + c * GQ_THREADS;
+      if (o >= nout) break;
+      const int g = o / D, j = o - g * D;
+      float sum = 0.0f;
+      for (int key = 0; key < cnt; key++) sum += ps[g * GQ_TILE + key] * kv[key * DP + j];
+      acc[c] = acc[c] * cs[g] + sum;
+    }
+    __syncthreads(); /* the next tile rewrites kv and ps */
+  }
+#pragma unroll
+  for (int c = 0; c < GQ_MAXG; c++) {
+    const int o = tid + c * GQ_THREADS;
+    if (o >= nout) break;
+    const int g = o / D, j = o - g * D;
+    const int64_t bh = t * n_heads + (int64_t)kh * G + g;
+    if (nsplit == 1) out[bh * D + j] = acc[c] / ls[g];
+    else part[(bh * nsplit + split) * (int64_t)(D + 2) + j] = acc[c];
+  }
+  if (nsplit > 1 && tid < G) {
+    float *pp = part + ((t * n_heads + (int64_t)kh * G + tid) * nsplit + split) * (int64_t)(D + 2);
+    pp[D] = ms[tid], pp[D + 1] = ls[tid]; /* an empty split: -inf, 0 */
+  }
+}
+
 /* Merges the splits of one (token, head): the first warp reads every split's (max, sum)
  * at once and turns them into weights exp(m_s - M) / L in shared memory, then each thread
  * sums its value columns over the splits (independent loads, not a chain of round trips).
@@ -564,6 +670,29 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
       (const void *const *const *)cuda_ring_put(be, a->v_blocks, (size_t)a->n * sizeof(void *));
   if (!kd || !vd) return;
   if (flash_attention(be, out, q, a, bshift, kd, vd)) return;
+  const int G = a->n_heads / a->n_kv_heads;
+  if (ci->attn_variant != CUDA_ATTN_PER_HEAD && G >= 2 && G <= GQ_MAXG && a->head_dim <= 256 &&
+      a->head_dim % 4 == 0 && a->kv_row_bytes % 16 == 0 && a->n * a->n_kv_heads <= 0x7fffffff) {
+    /* Grouped queries: blocks of (token, kv head, split), the same split rule on their count. */
+    const int64_t nbk = a->n * a->n_kv_heads;
+    int ns = 1;
+    if (nbk < 256) {
+      ns = (int)(264 / nbk);
+      if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
+      const int64_t fit = (int64_t)ci->att_part_floats / (nbh * (a->v_dim + 2));
+      if (ns > fit) ns = (int)fit;
+      if (ns < 2) ns = 1;
+    }
+    const size_t smem = sizeof(float) * ((size_t)GQ_MAXG * a->head_dim + (size_t)GQ_TILE * (a->head_dim + 4) +
+                                         (size_t)GQ_MAXG * GQ_TILE);
+    cuda_launch_pdl(ci, "attention gqa", k_attention_gqa, dim3((unsigned)nbk, (unsigned)ns), GQ_THREADS, smem, out,
+                    ci->att_part, ns, q, a->n_heads, a->n_kv_heads, a->head_dim, a->kv_row_bytes / 4, bshift,
+                    a->scale, a->window, a->softcap, a->pos, kd, vd);
+    if (ci->err || ns == 1) return;
+    cuda_launch_pdl(ci, "attention combine", k_attn_combine, (unsigned)nbh, ATT_THREADS, 0, out, ci->att_part, ns,
+                    a->v_dim);
+    return;
+  }
   /* Split the keys when (token, head) pairs alone cannot fill the GPU: about two blocks
    * per multiprocessor, bounded by the partials scratch. Splits past a sequence's length
    * are empty and cost one block each. */

@@ -501,6 +501,10 @@ extern "C" void cuda_backend_set_pdl(ops_backend *be, int on) {
   ci->pdl = on && ci->pdl_ok;
 }
 
+extern "C" void cuda_backend_set_attn_variant(ops_backend *be, int variant) {
+  cuda_impl_of(be)->attn_variant = variant;
+}
+
 extern "C" void cuda_backend_set_moe_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->moe_variant = variant;
 }
@@ -711,6 +715,8 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     const char *ev = getenv("ANNA_CUDA_PDL");
     ci->pdl_ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
     ci->pdl = ci->pdl_ok && !(ev && ev[0] == '0');
+    const char *av = getenv("ANNA_CUDA_ATTN");
+    ci->attn_variant = av && !strcmp(av, "per_head") ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
   }
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;

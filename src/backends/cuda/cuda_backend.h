@@ -72,6 +72,13 @@ void cuda_backend_step_end(ops_backend *be);
  * may launch while the kernel before them finishes, hiding the per-kernel launch gap.
  * Takes effect for graphs built afterwards; a device without it ignores on. */
 void cuda_backend_set_pdl(ops_backend *be, int on);
+/* Decode attention (runs the flash kernel does not take) over grouped queries (2..8 query
+ * heads per kv head, head_dim <= 256): CUDA_ATTN_DEFAULT reads each K/V row once per kv head
+ * for the whole group; CUDA_ATTN_PER_HEAD keeps one block per query head (each group re-reads
+ * the rows), for side-by-side runs; also the environment variable ANNA_CUDA_ATTN=per_head at
+ * creation. */
+enum { CUDA_ATTN_DEFAULT = 0, CUDA_ATTN_PER_HEAD = 1 };
+void cuda_backend_set_attn_variant(ops_backend *be, int variant);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
  * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */
 void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds, int64_t *updates);

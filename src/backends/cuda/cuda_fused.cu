@@ -28,8 +28,9 @@
  * the first cluster barrier (every block has read it by then). A second barrier keeps each
  * block's partials alive until the other blocks have read them.
  * The cluster size is a compile-time attribute (__cluster_dims__), so the plain launch of
- * cuda_launch (and a graph node made from its log) forms the clusters; sm_90 and newer only,
- * which is every architecture this backend is built for.
+ * cuda_launch / cuda_launch_pdl (and a graph node made from its log) forms the clusters; sm_90
+ * and newer only, which is every architecture this backend is built for. The state load is
+ * issued before cuda_pdl_enter, so in a recorded step it overlaps the projections' tail.
  * Tokens beyond STEP_TOK are handled by further launches (state carries over in memory). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
@@ -143,6 +144,11 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
     }
   };
   if (npass > 0) state_load(state_col(0));
+  /* Launched by cuda_launch_pdl (the first launch of a run): the state load above reads
+   * memory no kernel of this step writes before this one (its run's earlier launches, which
+   * do, are ordinary launches), so it overlaps the tail of the projections before; q, k, v,
+   * z and the gates they wrote are read below. */
+  cuda_pdl_enter();
 
   /* 1. q and k of this k-head: conv + SiLU (state only read here), then l2norm (q also scaled
    * by 1/sqrt(dk)); the gates of the touched v-heads (the delta rule uses exp(g)); the conv of
@@ -250,9 +256,12 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
 #undef FZ_HEAD
 }
 
+/* pdl: programmatic launch (cuda_launch_pdl); only for the first launch of a run, since a
+ * later one reads the state its predecessor writes before it waits for it. */
 template <int MAXDK, int P>
-static void launch_step(cuda_impl *ci, unsigned hk, unsigned threads, const ops_gdn_step_args &a) {
-  cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, P>, dim3(GS_CLUSTER, hk), threads, 0, a);
+static void launch_step(cuda_impl *ci, unsigned hk, unsigned threads, const ops_gdn_step_args &a, bool pdl) {
+  if (pdl) cuda_launch_pdl(ci, "gdn step", k_gdn_step<MAXDK, P>, dim3(GS_CLUSTER, hk), threads, 0, a);
+  else cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, P>, dim3(GS_CLUSTER, hk), threads, 0, a);
 }
 
 void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
@@ -292,10 +301,11 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
     d.b = a->b + t0 * hv;
     d.a = a->a + t0 * hv;
     d.y = a->y + t0 * Vd;
-    if (dk <= 32) launch_step<32, 4>(ci, (unsigned)hk, threads, d);
-    else if (dk <= 64) launch_step<64, 8>(ci, (unsigned)hk, threads, d);
-    else if (dk <= 128) launch_step<128, 8>(ci, (unsigned)hk, threads, d);
-    else launch_step<256, 16>(ci, (unsigned)hk, threads, d);
+    const bool pdl = t0 == 0;
+    if (dk <= 32) launch_step<32, 4>(ci, (unsigned)hk, threads, d, pdl);
+    else if (dk <= 64) launch_step<64, 8>(ci, (unsigned)hk, threads, d, pdl);
+    else if (dk <= 128) launch_step<128, 8>(ci, (unsigned)hk, threads, d, pdl);
+    else launch_step<256, 16>(ci, (unsigned)hk, threads, d, pdl);
     if (ci->err) return;
   }
 }
