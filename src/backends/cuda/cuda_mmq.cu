@@ -238,7 +238,8 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
   const int g = lane >> 2, t = lane & 3, wm = warp & 1, wn = warp >> 1;
   const uint8_t *wt = st + MMQ_W_OFF + (wm * 64 + g) * MMQ_ST + 8 * t;
   const uint8_t *xt = st + MMQ_X_OFF + (wn * 32 + g) * MMQ_ST + 8 * t;
-  const float *sw = (const float *)(st + MMQ_SW_OFF) + wm * 64 + g, *smn = (const float *)(st + MMQ_MN_OFF) + wm * 64 + g;
+  const float *sw = (const float *)(st + MMQ_SW_OFF) + wm * 64 + g;
+  const float *smn = (const float *)(st + MMQ_MN_OFF) + wm * 64 + g;
   const float *sxd = (const float *)(st + MMQ_XD_OFF) + wn * 32 + 2 * t;
   const float *sxs = (const float *)(st + MMQ_XS_OFF) + wn * 32 + 2 * t;
 #pragma unroll 1
