@@ -159,6 +159,66 @@ static int cuda_float_type_host(int t) {
   return t == ANNA_DTYPE_F32 || t == ANNA_DTYPE_F16 || t == ANNA_DTYPE_BF16;
 }
 
+/* Types the int8 prefill GEMM (CUDA_GEMM_INT8) takes. */
+static int gemm_int8_type(int t) {
+  return t == ANNA_DTYPE_Q4_0 || t == ANNA_DTYPE_IQ4_NL || t == ANNA_DTYPE_IQ4_XS || t == ANNA_DTYPE_Q8_0 ||
+         t == ANNA_DTYPE_Q4_K || t == ANNA_DTYPE_Q5_K || t == ANNA_DTYPE_Q6_K;
+}
+
+/* Prefill GEMM with int8 activations (CUDA_GEMM_INT8, exact off) against the f64 dot of the
+ * f32 inputs, with test_matvec_int8's bound: each 32-element activation block rounds to
+ * q * s, s = max|x| / 127 (error <= s / 2 per element), so output r may differ by
+ * sum_i |w_ri| * s_blk(i) / 2 (1% slack for the f32 rounding of s and the products) plus
+ * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation. Fresh NaN outputs: an unwritten one
+ * fails. Leaves the variant at CUDA_GEMM_BF16 and exact mode on. Returns the largest error /
+ * bound. */
+static double gemm_int8_check(const char *what, const ops_weight *ow, const float *x, const float *dx,
+                              const float *wf, const float *bias, int64_t n) {
+  const int64_t rows = ow->rows, cols = ow->cols;
+  float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+  double *bnd = malloc(sizeof(double) * (size_t)(n * rows));
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t r = 0; r < rows; r++) {
+      double acc = bias ? bias[r] : 0, b = 0, mag = 0;
+      for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+        double am = 0;
+        for (int64_t c = c0; c < c0 + 32; c++) am = fmax(am, fabs(x[t * cols + c]));
+        for (int64_t c = c0; c < c0 + 32; c++) {
+          const double wv = wf[r * cols + c], xv = x[t * cols + c];
+          acc += wv * xv, mag += fabs(wv * xv), b += fabs(wv) * am / 254.0;
+        }
+      }
+      ref[t * rows + r] = (float)acc;
+      bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
+    }
+  float *nan = calloc((size_t)(n * rows), sizeof(float)); /* dnan, inlined here, warned maybe-uninitialized */
+  for (int64_t i = 0; i < n * rows; i++) nan[i] = NAN;
+  float *dy = dput(nan, sizeof(float) * (size_t)(n * rows));
+  free(nan);
+  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_INT8);
+  g_gpu->matmul(g_gpu, dy, dx, n, ow, bias);
+  cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
+  cuda_backend_set_exact(g_gpu, 1);
+  float *g = dget(dy, n * rows);
+  gpu_status(what);
+  int64_t bad = 0;
+  double q = 0;
+  for (int64_t i = 0; i < n * rows; i++) {
+    const double e = fabs((double)g[i] - ref[i]);
+    if (isnan(g[i]) || isinf(g[i]) || !(e <= bnd[i])) bad++;
+    else q = fmax(q, e / bnd[i]);
+  }
+  g_checks++;
+  if (bad) {
+    printf("  FAIL %-58s %lld of %lld outside the int8 bound\n", what, (long long)bad, (long long)(n * rows));
+    g_fail++;
+  }
+  free(g), free(ref), free(bnd);
+  dfree(dy);
+  return q;
+}
+
 static void test_matmul(void) {
   printf("matmul\n");
   /* f32 activations in the decode matvecs (the int8 path has its own test and bound) */
@@ -210,6 +270,11 @@ static void test_matmul(void) {
         dfree(dz);
         what[strlen(what) - strlen(" tensor cores")] = 0;
         cuda_backend_set_exact(g_gpu, 1);
+        if (gemm_int8_type(type)) {
+          strncat(what, " int8", sizeof what - strlen(what) - 1);
+          gemm_int8_check(what, &ow, x, dx, wf, bias, n);
+          what[strlen(what) - strlen(" int8")] = 0;
+        }
       }
       if (s == 2) {
         /* activations off 16-byte alignment: the matvec falls back to its unit kernel */
@@ -228,6 +293,36 @@ static void test_matmul(void) {
     }
   }
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  /* The int8 GEMM's tile edges (128 rows x 128 tokens, K steps of 256): tokens 9..1000 (one
+   * and several token tiles, ragged), rows 17..1000 (odd, ragged), 1..4 super-blocks and 23
+   * blocks (a partial K step for the 32-element formats), a zero activation block (scale 0),
+   * a bias. {n, rows, super-blocks (32-element formats: 3 + 5 k blocks)}. */
+  const int i8shapes[][3] = {{9, 17, 1}, {130, 257, 2}, {67, 1000, 4}, {1000, 301, 3}, {129, 128, 1}};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    if (!gemm_int8_type(type)) continue;
+    const int64_t bs = dtype_block_size(type);
+    double worst = 0;
+    for (size_t s = 0; s < sizeof i8shapes / sizeof i8shapes[0]; s++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = i8shapes[s][0], rows = i8shapes[s][1];
+      const int64_t cols = bs == 32 ? 32 * (3 + 5 * i8shapes[s][2]) : 256 * i8shapes[s][2];
+      float *wf;
+      void *w = make_weight(type, rows, cols, &wf);
+      float *x = hrand(n * cols, 1.0f), *bias = s % 2 ? hrand(rows, 1.0f) : NULL;
+      if (s == 1)
+        for (int j = 32; j < 64; j++) x[cols + j] = 0.0f; /* token 1, block 1 */
+      ops_weight ow = {type, w, rows, cols};
+      float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
+      char what[128];
+      snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s int8 gemm", dtype_name(type), (long long)n, (long long)rows,
+               (long long)cols, bias ? " +bias" : "");
+      worst = fmax(worst, gemm_int8_check(what, &ow, x, dx, wf, bias, n));
+      dfree(dx);
+      free(w), free(wf), free(x), free(bias);
+    }
+    printf("  %-6s int8 gemm: largest error / bound %.3f\n", dtype_name(type), worst);
+  }
 }
 
 /* Decode matvecs with int8 activations (exact off): each 32-element activation block is
@@ -1847,34 +1942,42 @@ static void bench_matmul_group(void) {
   }
 }
 
-/* Prefill GEMM throughput: 512 tokens x a 12288 x 4096 weight, f32 path (exact) against the
- * tensor-core path; TFLOP/s = 2 * n * rows * cols / time (dequantization included). */
+/* Prefill GEMM throughput: n tokens x a 12288 x 4096 weight, f32 path (exact) against the
+ * tensor-core paths (bf16: dequantized weights, split activations; int8: CUDA_GEMM_INT8 for
+ * the types it takes); TFLOP/s = 2 * n * rows * cols / time (quantization included). Q4_K
+ * also at 2048 and 8192 tokens (the issue-6 prefill size). */
 static void bench_gemm(void) {
-  const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K};
-  const int64_t rows = 12288, cols = 4096, n = 512;
+  const int cases[][2] = {{ANNA_DTYPE_BF16, 512}, {ANNA_DTYPE_Q8_0, 512},  {ANNA_DTYPE_Q4_K, 512},
+                          {ANNA_DTYPE_Q4_K, 2048}, {ANNA_DTYPE_Q4_K, 8192}, {ANNA_DTYPE_Q6_K, 512}};
+  const int64_t rows = 12288, cols = 4096, nmax = 8192;
   printf("bench gemm (prefill)\n");
-  float *x = hrand(n * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(n * cols)), *dy = dnan(n * rows);
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+  float *x = hrand(nmax * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(nmax * cols)), *dy = dnan(nmax * rows);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int type = cases[i][0];
+    const int64_t n = cases[i][1];
     float *f;
-    void *w = make_weight(types[i], rows, cols, &f);
+    void *w = make_weight(type, rows, cols, &f);
     free(f);
-    ops_weight ow = {types[i], w, rows, cols};
-    for (int exact = 1; exact >= 0; exact--) {
-      cuda_backend_set_exact(g_gpu, exact);
+    ops_weight ow = {type, w, rows, cols};
+    for (int mode = 0; mode < 3; mode++) { /* f32, bf16 tensor cores, int8 tensor cores */
+      if (mode == 2 && !gemm_int8_type(type)) continue;
+      cuda_backend_set_exact(g_gpu, mode == 0);
+      cuda_backend_set_gemm_variant(g_gpu, mode == 2 ? CUDA_GEMM_INT8 : CUDA_GEMM_BF16);
       g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
       gpu_status("gemm warmup");
-      const int reps = 20;
+      const int reps = n >= 8192 ? 5 : 20;
       double t0 = now_s();
       for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
       gpu_status("gemm");
       double dt = (now_s() - t0) / reps;
-      printf("  gemm %-6s n=%lld %lldx%lld %-12s: %8.1f us, %6.1f TFLOP/s\n", dtype_name(types[i]), (long long)n,
-             (long long)rows, (long long)cols, exact ? "f32" : "tensor cores", dt * 1e6,
+      printf("  gemm %-6s n=%-4lld %lldx%lld %-12s: %8.1f us, %6.1f TFLOP/s\n", dtype_name(type), (long long)n,
+             (long long)rows, (long long)cols, mode == 0 ? "f32" : mode == 1 ? "tensor cores" : "int8 tc", dt * 1e6,
              2.0 * n * rows * cols / dt / 1e12);
     }
     cuda_backend_drop_mirrors(g_gpu);
     free(w);
   }
+  cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
   cuda_backend_set_exact(g_gpu, 1);
   dfree(dx), dfree(dy), free(x);
 }

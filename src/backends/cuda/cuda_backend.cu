@@ -505,6 +505,10 @@ extern "C" void cuda_backend_set_attn_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->attn_variant = variant;
 }
 
+extern "C" void cuda_backend_set_gemm_variant(ops_backend *be, int variant) {
+  cuda_impl_of(be)->gemm_variant = variant;
+}
+
 extern "C" void cuda_backend_set_moe_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->moe_variant = variant;
 }
@@ -717,6 +721,10 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     ci->pdl = ci->pdl_ok && !(ev && ev[0] == '0');
     const char *av = getenv("ANNA_CUDA_ATTN");
     ci->attn_variant = av && !strcmp(av, "per_head") ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
+  }
+  {
+    const char *ev = getenv("ANNA_CUDA_GEMM"); /* int8: CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) */
+    ci->gemm_variant = ev && !strcmp(ev, "int8") ? CUDA_GEMM_INT8 : CUDA_GEMM_BF16;
   }
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;

@@ -79,6 +79,13 @@ void cuda_backend_set_pdl(ops_backend *be, int on);
  * creation. */
 enum { CUDA_ATTN_DEFAULT = 0, CUDA_ATTN_PER_HEAD = 1 };
 void cuda_backend_set_attn_variant(ops_backend *be, int variant);
+/* Prefill GEMMs of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K and Q6_K weights (exact mode off):
+ * CUDA_GEMM_BF16 (default: weight tiles dequantized to bf16, cuBLAS on split bf16
+ * activations) or CUDA_GEMM_INT8 (activations quantized to int8 per 32-element block as the
+ * decode matvec does, int8 tensor cores on weights decoded in shared memory; also the
+ * environment variable ANNA_CUDA_GEMM=int8 at creation). Other weights ignore it. */
+enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1 };
+void cuda_backend_set_gemm_variant(ops_backend *be, int variant);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
  * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */
 void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds, int64_t *updates);

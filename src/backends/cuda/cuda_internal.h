@@ -69,6 +69,7 @@ typedef struct cuda_impl {
   int mv_variant;           /* cuda_backend_set_matvec_variant (CUDA_MV_*) */
   int moe_variant;          /* cuda_backend_set_moe_variant (CUDA_MOE_*) */
   int attn_variant;         /* cuda_backend_set_attn_variant (CUDA_ATTN_*) */
+  int gemm_variant;         /* cuda_backend_set_gemm_variant (CUDA_GEMM_*) */
   size_t mv_smem;           /* int8 matvec shared-memory limit (cuda_matmul_setup) */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
@@ -182,6 +183,12 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
  * weights, unsupported shape). W: the weight's device copy, rb its row bytes. */
 bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W,
                   int64_t rb);
+/* The int8 tensor-core GEMM of quantized weights (cuda_mmq.cu; cuda_gemm_tc calls it under
+ * CUDA_GEMM_INT8): false (nothing queued) for a type or weight alignment it does not take,
+ * true when it queued the product or set a sticky error. scratch(ci, bytes) returns device
+ * scratch of at least bytes (NULL with a sticky error). */
+bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb,
+              void *(*scratch)(cuda_impl *, size_t));
 
 /* Sets the int8 decode matvec kernels' shared-memory limit to the device's opt-in maximum
  * and returns it (48 KB, the default, when that fails). Called once at backend creation:
