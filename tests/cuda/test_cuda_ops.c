@@ -1040,6 +1040,171 @@ static void bench_gdn(void) {
   }
 }
 
+/* E experts: gate (2I rows when fused, gate then up), up (unless fused) and down weights of
+ * the given types, with their f32 values (keep_f32) for the host bounds. */
+typedef struct moe_mats {
+  int E, fused, H, I;
+  ops_weight *gate, *up, *down;
+  float **gf, **uf, **df; /* [E] f32 values, NULL unless kept */
+} moe_mats;
+
+static void moe_mats_make(moe_mats *m, int E, int fused, int tg, int tu, int td, int H, int I, int keep_f32) {
+  memset(m, 0, sizeof *m);
+  m->E = E, m->fused = fused, m->H = H, m->I = I;
+  m->gate = calloc((size_t)E, sizeof(ops_weight)), m->up = calloc((size_t)E, sizeof(ops_weight));
+  m->down = calloc((size_t)E, sizeof(ops_weight));
+  m->gf = calloc((size_t)E, sizeof(float *)), m->uf = calloc((size_t)E, sizeof(float *));
+  m->df = calloc((size_t)E, sizeof(float *));
+  for (int e = 0; e < E; e++) {
+    const int64_t gr = fused ? 2 * (int64_t)I : I;
+    m->gate[e] = (ops_weight){tg, make_weight(tg, gr, H, &m->gf[e]), gr, H};
+    if (!fused) m->up[e] = (ops_weight){tu, make_weight(tu, I, H, &m->uf[e]), I, H};
+    m->down[e] = (ops_weight){td, make_weight(td, H, I, &m->df[e]), H, I};
+    if (!keep_f32) {
+      free(m->gf[e]), free(m->uf[e]), free(m->df[e]);
+      m->gf[e] = m->uf[e] = m->df[e] = NULL;
+    }
+  }
+}
+
+static void moe_mats_free(moe_mats *m) {
+  for (int e = 0; e < m->E; e++) {
+    free((void *)m->gate[e].data), free((void *)m->down[e].data), free(m->gf[e]), free(m->uf[e]), free(m->df[e]);
+    if (!m->fused) free((void *)m->up[e].data);
+  }
+  free(m->gate), free(m->up), free(m->down), free(m->gf), free(m->uf), free(m->df);
+}
+
+/* n tokens routed to k distinct experts each (uniformly at random), positive weights. */
+static void moe_route_random(int32_t *idx, float *w, int64_t n, int E, int k) {
+  int32_t *perm = malloc(sizeof(int32_t) * (size_t)E);
+  for (int e = 0; e < E; e++) perm[e] = e;
+  for (int64_t t = 0; t < n; t++)
+    for (int j = 0; j < k; j++) { /* partial Fisher-Yates */
+      const int r = j + (int)(rnd() % (uint64_t)(E - j));
+      const int32_t s = perm[j];
+      perm[j] = perm[r], perm[r] = s;
+      idx[t * k + j] = perm[j];
+      w[t * k + j] = 0.5f * (frand() + 1.0f) + 0.05f;
+    }
+  free(perm);
+}
+
+/* moe_ffn at decode sizes in the default numerics (int8 activations in both expert products
+ * where the types have int8 kernels) against bounds derived as test_matvec_int8's: rounding
+ * a 32-block of activations to q * s, s = max|v| / 127, moves each element by at most
+ * max|v_blk| / 254, so a dot over row w moves by at most sum_c |w_c| max|v_blk(c)| / 254
+ * (times 1.01 for the f32 rounding of s and of the kernel's products), plus 1e-5 * sum_c
+ * |w_c v_c| for the f32 accumulation. Three checks per output, all f64 on the host:
+ * 1. h (the device's gate/up result, which the decode path leaves at the start of the
+ *    scratch: n * k * I floats) against act(g) * u of the f32 weights and x: with eg, eu the
+ *    bounds of the two dots and |silu'| <= 1.1, |h' - h| <= 1.1 eg (|u| + eu) + |silu(g)| eu;
+ *    an id out of range must leave its h row exactly 0;
+ * 2. out against sum_j w_j down_e . h' from the device's h': the matvec bound of the second
+ *    product alone (both checks are about as tight as test_matvec_int8's);
+ * 3. out against the CPU op (f32 activations): the two propagated, sum_j |w_j| sum_i |D_ri|
+ *    (bh_i + max_blk(|h| + bh) / 254). Looser (it adds the first product's worst case over
+ *    I terms), but it is the op's own contract;
+ * and a decode-step graph of the same call, built then replayed, gives the same bits. */
+static void moe_int8_check(const char *what, const moe_mats *m, const float *x, const int32_t *idx, const float *w,
+                           int64_t n, int k, const float *ref, const float *dx, const int32_t *didx, const float *dw,
+                           float *dscr) {
+  const int64_t H = m->H, I = m->I, nk = n * k;
+  const ops_weight *up = m->fused ? NULL : m->up;
+  float *dy = dnan(n * H);
+  g_gpu->moe_ffn(g_gpu, dy, dx, n, (int)H, didx, dw, k, m->E, m->gate, up, m->down, ACT_KIND_SILU, dscr);
+  float *y = dget(dy, n * H), *hg = dget(dscr, nk * I);
+  char cw[192];
+  snprintf(cw, sizeof cw, "%s int8", what);
+  gpu_status(cw);
+  double *h64 = calloc((size_t)(nk * I), sizeof(double)), *bh = calloc((size_t)(nk * I), sizeof(double));
+  double *ab = malloc(sizeof(double) * (size_t)(H / 32));
+  int bad[3] = {0, 0, 0};
+  double q[3] = {0, 0, 0};
+  for (int64_t t = 0; t < n; t++) {
+    const float *xt = x + t * H;
+    for (int64_t b = 0; b < H / 32; b++) {
+      ab[b] = 0;
+      for (int c = 0; c < 32; c++) ab[b] = fmax(ab[b], fabs(xt[b * 32 + c]));
+    }
+    for (int j = 0; j < k; j++) {
+      const int64_t p = t * k + j;
+      const int e = idx[p];
+      for (int64_t i = 0; i < I; i++) {
+        if (e < 0) { /* out of range on the device (E or -1): nothing */
+          if (hg[p * I + i] != 0.0f) bad[0]++;
+          continue;
+        }
+        const float *gr = m->gf[e] + i * H, *ur = m->fused ? m->gf[e] + (I + i) * H : m->uf[e] + i * H;
+        double g = 0, u = 0, bg = 0, bu = 0, mg = 0, mu = 0;
+        for (int64_t c = 0; c < H; c++) {
+          g += (double)gr[c] * xt[c], u += (double)ur[c] * xt[c];
+          bg += fabs(gr[c]) * ab[c / 32] / 254.0, bu += fabs(ur[c]) * ab[c / 32] / 254.0;
+          mg += fabs((double)gr[c] * xt[c]), mu += fabs((double)ur[c] * xt[c]);
+        }
+        const double eg = 1.01 * bg + 1e-5 * mg, eu = 1.01 * bu + 1e-5 * mu, sg = g / (1.0 + exp(-g));
+        const double hv = sg * u, b = 1.1 * eg * (fabs(u) + eu) + fabs(sg) * eu + 1e-6 * fabs(hv);
+        h64[p * I + i] = hv, bh[p * I + i] = b;
+        const double err = fabs((double)hg[p * I + i] - hv);
+        if (isnan(hg[p * I + i]) || !(err <= b)) bad[0]++;
+        else q[0] = fmax(q[0], err / b);
+      }
+    }
+    for (int64_t r = 0; r < H; r++) {
+      double y2 = 0, b2 = 0, m2 = 0, b3 = 0, m3 = 0;
+      for (int j = 0; j < k; j++) {
+        const int64_t p = t * k + j;
+        const int e = idx[p];
+        if (e < 0) continue;
+        const float *dr = m->df[e] + r * I, *hp = hg + p * I;
+        const double *hv = h64 + p * I, *hb = bh + p * I;
+        for (int64_t b0 = 0; b0 < I; b0 += 32) {
+          double am = 0, am3 = 0;
+          for (int64_t i = b0; i < b0 + 32; i++) am = fmax(am, fabs(hp[i])), am3 = fmax(am3, fabs(hv[i]) + hb[i]);
+          for (int64_t i = b0; i < b0 + 32; i++) {
+            const double wd = fabs((double)w[p] * dr[i]);
+            y2 += (double)w[p] * dr[i] * hp[i], b2 += wd * am / 254.0, m2 += wd * fabs(hp[i]);
+            b3 += wd * (hb[i] + am3 / 254.0), m3 += wd * (fabs(hv[i]) + hb[i]);
+          }
+        }
+      }
+      const double v = y[t * H + r], e2 = fabs(v - y2), e3 = fabs(v - ref[t * H + r]);
+      const double bound2 = 1.01 * b2 + 1e-5 * m2 + 1e-6 * fabs(y2), bound3 = 1.01 * b3 + 1e-5 * m3 + 1e-6 * fabs(y2);
+      if (isnan(y[t * H + r]) || !(e2 <= bound2)) bad[1]++;
+      else q[1] = fmax(q[1], e2 / bound2);
+      if (isnan(y[t * H + r]) || !(e3 <= bound3)) bad[2]++;
+      else q[2] = fmax(q[2], e3 / bound3);
+    }
+  }
+  static const char *const stage[3] = {"h (gate/up)", "out from the device's h (down)", "out vs the CPU op"};
+  for (int s = 0; s < 3; s++) {
+    g_checks++;
+    if (bad[s]) {
+      printf("  FAIL %s: %s: %d outside the int8 bound\n", cw, stage[s], bad[s]);
+      g_fail++;
+    }
+  }
+  printf("  %-52s error / bound: h %.3f, down %.3f, op %.3f\n", cw, q[0], q[1], q[2]);
+  /* recorded: built, then replayed; the same bits as the eager call */
+  cuda_backend_set_graphs(g_gpu, 1);
+  for (int rep = 0; rep < 2; rep++) {
+    float *dg = dnan(n * H);
+    cuda_backend_step_begin(g_gpu, n);
+    g_gpu->moe_ffn(g_gpu, dg, dx, n, (int)H, didx, dw, k, m->E, m->gate, up, m->down, ACT_KIND_SILU, dscr);
+    cuda_backend_step_end(g_gpu);
+    float *g = dget(dg, n * H);
+    gpu_status(cw);
+    g_checks++;
+    if (memcmp(g, y, sizeof(float) * (size_t)(n * H))) {
+      printf("  FAIL %s graph %d: differs from the eager result\n", cw, rep);
+      g_fail++;
+    }
+    free(g), dfree(dg);
+  }
+  cuda_backend_set_graphs(g_gpu, 0);
+  free(h64), free(bh), free(ab), free(y), free(hg), dfree(dy);
+}
+
 static void test_moe(void) {
   printf("moe\n");
   const int rc[][4] = {/* n, E, k, renorm */ {1, 8, 2, 1}, {7, 16, 4, 0}, {33, 128, 8, 1}, {5, 256, 8, 1},
@@ -1069,53 +1234,54 @@ static void test_moe(void) {
     dfree(dlg), dfree(didx), dfree(dw), free(lg), free(pe), free(idx), free(w), free(gidx);
   }
   /* moe_ffn: decode (n <= 8: device-side kernels, also replayed as a graph) and prefill
-   * sizes (host-grouped), separate and fused gate/up, float and quantized experts */
-  const int fc[][5] = {/* n, fused, type, H, I */ {1, 0, ANNA_DTYPE_BF16, 64, 96}, {20, 1, ANNA_DTYPE_BF16, 64, 96},
-                       {3, 0, ANNA_DTYPE_Q4_K, 256, 512}, {40, 1, ANNA_DTYPE_Q8_0, 96, 160},
-                       {8, 0, ANNA_DTYPE_Q6_K, 256, 256}, {2, 1, ANNA_DTYPE_IQ4_XS, 256, 512},
-                       {5, 1, ANNA_DTYPE_F32, 40, 24}};
+   * sizes (host-grouped), separate and fused gate/up, float and quantized experts, gate/up
+   * and down of different types, odd expert counts, ids out of range (decode only: E on the
+   * device, where the kernels skip it, and -1 on the CPU, whose op skips that; or -1 on
+   * both). Exact mode first (f32 kernels: 1e-4), then for decode sizes the default numerics
+   * (moe_int8_check) and the f32 decode variant in default mode (1e-4). */
+  const int fc[][10] = {
+      /* n, fused, gate, up, down type, H, I, E, k, out of range (1: E, 2: -1) */
+      {1, 0, ANNA_DTYPE_BF16, ANNA_DTYPE_BF16, ANNA_DTYPE_BF16, 64, 96, 8, 2, 0},
+      {20, 1, ANNA_DTYPE_BF16, ANNA_DTYPE_BF16, ANNA_DTYPE_BF16, 64, 96, 8, 2, 0},
+      {3, 0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K, 256, 512, 8, 2, 0},
+      {40, 1, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q8_0, 96, 160, 8, 2, 0},
+      {8, 0, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q6_K, 256, 256, 8, 2, 0},
+      {2, 1, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_IQ4_XS, 256, 512, 8, 2, 0},
+      {5, 1, ANNA_DTYPE_F32, ANNA_DTYPE_F32, ANNA_DTYPE_F32, 40, 24, 8, 2, 0},
+      {1, 0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, 512, 256, 7, 4, 1},
+      {2, 1, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, 256, 512, 9, 3, 2},
+      {8, 0, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q8_0, 512, 512, 13, 8, 1},
+      {3, 1, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q6_K, 512, 256, 5, 2, 0},
+      {2, 0, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q8_0, 256, 96, 8, 2, 0},
+      {8, 1, ANNA_DTYPE_Q4_0, ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, 96, 160, 11, 4, 2},
+      {1, 0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, 256, 256, 8, 2, 0},
+      {1, 0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q8_0, 2816, 704, 6, 3, 0},
+  };
   for (size_t c = 0; c < sizeof fc / sizeof fc[0]; c++) {
     cuda_backend_drop_mirrors(g_gpu);
     const int64_t n = fc[c][0];
-    const int fused = fc[c][1], type = fc[c][2], H = fc[c][3], I = fc[c][4], E = 8, k = 2;
-    ops_weight gate[8], up[8], down[8];
-    void *mem[24];
-    int nm = 0;
-    for (int e = 0; e < E; e++) {
-      float *f;
-      void *p = make_weight(type, fused ? 2 * I : I, H, &f);
-      free(f);
-      gate[e] = (ops_weight){type, p, fused ? 2 * I : I, H};
-      mem[nm++] = p;
-      if (!fused) {
-        p = make_weight(type, I, H, &f);
-        free(f);
-        up[e] = (ops_weight){type, p, I, H};
-        mem[nm++] = p;
-      }
-      p = make_weight(type, H, I, &f);
-      free(f);
-      down[e] = (ops_weight){type, p, H, I};
-      mem[nm++] = p;
-    }
+    const int fused = fc[c][1], tg = fc[c][2], tu = fc[c][3], td = fc[c][4], H = fc[c][5], I = fc[c][6];
+    const int E = fc[c][7], k = fc[c][8], oor = fc[c][9];
+    moe_mats m;
+    moe_mats_make(&m, E, fused, tg, tu, td, H, I, 1);
     float *x = hrand(n * H, 1.0f), *w = malloc(sizeof(float) * (size_t)(n * k));
-    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(n * k));
-    for (int64_t t = 0; t < n; t++) {
-      idx[t * k] = (int32_t)(rnd() % E);
-      idx[t * k + 1] = (idx[t * k] + 1 + (int32_t)(rnd() % (E - 1))) % E;
-      w[t * k] = 0.7f, w[t * k + 1] = 0.3f * (frand() + 1.0f);
-    }
+    int32_t *idx = malloc(sizeof(int32_t) * (size_t)(n * k)), *gidx = malloc(sizeof(int32_t) * (size_t)(n * k));
+    moe_route_random(idx, w, n, E, k);
+    memcpy(gidx, idx, sizeof(int32_t) * (size_t)(n * k));
+    if (oor == 1) idx[k - 1] = -1, gidx[k - 1] = E;
+    if (oor == 2) idx[n * k - 1] = gidx[n * k - 1] = -1;
     const int64_t sf = ops_moe_scratch_floats(n, k, H, I);
     float *scratch = malloc(sizeof(float) * (size_t)sf), *ref = malloc(sizeof(float) * (size_t)(n * H));
     /* f32 activations on both sides (the CPU's default would quantize them to 8 bits) */
     cpu_backend_set_exact_matmul(g_cpu, 1);
-    g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, E, gate, fused ? NULL : up, down, ACT_KIND_SILU, scratch);
+    g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, E, m.gate, fused ? NULL : m.up, m.down, ACT_KIND_SILU, scratch);
     float *dx = dput(x, sizeof(float) * (size_t)(n * H)), *dw = dput(w, sizeof(float) * (size_t)(n * k));
-    int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)(n * k));
+    int32_t *didx = dput(gidx, sizeof(int32_t) * (size_t)(n * k));
     float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf), *dy = dnan(n * H);
-    g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx, dw, k, E, gate, fused ? NULL : up, down, ACT_KIND_SILU, dscr);
-    char what[64];
-    snprintf(what, sizeof what, "moe_ffn n=%lld %s%s", (long long)n, dtype_name(type), fused ? " fused" : "");
+    g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx, dw, k, E, m.gate, fused ? NULL : m.up, m.down, ACT_KIND_SILU, dscr);
+    char what[128];
+    snprintf(what, sizeof what, "moe_ffn n=%lld E=%d k=%d %s/%s/%s%s", (long long)n, E, k, dtype_name(tg),
+             dtype_name(fused ? tg : tu), dtype_name(td), fused ? " fused" : "");
     cpu_backend_set_exact_matmul(g_cpu, 0);
     const double tol = 1e-4;
     cmpd(what, dy, ref, n * H, tol);
@@ -1125,18 +1291,31 @@ static void test_moe(void) {
       for (int rep = 0; rep < 2; rep++) {
         float *dg = dnan(n * H);
         cuda_backend_step_begin(g_gpu, n);
-        g_gpu->moe_ffn(g_gpu, dg, dx, n, H, didx, dw, k, E, gate, fused ? NULL : up, down, ACT_KIND_SILU, dscr);
+        g_gpu->moe_ffn(g_gpu, dg, dx, n, H, didx, dw, k, E, m.gate, fused ? NULL : m.up, m.down, ACT_KIND_SILU, dscr);
         cuda_backend_step_end(g_gpu);
-        char gw[80];
+        char gw[160];
         snprintf(gw, sizeof gw, "%s graph %d", what, rep);
         cmpd(gw, dg, ref, n * H, tol);
         dfree(dg);
       }
       cuda_backend_set_graphs(g_gpu, 0);
+      /* default numerics: the int8 kernels where the types have them */
+      cuda_backend_set_exact(g_gpu, 0);
+      moe_int8_check(what, &m, x, idx, w, n, k, ref, dx, didx, dw, dscr);
+      /* the f32 decode kernels kept as a variant: f32 arithmetic in default mode too */
+      cuda_backend_set_moe_variant(g_gpu, CUDA_MOE_DECODE_F32);
+      float *df = dnan(n * H);
+      g_gpu->moe_ffn(g_gpu, df, dx, n, H, didx, dw, k, E, m.gate, fused ? NULL : m.up, m.down, ACT_KIND_SILU, dscr);
+      char fw[160];
+      snprintf(fw, sizeof fw, "%s f32 variant", what);
+      cmpd(fw, df, ref, n * H, tol);
+      dfree(df);
+      cuda_backend_set_moe_variant(g_gpu, CUDA_MOE_DEFAULT);
+      cuda_backend_set_exact(g_gpu, 1);
     }
     dfree(dx), dfree(dw), dfree(didx), dfree(dscr), dfree(dy);
-    for (int i = 0; i < nm; i++) free(mem[i]);
-    free(x), free(w), free(idx), free(scratch), free(ref);
+    moe_mats_free(&m);
+    free(x), free(w), free(idx), free(gidx), free(scratch), free(ref);
   }
 }
 
@@ -1321,6 +1500,72 @@ static void test_moe_grouped(void) {
   }
 }
 
+/* MoE decode on the 35B-A3B layer shape (E 256, top-8, H 2048, I 512, separate gate/up): the
+ * int8-activation kernels (default) against the f32 ones (CUDA_MOE_DECODE_F32), n = 1 and 4
+ * tokens. A step is NL calls with different random routings (as layers: 8 x 8 experts of
+ * ~1.8 MB each at Q4_K, more than the 50 MB L2 holds, so a replay reads its experts from
+ * memory), recorded as a graph; us per call = the replay's device time / NL. GB/s counts the
+ * expert rows a call must read: gate, up and down of each distinct expert of its tokens. */
+static void bench_moe_decode(int tgu, int td) {
+  enum { NL = 8, NMAX = 4 };
+  const int E = 256, k = 8, H = 2048, I = 512;
+  printf("bench moe decode (E 256, k 8, H 2048, I 512, gate/up %s, down %s)\n", dtype_name(tgu), dtype_name(td));
+  cuda_backend_drop_mirrors(g_gpu);
+  moe_mats m;
+  moe_mats_make(&m, E, 0, tgu, tgu, td, H, I, 0);
+  const double ebytes = 2.0 * I * dtype_row_bytes(tgu, H) + (double)H * dtype_row_bytes(td, I);
+  float *x = hrand(NMAX * H, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(NMAX * H));
+  int32_t idx[NL][NMAX * 8], *didx[NL];
+  float w[NL][NMAX * 8], *dw[NL];
+  for (int l = 0; l < NL; l++) {
+    moe_route_random(idx[l], w[l], NMAX, E, k);
+    didx[l] = dput(idx[l], sizeof idx[l]), dw[l] = dput(w[l], sizeof w[l]);
+  }
+  float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ops_moe_scratch_floats(NMAX, k, H, I));
+  float *dy = dnan(NMAX * H), res[4];
+  const int ns[] = {1, NMAX}, variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_DECODE_F32};
+  cuda_backend_set_exact(g_gpu, 0);
+  for (int ni = 0; ni < 2; ni++) {
+    const int n = ns[ni];
+    double bytes = 0; /* distinct experts per call */
+    for (int l = 0; l < NL; l++)
+      for (int p = 0; p < n * k; p++) {
+        int seen = 0;
+        for (int q = 0; q < p; q++) seen |= idx[l][q] == idx[l][p];
+        if (!seen) bytes += ebytes;
+      }
+    for (int v = 0; v < 2; v++) {
+      cuda_backend_set_moe_variant(g_gpu, variants[v]);
+      for (int l = 0; l < NL; l++) /* warm-up: mirrors and tables made outside the step */
+        g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx[l], dw[l], k, E, m.gate, m.up, m.down, ACT_KIND_SILU, dscr);
+      gpu_status("moe decode bench warmup");
+      cuda_backend_set_graphs(g_gpu, 1);
+      double best = 1e9;
+      for (int rep = 0; rep < 10; rep++) {
+        double cap, upd, gpu0, gpu1;
+        cuda_backend_graph_times(g_gpu, &cap, &upd, &gpu0);
+        cuda_backend_step_begin(g_gpu, n);
+        for (int l = 0; l < NL; l++)
+          g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx[l], dw[l], k, E, m.gate, m.up, m.down, ACT_KIND_SILU, dscr);
+        g_gpu->download(g_gpu, res, dy, sizeof res);
+        cuda_backend_step_end(g_gpu);
+        gpu_status("moe decode bench");
+        cuda_backend_graph_times(g_gpu, &cap, &upd, &gpu1);
+        if (rep > 1 && gpu1 - gpu0 < best) best = gpu1 - gpu0; /* the first reps build the graph */
+      }
+      cuda_backend_set_graphs(g_gpu, 0);
+      printf("  moe decode n=%d %-8s: %7.1f us per call, %6.0f GB/s of expert rows (%.1f MB per call)\n", n,
+             v ? "f32" : "int8", best / NL * 1e6, bytes / best / 1e9, bytes / NL / 1e6);
+    }
+  }
+  cuda_backend_set_moe_variant(g_gpu, CUDA_MOE_DEFAULT);
+  cuda_backend_set_exact(g_gpu, 1);
+  cuda_backend_drop_mirrors(g_gpu);
+  for (int l = 0; l < NL; l++) dfree(didx[l]), dfree(dw[l]);
+  dfree(dx), dfree(dscr), dfree(dy), free(x);
+  moe_mats_free(&m);
+}
+
 /* MoE prefill throughput on the 35B-A3B layer shape (E 256, top-8, H 2048, I 512, Q4_K
  * experts, separate gate/up as in the GGUF files; uniform random routing, so every expert
  * gets about n * 8 / 256 pairs): us per call of the host-grouped path (ids read back,
@@ -1359,6 +1604,10 @@ static void bench_moe(void) {
   cuda_backend_set_exact(g_gpu, 1);
   cuda_backend_drop_mirrors(g_gpu);
   moe_case_free(&c);
+  /* decode: Q4_K and Q8_0 files, and Q4_K_M's Q6_K down */
+  bench_moe_decode(ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K);
+  bench_moe_decode(ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q8_0);
+  bench_moe_decode(ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K);
 }
 
 /* A decode-like step captured as a graph (upload, ops, ring arguments, download) gives the

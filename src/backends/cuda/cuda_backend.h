@@ -52,10 +52,20 @@ enum { CUDA_MV_DEFAULT = 0, CUDA_MV_F32 = 1, CUDA_MV_INT8_R4 = 2 };
 void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
 
 /* MoE prefill (moe_ffn above the decode range, exact mode off) runs as grouped GEMMs on the
- * device with token tiles picked from the batch shape. Variants, for benchmarks and tests:
- * CUDA_MOE_DEFAULT (that), CUDA_MOE_HOST (the exact mode's host-grouped path: ids read back,
- * per-expert matmuls), CUDA_MOE_T16 / T32 / T64 (grouped, tiles of 16 / 32 / 64 pairs). */
-enum { CUDA_MOE_DEFAULT = 0, CUDA_MOE_HOST = 1, CUDA_MOE_T16 = 16, CUDA_MOE_T32 = 32, CUDA_MOE_T64 = 64 };
+ * device with token tiles picked from the batch shape; MoE decode (exact mode off) quantizes
+ * the activations to int8 for experts of the int8 matvec types. Variants, for benchmarks and
+ * tests: CUDA_MOE_DEFAULT (that), CUDA_MOE_HOST (the exact mode's host-grouped path: ids read
+ * back, per-expert matmuls), CUDA_MOE_T16 / T32 / T64 (grouped, tiles of 16 / 32 / 64 pairs),
+ * CUDA_MOE_DECODE_F32 (decode on the f32-activation kernels exact mode uses; prefill as the
+ * default). */
+enum {
+  CUDA_MOE_DEFAULT = 0,
+  CUDA_MOE_HOST = 1,
+  CUDA_MOE_DECODE_F32 = 2,
+  CUDA_MOE_T16 = 16,
+  CUDA_MOE_T32 = 32,
+  CUDA_MOE_T64 = 64
+};
 void cuda_backend_set_moe_variant(ops_backend *be, int variant);
 
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at

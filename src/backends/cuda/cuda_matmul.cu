@@ -13,6 +13,7 @@
  * SGEMM, so results match the f32 CPU reference to rounding. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
+#include "backends/cuda/cuda_q8act.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
@@ -382,18 +383,14 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
  * quantized to int8 once per block into shared memory, and dp4a dots (cuda_q8_decode).
  * Per 32-element activation block: one f32 scale (max|x| / 127), and per 16-element run
  * the f32 sum scale * sum(q), which applies the Q4_K/Q5_K mins and the offsets of Q4_0 (8)
- * and Q6_K (32). The
- * dp4a accumulators start at the bits of 1.5 * 2^23, so the integer sum (|sum| < 2^22:
- * at most 32 * 127 * 127) turns into a float with one subtraction (no I2F, a quarter-rate
- * instruction). Shared memory, for NT tokens of cols activations: NT * cols int8 in
- * 16-byte chunks, swizzled so each quarter-warp's 16-byte loads touch distinct banks
- * (q8_chunk), NT * cols / 32 scales (rounded up to even), NT * cols / 16 run sums
- * (mvq8_smem): up to the device's opt-in limit (cuda_matmul_setup; 227 KB on sm_90, so 8
- * tokens of up to 21000 columns), beyond it the f32 kernel. Past 48 KB fewer blocks fit
+ * and Q6_K (32); the quantizer, the activation fetch and the dot are cuda_q8act.cuh's
+ * (shared with the MoE expert kernels). Shared memory, for NT tokens of cols activations:
+ * one span of NT * cols (cuda_q8act_smem; the tokens' rows are contiguous): up to the
+ * device's opt-in limit (cuda_matmul_setup; 227 KB on sm_90, so 8 tokens of up to 21000
+ * columns), beyond it the f32 kernel. Past 48 KB fewer blocks fit
  * per SM, but each still streams weights for 8 warps. */
 #define MVQ8_WARPS 8
 #define MVQ8_SMEM_DEFAULT (48 * 1024) /* without the opt-in of cuda_matmul_setup */
-#define MVQ8_MAGIC 0x4B400000 /* 12582912.0f: 2^23 + 2^22 */
 
 /* Rows per warp: 2 (55-120 registers, 2-4 blocks per SM for 1-4 tokens: many warps, and
  * a 12288-row weight is ~2 groups per resident warp, so the last round keeps the memory
@@ -406,19 +403,7 @@ template <int TYPE, int NT> static constexpr int mvq8_rows_r4() {
 }
 
 static size_t mvq8_smem(int64_t nt, int64_t cols) {
-  const int64_t nb = nt * cols / 32;
-  return (size_t)(nt * cols + 4 * ((nb + 1) & ~(int64_t)1) + 8 * nb);
-}
-
-/* Physical 16-byte chunk of logical chunk c. The 32-element formats read chunks 2p, 2p + 1
- * in lanes p = 0..7 of a quarter-warp: flipping bit 0 where bit 3 is set makes their
- * chunks distinct mod 8 (8 chunks = the 32 banks). Q4_K/Q5_K lanes k = 0..7 of a block read
- * chunks 4 (k / 2) + k % 2 (+ 2 for run 1): flipping bit 1 where bit 3 is set does the same;
- * Q6_K lanes read chunks 8 (k / 4) + k % 4 (+ 4): flipping bit 2. */
-template <int TYPE> __device__ __forceinline__ int q8_chunk(int c) {
-  if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) return c ^ (((c >> 3) & 1) << 1);
-  else if constexpr (TYPE == ANNA_DTYPE_Q6_K) return c ^ (((c >> 3) & 1) << 2);
-  else return c ^ ((c >> 3) & 1);
+  return cuda_q8act_smem(nt * cols);
 }
 
 /* Single (G false: tab unused, all zero) or grouped (G: the weights in tab; y_, W_, rows_,
@@ -446,7 +431,6 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
   const uint8_t *const W = sel.W;
   const float *const bias = sel.bias;
   const int64_t rows = sel.rows, row_bytes = sel.row_bytes, bid = sel.bid, nblk = sel.nblk;
-  constexpr bool KQ = TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K, Q6 = TYPE == ANNA_DTYPE_Q6_K;
   constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW;
   extern __shared__ __align__(16) uint8_t q8_smem[];
   const int ncol = (int)cols, nb = NT * ncol / 32; /* cols * NT fits: the launcher checks */
@@ -496,39 +480,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
           v[u].w = (gl ? cuda_gelu_tanh(g.w) : cuda_silu(g.w)) * up.w;
         }
       }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int blk = b0 + u * 4 * MVQ8_WARPS + (lane >> 3);
-        float am = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
-        const float d = am * (1.0f / 127.0f), inv = am > 0.0f ? 127.0f / am : 0.0f;
-        const int q0 = max(-127, min(127, __float2int_rn(v[u].x * inv)));
-        const int q1 = max(-127, min(127, __float2int_rn(v[u].y * inv)));
-        const int q2 = max(-127, min(127, __float2int_rn(v[u].z * inv)));
-        const int q3 = max(-127, min(127, __float2int_rn(v[u].w * inv)));
-        const uint32_t wv = __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
-        int s = q0 + q1 + q2 + q3;
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        int pos; /* byte of this lane's word in the block */
-        uint32_t ov = wv;
-        if constexpr (cuda_q8_interleaved<TYPE>()) {
-          /* lanes m and m + 4 hold elements 4m.. and 16 + 4m..: each writes one word of
-           * their interleaved 8 bytes */
-          const uint32_t pv = __shfl_xor_sync(0xffffffffu, wv, 4);
-          ov = m < 4 ? __byte_perm(wv, pv, 0x5140) : __byte_perm(pv, wv, 0x7362);
-          pos = m < 4 ? 8 * m : 8 * (m - 4) + 4;
-        } else {
-          pos = 4 * m;
-        }
-        if (blk < nb) {
-          const int fb = blk * 32 + pos;
-          *(uint32_t *)(xq + (q8_chunk<TYPE>(fb >> 4) << 4) + (fb & 15)) = ov;
-          if (m == 0) xd[blk] = d;
-          if ((m & 3) == 0) xs[2 * blk + (m >> 2)] = d * (float)s;
-        }
-      }
+      cuda_q8act_store<TYPE, U, MVQ8_WARPS>(v, b0, nb, xq, xd, xs, lane);
     }
   }
   __syncthreads();
@@ -555,54 +507,11 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
       const int e0 = (int)cuda_q8_e0<TYPE>(p);
       /* activation words, scales and run sums of token t for this piece */
       auto act = [&](int t, int *a, float *dx, float *sx) {
-        const int f = t * ncol + e0, c0 = f >> 4, c1 = c0 + (KQ ? 2 : Q6 ? 4 : 1);
-        const uint4 A0 = *(const uint4 *)(xq + (q8_chunk<TYPE>(c0) << 4));
-        const uint4 A1 = *(const uint4 *)(xq + (q8_chunk<TYPE>(c1) << 4));
-        a[0] = (int)A0.x, a[1] = (int)A0.y, a[2] = (int)A0.z, a[3] = (int)A0.w;
-        a[4] = (int)A1.x, a[5] = (int)A1.y, a[6] = (int)A1.z, a[7] = (int)A1.w;
-        if constexpr (KQ) {
-          const float2 d2 = *(const float2 *)(xd + (f >> 5)); /* f / 32 is even */
-          dx[0] = d2.x, dx[1] = d2.y, sx[0] = xs[f >> 4], sx[1] = xs[(f >> 4) + 2];
-        } else if constexpr (Q6) { /* run 1 is 64 elements on: 2 blocks, 4 runs */
-          dx[0] = xd[f >> 5], dx[1] = xd[(f >> 5) + 2], sx[0] = xs[f >> 4], sx[1] = xs[(f >> 4) + 4];
-        } else {
-          dx[0] = xd[f >> 5];
-          if constexpr (TYPE == ANNA_DTYPE_Q4_0) {
-            const float2 s2 = *(const float2 *)(xs + (f >> 4));
-            sx[0] = s2.x + s2.y;
-          }
-        }
+        cuda_q8act_fetch<TYPE>(xq, xd, xs, t * ncol + e0, a, dx, sx);
       };
       /* one row's contribution for one token */
       auto dot = [&](const int *wq, const float *sc, const float *mn, const int *a, const float *dx,
-                     const float *sx) -> float {
-        if constexpr (KQ) {
-          int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
-#pragma unroll
-          for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
-          const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
-          return fmaf(sc[0] * dx[0], f0, fmaf(sc[1] * dx[1], f1, -(mn[0] * sx[0] + mn[1] * sx[1])));
-        } else if constexpr (Q6) {
-          int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
-#pragma unroll
-          for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
-          const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
-          return sc[0] * fmaf(dx[0], f0, -32.0f * sx[0]) + sc[1] * fmaf(dx[1], f1, -32.0f * sx[1]);
-        } else {
-          int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
-#pragma unroll
-          for (int k = 0; k < 8; k += 2) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[k + 1], a[k + 1], i1);
-          if constexpr (NW == 16) {
-#pragma unroll
-            for (int k = 0; k < 8; k += 2) i0 = __dp4a(wq[8 + k], a[k], i0), i1 = __dp4a(wq[9 + k], a[k + 1], i1);
-          }
-          /* two chains for latency; each < 2^21 in magnitude, so the sum of both floats
-           * (each exact) is exact */
-          const float f = (__int_as_float(i0) - 12582912.0f) + (__int_as_float(i1) - 12582912.0f);
-          if constexpr (TYPE == ANNA_DTYPE_Q4_0) return sc[0] * fmaf(dx[0], f, -8.0f * sx[0]);
-          else return sc[0] * dx[0] * f;
-        }
-      };
+                     const float *sx) -> float { return cuda_q8act_dot<TYPE>(wq, sc, mn, a, dx, sx); };
       if constexpr (NT == 1) {
         /* one token: activations first, then the rows one after the other, so the
          * decoded words of only one row are live */

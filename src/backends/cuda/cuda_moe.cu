@@ -5,7 +5,14 @@
  * (token, slot) pair reading its expert's rows through a device table of per-expert
  * pointers (built once per layer, kept with the weight mirrors), a second computes
  * out = sum over slots of w * down_e h, each output row written once (no atomics, no
- * memset). Only the selected experts' rows are read.
+ * memset). Only the selected experts' rows are read. With exact mode off, experts of the
+ * types with an int8 piece decoder (Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K, Q6_K) take
+ * the dp4a kernels instead: each block quantizes its activations (x of its token, or h of
+ * all k slots of its token) to int8 in shared memory exactly as the dense k_matvec_q8 does
+ * (cuda_q8act.cuh), and its warps stream weight pieces (cuda_piece_load, the next ones in
+ * flight while the current ones are decoded to int8 words and dotted). The f32 kernels stay
+ * for exact mode, float experts, gate and up of different types and the CUDA_MOE_DECODE_F32
+ * variant; h between the two launches is f32 either way, so each side picks its own.
  *
  * Larger batches (prefill; default numerics) run as grouped GEMMs, also entirely on the
  * device (no host sync, a fixed number of launches per layer):
@@ -34,6 +41,7 @@
  * 8192 tokens; f32 unit decoding per pair loses to dequantized tiles on tensor cores.) */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
+#include "backends/cuda/cuda_q8act.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
@@ -295,13 +303,176 @@ static __global__ void k_moe_down(float *out, const float *h, int64_t H, int64_t
   if (lane == 0) out[t * H + r] = acc;
 }
 
+/* ---- decode with int8 activations (exact off) ----
+ * The same outputs and grids as k_moe_gate_up / k_moe_down, with cuda_q8act.cuh's int8
+ * activations: the accuracy bound of the dense int8 matvec (test_matvec_int8) holds for each
+ * of the two products. The expert ids come from the router (an earlier kernel), so unlike
+ * k_matvec_q8 no weight address is known before cuda_pdl_enter; the first weight loads are
+ * issued right after the ids are read, before the block quantizes its activations, so the
+ * two latencies overlap. Out-of-range ids contribute nothing, as in the f32 kernels. */
+#define MOEQ_WARPS 8
+#define MOEQ_DU 2 /* down: items per lane per stage (two stages in flight: 4 pieces per lane) */
+
+/* h[p, i] = act(gate_e[i] . x_t) * (up_e[i] . x_t), p = t * k + j, e = idx[p]; grid
+ * (ceil(I / MOEQ_WARPS), n * k), one warp per i: its gate and up rows, lane l on pieces l,
+ * l + 32, ... of both (consecutive lanes on consecutive pieces: coalesced), the next
+ * pieces' loads issued before the current ones are decoded. Shared memory: x_t as one span
+ * of H (cuda_q8act_smem(H)). gate and up rows are of type TYPE (fused: gate_e holds 2I rows,
+ * gate then up), rows rb bytes. */
+template <int TYPE>
+static __global__ void __launch_bounds__(32 * MOEQ_WARPS)
+    k_moe_gate_up_q8(float *h, const float *x, int64_t H, int64_t I, const int32_t *idx, int k, int E,
+                     const uint8_t *const *tab, int64_t rb, int fused, int act) {
+  constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW;
+  extern __shared__ __align__(16) uint8_t moeq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t p = blockIdx.y, i = (int64_t)blockIdx.x * MOEQ_WARPS + warp;
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl: idx and x are written by earlier kernels */
+  const int e = idx[p];
+  if (e < 0 || e >= E) { /* the whole block (one pair): zero rows, no barrier reached */
+    if (lane == 0 && i < I) h[p * I + i] = 0.0f;
+    return;
+  }
+  const int ncol = (int)H, nb = ncol / 32, pieces = ncol / 32;
+  uint8_t *xq = moeq_smem;
+  float *xd = (float *)(moeq_smem + ncol), *xs = xd + ((nb + 1) & ~1);
+  const bool active = i < I;
+  const int64_t ir = active ? i : I - 1; /* a warp past I loads nothing; its row stays in bounds */
+  const uint8_t *row[2] = {tab[e] + ir * rb, fused ? tab[e] + (I + ir) * rb : tab[E + e] + ir * rb};
+  uint32_t raw[2][RAW];
+  if (active && lane < pieces) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) cuda_piece_load<TYPE>(row[r], lane, lane == pieces - 1, raw[r]);
+  }
+  const float *xt = x + (p / k) * H;
+  cuda_q8act_quantize<TYPE, 4, MOEQ_WARPS>(
+      [&](int blk, int m) -> float4 { return *(const float4 *)(xt + (int64_t)blk * 32 + 4 * m); }, nb, xq, xd,
+      xs, warp, lane);
+  __syncthreads();
+  if (!active) return;
+  float acc[2] = {0.0f, 0.0f};
+  const int iters = (pieces + 31) / 32;
+  for (int it = 0; it < iters; it++) {
+    const int pc = it * 32 + lane, pn = pc + 32;
+    uint32_t nxt[2][RAW];
+    if (pn < pieces) {
+#pragma unroll
+      for (int r = 0; r < 2; r++) cuda_piece_load<TYPE>(row[r], pn, pn == pieces - 1, nxt[r]);
+    }
+    if (pc < pieces) {
+      int a[8];
+      float dx[2], sx[2];
+      cuda_q8act_fetch<TYPE>(xq, xd, xs, (int)cuda_q8_e0<TYPE>(pc), a, dx, sx);
+#pragma unroll
+      for (int r = 0; r < 2; r++) { /* one row at a time: only its decoded words are live */
+        int wq[NW];
+        float sc[2], mn[2];
+        cuda_q8_decode<TYPE>(row[r], pc, raw[r], wq, sc, mn);
+        acc[r] += cuda_q8act_dot<TYPE>(wq, sc, mn, a, dx, sx);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+      for (int w = 0; w < RAW; w++) raw[r][w] = nxt[r][w];
+  }
+  const float g = cuda_warp_sum(acc[0]), u = cuda_warp_sum(acc[1]);
+  if (lane == 0) h[p * I + i] = moe_act(g, act) * u;
+}
+
+/* out[t, r] = sum_j wts[t * k + j] * (down_e[r] . h[t * k + j]); grid (ceil(H / MOEQ_WARPS),
+ * n), one warp per output row r: every row written exactly once, no atomics. Shared memory:
+ * the k rows h[t * k .. t * k + k - 1] (contiguous) as one span of k * I, slot j at j * I. The
+ * row's work is k * P items (P = I / 32 pieces per expert row), item q = slot q / P, piece
+ * q % P, lane l taking items l, l + 32, ... (with I = 512 a lane per expert row would idle
+ * half the warp), MOEQ_DU items per stage, the next stage's loads issued before the current
+ * one is decoded. */
+template <int TYPE>
+static __global__ void __launch_bounds__(32 * MOEQ_WARPS)
+    k_moe_down_q8(float *out, const float *h, int64_t H, int64_t I, const int32_t *idx, const float *wts, int k,
+                  int E, const uint8_t *const *tab, int64_t rb) {
+  constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW, DU = MOEQ_DU;
+  extern __shared__ __align__(16) uint8_t moeq_smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t t = blockIdx.y, r = (int64_t)blockIdx.x * MOEQ_WARPS + warp;
+  const int P = (int)(I / 32), items = k * P, len = k * (int)I, nb = len / 32;
+  uint8_t *xq = moeq_smem;
+  float *xd = (float *)(moeq_smem + len), *xs = xd + ((nb + 1) & ~1);
+  const bool active = r < H;
+  const int32_t *ti = idx + t * k;
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl: idx, wts and h are written by earlier kernels */
+  /* Stage s's items of this lane: row (NULL: no item, or an id out of range), piece, slot. */
+  auto locate = [&](int s, const uint8_t **row, int *pc, int *j) {
+#pragma unroll
+    for (int u = 0; u < DU; u++) {
+      const int q = (s * DU + u) * 32 + lane;
+      row[u] = NULL, pc[u] = 0, j[u] = 0;
+      if (active && q < items) {
+        const int jj = q / P, e = ti[jj];
+        j[u] = jj, pc[u] = q - jj * P;
+        if (e >= 0 && e < E) row[u] = tab[2 * E + e] + r * rb;
+      }
+    }
+  };
+  const uint8_t *row[DU];
+  int pc[DU], js[DU];
+  uint32_t raw[DU][RAW];
+  locate(0, row, pc, js);
+#pragma unroll
+  for (int u = 0; u < DU; u++)
+    if (row[u]) cuda_piece_load<TYPE>(row[u], pc[u], pc[u] == P - 1, raw[u]);
+  const float *ht = h + t * len;
+  cuda_q8act_quantize<TYPE, 4, MOEQ_WARPS>(
+      [&](int blk, int m) -> float4 { return *(const float4 *)(ht + (int64_t)blk * 32 + 4 * m); }, nb, xq, xd,
+      xs, warp, lane);
+  __syncthreads();
+  if (!active) return;
+  float acc = 0.0f;
+  const int stages = (items + 32 * DU - 1) / (32 * DU);
+  for (int s = 0; s < stages; s++) {
+    const uint8_t *row2[DU];
+    int pc2[DU], js2[DU];
+    uint32_t nxt[DU][RAW];
+    locate(s + 1, row2, pc2, js2); /* past the last stage: no items */
+#pragma unroll
+    for (int u = 0; u < DU; u++)
+      if (row2[u]) cuda_piece_load<TYPE>(row2[u], pc2[u], pc2[u] == P - 1, nxt[u]);
+#pragma unroll
+    for (int u = 0; u < DU; u++) {
+      if (!row[u]) continue;
+      int a[8], wq[NW];
+      float dx[2], sx[2], sc[2], mn[2];
+      cuda_q8act_fetch<TYPE>(xq, xd, xs, js[u] * (int)I + (int)cuda_q8_e0<TYPE>(pc[u]), a, dx, sx);
+      cuda_q8_decode<TYPE>(row[u], pc[u], raw[u], wq, sc, mn);
+      acc += wts[t * k + js[u]] * cuda_q8act_dot<TYPE>(wq, sc, mn, a, dx, sx);
+    }
+#pragma unroll
+    for (int u = 0; u < DU; u++) {
+      row[u] = row2[u], pc[u] = pc2[u], js[u] = js2[u];
+#pragma unroll
+      for (int w = 0; w < RAW; w++) raw[u][w] = nxt[u][w];
+    }
+  }
+  acc = cuda_warp_sum(acc);
+  if (lane == 0) out[t * H + r] = acc;
+}
+
 /* The layer's device table of expert row pointers ([gate E][up E][down E]), built on first
  * use and kept under the host address of the gate array. NULL when the experts of one matrix
- * differ in type or shape, or a type this path cannot read (the caller falls back). */
+ * differ in type or shape, or a type this path cannot read (the caller falls back). aligned
+ * (may be NULL): every pointer in the table is 16-byte aligned, as the int8 kernels' piece
+ * loads need (cudaMalloc'd mirrors are; a weight that already is device memory is used as
+ * is and may not be). That is known when the table is built and kept as a marker entry
+ * under the host address &gate->data (a field of the model's array, never itself a mirror
+ * key), so a cached table costs one more lookup, not a pass over the pointers. */
 static const uint8_t *const *moe_table(ops_backend *be, int E, const ops_weight *gate, const ops_weight *up,
-                                       const ops_weight *down) {
+                                       const ops_weight *down, bool *aligned) {
   const void *hit = cuda_mirror_find(be, gate);
-  if (hit) return (const uint8_t *const *)hit;
+  if (hit) {
+    if (aligned) *aligned = cuda_mirror_find(be, &gate->data) != NULL;
+    return (const uint8_t *const *)hit;
+  }
+  if (aligned) *aligned = false;
   const ops_weight *mats[3] = {gate, up, down};
   for (int m = 0; m < 3; m++) {
     if (!mats[m]) continue;
@@ -322,9 +493,60 @@ static const uint8_t *const *moe_table(ops_backend *be, int E, const ops_weight 
         return NULL;
       }
   }
+  uintptr_t low = 0;
+  for (int i = 0; i < 3 * E; i++) low |= (uintptr_t)t[i];
   const void *d = cuda_mirror_keyed(be, gate, t, (size_t)3 * E * sizeof *t);
   free(t);
+  if (d && (low & 15) == 0) {
+    const uint8_t one = 1;
+    if (!cuda_mirror_keyed(be, &gate->data, &one, 1)) return NULL;
+    if (aligned) *aligned = true;
+  }
   return (const uint8_t *const *)d;
+}
+
+#define MOEQ_SMEM_MAX (48 * 1024) /* the default dynamic shared-memory limit: no opt-in needed */
+/* The types with an int8 piece decoder (cuda_q8_decode). */
+#define MOEQ_TYPES(X) \
+  X(ANNA_DTYPE_Q4_0) X(ANNA_DTYPE_IQ4_NL) X(ANNA_DTYPE_IQ4_XS) X(ANNA_DTYPE_Q8_0) X(ANNA_DTYPE_Q4_K) \
+  X(ANNA_DTYPE_Q5_K) X(ANNA_DTYPE_Q6_K)
+
+static bool moeq_type(int t) {
+  switch (t) {
+#define MOEQ_IS(T) case T:
+    MOEQ_TYPES(MOEQ_IS)
+#undef MOEQ_IS
+    return true;
+  default: return false;
+  }
+}
+
+/* Queues the int8 gate/up (down) kernel for type t, one of MOEQ_TYPES. */
+static void moeq_gate_up(cuda_impl *ci, int t, dim3 grid, size_t sm, float *h, const float *x, int64_t H, int64_t I,
+                         const int32_t *idx, int k, int E, const uint8_t *const *tab, int64_t rb, int fused, int act) {
+  switch (t) {
+#define MOEQ_GU(T)                                                                                                   \
+  case T:                                                                                                            \
+    cuda_launch_pdl(ci, "moe gate/up q8", k_moe_gate_up_q8<T>, grid, 32 * MOEQ_WARPS, sm, h, x, H, I, idx, k, E, tab, \
+                    rb, fused, act);                                                                                 \
+    break;
+    MOEQ_TYPES(MOEQ_GU)
+#undef MOEQ_GU
+  default: break;
+  }
+}
+static void moeq_down(cuda_impl *ci, int t, dim3 grid, size_t sm, float *out, const float *h, int64_t H, int64_t I,
+                      const int32_t *idx, const float *wts, int k, int E, const uint8_t *const *tab, int64_t rb) {
+  switch (t) {
+#define MOEQ_DN(T)                                                                                                   \
+  case T:                                                                                                            \
+    cuda_launch_pdl(ci, "moe down q8", k_moe_down_q8<T>, grid, 32 * MOEQ_WARPS, sm, out, h, H, I, idx, wts, k, E, tab, \
+                    rb);                                                                                             \
+    break;
+    MOEQ_TYPES(MOEQ_DN)
+#undef MOEQ_DN
+  default: break;
+  }
 }
 
 /* The decode path; false when it cannot take these weights (nothing queued). */
@@ -336,17 +558,30 @@ static bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t 
   if (((uintptr_t)x & 15) != 0 || H % 4 != 0 || I % 4 != 0 || down[0].rows != H || down[0].cols != I ||
       gate[0].cols != H)
     return false;
-  const uint8_t *const *tab = moe_table(be, E, gate, up, down);
+  bool aligned = false;
+  const uint8_t *const *tab = moe_table(be, E, gate, up, down, &aligned);
   if (!tab) return false;
   const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
   const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
   float *h = scratch; /* n * k * I floats: within ops_moe_scratch_floats */
-  cuda_launch_pdl(ci, "moe gate/up", k_moe_gate_up,
-                  dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)), 32 * MOE_WARPS, 0, h, x, H, I,
-                  idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
+  /* int8 activations: each side on its own (h is f32 between them); both need 16-byte
+   * aligned rows (piece loads) and activations (float4 loads: x checked above, h here) */
+  const bool q8 = !ci->exact && ci->moe_variant != CUDA_MOE_DECODE_F32 && aligned && ((uintptr_t)h & 15) == 0;
+  const size_t smg = cuda_q8act_smem(H), smd = cuda_q8act_smem((int64_t)k * I);
+  if (q8 && tu == tg && moeq_type(tg) && H % dtype_block_size(tg) == 0 && smg <= MOEQ_SMEM_MAX)
+    moeq_gate_up(ci, tg, dim3((unsigned)((I + MOEQ_WARPS - 1) / MOEQ_WARPS), (unsigned)(n * k)), smg, h, x, H, I, idx,
+                 k, E, tab, rbg, up == NULL, act);
+  else
+    cuda_launch_pdl(ci, "moe gate/up", k_moe_gate_up,
+                    dim3((unsigned)((I + MOE_WARPS - 1) / MOE_WARPS), (unsigned)(n * k)), 32 * MOE_WARPS, 0, h, x, H,
+                    I, idx, k, E, tab, tg, tu, rbg, rbu, up == NULL, act);
   if (ci->err) return true;
-  cuda_launch_pdl(ci, "moe down", k_moe_down, dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n),
-              32 * MOE_WARPS, 0, out, h, H, I, idx, wts, k, E, tab, td, rbd);
+  if (q8 && moeq_type(td) && I % dtype_block_size(td) == 0 && I % 32 == 0 && smd <= MOEQ_SMEM_MAX)
+    moeq_down(ci, td, dim3((unsigned)((H + MOEQ_WARPS - 1) / MOEQ_WARPS), (unsigned)n), smd, out, h, H, I, idx, wts, k,
+              E, tab, rbd);
+  else
+    cuda_launch_pdl(ci, "moe down", k_moe_down, dim3((unsigned)((H + MOE_WARPS - 1) / MOE_WARPS), (unsigned)n),
+                    32 * MOE_WARPS, 0, out, h, H, I, idx, wts, k, E, tab, td, rbd);
   return true;
 }
 
@@ -720,7 +955,7 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   int32_t *cnt = (int32_t *)carve(nb * E * 4), *off = (int32_t *)carve(((int64_t)E + 1) * 4);
   int32_t *tiles = (int32_t *)carve(tmax * 2 * 4), *ntiles = (int32_t *)carve(4);
   if (at > limit) return false;
-  const uint8_t *const *tab = moe_table(be, E, gate, up, down);
+  const uint8_t *const *tab = moe_table(be, E, gate, up, down, NULL);
   if (!tab) return false;
 
   cuda_launch(ci, "moe split", k_moe_split, cuda_blocks(n * Hs, 256), 256, 0, xhi, xlo, x, n, (int64_t)H, Hs);
