@@ -124,7 +124,7 @@ fi
 if [ "$AB" = 1 ] && [ -n "$SYNTH" ] && [ -x "$BIN/anna-bench" ]; then
   for m in "$SD"/*.gguf; do
     [ -e "$m" ] || continue
-    for v in ${AB_VARIANTS:-- ANNA_CUDA_PDL=0 ANNA_CUDA_ATTN=per_head}; do
+    for v in ${AB_VARIANTS:-- ANNA_CUDA_PDL=0 ANNA_CUDA_ATTN=per_head ANNA_CUDA_GEMM=int8 ANNA_CUDA_MOE=decode_f32}; do
       line=$( ( [ "$v" = - ] && v=; env $v "$BIN/anna-bench" --model "$m" --device cuda --prompt-lengths 512,8192 \
         --max-new-tokens 128 --runs 2 --batch "${BENCH_BATCH:-2048}" --json ) 2>>"$OUTD/ab.err")
       echo "$(basename "$m") [$v]: $line" >>"$OUTD/ab.log"

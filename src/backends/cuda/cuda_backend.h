@@ -57,7 +57,7 @@ void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
  * tests: CUDA_MOE_DEFAULT (that), CUDA_MOE_HOST (the exact mode's host-grouped path: ids read
  * back, per-expert matmuls), CUDA_MOE_T16 / T32 / T64 (grouped, tiles of 16 / 32 / 64 pairs),
  * CUDA_MOE_DECODE_F32 (decode on the f32-activation kernels exact mode uses; prefill as the
- * default). */
+ * default; also the environment variable ANNA_CUDA_MOE=decode_f32 at creation). */
 enum {
   CUDA_MOE_DEFAULT = 0,
   CUDA_MOE_HOST = 1,
