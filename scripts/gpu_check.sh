@@ -121,10 +121,11 @@ if [ -n "$SYNTH" ]; then
   fi
 fi
 # 3b. runtime variants side by side (same binary, same model, one run each)
+AB_DEFAULT="- ANNA_CUDA_PDL=0 ANNA_CUDA_ATTN=per_head ANNA_CUDA_GEMM=int8 ANNA_CUDA_GEMM=bf16x1 ANNA_CUDA_MOE=decode_f32"
 if [ "$AB" = 1 ] && [ -n "$SYNTH" ] && [ -x "$BIN/anna-bench" ]; then
   for m in "$SD"/*.gguf; do
     [ -e "$m" ] || continue
-    for v in ${AB_VARIANTS:-- ANNA_CUDA_PDL=0 ANNA_CUDA_ATTN=per_head ANNA_CUDA_GEMM=int8 ANNA_CUDA_MOE=decode_f32}; do
+    for v in ${AB_VARIANTS:-$AB_DEFAULT}; do
       line=$( ( [ "$v" = - ] && v=; env $v "$BIN/anna-bench" --model "$m" --device cuda --prompt-lengths 512,8192 \
         --max-new-tokens 128 --runs 2 --batch "${BENCH_BATCH:-2048}" --json ) 2>>"$OUTD/ab.err")
       echo "$(basename "$m") [$v]: $line" >>"$OUTD/ab.log"

@@ -171,9 +171,12 @@ static int gemm_int8_type(int t) {
  * sum_i |w_ri| * s_blk(i) / 2 (1% slack for the f32 rounding of s and the products) plus
  * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation. Fresh NaN outputs: an unwritten one
  * fails. Leaves the variant at CUDA_GEMM_BF16 and exact mode on. Returns the largest error /
- * bound. */
-static double gemm_int8_check(const char *what, const ops_weight *ow, const float *x, const float *dx,
-                              const float *wf, const float *bias, int64_t n) {
+ * bound. variant CUDA_GEMM_BF16_SINGLE instead: activations rounded once to bf16 (relative
+ * error <= 2^-8 each), a quantized weight's dequantized values too, so output r may differ by
+ * sum_i |w_ri x_i| * (2^-8 + 2^-8 + 2^-16) (1% slack) plus the same accumulation term. */
+static double gemm_variant_check(const char *what, int variant, const ops_weight *ow, const float *x,
+                                 const float *dx, const float *wf, const float *bias, int64_t n) {
+  const double ux = 1.0 / 256, uw = cuda_float_type_host(ow->type) ? 0.0 : 1.0 / 256; /* bf16 weights: exact */
   const int64_t rows = ow->rows, cols = ow->cols;
   float *ref = malloc(sizeof(float) * (size_t)(n * rows));
   double *bnd = malloc(sizeof(double) * (size_t)(n * rows));
@@ -189,6 +192,7 @@ static double gemm_int8_check(const char *what, const ops_weight *ow, const floa
         }
       }
       ref[t * rows + r] = (float)acc;
+      if (variant == CUDA_GEMM_BF16_SINGLE) b = mag * (ux + uw + ux * uw);
       bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
     }
   float *nan = calloc((size_t)(n * rows), sizeof(float)); /* dnan, inlined here, warned maybe-uninitialized */
@@ -196,7 +200,7 @@ static double gemm_int8_check(const char *what, const ops_weight *ow, const floa
   float *dy = dput(nan, sizeof(float) * (size_t)(n * rows));
   free(nan);
   cuda_backend_set_exact(g_gpu, 0);
-  cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_INT8);
+  cuda_backend_set_gemm_variant(g_gpu, variant);
   g_gpu->matmul(g_gpu, dy, dx, n, ow, bias);
   cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
   cuda_backend_set_exact(g_gpu, 1);
@@ -211,7 +215,8 @@ static double gemm_int8_check(const char *what, const ops_weight *ow, const floa
   }
   g_checks++;
   if (bad) {
-    printf("  FAIL %-58s %lld of %lld outside the int8 bound\n", what, (long long)bad, (long long)(n * rows));
+    printf("  FAIL %-58s %lld of %lld outside the %s bound\n", what, (long long)bad, (long long)(n * rows),
+           variant == CUDA_GEMM_INT8 ? "int8" : "bf16");
     g_fail++;
   }
   free(g), free(ref), free(bnd);
@@ -272,8 +277,13 @@ static void test_matmul(void) {
         cuda_backend_set_exact(g_gpu, 1);
         if (gemm_int8_type(type)) {
           strncat(what, " int8", sizeof what - strlen(what) - 1);
-          gemm_int8_check(what, &ow, x, dx, wf, bias, n);
+          gemm_variant_check(what, CUDA_GEMM_INT8, &ow, x, dx, wf, bias, n);
           what[strlen(what) - strlen(" int8")] = 0;
+        }
+        if (!cuda_float_type_host(type) || type == ANNA_DTYPE_BF16) {
+          strncat(what, " bf16x1", sizeof what - strlen(what) - 1);
+          gemm_variant_check(what, CUDA_GEMM_BF16_SINGLE, &ow, x, dx, wf, bias, n);
+          what[strlen(what) - strlen(" bf16x1")] = 0;
         }
       }
       if (s == 2) {
@@ -317,7 +327,7 @@ static void test_matmul(void) {
       char what[128];
       snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s int8 gemm", dtype_name(type), (long long)n, (long long)rows,
                (long long)cols, bias ? " +bias" : "");
-      worst = fmax(worst, gemm_int8_check(what, &ow, x, dx, wf, bias, n));
+      worst = fmax(worst, gemm_variant_check(what, CUDA_GEMM_INT8, &ow, x, dx, wf, bias, n));
       dfree(dx);
       free(w), free(wf), free(x), free(bias);
     }

@@ -724,7 +724,9 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   }
   {
     const char *ev = getenv("ANNA_CUDA_GEMM"); /* int8: CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) */
-    ci->gemm_variant = ev && !strcmp(ev, "int8") ? CUDA_GEMM_INT8 : CUDA_GEMM_BF16;
+    ci->gemm_variant = ev && !strcmp(ev, "int8")     ? CUDA_GEMM_INT8
+                       : ev && !strcmp(ev, "bf16x1") ? CUDA_GEMM_BF16_SINGLE
+                                                     : CUDA_GEMM_BF16;
     const char *mv = getenv("ANNA_CUDA_MOE"); /* decode_f32: CUDA_MOE_DECODE_F32 */
     if (mv && !strcmp(mv, "decode_f32")) ci->moe_variant = CUDA_MOE_DECODE_F32;
   }

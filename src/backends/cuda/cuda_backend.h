@@ -93,8 +93,12 @@ void cuda_backend_set_attn_variant(ops_backend *be, int variant);
  * CUDA_GEMM_BF16 (default: weight tiles dequantized to bf16, cuBLAS on split bf16
  * activations) or CUDA_GEMM_INT8 (activations quantized to int8 per 32-element block as the
  * decode matvec does, int8 tensor cores on weights decoded in shared memory; also the
- * environment variable ANNA_CUDA_GEMM=int8 at creation). Other weights ignore it. */
-enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1 };
+ * environment variable ANNA_CUDA_GEMM=int8 at creation). Other weights ignore it.
+ * CUDA_GEMM_BF16_SINGLE (ANNA_CUDA_GEMM=bf16x1): bf16 and quantized weights, the activations
+ * rounded once to bf16 and multiplied once (llama.cpp's precision: half the tensor-core work
+ * of the hi + lo split, 8 significant bits instead of 16; moves the fixtures' logits past the
+ * 5e-3 bound, so never the default). */
+enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1, CUDA_GEMM_BF16_SINGLE = 2 };
 void cuda_backend_set_gemm_variant(ops_backend *be, int variant);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
  * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */

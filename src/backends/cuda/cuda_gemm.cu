@@ -14,7 +14,9 @@
  *                 below the format's own quantization error);
  *   f32 and f16 weights stay on the exact f32 SGEMM (cuda_matmul.cu): rare in matmuls.
  *   CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) sends the quantized types cuda_mmq.cu
- *                 takes to its int8 tensor-core GEMM instead, through the same scratch.
+ *                 takes to its int8 tensor-core GEMM instead, through the same scratch;
+ *   CUDA_GEMM_BF16_SINGLE multiplies the hi half only (llama.cpp's bf16 precision, half
+ *                 the work; an opt-in for speed, never the default).
  * --exact (cuda_impl.exact) sends everything to the f32 SGEMM. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
@@ -112,7 +114,7 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
   __nv_bfloat16 *lo = hi + lo_at;
   const int vec = ((uintptr_t)x & 15) == 0;
   cuda_launch(ci, "split activations", k_split_act, grid_of(vec ? count / 4 + 1 : count), 256, 0, hi, lo, x, count,
-              vec);
+              vec); /* (the single-pass variant leaves lo unread: one kernel for both) */
   if (ci->err) return true;
   const float one = 1.0f, zero = 0.0f;
   const int k = (int)w->cols;
@@ -135,8 +137,9 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
       A = ci->deq;
     }
     /* Column-major view, as the f32 path: C(m x n, ldc rows) = A(k x m)^T B(k x n); the lo
-     * product accumulates onto the hi one (beta 1). */
-    for (int part = 0; part < 2; part++) {
+     * product accumulates onto the hi one (beta 1). CUDA_GEMM_BF16_SINGLE: hi only. */
+    const int parts = ci->gemm_variant == CUDA_GEMM_BF16_SINGLE ? 1 : 2;
+    for (int part = 0; part < parts; part++) {
       cublasStatus_t s = cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, k, &one, A, CUDA_R_16BF, k,
                                       part ? lo : hi, CUDA_R_16BF, k, part ? &one : &zero, y + r0, CUDA_R_32F,
                                       (int)w->rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
