@@ -1,7 +1,6 @@
 /* cpu_qgemm.c: y = x W^T for llama.cpp-quantized weights with 8-bit activations, as a tiled
- * GEMM: AVX-512 VNNI (vpdpbusd), or AVX2 (vpmaddubsw + vpmaddwd) for the types whose decoded
- * bytes stay small enough for its 16-bit pair sums; the caller falls back to the per-row dots
- * elsewhere.
+ * GEMM: AVX-512 VNNI (vpdpbusd) or AVX2 (vpmaddubsw + vpmaddwd); the caller falls back to the
+ * per-row dots on older CPUs.
  *
  * Numerics are llama.cpp's: the activations are quantized exactly as ggml-cpu does on x86
  * (quant_quantize_act: Q8_0, Q8_1 or Q8_K per quant_act_type), every weight x activation
@@ -415,25 +414,27 @@ QG_TGT static inline __attribute__((always_inline)) void qg_kernel_body(
 
 /* ---- the AVX2 tile kernel ----
  * No vpdpbusd: vpmaddubsw multiplies u8 x s8 and adds pairs into i16 with saturation, exact
- * while 2 * u * 127 < 2^15, i.e. decoded bytes u <= 128 - 1: every type but the offset-128
- * ones (Q8_0, IQ4_NL, IQ4_XS: qg_avx2_type); vpmaddwd against ones then adds the pairs into
- * the i32 sums vpdpbusd makes. A ymm holds 8 rows x 4 k, so a 4-k group of the 32-row tile is
+ * while 2 * u * 127 < 2^15, i.e. decoded bytes u <= 128; vpmaddwd against ones then adds the
+ * pairs into the i32 sums vpdpbusd makes. The offset-128 types (Q8_0, IQ4_NL, IQ4_XS: bytes
+ * up to 255) take the signed form instead (SGN): w = u - 128 in -128..127, multiplied as
+ * |w| x (a * sign w), |w| <= 128 (vpsignb), which sums sum_k (u - 128) a = sum_k u a - o * sum_k a
+ * directly, the integer the VNNI kernel gets after subtracting the offset term. A ymm holds 8 rows x 4 k, so a 4-k group of the 32-row tile is
  * four loads (the same scratch layout: [sub-block][group][32 rows x 4 bytes]). Tokens go two
  * at a time (8 i32 accumulators + 4 weight vectors + broadcast + ones: 14 of the 16 ymm);
  * the float sums live in out[][] and take, lane by lane, the AVX-512 kernel's operations in
  * its order, so both kernels give the same bits. */
 #define QG2_TGT __attribute__((target("avx2,fma,f16c")))
 
-static int qg_avx2_type(int type) {
-  return qg_sub(type) != 0 && type != ANNA_DTYPE_Q8_0 && type != ANNA_DTYPE_IQ4_NL && type != ANNA_DTYPE_IQ4_XS;
+static int qg_signed_type(int type) {
+  return type == ANNA_DTYPE_Q8_0 || type == ANNA_DTYPE_IQ4_NL || type == ANNA_DTYPE_IQ4_XS;
 }
 
 QG2_TGT static inline __attribute__((always_inline)) void qg2_kernel_body(
     const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a, const int64_t tok[QG_TOK], const int S,
-    const int has_min, float out[QG_TOK][QG_ROWS]) {
+    const int has_min, const int sgn, float out[QG_TOK][QG_ROWS]) {
   const int64_t K = a->K, nsb = a->nsb;
   const int G = S / 4;
-  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
   for (int t = 0; t < QG_TOK; t++)
     for (int h = 0; h < 4; h++) _mm256_storeu_ps(out[t] + 8 * h, _mm256_setzero_ps());
   for (int tp = 0; tp < QG_TOK; tp += 2) {
@@ -452,20 +453,26 @@ QG2_TGT static inline __attribute__((always_inline)) void qg2_kernel_body(
       for (int g = 0; g < G; g++) {
         __m256i w[4];
 #pragma GCC unroll 4
-        for (int h = 0; h < 4; h++) w[h] = _mm256_load_si256((const __m256i *)(wj + g * 128 + 32 * h));
+        for (int h = 0; h < 4; h++) {
+          w[h] = _mm256_load_si256((const __m256i *)(wj + g * 128 + 32 * h));
+          if (sgn) w[h] = _mm256_xor_si256(w[h], flip); /* u - 128 as int8 */
+        }
 #pragma GCC unroll 2
         for (int t = 0; t < 2; t++) {
           int32_t v;
           memcpy(&v, q[t] + j * S + g * 4, 4);
           const __m256i b = _mm256_set1_epi32(v);
 #pragma GCC unroll 4
-          for (int h = 0; h < 4; h++)
-            is[t][h] = _mm256_add_epi32(is[t][h], _mm256_madd_epi16(_mm256_maddubs_epi16(w[h], b), ones));
+          for (int h = 0; h < 4; h++) {
+            const __m256i p = sgn ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[h], w[h]), _mm256_sign_epi8(b, w[h]))
+                                  : _mm256_maddubs_epi16(w[h], b);
+            is[t][h] = _mm256_add_epi32(is[t][h], _mm256_madd_epi16(p, ones));
+          }
         }
       }
 #pragma GCC unroll 2
       for (int t = 0; t < 2; t++) {
-        const __m256i o = _mm256_set1_epi32(ia[t][j]);
+        const __m256i o = _mm256_set1_epi32(sgn ? 0 : ia[t][j]); /* signed form: already subtracted */
         const __m256 d = _mm256_set1_ps(da[t][j]), m = _mm256_set1_ps(ma[t][j]);
 #pragma GCC unroll 4
         for (int h = 0; h < 4; h++) {
@@ -481,15 +488,16 @@ QG2_TGT static inline __attribute__((always_inline)) void qg2_kernel_body(
   }
 }
 
-#define QG2_KERNEL(name, S, MIN)                                                                           \
+#define QG2_KERNEL(name, S, MIN, SGN)                                                                      \
   QG2_TGT static void name(const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a,         \
                            const int64_t tok[QG_TOK], float out[QG_TOK][QG_ROWS]) {                        \
-    qg2_kernel_body(wt, fst, fmt, a, tok, S, MIN, out);                                                    \
+    qg2_kernel_body(wt, fst, fmt, a, tok, S, MIN, SGN, out);                                               \
   }
-QG2_KERNEL(qg2_kernel_32, 32, 0)
-QG2_KERNEL(qg2_kernel_32m, 32, 1)
-QG2_KERNEL(qg2_kernel_16, 16, 0)
-QG2_KERNEL(qg2_kernel_16m, 16, 1)
+QG2_KERNEL(qg2_kernel_32, 32, 0, 0)
+QG2_KERNEL(qg2_kernel_32m, 32, 1, 0)
+QG2_KERNEL(qg2_kernel_32s, 32, 0, 1)
+QG2_KERNEL(qg2_kernel_16, 16, 0, 0)
+QG2_KERNEL(qg2_kernel_16m, 16, 1, 0)
 
 static int g_qg_vnni = -1;
 
@@ -573,6 +581,7 @@ static void qg_tile_task(void *p, int ith, int nth) {
   const int v512 = qg_vnni_ok();
   const qg_kernel_fn kern = v512 ? (S == 32 ? (c->has_min ? qg_kernel_32m : qg_kernel_32)
                                             : (c->has_min ? qg_kernel_16m : qg_kernel_16))
+                                 : qg_signed_type(w->type) ? qg2_kernel_32s
                                  : (S == 32 ? (c->has_min ? qg2_kernel_32m : qg2_kernel_32)
                                             : (c->has_min ? qg2_kernel_16m : qg2_kernel_16));
   int64_t have = -1; /* tile now decoded in wt */
@@ -612,7 +621,7 @@ static void qg_tile_task(void *p, int ith, int nth) {
 
 int cpu_qgemm_usable(int type) {
   if (qg_vnni_ok()) return qg_sub(type) != 0;
-  return cpu_isa_level() >= 1 && qg_avx2_type(type);
+  return cpu_isa_level() >= 1 && qg_sub(type) != 0;
 }
 
 int cpu_qgemm(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
