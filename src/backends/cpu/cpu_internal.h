@@ -69,7 +69,8 @@ void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
 int cpu_isa_level(void);
 /* Per-thread scratch floats the prefill matmul tile needs for rows of max_cols. */
 int64_t cpu_matmul_scratch_floats(int64_t max_cols);
-/* Tiled VNNI GEMM for quantized weights with 8-bit activations (cpu_qgemm.c).
+/* Tiled GEMM for quantized weights with 8-bit activations (cpu_qgemm.c: AVX-512 VNNI or
+ * AVX2).
  * cpu_qgemm_usable: the CPU and ISA level allow it for this weight type. cpu_qgemm: runs
  * y = x W^T (+ bias) and returns 1, or returns 0 without touching y when the backend's
  * scratch or act buffer is too small for n x cols (the caller then uses the row dots). */

@@ -2,8 +2,8 @@
  *
  * Quantized weights, default numerics (llama.cpp's): the activations are quantized to 8
  * bits as ggml does (formats/quant.h) and multiplied in integers per block. 8+ tokens: the
- * tiled VNNI GEMM of cpu_qgemm.c; fewer (decode steps), other types or no AVX-512 VNNI: per
- * row integer dots, rows split across threads, bandwidth-bound (Q8_0/Q5_0/Q4_0 batches of
+ * tiled GEMM of cpu_qgemm.c (AVX-512 VNNI or AVX2); fewer (decode steps), other types or
+ * older CPUs: per row integer dots, rows split across threads, bandwidth-bound (Q8_0/Q5_0/Q4_0 batches of
  * 2..7 tokens decode each row once for all tokens).
  * f32/f16/bf16 weights, and quantized weights with exact_matmul: f32 activations. 8+ tokens
  * on AVX-512: weights converted to f32 tiles (dequantized) and an 8x32 FMA micro-kernel

@@ -1,5 +1,6 @@
 /* cpu_qgemm.c: y = x W^T for llama.cpp-quantized weights with 8-bit activations, as a tiled
- * VNNI GEMM (AVX-512 VNNI machines; the caller falls back to the per-row dots elsewhere).
+ * GEMM: AVX-512 VNNI (vpdpbusd) or AVX2 (vpmaddubsw + vpmaddwd); the caller falls back to the
+ * per-row dots on older CPUs.
  *
  * Numerics are llama.cpp's: the activations are quantized exactly as ggml-cpu does on x86
  * (quant_quantize_act: Q8_0, Q8_1 or Q8_K per quant_act_type), every weight x activation
@@ -411,6 +412,106 @@ QG_TGT static inline __attribute__((always_inline)) void qg_kernel_body(
   }
 }
 
+/* ---- the AVX2 tile kernel ----
+ * No vpdpbusd: vpmaddubsw multiplies u8 x s8 and adds pairs into i16 with saturation, exact
+ * while 2 * u * 127 < 2^15, i.e. decoded bytes u <= 128; vpmaddwd against ones then adds the
+ * pairs into the i32 sums vpdpbusd makes. The offset-128 types (Q8_0, IQ4_NL, IQ4_XS: bytes
+ * up to 255) take the signed form instead (SGN): w = u - 128 in -128..127, multiplied as
+ * |w| x (a * sign w), |w| <= 128 (vpsignb), which sums sum_k (u - 128) a = sum_k u a - o * sum_k a
+ * directly, the integer the VNNI kernel gets after subtracting the offset term. A ymm holds 8 rows x 4 k, so a 4-k group of the 32-row tile is
+ * four loads (the same scratch layout: [sub-block][group][32 rows x 4 bytes]). Tokens go two
+ * at a time (8 i32 accumulators + 4 weight vectors + broadcast + ones: 14 of the 16 ymm);
+ * the float sums live in out[][] and take, lane by lane, the AVX-512 kernel's operations in
+ * its order, so both kernels give the same bits. */
+#define QG2_TGT __attribute__((target("avx2,fma,f16c")))
+
+static int qg_signed_type(int type) {
+  return type == ANNA_DTYPE_Q8_0 || type == ANNA_DTYPE_IQ4_NL || type == ANNA_DTYPE_IQ4_XS;
+}
+
+QG2_TGT static inline __attribute__((always_inline)) void qg2_kernel_body(
+    const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a, const int64_t tok[QG_TOK], const int S,
+    const int has_min, const int sgn, float out[QG_TOK][QG_ROWS]) {
+  const int64_t K = a->K, nsb = a->nsb;
+  const int G = S / 4;
+  const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+  for (int t = 0; t < QG_TOK; t++)
+    for (int h = 0; h < 4; h++) _mm256_storeu_ps(out[t] + 8 * h, _mm256_setzero_ps());
+  for (int tp = 0; tp < QG_TOK; tp += 2) {
+    const int8_t *q[2] = {a->q8 + tok[tp] * K, a->q8 + tok[tp + 1] * K};
+    const float *da[2] = {a->da + tok[tp] * nsb, a->da + tok[tp + 1] * nsb};
+    const float *ma[2] = {a->ma + tok[tp] * nsb, a->ma + tok[tp + 1] * nsb};
+    const int32_t *ia[2] = {a->ia + tok[tp] * nsb, a->ia + tok[tp + 1] * nsb};
+    for (int64_t j = 0; j < nsb; j++) {
+      __m256i is[2][4];
+#pragma GCC unroll 8
+      for (int t = 0; t < 2; t++)
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) is[t][h] = _mm256_setzero_si256();
+      const uint8_t *wj = wt + j * G * 128;
+#pragma GCC unroll 8
+      for (int g = 0; g < G; g++) {
+        __m256i w[4];
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+          w[h] = _mm256_load_si256((const __m256i *)(wj + g * 128 + 32 * h));
+          if (sgn) w[h] = _mm256_xor_si256(w[h], flip); /* u - 128 as int8 */
+        }
+#pragma GCC unroll 2
+        for (int t = 0; t < 2; t++) {
+          int32_t v;
+          memcpy(&v, q[t] + j * S + g * 4, 4);
+          const __m256i b = _mm256_set1_epi32(v);
+#pragma GCC unroll 4
+          for (int h = 0; h < 4; h++) {
+            const __m256i p = sgn ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[h], w[h]), _mm256_sign_epi8(b, w[h]))
+                                  : _mm256_maddubs_epi16(w[h], b);
+            is[t][h] = _mm256_add_epi32(is[t][h], _mm256_madd_epi16(p, ones));
+          }
+        }
+      }
+#pragma GCC unroll 2
+      for (int t = 0; t < 2; t++) {
+        const __m256i o = _mm256_set1_epi32(sgn ? 0 : ia[t][j]); /* signed form: already subtracted */
+        const __m256 d = _mm256_set1_ps(da[t][j]), m = _mm256_set1_ps(ma[t][j]);
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+          float *acc = out[tp + t] + 8 * h;
+          __m256 v = _mm256_loadu_ps(acc);
+          v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is[t][h], o)),
+                              _mm256_mul_ps(_mm256_load_ps(fst + j * 32 + 8 * h), d), v);
+          if (has_min) v = _mm256_fmadd_ps(_mm256_load_ps(fmt + j * 32 + 8 * h), m, v);
+          _mm256_storeu_ps(acc, v);
+        }
+      }
+    }
+  }
+}
+
+#define QG2_KERNEL(name, S, MIN, SGN)                                                                      \
+  QG2_TGT static void name(const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a,         \
+                           const int64_t tok[QG_TOK], float out[QG_TOK][QG_ROWS]) {                        \
+    qg2_kernel_body(wt, fst, fmt, a, tok, S, MIN, SGN, out);                                               \
+  }
+QG2_KERNEL(qg2_kernel_32, 32, 0, 0)
+QG2_KERNEL(qg2_kernel_32m, 32, 1, 0)
+QG2_KERNEL(qg2_kernel_32s, 32, 0, 1)
+QG2_KERNEL(qg2_kernel_16, 16, 0, 0)
+QG2_KERNEL(qg2_kernel_16m, 16, 1, 0)
+
+static int g_qg_vnni = -1;
+
+/* The AVX-512 VNNI kernels may run: the CPU has them and the ISA level (cpu_backend_force_isa
+ * in tests) allows AVX-512. */
+static int qg_vnni_ok(void) {
+  if (g_qg_vnni < 0) {
+    __builtin_cpu_init();
+    g_qg_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  }
+  return g_qg_vnni && cpu_isa_level() == 2;
+}
+
 #define QG_KERNEL(name, S, MIN)                                                                            \
   QG_TGT static void name(const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a,          \
                           const int64_t tok[QG_TOK], float out[QG_TOK][QG_ROWS]) {                         \
@@ -433,6 +534,11 @@ QG_TGT static void qg_store(float *y, const float *out, const float *bias, int n
     if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, bias + h * 16));
     _mm512_mask_storeu_ps(y + h * 16, k, v);
   }
+}
+
+/* y[0..nr) = out[0..nr) (+ bias), for the AVX2 path. */
+static void qg_store_plain(float *y, const float *out, const float *bias, int nr) {
+  for (int r = 0; r < nr; r++) y[r] = bias ? out[r] + bias[r] : out[r];
 }
 
 /* Scratch layout per worker (bytes): wt [nsb][G][2][64] = 32 K; fst, fmt [nsb][32] floats;
@@ -472,7 +578,12 @@ static void qg_tile_task(void *p, int ith, int nth) {
   int64_t it0, it1;
   threadpool_range(tiles * tch, ith, nth, &it0, &it1);
   float out[QG_TOK][QG_ROWS];
-  const qg_kernel_fn kern = S == 32 ? (c->has_min ? qg_kernel_32m : qg_kernel_32) : (c->has_min ? qg_kernel_16m : qg_kernel_16);
+  const int v512 = qg_vnni_ok();
+  const qg_kernel_fn kern = v512 ? (S == 32 ? (c->has_min ? qg_kernel_32m : qg_kernel_32)
+                                            : (c->has_min ? qg_kernel_16m : qg_kernel_16))
+                                 : qg_signed_type(w->type) ? qg2_kernel_32s
+                                 : (S == 32 ? (c->has_min ? qg2_kernel_32m : qg2_kernel_32)
+                                            : (c->has_min ? qg2_kernel_16m : qg2_kernel_16));
   int64_t have = -1; /* tile now decoded in wt */
   for (int64_t item = it0; item < it1; item++) {
     const int64_t tile = item / tch, chunk = item % tch;
@@ -480,7 +591,7 @@ static void qg_tile_task(void *p, int ith, int nth) {
     for (int64_t r = 0; r < QG_ROWS && tile != have; r++) {
       if (r < nr) {
         const uint8_t *src = (const uint8_t *)w->data + (size_t)(r0 + r) * rb;
-        if (!qg_decode_row_avx512(w->type, src, K, u, fs, fm)) qg_decode_row(w->type, src, K, u, fs, fm);
+        if (!v512 || !qg_decode_row_avx512(w->type, src, K, u, fs, fm)) qg_decode_row(w->type, src, K, u, fs, fm);
       } else { /* missing rows of the last tile: zero weights */
         memset(u, 0, (size_t)K);
         for (int64_t j = 0; j < nsb; j++) fs[j] = fm[j] = 0;
@@ -498,21 +609,19 @@ static void qg_tile_task(void *p, int ith, int nth) {
       int64_t tok[QG_TOK];
       for (int t = 0; t < QG_TOK; t++) tok[t] = t0 + t < te ? t0 + t : n;
       kern(wt, fst, fmt, &c->a, tok, out);
-      for (int t = 0; t < QG_TOK && t0 + t < te; t++)
-        qg_store(c->y + (t0 + t) * rows + r0, out[t], c->bias ? c->bias + r0 : NULL, (int)nr);
+      for (int t = 0; t < QG_TOK && t0 + t < te; t++) {
+        float *yt = c->y + (t0 + t) * rows + r0;
+        const float *bt = c->bias ? c->bias + r0 : NULL;
+        if (v512) qg_store(yt, out[t], bt, (int)nr);
+        else qg_store_plain(yt, out[t], bt, (int)nr);
+      }
     }
   }
 }
 
-static int g_qg_vnni = -1;
-
 int cpu_qgemm_usable(int type) {
-  if (g_qg_vnni < 0) {
-    __builtin_cpu_init();
-    g_qg_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  }
-  return g_qg_vnni && cpu_isa_level() == 2 && qg_sub(type) != 0;
+  if (qg_vnni_ok()) return qg_sub(type) != 0;
+  return cpu_isa_level() >= 1 && qg_sub(type) != 0;
 }
 
 int cpu_qgemm(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
