@@ -552,9 +552,15 @@ int64_t cpu_qgemm_scratch_floats(int64_t max_cols) {
   return (int64_t)(qg_scratch_bytes(max_cols) + 3) / 4;
 }
 
+/* Bytes of one worker's activation block row: >= a Q8_1 (36 per 32) or Q8_K (292 per 256)
+ * row, rounded to 64 so every worker's row starts aligned (the block structs need it). */
+static int64_t qg_block_row_bytes(int64_t K) {
+  return (K / 32 * 37 + 64 + 63) & ~(int64_t)63;
+}
+
 size_t cpu_qgemm_act_bytes(int64_t n, int64_t K, int nth) {
   const int64_t nsb = K / 16;
-  return (size_t)((n + 1) * K + 64 + 3 * (n + 1) * nsb * 4 + (int64_t)nth * (K / 32 * 37 + 64) + 64);
+  return (size_t)((n + 1) * K + 64 + 3 * (n + 1) * nsb * 4 + (int64_t)nth * qg_block_row_bytes(K) + 64);
 }
 
 static void qg_tile_task(void *p, int ith, int nth) {
@@ -641,7 +647,7 @@ int cpu_qgemm(ops_backend *be, float *y, const float *x, int64_t n, const ops_we
   c.a.da = (float *)p, c.a.ma = c.a.da + (n + 1) * nsb;
   c.a.ia = (int32_t *)(c.a.ma + (n + 1) * nsb);
   c.a.blocks = (uint8_t *)(c.a.ia + (n + 1) * nsb);
-  c.a.block_bytes = (size_t)(K / 32 * 37 + 64); /* >= Q8_1 (36/32) and Q8_K (292/256) rows */
+  c.a.block_bytes = (size_t)qg_block_row_bytes(K);
   threadpool_run(ci->tp, qg_quant_task, &c);
   threadpool_run(ci->tp, qg_tile_task, &c);
   return 1;
