@@ -146,6 +146,30 @@ static inline int64_t dtype_block_bytes(int t) {
   }
 }
 
+/* Byte offsets of the f16 scale fields (d first, then dmin / m / s) inside one block of a
+ * block type: their count (0..2) in off[0..count). 0 for blocks without one (MXFP4's e8m0,
+ * Q8_K's f32 d, IQ1_M's d packed into its scales); -1 for plain and unknown types. For tests
+ * and tools that build well-formed blocks from random bytes. */
+static inline int dtype_f16_fields(int t, int off[2]) {
+  switch (t) {
+  case ANNA_DTYPE_Q4_1: case ANNA_DTYPE_Q5_1: case ANNA_DTYPE_Q8_1: case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K:
+    off[0] = 0, off[1] = 2;
+    return 2;
+  case ANNA_DTYPE_Q2_K: off[0] = 80, off[1] = 82; return 2;
+  case ANNA_DTYPE_Q3_K: off[0] = 108; return 1;
+  case ANNA_DTYPE_Q6_K: off[0] = 208; return 1;
+  case ANNA_DTYPE_TQ1_0: off[0] = 52; return 1;
+  case ANNA_DTYPE_TQ2_0: off[0] = 64; return 1;
+  case ANNA_DTYPE_MXFP4: case ANNA_DTYPE_Q8_K: case ANNA_DTYPE_IQ1_M: return 0;
+  case ANNA_DTYPE_Q4_0: case ANNA_DTYPE_Q5_0: case ANNA_DTYPE_Q8_0: case ANNA_DTYPE_IQ4_NL: case ANNA_DTYPE_IQ4_XS:
+  case ANNA_DTYPE_IQ2_XXS: case ANNA_DTYPE_IQ2_XS: case ANNA_DTYPE_IQ3_XXS: case ANNA_DTYPE_IQ1_S:
+  case ANNA_DTYPE_IQ3_S: case ANNA_DTYPE_IQ2_S:
+    off[0] = 0;
+    return 1;
+  default: return -1;
+  }
+}
+
 /* Bytes of a row of n elements; -1 when the type is unknown, n < 0, or n is not a whole
  * number of blocks. n is bounded by the caller's data, so the product cannot overflow for
  * any n that fits a file (n / block * bytes <= n * 4.5). */

@@ -76,29 +76,12 @@ static uint16_t rand_half(void) {
   }
 }
 
-/* Byte offsets of the f16 fields of a block (d, and the min where the format has one). */
-static int half_fields(int t, int *off) {
-  switch (t) {
-  case ANNA_DTYPE_Q4_0: case ANNA_DTYPE_Q5_0: case ANNA_DTYPE_Q8_0: case ANNA_DTYPE_IQ4_NL:
-  case ANNA_DTYPE_IQ4_XS:
-    off[0] = 0;
-    return 1;
-  case ANNA_DTYPE_Q4_1: case ANNA_DTYPE_Q5_1: case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K:
-    off[0] = 0, off[1] = 2;
-    return 2;
-  case ANNA_DTYPE_Q2_K: off[0] = 80, off[1] = 82; return 2;
-  case ANNA_DTYPE_Q3_K: off[0] = 108; return 1;
-  case ANNA_DTYPE_Q6_K: off[0] = 208; return 1;
-  default: return -1;
-  }
-}
-
 /* A random well-formed row of nb blocks of type t at row. */
 static void rand_row(int t, uint8_t *row, int64_t nb) {
   const int64_t bb = dtype_block_bytes(t);
   for (int64_t i = 0; i < nb * bb; i++) row[i] = (uint8_t)rnd();
   int off[2];
-  const int nh = half_fields(t, off);
+  const int nh = dtype_f16_fields(t, off);
   for (int64_t b = 0; b < nb; b++)
     for (int k = 0; k < nh; k++) {
       const uint16_t h = rand_half();
@@ -327,7 +310,7 @@ int main(int argc, char **argv) {
     if (!cuda_quant_supported(t)) continue;
     ntypes++;
     int off[2];
-    if (half_fields(t, off) < 0 || !quant_can_dequantize(t)) {
+    if (dtype_f16_fields(t, off) < 0 || !quant_can_dequantize(t)) {
       fail("%s: cuda_quant_supported, but this test cannot build its blocks", dtype_name(t));
       continue;
     }

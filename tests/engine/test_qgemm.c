@@ -27,27 +27,15 @@
 
 #include "test_util.h"
 
-/* Byte offsets of the f16 scale fields in one block of type (d first; -1 ends). */
-static void scale_fields(int type, int f[3]) {
-  f[0] = 0, f[1] = -1, f[2] = -1;
-  switch (type) {
-  case ANNA_DTYPE_Q4_1: case ANNA_DTYPE_Q5_1: case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K: f[1] = 2; break;
-  case ANNA_DTYPE_Q6_K: f[0] = 208; break;
-  case ANNA_DTYPE_Q2_K: f[0] = 80, f[1] = 82; break;
-  case ANNA_DTYPE_Q3_K: f[0] = 108; break;
-  default: break;
-  }
-}
-
 /* Random weight rows: random bytes, then every f16 scale set to a finite value; one block
  * in 7 gets an extreme scale (tiny subnormal-range or large). */
 static void random_weights(int type, uint8_t *w, int64_t rows, int64_t cols) {
   const int64_t bb = dtype_block_bytes(type), nb = rows * cols / dtype_block_size(type);
   for (int64_t i = 0; i < nb * bb; i++) w[i] = (uint8_t)rnd();
-  int f[3];
-  scale_fields(type, f);
+  int f[2];
+  const int nf = dtype_f16_fields(type, f);
   for (int64_t b = 0; b < nb; b++)
-    for (int k = 0; k < 2 && f[k] >= 0; k++) {
+    for (int k = 0; k < nf; k++) {
       float v = (0.2f + 0.8f * fabsf(frand())) * 0.02f;
       const uint64_t e = rnd() % 7;
       if (e == 0) v *= 1e-4f;       /* f16 subnormal range */

@@ -165,21 +165,6 @@ static void test_matmul(const char *dir, int type) {
   free(act), free(y2), free(y), free(x), free(W), free(raw);
 }
 
-/* Offsets of the f16 scale fields inside one block (IQ1_M packs its scale into the sub-block
- * scales, so it has none). Facts of the llama.cpp block layouts. */
-static int scale_offsets(int type, int off[2]) {
-  switch (type) {
-  case ANNA_DTYPE_Q4_1: case ANNA_DTYPE_Q5_1: case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K:
-    off[0] = 0, off[1] = 2;
-    return 2;
-  case ANNA_DTYPE_Q2_K: off[0] = 80, off[1] = 82; return 2;
-  case ANNA_DTYPE_Q3_K: off[0] = 108; return 1;
-  case ANNA_DTYPE_Q6_K: off[0] = 208; return 1;
-  case ANNA_DTYPE_IQ1_M: return 0;
-  default: off[0] = 0; return 1;
-  }
-}
-
 /* Extreme scales: weight blocks whose f16 scales are 0, +-65504, a subnormal, or ordinary,
  * against activation blocks that are all zero, one spike of 1e4 among tiny values, tiny
  * (1e-2) or ordinary. Every ISA's dot must be finite, agree with the scalar dot, and the
@@ -196,7 +181,7 @@ static void test_extreme(const char *dir, int type) {
   static const uint16_t scales[] = {0x0000, 0x7bff, 0xfbff, 0x0003, 0x3c00, 0xb800, 0x2e66};
   const int64_t bb = dtype_block_bytes(type), nb = N_ELEM / dtype_block_size(type);
   int off[2];
-  const int nsc = scale_offsets(type, off);
+  const int nsc = dtype_f16_fields(type, off);
   float *deq = malloc(N_ELEM * sizeof(float)), *x = malloc(N_ELEM * sizeof(float));
   void *act = malloc((size_t)quant_act_row_bytes(type, N_ELEM));
   const int ab = quant_act_type(type) == ANNA_DTYPE_Q8_0 ? 32 : 256;

@@ -67,6 +67,9 @@ void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_a
 void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
 void cpu_gdn_recurrent(ops_backend *be, const ops_gdn_args *a);
 int cpu_isa_level(void);
+/* AVX-512 VNNI paths may run: the CPU has them and the ISA level in use is AVX-512 (tests
+ * force lower levels with cpu_backend_force_isa to cover every path). */
+int cpu_vnni_usable(void);
 /* Per-thread scratch floats the prefill matmul tile needs for rows of max_cols. */
 int64_t cpu_matmul_scratch_floats(int64_t max_cols);
 /* Tiled GEMM for quantized weights with 8-bit activations (cpu_qgemm.c: AVX-512 VNNI or

@@ -382,9 +382,7 @@ row_i8_dots(int type, const uint8_t *row, int64_t nb, const uint8_t *act, int64_
 
 static int g_vnni = -1; /* the CPU has AVX-512 VNNI (cached) */
 
-/* VNNI paths run when the hardware has them and the ISA in use is AVX-512 (tests force
- * lower ISAs to cover every path). */
-static int vnni_usable(void) {
+int cpu_vnni_usable(void) {
   if (g_vnni < 0) {
     __builtin_cpu_init();
     g_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -399,7 +397,7 @@ static void mm_quant_task(void *p, int ith, int nth) {
   int64_t r0, r1;
   threadpool_range(w->rows, ith, nth, &r0, &r1);
   if (r0 >= r1) return;
-  if (m->n >= 2 && vnni_usable() && row_i8_type(w->type) && quant_act_type(w->type) == ANNA_DTYPE_Q8_0) {
+  if (m->n >= 2 && cpu_vnni_usable() && row_i8_type(w->type) && quant_act_type(w->type) == ANNA_DTYPE_Q8_0) {
     const int64_t nb = w->cols / 32, ab = quant_act_row_bytes(w->type, w->cols);
     const size_t rb = (size_t)dtype_row_bytes(w->type, w->cols);
     float *sc = cpu_scratch(m->be, ith), *d = sc, out[8];

@@ -499,19 +499,6 @@ QG2_KERNEL(qg2_kernel_32s, 32, 0, 1)
 QG2_KERNEL(qg2_kernel_16, 16, 0, 0)
 QG2_KERNEL(qg2_kernel_16m, 16, 1, 0)
 
-static int g_qg_vnni = -1;
-
-/* The AVX-512 VNNI kernels may run: the CPU has them and the ISA level (cpu_backend_force_isa
- * in tests) allows AVX-512. */
-static int qg_vnni_ok(void) {
-  if (g_qg_vnni < 0) {
-    __builtin_cpu_init();
-    g_qg_vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  }
-  return g_qg_vnni && cpu_isa_level() == 2;
-}
-
 #define QG_KERNEL(name, S, MIN)                                                                            \
   QG_TGT static void name(const uint8_t *wt, const float *fst, const float *fmt, const qg_acts *a,          \
                           const int64_t tok[QG_TOK], float out[QG_TOK][QG_ROWS]) {                         \
@@ -584,7 +571,7 @@ static void qg_tile_task(void *p, int ith, int nth) {
   int64_t it0, it1;
   threadpool_range(tiles * tch, ith, nth, &it0, &it1);
   float out[QG_TOK][QG_ROWS];
-  const int v512 = qg_vnni_ok();
+  const int v512 = cpu_vnni_usable();
   const qg_kernel_fn kern = v512 ? (S == 32 ? (c->has_min ? qg_kernel_32m : qg_kernel_32)
                                             : (c->has_min ? qg_kernel_16m : qg_kernel_16))
                                  : qg_signed_type(w->type) ? qg2_kernel_32s
@@ -626,7 +613,7 @@ static void qg_tile_task(void *p, int ith, int nth) {
 }
 
 int cpu_qgemm_usable(int type) {
-  if (qg_vnni_ok()) return qg_sub(type) != 0;
+  if (cpu_vnni_usable()) return qg_sub(type) != 0;
   return cpu_isa_level() >= 1 && qg_sub(type) != 0;
 }
 

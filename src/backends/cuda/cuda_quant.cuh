@@ -69,13 +69,7 @@ CUDA_HD float cuda_hd_int_as_float(int v) {
 #endif
 }
 CUDA_HD float cuda_hd_uint_as_float(uint32_t v) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(v);
-#else
-  float f;
-  memcpy(&f, &v, 4);
-  return f;
-#endif
+  return cuda_hd_int_as_float((int)v); /* the same 32 bits */
 }
 
 CUDA_HD float ldh(const uint8_t *p) {
