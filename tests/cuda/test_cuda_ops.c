@@ -183,10 +183,11 @@ static double gemm_variant_check(const char *what, int variant, const ops_weight
   for (int64_t t = 0; t < n; t++)
     for (int64_t r = 0; r < rows; r++) {
       double acc = bias ? bias[r] : 0, b = 0, mag = 0;
-      for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+      for (int64_t c0 = 0; c0 < cols; c0 += 32) { /* plain types' widths need not be whole blocks */
+        const int64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
         double am = 0;
-        for (int64_t c = c0; c < c0 + 32; c++) am = fmax(am, fabs(x[t * cols + c]));
-        for (int64_t c = c0; c < c0 + 32; c++) {
+        for (int64_t c = c0; c < c1; c++) am = fmax(am, fabs(x[t * cols + c]));
+        for (int64_t c = c0; c < c1; c++) {
           const double wv = wf[r * cols + c], xv = x[t * cols + c];
           acc += wv * xv, mag += fabs(wv * xv), b += fabs(wv) * am / 254.0;
         }
@@ -1128,14 +1129,14 @@ static void moe_int8_check(const char *what, const moe_mats *m, const float *x, 
   snprintf(cw, sizeof cw, "%s int8", what);
   gpu_status(cw);
   double *h64 = calloc((size_t)(nk * I), sizeof(double)), *bh = calloc((size_t)(nk * I), sizeof(double));
-  double *ab = malloc(sizeof(double) * (size_t)(H / 32));
+  double *ab = malloc(sizeof(double) * (size_t)((H + 31) / 32)); /* float experts' H, I: any multiple of 4 */
   int bad[3] = {0, 0, 0};
   double q[3] = {0, 0, 0};
   for (int64_t t = 0; t < n; t++) {
     const float *xt = x + t * H;
-    for (int64_t b = 0; b < H / 32; b++) {
+    for (int64_t b = 0; b < (H + 31) / 32; b++) {
       ab[b] = 0;
-      for (int c = 0; c < 32; c++) ab[b] = fmax(ab[b], fabs(xt[b * 32 + c]));
+      for (int64_t c = b * 32; c < H && c < b * 32 + 32; c++) ab[b] = fmax(ab[b], fabs(xt[c]));
     }
     for (int j = 0; j < k; j++) {
       const int64_t p = t * k + j;
@@ -1169,9 +1170,10 @@ static void moe_int8_check(const char *what, const moe_mats *m, const float *x, 
         const float *dr = m->df[e] + r * I, *hp = hg + p * I;
         const double *hv = h64 + p * I, *hb = bh + p * I;
         for (int64_t b0 = 0; b0 < I; b0 += 32) {
+          const int64_t b1 = b0 + 32 < I ? b0 + 32 : I;
           double am = 0, am3 = 0;
-          for (int64_t i = b0; i < b0 + 32; i++) am = fmax(am, fabs(hp[i])), am3 = fmax(am3, fabs(hv[i]) + hb[i]);
-          for (int64_t i = b0; i < b0 + 32; i++) {
+          for (int64_t i = b0; i < b1; i++) am = fmax(am, fabs(hp[i])), am3 = fmax(am3, fabs(hv[i]) + hb[i]);
+          for (int64_t i = b0; i < b1; i++) {
             const double wd = fabs((double)w[p] * dr[i]);
             y2 += (double)w[p] * dr[i] * hp[i], b2 += wd * am / 254.0, m2 += wd * fabs(hp[i]);
             b3 += wd * (hb[i] + am3 / 254.0), m3 += wd * (fabs(hv[i]) + hb[i]);

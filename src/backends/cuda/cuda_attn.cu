@@ -164,13 +164,22 @@ static __global__ void __launch_bounds__(GQ_THREADS)
   const int64_t t = blockIdx.x / n_kv_heads;
   const int kh = (int)(blockIdx.x % n_kv_heads), split = blockIdx.y, tid = threadIdx.x;
   const int lane = tid & 31, wid = tid >> 5;
-  for (int i = tid; i < G * D; i += GQ_THREADS) qs[i] = q[(t * n_heads + (int64_t)kh * G) * D + i];
-  if (tid < GQ_MAXG) ms[tid] = -INFINITY, ls[tid] = 0.0f, cs[tid] = 0.0f;
   const int32_t p = pos[t];
   int32_t p0 = 0;
   if (window > 0 && p - window + 1 > 0) p0 = p - window + 1;
-  const int32_t len = p - p0 + 1, chunk = (len + nsplit - 1) / nsplit;
+  /* Whole tiles per split: a short context uses the first splits and leaves the rest empty
+   * (the launcher sizes the grid for long ones: it cannot see the positions). */
+  const int32_t len = p - p0 + 1, chunk = ((len + nsplit - 1) / nsplit + GQ_TILE - 1) / GQ_TILE * GQ_TILE;
   const int32_t ks = p0 + split * chunk, ke = min(p, ks + chunk - 1);
+  if (ks > ke) { /* empty: max -inf, sum 0 (the combine skips its values) */
+    if (tid < G) {
+      float *pp = part + ((t * n_heads + (int64_t)kh * G + tid) * nsplit + split) * (int64_t)(D + 2);
+      pp[D] = -INFINITY, pp[D + 1] = 0.0f;
+    }
+    return;
+  }
+  for (int i = tid; i < G * D; i += GQ_THREADS) qs[i] = q[(t * n_heads + (int64_t)kh * G) * D + i];
+  if (tid < GQ_MAXG) ms[tid] = -INFINITY, ls[tid] = 0.0f, cs[tid] = 0.0f;
   const float *const *KT = (const float *const *)kb[t], *const *VT = (const float *const *)vb[t];
   const int32_t bmask = (1 << bshift) - 1;
   const int D4 = D / 4, nout = G * D; /* outputs o = tid + c * GQ_THREADS: head o / D, column o % D */
@@ -246,10 +255,12 @@ static __global__ void __launch_bounds__(GQ_THREADS)
 }
 
 /* Merges the splits of one (token, head): the first warp reads every split's (max, sum)
- * at once and turns them into weights exp(m_s - M) / L in shared memory, then each thread
- * sums its value columns over the splits (independent loads, not a chain of round trips).
- * nsplit <= ATT_MAX_SPLIT (the launchers cap it). */
-#define ATT_MAX_SPLIT 32
+ * (lane s: splits s, s + 32, ...) and turns them into weights exp(m_s - M) / L in shared
+ * memory, then each thread sums its value columns over the splits (independent loads, not
+ * a chain of round trips). nsplit <= ATT_MAX_SPLIT; the per-head and flash launchers keep
+ * to ATT_SPLIT_CAP, the grouped decode kernel (fewer blocks per token) goes up to the max. */
+#define ATT_MAX_SPLIT 128
+#define ATT_SPLIT_CAP 32
 static __global__ void k_attn_combine(float *out, const float *part, int nsplit, int v_dim) {
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   __shared__ float wsh[ATT_MAX_SPLIT];
@@ -257,14 +268,18 @@ static __global__ void k_attn_combine(float *out, const float *part, int nsplit,
   const int64_t stride = v_dim + 2;
   const float *pb = part + bh * nsplit * stride;
   if (threadIdx.x < 32) {
-    const int s = threadIdx.x;
-    const float m = s < nsplit ? pb[s * stride + v_dim] : -INFINITY;
-    const float l = s < nsplit ? pb[s * stride + v_dim + 1] : 0.0f;
-    float M = m;
+    float M = -INFINITY;
+    for (int s = threadIdx.x; s < nsplit; s += 32) M = fmaxf(M, pb[s * stride + v_dim]);
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    const float e = l > 0.0f ? expf(m - M) : 0.0f; /* an empty split (l == 0) adds nothing */
-    const float L = cuda_warp_sum(l * e);
-    if (s < nsplit) wsh[s] = e / L;
+    float L = 0.0f;
+    for (int s = threadIdx.x; s < nsplit; s += 32) {
+      const float l = pb[s * stride + v_dim + 1];
+      const float e = l > 0.0f ? expf(pb[s * stride + v_dim] - M) : 0.0f; /* an empty split (l == 0) adds nothing */
+      wsh[s] = e;
+      L += l * e;
+    }
+    L = cuda_warp_sum(L);
+    for (int s = threadIdx.x; s < nsplit; s += 32) wsh[s] /= L;
   }
   __syncthreads();
   for (int j = threadIdx.x; j < v_dim; j += blockDim.x) {
@@ -622,7 +637,7 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   int nsplit = 1;
   if (2 * base <= target) {
     int64_t ns = target / base;
-    if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
+    if (ns > ATT_SPLIT_CAP) ns = ATT_SPLIT_CAP;
     const int64_t fit = (int64_t)ci->att_part_floats / (a->n * a->n_heads * (int64_t)(D + 2));
     if (ns > fit) ns = fit;
     nsplit = ns < 2 ? 1 : (int)ns;
@@ -673,11 +688,19 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   const int G = a->n_heads / a->n_kv_heads;
   if (ci->attn_variant != CUDA_ATTN_PER_HEAD && G >= 2 && G <= GQ_MAXG && a->head_dim <= 256 &&
       a->head_dim % 4 == 0 && a->kv_row_bytes % 16 == 0 && a->n * a->n_kv_heads <= 0x7fffffff) {
-    /* Grouped queries: blocks of (token, kv head, split), the same split rule on their count. */
+    /* Grouped queries: blocks of (token, kv head, split). G times fewer blocks per token
+     * than the per-head kernel, so more splits: about four blocks per multiprocessor (one
+     * block keeps few loads in flight between its barriers; 4 fit by shared memory at
+     * D 256), up to ATT_MAX_SPLIT. The kernel gives each split whole tiles of keys, so a
+     * short context runs on the first splits and the rest exit at once. */
     const int64_t nbk = a->n * a->n_kv_heads;
+    int nsm = 0;
+    if (!cuda_check(ci, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, ci->device), "device attribute"))
+      return;
+    const int64_t target = 4 * (int64_t)(nsm > 0 ? nsm : 132);
     int ns = 1;
-    if (nbk < 256) {
-      ns = (int)(264 / nbk);
+    if (2 * nbk <= target) {
+      ns = (int)(target / nbk);
       if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
       const int64_t fit = (int64_t)ci->att_part_floats / (nbh * (a->v_dim + 2));
       if (ns > fit) ns = (int)fit;
@@ -699,7 +722,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   int nsplit = 1;
   if (nbh < 256) {
     nsplit = (int)(264 / nbh);
-    if (nsplit > ATT_MAX_SPLIT) nsplit = ATT_MAX_SPLIT;
+    if (nsplit > ATT_SPLIT_CAP) nsplit = ATT_SPLIT_CAP;
     const int64_t fit = (int64_t)ci->att_part_floats / (nbh * (a->v_dim + 2));
     if (nsplit > fit) nsplit = (int)fit;
     if (nsplit < 2) nsplit = 1;
