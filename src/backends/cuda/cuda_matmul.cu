@@ -406,6 +406,42 @@ static size_t mvq8_smem(int64_t nt, int64_t cols) {
   return cuda_q8act_smem(nt * cols);
 }
 
+/* Pieces per lane per step. Q4_K: two pieces of one super-block (PL 2), its 16-byte header
+ * loaded once for both: 12 words hold 32 weight bytes instead of 8 words holding 16 (a lane's
+ * header is the same 16 bytes its 7 neighbours load), so the registers that keep loads in
+ * flight carry more of the weights (the Q4_K matvec ran at ~1.85 TB/s, Q8_0 at ~2.95). */
+template <int TYPE> struct mvq8_unit {
+  enum { PL = TYPE == ANNA_DTYPE_Q4_K ? 2 : 1, LW = PL == 2 ? cuda_piece<TYPE>::RAW + 4 : cuda_piece<TYPE>::RAW };
+};
+
+/* Loads unit u (pieces u * PL ...) of a row: cuda_piece_load's words, or for Q4_K the header
+ * then the 16 quant bytes of pieces 2u and 2u + 1 (super-block u / 4: 8 pieces). */
+template <int TYPE>
+__device__ __forceinline__ void mvq8_load(const uint8_t *row, int64_t u, int64_t units, uint32_t *raw) {
+  if constexpr (mvq8_unit<TYPE>::PL == 1) {
+    cuda_piece_load<TYPE>(row, u, u == units - 1, raw);
+  } else {
+    const uint8_t *b = row + (u >> 2) * 144 + 16;
+    const uint4 h = pc_ld((const uint4 *)(b - 16));
+    const uint4 q0 = pc_ld((const uint4 *)(b + 32 * (u & 3))), q1 = pc_ld((const uint4 *)(b + 32 * (u & 3) + 16));
+    raw[0] = h.x, raw[1] = h.y, raw[2] = h.z, raw[3] = h.w;
+    raw[4] = q0.x, raw[5] = q0.y, raw[6] = q0.z, raw[7] = q0.w;
+    raw[8] = q1.x, raw[9] = q1.y, raw[10] = q1.z, raw[11] = q1.w;
+  }
+}
+
+/* Piece j of a loaded unit as cuda_piece_load would have loaded it (registers: no copy). */
+template <int TYPE>
+__device__ __forceinline__ void mvq8_piece(const uint32_t *raw, int j, uint32_t *pr) {
+  if constexpr (mvq8_unit<TYPE>::PL == 1) {
+#pragma unroll
+    for (int i = 0; i < cuda_piece<TYPE>::RAW; i++) pr[i] = raw[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; i++) pr[i] = raw[i], pr[4 + i] = raw[4 + 4 * j + i];
+  }
+}
+
 /* Single (G false: tab unused, all zero) or grouped (G: the weights in tab; y_, W_, rows_,
  * row_bytes_ unused). Unlike the other kernels both forms are instances of this one kernel,
  * not two kernels around a shared device function: inlined from one, the body compiled to
@@ -431,24 +467,25 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
   const uint8_t *const W = sel.W;
   const float *const bias = sel.bias;
   const int64_t rows = sel.rows, row_bytes = sel.row_bytes, bid = sel.bid, nblk = sel.nblk;
-  constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW;
+  constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW, PL = mvq8_unit<TYPE>::PL, LW = mvq8_unit<TYPE>::LW;
   extern __shared__ __align__(16) uint8_t q8_smem[];
   const int ncol = (int)cols, nb = NT * ncol / 32; /* cols * NT fits: the launcher checks */
   uint8_t *xq = q8_smem;
   float *xd = (float *)(q8_smem + NT * ncol), *xs = xd + ((nb + 1) & ~1); /* 8-byte aligned: float2 loads */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t groups = (rows + R - 1) / R, pieces = cols / 32, iters = (pieces + 31) / 32;
+  /* units of PL pieces (Q4_K: 8 pieces per super-block, so units never straddle one) */
+  const int64_t groups = (rows + R - 1) / R, units = cols / 32 / PL, iters = (units + 31) / 32;
   const int64_t GW = MV_NBLK(G, nblk) * MVQ8_WARPS;
   int64_t g = MV_BID(G, bid) * MVQ8_WARPS + warp, it = 0;
   const bool active = g < groups;
   const uint8_t *row[R];
 #pragma unroll
   for (int r = 0; r < R; r++) row[r] = W + (active && g * R + r < rows ? g * R + r : rows - 1) * row_bytes;
-  uint32_t raw[R][RAW];
+  uint32_t raw[R][LW];
   /* the first weight loads are in flight while the block quantizes the activations */
-  if (active && lane < pieces) {
+  if (active && lane < units) {
 #pragma unroll
-    for (int r = 0; r < R; r++) cuda_piece_load<TYPE>(row[r], lane, lane == pieces - 1, raw[r]);
+    for (int r = 0; r < R; r++) mvq8_load<TYPE>(row[r], lane, units, raw[r]);
   }
   /* launched by cuda_launch_pdl: the weight loads above need nothing from earlier ops and
    * overlap the tail of the kernel before; the activations below do */
@@ -497,13 +534,16 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     const uint8_t *row2[R];
 #pragma unroll
     for (int r = 0; r < R; r++) row2[r] = g2 == g ? row[r] : W + (g2 * R + r < rows ? g2 * R + r : rows - 1) * row_bytes;
-    const int64_t p = it * 32 + lane, pn = it2 * 32 + lane;
-    uint32_t nxt[R][RAW];
-    if (more && pn < pieces) {
+    const int64_t u = it * 32 + lane, un = it2 * 32 + lane;
+    uint32_t nxt[R][LW];
+    if (more && un < units) {
 #pragma unroll
-      for (int r = 0; r < R; r++) cuda_piece_load<TYPE>(row2[r], pn, pn == pieces - 1, nxt[r]);
+      for (int r = 0; r < R; r++) mvq8_load<TYPE>(row2[r], un, units, nxt[r]);
     }
-    if (p < pieces) {
+#pragma unroll
+    for (int j = 0; j < PL; j++) {
+      if (u >= units) break;
+      const int64_t p = u * PL + j;
       const int e0 = (int)cuda_q8_e0<TYPE>(p);
       /* activation words, scales and run sums of token t for this piece */
       auto act = [&](int t, int *a, float *dx, float *sx) {
@@ -522,14 +562,20 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
         for (int r = 0; r < R; r++) {
           int wq[NW];
           float sc[2], mn[2];
-          cuda_q8_decode<TYPE>(row[r], p, raw[r], wq, sc, mn);
+          uint32_t pr[RAW];
+          mvq8_piece<TYPE>(raw[r], j, pr);
+          cuda_q8_decode<TYPE>(row[r], p, pr, wq, sc, mn);
           acc[r][0] += dot(wq, sc, mn, a, dx, sx);
         }
       } else {
         int wq[R][NW];
         float sc[R][2], mn[R][2];
 #pragma unroll
-        for (int r = 0; r < R; r++) cuda_q8_decode<TYPE>(row[r], p, raw[r], wq[r], sc[r], mn[r]);
+        for (int r = 0; r < R; r++) {
+          uint32_t pr[RAW];
+          mvq8_piece<TYPE>(raw[r], j, pr);
+          cuda_q8_decode<TYPE>(row[r], p, pr, wq[r], sc[r], mn[r]);
+        }
 #pragma unroll
         for (int t = 0; t < NT; t++) {
           int a[8];
@@ -543,7 +589,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
-      for (int i = 0; i < RAW; i++) raw[r][i] = nxt[r][i];
+      for (int i = 0; i < LW; i++) raw[r][i] = nxt[r][i];
     if (it2 == 0) { /* the group is done: reduce over the lanes and write its rows */
 #pragma unroll
       for (int r = 0; r < R; r++)
