@@ -267,25 +267,42 @@ static __global__ void k_attn_combine(float *out, const float *part, int nsplit,
   const int64_t bh = blockIdx.x;
   const int64_t stride = v_dim + 2;
   const float *pb = part + bh * nsplit * stride;
+  __shared__ int nact;
   if (threadIdx.x < 32) {
-    float M = -INFINITY;
-    for (int s = threadIdx.x; s < nsplit; s += 32) M = fmaxf(M, pb[s * stride + v_dim]);
+    /* every split's (max, sum) loaded at once: one round trip, not one per 32 splits */
+    constexpr int PER = ATT_MAX_SPLIT / 32;
+    float m[PER], l[PER];
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      const int s = threadIdx.x + 32 * i;
+      m[i] = s < nsplit ? pb[s * stride + v_dim] : -INFINITY;
+      l[i] = s < nsplit ? pb[s * stride + v_dim + 1] : 0.0f;
+    }
+    float M = m[0];
+#pragma unroll
+    for (int i = 1; i < PER; i++) M = fmaxf(M, m[i]);
     for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    float L = 0.0f;
-    for (int s = threadIdx.x; s < nsplit; s += 32) {
-      const float l = pb[s * stride + v_dim + 1];
-      const float e = l > 0.0f ? expf(pb[s * stride + v_dim] - M) : 0.0f; /* an empty split (l == 0) adds nothing */
-      wsh[s] = e;
-      L += l * e;
+    float e[PER], L = 0.0f;
+    int last = -1; /* the last split with keys: the grouped kernel's empty splits are the trailing ones */
+#pragma unroll
+    for (int i = 0; i < PER; i++) {
+      e[i] = l[i] > 0.0f ? expf(m[i] - M) : 0.0f; /* an empty split (l == 0) adds nothing */
+      L += l[i] * e[i];
+      if (l[i] > 0.0f) last = threadIdx.x + 32 * i;
     }
     L = cuda_warp_sum(L);
-    for (int s = threadIdx.x; s < nsplit; s += 32) wsh[s] /= L;
+    for (int o = 16; o > 0; o >>= 1) last = max(last, __shfl_xor_sync(0xffffffffu, last, o));
+#pragma unroll
+    for (int i = 0; i < PER; i++)
+      if (threadIdx.x + 32 * i < nsplit) wsh[threadIdx.x + 32 * i] = e[i] / L;
+    if (threadIdx.x == 0) nact = last + 1;
   }
   __syncthreads();
+  const int ns = nact;
   for (int j = threadIdx.x; j < v_dim; j += blockDim.x) {
     float o = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < nsplit; s++)
+#pragma unroll 16
+    for (int s = 0; s < ns; s++)
       if (wsh[s] != 0.0f) o += pb[s * stride + j] * wsh[s]; /* an empty split's values may be unwritten */
     out[bh * (int64_t)v_dim + j] = o;
   }

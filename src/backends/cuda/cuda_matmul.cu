@@ -409,16 +409,21 @@ static size_t mvq8_smem(int64_t nt, int64_t cols) {
 /* Pieces per lane per step. Q4_K: two pieces of one super-block (PL 2), its 16-byte header
  * loaded once for both: 12 words hold 32 weight bytes instead of 8 words holding 16 (a lane's
  * header is the same 16 bytes its 7 neighbours load), so the registers that keep loads in
- * flight carry more of the weights (the Q4_K matvec ran at ~1.85 TB/s, Q8_0 at ~2.95). */
-template <int TYPE> struct mvq8_unit {
-  enum { PL = TYPE == ANNA_DTYPE_Q4_K ? 2 : 1, LW = PL == 2 ? cuda_piece<TYPE>::RAW + 4 : cuda_piece<TYPE>::RAW };
+ * flight carry more of the weights: 1 token 1852 -> 2083 GB/s (12288 x 4096 on the H200; Q8_0:
+ * ~3000). With 4 and 8 tokens the pair lost (23.9 -> 24.4 and 36.5 -> 40.7 us: the decoded
+ * words of two pieces for every token), so it is for 1-2 tokens only. */
+template <int TYPE, int NT> struct mvq8_unit {
+  enum {
+    PL = TYPE == ANNA_DTYPE_Q4_K && NT <= 2 ? 2 : 1,
+    LW = PL == 2 ? cuda_piece<TYPE>::RAW + 4 : cuda_piece<TYPE>::RAW
+  };
 };
 
 /* Loads unit u (pieces u * PL ...) of a row: cuda_piece_load's words, or for Q4_K the header
  * then the 16 quant bytes of pieces 2u and 2u + 1 (super-block u / 4: 8 pieces). */
-template <int TYPE>
+template <int TYPE, int NT>
 __device__ __forceinline__ void mvq8_load(const uint8_t *row, int64_t u, int64_t units, uint32_t *raw) {
-  if constexpr (mvq8_unit<TYPE>::PL == 1) {
+  if constexpr (mvq8_unit<TYPE, NT>::PL == 1) {
     cuda_piece_load<TYPE>(row, u, u == units - 1, raw);
   } else {
     const uint8_t *b = row + (u >> 2) * 144 + 16;
@@ -431,9 +436,9 @@ __device__ __forceinline__ void mvq8_load(const uint8_t *row, int64_t u, int64_t
 }
 
 /* Piece j of a loaded unit as cuda_piece_load would have loaded it (registers: no copy). */
-template <int TYPE>
+template <int TYPE, int NT>
 __device__ __forceinline__ void mvq8_piece(const uint32_t *raw, int j, uint32_t *pr) {
-  if constexpr (mvq8_unit<TYPE>::PL == 1) {
+  if constexpr (mvq8_unit<TYPE, NT>::PL == 1) {
 #pragma unroll
     for (int i = 0; i < cuda_piece<TYPE>::RAW; i++) pr[i] = raw[i];
   } else {
@@ -467,7 +472,8 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
   const uint8_t *const W = sel.W;
   const float *const bias = sel.bias;
   const int64_t rows = sel.rows, row_bytes = sel.row_bytes, bid = sel.bid, nblk = sel.nblk;
-  constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW, PL = mvq8_unit<TYPE>::PL, LW = mvq8_unit<TYPE>::LW;
+  constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW, PL = mvq8_unit<TYPE, NT>::PL,
+                LW = mvq8_unit<TYPE, NT>::LW;
   extern __shared__ __align__(16) uint8_t q8_smem[];
   const int ncol = (int)cols, nb = NT * ncol / 32; /* cols * NT fits: the launcher checks */
   uint8_t *xq = q8_smem;
@@ -485,7 +491,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
   /* the first weight loads are in flight while the block quantizes the activations */
   if (active && lane < units) {
 #pragma unroll
-    for (int r = 0; r < R; r++) mvq8_load<TYPE>(row[r], lane, units, raw[r]);
+    for (int r = 0; r < R; r++) mvq8_load<TYPE, NT>(row[r], lane, units, raw[r]);
   }
   /* launched by cuda_launch_pdl: the weight loads above need nothing from earlier ops and
    * overlap the tail of the kernel before; the activations below do */
@@ -538,7 +544,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
     uint32_t nxt[R][LW];
     if (more && un < units) {
 #pragma unroll
-      for (int r = 0; r < R; r++) mvq8_load<TYPE>(row2[r], un, units, nxt[r]);
+      for (int r = 0; r < R; r++) mvq8_load<TYPE, NT>(row2[r], un, units, nxt[r]);
     }
 #pragma unroll
     for (int j = 0; j < PL; j++) {
@@ -563,7 +569,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
           int wq[NW];
           float sc[2], mn[2];
           uint32_t pr[RAW];
-          mvq8_piece<TYPE>(raw[r], j, pr);
+          mvq8_piece<TYPE, NT>(raw[r], j, pr);
           cuda_q8_decode<TYPE>(row[r], p, pr, wq, sc, mn);
           acc[r][0] += dot(wq, sc, mn, a, dx, sx);
         }
@@ -573,7 +579,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
 #pragma unroll
         for (int r = 0; r < R; r++) {
           uint32_t pr[RAW];
-          mvq8_piece<TYPE>(raw[r], j, pr);
+          mvq8_piece<TYPE, NT>(raw[r], j, pr);
           cuda_q8_decode<TYPE>(row[r], p, pr, wq[r], sc[r], mn[r]);
         }
 #pragma unroll
