@@ -24,8 +24,10 @@
  *                  flight while the tensor cores work on this one; one barrier per step.
  * Shared memory rows are MMQ_KS + 32 bytes: with the word order, a thread's two fragment
  * words of a 32-block (bytes 4t.. and 16 + 4t..) are one 8-byte load and the 16 lanes of a
- * half-warp hit distinct banks. Compile-checked and host-emulated (fragment layout,
- * addressing, decoders); not yet run on a GPU. */
+ * half-warp hit distinct banks. Correct on the H200 (test_cuda_ops: error / bound <= 0.23,
+ * memcheck clean) but slower than the default split-bf16 cuBLAS path (12288 x 4096 Q4_K:
+ * n 512 333 vs 223 us, n 8192 5025 vs 2317 us; ~160 int8 TOPS), so it stays a variant: to
+ * compete it needs wgmma and a deeper pipeline (bench/notes/gpu.md, session 6). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
 
