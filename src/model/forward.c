@@ -853,6 +853,7 @@ typedef struct fwd_run {
   const anna_batch *b;
   int64_t n;
   int n_runs;
+  int32_t keys_hint; /* 1 + the batch's largest position (ops_attn_args.keys_hint) */
 } fwd_run;
 
 static void norm(fwd_run *r, float *y, const float *x, const float *w, int64_t rows, int d) {
@@ -979,7 +980,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
       .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = s->pos,
       .k_blocks = (const void *const *const *)s->kp, .v_blocks = (const void *const *const *)s->vp,
       .residual_len = s->resid, .ring_len = s->ring_len,
-      .k_ring = s->resid ? s->rkp : NULL, .v_ring = s->resid ? s->rvp : NULL,
+      .k_ring = s->resid ? s->rkp : NULL, .v_ring = s->resid ? s->rvp : NULL, .keys_hint = r->keys_hint,
   };
   float *ao = s->buf[4] == v && own ? s->buf[3] : s->buf[4];
   be->attention(be, ao, q, &a);
@@ -1236,7 +1237,9 @@ static int plan_batch(fwd_run *r, char *err, size_t errlen) {
 
 int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
                   const fwd_topk *tk, char *err, size_t errlen) {
-  fwd_run r = {m, be, s, b, b->n, 0};
+  fwd_run r = {m, be, s, b, b->n, 0, 0};
+  for (int32_t i = 0; i < b->n; i++)
+    if (b->pos[i] + 1 > r.keys_hint) r.keys_hint = b->pos[i] + 1;
   if (tk && (tk->k < 1 || tk->k > OPS_TOPK_MAX || tk->k > m->cfg.vocab || !be->topk))
     return anna_err(err, errlen, tk->k < 1 || tk->k > OPS_TOPK_MAX ? ANNA_EINVAL : ANNA_EUNSUPPORTED,
                     "top-%d candidates: %s", tk->k,

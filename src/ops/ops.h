@@ -78,6 +78,9 @@ typedef struct ops_attn_args {
   int residual_len, ring_len;
   const float *const *k_ring;
   const float *const *v_ring;
+  /* Host hint: 1 + the largest position in pos (0: unknown). A backend may size its work
+   * for it (the CUDA decode kernels split the keys by it); results never depend on it. */
+  int32_t keys_hint;
 } ops_attn_args;
 
 /* Gated DeltaNet run over consecutive tokens of ONE sequence. q, k: [n, hk, dk] already

@@ -640,6 +640,22 @@ static void attn_case(int Hq, int Hkv, int D, int win, int cap, int len0, int n1
   }
   cuda_backend_set_attn_variant(g_gpu, CUDA_ATTN_DEFAULT);
   cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
+  /* keys_hint (the host's bound on the keys, which the grouped decode kernel sizes its key
+   * splits by): the batch's true bound, and a wrong one (1): results never depend on it */
+  int32_t pmax = 0;
+  for (int64_t t = 0; t < n; t++) pmax = pos[t] + 1 > pmax ? pos[t] + 1 : pmax;
+  const int32_t hints[2] = {pmax, 1};
+  for (int h = 0; h < 2; h++) {
+    ops_attn_args gh = ga;
+    gh.keys_hint = hints[h];
+    float *dy = dnan(n * Hq * D);
+    g_gpu->attention(g_gpu, dy, dq, &gh);
+    char what[112];
+    snprintf(what, sizeof what, "attention H=%d/%d D=%d win=%d cap=%d len=%d n=%d+%d keys_hint %d", Hq, Hkv, D, win,
+             cap, len0, n1, nB, hints[h]);
+    cmpd(what, dy, ref, n * Hq * D, 1e-4);
+    dfree(dy);
+  }
   dfree(dkA), dfree(dvA), dfree(dkB), dfree(dvB), dfree(dq), dfree(dpos);
   free(kA), free(vA), free(kB), free(vB), free(q), free(pos), free(hk), free(hv), free(gk), free(gv), free(ref);
   dfree(dtkA), dfree(dtvA), dfree(dtkB), dfree(dtvB);

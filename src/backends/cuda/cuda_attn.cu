@@ -719,6 +719,17 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
     if (2 * nbk <= target) {
       ns = (int)(target / nbk);
       if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
+      if (a->keys_hint > 0) {
+        /* no more splits than whole tiles of the keys the batch can see (the rest would be
+         * empty blocks and a longer combine), rounded up to a power of two so that a
+         * recorded step's grid changes only when the context doubles */
+        int64_t keys = a->keys_hint;
+        if (a->window > 0 && a->window < keys) keys = a->window;
+        const int64_t tiles = (keys + GQ_TILE - 1) / GQ_TILE;
+        int p2 = 1;
+        while (p2 < tiles && p2 < ns) p2 <<= 1;
+        if (p2 < ns) ns = p2;
+      }
       const int64_t fit = (int64_t)ci->att_part_floats / (nbh * (a->v_dim + 2));
       if (ns > fit) ns = (int)fit;
       if (ns < 2) ns = 1;
