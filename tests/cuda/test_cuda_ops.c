@@ -165,6 +165,53 @@ static int gemm_int8_type(int t) {
          t == ANNA_DTYPE_Q4_K || t == ANNA_DTYPE_Q5_K || t == ANNA_DTYPE_Q6_K;
 }
 
+/* ref[t, r] = the f64 dot of x_t and row r of wf (+ bias), and bnd[t, r] its accuracy bound
+ * (see test_matvec_int8 and gemm_variant_check): with urel == 0 the int8-activation one,
+ * sum_c |w_c| max|x_blk(c)| / 254 (32-element blocks; a plain type's last block may be
+ * shorter), else sum_c |w_c x_c| * urel; both with 1% slack, 1e-5 * sum |w x| for the f32
+ * accumulation and 1e-6 |y|. Returns both, malloc'd (the caller frees them). */
+static void int8_ref_bound(const float *x, const float *wf, const float *bias, int64_t n, int64_t rows, int64_t cols,
+                           double urel, float **ref_out, double **bnd_out) {
+  float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+  double *bnd = malloc(sizeof(double) * (size_t)(n * rows));
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t r = 0; r < rows; r++) {
+      double acc = bias ? bias[r] : 0, b = 0, mag = 0;
+      for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+        const int64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
+        double am = 0;
+        for (int64_t c = c0; c < c1; c++) am = fmax(am, fabs(x[t * cols + c]));
+        for (int64_t c = c0; c < c1; c++) {
+          const double wv = wf[r * cols + c], xv = x[t * cols + c];
+          acc += wv * xv, mag += fabs(wv * xv), b += fabs(wv) * am / 254.0;
+        }
+      }
+      ref[t * rows + r] = (float)acc;
+      if (urel > 0) b = mag * urel;
+      bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
+    }
+  *ref_out = ref, *bnd_out = bnd;
+}
+
+/* One check: every device output g[i] within bnd[i] of ref[i] (NaN or inf fails). Returns the
+ * largest error / bound of the outputs inside it. */
+static double bound_check(const char *what, const float *g, const float *ref, const double *bnd, int64_t count,
+                          const char *kind) {
+  int64_t bad = 0;
+  double q = 0;
+  for (int64_t i = 0; i < count; i++) {
+    const double e = fabs((double)g[i] - ref[i]);
+    if (isnan(g[i]) || isinf(g[i]) || !(e <= bnd[i])) bad++;
+    else q = fmax(q, e / bnd[i]);
+  }
+  g_checks++;
+  if (bad) {
+    printf("  FAIL %-58s %lld of %lld outside the %s bound\n", what, (long long)bad, (long long)count, kind);
+    g_fail++;
+  }
+  return q;
+}
+
 /* Prefill GEMM with int8 activations (CUDA_GEMM_INT8, exact off) against the f64 dot of the
  * f32 inputs, with test_matvec_int8's bound: each 32-element activation block rounds to
  * q * s, s = max|x| / 127 (error <= s / 2 per element), so output r may differ by
@@ -177,25 +224,11 @@ static int gemm_int8_type(int t) {
 static double gemm_variant_check(const char *what, int variant, const ops_weight *ow, const float *x,
                                  const float *dx, const float *wf, const float *bias, int64_t n) {
   const double ux = 1.0 / 256, uw = cuda_float_type_host(ow->type) ? 0.0 : 1.0 / 256; /* bf16 weights: exact */
-  const int64_t rows = ow->rows, cols = ow->cols;
-  float *ref = malloc(sizeof(float) * (size_t)(n * rows));
-  double *bnd = malloc(sizeof(double) * (size_t)(n * rows));
-  for (int64_t t = 0; t < n; t++)
-    for (int64_t r = 0; r < rows; r++) {
-      double acc = bias ? bias[r] : 0, b = 0, mag = 0;
-      for (int64_t c0 = 0; c0 < cols; c0 += 32) { /* plain types' widths need not be whole blocks */
-        const int64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
-        double am = 0;
-        for (int64_t c = c0; c < c1; c++) am = fmax(am, fabs(x[t * cols + c]));
-        for (int64_t c = c0; c < c1; c++) {
-          const double wv = wf[r * cols + c], xv = x[t * cols + c];
-          acc += wv * xv, mag += fabs(wv * xv), b += fabs(wv) * am / 254.0;
-        }
-      }
-      ref[t * rows + r] = (float)acc;
-      if (variant == CUDA_GEMM_BF16_SINGLE) b = mag * (ux + uw + ux * uw);
-      bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
-    }
+  const int64_t rows = ow->rows;
+  float *ref;
+  double *bnd;
+  int8_ref_bound(x, wf, bias, n, rows, ow->cols, variant == CUDA_GEMM_BF16_SINGLE ? ux + uw + ux * uw : 0.0, &ref,
+                 &bnd);
   float *nan = calloc((size_t)(n * rows), sizeof(float)); /* dnan, inlined here, warned maybe-uninitialized */
   for (int64_t i = 0; i < n * rows; i++) nan[i] = NAN;
   float *dy = dput(nan, sizeof(float) * (size_t)(n * rows));
@@ -207,19 +240,7 @@ static double gemm_variant_check(const char *what, int variant, const ops_weight
   cuda_backend_set_exact(g_gpu, 1);
   float *g = dget(dy, n * rows);
   gpu_status(what);
-  int64_t bad = 0;
-  double q = 0;
-  for (int64_t i = 0; i < n * rows; i++) {
-    const double e = fabs((double)g[i] - ref[i]);
-    if (isnan(g[i]) || isinf(g[i]) || !(e <= bnd[i])) bad++;
-    else q = fmax(q, e / bnd[i]);
-  }
-  g_checks++;
-  if (bad) {
-    printf("  FAIL %-58s %lld of %lld outside the %s bound\n", what, (long long)bad, (long long)(n * rows),
-           variant == CUDA_GEMM_INT8 ? "int8" : "bf16");
-    g_fail++;
-  }
+  const double q = bound_check(what, g, ref, bnd, n * rows, variant == CUDA_GEMM_INT8 ? "int8" : "bf16");
   free(g), free(ref), free(bnd);
   dfree(dy);
   return q;
@@ -367,22 +388,9 @@ static void test_matvec_int8(void) {
       float *x = hrand(n * cols, 1.0f), *bias = s % 3 == 1 ? hrand(rows, 1.0f) : NULL;
       if (s == 2)
         for (int j = 32; j < 64; j++) x[j] = 0.0f; /* token 0, block 1 */
-      float *ref = malloc(sizeof(float) * (size_t)(n * rows));
-      double *bnd = malloc(sizeof(double) * (size_t)(n * rows));
-      for (int64_t t = 0; t < n; t++)
-        for (int64_t r = 0; r < rows; r++) {
-          double acc = bias ? bias[r] : 0, b = 0, mag = 0;
-          for (int64_t c0 = 0; c0 < cols; c0 += 32) {
-            double am = 0;
-            for (int64_t c = c0; c < c0 + 32; c++) am = fmax(am, fabs(x[t * cols + c]));
-            for (int64_t c = c0; c < c0 + 32; c++) {
-              const double wv = wf[r * cols + c], xv = x[t * cols + c];
-              acc += wv * xv, mag += fabs(wv * xv), b += fabs(wv) * am / 254.0;
-            }
-          }
-          ref[t * rows + r] = (float)acc;
-          bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
-        }
+      float *ref;
+      double *bnd;
+      int8_ref_bound(x, wf, bias, n, rows, cols, 0.0, &ref, &bnd);
       ops_weight ow = {type, w, rows, cols};
       float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
       char what[128];
@@ -401,19 +409,7 @@ static void test_matvec_int8(void) {
         }
         float *g = dget(dy, n * rows);
         gpu_status(what);
-        int bad = 0;
-        double q = 0;
-        for (int64_t i = 0; i < n * rows; i++) {
-          const double e = fabs((double)g[i] - ref[i]);
-          if (isnan(g[i]) || isinf(g[i]) || !(e <= bnd[i])) bad++;
-          else q = fmax(q, e / bnd[i]);
-        }
-        g_checks++;
-        if (bad) {
-          printf("  FAIL %-58s %d of %lld outside the int8 bound\n", what, bad, (long long)(n * rows));
-          g_fail++;
-        }
-        worst = fmax(worst, q);
+        worst = fmax(worst, bound_check(what, g, ref, bnd, n * rows, "int8"));
         free(g);
         dfree(dy);
       }

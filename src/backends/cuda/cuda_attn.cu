@@ -626,11 +626,11 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
    * noise of each other or slower, so only this one is built. */
   const int RB = D <= 256 ? 8 : 4, BK = D <= 256 ? 32 : 64, BM = 16 * RB, TQ = BM / G;
   const size_t smem = fa_smem_bytes(BM, BK, D);
-  int optin = 0, nsm = 0;
+  int optin = 0;
   if (!cuda_check(ci, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ci->device),
-                  "device attribute") ||
-      !cuda_check(ci, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, ci->device), "device attribute"))
+                  "device attribute"))
     return true;
+  const int nsm = ci->n_sm;
   if (smem > (size_t)optin) return false;
   /* Tiles: runs of equal block tables cut into TQ tokens, written straight into the ring. */
   char *th, *tdev;
@@ -711,10 +711,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
      * D 256), up to ATT_MAX_SPLIT. The kernel gives each split whole tiles of keys, so a
      * short context runs on the first splits and the rest exit at once. */
     const int64_t nbk = a->n * a->n_kv_heads;
-    int nsm = 0;
-    if (!cuda_check(ci, cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, ci->device), "device attribute"))
-      return;
-    const int64_t target = 4 * (int64_t)(nsm > 0 ? nsm : 132);
+    const int64_t target = 4 * (int64_t)(ci->n_sm > 0 ? ci->n_sm : 132);
     int ns = 1;
     if (2 * nbk <= target) {
       ns = (int)(target / nbk);

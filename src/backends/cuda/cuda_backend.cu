@@ -718,6 +718,10 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     int major = 0;
     const char *ev = getenv("ANNA_CUDA_PDL");
     ci->pdl_ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
+    if (cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+      (void)cudaGetLastError();
+      ci->n_sm = 0;
+    }
     ci->pdl = ci->pdl_ok && !(ev && ev[0] == '0');
     const char *av = getenv("ANNA_CUDA_ATTN");
     ci->attn_variant = av && !strcmp(av, "per_head") ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;

@@ -53,6 +53,7 @@ typedef struct cuda_graph_ent {
 
 typedef struct cuda_impl {
   int device;
+  int n_sm; /* multiprocessors (read at creation; 0 if the query failed: launchers guess 132) */
   cudaStream_t stream;
   cublasHandle_t blas;
   int err;          /* sticky: first ANNA_E* code, 0 while healthy */
