@@ -94,7 +94,10 @@ static __device__ __forceinline__ void mv_plain(float *y, const float *x, const 
   for (int t = 0; t < NT; t++) acc[t] = 0.0f;
   int64_t i0 = 0;
   if (vec) {
-    /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. */
+    /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. Unrolled
+     * so 4 steps' loads are in flight together: a short row (an MoE router's 2048 f32, 8
+     * steps) was 8 round trips one after the other. */
+#pragma unroll 4
     for (int64_t i = (int64_t)lane * 8; i + 8 <= cols; i += 256) {
       float w[8];
       if (TYPE == ANNA_DTYPE_F32) {
@@ -389,7 +392,16 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
  * device's opt-in limit (cuda_matmul_setup; 227 KB on sm_90, so 8 tokens of up to 21000
  * columns), beyond it the f32 kernel. Past 48 KB fewer blocks fit
  * per SM, but each still streams weights for 8 warps. */
-#define MVQ8_WARPS 8
+/* Warps per block: 16 for one token of a K-quant with 2 rows per warp, else 8. Those
+ * instances take ~90-100 registers, so an SM holds 16 of their warps either way, but each
+ * block quantizes the whole activation span into its shared memory first: one block of 16
+ * does that once per SM instead of twice, in half the time (a down projection's 12288
+ * activations, with the FFN activation folded in, are a fifth of its instructions at 8
+ * warps). The lighter types (Q8_0: 77 registers, 3 blocks of 8) would lose warps. */
+template <int TYPE, int NT, int R> __host__ __device__ static constexpr int mvq8_warps() {
+  return NT == 1 && R == 2 && (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K || TYPE == ANNA_DTYPE_Q6_K) ? 16
+                                                                                                              : 8;
+}
 #define MVQ8_SMEM_DEFAULT (48 * 1024) /* without the opt-in of cuda_matmul_setup */
 
 /* Rows per warp: 2 (55-120 registers, 2-4 blocks per SM for 1-4 tokens: many warps, and
@@ -462,7 +474,7 @@ typedef struct mv_glu {
 } mv_glu;
 
 template <int TYPE, int NT, int R, bool G>
-static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
+static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
     k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
                 const __grid_constant__ mv_table tab, const mv_glu glu) {
   mv_sel sel;
@@ -473,7 +485,8 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
   const float *const bias = sel.bias;
   const int64_t rows = sel.rows, row_bytes = sel.row_bytes, bid = sel.bid, nblk = sel.nblk;
   constexpr int RAW = cuda_piece<TYPE>::RAW, NW = cuda_q8p<TYPE>::NW, PL = mvq8_unit<TYPE, NT>::PL,
-                LW = mvq8_unit<TYPE, NT>::LW;
+                LW = mvq8_unit<TYPE, NT>::LW, SW = PL == 2 ? 1 : 0;
+  constexpr int WARPS = mvq8_warps<TYPE, NT, R>();
   extern __shared__ __align__(16) uint8_t q8_smem[];
   const int ncol = (int)cols, nb = NT * ncol / 32; /* cols * NT fits: the launcher checks */
   uint8_t *xq = q8_smem;
@@ -481,8 +494,8 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   /* units of PL pieces (Q4_K: 8 pieces per super-block, so units never straddle one) */
   const int64_t groups = (rows + R - 1) / R, units = cols / 32 / PL, iters = (units + 31) / 32;
-  const int64_t GW = MV_NBLK(G, nblk) * MVQ8_WARPS;
-  int64_t g = MV_BID(G, bid) * MVQ8_WARPS + warp, it = 0;
+  const int64_t GW = MV_NBLK(G, nblk) * WARPS;
+  int64_t g = MV_BID(G, bid) * WARPS + warp, it = 0;
   const bool active = g < groups;
   const uint8_t *row[R];
 #pragma unroll
@@ -504,11 +517,11 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
      * stored. */
     constexpr int U = NT >= 4 ? 8 : 4;
     const int m = lane & 7;
-    for (int b0 = warp * 4; b0 < nb; b0 += 4 * MVQ8_WARPS * U) {
+    for (int b0 = warp * 4; b0 < nb; b0 += 4 * WARPS * U) {
       float4 v[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
-        const int blk = b0 + u * 4 * MVQ8_WARPS + (lane >> 3);
+        const int blk = b0 + u * 4 * WARPS + (lane >> 3);
         if (blk >= nb) {
           v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         } else if (!glu.gate) {
@@ -523,7 +536,7 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
           v[u].w = (gl ? cuda_gelu_tanh(g.w) : cuda_silu(g.w)) * up.w;
         }
       }
-      cuda_q8act_store<TYPE, U, MVQ8_WARPS>(v, b0, nb, xq, xd, xs, lane);
+      cuda_q8act_store<TYPE, U, WARPS, SW>(v, b0, nb, xq, xd, xs, lane);
     }
   }
   __syncthreads();
@@ -546,49 +559,61 @@ static __global__ void __launch_bounds__(32 * MVQ8_WARPS)
 #pragma unroll
       for (int r = 0; r < R; r++) mvq8_load<TYPE, NT>(row2[r], un, units, nxt[r]);
     }
-#pragma unroll
-    for (int j = 0; j < PL; j++) {
-      if (u >= units) break;
-      const int64_t p = u * PL + j;
-      const int e0 = (int)cuda_q8_e0<TYPE>(p);
-      /* activation words, scales and run sums of token t for this piece */
-      auto act = [&](int t, int *a, float *dx, float *sx) {
-        cuda_q8act_fetch<TYPE>(xq, xd, xs, t * ncol + e0, a, dx, sx);
-      };
-      /* one row's contribution for one token */
-      auto dot = [&](const int *wq, const float *sc, const float *mn, const int *a, const float *dx,
-                     const float *sx) -> float { return cuda_q8act_dot<TYPE>(wq, sc, mn, a, dx, sx); };
-      if constexpr (NT == 1) {
-        /* one token: activations first, then the rows one after the other, so the
-         * decoded words of only one row are live */
-        int a[8];
+    if constexpr (NT == 1 && PL == 2) {
+      /* one token, Q4_K: the unit is one 32-byte quant group, decoded as a whole (its two
+       * pieces share their scales and activation blocks; cuda_q4k_group_dot) */
+      if (u < units) {
+        int a[16];
         float dx[2], sx[2];
-        act(0, a, dx, sx);
+        cuda_q8act_fetch64(xq, xd, xs, (int)u, a, dx, sx);
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-          int wq[NW];
-          float sc[2], mn[2];
-          uint32_t pr[RAW];
-          mvq8_piece<TYPE, NT>(raw[r], j, pr);
-          cuda_q8_decode<TYPE>(row[r], p, pr, wq, sc, mn);
-          acc[r][0] += dot(wq, sc, mn, a, dx, sx);
-        }
-      } else {
-        int wq[R][NW];
-        float sc[R][2], mn[R][2];
+        for (int r = 0; r < R; r++) acc[r][0] += cuda_q4k_group_dot(raw[r], raw[r] + 4, (int)(u & 3), a, dx, sx);
+      }
+    } else {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-          uint32_t pr[RAW];
-          mvq8_piece<TYPE, NT>(raw[r], j, pr);
-          cuda_q8_decode<TYPE>(row[r], p, pr, wq[r], sc[r], mn[r]);
-        }
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
+      for (int j = 0; j < PL; j++) {
+        if (u >= units) break;
+        const int64_t p = u * PL + j;
+        const int e0 = (int)cuda_q8_e0<TYPE>(p);
+        /* activation words, scales and run sums of token t for this piece */
+        auto act = [&](int t, int *a, float *dx, float *sx) {
+          cuda_q8act_fetch<TYPE, SW>(xq, xd, xs, t * ncol + e0, a, dx, sx);
+        };
+        /* one row's contribution for one token */
+        auto dot = [&](const int *wq, const float *sc, const float *mn, const int *a, const float *dx,
+                       const float *sx) -> float { return cuda_q8act_dot<TYPE>(wq, sc, mn, a, dx, sx); };
+        if constexpr (NT == 1) {
+          /* one token: activations first, then the rows one after the other, so the
+           * decoded words of only one row are live */
           int a[8];
           float dx[2], sx[2];
-          act(t, a, dx, sx);
+          act(0, a, dx, sx);
 #pragma unroll
-          for (int r = 0; r < R; r++) acc[r][t] += dot(wq[r], sc[r], mn[r], a, dx, sx);
+          for (int r = 0; r < R; r++) {
+            int wq[NW];
+            float sc[2], mn[2];
+            uint32_t pr[RAW];
+            mvq8_piece<TYPE, NT>(raw[r], j, pr);
+            cuda_q8_decode<TYPE>(row[r], p, pr, wq, sc, mn);
+            acc[r][0] += dot(wq, sc, mn, a, dx, sx);
+          }
+        } else {
+          int wq[R][NW];
+          float sc[R][2], mn[R][2];
+#pragma unroll
+          for (int r = 0; r < R; r++) {
+            uint32_t pr[RAW];
+            mvq8_piece<TYPE, NT>(raw[r], j, pr);
+            cuda_q8_decode<TYPE>(row[r], p, pr, wq[r], sc[r], mn[r]);
+          }
+#pragma unroll
+          for (int t = 0; t < NT; t++) {
+            int a[8];
+            float dx[2], sx[2];
+            act(t, a, dx, sx);
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r][t] += dot(wq[r], sc[r], mn[r], a, dx, sx);
+          }
         }
       }
     }
@@ -730,7 +755,7 @@ static unsigned q8_grid(int64_t blocks, size_t smem) {
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * MVQ8_WARPS, 0) != cudaSuccess)
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k, 32 * mvq8_warps<TYPE, NT, G ? 2 : R>(), 0) != cudaSuccess)
       (void)cudaGetLastError(); /* clear it; the guesses below still give a correct grid */
     per_regs = per > 0 ? per : 1, smem_sm = sm > 0 ? sm : 0;
     sms = n > 0 ? n : 128;
@@ -746,10 +771,11 @@ template <int TYPE, int NT, int R>
 static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb,
                       const mv_glu *glu) {
   const size_t sm = mvq8_smem(NT, w->cols);
-  const unsigned g = q8_grid<TYPE, NT, R>((w->rows + MVQ8_WARPS * R - 1) / (MVQ8_WARPS * R), sm);
+  constexpr int WARPS = mvq8_warps<TYPE, NT, R>();
+  const unsigned g = q8_grid<TYPE, NT, R>((w->rows + WARPS * R - 1) / (WARPS * R), sm);
   static const mv_table none = {}; /* zero bytes: the same arguments every step */
   static const mv_glu plain = {};
-  cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * MVQ8_WARPS, sm, y, x, W, w->rows, w->cols,
+  cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * WARPS, sm, y, x, W, w->rows, w->cols,
                   rb, none, glu ? *glu : plain);
 }
 
@@ -895,11 +921,12 @@ template <int TYPE, int NT>
 static void group_q8(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t cols) {
   const size_t sm = mvq8_smem(NT, cols);
   int64_t need[OPS_GROUP_MAX], blocks[OPS_GROUP_MAX];
-  for (int i = 0; i < m; i++) need[i] = (t->e[i].rows + MVQ8_WARPS * 2 - 1) / (MVQ8_WARPS * 2);
+  constexpr int WARPS = mvq8_warps<TYPE, NT, 2>();
+  for (int i = 0; i < m; i++) need[i] = (t->e[i].rows + WARPS * 2 - 1) / (WARPS * 2);
   mv_split(m, need, q8_grid<TYPE, NT, 2, true>((int64_t)1 << 40, sm), blocks);
   const unsigned g = mv_firsts(t, m, blocks);
   static const mv_glu plain = {};
-  cuda_launch_pdl(ci, "matvec q8 group", k_matvec_q8<TYPE, NT, 2, true>, g, 32 * MVQ8_WARPS, sm, (float *)NULL, x,
+  cuda_launch_pdl(ci, "matvec q8 group", k_matvec_q8<TYPE, NT, 2, true>, g, 32 * WARPS, sm, (float *)NULL, x,
                   (const uint8_t *)NULL, (int64_t)0, cols, (int64_t)0, *t, plain);
 }
 

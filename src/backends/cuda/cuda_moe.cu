@@ -54,8 +54,11 @@
 #include <string.h>
 
 /* One warp per token: softmax statistics by warp reductions, then k rounds of a warp
- * argmax (ties to the lower expert id, as the CPU's first-maximum scan). Lane l holds
- * experts l, l + 32, ...; `taken` marks the ones already chosen (E <= 32 * 32). */
+ * argmax (ties to the lower expert id, as the CPU's first-maximum scan). Lane l holds experts
+ * l, l + 32, ... in registers (NE of them: E <= 32 * NE; a loop over global memory per round
+ * made this kernel 8.6 us for top-8 of 256, longer than the expert products it feeds);
+ * `taken` marks the ones already chosen. The probabilities keep the CPU's double sums. */
+template <int NE>
 static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k, int renorm,
                                    const float *per_expert) {
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
@@ -63,11 +66,19 @@ static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits
   const int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= n) return;
   const float *l = logits + t * E;
+  float v[NE];
   float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+  for (int q = 0; q < NE; q++) {
+    const int e = lane + 32 * q;
+    v[q] = e < E ? l[e] : -INFINITY;
+    mx = fmaxf(mx, v[q]);
+  }
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   double sum = 0;
-  for (int e = lane; e < E; e += 32) sum += exp((double)l[e] - mx);
+#pragma unroll
+  for (int q = 0; q < NE; q++)
+    if (lane + 32 * q < E) sum += exp((double)v[q] - mx);
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   uint32_t taken = 0;
   int32_t *ti = idx + t * k;
@@ -76,8 +87,9 @@ static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits
   for (int j = 0; j < k; j++) {
     float bv = -INFINITY;
     int be = 0x7fffffff;
-    for (int e = lane, q = 0; e < E; e += 32, q++)
-      if (!(taken >> q & 1u) && (be == 0x7fffffff || l[e] > bv)) bv = l[e], be = e;
+#pragma unroll
+    for (int q = 0; q < NE; q++) /* ascending ids: a strict > keeps the lowest of equals */
+      if (lane + 32 * q < E && !(taken >> q & 1u) && (be == 0x7fffffff || v[q] > bv)) bv = v[q], be = lane + 32 * q;
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
       const int oe = __shfl_xor_sync(0xffffffffu, be, o);
@@ -106,8 +118,16 @@ void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *l
   }
   const float *pe = per_expert ? (const float *)cuda_mirror(be, per_expert, (size_t)n_experts * sizeof(float)) : NULL;
   if (per_expert && !pe) return;
-  cuda_launch_pdl(ci, "moe_route", k_moe_route, cuda_blocks(n * 32, 128), 128, 0, idx, wts, logits, n, n_experts, k,
-                  renorm, pe);
+  const unsigned grid = cuda_blocks(n * 32, 128);
+#define ROUTE(NE) \
+  cuda_launch_pdl(ci, "moe_route", k_moe_route<NE>, grid, 128, 0, idx, wts, logits, n, n_experts, k, renorm, pe)
+  if (n_experts <= 32) ROUTE(1);
+  else if (n_experts <= 64) ROUTE(2);
+  else if (n_experts <= 128) ROUTE(4);
+  else if (n_experts <= 256) ROUTE(8);
+  else if (n_experts <= 512) ROUTE(16);
+  else ROUTE(32);
+#undef ROUTE
 }
 
 /* xs[r] = x[order[r] / k] */
