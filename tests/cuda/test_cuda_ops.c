@@ -1231,13 +1231,17 @@ static void moe_int8_check(const char *what, const moe_mats *m, const float *x, 
 
 static void test_moe(void) {
   printf("moe\n");
-  const int rc[][4] = {/* n, E, k, renorm */ {1, 8, 2, 1}, {7, 16, 4, 0}, {33, 128, 8, 1}, {5, 256, 8, 1},
-                       {3, 1000, 10, 0}};
+  /* the last two: logits rounded to a few values, so equal logits compete (ties go to the
+   * lower expert id, across lanes and within one) */
+  const int rc[][5] = {/* n, E, k, renorm, ties */ {1, 8, 2, 1, 0},   {7, 16, 4, 0, 0},  {33, 128, 8, 1, 0},
+                       {5, 256, 8, 1, 0},  {3, 1000, 10, 0, 0}, {4, 256, 8, 1, 1}, {2, 100, 32, 0, 1}};
   for (size_t c = 0; c < sizeof rc / sizeof rc[0]; c++) {
     cuda_backend_drop_mirrors(g_gpu);
     const int64_t n = rc[c][0];
     const int E = rc[c][1], k = rc[c][2], renorm = rc[c][3];
     float *lg = hrand(n * E, 3.0f), *pe = c % 2 ? hrand(E, 1.0f) : NULL;
+    if (rc[c][4])
+      for (int64_t i = 0; i < n * E; i++) lg[i] = roundf(lg[i]);
     int32_t *idx = malloc(sizeof(int32_t) * (size_t)(n * k));
     float *w = malloc(sizeof(float) * (size_t)(n * k));
     g_cpu->moe_route(g_cpu, idx, w, lg, n, E, k, renorm, pe);

@@ -655,12 +655,14 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->ev0) cudaEventDestroy(ci->ev0);
     if (ci->ev1) cudaEventDestroy(ci->ev1);
     if (ci->copy_stream) cudaStreamDestroy(ci->copy_stream);
+    memset(&ci->pnorm, 0, sizeof ci->pnorm); /* a deferred norm nobody reads any more */
     cuda_backend_drop_mirrors(be);
     if (ci->deq) cudaFree(ci->deq);
     if (ci->att_part) cudaFree(ci->att_part);
     if (ci->act16) cudaFree(ci->act16);
     if (ci->gdn_scr) cudaFree(ci->gdn_scr);
     if (ci->topk_scr) cudaFree(ci->topk_scr);
+    if (ci->pnorm_count) cudaFree(ci->pnorm_count);
     if (ci->ring_d) cudaFree(ci->ring_d);
     if (ci->ring_h) cudaFreeHost(ci->ring_h);
     if (ci->blas) cublasDestroy(ci->blas);
@@ -700,6 +702,8 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
       (what = "attention scratch", e = cudaMalloc((void **)&ci->att_part, ATT_PART_FLOATS * sizeof(float))) !=
           cudaSuccess ||
       (what = "topk scratch", e = cudaMalloc(&ci->topk_scr, TOPK_SCR_BYTES)) != cudaSuccess ||
+      (what = "norm counter", e = cudaMalloc((void **)&ci->pnorm_count, sizeof(int))) != cudaSuccess ||
+      (what = "norm counter", e = cudaMemset(ci->pnorm_count, 0, sizeof(int))) != cudaSuccess ||
       (what = "pinned ring", e = cudaHostAlloc((void **)&ci->ring_h, ci->ring_cap, cudaHostAllocDefault)) !=
           cudaSuccess) {
     int code = e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO;
@@ -723,6 +727,12 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
       ci->n_sm = 0;
     }
     ci->pdl = ci->pdl_ok && !(ev && ev[0] == '0');
+    /* ANNA_CUDA_FUSE_NORM=0: every add_rmsnorm its own kernel (cuda_pnorm), for A/B runs */
+    const char *fv = getenv("ANNA_CUDA_FUSE_NORM");
+    if (fv && fv[0] == '0') {
+      cudaFree(ci->pnorm_count);
+      ci->pnorm_count = NULL;
+    }
     const char *av = getenv("ANNA_CUDA_ATTN");
     ci->attn_variant = av && !strcmp(av, "per_head") ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
   }

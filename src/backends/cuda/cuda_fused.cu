@@ -314,13 +314,26 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
 
 #define AN_THREADS 256 /* norm_rope's most threads per row */
 
+/* One row with a residual, in the int8 numerics, with its pointers as the fused matvec
+ * prologue reads them (float4, whole 32-blocks): deferred (cuda_pnorm), else launched now. */
 void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, const float *w, int64_t rows, int d,
                          float eps, int one_plus) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || rows <= 0 || d <= 0) return;
   const float *wd = w ? (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float)) : NULL;
   if (w && !wd) return;
+  if (rows == 1 && r && wd && ci->pnorm_count && !ci->exact && ci->mv_variant == CUDA_MV_DEFAULT && d % 32 == 0 &&
+      y != x && y != r && !(((uintptr_t)x | (uintptr_t)r | (uintptr_t)y | (uintptr_t)wd) & 15)) {
+    ci->pnorm = cuda_pnorm{x, r, wd, y, d, one_plus, eps};
+    return;
+  }
   cuda_rmsnorm_rows(ci, x, r, y, wd, rows, d, eps, one_plus);
+}
+
+void cuda_norm_flush(cuda_impl *ci) {
+  const cuda_pnorm p = ci->pnorm;
+  memset(&ci->pnorm, 0, sizeof ci->pnorm);
+  if (!ci->err) cuda_rmsnorm_rows(ci, p.x, p.r, p.y, p.w, 1, p.d, p.eps, p.one_plus);
 }
 
 /* ---- norm_rope: one block per (token, head) row; the row is staged in shared memory, so

@@ -9,6 +9,19 @@
 #include <cuda_runtime.h>
 
 #include <stdint.h>
+#include <string.h>
+
+/* A one-row add_rmsnorm (x += r; y = rmsnorm(x) * w) left for the next op: when that op is a
+ * one-token int8 matvec of y, the matvec computes it in its activation prologue (one kernel
+ * fewer per norm of a decode step: ~3-4 us each, 64 per step of the 9B shape) and its last
+ * block stores x and y; any other op launches it first (cuda_impl_of). */
+typedef struct cuda_pnorm {
+  float *x; /* NULL: nothing deferred */
+  const float *r, *w; /* device pointers (w mirrored) */
+  float *y;
+  int d, one_plus;
+  float eps;
+} cuda_pnorm;
 
 typedef struct cuda_mirror_ent {
   const void *host;
@@ -93,12 +106,37 @@ typedef struct cuda_impl {
   float *gdn_scr;           /* chunked GDN scratch (W, U, P, gam), allocated at first use */
   void *topk_scr;           /* topk's key levels (cuda_sample.cu), allocated at creation */
   size_t topk_scr_bytes;
+  cuda_pnorm pnorm;         /* a deferred one-row add_rmsnorm (cuda_pnorm); x NULL: none */
+  int *pnorm_count;         /* device counter of the fused prologue's last-block election */
 } cuda_impl;
 
 #define CUDA_GRAPH_MAX_TOK 8
 
+/* Launches the deferred add_rmsnorm (its own kernel) and clears it. */
+void cuda_norm_flush(cuda_impl *ci);
+
+/* The backend of an op. Every op starts here, so a deferred add_rmsnorm is launched before
+ * any op that is not its fused consumer (cuda_norm_take) can read x or y. */
 static inline cuda_impl *cuda_impl_of(ops_backend *be) {
-  return (cuda_impl *)be->impl;
+  cuda_impl *ci = (cuda_impl *)be->impl;
+  if (ci->pnorm.x) cuda_norm_flush(ci);
+  return ci;
+}
+
+/* The deferred add_rmsnorm when x is its output and a one-token matvec may take it (then
+ * cleared: the caller launches it, fused or by cuda_norm_flush); else none (zeroed), after
+ * flushing one that is pending. Consumers call it before anything that may reach
+ * cuda_impl_of. */
+static inline cuda_pnorm cuda_norm_take(ops_backend *be, const float *x, int64_t n) {
+  cuda_impl *ci = (cuda_impl *)be->impl;
+  cuda_pnorm p = ci->pnorm;
+  if (p.x && x == p.y && n == 1) {
+    memset(&ci->pnorm, 0, sizeof ci->pnorm);
+    return p;
+  }
+  if (p.x) cuda_norm_flush(ci);
+  memset(&p, 0, sizeof p);
+  return p;
 }
 
 /* Records the first failure (later ones are consequences); returns the code. */

@@ -94,10 +94,7 @@ static __device__ __forceinline__ void mv_plain(float *y, const float *x, const 
   for (int t = 0; t < NT; t++) acc[t] = 0.0f;
   int64_t i0 = 0;
   if (vec) {
-    /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. Unrolled
-     * so 4 steps' loads are in flight together: a short row (an MoE router's 2048 f32, 8
-     * steps) was 8 round trips one after the other. */
-#pragma unroll 4
+    /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. */
     for (int64_t i = (int64_t)lane * 8; i + 8 <= cols; i += 256) {
       float w[8];
       if (TYPE == ANNA_DTYPE_F32) {
@@ -473,10 +470,26 @@ typedef struct mv_glu {
   int64_t gs, us, act;
 } mv_glu;
 
+/* A deferred add_rmsnorm (cuda_pnorm) folded into a one-token prologue: when r is set, the
+ * kernel's x is the residual stream and its activations are rmsnorm(x + r) * w. Each block
+ * quantizes (x + r) * w (a block's int8 values do not change with a common factor), sums
+ * the squares of x + r, and scales its block scales and run sums by 1 / rms; the last block
+ * to finish reading x and r (an atomic count of the blocks, reset by that block) stores
+ * x + r into x and the normalised row into y for the ops after this one. No padding: the
+ * arguments are compared as bytes. */
+typedef struct mv_norm {
+  const float *r; /* NULL: no norm */
+  float *y;
+  const float *w;
+  int *count;
+  float eps;
+  int32_t one_plus;
+} mv_norm;
+
 template <int TYPE, int NT, int R, bool G>
 static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
     k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
-                const __grid_constant__ mv_table tab, const mv_glu glu) {
+                const __grid_constant__ mv_table tab, const mv_glu glu, const mv_norm nrm) {
   mv_sel sel;
   if constexpr (G) sel = mv_pick(tab);
   else sel = mv_sel{W_, y_, nullptr, rows_, row_bytes_, 0, 0};
@@ -517,6 +530,7 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
      * stored. */
     constexpr int U = NT >= 4 ? 8 : 4;
     const int m = lane & 7;
+    float ss = 0.0f; /* nrm: this thread's sum of squares of x + r */
     for (int b0 = warp * 4; b0 < nb; b0 += 4 * WARPS * U) {
       float4 v[U];
 #pragma unroll
@@ -524,6 +538,14 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
         const int blk = b0 + u * 4 * WARPS + (lane >> 3);
         if (blk >= nb) {
           v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        } else if (NT == 1 && nrm.r) {
+          const int64_t c = (int64_t)blk * 32 + 4 * m;
+          const float4 a = *(const float4 *)(x + c), b = *(const float4 *)(nrm.r + c);
+          float4 g = *(const float4 *)(nrm.w + c);
+          if (nrm.one_plus) g.x += 1.0f, g.y += 1.0f, g.z += 1.0f, g.w += 1.0f;
+          const float4 e = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+          ss += e.x * e.x + e.y * e.y + e.z * e.z + e.w * e.w;
+          v[u] = make_float4(e.x * g.x, e.y * g.y, e.z * g.z, e.w * g.w);
         } else if (!glu.gate) {
           v[u] = *(const float4 *)(x + (int64_t)blk * 32 + 4 * m);
         } else {
@@ -538,8 +560,34 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
       }
       cuda_q8act_store<TYPE, U, WARPS, SW>(v, b0, nb, xq, xd, xs, lane);
     }
+    if (NT == 1 && nrm.r) {
+      __shared__ float part[WARPS];
+      __shared__ int last;
+      ss = cuda_warp_sum(ss);
+      if (lane == 0) part[warp] = ss;
+      __syncthreads(); /* the span and the partial sums are complete; this block is done with x and r */
+      if (threadIdx.x == 0) last = atomicAdd(nrm.count, 1) == (int)gridDim.x - 1;
+      float tot = 0.0f;
+#pragma unroll
+      for (int i = 0; i < WARPS; i++) tot += part[i]; /* the same order in every block */
+      const float inv = rsqrtf(tot / (float)ncol + nrm.eps);
+      for (int i = threadIdx.x; i < nb; i += 32 * WARPS) xd[i] *= inv;
+      for (int i = threadIdx.x; i < 2 * nb; i += 32 * WARPS) xs[i] *= inv;
+      __syncthreads();
+      if (last) { /* every other block has read x and r: x and y may be written */
+        for (int c = 4 * threadIdx.x; c < ncol; c += 4 * 32 * WARPS) {
+          const float4 a = *(const float4 *)(x + c), b = *(const float4 *)(nrm.r + c);
+          float4 g = *(const float4 *)(nrm.w + c);
+          if (nrm.one_plus) g.x += 1.0f, g.y += 1.0f, g.z += 1.0f, g.w += 1.0f;
+          const float4 e = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+          *(float4 *)(const_cast<float *>(x) + c) = e;
+          *(float4 *)(nrm.y + c) = make_float4(e.x * inv * g.x, e.y * inv * g.y, e.z * inv * g.z, e.w * inv * g.w);
+        }
+        if (threadIdx.x == 0) *nrm.count = 0; /* the next fused launch comes after this grid ends */
+      }
+    }
   }
-  __syncthreads();
+  if (!(NT == 1 && nrm.r)) __syncthreads();
   if (!active) return;
   float acc[R][NT];
 #pragma unroll
@@ -769,14 +817,15 @@ static unsigned q8_grid(int64_t blocks, size_t smem) {
 
 template <int TYPE, int NT, int R>
 static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w, int64_t rb,
-                      const mv_glu *glu) {
+                      const mv_glu *glu, const mv_norm *nrm) {
   const size_t sm = mvq8_smem(NT, w->cols);
   constexpr int WARPS = mvq8_warps<TYPE, NT, R>();
   const unsigned g = q8_grid<TYPE, NT, R>((w->rows + WARPS * R - 1) / (WARPS * R), sm);
   static const mv_table none = {}; /* zero bytes: the same arguments every step */
   static const mv_glu plain = {};
+  static const mv_norm nonorm = {};
   cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * WARPS, sm, y, x, W, w->rows, w->cols,
-                  rb, none, glu ? *glu : plain);
+                  rb, none, glu ? *glu : plain, nrm ? *nrm : nonorm);
 }
 
 /* Raises the dynamic shared memory limit of the q8 instances for TYPE, NT (single with 2
@@ -819,17 +868,18 @@ size_t cuda_matmul_setup(void) {
     cuda_launch_pdl(ci, "matvec piece", k_matvec_piece<T, NT, R>, g, 32 * MVQ_WARPS, 0, y, x, W, w->rows, w->cols, rb); \
     return;                                                                                     \
   }
-#define Q8CASE(T)                                                                  \
-  case T:                                                                          \
-    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(ci, y, x, W, w, rb, glu);  \
-    else launch_q8<T, NT, 2>(ci, y, x, W, w, rb, glu);                             \
+#define Q8CASE(T)                                                                       \
+  case T:                                                                               \
+    if (q8 == 2) launch_q8<T, NT, mvq8_rows_r4<T, NT>()>(ci, y, x, W, w, rb, glu, nrm);  \
+    else launch_q8<T, NT, 2>(ci, y, x, W, w, rb, glu, nrm);                             \
     return;
 
 /* One weight, NT tokens (q8, smem_max: as mv_choose). glu: the q8 kernels' folded
  * activation, only where mv_choose picks them (NULL otherwise). */
 template <int NT>
 static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t *W, const ops_weight *w,
-                          int64_t rb, int vec, int q8, size_t smem_max, const mv_glu *glu = NULL) {
+                          int64_t rb, int vec, int q8, size_t smem_max, const mv_glu *glu = NULL,
+                          const mv_norm *nrm = NULL) {
   const unsigned grid = (unsigned)((w->rows + MV_WARPS - 1) / MV_WARPS);
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
@@ -918,7 +968,7 @@ static unsigned mv_firsts(mv_table *t, int m, const int64_t *blocks) {
 }
 
 template <int TYPE, int NT>
-static void group_q8(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t cols) {
+static void group_q8(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t cols, const mv_norm *nrm) {
   const size_t sm = mvq8_smem(NT, cols);
   int64_t need[OPS_GROUP_MAX], blocks[OPS_GROUP_MAX];
   constexpr int WARPS = mvq8_warps<TYPE, NT, 2>();
@@ -926,8 +976,9 @@ static void group_q8(cuda_impl *ci, mv_table *t, int m, const float *x, int64_t 
   mv_split(m, need, q8_grid<TYPE, NT, 2, true>((int64_t)1 << 40, sm), blocks);
   const unsigned g = mv_firsts(t, m, blocks);
   static const mv_glu plain = {};
+  static const mv_norm nonorm = {};
   cuda_launch_pdl(ci, "matvec q8 group", k_matvec_q8<TYPE, NT, 2, true>, g, 32 * WARPS, sm, (float *)NULL, x,
-                  (const uint8_t *)NULL, (int64_t)0, cols, (int64_t)0, *t, plain);
+                  (const uint8_t *)NULL, (int64_t)0, cols, (int64_t)0, *t, plain, nrm ? *nrm : nonorm);
 }
 
 template <int TYPE, int NT>
@@ -948,7 +999,7 @@ static unsigned group_rows(mv_table *t, int m) {
 }
 
 #define GQ8(T)                                                                                                        \
-  case T: group_q8<T, NT>(ci, t, m, x, cols); return;
+  case T: group_q8<T, NT>(ci, t, m, x, cols, nrm); return;
 #define GPIECE(T)                                                                                                     \
   case T: group_piece<T, NT>(ci, t, m, x, cols); return;
 #define GPLAIN(T)                                                                                                     \
@@ -960,7 +1011,7 @@ static unsigned group_rows(mv_table *t, int m) {
  * kernel's flag, the same for all). */
 template <int NT>
 static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_table *t, int m, const float *x,
-                         int64_t cols) {
+                         int64_t cols, const mv_norm *nrm = NULL) {
   if (path == MV_PATH_Q8) {
     switch (type) {
       GQ8(ANNA_DTYPE_Q4_0) GQ8(ANNA_DTYPE_IQ4_NL) GQ8(ANNA_DTYPE_Q8_0) GQ8(ANNA_DTYPE_Q4_K) GQ8(ANNA_DTYPE_Q5_K)
@@ -1005,7 +1056,7 @@ static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_tabl
 template <int NT>
 static void group_tokens(cuda_impl *ci, int count, const int *skip, float *const *y, const float *x,
                          const uint8_t *const *W, const int64_t *rb, const ops_weight *const *ws,
-                         const float *const *bd, int q8, size_t smem_max) {
+                         const float *const *bd, int q8, size_t smem_max, const cuda_pnorm *pn = NULL) {
   const int64_t cols = ws[0]->cols;
   int key[OPS_GROUP_MAX], done[OPS_GROUP_MAX];
   for (int i = 0; i < count; i++) {
@@ -1014,8 +1065,23 @@ static void group_tokens(cuda_impl *ci, int count, const int *skip, float *const
     key[i] = p == MV_PATH_Q8R4 ? -1 - i /* matches no other */
                                : (int)p | ws[i]->type << 4 | (p == MV_PATH_PLAIN ? mv_vec(W[i], x, cols) : 0) << 12;
   }
-  for (int i = 0; i < count; i++) {
-    if (done[i]) continue;
+  /* A deferred norm of x (pn, one token): the first int8 launch takes it, first of all, as it
+   * stores x's normalised row for the launches after it; without one it runs on its own. */
+  int first = -1;
+  mv_norm nrm = {};
+  if (pn) {
+    for (int i = 0; i < count && first < 0; i++)
+      if (!done[i] && key[i] >= 0 && (key[i] & 15) == MV_PATH_Q8) first = i;
+    if (first < 0) {
+      ci->pnorm = *pn;
+      cuda_norm_flush(ci);
+    } else {
+      nrm = mv_norm{pn->r, pn->y, pn->w, ci->pnorm_count, pn->eps, pn->one_plus};
+    }
+  }
+  for (int k = -1; k < count; k++) {
+    const int i = k < 0 ? first : k; /* the fused launch first */
+    if (i < 0 || done[i]) continue;
     mv_table t;
     memset(&t, 0, sizeof t); /* unused entries too: launch arguments are compared as bytes */
     int m = 0;
@@ -1024,17 +1090,21 @@ static void group_tokens(cuda_impl *ci, int count, const int *skip, float *const
         t.e[m++] = mv_ent{W[j], y[j], bd[j], ws[j]->rows, rb[j], 0};
         done[j] = 1;
       }
+    const bool fuse = i == first;
+    const float *xi = fuse ? pn->x : x;
     if (key[i] < 0 || (m == 1 && !bd[i])) {
-      launch_matvec<NT>(ci, y[i], x, W[i], ws[i], rb[i], mv_vec(W[i], x, cols), q8, smem_max);
+      launch_matvec<NT>(ci, y[i], xi, W[i], ws[i], rb[i], mv_vec(W[i], x, cols), q8, smem_max, NULL,
+                        fuse ? &nrm : NULL);
       if (bd[i]) cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(NT * ws[i]->rows), 256, 0, y[i], bd[i], (int64_t)NT,
                              ws[i]->rows);
       continue;
     }
-    group_launch<NT>(ci, (mv_path)(key[i] & 15), ws[i]->type, key[i] >> 12 & 1, &t, m, x, cols);
+    group_launch<NT>(ci, (mv_path)(key[i] & 15), ws[i]->type, key[i] >> 12 & 1, &t, m, xi, cols, fuse ? &nrm : NULL);
   }
 }
 
 void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
+  const cuda_pnorm pn = cuda_norm_take(be, x, n); /* before cuda_impl_of, which would launch it */
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
   int64_t rb = 0;
@@ -1042,6 +1112,19 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (!W) return;
   const float *bd = bias ? (const float *)cuda_mirror(be, bias, (size_t)w->rows * sizeof(float)) : NULL;
   if (bias && !bd) return;
+  if (pn.x) { /* a deferred norm of x: fused into an int8 launch, else on its own first */
+    const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
+    if (mv_choose(w->type, W, rb, x, w->cols, 1, ci->mv_variant == CUDA_MV_DEFAULT && !ci->exact, smem_max) ==
+        MV_PATH_Q8) {
+      const mv_norm nrm = {pn.r, pn.y, pn.w, ci->pnorm_count, pn.eps, pn.one_plus};
+      launch_matvec<1>(ci, y, pn.x, W, w, rb, 0, 1, smem_max, NULL, &nrm);
+      if (bd && !ci->err) cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(w->rows), 256, 0, y, bd, (int64_t)1, w->rows);
+      cuda_check_launch(ci, "matvec");
+      return;
+    }
+    ci->pnorm = pn;
+    cuda_norm_flush(ci);
+  }
   /* Q4_K's wide loads need 16-byte aligned rows (a mirror copy always is: cudaMalloc). */
   const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
   if (!(n <= MV_MAX_TOK && wide_ok)) cuda_flush(ci); /* cuBLAS calls are not recorded: the step goes on eagerly */
@@ -1124,8 +1207,14 @@ void cuda_op_act_matmul(ops_backend *be, float *y, float *h, const float *gate, 
 
 void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                           const ops_weight *const *ws, const float *const *biases) {
+  const cuda_pnorm pn = cuda_norm_take(be, x, n); /* before cuda_impl_of, which would launch it */
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
+  if (pn.x && count < 2) { /* a group of one, as cuda_op_matmul */
+    ci->pnorm = pn;
+    cuda_op_matmul(be, ys[0], x, n, ws[0], biases ? biases[0] : NULL);
+    return;
+  }
   if (count < 1 || count > OPS_GROUP_MAX) {
     cuda_fail(ci, ANNA_EINVAL, "cuda: matmul group of %d weights (1..%d)", count, OPS_GROUP_MAX);
     return;
@@ -1166,7 +1255,7 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
     if (left >= 8) group_tokens<8>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 8;
     else if (left >= 4) group_tokens<4>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 4;
     else if (left >= 2) group_tokens<2>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 2;
-    else group_tokens<1>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max), t0 += 1;
+    else group_tokens<1>(ci, count, skip, yt, xt, W, rb, ws, bd, q8, smem_max, pn.x ? &pn : NULL), t0 += 1;
   }
   if (!cuda_check_launch(ci, "matvec group")) return;
   for (int i = 0; i < count; i++)

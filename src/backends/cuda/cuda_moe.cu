@@ -53,11 +53,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One warp per token: softmax statistics by warp reductions, then k rounds of a warp
- * argmax (ties to the lower expert id, as the CPU's first-maximum scan). Lane l holds experts
- * l, l + 32, ... in registers (NE of them: E <= 32 * NE; a loop over global memory per round
- * made this kernel 8.6 us for top-8 of 256, longer than the expert products it feeds);
- * `taken` marks the ones already chosen. The probabilities keep the CPU's double sums. */
+/* Orderable bits of a float: unsigned comparison of the keys is float comparison. */
+static __device__ __forceinline__ uint32_t route_key(float v) {
+  const uint32_t u = __float_as_uint(v);
+  return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+static __device__ __forceinline__ float route_val(uint32_t k) {
+  return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
+/* One warp per token. Lane l holds experts l, l + 32, ... in registers (NE of them: E <= 32 *
+ * NE); `taken` marks the ones already chosen. Each of the k rounds is a warp maximum of the
+ * lanes' best remaining logits and a warp minimum of the ids that reach it (ties to the lower
+ * expert id, as the CPU's first-maximum scan): two redux instructions, where a shuffle tree
+ * of (value, id) pairs per round, over logits re-read from memory, made this kernel 8.6 us
+ * for top-8 of 256, longer than the expert products it feeds. Lane j keeps round j's pick;
+ * the k probabilities (the CPU's double softmax sums) are then computed side by side. */
 template <int NE>
 static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k, int renorm,
                                    const float *per_expert) {
@@ -81,30 +92,26 @@ static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits
     if (lane + 32 * q < E) sum += exp((double)v[q] - mx);
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   uint32_t taken = 0;
-  int32_t *ti = idx + t * k;
-  float *tw = wts + t * k;
-  float wsum = 0.0f;
+  float mine = -INFINITY; /* lane j: round j's logit and expert */
+  int mine_e = -1;
   for (int j = 0; j < k; j++) {
-    float bv = -INFINITY;
-    int be = 0x7fffffff;
+    uint32_t bk = 0, bid = 0xffffffffu;
 #pragma unroll
     for (int q = 0; q < NE; q++) /* ascending ids: a strict > keeps the lowest of equals */
-      if (lane + 32 * q < E && !(taken >> q & 1u) && (be == 0x7fffffff || v[q] > bv)) bv = v[q], be = lane + 32 * q;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-      if (oe != 0x7fffffff && (be == 0x7fffffff || ov > bv || (ov == bv && oe < be))) bv = ov, be = oe;
-    }
-    if ((be & 31) == lane) taken |= 1u << (be >> 5);
-    const float w = (float)(exp((double)bv - mx) / sum);
-    wsum += w;
-    if (lane == 0) ti[j] = be, tw[j] = w;
+      if (lane + 32 * q < E && !(taken >> q & 1u) && (bid == 0xffffffffu || route_key(v[q]) > bk))
+        bk = route_key(v[q]), bid = (uint32_t)(lane + 32 * q);
+    const uint32_t gk = __reduce_max_sync(0xffffffffu, bid == 0xffffffffu ? 0u : bk);
+    const uint32_t ge = __reduce_min_sync(0xffffffffu, bid != 0xffffffffu && bk == gk ? bid : 0xffffffffu);
+    if ((int)(ge & 31) == lane) taken |= 1u << (ge >> 5);
+    if (lane == j) mine = route_val(gk), mine_e = (int)ge;
   }
-  if (lane == 0) {
-    if (renorm)
-      for (int j = 0; j < k; j++) tw[j] /= wsum;
-    if (per_expert)
-      for (int j = 0; j < k; j++) tw[j] *= per_expert[ti[j]];
+  const float w = lane < k ? (float)(exp((double)mine - mx) / sum) : 0.0f;
+  float wsum = w;
+  for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
+  if (lane < k) {
+    float o = renorm ? w / wsum : w;
+    if (per_expert) o *= per_expert[mine_e];
+    idx[t * k + lane] = mine_e, wts[t * k + lane] = o;
   }
 }
 
@@ -112,8 +119,9 @@ void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *l
                        int renorm, const float *per_expert) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  if (k < 1 || k > n_experts || n_experts > 32 * 32) {
-    cuda_fail(ci, ANNA_EINVAL, "cuda: top-%d of %d experts not supported (at most 1024 experts)", k, n_experts);
+  if (k < 1 || k > 32 || k > n_experts || n_experts > 32 * 32) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: top-%d of %d experts not supported (at most 1024 experts, top-32)", k,
+              n_experts);
     return;
   }
   const float *pe = per_expert ? (const float *)cuda_mirror(be, per_expert, (size_t)n_experts * sizeof(float)) : NULL;
