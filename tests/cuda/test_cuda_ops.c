@@ -1965,6 +1965,102 @@ static void bench(void) {
   }
 }
 
+/* A one-row add_rmsnorm in the default numerics is deferred into the next one-token int8
+ * matvec of its output (cuda_pnorm). Per case: add_rmsnorm then matmul_group (or matmul) of y,
+ * against the same sequence with a download in between (which launches the norm on its own):
+ * x and y must match the unfused ones (x bit for bit: one f32 add; y within 1e-5: another
+ * summation order of the squares), the products within 2e-3 of their scale (int8 values of
+ * (x + r) * w against those of the normalised row: a rounding may flip). Then against the CPU
+ * in exact mode within the matmul_group int8 bound (3e-2). Cases: a group with an int8 entry
+ * (fused), one without (Q5_0 and f32: the norm runs on its own), one weight (matmul),
+ * one_plus weights, and a second norm deferred right after (the counter reset). */
+static void test_norm_fused(void) {
+  printf("add_rmsnorm fused into the next matvec\n");
+  typedef struct {
+    int count, d, one_plus;
+    int type[3];
+    int64_t rows[3];
+  } ncase;
+  const ncase cases[] = {
+      {3, 4096, 0, {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_F32}, {257, 65, 9}},
+      {2, 1024, 1, {ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q4_K}, {100, 33}},
+      {2, 512, 0, {ANNA_DTYPE_Q5_0, ANNA_DTYPE_F32}, {40, 7}},
+      {1, 2048, 1, {ANNA_DTYPE_Q4_K}, {300}},
+  };
+  cuda_backend_set_exact(g_gpu, 0);
+  cpu_backend_set_exact_matmul(g_cpu, 1);
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    const ncase *c = &cases[ci];
+    const int d = c->d;
+    cuda_backend_drop_mirrors(g_gpu);
+    void *wd[3];
+    ops_weight ow[3];
+    const ops_weight *ws[3];
+    int64_t ytot = 0;
+    for (int i = 0; i < c->count; i++) {
+      float *f;
+      wd[i] = make_weight(c->type[i], c->rows[i], d, &f);
+      free(f);
+      ow[i] = (ops_weight){c->type[i], wd[i], c->rows[i], d};
+      ws[i] = &ow[i];
+      ytot += c->rows[i];
+    }
+    float *x = hrand(d, 1.0f), *r = hrand(d, 1.0f), *w = hrand(d, 1.0f);
+    /* CPU: x + r, its norm, the products (exact) */
+    float *xc = hcopy(x, d), *yc = malloc(sizeof(float) * (size_t)d), *ref = malloc(sizeof(float) * (size_t)ytot);
+    float *hy[3];
+    int64_t off = 0;
+    for (int i = 0; i < c->count; i++) hy[i] = ref + off, off += c->rows[i];
+    g_cpu->add_rmsnorm(g_cpu, xc, r, yc, w, 1, d, 1e-6f, c->one_plus);
+    g_cpu->matmul_group(g_cpu, c->count, hy, yc, 1, ws, NULL);
+    float *res[2][3]; /* [0] unfused, [1] fused: x, y, products */
+    for (int fused = 0; fused < 2; fused++) {
+      float *dx = dput(x, sizeof(float) * (size_t)d), *dr = dput(r, sizeof(float) * (size_t)d), *dy = dnan(d);
+      float *dout = dnan(ytot), *dys[3], tmp;
+      off = 0;
+      for (int i = 0; i < c->count; i++) dys[i] = dout + off, off += c->rows[i];
+      g_gpu->add_rmsnorm(g_gpu, dx, dr, dy, w, 1, d, 1e-6f, c->one_plus);
+      if (!fused) g_gpu->download(g_gpu, &tmp, dr, sizeof tmp); /* any other op launches the norm */
+      if (c->count == 1) g_gpu->matmul(g_gpu, dys[0], dy, 1, ws[0], NULL);
+      else g_gpu->matmul_group(g_gpu, c->count, dys, dy, 1, ws, NULL);
+      if (fused) { /* a second deferred norm right after: the election counter must be back at 0 */
+        g_gpu->add_rmsnorm(g_gpu, dx, dr, dy, w, 1, d, 1e-6f, c->one_plus);
+        g_gpu->matmul(g_gpu, dys[0], dy, 1, ws[0], NULL);
+        g_gpu->add_rmsnorm(g_gpu, dx, dr, dy, w, 1, d, 1e-6f, c->one_plus); /* a third: the download launches it */
+      }
+      res[fused][0] = dget(dx, d), res[fused][1] = dget(dy, d), res[fused][2] = dget(dout, ytot);
+      dfree(dx), dfree(dr), dfree(dy), dfree(dout);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "norm+matvec d=%d %s x%d unfused vs cpu", d, dtype_name(c->type[0]), c->count);
+    cmp(what, res[0][0], xc, d, 0);
+    cmp(what, res[0][2], ref, ytot, 3e-2);
+    /* the fused run added r three times (x, y: the third norm's) and entry 0's products are
+     * the second norm's; the other entries are the first (fused) launch's */
+    float *x3 = hcopy(x, d), *y3 = malloc(sizeof(float) * (size_t)d);
+    for (int k = 0; k < 3; k++) g_cpu->add_rmsnorm(g_cpu, x3, r, y3, w, 1, d, 1e-6f, c->one_plus);
+    snprintf(what, sizeof what, "norm+matvec d=%d %s x%d fused: x", d, dtype_name(c->type[0]), c->count);
+    cmp(what, res[1][0], x3, d, 1e-6);
+    snprintf(what, sizeof what, "norm+matvec d=%d %s x%d fused: y", d, dtype_name(c->type[0]), c->count);
+    cmp(what, res[1][1], y3, d, 1e-5);
+    snprintf(what, sizeof what, "norm+matvec d=%d %s x%d fused vs unfused", d, dtype_name(c->type[0]), c->count);
+    if (c->count > 1) cmp(what, res[1][2] + c->rows[0], res[0][2] + c->rows[0], ytot - c->rows[0], 2e-3);
+    /* entry 0 after the second norm: its input was rmsnorm(x + 2r) */
+    float *x2 = hcopy(x, d), *y2 = malloc(sizeof(float) * (size_t)d), *r0 = malloc(sizeof(float) * (size_t)c->rows[0]);
+    for (int k = 0; k < 2; k++) g_cpu->add_rmsnorm(g_cpu, x2, r, y2, w, 1, d, 1e-6f, c->one_plus);
+    g_cpu->matmul(g_cpu, r0, y2, 1, ws[0], NULL);
+    snprintf(what, sizeof what, "norm+matvec d=%d %s x%d fused, second norm", d, dtype_name(c->type[0]), c->count);
+    cmp(what, res[1][2], r0, c->rows[0], 3e-2);
+    for (int k = 0; k < 2; k++)
+      for (int j = 0; j < 3; j++) free(res[k][j]);
+    for (int i = 0; i < c->count; i++) free(wd[i]);
+    free(x), free(r), free(w), free(xc), free(yc), free(ref), free(x3), free(y3), free(x2), free(y2), free(r0);
+  }
+  cpu_backend_set_exact_matmul(g_cpu, 0);
+  cuda_backend_set_exact(g_gpu, 1);
+  cuda_backend_drop_mirrors(g_gpu);
+}
+
 /* matmul_group: groups of up to OPS_GROUP_MAX weights of mixed types (the grouped kernels
  * take the weights of one type and path together; the others launch alone), odd row counts,
  * biases on some entries, one shared input, n = 1, 2, 3, 8 (the decode token groups) and 9
@@ -2407,6 +2503,7 @@ int main(int argc, char **argv) {
   test_matmul();
   test_matvec_int8();
   test_matmul_group();
+  test_norm_fused();
   test_act_matmul();
   test_embed();
   test_norms();

@@ -394,7 +394,7 @@ static __global__ void __launch_bounds__(32 * MVQ_WARPS)
  * block quantizes the whole activation span into its shared memory first: one block of 16
  * does that once per SM instead of twice, in half the time (a down projection's 12288
  * activations, with the FFN activation folded in, are a fifth of its instructions at 8
- * warps). The lighter types (Q8_0: 77 registers, 3 blocks of 8) would lose warps. */
+ * warps). The other instances keep 8 (not measured with 16). */
 template <int TYPE, int NT, int R> __host__ __device__ static constexpr int mvq8_warps() {
   return NT == 1 && R == 2 && (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K || TYPE == ANNA_DTYPE_Q6_K) ? 16
                                                                                                               : 8;
@@ -486,6 +486,14 @@ typedef struct mv_norm {
   int32_t one_plus;
 } mv_norm;
 
+/* Elements c .. c + 3 of x + r and of the norm weight (1 + w with one_plus). */
+static __device__ __forceinline__ void mv_norm_in(const mv_norm &nrm, const float *x, int64_t c, float4 *e, float4 *g) {
+  const float4 a = *(const float4 *)(x + c), b = *(const float4 *)(nrm.r + c);
+  *g = *(const float4 *)(nrm.w + c);
+  if (nrm.one_plus) g->x += 1.0f, g->y += 1.0f, g->z += 1.0f, g->w += 1.0f;
+  *e = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
 template <int TYPE, int NT, int R, bool G>
 static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
     k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
@@ -539,11 +547,8 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
         if (blk >= nb) {
           v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
         } else if (NT == 1 && nrm.r) {
-          const int64_t c = (int64_t)blk * 32 + 4 * m;
-          const float4 a = *(const float4 *)(x + c), b = *(const float4 *)(nrm.r + c);
-          float4 g = *(const float4 *)(nrm.w + c);
-          if (nrm.one_plus) g.x += 1.0f, g.y += 1.0f, g.z += 1.0f, g.w += 1.0f;
-          const float4 e = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+          float4 e, g;
+          mv_norm_in(nrm, x, (int64_t)blk * 32 + 4 * m, &e, &g);
           ss += e.x * e.x + e.y * e.y + e.z * e.z + e.w * e.w;
           v[u] = make_float4(e.x * g.x, e.y * g.y, e.z * g.z, e.w * g.w);
         } else if (!glu.gate) {
@@ -576,10 +581,8 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
       __syncthreads();
       if (last) { /* every other block has read x and r: x and y may be written */
         for (int c = 4 * threadIdx.x; c < ncol; c += 4 * 32 * WARPS) {
-          const float4 a = *(const float4 *)(x + c), b = *(const float4 *)(nrm.r + c);
-          float4 g = *(const float4 *)(nrm.w + c);
-          if (nrm.one_plus) g.x += 1.0f, g.y += 1.0f, g.z += 1.0f, g.w += 1.0f;
-          const float4 e = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+          float4 e, g;
+          mv_norm_in(nrm, x, c, &e, &g);
           *(float4 *)(const_cast<float *>(x) + c) = e;
           *(float4 *)(nrm.y + c) = make_float4(e.x * inv * g.x, e.y * inv * g.y, e.z * inv * g.z, e.w * inv * g.w);
         }
@@ -1210,13 +1213,13 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
   const cuda_pnorm pn = cuda_norm_take(be, x, n); /* before cuda_impl_of, which would launch it */
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  if (pn.x && count < 2) { /* a group of one, as cuda_op_matmul */
-    ci->pnorm = pn;
-    cuda_op_matmul(be, ys[0], x, n, ws[0], biases ? biases[0] : NULL);
-    return;
-  }
   if (count < 1 || count > OPS_GROUP_MAX) {
     cuda_fail(ci, ANNA_EINVAL, "cuda: matmul group of %d weights (1..%d)", count, OPS_GROUP_MAX);
+    return;
+  }
+  if (pn.x && count == 1) { /* a group of one, as cuda_op_matmul */
+    ci->pnorm = pn;
+    cuda_op_matmul(be, ys[0], x, n, ws[0], biases ? biases[0] : NULL);
     return;
   }
   const int64_t cols = ws[0]->cols;
