@@ -1093,6 +1093,22 @@ static void act_down(fwd_run *r, float *out, float *g, const float *u, int64_t d
   be->matmul(be, out, g, r->n, down, NULL);
 }
 
+/* y += sigmoid(sg[t]) * ((act(g) * u) down^T) over [n, d] rows (the shared expert's gated
+ * output into the residual); tmp [n, down.rows] and g are scratch. One op where the backend
+ * fuses the three (CUDA decode: the gate and the add in the down projection's epilogue),
+ * else act_down, mul_sigmoid and add. */
+static void act_down_gated_add(fwd_run *r, float *y, float *tmp, float *g, const float *u, int64_t d, const float *sg,
+                               const ops_weight *down) {
+  ops_backend *be = r->be;
+  if (be->act_matmul_gated_add) {
+    be->act_matmul_gated_add(be, y, tmp, g, g, u, r->n, d, d, r->m->cfg.act, sg, 1, down);
+    return;
+  }
+  act_down(r, tmp, g, u, d, down);
+  be->mul_sigmoid(be, tmp, sg, r->n, (int)down->rows, 1, 1);
+  be->add(be, y, tmp, r->n * down->rows);
+}
+
 static void mlp(fwd_run *r, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
                 const float *xn, float *out) {
   const int64_t I = gate->rows;
@@ -1157,9 +1173,7 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
     const ops_weight *ws[4] = {&w->router, &w->sh_gate, &w->sh_up, &w->sh_gate_inp};
     project(r, 4, ys, xn, ws, NULL);
     moe_routed(r, li, logits, xn, res);
-    act_down(r, sh, g, u, S, &w->sh_down);
-    be->mul_sigmoid(be, sh, sg, n, (int)H, 1, 1);
-    be->add(be, res, sh, n * H);
+    act_down_gated_add(r, res, sh, g, u, S, sg, &w->sh_down);
   } else if (lc->is_moe) {
     moe(r, li, xn, xn, res);
   } else {

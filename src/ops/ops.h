@@ -159,6 +159,15 @@ struct ops_backend {
    * the model calls act_mul and matmul. */
   void (*act_matmul)(ops_backend *be, float *y, float *h, const float *gate, const float *up, int64_t n, int64_t gs,
                      int64_t us, int act, const ops_weight *w);
+  /* y[n, W.rows] += sigmoid(g[t * g_stride]) * ((act(gate) * up) W^T) for each token t (a
+   * gated output added into a residual: the MoE shared expert): act_matmul into tmp, then
+   * mul_sigmoid(tmp, g, n, W.rows, g_stride, one gate per row), then add(y, tmp), with the
+   * same result bits. gate, up, gs, us, act, h as act_matmul; tmp [n, W.rows] and h
+   * [n, W.cols] are scratch (unspecified after); y overlaps none of the others. NULL: the
+   * model composes the three. */
+  void (*act_matmul_gated_add)(ops_backend *be, float *y, float *tmp, float *h, const float *gate, const float *up,
+                               int64_t n, int64_t gs, int64_t us, int act, const float *g, int64_t g_stride,
+                               const ops_weight *w);
   /* Rows of table (any weight dtype) for ids, times scale: out[n, cols]. */
   void (*embed)(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
                 float scale);

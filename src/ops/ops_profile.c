@@ -36,6 +36,11 @@ static void p_act_matmul(ops_backend *be, float *y, float *h, const float *gate,
                          int64_t gs, int64_t us, int act, const ops_weight *w) {
   TIMED(OPS_FAMILY_MATMUL, P(be)->inner.act_matmul(be, y, h, gate, up, n, gs, us, act, w));
 }
+static void p_act_matmul_gated_add(ops_backend *be, float *y, float *tmp, float *h, const float *gate, const float *up,
+                                   int64_t n, int64_t gs, int64_t us, int act, const float *g, int64_t g_stride,
+                                   const ops_weight *w) {
+  TIMED(OPS_FAMILY_MATMUL, P(be)->inner.act_matmul_gated_add(be, y, tmp, h, gate, up, n, gs, us, act, g, g_stride, w));
+}
 static void p_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                            const ops_weight *const *ws, const float *const *biases) {
   TIMED(OPS_FAMILY_MATMUL, P(be)->inner.matmul_group(be, count, ys, x, n, ws, biases));
@@ -140,6 +145,7 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
   WRAP(matmul, p_matmul);
   WRAP(matmul_group, p_matmul_group);
   WRAP(act_matmul, p_act_matmul);
+  WRAP(act_matmul_gated_add, p_act_matmul_gated_add);
   WRAP(attention, p_attention);
   WRAP(rope, p_rope);
   WRAP(scatter_rows, p_scatter);
