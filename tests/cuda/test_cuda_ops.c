@@ -1466,6 +1466,70 @@ static void test_act_matmul(void) {
   cuda_backend_set_exact(g_gpu, 1);
 }
 
+/* act_matmul_gated_add (the MoE shared expert's gated output added into the residual: at
+ * decode sizes the gate and the add ride in the int8 down projection's epilogue) against the
+ * GPU's own act_matmul + mul_sigmoid + add on the same inputs (the same bits: memcmp) and
+ * against the CPU ops composed the same way with an exact matmul (3e-2 as test_act_matmul).
+ * y starts random (the op adds into it); one gate per token at strides 1 and 3; n = 9 takes
+ * the composed path, bf16 weights never fold. */
+static void test_act_matmul_gated_add(void) {
+  printf("act_matmul_gated_add\n");
+  if (!g_gpu->act_matmul_gated_add) {
+    printf("  FAIL act_matmul_gated_add: not in the cuda op table\n");
+    g_fail++;
+    return;
+  }
+  const int types[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_BF16};
+  const int64_t ns[] = {1, 2, 3, 8, 9}, gsts[] = {1, 3};
+  const int64_t d = 512, rows = 300;
+  cuda_backend_set_exact(g_gpu, 0);
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    float *wf;
+    void *w = make_weight(types[ti], rows, d, &wf);
+    ops_weight ow = {types[ti], w, rows, d};
+    for (size_t si = 0; si < sizeof gsts / sizeof gsts[0]; si++)
+      for (int act = 0; act < 2; act++)
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+          const int64_t n = ns[ni], gst = gsts[si];
+          const int ak = act ? ACT_KIND_GELU_TANH : ACT_KIND_SILU;
+          float *gu = hrand(n * 2 * d, 2.0f), *sg = hrand(n * gst, 4.0f), *y0 = hrand(n * rows, 1.0f);
+          float *h = malloc(sizeof(float) * (size_t)(n * d)), *tmp = malloc(sizeof(float) * (size_t)(n * rows));
+          float *ref = hcopy(y0, n * rows);
+          const float *hg = gu, *hu = gu + n * d;
+          cpu_backend_set_exact_matmul(g_cpu, 1);
+          g_cpu->act_matmul(g_cpu, tmp, h, hg, hu, n, d, d, ak, &ow);
+          cpu_backend_set_exact_matmul(g_cpu, 0);
+          g_cpu->mul_sigmoid(g_cpu, tmp, sg, n, (int)rows, gst, 1);
+          g_cpu->add(g_cpu, ref, tmp, n * rows);
+          float *dgu = dput(gu, sizeof(float) * (size_t)(n * 2 * d)), *dsg = dput(sg, sizeof(float) * (size_t)(n * gst));
+          const float *dg = dgu, *du = dgu + n * d;
+          float *dy = dput(y0, sizeof(float) * (size_t)(n * rows)), *dy2 = dput(y0, sizeof(float) * (size_t)(n * rows));
+          float *dt = dnan(n * rows), *dh = dnan(n * d), *dt2 = dnan(n * rows), *dh2 = dnan(n * d);
+          g_gpu->act_matmul_gated_add(g_gpu, dy, dt, dh, dg, du, n, d, d, ak, dsg, gst, &ow);
+          g_gpu->act_matmul(g_gpu, dt2, dh2, dg, du, n, d, d, ak, &ow);
+          g_gpu->mul_sigmoid(g_gpu, dt2, dsg, n, (int)rows, gst, 1);
+          g_gpu->add(g_gpu, dy2, dt2, n * rows);
+          float *fused = dget(dy, n * rows), *sep = dget(dy2, n * rows);
+          char what[128];
+          snprintf(what, sizeof what, "act_matmul_gated_add %s n=%lld gstride %lld %s", dtype_name(types[ti]),
+                   (long long)n, (long long)gst, act ? "gelu" : "silu");
+          gpu_status(what);
+          g_checks++;
+          if (memcmp(fused, sep, sizeof(float) * (size_t)(n * rows))) {
+            printf("  FAIL %-58s differs from act_matmul + mul_sigmoid + add\n", what);
+            g_fail++;
+          }
+          strcat(what, " vs cpu");
+          cmp(what, fused, ref, n * rows, 3e-2);
+          free(fused), free(sep), free(gu), free(sg), free(y0), free(h), free(tmp), free(ref);
+          dfree(dgu), dfree(dsg), dfree(dy), dfree(dy2), dfree(dt), dfree(dh), dfree(dt2), dfree(dh2);
+        }
+    free(w), free(wf);
+  }
+  cuda_backend_set_exact(g_gpu, 1);
+}
+
 static void test_moe_grouped(void) {
   printf("moe grouped (prefill)\n");
   const int cs[][7] = {/* n, E, k, H, I, type, fused */
@@ -2505,6 +2569,7 @@ int main(int argc, char **argv) {
   test_matmul_group();
   test_norm_fused();
   test_act_matmul();
+  test_act_matmul_gated_add();
   test_embed();
   test_norms();
   test_elementwise();

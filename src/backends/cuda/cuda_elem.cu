@@ -220,7 +220,7 @@ static __global__ void k_mul_sigmoid(float *y, const float *g, int64_t rows, int
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   GRID_STRIDE(i, rows * d) {
     const int64_t r = i / d, j = i % d;
-    y[i] *= 1.0f / (1.0f + expf(-g[r * gs + (bcast ? 0 : j)]));
+    y[i] *= cuda_sigmoid(g[r * gs + (bcast ? 0 : j)]);
   }
 }
 

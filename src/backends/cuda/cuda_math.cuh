@@ -1,5 +1,5 @@
 /* cuda_math.cuh: small device helpers shared by the CUDA op files (static inline device
- * code only): warp and block sums, the activation functions of the FFNs. */
+ * code only): warp and block sums, the sigmoid and the activation functions of the FFNs. */
 #ifndef ANNA_BACKENDS_CUDA_MATH_CUH
 #define ANNA_BACKENDS_CUDA_MATH_CUH
 
@@ -39,6 +39,12 @@ static __device__ __forceinline__ void cuda_pdl_enter() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+/* The logistic function of mul_sigmoid, shared with the gated epilogue of the int8 matvec
+ * (cuda_op_act_matmul_gated_add), which must give the same bits. */
+static __device__ __forceinline__ float cuda_sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
 }
 
 static __device__ __forceinline__ float cuda_silu(float x) {

@@ -464,10 +464,15 @@ __device__ __forceinline__ void mvq8_piece(const uint32_t *raw, int j, uint32_t 
  * their places. */
 /* The FFN activation folded into a down projection's int8 prologue (cuda_op_act_matmul): when
  * gate is set, the kernel's activations are act(gate) * x, token t's gate row at gate + t * gs
- * and up row (x) at x + t * us, computed as k_act_mul does; 8-byte fields (compared bytes). */
+ * and up row (x) at x + t * us, computed as k_act_mul does. With og set as well (only the
+ * gated instances, O: cuda_op_act_matmul_gated_add) the epilogue adds the product times
+ * sigmoid(og[t * ogs]) into y instead of storing it: y = y + v * s, two rounded operations
+ * as mul_sigmoid then add. 8-byte fields (compared bytes). */
 typedef struct mv_glu {
   const float *gate; /* NULL: x as is */
   int64_t gs, us, act;
+  const float *og; /* NULL: plain store */
+  int64_t ogs;
 } mv_glu;
 
 /* A deferred add_rmsnorm (cuda_pnorm) folded into a one-token prologue: when r is set, the
@@ -494,7 +499,7 @@ static __device__ __forceinline__ void mv_norm_in(const mv_norm &nrm, const floa
   *e = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
-template <int TYPE, int NT, int R, bool G>
+template <int TYPE, int NT, int R, bool G, bool O = false>
 static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
     k_matvec_q8(float *y_, const float *x, const uint8_t *W_, int64_t rows_, int64_t cols, int64_t row_bytes_,
                 const __grid_constant__ mv_table tab, const mv_glu glu, const mv_norm nrm) {
@@ -530,6 +535,8 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
   /* launched by cuda_launch_pdl: the weight loads above need nothing from earlier ops and
    * overlap the tail of the kernel before; the activations below do */
   cuda_pdl_enter();
+  /* O: the gate of token lane % NT, the one this lane adds with in the epilogue */
+  const float osg = O ? cuda_sigmoid(glu.og[(lane % NT) * glu.ogs]) : 0.0f;
   {
     /* 8 lanes per 32-block (4 elements each, one float4), 4 blocks per warp step, U steps'
      * loads issued together (the loop is bound by their L2 latency: one token of 4096
@@ -672,7 +679,25 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
     for (int r = 0; r < R; r++)
 #pragma unroll
       for (int i = 0; i < LW; i++) raw[r][i] = nxt[r][i];
-    if (it2 == 0) { /* the group is done: reduce over the lanes and write its rows */
+    if (it2 == 0 && O) { /* the group is done, gated: lane r * NT + t adds row r of token t
+                          * (the butterfly leaves every lane the same sums), so the reads of
+                          * y are in flight together */
+      float mine = 0.0f;
+#pragma unroll
+      for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+          float v = acc[r][t];
+          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+          if (lane == r * NT + t) mine = v;
+          acc[r][t] = 0.0f;
+        }
+      const int64_t orow = g * R + lane / NT;
+      if (lane < R * NT && orow < rows) {
+        float *const yo = y + (lane % NT) * rows + orow;
+        *yo = __fadd_rn(*yo, __fmul_rn(mine, osg)); /* rounded apart: no contraction */
+      }
+    } else if (it2 == 0) { /* the group is done: reduce over the lanes and write its rows */
 #pragma unroll
       for (int r = 0; r < R; r++)
 #pragma unroll
@@ -795,13 +820,13 @@ static unsigned piece_grid(int64_t blocks) {
  * without shared memory, queried once per instance) and the shared-memory limit for this
  * launch's smem (computed, so weights of different widths do not re-query: 1 KB per block
  * is reserved by the system). */
-template <int TYPE, int NT, int R, bool G = false>
+template <int TYPE, int NT, int R, bool G = false, bool O = false>
 static unsigned q8_grid(int64_t blocks, size_t smem) {
   static int sms = 0, per_regs = 0, smem_sm = 0;
   if (!sms) {
     const void *k;
     if constexpr (G) k = (const void *)k_matvec_q8<TYPE, NT, 2, true>;
-    else k = (const void *)k_matvec_q8<TYPE, NT, R, false>;
+    else k = (const void *)k_matvec_q8<TYPE, NT, R, false, O>;
     int dev = 0, n = 0, per = 0, sm = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
@@ -827,14 +852,24 @@ static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W,
   static const mv_table none = {}; /* zero bytes: the same arguments every step */
   static const mv_glu plain = {};
   static const mv_norm nonorm = {};
+  if constexpr (R == 2) { /* the gated instances: act_matmul's path only (launch_matvec checks) */
+    if (glu && glu->og) {
+      const unsigned go = q8_grid<TYPE, NT, 2, false, true>((w->rows + WARPS * 2 - 1) / (WARPS * 2), sm);
+      cuda_launch_pdl(ci, "matvec q8 gated", k_matvec_q8<TYPE, NT, 2, false, true>, go, 32 * WARPS, sm, y, x, W,
+                      w->rows, w->cols, rb, none, *glu, nonorm);
+      return;
+    }
+  }
   cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * WARPS, sm, y, x, W, w->rows, w->cols,
                   rb, none, glu ? *glu : plain, nrm ? *nrm : nonorm);
 }
 
 /* Raises the dynamic shared memory limit of the q8 instances for TYPE, NT (single with 2
- * and with 4 rows per warp, grouped) to bytes. */
+ * and with 4 rows per warp, grouped, gated) to bytes. */
 template <int TYPE, int NT> static bool q8_optin(int bytes) {
   return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              bytes) == cudaSuccess &&
+         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               bytes) == cudaSuccess &&
          cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>(), false>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess &&
@@ -887,7 +922,7 @@ static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t
   const int th = 32 * MV_WARPS;
   const int xal = ((uintptr_t)x & 15) == 0;
   const mv_path path = mv_choose(w->type, W, rb, x, w->cols, NT, q8, smem_max);
-  if (glu && path != MV_PATH_Q8) { /* the caller checked: only the int8 kernel folds the activation */
+  if (glu && path != MV_PATH_Q8) { /* the caller checked: only the int8 kernel folds the activation (and the gate) */
     cuda_fail(ci, ANNA_ESTATE, "cuda: act_matmul took a matvec path without the folded activation");
     return;
   }
@@ -1179,33 +1214,76 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   }
 }
 
+/* The device copy of w when act_matmul at these sizes folds the activation into the int8
+ * kernel's prologue (decode, exact off, default variant, aligned rows and pointers, the int8
+ * path for the largest token chunk), with its row bytes and the shared memory limit; NULL
+ * when the ops must form h first. */
+static const uint8_t *act_fold_weight(ops_backend *be, cuda_impl *ci, const float *gate, const float *up, int64_t n,
+                                      int64_t gs, int64_t us, const ops_weight *w, int64_t *rb, size_t *smem_max) {
+  if (ci->exact || ci->mv_variant != CUDA_MV_DEFAULT || n > MV_MAX_TOK) return NULL;
+  *smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
+  const uint8_t *W = weight_dev(be, w, rb);
+  const int first = n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1; /* the largest chunk needs the most shared memory */
+  if (W && gs % 4 == 0 && us % 4 == 0 && (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)W) & 15) == 0 &&
+      mv_choose(w->type, W, *rb, up, w->cols, first, 1, *smem_max) == MV_PATH_Q8)
+    return W;
+  return NULL;
+}
+
+/* The folded launches for n tokens in chunks of 8/4/2/1 (W from act_fold_weight); og: the
+ * gated add's gates (NULL: plain act_matmul). */
+static void act_fold_launch(cuda_impl *ci, float *y, const float *gate, const float *up, int64_t n, int64_t gs,
+                            int64_t us, int act, const float *og, int64_t ogs, const uint8_t *W, const ops_weight *w,
+                            int64_t rb, size_t smem_max) {
+  for (int64_t t0 = 0; t0 < n;) {
+    const int64_t left = n - t0;
+    const mv_glu glu = {gate + t0 * gs, gs, us, act, og ? og + t0 * ogs : NULL, ogs};
+    const float *xt = up + t0 * us;
+    float *yt = y + t0 * w->rows;
+    if (left >= 8) launch_matvec<8>(ci, yt, xt, W, w, rb, 0, 1, smem_max, &glu), t0 += 8;
+    else if (left >= 4) launch_matvec<4>(ci, yt, xt, W, w, rb, 0, 1, smem_max, &glu), t0 += 4;
+    else if (left >= 2) launch_matvec<2>(ci, yt, xt, W, w, rb, 0, 1, smem_max, &glu), t0 += 2;
+    else launch_matvec<1>(ci, yt, xt, W, w, rb, 0, 1, smem_max, &glu), t0 += 1;
+  }
+}
+
 /* Decode sizes whose weight takes the int8 kernel fold the activation into its prologue (one
  * launch instead of act_mul + matvec, h left alone); everything else forms h first. */
 void cuda_op_act_matmul(ops_backend *be, float *y, float *h, const float *gate, const float *up, int64_t n, int64_t gs,
                         int64_t us, int act, const ops_weight *w) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  const int q8 = ci->exact || ci->mv_variant != CUDA_MV_DEFAULT ? 0 : 1;
-  const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
   int64_t rb = 0;
-  const uint8_t *W = q8 && n <= MV_MAX_TOK ? weight_dev(be, w, &rb) : NULL;
-  const int first = n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1; /* the largest chunk needs the most shared memory */
-  if (W && gs % 4 == 0 && us % 4 == 0 && (((uintptr_t)gate | (uintptr_t)up | (uintptr_t)W) & 15) == 0 &&
-      mv_choose(w->type, W, rb, up, w->cols, first, q8, smem_max) == MV_PATH_Q8) {
-    for (int64_t t0 = 0; t0 < n;) {
-      const int64_t left = n - t0;
-      const mv_glu glu = {gate + t0 * gs, gs, us, act};
-      const float *xt = up + t0 * us;
-      float *yt = y + t0 * w->rows;
-      if (left >= 8) launch_matvec<8>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 8;
-      else if (left >= 4) launch_matvec<4>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 4;
-      else if (left >= 2) launch_matvec<2>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 2;
-      else launch_matvec<1>(ci, yt, xt, W, w, rb, 0, q8, smem_max, &glu), t0 += 1;
-    }
+  size_t smem_max = 0;
+  const uint8_t *W = act_fold_weight(be, ci, gate, up, n, gs, us, w, &rb, &smem_max);
+  if (W) {
+    act_fold_launch(ci, y, gate, up, n, gs, us, act, NULL, 0, W, w, rb, smem_max);
     return;
   }
+  if (ci->err) return; /* weight_dev failed */
   cuda_op_act_mul(be, h, gate, up, n, (int)w->cols, gs, us, act);
   cuda_op_matmul(be, y, h, n, w, NULL);
+}
+
+/* Where act_matmul folds the activation, the gate and the add go into the same kernel's
+ * epilogue (one launch instead of three ops, tmp left alone); elsewhere the three ops run
+ * as the model would compose them, so the bits are the same by construction. */
+void cuda_op_act_matmul_gated_add(ops_backend *be, float *y, float *tmp, float *h, const float *gate, const float *up,
+                                  int64_t n, int64_t gs, int64_t us, int act, const float *g, int64_t g_stride,
+                                  const ops_weight *w) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  int64_t rb = 0;
+  size_t smem_max = 0;
+  const uint8_t *W = act_fold_weight(be, ci, gate, up, n, gs, us, w, &rb, &smem_max);
+  if (W) {
+    act_fold_launch(ci, y, gate, up, n, gs, us, act, g, g_stride, W, w, rb, smem_max);
+    return;
+  }
+  if (ci->err) return;
+  cuda_op_act_matmul(be, tmp, h, gate, up, n, gs, us, act, w);
+  cuda_op_mul_sigmoid(be, tmp, g, n, (int)w->rows, g_stride, 1);
+  cuda_op_add(be, y, tmp, n * w->rows);
 }
 
 void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
