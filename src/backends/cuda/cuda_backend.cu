@@ -770,6 +770,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->matmul = cuda_op_matmul;
   be->matmul_group = cuda_op_matmul_group;
   be->act_matmul = cuda_op_act_matmul;
+  be->act_matmul_gated_add = cuda_op_act_matmul_gated_add;
   be->embed = cuda_op_embed;
   be->rmsnorm = cuda_op_rmsnorm;
   be->rope = cuda_op_rope;

@@ -245,6 +245,9 @@ void cuda_rmsnorm_rows(cuda_impl *ci, float *x, const float *r, float *y, const 
 void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias);
 void cuda_op_act_matmul(ops_backend *be, float *y, float *h, const float *gate, const float *up, int64_t n, int64_t gs,
                         int64_t us, int act, const ops_weight *w);
+void cuda_op_act_matmul_gated_add(ops_backend *be, float *y, float *tmp, float *h, const float *gate, const float *up,
+                                  int64_t n, int64_t gs, int64_t us, int act, const float *g, int64_t g_stride,
+                                  const ops_weight *w);
 void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                           const ops_weight *const *ws, const float *const *biases);
 void cuda_op_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
