@@ -25,12 +25,16 @@
  * column, 16 state rows each). Shapes: hv / hk <= 32, ceil(hv / hk * dv / 8) <= 256, dk <= 256,
  * conv width <= 8 (else ANNA_EUNSUPPORTED); wider blocks run their columns in passes.
  * The q/k conv state is read by all 8 blocks of the cluster, so only rank 0 rewrites it, after
- * the first cluster barrier (every block has read it by then). A second barrier keeps each
- * block's partials alive until the other blocks have read them.
+ * the first cluster barrier (every block has read it by then). A second barrier, split into
+ * its arrive (partials read) and wait (before exit, after the y stores), keeps each block's
+ * partials alive until the other blocks have read them.
  * The cluster size is a compile-time attribute (__cluster_dims__), so the plain launch of
  * cuda_launch / cuda_launch_pdl (and a graph node made from its log) forms the clusters; sm_90
- * and newer only, which is every architecture this backend is built for. The state load is
- * issued before cuda_pdl_enter, so in a recorded step it overlaps the projections' tail.
+ * and newer only, which is every architecture this backend is built for. The state, the conv
+ * windows and the model vectors are loaded before cuda_pdl_enter, so in a recorded step their
+ * latency overlaps the projections' tail; the projections' outputs are then loaded in one
+ * round (ncu, 35B-A3B shape: step 1's serial load rounds were over half of the kernel's
+ * stall samples).
  * Tokens beyond STEP_TOK are handled by further launches (state carries over in memory). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
@@ -56,36 +60,55 @@ static __device__ __forceinline__ float fz_group_sum(float v) {
   return v;
 }
 
-/* Causal depthwise conv + SiLU of channel c over n tokens (x row stride xs), as
- * k_conv1d_silu: out[t * os] for t < n. The state [ch, kw-1] row c is read, and rewritten only
- * when write_state (its one owner). The loops over the window are unrolled to STEP_MAXKW with
- * guards, so the window stays in registers (a runtime index would put it in local memory). */
-static __device__ void fz_conv_channel(const float *x, int64_t xs, int n, int64_t c, const float *w, int kw,
-                                       float *state, bool write_state, float *out, int os) {
+/* Channel c's causal depthwise conv window (the state row [c, kw-1]) and taps, held in
+ * registers: loaded before the kernel waits for the projections (neither is written by
+ * them), so only the inputs' loads follow the wait. Unrolled to STEP_MAXKW with guards, so
+ * the window stays in registers (a runtime index would put it in local memory). */
+struct fz_conv_win {
+  float w[STEP_MAXKW], s[STEP_MAXKW];
+};
+
+static __device__ __forceinline__ void fz_conv_load(fz_conv_win &cw, int64_t c, const float *w, int kw,
+                                                    const float *state) {
   const int ns = kw - 1;
-  float win[STEP_MAXKW], wc[STEP_MAXKW];
 #pragma unroll
   for (int j = 0; j < STEP_MAXKW; j++) {
-    wc[j] = j < kw ? w[c * kw + j] : 0.0f;
-    win[j] = j < ns ? state[c * ns + j] : 0.0f;
+    cw.w[j] = j < kw ? w[c * kw + j] : 0.0f;
+    cw.s[j] = j < ns ? state[c * ns + j] : 0.0f;
   }
-  for (int t = 0; t < n; t++) {
-    const float xt = x[(int64_t)t * xs + c];
+}
+
+/* Channel c's n inputs (row stride xs), all loads issued together. */
+static __device__ __forceinline__ void fz_conv_in(float (&xv)[STEP_TOK], const float *x, int64_t xs, int n,
+                                                  int64_t c) {
+#pragma unroll
+  for (int t = 0; t < STEP_TOK; t++) xv[t] = t < n ? x[(int64_t)t * xs + c] : 0.0f;
+}
+
+/* Conv + SiLU of a loaded channel over its n inputs, as k_conv1d_silu: out[t * os] for t < n;
+ * the advanced window written to state row c when write_state (its one owner). */
+static __device__ __forceinline__ void fz_conv_run(fz_conv_win cw, const float (&xv)[STEP_TOK], int n, int kw,
+                                                   float *out, int os, float *state, int64_t c, bool write_state) {
+  const int ns = kw - 1;
+#pragma unroll
+  for (int t = 0; t < STEP_TOK; t++) {
+    if (t >= n) break;
+    const float xt = xv[t];
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < STEP_MAXKW; j++) /* window j < ns, then the token itself at j == ns */
-      if (j < ns) s += wc[j] * win[j];
-      else if (j == ns) s += wc[j] * xt;
+      if (j < ns) s += cw.w[j] * cw.s[j];
+      else if (j == ns) s += cw.w[j] * xt;
     out[t * os] = cuda_silu(s);
 #pragma unroll
     for (int j = 0; j + 1 < STEP_MAXKW; j++)
-      if (j + 1 < ns) win[j] = win[j + 1];
-      else if (j + 1 == ns) win[j] = xt;
+      if (j + 1 < ns) cw.s[j] = cw.s[j + 1];
+      else if (j + 1 == ns) cw.s[j] = xt;
   }
   if (write_state)
 #pragma unroll
     for (int j = 0; j < STEP_MAXKW; j++)
-      if (j < ns) state[c * ns + j] = win[j];
+      if (j < ns) state[c * ns + j] = cw.s[j];
 }
 
 /* The new conv state of channel c after n tokens: the last kw-1 of (old state, x rows). Each
@@ -144,37 +167,71 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
     }
   };
   if (npass > 0) state_load(state_col(0));
-  /* Launched by cuda_launch_pdl (the first launch of a run): the state load above reads
-   * memory no kernel of this step writes before this one (its run's earlier launches, which
-   * do, are ordinary launches), so it overlaps the tail of the projections before; q, k, v,
-   * z and the gates they wrote are read below. */
+  /* Everything else this thread reads that the projections do not write, loaded with the
+   * state: the conv windows and taps of its first q/k channel (tid) and of its v column (tid
+   * < nc: nth >= nc for every launch), that column's norm weight, and the decay parameters
+   * of its first gate. */
+  const int nqk = 2 * dk;
+  const bool has_qk = tid < nqk, has_v = tid < nc, has_g = tid < n * nh;
+  const int64_t ch_qk = has_qk ? (tid >= dk) * Kd + (int64_t)kh * dk + tid % dk : 0;
+  const int gcv = c0 + tid;
+  const int64_t ch_v = has_v ? 2 * Kd + (int64_t)FZ_HEAD(gcv / dv) * dv + gcv % dv : 0;
+  const int hg = has_g ? FZ_HEAD(e_lo + tid % nh) : 0;
+  fz_conv_win cw_qk, cw_v;
+  if (has_qk) fz_conv_load(cw_qk, ch_qk, a.conv_w, a.kw, a.conv_state);
+  if (has_v) fz_conv_load(cw_v, ch_v, a.conv_w, a.kw, a.conv_state);
+  const float nw = has_v ? a.norm_w[gcv % dv] : 0.0f;
+  const float alog = has_g ? a.a_log[hg] : 0.0f, dtb = has_g ? a.dt_bias[hg] : 0.0f;
+  /* Launched by cuda_launch_pdl (the first launch of a run): the loads above read memory no
+   * kernel of this step writes before this one (its run's earlier launches, which do, are
+   * ordinary launches), so they overlap the tail of the projections before; q, k, v, z and
+   * the gates they wrote are read below, all issued before any is used. */
   cuda_pdl_enter();
 
-  /* 1. q and k of this k-head: conv + SiLU (state only read here), then l2norm (q also scaled
-   * by 1/sqrt(dk)); the gates of the touched v-heads (the delta rule uses exp(g)); the conv of
-   * this block's v columns (their one owner: state written). */
-  for (int c = tid; c < 2 * dk; c += nth) {
-    const int isk = c >= dk, i = c - isk * dk;
-    fz_conv_channel(a.qkv, cd, n, isk * Kd + (int64_t)kh * dk + i, a.conv_w, a.kw, a.conv_state, false,
-                    isk ? &ks[0][i] : &qs[0][i], MAXDK);
+  /* 1. the inputs: q/k and v channel rows, z of the v column, the gate's a and b */
+  float x_qk[STEP_TOK], x_v[STEP_TOK], zr[STEP_TOK];
+  if (has_qk) fz_conv_in(x_qk, a.qkv, cd, n, ch_qk);
+  if (has_v) {
+    fz_conv_in(x_v, a.qkv, cd, n, ch_v);
+    fz_conv_in(zr, a.z, Vd, n, (int64_t)FZ_HEAD(gcv / dv) * dv + gcv % dv);
   }
-  for (int p = tid; p < n * nh; p += nth) {
+  const int tg = has_g ? tid / nh : 0;
+  const float ga = has_g ? a.a[(int64_t)tg * hv + hg] : 0.0f, gb = has_g ? a.b[(int64_t)tg * hv + hg] : 0.0f;
+  /* then, to shared memory: the gates of the touched v-heads (the delta rule uses exp(g));
+   * silu(z) and the norm weight of this block's columns; the conv + SiLU of q and k (state
+   * only read here) and of this block's v columns (their one owner: state written); the
+   * l2norm of q (also scaled by 1/sqrt(dk)) and k below. */
+  if (has_g) {
+    const float zb = ga + dtb;
+    const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
+    sdecay[tg][e_lo + tid % nh] = expf(-expf(alog) * sp);
+    sbeta[tg][e_lo + tid % nh] = 1.0f / (1.0f + expf(-gb));
+  }
+  for (int p = tid + nth; p < n * nh; p += nth) { /* more gates than threads */
     const int t = p / nh, e = e_lo + p % nh, h = FZ_HEAD(e);
     const float zb = a.a[(int64_t)t * hv + h] + a.dt_bias[h];
     const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
     sdecay[t][e] = expf(-expf(a.a_log[h]) * sp);
     sbeta[t][e] = 1.0f / (1.0f + expf(-a.b[(int64_t)t * hv + h]));
   }
-  for (int p = tid; p < n * nc; p += nth) { /* loaded now, so their latency overlaps the rest */
-    const int t = p / nc, lc = p % nc, gc = c0 + lc;
-    zs[t][lc] = cuda_silu(a.z[(int64_t)t * Vd + (int64_t)FZ_HEAD(gc / dv) * dv + gc % dv]);
-    if (t == 0) ws[lc] = a.norm_w[gc % dv];
+  if (has_v) {
+    ws[tid] = nw;
+#pragma unroll
+    for (int t = 0; t < STEP_TOK; t++)
+      if (t < n) zs[t][tid] = cuda_silu(zr[t]);
   }
-  for (int lc = tid; lc < nc; lc += nth) {
-    const int gc = c0 + lc, h = FZ_HEAD(gc / dv);
-    fz_conv_channel(a.qkv, cd, n, 2 * Kd + (int64_t)h * dv + gc % dv, a.conv_w, a.kw, a.conv_state, true,
-                    &vs[0][lc], STEP_MAXNC);
+  if (has_qk)
+    fz_conv_run(cw_qk, x_qk, n, a.kw, tid >= dk ? &ks[0][tid - dk] : &qs[0][tid], MAXDK, a.conv_state, ch_qk, false);
+  for (int c = tid + nth; c < nqk; c += nth) { /* more q/k channels than threads */
+    const int isk = c >= dk, i = c - isk * dk;
+    const int64_t ch = isk * Kd + (int64_t)kh * dk + i;
+    fz_conv_win cw;
+    float xv[STEP_TOK];
+    fz_conv_load(cw, ch, a.conv_w, a.kw, a.conv_state);
+    fz_conv_in(xv, a.qkv, cd, n, ch);
+    fz_conv_run(cw, xv, n, a.kw, isk ? &ks[0][i] : &qs[0][i], MAXDK, a.conv_state, ch, false);
   }
+  if (has_v) fz_conv_run(cw_v, x_v, n, a.kw, &vs[0][tid], STEP_MAXNC, a.conv_state, ch_v, true);
   __syncthreads();
   for (int p = warp; p < 2 * n; p += nwarp) { /* row p: token p / 2, q (even) or k (odd) */
     float *row = (p & 1) ? ks[p >> 1] : qs[p >> 1];
@@ -247,12 +304,17 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
     }
     sinv[t][e] = 1.0f / sqrtf(ss / (float)dv + a.eps);
   }
-  cl.sync(); /* sinv visible in the block; no block's partials are read after this */
+  /* This block is done with the others' partials; it waits for them to be done with its own
+   * (a block's shared memory goes when it exits) only after writing y, so that wait mostly
+   * overlaps the stores instead of adding a second full barrier. */
+  cl.barrier_arrive();
+  __syncthreads(); /* sinv visible in the block */
   for (int p = tid; p < n * nc; p += nth) {
     const int t = p / nc, lc = p % nc, gc = c0 + lc, e = gc / dv, j = gc % dv;
     const int64_t off = (int64_t)t * Vd + (int64_t)FZ_HEAD(e) * dv + j;
     a.y[off] = ws[lc] * (os[t][lc] * sinv[t][e]) * zs[t][lc];
   }
+  cl.barrier_wait();
 #undef FZ_HEAD
 }
 

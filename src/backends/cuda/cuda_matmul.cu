@@ -859,6 +859,9 @@ static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W,
                       w->rows, w->cols, rb, none, *glu, nonorm);
       return;
     }
+  } else if (glu && glu->og) { /* no gated instance: never a plain store in its place */
+    cuda_fail(ci, ANNA_ESTATE, "cuda: gated matvec with %d rows per warp", R);
+    return;
   }
   cuda_launch_pdl(ci, "matvec q8", k_matvec_q8<TYPE, NT, R, false>, g, 32 * WARPS, sm, y, x, W, w->rows, w->cols,
                   rb, none, glu ? *glu : plain, nrm ? *nrm : nonorm);
