@@ -94,15 +94,23 @@ static __device__ __forceinline__ void mv_plain(float *y, const float *x, const 
   for (int t = 0; t < NT; t++) acc[t] = 0.0f;
   int64_t i0 = 0;
   if (vec) {
-    /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. */
-    for (int64_t i = (int64_t)lane * 8; i + 8 <= cols; i += 256) {
+    /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. U
+     * steps' loads are issued before any is used: a warp per row has few loads in flight,
+     * and one step at a time made the MoE router (256 x 2048 f32, 33 blocks) a chain of 8
+     * memory round trips. The steps are added in the same order either way. */
+    constexpr int U = 4;
+    auto load = [&](int64_t i, uint4 *q) {
+      if (TYPE == ANNA_DTYPE_F32) q[0] = *(const uint4 *)(row + i * 4), q[1] = *(const uint4 *)(row + i * 4 + 16);
+      else q[0] = *(const uint4 *)(row + i * 2);
+    };
+    auto step = [&](int64_t i, const uint4 *q) {
       float w[8];
       if (TYPE == ANNA_DTYPE_F32) {
-        const float4 a = *(const float4 *)(row + i * 4), b = *(const float4 *)(row + i * 4 + 16);
-        w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+        const uint32_t p[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __uint_as_float(p[j]);
       } else {
-        const uint4 q = *(const uint4 *)(row + i * 2);
-        const uint32_t p[4] = {q.x, q.y, q.z, q.w};
+        const uint32_t p[4] = {q[0].x, q[0].y, q[0].z, q[0].w};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
           if (TYPE == ANNA_DTYPE_BF16) {
@@ -120,6 +128,19 @@ static __device__ __forceinline__ void mv_plain(float *y, const float *x, const 
         acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z +
                   w[7] * b.w;
       }
+    };
+    int64_t i = (int64_t)lane * 8;
+    for (; i + 256 * (U - 1) + 8 <= cols; i += 256 * U) {
+      uint4 q[U][2];
+#pragma unroll
+      for (int u = 0; u < U; u++) load(i + 256 * u, q[u]);
+#pragma unroll
+      for (int u = 0; u < U; u++) step(i + 256 * u, q[u]);
+    }
+    for (; i + 8 <= cols; i += 256) {
+      uint4 q[2];
+      load(i, q);
+      step(i, q);
     }
     i0 = cols & ~(int64_t)7;
   }
