@@ -224,8 +224,19 @@ static cuda_node *log_node(cuda_impl *ci, int kind) {
   return nd;
 }
 
+static void graph_launch_log(cuda_impl *ci);
+
+/* Before a node is added: launches the step's early piece when the log has reached it. */
+static void log_piece_check(cuda_impl *ci) {
+  if (!ci->piece_at || ci->piece_done || ci->log_n < ci->piece_at) return;
+  ci->piece_done = 1;
+  graph_launch_log(ci);
+  ci->log_n = ci->log_args_n = ci->log_offs_n = 0;
+}
+
 bool cuda_log_kernel(cuda_impl *ci, const void *func, dim3 grid, dim3 block, size_t smem, int pdl, int nargs,
                      const void *const *args, const size_t *sizes, const size_t *aligns) {
+  log_piece_check(ci);
   if (nargs > CUDA_MAX_KARGS) {
     cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: a kernel of %d parameters cannot be recorded", nargs);
     return false;
@@ -268,6 +279,7 @@ void cuda_copy_async(cuda_impl *ci, void *dst, const void *src, size_t bytes, cu
                      const char *what) {
   if (ci->err || !bytes) return;
   if (ci->recording && kind != cudaMemcpyDeviceToHost) {
+    log_piece_check(ci);
     cuda_node *nd = log_node(ci, CUDA_NODE_COPY);
     if (!nd) return;
     nd->copy_kind = (int32_t)kind;
@@ -283,6 +295,7 @@ void cuda_copy_async(cuda_impl *ci, void *dst, const void *src, size_t bytes, cu
 void cuda_memset_async(cuda_impl *ci, void *p, size_t bytes, const char *what) {
   if (ci->err || !bytes) return;
   if (ci->recording) {
+    log_piece_check(ci);
     cuda_node *nd = log_node(ci, CUDA_NODE_MEMSET);
     if (!nd) return;
     nd->dst = p;
@@ -461,13 +474,13 @@ static bool gent_build(cuda_impl *ci, cuda_graph_ent *e) {
   return gent_keep_log(ci, e);
 }
 
-/* Ends the recording and runs what was recorded: as the cached graph with the same nodes
- * (arguments updated in place where they changed), else as a new graph. */
-void cuda_flush(cuda_impl *ci) {
-  if (!ci->recording) return;
-  ci->recording = 0;
+/* Runs the log recorded so far: as the cached graph with the same nodes (arguments updated
+ * in place where they changed), else as a new graph. The step's first launch is counted and
+ * starts the replay timing; every launch moves its end. */
+static void graph_launch_log(cuda_impl *ci) {
   const double t1 = host_now();
   ci->t_capture += t1 - ci->cap_t0;
+  ci->cap_t0 = t1;
   if (ci->err || ci->log_n == 0) return; /* an op failed while recorded: nothing of the step runs */
   cuda_graph_ent *e = NULL;
   for (int i = 0; i < CUDA_GRAPH_CACHE; i++)
@@ -482,10 +495,22 @@ void cuda_flush(cuda_impl *ci) {
     if (!gent_build(ci, e)) return;
   }
   e->tick = ++ci->gtick;
-  ci->t_update += host_now() - t1;
-  const bool timed = ci->ev0 && cudaEventRecord(ci->ev0, ci->stream) == cudaSuccess;
-  if (cuda_check(ci, cudaGraphLaunch(e->exec, ci->stream), "graph launch")) ci->graph_launches++;
-  ci->ev_pending = timed && cudaEventRecord(ci->ev1, ci->stream) == cudaSuccess;
+  const double t2 = host_now();
+  ci->t_update += t2 - t1;
+  ci->cap_t0 = t2;
+  const bool first = !ci->step_launched;
+  const bool timed = ci->ev0 && (!first || cudaEventRecord(ci->ev0, ci->stream) == cudaSuccess);
+  if (!cuda_check(ci, cudaGraphLaunch(e->exec, ci->stream), "graph launch")) return;
+  if (first) ci->graph_launches++;
+  ci->step_launched = 1;
+  ci->ev_pending = timed && (first || ci->ev_pending) && cudaEventRecord(ci->ev1, ci->stream) == cudaSuccess;
+}
+
+/* Ends the recording and runs what is left of it (graph_launch_log). */
+void cuda_flush(cuda_impl *ci) {
+  if (!ci->recording) return;
+  ci->recording = 0;
+  graph_launch_log(ci);
 }
 
 extern "C" void cuda_backend_set_exact(ops_backend *be, int on) {
@@ -517,6 +542,10 @@ extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }
 
+extern "C" void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes) {
+  cuda_impl_of(be)->piece_at = nodes > 0 ? nodes : 0;
+}
+
 extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || !ci->graphs || ci->recording || n_tokens < 1 || n_tokens > CUDA_GRAPH_MAX_TOK)
@@ -527,6 +556,7 @@ extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
   ci->ring_off = 0;
   ci->log_n = ci->log_args_n = ci->log_offs_n = 0;
   ci->cap_t0 = host_now();
+  ci->piece_done = ci->step_launched = 0;
   ci->recording = 1;
 }
 
@@ -733,6 +763,10 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
       cudaFree(ci->pnorm_count);
       ci->pnorm_count = NULL;
     }
+    /* ANNA_CUDA_GRAPH_PIECE=N: a decode step's early piece is N nodes (0: none), for A/B runs */
+    const char *pv = getenv("ANNA_CUDA_GRAPH_PIECE");
+    ci->piece_at = pv ? atoll(pv) : CUDA_GRAPH_PIECE;
+    if (ci->piece_at < 0) ci->piece_at = 0;
     const char *av = getenv("ANNA_CUDA_ATTN");
     ci->attn_variant = av && !strcmp(av, "per_head") ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
   }

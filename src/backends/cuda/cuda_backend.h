@@ -77,6 +77,11 @@ void cuda_backend_set_moe_variant(ops_backend *be, int variant);
 void cuda_backend_set_graphs(ops_backend *be, int on);
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);
+/* Early launch: once a recorded step holds `nodes` launches it runs them as a graph of their
+ * own and records the rest of the step as a second graph, so the GPU works while the host
+ * records (default CUDA_GRAPH_PIECE, 48; 0: one graph per step; also the environment variable
+ * ANNA_CUDA_GRAPH_PIECE at creation). The results are the same either way. */
+void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes);
 /* Programmatic dependent launch inside decode graphs (sm_90 and newer; on by default there,
  * or as the environment variable ANNA_CUDA_PDL=0 at creation says): kernels written for it
  * may launch while the kernel before them finishes, hiding the per-kernel launch gap.
