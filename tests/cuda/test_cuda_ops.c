@@ -905,10 +905,16 @@ static void test_gdn_step(void) {
       /* hk, hv, dk, dv, tiled, kw */
       {16, 16, 128, 128, 0, 4}, {16, 32, 128, 128, 1, 4}, {16, 32, 128, 128, 0, 4}, {3, 6, 40, 24, 0, 4},
       {3, 6, 40, 24, 1, 4},     {1, 3, 32, 2, 0, 4},      {2, 2, 256, 256, 1, 3},  {1, 32, 64, 64, 0, 2},
+      {4, 16, 128, 64, 1, 4},   {2, 8, 128, 128, 0, 4},
   };
   const int64_t ns[] = {1, 3, 8, 11, 1, 1, 1, 1}; /* the last three: recorded steps */
   const int ncalls = 8, neager = 5;
-  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+  /* both variants (CUDA_GDN_HEAD takes dk, dv <= 128 with 1, 2 or 4 v-heads per k-head and
+   * leaves the rest to the cluster kernel) */
+  for (size_t cv = 0; cv < 2 * (sizeof cfgs / sizeof cfgs[0]); cv++) {
+    const size_t c = cv % (sizeof cfgs / sizeof cfgs[0]);
+    const int var = cv >= sizeof cfgs / sizeof cfgs[0];
+    cuda_backend_set_gdn_variant(g_gpu, var ? CUDA_GDN_HEAD : CUDA_GDN_CLUSTER);
     cuda_backend_drop_mirrors(g_gpu);
     const int hk = cfgs[c][0], hv = cfgs[c][1], dk = cfgs[c][2], dv = cfgs[c][3], tiled = cfgs[c][4], kw = cfgs[c][5];
     const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
@@ -937,8 +943,8 @@ static void test_gdn_step(void) {
       g_gpu->gdn_step(g_gpu, &a);
       if (rec) cuda_backend_step_end(g_gpu), cuda_backend_set_graphs(g_gpu, 0);
       char what[96];
-      snprintf(what, sizeof what, "gdn_step call %d%s n=%lld hk=%d hv=%d dk=%d dv=%d t=%d kw=%d", call,
-               rec ? " (graph)" : "", (long long)n, hk, hv, dk, dv, tiled, kw);
+      snprintf(what, sizeof what, "gdn_step%s call %d%s n=%lld hk=%d hv=%d dk=%d dv=%d t=%d kw=%d",
+               var ? " head" : "", call, rec ? " (graph)" : "", (long long)n, hk, hv, dk, dv, tiled, kw);
       cmpd(what, dy, y, n * Vd, 1e-4);
       strcat(what, " state");
       cmpd(what, dst, st, ssz, 1e-4);
@@ -949,6 +955,7 @@ static void test_gdn_step(void) {
     dfree(dcs), dfree(dst), dfree(dqkv), dfree(dz), dfree(dba), dfree(dy);
     free(cw), free(alog), free(dtb), free(nw), free(cs), free(st), free(y), free(work);
   }
+  cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_CLUSTER);
   cuda_backend_drop_mirrors(g_gpu);
 }
 
@@ -2004,9 +2011,10 @@ static void bench(void) {
         dcs[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)(cd * (kw - 1))),
         dst[l] = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ssz);
       cuda_backend_set_graphs(g_gpu, 1);
-      for (int run = 0; run < 3; run++) { /* unfused n = 1, gdn_step n = 1, gdn_step n = 8 */
+      for (int run = 0; run < 5; run++) { /* unfused n = 1, gdn_step n = 1, 8, per-head variant n = 1, 8 */
         const int fused = run > 0;
-        const int64_t n = run == 2 ? 8 : 1;
+        const int64_t n = run == 2 || run == 4 ? 8 : 1;
+        cuda_backend_set_gdn_variant(g_gpu, run >= 3 ? CUDA_GDN_HEAD : CUDA_GDN_CLUSTER);
         ops_gdn_step_args sa = {
             .n = n, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = 0, .eps = 1e-6f, .qkv = dqkv,
             .z = dz, .b = dba, .a = dba + n * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw, .y = dy,
@@ -2031,10 +2039,12 @@ static void bench(void) {
         }
         /* step: host time of the whole step; gpu: the graph replay alone (events around it) */
         printf("  GDN mixer x%d, %s shape (hv %d), n=%lld, graph, %-20s step %6.1f us, gpu %6.1f us = %5.2f us/layer\n",
-               L, si ? "9B" : "0.8B", hv, (long long)n, fused ? "gdn_step (1 kernel):" : "unfused (9 kernels):",
+               L, si ? "9B" : "0.8B", hv, (long long)n,
+               run >= 3 ? "gdn_step per head:" : fused ? "gdn_step (1 kernel):" : "unfused (9 kernels):",
                best * 1e6, best_gpu * 1e6, best_gpu * 1e6 / L);
       }
       cuda_backend_set_graphs(g_gpu, 0);
+      cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_CLUSTER);
       for (int l = 0; l < L; l++) dfree(dcs[l]), dfree(dst[l]);
       dfree(dqkv), dfree(dz), dfree(dba), dfree(dy), dfree(dconv), dfree(dq2), dfree(dg), dfree(dout);
       free(cw), free(alog), free(dtb), free(nw), free(h);

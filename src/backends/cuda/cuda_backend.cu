@@ -538,6 +538,10 @@ extern "C" void cuda_backend_set_moe_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->moe_variant = variant;
 }
 
+extern "C" void cuda_backend_set_gdn_variant(ops_backend *be, int variant) {
+  cuda_impl_of(be)->gdn_variant = variant;
+}
+
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }
@@ -777,6 +781,8 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
                                                      : CUDA_GEMM_BF16;
     const char *mv = getenv("ANNA_CUDA_MOE"); /* decode_f32: CUDA_MOE_DECODE_F32 */
     if (mv && !strcmp(mv, "decode_f32")) ci->moe_variant = CUDA_MOE_DECODE_F32;
+    const char *gv = getenv("ANNA_CUDA_GDN"); /* head: CUDA_GDN_HEAD */
+    if (gv && !strcmp(gv, "head")) ci->gdn_variant = CUDA_GDN_HEAD;
   }
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;

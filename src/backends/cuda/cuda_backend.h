@@ -67,6 +67,12 @@ enum {
   CUDA_MOE_T64 = 64
 };
 void cuda_backend_set_moe_variant(ops_backend *be, int variant);
+/* The fused GDN decode step (gdn_step): CUDA_GDN_CLUSTER (default) splits each k-head group's
+ * state columns over a cluster of 8 blocks; CUDA_GDN_HEAD gives each v-head one block (dk, dv
+ * <= 128, 1, 2 or 4 v-heads per k-head; other shapes keep the default), for side-by-side
+ * runs until it is measured; also the environment variable ANNA_CUDA_GDN=head at creation. */
+enum { CUDA_GDN_CLUSTER = 0, CUDA_GDN_HEAD = 1 };
+void cuda_backend_set_gdn_variant(ops_backend *be, int variant);
 
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
  * most 8 tokens are recorded (not launched) and run as one graph. A step whose recorded

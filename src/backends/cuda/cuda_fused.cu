@@ -318,6 +318,173 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
 #undef FZ_HEAD
 }
 
+/* The per-head variant (CUDA_GDN_HEAD, cuda_backend_set_gdn_variant): one block per v-head,
+ * its dv columns and all dk state rows (P lanes per column, R = MAXDK / P rows each in
+ * registers), grid (r, hk) in clusters of the r = hv / hk blocks that share a k-head. The
+ * output norm's row is then the block's own, so the cluster only orders the q/k conv state:
+ * every block reads it, arrives on the cluster barrier once it has, and rank 0 waits on it at
+ * the very end before rewriting the state (the other ranks wait there too), where the cluster
+ * variant above needs two full cluster barriers and a DSMEM exchange per step. Fewer, wider
+ * blocks (32 of 512 threads for the 35B-A3B shape, 64 KB of state each). Shapes: dk <= 128,
+ * dv <= 128, r in {1, 2, 4} (cuda_op_gdn_step falls back to the cluster variant). */
+#define HEAD_MAXV 128
+template <int MAXDK, int P, int RC>
+static __global__ void __cluster_dims__(RC, 1, 1) __launch_bounds__(STEP_THREADS)
+    k_gdn_step_head(ops_gdn_step_args a) {
+  __shared__ float qs[STEP_TOK][MAXDK], ks[STEP_TOK][MAXDK];
+  __shared__ float vs[STEP_TOK][HEAD_MAXV], os[STEP_TOK][HEAD_MAXV], zs[STEP_TOK][HEAD_MAXV], ws[HEAD_MAXV];
+  __shared__ float sdecay[STEP_TOK], sbeta[STEP_TOK], sinv[STEP_TOK], sred[STEP_TOK][STEP_THREADS / 32];
+  cg::cluster_group cl = cg::this_cluster();
+  const int e = blockIdx.x, kh = blockIdx.y; /* v-head e of k-head kh's group (cluster rank e) */
+  const int tid = threadIdx.x, nth = blockDim.x, lane = tid & 31, warp = tid >> 5, nwarp = nth >> 5;
+  const int n = (int)a.n, dk = a.dk, dv = a.dv, hk = a.hk, hv = a.hv, r = hv / hk;
+  const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd;
+  const int h = a.v_tiled ? kh + e * hk : kh * r + e;
+  constexpr int R = MAXDK / P;
+  const int col = tid / P, part = tid % P;
+  float *const Sc = col < dv ? a.state + (int64_t)h * dk * dv + col : NULL;
+  float S[R];
+#pragma unroll
+  for (int m = 0; m < R; m++) {
+    const int i = part + P * m;
+    S[m] = Sc && i < dk ? Sc[(int64_t)i * dv] : 0.0f;
+  }
+  /* as k_gdn_step: the state load overlaps the projections' tail (first launch of a run) */
+  cuda_pdl_enter();
+
+  /* 1. q/k channels (conv + SiLU; the state only read), this head's v channels (their one
+   * owner: state written), silu(z) and the norm weight, the gates. With enough threads each
+   * role has its own threads, so all their loads are in flight at once; each channel's window,
+   * taps and inputs are loaded together (one round). */
+  const int offv = nth >= 2 * dk + dv + n ? 2 * dk : 0, offg = offv ? 2 * dk + dv : 0;
+  for (int c = tid; c < 2 * dk; c += nth) {
+    const int isk = c >= dk, i = c - isk * dk;
+    const int64_t ch = isk * Kd + (int64_t)kh * dk + i;
+    fz_conv_win cw;
+    float xv[STEP_TOK];
+    fz_conv_load(cw, ch, a.conv_w, a.kw, a.conv_state);
+    fz_conv_in(xv, a.qkv, cd, n, ch);
+    fz_conv_run(cw, xv, n, a.kw, isk ? &ks[0][i] : &qs[0][i], MAXDK, a.conv_state, ch, false);
+  }
+  for (int j = tid - offv; j < dv; j += nth) {
+    if (j < 0) continue;
+    const int64_t ch = 2 * Kd + (int64_t)h * dv + j;
+    fz_conv_win cw;
+    float xv[STEP_TOK], zr[STEP_TOK];
+    fz_conv_load(cw, ch, a.conv_w, a.kw, a.conv_state);
+    fz_conv_in(xv, a.qkv, cd, n, ch);
+    fz_conv_in(zr, a.z, Vd, n, (int64_t)h * dv + j);
+    const float nw = a.norm_w[j];
+    fz_conv_run(cw, xv, n, a.kw, &vs[0][j], HEAD_MAXV, a.conv_state, ch, true);
+#pragma unroll
+    for (int t = 0; t < STEP_TOK; t++)
+      if (t < n) zs[t][j] = cuda_silu(zr[t]);
+    ws[j] = nw;
+  }
+  for (int t = tid - offg; t < n; t += nth) {
+    if (t < 0) continue;
+    const float zb = a.a[(int64_t)t * hv + h] + a.dt_bias[h];
+    const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
+    sdecay[t] = expf(-expf(a.a_log[h]) * sp);
+    sbeta[t] = 1.0f / (1.0f + expf(-a.b[(int64_t)t * hv + h]));
+  }
+  cl.barrier_arrive(); /* this block has read the q/k conv state (rank 0 rewrites it at the end) */
+  __syncthreads();
+  for (int p = warp; p < 2 * n; p += nwarp) { /* l2norm: row p is token p / 2, q (even) or k (odd) */
+    float *row = (p & 1) ? ks[p >> 1] : qs[p >> 1];
+    float ss = 0.0f;
+    for (int i = lane; i < dk; i += 32) ss += row[i] * row[i];
+    ss = cuda_warp_sum(ss);
+    const float inv = ((p & 1) ? 1.0f : 1.0f / sqrtf((float)dk)) / sqrtf(ss + 1e-6f);
+    for (int i = lane; i < dk; i += 32) row[i] *= inv;
+  }
+  __syncthreads();
+
+  /* 2. the delta rule over the n tokens, as k_gdn_step */
+  for (int t = 0; t < n; t++) {
+    const float decay = sdecay[t], beta = sbeta[t];
+    float u = 0.0f;
+#pragma unroll
+    for (int m = 0; m < R; m++) {
+      const int i = part + P * m;
+      if (i < dk) {
+        S[m] *= decay;
+        u += ks[t][i] * S[m];
+      }
+    }
+    u = fz_group_sum<P>(u);
+    u = beta * ((Sc ? vs[t][col] : 0.0f) - u);
+    float o = 0.0f;
+#pragma unroll
+    for (int m = 0; m < R; m++) {
+      const int i = part + P * m;
+      if (i < dk) {
+        S[m] += ks[t][i] * u;
+        o += qs[t][i] * S[m];
+      }
+    }
+    o = fz_group_sum<P>(o);
+    if (Sc && part == 0) os[t][col] = o;
+  }
+  if (Sc)
+#pragma unroll
+    for (int m = 0; m < R; m++) {
+      const int i = part + P * m;
+      if (i < dk) Sc[(int64_t)i * dv] = S[m];
+    }
+  __syncthreads();
+
+  /* 3. the gated RMSNorm of each token's row (this block's dv outputs): warp partial sums,
+   * added in warp order */
+  for (int t = 0; t < n; t++) {
+    float ss = 0.0f;
+    for (int j = tid; j < dv; j += nth) ss += os[t][j] * os[t][j];
+    ss = cuda_warp_sum(ss);
+    if (lane == 0) sred[t][warp] = ss;
+  }
+  __syncthreads();
+  if (tid < n) {
+    float ss = 0.0f;
+    for (int w = 0; w < nwarp; w++) ss += sred[tid][w];
+    sinv[tid] = 1.0f / sqrtf(ss / (float)dv + a.eps);
+  }
+  __syncthreads();
+  for (int p = tid; p < n * dv; p += nth) {
+    const int t = p / dv, j = p % dv;
+    a.y[(int64_t)t * Vd + (int64_t)h * dv + j] = ws[j] * (os[t][j] * sinv[t]) * zs[t][j];
+  }
+  cl.barrier_wait(); /* every block of the group has read the q/k conv state */
+  if (e == 0)
+    for (int c = tid; c < 2 * dk; c += nth)
+      fz_conv_state_advance(a.qkv, cd, n, (c >= dk) * Kd + (int64_t)kh * dk + c % dk, a.kw, a.conv_state);
+}
+
+template <int MAXDK, int P, int RC>
+static void launch_step_head(cuda_impl *ci, unsigned hk, unsigned threads, const ops_gdn_step_args &a, bool pdl) {
+  if (pdl) cuda_launch_pdl(ci, "gdn step head", k_gdn_step_head<MAXDK, P, RC>, dim3(RC, hk), threads, 0, a);
+  else cuda_launch(ci, "gdn step head", k_gdn_step_head<MAXDK, P, RC>, dim3(RC, hk), threads, 0, a);
+}
+
+/* The per-head launch for these sizes; false when the variant does not take them. */
+static bool step_head(cuda_impl *ci, const ops_gdn_step_args &d, bool pdl) {
+  const int r = d.hv / d.hk;
+  if (d.dk > 128 || d.dv > HEAD_MAXV || (r != 1 && r != 2 && r != 4)) return false;
+  const int P = d.dv > 64 ? 4 : 8; /* dv * P <= 512 threads; R = 128 / P rows per lane */
+  const unsigned threads = (unsigned)((d.dv * P + 31) / 32 * 32);
+#define HEAD(PP, RR) launch_step_head<128, PP, RR>(ci, (unsigned)d.hk, threads, d, pdl)
+  if (P == 4) {
+    if (r == 1) HEAD(4, 1);
+    else if (r == 2) HEAD(4, 2);
+    else HEAD(4, 4);
+  } else {
+    if (r == 1) HEAD(8, 1);
+    else if (r == 2) HEAD(8, 2);
+    else HEAD(8, 4);
+  }
+#undef HEAD
+  return true;
+}
+
 /* pdl: programmatic launch (cuda_launch_pdl); only for the first launch of a run, since a
  * later one reads the state its predecessor writes before it waits for it. */
 template <int MAXDK, int P>
@@ -364,6 +531,10 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
     d.a = a->a + t0 * hv;
     d.y = a->y + t0 * Vd;
     const bool pdl = t0 == 0;
+    if (ci->gdn_variant == CUDA_GDN_HEAD && step_head(ci, d, pdl)) {
+      if (ci->err) return;
+      continue;
+    }
     if (dk <= 32) launch_step<32, 4>(ci, (unsigned)hk, threads, d, pdl);
     else if (dk <= 64) launch_step<64, 8>(ci, (unsigned)hk, threads, d, pdl);
     else if (dk <= 128) launch_step<128, 8>(ci, (unsigned)hk, threads, d, pdl);

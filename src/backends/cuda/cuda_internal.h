@@ -90,6 +90,7 @@ typedef struct cuda_impl {
   int moe_variant;          /* cuda_backend_set_moe_variant (CUDA_MOE_*) */
   int attn_variant;         /* cuda_backend_set_attn_variant (CUDA_ATTN_*) */
   int gemm_variant;         /* cuda_backend_set_gemm_variant (CUDA_GEMM_*) */
+  int gdn_variant;          /* cuda_backend_set_gdn_variant (CUDA_GDN_*) */
   size_t mv_smem;           /* int8 matvec shared-memory limit (cuda_matmul_setup) */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
