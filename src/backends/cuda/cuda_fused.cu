@@ -129,6 +129,77 @@ static __device__ __forceinline__ int fz_col0(int b, int G) {
   return (int)((int64_t)b * G / GS_CLUSTER);
 }
 
+/* The gates of one (token, v-head): decay = exp(g) (the delta rule's factor), beta, from the
+ * projections' a and b and the head's dt_bias and a_log, as gdn_gates. */
+static __device__ __forceinline__ void fz_gate(float av, float dtb, float alog, float bv, float *decay, float *beta) {
+  const float zb = av + dtb;
+  const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
+  *decay = expf(-expf(alog) * sp);
+  *beta = 1.0f / (1.0f + expf(-bv));
+}
+
+/* l2norm of the n tokens' q and k rows of dk in shared memory (q also scaled by 1/sqrt(dk)),
+ * a warp per row; eps 1e-6 as the l2norm op. */
+template <int MAXDK>
+static __device__ __forceinline__ void fz_qk_l2norm(float (*qs)[MAXDK], float (*ks)[MAXDK], int n, int dk) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarp = blockDim.x >> 5;
+  for (int p = warp; p < 2 * n; p += nwarp) { /* row p: token p / 2, q (even) or k (odd) */
+    float *row = (p & 1) ? ks[p >> 1] : qs[p >> 1];
+    float ss = 0.0f;
+    for (int i = lane; i < dk; i += 32) ss += row[i] * row[i];
+    ss = cuda_warp_sum(ss);
+    const float inv = ((p & 1) ? 1.0f : 1.0f / sqrtf((float)dk)) / sqrtf(ss + 1e-6f);
+    for (int i = lane; i < dk; i += 32) row[i] *= inv;
+  }
+}
+
+/* One token of the gated delta rule on a state column held by P adjacent lanes (lane part
+ * holds rows part + P m in S): S *= decay; u = beta (v - k.S); S += k u; returns q.S (every
+ * lane of the group). */
+template <int R, int P>
+static __device__ __forceinline__ float fz_delta_token(float (&S)[R], const float *kt, const float *qt, int part, int dk,
+                                                      float decay, float beta, float v) {
+  float u = 0.0f;
+#pragma unroll
+  for (int m = 0; m < R; m++) {
+    const int i = part + P * m;
+    if (i < dk) {
+      S[m] *= decay;
+      u += kt[i] * S[m];
+    }
+  }
+  u = fz_group_sum<P>(u);
+  u = beta * (v - u);
+  float o = 0.0f;
+#pragma unroll
+  for (int m = 0; m < R; m++) {
+    const int i = part + P * m;
+    if (i < dk) {
+      S[m] += kt[i] * u;
+      o += qt[i] * S[m];
+    }
+  }
+  return fz_group_sum<P>(o);
+}
+
+/* A state column (rows at stride dv) to / from the registers of lane part of its group. */
+template <int R, int P>
+static __device__ __forceinline__ void fz_state_load(float (&S)[R], const float *Sc, int part, int dk, int dv) {
+#pragma unroll
+  for (int m = 0; m < R; m++) {
+    const int i = part + P * m;
+    S[m] = Sc && i < dk ? Sc[(int64_t)i * dv] : 0.0f;
+  }
+}
+template <int R, int P>
+static __device__ __forceinline__ void fz_state_store(const float (&S)[R], float *Sc, int part, int dk, int dv) {
+#pragma unroll
+  for (int m = 0; m < R; m++) {
+    const int i = part + P * m;
+    if (i < dk) Sc[(int64_t)i * dv] = S[m];
+  }
+}
+
 /* grid (GS_CLUSTER, hk), clusters of GS_CLUSTER blocks along x; block dim a multiple of 32,
  * <= STEP_THREADS; a.n <= STEP_TOK; hv / hk <= STEP_MAXR; ceil(hv / hk * dv / 8) <= STEP_MAXNC;
  * dk <= MAXDK; the model vectors in a are device pointers. */
@@ -159,14 +230,7 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
     const int gc = c0 + lc, h = FZ_HEAD(gc / dv);
     return a.state + (int64_t)h * dk * dv + gc % dv;
   };
-  auto state_load = [&](const float *Sc) {
-#pragma unroll
-    for (int m = 0; m < R; m++) {
-      const int i = part + P * m;
-      S[m] = Sc && i < dk ? Sc[(int64_t)i * dv] : 0.0f;
-    }
-  };
-  if (npass > 0) state_load(state_col(0));
+  if (npass > 0) fz_state_load<R, P>(S, state_col(0), part, dk, dv);
   /* Everything else this thread reads that the projections do not write, loaded with the
    * state: the conv windows and taps of its first q/k channel (tid) and of its v column (tid
    * < nc: nth >= nc for every launch), that column's norm weight, and the decay parameters
@@ -201,18 +265,10 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
    * silu(z) and the norm weight of this block's columns; the conv + SiLU of q and k (state
    * only read here) and of this block's v columns (their one owner: state written); the
    * l2norm of q (also scaled by 1/sqrt(dk)) and k below. */
-  if (has_g) {
-    const float zb = ga + dtb;
-    const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
-    sdecay[tg][e_lo + tid % nh] = expf(-expf(alog) * sp);
-    sbeta[tg][e_lo + tid % nh] = 1.0f / (1.0f + expf(-gb));
-  }
+  if (has_g) fz_gate(ga, dtb, alog, gb, &sdecay[tg][e_lo + tid % nh], &sbeta[tg][e_lo + tid % nh]);
   for (int p = tid + nth; p < n * nh; p += nth) { /* more gates than threads */
     const int t = p / nh, e = e_lo + p % nh, h = FZ_HEAD(e);
-    const float zb = a.a[(int64_t)t * hv + h] + a.dt_bias[h];
-    const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
-    sdecay[t][e] = expf(-expf(a.a_log[h]) * sp);
-    sbeta[t][e] = 1.0f / (1.0f + expf(-a.b[(int64_t)t * hv + h]));
+    fz_gate(a.a[(int64_t)t * hv + h], a.dt_bias[h], a.a_log[h], a.b[(int64_t)t * hv + h], &sdecay[t][e], &sbeta[t][e]);
   }
   if (has_v) {
     ws[tid] = nw;
@@ -233,14 +289,7 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
   }
   if (has_v) fz_conv_run(cw_v, x_v, n, a.kw, &vs[0][tid], STEP_MAXNC, a.conv_state, ch_v, true);
   __syncthreads();
-  for (int p = warp; p < 2 * n; p += nwarp) { /* row p: token p / 2, q (even) or k (odd) */
-    float *row = (p & 1) ? ks[p >> 1] : qs[p >> 1];
-    float ss = 0.0f;
-    for (int i = lane; i < dk; i += 32) ss += row[i] * row[i];
-    ss = cuda_warp_sum(ss);
-    const float inv = ((p & 1) ? 1.0f : 1.0f / sqrtf((float)dk)) / sqrtf(ss + 1e-6f);
-    for (int i = lane; i < dk; i += 32) row[i] *= inv;
-  }
+  fz_qk_l2norm<MAXDK>(qs, ks, n, dk);
   __syncthreads();
 
   /* 2. the delta rule, per pass over the block's columns. */
@@ -248,37 +297,12 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
     float *Sc = state_col(pass);
     const int lc = pass * cpp + tid / P, e = Sc ? (c0 + lc) / dv : 0;
     for (int t = 0; t < n; t++) {
-      const float decay = Sc ? sdecay[t][e] : 0.0f, beta = Sc ? sbeta[t][e] : 0.0f;
-      float u = 0.0f;
-#pragma unroll
-      for (int m = 0; m < R; m++) {
-        const int i = part + P * m;
-        if (i < dk) {
-          S[m] *= decay;
-          u += ks[t][i] * S[m];
-        }
-      }
-      u = fz_group_sum<P>(u);
-      u = beta * ((Sc ? vs[t][lc] : 0.0f) - u);
-      float o = 0.0f;
-#pragma unroll
-      for (int m = 0; m < R; m++) {
-        const int i = part + P * m;
-        if (i < dk) {
-          S[m] += ks[t][i] * u;
-          o += qs[t][i] * S[m];
-        }
-      }
-      o = fz_group_sum<P>(o);
+      const float o = fz_delta_token<R, P>(S, ks[t], qs[t], part, dk, Sc ? sdecay[t][e] : 0.0f,
+                                           Sc ? sbeta[t][e] : 0.0f, Sc ? vs[t][lc] : 0.0f);
       if (Sc && part == 0) os[t][lc] = o;
     }
-    if (Sc)
-#pragma unroll
-      for (int m = 0; m < R; m++) {
-        const int i = part + P * m;
-        if (i < dk) Sc[(int64_t)i * dv] = S[m];
-      }
-    if (pass + 1 < npass) state_load(state_col(pass + 1));
+    if (Sc) fz_state_store<R, P>(S, Sc, part, dk, dv);
+    if (pass + 1 < npass) fz_state_load<R, P>(S, state_col(pass + 1), part, dk, dv);
   }
   __syncthreads();
 
@@ -344,11 +368,7 @@ static __global__ void __cluster_dims__(RC, 1, 1) __launch_bounds__(STEP_THREADS
   const int col = tid / P, part = tid % P;
   float *const Sc = col < dv ? a.state + (int64_t)h * dk * dv + col : NULL;
   float S[R];
-#pragma unroll
-  for (int m = 0; m < R; m++) {
-    const int i = part + P * m;
-    S[m] = Sc && i < dk ? Sc[(int64_t)i * dv] : 0.0f;
-  }
+  fz_state_load<R, P>(S, Sc, part, dk, dv);
   /* as k_gdn_step: the state load overlaps the projections' tail (first launch of a run) */
   cuda_pdl_enter();
 
@@ -381,57 +401,20 @@ static __global__ void __cluster_dims__(RC, 1, 1) __launch_bounds__(STEP_THREADS
       if (t < n) zs[t][j] = cuda_silu(zr[t]);
     ws[j] = nw;
   }
-  for (int t = tid - offg; t < n; t += nth) {
-    if (t < 0) continue;
-    const float zb = a.a[(int64_t)t * hv + h] + a.dt_bias[h];
-    const float sp = zb > 20.0f ? zb : log1pf(expf(zb));
-    sdecay[t] = expf(-expf(a.a_log[h]) * sp);
-    sbeta[t] = 1.0f / (1.0f + expf(-a.b[(int64_t)t * hv + h]));
-  }
+  for (int t = tid - offg; t < n; t += nth)
+    if (t >= 0)
+      fz_gate(a.a[(int64_t)t * hv + h], a.dt_bias[h], a.a_log[h], a.b[(int64_t)t * hv + h], &sdecay[t], &sbeta[t]);
   cl.barrier_arrive(); /* this block has read the q/k conv state (rank 0 rewrites it at the end) */
   __syncthreads();
-  for (int p = warp; p < 2 * n; p += nwarp) { /* l2norm: row p is token p / 2, q (even) or k (odd) */
-    float *row = (p & 1) ? ks[p >> 1] : qs[p >> 1];
-    float ss = 0.0f;
-    for (int i = lane; i < dk; i += 32) ss += row[i] * row[i];
-    ss = cuda_warp_sum(ss);
-    const float inv = ((p & 1) ? 1.0f : 1.0f / sqrtf((float)dk)) / sqrtf(ss + 1e-6f);
-    for (int i = lane; i < dk; i += 32) row[i] *= inv;
-  }
+  fz_qk_l2norm<MAXDK>(qs, ks, n, dk);
   __syncthreads();
 
   /* 2. the delta rule over the n tokens, as k_gdn_step */
   for (int t = 0; t < n; t++) {
-    const float decay = sdecay[t], beta = sbeta[t];
-    float u = 0.0f;
-#pragma unroll
-    for (int m = 0; m < R; m++) {
-      const int i = part + P * m;
-      if (i < dk) {
-        S[m] *= decay;
-        u += ks[t][i] * S[m];
-      }
-    }
-    u = fz_group_sum<P>(u);
-    u = beta * ((Sc ? vs[t][col] : 0.0f) - u);
-    float o = 0.0f;
-#pragma unroll
-    for (int m = 0; m < R; m++) {
-      const int i = part + P * m;
-      if (i < dk) {
-        S[m] += ks[t][i] * u;
-        o += qs[t][i] * S[m];
-      }
-    }
-    o = fz_group_sum<P>(o);
+    const float o = fz_delta_token<R, P>(S, ks[t], qs[t], part, dk, sdecay[t], sbeta[t], Sc ? vs[t][col] : 0.0f);
     if (Sc && part == 0) os[t][col] = o;
   }
-  if (Sc)
-#pragma unroll
-    for (int m = 0; m < R; m++) {
-      const int i = part + P * m;
-      if (i < dk) Sc[(int64_t)i * dv] = S[m];
-    }
+  if (Sc) fz_state_store<R, P>(S, Sc, part, dk, dv);
   __syncthreads();
 
   /* 3. the gated RMSNorm of each token's row (this block's dv outputs): warp partial sums,
