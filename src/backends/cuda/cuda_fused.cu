@@ -129,6 +129,22 @@ static __device__ __forceinline__ int fz_col0(int b, int G) {
   return (int)((int64_t)b * G / GS_CLUSTER);
 }
 
+/* Conv + SiLU of q/k channel c (< 2 dk: q, then k) of k-head kh over the n tokens into qs or
+ * ks, window, taps and inputs loaded together; the conv state is only read (its rows are
+ * shared by the v-heads of the group). */
+template <int MAXDK>
+static __device__ __forceinline__ void fz_qk_conv(const ops_gdn_step_args &a, int kh, int c, float (*qs)[MAXDK],
+                                                  float (*ks)[MAXDK]) {
+  const int dk = a.dk, n = (int)a.n, isk = c >= dk, i = c - isk * dk;
+  const int64_t Kd = (int64_t)a.hk * dk, cd = 2 * Kd + (int64_t)a.hv * a.dv;
+  const int64_t ch = isk * Kd + (int64_t)kh * dk + i;
+  fz_conv_win cw;
+  float xv[STEP_TOK];
+  fz_conv_load(cw, ch, a.conv_w, a.kw, a.conv_state);
+  fz_conv_in(xv, a.qkv, cd, n, ch);
+  fz_conv_run(cw, xv, n, a.kw, isk ? &ks[0][i] : &qs[0][i], MAXDK, a.conv_state, ch, false);
+}
+
 /* The gates of one (token, v-head): decay = exp(g) (the delta rule's factor), beta, from the
  * projections' a and b and the head's dt_bias and a_log, as gdn_gates. */
 static __device__ __forceinline__ void fz_gate(float av, float dtb, float alog, float bv, float *decay, float *beta) {
@@ -279,13 +295,7 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
   if (has_qk)
     fz_conv_run(cw_qk, x_qk, n, a.kw, tid >= dk ? &ks[0][tid - dk] : &qs[0][tid], MAXDK, a.conv_state, ch_qk, false);
   for (int c = tid + nth; c < nqk; c += nth) { /* more q/k channels than threads */
-    const int isk = c >= dk, i = c - isk * dk;
-    const int64_t ch = isk * Kd + (int64_t)kh * dk + i;
-    fz_conv_win cw;
-    float xv[STEP_TOK];
-    fz_conv_load(cw, ch, a.conv_w, a.kw, a.conv_state);
-    fz_conv_in(xv, a.qkv, cd, n, ch);
-    fz_conv_run(cw, xv, n, a.kw, isk ? &ks[0][i] : &qs[0][i], MAXDK, a.conv_state, ch, false);
+    fz_qk_conv<MAXDK>(a, kh, c, qs, ks);
   }
   if (has_v) fz_conv_run(cw_v, x_v, n, a.kw, &vs[0][tid], STEP_MAXNC, a.conv_state, ch_v, true);
   __syncthreads();
@@ -378,13 +388,7 @@ static __global__ void __cluster_dims__(RC, 1, 1) __launch_bounds__(STEP_THREADS
    * taps and inputs are loaded together (one round). */
   const int offv = nth >= 2 * dk + dv + n ? 2 * dk : 0, offg = offv ? 2 * dk + dv : 0;
   for (int c = tid; c < 2 * dk; c += nth) {
-    const int isk = c >= dk, i = c - isk * dk;
-    const int64_t ch = isk * Kd + (int64_t)kh * dk + i;
-    fz_conv_win cw;
-    float xv[STEP_TOK];
-    fz_conv_load(cw, ch, a.conv_w, a.kw, a.conv_state);
-    fz_conv_in(xv, a.qkv, cd, n, ch);
-    fz_conv_run(cw, xv, n, a.kw, isk ? &ks[0][i] : &qs[0][i], MAXDK, a.conv_state, ch, false);
+    fz_qk_conv<MAXDK>(a, kh, c, qs, ks);
   }
   for (int j = tid - offv; j < dv; j += nth) {
     if (j < 0) continue;

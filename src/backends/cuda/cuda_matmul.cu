@@ -708,8 +708,7 @@ static __global__ void __launch_bounds__(32 * mvq8_warps<TYPE, NT, R>())
       for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < NT; t++) {
-          float v = acc[r][t];
-          for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+          const float v = cuda_warp_sum(acc[r][t]);
           if (lane == r * NT + t) mine = v;
           acc[r][t] = 0.0f;
         }
