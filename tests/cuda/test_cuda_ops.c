@@ -2,7 +2,7 @@
  * inputs (several shapes, odd sizes, long sequences), and the quantized matmuls against a
  * dequantize-then-dot reference. Outputs start as NaN on the device so an element the
  * kernel never writes fails the check. Exits 77 ("skipped") without a CUDA device.
- * Usage: test_cuda_ops [FIXTURES_DIR] [--bench] */
+ * Usage: test_cuda_ops [FIXTURES_DIR] [--bench | --bench=NAME] (NAME alone, no tests) */
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "base/threadpool.h"
@@ -286,16 +286,23 @@ static void test_matmul(void) {
       cmpd(what, dy, ref, n * rows, 1e-4);
       if (n > 8) {
         cuda_backend_set_exact(g_gpu, 0);
-        /* Tensor-core GEMM (bf16 and quantized weights; f32/f16 stay exact): activations
-         * split into bf16 hi + lo (16 bits), dequantized weights rounded to bf16 (2^-9
-         * relative), f32 accumulation: ~1e-3 of the largest output on random data, while
-         * a layout or indexing error gives O(1). */
-        float *dz = dnan(n * rows);
-        g_gpu->matmul(g_gpu, dz, dx, n, &ow, bias);
-        strncat(what, " tensor cores", sizeof what - strlen(what) - 1);
-        cmpd(what, dz, ref, n * rows, cuda_float_type_host(type) ? 1e-4 : 1e-2);
-        dfree(dz);
-        what[strlen(what) - strlen(" tensor cores")] = 0;
+        /* Tensor-core GEMM (bf16 and quantized weights; f32/f16 stay exact): by default
+         * bf16 weights times activations split into bf16 hi + lo (16 bits), quantized ones
+         * dequantized to bf16 (2^-9 relative) times activations rounded once to bf16 (gemm
+         * split below: split for those too), f32 accumulation: ~1e-3 of the largest output
+         * on random data, while a layout or indexing error gives O(1). The single rounding's
+         * own bound is gemm_variant_check's bf16x1. */
+        for (int split = 0; split < 1 + !cuda_float_type_host(type); split++) {
+          float *dz = dnan(n * rows);
+          cuda_backend_set_gemm_variant(g_gpu, split ? CUDA_GEMM_BF16_SPLIT : CUDA_GEMM_BF16);
+          g_gpu->matmul(g_gpu, dz, dx, n, &ow, bias);
+          cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
+          const char *tag = split ? " tensor cores split" : " tensor cores";
+          strncat(what, tag, sizeof what - strlen(what) - 1);
+          cmpd(what, dz, ref, n * rows, cuda_float_type_host(type) ? 1e-4 : 1e-2);
+          dfree(dz);
+          what[strlen(what) - strlen(tag)] = 0;
+        }
         cuda_backend_set_exact(g_gpu, 1);
         if (gemm_int8_type(type)) {
           strncat(what, " int8", sizeof what - strlen(what) - 1);
@@ -1012,59 +1019,66 @@ static void test_gdn_chunked(void) {
     float *dq = dput(c.q, sizeof(float) * (size_t)nq), *dk_ = dput(c.k, sizeof(float) * (size_t)nq);
     float *dv_ = dput(c.v, sizeof(float) * (size_t)nv), *dg = dput(c.g, sizeof(float) * (size_t)(n * c.hv));
     float *db = dput(c.beta, sizeof(float) * (size_t)(n * c.hv));
-    for (int exact = 1; exact >= 0; exact--) {
+    for (int pass = 0; pass < 3; pass++) { /* exact, fast, fast with 32 scan columns per block */
+      const int exact = pass == 0, cols = pass == 2 ? 32 : 16;
       cuda_backend_set_exact(g_gpu, exact);
+      cuda_backend_set_gdn_scan_cols(g_gpu, cols);
       float *dst = dput(c.st0, sizeof(float) * (size_t)ns), *dout = dnan(nv);
       ops_gdn_args ga = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, dq, dk_, dv_, dg, db, dst, dout};
       g_gpu->gdn_chunked(g_gpu, &ga);
       float *go = dget(dout, nv), *gs = dget(dst, ns);
       const double tol = 1e-4;
-      char what[128];
+      char what[160];
       for (int ref = 0; ref < 2; ref++) {
-        snprintf(what, sizeof what, "gdn chunked n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d slow=%d exact=%d vs cpu %s",
-                 (long long)n, c.hk, c.hv, c.dk, c.dv, c.tiled, cfgs[ci][6], exact, ref ? "recurrent" : "chunked");
+        snprintf(what, sizeof what,
+                 "gdn chunked n=%lld hk=%d hv=%d dk=%d dv=%d tiled=%d slow=%d exact=%d cols=%d vs cpu %s",
+                 (long long)n, c.hk, c.hv, c.dk, c.dv, c.tiled, cfgs[ci][6], exact, cols, ref ? "recurrent" : "chunked");
         cmp(what, go, ref ? out_r : out_c, nv, tol);
         strcat(what, " state");
         cmp(what, gs, ref ? st_r : st_c, ns, tol);
       }
       free(go), free(gs), dfree(dst), dfree(dout);
     }
-    cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
+    cuda_backend_set_exact(g_gpu, 1); /* back to the tests' defaults (exact, scan columns by shape) */
+    cuda_backend_set_gdn_scan_cols(g_gpu, 0);
     dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db);
     free(st_c), free(out_c), free(st_r), free(out_r);
     gdn_case_free(&c);
   }
 }
 
-/* Prefill GDN at the 0.8B shape (hk 16, hv 16, dk = dv = 128), 512 and 4096 tokens from a
- * nonzero state: the token-sequential kernel (gdn_recurrent) against the chunk-64 kernels
- * (f32). */
+/* Prefill GDN from a nonzero state at the 0.8B shape (hk 16, hv 16, dk = dv = 128; 512 and
+ * 4096 tokens) and the 9B / 35B-A3B shape (hk 16, hv 32; 8192 tokens): the token-sequential
+ * kernel (gdn_recurrent; not at 8192) against the chunk-64 kernels (f32) with 16 and 32 state
+ * columns per scan block. */
 static void bench_gdn(void) {
-  const int64_t ns_[] = {512, 4096};
-  for (int ni = 0; ni < 2; ni++) {
+  const int shapes[][3] = {{512, 16, 16}, {4096, 16, 16}, {8192, 16, 32}}; /* n, hk, hv */
+  for (int si = 0; si < 3; si++) {
     gdn_case c;
-    gdn_case_make(&c, ns_[ni], 16, 16, 128, 128, 0, 0);
+    gdn_case_make(&c, shapes[si][0], shapes[si][1], shapes[si][2], 128, 128, 0, 0);
     const int64_t n = c.n, nq = n * c.hk * c.dk, nv = n * c.hv * c.dv, ns = (int64_t)c.hv * c.dk * c.dv;
     float *dq = dput(c.q, sizeof(float) * (size_t)nq), *dk_ = dput(c.k, sizeof(float) * (size_t)nq);
     float *dv_ = dput(c.v, sizeof(float) * (size_t)nv), *dg = dput(c.g, sizeof(float) * (size_t)(n * c.hv));
     float *db = dput(c.beta, sizeof(float) * (size_t)(n * c.hv));
     float *dst = dput(c.st0, sizeof(float) * (size_t)ns), *dout = dnan(nv);
     ops_gdn_args ga = {n, c.hk, c.hv, c.dk, c.dv, c.tiled, dq, dk_, dv_, dg, db, dst, dout};
-    for (int mode = 0; mode < 2; mode++) { /* recurrent, chunked */
+    for (int mode = n > 4096 ? 1 : 0; mode < 3; mode++) { /* recurrent, chunked 16, chunked 32 */
+      cuda_backend_set_gdn_scan_cols(g_gpu, mode == 2 ? 32 : 16);
       for (int i = 0; i < 3; i++) /* warm-up (and the scratch allocation) */
         mode ? g_gpu->gdn_chunked(g_gpu, &ga) : g_gpu->gdn_recurrent(g_gpu, &ga);
       float sync1;
       g_gpu->download(g_gpu, &sync1, dout, sizeof sync1);
       gpu_status("gdn bench warmup");
-      const int reps = ni ? 10 : 50;
+      const int reps = n > 512 ? 10 : 50;
       double t0 = now_s();
       for (int i = 0; i < reps; i++) mode ? g_gpu->gdn_chunked(g_gpu, &ga) : g_gpu->gdn_recurrent(g_gpu, &ga);
       g_gpu->download(g_gpu, &sync1, dout, sizeof sync1);
       gpu_status("gdn bench");
-      printf("  gdn %-18s %4lld tok, hk 16 hv 16 dk=dv=128: %8.1f us per call\n",
-             mode == 0 ? "recurrent" : "chunked", (long long)n,
+      printf("  gdn %-18s %4lld tok, hk %d hv %d dk=dv=128: %8.1f us per call\n",
+             mode == 0 ? "recurrent" : mode == 1 ? "chunked, 16 cols" : "chunked, 32 cols", (long long)n, c.hk, c.hv,
              (now_s() - t0) / reps * 1e6);
     }
+    cuda_backend_set_gdn_scan_cols(g_gpu, 0);
     dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db), dfree(dst), dfree(dout);
     gdn_case_free(&c);
   }
@@ -1604,7 +1618,8 @@ static void test_moe_grouped(void) {
                        {512, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0}, {777, 256, 8, 1024, 256, ANNA_DTYPE_Q6_K, 1},
                        {777, 8, 8, 300, 136, ANNA_DTYPE_BF16, 1},  {512, 8, 8, 256, 512, ANNA_DTYPE_Q6_K, 0},
                        {100, 8, 2, 288, 96, ANNA_DTYPE_Q8_0, 0}};
-  const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64};
+  /* the last: default tiles with split activations for every type (CUDA_GEMM_BF16_SPLIT) */
+  const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64, CUDA_MOE_DEFAULT};
   for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
     cuda_backend_drop_mirrors(g_gpu);
     moe_case c;
@@ -1623,11 +1638,14 @@ static void test_moe_grouped(void) {
       const int exact = mode == 0;
       cuda_backend_set_exact(g_gpu, exact);
       if (!exact) cuda_backend_set_moe_variant(g_gpu, variants[mode - 1]);
+      cuda_backend_set_gemm_variant(g_gpu, mode == 5 ? CUDA_GEMM_BF16_SPLIT : CUDA_GEMM_BF16);
       float *dy = dnan(n * c.H);
       g_gpu->moe_ffn(g_gpu, dy, dx, n, c.H, didx, dw, c.k, c.E, c.gate, c.fused ? NULL : c.up, c.down, ACT_KIND_SILU,
                      dscr);
+      cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
       char what[128];
-      static const char *const mname[] = {"exact", "grouped", "grouped t16", "grouped t32", "grouped t64"};
+      static const char *const mname[] = {"exact", "grouped", "grouped t16", "grouped t32", "grouped t64",
+                                          "grouped split"};
       snprintf(what, sizeof what, "moe_ffn n=%lld E=%d k=%d H=%d I=%d %s%s %s", (long long)n, c.E, c.k, c.H, c.I,
                dtype_name(c.type), c.fused ? " fused" : "", mname[mode]);
       const double tol = exact || c.type == ANNA_DTYPE_BF16 ? 1e-4 : 1e-2;
@@ -2449,7 +2467,8 @@ static void bench_matmul_group(void) {
 }
 
 /* Prefill GEMM throughput: n tokens x a 12288 x 4096 weight, f32 path (exact) against the
- * tensor-core paths (bf16: dequantized weights, split activations; int8: CUDA_GEMM_INT8 for
+ * tensor-core paths (bf16: dequantized weights, the default numerics and the hi + lo split
+ * for every type; int8: CUDA_GEMM_INT8 for
  * the types it takes); TFLOP/s = 2 * n * rows * cols / time (quantization included). Q4_K
  * also at 2048 and 8192 tokens (the issue-6 prefill size). */
 static void bench_gemm(void) {
@@ -2465,10 +2484,11 @@ static void bench_gemm(void) {
     void *w = make_weight(type, rows, cols, &f);
     free(f);
     ops_weight ow = {type, w, rows, cols};
-    for (int mode = 0; mode < 3; mode++) { /* f32, bf16 tensor cores, int8 tensor cores */
-      if (mode == 2 && !gemm_int8_type(type)) continue;
+    for (int mode = 0; mode < 4; mode++) { /* f32, bf16 tensor cores (default, split), int8 tensor cores */
+      if (mode == 3 && !gemm_int8_type(type)) continue;
+      if (mode == 2 && type == ANNA_DTYPE_BF16) continue; /* its default is the split */
       cuda_backend_set_exact(g_gpu, mode == 0);
-      cuda_backend_set_gemm_variant(g_gpu, mode == 2 ? CUDA_GEMM_INT8 : CUDA_GEMM_BF16);
+      cuda_backend_set_gemm_variant(g_gpu, mode == 3 ? CUDA_GEMM_INT8 : mode == 2 ? CUDA_GEMM_BF16_SPLIT : CUDA_GEMM_BF16);
       g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
       gpu_status("gemm warmup");
       const int reps = n >= 8192 ? 5 : 20;
@@ -2477,7 +2497,8 @@ static void bench_gemm(void) {
       gpu_status("gemm");
       double dt = (now_s() - t0) / reps;
       printf("  gemm %-6s n=%-4lld %lldx%lld %-12s: %8.1f us, %6.1f TFLOP/s\n", dtype_name(type), (long long)n,
-             (long long)rows, (long long)cols, mode == 0 ? "f32" : mode == 1 ? "tensor cores" : "int8 tc", dt * 1e6,
+             (long long)rows, (long long)cols,
+             mode == 0 ? "f32" : mode == 1 ? "tensor cores" : mode == 2 ? "tc split" : "int8 tc", dt * 1e6,
              2.0 * n * rows * cols / dt / 1e12);
     }
     cuda_backend_drop_mirrors(g_gpu);
@@ -2614,8 +2635,11 @@ static void bench_topk(void) {
 
 int main(int argc, char **argv) {
   int do_bench = 0;
-  for (int i = 1; i < argc; i++)
+  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, ops) */
+  for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
+    if (!strncmp(argv[i], "--bench=", 8)) only = argv[i] + 8;
+  }
   if (!cuda_backend_available()) {
     printf("skipped: no CUDA device\n");
     return 77;
@@ -2633,6 +2657,22 @@ int main(int argc, char **argv) {
   printf("device: %s\n", cuda_backend_device_name());
   /* Exact (f32) numerics unless a test switches to the tensor-core paths on purpose. */
   cuda_backend_set_exact(g_gpu, 1);
+  if (only) {
+    if (!strcmp(only, "gdn")) bench_gdn();
+    else if (!strcmp(only, "gemm")) bench_gemm();
+    else if (!strcmp(only, "moe")) bench_moe();
+    else if (!strcmp(only, "group")) bench_matmul_group();
+    else if (!strcmp(only, "topk")) bench_topk();
+    else if (!strcmp(only, "ops")) bench();
+    else {
+      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, ops)\n", only);
+      g_fail = 1;
+    }
+    cuda_backend_free(g_gpu);
+    cpu_backend_free(g_cpu);
+    threadpool_free(tp);
+    return g_fail ? 1 : 0;
+  }
   test_matmul();
   test_matvec_int8();
   test_matmul_group();

@@ -542,6 +542,10 @@ extern "C" void cuda_backend_set_gdn_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->gdn_variant = variant;
 }
 
+extern "C" void cuda_backend_set_gdn_scan_cols(ops_backend *be, int cols) {
+  cuda_impl_of(be)->gdn_scan_cols = cols == 16 || cols == 32 ? cols : 0;
+}
+
 extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }
@@ -778,11 +782,14 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     const char *ev = getenv("ANNA_CUDA_GEMM"); /* int8: CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) */
     ci->gemm_variant = ev && !strcmp(ev, "int8")     ? CUDA_GEMM_INT8
                        : ev && !strcmp(ev, "bf16x1") ? CUDA_GEMM_BF16_SINGLE
+                       : ev && !strcmp(ev, "split")  ? CUDA_GEMM_BF16_SPLIT
                                                      : CUDA_GEMM_BF16;
     const char *mv = getenv("ANNA_CUDA_MOE"); /* decode_f32: CUDA_MOE_DECODE_F32 */
     if (mv && !strcmp(mv, "decode_f32")) ci->moe_variant = CUDA_MOE_DECODE_F32;
     const char *gv = getenv("ANNA_CUDA_GDN"); /* head: CUDA_GDN_HEAD */
     if (gv && !strcmp(gv, "head")) ci->gdn_variant = CUDA_GDN_HEAD;
+    const char *sv = getenv("ANNA_CUDA_GDN_SCAN"); /* 16 | 32: cuda_backend_set_gdn_scan_cols */
+    if (sv) cuda_backend_set_gdn_scan_cols(be, atoi(sv));
   }
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;

@@ -73,6 +73,11 @@ void cuda_backend_set_moe_variant(ops_backend *be, int variant);
  * runs until it is measured; also the environment variable ANNA_CUDA_GDN=head at creation. */
 enum { CUDA_GDN_CLUSTER = 0, CUDA_GDN_HEAD = 1 };
 void cuda_backend_set_gdn_variant(ops_backend *be, int variant);
+/* The chunked GDN prefill's sequential phase keeps cols (16 or 32) state columns per block:
+ * 32 reads each chunk's W, Q, K and P half as often (one 512-thread block per SM), 16 gives
+ * twice the blocks (small head counts); 0 (default) picks by the shape. Also the environment
+ * variable ANNA_CUDA_GDN_SCAN=16|32 at creation. */
+void cuda_backend_set_gdn_scan_cols(ops_backend *be, int cols);
 
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
  * most 8 tokens are recorded (not launched) and run as one graph. A step whose recorded
@@ -108,8 +113,9 @@ void cuda_backend_set_attn_variant(ops_backend *be, int variant);
  * CUDA_GEMM_BF16_SINGLE (ANNA_CUDA_GEMM=bf16x1): bf16 and quantized weights, the activations
  * rounded once to bf16 and multiplied once (llama.cpp's precision: half the tensor-core work
  * of the hi + lo split, 8 significant bits instead of 16; moves the fixtures' logits past the
- * 5e-3 bound, so never the default). */
-enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1, CUDA_GEMM_BF16_SINGLE = 2 };
+ * 5e-3 bound, so never the default). CUDA_GEMM_BF16_SPLIT (ANNA_CUDA_GEMM=split): the hi + lo
+ * split for every weight type. */
+enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1, CUDA_GEMM_BF16_SINGLE = 2, CUDA_GEMM_BF16_SPLIT = 3 };
 void cuda_backend_set_gemm_variant(ops_backend *be, int variant);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
  * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */

@@ -216,14 +216,14 @@ static __device__ __forceinline__ void gdn_cp_wait(void) {
  * shared memory could hold NaN, and NaN * 0 is not 0). The caller commits, waits and
  * synchronises. P goes in 16-byte pieces: its rows are 64 floats and its scratch offset a
  * multiple of 64 floats, Pb's row stride a multiple of 4. */
-template <int DK>
+template <int DK, int NV>
 static __device__ __forceinline__ void gdn_scan_load(const ops_gdn_args &a, const float *Wc, const float *Pc,
                                                      const float *Uc, float *Ab, float *Bb, float *Pb, float *Vs,
                                                      int64_t t0, int L, int kh, int j0, int tid) {
-  constexpr int LB = DK + 4, LP = GDN_C + 4;
+  constexpr int LB = DK + 4, LP = GDN_C + 4, T = 16 * NV;
   const int dk = a.dk, dv = a.dv;
 #pragma unroll 4
-  for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+  for (int idx = tid; idx < GDN_C * DK; idx += T) {
     const int r = idx / DK, d = idx % DK;
     float *wd = Ab + r * LB + d, *qd = Bb + r * LB + d;
     if (d < dk) gdn_cp4(wd, Wc + (size_t)r * dk + d);
@@ -231,23 +231,23 @@ static __device__ __forceinline__ void gdn_scan_load(const ops_gdn_args &a, cons
     if (r < L && d < dk) gdn_cp4(qd, a.q + ((t0 + r) * a.hk + kh) * dk + d);
     else *qd = 0.0f;
   }
-  for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += GDN_THREADS)
+  for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += T)
     gdn_cp16(Pb + (idx >> 4) * LP + (idx & 15) * 4, Pc + (size_t)idx * 4);
-  for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) {
-    const int jj = j0 + (idx & 15);
-    if (jj < dv) gdn_cp4(Vs + idx, Uc + (size_t)(idx >> 4) * dv + jj);
+  for (int idx = tid; idx < GDN_C * NV; idx += T) {
+    const int jj = j0 + idx % NV;
+    if (jj < dv) gdn_cp4(Vs + idx, Uc + (size_t)(idx / NV) * dv + jj);
     else Vs[idx] = 0.0f;
   }
 }
 
 /* The chunk's K rows -> Ab (asynchronous, as above; rows past L and columns past dk 0). */
-template <int DK>
+template <int DK, int NV>
 static __device__ __forceinline__ void gdn_scan_load_k(const ops_gdn_args &a, float *Ab, int64_t t0, int L, int kh,
                                                        int tid) {
   constexpr int LB = DK + 4;
   const int dk = a.dk;
 #pragma unroll 4
-  for (int idx = tid; idx < GDN_C * DK; idx += GDN_THREADS) {
+  for (int idx = tid; idx < GDN_C * DK; idx += 16 * NV) {
     const int r = idx / DK, d = idx % DK;
     float *kd = Ab + r * LB + d;
     if (r < L && d < dk) gdn_cp4(kd, a.k + ((t0 + r) * a.hk + kh) * dk + d);
@@ -262,22 +262,22 @@ static __device__ __forceinline__ void gdn_scan_load_k(const ops_gdn_args &a, fl
  * enters the state update unscaled, straight from its asynchronous copy), eq/ek [64].
  * Row strides are multiples of 4 (float4 reads) and offset by 4 banks per row, so the two
  * rows a warp reads at once never share banks. */
-template <int DK>
-static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a, const float *W, const float *U,
+template <int DK, int NV>
+static __global__ void __launch_bounds__(16 * NV) k_gdn_scan(ops_gdn_args a, const float *W, const float *U,
                                                                   const float *P, const float *G, int nch) {
-  constexpr int LB = DK + 4, LP = GDN_C + 4, RPT = DK / 16;
+  constexpr int LB = DK + 4, LP = GDN_C + 4, RPT = DK / 16, T = 16 * NV;
   extern __shared__ float4 sm4[];
   float *sm = (float *)sm4;
-  float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * GDN_NV;
-  float *Ob = Vs + GDN_C * GDN_NV, *Vk = Ob + GDN_C * GDN_NV, *eq = Vk + GDN_C * GDN_NV, *ek = eq + GDN_C;
+  float *Ab = sm, *Bb = Ab + GDN_C * LB, *Pb = Bb + GDN_C * LB, *Ss = Pb + GDN_C * LP, *Vs = Ss + DK * NV;
+  float *Ob = Vs + GDN_C * NV, *Vk = Ob + GDN_C * NV, *eq = Vk + GDN_C * NV, *ek = eq + GDN_C;
   (void)Ob;
-  const int h = blockIdx.y, j0 = blockIdx.x * GDN_NV, tid = threadIdx.x, ti = tid >> 4, tj = tid & 15;
+  const int h = blockIdx.y, j0 = blockIdx.x * NV, tid = threadIdx.x, ti = tid / NV, tj = tid % NV;
   const int dk = a.dk, dv = a.dv;
   const int kh = a.v_tiled ? h % a.hk : h / (a.hv / a.hk);
   const int j = j0 + tj;
   float *Sg = a.state + (size_t)h * dk * dv;
-  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
-    const int i = idx >> 4, jj = j0 + (idx & 15);
+  for (int idx = tid; idx < DK * NV; idx += T) {
+    const int i = idx / NV, jj = j0 + idx % NV;
     Ss[idx] = i < dk && jj < dv ? Sg[(size_t)i * dv + jj] : 0.0f;
   }
   for (int c = 0; c < nch; c++) {
@@ -285,7 +285,7 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
     const int L = a.n - t0 < GDN_C ? (int)(a.n - t0) : GDN_C;
     const size_t hc = (size_t)h * nch + c;
     __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
-    gdn_scan_load<DK>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
+    gdn_scan_load<DK, NV>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
                       j0, tid);
     gdn_cp_commit();
     if (tid < GDN_C) {
@@ -300,8 +300,8 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
     float wsa[4] = {0.0f, 0.0f, 0.0f, 0.0f}, qsa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
     for (int d = 0; d < DK; d += 4) {
-      const float s0 = Ss[d * GDN_NV + tj], s1 = Ss[(d + 1) * GDN_NV + tj], s2 = Ss[(d + 2) * GDN_NV + tj],
-                  s3 = Ss[(d + 3) * GDN_NV + tj];
+      const float s0 = Ss[d * NV + tj], s1 = Ss[(d + 1) * NV + tj], s2 = Ss[(d + 2) * NV + tj],
+                  s3 = Ss[(d + 3) * NV + tj];
 #pragma unroll
       for (int x = 0; x < 4; x++) {
         const float4 w = *(const float4 *)(Ab + (ti + 16 * x) * LB + d);
@@ -314,20 +314,20 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
 #pragma unroll
     for (int x = 0; x < 4; x++) {
       const int r = ti + 16 * x;
-      Vs[r * GDN_NV + tj] -= wsa[x]; /* only this thread touches this element until the barrier */
+      Vs[r * NV + tj] -= wsa[x]; /* only this thread touches this element until the barrier */
       o[x] = eq[r] * qsa[x];
     }
     __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
 
-    gdn_scan_load_k<DK>(a, Ab, t0, L, kh, tid);
+    gdn_scan_load_k<DK, NV>(a, Ab, t0, L, kh, tid);
     gdn_cp_commit();
-    for (int idx = tid; idx < GDN_C * GDN_NV; idx += GDN_THREADS) Vk[idx] = ek[idx >> 4] * Vs[idx];
+    for (int idx = tid; idx < GDN_C * NV; idx += T) Vk[idx] = ek[idx / NV] * Vs[idx];
     /* O += P V': P is zero above the diagonal, so row ti + 48 (the last this thread owns)
      * needs m <= ti + 48 only */
     const int mend = ((ti + 48) | 3) + 1;
     for (int m = 0; m < mend; m += 4) {
-      const float v0 = Vs[m * GDN_NV + tj], v1 = Vs[(m + 1) * GDN_NV + tj], v2 = Vs[(m + 2) * GDN_NV + tj],
-                  v3 = Vs[(m + 3) * GDN_NV + tj];
+      const float v0 = Vs[m * NV + tj], v1 = Vs[(m + 1) * NV + tj], v2 = Vs[(m + 2) * NV + tj],
+                  v3 = Vs[(m + 3) * NV + tj];
 #pragma unroll
       for (int x = 0; x < 4; x++) {
         const float4 p = *(const float4 *)(Pb + (ti + 16 * x) * LP + m);
@@ -348,7 +348,7 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
 #pragma unroll
     for (int r = 0; r < RPT; r++) sacc[r] = 0.0f;
     for (int m = 0; m < L; m++) {
-      const float vm = Vk[m * GDN_NV + tj];
+      const float vm = Vk[m * NV + tj];
       const float *kr = Ab + m * LB + ti * RPT;
       if constexpr (RPT % 4 == 0) {
 #pragma unroll
@@ -367,33 +367,33 @@ static __global__ void __launch_bounds__(GDN_THREADS) k_gdn_scan(ops_gdn_args a,
     const float el = expf(G[hc * GDN_C + GDN_C - 1]);
 #pragma unroll
     for (int r = 0; r < RPT; r++) {
-      float *s = Ss + (ti * RPT + r) * GDN_NV + tj;
+      float *s = Ss + (ti * RPT + r) * NV + tj;
       *s = el * *s + sacc[r];
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < DK * GDN_NV; idx += GDN_THREADS) {
-    const int i = idx >> 4, jj = j0 + (idx & 15);
+  for (int idx = tid; idx < DK * NV; idx += T) {
+    const int i = idx / NV, jj = j0 + idx % NV;
     if (i < dk && jj < dv) Sg[(size_t)i * dv + jj] = Ss[idx];
   }
 }
 
-template <int DK>
+template <int DK, int NV>
 static size_t gdn_scan_smem(void) {
-  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * GDN_NV + 3 * GDN_C * GDN_NV +
+  return sizeof(float) * (2 * (size_t)GDN_C * (DK + 4) + GDN_C * (GDN_C + 4) + DK * NV + 3 * GDN_C * NV +
                           2 * GDN_C);
 }
 
-template <int DK>
+template <int DK, int NV>
 static bool gdn_scan_launch(cuda_impl *ci, const ops_gdn_args *s, const float *W, const float *U, const float *P,
                             const float *G, int nch) {
-  const size_t smem = gdn_scan_smem<DK>();
-  auto kern = k_gdn_scan<DK>;
+  const size_t smem = gdn_scan_smem<DK, NV>();
+  auto kern = k_gdn_scan<DK, NV>;
   if (!cuda_check(ci, cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                   "gdn scan smem"))
     return false;
-  dim3 grid((unsigned)((s->dv + GDN_NV - 1) / GDN_NV), (unsigned)s->hv);
-  cuda_launch(ci, "gdn scan", kern, grid, GDN_THREADS, smem, *s, W, U, P, G, nch);
+  dim3 grid((unsigned)((s->dv + NV - 1) / NV), (unsigned)s->hv);
+  cuda_launch(ci, "gdn scan", kern, grid, 16 * NV, smem, *s, W, U, P, G, nch);
   return !ci->err;
 }
 
@@ -419,6 +419,11 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
   if (!cuda_check(ci, cudaFuncSetAttribute(k_gdn_prep, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)prep_smem),
                   "gdn prep smem"))
     return true;
+  /* Phase 2 reads each chunk's W, Q, K and P once per block: 32 state columns per block halve
+   * that traffic but halve the blocks, so 32 only while they still fill the SMs (dk <= 128:
+   * 512 threads hold DK / 16 state rows each in registers). */
+  const int64_t wide_blocks = (int64_t)hv * ((dv + 31) / 32);
+  const bool wide = dk <= 128 && (ci->gdn_scan_cols == 32 || (ci->gdn_scan_cols == 0 && wide_blocks >= ci->n_sm && 0));
   const int64_t nc = (a->n + GDN_C - 1) / GDN_C;
   for (int64_t c0 = 0; c0 < nc && !ci->err; c0 += seg_max) {
     const int nch = (int)(nc - c0 < seg_max ? nc - c0 : seg_max);
@@ -436,10 +441,10 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
     cuda_launch(ci, "gdn prep", k_gdn_prep, dim3((unsigned)nch, (unsigned)hv), GDN_THREADS, prep_smem, s, W, U, P, G,
                 nch);
     if (ci->err) break;
-    if (dk <= 32) gdn_scan_launch<32>(ci, &s, W, U, P, G, nch);
-    else if (dk <= 64) gdn_scan_launch<64>(ci, &s, W, U, P, G, nch);
-    else if (dk <= 128) gdn_scan_launch<128>(ci, &s, W, U, P, G, nch);
-    else gdn_scan_launch<256>(ci, &s, W, U, P, G, nch);
+    if (dk <= 32) wide ? gdn_scan_launch<32, 32>(ci, &s, W, U, P, G, nch) : gdn_scan_launch<32, 16>(ci, &s, W, U, P, G, nch);
+    else if (dk <= 64) wide ? gdn_scan_launch<64, 32>(ci, &s, W, U, P, G, nch) : gdn_scan_launch<64, 16>(ci, &s, W, U, P, G, nch);
+    else if (dk <= 128) wide ? gdn_scan_launch<128, 32>(ci, &s, W, U, P, G, nch) : gdn_scan_launch<128, 16>(ci, &s, W, U, P, G, nch);
+    else gdn_scan_launch<256, 16>(ci, &s, W, U, P, G, nch);
   }
   return true;
 }

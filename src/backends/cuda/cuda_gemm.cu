@@ -2,12 +2,14 @@
  *
  * y[n, rows] = x[n, cols] W^T for batches above the matvec range, by cuBLAS on bf16 tensor
  * cores with f32 accumulation and f32 output:
- *   activations   split once into two bf16 matrices, hi = bf16(x) and lo = bf16(x - hi), and
- *                 multiplied twice (y = W hi + W lo): 16 significant bits instead of bf16's 8.
- *                 Rounding x to plain bf16 moved the fixtures' logits by up to 2.2 (on a
- *                 logit spread of 0.9: tiny random models amplify it); the split keeps them
- *                 within f32 summation-order noise, for twice the tensor-core work, which
- *                 is still several times faster than f32 SGEMM;
+ *   activations   for bf16 weights split once into two bf16 matrices, hi = bf16(x) and
+ *                 lo = bf16(x - hi), and multiplied twice (y = W hi + W lo): 16 significant
+ *                 bits instead of bf16's 8. Rounding x to plain bf16 moved the fixtures'
+ *                 logits by up to 2.2 (on a logit spread of 0.9: tiny random models amplify
+ *                 it); the split keeps them within f32 summation-order noise, for twice the
+ *                 tensor-core work. For quantized weights rounded once (hi only, one
+ *                 product): their dequantized tiles are rounded to bf16 anyway (below), so
+ *                 the activations' rounding is an error of the same size (cuda_gemm_split);
  *   bf16 weights  used in place (the device mirror): exact;
  *   quantized     dequantized tile by tile (as many rows as the 64 MiB scratch holds) to
  *                 bf16: q * d keeps 8 of its up to 15 significant bits (2^-9 relative, far
@@ -15,8 +17,8 @@
  *   f32 and f16 weights stay on the exact f32 SGEMM (cuda_matmul.cu): rare in matmuls.
  *   CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) sends the quantized types cuda_mmq.cu
  *                 takes to its int8 tensor-core GEMM instead, through the same scratch;
- *   CUDA_GEMM_BF16_SINGLE multiplies the hi half only (llama.cpp's bf16 precision, half
- *                 the work; an opt-in for speed, never the default).
+ *   CUDA_GEMM_BF16_SINGLE multiplies the hi half only for bf16 weights too (an opt-in
+ *                 for speed); CUDA_GEMM_BF16_SPLIT the split for every type.
  * --exact (cuda_impl.exact) sends everything to the f32 SGEMM. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
@@ -137,8 +139,8 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
       A = ci->deq;
     }
     /* Column-major view, as the f32 path: C(m x n, ldc rows) = A(k x m)^T B(k x n); the lo
-     * product accumulates onto the hi one (beta 1). CUDA_GEMM_BF16_SINGLE: hi only. */
-    const int parts = ci->gemm_variant == CUDA_GEMM_BF16_SINGLE ? 1 : 2;
+     * product accumulates onto the hi one (beta 1); hi only when cuda_gemm_split says so. */
+    const int parts = cuda_gemm_split(ci, w->type) ? 2 : 1;
     for (int part = 0; part < parts; part++) {
       cublasStatus_t s = cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, k, &one, A, CUDA_R_16BF, k,
                                       part ? lo : hi, CUDA_R_16BF, k, part ? &one : &zero, y + r0, CUDA_R_32F,

@@ -4,6 +4,7 @@
 #define ANNA_BACKENDS_CUDA_INTERNAL_H
 
 #include "backends/cuda/cuda_backend.h"
+#include "formats/dtype.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -91,6 +92,7 @@ typedef struct cuda_impl {
   int attn_variant;         /* cuda_backend_set_attn_variant (CUDA_ATTN_*) */
   int gemm_variant;         /* cuda_backend_set_gemm_variant (CUDA_GEMM_*) */
   int gdn_variant;          /* cuda_backend_set_gdn_variant (CUDA_GDN_*) */
+  int gdn_scan_cols;        /* cuda_backend_set_gdn_scan_cols (0 auto, 16, 32) */
   size_t mv_smem;           /* int8 matvec shared-memory limit (cuda_matmul_setup) */
   int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
@@ -308,6 +310,21 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
                   int64_t vocab, int k, float temp);
 
 /* Grid size for a 1-D elementwise launch of n items with `threads` per block. */
+/* Whether the tensor-core GEMMs on weights of type t (cuda_gemm.cu, the MoE grouped GEMMs)
+ * multiply split activations (hi + lo: 16 significant bits, two products) or activations
+ * rounded once to bf16 (one product), by cuda_backend_set_gemm_variant. By default only bf16
+ * weights take the split: they are exact, so the activations' rounding would be the
+ * product's only error (the fixtures' logits moved past 5e-3 without it). A quantized
+ * weight is itself rounded to bf16 when its tiles are dequantized (2^-9 relative) on top of
+ * its format's own error (Q4_K: a 4-bit grid per 32 elements), so rounding the activations
+ * the same way adds an error of the size already there, for half the tensor-core work
+ * (llama.cpp goes further: 8-bit activations per 32-element block). */
+static inline bool cuda_gemm_split(const cuda_impl *ci, int t) {
+  if (ci->gemm_variant == CUDA_GEMM_BF16_SINGLE) return false;
+  if (ci->gemm_variant == CUDA_GEMM_BF16_SPLIT) return true;
+  return t == ANNA_DTYPE_BF16;
+}
+
 static inline unsigned cuda_blocks(int64_t n, int threads) {
   int64_t b = (n + threads - 1) / threads;
   if (b < 1) b = 1;

@@ -800,8 +800,10 @@ __device__ __forceinline__ void moe_unit_bf16(int type, const uint8_t *row, int6
  * same h columns; epilogue h = act(gate) * up, split, into h[slot, m0..m0+63] (zero past I).
  * B rows are x rows of the pairs' tokens (order[slot] / k).
  * MODE 1 (down): rows m0..m0+127 of down_e; B rows are h rows of the slots; y[slot, rows].
- * 8 warps as WM x WN, each FM x FN fragments of 16 x 16. grid (row tiles, token tiles). */
-template <int BN, int MODE>
+ * 8 warps as WM x WN, each FM x FN fragments of 16 x 16. grid (row tiles, token tiles).
+ * SPLIT false (cuda_gemm_split): the hi activations alone, one product; lo is neither read
+ * nor written. */
+template <int BN, int MODE, bool SPLIT>
 static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args a) {
   using namespace nvcuda;
   constexpr int WN = BN >= 64 ? 2 : 1, WM = 8 / WN, FM = MG_BM / 16 / WM, FN = BN / 16 / WN;
@@ -857,7 +859,7 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
       for (int r = tid; r < BN; r += MG_THREADS)
         if (s_row[r] >= 0) { /* one 128-byte line per row and half */
           asm volatile("prefetch.global.L2 [%0];" ::"l"(a.bhi + s_row[r] + k0 + MG_BK));
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(a.blo + s_row[r] + k0 + MG_BK));
+          if (SPLIT) asm volatile("prefetch.global.L2 [%0];" ::"l"(a.blo + s_row[r] + k0 + MG_BK));
         }
     moe_unit_bf16(wt, wrow, k0 / 32 + wu, a.K, (uint4 *)(Ws + wr * MG_LDS + wu * 32));
     for (int q = tid; q < BN * (MG_BK / 8); q += MG_THREADS) {
@@ -866,10 +868,10 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
       uint4 vh = make_uint4(0, 0, 0, 0), vl = vh;
       if (ro >= 0) { /* k0 + 64 <= astride: the padded row holds the whole step */
         vh = *(const uint4 *)(a.bhi + ro + k0 + ch * 8);
-        vl = *(const uint4 *)(a.blo + ro + k0 + ch * 8);
+        if (SPLIT) vl = *(const uint4 *)(a.blo + ro + k0 + ch * 8);
       }
       *(uint4 *)(Xh + r * MG_LDS + ch * 8) = vh;
-      *(uint4 *)(Xl + r * MG_LDS + ch * 8) = vl;
+      if (SPLIT) *(uint4 *)(Xl + r * MG_LDS + ch * 8) = vl;
     }
     __syncthreads();
 #pragma unroll
@@ -881,11 +883,11 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
       for (int j = 0; j < FN; j++) {
         wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fh, fl;
         wmma::load_matrix_sync(fh, Xh + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
-        wmma::load_matrix_sync(fl, Xl + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
+        if (SPLIT) wmma::load_matrix_sync(fl, Xl + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
 #pragma unroll
         for (int i = 0; i < FM; i++) {
           wmma::mma_sync(acc[i][j], fa[i], fh, acc[i][j]);
-          wmma::mma_sync(acc[i][j], fa[i], fl, acc[i][j]);
+          if (SPLIT) wmma::mma_sync(acc[i][j], fa[i], fl, acc[i][j]);
         }
       }
     }
@@ -908,7 +910,7 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
       const __nv_bfloat16 hh = __float2bfloat16_rn(h);
       const int64_t o = (int64_t)(s0 + c) * a.Is + i;
       a.hhi[o] = hh;
-      a.hlo[o] = __float2bfloat16_rn(h - __bfloat162float(hh));
+      if (SPLIT) a.hlo[o] = __float2bfloat16_rn(h - __bfloat162float(hh));
     }
   } else {
     for (int q = tid; q < cnt * MG_BM; q += MG_THREADS) {
@@ -931,11 +933,11 @@ static int32_t moe_block_bytes(int t) {
 }
 
 /* Queues both grouped GEMMs for token tiles of BN. */
-template <int BN>
+template <int BN, bool SPLIT>
 static void moe_gemms(cuda_impl *ci, const moe_gemm_args &gu, const moe_gemm_args &dn, int64_t tmax) {
-  cuda_launch(ci, "moe grouped gate/up", k_moe_gemm<BN, 0>, dim3((unsigned)(gu.Is / (MG_BM / 2)), (unsigned)tmax),
-              MG_THREADS, 0, gu);
-  cuda_launch(ci, "moe grouped down", k_moe_gemm<BN, 1>,
+  cuda_launch(ci, "moe grouped gate/up", k_moe_gemm<BN, 0, SPLIT>,
+              dim3((unsigned)(gu.Is / (MG_BM / 2)), (unsigned)tmax), MG_THREADS, 0, gu);
+  cuda_launch(ci, "moe grouped down", k_moe_gemm<BN, 1, SPLIT>,
               dim3((unsigned)((dn.M + MG_BM - 1) / MG_BM), (unsigned)tmax), MG_THREADS, 0, dn);
 }
 
@@ -1003,9 +1005,11 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   dn.bhi = hhi, dn.blo = hlo, dn.hhi = NULL, dn.hlo = NULL, dn.y = y, dn.K = I, dn.M = H, dn.astride = Is;
   dn.rb0 = dtype_row_bytes(down[0].type, I), dn.rb1 = 0, dn.t0 = dn.t1 = down[0].type;
   dn.be0 = dn.be1 = moe_block_elems(dn.t0), dn.bb0 = dn.bb1 = moe_block_bytes(dn.t0);
-  if (bn == 16) moe_gemms<16>(ci, gu, dn, tmax);
-  else if (bn == 32) moe_gemms<32>(ci, gu, dn, tmax);
-  else moe_gemms<64>(ci, gu, dn, tmax);
+  /* one numerics for the layer: split when any of its weights wants it (h is written once) */
+  const bool split = cuda_gemm_split(ci, gu.t0) || cuda_gemm_split(ci, gu.t1) || cuda_gemm_split(ci, dn.t0);
+  if (bn == 16) split ? moe_gemms<16, true>(ci, gu, dn, tmax) : moe_gemms<16, false>(ci, gu, dn, tmax);
+  else if (bn == 32) split ? moe_gemms<32, true>(ci, gu, dn, tmax) : moe_gemms<32, false>(ci, gu, dn, tmax);
+  else split ? moe_gemms<64, true>(ci, gu, dn, tmax) : moe_gemms<64, false>(ci, gu, dn, tmax);
   cuda_launch(ci, "moe combine", k_moe_combine, cuda_blocks(n * H, 256), 256, 0, out, (const float *)y,
               (const int32_t *)inv, wts, n, (int64_t)H, k);
   return true;
