@@ -786,8 +786,8 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
                                                      : CUDA_GEMM_BF16;
     const char *mv = getenv("ANNA_CUDA_MOE"); /* decode_f32: CUDA_MOE_DECODE_F32 */
     if (mv && !strcmp(mv, "decode_f32")) ci->moe_variant = CUDA_MOE_DECODE_F32;
-    const char *gv = getenv("ANNA_CUDA_GDN"); /* head: CUDA_GDN_HEAD */
-    if (gv && !strcmp(gv, "head")) ci->gdn_variant = CUDA_GDN_HEAD;
+    const char *gv = getenv("ANNA_CUDA_GDN"); /* cluster: CUDA_GDN_CLUSTER (default CUDA_GDN_HEAD) */
+    ci->gdn_variant = gv && !strcmp(gv, "cluster") ? CUDA_GDN_CLUSTER : CUDA_GDN_HEAD;
     const char *sv = getenv("ANNA_CUDA_GDN_SCAN"); /* 16 | 32: cuda_backend_set_gdn_scan_cols */
     if (sv) cuda_backend_set_gdn_scan_cols(be, atoi(sv));
   }

@@ -13,22 +13,42 @@
 
 #define CONV_MAXKW 8
 
-static __global__ void k_conv1d_silu(float *y, const float *x, int64_t n, int ch, const float *w, int kw, float *state) {
+/* The causal depthwise conv + SiLU, one thread per output (token t, channel c): its window is
+ * the kw - 1 inputs before t (from the carried state where they precede this call) and x_t.
+ * Every output is independent, so prefill runs n * ch threads (a thread per channel walking
+ * the tokens in order took ~1 ms per 2048-token call at the 9B shape, 64 blocks on 132 SMs,
+ * one dependent load per token). The state is read here and replaced by k_conv_state after
+ * (a separate launch: threads of this one still read the old state). Same products in the
+ * same order as the CPU's sequential loop. */
+static __global__ void k_conv1d_silu(float *y, const float *x, int64_t n, int ch, const float *w, int kw,
+                                     const float *state) {
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= ch) return;
   const int ns = kw - 1;
-  float win[CONV_MAXKW], wc[CONV_MAXKW];
-  for (int j = 0; j < kw; j++) wc[j] = w[(int64_t)c * kw + j];
-  for (int j = 0; j < ns; j++) win[j] = state[(int64_t)c * ns + j];
-  for (int64_t t = 0; t < n; t++) {
-    const float xt = x[t * ch + c];
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n * ch; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t t = i / ch;
+    const int c = (int)(i - t * ch);
     float s = 0.0f;
-    for (int j = 0; j < ns; j++) s += wc[j] * win[j];
-    s += wc[ns] * xt;
-    y[t * ch + c] = s / (1.0f + expf(-s));
-    for (int j = 0; j + 1 < ns; j++) win[j] = win[j + 1];
-    if (ns > 0) win[ns - 1] = xt;
+    for (int j = 0; j < ns; j++) {
+      const int64_t u = t - ns + j; /* input position; < 0: state slot ns + u */
+      const float v = u >= 0 ? x[u * ch + c] : state[(int64_t)c * ns + ns + u];
+      s += w[(int64_t)c * kw + j] * v;
+    }
+    s += w[(int64_t)c * kw + ns] * x[i];
+    y[i] = s / (1.0f + expf(-s));
+  }
+}
+
+/* state <- the last kw - 1 inputs of (state, x), one thread per channel (it reads its old
+ * slots before writing any: with n < kw - 1 some stay, shifted). */
+static __global__ void k_conv_state(float *state, const float *x, int64_t n, int ch, int kw) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl, after k_conv1d_silu read the old state */
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  const int ns = kw - 1;
+  if (c >= ch || ns <= 0) return;
+  float win[CONV_MAXKW];
+  for (int j = 0; j < ns; j++) {
+    const int64_t u = n - ns + j;
+    win[j] = u >= 0 ? x[u * ch + c] : state[(int64_t)c * ns + ns + u];
   }
   for (int j = 0; j < ns; j++) state[(int64_t)c * ns + j] = win[j];
 }
@@ -43,7 +63,10 @@ void cuda_op_conv1d_silu(ops_backend *be, float *y, const float *x, int64_t n, i
   }
   const float *wd = (const float *)cuda_mirror(be, w, (size_t)ch * kw * sizeof(float));
   if (!wd) return;
-  cuda_launch_pdl(ci, "conv1d_silu", k_conv1d_silu, cuda_blocks(ch, 128), 128, 0, y, x, n, ch, wd, kw, state);
+  const int64_t blocks = (n * ch + 255) / 256;
+  cuda_launch_pdl(ci, "conv1d_silu", k_conv1d_silu, (unsigned)(blocks > 65536 ? 65536 : blocks), 256, 0, y, x, n, ch,
+                  wd, kw, (const float *)state);
+  if (kw > 1) cuda_launch_pdl(ci, "conv state", k_conv_state, cuda_blocks(ch, 128), 128, 0, state, x, n, ch, kw);
 }
 
 static __global__ void k_gdn_gates(float *beta, float *g, const float *b, int64_t bs, const float *a, int64_t as,

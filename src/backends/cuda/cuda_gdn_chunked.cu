@@ -420,10 +420,10 @@ bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
                   "gdn prep smem"))
     return true;
   /* Phase 2 reads each chunk's W, Q, K and P once per block: 32 state columns per block halve
-   * that traffic but halve the blocks, so 32 only while they still fill the SMs (dk <= 128:
+   * that traffic but halve the blocks, so 32 only while they still cover most SMs (dk <= 128:
    * 512 threads hold DK / 16 state rows each in registers). */
-  const int64_t wide_blocks = (int64_t)hv * ((dv + 31) / 32);
-  const bool wide = dk <= 128 && (ci->gdn_scan_cols == 32 || (ci->gdn_scan_cols == 0 && wide_blocks >= ci->n_sm && 0));
+  const int64_t wide_blocks = (int64_t)hv * ((dv + 31) / 32), sms = ci->n_sm > 0 ? ci->n_sm : 132;
+  const bool wide = dk <= 128 && (ci->gdn_scan_cols == 32 || (ci->gdn_scan_cols == 0 && 4 * wide_blocks >= 3 * sms));
   const int64_t nc = (a->n + GDN_C - 1) / GDN_C;
   for (int64_t c0 = 0; c0 < nc && !ci->err; c0 += seg_max) {
     const int nch = (int)(nc - c0 < seg_max ? nc - c0 : seg_max);
