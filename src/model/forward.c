@@ -1171,8 +1171,15 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
     const int64_t S = w->sh_gate.rows;
     float *ys[4] = {logits, g, u, sg};
     const ops_weight *ws[4] = {&w->router, &w->sh_gate, &w->sh_up, &w->sh_gate_inp};
-    project(r, 4, ys, xn, ws, NULL);
-    moe_routed(r, li, logits, xn, res);
+    if (be->matmul_group_route && w->router.rows == c->n_experts) { /* the route folded into the group */
+      be->matmul_group_route(be, 4, ys, xn, n, ws, NULL, 0, s->moe_idx, s->moe_w, c->top_k, c->norm_topk,
+                             w->per_expert_scale);
+      be->moe_ffn(be, res, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up,
+                  w->exp_down, c->act, s->moe_scratch);
+    } else {
+      project(r, 4, ys, xn, ws, NULL);
+      moe_routed(r, li, logits, xn, res);
+    }
     act_down_gated_add(r, res, sh, g, u, S, sg, &w->sh_down);
   } else if (lc->is_moe) {
     moe(r, li, xn, xn, res);

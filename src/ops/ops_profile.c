@@ -45,6 +45,12 @@ static void p_matmul_group(ops_backend *be, int count, float *const *ys, const f
                            const ops_weight *const *ws, const float *const *biases) {
   TIMED(OPS_FAMILY_MATMUL, P(be)->inner.matmul_group(be, count, ys, x, n, ws, biases));
 }
+static void p_matmul_group_route(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                                 const ops_weight *const *ws, const float *const *biases, int route, int32_t *idx,
+                                 float *wts, int k, int renorm, const float *per_expert) {
+  TIMED(OPS_FAMILY_MATMUL,
+        P(be)->inner.matmul_group_route(be, count, ys, x, n, ws, biases, route, idx, wts, k, renorm, per_expert));
+}
 static void p_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
   TIMED(OPS_FAMILY_ATTENTION, P(be)->inner.attention(be, out, q, a));
 }
@@ -144,6 +150,7 @@ ops_backend *ops_profile_wrap(ops_backend *inner, int64_t lm_rows) {
   if (inner->field) p->be.field = fn
   WRAP(matmul, p_matmul);
   WRAP(matmul_group, p_matmul_group);
+  WRAP(matmul_group_route, p_matmul_group_route);
   WRAP(act_matmul, p_act_matmul);
   WRAP(act_matmul_gated_add, p_act_matmul_gated_add);
   WRAP(attention, p_attention);

@@ -2230,6 +2230,107 @@ static void test_norm_fused(void) {
  *   test_matvec_int8; n = 9 runs the tensor-core GEMM, 1e-2 in test_matmul).
  * Outputs start as NaN, so a row nobody writes fails. Then one group replayed in a recorded
  * step (graphs on) must give the eager bits. */
+/* matmul_group_route (the MoE layer's router, shared-expert gate/up and gate logit, then the
+ * route): bit-identical to matmul_group then moe_route, for 1-9 tokens (4 and 8 fold the route
+ * into the plain group's last block; 3 and 9 fall back), eagerly three times in a row (the
+ * election counter resets), inside recorded steps (graphs: the second step replays), after a
+ * deferred add_rmsnorm (one token: the int8 launch takes the norm), and with the router in
+ * bf16 (still plain) and Q8_0 (int8 path: routed by its own kernel). */
+static void test_matmul_group_route(void) {
+  printf("matmul_group_route\n");
+  const int64_t H = 512, I = 96;
+  const int rtypes[] = {ANNA_DTYPE_F32, ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0};
+  const int Es[] = {256, 64, 128};
+  const int ns[] = {1, 2, 3, 4, 8, 9};
+  for (int rt = 0; rt < 3; rt++) {
+    cuda_backend_drop_mirrors(g_gpu);
+    const int E = Es[rt], k = rt == 1 ? 4 : 8;
+    const int types[4] = {rtypes[rt], ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_F32};
+    const int64_t rows[4] = {E, I, I, 1};
+    void *wd[4];
+    ops_weight ow[4];
+    const ops_weight *ws[4];
+    int64_t ytot = 0;
+    for (int i = 0; i < 4; i++) {
+      float *wf;
+      wd[i] = make_weight(types[i], rows[i], H, &wf);
+      free(wf);
+      ow[i] = (ops_weight){types[i], wd[i], rows[i], H};
+      ws[i] = &ow[i];
+      ytot += rows[i];
+    }
+    for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+      const int64_t n = ns[ni];
+      float *x = hrand(n * H, 1.0f), *r0 = hrand(H, 1.0f), *nw = hrand(H, 1.0f);
+      float *dx = dput(x, sizeof(float) * (size_t)(n * H));
+      for (int mode = 0; mode < 4; mode++) { /* eager, eager again (x3), recorded step (x2), deferred norm */
+        if (mode == 3 && n != 1) continue;
+        float *dy[2], *dyi[2][4];
+        int32_t *didx[2];
+        float *dw[2], *dxn[2] = {NULL, NULL}, *dres[2] = {NULL, NULL};
+        for (int v = 0; v < 2; v++) { /* v 0: fused op, 1: group then route */
+          dy[v] = dnan(n * ytot);
+          int64_t off = 0;
+          for (int i = 0; i < 4; i++) dyi[v][i] = dy[v] + off, off += n * rows[i];
+          didx[v] = g_gpu->alloc(g_gpu, sizeof(int32_t) * (size_t)(n * k));
+          dw[v] = dnan(n * k);
+          const float *xin = dx;
+          if (mode == 3) { /* x += r, xn = rmsnorm(x) * w, deferred into the group's int8 launch */
+            dres[v] = dput(x, sizeof(float) * (size_t)H);
+            float *dr = dput(r0, sizeof(float) * (size_t)H);
+            dxn[v] = dnan(H);
+            g_gpu->add_rmsnorm(g_gpu, dres[v], dr, dxn[v], nw, 1, (int)H, 1e-6f, 0);
+            xin = dxn[v];
+            dfree(dr);
+          }
+          const int reps = mode == 1 ? 3 : mode == 2 ? 2 : 1;
+          for (int rep = 0; rep < reps; rep++) {
+            if (mode == 2) cuda_backend_set_graphs(g_gpu, 1), cuda_backend_step_begin(g_gpu, n);
+            if (v == 0) {
+              g_gpu->matmul_group_route(g_gpu, 4, dyi[v], xin, n, ws, NULL, 0, didx[v], dw[v], k, 1, NULL);
+            } else {
+              g_gpu->matmul_group(g_gpu, 4, dyi[v], xin, n, ws, NULL);
+              g_gpu->moe_route(g_gpu, didx[v], dw[v], dyi[v][0], n, E, k, 1, NULL);
+            }
+            if (mode == 2) cuda_backend_step_end(g_gpu), cuda_backend_set_graphs(g_gpu, 0);
+          }
+        }
+        char what[128];
+        snprintf(what, sizeof what, "group_route n=%lld E=%d k=%d router %s %s", (long long)n, E, k,
+                 dtype_name(rtypes[rt]), mode == 0 ? "eager" : mode == 1 ? "eager x3" : mode == 2 ? "graph x2" : "norm");
+        float *g0 = dget(dy[0], n * ytot), *g1 = dget(dy[1], n * ytot);
+        float *w0 = dget(dw[0], n * k), *w1 = dget(dw[1], n * k);
+        int32_t *i0 = malloc(sizeof(int32_t) * (size_t)(n * k)), *i1 = malloc(sizeof(int32_t) * (size_t)(n * k));
+        g_gpu->download(g_gpu, i0, didx[0], sizeof(int32_t) * (size_t)(n * k));
+        g_gpu->download(g_gpu, i1, didx[1], sizeof(int32_t) * (size_t)(n * k));
+        gpu_status(what);
+        g_checks++;
+        int bad = memcmp(g0, g1, sizeof(float) * (size_t)(n * ytot)) != 0;
+        bad |= memcmp(w0, w1, sizeof(float) * (size_t)(n * k)) != 0;
+        bad |= memcmp(i0, i1, sizeof(int32_t) * (size_t)(n * k)) != 0;
+        for (int64_t q = 0; q < n * k; q++) bad |= i0[q] < 0 || i0[q] >= E || isnan(w0[q]);
+        if (mode == 3) {
+          float *a0 = dget(dres[0], H), *a1 = dget(dres[1], H), *n0 = dget(dxn[0], H), *n1 = dget(dxn[1], H);
+          bad |= memcmp(a0, a1, sizeof(float) * (size_t)H) != 0 || memcmp(n0, n1, sizeof(float) * (size_t)H) != 0;
+          free(a0), free(a1), free(n0), free(n1);
+        }
+        if (bad) {
+          printf("  FAIL %s: differs from matmul_group + moe_route\n", what);
+          g_fail++;
+        }
+        free(g0), free(g1), free(w0), free(w1), free(i0), free(i1);
+        for (int v = 0; v < 2; v++) {
+          dfree(dy[v]), dfree(dw[v]), g_gpu->free(g_gpu, didx[v]);
+          if (dxn[v]) dfree(dxn[v]), dfree(dres[v]);
+        }
+      }
+      dfree(dx), free(x), free(r0), free(nw);
+    }
+    for (int i = 0; i < 4; i++) free(wd[i]);
+  }
+  cuda_backend_drop_mirrors(g_gpu);
+}
+
 static void test_matmul_group(void) {
   printf("matmul_group\n");
   typedef struct {
@@ -2679,6 +2780,7 @@ int main(int argc, char **argv) {
   test_matmul();
   test_matvec_int8();
   test_matmul_group();
+  test_matmul_group_route();
   test_norm_fused();
   test_act_matmul();
   test_act_matmul_gated_add();

@@ -701,6 +701,7 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->gdn_scr) cudaFree(ci->gdn_scr);
     if (ci->topk_scr) cudaFree(ci->topk_scr);
     if (ci->pnorm_count) cudaFree(ci->pnorm_count);
+    if (ci->route_count) cudaFree(ci->route_count);
     if (ci->ring_d) cudaFree(ci->ring_d);
     if (ci->ring_h) cudaFreeHost(ci->ring_h);
     if (ci->blas) cublasDestroy(ci->blas);
@@ -742,6 +743,8 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
       (what = "topk scratch", e = cudaMalloc(&ci->topk_scr, TOPK_SCR_BYTES)) != cudaSuccess ||
       (what = "norm counter", e = cudaMalloc((void **)&ci->pnorm_count, sizeof(int))) != cudaSuccess ||
       (what = "norm counter", e = cudaMemset(ci->pnorm_count, 0, sizeof(int))) != cudaSuccess ||
+      (what = "route counter", e = cudaMalloc((void **)&ci->route_count, sizeof(int))) != cudaSuccess ||
+      (what = "route counter", e = cudaMemset(ci->route_count, 0, sizeof(int))) != cudaSuccess ||
       (what = "pinned ring", e = cudaHostAlloc((void **)&ci->ring_h, ci->ring_cap, cudaHostAllocDefault)) !=
           cudaSuccess) {
     int code = e == cudaErrorMemoryAllocation ? ANNA_ENOMEM : ANNA_EIO;
@@ -816,6 +819,9 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->copy = cu_copy;
   be->matmul = cuda_op_matmul;
   be->matmul_group = cuda_op_matmul_group;
+  /* ANNA_CUDA_ROUTE_FOLD=0: the model routes with its own launch (A/B runs) */
+  const char *rf = getenv("ANNA_CUDA_ROUTE_FOLD");
+  be->matmul_group_route = rf && rf[0] == '0' ? NULL : cuda_op_matmul_group_route;
   be->act_matmul = cuda_op_act_matmul;
   be->act_matmul_gated_add = cuda_op_act_matmul_gated_add;
   be->embed = cuda_op_embed;

@@ -124,6 +124,7 @@ typedef struct cuda_impl {
   size_t topk_scr_bytes;
   cuda_pnorm pnorm;         /* a deferred one-row add_rmsnorm (cuda_pnorm); x NULL: none */
   int *pnorm_count;         /* device counter of the fused prologue's last-block election */
+  int *route_count;         /* device counter of a routed group launch's last-block election */
 } cuda_impl;
 
 #define CUDA_GRAPH_MAX_TOK 8
@@ -266,6 +267,9 @@ void cuda_op_act_matmul_gated_add(ops_backend *be, float *y, float *tmp, float *
                                   const ops_weight *w);
 void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                           const ops_weight *const *ws, const float *const *biases);
+void cuda_op_matmul_group_route(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                                const ops_weight *const *ws, const float *const *biases, int route, int32_t *idx,
+                                float *wts, int k, int renorm, const float *per_expert);
 void cuda_op_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
                    float scale);
 void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d, float eps,

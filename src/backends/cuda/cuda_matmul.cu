@@ -15,6 +15,7 @@
 #include "backends/cuda/cuda_math.cuh"
 #include "backends/cuda/cuda_q8act.cuh"
 #include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/cuda_route.cuh"
 
 #include "base/error.h"
 #include "model/config.h"
@@ -164,11 +165,39 @@ static __global__ void k_matvec_plain(float *y, const float *x, const void *W, i
   mv_plain<TYPE, NT, false>(y, x, W, rows, cols, vec, nullptr, 0);
 }
 
-template <int TYPE, int NT>
-static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, const float *x, int64_t cols, int vec) {
+/* A MoE route folded into a plain group launch (cuda_op_matmul_group_route): once every block
+ * has written its rows, the last one to finish (an atomic count, reset by that block) routes
+ * the ntok tokens' logits [ntok, E] (one warp each, cuda_route_token: E <= 256). Every field
+ * 8 bytes (no padding: launch arguments are compared as bytes). */
+typedef struct mv_route {
+  const float *logits;
+  int32_t *idx;
+  float *wts;
+  const float *per_expert; /* device, or NULL */
+  int *count;
+  int64_t E, k, renorm, ntok;
+} mv_route;
+
+template <int TYPE, int NT, bool ROUTE>
+static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, const float *x, int64_t cols, int vec,
+                                        const __grid_constant__ mv_route rt) {
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const mv_sel s = mv_pick(t);
   mv_plain<TYPE, NT, true>(s.y, x, s.W, s.rows, cols, vec, s.bias, s.bid);
+  if (ROUTE) {
+    __shared__ int last;
+    __threadfence(); /* this thread's rows, visible to the block that routes */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(rt.count, 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int warp = threadIdx.x >> 5;
+    if (warp < rt.ntok)
+      cuda_route_token<8>(rt.idx + warp * rt.k, rt.wts + warp * rt.k, rt.logits + warp * rt.E, (int)rt.E, (int)rt.k,
+                          (int)rt.renorm, rt.per_expert, threadIdx.x & 31);
+    if (threadIdx.x == 0) *rt.count = 0; /* the next routed launch comes after this grid ends */
+  }
 }
 
 /* TYPE is a template argument so the block decoder inlines with constant indices and the
@@ -1064,15 +1093,20 @@ static unsigned group_rows(mv_table *t, int m) {
 #define GPIECE(T)                                                                                                     \
   case T: group_piece<T, NT>(ci, t, m, x, cols); return;
 #define GPLAIN(T)                                                                                                     \
-  case T: cuda_launch_pdl(ci, "matvec plain group", k_matvec_plain_g<T, NT>, g, 32 * MV_WARPS, 0, *t, x, cols, vec); return;
+  case T:                                                                                                             \
+    if (rt) cuda_launch_pdl(ci, "matvec plain group + route", k_matvec_plain_g<T, NT, true>, g, 32 * MV_WARPS, 0, *t, \
+                            x, cols, vec, *rt);                                                                       \
+    else cuda_launch_pdl(ci, "matvec plain group", k_matvec_plain_g<T, NT, false>, g, 32 * MV_WARPS, 0, *t, x, cols,   \
+                         vec, mv_route{});                                                                            \
+    return;
 #define GQUANT(T)                                                                                                     \
   case T: cuda_launch_pdl(ci, "matvec quant group", k_matvec_quant_g<T, NT>, g, 32 * MV_WARPS, 0, *t, x, cols, xal); return;
 
 /* One grouped launch of the m entries of t, all of this type and path (vec: the plain
- * kernel's flag, the same for all). */
+ * kernel's flag, the same for all); rt: a route for the plain path to fold in. */
 template <int NT>
 static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_table *t, int m, const float *x,
-                         int64_t cols, const mv_norm *nrm = NULL) {
+                         int64_t cols, const mv_norm *nrm = NULL, const mv_route *rt = NULL) {
   if (path == MV_PATH_Q8) {
     switch (type) {
       GQ8(ANNA_DTYPE_Q4_0) GQ8(ANNA_DTYPE_IQ4_NL) GQ8(ANNA_DTYPE_Q8_0) GQ8(ANNA_DTYPE_Q4_K) GQ8(ANNA_DTYPE_Q5_K)
@@ -1113,11 +1147,14 @@ static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_tabl
  * kernel (path, type and, for plain weights, the vector flag) run as one grouped launch. A
  * weight alone without a bias, or on the 4-row bench variant (no grouped instance), keeps
  * its single launch and, with a bias, the bias kernel for these NT tokens. skip: weights
- * the caller runs elsewhere. */
+ * the caller runs elsewhere. rt (route_i its entry): a route to fold into the plain grouped
+ * launch that holds entry route_i; returns whether one did (else the caller routes). */
 template <int NT>
-static void group_tokens(cuda_impl *ci, int count, const int *skip, float *const *y, const float *x,
+static bool group_tokens(cuda_impl *ci, int count, const int *skip, float *const *y, const float *x,
                          const uint8_t *const *W, const int64_t *rb, const ops_weight *const *ws,
-                         const float *const *bd, int q8, size_t smem_max, const cuda_pnorm *pn = NULL) {
+                         const float *const *bd, int q8, size_t smem_max, const cuda_pnorm *pn = NULL,
+                         const mv_route *rt = NULL, int route_i = -1) {
+  bool routed = false;
   const int64_t cols = ws[0]->cols;
   int key[OPS_GROUP_MAX], done[OPS_GROUP_MAX];
   for (int i = 0; i < count; i++) {
@@ -1146,10 +1183,12 @@ static void group_tokens(cuda_impl *ci, int count, const int *skip, float *const
     mv_table t;
     memset(&t, 0, sizeof t); /* unused entries too: launch arguments are compared as bytes */
     int m = 0;
+    bool has_route = false;
     for (int j = i; j < count; j++)
       if (!done[j] && key[j] == key[i]) {
         t.e[m++] = mv_ent{W[j], y[j], bd[j], ws[j]->rows, rb[j], 0};
         done[j] = 1;
+        has_route |= j == route_i;
       }
     const bool fuse = i == first;
     const float *xi = fuse ? pn->x : x;
@@ -1160,8 +1199,12 @@ static void group_tokens(cuda_impl *ci, int count, const int *skip, float *const
                              ws[i]->rows);
       continue;
     }
-    group_launch<NT>(ci, (mv_path)(key[i] & 15), ws[i]->type, key[i] >> 12 & 1, &t, m, xi, cols, fuse ? &nrm : NULL);
+    const bool fold = rt && has_route && (key[i] & 15) == MV_PATH_PLAIN;
+    group_launch<NT>(ci, (mv_path)(key[i] & 15), ws[i]->type, key[i] >> 12 & 1, &t, m, xi, cols, fuse ? &nrm : NULL,
+                     fold ? rt : NULL);
+    routed |= fold;
   }
+  return routed;
 }
 
 void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias) {
@@ -1364,6 +1407,58 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
   if (!cuda_check_launch(ci, "matvec group")) return;
   for (int i = 0; i < count; i++)
     if (skip[i]) cuda_op_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
+}
+
+void cuda_op_matmul_group_route(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
+                                const ops_weight *const *ws, const float *const *biases, int route, int32_t *idx,
+                                float *wts, int k, int renorm, const float *per_expert) {
+  cuda_impl *ci = (cuda_impl *)be->impl; /* no cuda_impl_of yet: a deferred norm of x is the group's */
+  const bool ok = route >= 0 && route < count && count <= OPS_GROUP_MAX && ws[route]->rows <= 256 && k >= 1 &&
+                  k <= 32 && k <= ws[route]->rows && ci->route_count;
+  /* one token chunk (the route runs once, after every row of it), 16-byte aligned rows */
+  const bool one = n == 1 || n == 2 || n == 4 || n == 8;
+  if (!ok || !one || ws[0]->cols % 8 != 0) {
+    cuda_op_matmul_group(be, count, ys, x, n, ws, biases);
+    if (route >= 0 && route < count)
+      cuda_op_moe_route(be, idx, wts, ys[route], n, (int)ws[route]->rows, k, renorm, per_expert);
+    return;
+  }
+  const cuda_pnorm pn = cuda_norm_take(be, x, n);
+  ci = cuda_impl_of(be);
+  if (ci->err) return;
+  const int64_t cols = ws[0]->cols, E = ws[route]->rows;
+  const uint8_t *W[OPS_GROUP_MAX];
+  const float *bd[OPS_GROUP_MAX];
+  int64_t rb[OPS_GROUP_MAX];
+  int skip[OPS_GROUP_MAX];
+  for (int i = 0; i < count; i++) {
+    if (ws[i]->cols != cols) {
+      cuda_fail(ci, ANNA_EINVAL, "cuda: matmul group of %lld- and %lld-column weights", (long long)cols,
+                (long long)ws[i]->cols);
+      return;
+    }
+    W[i] = weight_dev(be, ws[i], &rb[i]);
+    if (!W[i]) return;
+    const float *b = biases ? biases[i] : NULL;
+    bd[i] = b ? (const float *)cuda_mirror(be, b, (size_t)ws[i]->rows * sizeof(float)) : NULL;
+    if (b && !bd[i]) return;
+    skip[i] = ws[i]->type == ANNA_DTYPE_Q4_K && ((uintptr_t)W[i] & 15) != 0;
+  }
+  const float *pe = per_expert ? (const float *)cuda_mirror(be, per_expert, (size_t)E * sizeof(float)) : NULL;
+  if (per_expert && !pe) return;
+  const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
+  const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
+  const mv_route rt = {ys[route], idx, wts, pe, ci->route_count, E, k, renorm, n};
+  const int ri = skip[route] ? -1 : route;
+  bool routed;
+  if (n == 8) routed = group_tokens<8>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri);
+  else if (n == 4) routed = group_tokens<4>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri);
+  else if (n == 2) routed = group_tokens<2>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri);
+  else routed = group_tokens<1>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, pn.x ? &pn : NULL, &rt, ri);
+  if (!cuda_check_launch(ci, "matvec group")) return;
+  for (int i = 0; i < count; i++)
+    if (skip[i]) cuda_op_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
+  if (!routed) cuda_op_moe_route(be, idx, wts, ys[route], n, (int)E, k, renorm, per_expert);
 }
 
 static __global__ void k_embed(float *out, const uint8_t *T, int64_t rows, int64_t cols, int64_t row_bytes, int type,

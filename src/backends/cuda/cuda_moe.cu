@@ -43,6 +43,7 @@
 #include "backends/cuda/cuda_math.cuh"
 #include "backends/cuda/cuda_q8act.cuh"
 #include "backends/cuda/cuda_quant.cuh"
+#include "backends/cuda/cuda_route.cuh"
 
 #include "base/error.h"
 #include "model/config.h"
@@ -53,22 +54,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Orderable bits of a float: unsigned comparison of the keys is float comparison. */
-static __device__ __forceinline__ uint32_t route_key(float v) {
-  const uint32_t u = __float_as_uint(v);
-  return u & 0x80000000u ? ~u : u | 0x80000000u;
-}
-static __device__ __forceinline__ float route_val(uint32_t k) {
-  return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
-}
-
-/* One warp per token. Lane l holds experts l, l + 32, ... in registers (NE of them: E <= 32 *
- * NE); `taken` marks the ones already chosen. Each of the k rounds is a warp maximum of the
- * lanes' best remaining logits and a warp minimum of the ids that reach it (ties to the lower
- * expert id, as the CPU's first-maximum scan): two redux instructions, where a shuffle tree
- * of (value, id) pairs per round, over logits re-read from memory, made this kernel 8.6 us
- * for top-8 of 256, longer than the expert products it feeds. Lane j keeps round j's pick;
- * the k probabilities (the CPU's double softmax sums) are then computed side by side. */
+/* One warp per token: cuda_route_token (cuda_route.cuh). */
 template <int NE>
 static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k, int renorm,
                                    const float *per_expert) {
@@ -76,43 +62,7 @@ static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits
   const int lane = threadIdx.x & 31;
   const int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= n) return;
-  const float *l = logits + t * E;
-  float v[NE];
-  float mx = -INFINITY;
-#pragma unroll
-  for (int q = 0; q < NE; q++) {
-    const int e = lane + 32 * q;
-    v[q] = e < E ? l[e] : -INFINITY;
-    mx = fmaxf(mx, v[q]);
-  }
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  double sum = 0;
-#pragma unroll
-  for (int q = 0; q < NE; q++)
-    if (lane + 32 * q < E) sum += exp((double)v[q] - mx);
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  uint32_t taken = 0;
-  float mine = -INFINITY; /* lane j: round j's logit and expert */
-  int mine_e = -1;
-  for (int j = 0; j < k; j++) {
-    uint32_t bk = 0, bid = 0xffffffffu;
-#pragma unroll
-    for (int q = 0; q < NE; q++) /* ascending ids: a strict > keeps the lowest of equals */
-      if (lane + 32 * q < E && !(taken >> q & 1u) && (bid == 0xffffffffu || route_key(v[q]) > bk))
-        bk = route_key(v[q]), bid = (uint32_t)(lane + 32 * q);
-    const uint32_t gk = __reduce_max_sync(0xffffffffu, bid == 0xffffffffu ? 0u : bk);
-    const uint32_t ge = __reduce_min_sync(0xffffffffu, bid != 0xffffffffu && bk == gk ? bid : 0xffffffffu);
-    if ((int)(ge & 31) == lane) taken |= 1u << (ge >> 5);
-    if (lane == j) mine = route_val(gk), mine_e = (int)ge;
-  }
-  const float w = lane < k ? (float)(exp((double)mine - mx) / sum) : 0.0f;
-  float wsum = w;
-  for (int o = 16; o > 0; o >>= 1) wsum += __shfl_xor_sync(0xffffffffu, wsum, o);
-  if (lane < k) {
-    float o = renorm ? w / wsum : w;
-    if (per_expert) o *= per_expert[mine_e];
-    idx[t * k + lane] = mine_e, wts[t * k + lane] = o;
-  }
+  cuda_route_token<NE>(idx + t * k, wts + t * k, logits + t * E, E, k, renorm, per_expert, lane);
 }
 
 void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts, int k,
