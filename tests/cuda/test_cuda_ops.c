@@ -456,8 +456,9 @@ static void test_embed(void) {
 
 static void test_norms(void) {
   printf("norms\n");
-  /* 4-aligned widths up to 16384 take the register-resident kernel; 7, 33, 20002 the strided one */
-  const int ds[] = {1, 7, 33, 128, 1000, 4096, 5120, 16384, 20002};
+  /* 4-aligned widths up to 16384 take the register-resident kernel; 7, 33, 20002 the strided one;
+   * l2norm and rmsnorm_gated take a warp per row for 4-aligned widths up to 512 (64, 128, 260) */
+  const int ds[] = {1, 7, 33, 64, 128, 260, 1000, 4096, 5120, 16384, 20002};
   for (size_t i = 0; i < sizeof ds / sizeof ds[0]; i++) {
     cuda_backend_drop_mirrors(g_gpu);
     const int d = ds[i];

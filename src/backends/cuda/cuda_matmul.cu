@@ -82,11 +82,18 @@ static __device__ __forceinline__ mv_sel mv_pick(const mv_table &t) {
 #define MV_OUT(G, v, bias, r) ((G) && (bias) ? (v) + (bias)[r] : (v))
 
 /* One warp per row: rows bid * MV_WARPS .. of the block. */
-template <int TYPE, int NT, bool G>
+/* Warps (rows) per block of the grouped plain kernel: f32 weights (the MoE router: 257 x 2048
+ * rows in the 35B-A3B shape) are spread over 4x the blocks, so more SMs stream their 8 KB
+ * rows at once (with 8 rows per block, 33 SMs did all the work). */
+template <int TYPE> __host__ __device__ static constexpr int mv_plain_warps() {
+  return TYPE == ANNA_DTYPE_F32 ? 2 : MV_WARPS;
+}
+
+template <int TYPE, int NT, bool G, int PW = MV_WARPS>
 static __device__ __forceinline__ void mv_plain(float *y, const float *x, const void *W, int64_t rows, int64_t cols,
                                                 int vec, const float *bias, int64_t bid) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = MV_BID(G, bid) * MV_WARPS + (threadIdx.x >> 5);
+  const int64_t r = MV_BID(G, bid) * PW + (threadIdx.x >> 5);
   if (r >= rows) return;
   const int esz = TYPE == ANNA_DTYPE_F32 ? 4 : 2;
   const char *row = (const char *)W + r * cols * esz;
@@ -98,8 +105,8 @@ static __device__ __forceinline__ void mv_plain(float *y, const float *x, const 
     /* 8 elements per lane step: one 16-byte load of a 16-bit row, two of an f32 row. U
      * steps' loads are issued before any is used (a warp per row has few loads in flight);
      * the steps are added in the same order either way. The MoE router (256 x 2048 f32, 33
-     * blocks): 5.0 -> 4.8 us (ncu), so its time is mostly not these loads. */
-    constexpr int U = 4;
+     * blocks): 5.0 -> 4.8 us (ncu) with U 4; f32 takes 8 (a 2048-wide row in one round). */
+    constexpr int U = TYPE == ANNA_DTYPE_F32 ? 8 : 4;
     auto load = [&](int64_t i, uint4 *q) {
       if (TYPE == ANNA_DTYPE_F32) q[0] = *(const uint4 *)(row + i * 4), q[1] = *(const uint4 *)(row + i * 4 + 16);
       else q[0] = *(const uint4 *)(row + i * 2);
@@ -182,8 +189,9 @@ template <int TYPE, int NT, bool ROUTE>
 static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, const float *x, int64_t cols, int vec,
                                         const __grid_constant__ mv_route rt) {
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  constexpr int PW = mv_plain_warps<TYPE>();
   const mv_sel s = mv_pick(t);
-  mv_plain<TYPE, NT, true>(s.y, x, s.W, s.rows, cols, vec, s.bias, s.bid);
+  mv_plain<TYPE, NT, true, PW>(s.y, x, s.W, s.rows, cols, vec, s.bias, s.bid);
   if (ROUTE) {
     __shared__ int last;
     __threadfence(); /* this thread's rows, visible to the block that routes */
@@ -192,9 +200,8 @@ static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, cons
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int warp = threadIdx.x >> 5;
-    if (warp < rt.ntok)
-      cuda_route_token<8>(rt.idx + warp * rt.k, rt.wts + warp * rt.k, rt.logits + warp * rt.E, (int)rt.E, (int)rt.k,
+    for (int tk = threadIdx.x >> 5; tk < rt.ntok; tk += PW)
+      cuda_route_token<8>(rt.idx + tk * rt.k, rt.wts + tk * rt.k, rt.logits + tk * rt.E, (int)rt.E, (int)rt.k,
                           (int)rt.renorm, rt.per_expert, threadIdx.x & 31);
     if (threadIdx.x == 0) *rt.count = 0; /* the next routed launch comes after this grid ends */
   }
@@ -1082,9 +1089,9 @@ static void group_piece(cuda_impl *ci, mv_table *t, int m, const float *x, int64
 }
 
 /* Plain and unit kernels: one warp per row, every block resident or not (not persistent). */
-static unsigned group_rows(mv_table *t, int m) {
+static unsigned group_rows(mv_table *t, int m, int pw = MV_WARPS) {
   int64_t blocks[OPS_GROUP_MAX];
-  for (int i = 0; i < m; i++) blocks[i] = (t->e[i].rows + MV_WARPS - 1) / MV_WARPS;
+  for (int i = 0; i < m; i++) blocks[i] = (t->e[i].rows + pw - 1) / pw;
   return mv_firsts(t, m, blocks);
 }
 
@@ -1094,10 +1101,11 @@ static unsigned group_rows(mv_table *t, int m) {
   case T: group_piece<T, NT>(ci, t, m, x, cols); return;
 #define GPLAIN(T)                                                                                                     \
   case T:                                                                                                             \
-    if (rt) cuda_launch_pdl(ci, "matvec plain group + route", k_matvec_plain_g<T, NT, true>, g, 32 * MV_WARPS, 0, *t, \
-                            x, cols, vec, *rt);                                                                       \
-    else cuda_launch_pdl(ci, "matvec plain group", k_matvec_plain_g<T, NT, false>, g, 32 * MV_WARPS, 0, *t, x, cols,   \
-                         vec, mv_route{});                                                                            \
+    g = group_rows(t, m, mv_plain_warps<T>());                                                                \
+    if (rt) cuda_launch_pdl(ci, "matvec plain group + route", k_matvec_plain_g<T, NT, true>, g,                      \
+                            32 * mv_plain_warps<T>(), 0, *t, x, cols, vec, *rt);                                      \
+    else cuda_launch_pdl(ci, "matvec plain group", k_matvec_plain_g<T, NT, false>, g, 32 * mv_plain_warps<T>(), 0,    \
+                         *t, x, cols, vec, mv_route{});                                                               \
     return;
 #define GQUANT(T)                                                                                                     \
   case T: cuda_launch_pdl(ci, "matvec quant group", k_matvec_quant_g<T, NT>, g, 32 * MV_WARPS, 0, *t, x, cols, xal); return;
@@ -1120,7 +1128,7 @@ static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_tabl
     default: break;
     }
   } else if (path == MV_PATH_PLAIN) {
-    const unsigned g = group_rows(t, m);
+    unsigned g; /* by the type's warps per block */
     switch (type) {
       GPLAIN(ANNA_DTYPE_F32) GPLAIN(ANNA_DTYPE_F16) GPLAIN(ANNA_DTYPE_BF16)
     default: break;
