@@ -753,6 +753,11 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     return put_err(err, errlen, code, "cuda backend: %s: %s", what, cudaGetErrorString(e));
   }
   ci->deq_floats = DEQ_FLOATS;
+  /* ANNA_CUDA_GEMM_TILE_MB=N: dequantize quantized prefill weights N MiB of bf16 at a time
+   * (default: the whole 64 MiB scratch), for A/B runs of L2-sized tiles */
+  const char *tv = getenv("ANNA_CUDA_GEMM_TILE_MB");
+  ci->gemm_tile_bytes = DEQ_FLOATS * sizeof(float);
+  if (tv && atoi(tv) > 0 && (size_t)atoi(tv) << 20 < ci->gemm_tile_bytes) ci->gemm_tile_bytes = (size_t)atoi(tv) << 20;
   ci->att_part_floats = ATT_PART_FLOATS;
   ci->topk_scr_bytes = TOPK_SCR_BYTES;
   ci->mv_smem = cuda_matmul_setup();

@@ -82,6 +82,7 @@ typedef struct cuda_impl {
   size_t map_cap, map_n;
   float *deq;       /* weight tiles dequantized to f32 for GEMM */
   size_t deq_floats;
+  size_t gemm_tile_bytes; /* bf16 weight tile of a quantized prefill GEMM (ANNA_CUDA_GEMM_TILE_MB) */
   char *ring_h, *ring_d; /* pinned host ring and its device twin */
   size_t ring_cap, ring_off;
   int64_t max_batch;
