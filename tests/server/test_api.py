@@ -4,6 +4,7 @@ a given shape (tool calls, reasoning) use the server's --debug-hooks forced outp
 runs the real engine -> stream -> parser path with chosen tokens instead of sampled ones."""
 import concurrent.futures as cf
 import json
+import time
 import urllib.request
 
 import openai
@@ -237,7 +238,12 @@ def test_request_id_echoed(srv):
         assert r.headers["X-Request-Id"] == "trace-abc.123"
     with urllib.request.urlopen(srv.url + "/v1/models") as r:
         assert r.headers["X-Request-Id"].startswith("req-")
-    (line,) = [json.loads(ln) for ln in srv.lines if '"request_id":"trace-abc.123"' in ln]
+    # the access line is written after the response is sent and reaches srv.lines through a
+    # pipe and a reader thread: wait for it rather than race it
+    deadline = time.time() + 10
+    while time.time() < deadline and not any('"request_id":"trace-abc.123"' in ln for ln in list(srv.lines)):
+        time.sleep(0.02)
+    (line,) = [json.loads(ln) for ln in list(srv.lines) if '"request_id":"trace-abc.123"' in ln]
     assert line["status"] == 200 and line["path"] == "/v1/models" and line["method"] == "GET"
     assert all(json.loads(ln) for ln in srv.lines)  # --log-format json: every line is one object
 
