@@ -2,7 +2,8 @@
  * inputs (several shapes, odd sizes, long sequences), and the quantized matmuls against a
  * dequantize-then-dot reference. Outputs start as NaN on the device so an element the
  * kernel never writes fails the check. Exits 77 ("skipped") without a CUDA device.
- * Usage: test_cuda_ops [FIXTURES_DIR] [--bench | --bench=NAME] (NAME alone, no tests) */
+ * Usage: test_cuda_ops [FIXTURES_DIR] [--tests=NAME,...] [--bench | --bench=NAME] (NAME alone, no
+ * tests); test names are those of the test_* functions without the prefix. */
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "base/threadpool.h"
@@ -2741,9 +2742,11 @@ static void bench_topk(void) {
 int main(int argc, char **argv) {
   int do_bench = 0;
   const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, ops) */
+  const char *pick = NULL; /* --tests=a,b: those tests only */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
     if (!strncmp(argv[i], "--bench=", 8)) only = argv[i] + 8;
+    if (!strncmp(argv[i], "--tests=", 8)) pick = argv[i] + 8;
   }
   if (!cuda_backend_available()) {
     printf("skipped: no CUDA device\n");
@@ -2778,28 +2781,55 @@ int main(int argc, char **argv) {
     threadpool_free(tp);
     return g_fail ? 1 : 0;
   }
-  test_matmul();
-  test_matvec_int8();
-  test_matmul_group();
-  test_matmul_group_route();
-  test_norm_fused();
-  test_act_matmul();
-  test_act_matmul_gated_add();
-  test_embed();
-  test_norms();
-  test_elementwise();
-  test_rope();
-  test_attention();
-  test_conv_gates();
-  test_gdn();
-  test_fused();
-  test_gdn_step();
-  test_gdn_chunked();
-  test_moe();
-  test_graph_pieces();
-  test_moe_grouped();
-  test_graphs();
-  test_topk();
+  /* every test, in this order; --tests=a,b runs the named ones (e.g. under compute-sanitizer) */
+  static const struct {
+    const char *name;
+    void (*fn)(void);
+  } tests[] = {
+      {"matmul", test_matmul},
+      {"matvec_int8", test_matvec_int8},
+      {"matmul_group", test_matmul_group},
+      {"matmul_group_route", test_matmul_group_route},
+      {"norm_fused", test_norm_fused},
+      {"act_matmul", test_act_matmul},
+      {"act_matmul_gated_add", test_act_matmul_gated_add},
+      {"embed", test_embed},
+      {"norms", test_norms},
+      {"elementwise", test_elementwise},
+      {"rope", test_rope},
+      {"attention", test_attention},
+      {"conv_gates", test_conv_gates},
+      {"gdn", test_gdn},
+      {"fused", test_fused},
+      {"gdn_step", test_gdn_step},
+      {"gdn_chunked", test_gdn_chunked},
+      {"moe", test_moe},
+      {"graph_pieces", test_graph_pieces},
+      {"moe_grouped", test_moe_grouped},
+      {"graphs", test_graphs},
+      {"topk", test_topk},
+  };
+  int ran = 0;
+  for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+    if (pick) {
+      const size_t len = strlen(tests[i].name);
+      const char *p = pick;
+      int hit = 0;
+      while (*p && !hit) {
+        const char *e = strchr(p, ',');
+        const size_t l = e ? (size_t)(e - p) : strlen(p);
+        hit = l == len && !strncmp(p, tests[i].name, len);
+        p = e ? e + 1 : p + l;
+      }
+      if (!hit) continue;
+    }
+    tests[i].fn();
+    ran++;
+  }
+  if (ran == 0) {
+    printf("FAILED: no test named in --tests=%s\n", pick);
+    g_fail++;
+  }
   if (do_bench) {
     bench_topk();
     bench();
