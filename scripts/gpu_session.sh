@@ -18,12 +18,13 @@
 #   tensor mix, random well-formed blocks; the 35B-A3B shape at full depth is 20 GB) and run
 #   by both engines (default "qwen3.5-9b qwen3.5-35b-a3b").
 # --ab: runtime switches, each one anna-bench row per shape next to the default (default
-#   "ANNA_CUDA_GDN=head ANNA_CUDA_GRAPH_PIECE=0": the per-head gdn_step, one graph per step).
+#   "ANNA_CUDA_GDN=cluster ANNA_CUDA_GEMM=split": the older gdn_step, the hi + lo prefill split
+#   for quantized weights too).
 # The gguf Python package must be importable, or its wheel in .gpu/whl/ (as gpu_llamacpp.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PRE="" SRC="" FIX="../shared/fixtures" SHAPES="qwen3.5-9b qwen3.5-35b-a3b"
-ABV="ANNA_CUDA_GDN=head ANNA_CUDA_GRAPH_PIECE=0" OUTD="${OUT:-/tmp/gpu_session}"
+ABV="ANNA_CUDA_GDN=cluster ANNA_CUDA_GEMM=split" OUTD="${OUT:-/tmp/gpu_session}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) PRE="$2"; shift 2 ;;
