@@ -153,13 +153,8 @@ void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, 
 #define WROW_WARPS 8
 #define WROW_MAX4 4 /* float4 per lane: d <= 512 */
 
-static __global__ void k_l2norm_w(float *x, int64_t rows, int d4, float eps, float scale) {
-  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
-  const int lane = threadIdx.x & 31;
-  const int64_t r = (int64_t)blockIdx.x * WROW_WARPS + (threadIdx.x >> 5);
-  if (r >= rows) return;
-  float4 *xr = (float4 *)x + r * d4;
-  float4 v[WROW_MAX4];
+/* A warp's row xr of d4 float4 into v (zeros past d4); returns the row's sum of squares. */
+static __device__ __forceinline__ float wrow_load(const float4 *xr, int d4, int lane, float4 *v) {
   float ss = 0.0f;
 #pragma unroll
   for (int j = 0; j < WROW_MAX4; j++) {
@@ -167,7 +162,17 @@ static __global__ void k_l2norm_w(float *x, int64_t rows, int d4, float eps, flo
     v[j] = i < d4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
   }
-  ss = cuda_warp_sum(ss);
+  return cuda_warp_sum(ss);
+}
+
+static __global__ void k_l2norm_w(float *x, int64_t rows, int d4, float eps, float scale) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  const int lane = threadIdx.x & 31;
+  const int64_t r = (int64_t)blockIdx.x * WROW_WARPS + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float4 *xr = (float4 *)x + r * d4;
+  float4 v[WROW_MAX4];
+  const float ss = wrow_load(xr, d4, lane, v);
   const float inv = scale / sqrtf(ss + eps);
 #pragma unroll
   for (int j = 0; j < WROW_MAX4; j++) {
@@ -184,14 +189,7 @@ static __global__ void k_rmsnorm_gated_w(float *y, const float *x, const float *
   if (r >= rows) return;
   const float4 *xr = (const float4 *)x + r * d4, *zr = (const float4 *)z + r * d4, *wr = (const float4 *)w;
   float4 v[WROW_MAX4];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < WROW_MAX4; j++) {
-    const int i = lane + 32 * j;
-    v[j] = i < d4 ? xr[i] : make_float4(0.f, 0.f, 0.f, 0.f);
-    ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
-  }
-  ss = cuda_warp_sum(ss);
+  const float ss = wrow_load(xr, d4, lane, v);
   const float inv = rsqrtf(ss / (float)(4 * d4) + eps);
   float4 *yr = (float4 *)y + r * d4;
 #pragma unroll

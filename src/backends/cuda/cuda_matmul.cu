@@ -1360,6 +1360,23 @@ void cuda_op_act_matmul_gated_add(ops_backend *be, float *y, float *tmp, float *
   cuda_op_add(be, y, tmp, n * w->rows);
 }
 
+/* The group's weights and biases on the device (W, rb, bd) and the weights the grouped
+ * launches leave to cuda_op_matmul (skip); false (error set) when a mirror fails. */
+static bool group_weights(ops_backend *be, int count, const ops_weight *const *ws, const float *const *biases,
+                          const uint8_t **W, int64_t *rb, const float **bd, int *skip) {
+  for (int i = 0; i < count; i++) {
+    W[i] = weight_dev(be, ws[i], &rb[i]);
+    if (!W[i]) return false;
+    const float *b = biases ? biases[i] : NULL;
+    bd[i] = b ? (const float *)cuda_mirror(be, b, (size_t)ws[i]->rows * sizeof(float)) : NULL;
+    if (b && !bd[i]) return false;
+    /* Q4_K rows off 16-byte alignment (a weight given as a device pointer) take
+     * cuda_op_matmul's GEMM path, as they would alone */
+    skip[i] = ws[i]->type == ANNA_DTYPE_Q4_K && ((uintptr_t)W[i] & 15) != 0;
+  }
+  return true;
+}
+
 void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                           const ops_weight *const *ws, const float *const *biases) {
   const cuda_pnorm pn = cuda_norm_take(be, x, n); /* before cuda_impl_of, which would launch it */
@@ -1389,16 +1406,7 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
   const float *bd[OPS_GROUP_MAX];
   int64_t rb[OPS_GROUP_MAX];
   int skip[OPS_GROUP_MAX];
-  for (int i = 0; i < count; i++) {
-    W[i] = weight_dev(be, ws[i], &rb[i]);
-    if (!W[i]) return;
-    const float *b = biases ? biases[i] : NULL;
-    bd[i] = b ? (const float *)cuda_mirror(be, b, (size_t)ws[i]->rows * sizeof(float)) : NULL;
-    if (b && !bd[i]) return;
-    /* Q4_K rows off 16-byte alignment (a weight given as a device pointer) take
-     * cuda_op_matmul's GEMM path, as they would alone */
-    skip[i] = ws[i]->type == ANNA_DTYPE_Q4_K && ((uintptr_t)W[i] & 15) != 0;
-  }
+  if (!group_weights(be, count, ws, biases, W, rb, bd, skip)) return;
   const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
   const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
   /* the token groups of cuda_op_matmul (8/4/2/1), each with all the weights */
@@ -1439,19 +1447,13 @@ void cuda_op_matmul_group_route(ops_backend *be, int count, float *const *ys, co
   const float *bd[OPS_GROUP_MAX];
   int64_t rb[OPS_GROUP_MAX];
   int skip[OPS_GROUP_MAX];
-  for (int i = 0; i < count; i++) {
+  for (int i = 0; i < count; i++)
     if (ws[i]->cols != cols) {
       cuda_fail(ci, ANNA_EINVAL, "cuda: matmul group of %lld- and %lld-column weights", (long long)cols,
                 (long long)ws[i]->cols);
       return;
     }
-    W[i] = weight_dev(be, ws[i], &rb[i]);
-    if (!W[i]) return;
-    const float *b = biases ? biases[i] : NULL;
-    bd[i] = b ? (const float *)cuda_mirror(be, b, (size_t)ws[i]->rows * sizeof(float)) : NULL;
-    if (b && !bd[i]) return;
-    skip[i] = ws[i]->type == ANNA_DTYPE_Q4_K && ((uintptr_t)W[i] & 15) != 0;
-  }
+  if (!group_weights(be, count, ws, biases, W, rb, bd, skip)) return;
   const float *pe = per_expert ? (const float *)cuda_mirror(be, per_expert, (size_t)E * sizeof(float)) : NULL;
   if (per_expert && !pe) return;
   const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
