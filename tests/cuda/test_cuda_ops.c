@@ -304,6 +304,17 @@ static void test_matmul(void) {
           dfree(dz);
           what[strlen(what) - strlen(tag)] = 0;
         }
+        if (!cuda_float_type_host(type) && rows > 128) {
+          /* the weight dequantized 128 rows at a time: several tiles, the last partial */
+          float *dz = dnan(n * rows);
+          cuda_backend_set_gemm_tile(g_gpu, (size_t)128 * (size_t)cols * 2);
+          g_gpu->matmul(g_gpu, dz, dx, n, &ow, bias);
+          cuda_backend_set_gemm_tile(g_gpu, 0);
+          strncat(what, " tensor cores, 128-row tiles", sizeof what - strlen(what) - 1);
+          cmpd(what, dz, ref, n * rows, 1e-2);
+          dfree(dz);
+          what[strlen(what) - strlen(" tensor cores, 128-row tiles")] = 0;
+        }
         cuda_backend_set_exact(g_gpu, 1);
         if (gemm_int8_type(type)) {
           strncat(what, " int8", sizeof what - strlen(what) - 1);

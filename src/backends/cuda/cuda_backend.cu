@@ -542,6 +542,12 @@ extern "C" void cuda_backend_set_gdn_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->gdn_variant = variant;
 }
 
+extern "C" void cuda_backend_set_gemm_tile(ops_backend *be, size_t bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  const size_t whole = ci->deq_floats * sizeof(float);
+  ci->gemm_tile_bytes = bytes == 0 || bytes > whole ? whole : bytes;
+}
+
 extern "C" void cuda_backend_set_gdn_scan_cols(ops_backend *be, int cols) {
   cuda_impl_of(be)->gdn_scan_cols = cols == 16 || cols == 32 ? cols : 0;
 }
@@ -756,8 +762,7 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   /* ANNA_CUDA_GEMM_TILE_MB=N: dequantize quantized prefill weights N MiB of bf16 at a time
    * (default: the whole 64 MiB scratch), for A/B runs of L2-sized tiles */
   const char *tv = getenv("ANNA_CUDA_GEMM_TILE_MB");
-  ci->gemm_tile_bytes = DEQ_FLOATS * sizeof(float);
-  if (tv && atoi(tv) > 0 && (size_t)atoi(tv) << 20 < ci->gemm_tile_bytes) ci->gemm_tile_bytes = (size_t)atoi(tv) << 20;
+  cuda_backend_set_gemm_tile(be, tv && atoi(tv) > 0 ? (size_t)atoi(tv) << 20 : 0);
   ci->att_part_floats = ATT_PART_FLOATS;
   ci->topk_scr_bytes = TOPK_SCR_BYTES;
   ci->mv_smem = cuda_matmul_setup();

@@ -119,6 +119,11 @@ void cuda_backend_set_attn_variant(ops_backend *be, int variant);
  * split for every weight type. */
 enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1, CUDA_GEMM_BF16_SINGLE = 2, CUDA_GEMM_BF16_SPLIT = 3 };
 void cuda_backend_set_gemm_variant(ops_backend *be, int variant);
+/* Bytes of bf16 weight tile a quantized prefill GEMM dequantizes at a time (0: the whole 64 MiB
+ * scratch, the default; smaller values are capped below by one 128-row tile): for tests of
+ * the multi-tile path and A/B runs (also ANNA_CUDA_GEMM_TILE_MB=N at creation). H200, 9B
+ * prefill 8192: 16 / 24 MiB tiles 18266 / 18856 tok/s against 19259-19387 for the default. */
+void cuda_backend_set_gemm_tile(ops_backend *be, size_t bytes);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
  * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */
 void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int64_t *builds, int64_t *updates);

@@ -123,7 +123,8 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
   int64_t tile = w->rows;
   if (quant) {
     tile = (int64_t)(ci->gemm_tile_bytes / 2) / w->cols; /* bf16 rows within the tile bytes (<= the scratch) */
-    if (tile > 128) tile = tile / 128 * 128;
+    tile = tile > 128 ? tile / 128 * 128 : 128;
+    if ((size_t)tile * (size_t)w->cols > ci->deq_floats * 2) tile = (int64_t)(ci->deq_floats * 2) / w->cols;
     if (tile < 1) {
       cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: matmul of %lld columns exceeds the GEMM tile", (long long)w->cols);
       return true;
