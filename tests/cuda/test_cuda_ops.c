@@ -978,7 +978,7 @@ static void test_gdn_step(void) {
     dfree(dcs), dfree(dst), dfree(dqkv), dfree(dz), dfree(dba), dfree(dy);
     free(cw), free(alog), free(dtb), free(nw), free(cs), free(st), free(y), free(work);
   }
-  cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_CLUSTER);
+  cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_HEAD); /* back to the default */
   cuda_backend_drop_mirrors(g_gpu);
 }
 
@@ -2078,7 +2078,7 @@ static void bench(void) {
                best * 1e6, best_gpu * 1e6, best_gpu * 1e6 / L);
       }
       cuda_backend_set_graphs(g_gpu, 0);
-      cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_CLUSTER);
+      cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_HEAD); /* back to the default */
       for (int l = 0; l < L; l++) dfree(dcs[l]), dfree(dst[l]);
       dfree(dqkv), dfree(dz), dfree(dba), dfree(dy), dfree(dconv), dfree(dq2), dfree(dg), dfree(dout);
       free(cw), free(alog), free(dtb), free(nw), free(h);
