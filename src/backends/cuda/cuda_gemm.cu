@@ -27,7 +27,8 @@
 
 #include <cuda_bf16.h>
 
-/* x -> hi = bf16(x), lo = bf16(x - hi); four at a time when x is 16-byte aligned (vec). */
+/* x -> hi = bf16(x), lo = bf16(x - hi) (lo NULL: hi only, for the one-product GEMMs); four at
+ * a time when x is 16-byte aligned (vec). */
 static __global__ void k_split_act(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const float *x, int64_t count, int vec) {
   const int64_t stride = (int64_t)gridDim.x * blockDim.x, t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
   int64_t done = 0;
@@ -38,6 +39,7 @@ static __global__ void k_split_act(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const f
       const __nv_bfloat162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
       ((__nv_bfloat162 *)hi)[2 * i] = h0;
       ((__nv_bfloat162 *)hi)[2 * i + 1] = h1;
+      if (!lo) continue;
       const float2 f0 = __bfloat1622float2(h0), f1 = __bfloat1622float2(h1);
       ((__nv_bfloat162 *)lo)[2 * i] = __floats2bfloat162_rn(v.x - f0.x, v.y - f0.y);
       ((__nv_bfloat162 *)lo)[2 * i + 1] = __floats2bfloat162_rn(v.z - f1.x, v.w - f1.y);
@@ -47,7 +49,7 @@ static __global__ void k_split_act(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const f
   for (int64_t j = done + t; j < count; j += stride) {
     const __nv_bfloat16 h = __float2bfloat16_rn(x[j]);
     hi[j] = h;
-    lo[j] = __float2bfloat16_rn(x[j] - __bfloat162float(h));
+    if (lo) lo[j] = __float2bfloat16_rn(x[j] - __bfloat162float(h));
   }
 }
 
@@ -113,10 +115,11 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
   const int64_t count = n * w->cols, lo_at = (count + 127) / 128 * 128; /* lo 256-byte aligned */
   __nv_bfloat16 *hi = (__nv_bfloat16 *)act_scratch(ci, (size_t)(lo_at + count) * sizeof(__nv_bfloat16));
   if (!hi) return true; /* sticky error set */
-  __nv_bfloat16 *lo = hi + lo_at;
+  const bool split = cuda_gemm_split(ci, w->type);
+  __nv_bfloat16 *lo = split ? hi + lo_at : NULL;
   const int vec = ((uintptr_t)x & 15) == 0;
   cuda_launch(ci, "split activations", k_split_act, grid_of(vec ? count / 4 + 1 : count), 256, 0, hi, lo, x, count,
-              vec); /* (the single-pass variant leaves lo unread: one kernel for both) */
+              vec);
   if (ci->err) return true;
   const float one = 1.0f, zero = 0.0f;
   const int k = (int)w->cols;
@@ -142,7 +145,7 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
     }
     /* Column-major view, as the f32 path: C(m x n, ldc rows) = A(k x m)^T B(k x n); the lo
      * product accumulates onto the hi one (beta 1); hi only when cuda_gemm_split says so. */
-    const int parts = cuda_gemm_split(ci, w->type) ? 2 : 1;
+    const int parts = split ? 2 : 1;
     for (int part = 0; part < parts; part++) {
       cublasStatus_t s = cublasGemmEx(ci->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)m, (int)n, k, &one, A, CUDA_R_16BF, k,
                                       part ? lo : hi, CUDA_R_16BF, k, part ? &one : &zero, y + r0, CUDA_R_32F,

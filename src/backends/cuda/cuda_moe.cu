@@ -666,7 +666,7 @@ static __global__ void k_moe_split(__nv_bfloat16 *hi, __nv_bfloat16 *lo, const f
     const float v = c < H ? x[t * H + c] : 0.0f;
     const __nv_bfloat16 h = __float2bfloat16_rn(v);
     hi[i] = h;
-    lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    if (lo) lo[i] = __float2bfloat16_rn(v - __bfloat162float(h)); /* NULL: one-product GEMMs */
   }
 }
 
@@ -938,7 +938,11 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   const uint8_t *const *tab = moe_table(be, E, gate, up, down, NULL);
   if (!tab) return false;
 
-  cuda_launch(ci, "moe split", k_moe_split, cuda_blocks(n * Hs, 256), 256, 0, xhi, xlo, x, n, (int64_t)H, Hs);
+  /* one numerics for the layer: split when any of its weights wants it (h is written once) */
+  const bool split = cuda_gemm_split(ci, gate[0].type) || (up && cuda_gemm_split(ci, up[0].type)) ||
+                     cuda_gemm_split(ci, down[0].type);
+  cuda_launch(ci, "moe split", k_moe_split, cuda_blocks(n * Hs, 256), 256, 0, xhi, split ? xlo : NULL, x, n,
+              (int64_t)H, Hs);
   cuda_launch(ci, "moe hist", k_moe_hist, (unsigned)nb, MG_CHUNK, 0, cnt, idx, nk, E);
   cuda_launch(ci, "moe scan", k_moe_scan, 1, 1024, 0, cnt, off, tiles, ntiles, nb, E, bn);
   cuda_launch(ci, "moe place", k_moe_place, (unsigned)nb, MG_CHUNK, 0, order, inv, idx, (const int32_t *)cnt,
@@ -955,8 +959,6 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   dn.bhi = hhi, dn.blo = hlo, dn.hhi = NULL, dn.hlo = NULL, dn.y = y, dn.K = I, dn.M = H, dn.astride = Is;
   dn.rb0 = dtype_row_bytes(down[0].type, I), dn.rb1 = 0, dn.t0 = dn.t1 = down[0].type;
   dn.be0 = dn.be1 = moe_block_elems(dn.t0), dn.bb0 = dn.bb1 = moe_block_bytes(dn.t0);
-  /* one numerics for the layer: split when any of its weights wants it (h is written once) */
-  const bool split = cuda_gemm_split(ci, gu.t0) || cuda_gemm_split(ci, gu.t1) || cuda_gemm_split(ci, dn.t0);
   if (bn == 16) split ? moe_gemms<16, true>(ci, gu, dn, tmax) : moe_gemms<16, false>(ci, gu, dn, tmax);
   else if (bn == 32) split ? moe_gemms<32, true>(ci, gu, dn, tmax) : moe_gemms<32, false>(ci, gu, dn, tmax);
   else split ? moe_gemms<64, true>(ci, gu, dn, tmax) : moe_gemms<64, false>(ci, gu, dn, tmax);
