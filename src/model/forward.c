@@ -490,9 +490,10 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
   for (int i = 0; i < 5; i++) s->buf[i] = salloc(s, (size_t)(n * s->wmax) * sizeof(float), &fail);
   if (c->ple_dim > 0) s->ple = salloc(s, (size_t)(n * c->n_layers * c->ple_dim) * sizeof(float), &fail);
   if (c->n_experts > 0) {
-    s->moe_scratch = salloc(s, (size_t)ops_moe_scratch_floats(n, c->top_k, c->hidden, c->expert_ffn) * sizeof(float), &fail);
-    s->moe_idx = salloc(s, (size_t)(n * c->top_k) * sizeof(int32_t), &fail);
-    s->moe_w = salloc(s, (size_t)(n * c->top_k) * sizeof(float), &fail);
+    const int kx = c->top_k + (c->shared_ffn > 0); /* a shared expert may run as slot k (sx_*) */
+    s->moe_scratch = salloc(s, (size_t)ops_moe_scratch_floats(n, kx, c->hidden, c->expert_ffn) * sizeof(float), &fail);
+    s->moe_idx = salloc(s, (size_t)(n * kx) * sizeof(int32_t), &fail);
+    s->moe_w = salloc(s, (size_t)(n * kx) * sizeof(float), &fail);
   }
   int has_gdn = 0;
   for (int l = 0; l < c->n_layers; l++) has_gdn |= c->layers[l].kind == LAYER_KIND_GDN;
@@ -1163,6 +1164,17 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
     moe(r, li, rin, xn, e);
     norm(r, e, e, w->post_ff_norm2, n, (int)H);
     be->add(be, res, e, n * H);
+  } else if (lc->is_moe && w->sx_gate && be->matmul_group_route && w->router.rows == c->n_experts) {
+    /* The shared expert as expert E of the routed ones (one gate/up and one down launch for
+     * all k + 1 on a device backend): the router and the shared gate logit in one group,
+     * whose route appends slot (E, sigmoid(logit)) to each token's k. */
+    float *logits = s->buf[2], *sg = s->buf[4];
+    float *ys[2] = {logits, sg};
+    const ops_weight *ws[2] = {&w->router, &w->sh_gate_inp};
+    be->matmul_group_route(be, 2, ys, xn, n, ws, NULL, 0, s->moe_idx, s->moe_w, c->top_k, c->norm_topk,
+                           w->per_expert_scale, 1);
+    be->moe_ffn(be, res, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k + 1, c->n_experts + 1, w->sx_gate, w->sx_up,
+                w->sx_down, c->act, s->moe_scratch);
   } else if (lc->is_moe && w->has_shared) {
     /* The router and the shared expert's gate, up and gate logit all read xn: one group
      * first (buf[0], [1], [4] are left alone by the routed experts, which use their own
@@ -1173,7 +1185,7 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
     const ops_weight *ws[4] = {&w->router, &w->sh_gate, &w->sh_up, &w->sh_gate_inp};
     if (be->matmul_group_route && w->router.rows == c->n_experts) { /* the route folded into the group */
       be->matmul_group_route(be, 4, ys, xn, n, ws, NULL, 0, s->moe_idx, s->moe_w, c->top_k, c->norm_topk,
-                             w->per_expert_scale);
+                             w->per_expert_scale, -1);
       be->moe_ffn(be, res, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up,
                   w->exp_down, c->act, s->moe_scratch);
     } else {

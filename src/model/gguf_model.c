@@ -521,6 +521,7 @@ int gguf_model_load(anna_model **out, const char *path, char *err, size_t errlen
     }
     if ((rc = load_layer(&b, i))) goto fail;
   }
+  if ((rc = model_link_shared_experts(m, err, errlen))) goto fail;
   snprintf(m->describe, sizeof m->describe, "%s (gguf): %d layers, hidden %d, vocab %d", arch, c->n_layers, c->hidden,
            c->vocab);
   *out = m;

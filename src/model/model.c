@@ -320,6 +320,41 @@ static int load_layer(builder *b, int i) {
   return 0;
 }
 
+/* The shared expert joins the routed ones when a kernel over the E + 1 could not tell it
+ * apart: the same intermediate size and weight types, separate gate and up (a fused gate_up
+ * expert would need the shared gate and up rows adjacent in memory, which they are not). */
+static int shared_fits(const model_config *c, const layer_weights *w) {
+  if (!w->has_shared || !w->exp_gate || !w->exp_up || !w->exp_down || w->per_expert_scale) return 0;
+  const ops_weight *g = &w->exp_gate[0], *u = &w->exp_up[0], *d = &w->exp_down[0];
+  return c->n_experts >= 1 && w->sh_gate_inp.rows == 1 && w->sh_gate.type == g->type && w->sh_gate.rows == g->rows &&
+         w->sh_gate.cols == g->cols && w->sh_up.type == u->type && w->sh_up.rows == u->rows &&
+         w->sh_up.cols == u->cols && w->sh_down.type == d->type && w->sh_down.rows == d->rows &&
+         w->sh_down.cols == d->cols;
+}
+
+int model_link_shared_experts(anna_model *m, char *err, size_t errlen) {
+  const model_config *c = &m->cfg;
+  /* ANNA_MOE_SHARED_SLOT=0: the shared expert keeps its own ops (side-by-side measurements) */
+  const char *ev = getenv("ANNA_MOE_SHARED_SLOT");
+  if (ev && ev[0] == '0') return 0;
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_weights *w = &m->layers[i];
+    if (!c->layers[i].is_moe || !shared_fits(c, w)) continue;
+    const int E = c->n_experts;
+    ops_weight *const src[3] = {w->exp_gate, w->exp_up, w->exp_down};
+    const ops_weight sh[3] = {w->sh_gate, w->sh_up, w->sh_down};
+    ops_weight *dst[3];
+    for (int j = 0; j < 3; j++) {
+      if (!(dst[j] = model_alloc(m, ((size_t)E + 1) * sizeof(ops_weight))))
+        return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+      memcpy(dst[j], src[j], (size_t)E * sizeof(ops_weight));
+      dst[j][E] = sh[j];
+    }
+    w->sx_gate = dst[0], w->sx_up = dst[1], w->sx_down = dst[2];
+  }
+  return 0;
+}
+
 int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen) {
   *out = NULL;
   anna_model *m = calloc(1, sizeof *m);
@@ -360,6 +395,7 @@ int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen) {
   }
   for (int i = 0; i < c->n_layers; i++)
     if ((rc = load_layer(&b, i))) goto fail;
+  if ((rc = model_link_shared_experts(m, err, errlen))) goto fail;
   snprintf(m->describe, sizeof m->describe, "%s: %d layers, hidden %d, vocab %d", c->model_type, c->n_layers,
            c->hidden, c->vocab);
   *out = m;

@@ -30,6 +30,10 @@ typedef struct layer_weights {
   ops_weight *exp_gate, *exp_up, *exp_down;
   ops_weight sh_gate, sh_up, sh_down, sh_gate_inp;
   int has_shared;
+  /* E + 1 experts: the routed ones, then the shared one, when it has their shape and types
+   * and gate/up are separate (model_link_shared_expert); else NULL. A backend with
+   * matmul_group_route runs the shared expert as the routed kernels' expert E. */
+  ops_weight *sx_gate, *sx_up, *sx_down;
   /* Gemma4 MoE block */
   float *router_scale, *per_expert_scale, *post_ff_norm1, *pre_ff_norm2, *post_ff_norm2;
   /* Gemma4 per-layer input */
@@ -65,6 +69,11 @@ typedef struct tensor_info {
 } tensor_info;
 
 typedef int (*tensor_lookup_fn)(void *src, const char *name, tensor_info *out);
+
+/* Fills the sx_* arrays of every MoE layer whose shared expert can run as one more routed
+ * expert (see layer_weights); 0 or ANNA_ENOMEM. Both loaders call it last. The environment
+ * variable ANNA_MOE_SHARED_SLOT=0 leaves them NULL (A/B runs). */
+int model_link_shared_experts(anna_model *m, char *err, size_t errlen);
 
 /* Loads an HF folder. Caller frees with model_free. */
 int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen);

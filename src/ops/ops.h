@@ -156,10 +156,13 @@ struct ops_backend {
   /* matmul_group, then moe_route(idx, wts, ys[route], n, ws[route]->rows, k, renorm,
    * per_expert) on entry route's output (a MoE router's logits), with the same result bits
    * as the two ops (a device backend routes inside the group's launch: one kernel fewer per
-   * MoE decode layer). NULL: the model calls the two. */
+   * MoE decode layer). shared >= 0: entry shared is a one-row weight, a shared expert's gate
+   * logit; each token then gets k + 1 slots (idx/wts rows of k + 1): its k routed experts as
+   * above, then expert E = ws[route]->rows with weight sigmoid(ys[shared][t]), so moe_ffn
+   * runs the shared expert as expert E of E + 1. NULL: the model calls the ops itself. */
   void (*matmul_group_route)(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                              const ops_weight *const *ws, const float *const *biases, int route, int32_t *idx,
-                             float *wts, int k, int renorm, const float *per_expert);
+                             float *wts, int k, int renorm, const float *per_expert, int shared);
   /* y[n, W.rows] = (act(gate) * up) W^T: act_mul then matmul (FFN down projections). gate,
    * up: [n, W.cols] rows at strides gs, us; h [n, W.cols] receives act(gate) * up when the
    * backend forms it (unspecified when it folds it into the product); h may be gate. NULL:

@@ -47,9 +47,9 @@ static void p_matmul_group(ops_backend *be, int count, float *const *ys, const f
 }
 static void p_matmul_group_route(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                                  const ops_weight *const *ws, const float *const *biases, int route, int32_t *idx,
-                                 float *wts, int k, int renorm, const float *per_expert) {
-  TIMED(OPS_FAMILY_MATMUL,
-        P(be)->inner.matmul_group_route(be, count, ys, x, n, ws, biases, route, idx, wts, k, renorm, per_expert));
+                                 float *wts, int k, int renorm, const float *per_expert, int shared) {
+  TIMED(OPS_FAMILY_MATMUL, P(be)->inner.matmul_group_route(be, count, ys, x, n, ws, biases, route, idx, wts, k, renorm,
+                                                           per_expert, shared));
 }
 static void p_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
   TIMED(OPS_FAMILY_ATTENTION, P(be)->inner.attention(be, out, q, a));

@@ -1634,8 +1634,11 @@ static void test_moe_grouped(void) {
                        {512, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0}, {777, 256, 8, 1024, 256, ANNA_DTYPE_Q6_K, 1},
                        {777, 8, 8, 300, 136, ANNA_DTYPE_BF16, 1},  {512, 8, 8, 256, 512, ANNA_DTYPE_Q6_K, 0},
                        {100, 8, 2, 288, 96, ANNA_DTYPE_Q8_0, 0}};
-  /* the last: default tiles with split activations for every type (CUDA_GEMM_BF16_SPLIT) */
-  const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64, CUDA_MOE_DEFAULT};
+  /* mode 5: default tiles with split activations for every type (CUDA_GEMM_BF16_SPLIT);
+   * 6, 7: the cuBLAS path (quantized experts; bf16 ones fall back to the tile kernels) as
+   * one grouped call and as a loop of GEMMs */
+  const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64, CUDA_MOE_DEFAULT,
+                          CUDA_MOE_CUBLAS, CUDA_MOE_CUBLAS_LOOP};
   for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
     cuda_backend_drop_mirrors(g_gpu);
     moe_case c;
@@ -1660,8 +1663,8 @@ static void test_moe_grouped(void) {
                      dscr);
       cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
       char what[128];
-      static const char *const mname[] = {"exact", "grouped", "grouped t16", "grouped t32", "grouped t64",
-                                          "grouped split"};
+      static const char *const mname[] = {"exact",       "grouped",       "grouped t16", "grouped t32",
+                                          "grouped t64", "grouped split", "cublas",      "cublas loop"};
       snprintf(what, sizeof what, "moe_ffn n=%lld E=%d k=%d H=%d I=%d %s%s %s", (long long)n, c.E, c.k, c.H, c.I,
                dtype_name(c.type), c.fused ? " fused" : "", mname[mode]);
       const double tol = exact || c.type == ANNA_DTYPE_BF16 ? 1e-4 : 1e-2;
@@ -1761,16 +1764,19 @@ static void bench_moe_decode(int tgu, int td) {
 /* MoE prefill throughput on the 35B-A3B layer shape (E 256, top-8, H 2048, I 512, Q4_K
  * experts, separate gate/up as in the GGUF files; uniform random routing, so every expert
  * gets about n * 8 / 256 pairs): us per call of the host-grouped path (ids read back,
- * per-expert cuBLAS GEMMs) against the grouped GEMMs (automatic tile and each forced
- * one). TFLOP/s counts the useful 2 * n * k * 3 * H * I flops. */
+ * per-expert cuBLAS GEMMs), the default, the tile kernels (each tile forced, and their
+ * automatic pick) and the cuBLAS path (dequantized experts, one grouped call or a loop of
+ * GEMMs). TFLOP/s counts the useful 2 * n * k * 3 * H * I flops. */
 static void bench_moe(void) {
   printf("bench moe prefill (E 256, k 8, H 2048, I 512, Q4_K)\n");
   cuda_backend_drop_mirrors(g_gpu); /* the weights below may reuse freed host addresses */
   moe_case c;
-  moe_case_make(&c, 4096, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0);
-  const int64_t ns[] = {512, 4096};
-  const int variants[] = {CUDA_MOE_HOST, CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64};
-  const char *const vname[] = {"host-grouped", "grouped", "grouped t16", "grouped t32", "grouped t64"};
+  moe_case_make(&c, 8192, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0);
+  const int64_t ns[] = {512, 2048, 4096, 8192};
+  const int variants[] = {CUDA_MOE_HOST, CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64, CUDA_MOE_TILES,
+                          CUDA_MOE_CUBLAS, CUDA_MOE_CUBLAS_LOOP};
+  const char *const vname[] = {"host-grouped", "default",     "tiles t16", "tiles t32",
+                               "tiles t64",    "tiles (auto)", "cublas",    "cublas loop"};
   cuda_backend_set_exact(g_gpu, 0);
   for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
     const int64_t n = ns[ni], nk = n * c.k, sf = ops_moe_scratch_floats(n, c.k, c.H, c.I);
@@ -2248,7 +2254,10 @@ static void test_norm_fused(void) {
  * into the plain group's last block; 3 and 9 fall back), eagerly three times in a row (the
  * election counter resets), inside recorded steps (graphs: the second step replays), after a
  * deferred add_rmsnorm (one token: the int8 launch takes the norm), and with the router in
- * bf16 (still plain) and Q8_0 (int8 path: routed by its own kernel). */
+ * bf16 (still plain) and Q8_0 (int8 path: routed by its own kernel). Each also with the
+ * shared slot (entry 3, the one-row f32 gate logit): rows of k + 1, the routed slots as
+ * moe_route's and slot k = (E, sigmoid(logit)); with the Q8_0 router the f32 logit runs in
+ * another launch than the router's, so the route is not folded. */
 static void test_matmul_group_route(void) {
   printf("matmul_group_route\n");
   const int64_t H = 512, I = 96;
@@ -2276,8 +2285,10 @@ static void test_matmul_group_route(void) {
       const int64_t n = ns[ni];
       float *x = hrand(n * H, 1.0f), *r0 = hrand(H, 1.0f), *nw = hrand(H, 1.0f);
       float *dx = dput(x, sizeof(float) * (size_t)(n * H));
-      for (int mode = 0; mode < 4; mode++) { /* eager, eager again (x3), recorded step (x2), deferred norm */
-        if (mode == 3 && n != 1) continue;
+      for (int mode = 0; mode < 8; mode++) { /* eager, eager again (x3), recorded step (x2), deferred norm */
+        const int sh = mode >= 4; /* 4..7: the same with the shared slot (entry 3's logit) */
+        if (mode % 4 == 3 && n != 1) continue;
+        const int kk = k + sh;
         float *dy[2], *dyi[2][4];
         int32_t *didx[2];
         float *dw[2], *dxn[2] = {NULL, NULL}, *dres[2] = {NULL, NULL};
@@ -2285,10 +2296,10 @@ static void test_matmul_group_route(void) {
           dy[v] = dnan(n * ytot);
           int64_t off = 0;
           for (int i = 0; i < 4; i++) dyi[v][i] = dy[v] + off, off += n * rows[i];
-          didx[v] = g_gpu->alloc(g_gpu, sizeof(int32_t) * (size_t)(n * k));
-          dw[v] = dnan(n * k);
+          didx[v] = g_gpu->alloc(g_gpu, sizeof(int32_t) * (size_t)(n * (v ? k : kk)));
+          dw[v] = dnan(n * (v ? k : kk));
           const float *xin = dx;
-          if (mode == 3) { /* x += r, xn = rmsnorm(x) * w, deferred into the group's int8 launch */
+          if (mode % 4 == 3) { /* x += r, xn = rmsnorm(x) * w, deferred into the group's int8 launch */
             dres[v] = dput(x, sizeof(float) * (size_t)H);
             float *dr = dput(r0, sizeof(float) * (size_t)H);
             dxn[v] = dnan(H);
@@ -2296,33 +2307,43 @@ static void test_matmul_group_route(void) {
             xin = dxn[v];
             dfree(dr);
           }
-          const int reps = mode == 1 ? 3 : mode == 2 ? 2 : 1;
+          const int reps = mode % 4 == 1 ? 3 : mode % 4 == 2 ? 2 : 1;
           for (int rep = 0; rep < reps; rep++) {
-            if (mode == 2) cuda_backend_set_graphs(g_gpu, 1), cuda_backend_step_begin(g_gpu, n);
+            if (mode % 4 == 2) cuda_backend_set_graphs(g_gpu, 1), cuda_backend_step_begin(g_gpu, n);
             if (v == 0) {
-              g_gpu->matmul_group_route(g_gpu, 4, dyi[v], xin, n, ws, NULL, 0, didx[v], dw[v], k, 1, NULL);
+              g_gpu->matmul_group_route(g_gpu, 4, dyi[v], xin, n, ws, NULL, 0, didx[v], dw[v], k, 1, NULL,
+                                        sh ? 3 : -1);
             } else {
               g_gpu->matmul_group(g_gpu, 4, dyi[v], xin, n, ws, NULL);
               g_gpu->moe_route(g_gpu, didx[v], dw[v], dyi[v][0], n, E, k, 1, NULL);
             }
-            if (mode == 2) cuda_backend_step_end(g_gpu), cuda_backend_set_graphs(g_gpu, 0);
+            if (mode % 4 == 2) cuda_backend_step_end(g_gpu), cuda_backend_set_graphs(g_gpu, 0);
           }
         }
         char what[128];
-        snprintf(what, sizeof what, "group_route n=%lld E=%d k=%d router %s %s", (long long)n, E, k,
-                 dtype_name(rtypes[rt]), mode == 0 ? "eager" : mode == 1 ? "eager x3" : mode == 2 ? "graph x2" : "norm");
+        snprintf(what, sizeof what, "group_route n=%lld E=%d k=%d router %s %s%s", (long long)n, E, k,
+                 dtype_name(rtypes[rt]),
+                 mode % 4 == 0 ? "eager" : mode % 4 == 1 ? "eager x3" : mode % 4 == 2 ? "graph x2" : "norm",
+                 sh ? " shared slot" : "");
         float *g0 = dget(dy[0], n * ytot), *g1 = dget(dy[1], n * ytot);
-        float *w0 = dget(dw[0], n * k), *w1 = dget(dw[1], n * k);
-        int32_t *i0 = malloc(sizeof(int32_t) * (size_t)(n * k)), *i1 = malloc(sizeof(int32_t) * (size_t)(n * k));
-        g_gpu->download(g_gpu, i0, didx[0], sizeof(int32_t) * (size_t)(n * k));
+        float *w0 = dget(dw[0], n * kk), *w1 = dget(dw[1], n * k);
+        int32_t *i0 = malloc(sizeof(int32_t) * (size_t)(n * kk)), *i1 = malloc(sizeof(int32_t) * (size_t)(n * k));
+        g_gpu->download(g_gpu, i0, didx[0], sizeof(int32_t) * (size_t)(n * kk));
         g_gpu->download(g_gpu, i1, didx[1], sizeof(int32_t) * (size_t)(n * k));
         gpu_status(what);
         g_checks++;
         int bad = memcmp(g0, g1, sizeof(float) * (size_t)(n * ytot)) != 0;
-        bad |= memcmp(w0, w1, sizeof(float) * (size_t)(n * k)) != 0;
-        bad |= memcmp(i0, i1, sizeof(int32_t) * (size_t)(n * k)) != 0;
-        for (int64_t q = 0; q < n * k; q++) bad |= i0[q] < 0 || i0[q] >= E || isnan(w0[q]);
-        if (mode == 3) {
+        for (int64_t t = 0; t < n; t++) {
+          /* the routed slots as moe_route's; the shared one (E, sigmoid(entry 3's logit)) */
+          bad |= memcmp(w0 + t * kk, w1 + t * k, sizeof(float) * (size_t)k) != 0;
+          bad |= memcmp(i0 + t * kk, i1 + t * k, sizeof(int32_t) * (size_t)k) != 0;
+          for (int j = 0; j < k; j++) bad |= i0[t * kk + j] < 0 || i0[t * kk + j] >= E || isnan(w0[t * kk + j]);
+          if (sh) {
+            const float lg = g1[n * (E + 2 * I) + t], want = 1.0f / (1.0f + expf(-lg));
+            bad |= i0[t * kk + k] != E || !(fabsf(w0[t * kk + k] - want) <= 1e-6f);
+          }
+        }
+        if (mode % 4 == 3) {
           float *a0 = dget(dres[0], H), *a1 = dget(dres[1], H), *n0 = dget(dxn[0], H), *n1 = dget(dxn[1], H);
           bad |= memcmp(a0, a1, sizeof(float) * (size_t)H) != 0 || memcmp(n0, n1, sizeof(float) * (size_t)H) != 0;
           free(a0), free(a1), free(n0), free(n1);
@@ -2751,6 +2772,7 @@ static void bench_topk(void) {
 }
 
 int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a crash keeps the lines before it, also through a pipe */
   int do_bench = 0;
   const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, ops) */
   const char *pick = NULL; /* --tests=a,b: those tests only */

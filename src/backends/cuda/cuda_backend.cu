@@ -704,6 +704,8 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->deq) cudaFree(ci->deq);
     if (ci->att_part) cudaFree(ci->att_part);
     if (ci->act16) cudaFree(ci->act16);
+    if (ci->moe_deq) cudaFree(ci->moe_deq);
+    if (ci->moe_host) cudaFreeHost(ci->moe_host);
     if (ci->gdn_scr) cudaFree(ci->gdn_scr);
     if (ci->topk_scr) cudaFree(ci->topk_scr);
     if (ci->pnorm_count) cudaFree(ci->pnorm_count);
@@ -797,8 +799,14 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
                        : ev && !strcmp(ev, "bf16x1") ? CUDA_GEMM_BF16_SINGLE
                        : ev && !strcmp(ev, "split")  ? CUDA_GEMM_BF16_SPLIT
                                                      : CUDA_GEMM_BF16;
-    const char *mv = getenv("ANNA_CUDA_MOE"); /* decode_f32: CUDA_MOE_DECODE_F32 */
+    /* decode_f32: CUDA_MOE_DECODE_F32; cublas: CUDA_MOE_CUBLAS; tiles: CUDA_MOE_TILES */
+    const char *mv = getenv("ANNA_CUDA_MOE");
     if (mv && !strcmp(mv, "decode_f32")) ci->moe_variant = CUDA_MOE_DECODE_F32;
+    if (mv && !strcmp(mv, "cublas")) ci->moe_variant = CUDA_MOE_CUBLAS;
+    if (mv && !strcmp(mv, "cublas_loop")) ci->moe_variant = CUDA_MOE_CUBLAS_LOOP;
+    if (mv && !strcmp(mv, "tiles")) ci->moe_variant = CUDA_MOE_TILES;
+    const char *dv = getenv("ANNA_CUDA_MOE_DEQ_MB"); /* the cuBLAS MoE path's dequantized experts */
+    ci->moe_deq_cap = dv && atoi(dv) > 0 ? (size_t)atoi(dv) << 20 : (size_t)1 << 30;
     const char *gv = getenv("ANNA_CUDA_GDN"); /* cluster: CUDA_GDN_CLUSTER (default CUDA_GDN_HEAD) */
     ci->gdn_variant = gv && !strcmp(gv, "cluster") ? CUDA_GDN_CLUSTER : CUDA_GDN_HEAD;
     const char *sv = getenv("ANNA_CUDA_GDN_SCAN"); /* 16 | 32: cuda_backend_set_gdn_scan_cols */

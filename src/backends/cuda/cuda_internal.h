@@ -118,6 +118,11 @@ typedef struct cuda_impl {
   int step_launched; /* a graph of this step is launched (its first launch is timed and counted) */
   void *act16;              /* bf16/f16 activations of a tensor-core GEMM (cuda_gemm.cu), grown on demand */
   size_t act16_bytes;
+  void *moe_deq;            /* experts dequantized to bf16 for the cuBLAS MoE prefill, grown on demand */
+  size_t moe_deq_bytes;
+  size_t moe_deq_cap;       /* its limit (ANNA_CUDA_MOE_DEQ_MB; default 1 GiB) */
+  void *moe_host;           /* pinned host arrays of the cuBLAS MoE prefill (counts, shapes, pointers) */
+  int moe_blas_grouped;     /* -1: cublasGemmGroupedBatchedEx refused these types; the per-expert loop */
   float *att_part;          /* split-K attention partials */
   size_t att_part_floats;
   float *gdn_scr;           /* chunked GDN scratch (W, U, P, gam), allocated at first use */
@@ -270,7 +275,7 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
                           const ops_weight *const *ws, const float *const *biases);
 void cuda_op_matmul_group_route(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                                 const ops_weight *const *ws, const float *const *biases, int route, int32_t *idx,
-                                float *wts, int k, int renorm, const float *per_expert);
+                                float *wts, int k, int renorm, const float *per_expert, int shared);
 void cuda_op_embed(ops_backend *be, float *out, const ops_weight *table, const int32_t *ids, int64_t n,
                    float scale);
 void cuda_op_rmsnorm(ops_backend *be, float *y, const float *x, const float *w, int64_t rows, int d, float eps,
@@ -311,6 +316,10 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
                      const ops_weight *down, int act, float *scratch);
 void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts,
                        int k, int renorm, const float *per_expert);
+/* cuda_op_moe_route with a shared-expert slot: sh (device, NULL: none) holds one gate logit
+ * per token; idx/wts rows are then k + 1 long, slot k = (n_experts, sigmoid(sh[t])). */
+void cuda_moe_route_shared(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts,
+                           int k, int renorm, const float *per_expert, const float *sh);
 void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                   int64_t vocab, int k, float temp);
 

@@ -174,13 +174,16 @@ static __global__ void k_matvec_plain(float *y, const float *x, const void *W, i
 
 /* A MoE route folded into a plain group launch (cuda_op_matmul_group_route): once every block
  * has written its rows, the last one to finish (an atomic count, reset by that block) routes
- * the ntok tokens' logits [ntok, E] (one warp each, cuda_route_token: E <= 256). Every field
- * 8 bytes (no padding: launch arguments are compared as bytes). */
+ * the ntok tokens' logits [ntok, E] (one warp each, cuda_route_token: E <= 256), then, with
+ * sh (a shared expert's gate logits [ntok], written by the same launch), appends the shared
+ * slot (rows of k + 1). Every field 8 bytes (no padding: launch arguments are compared as
+ * bytes). */
 typedef struct mv_route {
   const float *logits;
   int32_t *idx;
   float *wts;
   const float *per_expert; /* device, or NULL */
+  const float *sh;         /* device, or NULL */
   int *count;
   int64_t E, k, renorm, ntok;
 } mv_route;
@@ -200,9 +203,14 @@ static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, cons
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int tk = threadIdx.x >> 5; tk < rt.ntok; tk += PW)
-      cuda_route_token<8>(rt.idx + tk * rt.k, rt.wts + tk * rt.k, rt.logits + tk * rt.E, (int)rt.E, (int)rt.k,
+    const int64_t kk = rt.sh ? rt.k + 1 : rt.k;
+    for (int tk = threadIdx.x >> 5; tk < rt.ntok; tk += PW) {
+      cuda_route_token<8>(rt.idx + tk * kk, rt.wts + tk * kk, rt.logits + tk * rt.E, (int)rt.E, (int)rt.k,
                           (int)rt.renorm, rt.per_expert, threadIdx.x & 31);
+      if (rt.sh)
+        cuda_route_shared_slot(rt.idx + tk * kk + rt.k, rt.wts + tk * kk + rt.k, rt.sh + tk, (int)rt.E,
+                               threadIdx.x & 31);
+    }
     if (threadIdx.x == 0) *rt.count = 0; /* the next routed launch comes after this grid ends */
   }
 }
@@ -1161,7 +1169,7 @@ template <int NT>
 static bool group_tokens(cuda_impl *ci, int count, const int *skip, float *const *y, const float *x,
                          const uint8_t *const *W, const int64_t *rb, const ops_weight *const *ws,
                          const float *const *bd, int q8, size_t smem_max, const cuda_pnorm *pn = NULL,
-                         const mv_route *rt = NULL, int route_i = -1) {
+                         const mv_route *rt = NULL, int route_i = -1, int shared_i = -1) {
   bool routed = false;
   const int64_t cols = ws[0]->cols;
   int key[OPS_GROUP_MAX], done[OPS_GROUP_MAX];
@@ -1191,12 +1199,13 @@ static bool group_tokens(cuda_impl *ci, int count, const int *skip, float *const
     mv_table t;
     memset(&t, 0, sizeof t); /* unused entries too: launch arguments are compared as bytes */
     int m = 0;
-    bool has_route = false;
+    bool has_route = false, has_shared = shared_i < 0;
     for (int j = i; j < count; j++)
       if (!done[j] && key[j] == key[i]) {
         t.e[m++] = mv_ent{W[j], y[j], bd[j], ws[j]->rows, rb[j], 0};
         done[j] = 1;
         has_route |= j == route_i;
+        has_shared |= j == shared_i;
       }
     const bool fuse = i == first;
     const float *xi = fuse ? pn->x : x;
@@ -1207,7 +1216,8 @@ static bool group_tokens(cuda_impl *ci, int count, const int *skip, float *const
                              ws[i]->rows);
       continue;
     }
-    const bool fold = rt && has_route && (key[i] & 15) == MV_PATH_PLAIN;
+    /* the shared logit, if any, must come from this launch too */
+    const bool fold = rt && has_route && has_shared && (key[i] & 15) == MV_PATH_PLAIN;
     group_launch<NT>(ci, (mv_path)(key[i] & 15), ws[i]->type, key[i] >> 12 & 1, &t, m, xi, cols, fuse ? &nrm : NULL,
                      fold ? rt : NULL);
     routed |= fold;
@@ -1427,16 +1437,22 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
 
 void cuda_op_matmul_group_route(ops_backend *be, int count, float *const *ys, const float *x, int64_t n,
                                 const ops_weight *const *ws, const float *const *biases, int route, int32_t *idx,
-                                float *wts, int k, int renorm, const float *per_expert) {
+                                float *wts, int k, int renorm, const float *per_expert, int shared) {
   cuda_impl *ci = (cuda_impl *)be->impl; /* no cuda_impl_of yet: a deferred norm of x is the group's */
+  if (shared >= count || (shared >= 0 && (shared == route || ws[shared]->rows != 1))) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: matmul_group_route: shared entry %d is not a one-row weight of the group",
+              shared);
+    return;
+  }
   const bool ok = route >= 0 && route < count && count <= OPS_GROUP_MAX && ws[route]->rows <= 256 && k >= 1 &&
                   k <= 32 && k <= ws[route]->rows && ci->route_count;
   /* one token chunk (the route runs once, after every row of it), 16-byte aligned rows */
   const bool one = n == 1 || n == 2 || n == 4 || n == 8;
+  const float *sh = shared >= 0 ? ys[shared] : NULL;
   if (!ok || !one || ws[0]->cols % 8 != 0) {
     cuda_op_matmul_group(be, count, ys, x, n, ws, biases);
     if (route >= 0 && route < count)
-      cuda_op_moe_route(be, idx, wts, ys[route], n, (int)ws[route]->rows, k, renorm, per_expert);
+      cuda_moe_route_shared(be, idx, wts, ys[route], n, (int)ws[route]->rows, k, renorm, per_expert, sh);
     return;
   }
   const cuda_pnorm pn = cuda_norm_take(be, x, n);
@@ -1458,17 +1474,19 @@ void cuda_op_matmul_group_route(ops_backend *be, int count, float *const *ys, co
   if (per_expert && !pe) return;
   const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
   const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
-  const mv_route rt = {ys[route], idx, wts, pe, ci->route_count, E, k, renorm, n};
-  const int ri = skip[route] ? -1 : route;
+  const mv_route rt = {ys[route], idx, wts, pe, sh, ci->route_count, E, k, renorm, n};
+  /* a weight run elsewhere (skip) cannot take part: its rows come after the launch */
+  const int ri = skip[route] || (shared >= 0 && skip[shared]) ? -1 : route;
   bool routed;
-  if (n == 8) routed = group_tokens<8>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri);
-  else if (n == 4) routed = group_tokens<4>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri);
-  else if (n == 2) routed = group_tokens<2>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri);
-  else routed = group_tokens<1>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, pn.x ? &pn : NULL, &rt, ri);
+  if (n == 8) routed = group_tokens<8>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri, shared);
+  else if (n == 4) routed = group_tokens<4>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri, shared);
+  else if (n == 2) routed = group_tokens<2>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, NULL, &rt, ri, shared);
+  else
+    routed = group_tokens<1>(ci, count, skip, ys, x, W, rb, ws, bd, q8, smem_max, pn.x ? &pn : NULL, &rt, ri, shared);
   if (!cuda_check_launch(ci, "matvec group")) return;
   for (int i = 0; i < count; i++)
     if (skip[i]) cuda_op_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
-  if (!routed) cuda_op_moe_route(be, idx, wts, ys[route], n, (int)E, k, renorm, per_expert);
+  if (!routed) cuda_moe_route_shared(be, idx, wts, ys[route], n, (int)E, k, renorm, per_expert, sh);
 }
 
 static __global__ void k_embed(float *out, const uint8_t *T, int64_t rows, int64_t cols, int64_t row_bytes, int type,

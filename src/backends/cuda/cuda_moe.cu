@@ -33,6 +33,10 @@
  * tiles); blocks past the device-side tile count exit at once. BN (16, 32 or 64 pairs) is
  * picked from the mean pairs per expert: small tiles waste less work on sparse experts,
  * large ones dequantize each weight tile fewer times.
+ * With many pairs per expert (at least MOE_CUBLAS_PAIRS on average) and quantized experts,
+ * the tile kernels' in-loop dequantization and unpipelined WMMA lose to cuBLAS: the experts
+ * are dequantized to bf16 once per call and multiplied by cuBLAS's grouped GEMM (the pair
+ * counts read back, one sync per call; moe_ffn_cublas below).
  * Exact mode (and weights this path does not take: f32/f16 experts, mixed types) keeps the
  * host-grouped path: the expert ids are read back (n * k int32, one sync) to group the
  * pairs, then per selected expert gather + matmuls (f32 SGEMM in exact mode) + scatter-add,
@@ -54,19 +58,27 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One warp per token: cuda_route_token (cuda_route.cuh). */
+/* One warp per token: cuda_route_token (cuda_route.cuh); sh: the shared-expert slot after
+ * them (rows of k + 1), NULL: none. */
 template <int NE>
 static __global__ void k_moe_route(int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k, int renorm,
-                                   const float *per_expert) {
+                                   const float *per_expert, const float *sh) {
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   const int lane = threadIdx.x & 31;
   const int64_t t = blockIdx.x * (int64_t)(blockDim.x >> 5) + (threadIdx.x >> 5);
   if (t >= n) return;
-  cuda_route_token<NE>(idx + t * k, wts + t * k, logits + t * E, E, k, renorm, per_expert, lane);
+  const int kk = sh ? k + 1 : k;
+  cuda_route_token<NE>(idx + t * kk, wts + t * kk, logits + t * E, E, k, renorm, per_expert, lane);
+  if (sh) cuda_route_shared_slot(idx + t * kk + k, wts + t * kk + k, sh + t, E, lane);
 }
 
 void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts, int k,
                        int renorm, const float *per_expert) {
+  cuda_moe_route_shared(be, idx, wts, logits, n, n_experts, k, renorm, per_expert, NULL);
+}
+
+void cuda_moe_route_shared(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int n_experts,
+                           int k, int renorm, const float *per_expert, const float *sh) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
   if (k < 1 || k > 32 || k > n_experts || n_experts > 32 * 32) {
@@ -78,7 +90,7 @@ void cuda_op_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *l
   if (per_expert && !pe) return;
   const unsigned grid = cuda_blocks(n * 32, 128);
 #define ROUTE(NE) \
-  cuda_launch_pdl(ci, "moe_route", k_moe_route<NE>, grid, 128, 0, idx, wts, logits, n, n_experts, k, renorm, pe)
+  cuda_launch_pdl(ci, "moe_route", k_moe_route<NE>, grid, 128, 0, idx, wts, logits, n, n_experts, k, renorm, pe, sh)
   if (n_experts <= 32) ROUTE(1);
   else if (n_experts <= 64) ROUTE(2);
   else if (n_experts <= 128) ROUTE(4);
@@ -967,6 +979,239 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   return true;
 }
 
+/* ---- prefill on cuBLAS: experts dequantized to bf16, grouped GEMMs ----
+ *
+ * With hundreds of pairs per expert the tile kernels above are bound by their in-loop
+ * dequantization and unpipelined WMMA (~40 TFLOP/s on the 35B-A3B layer). Here the experts
+ * are dequantized once per call into a bf16 buffer (the same rounding as the dense prefill
+ * GEMMs: q * d to bf16) and multiplied by cuBLAS's grouped GEMM, one problem per expert with
+ * pairs; the activations are rounded to bf16 once (cuda_gemm_split: quantized weights only).
+ * cuBLAS takes the problem shapes on the host, so the pair counts per expert are read back
+ * (one stream sync per call: prefill only, never inside a recorded step). Experts go in
+ * chunks that fit ci->moe_deq_cap: dequantize chunk, gate/up GEMM -> g [pairs, 2I] f32,
+ * act -> h bf16, down GEMM -> y [pairs, H] f32; then the weighted combine. */
+
+/* From the mean pairs per expert up, the default takes this path (test_cuda_ops --bench=moe). */
+#define MOE_CUBLAS_PAIRS 32
+
+/* Host arrays of one call: the pair offsets read back and one chunk's problems. */
+typedef struct moe_host {
+  int32_t off[MG_MAX_E + 1];
+  int m[MG_MAX_E], n[MG_MAX_E], kk[MG_MAX_E], lda[MG_MAX_E], ldb[MG_MAX_E], ldc[MG_MAX_E], gsize[MG_MAX_E];
+  cublasOperation_t ta[MG_MAX_E], tb[MG_MAX_E];
+  float alpha[MG_MAX_E], beta[MG_MAX_E];
+  const void *A[MG_MAX_E], *B[MG_MAX_E];
+  void *C[MG_MAX_E];
+} moe_host;
+
+/* xs[s, :] = bf16(x[order[s] / k, :]) for the placed slots s < *placed (H % 4 == 0, x 16-byte aligned). */
+static __global__ void k_moe_gather_bf16(__nv_bfloat16 *xs, const float *x, const int32_t *order,
+                                         const int32_t *placed, int64_t H, int k) {
+  const int64_t h4 = H / 4, total = (int64_t)*placed * h4;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t s = i / h4, c = i - s * h4;
+    const float4 v = ((const float4 *)(x + (int64_t)(order[s] / k) * H))[c];
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    uint2 o;
+    o.x = *(const uint32_t *)&a, o.y = *(const uint32_t *)&b;
+    ((uint2 *)(xs + s * H))[c] = o;
+  }
+}
+
+/* Experts [e0, e0 + ec) to bf16 at dst, each 3 I H elements: its gate/up rows as [2I][H]
+ * (gate rows, then up rows) and its down rows as [H][I]. Experts without pairs (off) are
+ * skipped. One thread per 32-element unit, a row's units on consecutive threads. */
+static __global__ void k_moe_deq_experts(__nv_bfloat16 *dst, const uint8_t *const *tab, const int32_t *off, int E,
+                                         int e0, int ec, int64_t H, int64_t I, int tg, int tu, int td, int64_t rbg,
+                                         int64_t rbu, int64_t rbd, int fused) {
+  const int64_t uh = H / 32, ui = I / 32, ug = 2 * I * uh, per = ug + H * ui;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ec * per; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t ex = i / per;
+    int64_t r = i - ex * per;
+    const int e = e0 + (int)ex;
+    if (off[e + 1] == off[e]) continue;
+    const uint8_t *row;
+    int type;
+    int64_t u;
+    __nv_bfloat16 *o = dst + ex * 3 * I * H;
+    if (r < ug) {
+      const int64_t w = r / uh;
+      u = r - w * uh;
+      o += w * H + u * 32;
+      if (w < I || fused) row = tab[e] + w * rbg, type = tg;
+      else row = tab[E + e] + (w - I) * rbu, type = tu;
+    } else {
+      r -= ug;
+      const int64_t w = r / ui;
+      u = r - w * ui;
+      o += 2 * I * H + w * I + u * 32;
+      row = tab[2 * E + e] + w * rbd, type = td;
+    }
+    float v[32];
+    moe_deq32_fast(type, row, u, v);
+    uint32_t p[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+      p[j] = *(const uint32_t *)&h;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) ((uint4 *)o)[q] = make_uint4(p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]);
+  }
+}
+
+/* h[s, i] = bf16(act(g[s, i]) * g[s, I + i]) for slots [s0, s1) (I even). */
+static __global__ void k_moe_act_bf16(__nv_bfloat16 *h, const float *g, int64_t s0, int64_t s1, int64_t I, int act) {
+  const int64_t i2 = I / 2, total = (s1 - s0) * i2;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t s = s0 + i / i2, c = i % i2;
+    const float2 a = ((const float2 *)(g + s * 2 * I))[c], b = ((const float2 *)(g + s * 2 * I + I))[c];
+    ((__nv_bfloat162 *)(h + s * I))[c] = __floats2bfloat162_rn(moe_act(a.x, act) * b.x, moe_act(a.y, act) * b.y);
+  }
+}
+
+/* The chunk's G problems (mh's arrays) on cuBLAS: one grouped call, or a loop of GEMMs
+ * when grouped is unavailable or CUDA_MOE_CUBLAS_LOOP asks; false on a cuBLAS error (set). */
+static bool moe_blas_run(ops_backend *be, moe_host *mh, int G) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->moe_variant != CUDA_MOE_CUBLAS_LOOP && ci->moe_blas_grouped >= 0) {
+    const void **dA = (const void **)cuda_ring_put(be, mh->A, (size_t)G * sizeof(void *));
+    const void **dB = dA ? (const void **)cuda_ring_put(be, mh->B, (size_t)G * sizeof(void *)) : NULL;
+    void **dC = dB ? (void **)cuda_ring_put(be, mh->C, (size_t)G * sizeof(void *)) : NULL;
+    if (!dC) return false;
+    const cublasStatus_t s = cublasGemmGroupedBatchedEx(
+        ci->blas, mh->ta, mh->tb, mh->m, mh->n, mh->kk, mh->alpha, dA, CUDA_R_16BF, mh->lda, dB, CUDA_R_16BF, mh->ldb,
+        mh->beta, dC, CUDA_R_32F, mh->ldc, G, mh->gsize, CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) return true;
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE) {
+      cuda_fail(ci, ANNA_EIO, "cuda: cublasGemmGroupedBatchedEx failed (status %d)", (int)s);
+      return false;
+    }
+    ci->moe_blas_grouped = -1; /* this cuBLAS cannot: the loop from now on */
+  }
+  for (int g = 0; g < G; g++) {
+    const cublasStatus_t s =
+        cublasGemmEx(ci->blas, mh->ta[g], mh->tb[g], mh->m[g], mh->n[g], mh->kk[g], &mh->alpha[g], mh->A[g],
+                     CUDA_R_16BF, mh->lda[g], mh->B[g], CUDA_R_16BF, mh->ldb[g], &mh->beta[g], mh->C[g], CUDA_R_32F,
+                     mh->ldc[g], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      cuda_fail(ci, ANNA_EIO, "cuda: cublasGemmEx (moe expert) failed (status %d)", (int)s);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Problem g of a chunk: C[cnt, m] = B[cnt, kk] A[m, kk]^T, row-major, as cuBLAS's column-major
+ * C(m x cnt) = A^T B. */
+static void moe_host_set(moe_host *mh, int g, int m, int cnt, int kk, const void *A, const void *B, void *C) {
+  mh->ta[g] = CUBLAS_OP_T, mh->tb[g] = CUBLAS_OP_N;
+  mh->m[g] = m, mh->n[g] = cnt, mh->kk[g] = kk;
+  mh->lda[g] = kk, mh->ldb[g] = kk, mh->ldc[g] = m;
+  mh->alpha[g] = 1.0f, mh->beta[g] = 0.0f, mh->gsize[g] = 1;
+  mh->A[g] = A, mh->B[g] = B, mh->C[g] = C;
+}
+
+/* The cuBLAS prefill path; false (nothing queued) when it cannot take these weights or
+ * buffers. */
+static bool moe_ffn_cublas(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                           const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                           const ops_weight *down, int act, float *scratch, int E) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (E < 1 || E > MG_MAX_E || k < 1 || H < 32 || H % 32 != 0 || ci->recording || ((uintptr_t)x & 15) != 0)
+    return false;
+  const int64_t I = up ? up[0].rows : gate[0].rows / 2;
+  if (I < 32 || I % 32 != 0 || gate[0].cols != H || down[0].rows != H || down[0].cols != I ||
+      (!up && gate[0].rows != 2 * I) || (up && up[0].cols != H))
+    return false;
+  const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
+  if (!cuda_quant_supported(tg) || !cuda_quant_supported(tu) || !cuda_quant_supported(td) ||
+      cuda_gemm_split(ci, tg) || cuda_gemm_split(ci, tu) || cuda_gemm_split(ci, td))
+    return false;
+  const int64_t nk = n * k;
+  if (nk > 0x3fffffff || 2 * I * (int64_t)H > 0x7fffffff) return false;
+  /* experts per chunk: as few chunks as the cap allows, balanced */
+  const size_t per = (size_t)3 * (size_t)I * (size_t)H * sizeof(__nv_bfloat16);
+  int64_t chunk = (int64_t)(ci->moe_deq_cap / per);
+  if (chunk < 1) return false;
+  if (chunk > E) chunk = E;
+  const int64_t nchunks = (E + chunk - 1) / chunk;
+  chunk = (E + nchunks - 1) / nchunks;
+  if (ci->moe_deq_bytes < (size_t)chunk * per) {
+    if (ci->moe_deq) cudaFree(ci->moe_deq);
+    ci->moe_deq = NULL, ci->moe_deq_bytes = 0;
+    if (cudaMalloc(&ci->moe_deq, (size_t)chunk * per) != cudaSuccess) {
+      (void)cudaGetLastError(); /* no room: the tile kernels need none */
+      ci->moe_deq = NULL;
+      return false;
+    }
+    ci->moe_deq_bytes = (size_t)chunk * per;
+  }
+  if (!ci->moe_host && cudaMallocHost(&ci->moe_host, sizeof(moe_host)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    ci->moe_host = NULL;
+    return false;
+  }
+  moe_host *mh = (moe_host *)ci->moe_host;
+  /* scratch layout (256-byte aligned pieces) within ops_moe_scratch_floats */
+  const int64_t nb = (nk + MG_CHUNK - 1) / MG_CHUNK;
+  const uintptr_t base = (uintptr_t)scratch,
+                  limit = base + (uintptr_t)ops_moe_scratch_floats(n, k, H, (int)I) * sizeof(float);
+  uintptr_t at = base;
+  auto carve = [&at](int64_t bytes) {
+    at = (at + 255) & ~(uintptr_t)255;
+    const uintptr_t r = at;
+    at += (uintptr_t)bytes;
+    return r;
+  };
+  __nv_bfloat16 *xs = (__nv_bfloat16 *)carve(nk * H * 2), *h = (__nv_bfloat16 *)carve(nk * I * 2);
+  float *g = (float *)carve(nk * 2 * I * 4), *y = (float *)carve(nk * H * 4);
+  int32_t *order = (int32_t *)carve(nk * 4), *inv = (int32_t *)carve(nk * 4);
+  int32_t *cnt = (int32_t *)carve(nb * E * 4), *off = (int32_t *)carve(((int64_t)E + 1) * 4);
+  int32_t *tiles = (int32_t *)carve((int64_t)E * 2 * 4), *ntiles = (int32_t *)carve(4);
+  if (at > limit) return false;
+  const uint8_t *const *tab = moe_table(be, E, gate, up, down, NULL);
+  if (!tab) return false;
+
+  cuda_launch(ci, "moe hist", k_moe_hist, (unsigned)nb, MG_CHUNK, 0, cnt, idx, nk, E);
+  /* one "tile" per expert: the scan's tile list is not used here */
+  cuda_launch(ci, "moe scan", k_moe_scan, 1, 1024, 0, cnt, off, tiles, ntiles, nb, E, 0x3fffffff);
+  cuda_launch(ci, "moe place", k_moe_place, (unsigned)nb, MG_CHUNK, 0, order, inv, idx, (const int32_t *)cnt,
+              (const int32_t *)off, nk, E);
+  cuda_launch(ci, "moe gather", k_moe_gather_bf16, grid_of(nk * (H / 4)), 256, 0, xs, x, (const int32_t *)order,
+              (const int32_t *)off + E, (int64_t)H, k);
+  cuda_copy_async(ci, mh->off, off, ((size_t)E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost, "moe counts");
+  if (ci->err || !cuda_check(ci, cudaStreamSynchronize(ci->stream), "moe counts sync")) return true;
+  const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
+  __nv_bfloat16 *deq = (__nv_bfloat16 *)ci->moe_deq;
+  for (int e0 = 0; e0 < E && !ci->err; e0 += (int)chunk) {
+    const int ec = (int)(E - e0 < chunk ? E - e0 : chunk);
+    const int64_t s0 = mh->off[e0], s1 = mh->off[e0 + ec];
+    if (s1 == s0) continue;
+    cuda_launch(ci, "moe dequant experts", k_moe_deq_experts, grid_of(ec * 3 * I * H / 32), 256, 0, deq, tab,
+                (const int32_t *)off, E, e0, ec, (int64_t)H, I, tg, tu, td, rbg, rbu, rbd, up == NULL ? 1 : 0);
+    int G = 0;
+    for (int j = 0; j < ec; j++) {
+      const int64_t a = mh->off[e0 + j], c = mh->off[e0 + j + 1] - a;
+      if (c > 0)
+        moe_host_set(mh, G++, (int)(2 * I), (int)c, H, deq + (int64_t)j * 3 * I * H, xs + a * H, g + a * 2 * I);
+    }
+    if (!moe_blas_run(be, mh, G)) return true;
+    cuda_launch(ci, "moe act", k_moe_act_bf16, grid_of((s1 - s0) * (I / 2)), 256, 0, h, (const float *)g, s0, s1, I,
+                act);
+    G = 0;
+    for (int j = 0; j < ec; j++) {
+      const int64_t a = mh->off[e0 + j], c = mh->off[e0 + j + 1] - a;
+      if (c > 0)
+        moe_host_set(mh, G++, H, (int)c, (int)I, deq + (int64_t)j * 3 * I * H + 2 * I * H, h + a * I, y + a * H);
+    }
+    if (!moe_blas_run(be, mh, G)) return true;
+  }
+  cuda_launch(ci, "moe combine", k_moe_combine, cuda_blocks(n * H, 256), 256, 0, out, (const float *)y,
+              (const int32_t *)inv, wts, n, (int64_t)H, k);
+  return true;
+}
+
 void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                      const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
                      const ops_weight *down, int act, float *scratch) {
@@ -975,7 +1220,13 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
   if (n <= CUDA_GRAPH_MAX_TOK &&
       moe_ffn_decode(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
     return;
-  if (!ci->exact && ci->moe_variant != CUDA_MOE_HOST &&
+  const int v = ci->moe_variant;
+  const bool tiles_only = v == CUDA_MOE_TILES || v == CUDA_MOE_T16 || v == CUDA_MOE_T32 || v == CUDA_MOE_T64;
+  if (!ci->exact && v != CUDA_MOE_HOST && !tiles_only &&
+      (v == CUDA_MOE_CUBLAS || v == CUDA_MOE_CUBLAS_LOOP || n * k >= (int64_t)MOE_CUBLAS_PAIRS * n_experts) &&
+      moe_ffn_cublas(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
+    return;
+  if (!ci->exact && v != CUDA_MOE_HOST &&
       moe_ffn_grouped(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
     return;
   /* exact mode (f32 SGEMMs), or weights the grouped path does not take */

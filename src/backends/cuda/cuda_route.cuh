@@ -17,6 +17,8 @@
 #ifndef ANNA_BACKENDS_CUDA_ROUTE_CUH
 #define ANNA_BACKENDS_CUDA_ROUTE_CUH
 
+#include "backends/cuda/cuda_math.cuh"
+
 #include <stdint.h>
 
 /* Orderable bits of a float: unsigned comparison of the keys is float comparison. */
@@ -67,6 +69,14 @@ static __device__ __forceinline__ void cuda_route_token(int32_t *idx, float *wts
     if (per_expert) o *= per_expert[mine_e];
     idx[lane] = mine_e, wts[lane] = o;
   }
+}
+
+/* The shared-expert slot after a token's k routed ones (matmul_group_route's shared): expert
+ * E with weight sigmoid(*sh), the gate mul_sigmoid applies (the logit read from L2, as the
+ * router's). One lane writes it. */
+static __device__ __forceinline__ void cuda_route_shared_slot(int32_t *idx, float *wts, const float *sh, int E,
+                                                              int lane) {
+  if (lane == 0) *idx = E, *wts = cuda_sigmoid(__ldcg(sh));
 }
 
 #endif
