@@ -2255,9 +2255,11 @@ static void test_norm_fused(void) {
  * election counter resets), inside recorded steps (graphs: the second step replays), after a
  * deferred add_rmsnorm (one token: the int8 launch takes the norm), and with the router in
  * bf16 (still plain) and Q8_0 (int8 path: routed by its own kernel). Each also with the
- * shared slot (entry 3, the one-row f32 gate logit): rows of k + 1, the routed slots as
- * moe_route's and slot k = (E, sigmoid(logit)); with the Q8_0 router the f32 logit runs in
- * another launch than the router's, so the route is not folded. */
+ * shared slot, on the group of the router and the one-row f32 gate logit (entry 3): rows of
+ * k + 1, the routed slots as moe_route's and slot k = (E, sigmoid(logit)). With the f32
+ * router that group is one plain launch: folded route, and for one token with a deferred norm
+ * the norm in its blocks (the same bits as the add_rmsnorm kernel the reference runs); with
+ * the bf16 / Q8_0 router the logit runs in another launch, so the route is not folded. */
 static void test_matmul_group_route(void) {
   printf("matmul_group_route\n");
   const int64_t H = 512, I = 96;
@@ -2310,11 +2312,17 @@ static void test_matmul_group_route(void) {
           const int reps = mode % 4 == 1 ? 3 : mode % 4 == 2 ? 2 : 1;
           for (int rep = 0; rep < reps; rep++) {
             if (mode % 4 == 2) cuda_backend_set_graphs(g_gpu, 1), cuda_backend_step_begin(g_gpu, n);
-            if (v == 0) {
-              g_gpu->matmul_group_route(g_gpu, 4, dyi[v], xin, n, ws, NULL, 0, didx[v], dw[v], k, 1, NULL,
-                                        sh ? 3 : -1);
+            /* the shared-slot modes group the router and the logit only (the model's group
+             * then: with an f32 router one plain launch, which takes a deferred norm itself) */
+            float *ys2[2] = {dyi[v][0], dyi[v][3]};
+            const ops_weight *ws2[2] = {ws[0], ws[3]};
+            if (v == 0 && sh) {
+              g_gpu->matmul_group_route(g_gpu, 2, ys2, xin, n, ws2, NULL, 0, didx[v], dw[v], k, 1, NULL, 1);
+            } else if (v == 0) {
+              g_gpu->matmul_group_route(g_gpu, 4, dyi[v], xin, n, ws, NULL, 0, didx[v], dw[v], k, 1, NULL, -1);
             } else {
-              g_gpu->matmul_group(g_gpu, 4, dyi[v], xin, n, ws, NULL);
+              if (sh) g_gpu->matmul_group(g_gpu, 2, ys2, xin, n, ws2, NULL);
+              else g_gpu->matmul_group(g_gpu, 4, dyi[v], xin, n, ws, NULL);
               g_gpu->moe_route(g_gpu, didx[v], dw[v], dyi[v][0], n, E, k, 1, NULL);
             }
             if (mode % 4 == 2) cuda_backend_step_end(g_gpu), cuda_backend_set_graphs(g_gpu, 0);

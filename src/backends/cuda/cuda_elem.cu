@@ -48,7 +48,7 @@ static __global__ void k_rmsnorm(float *x, const float *r, float *y, const float
  * in registers, every load of the row issued before the first use (the strided loop above
  * waits on memory once per iteration: ~5-15 us for a 4096-wide row on the H200, the price
  * of 16 dependent round trips). With ADD, x += r is stored and normalised (add_rmsnorm). */
-#define RN4_V 4
+#define RN4_V CUDA_RN4_V
 template <bool ADD>
 static __global__ void __launch_bounds__(1024)
     k_rmsnorm4(float *x, const float *r, float *y, const float *w,
@@ -73,7 +73,7 @@ static __global__ void __launch_bounds__(1024)
       v[j].x += a[j].x, v[j].y += a[j].y, v[j].z += a[j].z, v[j].w += a[j].w;
       if (i < d4) xr[i] = v[j];
     }
-    ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    ss = cuda_rn4_ss(ss, v[j]);
   }
   ss = cuda_block_sum(ss);
   const float inv = rsqrtf(ss / (float)(4 * d4) + eps);
@@ -96,8 +96,7 @@ void cuda_rmsnorm_rows(cuda_impl *ci, float *x, const float *r, float *y, const 
   const int d4 = d / 4;
   if (d % 4 == 0 && d4 <= RN4_V * 1024 && rows <= 0x7fffffff &&
       !(((uintptr_t)x | (uintptr_t)y | (uintptr_t)r | (uintptr_t)w) & 15)) {
-    int th = (d4 + RN4_V - 1) / RN4_V;
-    th = th < 32 ? 32 : (th + 31) / 32 * 32;
+    const int th = cuda_rn4_threads(d4);
     if (r) cuda_launch_pdl(ci, "add_rmsnorm", k_rmsnorm4<true>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
     else cuda_launch_pdl(ci, "rmsnorm", k_rmsnorm4<false>, (unsigned)rows, th, 0, x, r, y, w, d4, eps, one_plus);
     return;

@@ -9,6 +9,19 @@ static __device__ __forceinline__ float cuda_warp_sum(float v) {
   return v;
 }
 
+/* The decode-sized RMSNorm (k_rmsnorm4, cuda_elem.cu): CUDA_RN4_V float4 of the row per
+ * thread, cuda_rn4_threads(d4) threads (a multiple of 32), each summing the squares of its
+ * float4 i, i + threads, ... with cuda_rn4_ss, then cuda_block_sum. A kernel that folds the
+ * norm in (the routed plain matvec group) reproduces these steps for the same bits. */
+#define CUDA_RN4_V 4
+static __host__ __device__ __forceinline__ int cuda_rn4_threads(int d4) {
+  const int th = (d4 + CUDA_RN4_V - 1) / CUDA_RN4_V;
+  return th < 32 ? 32 : (th + 31) / 32 * 32;
+}
+static __device__ __forceinline__ float cuda_rn4_ss(float ss, float4 v) {
+  return ss + (v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+}
+
 /* Sum over the block (blockDim a multiple of 32, <= 1024); every thread gets the result.
  * Also a block barrier: writes to shared memory before the call are visible after it. Safe
  * to call repeatedly (its scratch is released by the last barrier). */

@@ -172,6 +172,23 @@ static __global__ void k_matvec_plain(float *y, const float *x, const void *W, i
   mv_plain<TYPE, NT, false>(y, x, W, rows, cols, vec, nullptr, 0);
 }
 
+/* A deferred add_rmsnorm (cuda_pnorm) folded into a one-token prologue: when r is set, the
+ * kernel's x is the residual stream and its activations are rmsnorm(x + r) * w. Each block
+ * quantizes (x + r) * w (a block's int8 values do not change with a common factor), sums
+ * the squares of x + r, and scales its block scales and run sums by 1 / rms; the last block
+ * to finish reading x and r (an atomic count of the blocks, reset by that block) stores
+ * x + r into x and the normalised row into y for the ops after this one. The routed plain
+ * group takes it too (k_matvec_plain_g, NRM). No padding: the arguments are compared as
+ * bytes. */
+typedef struct mv_norm {
+  const float *r; /* NULL: no norm */
+  float *y;
+  const float *w;
+  int *count;
+  float eps;
+  int32_t one_plus;
+} mv_norm;
+
 /* A MoE route folded into a plain group launch (cuda_op_matmul_group_route): once every block
  * has written its rows, the last one to finish (an atomic count, reset by that block) routes
  * the ntok tokens' logits [ntok, E] (one warp each, cuda_route_token: E <= 256), then, with
@@ -188,13 +205,59 @@ typedef struct mv_route {
   int64_t E, k, renorm, ntok;
 } mv_route;
 
-template <int TYPE, int NT, bool ROUTE>
+/* NRM (one token, with ROUTE): x is the residual stream and the activations are the deferred
+ * add_rmsnorm's rmsnorm(x + nrm.r) * nrm.w, which every block forms in shared memory (cols
+ * floats, dynamic) by k_rmsnorm4's own steps (cuda_rn4_*: the same bits as that kernel); the
+ * block that routes also stores x + r into x and the normalised row into nrm.y. */
+template <int TYPE, int NT, bool ROUTE, bool NRM = false>
 static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, const float *x, int64_t cols, int vec,
-                                        const __grid_constant__ mv_route rt) {
+                                        const __grid_constant__ mv_route rt, const __grid_constant__ mv_norm nrm) {
+  static_assert(!NRM || (ROUTE && NT == 1), "the norm prologue is for one routed token");
   cuda_pdl_enter(); /* launched by cuda_launch_pdl */
   constexpr int PW = mv_plain_warps<TYPE>();
+  extern __shared__ __align__(16) float pn_x[];
+  if constexpr (NRM) {
+    __shared__ float part[32];
+    const int d4 = (int)(cols / 4), th = cuda_rn4_threads(d4), lane = threadIdx.x & 31;
+    const float4 *x4 = (const float4 *)x, *r4 = (const float4 *)nrm.r;
+    float4 *s4 = (float4 *)pn_x;
+    for (int vw = threadIdx.x >> 5; vw < th / 32; vw += PW) { /* k_rmsnorm4's warp vw, lane by lane */
+      const int i0 = vw * 32 + lane;
+      float ss = 0.0f;
+#pragma unroll
+      for (int j = 0; j < CUDA_RN4_V; j++) {
+        const int i = i0 + j * th;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (i < d4) {
+          const float4 a = r4[i];
+          v = x4[i];
+          v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+          s4[i] = v;
+        }
+        ss = cuda_rn4_ss(ss, v);
+      }
+      ss = cuda_warp_sum(ss);
+      if (lane == 0) part[vw] = ss;
+    }
+    __syncthreads();
+    float tot = lane < th / 32 ? part[lane] : 0.0f; /* cuda_block_sum's second level */
+    tot = cuda_warp_sum(tot);
+    const float inv = rsqrtf(tot / (float)(4 * d4) + nrm.eps);
+    __syncthreads(); /* every warp has read part (no reuse below, but keep the order plain) */
+    for (int i = threadIdx.x; i < d4; i += 32 * PW) {
+      const float4 v = s4[i];
+      float4 o = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+      if (nrm.w) {
+        float4 g = ((const float4 *)nrm.w)[i];
+        if (nrm.one_plus) g.x += 1.0f, g.y += 1.0f, g.z += 1.0f, g.w += 1.0f;
+        o.x *= g.x, o.y *= g.y, o.z *= g.z, o.w *= g.w;
+      }
+      s4[i] = o;
+    }
+    __syncthreads();
+  }
   const mv_sel s = mv_pick(t);
-  mv_plain<TYPE, NT, true, PW>(s.y, x, s.W, s.rows, cols, vec, s.bias, s.bid);
+  mv_plain<TYPE, NT, true, PW>(s.y, NRM ? pn_x : x, s.W, s.rows, cols, vec, s.bias, s.bid);
   if (ROUTE) {
     __shared__ int last;
     __threadfence(); /* this thread's rows, visible to the block that routes */
@@ -210,6 +273,17 @@ static __global__ void k_matvec_plain_g(const __grid_constant__ mv_table t, cons
       if (rt.sh)
         cuda_route_shared_slot(rt.idx + tk * kk + rt.k, rt.wts + tk * kk + rt.k, rt.sh + tk, (int)rt.E,
                                threadIdx.x & 31);
+    }
+    if constexpr (NRM) { /* every block has read x and r: x + r and the normalised row out */
+      const float4 *r4 = (const float4 *)nrm.r;
+      float4 *x4 = (float4 *)x;
+      for (int i = threadIdx.x; i < (int)(cols / 4); i += 32 * PW) {
+        const float4 a = r4[i];
+        float4 v = x4[i];
+        v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+        x4[i] = v;
+        ((float4 *)nrm.y)[i] = ((const float4 *)pn_x)[i];
+      }
     }
     if (threadIdx.x == 0) *rt.count = 0; /* the next routed launch comes after this grid ends */
   }
@@ -540,21 +614,6 @@ typedef struct mv_glu {
   int64_t ogs;
 } mv_glu;
 
-/* A deferred add_rmsnorm (cuda_pnorm) folded into a one-token prologue: when r is set, the
- * kernel's x is the residual stream and its activations are rmsnorm(x + r) * w. Each block
- * quantizes (x + r) * w (a block's int8 values do not change with a common factor), sums
- * the squares of x + r, and scales its block scales and run sums by 1 / rms; the last block
- * to finish reading x and r (an atomic count of the blocks, reset by that block) stores
- * x + r into x and the normalised row into y for the ops after this one. No padding: the
- * arguments are compared as bytes. */
-typedef struct mv_norm {
-  const float *r; /* NULL: no norm */
-  float *y;
-  const float *w;
-  int *count;
-  float eps;
-  int32_t one_plus;
-} mv_norm;
 
 /* Elements c .. c + 3 of x + r and of the norm weight (1 + w with one_plus). */
 static __device__ __forceinline__ void mv_norm_in(const mv_norm &nrm, const float *x, int64_t c, float4 *e, float4 *g) {
@@ -1110,10 +1169,13 @@ static unsigned group_rows(mv_table *t, int m, int pw = MV_WARPS) {
 #define GPLAIN(T)                                                                                                     \
   case T:                                                                                                             \
     g = group_rows(t, m, mv_plain_warps<T>());                                                                \
-    if (rt) cuda_launch_pdl(ci, "matvec plain group + route", k_matvec_plain_g<T, NT, true>, g,                      \
-                            32 * mv_plain_warps<T>(), 0, *t, x, cols, vec, *rt);                                      \
+    if (NT == 1 && rt && nrm && nrm->r)                                                                               \
+      cuda_launch_pdl(ci, "matvec plain group + norm + route", k_matvec_plain_g<T, 1, true, true>, g,                \
+                      32 * mv_plain_warps<T>(), (size_t)cols * sizeof(float), *t, x, cols, vec, *rt, *nrm);          \
+    else if (rt) cuda_launch_pdl(ci, "matvec plain group + route", k_matvec_plain_g<T, NT, true>, g,                 \
+                                 32 * mv_plain_warps<T>(), 0, *t, x, cols, vec, *rt, mv_norm{});                      \
     else cuda_launch_pdl(ci, "matvec plain group", k_matvec_plain_g<T, NT, false>, g, 32 * mv_plain_warps<T>(), 0,    \
-                         *t, x, cols, vec, mv_route{});                                                               \
+                         *t, x, cols, vec, mv_route{}, mv_norm{});                                                    \
     return;
 #define GQUANT(T)                                                                                                     \
   case T: cuda_launch_pdl(ci, "matvec quant group", k_matvec_quant_g<T, NT>, g, 32 * MV_WARPS, 0, *t, x, cols, xal); return;
@@ -1172,7 +1234,7 @@ static bool group_tokens(cuda_impl *ci, int count, const int *skip, float *const
                          const mv_route *rt = NULL, int route_i = -1, int shared_i = -1) {
   bool routed = false;
   const int64_t cols = ws[0]->cols;
-  int key[OPS_GROUP_MAX], done[OPS_GROUP_MAX];
+  int key[OPS_GROUP_MAX] = {0}, done[OPS_GROUP_MAX] = {0}; /* zeroed: gcc cannot see count bounds them */
   for (int i = 0; i < count; i++) {
     done[i] = skip[i];
     const mv_path p = mv_choose(ws[i]->type, W[i], rb[i], x, cols, NT, q8, smem_max);
@@ -1186,6 +1248,18 @@ static bool group_tokens(cuda_impl *ci, int count, const int *skip, float *const
   if (pn) {
     for (int i = 0; i < count && first < 0; i++)
       if (!done[i] && key[i] >= 0 && (key[i] & 15) == MV_PATH_Q8) first = i;
+    /* No int8 launch: a routed group that is one plain launch takes the norm in its blocks
+     * (k_matvec_plain_g, NRM), when the norm alone would be k_rmsnorm4 (whose steps it
+     * reproduces) and the row fits the default shared memory. */
+    if (first < 0 && NT == 1 && rt && route_i >= 0 && route_i < count && !done[route_i] && key[route_i] >= 0 &&
+        (key[route_i] & 15) == MV_PATH_PLAIN && pn->d == cols && cols % 4 == 0 && cols / 4 <= CUDA_RN4_V * 1024 &&
+        cols * (int64_t)sizeof(float) <= 48 * 1024 &&
+        !(((uintptr_t)pn->x | (uintptr_t)pn->r | (uintptr_t)pn->y | (uintptr_t)pn->w) & 15)) {
+      bool one = true;
+      int members = 0; /* a lone weight takes the single-matvec kernel: no route, no norm */
+      for (int i = 0; i < count; i++) one &= done[i] || key[i] == key[route_i], members += !done[i];
+      if (one && members >= 2) first = route_i; /* the shared logit, if any, is in it too (same key) */
+    }
     if (first < 0) {
       ci->pnorm = *pn;
       cuda_norm_flush(ci);

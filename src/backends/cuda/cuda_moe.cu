@@ -991,8 +991,11 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
  * chunks that fit ci->moe_deq_cap: dequantize chunk, gate/up GEMM -> g [pairs, 2I] f32,
  * act -> h bf16, down GEMM -> y [pairs, H] f32; then the weighted combine. */
 
-/* From the mean pairs per expert up, the default takes this path (test_cuda_ops --bench=moe). */
-#define MOE_CUBLAS_PAIRS 32
+/* From the mean pairs per expert up, the default takes this path. H200, 35B-A3B layer (E 256,
+ * k 8, H 2048, I 512, Q4_K; test_cuda_ops --bench=moe), tile kernels vs cuBLAS: 16 pairs per
+ * expert 1401 vs 4042 us, 64 2433 vs 4377, 128 4090 vs 5169, 256 7422 vs 5168 (80 TFLOP/s;
+ * the dequantization ~0.6 ms of it, cuBLAS's grouped GEMM ~90 TFLOP/s at these shapes). */
+#define MOE_CUBLAS_PAIRS 192
 
 /* Host arrays of one call: the pair offsets read back and one chunk's problems. */
 typedef struct moe_host {
