@@ -1636,9 +1636,10 @@ static void test_moe_grouped(void) {
                        {100, 8, 2, 288, 96, ANNA_DTYPE_Q8_0, 0}};
   /* mode 5: default tiles with split activations for every type (CUDA_GEMM_BF16_SPLIT);
    * 6, 7: the cuBLAS path (quantized experts; bf16 ones fall back to the tile kernels) as
-   * one grouped call and as a loop of GEMMs */
-  const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64, CUDA_MOE_DEFAULT,
-                          CUDA_MOE_CUBLAS, CUDA_MOE_CUBLAS_LOOP};
+   * one grouped call and as a loop of GEMMs; 8, 9: the pipelined and the plain tile kernel
+   * on experts dequantized first (also quantized experts only) */
+  const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16,    CUDA_MOE_T32,         CUDA_MOE_T64, CUDA_MOE_DEFAULT,
+                          CUDA_MOE_CUBLAS,  CUDA_MOE_CUBLAS_LOOP, CUDA_MOE_PIPE, CUDA_MOE_PREDEQ};
   for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
     cuda_backend_drop_mirrors(g_gpu);
     moe_case c;
@@ -1663,8 +1664,9 @@ static void test_moe_grouped(void) {
                      dscr);
       cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
       char what[128];
-      static const char *const mname[] = {"exact",       "grouped",       "grouped t16", "grouped t32",
-                                          "grouped t64", "grouped split", "cublas",      "cublas loop"};
+      static const char *const mname[] = {"exact",         "grouped", "grouped t16", "grouped t32",
+                                          "grouped t64",   "grouped split", "cublas",  "cublas loop",
+                                          "pipe (predeq)", "predeq"};
       snprintf(what, sizeof what, "moe_ffn n=%lld E=%d k=%d H=%d I=%d %s%s %s", (long long)n, c.E, c.k, c.H, c.I,
                dtype_name(c.type), c.fused ? " fused" : "", mname[mode]);
       const double tol = exact || c.type == ANNA_DTYPE_BF16 ? 1e-4 : 1e-2;
@@ -1764,19 +1766,20 @@ static void bench_moe_decode(int tgu, int td) {
 /* MoE prefill throughput on the 35B-A3B layer shape (E 256, top-8, H 2048, I 512, Q4_K
  * experts, separate gate/up as in the GGUF files; uniform random routing, so every expert
  * gets about n * 8 / 256 pairs): us per call of the host-grouped path (ids read back,
- * per-expert cuBLAS GEMMs), the default, the tile kernels (each tile forced, and their
- * automatic pick) and the cuBLAS path (dequantized experts, one grouped call or a loop of
- * GEMMs). TFLOP/s counts the useful 2 * n * k * 3 * H * I flops. */
+ * per-expert cuBLAS GEMMs), the default, the in-loop dequantizing tile kernels (each tile
+ * forced, and their automatic pick), the cuBLAS path (dequantized experts, one grouped call
+ * or a loop of GEMMs) and the tile kernels on dequantized experts (pipelined, plain). TFLOP/s counts the useful 2 * n * k * 3 * H * I flops. */
 static void bench_moe(void) {
   printf("bench moe prefill (E 256, k 8, H 2048, I 512, Q4_K)\n");
   cuda_backend_drop_mirrors(g_gpu); /* the weights below may reuse freed host addresses */
   moe_case c;
   moe_case_make(&c, 8192, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0);
   const int64_t ns[] = {512, 2048, 4096, 8192};
-  const int variants[] = {CUDA_MOE_HOST, CUDA_MOE_DEFAULT, CUDA_MOE_T16, CUDA_MOE_T32, CUDA_MOE_T64, CUDA_MOE_TILES,
-                          CUDA_MOE_CUBLAS, CUDA_MOE_CUBLAS_LOOP};
-  const char *const vname[] = {"host-grouped", "default",     "tiles t16", "tiles t32",
-                               "tiles t64",    "tiles (auto)", "cublas",    "cublas loop"};
+  const int variants[] = {CUDA_MOE_HOST,   CUDA_MOE_DEFAULT, CUDA_MOE_T16,         CUDA_MOE_T32,
+                          CUDA_MOE_T64,    CUDA_MOE_TILES,   CUDA_MOE_CUBLAS,      CUDA_MOE_CUBLAS_LOOP,
+                          CUDA_MOE_PIPE,   CUDA_MOE_PREDEQ};
+  const char *const vname[] = {"host-grouped", "default",      "tiles t16", "tiles t32",   "tiles t64",
+                               "tiles (auto)", "cublas",       "cublas loop", "pipe",      "predeq"};
   cuda_backend_set_exact(g_gpu, 0);
   for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
     const int64_t n = ns[ni], nk = n * c.k, sf = ops_moe_scratch_floats(n, c.k, c.H, c.I);

@@ -804,9 +804,11 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     if (mv && !strcmp(mv, "decode_f32")) ci->moe_variant = CUDA_MOE_DECODE_F32;
     if (mv && !strcmp(mv, "cublas")) ci->moe_variant = CUDA_MOE_CUBLAS;
     if (mv && !strcmp(mv, "cublas_loop")) ci->moe_variant = CUDA_MOE_CUBLAS_LOOP;
+    if (mv && !strcmp(mv, "pipe")) ci->moe_variant = CUDA_MOE_PIPE;
+    if (mv && !strcmp(mv, "predeq")) ci->moe_variant = CUDA_MOE_PREDEQ;
     if (mv && !strcmp(mv, "tiles")) ci->moe_variant = CUDA_MOE_TILES;
     const char *dv = getenv("ANNA_CUDA_MOE_DEQ_MB"); /* the cuBLAS MoE path's dequantized experts */
-    ci->moe_deq_cap = dv && atoi(dv) > 0 ? (size_t)atoi(dv) << 20 : (size_t)1 << 30;
+    ci->moe_deq_cap = dv && atoi(dv) > 0 ? (size_t)atoi(dv) << 20 : (size_t)2 << 30;
     const char *gv = getenv("ANNA_CUDA_GDN"); /* cluster: CUDA_GDN_CLUSTER (default CUDA_GDN_HEAD) */
     ci->gdn_variant = gv && !strcmp(gv, "cluster") ? CUDA_GDN_CLUSTER : CUDA_GDN_HEAD;
     const char *sv = getenv("ANNA_CUDA_GDN_SCAN"); /* 16 | 32: cuda_backend_set_gdn_scan_cols */

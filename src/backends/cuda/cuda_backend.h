@@ -52,18 +52,22 @@ enum { CUDA_MV_DEFAULT = 0, CUDA_MV_F32 = 1, CUDA_MV_INT8_R4 = 2 };
 void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
 
 /* MoE prefill (moe_ffn above the decode range, exact mode off) runs as grouped GEMMs on the
- * device: with many pairs per expert, quantized experts are dequantized to bf16 and
- * multiplied by cuBLAS's grouped GEMM (the pair counts read back once per call); otherwise
- * our fused-dequantization tile kernels, tiles picked from the batch shape. MoE decode (exact
+ * device: from 32 pairs per expert quantized experts are dequantized to bf16 first and
+ * multiplied by a pipelined tile kernel, from 192 by cuBLAS's grouped GEMM (the pair counts
+ * read back once per call); below 32 the tile kernels dequantize inside their K loop. Tiles
+ * are picked from the batch shape. MoE decode (exact
  * mode off) quantizes the activations to int8 for experts of the int8 matvec types. Variants,
  * for benchmarks and tests: CUDA_MOE_DEFAULT (that), CUDA_MOE_HOST (the exact mode's
- * host-grouped path: ids read back, per-expert matmuls), CUDA_MOE_T16 / T32 / T64 (tile
- * kernels, tiles of 16 / 32 / 64 pairs), CUDA_MOE_TILES (tile kernels, automatic tile),
+ * host-grouped path: ids read back, per-expert matmuls), CUDA_MOE_T16 / T32 / T64 (in-loop
+ * dequantizing tile kernels, tiles of 16 / 32 / 64 pairs), CUDA_MOE_TILES (those, automatic
+ * tile), CUDA_MOE_PIPE / CUDA_MOE_PREDEQ (the pipelined / plain tile kernel on experts
+ * dequantized first),
  * CUDA_MOE_CUBLAS (the cuBLAS path whenever it can take the weights), CUDA_MOE_DECODE_F32
  * (decode on the f32-activation kernels exact mode uses; prefill as the default). At creation
- * the environment variable ANNA_CUDA_MOE=decode_f32 | cublas | cublas_loop | tiles picks one, and
- * ANNA_CUDA_MOE_DEQ_MB the cuBLAS path's dequantization buffer (default 1024 MiB; experts
- * are processed in chunks that fit). */
+ * the environment variable ANNA_CUDA_MOE=decode_f32 | cublas | cublas_loop | tiles | pipe |
+ * predeq picks one, and ANNA_CUDA_MOE_DEQ_MB caps the dequantized-experts buffer (default
+ * 2048 MiB: the pipelined kernel needs a whole layer's experts in it, the cuBLAS path takes
+ * them in chunks that fit). */
 enum {
   CUDA_MOE_DEFAULT = 0,
   CUDA_MOE_HOST = 1,
@@ -71,6 +75,8 @@ enum {
   CUDA_MOE_CUBLAS = 3,
   CUDA_MOE_TILES = 4,
   CUDA_MOE_CUBLAS_LOOP = 5, /* the cuBLAS path with one GEMM call per expert (A/B of the grouped call) */
+  CUDA_MOE_PIPE = 6,        /* the pipelined tile kernel on experts dequantized first, whenever it can */
+  CUDA_MOE_PREDEQ = 7,      /* the unpipelined tile kernel on those bf16 experts (A/B) */
   CUDA_MOE_T16 = 16,
   CUDA_MOE_T32 = 32,
   CUDA_MOE_T64 = 64

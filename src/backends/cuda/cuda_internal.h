@@ -120,7 +120,7 @@ typedef struct cuda_impl {
   size_t act16_bytes;
   void *moe_deq;            /* experts dequantized to bf16 for the cuBLAS MoE prefill, grown on demand */
   size_t moe_deq_bytes;
-  size_t moe_deq_cap;       /* its limit (ANNA_CUDA_MOE_DEQ_MB; default 1 GiB) */
+  size_t moe_deq_cap;       /* its limit (ANNA_CUDA_MOE_DEQ_MB; default 2 GiB) */
   void *moe_host;           /* pinned host arrays of the cuBLAS MoE prefill (counts, shapes, pointers) */
   int moe_blas_grouped;     /* -1: cublasGemmGroupedBatchedEx refused these types; the per-expert loop */
   float *att_part;          /* split-K attention partials */

@@ -894,6 +894,225 @@ static int32_t moe_block_bytes(int t) {
   return t == ANNA_DTYPE_BF16 ? 64 : (int32_t)dtype_block_bytes(t);
 }
 
+/* Experts [e0, e0 + ec) to bf16 at dst, each 3 I H elements: its gate/up rows as [2I][H]
+ * (gate rows, then up rows) and its down rows as [H][I]. Experts without pairs (off) are
+ * skipped. One thread per 32-element unit, a row's units on consecutive threads. */
+static __global__ void k_moe_deq_experts(__nv_bfloat16 *dst, const uint8_t *const *tab, const int32_t *off, int E,
+                                         int e0, int ec, int64_t H, int64_t I, int tg, int tu, int td, int64_t rbg,
+                                         int64_t rbu, int64_t rbd, int fused) {
+  const int64_t uh = H / 32, ui = I / 32, ug = 2 * I * uh, per = ug + H * ui;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ec * per; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t ex = i / per;
+    int64_t r = i - ex * per;
+    const int e = e0 + (int)ex;
+    if (off[e + 1] == off[e]) continue;
+    const uint8_t *row;
+    int type;
+    int64_t u;
+    __nv_bfloat16 *o = dst + ex * 3 * I * H;
+    if (r < ug) {
+      const int64_t w = r / uh;
+      u = r - w * uh;
+      o += w * H + u * 32;
+      if (w < I || fused) row = tab[e] + w * rbg, type = tg;
+      else row = tab[E + e] + (w - I) * rbu, type = tu;
+    } else {
+      r -= ug;
+      const int64_t w = r / ui;
+      u = r - w * ui;
+      o += 2 * I * H + w * I + u * 32;
+      row = tab[2 * E + e] + w * rbd, type = td;
+    }
+    float v[32];
+    moe_deq32_fast(type, row, u, v);
+    uint32_t p[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+      p[j] = *(const uint32_t *)&h;
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) ((uint4 *)o)[q] = make_uint4(p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]);
+  }
+}
+
+/* ---- the pipelined tile kernel on experts dequantized to bf16 ----
+ *
+ * k_moe_gemm decodes its weight units inside the K loop and loads every step after the
+ * previous one's products (one block's loads, decode and tensor-core work never overlap;
+ * ~42-55 TFLOP/s on the 35B-A3B layer). With the experts dequantized to bf16 first
+ * (k_moe_deq_experts, the cuBLAS path's buffer), both operands are plain bf16 rows and the
+ * tiles come by cp.async in MP_STAGES stages: the copies of step s + 2 are in flight while
+ * the tensor cores work on step s; one barrier per step. Same tiles, warps and epilogue as
+ * k_moe_gemm (the numerics of its one-product mode: bf16 weights and activations, f32
+ * accumulation; only the order of loads differs, so the result bits are k_moe_gemm's on the
+ * same bf16 weights). */
+#define MP_STAGES 3
+
+/* 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (src is not read). */
+static __device__ __forceinline__ void mp_cp16(void *dst, const void *src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
+               "l"(src), "r"(src_bytes)
+               : "memory");
+}
+static __device__ __forceinline__ void mp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> static __device__ __forceinline__ void mp_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <int BN> static constexpr size_t mp_smem_bytes() {
+  return (size_t)MP_STAGES * (MG_BM + BN) * MG_LDS * 2 > (size_t)BN * MG_LDC * 4
+             ? (size_t)MP_STAGES * (MG_BM + BN) * MG_LDS * 2
+             : (size_t)BN * MG_LDC * 4;
+}
+
+/* As k_moe_gemm (MODE, tiles, epilogue; one product) with bf16 weight rows (a.tab: gate/up
+ * of expert e as one [2M][K] matrix at tab[e], gate rows then up rows; down at tab[2E + e];
+ * rows 16-byte aligned, K % MG_BK == 0). Dynamic shared memory: mp_smem_bytes<BN>(). */
+template <int BN, int MODE>
+static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm_pipe(moe_gemm_args a) {
+  using namespace nvcuda;
+  constexpr int WN = BN >= 64 ? 2 : 1, WM = 8 / WN, FM = MG_BM / 16 / WM, FN = BN / 16 / WN;
+  constexpr int STAGE = (MG_BM + BN) * MG_LDS; /* bf16 per stage: weights, then activations */
+  static_assert(FM * 16 * WM == MG_BM && FN * 16 * WN == BN, "warp layout");
+  static_assert(MG_BM * (MG_BK / 8) == 4 * MG_THREADS, "four weight chunks per thread and step");
+  extern __shared__ __align__(128) unsigned char mp_smem[];
+  __nv_bfloat16 *const sm = (__nv_bfloat16 *)mp_smem;
+  __shared__ int64_t s_row[BN];
+  const int tile = blockIdx.y;
+  if (tile >= *a.ntiles) return; /* surplus block of the upper-bound grid */
+  const int e = a.tiles[2 * tile], s0 = a.tiles[2 * tile + 1];
+  const int cnt = min(BN, a.off[e + 1] - s0);
+  const int tid = threadIdx.x;
+  const int64_t m0 = (int64_t)blockIdx.x * (MODE == 0 ? MG_BM / 2 : MG_BM);
+  for (int r = tid; r < BN; r += MG_THREADS) {
+    int64_t ro = -1; /* padding slot: zero activations */
+    if (r < cnt) ro = (MODE == 0 ? (int64_t)(a.order[s0 + r] / a.k) : (int64_t)(s0 + r)) * a.astride;
+    s_row[r] = ro;
+  }
+  /* this thread's four weight chunks per step: tile row R = q / 8, 16-byte chunk q % 8 */
+  const __nv_bfloat16 *wr[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    const int R = (tid + j * MG_THREADS) >> 3;
+    wr[j] = NULL;
+    if (MODE == 0) {
+      const int64_t i = m0 + (R & (MG_BM / 2 - 1));
+      if (i < a.M) wr[j] = (const __nv_bfloat16 *)(a.tab[e] + (R < MG_BM / 2 ? i : a.M + i) * a.rb0);
+    } else {
+      const int64_t r = m0 + R;
+      if (r < a.M) wr[j] = (const __nv_bfloat16 *)(a.tab[2 * a.E + e] + r * a.rb0);
+    }
+  }
+  __syncthreads(); /* s_row */
+  auto load = [&](int st, int64_t k0) {
+    __nv_bfloat16 *Ws = sm + st * STAGE, *Xs = Ws + MG_BM * MG_LDS;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int q = tid + j * MG_THREADS, R = q >> 3, ch = q & 7;
+      mp_cp16(Ws + R * MG_LDS + ch * 8, wr[j] ? (const void *)(wr[j] + k0 + ch * 8) : (const void *)a.bhi,
+              wr[j] ? 16 : 0);
+    }
+    for (int q = tid; q < BN * (MG_BK / 8); q += MG_THREADS) {
+      const int r = q >> 3, ch = q & 7;
+      const int64_t ro = s_row[r];
+      mp_cp16(Xs + r * MG_LDS + ch * 8, ro >= 0 ? (const void *)(a.bhi + ro + k0 + ch * 8) : (const void *)a.bhi,
+              ro >= 0 ? 16 : 0);
+    }
+  };
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
+#pragma unroll
+  for (int i = 0; i < FM; i++)
+#pragma unroll
+    for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+  const int warp = tid >> 5, wm = warp % WM, wn = warp / WM;
+  const int nk = (int)(a.K / MG_BK);
+#pragma unroll
+  for (int s = 0; s < MP_STAGES - 1; s++) {
+    if (s < nk) load(s, (int64_t)s * MG_BK);
+    mp_commit(); /* empty groups too: the wait below counts groups */
+  }
+  for (int kt = 0; kt < nk; kt++) {
+    mp_wait<MP_STAGES - 2>(); /* step kt's copies (this thread's) have landed */
+    __syncthreads();          /* everyone's, and everyone is done with step kt - 1's stage */
+    const int nx = kt + MP_STAGES - 1;
+    if (nx < nk) load(nx % MP_STAGES, (int64_t)nx * MG_BK);
+    mp_commit();
+    const __nv_bfloat16 *Ws = sm + (kt % MP_STAGES) * STAGE, *Xs = Ws + MG_BM * MG_LDS;
+#pragma unroll
+    for (int kk = 0; kk < MG_BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[FM];
+#pragma unroll
+      for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], Ws + (wm * FM + i) * 16 * MG_LDS + kk, MG_LDS);
+#pragma unroll
+      for (int j = 0; j < FN; j++) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+        wmma::load_matrix_sync(fb, Xs + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
+#pragma unroll
+        for (int i = 0; i < FM; i++) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
+      }
+    }
+  }
+  mp_wait<0>();
+  __syncthreads(); /* the stages become the result tile */
+  float *Cs = (float *)mp_smem; /* C[row, col] at Cs[col * MG_LDC + row] */
+#pragma unroll
+  for (int i = 0; i < FM; i++)
+#pragma unroll
+    for (int j = 0; j < FN; j++)
+      wmma::store_matrix_sync(Cs + (wn * FN + j) * 16 * MG_LDC + (wm * FM + i) * 16, acc[i][j], MG_LDC,
+                              wmma::mem_col_major);
+  __syncthreads();
+  if (MODE == 0) {
+    constexpr int HALF = MG_BM / 2;
+    for (int q = tid; q < cnt * HALF; q += MG_THREADS) {
+      const int c = q / HALF, r = q % HALF;
+      const int64_t i = m0 + r; /* < Is: Is is a multiple of HALF */
+      const float h = i < a.M ? moe_act(Cs[c * MG_LDC + r], a.act) * Cs[c * MG_LDC + HALF + r] : 0.0f;
+      a.hhi[(int64_t)(s0 + c) * a.Is + i] = __float2bfloat16_rn(h);
+    }
+  } else {
+    for (int q = tid; q < cnt * MG_BM; q += MG_THREADS) {
+      const int c = q / MG_BM, r = q % MG_BM;
+      if (m0 + r < a.M) a.y[(int64_t)(s0 + c) * a.M + m0 + r] = Cs[c * MG_LDC + r];
+    }
+  }
+}
+
+/* Queues both pipelined GEMMs for token tiles of BN (their shared memory opted in first). */
+template <int BN>
+static void moe_gemms_pipe(cuda_impl *ci, const moe_gemm_args &gu, const moe_gemm_args &dn, int64_t tmax) {
+  const size_t sm = mp_smem_bytes<BN>();
+  if (!cuda_check(ci, cudaFuncSetAttribute(k_moe_gemm_pipe<BN, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
+                  "moe pipe smem") ||
+      !cuda_check(ci, cudaFuncSetAttribute(k_moe_gemm_pipe<BN, 1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm),
+                  "moe pipe smem"))
+    return;
+  cuda_launch(ci, "moe grouped gate/up (pipelined)", k_moe_gemm_pipe<BN, 0>,
+              dim3((unsigned)(gu.Is / (MG_BM / 2)), (unsigned)tmax), MG_THREADS, sm, gu);
+  cuda_launch(ci, "moe grouped down (pipelined)", k_moe_gemm_pipe<BN, 1>,
+              dim3((unsigned)((dn.M + MG_BM - 1) / MG_BM), (unsigned)tmax), MG_THREADS, sm, dn);
+}
+
+/* From the mean pairs per expert up, the default takes the pipelined kernel (below). */
+#define MOE_PIPE_PAIRS 32
+
+/* ci->moe_deq holding at least bytes (grown; never inside a recorded step); false when the
+ * device has no room (nothing set: the callers fall back to paths that need no buffer). */
+static bool moe_deq_reserve(cuda_impl *ci, size_t bytes) {
+  if (ci->moe_deq_bytes >= bytes) return true;
+  if (ci->recording || bytes > ci->moe_deq_cap) return false;
+  if (ci->moe_deq) cudaFree(ci->moe_deq);
+  ci->moe_deq = NULL, ci->moe_deq_bytes = 0;
+  if (cudaMalloc(&ci->moe_deq, bytes) != cudaSuccess) {
+    (void)cudaGetLastError(); /* no room */
+    ci->moe_deq = NULL;
+    return false;
+  }
+  ci->moe_deq_bytes = bytes;
+  return true;
+}
+
 /* Queues both grouped GEMMs for token tiles of BN. */
 template <int BN, bool SPLIT>
 static void moe_gemms(cuda_impl *ci, const moe_gemm_args &gu, const moe_gemm_args &dn, int64_t tmax) {
@@ -925,6 +1144,20 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   int bn = ci->moe_variant == CUDA_MOE_T16 ? 16 : ci->moe_variant == CUDA_MOE_T32 ? 32
          : ci->moe_variant == CUDA_MOE_T64 ? 64 : 0;
   if (!bn) bn = nk < 8 * (int64_t)E ? 16 : nk < 56 * (int64_t)E ? 32 : 64;
+  /* the pipelined kernel on experts dequantized first (k_moe_gemm_pipe): one-product numerics,
+   * quantized experts, K steps without tails, the whole layer's bf16 experts within the
+   * buffer's cap; by default from MOE_PIPE_PAIRS pairs per expert */
+  const int v = ci->moe_variant;
+  const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
+  const size_t per = (size_t)3 * (size_t)I * (size_t)H * sizeof(__nv_bfloat16);
+  const bool split = cuda_gemm_split(ci, tg) || (up && cuda_gemm_split(ci, tu)) || cuda_gemm_split(ci, td);
+  const bool pre = !split && cuda_quant_supported(tg) && cuda_quant_supported(tu) && cuda_quant_supported(td) &&
+                   H % MG_BK == 0 && I % MG_BK == 0 &&
+                   (v == CUDA_MOE_PIPE || v == CUDA_MOE_PREDEQ ||
+                    ((v == CUDA_MOE_DEFAULT || v == CUDA_MOE_DECODE_F32 || v == CUDA_MOE_CUBLAS ||
+                      v == CUDA_MOE_CUBLAS_LOOP) &&
+                     nk >= (int64_t)MOE_PIPE_PAIRS * E)) &&
+                   moe_deq_reserve(ci, (size_t)E * per);
   int64_t tmax = (nk + bn - 1) / bn + E;
   while (tmax > 65535 && bn < 64) bn *= 2, tmax = (nk + bn - 1) / bn + E;
   if (tmax > 65535) return false;
@@ -951,8 +1184,6 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   if (!tab) return false;
 
   /* one numerics for the layer: split when any of its weights wants it (h is written once) */
-  const bool split = cuda_gemm_split(ci, gate[0].type) || (up && cuda_gemm_split(ci, up[0].type)) ||
-                     cuda_gemm_split(ci, down[0].type);
   cuda_launch(ci, "moe split", k_moe_split, cuda_blocks(n * Hs, 256), 256, 0, xhi, split ? xlo : NULL, x, n,
               (int64_t)H, Hs);
   cuda_launch(ci, "moe hist", k_moe_hist, (unsigned)nb, MG_CHUNK, 0, cnt, idx, nk, E);
@@ -971,7 +1202,35 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   dn.bhi = hhi, dn.blo = hlo, dn.hhi = NULL, dn.hlo = NULL, dn.y = y, dn.K = I, dn.M = H, dn.astride = Is;
   dn.rb0 = dtype_row_bytes(down[0].type, I), dn.rb1 = 0, dn.t0 = dn.t1 = down[0].type;
   dn.be0 = dn.be1 = moe_block_elems(dn.t0), dn.bb0 = dn.bb1 = moe_block_bytes(dn.t0);
-  if (bn == 16) split ? moe_gemms<16, true>(ci, gu, dn, tmax) : moe_gemms<16, false>(ci, gu, dn, tmax);
+  if (pre) { /* every expert with pairs to bf16, and a table of the bf16 matrices */
+    __nv_bfloat16 *deq = (__nv_bfloat16 *)ci->moe_deq;
+    cuda_launch(ci, "moe dequant experts", k_moe_deq_experts, grid_of((int64_t)E * 3 * I * H / 32), 256, 0, deq, tab,
+                (const int32_t *)off, E, 0, E, (int64_t)H, I, tg, tu, td, gu.rb0, gu.rb1, dn.rb0, up == NULL ? 1 : 0);
+    const uint8_t **ht = (const uint8_t **)malloc((size_t)3 * E * sizeof *ht);
+    if (!ht) {
+      cuda_fail(ci, ANNA_ENOMEM, "cuda: out of host memory in moe_ffn");
+      return true;
+    }
+    for (int e = 0; e < E; e++) {
+      const uint8_t *b = (const uint8_t *)(deq + (int64_t)e * 3 * I * H);
+      ht[e] = ht[E + e] = b, ht[2 * E + e] = b + 2 * I * H * sizeof(__nv_bfloat16);
+    }
+    const uint8_t *const *dt = (const uint8_t *const *)cuda_ring_put(be, ht, (size_t)3 * E * sizeof *ht);
+    free(ht);
+    if (!dt) return true; /* error set */
+    gu.tab = dn.tab = dt;
+    gu.t0 = gu.t1 = dn.t0 = dn.t1 = ANNA_DTYPE_BF16, gu.fused = dn.fused = 1;
+    gu.rb0 = gu.rb1 = (int64_t)H * 2, dn.rb0 = dn.rb1 = I * 2;
+    gu.be0 = gu.be1 = dn.be0 = dn.be1 = moe_block_elems(ANNA_DTYPE_BF16);
+    gu.bb0 = gu.bb1 = dn.bb0 = dn.bb1 = moe_block_bytes(ANNA_DTYPE_BF16);
+    if (v == CUDA_MOE_PREDEQ) { /* A/B: the unpipelined kernel on the same bf16 experts */
+      if (bn == 16) moe_gemms<16, false>(ci, gu, dn, tmax);
+      else if (bn == 32) moe_gemms<32, false>(ci, gu, dn, tmax);
+      else moe_gemms<64, false>(ci, gu, dn, tmax);
+    } else if (bn == 16) moe_gemms_pipe<16>(ci, gu, dn, tmax);
+    else if (bn == 32) moe_gemms_pipe<32>(ci, gu, dn, tmax);
+    else moe_gemms_pipe<64>(ci, gu, dn, tmax);
+  } else if (bn == 16) split ? moe_gemms<16, true>(ci, gu, dn, tmax) : moe_gemms<16, false>(ci, gu, dn, tmax);
   else if (bn == 32) split ? moe_gemms<32, true>(ci, gu, dn, tmax) : moe_gemms<32, false>(ci, gu, dn, tmax);
   else split ? moe_gemms<64, true>(ci, gu, dn, tmax) : moe_gemms<64, false>(ci, gu, dn, tmax);
   cuda_launch(ci, "moe combine", k_moe_combine, cuda_blocks(n * H, 256), 256, 0, out, (const float *)y,
@@ -1018,48 +1277,6 @@ static __global__ void k_moe_gather_bf16(__nv_bfloat16 *xs, const float *x, cons
     uint2 o;
     o.x = *(const uint32_t *)&a, o.y = *(const uint32_t *)&b;
     ((uint2 *)(xs + s * H))[c] = o;
-  }
-}
-
-/* Experts [e0, e0 + ec) to bf16 at dst, each 3 I H elements: its gate/up rows as [2I][H]
- * (gate rows, then up rows) and its down rows as [H][I]. Experts without pairs (off) are
- * skipped. One thread per 32-element unit, a row's units on consecutive threads. */
-static __global__ void k_moe_deq_experts(__nv_bfloat16 *dst, const uint8_t *const *tab, const int32_t *off, int E,
-                                         int e0, int ec, int64_t H, int64_t I, int tg, int tu, int td, int64_t rbg,
-                                         int64_t rbu, int64_t rbd, int fused) {
-  const int64_t uh = H / 32, ui = I / 32, ug = 2 * I * uh, per = ug + H * ui;
-  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < ec * per; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t ex = i / per;
-    int64_t r = i - ex * per;
-    const int e = e0 + (int)ex;
-    if (off[e + 1] == off[e]) continue;
-    const uint8_t *row;
-    int type;
-    int64_t u;
-    __nv_bfloat16 *o = dst + ex * 3 * I * H;
-    if (r < ug) {
-      const int64_t w = r / uh;
-      u = r - w * uh;
-      o += w * H + u * 32;
-      if (w < I || fused) row = tab[e] + w * rbg, type = tg;
-      else row = tab[E + e] + (w - I) * rbu, type = tu;
-    } else {
-      r -= ug;
-      const int64_t w = r / ui;
-      u = r - w * ui;
-      o += 2 * I * H + w * I + u * 32;
-      row = tab[2 * E + e] + w * rbd, type = td;
-    }
-    float v[32];
-    moe_deq32_fast(type, row, u, v);
-    uint32_t p[16];
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-      p[j] = *(const uint32_t *)&h;
-    }
-#pragma unroll
-    for (int q = 0; q < 4; q++) ((uint4 *)o)[q] = make_uint4(p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]);
   }
 }
 
@@ -1140,16 +1357,7 @@ static bool moe_ffn_cublas(ops_backend *be, float *out, const float *x, int64_t 
   if (chunk > E) chunk = E;
   const int64_t nchunks = (E + chunk - 1) / chunk;
   chunk = (E + nchunks - 1) / nchunks;
-  if (ci->moe_deq_bytes < (size_t)chunk * per) {
-    if (ci->moe_deq) cudaFree(ci->moe_deq);
-    ci->moe_deq = NULL, ci->moe_deq_bytes = 0;
-    if (cudaMalloc(&ci->moe_deq, (size_t)chunk * per) != cudaSuccess) {
-      (void)cudaGetLastError(); /* no room: the tile kernels need none */
-      ci->moe_deq = NULL;
-      return false;
-    }
-    ci->moe_deq_bytes = (size_t)chunk * per;
-  }
+  if (!moe_deq_reserve(ci, (size_t)chunk * per)) return false; /* no room: the tile kernels need none */
   if (!ci->moe_host && cudaMallocHost(&ci->moe_host, sizeof(moe_host)) != cudaSuccess) {
     (void)cudaGetLastError();
     ci->moe_host = NULL;
