@@ -33,10 +33,12 @@
  * tiles); blocks past the device-side tile count exit at once. BN (16, 32 or 64 pairs) is
  * picked from the mean pairs per expert: small tiles waste less work on sparse experts,
  * large ones dequantize each weight tile fewer times.
- * With many pairs per expert (at least MOE_CUBLAS_PAIRS on average) and quantized experts,
- * the tile kernels' in-loop dequantization and unpipelined WMMA lose to cuBLAS: the experts
- * are dequantized to bf16 once per call and multiplied by cuBLAS's grouped GEMM (the pair
- * counts read back, one sync per call; moe_ffn_cublas below).
+ * From MOE_PIPE_PAIRS (32) pairs per expert on average, quantized experts are dequantized
+ * to bf16 once per call (k_moe_deq_experts) and the same tiles run as k_moe_gemm_pipe, whose
+ * operands come by cp.async in three stages instead of being decoded in the K loop (H200,
+ * 35B-A3B layer: 64 pairs per expert 2417 -> 2101 us, 128 4059 -> 2884). From
+ * MOE_CUBLAS_PAIRS (192), cuBLAS's grouped GEMM on the same buffer (the pair counts read
+ * back, one sync per call; moe_ffn_cublas below) is as fast.
  * Exact mode (and weights this path does not take: f32/f16 experts, mixed types) keeps the
  * host-grouped path: the expert ids are read back (n * k int32, one sync) to group the
  * pairs, then per selected expert gather + matmuls (f32 SGEMM in exact mode) + scatter-add,
@@ -1094,7 +1096,9 @@ static void moe_gemms_pipe(cuda_impl *ci, const moe_gemm_args &gu, const moe_gem
               dim3((unsigned)((dn.M + MG_BM - 1) / MG_BM), (unsigned)tmax), MG_THREADS, sm, dn);
 }
 
-/* From the mean pairs per expert up, the default takes the pipelined kernel (below). */
+/* From the mean pairs per expert up, the default takes the pipelined kernel (below). H200,
+ * 35B-A3B layer (test_cuda_ops --bench=moe), in-loop tiles vs pipelined with the dequantization:
+ * 16 pairs per expert 1390 vs 1514 us, 64 2417 vs 2101, 128 4059 vs 2884, 256 7365 vs 5882. */
 #define MOE_PIPE_PAIRS 32
 
 /* ci->moe_deq holding at least bytes (grown; never inside a recorded step); false when the
@@ -1251,9 +1255,10 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
  * act -> h bf16, down GEMM -> y [pairs, H] f32; then the weighted combine. */
 
 /* From the mean pairs per expert up, the default takes this path. H200, 35B-A3B layer (E 256,
- * k 8, H 2048, I 512, Q4_K; test_cuda_ops --bench=moe), tile kernels vs cuBLAS: 16 pairs per
- * expert 1401 vs 4042 us, 64 2433 vs 4377, 128 4090 vs 5169, 256 7422 vs 5168 (80 TFLOP/s;
- * the dequantization ~0.6 ms of it, cuBLAS's grouped GEMM ~90 TFLOP/s at these shapes). */
+ * k 8, H 2048, I 512, Q4_K; test_cuda_ops --bench=moe): 16 pairs per expert 4042 us (in-loop
+ * tiles 1401), 64 4377 (2433), 128 5169 (4090), 256 5168 (7422; 80 TFLOP/s, the
+ * dequantization ~0.6 ms of it); a later call: 256 pairs 5821 vs the pipelined tiles' 5882,
+ * 128 5480 vs 2886. */
 #define MOE_CUBLAS_PAIRS 192
 
 /* Host arrays of one call: the pair offsets read back and one chunk's problems. */
