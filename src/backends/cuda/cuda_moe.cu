@@ -698,6 +698,40 @@ static __global__ void k_moe_combine(float *out, const float *y, const int32_t *
   }
 }
 
+/* Pieces of a call's MoE scratch, 256-byte aligned, within ops_moe_scratch_floats(n, k, H, I)
+ * floats; fits() says whether they all did. */
+struct moe_carver {
+  uintptr_t at, limit;
+  moe_carver(float *scratch, int64_t n, int k, int H, int64_t I)
+      : at((uintptr_t)scratch),
+        limit((uintptr_t)scratch + (uintptr_t)ops_moe_scratch_floats(n, k, H, (int)I) * sizeof(float)) {}
+  template <typename T> T *take(int64_t bytes) {
+    at = (at + 255) & ~(uintptr_t)255;
+    T *r = (T *)at;
+    at += (uintptr_t)bytes;
+    return r;
+  }
+  bool fits() const { return at <= limit; }
+};
+
+/* The pairs sorted by expert (k_moe_hist, k_moe_scan, k_moe_place): slot order and its
+ * inverse, per-chunk counts, expert offsets, token tiles of bn (tmax at most) and their count. */
+struct moe_sort {
+  int32_t *order, *inv, *cnt, *off, *tiles, *ntiles;
+  int64_t nk, nb;
+  moe_sort(moe_carver &c, int64_t nk_, int E, int64_t tmax) : nk(nk_), nb((nk_ + MG_CHUNK - 1) / MG_CHUNK) {
+    order = c.take<int32_t>(nk * 4), inv = c.take<int32_t>(nk * 4);
+    cnt = c.take<int32_t>(nb * E * 4), off = c.take<int32_t>(((int64_t)E + 1) * 4);
+    tiles = c.take<int32_t>(tmax * 2 * 4), ntiles = c.take<int32_t>(4);
+  }
+  void launch(cuda_impl *ci, const int32_t *idx, int E, int bn) const {
+    cuda_launch(ci, "moe hist", k_moe_hist, (unsigned)nb, MG_CHUNK, 0, cnt, idx, nk, E);
+    cuda_launch(ci, "moe scan", k_moe_scan, 1, 1024, 0, cnt, off, tiles, ntiles, nb, E, bn);
+    cuda_launch(ci, "moe place", k_moe_place, (unsigned)nb, MG_CHUNK, 0, order, inv, idx, (const int32_t *)cnt,
+                (const int32_t *)off, nk, E);
+  }
+};
+
 /* Arguments of the grouped GEMM kernels (one struct: fewer parameters to pass; no padding). */
 typedef struct moe_gemm_args {
   const uint8_t *const *tab;       /* [gate E][up E][down E] device row pointers (moe_table) */
@@ -717,6 +751,20 @@ typedef struct moe_gemm_args {
 __device__ __forceinline__ void moe_prefetch(const void *p, int bytes) {
   for (int o = 0; o < bytes; o += 64) asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
   asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + bytes - 1));
+}
+
+/* 32-element unit u of a quantized row to 32 bf16 at dst (16-byte aligned): q * d rounded once. */
+__device__ __forceinline__ void moe_unit_deq_bf16(int type, const uint8_t *row, int64_t u, uint4 *dst) {
+  float w[32];
+  moe_deq32_fast(type, row, u, w);
+  uint32_t v[16];
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(w[2 * j], w[2 * j + 1]);
+    v[j] = *(const uint32_t *)&h;
+  }
+#pragma unroll
+  for (int q = 0; q < 4; q++) dst[q] = make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
 }
 
 /* 32-element unit u of a weight row to 32 bf16 at dst (16-byte aligned shared memory):
@@ -746,16 +794,107 @@ __device__ __forceinline__ void moe_unit_bf16(int type, const uint8_t *row, int6
     }
     return;
   }
-  float w[32];
-  moe_deq32_fast(type, row, u, w);
-  uint32_t v[16];
-#pragma unroll
-  for (int j = 0; j < 16; j++) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(w[2 * j], w[2 * j + 1]);
-    v[j] = *(const uint32_t *)&h;
+  moe_unit_deq_bf16(type, row, u, dst);
+}
+
+/* The warp layout of a grouped-GEMM tile of MG_BM weight rows x BN tokens: 8 warps as
+ * WM x WN, each FM x FN fragments of 16 x 16. */
+template <int BN> struct moe_tile {
+  static constexpr int WN = BN >= 64 ? 2 : 1, WM = 8 / WN, FM = MG_BM / 16 / WM, FN = BN / 16 / WN;
+  static_assert(FM * 16 * WM == MG_BM && FN * 16 * WN == BN, "warp layout");
+  using acc_t = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+};
+
+/* A tile block's place (blockIdx: row tile x, token tile y): its expert e, first slot s0,
+ * pairs cnt (<= BN) and first weight row m0, and its activation rows: s_row[r] = element
+ * offset of token tile row r in the activations (MODE 0: x rows of the pairs' tokens; 1: h
+ * rows of the slots), -1 for padding (a barrier must follow before they are read). false: a
+ * surplus block of the upper-bound grid (past the device-side tile count). */
+template <int BN, int MODE>
+__device__ __forceinline__ bool moe_tile_begin(const moe_gemm_args &a, int64_t *s_row, int *e, int *s0, int *cnt,
+                                               int64_t *m0) {
+  const int tile = blockIdx.y;
+  if (tile >= *a.ntiles) return false;
+  *e = a.tiles[2 * tile], *s0 = a.tiles[2 * tile + 1];
+  *cnt = min(BN, a.off[*e + 1] - *s0);
+  *m0 = (int64_t)blockIdx.x * (MODE == 0 ? MG_BM / 2 : MG_BM);
+  for (int r = threadIdx.x; r < BN; r += MG_THREADS) {
+    int64_t ro = -1; /* padding slot: zero activations */
+    if (r < *cnt) ro = (MODE == 0 ? (int64_t)(a.order[*s0 + r] / a.k) : (int64_t)(*s0 + r)) * a.astride;
+    s_row[r] = ro;
   }
+  return true;
+}
+
+template <int BN>
+__device__ __forceinline__ void moe_tile_zero(typename moe_tile<BN>::acc_t (&acc)[moe_tile<BN>::FM][moe_tile<BN>::FN]) {
 #pragma unroll
-  for (int q = 0; q < 4; q++) dst[q] = make_uint4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+  for (int i = 0; i < moe_tile<BN>::FM; i++)
+#pragma unroll
+    for (int j = 0; j < moe_tile<BN>::FN; j++) nvcuda::wmma::fill_fragment(acc[i][j], 0.0f);
+}
+
+/* One K step of MG_BK from the tiles in shared memory (rows MG_LDS apart): acc += W X^T, and
+ * + W Xl^T with SPLIT. */
+template <int BN, bool SPLIT>
+__device__ __forceinline__ void moe_tile_mma(typename moe_tile<BN>::acc_t (&acc)[moe_tile<BN>::FM][moe_tile<BN>::FN],
+                                             const __nv_bfloat16 *Ws, const __nv_bfloat16 *Xh,
+                                             const __nv_bfloat16 *Xl, int wm, int wn) {
+  using namespace nvcuda;
+  constexpr int FM = moe_tile<BN>::FM, FN = moe_tile<BN>::FN;
+#pragma unroll
+  for (int kk = 0; kk < MG_BK; kk += 16) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[FM];
+#pragma unroll
+    for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], Ws + (wm * FM + i) * 16 * MG_LDS + kk, MG_LDS);
+#pragma unroll
+    for (int j = 0; j < FN; j++) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fh, fl;
+      wmma::load_matrix_sync(fh, Xh + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
+      if (SPLIT) wmma::load_matrix_sync(fl, Xl + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
+#pragma unroll
+      for (int i = 0; i < FM; i++) {
+        wmma::mma_sync(acc[i][j], fa[i], fh, acc[i][j]);
+        if (SPLIT) wmma::mma_sync(acc[i][j], fa[i], fl, acc[i][j]);
+      }
+    }
+  }
+}
+
+/* The tile's result through shared memory Cs (BN x MG_LDC floats, free for it) into its
+ * outputs. MODE 0: h = act(gate) * up, bf16 (and the lo half with SPLIT), h[slot, m0..m0+63]
+ * (zero past M); MODE 1: y[slot, rows]. */
+template <int BN, int MODE, bool SPLIT>
+__device__ __forceinline__ void moe_tile_store(const moe_gemm_args &a,
+                                               typename moe_tile<BN>::acc_t (&acc)[moe_tile<BN>::FM][moe_tile<BN>::FN],
+                                               float *Cs, int s0, int cnt, int64_t m0, int wm, int wn) {
+  using namespace nvcuda;
+  constexpr int FM = moe_tile<BN>::FM, FN = moe_tile<BN>::FN;
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < FM; i++)
+#pragma unroll
+    for (int j = 0; j < FN; j++) /* C[row, col] at Cs[col * MG_LDC + row] */
+      wmma::store_matrix_sync(Cs + (wn * FN + j) * 16 * MG_LDC + (wm * FM + i) * 16, acc[i][j], MG_LDC,
+                              wmma::mem_col_major);
+  __syncthreads();
+  if (MODE == 0) {
+    constexpr int HALF = MG_BM / 2;
+    for (int q = tid; q < cnt * HALF; q += MG_THREADS) {
+      const int c = q / HALF, r = q % HALF;
+      const int64_t i = m0 + r; /* < Is: Is is a multiple of HALF */
+      const float h = i < a.M ? moe_act(Cs[c * MG_LDC + r], a.act) * Cs[c * MG_LDC + HALF + r] : 0.0f;
+      const __nv_bfloat16 hh = __float2bfloat16_rn(h);
+      const int64_t o = (int64_t)(s0 + c) * a.Is + i;
+      a.hhi[o] = hh;
+      if (SPLIT) a.hlo[o] = __float2bfloat16_rn(h - __bfloat162float(hh));
+    }
+  } else {
+    for (int q = tid; q < cnt * MG_BM; q += MG_THREADS) {
+      const int c = q / MG_BM, r = q % MG_BM;
+      if (m0 + r < a.M) a.y[(int64_t)(s0 + c) * a.M + m0 + r] = Cs[c * MG_LDC + r];
+    }
+  }
 }
 
 /* One (row tile, token tile) block of a grouped GEMM: C[MG_BM, BN] = W_e[rows, K] . B[slots, K]^T
@@ -769,23 +908,14 @@ __device__ __forceinline__ void moe_unit_bf16(int type, const uint8_t *row, int6
  * nor written. */
 template <int BN, int MODE, bool SPLIT>
 static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args a) {
-  using namespace nvcuda;
-  constexpr int WN = BN >= 64 ? 2 : 1, WM = 8 / WN, FM = MG_BM / 16 / WM, FN = BN / 16 / WN;
-  static_assert(FM * 16 * WM == MG_BM && FN * 16 * WN == BN, "warp layout");
+  constexpr int WM = moe_tile<BN>::WM, FM = moe_tile<BN>::FM, FN = moe_tile<BN>::FN;
   constexpr int STAGE = (MG_BM + 2 * BN) * MG_LDS * 2, CBYTES = BN * MG_LDC * 4;
   __shared__ __align__(128) unsigned char smem[STAGE > CBYTES ? STAGE : CBYTES];
   __shared__ int64_t s_row[BN];
-  const int tile = blockIdx.y;
-  if (tile >= *a.ntiles) return; /* surplus block of the upper-bound grid */
-  const int e = a.tiles[2 * tile], s0 = a.tiles[2 * tile + 1];
-  const int cnt = min(BN, a.off[e + 1] - s0);
+  int e, s0, cnt;
+  int64_t m0;
+  if (!moe_tile_begin<BN, MODE>(a, s_row, &e, &s0, &cnt, &m0)) return; /* surplus block */
   const int tid = threadIdx.x;
-  const int64_t m0 = (int64_t)blockIdx.x * (MODE == 0 ? MG_BM / 2 : MG_BM);
-  for (int r = tid; r < BN; r += MG_THREADS) {
-    int64_t ro = -1; /* padding slot: zero activations */
-    if (r < cnt) ro = (MODE == 0 ? (int64_t)(a.order[s0 + r] / a.k) : (int64_t)(s0 + r)) * a.astride;
-    s_row[r] = ro;
-  }
   /* This thread's weight row and unit within each K step: consecutive threads take
    * consecutive rows (conflict-free 16-byte shared stores). A warp's rows are all gate or
    * all up rows: the type branch is uniform. */
@@ -804,11 +934,8 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
     if (r < a.M) wrow = a.tab[2 * a.E + e] + r * a.rb0;
   }
   __nv_bfloat16 *Ws = (__nv_bfloat16 *)smem, *Xh = Ws + MG_BM * MG_LDS, *Xl = Xh + BN * MG_LDS;
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
-#pragma unroll
-  for (int i = 0; i < FM; i++)
-#pragma unroll
-    for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+  typename moe_tile<BN>::acc_t acc[FM][FN];
+  moe_tile_zero<BN>(acc);
   const int warp = tid >> 5, wm = warp % WM, wn = warp / WM;
   __syncthreads(); /* s_row */
   for (int64_t k0 = 0; k0 < a.K; k0 += MG_BK) {
@@ -838,50 +965,10 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm(moe_gemm_args
       if (SPLIT) *(uint4 *)(Xl + r * MG_LDS + ch * 8) = vl;
     }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < MG_BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[FM];
-#pragma unroll
-      for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], Ws + (wm * FM + i) * 16 * MG_LDS + kk, MG_LDS);
-#pragma unroll
-      for (int j = 0; j < FN; j++) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fh, fl;
-        wmma::load_matrix_sync(fh, Xh + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
-        if (SPLIT) wmma::load_matrix_sync(fl, Xl + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
-#pragma unroll
-        for (int i = 0; i < FM; i++) {
-          wmma::mma_sync(acc[i][j], fa[i], fh, acc[i][j]);
-          if (SPLIT) wmma::mma_sync(acc[i][j], fa[i], fl, acc[i][j]);
-        }
-      }
-    }
+    moe_tile_mma<BN, SPLIT>(acc, Ws, Xh, Xl, wm, wn);
     __syncthreads(); /* the next step overwrites the tiles */
   }
-  float *Cs = (float *)smem; /* C[row, col] at Cs[col * MG_LDC + row] */
-#pragma unroll
-  for (int i = 0; i < FM; i++)
-#pragma unroll
-    for (int j = 0; j < FN; j++)
-      wmma::store_matrix_sync(Cs + (wn * FN + j) * 16 * MG_LDC + (wm * FM + i) * 16, acc[i][j], MG_LDC,
-                              wmma::mem_col_major);
-  __syncthreads();
-  if (MODE == 0) {
-    constexpr int HALF = MG_BM / 2;
-    for (int q = tid; q < cnt * HALF; q += MG_THREADS) {
-      const int c = q / HALF, r = q % HALF;
-      const int64_t i = m0 + r; /* < Is: Is is a multiple of HALF */
-      const float h = i < a.M ? moe_act(Cs[c * MG_LDC + r], a.act) * Cs[c * MG_LDC + HALF + r] : 0.0f;
-      const __nv_bfloat16 hh = __float2bfloat16_rn(h);
-      const int64_t o = (int64_t)(s0 + c) * a.Is + i;
-      a.hhi[o] = hh;
-      if (SPLIT) a.hlo[o] = __float2bfloat16_rn(h - __bfloat162float(hh));
-    }
-  } else {
-    for (int q = tid; q < cnt * MG_BM; q += MG_THREADS) {
-      const int c = q / MG_BM, r = q % MG_BM;
-      if (m0 + r < a.M) a.y[(int64_t)(s0 + c) * a.M + m0 + r] = Cs[c * MG_LDC + r];
-    }
-  }
+  moe_tile_store<BN, MODE, SPLIT>(a, acc, (float *)smem, s0, cnt, m0, wm, wn);
 }
 
 static bool moe_type_grouped(int t, int64_t cols) {
@@ -925,16 +1012,7 @@ static __global__ void k_moe_deq_experts(__nv_bfloat16 *dst, const uint8_t *cons
       o += 2 * I * H + w * I + u * 32;
       row = tab[2 * E + e] + w * rbd, type = td;
     }
-    float v[32];
-    moe_deq32_fast(type, row, u, v);
-    uint32_t p[16];
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-      p[j] = *(const uint32_t *)&h;
-    }
-#pragma unroll
-    for (int q = 0; q < 4; q++) ((uint4 *)o)[q] = make_uint4(p[4 * q], p[4 * q + 1], p[4 * q + 2], p[4 * q + 3]);
+    moe_unit_deq_bf16(type, row, u, (uint4 *)o);
   }
 }
 
@@ -973,25 +1051,16 @@ template <int BN> static constexpr size_t mp_smem_bytes() {
  * rows 16-byte aligned, K % MG_BK == 0). Dynamic shared memory: mp_smem_bytes<BN>(). */
 template <int BN, int MODE>
 static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm_pipe(moe_gemm_args a) {
-  using namespace nvcuda;
-  constexpr int WN = BN >= 64 ? 2 : 1, WM = 8 / WN, FM = MG_BM / 16 / WM, FN = BN / 16 / WN;
+  constexpr int WM = moe_tile<BN>::WM, FM = moe_tile<BN>::FM, FN = moe_tile<BN>::FN;
   constexpr int STAGE = (MG_BM + BN) * MG_LDS; /* bf16 per stage: weights, then activations */
-  static_assert(FM * 16 * WM == MG_BM && FN * 16 * WN == BN, "warp layout");
   static_assert(MG_BM * (MG_BK / 8) == 4 * MG_THREADS, "four weight chunks per thread and step");
   extern __shared__ __align__(128) unsigned char mp_smem[];
   __nv_bfloat16 *const sm = (__nv_bfloat16 *)mp_smem;
   __shared__ int64_t s_row[BN];
-  const int tile = blockIdx.y;
-  if (tile >= *a.ntiles) return; /* surplus block of the upper-bound grid */
-  const int e = a.tiles[2 * tile], s0 = a.tiles[2 * tile + 1];
-  const int cnt = min(BN, a.off[e + 1] - s0);
+  int e, s0, cnt;
+  int64_t m0;
+  if (!moe_tile_begin<BN, MODE>(a, s_row, &e, &s0, &cnt, &m0)) return; /* surplus block */
   const int tid = threadIdx.x;
-  const int64_t m0 = (int64_t)blockIdx.x * (MODE == 0 ? MG_BM / 2 : MG_BM);
-  for (int r = tid; r < BN; r += MG_THREADS) {
-    int64_t ro = -1; /* padding slot: zero activations */
-    if (r < cnt) ro = (MODE == 0 ? (int64_t)(a.order[s0 + r] / a.k) : (int64_t)(s0 + r)) * a.astride;
-    s_row[r] = ro;
-  }
   /* this thread's four weight chunks per step: tile row R = q / 8, 16-byte chunk q % 8 */
   const __nv_bfloat16 *wr[4];
 #pragma unroll
@@ -1022,11 +1091,8 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm_pipe(moe_gemm
               ro >= 0 ? 16 : 0);
     }
   };
-  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
-#pragma unroll
-  for (int i = 0; i < FM; i++)
-#pragma unroll
-    for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+  typename moe_tile<BN>::acc_t acc[FM][FN];
+  moe_tile_zero<BN>(acc);
   const int warp = tid >> 5, wm = warp % WM, wn = warp / WM;
   const int nk = (int)(a.K / MG_BK);
 #pragma unroll
@@ -1041,44 +1107,11 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm_pipe(moe_gemm
     if (nx < nk) load(nx % MP_STAGES, (int64_t)nx * MG_BK);
     mp_commit();
     const __nv_bfloat16 *Ws = sm + (kt % MP_STAGES) * STAGE, *Xs = Ws + MG_BM * MG_LDS;
-#pragma unroll
-    for (int kk = 0; kk < MG_BK; kk += 16) {
-      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[FM];
-#pragma unroll
-      for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], Ws + (wm * FM + i) * 16 * MG_LDS + kk, MG_LDS);
-#pragma unroll
-      for (int j = 0; j < FN; j++) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
-        wmma::load_matrix_sync(fb, Xs + (wn * FN + j) * 16 * MG_LDS + kk, MG_LDS);
-#pragma unroll
-        for (int i = 0; i < FM; i++) wmma::mma_sync(acc[i][j], fa[i], fb, acc[i][j]);
-      }
-    }
+    moe_tile_mma<BN, false>(acc, Ws, Xs, NULL, wm, wn);
   }
   mp_wait<0>();
   __syncthreads(); /* the stages become the result tile */
-  float *Cs = (float *)mp_smem; /* C[row, col] at Cs[col * MG_LDC + row] */
-#pragma unroll
-  for (int i = 0; i < FM; i++)
-#pragma unroll
-    for (int j = 0; j < FN; j++)
-      wmma::store_matrix_sync(Cs + (wn * FN + j) * 16 * MG_LDC + (wm * FM + i) * 16, acc[i][j], MG_LDC,
-                              wmma::mem_col_major);
-  __syncthreads();
-  if (MODE == 0) {
-    constexpr int HALF = MG_BM / 2;
-    for (int q = tid; q < cnt * HALF; q += MG_THREADS) {
-      const int c = q / HALF, r = q % HALF;
-      const int64_t i = m0 + r; /* < Is: Is is a multiple of HALF */
-      const float h = i < a.M ? moe_act(Cs[c * MG_LDC + r], a.act) * Cs[c * MG_LDC + HALF + r] : 0.0f;
-      a.hhi[(int64_t)(s0 + c) * a.Is + i] = __float2bfloat16_rn(h);
-    }
-  } else {
-    for (int q = tid; q < cnt * MG_BM; q += MG_THREADS) {
-      const int c = q / MG_BM, r = q % MG_BM;
-      if (m0 + r < a.M) a.y[(int64_t)(s0 + c) * a.M + m0 + r] = Cs[c * MG_LDC + r];
-    }
-  }
+  moe_tile_store<BN, MODE, false>(a, acc, (float *)mp_smem, s0, cnt, m0, wm, wn);
 }
 
 /* Queues both pipelined GEMMs for token tiles of BN (their shared memory opted in first). */
@@ -1165,35 +1198,21 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   int64_t tmax = (nk + bn - 1) / bn + E;
   while (tmax > 65535 && bn < 64) bn *= 2, tmax = (nk + bn - 1) / bn + E;
   if (tmax > 65535) return false;
-  /* scratch layout (256-byte aligned pieces) within ops_moe_scratch_floats */
   const int64_t Hs = ((int64_t)H + MG_BK - 1) / MG_BK * MG_BK, Is = (I + MG_BK - 1) / MG_BK * MG_BK;
-  const int64_t nb = (nk + MG_CHUNK - 1) / MG_CHUNK;
-  const uintptr_t base = (uintptr_t)scratch,
-                  limit = base + (uintptr_t)ops_moe_scratch_floats(n, k, H, (int)I) * sizeof(float);
-  uintptr_t at = base;
-  auto carve = [&at](int64_t bytes) {
-    at = (at + 255) & ~(uintptr_t)255;
-    const uintptr_t r = at;
-    at += (uintptr_t)bytes;
-    return r;
-  };
-  __nv_bfloat16 *xhi = (__nv_bfloat16 *)carve(n * Hs * 2), *xlo = (__nv_bfloat16 *)carve(n * Hs * 2);
-  __nv_bfloat16 *hhi = (__nv_bfloat16 *)carve(nk * Is * 2), *hlo = (__nv_bfloat16 *)carve(nk * Is * 2);
-  float *y = (float *)carve(nk * H * 4);
-  int32_t *order = (int32_t *)carve(nk * 4), *inv = (int32_t *)carve(nk * 4);
-  int32_t *cnt = (int32_t *)carve(nb * E * 4), *off = (int32_t *)carve(((int64_t)E + 1) * 4);
-  int32_t *tiles = (int32_t *)carve(tmax * 2 * 4), *ntiles = (int32_t *)carve(4);
-  if (at > limit) return false;
+  moe_carver sc(scratch, n, k, H, I);
+  __nv_bfloat16 *xhi = sc.take<__nv_bfloat16>(n * Hs * 2), *xlo = sc.take<__nv_bfloat16>(n * Hs * 2);
+  __nv_bfloat16 *hhi = sc.take<__nv_bfloat16>(nk * Is * 2), *hlo = sc.take<__nv_bfloat16>(nk * Is * 2);
+  float *y = sc.take<float>(nk * H * 4);
+  const moe_sort so(sc, nk, E, tmax);
+  if (!sc.fits()) return false;
+  const int32_t *order = so.order, *inv = so.inv, *off = so.off, *tiles = so.tiles, *ntiles = so.ntiles;
   const uint8_t *const *tab = moe_table(be, E, gate, up, down, NULL);
   if (!tab) return false;
 
   /* one numerics for the layer: split when any of its weights wants it (h is written once) */
   cuda_launch(ci, "moe split", k_moe_split, cuda_blocks(n * Hs, 256), 256, 0, xhi, split ? xlo : NULL, x, n,
               (int64_t)H, Hs);
-  cuda_launch(ci, "moe hist", k_moe_hist, (unsigned)nb, MG_CHUNK, 0, cnt, idx, nk, E);
-  cuda_launch(ci, "moe scan", k_moe_scan, 1, 1024, 0, cnt, off, tiles, ntiles, nb, E, bn);
-  cuda_launch(ci, "moe place", k_moe_place, (unsigned)nb, MG_CHUNK, 0, order, inv, idx, (const int32_t *)cnt,
-              (const int32_t *)off, nk, E);
+  so.launch(ci, idx, E, bn);
   moe_gemm_args gu, dn;
   memset(&gu, 0, sizeof gu);
   gu.tab = tab, gu.bhi = xhi, gu.blo = xlo, gu.order = order, gu.off = off, gu.tiles = tiles, gu.ntiles = ntiles;
@@ -1369,31 +1388,16 @@ static bool moe_ffn_cublas(ops_backend *be, float *out, const float *x, int64_t 
     return false;
   }
   moe_host *mh = (moe_host *)ci->moe_host;
-  /* scratch layout (256-byte aligned pieces) within ops_moe_scratch_floats */
-  const int64_t nb = (nk + MG_CHUNK - 1) / MG_CHUNK;
-  const uintptr_t base = (uintptr_t)scratch,
-                  limit = base + (uintptr_t)ops_moe_scratch_floats(n, k, H, (int)I) * sizeof(float);
-  uintptr_t at = base;
-  auto carve = [&at](int64_t bytes) {
-    at = (at + 255) & ~(uintptr_t)255;
-    const uintptr_t r = at;
-    at += (uintptr_t)bytes;
-    return r;
-  };
-  __nv_bfloat16 *xs = (__nv_bfloat16 *)carve(nk * H * 2), *h = (__nv_bfloat16 *)carve(nk * I * 2);
-  float *g = (float *)carve(nk * 2 * I * 4), *y = (float *)carve(nk * H * 4);
-  int32_t *order = (int32_t *)carve(nk * 4), *inv = (int32_t *)carve(nk * 4);
-  int32_t *cnt = (int32_t *)carve(nb * E * 4), *off = (int32_t *)carve(((int64_t)E + 1) * 4);
-  int32_t *tiles = (int32_t *)carve((int64_t)E * 2 * 4), *ntiles = (int32_t *)carve(4);
-  if (at > limit) return false;
+  moe_carver sc(scratch, n, k, H, I);
+  __nv_bfloat16 *xs = sc.take<__nv_bfloat16>(nk * H * 2), *h = sc.take<__nv_bfloat16>(nk * I * 2);
+  float *g = sc.take<float>(nk * 2 * I * 4), *y = sc.take<float>(nk * H * 4);
+  const moe_sort so(sc, nk, E, E); /* one "tile" per expert: the tile list is not used here */
+  if (!sc.fits()) return false;
+  const int32_t *order = so.order, *inv = so.inv, *off = so.off;
   const uint8_t *const *tab = moe_table(be, E, gate, up, down, NULL);
   if (!tab) return false;
 
-  cuda_launch(ci, "moe hist", k_moe_hist, (unsigned)nb, MG_CHUNK, 0, cnt, idx, nk, E);
-  /* one "tile" per expert: the scan's tile list is not used here */
-  cuda_launch(ci, "moe scan", k_moe_scan, 1, 1024, 0, cnt, off, tiles, ntiles, nb, E, 0x3fffffff);
-  cuda_launch(ci, "moe place", k_moe_place, (unsigned)nb, MG_CHUNK, 0, order, inv, idx, (const int32_t *)cnt,
-              (const int32_t *)off, nk, E);
+  so.launch(ci, idx, E, 0x3fffffff);
   cuda_launch(ci, "moe gather", k_moe_gather_bf16, grid_of(nk * (H / 4)), 256, 0, xs, x, (const int32_t *)order,
               (const int32_t *)off + E, (int64_t)H, k);
   cuda_copy_async(ci, mh->off, off, ((size_t)E + 1) * sizeof(int32_t), cudaMemcpyDeviceToHost, "moe counts");
