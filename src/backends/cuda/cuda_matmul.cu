@@ -990,35 +990,65 @@ static void launch_q8(cuda_impl *ci, float *y, const float *x, const uint8_t *W,
                   rb, none, glu ? *glu : plain, nrm ? *nrm : nonorm);
 }
 
-/* Raises the dynamic shared memory limit of the q8 instances for TYPE, NT (single with 2
- * and with 4 rows per warp, grouped, gated) to bytes. */
-template <int TYPE, int NT> static bool q8_optin(int bytes) {
-  return cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              bytes) == cudaSuccess &&
-         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              bytes) == cudaSuccess &&
-         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>(), false>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess &&
-         cudaFuncSetAttribute(k_matvec_q8<TYPE, NT, 2, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) ==
-             cudaSuccess;
-}
-template <int NT> static bool q8_optin_all(int bytes) {
-  return q8_optin<ANNA_DTYPE_Q4_0, NT>(bytes) && q8_optin<ANNA_DTYPE_IQ4_NL, NT>(bytes) &&
-         q8_optin<ANNA_DTYPE_Q8_0, NT>(bytes) && q8_optin<ANNA_DTYPE_Q4_K, NT>(bytes) &&
-         q8_optin<ANNA_DTYPE_Q5_K, NT>(bytes) && q8_optin<ANNA_DTYPE_Q6_K, NT>(bytes) &&
-         q8_optin<ANNA_DTYPE_IQ4_XS, NT>(bytes);
+/* The dynamic shared memory one kernel may use under the device's opt-in limit: the limit
+ * less its static shared memory (asking for the whole limit is refused for a kernel that has
+ * any). -1 when the query fails. */
+template <typename K> static int q8_room(K k, int optin) {
+  cudaFuncAttributes at;
+  if (cudaFuncGetAttributes(&at, k) != cudaSuccess) return -1;
+  return optin - (int)at.sharedSizeBytes;
 }
 
+/* The smallest room of the q8 instances for TYPE, NT (single with 2 and with 4 rows per warp,
+ * grouped, gated), or with set, raises each one's dynamic limit to bytes. */
+template <int TYPE, int NT> static int q8_optin(int optin, int set) {
+  auto a = k_matvec_q8<TYPE, NT, 2, false>;
+  auto b = k_matvec_q8<TYPE, NT, 2, false, true>;
+  auto c = k_matvec_q8<TYPE, NT, mvq8_rows_r4<TYPE, NT>(), false>;
+  auto d = k_matvec_q8<TYPE, NT, 2, true>;
+  if (set > 0) {
+    const cudaFuncAttribute A = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    return cudaFuncSetAttribute(a, A, set) == cudaSuccess && cudaFuncSetAttribute(b, A, set) == cudaSuccess &&
+                   cudaFuncSetAttribute(c, A, set) == cudaSuccess && cudaFuncSetAttribute(d, A, set) == cudaSuccess
+               ? set
+               : -1;
+  }
+  const int r[4] = {q8_room(a, optin), q8_room(b, optin), q8_room(c, optin), q8_room(d, optin)};
+  int m = r[0];
+  for (int i = 1; i < 4; i++) m = r[i] < m ? r[i] : m;
+  return m;
+}
+template <int NT> static int q8_optin_all(int optin, int set) {
+  const int r[7] = {q8_optin<ANNA_DTYPE_Q4_0, NT>(optin, set), q8_optin<ANNA_DTYPE_IQ4_NL, NT>(optin, set),
+                    q8_optin<ANNA_DTYPE_Q8_0, NT>(optin, set), q8_optin<ANNA_DTYPE_Q4_K, NT>(optin, set),
+                    q8_optin<ANNA_DTYPE_Q5_K, NT>(optin, set), q8_optin<ANNA_DTYPE_Q6_K, NT>(optin, set),
+                    q8_optin<ANNA_DTYPE_IQ4_XS, NT>(optin, set)};
+  int m = r[0];
+  for (int i = 1; i < 7; i++) m = r[i] < m ? r[i] : m;
+  return m;
+}
+
+/* The int8 matvec's dynamic shared memory limit: the room every instance has under the
+ * device's opt-in limit (each instance raised to it), else the default 48 KB. */
 size_t cuda_matmul_setup(void) {
   int dev = 0, optin = 0;
   if (cudaGetDevice(&dev) != cudaSuccess ||
       cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      optin <= MVQ8_SMEM_DEFAULT || !q8_optin_all<1>(optin) || !q8_optin_all<2>(optin) || !q8_optin_all<4>(optin) ||
-      !q8_optin_all<8>(optin)) {
+      optin <= MVQ8_SMEM_DEFAULT) {
+    (void)cudaGetLastError();
+    return MVQ8_SMEM_DEFAULT;
+  }
+  int room = optin;
+  const int rs[4] = {q8_optin_all<1>(optin, 0), q8_optin_all<2>(optin, 0), q8_optin_all<4>(optin, 0),
+                     q8_optin_all<8>(optin, 0)};
+  for (int i = 0; i < 4; i++) room = rs[i] < room ? rs[i] : room;
+  room &= ~15; /* whole 16-byte pieces */
+  if (room <= MVQ8_SMEM_DEFAULT || q8_optin_all<1>(optin, room) < 0 || q8_optin_all<2>(optin, room) < 0 ||
+      q8_optin_all<4>(optin, room) < 0 || q8_optin_all<8>(optin, room) < 0) {
     (void)cudaGetLastError(); /* not fatal: the default limit still holds for every instance */
     return MVQ8_SMEM_DEFAULT;
   }
-  return (size_t)optin;
+  return (size_t)room;
 }
 
 #define QCASE(T)                                                                                                      \
