@@ -31,7 +31,7 @@ typedef struct layer_weights {
   ops_weight sh_gate, sh_up, sh_down, sh_gate_inp;
   int has_shared;
   /* E + 1 experts: the routed ones, then the shared one, when it has their shape and types
-   * and gate/up are separate (model_link_shared_expert); else NULL. A backend with
+   * and gate/up are separate (model_link_shared_experts); else NULL. A backend with
    * matmul_group_route runs the shared expert as the routed kernels' expert E. */
   ops_weight *sx_gate, *sx_up, *sx_down;
   /* Gemma4 MoE block */
