@@ -1188,13 +1188,12 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
   const size_t per = (size_t)3 * (size_t)I * (size_t)H * sizeof(__nv_bfloat16);
   const bool split = cuda_gemm_split(ci, tg) || (up && cuda_gemm_split(ci, tu)) || cuda_gemm_split(ci, td);
-  const bool pre = !split && cuda_quant_supported(tg) && cuda_quant_supported(tu) && cuda_quant_supported(td) &&
-                   H % MG_BK == 0 && I % MG_BK == 0 &&
-                   (v == CUDA_MOE_PIPE || v == CUDA_MOE_PREDEQ ||
-                    ((v == CUDA_MOE_DEFAULT || v == CUDA_MOE_DECODE_F32 || v == CUDA_MOE_CUBLAS ||
-                      v == CUDA_MOE_CUBLAS_LOOP) &&
-                     nk >= (int64_t)MOE_PIPE_PAIRS * E)) &&
-                   moe_deq_reserve(ci, (size_t)E * per);
+  bool pre = !split && cuda_quant_supported(tg) && cuda_quant_supported(tu) && cuda_quant_supported(td) &&
+             H % MG_BK == 0 && I % MG_BK == 0 &&
+             (v == CUDA_MOE_PIPE || v == CUDA_MOE_PREDEQ ||
+              ((v == CUDA_MOE_DEFAULT || v == CUDA_MOE_DECODE_F32 || v == CUDA_MOE_CUBLAS ||
+                v == CUDA_MOE_CUBLAS_LOOP) &&
+               nk >= (int64_t)MOE_PIPE_PAIRS * E));
   int64_t tmax = (nk + bn - 1) / bn + E;
   while (tmax > 65535 && bn < 64) bn *= 2, tmax = (nk + bn - 1) / bn + E;
   if (tmax > 65535) return false;
@@ -1208,6 +1207,7 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   const int32_t *order = so.order, *inv = so.inv, *off = so.off, *tiles = so.tiles, *ntiles = so.ntiles;
   const uint8_t *const *tab = moe_table(be, E, gate, up, down, NULL);
   if (!tab) return false;
+  pre = pre && moe_deq_reserve(ci, (size_t)E * per); /* the buffer only once the call is sure to run */
 
   /* one numerics for the layer: split when any of its weights wants it (h is written once) */
   cuda_launch(ci, "moe split", k_moe_split, cuda_blocks(n * Hs, 256), 256, 0, xhi, split ? xlo : NULL, x, n,
@@ -1229,19 +1229,17 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
     __nv_bfloat16 *deq = (__nv_bfloat16 *)ci->moe_deq;
     cuda_launch(ci, "moe dequant experts", k_moe_deq_experts, grid_of((int64_t)E * 3 * I * H / 32), 256, 0, deq, tab,
                 (const int32_t *)off, E, 0, E, (int64_t)H, I, tg, tu, td, gu.rb0, gu.rb1, dn.rb0, up == NULL ? 1 : 0);
-    const uint8_t **ht = (const uint8_t **)malloc((size_t)3 * E * sizeof *ht);
-    if (!ht) {
-      cuda_fail(ci, ANNA_ENOMEM, "cuda: out of host memory in moe_ffn");
-      return true;
-    }
+    const size_t tb = (size_t)3 * E * sizeof(const uint8_t *);
+    char *th, *td_; /* the table written straight into the argument ring: no host allocation */
+    if (!cuda_ring_reserve(be, tb, &th, &td_)) return true; /* error set */
+    const uint8_t **ht = (const uint8_t **)th;
     for (int e = 0; e < E; e++) {
       const uint8_t *b = (const uint8_t *)(deq + (int64_t)e * 3 * I * H);
       ht[e] = ht[E + e] = b, ht[2 * E + e] = b + 2 * I * H * sizeof(__nv_bfloat16);
     }
-    const uint8_t *const *dt = (const uint8_t *const *)cuda_ring_put(be, ht, (size_t)3 * E * sizeof *ht);
-    free(ht);
-    if (!dt) return true; /* error set */
-    gu.tab = dn.tab = dt;
+    cuda_copy_async(ci, td_, th, tb, cudaMemcpyHostToDevice, "moe bf16 table");
+    if (ci->err) return true;
+    gu.tab = dn.tab = (const uint8_t *const *)td_;
     gu.t0 = gu.t1 = dn.t0 = dn.t1 = ANNA_DTYPE_BF16, gu.fused = dn.fused = 1;
     gu.rb0 = gu.rb1 = (int64_t)H * 2, dn.rb0 = dn.rb1 = I * 2;
     gu.be0 = gu.be1 = dn.be0 = dn.be1 = moe_block_elems(ANNA_DTYPE_BF16);
@@ -1263,8 +1261,8 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
 
 /* ---- prefill on cuBLAS: experts dequantized to bf16, grouped GEMMs ----
  *
- * With hundreds of pairs per expert the tile kernels above are bound by their in-loop
- * dequantization and unpipelined WMMA (~40 TFLOP/s on the 35B-A3B layer). Here the experts
+ * The same dequantized experts as the pipelined tiles, multiplied by cuBLAS instead; with
+ * hundreds of pairs per expert the two are level (MOE_CUBLAS_PAIRS below). The experts
  * are dequantized once per call into a bf16 buffer (the same rounding as the dense prefill
  * GEMMs: q * d to bf16) and multiplied by cuBLAS's grouped GEMM, one problem per expert with
  * pairs; the activations are rounded to bf16 once (cuda_gemm_split: quantized weights only).
