@@ -641,11 +641,12 @@ static void attn_case(int Hq, int Hkv, int D, int win, int cap, int len0, int n1
   /* modes: exact (f32 kernels); not exact (flash attention where it applies). Each with the
    * decode kernel for grouped queries (the default where 2 <= Hq / Hkv <= 8 and D <= 256) and
    * the per-head kernel (CUDA_ATTN_PER_HEAD): both f32, so both within 1e-4 in exact mode. */
-  static const char *const mname[] = {"exact", "fast", "exact per-head", "fast per-head"};
-  for (int mode = 0; mode < 4; mode++) {
-    const int exact = (mode & 1) == 0;
+  static const char *const mname[] = {"exact", "fast", "exact per-head", "fast per-head", "fast wmma"};
+  for (int mode = 0; mode < 5; mode++) {
+    const int exact = mode == 0 || mode == 2;
     cuda_backend_set_exact(g_gpu, exact);
-    cuda_backend_set_attn_variant(g_gpu, mode >= 2 ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT);
+    cuda_backend_set_attn_variant(g_gpu, mode == 2 || mode == 3 ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT);
+    cuda_backend_set_flash_variant(g_gpu, mode == 4 ? CUDA_FLASH_WMMA : CUDA_FLASH_MMA);
     float *dy = dnan(n * Hq * D);
     g_gpu->attention(g_gpu, dy, dq, &ga);
     char what[112];
@@ -655,6 +656,7 @@ static void attn_case(int Hq, int Hkv, int D, int win, int cap, int len0, int n1
     dfree(dy);
   }
   cuda_backend_set_attn_variant(g_gpu, CUDA_ATTN_DEFAULT);
+  cuda_backend_set_flash_variant(g_gpu, CUDA_FLASH_MMA);
   cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
   /* keys_hint (the host's bound on the keys, which the grouped decode kernel sizes its key
    * splits by): the batch's true bound, and a wrong one (1): results never depend on it */
@@ -1900,9 +1902,10 @@ static void bench_attention(int len0) {
   ops_attn_args ga = {.n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D, .kv_type = OPS_KV_F32,
                       .kv_row_bytes = kvd * 4, .block_len = BL, .scale = 1.0f / sqrtf((float)D), .pos = dpos,
                       .k_blocks = (const void *const *const *)gk, .v_blocks = (const void *const *const *)gv};
-  static const char *const mname[] = {"f32 split-K", "flash"};
-  for (int mode = 0; mode < 2; mode++) {
+  static const char *const mname[] = {"f32 split-K", "flash wmma", "flash mma"};
+  for (int mode = 0; mode < 3; mode++) {
     cuda_backend_set_exact(g_gpu, mode == 0);
+    cuda_backend_set_flash_variant(g_gpu, mode == 1 ? CUDA_FLASH_WMMA : CUDA_FLASH_MMA);
     g_gpu->attention(g_gpu, dy, dq, &ga);
     gpu_status("attention warmup");
     const int reps = 20;
@@ -1914,6 +1917,7 @@ static void bench_attention(int len0) {
            len0, Hq, Hkv, D, dt * 1e6, 4.0 * D * Hq * pairs / dt / 1e12);
   }
   cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_flash_variant(g_gpu, CUDA_FLASH_MMA);
   dfree(dk), dfree(dv), dfree(dq), dfree(dy), dfree(dtk), dfree(dtv), dfree(dpos);
   free(k), free(v), free(q), free(tk), free(tv), free(gk), free(gv), free(pos);
 }
@@ -2785,7 +2789,7 @@ static void bench_topk(void) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* a crash keeps the lines before it, also through a pipe */
   int do_bench = 0;
-  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, ops) */
+  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, attn, ops) */
   const char *pick = NULL; /* --tests=a,b: those tests only */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
@@ -2815,9 +2819,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(only, "moe")) bench_moe();
     else if (!strcmp(only, "group")) bench_matmul_group();
     else if (!strcmp(only, "topk")) bench_topk();
+    else if (!strcmp(only, "attn")) bench_attention(0), bench_attention(2048 - 512), bench_attention(8192 - 512);
     else if (!strcmp(only, "ops")) bench();
     else {
-      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, ops)\n", only);
+      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, attn, ops)\n", only);
       g_fail = 1;
     }
     cuda_backend_free(g_gpu);

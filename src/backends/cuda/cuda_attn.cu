@@ -8,8 +8,9 @@
  * (max, sum, unnormalised output) are merged by a second kernel, so a long context keeps
  * the whole GPU busy instead of one block per head.
  *
- * Prefill (exact off, runs of >= 16 tokens of one sequence): a flash-attention kernel on
- * tensor cores, see "flash prefill" below. */
+ * Prefill (exact off, runs of >= 16 tokens of one sequence): flash attention on tensor
+ * cores, see "flash prefill" below: k_flash_mma (mma.sync, scores in registers) for head
+ * dims 32, 64, 128 and 256, the WMMA kernel k_flash for the others. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
 
@@ -585,6 +586,253 @@ static __global__ void __launch_bounds__(32 * RB * WC, 512 / (32 * RB * WC))
     }
 }
 
+/* ---- flash prefill, mma.sync (the default for head dims 32, 64, 128, 256) ----
+ *
+ * The same tiles, splits, masking, numerics (f16 Q pre-scaled, K, V and P; f32 scores,
+ * softmax and accumulators) and outputs as k_flash above, but the scores never leave the
+ * registers: FM_WARPS warps, each owning 16 rows of a BM = 16 * FM_WARPS row tile, run
+ * S = Q K^T with mma.sync m16n8k16 (Q and K fragments by ldmatrix), the online softmax on
+ * the accumulator fragments (a thread holds two rows, lanes 4g..4g+3 share them), reuse the
+ * rounded probabilities as the A fragments of O += P V (V by ldmatrix.trans), and keep O
+ * in registers. Per key tile the block meets twice: K and V of the tile arrive as f32 by
+ * cp.async into a staging area while the previous tile is multiplied, then are converted
+ * once to f16 (the cache is f32; converting in shared memory costs less than every warp
+ * converting its fragments). The row sums l stay per thread (each of a quad's threads sums
+ * its columns) and are reduced across the quad once at the end.
+ *
+ * Shared memory: Q [BM][D+8] and K, V [BK][D+8] halves (16-byte row padding keeps
+ * ldmatrix's 8 row addresses in distinct banks), K, V staging [BK][D+4] floats, row
+ * positions and the tile's key range. D = 256: 165 KiB, one block per multiprocessor with
+ * up to 255 registers a thread (the O fragments alone are 128). */
+#define FM_WARPS 8
+#define FM_BM (16 * FM_WARPS)
+
+static size_t fm_smem_bytes(int bk, int d) {
+  return (size_t)(FM_BM + 2 * bk) * (d + 8) * 2 + (size_t)2 * bk * (d + 4) * 4 + (size_t)FM_BM * 2 * 4 + 16;
+}
+
+static __device__ __forceinline__ void fm_cp16(void *dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+               : "memory");
+}
+
+static __device__ __forceinline__ void fm_ldsm4(uint32_t r[4], const half *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+static __device__ __forceinline__ void fm_ldsm4t(uint32_t r[4], const half *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+
+/* c += a b, m16n8k16, f16 inputs, f32 accumulators */
+static __device__ __forceinline__ void fm_mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int D, int BK>
+static __global__ void __launch_bounds__(32 * FM_WARPS, 1)
+    k_flash_mma(float *out, float *part, int nsplit, const float *__restrict__ q, int n_heads, int G,
+                int64_t row_floats, int bshift, float scale, int window, float softcap, const int32_t *pos,
+                const void *const *const *kb, const void *const *const *vb, const int2 *tiles) {
+  constexpr int NT = 32 * FM_WARPS, BM = FM_BM, LDH = D + 8, LDF = D + 4, D4 = D / 4;
+  constexpr int SN = BK / 8, ON = D / 8; /* n-tiles of S (keys) and of O (value columns) */
+  static_assert(D % 16 == 0 && BK % 16 == 0 && (BK * D4) % NT == 0, "tile shapes");
+  extern __shared__ __align__(128) unsigned char fm_sm[];
+  half *Qs = (half *)fm_sm, *Ks = Qs + BM * LDH, *Vs = Ks + BK * LDH;
+  float *Kf = (float *)(Vs + BK * LDH), *Vf = Kf + BK * LDF;
+  int *rp = (int *)(Vf + BK * LDF), *rp0 = rp + BM, *krange = rp0 + BM;
+
+  const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, tq = lane & 3;
+  const int kh = blockIdx.y, split = blockIdx.z;
+  const int2 tl = tiles[blockIdx.x];
+  const int t0 = tl.x, nrows = G * tl.y;
+
+  for (int i = tid; i < BM * D4; i += NT) {
+    const int r = i / D4, c = i - r * D4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < nrows) {
+      const int64_t t = t0 + r / G;
+      const int h = kh * G + r % G;
+      v = __ldg((const float4 *)(q + (t * n_heads + h) * (int64_t)D) + c);
+    }
+    fa_st4(Qs + r * LDH + c * 4, v, scale);
+  }
+  for (int r = tid; r < BM; r += NT) {
+    int p = -1, p0 = INT_MAX; /* padding rows see no key */
+    if (r < nrows) {
+      p = pos[t0 + r / G];
+      p0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    }
+    rp[r] = p, rp0[r] = p0;
+  }
+  __syncthreads();
+  if (w == 0) {
+    int lo = INT_MAX, hi = -1;
+    for (int r = lane; r < nrows; r += 32) lo = min(lo, rp0[r]), hi = max(hi, rp[r]);
+    for (int o = 16; o > 0; o >>= 1) {
+      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+      hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+    }
+    if (lane == 0) krange[0] = lo, krange[1] = hi;
+  }
+  __syncthreads();
+  const int kmin = krange[0], kmax = krange[1];
+  const int ntile = (kmax - kmin) / BK + 1, per = (ntile + nsplit - 1) / nsplit;
+  const int jt0 = split * per, jt1 = min(ntile, jt0 + per);
+  /* this thread's two rows: 16 w + g and 16 w + g + 8 */
+  const int ra = 16 * w + g;
+  const int pa = rp[ra], pa0 = rp0[ra], pb = rp[ra + 8], pb0 = rp0[ra + 8];
+
+  const float *const *KT = (const float *const *)kb[t0], *const *VT = (const float *const *)vb[t0];
+  const int bmask = (1 << bshift) - 1;
+  const int64_t khoff = (int64_t)kh * D;
+  /* K and V rows of tile j into the staging area (keys past kmax: zeros) */
+  auto stage = [&](int j) {
+    const int ka = kmin + j * BK;
+#pragma unroll 4
+    for (int i = tid; i < BK * D4; i += NT) {
+      const int r = i / D4, c = i - r * D4, kp = ka + r;
+      float *dk = Kf + r * LDF + 4 * c, *dv = Vf + r * LDF + 4 * c;
+      if (kp <= kmax) {
+        const int64_t off = (int64_t)(kp & bmask) * row_floats + khoff + 4 * c;
+        fm_cp16(dk, KT[kp >> bshift] + off);
+        fm_cp16(dv, VT[kp >> bshift] + off);
+      } else {
+        *(float4 *)dk = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *(float4 *)dv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+
+  float o[ON][4];
+#pragma unroll
+  for (int n = 0; n < ON; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  float ma = -INFINITY, mb = -INFINITY, la = 0.0f, lb = 0.0f;
+  if (jt0 < jt1) stage(jt0);
+  for (int j = jt0; j < jt1; j++) {
+    const int ka = kmin + j * BK;
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads(); /* staging holds tile j; every warp is done with the f16 K, V of tile j - 1 */
+#pragma unroll 4
+    for (int i = tid; i < BK * D4; i += NT) {
+      const int r = i / D4, c = i - r * D4;
+      fa_st4(Ks + r * LDH + 4 * c, *(const float4 *)(Kf + r * LDF + 4 * c), 1.0f);
+      fa_st4(Vs + r * LDH + 4 * c, *(const float4 *)(Vf + r * LDF + 4 * c), 1.0f);
+    }
+    __syncthreads(); /* f16 tile ready; the staging area is free */
+    if (j + 1 < jt1) stage(j + 1);
+    /* rows of this warp that see some key of the tile (a window or the causal edge can
+     * leave a warp's rows nothing here; their softmax then changes nothing) */
+    const int kz = ka + BK - 1;
+    if (!__any_sync(0xffffffffu, (pa >= ka && pa0 <= kz) || (pb >= ka && pb0 <= kz))) continue;
+
+    float s[SN][4];
+#pragma unroll
+    for (int n = 0; n < SN; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+      uint32_t a[4];
+      fm_ldsm4(a, Qs + (16 * w + (lane & 15)) * LDH + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int n = 0; n < SN; n += 2) {
+        uint32_t b[4]; /* keys 8n.. (k lo, k hi), keys 8n + 8.. (k lo, k hi) */
+        fm_ldsm4(b, Ks + (8 * n + (lane & 7) + (lane >> 4) * 8) * LDH + kk * 16 + ((lane >> 3) & 1) * 8);
+        fm_mma(s[n], a, b[0], b[1]);
+        fm_mma(s[n + 1], a, b[2], b[3]);
+      }
+    }
+    /* online softmax on the fragments: s[n][0..1] row a, s[n][2..3] row b, key 8n + 2 tq + e */
+    float xa = -INFINITY, xb = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < SN; n++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int kp = ka + 8 * n + 2 * tq + e;
+        float va = s[n][e], vb2 = s[n][2 + e];
+        if (softcap > 0.0f) va = softcap * tanhf(va / softcap), vb2 = softcap * tanhf(vb2 / softcap);
+        if (kp < pa0 || kp > pa) va = -INFINITY;
+        if (kp < pb0 || kp > pb) vb2 = -INFINITY;
+        s[n][e] = va, s[n][2 + e] = vb2;
+        xa = fmaxf(xa, va), xb = fmaxf(xb, vb2);
+      }
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+    const float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+    const float sa = na == -INFINITY ? 0.0f : na, sb = nb == -INFINITY ? 0.0f : nb; /* nothing visible yet */
+    const float ca = __expf(ma - sa), cb = __expf(mb - sb);                           /* 0 while m = -inf */
+    ma = na, mb = nb;
+    uint32_t pf[SN][2]; /* rounded probabilities, packed as the A fragments of P V */
+    float suma = 0.0f, sumb = 0.0f;
+#pragma unroll
+    for (int n = 0; n < SN; n++) {
+      const __half2 ha = __floats2half2_rn(__expf(s[n][0] - sa), __expf(s[n][1] - sa));
+      const __half2 hb = __floats2half2_rn(__expf(s[n][2] - sb), __expf(s[n][3] - sb));
+      const float2 fa = __half22float2(ha), fb = __half22float2(hb);
+      suma += fa.x + fa.y, sumb += fb.x + fb.y; /* the sum of what P V adds */
+      pf[n][0] = *(const uint32_t *)&ha, pf[n][1] = *(const uint32_t *)&hb;
+    }
+    la = la * ca + suma, lb = lb * cb + sumb;
+#pragma unroll
+    for (int n = 0; n < ON; n++) o[n][0] *= ca, o[n][1] *= ca, o[n][2] *= cb, o[n][3] *= cb;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++) {
+      const uint32_t a[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
+#pragma unroll
+      for (int n = 0; n < ON; n += 2) {
+        uint32_t b[4]; /* keys (lo, hi) of value columns 8n.., then of 8n + 8.. */
+        fm_ldsm4t(b, Vs + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDH + 8 * n + (lane >> 4) * 8);
+        fm_mma(o[n], a, b[0], b[1]);
+        fm_mma(o[n + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  /* rows' sums over the quad; outputs normalised (one split) or partials (unnormalised,
+   * then max and sum) */
+  la += __shfl_xor_sync(0xffffffffu, la, 1);
+  la += __shfl_xor_sync(0xffffffffu, la, 2);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+  lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+#pragma unroll
+  for (int half_row = 0; half_row < 2; half_row++) {
+    const int r = ra + 8 * half_row;
+    if (r >= nrows) continue;
+    const float l = half_row ? lb : la, m = half_row ? mb : ma;
+    const float f = nsplit > 1 ? 1.0f : l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t bh = (int64_t)(t0 + r / G) * n_heads + kh * G + r % G;
+    float *dst = nsplit > 1 ? part + (bh * nsplit + split) * (int64_t)(D + 2) : out + bh * (int64_t)D;
+#pragma unroll
+    for (int n = 0; n < ON; n++)
+      *(float2 *)(dst + 8 * n + 2 * tq) = make_float2(o[n][2 * half_row] * f, o[n][2 * half_row + 1] * f);
+    if (nsplit > 1 && tq == 0) dst[D] = m, dst[D + 1] = l;
+  }
+}
+
+template <int D, int BK>
+static void fm_launch(cuda_impl *ci, dim3 grid, size_t smem, float *out, int nsplit, const float *q,
+                      const ops_attn_args *a, int bshift, const void *const *const *kd, const void *const *const *vd,
+                      const int2 *tiles) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(k_flash_mma<D, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (!cuda_check(ci, e, "flash attention smem")) return;
+  cuda_launch(ci, "flash attention", k_flash_mma<D, BK>, grid, 32 * FM_WARPS, smem, out, ci->att_part, nsplit, q,
+              a->n_heads, a->n_heads / a->n_kv_heads, a->kv_row_bytes / 4, bshift, a->scale, a->window, a->softcap,
+              a->pos, kd, vd, tiles);
+}
+
+/* Key tile of the mma.sync kernel by head dim (0: that dim takes the WMMA kernel). */
+static int fm_key_tile(int d) { return d == 256 ? 32 : d == 128 || d == 64 || d == 32 ? 64 : 0; }
+
 template <int RB, int WC, int NF, int BK>
 static void fa_launch(cuda_impl *ci, dim3 grid, size_t smem, float *out, int nsplit, const float *q,
                       const ops_attn_args *a, int bshift, const void *const *const *kd, const void *const *const *vd,
@@ -624,8 +872,11 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
    * Two other tilings for head dims <= 256 were measured on the H200 (512 queries over 8k
    * keys, 0.8B shape): 64-row tiles 52.5 TFLOP/s, 64-key tiles 63.0, this one 61.4; within
    * noise of each other or slower, so only this one is built. */
-  const int RB = D <= 256 ? 8 : 4, BK = D <= 256 ? 32 : 64, BM = 16 * RB, TQ = BM / G;
-  const size_t smem = fa_smem_bytes(BM, BK, D);
+  const int RB = D <= 256 ? 8 : 4, BK = D <= 256 ? 32 : 64;
+  /* the mma.sync kernel where it is built (CUDA_FLASH_WMMA: the WMMA one, for A/B runs) */
+  const int fbk = ci->flash_variant == CUDA_FLASH_WMMA ? 0 : fm_key_tile(D);
+  const int BM = fbk ? FM_BM : 16 * RB, TQ = BM / G;
+  const size_t smem = fbk ? fm_smem_bytes(fbk, D) : fa_smem_bytes(BM, BK, D);
   int optin = 0;
   if (!cuda_check(ci, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ci->device),
                   "device attribute"))
@@ -661,7 +912,13 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   }
   dim3 grid((unsigned)ntiles, (unsigned)a->n_kv_heads, (unsigned)nsplit);
   const int2 *td = (const int2 *)tdev;
-  if (D > 256)
+  if (fbk == 32)
+    fm_launch<256, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  else if (fbk)
+    D == 128  ? fm_launch<128, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+    : D == 64 ? fm_launch<64, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)
+              : fm_launch<32, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
+  else if (D > 256)
     fa_launch<4, 4, 8, 64>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td);
   else
     D <= 128 ? fa_launch<8, 2, 4, 32>(ci, grid, smem, out, nsplit, q, a, bshift, kd, vd, td)

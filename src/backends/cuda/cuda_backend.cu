@@ -530,6 +530,10 @@ extern "C" void cuda_backend_set_attn_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->attn_variant = variant;
 }
 
+extern "C" void cuda_backend_set_flash_variant(ops_backend *be, int variant) {
+  cuda_impl_of(be)->flash_variant = variant;
+}
+
 extern "C" void cuda_backend_set_gemm_variant(ops_backend *be, int variant) {
   cuda_impl_of(be)->gemm_variant = variant;
 }
@@ -792,6 +796,8 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     if (ci->piece_at < 0) ci->piece_at = 0;
     const char *av = getenv("ANNA_CUDA_ATTN");
     ci->attn_variant = av && !strcmp(av, "per_head") ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
+    const char *flv = getenv("ANNA_CUDA_FLASH"); /* wmma: CUDA_FLASH_WMMA */
+    ci->flash_variant = flv && !strcmp(flv, "wmma") ? CUDA_FLASH_WMMA : CUDA_FLASH_MMA;
   }
   {
     const char *ev = getenv("ANNA_CUDA_GEMM"); /* int8: CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) */

@@ -122,6 +122,12 @@ void cuda_backend_set_pdl(ops_backend *be, int on);
  * creation. */
 enum { CUDA_ATTN_DEFAULT = 0, CUDA_ATTN_PER_HEAD = 1 };
 void cuda_backend_set_attn_variant(ops_backend *be, int variant);
+/* Flash prefill attention (exact off): CUDA_FLASH_MMA (default) runs head dims 32, 64, 128
+ * and 256 on the mma.sync kernel (scores and probabilities in registers, K/V staged by
+ * cp.async), other dims on the WMMA one; CUDA_FLASH_WMMA sends every dim to the WMMA kernel,
+ * for side-by-side runs; also the environment variable ANNA_CUDA_FLASH=wmma at creation. */
+enum { CUDA_FLASH_MMA = 0, CUDA_FLASH_WMMA = 1 };
+void cuda_backend_set_flash_variant(ops_backend *be, int variant);
 /* Prefill GEMMs of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K and Q6_K weights (exact mode off):
  * CUDA_GEMM_BF16 (default: weight tiles dequantized to bf16, cuBLAS on split bf16
  * activations) or CUDA_GEMM_INT8 (activations quantized to int8 per 32-element block as the

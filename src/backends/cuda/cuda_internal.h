@@ -91,6 +91,7 @@ typedef struct cuda_impl {
   int mv_variant;           /* cuda_backend_set_matvec_variant (CUDA_MV_*) */
   int moe_variant;          /* cuda_backend_set_moe_variant (CUDA_MOE_*) */
   int attn_variant;         /* cuda_backend_set_attn_variant (CUDA_ATTN_*) */
+  int flash_variant;        /* cuda_backend_set_flash_variant (CUDA_FLASH_*) */
   int gemm_variant;         /* cuda_backend_set_gemm_variant (CUDA_GEMM_*) */
   int gdn_variant;          /* cuda_backend_set_gdn_variant (CUDA_GDN_*) */
   int gdn_scan_cols;        /* cuda_backend_set_gdn_scan_cols (0 auto, 16, 32) */
