@@ -365,6 +365,44 @@ static __device__ __forceinline__ void fa_st4(half *dst, float4 v, float s) {
   *(uint2 *)dst = c.u;
 }
 
+/* The prologue of both flash kernels. fa_rows_load (all NT threads): the Q tile, scaled and
+ * rounded to f16 at row stride ldq (rows past the tile's tokens zero), and each row's
+ * position and window start (padding rows -1 / INT_MAX: they see no key). fa_key_range
+ * (warp 0, after a barrier): the tile's key range [min window start, max position]. */
+static __device__ __forceinline__ void fa_rows_load(half *Qs, int ldq, int *rp, int *rp0, int bm, int nt,
+                                                    const float *__restrict__ q, int t0, int nrows, int G, int kh,
+                                                    int n_heads, int D, float scale, int window, const int32_t *pos) {
+  const int D4 = D >> 2;
+  for (int i = threadIdx.x; i < bm * D4; i += nt) {
+    const int r = i / D4, c = i - r * D4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (r < nrows) {
+      const int64_t t = t0 + r / G;
+      const int h = kh * G + r % G;
+      v = __ldg((const float4 *)(q + (t * n_heads + h) * (int64_t)D) + c);
+    }
+    fa_st4(Qs + r * ldq + c * 4, v, scale);
+  }
+  for (int r = threadIdx.x; r < bm; r += nt) {
+    int p = -1, p0 = INT_MAX;
+    if (r < nrows) {
+      p = pos[t0 + r / G];
+      p0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
+    }
+    rp[r] = p, rp0[r] = p0;
+  }
+}
+
+static __device__ __forceinline__ void fa_key_range(int *krange, const int *rp, const int *rp0, int nrows, int lane) {
+  int lo = INT_MAX, hi = -1;
+  for (int r = lane; r < nrows; r += 32) lo = min(lo, rp0[r]), hi = max(hi, rp[r]);
+  for (int o = 16; o > 0; o >>= 1) {
+    lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+    hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+  }
+  if (lane == 0) krange[0] = lo, krange[1] = hi;
+}
+
 template <int RB, int WC, int NF, int BK>
 static __global__ void __launch_bounds__(32 * RB * WC, 512 / (32 * RB * WC))
     k_flash(float *out, float *part, int nsplit, const float *__restrict__ q, int n_heads, int G, int D,
@@ -389,36 +427,12 @@ static __global__ void __launch_bounds__(32 * RB * WC, 512 / (32 * RB * WC))
   const int2 tl = tiles[blockIdx.x];
   const int t0 = tl.x, nrows = G * tl.y;
 
-  /* Q tile (scaled, f16; zero rows past the tile's tokens), row positions, row state. */
-  for (int i = tid; i < BM * D4; i += NT) {
-    const int r = i / D4, c = i - r * D4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (r < nrows) {
-      const int64_t t = t0 + r / G;
-      const int h = kh * G + r % G;
-      v = __ldg((const float4 *)(q + (t * n_heads + h) * (int64_t)D) + c);
-    }
-    fa_st4(Qs + r * LDQ + c * 4, v, scale);
-  }
-  for (int r = tid; r < BM; r += NT) {
-    int p = -1, p0 = INT_MAX; /* padding rows see no key */
-    if (r < nrows) {
-      p = pos[t0 + r / G];
-      p0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    }
-    rp[r] = p, rp0[r] = p0, rm[r] = -INFINITY, rl[r] = 0.0f;
-  }
+  /* Q tile, row positions, row state. */
+  fa_rows_load(Qs, LDQ, rp, rp0, BM, NT, q, t0, nrows, G, kh, n_heads, D, scale, window, pos);
+  for (int r = tid; r < BM; r += NT) rm[r] = -INFINITY, rl[r] = 0.0f;
   if (tid < 256) Ss[tid] = (float)(tid >> 4); /* 16x16 matrix of row numbers */
   __syncthreads();
-  if (w == 0) {
-    int lo = INT_MAX, hi = -1;
-    for (int r = lane; r < nrows; r += 32) lo = min(lo, rp0[r]), hi = max(hi, rp[r]);
-    for (int o = 16; o > 0; o >>= 1) {
-      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-      hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    }
-    if (lane == 0) krange[0] = lo, krange[1] = hi;
-  }
+  if (w == 0) fa_key_range(krange, rp, rp0, nrows, lane);
   fa_acc rowf;
   wmma::load_matrix_sync(rowf, Ss, 16, wmma::mem_row_major);
   int rof[NE];
@@ -654,34 +668,9 @@ static __global__ void __launch_bounds__(32 * FM_WARPS, 1)
   const int2 tl = tiles[blockIdx.x];
   const int t0 = tl.x, nrows = G * tl.y;
 
-  for (int i = tid; i < BM * D4; i += NT) {
-    const int r = i / D4, c = i - r * D4;
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (r < nrows) {
-      const int64_t t = t0 + r / G;
-      const int h = kh * G + r % G;
-      v = __ldg((const float4 *)(q + (t * n_heads + h) * (int64_t)D) + c);
-    }
-    fa_st4(Qs + r * LDH + c * 4, v, scale);
-  }
-  for (int r = tid; r < BM; r += NT) {
-    int p = -1, p0 = INT_MAX; /* padding rows see no key */
-    if (r < nrows) {
-      p = pos[t0 + r / G];
-      p0 = window > 0 && p - window + 1 > 0 ? p - window + 1 : 0;
-    }
-    rp[r] = p, rp0[r] = p0;
-  }
+  fa_rows_load(Qs, LDH, rp, rp0, BM, NT, q, t0, nrows, G, kh, n_heads, D, scale, window, pos);
   __syncthreads();
-  if (w == 0) {
-    int lo = INT_MAX, hi = -1;
-    for (int r = lane; r < nrows; r += 32) lo = min(lo, rp0[r]), hi = max(hi, rp[r]);
-    for (int o = 16; o > 0; o >>= 1) {
-      lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
-      hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
-    }
-    if (lane == 0) krange[0] = lo, krange[1] = hi;
-  }
+  if (w == 0) fa_key_range(krange, rp, rp0, nrows, lane);
   __syncthreads();
   const int kmin = krange[0], kmax = krange[1];
   const int ntile = (kmax - kmin) / BK + 1, per = (ntile + nsplit - 1) / nsplit;
