@@ -12,6 +12,7 @@
  * cores, see "flash prefill" below: k_flash_mma (mma.sync, scores in registers) for head
  * dims 32, 64, 128 and 256, the WMMA kernel k_flash for the others. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_async.cuh"
 #include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
@@ -625,11 +626,6 @@ static size_t fm_smem_bytes(int bk, int d) {
   return (size_t)(FM_BM + 2 * bk) * (d + 8) * 2 + (size_t)2 * bk * (d + 4) * 4 + (size_t)FM_BM * 2 * 4 + 16;
 }
 
-static __device__ __forceinline__ void fm_cp16(void *dst, const void *src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
-}
-
 static __device__ __forceinline__ void fm_ldsm4(uint32_t r[4], const half *p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -691,14 +687,14 @@ static __global__ void __launch_bounds__(32 * FM_WARPS, 1)
       float *dk = Kf + r * LDF + 4 * c, *dv = Vf + r * LDF + 4 * c;
       if (kp <= kmax) {
         const int64_t off = (int64_t)(kp & bmask) * row_floats + khoff + 4 * c;
-        fm_cp16(dk, KT[kp >> bshift] + off);
-        fm_cp16(dv, VT[kp >> bshift] + off);
+        cuda_cp16(dk, KT[kp >> bshift] + off);
+        cuda_cp16(dv, VT[kp >> bshift] + off);
       } else {
         *(float4 *)dk = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         *(float4 *)dv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       }
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cuda_cp_commit();
   };
 
   float o[ON][4];
@@ -708,7 +704,7 @@ static __global__ void __launch_bounds__(32 * FM_WARPS, 1)
   if (jt0 < jt1) stage(jt0);
   for (int j = jt0; j < jt1; j++) {
     const int ka = kmin + j * BK;
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    cuda_cp_wait<0>();
     __syncthreads(); /* staging holds tile j; every warp is done with the f16 K, V of tile j - 1 */
 #pragma unroll 4
     for (int i = tid; i < BK * D4; i += NT) {

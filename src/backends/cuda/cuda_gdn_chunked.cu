@@ -30,6 +30,7 @@
  * not fit is processed in segments of whole chunks; the state carries between segments
  * through the state buffer, exactly as between chunks. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_async.cuh"
 
 #include "base/error.h"
 
@@ -176,40 +177,6 @@ static size_t gdn_prep_smem(int dk) {
   return sizeof(float) * ((size_t)GDN_C * GDN_C + 3 * GDN_C + 2 * (size_t)GDN_C * (dk + 1));
 }
 
-/* cp.async (sm_80+) as inline PTX: <cuda_pipeline.h> drags in headers that fail the host
- * compiler's -Wshadow -Werror. Older devices copy synchronously (they run f32 kernels only,
- * and the commit / wait are then no-ops). */
-static __device__ __forceinline__ void gdn_cp4(float *dst, const float *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
-#else
-  *dst = *src;
-#endif
-}
-
-static __device__ __forceinline__ void gdn_cp16(float *dst, const float *src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
-               : "memory");
-#else
-  *(float4 *)dst = *(const float4 *)src;
-#endif
-}
-
-static __device__ __forceinline__ void gdn_cp_commit(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-/* Waits for all of this thread's copies; a __syncthreads must follow before other threads read them. */
-static __device__ __forceinline__ void gdn_cp_wait(void) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
-}
-
 /* Phase 2's chunk inputs as asynchronous copies (cp.async): every load of the chunk is in
  * flight at once, instead of a few per thread at a time, on the sequential path. W -> Ab,
  * Q -> Bb, P -> Pb, U -> Vs; elements past L, dk or dv are stored as 0 directly (stale
@@ -226,16 +193,16 @@ static __device__ __forceinline__ void gdn_scan_load(const ops_gdn_args &a, cons
   for (int idx = tid; idx < GDN_C * DK; idx += T) {
     const int r = idx / DK, d = idx % DK;
     float *wd = Ab + r * LB + d, *qd = Bb + r * LB + d;
-    if (d < dk) gdn_cp4(wd, Wc + (size_t)r * dk + d);
+    if (d < dk) cuda_cp4(wd, Wc + (size_t)r * dk + d);
     else *wd = 0.0f;
-    if (r < L && d < dk) gdn_cp4(qd, a.q + ((t0 + r) * a.hk + kh) * dk + d);
+    if (r < L && d < dk) cuda_cp4(qd, a.q + ((t0 + r) * a.hk + kh) * dk + d);
     else *qd = 0.0f;
   }
   for (int idx = tid; idx < GDN_C * GDN_C / 4; idx += T)
-    gdn_cp16(Pb + (idx >> 4) * LP + (idx & 15) * 4, Pc + (size_t)idx * 4);
+    cuda_cp16(Pb + (idx >> 4) * LP + (idx & 15) * 4, Pc + (size_t)idx * 4);
   for (int idx = tid; idx < GDN_C * NV; idx += T) {
     const int jj = j0 + idx % NV;
-    if (jj < dv) gdn_cp4(Vs + idx, Uc + (size_t)(idx / NV) * dv + jj);
+    if (jj < dv) cuda_cp4(Vs + idx, Uc + (size_t)(idx / NV) * dv + jj);
     else Vs[idx] = 0.0f;
   }
 }
@@ -250,7 +217,7 @@ static __device__ __forceinline__ void gdn_scan_load_k(const ops_gdn_args &a, fl
   for (int idx = tid; idx < GDN_C * DK; idx += 16 * NV) {
     const int r = idx / DK, d = idx % DK;
     float *kd = Ab + r * LB + d;
-    if (r < L && d < dk) gdn_cp4(kd, a.k + ((t0 + r) * a.hk + kh) * dk + d);
+    if (r < L && d < dk) cuda_cp4(kd, a.k + ((t0 + r) * a.hk + kh) * dk + d);
     else *kd = 0.0f;
   }
 }
@@ -287,13 +254,13 @@ static __global__ void __launch_bounds__(16 * NV) k_gdn_scan(ops_gdn_args a, con
     __syncthreads(); /* the previous chunk is done with every buffer (and Ss is loaded) */
     gdn_scan_load<DK, NV>(a, W + hc * GDN_C * dk, P + hc * GDN_C * GDN_C, U + hc * GDN_C * dv, Ab, Bb, Pb, Vs, t0, L, kh,
                       j0, tid);
-    gdn_cp_commit();
+    cuda_cp_commit();
     if (tid < GDN_C) {
       const float gi = G[hc * GDN_C + tid], gl = G[hc * GDN_C + GDN_C - 1];
       eq[tid] = expf(gi);
       ek[tid] = expf(gl - gi);
     }
-    gdn_cp_wait();
+    cuda_cp_wait<0>();
     __syncthreads();
 
     /* W S and Q S for rows ti + 16x, column tj */
@@ -320,7 +287,7 @@ static __global__ void __launch_bounds__(16 * NV) k_gdn_scan(ops_gdn_args a, con
     __syncthreads(); /* V' complete; Ab (W) and Bb (Q) are free */
 
     gdn_scan_load_k<DK, NV>(a, Ab, t0, L, kh, tid);
-    gdn_cp_commit();
+    cuda_cp_commit();
     for (int idx = tid; idx < GDN_C * NV; idx += T) Vk[idx] = ek[idx / NV] * Vs[idx];
     /* O += P V': P is zero above the diagonal, so row ti + 48 (the last this thread owns)
      * needs m <= ti + 48 only */
@@ -340,7 +307,7 @@ static __global__ void __launch_bounds__(16 * NV) k_gdn_scan(ops_gdn_args a, con
         const int r = ti + 16 * x;
         if (r < L) a.out[((t0 + r) * a.hv + h) * dv + j] = o[x];
       }
-    gdn_cp_wait();
+    cuda_cp_wait<0>();
     __syncthreads(); /* Ab holds K, Vk the decayed V' */
 
     /* S rows ti * RPT + r, column tj: S = e^gam_last S + K^T diag(e^(gam_last - gam)) V' */

@@ -29,6 +29,7 @@
  * n 512 333 vs 223 us, n 8192 5025 vs 2317 us; ~160 int8 TOPS), so it stays a variant: to
  * compete it needs wgmma and a deeper pipeline (bench/notes/gpu.md, session 6). */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_async.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "base/error.h"
@@ -53,16 +54,6 @@
 static __device__ __forceinline__ uint8_t *mmq_smem_base() {
   extern __shared__ __align__(16) uint8_t mmq_smem[];
   return mmq_smem;
-}
-static __device__ __forceinline__ void mmq_cp16(void *dst, const void *src) {
-  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-}
-static __device__ __forceinline__ void mmq_cp_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-static __device__ __forceinline__ void mmq_cp_wait() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 }
 static __device__ __forceinline__ uint2 mmq_lds64(const uint8_t *p) {
   return *(const uint2 *)p;
@@ -143,15 +134,15 @@ static __device__ __forceinline__ void mmq_load_x(uint8_t *st, const int8_t *xq,
 #pragma unroll
   for (int i = 0; i < MMQ_BN * (MMQ_KS / 16) / MMQ_THREADS; i++) {
     const int c = tid + MMQ_THREADS * i, tok = c / (MMQ_KS / 16), ch = c % (MMQ_KS / 16);
-    mmq_cp16(st + MMQ_X_OFF + tok * MMQ_ST + 16 * ch, xq + (t0 + tok) * colsp + (int64_t)s * MMQ_KS + 16 * ch);
+    cuda_cp16(st + MMQ_X_OFF + tok * MMQ_ST + 16 * ch, xq + (t0 + tok) * colsp + (int64_t)s * MMQ_KS + 16 * ch);
   }
   /* 8 units x MMQ_BN floats: 32 chunks of 4 floats per unit */
   static_assert(8 * MMQ_BN / 4 == MMQ_THREADS, "one scale chunk per thread");
   const int u = tid / (MMQ_BN / 4), j = tid % (MMQ_BN / 4);
   const int64_t src = ((int64_t)s * 8 + u) * npad + t0 + 4 * j;
-  mmq_cp16(st + MMQ_XD_OFF + 4 * (u * MMQ_BN + 4 * j), xd + src);
-  if constexpr (mmq_has_min<TYPE>()) mmq_cp16(st + MMQ_XS_OFF + 4 * (u * MMQ_BN + 4 * j), xs + src);
-  mmq_cp_commit();
+  cuda_cp16(st + MMQ_XD_OFF + 4 * (u * MMQ_BN + 4 * j), xd + src);
+  if constexpr (mmq_has_min<TYPE>()) cuda_cp16(st + MMQ_XS_OFF + 4 * (u * MMQ_BN + 4 * j), xs + src);
+  cuda_cp_commit();
 }
 
 /* Pieces of this thread in a step: rows tid / 8 + 32 i (i < 4), piece tid % 8 of the step. */
@@ -312,7 +303,7 @@ static __global__ void __launch_bounds__(MMQ_THREADS, 1)
   mmq_load_x<TYPE>(sm, xq, xd, xs, t0, npad, colsp, 0, tid);
   mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, 0, tid);
   mmq_decode_w<TYPE>(sm, raw, W, r0, rows, rb, pieces, 0, tid);
-  mmq_cp_wait();
+  cuda_cp_wait<0>();
   __syncthreads();
   for (int s = 0; s < steps; s++) {
     uint8_t *cur = sm + (s & 1) * MMQ_STAGE, *nxt = sm + ((s + 1) & 1) * MMQ_STAGE;
@@ -323,7 +314,7 @@ static __global__ void __launch_bounds__(MMQ_THREADS, 1)
     }
     mmq_mma_step<TYPE>(cur, acc, warp, lane);
     if (s + 1 < steps) mmq_decode_w<TYPE>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
-    mmq_cp_wait();
+    cuda_cp_wait<0>();
     __syncthreads();
   }
   const int g = lane >> 2, t = lane & 3, wm = warp & 1, wn = warp >> 1;

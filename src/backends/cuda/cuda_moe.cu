@@ -46,6 +46,7 @@
  * the decode kernels instead was measured slower on the 35B-A3B shape: 2544 vs 9186 tok/s at
  * 8192 tokens; f32 unit decoding per pair loses to dequantized tiles on tensor cores.) */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_async.cuh"
 #include "backends/cuda/cuda_math.cuh"
 #include "backends/cuda/cuda_q8act.cuh"
 #include "backends/cuda/cuda_quant.cuh"
@@ -1029,17 +1030,6 @@ static __global__ void k_moe_deq_experts(__nv_bfloat16 *dst, const uint8_t *cons
  * same bf16 weights). */
 #define MP_STAGES 3
 
-/* 16 bytes global -> shared, asynchronously; src_bytes 0 writes zeros (src is not read). */
-static __device__ __forceinline__ void mp_cp16(void *dst, const void *src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)),
-               "l"(src), "r"(src_bytes)
-               : "memory");
-}
-static __device__ __forceinline__ void mp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> static __device__ __forceinline__ void mp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <int BN> static constexpr size_t mp_smem_bytes() {
   return (size_t)MP_STAGES * (MG_BM + BN) * MG_LDS * 2 > (size_t)BN * MG_LDC * 4
              ? (size_t)MP_STAGES * (MG_BM + BN) * MG_LDS * 2
@@ -1081,13 +1071,13 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm_pipe(moe_gemm
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       const int q = tid + j * MG_THREADS, R = q >> 3, ch = q & 7;
-      mp_cp16(Ws + R * MG_LDS + ch * 8, wr[j] ? (const void *)(wr[j] + k0 + ch * 8) : (const void *)a.bhi,
+      cuda_cp16_zfill(Ws + R * MG_LDS + ch * 8, wr[j] ? (const void *)(wr[j] + k0 + ch * 8) : (const void *)a.bhi,
               wr[j] ? 16 : 0);
     }
     for (int q = tid; q < BN * (MG_BK / 8); q += MG_THREADS) {
       const int r = q >> 3, ch = q & 7;
       const int64_t ro = s_row[r];
-      mp_cp16(Xs + r * MG_LDS + ch * 8, ro >= 0 ? (const void *)(a.bhi + ro + k0 + ch * 8) : (const void *)a.bhi,
+      cuda_cp16_zfill(Xs + r * MG_LDS + ch * 8, ro >= 0 ? (const void *)(a.bhi + ro + k0 + ch * 8) : (const void *)a.bhi,
               ro >= 0 ? 16 : 0);
     }
   };
@@ -1098,18 +1088,18 @@ static __global__ void __launch_bounds__(MG_THREADS, 2) k_moe_gemm_pipe(moe_gemm
 #pragma unroll
   for (int s = 0; s < MP_STAGES - 1; s++) {
     if (s < nk) load(s, (int64_t)s * MG_BK);
-    mp_commit(); /* empty groups too: the wait below counts groups */
+    cuda_cp_commit(); /* empty groups too: the wait below counts groups */
   }
   for (int kt = 0; kt < nk; kt++) {
-    mp_wait<MP_STAGES - 2>(); /* step kt's copies (this thread's) have landed */
+    cuda_cp_wait<MP_STAGES - 2>(); /* step kt's copies (this thread's) have landed */
     __syncthreads();          /* everyone's, and everyone is done with step kt - 1's stage */
     const int nx = kt + MP_STAGES - 1;
     if (nx < nk) load(nx % MP_STAGES, (int64_t)nx * MG_BK);
-    mp_commit();
+    cuda_cp_commit();
     const __nv_bfloat16 *Ws = sm + (kt % MP_STAGES) * STAGE, *Xs = Ws + MG_BM * MG_LDS;
     moe_tile_mma<BN, false>(acc, Ws, Xs, NULL, wm, wn);
   }
-  mp_wait<0>();
+  cuda_cp_wait<0>();
   __syncthreads(); /* the stages become the result tile */
   moe_tile_store<BN, MODE, false>(a, acc, (float *)mp_smem, s0, cnt, m0, wm, wn);
 }
