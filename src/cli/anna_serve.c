@@ -11,7 +11,9 @@ static void usage(FILE *f) {
           "  --parallel N             sequence slots (default: max(4, scheduler batch size))\n"
           "  --batch-size N           max tokens per engine step (default 512)\n"
           "  --threads N              compute threads (default: one per core)\n"
-          "  --device cpu|auto  --dtype f32\n"
+          "  --device cpu|cuda|auto\n"
+          "  --dtype f32|bf16         compute dtype (default f32; bf16, cuda only: prefill GEMMs on\n"
+          "                           activations rounded to bf16, as llama.cpp; faster, less exact)\n"
           "  --scheduler-profile none|interactive|throughput\n"
           "  --scheduler-max-batch-size N  --scheduler-batch-wait-ms MS\n"
           "  --scheduler-max-prefill-tokens N  --scheduler-max-decode-tokens N\n"
@@ -78,7 +80,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
-    else if (!strcmp(a, "--device")) { NEEDV(); o.device = v; }
+    else if (!strcmp(a, "--device")) { NEEDV(); o.device = o.eng.device = v; } /* the model's check, the engine's context */
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--scheduler-profile")) {
       NEEDV();
@@ -115,10 +117,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--disable-thinking")) o.default_enable_thinking = 0;
     else if (!strcmp(a, "--debug-hooks")) o.debug_hooks = 1;
     else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
-    else if (!strcmp(a, "--device")) {
-      NEEDV();
-      o.eng.device = v;
-    } else if (!strcmp(a, "--kv-cache-quantization")) {
+    else if (!strcmp(a, "--kv-cache-quantization")) {
       NEEDV();
       o.eng.kv_cache_quantization = v;
     }

@@ -58,6 +58,7 @@ struct anna_model {
   void **allocs;       /* f32 conversions owned by the model */
   size_t n_allocs, cap_allocs;
   int64_t max_cols;    /* widest weight row, for dequant scratch */
+  int compute_bf16;    /* anna_model_options.dtype "bf16": contexts on cuda round GEMM inputs to bf16 */
 };
 
 /* A name -> tensor lookup the weight builder reads through. */

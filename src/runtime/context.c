@@ -54,13 +54,22 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   int cuda;
   int rc = device_pick(opt ? opt->device : NULL, &cuda, err, errlen);
   if (rc) return rc;
-  if (opt && opt->dtype && strcmp(opt->dtype, "f32") && strcmp(opt->dtype, "float32"))
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "compute dtype '%s' is not supported on cpu (have: f32)",
-                    opt->dtype);
+  int bf16 = 0;
+  if (opt && opt->dtype) {
+    const char *d = opt->dtype;
+    bf16 = !strcmp(d, "bf16") || !strcmp(d, "bfloat16");
+    if (!bf16 && strcmp(d, "f32") && strcmp(d, "float32") && strcmp(d, "auto"))
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "compute dtype '%s' is not supported (have: f32, bf16 on cuda)",
+                      d);
+    /* device auto without a GPU lands here too: the CPU computes with f32 (or int8) activations */
+    if (bf16 && !cuda)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "compute dtype '%s' needs the cuda device (the cpu has: f32)", d);
+  }
   struct stat st;
   if (stat(path, &st) != 0) return anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
-  if (S_ISDIR(st.st_mode)) return model_load_hf(out, path, err, errlen);
-  return gguf_model_load(out, path, err, errlen);
+  rc = S_ISDIR(st.st_mode) ? model_load_hf(out, path, err, errlen) : gguf_model_load(out, path, err, errlen);
+  if (!rc) (*out)->compute_bf16 = bf16;
+  return rc;
 }
 
 void anna_model_free(anna_model *m) {
@@ -145,6 +154,10 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   int cuda;
   int rc = device_pick(o.device, &cuda, err, errlen);
   if (rc) return rc;
+  if (m->compute_bf16 && !cuda)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the model was loaded for compute dtype bf16, which needs the cuda device");
+  if (m->compute_bf16 && o.exact_matmul)
+    return anna_err(err, errlen, ANNA_EINVAL, "--exact (f32 activations) and compute dtype bf16 contradict each other");
   anna_context *c = calloc(1, sizeof *c);
   if (!c) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   c->m = m;
@@ -153,6 +166,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     c->on_cuda = 1;
     if (!(rc = cuda_backend_create(&c->be_dev, o.n_batch, err, errlen))) {
       cuda_backend_set_exact(c->be_dev, o.exact_matmul);
+      if (m->compute_bf16) cuda_backend_set_gemm_variant(c->be_dev, CUDA_GEMM_BF16_SINGLE);
       c->be = c->be_dev;
       /* Profiling syncs around every op, which a recorded graph cannot do: eager steps. */
       if (o.profile && !(c->be = ops_profile_wrap(c->be_dev, m->cfg.vocab)))
