@@ -4,11 +4,14 @@ Every test talks to the real server binary (ANNA_SERVE_BIN, set by ctest; otherw
 first build folder that has one) started on a free port ("--port 0": the server logs the
 port it bound). At teardown the server gets SIGTERM and must exit 0 with no sanitizer
 report in its log, so an ASan build of the binary checks for leaks and memory errors too.
+ANNA_SERVE_ARGS (shell words) is appended to every server's command line: on the GPU machine
+ANNA_SERVE_ARGS="--device cuda" runs the whole suite against the CUDA backend.
 """
 import glob
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import threading
@@ -49,7 +52,7 @@ class Server:
 
     def __init__(self, model, *args, timeout=60):
         self.cmd = [server_bin(), "--model-dir" if os.path.isdir(model) else "--model", model,
-                    "--port", "0", "--threads", "2", *args]
+                    "--port", "0", "--threads", "2", *args, *shlex.split(os.environ.get("ANNA_SERVE_ARGS", ""))]
         self.lines = []
         env = dict(os.environ)
         # Under ASan a small quarantine keeps RSS comparable between rounds of the load test.
