@@ -80,7 +80,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
-    else if (!strcmp(a, "--device")) { NEEDV(); o.device = o.eng.device = v; } /* the model's check, the engine's context */
+    /* --device: both the model loader's check and the engine's context */
+    else if (!strcmp(a, "--device")) { NEEDV(); o.device = o.eng.device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--scheduler-profile")) {
       NEEDV();

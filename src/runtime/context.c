@@ -155,7 +155,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   int rc = device_pick(o.device, &cuda, err, errlen);
   if (rc) return rc;
   if (m->compute_bf16 && !cuda)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the model was loaded for compute dtype bf16, which needs the cuda device");
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the model was loaded for compute dtype bf16, which needs the cuda device");
   if (m->compute_bf16 && o.exact_matmul)
     return anna_err(err, errlen, ANNA_EINVAL, "--exact (f32 activations) and compute dtype bf16 contradict each other");
   anna_context *c = calloc(1, sizeof *c);
