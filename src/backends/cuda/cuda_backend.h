@@ -136,7 +136,7 @@ void cuda_backend_set_flash_variant(ops_backend *be, int variant);
  * CUDA_GEMM_BF16_SINGLE (ANNA_CUDA_GEMM=bf16x1): bf16 and quantized weights, the activations
  * rounded once to bf16 and multiplied once (llama.cpp's precision: half the tensor-core work
  * of the hi + lo split, 8 significant bits instead of 16; moves the fixtures' logits past the
- * 5e-3 bound, so never the default). CUDA_GEMM_BF16_SPLIT (ANNA_CUDA_GEMM=split): the hi + lo
+ * 5e-3 bound, so never the default; `--dtype bf16` selects it, see anna_model_options). CUDA_GEMM_BF16_SPLIT (ANNA_CUDA_GEMM=split): the hi + lo
  * split for every weight type. */
 enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1, CUDA_GEMM_BF16_SINGLE = 2, CUDA_GEMM_BF16_SPLIT = 3 };
 void cuda_backend_set_gemm_variant(ops_backend *be, int variant);
