@@ -1,0 +1,335 @@
+/* test_cuda_matmul.c: the CUDA matmul op against an f64 dequantize-then-dot reference: decode
+ * matvecs (f32 and int8 activations, both int8 row variants), the prefill GEMMs (tensor cores
+ * in bf16 hi + lo, bf16 single rounding, 128-row dequantization tiles, the int8 tensor-core
+ * GEMM at its tile edges) with per-output bounds; and the prefill GEMM benchmark (--bench=gemm). */
+#include "cuda_test.h"
+
+/* Float weight types: exact on the tensor-core path too (bf16 used in place with split
+ * activations; f16/f32 stay on SGEMM). */
+static int cuda_float_type_host(int t) {
+  return t == ANNA_DTYPE_F32 || t == ANNA_DTYPE_F16 || t == ANNA_DTYPE_BF16;
+}
+
+/* Types the int8 prefill GEMM (CUDA_GEMM_INT8) takes. */
+static int gemm_int8_type(int t) {
+  return t == ANNA_DTYPE_Q4_0 || t == ANNA_DTYPE_IQ4_NL || t == ANNA_DTYPE_IQ4_XS || t == ANNA_DTYPE_Q8_0 ||
+         t == ANNA_DTYPE_Q4_K || t == ANNA_DTYPE_Q5_K || t == ANNA_DTYPE_Q6_K;
+}
+
+/* ref[t, r] = the f64 dot of x_t and row r of wf (+ bias), and bnd[t, r] its accuracy bound
+ * (see test_matvec_int8 and gemm_variant_check): with urel == 0 the int8-activation one,
+ * sum_c |w_c| max|x_blk(c)| / 254 (32-element blocks; a plain type's last block may be
+ * shorter), else sum_c |w_c x_c| * urel; both with 1% slack, 1e-5 * sum |w x| for the f32
+ * accumulation and 1e-6 |y|. Returns both, malloc'd (the caller frees them). */
+static void int8_ref_bound(const float *x, const float *wf, const float *bias, int64_t n, int64_t rows, int64_t cols,
+                           double urel, float **ref_out, double **bnd_out) {
+  float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+  double *bnd = malloc(sizeof(double) * (size_t)(n * rows));
+  for (int64_t t = 0; t < n; t++)
+    for (int64_t r = 0; r < rows; r++) {
+      double acc = bias ? bias[r] : 0, b = 0, mag = 0;
+      for (int64_t c0 = 0; c0 < cols; c0 += 32) {
+        const int64_t c1 = c0 + 32 < cols ? c0 + 32 : cols;
+        double am = 0;
+        for (int64_t c = c0; c < c1; c++) am = fmax(am, fabs(x[t * cols + c]));
+        for (int64_t c = c0; c < c1; c++) {
+          const double wv = wf[r * cols + c], xv = x[t * cols + c];
+          acc += wv * xv, mag += fabs(wv * xv), b += fabs(wv) * am / 254.0;
+        }
+      }
+      ref[t * rows + r] = (float)acc;
+      if (urel > 0) b = mag * urel;
+      bnd[t * rows + r] = 1.01 * b + 1e-5 * mag + 1e-6 * fabs(acc);
+    }
+  *ref_out = ref, *bnd_out = bnd;
+}
+
+/* One check: every device output g[i] within bnd[i] of ref[i] (NaN or inf fails). Returns the
+ * largest error / bound of the outputs inside it. */
+static double bound_check(const char *what, const float *g, const float *ref, const double *bnd, int64_t count,
+                          const char *kind) {
+  int64_t bad = 0;
+  double q = 0;
+  for (int64_t i = 0; i < count; i++) {
+    const double e = fabs((double)g[i] - ref[i]);
+    if (isnan(g[i]) || isinf(g[i]) || !(e <= bnd[i])) bad++;
+    else q = fmax(q, e / bnd[i]);
+  }
+  g_checks++;
+  if (bad) {
+    printf("  FAIL %-58s %lld of %lld outside the %s bound\n", what, (long long)bad, (long long)count, kind);
+    g_fail++;
+  }
+  return q;
+}
+
+/* Prefill GEMM with int8 activations (CUDA_GEMM_INT8, exact off) against the f64 dot of the
+ * f32 inputs, with test_matvec_int8's bound: each 32-element activation block rounds to
+ * q * s, s = max|x| / 127 (error <= s / 2 per element), so output r may differ by
+ * sum_i |w_ri| * s_blk(i) / 2 (1% slack for the f32 rounding of s and the products) plus
+ * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation. Fresh NaN outputs: an unwritten one
+ * fails. Leaves the variant at CUDA_GEMM_BF16 and exact mode on. Returns the largest error /
+ * bound. variant CUDA_GEMM_BF16_SINGLE instead: activations rounded once to bf16 (relative
+ * error <= 2^-8 each), a quantized weight's dequantized values too, so output r may differ by
+ * sum_i |w_ri x_i| * (2^-8 + 2^-8 + 2^-16) (1% slack) plus the same accumulation term. */
+static double gemm_variant_check(const char *what, int variant, const ops_weight *ow, const float *x,
+                                 const float *dx, const float *wf, const float *bias, int64_t n) {
+  const double ux = 1.0 / 256, uw = cuda_float_type_host(ow->type) ? 0.0 : 1.0 / 256; /* bf16 weights: exact */
+  const int64_t rows = ow->rows;
+  float *ref;
+  double *bnd;
+  int8_ref_bound(x, wf, bias, n, rows, ow->cols, variant == CUDA_GEMM_BF16_SINGLE ? ux + uw + ux * uw : 0.0, &ref,
+                 &bnd);
+  float *nan = calloc((size_t)(n * rows), sizeof(float)); /* dnan, inlined here, warned maybe-uninitialized */
+  for (int64_t i = 0; i < n * rows; i++) nan[i] = NAN;
+  float *dy = dput(nan, sizeof(float) * (size_t)(n * rows));
+  free(nan);
+  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_gemm_variant(g_gpu, variant);
+  g_gpu->matmul(g_gpu, dy, dx, n, ow, bias);
+  cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
+  cuda_backend_set_exact(g_gpu, 1);
+  float *g = dget(dy, n * rows);
+  gpu_status(what);
+  const double q = bound_check(what, g, ref, bnd, n * rows, variant == CUDA_GEMM_INT8 ? "int8" : "bf16");
+  free(g), free(ref), free(bnd);
+  dfree(dy);
+  return q;
+}
+
+void test_matmul(void) {
+  printf("matmul\n");
+  /* f32 activations in the decode matvecs (the int8 path has its own test and bound) */
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_F32);
+  const int types[] = {ANNA_DTYPE_F32,  ANNA_DTYPE_F16,  ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0,
+                       ANNA_DTYPE_Q4_1, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q5_1, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_Q2_K,
+                       ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS};
+  /* the last two have more rows than the decode kernels keep resident, so their warps
+   * walk several row groups */
+  const int shapes[][3] = {{1, 17, 1},  {1, 300, 4},  {2, 129, 2},    {5, 64, 3},
+                           {8, 33, 1},  {9, 100, 2},  {67, 129, 3},   {1, 20001, 2}, {3, 9001, 1},
+                           {40, 1000, 4}};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    const int64_t bs = dtype_block_size(type);
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = shapes[s][0], rows = shapes[s][1];
+      /* plain types get odd widths; block types whole blocks (256-blocks: 1..4 of them) */
+      const int64_t cols = bs == 1 ? (s % 2 ? 8 * 33 : 257) : bs == 32 ? 32 * (3 + 5 * shapes[s][2]) : 256 * shapes[s][2];
+      float *wf;
+      void *w = make_weight(type, rows, cols, &wf);
+      float *x = hrand(n * cols, 1.0f), *bias = s % 2 ? hrand(rows, 1.0f) : NULL;
+      float *ref = malloc(sizeof(float) * (size_t)(n * rows));
+      for (int64_t t = 0; t < n; t++)
+        for (int64_t r = 0; r < rows; r++) {
+          double acc = bias ? bias[r] : 0;
+          for (int64_t c = 0; c < cols; c++) acc += (double)x[t * cols + c] * wf[r * cols + c];
+          ref[t * rows + r] = (float)acc;
+        }
+      ops_weight ow = {type, w, rows, cols};
+      float *dx = dput(x, sizeof(float) * (size_t)(n * cols)), *dy = dnan(n * rows);
+      cuda_backend_set_exact(g_gpu, 1);
+      g_gpu->matmul(g_gpu, dy, dx, n, &ow, bias);
+      char what[128];
+      snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s", dtype_name(type), (long long)n, (long long)rows,
+               (long long)cols, bias ? " +bias" : "");
+      cmpd(what, dy, ref, n * rows, 1e-4);
+      if (n > 8) {
+        cuda_backend_set_exact(g_gpu, 0);
+        /* Tensor-core GEMM (bf16 and quantized weights; f32/f16 stay exact): by default
+         * bf16 weights times activations split into bf16 hi + lo (16 bits), quantized ones
+         * dequantized to bf16 (2^-9 relative) times activations rounded once to bf16 (gemm
+         * split below: split for those too), f32 accumulation: ~1e-3 of the largest output
+         * on random data, while a layout or indexing error gives O(1). The single rounding's
+         * own bound is gemm_variant_check's bf16x1. */
+        for (int split = 0; split < 1 + !cuda_float_type_host(type); split++) {
+          float *dz = dnan(n * rows);
+          cuda_backend_set_gemm_variant(g_gpu, split ? CUDA_GEMM_BF16_SPLIT : CUDA_GEMM_BF16);
+          g_gpu->matmul(g_gpu, dz, dx, n, &ow, bias);
+          cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
+          const char *tag = split ? " tensor cores split" : " tensor cores";
+          strncat(what, tag, sizeof what - strlen(what) - 1);
+          cmpd(what, dz, ref, n * rows, cuda_float_type_host(type) ? 1e-4 : 1e-2);
+          dfree(dz);
+          what[strlen(what) - strlen(tag)] = 0;
+        }
+        if (!cuda_float_type_host(type) && rows > 128) {
+          /* the weight dequantized 128 rows at a time: several tiles, the last partial */
+          float *dz = dnan(n * rows);
+          cuda_backend_set_gemm_tile(g_gpu, (size_t)128 * (size_t)cols * 2);
+          g_gpu->matmul(g_gpu, dz, dx, n, &ow, bias);
+          cuda_backend_set_gemm_tile(g_gpu, 0);
+          strncat(what, " tensor cores, 128-row tiles", sizeof what - strlen(what) - 1);
+          cmpd(what, dz, ref, n * rows, 1e-2);
+          dfree(dz);
+          what[strlen(what) - strlen(" tensor cores, 128-row tiles")] = 0;
+        }
+        cuda_backend_set_exact(g_gpu, 1);
+        if (gemm_int8_type(type)) {
+          strncat(what, " int8", sizeof what - strlen(what) - 1);
+          gemm_variant_check(what, CUDA_GEMM_INT8, &ow, x, dx, wf, bias, n);
+          what[strlen(what) - strlen(" int8")] = 0;
+        }
+        if (!cuda_float_type_host(type) || type == ANNA_DTYPE_BF16) {
+          strncat(what, " bf16x1", sizeof what - strlen(what) - 1);
+          gemm_variant_check(what, CUDA_GEMM_BF16_SINGLE, &ow, x, dx, wf, bias, n);
+          what[strlen(what) - strlen(" bf16x1")] = 0;
+        }
+      }
+      if (s == 2) {
+        /* activations off 16-byte alignment: the matvec falls back to its unit kernel */
+        float *x1 = malloc(sizeof(float) * (size_t)(n * cols + 1));
+        x1[0] = 0.0f;
+        memcpy(x1 + 1, x, sizeof(float) * (size_t)(n * cols));
+        float *dx1 = dput(x1, sizeof(float) * (size_t)(n * cols + 1));
+        float *dy1 = dnan(n * rows);
+        g_gpu->matmul(g_gpu, dy1, dx1 + 1, n, &ow, bias);
+        strncat(what, " x unaligned", sizeof what - strlen(what) - 1);
+        cmpd(what, dy1, ref, n * rows, 1e-4);
+        dfree(dx1), dfree(dy1), free(x1);
+      }
+      dfree(dx), dfree(dy);
+      free(w), free(wf), free(x), free(bias), free(ref);
+    }
+  }
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  /* The int8 GEMM's tile edges (128 rows x 128 tokens, K steps of 256): tokens 9..1000 (one
+   * and several token tiles, ragged), rows 17..1000 (odd, ragged), 1..4 super-blocks and 23
+   * blocks (a partial K step for the 32-element formats), a zero activation block (scale 0),
+   * a bias. {n, rows, super-blocks (32-element formats: 3 + 5 k blocks)}. */
+  const int i8shapes[][3] = {{9, 17, 1}, {130, 257, 2}, {67, 1000, 4}, {1000, 301, 3}, {129, 128, 1}};
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    if (!gemm_int8_type(type)) continue;
+    const int64_t bs = dtype_block_size(type);
+    double worst = 0;
+    for (size_t s = 0; s < sizeof i8shapes / sizeof i8shapes[0]; s++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = i8shapes[s][0], rows = i8shapes[s][1];
+      const int64_t cols = bs == 32 ? 32 * (3 + 5 * i8shapes[s][2]) : 256 * i8shapes[s][2];
+      float *wf;
+      void *w = make_weight(type, rows, cols, &wf);
+      float *x = hrand(n * cols, 1.0f), *bias = s % 2 ? hrand(rows, 1.0f) : NULL;
+      if (s == 1)
+        for (int j = 32; j < 64; j++) x[cols + j] = 0.0f; /* token 1, block 1 */
+      ops_weight ow = {type, w, rows, cols};
+      float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
+      char what[128];
+      snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s int8 gemm", dtype_name(type), (long long)n, (long long)rows,
+               (long long)cols, bias ? " +bias" : "");
+      worst = fmax(worst, gemm_variant_check(what, CUDA_GEMM_INT8, &ow, x, dx, wf, bias, n));
+      dfree(dx);
+      free(w), free(wf), free(x), free(bias);
+    }
+    printf("  %-6s int8 gemm: largest error / bound %.3f\n", dtype_name(type), worst);
+  }
+}
+
+/* Decode matvecs with int8 activations (exact off): each 32-element activation block is
+ * rounded to q * s with s = max|x| / 127, an error of at most s / 2 per element, so output
+ * r may differ from the f64 dot of the f32 inputs by sum_i |w_ri| * s_blk(i) / 2 (bound
+ * below, with 1% for the f32 rounding of s and of the kernel's products and sums) plus
+ * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation; checked for both int8 variants
+ * (2 and 4 rows per warp). Exact mode on must keep f32
+ * activations: then the 1e-4 bound of test_matmul holds. Shapes: n = 1..8 (token groups
+ * 8/4/2/1), odd row counts, rows past the resident warps, a zero activation block (scale
+ * 0), a bias, 8 tokens of 8192 columns (90 KB of int8 activations: past the default 48 KB
+ * of shared memory, so the opt-in limit set at backend creation is used) and 8 tokens of
+ * 24576 columns (270 KB: past any limit, the f32 kernel takes them). */
+void test_matvec_int8(void) {
+  printf("matvec int8 activations\n");
+  const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q8_0,
+                       ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,   ANNA_DTYPE_Q6_K};
+  const int shapes[][3] = {{1, 17, 1}, {2, 300, 4}, {3, 129, 2}, {4, 64, 3}, {5, 33, 1},
+                           {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}, {8, 24, 96}};
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    const int64_t bs = dtype_block_size(type);
+    double worst = 0; /* largest error / bound, printed for the record */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+      cuda_backend_drop_mirrors(g_gpu);
+      const int64_t n = shapes[s][0], rows = shapes[s][1];
+      const int64_t cols = shapes[s][2] >= 32 ? 256 * shapes[s][2] : bs == 32 ? 32 * (3 + 5 * shapes[s][2]) : 256 * shapes[s][2];
+      float *wf;
+      void *w = make_weight(type, rows, cols, &wf);
+      float *x = hrand(n * cols, 1.0f), *bias = s % 3 == 1 ? hrand(rows, 1.0f) : NULL;
+      if (s == 2)
+        for (int j = 32; j < 64; j++) x[j] = 0.0f; /* token 0, block 1 */
+      float *ref;
+      double *bnd;
+      int8_ref_bound(x, wf, bias, n, rows, cols, 0.0, &ref, &bnd);
+      ops_weight ow = {type, w, rows, cols};
+      float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
+      char what[128];
+      for (int pass = 0; pass < 3; pass++) { /* int8, int8 with 4 rows per warp, exact */
+        const int exact = pass == 2;
+        float *dy = dnan(n * rows); /* fresh NaNs: a row no pass writes fails */
+        cuda_backend_set_exact(g_gpu, exact);
+        cuda_backend_set_matvec_variant(g_gpu, pass == 1 ? CUDA_MV_INT8_R4 : CUDA_MV_DEFAULT);
+        g_gpu->matmul(g_gpu, dy, dx, n, &ow, bias);
+        snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s%s", dtype_name(type), (long long)n, (long long)rows,
+                 (long long)cols, bias ? " +bias" : "", exact ? " exact" : pass ? " int8 r4" : " int8");
+        if (exact) {
+          cmpd(what, dy, ref, n * rows, 1e-4);
+          dfree(dy);
+          continue;
+        }
+        float *g = dget(dy, n * rows);
+        gpu_status(what);
+        worst = fmax(worst, bound_check(what, g, ref, bnd, n * rows, "int8"));
+        free(g);
+        dfree(dy);
+      }
+      cuda_backend_set_exact(g_gpu, 0);
+      cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+      dfree(dx);
+      free(w), free(wf), free(x), free(bias), free(ref), free(bnd);
+    }
+    printf("  %-6s largest error / bound %.3f\n", dtype_name(type), worst);
+  }
+}
+
+/* Prefill GEMM throughput: n tokens x a 12288 x 4096 weight, f32 path (exact) against the
+ * tensor-core paths (bf16: dequantized weights, the default numerics and the hi + lo split
+ * for every type; int8: CUDA_GEMM_INT8 for
+ * the types it takes); TFLOP/s = 2 * n * rows * cols / time (quantization included). Q4_K
+ * also at 2048 and 8192 tokens (the issue-6 prefill size). */
+void bench_gemm(void) {
+  const int cases[][2] = {{ANNA_DTYPE_BF16, 512}, {ANNA_DTYPE_Q8_0, 512},  {ANNA_DTYPE_Q4_K, 512},
+                          {ANNA_DTYPE_Q4_K, 2048}, {ANNA_DTYPE_Q4_K, 8192}, {ANNA_DTYPE_Q6_K, 512}};
+  const int64_t rows = 12288, cols = 4096, nmax = 8192;
+  printf("bench gemm (prefill)\n");
+  float *x = hrand(nmax * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(nmax * cols)), *dy = dnan(nmax * rows);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const int type = cases[i][0];
+    const int64_t n = cases[i][1];
+    float *f;
+    void *w = make_weight(type, rows, cols, &f);
+    free(f);
+    ops_weight ow = {type, w, rows, cols};
+    for (int mode = 0; mode < 4; mode++) { /* f32, bf16 tensor cores (default, split), int8 tensor cores */
+      if (mode == 3 && !gemm_int8_type(type)) continue;
+      if (mode == 2 && type == ANNA_DTYPE_BF16) continue; /* its default is the split */
+      cuda_backend_set_exact(g_gpu, mode == 0);
+      cuda_backend_set_gemm_variant(g_gpu, mode == 3 ? CUDA_GEMM_INT8 : mode == 2 ? CUDA_GEMM_BF16_SPLIT : CUDA_GEMM_BF16);
+      g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+      gpu_status("gemm warmup");
+      const int reps = n >= 8192 ? 5 : 20;
+      double t0 = now_s();
+      for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+      gpu_status("gemm");
+      double dt = (now_s() - t0) / reps;
+      printf("  gemm %-6s n=%-4lld %lldx%lld %-12s: %8.1f us, %6.1f TFLOP/s\n", dtype_name(type), (long long)n,
+             (long long)rows, (long long)cols,
+             mode == 0 ? "f32" : mode == 1 ? "tensor cores" : mode == 2 ? "tc split" : "int8 tc", dt * 1e6,
+             2.0 * n * rows * cols / dt / 1e12);
+    }
+    cuda_backend_drop_mirrors(g_gpu);
+    free(w);
+  }
+  cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
+  cuda_backend_set_exact(g_gpu, 1);
+  dfree(dx), dfree(dy), free(x);
+}
