@@ -82,7 +82,8 @@ static int options_check(ops_backend *be, const kv_cache_options *o, int block_l
                         "KV-cache quantization needs head dims that are multiples of 32 (powers of two up to 1024 "
                         "for turboquant); layer %d has %d", l, d);
     }
-    if (!be->kv_store) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the %s backend has no quantized KV cache", be->name);
+    if (!be->kv_store)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the %s backend has no quantized KV cache", be->name);
   }
   return 0;
 }

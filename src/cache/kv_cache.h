@@ -94,8 +94,13 @@ int kv_cache_seq_rewind(kv_cache *c, int seq, int32_t n, char *err, size_t errle
 /* dst becomes the first n positions of src: blocks shared (copy on write), state and ring
  * copied. */
 int kv_cache_seq_copy(kv_cache *c, int dst, int src, int32_t n, char *err, size_t errlen);
-/* Empties seq, then maps the longest cached prefix of tokens[0, n) into it (see
- * fwd_state_prefix_attach). Returns the reused length (>= 0) or ANNA_ERANGE for a bad seq. */
+/* Empties seq, then maps the longest cached prefix of tokens[0, n) into it: whole blocks of
+ * the hash chain (shared, ref counted); with state layers only up to the longest prefix
+ * with a snapshot, which is restored (a partial block a finished sequence left counts, at
+ * exactly its length); attention-only, then also the longest common token prefix of any
+ * cached block that follows the matched chain. Nothing with prefix_share off or a residual
+ * ring. register_blocks: seq's full blocks enter the index as they fill. Returns the reused
+ * length (>= 0), or ANNA_ERANGE for a bad seq. */
 int32_t kv_cache_prefix_attach(kv_cache *c, int seq, const int32_t *tokens, int32_t n, int register_blocks);
 
 /* A batch split into runs of consecutive tokens of one sequence. Arrays belong to the cache

@@ -409,8 +409,8 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
                         c->gdn_conv, kv_cache_conv(s->kv, li, sq));
       done = upto;
       if (!last)
-        be->copy(be, kv_cache_slot_conv(s->kv, p->cut_slot[p->run_cut0[ri] + ci], li), kv_cache_conv(s->kv, li, sq),
-                 sizeof(float) * (size_t)conv_floats(c));
+        be->copy(be, kv_cache_slot_conv(s->kv, p->cut_slot[p->run_cut0[ri] + ci], li),
+                 kv_cache_conv(s->kv, li, sq), sizeof(float) * (size_t)conv_floats(c));
     }
   }
   float *q = qkv, *k = qkv + n * Kd, *v = qkv + 2 * n * Kd;
@@ -432,16 +432,16 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
       if (pn > 0) {
         ops_gdn_args a = {
             .n = pn, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .v_tiled = c->gdn_v_tiled, .q = q + u * Kd,
-            .k = k + u * Kd, .v = v + u * Vd, .g = g + u * hv, .beta = beta + u * hv, .state = kv_cache_ssm(s->kv, li, sq),
-            .out = o + u * Vd,
+            .k = k + u * Kd, .v = v + u * Vd, .g = g + u * hv, .beta = beta + u * hv,
+            .state = kv_cache_ssm(s->kv, li, sq), .out = o + u * Vd,
         };
         if (pn >= GDN_CHUNKED_MIN) be->gdn_chunked(be, &a);
         else be->gdn_recurrent(be, &a);
       }
       done = upto;
       if (!last)
-        be->copy(be, kv_cache_slot_ssm(s->kv, p->cut_slot[p->run_cut0[ri] + ci], li), kv_cache_ssm(s->kv, li, sq),
-                 sizeof(float) * (size_t)ssm_floats(c));
+        be->copy(be, kv_cache_slot_ssm(s->kv, p->cut_slot[p->run_cut0[ri] + ci], li),
+                 kv_cache_ssm(s->kv, li, sq), sizeof(float) * (size_t)ssm_floats(c));
     }
   }
   float *y = ba; /* [n, Vd] fits: buffers are wmax wide */
