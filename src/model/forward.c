@@ -6,11 +6,15 @@
  *   Gemma4 then adds the per-layer-input term and multiplies by layer_scalar.
  * Projections run over the whole batch at once; what is per sequence (KV cache writes,
  * the conv and delta-rule recurrences) runs per run of consecutive same-sequence tokens.
+ * The per-sequence state and its bookkeeping (blocks, prefix pool, snapshots, ring) are the
+ * cache layer's (src/cache/kv_cache.h): each call asks it for a plan, then for the rows and
+ * state pointers each layer reads and writes.
  */
 #include "model/forward.h"
 
 #include "backends/cpu/cpu_backend.h"
 #include "base/error.h"
+#include "cache/kv_cache.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -19,67 +23,13 @@
 /* Runs of recurrent GDN tokens at least this long use the chunked kernel. */
 #define GDN_CHUNKED_MIN 8
 
-/* One KV block: block_len positions of every attention layer that owns a cache. */
-typedef struct kv_blk {
-  int32_t ref;     /* sequences whose block table holds it */
-  int32_t cached;  /* in the prefix index (full, tokens known); kept after ref drops to 0 */
-  uint64_t hash;   /* chain hash: block_hash(parent, its tokens) */
-  uint64_t parent; /* chain hash of the block before it (0 for the first) */
-  uint64_t tick;   /* when ref last dropped to 0: eviction is least recently used first */
-  int32_t fill;    /* cached positions: block_len, or fewer for the partial last block a
-                      finished sequence left (keyed by partial_hash) */
-} kv_blk;
-
 struct fwd_state {
   ops_backend *be;     /* owns the backend allocations below */
   int n_seq, n_ctx, n_batch, n_layers;
   const model_config *cfg;
-  /* Recurrent-state checkpoints (GDN conv + recurrent state of every GDN layer), a fixed
-   * pool reused least recently used first. A slot is tagged by (seq, pos) for the
-   * checkpoint/rewind/copy API, and/or by the chain hash of the block ending at pos (a
-   * prefix-pool snapshot), which outlives the sequence. */
-  int has_gdn, n_ckpt;
-  struct fwd_ckpt {
-    int seq;        /* -1: no sequence tag */
-    int32_t pos;
-    int hashed;     /* 1: hash identifies the prefix whose state this is */
-    uint64_t hash;
-    uint64_t tick;
-    float **conv, **ssm; /* [layer] (NULL for non-GDN layers) */
-  } *ckpt;
-  uint64_t tick;
+  kv_cache *kv;        /* per-sequence state: KV pool, recurrent state, prefix pool */
+  kv_plan plan;        /* the current call's runs and snapshot cuts */
   int64_t wmax;
-  int kv_type;        /* ops_kv_type of every attention layer's cache */
-  /* Paged KV: one pool of n_blocks blocks per layer that owns a cache (own index oi), all
-   * indexed by the same block ids. */
-  int block_len, bshift, max_bps, n_own;
-  int64_t n_blocks;
-  int *own_idx;          /* [layer] -> oi of the layer whose cache it reads (-1: GDN) */
-  uint8_t **pool_k, **pool_v; /* [oi] */
-  int64_t *blk_bytes;    /* [oi] bytes of one block */
-  kv_blk *blk;           /* [n_blocks] */
-  int32_t *blk_tok;      /* [n_blocks][block_len] tokens of cached blocks (exact match) */
-  int32_t *free_ids;     /* stack of free block ids */
-  int64_t n_free;
-  int32_t *hidx;         /* open-addressing index chain hash -> block id (-1 empty) */
-  int64_t hcap;
-  int32_t *tab_id;       /* [seq][max_bps] block ids, -1: none */
-  int32_t *nblk;         /* [seq] entries of tab_id in use */
-  void **tab_h;          /* host mirror of tab_d: [seq][oi][K, V][max_bps] block base pointers */
-  void **tab_d;          /* the same in backend memory (what ops_attn_args points into) */
-  uint8_t *tab_dirty;    /* [seq] */
-  int32_t *stok;         /* [seq][n_ctx] tokens behind each sequence's positions */
-  uint64_t *bhash;       /* [seq][max_bps] chain hash of each full block */
-  uint8_t *share;        /* [seq] 0: private; 1: attached (reuses); 2: also registers its blocks */
-  int32_t *cand;         /* [max_bps] attach scratch */
-  int share_enabled;
-  fwd_kv_stats st;
-  /* --kv-cache-residual-len: per (oi, seq) f32 ring of ring_len rows (quantized caches) */
-  int resid, ring_len;
-  float **ring_k, **ring_v; /* [oi * n_seq + s] */
-  const float **rkp, **rvp; /* [n] per-token ring bases */
-  float **conv, **ssm; /* [layer * n_seq + s] */
-  int32_t *len;       /* [n_seq] */
   /* backend scratch */
   float *x, *xn, *res, *buf[5], *ple, *moe_scratch, *logits_in, *logits;
   int32_t *moe_idx, *tokens, *pos;
@@ -88,15 +38,6 @@ struct fwd_state {
    * rows*k] so one download brings a step's candidates, and its host staging copy */
   void *tk_dev, *tk_host;
   int64_t last_nl; /* logits rows the last call left in s->logits (fwd_state_logits_row) */
-  /* host */
-  const void **kp, **vp;       /* [n] per-token table bases (attention reads) */
-  void **wk, **wv;             /* [n] per-token row pointers (cache writes) */
-  float **wrk, **wrv;          /* [n] per-token ring rows (cache writes) */
-  int32_t *run_start, *run_len, *run_seq;
-  /* GDN snapshots of this call: run ri cuts at run_cut0[ri] .. + run_ncut[ri] entries of
-   * cut_at (tokens into the run, ascending) / cut_slot (ckpt slot to save into). */
-  int32_t *run_cut0, *run_ncut, *cut_at, *cut_slot;
-  int snap_every; /* tokens between snapshots inside a run (0: only the last boundary) */
   void **allocs, **hallocs;
   size_t n_allocs, n_hallocs;
 };
@@ -104,7 +45,7 @@ struct fwd_state {
 /* Bytes per logits row of the candidate buffers: stats (2 doubles), idx and val of OPS_TOPK_MAX. */
 #define FWD_TOPK_ROW_BYTES (2 * sizeof(double) + (size_t)OPS_TOPK_MAX * (sizeof(int32_t) + sizeof(float)))
 
-/* Backend memory (state, activations), tracked for fwd_state_free. */
+/* Backend memory (activations), tracked for fwd_state_free. */
 static void *salloc(fwd_state *s, size_t bytes, int *fail) {
   void *p = s->be->alloc(s->be, bytes ? bytes : 1);
   void **na = realloc(s->allocs, (s->n_allocs + 1) * sizeof *na);
@@ -119,7 +60,7 @@ static void *salloc(fwd_state *s, size_t bytes, int *fail) {
   return p;
 }
 
-/* Host memory (bookkeeping the forward pass reads on the CPU). */
+/* Host memory. */
 static void *halloc(fwd_state *s, size_t bytes, int *fail) {
   void *p = calloc(1, bytes ? bytes : 1);
   void **na = realloc(s->hallocs, (s->n_hallocs + 1) * sizeof *na);
@@ -176,182 +117,28 @@ static int64_t ssm_floats(const model_config *c) {
   return (int64_t)c->gdn_hv * c->gdn_dk * c->gdn_dv;
 }
 
-/* Bytes of one position row of layer l's cache. */
-static int64_t kv_row_bytes(const fwd_state *s, const layer_config *l) {
-  return (int64_t)l->n_kv_heads * ops_kv_head_bytes(s->kv_type, l->head_dim);
-}
 
-/* ---- block pool ---- */
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-/* Chain hash of a block: its tokens and the hash of everything before it. */
-static uint64_t block_hash(uint64_t parent, const int32_t *t, int n) {
-  uint64_t h = mix64(parent ^ 0x9e3779b97f4a7c15ULL);
-  for (int i = 0; i < n; i++) h = mix64(h ^ (uint32_t)t[i] ^ ((uint64_t)(uint32_t)i << 32));
-  return h;
-}
-
-/* Key of a partial block (its first n < block_len tokens): never equal to a full block's
- * key for the same tokens. */
-static uint64_t partial_hash(uint64_t parent, const int32_t *t, int n) {
-  return block_hash(parent ^ 0x5bd1e9955bd1e995ULL, t, n) ^ (uint64_t)n;
-}
-
-static int64_t hidx_home(const fwd_state *s, uint64_t h) {
-  return (int64_t)(h & (uint64_t)(s->hcap - 1));
-}
-
-/* The cached block with this chain position and these tokens (-1: none). Tokens are
- * compared, so a hash collision cannot map a wrong block. */
-static int32_t hidx_find(const fwd_state *s, uint64_t hash, uint64_t parent, const int32_t *tok, int n) {
-  for (int64_t i = hidx_home(s, hash);; i = (i + 1) & (s->hcap - 1)) {
-    const int32_t b = s->hidx[i];
-    if (b < 0) return -1;
-    const kv_blk *k = &s->blk[b];
-    if (k->hash == hash && k->parent == parent && k->fill == n &&
-        !memcmp(s->blk_tok + (int64_t)b * s->block_len, tok, sizeof(int32_t) * (size_t)n))
-      return b;
+/* The model's layers as the cache sees them; then the cache. */
+static int state_cache_create(fwd_state *s, const model_config *c, int n_seq, int n_ctx, int n_batch,
+                              const fwd_state_options *o, char *err, size_t errlen) {
+  kv_cache_layer *ly = calloc((size_t)(c->n_layers > 0 ? c->n_layers : 1), sizeof *ly);
+  if (!ly) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  for (int l = 0; l < c->n_layers; l++) {
+    const layer_config *lc = &c->layers[l];
+    ly[l].kind = lc->kind == LAYER_KIND_GDN ? KV_LAYER_STATE : KV_LAYER_ATTN;
+    ly[l].kv_source = lc->kv_source;
+    ly[l].n_kv_heads = lc->n_kv_heads;
+    ly[l].head_dim = lc->head_dim;
   }
-}
-
-static void hidx_insert(fwd_state *s, int32_t b) {
-  int64_t i = hidx_home(s, s->blk[b].hash);
-  while (s->hidx[i] >= 0) i = (i + 1) & (s->hcap - 1);
-  s->hidx[i] = b;
-}
-
-/* Linear-probing delete by backward shift (no tombstones: the index never degrades). */
-static void hidx_remove(fwd_state *s, int32_t b) {
-  const int64_t mask = s->hcap - 1;
-  int64_t i = hidx_home(s, s->blk[b].hash);
-  while (s->hidx[i] != b) {
-    if (s->hidx[i] < 0) return;
-    i = (i + 1) & mask;
-  }
-  for (int64_t j = (i + 1) & mask; s->hidx[j] >= 0; j = (j + 1) & mask) {
-    const int64_t k = hidx_home(s, s->blk[s->hidx[j]].hash);
-    /* Move j's entry into the hole at i unless its home lies cyclically in (i, j]. */
-    const int in_range = i <= j ? (k > i && k <= j) : (k > i || k <= j);
-    if (!in_range) {
-      s->hidx[i] = s->hidx[j];
-      i = j;
-    }
-  }
-  s->hidx[i] = -1;
-}
-
-/* A block for writing: the free list, else the least recently used cached block nobody
- * references (evicted from the index). -1: every block is in use. */
-static int32_t blk_alloc(fwd_state *s) {
-  int32_t b = -1;
-  if (s->n_free > 0) {
-    b = s->free_ids[--s->n_free];
-  } else {
-    for (int64_t i = 0; i < s->n_blocks; i++)
-      if (s->blk[i].ref == 0 && s->blk[i].cached && (b < 0 || s->blk[i].tick < s->blk[b].tick)) b = (int32_t)i;
-    if (b < 0) return -1;
-    hidx_remove(s, b);
-    s->blk[b].cached = 0;
-    s->st.evictions++;
-  }
-  s->blk[b].ref = 1;
-  return b;
-}
-
-static void blk_unref(fwd_state *s, int32_t b) {
-  kv_blk *k = &s->blk[b];
-  if (--k->ref > 0) return;
-  k->tick = ++s->tick;
-  if (!k->cached) s->free_ids[s->n_free++] = b;
-}
-
-/* Entry j of seq's table is block b (host mirror; uploaded before the next forward pass). */
-static void tab_set(fwd_state *s, int seq, int j, int32_t b) {
-  s->tab_id[(int64_t)seq * s->max_bps + j] = b;
-  for (int oi = 0; oi < s->n_own; oi++) {
-    void **t = s->tab_h + ((int64_t)seq * s->n_own + oi) * 2 * s->max_bps;
-    t[j] = s->pool_k[oi] + (int64_t)b * s->blk_bytes[oi];
-    t[s->max_bps + j] = s->pool_v[oi] + (int64_t)b * s->blk_bytes[oi];
-  }
-  s->tab_dirty[seq] = 1;
-}
-
-/* seq keeps its first `keep` table entries; the rest are released. */
-static void seq_release(fwd_state *s, int seq, int32_t keep) {
-  int32_t *t = s->tab_id + (int64_t)seq * s->max_bps;
-  for (int32_t j = keep; j < s->nblk[seq]; j++) {
-    blk_unref(s, t[j]);
-    t[j] = -1;
-  }
-  if (s->nblk[seq] > keep) s->nblk[seq] = keep;
-}
-
-/* Makes positions [from, to) of seq writable: fresh blocks where the table ends, and a
- * private copy of any block it shares or that the prefix index holds (copy on write). */
-static int seq_ensure(fwd_state *s, int seq, int32_t from, int32_t to, char *err, size_t errlen) {
-  const int32_t j0 = from >> s->bshift, j1 = (to - 1) >> s->bshift;
-  int32_t *t = s->tab_id + (int64_t)seq * s->max_bps;
-  for (int32_t j = j0; j <= j1 && j < s->nblk[seq]; j++) {
-    const int32_t b = t[j];
-    if (s->blk[b].ref == 1 && !s->blk[b].cached) continue;
-    const int32_t nb = blk_alloc(s);
-    if (nb < 0) goto full;
-    const int64_t rows = j == j0 ? (from & (s->block_len - 1)) : 0;
-    for (int oi = 0; rows > 0 && oi < s->n_own; oi++) {
-      const int64_t rb = s->blk_bytes[oi] / s->block_len, off_n = (int64_t)nb * s->blk_bytes[oi],
-                    off_b = (int64_t)b * s->blk_bytes[oi];
-      s->be->copy(s->be, s->pool_k[oi] + off_n, s->pool_k[oi] + off_b, (size_t)(rows * rb));
-      s->be->copy(s->be, s->pool_v[oi] + off_n, s->pool_v[oi] + off_b, (size_t)(rows * rb));
-    }
-    blk_unref(s, b);
-    tab_set(s, seq, j, nb);
-    s->st.cow_copies++;
-  }
-  while (s->nblk[seq] <= j1) {
-    const int32_t nb = blk_alloc(s);
-    if (nb < 0) goto full;
-    tab_set(s, seq, s->nblk[seq]++, nb);
-  }
-  return 0;
-full:
-  return anna_err(err, errlen, ANNA_ERANGE,
-                  "KV cache full: no free block for sequence %d (pool of %lld blocks of %d positions, all in use)",
-                  seq, (long long)s->n_blocks, s->block_len);
-}
-
-/* Registers seq's full blocks [j0, j1) in the prefix index (hashes already in bhash). */
-static void seq_register(fwd_state *s, int seq, int32_t j0, int32_t j1) {
-  const int32_t *t = s->tab_id + (int64_t)seq * s->max_bps;
-  const uint64_t *bh = s->bhash + (int64_t)seq * s->max_bps;
-  for (int32_t j = j0; j < j1; j++) {
-    const int32_t b = t[j];
-    const uint64_t parent = j ? bh[j - 1] : 0;
-    const int32_t *tok = s->stok + (int64_t)seq * s->n_ctx + (int64_t)j * s->block_len;
-    if (s->blk[b].cached || hidx_find(s, bh[j], parent, tok, s->block_len) >= 0) continue; /* already known */
-    s->blk[b].cached = 1;
-    s->blk[b].fill = s->block_len;
-    s->blk[b].hash = bh[j];
-    s->blk[b].parent = parent;
-    memcpy(s->blk_tok + (int64_t)b * s->block_len, tok, sizeof(int32_t) * (size_t)s->block_len);
-    hidx_insert(s, b);
-  }
-}
-
-/* Pushes the host mirror of dirty block tables to the backend. */
-static void tab_upload(fwd_state *s) {
-  const int64_t per = (int64_t)s->n_own * 2 * s->max_bps;
-  for (int q = 0; q < s->n_seq; q++)
-    if (s->tab_dirty[q]) {
-      s->be->upload(s->be, s->tab_d + q * per, s->tab_h + q * per, sizeof(void *) * (size_t)per);
-      s->tab_dirty[q] = 0;
-    }
+  const kv_cache_options ko = {
+      .n_seq = n_seq, .n_ctx = n_ctx, .n_batch = n_batch, .n_vocab = c->vocab, .n_layers = c->n_layers,
+      .layers = ly, .conv_floats = conv_floats(c), .ssm_floats = ssm_floats(c), .kv_type = o->kv_type,
+      .block_len = o->block_len, .n_blocks = o->n_blocks, .residual_len = o->residual_len,
+      .prefix_share = o->prefix_share, .snapshot_interval = o->snapshot_interval, .n_ckpt = o->n_ckpt,
+  };
+  const int rc = kv_cache_create(&s->kv, s->be, &ko, err, errlen);
+  free(ly);
+  return rc;
 }
 
 int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
@@ -360,121 +147,20 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
   const model_config *c = &m->cfg;
   fwd_state_options o = {0};
   if (opt) o = *opt;
-  const int kv_type = o.kv_type;
-  if (!o.block_len) o.block_len = 64;
-  if (n_seq < 1 || n_ctx < 1 || n_batch < 1 || n_seq > 4096 || n_batch > 1 << 20)
-    return anna_err(err, errlen, ANNA_EINVAL, "bad context sizes (n_seq %d, n_ctx %d, n_batch %d)", n_seq, n_ctx,
-                    n_batch);
-  if (o.block_len < 16 || o.block_len > 4096 || (o.block_len & (o.block_len - 1)))
-    return anna_err(err, errlen, ANNA_EINVAL, "KV block length %d is not a power of two in 16..4096", o.block_len);
-  if (o.residual_len < 0 || o.residual_len > 1 << 20 || o.n_blocks < 0)
-    return anna_err(err, errlen, ANNA_EINVAL, "bad KV options (residual %d, blocks %lld)", o.residual_len,
-                    (long long)o.n_blocks);
   fwd_state *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int fail = 0;
   s->be = be;
   s->cfg = c;
-  s->kv_type = kv_type;
-  if (kv_type != OPS_KV_F32) {
-    for (int l = 0; l < c->n_layers; l++) {
-      const int d = c->layers[l].head_dim;
-      if (c->layers[l].kind == LAYER_KIND_GDN) continue;
-      if (d % 32 || (kv_type >= OPS_KV_TQ2 && ((d & (d - 1)) || d > 1024))) {
-        free(s);
-        return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                        "KV-cache quantization needs head dims that are multiples of 32 (powers of two up to 1024 "
-                        "for turboquant); layer %d has %d", l, d);
-      }
-    }
-    if (!be->kv_store) {
-      free(s);
-      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the %s backend has no quantized KV cache", be->name);
-    }
-  }
   s->n_seq = n_seq;
   s->n_ctx = n_ctx;
   s->n_batch = n_batch;
   s->n_layers = c->n_layers;
-  s->block_len = o.block_len;
-  while ((1 << s->bshift) < s->block_len) s->bshift++;
-  s->max_bps = (int)(((int64_t)n_ctx + s->block_len - 1) / s->block_len);
-  s->n_blocks = o.n_blocks ? o.n_blocks : (int64_t)n_seq * s->max_bps;
-  s->share_enabled = o.prefix_share;
-  /* Snapshot points are block boundaries. */
-  s->snap_every = o.snapshot_interval > 0 ? (o.snapshot_interval + o.block_len - 1) / o.block_len * o.block_len : 0;
-  /* The residual ring only means something for a quantized cache. */
-  s->resid = kv_type != OPS_KV_F32 ? o.residual_len : 0;
-  s->ring_len = s->resid ? s->resid + n_batch : 0;
-  if (s->n_blocks > INT32_MAX / 2) {
-    const long long nbl = (long long)s->n_blocks;
+  /* The cache checks every size first (its messages are the context's). */
+  int rc = state_cache_create(s, c, n_seq, n_ctx, n_batch, &o, err, errlen);
+  if (rc) {
     free(s);
-    return anna_err(err, errlen, ANNA_EINVAL, "KV pool of %lld blocks is too large", nbl);
-  }
-  const size_t nl = (size_t)c->n_layers * (size_t)n_seq;
-  s->own_idx = halloc(s, (size_t)c->n_layers * sizeof(int), &fail);
-  s->conv = halloc(s, nl * sizeof(float *), &fail);
-  s->ssm = halloc(s, nl * sizeof(float *), &fail);
-  s->len = halloc(s, (size_t)n_seq * sizeof(int32_t), &fail);
-  for (int l = 0; !fail && l < c->n_layers; l++) {
-    s->own_idx[l] = -1;
-    if (c->layers[l].kind != LAYER_KIND_GDN && c->layers[l].kv_source == l) s->own_idx[l] = s->n_own++;
-  }
-  /* KV-shared layers read the pool of their source layer. */
-  for (int l = 0; !fail && l < c->n_layers; l++)
-    if (c->layers[l].kind != LAYER_KIND_GDN && c->layers[l].kv_source != l)
-      s->own_idx[l] = s->own_idx[c->layers[l].kv_source];
-  const int no = s->n_own > 0 ? s->n_own : 1;
-  s->pool_k = halloc(s, (size_t)no * sizeof(uint8_t *), &fail);
-  s->pool_v = halloc(s, (size_t)no * sizeof(uint8_t *), &fail);
-  s->blk_bytes = halloc(s, (size_t)no * sizeof(int64_t), &fail);
-  s->ring_k = halloc(s, (size_t)no * n_seq * sizeof(float *), &fail);
-  s->ring_v = halloc(s, (size_t)no * n_seq * sizeof(float *), &fail);
-  for (int l = 0; !fail && l < c->n_layers; l++) {
-    const layer_config *lc = &c->layers[l];
-    if (lc->kind == LAYER_KIND_GDN || lc->kv_source != l) continue;
-    const int oi = s->own_idx[l];
-    s->blk_bytes[oi] = kv_row_bytes(s, lc) * s->block_len;
-    s->pool_k[oi] = salloc(s, (size_t)(s->blk_bytes[oi] * s->n_blocks), &fail);
-    s->pool_v[oi] = salloc(s, (size_t)(s->blk_bytes[oi] * s->n_blocks), &fail);
-    for (int q = 0; !fail && q < n_seq && s->resid; q++) {
-      const size_t rf = (size_t)s->ring_len * (size_t)lc->n_kv_heads * (size_t)lc->head_dim;
-      s->ring_k[(size_t)oi * n_seq + q] = salloc(s, rf * sizeof(float), &fail);
-      s->ring_v[(size_t)oi * n_seq + q] = salloc(s, rf * sizeof(float), &fail);
-    }
-  }
-  s->blk = halloc(s, (size_t)s->n_blocks * sizeof *s->blk, &fail);
-  s->blk_tok = halloc(s, (size_t)s->n_blocks * (size_t)s->block_len * sizeof(int32_t), &fail);
-  s->free_ids = halloc(s, (size_t)s->n_blocks * sizeof(int32_t), &fail);
-  for (s->hcap = 16; s->hcap < 2 * s->n_blocks;) s->hcap *= 2;
-  s->hidx = halloc(s, (size_t)s->hcap * sizeof(int32_t), &fail);
-  const size_t ntab = (size_t)n_seq * (size_t)s->max_bps;
-  s->tab_id = halloc(s, ntab * sizeof(int32_t), &fail);
-  s->nblk = halloc(s, (size_t)n_seq * sizeof(int32_t), &fail);
-  s->tab_h = halloc(s, ntab * (size_t)no * 2 * sizeof(void *), &fail);
-  s->tab_d = salloc(s, ntab * (size_t)no * 2 * sizeof(void *), &fail);
-  s->tab_dirty = halloc(s, (size_t)n_seq, &fail);
-  s->stok = halloc(s, (size_t)n_seq * (size_t)n_ctx * sizeof(int32_t), &fail);
-  s->bhash = halloc(s, ntab * sizeof(uint64_t), &fail);
-  s->share = halloc(s, (size_t)n_seq, &fail);
-  s->cand = halloc(s, (size_t)s->max_bps * sizeof(int32_t), &fail);
-  if (!fail) {
-    for (int64_t i = 0; i < s->hcap; i++) s->hidx[i] = -1;
-    for (size_t i = 0; i < ntab; i++) s->tab_id[i] = -1;
-    /* Popped from the top: low ids first (a deterministic layout). */
-    for (int64_t i = 0; i < s->n_blocks; i++) s->free_ids[i] = (int32_t)(s->n_blocks - 1 - i);
-    s->n_free = s->n_blocks;
-  }
-  const int64_t conv_dim = 2 * (int64_t)c->gdn_hk * c->gdn_dk + (int64_t)c->gdn_hv * c->gdn_dv;
-  for (int l = 0; !fail && l < c->n_layers; l++) {
-    const layer_config *lc = &c->layers[l];
-    for (int q = 0; !fail && q < n_seq; q++) {
-      size_t at = (size_t)l * n_seq + q;
-      if (lc->kind == LAYER_KIND_GDN) {
-        s->conv[at] = salloc(s, (size_t)conv_dim * (c->gdn_conv - 1) * sizeof(float), &fail);
-        s->ssm[at] = salloc(s, (size_t)c->gdn_hv * c->gdn_dk * c->gdn_dv * sizeof(float), &fail);
-      }
-    }
+    return rc;
   }
   const int64_t H = c->hidden, n = n_batch;
   s->wmax = widest(c);
@@ -495,37 +181,6 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
     s->moe_idx = salloc(s, (size_t)(n * kx) * sizeof(int32_t), &fail);
     s->moe_w = salloc(s, (size_t)(n * kx) * sizeof(float), &fail);
   }
-  int has_gdn = 0;
-  for (int l = 0; l < c->n_layers; l++) has_gdn |= c->layers[l].kind == LAYER_KIND_GDN;
-  s->has_gdn = has_gdn;
-  s->n_ckpt = has_gdn && o.n_ckpt > 0 ? o.n_ckpt : 0;
-  s->ckpt = halloc(s, (size_t)(s->n_ckpt + 1) * sizeof *s->ckpt, &fail);
-  for (int i = 0; !fail && i < s->n_ckpt; i++) {
-    struct fwd_ckpt *k = &s->ckpt[i];
-    k->seq = -1;
-    k->conv = halloc(s, (size_t)c->n_layers * sizeof(float *), &fail);
-    k->ssm = halloc(s, (size_t)c->n_layers * sizeof(float *), &fail);
-    for (int l = 0; !fail && l < c->n_layers; l++)
-      if (c->layers[l].kind == LAYER_KIND_GDN) {
-        k->conv[l] = salloc(s, (size_t)conv_floats(c) * sizeof(float), &fail);
-        k->ssm[l] = salloc(s, (size_t)ssm_floats(c) * sizeof(float), &fail);
-      }
-  }
-  s->kp = halloc(s, (size_t)n * sizeof(void *), &fail);
-  s->vp = halloc(s, (size_t)n * sizeof(void *), &fail);
-  s->wk = halloc(s, (size_t)n * sizeof(void *), &fail);
-  s->wv = halloc(s, (size_t)n * sizeof(void *), &fail);
-  s->wrk = halloc(s, (size_t)n * sizeof(float *), &fail);
-  s->wrv = halloc(s, (size_t)n * sizeof(float *), &fail);
-  s->rkp = halloc(s, (size_t)n * sizeof(float *), &fail);
-  s->rvp = halloc(s, (size_t)n * sizeof(float *), &fail);
-  s->run_start = halloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_len = halloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_seq = halloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_cut0 = halloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->run_ncut = halloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->cut_at = halloc(s, (size_t)(2 * n + 1) * sizeof(int32_t), &fail);
-  s->cut_slot = halloc(s, (size_t)(2 * n + 1) * sizeof(int32_t), &fail);
   if (fail) {
     fwd_state_free(s);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequences x %d positions", n_seq, n_ctx);
@@ -536,6 +191,7 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
 
 void fwd_state_free(fwd_state *s) {
   if (!s) return;
+  kv_cache_free(s->kv);
   for (size_t i = 0; i < s->n_allocs; i++) s->be->free(s->be, s->allocs[i]);
   for (size_t i = 0; i < s->n_hallocs; i++) free(s->hallocs[i]);
   free(s->allocs);
@@ -543,306 +199,38 @@ void fwd_state_free(fwd_state *s) {
   free(s);
 }
 
+/* The state API: delegations to the cache (src/runtime/context.c calls these). */
+
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s) {
-  int64_t b = 0;
-  for (int l = 0; l < s->cfg->n_layers; l++)
-    if (s->cfg->layers[l].kind != LAYER_KIND_GDN && s->cfg->layers[l].kv_source == l) b += 2 * kv_row_bytes(s, &s->cfg->layers[l]);
-  return b;
+  return kv_cache_bytes_per_token(s->kv);
 }
 
 void fwd_state_kv_stats(const fwd_state *s, fwd_kv_stats *st) {
-  *st = s->st;
-  st->block_len = s->block_len;
-  st->prefix_share = s->share_enabled;
-  st->n_blocks = s->n_blocks;
-  st->free_blocks = s->n_free;
-  st->cached_blocks = 0;
-  for (int64_t i = 0; i < s->n_blocks; i++) st->cached_blocks += s->blk[i].ref == 0 && s->blk[i].cached;
-  st->pool_bytes = fwd_state_kv_bytes_per_token(s) * s->block_len * s->n_blocks;
-  const model_config *c = s->cfg;
-  int n_gdn = 0;
-  int64_t ring_row = 0;
-  for (int l = 0; l < c->n_layers; l++) {
-    n_gdn += c->layers[l].kind == LAYER_KIND_GDN;
-    if (c->layers[l].kind != LAYER_KIND_GDN && c->layers[l].kv_source == l)
-      ring_row += 2 * (int64_t)c->layers[l].n_kv_heads * c->layers[l].head_dim * 4;
-  }
-  st->snapshot_bytes = (int64_t)s->n_ckpt * n_gdn * (conv_floats(c) + ssm_floats(c)) * 4;
-  st->ring_bytes = ring_row * s->ring_len * s->n_seq;
-  st->n_snapshots = 0;
-  for (int i = 0; i < s->n_ckpt; i++) st->n_snapshots += s->ckpt[i].hashed;
+  kv_cache_stats(s->kv, st);
 }
 
 int32_t fwd_state_seq_len(const fwd_state *s, int seq) {
-  return seq >= 0 && seq < s->n_seq ? s->len[seq] : -1;
+  return kv_cache_seq_len(s->kv, seq);
 }
-
-/* Checkpoints of seq past position n no longer describe its tokens (prefix snapshots,
- * keyed by content, stay valid). */
-static void ckpt_invalidate(fwd_state *s, int seq, int32_t n) {
-  for (int i = 0; i < s->n_ckpt; i++)
-    if (s->ckpt[i].seq == seq && s->ckpt[i].pos > n) s->ckpt[i].seq = -1;
-}
-
-static void seq_register_tail(fwd_state *s, int seq);
 
 void fwd_state_seq_reset(fwd_state *s, int seq) {
-  if (seq < 0 || seq >= s->n_seq) return;
-  seq_register_tail(s, seq);
-  /* GDN state is zeroed when the sequence restarts. */
-  s->len[seq] = 0;
-  seq_release(s, seq, 0);
-  s->share[seq] = 0;
-  ckpt_invalidate(s, seq, 0);
-}
-
-static struct fwd_ckpt *ckpt_find(fwd_state *s, int seq, int32_t pos) {
-  for (int i = 0; i < s->n_ckpt; i++)
-    if (s->ckpt[i].seq == seq && s->ckpt[i].pos == pos) return &s->ckpt[i];
-  return NULL;
-}
-
-static struct fwd_ckpt *snap_find(fwd_state *s, uint64_t hash) {
-  for (int i = 0; i < s->n_ckpt; i++)
-    if (s->ckpt[i].hashed && s->ckpt[i].hash == hash) return &s->ckpt[i];
-  return NULL;
-}
-
-/* The slot for a new checkpoint: an untagged one, else the least recently used. */
-static struct fwd_ckpt *ckpt_pick(fwd_state *s) {
-  struct fwd_ckpt *k = &s->ckpt[0];
-  for (int i = 0; i < s->n_ckpt; i++) {
-    if (s->ckpt[i].seq < 0 && !s->ckpt[i].hashed) return &s->ckpt[i];
-    if (s->ckpt[i].tick < k->tick) k = &s->ckpt[i];
-  }
-  return k;
-}
-
-/* Recurrent state of every GDN layer: from (conv, ssm) arrays to those of dst. */
-static void gdn_state_copy(fwd_state *s, float **dconv, float **dssm, int dseq_stride, float **sconv, float **sssm,
-                           int sseq_stride) {
-  const model_config *c = s->cfg;
-  for (int l = 0; l < c->n_layers; l++) {
-    if (c->layers[l].kind != LAYER_KIND_GDN) continue;
-    float *dc = dconv[(size_t)l * dseq_stride], *ds = dssm[(size_t)l * dseq_stride];
-    const float *sc = sconv[(size_t)l * sseq_stride], *ss = sssm[(size_t)l * sseq_stride];
-    s->be->copy_rows(s->be, dc, 0, sc, 0, 1, (int)conv_floats(c));
-    s->be->copy_rows(s->be, ds, 0, ss, 0, 1, (int)ssm_floats(c));
-  }
+  kv_cache_seq_reset(s->kv, seq);
 }
 
 int fwd_state_checkpoint(fwd_state *s, int seq, char *err, size_t errlen) {
-  if (seq < 0 || seq >= s->n_seq) return anna_err(err, errlen, ANNA_ERANGE, "sequence %d out of range", seq);
-  if (s->n_ckpt == 0) return 0; /* no recurrent state: positions alone describe the state */
-  struct fwd_ckpt *k = ckpt_find(s, seq, s->len[seq]);
-  if (!k) k = ckpt_pick(s);
-  k->seq = seq;
-  k->pos = s->len[seq];
-  k->hashed = 0;
-  k->tick = ++s->tick;
-  gdn_state_copy(s, k->conv, k->ssm, 1, s->conv + seq, s->ssm + seq, s->n_seq);
-  return 0;
-}
-
-/* A registering sequence that ends mid-block leaves that block in the index as a partial
- * block (its first len % block_len positions), and for GDN models its final state as a
- * snapshot: the next turn of a conversation reuses everything up to where this one ended. */
-static void seq_register_tail(fwd_state *s, int seq) {
-  const int32_t len = s->len[seq], p = len & (s->block_len - 1), j = len >> s->bshift;
-  if (s->share[seq] != 2 || p == 0 || j >= s->nblk[seq] || (s->has_gdn && !s->n_ckpt)) return;
-  const int32_t b = s->tab_id[(int64_t)seq * s->max_bps + j];
-  const uint64_t parent = j ? s->bhash[(int64_t)seq * s->max_bps + j - 1] : 0;
-  const int32_t *tok = s->stok + (int64_t)seq * s->n_ctx + ((int64_t)j << s->bshift);
-  const uint64_t h = partial_hash(parent, tok, p);
-  if (s->has_gdn && !snap_find(s, h)) {
-    struct fwd_ckpt *k = ckpt_pick(s);
-    k->seq = -1;
-    k->hashed = 1;
-    k->hash = h;
-    k->tick = ++s->tick;
-    gdn_state_copy(s, k->conv, k->ssm, 1, s->conv + seq, s->ssm + seq, s->n_seq);
-  }
-  kv_blk *k = &s->blk[b];
-  if (k->ref != 1 || k->cached || hidx_find(s, h, parent, tok, p) >= 0) return;
-  k->cached = 1;
-  k->fill = p;
-  k->hash = h;
-  k->parent = parent;
-  memcpy(s->blk_tok + (int64_t)b * s->block_len, tok, sizeof(int32_t) * (size_t)p);
-  hidx_insert(s, b);
-}
-
-/* The recurrent state of src at position n: its live state or a checkpoint. */
-static int state_source(fwd_state *s, int src, int32_t n, float ***conv, float ***ssm, int *stride, char *err,
-                        size_t errlen) {
-  if (!s->has_gdn) {
-    *conv = *ssm = NULL;
-    return 0;
-  }
-  if (n == s->len[src]) {
-    *conv = s->conv + src, *ssm = s->ssm + src, *stride = s->n_seq;
-    return 0;
-  }
-  struct fwd_ckpt *k = ckpt_find(s, src, n);
-  if (!k)
-    return anna_err(err, errlen, ANNA_ENOTFOUND,
-                    "sequence %d has no recurrent-state checkpoint at position %d (its length is %d)", src, n,
-                    s->len[src]);
-  k->tick = ++s->tick;
-  *conv = k->conv, *ssm = k->ssm, *stride = 1;
-  return 0;
-}
-
-/* With a residual ring, positions (n - resid, n] must still be in src's ring (it holds
- * the newest ring_len positions of src's length len). */
-static int ring_check(const fwd_state *s, int src, int32_t n, char *err, size_t errlen) {
-  if (!s->resid || n - s->resid <= 0 || n - s->resid >= s->len[src] - s->ring_len) return 0;
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                  "sequence %d no longer holds f32 rows for positions before %d (--kv-cache-residual-len %d)", src,
-                  n, s->resid);
+  return kv_cache_checkpoint(s->kv, seq, err, errlen);
 }
 
 int fwd_state_seq_rewind(fwd_state *s, int seq, int32_t n, char *err, size_t errlen) {
-  if (seq < 0 || seq >= s->n_seq) return anna_err(err, errlen, ANNA_ERANGE, "sequence %d out of range", seq);
-  if (n < 0 || n > s->len[seq])
-    return anna_err(err, errlen, ANNA_ERANGE, "cannot rewind sequence %d of length %d to %d", seq, s->len[seq], n);
-  if (n == 0) {
-    const int share = s->share[seq];
-    fwd_state_seq_reset(s, seq);
-    s->share[seq] = (uint8_t)share;
-    return 0;
-  }
-  float **conv, **ssm;
-  int stride = 1;
-  int rc = ring_check(s, seq, n, err, errlen);
-  if (!rc) rc = state_source(s, seq, n, &conv, &ssm, &stride, err, errlen);
-  if (rc) return rc;
-  if (conv && conv != s->conv + seq) gdn_state_copy(s, s->conv + seq, s->ssm + seq, s->n_seq, conv, ssm, stride);
-  s->len[seq] = n;
-  seq_release(s, seq, (n + s->block_len - 1) >> s->bshift);
-  ckpt_invalidate(s, seq, n);
-  return 0;
+  return kv_cache_seq_rewind(s->kv, seq, n, err, errlen);
 }
 
 int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, size_t errlen) {
-  if (dst < 0 || dst >= s->n_seq || src < 0 || src >= s->n_seq || dst == src)
-    return anna_err(err, errlen, ANNA_ERANGE, "bad sequence pair %d <- %d", dst, src);
-  if (n < 0 || n > s->len[src])
-    return anna_err(err, errlen, ANNA_ERANGE, "cannot copy %d positions of sequence %d (length %d)", n, src, s->len[src]);
-  float **conv = NULL, **ssm = NULL;
-  int stride = 1;
-  if (n > 0) {
-    int rc = ring_check(s, src, n, err, errlen);
-    if (!rc) rc = state_source(s, src, n, &conv, &ssm, &stride, err, errlen);
-    if (rc) return rc;
-  }
-  ckpt_invalidate(s, dst, 0);
-  seq_release(s, dst, 0);
-  /* The blocks are shared, not copied: whoever writes into a shared block first copies it. */
-  const int32_t nb = (n + s->block_len - 1) >> s->bshift;
-  const int32_t *st = s->tab_id + (int64_t)src * s->max_bps;
-  for (int32_t j = 0; j < nb; j++) {
-    s->blk[st[j]].ref++;
-    tab_set(s, dst, j, st[j]);
-  }
-  s->nblk[dst] = nb;
-  memcpy(s->stok + (int64_t)dst * s->n_ctx, s->stok + (int64_t)src * s->n_ctx, sizeof(int32_t) * (size_t)n);
-  memcpy(s->bhash + (int64_t)dst * s->max_bps, s->bhash + (int64_t)src * s->max_bps, sizeof(uint64_t) * (size_t)nb);
-  s->share[dst] = s->share[src];
-  for (int oi = 0; s->resid && oi < s->n_own; oi++) {
-    const layer_config *lc = NULL;
-    for (int l = 0; l < s->cfg->n_layers && !lc; l++)
-      if (s->own_idx[l] == oi && s->cfg->layers[l].kv_source == l) lc = &s->cfg->layers[l];
-    const size_t bytes = (size_t)s->ring_len * (size_t)lc->n_kv_heads * (size_t)lc->head_dim * sizeof(float);
-    s->be->copy(s->be, s->ring_k[(size_t)oi * s->n_seq + dst], s->ring_k[(size_t)oi * s->n_seq + src], bytes);
-    s->be->copy(s->be, s->ring_v[(size_t)oi * s->n_seq + dst], s->ring_v[(size_t)oi * s->n_seq + src], bytes);
-  }
-  if (conv) gdn_state_copy(s, s->conv + dst, s->ssm + dst, s->n_seq, conv, ssm, stride);
-  s->len[dst] = n;
-  return 0;
+  return kv_cache_seq_copy(s->kv, dst, src, n, err, errlen);
 }
 
 int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, int32_t n, int register_blocks) {
-  if (seq < 0 || seq >= s->n_seq) return ANNA_ERANGE;
-  fwd_state_seq_reset(s, seq);
-  if (!s->share_enabled || n <= 0 || !tokens) return 0;
-  if (n > s->n_ctx) n = s->n_ctx;
-  s->share[seq] = register_blocks ? 2 : 1;
-  s->st.lookups++;
-  s->st.lookup_tokens += (uint64_t)n;
-  /* Rows reused from blocks were never written to this sequence's f32 residual ring (and
-   * the quantized rows cannot refill it), so with a ring nothing is reused. */
-  if (s->resid) return 0;
-  const int32_t full = n >> s->bshift;
-  uint64_t h = 0, *bh = s->bhash + (int64_t)seq * s->max_bps;
-  int32_t best = 0, found = 0;
-  struct fwd_ckpt *snap = NULL;
-  for (int32_t j = 0; j < full; j++) {
-    const int32_t *tok = tokens + (int64_t)j * s->block_len;
-    const uint64_t hj = block_hash(h, tok, s->block_len);
-    const int32_t b = hidx_find(s, hj, h, tok, s->block_len);
-    if (b < 0) break;
-    s->cand[j] = b;
-    bh[j] = hj;
-    h = hj;
-    found = j + 1;
-    if (!s->has_gdn) {
-      best = j + 1;
-    } else {
-      struct fwd_ckpt *k = snap_find(s, hj);
-      if (k) best = j + 1, snap = k;
-    }
-  }
-  /* Then the block after the matched ones, cut short. GDN models: a partial block that a
-   * finished sequence left, at exactly its length, and only with the end state saved for it
-   * (the recurrent state exists only where a snapshot was taken). Attention-only models cut
-   * any cached block that follows the matched chain at the longest common token prefix (the
-   * partial blocks included, and e.g. the shared chat-template header of two different
-   * prompts); writing past the cut copies the block first (seq_ensure: it is cached). The
-   * scan of the pool runs once per request: cheap next to any prefill. */
-  int32_t pfill = 0, pb = -1;
-  const int32_t rest = n - (found << s->bshift);
-  const int32_t lim = rest < s->block_len - 1 ? rest : s->block_len - 1;
-  const int32_t *tok = tokens + ((int64_t)found << s->bshift);
-  if (s->has_gdn) {
-    for (int32_t p = lim; p > 0 && pb < 0; p--) {
-      const uint64_t hp = partial_hash(h, tok, p);
-      const int32_t b = hidx_find(s, hp, h, tok, p);
-      struct fwd_ckpt *k = b >= 0 ? snap_find(s, hp) : NULL;
-      if (!k) continue;
-      pb = b, pfill = p, best = found, snap = k;
-    }
-  } else {
-    for (int64_t b = 0; b < s->n_blocks; b++) {
-      const kv_blk *k = &s->blk[b];
-      if (!k->cached || k->parent != h || k->fill <= pfill) continue;
-      const int32_t *bt = s->blk_tok + b * s->block_len, m = lim < k->fill ? lim : k->fill;
-      int32_t cp = 0;
-      while (cp < m && bt[cp] == tok[cp]) cp++;
-      if (cp > pfill) pfill = cp, pb = (int32_t)b;
-    }
-  }
-  for (int32_t j = 0; j < best; j++) {
-    s->blk[s->cand[j]].ref++;
-    tab_set(s, seq, j, s->cand[j]);
-  }
-  s->nblk[seq] = best;
-  if (pb >= 0) {
-    s->blk[pb].ref++;
-    tab_set(s, seq, best, pb);
-    s->nblk[seq] = best + 1;
-  }
-  const int32_t len = (best << s->bshift) + pfill;
-  memcpy(s->stok + (int64_t)seq * s->n_ctx, tokens, sizeof(int32_t) * (size_t)len);
-  if (snap) {
-    snap->tick = ++s->tick;
-    gdn_state_copy(s, s->conv + seq, s->ssm + seq, s->n_seq, snap->conv, snap->ssm, 1);
-  }
-  s->len[seq] = len;
-  s->st.hit_blocks += (uint64_t)best;
-  s->st.miss_blocks += (uint64_t)(full - best - (pfill && best < full ? 1 : 0));
-  s->st.hit_tokens += (uint64_t)len;
-  return len;
+  return kv_cache_prefix_attach(s->kv, seq, tokens, n, register_blocks);
 }
 
 /* ---- layers ---- */
@@ -853,7 +241,7 @@ typedef struct fwd_run {
   fwd_state *s;
   const anna_batch *b;
   int64_t n;
-  int n_runs;
+  const kv_plan *p;   /* runs of one sequence each, snapshot cuts (kv_cache_plan) */
   int32_t keys_hint; /* 1 + the batch's largest position (ops_attn_args.keys_hint) */
 } fwd_run;
 
@@ -905,6 +293,9 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   /* q, and k and v where this layer owns its cache (k alone with attention_k_eq_v), from the
    * same xn; k and v stay untouched until their norms below. */
   const int own = lc->kv_source == li;
+  /* Where the batch's K/V rows go and which block tables the op reads (host pointers). */
+  kv_attn_rows kr;
+  kv_cache_attn_rows(s->kv, r->b, li, &kr);
   {
     float *ys[3] = {qf, k, v};
     const ops_weight *ws[3] = {&w->q, &w->k, &w->v};
@@ -936,52 +327,26 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
       if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, eps, 0);
       be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
     }
-    const int64_t rb = kv_row_bytes(s, lc), mask = s->block_len - 1;
-    const int oi = s->own_idx[li];
-    for (int64_t t = 0; t < n; t++) {
-      const int sq = r->b->seq[t];
-      const int32_t p = r->b->pos[t];
-      const int64_t blk = s->tab_id[(int64_t)sq * s->max_bps + (p >> s->bshift)];
-      const int64_t off = blk * s->blk_bytes[oi] + (p & mask) * rb;
-      s->wk[t] = s->pool_k[oi] + off;
-      s->wv[t] = s->pool_v[oi] + off;
-    }
-    if (s->kv_type == OPS_KV_F32) {
-      be->scatter_rows(be, (float *const *)s->wk, k, n, (int)kvd);
-      be->scatter_rows(be, (float *const *)s->wv, v, n, (int)kvd);
+    if (kr.kv_type == OPS_KV_F32) {
+      be->scatter_rows(be, (float *const *)kr.wk, k, n, (int)kvd);
+      be->scatter_rows(be, (float *const *)kr.wv, v, n, (int)kvd);
     } else {
-      be->kv_store(be, s->wk, k, n, Hkv, D, s->kv_type);
-      be->kv_store(be, s->wv, v, n, Hkv, D, s->kv_type);
+      be->kv_store(be, kr.wk, k, n, Hkv, D, kr.kv_type);
+      be->kv_store(be, kr.wv, v, n, Hkv, D, kr.kv_type);
     }
-    if (s->resid) { /* the newest positions also in f32 */
-      for (int64_t t = 0; t < n; t++) {
-        const size_t at = (size_t)oi * s->n_seq + r->b->seq[t];
-        const int64_t row = (int64_t)(r->b->pos[t] % s->ring_len) * kvd;
-        s->wrk[t] = s->ring_k[at] + row;
-        s->wrv[t] = s->ring_v[at] + row;
-      }
-      be->scatter_rows(be, s->wrk, k, n, (int)kvd);
-      be->scatter_rows(be, s->wrv, v, n, (int)kvd);
-    }
-  }
-  const int oi = s->own_idx[li];
-  for (int64_t t = 0; t < n; t++) {
-    const int sq = r->b->seq[t];
-    void **tab = s->tab_d + ((int64_t)sq * s->n_own + oi) * 2 * s->max_bps;
-    s->kp[t] = (const void *)tab;
-    s->vp[t] = (const void *)(tab + s->max_bps);
-    if (s->resid) {
-      s->rkp[t] = s->ring_k[(size_t)oi * s->n_seq + sq];
-      s->rvp[t] = s->ring_v[(size_t)oi * s->n_seq + sq];
+    if (kr.residual_len) { /* the newest positions also in f32 */
+      be->scatter_rows(be, kr.wrk, k, n, (int)kvd);
+      be->scatter_rows(be, kr.wrv, v, n, (int)kvd);
     }
   }
   ops_attn_args a = {
       .n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D,
-      .kv_type = s->kv_type, .kv_row_bytes = kv_row_bytes(s, lc), .block_len = s->block_len,
+      .kv_type = kr.kv_type, .kv_row_bytes = kr.row_bytes, .block_len = kr.block_len,
       .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = s->pos,
-      .k_blocks = (const void *const *const *)s->kp, .v_blocks = (const void *const *const *)s->vp,
-      .residual_len = s->resid, .ring_len = s->ring_len,
-      .k_ring = s->resid ? s->rkp : NULL, .v_ring = s->resid ? s->rvp : NULL, .keys_hint = r->keys_hint,
+      .k_blocks = (const void *const *const *)kr.kp, .v_blocks = (const void *const *const *)kr.vp,
+      .residual_len = kr.residual_len, .ring_len = kr.ring_len,
+      .k_ring = kr.residual_len ? kr.rkp : NULL, .v_ring = kr.residual_len ? kr.rvp : NULL,
+      .keys_hint = r->keys_hint,
   };
   float *ao = s->buf[4] == v && own ? s->buf[3] : s->buf[4];
   be->attention(be, ao, q, &a);
@@ -996,6 +361,7 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   const layer_weights *w = &m->layers[li];
   ops_backend *be = r->be;
   fwd_state *s = r->s;
+  const kv_plan *p = r->p;
   const int64_t n = r->n;
   const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dv = c->gdn_dv;
   const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd;
@@ -1009,18 +375,19 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   /* Decode: when every run is short (the recurrent kernel's range) and uncut, one fused
    * gdn_step per run replaces conv, copies, norms, gates, delta rule and output norm. */
   int fused = be->gdn_step != NULL;
-  for (int ri = 0; ri < r->n_runs; ri++)
-    if (s->run_ncut[ri] || s->run_len[ri] >= GDN_CHUNKED_MIN) fused = 0;
+  for (int ri = 0; ri < p->n_runs; ri++)
+    if (p->run_ncut[ri] || p->run_len[ri] >= GDN_CHUNKED_MIN) fused = 0;
   if (fused) {
     float *y = s->buf[3];
-    for (int ri = 0; ri < r->n_runs; ri++) {
-      const int64_t t0 = s->run_start[ri];
-      const size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
+    for (int ri = 0; ri < p->n_runs; ri++) {
+      const int64_t t0 = p->run_start[ri];
+      const int sq = p->run_seq[ri];
       const ops_gdn_step_args a = {
-          .n = s->run_len[ri], .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv,
+          .n = p->run_len[ri], .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv,
           .v_tiled = c->gdn_v_tiled, .eps = (float)c->eps, .qkv = qkv + t0 * cd, .z = z + t0 * Vd,
           .b = ba + t0 * hv, .a = ba + n * hv + t0 * hv, .conv_w = w->conv_w, .a_log = w->a_log,
-          .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .conv_state = s->conv[at], .state = s->ssm[at],
+          .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .conv_state = kv_cache_conv(s->kv, li, sq),
+          .state = kv_cache_ssm(s->kv, li, sq),
           .y = y + t0 * Vd, .work = s->buf[4],
       };
       be->gdn_step(be, &a);
@@ -1028,22 +395,22 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
     be->matmul(be, out, y, n, &w->out, NULL);
     return;
   }
-  /* A run that reaches snapshot points (block boundaries, planned by forward_batch) is cut
+  /* A run that reaches snapshot points (block boundaries, planned by kv_cache_plan) is cut
    * there and the state at each saved. */
-  for (int ri = 0; ri < r->n_runs; ri++) {
-    const int64_t t0 = s->run_start[ri], len = s->run_len[ri];
-    size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
+  for (int ri = 0; ri < p->n_runs; ri++) {
+    const int64_t t0 = p->run_start[ri], len = p->run_len[ri];
+    const int sq = p->run_seq[ri];
     int64_t done = 0;
-    for (int ci = 0; ci <= s->run_ncut[ri]; ci++) {
-      const int last = ci == s->run_ncut[ri];
-      const int64_t upto = last ? len : s->cut_at[s->run_cut0[ri] + ci];
+    for (int ci = 0; ci <= p->run_ncut[ri]; ci++) {
+      const int last = ci == p->run_ncut[ri];
+      const int64_t upto = last ? len : p->cut_at[p->run_cut0[ri] + ci];
       if (upto > done)
         be->conv1d_silu(be, conv + (t0 + done) * cd, qkv + (t0 + done) * cd, upto - done, (int)cd, w->conv_w,
-                        c->gdn_conv, s->conv[at]);
+                        c->gdn_conv, kv_cache_conv(s->kv, li, sq));
       done = upto;
       if (!last)
-        be->copy(be, s->ckpt[s->cut_slot[s->run_cut0[ri] + ci]].conv[li], s->conv[at],
-                 sizeof(float) * (size_t)conv_floats(c));
+        be->copy(be, kv_cache_slot_conv(s->kv, p->cut_slot[p->run_cut0[ri] + ci], li),
+                 kv_cache_conv(s->kv, li, sq), sizeof(float) * (size_t)conv_floats(c));
     }
   }
   float *q = qkv, *k = qkv + n * Kd, *v = qkv + 2 * n * Kd;
@@ -1055,26 +422,26 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   float *beta = gates, *g = gates + n * hv;
   be->gdn_gates(be, beta, g, ba, hv, ba + n * hv, hv, w->a_log, w->dt_bias, n, hv);
   float *o = conv; /* conv output no longer needed */
-  for (int ri = 0; ri < r->n_runs; ri++) {
-    const int64_t t0 = s->run_start[ri], len = s->run_len[ri];
-    size_t at = (size_t)li * s->n_seq + s->run_seq[ri];
+  for (int ri = 0; ri < p->n_runs; ri++) {
+    const int64_t t0 = p->run_start[ri], len = p->run_len[ri];
+    const int sq = p->run_seq[ri];
     int64_t done = 0;
-    for (int ci = 0; ci <= s->run_ncut[ri]; ci++) {
-      const int last = ci == s->run_ncut[ri];
-      const int64_t upto = last ? len : s->cut_at[s->run_cut0[ri] + ci], pn = upto - done, u = t0 + done;
+    for (int ci = 0; ci <= p->run_ncut[ri]; ci++) {
+      const int last = ci == p->run_ncut[ri];
+      const int64_t upto = last ? len : p->cut_at[p->run_cut0[ri] + ci], pn = upto - done, u = t0 + done;
       if (pn > 0) {
         ops_gdn_args a = {
             .n = pn, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .v_tiled = c->gdn_v_tiled, .q = q + u * Kd,
-            .k = k + u * Kd, .v = v + u * Vd, .g = g + u * hv, .beta = beta + u * hv, .state = s->ssm[at],
-            .out = o + u * Vd,
+            .k = k + u * Kd, .v = v + u * Vd, .g = g + u * hv, .beta = beta + u * hv,
+            .state = kv_cache_ssm(s->kv, li, sq), .out = o + u * Vd,
         };
         if (pn >= GDN_CHUNKED_MIN) be->gdn_chunked(be, &a);
         else be->gdn_recurrent(be, &a);
       }
       done = upto;
       if (!last)
-        be->copy(be, s->ckpt[s->cut_slot[s->run_cut0[ri] + ci]].ssm[li], s->ssm[at],
-                 sizeof(float) * (size_t)ssm_floats(c));
+        be->copy(be, kv_cache_slot_ssm(s->kv, p->cut_slot[p->run_cut0[ri] + ci], li),
+                 kv_cache_ssm(s->kv, li, sq), sizeof(float) * (size_t)ssm_floats(c));
     }
   }
   float *y = ba; /* [n, Vd] fits: buffers are wmax wide */
@@ -1235,42 +602,9 @@ static void layer_ple(fwd_run *r, int li, float *x) {
   be->add(be, x, o, n * c->hidden);
 }
 
-/* Checks the batch against the state and splits it into per-sequence runs. */
-static int plan_batch(fwd_run *r, char *err, size_t errlen) {
-  const anna_batch *b = r->b;
-  fwd_state *s = r->s;
-  const model_config *c = &r->m->cfg;
-  if (b->n < 1 || b->n > s->n_batch)
-    return anna_err(err, errlen, ANNA_EINVAL, "batch of %d tokens (allowed 1..%d)", b->n, s->n_batch);
-  r->n_runs = 0;
-  for (int32_t i = 0; i < b->n; i++) {
-    if (b->tokens[i] < 0 || b->tokens[i] >= c->vocab)
-      return anna_err(err, errlen, ANNA_ERANGE, "token id %d out of range (vocab %d)", b->tokens[i], c->vocab);
-    if (b->seq[i] < 0 || b->seq[i] >= s->n_seq)
-      return anna_err(err, errlen, ANNA_ERANGE, "sequence %d out of range (0..%d)", b->seq[i], s->n_seq - 1);
-    if (i == 0 || b->seq[i] != b->seq[i - 1]) {
-      for (int q = 0; q < r->n_runs; q++)
-        if (s->run_seq[q] == b->seq[i])
-          return anna_err(err, errlen, ANNA_EINVAL, "tokens of sequence %d are not consecutive in the batch", b->seq[i]);
-      s->run_start[r->n_runs] = i;
-      s->run_len[r->n_runs] = 0;
-      s->run_seq[r->n_runs] = b->seq[i];
-      r->n_runs++;
-    }
-    int32_t expect = s->len[b->seq[i]] + s->run_len[r->n_runs - 1];
-    if (b->pos[i] != expect)
-      return anna_err(err, errlen, ANNA_EINVAL, "token %d of sequence %d has position %d, expected %d", i, b->seq[i],
-                      b->pos[i], expect);
-    if (b->pos[i] >= s->n_ctx)
-      return anna_err(err, errlen, ANNA_ERANGE, "sequence %d is full (context %d)", b->seq[i], s->n_ctx);
-    s->run_len[r->n_runs - 1]++;
-  }
-  return 0;
-}
-
 int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
                   const fwd_topk *tk, char *err, size_t errlen) {
-  fwd_run r = {m, be, s, b, b->n, 0, 0};
+  fwd_run r = {m, be, s, b, b->n, NULL, 0};
   for (int32_t i = 0; i < b->n; i++)
     if (b->pos[i] + 1 > r.keys_hint) r.keys_hint = b->pos[i] + 1;
   if (tk && (tk->k < 1 || tk->k > OPS_TOPK_MAX || tk->k > m->cfg.vocab || !be->topk))
@@ -1278,65 +612,14 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
                     "top-%d candidates: %s", tk->k,
                     !be->topk ? "the backend has no topk op" : "k must be 1..256 and at most the vocabulary");
   s->last_nl = 0;
-  int rc = plan_batch(&r, err, errlen);
+  /* The cache checks the batch, makes every written position writable (the only step that
+   * can run out: nothing is written before it succeeds), picks snapshot slots and uploads
+   * changed block tables. */
+  int rc = kv_cache_plan(s->kv, b, &s->plan, err, errlen);
   if (rc) return rc;
+  r.p = &s->plan;
   const model_config *c = &m->cfg;
   const int64_t n = b->n, H = c->hidden;
-  /* KV blocks for every position the batch writes (the only step that can run out). */
-  for (int ri = 0; ri < r.n_runs; ri++) {
-    const int q = s->run_seq[ri];
-    if ((rc = seq_ensure(s, q, s->len[q], s->len[q] + s->run_len[ri], err, errlen))) return rc;
-  }
-  for (int32_t i = 0; i < b->n; i++) s->stok[(int64_t)b->seq[i] * s->n_ctx + b->pos[i]] = b->tokens[i];
-  int32_t ncut = 0;
-  for (int ri = 0; ri < r.n_runs; ri++) {
-    const int q = s->run_seq[ri];
-    const int32_t from = s->len[q], to = from + s->run_len[ri];
-    s->run_ncut[ri] = 0;
-    s->run_cut0[ri] = ncut;
-    if (!s->share[q]) continue;
-    /* Chain hashes of the blocks this run completes. */
-    uint64_t *bh = s->bhash + (int64_t)q * s->max_bps;
-    for (int32_t j = from >> s->bshift; (j + 1) << s->bshift <= to; j++)
-      bh[j] = block_hash(j ? bh[j - 1] : 0, s->stok + (int64_t)q * s->n_ctx + ((int64_t)j << s->bshift),
-                         s->block_len);
-    /* GDN: snapshot the state at every snap_every-th boundary the run passes and at the
-     * last boundary it reaches (the end of a prompt chunk, or a decode step filling a block). */
-    const int32_t edge = to & ~(s->block_len - 1);
-    if (!s->n_ckpt || edge <= from) continue;
-    for (int32_t bnd = ((from >> s->bshift) + 1) << s->bshift; bnd <= edge; bnd += s->block_len) {
-      if (bnd != edge && (!s->snap_every || bnd % s->snap_every)) continue;
-      const uint64_t hj = bh[(bnd >> s->bshift) - 1];
-      struct fwd_ckpt *k = snap_find(s, hj);
-      if (k) {
-        k->tick = ++s->tick;
-        continue;
-      }
-      k = ckpt_pick(s);
-      k->seq = q;
-      k->pos = bnd;
-      k->hashed = 1;
-      k->hash = hj;
-      k->tick = ++s->tick;
-      s->cut_at[ncut] = bnd - from;
-      s->cut_slot[ncut] = (int32_t)(k - s->ckpt);
-      ncut++;
-      s->run_ncut[ri]++;
-    }
-  }
-  tab_upload(s);
-  /* A fresh sequence starts with zero recurrent state. */
-  for (int ri = 0; ri < r.n_runs; ri++) {
-    int q = s->run_seq[ri];
-    if (s->len[q] != 0) continue;
-    for (int l = 0; l < c->n_layers; l++) {
-      size_t at = (size_t)l * s->n_seq + q;
-      if (s->conv[at])
-        be->memset0(be, s->conv[at], sizeof(float) * (size_t)(2 * c->gdn_hk * c->gdn_dk + c->gdn_hv * c->gdn_dv) *
-                                         (size_t)(c->gdn_conv - 1));
-      if (s->ssm[at]) be->memset0(be, s->ssm[at], sizeof(float) * (size_t)c->gdn_hv * c->gdn_dk * c->gdn_dv);
-    }
-  }
   be->upload(be, s->tokens, b->tokens, sizeof(int32_t) * (size_t)n);
   be->upload(be, s->pos, b->pos, sizeof(int32_t) * (size_t)n);
   float *x = s->x;
@@ -1357,12 +640,7 @@ int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna
     if (c->ple_dim > 0) layer_ple(&r, li, x);
     if (w->layer_scalar != 1.0f) be->scale(be, x, w->layer_scalar, n * H);
   }
-  for (int ri = 0; ri < r.n_runs; ri++) {
-    const int q = s->run_seq[ri];
-    const int32_t from = s->len[q];
-    s->len[q] += s->run_len[ri];
-    if (s->share[q] == 2) seq_register(s, q, from >> s->bshift, s->len[q] >> s->bshift);
-  }
+  kv_cache_commit(s->kv, &s->plan);
   /* Logits only for the flagged tokens. */
   int64_t nl = 0;
   for (int64_t t = 0; t < n; t++) nl += !b->logits || b->logits[t];

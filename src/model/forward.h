@@ -1,9 +1,11 @@
 /* forward.h: the one forward pass, for every architecture, over a batch of tokens from
  * several sequences, written against ops.h.
  *
- * fwd_state owns the per-sequence state (KV caches of attention layers, conv and recurrent
- * state of GDN layers, lengths) and the activation scratch, all allocated once by
- * fwd_state_create for (n_seq, n_ctx, n_batch): forward_batch allocates nothing.
+ * fwd_state holds the per-sequence state (a kv_cache, src/cache/kv_cache.h: KV blocks of
+ * attention layers, conv and recurrent state of GDN layers, lengths, the prefix pool) and
+ * the activation scratch, all allocated once by fwd_state_create for (n_seq, n_ctx,
+ * n_batch): forward_batch allocates nothing. The fwd_state_* state functions below are
+ * delegations to the cache, kept for src/runtime.
  */
 #ifndef ANNA_MODEL_FORWARD_H
 #define ANNA_MODEL_FORWARD_H
