@@ -53,7 +53,7 @@
 #include "backends/cuda/cuda_route.cuh"
 
 #include "base/error.h"
-#include "model/config.h"
+#include "ops/ops.h"
 
 #include <cuda_bf16.h>
 #include <mma.h>
