@@ -29,6 +29,14 @@ static int g_fail, g_checks;
     }                                                                                                                 \
   } while (0)
 
+/* Two tunings hold the same switches (compared as text: the struct has padding). */
+static int same(const anna_tuning *a, const anna_tuning *b) {
+  char x[2048], y[2048];
+  tuning_format(a, x, sizeof x);
+  tuning_format(b, y, sizeof y);
+  return !strcmp(x, y);
+}
+
 /* A value for key i other than its default, as text, and the check that it took. */
 static const char *other_value(const char *key) {
   static const struct {
@@ -82,7 +90,7 @@ static void test_every_key(void) {
     snprintf(one, sizeof one, " %s = %s ", k, v);
     int rc = tuning_parse(&t, one, err, sizeof err);
     CHECK(rc == 0, "%s: %s", one, err);
-    CHECK(memcmp(&t, &d, sizeof t) != 0, "%s changed nothing", k);
+    CHECK(!same(&t, &d), "%s changed nothing", k);
     tuning_format(&t, buf, sizeof buf);
     snprintf(line, sizeof line, "%s=%s\n", k, v);
     CHECK(strstr(buf, line) != NULL, "%s not in\n%s", line, buf);
@@ -96,7 +104,7 @@ static void test_every_key(void) {
   tuning_format(&a, buf, sizeof buf);
   tuning_defaults(&b);
   CHECK(tuning_parse(&b, buf, err, sizeof err) == 0, "reparse: %s", err);
-  CHECK(memcmp(&a, &b, sizeof a) == 0, "round trip differs");
+  CHECK(same(&a, &b), "round trip differs");
   tuning_format(&b, buf2, sizeof buf2);
   CHECK(!strcmp(buf, buf2), "round trip text differs");
   /* every enum name parses */
@@ -132,7 +140,7 @@ static void expect_err(const char *spec, const char *needle) {
   int rc = tuning_parse(&t, spec, err, sizeof err);
   CHECK(rc == ANNA_EINVAL, "'%s' accepted (rc %d)", spec, rc);
   CHECK(strstr(err, needle) != NULL, "'%s': message '%s' lacks '%s'", spec, err, needle);
-  CHECK(memcmp(&t, &d, sizeof t) == 0, "'%s' changed the struct", spec);
+  CHECK(same(&t, &d), "'%s' changed the struct", spec);
 }
 
 static void test_errors(void) {
