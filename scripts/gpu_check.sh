@@ -13,8 +13,9 @@
 #   qwen3.5-0.8b; bf16 safetensors + Q8_0 GGUF) and benchmark it.
 # --sanitize: also run test_cuda_ops under compute-sanitizer memcheck.
 # --ab: with --synth, also run anna-bench on each synthetic GGUF once per runtime variant
-#   (AB_VARIANTS, space-separated VAR=VALUE settings, "-" for the defaults), one table row each,
-#   so kernels kept selectable (ANNA_CUDA_PDL, ANNA_CUDA_ATTN, ...) are compared in one run.
+#   (AB_VARIANTS, space-separated ANNA_TUNING=key=value[,key=value] settings, "-" for the
+#   defaults; keys: src/base/tuning.h), one table row each, so kernels kept selectable
+#   (cuda_pdl, cuda_attn, ...) are compared in one run.
 set -u
 cd "$(dirname "$0")/.."
 PREBUILT="" FIX="../shared/fixtures" SYNTH="" SAN=0 AB=0 OUTD="${OUT:-/tmp/gpu_check}"
@@ -121,7 +122,7 @@ if [ -n "$SYNTH" ]; then
   fi
 fi
 # 3b. runtime variants side by side (same binary, same model, one run each)
-AB_DEFAULT="- ANNA_CUDA_PDL=0 ANNA_CUDA_ATTN=per_head ANNA_CUDA_GEMM=int8 ANNA_CUDA_GEMM=bf16x1 ANNA_CUDA_MOE=decode_f32"
+AB_DEFAULT="- ANNA_TUNING=cuda_pdl=0 ANNA_TUNING=cuda_attn=per_head ANNA_TUNING=cuda_gemm=int8 ANNA_TUNING=cuda_gemm=bf16x1 ANNA_TUNING=cuda_moe=decode_f32"
 if [ "$AB" = 1 ] && [ -n "$SYNTH" ] && [ -x "$BIN/anna-bench" ]; then
   for m in "$SD"/*.gguf; do
     [ -e "$m" ] || continue

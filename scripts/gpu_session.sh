@@ -6,7 +6,7 @@
 # still reports what it measured.
 #
 #   scripts/gpu_session.sh --prebuilt DIR --src LLAMA.tar.xz [--fixtures DIR] [--shapes "S ..."]
-#                          [--ab "VAR=VALUE ..."] [--out DIR]
+#                          [--ab "ANNA_TUNING=key=value ..."] [--out DIR]
 #
 # --prebuilt DIR: DIR/bin and DIR/lib as scripts/gpu_pack.sh packs them (unpacked).
 # --src: llama.cpp's sources (scripts/gpu_llamacpp.sh --pack OUT.tar.xz on the dev machine).
@@ -17,14 +17,15 @@
 # --shapes: tools/mkshape.py shapes written as q4_k_rand GGUF files (llama-quantize's Q4_K_M
 #   tensor mix, random well-formed blocks; the 35B-A3B shape at full depth is 20 GB) and run
 #   by both engines (default "qwen3.5-9b qwen3.5-35b-a3b").
-# --ab: runtime switches, each one anna-bench row per shape next to the default (default
-#   "ANNA_CUDA_GDN=cluster ANNA_CUDA_GEMM=split": the older gdn_step, the hi + lo prefill split
-#   for quantized weights too).
+# --ab: runtime switches (ANNA_TUNING settings, keys in src/base/tuning.h), each one
+#   anna-bench row per shape next to the default (default "ANNA_TUNING=cuda_gdn=cluster
+#   ANNA_TUNING=cuda_gemm=split": the older gdn_step, the hi + lo prefill split for quantized
+#   weights too).
 # The gguf Python package must be importable, or its wheel in .gpu/whl/ (as gpu_llamacpp.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PRE="" SRC="" FIX="../shared/fixtures" SHAPES="qwen3.5-9b qwen3.5-35b-a3b"
-ABV="ANNA_CUDA_GDN=cluster ANNA_CUDA_GEMM=split" OUTD="${OUT:-/tmp/gpu_session}"
+ABV="ANNA_TUNING=cuda_gdn=cluster ANNA_TUNING=cuda_gemm=split" OUTD="${OUT:-/tmp/gpu_session}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) PRE="$2"; shift 2 ;;

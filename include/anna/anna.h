@@ -31,6 +31,7 @@ typedef struct anna_model_options {
    * to bf16 (llama.cpp's precision: 1.4-1.5x faster bf16 prefill, logits move by ~1e-2 of
    * their spread on real models, more on tiny random ones). Others: ANNA_EUNSUPPORTED. */
   const char *dtype;
+  const char *tuning; /* "k=v,..." applied after the environment's ANNA_TUNING */
 } anna_model_options;
 
 /* Loads a Hugging Face model folder (config.json + *.safetensors) or a .gguf file.
@@ -80,6 +81,7 @@ typedef struct anna_context_options {
    * recurrent state every N tokens inside a call (rounded up to whole blocks; 0: off), so a
    * long prompt leaves reusable points behind (e.g. the end of a shared system prompt). */
   int prefix_snapshot_interval;
+  const char *tuning; /* "k=v,..." applied after the environment's ANNA_TUNING */
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */
@@ -188,6 +190,12 @@ typedef struct anna_step_stats {
   double capture_s, update_s, gpu_s;
 } anna_step_stats;
 void anna_context_step_stats(const anna_context *c, anna_step_stats *st);
+
+/* The context's resolved runtime switches (src/base/tuning.h: defaults, then ANNA_TUNING,
+ * then anna_context_options.tuning; moe_shared_slot as the model was loaded), one
+ * "key=value" line each, into buf (NUL-terminated, truncated to len). Returns the length
+ * the whole text needs (truncated when >= len). */
+int anna_context_tuning(const anna_context *c, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/ops.h" /* enum act_kind: the activations the backends implement */
+
 #define CONFIG_MAX_LAYERS 256
 
 enum model_arch {
@@ -31,8 +33,6 @@ enum layer_kind {
 };
 
 enum rope_kind { ROPE_KIND_DEFAULT = 0, ROPE_KIND_LINEAR, ROPE_KIND_LLAMA3, ROPE_KIND_PROPORTIONAL };
-
-enum act_kind { ACT_KIND_SILU = 0, ACT_KIND_GELU_TANH };
 
 enum norm_kind {
   NORM_KIND_W = 0,    /* x/rms * w */

@@ -12,7 +12,6 @@
  */
 #include "model/forward.h"
 
-#include "backends/cpu/cpu_backend.h"
 #include "base/error.h"
 #include "cache/kv_cache.h"
 
@@ -96,17 +95,6 @@ static int64_t widest(const model_config *c) {
     w = max64(w, 2 * (int64_t)l->ffn_dim);
   }
   return w;
-}
-
-int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx) {
-  const model_config *c = &m->cfg;
-  int64_t s = max64(cpu_matmul_scratch_floats(m->max_cols), 1024);
-  /* chunked GDN: gam, A, P, U, W, Qs, KsT, O for a 64-token chunk */
-  s = max64(s, 64 + 2 * 64 * 64 + 64 * (int64_t)(3 * c->gdn_dk + 2 * c->gdn_dv) + 64);
-  for (int i = 0; i < c->n_layers; i++)
-    s = max64(s, cpu_attention_scratch_floats(c->n_heads, c->layers[i].n_kv_heads, c->layers[i].head_dim));
-  (void)n_ctx;
-  return s + 64;
 }
 
 static int64_t conv_floats(const model_config *c) {

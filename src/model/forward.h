@@ -39,8 +39,6 @@ int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int 
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s);
 void fwd_state_kv_stats(const fwd_state *s, fwd_kv_stats *st);
 void fwd_state_free(fwd_state *s);
-/* Floats of per-thread scratch the CPU backend needs for this model. */
-int64_t fwd_backend_scratch_floats(const anna_model *m, int n_ctx);
 
 int32_t fwd_state_seq_len(const fwd_state *s, int seq);
 /* Empties seq: its blocks go back to the pool (registered ones stay cached until evicted). */

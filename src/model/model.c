@@ -334,9 +334,6 @@ static int shared_fits(const model_config *c, const layer_weights *w) {
 
 int model_link_shared_experts(anna_model *m, char *err, size_t errlen) {
   const model_config *c = &m->cfg;
-  /* ANNA_MOE_SHARED_SLOT=0: the shared expert keeps its own ops (side-by-side measurements) */
-  const char *ev = getenv("ANNA_MOE_SHARED_SLOT");
-  if (ev && ev[0] == '0') return 0;
   for (int i = 0; i < c->n_layers; i++) {
     layer_weights *w = &m->layers[i];
     if (!c->layers[i].is_moe || !shared_fits(c, w)) continue;
@@ -353,6 +350,26 @@ int model_link_shared_experts(anna_model *m, char *err, size_t errlen) {
     w->sx_gate = dst[0], w->sx_up = dst[1], w->sx_down = dst[2];
   }
   return 0;
+}
+
+void model_unlink_shared_experts(anna_model *m) {
+  for (int i = 0; i < m->cfg.n_layers; i++) m->layers[i].sx_gate = m->layers[i].sx_up = m->layers[i].sx_down = NULL;
+}
+
+_Static_assert(CONFIG_MAX_LAYERS <= OPS_MAX_LAYERS, "ops_model_shape holds every layer");
+
+void model_shape_get(const anna_model *m, int n_ctx, ops_model_shape *out) {
+  const model_config *c = &m->cfg;
+  memset(out, 0, sizeof *out);
+  out->max_cols = m->max_cols;
+  out->n_ctx = n_ctx;
+  out->vocab = c->vocab;
+  out->n_heads = c->n_heads;
+  out->gdn_dk = c->gdn_dk;
+  out->gdn_dv = c->gdn_dv;
+  out->n_layers = c->n_layers;
+  for (int i = 0; i < c->n_layers; i++)
+    out->layers[i] = (ops_layer_shape){c->layers[i].n_kv_heads, c->layers[i].head_dim};
 }
 
 int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen) {

@@ -9,6 +9,7 @@
 #define ANNA_MODEL_MODEL_H
 
 #include "anna/anna.h"
+#include "base/tuning.h"
 #include "model/config.h"
 #include "ops/ops.h"
 
@@ -59,6 +60,7 @@ struct anna_model {
   size_t n_allocs, cap_allocs;
   int64_t max_cols;    /* widest weight row, for dequant scratch */
   int compute_bf16;    /* anna_model_options.dtype "bf16": contexts on cuda round GEMM inputs to bf16 */
+  anna_tuning tuning;  /* resolved at load (ANNA_TUNING, then anna_model_options.tuning) */
 };
 
 /* A name -> tensor lookup the weight builder reads through. */
@@ -72,9 +74,14 @@ typedef struct tensor_info {
 typedef int (*tensor_lookup_fn)(void *src, const char *name, tensor_info *out);
 
 /* Fills the sx_* arrays of every MoE layer whose shared expert can run as one more routed
- * expert (see layer_weights); 0 or ANNA_ENOMEM. Both loaders call it last. The environment
- * variable ANNA_MOE_SHARED_SLOT=0 leaves them NULL (A/B runs). */
+ * expert (see layer_weights); 0 or ANNA_ENOMEM. Both loaders call it last. */
 int model_link_shared_experts(anna_model *m, char *err, size_t errlen);
+/* Sets every sx_* back to NULL (the arrays stay with the model until model_free): the
+ * tuning key moe_shared_slot=0 keeps the shared expert's own ops (A/B runs). */
+void model_unlink_shared_experts(anna_model *m);
+
+/* The shape a backend sizes its scratch for (ops.h), for contexts of n_ctx positions. */
+void model_shape_get(const anna_model *m, int n_ctx, ops_model_shape *out);
 
 /* Loads an HF folder. Caller frees with model_free. */
 int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen);

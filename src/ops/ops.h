@@ -123,6 +123,35 @@ static inline int64_t ops_gdn_step_work_floats(int64_t n, int hk, int hv, int dk
   return n * (2 * (int64_t)hk * dk + (int64_t)hv * dv + 2 * (int64_t)hv);
 }
 
+/* Activation of gated FFNs (act_mul, act_matmul, moe_ffn's `act`): the model config names
+ * one per model (model_config.act); backends implement each. */
+enum act_kind { ACT_KIND_SILU = 0, ACT_KIND_GELU_TANH };
+
+/* Most layers a model shape describes (model/config.h's CONFIG_MAX_LAYERS must not exceed it). */
+#define OPS_MAX_LAYERS 256
+
+/* What a backend needs to know about the model to size its own scratch at creation (the
+ * backend owns its fusions and kernels, so only it knows their scratch needs): filled by
+ * model_shape_get (model/model.h), read by a backend's create (backends/registry.h). */
+typedef struct ops_layer_shape {
+  int n_kv_heads, head_dim;
+} ops_layer_shape;
+typedef struct ops_model_shape {
+  int64_t max_cols;   /* widest weight row (columns) of any matmul */
+  int n_ctx;          /* positions per sequence */
+  int vocab;
+  int n_heads;        /* query heads (every attention layer) */
+  int gdn_dk, gdn_dv; /* Gated DeltaNet head dims (0: no GDN layers) */
+  int n_layers;
+  ops_layer_shape layers[OPS_MAX_LAYERS];
+} ops_model_shape;
+
+/* Decode-step statistics of a backend that records steps (CUDA graphs); zeros otherwise. */
+typedef struct ops_step_stats {
+  int64_t steps, builds, updates;      /* graph launches, new graphs, in-place updates */
+  double capture_s, update_s, gpu_s;   /* host recording, host updating, device replay seconds */
+} ops_step_stats;
+
 /* Most weights one matmul_group call takes (GDN's four in-projections). */
 #define OPS_GROUP_MAX 4
 
@@ -131,6 +160,25 @@ typedef struct ops_backend ops_backend;
 struct ops_backend {
   const char *name;
   void *impl;
+
+  /* ---- Lifecycle (the device side of the table). destroy is always set; the rest are
+   * optional, NULL on a synchronous host backend (CPU). The caller (runtime/context.c) uses
+   * only these, never a backend's own header. ---- */
+  /* Frees the backend and everything it owns (its memory, streams, thread pool when it made
+   * one). Not for a profiling wrapper (ops_profile_free). */
+  void (*destroy)(ops_backend *be);
+  /* Waits for queued work, then 0 or the first (sticky) device error with its message. */
+  int (*error)(ops_backend *be, char *err, size_t errlen);
+  /* Brackets one forward call of n_tokens tokens (a device may record it as a graph). */
+  void (*step_begin)(ops_backend *be, int64_t n_tokens);
+  void (*step_end)(ops_backend *be);
+  /* Records decode steps as graphs (on) or runs them eagerly (off: profiling). */
+  void (*set_graphs)(ops_backend *be, int on);
+  /* Step statistics so far (ops_step_stats). */
+  void (*step_stats)(ops_backend *be, ops_step_stats *st);
+  /* 1: weights are copied to the backend on first use, so the caller runs one throwaway
+   * token at creation to keep that copy out of the first timed decode. */
+  int warmup;
 
   /* Backend memory: zero-filled; NULL when out of memory (an error, never an abort). */
   void *(*alloc)(ops_backend *be, size_t bytes);

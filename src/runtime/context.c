@@ -1,13 +1,12 @@
 /* context.c: the public API (include/anna/anna.h) over model loading, a backend and the
- * forward state. */
+ * forward state. The backend comes from the registry (backends/registry.h) and is driven
+ * only through its ops_backend table, lifecycle entries included: nothing here knows which
+ * backends the build has. */
 #include "anna/anna.h"
 
-#include "backends/cpu/cpu_backend.h"
-#ifdef ANNA_HAVE_CUDA
-#include "backends/cuda/cuda_backend.h"
-#endif
+#include "backends/registry.h"
 #include "base/error.h"
-#include "base/threadpool.h"
+#include "base/tuning.h"
 #include "model/forward.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
@@ -19,40 +18,17 @@
 
 struct anna_context {
   anna_model *m;
-  threadpool *tp;
-  ops_backend *be;      /* what the forward pass calls (the profiler's wrapper when profiling) */
-  ops_backend *be_cpu;  /* the CPU backend itself (owned) */
-  ops_backend *be_dev;  /* the CUDA backend itself (owned), NULL on the CPU */
+  ops_backend *be;  /* what the forward pass calls (the profiler's wrapper when profiling) */
+  ops_backend *dev; /* the backend itself (owned; freed with its destroy entry) */
   fwd_state *st;
-  int on_cuda;
+  anna_tuning tuning; /* resolved at creation (anna_context_tuning) */
 };
-
-/* Devices this build can use: "auto" resolves to cuda when a GPU is present. */
-static int device_pick(const char *device, int *cuda, char *err, size_t errlen) {
-  *cuda = 0;
-  if (!device || !strcmp(device, "cpu")) return 0;
-#ifdef ANNA_HAVE_CUDA
-  if (!strcmp(device, "auto")) {
-    *cuda = cuda_backend_available();
-    return 0;
-  }
-  if (!strcmp(device, "cuda")) {
-    if (!cuda_backend_available()) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device 'cuda': no CUDA device found");
-    *cuda = 1;
-    return 0;
-  }
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s' is not available (have: cpu, cuda, auto)", device);
-#else
-  if (!strcmp(device, "auto")) return 0;
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s' is not available in this build (have: cpu)", device);
-#endif
-}
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
   *out = NULL;
   if (!path) return anna_err(err, errlen, ANNA_EINVAL, "no model path given");
-  int cuda;
-  int rc = device_pick(opt ? opt->device : NULL, &cuda, err, errlen);
+  const backend_info *bi;
+  int rc = backend_registry_pick(opt ? opt->device : NULL, &bi, err, errlen);
   if (rc) return rc;
   int bf16 = 0;
   if (opt && opt->dtype) {
@@ -62,14 +38,20 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
       return anna_err(err, errlen, ANNA_EUNSUPPORTED, "compute dtype '%s' is not supported (have: f32, bf16 on cuda)",
                       d);
     /* device auto without a GPU lands here too: the CPU computes with f32 (or int8) activations */
-    if (bf16 && !cuda)
+    if (bf16 && !bi->bf16_compute)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED, "compute dtype '%s' needs the cuda device (the cpu has: f32)", d);
   }
+  anna_tuning t;
+  if ((rc = tuning_from_env(&t, opt ? opt->tuning : NULL, err, errlen))) return rc;
   struct stat st;
   if (stat(path, &st) != 0) return anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
   rc = S_ISDIR(st.st_mode) ? model_load_hf(out, path, err, errlen) : gguf_model_load(out, path, err, errlen);
-  if (!rc) (*out)->compute_bf16 = bf16;
-  return rc;
+  if (rc) return rc;
+  (*out)->compute_bf16 = bf16;
+  (*out)->tuning = t;
+  /* moe_shared_slot=0: the shared expert keeps its own ops (side-by-side measurements) */
+  if (!t.moe_shared_slot) model_unlink_shared_experts(*out);
+  return 0;
 }
 
 void anna_model_free(anna_model *m) {
@@ -92,23 +74,21 @@ const char *anna_model_path(const anna_model *m) {
   return m->path;
 }
 
-#ifdef ANNA_HAVE_CUDA
-/* One throwaway token on sequence 0 (then reset): copies the weights it touches to the
- * device now rather than inside the caller's first, timed, decode. Experts a MoE router
- * did not pick are still copied on first use. */
-static int cuda_warmup(anna_context *c, char *err, size_t errlen) {
+/* Backends that copy weights on first use (ops_backend.warmup): one throwaway token on
+ * sequence 0 (then reset) copies the weights it touches now rather than inside the caller's
+ * first, timed, decode. Experts a MoE router did not pick are still copied on first use. */
+static int backend_warmup(anna_context *c, char *err, size_t errlen) {
   float *lg = malloc(sizeof(float) * (size_t)c->m->cfg.vocab);
   if (!lg) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int32_t tok = 0, seq = 0, pos = 0;
   int8_t want = 1;
   anna_batch b = {1, &tok, &seq, &pos, &want};
   int rc = forward_batch(c->m, c->be, c->st, &b, lg, NULL, err, errlen);
-  if (!rc) rc = cuda_backend_error(c->be, err, errlen);
+  if (!rc && c->dev->error) rc = c->dev->error(c->dev, err, errlen);
   fwd_state_seq_reset(c->st, 0);
   free(lg);
   return rc;
 }
-#endif
 
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
@@ -130,11 +110,22 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.kv_cache_residual_len = opt->kv_cache_residual_len;
     o.prefix_share = opt->prefix_share;
     o.prefix_snapshot_interval = opt->prefix_snapshot_interval;
+    o.tuning = opt->tuning;
   }
   if (o.kv_cache_residual_len < 0)
     return anna_err(err, errlen, ANNA_EINVAL, "--kv-cache-residual-len %d is negative", o.kv_cache_residual_len);
-  const char *env = getenv("ANNA_PREFIX_KV_SHARE");
-  const int share = o.prefix_share >= 0 && !(env && !strcmp(env, "0"));
+  anna_tuning tuning;
+  int rc = tuning_from_env(&tuning, o.tuning, err, errlen);
+  if (rc) return rc;
+  {
+    /* moe_shared_slot shaped the model's weights at load: a context cannot change it */
+    anna_tuning chk = m->tuning;
+    if (!tuning_parse(&chk, o.tuning, NULL, 0) && chk.moe_shared_slot != m->tuning.moe_shared_slot)
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "tuning key 'moe_shared_slot' applies at model load (anna_model_options.tuning)");
+    tuning.moe_shared_slot = m->tuning.moe_shared_slot;
+  }
+  const int share = o.prefix_share >= 0 && tuning.prefix_kv_share;
   int kv_type = OPS_KV_F32;
   {
     const char *q = o.kv_cache_quantization;
@@ -151,55 +142,45 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   fwd_state_options fo = {.n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
                           .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len, .prefix_share = share,
                           .snapshot_interval = o.prefix_snapshot_interval};
-  int cuda;
-  int rc = device_pick(o.device, &cuda, err, errlen);
-  if (rc) return rc;
-  if (m->compute_bf16 && !cuda)
+  const backend_info *bi;
+  if ((rc = backend_registry_pick(o.device, &bi, err, errlen))) return rc;
+  if (m->compute_bf16 && !bi->bf16_compute)
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,
                     "the model was loaded for compute dtype bf16, which needs the cuda device");
   if (m->compute_bf16 && o.exact_matmul)
     return anna_err(err, errlen, ANNA_EINVAL, "--exact (f32 activations) and compute dtype bf16 contradict each other");
   anna_context *c = calloc(1, sizeof *c);
-  if (!c) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  c->m = m;
-#ifdef ANNA_HAVE_CUDA
-  if (cuda) {
-    c->on_cuda = 1;
-    if (!(rc = cuda_backend_create(&c->be_dev, o.n_batch, err, errlen))) {
-      cuda_backend_set_exact(c->be_dev, o.exact_matmul);
-      if (m->compute_bf16) cuda_backend_set_gemm_variant(c->be_dev, CUDA_GEMM_BF16_SINGLE);
-      c->be = c->be_dev;
-      /* Profiling syncs around every op, which a recorded graph cannot do: eager steps. */
-      if (o.profile && !(c->be = ops_profile_wrap(c->be_dev, m->cfg.vocab)))
-        rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-    }
-    if (rc || (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen)) ||
-        (rc = cuda_warmup(c, err, errlen))) {
-      anna_context_free(c);
-      return rc;
-    }
-    /* Decode steps replay as graphs (MoE too: decode-sized expert FFNs stay on the device). */
-    cuda_backend_set_graphs(c->be_dev, !o.profile);
-    *out = c;
-    return 0;
-  }
-#endif
-  if ((rc = threadpool_create(&c->tp, o.n_threads, err, errlen)) ||
-      (rc = cpu_backend_create(&c->be_cpu, c->tp, fwd_backend_scratch_floats(m, o.n_ctx),
-                               ((size_t)o.n_batch + 32) * (size_t)m->max_cols * 4, err, errlen))) {
-    anna_context_free(c);
-    return rc;
-  }
-  c->be = c->be_cpu;
-  if (o.profile && !(c->be = ops_profile_wrap(c->be_cpu, m->cfg.vocab))) {
-    anna_context_free(c);
+  ops_model_shape *shape = malloc(sizeof *shape); /* 2 KB of per-layer shapes: off the stack */
+  if (!c || !shape) {
+    free(c);
+    free(shape);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
-  if ((rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen))) {
+  c->m = m;
+  c->tuning = tuning;
+  model_shape_get(m, o.n_ctx, shape);
+  const backend_params bp = {.n_threads = o.n_threads,
+                             .n_batch = o.n_batch,
+                             .exact_matmul = o.exact_matmul,
+                             .gemm_bf16_single = m->compute_bf16,
+                             .profile = o.profile,
+                             .shape = shape,
+                             .tuning = &c->tuning};
+  rc = bi->create(&bp, &c->dev, err, errlen);
+  free(shape);
+  if (!rc) {
+    c->be = c->dev;
+    /* Profiling syncs around every op, which a recorded graph cannot do: eager steps. */
+    if (o.profile && !(c->be = ops_profile_wrap(c->dev, m->cfg.vocab)))
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  if (rc || (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen)) ||
+      (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
     return rc;
   }
-  cpu_backend_set_exact_matmul(c->be_cpu, o.exact_matmul);
+  /* Decode steps replay as graphs (MoE too: decode-sized expert FFNs stay on the device). */
+  if (c->dev->set_graphs) c->dev->set_graphs(c->dev, !o.profile);
   *out = c;
   return 0;
 }
@@ -207,33 +188,23 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 void anna_context_free(anna_context *c) {
   if (!c) return;
   fwd_state_free(c->st);
-#ifdef ANNA_HAVE_CUDA
-  if (c->on_cuda) {
-    if (c->be && c->be != c->be_dev) ops_profile_free(c->be);
-    cuda_backend_free(c->be_dev);
-  } else
-#endif
-  {
-    if (c->be && c->be != c->be_cpu) ops_profile_free(c->be);
-    cpu_backend_free(c->be_cpu);
-  }
-  threadpool_free(c->tp);
+  if (c->be && c->be != c->dev) ops_profile_free(c->be);
+  if (c->dev) c->dev->destroy(c->dev);
   free(c);
 }
 
 static int context_run(anna_context *c, const anna_batch *b, float *out, const fwd_topk *tk, char *err,
                        size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
-#ifdef ANNA_HAVE_CUDA
-  if (c->on_cuda) {
-    cuda_backend_step_begin(c->be, b->n);
+  ops_backend *d = c->dev;
+  if (d->step_begin) {
+    d->step_begin(d, b->n);
     int rc = forward_batch(c->m, c->be, c->st, b, out, tk, err, errlen);
-    cuda_backend_step_end(c->be);
+    d->step_end(d);
     /* Device failures are sticky in the backend; report the first one here. */
-    int rc2 = cuda_backend_error(c->be, err, errlen);
+    int rc2 = d->error ? d->error(d, err, errlen) : 0;
     return rc ? rc : rc2;
   }
-#endif
   return forward_batch(c->m, c->be, c->st, b, out, tk, err, errlen);
 }
 
@@ -251,9 +222,7 @@ int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float 
 
 int anna_context_logits_row(anna_context *c, int row, float *out, char *err, size_t errlen) {
   int rc = fwd_state_logits_row(c->st, row, out, err, errlen);
-#ifdef ANNA_HAVE_CUDA
-  if (!rc && c->on_cuda) rc = cuda_backend_error(c->be, err, errlen);
-#endif
+  if (!rc && c->dev->error) rc = c->dev->error(c->dev, err, errlen);
   return rc;
 }
 
@@ -283,19 +252,20 @@ int64_t anna_context_kv_bytes_per_token(const anna_context *c) {
 
 /* The forward pass's table is the profiler's wrapper exactly when profiling. */
 static int profiling(const anna_context *c) {
-  return c->be && c->be != c->be_cpu && c->be != c->be_dev;
+  return c->be && c->be != c->dev;
 }
 
 void anna_context_step_stats(const anna_context *c, anna_step_stats *st) {
   memset(st, 0, sizeof *st);
-#ifdef ANNA_HAVE_CUDA
-  if (c->on_cuda) {
-    cuda_backend_graph_stats(c->be_dev, &st->steps, &st->builds, &st->updates);
-    cuda_backend_graph_times(c->be_dev, &st->capture_s, &st->update_s, &st->gpu_s);
+  if (c->dev->step_stats) {
+    ops_step_stats s = {0};
+    c->dev->step_stats(c->dev, &s);
+    *st = (anna_step_stats){s.steps, s.builds, s.updates, s.capture_s, s.update_s, s.gpu_s};
   }
-#else
-  (void)c;
-#endif
+}
+
+int anna_context_tuning(const anna_context *c, char *buf, size_t len) {
+  return (int)tuning_format(&c->tuning, buf, len);
 }
 
 int anna_context_profile(const anna_context *c, double *seconds, const char **names, int cap) {

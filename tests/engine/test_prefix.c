@@ -10,7 +10,7 @@
  * registers its blocks and GDN snapshots; after its sequence is reset, a second sequence
  * attaches the cached prefix and must continue to the logits of a fresh prefill; a branch
  * attaches the shared part; two sequences sharing a block that ends mid-block both write
- * into it (copy on write) and both stay exact; ANNA_PREFIX_KV_SHARE=0 disables reuse.
+ * into it (copy on write) and both stay exact; ANNA_TUNING=prefix_kv_share=0 disables reuse.
  * Residual f32 ring of a quantized cache: see test_residual.
  * Usage: test_prefix FIXTURES_DIR EXTRA_FIXTURES_DIR */
 #define _POSIX_C_SOURCE 200809L
@@ -277,12 +277,12 @@ static void test_pool(const char *root, const char *name, int gdn) {
   printf("  %-18s pool: %lld blocks x %d, %lld free, %lld cached, %lld snapshots, hits %llu blocks / %llu tokens\n",
          name, (long long)st1.n_blocks, st1.block_len, (long long)st1.free_blocks, (long long)st1.cached_blocks,
          (long long)st1.n_snapshots, (unsigned long long)st1.hit_blocks, (unsigned long long)st1.hit_tokens);
-  /* (i) ANNA_PREFIX_KV_SHARE=0: a new context reuses nothing */
+  /* (i) ANNA_TUNING=prefix_kv_share=0: a new context reuses nothing */
   {
     anna_context *c2 = NULL;
-    setenv("ANNA_PREFIX_KV_SHARE", "0", 1);
+    setenv("ANNA_TUNING", "prefix_kv_share=0", 1);
     int rc = anna_context_create(&c2, m, &o, err, sizeof err);
-    unsetenv("ANNA_PREFIX_KV_SHARE");
+    unsetenv("ANNA_TUNING");
     g_checks++;
     if (rc) {
       g_fail++;
@@ -292,7 +292,7 @@ static void test_pool(const char *root, const char *name, int gdn) {
       anna_context_seq_reset(c2, 0);
       int32_t z = anna_context_prefix_attach(c2, 1, P, n - 1, ANNA_PREFIX_REGISTER);
       if (z != 0) {
-        printf("  FAIL %s: ANNA_PREFIX_KV_SHARE=0 still reused %d\n", name, z);
+        printf("  FAIL %s: prefix_kv_share=0 still reused %d\n", name, z);
         g_fail++;
       }
       anna_context_free(c2);

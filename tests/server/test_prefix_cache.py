@@ -4,7 +4,7 @@ Two prompts that share a long system prompt: the second reuses the first one's b
 on the hybrid Qwen3.5, a GDN state snapshot), so /healthz counts block and token hits; the
 greedy output equals a server without caching. The exact prompt cache answers an identical
 prompt without prefill, and the prompts it keeps do not register prefix blocks (nothing is
-resident twice). ANNA_PREFIX_KV_SHARE=0 turns the prefix pool off."""
+resident twice). ANNA_TUNING=prefix_kv_share=0 turns the prefix pool off."""
 import os
 
 import pytest
@@ -73,7 +73,7 @@ def test_exact_prompt_cache():
 
 
 def test_prefix_share_env_off(monkeypatch):
-    monkeypatch.setenv("ANNA_PREFIX_KV_SHARE", "0")
+    monkeypatch.setenv("ANNA_TUNING", "prefix_kv_share=0")
     model = "qwen3"
     srv = start_server(os.path.join(FIXTURES, model), "--parallel", "2", "--ctx-size", "512")
     try:

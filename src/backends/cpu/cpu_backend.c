@@ -2,7 +2,6 @@
 #include "backends/cpu/cpu_internal.h"
 
 #include "base/error.h"
-#include "model/config.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -457,12 +456,42 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .moe_ffn = cpu_moe_ffn,
       .moe_route = cpu_moe_route,
       .topk = cpu_topk,
+      .destroy = cpu_backend_free,
   };
   *out = be;
   return 0;
 }
 
 
+static int64_t max64(int64_t a, int64_t b) {
+  return a > b ? a : b;
+}
+
+int64_t cpu_backend_scratch_floats(const ops_model_shape *sh) {
+  int64_t s = max64(cpu_matmul_scratch_floats(sh->max_cols), 1024);
+  /* chunked GDN: gam, A, P, U, W, Qs, KsT, O for a 64-token chunk */
+  s = max64(s, 64 + 2 * 64 * 64 + 64 * (int64_t)(3 * sh->gdn_dk + 2 * sh->gdn_dv) + 64);
+  for (int i = 0; i < sh->n_layers; i++)
+    s = max64(s, cpu_attention_scratch_floats(sh->n_heads, sh->layers[i].n_kv_heads, sh->layers[i].head_dim));
+  return s + 64;
+}
+
+int cpu_backend_create_params(const backend_params *p, ops_backend **out, char *err, size_t errlen) {
+  *out = NULL;
+  threadpool *own = NULL, *tp = p->tp;
+  int rc;
+  if (!tp && (rc = threadpool_create(&own, p->n_threads, err, errlen))) return rc;
+  if (!tp) tp = own;
+  /* room for the quantized activations of n_batch (+ a tile's slack) rows of the widest weight */
+  const size_t act_bytes = ((size_t)p->n_batch + 32) * (size_t)p->shape->max_cols * 4;
+  if ((rc = cpu_backend_create(out, tp, cpu_backend_scratch_floats(p->shape), act_bytes, err, errlen))) {
+    threadpool_free(own);
+    return rc;
+  }
+  ((cpu_impl *)(*out)->impl)->own_tp = own;
+  cpu_backend_set_exact_matmul(*out, p->exact_matmul);
+  return 0;
+}
 
 void cpu_backend_free(ops_backend *be) {
   if (!be) return;
@@ -470,6 +499,7 @@ void cpu_backend_free(ops_backend *be) {
   if (c) {
     free(c->scratch);
     free(c->act);
+    threadpool_free(c->own_tp);
   }
   free(c);
   free(be);

@@ -8,6 +8,7 @@
 #ifndef ANNA_BACKENDS_CPU_H
 #define ANNA_BACKENDS_CPU_H
 
+#include "backends/registry.h"
 #include "base/threadpool.h"
 #include "ops/ops.h"
 
@@ -17,6 +18,16 @@
 int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats_per_thread,
                        size_t act_bytes, char *err, size_t errlen);
 void cpu_backend_free(ops_backend *be);
+
+/* The registry's constructor (backends/registry.h): uses p->tp, or creates a pool of
+ * p->n_threads workers that the backend owns; sizes the per-thread scratch for p->shape
+ * (cpu_backend_scratch_floats) and the activation buffer for p->n_batch rows of its widest
+ * weight; applies p->exact_matmul. Caller frees with (*out)->destroy (= cpu_backend_free). */
+int cpu_backend_create_params(const backend_params *p, ops_backend **out, char *err, size_t errlen);
+
+/* Per-thread scratch floats every op needs for a model of this shape: the prefill matmul
+ * tiles, the chunked delta rule's 64-token chunk, attention of every layer. */
+int64_t cpu_backend_scratch_floats(const ops_model_shape *s);
 
 /* Per-thread scratch floats the prefill matmul tiles need for rows of max_cols. */
 int64_t cpu_matmul_scratch_floats(int64_t max_cols);

@@ -10,6 +10,7 @@
 
 typedef struct cpu_impl {
   threadpool *tp;
+  threadpool *own_tp;        /* tp when this backend created it (freed with the backend) */
   float *scratch;            /* nth * per_thread floats */
   int64_t scratch_per_thread;
   void *act;                 /* quantized activations, or transposed panels (prefill) */

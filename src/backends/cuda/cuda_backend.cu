@@ -729,7 +729,14 @@ static void cu_sync(ops_backend *be) {
   if (!ci->err && !ci->recording) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
 }
 
-extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen) {
+/* Statistics for the table's step_stats entry. */
+static void cu_step_stats(ops_backend *be, ops_step_stats *st) {
+  cuda_backend_graph_stats(be, &st->steps, &st->builds, &st->updates);
+  cuda_backend_graph_times(be, &st->capture_s, &st->update_s, &st->gpu_s);
+}
+
+extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, const anna_tuning *t, char *err,
+                                         size_t errlen) {
   *out = NULL;
   if (!cuda_backend_available()) return put_err(err, errlen, ANNA_EUNSUPPORTED, "cuda: no CUDA device found");
   if (max_batch < 1) max_batch = 1;
@@ -765,60 +772,48 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
     return put_err(err, errlen, code, "cuda backend: %s: %s", what, cudaGetErrorString(e));
   }
   ci->deq_floats = DEQ_FLOATS;
-  /* ANNA_CUDA_GEMM_TILE_MB=N: dequantize quantized prefill weights N MiB of bf16 at a time
-   * (default: the whole 64 MiB scratch), for A/B runs of L2-sized tiles */
-  const char *tv = getenv("ANNA_CUDA_GEMM_TILE_MB");
-  cuda_backend_set_gemm_tile(be, tv && atoi(tv) > 0 ? (size_t)atoi(tv) << 20 : 0);
+  /* The runtime switches (base/tuning.h: each field's default and the run behind it). */
+  cuda_backend_set_gemm_tile(be, (size_t)t->cuda_gemm_tile_mb << 20);
   ci->att_part_floats = ATT_PART_FLOATS;
   ci->topk_scr_bytes = TOPK_SCR_BYTES;
   ci->mv_smem = cuda_matmul_setup();
   ci->max_batch = max_batch;
-  /* Programmatic launches in decode graphs (cuda_launch_pdl) need sm_90; ANNA_CUDA_PDL=0
-   * turns them off for side-by-side measurements (read once, here). */
+  /* Programmatic launches in decode graphs (cuda_launch_pdl) need sm_90 (read once, here). */
   {
     int major = 0;
-    const char *ev = getenv("ANNA_CUDA_PDL");
     ci->pdl_ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
     if (cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
       (void)cudaGetLastError();
       ci->n_sm = 0;
     }
-    ci->pdl = ci->pdl_ok && !(ev && ev[0] == '0');
-    /* ANNA_CUDA_FUSE_NORM=0: every add_rmsnorm its own kernel (cuda_pnorm), for A/B runs */
-    const char *fv = getenv("ANNA_CUDA_FUSE_NORM");
-    if (fv && fv[0] == '0') {
+    ci->pdl = ci->pdl_ok && t->cuda_pdl;
+    /* cuda_fuse_norm=0: every add_rmsnorm its own kernel (cuda_pnorm) */
+    if (!t->cuda_fuse_norm) {
       cudaFree(ci->pnorm_count);
       ci->pnorm_count = NULL;
     }
-    /* ANNA_CUDA_GRAPH_PIECE=N: a decode step's early piece is N nodes (0: none), for A/B runs */
-    const char *pv = getenv("ANNA_CUDA_GRAPH_PIECE");
-    ci->piece_at = pv ? atoll(pv) : CUDA_GRAPH_PIECE;
-    if (ci->piece_at < 0) ci->piece_at = 0;
-    const char *av = getenv("ANNA_CUDA_ATTN");
-    ci->attn_variant = av && !strcmp(av, "per_head") ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
-    const char *flv = getenv("ANNA_CUDA_FLASH"); /* wmma: CUDA_FLASH_WMMA */
-    ci->flash_variant = flv && !strcmp(flv, "wmma") ? CUDA_FLASH_WMMA : CUDA_FLASH_MMA;
+    ci->piece_at = t->cuda_graph_piece > 0 ? t->cuda_graph_piece : 0;
+    ci->attn_variant = t->cuda_attn == TUNING_CUDA_ATTN_PER_HEAD ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
+    ci->flash_variant = t->cuda_flash == TUNING_CUDA_FLASH_WMMA ? CUDA_FLASH_WMMA : CUDA_FLASH_MMA;
   }
   {
-    const char *ev = getenv("ANNA_CUDA_GEMM"); /* int8: CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) */
-    ci->gemm_variant = ev && !strcmp(ev, "int8")     ? CUDA_GEMM_INT8
-                       : ev && !strcmp(ev, "bf16x1") ? CUDA_GEMM_BF16_SINGLE
-                       : ev && !strcmp(ev, "split")  ? CUDA_GEMM_BF16_SPLIT
-                                                     : CUDA_GEMM_BF16;
-    /* decode_f32: CUDA_MOE_DECODE_F32; cublas: CUDA_MOE_CUBLAS; tiles: CUDA_MOE_TILES */
-    const char *mv = getenv("ANNA_CUDA_MOE");
-    if (mv && !strcmp(mv, "decode_f32")) ci->moe_variant = CUDA_MOE_DECODE_F32;
-    if (mv && !strcmp(mv, "cublas")) ci->moe_variant = CUDA_MOE_CUBLAS;
-    if (mv && !strcmp(mv, "cublas_loop")) ci->moe_variant = CUDA_MOE_CUBLAS_LOOP;
-    if (mv && !strcmp(mv, "pipe")) ci->moe_variant = CUDA_MOE_PIPE;
-    if (mv && !strcmp(mv, "predeq")) ci->moe_variant = CUDA_MOE_PREDEQ;
-    if (mv && !strcmp(mv, "tiles")) ci->moe_variant = CUDA_MOE_TILES;
-    const char *dv = getenv("ANNA_CUDA_MOE_DEQ_MB"); /* the cuBLAS MoE path's dequantized experts */
-    ci->moe_deq_cap = dv && atoi(dv) > 0 ? (size_t)atoi(dv) << 20 : (size_t)2 << 30;
-    const char *gv = getenv("ANNA_CUDA_GDN"); /* cluster: CUDA_GDN_CLUSTER (default CUDA_GDN_HEAD) */
-    ci->gdn_variant = gv && !strcmp(gv, "cluster") ? CUDA_GDN_CLUSTER : CUDA_GDN_HEAD;
-    const char *sv = getenv("ANNA_CUDA_GDN_SCAN"); /* 16 | 32: cuda_backend_set_gdn_scan_cols */
-    if (sv) cuda_backend_set_gdn_scan_cols(be, atoi(sv));
+    ci->gemm_variant = t->cuda_gemm == TUNING_CUDA_GEMM_INT8     ? CUDA_GEMM_INT8
+                       : t->cuda_gemm == TUNING_CUDA_GEMM_BF16X1 ? CUDA_GEMM_BF16_SINGLE
+                       : t->cuda_gemm == TUNING_CUDA_GEMM_SPLIT  ? CUDA_GEMM_BF16_SPLIT
+                                                                 : CUDA_GEMM_BF16;
+    switch (t->cuda_moe) {
+    case TUNING_CUDA_MOE_DECODE_F32: ci->moe_variant = CUDA_MOE_DECODE_F32; break;
+    case TUNING_CUDA_MOE_CUBLAS: ci->moe_variant = CUDA_MOE_CUBLAS; break;
+    case TUNING_CUDA_MOE_CUBLAS_LOOP: ci->moe_variant = CUDA_MOE_CUBLAS_LOOP; break;
+    case TUNING_CUDA_MOE_PIPE: ci->moe_variant = CUDA_MOE_PIPE; break;
+    case TUNING_CUDA_MOE_PREDEQ: ci->moe_variant = CUDA_MOE_PREDEQ; break;
+    case TUNING_CUDA_MOE_TILES: ci->moe_variant = CUDA_MOE_TILES; break;
+    default: break; /* CUDA_MOE_DEFAULT (calloc) */
+    }
+    /* the MoE prefill's dequantized experts */
+    ci->moe_deq_cap = t->cuda_moe_deq_mb > 0 ? (size_t)t->cuda_moe_deq_mb << 20 : (size_t)2 << 30;
+    ci->gdn_variant = t->cuda_gdn == TUNING_CUDA_GDN_CLUSTER ? CUDA_GDN_CLUSTER : CUDA_GDN_HEAD;
+    cuda_backend_set_gdn_scan_cols(be, t->cuda_gdn_scan);
   }
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;
@@ -845,9 +840,8 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->copy = cu_copy;
   be->matmul = cuda_op_matmul;
   be->matmul_group = cuda_op_matmul_group;
-  /* ANNA_CUDA_ROUTE_FOLD=0: the model routes with its own launch (A/B runs) */
-  const char *rf = getenv("ANNA_CUDA_ROUTE_FOLD");
-  be->matmul_group_route = rf && rf[0] == '0' ? NULL : cuda_op_matmul_group_route;
+  /* cuda_route_fold=0: the model routes with its own launch (A/B runs) */
+  be->matmul_group_route = t->cuda_route_fold ? cuda_op_matmul_group_route : NULL;
   be->act_matmul = cuda_op_act_matmul;
   be->act_matmul_gated_add = cuda_op_act_matmul_gated_add;
   be->embed = cuda_op_embed;
@@ -873,6 +867,13 @@ extern "C" int cuda_backend_create(ops_backend **out, int64_t max_batch, char *e
   be->moe_ffn = cuda_op_moe_ffn;
   be->moe_route = cuda_op_moe_route;
   be->topk = cuda_op_topk;
+  be->destroy = cuda_backend_free;
+  be->error = cuda_backend_error;
+  be->step_begin = cuda_backend_step_begin;
+  be->step_end = cuda_backend_step_end;
+  be->set_graphs = cuda_backend_set_graphs;
+  be->step_stats = cu_step_stats;
+  be->warmup = 1; /* weights are mirrored on first use */
   *out = be;
   return 0;
 }

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/tuning.h"
 #include "ops/ops.h"
 
 #ifdef __cplusplus
@@ -25,8 +26,16 @@ extern "C" {
 /* 1 when a usable CUDA device is present (never fails loudly; 0 otherwise). */
 int cuda_backend_available(void);
 
-/* max_batch: most rows any op gets per call (sizes the pointer rings). Caller frees with
- * cuda_backend_free. Returns 0, ANNA_EUNSUPPORTED (no device) or ANNA_ENOMEM. */
+/* max_batch: most rows any op gets per call (sizes the pointer rings); t: the runtime
+ * switches (the cuda_* fields of anna_tuning), applied here, borrowed for the call. The
+ * table's lifecycle entries (ops.h: destroy, error, step_begin/end, set_graphs, step_stats)
+ * are the functions below; graphs start off. Caller frees with cuda_backend_free (= destroy).
+ * Returns 0, ANNA_EUNSUPPORTED (no device), ANNA_ENOMEM or ANNA_EIO. */
+int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, const anna_tuning *t, char *err,
+                              size_t errlen);
+/* The same with the switches of the environment (tuning_from_env: ANNA_TUNING); also
+ * ANNA_EINVAL for a bad ANNA_TUNING. Defined in backends/registry.c, on the C side, so that
+ * this library needs nothing from anna's objects at link time. */
 int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen);
 void cuda_backend_free(ops_backend *be);
 
@@ -64,8 +73,8 @@ void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
  * dequantized first),
  * CUDA_MOE_CUBLAS (the cuBLAS path whenever it can take the weights), CUDA_MOE_DECODE_F32
  * (decode on the f32-activation kernels exact mode uses; prefill as the default). At creation
- * the environment variable ANNA_CUDA_MOE=decode_f32 | cublas | cublas_loop | tiles | pipe |
- * predeq picks one, and ANNA_CUDA_MOE_DEQ_MB caps the dequantized-experts buffer (default
+ * the tuning key cuda_moe=decode_f32 | cublas | cublas_loop | tiles | pipe | predeq picks one,
+ * and cuda_moe_deq_mb caps the dequantized-experts buffer (default
  * 2048 MiB: the pipelined kernel needs a whole layer's experts in it, the cuBLAS path takes
  * them in chunks that fit). */
 enum {
@@ -85,15 +94,15 @@ void cuda_backend_set_moe_variant(ops_backend *be, int variant);
 /* The fused GDN decode step (gdn_step): CUDA_GDN_HEAD (default) gives each v-head one block
  * (dk, dv <= 128, 1, 2 or 4 v-heads per k-head; other shapes take the cluster kernel);
  * CUDA_GDN_CLUSTER splits each k-head group's state columns over a cluster of 8 blocks (also
- * the environment variable ANNA_CUDA_GDN=cluster at creation). H200, anna-bench decode after
+ * the tuning key cuda_gdn=cluster at creation). H200, anna-bench decode after
  * 512: 35B-A3B shape 353.7 -> 360.3 tok/s, 9B 370.8 -> 378.9 with the per-head kernel. */
 enum { CUDA_GDN_CLUSTER = 0, CUDA_GDN_HEAD = 1 };
 void cuda_backend_set_gdn_variant(ops_backend *be, int variant);
 /* The chunked GDN prefill's sequential phase keeps cols (16 or 32) state columns per block:
  * 32 reads each chunk's W, Q, K and P half as often (one 512-thread block per SM), 16 gives
  * twice the blocks; 0 (default) picks 32 when its blocks still cover 3/4 of the SMs (H200,
- * 8192 tokens: hv 32 3708 vs 4016 us, hv 16 1532 vs 1253 us). Also the environment variable
- * ANNA_CUDA_GDN_SCAN=16|32 at creation. */
+ * 8192 tokens: hv 32 3708 vs 4016 us, hv 16 1532 vs 1253 us). Also the tuning key
+ * cuda_gdn_scan=16|32 at creation. */
 void cuda_backend_set_gdn_scan_cols(ops_backend *be, int cols);
 
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
@@ -107,42 +116,42 @@ void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);
 /* Early launch: once a recorded step holds `nodes` launches it runs them as a graph of their
  * own and records the rest of the step as a second graph, so the GPU works while the host
- * records (default CUDA_GRAPH_PIECE, 48; 0: one graph per step; also the environment variable
- * ANNA_CUDA_GRAPH_PIECE at creation). The results are the same either way. */
+ * records (default CUDA_GRAPH_PIECE, 48; 0: one graph per step; also the tuning key
+ * cuda_graph_piece at creation). The results are the same either way. */
 void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes);
 /* Programmatic dependent launch inside decode graphs (sm_90 and newer; on by default there,
- * or as the environment variable ANNA_CUDA_PDL=0 at creation says): kernels written for it
+ * or as the tuning key cuda_pdl=0 at creation says): kernels written for it
  * may launch while the kernel before them finishes, hiding the per-kernel launch gap.
  * Takes effect for graphs built afterwards; a device without it ignores on. */
 void cuda_backend_set_pdl(ops_backend *be, int on);
 /* Decode attention (runs the flash kernel does not take) over grouped queries (2..8 query
  * heads per kv head, head_dim <= 256): CUDA_ATTN_DEFAULT reads each K/V row once per kv head
  * for the whole group; CUDA_ATTN_PER_HEAD keeps one block per query head (each group re-reads
- * the rows), for side-by-side runs; also the environment variable ANNA_CUDA_ATTN=per_head at
+ * the rows), for side-by-side runs; also the tuning key cuda_attn=per_head at
  * creation. */
 enum { CUDA_ATTN_DEFAULT = 0, CUDA_ATTN_PER_HEAD = 1 };
 void cuda_backend_set_attn_variant(ops_backend *be, int variant);
 /* Flash prefill attention (exact off): CUDA_FLASH_MMA (default) runs head dims 32, 64, 128
  * and 256 on the mma.sync kernel (scores and probabilities in registers, K/V staged by
  * cp.async), other dims on the WMMA one; CUDA_FLASH_WMMA sends every dim to the WMMA kernel,
- * for side-by-side runs; also the environment variable ANNA_CUDA_FLASH=wmma at creation. */
+ * for side-by-side runs; also the tuning key cuda_flash=wmma at creation. */
 enum { CUDA_FLASH_MMA = 0, CUDA_FLASH_WMMA = 1 };
 void cuda_backend_set_flash_variant(ops_backend *be, int variant);
 /* Prefill GEMMs of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K and Q6_K weights (exact mode off):
  * CUDA_GEMM_BF16 (default: weight tiles dequantized to bf16, cuBLAS on split bf16
  * activations) or CUDA_GEMM_INT8 (activations quantized to int8 per 32-element block as the
  * decode matvec does, int8 tensor cores on weights decoded in shared memory; also the
- * environment variable ANNA_CUDA_GEMM=int8 at creation). Other weights ignore it.
- * CUDA_GEMM_BF16_SINGLE (ANNA_CUDA_GEMM=bf16x1): bf16 and quantized weights, the activations
+ * tuning key cuda_gemm=int8 at creation). Other weights ignore it.
+ * CUDA_GEMM_BF16_SINGLE (cuda_gemm=bf16x1): bf16 and quantized weights, the activations
  * rounded once to bf16 and multiplied once (llama.cpp's precision: half the tensor-core work
  * of the hi + lo split, 8 significant bits instead of 16; moves the fixtures' logits past the
- * 5e-3 bound, so never the default; `--dtype bf16` selects it, see anna_model_options). CUDA_GEMM_BF16_SPLIT (ANNA_CUDA_GEMM=split): the hi + lo
+ * 5e-3 bound, so never the default; `--dtype bf16` selects it, see anna_model_options). CUDA_GEMM_BF16_SPLIT (cuda_gemm=split): the hi + lo
  * split for every weight type. */
 enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1, CUDA_GEMM_BF16_SINGLE = 2, CUDA_GEMM_BF16_SPLIT = 3 };
 void cuda_backend_set_gemm_variant(ops_backend *be, int variant);
 /* Bytes of bf16 weight tile a quantized prefill GEMM dequantizes at a time (0: the whole 64 MiB
  * scratch, the default; smaller values are capped below by one 128-row tile): for tests of
- * the multi-tile path and A/B runs (also ANNA_CUDA_GEMM_TILE_MB=N at creation). H200, 9B
+ * the multi-tile path and A/B runs (also the tuning key cuda_gemm_tile_mb=N at creation). H200, 9B
  * prefill 8192: 16 / 24 MiB tiles 18266 / 18856 tok/s against 19259-19387 for the default. */
 void cuda_backend_set_gemm_tile(ops_backend *be, size_t bytes);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose

@@ -4,7 +4,7 @@
 #include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
-#include "model/config.h"
+#include "ops/ops.h"
 
 #define ROW_THREADS 256
 

@@ -82,7 +82,7 @@ typedef struct cuda_impl {
   size_t map_cap, map_n;
   float *deq;       /* weight tiles dequantized to f32 for GEMM */
   size_t deq_floats;
-  size_t gemm_tile_bytes; /* bf16 weight tile of a quantized prefill GEMM (ANNA_CUDA_GEMM_TILE_MB) */
+  size_t gemm_tile_bytes; /* bf16 weight tile of a quantized prefill GEMM (tuning key cuda_gemm_tile_mb) */
   char *ring_h, *ring_d; /* pinned host ring and its device twin */
   size_t ring_cap, ring_off;
   int64_t max_batch;
@@ -121,7 +121,7 @@ typedef struct cuda_impl {
   size_t act16_bytes;
   void *moe_deq;            /* experts dequantized to bf16 for the cuBLAS MoE prefill, grown on demand */
   size_t moe_deq_bytes;
-  size_t moe_deq_cap;       /* its limit (ANNA_CUDA_MOE_DEQ_MB; default 2 GiB) */
+  size_t moe_deq_cap;       /* its limit (tuning key cuda_moe_deq_mb; default 2 GiB) */
   void *moe_host;           /* pinned host arrays of the cuBLAS MoE prefill (counts, shapes, pointers) */
   int moe_blas_grouped;     /* -1: cublasGemmGroupedBatchedEx refused these types; the per-expert loop */
   float *att_part;          /* split-K attention partials */

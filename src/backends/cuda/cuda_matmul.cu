@@ -18,7 +18,7 @@
 #include "backends/cuda/cuda_route.cuh"
 
 #include "base/error.h"
-#include "model/config.h"
+#include "ops/ops.h"
 
 #include <string.h>
 

@@ -53,8 +53,8 @@
 #include "backends/cuda/cuda_route.cuh"
 
 #include "base/error.h"
-#include "model/config.h"
-#include "backends/cuda/cuda_moe.cuh" /* after model/config.h: ACT_KIND_* */
+#include "ops/ops.h"
+#include "backends/cuda/cuda_moe.cuh" /* after ops/ops.h: ACT_KIND_* */
 
 #include <cuda_bf16.h>
 #include <mma.h>

@@ -1,0 +1,95 @@
+/* registry.c: the table of compiled backends. The only place outside a backend's own
+ * folder that knows which backends exist (and the only build-flag test outside them). */
+#include "backends/registry.h"
+
+#include "backends/cpu/cpu_backend.h"
+#include "base/error.h"
+#ifdef ANNA_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+#include <stdio.h>
+#include <string.h>
+
+static int cpu_available(void) {
+  return 1;
+}
+
+#ifdef ANNA_HAVE_CUDA
+/* The glue between backend_params and the CUDA constructor lives on the C side: the anna_cuda
+ * library needs nothing from anna's objects at link time (it only reads anna_tuning's fields). */
+static int cuda_create(const backend_params *p, ops_backend **out, char *err, size_t errlen) {
+  anna_tuning t;
+  if (p->tuning) t = *p->tuning;
+  else tuning_defaults(&t);
+  int rc = cuda_backend_create_tuned(out, p->n_batch, &t, err, errlen);
+  if (rc) return rc;
+  cuda_backend_set_exact(*out, p->exact_matmul);
+  if (p->gemm_bf16_single) cuda_backend_set_gemm_variant(*out, CUDA_GEMM_BF16_SINGLE);
+  /* Graphs stay off until the caller's warm-up has run (set_graphs): a profiled context
+   * syncs around every op, which a recorded graph cannot do. */
+  return 0;
+}
+
+/* The environment-reading constructor tests/cuda and older callers use: ANNA_TUNING's cuda_*
+ * keys as the context would apply them. */
+int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen) {
+  *out = NULL;
+  anna_tuning t;
+  int rc = tuning_from_env(&t, NULL, err, errlen);
+  return rc ? rc : cuda_backend_create_tuned(out, max_batch, &t, err, errlen);
+}
+#endif
+
+static const backend_info backends[] = {
+    {.name = "cpu", .available = cpu_available, .create = cpu_backend_create_params, .bf16_compute = 0,
+     .missing = "not available"},
+#ifdef ANNA_HAVE_CUDA
+    {.name = "cuda", .available = cuda_backend_available, .create = cuda_create, .bf16_compute = 1,
+     .missing = "no CUDA device found"},
+#endif
+};
+#define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
+
+int backend_registry_count(void) {
+  return N_BACKENDS;
+}
+
+const backend_info *backend_registry_get(int i) {
+  return i >= 0 && i < N_BACKENDS ? &backends[i] : NULL;
+}
+
+const backend_info *backend_registry_find(const char *name) {
+  for (int i = 0; name && i < N_BACKENDS; i++)
+    if (!strcmp(backends[i].name, name)) return &backends[i];
+  return NULL;
+}
+
+int backend_registry_pick(const char *device, const backend_info **out, char *err, size_t errlen) {
+  *out = &backends[0];
+  if (!device || !strcmp(device, "cpu")) return 0;
+  if (!strcmp(device, "auto")) {
+    for (int i = 1; i < N_BACKENDS; i++)
+      if (backends[i].available()) {
+        *out = &backends[i];
+        return 0;
+      }
+    return 0;
+  }
+  const backend_info *b = backend_registry_find(device);
+  if (b) {
+    if (!b->available()) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s': %s", device, b->missing);
+    *out = b;
+    return 0;
+  }
+  /* "(have: cpu)" in a CPU-only build; "(have: cpu, cuda, auto)" when there is a choice. */
+  char have[128] = "";
+  for (int i = 0; i < N_BACKENDS; i++) {
+    size_t l = strlen(have);
+    snprintf(have + l, sizeof have - l, "%s%s", i ? ", " : "", backends[i].name);
+  }
+  if (N_BACKENDS == 1)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s' is not available in this build (have: %s)", device,
+                    have);
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s' is not available (have: %s, auto)", device, have);
+}

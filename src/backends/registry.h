@@ -1,0 +1,57 @@
+/* registry.h: the backends compiled into this build, and the one way to create one.
+ *
+ * Each backend is one registry entry (name, available(), create()); the runtime picks a
+ * device by name through backend_registry_pick and never includes a backend's own header
+ * or tests a build flag: everything it does afterwards goes through the ops_backend table
+ * (ops.h), lifecycle entries included. The CPU backend is always compiled in; CUDA when
+ * the build has it (ANNA_HAVE_CUDA, tested here and nowhere else outside src/backends/).
+ * Entries are static: nothing here is freed.
+ */
+#ifndef ANNA_BACKENDS_REGISTRY_H
+#define ANNA_BACKENDS_REGISTRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/threadpool.h"
+#include "base/tuning.h"
+#include "ops/ops.h"
+
+/* What creating a backend needs. Pointers are borrowed for the call only, except tp (see
+ * there). */
+typedef struct backend_params {
+  int n_threads;            /* CPU: workers of the pool it creates (<= 0: one per core) */
+  threadpool *tp;           /* CPU: an existing pool to use instead (borrowed; must outlive the backend) */
+  int64_t n_batch;          /* most tokens of one forward call */
+  int exact_matmul;         /* --exact: f32 activations and arithmetic everywhere */
+  int gemm_bf16_single;     /* compute dtype bf16: activations rounded once to bf16 (device GEMMs) */
+  int profile;              /* the caller wraps the table with ops_profile: no recorded steps */
+  const ops_model_shape *shape; /* the model the backend sizes its scratch for (required) */
+  const anna_tuning *tuning;    /* runtime switches (NULL: tuning_defaults) */
+} backend_params;
+
+typedef struct backend_info {
+  const char *name; /* "cpu", "cuda" */
+  /* 1 when the backend can run here (a device present); never fails loudly. */
+  int (*available)(void);
+  /* Caller frees *out with (*out)->destroy(*out). 0 or a negative ANNA_E* with a message. */
+  int (*create)(const backend_params *p, ops_backend **out, char *err, size_t errlen);
+  /* 1: the backend computes the bf16 compute dtype (anna_model_options.dtype "bf16"). */
+  int bf16_compute;
+  /* What "device '<name>': ..." says when the backend is compiled in but cannot run here. */
+  const char *missing;
+} backend_info;
+
+/* Number of compiled backends and the i-th (0 is "cpu"); NULL past the end. */
+int backend_registry_count(void);
+const backend_info *backend_registry_get(int i);
+/* The compiled backend of that name, or NULL. */
+const backend_info *backend_registry_find(const char *name);
+
+/* Resolves a device name: NULL and "cpu" are the CPU; "auto" the first device backend that
+ * is available, else the CPU; any other name must be a compiled, available backend.
+ * ANNA_EUNSUPPORTED with the message the public API documents ("device 'x' is not available
+ * in this build (have: cpu)", "device 'cuda': no CUDA device found", ...). */
+int backend_registry_pick(const char *device, const backend_info **out, char *err, size_t errlen);
+
+#endif

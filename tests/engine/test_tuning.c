@@ -1,0 +1,276 @@
+/* test_tuning.c: the runtime switches (src/base/tuning.h) and the backend registry.
+ * Tuning: defaults, every key set through tuning_parse and read back through tuning_format
+ * (round trip), errors naming an unknown key or a bad value (and leaving the struct
+ * unchanged), ANNA_TUNING then the options string (later wins), retired variables refused,
+ * and the public surface (anna_context_options.tuning, anna_context_tuning).
+ * Registry: cpu is listed first and always available; "auto" and NULL resolve; an unknown
+ * device is refused with the message the API has always given.
+ * Usage: test_tuning FIXTURES_DIR */
+#define _POSIX_C_SOURCE 200809L
+#include "anna/anna.h"
+#include "backends/registry.h"
+#include "base/error.h"
+#include "base/tuning.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int g_fail, g_checks;
+
+#define CHECK(cond, ...)                                                                                              \
+  do {                                                                                                                \
+    g_checks++;                                                                                                       \
+    if (!(cond)) {                                                                                                    \
+      g_fail++;                                                                                                       \
+      printf("  FAIL line %d: ", __LINE__);                                                                           \
+      printf(__VA_ARGS__);                                                                                            \
+      printf("\n");                                                                                                   \
+    }                                                                                                                 \
+  } while (0)
+
+/* Two tunings hold the same switches (compared as text: the struct has padding). */
+static int same(const anna_tuning *a, const anna_tuning *b) {
+  char x[2048], y[2048];
+  tuning_format(a, x, sizeof x);
+  tuning_format(b, y, sizeof y);
+  return !strcmp(x, y);
+}
+
+/* A value for key i other than its default, as text, and the check that it took. */
+static const char *other_value(const char *key) {
+  static const struct {
+    const char *key, *val;
+  } v[] = {{"prefix_kv_share", "0"},     {"moe_shared_slot", "0"},      {"host_sampling", "1"},
+           {"cuda_gemm", "split"},       {"cuda_gemm_tile_mb", "16"},   {"cuda_moe", "cublas_loop"},
+           {"cuda_moe_deq_mb", "512"},   {"cuda_gdn", "cluster"},       {"cuda_gdn_scan", "32"},
+           {"cuda_attn", "per_head"},    {"cuda_flash", "wmma"},        {"cuda_pdl", "0"},
+           {"cuda_fuse_norm", "0"},      {"cuda_graph_piece", "0"},     {"cuda_route_fold", "0"}};
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+    if (!strcmp(v[i].key, key)) return v[i].val;
+  return NULL;
+}
+
+static void test_defaults_and_format(void) {
+  anna_tuning t;
+  tuning_defaults(&t);
+  CHECK(t.prefix_kv_share == 1 && t.moe_shared_slot == 1 && t.host_sampling == 0, "bool defaults");
+  CHECK(t.cuda_gemm == TUNING_CUDA_GEMM_BF16 && t.cuda_moe == TUNING_CUDA_MOE_DEFAULT && t.cuda_gdn == TUNING_CUDA_GDN_HEAD &&
+            t.cuda_attn == TUNING_CUDA_ATTN_DEFAULT && t.cuda_flash == TUNING_CUDA_FLASH_MMA,
+        "enum defaults");
+  CHECK(t.cuda_gemm_tile_mb == 0 && t.cuda_moe_deq_mb == 2048 && t.cuda_gdn_scan == 0 && t.cuda_pdl == 1 &&
+            t.cuda_fuse_norm == 1 && t.cuda_graph_piece == 48 && t.cuda_route_fold == 1,
+        "numeric defaults");
+  char buf[2048];
+  size_t n = tuning_format(&t, buf, sizeof buf);
+  CHECK(n == strlen(buf), "format length %zu vs %zu", n, strlen(buf));
+  CHECK(strstr(buf, "cuda_gemm=bf16\n") && strstr(buf, "cuda_graph_piece=48\n") && strstr(buf, "prefix_kv_share=1\n"),
+        "format text:\n%s", buf);
+  /* truncation: snprintf's convention, always terminated */
+  char small[10];
+  size_t m = tuning_format(&t, small, sizeof small);
+  CHECK(m == n && strlen(small) == sizeof small - 1, "truncated format");
+  int keys = 0, lines = 0;
+  while (tuning_key(keys)) keys++;
+  for (const char *p = buf; *p; p++) lines += *p == '\n';
+  CHECK(keys == 15 && lines == keys, "%d keys, %d lines", keys, lines);
+}
+
+static void test_every_key(void) {
+  char err[256], spec[1024] = "", buf[2048], buf2[2048];
+  for (int i = 0; tuning_key(i); i++) {
+    const char *k = tuning_key(i), *v = other_value(k);
+    CHECK(v != NULL, "test has no value for key %s", k);
+    if (!v) continue;
+    /* one key alone: exactly that line changes */
+    anna_tuning d, t;
+    tuning_defaults(&d);
+    t = d;
+    char one[128], line[128];
+    snprintf(one, sizeof one, " %s = %s ", k, v);
+    int rc = tuning_parse(&t, one, err, sizeof err);
+    CHECK(rc == 0, "%s: %s", one, err);
+    CHECK(!same(&t, &d), "%s changed nothing", k);
+    tuning_format(&t, buf, sizeof buf);
+    snprintf(line, sizeof line, "%s=%s\n", k, v);
+    CHECK(strstr(buf, line) != NULL, "%s not in\n%s", line, buf);
+    size_t l = strlen(spec);
+    snprintf(spec + l, sizeof spec - l, "%s%s=%s", l ? "," : "", k, v);
+  }
+  /* all keys at once; format, parse the text back (newlines separate too): same struct */
+  anna_tuning a, b;
+  tuning_defaults(&a);
+  CHECK(tuning_parse(&a, spec, err, sizeof err) == 0, "%s: %s", spec, err);
+  tuning_format(&a, buf, sizeof buf);
+  tuning_defaults(&b);
+  CHECK(tuning_parse(&b, buf, err, sizeof err) == 0, "reparse: %s", err);
+  CHECK(same(&a, &b), "round trip differs");
+  tuning_format(&b, buf2, sizeof buf2);
+  CHECK(!strcmp(buf, buf2), "round trip text differs");
+  /* every enum name parses */
+  const char *names[] = {"cuda_gemm=bf16",        "cuda_gemm=int8",         "cuda_gemm=bf16x1",    "cuda_gemm=split",
+                         "cuda_moe=default",      "cuda_moe=decode_f32",    "cuda_moe=cublas",     "cuda_moe=cublas_loop",
+                         "cuda_moe=pipe",         "cuda_moe=predeq",        "cuda_moe=tiles",      "cuda_gdn=head",
+                         "cuda_gdn=cluster",      "cuda_attn=default",      "cuda_attn=per_head",  "cuda_flash=mma",
+                         "cuda_flash=wmma",       "cuda_gdn_scan=16",       "cuda_gdn_scan=0",     "cuda_graph_piece=1000"};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    anna_tuning t;
+    tuning_defaults(&t);
+    CHECK(tuning_parse(&t, names[i], err, sizeof err) == 0, "%s: %s", names[i], err);
+    tuning_format(&t, buf, sizeof buf);
+    char line[96];
+    snprintf(line, sizeof line, "%s\n", names[i]);
+    CHECK(strstr(buf, line) != NULL, "%s does not print back", names[i]);
+  }
+  anna_tuning t;
+  tuning_defaults(&t);
+  CHECK(tuning_parse(&t, "cuda_gemm=int8", err, sizeof err) == 0 && t.cuda_gemm == TUNING_CUDA_GEMM_INT8, "int8");
+  CHECK(tuning_parse(&t, "cuda_moe=tiles", err, sizeof err) == 0 && t.cuda_moe == TUNING_CUDA_MOE_TILES, "tiles");
+  CHECK(tuning_parse(&t, "", err, sizeof err) == 0 && tuning_parse(&t, NULL, err, sizeof err) == 0 &&
+            tuning_parse(&t, ",, ,", err, sizeof err) == 0,
+        "empty specs");
+}
+
+static void expect_err(const char *spec, const char *needle) {
+  anna_tuning t, d;
+  tuning_defaults(&t);
+  t.cuda_gdn_scan = 16; /* a non-default value that must survive the failed call */
+  d = t;
+  char err[256] = "";
+  int rc = tuning_parse(&t, spec, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL, "'%s' accepted (rc %d)", spec, rc);
+  CHECK(strstr(err, needle) != NULL, "'%s': message '%s' lacks '%s'", spec, err, needle);
+  CHECK(same(&t, &d), "'%s' changed the struct", spec);
+}
+
+static void test_errors(void) {
+  expect_err("bogus=1", "unknown tuning key 'bogus'");
+  expect_err("cuda_gemm=int8,bogus_key=3", "bogus_key");
+  expect_err("cuda_gemm=fp8", "tuning key 'cuda_gemm': bad value 'fp8' (have: bf16, int8, bf16x1, split)");
+  expect_err("prefix_kv_share=2", "tuning key 'prefix_kv_share': bad value '2'");
+  expect_err("prefix_kv_share=yes", "prefix_kv_share");
+  expect_err("cuda_gdn_scan=24", "have: 0, 16, 32");
+  expect_err("cuda_moe_deq_mb=0", "cuda_moe_deq_mb");
+  expect_err("cuda_graph_piece=-1", "cuda_graph_piece");
+  expect_err("cuda_gemm_tile_mb=12x", "cuda_gemm_tile_mb");
+  expect_err("cuda_pdl=", "cuda_pdl");
+  expect_err("cuda_pdl", "expected key=value");
+  expect_err("PREFIX_KV_SHARE=0", "unknown tuning key");
+}
+
+static void test_env(void) {
+  char err[256] = "";
+  anna_tuning t;
+  unsetenv("ANNA_TUNING");
+  CHECK(tuning_from_env(&t, NULL, err, sizeof err) == 0 && t.cuda_gemm == TUNING_CUDA_GEMM_BF16, "no env: %s", err);
+  setenv("ANNA_TUNING", "cuda_gemm=int8,prefix_kv_share=0", 1);
+  CHECK(tuning_from_env(&t, NULL, err, sizeof err) == 0 && t.cuda_gemm == TUNING_CUDA_GEMM_INT8 && !t.prefix_kv_share,
+        "env: %s", err);
+  /* the options string comes after the environment: it wins where both set a key */
+  CHECK(tuning_from_env(&t, "cuda_gemm=split,cuda_pdl=0", err, sizeof err) == 0 &&
+            t.cuda_gemm == TUNING_CUDA_GEMM_SPLIT && !t.prefix_kv_share && !t.cuda_pdl,
+        "env + override: %s", err);
+  setenv("ANNA_TUNING", "cuda_gemm=nope", 1);
+  int rc = tuning_from_env(&t, NULL, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "ANNA_TUNING") && strstr(err, "cuda_gemm"), "bad env: %d %s", rc, err);
+  unsetenv("ANNA_TUNING");
+  CHECK(tuning_from_env(&t, "nokey=1", err, sizeof err) == ANNA_EINVAL && strstr(err, "nokey"), "bad extra: %s", err);
+  /* a retired variable is refused, naming its key */
+  setenv("ANNA_CUDA_GEMM", "int8", 1);
+  rc = tuning_from_env(&t, NULL, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "ANNA_CUDA_GEMM") && strstr(err, "ANNA_TUNING=cuda_gemm="), "retired: %s",
+        err);
+  unsetenv("ANNA_CUDA_GEMM");
+  setenv("ANNA_PREFIX_KV_SHARE", "0", 1);
+  rc = tuning_from_env(&t, NULL, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "prefix_kv_share"), "retired: %s", err);
+  unsetenv("ANNA_PREFIX_KV_SHARE");
+}
+
+static void test_registry(void) {
+  char err[256] = "";
+  CHECK(backend_registry_count() >= 1, "no backends");
+  const backend_info *cpu = backend_registry_get(0);
+  CHECK(cpu && !strcmp(cpu->name, "cpu") && cpu->available() && cpu->create, "first entry is cpu");
+  CHECK(backend_registry_find("cpu") == cpu, "find cpu");
+  CHECK(backend_registry_find("tpu") == NULL && backend_registry_get(backend_registry_count()) == NULL, "past the end");
+  const backend_info *b = NULL;
+  CHECK(backend_registry_pick(NULL, &b, err, sizeof err) == 0 && b == cpu, "NULL is cpu");
+  CHECK(backend_registry_pick("cpu", &b, err, sizeof err) == 0 && b == cpu, "cpu");
+  CHECK(backend_registry_pick("auto", &b, err, sizeof err) == 0 && b && b->available(), "auto");
+  int rc = backend_registry_pick("tpu", &b, err, sizeof err);
+  CHECK(rc == ANNA_EUNSUPPORTED, "tpu accepted");
+  if (backend_registry_count() == 1)
+    CHECK(!strcmp(err, "device 'tpu' is not available in this build (have: cpu)"), "message '%s'", err);
+  else
+    CHECK(!strcmp(err, "device 'tpu' is not available (have: cpu, cuda, auto)"), "message '%s'", err);
+  if (!backend_registry_find("cuda")) {
+    rc = backend_registry_pick("cuda", &b, err, sizeof err);
+    CHECK(rc == ANNA_EUNSUPPORTED && !strcmp(err, "device 'cuda' is not available in this build (have: cpu)"),
+          "cuda in a cpu build: '%s'", err);
+  } else if (!backend_registry_find("cuda")->available()) {
+    rc = backend_registry_pick("cuda", &b, err, sizeof err);
+    CHECK(rc == ANNA_EUNSUPPORTED && !strcmp(err, "device 'cuda': no CUDA device found"), "'%s'", err);
+  }
+}
+
+/* The public surface on a real model: the options string reaches the context. */
+static void test_context(const char *fixtures) {
+  char path[1024], err[512] = "";
+  snprintf(path, sizeof path, "%s/qwen3", fixtures);
+  anna_model *m = NULL;
+  if (anna_model_load(&m, path, NULL, err, sizeof err)) {
+    printf("  FAIL load %s: %s\n", path, err);
+    g_fail++;
+    return;
+  }
+  anna_context_options o = {.n_threads = 2, .n_ctx = 64, .tuning = "prefix_kv_share=0,cuda_gemm=int8"};
+  anna_context *c = NULL;
+  int rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == 0, "create: %s", err);
+  if (!rc) {
+    char buf[2048];
+    int n = anna_context_tuning(c, buf, sizeof buf);
+    CHECK(n > 0 && strstr(buf, "prefix_kv_share=0\n") && strstr(buf, "cuda_gemm=int8\n") &&
+              strstr(buf, "moe_shared_slot=1\n"),
+          "anna_context_tuning:\n%s", buf);
+    anna_context_free(c);
+  }
+  o.tuning = "prefix_kv_share=maybe";
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "prefix_kv_share"), "bad options string: %d %s", rc, err);
+  o.tuning = "moe_shared_slot=0";
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "model load"), "model key on a context: %d %s", rc, err);
+  o.tuning = NULL;
+  o.device = "tpu";
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == ANNA_EUNSUPPORTED && strstr(err, "device 'tpu' is not available"), "device: %s", err);
+  anna_model_free(m);
+  anna_model_options mo = {.tuning = "moe_shared_slot=0"};
+  rc = anna_model_load(&m, path, &mo, err, sizeof err);
+  CHECK(rc == 0, "load with tuning: %s", err);
+  if (!rc) {
+    o.device = NULL;
+    o.tuning = "moe_shared_slot=0"; /* the same as the model's: fine */
+    rc = anna_context_create(&c, m, &o, err, sizeof err);
+    CHECK(rc == 0, "same model key: %s", err);
+    if (!rc) anna_context_free(c);
+    anna_model_free(m);
+  }
+  mo.tuning = "moe_shared_slot=2";
+  rc = anna_model_load(&m, path, &mo, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "moe_shared_slot"), "bad model tuning: %s", err);
+}
+
+int main(int argc, char **argv) {
+  unsetenv("ANNA_TUNING");
+  test_defaults_and_format();
+  test_every_key();
+  test_errors();
+  test_env();
+  test_registry();
+  if (argc > 1) test_context(argv[1]);
+  printf("test_tuning: %d checks, %d failed\n", g_checks, g_fail);
+  return g_fail ? 1 : 0;
+}
