@@ -302,9 +302,9 @@ void anna_chat_template_free(anna_chat_template *ct);
 /* Renders a conversation: the template sees messages (a JSON array of message objects), tools
  * (a JSON array, or NULL: None), documents (None), add_generation_prompt, bos_token,
  * eos_token, and every key of kwargs (a JSON object or NULL; its keys override the others).
- * ANNA_EINVAL when an argument is not JSON of that shape; template errors (raise_exception,
- * type errors) are ANNA_EFORMAT or ANNA_EINVAL with the template's message. *out:
- * NUL-terminated, *out_len excludes the NUL; caller frees with free(). */
+ * ANNA_EINVAL (naming the argument) when one is not valid JSON; a template error
+ * (raise_exception, a type error, limits) is a negative code with the template's message.
+ * *out: NUL-terminated, *out_len excludes the NUL; caller frees with free(). */
 int anna_chat_template_render(const anna_chat_template *ct, const char *messages_json, const char *tools_json,
                               int add_generation_prompt, const char *kwargs_json, char **out, size_t *out_len,
                               char *err, size_t errlen);
