@@ -8,8 +8,21 @@
  * thread drives a context at a time. Callers (CLI, server) never see tensors: they pass
  * token batches and read logits.
  *
- * Errors: every call that can fail returns 0 or a negative ANNA_E* code (see
- * src/base/error.h) and writes a one-line message into (err, errlen).
+ * Errors: every call that can fail returns 0 (ANNA_OK) or a negative ANNA_E* code (below)
+ * and writes a one-line message into (err, errlen); errlen may be 0 and err NULL when the
+ * caller does not want the text. Nothing here exits or aborts on bad input.
+ *
+ * This header is the whole public contract: the command-line tools (src/cli/) and the server
+ * (src/server/) include nothing else of anna (the build enforces it: they get include/ only).
+ * Besides models and contexts it offers the text side of a model (anna_text: tokenizer,
+ * streaming detokenizer, chat template), chat templates on their own (anna_chat_template),
+ * the sampler (anna_sampler), read-only GGUF inspection (anna_gguf) and the media input types
+ * later model kinds accept (anna_image, anna_audio). JSON crosses this header as text, so it
+ * does not depend on any JSON library.
+ *
+ * Ownership: "caller frees with X" on a prototype means the object or buffer is the caller's
+ * and X releases it (plain buffers: free()); "borrowed" means it lives as long as the object
+ * it came from. Every X_free / X_close accepts NULL.
  */
 #ifndef ANNA_ANNA_H
 #define ANNA_ANNA_H
@@ -20,6 +33,31 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
+ * only; major: anything a caller must change for. */
+#define ANNA_API_VERSION_MAJOR 1
+#define ANNA_API_VERSION_MINOR 0
+#define ANNA_API_VERSION_PATCH 0
+#define ANNA_API_VERSION                                                                      \
+  (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
+
+/* Status codes: every fallible call returns one of these. */
+enum anna_status {
+  ANNA_OK = 0,
+  ANNA_EINVAL = -1,       /* bad argument, flag, or request */
+  ANNA_ENOMEM = -2,       /* allocation failed */
+  ANNA_EIO = -3,          /* open/read/mmap failed */
+  ANNA_EFORMAT = -4,      /* malformed file or data */
+  ANNA_ENOTFOUND = -5,    /* missing tensor, key, file */
+  ANNA_EUNSUPPORTED = -6, /* valid but not implemented (model type, dtype, op) */
+  ANNA_ERANGE = -7,       /* value out of range (context full, id too large) */
+  ANNA_ESTATE = -8,       /* call not valid in the current state */
+};
+
+/* Static name of a status code: "ANNA_OK", "ANNA_EINVAL", ...; "ANNA_E?" for any other
+ * value. Never NULL. */
+const char *anna_status_name(int code);
 
 typedef struct anna_model anna_model;
 typedef struct anna_context anna_context;
@@ -110,10 +148,12 @@ int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *
  * only these few KB cross to the host): idx[r * k + j] / val[r * k + j], j < k, the k largest
  * logits in descending order (ties: lower id first; NaN ranks as -inf), and stats[2r] = the
  * row's largest logit, stats[2r + 1] = the sum over the whole row of exp((logit - max) / temp)
- * (temp <= 0: 0, not computed), so the candidates' softmax probabilities are exact. 1 <= k <= 256 and k <= the
- * vocabulary. The sampler (sampler_candidates_k / sampler_sample_candidates) says which k a
- * request needs and when a row must be sampled in full: anna_context_logits_row then fetches
- * it. ANNA_EUNSUPPORTED when the backend cannot (callers fall back to anna_context_decode). */
+ * (temp <= 0: 0, not computed), so the candidates' softmax probabilities are exact. 1 <= k <=
+ * ANNA_TOPK_MAX and k <= the vocabulary. The sampler (anna_sampler_candidates_k /
+ * anna_sampler_sample_candidates) says which k a request needs and when a row must be sampled
+ * in full: anna_context_logits_row then fetches it. ANNA_EUNSUPPORTED when the backend cannot
+ * (callers fall back to anna_context_decode). */
+#define ANNA_TOPK_MAX 256
 int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float temp, int32_t *idx, float *val,
                              double *stats, char *err, size_t errlen);
 /* Logits row `row` (flagged order) of the last anna_context_decode(_topk) call to out[vocab],
@@ -196,6 +236,285 @@ void anna_context_step_stats(const anna_context *c, anna_step_stats *st);
  * "key=value" line each, into buf (NUL-terminated, truncated to len). Returns the length
  * the whole text needs (truncated when >= len). */
 int anna_context_tuning(const anna_context *c, char *buf, size_t len);
+
+/* ---- Sampler ---------------------------------------------------------------------------
+ * Next-token selection from logits, one sampler per sequence. Pipeline (the order llama.cpp
+ * and HF agree on): penalties (repetition on every token seen, presence/frequency on counts)
+ * -> greedy if temperature <= 0 -> temperature -> top-k -> top-p -> min-p -> draw with a
+ * seeded xoshiro256** RNG, so a seed reproduces a run. A sampler owns vocab-sized scratch
+ * allocated at creation: sampling allocates nothing. One thread uses a sampler at a time. */
+typedef struct anna_sampler_params {
+  float temperature;        /* <= 0: greedy */
+  int top_k;                /* <= 0: off */
+  float top_p;              /* >= 1: off */
+  float min_p;              /* <= 0: off */
+  float repetition_penalty; /* 1: off (HF semantics: divide positive, multiply negative logits) */
+  float presence_penalty;   /* 0: off (OpenAI semantics) */
+  float frequency_penalty;  /* 0: off */
+  uint64_t seed;
+} anna_sampler_params;
+
+/* Defaults: greedy, no penalties. */
+anna_sampler_params anna_sampler_params_default(void);
+
+typedef struct anna_sampler anna_sampler;
+
+/* vocab >= 1; p is copied. ANNA_EINVAL for a bad vocab or parameters (temperature < 0,
+ * top_p < 0, min_p outside [0, 1], repetition_penalty <= 0). Caller frees with
+ * anna_sampler_free. */
+int anna_sampler_create(anna_sampler **out, int vocab, const anna_sampler_params *p, char *err, size_t errlen);
+void anna_sampler_free(anna_sampler *s);
+/* Records a token as seen (prompt or generated) for the penalties. */
+void anna_sampler_accept(anna_sampler *s, int32_t token);
+/* Forgets the seen tokens (new sequence); keeps the RNG stream. */
+void anna_sampler_reset(anna_sampler *s);
+/* Picks the next token. logits[vocab] is modified (penalties, scaling). */
+int32_t anna_sampler_sample(anna_sampler *s, float *logits);
+
+/* Sampling from candidates (anna_context_decode_topk: the k best logits of a row, sorted, plus
+ * the row's max and softmax sum) instead of the full row, so that the logits need not leave
+ * the device. anna_sampler_candidates_k: the k the parameters need (1 for greedy, top_k, or the
+ * sorted head of 256 for top-p / min-p without top-k), 0 when only the full row will do
+ * (penalties, pure temperature sampling, top_k above ANNA_TOPK_MAX). *temp (may be NULL): the
+ * temperature the softmax sum must be taken at, 0 when the sum is not used.
+ * anna_sampler_sample_candidates: with k >= anna_sampler_candidates_k candidates of a row
+ * (idx/val[k], stats[2] as anna_context_decode_topk), draws exactly the token
+ * anna_sampler_sample would draw from that row (same RNG consumption), writes it to *out and
+ * returns 0; or returns 1 having consumed nothing when the candidates do not decide it (the
+ * top-p nucleus or the min-p survivors reach past them, or k too small): the caller samples the
+ * full row with anna_sampler_sample instead. With a device's softmax sum (not summed as the CPU
+ * reference does) a draw can differ only where the probabilities' last-bit rounding decides
+ * it. A row without a finite logit (all -inf / NaN) is garbage either way. */
+int anna_sampler_candidates_k(const anna_sampler *s, float *temp);
+int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k,
+                                   const double *stats, int32_t *out);
+
+/* ---- Chat templates --------------------------------------------------------------------
+ * A model's Jinja2 chat template, rendered as transformers' apply_chat_template(tokenize=False)
+ * does. Found the way transformers finds it: chat_template.jinja in the folder, else
+ * chat_template in tokenizer_config.json (a string, or the "default" of a list of {name,
+ * template}), else chat_template.json; bos_token / eos_token from tokenizer_config.json.
+ * Immutable once built: render it from any number of threads. JSON arguments are UTF-8 JSON
+ * texts (NUL-terminated; "\u0000" inside strings is allowed); NULL stands for "none". */
+typedef struct anna_chat_template anna_chat_template;
+
+/* Loads and parses the template of a model folder. ANNA_ENOTFOUND when the folder has none,
+ * ANNA_EFORMAT when it does not parse. Caller frees with anna_chat_template_free. */
+int anna_chat_template_load(anna_chat_template **out, const char *model_dir, char *err, size_t errlen);
+/* From template text (len bytes, copied) and optional bos/eos token texts (copied; NULL =
+ * none). Caller frees with anna_chat_template_free. */
+int anna_chat_template_from_source(anna_chat_template **out, const char *src, size_t len, const char *bos_token,
+                                   const char *eos_token, char *err, size_t errlen);
+void anna_chat_template_free(anna_chat_template *ct);
+
+/* Renders a conversation: the template sees messages (a JSON array of message objects), tools
+ * (a JSON array, or NULL: None), documents (None), add_generation_prompt, bos_token,
+ * eos_token, and every key of kwargs (a JSON object or NULL; its keys override the others).
+ * ANNA_EINVAL (naming the argument) when one is not valid JSON; a template error
+ * (raise_exception, a type error, limits) is a negative code with the template's message.
+ * *out: NUL-terminated, *out_len excludes the NUL; caller frees with free(). */
+int anna_chat_template_render(const anna_chat_template *ct, const char *messages_json, const char *tools_json,
+                              int add_generation_prompt, const char *kwargs_json, char **out, size_t *out_len,
+                              char *err, size_t errlen);
+/* Renders with exactly the variables of vars_json (a JSON object: every top-level key is a
+ * template variable; nothing is added). *out as anna_chat_template_render. */
+int anna_chat_template_render_vars(const anna_chat_template *ct, const char *vars_json, char **out,
+                                   size_t *out_len, char *err, size_t errlen);
+
+/* ---- Text: tokenizer + chat template of a model ----------------------------------------
+ * From the path the weights come from: a Hugging Face folder (tokenizer.json,
+ * tokenizer_config.json / generation_config.json for bos/eos, the chat template as above) or
+ * a GGUF file (tokenizer.ggml.* and tokenizer.chat_template). An anna_text is immutable once
+ * opened: any number of threads may tokenize, detokenize, look up and render at once. Token
+ * ids are int32_t in [0, anna_text_vocab). */
+typedef struct anna_text anna_text;
+
+/* Flags of anna_text_open. */
+#define ANNA_TEXT_NO_TEMPLATE 1 /* folders: do not load (or parse) the chat template */
+
+/* A missing chat template is not an error (anna_text_template then returns NULL). Errors:
+ * ANNA_EIO (no such path), ANNA_EFORMAT / ANNA_EUNSUPPORTED (tokenizer or template file),
+ * ANNA_ENOMEM. Caller frees with anna_text_free. */
+int anna_text_open(anna_text **out, const char *path, int flags, char *err, size_t errlen);
+void anna_text_free(anna_text *t);
+
+/* Flags of anna_text_tokenize. */
+#define ANNA_TOKENIZE_ADD_SPECIAL 1       /* add what the model adds (BOS, ...) around the text */
+#define ANNA_TOKENIZE_NO_PARSE_SPECIAL 2 /* special-token texts are plain text (untrusted input) */
+
+/* Encodes len bytes of UTF-8 (need not be NUL-terminated). *ids (caller frees with free();
+ * may be NULL when *n == 0) holds *n ids. ANNA_EINVAL for invalid UTF-8. */
+int anna_text_tokenize(const anna_text *t, const char *text, size_t len, int flags, int32_t **ids, size_t *n,
+                       char *err, size_t errlen);
+
+/* Flags of anna_text_detokenize and anna_text_stream_new. */
+#define ANNA_DETOKENIZE_SKIP_SPECIAL 1 /* drop special (control) tokens from the output */
+
+/* Decodes n ids. *text (caller frees with free()) is NUL-terminated, *len excludes the NUL.
+ * Bytes that are not valid UTF-8 come out as U+FFFD. ANNA_ERANGE for an id out of range. */
+int anna_text_detokenize(const anna_text *t, const int32_t *ids, size_t n, int flags, char **text, size_t *len,
+                         char *err, size_t errlen);
+
+/* Vocabulary size (ids are below it). */
+int32_t anna_text_vocab(const anna_text *t);
+/* The stored vocabulary piece of id as written in the vocabulary ("Ġthe", "▁the",
+ * "<|im_end|>"), borrowed and NUL-terminated, *len (may be NULL) its length; NULL for an id out
+ * of range or a hole in the id space. */
+const char *anna_text_token_piece(const anna_text *t, int32_t id, size_t *len);
+/* The text id decodes to on its own (what anna_text_detokenize gives for {id}), into
+ * out[cap] NUL-terminated, *len its length. ANNA_ERANGE for a bad id, or when cap <= the
+ * length (then *len is the length needed and out is untouched). */
+int anna_text_token_text(const anna_text *t, int32_t id, char *out, size_t cap, size_t *len, char *err,
+                         size_t errlen);
+/* Id of a vocabulary piece or added token as written in the vocabulary, NUL-terminated; -1 if
+ * none. */
+int32_t anna_text_token_id(const anna_text *t, const char *piece);
+/* 1 when id is a special (control) token, 0 otherwise (or out of range). */
+int anna_text_token_is_special(const anna_text *t, int32_t id);
+/* Special ids; -1 when the model has none. */
+int32_t anna_text_bos(const anna_text *t);
+int32_t anna_text_eos(const anna_text *t);
+int32_t anna_text_pad(const anna_text *t);
+/* End-of-generation ids: eos, eot, generation_config.json's eos_token_id list, and added
+ * special tokens that end a turn (<|im_end|>, <|eot_id|>, <end_of_turn>, ...). Borrowed; *n
+ * their count. anna_text_is_eog: 1 when id is one of them. */
+const int32_t *anna_text_eog_ids(const anna_text *t, size_t *n);
+int anna_text_is_eog(const anna_text *t, int32_t id);
+
+/* Streaming detokenizer: feed one id at a time; only complete UTF-8 characters come out, so
+ * a character split across tokens appears once whole. Per-sequence mutable state owned by
+ * one thread; it must not outlive its anna_text. Feeding allocates nothing. flags:
+ * ANNA_DETOKENIZE_*. Caller frees with anna_text_stream_free. */
+typedef struct anna_text_stream anna_text_stream;
+int anna_text_stream_new(anna_text_stream **out, const anna_text *t, int flags, char *err, size_t errlen);
+void anna_text_stream_free(anna_text_stream *s);
+/* Writes the newly completed bytes of id to out[cap] (not NUL-terminated; 64 bytes always
+ * suffice for one token of a real vocabulary, ANNA_ERANGE if not) and their count to *out_len
+ * (may be 0). ANNA_ERANGE for an id out of range. */
+int anna_text_stream_feed(anna_text_stream *s, int32_t id, char *out, size_t cap, size_t *out_len, char *err,
+                          size_t errlen);
+/* Emits what is still held (an incomplete character becomes U+FFFD) and resets the stream for
+ * a new sequence. */
+int anna_text_stream_flush(anna_text_stream *s, char *out, size_t cap, size_t *out_len, char *err,
+                           size_t errlen);
+
+/* The model's chat template, borrowed (lives as long as t); NULL when it ships none or t was
+ * opened with ANNA_TEXT_NO_TEMPLATE. */
+const anna_chat_template *anna_text_template(const anna_text *t);
+
+/* The prompt ids of a chat request: messages rendered with the chat template
+ * (add_generation_prompt on; tools_json, kwargs_json may be NULL; JSON as
+ * anna_chat_template_render), tokenized with special-token texts parsed and nothing added (the
+ * template wrote any BOS). Without a template: the messages' "content" strings, each followed
+ * by "\n", tokenized with ANNA_TOKENIZE_ADD_SPECIAL. *ids: caller frees with free(). */
+int anna_text_encode_chat(const anna_text *t, const char *messages_json, const char *tools_json,
+                          const char *kwargs_json, int32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* The prompt of the command-line tools: a user message (after an optional system message,
+ * NULL: none) rendered with the chat template, or, with raw set or no template, the text
+ * itself tokenized with ANNA_TOKENIZE_ADD_SPECIAL. no_think passes enable_thinking=false. An
+ * empty result is ANNA_EINVAL. *ids: caller frees with free(). */
+int anna_text_encode_prompt(const anna_text *t, const char *prompt, const char *system, int raw, int no_think,
+                            int32_t **ids, size_t *n, char *err, size_t errlen);
+
+/* ---- GGUF inspection -------------------------------------------------------------------
+ * Read-only view of a GGUF (v2/v3) file's metadata and tensor table (anna-gguf). The file is
+ * mapped and fully validated by anna_gguf_open, so the accessors cannot fail on its content;
+ * index arguments out of range give NULL / -1 / ANNA_ERANGE as stated. Everything returned is
+ * borrowed and valid until anna_gguf_close. One anna_gguf may be read from many threads. */
+typedef struct anna_gguf anna_gguf;
+
+/* Metadata value types, numbered as in the file. */
+enum anna_gguf_type {
+  ANNA_GGUF_UINT8 = 0,
+  ANNA_GGUF_INT8 = 1,
+  ANNA_GGUF_UINT16 = 2,
+  ANNA_GGUF_INT16 = 3,
+  ANNA_GGUF_UINT32 = 4,
+  ANNA_GGUF_INT32 = 5,
+  ANNA_GGUF_FLOAT32 = 6,
+  ANNA_GGUF_BOOL = 7,
+  ANNA_GGUF_STRING = 8,
+  ANNA_GGUF_ARRAY = 9,
+  ANNA_GGUF_UINT64 = 10,
+  ANNA_GGUF_INT64 = 11,
+  ANNA_GGUF_FLOAT64 = 12,
+};
+
+/* Errors: ANNA_EIO (cannot open/map), ANNA_EFORMAT (malformed: the message says where),
+ * ANNA_ENOMEM. Caller frees with anna_gguf_close. */
+int anna_gguf_open(anna_gguf **out, const char *path, char *err, size_t errlen);
+void anna_gguf_close(anna_gguf *g);
+
+uint32_t anna_gguf_version(const anna_gguf *g);
+size_t anna_gguf_file_size(const anna_gguf *g);
+size_t anna_gguf_alignment(const anna_gguf *g);
+size_t anna_gguf_data_offset(const anna_gguf *g); /* file offset of the tensor data section */
+/* Static name of a value type ("u32", "str", ...; "?" when unknown). */
+const char *anna_gguf_type_name(int type);
+
+int64_t anna_gguf_kv_count(const anna_gguf *g);
+/* Key i (NUL-terminated); NULL when i is out of range. */
+const char *anna_gguf_kv_key(const anna_gguf *g, int64_t i);
+/* Index of a key, -1 when absent. */
+int64_t anna_gguf_kv_find(const anna_gguf *g, const char *key);
+/* Value type of key i (enum anna_gguf_type), -1 when out of range. For ANNA_GGUF_ARRAY,
+ * *elem_type and *count (each may be NULL) get the element type and count; otherwise they
+ * are set to -1 and 1. */
+int anna_gguf_kv_type(const anna_gguf *g, int64_t i, int *elem_type, int64_t *count);
+/* Value i as text, as anna-gguf prints it: numbers in decimal (floats %.9g), true/false,
+ * strings quoted with " \\ newline and control bytes escaped and cut after 200 bytes
+ * (`...(N bytes)`), arrays as [a, b, ...] showing 8 elements (strings cut after 40 bytes,
+ * floats %.6g) and `, ... (N total)`. snprintf semantics: writes at most cap bytes including
+ * the NUL (out may be NULL when cap is 0) and returns the full length; -1 when i is out of
+ * range. */
+int64_t anna_gguf_kv_text(const anna_gguf *g, int64_t i, char *out, size_t cap);
+/* Scalar values. _int: any integer or bool value (unsigned 64-bit above INT64_MAX: ERANGE);
+ * _float: any number; _str: a string (borrowed, NUL-terminated; *len may be NULL; strings may
+ * hold NUL bytes). ANNA_ERANGE for i out of range, ANNA_EINVAL for another type. */
+int anna_gguf_kv_int(const anna_gguf *g, int64_t i, int64_t *out);
+int anna_gguf_kv_float(const anna_gguf *g, int64_t i, double *out);
+int anna_gguf_kv_str(const anna_gguf *g, int64_t i, const char **out, size_t *len);
+
+#define ANNA_GGUF_MAX_DIMS 4
+/* One tensor's entry. name and type_name are borrowed. */
+typedef struct anna_gguf_tensor {
+  const char *name;
+  int type;              /* the file's ggml type id */
+  const char *type_name; /* "f32", "q4_K", ... */
+  int ndim;
+  int64_t dims[ANNA_GGUF_MAX_DIMS]; /* dims[0]: the contiguous (row) dimension; unused = 1 */
+  int64_t n_elements;
+  int64_t n_bytes;
+  uint64_t offset; /* from the start of the data section */
+} anna_gguf_tensor;
+
+int64_t anna_gguf_tensor_count(const anna_gguf *g);
+/* Fills *out with tensor i. ANNA_ERANGE when i is out of range. */
+int anna_gguf_tensor_info(const anna_gguf *g, int64_t i, anna_gguf_tensor *out);
+
+/* ---- Media inputs ----------------------------------------------------------------------
+ * Types only: the inputs vision, speech-recognition and speech-synthesis models will accept
+ * (nothing in this version takes or produces them). Both are borrowed views: the caller owns
+ * the memory and keeps it alive for the call that receives the view. */
+
+/* An image: height rows of width pixels, channels interleaved uint8 samples per pixel (1 gray,
+ * 3 RGB, 4 RGBA), rows row_stride bytes apart (>= width * channels), top row first. */
+typedef struct anna_image {
+  int32_t width, height;
+  int32_t channels;
+  size_t row_stride;
+  const uint8_t *pixels;
+} anna_image;
+
+/* Audio: n_samples frames of channels interleaved float PCM samples in [-1, 1] at
+ * sample_rate Hz. */
+typedef struct anna_audio {
+  int32_t sample_rate;
+  int32_t channels;
+  int64_t n_samples;
+  const float *pcm;
+} anna_audio;
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,5 @@
-/* error.c: message formatting for the anna error convention (see error.h). */
+/* error.c: message formatting for the anna error convention (see error.h), and
+ * anna_status_name (anna.h). */
 #include "base/error.h"
 
 #include <stdarg.h>
@@ -49,5 +50,20 @@ const char *anna_strerror(int code) {
   case ANNA_ERANGE: return "out of range";
   case ANNA_ESTATE: return "invalid state";
   default: return "unknown error";
+  }
+}
+
+const char *anna_status_name(int code) {
+  switch (code) {
+  case ANNA_OK: return "ANNA_OK";
+  case ANNA_EINVAL: return "ANNA_EINVAL";
+  case ANNA_ENOMEM: return "ANNA_ENOMEM";
+  case ANNA_EIO: return "ANNA_EIO";
+  case ANNA_EFORMAT: return "ANNA_EFORMAT";
+  case ANNA_ENOTFOUND: return "ANNA_ENOTFOUND";
+  case ANNA_EUNSUPPORTED: return "ANNA_EUNSUPPORTED";
+  case ANNA_ERANGE: return "ANNA_ERANGE";
+  case ANNA_ESTATE: return "ANNA_ESTATE";
+  default: return "ANNA_E?";
   }
 }

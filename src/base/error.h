@@ -9,19 +9,11 @@
 #ifndef ANNA_BASE_ERROR_H
 #define ANNA_BASE_ERROR_H
 
+#include "anna/anna.h"
+
 #include <stddef.h>
 
-enum anna_status {
-  ANNA_OK = 0,
-  ANNA_EINVAL = -1,       /* bad argument, flag, or request */
-  ANNA_ENOMEM = -2,       /* allocation failed */
-  ANNA_EIO = -3,          /* open/read/mmap failed */
-  ANNA_EFORMAT = -4,      /* malformed file or data */
-  ANNA_ENOTFOUND = -5,    /* missing tensor, key, file */
-  ANNA_EUNSUPPORTED = -6, /* valid but not implemented (model type, dtype, op) */
-  ANNA_ERANGE = -7,       /* value out of range (context full, id too large) */
-  ANNA_ESTATE = -8,       /* call not valid in the current state */
-};
+/* The status codes (ANNA_OK, ANNA_E*) and anna_status_name are public: anna/anna.h. */
 
 /* Formats a message into err (truncated to errlen, always NUL-terminated when errlen > 0)
  * and returns code, so callers can write `return anna_err(err, errlen, ANNA_EIO, ...)`. */
@@ -33,7 +25,7 @@ int anna_err(char *err, size_t errlen, int code, const char *fmt, ...)
 int anna_err_prefix(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Static name of a code ("invalid argument", ...). */
+/* Static description of a code ("invalid argument", ...); anna_status_name gives its name. */
 const char *anna_strerror(int code);
 
 #endif

@@ -12,10 +12,7 @@
  *                   one forward of the previous token plus sampling)
  * Warm-up runs are excluded; median, min and max are over the measured runs. */
 #include "anna/anna.h"
-#include "cli/cli_common.h"
-#include "ops/ops.h"
-#include "runtime/sampler.h"
-#include "runtime/text.h"
+#include "cli_common.h"
 
 #include <jansson.h>
 #include <sys/resource.h>
@@ -148,21 +145,20 @@ static uint64_t splitmix64(uint64_t *s) {
 
 /* A token a real prompt could contain: not a control/special token and not end-of-generation,
  * so the synthetic prompt exercises the same paths as text. Without a tokenizer every id is. */
-static int id_is_plain(const model_text *text, int32_t id) {
+static int id_is_plain(const anna_text *text, int32_t id) {
   if (!text) return 1;
-  const tokenizer *tok = text->tok;
-  return !tokenizer_token_is_special(tok, id) && !tokenizer_is_eog(tok, id) && id != tokenizer_bos_id(tok) &&
-         id != tokenizer_eos_id(tok) && id != tokenizer_pad_id(tok);
+  return !anna_text_token_is_special(text, id) && !anna_text_is_eog(text, id) && id != anna_text_bos(text) &&
+         id != anna_text_eos(text) && id != anna_text_pad(text);
 }
 
 /* n ids drawn uniformly from the plain ids below min(model vocab, tokenizer vocab); a longer
  * prompt extends a shorter one with the same seed. ids: caller frees. */
-static int synth_prompt(int32_t **ids, int64_t n, int vocab, const model_text *text, uint64_t seed, char *err,
+static int synth_prompt(int32_t **ids, int64_t n, int vocab, const anna_text *text, uint64_t seed, char *err,
                         size_t errlen) {
   *ids = NULL;
   int64_t range = vocab;
   if (text) {
-    int32_t tv = tokenizer_n_vocab(text->tok);
+    int32_t tv = anna_text_vocab(text);
     if (tv > 0 && tv < range) range = tv;
   }
   if (range <= 0) {
@@ -193,12 +189,12 @@ static int synth_prompt(int32_t **ids, int64_t n, int vocab, const model_text *t
 }
 
 /* One run from an empty sequence. seq/pos/want: [n_batch] scratch. */
-static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_t n, int n_batch, int max_new,
+static int bench_one(anna_context *ctx, anna_sampler *smp, const int32_t *ids, int64_t n, int n_batch, int max_new,
                      float *logits, int32_t *seq, int32_t *pos, int8_t *want, int host_sampling, bench_run *r,
                      char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
   anna_context_seq_reset(ctx, 0);
-  sampler_reset(smp);
+  anna_sampler_reset(smp);
   double c0 = cpu_seconds();
   double t0 = cli_now();
   for (int64_t at = 0; at < n;) {
@@ -216,7 +212,7 @@ static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_
     r->cpu_s = cpu_seconds() - c0;
     return 0;
   }
-  int32_t t = sampler_sample(smp, logits);
+  int32_t t = anna_sampler_sample(smp, logits);
   double t2 = cli_now();
   r->sample_s += t2 - t1;
   r->ttft_s = t2 - t0;
@@ -224,9 +220,9 @@ static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_
   /* Decode steps return the candidates the sampler needs (greedy: the top 1) unless
    * --host-sampling; a row they do not decide is fetched in full (anna-generate's loop). */
   float ktemp = 0.0f;
-  const int kc = host_sampling ? 0 : sampler_candidates_k(smp, &ktemp);
-  int32_t cidx[OPS_TOPK_MAX];
-  float cval[OPS_TOPK_MAX];
+  const int kc = host_sampling ? 0 : anna_sampler_candidates_k(smp, &ktemp);
+  int32_t cidx[ANNA_TOPK_MAX];
+  float cval[ANNA_TOPK_MAX];
   double cst[2];
   for (int i = 1; i < max_new; i++) {
     int32_t s0 = 0, p0 = (int32_t)(n + i - 1);
@@ -235,16 +231,16 @@ static int bench_one(anna_context *ctx, sampler *smp, const int32_t *ids, int64_
     if (kc > 0) {
       if (anna_context_decode_topk(ctx, &b, kc, ktemp, cidx, cval, cst, err, errlen)) return -1;
       double a = cli_now();
-      if (sampler_sample_candidates(smp, cidx, cval, kc, cst, &t)) {
+      if (anna_sampler_sample_candidates(smp, cidx, cval, kc, cst, &t)) {
         if (anna_context_logits_row(ctx, 0, logits, err, errlen)) return -1;
-        t = sampler_sample(smp, logits);
+        t = anna_sampler_sample(smp, logits);
       }
       ts += cli_now() - a;
       continue;
     }
     if (anna_context_decode(ctx, &b, logits, err, errlen)) return -1;
     double a = cli_now();
-    t = sampler_sample(smp, logits);
+    t = anna_sampler_sample(smp, logits);
     ts += cli_now() - a;
   }
   r->decode_s = cli_now() - t2;
@@ -365,8 +361,8 @@ int main(int argc, char **argv) {
   int rc = 1;
   anna_model *m = NULL;
   anna_context *ctx = NULL;
-  model_text *text = NULL;
-  sampler *smp = NULL;
+  anna_text *text = NULL;
+  anna_sampler *smp = NULL;
   int32_t *ids = NULL, *seq = NULL, *pos = NULL;
   int8_t *want = NULL;
   float *logits = NULL;
@@ -398,7 +394,7 @@ int main(int argc, char **argv) {
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);
-  if (model_text_open(&text, model, err, sizeof err)) {
+  if (anna_text_open(&text, model, 0, err, sizeof err)) {
     if (prompt) goto fail;
     text = NULL; /* synthetic ids need no tokenizer; without one no id counts as special */
     err[0] = '\0';
@@ -406,7 +402,7 @@ int main(int argc, char **argv) {
 
   if (prompt) {
     size_t n = 0;
-    if (model_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
+    if (anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
     n_ids = (int64_t)n;
     lens[0] = n_ids;
     for (int64_t i = 0; i < n_ids; i++)
@@ -435,8 +431,8 @@ int main(int argc, char **argv) {
                              .exact_matmul = exact_matmul, .profile = profile, .kv_cache_quantization = kvq,
                              .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
-  sampler_params sp = sampler_params_default(); /* greedy: the sampler's cheapest honest path */
-  if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
+  anna_sampler_params sp = anna_sampler_params_default(); /* greedy: the sampler's cheapest honest path */
+  if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   logits = malloc(sizeof(float) * (size_t)V);
   seq = malloc(sizeof(int32_t) * (size_t)n_batch);
   pos = malloc(sizeof(int32_t) * (size_t)n_batch);
@@ -592,8 +588,8 @@ done:
   free(seq);
   free(pos);
   free(want);
-  sampler_free(smp);
-  model_text_free(text);
+  anna_sampler_free(smp);
+  anna_text_free(text);
   anna_context_free(ctx);
   anna_model_free(m);
   return rc;

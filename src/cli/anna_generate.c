@@ -1,10 +1,7 @@
 /* anna-generate: one-shot generation from a prompt (chat-templated by default) or from
  * token ids, with the testing hooks --print-ids and --dump-logits. */
 #include "anna/anna.h"
-#include "cli/cli_common.h"
-#include "ops/ops.h"
-#include "runtime/sampler.h"
-#include "runtime/text.h"
+#include "cli_common.h"
 
 #include <jansson.h>
 
@@ -42,7 +39,7 @@ int main(int argc, char **argv) {
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
-  sampler_params sp = sampler_params_default();
+  anna_sampler_params sp = anna_sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
@@ -98,9 +95,9 @@ int main(int argc, char **argv) {
   int rc = 1;
   anna_model *m = NULL;
   anna_context *ctx = NULL;
-  model_text *text = NULL;
-  sampler *smp = NULL;
-  tokenizer_stream *stream = NULL;
+  anna_text *text = NULL;
+  anna_sampler *smp = NULL;
+  anna_text_stream *stream = NULL;
   int32_t *gen = NULL;
   float *logits = NULL;
   FILE *df = NULL;
@@ -110,12 +107,12 @@ int main(int argc, char **argv) {
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);
   if (prompt || !ids_arg) {
-    if (model_text_open(&text, model, err, sizeof err)) goto fail;
-  } else if (model_text_open(&text, model, err, sizeof err)) {
+    if (anna_text_open(&text, model, 0, err, sizeof err)) goto fail;
+  } else if (anna_text_open(&text, model, 0, err, sizeof err)) {
     text = NULL; /* ids in, ids out: the text side is optional */
     err[0] = '\0';
   }
-  if (!ids_arg && model_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
+  if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
   if (n == 0) {
     snprintf(err, sizeof err, "the prompt is empty after tokenization");
     goto fail;
@@ -135,8 +132,8 @@ int main(int argc, char **argv) {
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
                              .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
-  if (sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
-  if (text && tokenizer_stream_new(&stream, text->tok, TOKENIZER_DECODE_SKIP_SPECIAL, err, sizeof err)) goto fail;
+  if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
+  if (text && anna_text_stream_new(&stream, text, ANNA_DETOKENIZE_SKIP_SPECIAL, err, sizeof err)) goto fail;
   logits = malloc(sizeof(float) * (size_t)V * (dump ? (size_t)n_batch : 1));
   gen = malloc(sizeof(int32_t) * (size_t)(max_new + 1));
   if (!logits || !gen) {
@@ -147,7 +144,7 @@ int main(int argc, char **argv) {
     snprintf(err, sizeof err, "%s: cannot open for writing", dump);
     goto fail;
   }
-  for (size_t i = 0; i < n; i++) sampler_accept(smp, ids[i]);
+  for (size_t i = 0; i < n; i++) anna_sampler_accept(smp, ids[i]);
   /* Prefill in n_batch pieces; keep the last position's logits (all of them with --dump-logits). */
   double t1 = cli_now();
   int32_t *seq = calloc((size_t)n_batch, sizeof *seq), *pos = malloc((size_t)n_batch * sizeof *pos);
@@ -183,24 +180,24 @@ int main(int argc, char **argv) {
   char piece[256];
   size_t plen;
   float ktemp = 0.0f;
-  const int kc = host_sampling ? 0 : sampler_candidates_k(smp, &ktemp);
-  int32_t cidx[OPS_TOPK_MAX];
-  float cval[OPS_TOPK_MAX];
+  const int kc = host_sampling ? 0 : anna_sampler_candidates_k(smp, &ktemp);
+  int32_t cidx[ANNA_TOPK_MAX];
+  float cval[ANNA_TOPK_MAX];
   double cst[2];
   int have_cand = 0; /* the last step returned candidates, not logits */
   for (; n_gen < max_new; n_gen++) {
     int32_t t;
-    if (!have_cand || sampler_sample_candidates(smp, cidx, cval, kc, cst, &t)) {
+    if (!have_cand || anna_sampler_sample_candidates(smp, cidx, cval, kc, cst, &t)) {
       if (have_cand && anna_context_logits_row(ctx, 0, logits, err, sizeof err)) goto fail;
-      t = sampler_sample(smp, logits);
+      t = anna_sampler_sample(smp, logits);
     }
     gen[n_gen] = t;
-    sampler_accept(smp, t);
-    if (text && tokenizer_is_eog(text->tok, t)) {
+    anna_sampler_accept(smp, t);
+    if (text && anna_text_is_eog(text, t)) {
       n_gen++;
       break;
     }
-    if (stream && !print_ids && tokenizer_stream_feed(stream, t, piece, sizeof piece, &plen, err, sizeof err) == 0) {
+    if (stream && !print_ids && anna_text_stream_feed(stream, t, piece, sizeof piece, &plen, err, sizeof err) == 0) {
       fwrite(piece, 1, plen, stdout);
       fflush(stdout);
     }
@@ -217,7 +214,7 @@ int main(int argc, char **argv) {
     have_cand = kc > 0;
   }
   double t_decode = cli_now() - t2;
-  if (stream && !print_ids && tokenizer_stream_flush(stream, piece, sizeof piece, &plen, err, sizeof err) == 0)
+  if (stream && !print_ids && anna_text_stream_flush(stream, piece, sizeof piece, &plen, err, sizeof err) == 0)
     fwrite(piece, 1, plen, stdout);
   if (print_ids) {
     for (int i = 0; i < n_gen; i++) printf(i ? ",%d" : "%d", gen[i]);
@@ -240,9 +237,9 @@ done:
   free(logits);
   free(gen);
   free(ids);
-  tokenizer_stream_free(stream);
-  sampler_free(smp);
-  model_text_free(text);
+  anna_text_stream_free(stream);
+  anna_sampler_free(smp);
+  anna_text_free(text);
   anna_context_free(ctx);
   anna_model_free(m);
   return rc;

@@ -1,6 +1,6 @@
 /* anna-serve: the OpenAI-compatible HTTP server (flags -> server_options -> server_run). */
-#include "cli/cli_common.h"
-#include "server/server.h"
+#include "cli_common.h"
+#include "server.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -47,7 +47,7 @@ int main(int argc, char **argv) {
   server_options o = {0};
   o.host = "127.0.0.1";
   o.port = 8000;
-  o.defaults = sampler_params_default();
+  o.defaults = anna_sampler_params_default();
   o.defaults.temperature = 1.0f; /* OpenAI's default when a request names none */
   o.default_enable_thinking = -1;
   o.log_level = SLOG_INFO;

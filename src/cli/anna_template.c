@@ -5,8 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/error.h"
-#include "template/chat_template.h"
+#include "anna/anna.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -22,6 +21,15 @@ static json_t *load_json(const char *path, const char *what) {
   json_t *j = json_load_file(path, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
   if (!j) fprintf(stderr, "anna-template: %s %s: line %d: %s\n", what, path, je.line, je.text);
   return j;
+}
+
+/* JSON text for anna.h: 17-digit reals and key order kept, so the template sees the file's
+ * values exactly. Caller frees; NULL when out of memory. */
+static char *dump(const json_t *j) { return json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY); }
+
+static int oom(char *err, size_t errlen) {
+  snprintf(err, errlen, "out of memory");
+  return ANNA_ENOMEM;
 }
 
 static char *slurp(const char *path, size_t *len) {
@@ -77,9 +85,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   char err[512] = {0};
-  chat_template *ct = NULL;
+  anna_chat_template *ct = NULL;
   int rc;
-  if (model_dir) rc = chat_template_load(&ct, model_dir, err, sizeof(err));
+  if (model_dir) rc = anna_chat_template_load(&ct, model_dir, err, sizeof(err));
   else {
     size_t len = 0;
     char *src = slurp(tpl_path, &len);
@@ -87,7 +95,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "anna-template: cannot read %s\n", tpl_path);
       return 1;
     }
-    rc = chat_template_from_source(&ct, src, len, bos, eos, err, sizeof(err));
+    rc = anna_chat_template_from_source(&ct, src, len, bos, eos, err, sizeof(err));
     free(src);
   }
   if (rc) {
@@ -98,8 +106,10 @@ int main(int argc, char **argv) {
   size_t out_len = 0;
   if (vars_path) {
     json_t *vars = load_json(vars_path, "vars");
-    if (!vars) return chat_template_free(ct), 1;
-    rc = jinja_template_render(ct->tpl, vars, &out, &out_len, err, sizeof(err));
+    if (!vars) return anna_chat_template_free(ct), 1;
+    char *vj = dump(vars);
+    rc = vj ? anna_chat_template_render_vars(ct, vj, &out, &out_len, err, sizeof(err)) : oom(err, sizeof err);
+    free(vj);
     json_decref(vars);
   } else {
     json_t *msgs = load_json(msgs_path, "messages");
@@ -111,12 +121,20 @@ int main(int argc, char **argv) {
       if (!kw || !json_is_object(kw)) fprintf(stderr, "anna-template: --kwargs: not a JSON object\n");
     }
     if (!msgs || (tools_path && !tools) || (kwargs_text && (!kw || !json_is_object(kw)))) rc = ANNA_EINVAL;
-    else rc = chat_template_apply(ct, msgs, tools, add_gen, kw, &out, &out_len, err, sizeof(err));
+    else {
+      char *mj = dump(msgs), *tj = tools ? dump(tools) : NULL, *kj = kw ? dump(kw) : NULL;
+      rc = !mj || (tools && !tj) || (kw && !kj)
+               ? oom(err, sizeof err)
+               : anna_chat_template_render(ct, mj, tj, add_gen, kj, &out, &out_len, err, sizeof(err));
+      free(mj);
+      free(tj);
+      free(kj);
+    }
     json_decref(msgs);
     json_decref(tools);
     json_decref(kw);
   }
-  chat_template_free(ct);
+  anna_chat_template_free(ct);
   if (rc) {
     if (err[0]) fprintf(stderr, "anna-template: %s\n", err);
     return 1;

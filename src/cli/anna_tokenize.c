@@ -5,16 +5,13 @@
  *   anna-tokenize --model-dir DIR --decode 1,2,3 [--skip-special]
  *   anna-tokenize --model-dir DIR --file F --bench    (tokens/s over the file)
  */
-#include "model/gguf_model.h"
-#include <sys/stat.h>
+#include "anna/anna.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#include "base/error.h"
-#include "tokenizer/tokenizer.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -88,11 +85,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--decode") && has_val)
       decode = argv[++i];
     else if (!strcmp(a, "--add-special"))
-      enc_flags |= TOKENIZER_ENCODE_ADD_SPECIAL;
+      enc_flags |= ANNA_TOKENIZE_ADD_SPECIAL;
     else if (!strcmp(a, "--no-parse-special"))
-      enc_flags |= TOKENIZER_ENCODE_NO_PARSE_SPECIAL;
+      enc_flags |= ANNA_TOKENIZE_NO_PARSE_SPECIAL;
     else if (!strcmp(a, "--skip-special"))
-      dec_flags |= TOKENIZER_DECODE_SKIP_SPECIAL;
+      dec_flags |= ANNA_DETOKENIZE_SKIP_SPECIAL;
     else if (!strcmp(a, "--bench"))
       bench = 1;
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -111,14 +108,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   char err[512];
-  tokenizer *tok = NULL;
-  chat_template *unused_ct = NULL;
-  /* A folder's tokenizer.json, or a GGUF file's tokenizer.ggml.* metadata. */
-  struct stat st;
-  int load = stat(dir, &st) == 0 && !S_ISDIR(st.st_mode) ? gguf_model_text(dir, &tok, &unused_ct, err, sizeof err)
-                                                        : tokenizer_load_json(&tok, dir, err, sizeof err);
-  chat_template_free(unused_ct);
-  if (load) {
+  anna_text *tok = NULL;
+  /* A folder's tokenizer.json, or a GGUF file's tokenizer.ggml.* metadata; the chat
+   * template is not needed (nor parsed, for folders). */
+  if (anna_text_open(&tok, dir, ANNA_TEXT_NO_TEMPLATE, err, sizeof err)) {
     fprintf(stderr, "anna-tokenize: %s\n", err);
     return 1;
   }
@@ -131,7 +124,7 @@ int main(int argc, char **argv) {
     if (parse_ids(decode, &ids, &n)) {
       fprintf(stderr, "anna-tokenize: --decode wants comma-separated non-negative ids\n");
       rc = 2;
-    } else if (tokenizer_decode(tok, ids, n, dec_flags, &out, &olen, err, sizeof err)) {
+    } else if (anna_text_detokenize(tok, ids, n, dec_flags, &out, &olen, err, sizeof err)) {
       fprintf(stderr, "anna-tokenize: %s\n", err);
       rc = 1;
     } else {
@@ -147,7 +140,7 @@ int main(int argc, char **argv) {
       buf = read_file(file, &len);
       if (!buf) {
         fprintf(stderr, "anna-tokenize: cannot read %s\n", file);
-        tokenizer_free(tok);
+        anna_text_free(tok);
         return 1;
       }
       text = buf;
@@ -158,7 +151,7 @@ int main(int argc, char **argv) {
     size_t n = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    if (tokenizer_encode(tok, text, len, enc_flags, &ids, &n, err, sizeof err)) {
+    if (anna_text_tokenize(tok, text, len, enc_flags, &ids, &n, err, sizeof err)) {
       fprintf(stderr, "anna-tokenize: %s\n", err);
       rc = 1;
     } else if (bench) {
@@ -174,6 +167,6 @@ int main(int argc, char **argv) {
     free(ids);
     free(buf);
   }
-  tokenizer_free(tok);
+  anna_text_free(tok);
   return rc;
 }

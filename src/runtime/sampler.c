@@ -1,5 +1,6 @@
-/* sampler.c: see sampler.h. */
-#include "runtime/sampler.h"
+/* sampler.c: the sampler of anna.h (anna_sampler_*): penalties, greedy / temperature, top-k,
+ * top-p, min-p, seeded draw; and the same draw from a row's top-k candidates. */
+#include "anna/anna.h"
 
 #include "base/error.h"
 #include "ops/ops.h"
@@ -8,14 +9,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The public bound is the op's. */
+_Static_assert(ANNA_TOPK_MAX == OPS_TOPK_MAX, "anna.h ANNA_TOPK_MAX must equal ops.h OPS_TOPK_MAX");
+
 typedef struct cand {
   float logit;
   int32_t id;
 } cand;
 
-struct sampler {
+struct anna_sampler {
   int vocab;
-  sampler_params p;
+  anna_sampler_params p;
   uint64_t rng[4];
   int32_t *counts;  /* [vocab] occurrences seen */
   int32_t *seen;    /* list of distinct seen ids */
@@ -25,8 +29,8 @@ struct sampler {
   uint8_t *mark;    /* [vocab] head members during one sample (all zero between calls) */
 };
 
-sampler_params sampler_params_default(void) {
-  sampler_params p = {0};
+anna_sampler_params anna_sampler_params_default(void) {
+  anna_sampler_params p = {0};
   p.top_p = 1.0f;
   p.repetition_penalty = 1.0f;
   return p;
@@ -54,24 +58,24 @@ static uint64_t next_u64(uint64_t *s) {
   return r;
 }
 
-int sampler_create(sampler **out, int vocab, const sampler_params *p, char *err, size_t errlen) {
+int anna_sampler_create(anna_sampler **out, int vocab, const anna_sampler_params *p, char *err, size_t errlen) {
   *out = NULL;
   if (vocab < 1) return anna_err(err, errlen, ANNA_EINVAL, "sampler: vocab %d", vocab);
   if (p && (p->temperature < 0 || p->top_p < 0 || p->min_p < 0 || p->min_p > 1 || p->repetition_penalty <= 0 ||
             isnan(p->temperature) || isnan(p->top_p)))
     return anna_err(err, errlen, ANNA_EINVAL,
                     "sampler: bad parameters (temperature >= 0, 0 <= top_p, 0 <= min_p <= 1, repetition_penalty > 0)");
-  sampler *s = calloc(1, sizeof *s);
+  anna_sampler *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   s->vocab = vocab;
-  s->p = p ? *p : sampler_params_default();
+  s->p = p ? *p : anna_sampler_params_default();
   s->counts = calloc((size_t)vocab, sizeof *s->counts);
   s->seen = calloc((size_t)vocab, sizeof *s->seen);
   s->cand = calloc((size_t)vocab, sizeof *s->cand);
   s->prob = calloc((size_t)vocab, sizeof *s->prob);
   s->mark = calloc((size_t)vocab, 1);
   if (!s->counts || !s->seen || !s->cand || !s->prob || !s->mark) {
-    sampler_free(s);
+    anna_sampler_free(s);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   uint64_t x = s->p.seed;
@@ -80,7 +84,7 @@ int sampler_create(sampler **out, int vocab, const sampler_params *p, char *err,
   return 0;
 }
 
-void sampler_free(sampler *s) {
+void anna_sampler_free(anna_sampler *s) {
   if (!s) return;
   free(s->counts);
   free(s->seen);
@@ -90,12 +94,12 @@ void sampler_free(sampler *s) {
   free(s);
 }
 
-void sampler_accept(sampler *s, int32_t t) {
+void anna_sampler_accept(anna_sampler *s, int32_t t) {
   if (t < 0 || t >= s->vocab) return;
   if (s->counts[t]++ == 0) s->seen[s->n_seen++] = t;
 }
 
-void sampler_reset(sampler *s) {
+void anna_sampler_reset(anna_sampler *s) {
   for (int32_t i = 0; i < s->n_seen; i++) s->counts[s->seen[i]] = 0;
   s->n_seen = 0;
 }
@@ -171,8 +175,8 @@ static int32_t min_p_prefix(const float *prob, int32_t ns, float floor_p) {
   return k;
 }
 
-int32_t sampler_sample(sampler *s, float *logits) {
-  const sampler_params *p = &s->p;
+int32_t anna_sampler_sample(anna_sampler *s, float *logits) {
+  const anna_sampler_params *p = &s->p;
   for (int32_t i = 0; i < s->n_seen; i++) {
     int32_t t = s->seen[i];
     float l = logits[t];
@@ -270,8 +274,8 @@ done:
   return pick;
 }
 
-int sampler_candidates_k(const sampler *s, float *temp) {
-  const sampler_params *p = &s->p;
+int anna_sampler_candidates_k(const anna_sampler *s, float *temp) {
+  const anna_sampler_params *p = &s->p;
   if (temp) *temp = 0.0f;
   if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) return 0;
   if (p->temperature <= 0) return 1;
@@ -286,10 +290,10 @@ int sampler_candidates_k(const sampler *s, float *temp) {
 
 /* sampler_sample's steps on the candidates, in the same order and arithmetic (see there);
  * the head is the first nh candidates, already sorted by the op. */
-int sampler_sample_candidates(sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
+int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
                               int32_t *out) {
-  const sampler_params *p = &s->p;
-  const int need = sampler_candidates_k(s, NULL);
+  const anna_sampler_params *p = &s->p;
+  const int need = anna_sampler_candidates_k(s, NULL);
   if (need <= 0 || k < need) return 1;
   if (p->temperature <= 0) {
     *out = idx[0];

@@ -1,4 +1,4 @@
-/* text.c: see text.h. */
+/* text.c: opening the text side of a model (anna_text_open), chat prompts (text.h). */
 #include "runtime/text.h"
 
 #include "base/error.h"
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int model_text_open(model_text **out, const char *path, char *err, size_t errlen) {
+int anna_text_open(anna_text **out, const char *path, int flags, char *err, size_t errlen) {
   *out = NULL;
   model_text *t = calloc(1, sizeof *t);
   if (!t) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
@@ -20,20 +20,27 @@ int model_text_open(model_text **out, const char *path, char *err, size_t errlen
   }
   if (S_ISDIR(st.st_mode)) {
     if ((rc = tokenizer_load_json(&t->tok, path, err, errlen))) goto fail;
-    rc = chat_template_load(&t->ct, path, err, errlen);
-    if (rc == ANNA_ENOTFOUND) rc = 0;
-    if (rc) goto fail;
+    if (!(flags & ANNA_TEXT_NO_TEMPLATE)) {
+      rc = chat_template_load(&t->ct, path, err, errlen);
+      if (rc == ANNA_ENOTFOUND) rc = 0;
+      if (rc) goto fail;
+    }
   } else {
     if ((rc = gguf_model_text(path, &t->tok, &t->ct, err, errlen))) goto fail;
+    /* The GGUF reader parses both; a caller that asked for no template does not see it. */
+    if (flags & ANNA_TEXT_NO_TEMPLATE) {
+      chat_template_free(t->ct);
+      t->ct = NULL;
+    }
   }
   *out = t;
   return 0;
 fail:
-  model_text_free(t);
+  anna_text_free(t);
   return rc;
 }
 
-void model_text_free(model_text *t) {
+void anna_text_free(anna_text *t) {
   if (!t) return;
   tokenizer_free(t->tok);
   chat_template_free(t->ct);
@@ -72,8 +79,8 @@ int model_text_encode_chat(const model_text *t, const json_t *messages, const js
   return rc;
 }
 
-int model_text_encode_prompt(const model_text *t, const char *prompt, const char *system, int raw, int no_think,
-                             int32_t **ids, size_t *n, char *err, size_t errlen) {
+int anna_text_encode_prompt(const anna_text *t, const char *prompt, const char *system, int raw, int no_think,
+                            int32_t **ids, size_t *n, char *err, size_t errlen) {
   int rc;
   if (raw || !t->ct) {
     rc = tokenizer_encode(t->tok, prompt, strlen(prompt), TOKENIZER_ENCODE_ADD_SPECIAL, ids, n, err, errlen);

@@ -1,36 +1,31 @@
-/* text.h: the text side of a model (tokenizer + chat template), from the same path the
- * weights come from: a Hugging Face folder (tokenizer.json, chat_template.jinja /
- * tokenizer_config.json) or a GGUF file (tokenizer.ggml.* and tokenizer.chat_template).
+/* text.h: the inside of anna_text (anna.h): the tokenizer + chat template of a model path (a
+ * Hugging Face folder: tokenizer.json, chat_template.jinja / tokenizer_config.json; or a GGUF
+ * file: tokenizer.ggml.* and tokenizer.chat_template).
  *
- * A model_text is immutable once opened and may be used from several threads.
+ * model_text is the same struct as the public, opaque anna_text, so library code (and, until
+ * its rewrite, src/server/engine.c) reaches the tokenizer directly. Immutable once opened and
+ * usable from several threads. anna_text_open / anna_text_free / anna_text_encode_prompt are
+ * implemented in text.c, the rest of the public text API in api_text.c.
  */
 #ifndef ANNA_RUNTIME_TEXT_H
 #define ANNA_RUNTIME_TEXT_H
 
+#include "anna/anna.h"
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
 
-typedef struct model_text {
+typedef struct anna_text model_text;
+struct anna_text {
   tokenizer *tok;    /* owned */
   chat_template *ct; /* owned; NULL when the model ships no template */
-} model_text;
-
-/* Caller frees with model_text_free. A missing chat template is not an error. */
-int model_text_open(model_text **out, const char *path, char *err, size_t errlen);
-void model_text_free(model_text *t);
+};
 
 /* Renders messages with the chat template (kwargs may be NULL) and tokenizes the result.
- * Without a template, the concatenated contents are tokenized. *ids: caller frees. */
+ * Without a template, the concatenated contents are tokenized. The JSON values are
+ * borrowed. *ids: caller frees. (anna_text_encode_chat, from JSON text.) */
 int model_text_encode_chat(const model_text *t, const json_t *messages, const json_t *tools,
                            const json_t *kwargs, int32_t **ids, size_t *n, char *err, size_t errlen);
-
-/* The prompt of the command-line tools: a user message (after an optional system message)
- * rendered with the chat template, or, with raw set or no template, the text itself with the
- * tokenizer's special tokens. no_think passes enable_thinking=false. An empty result is an
- * error. *ids: caller frees. */
-int model_text_encode_prompt(const model_text *t, const char *prompt, const char *system, int raw, int no_think,
-                             int32_t **ids, size_t *n, char *err, size_t errlen);
 
 #endif

@@ -15,9 +15,13 @@
 #define ANNA_SERVER_ENGINE_H
 
 #include "anna/anna.h"
+#include "metrics.h"
+/* TODO(lead): engine.c still uses the internal tokenizer / sampler names; it alone is built
+ * with ANNA_ENGINE_INTERNAL (src/server/CMakeLists.txt). Remove once engine.c uses anna.h. */
+#ifdef ANNA_ENGINE_INTERNAL
 #include "runtime/sampler.h"
 #include "runtime/text.h"
-#include "server/metrics.h"
+#endif
 
 #include <pthread.h>
 #include <stddef.h>
@@ -81,7 +85,7 @@ typedef struct gen_request {
   size_t *n_prompt;  /* owned */
   int n;             /* choices per prompt */
   int max_tokens;    /* per choice; <= 0: up to the context */
-  sampler_params sp; /* choice i uses seed + i */
+  anna_sampler_params sp; /* choice i uses seed + i */
   char *stop[GEN_MAX_STOP];
   int n_stop;
   int logprobs, top_logprobs, ignore_eos;
@@ -116,7 +120,7 @@ typedef struct engine engine;
 
 /* m and text are borrowed and must outlive the engine; mx too. Starts the engine thread.
  * Caller frees with engine_free. */
-int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o,
+int engine_create(engine **out, anna_model *m, const anna_text *text, const engine_options *o,
                   metrics *mx, char *err, size_t errlen);
 /* Stops the thread (cancelling whatever is left) and frees everything. */
 void engine_free(engine *e);

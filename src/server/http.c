@@ -2,11 +2,11 @@
  * server.h). Connection threads parse, validate, tokenize and queue; they then block on
  * their request's condition variable (non-stream) or inside the SSE content callback
  * (stream), polling the socket so a vanished client cancels its generation at once. */
-#include "server/server.h"
+#include "server.h"
 
-#include "base/error.h"
-#include "server/metrics.h"
-#include "server/oai.h"
+#include "anna/anna.h"
+#include "metrics.h"
+#include "oai.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,6 +14,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,7 +25,7 @@
 typedef struct server {
   const server_options *o;
   anna_model *m;
-  model_text *text;
+  anna_text *text;
   engine *eng;
   metrics mx;
   oai_config cfg;
@@ -527,6 +528,18 @@ static void derive_name(const char *path, char *out, size_t cap) {
   out[bl] = '\0';
 }
 
+/* The anna error convention (message into err, return code) for startup failures. */
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
 int server_run(const server_options *o, char *err, size_t errlen) {
   slog_configure(o->log_json, o->log_level);
   /* Signals go to the main thread only: every thread created below inherits this mask. */
@@ -538,7 +551,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   signal(SIGPIPE, SIG_IGN);
 
   server *srv = calloc(1, sizeof *srv);
-  if (!srv) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!srv) return fail(err, errlen, ANNA_ENOMEM, "out of memory");
   srv->o = o;
   srv->created = (long long)time(NULL);
   metrics_init(&srv->mx);
@@ -548,7 +561,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   double t0 = engine_now();
   anna_model_options mo = {.device = o->device, .dtype = o->dtype};
   if ((rc = anna_model_load(&srv->m, o->model_path, &mo, err, errlen))) goto done;
-  if ((rc = model_text_open(&srv->text, o->model_path, err, errlen))) goto done;
+  if ((rc = anna_text_open(&srv->text, o->model_path, 0, err, errlen))) goto done;
   if (o->model_name && *o->model_name)
     snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
   else
@@ -571,7 +584,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   snprintf(port, sizeof port, "%d", o->port);
   int gai = getaddrinfo(o->host ? o->host : "127.0.0.1", port, &hints, &ai);
   if (gai) {
-    rc = anna_err(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
+    rc = fail(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
     goto done;
   }
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
@@ -584,8 +597,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
   if (!d) {
-    rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
-                  strerror(errno));
+    rc = fail(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
+              strerror(errno));
     goto done;
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -622,7 +635,7 @@ done:
   if (d) MHD_stop_daemon(d);
   if (ai) freeaddrinfo(ai);
   engine_free(srv->eng);
-  model_text_free(srv->text);
+  anna_text_free(srv->text);
   anna_model_free(srv->m);
   metrics_destroy(&srv->mx);
   free(srv);

@@ -1,5 +1,5 @@
 /* jsonmask.c: byte-at-a-time JSON prefix recognizer (see jsonmask.h). */
-#include "server/jsonmask.h"
+#include "jsonmask.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* metrics.c: counters, histograms and log lines (see metrics.h). */
-#include "server/metrics.h"
+#include "metrics.h"
 
 #include <stdarg.h>
 #include <stdio.h>

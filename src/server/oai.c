@@ -1,7 +1,7 @@
 /* oai.c: OpenAI request parsing and response rendering (see oai.h). */
-#include "server/oai.h"
+#include "oai.h"
 
-#include "base/error.h"
+#include "anna/anna.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -441,11 +441,11 @@ static int parse_response_format(json_t *root, gen_request *r, oai_error *e) {
 }
 
 /* Did the rendered prompt leave a <think> block open (Qwen3.5 templates do)? */
-static int prompt_opens_think(const tokenizer *tok, const int32_t *ids, size_t n) {
+static int prompt_opens_think(const anna_text *tok, const int32_t *ids, size_t n) {
   size_t k = n < 8 ? n : 8;
   char *s = NULL;
   size_t len = 0;
-  if (tokenizer_decode(tok, ids + n - k, k, 0, &s, &len, NULL, 0)) return 0;
+  if (anna_text_detokenize(tok, ids + n - k, k, 0, &s, &len, NULL, 0)) return 0;
   const char *open = NULL;
   for (const char *p = s; (p = strstr(p, "<think>")); p++)
     open = p;
@@ -461,7 +461,7 @@ static int prompt_opens_think(const tokenizer *tok, const int32_t *ids, size_t n
 static int force_tool_call(const oai_config *cfg, gen_request *r, const char *name) {
   char *prompt = NULL;
   size_t plen = 0;
-  if (tokenizer_decode(cfg->text->tok, r->prompts[0], r->n_prompt[0], 0, &prompt, &plen, NULL, 0))
+  if (anna_text_detokenize(cfg->text, r->prompts[0], r->n_prompt[0], 0, &prompt, &plen, NULL, 0))
     return 0;
   int json_style = strstr(prompt, "<tool_call>") && !strstr(prompt, "<function=");
   free(prompt);
@@ -469,8 +469,8 @@ static int force_tool_call(const oai_config *cfg, gen_request *r, const char *na
   char pre[160];
   snprintf(pre, sizeof pre, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", name);
   const char *suf = "}\n</tool_call>";
-  if (tokenizer_encode(cfg->text->tok, pre, strlen(pre), 0, &r->prefix, &r->n_prefix, NULL, 0) ||
-      tokenizer_encode(cfg->text->tok, suf, strlen(suf), 0, &r->suffix, &r->n_suffix, NULL, 0))
+  if (anna_text_tokenize(cfg->text, pre, strlen(pre), 0, &r->prefix, &r->n_prefix, NULL, 0) ||
+      anna_text_tokenize(cfg->text, suf, strlen(suf), 0, &r->suffix, &r->n_suffix, NULL, 0))
     return ANNA_ENOMEM;
   r->json_mode = 1;
   return 0;
@@ -519,8 +519,22 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
     oai_fail(e, 500, NULL, NULL, "out of memory");
     goto done;
   }
-  int terr = model_text_encode_chat(cfg->text, msgs, tools, kw, &r->prompts[0], &r->n_prompt[0],
-                                    err, sizeof err);
+  /* anna.h takes JSON as text; jansson writes reals with 17 significant digits and keeps key
+   * order, so the template sees exactly the values parsed here. */
+  const size_t jf = JSON_COMPACT | JSON_ENCODE_ANY;
+  char *mj = json_dumps(msgs, jf), *tj = tools ? json_dumps(tools, jf) : NULL;
+  char *kj = kw ? json_dumps(kw, jf) : NULL;
+  int oom = !mj || (tools && !tj) || (kw && !kj);
+  int terr = oom ? ANNA_ENOMEM
+                 : anna_text_encode_chat(cfg->text, mj, tj, kj, &r->prompts[0], &r->n_prompt[0], err,
+                                         sizeof err);
+  free(mj);
+  free(tj);
+  free(kj);
+  if (oom) {
+    oai_fail(e, 500, NULL, NULL, "out of memory");
+    goto done;
+  }
   if (terr) {
     oai_fail(e, 400, "messages", "template_error", "the chat template rejected these messages: %s",
              err);
@@ -529,7 +543,7 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   job->reasoning = cfg->reasoning_deepseek;
   if (r->n_prompt[0])
     job->start_in_reasoning =
-        job->reasoning && prompt_opens_think(cfg->text->tok, r->prompts[0], r->n_prompt[0]);
+        job->reasoning && prompt_opens_think(cfg->text, r->prompts[0], r->n_prompt[0]);
   if (force && r->n_prompt[0] && force_tool_call(cfg, r, force)) {
     oai_fail(e, 500, NULL, NULL, "out of memory");
     goto done;
@@ -546,8 +560,8 @@ static int completion_prompt(const oai_config *cfg, json_t *p, int32_t **ids, si
                              oai_error *e) {
   char err[512];
   if (json_is_string(p)) {
-    if (tokenizer_encode(cfg->text->tok, json_string_value(p), json_string_length(p),
-                         TOKENIZER_ENCODE_ADD_SPECIAL, ids, n, err, sizeof err))
+    if (anna_text_tokenize(cfg->text, json_string_value(p), json_string_length(p),
+                         ANNA_TOKENIZE_ADD_SPECIAL, ids, n, err, sizeof err))
       return oai_fail(e, 400, "prompt", "invalid_value", "cannot tokenize the prompt: %s", err);
     return 0;
   }
@@ -557,7 +571,7 @@ static int completion_prompt(const oai_config *cfg, json_t *p, int32_t **ids, si
     if (!*ids) return oai_fail(e, 500, NULL, NULL, "out of memory");
     for (size_t i = 0; i < k; i++) {
       json_t *v = json_array_get(p, i);
-      int32_t vocab = tokenizer_n_vocab(cfg->text->tok);
+      int32_t vocab = anna_text_vocab(cfg->text);
       if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
         free(*ids);
         *ids = NULL;
@@ -660,7 +674,7 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
   if (dbg && cfg->debug_hooks) {
     char err[256];
     if (!json_is_string(dbg) ||
-        tokenizer_encode(cfg->text->tok, json_string_value(dbg), json_string_length(dbg), 0,
+        anna_text_tokenize(cfg->text, json_string_value(dbg), json_string_length(dbg), 0,
                          &job->r->forced, &job->r->n_forced, err, sizeof err)) {
       oai_fail(e, 400, "anna_debug_output", "invalid_value",
                "'anna_debug_output' must be a string of valid UTF-8");
@@ -768,10 +782,10 @@ static void call_id(char *out, size_t cap, const gen_request *r, int ci, int k) 
   snprintf(out, cap, "call_%08x%04x%04x", h, (unsigned)ci & 0xffff, (unsigned)k & 0xffff);
 }
 
-static json_t *token_text(const tokenizer *tok, int32_t id, json_t **bytes) {
+static json_t *token_text(const anna_text *tok, int32_t id, json_t **bytes) {
   char *s = NULL;
   size_t n = 0;
-  if (tokenizer_decode(tok, &id, 1, 0, &s, &n, NULL, 0)) {
+  if (anna_text_detokenize(tok, &id, 1, 0, &s, &n, NULL, 0)) {
     s = strdup("");
     n = 0;
   }
@@ -787,7 +801,7 @@ static json_t *token_text(const tokenizer *tok, int32_t id, json_t **bytes) {
 }
 
 /* Chat logprobs content entries for toks[from, to). */
-static json_t *chat_logprobs(const tokenizer *tok, const gen_token *toks, size_t from, size_t to) {
+static json_t *chat_logprobs(const anna_text *tok, const gen_token *toks, size_t from, size_t to) {
   json_t *arr = json_array();
   for (size_t i = from; i < to; i++) {
     const gen_token *g = &toks[i];
@@ -804,7 +818,7 @@ static json_t *chat_logprobs(const tokenizer *tok, const gen_token *toks, size_t
 }
 
 /* Completions (legacy) logprobs for toks[from, to), text offsets from base. */
-static json_t *completion_logprobs(const tokenizer *tok, const gen_token *toks, size_t from,
+static json_t *completion_logprobs(const anna_text *tok, const gen_token *toks, size_t from,
                                    size_t to, size_t *offset) {
   json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
   for (size_t i = from; i < to; i++) {
@@ -857,7 +871,7 @@ char *oai_response_json(const oai_config *cfg, const oai_job *job) {
     json_t *ch;
     if (job->kind == OAI_COMPLETION) {
       size_t off = 0;
-      json_t *lp = r->logprobs ? completion_logprobs(cfg->text->tok, c->toks, 0, c->n_toks, &off)
+      json_t *lp = r->logprobs ? completion_logprobs(cfg->text, c->toks, 0, c->n_toks, &off)
                                : json_null();
       ch = json_pack("{s:i,s:s%,s:o,s:s}", "index", i, "text", c->text ? c->text : "", c->text_len,
                      "logprobs", lp, "finish_reason", public_reason(c->finish_reason, 0));
@@ -889,7 +903,7 @@ char *oai_response_json(const oai_config *cfg, const oai_job *job) {
         }
         json_object_set_new(msg, "tool_calls", calls);
       }
-      json_t *lp = r->logprobs ? chat_logprobs(cfg->text->tok, c->toks, 0, c->n_toks) : json_null();
+      json_t *lp = r->logprobs ? chat_logprobs(cfg->text, c->toks, 0, c->n_toks) : json_null();
       ch = json_pack("{s:i,s:o,s:o,s:s}", "index", i, "message", msg, "logprobs", lp,
                      "finish_reason", public_reason(c->finish_reason, sp.n_calls > 0));
       split_clear(&sp);
@@ -1000,7 +1014,7 @@ static int chat_chunk(const oai_stream *s, char **out, size_t *len, size_t *cap,
 int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *finished) {
   const oai_job *job = s->job;
   gen_request *r = job->r;
-  const tokenizer *tok = s->cfg->text->tok;
+  const anna_text *tok = s->cfg->text;
   int rc = 0;
   *finished = s->done_sent;
   if (s->done_sent) return 0;

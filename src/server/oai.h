@@ -3,16 +3,15 @@
  * chunks rendered incrementally from what the engine has released so far).
  *
  * Everything here runs on connection threads and never touches the model: only the
- * immutable model_text (tokenizer + template). Errors carry the HTTP status and the
+ * immutable anna_text (tokenizer + template). Errors carry the HTTP status and the
  * OpenAI error object fields.
  */
 #ifndef ANNA_SERVER_OAI_H
 #define ANNA_SERVER_OAI_H
 
-#include "runtime/sampler.h"
-#include "runtime/text.h"
-#include "server/engine.h"
-#include "server/outparse.h"
+#include "anna/anna.h"
+#include "engine.h"
+#include "outparse.h"
 
 #include <stddef.h>
 
@@ -27,10 +26,10 @@ typedef struct oai_error {
 /* Server-wide settings the parser applies (borrowed). */
 typedef struct oai_config {
   const char *model_name;
-  const model_text *text;
+  const anna_text *text;
   int n_ctx;
   int reasoning_deepseek;  /* --reasoning-format deepseek */
-  sampler_params defaults; /* generation-default flags */
+  anna_sampler_params defaults; /* generation-default flags */
   int default_max_tokens;  /* chat; <= 0: up to the context */
   int max_n;
   int default_enable_thinking; /* -1: leave to the template */

@@ -1,7 +1,7 @@
 /* outparse.c: incremental <think>/<tool_call> splitter (see outparse.h). */
-#include "server/outparse.h"
+#include "outparse.h"
 
-#include "base/error.h"
+#include "anna/anna.h"
 
 #include <ctype.h>
 #include <jansson.h>

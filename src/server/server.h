@@ -9,8 +9,8 @@
 #ifndef ANNA_SERVER_SERVER_H
 #define ANNA_SERVER_SERVER_H
 
-#include "runtime/sampler.h"
-#include "server/engine.h"
+#include "anna/anna.h"
+#include "engine.h"
 
 #include <stddef.h>
 
@@ -21,7 +21,7 @@ typedef struct server_options {
   int port;               /* 0: any free port (the log line says which) */
   const char *device, *dtype;
   engine_options eng;
-  sampler_params defaults;     /* generation defaults for fields a request omits */
+  anna_sampler_params defaults; /* generation defaults for fields a request omits */
   int default_max_tokens;      /* chat; <= 0: up to the context */
   int default_enable_thinking; /* -1: template default, 0/1: chat_template_kwargs default */
   int reasoning_deepseek;
