@@ -112,8 +112,8 @@ typedef struct anna_context_options {
   /* Quantized caches: the newest N positions of each sequence are also kept, and attended,
    * in f32 (a per-sequence ring). 0: off. Prefix reuse across sequences is off with it. */
   int kv_cache_residual_len;
-  /* Prefix block pool (anna_context_prefix_attach): 0 = on unless the environment sets
-   * ANNA_PREFIX_KV_SHARE=0; -1 = off. */
+  /* Prefix block pool (anna_context_prefix_attach): 0 = on unless the tuning says
+   * prefix_kv_share=0 (ANNA_TUNING or .tuning); -1 = off. */
   int prefix_share;
   /* GDN models: besides the last block boundary each decode call reaches, snapshot the
    * recurrent state every N tokens inside a call (rounded up to whole blocks; 0: off), so a

@@ -38,7 +38,9 @@ static void usage(FILE *f) {
           "                           activations rounded to bf16, as llama.cpp; faster, less exact)\n"
           "  --json                   one JSON object on stdout instead of the table\n"
           "  --profile-runtime        per-op-family time (matmul, lm_head, attention, gdn, moe, other; CUDA: synced ops)\n"
-          "  --verbose                one line per run on stderr\n"
+          "  --verbose                one line per run and the resolved runtime switches on stderr\n"
+          "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
+          "                           src/base/tuning.h)\n"
           "  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
           "  --exact                  f32 activations everywhere (exact, slower; CPU default:\n"
@@ -307,7 +309,7 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL;
-  const char *device = NULL, *dtype = NULL, *kvq = NULL;
+  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
   int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, exact_matmul = 0;
@@ -329,6 +331,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--json")) as_json = 1;
     else if (!strcmp(a, "--profile-runtime")) profile = 1;
     else if (!strcmp(a, "--verbose")) verbose = 1;
+    else if (!strcmp(a, "--tuning")) { NEEDV(); tuning = v; }
     else if (!strcmp(a, "--exact")) exact_matmul = 1;
     else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
     else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
@@ -390,7 +393,7 @@ int main(int argc, char **argv) {
   }
 
   double t0 = cli_now();
-  anna_model_options mo = {.device = device, .dtype = dtype};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);
@@ -429,8 +432,13 @@ int main(int argc, char **argv) {
   const int n_batch = n_ids < batch ? (int)n_ids : batch;
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
                              .exact_matmul = exact_matmul, .profile = profile, .kv_cache_quantization = kvq,
-                             .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid};
+                             .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid, .tuning = tuning};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
+  if (verbose) {
+    char tb[2048];
+    anna_context_tuning(ctx, tb, sizeof tb);
+    fprintf(stderr, "[anna-bench] tuning:\n%s", tb);
+  }
   anna_sampler_params sp = anna_sampler_params_default(); /* greedy: the sampler's cheapest honest path */
   if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   logits = malloc(sizeof(float) * (size_t)V);

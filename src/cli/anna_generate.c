@@ -26,6 +26,9 @@ static void usage(FILE *f) {
           "  --device cpu|cuda|auto\n"
           "  --dtype f32|bf16         compute dtype (default f32; bf16, cuda only: prefill GEMMs on\n"
           "                           activations rounded to bf16, as llama.cpp; faster, less exact)\n"
+          "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
+          "                           src/base/tuning.h)\n"
+          "  --verbose                print the resolved runtime switches on stderr\n"
           "  --print-ids              print generated ids as one comma-separated line\n"
           "  --dump-logits FILE       write float32 logits of every prompt position [n, vocab]\n"
           "  --quiet                  no statistics on stderr\n"
@@ -35,7 +38,8 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL;
-  const char *device = NULL, *dtype = NULL, *kvq = NULL;
+  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL;
+  int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
@@ -50,6 +54,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
+    else if (!strcmp(a, "--tuning")) { NEEDV(); tuning = v; }
+    else if (!strcmp(a, "--verbose")) verbose = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
     else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
     else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
@@ -102,7 +108,7 @@ int main(int argc, char **argv) {
   float *logits = NULL;
   FILE *df = NULL;
   double t0 = cli_now();
-  anna_model_options mo = {.device = device, .dtype = dtype};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);
@@ -130,8 +136,13 @@ int main(int argc, char **argv) {
   const int n_batch = n < 512 ? (int)n : 512;
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
-                             .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul};
+                             .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul, .tuning = tuning};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
+  if (verbose) {
+    char tb[2048];
+    anna_context_tuning(ctx, tb, sizeof tb);
+    fprintf(stderr, "[anna-generate] tuning:\n%s", tb);
+  }
   if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && anna_text_stream_new(&stream, text, ANNA_DETOKENIZE_SKIP_SPECIAL, err, sizeof err)) goto fail;
   logits = malloc(sizeof(float) * (size_t)V * (dump ? (size_t)n_batch : 1));

@@ -22,7 +22,7 @@ static void usage(FILE *f) {
           "  --log-format text|json  --log-level debug|info|warn|error\n"
           "  --metrics-log-interval-seconds S (0 = off)\n"
           "  --reasoning-format none|deepseek\n"
-          "  --no-prompt-cache        no prefix block pool and no exact prompt cache (also: ANNA_PREFIX_KV_SHARE=0\n"
+          "  --no-prompt-cache        no prefix block pool and no exact prompt cache (also: ANNA_TUNING=prefix_kv_share=0\n"
           "                           turns the prefix pool off)\n"
           "  --prompt-cache-block N   snapshot hybrid (GDN) state every N prompt tokens (default 256)\n"
           "  --prompt-cache-checkpoints N  GDN state snapshot slots (default max(8, 2 x --parallel))\n"
