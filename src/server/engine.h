@@ -1,12 +1,11 @@
-/* engine.h: the one thread that owns the model context and every sequence, and the
- * continuous-batching scheduler that drives it.
+/* engine.h: the one thread that owns the model context and every sequence.
  *
  * Connection threads build a gen_request (prompt ids + sampling options), submit it, and
  * then only read its gen_choice results under the request's mutex (waiting on its condition
- * variable). The engine thread admits waiting requests into free sequence slots between
- * steps, builds each step from one decode token per running sequence plus chunks of
- * waiting prompts under the token budgets (chunked prefill), calls anna_context_decode once,
- * samples each sequence, applies stop strings, and appends released text to the choice.
+ * variable). The engine thread asks the scheduler (runtime/scheduler.h: admission, token
+ * budgets, chunked prefill, fairness, preemption) for each step's plan, executes it with one
+ * anna_context_decode(_topk) call, samples each sequence, applies stop strings, appends
+ * released text to the choice, and reports tokens and finished sequences back.
  * A request is reference counted: the creator holds one reference, the engine another
  * while any of its sequences is queued or running. Cancelling (client gone, shutdown)
  * frees its slots at the next step.
@@ -101,8 +100,10 @@ typedef struct gen_request {
   int cancelled;   /* atomic: set by engine_cancel */
   int refs;        /* atomic */
   char error[256]; /* first engine error, when a choice ends with "error" */
-  /* Engine-thread only. */
+  /* Engine only (eng_sched_id, eng_submitted: under the engine's mutex). */
   int eng_units;
+  int eng_submitted;
+  uint64_t eng_sched_id; /* the scheduler's id of choice 0; choice i is + i */
 } gen_request;
 
 /* Allocates an empty request with one reference (caller releases). */
