@@ -326,10 +326,10 @@ static int64_t preempt_one(sched *s, int *n_pmt) {
   return held;
 }
 
-void sched_plan_step(sched *s, int64_t kv_free_blocks, sched_plan *p) {
+/* One attempt at a step from the current running set; see sched_plan_step. */
+static int plan_once(sched *s, int64_t kv, int *nd_out, int *np_out, int *npm, int64_t *kv_back) {
   const int S = s->o.n_slots, blk = s->o.block_len;
-  int64_t kv = blk > 0 ? kv_free_blocks : -1;
-  int nd = 0, np = 0, npm = 0, ntok = 0;
+  int nd = 0, np = 0, ntok = 0;
   const int64_t dec_budget = s->o.max_decode_tokens > 0 ? s->o.max_decode_tokens : INT64_MAX;
   /* Decodes first (one token each, under the decode budget, rotating the start so a tight
    * budget still serves everyone). When the blocks they start are not there, preempt the
@@ -353,9 +353,10 @@ void sched_plan_step(sched *s, int64_t kv_free_blocks, sched_plan *p) {
       if (kv >= 0) kv -= need;
       break;
     }
-    const int64_t back = preempt_one(s, &npm);
+    const int64_t back = preempt_one(s, npm);
     if (back < 0) break;
     kv += back;
+    *kv_back += back;
   }
   s->rr = (s->rr + 1) % S;
   int budget = s->o.max_prefill_tokens > 0 ? s->o.max_prefill_tokens : s->o.n_batch;
@@ -390,6 +391,28 @@ void sched_plan_step(sched *s, int64_t kv_free_blocks, sched_plan *p) {
     s->steps_since_prefill = 0;
     budget -= take;
     ntok += take;
+  }
+  *nd_out = nd;
+  *np_out = np;
+  return ntok;
+}
+
+void sched_plan_step(sched *s, int64_t kv_free_blocks, sched_plan *p) {
+  int64_t kv = s->o.block_len > 0 ? kv_free_blocks : -1;
+  int nd = 0, np = 0, npm = 0, ntok = 0;
+  const int rr = s->rr, since = s->steps_since_prefill;
+  for (;;) {
+    int64_t back = 0;
+    ntok = plan_once(s, kv, &nd, &np, &npm, &back);
+    kv = kv >= 0 ? kv + back : kv;
+    /* Running sequences that all wait for blocks (prompts cut to nothing) would wait for
+     * each other forever: the most recently admitted one makes room. */
+    if (ntok > 0 || kv < 0 || s->n_running <= 1) break;
+    s->rr = rr;
+    s->steps_since_prefill = since;
+    const int64_t b = preempt_one(s, &npm);
+    if (b < 0) break;
+    kv += b;
   }
   p->decode = s->dec;
   p->n_decode = nd;
