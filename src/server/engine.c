@@ -142,7 +142,7 @@ struct engine {
   pthread_cond_t idle_cv; /* drain waits for idle */
   sched *sc;              /* the batching policy; every call under mu */
   int running, stop, draining, cancel_all;
-  int64_t kv_tokens, kv_cached;
+  int64_t kv_tokens, kv_cached, preemptions;
   anna_kv_stats kvs; /* the context's pool, as of the last step (under mu) */
   slot *slots;
   exact_entry *ex; /* [prompt_cache_size]; entry k is context sequence n_seq + k */
@@ -783,6 +783,11 @@ static void *engine_main(void *arg) {
     pthread_mutex_unlock(&e->mu);
     for (int k = 0; k < p.n_preempted; k++)
       slot_preempt(e, p.preempted[k].slot, p.preempted[k].user);
+    if (p.n_preempted) {
+      pthread_mutex_lock(&e->mu);
+      e->preemptions += p.n_preempted;
+      pthread_mutex_unlock(&e->mu);
+    }
     int nb = 0, nflag = 0;
     const int nseqs = p.n_decode + p.n_prefill;
     for (int k = 0; k < p.n_decode; k++) {
@@ -929,6 +934,7 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   while (e->o.prompt_cache_block > 0 && blk > 16 && e->o.prompt_cache_block % blk) blk /= 2;
   anna_context_options co = {.n_seq = S + e->o.prompt_cache_size,
                              .kv_block_len = blk,
+                             .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
                              .prefix_share = e->o.prompt_cache ? 0 : -1,
                              .prefix_snapshot_interval = e->o.prompt_cache ? e->o.prompt_cache_block : 0,
@@ -1165,6 +1171,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->exact_entries = 0;
   for (int k = 0; k < e->o.prompt_cache_size; k++) st->exact_entries += e->ex[k].n > 0;
   st->draining = e->draining;
+  st->preemptions = e->preemptions;
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -44,6 +44,8 @@ typedef struct engine_options {
   int prompt_cache_size;        /* exact prompt cache: whole prompts (KV + state + last logits) */
   int prompt_cache_max_tokens;  /* only prompts up to this many tokens go there (0: no limit) */
   int kv_block_len;             /* KV block length (0: 64) */
+  int kv_blocks; /* KV pool size (0: every slot and exact entry can reach n_ctx); smaller
+                    pools preempt sequences (recomputed later) when the running set outgrows it */
   int kv_cache_residual_len;    /* anna_context_options.kv_cache_residual_len */
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
   const char *device;           /* anna_context_options.device (borrowed) */
@@ -136,6 +138,7 @@ typedef struct engine_stats {
   int draining;
   anna_kv_stats kv; /* the block pool as of the last step */
   int exact_entries;
+  int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);

@@ -73,7 +73,7 @@ static int64_t sim_free_blocks(const sim *m) {
 /* Submits one request of n choices (each a sequence); returns the index of the first, or the
  * negative error. */
 static int sim_submit(sim *m, int n_prompt, int max_gen, int n) {
-  sched_seq_desc d[8];
+  sched_seq_desc d[8] = {{0}};
   for (int k = 0; k < n; k++) {
     d[k] = (sched_seq_desc){SCHED_KIND_TEXT, n_prompt, (void *)(intptr_t)(m->n + k)};
   }
