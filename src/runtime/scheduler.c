@@ -13,8 +13,8 @@ typedef struct sseq {
   void *user;
   sched_kind kind;
   int state, slot, cancelled, decoding;
-  int cow;         /* the first chunk after a cached prefix may copy a shared, partly filled block */
-  int planned;     /* already has a prompt chunk in the step being planned */
+  int cow;     /* the first chunk after a cached prefix may copy a shared, partly filled block */
+  int planned; /* already has a prompt chunk in the step being planned */
   int32_t n_prompt; /* the request's prompt */
   int32_t n_input;  /* what must be fed before decoding: prompt (+ generated after preemption) */
   int32_t n_fed;    /* tokens in the cache (prompt chunks and decode tokens) */

@@ -34,9 +34,9 @@
  * Each kind has a per-step decode token cost (sched_kind_decode_tokens). */
 typedef enum sched_kind {
   SCHED_KIND_TEXT = 0, /* text generation: prompt prefill, then one token per decode step */
-  SCHED_KIND_ENCODE,   /* next: encode-only (embeddings, image/audio encoders): prefill, no decode */
-  SCHED_KIND_ASR,      /* next: audio encoder prefill, then text decode */
-  SCHED_KIND_TTS,      /* next: text prefill, then a stream of audio-codec tokens per step */
+  SCHED_KIND_ENCODE, /* next: encode-only (embeddings, image/audio encoders): prefill, no decode */
+  SCHED_KIND_ASR,    /* next: audio encoder prefill, then text decode */
+  SCHED_KIND_TTS,    /* next: text prefill, then a stream of audio-codec tokens per step */
   SCHED_KIND_COUNT
 } sched_kind;
 
@@ -45,9 +45,9 @@ typedef enum sched_kind {
 int sched_kind_decode_tokens(sched_kind k);
 
 typedef struct sched_options {
-  int n_slots;        /* sequence slots (>= 1) */
-  int n_batch;        /* tokens per step (>= n_slots + 1, as the context's n_batch) */
-  int max_batch_size; /* running sequences (<= n_slots; out of range: n_slots) */
+  int n_slots;                /* sequence slots (>= 1) */
+  int n_batch;                /* tokens per step (>= n_slots + 1, as the context's n_batch) */
+  int max_batch_size;         /* running sequences (<= n_slots; out of range: n_slots) */
   int max_prefill_tokens;     /* prompt tokens per step (0: what the step has room for) */
   int max_decode_tokens;      /* cached tokens over one step's decode sequences (0: off) */
   int max_waiting;            /* queued sequences before sched_submit refuses (0: off) */

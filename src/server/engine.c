@@ -360,7 +360,8 @@ static int cache_reuse(engine *e, int i) {
   anna_context_seq_reset(e->ctx, i);
   if (!e->o.prompt_cache) return -1;
   if (s->feed != s->prompt) { /* resumed after a preemption: the block pool only */
-    int32_t r = anna_context_prefix_attach(e->ctx, i, s->feed, (int32_t)s->n_feed - 1, ANNA_PREFIX_REGISTER);
+    int32_t r = anna_context_prefix_attach(e->ctx, i, s->feed, (int32_t)s->n_feed - 1,
+                                           ANNA_PREFIX_REGISTER);
     s->n_fed = r > 0 ? (size_t)r : 0;
     return -1;
   }

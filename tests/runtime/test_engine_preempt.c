@@ -13,7 +13,7 @@ static int fails;
 #define CHECK(c)                                                                                   \
   do {                                                                                             \
     if (!(c)) {                                                                                    \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                       \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                        \
       fails++;                                                                                     \
     }                                                                                              \
   } while (0)
@@ -28,7 +28,8 @@ typedef struct result {
   int64_t preemptions;
 } result;
 
-static int run(anna_model *m, const model_text *t, int64_t kv_blocks, int prompt_cache, result *out) {
+static int run(anna_model *m, const model_text *t, int64_t kv_blocks, int prompt_cache,
+               result *out) {
   engine_options o = {0};
   o.n_seq = NREQ;
   o.n_ctx = 256;
@@ -93,7 +94,8 @@ int main(int argc, char **argv) {
   snprintf(path, sizeof path, "%s/qwen3", argv[1]);
   anna_model *m;
   model_text *t;
-  if (anna_model_load(&m, path, NULL, err, sizeof err) || model_text_open(&t, path, err, sizeof err)) {
+  if (anna_model_load(&m, path, NULL, err, sizeof err) ||
+      model_text_open(&t, path, err, sizeof err)) {
     fprintf(stderr, "load %s: %s\n", path, err);
     return 1;
   }
