@@ -1,8 +1,11 @@
-/* engine.c: the engine thread and its continuous-batching scheduler (see engine.h). */
+/* engine.c: the engine thread (see engine.h). What runs in each step is decided by
+ * runtime/scheduler.h; this file executes the plans: prompt caches, decode calls, sampling,
+ * stop strings, streaming text to the requests. */
 #include "server/engine.h"
 
 #include "base/error.h"
 #include "ops/ops.h"
+#include "runtime/scheduler.h"
 #include "server/jsonmask.h"
 
 #include <errno.h>
@@ -81,22 +84,30 @@ void gen_request_wait(gen_request *r, int timeout_ms) {
 
 /* ---- engine ---- */
 
+struct slot;
+
+/* One sequence (a choice of a request) from submission to its end: the scheduler's user
+ * pointer. While it waits after a preemption, parked holds its slot state. */
 typedef struct wunit {
   gen_request *r;
   int ci; /* choice index */
   double t_queued;
-  struct wunit *next;
+  struct slot *parked; /* owned */
+  int failed;          /* parking ran out of memory: finish with "error" when dropped */
 } wunit;
 
 typedef struct slot {
   gen_request *r; /* NULL: free */
+  wunit *u;       /* owned while running */
   int ci;
   const int32_t *prompt;
   size_t n_prompt, n_fed;
+  const int32_t *feed; /* what is fed before decoding: prompt, or toks after a preemption */
+  size_t n_feed;
+  int32_t *toks; /* [n_ctx]: prompt + generated ids, to recompute after a preemption */
   int32_t next_tok;
   int decoding;
   int n_gen, max_gen;
-  int64_t order; /* admission order: prefill is first come, first served */
   sampler *smp;
   tokenizer_stream *ts;
   jsonmask jm;       /* JSON mode: what has been generated so far */
@@ -105,7 +116,6 @@ typedef struct slot {
   size_t len, cap, released;
   double t_last;
   int exact_store; /* keep this prompt's state + logits in the exact cache once prefilled */
-  uint64_t last_used;
 } slot;
 
 /* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
@@ -130,9 +140,9 @@ struct engine {
   pthread_mutex_t mu;
   pthread_cond_t cv;      /* engine waits for work */
   pthread_cond_t idle_cv; /* drain waits for idle */
-  wunit *head, *tail;
-  int n_waiting, running, stop, draining, cancel_all;
-  int64_t kv_tokens, kv_cached;
+  sched *sc;              /* the batching policy; every call under mu */
+  int running, stop, draining, cancel_all;
+  int64_t kv_tokens, kv_cached, preemptions;
   anna_kv_stats kvs; /* the context's pool, as of the last step (under mu) */
   slot *slots;
   exact_entry *ex; /* [prompt_cache_size]; entry k is context sequence n_seq + k */
@@ -146,11 +156,9 @@ struct engine {
   int host_sampling;
   int32_t *b_tok, *b_seq, *b_pos;
   int8_t *b_want;
-  int *out_slot, *pre_slot;
+  int *out_slot;
   float *logits, *lp_row;
-  int rr, steps_since_prefill;
   uint64_t use_tick;
-  int64_t admitted;
   int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
   /* JSON mode, built on first use: every token's bytes, and its class (0 plain text, 1 never
    * inside JSON (special), 2 part of a split UTF-8 character: only inside strings). */
@@ -170,6 +178,25 @@ static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) 
 
 static int is_cancelled(const gen_request *r) {
   return __atomic_load_n(&r->cancelled, __ATOMIC_ACQUIRE);
+}
+
+/* Reports to the scheduler from the engine thread (connection threads share it: under mu). */
+static void sc_cached(engine *e, int i, size_t n) {
+  pthread_mutex_lock(&e->mu);
+  sched_seq_cached(e->sc, i, (int32_t)n);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void sc_token(engine *e, int i) {
+  pthread_mutex_lock(&e->mu);
+  sched_seq_token(e->sc, i);
+  pthread_mutex_unlock(&e->mu);
+}
+
+static void sc_finish(engine *e, int i) {
+  pthread_mutex_lock(&e->mu);
+  sched_seq_finish(e->sc, i);
+  pthread_mutex_unlock(&e->mu);
 }
 
 /* The engine's reference goes when its last sequence of r leaves. */
@@ -263,23 +290,56 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
     metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
   /* Its blocks go back to the pool; the registered ones stay cached for the next prompt. */
   anna_context_seq_reset(e->ctx, i);
-  s->last_used = ++e->use_tick;
+  sc_finish(e, i); /* a no-op for a dropped sequence: the scheduler freed its slot already */
   sampler_free(s->smp);
   s->smp = NULL;
   s->r = NULL;
+  free(s->u);
+  s->u = NULL;
   s->len = s->released = 0;
   s->decoding = 0;
   unit_done(r);
 }
 
-/* A free slot (the least recently used: nothing depends on which). */
-static int slot_pick(engine *e) {
-  int best = -1;
-  for (int i = 0; i < e->o.n_seq; i++) {
-    slot *s = &e->slots[i];
-    if (!s->r && (best < 0 || s->last_used < e->slots[best].last_used)) best = i;
+/* Frees a parked slot state (a preempted sequence that ends while it waits). */
+static void parked_free(slot *p) {
+  if (!p) return;
+  sampler_free(p->smp);
+  tokenizer_stream_free(p->ts);
+  free(p->txt);
+  free(p->toks);
+  free(p);
+}
+
+/* Slot i's sequence was preempted: its cache is dropped (recomputed from prompt + generated
+ * tokens when it is admitted again) and its state parked in its unit, with fresh buffers
+ * left in the slot. Out of memory: the sequence is cancelled and ends with "error". */
+static void slot_preempt(engine *e, int i, wunit *u) {
+  slot *s = &e->slots[i];
+  anna_context_seq_reset(e->ctx, i);
+  slot *p = malloc(sizeof *p);
+  tokenizer_stream *ts = NULL;
+  int32_t *toks = malloc((size_t)e->o.n_ctx * sizeof *toks);
+  if (!p || !toks || tokenizer_stream_new(&ts, e->text->tok, 0, NULL, 0)) {
+    free(p);
+    free(toks);
+    u->failed = 1;
+    pthread_mutex_lock(&e->mu);
+    sched_cancel(e->sc, u->r->eng_sched_id + (uint64_t)u->ci);
+    pthread_mutex_unlock(&e->mu);
+    sampler_free(s->smp);
+    s->smp = NULL;
+    s->r = NULL;
+    s->u = NULL;
+    s->len = s->released = 0;
+    s->decoding = 0;
+    return;
   }
-  return best;
+  *p = *s;
+  u->parked = p;
+  memset(s, 0, sizeof *s);
+  s->ts = ts;
+  s->toks = toks;
 }
 
 /* The exact-cache entry holding this prompt (-1: none). */
@@ -299,6 +359,12 @@ static int cache_reuse(engine *e, int i) {
   s->exact_store = 0;
   anna_context_seq_reset(e->ctx, i);
   if (!e->o.prompt_cache) return -1;
+  if (s->feed != s->prompt) { /* resumed after a preemption: the block pool only */
+    int32_t r = anna_context_prefix_attach(e->ctx, i, s->feed, (int32_t)s->n_feed - 1,
+                                           ANNA_PREFIX_REGISTER);
+    s->n_fed = r > 0 ? (size_t)r : 0;
+    return -1;
+  }
   metrics_add(e->mx, &e->mx->cache_lookups, 1);
   const int eligible = e->o.prompt_cache_size > 0 &&
                        (e->o.prompt_cache_max_tokens <= 0 || s->n_prompt <= (size_t)e->o.prompt_cache_max_tokens);
@@ -368,21 +434,40 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre);
 static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   slot *s = &e->slots[i];
   gen_request *r = u->r;
+  if (u->parked) { /* resumed: its state comes back; prompt + generated tokens are recomputed */
+    slot *p = u->parked;
+    u->parked = NULL;
+    tokenizer_stream_free(s->ts);
+    free(s->txt);
+    free(s->toks);
+    *s = *p;
+    free(p);
+    s->feed = s->toks;
+    s->n_feed = s->n_prompt + (size_t)s->n_gen;
+    s->decoding = 0;
+    cache_reuse(e, i);
+    sc_cached(e, i, s->n_fed);
+    return 0;
+  }
   int pi = u->ci / r->n;
   sampler_params sp = r->sp;
   sp.seed = r->sp.seed + (uint64_t)(u->ci % r->n);
   int rc = sampler_create(&s->smp, e->V, &sp, err, errlen);
   if (rc) return rc;
   s->r = r;
+  s->u = u;
   s->ci = u->ci;
   s->prompt = r->prompts[pi];
   s->n_prompt = r->n_prompt[pi];
+  s->feed = s->prompt;
+  s->n_feed = s->n_prompt;
+  memcpy(s->toks, s->prompt, s->n_prompt * sizeof *s->toks);
   const int hit = cache_reuse(e, i);
+  sc_cached(e, i, s->n_fed);
   s->decoding = 0;
   s->n_gen = 0;
   int room = e->o.n_ctx - (int)s->n_prompt;
   s->max_gen = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
-  s->order = e->admitted++;
   s->len = s->released = 0;
   for (size_t k = 0; k < s->n_prompt; k++)
     sampler_accept(s->smp, s->prompt[k]);
@@ -555,6 +640,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
       jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
   }
   if (!forced_end) {
+    s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
     sampler_accept(s->smp, t);
     if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   }
@@ -606,56 +692,45 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   }
   s->next_tok = t;
   s->decoding = 1;
+  sc_token(e, i);
 }
 
-static int count_running(const engine *e) {
-  int n = 0;
-  for (int i = 0; i < e->o.n_seq; i++)
-    n += e->slots[i].r != NULL;
-  return n;
-}
-
-/* Takes waiting units into free slots (under e->mu): up to max_batch_size running, more
- * only for a waiter older than max_queue_wait_ms (fairness). Cancelled waiters come out
- * in *dead. */
-static int admit(engine *e, wunit **take, int cap, wunit **dead) {
-  int n_run = count_running(e), n = 0;
-  double now = engine_now();
-  while (e->head && n < cap) {
-    wunit *u = e->head;
-    if (!is_cancelled(u->r) && !e->cancel_all) {
-      int force =
-          e->o.max_queue_wait_ms > 0 && (now - u->t_queued) * 1000.0 > e->o.max_queue_wait_ms;
-      if (n_run + n >= e->o.max_batch_size && !force) break;
-    }
-    e->head = u->next;
-    if (!e->head) e->tail = NULL;
-    e->n_waiting--;
-    if (is_cancelled(u->r) || e->cancel_all) {
-      u->next = *dead;
-      *dead = u;
-    } else {
-      take[n++] = u;
-    }
+/* A sequence the scheduler dropped (cancelled, or parking it failed). */
+static void unit_drop(engine *e, const sched_entry *d) {
+  wunit *u = d->user;
+  if (d->slot >= 0 && e->slots[d->slot].r) {
+    slot_free(e, d->slot, "cancelled", NULL, 0); /* frees u */
+    return;
   }
-  return n;
+  if (u->failed) {
+    choice_finish(u->r, u->ci, "error", "out of memory preempting a sequence");
+  } else {
+    metrics_add(e->mx, &e->mx->cancelled, 1);
+    choice_finish(u->r, u->ci, "cancelled", NULL);
+  }
+  parked_free(u->parked);
+  unit_done(u->r);
+  free(u);
+}
+
+/* Blocks the scheduler may plan with: free ones and cached ones (evicted on demand). */
+static int64_t kv_available(const anna_kv_stats *ks) {
+  return ks->n_blocks > 0 ? ks->free_blocks + ks->cached_blocks : -1;
 }
 
 static void *engine_main(void *arg) {
   engine *e = arg;
   const int S = e->o.n_seq;
-  wunit **take = calloc((size_t)S, sizeof *take);
   char err[512];
   for (;;) {
     pthread_mutex_lock(&e->mu);
     for (;;) {
-      if (e->stop || count_running(e) > 0) break;
-      if (e->head) {
+      if (e->stop || sched_n_running(e->sc) > 0) break;
+      double w = sched_wait_ms(e->sc, engine_now() * 1000.0);
+      if (w >= 0) {
         /* An idle engine may wait a little for company, so the first step is shared. */
-        double age_ms = (engine_now() - e->head->t_queued) * 1000.0;
-        if (e->o.batch_wait_ms > 0 && e->n_waiting < e->o.max_batch_size &&
-            age_ms < e->o.batch_wait_ms && !e->cancel_all) {
-          timed_wait(&e->cv, &e->mu, (e->o.batch_wait_ms - age_ms) / 1000.0);
+        if (w > 0 && !e->cancel_all) {
+          timed_wait(&e->cv, &e->mu, w / 1000.0);
           continue;
         }
         break;
@@ -665,105 +740,80 @@ static void *engine_main(void *arg) {
       pthread_cond_broadcast(&e->idle_cv);
       pthread_cond_wait(&e->cv, &e->mu);
     }
-    int stop = e->stop, cancel_all = e->cancel_all || e->stop;
-    wunit *dead = NULL;
-    int free_slots = 0;
-    for (int i = 0; i < S; i++)
-      free_slots += e->slots[i].r == NULL;
-    int n_take = admit(e, take, free_slots, &dead);
+    int stop = e->stop;
+    /* Shutdown or a drain that timed out: nothing queued or running survives. */
+    if (e->cancel_all || e->stop) sched_cancel_all(e->sc);
+    const sched_entry *adm;
+    int n_adm = 0;
+    sched_admit(e->sc, engine_now() * 1000.0, kv_available(&e->kvs), &adm, &n_adm);
     /* Counted as running from now on, so a drain never sees the handover as idle. */
-    e->running = count_running(e) + n_take;
-    if (stop)
-      while (e->head) { /* shutdown: nothing queued survives */
-        wunit *u = e->head;
-        e->head = u->next;
-        u->next = dead;
-        dead = u;
-      }
-    if (stop) e->tail = NULL, e->n_waiting = 0;
+    e->running = sched_n_running(e->sc);
     pthread_mutex_unlock(&e->mu);
 
-    while (dead) {
-      wunit *u = dead;
-      dead = u->next;
-      metrics_add(e->mx, &e->mx->cancelled, 1);
-      choice_finish(u->r, u->ci, "cancelled", NULL);
-      unit_done(u->r);
-      free(u);
-    }
-    for (int k = 0; k < n_take; k++) {
-      gen_request *tr = take[k]->r;
-      int pi = take[k]->ci / tr->n;
-      (void)pi;
-      int i = slot_pick(e);
-      if (slot_start(e, i, take[k], err, sizeof err)) {
-        choice_finish(take[k]->r, take[k]->ci, "error", err);
-        unit_done(take[k]->r);
+    int kv_dirty = n_adm > 0;
+    for (int k = 0; k < n_adm; k++) {
+      wunit *u = adm[k].user;
+      const int i = adm[k].slot;
+      if (slot_start(e, i, u, err, sizeof err)) {
+        sc_finish(e, i);
+        choice_finish(u->r, u->ci, "error", err);
+        parked_free(u->parked);
+        unit_done(u->r);
+        free(u);
       }
-      free(take[k]);
     }
-    /* Cancelled or shut down: free those slots now. */
-    for (int i = 0; i < S; i++)
-      if (e->slots[i].r && (cancel_all || is_cancelled(e->slots[i].r)))
-        slot_free(e, i, "cancelled", NULL, 0);
+    /* Cancelled or shut down: finish those sequences, free their slots. */
+    for (;;) {
+      sched_entry d;
+      pthread_mutex_lock(&e->mu);
+      int got = sched_drop_next(e->sc, &d);
+      pthread_mutex_unlock(&e->mu);
+      if (!got) break;
+      kv_dirty |= d.slot >= 0;
+      unit_drop(e, &d);
+    }
     if (stop) break;
 
-    /* Build the step: decodes first (one token each, under the decode budget, rotating the
-     * start so a tight budget still serves everyone), then prompt chunks in admission order. */
-    int nb = 0, nflag = 0, nseqs = 0;
-    int64_t dec_budget = e->o.max_decode_tokens > 0 ? e->o.max_decode_tokens : INT64_MAX, used = 0;
-    for (int k = 0; k < S; k++) {
-      int i = (e->rr + k) % S;
-      slot *s = &e->slots[i];
-      if (!s->r || !s->decoding) continue;
-      int64_t L = (int64_t)s->n_prompt + s->n_gen;
-      if (used > 0 && used + L > dec_budget) continue;
-      used += L;
-      e->b_tok[nb] = s->next_tok;
+    /* The step: decodes first (in the scheduler's rotating order), then prompt chunks in
+     * admission order; preempted sequences leave their slots before it runs. */
+    anna_kv_stats pk = e->kvs; /* the engine thread is its only writer */
+    if (kv_dirty) anna_context_kv_stats(e->ctx, &pk);
+    sched_plan p;
+    pthread_mutex_lock(&e->mu);
+    sched_plan_step(e->sc, kv_available(&pk), &p);
+    pthread_mutex_unlock(&e->mu);
+    for (int k = 0; k < p.n_preempted; k++)
+      slot_preempt(e, p.preempted[k].slot, p.preempted[k].user);
+    if (p.n_preempted) {
+      pthread_mutex_lock(&e->mu);
+      e->preemptions += p.n_preempted;
+      pthread_mutex_unlock(&e->mu);
+    }
+    int nb = 0, nflag = 0;
+    const int nseqs = p.n_decode + p.n_prefill;
+    for (int k = 0; k < p.n_decode; k++) {
+      const int i = p.decode[k].slot;
+      e->b_tok[nb] = e->slots[i].next_tok;
       e->b_seq[nb] = i;
       e->b_pos[nb] = anna_context_seq_len(e->ctx, i);
       e->b_want[nb] = 1;
       e->out_slot[nflag++] = i;
       nb++;
-      nseqs++;
     }
-    e->rr = (e->rr + 1) % S;
-    int budget = e->o.max_prefill_tokens > 0 ? e->o.max_prefill_tokens : e->o.n_batch;
-    if (budget > e->o.n_batch - nb) budget = e->o.n_batch - nb;
-    /* Prompt chunks every N-th step only, so running decodes keep a steady pace; with nothing
-     * decoding there is nothing to protect. */
-    if (nb > 0 && e->o.prefill_interval_steps > 1 &&
-        ++e->steps_since_prefill < e->o.prefill_interval_steps)
-      budget = 0;
-    int npre = 0;
     int64_t prompt_fed = 0;
-    while (budget > 0) {
-      int best = -1;
-      for (int i = 0; i < S; i++) {
-        slot *s = &e->slots[i];
-        if (!s->r || s->decoding || s->n_fed == s->n_prompt) continue;
-        int seen = 0;
-        for (int k = 0; k < npre; k++)
-          seen |= e->pre_slot[k] == i;
-        if (!seen && (best < 0 || s->order < e->slots[best].order)) best = i;
-      }
-      if (best < 0) break;
-      slot *s = &e->slots[best];
-      size_t take_n = s->n_prompt - s->n_fed;
-      if (take_n > (size_t)budget) take_n = (size_t)budget;
-      for (size_t j = 0; j < take_n; j++) {
-        e->b_tok[nb] = s->prompt[s->n_fed + j];
-        e->b_seq[nb] = best;
-        e->b_pos[nb] = (int32_t)(s->n_fed + j);
-        e->b_want[nb] = s->n_fed + j + 1 == s->n_prompt;
-        if (e->b_want[nb]) e->out_slot[nflag++] = best;
+    for (int k = 0; k < p.n_prefill; k++) {
+      const int i = p.prefill[k].slot;
+      const slot *s = &e->slots[i];
+      for (int32_t j = 0; j < p.prefill[k].n; j++) {
+        const size_t at = (size_t)p.prefill[k].pos + (size_t)j;
+        e->b_tok[nb] = s->feed[at];
+        e->b_seq[nb] = i;
+        e->b_pos[nb] = (int32_t)at;
+        e->b_want[nb] = at + 1 == s->n_feed;
+        if (e->b_want[nb]) e->out_slot[nflag++] = i;
         nb++;
       }
-      e->pre_slot[npre++] = best;
-      e->steps_since_prefill = 0;
-      budget -= (int)take_n;
-      prompt_fed += (int64_t)take_n;
-      nseqs++;
+      prompt_fed += p.prefill[k].n;
     }
     if (nb == 0) continue;
     anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
@@ -802,11 +852,11 @@ static void *engine_main(void *arg) {
     e->mx->batch_seqs += (uint64_t)nseqs;
     e->mx->prompt_tokens += (uint64_t)prompt_fed;
     pthread_mutex_unlock(&e->mx->mu);
-    for (int k = 0; k < npre; k++) {
-      slot *s = &e->slots[e->pre_slot[k]];
-      for (int j = 0; j < nb; j++)
-        s->n_fed += e->b_seq[j] == e->pre_slot[k];
-    }
+    pthread_mutex_lock(&e->mu);
+    sched_commit(e->sc, &p);
+    pthread_mutex_unlock(&e->mu);
+    for (int k = 0; k < p.n_prefill; k++)
+      e->slots[p.prefill[k].slot].n_fed += (size_t)p.prefill[k].n;
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
       slot *s = &e->slots[i];
@@ -840,13 +890,12 @@ static void *engine_main(void *arg) {
     cached = ks.cached_blocks * ks.block_len;
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     pthread_mutex_lock(&e->mu);
-    e->running = count_running(e);
+    e->running = sched_n_running(e->sc);
     e->kv_tokens = kv;
     e->kv_cached = cached;
     e->kvs = ks;
     pthread_mutex_unlock(&e->mu);
   }
-  free(take);
   pthread_mutex_lock(&e->mu);
   e->running = 0;
   pthread_cond_broadcast(&e->idle_cv);
@@ -886,6 +935,7 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   while (e->o.prompt_cache_block > 0 && blk > 16 && e->o.prompt_cache_block % blk) blk /= 2;
   anna_context_options co = {.n_seq = S + e->o.prompt_cache_size,
                              .kv_block_len = blk,
+                             .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
                              .prefix_share = e->o.prompt_cache ? 0 : -1,
                              .prefix_snapshot_interval = e->o.prompt_cache ? e->o.prompt_cache_block : 0,
@@ -907,11 +957,10 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   e->b_pos = malloc((size_t)B * sizeof *e->b_pos);
   e->b_want = malloc((size_t)B);
   e->out_slot = malloc((size_t)S * sizeof *e->out_slot);
-  e->pre_slot = malloc((size_t)S * sizeof *e->pre_slot);
   e->logits = malloc((size_t)S * (size_t)e->V * sizeof(float));
   e->lp_row = malloc((size_t)e->V * sizeof(float));
   if (!e->slots || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_want || !e->out_slot ||
-      !e->pre_slot || !e->logits || !e->lp_row) {
+      !e->logits || !e->lp_row) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
     goto fail;
   }
@@ -934,8 +983,24 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
       goto fail;
     }
-  for (int i = 0; i < S; i++)
+  for (int i = 0; i < S; i++) {
     if ((rc = tokenizer_stream_new(&e->slots[i].ts, text->tok, 0, err, errlen))) goto fail;
+    if (!(e->slots[i].toks = malloc((size_t)e->o.n_ctx * sizeof(int32_t)))) {
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
+      goto fail;
+    }
+  }
+  const sched_options so = {.n_slots = S,
+                            .n_batch = B,
+                            .max_batch_size = e->o.max_batch_size,
+                            .max_prefill_tokens = e->o.max_prefill_tokens,
+                            .max_decode_tokens = e->o.max_decode_tokens,
+                            .max_waiting = e->o.max_waiting,
+                            .max_queue_wait_ms = e->o.max_queue_wait_ms,
+                            .prefill_interval_steps = e->o.prefill_interval_steps,
+                            .batch_wait_ms = e->o.batch_wait_ms,
+                            .block_len = e->kvs.block_len};
+  if ((rc = sched_create(&e->sc, &so, err, errlen))) goto fail;
   const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
   for (int k = 0; k < 4; k++)
     e->keep_ids[k] = tokenizer_token_id(text->tok, keep[k]);
@@ -964,7 +1029,9 @@ void engine_free(engine *e) {
     tokenizer_stream_free(e->slots[i].ts);
     sampler_free(e->slots[i].smp);
     free(e->slots[i].txt);
+    free(e->slots[i].toks);
   }
+  sched_free(e->sc);
   free(e->slots);
   for (int k = 0; e->ex && k < e->o.prompt_cache_size; k++) {
     free(e->ex[k].tok);
@@ -980,7 +1047,6 @@ void engine_free(engine *e) {
   free(e->b_pos);
   free(e->b_want);
   free(e->out_slot);
-  free(e->pre_slot);
   free(e->logits);
   free(e->lp_row);
   free(e->tok_bytes);
@@ -1009,52 +1075,58 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
                         "prompt token id %d is out of range (vocabulary %d)", r->prompts[p][k],
                         e->V);
   }
-  wunit *first = NULL, *last = NULL;
+  wunit **units = calloc((size_t)r->n_choices, sizeof *units);
+  sched_seq_desc *d = calloc((size_t)r->n_choices, sizeof *d);
+  int rc = units && d ? 0 : ANNA_ENOMEM;
   double now = engine_now();
-  for (int i = 0; i < r->n_choices; i++) {
+  for (int i = 0; i < r->n_choices && !rc; i++) {
     wunit *u = calloc(1, sizeof *u);
     if (!u) {
-      while (first) {
-        wunit *nx = first->next;
-        free(first);
-        first = nx;
-      }
-      return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+      rc = ANNA_ENOMEM;
+      break;
     }
     u->r = r;
     u->ci = i;
     u->t_queued = now;
-    if (last)
-      last->next = u;
-    else
-      first = u;
-    last = u;
+    units[i] = u;
+    d[i] = (sched_seq_desc){SCHED_KIND_TEXT, (int32_t)r->n_prompt[i / r->n], u};
+  }
+  if (rc) {
+    for (int i = 0; units && i < r->n_choices; i++)
+      free(units[i]);
+    free(units);
+    free(d);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   pthread_mutex_lock(&e->mu);
-  int rc = 0;
-  if (e->draining || e->stop)
+  uint64_t id0 = 0;
+  if (e->draining || e->stop) {
     rc = anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
-  else if (e->o.max_waiting > 0 && e->n_waiting >= e->o.max_waiting)
-    rc = anna_err(err, errlen, ANNA_ERANGE,
-                  "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
-                  e->n_waiting);
+  } else {
+    const int n_waiting = sched_n_waiting(e->sc);
+    rc = sched_submit(e->sc, d, r->n_choices, now * 1000.0, &id0, err, errlen);
+    if (rc == ANNA_ERANGE)
+      anna_err(err, errlen, ANNA_ERANGE,
+               "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
+               n_waiting);
+  }
+  free(d);
   if (rc) {
     pthread_mutex_unlock(&e->mu);
-    while (first) {
-      wunit *nx = first->next;
-      free(first);
-      first = nx;
-    }
+    for (int i = 0; i < r->n_choices; i++)
+      free(units[i]);
+    free(units);
     return rc;
   }
+  free(units); /* the scheduler holds them now */
   r->eng_units = r->n_choices;
+  r->eng_sched_id = id0;
+  r->eng_submitted = 1;
   gen_request_retain(r);
-  if (e->tail)
-    e->tail->next = first;
-  else
-    e->head = first;
-  e->tail = last;
-  e->n_waiting += r->n_choices;
+  /* Cancelled before it was queued: the scheduler drops it at the next step. */
+  if (is_cancelled(r))
+    for (int i = 0; i < r->n_choices; i++)
+      sched_cancel(e->sc, id0 + (uint64_t)i);
   pthread_cond_signal(&e->cv);
   pthread_mutex_unlock(&e->mu);
   return 0;
@@ -1063,6 +1135,10 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
 void engine_cancel(engine *e, gen_request *r) {
   if (__atomic_exchange_n(&r->cancelled, 1, __ATOMIC_ACQ_REL)) return;
   pthread_mutex_lock(&e->mu);
+  /* Sequences already finished are no longer known to the scheduler: ANNA_ENOTFOUND. */
+  if (r->eng_submitted)
+    for (int i = 0; i < r->n_choices; i++)
+      sched_cancel(e->sc, r->eng_sched_id + (uint64_t)i);
   pthread_cond_signal(&e->cv);
   pthread_mutex_unlock(&e->mu);
 }
@@ -1072,12 +1148,12 @@ void engine_drain(engine *e, double timeout_s) {
   pthread_mutex_lock(&e->mu);
   e->draining = 1;
   pthread_cond_signal(&e->cv);
-  while ((e->running > 0 || e->head) && engine_now() < until)
+  while ((e->running > 0 || sched_n_waiting(e->sc) > 0) && engine_now() < until)
     timed_wait(&e->idle_cv, &e->mu, 0.1);
-  if (e->running > 0 || e->head) {
+  if (e->running > 0 || sched_n_waiting(e->sc) > 0) {
     e->cancel_all = 1;
     pthread_cond_signal(&e->cv);
-    while (e->running > 0 || e->head)
+    while (e->running > 0 || sched_n_waiting(e->sc) > 0)
       timed_wait(&e->idle_cv, &e->mu, 0.1);
   }
   pthread_mutex_unlock(&e->mu);
@@ -1088,7 +1164,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->n_seq = e->o.n_seq;
   st->n_ctx = e->o.n_ctx;
   st->running = e->running;
-  st->waiting = e->n_waiting;
+  st->waiting = sched_n_waiting(e->sc);
   st->kv_tokens = e->kv_tokens;
   st->kv_cached = e->kv_cached;
   st->kv_capacity = (int64_t)e->o.n_seq * e->o.n_ctx;
@@ -1096,6 +1172,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->exact_entries = 0;
   for (int k = 0; k < e->o.prompt_cache_size; k++) st->exact_entries += e->ex[k].n > 0;
   st->draining = e->draining;
+  st->preemptions = e->preemptions;
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -1,12 +1,11 @@
-/* engine.h: the one thread that owns the model context and every sequence, and the
- * continuous-batching scheduler that drives it.
+/* engine.h: the one thread that owns the model context and every sequence.
  *
  * Connection threads build a gen_request (prompt ids + sampling options), submit it, and
  * then only read its gen_choice results under the request's mutex (waiting on its condition
- * variable). The engine thread admits waiting requests into free sequence slots between
- * steps, builds each step from one decode token per running sequence plus chunks of
- * waiting prompts under the token budgets (chunked prefill), calls anna_context_decode once,
- * samples each sequence, applies stop strings, and appends released text to the choice.
+ * variable). The engine thread asks the scheduler (runtime/scheduler.h: admission, token
+ * budgets, chunked prefill, fairness, preemption) for each step's plan, executes it with one
+ * anna_context_decode(_topk) call, samples each sequence, applies stop strings, appends
+ * released text to the choice, and reports tokens and finished sequences back.
  * A request is reference counted: the creator holds one reference, the engine another
  * while any of its sequences is queued or running. Cancelling (client gone, shutdown)
  * frees its slots at the next step.
@@ -49,6 +48,8 @@ typedef struct engine_options {
   int prompt_cache_size;        /* exact prompt cache: whole prompts (KV + state + last logits) */
   int prompt_cache_max_tokens;  /* only prompts up to this many tokens go there (0: no limit) */
   int kv_block_len;             /* KV block length (0: 64) */
+  int kv_blocks; /* KV pool size (0: every slot and exact entry can reach n_ctx); smaller
+                    pools preempt sequences (recomputed later) when the running set outgrows it */
   int kv_cache_residual_len;    /* anna_context_options.kv_cache_residual_len */
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
   const char *device;           /* anna_context_options.device (borrowed) */
@@ -105,8 +106,10 @@ typedef struct gen_request {
   int cancelled;   /* atomic: set by engine_cancel */
   int refs;        /* atomic */
   char error[256]; /* first engine error, when a choice ends with "error" */
-  /* Engine-thread only. */
+  /* Engine only (eng_sched_id, eng_submitted: under the engine's mutex). */
   int eng_units;
+  int eng_submitted;
+  uint64_t eng_sched_id; /* the scheduler's id of choice 0; choice i is + i */
 } gen_request;
 
 /* Allocates an empty request with one reference (caller releases). */
@@ -139,6 +142,7 @@ typedef struct engine_stats {
   int draining;
   anna_kv_stats kv; /* the block pool as of the last step */
   int exact_entries;
+  int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);

@@ -260,8 +260,13 @@ def test_queue_full_429():
             waiting = ex.submit(lambda: c.chat.completions.create(model="qwen3", messages=U, max_tokens=3))
             # generous: on a loaded machine the second request can take seconds to be queued,
             # and the third must not take its place
+            # (the stream's first chunk, the role, comes before the engine admits the first
+            # request, so "one waiting" alone may be the first request itself)
             deadline = time.time() + 60
-            while s.health()["scheduler"]["waiting"] < 1 and time.time() < deadline:
+            while time.time() < deadline:
+                sch = s.health()["scheduler"]
+                if sch["running"] >= 1 and sch["waiting"] >= 1:
+                    break
                 time.sleep(0.02)
             assert s.health()["scheduler"]["waiting"] == 1
             with pytest.raises(openai.RateLimitError) as ei:
