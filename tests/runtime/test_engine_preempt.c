@@ -28,7 +28,7 @@ typedef struct result {
   int64_t preemptions;
 } result;
 
-static int run(anna_model *m, const model_text *t, int64_t kv_blocks, int prompt_cache,
+static int run(anna_model *m, const anna_text *t, int64_t kv_blocks, int prompt_cache,
                result *out) {
   engine_options o = {0};
   o.n_seq = NREQ;
@@ -93,9 +93,9 @@ int main(int argc, char **argv) {
   char path[4096], err[512];
   snprintf(path, sizeof path, "%s/qwen3", argv[1]);
   anna_model *m;
-  model_text *t;
+  anna_text *t;
   if (anna_model_load(&m, path, NULL, err, sizeof err) ||
-      model_text_open(&t, path, err, sizeof err)) {
+      anna_text_open(&t, path, 0, err, sizeof err)) {
     fprintf(stderr, "load %s: %s\n", path, err);
     return 1;
   }
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "request %d:\n  ref   %s\n  small %s\n", k, ref.text[k], small.text[k]);
     }
   }
-  model_text_free(t);
+  anna_text_free(t);
   anna_model_free(m);
   if (fails) {
     fprintf(stderr, "test_engine_preempt: %d checks failed\n", fails);
