@@ -14,8 +14,9 @@
 # --sanitize: also run test_cuda_ops under compute-sanitizer memcheck.
 # --ab: with --synth, also run anna-bench on each synthetic GGUF once per runtime variant
 #   (AB_VARIANTS, space-separated ANNA_TUNING=key=value[,key=value] settings, "-" for the
-#   defaults; keys: src/base/tuning.h), one table row each, so kernels kept selectable
-#   (cuda_pdl, cuda_attn, ...) are compared in one run.
+#   defaults; keys: src/base/tuning.h), one table row each, compared in one run. Default:
+#   the defaults and the MoE prefill buffer capped (cuda_moe_deq_mb); the A/B variants were
+#   retired (bench/RESULTS.md, "Variants retired").
 set -u
 cd "$(dirname "$0")/.."
 PREBUILT="" FIX="../shared/fixtures" SYNTH="" SAN=0 AB=0 OUTD="${OUT:-/tmp/gpu_check}"
@@ -122,7 +123,7 @@ if [ -n "$SYNTH" ]; then
   fi
 fi
 # 3b. runtime variants side by side (same binary, same model, one run each)
-AB_DEFAULT="- ANNA_TUNING=cuda_pdl=0 ANNA_TUNING=cuda_attn=per_head ANNA_TUNING=cuda_gemm=int8 ANNA_TUNING=cuda_gemm=bf16x1 ANNA_TUNING=cuda_moe=decode_f32"
+AB_DEFAULT="- ANNA_TUNING=cuda_moe_deq_mb=256"
 if [ "$AB" = 1 ] && [ -n "$SYNTH" ] && [ -x "$BIN/anna-bench" ]; then
   for m in "$SD"/*.gguf; do
     [ -e "$m" ] || continue

@@ -2,7 +2,7 @@
 # gpu_session.sh: the whole GPU acceptance run of issue #6 in one device call (~6-7 minutes on
 # an H200): correctness first (op tests, memcheck, fixtures in both numerics), llama.cpp built
 # in the background meanwhile, then anna vs llama.cpp on real-shape models, then anna's
-# runtime variants side by side. Rows go to OUT/summary.txt as they come, so a call cut short
+# runtime knobs given with --ab side by side. Rows go to OUT/summary.txt as they come, so a call cut short
 # still reports what it measured.
 #
 #   scripts/gpu_session.sh --prebuilt DIR --src LLAMA.tar.xz [--fixtures DIR] [--shapes "S ..."]
@@ -17,15 +17,14 @@
 # --shapes: tools/mkshape.py shapes written as q4_k_rand GGUF files (llama-quantize's Q4_K_M
 #   tensor mix, random well-formed blocks; the 35B-A3B shape at full depth is 20 GB) and run
 #   by both engines (default "qwen3.5-9b qwen3.5-35b-a3b").
-# --ab: runtime switches (ANNA_TUNING settings, keys in src/base/tuning.h), each one
-#   anna-bench row per shape next to the default (default "ANNA_TUNING=cuda_gdn=cluster
-#   ANNA_TUNING=cuda_gemm=split": the older gdn_step, the hi + lo prefill split for quantized
-#   weights too).
+# --ab: runtime switches (ANNA_TUNING settings, keys in src/base/tuning.h, e.g.
+#   "ANNA_TUNING=cuda_moe_deq_mb=512"), each one anna-bench row per shape next to the default
+#   (default: none; the A/B variants were retired, bench/RESULTS.md "Variants retired").
 # The gguf Python package must be importable, or its wheel in .gpu/whl/ (as gpu_llamacpp.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PRE="" SRC="" FIX="../shared/fixtures" SHAPES="qwen3.5-9b qwen3.5-35b-a3b"
-ABV="ANNA_TUNING=cuda_gdn=cluster ANNA_TUNING=cuda_gemm=split" OUTD="${OUT:-/tmp/gpu_session}"
+ABV="" OUTD="${OUT:-/tmp/gpu_session}"
 while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) PRE="$2"; shift 2 ;;

@@ -1,19 +1,13 @@
 /* test_cuda_matmul.c: the CUDA matmul op against an f64 dequantize-then-dot reference: decode
  * matvecs (f32 and int8 activations, both int8 row variants), the prefill GEMMs (tensor cores
- * in bf16 hi + lo, bf16 single rounding, 128-row dequantization tiles, the int8 tensor-core
- * GEMM at its tile edges) with per-output bounds; and the prefill GEMM benchmark (--bench=gemm). */
+ * in bf16 hi + lo, bf16 single rounding, 128-row dequantization tiles) with per-output bounds;
+ * and the prefill GEMM benchmark (--bench=gemm). */
 #include "cuda_test.h"
 
 /* Float weight types: exact on the tensor-core path too (bf16 used in place with split
  * activations; f16/f32 stay on SGEMM). */
 static int cuda_float_type_host(int t) {
   return t == ANNA_DTYPE_F32 || t == ANNA_DTYPE_F16 || t == ANNA_DTYPE_BF16;
-}
-
-/* Types the int8 prefill GEMM (CUDA_GEMM_INT8) takes. */
-static int gemm_int8_type(int t) {
-  return t == ANNA_DTYPE_Q4_0 || t == ANNA_DTYPE_IQ4_NL || t == ANNA_DTYPE_IQ4_XS || t == ANNA_DTYPE_Q8_0 ||
-         t == ANNA_DTYPE_Q4_K || t == ANNA_DTYPE_Q5_K || t == ANNA_DTYPE_Q6_K;
 }
 
 /* ref[t, r] = the f64 dot of x_t and row r of wf (+ bias), and bnd[t, r] its accuracy bound
@@ -63,15 +57,12 @@ static double bound_check(const char *what, const float *g, const float *ref, co
   return q;
 }
 
-/* Prefill GEMM with int8 activations (CUDA_GEMM_INT8, exact off) against the f64 dot of the
- * f32 inputs, with test_matvec_int8's bound: each 32-element activation block rounds to
- * q * s, s = max|x| / 127 (error <= s / 2 per element), so output r may differ by
- * sum_i |w_ri| * s_blk(i) / 2 (1% slack for the f32 rounding of s and the products) plus
- * 1e-5 * sum_i |w_ri x_i| for the f32 accumulation. Fresh NaN outputs: an unwritten one
- * fails. Leaves the variant at CUDA_GEMM_BF16 and exact mode on. Returns the largest error /
- * bound. variant CUDA_GEMM_BF16_SINGLE instead: activations rounded once to bf16 (relative
- * error <= 2^-8 each), a quantized weight's dequantized values too, so output r may differ by
- * sum_i |w_ri x_i| * (2^-8 + 2^-8 + 2^-16) (1% slack) plus the same accumulation term. */
+/* Prefill GEMM with activations rounded once to bf16 (CUDA_GEMM_BF16_SINGLE, --dtype bf16;
+ * exact off) against the f64 dot of the f32 inputs: activations rounded once to bf16
+ * (relative error <= 2^-8 each), a quantized weight's dequantized values too, so output r may
+ * differ by sum_i |w_ri x_i| * (2^-8 + 2^-8 + 2^-16) (1% slack) plus 1e-5 * sum_i |w_ri x_i|
+ * for the f32 accumulation. Fresh NaN outputs: an unwritten one fails. Leaves the variant at
+ * CUDA_GEMM_BF16 and exact mode on. Returns the largest error / bound. */
 static double gemm_variant_check(const char *what, int variant, const ops_weight *ow, const float *x,
                                  const float *dx, const float *wf, const float *bias, int64_t n) {
   const double ux = 1.0 / 256, uw = cuda_float_type_host(ow->type) ? 0.0 : 1.0 / 256; /* bf16 weights: exact */
@@ -91,7 +82,7 @@ static double gemm_variant_check(const char *what, int variant, const ops_weight
   cuda_backend_set_exact(g_gpu, 1);
   float *g = dget(dy, n * rows);
   gpu_status(what);
-  const double q = bound_check(what, g, ref, bnd, n * rows, variant == CUDA_GEMM_INT8 ? "int8" : "bf16");
+  const double q = bound_check(what, g, ref, bnd, n * rows, "bf16");
   free(g), free(ref), free(bnd);
   dfree(dy);
   return q;
@@ -166,11 +157,6 @@ void test_matmul(void) {
           what[strlen(what) - strlen(" tensor cores, 128-row tiles")] = 0;
         }
         cuda_backend_set_exact(g_gpu, 1);
-        if (gemm_int8_type(type)) {
-          strncat(what, " int8", sizeof what - strlen(what) - 1);
-          gemm_variant_check(what, CUDA_GEMM_INT8, &ow, x, dx, wf, bias, n);
-          what[strlen(what) - strlen(" int8")] = 0;
-        }
         if (!cuda_float_type_host(type) || type == ANNA_DTYPE_BF16) {
           strncat(what, " bf16x1", sizeof what - strlen(what) - 1);
           gemm_variant_check(what, CUDA_GEMM_BF16_SINGLE, &ow, x, dx, wf, bias, n);
@@ -194,36 +180,6 @@ void test_matmul(void) {
     }
   }
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
-  /* The int8 GEMM's tile edges (128 rows x 128 tokens, K steps of 256): tokens 9..1000 (one
-   * and several token tiles, ragged), rows 17..1000 (odd, ragged), 1..4 super-blocks and 23
-   * blocks (a partial K step for the 32-element formats), a zero activation block (scale 0),
-   * a bias. {n, rows, super-blocks (32-element formats: 3 + 5 k blocks)}. */
-  const int i8shapes[][3] = {{9, 17, 1}, {130, 257, 2}, {67, 1000, 4}, {1000, 301, 3}, {129, 128, 1}};
-  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-    const int type = types[ti];
-    if (!gemm_int8_type(type)) continue;
-    const int64_t bs = dtype_block_size(type);
-    double worst = 0;
-    for (size_t s = 0; s < sizeof i8shapes / sizeof i8shapes[0]; s++) {
-      cuda_backend_drop_mirrors(g_gpu);
-      const int64_t n = i8shapes[s][0], rows = i8shapes[s][1];
-      const int64_t cols = bs == 32 ? 32 * (3 + 5 * i8shapes[s][2]) : 256 * i8shapes[s][2];
-      float *wf;
-      void *w = make_weight(type, rows, cols, &wf);
-      float *x = hrand(n * cols, 1.0f), *bias = s % 2 ? hrand(rows, 1.0f) : NULL;
-      if (s == 1)
-        for (int j = 32; j < 64; j++) x[cols + j] = 0.0f; /* token 1, block 1 */
-      ops_weight ow = {type, w, rows, cols};
-      float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
-      char what[128];
-      snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s int8 gemm", dtype_name(type), (long long)n, (long long)rows,
-               (long long)cols, bias ? " +bias" : "");
-      worst = fmax(worst, gemm_variant_check(what, CUDA_GEMM_INT8, &ow, x, dx, wf, bias, n));
-      dfree(dx);
-      free(w), free(wf), free(x), free(bias);
-    }
-    printf("  %-6s int8 gemm: largest error / bound %.3f\n", dtype_name(type), worst);
-  }
 }
 
 /* Decode matvecs with int8 activations (exact off): each 32-element activation block is
@@ -293,8 +249,7 @@ void test_matvec_int8(void) {
 
 /* Prefill GEMM throughput: n tokens x a 12288 x 4096 weight, f32 path (exact) against the
  * tensor-core paths (bf16: dequantized weights, the default numerics and the hi + lo split
- * for every type; int8: CUDA_GEMM_INT8 for
- * the types it takes); TFLOP/s = 2 * n * rows * cols / time (quantization included). Q4_K
+ * for every type); TFLOP/s = 2 * n * rows * cols / time (quantization included). Q4_K
  * also at 2048 and 8192 tokens (the issue-6 prefill size). */
 void bench_gemm(void) {
   const int cases[][2] = {{ANNA_DTYPE_BF16, 512}, {ANNA_DTYPE_Q8_0, 512},  {ANNA_DTYPE_Q4_K, 512},
@@ -309,11 +264,10 @@ void bench_gemm(void) {
     void *w = make_weight(type, rows, cols, &f);
     free(f);
     ops_weight ow = {type, w, rows, cols};
-    for (int mode = 0; mode < 4; mode++) { /* f32, bf16 tensor cores (default, split), int8 tensor cores */
-      if (mode == 3 && !gemm_int8_type(type)) continue;
+    for (int mode = 0; mode < 3; mode++) { /* f32, bf16 tensor cores (default, split) */
       if (mode == 2 && type == ANNA_DTYPE_BF16) continue; /* its default is the split */
       cuda_backend_set_exact(g_gpu, mode == 0);
-      cuda_backend_set_gemm_variant(g_gpu, mode == 3 ? CUDA_GEMM_INT8 : mode == 2 ? CUDA_GEMM_BF16_SPLIT : CUDA_GEMM_BF16);
+      cuda_backend_set_gemm_variant(g_gpu, mode == 2 ? CUDA_GEMM_BF16_SPLIT : CUDA_GEMM_BF16);
       g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
       gpu_status("gemm warmup");
       const int reps = n >= 8192 ? 5 : 20;
@@ -323,7 +277,7 @@ void bench_gemm(void) {
       double dt = (now_s() - t0) / reps;
       printf("  gemm %-6s n=%-4lld %lldx%lld %-12s: %8.1f us, %6.1f TFLOP/s\n", dtype_name(type), (long long)n,
              (long long)rows, (long long)cols,
-             mode == 0 ? "f32" : mode == 1 ? "tensor cores" : mode == 2 ? "tc split" : "int8 tc", dt * 1e6,
+             mode == 0 ? "f32" : mode == 1 ? "tensor cores" : "tc split", dt * 1e6,
              2.0 * n * rows * cols / dt / 1e12);
     }
     cuda_backend_drop_mirrors(g_gpu);

@@ -1,6 +1,7 @@
 /* test_cuda_moe.c: the MoE ops against the CPU backend: moe_route (ties included), moe_ffn at
  * decode sizes (f32 and int8 kernels, with per-output int8 bounds, recorded steps) and prefill
- * sizes (host-grouped, grouped tensor-core tiles, cuBLAS and pre-dequantized variants); and the
+ * sizes (host-grouped, grouped tensor-core tiles, cuBLAS and the pipelined tiles on
+ * pre-dequantized experts, each forced by its test hook); and the
  * MoE prefill and decode benchmarks (--bench=moe). */
 #include "cuda_test.h"
 
@@ -271,15 +272,6 @@ void test_moe(void) {
       /* default numerics: the int8 kernels where the types have them */
       cuda_backend_set_exact(g_gpu, 0);
       moe_int8_check(what, &m, x, idx, w, n, k, ref, dx, didx, dw, dscr);
-      /* the f32 decode kernels kept as a variant: f32 arithmetic in default mode too */
-      cuda_backend_set_moe_variant(g_gpu, CUDA_MOE_DECODE_F32);
-      float *df = dnan(n * H);
-      g_gpu->moe_ffn(g_gpu, df, dx, n, H, didx, dw, k, E, m.gate, fused ? NULL : m.up, m.down, ACT_KIND_SILU, dscr);
-      char fw[160];
-      snprintf(fw, sizeof fw, "%s f32 variant", what);
-      cmpd(fw, df, ref, n * H, tol);
-      dfree(df);
-      cuda_backend_set_moe_variant(g_gpu, CUDA_MOE_DEFAULT);
       cuda_backend_set_exact(g_gpu, 1);
     }
     dfree(dx), dfree(dw), dfree(didx), dfree(dscr), dfree(dy);
@@ -368,10 +360,10 @@ void test_moe_grouped(void) {
                        {100, 8, 2, 288, 96, ANNA_DTYPE_Q8_0, 0}};
   /* mode 5: default tiles with split activations for every type (CUDA_GEMM_BF16_SPLIT);
    * 6, 7: the cuBLAS path (quantized experts; bf16 ones fall back to the tile kernels) as
-   * one grouped call and as a loop of GEMMs; 8, 9: the pipelined and the plain tile kernel
-   * on experts dequantized first (also quantized experts only) */
+   * one grouped call and as the per-expert fallback loop; 8: the pipelined tile kernel on
+   * experts dequantized first (also quantized experts only) */
   const int variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_T16,    CUDA_MOE_T32,         CUDA_MOE_T64, CUDA_MOE_DEFAULT,
-                          CUDA_MOE_CUBLAS,  CUDA_MOE_CUBLAS_LOOP, CUDA_MOE_PIPE, CUDA_MOE_PREDEQ};
+                          CUDA_MOE_CUBLAS,  CUDA_MOE_CUBLAS_LOOP, CUDA_MOE_PIPE};
   for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
     cuda_backend_drop_mirrors(g_gpu);
     moe_case c;
@@ -398,7 +390,7 @@ void test_moe_grouped(void) {
       char what[128];
       static const char *const mname[] = {"exact",         "grouped", "grouped t16", "grouped t32",
                                           "grouped t64",   "grouped split", "cublas",  "cublas loop",
-                                          "pipe (predeq)", "predeq"};
+                                          "pipe (predeq)"};
       snprintf(what, sizeof what, "moe_ffn n=%lld E=%d k=%d H=%d I=%d %s%s %s", (long long)n, c.E, c.k, c.H, c.I,
                dtype_name(c.type), c.fused ? " fused" : "", mname[mode]);
       const double tol = exact || c.type == ANNA_DTYPE_BF16 ? 1e-4 : 1e-2;
@@ -430,7 +422,7 @@ void test_moe_grouped(void) {
 }
 
 /* MoE decode on the 35B-A3B layer shape (E 256, top-8, H 2048, I 512, separate gate/up): the
- * int8-activation kernels (default) against the f32 ones (CUDA_MOE_DECODE_F32), n = 1 and 4
+ * int8-activation kernels (default) against the f32 ones (exact mode's), n = 1 and 4
  * tokens. A step is NL calls with different random routings (as layers: 8 x 8 experts of
  * ~1.8 MB each at Q4_K, more than the 50 MB L2 holds, so a replay reads its experts from
  * memory), recorded as a graph; us per call = the replay's device time / NL. GB/s counts the
@@ -452,8 +444,7 @@ static void bench_moe_decode(int tgu, int td) {
   }
   float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ops_moe_scratch_floats(NMAX, k, H, I));
   float *dy = dnan(NMAX * H), res[4];
-  const int ns[] = {1, NMAX}, variants[] = {CUDA_MOE_DEFAULT, CUDA_MOE_DECODE_F32};
-  cuda_backend_set_exact(g_gpu, 0);
+  const int ns[] = {1, NMAX};
   for (int ni = 0; ni < 2; ni++) {
     const int n = ns[ni];
     double bytes = 0; /* distinct experts per call */
@@ -464,7 +455,7 @@ static void bench_moe_decode(int tgu, int td) {
         if (!seen) bytes += ebytes;
       }
     for (int v = 0; v < 2; v++) {
-      cuda_backend_set_moe_variant(g_gpu, variants[v]);
+      cuda_backend_set_exact(g_gpu, v); /* 0: int8 activations; 1: the f32 kernels */
       for (int l = 0; l < NL; l++) /* warm-up: mirrors and tables made outside the step */
         g_gpu->moe_ffn(g_gpu, dy, dx, n, H, didx[l], dw[l], k, E, m.gate, m.up, m.down, ACT_KIND_SILU, dscr);
       gpu_status("moe decode bench warmup");
@@ -500,7 +491,8 @@ static void bench_moe_decode(int tgu, int td) {
  * gets about n * 8 / 256 pairs): us per call of the host-grouped path (ids read back,
  * per-expert cuBLAS GEMMs), the default, the in-loop dequantizing tile kernels (each tile
  * forced, and their automatic pick), the cuBLAS path (dequantized experts, one grouped call
- * or a loop of GEMMs) and the tile kernels on dequantized experts (pipelined, plain). TFLOP/s counts the useful 2 * n * k * 3 * H * I flops. */
+ * or the fallback loop of GEMMs) and the pipelined tile kernel on dequantized experts. TFLOP/s
+ * counts the useful 2 * n * k * 3 * H * I flops. */
 void bench_moe(void) {
   printf("bench moe prefill (E 256, k 8, H 2048, I 512, Q4_K)\n");
   cuda_backend_drop_mirrors(g_gpu); /* the weights below may reuse freed host addresses */
@@ -509,9 +501,9 @@ void bench_moe(void) {
   const int64_t ns[] = {512, 2048, 4096, 8192};
   const int variants[] = {CUDA_MOE_HOST,   CUDA_MOE_DEFAULT, CUDA_MOE_T16,         CUDA_MOE_T32,
                           CUDA_MOE_T64,    CUDA_MOE_TILES,   CUDA_MOE_CUBLAS,      CUDA_MOE_CUBLAS_LOOP,
-                          CUDA_MOE_PIPE,   CUDA_MOE_PREDEQ};
+                          CUDA_MOE_PIPE};
   const char *const vname[] = {"host-grouped", "default",      "tiles t16", "tiles t32",   "tiles t64",
-                               "tiles (auto)", "cublas",       "cublas loop", "pipe",      "predeq"};
+                               "tiles (auto)", "cublas",       "cublas loop", "pipe"};
   cuda_backend_set_exact(g_gpu, 0);
   for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
     const int64_t n = ns[ni], nk = n * c.k, sf = ops_moe_scratch_floats(n, c.k, c.H, c.I);

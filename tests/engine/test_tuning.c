@@ -1,8 +1,9 @@
 /* test_tuning.c: the runtime switches (src/base/tuning.h) and the backend registry.
  * Tuning: defaults, every key set through tuning_parse and read back through tuning_format
  * (round trip), errors naming an unknown key or a bad value (and leaving the struct
- * unchanged), ANNA_TUNING then the options string (later wins), retired variables refused,
- * and the public surface (anna_context_options.tuning, anna_context_tuning).
+ * unchanged), ANNA_TUNING then the options string (later wins), replaced variables refused,
+ * the keys and variables of the retired A/B variants refused as retired, and the public
+ * surface (anna_context_options.tuning, anna_context_tuning).
  * Registry: cpu is listed first and always available; "auto" and NULL resolve; an unknown
  * device is refused with the message the API has always given.
  * Usage: test_tuning FIXTURES_DIR */
@@ -41,31 +42,32 @@ static int same(const anna_tuning *a, const anna_tuning *b) {
 static const char *other_value(const char *key) {
   static const struct {
     const char *key, *val;
-  } v[] = {{"prefix_kv_share", "0"},     {"moe_shared_slot", "0"},      {"host_sampling", "1"},
-           {"cuda_gemm", "split"},       {"cuda_gemm_tile_mb", "16"},   {"cuda_moe", "cublas_loop"},
-           {"cuda_moe_deq_mb", "512"},   {"cuda_gdn", "cluster"},       {"cuda_gdn_scan", "32"},
-           {"cuda_attn", "per_head"},    {"cuda_flash", "wmma"},        {"cuda_pdl", "0"},
-           {"cuda_fuse_norm", "0"},      {"cuda_graph_piece", "0"},     {"cuda_route_fold", "0"}};
+  } v[] = {{"prefix_kv_share", "0"}, {"host_sampling", "1"}, {"cuda_moe_deq_mb", "512"}};
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
     if (!strcmp(v[i].key, key)) return v[i].val;
   return NULL;
 }
 
+/* The keys retired with their variants (bench/RESULTS.md, "Variants retired") and the
+ * variables they had replaced. */
+static const char *const retired_keys[][2] = {
+    {"moe_shared_slot", "ANNA_MOE_SHARED_SLOT"}, {"cuda_gemm", "ANNA_CUDA_GEMM"},
+    {"cuda_gemm_tile_mb", "ANNA_CUDA_GEMM_TILE_MB"}, {"cuda_moe", "ANNA_CUDA_MOE"},
+    {"cuda_gdn", "ANNA_CUDA_GDN"}, {"cuda_gdn_scan", "ANNA_CUDA_GDN_SCAN"},
+    {"cuda_attn", "ANNA_CUDA_ATTN"}, {"cuda_flash", "ANNA_CUDA_FLASH"},
+    {"cuda_pdl", "ANNA_CUDA_PDL"}, {"cuda_fuse_norm", "ANNA_CUDA_FUSE_NORM"},
+    {"cuda_graph_piece", "ANNA_CUDA_GRAPH_PIECE"}, {"cuda_route_fold", "ANNA_CUDA_ROUTE_FOLD"}};
+#define N_RETIRED (sizeof retired_keys / sizeof retired_keys[0])
+
 static void test_defaults_and_format(void) {
   anna_tuning t;
   tuning_defaults(&t);
   CHECK(t.prefix_kv_share == 1 && t.moe_shared_slot == 1 && t.host_sampling == 0, "bool defaults");
-  CHECK(t.cuda_gemm == TUNING_CUDA_GEMM_BF16 && t.cuda_moe == TUNING_CUDA_MOE_DEFAULT && t.cuda_gdn == TUNING_CUDA_GDN_HEAD &&
-            t.cuda_attn == TUNING_CUDA_ATTN_DEFAULT && t.cuda_flash == TUNING_CUDA_FLASH_MMA,
-        "enum defaults");
-  CHECK(t.cuda_gemm_tile_mb == 0 && t.cuda_moe_deq_mb == 2048 && t.cuda_gdn_scan == 0 && t.cuda_pdl == 1 &&
-            t.cuda_fuse_norm == 1 && t.cuda_graph_piece == 48 && t.cuda_route_fold == 1,
-        "numeric defaults");
+  CHECK(t.cuda_moe_deq_mb == 2048, "numeric defaults");
   char buf[2048];
   size_t n = tuning_format(&t, buf, sizeof buf);
   CHECK(n == strlen(buf), "format length %zu vs %zu", n, strlen(buf));
-  CHECK(strstr(buf, "cuda_gemm=bf16\n") && strstr(buf, "cuda_graph_piece=48\n") && strstr(buf, "prefix_kv_share=1\n"),
-        "format text:\n%s", buf);
+  CHECK(!strcmp(buf, "prefix_kv_share=1\nhost_sampling=0\ncuda_moe_deq_mb=2048\n"), "format text:\n%s", buf);
   /* truncation: snprintf's convention, always terminated */
   char small[10];
   size_t m = tuning_format(&t, small, sizeof small);
@@ -73,7 +75,9 @@ static void test_defaults_and_format(void) {
   int keys = 0, lines = 0;
   while (tuning_key(keys)) keys++;
   for (const char *p = buf; *p; p++) lines += *p == '\n';
-  CHECK(keys == 15 && lines == keys, "%d keys, %d lines", keys, lines);
+  CHECK(keys == 3 && lines == keys, "%d keys, %d lines", keys, lines);
+  for (size_t i = 0; i < N_RETIRED; i++)
+    for (int j = 0; j < keys; j++) CHECK(strcmp(tuning_key(j), retired_keys[i][0]), "%s is a key", tuning_key(j));
 }
 
 static void test_every_key(void) {
@@ -107,25 +111,9 @@ static void test_every_key(void) {
   CHECK(same(&a, &b), "round trip differs");
   tuning_format(&b, buf2, sizeof buf2);
   CHECK(!strcmp(buf, buf2), "round trip text differs");
-  /* every enum name parses */
-  const char *names[] = {"cuda_gemm=bf16",        "cuda_gemm=int8",         "cuda_gemm=bf16x1",    "cuda_gemm=split",
-                         "cuda_moe=default",      "cuda_moe=decode_f32",    "cuda_moe=cublas",     "cuda_moe=cublas_loop",
-                         "cuda_moe=pipe",         "cuda_moe=predeq",        "cuda_moe=tiles",      "cuda_gdn=head",
-                         "cuda_gdn=cluster",      "cuda_attn=default",      "cuda_attn=per_head",  "cuda_flash=mma",
-                         "cuda_flash=wmma",       "cuda_gdn_scan=16",       "cuda_gdn_scan=0",     "cuda_graph_piece=1000"};
-  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-    anna_tuning t;
-    tuning_defaults(&t);
-    CHECK(tuning_parse(&t, names[i], err, sizeof err) == 0, "%s: %s", names[i], err);
-    tuning_format(&t, buf, sizeof buf);
-    char line[96];
-    snprintf(line, sizeof line, "%s\n", names[i]);
-    CHECK(strstr(buf, line) != NULL, "%s does not print back", names[i]);
-  }
   anna_tuning t;
   tuning_defaults(&t);
-  CHECK(tuning_parse(&t, "cuda_gemm=int8", err, sizeof err) == 0 && t.cuda_gemm == TUNING_CUDA_GEMM_INT8, "int8");
-  CHECK(tuning_parse(&t, "cuda_moe=tiles", err, sizeof err) == 0 && t.cuda_moe == TUNING_CUDA_MOE_TILES, "tiles");
+  CHECK(tuning_parse(&t, "cuda_moe_deq_mb=1", err, sizeof err) == 0 && t.cuda_moe_deq_mb == 1, "deq 1");
   CHECK(tuning_parse(&t, "", err, sizeof err) == 0 && tuning_parse(&t, NULL, err, sizeof err) == 0 &&
             tuning_parse(&t, ",, ,", err, sizeof err) == 0,
         "empty specs");
@@ -134,7 +122,7 @@ static void test_every_key(void) {
 static void expect_err(const char *spec, const char *needle) {
   anna_tuning t, d;
   tuning_defaults(&t);
-  t.cuda_gdn_scan = 16; /* a non-default value that must survive the failed call */
+  t.cuda_moe_deq_mb = 16; /* a non-default value that must survive the failed call */
   d = t;
   char err[256] = "";
   int rc = tuning_parse(&t, spec, err, sizeof err);
@@ -145,46 +133,60 @@ static void expect_err(const char *spec, const char *needle) {
 
 static void test_errors(void) {
   expect_err("bogus=1", "unknown tuning key 'bogus'");
-  expect_err("cuda_gemm=int8,bogus_key=3", "bogus_key");
-  expect_err("cuda_gemm=fp8", "tuning key 'cuda_gemm': bad value 'fp8' (have: bf16, int8, bf16x1, split)");
-  expect_err("prefix_kv_share=2", "tuning key 'prefix_kv_share': bad value '2'");
+  expect_err("host_sampling=1,bogus_key=3", "bogus_key");
+  expect_err("prefix_kv_share=2", "tuning key 'prefix_kv_share': bad value '2' (have: 0, 1)");
   expect_err("prefix_kv_share=yes", "prefix_kv_share");
-  expect_err("cuda_gdn_scan=24", "have: 0, 16, 32");
-  expect_err("cuda_moe_deq_mb=0", "cuda_moe_deq_mb");
-  expect_err("cuda_graph_piece=-1", "cuda_graph_piece");
-  expect_err("cuda_gemm_tile_mb=12x", "cuda_gemm_tile_mb");
-  expect_err("cuda_pdl=", "cuda_pdl");
-  expect_err("cuda_pdl", "expected key=value");
+  expect_err("cuda_moe_deq_mb=0", "tuning key 'cuda_moe_deq_mb': bad value '0' (an integer in 1..1048576)");
+  expect_err("cuda_moe_deq_mb=12x", "cuda_moe_deq_mb");
+  expect_err("host_sampling=", "host_sampling");
+  expect_err("host_sampling", "expected key=value");
   expect_err("PREFIX_KV_SHARE=0", "unknown tuning key");
+  /* every retired key: refused as retired, whatever its old value */
+  for (size_t i = 0; i < N_RETIRED; i++) {
+    char spec[96], needle[96];
+    snprintf(spec, sizeof spec, "prefix_kv_share=0,%s=1", retired_keys[i][0]);
+    snprintf(needle, sizeof needle, "tuning key '%s' was retired", retired_keys[i][0]);
+    expect_err(spec, needle);
+  }
+  expect_err("cuda_gemm=bf16x1", "--dtype bf16");
 }
 
 static void test_env(void) {
   char err[256] = "";
   anna_tuning t;
   unsetenv("ANNA_TUNING");
-  CHECK(tuning_from_env(&t, NULL, err, sizeof err) == 0 && t.cuda_gemm == TUNING_CUDA_GEMM_BF16, "no env: %s", err);
-  setenv("ANNA_TUNING", "cuda_gemm=int8,prefix_kv_share=0", 1);
-  CHECK(tuning_from_env(&t, NULL, err, sizeof err) == 0 && t.cuda_gemm == TUNING_CUDA_GEMM_INT8 && !t.prefix_kv_share,
-        "env: %s", err);
+  CHECK(tuning_from_env(&t, NULL, err, sizeof err) == 0 && t.prefix_kv_share && t.cuda_moe_deq_mb == 2048,
+        "no env: %s", err);
+  setenv("ANNA_TUNING", "cuda_moe_deq_mb=64,prefix_kv_share=0", 1);
+  CHECK(tuning_from_env(&t, NULL, err, sizeof err) == 0 && t.cuda_moe_deq_mb == 64 && !t.prefix_kv_share, "env: %s",
+        err);
   /* the options string comes after the environment: it wins where both set a key */
-  CHECK(tuning_from_env(&t, "cuda_gemm=split,cuda_pdl=0", err, sizeof err) == 0 &&
-            t.cuda_gemm == TUNING_CUDA_GEMM_SPLIT && !t.prefix_kv_share && !t.cuda_pdl,
+  CHECK(tuning_from_env(&t, "cuda_moe_deq_mb=128,host_sampling=1", err, sizeof err) == 0 && t.cuda_moe_deq_mb == 128 &&
+            !t.prefix_kv_share && t.host_sampling,
         "env + override: %s", err);
-  setenv("ANNA_TUNING", "cuda_gemm=nope", 1);
+  setenv("ANNA_TUNING", "cuda_moe_deq_mb=nope", 1);
   int rc = tuning_from_env(&t, NULL, err, sizeof err);
-  CHECK(rc == ANNA_EINVAL && strstr(err, "ANNA_TUNING") && strstr(err, "cuda_gemm"), "bad env: %d %s", rc, err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "ANNA_TUNING") && strstr(err, "cuda_moe_deq_mb"), "bad env: %d %s", rc, err);
+  setenv("ANNA_TUNING", "cuda_gemm=split", 1);
+  rc = tuning_from_env(&t, NULL, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "ANNA_TUNING") && strstr(err, "'cuda_gemm' was retired"), "retired key: %s",
+        err);
   unsetenv("ANNA_TUNING");
   CHECK(tuning_from_env(&t, "nokey=1", err, sizeof err) == ANNA_EINVAL && strstr(err, "nokey"), "bad extra: %s", err);
-  /* a retired variable is refused, naming its key */
-  setenv("ANNA_CUDA_GEMM", "int8", 1);
-  rc = tuning_from_env(&t, NULL, err, sizeof err);
-  CHECK(rc == ANNA_EINVAL && strstr(err, "ANNA_CUDA_GEMM") && strstr(err, "ANNA_TUNING=cuda_gemm="), "retired: %s",
-        err);
-  unsetenv("ANNA_CUDA_GEMM");
+  /* a replaced variable is refused, naming its key */
   setenv("ANNA_PREFIX_KV_SHARE", "0", 1);
   rc = tuning_from_env(&t, NULL, err, sizeof err);
-  CHECK(rc == ANNA_EINVAL && strstr(err, "prefix_kv_share"), "retired: %s", err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "ANNA_PREFIX_KV_SHARE") && strstr(err, "ANNA_TUNING=prefix_kv_share="),
+        "replaced: %s", err);
   unsetenv("ANNA_PREFIX_KV_SHARE");
+  /* a retired variant's variable is refused as retired */
+  for (size_t i = 0; i < N_RETIRED; i++) {
+    setenv(retired_keys[i][1], "0", 1);
+    rc = tuning_from_env(&t, NULL, err, sizeof err);
+    CHECK(rc == ANNA_EINVAL && strstr(err, retired_keys[i][1]) && strstr(err, "retired"), "%s: %s",
+          retired_keys[i][1], err);
+    unsetenv(retired_keys[i][1]);
+  }
 }
 
 static void test_registry(void) {
@@ -224,43 +226,36 @@ static void test_context(const char *fixtures) {
     g_fail++;
     return;
   }
-  anna_context_options o = {.n_threads = 2, .n_ctx = 64, .tuning = "prefix_kv_share=0,cuda_gemm=int8"};
+  anna_context_options o = {.n_threads = 2, .n_ctx = 64, .tuning = "prefix_kv_share=0,host_sampling=1"};
   anna_context *c = NULL;
   int rc = anna_context_create(&c, m, &o, err, sizeof err);
   CHECK(rc == 0, "create: %s", err);
   if (!rc) {
     char buf[2048];
     int n = anna_context_tuning(c, buf, sizeof buf);
-    CHECK(n > 0 && strstr(buf, "prefix_kv_share=0\n") && strstr(buf, "cuda_gemm=int8\n") &&
-              strstr(buf, "moe_shared_slot=1\n"),
+    CHECK(n > 0 && strstr(buf, "prefix_kv_share=0\n") && strstr(buf, "host_sampling=1\n") &&
+              !strstr(buf, "moe_shared_slot"),
           "anna_context_tuning:\n%s", buf);
     anna_context_free(c);
   }
   o.tuning = "prefix_kv_share=maybe";
   rc = anna_context_create(&c, m, &o, err, sizeof err);
   CHECK(rc == ANNA_EINVAL && strstr(err, "prefix_kv_share"), "bad options string: %d %s", rc, err);
-  o.tuning = "moe_shared_slot=0";
+  o.tuning = "moe_shared_slot=0"; /* retired */
   rc = anna_context_create(&c, m, &o, err, sizeof err);
-  CHECK(rc == ANNA_EINVAL && strstr(err, "model load"), "model key on a context: %d %s", rc, err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "retired"), "retired key on a context: %d %s", rc, err);
   o.tuning = NULL;
   o.device = "tpu";
   rc = anna_context_create(&c, m, &o, err, sizeof err);
   CHECK(rc == ANNA_EUNSUPPORTED && strstr(err, "device 'tpu' is not available"), "device: %s", err);
   anna_model_free(m);
-  anna_model_options mo = {.tuning = "moe_shared_slot=0"};
+  anna_model_options mo = {.tuning = "prefix_kv_share=0"};
   rc = anna_model_load(&m, path, &mo, err, sizeof err);
   CHECK(rc == 0, "load with tuning: %s", err);
-  if (!rc) {
-    o.device = NULL;
-    o.tuning = "moe_shared_slot=0"; /* the same as the model's: fine */
-    rc = anna_context_create(&c, m, &o, err, sizeof err);
-    CHECK(rc == 0, "same model key: %s", err);
-    if (!rc) anna_context_free(c);
-    anna_model_free(m);
-  }
-  mo.tuning = "moe_shared_slot=2";
+  if (!rc) anna_model_free(m);
+  mo.tuning = "moe_shared_slot=0";
   rc = anna_model_load(&m, path, &mo, err, sizeof err);
-  CHECK(rc == ANNA_EINVAL && strstr(err, "moe_shared_slot"), "bad model tuning: %s", err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "moe_shared_slot") && strstr(err, "retired"), "retired model key: %s", err);
 }
 
 int main(int argc, char **argv) {

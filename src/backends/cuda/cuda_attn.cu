@@ -858,7 +858,7 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
    * keys, 0.8B shape): 64-row tiles 52.5 TFLOP/s, 64-key tiles 63.0, this one 61.4; within
    * noise of each other or slower, so only this one is built. */
   const int RB = D <= 256 ? 8 : 4, BK = D <= 256 ? 32 : 64;
-  /* the mma.sync kernel where it is built (CUDA_FLASH_WMMA: the WMMA one, for A/B runs) */
+  /* the mma.sync kernel where it is built (the test hook CUDA_FLASH_WMMA: the WMMA one) */
   const int fbk = ci->flash_variant == CUDA_FLASH_WMMA ? 0 : fm_key_tile(D);
   const int BM = fbk ? FM_BM : 16 * RB, TQ = BM / G;
   const size_t smem = fbk ? fm_smem_bytes(fbk, D) : fa_smem_bytes(BM, BK, D);

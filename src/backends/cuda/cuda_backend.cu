@@ -772,8 +772,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
     return put_err(err, errlen, code, "cuda backend: %s: %s", what, cudaGetErrorString(e));
   }
   ci->deq_floats = DEQ_FLOATS;
-  /* The runtime switches (base/tuning.h: each field's default and the run behind it). */
-  cuda_backend_set_gemm_tile(be, (size_t)t->cuda_gemm_tile_mb << 20);
+  cuda_backend_set_gemm_tile(be, 0); /* the whole scratch */
   ci->att_part_floats = ATT_PART_FLOATS;
   ci->topk_scr_bytes = TOPK_SCR_BYTES;
   ci->mv_smem = cuda_matmul_setup();
@@ -786,35 +785,19 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
       (void)cudaGetLastError();
       ci->n_sm = 0;
     }
-    ci->pdl = ci->pdl_ok && t->cuda_pdl;
-    /* cuda_fuse_norm=0: every add_rmsnorm its own kernel (cuda_pnorm) */
-    if (!t->cuda_fuse_norm) {
-      cudaFree(ci->pnorm_count);
-      ci->pnorm_count = NULL;
-    }
-    ci->piece_at = t->cuda_graph_piece > 0 ? t->cuda_graph_piece : 0;
-    ci->attn_variant = t->cuda_attn == TUNING_CUDA_ATTN_PER_HEAD ? CUDA_ATTN_PER_HEAD : CUDA_ATTN_DEFAULT;
-    ci->flash_variant = t->cuda_flash == TUNING_CUDA_FLASH_WMMA ? CUDA_FLASH_WMMA : CUDA_FLASH_MMA;
+    ci->pdl = ci->pdl_ok;
+    ci->piece_at = CUDA_GRAPH_PIECE;
   }
-  {
-    ci->gemm_variant = t->cuda_gemm == TUNING_CUDA_GEMM_INT8     ? CUDA_GEMM_INT8
-                       : t->cuda_gemm == TUNING_CUDA_GEMM_BF16X1 ? CUDA_GEMM_BF16_SINGLE
-                       : t->cuda_gemm == TUNING_CUDA_GEMM_SPLIT  ? CUDA_GEMM_BF16_SPLIT
-                                                                 : CUDA_GEMM_BF16;
-    switch (t->cuda_moe) {
-    case TUNING_CUDA_MOE_DECODE_F32: ci->moe_variant = CUDA_MOE_DECODE_F32; break;
-    case TUNING_CUDA_MOE_CUBLAS: ci->moe_variant = CUDA_MOE_CUBLAS; break;
-    case TUNING_CUDA_MOE_CUBLAS_LOOP: ci->moe_variant = CUDA_MOE_CUBLAS_LOOP; break;
-    case TUNING_CUDA_MOE_PIPE: ci->moe_variant = CUDA_MOE_PIPE; break;
-    case TUNING_CUDA_MOE_PREDEQ: ci->moe_variant = CUDA_MOE_PREDEQ; break;
-    case TUNING_CUDA_MOE_TILES: ci->moe_variant = CUDA_MOE_TILES; break;
-    default: break; /* CUDA_MOE_DEFAULT (calloc) */
-    }
-    /* the MoE prefill's dequantized experts */
-    ci->moe_deq_cap = t->cuda_moe_deq_mb > 0 ? (size_t)t->cuda_moe_deq_mb << 20 : (size_t)2 << 30;
-    ci->gdn_variant = t->cuda_gdn == TUNING_CUDA_GDN_CLUSTER ? CUDA_GDN_CLUSTER : CUDA_GDN_HEAD;
-    cuda_backend_set_gdn_scan_cols(be, t->cuda_gdn_scan);
-  }
+  /* The automatic paths (the variants these fields select are test hooks, cuda_backend.h;
+   * the retired A/B runs: bench/RESULTS.md, "Variants retired"); calloc left the rest 0. */
+  ci->attn_variant = CUDA_ATTN_DEFAULT;
+  ci->flash_variant = CUDA_FLASH_MMA;
+  ci->gemm_variant = CUDA_GEMM_BF16;
+  ci->moe_variant = CUDA_MOE_DEFAULT;
+  ci->gdn_variant = CUDA_GDN_HEAD;
+  ci->gdn_scan_cols = 0;
+  /* the runtime knob (base/tuning.h): the MoE prefill's dequantized experts */
+  ci->moe_deq_cap = t && t->cuda_moe_deq_mb > 0 ? (size_t)t->cuda_moe_deq_mb << 20 : (size_t)2 << 30;
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;
     cuda_backend_free(be);
@@ -840,8 +823,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->copy = cu_copy;
   be->matmul = cuda_op_matmul;
   be->matmul_group = cuda_op_matmul_group;
-  /* cuda_route_fold=0: the model routes with its own launch (A/B runs) */
-  be->matmul_group_route = t->cuda_route_fold ? cuda_op_matmul_group_route : NULL;
+  be->matmul_group_route = cuda_op_matmul_group_route;
   be->act_matmul = cuda_op_act_matmul;
   be->act_matmul_gated_add = cuda_op_act_matmul_gated_add;
   be->embed = cuda_op_embed;

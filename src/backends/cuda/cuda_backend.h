@@ -9,6 +9,12 @@
  * Errors never abort: a failed CUDA/cuBLAS call or an unsupported argument sets a sticky
  * error; every later op becomes a no-op and cuda_backend_error reports the first failure.
  * alloc returns NULL when device memory is exhausted.
+ *
+ * Kernels are picked automatically (by shape, type and exact mode). The cuda_backend_set_*
+ * "variant" setters below are test hooks: tests/cuda force each automatic path at small
+ * sizes to check it against the CPU reference, and test_cuda_ops --bench times them. They
+ * are not runtime switches (the A/B variants they once selected were retired: bench/
+ * RESULTS.md, "Variants retired"); the runtime ones are anna_tuning's (base/tuning.h).
  */
 #ifndef ANNA_BACKENDS_CUDA_H
 #define ANNA_BACKENDS_CUDA_H
@@ -27,7 +33,7 @@ extern "C" {
 int cuda_backend_available(void);
 
 /* max_batch: most rows any op gets per call (sizes the pointer rings); t: the runtime
- * switches (the cuda_* fields of anna_tuning), applied here, borrowed for the call. The
+ * switches (cuda_moe_deq_mb), applied here, borrowed for the call (NULL: the defaults). The
  * table's lifecycle entries (ops.h: destroy, error, step_begin/end, set_graphs, step_stats)
  * are the functions below; graphs start off. Caller frees with cuda_backend_free (= destroy).
  * Returns 0, ANNA_EUNSUPPORTED (no device), ANNA_ENOMEM or ANNA_EIO. */
@@ -54,7 +60,7 @@ void cuda_backend_set_exact(ops_backend *be, int on);
 
 /* Decode matvecs (n <= 8 tokens) of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K and Q6_K weights
  * quantize the activations to int8 per 32-element block (dp4a dots, f32 scales) unless
- * exact mode is on. Variants, for side-by-side benchmarks and f32-bound tests:
+ * exact mode is on. Test hooks (f32-bound tests and the --bench rows):
  * CUDA_MV_DEFAULT (that), CUDA_MV_F32 (f32 activations always: the kernels exact mode
  * uses), CUDA_MV_INT8_R4 (int8 with 4 rows per warp instead of 2 for 1-2 tokens). */
 enum { CUDA_MV_DEFAULT = 0, CUDA_MV_F32 = 1, CUDA_MV_INT8_R4 = 2 };
@@ -63,46 +69,40 @@ void cuda_backend_set_matvec_variant(ops_backend *be, int variant);
 /* MoE prefill (moe_ffn above the decode range, exact mode off) runs as grouped GEMMs on the
  * device: from 32 pairs per expert quantized experts are dequantized to bf16 first and
  * multiplied by a pipelined tile kernel, from 192 by cuBLAS's grouped GEMM (the pair counts
- * read back once per call); below 32 the tile kernels dequantize inside their K loop. Tiles
- * are picked from the batch shape. MoE decode (exact
- * mode off) quantizes the activations to int8 for experts of the int8 matvec types. Variants,
- * for benchmarks and tests: CUDA_MOE_DEFAULT (that), CUDA_MOE_HOST (the exact mode's
- * host-grouped path: ids read back, per-expert matmuls), CUDA_MOE_T16 / T32 / T64 (in-loop
- * dequantizing tile kernels, tiles of 16 / 32 / 64 pairs), CUDA_MOE_TILES (those, automatic
- * tile), CUDA_MOE_PIPE / CUDA_MOE_PREDEQ (the pipelined / plain tile kernel on experts
- * dequantized first),
- * CUDA_MOE_CUBLAS (the cuBLAS path whenever it can take the weights), CUDA_MOE_DECODE_F32
- * (decode on the f32-activation kernels exact mode uses; prefill as the default). At creation
- * the tuning key cuda_moe=decode_f32 | cublas | cublas_loop | tiles | pipe | predeq picks one,
- * and cuda_moe_deq_mb caps the dequantized-experts buffer (default
- * 2048 MiB: the pipelined kernel needs a whole layer's experts in it, the cuBLAS path takes
- * them in chunks that fit). */
+ * read back once per call; a loop of one GEMM per expert where this cuBLAS refuses the
+ * grouped call); below 32 the tile kernels dequantize inside their K loop. Tiles are picked
+ * from the batch shape. MoE decode (exact mode off) quantizes the activations to int8 for
+ * experts of the int8 matvec types. The tuning key cuda_moe_deq_mb caps the
+ * dequantized-experts buffer (default 2048 MiB: the pipelined kernel needs a whole layer's
+ * experts in it, the cuBLAS path takes them in chunks that fit).
+ * Test hooks, each forcing one automatic path: CUDA_MOE_DEFAULT (the automatic choice),
+ * CUDA_MOE_HOST (the exact mode's host-grouped path: ids read back, per-expert matmuls),
+ * CUDA_MOE_T16 / T32 / T64 (in-loop dequantizing tile kernels, tiles of 16 / 32 / 64 pairs),
+ * CUDA_MOE_TILES (those, automatic tile), CUDA_MOE_PIPE (the pipelined tile kernel on
+ * experts dequantized first, whenever it can), CUDA_MOE_CUBLAS (the cuBLAS path whenever it
+ * can take the weights), CUDA_MOE_CUBLAS_LOOP (that path's per-expert fallback loop). */
 enum {
   CUDA_MOE_DEFAULT = 0,
   CUDA_MOE_HOST = 1,
-  CUDA_MOE_DECODE_F32 = 2,
   CUDA_MOE_CUBLAS = 3,
   CUDA_MOE_TILES = 4,
-  CUDA_MOE_CUBLAS_LOOP = 5, /* the cuBLAS path with one GEMM call per expert (A/B of the grouped call) */
-  CUDA_MOE_PIPE = 6,        /* the pipelined tile kernel on experts dequantized first, whenever it can */
-  CUDA_MOE_PREDEQ = 7,      /* the unpipelined tile kernel on those bf16 experts (A/B) */
+  CUDA_MOE_CUBLAS_LOOP = 5,
+  CUDA_MOE_PIPE = 6,
   CUDA_MOE_T16 = 16,
   CUDA_MOE_T32 = 32,
   CUDA_MOE_T64 = 64
 };
 void cuda_backend_set_moe_variant(ops_backend *be, int variant);
-/* The fused GDN decode step (gdn_step): CUDA_GDN_HEAD (default) gives each v-head one block
- * (dk, dv <= 128, 1, 2 or 4 v-heads per k-head; other shapes take the cluster kernel);
- * CUDA_GDN_CLUSTER splits each k-head group's state columns over a cluster of 8 blocks (also
- * the tuning key cuda_gdn=cluster at creation). H200, anna-bench decode after
- * 512: 35B-A3B shape 353.7 -> 360.3 tok/s, 9B 370.8 -> 378.9 with the per-head kernel. */
+/* The fused GDN decode step (gdn_step): one block per v-head (CUDA_GDN_HEAD, the default)
+ * for dk, dv <= 128 and 1, 2 or 4 v-heads per k-head; other shapes take the cluster kernel,
+ * which splits each k-head group's state columns over a cluster of 8 blocks. Test hook:
+ * CUDA_GDN_CLUSTER sends every shape to the cluster kernel. */
 enum { CUDA_GDN_CLUSTER = 0, CUDA_GDN_HEAD = 1 };
 void cuda_backend_set_gdn_variant(ops_backend *be, int variant);
-/* The chunked GDN prefill's sequential phase keeps cols (16 or 32) state columns per block:
- * 32 reads each chunk's W, Q, K and P half as often (one 512-thread block per SM), 16 gives
- * twice the blocks; 0 (default) picks 32 when its blocks still cover 3/4 of the SMs (H200,
- * 8192 tokens: hv 32 3708 vs 4016 us, hv 16 1532 vs 1253 us). Also the tuning key
- * cuda_gdn_scan=16|32 at creation. */
+/* The chunked GDN prefill's sequential phase keeps 16 or 32 state columns per block: 32 reads
+ * each chunk's W, Q, K and P half as often (one 512-thread block per SM), 16 gives twice the
+ * blocks; picked by shape (32 when its blocks still cover 3/4 of the SMs). Test hook: cols 16
+ * or 32 forces one, 0 the automatic choice. */
 void cuda_backend_set_gdn_scan_cols(ops_backend *be, int cols);
 
 /* Decode steps as CUDA graphs: between step_begin and step_end the ops of a batch of at
@@ -116,43 +116,37 @@ void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);
 /* Early launch: once a recorded step holds `nodes` launches it runs them as a graph of their
  * own and records the rest of the step as a second graph, so the GPU works while the host
- * records (default CUDA_GRAPH_PIECE, 48; 0: one graph per step; also the tuning key
- * cuda_graph_piece at creation). The results are the same either way. */
+ * records (CUDA_GRAPH_PIECE, 48, at creation). Test hook: other piece sizes, 0 for one graph
+ * per step (what a step of fewer nodes gets anyway). The results are the same either way. */
 void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes);
-/* Programmatic dependent launch inside decode graphs (sm_90 and newer; on by default there,
- * or as the tuning key cuda_pdl=0 at creation says): kernels written for it
- * may launch while the kernel before them finishes, hiding the per-kernel launch gap.
- * Takes effect for graphs built afterwards; a device without it ignores on. */
+/* Programmatic dependent launch inside decode graphs (sm_90 and newer; on wherever the device
+ * has it): kernels written for it may launch while the kernel before them finishes, hiding
+ * the per-kernel launch gap. Test and bench hook: 0 gives the launches of a device without
+ * it. Takes effect for graphs built afterwards; a device without it ignores on. */
 void cuda_backend_set_pdl(ops_backend *be, int on);
-/* Decode attention (runs the flash kernel does not take) over grouped queries (2..8 query
- * heads per kv head, head_dim <= 256): CUDA_ATTN_DEFAULT reads each K/V row once per kv head
- * for the whole group; CUDA_ATTN_PER_HEAD keeps one block per query head (each group re-reads
- * the rows), for side-by-side runs; also the tuning key cuda_attn=per_head at
- * creation. */
+/* Decode attention (runs the flash kernel does not take): grouped queries (2..8 query heads
+ * per kv head, head_dim <= 256) read each K/V row once per kv head for the whole group
+ * (CUDA_ATTN_DEFAULT); other shapes keep one block per query head. Test hook:
+ * CUDA_ATTN_PER_HEAD sends grouped shapes to the per-head kernel too. */
 enum { CUDA_ATTN_DEFAULT = 0, CUDA_ATTN_PER_HEAD = 1 };
 void cuda_backend_set_attn_variant(ops_backend *be, int variant);
-/* Flash prefill attention (exact off): CUDA_FLASH_MMA (default) runs head dims 32, 64, 128
- * and 256 on the mma.sync kernel (scores and probabilities in registers, K/V staged by
- * cp.async), other dims on the WMMA one; CUDA_FLASH_WMMA sends every dim to the WMMA kernel,
- * for side-by-side runs; also the tuning key cuda_flash=wmma at creation. */
+/* Flash prefill attention (exact off): head dims 32, 64, 128 and 256 on the mma.sync kernel
+ * (scores and probabilities in registers, K/V staged by cp.async), other dims on the WMMA
+ * one (CUDA_FLASH_MMA). Test hook: CUDA_FLASH_WMMA sends every dim to the WMMA kernel. */
 enum { CUDA_FLASH_MMA = 0, CUDA_FLASH_WMMA = 1 };
 void cuda_backend_set_flash_variant(ops_backend *be, int variant);
-/* Prefill GEMMs of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K and Q6_K weights (exact mode off):
- * CUDA_GEMM_BF16 (default: weight tiles dequantized to bf16, cuBLAS on split bf16
- * activations) or CUDA_GEMM_INT8 (activations quantized to int8 per 32-element block as the
- * decode matvec does, int8 tensor cores on weights decoded in shared memory; also the
- * tuning key cuda_gemm=int8 at creation). Other weights ignore it.
- * CUDA_GEMM_BF16_SINGLE (cuda_gemm=bf16x1): bf16 and quantized weights, the activations
- * rounded once to bf16 and multiplied once (llama.cpp's precision: half the tensor-core work
- * of the hi + lo split, 8 significant bits instead of 16; moves the fixtures' logits past the
- * 5e-3 bound, so never the default; `--dtype bf16` selects it, see anna_model_options). CUDA_GEMM_BF16_SPLIT (cuda_gemm=split): the hi + lo
- * split for every weight type. */
-enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_INT8 = 1, CUDA_GEMM_BF16_SINGLE = 2, CUDA_GEMM_BF16_SPLIT = 3 };
+/* Prefill GEMMs of bf16 and quantized weights (exact mode off): CUDA_GEMM_BF16 (default:
+ * quantized weight tiles dequantized to bf16 times activations rounded once to bf16; bf16
+ * weights times activations split into bf16 hi + lo, two products). CUDA_GEMM_BF16_SINGLE:
+ * the activations rounded once for bf16 weights too (llama.cpp's precision: half the
+ * tensor-core work of the split, 8 significant bits instead of 16; moves the fixtures'
+ * logits past the 5e-3 bound, so never the default; `--dtype bf16` selects it, see
+ * anna_model_options). Test hook: CUDA_GEMM_BF16_SPLIT, the hi + lo split for every type. */
+enum { CUDA_GEMM_BF16 = 0, CUDA_GEMM_BF16_SINGLE = 2, CUDA_GEMM_BF16_SPLIT = 3 };
 void cuda_backend_set_gemm_variant(ops_backend *be, int variant);
 /* Bytes of bf16 weight tile a quantized prefill GEMM dequantizes at a time (0: the whole 64 MiB
- * scratch, the default; smaller values are capped below by one 128-row tile): for tests of
- * the multi-tile path and A/B runs (also the tuning key cuda_gemm_tile_mb=N at creation). H200, 9B
- * prefill 8192: 16 / 24 MiB tiles 18266 / 18856 tok/s against 19259-19387 for the default. */
+ * scratch, the default; smaller values are capped below by one 128-row tile). Test hook: the
+ * multi-tile path at small sizes. */
 void cuda_backend_set_gemm_tile(ops_backend *be, size_t bytes);
 /* Graph launches, builds (new graphs instantiated) and in-place updates (launches whose
  * arguments changed) so far, for logs, tests and benchmarks. updates may be NULL. */

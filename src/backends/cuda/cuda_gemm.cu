@@ -15,10 +15,9 @@
  *                 bf16: q * d keeps 8 of its up to 15 significant bits (2^-9 relative, far
  *                 below the format's own quantization error);
  *   f32 and f16 weights stay on the exact f32 SGEMM (cuda_matmul.cu): rare in matmuls.
- *   CUDA_GEMM_INT8 (cuda_backend_set_gemm_variant) sends the quantized types cuda_mmq.cu
- *                 takes to its int8 tensor-core GEMM instead, through the same scratch;
- *   CUDA_GEMM_BF16_SINGLE multiplies the hi half only for bf16 weights too (an opt-in
- *                 for speed); CUDA_GEMM_BF16_SPLIT the split for every type.
+  *   CUDA_GEMM_BF16_SINGLE (--dtype bf16) multiplies the hi half only for bf16 weights too
+ *                 (an opt-in for speed); CUDA_GEMM_BF16_SPLIT (a test hook) the split for
+ *                 every type.
  * --exact (cuda_impl.exact) sends everything to the f32 SGEMM. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_quant.cuh"
@@ -111,7 +110,6 @@ bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const op
   if (ci->exact || w->cols % 8 != 0 || (w->type != ANNA_DTYPE_BF16 && !(quant && w->cols % 32 == 0))) return false;
   if (w->type == ANNA_DTYPE_BF16 && ((uintptr_t)W & 15) != 0) return false;
   if (w->cols > 0x7fffffff || n > 0x7fffffff || w->rows > 0x7fffffff) return false;
-  if (quant && ci->gemm_variant == CUDA_GEMM_INT8 && cuda_mmq(ci, y, x, n, w, W, rb, act_scratch)) return true;
   const int64_t count = n * w->cols, lo_at = (count + 127) / 128 * 128; /* lo 256-byte aligned */
   __nv_bfloat16 *hi = (__nv_bfloat16 *)act_scratch(ci, (size_t)(lo_at + count) * sizeof(__nv_bfloat16));
   if (!hi) return true; /* sticky error set */

@@ -82,7 +82,7 @@ typedef struct cuda_impl {
   size_t map_cap, map_n;
   float *deq;       /* weight tiles dequantized to f32 for GEMM */
   size_t deq_floats;
-  size_t gemm_tile_bytes; /* bf16 weight tile of a quantized prefill GEMM (tuning key cuda_gemm_tile_mb) */
+  size_t gemm_tile_bytes; /* bf16 weight tile of a quantized prefill GEMM (cuda_backend_set_gemm_tile) */
   char *ring_h, *ring_d; /* pinned host ring and its device twin */
   size_t ring_cap, ring_off;
   int64_t max_batch;
@@ -246,13 +246,6 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
  * weights, unsupported shape). W: the weight's device copy, rb its row bytes. */
 bool cuda_gemm_tc(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W,
                   int64_t rb);
-/* The int8 tensor-core GEMM of quantized weights (cuda_mmq.cu; cuda_gemm_tc calls it under
- * CUDA_GEMM_INT8): false (nothing queued) for a type or weight alignment it does not take,
- * true when it queued the product or set a sticky error. scratch(ci, bytes) returns device
- * scratch of at least bytes (NULL with a sticky error). */
-bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb,
-              void *(*scratch)(cuda_impl *, size_t));
-
 /* Sets the int8 decode matvec kernels' shared-memory limit to the device's opt-in maximum
  * and returns it (48 KB, the default, when that fails). Called once at backend creation:
  * the attribute is not changed while a stream is being captured. */
@@ -327,7 +320,7 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
 /* Grid size for a 1-D elementwise launch of n items with `threads` per block. */
 /* Whether the tensor-core GEMMs on weights of type t (cuda_gemm.cu, the MoE grouped GEMMs)
  * multiply split activations (hi + lo: 16 significant bits, two products) or activations
- * rounded once to bf16 (one product), by cuda_backend_set_gemm_variant. By default only bf16
+ * rounded once to bf16 (one product). By default (CUDA_GEMM_BF16) only bf16
  * weights take the split: they are exact, so the activations' rounding would be the
  * product's only error (the fixtures' logits moved past 5e-3 without it). A quantized
  * weight is itself rounded to bf16 when its tiles are dequantized (2^-9 relative) on top of
@@ -335,6 +328,7 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
  * the same way adds an error of the size already there, for half the tensor-core work
  * (llama.cpp goes further: 8-bit activations per 32-element block). */
 static inline bool cuda_gemm_split(const cuda_impl *ci, int t) {
+  /* --dtype bf16 (CUDA_GEMM_BF16_SINGLE) and the test hook CUDA_GEMM_BF16_SPLIT */
   if (ci->gemm_variant == CUDA_GEMM_BF16_SINGLE) return false;
   if (ci->gemm_variant == CUDA_GEMM_BF16_SPLIT) return true;
   return t == ANNA_DTYPE_BF16;

@@ -11,8 +11,8 @@
  * all k slots of its token) to int8 in shared memory exactly as the dense k_matvec_q8 does
  * (cuda_q8act.cuh), and its warps stream weight pieces (cuda_piece_load, the next ones in
  * flight while the current ones are decoded to int8 words and dotted). The f32 kernels stay
- * for exact mode, float experts, gate and up of different types and the CUDA_MOE_DECODE_F32
- * variant; h between the two launches is f32 either way, so each side picks its own.
+ * for exact mode, float experts and gate and up of different types; h between the two
+ * launches is f32 either way, so each side picks its own.
  *
  * Larger batches (prefill; default numerics) run as grouped GEMMs, also entirely on the
  * device (no host sync, a fixed number of launches per layer):
@@ -729,9 +729,8 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   const bool split = cuda_gemm_split(ci, tg) || (up && cuda_gemm_split(ci, tu)) || cuda_gemm_split(ci, td);
   bool pre = !split && cuda_quant_supported(tg) && cuda_quant_supported(tu) && cuda_quant_supported(td) &&
              H % MG_BK == 0 && I % MG_BK == 0 &&
-             (v == CUDA_MOE_PIPE || v == CUDA_MOE_PREDEQ ||
-              ((v == CUDA_MOE_DEFAULT || v == CUDA_MOE_DECODE_F32 || v == CUDA_MOE_CUBLAS ||
-                v == CUDA_MOE_CUBLAS_LOOP) &&
+             (v == CUDA_MOE_PIPE ||
+              ((v == CUDA_MOE_DEFAULT || v == CUDA_MOE_CUBLAS || v == CUDA_MOE_CUBLAS_LOOP) &&
                nk >= (int64_t)MOE_PIPE_PAIRS * E));
   int64_t tmax = (nk + bn - 1) / bn + E;
   while (tmax > 65535 && bn < 64) bn *= 2, tmax = (nk + bn - 1) / bn + E;
@@ -783,11 +782,7 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
     gu.rb0 = gu.rb1 = (int64_t)H * 2, dn.rb0 = dn.rb1 = I * 2;
     gu.be0 = gu.be1 = dn.be0 = dn.be1 = moe_block_elems(ANNA_DTYPE_BF16);
     gu.bb0 = gu.bb1 = dn.bb0 = dn.bb1 = moe_block_bytes(ANNA_DTYPE_BF16);
-    if (v == CUDA_MOE_PREDEQ) { /* A/B: the unpipelined kernel on the same bf16 experts */
-      if (bn == 16) moe_gemms<16, false>(ci, gu, dn, tmax);
-      else if (bn == 32) moe_gemms<32, false>(ci, gu, dn, tmax);
-      else moe_gemms<64, false>(ci, gu, dn, tmax);
-    } else if (bn == 16) moe_gemms_pipe<16>(ci, gu, dn, tmax);
+    if (bn == 16) moe_gemms_pipe<16>(ci, gu, dn, tmax);
     else if (bn == 32) moe_gemms_pipe<32>(ci, gu, dn, tmax);
     else moe_gemms_pipe<64>(ci, gu, dn, tmax);
   } else if (bn == 16) split ? moe_gemms<16, true>(ci, gu, dn, tmax) : moe_gemms<16, false>(ci, gu, dn, tmax);
@@ -852,7 +847,8 @@ static __global__ void k_moe_act_bf16(__nv_bfloat16 *h, const float *g, int64_t 
 }
 
 /* The chunk's G problems (mh's arrays) on cuBLAS: one grouped call, or a loop of GEMMs
- * when grouped is unavailable or CUDA_MOE_CUBLAS_LOOP asks; false on a cuBLAS error (set). */
+ * when this cuBLAS refuses the grouped call (the test hook CUDA_MOE_CUBLAS_LOOP forces it);
+ * false on a cuBLAS error (set). */
 static bool moe_blas_run(ops_backend *be, moe_host *mh, int G) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->moe_variant != CUDA_MOE_CUBLAS_LOOP && ci->moe_blas_grouped >= 0) {

@@ -395,7 +395,7 @@ bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t n, int 
   float *h = scratch; /* n * k * I floats: within ops_moe_scratch_floats */
   /* int8 activations: each side on its own (h is f32 between them); both need 16-byte
    * aligned rows (piece loads) and activations (float4 loads: x checked above, h here) */
-  const bool q8 = !ci->exact && ci->moe_variant != CUDA_MOE_DECODE_F32 && aligned && ((uintptr_t)h & 15) == 0;
+  const bool q8 = !ci->exact && aligned && ((uintptr_t)h & 15) == 0;
   const size_t smg = cuda_q8act_smem(H), smd = cuda_q8act_smem((int64_t)k * I);
   if (q8 && tu == tg && moeq_type(tg) && H % dtype_block_size(tg) == 0 && smg <= MOEQ_SMEM_MAX)
     moeq_gate_up(ci, tg, dim3((unsigned)((I + MOEQ_WARPS - 1) / MOEQ_WARPS), (unsigned)(n * k)), smg, h, x, H, I, idx,
