@@ -7,6 +7,7 @@
 #include "anna/anna.h"
 #include "metrics.h"
 #include "oai.h"
+#include "server_err.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -528,18 +529,6 @@ static void derive_name(const char *path, char *out, size_t cap) {
   out[bl] = '\0';
 }
 
-/* The anna error convention (message into err, return code) for startup failures. */
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int server_run(const server_options *o, char *err, size_t errlen) {
   slog_configure(o->log_json, o->log_level);
   /* Signals go to the main thread only: every thread created below inherits this mask. */
@@ -551,7 +540,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   signal(SIGPIPE, SIG_IGN);
 
   server *srv = calloc(1, sizeof *srv);
-  if (!srv) return fail(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!srv) return server_err(err, errlen, ANNA_ENOMEM, "out of memory");
   srv->o = o;
   srv->created = (long long)time(NULL);
   metrics_init(&srv->mx);
@@ -559,7 +548,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct MHD_Daemon *d = NULL;
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
-  anna_model_options mo = {.device = o->device, .dtype = o->dtype};
+  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning};
   if ((rc = anna_model_load(&srv->m, o->model_path, &mo, err, errlen))) goto done;
   if ((rc = anna_text_open(&srv->text, o->model_path, 0, err, errlen))) goto done;
   if (o->model_name && *o->model_name)
@@ -568,6 +557,11 @@ int server_run(const server_options *o, char *err, size_t errlen) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
   if ((rc = engine_create(&srv->eng, srv->m, srv->text, &o->eng, &srv->mx, err, errlen))) goto done;
   const engine_options *eo = engine_get_options(srv->eng);
+  if (o->verbose) {
+    char tb[2048];
+    engine_tuning(srv->eng, tb, sizeof tb);
+    fprintf(stderr, "[anna-serve] tuning:\n%s", tb);
+  }
   srv->cfg = (oai_config){.model_name = srv->model_name,
                           .text = srv->text,
                           .n_ctx = eo->n_ctx,
@@ -584,7 +578,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   snprintf(port, sizeof port, "%d", o->port);
   int gai = getaddrinfo(o->host ? o->host : "127.0.0.1", port, &hints, &ai);
   if (gai) {
-    rc = fail(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
+    rc = server_err(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
     goto done;
   }
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
@@ -597,8 +591,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
   if (!d) {
-    rc = fail(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
-              strerror(errno));
+    rc = server_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
+                    strerror(errno));
     goto done;
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
