@@ -143,6 +143,13 @@ static long rss_bytes(void) {
   return rss * sysconf(_SC_PAGESIZE);
 }
 
+/* KV blocks referenced by sequences: the pool minus its free and its cached (unreferenced,
+ * evictable) blocks. */
+static int64_t kv_blocks_used(const anna_kv_stats *kv) {
+  const int64_t u = kv->n_blocks - kv->free_blocks - kv->cached_blocks;
+  return u > 0 ? u : 0;
+}
+
 /* ---- routes ---- */
 
 static enum MHD_Result route_health(server *srv, conn *cn) {
@@ -195,6 +202,13 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
     json_object_set_new(mem, "kv_residual_bytes", json_integer((json_int_t)st.kv.ring_bytes));
     json_object_set_new(json_object_get(o, "memory"), "kv_tokens_cached",
                         json_integer((json_int_t)st.kv_cached));
+    json_object_set_new(json_object_get(o, "scheduler"), "preemptions",
+                        json_integer((json_int_t)st.preemptions));
+    json_object_set_new(
+        o, "kv_blocks",
+        json_pack("{s:i,s:I,s:I,s:I,s:I}", "block_len", st.kv.block_len, "total",
+                  (json_int_t)st.kv.n_blocks, "used", (json_int_t)kv_blocks_used(&st.kv), "free",
+                  (json_int_t)st.kv.free_blocks, "cached", (json_int_t)st.kv.cached_blocks));
     json_object_set_new(o, "active_http_requests",
                         json_integer(__atomic_load_n(&srv->active, __ATOMIC_RELAXED)));
   }
@@ -206,7 +220,7 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
 static enum MHD_Result route_metrics(server *srv, conn *cn) {
   engine_stats st;
   engine_get_stats(srv->eng, &st);
-  char g[2048];
+  char g[4096];
   snprintf(
       g, sizeof g,
       "# HELP anna_requests_running sequences in the running batch\n# TYPE anna_requests_running "
@@ -222,9 +236,23 @@ static enum MHD_Result route_metrics(server *srv, conn *cn) {
       "anna_kv_tokens_capacity %lld\n"
       "# HELP anna_resident_memory_bytes process RSS\n# TYPE anna_resident_memory_bytes gauge\n"
       "anna_resident_memory_bytes %ld\n"
-      "# HELP anna_draining 1 while shutting down\n# TYPE anna_draining gauge\nanna_draining %d\n",
+      "# HELP anna_draining 1 while shutting down\n# TYPE anna_draining gauge\nanna_draining %d\n"
+      "# HELP anna_kv_blocks_total KV pool blocks\n# TYPE anna_kv_blocks_total gauge\n"
+      "anna_kv_blocks_total %lld\n"
+      "# HELP anna_kv_blocks_used KV blocks held by sequences\n# TYPE anna_kv_blocks_used gauge\n"
+      "anna_kv_blocks_used %lld\n"
+      "# HELP anna_kv_blocks_free KV blocks free (cached prefix blocks not counted)\n"
+      "# TYPE anna_kv_blocks_free gauge\n"
+      "anna_kv_blocks_free %lld\n"
+      "# HELP anna_kv_blocks_cached KV blocks holding a cached prefix, evictable\n"
+      "# TYPE anna_kv_blocks_cached gauge\n"
+      "anna_kv_blocks_cached %lld\n"
+      "# HELP anna_preemptions_total sequences preempted for KV blocks (recomputed later)\n"
+      "# TYPE anna_preemptions_total counter\n"
+      "anna_preemptions_total %lld\n",
       st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, rss_bytes(),
-      st.draining);
+      st.draining, (long long)st.kv.n_blocks, (long long)kv_blocks_used(&st.kv),
+      (long long)st.kv.free_blocks, (long long)st.kv.cached_blocks, (long long)st.preemptions);
   return send_body(cn, 200, metrics_prometheus(&srv->mx, g), "text/plain; version=0.0.4");
 }
 
@@ -494,8 +522,9 @@ static void log_metrics(server *srv) {
        "cancelled=%llu "
        "prompt_tok=%llu gen_tok=%llu steps=%llu batch=%.2f ttft_p50=%.1fms ttft_p99=%.1fms "
        "itl_p50=%.1fms "
-       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=%.3f prefix_block_hits=%llu prefix_block_misses=%llu "
-       "prefix_token_hit_rate=%.3f exact_hits=%llu/%llu kv_blocks_free=%lld/%lld",
+       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=%.3f prefix_block_hits=%llu "
+       "prefix_block_misses=%llu "
+       "prefix_token_hit_rate=%.3f exact_hits=%llu/%llu kv_blocks_free=%lld/%lld preemptions=%lld",
        st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity,
        (unsigned long long)c.requests, (unsigned long long)c.responses_4xx,
        (unsigned long long)c.responses_5xx, (unsigned long long)c.rejected_busy,
@@ -511,8 +540,8 @@ static void log_metrics(server *srv) {
        c.prefix_hit_tokens + c.prefix_miss_tokens
            ? (double)c.prefix_hit_tokens / (double)(c.prefix_hit_tokens + c.prefix_miss_tokens)
            : 0.0,
-       (unsigned long long)c.exact_hits, (unsigned long long)c.exact_lookups, (long long)st.kv.free_blocks,
-       (long long)st.kv.n_blocks);
+       (unsigned long long)c.exact_hits, (unsigned long long)c.exact_lookups,
+       (long long)st.kv.free_blocks, (long long)st.kv.n_blocks, (long long)st.preemptions);
 }
 
 static void derive_name(const char *path, char *out, size_t cap) {
