@@ -313,13 +313,13 @@ int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const fl
  * its next token. Not thread-safe: the caller serializes every call (the engine holds its
  * mutex). Nothing here allocates after anna_sched_create except anna_sched_submit (one record
  * per sequence, freed when it finishes or is dropped). */
+
 /* Request kinds. Only ANNA_SCHED_KIND_TEXT is scheduled today; the others are the next kinds
  * the runtime serves and are refused by anna_sched_submit (ANNA_EUNSUPPORTED) until they are
  * implemented. Each kind has a per-step decode token cost (anna_sched_kind_decode_tokens). */
 typedef enum anna_sched_kind {
   ANNA_SCHED_KIND_TEXT = 0, /* text generation: prompt prefill, then one token per decode step */
-  ANNA_SCHED_KIND_ENCODE,   /* next: encode-only (embeddings, image/audio encoders): prefill, no
-                               decode */
+  ANNA_SCHED_KIND_ENCODE,   /* next: encode-only (embeddings, media encoders): prefill only */
   ANNA_SCHED_KIND_ASR,      /* next: audio encoder prefill, then text decode */
   ANNA_SCHED_KIND_TTS,      /* next: text prefill, then a stream of audio-codec tokens per step */
   ANNA_SCHED_KIND_COUNT
@@ -358,9 +358,9 @@ typedef struct anna_sched_entry {
   int want;    /* the logits of this entry's last token are needed */
 } anna_sched_entry;
 
-/* A step. Arrays are owned by the scheduler and valid until the next anna_sched_plan. Decodes come
- * first (in rotating slot order), then prompt chunks (in admission order); the caller lays
- * the batch out in that order. */
+/* A step. Arrays are owned by the scheduler and valid until the next anna_sched_plan_step.
+ * Decodes come first (in rotating slot order), then prompt chunks (in admission order); the
+ * caller lays the batch out in that order. */
 typedef struct anna_sched_plan {
   const anna_sched_entry *decode;
   int n_decode;
