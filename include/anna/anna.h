@@ -289,6 +289,143 @@ int anna_sampler_candidates_k(const anna_sampler *s, float *temp);
 int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k,
                                    const double *stats, int32_t *out);
 
+/* ---- Scheduler -------------------------------------------------------------------------
+ * The continuous-batching policy (anna-serve's engine drives it), as a pure module: it
+ * decides which sequences run and what each feeds in a step; it never touches a model
+ * context, a socket or a clock, and never sleeps. Times come in as numbers (milliseconds on
+ * any monotonic clock), cache capacity as a count of free KV blocks. The caller executes what
+ * it is told and reports back:
+ *
+ *   anna_sched_submit      queue sequences (all or nothing; ANNA_ERANGE: the queue is full)
+ *   anna_sched_wait_ms     an idle caller may wait this long for company (batch_wait_ms)
+ *   anna_sched_admit       waiting sequences -> free slots (context sequence ids 0..n_slots-1)
+ *   anna_sched_drop_next   cancelled sequences, one at a time (their slot is free again)
+ *   anna_sched_seq_cached  after admission: prompt tokens a cache already holds (not fed)
+ *   anna_sched_plan_step   one step: a decode token per running sequence, prompt chunks,
+ *                          preemptions when a decode needs a KV block and none is free
+ *   anna_sched_commit      the step ran: its tokens are in the cache
+ *   anna_sched_seq_token   a running sequence produced a token (it decodes from now on)
+ *   anna_sched_seq_finish  a running sequence ended (any reason): its slot is free
+ *
+ * A preempted sequence loses its slot (the caller resets that context sequence) and goes back
+ * to the front of the queue with its generated tokens counted: when admitted again, its input
+ * is prompt + generated tokens, recomputed as a prompt, and the logits of the last one give
+ * its next token. Not thread-safe: the caller serializes every call (the engine holds its
+ * mutex). Nothing here allocates after anna_sched_create except anna_sched_submit (one record
+ * per sequence, freed when it finishes or is dropped). */
+
+/* Request kinds. Only ANNA_SCHED_KIND_TEXT is scheduled today; the others are the next kinds
+ * the runtime serves and are refused by anna_sched_submit (ANNA_EUNSUPPORTED) until they are
+ * implemented. Each kind has a per-step decode token cost (anna_sched_kind_decode_tokens). */
+typedef enum anna_sched_kind {
+  ANNA_SCHED_KIND_TEXT = 0, /* text generation: prompt prefill, then one token per decode step */
+  ANNA_SCHED_KIND_ENCODE,   /* next: encode-only (embeddings, media encoders): prefill only */
+  ANNA_SCHED_KIND_ASR,      /* next: audio encoder prefill, then text decode */
+  ANNA_SCHED_KIND_TTS,      /* next: text prefill, then a stream of audio-codec tokens per step */
+  ANNA_SCHED_KIND_COUNT
+} anna_sched_kind;
+
+/* Decode tokens one step feeds for a sequence of this kind (0: the kind does not decode or is
+ * not implemented). */
+int anna_sched_kind_decode_tokens(anna_sched_kind k);
+
+typedef struct anna_sched_options {
+  int n_slots;                /* sequence slots (>= 1) */
+  int n_batch;                /* tokens per step (>= n_slots + 1, as the context's n_batch) */
+  int max_batch_size;         /* running sequences (<= n_slots; out of range: n_slots) */
+  int max_prefill_tokens;     /* prompt tokens per step (0: what the step has room for) */
+  int max_decode_tokens;      /* cached tokens over one step's decode sequences (0: off) */
+  int max_waiting;            /* queued sequences before anna_sched_submit refuses (0: off) */
+  int max_queue_wait_ms;      /* a waiter older than this is admitted beyond max_batch_size */
+  int prefill_interval_steps; /* while sequences decode, prompt chunks every N steps (<= 1: each) */
+  int batch_wait_ms;          /* an idle scheduler waits this long for company (0: off) */
+  int block_len;              /* KV block length (<= 0: no block accounting) */
+} anna_sched_options;
+
+typedef struct anna_sched_seq_desc {
+  anna_sched_kind kind;
+  int32_t n_prompt; /* prompt tokens (>= 1) */
+  void *user;       /* borrowed; handed back in every entry about this sequence */
+} anna_sched_seq_desc;
+
+/* One sequence's part of an admission, a drop, a step or a preemption. */
+typedef struct anna_sched_entry {
+  uint64_t id;
+  void *user;
+  int slot;    /* context sequence; -1: a dropped sequence that never ran */
+  int32_t pos; /* first position this step feeds (admission: tokens generated so far) */
+  int32_t n;   /* tokens this step feeds (admission: input length: prompt [+ generated]) */
+  int want;    /* the logits of this entry's last token are needed */
+} anna_sched_entry;
+
+/* A step. Arrays are owned by the scheduler and valid until the next anna_sched_plan_step.
+ * Decodes come first (in rotating slot order), then prompt chunks (in admission order); the
+ * caller lays the batch out in that order. */
+typedef struct anna_sched_plan {
+  const anna_sched_entry *decode;
+  int n_decode;
+  const anna_sched_entry *prefill;
+  int n_prefill;
+  const anna_sched_entry *preempted; /* reset these slots before running the step */
+  int n_preempted;
+  int n_tokens; /* decode + prefill tokens */
+} anna_sched_plan;
+
+typedef struct anna_sched anna_sched;
+
+/* Caller frees with anna_sched_free. */
+int anna_sched_create(anna_sched **out, const anna_sched_options *o, char *err, size_t errlen);
+void anna_sched_free(anna_sched *s);
+
+/* Queues n sequences arriving at now_ms; their ids are *first_id .. *first_id + n - 1.
+ * ANNA_ERANGE: max_waiting sequences are already waiting (nothing queued); ANNA_EUNSUPPORTED: a
+ * kind that is not implemented yet; ANNA_EINVAL: an empty prompt; ANNA_ENOMEM. */
+int anna_sched_submit(anna_sched *s, const anna_sched_seq_desc *d, int n, double now_ms,
+                      uint64_t *first_id, char *err, size_t errlen);
+/* Marks a waiting or running sequence cancelled; it comes out of anna_sched_drop_next after the
+ * next anna_sched_admit. Returns 0, or ANNA_ENOTFOUND for an id neither queued nor running. */
+int anna_sched_cancel(anna_sched *s, uint64_t id);
+/* Cancels everything queued or running (shutdown). */
+void anna_sched_cancel_all(anna_sched *s);
+
+int anna_sched_n_waiting(const anna_sched *s); /* queued, cancelled ones included until dropped */
+int anna_sched_n_running(const anna_sched *s);
+
+/* With nothing running: -1 nothing waits; > 0 the milliseconds an idle caller may still wait
+ * for more requests before the first step (batch_wait_ms); 0 plan now. */
+double anna_sched_wait_ms(const anna_sched *s, double now_ms);
+
+/* Moves waiting sequences into free slots (least recently used first): up to max_batch_size
+ * running, more only for a waiter older than max_queue_wait_ms, in queue order, each only
+ * when kv_free_blocks (< 0: unlimited) covers its first prompt chunk. Cancelled sequences
+ * (waiting or running) move to the drop list. *adm / *n_adm: the admitted entries (slot, n =
+ * input length, pos = tokens generated before a preemption), valid until the next call. */
+int anna_sched_admit(anna_sched *s, double now_ms, int64_t kv_free_blocks,
+                     const anna_sched_entry **adm, int *n_adm);
+/* Pops one cancelled sequence into *out (slot >= 0: it was running, that slot is free now).
+ * Returns 1 while there was one, else 0. */
+int anna_sched_drop_next(anna_sched *s, anna_sched_entry *out);
+/* After admission: the first n input tokens of slot's sequence are already cached. */
+void anna_sched_seq_cached(anna_sched *s, int slot, int32_t n);
+
+/* Plans one step under the token budgets. kv_free_blocks (free + evictable; < 0: unlimited):
+ * a decode that starts a new block needs one; if they run out, the most recently admitted
+ * running sequence is preempted (repeatedly) until the rest fit; prompt chunks are cut to
+ * the blocks left. The plan may be empty. */
+void anna_sched_plan_step(anna_sched *s, int64_t kv_free_blocks, anna_sched_plan *p);
+/* The step ran: prompt chunks and decode tokens are in the cache. */
+void anna_sched_commit(anna_sched *s, const anna_sched_plan *p);
+/* Slot's sequence produced a token (from its last prompt chunk's or a decode's logits). */
+void anna_sched_seq_token(anna_sched *s, int slot);
+/* Slot's sequence ended (stop, length, error, cancel): its record is freed, the slot is free. */
+void anna_sched_seq_finish(anna_sched *s, int slot);
+
+/* Introspection for tests and stats: slot's sequence id (0: free), its tokens in the cache,
+ * and its generated token count. */
+uint64_t anna_sched_slot_id(const anna_sched *s, int slot);
+int32_t anna_sched_slot_cached(const anna_sched *s, int slot);
+int32_t anna_sched_slot_generated(const anna_sched *s, int slot);
+
 /* ---- Chat templates --------------------------------------------------------------------
  * A model's Jinja2 chat template, rendered as transformers' apply_chat_template(tokenize=False)
  * does. Found the way transformers finds it: chat_template.jinja in the folder, else

@@ -31,8 +31,15 @@ static void usage(FILE *f) {
           "  --kv-block-len N         KV cache block length, a power of two >= 16 (default 64)\n"
           "  --kv-cache-residual-len N  quantized KV: newest N positions kept and attended in f32\n"
           "  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
+          "  --kv-blocks N            KV pool size in blocks (default 0: every slot can reach --ctx-size);\n"
+          "                           a smaller pool preempts sequences (recomputed later) when it runs out\n"
           "  --exact                  quantized weights x f32 activations (exact, slower;\n"
           "                           default: 8-bit activations, llama.cpp's numerics)\n"
+          "  --host-sampling          download every logits row and sample it on the host, the reference\n"
+          "                           path (default: sample from the candidates the backend returns)\n"
+          "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
+          "                           src/base/tuning.h)\n"
+          "  --verbose                print the resolved runtime switches on stderr at start\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
@@ -79,6 +86,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--model-name")) { NEEDV(); o.model_name = v; }
     else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
+    else if (!strcmp(a, "--host-sampling")) o.eng.host_sampling = 1;
+    else if (!strcmp(a, "--tuning")) { NEEDV(); o.eng.tuning = v; }
+    else if (!strcmp(a, "--verbose")) o.verbose = 1;
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
     /* --device: both the model loader's check and the engine's context */
     else if (!strcmp(a, "--device")) { NEEDV(); o.device = o.eng.device = v; }
@@ -147,6 +157,7 @@ int main(int argc, char **argv) {
     INTF("--prompt-cache-size", 0, 4096, o.eng.prompt_cache_size)
     INTF("--prompt-cache-max-tokens", 0, 1 << 24, o.eng.prompt_cache_max_tokens)
     INTF("--kv-block-len", 16, 4096, o.eng.kv_block_len)
+    INTF("--kv-blocks", 0, 1 << 30, o.eng.kv_blocks)
     INTF("--kv-cache-residual-len", 0, 1 << 20, o.eng.kv_cache_residual_len)
     INTF("--kv-cache-quant-bits", 2, 4, o.eng.kv_cache_quant_bits)
     INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)

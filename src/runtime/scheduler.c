@@ -1,5 +1,5 @@
-/* scheduler.c: the continuous-batching policy (see scheduler.h). */
-#include "runtime/scheduler.h"
+/* scheduler.c: the continuous-batching policy (contract: anna.h, "Scheduler"). */
+#include "anna/anna.h"
 
 #include "base/error.h"
 
@@ -11,7 +11,7 @@ enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DROPPED };
 typedef struct sseq {
   uint64_t id;
   void *user;
-  sched_kind kind;
+  anna_sched_kind kind;
   int state, slot, cancelled, decoding;
   int cow;     /* the first chunk after a cached prefix may copy a shared, partly filled block */
   int planned; /* already has a prompt chunk in the step being planned */
@@ -24,8 +24,8 @@ typedef struct sseq {
   struct sseq *prev, *next;
 } sseq;
 
-struct sched {
-  sched_options o;
+struct anna_sched {
+  anna_sched_options o;
   sseq *head, *tail; /* waiting, oldest (or preempted) first */
   int n_waiting, n_running;
   sseq **run;          /* [n_slots]: the sequence in each slot, NULL: free */
@@ -34,17 +34,17 @@ struct sched {
   int64_t admitted;
   sseq *drop; /* cancelled, singly linked through next */
   int rr, steps_since_prefill;
-  sched_entry *adm, *dec, *pre, *pmt; /* [n_slots] each */
+  anna_sched_entry *adm, *dec, *pre, *pmt; /* [n_slots] each */
 };
 
-int sched_kind_decode_tokens(sched_kind k) {
+int anna_sched_kind_decode_tokens(anna_sched_kind k) {
   /* Only text generation decodes today; the "next" kinds get their costs with their code. */
-  return k == SCHED_KIND_TEXT ? 1 : 0;
+  return k == ANNA_SCHED_KIND_TEXT ? 1 : 0;
 }
 
-int sched_create(sched **out, const sched_options *o, char *err, size_t errlen) {
+int anna_sched_create(anna_sched **out, const anna_sched_options *o, char *err, size_t errlen) {
   *out = NULL;
-  sched *s = calloc(1, sizeof *s);
+  anna_sched *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the scheduler");
   s->o = *o;
   if (s->o.n_slots < 1) s->o.n_slots = 1;
@@ -60,14 +60,14 @@ int sched_create(sched **out, const sched_options *o, char *err, size_t errlen) 
   s->pmt = calloc(S, sizeof *s->pmt);
   s->next_id = 1;
   if (!s->run || !s->last_used || !s->adm || !s->dec || !s->pre || !s->pmt) {
-    sched_free(s);
+    anna_sched_free(s);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the scheduler");
   }
   *out = s;
   return 0;
 }
 
-void sched_free(sched *s) {
+void anna_sched_free(anna_sched *s) {
   if (!s) return;
   for (sseq *q = s->head, *nx; q; q = nx) {
     nx = q->next;
@@ -88,7 +88,7 @@ void sched_free(sched *s) {
   free(s);
 }
 
-static void queue_unlink(sched *s, sseq *q) {
+static void queue_unlink(anna_sched *s, sseq *q) {
   if (q->prev)
     q->prev->next = q->next;
   else
@@ -101,7 +101,7 @@ static void queue_unlink(sched *s, sseq *q) {
   s->n_waiting--;
 }
 
-static void queue_push_front(sched *s, sseq *q) {
+static void queue_push_front(anna_sched *s, sseq *q) {
   q->prev = NULL;
   q->next = s->head;
   if (s->head)
@@ -112,13 +112,13 @@ static void queue_push_front(sched *s, sseq *q) {
   s->n_waiting++;
 }
 
-int sched_submit(sched *s, const sched_seq_desc *d, int n, double now_ms, uint64_t *first_id,
-                 char *err, size_t errlen) {
+int anna_sched_submit(anna_sched *s, const anna_sched_seq_desc *d, int n, double now_ms,
+                      uint64_t *first_id, char *err, size_t errlen) {
   if (n < 1) return anna_err(err, errlen, ANNA_EINVAL, "no sequences to schedule");
   for (int k = 0; k < n; k++) {
-    if (d[k].kind < 0 || d[k].kind >= SCHED_KIND_COUNT)
+    if (d[k].kind < 0 || d[k].kind >= ANNA_SCHED_KIND_COUNT)
       return anna_err(err, errlen, ANNA_EINVAL, "unknown request kind %d", (int)d[k].kind);
-    if (sched_kind_decode_tokens(d[k].kind) == 0)
+    if (anna_sched_kind_decode_tokens(d[k].kind) == 0)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED, "request kind %d is not implemented yet",
                       (int)d[k].kind);
     if (d[k].n_prompt < 1) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
@@ -162,7 +162,7 @@ int sched_submit(sched *s, const sched_seq_desc *d, int n, double now_ms, uint64
   return 0;
 }
 
-int sched_cancel(sched *s, uint64_t id) {
+int anna_sched_cancel(anna_sched *s, uint64_t id) {
   for (int i = 0; i < s->o.n_slots; i++)
     if (s->run[i] && s->run[i]->id == id) return s->run[i]->cancelled = 1, 0;
   for (sseq *q = s->head; q; q = q->next)
@@ -170,22 +170,22 @@ int sched_cancel(sched *s, uint64_t id) {
   return ANNA_ENOTFOUND;
 }
 
-void sched_cancel_all(sched *s) {
+void anna_sched_cancel_all(anna_sched *s) {
   for (int i = 0; i < s->o.n_slots; i++)
     if (s->run[i]) s->run[i]->cancelled = 1;
   for (sseq *q = s->head; q; q = q->next)
     q->cancelled = 1;
 }
 
-int sched_n_waiting(const sched *s) {
+int anna_sched_n_waiting(const anna_sched *s) {
   return s->n_waiting;
 }
 
-int sched_n_running(const sched *s) {
+int anna_sched_n_running(const anna_sched *s) {
   return s->n_running;
 }
 
-double sched_wait_ms(const sched *s, double now_ms) {
+double anna_sched_wait_ms(const anna_sched *s, double now_ms) {
   if (!s->head) return -1;
   /* An idle engine may wait a little for company, so the first step is shared. */
   const double age = now_ms - s->head->t_queued;
@@ -200,18 +200,18 @@ static int32_t ceil_div(int64_t a, int64_t b) {
 
 /* Blocks a chunk of n tokens from position p allocates: the blocks it starts, plus one when
  * it writes into a partly filled block that may be shared (copy on write). */
-static int64_t chunk_blocks(const sched *s, int32_t p, int32_t n, int cow) {
+static int64_t chunk_blocks(const anna_sched *s, int32_t p, int32_t n, int cow) {
   const int b = s->o.block_len;
   return ceil_div((int64_t)p + n, b) - ceil_div(p, b) + (cow && p % b ? 1 : 0);
 }
 
-static void slot_release(sched *s, int i) {
+static void slot_release(anna_sched *s, int i) {
   s->run[i] = NULL;
   s->last_used[i] = ++s->tick;
   s->n_running--;
 }
 
-static void entry_of(const sseq *q, sched_entry *e, int32_t pos, int32_t n, int want) {
+static void entry_of(const sseq *q, anna_sched_entry *e, int32_t pos, int32_t n, int want) {
   e->id = q->id;
   e->user = q->user;
   e->slot = q->slot;
@@ -220,15 +220,15 @@ static void entry_of(const sseq *q, sched_entry *e, int32_t pos, int32_t n, int 
   e->want = want;
 }
 
-static void drop_push(sched *s, sseq *q) {
+static void drop_push(anna_sched *s, sseq *q) {
   q->state = SEQ_DROPPED;
   q->prev = NULL;
   q->next = s->drop;
   s->drop = q;
 }
 
-int sched_admit(sched *s, double now_ms, int64_t kv_free_blocks, const sched_entry **adm,
-                int *n_adm) {
+int anna_sched_admit(anna_sched *s, double now_ms, int64_t kv_free_blocks,
+                     const anna_sched_entry **adm, int *n_adm) {
   const int S = s->o.n_slots;
   const int n_free = S - s->n_running;
   const int chunk_cap = s->o.max_prefill_tokens > 0 ? s->o.max_prefill_tokens : s->o.n_batch;
@@ -289,7 +289,7 @@ int sched_admit(sched *s, double now_ms, int64_t kv_free_blocks, const sched_ent
   return n;
 }
 
-int sched_drop_next(sched *s, sched_entry *out) {
+int anna_sched_drop_next(anna_sched *s, anna_sched_entry *out) {
   sseq *q = s->drop;
   if (!q) return 0;
   s->drop = q->next;
@@ -298,7 +298,7 @@ int sched_drop_next(sched *s, sched_entry *out) {
   return 1;
 }
 
-void sched_seq_cached(sched *s, int slot, int32_t n) {
+void anna_sched_seq_cached(anna_sched *s, int slot, int32_t n) {
   sseq *q = slot >= 0 && slot < s->o.n_slots ? s->run[slot] : NULL;
   if (!q || n < 0) return;
   q->n_fed = n < q->n_input ? n : q->n_input;
@@ -308,7 +308,7 @@ void sched_seq_cached(sched *s, int slot, int32_t n) {
 /* Preempts the most recently admitted running sequence: its slot is released, and it returns
  * to the front of the queue to recompute prompt + generated tokens. Returns the blocks its
  * cache held (they come back, as free or evictable, when the caller resets the slot). */
-static int64_t preempt_one(sched *s, int *n_pmt) {
+static int64_t preempt_one(anna_sched *s, int *n_pmt) {
   sseq *v = NULL;
   for (int i = 0; i < s->o.n_slots; i++)
     if (s->run[i] && (!v || s->run[i]->order > v->order)) v = s->run[i];
@@ -326,8 +326,9 @@ static int64_t preempt_one(sched *s, int *n_pmt) {
   return held;
 }
 
-/* One attempt at a step from the current running set; see sched_plan_step. */
-static int plan_once(sched *s, int64_t kv, int *nd_out, int *np_out, int *npm, int64_t *kv_back) {
+/* One attempt at a step from the current running set; see anna_sched_plan_step. */
+static int plan_once(anna_sched *s, int64_t kv, int *nd_out, int *np_out, int *npm,
+                     int64_t *kv_back) {
   const int S = s->o.n_slots, blk = s->o.block_len;
   int nd = 0, np = 0, ntok = 0;
   const int64_t dec_budget = s->o.max_decode_tokens > 0 ? s->o.max_decode_tokens : INT64_MAX;
@@ -341,7 +342,7 @@ static int plan_once(sched *s, int64_t kv, int *nd_out, int *np_out, int *npm, i
       const int i = (s->rr + k) % S;
       sseq *q = s->run[i];
       if (!q || !q->decoding) continue;
-      const int c = sched_kind_decode_tokens(q->kind);
+      const int c = anna_sched_kind_decode_tokens(q->kind);
       const int64_t L = (int64_t)q->n_fed + c; /* cached tokens with this step's */
       if (used > 0 && used + L > dec_budget) continue;
       used += L;
@@ -397,7 +398,7 @@ static int plan_once(sched *s, int64_t kv, int *nd_out, int *np_out, int *npm, i
   return ntok;
 }
 
-void sched_plan_step(sched *s, int64_t kv_free_blocks, sched_plan *p) {
+void anna_sched_plan_step(anna_sched *s, int64_t kv_free_blocks, anna_sched_plan *p) {
   int64_t kv = s->o.block_len > 0 ? kv_free_blocks : -1;
   int nd = 0, np = 0, npm = 0, ntok = 0;
   const int rr = s->rr, since = s->steps_since_prefill;
@@ -423,12 +424,12 @@ void sched_plan_step(sched *s, int64_t kv_free_blocks, sched_plan *p) {
   p->n_tokens = ntok;
 }
 
-static sseq *slot_seq(const sched *s, int slot, uint64_t id) {
+static sseq *slot_seq(const anna_sched *s, int slot, uint64_t id) {
   if (slot < 0 || slot >= s->o.n_slots || !s->run[slot]) return NULL;
   return id == 0 || s->run[slot]->id == id ? s->run[slot] : NULL;
 }
 
-void sched_commit(sched *s, const sched_plan *p) {
+void anna_sched_commit(anna_sched *s, const anna_sched_plan *p) {
   for (int k = 0; k < p->n_decode; k++) {
     sseq *q = slot_seq(s, p->decode[k].slot, p->decode[k].id);
     if (q) q->n_fed += p->decode[k].n;
@@ -439,31 +440,31 @@ void sched_commit(sched *s, const sched_plan *p) {
   }
 }
 
-void sched_seq_token(sched *s, int slot) {
+void anna_sched_seq_token(anna_sched *s, int slot) {
   sseq *q = slot_seq(s, slot, 0);
   if (!q) return;
   q->n_gen++;
   q->decoding = 1;
 }
 
-void sched_seq_finish(sched *s, int slot) {
+void anna_sched_seq_finish(anna_sched *s, int slot) {
   sseq *q = slot_seq(s, slot, 0);
   if (!q) return;
   slot_release(s, slot);
   free(q);
 }
 
-uint64_t sched_slot_id(const sched *s, int slot) {
+uint64_t anna_sched_slot_id(const anna_sched *s, int slot) {
   const sseq *q = slot_seq(s, slot, 0);
   return q ? q->id : 0;
 }
 
-int32_t sched_slot_cached(const sched *s, int slot) {
+int32_t anna_sched_slot_cached(const anna_sched *s, int slot) {
   const sseq *q = slot_seq(s, slot, 0);
   return q ? q->n_fed : 0;
 }
 
-int32_t sched_slot_generated(const sched *s, int slot) {
+int32_t anna_sched_slot_generated(const anna_sched *s, int slot) {
   const sseq *q = slot_seq(s, slot, 0);
   return q ? q->n_gen : 0;
 }

@@ -1,12 +1,11 @@
-/* engine.c: the engine thread (see engine.h). What runs in each step is decided by
- * runtime/scheduler.h; this file executes the plans: prompt caches, decode calls, sampling,
- * stop strings, streaming text to the requests. */
-#include "server/engine.h"
+/* engine.c: the engine thread (see engine.h). What runs in each step is decided by the
+ * scheduler (anna.h, "Scheduler"); this file executes the plans: prompt caches, decode calls,
+ * sampling, stop strings, streaming text to the requests. */
+#include "engine.h"
 
-#include "base/error.h"
-#include "ops/ops.h"
-#include "runtime/scheduler.h"
-#include "server/jsonmask.h"
+#include "anna/anna.h"
+#include "jsonmask.h"
+#include "server_err.h"
 
 #include <errno.h>
 #include <math.h>
@@ -33,7 +32,7 @@ gen_request *gen_request_new(void) {
   pthread_condattr_destroy(&ca);
   r->refs = 1;
   r->n = 1;
-  r->sp = sampler_params_default();
+  r->sp = anna_sampler_params_default();
   r->t_arrival = engine_now();
   return r;
 }
@@ -108,8 +107,8 @@ typedef struct slot {
   int32_t next_tok;
   int decoding;
   int n_gen, max_gen;
-  sampler *smp;
-  tokenizer_stream *ts;
+  anna_sampler *smp;
+  anna_text_stream *ts;
   jsonmask jm;       /* JSON mode: what has been generated so far */
   size_t suffix_pos; /* forced suffix tokens emitted */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
@@ -130,7 +129,7 @@ typedef struct exact_entry {
 
 struct engine {
   anna_model *m;
-  const model_text *text;
+  const anna_text *text;
   anna_context *ctx;
   metrics *mx;
   engine_options o;
@@ -140,15 +139,15 @@ struct engine {
   pthread_mutex_t mu;
   pthread_cond_t cv;      /* engine waits for work */
   pthread_cond_t idle_cv; /* drain waits for idle */
-  sched *sc;              /* the batching policy; every call under mu */
+  anna_sched *sc;         /* the batching policy; every call under mu */
   int running, stop, draining, cancel_all;
   int64_t kv_tokens, kv_cached, preemptions;
   anna_kv_stats kvs; /* the context's pool, as of the last step (under mu) */
   slot *slots;
   exact_entry *ex; /* [prompt_cache_size]; entry k is context sequence n_seq + k */
   float *row_tmp;
-  /* sampling candidates of a step's rows (anna_context_decode_topk): [n_seq * OPS_TOPK_MAX]
-   * ids and logits, [n_seq * 2] max and softmax sum; host_sampling (ANNA_HOST_SAMPLING=1):
+  /* sampling candidates of a step's rows (anna_context_decode_topk): [n_seq * ANNA_TOPK_MAX]
+   * ids and logits, [n_seq * 2] max and softmax sum; host_sampling (engine_options):
    * always the full logits */
   int32_t *c_idx;
   float *c_val;
@@ -183,19 +182,19 @@ static int is_cancelled(const gen_request *r) {
 /* Reports to the scheduler from the engine thread (connection threads share it: under mu). */
 static void sc_cached(engine *e, int i, size_t n) {
   pthread_mutex_lock(&e->mu);
-  sched_seq_cached(e->sc, i, (int32_t)n);
+  anna_sched_seq_cached(e->sc, i, (int32_t)n);
   pthread_mutex_unlock(&e->mu);
 }
 
 static void sc_token(engine *e, int i) {
   pthread_mutex_lock(&e->mu);
-  sched_seq_token(e->sc, i);
+  anna_sched_seq_token(e->sc, i);
   pthread_mutex_unlock(&e->mu);
 }
 
 static void sc_finish(engine *e, int i) {
   pthread_mutex_lock(&e->mu);
-  sched_seq_finish(e->sc, i);
+  anna_sched_seq_finish(e->sc, i);
   pthread_mutex_unlock(&e->mu);
 }
 
@@ -278,7 +277,7 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
   gen_request *r = s->r;
   char piece[256];
   size_t plen = 0;
-  if (s->ts) tokenizer_stream_flush(s->ts, piece, sizeof piece, &plen, NULL, 0);
+  if (s->ts) anna_text_stream_flush(s->ts, piece, sizeof piece, &plen, NULL, 0);
   if (flush) {
     if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
     slot_release(s, 1);
@@ -291,7 +290,7 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
   /* Its blocks go back to the pool; the registered ones stay cached for the next prompt. */
   anna_context_seq_reset(e->ctx, i);
   sc_finish(e, i); /* a no-op for a dropped sequence: the scheduler freed its slot already */
-  sampler_free(s->smp);
+  anna_sampler_free(s->smp);
   s->smp = NULL;
   s->r = NULL;
   free(s->u);
@@ -304,8 +303,8 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
 /* Frees a parked slot state (a preempted sequence that ends while it waits). */
 static void parked_free(slot *p) {
   if (!p) return;
-  sampler_free(p->smp);
-  tokenizer_stream_free(p->ts);
+  anna_sampler_free(p->smp);
+  anna_text_stream_free(p->ts);
   free(p->txt);
   free(p->toks);
   free(p);
@@ -318,16 +317,16 @@ static void slot_preempt(engine *e, int i, wunit *u) {
   slot *s = &e->slots[i];
   anna_context_seq_reset(e->ctx, i);
   slot *p = malloc(sizeof *p);
-  tokenizer_stream *ts = NULL;
+  anna_text_stream *ts = NULL;
   int32_t *toks = malloc((size_t)e->o.n_ctx * sizeof *toks);
-  if (!p || !toks || tokenizer_stream_new(&ts, e->text->tok, 0, NULL, 0)) {
+  if (!p || !toks || anna_text_stream_new(&ts, e->text, 0, NULL, 0)) {
     free(p);
     free(toks);
     u->failed = 1;
     pthread_mutex_lock(&e->mu);
-    sched_cancel(e->sc, u->r->eng_sched_id + (uint64_t)u->ci);
+    anna_sched_cancel(e->sc, u->r->eng_sched_id + (uint64_t)u->ci);
     pthread_mutex_unlock(&e->mu);
-    sampler_free(s->smp);
+    anna_sampler_free(s->smp);
     s->smp = NULL;
     s->r = NULL;
     s->u = NULL;
@@ -437,7 +436,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   if (u->parked) { /* resumed: its state comes back; prompt + generated tokens are recomputed */
     slot *p = u->parked;
     u->parked = NULL;
-    tokenizer_stream_free(s->ts);
+    anna_text_stream_free(s->ts);
     free(s->txt);
     free(s->toks);
     *s = *p;
@@ -450,9 +449,9 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
     return 0;
   }
   int pi = u->ci / r->n;
-  sampler_params sp = r->sp;
+  anna_sampler_params sp = r->sp;
   sp.seed = r->sp.seed + (uint64_t)(u->ci % r->n);
-  int rc = sampler_create(&s->smp, e->V, &sp, err, errlen);
+  int rc = anna_sampler_create(&s->smp, e->V, &sp, err, errlen);
   if (rc) return rc;
   s->r = r;
   s->u = u;
@@ -470,7 +469,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->max_gen = r->max_tokens > 0 && r->max_tokens < room ? r->max_tokens : room;
   s->len = s->released = 0;
   for (size_t k = 0; k < s->n_prompt; k++)
-    sampler_accept(s->smp, s->prompt[k]);
+    anna_sampler_accept(s->smp, s->prompt[k]);
   jsonmask_init(&s->jm);
   s->suffix_pos = 0;
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
@@ -519,8 +518,8 @@ static int json_tables(engine *e) {
     size_t n = 0;
     off[v] = (uint32_t)len;
     cls[v] = 1;
-    if (tokenizer_token_is_special(e->text->tok, v) ||
-        tokenizer_decode(e->text->tok, &v, 1, 0, &t, &n, NULL, 0)) {
+    if (anna_text_token_is_special(e->text, v) ||
+        anna_text_detokenize(e->text, &v, 1, 0, &t, &n, NULL, 0)) {
       free(t);
       continue;
     }
@@ -562,7 +561,7 @@ static int json_mask(engine *e, slot *s, float *row) {
   int allowed = 0;
   if (jsonmask_done(&s->jm)) {
     for (int v = 0; v < e->V; v++)
-      if (!tokenizer_is_eog(e->text->tok, v))
+      if (!anna_text_is_eog(e->text, v))
         row[v] = -INFINITY;
       else
         allowed++;
@@ -588,13 +587,13 @@ static int json_mask(engine *e, slot *s, float *row) {
 
 /* Whether slot i's next row can be sampled from the backend's candidates (see
  * anna_context_decode_topk): a plain sample, no logprobs, JSON mask, forced or prefix token, or
- * exact-cache store (those read the full row); *k and *temp as sampler_candidates_k. */
+ * exact-cache store (those read the full row); *k and *temp as anna_sampler_candidates_k. */
 static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
   if (!r || r->logprobs || r->json_mode || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
   if (s->exact_store && !s->decoding) return 0;
-  return (*k = sampler_candidates_k(s->smp, temp)) > 0;
+  return (*k = anna_sampler_candidates_k(s->smp, temp)) > 0;
 }
 
 /* One sampled position of slot i: record, stream text, decide whether it goes on. pre >= 0:
@@ -635,13 +634,13 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
         return;
       }
     }
-    t = sampler_sample(s->smp, row);
+    t = anna_sampler_sample(s->smp, row);
     if (r->json_mode && e->tok_cls[t] == 0)
       jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
   }
   if (!forced_end) {
     s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
-    sampler_accept(s->smp, t);
+    anna_sampler_accept(s->smp, t);
     if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   }
   s->n_gen++;
@@ -652,7 +651,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     metrics_observe(e->mx, &e->mx->itl, (now - s->t_last) * 1000.0);
   s->t_last = now;
   metrics_add(e->mx, &e->mx->completion_tokens, 1);
-  int eog = forced_end || (!r->ignore_eos && tokenizer_is_eog(e->text->tok, t));
+  int eog = forced_end || (!r->ignore_eos && anna_text_is_eog(e->text, t));
   pthread_mutex_lock(&r->mu);
   gen_choice *c = &r->choices[s->ci];
   c->n_gen = s->n_gen;
@@ -674,10 +673,10 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   size_t plen = 0;
   /* Control tokens stay out of the text, except the reasoning / tool-call tags, which some
    * vocabularies mark special but which the response parser has to see. */
-  int keep = !tokenizer_token_is_special(e->text->tok, t);
+  int keep = !anna_text_token_is_special(e->text, t);
   for (int k = 0; k < 4 && !keep; k++)
     keep = t == e->keep_ids[k];
-  if (keep && tokenizer_stream_feed(s->ts, t, piece, sizeof piece, &plen, NULL, 0) == 0 && plen &&
+  if (keep && anna_text_stream_feed(s->ts, t, piece, sizeof piece, &plen, NULL, 0) == 0 && plen &&
       txt_append(&s->txt, &s->len, &s->cap, piece, plen)) {
     slot_free(e, i, "error", "out of memory", 0);
     return;
@@ -696,7 +695,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
 }
 
 /* A sequence the scheduler dropped (cancelled, or parking it failed). */
-static void unit_drop(engine *e, const sched_entry *d) {
+static void unit_drop(engine *e, const anna_sched_entry *d) {
   wunit *u = d->user;
   if (d->slot >= 0 && e->slots[d->slot].r) {
     slot_free(e, d->slot, "cancelled", NULL, 0); /* frees u */
@@ -725,8 +724,8 @@ static void *engine_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&e->mu);
     for (;;) {
-      if (e->stop || sched_n_running(e->sc) > 0) break;
-      double w = sched_wait_ms(e->sc, engine_now() * 1000.0);
+      if (e->stop || anna_sched_n_running(e->sc) > 0) break;
+      double w = anna_sched_wait_ms(e->sc, engine_now() * 1000.0);
       if (w >= 0) {
         /* An idle engine may wait a little for company, so the first step is shared. */
         if (w > 0 && !e->cancel_all) {
@@ -742,12 +741,12 @@ static void *engine_main(void *arg) {
     }
     int stop = e->stop;
     /* Shutdown or a drain that timed out: nothing queued or running survives. */
-    if (e->cancel_all || e->stop) sched_cancel_all(e->sc);
-    const sched_entry *adm;
+    if (e->cancel_all || e->stop) anna_sched_cancel_all(e->sc);
+    const anna_sched_entry *adm;
     int n_adm = 0;
-    sched_admit(e->sc, engine_now() * 1000.0, kv_available(&e->kvs), &adm, &n_adm);
+    anna_sched_admit(e->sc, engine_now() * 1000.0, kv_available(&e->kvs), &adm, &n_adm);
     /* Counted as running from now on, so a drain never sees the handover as idle. */
-    e->running = sched_n_running(e->sc);
+    e->running = anna_sched_n_running(e->sc);
     pthread_mutex_unlock(&e->mu);
 
     int kv_dirty = n_adm > 0;
@@ -764,9 +763,9 @@ static void *engine_main(void *arg) {
     }
     /* Cancelled or shut down: finish those sequences, free their slots. */
     for (;;) {
-      sched_entry d;
+      anna_sched_entry d;
       pthread_mutex_lock(&e->mu);
-      int got = sched_drop_next(e->sc, &d);
+      int got = anna_sched_drop_next(e->sc, &d);
       pthread_mutex_unlock(&e->mu);
       if (!got) break;
       kv_dirty |= d.slot >= 0;
@@ -778,9 +777,9 @@ static void *engine_main(void *arg) {
      * admission order; preempted sequences leave their slots before it runs. */
     anna_kv_stats pk = e->kvs; /* the engine thread is its only writer */
     if (kv_dirty) anna_context_kv_stats(e->ctx, &pk);
-    sched_plan p;
+    anna_sched_plan p;
     pthread_mutex_lock(&e->mu);
-    sched_plan_step(e->sc, kv_available(&pk), &p);
+    anna_sched_plan_step(e->sc, kv_available(&pk), &p);
     pthread_mutex_unlock(&e->mu);
     for (int k = 0; k < p.n_preempted; k++)
       slot_preempt(e, p.preempted[k].slot, p.preempted[k].user);
@@ -853,7 +852,7 @@ static void *engine_main(void *arg) {
     e->mx->prompt_tokens += (uint64_t)prompt_fed;
     pthread_mutex_unlock(&e->mx->mu);
     pthread_mutex_lock(&e->mu);
-    sched_commit(e->sc, &p);
+    anna_sched_commit(e->sc, &p);
     pthread_mutex_unlock(&e->mu);
     for (int k = 0; k < p.n_prefill; k++)
       e->slots[p.prefill[k].slot].n_fed += (size_t)p.prefill[k].n;
@@ -863,8 +862,9 @@ static void *engine_main(void *arg) {
       if (kc > 0) { /* from the candidates; a row they do not decide is fetched in full */
         int32_t t;
         if (!s->r) continue;
-        if (!sampler_sample_candidates(s->smp, e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc,
-                                       kc, e->c_st + 2 * (size_t)k, &t)) {
+        if (!anna_sampler_sample_candidates(s->smp, e->c_idx + (size_t)k * (size_t)kc,
+                                            e->c_val + (size_t)k * (size_t)kc, kc,
+                                            e->c_st + 2 * (size_t)k, &t)) {
           slot_sample(e, i, NULL, t);
         } else if (anna_context_logits_row(e->ctx, k, e->row_tmp, err, sizeof err)) {
           slot_free(e, i, "error", err, 0);
@@ -890,7 +890,7 @@ static void *engine_main(void *arg) {
     cached = ks.cached_blocks * ks.block_len;
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     pthread_mutex_lock(&e->mu);
-    e->running = sched_n_running(e->sc);
+    e->running = anna_sched_n_running(e->sc);
     e->kv_tokens = kv;
     e->kv_cached = cached;
     e->kvs = ks;
@@ -903,13 +903,23 @@ static void *engine_main(void *arg) {
   return NULL;
 }
 
-int engine_create(engine **out, anna_model *m, const model_text *text, const engine_options *o,
+/* The tuning key host_sampling (ANNA_TUNING, engine_options.tuning) is the server's to read
+ * (base/tuning.h); the public API shows it as the context's "key=value" lines. */
+static int tuning_host_sampling(const anna_context *c) {
+  char buf[4096];
+  anna_context_tuning(c, buf, sizeof buf); /* a few hundred bytes; truncated: still lines */
+  const char *key = "host_sampling=";
+  for (const char *l = buf; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+    if (!strncmp(l, key, strlen(key))) return l[strlen(key)] == '1';
+  return 0;
+}
+
+int engine_create(engine **out, anna_model *m, const anna_text *text, const engine_options *o,
                   metrics *mx, char *err, size_t errlen) {
   *out = NULL;
-  if (!text || !text->tok)
-    return anna_err(err, errlen, ANNA_EINVAL, "the engine needs a tokenizer");
+  if (!text) return server_err(err, errlen, ANNA_EINVAL, "the engine needs a tokenizer");
   engine *e = calloc(1, sizeof *e);
-  if (!e) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!e) return server_err(err, errlen, ANNA_ENOMEM, "out of memory");
   e->m = m;
   e->text = text;
   e->mx = mx;
@@ -938,16 +948,17 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
                              .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
                              .prefix_share = e->o.prompt_cache ? 0 : -1,
-                             .prefix_snapshot_interval = e->o.prompt_cache ? e->o.prompt_cache_block : 0,
+                             .prefix_snapshot_interval =
+                                 e->o.prompt_cache ? e->o.prompt_cache_block : 0,
                              .n_ctx = e->o.n_ctx,
                              .n_batch = B,
                              .n_threads = e->o.n_threads,
-                             .n_checkpoints =
-                                 e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
+                             .n_checkpoints = e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
                              .device = e->o.device,
                              .kv_cache_quantization = e->o.kv_cache_quantization,
                              .kv_cache_quant_bits = e->o.kv_cache_quant_bits,
-                             .exact_matmul = e->o.exact_matmul};
+                             .exact_matmul = e->o.exact_matmul,
+                             .tuning = e->o.tuning};
   int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
   anna_context_kv_stats(e->ctx, &e->kvs);
@@ -961,51 +972,48 @@ int engine_create(engine **out, anna_model *m, const model_text *text, const eng
   e->lp_row = malloc((size_t)e->V * sizeof(float));
   if (!e->slots || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_want || !e->out_slot ||
       !e->logits || !e->lp_row) {
-    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
+    rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
     goto fail;
   }
   e->row_tmp = malloc((size_t)e->V * sizeof(float));
   e->ex = calloc((size_t)e->o.prompt_cache_size + 1, sizeof *e->ex);
-  e->c_idx = malloc((size_t)S * OPS_TOPK_MAX * sizeof *e->c_idx);
-  e->c_val = malloc((size_t)S * OPS_TOPK_MAX * sizeof *e->c_val);
+  e->c_idx = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_idx);
+  e->c_val = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_val);
   e->c_st = malloc((size_t)S * 2 * sizeof *e->c_st);
-  {
-    const char *hs = getenv("ANNA_HOST_SAMPLING");
-    e->host_sampling = hs && !strcmp(hs, "1");
-  }
+  e->host_sampling = e->o.host_sampling || tuning_host_sampling(e->ctx);
   if (!e->row_tmp || !e->ex || !e->c_idx || !e->c_val || !e->c_st) {
-    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
+    rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
     goto fail;
   }
   for (int k = 0; k < e->o.prompt_cache_size; k++)
     if (!(e->ex[k].tok = malloc((size_t)e->o.n_ctx * sizeof(int32_t))) ||
         !(e->ex[k].logits = malloc((size_t)e->V * sizeof(float)))) {
-      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
+      rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
       goto fail;
     }
   for (int i = 0; i < S; i++) {
-    if ((rc = tokenizer_stream_new(&e->slots[i].ts, text->tok, 0, err, errlen))) goto fail;
+    if ((rc = anna_text_stream_new(&e->slots[i].ts, text, 0, err, errlen))) goto fail;
     if (!(e->slots[i].toks = malloc((size_t)e->o.n_ctx * sizeof(int32_t)))) {
-      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
+      rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
       goto fail;
     }
   }
-  const sched_options so = {.n_slots = S,
-                            .n_batch = B,
-                            .max_batch_size = e->o.max_batch_size,
-                            .max_prefill_tokens = e->o.max_prefill_tokens,
-                            .max_decode_tokens = e->o.max_decode_tokens,
-                            .max_waiting = e->o.max_waiting,
-                            .max_queue_wait_ms = e->o.max_queue_wait_ms,
-                            .prefill_interval_steps = e->o.prefill_interval_steps,
-                            .batch_wait_ms = e->o.batch_wait_ms,
-                            .block_len = e->kvs.block_len};
-  if ((rc = sched_create(&e->sc, &so, err, errlen))) goto fail;
+  const anna_sched_options so = {.n_slots = S,
+                                 .n_batch = B,
+                                 .max_batch_size = e->o.max_batch_size,
+                                 .max_prefill_tokens = e->o.max_prefill_tokens,
+                                 .max_decode_tokens = e->o.max_decode_tokens,
+                                 .max_waiting = e->o.max_waiting,
+                                 .max_queue_wait_ms = e->o.max_queue_wait_ms,
+                                 .prefill_interval_steps = e->o.prefill_interval_steps,
+                                 .batch_wait_ms = e->o.batch_wait_ms,
+                                 .block_len = e->kvs.block_len};
+  if ((rc = anna_sched_create(&e->sc, &so, err, errlen))) goto fail;
   const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
   for (int k = 0; k < 4; k++)
-    e->keep_ids[k] = tokenizer_token_id(text->tok, keep[k]);
+    e->keep_ids[k] = anna_text_token_id(text, keep[k]);
   if (pthread_create(&e->th, NULL, engine_main, e)) {
-    rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
+    rc = server_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
     goto fail;
   }
   e->th_started = 1;
@@ -1026,12 +1034,12 @@ void engine_free(engine *e) {
     pthread_join(e->th, NULL);
   }
   for (int i = 0; e->slots && i < e->o.n_seq; i++) {
-    tokenizer_stream_free(e->slots[i].ts);
-    sampler_free(e->slots[i].smp);
+    anna_text_stream_free(e->slots[i].ts);
+    anna_sampler_free(e->slots[i].smp);
     free(e->slots[i].txt);
     free(e->slots[i].toks);
   }
-  sched_free(e->sc);
+  anna_sched_free(e->sc);
   free(e->slots);
   for (int k = 0; e->ex && k < e->o.prompt_cache_size; k++) {
     free(e->ex[k].tok);
@@ -1060,23 +1068,23 @@ void engine_free(engine *e) {
 }
 
 int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
-  if (!r->choices) return anna_err(err, errlen, ANNA_EINVAL, "request not prepared");
+  if (!r->choices) return server_err(err, errlen, ANNA_EINVAL, "request not prepared");
   for (int p = 0; p < r->n_prompts; p++) {
-    if (r->n_prompt[p] == 0) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
+    if (r->n_prompt[p] == 0) return server_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
     if (r->n_prompt[p] >= (size_t)e->o.n_ctx)
-      return anna_err(err, errlen, ANNA_EINVAL,
-                      "the prompt has %zu tokens; this server's context (--ctx-size) holds %d, "
-                      "with room for at "
-                      "least one generated token",
-                      r->n_prompt[p], e->o.n_ctx);
+      return server_err(err, errlen, ANNA_EINVAL,
+                        "the prompt has %zu tokens; this server's context (--ctx-size) holds %d, "
+                        "with room for at "
+                        "least one generated token",
+                        r->n_prompt[p], e->o.n_ctx);
     for (size_t k = 0; k < r->n_prompt[p]; k++)
       if (r->prompts[p][k] < 0 || r->prompts[p][k] >= e->V)
-        return anna_err(err, errlen, ANNA_EINVAL,
-                        "prompt token id %d is out of range (vocabulary %d)", r->prompts[p][k],
-                        e->V);
+        return server_err(err, errlen, ANNA_EINVAL,
+                          "prompt token id %d is out of range (vocabulary %d)", r->prompts[p][k],
+                          e->V);
   }
   wunit **units = calloc((size_t)r->n_choices, sizeof *units);
-  sched_seq_desc *d = calloc((size_t)r->n_choices, sizeof *d);
+  anna_sched_seq_desc *d = calloc((size_t)r->n_choices, sizeof *d);
   int rc = units && d ? 0 : ANNA_ENOMEM;
   double now = engine_now();
   for (int i = 0; i < r->n_choices && !rc; i++) {
@@ -1089,26 +1097,26 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
     u->ci = i;
     u->t_queued = now;
     units[i] = u;
-    d[i] = (sched_seq_desc){SCHED_KIND_TEXT, (int32_t)r->n_prompt[i / r->n], u};
+    d[i] = (anna_sched_seq_desc){ANNA_SCHED_KIND_TEXT, (int32_t)r->n_prompt[i / r->n], u};
   }
   if (rc) {
     for (int i = 0; units && i < r->n_choices; i++)
       free(units[i]);
     free(units);
     free(d);
-    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    return server_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   pthread_mutex_lock(&e->mu);
   uint64_t id0 = 0;
   if (e->draining || e->stop) {
-    rc = anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
+    rc = server_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
   } else {
-    const int n_waiting = sched_n_waiting(e->sc);
-    rc = sched_submit(e->sc, d, r->n_choices, now * 1000.0, &id0, err, errlen);
+    const int n_waiting = anna_sched_n_waiting(e->sc);
+    rc = anna_sched_submit(e->sc, d, r->n_choices, now * 1000.0, &id0, err, errlen);
     if (rc == ANNA_ERANGE)
-      anna_err(err, errlen, ANNA_ERANGE,
-               "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
-               n_waiting);
+      server_err(err, errlen, ANNA_ERANGE,
+                 "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
+                 n_waiting);
   }
   free(d);
   if (rc) {
@@ -1126,7 +1134,7 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
   /* Cancelled before it was queued: the scheduler drops it at the next step. */
   if (is_cancelled(r))
     for (int i = 0; i < r->n_choices; i++)
-      sched_cancel(e->sc, id0 + (uint64_t)i);
+      anna_sched_cancel(e->sc, id0 + (uint64_t)i);
   pthread_cond_signal(&e->cv);
   pthread_mutex_unlock(&e->mu);
   return 0;
@@ -1138,7 +1146,7 @@ void engine_cancel(engine *e, gen_request *r) {
   /* Sequences already finished are no longer known to the scheduler: ANNA_ENOTFOUND. */
   if (r->eng_submitted)
     for (int i = 0; i < r->n_choices; i++)
-      sched_cancel(e->sc, r->eng_sched_id + (uint64_t)i);
+      anna_sched_cancel(e->sc, r->eng_sched_id + (uint64_t)i);
   pthread_cond_signal(&e->cv);
   pthread_mutex_unlock(&e->mu);
 }
@@ -1148,12 +1156,12 @@ void engine_drain(engine *e, double timeout_s) {
   pthread_mutex_lock(&e->mu);
   e->draining = 1;
   pthread_cond_signal(&e->cv);
-  while ((e->running > 0 || sched_n_waiting(e->sc) > 0) && engine_now() < until)
+  while ((e->running > 0 || anna_sched_n_waiting(e->sc) > 0) && engine_now() < until)
     timed_wait(&e->idle_cv, &e->mu, 0.1);
-  if (e->running > 0 || sched_n_waiting(e->sc) > 0) {
+  if (e->running > 0 || anna_sched_n_waiting(e->sc) > 0) {
     e->cancel_all = 1;
     pthread_cond_signal(&e->cv);
-    while (e->running > 0 || sched_n_waiting(e->sc) > 0)
+    while (e->running > 0 || anna_sched_n_waiting(e->sc) > 0)
       timed_wait(&e->idle_cv, &e->mu, 0.1);
   }
   pthread_mutex_unlock(&e->mu);
@@ -1164,7 +1172,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->n_seq = e->o.n_seq;
   st->n_ctx = e->o.n_ctx;
   st->running = e->running;
-  st->waiting = sched_n_waiting(e->sc);
+  st->waiting = anna_sched_n_waiting(e->sc);
   st->kv_tokens = e->kv_tokens;
   st->kv_cached = e->kv_cached;
   st->kv_capacity = (int64_t)e->o.n_seq * e->o.n_ctx;
@@ -1174,6 +1182,10 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->draining = e->draining;
   st->preemptions = e->preemptions;
   pthread_mutex_unlock(&e->mu);
+}
+
+int engine_tuning(const engine *e, char *buf, size_t len) {
+  return anna_context_tuning(e->ctx, buf, len);
 }
 
 const engine_options *engine_get_options(const engine *e) {

@@ -2,7 +2,7 @@
  *
  * Connection threads build a gen_request (prompt ids + sampling options), submit it, and
  * then only read its gen_choice results under the request's mutex (waiting on its condition
- * variable). The engine thread asks the scheduler (runtime/scheduler.h: admission, token
+ * variable). The engine thread asks the scheduler (anna.h, "Scheduler": admission, token
  * budgets, chunked prefill, fairness, preemption) for each step's plan, executes it with one
  * anna_context_decode(_topk) call, samples each sequence, applies stop strings, appends
  * released text to the choice, and reports tokens and finished sequences back.
@@ -15,12 +15,6 @@
 
 #include "anna/anna.h"
 #include "metrics.h"
-/* TODO(lead): engine.c still uses the internal tokenizer / sampler names; it alone is built
- * with ANNA_ENGINE_INTERNAL (src/server/CMakeLists.txt). Remove once engine.c uses anna.h. */
-#ifdef ANNA_ENGINE_INTERNAL
-#include "runtime/sampler.h"
-#include "runtime/text.h"
-#endif
 
 #include <pthread.h>
 #include <stddef.h>
@@ -56,6 +50,11 @@ typedef struct engine_options {
   const char *kv_cache_quantization; /* anna_context_options (borrowed) */
   int kv_cache_quant_bits;
   int exact_matmul; /* anna_context_options.exact_matmul */
+  /* Download every logits row and sample it on the host (the reference path) instead of
+   * sampling from the backend's top-k candidates (anna-generate's --host-sampling). The
+   * tuning key host_sampling=1 does the same. */
+  int host_sampling;
+  const char *tuning; /* anna_context_options.tuning: "k=v,..." (borrowed; NULL: none) */
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
@@ -146,6 +145,9 @@ typedef struct engine_stats {
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);
+/* The context's resolved runtime switches, as anna_context_tuning ("key=value" lines into
+ * buf, NUL-terminated, truncated to len; returns the length the whole text needs). */
+int engine_tuning(const engine *e, char *buf, size_t len);
 
 /* Blocks until r has news (text, tokens, done) or timeout_ms passed; call with r->mu held. */
 void gen_request_wait(gen_request *r, int timeout_ms);

@@ -7,6 +7,7 @@
 #include "anna/anna.h"
 #include "metrics.h"
 #include "oai.h"
+#include "server_err.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -142,6 +143,13 @@ static long rss_bytes(void) {
   return rss * sysconf(_SC_PAGESIZE);
 }
 
+/* KV blocks referenced by sequences: the pool minus its free and its cached (unreferenced,
+ * evictable) blocks. */
+static int64_t kv_blocks_used(const anna_kv_stats *kv) {
+  const int64_t u = kv->n_blocks - kv->free_blocks - kv->cached_blocks;
+  return u > 0 ? u : 0;
+}
+
 /* ---- routes ---- */
 
 static enum MHD_Result route_health(server *srv, conn *cn) {
@@ -194,6 +202,13 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
     json_object_set_new(mem, "kv_residual_bytes", json_integer((json_int_t)st.kv.ring_bytes));
     json_object_set_new(json_object_get(o, "memory"), "kv_tokens_cached",
                         json_integer((json_int_t)st.kv_cached));
+    json_object_set_new(json_object_get(o, "scheduler"), "preemptions",
+                        json_integer((json_int_t)st.preemptions));
+    json_object_set_new(
+        o, "kv_blocks",
+        json_pack("{s:i,s:I,s:I,s:I,s:I}", "block_len", st.kv.block_len, "total",
+                  (json_int_t)st.kv.n_blocks, "used", (json_int_t)kv_blocks_used(&st.kv), "free",
+                  (json_int_t)st.kv.free_blocks, "cached", (json_int_t)st.kv.cached_blocks));
     json_object_set_new(o, "active_http_requests",
                         json_integer(__atomic_load_n(&srv->active, __ATOMIC_RELAXED)));
   }
@@ -205,7 +220,7 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
 static enum MHD_Result route_metrics(server *srv, conn *cn) {
   engine_stats st;
   engine_get_stats(srv->eng, &st);
-  char g[2048];
+  char g[4096];
   snprintf(
       g, sizeof g,
       "# HELP anna_requests_running sequences in the running batch\n# TYPE anna_requests_running "
@@ -221,9 +236,23 @@ static enum MHD_Result route_metrics(server *srv, conn *cn) {
       "anna_kv_tokens_capacity %lld\n"
       "# HELP anna_resident_memory_bytes process RSS\n# TYPE anna_resident_memory_bytes gauge\n"
       "anna_resident_memory_bytes %ld\n"
-      "# HELP anna_draining 1 while shutting down\n# TYPE anna_draining gauge\nanna_draining %d\n",
+      "# HELP anna_draining 1 while shutting down\n# TYPE anna_draining gauge\nanna_draining %d\n"
+      "# HELP anna_kv_blocks_total KV pool blocks\n# TYPE anna_kv_blocks_total gauge\n"
+      "anna_kv_blocks_total %lld\n"
+      "# HELP anna_kv_blocks_used KV blocks held by sequences\n# TYPE anna_kv_blocks_used gauge\n"
+      "anna_kv_blocks_used %lld\n"
+      "# HELP anna_kv_blocks_free KV blocks free (cached prefix blocks not counted)\n"
+      "# TYPE anna_kv_blocks_free gauge\n"
+      "anna_kv_blocks_free %lld\n"
+      "# HELP anna_kv_blocks_cached KV blocks holding a cached prefix, evictable\n"
+      "# TYPE anna_kv_blocks_cached gauge\n"
+      "anna_kv_blocks_cached %lld\n"
+      "# HELP anna_preemptions_total sequences preempted for KV blocks (recomputed later)\n"
+      "# TYPE anna_preemptions_total counter\n"
+      "anna_preemptions_total %lld\n",
       st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, rss_bytes(),
-      st.draining);
+      st.draining, (long long)st.kv.n_blocks, (long long)kv_blocks_used(&st.kv),
+      (long long)st.kv.free_blocks, (long long)st.kv.cached_blocks, (long long)st.preemptions);
   return send_body(cn, 200, metrics_prometheus(&srv->mx, g), "text/plain; version=0.0.4");
 }
 
@@ -493,8 +522,9 @@ static void log_metrics(server *srv) {
        "cancelled=%llu "
        "prompt_tok=%llu gen_tok=%llu steps=%llu batch=%.2f ttft_p50=%.1fms ttft_p99=%.1fms "
        "itl_p50=%.1fms "
-       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=%.3f prefix_block_hits=%llu prefix_block_misses=%llu "
-       "prefix_token_hit_rate=%.3f exact_hits=%llu/%llu kv_blocks_free=%lld/%lld",
+       "itl_p99=%.1fms rss=%ldMiB prompt_cache_hit_rate=%.3f prefix_block_hits=%llu "
+       "prefix_block_misses=%llu "
+       "prefix_token_hit_rate=%.3f exact_hits=%llu/%llu kv_blocks_free=%lld/%lld preemptions=%lld",
        st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity,
        (unsigned long long)c.requests, (unsigned long long)c.responses_4xx,
        (unsigned long long)c.responses_5xx, (unsigned long long)c.rejected_busy,
@@ -510,8 +540,8 @@ static void log_metrics(server *srv) {
        c.prefix_hit_tokens + c.prefix_miss_tokens
            ? (double)c.prefix_hit_tokens / (double)(c.prefix_hit_tokens + c.prefix_miss_tokens)
            : 0.0,
-       (unsigned long long)c.exact_hits, (unsigned long long)c.exact_lookups, (long long)st.kv.free_blocks,
-       (long long)st.kv.n_blocks);
+       (unsigned long long)c.exact_hits, (unsigned long long)c.exact_lookups,
+       (long long)st.kv.free_blocks, (long long)st.kv.n_blocks, (long long)st.preemptions);
 }
 
 static void derive_name(const char *path, char *out, size_t cap) {
@@ -528,18 +558,6 @@ static void derive_name(const char *path, char *out, size_t cap) {
   out[bl] = '\0';
 }
 
-/* The anna error convention (message into err, return code) for startup failures. */
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int server_run(const server_options *o, char *err, size_t errlen) {
   slog_configure(o->log_json, o->log_level);
   /* Signals go to the main thread only: every thread created below inherits this mask. */
@@ -551,7 +569,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   signal(SIGPIPE, SIG_IGN);
 
   server *srv = calloc(1, sizeof *srv);
-  if (!srv) return fail(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!srv) return server_err(err, errlen, ANNA_ENOMEM, "out of memory");
   srv->o = o;
   srv->created = (long long)time(NULL);
   metrics_init(&srv->mx);
@@ -559,7 +577,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct MHD_Daemon *d = NULL;
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
-  anna_model_options mo = {.device = o->device, .dtype = o->dtype};
+  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning};
   if ((rc = anna_model_load(&srv->m, o->model_path, &mo, err, errlen))) goto done;
   if ((rc = anna_text_open(&srv->text, o->model_path, 0, err, errlen))) goto done;
   if (o->model_name && *o->model_name)
@@ -568,6 +586,11 @@ int server_run(const server_options *o, char *err, size_t errlen) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
   if ((rc = engine_create(&srv->eng, srv->m, srv->text, &o->eng, &srv->mx, err, errlen))) goto done;
   const engine_options *eo = engine_get_options(srv->eng);
+  if (o->verbose) {
+    char tb[2048];
+    engine_tuning(srv->eng, tb, sizeof tb);
+    fprintf(stderr, "[anna-serve] tuning:\n%s", tb);
+  }
   srv->cfg = (oai_config){.model_name = srv->model_name,
                           .text = srv->text,
                           .n_ctx = eo->n_ctx,
@@ -584,7 +607,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   snprintf(port, sizeof port, "%d", o->port);
   int gai = getaddrinfo(o->host ? o->host : "127.0.0.1", port, &hints, &ai);
   if (gai) {
-    rc = fail(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
+    rc = server_err(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
     goto done;
   }
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
@@ -597,8 +620,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
   if (!d) {
-    rc = fail(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
-              strerror(errno));
+    rc = server_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
+                    strerror(errno));
     goto done;
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);

@@ -20,7 +20,7 @@ typedef struct server_options {
   const char *host;       /* default 127.0.0.1 */
   int port;               /* 0: any free port (the log line says which) */
   const char *device, *dtype;
-  engine_options eng;
+  engine_options eng;           /* eng.tuning also goes to anna_model_options.tuning */
   anna_sampler_params defaults; /* generation defaults for fields a request omits */
   int default_max_tokens;      /* chat; <= 0: up to the context */
   int default_enable_thinking; /* -1: template default, 0/1: chat_template_kwargs default */
@@ -33,6 +33,7 @@ typedef struct server_options {
   double shutdown_timeout_s;
   const char *profile_name; /* for /healthz */
   int debug_hooks;          /* testing: forced outputs per request */
+  int verbose;              /* print the context's tuning (anna_context_tuning) at start */
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled

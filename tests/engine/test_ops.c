@@ -2,13 +2,13 @@
  * sizes included), SIMD paths against the scalar path, the chunked GDN kernel against the
  * recurrent one, and the sampler's contracts (attention and the KV formats: test_attn.c). The fixture tests check the composition;
  * this file pins down each op so a backend (CUDA) has a reference to match. */
+#include "anna/anna.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/cpu_internal.h"
 #include "base/threadpool.h"
 #include "formats/dtype.h"
 #include "formats/quant.h"
 #include "model/config.h"
-#include "runtime/sampler.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -499,12 +499,12 @@ static void test_sampler(void) {
   int best = 0;
   for (int i = 1; i < V; i++)
     if (base[i] > base[best]) best = i;
-  sampler *s = NULL;
-  sampler_params p = sampler_params_default();
-  sampler_create(&s, V, &p, NULL, 0);
+  anna_sampler *s = NULL;
+  anna_sampler_params p = anna_sampler_params_default();
+  anna_sampler_create(&s, V, &p, NULL, 0);
   memcpy(l, base, sizeof l);
-  check("greedy = argmax", sampler_sample(s, l) != best, 0);
-  sampler_free(s);
+  check("greedy = argmax", anna_sampler_sample(s, l) != best, 0);
+  anna_sampler_free(s);
   {
     /* a vocabulary past the argmax's 16-wide blocks, with a tie (the first index wins, as a
      * plain scan) in the block tail and -inf entries */
@@ -516,23 +516,23 @@ static void test_sampler(void) {
       memcpy(c, big, sizeof(float) * W);
       c[at] = 9.0f;
       if (at + 500 < W) c[at + 500] = 9.0f;
-      sampler *g = NULL;
-      sampler_create(&g, W, &p, NULL, 0);
-      check("greedy argmax, first of tied maxima", sampler_sample(g, c) != at, 0);
-      sampler_free(g);
+      anna_sampler *g = NULL;
+      anna_sampler_create(&g, W, &p, NULL, 0);
+      check("greedy argmax, first of tied maxima", anna_sampler_sample(g, c) != at, 0);
+      anna_sampler_free(g);
       free(c);
     }
     free(big);
   }
   p.temperature = 1.0f, p.top_k = 1, p.seed = 7;
-  sampler_create(&s, V, &p, NULL, 0);
+  anna_sampler_create(&s, V, &p, NULL, 0);
   memcpy(l, base, sizeof l);
-  check("top-k 1 = argmax", sampler_sample(s, l) != best, 0);
-  sampler_free(s);
+  check("top-k 1 = argmax", anna_sampler_sample(s, l) != best, 0);
+  anna_sampler_free(s);
   /* same seed, same stream; draws stay inside top-k */
   p.top_k = 5, p.top_p = 0.9f;
-  sampler *a = NULL, *b = NULL;
-  sampler_create(&a, V, &p, NULL, 0), sampler_create(&b, V, &p, NULL, 0);
+  anna_sampler *a = NULL, *b = NULL;
+  anna_sampler_create(&a, V, &p, NULL, 0), anna_sampler_create(&b, V, &p, NULL, 0);
   int same = 1, inside = 1;
   float sorted[50];
   memcpy(sorted, base, sizeof sorted);
@@ -544,27 +544,28 @@ static void test_sampler(void) {
       }
   for (int it = 0; it < 200; it++) {
     memcpy(l, base, sizeof l);
-    int x = sampler_sample(a, l);
+    int x = anna_sampler_sample(a, l);
     memcpy(l, base, sizeof l);
-    int y = sampler_sample(b, l);
+    int y = anna_sampler_sample(b, l);
     same &= x == y;
     inside &= base[x] >= sorted[4];
   }
   check("seeded draws reproduce", !same, 0);
   check("draws stay in top-k", !inside, 0);
-  sampler_free(a), sampler_free(b);
+  anna_sampler_free(a), anna_sampler_free(b);
   /* repetition penalty pushes the seen argmax down */
-  p = sampler_params_default();
+  p = anna_sampler_params_default();
   p.repetition_penalty = 100.0f;
-  sampler_create(&s, V, &p, NULL, 0);
-  sampler_accept(s, best);
+  anna_sampler_create(&s, V, &p, NULL, 0);
+  anna_sampler_accept(s, best);
   memcpy(l, base, sizeof l);
-  check("repetition penalty avoids the seen token", sampler_sample(s, l) == best, 0);
-  sampler_free(s);
-  sampler_params bad = sampler_params_default();
+  check("repetition penalty avoids the seen token", anna_sampler_sample(s, l) == best, 0);
+  anna_sampler_free(s);
+  anna_sampler_params bad = anna_sampler_params_default();
   bad.temperature = -1;
   char err[128];
-  check("bad parameters rejected", sampler_create(&s, V, &bad, err, sizeof err) < 0 ? 0 : 1, 0);
+  check("bad parameters rejected", anna_sampler_create(&s, V, &bad, err, sizeof err) < 0 ? 0 : 1,
+        0);
   {
     /* Draw frequencies against the softmax over a vocabulary larger than the sorted head
      * (256), flat enough that most draws land past it: t = 0.7; min-p 0.3 (a floor inside the
@@ -578,7 +579,7 @@ static void test_sampler(void) {
     const int topks[] = {0, 0, 300, 0};
     const float topps[] = {1.0f, 1.0f, 1.0f, 0.5f};
     for (int v = 0; v < 4; v++) {
-      sampler_params q = sampler_params_default();
+      anna_sampler_params q = anna_sampler_params_default();
       q.temperature = 0.7f, q.min_p = minps[v], q.top_k = topks[v], q.top_p = topps[v], q.seed = 11 + v;
       /* reference probabilities with the same rules over a full sort */
       double pr[W], z = 0, mxl = -INFINITY;
@@ -603,16 +604,16 @@ static void test_sampler(void) {
       double grp[GROUPS] = {0};
       for (int i = 0; i < W; i++) grp[i / 100] += pr[i] / kept;
       int cnt[GROUPS] = {0}, masked = 0, dropped = 0;
-      sampler *g = NULL;
-      sampler_create(&g, W, &q, NULL, 0);
+      anna_sampler *g = NULL;
+      anna_sampler_create(&g, W, &q, NULL, 0);
       for (int d = 0; d < DRAWS; d++) {
         memcpy(c, lg, sizeof(float) * W);
-        const int t = sampler_sample(g, c);
+        const int t = anna_sampler_sample(g, c);
         cnt[t / 100]++;
         masked += t % 10 == 3;
         dropped += pr[t] == 0;
       }
-      sampler_free(g);
+      anna_sampler_free(g);
       double worst = 0;
       for (int k = 0; k < GROUPS; k++) {
         const double e = grp[k] * DRAWS, sd = sqrt(fmax(e * (1 - grp[k]), 1.0));
@@ -773,14 +774,14 @@ static void test_sampler_candidates(ops_backend *be) {
       const int steps = V > 10000 ? 12 : 60;
       int diff = 0, kbad = 0, fallbacks = 0, k_used = 0;
       for (uint64_t seed = 1; seed <= 6; seed++) {
-        sampler_params p = sampler_params_default();
+        anna_sampler_params p = anna_sampler_params_default();
         p.temperature = q->temp, p.top_p = q->top_p, p.min_p = q->min_p, p.top_k = q->top_k;
         p.repetition_penalty = q->rep, p.seed = seed;
-        sampler *full = NULL, *cand = NULL;
-        sampler_create(&full, V, &p, NULL, 0);
-        sampler_create(&cand, V, &p, NULL, 0);
+        anna_sampler *full = NULL, *cand = NULL;
+        anna_sampler_create(&full, V, &p, NULL, 0);
+        anna_sampler_create(&cand, V, &p, NULL, 0);
         float temp = 0.0f;
-        const int k = sampler_candidates_k(cand, &temp);
+        const int k = anna_sampler_candidates_k(cand, &temp);
         k_used = k > 0;
         /* the contract: penalties 0; greedy 1; top-k (<= 256) its k; a small vocabulary all of it;
          * top-p / min-p the head of 256; pure temperature 0 */
@@ -800,22 +801,23 @@ static void test_sampler_candidates(ops_backend *be) {
           if (step % 5 == 4) row[rnd() % (uint64_t)V] = row[rnd() % (uint64_t)V]; /* a tie */
           memcpy(a, row, sizeof(float) * (size_t)V);
           memcpy(b, row, sizeof(float) * (size_t)V);
-          const int32_t ta = sampler_sample(full, a);
+          const int32_t ta = anna_sampler_sample(full, a);
           int32_t tb = -1;
           if (k > 0) {
             be->topk(be, idx, val, st, row, 1, V, k, temp);
-            if (sampler_sample_candidates(cand, idx, val, k, st, &tb)) fallbacks++, tb = -1;
+            if (anna_sampler_sample_candidates(cand, idx, val, k, st, &tb)) fallbacks++, tb = -1;
           } else {
-            check("k = 0: sample_candidates declines", sampler_sample_candidates(cand, idx, val, 1, st, &tb) != 1, 0);
+            check("k = 0: sample_candidates declines",
+                  anna_sampler_sample_candidates(cand, idx, val, 1, st, &tb) != 1, 0);
             tb = -1;
           }
-          if (tb < 0) tb = sampler_sample(cand, b);
+          if (tb < 0) tb = anna_sampler_sample(cand, b);
           diff += ta != tb;
-          sampler_accept(full, ta);
-          sampler_accept(cand, tb);
+          anna_sampler_accept(full, ta);
+          anna_sampler_accept(cand, tb);
         }
-        sampler_free(full);
-        sampler_free(cand);
+        anna_sampler_free(full);
+        anna_sampler_free(cand);
       }
       char what[128];
       snprintf(what, sizeof what, "V %d T %.1f k %d p %.3f minp %.2f rep %.1f: candidates_k", V, q->temp, q->top_k,

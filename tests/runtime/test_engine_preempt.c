@@ -3,7 +3,7 @@
  * small for both: the second run must preempt (sequences recompute prompt + generated
  * tokens when re-admitted) and still produce the same text and finish reasons. With and
  * without the prefix pool (the resumed prompt can then reuse its own cached blocks). */
-#include "server/engine.h"
+#include "engine.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,11 +1,10 @@
-/* test_scheduler: the continuous-batching policy (runtime/scheduler.h) without a model or
+/* test_scheduler: the continuous-batching policy (anna.h, "Scheduler") without a model or
  * sockets. A small simulator plays the engine: it executes plans against a pool of KV blocks,
  * "samples" a token at every wanted row, and finishes sequences at their length. Cases:
  * fairness, budgets, chunked prefill, the waiting limit (HTTP 429), cancellation, preemption
  * and resumption, prefill_interval_steps, request kinds, batch_wait_ms, and a randomized run
  * whose invariants are checked at every step. */
-#include "base/error.h"
-#include "runtime/scheduler.h"
+#include "anna/anna.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,8 +33,8 @@ typedef struct sreq {
 } sreq;
 
 typedef struct sim {
-  sched *s;
-  sched_options o;
+  anna_sched *s;
+  anna_sched_options o;
   int64_t n_blocks; /* < 0: unlimited */
   sreq r[MAXR];
   int n;
@@ -44,15 +43,15 @@ typedef struct sim {
   int steps, finished;
 } sim;
 
-static void sim_init(sim *m, const sched_options *o, int64_t n_blocks) {
+static void sim_init(sim *m, const anna_sched_options *o, int64_t n_blocks) {
   memset(m, 0, sizeof *m);
   m->o = *o;
   m->n_blocks = n_blocks;
   for (int i = 0; i < MAXS; i++)
     m->slot_req[i] = -1;
   char err[256];
-  if (sched_create(&m->s, o, err, sizeof err)) {
-    fprintf(stderr, "sched_create: %s\n", err);
+  if (anna_sched_create(&m->s, o, err, sizeof err)) {
+    fprintf(stderr, "anna_sched_create: %s\n", err);
     exit(1);
   }
 }
@@ -73,13 +72,13 @@ static int64_t sim_free_blocks(const sim *m) {
 /* Submits one request of n choices (each a sequence); returns the index of the first, or the
  * negative error. */
 static int sim_submit(sim *m, int n_prompt, int max_gen, int n) {
-  sched_seq_desc d[8] = {{0}};
+  anna_sched_seq_desc d[8] = {{0}};
   for (int k = 0; k < n; k++) {
-    d[k] = (sched_seq_desc){SCHED_KIND_TEXT, n_prompt, (void *)(intptr_t)(m->n + k)};
+    d[k] = (anna_sched_seq_desc){ANNA_SCHED_KIND_TEXT, n_prompt, (void *)(intptr_t)(m->n + k)};
   }
   uint64_t id = 0;
   char err[256];
-  int rc = sched_submit(m->s, d, n, m->now, &id, err, sizeof err);
+  int rc = anna_sched_submit(m->s, d, n, m->now, &id, err, sizeof err);
   if (rc) return rc;
   for (int k = 0; k < n; k++) {
     sreq *q = &m->r[m->n + k];
@@ -93,13 +92,13 @@ static int sim_submit(sim *m, int n_prompt, int max_gen, int n) {
   return m->n - n;
 }
 
-static int idx_of(const sched_entry *e) {
+static int idx_of(const anna_sched_entry *e) {
   return (int)(intptr_t)e->user;
 }
 
 static void sim_finish(sim *m, int ri) {
   sreq *q = &m->r[ri];
-  sched_seq_finish(m->s, q->slot);
+  anna_sched_seq_finish(m->s, q->slot);
   m->slot_req[q->slot] = -1;
   q->slot = -1;
   q->kv = 0;
@@ -109,9 +108,9 @@ static void sim_finish(sim *m, int ri) {
 
 /* Admission and drops; returns the number admitted. */
 static int sim_admit(sim *m) {
-  const sched_entry *adm;
+  const anna_sched_entry *adm;
   int n_adm;
-  sched_admit(m->s, m->now, sim_free_blocks(m), &adm, &n_adm);
+  anna_sched_admit(m->s, m->now, sim_free_blocks(m), &adm, &n_adm);
   for (int k = 0; k < n_adm; k++) {
     sreq *q = &m->r[idx_of(&adm[k])];
     CHECK(adm[k].id == q->id);
@@ -124,8 +123,8 @@ static int sim_admit(sim *m) {
     q->slot = adm[k].slot;
     q->kv = 0;
   }
-  sched_entry d;
-  while (sched_drop_next(m->s, &d)) {
+  anna_sched_entry d;
+  while (anna_sched_drop_next(m->s, &d)) {
     sreq *q = &m->r[idx_of(&d)];
     CHECK(q->cancelled && !q->done);
     CHECK(d.slot == q->slot);
@@ -139,10 +138,10 @@ static int sim_admit(sim *m) {
 }
 
 /* Plans and executes one step, checking the plan; returns its token count. */
-static int sim_step(sim *m, sched_plan *out) {
-  sched_plan p;
+static int sim_step(sim *m, anna_sched_plan *out) {
+  anna_sched_plan p;
   const int64_t free_before = sim_free_blocks(m);
-  sched_plan_step(m->s, free_before, &p);
+  anna_sched_plan_step(m->s, free_before, &p);
   for (int k = 0; k < p.n_preempted; k++) {
     sreq *q = &m->r[idx_of(&p.preempted[k])];
     CHECK(q->slot == p.preempted[k].slot);
@@ -154,7 +153,7 @@ static int sim_step(sim *m, sched_plan *out) {
   int used_slot[MAXS] = {0}, ntok = 0, npre = 0;
   int64_t dec_cost = 0;
   for (int k = 0; k < p.n_decode; k++) {
-    const sched_entry *e = &p.decode[k];
+    const anna_sched_entry *e = &p.decode[k];
     sreq *q = &m->r[idx_of(e)];
     CHECK(m->slot_req[e->slot] == idx_of(e) && q->slot == e->slot);
     CHECK(!used_slot[e->slot]);
@@ -167,7 +166,7 @@ static int sim_step(sim *m, sched_plan *out) {
   }
   if (m->o.max_decode_tokens > 0 && p.n_decode > 1) CHECK(dec_cost <= m->o.max_decode_tokens);
   for (int k = 0; k < p.n_prefill; k++) {
-    const sched_entry *e = &p.prefill[k];
+    const anna_sched_entry *e = &p.prefill[k];
     sreq *q = &m->r[idx_of(e)];
     CHECK(m->slot_req[e->slot] == idx_of(e) && q->slot == e->slot);
     CHECK(!used_slot[e->slot]);
@@ -187,9 +186,9 @@ static int sim_step(sim *m, sched_plan *out) {
   for (int k = 0; k < p.n_prefill; k++)
     m->r[idx_of(&p.prefill[k])].kv += p.prefill[k].n;
   if (m->n_blocks >= 0) CHECK(sim_free_blocks(m) >= 0); /* the pool was never overdrawn */
-  sched_commit(m->s, &p);
+  anna_sched_commit(m->s, &p);
   /* sample wanted rows */
-  const sched_entry *all[2 * MAXS];
+  const anna_sched_entry *all[2 * MAXS];
   int na = 0;
   for (int k = 0; k < p.n_decode; k++)
     all[na++] = &p.decode[k];
@@ -198,20 +197,20 @@ static int sim_step(sim *m, sched_plan *out) {
   for (int k = 0; k < na; k++) {
     const int ri = idx_of(all[k]);
     sreq *q = &m->r[ri];
-    CHECK(sched_slot_cached(m->s, q->slot) == q->kv);
+    CHECK(anna_sched_slot_cached(m->s, q->slot) == q->kv);
     q->gen++;
     if (q->gen >= q->max_gen)
       sim_finish(m, ri);
     else
-      sched_seq_token(m->s, q->slot);
+      anna_sched_seq_token(m->s, q->slot);
   }
   m->steps++;
   if (out) *out = p;
   return ntok;
 }
 
-static sched_options opts(int n_slots, int n_batch) {
-  sched_options o = {0};
+static anna_sched_options opts(int n_slots, int n_batch) {
+  anna_sched_options o = {0};
   o.n_slots = n_slots;
   o.n_batch = n_batch;
   o.max_batch_size = n_slots;
@@ -221,7 +220,7 @@ static sched_options opts(int n_slots, int n_batch) {
 /* ---- cases ---- */
 
 static void test_fairness(void) {
-  sched_options o = opts(2, 64);
+  anna_sched_options o = opts(2, 64);
   o.max_batch_size = 1;
   o.max_queue_wait_ms = 100;
   sim m;
@@ -233,8 +232,8 @@ static void test_fairness(void) {
   CHECK(sim_admit(&m) == 0); /* max_batch_size holds it back */
   m.now = 101;
   CHECK(sim_admit(&m) == 1 && m.r[b].slot >= 0); /* old enough: admitted beyond it */
-  CHECK(sched_n_running(m.s) == 2);
-  sched_free(m.s);
+  CHECK(anna_sched_n_running(m.s) == 2);
+  anna_sched_free(m.s);
   /* without max_queue_wait_ms it waits for a slot under max_batch_size */
   o.max_queue_wait_ms = 0;
   sim_init(&m, &o, -1);
@@ -247,17 +246,17 @@ static void test_fairness(void) {
     sim_step(&m, NULL);
   }
   CHECK(sim_admit(&m) == 1 && m.r[b].slot >= 0);
-  sched_free(m.s);
+  anna_sched_free(m.s);
 }
 
 static void test_budgets_and_chunks(void) {
-  sched_options o = opts(4, 64);
+  anna_sched_options o = opts(4, 64);
   o.max_prefill_tokens = 16;
   sim m;
   sim_init(&m, &o, -1);
   int a = sim_submit(&m, 40, 4, 1), b = sim_submit(&m, 10, 4, 1);
   CHECK(sim_admit(&m) == 2);
-  sched_plan p;
+  anna_sched_plan p;
   /* step 1: a's first chunk (first come, first served), all of the budget */
   sim_step(&m, &p);
   CHECK(p.n_prefill == 1 && p.prefill[0].pos == 0 && p.prefill[0].n == 16 && !p.prefill[0].want);
@@ -271,7 +270,7 @@ static void test_budgets_and_chunks(void) {
   sim_step(&m, &p);
   CHECK(p.n_decode == 1 && p.decode[0].slot == m.r[a].slot && p.decode[0].pos == 40);
   CHECK(p.n_prefill == 1 && p.prefill[0].pos == 8 && p.prefill[0].n == 2 && p.prefill[0].want);
-  sched_free(m.s);
+  anna_sched_free(m.s);
 
   /* the step's token cap: decodes first, prefill gets what is left of n_batch */
   o = opts(4, 8);
@@ -285,7 +284,7 @@ static void test_budgets_and_chunks(void) {
   sim_step(&m, &p);
   CHECK(p.n_decode == 3 && p.n_prefill == 1 && p.prefill[0].n == 5 && p.n_tokens == 8);
   CHECK(p.prefill[0].slot == m.r[big].slot);
-  sched_free(m.s);
+  anna_sched_free(m.s);
 
   /* max_decode_tokens: one decode per step when two do not fit, rotating */
   o = opts(2, 64);
@@ -301,28 +300,28 @@ static void test_budgets_and_chunks(void) {
     seen[p.decode[0].slot]++;
   }
   CHECK(seen[0] == 2 && seen[1] == 2);
-  sched_free(m.s);
+  anna_sched_free(m.s);
 }
 
 static void test_queue_full(void) {
-  sched_options o = opts(1, 16);
+  anna_sched_options o = opts(1, 16);
   o.max_waiting = 2;
   sim m;
   sim_init(&m, &o, -1);
   CHECK(sim_submit(&m, 4, 2, 1) >= 0);
   CHECK(sim_submit(&m, 4, 2, 1) >= 0);
   CHECK(sim_submit(&m, 4, 2, 1) == ANNA_ERANGE); /* the 429 */
-  CHECK(sched_n_waiting(m.s) == 2);
+  CHECK(anna_sched_n_waiting(m.s) == 2);
   sim_admit(&m); /* one leaves the queue */
-  CHECK(sched_n_waiting(m.s) == 1);
+  CHECK(anna_sched_n_waiting(m.s) == 1);
   CHECK(sim_submit(&m, 4, 2, 2) >= 0); /* checked before queueing, as the server did */
-  CHECK(sched_n_waiting(m.s) == 3);
+  CHECK(anna_sched_n_waiting(m.s) == 3);
   CHECK(sim_submit(&m, 4, 2, 1) == ANNA_ERANGE);
-  sched_free(m.s);
+  anna_sched_free(m.s);
 }
 
 static void test_cancel(void) {
-  sched_options o = opts(2, 32);
+  anna_sched_options o = opts(2, 32);
   sim m;
   sim_init(&m, &o, -1);
   int a = sim_submit(&m, 4, 100, 1), b = sim_submit(&m, 4, 100, 1), c = sim_submit(&m, 4, 3, 1);
@@ -332,39 +331,39 @@ static void test_cancel(void) {
   sim_step(&m, NULL);
   /* a waiting one: dropped at the next admission, never got a slot */
   int d = sim_submit(&m, 4, 3, 1);
-  CHECK(sched_cancel(m.s, m.r[d].id) == 0);
+  CHECK(anna_sched_cancel(m.s, m.r[d].id) == 0);
   m.r[d].cancelled = 1;
   /* a running one: its slot is free at the next admission, and c takes it */
   const int slot_a = m.r[a].slot;
-  CHECK(sched_cancel(m.s, m.r[a].id) == 0);
+  CHECK(anna_sched_cancel(m.s, m.r[a].id) == 0);
   m.r[a].cancelled = 1;
   CHECK(sim_admit(&m) == 0); /* the slots were counted before the drops */
   CHECK(m.r[a].done && m.r[d].done && m.r[c].slot < 0);
-  CHECK(sched_n_running(m.s) == 1 && sched_n_waiting(m.s) == 1);
-  CHECK(sched_cancel(m.s, m.r[a].id) == ANNA_ENOTFOUND);
-  sched_plan p;
+  CHECK(anna_sched_n_running(m.s) == 1 && anna_sched_n_waiting(m.s) == 1);
+  CHECK(anna_sched_cancel(m.s, m.r[a].id) == ANNA_ENOTFOUND);
+  anna_sched_plan p;
   sim_step(&m, &p);
   for (int k = 0; k < p.n_decode; k++)
     CHECK(p.decode[k].id != m.r[a].id);
   CHECK(sim_admit(&m) == 1 && m.r[c].slot == slot_a); /* the next plan uses the freed slot */
-  CHECK(sched_n_running(m.s) == 2 && sched_n_waiting(m.s) == 0);
+  CHECK(anna_sched_n_running(m.s) == 2 && anna_sched_n_waiting(m.s) == 0);
   /* shutdown */
-  sched_cancel_all(m.s);
+  anna_sched_cancel_all(m.s);
   m.r[b].cancelled = m.r[c].cancelled = 1;
   sim_admit(&m);
-  CHECK(sched_n_running(m.s) == 0 && m.r[b].done && m.r[c].done);
-  sched_free(m.s);
+  CHECK(anna_sched_n_running(m.s) == 0 && m.r[b].done && m.r[c].done);
+  anna_sched_free(m.s);
 }
 
 static void test_preemption(void) {
-  sched_options o = opts(2, 64);
+  anna_sched_options o = opts(2, 64);
   o.block_len = 4;
   sim m;
   sim_init(&m, &o, 6); /* 24 positions for two sequences */
   int a = sim_submit(&m, 8, 10, 1);
   int b = sim_submit(&m, 6, 10, 1);
   CHECK(sim_admit(&m) == 2);
-  sched_plan p;
+  anna_sched_plan p;
   int preempted = 0;
   while (!m.r[a].done && m.steps < 100) {
     sim_admit(&m);
@@ -375,7 +374,7 @@ static void test_preemption(void) {
     }
   }
   CHECK(preempted >= 1 && m.r[b].preempted >= 1);
-  CHECK(sched_n_waiting(m.s) + sched_n_running(m.s) == 1);
+  CHECK(anna_sched_n_waiting(m.s) + anna_sched_n_running(m.s) == 1);
   /* b comes back with its generated tokens and finishes */
   const int gen_before = m.r[b].gen;
   CHECK(gen_before > 0);
@@ -384,7 +383,7 @@ static void test_preemption(void) {
     sim_step(&m, &p);
   }
   CHECK(m.r[b].done && m.r[b].gen == 10);
-  sched_free(m.s);
+  anna_sched_free(m.s);
 
   /* a cached prefix: chunks start after it; with a partly filled block the first chunk may
    * copy it, so it is counted */
@@ -393,11 +392,11 @@ static void test_preemption(void) {
   sim_init(&m, &o, -1);
   sim_submit(&m, 12, 2, 1);
   sim_admit(&m);
-  sched_seq_cached(m.s, 0, 6);
+  anna_sched_seq_cached(m.s, 0, 6);
   m.r[0].kv = 6;
   sim_step(&m, &p);
   CHECK(p.n_prefill == 1 && p.prefill[0].pos == 6 && p.prefill[0].n == 6 && p.prefill[0].want);
-  sched_free(m.s);
+  anna_sched_free(m.s);
   /* admission waits for the blocks of the first chunk while others run */
   o = opts(2, 64);
   o.block_len = 4;
@@ -409,18 +408,18 @@ static void test_preemption(void) {
   sim_step(&m, &p); /* decoding at 9: 3 used */
   int late = sim_submit(&m, 8, 2, 1);
   CHECK(sim_admit(&m) == 0 && m.r[late].slot < 0); /* needs 2, 1 free */
-  sched_free(m.s);
+  anna_sched_free(m.s);
 }
 
 static void test_prefill_interval(void) {
-  sched_options o = opts(2, 64);
+  anna_sched_options o = opts(2, 64);
   o.prefill_interval_steps = 3;
   o.max_prefill_tokens = 4;
   sim m;
   sim_init(&m, &o, -1);
   int a = sim_submit(&m, 4, 100, 1);
   sim_admit(&m);
-  sched_plan p;
+  anna_sched_plan p;
   sim_step(&m, &p); /* nothing decodes yet: a's prompt */
   sim_submit(&m, 20, 100, 1);
   sim_admit(&m);
@@ -431,31 +430,31 @@ static void test_prefill_interval(void) {
     with_prefill += p.n_prefill > 0;
   }
   CHECK(with_prefill == 3);
-  sched_free(m.s);
+  anna_sched_free(m.s);
 }
 
 static void test_kinds_and_wait(void) {
-  sched_options o = opts(4, 64);
+  anna_sched_options o = opts(4, 64);
   o.batch_wait_ms = 20;
   sim m;
   sim_init(&m, &o, -1);
-  CHECK(sched_wait_ms(m.s, 0) < 0);
-  sched_seq_desc d = {SCHED_KIND_ENCODE, 4, NULL};
+  CHECK(anna_sched_wait_ms(m.s, 0) < 0);
+  anna_sched_seq_desc d = {ANNA_SCHED_KIND_ENCODE, 4, NULL};
   uint64_t id;
   char err[128];
-  CHECK(sched_submit(m.s, &d, 1, 0, &id, err, sizeof err) == ANNA_EUNSUPPORTED);
-  d.kind = SCHED_KIND_TEXT;
+  CHECK(anna_sched_submit(m.s, &d, 1, 0, &id, err, sizeof err) == ANNA_EUNSUPPORTED);
+  d.kind = ANNA_SCHED_KIND_TEXT;
   d.n_prompt = 0;
-  CHECK(sched_submit(m.s, &d, 1, 0, &id, err, sizeof err) == ANNA_EINVAL);
-  CHECK(sched_kind_decode_tokens(SCHED_KIND_TEXT) == 1);
-  CHECK(sched_kind_decode_tokens(SCHED_KIND_TTS) == 0);
+  CHECK(anna_sched_submit(m.s, &d, 1, 0, &id, err, sizeof err) == ANNA_EINVAL);
+  CHECK(anna_sched_kind_decode_tokens(ANNA_SCHED_KIND_TEXT) == 1);
+  CHECK(anna_sched_kind_decode_tokens(ANNA_SCHED_KIND_TTS) == 0);
   m.now = 100;
   sim_submit(&m, 4, 2, 1);
-  CHECK(sched_wait_ms(m.s, 105) == 15);
-  CHECK(sched_wait_ms(m.s, 121) == 0);
+  CHECK(anna_sched_wait_ms(m.s, 105) == 15);
+  CHECK(anna_sched_wait_ms(m.s, 121) == 0);
   sim_submit(&m, 4, 2, 3); /* max_batch_size waiting: no reason to wait */
-  CHECK(sched_wait_ms(m.s, 105) == 0);
-  sched_free(m.s);
+  CHECK(anna_sched_wait_ms(m.s, 105) == 0);
+  anna_sched_free(m.s);
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -469,7 +468,7 @@ static int rnd(int n) {
 static void test_random(void) {
   int64_t preemptions = 0, cancels = 0, steps = 0;
   for (int round = 0; round < 40; round++) {
-    sched_options o = opts(1 + rnd(6), 0);
+    anna_sched_options o = opts(1 + rnd(6), 0);
     o.n_batch = o.n_slots + 1 + rnd(64);
     o.max_batch_size = 1 + rnd(o.n_slots);
     o.max_prefill_tokens = rnd(3) ? rnd(40) : 0;
@@ -494,18 +493,18 @@ static void test_random(void) {
       if (rnd(25) == 0 && m.n > 0) { /* cancel something still going */
         int k = rnd(m.n);
         if (!m.r[k].done && !m.r[k].cancelled) {
-          CHECK(sched_cancel(m.s, m.r[k].id) == 0);
+          CHECK(anna_sched_cancel(m.s, m.r[k].id) == 0);
           m.r[k].cancelled = 1;
         }
       }
       sim_admit(&m);
       for (int i = 0; i < o.n_slots; i++) /* the scheduler and the simulator agree */
-        CHECK(sched_slot_id(m.s, i) == (m.slot_req[i] < 0 ? 0 : m.r[m.slot_req[i]].id));
-      CHECK(sched_n_running(m.s) <= o.n_slots);
+        CHECK(anna_sched_slot_id(m.s, i) == (m.slot_req[i] < 0 ? 0 : m.r[m.slot_req[i]].id));
+      CHECK(anna_sched_n_running(m.s) <= o.n_slots);
       sim_step(&m, NULL);
     }
     CHECK(m.finished == m.n); /* every request finishes */
-    CHECK(sched_n_running(m.s) == 0 && sched_n_waiting(m.s) == 0);
+    CHECK(anna_sched_n_running(m.s) == 0 && anna_sched_n_waiting(m.s) == 0);
     for (int k = 0; k < m.n; k++) {
       CHECK(m.r[k].done && (m.r[k].cancelled || m.r[k].gen == m.r[k].max_gen));
       preemptions += m.r[k].preempted;
@@ -517,7 +516,7 @@ static void test_random(void) {
               o.n_slots, o.n_batch, o.block_len, (long long)blocks);
       break;
     }
-    sched_free(m.s);
+    anna_sched_free(m.s);
   }
   printf("random: %lld steps, %lld preemptions, %lld cancellations\n", (long long)steps,
          (long long)preemptions, (long long)cancels);

@@ -261,6 +261,17 @@ def test_health_and_metrics(srv, client):
     for name in ("anna_requests_total", "anna_time_to_first_token_seconds_bucket", "anna_requests_running",
                  "anna_inter_token_latency_seconds_count", "anna_kv_tokens_used"):
         assert name in text
+    # KV block pool and preemptions: integers in both views, consistent with each other.
+    kb = h["kv_blocks"]
+    for k in ("block_len", "total", "used", "free", "cached"):
+        assert isinstance(kb[k], int) and kb[k] >= 0, kb
+    assert kb["total"] > 0 and kb["used"] + kb["free"] + kb["cached"] == kb["total"], kb
+    assert isinstance(h["scheduler"]["preemptions"], int) and h["scheduler"]["preemptions"] >= 0
+    gauges = {ln.split()[0]: ln.split()[1] for ln in text.splitlines() if ln and not ln.startswith("#")}
+    for name in ("anna_kv_blocks_total", "anna_kv_blocks_used", "anna_kv_blocks_free", "anna_kv_blocks_cached",
+                 "anna_preemptions_total"):
+        assert gauges[name].isdigit(), (name, gauges.get(name))
+    assert int(gauges["anna_kv_blocks_total"]) == kb["total"]
 
 
 def test_response_format_json_object(client):

@@ -6,6 +6,7 @@ greedy output equals a server without caching. The exact prompt cache answers an
 prompt without prefill, and the prompts it keeps do not register prefix blocks (nothing is
 resident twice). ANNA_TUNING=prefix_kv_share=0 turns the prefix pool off."""
 import os
+import urllib.request
 
 import pytest
 
@@ -84,3 +85,33 @@ def test_prefix_share_env_off(monkeypatch):
         assert pc["hit_blocks"] == 0 and pc["cached_blocks"] == 0, pc
     finally:
         srv.stop()
+
+
+def test_kv_blocks_preemption():
+    """A KV pool too small for the running set (--kv-blocks) preempts sequences, recomputes them
+    later and gives the same greedy text as the default pool; /healthz and /metrics count the
+    preemptions. The same server also takes --host-sampling, --tuning and --verbose (the
+    resolved switches are printed once at start)."""
+    model = os.path.join(FIXTURES, "qwen3")
+    shape = ("--parallel", "3", "--ctx-size", "256", "--batch-size", "64", "--kv-block-len", "16")
+    small = start_server(model, *shape, "--kv-blocks", "9", "--host-sampling", "--tuning", "prefix_kv_share=1",
+                         "--verbose")
+    ref = start_server(model, *shape)
+    prompts = [[100 + (j * 37 + k * 11) % 800 for j in range(20 + 7 * k)] for k in range(3)]
+
+    def run(s):
+        r = s.client().completions.create(model="qwen3", prompt=prompts, max_tokens=60, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        return [(c.text, c.finish_reason) for c in sorted(r.choices, key=lambda c: c.index)]
+
+    try:
+        assert run(small) == run(ref)
+        h, hr = small.wait_idle(), ref.wait_idle()
+        assert h["kv_blocks"]["total"] == 9 and h["kv_blocks"]["block_len"] == 16, h["kv_blocks"]
+        assert h["scheduler"]["preemptions"] > 0 and hr["scheduler"]["preemptions"] == 0
+        text = urllib.request.urlopen(small.url + "/metrics", timeout=30).read().decode()
+        assert "anna_preemptions_total %d\n" % h["scheduler"]["preemptions"] in text
+    finally:
+        log = small.stop()
+        ref.stop()
+    assert log.count("[anna-serve] tuning:") == 1 and "\nprefix_kv_share=1\n" in log, log[:2000]
