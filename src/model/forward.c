@@ -187,7 +187,7 @@ void fwd_state_free(fwd_state *s) {
   free(s);
 }
 
-/* The state API: delegations to the cache (src/runtime/context.c calls these). */
+/* The state API: delegations to the cache (the text decoder kind, text_decoder.c, calls these). */
 
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s) {
   return kv_cache_bytes_per_token(s->kv);

@@ -5,7 +5,7 @@
  * attention layers, conv and recurrent state of GDN layers, lengths, the prefix pool) and
  * the activation scratch, all allocated once by fwd_state_create for (n_seq, n_ctx,
  * n_batch): forward_batch allocates nothing. The fwd_state_* state functions below are
- * delegations to the cache, kept for src/runtime.
+ * delegations to the cache, kept for the text decoder kind (text_decoder.c).
  */
 #ifndef ANNA_MODEL_FORWARD_H
 #define ANNA_MODEL_FORWARD_H

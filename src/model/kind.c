@@ -15,7 +15,7 @@
 static const model_kind *const k_kinds[] = {&text_decoder_kind};
 
 static const char *const k_io_names[MODEL_IO_COUNT] = {"tokens", "embeddings", "logits", "hidden",
-                                                        "pixels", "audio",      "codes",  "pcm"};
+                                                       "pixels", "audio",      "codes",  "pcm"};
 
 const char *model_io_name(int io) {
   return io >= 0 && io < MODEL_IO_COUNT ? k_io_names[io] : "?";
@@ -48,12 +48,14 @@ static int read_gguf(model_source *src, char *err, size_t errlen) {
   return rc;
 }
 
-int model_kind_find(const char *path, model_source *src, const model_kind **out, char *err, size_t errlen) {
+int model_kind_find(const char *path, model_source *src, const model_kind **out, char *err,
+                    size_t errlen) {
   *out = NULL;
   memset(src, 0, sizeof *src);
   src->path = path;
   struct stat st;
-  if (stat(path, &st) != 0) return anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
+  if (stat(path, &st) != 0)
+    return anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
   src->is_gguf = !S_ISDIR(st.st_mode);
   char cfg[PATH_MAX];
   int rc;
@@ -61,8 +63,8 @@ int model_kind_find(const char *path, model_source *src, const model_kind **out,
     rc = read_gguf(src, err, errlen);
   } else {
     snprintf(cfg, sizeof cfg, "%s/config.json", path);
-    rc = config_probe_hf(cfg, src->model_type, sizeof src->model_type, src->architecture, sizeof src->architecture,
-                         err, errlen);
+    rc = config_probe_hf(cfg, src->model_type, sizeof src->model_type, src->architecture,
+                         sizeof src->architecture, err, errlen);
   }
   if (rc) return rc;
   for (int i = 0; i < model_kind_count(); i++)
@@ -71,7 +73,8 @@ int model_kind_find(const char *path, model_source *src, const model_kind **out,
       return 0;
     }
   if (src->is_gguf)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: GGUF architecture '%s' is not supported", path,
-                    src->gguf_arch);
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: model_type '%s' is not supported", cfg, src->model_type);
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: GGUF architecture '%s' is not supported",
+                    path, src->gguf_arch);
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: model_type '%s' is not supported", cfg,
+                  src->model_type);
 }

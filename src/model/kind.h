@@ -33,7 +33,8 @@
 /* What flows into and out of a kind's run. A kind declares a bit set of each. */
 enum model_io {
   MODEL_IO_TOKENS = 0, /* token ids of several sequences (anna_batch: token, seq, pos, flags) */
-  MODEL_IO_EMBEDDINGS, /* float rows entering a decoder in place of token embeddings (next issues) */
+  MODEL_IO_EMBEDDINGS, /* float rows entering a decoder in place of token embeddings (next issues)
+                        */
   MODEL_IO_LOGITS,     /* vocab logits of flagged rows, or their top-k candidates (model_topk) */
   MODEL_IO_HIDDEN,     /* final hidden states of flagged rows (next issues) */
   MODEL_IO_PIXELS,     /* image pixels, normalized float planes (vision encoder; next issues) */
@@ -53,7 +54,7 @@ typedef struct model_source {
   int is_gguf;            /* 0: HF folder (config.json), 1: GGUF file */
   char model_type[128];   /* HF: config.json model_type (top level, else text_config's) */
   char architecture[128]; /* HF: architectures[0] ("" when absent) */
-  char gguf_arch[128];     /* GGUF: general.architecture */
+  char gguf_arch[128];    /* GGUF: general.architecture */
 } model_source;
 
 /* Load-time settings the runtime resolved (anna_model_options). Borrowed for the call. */
@@ -112,7 +113,8 @@ typedef struct model_seq_ops {
   int (*checkpoint)(void *state, int seq, char *err, size_t errlen);
   int (*rewind)(void *state, int seq, int32_t n, char *err, size_t errlen);
   int (*copy)(void *state, int dst, int src, int32_t n, char *err, size_t errlen);
-  int32_t (*prefix_attach)(void *state, int seq, const int32_t *tokens, int32_t n, int register_blocks);
+  int32_t (*prefix_attach)(void *state, int seq, const int32_t *tokens, int32_t n,
+                           int register_blocks);
   void (*kv_stats)(const void *state, anna_kv_stats *st);
   int64_t (*kv_bytes_per_token)(const void *state);
   /* Row `row` (flagged order) of the last run's logits to out[vocab]; ANNA_ERANGE if none. */
@@ -127,19 +129,20 @@ typedef struct model_kind {
    * Must not fail: model_kind_find has read and checked the source. */
   int (*probe)(const model_source *src);
   /* Loads src->path. Caller frees *impl with free. */
-  int (*load)(void **impl, const model_source *src, const model_load_params *p, char *err, size_t errlen);
+  int (*load)(void **impl, const model_source *src, const model_load_params *p, char *err,
+              size_t errlen);
   void (*free)(void *impl);
   void (*describe)(const void *impl, model_desc *out);
   /* The shape a backend sizes its scratch for (ops.h), for states of n_ctx positions. */
   void (*backend_shape)(const void *impl, int n_ctx, ops_model_shape *out);
   /* Per-context state in be's memory (be borrowed: it must outlive the state; impl too).
    * Caller frees *state with state_free. */
-  int (*state_create)(void **state, const void *impl, ops_backend *be, const model_state_params *p, char *err,
-                      size_t errlen);
+  int (*state_create)(void **state, const void *impl, ops_backend *be, const model_state_params *p,
+                      char *err, size_t errlen);
   void (*state_free)(void *state);
   /* Runs one batch; allocates nothing. An io the kind does not declare: ANNA_EUNSUPPORTED. */
-  int (*run)(const void *impl, void *state, ops_backend *be, const model_input *in, const model_output *out, char *err,
-             size_t errlen);
+  int (*run)(const void *impl, void *state, ops_backend *be, const model_input *in,
+             const model_output *out, char *err, size_t errlen);
   /* Optional (NULL: none): one throwaway run that makes a backend copying weights on first
    * use (ops_backend.warmup) copy them now, leaving the state as it was. */
   int (*warmup)(const void *impl, void *state, ops_backend *be, char *err, size_t errlen);
@@ -157,6 +160,7 @@ const model_kind *model_kind_by_name(const char *name);
  * such file or folder"); unreadable sources keep the config / GGUF readers' messages; a
  * source no kind reads is ANNA_EUNSUPPORTED: "<path>/config.json: model_type 'x' is not
  * supported" or "<path>: GGUF architecture 'x' is not supported". src->path borrows path. */
-int model_kind_find(const char *path, model_source *src, const model_kind **out, char *err, size_t errlen);
+int model_kind_find(const char *path, model_source *src, const model_kind **out, char *err,
+                    size_t errlen);
 
 #endif

@@ -11,13 +11,16 @@
 #include <stdlib.h>
 
 static int td_probe(const model_source *src) {
-  return src->is_gguf ? gguf_model_arch_known(src->gguf_arch) : config_arch_from_name(src->model_type) >= 0;
+  return src->is_gguf ? gguf_model_arch_known(src->gguf_arch)
+                      : config_arch_from_name(src->model_type) >= 0;
 }
 
-static int td_load(void **impl, const model_source *src, const model_load_params *p, char *err, size_t errlen) {
+static int td_load(void **impl, const model_source *src, const model_load_params *p, char *err,
+                   size_t errlen) {
   *impl = NULL;
   text_model *m = NULL;
-  int rc = src->is_gguf ? gguf_model_load(&m, src->path, err, errlen) : model_load_hf(&m, src->path, err, errlen);
+  int rc = src->is_gguf ? gguf_model_load(&m, src->path, err, errlen)
+                        : model_load_hf(&m, src->path, err, errlen);
   if (rc) return rc;
   /* moe_shared_slot=0: the shared expert keeps its own ops (side-by-side measurements) */
   if (p && p->tuning && !p->tuning->moe_shared_slot) model_unlink_shared_experts(m);
@@ -38,11 +41,15 @@ static void td_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) 
   model_shape_get(impl, n_ctx, out);
 }
 
-static int td_state_create(void **state, const void *impl, ops_backend *be, const model_state_params *p, char *err,
-                           size_t errlen) {
-  const fwd_state_options fo = {.n_ckpt = p->n_ckpt, .kv_type = p->kv_type, .block_len = p->block_len,
-                                .n_blocks = p->n_blocks, .residual_len = p->residual_len,
-                                .prefix_share = p->prefix_share, .snapshot_interval = p->snapshot_interval};
+static int td_state_create(void **state, const void *impl, ops_backend *be,
+                           const model_state_params *p, char *err, size_t errlen) {
+  const fwd_state_options fo = {.n_ckpt = p->n_ckpt,
+                                .kv_type = p->kv_type,
+                                .block_len = p->block_len,
+                                .n_blocks = p->n_blocks,
+                                .residual_len = p->residual_len,
+                                .prefix_share = p->prefix_share,
+                                .snapshot_interval = p->snapshot_interval};
   fwd_state *s = NULL;
   int rc = fwd_state_create(&s, impl, be, p->n_seq, p->n_ctx, p->n_batch, &fo, err, errlen);
   *state = s;
@@ -53,11 +60,12 @@ static void td_state_free(void *state) {
   fwd_state_free(state);
 }
 
-static int td_run(const void *impl, void *state, ops_backend *be, const model_input *in, const model_output *out,
-                  char *err, size_t errlen) {
+static int td_run(const void *impl, void *state, ops_backend *be, const model_input *in,
+                  const model_output *out, char *err, size_t errlen) {
   if (in->io != MODEL_IO_TOKENS || out->io != MODEL_IO_LOGITS)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the text decoder maps tokens to logits, not %s to %s",
-                    model_io_name(in->io), model_io_name(out->io));
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the text decoder maps tokens to logits, not %s to %s", model_io_name(in->io),
+                    model_io_name(out->io));
   if (out->topk) {
     const model_topk *t = out->topk;
     const fwd_topk tk = {t->k, t->temp, t->idx, t->val, t->stats};
@@ -99,7 +107,8 @@ static int td_rewind(void *s, int seq, int32_t n, char *err, size_t errlen) {
 static int td_copy(void *s, int dst, int src, int32_t n, char *err, size_t errlen) {
   return fwd_state_seq_copy(s, dst, src, n, err, errlen);
 }
-static int32_t td_prefix_attach(void *s, int seq, const int32_t *tokens, int32_t n, int register_blocks) {
+static int32_t td_prefix_attach(void *s, int seq, const int32_t *tokens, int32_t n,
+                                int register_blocks) {
   return fwd_state_prefix_attach(s, seq, tokens, n, register_blocks);
 }
 static void td_kv_stats(const void *s, anna_kv_stats *st) {
@@ -112,8 +121,17 @@ static int td_logits_row(const void *s, int64_t row, float *out, char *err, size
   return fwd_state_logits_row(s, row, out, err, errlen);
 }
 
-static const model_seq_ops td_seq = {td_seq_len, td_seq_reset,   td_checkpoint,         td_rewind,    td_copy,
-                                     td_prefix_attach, td_kv_stats, td_kv_bytes_per_token, td_logits_row};
+static const model_seq_ops td_seq = {
+    .seq_len = td_seq_len,
+    .reset = td_seq_reset,
+    .checkpoint = td_checkpoint,
+    .rewind = td_rewind,
+    .copy = td_copy,
+    .prefix_attach = td_prefix_attach,
+    .kv_stats = td_kv_stats,
+    .kv_bytes_per_token = td_kv_bytes_per_token,
+    .logits_row = td_logits_row,
+};
 
 const model_kind text_decoder_kind = {
     .name = "text_decoder",

@@ -16,8 +16,9 @@ struct anna_model {
   void *impl;             /* owned: kind->free */
   char *path;             /* owned: the folder or file it was loaded from */
   model_desc desc;        /* kind->describe(impl), read once (strings borrowed from impl) */
-  int compute_bf16;       /* anna_model_options.dtype "bf16": contexts on cuda round GEMM inputs to bf16 */
-  anna_tuning tuning;     /* resolved at load (ANNA_TUNING, then anna_model_options.tuning) */
+  int compute_bf16;   /* anna_model_options.dtype "bf16": contexts on cuda round GEMM inputs to bf16
+                       */
+  anna_tuning tuning; /* resolved at load (ANNA_TUNING, then anna_model_options.tuning) */
 };
 
 #endif

@@ -32,11 +32,13 @@ static void test_registry(void) {
   ok("kind 0 is the text decoder", k && !strcmp(k->name, "text_decoder"));
   ok("found by name", model_kind_by_name("text_decoder") == k && !model_kind_by_name("nope"));
   ok("past the end is NULL", !model_kind_get(model_kind_count()) && !model_kind_get(-1));
-  ok("text decoder: tokens -> logits",
-     k && k->inputs == MODEL_IO_BIT(MODEL_IO_TOKENS) && k->outputs == MODEL_IO_BIT(MODEL_IO_LOGITS));
+  ok("text decoder: tokens -> logits", k && k->inputs == MODEL_IO_BIT(MODEL_IO_TOKENS) &&
+                                           k->outputs == MODEL_IO_BIT(MODEL_IO_LOGITS));
   ok("text decoder has per-sequence state", k && k->seq && k->seq->seq_len && k->seq->logits_row);
-  ok("io names", !strcmp(model_io_name(MODEL_IO_TOKENS), "tokens") && !strcmp(model_io_name(MODEL_IO_LOGITS), "logits") &&
-                     !strcmp(model_io_name(MODEL_IO_PCM), "pcm") && !strcmp(model_io_name(MODEL_IO_COUNT), "?"));
+  ok("io names", !strcmp(model_io_name(MODEL_IO_TOKENS), "tokens") &&
+                     !strcmp(model_io_name(MODEL_IO_LOGITS), "logits") &&
+                     !strcmp(model_io_name(MODEL_IO_PCM), "pcm") &&
+                     !strcmp(model_io_name(MODEL_IO_COUNT), "?"));
 }
 
 static void test_find(const char *fixtures, const char *gguf_dir) {
@@ -47,16 +49,16 @@ static void test_find(const char *fixtures, const char *gguf_dir) {
   snprintf(path, sizeof path, "%s/qwen3", fixtures);
   int rc = model_kind_find(path, &src, &k, err, sizeof err);
   if (rc) printf("  %s\n", err);
-  ok("HF folder (qwen3) -> text_decoder",
-     !rc && k && !strcmp(k->name, "text_decoder") && !src.is_gguf && !strcmp(src.model_type, "qwen3"));
+  ok("HF folder (qwen3) -> text_decoder", !rc && k && !strcmp(k->name, "text_decoder") &&
+                                              !src.is_gguf && !strcmp(src.model_type, "qwen3"));
   snprintf(path, sizeof path, "%s/qwen3_5", fixtures);
   rc = model_kind_find(path, &src, &k, err, sizeof err);
   ok("HF composite folder (qwen3_5) -> text_decoder", !rc && k && !strcmp(k->name, "text_decoder"));
   snprintf(path, sizeof path, "%s/qwen3.gguf", gguf_dir);
   rc = model_kind_find(path, &src, &k, err, sizeof err);
   if (rc) printf("  %s\n", err);
-  ok("GGUF (qwen3.gguf) -> text_decoder",
-     !rc && k && !strcmp(k->name, "text_decoder") && src.is_gguf && !strcmp(src.gguf_arch, "qwen3"));
+  ok("GGUF (qwen3.gguf) -> text_decoder", !rc && k && !strcmp(k->name, "text_decoder") &&
+                                              src.is_gguf && !strcmp(src.gguf_arch, "qwen3"));
   rc = model_kind_find("/nonexistent/anna/model", &src, &k, err, sizeof err);
   ok("missing path: today's message",
      rc == ANNA_EIO && !k && !strcmp(err, "/nonexistent/anna/model: no such file or folder"));
@@ -76,7 +78,8 @@ static void expect_refusal(const char *what, const char *path, int want_rc, cons
 }
 
 static void put_le(FILE *f, uint64_t v, int n) {
-  for (int i = 0; i < n; i++) fputc((int)(v >> (8 * i)) & 0xff, f);
+  for (int i = 0; i < n; i++)
+    fputc((int)(v >> (8 * i)) & 0xff, f);
 }
 
 static void test_unknown(void) {
@@ -122,7 +125,8 @@ static void test_unknown(void) {
     fclose(f);
   }
   snprintf(want, sizeof want, "%s: GGUF architecture 'xwen9' is not supported", path);
-  expect_refusal("unknown GGUF architecture refused with today's message", path, ANNA_EUNSUPPORTED, want);
+  expect_refusal("unknown GGUF architecture refused with today's message", path, ANNA_EUNSUPPORTED,
+                 want);
   unlink(path);
   snprintf(path, sizeof path, "%s/config.json", dir);
   unlink(path);
@@ -137,21 +141,26 @@ static void test_run(const char *model_path) {
   char err[512] = "";
   int32_t tok[N_TOK], seq[N_TOK], pos[N_TOK];
   int8_t want[N_TOK];
-  for (int i = 0; i < N_TOK; i++) tok[i] = (int32_t)((i * 37 + 11) % 500), seq[i] = i < 24 ? 0 : 1, want[i] = 1;
-  for (int i = 0; i < N_TOK; i++) pos[i] = i < 24 ? i : i - 24;
+  for (int i = 0; i < N_TOK; i++)
+    tok[i] = (int32_t)((i * 37 + 11) % 500), seq[i] = i < 24 ? 0 : 1, want[i] = 1;
+  for (int i = 0; i < N_TOK; i++)
+    pos[i] = i < 24 ? i : i - 24;
   const anna_batch b = {N_TOK, tok, seq, pos, want};
   /* the public API */
   anna_model *m = NULL;
   anna_context *c = NULL;
-  const anna_context_options co = {.n_seq = N_SEQ, .n_ctx = N_CTX, .n_batch = N_BATCH, .n_threads = N_THREADS};
-  if (anna_model_load(&m, model_path, NULL, err, sizeof err) || anna_context_create(&c, m, &co, err, sizeof err)) {
+  const anna_context_options co = {
+      .n_seq = N_SEQ, .n_ctx = N_CTX, .n_batch = N_BATCH, .n_threads = N_THREADS};
+  if (anna_model_load(&m, model_path, NULL, err, sizeof err) ||
+      anna_context_create(&c, m, &co, err, sizeof err)) {
     printf("  %s\n", err);
     ok("public load", 0);
     anna_model_free(m);
     return;
   }
   const int V = anna_model_vocab(m);
-  float *ref = malloc(sizeof(float) * (size_t)N_TOK * V), *got = calloc((size_t)N_TOK * V, sizeof(float));
+  float *ref = malloc(sizeof(float) * (size_t)N_TOK * V),
+        *got = calloc((size_t)N_TOK * V, sizeof(float));
   int32_t ridx[N_TOK * TOPK], gidx[N_TOK * TOPK];
   float rval[N_TOK * TOPK], gval[N_TOK * TOPK];
   double rst[2 * N_TOK], gst[2 * N_TOK];
@@ -179,14 +188,20 @@ static void test_run(const char *model_path) {
     ok("describe: the public model's", d.vocab == V && !strcmp(d.text, anna_model_describe(m)) &&
                                            d.n_layers == anna_model_n_layers(m));
     k->backend_shape(impl, N_CTX, shape);
-    const backend_params bp = {.n_threads = N_THREADS, .n_batch = N_BATCH, .shape = shape, .tuning = &t};
+    const backend_params bp = {
+        .n_threads = N_THREADS, .n_batch = N_BATCH, .shape = shape, .tuning = &t};
     rc = bi->create(&bp, &be, err, sizeof err);
   }
-  const model_state_params sp = {.n_seq = N_SEQ, .n_ctx = N_CTX, .n_batch = N_BATCH, .kv_type = OPS_KV_F32,
+  const model_state_params sp = {.n_seq = N_SEQ,
+                                 .n_ctx = N_CTX,
+                                 .n_batch = N_BATCH,
+                                 .kv_type = OPS_KV_F32,
                                  .prefix_share = t.prefix_kv_share};
   if (!rc) rc = k->state_create(&st, impl, be, &sp, err, sizeof err);
   const model_input in = {.io = MODEL_IO_TOKENS, .batch = &b};
-  if (!rc) rc = k->run(impl, st, be, &in, &(model_output){.io = MODEL_IO_LOGITS, .logits = got}, err, sizeof err);
+  if (!rc)
+    rc = k->run(impl, st, be, &in, &(model_output){.io = MODEL_IO_LOGITS, .logits = got}, err,
+                sizeof err);
   if (rc) printf("  %s\n", err);
   ok("logits through the kind table == anna_context_decode's (bit for bit)",
      !rc && !memcmp(got, ref, sizeof(float) * (size_t)N_TOK * V));
@@ -194,14 +209,18 @@ static void test_run(const char *model_path) {
     k->seq->reset(st, 0);
     k->seq->reset(st, 1);
     const model_topk tk = {TOPK, 0.7f, gidx, gval, gst};
-    rc = k->run(impl, st, be, &in, &(model_output){.io = MODEL_IO_LOGITS, .topk = &tk}, err, sizeof err);
+    rc = k->run(impl, st, be, &in, &(model_output){.io = MODEL_IO_LOGITS, .topk = &tk}, err,
+                sizeof err);
     if (rc) printf("  %s\n", err);
     ok("candidates through the kind table == anna_context_decode_topk's",
-       !rc && !memcmp(gidx, ridx, sizeof ridx) && !memcmp(gval, rval, sizeof rval) && !memcmp(gst, rst, sizeof rst));
-    ok("seq_len after the run", k->seq->seq_len(st, 0) == 24 && k->seq->seq_len(st, 1) == N_TOK - 24);
+       !rc && !memcmp(gidx, ridx, sizeof ridx) && !memcmp(gval, rval, sizeof rval) &&
+           !memcmp(gst, rst, sizeof rst));
+    ok("seq_len after the run",
+       k->seq->seq_len(st, 0) == 24 && k->seq->seq_len(st, 1) == N_TOK - 24);
     /* an io the text decoder does not declare */
     const model_input px = {.io = MODEL_IO_PIXELS};
-    int r2 = k->run(impl, st, be, &px, &(model_output){.io = MODEL_IO_LOGITS, .logits = got}, err, sizeof err);
+    int r2 = k->run(impl, st, be, &px, &(model_output){.io = MODEL_IO_LOGITS, .logits = got}, err,
+                    sizeof err);
     printf("    %s\n", err);
     ok("pixels in: ANNA_EUNSUPPORTED", r2 == ANNA_EUNSUPPORTED);
   }
