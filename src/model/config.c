@@ -442,29 +442,61 @@ const char *config_arch_name(int arch) {
   return "?";
 }
 
+int config_arch_from_name(const char *model_type) {
+  for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+    if (!strcmp(k_archs[i].name, model_type)) return k_archs[i].arch;
+  return -1;
+}
+
+/* The steps config_parse_hf and config_probe_hf share, with the same messages: the file as
+ * JSON, the object the text fields live in (*t: text_config when present) and model_type
+ * (top level, else text_config's). On success the caller owns *root. */
+static int config_open(const char *path, json_t **root, json_t **t, const char **name, char *err, size_t errlen) {
+  json_error_t je;
+  *root = json_load_file(path, 0, &je);
+  if (!*root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+  *t = *root;
+  if (jget(*root, "text_config")) *t = jget(*root, "text_config");
+  int rc = 0;
+  json_t *mt = NULL;
+  if (!json_is_object(*t)) {
+    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: not a JSON object", path);
+  } else {
+    mt = jget(*root, "model_type");
+    if (!json_is_string(mt)) mt = jget(*t, "model_type");
+    if (!json_is_string(mt)) rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: missing model_type", path);
+  }
+  if (rc) {
+    json_decref(*root);
+    *root = NULL;
+    return rc;
+  }
+  *name = json_string_value(mt);
+  return 0;
+}
+
+int config_probe_hf(const char *path, char *model_type, size_t mt_len, char *architecture, size_t arch_len, char *err,
+                    size_t errlen) {
+  json_t *root, *t;
+  const char *name;
+  int rc = config_open(path, &root, &t, &name, err, errlen);
+  if (rc) return rc;
+  snprintf(model_type, mt_len, "%s", name);
+  json_t *a = jget(root, "architectures");
+  json_t *a0 = json_is_array(a) ? json_array_get(a, 0) : NULL;
+  snprintf(architecture, arch_len, "%s", json_is_string(a0) ? json_string_value(a0) : "");
+  json_decref(root);
+  return 0;
+}
+
 int config_parse_hf(model_config *cfg, const char *path, char *err, size_t errlen) {
   memset(cfg, 0, sizeof *cfg);
-  json_error_t je;
-  json_t *root = json_load_file(path, 0, &je);
-  if (!root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+  json_t *root, *t;
+  const char *name;
+  int rc = config_open(path, &root, &t, &name, err, errlen);
+  if (rc) return rc;
   pctx p = {path, err, errlen};
-  int rc = 0;
-  json_t *t = root;
-  if (jget(root, "text_config")) t = jget(root, "text_config");
-  if (!json_is_object(t)) {
-    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: not a JSON object", path);
-    goto out;
-  }
-  json_t *mt = jget(root, "model_type");
-  if (!json_is_string(mt)) mt = jget(t, "model_type");
-  if (!json_is_string(mt)) {
-    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: missing model_type", path);
-    goto out;
-  }
-  const char *name = json_string_value(mt);
-  int arch = -1;
-  for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
-    if (!strcmp(k_archs[i].name, name)) arch = k_archs[i].arch;
+  const int arch = config_arch_from_name(name);
   if (arch < 0) {
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: model_type '%s' is not supported", path, name);
     goto out;

@@ -99,5 +99,15 @@ void config_rope_inv_freq(const layer_config *l, float *inv_freq);
 
 /* Static name of an arch ("qwen3_5", ...). */
 const char *config_arch_name(int arch);
+/* The model_arch a config.json model_type names, or -1 when the text decoder has none. */
+int config_arch_from_name(const char *model_type);
+
+/* What a model kind's probe reads (model/kind.h), without parsing the rest: config.json's
+ * model_type (top level, else text_config's) into model_type[mt_len] and the first entry of
+ * its "architectures" ("" when absent) into architecture[arch_len], both truncated to fit.
+ * A file that is not JSON, not an object or has no model_type is ANNA_EFORMAT with the
+ * message config_parse_hf gives. */
+int config_probe_hf(const char *path, char *model_type, size_t mt_len, char *architecture, size_t arch_len, char *err,
+                    size_t errlen);
 
 #endif

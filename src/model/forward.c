@@ -129,7 +129,7 @@ static int state_cache_create(fwd_state *s, const model_config *c, int n_seq, in
   return rc;
 }
 
-int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
+int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
                      const fwd_state_options *opt, char *err, size_t errlen) {
   *out = NULL;
   const model_config *c = &m->cfg;
@@ -187,7 +187,7 @@ void fwd_state_free(fwd_state *s) {
   free(s);
 }
 
-/* The state API: delegations to the cache (src/runtime/context.c calls these). */
+/* The state API: delegations to the cache (the text decoder kind, text_decoder.c, calls these). */
 
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s) {
   return kv_cache_bytes_per_token(s->kv);
@@ -224,7 +224,7 @@ int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, in
 /* ---- layers ---- */
 
 typedef struct fwd_run {
-  const anna_model *m;
+  const text_model *m;
   ops_backend *be;
   fwd_state *s;
   const anna_batch *b;
@@ -265,7 +265,7 @@ static void project(fwd_run *r, int count, float *const *ys, const float *x, con
 
 /* out[n, H] = attention mixer of xn. */
 static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
-  const anna_model *m = r->m;
+  const text_model *m = r->m;
   const model_config *c = &m->cfg;
   const layer_config *lc = &c->layers[li];
   const layer_weights *w = &m->layers[li];
@@ -344,7 +344,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
 
 /* out[n, H] = Gated DeltaNet mixer of xn. */
 static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
-  const anna_model *m = r->m;
+  const text_model *m = r->m;
   const model_config *c = &m->cfg;
   const layer_weights *w = &m->layers[li];
   ops_backend *be = r->be;
@@ -498,7 +498,7 @@ static void moe(fwd_run *r, int li, const float *rin, const float *xn, float *ou
  * add is left to the caller (returns 1: s->res must still be added into x), who fuses it
  * with the next norm. */
 static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
-  const anna_model *m = r->m;
+  const text_model *m = r->m;
   const model_config *c = &m->cfg;
   const layer_config *lc = &c->layers[li];
   const layer_weights *w = &m->layers[li];
@@ -561,7 +561,7 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
 
 /* Gemma4 per-layer inputs for the batch: ple[n, L, P]. */
 static void ple_inputs(fwd_run *r, const float *emb) {
-  const anna_model *m = r->m;
+  const text_model *m = r->m;
   const model_config *c = &m->cfg;
   ops_backend *be = r->be;
   fwd_state *s = r->s;
@@ -576,7 +576,7 @@ static void ple_inputs(fwd_run *r, const float *emb) {
 }
 
 static void layer_ple(fwd_run *r, int li, float *x) {
-  const anna_model *m = r->m;
+  const text_model *m = r->m;
   const model_config *c = &m->cfg;
   const layer_weights *w = &m->layers[li];
   ops_backend *be = r->be;
@@ -590,7 +590,7 @@ static void layer_ple(fwd_run *r, int li, float *x) {
   be->add(be, x, o, n * c->hidden);
 }
 
-int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
+int forward_batch(const text_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
                   const fwd_topk *tk, char *err, size_t errlen) {
   fwd_run r = {m, be, s, b, b->n, NULL, 0};
   for (int32_t i = 0; i < b->n; i++)

@@ -5,7 +5,7 @@
  * attention layers, conv and recurrent state of GDN layers, lengths, the prefix pool) and
  * the activation scratch, all allocated once by fwd_state_create for (n_seq, n_ctx,
  * n_batch): forward_batch allocates nothing. The fwd_state_* state functions below are
- * delegations to the cache, kept for src/runtime.
+ * delegations to the cache, kept for the text decoder kind (text_decoder.c).
  */
 #ifndef ANNA_MODEL_FORWARD_H
 #define ANNA_MODEL_FORWARD_H
@@ -33,7 +33,7 @@ typedef anna_kv_stats fwd_kv_stats;
 
 /* Caller frees with fwd_state_free. */
 /* be is borrowed: state and scratch live in its memory; it must outlive the state. */
-int fwd_state_create(fwd_state **out, const anna_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
+int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
                      const fwd_state_options *o, char *err, size_t errlen);
 /* Bytes of KV cache per token of one sequence (all attention layers, K and V). */
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s);
@@ -73,7 +73,7 @@ typedef struct fwd_topk {
 
 /* Runs the batch (see anna_batch) and writes logits of flagged tokens to out, or (tk not
  * NULL; out unused) their candidates to tk's arrays. */
-int forward_batch(const anna_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
+int forward_batch(const text_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
                   const fwd_topk *tk, char *err, size_t errlen);
 /* Row `row` (in flagged order) of the logits the last forward_batch computed, to out[vocab]:
  * the full-row fallback after a candidates call. ANNA_ERANGE when that call left no such row. */

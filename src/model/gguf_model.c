@@ -13,14 +13,14 @@
 #include <string.h>
 
 typedef struct gb {
-  anna_model *m;
+  text_model *m;
   gguf_file *f;
   char arch[32];
   char *err;
   size_t errlen;
 } gb;
 
-static void *gb_alloc(anna_model *m, size_t bytes) {
+static void *gb_alloc(text_model *m, size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
   if (!p) return NULL;
   if (m->n_allocs == m->cap_allocs) {
@@ -181,6 +181,12 @@ static const struct {
     {"qwen3", G_QWEN3, MODEL_ARCH_QWEN3},     {"qwen2", G_QWEN2, MODEL_ARCH_QWEN2},
     {"llama", G_LLAMA, MODEL_ARCH_LLAMA},     {"qwen3moe", G_QWEN3MOE, MODEL_ARCH_QWEN3_MOE},
 };
+
+int gguf_model_arch_known(const char *arch) {
+  for (size_t i = 0; i < sizeof k_garch / sizeof k_garch[0]; i++)
+    if (!strcmp(arch, k_garch[i].name)) return 1;
+  return 0;
+}
 
 static int bool_at(gb *b, const char *key, int layer, int *out) {
   const gguf_kv *k = kv(b, key);
@@ -348,7 +354,7 @@ static int build_config(gb *b, int g) {
 /* ---- weights ---- */
 
 static int load_layer(gb *b, int i) {
-  anna_model *m = b->m;
+  text_model *m = b->m;
   const model_config *c = &m->cfg;
   const layer_config *lc = &c->layers[i];
   layer_weights *w = &m->layers[i];
@@ -469,9 +475,9 @@ static int load_layer(gb *b, int i) {
   return 0;
 }
 
-int gguf_model_load(anna_model **out, const char *path, char *err, size_t errlen) {
+int gguf_model_load(text_model **out, const char *path, char *err, size_t errlen) {
   *out = NULL;
-  anna_model *m = calloc(1, sizeof *m);
+  text_model *m = calloc(1, sizeof *m);
   if (!m) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int rc;
   m->path = strdup(path);

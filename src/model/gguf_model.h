@@ -14,8 +14,11 @@
 #include "template/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
+/* 1 when gguf_model_load maps this general.architecture, else 0. */
+int gguf_model_arch_known(const char *arch);
+
 /* Caller frees with model_free. */
-int gguf_model_load(anna_model **out, const char *path, char *err, size_t errlen);
+int gguf_model_load(text_model **out, const char *path, char *err, size_t errlen);
 
 /* Tokenizer from tokenizer.ggml.* and chat template from tokenizer.chat_template (*ct NULL
  * when the file has none). Caller frees both. */

@@ -15,13 +15,13 @@
 #include <string.h>
 
 typedef struct builder {
-  anna_model *m;
+  text_model *m;
   const char *prefix; /* "model." or "model.language_model." */
   char *err;
   size_t errlen;
 } builder;
 
-static int track(anna_model *m, void *p) {
+static int track(text_model *m, void *p) {
   if (m->n_allocs == m->cap_allocs) {
     size_t cap = m->cap_allocs ? 2 * m->cap_allocs : 64;
     void **na = realloc(m->allocs, cap * sizeof *na);
@@ -33,7 +33,7 @@ static int track(anna_model *m, void *p) {
   return 0;
 }
 
-static void *model_alloc(anna_model *m, size_t bytes) {
+static void *model_alloc(text_model *m, size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
   if (p && track(m, p)) {
     free(p);
@@ -332,7 +332,7 @@ static int shared_fits(const model_config *c, const layer_weights *w) {
          w->sh_down.cols == d->cols;
 }
 
-int model_link_shared_experts(anna_model *m, char *err, size_t errlen) {
+int model_link_shared_experts(text_model *m, char *err, size_t errlen) {
   const model_config *c = &m->cfg;
   for (int i = 0; i < c->n_layers; i++) {
     layer_weights *w = &m->layers[i];
@@ -352,13 +352,13 @@ int model_link_shared_experts(anna_model *m, char *err, size_t errlen) {
   return 0;
 }
 
-void model_unlink_shared_experts(anna_model *m) {
+void model_unlink_shared_experts(text_model *m) {
   for (int i = 0; i < m->cfg.n_layers; i++) m->layers[i].sx_gate = m->layers[i].sx_up = m->layers[i].sx_down = NULL;
 }
 
 _Static_assert(CONFIG_MAX_LAYERS <= OPS_MAX_LAYERS, "ops_model_shape holds every layer");
 
-void model_shape_get(const anna_model *m, int n_ctx, ops_model_shape *out) {
+void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out) {
   const model_config *c = &m->cfg;
   memset(out, 0, sizeof *out);
   out->max_cols = m->max_cols;
@@ -372,9 +372,9 @@ void model_shape_get(const anna_model *m, int n_ctx, ops_model_shape *out) {
     out->layers[i] = (ops_layer_shape){c->layers[i].n_kv_heads, c->layers[i].head_dim};
 }
 
-int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen) {
+int model_load_hf(text_model **out, const char *dir, char *err, size_t errlen) {
   *out = NULL;
-  anna_model *m = calloc(1, sizeof *m);
+  text_model *m = calloc(1, sizeof *m);
   if (!m) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int rc;
   char path[PATH_MAX];
@@ -422,7 +422,7 @@ fail:
   return rc;
 }
 
-void model_free(anna_model *m) {
+void model_free(text_model *m) {
   if (!m) return;
   for (size_t i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
   free(m->allocs);

@@ -1,4 +1,6 @@
-/* model.h: a loaded model: config + weight views + the per-layer constant tables.
+/* model.h: a loaded text decoder (text_model): config + weight views + the per-layer
+ * constant tables. It is the implementation behind the text decoder kind
+ * (model/text_decoder.c, model/kind.h); the runtime sees it only through that table.
  *
  * Weights are ops_weight views into the mapped files (safetensors or GGUF): no copies,
  * except small vectors (norm weights, gates, conv kernels, biases) which are converted to
@@ -9,7 +11,6 @@
 #define ANNA_MODEL_MODEL_H
 
 #include "anna/anna.h"
-#include "base/tuning.h"
 #include "model/config.h"
 #include "ops/ops.h"
 
@@ -43,7 +44,9 @@ typedef struct layer_weights {
   float layer_scalar;
 } layer_weights;
 
-struct anna_model {
+typedef struct text_model text_model;
+
+struct text_model {
   model_config cfg;
   char *path;
   char describe[160];
@@ -59,8 +62,6 @@ struct anna_model {
   void **allocs;       /* f32 conversions owned by the model */
   size_t n_allocs, cap_allocs;
   int64_t max_cols;    /* widest weight row, for dequant scratch */
-  int compute_bf16;    /* anna_model_options.dtype "bf16": contexts on cuda round GEMM inputs to bf16 */
-  anna_tuning tuning;  /* resolved at load (ANNA_TUNING, then anna_model_options.tuning) */
 };
 
 /* A name -> tensor lookup the weight builder reads through. */
@@ -75,16 +76,16 @@ typedef int (*tensor_lookup_fn)(void *src, const char *name, tensor_info *out);
 
 /* Fills the sx_* arrays of every MoE layer whose shared expert can run as one more routed
  * expert (see layer_weights); 0 or ANNA_ENOMEM. Both loaders call it last. */
-int model_link_shared_experts(anna_model *m, char *err, size_t errlen);
+int model_link_shared_experts(text_model *m, char *err, size_t errlen);
 /* Sets every sx_* back to NULL (the arrays stay with the model until model_free): the
  * tuning key moe_shared_slot=0 keeps the shared expert's own ops (A/B runs). */
-void model_unlink_shared_experts(anna_model *m);
+void model_unlink_shared_experts(text_model *m);
 
 /* The shape a backend sizes its scratch for (ops.h), for contexts of n_ctx positions. */
-void model_shape_get(const anna_model *m, int n_ctx, ops_model_shape *out);
+void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out);
 
 /* Loads an HF folder. Caller frees with model_free. */
-int model_load_hf(anna_model **out, const char *dir, char *err, size_t errlen);
-void model_free(anna_model *m);
+int model_load_hf(text_model **out, const char *dir, char *err, size_t errlen);
+void model_free(text_model *m);
 
 #endif

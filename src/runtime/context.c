@@ -1,26 +1,26 @@
 /* context.c: the public API (include/anna/anna.h) over model loading, a backend and the
- * forward state. The backend comes from the registry (backends/registry.h) and is driven
- * only through its ops_backend table, lifecycle entries included: nothing here knows which
- * backends the build has. */
+ * model's per-context state. The backend comes from the registry (backends/registry.h) and
+ * is driven only through its ops_backend table, lifecycle entries included: nothing here
+ * knows which backends the build has. Likewise the model comes from the kind registry
+ * (model/kind.h) and is reached only through its model_kind table: nothing here knows
+ * which kinds there are or how a decoder runs. */
 #include "anna/anna.h"
 
 #include "backends/registry.h"
 #include "base/error.h"
 #include "base/tuning.h"
-#include "model/forward.h"
-#include "model/gguf_model.h"
-#include "model/model.h"
+#include "model/kind.h"
 #include "ops/ops_profile.h"
+#include "runtime/model_handle.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 struct anna_context {
   anna_model *m;
   ops_backend *be;  /* what the forward pass calls (the profiler's wrapper when profiling) */
   ops_backend *dev; /* the backend itself (owned; freed with its destroy entry) */
-  fwd_state *st;
+  void *st;          /* the kind's state (m->kind->state_create) */
   anna_tuning tuning; /* resolved at creation (anna_context_tuning) */
 };
 
@@ -43,50 +43,59 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   }
   anna_tuning t;
   if ((rc = tuning_from_env(&t, opt ? opt->tuning : NULL, err, errlen))) return rc;
-  struct stat st;
-  if (stat(path, &st) != 0) return anna_err(err, errlen, ANNA_EIO, "%s: no such file or folder", path);
-  rc = S_ISDIR(st.st_mode) ? model_load_hf(out, path, err, errlen) : gguf_model_load(out, path, err, errlen);
-  if (rc) return rc;
-  (*out)->compute_bf16 = bf16;
-  (*out)->tuning = t;
-  /* moe_shared_slot=0: the shared expert keeps its own ops (side-by-side measurements) */
-  if (!t.moe_shared_slot) model_unlink_shared_experts(*out);
+  model_source src;
+  const model_kind *kind;
+  if ((rc = model_kind_find(path, &src, &kind, err, errlen))) return rc;
+  anna_model *m = calloc(1, sizeof *m);
+  if (!m || !(m->path = strdup(path))) {
+    free(m);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  const model_load_params lp = {.tuning = &t};
+  if ((rc = kind->load(&m->impl, &src, &lp, err, errlen))) {
+    free(m->path);
+    free(m);
+    return rc;
+  }
+  m->kind = kind;
+  kind->describe(m->impl, &m->desc);
+  m->compute_bf16 = bf16;
+  m->tuning = t;
+  *out = m;
   return 0;
 }
 
 void anna_model_free(anna_model *m) {
-  model_free(m);
+  if (!m) return;
+  m->kind->free(m->impl);
+  free(m->path);
+  free(m);
 }
 
 int anna_model_vocab(const anna_model *m) {
-  return m->cfg.vocab;
+  return m->desc.vocab;
 }
 
 int anna_model_n_layers(const anna_model *m) {
-  return m->cfg.n_layers;
+  return m->desc.n_layers;
 }
 
 const char *anna_model_describe(const anna_model *m) {
-  return m->describe;
+  return m->desc.text;
 }
 
 const char *anna_model_path(const anna_model *m) {
   return m->path;
 }
 
-/* Backends that copy weights on first use (ops_backend.warmup): one throwaway token on
- * sequence 0 (then reset) copies the weights it touches now rather than inside the caller's
- * first, timed, decode. Experts a MoE router did not pick are still copied on first use. */
+/* Backends that copy weights on first use (ops_backend.warmup): the kind's own throwaway
+ * run copies the weights it touches now rather than inside the caller's first, timed,
+ * decode. */
 static int backend_warmup(anna_context *c, char *err, size_t errlen) {
-  float *lg = malloc(sizeof(float) * (size_t)c->m->cfg.vocab);
-  if (!lg) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  int32_t tok = 0, seq = 0, pos = 0;
-  int8_t want = 1;
-  anna_batch b = {1, &tok, &seq, &pos, &want};
-  int rc = forward_batch(c->m, c->be, c->st, &b, lg, NULL, err, errlen);
+  const model_kind *k = c->m->kind;
+  if (!k->warmup) return 0;
+  int rc = k->warmup(c->m->impl, c->st, c->be, err, errlen);
   if (!rc && c->dev->error) rc = c->dev->error(c->dev, err, errlen);
-  fwd_state_seq_reset(c->st, 0);
-  free(lg);
   return rc;
 }
 
@@ -139,9 +148,10 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
       return anna_err(err, errlen, ANNA_EINVAL,
                       "KV-cache quantization '%s' (bits %d) is not one of none, f16, q8, q4, turboquant with 2-4 bits", q, bits);
   }
-  fwd_state_options fo = {.n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
-                          .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len, .prefix_share = share,
-                          .snapshot_interval = o.prefix_snapshot_interval};
+  const model_state_params sp = {.n_seq = o.n_seq, .n_ctx = o.n_ctx, .n_batch = o.n_batch,
+                                 .n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
+                                 .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len,
+                                 .prefix_share = share, .snapshot_interval = o.prefix_snapshot_interval};
   const backend_info *bi;
   if ((rc = backend_registry_pick(o.device, &bi, err, errlen))) return rc;
   if (m->compute_bf16 && !bi->bf16_compute)
@@ -158,7 +168,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   }
   c->m = m;
   c->tuning = tuning;
-  model_shape_get(m, o.n_ctx, shape);
+  m->kind->backend_shape(m->impl, o.n_ctx, shape);
   const backend_params bp = {.n_threads = o.n_threads,
                              .n_batch = o.n_batch,
                              .exact_matmul = o.exact_matmul,
@@ -171,10 +181,10 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   if (!rc) {
     c->be = c->dev;
     /* Profiling syncs around every op, which a recorded graph cannot do: eager steps. */
-    if (o.profile && !(c->be = ops_profile_wrap(c->dev, m->cfg.vocab)))
+    if (o.profile && !(c->be = ops_profile_wrap(c->dev, m->desc.vocab)))
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
-  if (rc || (rc = fwd_state_create(&c->st, m, c->be, o.n_seq, o.n_ctx, o.n_batch, &fo, err, errlen)) ||
+  if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &sp, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
     return rc;
@@ -187,25 +197,28 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 
 void anna_context_free(anna_context *c) {
   if (!c) return;
-  fwd_state_free(c->st);
+  if (c->st) c->m->kind->state_free(c->st);
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
   free(c);
 }
 
-static int context_run(anna_context *c, const anna_batch *b, float *out, const fwd_topk *tk, char *err,
+static int context_run(anna_context *c, const anna_batch *b, float *out, const model_topk *tk, char *err,
                        size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
+  const model_kind *k = c->m->kind;
+  const model_input in = {.io = MODEL_IO_TOKENS, .batch = b};
+  const model_output mo = {.io = MODEL_IO_LOGITS, .logits = out, .topk = tk};
   ops_backend *d = c->dev;
   if (d->step_begin) {
     d->step_begin(d, b->n);
-    int rc = forward_batch(c->m, c->be, c->st, b, out, tk, err, errlen);
+    int rc = k->run(c->m->impl, c->st, c->be, &in, &mo, err, errlen);
     d->step_end(d);
     /* Device failures are sticky in the backend; report the first one here. */
     int rc2 = d->error ? d->error(d, err, errlen) : 0;
     return rc ? rc : rc2;
   }
-  return forward_batch(c->m, c->be, c->st, b, out, tk, err, errlen);
+  return k->run(c->m->impl, c->st, c->be, &in, &mo, err, errlen);
 }
 
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
@@ -216,38 +229,57 @@ int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float 
                              double *stats, char *err, size_t errlen) {
   if (!c->be->topk) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "backend %s has no topk op", c->be->name);
   if (!idx || !val || !stats) return anna_err(err, errlen, ANNA_EINVAL, "decode_topk: NULL output");
-  const fwd_topk tk = {k, temp, idx, val, stats};
+  const model_topk tk = {k, temp, idx, val, stats};
   return context_run(c, b, NULL, &tk, err, errlen);
 }
 
+/* Sequence calls go to the kind's seq sub-table; kinds without per-sequence state
+ * (encoders) leave it NULL and these answer ANNA_EUNSUPPORTED (or nothing, where the
+ * public call returns no code). */
+static const model_seq_ops *seq_ops(const anna_context *c) {
+  return c->m->kind->seq;
+}
+
+static int no_seq(const anna_context *c, char *err, size_t errlen) {
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "a %s model has no per-sequence state", c->m->kind->name);
+}
+
 int anna_context_logits_row(anna_context *c, int row, float *out, char *err, size_t errlen) {
-  int rc = fwd_state_logits_row(c->st, row, out, err, errlen);
+  const model_seq_ops *s = seq_ops(c);
+  if (!s) return no_seq(c, err, errlen);
+  int rc = s->logits_row(c->st, row, out, err, errlen);
   if (!rc && c->dev->error) rc = c->dev->error(c->dev, err, errlen);
   return rc;
 }
 
 int32_t anna_context_seq_len(const anna_context *c, int seq) {
-  return fwd_state_seq_len(c->st, seq);
+  const model_seq_ops *s = seq_ops(c);
+  return s ? s->seq_len(c->st, seq) : ANNA_EUNSUPPORTED;
 }
 
 void anna_context_seq_reset(anna_context *c, int seq) {
-  fwd_state_seq_reset(c->st, seq);
+  const model_seq_ops *s = seq_ops(c);
+  if (s) s->reset(c->st, seq);
 }
 
 int anna_context_seq_checkpoint(anna_context *c, int seq, char *err, size_t errlen) {
-  return fwd_state_checkpoint(c->st, seq, err, errlen);
+  const model_seq_ops *s = seq_ops(c);
+  return s ? s->checkpoint(c->st, seq, err, errlen) : no_seq(c, err, errlen);
 }
 
 int anna_context_seq_rewind(anna_context *c, int seq, int32_t n, char *err, size_t errlen) {
-  return fwd_state_seq_rewind(c->st, seq, n, err, errlen);
+  const model_seq_ops *s = seq_ops(c);
+  return s ? s->rewind(c->st, seq, n, err, errlen) : no_seq(c, err, errlen);
 }
 
 int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *err, size_t errlen) {
-  return fwd_state_seq_copy(c->st, dst, src, n, err, errlen);
+  const model_seq_ops *s = seq_ops(c);
+  return s ? s->copy(c->st, dst, src, n, err, errlen) : no_seq(c, err, errlen);
 }
 
 int64_t anna_context_kv_bytes_per_token(const anna_context *c) {
-  return fwd_state_kv_bytes_per_token(c->st);
+  const model_seq_ops *s = seq_ops(c);
+  return s ? s->kv_bytes_per_token(c->st) : 0;
 }
 
 /* The forward pass's table is the profiler's wrapper exactly when profiling. */
@@ -285,9 +317,12 @@ void anna_context_profile_reset(anna_context *c) {
 }
 
 int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *tokens, int32_t n, int flags) {
-  return fwd_state_prefix_attach(c->st, seq, tokens, n, flags & ANNA_PREFIX_REGISTER);
+  const model_seq_ops *s = seq_ops(c);
+  return s ? s->prefix_attach(c->st, seq, tokens, n, flags & ANNA_PREFIX_REGISTER) : ANNA_EUNSUPPORTED;
 }
 
 void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st) {
-  fwd_state_kv_stats(c->st, st);
+  const model_seq_ops *s = seq_ops(c);
+  if (s) s->kv_stats(c->st, st);
+  else memset(st, 0, sizeof *st);
 }

@@ -1,0 +1,166 @@
+/* kind.h: model kinds: the one interface every kind of model implements, and the registry
+ * of the kinds compiled in.
+ *
+ * A kind is a static table (model_kind): its name, what it consumes and produces (model_io
+ * bits), a probe that says whether it reads an HF folder or GGUF file, load / free /
+ * describe of the immutable model, create / free of the per-context state (n_seq, n_ctx,
+ * n_batch, in an ops_backend's memory) and run (a batch of inputs -> outputs). Kinds that
+ * keep per-sequence state across calls (decoders) also fill a model_seq_ops sub-table;
+ * encoders leave it NULL and the runtime answers ANNA_EUNSUPPORTED for sequence calls.
+ * The runtime (src/runtime/context.c) reaches a model only through this table, so a new
+ * kind is a new file plus one registry line in kind.c, not a branch in forward.c.
+ *
+ * Implemented: the text decoder (model/text_decoder.c: tokens -> logits / top-k
+ * candidates). The io kinds of the next issues are declared here so that their tables can
+ * be written against a fixed vocabulary: a vision encoder (pixels -> embeddings), an audio
+ * encoder (audio -> embeddings), a codec decoder (codes -> pcm), a decoder fed embedding
+ * rows (embeddings -> logits / hidden states).
+ *
+ * Ownership: kind tables are static (never freed); a loaded model (impl) is freed with its
+ * kind's free, a state with state_free; the probe source is plain data on the caller's
+ * stack. Errors: 0 / negative ANNA_E* with the message in (err, errlen).
+ */
+#ifndef ANNA_MODEL_KIND_H
+#define ANNA_MODEL_KIND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "anna/anna.h"
+#include "base/tuning.h"
+#include "ops/ops.h"
+
+/* What flows into and out of a kind's run. A kind declares a bit set of each. */
+enum model_io {
+  MODEL_IO_TOKENS = 0, /* token ids of several sequences (anna_batch: token, seq, pos, flags) */
+  MODEL_IO_EMBEDDINGS, /* float rows entering a decoder in place of token embeddings (next issues)
+                        */
+  MODEL_IO_LOGITS,     /* vocab logits of flagged rows, or their top-k candidates (model_topk) */
+  MODEL_IO_HIDDEN,     /* final hidden states of flagged rows (next issues) */
+  MODEL_IO_PIXELS,     /* image pixels, normalized float planes (vision encoder; next issues) */
+  MODEL_IO_AUDIO,      /* audio features / samples (audio encoder; next issues) */
+  MODEL_IO_CODES,      /* codec codes per frame and codebook (codec decoder; next issues) */
+  MODEL_IO_PCM,        /* PCM samples (codec decoder output; next issues) */
+  MODEL_IO_COUNT
+};
+#define MODEL_IO_BIT(io) (1u << (io))
+
+/* Static name of an io kind ("tokens", "logits", ...); "?" out of range. */
+const char *model_io_name(int io);
+
+/* What a probe looks at: read once by model_kind_find, so kinds compare strings. */
+typedef struct model_source {
+  const char *path;       /* the HF folder or GGUF file */
+  int is_gguf;            /* 0: HF folder (config.json), 1: GGUF file */
+  char model_type[128];   /* HF: config.json model_type (top level, else text_config's) */
+  char architecture[128]; /* HF: architectures[0] ("" when absent) */
+  char gguf_arch[128];    /* GGUF: general.architecture */
+} model_source;
+
+/* Load-time settings the runtime resolved (anna_model_options). Borrowed for the call. */
+typedef struct model_load_params {
+  const anna_tuning *tuning; /* defaults, then ANNA_TUNING, then the options' string */
+} model_load_params;
+
+/* What the runtime reads of a loaded model. Strings borrowed from the model. */
+typedef struct model_desc {
+  const char *text; /* e.g. "qwen3_5: 8 layers, hidden 128, vocab 1000" */
+  int vocab;        /* rows of MODEL_IO_LOGITS outputs (0: the kind produces none) */
+  int n_layers;
+} model_desc;
+
+/* Per-context state: the shape every kind gets, plus the cache layout decoders use
+ * (encoders ignore those fields). Zeros mean the kind's defaults. */
+typedef struct model_state_params {
+  int n_seq, n_ctx, n_batch;
+  int n_ckpt;            /* recurrent-state checkpoint / prefix-snapshot slots */
+  int kv_type;           /* ops_kv_type of attention caches */
+  int block_len;         /* positions per KV block */
+  int64_t n_blocks;      /* KV blocks in the pool */
+  int residual_len;      /* quantized caches: newest positions also kept in f32 */
+  int prefix_share;      /* 1: prefix block pool on */
+  int snapshot_interval; /* recurrent snapshots every N tokens inside a call (0: off) */
+} model_state_params;
+
+/* Top-k candidates instead of logits rows (anna_context_decode_topk): per flagged row r, the
+ * k best logits idx/val[r * k + j] and stats[2r .. 2r + 1] (max, softmax sum at temp). */
+typedef struct model_topk {
+  int k;
+  float temp;
+  int32_t *idx;
+  float *val;
+  double *stats;
+} model_topk;
+
+/* One run's inputs: io names which member is set. Borrowed for the call. */
+typedef struct model_input {
+  int io;                  /* MODEL_IO_TOKENS */
+  const anna_batch *batch; /* MODEL_IO_TOKENS: validated by the kind */
+} model_input;
+
+/* One run's outputs (caller-owned memory). */
+typedef struct model_output {
+  int io;                 /* MODEL_IO_LOGITS */
+  float *logits;          /* MODEL_IO_LOGITS: [n_flagged * vocab], unused when topk is set */
+  const model_topk *topk; /* MODEL_IO_LOGITS: candidates instead of rows (NULL: rows) */
+} model_output;
+
+/* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix
+ * pool (anna.h documents each). `state` is what the kind's state_create made. */
+typedef struct model_seq_ops {
+  int32_t (*seq_len)(const void *state, int seq);
+  void (*reset)(void *state, int seq);
+  int (*checkpoint)(void *state, int seq, char *err, size_t errlen);
+  int (*rewind)(void *state, int seq, int32_t n, char *err, size_t errlen);
+  int (*copy)(void *state, int dst, int src, int32_t n, char *err, size_t errlen);
+  int32_t (*prefix_attach)(void *state, int seq, const int32_t *tokens, int32_t n,
+                           int register_blocks);
+  void (*kv_stats)(const void *state, anna_kv_stats *st);
+  int64_t (*kv_bytes_per_token)(const void *state);
+  /* Row `row` (flagged order) of the last run's logits to out[vocab]; ANNA_ERANGE if none. */
+  int (*logits_row)(const void *state, int64_t row, float *out, char *err, size_t errlen);
+} model_seq_ops;
+
+typedef struct model_kind {
+  const char *name; /* "text_decoder", ... */
+  unsigned inputs;  /* MODEL_IO_BIT set it consumes */
+  unsigned outputs; /* MODEL_IO_BIT set it produces */
+  /* 1 when this kind reads src (by model_type / architectures / general.architecture), else 0.
+   * Must not fail: model_kind_find has read and checked the source. */
+  int (*probe)(const model_source *src);
+  /* Loads src->path. Caller frees *impl with free. */
+  int (*load)(void **impl, const model_source *src, const model_load_params *p, char *err,
+              size_t errlen);
+  void (*free)(void *impl);
+  void (*describe)(const void *impl, model_desc *out);
+  /* The shape a backend sizes its scratch for (ops.h), for states of n_ctx positions. */
+  void (*backend_shape)(const void *impl, int n_ctx, ops_model_shape *out);
+  /* Per-context state in be's memory (be borrowed: it must outlive the state; impl too).
+   * Caller frees *state with state_free. */
+  int (*state_create)(void **state, const void *impl, ops_backend *be, const model_state_params *p,
+                      char *err, size_t errlen);
+  void (*state_free)(void *state);
+  /* Runs one batch; allocates nothing. An io the kind does not declare: ANNA_EUNSUPPORTED. */
+  int (*run)(const void *impl, void *state, ops_backend *be, const model_input *in,
+             const model_output *out, char *err, size_t errlen);
+  /* Optional (NULL: none): one throwaway run that makes a backend copying weights on first
+   * use (ops_backend.warmup) copy them now, leaving the state as it was. */
+  int (*warmup)(const void *impl, void *state, ops_backend *be, char *err, size_t errlen);
+  const model_seq_ops *seq; /* NULL for kinds without per-sequence state (encoders) */
+} model_kind;
+
+/* Number of compiled kinds and the i-th (0 is the text decoder); NULL past the end. */
+int model_kind_count(void);
+const model_kind *model_kind_get(int i);
+/* The compiled kind of that name, or NULL. */
+const model_kind *model_kind_by_name(const char *name);
+
+/* Reads path (an HF folder's config.json, or a GGUF file's header) into *src and picks the
+ * first registered kind whose probe accepts it. A missing path is ANNA_EIO ("<path>: no
+ * such file or folder"); unreadable sources keep the config / GGUF readers' messages; a
+ * source no kind reads is ANNA_EUNSUPPORTED: "<path>/config.json: model_type 'x' is not
+ * supported" or "<path>: GGUF architecture 'x' is not supported". src->path borrows path. */
+int model_kind_find(const char *path, model_source *src, const model_kind **out, char *err,
+                    size_t errlen);
+
+#endif

@@ -1,0 +1,150 @@
+/* text_decoder.c: the text decoder as a model kind: thin adapters from the model_kind
+ * table (kind.h) to the loaders, fwd_state and forward_batch, which stay as they were. */
+#include "model/text_decoder.h"
+
+#include "base/error.h"
+#include "model/config.h"
+#include "model/forward.h"
+#include "model/gguf_model.h"
+#include "model/model.h"
+
+#include <stdlib.h>
+
+static int td_probe(const model_source *src) {
+  return src->is_gguf ? gguf_model_arch_known(src->gguf_arch)
+                      : config_arch_from_name(src->model_type) >= 0;
+}
+
+static int td_load(void **impl, const model_source *src, const model_load_params *p, char *err,
+                   size_t errlen) {
+  *impl = NULL;
+  text_model *m = NULL;
+  int rc = src->is_gguf ? gguf_model_load(&m, src->path, err, errlen)
+                        : model_load_hf(&m, src->path, err, errlen);
+  if (rc) return rc;
+  /* moe_shared_slot=0: the shared expert keeps its own ops (side-by-side measurements) */
+  if (p && p->tuning && !p->tuning->moe_shared_slot) model_unlink_shared_experts(m);
+  *impl = m;
+  return 0;
+}
+
+static void td_free(void *impl) {
+  model_free(impl);
+}
+
+static void td_describe(const void *impl, model_desc *out) {
+  const text_model *m = impl;
+  *out = (model_desc){m->describe, m->cfg.vocab, m->cfg.n_layers};
+}
+
+static void td_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) {
+  model_shape_get(impl, n_ctx, out);
+}
+
+static int td_state_create(void **state, const void *impl, ops_backend *be,
+                           const model_state_params *p, char *err, size_t errlen) {
+  const fwd_state_options fo = {.n_ckpt = p->n_ckpt,
+                                .kv_type = p->kv_type,
+                                .block_len = p->block_len,
+                                .n_blocks = p->n_blocks,
+                                .residual_len = p->residual_len,
+                                .prefix_share = p->prefix_share,
+                                .snapshot_interval = p->snapshot_interval};
+  fwd_state *s = NULL;
+  int rc = fwd_state_create(&s, impl, be, p->n_seq, p->n_ctx, p->n_batch, &fo, err, errlen);
+  *state = s;
+  return rc;
+}
+
+static void td_state_free(void *state) {
+  fwd_state_free(state);
+}
+
+static int td_run(const void *impl, void *state, ops_backend *be, const model_input *in,
+                  const model_output *out, char *err, size_t errlen) {
+  if (in->io != MODEL_IO_TOKENS || out->io != MODEL_IO_LOGITS)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the text decoder maps tokens to logits, not %s to %s", model_io_name(in->io),
+                    model_io_name(out->io));
+  if (out->topk) {
+    const model_topk *t = out->topk;
+    const fwd_topk tk = {t->k, t->temp, t->idx, t->val, t->stats};
+    return forward_batch(impl, be, state, in->batch, NULL, &tk, err, errlen);
+  }
+  return forward_batch(impl, be, state, in->batch, out->logits, NULL, err, errlen);
+}
+
+/* Backends that copy weights on first use (ops_backend.warmup): one throwaway token on
+ * sequence 0 (then reset) copies the weights it touches now rather than inside the caller's
+ * first, timed, decode. Experts a MoE router did not pick are still copied on first use. */
+static int td_warmup(const void *impl, void *state, ops_backend *be, char *err, size_t errlen) {
+  const text_model *m = impl;
+  float *lg = malloc(sizeof(float) * (size_t)m->cfg.vocab);
+  if (!lg) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  int32_t tok = 0, seq = 0, pos = 0;
+  int8_t want = 1;
+  anna_batch b = {1, &tok, &seq, &pos, &want};
+  int rc = forward_batch(m, be, state, &b, lg, NULL, err, errlen);
+  fwd_state_seq_reset(state, 0);
+  free(lg);
+  return rc;
+}
+
+/* ---- per-sequence state: fwd_state's delegations to the cache ---- */
+
+static int32_t td_seq_len(const void *s, int seq) {
+  return fwd_state_seq_len(s, seq);
+}
+static void td_seq_reset(void *s, int seq) {
+  fwd_state_seq_reset(s, seq);
+}
+static int td_checkpoint(void *s, int seq, char *err, size_t errlen) {
+  return fwd_state_checkpoint(s, seq, err, errlen);
+}
+static int td_rewind(void *s, int seq, int32_t n, char *err, size_t errlen) {
+  return fwd_state_seq_rewind(s, seq, n, err, errlen);
+}
+static int td_copy(void *s, int dst, int src, int32_t n, char *err, size_t errlen) {
+  return fwd_state_seq_copy(s, dst, src, n, err, errlen);
+}
+static int32_t td_prefix_attach(void *s, int seq, const int32_t *tokens, int32_t n,
+                                int register_blocks) {
+  return fwd_state_prefix_attach(s, seq, tokens, n, register_blocks);
+}
+static void td_kv_stats(const void *s, anna_kv_stats *st) {
+  fwd_state_kv_stats(s, st);
+}
+static int64_t td_kv_bytes_per_token(const void *s) {
+  return fwd_state_kv_bytes_per_token(s);
+}
+static int td_logits_row(const void *s, int64_t row, float *out, char *err, size_t errlen) {
+  return fwd_state_logits_row(s, row, out, err, errlen);
+}
+
+static const model_seq_ops td_seq = {
+    .seq_len = td_seq_len,
+    .reset = td_seq_reset,
+    .checkpoint = td_checkpoint,
+    .rewind = td_rewind,
+    .copy = td_copy,
+    .prefix_attach = td_prefix_attach,
+    .kv_stats = td_kv_stats,
+    .kv_bytes_per_token = td_kv_bytes_per_token,
+    .logits_row = td_logits_row,
+};
+
+const model_kind text_decoder_kind = {
+    .name = "text_decoder",
+    .inputs = MODEL_IO_BIT(MODEL_IO_TOKENS),
+    .outputs = MODEL_IO_BIT(MODEL_IO_LOGITS),
+    .probe = td_probe,
+    .load = td_load,
+    .free = td_free,
+    .describe = td_describe,
+    .backend_shape = td_backend_shape,
+    .state_create = td_state_create,
+    .state_free = td_state_free,
+    .run = td_run,
+    .warmup = td_warmup,
+    .seq = &td_seq,
+};
