@@ -83,6 +83,8 @@ int anna_model_n_layers(const anna_model *m);
 const char *anna_model_describe(const anna_model *m);
 /* The folder or file it was loaded from. Borrowed. */
 const char *anna_model_path(const anna_model *m);
+/* The model kind that loaded it (src/model/kind.h), e.g. "text_decoder". Static string. */
+const char *anna_model_kind_name(const anna_model *m);
 
 typedef struct anna_context_options {
   int n_seq;      /* sequence slots (default 1) */
@@ -232,7 +234,7 @@ typedef struct anna_step_stats {
 void anna_context_step_stats(const anna_context *c, anna_step_stats *st);
 
 /* The context's resolved runtime switches (src/base/tuning.h: defaults, then ANNA_TUNING,
- * then anna_context_options.tuning; moe_shared_slot as the model was loaded), one
+ * then anna_context_options.tuning), one
  * "key=value" line each, into buf (NUL-terminated, truncated to len). Returns the length
  * the whole text needs (truncated when >= len). */
 int anna_context_tuning(const anna_context *c, char *buf, size_t len);

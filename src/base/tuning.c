@@ -54,7 +54,6 @@ static const retired retired_keys[] = {
 void tuning_defaults(anna_tuning *t) {
   *t = (anna_tuning){
       .prefix_kv_share = 1,
-      .moe_shared_slot = 1, /* not a key: see tuning.h */
       .host_sampling = 0,
       .cuda_moe_deq_mb = 2048,
   };

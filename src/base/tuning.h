@@ -32,10 +32,6 @@ typedef struct anna_tuning {
    * blocks and GDN snapshots across sequences; 0 turns reuse off (anna_context_options.
    * prefix_share < 0 does the same per context). Read at context creation. */
   int prefix_kv_share;
-  /* Not a key (retired: always 1, a MoE shared expert with the routed experts' shape runs as
-   * routed expert E of E + 1). The field stays only while src/runtime/context.c still reads
-   * it; tuning_parse never changes it. */
-  int moe_shared_slot;
   /* host_sampling = 0: the server samples from the backend's top-k candidates; 1 downloads
    * every logits row and samples on the host (the reference path). Read by the server engine. */
   int host_sampling;

@@ -352,10 +352,6 @@ int model_link_shared_experts(text_model *m, char *err, size_t errlen) {
   return 0;
 }
 
-void model_unlink_shared_experts(text_model *m) {
-  for (int i = 0; i < m->cfg.n_layers; i++) m->layers[i].sx_gate = m->layers[i].sx_up = m->layers[i].sx_down = NULL;
-}
-
 _Static_assert(CONFIG_MAX_LAYERS <= OPS_MAX_LAYERS, "ops_model_shape holds every layer");
 
 void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out) {

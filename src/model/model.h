@@ -77,9 +77,6 @@ typedef int (*tensor_lookup_fn)(void *src, const char *name, tensor_info *out);
 /* Fills the sx_* arrays of every MoE layer whose shared expert can run as one more routed
  * expert (see layer_weights); 0 or ANNA_ENOMEM. Both loaders call it last. */
 int model_link_shared_experts(text_model *m, char *err, size_t errlen);
-/* Sets every sx_* back to NULL (the arrays stay with the model until model_free): the
- * tuning key moe_shared_slot=0 keeps the shared expert's own ops (A/B runs). */
-void model_unlink_shared_experts(text_model *m);
 
 /* The shape a backend sizes its scratch for (ops.h), for contexts of n_ctx positions. */
 void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out);

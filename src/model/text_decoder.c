@@ -22,8 +22,6 @@ static int td_load(void **impl, const model_source *src, const model_load_params
   int rc = src->is_gguf ? gguf_model_load(&m, src->path, err, errlen)
                         : model_load_hf(&m, src->path, err, errlen);
   if (rc) return rc;
-  /* moe_shared_slot=0: the shared expert keeps its own ops (side-by-side measurements) */
-  if (p && p->tuning && !p->tuning->moe_shared_slot) model_unlink_shared_experts(m);
   *impl = m;
   return 0;
 }

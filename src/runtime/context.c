@@ -88,6 +88,10 @@ const char *anna_model_path(const anna_model *m) {
   return m->path;
 }
 
+const char *anna_model_kind_name(const anna_model *m) {
+  return m->kind->name;
+}
+
 /* Backends that copy weights on first use (ops_backend.warmup): the kind's own throwaway
  * run copies the weights it touches now rather than inside the caller's first, timed,
  * decode. */
@@ -126,14 +130,6 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   anna_tuning tuning;
   int rc = tuning_from_env(&tuning, o.tuning, err, errlen);
   if (rc) return rc;
-  {
-    /* moe_shared_slot shaped the model's weights at load: a context cannot change it */
-    anna_tuning chk = m->tuning;
-    if (!tuning_parse(&chk, o.tuning, NULL, 0) && chk.moe_shared_slot != m->tuning.moe_shared_slot)
-      return anna_err(err, errlen, ANNA_EINVAL,
-                      "tuning key 'moe_shared_slot' applies at model load (anna_model_options.tuning)");
-    tuning.moe_shared_slot = m->tuning.moe_shared_slot;
-  }
   const int share = o.prefix_share >= 0 && tuning.prefix_kv_share;
   int kv_type = OPS_KV_F32;
   {

@@ -158,6 +158,7 @@ static void test_run(const char *model_path) {
     anna_model_free(m);
     return;
   }
+  ok("anna_model_kind_name", !strcmp(anna_model_kind_name(m), "text_decoder"));
   const int V = anna_model_vocab(m);
   float *ref = malloc(sizeof(float) * (size_t)N_TOK * V),
         *got = calloc((size_t)N_TOK * V, sizeof(float));

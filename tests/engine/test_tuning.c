@@ -62,7 +62,7 @@ static const char *const retired_keys[][2] = {
 static void test_defaults_and_format(void) {
   anna_tuning t;
   tuning_defaults(&t);
-  CHECK(t.prefix_kv_share == 1 && t.moe_shared_slot == 1 && t.host_sampling == 0, "bool defaults");
+  CHECK(t.prefix_kv_share == 1 && t.host_sampling == 0, "bool defaults");
   CHECK(t.cuda_moe_deq_mb == 2048, "numeric defaults");
   char buf[2048];
   size_t n = tuning_format(&t, buf, sizeof buf);
