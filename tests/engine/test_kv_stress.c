@@ -10,7 +10,8 @@
  * (seq_copy: shared blocks, copy on write). Every logit row a call returns is compared (1e-3) with a
  * fresh, unshared computation of the same tokens in a second context. Run for a dense model
  * and a hybrid GDN model; the run must see hits, evictions and copy-free reuse.
- * Usage: test_kv_stress FIXTURES_DIR [DEVICE]   (DEVICE: cpu (default), cuda) */
+ * Usage: test_kv_stress FIXTURES_DIR [DEVICE [exact]]   (DEVICE: cpu (default), cuda; exact:
+ * f32 activations everywhere, --exact) */
 #include "anna/anna.h"
 #include "base/error.h"
 
@@ -25,6 +26,12 @@
  * the reference runs the same tokens in different chunks, and this GDN fixture alone shows
  * up to 3e-4 between chunkings at an unlucky position (measured with sharing off). */
 #define TOL 1e-3f
+/* CUDA's default numerics (bf16 tensor-core prefill GEMMs, f16 flash attention for prefill
+ * chunks) move logits between chunkings by more: the bound its fixtures are held to. Exact
+ * mode keeps TOL; corruption is still orders of magnitude above either. */
+#define TOL_CUDA_DEFAULT 5e-3f
+static float g_tol = TOL;
+static int g_exact;
 
 static int g_fail;
 
@@ -54,9 +61,10 @@ static void stress(const char *root, const char *name) {
   }
   anna_context_options o = {.n_seq = NSEQ, .n_ctx = 256, .n_batch = 256, .n_threads = 2, .n_checkpoints = 6,
                             .kv_block_len = 16, .kv_blocks = 20,
-                            .prefix_snapshot_interval = 32, .device = g_device};
+                            .prefix_snapshot_interval = 32, .device = g_device,
+                            .exact_matmul = g_exact};
   anna_context_options ro = {.n_seq = 1, .n_ctx = 256, .n_batch = 256, .n_threads = 2, .prefix_share = -1,
-                             .device = g_device};
+                             .device = g_device, .exact_matmul = g_exact};
   if (anna_context_create(&c, m, &o, err, sizeof err) || anna_context_create(&rc, m, &ro, err, sizeof err)) {
     printf("FAIL %s: %s\n", name, err);
     g_fail++;
@@ -163,7 +171,7 @@ static void stress(const char *root, const char *name) {
       }
       if (!(d <= worst)) worst = d;
       n_rows++;
-      if (!(d <= TOL)) {
+      if (!(d <= g_tol)) {
         printf("FAIL %s: step %d seq %d position %d differs from recomputation by %.2e\n", name, step, q, bp[i], d);
         g_fail++;
         goto done;
@@ -199,10 +207,12 @@ done:
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s FIXTURES_DIR [DEVICE]\n", argv[0]);
+    fprintf(stderr, "usage: %s FIXTURES_DIR [DEVICE [exact]]\n", argv[0]);
     return 2;
   }
   g_device = argc > 2 ? argv[2] : NULL;
+  g_exact = argc > 3 && !strcmp(argv[3], "exact");
+  if (g_device && !strcmp(g_device, "cuda") && !g_exact) g_tol = TOL_CUDA_DEFAULT;
   stress(argv[1], "qwen3");
   stress(argv[1], "qwen3_5");
   printf(g_fail ? "FAILED\n" : "ok\n");
