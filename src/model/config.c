@@ -57,46 +57,143 @@ static int get_bool(json_t *o, const char *k, int def) {
   return v ? json_is_true(v) : def;
 }
 
-/* Rope parameters: transformers 5 `rope_parameters` (flat, or keyed by layer type), or
- * the older top-level `rope_theta` + `rope_scaling`. */
-static int parse_rope(pctx *p, json_t *root, const char *layer_type, double def_theta,
-                      layer_config *l, double *partial) {
-  json_t *rp = jget(root, "rope_parameters");
-  if (rp && layer_type && jget(rp, layer_type)) rp = jget(rp, layer_type);
-  json_t *rs = jget(root, "rope_scaling");
-  json_t *src = rp ? rp : rs;
-  double theta = def_theta;
-  if (rp) {
-    if (get_num(p, rp, "rope_theta", def_theta, &theta)) return ANNA_EFORMAT;
-  } else if (get_num(p, root, "rope_theta", def_theta, &theta)) {
-    return ANNA_EFORMAT;
+/* How a family's config class treats a legacy `rope_scaling` beside `rope_parameters`
+ * (transformers 5, RotaryEmbeddingConfigMixin.convert_rope_params_to_dict and the overrides). */
+enum rope_legacy {
+  ROPE_LEGACY_REPLACE = 0, /* base mixin: `rope_scaling or rope_parameters`, the legacy dict wins whole */
+  ROPE_LEGACY_MERGE,       /* Gemma3: rope_parameters["full_attention"].update(rope_scaling) */
+  ROPE_LEGACY_NONE,        /* layer types the legacy dict never reaches (Gemma3 sliding) */
+};
+
+/* The dict a layer's rope keys come from: `over` first (the legacy dict when it merges or
+ * replaces), then `base` (rope_parameters, or its entry for the layer type). */
+typedef struct rope_src {
+  json_t *over, *base;
+} rope_src;
+
+static json_t *rget(const rope_src *s, const char *k) {
+  json_t *v = s->over ? jget(s->over, k) : NULL;
+  return v ? v : s->base ? jget(s->base, k) : NULL;
+}
+
+static int rnum(pctx *p, const rope_src *s, const char *k, double def, double *out) {
+  json_t *v = rget(s, k);
+  if (!v) {
+    *out = def;
+    return 0;
   }
+  if (!json_is_number(v))
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: rope field '%s' must be a number", p->path, k);
+  *out = json_number_value(v);
+  return 0;
+}
+
+/* YaRN (transformers modeling_rope_utils._compute_yarn_parameters): factor (None: the
+ * max_position_embeddings / original ratio), attention_factor (None: from mscale and
+ * mscale_all_dim when both are set, else 0.1 ln(factor) + 1), beta_fast / beta_slow (`or`
+ * defaults 32 / 1, so 0 means the default too), truncate (read from the top-level
+ * rope_parameters: a per-layer-type dict never has it, so true). */
+static int parse_yarn(pctx *p, json_t *root, const rope_src *s, int nested, layer_config *l) {
+  double max_pos = 0, mscale = 0, mscale_all = 0;
+  if (get_num(p, root, "max_position_embeddings", 0, &max_pos) || rnum(p, s, "factor", 0, &l->rope_factor) ||
+      rnum(p, s, "mscale", 0, &mscale) || rnum(p, s, "mscale_all_dim", 0, &mscale_all) ||
+      rnum(p, s, "beta_fast", 0, &l->rope_beta_fast) || rnum(p, s, "beta_slow", 0, &l->rope_beta_slow) ||
+      rnum(p, s, "attention_factor", 0, &l->rope_attn_factor))
+    return ANNA_EFORMAT;
+  if (!rget(s, "factor") && l->rope_orig_max_pos > 0) l->rope_factor = max_pos / l->rope_orig_max_pos;
+  if (!(l->rope_factor > 0) || !(l->rope_orig_max_pos > 0) || !(l->rope_theta > 1))
+    return anna_err(p->err, p->errlen, ANNA_EFORMAT,
+                    "%s: rope_type 'yarn' needs a positive factor and original_max_position_embeddings and a "
+                    "rope_theta > 1 (have %g, %g, %g)",
+                    p->path, l->rope_factor, l->rope_orig_max_pos, l->rope_theta);
+  if (!l->rope_beta_fast) l->rope_beta_fast = 32;
+  if (!l->rope_beta_slow) l->rope_beta_slow = 1;
+  l->rope_truncate = 1;
+  json_t *tr = nested ? NULL : rget(s, "truncate");
+  if (tr) {
+    if (!json_is_boolean(tr))
+      return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: rope field 'truncate' must be true or false", p->path);
+    l->rope_truncate = json_is_true(tr);
+  }
+  if (!rget(s, "attention_factor")) {
+    const double f = l->rope_factor;
+#define YARN_MSCALE(m) (f <= 1 ? 1.0 : 0.1 * (m) * log(f) + 1.0)
+    l->rope_attn_factor = mscale && mscale_all ? YARN_MSCALE(mscale) / YARN_MSCALE(mscale_all) : YARN_MSCALE(1.0);
+#undef YARN_MSCALE
+  }
+  return 0;
+}
+
+/* Rope parameters: transformers 5 `rope_parameters` (flat, or keyed by layer type), the older
+ * top-level `rope_theta` + `rope_scaling`, or both, resolved as the family's config class does
+ * (enum rope_legacy). rope_theta: the dict's, else the top-level theta_key, else def_theta.
+ * original_max_position_embeddings (llama3, yarn): like standardize_rope_params, a top-level
+ * field wins for a flat dict, then the dict's, then max_position_embeddings. An unknown type,
+ * or one whose frequencies depend on the current sequence length, is ANNA_EUNSUPPORTED. */
+static int parse_rope(pctx *p, json_t *root, const char *layer_type, const char *theta_key, double def_theta,
+                      int legacy, layer_config *l, double *partial) {
+  json_t *rp = jget(root, "rope_parameters");
+  int nested = 0;
+  if (rp && layer_type && jget(rp, layer_type)) {
+    rp = jget(rp, layer_type);
+    nested = 1;
+  }
+  json_t *rs = jget(root, "rope_scaling");
+  if (rs && (!json_is_object(rs) || json_object_size(rs) == 0)) rs = NULL; /* `rope_scaling or ...` */
+  rope_src s = {NULL, rp};
+  if (rs && legacy == ROPE_LEGACY_REPLACE) s = (rope_src){rs, NULL};
+  else if (rs && legacy == ROPE_LEGACY_MERGE) s = (rope_src){rs, rp}, nested = 1;
+  double theta = def_theta;
+  if (theta_key && get_num(p, root, theta_key, def_theta, &theta)) return ANNA_EFORMAT;
+  if (rnum(p, &s, "rope_theta", theta, &theta)) return ANNA_EFORMAT;
   l->rope_theta = theta;
   l->rope_type = ROPE_KIND_DEFAULT;
   l->rope_factor = 1.0;
-  if (src && jget(src, "partial_rotary_factor") && partial) {
-    if (get_num(p, src, "partial_rotary_factor", 1.0, partial)) return ANNA_EFORMAT;
+  l->rope_attn_factor = 1.0;
+  if (rget(&s, "partial_rotary_factor") && partial) {
+    if (rnum(p, &s, "partial_rotary_factor", 1.0, partial)) return ANNA_EFORMAT;
   }
   const char *type = "default";
-  if (src) {
-    json_t *t = jget(src, "rope_type");
-    if (!t) t = jget(src, "type");
-    if (t && json_is_string(t)) type = json_string_value(t);
-  }
+  json_t *t = rget(&s, "rope_type");
+  if (!t) t = rget(&s, "type");
+  if (t && json_is_string(t)) type = json_string_value(t);
+  else if (t) return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: rope_type must be a string", p->path);
   if (!strcmp(type, "default")) return 0;
-  if (get_num(p, src, "factor", 1.0, &l->rope_factor)) return ANNA_EFORMAT;
+  if (!strcmp(type, "llama3") || !strcmp(type, "yarn")) {
+    double max_pos = 0;
+    if (get_num(p, root, "max_position_embeddings", 0, &max_pos) ||
+        rnum(p, &s, "original_max_position_embeddings", max_pos, &l->rope_orig_max_pos))
+      return ANNA_EFORMAT;
+    if (!nested && jget(root, "original_max_position_embeddings") &&
+        get_num(p, root, "original_max_position_embeddings", 0, &l->rope_orig_max_pos))
+      return ANNA_EFORMAT;
+  }
+  if (!strcmp(type, "yarn")) {
+    l->rope_type = ROPE_KIND_YARN;
+    return parse_yarn(p, root, &s, nested, l);
+  }
+  if (rnum(p, &s, "factor", 1.0, &l->rope_factor)) return ANNA_EFORMAT;
   if (!strcmp(type, "linear")) {
     l->rope_type = ROPE_KIND_LINEAR;
   } else if (!strcmp(type, "llama3")) {
     l->rope_type = ROPE_KIND_LLAMA3;
-    if (get_num(p, src, "low_freq_factor", 1.0, &l->rope_low_freq_factor) ||
-        get_num(p, src, "high_freq_factor", 4.0, &l->rope_high_freq_factor) ||
-        get_num(p, src, "original_max_position_embeddings", 8192, &l->rope_orig_max_pos))
+    if (rnum(p, &s, "low_freq_factor", 1.0, &l->rope_low_freq_factor) ||
+        rnum(p, &s, "high_freq_factor", 4.0, &l->rope_high_freq_factor))
       return ANNA_EFORMAT;
+    if (!(l->rope_orig_max_pos > 0))
+      return anna_err(p->err, p->errlen, ANNA_EFORMAT,
+                      "%s: rope_type 'llama3' needs original_max_position_embeddings (or max_position_embeddings)",
+                      p->path);
   } else if (!strcmp(type, "proportional")) {
     l->rope_type = ROPE_KIND_PROPORTIONAL;
+  } else if (!strcmp(type, "dynamic") || !strcmp(type, "longrope")) {
+    return anna_err(p->err, p->errlen, ANNA_EUNSUPPORTED,
+                    "%s: rope_type '%s' is not supported: transformers recomputes its frequencies from the "
+                    "length of each forward call, which a per-position table cannot reproduce",
+                    p->path, type);
   } else {
-    return anna_err(p->err, p->errlen, ANNA_EUNSUPPORTED, "%s: rope_type '%s' is not supported",
+    return anna_err(p->err, p->errlen, ANNA_EUNSUPPORTED,
+                    "%s: rope_type '%s' is not supported (have: default, linear, llama3, yarn, proportional)",
                     p->path, type);
   }
   return 0;
@@ -131,8 +228,25 @@ int config_link_shared_kv(model_config *c, char *err, size_t errlen) {
   return 0;
 }
 
+/* YaRN's correction range [*low, *high] in frequency index (transformers
+ * _compute_yarn_parameters.find_correction_range, in double like Python's math), with the
+ * 0.001 widening linear_ramp_factor applies to an empty range. */
+static void yarn_range(const layer_config *l, double *low, double *high) {
+  const double dim = l->rope_freq_denom, base = l->rope_theta, orig = l->rope_orig_max_pos;
+  double lo = dim * log(orig / (l->rope_beta_fast * 2 * M_PI)) / (2 * log(base));
+  double hi = dim * log(orig / (l->rope_beta_slow * 2 * M_PI)) / (2 * log(base));
+  if (l->rope_truncate) lo = floor(lo), hi = ceil(hi);
+  if (lo < 0) lo = 0;
+  if (hi > dim - 1) hi = dim - 1;
+  if (lo == hi) hi += 0.001;
+  *low = lo;
+  *high = hi;
+}
+
 void config_rope_inv_freq(const layer_config *l, float *inv_freq) {
   int half = l->rope_dims / 2;
+  double ylo = 0, yhi = 1;
+  if (l->rope_type == ROPE_KIND_YARN) yarn_range(l, &ylo, &yhi);
   for (int i = 0; i < half; i++) {
     if (i >= l->rope_n_freq) {
       inv_freq[i] = 0.0f;
@@ -143,6 +257,15 @@ void config_rope_inv_freq(const layer_config *l, float *inv_freq) {
     float f = 1.0f / powf((float)l->rope_theta, e);
     if (l->rope_type == ROPE_KIND_LINEAR) {
       f /= (float)l->rope_factor;
+    } else if (l->rope_type == ROPE_KIND_YARN) {
+      /* In float like torch: interpolation 1/(factor*pos), extrapolation 1/pos, blended by
+       * 1 - clamp((i - low) / (high - low), 0, 1). */
+      const float pos = powf((float)l->rope_theta, e);
+      const float inter = 1.0f / ((float)l->rope_factor * pos);
+      float ramp = ((float)i - (float)ylo) / (float)(yhi - ylo);
+      ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+      const float extra_w = 1.0f - ramp;
+      f = inter * (1.0f - extra_w) + f * extra_w;
     } else if (l->rope_type == ROPE_KIND_LLAMA3) {
       double low_wl = l->rope_orig_max_pos / l->rope_low_freq_factor;
       double high_wl = l->rope_orig_max_pos / l->rope_high_freq_factor;
@@ -157,6 +280,63 @@ void config_rope_inv_freq(const layer_config *l, float *inv_freq) {
     }
     inv_freq[i] = f;
   }
+}
+
+const char *config_rope_name(int rope_type) {
+  switch (rope_type) {
+  case ROPE_KIND_DEFAULT: return "default";
+  case ROPE_KIND_LINEAR: return "linear";
+  case ROPE_KIND_LLAMA3: return "llama3";
+  case ROPE_KIND_PROPORTIONAL: return "proportional";
+  case ROPE_KIND_YARN: return "yarn";
+  }
+  return "?";
+}
+
+static double attn_factor(const layer_config *l) { return l->rope_attn_factor ? l->rope_attn_factor : 1.0; }
+
+int config_rope_fold(model_config *c, const char *path, char *err, size_t errlen) {
+  double f0 = 1.0;
+  int any = 0, uniform = 1, full = 1, first = 1;
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    l->rope_fold = ROPE_FOLD_NONE;
+    if (l->kind == LAYER_KIND_GDN) continue;
+    const double f = attn_factor(l);
+    if (f != 1.0) any = 1;
+    if (first) f0 = f, first = 0;
+    else if (f != f0) uniform = 0;
+    if (l->rope_dims != l->head_dim) full = 0;
+  }
+  if (!any) return 0;
+  if (uniform && full) {
+    /* Both rotated vectors carry the factor: their dot product carries its square. */
+    c->attn_scale = (float)((double)c->attn_scale * f0 * f0);
+    for (int i = 0; i < c->n_layers; i++)
+      if (c->layers[i].kind != LAYER_KIND_GDN) c->layers[i].rope_fold = ROPE_FOLD_SCALE;
+    return 0;
+  }
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    if (l->kind == LAYER_KIND_GDN || attn_factor(l) == 1.0) continue;
+    if (!c->qk_norm)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "%s: rope_type '%s' attention factor %g on layer %d cannot be applied: %s and the model has "
+                      "no q/k norm weights to fold it into",
+                      path, config_rope_name(l->rope_type), attn_factor(l), i,
+                      full ? "the layers' factors differ" : "rotary dims are partial");
+    l->rope_fold = ROPE_FOLD_NORM;
+  }
+  return 0;
+}
+
+void config_rope_fold_norm(const model_config *c, const layer_config *l, float *w) {
+  if (!w || l->rope_fold != ROPE_FOLD_NORM) return;
+  /* Scaling both elements of a rotation pair commutes with the rotation, so the factor can
+   * ride on the normed q / k before rope: x*(1+w) -> x*(1+w)*f, x*w -> x*w*f. */
+  const double f = attn_factor(l);
+  for (int i = 0; i < l->rope_dims; i++)
+    w[i] = c->norm == NORM_KIND_1PW ? (float)((1.0 + w[i]) * f - 1.0) : (float)(w[i] * f);
 }
 
 static int layer_types(pctx *p, json_t *t, model_config *c, const char *first_kind_default) {
@@ -252,7 +432,7 @@ static int parse_classic(pctx *p, json_t *t, model_config *c) {
     layer_config *l = &c->layers[i];
     double partial = 1.0;
     get_num(p, t, "partial_rotary_factor", 1.0, &partial);
-    if ((rc = parse_rope(p, t, NULL, 10000.0, l, &partial))) return rc;
+    if ((rc = parse_rope(p, t, NULL, "rope_theta", 10000.0, ROPE_LEGACY_REPLACE, l, &partial))) return rc;
     rope_standard(l, partial);
     if (l->kind == LAYER_KIND_SLIDING) l->window = window;
   }
@@ -302,7 +482,7 @@ static int parse_qwen3_5(pctx *p, json_t *t, model_config *c) {
     layer_config *l = &c->layers[i];
     double partial = 0.25;
     get_num(p, t, "partial_rotary_factor", 0.25, &partial);
-    if ((rc = parse_rope(p, t, NULL, 10000.0, l, &partial))) return rc;
+    if ((rc = parse_rope(p, t, NULL, "rope_theta", 10000.0, ROPE_LEGACY_REPLACE, l, &partial))) return rc;
     rope_standard(l, partial);
   }
   return 0;
@@ -342,22 +522,23 @@ static int parse_gemma(pctx *p, json_t *t, model_config *c) {
     for (int i = 0; i < c->n_layers; i++) {
       layer_config *l = &c->layers[i];
       int sl = l->kind == LAYER_KIND_SLIDING;
-      /* Gemma3's local layers: rope_local_base_freq (old configs) or the sliding entry. */
-      double local_base = 10000.0;
-      get_num(p, t, "rope_local_base_freq", 10000.0, &local_base);
-      if ((rc = parse_rope(p, t, sl ? "sliding_attention" : "full_attention", sl ? local_base : 1e6, l, NULL)))
+      /* Gemma3's local layers: the sliding entry, else rope_local_base_freq (old configs); a
+       * legacy rope_scaling reaches the global layers only (merged into full_attention). */
+      if ((rc = sl ? parse_rope(p, t, "sliding_attention", "rope_local_base_freq", 1e4, ROPE_LEGACY_NONE, l, NULL)
+                   : parse_rope(p, t, "full_attention", "rope_theta", 1e6, ROPE_LEGACY_MERGE, l, NULL)))
         return rc;
-      if (sl && !jget(t, "rope_parameters")) { /* old style: rope_scaling applies to global only */
-        l->rope_theta = local_base;
-        l->rope_type = ROPE_KIND_DEFAULT;
-        l->rope_factor = 1.0;
-      }
       rope_standard(l, 1.0);
       if (sl) l->window = window;
     }
     return 0;
   }
   /* Gemma4 */
+  json_t *legacy = jget(t, "rope_scaling");
+  if (legacy && (!json_is_object(legacy) || json_object_size(legacy) > 0))
+    /* Gemma4's config class drops a legacy rope_scaling; refusing beats ignoring it. */
+    return anna_err(p->err, p->errlen, ANNA_EUNSUPPORTED,
+                    "%s: gemma4 takes rope scaling from rope_parameters only (transformers ignores rope_scaling)",
+                    p->path);
   c->attn_scale = 1.0f;
   c->v_norm = 1;
   int k_eq_v = get_bool(t, "attention_k_eq_v", 0);
@@ -400,7 +581,8 @@ static int parse_gemma(pctx *p, json_t *t, model_config *c) {
     if (l->head_dim < 2 || (l->head_dim & 1) || l->n_kv_heads < 1 || c->n_heads % l->n_kv_heads)
       return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: layer %d: bad head_dim %d / kv heads %d", p->path,
                       i, l->head_dim, l->n_kv_heads);
-    if ((rc = parse_rope(p, t, sl ? "sliding_attention" : "full_attention", sl ? 1e4 : 1e6, l, NULL)))
+    if ((rc = parse_rope(p, t, sl ? "sliding_attention" : "full_attention", "rope_theta", sl ? 1e4 : 1e6,
+                         ROPE_LEGACY_NONE, l, NULL)))
       return rc;
     if (l->rope_type == ROPE_KIND_PROPORTIONAL) {
       /* Pairs span the whole head; only the first partial*D/2 frequencies are non-zero. */
@@ -513,6 +695,7 @@ int config_parse_hf(model_config *cfg, const char *path, char *err, size_t errle
   /* Composite checkpoints keep tie_word_embeddings at the top level. */
   if (!rc && t != root && jget(root, "tie_word_embeddings"))
     cfg->tie_embeddings = get_bool(root, "tie_word_embeddings", cfg->tie_embeddings);
+  if (!rc) rc = config_rope_fold(cfg, path, err, errlen);
 out:
   json_decref(root);
   return rc;

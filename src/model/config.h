@@ -32,7 +32,15 @@ enum layer_kind {
   LAYER_KIND_GDN,       /* Gated DeltaNet (linear attention) */
 };
 
-enum rope_kind { ROPE_KIND_DEFAULT = 0, ROPE_KIND_LINEAR, ROPE_KIND_LLAMA3, ROPE_KIND_PROPORTIONAL };
+enum rope_kind { ROPE_KIND_DEFAULT = 0, ROPE_KIND_LINEAR, ROPE_KIND_LLAMA3, ROPE_KIND_PROPORTIONAL, ROPE_KIND_YARN };
+
+/* Where a layer's rope attention factor (YaRN's mscale: transformers multiplies cos and sin by
+ * it, so the rotated dims of q and k) is applied, the rope ops taking only an inv_freq table. */
+enum rope_fold {
+  ROPE_FOLD_NONE = 0, /* factor 1 */
+  ROPE_FOLD_SCALE,    /* full rotary, one factor for every layer: factor^2 is in attn_scale */
+  ROPE_FOLD_NORM,     /* q_norm / k_norm weights of the rotated dims scaled at load (config_rope_fold_norm) */
+};
 
 enum norm_kind {
   NORM_KIND_W = 0,    /* x/rms * w */
@@ -49,7 +57,11 @@ typedef struct layer_config {
   int rope_freq_denom; /* inv_freq_i = theta^(-2i/denom), then scaled per rope_type */
   int rope_type;       /* rope_kind */
   double rope_factor;  /* linear / llama3 factor (1 = none) */
-  double rope_low_freq_factor, rope_high_freq_factor, rope_orig_max_pos; /* llama3 */
+  double rope_low_freq_factor, rope_high_freq_factor, rope_orig_max_pos; /* llama3 (orig: also yarn) */
+  double rope_beta_fast, rope_beta_slow; /* yarn correction range, in rotations */
+  int rope_truncate;                     /* yarn: floor/ceil the correction range */
+  double rope_attn_factor;               /* yarn mscale on the rotated dims (1 = none; 0 reads as 1) */
+  int rope_fold;                         /* rope_fold: how rope_attn_factor is applied */
   int rope_interleaved; /* pairs (2i, 2i+1) (llama.cpp's Llama GGUF layout) instead of NeoX */
   int kv_source;       /* layer whose K/V this layer reads (itself unless Gemma4 KV sharing) */
   int is_moe;          /* sparse MoE FFN in this layer */
@@ -96,6 +108,20 @@ int config_link_shared_kv(model_config *c, char *err, size_t errlen);
 
 /* Fills inv_freq[0 .. rope_dims/2) for layer l (zeros past rope_n_freq). */
 void config_rope_inv_freq(const layer_config *l, float *inv_freq);
+
+/* Decides where each layer's rope attention factor goes (enum rope_fold), after a loader has
+ * filled the layers: factor^2 into c->attn_scale when every attention layer is fully rotary
+ * with the same factor, else into the q/k norm weights (qk_norm models). A factor that can go
+ * nowhere is ANNA_EUNSUPPORTED naming path, the layer and why. Factor 1 everywhere: no-op. */
+int config_rope_fold(model_config *c, const char *path, char *err, size_t errlen);
+
+/* Scales the rotated dims [0, rope_dims) of a q_norm or k_norm weight vector w (the norm kind
+ * c->norm) by l's attention factor when l->rope_fold is ROPE_FOLD_NORM; otherwise, or w NULL,
+ * nothing. Loaders call it once on the f32 copies they own. */
+void config_rope_fold_norm(const model_config *c, const layer_config *l, float *w);
+
+/* Static name of a rope_kind ("yarn", ...). */
+const char *config_rope_name(int rope_type);
 
 /* Static name of an arch ("qwen3_5", ...). */
 const char *config_arch_name(int arch);

@@ -195,6 +195,63 @@ static int bool_at(gb *b, const char *key, int layer, int *out) {
   return 1;
 }
 
+/* Rope scaling beyond what the tensors carry (rope_freqs: llama3, Gemma4 proportional), from
+ * <arch>.rope.scaling.*: "linear" on every attention layer (Gemma: the global layers only, as
+ * build_config already set), "yarn" with transformers' semantics (config.h: the same inv_freq
+ * blend and attention factor; llama.cpp's corr dims floor/ceil like truncate = true). A type
+ * anna does not implement, or YaRN tweaks whose llama.cpp meaning has no transformers
+ * counterpart, is ANNA_EUNSUPPORTED. */
+static int rope_scaling(gb *b, int g) {
+  model_config *c = &b->m->cfg;
+  const gguf_kv *tk = kv(b, "rope.scaling.type");
+  if (!tk) return 0;
+  if (tk->type != GGUF_TYPE_STRING)
+    return anna_err(b->err, b->errlen, ANNA_EFORMAT, "%s: %s.rope.scaling.type is not a string", b->m->path, b->arch);
+  const char *type = tk->str;
+  const int gemma = g == G_GEMMA3 || g == G_GEMMA4;
+  if (!strcmp(type, "none") || (gemma && !strcmp(type, "linear"))) return 0;
+  const double factor = get_f(b, "rope.scaling.factor", 0);
+  if (!strcmp(type, "linear")) {
+    if (!(factor > 0))
+      return anna_err(b->err, b->errlen, ANNA_EFORMAT, "%s: rope scaling 'linear' needs a positive rope.scaling.factor",
+                      b->m->path);
+    for (int i = 0; i < c->n_layers; i++)
+      if (factor != 1.0) c->layers[i].rope_type = ROPE_KIND_LINEAR, c->layers[i].rope_factor = factor;
+    return 0;
+  }
+  if (strcmp(type, "yarn") || gemma)
+    return anna_err(b->err, b->errlen, ANNA_EUNSUPPORTED, "%s: rope scaling '%s' is not supported for %s GGUF files%s",
+                    b->m->path, type, b->arch, gemma ? "" : " (have: none, linear, yarn)");
+  const double orig = get_f(b, "rope.scaling.original_context_length", 0);
+  if (!(factor > 0) || !(orig > 0))
+    return anna_err(b->err, b->errlen, ANNA_EFORMAT,
+                    "%s: rope scaling 'yarn' needs positive rope.scaling.factor and rope.scaling.original_context_length",
+                    b->m->path);
+  const double mscale = factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+  const double ext = get_f(b, "rope.scaling.yarn_ext_factor", -1), logmul = get_f(b, "rope.scaling.yarn_log_multiplier", 0),
+               attn = get_f(b, "rope.scaling.yarn_attn_factor", mscale), attn_mul = get_f(b, "rope.scaling.attn_factor", 1);
+  if ((ext >= 0 && ext != 1.0) || logmul != 0 || attn_mul != 1.0 || fabs(attn - mscale) > 1e-6 * mscale)
+    return anna_err(b->err, b->errlen, ANNA_EUNSUPPORTED,
+                    "%s: rope scaling 'yarn' with ext_factor %g, log_multiplier %g, attn_factor %g or yarn_attn_factor "
+                    "%g is not supported (have: the defaults 1, 0, 1 and 0.1 ln(factor) + 1 = %g)",
+                    b->m->path, ext, logmul, attn_mul, attn, mscale);
+  for (int i = 0; i < c->n_layers; i++) {
+    layer_config *l = &c->layers[i];
+    l->rope_type = ROPE_KIND_YARN;
+    l->rope_factor = factor;
+    l->rope_orig_max_pos = orig;
+    l->rope_beta_fast = get_f(b, "rope.scaling.yarn_beta_fast", 32);
+    l->rope_beta_slow = get_f(b, "rope.scaling.yarn_beta_slow", 1);
+    if (!l->rope_beta_fast) l->rope_beta_fast = 32;
+    if (!l->rope_beta_slow) l->rope_beta_slow = 1;
+    l->rope_truncate = 1;
+    l->rope_attn_factor = mscale;
+    if (!(l->rope_theta > 1))
+      return anna_err(b->err, b->errlen, ANNA_EFORMAT, "%s: rope scaling 'yarn' needs rope.freq_base > 1", b->m->path);
+  }
+  return 0;
+}
+
 static int build_config(gb *b, int g) {
   model_config *c = &b->m->cfg;
   int rc;
@@ -348,7 +405,8 @@ static int build_config(gb *b, int g) {
       return anna_err(b->err, b->errlen, ANNA_EFORMAT, "%s: layer %d: bad heads (%d / %d kv, dim %d, rope %d)", b->m->path,
                       i, c->n_heads, l->n_kv_heads, l->head_dim, l->rope_dims);
   }
-  return 0;
+  if ((rc = rope_scaling(b, g))) return rc;
+  return config_rope_fold(c, b->m->path, b->err, b->errlen);
 }
 
 /* ---- weights ---- */
@@ -409,6 +467,8 @@ static int load_layer(gb *b, int i) {
     if (c->qk_norm) {
       if ((rc = vec(b, &w->q_norm, D, 1, "blk.%d.attn_q_norm.weight", i))) return rc;
       if (own && (rc = vec(b, &w->k_norm, D, 1, "blk.%d.attn_k_norm.weight", i))) return rc;
+      config_rope_fold_norm(c, lc, w->q_norm);
+      config_rope_fold_norm(c, lc, w->k_norm);
     }
     const int half = lc->rope_dims / 2;
     w->inv_freq = gb_alloc(m, (size_t)(half + 1) * sizeof(float));

@@ -199,6 +199,9 @@ static int load_attention(builder *b, int i) {
   if (c->qk_norm) {
     if ((rc = get_vec(b, &w->q_norm, D, 1, "%slayers.%d.self_attn.q_norm.weight", P, i))) return rc;
     if (!shared && (rc = get_vec(b, &w->k_norm, D, 1, "%slayers.%d.self_attn.k_norm.weight", P, i))) return rc;
+    /* YaRN's attention factor on the rotated dims, where config_rope_fold put it here. */
+    config_rope_fold_norm(c, lc, w->q_norm);
+    config_rope_fold_norm(c, lc, w->k_norm);
   }
   w->inv_freq = model_alloc(b->m, (size_t)(lc->rope_dims / 2 + 1) * sizeof(float));
   if (!w->inv_freq) return anna_err(b->err, b->errlen, ANNA_ENOMEM, "out of memory");
