@@ -171,6 +171,13 @@ void anna_context_profile_reset(anna_context *c);
 /* KV-cache bytes one token of one sequence occupies (all attention layers, K and V). */
 int64_t anna_context_kv_bytes_per_token(const anna_context *c);
 
+/* The context's device memory now, in bytes: *free_bytes free (what every process on the
+ * device leaves; this context's model mirror, scratch and KV pool are already placed) and
+ * *total_bytes in all, for sizing a KV pool from a memory budget (anna-serve's
+ * --gpu-memory-utilization: anna_kv_stats.pool_bytes / n_blocks is the size of a block).
+ * Returns 0, or ANNA_EUNSUPPORTED where the backend cannot tell (the CPU), leaving both 0. */
+int anna_context_memory(const anna_context *c, int64_t *free_bytes, int64_t *total_bytes);
+
 /* Current length of a sequence slot, and clearing it. */
 int32_t anna_context_seq_len(const anna_context *c, int seq);
 void anna_context_seq_reset(anna_context *c, int seq);

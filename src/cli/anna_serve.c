@@ -33,6 +33,8 @@ static void usage(FILE *f) {
           "  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --kv-blocks N            KV pool size in blocks (default 0: every slot can reach --ctx-size);\n"
           "                           a smaller pool preempts sequences (recomputed later) when it runs out\n"
+          "  --gpu-memory-utilization F  size the KV pool so anna uses at most F (0 < F <= 1) of the GPU's\n"
+          "                           memory (vLLM's flag; instead of --kv-blocks; needs --device cuda|auto)\n"
           "  --exact                  quantized weights x f32 activations (exact, slower;\n"
           "                           default: 8-bit activations, llama.cpp's numerics)\n"
           "  --host-sampling          download every logits row and sample it on the host, the reference\n"
@@ -171,7 +173,14 @@ int main(int argc, char **argv) {
     FLTF("--presence-penalty", -2, 2, o.defaults.presence_penalty)
     FLTF("--frequency-penalty", -2, 2, o.defaults.frequency_penalty)
     FLTF("--repetition-penalty", 0.01, 10, o.defaults.repetition_penalty)
-    else if (!strcmp(a, "--shutdown-timeout-seconds")) {
+    else if (!strcmp(a, "--gpu-memory-utilization")) {
+      NEEDV();
+      if (cli_float(a, v, 0, 1, &o.eng.gpu_memory_utilization)) return 2;
+      if (!(o.eng.gpu_memory_utilization > 0)) {
+        fprintf(stderr, "error: --gpu-memory-utilization expects a fraction in (0, 1], got '%s'\n", v);
+        return 2;
+      }
+    } else if (!strcmp(a, "--shutdown-timeout-seconds")) {
       NEEDV();
       float t;
       if (cli_float(a, v, 0, 86400, &t)) return 2;
@@ -213,6 +222,15 @@ int main(int argc, char **argv) {
   o.eng.prompt_cache_checkpoints = ckpts >= 0 ? ckpts : (2 * o.eng.n_seq > 8 ? 2 * o.eng.n_seq : 8);
   if (o.eng.kv_block_len & (o.eng.kv_block_len - 1)) {
     fprintf(stderr, "error: --kv-block-len %d is not a power of two\n", o.eng.kv_block_len);
+    return 2;
+  }
+  /* The CPU cannot report its memory; "auto" without a GPU fails in the engine instead. */
+  if (o.eng.gpu_memory_utilization > 0 && (!o.eng.device || !strcmp(o.eng.device, "cpu"))) {
+    fprintf(stderr, "error: --gpu-memory-utilization needs a GPU device (--device cuda or auto)\n");
+    return 2;
+  }
+  if (o.eng.gpu_memory_utilization > 0 && o.eng.kv_blocks > 0) {
+    fprintf(stderr, "error: --gpu-memory-utilization and --kv-blocks contradict each other\n");
     return 2;
   }
   char err[512] = "";

@@ -176,6 +176,9 @@ struct ops_backend {
   void (*set_graphs)(ops_backend *be, int on);
   /* Step statistics so far (ops_step_stats). */
   void (*step_stats)(ops_backend *be, ops_step_stats *st);
+  /* The device's free and total memory in bytes (all processes' use counted), for sizing
+   * the KV pool from a memory budget; 0 or a negative ANNA_E* code. NULL: cannot tell (CPU). */
+  int (*mem_info)(ops_backend *be, int64_t *free_bytes, int64_t *total_bytes);
   /* 1: weights are copied to the backend on first use, so the caller runs one throwaway
    * token at creation to keep that copy out of the first timed decode. */
   int warmup;

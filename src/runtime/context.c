@@ -278,6 +278,14 @@ int64_t anna_context_kv_bytes_per_token(const anna_context *c) {
   return s ? s->kv_bytes_per_token(c->st) : 0;
 }
 
+int anna_context_memory(const anna_context *c, int64_t *free_bytes, int64_t *total_bytes) {
+  int64_t f = 0, t = 0;
+  const int rc = c->dev->mem_info ? c->dev->mem_info(c->dev, &f, &t) : ANNA_EUNSUPPORTED;
+  if (free_bytes) *free_bytes = rc ? 0 : f;
+  if (total_bytes) *total_bytes = rc ? 0 : t;
+  return rc;
+}
+
 /* The forward pass's table is the profiler's wrapper exactly when profiling. */
 static int profiling(const anna_context *c) {
   return c->be && c->be != c->dev;

@@ -164,6 +164,10 @@ struct engine {
   char *tok_bytes;
   uint32_t *tok_off;
   uint8_t *tok_cls;
+  int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
+  int n_eog;
+  int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
+  int block_len;
 };
 
 static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
@@ -217,15 +221,19 @@ static int txt_append(char **buf, size_t *len, size_t *cap, const char *s, size_
   return 0;
 }
 
-/* Finishes one choice (under r->mu) and wakes its connection. */
-static void choice_finish(gen_request *r, int ci, const char *reason, const char *msg) {
+/* Finishes one choice (under r->mu) and wakes its connection. msg / code: the first error
+ * (code ANNA_ENOMEM answers 503: memory or KV blocks ran out, worth a retry). */
+static void choice_finish(gen_request *r, int ci, const char *reason, int code, const char *msg) {
   pthread_mutex_lock(&r->mu);
   gen_choice *c = &r->choices[ci];
   if (!c->done) {
     c->done = 1;
     c->finish_reason = reason;
     r->n_done++;
-    if (msg && !r->error[0]) snprintf(r->error, sizeof r->error, "%s", msg);
+    if (msg && !r->error[0]) {
+      snprintf(r->error, sizeof r->error, "%s", msg);
+      r->error_code = code;
+    }
   }
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
@@ -240,7 +248,10 @@ static int slot_release(slot *s, int final) {
   if (r->n_stop) {
     const char *from = s->txt + s->released;
     size_t avail = s->len - s->released, best = (size_t)-1;
-    for (int k = 0; k < r->n_stop; k++) {
+    /* min_tokens: stop strings count only after that many tokens (vLLM); the tail that could
+     * start one is still held back, so one that straddles the boundary is found. */
+    const int honour = r->min_tokens == 0 || s->n_gen > r->min_tokens;
+    for (int k = 0; k < r->n_stop && honour; k++) {
       const char *f = avail ? memmem(from, avail, r->stop[k], strlen(r->stop[k])) : NULL;
       if (f && (size_t)(f - from) < best) best = (size_t)(f - from);
     }
@@ -272,7 +283,7 @@ static int slot_release(slot *s, int final) {
   return hit;
 }
 
-static void slot_free(engine *e, int i, const char *reason, const char *msg, int flush) {
+static void slot_free(engine *e, int i, const char *reason, int code, const char *msg, int flush) {
   slot *s = &e->slots[i];
   gen_request *r = s->r;
   char piece[256];
@@ -282,7 +293,7 @@ static void slot_free(engine *e, int i, const char *reason, const char *msg, int
     if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
     slot_release(s, 1);
   }
-  choice_finish(r, s->ci, reason, msg);
+  choice_finish(r, s->ci, reason, code, msg);
   if (!strcmp(reason, "cancelled"))
     metrics_add(e->mx, &e->mx->cancelled, 1);
   else
@@ -592,6 +603,7 @@ static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
   if (!r || r->logprobs || r->json_mode || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
+  if (s->n_gen < r->min_tokens) return 0; /* the end-of-generation mask needs the full row */
   if (s->exact_store && !s->decoding) return 0;
   return (*k = anna_sampler_candidates_k(s->smp, temp)) > 0;
 }
@@ -626,14 +638,19 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   } else {
     if (r->json_mode) {
       if (json_tables(e)) {
-        slot_free(e, i, "error", "out of memory for the JSON token tables", 0);
+        slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the JSON token tables", 0);
         return;
       }
       if (json_mask(e, s, row) == 0) {
-        slot_free(e, i, "stop", NULL, 1);
+        slot_free(e, i, "stop", 0, NULL, 1);
         return;
       }
     }
+    /* min_tokens (vLLM): no end of generation yet. JSON mode already keeps special tokens out
+     * until the object is complete, and then allows nothing else: it wins. */
+    if (s->n_gen < r->min_tokens && !r->json_mode)
+      for (int k = 0; k < e->n_eog; k++)
+        row[e->eog_ids[k]] = -INFINITY;
     t = anna_sampler_sample(s->smp, row);
     if (r->json_mode && e->tok_cls[t] == 0)
       jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
@@ -666,7 +683,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
   if (eog) {
-    slot_free(e, i, "stop", NULL, 1);
+    slot_free(e, i, "stop", 0, NULL, 1);
     return;
   }
   char piece[256];
@@ -678,15 +695,15 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     keep = t == e->keep_ids[k];
   if (keep && anna_text_stream_feed(s->ts, t, piece, sizeof piece, &plen, NULL, 0) == 0 && plen &&
       txt_append(&s->txt, &s->len, &s->cap, piece, plen)) {
-    slot_free(e, i, "error", "out of memory", 0);
+    slot_free(e, i, "error", ANNA_ENOMEM, "out of memory", 0);
     return;
   }
   if (slot_release(s, 0)) {
-    slot_free(e, i, "stop", NULL, 0);
+    slot_free(e, i, "stop", 0, NULL, 0);
     return;
   }
   if (s->n_gen >= s->max_gen || (int64_t)s->n_prompt + s->n_gen >= e->o.n_ctx) {
-    slot_free(e, i, "length", NULL, 1);
+    slot_free(e, i, "length", 0, NULL, 1);
     return;
   }
   s->next_tok = t;
@@ -698,14 +715,14 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
 static void unit_drop(engine *e, const anna_sched_entry *d) {
   wunit *u = d->user;
   if (d->slot >= 0 && e->slots[d->slot].r) {
-    slot_free(e, d->slot, "cancelled", NULL, 0); /* frees u */
+    slot_free(e, d->slot, "cancelled", 0, NULL, 0); /* frees u */
     return;
   }
   if (u->failed) {
-    choice_finish(u->r, u->ci, "error", "out of memory preempting a sequence");
+    choice_finish(u->r, u->ci, "error", ANNA_ENOMEM, "out of memory preempting a sequence");
   } else {
     metrics_add(e->mx, &e->mx->cancelled, 1);
-    choice_finish(u->r, u->ci, "cancelled", NULL);
+    choice_finish(u->r, u->ci, "cancelled", 0, NULL);
   }
   parked_free(u->parked);
   unit_done(u->r);
@@ -715,6 +732,39 @@ static void unit_drop(engine *e, const anna_sched_entry *d) {
 /* Blocks the scheduler may plan with: free ones and cached ones (evicted on demand). */
 static int64_t kv_available(const anna_kv_stats *ks) {
   return ks->n_blocks > 0 ? ks->free_blocks + ks->cached_blocks : -1;
+}
+
+/* The running sequences cannot proceed for want of KV blocks (see engine_main). Exact-cache
+ * entries hold blocks the pool cannot evict: they go first. When there are none, every running
+ * sequence ends with "error" / ANNA_ENOMEM (HTTP 503 + Retry-After, or an error event on a
+ * stream); the server goes on with the next request. */
+static void kv_exhausted(engine *e) {
+  int dropped = 0;
+  for (int k = 0; k < e->o.prompt_cache_size; k++)
+    if (e->ex[k].n) {
+      e->ex[k].n = 0;
+      anna_context_seq_reset(e->ctx, e->o.n_seq + k);
+      dropped = 1;
+    }
+  anna_kv_stats ks;
+  anna_context_kv_stats(e->ctx, &ks);
+  if (!dropped)
+    for (int i = 0; i < e->o.n_seq; i++) {
+      slot *s = &e->slots[i];
+      if (!s->r) continue;
+      char msg[256];
+      snprintf(msg, sizeof msg,
+               "the KV cache is exhausted: this sequence needs more than the whole pool of %lld blocks of "
+               "%d positions (%zu tokens cached, %zu to go); retry later, or with a shorter prompt or "
+               "max_tokens",
+               (long long)ks.n_blocks, ks.block_len, s->n_fed, s->n_feed > s->n_fed ? s->n_feed - s->n_fed : 1);
+      slog(SLOG_WARN, s->r->id, "%s", msg);
+      slot_free(e, i, "error", ANNA_ENOMEM, msg, 0);
+    }
+  if (!dropped) anna_context_kv_stats(e->ctx, &ks);
+  pthread_mutex_lock(&e->mu);
+  e->kvs = ks;
+  pthread_mutex_unlock(&e->mu);
 }
 
 static void *engine_main(void *arg) {
@@ -753,9 +803,10 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < n_adm; k++) {
       wunit *u = adm[k].user;
       const int i = adm[k].slot;
-      if (slot_start(e, i, u, err, sizeof err)) {
+      const int src = slot_start(e, i, u, err, sizeof err);
+      if (src) {
         sc_finish(e, i);
-        choice_finish(u->r, u->ci, "error", err);
+        choice_finish(u->r, u->ci, "error", src, err);
         parked_free(u->parked);
         unit_done(u->r);
         free(u);
@@ -814,7 +865,15 @@ static void *engine_main(void *arg) {
       }
       prompt_fed += p.prefill[k].n;
     }
-    if (nb == 0) continue;
+    if (nb == 0) {
+      pthread_mutex_lock(&e->mu);
+      const int blocked = anna_sched_n_running(e->sc) > 0;
+      pthread_mutex_unlock(&e->mu);
+      /* Sequences running but nothing planned: the one left cannot get a KV block even alone
+       * (the scheduler preempted everything else already); waiting would spin forever. */
+      if (blocked && kv_available(&pk) >= 0) kv_exhausted(e);
+      continue;
+    }
     anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
     /* Candidates instead of logits when every sampled row allows it: the largest k any row
      * needs (a row's own top-k is a prefix of them) at the one temperature whose softmax sum
@@ -831,15 +890,19 @@ static void *engine_main(void *arg) {
       if (tt > 0) ktemp = tt;
       kc = kk > kc ? kk : kc;
     }
-    if (kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, sizeof err)
-               : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err)) {
+    const int drc = kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err,
+                                                      sizeof err)
+                           : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err);
+    if (drc) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
+      /* No free KV block (ANNA_ERANGE) or no memory: a retry may succeed (HTTP 503). */
+      const int code = drc == ANNA_ERANGE || drc == ANNA_ENOMEM ? ANNA_ENOMEM : drc;
       for (int i = 0; i < S; i++) {
         int touched = 0;
         for (int k = 0; k < nb; k++)
           touched |= e->b_seq[k] == i;
         if (touched && e->slots[i].r)
-          slot_free(e, i, "error", err, 0);
+          slot_free(e, i, "error", code, err, 0);
         else if (touched)
           anna_context_seq_reset(e->ctx, i);
       }
@@ -866,9 +929,12 @@ static void *engine_main(void *arg) {
                                             e->c_val + (size_t)k * (size_t)kc, kc,
                                             e->c_st + 2 * (size_t)k, &t)) {
           slot_sample(e, i, NULL, t);
-        } else if (anna_context_logits_row(e->ctx, k, e->row_tmp, err, sizeof err)) {
-          slot_free(e, i, "error", err, 0);
         } else {
+          const int lrc = anna_context_logits_row(e->ctx, k, e->row_tmp, err, sizeof err);
+          if (lrc) {
+            slot_free(e, i, "error", lrc, err, 0);
+            continue;
+          }
           slot_sample(e, i, e->row_tmp, -1);
         }
         continue;
@@ -911,6 +977,57 @@ static int tuning_host_sampling(const anna_context *c) {
   const char *key = "host_sampling=";
   for (const char *l = buf; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
     if (!strncmp(l, key, strlen(key))) return l[strlen(key)] == '1';
+  return 0;
+}
+
+/* --gpu-memory-utilization F: sets co->kv_blocks so that anna's share of the device stays
+ * within F * total. The pool is allocated at context creation, after which the model's
+ * weights are mirrored (warm-up), so a probe context of the same shape with the smallest pool
+ * (one block per sequence) measures what everything but the pool leaves free; the pool gets
+ * free + probe pool - (1 - F) * total, in whole blocks of the probe's bytes per block. Other
+ * processes' memory counts against F, as everything the device reports in use does. */
+static int kv_blocks_for_memory(anna_model *m, anna_context_options *co, float frac, char *err, size_t errlen) {
+  if (co->kv_blocks > 0)
+    return server_err(err, errlen, ANNA_EINVAL, "--gpu-memory-utilization and --kv-blocks contradict each other");
+  if (!(frac > 0.0f && frac <= 1.0f))
+    return server_err(err, errlen, ANNA_EINVAL, "--gpu-memory-utilization %g is not in (0, 1]", (double)frac);
+  anna_context_options po = *co;
+  po.kv_blocks = po.n_seq;
+  anna_context *probe = NULL;
+  int rc = anna_context_create(&probe, m, &po, err, errlen);
+  if (rc) return rc;
+  int64_t free_b = 0, total_b = 0;
+  rc = anna_context_memory(probe, &free_b, &total_b);
+  anna_kv_stats ks;
+  anna_context_kv_stats(probe, &ks);
+  anna_context_free(probe);
+  if (rc == ANNA_EUNSUPPORTED)
+    return server_err(err, errlen, ANNA_EINVAL,
+                      "--gpu-memory-utilization needs a GPU device (this backend cannot report its memory)");
+  if (rc) return server_err(err, errlen, rc, "--gpu-memory-utilization: cannot read the device's memory");
+  if (ks.n_blocks <= 0 || ks.pool_bytes <= 0)
+    return server_err(err, errlen, ANNA_EUNSUPPORTED, "--gpu-memory-utilization: this model has no KV block pool");
+  const double per_block = (double)ks.pool_bytes / (double)ks.n_blocks;
+  const double avail = (double)free_b + (double)ks.pool_bytes - (1.0 - (double)frac) * (double)total_b;
+  const int64_t blocks = avail > 0 ? (int64_t)(avail / per_block) : 0;
+  const int64_t one_seq = ((int64_t)co->n_ctx + ks.block_len - 1) / ks.block_len;
+  if (blocks < one_seq)
+    return server_err(err, errlen, ANNA_ENOMEM,
+                      "--gpu-memory-utilization %.3g leaves %.1f MiB for the KV cache (%lld blocks of %d "
+                      "positions), less than one sequence of --ctx-size %d needs (%lld blocks; device: %.1f of "
+                      "%.1f GiB free with the model placed)",
+                      (double)frac, avail > 0 ? avail / 1048576.0 : 0.0, (long long)blocks, ks.block_len, co->n_ctx,
+                      (long long)one_seq, (double)(free_b + ks.pool_bytes) / 1073741824.0,
+                      (double)total_b / 1073741824.0);
+  if (blocks > INT32_MAX / 2)
+    return server_err(err, errlen, ANNA_ERANGE, "--gpu-memory-utilization: %lld KV blocks is too many",
+                      (long long)blocks);
+  co->kv_blocks = blocks;
+  slog(SLOG_INFO, NULL,
+       "--gpu-memory-utilization %.3g: KV pool of %lld blocks of %d positions (%.2f GiB; %.2f of %.2f GiB free with "
+       "the model placed)",
+       (double)frac, (long long)blocks, ks.block_len, (double)blocks * per_block / 1073741824.0,
+       (double)(free_b + ks.pool_bytes) / 1073741824.0, (double)total_b / 1073741824.0);
   return 0;
 }
 
@@ -959,9 +1076,22 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .kv_cache_quant_bits = e->o.kv_cache_quant_bits,
                              .exact_matmul = e->o.exact_matmul,
                              .tuning = e->o.tuning};
-  int rc = anna_context_create(&e->ctx, m, &co, err, errlen);
+  int rc = 0;
+  if (e->o.gpu_memory_utilization > 0 && (rc = kv_blocks_for_memory(m, &co, e->o.gpu_memory_utilization, err, errlen)))
+    goto fail;
+  rc = anna_context_create(&e->ctx, m, &co, err, errlen);
   if (rc) goto fail;
   anna_context_kv_stats(e->ctx, &e->kvs);
+  e->pool_blocks = e->kvs.n_blocks;
+  e->block_len = e->kvs.block_len > 0 ? e->kvs.block_len : 1;
+  for (int32_t v = 0; v < e->V; v++) e->n_eog += anna_text_is_eog(text, v) != 0;
+  if (!(e->eog_ids = malloc(((size_t)e->n_eog + 1) * sizeof *e->eog_ids))) {
+    rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    goto fail;
+  }
+  e->n_eog = 0;
+  for (int32_t v = 0; v < e->V; v++)
+    if (anna_text_is_eog(text, v)) e->eog_ids[e->n_eog++] = v;
   e->slots = calloc((size_t)S, sizeof *e->slots);
   e->b_tok = malloc((size_t)B * sizeof *e->b_tok);
   e->b_seq = malloc((size_t)B * sizeof *e->b_seq);
@@ -1060,6 +1190,7 @@ void engine_free(engine *e) {
   free(e->tok_bytes);
   free(e->tok_off);
   free(e->tok_cls);
+  free(e->eog_ids);
   anna_context_free(e->ctx);
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
@@ -1077,6 +1208,12 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
                         "with room for at "
                         "least one generated token",
                         r->n_prompt[p], e->o.n_ctx);
+    const int64_t need = e->pool_blocks > 0 ? ((int64_t)r->n_prompt[p] + e->block_len - 1) / e->block_len : 0;
+    if (need > e->pool_blocks)
+      return server_err(err, errlen, ANNA_ENOMEM,
+                        "the prompt has %zu tokens, %lld KV blocks of %d positions; the whole pool holds %lld "
+                        "(--kv-blocks, --gpu-memory-utilization)",
+                        r->n_prompt[p], (long long)need, e->block_len, (long long)e->pool_blocks);
     for (size_t k = 0; k < r->n_prompt[p]; k++)
       if (r->prompts[p][k] < 0 || r->prompts[p][k] >= e->V)
         return server_err(err, errlen, ANNA_EINVAL,

@@ -55,6 +55,12 @@ typedef struct engine_options {
    * tuning key host_sampling=1 does the same. */
   int host_sampling;
   const char *tuning; /* anna_context_options.tuning: "k=v,..." (borrowed; NULL: none) */
+  /* (0, 1]: size the KV pool (instead of kv_blocks, which must be 0) so that anna uses at
+   * most this fraction of the device's total memory: a probe context with the smallest pool
+   * measures what the model and scratch leave free, then the real context takes
+   * free - (1 - F) * total in blocks (anna_context_memory). 0: off. A backend that cannot
+   * report its memory (the CPU) is an error. */
+  float gpu_memory_utilization;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
@@ -89,6 +95,9 @@ typedef struct gen_request {
   char *stop[GEN_MAX_STOP];
   int n_stop;
   int logprobs, top_logprobs, ignore_eos;
+  /* vLLM's min_tokens: before this many generated tokens, end-of-generation tokens are
+   * masked out of sampling and stop strings are not matched (0: off). */
+  int min_tokens;
   int json_mode; /* constrain the output to one JSON object (response_format) */
   /* Forced tool call (tool_choice naming a function): emit prefix, then a JSON-masked
    * arguments object, then suffix, then stop. Owned; NULL when unused. */
@@ -105,6 +114,7 @@ typedef struct gen_request {
   int cancelled;   /* atomic: set by engine_cancel */
   int refs;        /* atomic */
   char error[256]; /* first engine error, when a choice ends with "error" */
+  int error_code;  /* its ANNA_E* code; ANNA_ENOMEM: memory or KV blocks ran out (HTTP 503) */
   /* Engine only (eng_sched_id, eng_submitted: under the engine's mutex). */
   int eng_units;
   int eng_submitted;
@@ -127,7 +137,10 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
 /* Stops the thread (cancelling whatever is left) and frees everything. */
 void engine_free(engine *e);
 /* Queues r (takes an engine reference). ANNA_ERANGE: the waiting queue is full (HTTP 429);
- * ANNA_ESTATE: shutting down (HTTP 503); ANNA_EINVAL: a prompt does not fit. */
+ * ANNA_ESTATE: shutting down (HTTP 503); ANNA_EINVAL: a prompt does not fit the context;
+ * ANNA_ENOMEM: out of memory, or a prompt needs more KV blocks than the whole pool (HTTP 503).
+ * A sequence that later outgrows the pool even when it runs alone (nothing left to preempt)
+ * ends with "error" and error_code ANNA_ENOMEM. */
 int engine_submit(engine *e, gen_request *r, char *err, size_t errlen);
 /* Asks the engine to drop r's sequences; idempotent, returns at once. */
 void engine_cancel(engine *e, gen_request *r);

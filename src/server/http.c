@@ -312,10 +312,15 @@ static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   int rc = engine_submit(srv->eng, job.r, err, sizeof err);
   if (rc) {
     oai_job_clear(&job);
-    int status = rc == ANNA_ERANGE ? 429 : rc == ANNA_ESTATE ? 503 : rc == ANNA_EINVAL ? 400 : 500;
+    /* Out of memory or KV blocks: 503 + Retry-After, as a full queue is 429. */
+    int status = rc == ANNA_ERANGE                        ? 429
+                 : rc == ANNA_ESTATE || rc == ANNA_ENOMEM ? 503
+                 : rc == ANNA_EINVAL                      ? 400
+                                                          : 500;
     return send_fail(cn, status, NULL,
                      rc == ANNA_ERANGE   ? "queue_full"
                      : rc == ANNA_ESTATE ? "shutting_down"
+                     : rc == ANNA_ENOMEM ? "resources_exhausted"
                                          : NULL,
                      err);
   }
@@ -364,13 +369,14 @@ static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
       return MHD_NO;
     }
   }
-  int failed = r->error[0] != 0;
+  int failed = r->error[0] != 0, busy = r->error_code == ANNA_ENOMEM;
   pthread_mutex_unlock(&r->mu);
   enum MHD_Result ret;
   if (failed) {
     char msg[400];
     snprintf(msg, sizeof msg, "generation failed: %s", r->error);
-    ret = send_fail(cn, 500, NULL, "generation_failed", msg);
+    /* Memory or KV blocks ran out (nothing left to preempt): worth a retry, so 503. */
+    ret = send_fail(cn, busy ? 503 : 500, NULL, busy ? "resources_exhausted" : "generation_failed", msg);
   } else {
     ret = send_body(cn, 200, oai_response_json(&srv->cfg, &job), "application/json");
   }

@@ -202,6 +202,24 @@ static int parse_max_tokens(const oai_config *cfg, json_t *root, gen_request *r,
   return 0;
 }
 
+/* vLLM's min_tokens (after max_tokens): an integer in [0, max_tokens], or [0, the context]
+ * when max_tokens is not bounded. */
+static int parse_min_tokens(const oai_config *cfg, json_t *root, gen_request *r, oai_error *e) {
+  long long v;
+  int present;
+  if (get_int(root, "min_tokens", 0, INT32_MAX, &v, &present, e)) return -1;
+  if (!present) return 0;
+  if (r->max_tokens > 0 && v > r->max_tokens)
+    return oai_fail(e, 400, "min_tokens", "invalid_value",
+                    "'min_tokens' (%lld) must not exceed 'max_tokens' (%d)", v, r->max_tokens);
+  if (v > cfg->n_ctx)
+    return oai_fail(e, 400, "min_tokens", "invalid_value",
+                    "'min_tokens' is %lld, more than this server's context of %d tokens (--ctx-size)", v,
+                    cfg->n_ctx);
+  r->min_tokens = (int)v;
+  return 0;
+}
+
 static int valid_fn_name(const char *s) {
   size_t n = strlen(s);
   if (n == 0 || n > 64) return 0;
@@ -645,7 +663,7 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
   snprintf(job->r->id, sizeof job->r->id, "%s", rid);
   if (parse_model(cfg, root, job, e) || parse_sampling(cfg, root, job->r, e) ||
       parse_max_tokens(cfg, root, job->r, kind == OAI_CHAT ? cfg->default_max_tokens : 16, e) ||
-      get_bool(root, "stream", &job->stream, e))
+      parse_min_tokens(cfg, root, job->r, e) || get_bool(root, "stream", &job->stream, e))
     goto done;
   json_t *so = json_object_get(root, "stream_options");
   if (so && !json_is_null(so)) {
@@ -1116,14 +1134,17 @@ int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *fi
     all &= s->ch[i].finish_sent;
   if (all && !rc) {
     pthread_mutex_lock(&r->mu);
-    int err = r->error[0] != 0;
+    int err = r->error[0] != 0, code = r->error_code;
     char msg[256];
     snprintf(msg, sizeof msg, "%s", r->error);
     json_t *usage = usage_json(r);
     pthread_mutex_unlock(&r->mu);
     if (err) {
       oai_error e;
-      oai_fail(&e, 500, NULL, "generation_failed", "generation failed: %s", msg);
+      if (code == ANNA_ENOMEM) /* what a non-stream request answers with 503 + Retry-After */
+        oai_fail(&e, 503, NULL, "resources_exhausted", "generation failed: %s", msg);
+      else
+        oai_fail(&e, 500, NULL, "generation_failed", "generation failed: %s", msg);
       char *ej = oai_error_json(&e);
       if (ej) {
         rc = sb_add(out, len, cap, "data: ", 6);

@@ -616,6 +616,20 @@ static void *cu_alloc(ops_backend *be, size_t bytes) {
   return p;
 }
 
+/* ops.h mem_info: the current device's free / total bytes (cudaMemGetInfo), after the
+ * queued work, so memory this backend freed or allocated asynchronously is counted. */
+static int cu_mem_info(ops_backend *be, int64_t *free_bytes, int64_t *total_bytes) {
+  cuda_impl *ci = cuda_impl_of(be);
+  size_t f = 0, t = 0;
+  if (cudaStreamSynchronize(ci->stream) != cudaSuccess || cudaMemGetInfo(&f, &t) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ANNA_EIO;
+  }
+  *free_bytes = (int64_t)f;
+  *total_bytes = (int64_t)t;
+  return 0;
+}
+
 static void cu_free(ops_backend *be, void *p) {
   (void)be;
   if (p) cudaFree(p);
@@ -855,6 +869,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->step_end = cuda_backend_step_end;
   be->set_graphs = cuda_backend_set_graphs;
   be->step_stats = cu_step_stats;
+  be->mem_info = cu_mem_info;
   be->warmup = 1; /* weights are mirrored on first use */
   *out = be;
   return 0;

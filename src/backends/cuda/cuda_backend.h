@@ -35,7 +35,7 @@ int cuda_backend_available(void);
 /* max_batch: most rows any op gets per call (sizes the pointer rings); t: the runtime
  * switches (cuda_moe_deq_mb), applied here, borrowed for the call (NULL: the defaults). The
  * table's lifecycle entries (ops.h: destroy, error, step_begin/end, set_graphs, step_stats)
- * are the functions below; graphs start off. Caller frees with cuda_backend_free (= destroy).
+ * are the functions below, and mem_info (cudaMemGetInfo, static); graphs start off. Caller frees with cuda_backend_free (= destroy).
  * Returns 0, ANNA_EUNSUPPORTED (no device), ANNA_ENOMEM or ANNA_EIO. */
 int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, const anna_tuning *t, char *err,
                               size_t errlen);
