@@ -182,6 +182,11 @@ struct ops_backend {
   /* 1: weights are copied to the backend on first use, so the caller runs one throwaway
    * token at creation to keep that copy out of the first timed decode. */
   int warmup;
+  /* KV-cache formats its attention reads: bit (1u << ops_kv_type) per type, 0 = every type;
+   * residual_ring: 1 when it also attends the f32 ring of --kv-cache-residual-len. The context
+   * refuses other combinations at creation, before anything is allocated or run. */
+  uint32_t kv_types;
+  int residual_ring;
 
   /* Backend memory: zero-filled; NULL when out of memory (an error, never an abort). */
   void *(*alloc)(ops_backend *be, size_t bytes);

@@ -9,6 +9,7 @@
 #include "backends/registry.h"
 #include "base/error.h"
 #include "base/tuning.h"
+#include "cache/kv_cache.h"
 #include "model/kind.h"
 #include "ops/ops_profile.h"
 #include "runtime/model_handle.h"
@@ -131,19 +132,9 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   int rc = tuning_from_env(&tuning, o.tuning, err, errlen);
   if (rc) return rc;
   const int share = o.prefix_share >= 0 && tuning.prefix_kv_share;
-  int kv_type = OPS_KV_F32;
-  {
-    const char *q = o.kv_cache_quantization;
-    const int bits = o.kv_cache_quant_bits ? o.kv_cache_quant_bits : 4;
-    if (!q || !strcmp(q, "none") || !strcmp(q, "auto")) kv_type = OPS_KV_F32;
-    else if (!strcmp(q, "f16")) kv_type = OPS_KV_F16;
-    else if (!strcmp(q, "q8")) kv_type = OPS_KV_Q8;
-    else if (!strcmp(q, "q4")) kv_type = OPS_KV_Q4;
-    else if (!strcmp(q, "turboquant") && bits >= 2 && bits <= 4) kv_type = OPS_KV_TQ2 + (bits - 2);
-    else
-      return anna_err(err, errlen, ANNA_EINVAL,
-                      "KV-cache quantization '%s' (bits %d) is not one of none, f16, q8, q4, turboquant with 2-4 bits", q, bits);
-  }
+  int kv_type;
+  if ((rc = kv_cache_type_from_name(o.kv_cache_quantization, o.kv_cache_quant_bits, &kv_type, err, errlen)))
+    return rc;
   const model_state_params sp = {.n_seq = o.n_seq, .n_ctx = o.n_ctx, .n_batch = o.n_batch,
                                  .n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
                                  .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len,
@@ -180,6 +171,11 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     if (o.profile && !(c->be = ops_profile_wrap(c->dev, m->desc.vocab)))
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
+  if (!rc && c->dev->kv_types && !(c->dev->kv_types & (1u << kv_type)))
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "KV-cache quantization '%s' is not supported on the %s backend yet (have: none)",
+                  o.kv_cache_quantization, bi->name);
+  if (!rc && o.kv_cache_residual_len > 0 && !c->dev->residual_ring)
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "--kv-cache-residual-len is not supported on the %s backend yet", bi->name);
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &sp, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);

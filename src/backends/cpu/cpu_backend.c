@@ -457,6 +457,8 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .moe_route = cpu_moe_route,
       .topk = cpu_topk,
       .destroy = cpu_backend_free,
+      .kv_types = 0, /* every ops_kv_type (cpu_kv.c) */
+      .residual_ring = 1,
   };
   *out = be;
   return 0;

@@ -871,6 +871,8 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->step_stats = cu_step_stats;
   be->mem_info = cu_mem_info;
   be->warmup = 1; /* weights are mirrored on first use */
+  be->kv_types = 1u << OPS_KV_F32; /* cuda_attn.cu reads f32 caches only (issue #29: quantized KV) */
+  be->residual_ring = 0;
   *out = be;
   return 0;
 }
