@@ -389,7 +389,8 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
         for (int i = 0; i < nr; i++) {
           const int sq = p->run_seq[r0 + i];
           runs[i] = (ops_gdn_step_run){.start = p->run_start[r0 + i], .n = p->run_len[r0 + i],
-                                       .conv_state = kv_cache_conv(s->kv, li, sq), .state = kv_cache_ssm(s->kv, li, sq)};
+                                       .conv_state = kv_cache_conv(s->kv, li, sq),
+                                       .state = kv_cache_ssm(s->kv, li, sq)};
         }
         const ops_gdn_step_args a = {
             .n = 0, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv, .v_tiled = c->gdn_v_tiled,
