@@ -361,17 +361,19 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
     project(r, 4, ys, xn, ws, NULL);
   }
   /* Decode: when every run is short (the recurrent kernel's range) and uncut, one fused
-   * gdn_step per run replaces conv, copies, norms, gates, delta rule and output norm. */
+   * gdn_step replaces conv, copies, norms, gates, delta rule and output norm: for one run its
+   * single-run form; for several, the batched form (a run table), one op per
+   * OPS_GDN_STEP_MAX_RUNS runs instead of one per sequence (a launch each on a GPU). */
   int fused = be->gdn_step != NULL;
   for (int ri = 0; ri < p->n_runs; ri++)
     if (p->run_ncut[ri] || p->run_len[ri] >= GDN_CHUNKED_MIN) fused = 0;
   if (fused) {
     float *y = s->buf[3];
-    for (int ri = 0; ri < p->n_runs; ri++) {
-      const int64_t t0 = p->run_start[ri];
-      const int sq = p->run_seq[ri];
+    if (p->n_runs == 1) {
+      const int64_t t0 = p->run_start[0];
+      const int sq = p->run_seq[0];
       const ops_gdn_step_args a = {
-          .n = p->run_len[ri], .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv,
+          .n = p->run_len[0], .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv,
           .v_tiled = c->gdn_v_tiled, .eps = (float)c->eps, .qkv = qkv + t0 * cd, .z = z + t0 * Vd,
           .b = ba + t0 * hv, .a = ba + n * hv + t0 * hv, .conv_w = w->conv_w, .a_log = w->a_log,
           .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .conv_state = kv_cache_conv(s->kv, li, sq),
@@ -379,6 +381,25 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
           .y = y + t0 * Vd, .work = s->buf[4],
       };
       be->gdn_step(be, &a);
+    } else {
+      /* the plan's runs are disjoint row ranges of distinct sequences, as the table needs */
+      ops_gdn_step_run runs[OPS_GDN_STEP_MAX_RUNS];
+      for (int r0 = 0; r0 < p->n_runs; r0 += OPS_GDN_STEP_MAX_RUNS) {
+        const int nr = p->n_runs - r0 < OPS_GDN_STEP_MAX_RUNS ? p->n_runs - r0 : OPS_GDN_STEP_MAX_RUNS;
+        for (int i = 0; i < nr; i++) {
+          const int sq = p->run_seq[r0 + i];
+          runs[i] = (ops_gdn_step_run){.start = p->run_start[r0 + i], .n = p->run_len[r0 + i],
+                                       .conv_state = kv_cache_conv(s->kv, li, sq),
+                                       .state = kv_cache_ssm(s->kv, li, sq)};
+        }
+        const ops_gdn_step_args a = {
+            .n = 0, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv, .v_tiled = c->gdn_v_tiled,
+            .eps = (float)c->eps, .qkv = qkv, .z = z, .b = ba, .a = ba + n * hv, .conv_w = w->conv_w,
+            .a_log = w->a_log, .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .y = y, .work = s->buf[4],
+            .n_runs = nr, .runs = runs,
+        };
+        be->gdn_step(be, &a);
+      }
     }
     be->matmul(be, out, y, n, &w->out, NULL);
     return;

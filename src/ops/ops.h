@@ -106,17 +106,34 @@ typedef struct ops_gdn_args {
  * [cd, kw], a_log and dt_bias [hv] and norm_w [dv] are model vectors (host memory, mirrored
  * like every weight); conv_state [cd, kw-1] and state [hv, dk, dv] are updated in place.
  * y aliases no input. work holds ops_gdn_step_work_floats(n, ...) floats of scratch (a
- * backend with one fused kernel leaves it alone). Meant for short runs (decode, n < 8). */
+ * backend with one fused kernel leaves it alone). Meant for short runs (decode, n < 8).
+ * Batched (n_runs > 0): the same step for up to OPS_GDN_STEP_MAX_RUNS runs at once (a decode
+ * batch of several sequences, one op instead of one per sequence). runs[i] names rows
+ * [start, start + n) of qkv, z, b, a and y (the pointers above are then row 0 of the batch)
+ * and that run's own conv_state and state; the args' n, conv_state and state are ignored.
+ * Runs' row ranges are disjoint and no two runs share a conv_state or state (each is read and
+ * written once: backends run the runs concurrently); the result is exactly that of one call
+ * per run in order (CPU: bit for bit). work holds ops_gdn_step_work_floats(m, ...) floats, m
+ * the largest run's n. runs is host memory read during the call only. n_runs = 0 is the
+ * single-run form above, so callers that set neither field keep it. */
+#define OPS_GDN_STEP_MAX_RUNS 64
+typedef struct ops_gdn_step_run {
+  int64_t start, n;
+  float *conv_state, *state;
+} ops_gdn_step_run;
+
 typedef struct ops_gdn_step_args {
   int64_t n;
   int hk, hv, dk, dv, kw;
   int v_tiled; /* as ops_gdn_args */
   float eps;   /* of the output RMSNorm */
+  int n_runs;  /* 0: one run (n, conv_state, state); else runs[0 .. n_runs) (beside eps: no padding) */
   const float *qkv, *z, *b, *a;
   const float *conv_w, *a_log, *dt_bias, *norm_w;
   float *conv_state, *state;
   float *y;
   float *work;
+  const ops_gdn_step_run *runs; /* [n_runs], n_runs <= OPS_GDN_STEP_MAX_RUNS */
 } ops_gdn_step_args;
 
 static inline int64_t ops_gdn_step_work_floats(int64_t n, int hk, int hv, int dk, int dv) {

@@ -220,6 +220,7 @@ int main(int argc, char **argv) {
       {"moe_grouped", test_moe_grouped},
       {"graphs", test_graphs},
       {"topk", test_topk},
+      {"gdn_step_batched", test_gdn_step_batched}, /* last: the others' inputs stay as they were */
   };
   int ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -80,6 +80,7 @@ void bench_attention_decode(int len); /* one token after len keys */
 /* test_cuda_gdn.c */
 void test_gdn(void);
 void test_gdn_step(void);
+void test_gdn_step_batched(void);
 void test_gdn_chunked(void);
 void bench_gdn(void);
 /* test_cuda_moe.c */

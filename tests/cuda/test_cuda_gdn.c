@@ -1,6 +1,7 @@
 /* test_cuda_gdn.c: the Gated DeltaNet ops against the CPU backend: the recurrent and chunk-64
  * kernels (output and state, both numerics modes, scan widths), gdn_step over consecutive calls
- * and recorded steps (both variants); and the prefill GDN benchmark (--bench=gdn). */
+ * and recorded steps (both variants), its batched form (a run table); and the GDN benchmark
+ * (--bench=gdn: prefill, and a decode batch's gdn_step per run vs batched). */
 #include "cuda_test.h"
 
 static void l2n(float *x, int64_t rows, int d, float scale) {
@@ -122,6 +123,87 @@ void test_gdn_step(void) {
   cuda_backend_drop_mirrors(g_gpu);
 }
 
+/* The batched gdn_step (a run table: one launch for every run) against the CPU's (itself bit
+ * for bit one call per run, test_ops), both variants, over consecutive calls so each run's
+ * state and conv state carry: 16 runs of 1..3 tokens with rows in reverse run order; the
+ * one-run table; 4 runs of 11, 1, 9, 3 tokens (two launches, the second over 2 runs); then
+ * two recorded steps (graphs) of 8 one-token runs (a recorded step holds 8 tokens), the
+ * second a replay. Shapes as test_gdn_step (the 9B one, both v-head orders; odd sizes; ones
+ * the per-head variant leaves to the cluster kernel). Tolerances as there. */
+void test_gdn_step_batched(void) {
+  printf("gdn_step batched (run table)\n");
+  enum { NR = 16 };
+  const int cfgs[][6] = {
+      /* hk, hv, dk, dv, tiled, kw */
+      {16, 32, 128, 128, 0, 4}, {16, 32, 128, 128, 1, 4}, {16, 16, 128, 128, 0, 4},
+      {3, 6, 40, 24, 1, 4},     {2, 2, 256, 256, 1, 3},   {1, 32, 64, 64, 0, 2},
+  };
+  const int ncalls = 5;
+  for (size_t cv = 0; cv < 2 * (sizeof cfgs / sizeof cfgs[0]); cv++) {
+    const size_t c = cv % (sizeof cfgs / sizeof cfgs[0]);
+    const int var = cv >= sizeof cfgs / sizeof cfgs[0];
+    cuda_backend_set_gdn_variant(g_gpu, var ? CUDA_GDN_HEAD : CUDA_GDN_CLUSTER);
+    cuda_backend_drop_mirrors(g_gpu);
+    const int hk = cfgs[c][0], hv = cfgs[c][1], dk = cfgs[c][2], dv = cfgs[c][3], tiled = cfgs[c][4], kw = cfgs[c][5];
+    const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+    const int64_t csz = cd * (kw - 1), nmax = 3 * NR; /* rows of the largest batch */
+    float *cw = hrand(cd * kw, 0.5f), *alog = hrand(hv, 1.0f), *dtb = hrand(hv, 1.0f), *nw = hrand(dv, 1.0f);
+    float *cs = hrand(NR * csz, 1.0f), *st = hrand(NR * ssz, 0.2f), *y = malloc(sizeof(float) * (size_t)(nmax * Vd));
+    float *work = malloc(sizeof(float) * (size_t)ops_gdn_step_work_floats(nmax, hk, hv, dk, dv));
+    float *dcs = dput(cs, sizeof(float) * (size_t)(NR * csz)), *dst = dput(st, sizeof(float) * (size_t)(NR * ssz));
+    float *dqkv = dnan(nmax * cd), *dz = dnan(nmax * Vd), *dba = dnan(2 * nmax * hv), *dy = dnan(nmax * Vd);
+    for (int call = 0; call < ncalls; call++) {
+      int nr, lens[NR];
+      if (call == 0) {
+        nr = NR;
+        for (int i = 0; i < nr; i++) lens[i] = 1 + (i * 7 + 1) % 3;
+      } else if (call == 1) {
+        nr = 1, lens[0] = 2;
+      } else if (call == 2) {
+        nr = 4, lens[0] = 11, lens[1] = 1, lens[2] = 9, lens[3] = 3;
+      } else {
+        nr = 8;
+        for (int i = 0; i < nr; i++) lens[i] = 1;
+      }
+      const int rec = call >= 3;
+      ops_gdn_step_run hr[NR], gr[NR];
+      int64_t n = 0;
+      for (int i = nr - 1; i >= 0; i--) { /* rows in reverse run order; run i has state i */
+        hr[i] = (ops_gdn_step_run){.start = n, .n = lens[i], .conv_state = cs + i * csz, .state = st + i * ssz};
+        gr[i] = (ops_gdn_step_run){.start = n, .n = lens[i], .conv_state = dcs + i * csz, .state = dst + i * ssz};
+        n += lens[i];
+      }
+      float *qkv = hrand(n * cd, 2.0f), *z = hrand(n * Vd, 2.0f), *ba = hrand(2 * n * hv, 2.0f);
+      g_gpu->upload(g_gpu, dqkv, qkv, sizeof(float) * (size_t)(n * cd));
+      g_gpu->upload(g_gpu, dz, z, sizeof(float) * (size_t)(n * Vd));
+      g_gpu->upload(g_gpu, dba, ba, sizeof(float) * (size_t)(2 * n * hv));
+      ops_gdn_step_args a = {
+          .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = tiled, .eps = 1e-6f, .n_runs = nr,
+          .qkv = qkv, .z = z, .b = ba, .a = ba + n * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb,
+          .norm_w = nw, .y = y, .work = work, .runs = hr,
+      };
+      g_cpu->gdn_step(g_cpu, &a);
+      a.qkv = dqkv, a.z = dz, a.b = dba, a.a = dba + n * hv, a.y = dy, a.work = NULL, a.runs = gr;
+      if (rec) cuda_backend_set_graphs(g_gpu, 1), cuda_backend_step_begin(g_gpu, n);
+      g_gpu->gdn_step(g_gpu, &a);
+      if (rec) cuda_backend_step_end(g_gpu), cuda_backend_set_graphs(g_gpu, 0);
+      char what[128];
+      snprintf(what, sizeof what, "gdn_step batched%s call %d%s %d runs %lld tok hk=%d hv=%d dk=%d dv=%d t=%d kw=%d",
+               var ? " head" : "", call, rec ? " (graph)" : "", nr, (long long)n, hk, hv, dk, dv, tiled, kw);
+      cmpd(what, dy, y, n * Vd, 1e-4);
+      strcat(what, " state");
+      cmpd(what, dst, st, NR * ssz, 1e-4);
+      strcat(what, " conv");
+      cmpd(what, dcs, cs, NR * csz, 0);
+      free(qkv), free(z), free(ba);
+    }
+    dfree(dcs), dfree(dst), dfree(dqkv), dfree(dz), dfree(dba), dfree(dy);
+    free(cw), free(alog), free(dtb), free(nw), free(cs), free(st), free(y), free(work);
+  }
+  cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_HEAD); /* back to the default */
+  cuda_backend_drop_mirrors(g_gpu);
+}
+
 /* Random GDN inputs for one run: q, k l2-normalised (q scaled by 1/sqrt(dk)), beta in [0, 1],
  * g in [-0.6, 0] (fast decay) or [-0.02, 0] (slow: the state carries across many chunks). */
 typedef struct gdn_case {
@@ -203,10 +285,86 @@ void test_gdn_chunked(void) {
   }
 }
 
+/* A decode batch's gdn_step at the 9B shape (hk 16, hv 32, dk = dv = 128, conv 4) over the 24
+ * GDN layers of a step: one single-run launch per sequence (forward.c before the run table)
+ * against one batched launch per layer, both variants. Eager with 16 one-token runs (a step
+ * that large is not recorded: at most CUDA_GRAPH_MAX_TOK, 8, tokens): host time per step over
+ * many steps, their launches included; recorded with 8: the device time of the graph replays
+ * (events around each). Every (layer, sequence) has its own states, as in the model. */
+static void bench_gdn_step_batch(void) {
+  enum { L = 24, NR = 16, REPS = 50 };
+  const int hk = 16, hv = 32, dk = 128, dv = 128, kw = 4;
+  const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+  const int64_t csz = cd * (kw - 1);
+  float *cw = hrand(cd * kw, 0.5f), *alog = hrand(hv, 1.0f), *dtb = hrand(hv, 1.0f), *nw = hrand(dv, 1.0f);
+  float *hs = hrand(ssz, 0.2f), *hc = hrand(csz, 1.0f), *h = hrand(NR * cd, 1.0f);
+  float *dqkv = dput(h, sizeof(float) * (size_t)(NR * cd)), *dz = dput(h, sizeof(float) * (size_t)(NR * Vd));
+  float *dba = dput(h, sizeof(float) * 2 * (size_t)(NR * hv)), *dy = dnan(NR * Vd), res[4];
+  static ops_gdn_step_run runs[L][NR]; /* device states */
+  for (int l = 0; l < L; l++)
+    for (int r = 0; r < NR; r++)
+      runs[l][r] = (ops_gdn_step_run){.start = r, .n = 1, .conv_state = dput(hc, sizeof(float) * (size_t)csz),
+                                      .state = dput(hs, sizeof(float) * (size_t)ssz)};
+  for (int var = 0; var < 2; var++) {
+    cuda_backend_set_gdn_variant(g_gpu, var ? CUDA_GDN_CLUSTER : CUDA_GDN_HEAD);
+    for (int rec = 0; rec < 2; rec++) {
+      const int nr = rec ? 8 : NR;
+      double us[2];
+      cuda_backend_set_graphs(g_gpu, rec);
+      for (int batched = 0; batched < 2; batched++) {
+        ops_gdn_step_args a = {
+            .n = 1, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = 0, .eps = 1e-6f, .qkv = dqkv,
+            .z = dz, .b = dba, .a = dba + nr * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw,
+            .y = dy,
+        };
+        double t0 = 0, gpu0 = 0, gpu1, cap, upd;
+        for (int it = 0; it < REPS + 3; it++) { /* 3 warm-up steps (the graph built in the first) */
+          if (it == 3) {
+            g_gpu->download(g_gpu, res, dy, sizeof res);
+            cuda_backend_graph_times(g_gpu, &cap, &upd, &gpu0);
+            t0 = now_s();
+          }
+          if (rec) cuda_backend_step_begin(g_gpu, nr);
+          for (int l = 0; l < L; l++) {
+            if (batched) {
+              a.n_runs = nr, a.runs = runs[l];
+              g_gpu->gdn_step(g_gpu, &a);
+              continue;
+            }
+            for (int r = 0; r < nr; r++) {
+              ops_gdn_step_args one = a;
+              one.qkv = dqkv + r * cd, one.z = dz + r * Vd, one.b = dba + r * hv, one.a = dba + (nr + r) * hv;
+              one.y = dy + r * Vd, one.conv_state = runs[l][r].conv_state, one.state = runs[l][r].state;
+              g_gpu->gdn_step(g_gpu, &one);
+            }
+          }
+          if (rec) cuda_backend_step_end(g_gpu);
+        }
+        g_gpu->download(g_gpu, res, dy, sizeof res);
+        gpu_status("gdn_step batch bench");
+        cuda_backend_graph_times(g_gpu, &cap, &upd, &gpu1);
+        us[batched] = (rec ? gpu1 - gpu0 : now_s() - t0) / REPS * 1e6;
+      }
+      printf("  gdn_step %d runs: per-run launches vs one batched launch (%s, %s): %8.1f vs %8.1f us per step of %d "
+             "layers (%.2fx)\n",
+             nr, var ? "cluster" : "per head", rec ? "graph, device time" : "eager, host time", us[0], us[1], L,
+             us[0] / us[1]);
+    }
+  }
+  cuda_backend_set_graphs(g_gpu, 0);
+  cuda_backend_set_gdn_variant(g_gpu, CUDA_GDN_HEAD); /* back to the default */
+  for (int l = 0; l < L; l++)
+    for (int r = 0; r < NR; r++) dfree(runs[l][r].conv_state), dfree(runs[l][r].state);
+  dfree(dqkv), dfree(dz), dfree(dba), dfree(dy);
+  free(cw), free(alog), free(dtb), free(nw), free(hs), free(hc), free(h);
+  cuda_backend_drop_mirrors(g_gpu);
+}
+
 /* Prefill GDN from a nonzero state at the 0.8B shape (hk 16, hv 16, dk = dv = 128; 512 and
  * 4096 tokens) and the 9B / 35B-A3B shape (hk 16, hv 32; 8192 tokens): the token-sequential
  * kernel (gdn_recurrent; not at 8192) against the chunk-64 kernels (f32) with 16 and 32 state
- * columns per scan block. */
+ * columns per scan block. Then a decode batch's gdn_step, per run vs batched
+ * (bench_gdn_step_batch). */
 void bench_gdn(void) {
   const int shapes[][3] = {{512, 16, 16}, {4096, 16, 16}, {8192, 16, 32}}; /* n, hk, hv */
   for (int si = 0; si < 3; si++) {
@@ -237,5 +395,5 @@ void bench_gdn(void) {
     cuda_backend_set_gdn_scan_cols(g_gpu, 0);
     dfree(dq), dfree(dk_), dfree(dv_), dfree(dg), dfree(db), dfree(dst), dfree(dout);
     gdn_case_free(&c);
-  }
+  }  bench_gdn_step_batch();
 }

@@ -390,6 +390,68 @@ static int same_bits(const float *x, const float *y, int64_t n) {
   return memcmp(x, y, sizeof(float) * (size_t)n) == 0;
 }
 
+/* Batched gdn_step (n_runs > 0) against one single-run call per run: bit for bit, runs of
+ * lengths 1..7 in mixed order (not in row order either), each with its own states. */
+static void test_gdn_step_batched(ops_backend *be) {
+  printf("gdn_step batched (run table) = per-run calls\n");
+  enum { NR = 7 };
+  const int lens[NR] = {3, 1, 7, 2, 5, 4, 6}, order[NR] = {2, 0, 5, 1, 6, 3, 4}; /* run i at row block order[i] */
+  const int cfgs[][6] = {/* hk, hv, dk, dv, tiled, kw */ {2, 4, 16, 24, 1, 4}, {1, 3, 20, 8, 0, 2}};
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    const int hk = cfgs[c][0], hv = cfgs[c][1], dk = cfgs[c][2], dv = cfgs[c][3], tiled = cfgs[c][4], kw = cfgs[c][5];
+    const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd, ssz = (int64_t)hv * dk * dv;
+    const int64_t csz = cd * (kw - 1);
+    int64_t start[NR], n = 0, nmax = 0;
+    for (int b = 0; b < NR; b++) /* row blocks in `order`: run i's rows follow those placed before it */
+      for (int i = 0; i < NR; i++)
+        if (order[i] == b) start[i] = n, n += lens[i], nmax = lens[i] > nmax ? lens[i] : nmax;
+    float *qkv = malloc(sizeof(float) * (size_t)(n * cd)), *z = malloc(sizeof(float) * (size_t)(n * Vd));
+    float *ba = malloc(sizeof(float) * (size_t)(2 * n * hv)), *cw = malloc(sizeof(float) * (size_t)(cd * kw));
+    float *alog = malloc(sizeof(float) * (size_t)hv), *dtb = malloc(sizeof(float) * (size_t)hv);
+    float *nw = malloc(sizeof(float) * (size_t)dv), *y[2], *cs[2], *st[2];
+    fill(qkv, n * cd, 2), fill(z, n * Vd, 2), fill(ba, 2 * n * hv, 2), fill(cw, cd * kw, 0.5f);
+    fill(alog, hv, 1), fill(dtb, hv, 1), fill(nw, dv, 1);
+    for (int i = 0; i < 2; i++) {
+      y[i] = malloc(sizeof(float) * (size_t)(n * Vd));
+      cs[i] = malloc(sizeof(float) * (size_t)(NR * csz + 1)), st[i] = malloc(sizeof(float) * (size_t)(NR * ssz));
+    }
+    fill(cs[0], NR * csz, 1), fill(st[0], NR * ssz, 0.2f); /* a different state per run */
+    memcpy(cs[1], cs[0], sizeof(float) * (size_t)(NR * csz)), memcpy(st[1], st[0], sizeof(float) * (size_t)(NR * ssz));
+    memset(y[0], 0, sizeof(float) * (size_t)(n * Vd)), memset(y[1], 0, sizeof(float) * (size_t)(n * Vd));
+    float *work = malloc(sizeof(float) * (size_t)ops_gdn_step_work_floats(nmax, hk, hv, dk, dv));
+    ops_gdn_step_run runs[NR];
+    for (int i = 0; i < NR; i++)
+      runs[i] = (ops_gdn_step_run){.start = start[i], .n = lens[i], .conv_state = cs[0] + i * csz,
+                                   .state = st[0] + i * ssz};
+    ops_gdn_step_args a = {
+        .n = 0, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = tiled, .eps = 1e-6f, .qkv = qkv,
+        .z = z, .b = ba, .a = ba + n * hv, .conv_w = cw, .a_log = alog, .dt_bias = dtb, .norm_w = nw,
+        .y = y[0], .work = work, .n_runs = NR, .runs = runs,
+    };
+    be->gdn_step(be, &a);
+    for (int i = 0; i < NR; i++) { /* the reference: one single-run call per run */
+      const int64_t t0 = start[i];
+      const ops_gdn_step_args r = {
+          .n = lens[i], .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = kw, .v_tiled = tiled, .eps = 1e-6f,
+          .qkv = qkv + t0 * cd, .z = z + t0 * Vd, .b = ba + t0 * hv, .a = ba + n * hv + t0 * hv, .conv_w = cw,
+          .a_log = alog, .dt_bias = dtb, .norm_w = nw, .conv_state = cs[1] + i * csz, .state = st[1] + i * ssz,
+          .y = y[1] + t0 * Vd, .work = work,
+      };
+      be->gdn_step(be, &r);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "gdn_step batched %d runs hk=%d hv=%d dk=%d dv=%d kw=%d", NR, hk, hv, dk, dv, kw);
+    check(what, same_bits(y[0], y[1], n * Vd) && same_bits(st[0], st[1], NR * ssz) &&
+                        same_bits(cs[0], cs[1], NR * csz) ? 0 : 1, 0);
+    double yabs = 0, dst = 0;
+    for (int64_t i = 0; i < n * Vd; i++) yabs = fmax(yabs, fabs(y[0][i]));
+    for (int64_t i = 0; i < ssz; i++) dst = fmax(dst, fabs(st[0][(NR - 1) * ssz + i] - st[0][i]));
+    check("gdn_step batched: output nonzero, states distinct", yabs > 1e-3 && isfinite(yabs) && dst > 0 ? 0 : 1, 0);
+    for (int i = 0; i < 2; i++) free(y[i]), free(cs[i]), free(st[i]);
+    free(qkv), free(z), free(ba), free(cw), free(alog), free(dtb), free(nw), free(work);
+  }
+}
+
 /* Fused ops against the unfused sequences they replace: bit for bit (the CPU's fused ops are
  * those sequences, which is what keeps the fixtures' CPU logits unchanged). */
 static void test_fused(ops_backend *be) {
@@ -850,6 +912,7 @@ int main(void) {
   test_attention(be);
   test_conv_rope_norm(be);
   test_fused(be);
+  test_gdn_step_batched(be);
   test_moe_route(be);
   test_sampler();
   test_topk(be);

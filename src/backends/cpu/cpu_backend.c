@@ -178,6 +178,25 @@ static void cpu_gdn_gates(ops_backend *be, float *beta, float *g, const float *b
  * computes bit for bit what the unfused sequence does (the fixtures rely on it) ---- */
 
 static void cpu_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
+  if (a->n_runs > 0) { /* batched: one single-run call per run, in order (hence bit for bit the same) */
+    const int64_t Vd = (int64_t)a->hv * a->dv, cd = 2 * (int64_t)a->hk * a->dk + Vd;
+    for (int i = 0; i < a->n_runs; i++) {
+      const ops_gdn_step_run *u = &a->runs[i];
+      ops_gdn_step_args r = *a;
+      r.n_runs = 0;
+      r.runs = NULL;
+      r.n = u->n;
+      r.conv_state = u->conv_state;
+      r.state = u->state;
+      r.qkv = a->qkv + u->start * cd;
+      r.z = a->z + u->start * Vd;
+      r.b = a->b + u->start * a->hv;
+      r.a = a->a + u->start * a->hv;
+      r.y = a->y + u->start * Vd;
+      cpu_gdn_step(be, &r);
+    }
+    return;
+  }
   const int64_t n = a->n, Kd = (int64_t)a->hk * a->dk, Vd = (int64_t)a->hv * a->dv, cd = 2 * Kd + Vd;
   if (n <= 0) return;
   float *conv = a->work, *beta = conv + n * cd, *g = beta + n * a->hv;

@@ -35,7 +35,12 @@
  * latency overlaps the projections' tail; the projections' outputs are then loaded in one
  * round (ncu, 35B-A3B shape: step 1's serial load rounds were over half of the kernel's
  * stall samples).
- * Tokens beyond STEP_TOK are handled by further launches (state carries over in memory). */
+ * Tokens beyond STEP_TOK are handled by further launches (state carries over in memory).
+ * Batched (ops_gdn_step_args.n_runs > 0): one launch covers every run of a decode batch, grid
+ * z = the run (its table by value in the kernel's parameters, fz_runs, so a recorded graph
+ * replays it); each z slice is exactly the single-run kernel on that run's rows and states.
+ * The single-run form launches with a one-entry table it never reads (NR = 1): its code is
+ * the kernel as it was before batching. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
 
@@ -216,12 +221,42 @@ static __device__ __forceinline__ void fz_state_store(const float (&S)[R], float
   }
 }
 
-/* grid (GS_CLUSTER, hk), clusters of GS_CLUSTER blocks along x; block dim a multiple of 32,
+/* A launch's run table: r[blockIdx.z] (start and n relative to the launch's rows, at most
+ * STEP_TOK tokens). By value, zero-filled beyond the launched runs (graph logs compare bytes). */
+template <int NR>
+struct fz_runs {
+  ops_gdn_step_run r[NR];
+};
+
+/* The args of this block's run: the single-run launch's own (NR = 1: the table is not read);
+ * else the launch's with run blockIdx.z's token count, row offset and states. */
+static __device__ __forceinline__ const ops_gdn_step_args &fz_run_args(const ops_gdn_step_args &p,
+                                                                      const fz_runs<1> &) {
+  return p;
+}
+template <int NR>
+static __device__ __forceinline__ ops_gdn_step_args fz_run_args(const ops_gdn_step_args &p, const fz_runs<NR> &rt) {
+  const ops_gdn_step_run &u = rt.r[blockIdx.z];
+  const int64_t Vd = (int64_t)p.hv * p.dv, cd = 2 * (int64_t)p.hk * p.dk + Vd;
+  ops_gdn_step_args a = p;
+  a.n = u.n;
+  a.conv_state = u.conv_state;
+  a.state = u.state;
+  a.qkv = p.qkv + u.start * cd;
+  a.z = p.z + u.start * Vd;
+  a.b = p.b + u.start * p.hv;
+  a.a = p.a + u.start * p.hv;
+  a.y = p.y + u.start * Vd;
+  return a;
+}
+
+/* grid (GS_CLUSTER, hk, runs), clusters of GS_CLUSTER blocks along x; block dim a multiple of 32,
  * <= STEP_THREADS; a.n <= STEP_TOK; hv / hk <= STEP_MAXR; ceil(hv / hk * dv / 8) <= STEP_MAXNC;
  * dk <= MAXDK; the model vectors in a are device pointers. */
-template <int MAXDK, int P>
+template <int MAXDK, int P, int NR>
 static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP_THREADS)
-    k_gdn_step(ops_gdn_step_args a) {
+    k_gdn_step(ops_gdn_step_args p, fz_runs<NR> rt) {
+  const ops_gdn_step_args &a = fz_run_args(p, rt);
   __shared__ float qs[STEP_TOK][MAXDK], ks[STEP_TOK][MAXDK];
   __shared__ float vs[STEP_TOK][STEP_MAXNC], os[STEP_TOK][STEP_MAXNC];
   __shared__ float sdecay[STEP_TOK][STEP_MAXR], sbeta[STEP_TOK][STEP_MAXR];
@@ -354,7 +389,7 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
 
 /* The per-head variant (CUDA_GDN_HEAD, cuda_backend_set_gdn_variant): one block per v-head,
  * its dv columns and all dk state rows (P lanes per column, R = MAXDK / P rows each in
- * registers), grid (r, hk) in clusters of the r = hv / hk blocks that share a k-head. The
+ * registers), grid (r, hk, runs) in clusters of the r = hv / hk blocks that share a k-head. The
  * output norm's row is then the block's own, so the cluster only orders the q/k conv state:
  * every block reads it, arrives on the cluster barrier once it has, and rank 0 waits on it at
  * the very end before rewriting the state (the other ranks wait there too), where the cluster
@@ -362,9 +397,10 @@ static __global__ void __cluster_dims__(GS_CLUSTER, 1, 1) __launch_bounds__(STEP
  * blocks (32 of 512 threads for the 35B-A3B shape, 64 KB of state each). Shapes: dk <= 128,
  * dv <= 128, r in {1, 2, 4} (cuda_op_gdn_step falls back to the cluster variant). */
 #define HEAD_MAXV 128
-template <int MAXDK, int P, int RC>
+template <int MAXDK, int P, int RC, int NR>
 static __global__ void __cluster_dims__(RC, 1, 1) __launch_bounds__(STEP_THREADS)
-    k_gdn_step_head(ops_gdn_step_args a) {
+    k_gdn_step_head(ops_gdn_step_args p, fz_runs<NR> rt) {
+  const ops_gdn_step_args &a = fz_run_args(p, rt);
   __shared__ float qs[STEP_TOK][MAXDK], ks[STEP_TOK][MAXDK];
   __shared__ float vs[STEP_TOK][HEAD_MAXV], os[STEP_TOK][HEAD_MAXV], zs[STEP_TOK][HEAD_MAXV], ws[HEAD_MAXV];
   __shared__ float sdecay[STEP_TOK], sbeta[STEP_TOK], sinv[STEP_TOK], sred[STEP_TOK][STEP_THREADS / 32];
@@ -446,19 +482,22 @@ static __global__ void __cluster_dims__(RC, 1, 1) __launch_bounds__(STEP_THREADS
       fz_conv_state_advance(a.qkv, cd, n, (c >= dk) * Kd + (int64_t)kh * dk + c % dk, a.kw, a.conv_state);
 }
 
-template <int MAXDK, int P, int RC>
-static void launch_step_head(cuda_impl *ci, unsigned hk, unsigned threads, const ops_gdn_step_args &a, bool pdl) {
-  if (pdl) cuda_launch_pdl(ci, "gdn step head", k_gdn_step_head<MAXDK, P, RC>, dim3(RC, hk), threads, 0, a);
-  else cuda_launch(ci, "gdn step head", k_gdn_step_head<MAXDK, P, RC>, dim3(RC, hk), threads, 0, a);
+template <int MAXDK, int P, int RC, int NR>
+static void launch_step_head(cuda_impl *ci, unsigned hk, unsigned nz, unsigned threads, const ops_gdn_step_args &a,
+                             const fz_runs<NR> &rt, bool pdl) {
+  const dim3 grid(RC, hk, nz);
+  if (pdl) cuda_launch_pdl(ci, "gdn step head", k_gdn_step_head<MAXDK, P, RC, NR>, grid, threads, 0, a, rt);
+  else cuda_launch(ci, "gdn step head", k_gdn_step_head<MAXDK, P, RC, NR>, grid, threads, 0, a, rt);
 }
 
 /* The per-head launch for these sizes; false when the variant does not take them. */
-static bool step_head(cuda_impl *ci, const ops_gdn_step_args &d, bool pdl) {
+template <int NR>
+static bool step_head(cuda_impl *ci, const ops_gdn_step_args &d, const fz_runs<NR> &rt, unsigned nz, bool pdl) {
   const int r = d.hv / d.hk;
   if (d.dk > 128 || d.dv > HEAD_MAXV || (r != 1 && r != 2 && r != 4)) return false;
   const int P = d.dv > 64 ? 4 : 8; /* dv * P <= 512 threads; R = 128 / P rows per lane */
   const unsigned threads = (unsigned)((d.dv * P + 31) / 32 * 32);
-#define HEAD(PP, RR) launch_step_head<128, PP, RR>(ci, (unsigned)d.hk, threads, d, pdl)
+#define HEAD(PP, RR) launch_step_head<128, PP, RR, NR>(ci, (unsigned)d.hk, nz, threads, d, rt, pdl)
   if (P == 4) {
     if (r == 1) HEAD(4, 1);
     else if (r == 2) HEAD(4, 2);
@@ -474,21 +513,40 @@ static bool step_head(cuda_impl *ci, const ops_gdn_step_args &d, bool pdl) {
 
 /* pdl: programmatic launch (cuda_launch_pdl); only for the first launch of a run, since a
  * later one reads the state its predecessor writes before it waits for it. */
-template <int MAXDK, int P>
-static void launch_step(cuda_impl *ci, unsigned hk, unsigned threads, const ops_gdn_step_args &a, bool pdl) {
-  if (pdl) cuda_launch_pdl(ci, "gdn step", k_gdn_step<MAXDK, P>, dim3(GS_CLUSTER, hk), threads, 0, a);
-  else cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, P>, dim3(GS_CLUSTER, hk), threads, 0, a);
+template <int MAXDK, int P, int NR>
+static void launch_step(cuda_impl *ci, unsigned hk, unsigned nz, unsigned threads, const ops_gdn_step_args &a,
+                        const fz_runs<NR> &rt, bool pdl) {
+  const dim3 grid(GS_CLUSTER, hk, nz);
+  if (pdl) cuda_launch_pdl(ci, "gdn step", k_gdn_step<MAXDK, P, NR>, grid, threads, 0, a, rt);
+  else cuda_launch(ci, "gdn step", k_gdn_step<MAXDK, P, NR>, grid, threads, 0, a, rt);
+}
+
+/* One launch of d (its rows at most STEP_TOK tokens) over nz runs of rt (NR = 1: d's own
+ * single run), in the selected variant. */
+template <int NR>
+static void step_launch(cuda_impl *ci, const ops_gdn_step_args &d, const fz_runs<NR> &rt, unsigned nz,
+                        unsigned threads, bool pdl) {
+  if (ci->gdn_variant == CUDA_GDN_HEAD && step_head<NR>(ci, d, rt, nz, pdl)) return;
+  const unsigned hk = (unsigned)d.hk;
+  if (d.dk <= 32) launch_step<32, 4, NR>(ci, hk, nz, threads, d, rt, pdl);
+  else if (d.dk <= 64) launch_step<64, 8, NR>(ci, hk, nz, threads, d, rt, pdl);
+  else if (d.dk <= 128) launch_step<128, 8, NR>(ci, hk, nz, threads, d, rt, pdl);
+  else launch_step<256, 16, NR>(ci, hk, nz, threads, d, rt, pdl);
 }
 
 void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (ci->err || a->n <= 0) return;
+  if (ci->err || (a->n_runs == 0 && a->n <= 0)) return;
   const int hk = a->hk, hv = a->hv, dk = a->dk, dv = a->dv;
   const int64_t G = hk > 0 && hv % hk == 0 ? (int64_t)(hv / hk) * dv : 0;
   if (hk <= 0 || hk > 65535 || hv <= 0 || hv % hk != 0 || hv / hk > STEP_MAXR || dk <= 0 || dk > 256 || dv <= 0 ||
       (G + GS_CLUSTER - 1) / GS_CLUSTER > STEP_MAXNC || a->kw < 1 || a->kw > STEP_MAXKW) {
     cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: gdn_step shape (hk %d, hv %d, dk %d, dv %d, conv %d) not supported", hk,
               hv, dk, dv, a->kw);
+    return;
+  }
+  if (a->n_runs < 0 || a->n_runs > OPS_GDN_STEP_MAX_RUNS || (a->n_runs > 0 && !a->runs)) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda: gdn_step with %d runs (at most %d)", a->n_runs, OPS_GDN_STEP_MAX_RUNS);
     return;
   }
   const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd;
@@ -501,6 +559,8 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
     cuda_fail(ci, ANNA_EINVAL, "cuda: gdn_step without its model vectors");
     return;
   }
+  d.n_runs = 0; /* the table travels in fz_runs; no host pointer in the kernel's arguments */
+  d.runs = NULL;
   /* P lanes per column (R = dk / P state rows each in registers): 16 rows per thread keeps the
    * state in registers and each dot product a short chain; threads = the widest block's columns
    * times P, capped (more columns run in passes). */
@@ -509,23 +569,49 @@ void cuda_op_gdn_step(ops_backend *be, const ops_gdn_step_args *a) {
   int64_t th = (nc * P + 31) / 32 * 32;
   if (th > STEP_THREADS) th = STEP_THREADS;
   const unsigned threads = (unsigned)th;
-  for (int64_t t0 = 0; t0 < a->n; t0 += STEP_TOK) {
-    const int64_t m = a->n - t0 < STEP_TOK ? a->n - t0 : STEP_TOK;
-    d.n = m;
-    d.qkv = a->qkv + t0 * cd;
-    d.z = a->z + t0 * Vd;
-    d.b = a->b + t0 * hv;
-    d.a = a->a + t0 * hv;
-    d.y = a->y + t0 * Vd;
-    const bool pdl = t0 == 0;
-    if (ci->gdn_variant == CUDA_GDN_HEAD && step_head(ci, d, pdl)) {
+  if (a->n_runs == 0) {
+    fz_runs<1> one;
+    memset(&one, 0, sizeof one);
+    for (int64_t t0 = 0; t0 < a->n; t0 += STEP_TOK) {
+      const int64_t m = a->n - t0 < STEP_TOK ? a->n - t0 : STEP_TOK;
+      d.n = m;
+      d.qkv = a->qkv + t0 * cd;
+      d.z = a->z + t0 * Vd;
+      d.b = a->b + t0 * hv;
+      d.a = a->a + t0 * hv;
+      d.y = a->y + t0 * Vd;
+      step_launch<1>(ci, d, one, 1, threads, t0 == 0);
       if (ci->err) return;
-      continue;
     }
-    if (dk <= 32) launch_step<32, 4>(ci, (unsigned)hk, threads, d, pdl);
-    else if (dk <= 64) launch_step<64, 8>(ci, (unsigned)hk, threads, d, pdl);
-    else if (dk <= 128) launch_step<128, 8>(ci, (unsigned)hk, threads, d, pdl);
-    else launch_step<256, 16>(ci, (unsigned)hk, threads, d, pdl);
+    return;
+  }
+  /* Batched: launch k takes tokens [k STEP_TOK, (k + 1) STEP_TOK) of every run that has them
+   * (one launch for decode runs); the first is programmatic, as a run's first launch above. */
+  int64_t nmax = 0;
+  for (int i = 0; i < a->n_runs; i++) {
+    const ops_gdn_step_run *u = &a->runs[i];
+    if (u->n > 0 && (u->start < 0 || !u->conv_state || !u->state)) {
+      cuda_fail(ci, ANNA_EINVAL, "cuda: gdn_step run %d without its rows or states", i);
+      return;
+    }
+    if (u->n > nmax) nmax = u->n;
+  }
+  d.n = 0;
+  d.conv_state = d.state = NULL;
+  fz_runs<OPS_GDN_STEP_MAX_RUNS> rt;
+  for (int64_t t0 = 0; t0 < nmax; t0 += STEP_TOK) {
+    memset(&rt, 0, sizeof rt);
+    unsigned nz = 0;
+    for (int i = 0; i < a->n_runs; i++) {
+      const ops_gdn_step_run *u = &a->runs[i];
+      if (u->n <= t0) continue;
+      ops_gdn_step_run *e = &rt.r[nz++];
+      e->start = u->start + t0;
+      e->n = u->n - t0 < STEP_TOK ? u->n - t0 : STEP_TOK;
+      e->conv_state = u->conv_state;
+      e->state = u->state;
+    }
+    step_launch<OPS_GDN_STEP_MAX_RUNS>(ci, d, rt, nz, threads, t0 == 0);
     if (ci->err) return;
   }
 }
