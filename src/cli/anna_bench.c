@@ -46,7 +46,10 @@ static void usage(FILE *f) {
           "  --exact                  f32 activations everywhere (exact, slower; CPU default:\n"
           "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n"
           "  --host-sampling          download each step's logits and take the argmax on the host (default:\n"
-          "                           the backend's top-1 candidate, a few bytes)\n");
+          "                           the backend's top-1 candidate, a few bytes)\n"
+          "  --parallel N             decode N sequences per step (the prompt prefilled once, then\n"
+          "                           shared by N sequences as anna-serve's n choices are); TG tok/s\n"
+          "                           is then the aggregate of the N (default 1)\n");
 }
 
 /* "512,8192" -> lengths (caller frees). Returns the count, or -1 with the message printed. */
@@ -191,11 +194,32 @@ static int synth_prompt(int32_t **ids, int64_t n, int vocab, const anna_text *te
 }
 
 /* One run from an empty sequence. seq/pos/want: [n_batch] scratch. */
+/* --parallel: sequences decoded per step (1: the single-sequence loop below). */
+static int g_parallel = 1;
+
+/* The decode phase of --parallel N: sequences 1..N-1 become copies of sequence 0's prompt
+ * (blocks shared, copied on the first write), then every step decodes one token of each,
+ * greedy from the backend's top-1 candidate. Buffers: seq/pos/want/toks hold N entries. */
+static int bench_parallel_decode(anna_context *ctx, int32_t first, int64_t n, int max_new, int32_t *seq, int32_t *pos,
+                                 int8_t *want, int32_t *toks, float *cval, double *cst, char *err, size_t errlen) {
+  const int P = g_parallel;
+  for (int q = 1; q < P; q++)
+    if (anna_context_seq_copy(ctx, q, 0, (int32_t)n, err, errlen)) return -1;
+  for (int q = 0; q < P; q++) toks[q] = first;
+  for (int i = 1; i < max_new; i++) {
+    for (int q = 0; q < P; q++) seq[q] = q, pos[q] = (int32_t)(n + i - 1), want[q] = 1;
+    anna_batch b = {P, toks, seq, pos, want};
+    /* the candidates overwrite toks only after the batch was read: the call copies its inputs first */
+    if (anna_context_decode_topk(ctx, &b, 1, 0.0f, toks, cval, cst, err, errlen)) return -1;
+  }
+  return 0;
+}
+
 static int bench_one(anna_context *ctx, anna_sampler *smp, const int32_t *ids, int64_t n, int n_batch, int max_new,
                      float *logits, int32_t *seq, int32_t *pos, int8_t *want, int host_sampling, bench_run *r,
                      char *err, size_t errlen) {
   memset(r, 0, sizeof *r);
-  anna_context_seq_reset(ctx, 0);
+  for (int q = 0; q < g_parallel; q++) anna_context_seq_reset(ctx, q);
   anna_sampler_reset(smp);
   double c0 = cpu_seconds();
   double t0 = cli_now();
@@ -219,6 +243,22 @@ static int bench_one(anna_context *ctx, anna_sampler *smp, const int32_t *ids, i
   r->sample_s += t2 - t1;
   r->ttft_s = t2 - t0;
   double ts = 0;
+  if (g_parallel > 1) {
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)g_parallel);
+    float *cv = malloc(sizeof(float) * (size_t)g_parallel);
+    double *cs = malloc(sizeof(double) * 2 * (size_t)g_parallel);
+    int rc = !toks || !cv || !cs ? (snprintf(err, errlen, "out of memory"), -1)
+                                 : bench_parallel_decode(ctx, t, n, max_new, seq, pos, want, toks, cv, cs, err, errlen);
+    free(toks);
+    free(cv);
+    free(cs);
+    if (rc) return -1;
+    r->decode_s = cli_now() - t2;
+    r->n_decoded = (max_new - 1) * g_parallel;
+    r->wall_s = cli_now() - t0;
+    r->cpu_s = cpu_seconds() - c0;
+    return 0;
+  }
   /* Decode steps return the candidates the sampler needs (greedy: the top 1) unless
    * --host-sampling; a row they do not decide is fetched in full (anna-generate's loop). */
   float ktemp = 0.0f;
@@ -334,6 +374,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--tuning")) { NEEDV(); tuning = v; }
     else if (!strcmp(a, "--exact")) exact_matmul = 1;
     else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
+    else if (!strcmp(a, "--parallel")) { NEEDV(); if (cli_int(a, v, 1, 4096, &g_parallel)) return 2; }
     else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
     else if (!strcmp(a, "--prompt-len")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &prompt_len)) return 2; }
     else if (!strcmp(a, "--warmup")) { NEEDV(); if (cli_int(a, v, 0, 1000, &warmup)) return 2; }
@@ -429,8 +470,9 @@ int main(int argc, char **argv) {
              (long long)n_ids, max_new, n_ctx);
     goto fail;
   }
-  const int n_batch = n_ids < batch ? (int)n_ids : batch;
-  anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
+  int n_batch = n_ids < batch ? (int)n_ids : batch;
+  if (n_batch < g_parallel) n_batch = g_parallel; /* a decode step holds one token of each sequence */
+  anna_context_options co = {.n_seq = g_parallel, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
                              .exact_matmul = exact_matmul, .profile = profile, .kv_cache_quantization = kvq,
                              .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid, .tuning = tuning};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
@@ -492,6 +534,7 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "describe", json_string(anna_model_describe(m)));
     json_object_set_new(o, "device", json_string(device ? device : "cpu"));
     json_object_set_new(o, "dtype", json_string(dtype ? dtype : "f32"));
+    json_object_set_new(o, "parallel", json_integer(g_parallel));
     json_object_set_new(o, "threads", json_integer(threads));
     json_object_set_new(o, "n_batch", json_integer(n_batch));
     json_object_set_new(o, "n_ctx", json_integer(n_ctx));
@@ -529,8 +572,8 @@ int main(int argc, char **argv) {
     printf("anna-bench | %s | %s\n", anna_model_describe(m), model);
     char th[16];
     snprintf(th, sizeof th, threads > 0 ? "%d" : "auto", threads);
-    printf("device %s, dtype %s, threads %s, batch %d | load %.3f s | peak RSS %.1f MiB (after load %.1f)\n",
-           device ? device : "cpu", dtype ? dtype : "f32", th, n_batch, t_load, rss_peak, rss_loaded);
+    printf("device %s, dtype %s, threads %s, batch %d, parallel %d | load %.3f s | peak RSS %.1f MiB (after load %.1f)\n",
+           device ? device : "cpu", dtype ? dtype : "f32", th, n_batch, g_parallel, t_load, rss_peak, rss_loaded);
     printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n\n", warmup,
            n_runs, max_new, prompt ? "chat-templated" : "synthetic");
     printf("| %8s | %-28s | %-24s | %-26s | %8s |\n", "prompt", "PP tok/s", "TTFT ms", "TG tok/s", "CPU/wall");
