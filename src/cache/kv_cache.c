@@ -337,7 +337,8 @@ int64_t kv_cache_seq_blocks_held(const kv_cache *c, int seq) {
   if (seq < 0 || seq >= c->n_seq) return ANNA_ERANGE;
   const int32_t *t = c->tab_id + (int64_t)seq * c->max_bps;
   int64_t held = 0;
-  for (int32_t j = 0; j < c->nblk[seq]; j++) held += c->blk[t[j]].ref == 1;
+  for (int32_t j = 0; j < c->nblk[seq]; j++)
+    held += c->blk[t[j]].ref == 1;
   return held;
 }
 

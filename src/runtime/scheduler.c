@@ -338,7 +338,9 @@ static int64_t preempt_one(anna_sched *s, int *n_pmt) {
   if (!v) return -1;
   /* The cache's count leaves out blocks other sequences (other choices, the exact prompt
    * cache) still hold after the reset; the estimate assumes all come back. */
-  const int64_t held = s->o.block_len <= 0 ? 0 : v->kv_known ? v->kv_held : ceil_div(v->n_fed, s->o.block_len);
+  const int64_t held = s->o.block_len <= 0 ? 0
+                       : v->kv_known       ? v->kv_held
+                                           : ceil_div(v->n_fed, s->o.block_len);
   entry_of(v, &s->pmt[(*n_pmt)++], v->n_fed, 0, 0);
   slot_release(s, v->slot);
   v->state = SEQ_WAITING;

@@ -894,7 +894,7 @@ static void *engine_main(void *arg) {
       continue;
     }
     kv_replan = 0;
-        anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
+    anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
     /* Candidates instead of logits when every sampled row allows it: the largest k any row
      * needs (a row's own top-k is a prefix of them) at the one temperature whose softmax sum
      * the top-p / min-p rows need; rows of different such temperatures take the full rows. */

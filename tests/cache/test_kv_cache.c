@@ -477,20 +477,30 @@ static void test_blocks_accounting(void) {
   char err[256];
   int32_t tk[30], t1 = 7;
   seqtok(tk, 30, 3);
-  CHECK(kv_cache_seq_blocks_needed(c, 0, 30) == 2 && kv_cache_seq_blocks_needed(c, 0, 0) == 0, "fresh");
-  CHECK(kv_cache_seq_blocks_needed(c, 9, 1) == ANNA_ERANGE && kv_cache_seq_blocks_held(c, -1) == ANNA_ERANGE, "range");
+  CHECK(kv_cache_seq_blocks_needed(c, 0, 30) == 2 && kv_cache_seq_blocks_needed(c, 0, 0) == 0,
+        "fresh");
+  CHECK(kv_cache_seq_blocks_needed(c, 9, 1) == ANNA_ERANGE &&
+            kv_cache_seq_blocks_held(c, -1) == ANNA_ERANGE,
+        "range");
   CHECK(step(c, 0, tk, 30, err) == 0, "%s", err);
-  CHECK(kv_cache_seq_blocks_held(c, 0) == 2 && kv_cache_seq_blocks_needed(c, 0, 1) == 0, "private partial block");
+  CHECK(kv_cache_seq_blocks_held(c, 0) == 2 && kv_cache_seq_blocks_needed(c, 0, 1) == 0,
+        "private partial block");
   CHECK(kv_cache_seq_blocks_needed(c, 0, 3) == 1, "crossing into a new block");
-  for (int d = 1; d < 5; d++) CHECK(!kv_cache_seq_copy(c, d, 0, 30, err, sizeof err), "%s", err);
+  for (int d = 1; d < 5; d++)
+    CHECK(!kv_cache_seq_copy(c, d, 0, 30, err, sizeof err), "%s", err);
   for (int d = 0; d < 5; d++)
-    CHECK(kv_cache_seq_blocks_needed(c, d, 1) == 1 && kv_cache_seq_blocks_held(c, d) == 0, "shared: seq %d", d);
+    CHECK(kv_cache_seq_blocks_needed(c, d, 1) == 1 && kv_cache_seq_blocks_held(c, d) == 0,
+          "shared: seq %d", d);
   CHECK(pool_avail(c) == 4, "4 blocks left");
   /* four decodes: one copy each (the fifth sharer would find the block its own) */
-  for (int d = 1; d < 5; d++) CHECK(step(c, d, &t1, 1, err) == 0, "decode %d: %s", d, err);
-  CHECK(pool_avail(c) == 0 && kv_cache_seq_blocks_needed(c, 0, 1) == 0, "last holder writes in place");
-  CHECK(kv_cache_seq_blocks_needed(c, 1, 1) == 0 && step(c, 1, tk, 1, err) == 0, "fills its block: %s", err);
-  CHECK(kv_cache_seq_blocks_needed(c, 1, 1) == 1 && step(c, 1, tk, 1, err) == ANNA_ERANGE, "full: %s", err);
+  for (int d = 1; d < 5; d++)
+    CHECK(step(c, d, &t1, 1, err) == 0, "decode %d: %s", d, err);
+  CHECK(pool_avail(c) == 0 && kv_cache_seq_blocks_needed(c, 0, 1) == 0,
+        "last holder writes in place");
+  CHECK(kv_cache_seq_blocks_needed(c, 1, 1) == 0 && step(c, 1, tk, 1, err) == 0,
+        "fills its block: %s", err);
+  CHECK(kv_cache_seq_blocks_needed(c, 1, 1) == 1 && step(c, 1, tk, 1, err) == ANNA_ERANGE,
+        "full: %s", err);
   CHECK(kv_cache_seq_blocks_held(c, 1) == 1, "seq 1 holds its copy");
   kv_cache_free(c);
 }
@@ -519,13 +529,16 @@ static void test_stress(void) {
       int rc = step(c, q, tk, n, err);
       if (!rc) {
         int64_t took = c->nblk[q] - nb0;
-        for (int32_t j = 0; j < nb0; j++) took += c->tab_id[(int64_t)q * c->max_bps + j] != before[j];
-        if (took != need) bad = 1, printf("  iteration %d: needed %lld, the plan took %lld\n", it, (long long)need, (long long)took);
+        for (int32_t j = 0; j < nb0; j++)
+          took += c->tab_id[(int64_t)q * c->max_bps + j] != before[j];
+        if (took != need)
+          bad = 1, printf("  iteration %d: needed %lld, the plan took %lld\n", it, (long long)need,
+                          (long long)took);
         checked++;
       }
       if (rc == ANNA_ERANGE && need <= avail)
-        bad = 1, printf("  iteration %d: %lld blocks needed, %lld available, but the plan failed\n", it, (long long)need,
-                        (long long)avail);
+        bad = 1, printf("  iteration %d: %lld blocks needed, %lld available, but the plan failed\n",
+                        it, (long long)need, (long long)avail);
       if (rc == ANNA_ERANGE) {
         full++;
         kv_cache_seq_reset(c, q); /* what the engine does with a failed sequence */

@@ -420,7 +420,8 @@ static anna_sched *two_decoding(int32_t cached) {
   anna_sched *s = NULL;
   char err[128];
   CHECK(!anna_sched_create(&s, &o, err, sizeof err));
-  anna_sched_seq_desc d[2] = {{ANNA_SCHED_KIND_TEXT, cached, NULL}, {ANNA_SCHED_KIND_TEXT, cached, NULL}};
+  anna_sched_seq_desc d[2] = {{ANNA_SCHED_KIND_TEXT, cached, NULL},
+                              {ANNA_SCHED_KIND_TEXT, cached, NULL}};
   uint64_t id;
   CHECK(!anna_sched_submit(s, d, 2, 0, &id, err, sizeof err));
   const anna_sched_entry *adm;
@@ -445,7 +446,8 @@ static void test_cache_block_counts(void) {
   /* the cache's counts: one copy each, 1 block free: the later one is preempted (it frees
    * nothing: its blocks are shared), the earlier one decodes */
   s = two_decoding(6);
-  for (int i = 0; i < 2; i++) anna_sched_seq_blocks(s, i, 1, 0);
+  for (int i = 0; i < 2; i++)
+    anna_sched_seq_blocks(s, i, 1, 0);
   anna_sched_plan_step(s, 1, &p);
   CHECK(p.n_decode == 1 && p.n_preempted == 1 && p.decode[0].slot != p.preempted[0].slot);
   anna_sched_commit(s, &p);
@@ -457,13 +459,15 @@ static void test_cache_block_counts(void) {
   CHECK(p.n_decode == 1 && p.n_preempted == 1);
   anna_sched_free(s);
   s = two_decoding(8);
-  for (int i = 0; i < 2; i++) anna_sched_seq_blocks(s, i, 1, 0);
+  for (int i = 0; i < 2; i++)
+    anna_sched_seq_blocks(s, i, 1, 0);
   anna_sched_plan_step(s, 0, &p);
   CHECK(p.n_decode == 0 && p.n_preempted == 2);
   anna_sched_free(s);
   /* counts hold until the step is committed: afterwards the estimate is back */
   s = two_decoding(6);
-  for (int i = 0; i < 2; i++) anna_sched_seq_blocks(s, i, 1, 0);
+  for (int i = 0; i < 2; i++)
+    anna_sched_seq_blocks(s, i, 1, 0);
   anna_sched_plan_step(s, 2, &p);
   CHECK(p.n_decode == 2 && p.n_preempted == 0);
   anna_sched_commit(s, &p);
