@@ -228,6 +228,18 @@ typedef struct anna_kv_stats {
   uint64_t evictions, cow_copies;
 } anna_kv_stats;
 void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st);
+/* KV-block accounting of one sequence, for a scheduler (anna_sched_seq_blocks), computed by
+ * the cache itself so a plan never counts on blocks it will not get:
+ *   needed: the blocks the next decode takes from the pool (free or evictable) when it feeds
+ *           n more tokens of seq alone: blocks its positions start, plus a copy of each block
+ *           they write that another sequence or the prefix pool also holds (copy on write;
+ *           e.g. the shared partial last block of a prompt several choices copied). Sequences
+ *           sharing one block may together need one copy fewer than the sum.
+ *   held:   the blocks only seq holds: what anna_context_seq_reset gives back (free or
+ *           evictable); blocks it shares stay with their other holders.
+ * ANNA_ERANGE for a bad seq; ANNA_EUNSUPPORTED for kinds without per-sequence state. */
+int64_t anna_context_seq_blocks_needed(const anna_context *c, int seq, int32_t n);
+int64_t anna_context_seq_blocks_held(const anna_context *c, int seq);
 
 /* Decode steps run as CUDA graphs (cumulative since creation; all zero on the CPU): steps,
  * graphs built (instantiated), steps that updated a cached graph's arguments in place (the
@@ -310,6 +322,7 @@ int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const fl
  *   anna_sched_admit       waiting sequences -> free slots (context sequence ids 0..n_slots-1)
  *   anna_sched_drop_next   cancelled sequences, one at a time (their slot is free again)
  *   anna_sched_seq_cached  after admission: prompt tokens a cache already holds (not fed)
+ *   anna_sched_seq_blocks  before a step: the cache's exact block counts for a sequence
  *   anna_sched_plan_step   one step: a decode token per running sequence, prompt chunks,
  *                          preemptions when a decode needs a KV block and none is free
  *   anna_sched_commit      the step ran: its tokens are in the cache
@@ -416,6 +429,12 @@ int anna_sched_admit(anna_sched *s, double now_ms, int64_t kv_free_blocks,
 int anna_sched_drop_next(anna_sched *s, anna_sched_entry *out);
 /* After admission: the first n input tokens of slot's sequence are already cached. */
 void anna_sched_seq_cached(anna_sched *s, int slot, int32_t n);
+/* Before anna_sched_plan_step: the cache's block counts for slot's running sequence as it
+ * stands, next_blocks = anna_context_seq_blocks_needed(ctx, slot, 1) and held_blocks =
+ * anna_context_seq_blocks_held(ctx, slot). The next plan uses them instead of its estimate
+ * (which misses copies of shared blocks and counts shared blocks as freed by a preemption);
+ * they hold until anna_sched_commit. Negative counts are ignored. */
+void anna_sched_seq_blocks(anna_sched *s, int slot, int64_t next_blocks, int64_t held_blocks);
 
 /* Plans one step under the token budgets. kv_free_blocks (free + evictable; < 0: unlimited):
  * a decode that starts a new block needs one; if they run out, the most recently admitted

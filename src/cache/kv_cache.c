@@ -320,6 +320,28 @@ full:
                   seq, (long long)c->n_blocks, c->block_len);
 }
 
+int64_t kv_cache_seq_blocks_needed(const kv_cache *c, int seq, int32_t n) {
+  if (seq < 0 || seq >= c->n_seq) return ANNA_ERANGE;
+  if (n <= 0) return 0;
+  /* seq_ensure's walk, counting instead of allocating. */
+  const int32_t from = c->len[seq], j0 = from >> c->bshift, j1 = (from + n - 1) >> c->bshift;
+  const int32_t *t = c->tab_id + (int64_t)seq * c->max_bps;
+  int64_t need = 0;
+  for (int32_t j = j0; j <= j1 && j < c->nblk[seq]; j++)
+    need += !(c->blk[t[j]].ref == 1 && !c->blk[t[j]].cached);
+  if (j1 >= c->nblk[seq]) need += j1 + 1 - c->nblk[seq];
+  return need;
+}
+
+int64_t kv_cache_seq_blocks_held(const kv_cache *c, int seq) {
+  if (seq < 0 || seq >= c->n_seq) return ANNA_ERANGE;
+  const int32_t *t = c->tab_id + (int64_t)seq * c->max_bps;
+  int64_t held = 0;
+  for (int32_t j = 0; j < c->nblk[seq]; j++)
+    held += c->blk[t[j]].ref == 1;
+  return held;
+}
+
 /* Registers seq's full blocks [j0, j1) in the prefix index (hashes already in bhash). */
 static void seq_register(kv_cache *c, int seq, int32_t j0, int32_t j1) {
   const int32_t *t = c->tab_id + (int64_t)seq * c->max_bps;

@@ -103,6 +103,18 @@ int kv_cache_seq_copy(kv_cache *c, int dst, int src, int32_t n, char *err, size_
  * length (>= 0), or ANNA_ERANGE for a bad seq. */
 int32_t kv_cache_prefix_attach(kv_cache *c, int seq, const int32_t *tokens, int32_t n, int register_blocks);
 
+/* Block accounting for a scheduler (anna_context_seq_blocks_needed / _held):
+ * needed: the blocks kv_cache_plan takes from the pool (free or evicted) for seq's next n
+ *   positions, planned alone: fresh blocks past its table, plus a copy of each block those
+ *   positions write that another sequence or the prefix index also holds (copy on write).
+ *   In one batch, sequences sharing a block may need one copy fewer than the sum (the last
+ *   writer finds the block its own).
+ * held: the blocks only seq references: what kv_cache_seq_reset returns to the pool as
+ *   free or evictable (blocks it shares stay with their other holders).
+ * ANNA_ERANGE for a bad seq. */
+int64_t kv_cache_seq_blocks_needed(const kv_cache *c, int seq, int32_t n);
+int64_t kv_cache_seq_blocks_held(const kv_cache *c, int seq);
+
 /* A batch split into runs of consecutive tokens of one sequence. Arrays belong to the cache
  * and stay valid until the next kv_cache_plan. */
 typedef struct kv_plan {

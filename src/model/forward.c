@@ -217,6 +217,14 @@ int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, siz
   return kv_cache_seq_copy(s->kv, dst, src, n, err, errlen);
 }
 
+int64_t fwd_state_seq_blocks_needed(const fwd_state *s, int seq, int32_t n) {
+  return kv_cache_seq_blocks_needed(s->kv, seq, n);
+}
+
+int64_t fwd_state_seq_blocks_held(const fwd_state *s, int seq) {
+  return kv_cache_seq_blocks_held(s->kv, seq);
+}
+
 int32_t fwd_state_prefix_attach(fwd_state *s, int seq, const int32_t *tokens, int32_t n, int register_blocks) {
   return kv_cache_prefix_attach(s->kv, seq, tokens, n, register_blocks);
 }

@@ -55,6 +55,10 @@ int fwd_state_checkpoint(fwd_state *s, int seq, char *err, size_t errlen);
 int fwd_state_seq_rewind(fwd_state *s, int seq, int32_t n, char *err, size_t errlen);
 int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, size_t errlen);
 
+/* Block accounting (anna_context_seq_blocks_needed / _held; kv_cache.h documents them). */
+int64_t fwd_state_seq_blocks_needed(const fwd_state *s, int seq, int32_t n);
+int64_t fwd_state_seq_blocks_held(const fwd_state *s, int seq);
+
 /* Prefix pool (anna_context_prefix_attach): empties seq, then maps the longest cached
  * block-aligned prefix of tokens[0, n) into it (blocks shared; for GDN models only up to
  * the longest prefix with a state snapshot, which is restored). register_blocks: seq's

@@ -116,6 +116,8 @@ typedef struct model_seq_ops {
   int32_t (*prefix_attach)(void *state, int seq, const int32_t *tokens, int32_t n,
                            int register_blocks);
   void (*kv_stats)(const void *state, anna_kv_stats *st);
+  int64_t (*blocks_needed)(const void *state, int seq, int32_t n);
+  int64_t (*blocks_held)(const void *state, int seq);
   int64_t (*kv_bytes_per_token)(const void *state);
   /* Row `row` (flagged order) of the last run's logits to out[vocab]; ANNA_ERANGE if none. */
   int (*logits_row)(const void *state, int64_t row, float *out, char *err, size_t errlen);

@@ -109,6 +109,12 @@ static int32_t td_prefix_attach(void *s, int seq, const int32_t *tokens, int32_t
                                 int register_blocks) {
   return fwd_state_prefix_attach(s, seq, tokens, n, register_blocks);
 }
+static int64_t td_blocks_needed(const void *s, int seq, int32_t n) {
+  return fwd_state_seq_blocks_needed(s, seq, n);
+}
+static int64_t td_blocks_held(const void *s, int seq) {
+  return fwd_state_seq_blocks_held(s, seq);
+}
 static void td_kv_stats(const void *s, anna_kv_stats *st) {
   fwd_state_kv_stats(s, st);
 }
@@ -127,6 +133,8 @@ static const model_seq_ops td_seq = {
     .copy = td_copy,
     .prefix_attach = td_prefix_attach,
     .kv_stats = td_kv_stats,
+    .blocks_needed = td_blocks_needed,
+    .blocks_held = td_blocks_held,
     .kv_bytes_per_token = td_kv_bytes_per_token,
     .logits_row = td_logits_row,
 };

@@ -269,6 +269,16 @@ int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *er
   return s ? s->copy(c->st, dst, src, n, err, errlen) : no_seq(c, err, errlen);
 }
 
+int64_t anna_context_seq_blocks_needed(const anna_context *c, int seq, int32_t n) {
+  const model_seq_ops *s = seq_ops(c);
+  return s && s->blocks_needed ? s->blocks_needed(c->st, seq, n) : ANNA_EUNSUPPORTED;
+}
+
+int64_t anna_context_seq_blocks_held(const anna_context *c, int seq) {
+  const model_seq_ops *s = seq_ops(c);
+  return s && s->blocks_held ? s->blocks_held(c->st, seq) : ANNA_EUNSUPPORTED;
+}
+
 int64_t anna_context_kv_bytes_per_token(const anna_context *c) {
   const model_seq_ops *s = seq_ops(c);
   return s ? s->kv_bytes_per_token(c->st) : 0;

@@ -15,6 +15,9 @@ typedef struct sseq {
   int state, slot, cancelled, decoding;
   int cow;     /* the first chunk after a cached prefix may copy a shared, partly filled block */
   int planned; /* already has a prompt chunk in the step being planned */
+  int kv_known; /* kv_next / kv_held are the cache's numbers (anna_sched_seq_blocks) until the
+                   next commit; else the estimate (blocks started, cow) is used */
+  int64_t kv_next, kv_held;
   int32_t n_prompt; /* the request's prompt */
   int32_t n_input;  /* what must be fed before decoding: prompt (+ generated after preemption) */
   int32_t n_fed;    /* tokens in the cache (prompt chunks and decode tokens) */
@@ -198,11 +201,21 @@ static int32_t ceil_div(int64_t a, int64_t b) {
   return (int32_t)((a + b - 1) / b);
 }
 
-/* Blocks a chunk of n tokens from position p allocates: the blocks it starts, plus one when
- * it writes into a partly filled block that may be shared (copy on write). */
-static int64_t chunk_blocks(const anna_sched *s, int32_t p, int32_t n, int cow) {
+/* Blocks a chunk of n >= 1 tokens from position p allocates: the blocks it starts, plus
+ * `extra` (seq_extra). */
+static int64_t chunk_blocks(const anna_sched *s, int32_t p, int32_t n, int64_t extra) {
   const int b = s->o.block_len;
-  return ceil_div((int64_t)p + n, b) - ceil_div(p, b) + (cow && p % b ? 1 : 0);
+  return ceil_div((int64_t)p + n, b) - ceil_div(p, b) + extra;
+}
+
+/* What q's next chunk takes beyond the blocks it starts. From the cache's count for one token
+ * (kv_next: copies of shared blocks included): that count less the block a token at a block
+ * boundary starts. Without it, the estimate: one copy when a prompt chunk continues a cached
+ * prefix inside a block (cow), nothing for a decode. */
+static int64_t seq_extra(const anna_sched *s, const sseq *q, int decode) {
+  const int b = s->o.block_len;
+  if (q->kv_known) return q->kv_next - (q->n_fed % b == 0 ? 1 : 0);
+  return !decode && q->cow && q->n_fed % b ? 1 : 0;
 }
 
 static void slot_release(anna_sched *s, int i) {
@@ -244,7 +257,7 @@ int anna_sched_admit(anna_sched *s, double now_ms, int64_t kv_free_blocks,
        * nothing will free blocks by waiting. */
       if (s->o.block_len > 0 && kv >= 0 && s->n_running + n > 0) {
         const int32_t chunk = q->n_input < chunk_cap ? q->n_input : chunk_cap;
-        const int64_t need = chunk_blocks(s, 0, chunk, 0);
+        const int64_t need = chunk_blocks(s, 0, chunk, 0); /* estimate: not attached yet */
         if (need > kv) break;
         kv -= need;
       }
@@ -261,6 +274,7 @@ int anna_sched_admit(anna_sched *s, double now_ms, int64_t kv_free_blocks,
       q->n_fed = 0;
       q->decoding = 0;
       q->cow = 0;
+      q->kv_known = 0;
       q->order = s->admitted++;
       s->run[best] = q;
       entry_of(q, &s->adm[n], q->n_gen, q->n_input, 0);
@@ -303,6 +317,15 @@ void anna_sched_seq_cached(anna_sched *s, int slot, int32_t n) {
   if (!q || n < 0) return;
   q->n_fed = n < q->n_input ? n : q->n_input;
   q->cow = s->o.block_len > 0 && q->n_fed % s->o.block_len != 0;
+  q->kv_known = 0;
+}
+
+void anna_sched_seq_blocks(anna_sched *s, int slot, int64_t next_blocks, int64_t held_blocks) {
+  sseq *q = slot >= 0 && slot < s->o.n_slots ? s->run[slot] : NULL;
+  if (!q || next_blocks < 0 || held_blocks < 0) return;
+  q->kv_known = 1;
+  q->kv_next = next_blocks;
+  q->kv_held = held_blocks;
 }
 
 /* Preempts the most recently admitted running sequence: its slot is released, and it returns
@@ -313,7 +336,11 @@ static int64_t preempt_one(anna_sched *s, int *n_pmt) {
   for (int i = 0; i < s->o.n_slots; i++)
     if (s->run[i] && (!v || s->run[i]->order > v->order)) v = s->run[i];
   if (!v) return -1;
-  const int64_t held = s->o.block_len > 0 ? ceil_div(v->n_fed, s->o.block_len) : 0;
+  /* The cache's count leaves out blocks other sequences (other choices, the exact prompt
+   * cache) still hold after the reset; the estimate assumes all come back. */
+  const int64_t held = s->o.block_len <= 0 ? 0
+                       : v->kv_known       ? v->kv_held
+                                           : ceil_div(v->n_fed, s->o.block_len);
   entry_of(v, &s->pmt[(*n_pmt)++], v->n_fed, 0, 0);
   slot_release(s, v->slot);
   v->state = SEQ_WAITING;
@@ -322,6 +349,7 @@ static int64_t preempt_one(anna_sched *s, int *n_pmt) {
   v->n_fed = 0;
   v->decoding = 0;
   v->cow = 0;
+  v->kv_known = 0;
   queue_push_front(s, v);
   return held;
 }
@@ -348,7 +376,7 @@ static int plan_once(anna_sched *s, int64_t kv, int *nd_out, int *np_out, int *n
       used += L;
       entry_of(q, &s->dec[nd++], q->n_fed, c, 1);
       ntok += c;
-      if (blk > 0) need += chunk_blocks(s, q->n_fed, c, 0);
+      if (blk > 0) need += chunk_blocks(s, q->n_fed, c, seq_extra(s, q, 1));
     }
     if (kv < 0 || need <= kv) {
       if (kv >= 0) kv -= need;
@@ -381,11 +409,11 @@ static int plan_once(anna_sched *s, int64_t kv, int *nd_out, int *np_out, int *n
     if (take > budget) take = budget;
     if (kv >= 0) { /* cut the chunk to the blocks left */
       const int32_t pos = best->n_fed;
-      const int64_t extra = kv - (best->cow && pos % blk ? 1 : 0);
+      const int64_t x = seq_extra(s, best, 0), extra = kv - x;
       const int64_t room = extra < 0 ? 0 : ((int64_t)ceil_div(pos, blk) + extra) * blk - pos;
       if (take > room) take = (int32_t)room;
       if (take <= 0) break;
-      kv -= chunk_blocks(s, pos, take, best->cow);
+      kv -= chunk_blocks(s, pos, take, x);
     }
     best->planned = 1;
     entry_of(best, &s->pre[np++], best->n_fed, take, best->n_fed + take == best->n_input);
@@ -430,6 +458,9 @@ static sseq *slot_seq(const anna_sched *s, int slot, uint64_t id) {
 }
 
 void anna_sched_commit(anna_sched *s, const anna_sched_plan *p) {
+  /* The step changed the cache: the caller's block counts are stale. */
+  for (int i = 0; i < s->o.n_slots; i++)
+    if (s->run[i]) s->run[i]->kv_known = 0;
   for (int k = 0; k < p->n_decode; k++) {
     sseq *q = slot_seq(s, p->decode[k].slot, p->decode[k].id);
     if (q) q->n_fed += p->decode[k].n;

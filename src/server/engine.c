@@ -771,6 +771,7 @@ static void *engine_main(void *arg) {
   engine *e = arg;
   const int S = e->o.n_seq;
   char err[512];
+  int kv_replan = 0; /* the last step planned nothing after preemptions (see below) */
   for (;;) {
     pthread_mutex_lock(&e->mu);
     for (;;) {
@@ -830,6 +831,13 @@ static void *engine_main(void *arg) {
     if (kv_dirty) anna_context_kv_stats(e->ctx, &pk);
     anna_sched_plan p;
     pthread_mutex_lock(&e->mu);
+    /* The cache's own block counts (copies of shared blocks, blocks a preemption would not
+     * free), so the plan never needs a block the pool cannot give. */
+    if (kv_available(&pk) >= 0)
+      for (int i = 0; i < S; i++)
+        if (anna_sched_slot_id(e->sc, i))
+          anna_sched_seq_blocks(e->sc, i, anna_context_seq_blocks_needed(e->ctx, i, 1),
+                                anna_context_seq_blocks_held(e->ctx, i));
     anna_sched_plan_step(e->sc, kv_available(&pk), &p);
     pthread_mutex_unlock(&e->mu);
     for (int k = 0; k < p.n_preempted; k++)
@@ -870,10 +878,22 @@ static void *engine_main(void *arg) {
       const int blocked = anna_sched_n_running(e->sc) > 0;
       pthread_mutex_unlock(&e->mu);
       /* Sequences running but nothing planned: the one left cannot get a KV block even alone
-       * (the scheduler preempted everything else already); waiting would spin forever. */
-      if (blocked && kv_available(&pk) >= 0) kv_exhausted(e);
+       * (the scheduler preempted everything else already); waiting would spin forever. After
+       * preemptions, though, the pool may hold more than the scheduler counted back (it counts
+       * only blocks the cache said a reset frees): plan again with the pool as it is. */
+      if (blocked && kv_available(&pk) >= 0 && p.n_preempted > 0 && !kv_replan) {
+        kv_replan = 1; /* once: a sequence that cannot fit even then is exhausted */
+        anna_kv_stats ks;
+        anna_context_kv_stats(e->ctx, &ks);
+        pthread_mutex_lock(&e->mu);
+        e->kvs = ks;
+        pthread_mutex_unlock(&e->mu);
+      } else if (blocked && kv_available(&pk) >= 0) {
+        kv_exhausted(e);
+      }
       continue;
     }
+    kv_replan = 0;
     anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
     /* Candidates instead of logits when every sampled row allows it: the largest k any row
      * needs (a row's own top-k is a prefix of them) at the one temperature whose softmax sum

@@ -461,13 +461,57 @@ static void test_ring(void) {
 /* Random steps, forks, rewinds, attaches and resets over a small pool, against a model of
  * each sequence's tokens: rows always read back right, reference counts match the tables,
  * no block leaks. */
+/* Blocks a plan can take: free ones and cached ones nobody references (evicted on demand). */
+static int64_t pool_avail(const kv_cache *c) {
+  anna_kv_stats st;
+  kv_cache_stats(c, &st);
+  return st.free_blocks + st.cached_blocks;
+}
+
+/* n choices of one prompt (anna-serve's n, or the exact prompt cache): the copies share the
+ * prompt's partial last block, and each first write into it copies it. The query counts that
+ * copy; a reset of a copy gives back nothing it shares. */
+static void test_blocks_accounting(void) {
+  kv_cache_options o = opts(5, 64, 40, 6, 0);
+  kv_cache *c = mk(&o);
+  char err[256];
+  int32_t tk[30], t1 = 7;
+  seqtok(tk, 30, 3);
+  CHECK(kv_cache_seq_blocks_needed(c, 0, 30) == 2 && kv_cache_seq_blocks_needed(c, 0, 0) == 0,
+        "fresh");
+  CHECK(kv_cache_seq_blocks_needed(c, 9, 1) == ANNA_ERANGE &&
+            kv_cache_seq_blocks_held(c, -1) == ANNA_ERANGE,
+        "range");
+  CHECK(step(c, 0, tk, 30, err) == 0, "%s", err);
+  CHECK(kv_cache_seq_blocks_held(c, 0) == 2 && kv_cache_seq_blocks_needed(c, 0, 1) == 0,
+        "private partial block");
+  CHECK(kv_cache_seq_blocks_needed(c, 0, 3) == 1, "crossing into a new block");
+  for (int d = 1; d < 5; d++)
+    CHECK(!kv_cache_seq_copy(c, d, 0, 30, err, sizeof err), "%s", err);
+  for (int d = 0; d < 5; d++)
+    CHECK(kv_cache_seq_blocks_needed(c, d, 1) == 1 && kv_cache_seq_blocks_held(c, d) == 0,
+          "shared: seq %d", d);
+  CHECK(pool_avail(c) == 4, "4 blocks left");
+  /* four decodes: one copy each (the fifth sharer would find the block its own) */
+  for (int d = 1; d < 5; d++)
+    CHECK(step(c, d, &t1, 1, err) == 0, "decode %d: %s", d, err);
+  CHECK(pool_avail(c) == 0 && kv_cache_seq_blocks_needed(c, 0, 1) == 0,
+        "last holder writes in place");
+  CHECK(kv_cache_seq_blocks_needed(c, 1, 1) == 0 && step(c, 1, tk, 1, err) == 0,
+        "fills its block: %s", err);
+  CHECK(kv_cache_seq_blocks_needed(c, 1, 1) == 1 && step(c, 1, tk, 1, err) == ANNA_ERANGE,
+        "full: %s", err);
+  CHECK(kv_cache_seq_blocks_held(c, 1) == 1, "seq 1 holds its copy");
+  kv_cache_free(c);
+}
+
 static void test_stress(void) {
   enum { NS = 4, CTX = 96 };
   kv_cache_options o = opts(NS, CTX, 40, 14, 0);
   kv_cache *c = mk(&o);
   char err[256];
   int32_t mtok[NS][CTX];
-  int bad = 0, full = 0, hits = 0;
+  int bad = 0, full = 0, hits = 0, checked = 0;
   for (int it = 0; it < 4000 && !bad; it++) {
     const int q = (int)(rnd() % NS), op = (int)(rnd() % 10);
     const int32_t len = kv_cache_seq_len(c, q);
@@ -478,7 +522,23 @@ static void test_stress(void) {
       int32_t tk[40];
       const int fam = (int)(rnd() % 3);
       for (int i = 0; i < n; i++) tk[i] = rnd() % 4 ? (fam * 101 + (len + i) * 7) % VOCAB : (int32_t)(rnd() % VOCAB);
+      /* The scheduler's query: the blocks this plan takes, copies on write included. */
+      const int64_t need = kv_cache_seq_blocks_needed(c, q, n), avail = pool_avail(c);
+      int32_t before[CTX / 16 + 1], nb0 = c->nblk[q];
+      memcpy(before, c->tab_id + (int64_t)q * c->max_bps, sizeof(int32_t) * (size_t)nb0);
       int rc = step(c, q, tk, n, err);
+      if (!rc) {
+        int64_t took = c->nblk[q] - nb0;
+        for (int32_t j = 0; j < nb0; j++)
+          took += c->tab_id[(int64_t)q * c->max_bps + j] != before[j];
+        if (took != need)
+          bad = 1, printf("  iteration %d: needed %lld, the plan took %lld\n", it, (long long)need,
+                          (long long)took);
+        checked++;
+      }
+      if (rc == ANNA_ERANGE && need <= avail)
+        bad = 1, printf("  iteration %d: %lld blocks needed, %lld available, but the plan failed\n",
+                        it, (long long)need, (long long)avail);
       if (rc == ANNA_ERANGE) {
         full++;
         kv_cache_seq_reset(c, q); /* what the engine does with a failed sequence */
@@ -489,7 +549,11 @@ static void test_stress(void) {
         memcpy(mtok[q] + len, tk, sizeof(int32_t) * (size_t)n);
       }
     } else if (op == 5) {
+      const int64_t held = kv_cache_seq_blocks_held(c, q), avail = pool_avail(c);
       kv_cache_seq_reset(c, q);
+      if (pool_avail(c) - avail != held)
+        bad = 1, printf("  iteration %d: reset gave back %lld blocks, held said %lld\n", it,
+                        (long long)(pool_avail(c) - avail), (long long)held);
     } else if (op == 6 && len > 0) {
       const int32_t n = (int32_t)(rnd() % (uint64_t)(len + 1));
       if (kv_cache_seq_rewind(c, q, n, err, sizeof err)) bad = 1, printf("  rewind: %s\n", err);
@@ -514,6 +578,7 @@ static void test_stress(void) {
   }
   CHECK(!bad, "stress");
   CHECK(full > 0 && hits > 0, "the stress reached a full pool (%d) and prefix hits (%d)", full, hits);
+  CHECK(checked > 1000, "blocks_needed checked against %d plans", checked);
   for (int s = 0; s < NS; s++) kv_cache_seq_reset(c, s);
   anna_kv_stats st;
   kv_cache_stats(c, &st);
@@ -533,6 +598,7 @@ int main(int argc, char **argv) {
   test_lru_eviction();
   test_snapshots();
   test_ring();
+  test_blocks_accounting();
   test_stress();
   printf("%d checks, %d failed\n", g_checks, g_fail);
   return g_fail ? 1 : 0;

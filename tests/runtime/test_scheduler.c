@@ -411,6 +411,90 @@ static void test_preemption(void) {
   anna_sched_free(m.s);
 }
 
+/* Two choices of one 6-token prompt sharing its blocks (block_len 4), both decoding: with the
+ * cache's counts (anna_sched_seq_blocks) each decode copies the shared partial block, and a
+ * preemption frees only what the victim alone held; the estimate knew neither. */
+static anna_sched *two_decoding(int32_t cached) {
+  anna_sched_options o = opts(2, 64);
+  o.block_len = 4;
+  anna_sched *s = NULL;
+  char err[128];
+  CHECK(!anna_sched_create(&s, &o, err, sizeof err));
+  anna_sched_seq_desc d[2] = {{ANNA_SCHED_KIND_TEXT, cached, NULL},
+                              {ANNA_SCHED_KIND_TEXT, cached, NULL}};
+  uint64_t id;
+  CHECK(!anna_sched_submit(s, d, 2, 0, &id, err, sizeof err));
+  const anna_sched_entry *adm;
+  int n_adm;
+  anna_sched_admit(s, 0, -1, &adm, &n_adm);
+  CHECK(n_adm == 2);
+  for (int i = 0; i < 2; i++) {
+    anna_sched_seq_cached(s, adm[i].slot, cached);
+    anna_sched_seq_token(s, adm[i].slot);
+  }
+  return s;
+}
+
+static void test_cache_block_counts(void) {
+  anna_sched_plan p;
+  /* the estimate: a decode inside a block needs nothing */
+  anna_sched *s = two_decoding(6);
+  anna_sched_plan_step(s, 1, &p);
+  CHECK(p.n_decode == 2 && p.n_preempted == 0);
+  anna_sched_commit(s, &p);
+  anna_sched_free(s);
+  /* the cache's counts: one copy each, 1 block free: the later one is preempted (it frees
+   * nothing: its blocks are shared), the earlier one decodes */
+  s = two_decoding(6);
+  for (int i = 0; i < 2; i++)
+    anna_sched_seq_blocks(s, i, 1, 0);
+  anna_sched_plan_step(s, 1, &p);
+  CHECK(p.n_decode == 1 && p.n_preempted == 1 && p.decode[0].slot != p.preempted[0].slot);
+  anna_sched_commit(s, &p);
+  anna_sched_free(s);
+  /* at a block boundary: both need a fresh block, none is free; the estimate expects the
+   * victim's 2 blocks back, the cache says it holds none of its own */
+  s = two_decoding(8);
+  anna_sched_plan_step(s, 0, &p);
+  CHECK(p.n_decode == 1 && p.n_preempted == 1);
+  anna_sched_free(s);
+  s = two_decoding(8);
+  for (int i = 0; i < 2; i++)
+    anna_sched_seq_blocks(s, i, 1, 0);
+  anna_sched_plan_step(s, 0, &p);
+  CHECK(p.n_decode == 0 && p.n_preempted == 2);
+  anna_sched_free(s);
+  /* counts hold until the step is committed: afterwards the estimate is back */
+  s = two_decoding(6);
+  for (int i = 0; i < 2; i++)
+    anna_sched_seq_blocks(s, i, 1, 0);
+  anna_sched_plan_step(s, 2, &p);
+  CHECK(p.n_decode == 2 && p.n_preempted == 0);
+  anna_sched_commit(s, &p);
+  anna_sched_plan_step(s, 0, &p);
+  CHECK(p.n_decode == 2 && p.n_preempted == 0);
+  anna_sched_free(s);
+  /* a prompt chunk after a cached prefix: kv_next 0 (its partial block is its own) lets the
+   * chunk fill that block without a copy */
+  anna_sched_options o = opts(1, 64);
+  o.block_len = 4;
+  char err[128];
+  CHECK(!anna_sched_create(&s, &o, err, sizeof err));
+  anna_sched_seq_desc d = {ANNA_SCHED_KIND_TEXT, 12, NULL};
+  uint64_t id;
+  CHECK(!anna_sched_submit(s, &d, 1, 0, &id, err, sizeof err));
+  const anna_sched_entry *adm;
+  int n_adm;
+  anna_sched_admit(s, 0, -1, &adm, &n_adm);
+  anna_sched_seq_cached(s, 0, 6);
+  anna_sched_plan_step(s, 1, &p); /* estimate: the copy takes the block */
+  CHECK(p.n_prefill == 1 && p.prefill[0].n == 2);
+  anna_sched_seq_blocks(s, 0, 0, 2);
+  anna_sched_plan_step(s, 1, &p); /* the block is private: fill it and one more */
+  CHECK(p.n_prefill == 1 && p.prefill[0].n == 6);
+  anna_sched_free(s);
+}
+
 static void test_prefill_interval(void) {
   anna_sched_options o = opts(2, 64);
   o.prefill_interval_steps = 3;
@@ -529,6 +613,7 @@ int main(void) {
   test_queue_full();
   test_cancel();
   test_preemption();
+  test_cache_block_counts();
   test_prefill_interval();
   test_kinds_and_wait();
   test_random();

@@ -165,6 +165,31 @@ def test_kv_pool_exhaustion_is_503():
         srv.stop()
 
 
+def test_kv_blocks_n_choices_share_prompt():
+    """n choices of one prompt share its KV blocks (prefix pool, exact prompt cache); each first
+    write into the shared partial last block copies it. With a pool of 6 blocks the scheduler
+    used to plan decodes without those copies (and count shared blocks as freed by a
+    preemption), so the step failed with "KV cache full" (503). It plans with the cache's own
+    counts now: every choice finishes, greedy choices agree."""
+    srv = start_server(os.path.join(FIXTURES, "qwen3"), "--parallel", "8", "--ctx-size", "256", "--kv-block-len", "16",
+                       "--kv-blocks", "6")
+    try:
+        for plen, mt in ((30, 4), (30, 12), (20, 10), (10, 12), (40, 6)):
+            req = {"prompt": [100 + k for k in range(plen)], "max_tokens": mt, "n": 8, "ignore_eos": True,
+                   "temperature": 0}
+            for _ in range(2):  # the second round starts from the exact prompt cache
+                st, _, body = post(srv, "/v1/completions", req)
+                assert st == 200, (plen, mt, body)
+                ch = json.loads(body)["choices"]
+                assert [c["finish_reason"] for c in ch] == ["length"] * 8, ch
+                assert len({c["text"] for c in ch}) == 1, ch
+        assert "KV cache full" not in srv.log()
+        h = srv.wait_idle()
+        assert h["kv_blocks"]["total"] == 6, h["kv_blocks"]
+    finally:
+        srv.stop()
+
+
 def test_gpu_memory_utilization_needs_a_gpu():
     model = os.path.join(FIXTURES, "qwen3")
     for extra, want in ((["--gpu-memory-utilization", "0.9"], "needs a GPU device"),
