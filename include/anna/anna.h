@@ -16,7 +16,8 @@
  * (src/server/) include nothing else of anna (the build enforces it: they get include/ only).
  * Besides models and contexts it offers the text side of a model (anna_text: tokenizer,
  * streaming detokenizer, chat template), chat templates on their own (anna_chat_template),
- * the sampler (anna_sampler), read-only GGUF inspection (anna_gguf) and the media input types
+ * the sampler (anna_sampler), the continuous-batching scheduler (anna_sched), the error
+ * convention (anna_err), read-only GGUF inspection (anna_gguf) and the media input types
  * later model kinds accept (anna_image, anna_audio). JSON crosses this header as text, so it
  * does not depend on any JSON library.
  *
@@ -58,6 +59,14 @@ enum anna_status {
 /* Static name of a status code: "ANNA_OK", "ANNA_EINVAL", ...; "ANNA_E?" for any other
  * value. Never NULL. */
 const char *anna_status_name(int code);
+/* The error convention of every call above, for front ends that report their own errors
+ * the same way: formats a message into err (truncated to errlen, always NUL-terminated when
+ * errlen > 0) and returns code, so `return anna_err(err, errlen, ANNA_EINVAL, ...)` works. */
+int anna_err(char *err, size_t errlen, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 typedef struct anna_model anna_model;
 typedef struct anna_context anna_context;

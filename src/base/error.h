@@ -15,10 +15,7 @@
 
 /* The status codes (ANNA_OK, ANNA_E*) and anna_status_name are public: anna/anna.h. */
 
-/* Formats a message into err (truncated to errlen, always NUL-terminated when errlen > 0)
- * and returns code, so callers can write `return anna_err(err, errlen, ANNA_EIO, ...)`. */
-int anna_err(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+/* anna_err (format a message, return the code) is public too: anna/anna.h. */
 
 /* Prefixes an existing message in err with "prefix: " (for adding context while an error
  * propagates up). Returns code. */

@@ -23,7 +23,6 @@ typedef struct field {
 #define OFF(f) offsetof(anna_tuning, f)
 static const field fields[] = {
     {"prefix_kv_share", KIND_BOOL, OFF(prefix_kv_share), 0, 1, "ANNA_PREFIX_KV_SHARE"},
-    {"host_sampling", KIND_BOOL, OFF(host_sampling), 0, 1, "ANNA_HOST_SAMPLING"},
     {"cuda_moe_deq_mb", KIND_INT, OFF(cuda_moe_deq_mb), 1, 1 << 20, "ANNA_CUDA_MOE_DEQ_MB"},
 };
 #undef OFF
@@ -37,6 +36,7 @@ typedef struct retired {
 } retired;
 static const retired retired_keys[] = {
     {"moe_shared_slot", "ANNA_MOE_SHARED_SLOT", "the shared expert runs as routed expert E"},
+    {"host_sampling", "ANNA_HOST_SAMPLING", "anna-serve --host-sampling (engine_options.host_sampling)"},
     {"cuda_gemm", "ANNA_CUDA_GEMM", "--dtype bf16 (anna_model_options.dtype) selects bf16x1"},
     {"cuda_gemm_tile_mb", "ANNA_CUDA_GEMM_TILE_MB", "the whole 64 MiB scratch"},
     {"cuda_moe", "ANNA_CUDA_MOE", "the paths are picked by shape"},
@@ -54,7 +54,6 @@ static const retired retired_keys[] = {
 void tuning_defaults(anna_tuning *t) {
   *t = (anna_tuning){
       .prefix_kv_share = 1,
-      .host_sampling = 0,
       .cuda_moe_deq_mb = 2048,
   };
 }

@@ -14,7 +14,7 @@
  * the default. getenv is called here and nowhere else in src/.
  *
  * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb at
- * creation (backend_params.tuning); the server engine host_sampling. Plain data: copy freely.
+ * creation (backend_params.tuning). Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
 #define ANNA_BASE_TUNING_H
@@ -32,9 +32,6 @@ typedef struct anna_tuning {
    * blocks and GDN snapshots across sequences; 0 turns reuse off (anna_context_options.
    * prefix_share < 0 does the same per context). Read at context creation. */
   int prefix_kv_share;
-  /* host_sampling = 0: the server samples from the backend's top-k candidates; 1 downloads
-   * every logits row and samples on the host (the reference path). Read by the server engine. */
-  int host_sampling;
   /* cuda_moe_deq_mb = 2048: cap (MiB, >= 1) of the dequantized-experts buffer of MoE
    * prefill (the 35B-A3B layer needs 1.5 GiB; a smaller cap sends the cuBLAS path through
    * chunks of experts and the pipelined tile kernel back to the in-loop tiles). */

@@ -106,7 +106,7 @@ void anna_sampler_reset(anna_sampler *s) {
 
 #define exp_nonpos ops_exp_nonpos
 
-/* Candidates beyond this many are sorted only when top-p needs them (sampler_sample). */
+/* Candidates beyond this many are sorted only when top-p needs them (anna_sampler_sample). */
 #define SAMPLER_HEAD 256
 
 /* a before b: larger logit, then smaller id (a strict total order: ids are distinct). */
@@ -288,7 +288,7 @@ int anna_sampler_candidates_k(const anna_sampler *s, float *temp) {
   return SAMPLER_HEAD <= OPS_TOPK_MAX ? SAMPLER_HEAD : 0;
 }
 
-/* sampler_sample's steps on the candidates, in the same order and arithmetic (see there);
+/* anna_sampler_sample's steps on the candidates, in the same order and arithmetic (see there);
  * the head is the first nh candidates, already sorted by the op. */
 int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
                               int32_t *out) {

@@ -2,8 +2,8 @@
  * Hugging Face folder: tokenizer.json, chat_template.jinja / tokenizer_config.json; or a GGUF
  * file: tokenizer.ggml.* and tokenizer.chat_template).
  *
- * model_text is the same struct as the public, opaque anna_text, so library code (and, until
- * its rewrite, src/server/engine.c) reaches the tokenizer directly. Immutable once opened and
+ * model_text is the same struct as the public, opaque anna_text, so library code reaches the
+ * tokenizer directly (front ends go through anna.h). Immutable once opened and
  * usable from several threads. anna_text_open / anna_text_free / anna_text_encode_prompt are
  * implemented in text.c, the rest of the public text API in api_text.c.
  */

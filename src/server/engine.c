@@ -5,7 +5,6 @@
 
 #include "anna/anna.h"
 #include "jsonmask.h"
-#include "server_err.h"
 
 #include <errno.h>
 #include <math.h>
@@ -989,17 +988,6 @@ static void *engine_main(void *arg) {
   return NULL;
 }
 
-/* The tuning key host_sampling (ANNA_TUNING, engine_options.tuning) is the server's to read
- * (base/tuning.h); the public API shows it as the context's "key=value" lines. */
-static int tuning_host_sampling(const anna_context *c) {
-  char buf[4096];
-  anna_context_tuning(c, buf, sizeof buf); /* a few hundred bytes; truncated: still lines */
-  const char *key = "host_sampling=";
-  for (const char *l = buf; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
-    if (!strncmp(l, key, strlen(key))) return l[strlen(key)] == '1';
-  return 0;
-}
-
 /* --gpu-memory-utilization F: sets co->kv_blocks so that anna's share of the device stays
  * within F * total. The pool is allocated at context creation, after which the model's
  * weights are mirrored (warm-up), so a probe context of the same shape with the smallest pool
@@ -1008,9 +996,9 @@ static int tuning_host_sampling(const anna_context *c) {
  * processes' memory counts against F, as everything the device reports in use does. */
 static int kv_blocks_for_memory(anna_model *m, anna_context_options *co, float frac, char *err, size_t errlen) {
   if (co->kv_blocks > 0)
-    return server_err(err, errlen, ANNA_EINVAL, "--gpu-memory-utilization and --kv-blocks contradict each other");
+    return anna_err(err, errlen, ANNA_EINVAL, "--gpu-memory-utilization and --kv-blocks contradict each other");
   if (!(frac > 0.0f && frac <= 1.0f))
-    return server_err(err, errlen, ANNA_EINVAL, "--gpu-memory-utilization %g is not in (0, 1]", (double)frac);
+    return anna_err(err, errlen, ANNA_EINVAL, "--gpu-memory-utilization %g is not in (0, 1]", (double)frac);
   anna_context_options po = *co;
   po.kv_blocks = po.n_seq;
   anna_context *probe = NULL;
@@ -1022,17 +1010,17 @@ static int kv_blocks_for_memory(anna_model *m, anna_context_options *co, float f
   anna_context_kv_stats(probe, &ks);
   anna_context_free(probe);
   if (rc == ANNA_EUNSUPPORTED)
-    return server_err(err, errlen, ANNA_EINVAL,
+    return anna_err(err, errlen, ANNA_EINVAL,
                       "--gpu-memory-utilization needs a GPU device (this backend cannot report its memory)");
-  if (rc) return server_err(err, errlen, rc, "--gpu-memory-utilization: cannot read the device's memory");
+  if (rc) return anna_err(err, errlen, rc, "--gpu-memory-utilization: cannot read the device's memory");
   if (ks.n_blocks <= 0 || ks.pool_bytes <= 0)
-    return server_err(err, errlen, ANNA_EUNSUPPORTED, "--gpu-memory-utilization: this model has no KV block pool");
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--gpu-memory-utilization: this model has no KV block pool");
   const double per_block = (double)ks.pool_bytes / (double)ks.n_blocks;
   const double avail = (double)free_b + (double)ks.pool_bytes - (1.0 - (double)frac) * (double)total_b;
   const int64_t blocks = avail > 0 ? (int64_t)(avail / per_block) : 0;
   const int64_t one_seq = ((int64_t)co->n_ctx + ks.block_len - 1) / ks.block_len;
   if (blocks < one_seq)
-    return server_err(err, errlen, ANNA_ENOMEM,
+    return anna_err(err, errlen, ANNA_ENOMEM,
                       "--gpu-memory-utilization %.3g leaves %.1f MiB for the KV cache (%lld blocks of %d "
                       "positions), less than one sequence of --ctx-size %d needs (%lld blocks; device: %.1f of "
                       "%.1f GiB free with the model placed)",
@@ -1040,7 +1028,7 @@ static int kv_blocks_for_memory(anna_model *m, anna_context_options *co, float f
                       (long long)one_seq, (double)(free_b + ks.pool_bytes) / 1073741824.0,
                       (double)total_b / 1073741824.0);
   if (blocks > INT32_MAX / 2)
-    return server_err(err, errlen, ANNA_ERANGE, "--gpu-memory-utilization: %lld KV blocks is too many",
+    return anna_err(err, errlen, ANNA_ERANGE, "--gpu-memory-utilization: %lld KV blocks is too many",
                       (long long)blocks);
   co->kv_blocks = blocks;
   slog(SLOG_INFO, NULL,
@@ -1054,9 +1042,9 @@ static int kv_blocks_for_memory(anna_model *m, anna_context_options *co, float f
 int engine_create(engine **out, anna_model *m, const anna_text *text, const engine_options *o,
                   metrics *mx, char *err, size_t errlen) {
   *out = NULL;
-  if (!text) return server_err(err, errlen, ANNA_EINVAL, "the engine needs a tokenizer");
+  if (!text) return anna_err(err, errlen, ANNA_EINVAL, "the engine needs a tokenizer");
   engine *e = calloc(1, sizeof *e);
-  if (!e) return server_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!e) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   e->m = m;
   e->text = text;
   e->mx = mx;
@@ -1106,7 +1094,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   e->block_len = e->kvs.block_len > 0 ? e->kvs.block_len : 1;
   for (int32_t v = 0; v < e->V; v++) e->n_eog += anna_text_is_eog(text, v) != 0;
   if (!(e->eog_ids = malloc(((size_t)e->n_eog + 1) * sizeof *e->eog_ids))) {
-    rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
     goto fail;
   }
   e->n_eog = 0;
@@ -1122,7 +1110,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   e->lp_row = malloc((size_t)e->V * sizeof(float));
   if (!e->slots || !e->b_tok || !e->b_seq || !e->b_pos || !e->b_want || !e->out_slot ||
       !e->logits || !e->lp_row) {
-    rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
     goto fail;
   }
   e->row_tmp = malloc((size_t)e->V * sizeof(float));
@@ -1130,21 +1118,21 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   e->c_idx = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_idx);
   e->c_val = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_val);
   e->c_st = malloc((size_t)S * 2 * sizeof *e->c_st);
-  e->host_sampling = e->o.host_sampling || tuning_host_sampling(e->ctx);
+  e->host_sampling = e->o.host_sampling;
   if (!e->row_tmp || !e->ex || !e->c_idx || !e->c_val || !e->c_st) {
-    rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
     goto fail;
   }
   for (int k = 0; k < e->o.prompt_cache_size; k++)
     if (!(e->ex[k].tok = malloc((size_t)e->o.n_ctx * sizeof(int32_t))) ||
         !(e->ex[k].logits = malloc((size_t)e->V * sizeof(float)))) {
-      rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
       goto fail;
     }
   for (int i = 0; i < S; i++) {
     if ((rc = anna_text_stream_new(&e->slots[i].ts, text, 0, err, errlen))) goto fail;
     if (!(e->slots[i].toks = malloc((size_t)e->o.n_ctx * sizeof(int32_t)))) {
-      rc = server_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequence slots", S);
       goto fail;
     }
   }
@@ -1163,7 +1151,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   for (int k = 0; k < 4; k++)
     e->keep_ids[k] = anna_text_token_id(text, keep[k]);
   if (pthread_create(&e->th, NULL, engine_main, e)) {
-    rc = server_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
     goto fail;
   }
   e->th_started = 1;
@@ -1219,24 +1207,24 @@ void engine_free(engine *e) {
 }
 
 int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
-  if (!r->choices) return server_err(err, errlen, ANNA_EINVAL, "request not prepared");
+  if (!r->choices) return anna_err(err, errlen, ANNA_EINVAL, "request not prepared");
   for (int p = 0; p < r->n_prompts; p++) {
-    if (r->n_prompt[p] == 0) return server_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
+    if (r->n_prompt[p] == 0) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
     if (r->n_prompt[p] >= (size_t)e->o.n_ctx)
-      return server_err(err, errlen, ANNA_EINVAL,
+      return anna_err(err, errlen, ANNA_EINVAL,
                         "the prompt has %zu tokens; this server's context (--ctx-size) holds %d, "
                         "with room for at "
                         "least one generated token",
                         r->n_prompt[p], e->o.n_ctx);
     const int64_t need = e->pool_blocks > 0 ? ((int64_t)r->n_prompt[p] + e->block_len - 1) / e->block_len : 0;
     if (need > e->pool_blocks)
-      return server_err(err, errlen, ANNA_ENOMEM,
+      return anna_err(err, errlen, ANNA_ENOMEM,
                         "the prompt has %zu tokens, %lld KV blocks of %d positions; the whole pool holds %lld "
                         "(--kv-blocks, --gpu-memory-utilization)",
                         r->n_prompt[p], (long long)need, e->block_len, (long long)e->pool_blocks);
     for (size_t k = 0; k < r->n_prompt[p]; k++)
       if (r->prompts[p][k] < 0 || r->prompts[p][k] >= e->V)
-        return server_err(err, errlen, ANNA_EINVAL,
+        return anna_err(err, errlen, ANNA_EINVAL,
                           "prompt token id %d is out of range (vocabulary %d)", r->prompts[p][k],
                           e->V);
   }
@@ -1261,17 +1249,17 @@ int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
       free(units[i]);
     free(units);
     free(d);
-    return server_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   pthread_mutex_lock(&e->mu);
   uint64_t id0 = 0;
   if (e->draining || e->stop) {
-    rc = server_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
+    rc = anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
   } else {
     const int n_waiting = anna_sched_n_waiting(e->sc);
     rc = anna_sched_submit(e->sc, d, r->n_choices, now * 1000.0, &id0, err, errlen);
     if (rc == ANNA_ERANGE)
-      server_err(err, errlen, ANNA_ERANGE,
+      anna_err(err, errlen, ANNA_ERANGE,
                  "the server is busy: %d requests are waiting (--scheduler-max-waiting-requests)",
                  n_waiting);
   }

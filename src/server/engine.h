@@ -51,8 +51,7 @@ typedef struct engine_options {
   int kv_cache_quant_bits;
   int exact_matmul; /* anna_context_options.exact_matmul */
   /* Download every logits row and sample it on the host (the reference path) instead of
-   * sampling from the backend's top-k candidates (anna-generate's --host-sampling). The
-   * tuning key host_sampling=1 does the same. */
+   * sampling from the backend's top-k candidates (anna-generate's --host-sampling). */
   int host_sampling;
   const char *tuning; /* anna_context_options.tuning: "k=v,..." (borrowed; NULL: none) */
   /* (0, 1]: size the KV pool (instead of kv_blocks, which must be 0) so that anna uses at

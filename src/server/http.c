@@ -7,7 +7,6 @@
 #include "anna/anna.h"
 #include "metrics.h"
 #include "oai.h"
-#include "server_err.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -575,7 +574,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   signal(SIGPIPE, SIG_IGN);
 
   server *srv = calloc(1, sizeof *srv);
-  if (!srv) return server_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!srv) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   srv->o = o;
   srv->created = (long long)time(NULL);
   metrics_init(&srv->mx);
@@ -613,7 +612,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   snprintf(port, sizeof port, "%d", o->port);
   int gai = getaddrinfo(o->host ? o->host : "127.0.0.1", port, &hints, &ai);
   if (gai) {
-    rc = server_err(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
+    rc = anna_err(err, errlen, ANNA_EINVAL, "--host %s: %s", o->host, gai_strerror(gai));
     goto done;
   }
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
@@ -626,7 +625,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
   if (!d) {
-    rc = server_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
+    rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
                     strerror(errno));
     goto done;
   }

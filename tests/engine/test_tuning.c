@@ -42,7 +42,7 @@ static int same(const anna_tuning *a, const anna_tuning *b) {
 static const char *other_value(const char *key) {
   static const struct {
     const char *key, *val;
-  } v[] = {{"prefix_kv_share", "0"}, {"host_sampling", "1"}, {"cuda_moe_deq_mb", "512"}};
+  } v[] = {{"prefix_kv_share", "0"}, {"cuda_moe_deq_mb", "512"}};
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
     if (!strcmp(v[i].key, key)) return v[i].val;
   return NULL;
@@ -51,7 +51,7 @@ static const char *other_value(const char *key) {
 /* The keys retired with their variants (bench/RESULTS.md, "Variants retired") and the
  * variables they had replaced. */
 static const char *const retired_keys[][2] = {
-    {"moe_shared_slot", "ANNA_MOE_SHARED_SLOT"}, {"cuda_gemm", "ANNA_CUDA_GEMM"},
+    {"moe_shared_slot", "ANNA_MOE_SHARED_SLOT"}, {"host_sampling", "ANNA_HOST_SAMPLING"}, {"cuda_gemm", "ANNA_CUDA_GEMM"},
     {"cuda_gemm_tile_mb", "ANNA_CUDA_GEMM_TILE_MB"}, {"cuda_moe", "ANNA_CUDA_MOE"},
     {"cuda_gdn", "ANNA_CUDA_GDN"}, {"cuda_gdn_scan", "ANNA_CUDA_GDN_SCAN"},
     {"cuda_attn", "ANNA_CUDA_ATTN"}, {"cuda_flash", "ANNA_CUDA_FLASH"},
@@ -62,12 +62,12 @@ static const char *const retired_keys[][2] = {
 static void test_defaults_and_format(void) {
   anna_tuning t;
   tuning_defaults(&t);
-  CHECK(t.prefix_kv_share == 1 && t.host_sampling == 0, "bool defaults");
+  CHECK(t.prefix_kv_share == 1, "bool defaults");
   CHECK(t.cuda_moe_deq_mb == 2048, "numeric defaults");
   char buf[2048];
   size_t n = tuning_format(&t, buf, sizeof buf);
   CHECK(n == strlen(buf), "format length %zu vs %zu", n, strlen(buf));
-  CHECK(!strcmp(buf, "prefix_kv_share=1\nhost_sampling=0\ncuda_moe_deq_mb=2048\n"), "format text:\n%s", buf);
+  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\n"), "format text:\n%s", buf);
   /* truncation: snprintf's convention, always terminated */
   char small[10];
   size_t m = tuning_format(&t, small, sizeof small);
@@ -75,7 +75,7 @@ static void test_defaults_and_format(void) {
   int keys = 0, lines = 0;
   while (tuning_key(keys)) keys++;
   for (const char *p = buf; *p; p++) lines += *p == '\n';
-  CHECK(keys == 3 && lines == keys, "%d keys, %d lines", keys, lines);
+  CHECK(keys == 2 && lines == keys, "%d keys, %d lines", keys, lines);
   for (size_t i = 0; i < N_RETIRED; i++)
     for (int j = 0; j < keys; j++) CHECK(strcmp(tuning_key(j), retired_keys[i][0]), "%s is a key", tuning_key(j));
 }
@@ -133,13 +133,13 @@ static void expect_err(const char *spec, const char *needle) {
 
 static void test_errors(void) {
   expect_err("bogus=1", "unknown tuning key 'bogus'");
-  expect_err("host_sampling=1,bogus_key=3", "bogus_key");
+  expect_err("prefix_kv_share=1,bogus_key=3", "bogus_key");
   expect_err("prefix_kv_share=2", "tuning key 'prefix_kv_share': bad value '2' (have: 0, 1)");
   expect_err("prefix_kv_share=yes", "prefix_kv_share");
   expect_err("cuda_moe_deq_mb=0", "tuning key 'cuda_moe_deq_mb': bad value '0' (an integer in 1..1048576)");
   expect_err("cuda_moe_deq_mb=12x", "cuda_moe_deq_mb");
-  expect_err("host_sampling=", "host_sampling");
-  expect_err("host_sampling", "expected key=value");
+  expect_err("prefix_kv_share=", "prefix_kv_share");
+  expect_err("prefix_kv_share", "expected key=value");
   expect_err("PREFIX_KV_SHARE=0", "unknown tuning key");
   /* every retired key: refused as retired, whatever its old value */
   for (size_t i = 0; i < N_RETIRED; i++) {
@@ -161,8 +161,8 @@ static void test_env(void) {
   CHECK(tuning_from_env(&t, NULL, err, sizeof err) == 0 && t.cuda_moe_deq_mb == 64 && !t.prefix_kv_share, "env: %s",
         err);
   /* the options string comes after the environment: it wins where both set a key */
-  CHECK(tuning_from_env(&t, "cuda_moe_deq_mb=128,host_sampling=1", err, sizeof err) == 0 && t.cuda_moe_deq_mb == 128 &&
-            !t.prefix_kv_share && t.host_sampling,
+  CHECK(tuning_from_env(&t, "cuda_moe_deq_mb=128", err, sizeof err) == 0 && t.cuda_moe_deq_mb == 128 &&
+            !t.prefix_kv_share,
         "env + override: %s", err);
   setenv("ANNA_TUNING", "cuda_moe_deq_mb=nope", 1);
   int rc = tuning_from_env(&t, NULL, err, sizeof err);
@@ -226,14 +226,14 @@ static void test_context(const char *fixtures) {
     g_fail++;
     return;
   }
-  anna_context_options o = {.n_threads = 2, .n_ctx = 64, .tuning = "prefix_kv_share=0,host_sampling=1"};
+  anna_context_options o = {.n_threads = 2, .n_ctx = 64, .tuning = "prefix_kv_share=0,cuda_moe_deq_mb=512"};
   anna_context *c = NULL;
   int rc = anna_context_create(&c, m, &o, err, sizeof err);
   CHECK(rc == 0, "create: %s", err);
   if (!rc) {
     char buf[2048];
     int n = anna_context_tuning(c, buf, sizeof buf);
-    CHECK(n > 0 && strstr(buf, "prefix_kv_share=0\n") && strstr(buf, "host_sampling=1\n") &&
+    CHECK(n > 0 && strstr(buf, "prefix_kv_share=0\n") && strstr(buf, "cuda_moe_deq_mb=512\n") &&
               !strstr(buf, "moe_shared_slot"),
           "anna_context_tuning:\n%s", buf);
     anna_context_free(c);
