@@ -192,13 +192,18 @@ void test_matmul(void) {
  * 8/4/2/1), odd row counts, rows past the resident warps, a zero activation block (scale
  * 0), a bias, 8 tokens of 8192 columns (90 KB of int8 activations: past the default 48 KB
  * of shared memory, so the opt-in limit set at backend creation is used) and 8 tokens of
- * 24576 columns (270 KB: past any limit, the f32 kernel takes them). */
+ * 24576 columns (270 KB: past any limit, the f32 kernel takes them). n = 9..64: the int8
+ * tensor-core kernel of decode batches (cuda_mmq.cu), the same activation rounding, so the
+ * same bound. */
 void test_matvec_int8(void) {
   printf("matvec int8 activations\n");
   const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q8_0,
                        ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,   ANNA_DTYPE_Q6_K};
   const int shapes[][3] = {{1, 17, 1}, {2, 300, 4}, {3, 129, 2}, {4, 64, 3}, {5, 33, 1},
-                           {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}, {8, 24, 96}};
+                           {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}, {8, 24, 96},
+                           /* decode batches on int8 tensor cores (cuda_mmq.cu): 16/32/64-token tiles,
+                            * partial tiles of tokens and rows, several 256-column steps */
+                           {9, 100, 2}, {16, 64, 4}, {17, 129, 3}, {33, 200, 1}, {40, 65, 5}, {64, 1000, 16}};
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
@@ -283,6 +288,36 @@ void bench_gemm(void) {
     cuda_backend_drop_mirrors(g_gpu);
     free(w);
   }
+  /* decode batches: the int8 paths (matvec up to 8 tokens, cuda_mmq above) against the bf16
+   * tensor-core GEMM they replace (the f32-activation variant turns the int8 paths off);
+   * GB/s = the weight's bytes / time */
+  const int dtypes[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K};
+  const int64_t dns[] = {8, 16, 32, 64};
+  cuda_backend_set_exact(g_gpu, 0);
+  for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
+    float *f;
+    void *w = make_weight(dtypes[i], rows, cols, &f);
+    free(f);
+    ops_weight ow = {dtypes[i], w, rows, cols};
+    const double wbytes = (double)dtype_row_bytes(dtypes[i], cols) * rows;
+    for (size_t j = 0; j < sizeof dns / sizeof dns[0]; j++)
+      for (int mode = 0; mode < 2; mode++) {
+        cuda_backend_set_matvec_variant(g_gpu, mode ? CUDA_MV_F32 : CUDA_MV_DEFAULT);
+        g_gpu->matmul(g_gpu, dy, dx, dns[j], &ow, NULL);
+        gpu_status("decode batch warmup");
+        const int reps = 50;
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, dns[j], &ow, NULL);
+        gpu_status("decode batch");
+        double dt = (now_s() - t0) / reps;
+        printf("  batch %-6s n=%-3lld %lldx%lld %-14s: %8.1f us, %6.0f GB/s of weights\n", dtype_name(dtypes[i]),
+               (long long)dns[j], (long long)rows, (long long)cols,
+               mode ? "bf16 GEMM" : dns[j] <= 8 ? "int8 matvec" : "int8 mmq", dt * 1e6, wbytes / dt / 1e9);
+      }
+    cuda_backend_drop_mirrors(g_gpu);
+    free(w);
+  }
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
   cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
   cuda_backend_set_exact(g_gpu, 1);
   dfree(dx), dfree(dy), free(x);

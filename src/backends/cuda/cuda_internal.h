@@ -134,7 +134,14 @@ typedef struct cuda_impl {
   int *route_count;         /* device counter of a routed group launch's last-block election */
 } cuda_impl;
 
-#define CUDA_GRAPH_MAX_TOK 8
+/* Steps of up to CUDA_GRAPH_MAX_TOK tokens are recorded and replayed as CUDA graphs: every
+ * op of such a step stays on the device (matvec up to MV_MAX_TOK tokens, cuda_mmq up to
+ * CUDA_MMQ_MAX_TOK), so a decode step of many sequences is one graph launch. The MoE expert
+ * FFN takes its decode kernels (cuda_moe_decode.cu) up to CUDA_MOE_DECODE_MAX_TOK tokens;
+ * larger batches read expert ids back and end the recorded part of the step. */
+#define CUDA_GRAPH_MAX_TOK 64
+#define CUDA_MMQ_MAX_TOK 64
+#define CUDA_MOE_DECODE_MAX_TOK 8
 
 /* Launches the deferred add_rmsnorm (its own kernel) and clears it. */
 void cuda_norm_flush(cuda_impl *ci);
@@ -240,6 +247,12 @@ bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d);
 /* Copies `bytes` of host data through the pinned ring to device memory valid for work
  * queued on the stream after this call. NULL on failure. */
 void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
+
+/* Int8 tensor-core product for decode batches of up to CUDA_MMQ_MAX_TOK tokens
+ * (cuda_mmq.cu): every weight read once per call. True when it took the product (or set a
+ * sticky error), false when the weight's type or alignment is not one it reads, in exact
+ * mode or the f32-activation matvec variant, or above its token range. Recordable into a step graph (no cuBLAS, no host wait). */
+bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb);
 
 /* Tensor-core GEMM for batches above the matvec range (cuda_gemm.cu): true when it took
  * the product (or set a sticky error trying), false when the f32 path must (exact mode, f32

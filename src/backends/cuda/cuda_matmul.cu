@@ -8,7 +8,9 @@
  * 16-byte loads when rows and activations are aligned. Q4_0, IQ4_NL, Q8_0, Q4_K, Q5_K,
  * Q6_K and IQ4_XS: the piece kernel (k_matvec_piece: persistent warps of several rows,
  * wide loads, the next loads in flight during the decode). The other quantized types and
- * unaligned activations: k_matvec_quant, one lane per 32-element unit. Prefill: weights
+ * unaligned activations: k_matvec_quant, one lane per 32-element unit. Decode batches of
+ * 9..CUDA_MMQ_MAX_TOK tokens (many sequences): cuda_mmq.cu, int8 tensor cores, each weight
+ * read once. Prefill: weights
  * are decoded to f32 in row tiles (f32 weights are used in place) and multiplied by cuBLAS
  * SGEMM, so results match the f32 CPU reference to rounding. */
 #include "backends/cuda/cuda_internal.h"
@@ -538,8 +540,14 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   }
   /* Q4_K's wide loads need 16-byte aligned rows (a mirror copy always is: cudaMalloc). */
   const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
-  if (!(n <= MV_MAX_TOK && wide_ok)) cuda_flush(ci); /* cuBLAS calls are not recorded: the step goes on eagerly */
-  if (n <= MV_MAX_TOK && wide_ok) {
+  const bool mv = n <= MV_MAX_TOK && wide_ok;
+  if (!mv && n <= CUDA_MMQ_MAX_TOK && cuda_mmq(ci, y, x, n, w, W, rb)) { /* decode of many sequences */
+    if (bd && !ci->err) cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
+    cuda_check_launch(ci, "mmq");
+    return;
+  }
+  if (!mv) cuda_flush(ci); /* cuBLAS calls are not recorded: the step goes on eagerly */
+  if (mv) {
     const int vec = mv_vec(W, x, w->cols);
     const int q8 = ci->exact || ci->mv_variant == CUDA_MV_F32 ? 0 : ci->mv_variant == CUDA_MV_INT8_R4 ? 2 : 1;
     const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;

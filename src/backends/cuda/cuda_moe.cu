@@ -1,6 +1,6 @@
 /* cuda_moe.cu: router top-k on the device, and the sparse expert FFN.
  *
- * Decode batches (n <= CUDA_GRAPH_MAX_TOK tokens) never leave the device, so MoE decode
+ * Decode batches (n <= CUDA_MOE_DECODE_MAX_TOK tokens) never leave the device, so MoE decode
  * steps can be captured as graphs: one kernel computes act(gate_e x) * up_e x for every
  * (token, slot) pair reading its expert's rows through a device table of per-expert
  * pointers (built once per layer, kept with the weight mirrors), a second computes
@@ -970,7 +970,7 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
                      const ops_weight *down, int act, float *scratch) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
-  if (n <= CUDA_GRAPH_MAX_TOK &&
+  if (n <= CUDA_MOE_DECODE_MAX_TOK &&
       moe_ffn_decode(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
     return;
   const int v = ci->moe_variant;

@@ -1,4 +1,4 @@
-/* cuda_moe_decode.cu: the MoE expert FFN of decode batches (n <= CUDA_GRAPH_MAX_TOK tokens),
+/* cuda_moe_decode.cu: the MoE expert FFN of decode batches (n <= CUDA_MOE_DECODE_MAX_TOK tokens),
  * entirely on the device so decode steps can be captured as graphs (cuda_moe.cu's header
  * describes the scheme): the f32 kernels (k_moe_gate_up, k_moe_down) and, with exact mode
  * off, the dp4a kernels on int8 activations; the per-layer table of expert pointers

@@ -1,0 +1,415 @@
+/* cuda_mmq.cu: decode batches of 9..CUDA_MMQ_MAX_TOK tokens on int8 tensor cores.
+ *
+ * A step of many sequences multiplies every weight by a few dozen activation rows. The
+ * dp4a matvec (cuda_matvec.cuh) takes at most MV_MAX_TOK = 8 tokens per weight read, so 64
+ * sequences read the weights 8 times; the prefill GEMM dequantizes every weight to bf16
+ * (writes and re-reads 2 bytes per weight). Here each weight is read once for all tokens:
+ *   k_mmq_quant_x  the activations to int8 once per call, per 32-element block: scale
+ *                  d = max|x| / 127, q = rint(x / d) clamped to +-127 (k_matvec_q8's rule,
+ *                  so a batch and a lone decode round the activations alike), and the
+ *                  block's d * sum(q) (Q4_K / Q5_K mins). Into the backend's GEMM scratch
+ *                  (unused by decode-sized batches), padded with zeros to whole tiles
+ *                  (tokens to BN, columns to MMQ_KS):
+ *                    xq [npad][colsp] int8, each 32-byte block's words in mmq_wpos order,
+ *                    xd [colsp / 32][npad] f32 scales, xs [colsp / 32][npad] f32 sums;
+ *   k_mmq<TYPE,BN> tiles of MMQ_BM = 64 weight rows x BN (16, 32, 64) tokens, 4 warps of
+ *                  32 rows x BN / 2 tokens, K in steps of MMQ_KS = 256 (eight 32-blocks, or
+ *                  one K-quant super-block). Per step each thread decodes 4 pieces
+ *                  (cuda_piece_load + cuda_q8_decode, the decode matvec's decoders) to int8
+ *                  in shared memory, in the activations' word order, with the offsets of
+ *                  Q4_0 (8) and Q6_K (32) subtracted and IQ4's pair words combined, so every
+ *                  format is a plain int8 matrix with one f32 scale per 32-block (Q6_K: per
+ *                  16-run) and row. Per 32-block one mma.sync m16n8k32 s8 (Q6_K: two
+ *                  m16n8k16) starts at the bits of 1.5 * 2^23 (|dot| < 2^22) so its int32
+ *                  result becomes a float with one subtraction, and acc += d_w d_x dot
+ *                  (- mn_w * xs for Q4_K / Q5_K). Two stages: the next step's weight words
+ *                  are in registers and its activations in flight (cp.async) while the
+ *                  tensor cores work on this one.
+ * The kernel is a revival of the int8 prefill GEMM retired in session 14 (bench/RESULTS.md,
+ * "Variants retired": slower than bf16 cuBLAS at 512+ tokens); at decode sizes the bf16 path
+ * pays a full dequantized copy of every weight per step, which this one does not.
+ * Shared memory rows are MMQ_KS + 32 bytes: with the word order, a thread's two fragment
+ * words of a 32-block (bytes 4t.. and 16 + 4t..) are one 8-byte load and the 16 lanes of a
+ * half-warp hit distinct banks. Results do not depend on the other tokens of the batch:
+ * each (row, token) sums its 32-blocks in the same order whatever n is. */
+#include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_async.cuh"
+#include "backends/cuda/cuda_quant.cuh"
+
+#include "base/error.h"
+
+#define MMQ_BM 64         /* weight rows per block */
+#define MMQ_KS 256        /* K elements per pipeline step */
+#define MMQ_ST (MMQ_KS + 32) /* shared row stride, bytes */
+#define MMQ_THREADS 128
+#define MMQ_MAGIC 0x4B400000 /* 12582912.0f = 1.5 * 2^23 */
+
+/* One stage: weights, activations, weight scales (16 units: Q6_K's runs), mins, x scales,
+ * x sums; two stages per block. */
+template <int BN> struct mmq_lay {
+  static constexpr int W = 0, X = MMQ_BM * MMQ_ST, SW = X + BN * MMQ_ST, MN = SW + 16 * MMQ_BM * 4,
+                       XD = MN + 8 * MMQ_BM * 4, XS = XD + 8 * BN * 4, STAGE = XS + 8 * BN * 4, SMEM = 2 * STAGE;
+};
+
+/* ---- device primitives ---- */
+static __device__ __forceinline__ uint8_t *mmq_smem_base() {
+  extern __shared__ __align__(16) uint8_t mmq_smem[];
+  return mmq_smem;
+}
+static __device__ __forceinline__ uint2 mmq_lds64(const uint8_t *p) {
+  return *(const uint2 *)p;
+}
+/* D = A B + MMQ_MAGIC, D as floats: 1.5 * 2^23 + dot. A 16x32 row-major (a0: row g, bytes
+ * 4t..; a1: row g + 8, bytes 4t..; a2, a3: the same rows, bytes 16 + 4t..), B 32x8 column-major
+ * (b0: column g, bytes 4t..; b1: bytes 16 + 4t..), D (d0, d1: row g, columns 2t, 2t + 1; d2, d3:
+ * row g + 8), g = lane / 4, t = lane % 4 (PTX ISA, mma.m16n8k32 .s8 fragments). */
+static __device__ __forceinline__ void mmq_mma32(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint32_t b0, uint32_t b1) {
+  int r0, r1, r2, r3;
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};\n"
+      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(MMQ_MAGIC));
+  d[0] = __int_as_float(r0), d[1] = __int_as_float(r1), d[2] = __int_as_float(r2), d[3] = __int_as_float(r3);
+}
+/* m16n8k16 .s8: a0 row g, bytes 4t..; a1 row g + 8; b0 column g, bytes 4t..; D as above. */
+static __device__ __forceinline__ void mmq_mma16(float *d, uint32_t a0, uint32_t a1, uint32_t b0) {
+  int r0, r1, r2, r3;
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+      : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+      : "r"(a0), "r"(a1), "r"(b0), "r"(MMQ_MAGIC));
+  d[0] = __int_as_float(r0), d[1] = __int_as_float(r1), d[2] = __int_as_float(r2), d[3] = __int_as_float(r3);
+}
+
+/* ---- tile code ---- */
+
+/* Byte offset of logical word w (bytes 4w..4w+3) in a 32-byte block: words 0-3 to even
+ * slots, 4-7 to odd ones, so words t and 4 + t (one thread's fragment pair) are adjacent. */
+static __host__ __device__ __forceinline__ int mmq_wpos(int w) {
+  return 4 * (2 * (w & 3) + (w >> 2));
+}
+
+template <int TYPE> __host__ __device__ constexpr bool mmq_has_min() {
+  return TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K;
+}
+
+/* x [n, cols] -> xq, xd, xs (layout in the header comment); 8 lanes per 32-block (4
+ * elements each), blocks numbered token-major over the padded [npad][nbp]. Lanes past the
+ * end take part in the shuffles with zeros. */
+static __global__ void __launch_bounds__(256)
+    k_mmq_quant_x(int8_t *xq, float *xd, float *xs, const float *x, int64_t n, int64_t cols, int64_t npad,
+                  int64_t colsp) {
+  const int lane = threadIdx.x & 31, m = lane & 7;
+  const int64_t nbp = colsp / 32, nb = cols / 32, total = npad * nbp;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  for (int64_t u0 = ((int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * 4; u0 < total; u0 += warps * 4) {
+    const int64_t u = u0 + (lane >> 3), t = u / nbp, b = u - t * nbp;
+    const bool live = u < total && t < n && b < nb;
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+      const float *p = x + t * cols + b * 32 + 4 * m;
+#pragma unroll
+      for (int e = 0; e < 4; e++) v[e] = p[e];
+    }
+    float am = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+    const float d = am * (1.0f / 127.0f), inv = am > 0.0f ? 127.0f / am : 0.0f;
+    int q[4];
+#pragma unroll
+    for (int e = 0; e < 4; e++) q[e] = max(-127, min(127, __float2int_rn(v[e] * inv)));
+    int s = q[0] + q[1] + q[2] + q[3];
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (u < total) {
+      const uint32_t wv = __byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
+      *(uint32_t *)(xq + t * colsp + b * 32 + mmq_wpos(m)) = wv;
+      if (m == 0) xd[b * npad + t] = d, xs[b * npad + t] = d * (float)s;
+    }
+  }
+}
+
+/* Issues the cp.async copies of step s's activation tile (tokens t0..t0 + BN) into a stage. */
+template <int TYPE, int BN>
+static __device__ __forceinline__ void mmq_load_x(uint8_t *st, const int8_t *xq, const float *xd, const float *xs,
+                                                  int64_t t0, int64_t npad, int64_t colsp, int s, int tid) {
+  typedef mmq_lay<BN> L;
+  static_assert(BN * (MMQ_KS / 16) % MMQ_THREADS == 0, "whole chunks per thread");
+#pragma unroll
+  for (int i = 0; i < BN * (MMQ_KS / 16) / MMQ_THREADS; i++) {
+    const int c = tid + MMQ_THREADS * i, tok = c / (MMQ_KS / 16), ch = c % (MMQ_KS / 16);
+    cuda_cp16(st + L::X + tok * MMQ_ST + 16 * ch, xq + (t0 + tok) * colsp + (int64_t)s * MMQ_KS + 16 * ch);
+  }
+  /* 8 units x BN floats: 2 BN chunks of 4 floats */
+  static_assert(2 * BN <= MMQ_THREADS, "one scale chunk per thread at most");
+  if (tid < 2 * BN) {
+    const int u = tid / (BN / 4), j = tid % (BN / 4);
+    const int64_t src = ((int64_t)s * 8 + u) * npad + t0 + 4 * j;
+    cuda_cp16(st + L::XD + 4 * (u * BN + 4 * j), xd + src);
+    if constexpr (mmq_has_min<TYPE>()) cuda_cp16(st + L::XS + 4 * (u * BN + 4 * j), xs + src);
+  }
+  cuda_cp_commit();
+}
+
+/* Pieces of this thread in a step: rows tid / 8 + 16 i (i < 4), piece tid % 8 of the step. */
+#define MMQ_PPT (MMQ_BM * 8 / MMQ_THREADS)
+#define MMQ_RSTEP (MMQ_THREADS / 8)
+
+template <int TYPE>
+static __device__ __forceinline__ void mmq_load_w(uint32_t (*raw)[cuda_piece<TYPE>::RAW], const uint8_t *W,
+                                                  int64_t r0, int64_t rows, int64_t rb, int64_t pieces, int s,
+                                                  int tid) {
+  const int64_t p = (int64_t)s * 8 + (tid & 7);
+  if (p >= pieces) return;
+#pragma unroll
+  for (int i = 0; i < MMQ_PPT; i++) {
+    const int64_t r = r0 + (tid >> 3) + MMQ_RSTEP * i;
+    cuda_piece_load<TYPE>(W + (r < rows ? r : rows - 1) * rb, p, p == pieces - 1, raw[i]);
+  }
+}
+
+/* Decodes the loaded pieces into a stage: int8 words at their elements (mmq_wpos order),
+ * scales per unit (32-block; Q6_K 16-run) in sw[unit][row], Q4_K / Q5_K mins in mn[block][row].
+ * A piece past the row's end (32-element formats, last step) stores zeros. */
+template <int TYPE, int BN>
+static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t (*raw)[cuda_piece<TYPE>::RAW],
+                                                    const uint8_t *W, int64_t r0, int64_t rows, int64_t rb,
+                                                    int64_t pieces, int s, int tid) {
+  typedef mmq_lay<BN> L;
+  constexpr int HI = cuda_piece<TYPE>::HI;
+  constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K;
+  const int k = tid & 7;
+  const int64_t p = (int64_t)s * 8 + k;
+  const int el = (int)(cuda_q8_e0<TYPE>(p) - (int64_t)s * MMQ_KS); /* run 0's first element in the step */
+  float *sw = (float *)(st + L::SW), *smn = (float *)(st + L::MN);
+#pragma unroll
+  for (int i = 0; i < MMQ_PPT; i++) {
+    const int lr = (tid >> 3) + MMQ_RSTEP * i;
+    const int64_t r = r0 + lr;
+    uint32_t v[8];
+    float sc[2] = {0.0f, 0.0f}, mn[2] = {0.0f, 0.0f};
+    if (p < pieces) {
+      int wq[cuda_q8p<TYPE>::NW];
+      cuda_q8_decode<TYPE>(W + (r < rows ? r : rows - 1) * rb, p, raw[i], wq, sc, mn);
+      if constexpr (TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_IQ4_XS) {
+        /* word pairs (2j, 2j + 1) + (8 + 2j, 9 + 2j) are T[] of elements 4j, 4j + 16, 4j + 1,
+         * 4j + 17 | 4j + 2, 4j + 18, 4j + 3, 4j + 19 (byte-wise sums, exact): regroup */
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          const uint32_t v0 = __vadd4((uint32_t)wq[2 * j], (uint32_t)wq[8 + 2 * j]);
+          const uint32_t v1 = __vadd4((uint32_t)wq[2 * j + 1], (uint32_t)wq[9 + 2 * j]);
+          v[j] = __byte_perm(v0, v1, 0x6420), v[4 + j] = __byte_perm(v0, v1, 0x7531);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          const uint32_t q = (uint32_t)wq[j];
+          v[j] = TYPE == ANNA_DTYPE_Q4_0 ? __vsub4(q, 0x08080808u) : Q6 ? __vsub4(q, 0x20202020u) : q;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++) v[j] = 0;
+    }
+    uint8_t *wr = st + L::W + lr * MMQ_ST;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const int e = el + (j < 4 ? 4 * j : HI + 4 * (j - 4));
+      *(uint32_t *)(wr + (e >> 5) * 32 + mmq_wpos((e & 31) >> 2)) = v[j];
+    }
+    if constexpr (Q6) {
+      sw[(el >> 4) * MMQ_BM + lr] = sc[0], sw[((el + HI) >> 4) * MMQ_BM + lr] = sc[1];
+    } else if constexpr (HI == 32) { /* Q4_K / Q5_K: the pieces 2c, 2c + 1 carry sub-blocks 2c, 2c + 1 */
+      if ((k & 1) == 0) {
+        const int u = el >> 5;
+        sw[u * MMQ_BM + lr] = sc[0], sw[(u + 1) * MMQ_BM + lr] = sc[1];
+        smn[u * MMQ_BM + lr] = mn[0], smn[(u + 1) * MMQ_BM + lr] = mn[1];
+      }
+    } else {
+      sw[k * MMQ_BM + lr] = sc[0];
+    }
+  }
+}
+
+/* One step of MMAs on a stage: warp (wm, wn) = (warp % 2, warp / 2) owns rows 32 wm.. and
+ * tokens BN / 2 wn..; acc[i][j][e]: m-tile i, n-tile j, fragment element e. */
+template <int TYPE, int BN>
+static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*acc)[BN / 16][4], int warp,
+                                                    int lane) {
+  typedef mmq_lay<BN> L;
+  constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K, MIN = mmq_has_min<TYPE>();
+  constexpr int NJ = BN / 16;
+  const int g = lane >> 2, t = lane & 3, wm = warp & 1, wn = warp >> 1;
+  const uint8_t *wt = st + L::W + (wm * 32 + g) * MMQ_ST + 8 * t;
+  const uint8_t *xt = st + L::X + (wn * (BN / 2) + g) * MMQ_ST + 8 * t;
+  const float *sw = (const float *)(st + L::SW) + wm * 32 + g;
+  const float *smn = (const float *)(st + L::MN) + wm * 32 + g;
+  const float *sxd = (const float *)(st + L::XD) + wn * (BN / 2) + 2 * t;
+  const float *sxs = (const float *)(st + L::XS) + wn * (BN / 2) + 2 * t;
+#pragma unroll 1
+  for (int b = 0; b < MMQ_KS / 32; b++) {
+    uint2 A[2][2], B[NJ];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      A[i][0] = mmq_lds64(wt + (16 * i) * MMQ_ST + 32 * b);
+      A[i][1] = mmq_lds64(wt + (16 * i + 8) * MMQ_ST + 32 * b);
+    }
+#pragma unroll
+    for (int j = 0; j < NJ; j++) B[j] = mmq_lds64(xt + (8 * j) * MMQ_ST + 32 * b);
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const float2 dx = *(const float2 *)(sxd + b * BN + 8 * j);
+      float2 sx = make_float2(0.0f, 0.0f);
+      if constexpr (MIN) sx = *(const float2 *)(sxs + b * BN + 8 * j);
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        float *a = acc[i][j];
+        if constexpr (Q6) {
+          /* runs 2b (words .x) and 2b + 1 (.y), scale units of 16 elements */
+          float d0[4], d1[4];
+          mmq_mma16(d0, A[i][0].x, A[i][1].x, B[j].x);
+          mmq_mma16(d1, A[i][0].y, A[i][1].y, B[j].y);
+          const float w0g = sw[(2 * b) * MMQ_BM + 16 * i], w0h = sw[(2 * b) * MMQ_BM + 16 * i + 8];
+          const float w1g = sw[(2 * b + 1) * MMQ_BM + 16 * i], w1h = sw[(2 * b + 1) * MMQ_BM + 16 * i + 8];
+          a[0] = fmaf(dx.x, fmaf(w0g, d0[0] - 12582912.0f, w1g * (d1[0] - 12582912.0f)), a[0]);
+          a[1] = fmaf(dx.y, fmaf(w0g, d0[1] - 12582912.0f, w1g * (d1[1] - 12582912.0f)), a[1]);
+          a[2] = fmaf(dx.x, fmaf(w0h, d0[2] - 12582912.0f, w1h * (d1[2] - 12582912.0f)), a[2]);
+          a[3] = fmaf(dx.y, fmaf(w0h, d0[3] - 12582912.0f, w1h * (d1[3] - 12582912.0f)), a[3]);
+        } else {
+          float d[4];
+          mmq_mma32(d, A[i][0].x, A[i][1].x, A[i][0].y, A[i][1].y, B[j].x, B[j].y);
+          const float wg = sw[b * MMQ_BM + 16 * i], wh = sw[b * MMQ_BM + 16 * i + 8];
+          a[0] = fmaf(wg * dx.x, d[0] - 12582912.0f, a[0]);
+          a[1] = fmaf(wg * dx.y, d[1] - 12582912.0f, a[1]);
+          a[2] = fmaf(wh * dx.x, d[2] - 12582912.0f, a[2]);
+          a[3] = fmaf(wh * dx.y, d[3] - 12582912.0f, a[3]);
+          if constexpr (MIN) {
+            const float mg = smn[b * MMQ_BM + 16 * i], mh = smn[b * MMQ_BM + 16 * i + 8];
+            a[0] = fmaf(-mg, sx.x, a[0]), a[1] = fmaf(-mg, sx.y, a[1]);
+            a[2] = fmaf(-mh, sx.x, a[2]), a[3] = fmaf(-mh, sx.y, a[3]);
+          }
+        }
+      }
+    }
+  }
+}
+
+template <int TYPE, int BN>
+static __global__ void __launch_bounds__(MMQ_THREADS)
+    k_mmq(float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb, const int8_t *xq, const float *xd,
+          const float *xs, int64_t n, int64_t npad, int64_t colsp) {
+  typedef mmq_lay<BN> L;
+  constexpr int NJ = BN / 16;
+  uint8_t *sm = mmq_smem_base();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int64_t r0 = (int64_t)blockIdx.x * MMQ_BM, t0 = (int64_t)blockIdx.y * BN;
+  const int64_t pieces = cols / 32;
+  const int steps = (int)(colsp / MMQ_KS);
+  float acc[2][NJ][4];
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+  uint32_t raw[MMQ_PPT][cuda_piece<TYPE>::RAW];
+  mmq_load_x<TYPE, BN>(sm, xq, xd, xs, t0, npad, colsp, 0, tid);
+  mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, 0, tid);
+  mmq_decode_w<TYPE, BN>(sm, raw, W, r0, rows, rb, pieces, 0, tid);
+  cuda_cp_wait<0>();
+  __syncthreads();
+  for (int s = 0; s < steps; s++) {
+    uint8_t *cur = sm + (s & 1) * L::STAGE, *nxt = sm + ((s + 1) & 1) * L::STAGE;
+    /* nxt was last read by step s - 1's MMAs, which every thread finished before the barrier */
+    if (s + 1 < steps) {
+      mmq_load_x<TYPE, BN>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
+      mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, s + 1, tid);
+    }
+    mmq_mma_step<TYPE, BN>(cur, acc, warp, lane);
+    if (s + 1 < steps) mmq_decode_w<TYPE, BN>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
+    cuda_cp_wait<0>();
+    __syncthreads();
+  }
+  const int g = lane >> 2, t = lane & 3, wm = warp & 1, wn = warp >> 1;
+#pragma unroll
+  for (int i = 0; i < 2; i++)
+#pragma unroll
+    for (int j = 0; j < NJ; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int64_t r = r0 + wm * 32 + 16 * i + g + 8 * (e >> 1), tok = t0 + wn * (BN / 2) + 8 * j + 2 * t + (e & 1);
+        if (r < rows && tok < n) y[tok * rows + r] = acc[i][j][e];
+      }
+}
+
+/* ---- launch ---- */
+
+/* The decoders' load alignment (as the decode matvec's piece_ok). */
+static bool mmq_supported(int type, const uint8_t *W, int64_t rb, int64_t cols) {
+  if (cols % 32 != 0) return false;
+  switch (type) {
+  case ANNA_DTYPE_Q4_0: case ANNA_DTYPE_IQ4_NL: case ANNA_DTYPE_Q8_0: case ANNA_DTYPE_Q6_K:
+    return ((uintptr_t)W & 1) == 0 && rb % 2 == 0;
+  case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K: return ((uintptr_t)W & 15) == 0 && rb % 16 == 0;
+  case ANNA_DTYPE_IQ4_XS: return ((uintptr_t)W & 7) == 0 && rb % 8 == 0;
+  default: return false;
+  }
+}
+
+template <int TYPE, int BN>
+static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb,
+                          const int8_t *xq, const float *xd, const float *xs, int64_t n, int64_t npad, int64_t colsp) {
+  static int ready = 0; /* the shared-memory opt-in, once per instance (the process uses one device kind) */
+  if (!ready) {
+    if (!cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             mmq_lay<BN>::SMEM),
+                    "mmq shared memory"))
+      return;
+    ready = 1;
+  }
+  const dim3 grid((unsigned)((rows + MMQ_BM - 1) / MMQ_BM), (unsigned)(npad / BN));
+  cuda_launch(ci, "mmq", k_mmq<TYPE, BN>, grid, MMQ_THREADS, mmq_lay<BN>::SMEM, y, W, rows, cols, rb, xq, xd, xs, n,
+              npad, colsp);
+}
+
+template <int TYPE>
+static void mmq_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb,
+                       const int8_t *xq, const float *xd, const float *xs, int64_t n, int bn, int64_t npad,
+                       int64_t colsp) {
+  if (bn == 16) mmq_launch_bn<TYPE, 16>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+  else if (bn == 32) mmq_launch_bn<TYPE, 32>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+  else mmq_launch_bn<TYPE, 64>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+}
+
+bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb) {
+  /* int8 activations are the matvec's default numerics: exact mode and the f32-activation
+   * variant keep the f32 / bf16 GEMM */
+  if (ci->exact || ci->mv_variant == CUDA_MV_F32 || n < 1 || n > CUDA_MMQ_MAX_TOK ||
+      !mmq_supported(w->type, W, rb, w->cols))
+    return false;
+  if (ci->err) return true;
+  const int bn = n <= 16 ? 16 : n <= 32 ? 32 : 64;
+  const int64_t npad = (n + bn - 1) / bn * bn, colsp = (w->cols + MMQ_KS - 1) / MMQ_KS * MMQ_KS, nbp = colsp / 32;
+  /* the GEMM tile scratch: decode-sized batches never run a GEMM, and it is allocated once */
+  const size_t need = (size_t)(npad * colsp) + (size_t)(2 * nbp * npad) * sizeof(float);
+  if (need > ci->deq_floats * sizeof(float)) return false;
+  int8_t *xq = (int8_t *)ci->deq;
+  float *xd = (float *)(xq + npad * colsp), *xs = xd + nbp * npad;
+  const int64_t units = npad * nbp;
+  const int64_t blocks = (units + 31) / 32; /* 32 units per 256-thread block; far below the grid limit */
+  cuda_launch(ci, "mmq quantize", k_mmq_quant_x, (unsigned)blocks, 256, 0, xq, xd, xs, x, n, w->cols, npad, colsp);
+  switch (w->type) {
+  case ANNA_DTYPE_Q4_0: mmq_launch<ANNA_DTYPE_Q4_0>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
+  case ANNA_DTYPE_IQ4_NL:
+    mmq_launch<ANNA_DTYPE_IQ4_NL>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp);
+    break;
+  case ANNA_DTYPE_Q8_0: mmq_launch<ANNA_DTYPE_Q8_0>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
+  case ANNA_DTYPE_Q4_K: mmq_launch<ANNA_DTYPE_Q4_K>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
+  case ANNA_DTYPE_Q5_K: mmq_launch<ANNA_DTYPE_Q5_K>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
+  case ANNA_DTYPE_Q6_K: mmq_launch<ANNA_DTYPE_Q6_K>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
+  case ANNA_DTYPE_IQ4_XS:
+    mmq_launch<ANNA_DTYPE_IQ4_XS>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp);
+    break;
+  default: break; /* mmq_supported took none else */
+  }
+  return true;
+}
