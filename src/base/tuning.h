@@ -13,8 +13,8 @@
  * key to use instead or saying the variant was retired, so an old script cannot silently run
  * the default. getenv is called here and nowhere else in src/.
  *
- * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb at
- * creation (backend_params.tuning). Plain data: copy freely.
+ * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb and
+ * cuda_decode_mmq at creation (backend_params.tuning). Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
 #define ANNA_BASE_TUNING_H
@@ -36,6 +36,12 @@ typedef struct anna_tuning {
    * prefill (the 35B-A3B layer needs 1.5 GiB; a smaller cap sends the cuBLAS path through
    * chunks of experts and the pipelined tile kernel back to the in-loop tiles). */
   int cuda_moe_deq_mb;
+  /* cuda_decode_mmq = 0: 1 sends quantized matmuls of 9..64 tokens (decode of many
+   * sequences) through the int8 tensor-core kernel (cuda_mmq.cu), each weight read once, and
+   * records steps of up to 64 tokens as CUDA graphs (8 otherwise). Off until its device
+   * checks have run (tests/cuda matmul family, fixtures, bench/notes/gpu.md): 0 keeps the
+   * measured path (cuBLAS GEMM above 8 tokens). Read at CUDA backend creation. */
+  int cuda_decode_mmq;
 } anna_tuning;
 
 /* The defaults above. */

@@ -205,6 +205,7 @@ void test_matvec_int8(void) {
                             * partial tiles of tokens and rows, several 256-column steps */
                            {9, 100, 2}, {16, 64, 4}, {17, 129, 3}, {33, 200, 1}, {40, 65, 5}, {64, 1000, 16}};
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  cuda_backend_set_decode_mmq(g_gpu, 1);
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
     const int64_t bs = dtype_block_size(type);
@@ -250,6 +251,7 @@ void test_matvec_int8(void) {
     }
     printf("  %-6s largest error / bound %.3f\n", dtype_name(type), worst);
   }
+  cuda_backend_set_decode_mmq(g_gpu, 0);
 }
 
 /* Prefill GEMM throughput: n tokens x a 12288 x 4096 weight, f32 path (exact) against the
@@ -294,6 +296,7 @@ void bench_gemm(void) {
   const int dtypes[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K};
   const int64_t dns[] = {8, 16, 32, 64};
   cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_decode_mmq(g_gpu, 1);
   for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
     float *f;
     void *w = make_weight(dtypes[i], rows, cols, &f);
@@ -318,6 +321,7 @@ void bench_gemm(void) {
     free(w);
   }
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  cuda_backend_set_decode_mmq(g_gpu, 0);
   cuda_backend_set_gemm_variant(g_gpu, CUDA_GEMM_BF16);
   cuda_backend_set_exact(g_gpu, 1);
   dfree(dx), dfree(dy), free(x);

@@ -560,13 +560,19 @@ extern "C" void cuda_backend_set_graphs(ops_backend *be, int on) {
   cuda_impl_of(be)->graphs = on;
 }
 
+extern "C" void cuda_backend_set_decode_mmq(ops_backend *be, int on) {
+  cuda_impl *ci = cuda_impl_of(be);
+  ci->decode_mmq = on;
+  ci->graph_max_tok = on ? CUDA_GRAPH_MAX_TOK : 8;
+}
+
 extern "C" void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes) {
   cuda_impl_of(be)->piece_at = nodes > 0 ? nodes : 0;
 }
 
 extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (ci->err || !ci->graphs || ci->recording || n_tokens < 1 || n_tokens > CUDA_GRAPH_MAX_TOK)
+  if (ci->err || !ci->graphs || ci->recording || n_tokens < 1 || n_tokens > ci->graph_max_tok)
     return;
   /* The previous step may still read the ring (a graph launched without a download). */
   if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "step sync")) return;
@@ -812,6 +818,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   ci->gdn_scan_cols = 0;
   /* the runtime knob (base/tuning.h): the MoE prefill's dequantized experts */
   ci->moe_deq_cap = t && t->cuda_moe_deq_mb > 0 ? (size_t)t->cuda_moe_deq_mb << 20 : (size_t)2 << 30;
+  cuda_backend_set_decode_mmq(be, t && t->cuda_decode_mmq); /* graphs up to 8 tokens without it: MV_MAX_TOK */
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;
     cuda_backend_free(be);

@@ -96,7 +96,9 @@ typedef struct cuda_impl {
   int gdn_variant;          /* cuda_backend_set_gdn_variant (CUDA_GDN_*) */
   int gdn_scan_cols;        /* cuda_backend_set_gdn_scan_cols (0 auto, 16, 32) */
   size_t mv_smem;           /* int8 matvec shared-memory limit (cuda_matmul_setup) */
-  int graphs;               /* decode steps (n <= CUDA_GRAPH_MAX_TOK) replay as CUDA graphs */
+  int graphs;               /* decode steps (n <= graph_max_tok) replay as CUDA graphs */
+  int decode_mmq;           /* tuning cuda_decode_mmq: cuda_mmq takes 9..CUDA_MMQ_MAX_TOK tokens */
+  int graph_max_tok;        /* CUDA_GRAPH_MAX_TOK with decode_mmq, else MV_MAX_TOK (8) */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
   int pdl, pdl_ok;          /* programmatic edges into cuda_launch_pdl kernels (cuda_backend_set_pdl); sm_90+ */
   cuda_node *log;           /* the step being recorded: nodes, kernel argument bytes, offsets */
@@ -134,9 +136,10 @@ typedef struct cuda_impl {
   int *route_count;         /* device counter of a routed group launch's last-block election */
 } cuda_impl;
 
-/* Steps of up to CUDA_GRAPH_MAX_TOK tokens are recorded and replayed as CUDA graphs: every
- * op of such a step stays on the device (matvec up to MV_MAX_TOK tokens, cuda_mmq up to
- * CUDA_MMQ_MAX_TOK), so a decode step of many sequences is one graph launch. The MoE expert
+/* Steps of up to graph_max_tok tokens are recorded and replayed as CUDA graphs: every op of
+ * such a step stays on the device (matvec up to MV_MAX_TOK = 8 tokens, cuda_mmq up to
+ * CUDA_MMQ_MAX_TOK when tuning cuda_decode_mmq is on), so a decode step of many sequences
+ * is one graph launch; above it cuBLAS GEMMs (not recordable) end the recorded part. The MoE expert
  * FFN takes its decode kernels (cuda_moe_decode.cu) up to CUDA_MOE_DECODE_MAX_TOK tokens;
  * larger batches read expert ids back and end the recorded part of the step. */
 #define CUDA_GRAPH_MAX_TOK 64
@@ -251,7 +254,8 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
 /* Int8 tensor-core product for decode batches of up to CUDA_MMQ_MAX_TOK tokens
  * (cuda_mmq.cu): every weight read once per call. True when it took the product (or set a
  * sticky error), false when the weight's type or alignment is not one it reads, in exact
- * mode or the f32-activation matvec variant, or above its token range. Recordable into a step graph (no cuBLAS, no host wait). */
+ * mode or the f32-activation matvec variant, with tuning cuda_decode_mmq off, or above
+ * its token range. Recordable into a step graph (no cuBLAS, no host wait). */
 bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb);
 
 /* Tensor-core GEMM for batches above the matvec range (cuda_gemm.cu): true when it took

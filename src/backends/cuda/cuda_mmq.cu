@@ -383,7 +383,7 @@ static void mmq_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, 
 bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb) {
   /* int8 activations are the matvec's default numerics: exact mode and the f32-activation
    * variant keep the f32 / bf16 GEMM */
-  if (ci->exact || ci->mv_variant == CUDA_MV_F32 || n < 1 || n > CUDA_MMQ_MAX_TOK ||
+  if (!ci->decode_mmq || ci->exact || ci->mv_variant == CUDA_MV_F32 || n < 1 || n > CUDA_MMQ_MAX_TOK ||
       !mmq_supported(w->type, W, rb, w->cols))
     return false;
   if (ci->err) return true;
