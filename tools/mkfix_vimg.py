@@ -134,10 +134,11 @@ def bad_inputs():
     g = bytearray(enc(Image.fromarray(scene(16, 16, 21)).quantize(colors=16), "GIF"))
     g[6:10] = struct.pack("<HH", 50000, 50000)
     b["gif_huge.gif"] = bytes(g)
-    # WebP VP8L header: 14-bit width-1 and height-1 after the 0x2f signature.
-    bits = (50000 - 1) | ((50000 - 1) << 14)
+    # WebP cannot state 50000 (VP8L: 14-bit width-1 and height-1 after the 0x2f signature);
+    # its largest, 16384 x 16384, is far over the limit too.
+    bits = (16384 - 1) | ((16384 - 1) << 14)
     vp8l = b"\x2f" + struct.pack("<I", bits) + b"\0" * 16
-    b["webp_huge.webp"] = b"RIFF" + struct.pack("<I", 4 + 8 + len(vp8l)) + b"WEBPVP8L" + \
+    b["webp_huge_16384.webp"] = b"RIFF" + struct.pack("<I", 4 + 8 + len(vp8l)) + b"WEBPVP8L" + \
         struct.pack("<I", len(vp8l)) + vp8l
     b["png_aspect_402x2.png"] = enc(Image.fromarray(scene(402, 2, 22)), "PNG")
     return b

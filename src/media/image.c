@@ -11,6 +11,7 @@
 
 #ifdef ANNA_HAVE_LIBJPEG
 #include <jpeglib.h>
+#include <jerror.h>
 #endif
 #ifdef ANNA_HAVE_LIBPNG
 #include <png.h>
@@ -65,7 +66,7 @@ void media_image_free(media_image *img) {
 }
 
 /* The header check every decoder runs before allocating pixels. */
-static int check_dims(const char *fmt, int64_t w, int64_t h, int64_t max_pixels, char *err,
+__attribute__((unused)) static int check_dims(const char *fmt, int64_t w, int64_t h, int64_t max_pixels, char *err,
                       size_t errlen) {
   if (w <= 0 || h <= 0)
     return anna_err(err, errlen, ANNA_EINVAL, "%s image has a zero size (%lld x %lld)", fmt,
@@ -78,13 +79,13 @@ static int check_dims(const char *fmt, int64_t w, int64_t h, int64_t max_pixels,
 }
 
 /* Allocates the w*h*3 output (dimensions already checked). */
-static uint8_t *alloc_rgb(int64_t w, int64_t h) {
+__attribute__((unused)) static uint8_t *alloc_rgb(int64_t w, int64_t h) {
   return (uint8_t *)malloc((size_t)w * (size_t)h * 3);
 }
 
 /* RGBA rows (4 bytes a pixel) over white into RGB (3 bytes a pixel); in place is allowed since
  * the write position never passes the read position. */
-static void rgba_over_white(const uint8_t *src, uint8_t *dst, size_t n_pixels) {
+__attribute__((unused)) static void rgba_over_white(const uint8_t *src, uint8_t *dst, size_t n_pixels) {
   for (size_t i = 0; i < n_pixels; i++) {
     uint32_t a = src[4 * i + 3];
     uint8_t r = media_image_over_white(src[4 * i], a);

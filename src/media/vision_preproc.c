@@ -138,7 +138,7 @@ static int parse_keys(json_t *root, vision_preproc_config *c, char *err, size_t 
     } else if (!strcmp(key, "do_normalize")) {
       if ((rc = get_bool(v, key, &c->do_normalize, err, errlen))) return rc;
     } else if (!strcmp(key, "do_convert_rgb")) {
-      int b;
+      int b = 1;
       if ((rc = get_bool(v, key, &b, err, errlen))) return rc;
       /* The decoder always yields RGB; a model asking for anything else is not supported. */
       if (!b)
