@@ -310,19 +310,22 @@ static void resize_h(const uint8_t *src, int32_t sw, int32_t rows, uint8_t *dst,
   }
 }
 
-/* Vertical pass: sh rows of w*3 bytes -> dh rows. */
+/* Vertical pass: sh rows of w3 bytes -> dh rows. Taps outer, columns inner (rows are
+ * contiguous); acc is a caller-owned scratch row of w3 int32. */
 static void resize_v(const uint8_t *src, int32_t w3, uint8_t *dst, int32_t dh,
-                     const resize_axis *a) {
+                     const resize_axis *a, int32_t *acc) {
   int32_t p = a->precision, half = p > 0 ? 1 << (p - 1) : 0;
   for (int32_t y = 0; y < dh; y++) {
     const int16_t *w = a->w + (size_t)y * (size_t)a->ksize;
     const uint8_t *s = src + (size_t)a->xmin[y] * (size_t)w3;
     uint8_t *d = dst + (size_t)y * (size_t)w3;
-    for (int32_t x = 0; x < w3; x++) {
-      int32_t acc = half;
-      for (int32_t k = 0; k < a->xsize[y]; k++) acc += s[(size_t)k * (size_t)w3 + x] * w[k];
-      d[x] = clip_shift(acc, p);
+    for (int32_t x = 0; x < w3; x++) acc[x] = half;
+    for (int32_t k = 0; k < a->xsize[y]; k++) {
+      const uint8_t *r = s + (size_t)k * (size_t)w3;
+      int32_t wk = w[k];
+      for (int32_t x = 0; x < w3; x++) acc[x] += r[x] * wk;
     }
+    for (int32_t x = 0; x < w3; x++) d[x] = clip_shift(acc[x], p);
   }
 }
 
@@ -338,8 +341,10 @@ int vision_preproc_resize_rgb8(const uint8_t *src, int32_t sw, int32_t sh, uint8
   }
   resize_axis ah = {0}, av = {0};
   uint8_t *tmp = NULL;
+  int32_t *acc = NULL;
   int rc = 0;
-  if ((need_h && axis_init(&ah, sw, dw)) || (need_v && axis_init(&av, sh, dh))) {
+  if ((need_h && axis_init(&ah, sw, dw)) || (need_v && axis_init(&av, sh, dh)) ||
+      (need_v && !(acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)dw * 3)))) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "resize: out of memory");
     goto done;
   }
@@ -350,14 +355,15 @@ int vision_preproc_resize_rgb8(const uint8_t *src, int32_t sw, int32_t sh, uint8
       goto done;
     }
     resize_h(src, sw, sh, tmp, dw, &ah);
-    resize_v(tmp, dw * 3, dst, dh, &av);
+    resize_v(tmp, dw * 3, dst, dh, &av, acc);
   } else if (need_h) {
     resize_h(src, sw, sh, dst, dw, &ah);
   } else {
-    resize_v(src, sw * 3, dst, dh, &av);
+    resize_v(src, sw * 3, dst, dh, &av, acc);
   }
 done:
   free(tmp);
+  free(acc);
   axis_free(&ah);
   axis_free(&av);
   return rc;

@@ -53,8 +53,8 @@ int vision_preproc_smart_resize(int64_t h, int64_t w, int32_t factor, int64_t mi
 
 /* Antialiased bicubic resize of packed RGB8 (sw x sh) into dst (dw x dh, caller-owned,
  * dw*dh*3 bytes), bit-exact with torch.nn.functional.interpolate(mode="bicubic",
- * antialias=True) on a uint8 CPU tensor (the path torchvision's resize takes). Allocates one
- * temporary buffer. ANNA_EINVAL for a zero size, ANNA_ENOMEM. */
+ * antialias=True) on a uint8 CPU tensor (the path torchvision's resize takes). Allocates
+ * temporary buffers. ANNA_EINVAL for a zero size, ANNA_ENOMEM. */
 int vision_preproc_resize_rgb8(const uint8_t *src, int32_t sw, int32_t sh, uint8_t *dst,
                                int32_t dw, int32_t dh, char *err, size_t errlen);
 
