@@ -1,0 +1,82 @@
+/* vision_preproc.h: the Qwen2-VL / Qwen3.5 image processor (transformers 5.25
+ * Qwen2VLImageProcessor, torchvision backend) on decoded RGB8 images.
+ *
+ * Contract: RGB8 -> smart_resize to multiples of F = patch_size * merge_size within
+ * [min_pixels, max_pixels] -> antialiased bicubic resize bit-exact with torch's uint8 CPU
+ * kernel (separable, horizontal pass first, int16 fixed-point weights, uint8 rounding between
+ * the passes) -> (x - 255*mean) / (255*std) in f32 (transformers fuses rescale into normalize)
+ * -> pixel_values [grid_t * grid_h * grid_w, 3 * temporal_patch_size * patch_size^2] in the
+ * processor's order: rows by merge block (block row, block column, row in block, column in
+ * block), each row (channel, frame, y, x) with the single image repeated over the
+ * temporal_patch_size frames. grid_thw = (1, H/patch, W/patch); the language model sees
+ * grid_t * grid_h * grid_w / merge_size^2 vision tokens.
+ *
+ * The config comes from the model's preprocessor_config.json (vision_preproc_config_parse);
+ * defaults are the published Qwen3.5 file, not the class defaults (which differ). Everything
+ * returns 0 or a negative ANNA_E* code with a message; nothing allocates except
+ * vision_preproc_image's output.
+ */
+#ifndef ANNA_MEDIA_VISION_PREPROC_H
+#define ANNA_MEDIA_VISION_PREPROC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct vision_preproc_config {
+  int32_t patch_size;          /* 16 */
+  int32_t merge_size;          /* 2 */
+  int32_t temporal_patch_size; /* 2 */
+  int64_t min_pixels;          /* size.shortest_edge (or min_pixels): 65536 */
+  int64_t max_pixels;          /* size.longest_edge (or max_pixels): 16777216 */
+  double rescale_factor;       /* 1/255 */
+  float image_mean[3];         /* 0.5 */
+  float image_std[3];          /* 0.5 */
+  int do_resize, do_rescale, do_normalize, do_convert_rgb; /* all 1 */
+} vision_preproc_config;
+
+/* The published Qwen3.5 preprocessor_config.json values (see the fields above). */
+void vision_preproc_config_default(vision_preproc_config *c);
+
+/* Overlays the keys of a preprocessor_config.json text (n bytes, need not be NUL-terminated)
+ * on *c (call vision_preproc_config_default first). Unknown keys and values of the wrong type
+ * or range are ANNA_EINVAL naming the key; informational keys (processor_class,
+ * image_processor_type, ...) are accepted and ignored (listed in vision_preproc.c). */
+int vision_preproc_config_parse(const char *json, size_t n, vision_preproc_config *c, char *err,
+                                size_t errlen);
+
+/* transformers' smart_resize: *out_h, *out_w multiples of factor with the aspect ratio kept as
+ * closely as possible and the area within [min_pixels, max_pixels]. ANNA_EINVAL for a zero
+ * side or an aspect ratio above 200. */
+int vision_preproc_smart_resize(int64_t h, int64_t w, int32_t factor, int64_t min_pixels,
+                                int64_t max_pixels, int32_t *out_h, int32_t *out_w, char *err,
+                                size_t errlen);
+
+/* Antialiased bicubic resize of packed RGB8 (sw x sh) into dst (dw x dh, caller-owned,
+ * dw*dh*3 bytes), bit-exact with torch.nn.functional.interpolate(mode="bicubic",
+ * antialias=True) on a uint8 CPU tensor (the path torchvision's resize takes). Allocates
+ * temporary buffers. ANNA_EINVAL for a zero size, ANNA_ENOMEM. */
+int vision_preproc_resize_rgb8(const uint8_t *src, int32_t sw, int32_t sh, uint8_t *dst,
+                               int32_t dw, int32_t dh, char *err, size_t errlen);
+
+/* The processor's output for one image. */
+typedef struct vision_pixels {
+  float *values;     /* [n_patches, patch_dim], owned: vision_pixels_free */
+  int64_t n_patches; /* grid_t * grid_h * grid_w */
+  int32_t patch_dim; /* 3 * temporal_patch_size * patch_size^2 (1536) */
+  int32_t grid_t, grid_h, grid_w;
+  int32_t height, width; /* the resized image */
+} vision_pixels;
+
+/* Runs the processor on packed RGB8 (w x h). Caller frees out with vision_pixels_free.
+ * ANNA_EINVAL for a bad config, a zero side, aspect > 200, or a size that does not divide
+ * into merge blocks when do_resize is off; ANNA_ENOMEM. */
+int vision_preproc_image(const vision_preproc_config *c, const uint8_t *rgb, int32_t w,
+                         int32_t h, vision_pixels *out, char *err, size_t errlen);
+
+/* Vision tokens the language model sees for this output: n_patches / merge_size^2. */
+int64_t vision_pixels_tokens(const vision_pixels *p, const vision_preproc_config *c);
+
+/* Releases p->values and zeroes *p. Accepts NULL. */
+void vision_pixels_free(vision_pixels *p);
+
+#endif
