@@ -17,13 +17,14 @@ typedef struct field {
   int kind;
   size_t off;
   int64_t lo, hi;     /* accepted range */
-  const char *legacy; /* the environment variable it replaced */
+  const char *legacy; /* the environment variable it replaced (NULL: none) */
 } field;
 
 #define OFF(f) offsetof(anna_tuning, f)
 static const field fields[] = {
     {"prefix_kv_share", KIND_BOOL, OFF(prefix_kv_share), 0, 1, "ANNA_PREFIX_KV_SHARE"},
     {"cuda_moe_deq_mb", KIND_INT, OFF(cuda_moe_deq_mb), 1, 1 << 20, "ANNA_CUDA_MOE_DEQ_MB"},
+    {"cuda_kv_quant", KIND_BOOL, OFF(cuda_kv_quant), 0, 1, NULL}, /* new with the key: no variable to retire */
 };
 #undef OFF
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
@@ -55,6 +56,7 @@ void tuning_defaults(anna_tuning *t) {
   *t = (anna_tuning){
       .prefix_kv_share = 1,
       .cuda_moe_deq_mb = 2048,
+      .cuda_kv_quant = 0,
   };
 }
 
@@ -134,7 +136,7 @@ int tuning_from_env(anna_tuning *t, const char *extra_spec, char *err, size_t er
   anna_tuning n;
   tuning_defaults(&n);
   for (int i = 0; i < N_FIELDS; i++)
-    if (getenv(fields[i].legacy))
+    if (fields[i].legacy && getenv(fields[i].legacy))
       return anna_err(err, errlen, ANNA_EINVAL, "%s is no longer read: use ANNA_TUNING=%s=<value>", fields[i].legacy,
                       fields[i].key);
   for (int i = 0; i < N_RETIRED; i++)
