@@ -11,6 +11,8 @@
 #include "backends/cuda/cuda_kv.cuh"
 #include "backends/cuda/cuda_math.cuh"
 
+#include "base/error.h"
+
 #define KVS_THREADS 128
 
 static __global__ void __launch_bounds__(KVS_THREADS)
