@@ -15,6 +15,7 @@
 #include "cuda_test.h"
 
 #include "backends/cpu/cpu_internal.h"
+#include "base/error.h"
 
 static const char *const kv_name[] = {"f32", "f16", "q8", "q4", "tq2", "tq3", "tq4"};
 
