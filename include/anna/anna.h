@@ -102,8 +102,12 @@ typedef struct anna_context_options {
   int n_threads;  /* <= 0: one per core */
   const char *device; /* NULL or "cpu": CPU; "cuda": the GPU (error if absent); "auto": GPU when present */
   int n_checkpoints; /* recurrent-state checkpoint slots for prefix reuse (GDN models; 0: none) */
-  /* KV cache format: NULL/"none"/"auto" (f32, exact), "q8", "q4", "turboquant" (random
-   * Hadamard rotation + Lloyd-Max codes of kv_cache_quant_bits = 2, 3 or 4 bits; default 4). */
+  /* KV cache format: NULL/"none" (f32, exact), "f16", "q8", "q4", "turboquant" (random
+   * Hadamard rotation + Lloyd-Max codes of kv_cache_quant_bits = 2, 3 or 4 bits; default 4),
+   * or "auto": the first of f32, f16, q8, q4, turboquant 4/3/2 (most bits first) whose cache (kv_blocks, or
+   * n_seq x n_ctx, plus residual rings) fits 90% of the device's memory left after the model
+   * is placed (backends that report memory: CUDA; the formats it advertises). On the CPU,
+   * which reports no memory budget, auto is f32. anna_kv_stats.kv_type tells the choice. */
   const char *kv_cache_quantization;
   int kv_cache_quant_bits;
   /* CPU matmuls of quantized weights with float32 activations (weights dequantized: exact,
@@ -235,8 +239,14 @@ typedef struct anna_kv_stats {
   uint64_t lookups, lookup_tokens; /* attach calls and the tokens they asked about */
   uint64_t hit_blocks, miss_blocks, hit_tokens; /* full blocks found / not found; tokens reused */
   uint64_t evictions, cow_copies;
+  /* The cache's element format (what "auto" resolved to): 0 f32, 1 f16, 2 q8, 3 q4, 4..6
+   * turboquant 2..4 bits; anna_kv_type_name gives its name. */
+  int kv_type;
 } anna_kv_stats;
 void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st);
+/* "f32", "f16", "q8", "q4", "turboquant2".."turboquant4" for anna_kv_stats.kv_type ("unknown"
+ * otherwise); static storage. */
+const char *anna_kv_type_name(int kv_type);
 /* KV-block accounting of one sequence, for a scheduler (anna_sched_seq_blocks), computed by
  * the cache itself so a plan never counts on blocks it will not get:
  *   needed: the blocks the next decode takes from the pool (free or evictable) when it feeds

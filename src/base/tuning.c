@@ -25,6 +25,7 @@ static const field fields[] = {
     {"prefix_kv_share", KIND_BOOL, OFF(prefix_kv_share), 0, 1, "ANNA_PREFIX_KV_SHARE"},
     {"cuda_moe_deq_mb", KIND_INT, OFF(cuda_moe_deq_mb), 1, 1 << 20, "ANNA_CUDA_MOE_DEQ_MB"},
     {"cuda_decode_mmq", KIND_BOOL, OFF(cuda_decode_mmq), 0, 1, NULL},
+    {"cuda_kv_quant", KIND_BOOL, OFF(cuda_kv_quant), 0, 1, NULL}, /* new with the key: no variable to retire */
 };
 #undef OFF
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
@@ -57,6 +58,7 @@ void tuning_defaults(anna_tuning *t) {
       .prefix_kv_share = 1,
       .cuda_moe_deq_mb = 2048,
       .cuda_decode_mmq = 0,
+      .cuda_kv_quant = 0,
   };
 }
 

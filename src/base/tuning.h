@@ -13,8 +13,8 @@
  * key to use instead or saying the variant was retired, so an old script cannot silently run
  * the default. getenv is called here and nowhere else in src/.
  *
- * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb and
- * cuda_decode_mmq at creation (backend_params.tuning). Plain data: copy freely.
+ * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb,
+ * cuda_decode_mmq and cuda_kv_quant at creation (backend_params.tuning). Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
 #define ANNA_BASE_TUNING_H
@@ -42,6 +42,13 @@ typedef struct anna_tuning {
    * checks have run (tests/cuda matmul family, fixtures, bench/notes/gpu.md): 0 keeps the
    * measured path (cuBLAS GEMM above 8 tokens). Read at CUDA backend creation. */
   int cuda_decode_mmq;
+  /* cuda_kv_quant = 0: the CUDA backend attends f32 KV caches only, as before its quantized
+   * kernels existed; 1 makes it advertise the quantized formats (f16, q8, q4, turboquant
+   * 2-4 bit: kv_store and the attention kernels of cuda_kv.cu / cuda_attn.cu) and the
+   * residual f32 ring of --kv-cache-residual-len. Off by default until the tests/cuda kv
+   * families (test_cuda_ops.kv) have passed on a device (bench/notes/kvq.md); on once they
+   * do. Read at CUDA backend creation. */
+  int cuda_kv_quant;
 } anna_tuning;
 
 /* The defaults above. */

@@ -52,6 +52,28 @@ int kv_cache_type_from_name(const char *q, int bits, int *type, char *err, size_
   return 0;
 }
 
+const char *kv_cache_type_name(int type) {
+  static const char *const names[] = {"f32", "f16", "q8", "q4", "turboquant2", "turboquant3", "turboquant4"};
+  return type >= OPS_KV_F32 && type <= OPS_KV_TQ4 ? names[type] : "unknown";
+}
+
+int kv_cache_auto_type(int64_t budget, const int64_t need[OPS_KV_TQ4 + 1]) {
+  /* most bits per value first. q4 (4.5 bits) before turboquant 4 (4 + 32/d): on
+   * Gaussian-like vectors q4's error is the lower (its scale per 32 values adapts), on
+   * vectors with an outlier channel turboquant's is (test_kv_cache measures both); "least
+   * lossy" is decided by the bits, not by a guess about the data. */
+  static const int order[] = {OPS_KV_F32, OPS_KV_F16, OPS_KV_Q8, OPS_KV_Q4, OPS_KV_TQ4, OPS_KV_TQ3, OPS_KV_TQ2};
+  const int n = (int)(sizeof order / sizeof order[0]);
+  if (budget < 0) return OPS_KV_F32;
+  int last = OPS_KV_F32;
+  for (int i = 0; i < n; i++) {
+    if (need[order[i]] <= 0) continue;
+    if (need[order[i]] <= budget) return order[i];
+    last = order[i];
+  }
+  return last;
+}
+
 /* Checks options that need no allocation; the messages are the ones anna_context_create
  * has always reported. */
 static int options_check(ops_backend *be, const kv_cache_options *o, int block_len, char *err, size_t errlen) {
@@ -245,6 +267,7 @@ int64_t kv_cache_bytes_per_token(const kv_cache *c) {
 
 void kv_cache_stats(const kv_cache *c, anna_kv_stats *st) {
   *st = c->st;
+  st->kv_type = c->kv_type;
   st->block_len = c->block_len;
   st->prefix_share = c->share_enabled;
   st->n_blocks = c->n_blocks;

@@ -77,6 +77,17 @@ void kv_cache_free(kv_cache *c);
  * "turboquant" with bits 2..4; bits 0 means 4) -> ops_kv_type. ANNA_EINVAL otherwise. */
 int kv_cache_type_from_name(const char *name, int bits, int *type, char *err, size_t errlen);
 
+/* Short name of an ops_kv_type ("f32", "f16", "q8", "q4", "turboquant2".."turboquant4";
+ * "unknown" otherwise): static storage. */
+const char *kv_cache_type_name(int type);
+
+/* The rule of kv_cache_quantization "auto": the least lossy format whose cache fits `budget`
+ * bytes, in the order of bits per value: f32, f16, q8, q4, turboquant 4, 3, 2 bits. need[t]: the bytes the cache
+ * (pool + residual rings) takes in format t, <= 0 where t cannot be used (backend, head
+ * dims). When none fits, the most compact usable one (its allocation then reports what
+ * does not fit); budget < 0 (unknown: the CPU) gives f32. A pure function. */
+int kv_cache_auto_type(int64_t budget, const int64_t need[OPS_KV_TQ4 + 1]);
+
 /* Bytes of KV cache per token of one sequence (all owner layers, K and V). */
 int64_t kv_cache_bytes_per_token(const kv_cache *c);
 /* Pool accounting and prefix-pool counters. */

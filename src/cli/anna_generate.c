@@ -142,6 +142,9 @@ int main(int argc, char **argv) {
     char tb[2048];
     anna_context_tuning(ctx, tb, sizeof tb);
     fprintf(stderr, "[anna-generate] tuning:\n%s", tb);
+    anna_kv_stats ks;
+    anna_context_kv_stats(ctx, &ks);
+    fprintf(stderr, "[anna-generate] kv cache: %s\n", anna_kv_type_name(ks.kv_type));
   }
   if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && anna_text_stream_new(&stream, text, ANNA_DETOKENIZE_SKIP_SPECIAL, err, sizeof err)) goto fail;

@@ -30,7 +30,7 @@ static void usage(FILE *f) {
           "  --prompt-cache-max-tokens N  only prompts up to N tokens enter the exact cache (0 = no limit)\n"
           "  --kv-block-len N         KV cache block length, a power of two >= 16 (default 64)\n"
           "  --kv-cache-residual-len N  quantized KV: newest N positions kept and attended in f32\n"
-          "  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
+          "  --kv-cache-quantization none|auto|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --kv-blocks N            KV pool size in blocks (default 0: every slot can reach --ctx-size);\n"
           "                           a smaller pool preempts sequences (recomputed later) when it runs out\n"
           "  --gpu-memory-utilization F  size the KV pool so anna uses at most F (0 < F <= 1) of the GPU's\n"

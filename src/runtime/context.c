@@ -104,6 +104,58 @@ static int backend_warmup(anna_context *c, char *err, size_t errlen) {
   return rc;
 }
 
+/* Share of the device's memory (after the model is placed) that kv_cache_quantization "auto"
+ * lets the KV cache take. */
+#define KV_AUTO_UTILIZATION 0.9
+
+/* kv_cache_quantization "auto" (anna.h): on a backend that reports its memory, probe states
+ * of the smallest pool (one block per sequence) in each format the backend reads measure
+ * the bytes per block and of the rings; the first probe also places the model (warm-up), so
+ * the free memory read after it is what the cache may use; kv_cache_auto_type picks. A
+ * format the model cannot use (head dims) is skipped. Without mem_info (CPU) or without
+ * per-sequence state: f32. */
+static int kv_auto_resolve(anna_context *c, const model_state_params *sp, int *kv_type, char *err, size_t errlen) {
+  const model_kind *k = c->m->kind;
+  *kv_type = OPS_KV_F32;
+  if (!c->dev->mem_info || !k->seq || !k->seq->kv_stats) return 0;
+  int64_t need[OPS_KV_TQ4 + 1] = {0}, budget = -1;
+  const int block_len = sp->block_len ? sp->block_len : 64;
+  const int64_t blocks = sp->n_blocks ? sp->n_blocks : (int64_t)sp->n_seq * (((int64_t)sp->n_ctx + block_len - 1) / block_len);
+  for (int t = OPS_KV_F32; t <= OPS_KV_TQ4; t++) {
+    if (c->dev->kv_types && !(c->dev->kv_types & (1u << t))) continue;
+    if (t != OPS_KV_F32 && sp->residual_len > 0 && !c->dev->residual_ring) continue;
+    model_state_params pp = *sp;
+    pp.kv_type = t;
+    pp.n_blocks = sp->n_seq;
+    void *st = NULL;
+    char e2[256];
+    int rc = k->state_create(&st, c->m->impl, c->be, &pp, e2, sizeof e2);
+    if (rc == ANNA_EUNSUPPORTED) continue; /* this model cannot use the format */
+    if (rc) return anna_err(err, errlen, rc, "--kv-cache-quantization auto: probing %s: %s", kv_cache_type_name(t), e2);
+    anna_kv_stats ks;
+    memset(&ks, 0, sizeof ks);
+    k->seq->kv_stats(st, &ks);
+    if (budget < 0) { /* the first probe places the weights, then the device tells what is left */
+      int64_t fb = 0, tb = 0;
+      if (k->warmup) rc = k->warmup(c->m->impl, st, c->be, e2, sizeof e2);
+      if (!rc && c->dev->error) rc = c->dev->error(c->dev, e2, sizeof e2);
+      if (!rc) rc = c->dev->mem_info(c->dev, &fb, &tb);
+      if (rc) {
+        k->state_free(st);
+        return anna_err(err, errlen, rc, "--kv-cache-quantization auto: reading the device's memory: %s", e2);
+      }
+      /* the probe's own pool and rings come back when it is freed */
+      const double avail = (double)fb + (double)ks.pool_bytes + (double)ks.ring_bytes -
+                           (1.0 - KV_AUTO_UTILIZATION) * (double)tb;
+      budget = avail > 0 ? (int64_t)avail : 0;
+    }
+    if (ks.n_blocks > 0) need[t] = ks.pool_bytes / ks.n_blocks * blocks + ks.ring_bytes;
+    k->state_free(st);
+  }
+  if (budget >= 0) *kv_type = kv_cache_auto_type(budget, need);
+  return 0;
+}
+
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
@@ -135,7 +187,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   int kv_type;
   if ((rc = kv_cache_type_from_name(o.kv_cache_quantization, o.kv_cache_quant_bits, &kv_type, err, errlen)))
     return rc;
-  const model_state_params sp = {.n_seq = o.n_seq, .n_ctx = o.n_ctx, .n_batch = o.n_batch,
+  model_state_params sp = {.n_seq = o.n_seq, .n_ctx = o.n_ctx, .n_batch = o.n_batch,
                                  .n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
                                  .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len,
                                  .prefix_share = share, .snapshot_interval = o.prefix_snapshot_interval};
@@ -171,12 +223,16 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     if (o.profile && !(c->be = ops_profile_wrap(c->dev, m->desc.vocab)))
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
+  const int kv_auto = o.kv_cache_quantization && !strcmp(o.kv_cache_quantization, "auto");
+  if (!rc && kv_auto) rc = kv_auto_resolve(c, &sp, &kv_type, err, errlen);
   if (!rc && c->dev->kv_types && !(c->dev->kv_types & (1u << kv_type)))
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "KV-cache quantization '%s' is not supported on the %s backend yet (have: none)",
                   o.kv_cache_quantization, bi->name);
   if (!rc && o.kv_cache_residual_len > 0 && !c->dev->residual_ring)
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "--kv-cache-residual-len is not supported on the %s backend yet", bi->name);
-  if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &sp, err, errlen)) ||
+  model_state_params spr = sp;
+  spr.kv_type = kv_type;
+  if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
     return rc;
@@ -329,6 +385,10 @@ void anna_context_profile_reset(anna_context *c) {
 int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *tokens, int32_t n, int flags) {
   const model_seq_ops *s = seq_ops(c);
   return s ? s->prefix_attach(c->st, seq, tokens, n, flags & ANNA_PREFIX_REGISTER) : ANNA_EUNSUPPORTED;
+}
+
+const char *anna_kv_type_name(int kv_type) {
+  return kv_cache_type_name(kv_type);
 }
 
 void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st) {

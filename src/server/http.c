@@ -199,6 +199,7 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
     json_object_set_new(mem, "kv_pool_bytes", json_integer((json_int_t)st.kv.pool_bytes));
     json_object_set_new(mem, "kv_snapshot_bytes", json_integer((json_int_t)st.kv.snapshot_bytes));
     json_object_set_new(mem, "kv_residual_bytes", json_integer((json_int_t)st.kv.ring_bytes));
+    json_object_set_new(mem, "kv_cache_type", json_string(anna_kv_type_name(st.kv.kv_type)));
     json_object_set_new(json_object_get(o, "memory"), "kv_tokens_cached",
                         json_integer((json_int_t)st.kv_cached));
     json_object_set_new(json_object_get(o, "scheduler"), "preemptions",
@@ -595,6 +596,9 @@ int server_run(const server_options *o, char *err, size_t errlen) {
     char tb[2048];
     engine_tuning(srv->eng, tb, sizeof tb);
     fprintf(stderr, "[anna-serve] tuning:\n%s", tb);
+    engine_stats est;
+    engine_get_stats(srv->eng, &est);
+    fprintf(stderr, "[anna-serve] kv cache: %s\n", anna_kv_type_name(est.kv.kv_type));
   }
   srv->cfg = (oai_config){.model_name = srv->model_name,
                           .text = srv->text,

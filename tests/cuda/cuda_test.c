@@ -220,7 +220,9 @@ int main(int argc, char **argv) {
       {"moe_grouped", test_moe_grouped},
       {"graphs", test_graphs},
       {"topk", test_topk},
-      {"gdn_step_batched", test_gdn_step_batched}, /* last: the others' inputs stay as they were */
+      {"gdn_step_batched", test_gdn_step_batched}, /* the others' inputs stay as they were */
+      {"kv_store", test_kv_store},                 /* after it: the same, for the older families */
+      {"attention_kv", test_attention_kv},
   };
   int ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

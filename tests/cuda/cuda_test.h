@@ -77,6 +77,9 @@ void test_conv_gates(void);
 void test_attention(void);
 void bench_attention(int len0);       /* 512-token prefill chunk after len0 cached positions */
 void bench_attention_decode(int len); /* one token after len keys */
+/* test_cuda_kv.c (quantized KV caches, tuning key cuda_kv_quant) */
+void test_kv_store(void);
+void test_attention_kv(void);
 /* test_cuda_gdn.c */
 void test_gdn(void);
 void test_gdn_step(void);

@@ -42,7 +42,8 @@ static int same(const anna_tuning *a, const anna_tuning *b) {
 static const char *other_value(const char *key) {
   static const struct {
     const char *key, *val;
-  } v[] = {{"prefix_kv_share", "0"}, {"cuda_moe_deq_mb", "512"}, {"cuda_decode_mmq", "1"}};
+  } v[] = {{"prefix_kv_share", "0"}, {"cuda_moe_deq_mb", "512"}, {"cuda_decode_mmq", "1"},
+           {"cuda_kv_quant", "1"}};
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
     if (!strcmp(v[i].key, key)) return v[i].val;
   return NULL;
@@ -64,10 +65,11 @@ static void test_defaults_and_format(void) {
   tuning_defaults(&t);
   CHECK(t.prefix_kv_share == 1, "bool defaults");
   CHECK(t.cuda_moe_deq_mb == 2048, "numeric defaults");
+  CHECK(t.cuda_kv_quant == 0, "cuda_kv_quant is off until the kv families pass on a device");
   char buf[2048];
   size_t n = tuning_format(&t, buf, sizeof buf);
   CHECK(n == strlen(buf), "format length %zu vs %zu", n, strlen(buf));
-  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\ncuda_decode_mmq=0\n"), "format text:\n%s", buf);
+  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\ncuda_decode_mmq=0\ncuda_kv_quant=0\n"), "format text:\n%s", buf);
   /* truncation: snprintf's convention, always terminated */
   char small[10];
   size_t m = tuning_format(&t, small, sizeof small);
@@ -75,7 +77,7 @@ static void test_defaults_and_format(void) {
   int keys = 0, lines = 0;
   while (tuning_key(keys)) keys++;
   for (const char *p = buf; *p; p++) lines += *p == '\n';
-  CHECK(keys == 3 && lines == keys, "%d keys, %d lines", keys, lines);
+  CHECK(keys == 4 && lines == keys, "%d keys, %d lines", keys, lines);
   for (size_t i = 0; i < N_RETIRED; i++)
     for (int j = 0; j < keys; j++) CHECK(strcmp(tuning_key(j), retired_keys[i][0]), "%s is a key", tuning_key(j));
 }

@@ -115,3 +115,15 @@ def test_kv_blocks_preemption():
         log = small.stop()
         ref.stop()
     assert log.count("[anna-serve] tuning:") == 1 and "\nprefix_kv_share=1\n" in log, log[:2000]
+
+
+@pytest.mark.parametrize("quant,want", [("auto", "f32"), ("q8", "q8"), ("turboquant", "turboquant4")])
+def test_kv_cache_type_on_healthz(quant, want):
+    """/healthz memory.kv_cache_type names the cache format, "auto" resolved: on the CPU, which
+    reports no memory budget, auto is f32 (include/anna/anna.h)."""
+    srv = start_server(os.path.join(FIXTURES, "qwen3"), "--parallel", "1", "--ctx-size", "256",
+                       "--kv-cache-quantization", quant)
+    try:
+        assert srv.wait_idle()["memory"]["kv_cache_type"] == want
+    finally:
+        srv.stop()

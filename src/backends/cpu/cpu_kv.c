@@ -1,38 +1,24 @@
 /* cpu_kv.c: KV-cache formats on the CPU (see ops_kv_type in ops.h): encoding on write and
  * decoding of key/value records inside attention. */
 #include "backends/cpu/cpu_internal.h"
+#include "backends/kv_tables.h"
 
 #include "formats/dtype.h"
 #include "formats/quant.h"
 
 #include <math.h>
 
-/* Lloyd-Max reconstruction levels of a unit Gaussian (Max, 1960), for 2, 3 and 4 bits. */
-static const float k_tq2[4] = {-1.5104f, -0.4528f, 0.4528f, 1.5104f};
-static const float k_tq3[8] = {-2.1520f, -1.3440f, -0.7560f, -0.2451f, 0.2451f, 0.7560f, 1.3440f, 2.1520f};
-static const float k_tq4[16] = {-2.7326f, -2.0690f, -1.6181f, -1.2562f, -0.9424f, -0.6568f, -0.3881f, -0.1284f,
-                                0.1284f,  0.3881f,  0.6568f,  0.9424f,  1.2562f,  1.6181f,  2.0690f,  2.7326f};
-
-static int tq_bits(int type) {
-  return type == OPS_KV_TQ2 ? 2 : type == OPS_KV_TQ3 ? 3 : 4;
-}
+/* The levels, signs and layouts are kv_tables.h's, shared with the CUDA kernels. */
+static const float k_tq2[4] = KV_TQ2_LEVELS;
+static const float k_tq3[8] = KV_TQ3_LEVELS;
+static const float k_tq4[16] = KV_TQ4_LEVELS;
 
 static const float *tq_levels(int bits) {
   return bits == 2 ? k_tq2 : bits == 3 ? k_tq3 : k_tq4;
 }
 
 const float *cpu_kv_tq_levels(int type) {
-  return tq_levels(tq_bits(type));
-}
-
-/* The random signs of the rotation: a fixed hash of the coordinate index, so every
- * backend and every run uses the same rotation. */
-static inline float tq_sign(int i) {
-  uint32_t h = (uint32_t)i * 0x9E3779B1u;
-  h ^= h >> 15;
-  h *= 0x85EBCA77u;
-  h ^= h >> 13;
-  return (h & 1) ? -1.0f : 1.0f;
+  return tq_levels(kv_tq_bits(type));
 }
 
 static void fwht(float *x, int d) {
@@ -46,7 +32,7 @@ static void fwht(float *x, int d) {
 }
 
 void cpu_kv_rotate(float *x, int d) {
-  for (int i = 0; i < d; i++) x[i] *= tq_sign(i);
+  for (int i = 0; i < d; i++) x[i] *= kv_tq_sign(i);
   fwht(x, d);
   const float s = 1.0f / sqrtf((float)d);
   for (int i = 0; i < d; i++) x[i] *= s;
@@ -55,7 +41,7 @@ void cpu_kv_rotate(float *x, int d) {
 void cpu_kv_unrotate(float *x, int d) {
   fwht(x, d);
   const float s = 1.0f / sqrtf((float)d);
-  for (int i = 0; i < d; i++) x[i] *= s * tq_sign(i);
+  for (int i = 0; i < d; i++) x[i] *= s * kv_tq_sign(i);
 }
 
 /* Q4_0 block writer (llama.cpp's reference rounding): d = signed max / -8. */
@@ -92,14 +78,14 @@ void cpu_kv_encode(int type, const float *x, int d, uint8_t *rec) {
   case OPS_KV_Q4: quantize_q4_0(x, rec, d); return;
   default: break;
   }
-  float r[1024];
+  float r[KV_TQ_MAX_DIM];
   memcpy(r, x, (size_t)d * sizeof(float));
   cpu_kv_rotate(r, d);
   double ss = 0;
   for (int i = 0; i < d; i++) ss += (double)r[i] * r[i];
   const float s = (float)sqrt(ss / d), inv = s > 0 ? 1.0f / s : 0.0f;
   memcpy(rec, &s, 4);
-  const int bits = tq_bits(type), nl = 1 << bits;
+  const int bits = kv_tq_bits(type), nl = 1 << bits;
   const float *lv = tq_levels(bits);
   uint8_t *codes = rec + 4;
   memset(codes, 0, (size_t)(d * bits + 7) / 8);
@@ -130,14 +116,11 @@ void cpu_kv_decode(int type, const uint8_t *rec, int d, float *y) {
   }
   float s;
   memcpy(&s, rec, 4);
-  const int bits = tq_bits(type), mask = (1 << bits) - 1;
+  const int bits = kv_tq_bits(type);
   const float *lv = tq_levels(bits);
   const uint8_t *codes = rec + 4;
   for (int i = 0; i < d; i++) {
-    const int bit = i * bits;
-    int c = codes[bit >> 3] >> (bit & 7);
-    if ((bit & 7) + bits > 8) c |= codes[(bit >> 3) + 1] << (8 - (bit & 7));
-    y[i] = s * lv[c & mask];
+    y[i] = s * lv[kv_tq_code(codes, i, bits)];
   }
 }
 

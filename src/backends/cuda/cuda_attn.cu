@@ -13,6 +13,7 @@
  * dims 32, 64, 128 and 256, the WMMA kernel k_flash for the others. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_async.cuh"
+#include "backends/cuda/cuda_kv.cuh"
 #include "backends/cuda/cuda_math.cuh"
 
 #include "base/error.h"
@@ -308,6 +309,212 @@ static __global__ void k_attn_combine(float *out, const float *part, int nsplit,
       if (wsh[s] != 0.0f) o += pb[s * stride + j] * wsh[s]; /* an empty split's values may be unwritten */
     out[bh * (int64_t)v_dim + j] = o;
   }
+}
+
+
+/* ---- quantized caches and the residual ring (tuning key cuda_kv_quant) ----
+ *
+ * One kernel for every KV format (F16, Q8, Q4, TurboQuant 2-4 bit; F32 too when the
+ * residual ring is on), decode and prefill, any group size and head dims up to 1024: one
+ * block per (token, kv head, group of HB query heads of that kv head, key split). It is the
+ * grouped decode kernel above with the tile loader decoding records on load (kv_ld4: the
+ * values cpu_kv_decode gives), so a K/V record is read and decoded once per HB heads. Keys
+ * p > pos - residual_len come from the sequence's f32 ring (as cpu_attn.c: the newest
+ * positions, so a suffix of a tile). TurboQuant is attended in the rotated space as on the
+ * CPU: the queries are rotated once in shared memory, ring rows (f32, unrotated) are rotated
+ * after loading, and each block rotates its (partial) output back before writing it (the
+ * rotation is linear, so partials merge the same). Queries are scaled before the dot, as
+ * cpu_attn.c does. f32 arithmetic throughout: the result is the CPU's up to the order of
+ * additions (tests/cuda test_cuda_kv.c: 1e-4 of the output scale). */
+#define KQ_THREADS 256
+#define KQ_TILE 32
+#define KQ_MAXHB 8
+#define KQ_MAXC 8 /* HB * D <= KQ_THREADS * KQ_MAXC */
+
+static __device__ __forceinline__ void kq_load_tile(float *kv, int DP, int cnt, int D, int32_t k0, int32_t thr,
+                                                    int kvt, const void *const *T, int bshift, int64_t row_bytes,
+                                                    int64_t roff, const float *ring, int ring_len, int64_t ring_row,
+                                                    int64_t ring_off) {
+  const int D4 = D / 4;
+  const int32_t bmask = (1 << bshift) - 1;
+  for (int i = threadIdx.x; i < cnt * D4; i += KQ_THREADS) {
+    const int key = i / D4, c4 = i - key * D4;
+    const int32_t pk = k0 + key;
+    float4 v;
+    if (pk > thr) {
+      v = ((const float4 *)(ring + (int64_t)(pk % ring_len) * ring_row + ring_off))[c4];
+    } else {
+      const uint8_t *rec = (const uint8_t *)T[pk >> bshift] + (int64_t)(pk & bmask) * row_bytes + roff;
+      v = kvt == OPS_KV_F32 ? ((const float4 *)rec)[c4] : kv_ld4(kvt, rec, c4);
+    }
+    *(float4 *)(kv + key * DP + 4 * c4) = v;
+  }
+}
+
+static __global__ void __launch_bounds__(KQ_THREADS)
+    k_attn_kv(float *out, float *part, int nsplit, const float *q, int n_heads, int n_kv_heads, int HB, int D, int kvt,
+              int64_t row_bytes, int64_t head_bytes, int bshift, float scale, int window, float softcap,
+              const int32_t *pos, const void *const *const *kb, const void *const *const *vb, int resid, int ring_len,
+              const float *const *kring, const float *const *vring) {
+  cuda_pdl_enter(); /* launched by cuda_launch_pdl */
+  extern __shared__ __align__(16) float kq_smem[];
+  const int G = n_heads / n_kv_heads, NG = G / HB, DP = D + 4;
+  float *qs = kq_smem;           /* [HB][D] */
+  float *kv = qs + HB * D;       /* [KQ_TILE][DP] */
+  float *ps = kv + KQ_TILE * DP; /* [HB][KQ_TILE] */
+  __shared__ float ms[KQ_MAXHB], ls[KQ_MAXHB], cs[KQ_MAXHB];
+  const int64_t t = blockIdx.x / ((int64_t)n_kv_heads * NG);
+  const int rem = (int)(blockIdx.x - t * n_kv_heads * NG), kh = rem / NG, h0 = kh * G + (rem % NG) * HB;
+  const int split = blockIdx.y, tid = threadIdx.x, lane = tid & 31, wid = tid >> 5;
+  const int rotated = kvt >= OPS_KV_TQ2;
+  const int32_t p = pos[t];
+  int32_t p0 = 0;
+  if (window > 0 && p - window + 1 > 0) p0 = p - window + 1;
+  const int32_t len = p - p0 + 1, chunk = ((len + nsplit - 1) / nsplit + KQ_TILE - 1) / KQ_TILE * KQ_TILE;
+  const int32_t ks = p0 + split * chunk, ke = min(p, ks + chunk - 1);
+  if (ks > ke) { /* empty split: max -inf, sum 0 */
+    if (tid < HB) {
+      float *pp = part + ((t * n_heads + h0 + tid) * nsplit + split) * (int64_t)(D + 2);
+      pp[D] = -INFINITY, pp[D + 1] = 0.0f;
+    }
+    return;
+  }
+  const int ring_on = resid > 0 && kring != NULL;
+  const int32_t thr = ring_on ? p - resid : INT_MAX; /* keys above come from the ring */
+  const float *kr = ring_on ? kring[t] : NULL, *vr = ring_on ? vring[t] : NULL;
+  const int64_t ring_row = (int64_t)n_kv_heads * D, ring_off = (int64_t)kh * D, roff = (int64_t)kh * head_bytes;
+  for (int i = tid; i < HB * D; i += KQ_THREADS) qs[i] = q[(t * n_heads + h0) * (int64_t)D + i];
+  if (tid < KQ_MAXHB) ms[tid] = -INFINITY, ls[tid] = 0.0f, cs[tid] = 0.0f;
+  __syncthreads();
+  if (rotated) kv_rotate_rows(qs, HB, D, D, 1);
+  for (int i = tid; i < HB * D; i += KQ_THREADS) qs[i] = __fmul_rn(qs[i], scale);
+  const void *const *KT = kb[t], *const *VT = vb[t];
+  const int nout = HB * D;
+  float acc[KQ_MAXC];
+#pragma unroll
+  for (int c = 0; c < KQ_MAXC; c++) acc[c] = 0.0f;
+  __syncthreads();
+  for (int32_t k0 = ks; k0 <= ke; k0 += KQ_TILE) {
+    const int cnt = ke - k0 + 1 < KQ_TILE ? ke - k0 + 1 : KQ_TILE;
+    /* ring keys of this tile: rows [rk, cnt) (the newest positions) */
+    const int rk = thr >= k0 + cnt - 1 ? cnt : thr < k0 ? 0 : thr - k0 + 1;
+    kq_load_tile(kv, DP, cnt, D, k0, thr, kvt, KT, bshift, row_bytes, roff, kr, ring_len, ring_row, ring_off);
+    __syncthreads();
+    if (rotated && rk < cnt) kv_rotate_rows(kv + rk * DP, cnt - rk, D, DP, 1);
+    for (int g = wid; g < HB; g += KQ_THREADS / 32) { /* warp: one head; lane: one key */
+      float sv = -INFINITY;
+      if (lane < cnt) {
+        const float4 *qr = (const float4 *)(qs + g * D), *kr4 = (const float4 *)(kv + lane * DP);
+        float d = 0.0f;
+        for (int c4 = 0; c4 < D / 4; c4++) {
+          const float4 a = qr[c4], b = kr4[c4];
+          d += a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+        }
+        sv = d;
+        if (softcap > 0.0f) sv = softcap * tanhf(sv / softcap);
+      }
+      float tmax = sv;
+      for (int o = 16; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));
+      const float mold = ms[g], mnew = fmaxf(mold, tmax);
+      const float e = lane < cnt ? expf(sv - mnew) : 0.0f;
+      const float esum = cuda_warp_sum(e);
+      ps[g * KQ_TILE + lane] = e;
+      __syncwarp();
+      if (lane == 0) {
+        const float corr = expf(mold - mnew); /* mold = -inf on the first tile: 0 */
+        cs[g] = corr;
+        ls[g] = ls[g] * corr + esum;
+        ms[g] = mnew;
+      }
+    }
+    __syncthreads(); /* scores done: the buffer takes V */
+    kq_load_tile(kv, DP, cnt, D, k0, thr, kvt, VT, bshift, row_bytes, roff, vr, ring_len, ring_row, ring_off);
+    __syncthreads();
+    if (rotated && rk < cnt) kv_rotate_rows(kv + rk * DP, cnt - rk, D, DP, 1);
+#pragma unroll
+    for (int c = 0; c < KQ_MAXC; c++) {
+      const int o = tid + c * KQ_THREADS;
+      if (o >= nout) break;
+      const int g = o / D, j = o - g * D;
+      float sum = 0.0f;
+      for (int key = 0; key < cnt; key++) sum += ps[g * KQ_TILE + key] * kv[key * DP + j];
+      acc[c] = acc[c] * cs[g] + sum;
+    }
+    __syncthreads(); /* the next tile rewrites kv and ps */
+  }
+  if (rotated) { /* back from the rotated space, in the tile buffer (HB * D <= KQ_TILE * DP) */
+#pragma unroll
+    for (int c = 0; c < KQ_MAXC; c++) {
+      const int o = tid + c * KQ_THREADS;
+      if (o < nout) kv[o] = acc[c];
+    }
+    __syncthreads();
+    kv_rotate_rows(kv, HB, D, D, -1);
+#pragma unroll
+    for (int c = 0; c < KQ_MAXC; c++) {
+      const int o = tid + c * KQ_THREADS;
+      if (o < nout) acc[c] = kv[o];
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < KQ_MAXC; c++) {
+    const int o = tid + c * KQ_THREADS;
+    if (o >= nout) break;
+    const int g = o / D, j = o - g * D;
+    const int64_t bh = t * n_heads + h0 + g;
+    if (nsplit == 1) out[bh * D + j] = ls[g] > 0.0f ? acc[c] / ls[g] : 0.0f;
+    else part[(bh * nsplit + split) * (int64_t)(D + 2) + j] = acc[c];
+  }
+  if (nsplit > 1 && tid < HB) {
+    float *pp = part + ((t * n_heads + h0 + tid) * nsplit + split) * (int64_t)(D + 2);
+    pp[D] = ms[tid], pp[D + 1] = ls[tid];
+  }
+}
+
+/* The launcher of k_attn_kv (shape checked by the caller; the block tables and rings are
+ * device arrays). HB: the largest divisor of the group size <= KQ_MAXHB whose outputs fit
+ * the threads' accumulators. Splits as the grouped decode kernel's. */
+static void attn_kv_launch(cuda_impl *ci, float *out, const float *q, const ops_attn_args *a, int bshift,
+                           const void *const *const *kd, const void *const *const *vd, const float *const *krd,
+                           const float *const *vrd) {
+  const int D = a->head_dim, G = a->n_heads / a->n_kv_heads;
+  int HB = 1;
+  for (int h = 1; h <= KQ_MAXHB && h <= G; h++)
+    if (G % h == 0 && h * D <= KQ_THREADS * KQ_MAXC) HB = h;
+  const int64_t nbh = a->n * a->n_heads, nbk = a->n * a->n_kv_heads * (G / HB);
+  if (nbk > 0x7fffffff) {
+    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: attention batch too large");
+    return;
+  }
+  const int64_t target = 4 * (int64_t)(ci->n_sm > 0 ? ci->n_sm : 132);
+  int ns = 1;
+  if (2 * nbk <= target) {
+    ns = (int)(target / nbk);
+    if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
+    if (a->keys_hint > 0) {
+      int64_t keys = a->keys_hint;
+      if (a->window > 0 && a->window < keys) keys = a->window;
+      const int64_t tiles = (keys + KQ_TILE - 1) / KQ_TILE;
+      int p2 = 1;
+      while (p2 < tiles && p2 < ns) p2 <<= 1;
+      if (p2 < ns) ns = p2;
+    }
+    const int64_t fit = (int64_t)ci->att_part_floats / (nbh * (D + 2));
+    if (ns > fit) ns = (int)fit;
+    if (ns < 2) ns = 1;
+  }
+  const size_t smem = sizeof(float) * ((size_t)HB * D + (size_t)KQ_TILE * (D + 4) + (size_t)HB * KQ_TILE);
+  if (smem > 48 * 1024 &&
+      !cuda_check(ci, cudaFuncSetAttribute(k_attn_kv, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                  "quantized attention smem"))
+    return;
+  const int resid = a->k_ring && a->v_ring ? a->residual_len : 0;
+  cuda_launch_pdl(ci, "attention kv", k_attn_kv, dim3((unsigned)nbk, (unsigned)ns), KQ_THREADS, smem, out,
+                  ci->att_part, ns, q, a->n_heads, a->n_kv_heads, HB, D, a->kv_type, a->kv_row_bytes,
+                  ops_kv_head_bytes(a->kv_type, D), bshift, a->scale, a->window, a->softcap, a->pos, kd, vd, resid,
+                  a->ring_len, resid ? krd : NULL, resid ? vrd : NULL);
+  if (ci->err || ns == 1) return;
+  cuda_launch_pdl(ci, "attention combine", k_attn_combine, (unsigned)nbh, ATT_THREADS, 0, out, ci->att_part, ns, D);
 }
 
 /* ---- flash prefill ----
@@ -925,10 +1132,17 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
               a->n_kv_heads, a->head_dim, a->v_dim);
     return;
   }
-  if (a->kv_type != OPS_KV_F32 || a->residual_len > 0 || a->block_len < 1 || (a->block_len & (a->block_len - 1)) ||
-      a->kv_row_bytes != (int64_t)a->n_kv_heads * a->head_dim * 4 || a->head_dim != a->v_dim) {
-    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: attention over a KV cache of type %d (block %d) not supported", a->kv_type,
-              a->block_len);
+  /* Quantized caches and the residual ring only with the tuning key cuda_kv_quant (off:
+   * the f32-only behaviour from before those kernels, until they have run on a device). */
+  const int quant = a->kv_type != OPS_KV_F32 || (a->residual_len > 0 && a->k_ring);
+  const int D = a->head_dim;
+  if ((quant && !ci->kv_quant) || a->kv_type < OPS_KV_F32 || a->kv_type > OPS_KV_TQ4 || a->block_len < 1 ||
+      (a->block_len & (a->block_len - 1)) || a->kv_row_bytes < (int64_t)a->n_kv_heads * ops_kv_head_bytes(a->kv_type, D) ||
+      (!quant && a->kv_row_bytes != (int64_t)a->n_kv_heads * D * 4) || D != a->v_dim ||
+      (quant && (D % 32 || D > KQ_THREADS * KQ_MAXC || a->kv_row_bytes % 4 ||
+                 (a->kv_type >= OPS_KV_TQ2 && (D & (D - 1))) || (a->residual_len > 0 && a->ring_len <= 0)))) {
+    cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: attention over a KV cache of type %d (block %d, head dim %d%s) not supported",
+              a->kv_type, a->block_len, D, a->residual_len > 0 ? ", residual ring" : "");
     return;
   }
   int bshift = 0;
@@ -943,6 +1157,16 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
   const void *const *const *vd =
       (const void *const *const *)cuda_ring_put(be, a->v_blocks, (size_t)a->n * sizeof(void *));
   if (!kd || !vd) return;
+  if (quant) {
+    const float *const *krd = NULL, *const *vrd = NULL;
+    if (a->residual_len > 0) {
+      krd = (const float *const *)cuda_ring_put(be, a->k_ring, (size_t)a->n * sizeof(float *));
+      vrd = (const float *const *)cuda_ring_put(be, a->v_ring, (size_t)a->n * sizeof(float *));
+      if (!krd || !vrd) return;
+    }
+    attn_kv_launch(ci, out, q, a, bshift, kd, vd, krd, vrd);
+    return;
+  }
   if (flash_attention(be, out, q, a, bshift, kd, vd)) return;
   const int G = a->n_heads / a->n_kv_heads;
   if (ci->attn_variant != CUDA_ATTN_PER_HEAD && G >= 2 && G <= GQ_MAXG && a->head_dim <= 256 &&

@@ -134,6 +134,7 @@ typedef struct cuda_impl {
   cuda_pnorm pnorm;         /* a deferred one-row add_rmsnorm (cuda_pnorm); x NULL: none */
   int *pnorm_count;         /* device counter of the fused prologue's last-block election */
   int *route_count;         /* device counter of a routed group launch's last-block election */
+  int kv_quant;             /* tuning key cuda_kv_quant: quantized KV caches and the residual ring */
 } cuda_impl;
 
 /* Steps of up to graph_max_tok tokens are recorded and replayed as CUDA graphs: every op of
@@ -321,6 +322,9 @@ void cuda_op_mul_sigmoid(ops_backend *be, float *y, const float *g, int64_t rows
 void cuda_op_copy_rows(ops_backend *be, float *dst, int64_t dst_stride, const float *src, int64_t src_stride,
                        int64_t rows, int d);
 void cuda_op_scatter_rows(ops_backend *be, float *const *dst, const float *src, int64_t rows, int d);
+/* cuda_kv.cu: KV-cache writes in any ops_kv_type, the bytes cpu_kv_store writes. */
+void cuda_op_kv_store(ops_backend *be, void *const *dst, const float *src, int64_t rows, int n_heads, int head_dim,
+                      int kv_type);
 void cuda_op_softcap(ops_backend *be, float *y, int64_t n, float cap);
 void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int hidden, const int32_t *idx,
                      const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
