@@ -15,7 +15,9 @@ then runs the reference exactly as Qwen3-ASR does on a file path:
             truncation=False, return_attention_mask=True, return_tensors="pt")
             (the audio_kwargs Qwen3ASRProcessor.__call__ passes)
 and stores feats as NAME.mel.f32 (float32 little-endian, [128][L] mel-major). For some clips
-it also stores wav as NAME.wav16k.f32 so decode+resample and the mel can be checked apart.
+it also stores wav as NAME.wav16k.f32 so decode+resample and the mel can be checked apart, and
+for two of those NAME.mel64.f32: the extractor's torch steps run in float64 (fbank_f64), the
+exact value of the formula the float32 reference approximates.
 expected.json lists, per clip: file, format, source rate/channels, n (16 kHz samples),
 frames L, whether samples are stored, and versions of the reference packages.
 """
@@ -26,7 +28,8 @@ import sys
 import numpy as np
 import soundfile as sf
 
-RNG = np.random.default_rng(25)
+# Clips that also get NAME.mel64.f32: the extractor's formula in float64 on the stored samples.
+F64_CASES = ("sweep_8k_mono", "bursts_48k_stereo")
 
 
 def sweep(sr, seconds, f0, f1, amp):
@@ -65,6 +68,22 @@ def bursts(sr, seconds, amp, seed_shift=0):
         y[pos:end] += seg[: end - pos]
         pos += dur + gap
     return amp * y / np.max(np.abs(y))
+
+
+def fbank_f64(fe, wav):
+    """WhisperFeatureExtractor._torch_extract_fbank_features, line for line, in float64 (the
+    reference runs it in float32 with MKL's FFT; this is its formula evaluated exactly, to check
+    the C mel tightly)."""
+    import torch
+    waveform = torch.from_numpy(wav.astype(np.float32)).to(torch.float64)
+    window = torch.hann_window(fe.n_fft, dtype=torch.float32).to(torch.float64)
+    stft = torch.stft(waveform, fe.n_fft, fe.hop_length, window=window, return_complex=True)
+    magnitudes = stft[..., :-1].abs() ** 2
+    mel_filters = torch.from_numpy(fe.mel_filters).to(torch.float32).to(torch.float64)
+    mel_spec = mel_filters.T @ magnitudes
+    log_spec = torch.clamp(mel_spec, min=1e-10).log10()
+    log_spec = torch.maximum(log_spec, log_spec.max() - 8.0)
+    return ((log_spec + 4.0) / 4.0).numpy()
 
 
 def clips():
@@ -123,12 +142,17 @@ def main():
         feats.tofile(os.path.join(dst, name + ".mel.f32"))
         if keep:
             wav.astype("<f4").tofile(os.path.join(dst, name + ".wav16k.f32"))
+        f64 = name in F64_CASES
+        if f64:
+            ex = fbank_f64(fe, wav)
+            assert np.max(np.abs(ex - feats)) < 1e-4, np.max(np.abs(ex - feats))
+            ex.astype("<f4").tofile(os.path.join(dst, name + ".mel64.f32"))
         info = sf.info(path)
         cases.append(dict(name=name, file=fname, format=info.format, subtype=info.subtype,
                           src_rate=int(info.samplerate), src_channels=int(info.channels),
                           src_frames=int(info.frames), n=int(wav.shape[0]),
                           frames=int(feats.shape[1]), peak=float(np.max(np.abs(wav))),
-                          samples_stored=bool(keep)))
+                          samples_stored=bool(keep), mel64_stored=f64))
         print(f"{fname}: {os.path.getsize(path)} bytes, n={wav.shape[0]} L={feats.shape[1]}")
     meta = dict(
         reference=dict(qwen_asr=qwen_asr.__version__ if hasattr(qwen_asr, "__version__") else "0.0.6",

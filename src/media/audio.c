@@ -165,15 +165,41 @@ static void format_name(const SF_INFO *in, char *dst, size_t cap) {
   case SF_FORMAT_OGG:
     name = sub == SF_FORMAT_OPUS ? "OGG Opus" : sub == SF_FORMAT_VORBIS ? "OGG Vorbis" : "OGG";
     break;
-#ifdef SF_FORMAT_MPEG
-  case SF_FORMAT_MPEG: name = "MP3"; break;
-#endif
+  case 0x230000: name = "MP3"; break; /* SF_FORMAT_MPEG (an enum, libsndfile >= 1.1) */
   default: break;
   }
   SF_FORMAT_INFO fi = {.format = major};
   if (!name && sf_command(NULL, SFC_GET_FORMAT_MAJOR, &fi, sizeof fi) == 0 && fi.name)
     name = fi.name;
   snprintf(dst, cap, "%s", name ? name : "audio");
+}
+
+/* libsndfile clamps a WAV's data chunk to the bytes present (and logs it), so a truncated WAV
+ * would decode as a shorter valid one; the declared length is read here from the RIFF chunks.
+ * Returns 1 with the data chunk's declared and present byte counts and the fmt byte rate
+ * (0 if not seen before it), or 0 when data is not RIFF/WAVE or has no data chunk header. */
+static int riff_data_chunk(const uint8_t *p, size_t n, uint64_t *declared, uint64_t *present,
+                           uint32_t *byte_rate) {
+  if (n < 12 || memcmp(p, "RIFF", 4) != 0 || memcmp(p + 8, "WAVE", 4) != 0) return 0;
+  *byte_rate = 0;
+  size_t off = 12;
+  while (off + 8 <= n) {
+    uint32_t size = (uint32_t)p[off + 4] | (uint32_t)p[off + 5] << 8 |
+                    (uint32_t)p[off + 6] << 16 | (uint32_t)p[off + 7] << 24;
+    if (memcmp(p + off, "fmt ", 4) == 0 && size >= 16 && off + 8 + 12 <= n) {
+      const uint8_t *b = p + off + 8 + 8;
+      *byte_rate = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+    }
+    if (memcmp(p + off, "data", 4) == 0) {
+      *declared = size;
+      *present = n - (off + 8);
+      return 1;
+    }
+    uint64_t next = (uint64_t)off + 8 + size + (size & 1);
+    if (next > n) return 0;
+    off = (size_t)next;
+  }
+  return 0;
 }
 
 /* Reads the whole stream averaged to mono into *mono (caller frees), at most cap frames. */
@@ -198,7 +224,7 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
       free(blk);
       free(y);
       return anna_err(err, errlen, ANNA_EINVAL,
-                      "audio: %s decodes to more than the %.0f-second limit (the header "
+                      "audio: %s decodes to more than the %g-second limit (the header "
                       "understated its length)", fmt, max_seconds);
     }
     if ((size_t)(n + got) > have) {
@@ -257,8 +283,9 @@ int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_
   memset(&info, 0, sizeof info);
   SNDFILE *sf = sf_open_virtual(&vio, SFM_READ, &info, &mb);
   if (!sf)
-    return anna_err(err, errlen, ANNA_EINVAL, "audio: not a readable audio file (%zu bytes): %s", n,
-                    sf_strerror(NULL));
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "audio: not a readable audio file (%zu bytes: unknown format, or a corrupt "
+                    "or truncated file): %s", n, sf_strerror(NULL));
   char fmt[sizeof out->format];
   format_name(&info, fmt, sizeof fmt);
   int rc = 0;
@@ -278,9 +305,26 @@ int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_
   }
   /* The limit, in source frames; checked on the header first, enforced while decoding. */
   int64_t cap = (int64_t)floor(max_seconds * (double)info.samplerate);
+  uint64_t declared = 0, present = 0;
+  uint32_t byte_rate = 0;
+  /* 0 and 0xFFFFFFFF are what streaming writers put when the length was unknown. */
+  if (riff_data_chunk(data, n, &declared, &present, &byte_rate) && declared != 0 &&
+      declared != 0xFFFFFFFFu) {
+    if (byte_rate > 0 && (double)declared / byte_rate > max_seconds) {
+      rc = anna_err(err, errlen, ANNA_EINVAL, "audio: %s declares %.1f s, over the %g-second limit",
+                    fmt, (double)declared / byte_rate, max_seconds);
+      goto done;
+    }
+    if (declared > present) {
+      rc = anna_err(err, errlen, ANNA_EINVAL,
+                    "audio: %s is truncated: its data chunk declares %llu bytes, %llu are present",
+                    fmt, (unsigned long long)declared, (unsigned long long)present);
+      goto done;
+    }
+  }
   if (info.frames > 0 && info.frames != SF_COUNT_MAX && info.frames > cap) {
     rc = anna_err(err, errlen, ANNA_EINVAL,
-                  "audio: %s lasts %.1f s, over the %.0f-second limit", fmt,
+                  "audio: %s lasts %.1f s, over the %g-second limit", fmt,
                   (double)info.frames / info.samplerate, max_seconds);
     goto done;
   }

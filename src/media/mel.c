@@ -1,4 +1,4 @@
-/* mel.c: Whisper-style log-mel features over FFTW3 (single precision). See mel.h. */
+/* mel.c: Whisper-style log-mel features over FFTW3 (double precision). See mel.h. */
 #include "media/mel.h"
 
 #include "base/error.h"
@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef ANNA_HAVE_FFTW3F
-#define ANNA_HAVE_FFTW3F 0
+#ifndef ANNA_HAVE_FFTW3
+#define ANNA_HAVE_FFTW3 0
 #endif
 
-#if ANNA_HAVE_FFTW3F
+#if ANNA_HAVE_FFTW3
 #include <fftw3.h>
 #include <pthread.h>
 #endif
@@ -22,23 +22,23 @@
 #define PAD (N_FFT / 2)
 
 
-int media_mel_available(void) { return ANNA_HAVE_FFTW3F; }
+int media_mel_available(void) { return ANNA_HAVE_FFTW3; }
 
 int64_t media_mel_frames(int64_t n_samples) { return n_samples > 0 ? n_samples / HOP : 0; }
 
-#if ANNA_HAVE_FFTW3F
+#if ANNA_HAVE_FFTW3
 struct media_mel {
   int n_mels;
-  fftwf_plan plan;
-  float *frame;           /* fftwf_malloc'd [N_FFT]: windowed samples, the plan's input */
-  fftwf_complex *spec;    /* fftwf_malloc'd [N_BINS]: the plan's output */
+  fftw_plan plan;
+  double *frame;          /* fftw_malloc'd [N_FFT]: windowed samples, the plan's input */
+  fftw_complex *spec;    /* fftw_malloc'd [N_BINS]: the plan's output */
   double *power;          /* [N_BINS] */
   float window[N_FFT];
   float *filters;         /* [n_mels][N_BINS], float32 like the reference's matrix */
   int *lo, *hi;           /* per mel: its nonzero bins are [lo, hi) */
 };
 
-/* FFTW's planner (and plan destruction) is not thread-safe; fftwf_execute is. */
+/* FFTW's planner (and plan destruction) is not thread-safe; fftw_execute is. */
 static pthread_mutex_t plan_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* transformers.audio_utils, mel_scale="slaney". */
@@ -95,8 +95,8 @@ int media_mel_create(int n_mels, media_mel **out, char *err, size_t errlen) {
   media_mel *m = calloc(1, sizeof *m);
   if (!m) return anna_err(err, errlen, ANNA_ENOMEM, "mel: extractor");
   m->n_mels = n_mels;
-  m->frame = fftwf_malloc(N_FFT * sizeof *m->frame);
-  m->spec = fftwf_malloc(N_BINS * sizeof *m->spec);
+  m->frame = fftw_malloc(N_FFT * sizeof *m->frame);
+  m->spec = fftw_malloc(N_BINS * sizeof *m->spec);
   m->power = malloc(N_BINS * sizeof *m->power);
   m->filters = malloc((size_t)n_mels * N_BINS * sizeof *m->filters);
   m->lo = malloc((size_t)n_mels * sizeof *m->lo);
@@ -111,7 +111,7 @@ int media_mel_create(int n_mels, media_mel **out, char *err, size_t errlen) {
   float wstep = (float)(M_PI * 2.0 / (double)N_FFT);
   for (int i = 0; i < N_FFT; i++) m->window[i] = cosf((float)i * wstep) * -0.5f + 0.5f;
   pthread_mutex_lock(&plan_lock);
-  m->plan = fftwf_plan_dft_r2c_1d(N_FFT, m->frame, m->spec, FFTW_ESTIMATE);
+  m->plan = fftw_plan_dft_r2c_1d(N_FFT, m->frame, m->spec, FFTW_ESTIMATE);
   pthread_mutex_unlock(&plan_lock);
   if (!m->plan) {
     media_mel_free(m);
@@ -125,11 +125,11 @@ void media_mel_free(media_mel *m) {
   if (!m) return;
   if (m->plan) {
     pthread_mutex_lock(&plan_lock);
-    fftwf_destroy_plan(m->plan);
+    fftw_destroy_plan(m->plan);
     pthread_mutex_unlock(&plan_lock);
   }
-  fftwf_free(m->frame);
-  fftwf_free(m->spec);
+  fftw_free(m->frame);
+  fftw_free(m->spec);
   free(m->power);
   free(m->filters);
   free(m->lo);
@@ -154,16 +154,16 @@ int media_mel_compute(media_mel *m, const float *x, int64_t n, float *out, char 
   for (int64_t t = 0; t < L; t++) {
     int64_t s0 = t * HOP - PAD;
     if (s0 >= 0 && s0 + N_FFT <= n) {
-      for (int i = 0; i < N_FFT; i++) m->frame[i] = x[s0 + i] * m->window[i];
+      for (int i = 0; i < N_FFT; i++) m->frame[i] = (double)x[s0 + i] * m->window[i];
     } else {
       for (int i = 0; i < N_FFT; i++) {
         int64_t j = s0 + i; /* reflect without repeating the edge; n > PAD keeps j in range */
         if (j < 0) j = -j;
         if (j >= n) j = 2 * (n - 1) - j;
-        m->frame[i] = x[j] * m->window[i];
+        m->frame[i] = (double)x[j] * m->window[i];
       }
     }
-    fftwf_execute(m->plan);
+    fftw_execute(m->plan);
     for (int k = 0; k < N_BINS; k++) {
       double re = m->spec[k][0], im = m->spec[k][1];
       m->power[k] = re * re + im * im;
@@ -172,9 +172,8 @@ int media_mel_compute(media_mel *m, const float *x, int64_t n, float *out, char 
       const float *f = m->filters + (size_t)j * N_BINS;
       double acc = 0.0;
       for (int k = m->lo[j]; k < m->hi[j]; k++) acc += (double)f[k] * m->power[k];
-      float v = (float)acc;
-      if (!(v >= 1e-10f)) v = 1e-10f;
-      float lv = (float)log10((double)v);
+      if (!(acc >= 1e-10)) acc = 1e-10;
+      float lv = (float)log10(acc);
       out[(size_t)j * (size_t)L + (size_t)t] = lv;
       if (lv > vmax) vmax = lv;
     }

@@ -14,14 +14,20 @@
  * Output is mel-major: out[m * L + t]. The global-max clamp makes a frame depend on the whole
  * utterance, so features are computed per utterance, not streamed.
  *
- * FFT: FFTW3 in single precision (fftwf r2c of size 400 = 2^4 5^2, which FFTW handles with
- * its codelets). Chosen over pocketfft because Debian ships it as a maintained shared library
- * (libfftw3-dev) with a pkg-config file, it is the standard C FFT, and its plans are reusable
- * objects that make "no allocation per frame" natural. Plans are made with FFTW_ESTIMATE so
- * results do not depend on run-time timing (FFTW_MEASURE may pick a different algorithm per
- * run). Planning is serialised by a mutex (FFTW's planner is not thread-safe); executing is.
- * Power and the filter sums are accumulated in double, so the features are closer to exact
- * than the reference's float32 torch path; the difference is within its float32 rounding.
+ * FFT: FFTW3 in double precision (fftw r2c of size 400 = 2^4 5^2, which FFTW handles with its
+ * codelets). FFTW over pocketfft: Debian ships it as a maintained shared library with a
+ * pkg-config file (libfftw3-dev), it is the standard C FFT, and a plan is a reusable object,
+ * which makes "no allocation per frame" natural. Double, not single (fftwf), because the
+ * reference's torch.stft runs MKL's float32 FFT, whose rounding (about 2e-7 of a frame's peak)
+ * lands in the bins 8 decades below the utterance's maximum that the clamp keeps: there a
+ * float FFT moves features by up to ~1e-4 whichever library computes it, and no C library
+ * reproduces MKL's rounding. So this computes the reference's formula (almost) exactly: the
+ * frame is the float32 product x * window as torch forms it, the FFT, |X|^2, the filter sums
+ * and log10 run in double. Measured against the float32 reference, the worst feature error
+ * stays within its own distance from exact (bench/notes/audio.md); against the same pipeline
+ * evaluated in float64 it is below 1e-6. Plans use FFTW_ESTIMATE so results do not depend on
+ * run-time timing (FFTW_MEASURE may pick another algorithm per run). Planning is serialised by
+ * a mutex (FFTW's planner is not thread-safe); executing is thread-safe.
  *
  * Memory: media_mel_create allocates everything (plan, window, filters, frame buffers);
  * media_mel_compute allocates nothing. A media_mel is not shared between threads: make one
@@ -39,7 +45,7 @@
 
 typedef struct media_mel media_mel;
 
-/* 1 when this build has the FFT library (FFTW3 single precision), else 0. */
+/* 1 when this build has the FFT library (FFTW3, double precision), else 0. */
 int media_mel_available(void);
 
 /* Makes the extractor for n_mels filters (1..256; Qwen3-ASR uses 128) at 16 kHz, 0..8000 Hz.
