@@ -26,6 +26,7 @@
 #define RATE_MAX 768000
 #define CHANNELS_MAX 64     /* more is not speech; libsndfile itself allows 1024 */
 #define READ_FRAMES 4096    /* frames per sf_readf_float call */
+#define MAJOR_MPEG 0x230000 /* SF_FORMAT_MPEG: an enum (libsndfile >= 1.1), not a macro */
 
 int media_audio_available(void) { return ANNA_HAVE_SNDFILE && ANNA_HAVE_SOXR; }
 
@@ -165,7 +166,7 @@ static void format_name(const SF_INFO *in, char *dst, size_t cap) {
   case SF_FORMAT_OGG:
     name = sub == SF_FORMAT_OPUS ? "OGG Opus" : sub == SF_FORMAT_VORBIS ? "OGG Vorbis" : "OGG";
     break;
-  case 0x230000: name = "MP3"; break; /* SF_FORMAT_MPEG (an enum, libsndfile >= 1.1) */
+  case MAJOR_MPEG: name = "MP3"; break;
   default: break;
   }
   SF_FORMAT_INFO fi = {.format = major};
@@ -218,14 +219,19 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
   }
   int64_t n = 0;
   for (;;) {
-    sf_count_t got = sf_readf_float(sf, blk, READ_FRAMES);
+    /* A known length is read and no further, as soundfile's read(frames=-1) does (for MP3 the
+     * header's count can be an estimate, and the reference keeps exactly that many). */
+    sf_count_t want_now = READ_FRAMES;
+    if (known && info->frames - n < want_now) want_now = info->frames - n;
+    if (want_now <= 0) break;
+    sf_count_t got = sf_readf_float(sf, blk, want_now);
     if (got <= 0) break;
     if (n + got > cap) {
       free(blk);
       free(y);
       return anna_err(err, errlen, ANNA_EINVAL,
-                      "audio: %s decodes to more than the %g-second limit (the header "
-                      "understated its length)", fmt, max_seconds);
+                      "audio: %s decodes to more than the %g-second limit (its header gave no "
+                      "length)", fmt, max_seconds);
     }
     if ((size_t)(n + got) > have) {
       size_t want = have * 2 > (size_t)(n + got) ? have * 2 : (size_t)(n + got);
@@ -254,7 +260,12 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
     return anna_err(err, errlen, ANNA_EINVAL, "audio: %s is corrupt or truncated after %lld frames: %s",
                     fmt, (long long)n, sf_error_number(e));
   }
-  if (known && n < info->frames) {
+  /* MP3 without a Xing/Info header has an estimated length: a short tail (one or two MPEG
+   * frames, or 1%) is tolerated there, as soundfile silently returns what decoded. */
+  int64_t slack = 0;
+  if ((info->format & SF_FORMAT_TYPEMASK) == MAJOR_MPEG)
+    slack = info->frames / 100 > 2304 ? info->frames / 100 : 2304;
+  if (known && n + slack < info->frames) {
     free(y);
     return anna_err(err, errlen, ANNA_EINVAL,
                     "audio: %s is truncated: the header declares %lld frames, only %lld decode",

@@ -205,6 +205,12 @@ static void check_bad_input(const char *dir, media_mel *mel) {
   uint8_t h[44 + 64];
   wav_header(h, 0);
   expect_einval(h, 44, 60.0, "zero-length WAV", "zero-length");
+  /* a WAV whose fmt chunk names an unknown codec (format tag 0x1234) */
+  wav_header(h, 64);
+  h[20] = 0x34;
+  h[21] = 0x12;
+  memset(h + 44, 0, 64);
+  expect_einval(h, sizeof h, 60.0, "WAV with unknown codec", "not a readable audio");
   /* a header claiming 1 s of data with 32 bytes present */
   wav_header(h, 32000);
   memset(h + 44, 0, 64);
