@@ -23,7 +23,9 @@
  * header declares, or a decoder error mid-stream), absurd sample rates or channel counts are
  * ANNA_EINVAL with a message naming the problem. A build without libsndfile or libsoxr
  * returns ANNA_EUNSUPPORTED naming the missing package. Every error path frees what it
- * allocated. Thread-safe: no global state.
+ * allocated. Thread-safe, with one caveat: libsndfile keeps the reason a stream failed to open
+ * in a global, so under concurrent failures a message may quote another call's reason (the
+ * return code is always this call's). mpg123 may print warnings to stderr on odd MP3 headers.
  */
 #ifndef ANNA_MEDIA_AUDIO_H
 #define ANNA_MEDIA_AUDIO_H
