@@ -18,7 +18,8 @@ and stores feats as NAME.mel.f32 (float32 little-endian, [128][L] mel-major). Fo
 it also stores wav as NAME.wav16k.f32 so decode+resample and the mel can be checked apart, and
 for two of those NAME.mel64.f32: the extractor's torch steps run in float64 (fbank_f64), the
 exact value of the formula the float32 reference approximates.
-expected.json lists, per clip: file, format, source rate/channels, n (16 kHz samples),
+`--front-only` regenerates only front/ (the encoder's conv front on a shrunk random config, run
+on the stored reference features; see front_fixtures). expected.json lists, per clip: file, format, source rate/channels, n (16 kHz samples),
 frames L, whether samples are stored, and versions of the reference packages.
 """
 import json
@@ -116,11 +117,69 @@ def clips():
     return out
 
 
+# The encoder's conv front on a shrunk random config (released: hidden 480, d 896/1024).
+FRONT = dict(num_mel_bins=128, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
+             d_model=32, n_window=50, n_window_infer=800, downsample_hidden_size=16,
+             output_dim=32, max_source_positions=1500)
+# (case name, mel file, frames kept): a tail of 99, whole chunks, a 50 tail, one short chunk.
+FRONT_CASES = (("sweep199", "sweep_8k_mono", None), ("bursts200", "bursts_16k", None),
+               ("mp3_150", "bursts_44k_mp3", None), ("short60", "bursts_16k", 60),
+               ("tiny7", "sweep_8k_mono", 7))
+FRONT_TENSORS = ("conv2d1.weight", "conv2d1.bias", "conv2d2.weight", "conv2d2.bias",
+                 "conv2d3.weight", "conv2d3.bias", "conv_out.weight")
+
+
+def front_fixtures(dst):
+    """Qwen3ASRAudioEncoder with random weights; its hidden states entering layer 0 (after the
+    chunked convs, conv_out and the sinusoids) for reference mel inputs."""
+    import torch
+    from qwen_asr.core.transformers_backend.configuration_qwen3_asr import Qwen3ASRAudioEncoderConfig
+    from qwen_asr.core.transformers_backend.modeling_qwen3_asr import Qwen3ASRAudioEncoder
+
+    cfg = Qwen3ASRAudioEncoderConfig(**FRONT)
+    cfg._attn_implementation = "eager"
+    enc = Qwen3ASRAudioEncoder(cfg).eval()
+    g = torch.Generator().manual_seed(2525)
+    sd = enc.state_dict()
+    with torch.no_grad():
+        for name in FRONT_TENSORS:
+            t = sd[name]
+            fan_in = t[0].numel() if t.dim() > 1 else 10
+            t.copy_(torch.randn(t.shape, generator=g) / np.sqrt(fan_in))
+    fdir = os.path.join(dst, "front")
+    os.makedirs(fdir, exist_ok=True)
+    np.concatenate([sd[n].numpy().ravel() for n in FRONT_TENSORS]).astype("<f4").tofile(
+        os.path.join(fdir, "weights.f32"))
+    captured = {}
+    enc.layers[0].register_forward_pre_hook(lambda mod, args: captured.__setitem__("h", args[0]))
+    cases = []
+    for name, src, keep in FRONT_CASES:
+        mel = np.fromfile(os.path.join(dst, src + ".mel.f32"), dtype="<f4").reshape(128, -1)
+        if keep:
+            mel = np.ascontiguousarray(mel[:, :keep])
+        L = mel.shape[1]
+        with torch.no_grad():
+            enc(torch.from_numpy(mel), feature_lens=torch.tensor([L]))
+        h = captured["h"].numpy().astype("<f4")
+        h.tofile(os.path.join(fdir, name + ".out.f32"))
+        cases.append(dict(name=name, mel=src + ".mel.f32", frames=L, tokens=int(h.shape[0])))
+        print(f"front {name}: L={L} -> {h.shape}")
+    meta = dict(config=FRONT, tensors=[dict(name=n, shape=list(sd[n].shape)) for n in FRONT_TENSORS],
+                weights="weights.f32 (the tensors in this order, float32 little-endian)",
+                cases=cases)
+    with open(os.path.join(fdir, "front.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+
+
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) not in (2, 3) or (len(sys.argv) == 3 and sys.argv[2] != "--front-only"):
         sys.exit(__doc__)
     dst = sys.argv[1]
     os.makedirs(dst, exist_ok=True)
+    if len(sys.argv) == 3:
+        front_fixtures(dst)
+        return
     import librosa
     import soxr
     import torch
@@ -166,6 +225,7 @@ def main():
     with open(os.path.join(dst, "expected.json"), "w") as f:
         json.dump(meta, f, indent=1)
         f.write("\n")
+    front_fixtures(dst)
 
 
 if __name__ == "__main__":

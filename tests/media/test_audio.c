@@ -10,6 +10,7 @@
  * the mel: each a clear ANNA_EINVAL whose message names the problem.
  */
 #include "base/error.h"
+#include "media/asr_front.h"
 #include "media/audio.h"
 #include "media/mel.h"
 
@@ -241,6 +242,81 @@ static void check_bad_input(const char *dir, media_mel *mel) {
   printf("bad input %-28s -> %s\n", "mel of 200 samples", err);
 }
 
+/* The encoder's conv front (asr_front.c) on reference features vs Qwen3ASRAudioEncoder with
+ * random weights (front/, shrunk config): the hidden states entering layer 0. */
+static void check_front(const char *dir) {
+  char path[1024], err[256];
+  snprintf(path, sizeof path, "%s/front/front.json", dir);
+  json_error_t je;
+  json_t *meta = json_load_file(path, 0, &je);
+  CHECK(meta != NULL, "front.json: %s", je.text);
+  if (!meta) return;
+  json_t *cfg = json_object_get(meta, "config");
+  media_asr_front w = {
+      .n_mels = (int)json_integer_value(json_object_get(cfg, "num_mel_bins")),
+      .hidden = (int)json_integer_value(json_object_get(cfg, "downsample_hidden_size")),
+      .d_model = (int)json_integer_value(json_object_get(cfg, "d_model")),
+      .n_window = (int)json_integer_value(json_object_get(cfg, "n_window")),
+  };
+  size_t nw = 0;
+  float *wts = slurp(dir, "front/weights.f32", &nw);
+  const float **slots[] = {&w.conv1_w, &w.conv1_b, &w.conv2_w, &w.conv2_b,
+                           &w.conv3_w, &w.conv3_b, &w.conv_out_w};
+  json_t *tensors = json_object_get(meta, "tensors");
+  size_t off = 0, i;
+  json_t *t;
+  CHECK(wts && json_array_size(tensors) == 7, "front weights missing");
+  if (!wts || json_array_size(tensors) != 7) goto out;
+  json_array_foreach(tensors, i, t) {
+    size_t count = 1, j;
+    json_t *dim;
+    json_array_foreach(json_object_get(t, "shape"), j, dim) count *= (size_t)json_integer_value(dim);
+    *slots[i] = wts + off;
+    off += count;
+  }
+  CHECK(off * 4 == nw, "front weights: %zu floats declared, %zu bytes present", off, nw);
+  if (off * 4 != nw) goto out;
+  json_t *c;
+  json_array_foreach(json_object_get(meta, "cases"), i, c) {
+    const char *name = json_string_value(json_object_get(c, "name"));
+    int64_t L = json_integer_value(json_object_get(c, "frames"));
+    int64_t N = json_integer_value(json_object_get(c, "tokens"));
+    size_t nmel = 0, nref = 0;
+    float *mel_full = slurp(dir, json_string_value(json_object_get(c, "mel")), &nmel);
+    snprintf(path, sizeof path, "front/%s.out.f32", name);
+    float *ref = slurp(dir, path, &nref);
+    int64_t Lfull = (int64_t)(nmel / 4 / (size_t)w.n_mels);
+    float *mel = malloc((size_t)w.n_mels * (size_t)L * sizeof *mel);
+    float *out = malloc((size_t)(N > 0 ? N : 1) * (size_t)w.d_model * sizeof *out);
+    float *scratch = malloc(media_asr_front_scratch_floats(&w, L) * sizeof *scratch);
+    CHECK(mel_full && ref && mel && out && scratch && L <= Lfull, "front %s: inputs", name);
+    CHECK(media_asr_front_tokens(L, 2 * w.n_window) == N, "front %s: %lld tokens, reference %lld",
+          name, (long long)media_asr_front_tokens(L, 2 * w.n_window), (long long)N);
+    CHECK(nref == (size_t)N * (size_t)w.d_model * 4, "front %s: out.f32 size %zu", name, nref);
+    if (mel_full && ref && mel && out && scratch && L <= Lfull &&
+        nref == (size_t)N * (size_t)w.d_model * 4) {
+      for (int m = 0; m < w.n_mels; m++)
+        memcpy(mel + (size_t)m * (size_t)L, mel_full + (size_t)m * (size_t)Lfull, (size_t)L * 4);
+      int rc = media_asr_front_run(&w, mel, L, out, scratch, err, sizeof err);
+      CHECK(rc == 0, "front %s: %s", name, err);
+      double e = rc ? 1e9 : max_abs_diff(out, ref, (size_t)N * (size_t)w.d_model), peak = 0.0;
+      for (size_t k = 0; k < (size_t)N * (size_t)w.d_model; k++)
+        if (fabs(ref[k]) > peak) peak = fabs(ref[k]);
+      CHECK(e <= 1e-4, "front %s: max err %.3g > 1e-4", name, e);
+      printf("asr front %-10s L=%-4lld tokens=%-3lld max err %.3g (max |ref| %.3g)\n", name,
+             (long long)L, (long long)N, e, peak);
+    }
+    free(mel_full);
+    free(ref);
+    free(mel);
+    free(out);
+    free(scratch);
+  }
+out:
+  free(wts);
+  json_decref(meta);
+}
+
 int main(int argc, char **argv) {
   const char *dir = ANNA_AUDIO_FIXTURES;
   if (!media_audio_available() || !media_mel_available()) {
@@ -267,6 +343,7 @@ int main(int argc, char **argv) {
   json_t *c;
   json_array_foreach(cases, i, c) check_case(dir, c, mel);
   check_bad_input(dir, mel);
+  check_front(dir);
   media_mel_free(mel);
   json_decref(root);
   if (failures) {
