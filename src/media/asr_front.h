@@ -26,10 +26,10 @@
 #include <stdint.h>
 
 typedef struct media_asr_front {
-  int n_mels;   /* num_mel_bins (128) */
-  int hidden;   /* downsample_hidden_size (480) */
-  int d_model;  /* audio d_model (896 / 1024); even, >= 4 */
-  int n_window; /* chunk = 2 * n_window frames (50 -> 100) */
+  int n_mels;                     /* num_mel_bins (128) */
+  int hidden;                     /* downsample_hidden_size (480) */
+  int d_model;                    /* audio d_model (896 / 1024); even, >= 4 */
+  int n_window;                   /* chunk = 2 * n_window frames (50 -> 100) */
   const float *conv1_w, *conv1_b; /* [hidden, 1, 3, 3], [hidden] */
   const float *conv2_w, *conv2_b; /* [hidden, hidden, 3, 3], [hidden] */
   const float *conv3_w, *conv3_b; /* [hidden, hidden, 3, 3], [hidden] */

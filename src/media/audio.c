@@ -28,7 +28,9 @@
 #define READ_FRAMES 4096    /* frames per sf_readf_float call */
 #define MAJOR_MPEG 0x230000 /* SF_FORMAT_MPEG: an enum (libsndfile >= 1.1), not a macro */
 
-int media_audio_available(void) { return ANNA_HAVE_SNDFILE && ANNA_HAVE_SOXR; }
+int media_audio_available(void) {
+  return ANNA_HAVE_SNDFILE && ANNA_HAVE_SOXR;
+}
 
 void media_audio_free(media_audio *a) {
   if (!a) return;
@@ -49,21 +51,21 @@ void media_audio_peak_normalise(float *x, int64_t n) {
   }
 }
 
-int media_audio_resample(const float *in, int64_t n, int32_t in_rate, int32_t out_rate,
-                         float **out, int64_t *n_out, char *err, size_t errlen) {
+int media_audio_resample(const float *in, int64_t n, int32_t in_rate, int32_t out_rate, float **out,
+                         int64_t *n_out, char *err, size_t errlen) {
   *out = NULL;
   *n_out = 0;
   if (n < 0 || (n > 0 && !in))
     return anna_err(err, errlen, ANNA_EINVAL, "audio resample: bad input (n=%lld)", (long long)n);
   if (in_rate < RATE_MIN || in_rate > RATE_MAX || out_rate < RATE_MIN || out_rate > RATE_MAX)
-    return anna_err(err, errlen, ANNA_EINVAL,
-                    "audio resample: rates %d -> %d Hz outside [%d, %d]", (int)in_rate,
-                    (int)out_rate, RATE_MIN, RATE_MAX);
+    return anna_err(err, errlen, ANNA_EINVAL, "audio resample: rates %d -> %d Hz outside [%d, %d]",
+                    (int)in_rate, (int)out_rate, RATE_MIN, RATE_MAX);
   /* librosa: ratio = float(target_sr) / orig_sr; n_samples = int(np.ceil(n * ratio)). */
   double ratio = (double)out_rate / (double)in_rate;
   int64_t want = in_rate == out_rate ? n : (int64_t)ceil((double)n * ratio);
   float *y = calloc((size_t)(want > 0 ? want : 1), sizeof *y);
-  if (!y) return anna_err(err, errlen, ANNA_ENOMEM, "audio resample: %lld samples", (long long)want);
+  if (!y)
+    return anna_err(err, errlen, ANNA_ENOMEM, "audio resample: %lld samples", (long long)want);
   if (in_rate == out_rate || n == 0) {
     if (n) memcpy(y, in, (size_t)n * sizeof *y);
     *out = y;
@@ -131,8 +133,12 @@ typedef struct membuf {
   sf_count_t n, pos;
 } membuf;
 
-static sf_count_t vio_len(void *u) { return ((membuf *)u)->n; }
-static sf_count_t vio_tell(void *u) { return ((membuf *)u)->pos; }
+static sf_count_t vio_len(void *u) {
+  return ((membuf *)u)->n;
+}
+static sf_count_t vio_tell(void *u) {
+  return ((membuf *)u)->pos;
+}
 static sf_count_t vio_seek(sf_count_t off, int whence, void *u) {
   membuf *m = u;
   sf_count_t base = whence == SEEK_SET ? 0 : whence == SEEK_CUR ? m->pos : m->n;
@@ -149,7 +155,9 @@ static sf_count_t vio_read(void *dst, sf_count_t count, void *u) {
   m->pos += k;
   return k;
 }
-static sf_count_t vio_write(const void *src, sf_count_t count, void *u) { return 0; }
+static sf_count_t vio_write(const void *src, sf_count_t count, void *u) {
+  return 0;
+}
 
 static void format_name(const SF_INFO *in, char *dst, size_t cap) {
   int major = in->format & SF_FORMAT_TYPEMASK, sub = in->format & SF_FORMAT_SUBMASK;
@@ -185,11 +193,12 @@ static int riff_data_chunk(const uint8_t *p, size_t n, uint64_t *declared, uint6
   *byte_rate = 0;
   size_t off = 12;
   while (off + 8 <= n) {
-    uint32_t size = (uint32_t)p[off + 4] | (uint32_t)p[off + 5] << 8 |
-                    (uint32_t)p[off + 6] << 16 | (uint32_t)p[off + 7] << 24;
+    uint32_t size = (uint32_t)p[off + 4] | (uint32_t)p[off + 5] << 8 | (uint32_t)p[off + 6] << 16 |
+                    (uint32_t)p[off + 7] << 24;
     if (memcmp(p + off, "fmt ", 4) == 0 && size >= 16 && off + 8 + 12 <= n) {
       const uint8_t *b = p + off + 8 + 8;
-      *byte_rate = (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+      *byte_rate =
+          (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
     }
     if (memcmp(p + off, "data", 4) == 0) {
       *declared = size;
@@ -205,8 +214,7 @@ static int riff_data_chunk(const uint8_t *p, size_t n, uint64_t *declared, uint6
 
 /* Reads the whole stream averaged to mono into *mono (caller frees), at most cap frames. */
 static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max_seconds,
-                       const char *fmt, float **mono, int64_t *frames, char *err,
-                       size_t errlen) {
+                       const char *fmt, float **mono, int64_t *frames, char *err, size_t errlen) {
   int ch = info->channels;
   int known = info->frames > 0 && info->frames != SF_COUNT_MAX;
   size_t have = known ? (size_t)info->frames : 16384;
@@ -231,7 +239,8 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
       free(y);
       return anna_err(err, errlen, ANNA_EINVAL,
                       "audio: %s decodes to more than the %g-second limit (its header gave no "
-                      "length)", fmt, max_seconds);
+                      "length)",
+                      fmt, max_seconds);
     }
     if ((size_t)(n + got) > have) {
       size_t want = have * 2 > (size_t)(n + got) ? have * 2 : (size_t)(n + got);
@@ -248,7 +257,8 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
     for (sf_count_t f = 0; f < got; f++) {
       const float *fr = blk + (size_t)f * (size_t)ch;
       float s = fr[0];
-      for (int c = 1; c < ch; c++) s += fr[c];
+      for (int c = 1; c < ch; c++)
+        s += fr[c];
       y[n + f] = ch == 1 ? s : s / (float)ch;
     }
     n += got;
@@ -257,8 +267,9 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
   int e = sf_error(sf);
   if (e != SF_ERR_NO_ERROR) {
     free(y);
-    return anna_err(err, errlen, ANNA_EINVAL, "audio: %s is corrupt or truncated after %lld frames: %s",
-                    fmt, (long long)n, sf_error_number(e));
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "audio: %s is corrupt or truncated after %lld frames: %s", fmt, (long long)n,
+                    sf_error_number(e));
   }
   /* MP3 without a Xing/Info header has an estimated length: a short tail (one or two MPEG
    * frames, or 1%) is tolerated there, as soundfile silently returns what decoded. */
@@ -273,7 +284,8 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
   }
   if (n == 0) {
     free(y);
-    return anna_err(err, errlen, ANNA_EINVAL, "audio: %s holds no samples (zero-length audio)", fmt);
+    return anna_err(err, errlen, ANNA_EINVAL, "audio: %s holds no samples (zero-length audio)",
+                    fmt);
   }
   *mono = y;
   *frames = n;
@@ -286,7 +298,8 @@ int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_
   memset(out, 0, sizeof *out);
   if (!data || n == 0) return anna_err(err, errlen, ANNA_EINVAL, "audio: empty input (0 bytes)");
   if (!(max_seconds > 0.0) || max_seconds > 1e7)
-    return anna_err(err, errlen, ANNA_EINVAL, "audio: max_seconds %g must be in (0, 1e7]", max_seconds);
+    return anna_err(err, errlen, ANNA_EINVAL, "audio: max_seconds %g must be in (0, 1e7]",
+                    max_seconds);
 #if ANNA_HAVE_SNDFILE && ANNA_HAVE_SOXR
   membuf mb = {.p = data, .n = (sf_count_t)n, .pos = 0};
   SF_VIRTUAL_IO vio = {vio_len, vio_seek, vio_read, vio_write, vio_tell};
@@ -296,7 +309,8 @@ int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_
   if (!sf)
     return anna_err(err, errlen, ANNA_EINVAL,
                     "audio: not a readable audio file (%zu bytes: unknown format, or a corrupt "
-                    "or truncated file): %s", n, sf_strerror(NULL));
+                    "or truncated file): %s",
+                    n, sf_strerror(NULL));
   char fmt[sizeof out->format];
   format_name(&info, fmt, sizeof fmt);
   int rc = 0;
@@ -334,8 +348,7 @@ int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_
     }
   }
   if (info.frames > 0 && info.frames != SF_COUNT_MAX && info.frames > cap) {
-    rc = anna_err(err, errlen, ANNA_EINVAL,
-                  "audio: %s lasts %.1f s, over the %g-second limit", fmt,
+    rc = anna_err(err, errlen, ANNA_EINVAL, "audio: %s lasts %.1f s, over the %g-second limit", fmt,
                   (double)info.frames / info.samplerate, max_seconds);
     goto done;
   }

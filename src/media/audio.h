@@ -64,8 +64,8 @@ void media_audio_free(media_audio *a);
  * does. *out (caller frees with free()) gets *n_out = ceil(n * (out_rate / in_rate)) samples;
  * equal rates copy. Rates must lie in [1000, 768000]. Returns 0, ANNA_EINVAL, ANNA_ENOMEM or
  * ANNA_EUNSUPPORTED (no libsoxr). */
-int media_audio_resample(const float *in, int64_t n, int32_t in_rate, int32_t out_rate,
-                         float **out, int64_t *n_out, char *err, size_t errlen);
+int media_audio_resample(const float *in, int64_t n, int32_t in_rate, int32_t out_rate, float **out,
+                         int64_t *n_out, char *err, size_t errlen);
 
 /* Step 4 alone, in place: divide by the peak if it exceeds 1, clip to [-1, 1]. */
 void media_audio_peak_normalise(float *x, int64_t n);

@@ -21,21 +21,24 @@
 #define HOP MEDIA_MEL_HOP
 #define PAD (N_FFT / 2)
 
+int media_mel_available(void) {
+  return ANNA_HAVE_FFTW3;
+}
 
-int media_mel_available(void) { return ANNA_HAVE_FFTW3; }
-
-int64_t media_mel_frames(int64_t n_samples) { return n_samples > 0 ? n_samples / HOP : 0; }
+int64_t media_mel_frames(int64_t n_samples) {
+  return n_samples > 0 ? n_samples / HOP : 0;
+}
 
 #if ANNA_HAVE_FFTW3
 struct media_mel {
   int n_mels;
   fftw_plan plan;
-  double *frame;          /* fftw_malloc'd [N_FFT]: windowed samples, the plan's input */
-  fftw_complex *spec;    /* fftw_malloc'd [N_BINS]: the plan's output */
-  double *power;          /* [N_BINS] */
+  double *frame;      /* fftw_malloc'd [N_FFT]: windowed samples, the plan's input */
+  fftw_complex *spec; /* fftw_malloc'd [N_BINS]: the plan's output */
+  double *power;      /* [N_BINS] */
   float window[N_FFT];
-  float *filters;         /* [n_mels][N_BINS], float32 like the reference's matrix */
-  int *lo, *hi;           /* per mel: its nonzero bins are [lo, hi) */
+  float *filters; /* [n_mels][N_BINS], float32 like the reference's matrix */
+  int *lo, *hi;   /* per mel: its nonzero bins are [lo, hi) */
 };
 
 /* FFTW's planner (and plan destruction) is not thread-safe; fftw_execute is. */
@@ -109,7 +112,8 @@ int media_mel_create(int n_mels, media_mel **out, char *err, size_t errlen) {
   /* torch.hann_window(400) (periodic): arange in float32, times the float32 scalar 2 pi/400,
    * cos, times -0.5, plus 0.5, each step in float32. */
   float wstep = (float)(M_PI * 2.0 / (double)N_FFT);
-  for (int i = 0; i < N_FFT; i++) m->window[i] = cosf((float)i * wstep) * -0.5f + 0.5f;
+  for (int i = 0; i < N_FFT; i++)
+    m->window[i] = cosf((float)i * wstep) * -0.5f + 0.5f;
   pthread_mutex_lock(&plan_lock);
   m->plan = fftw_plan_dft_r2c_1d(N_FFT, m->frame, m->spec, FFTW_ESTIMATE);
   pthread_mutex_unlock(&plan_lock);
@@ -137,9 +141,13 @@ void media_mel_free(media_mel *m) {
   free(m);
 }
 
-int media_mel_n_mels(const media_mel *m) { return m->n_mels; }
+int media_mel_n_mels(const media_mel *m) {
+  return m->n_mels;
+}
 
-const float *media_mel_filters(const media_mel *m) { return m->filters; }
+const float *media_mel_filters(const media_mel *m) {
+  return m->filters;
+}
 
 int media_mel_compute(media_mel *m, const float *x, int64_t n, float *out, char *err,
                       size_t errlen) {
@@ -147,14 +155,16 @@ int media_mel_compute(media_mel *m, const float *x, int64_t n, float *out, char 
   if (n <= PAD)
     return anna_err(err, errlen, ANNA_EINVAL,
                     "mel: %lld samples is too short (at least %d, 12.6 ms at 16 kHz, for the "
-                    "reflect padding)", (long long)n, PAD + 1);
+                    "reflect padding)",
+                    (long long)n, PAD + 1);
   int64_t L = media_mel_frames(n);
   int nm = m->n_mels;
   float vmax = -INFINITY;
   for (int64_t t = 0; t < L; t++) {
     int64_t s0 = t * HOP - PAD;
     if (s0 >= 0 && s0 + N_FFT <= n) {
-      for (int i = 0; i < N_FFT; i++) m->frame[i] = (double)x[s0 + i] * m->window[i];
+      for (int i = 0; i < N_FFT; i++)
+        m->frame[i] = (double)x[s0 + i] * m->window[i];
     } else {
       for (int i = 0; i < N_FFT; i++) {
         int64_t j = s0 + i; /* reflect without repeating the edge; n > PAD keeps j in range */
@@ -171,7 +181,8 @@ int media_mel_compute(media_mel *m, const float *x, int64_t n, float *out, char 
     for (int j = 0; j < nm; j++) {
       const float *f = m->filters + (size_t)j * N_BINS;
       double acc = 0.0;
-      for (int k = m->lo[j]; k < m->hi[j]; k++) acc += (double)f[k] * m->power[k];
+      for (int k = m->lo[j]; k < m->hi[j]; k++)
+        acc += (double)f[k] * m->power[k];
       if (!(acc >= 1e-10)) acc = 1e-10;
       float lv = (float)log10(acc);
       out[(size_t)j * (size_t)L + (size_t)t] = lv;
@@ -198,9 +209,15 @@ int media_mel_create(int n_mels, media_mel **out, char *err, size_t errlen) {
   return anna_err(err, errlen, ANNA_EUNSUPPORTED,
                   "mel: anna was built without FFTW3 (install libfftw3-dev and reconfigure)");
 }
-void media_mel_free(media_mel *m) { free(m); }
-int media_mel_n_mels(const media_mel *m) { return m->n_mels; }
-const float *media_mel_filters(const media_mel *m) { return NULL; }
+void media_mel_free(media_mel *m) {
+  free(m);
+}
+int media_mel_n_mels(const media_mel *m) {
+  return m->n_mels;
+}
+const float *media_mel_filters(const media_mel *m) {
+  return NULL;
+}
 int media_mel_compute(media_mel *m, const float *x, int64_t n, float *out, char *err,
                       size_t errlen) {
   return anna_err(err, errlen, ANNA_EUNSUPPORTED, "mel: anna was built without FFTW3");

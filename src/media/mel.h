@@ -27,8 +27,9 @@
  * sweep) stays within the reference's own distance from exact (8.5e-5); against the same
  * pipeline evaluated in float64 it is 3.9e-6, from 13 of the 400 window entries where glibc's
  * cosf and torch's differ by one ulp (bench/notes/audio.md). Plans use FFTW_ESTIMATE so
- * results do not depend on run-time timing (FFTW_MEASURE may pick another algorithm per run). Planning is serialised by
- * a mutex (FFTW's planner is not thread-safe); executing is thread-safe.
+ * results do not depend on run-time timing (FFTW_MEASURE may pick another algorithm per run).
+ * Planning is serialised by a mutex (FFTW's planner is not thread-safe); executing is
+ * thread-safe.
  *
  * Memory: media_mel_create allocates everything (plan, window, filters, frame buffers);
  * media_mel_compute allocates nothing. A media_mel is not shared between threads: make one

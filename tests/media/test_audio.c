@@ -25,14 +25,14 @@
 #endif
 
 static int failures;
-#define CHECK(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      failures++;                                                                           \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                  \
-      fprintf(stderr, __VA_ARGS__);                                                         \
-      fputc('\n', stderr);                                                                  \
-    }                                                                                       \
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      failures++;                                                                                  \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                         \
+      fprintf(stderr, __VA_ARGS__);                                                                \
+      fputc('\n', stderr);                                                                         \
+    }                                                                                              \
   } while (0)
 
 static void *slurp(const char *dir, const char *name, size_t *n) {
@@ -99,7 +99,8 @@ static void check_case(const char *dir, json_t *c, media_mel *mel) {
   float *wav = stored ? slurp(dir, fn, &nwav) : NULL;
   snprintf(fn, sizeof fn, "%s.mel64.f32", name);
   float *ref64 = stored64 ? slurp(dir, fn, &nref64) : NULL;
-  CHECK(bytes && ref && (!stored || wav) && (!stored64 || ref64), "%s: fixture files missing", name);
+  CHECK(bytes && ref && (!stored || wav) && (!stored64 || ref64), "%s: fixture files missing",
+        name);
   CHECK(nref == (size_t)128 * (size_t)L * 4, "%s: mel.f32 size %zu", name, nref);
   if (!bytes || !ref || (stored && !wav) || (stored64 && (!ref64 || !wav))) goto out;
 
@@ -111,8 +112,8 @@ static void check_case(const char *dir, json_t *c, media_mel *mel) {
         (long long)n_ref);
   CHECK(a.src_rate == json_integer_value(json_object_get(c, "src_rate")), "%s: rate %d", name,
         a.src_rate);
-  CHECK(a.src_channels == json_integer_value(json_object_get(c, "src_channels")),
-        "%s: channels %d", name, a.src_channels);
+  CHECK(a.src_channels == json_integer_value(json_object_get(c, "src_channels")), "%s: channels %d",
+        name, a.src_channels);
   int lossy = is_lossy(a.format);
   double e_wav = -1.0, e_mel_wav = -1.0, e_mel64 = -1.0;
   if (a.n == n_ref) {
@@ -136,8 +137,7 @@ static void check_case(const char *dir, json_t *c, media_mel *mel) {
     /* Lossless decoding and libsoxr are bit-exact against the reference; the lossy decoders
      * (mpg123, libopus) were too between Debian bookworm's and soundfile 0.14's builds, but are
      * allowed a little slack in case another build rounds differently. */
-    if (wav)
-      CHECK(e_wav <= (lossy ? 1e-4 : 1e-6), "%s: 16 kHz samples: max err %.3g", name, e_wav);
+    if (wav) CHECK(e_wav <= (lossy ? 1e-4 : 1e-6), "%s: 16 kHz samples: max err %.3g", name, e_wav);
     printf("%-18s %-10s %5d Hz %d ch  n=%-6lld L=%-4lld samples %-8.3g features %-8.3g", name,
            a.format, a.src_rate, a.src_channels, (long long)a.n, (long long)L, e_wav, e_feat);
     if (wav) printf("  mel(ref samples) %-8.3g", e_mel_wav);
@@ -260,7 +260,7 @@ static void check_front(const char *dir) {
   };
   size_t nw = 0;
   float *wts = slurp(dir, "front/weights.f32", &nw);
-  const float **slots[] = {&w.conv1_w, &w.conv1_b, &w.conv2_w, &w.conv2_b,
+  const float **slots[] = {&w.conv1_w, &w.conv1_b, &w.conv2_w,   &w.conv2_b,
                            &w.conv3_w, &w.conv3_b, &w.conv_out_w};
   json_t *tensors = json_object_get(meta, "tensors");
   size_t off = 0, i;
@@ -270,7 +270,8 @@ static void check_front(const char *dir) {
   json_array_foreach(tensors, i, t) {
     size_t count = 1, j;
     json_t *dim;
-    json_array_foreach(json_object_get(t, "shape"), j, dim) count *= (size_t)json_integer_value(dim);
+    json_array_foreach(json_object_get(t, "shape"), j, dim) count *=
+        (size_t)json_integer_value(dim);
     *slots[i] = wts + off;
     off += count;
   }
