@@ -14,8 +14,8 @@ Per request (deterministic from --seed): route chat or completions, stream or no
 mostly with stream_options.include_usage), n = 1 or 2, max_tokens 1..--max-tokens, some
 ignore_eos (then every choice must make exactly max_tokens tokens), some stop strings, a
 shared prompt prefix for a third of them (the prefix cache's hits and copy-on-write). A
---disconnect-fraction of them close the socket early: before the first response byte, or
-(streams) after a few events.
+--disconnect-fraction of them close the socket early: halfway through sending the body,
+before the first response byte, or (streams) after a few events.
 
 Checks (each failure is listed; exit status 1 when any):
   * status: 200, or 503 with Retry-After when --expect-503 (429 with Retry-After too: queue
@@ -70,7 +70,7 @@ class Plan:
     ignore_eos: bool
     stop: list[str] | None
     shared: bool
-    disconnect: str  # "" | before_first_byte | mid_stream
+    disconnect: str  # "" | mid_upload | before_first_byte | mid_stream
     cut_after: int  # events read before a mid_stream close
     words: list[str]
 
@@ -95,7 +95,9 @@ def make_plans(a: argparse.Namespace) -> list[Plan]:
         stream = rng.random() < a.stream_fraction
         disconnect = ""
         if rng.random() < a.disconnect_fraction:
-            disconnect = "mid_stream" if stream and rng.random() < 0.6 else "before_first_byte"
+            r = rng.random()
+            disconnect = ("mid_stream" if stream and r < 0.6 else "mid_upload" if r > 0.85
+                          else "before_first_byte")
         ignore_eos = rng.random() < 0.3
         stop = None if ignore_eos or rng.random() < 0.8 else [rng.choice((".", "\n", " the"))]
         plans.append(Plan(index=i, route=route, stream=stream, usage=not stream or rng.random() < 0.85,
@@ -284,6 +286,16 @@ def run_one(a: argparse.Namespace, host: str, port: int, prefix: str, model: str
     path = prefix + ("/v1/chat/completions" if p.route == "chat" else "/v1/completions")
     try:
         body = json.dumps(request_body(p, model)).encode()
+        if p.disconnect == "mid_upload":
+            # headers and half the body: the server has not parsed the request yet
+            conn.putrequest("POST", path)
+            conn.putheader("Content-Type", "application/json")
+            conn.putheader("Content-Length", str(len(body)))
+            conn.endheaders(body[: len(body) // 2])
+            time.sleep(rng_delay)
+            hang_up(conn)
+            res.outcome = "disconnected"
+            return res
         conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
         if p.disconnect == "before_first_byte":
             # the server is tokenizing, queueing or generating: gone before any answer
