@@ -101,7 +101,7 @@ def make_plans(a: argparse.Namespace) -> list[Plan]:
         ignore_eos = rng.random() < 0.3
         stop = None if ignore_eos or rng.random() < 0.8 else [rng.choice((".", "\n", " the"))]
         plans.append(Plan(index=i, route=route, stream=stream, usage=not stream or rng.random() < 0.85,
-                          n=2 if rng.random() < 0.1 else 1, max_tokens=rng.randint(1, a.max_tokens),
+                          n=2 if rng.random() < 0.1 and a.max_n > 1 else 1, max_tokens=rng.randint(1, a.max_tokens),
                           ignore_eos=ignore_eos, stop=stop, shared=rng.random() < 0.33,
                           disconnect=disconnect, cut_after=rng.randint(1, 4),
                           words=[rng.choice(WORDS) for _ in range(rng.randint(3, a.prompt_words))]))
@@ -188,6 +188,7 @@ def read_sse(resp: http.client.HTTPResponse, p: Plan, model: str, res: Result, e
     want = "chat.completion.chunk" if p.route == "chat" else "text_completion"
     ids, created = set(), set()
     finished: set[int] = set()
+    errored: set[int] = set()
     usage_seen = None
     done = False
     while True:
@@ -245,7 +246,10 @@ def read_sse(resp: http.client.HTTPResponse, p: Plan, model: str, res: Result, e
                 raise Bad(f"choice {i}: text is not a string")
             fr = c.get("finish_reason")
             if fr is not None:
-                if fr not in FINISH:
+                # anna ends a choice that failed with "error", then sends the error event
+                if fr == "error":
+                    errored.add(i)
+                elif fr not in FINISH:
                     raise Bad(f"choice {i}: finish_reason {fr!r}")
                 finished.add(i)
         if p.disconnect == "mid_stream" and res.events >= p.cut_after:
@@ -258,6 +262,8 @@ def read_sse(resp: http.client.HTTPResponse, p: Plan, model: str, res: Result, e
         raise Bad(f"chunks disagree on id / created: {ids} {created}")
     if res.outcome == "busy":
         return
+    if errored:
+        raise Bad(f"choices {sorted(errored)} ended with finish_reason 'error' and no error event")
     if finished != set(range(p.n)):
         raise Bad(f"finish_reason seen for choices {sorted(finished)}, want 0..{p.n - 1}")
     if p.usage:
@@ -557,6 +563,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="share of requests whose client closes early (before the first byte or mid-stream)")
     p.add_argument("--stream-fraction", type=float, default=0.6, help="share of streaming requests")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens is drawn from 1..this")
+    p.add_argument("--max-n", type=int, default=2, choices=(1, 2), help="one request in ten asks for n = 2 choices")
     p.add_argument("--prompt-words", type=int, default=40, help="prompts have 3..this random words")
     p.add_argument("--pid", type=int, help="the server's process id: alive at the end, RSS watched")
     p.add_argument("--max-rss-growth-mb", type=float, help="fail when RSS grew more than this (needs --pid)")
