@@ -1070,7 +1070,8 @@ def format_sweep(summaries: list[dict[str, Any]]) -> str:
     for i, s in enumerate(summaries):
         groups.setdefault((s.get("config", {}).get("concurrency"), s.get("label") or f"run{i}"), []).append(s)
     c = summaries[0].get("config", {})
-    wl = f"scenario={c.get('scenario')} route={c.get('route')} requests={c.get('requests')}"
+    reqs = sorted({s.get("config", {}).get("requests") for s in summaries}, key=str)
+    wl = f"scenario={c.get('scenario')} route={c.get('route')} requests={'/'.join(map(str, reqs))}"
     if c.get("scenario") == "random":
         wl += f" input_len={c.get('input_len')} output_len={c.get('output_len')} range_ratio={c.get('range_ratio')}"
     else:
