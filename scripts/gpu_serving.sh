@@ -117,7 +117,8 @@ if [ -n "$SRC" ]; then
   if [ ! -x "$BUILD/bin/llama-server" ]; then
     (
       mkdir -p "$BUILD"
-      [ -d "$BUILD/llama.cpp" ] || tar -C "$BUILD" -xJf "$SRC"
+      # a tree unpacked from gpu_llamacpp.sh's pack (warm machine) lacks tools/ui: unpack ours over it
+      [ -f "$BUILD/llama.cpp/tools/ui/CMakeLists.txt" ] || tar -C "$BUILD" -xJf "$SRC"
       cmake -S "$BUILD/llama.cpp" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90a-real -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
