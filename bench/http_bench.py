@@ -1070,7 +1070,7 @@ def format_sweep(summaries: list[dict[str, Any]]) -> str:
     for i, s in enumerate(summaries):
         groups.setdefault((s.get("config", {}).get("concurrency"), s.get("label") or f"run{i}"), []).append(s)
     c = summaries[0].get("config", {})
-    reqs = sorted({s.get("config", {}).get("requests") for s in summaries}, key=str)
+    reqs = sorted({s.get("config", {}).get("requests") for s in summaries}, key=lambda x: (str(type(x)), x or 0))
     wl = f"scenario={c.get('scenario')} route={c.get('route')} requests={'/'.join(map(str, reqs))}"
     if c.get("scenario") == "random":
         wl += f" input_len={c.get('input_len')} output_len={c.get('output_len')} range_ratio={c.get('range_ratio')}"
