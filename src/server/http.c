@@ -508,9 +508,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     pthread_mutex_unlock(&cn->gr->mu);
     gen_request_release(cn->gr);
   }
-  /* A client gone before the answer (mid-upload, while queued, mid-stream) is 499 "client
-   * closed request", not a server error; 500 stays for a request the server dropped itself. */
-  int status = cn->status ? cn->status : toe != MHD_REQUEST_TERMINATED_COMPLETED_OK ? 499 : 500;
+  /* Nothing answered yet: a client that went away (mid-upload, say) is 499 "client closed
+   * request" and an idle one 408, not server errors; 500 stays for a request the server
+   * dropped itself. A client gone after the answer began is 499 below. */
+  int status = cn->status                                            ? cn->status
+               : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ||
+                         toe == MHD_REQUEST_TERMINATED_READ_ERROR    ? 499
+               : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED       ? 408
+                                                                     : 500;
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;
   metrics_count_response(&srv->mx, status);
   double ms = (engine_now() - cn->t0) * 1000.0;
