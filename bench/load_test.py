@@ -288,6 +288,9 @@ def run_one(a: argparse.Namespace, host: str, port: int, prefix: str, model: str
             rng_delay: float) -> Result:
     res = Result(index=p.index)
     t0 = time.monotonic()
+    if getattr(a, "stop_at", None) and t0 > a.stop_at:
+        res.outcome = "not_sent"
+        return res
     conn = http.client.HTTPConnection(host, port, timeout=a.timeout)
     path = prefix + ("/v1/chat/completions" if p.route == "chat" else "/v1/completions")
     try:
@@ -466,6 +469,7 @@ def run(a: argparse.Namespace) -> Summary:
     if a.pid:
         w.start()
     t0 = time.monotonic()
+    a.stop_at = t0 + a.deadline if a.deadline else None
     results: list[Result] = []
     with cf.ThreadPoolExecutor(max_workers=a.concurrency) as ex:
         futs = [ex.submit(run_one, a, host, port, prefix, model, p, delays[p.index]) for p in plans]
@@ -484,6 +488,8 @@ def run(a: argparse.Namespace) -> Summary:
         S.completion_tokens += r.completion_tokens or 0
     S.by_kind = dict(sorted(kinds.items()))
     S.checks["responses"] = "ok" if not S.failures else f"{len(S.failures)} failed"
+    if S.outcomes.get("not_sent"):
+        S.checks["complete"] = f"{S.outcomes['not_sent']} requests not sent (--deadline {a.deadline:g} s)"
     if a.server_checks:
         server_checks(a, base, model, m0, S)
     S.rss_mb["peak"] = peak[0]
@@ -564,7 +570,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream-fraction", type=float, default=0.6, help="share of streaming requests")
     p.add_argument("--max-tokens", type=int, default=16, help="max_tokens is drawn from 1..this")
     p.add_argument("--max-n", type=int, default=2, choices=(1, 2), help="one request in ten asks for n = 2 choices")
-    p.add_argument("--prompt-words", type=int, default=40, help="prompts have 3..this random words")
+    p.add_argument("--prompt-words", type=int, default=40,
+                   help="prompts have 3..this random words (with the shared prefix up to ~400 tokens on the "
+                        "fixtures' 1000-token vocabularies: a server context of 512 holds them)")
     p.add_argument("--pid", type=int, help="the server's process id: alive at the end, RSS watched")
     p.add_argument("--max-rss-growth-mb", type=float, help="fail when RSS grew more than this (needs --pid)")
     p.add_argument("--expect-503", action="store_true",
@@ -576,8 +584,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-timeout", type=float, default=60, help="seconds to wait for the server to go idle")
     p.add_argument("--timeout", type=float, default=300, help="per-request socket timeout, seconds")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--deadline", type=float, default=0,
+                   help="seconds: requests not started by then are not sent (the run fails, the server "
+                        "checks still run and the summary still prints); 0 = none")
     p.add_argument("--json", metavar="OUT", help="write the summary as JSON to OUT")
     a = p.parse_args(argv)
+    if a.deadline < 0:
+        p.error("--deadline must be >= 0")
     if a.requests < 1 or a.concurrency < 1 or a.max_tokens < 1 or a.prompt_words < 3:
         p.error("--requests, --concurrency, --max-tokens must be >= 1 and --prompt-words >= 3")
     if not (0 <= a.disconnect_fraction <= 1 and 0 <= a.stream_fraction <= 1):
@@ -600,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if a.json:
         with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(asdict(S) | {"config": vars(a)}, f, indent=2)
+            json.dump(asdict(S) | {"config": {k: v for k, v in vars(a).items() if k != "stop_at"}}, f, indent=2)
             f.write("\n")
     print(format_table(S, a), flush=True)
     return 0 if S.passed else 1

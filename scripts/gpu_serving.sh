@@ -228,8 +228,10 @@ for eng in ${ENGINES//,/ }; do
   if [ "$eng" = anna ] && [ "$LOAD" = 1 ]; then
     rem=$(left)
     if [ "$rem" -lt 30 ]; then row "load test" "skipped: deadline"; else
+      # its own deadline leaves time for the checks after the run; timeout is the backstop
       timeout -k 5 $((rem - 10)) python3 bench/load_test.py --base-url "http://127.0.0.1:$PORT" --requests "$LOADN" \
         --concurrency "$PAR" --disconnect-fraction 0.2 --max-tokens 64 --pid "$SPID" --expect-503 \
+        --deadline $((rem * 2 / 3)) --idle-timeout $((rem / 4)) \
         --json "$OUTD/load.json" >"$OUTD/load.log" 2>&1
       rc=$?
       [ "$rc" -ne 0 ] && FAILED=1

@@ -105,3 +105,11 @@ def test_server_down_and_usage_errors(capsys):
         with pytest.raises(SystemExit) as e:
             lt.parse_args(bad)
         assert e.value.code == 2
+
+
+@pytest.mark.parametrize("stub", [StubConfig(ttft=0.05, itl=0.02, tokens=16)], indirect=True)
+def test_deadline_stops_sending_and_fails(stub, capsys, tmp_path):
+    rc, s, text = run(stub, capsys, tmp_path, "--disconnect-fraction", "0", "--deadline", "0.3",
+                      "--concurrency", "2", "--requests", "60")
+    assert rc == 1 and s["outcomes"].get("not_sent", 0) > 10 and s["outcomes"].get("ok", 0) >= 2
+    assert "not sent" in s["checks"]["complete"] and "RESULT FAIL" in text
