@@ -40,7 +40,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-SCENARIOS = ("concurrent-short", "single-long", "mixed", "repeated-system", "custom")
+SCENARIOS = ("concurrent-short", "single-long", "mixed", "repeated-system", "random", "custom")
 TOOL_NAME = "anna-http-bench"
 JSON_VERSION = 1
 
@@ -129,6 +129,8 @@ class Prompt:
     kind: str
     messages: list[dict[str, str]]
     text: str
+    token_ids: list[int] | None = None  # random scenario: sent as the completions prompt
+    max_tokens: int | None = None       # per-request output length (random scenario)
 
 
 def _mk_prompt(kind: str, user: str, system: str | None = None) -> Prompt:
@@ -227,16 +229,52 @@ def apply_salt(prompts: list[Prompt], salt: str) -> list[Prompt]:
     if not salt:
         return prompts
     out = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
+        if p.token_ids is not None:
+            # token ids: the salt redraws the first few from the prompt's own ids (so they stay
+            # within --token-range), a different prefix per run
+            r = random.Random(f"{salt}-{i}")
+            ids = list(p.token_ids)
+            ids[:4] = [r.choice(p.token_ids) for _ in ids[:4]]
+            out.append(Prompt(p.kind, [], "", token_ids=ids, max_tokens=p.max_tokens))
+            continue
         msgs = [dict(m) for m in p.messages]
         msgs[0]["content"] = f"[run {salt}] " + msgs[0]["content"]
         out.append(Prompt(p.kind, msgs, f"[run {salt}] " + p.text))
     return out
 
 
+def random_lengths(n: int, mean: int, range_ratio: float, rng: random.Random) -> list[int]:
+    """vLLM's random dataset: lengths uniform over [mean * (1 - r), mean * (1 + r)], at least 1."""
+    lo, hi = max(1, math.floor(mean * (1 - range_ratio))), max(1, math.ceil(mean * (1 + range_ratio)))
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def random_prompts(n: int, input_len: int, output_len: int, range_ratio: float, token_range: tuple[int, int],
+                   seed: int) -> list[Prompt]:
+    """vLLM's `--dataset-name random`: prompts of random token ids (sent as ids on the completions
+    route, so every server sees exactly input_len tokens whatever its tokenizer) and a fixed
+    output length per request (max_tokens, and min_tokens + ignore_eos when --fixed-output)."""
+    rng = random.Random(seed)
+    ins = random_lengths(n, input_len, range_ratio, rng)
+    outs = random_lengths(n, output_len, range_ratio, rng)
+    lo, hi = token_range
+    out = []
+    for i in range(n):
+        ids = [rng.randrange(lo, hi) for _ in range(ins[i])]
+        out.append(Prompt("random", [], "", token_ids=ids, max_tokens=outs[i]))
+    return out
+
+
 def build_prompts(scenario: str, n: int, long_chars: int, system_chars: int,
-                  prompt_file: str | None) -> list[Prompt]:
+                  prompt_file: str | None, cfg: argparse.Namespace | None = None) -> list[Prompt]:
     """The n requests of a run, in submission order."""
+    if scenario == "random":
+        c = cfg
+        if c is None:
+            raise ValueError("--scenario random needs its options")
+        return random_prompts(n, c.input_len, c.output_len, c.range_ratio, c.token_range,
+                              c.seed if c.seed is not None else 0)
     if scenario == "custom":
         if not prompt_file:
             raise ValueError("--scenario custom needs --prompt-file")
@@ -374,11 +412,12 @@ def _describe_error(e: BaseException) -> str:
 
 
 def _request_kwargs(cfg: argparse.Namespace, model: str, prompt: Prompt) -> dict[str, Any]:
-    kw: dict[str, Any] = {"model": model, "max_tokens": cfg.max_tokens}
+    mt = prompt.max_tokens or cfg.max_tokens
+    kw: dict[str, Any] = {"model": model, "max_tokens": mt}
     if cfg.route == "chat":
         kw["messages"] = prompt.messages
     else:
-        kw["prompt"] = prompt.text
+        kw["prompt"] = prompt.token_ids if prompt.token_ids is not None else prompt.text
     if cfg.temperature is not None:
         kw["temperature"] = cfg.temperature
     if cfg.seed is not None:
@@ -388,6 +427,11 @@ def _request_kwargs(cfg: argparse.Namespace, model: str, prompt: Prompt) -> dict
         extra["top_k"] = cfg.top_k
     if cfg.ignore_eos:
         extra["ignore_eos"] = True
+    if cfg.min_tokens is not None:
+        extra["min_tokens"] = min(cfg.min_tokens, mt)
+    if prompt.max_tokens and getattr(cfg, "fixed_output", False):
+        extra["ignore_eos"] = True
+        extra["min_tokens"] = mt
     if extra:
         kw["extra_body"] = extra
     if cfg.stream:
@@ -624,6 +668,11 @@ def build_summary(cfg: argparse.Namespace, out: RunOutcome, per_request: bool) -
             "top_k": cfg.top_k,
             "seed": cfg.seed,
             "ignore_eos": cfg.ignore_eos,
+            "min_tokens": cfg.min_tokens,
+            "input_len": cfg.input_len if cfg.scenario == "random" else None,
+            "output_len": cfg.output_len if cfg.scenario == "random" else None,
+            "range_ratio": cfg.range_ratio if cfg.scenario == "random" else None,
+            "fixed_output": cfg.fixed_output if cfg.scenario == "random" else None,
             "warmup": cfg.warmup,
             "timeout_s": cfg.timeout,
             "long_chars": cfg.long_chars,
@@ -815,12 +864,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: the first id from GET /v1/models)")
     p.add_argument("--label", action="append", default=None,
                    help="name of each --base-url in tables and JSON (default: host:port)")
-    p.add_argument("--route", choices=("chat", "completions"), default="chat",
-                   help="/v1/chat/completions or /v1/completions")
+    p.add_argument("--route", choices=("chat", "completions"), default=None, dest="route_given",
+                   help="/v1/chat/completions or /v1/completions (default chat; random: completions)")
     p.add_argument("--scenario", choices=SCENARIOS, default="concurrent-short")
     p.add_argument("--prompt-file", help="prompts for --scenario custom (.json list, .jsonl, or one per line)")
     p.add_argument("--requests", type=int, default=16, help="timed requests (warm-up not counted)")
-    p.add_argument("--concurrency", type=int, default=4, help="most requests in flight at once")
+    p.add_argument("--concurrency", default="4",
+                   help="most requests in flight at once; a comma list (1,16,64,256) runs each level in turn "
+                        "and ends with one table row per level and server")
     p.add_argument("--max-tokens", type=int, default=64, help="output cap per request")
     p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=True,
                    help="stream responses (needed for TTFT, ITL, TPOT)")
@@ -832,6 +883,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=None, help="sent as the top_k extension field")
     p.add_argument("--seed", type=int, default=None,
                    help="sent as the request seed; also seeds the Poisson arrivals (0 when unset)")
+    p.add_argument("--input-len", type=int, default=1024, help="--scenario random: mean prompt tokens")
+    p.add_argument("--output-len", type=int, default=128, help="--scenario random: mean output tokens")
+    p.add_argument("--range-ratio", type=float, default=0.0,
+                   help="--scenario random: lengths uniform in [len * (1 - r), len * (1 + r)] (vLLM's "
+                        "--random-range-ratio; 0 = fixed lengths, 0.75 = the mixed set)")
+    p.add_argument("--token-range", default="100:1000", metavar="LO:HI",
+                   help="--scenario random: prompt token ids drawn from [LO, HI); keep HI within every "
+                        "compared model's vocabulary and below its special tokens")
+    p.add_argument("--fixed-output", action=argparse.BooleanOptionalAction, default=True,
+                   help="--scenario random: send ignore_eos and min_tokens = max_tokens, so random-weight "
+                        "models make exactly the drawn output length")
+    p.add_argument("--min-tokens", type=int, default=None,
+                   help="sent as min_tokens (vLLM, anna-serve): no end-of-generation before this many tokens")
     p.add_argument("--ignore-eos", action="store_true",
                    help="send ignore_eos=true (llama.cpp, vLLM) so every request makes max_tokens tokens")
     p.add_argument("--warmup", type=int, default=1,
@@ -853,12 +917,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of text")
     p.add_argument("--output", help="also write the JSON summary (a list when several servers) to this file")
     p.add_argument("--per-request", action="store_true", help="include per-request records in the JSON")
+    p.add_argument("--output-partial", action="store_true",
+                   help="rewrite --output after every run, so a run killed by a deadline leaves what it measured")
     p.add_argument("--compare", nargs="+", metavar="JSON",
                    help="print the side-by-side table from saved --output files and exit (first = baseline)")
     a = p.parse_args(argv)
+    a.route = a.route_given or "chat"
     if a.compare:
         return a
-    if a.requests < 1 or a.concurrency < 1 or a.max_tokens < 1 or a.warmup < 0 or a.rounds < 1:
+    try:
+        a.concurrency_levels = [int(x) for x in str(a.concurrency).split(",")]
+    except ValueError:
+        p.error(f"--concurrency {a.concurrency!r}: expected an integer or a comma list of integers")
+    if any(c < 1 for c in a.concurrency_levels):
+        p.error("--concurrency levels must be >= 1")
+    a.concurrency = a.concurrency_levels[0]
+    if a.scenario == "random":
+        if a.input_len < 1 or a.output_len < 1:
+            p.error("--input-len and --output-len must be >= 1")
+        if not 0 <= a.range_ratio < 1:
+            p.error("--range-ratio must be in [0, 1)")
+        try:
+            lo, hi = (int(x) for x in a.token_range.split(":"))
+        except ValueError:
+            p.error(f"--token-range {a.token_range!r}: expected LO:HI")
+        if not 0 <= lo < hi:
+            p.error("--token-range needs 0 <= LO < HI")
+        a.token_range = (lo, hi)
+        if a.route_given == "chat":
+            p.error("--scenario random sends token ids: it runs on --route completions")
+        a.route = "completions"
+    if a.output_partial and not a.output:
+        p.error("--output-partial needs --output")
+    if a.min_tokens is not None and a.min_tokens < 0:
+        p.error("--min-tokens must be >= 0")
+    if a.requests < 1 or a.max_tokens < 1 or a.warmup < 0 or a.rounds < 1:
         p.error("--requests, --concurrency, --max-tokens and --rounds must be >= 1, --warmup >= 0")
     if a.request_rate <= 0 or math.isnan(a.request_rate):
         p.error("--request-rate must be > 0 (inf = all at once)")
@@ -902,7 +995,7 @@ def load_summaries(paths: list[str]) -> list[dict[str, Any]]:
 
 
 async def amain(a: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
-    base_prompts = build_prompts(a.scenario, a.requests, a.long_chars, a.system_chars, a.prompt_file)
+    base_prompts = build_prompts(a.scenario, a.requests, a.long_chars, a.system_chars, a.prompt_file, a)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     installed = False
@@ -923,23 +1016,30 @@ async def amain(a: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
         # background load hits both rather than one; each round has its own
         # salt so that a round cannot reuse the previous round's cached prompts.
         for rnd in range(1, a.rounds + 1):
-            salt = a.salt if (a.rounds == 1 or not a.salt) else f"{a.salt}-r{rnd}"
-            prompts = apply_salt(base_prompts, salt)
-            for i, url in enumerate(a.base_url):
-                if stop.is_set():
-                    break
-                model = (a.model[i] if len(a.model) > 1 else a.model[0]) if a.model else None
-                label = a.label[i] if a.label else _default_label(url)
-                try:
-                    out = await run_target(a, normalize_base_url(url), model, label, prompts, stop, salt)
-                except Exception as e:  # e.g. server down while listing models
-                    print(f"{label}: {_describe_error(e)}", file=sys.stderr)
-                    res = [RequestResult(index=j, kind=p.kind, error=_describe_error(e))
-                           for j, p in enumerate(prompts)]
-                    out = RunOutcome(res, 0.0, False, model or "?", normalize_base_url(url), label, [])
-                out.round, out.salt = rnd, salt
-                summaries.append(build_summary(a, out, a.per_request))
-            if not a.json:
+            for conc in a.concurrency_levels:
+                salt = a.salt if (a.rounds == 1 or not a.salt) else f"{a.salt}-r{rnd}"
+                if len(a.concurrency_levels) > 1 and salt:
+                    salt = f"{salt}-c{conc}"  # a level must not reuse the previous level's cached prompts
+                prompts = apply_salt(base_prompts, salt)
+                cfg = argparse.Namespace(**vars(a))
+                cfg.concurrency = conc
+                for i, url in enumerate(a.base_url):
+                    if stop.is_set():
+                        break
+                    model = (a.model[i] if len(a.model) > 1 else a.model[0]) if a.model else None
+                    label = a.label[i] if a.label else _default_label(url)
+                    try:
+                        out = await run_target(cfg, normalize_base_url(url), model, label, prompts, stop, salt)
+                    except Exception as e:  # e.g. server down while listing models
+                        print(f"{label}: {_describe_error(e)}", file=sys.stderr)
+                        res = [RequestResult(index=j, kind=p.kind, error=_describe_error(e))
+                               for j, p in enumerate(prompts)]
+                        out = RunOutcome(res, 0.0, False, model or "?", normalize_base_url(url), label, [])
+                    out.round, out.salt = rnd, salt
+                    summaries.append(build_summary(cfg, out, a.per_request))
+                    if a.output_partial:
+                        write_output(a.output, summaries)
+                if not a.json and summaries:
                     print(format_text(summaries[-1]), flush=True)
                     print(flush=True)
     finally:
@@ -951,6 +1051,57 @@ async def amain(a: argparse.Namespace) -> tuple[list[dict[str, Any]], bool]:
     return summaries, stop.is_set()
 
 
+def write_output(path: str, summaries: list[dict[str, Any]]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(summaries[0] if len(summaries) == 1 else summaries, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _levels(summaries: list[dict[str, Any]]) -> list[Any]:
+    return sorted({s.get("config", {}).get("concurrency") for s in summaries}, key=lambda c: (c is None, c))
+
+
+def format_sweep(summaries: list[dict[str, Any]]) -> str:
+    """Markdown, one row per concurrency level and server (median over rounds): what the
+    serving tables of bench/RESULTS.md show."""
+    groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
+    for i, s in enumerate(summaries):
+        groups.setdefault((s.get("config", {}).get("concurrency"), s.get("label") or f"run{i}"), []).append(s)
+    c = summaries[0].get("config", {})
+    reqs = sorted({s.get("config", {}).get("requests") for s in summaries}, key=lambda x: (str(type(x)), x or 0))
+    wl = f"scenario={c.get('scenario')} route={c.get('route')} requests={'/'.join(map(str, reqs))}"
+    if c.get("scenario") == "random":
+        wl += f" input_len={c.get('input_len')} output_len={c.get('output_len')} range_ratio={c.get('range_ratio')}"
+    else:
+        wl += f" max_tokens={c.get('max_tokens')}"
+    lines = ["workload: " + wl,
+             "| concurrency | server | ok | failed | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | "
+             "ITL p99 ms | TPOT p50 ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    gets = (lambda s: s["counts"]["successful"], lambda s: s["counts"]["failed"], lambda s: s["output_tok_per_s"],
+            lambda s: s["ttft_ms"]["p50"], lambda s: s["ttft_ms"]["p99"], lambda s: s["itl_ms"]["p50"],
+            lambda s: s["itl_ms"]["p99"], lambda s: s["tpot_ms"]["p50"])
+    for lvl in _levels(summaries):
+        for (cl, label), ss in groups.items():
+            if cl != lvl:
+                continue
+            vals = []
+            for g in gets:
+                per = []
+                for s in ss:
+                    try:
+                        per.append(g(s))
+                    except (KeyError, TypeError):
+                        per.append(None)
+                vals.append(_fmt(_median(per)))
+            lines.append(f"| {lvl} | {label} | " + " | ".join(vals) + " |")
+    if any(s.get("interrupted") for s in summaries):
+        lines.append("WARNING: some runs were interrupted; their figures are partial")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if a.compare:
@@ -959,7 +1110,7 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as e:
             print(f"http_bench.py: {e}", file=sys.stderr)
             return 2
-        print(format_compare(ss))
+        print(format_sweep(ss) if len(_levels(ss)) > 1 else format_compare(ss))
         return 0
     try:
         import openai  # noqa: F401
@@ -979,12 +1130,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     if a.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, indent=2))
+    elif len(_levels(summaries)) > 1:
+        print(format_sweep(summaries))
     elif len(summaries) > 1:
         print(format_compare(summaries))
     if a.output:
-        with open(a.output, "w", encoding="utf-8") as f:
-            json.dump(summaries[0] if len(summaries) == 1 else summaries, f, indent=2)
-            f.write("\n")
+        write_output(a.output, summaries)
     if interrupted:
         return 130
     return 0 if all(s["counts"]["failed"] == 0 for s in summaries) else 1

@@ -141,7 +141,8 @@ struct engine {
   anna_sched *sc;         /* the batching policy; every call under mu */
   int running, stop, draining, cancel_all;
   int64_t kv_tokens, kv_cached, preemptions;
-  anna_kv_stats kvs; /* the context's pool, as of the last step (under mu) */
+  anna_kv_stats kvs; /* the context's pool, as of the last step or going idle (under mu) */
+  int64_t kv_seq_blocks, kv_exact_blocks; /* with kvs: blocks by holder (see kv_refs) */
   slot *slots;
   exact_entry *ex; /* [prompt_cache_size]; entry k is context sequence n_seq + k */
   float *row_tmp;
@@ -733,6 +734,21 @@ static int64_t kv_available(const anna_kv_stats *ks) {
   return ks->n_blocks > 0 ? ks->free_blocks + ks->cached_blocks : -1;
 }
 
+/* Call with mu held, on the engine thread, right after e->kvs was taken: the blocks the slots'
+ * sequences and the exact-cache entries can reference, ceil(length / block_len) each. An upper
+ * bound (blocks two holders share count twice), so a pool block in use beyond both sums is held
+ * by nothing: a leak (/healthz kv_blocks.unaccounted); at idle with no exact entries it is exact. */
+static void kv_refs(engine *e) {
+  const int64_t bl = e->kvs.block_len > 0 ? e->kvs.block_len : 1;
+  int64_t sq = 0, ex = 0;
+  for (int i = 0; i < e->o.n_seq; i++)
+    sq += ((int64_t)anna_context_seq_len(e->ctx, i) + bl - 1) / bl;
+  for (int k = 0; k < e->o.prompt_cache_size; k++)
+    ex += ((int64_t)anna_context_seq_len(e->ctx, e->o.n_seq + k) + bl - 1) / bl;
+  e->kv_seq_blocks = e->kvs.n_blocks > 0 ? sq : 0;
+  e->kv_exact_blocks = e->kvs.n_blocks > 0 ? ex : 0;
+}
+
 /* The running sequences cannot proceed for want of KV blocks (see engine_main). Exact-cache
  * entries hold blocks the pool cannot evict: they go first. When there are none, every running
  * sequence ends with "error" / ANNA_ENOMEM (HTTP 503 + Retry-After, or an error event on a
@@ -763,6 +779,7 @@ static void kv_exhausted(engine *e) {
   if (!dropped) anna_context_kv_stats(e->ctx, &ks);
   pthread_mutex_lock(&e->mu);
   e->kvs = ks;
+  kv_refs(e);
   pthread_mutex_unlock(&e->mu);
 }
 
@@ -786,6 +803,10 @@ static void *engine_main(void *arg) {
       }
       e->running = 0;
       e->kv_tokens = 0;
+      /* Sequences cancelled since the last step gave their blocks back without a step to
+       * refresh the counts: an idle /healthz shows the pool as it is. */
+      anna_context_kv_stats(e->ctx, &e->kvs);
+      kv_refs(e);
       pthread_cond_broadcast(&e->idle_cv);
       pthread_cond_wait(&e->cv, &e->mu);
     }
@@ -886,6 +907,7 @@ static void *engine_main(void *arg) {
         anna_context_kv_stats(e->ctx, &ks);
         pthread_mutex_lock(&e->mu);
         e->kvs = ks;
+        kv_refs(e);
         pthread_mutex_unlock(&e->mu);
       } else if (blocked && kv_available(&pk) >= 0) {
         kv_exhausted(e);
@@ -979,6 +1001,7 @@ static void *engine_main(void *arg) {
     e->kv_tokens = kv;
     e->kv_cached = cached;
     e->kvs = ks;
+    kv_refs(e);
     pthread_mutex_unlock(&e->mu);
   }
   pthread_mutex_lock(&e->mu);
@@ -1322,6 +1345,8 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->kv_cached = e->kv_cached;
   st->kv_capacity = (int64_t)e->o.n_seq * e->o.n_ctx;
   st->kv = e->kvs;
+  st->kv_seq_blocks = e->kv_seq_blocks;
+  st->kv_exact_blocks = e->kv_exact_blocks;
   st->exact_entries = 0;
   for (int k = 0; k < e->o.prompt_cache_size; k++) st->exact_entries += e->ex[k].n > 0;
   st->draining = e->draining;

@@ -151,7 +151,11 @@ typedef struct engine_stats {
   int n_seq, n_ctx, running, waiting;
   int64_t kv_tokens, kv_capacity, kv_cached;
   int draining;
-  anna_kv_stats kv; /* the block pool as of the last step */
+  anna_kv_stats kv; /* the block pool as of the last step, or of going idle */
+  /* With kv: the blocks the slots' sequences / the exact-cache entries can reference
+   * (ceil(length / block_len) each; an upper bound where they share blocks). Blocks in use
+   * beyond both are held by nothing: leaked. */
+  int64_t kv_seq_blocks, kv_exact_blocks;
   int exact_entries;
   int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
 } engine_stats;

@@ -149,6 +149,13 @@ static int64_t kv_blocks_used(const anna_kv_stats *kv) {
   return u > 0 ? u : 0;
 }
 
+/* Blocks in use that neither the sequences nor the exact cache can be holding: leaked
+ * (0 on a healthy server; see engine_stats). */
+static int64_t kv_blocks_unaccounted(const engine_stats *st) {
+  const int64_t u = kv_blocks_used(&st->kv) - st->kv_seq_blocks - st->kv_exact_blocks;
+  return u > 0 ? u : 0;
+}
+
 /* ---- routes ---- */
 
 static enum MHD_Result route_health(server *srv, conn *cn) {
@@ -206,9 +213,11 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
                         json_integer((json_int_t)st.preemptions));
     json_object_set_new(
         o, "kv_blocks",
-        json_pack("{s:i,s:I,s:I,s:I,s:I}", "block_len", st.kv.block_len, "total",
+        json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "block_len", st.kv.block_len, "total",
                   (json_int_t)st.kv.n_blocks, "used", (json_int_t)kv_blocks_used(&st.kv), "free",
-                  (json_int_t)st.kv.free_blocks, "cached", (json_int_t)st.kv.cached_blocks));
+                  (json_int_t)st.kv.free_blocks, "cached", (json_int_t)st.kv.cached_blocks,
+                  "held_by_sequences", (json_int_t)st.kv_seq_blocks, "held_by_exact_cache",
+                  (json_int_t)st.kv_exact_blocks, "unaccounted", (json_int_t)kv_blocks_unaccounted(&st)));
     json_object_set_new(o, "active_http_requests",
                         json_integer(__atomic_load_n(&srv->active, __ATOMIC_RELAXED)));
   }
@@ -247,12 +256,22 @@ static enum MHD_Result route_metrics(server *srv, conn *cn) {
       "# HELP anna_kv_blocks_cached KV blocks holding a cached prefix, evictable\n"
       "# TYPE anna_kv_blocks_cached gauge\n"
       "anna_kv_blocks_cached %lld\n"
+      "# HELP anna_kv_blocks_held_sequences KV blocks the running sequences can reference (upper bound)\n"
+      "# TYPE anna_kv_blocks_held_sequences gauge\n"
+      "anna_kv_blocks_held_sequences %lld\n"
+      "# HELP anna_kv_blocks_held_exact_cache KV blocks the exact prompt cache can reference (upper bound)\n"
+      "# TYPE anna_kv_blocks_held_exact_cache gauge\n"
+      "anna_kv_blocks_held_exact_cache %lld\n"
+      "# HELP anna_kv_blocks_unaccounted KV blocks in use that no sequence or cache holds (a leak)\n"
+      "# TYPE anna_kv_blocks_unaccounted gauge\n"
+      "anna_kv_blocks_unaccounted %lld\n"
       "# HELP anna_preemptions_total sequences preempted for KV blocks (recomputed later)\n"
       "# TYPE anna_preemptions_total counter\n"
       "anna_preemptions_total %lld\n",
       st.running, st.waiting, (long long)st.kv_tokens, (long long)st.kv_capacity, rss_bytes(),
       st.draining, (long long)st.kv.n_blocks, (long long)kv_blocks_used(&st.kv),
-      (long long)st.kv.free_blocks, (long long)st.kv.cached_blocks, (long long)st.preemptions);
+      (long long)st.kv.free_blocks, (long long)st.kv.cached_blocks, (long long)st.kv_seq_blocks,
+      (long long)st.kv_exact_blocks, (long long)kv_blocks_unaccounted(&st), (long long)st.preemptions);
   return send_body(cn, 200, metrics_prometheus(&srv->mx, g), "text/plain; version=0.0.4");
 }
 
@@ -490,9 +509,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     pthread_mutex_unlock(&cn->gr->mu);
     gen_request_release(cn->gr);
   }
-  int status = cn->status ? cn->status : 500;
+  /* Nothing answered yet: a client that went away (mid-upload, say) is 499 "client closed
+   * request" and an idle one 408, not server errors; 500 stays for a request the server
+   * dropped itself. A client gone after the answer began is 499 below. */
+  int status = cn->status                                            ? cn->status
+               : toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT ||
+                         toe == MHD_REQUEST_TERMINATED_READ_ERROR    ? 499
+               : toe == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED       ? 408
+                                                                     : 500;
   if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK && status == 200) status = 499;
-  metrics_count_response(&srv->mx, status == 499 ? 200 : status);
+  metrics_count_response(&srv->mx, status);
   double ms = (engine_now() - cn->t0) * 1000.0;
   int gone = toe != MHD_REQUEST_TERMINATED_COMPLETED_OK;
   json_t *f = json_pack("{s:s,s:s,s:i,s:f,s:i,s:i,s:b}", "method", cn->method, "path", cn->url,

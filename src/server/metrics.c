@@ -47,13 +47,16 @@ void metrics_add(metrics *m, uint64_t *counter, uint64_t v) {
 void metrics_count_response(metrics *m, int status) {
   pthread_mutex_lock(&m->mu);
   m->requests++;
-  if (status < 300)
+  if (status == 499) /* the client went away: no response to class */
+    m->client_closed++;
+  else if (status < 300)
     m->responses_2xx++;
   else if (status < 500)
     m->responses_4xx++;
   else
     m->responses_5xx++;
   if (status == 429) m->rejected_busy++;
+  if (status == 503) m->responses_503++;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -94,10 +97,11 @@ json_t *metrics_json(metrics *m) {
   metrics c = *m;
   pthread_mutex_unlock(&m->mu);
   return json_pack(
-      "{s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:o,s:o,s:o}", "uptime_s",
+      "{s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:f,s:o,s:o,s:o,s:o}", "uptime_s",
       now_s() - c.t_start, "requests", (json_int_t)c.requests, "responses_2xx",
       (json_int_t)c.responses_2xx, "responses_4xx", (json_int_t)c.responses_4xx, "responses_5xx",
-      (json_int_t)c.responses_5xx, "rejected_busy", (json_int_t)c.rejected_busy, "cancelled",
+      (json_int_t)c.responses_5xx, "responses_503", (json_int_t)c.responses_503, "client_closed",
+      (json_int_t)c.client_closed, "rejected_busy", (json_int_t)c.rejected_busy, "cancelled",
       (json_int_t)c.cancelled, "prompt_tokens", (json_int_t)c.prompt_tokens, "completion_tokens",
       (json_int_t)c.completion_tokens, "decode_steps", (json_int_t)c.decode_steps,
       "mean_batch_seqs", c.decode_steps ? (double)c.batch_seqs / (double)c.decode_steps : 0.0,
@@ -159,6 +163,10 @@ char *metrics_prometheus(metrics *m, const char *gauges) {
       {"anna_responses_4xx_total", "responses with a 4xx status", c.responses_4xx},
       {"anna_responses_5xx_total", "responses with a 5xx status", c.responses_5xx},
       {"anna_rejected_busy_total", "requests rejected with 429 (queue full)", c.rejected_busy},
+      {"anna_responses_503_total", "responses with 503 (not ready, draining, memory or KV blocks exhausted)",
+       c.responses_503},
+      {"anna_client_closed_total", "requests whose client went away before the answer ended (499)",
+       c.client_closed},
       {"anna_cancelled_total", "generations cancelled (client gone or shutdown)", c.cancelled},
       {"anna_prompt_tokens_total", "prompt tokens prefilled", c.prompt_tokens},
       {"anna_completion_tokens_total", "tokens generated", c.completion_tokens},

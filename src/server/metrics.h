@@ -26,6 +26,8 @@ typedef struct metrics {
   double t_start;
   metrics_histo ttft, itl, e2e, queue;
   uint64_t requests, responses_2xx, responses_4xx, responses_5xx, rejected_busy, cancelled;
+  uint64_t responses_503; /* of responses_5xx: retry-worthy (Retry-After) */
+  uint64_t client_closed; /* 499: the client left before the answer ended (not in 2xx/4xx/5xx) */
   uint64_t prompt_tokens, completion_tokens, decode_steps, batch_tokens, batch_seqs;
   uint64_t cache_lookups, cache_hits, cache_reused_tokens; /* any reuse (prefix or exact) */
   uint64_t exact_lookups, exact_hits;                      /* exact prompt cache */
@@ -36,6 +38,7 @@ typedef struct metrics {
 void metrics_init(metrics *m);
 void metrics_destroy(metrics *m);
 void metrics_observe(metrics *m, metrics_histo *h, double ms);
+/* Counts one finished request by status; 499 (client gone) counts as client_closed only. */
 void metrics_count_response(metrics *m, int status);
 /* Adds to a counter under the lock. */
 void metrics_add(metrics *m, uint64_t *counter, uint64_t v);

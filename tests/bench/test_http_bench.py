@@ -327,3 +327,77 @@ def test_broken_streams_are_failures(stub, capsys):
     assert rc == 1 and s["counts"]["failed"] == 2 and s["counts"]["successful"] == 0
     assert s["ttft_ms"]["n"] == 0 and s["output_tok_per_s"] is None
     assert s["errors"] and s["errors"][0]["count"] == 2
+
+
+# ---------------------------------------------------------------- random scenario, sweeps
+
+def test_random_lengths_follow_vllm_range_ratio():
+    rng = random.Random(3)
+    v = hb.random_lengths(2000, 1024, 0.75, rng)
+    assert min(v) >= 256 and max(v) <= 1792 and min(v) < 300 and max(v) > 1750
+    assert abs(sum(v) / len(v) - 1024) < 40
+    assert hb.random_lengths(5, 100, 0.0, rng) == [100] * 5
+    assert all(1 <= x <= 2 for x in hb.random_lengths(50, 1, 0.5, rng))
+
+
+def test_random_scenario_sends_token_ids_and_fixed_lengths(stub, capsys):
+    rc, s = run_json(stub, capsys, "--scenario", "random", "--requests", "6", "--input-len", "40",
+                     "--output-len", "10", "--range-ratio", "0.5", "--token-range", "7:50", "--seed", "5")
+    assert rc == 0 and s["counts"]["successful"] == 6
+    reqs = stub.state.requests
+    want_out = 0
+    for r in reqs:
+        ids = r["prompt"]
+        assert isinstance(ids, list) and 20 <= len(ids) <= 60 and all(7 <= t < 50 for t in ids)
+        assert 5 <= r["max_tokens"] <= 15 and r["min_tokens"] == r["max_tokens"] and r["ignore_eos"] is True
+        want_out += r["max_tokens"]
+    # the stub makes max_tokens tokens under ignore_eos: output lengths are exactly the drawn ones
+    assert s["output_tokens"] == want_out and s["counts"]["finish_length"] == 6
+    assert s["config"]["route"] == "completions" and s["config"]["range_ratio"] == 0.5
+    # same seed, same requests (servers compared see identical prompts)
+    a = hb.random_prompts(6, 40, 10, 0.5, (7, 50), 5)
+    assert sorted(len(p.token_ids) for p in a) == sorted(len(r["prompt"]) for r in reqs)
+
+
+def test_random_scenario_without_fixed_output_and_min_tokens(stub, capsys):
+    rc, s = run_json(stub, capsys, "--scenario", "random", "--requests", "2", "--input-len", "8",
+                     "--output-len", "4", "--no-fixed-output", "--min-tokens", "3")
+    assert rc == 0
+    for r in stub.state.requests:
+        assert "ignore_eos" not in r and r["min_tokens"] == 3 and r["max_tokens"] == 4
+
+
+def test_salt_changes_random_prompts_within_range():
+    ps = hb.random_prompts(3, 30, 5, 0.0, (10, 20), 1)
+    a, b = hb.apply_salt(ps, "x1"), hb.apply_salt(ps, "x2")
+    assert [p.token_ids[4:] for p in a] == [p.token_ids[4:] for p in ps]
+    assert [p.token_ids[:4] for p in a] != [p.token_ids[:4] for p in b]
+    assert all(10 <= t < 20 for p in a + b for t in p.token_ids)
+
+
+def test_random_scenario_usage_errors(capsys):
+    for bad in (["--route", "chat"], ["--range-ratio", "1"], ["--token-range", "5"], ["--token-range", "9:3"],
+                ["--input-len", "0"]):
+        with pytest.raises(SystemExit) as e:
+            hb.parse_args(["--scenario", "random", *bad])
+        assert e.value.code == 2, bad
+    for bad in (["--concurrency", "1,x"], ["--concurrency", "0"], ["--output-partial"], ["--min-tokens", "-1"]):
+        with pytest.raises(SystemExit) as e:
+            hb.parse_args(bad)
+        assert e.value.code == 2, bad
+
+
+def test_concurrency_sweep_table_and_partial_output(stub, capsys, tmp_path):
+    out = tmp_path / "sweep.json"
+    rc, text = run_bench(["--base-url", stub.base_url, "--warmup", "0", "--requests", "4", "--concurrency", "1,2",
+                          "--output", str(out), "--output-partial"], capsys)
+    assert rc == 0
+    rows = [ln for ln in text.splitlines() if ln.startswith("| 1 |") or ln.startswith("| 2 |")]
+    assert len(rows) == 2 and "output tok/s" in text and "ITL p99 ms" in text
+    d = json.loads(out.read_text())
+    assert [s["config"]["concurrency"] for s in d] == [1, 2]
+    # each level has its own salt: the second cannot hit the first one's prompt cache
+    assert d[0]["config"]["salt"] != d[1]["config"]["salt"]
+    assert all(s["counts"]["successful"] == 4 for s in d)
+    rc = hb.main(["--compare", str(out)])
+    assert rc == 0 and "| 2 |" in capsys.readouterr().out
