@@ -105,6 +105,14 @@ typedef struct model_input {
   int patch_dim;
   int n_grids;
   const int32_t *grid_thw;
+  /* MODEL_IO_TOKENS, optional (decoders that also take MODEL_IO_EMBEDDINGS): n_embd rows of
+   * the model's hidden width replacing the token embeddings of batch rows embd_idx[i] (an
+   * encoder's output over its pad tokens), and 3-axis rope positions rope_pos [3 * n] (T rows,
+   * then H, then W; NULL: the batch positions on every axis). */
+  const float *embd;
+  const int32_t *embd_idx;
+  int64_t n_embd;
+  const int32_t *rope_pos;
 } model_input;
 
 /* One run's outputs (caller-owned memory). */

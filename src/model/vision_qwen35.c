@@ -556,6 +556,42 @@ static int vq_run(const void *impl, void *state, ops_backend *be, const model_in
   return 0;
 }
 
+int vision_qwen35_rope_positions(const uint8_t *is_vision, int32_t n, const int32_t *run_hw, int n_runs, int merge,
+                                 int32_t *pos3, int32_t *next, char *err, size_t errlen) {
+  int32_t p = 0;
+  int run = 0;
+  for (int32_t i = 0; i < n;) {
+    if (!is_vision[i]) {
+      pos3[i] = pos3[n + i] = pos3[2 * n + i] = p++;
+      i++;
+      continue;
+    }
+    int32_t len = 0;
+    while (i + len < n && is_vision[i + len]) len++;
+    if (run >= n_runs)
+      return anna_err(err, errlen, ANNA_EINVAL, "vision run %d (at token %d) has no grid: %d grids given", run, i,
+                      n_runs);
+    const int32_t h = run_hw[2 * run], w = run_hw[2 * run + 1];
+    if (merge < 1 || h < merge || w < merge || h % merge || w % merge || (int64_t)(h / merge) * (w / merge) != len)
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "vision run %d (at token %d) has %d tokens, its grid %d x %d makes %lld (merge %d)", run, i, len,
+                      h, w, (long long)(merge > 0 ? (int64_t)(h / merge) * (w / merge) : 0), merge);
+    const int32_t gw = w / merge, gh = h / merge;
+    for (int32_t j = 0; j < len; j++) {
+      pos3[i + j] = p;
+      pos3[n + i + j] = p + j / gw;
+      pos3[2 * n + i + j] = p + j % gw;
+    }
+    p += gh > gw ? gh : gw;
+    i += len;
+    run++;
+  }
+  if (run != n_runs)
+    return anna_err(err, errlen, ANNA_EINVAL, "%d grids given for %d vision runs", n_runs, run);
+  *next = p;
+  return 0;
+}
+
 const model_kind vision_qwen35_kind = {
     .name = "qwen3_5_vision",
     .inputs = MODEL_IO_BIT(MODEL_IO_PIXELS),

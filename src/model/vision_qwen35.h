@@ -24,4 +24,16 @@
 
 extern const model_kind vision_qwen35_kind;
 
+/* The text model's 3-axis rope positions for a prompt with vision runs (transformers'
+ * get_rope_index; MODELS.md "mRoPE for the text model"). A vision run is a maximal run of
+ * tokens with is_vision[i] != 0 (an image's pads, or one temporal group of a video's); run r
+ * has the patch grid run_hw[2r] x run_hw[2r+1] (h, w), so gh x gw = h/merge x w/merge tokens.
+ * With p the next text position: a text token gets (p, p, p) and p += 1; vision token (r, c) of
+ * a run gets (p, p + r, p + c), then p += max(gh, gw). pos3 [3 * n]: the T row, then H, then
+ * W. *next receives p after the last token: decode token i after the prompt is at next + i on
+ * every axis (transformers' rope_delta is next - n). ANNA_EINVAL (nothing written to *next)
+ * when the runs do not match is_vision (count, or a run's length != gh * gw). */
+int vision_qwen35_rope_positions(const uint8_t *is_vision, int32_t n, const int32_t *run_hw, int n_runs, int merge,
+                                 int32_t *pos3, int32_t *next, char *err, size_t errlen);
+
 #endif

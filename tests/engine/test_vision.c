@@ -9,6 +9,9 @@
  * patches than the state holds, a wrong io, a model without a vision tower (text-only
  * model_type, a qwen3_5 config without vision_config, missing tensors, an unsupported
  * vision_config key) and a backend without the encoder ops (as CUDA is today).
+ * Language side (the text decoder fed embedding rows and 3-axis positions): the positions
+ * equal get_rope_index's, every prompt row's logits match transformers' within 2e-3 (controls:
+ * 1-axis positions, or no tower rows, miss by far more), the 6 greedy ids equal generate's.
  * Usage: test_vision SHARED_FIXTURES_DIR VISION_FIXTURE_DIR */
 #define _DEFAULT_SOURCE /* realpath, mkdtemp */
 #include "anna/anna.h"
@@ -16,6 +19,7 @@
 #include "base/error.h"
 #include "base/tuning.h"
 #include "model/kind.h"
+#include "model/vision_qwen35.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -328,6 +332,169 @@ static void test_backend_refusal(const char *shared) {
   rig_close(&r);
 }
 
+/* End to end on the language side: the tower's rows over the pad tokens, 3-axis positions
+ * (checked against get_rope_index's), the full model's logits for every prompt row within
+ * 2e-3, and 6 greedy tokens decoded at next + i as transformers' generate does. */
+static void test_e2e(rig *vr, const char *shared, const char *vdir, const json_t *cases, vcase *cs) {
+  printf("language side: embedding rows + mRoPE vs transformers logits\n");
+  char path[1400], err[512] = "";
+  snprintf(path, sizeof path, "%s/qwen3_5", shared);
+  const model_kind *td = model_kind_by_name("text_decoder");
+  model_source src = {.path = path, .model_type = "qwen3_5"};
+  anna_tuning t;
+  tuning_defaults(&t);
+  const model_load_params lp = {.tuning = &t};
+  void *impl = NULL, *st = NULL;
+  ops_backend *be = NULL;
+  ops_model_shape *shape = calloc(1, sizeof *shape);
+  int rc = td->load(&impl, &src, &lp, err, sizeof err);
+  if (!rc) {
+    td->backend_shape(impl, 128, shape);
+    const backend_params bp = {.n_threads = 2, .n_batch = 64, .shape = shape, .tuning = &t};
+    rc = backend_registry_find("cpu")->create(&bp, &be, err, sizeof err);
+  }
+  const model_state_params sp = {.n_seq = 1, .n_ctx = 128, .n_batch = 64};
+  if (!rc) rc = td->state_create(&st, impl, be, &sp, err, sizeof err);
+  if (rc) printf("  %s\n", err);
+  ok("text decoder on the same checkpoint", !rc);
+  model_desc desc;
+  if (!rc) td->describe(impl, &desc);
+  for (size_t ci = 0; !rc && ci < json_array_size(cases); ci++) {
+    const json_t *c = json_array_get(cases, ci);
+    vcase *v = &cs[ci];
+    const json_t *ids = json_object_get(c, "prompt_ids"), *types = json_object_get(c, "mm_token_type_ids");
+    const json_t *pth = json_object_get(c, "positions_thw"), *greedy = json_object_get(c, "greedy_ids");
+    const int32_t n = (int32_t)json_array_size(ids);
+    const int V = desc.vocab, H = v->out_hidden;
+    int32_t *tok = malloc(sizeof(int32_t) * n), *seq = calloc((size_t)n, sizeof(int32_t)), *pos = malloc(sizeof(int32_t) * n);
+    int32_t *pos3 = malloc(sizeof(int32_t) * 3 * n), *eidx = malloc(sizeof(int32_t) * n), run_hw[64];
+    int8_t *want = malloc((size_t)n);
+    uint8_t *isv = malloc((size_t)n);
+    float *rows = malloc(sizeof(float) * (size_t)(v->rows * H)), *lg = malloc(sizeof(float) * (size_t)n * V);
+    int64_t ne = 0;
+    for (int32_t i = 0; i < n; i++) {
+      tok[i] = (int32_t)json_integer_value(json_array_get(ids, (size_t)i));
+      pos[i] = i, want[i] = 1;
+      isv[i] = json_integer_value(json_array_get(types, (size_t)i)) != 0;
+      if (isv[i]) eidx[ne++] = i;
+    }
+    int n_runs = 0;
+    for (int g = 0; g < v->n_grids; g++)
+      for (int tt = 0; tt < v->grid[3 * g]; tt++) /* a video: one run per temporal group */
+        run_hw[2 * n_runs] = v->grid[3 * g + 1], run_hw[2 * n_runs + 1] = v->grid[3 * g + 2], n_runs++;
+    int32_t next = -1;
+    int prc = vision_qwen35_rope_positions(isv, n, run_hw, n_runs, 2, pos3, &next, err, sizeof err);
+    int same = !prc;
+    for (int32_t i = 0; same && i < 3 * n; i++)
+      same = pos3[i] == json_integer_value(json_array_get(json_array_get(pth, (size_t)(i / n)), (size_t)(i % n)));
+    char what[120];
+    snprintf(what, sizeof what, "%s: 3-axis positions = get_rope_index's (next %d, delta %d)", v->name, next, next - n);
+    ok(what, same && next - n == json_integer_value(json_object_get(c, "rope_delta")));
+    int64_t w = 0;
+    rc = run(vr, v->pix, v->n_patches, v->patch_dim, v->grid, v->n_grids, rows, v->rows, &w, err, sizeof err);
+    ok("  tower rows for the pads", !rc && w == ne);
+    if (rc || w != ne) break;
+    anna_batch b = {n, tok, seq, pos, want};
+    model_input in = {.io = MODEL_IO_TOKENS, .batch = &b, .embd = rows, .embd_idx = eidx, .n_embd = ne, .rope_pos = pos3};
+    const model_output o = {.io = MODEL_IO_LOGITS, .logits = lg};
+    td->seq->reset(st, 0);
+    rc = td->run(impl, st, be, &in, &o, err, sizeof err);
+    if (rc) printf("  %s\n", err);
+    snprintf(path, sizeof path, "%s/%s.logits.f32", vdir, v->name);
+    size_t nb;
+    float *ref = read_file(path, &nb);
+    double mx = 0, mref = 0;
+    for (int64_t i = 0; !rc && ref && nb == sizeof(float) * (size_t)n * V && i < (int64_t)n * V; i++) {
+      mx = fmax(mx, fabs((double)lg[i] - ref[i]));
+      mref = fmax(mref, fabs((double)ref[i]));
+    }
+    snprintf(what, sizeof what, "  logits, %d rows: max err %.3g (max |ref| %.3g)", n, mx, mref);
+    ok(what, !rc && ref && nb == sizeof(float) * (size_t)n * V && mx <= 2e-3 && mref > 0);
+    /* controls: the same prompt with plain positions, or without the tower's rows, must miss
+     * the reference (so the comparison above sees both) */
+    for (int ctl = 0; ref && !rc && ctl < 2; ctl++) {
+      model_input cin = in;
+      if (ctl == 0) cin.rope_pos = NULL;
+      else cin.n_embd = 0;
+      td->seq->reset(st, 0);
+      double cx = 0;
+      if (!td->run(impl, st, be, &cin, &o, err, sizeof err))
+        for (int64_t i = 0; i < (int64_t)n * V; i++) cx = fmax(cx, fabs((double)lg[i] - ref[i]));
+      snprintf(what, sizeof what, "  control %s: max err %.3g > 2e-3", ctl ? "without the tower rows" : "with 1-axis positions", cx);
+      ok(what, cx > 2e-3);
+    }
+    td->seq->reset(st, 0);
+    rc = td->run(impl, st, be, &in, &o, err, sizeof err); /* back to the real prompt for decoding */
+    free(ref);
+    /* greedy decode: one token per step at cache position n + i, rope position next + i */
+    int32_t g = 0, gp = 0, g3[3], gs = 0;
+    int8_t gw = 1;
+    float best;
+    g = (int32_t)ops_argmax_f32(lg + (int64_t)(n - 1) * V, V, &best);
+    int match = 1;
+    char got[96] = "";
+    for (size_t i = 0; i < json_array_size(greedy); i++) {
+      match &= g == json_integer_value(json_array_get(greedy, i));
+      snprintf(got + strlen(got), sizeof got - strlen(got), "%s%d", i ? "," : "", g);
+      if (i + 1 == json_array_size(greedy)) break;
+      gp = n + (int32_t)i;
+      g3[0] = g3[1] = g3[2] = next + (int32_t)i;
+      anna_batch b1 = {1, &g, &gs, &gp, &gw};
+      model_input in1 = {.io = MODEL_IO_TOKENS, .batch = &b1, .rope_pos = g3};
+      const model_output o1 = {.io = MODEL_IO_LOGITS, .logits = lg};
+      if ((rc = td->run(impl, st, be, &in1, &o1, err, sizeof err))) break;
+      g = (int32_t)ops_argmax_f32(lg, V, &best);
+    }
+    snprintf(what, sizeof what, "  greedy ids = generate's (%s)", got);
+    ok(what, !rc && match);
+    free(tok), free(seq), free(pos), free(pos3), free(eidx), free(want), free(isv), free(rows), free(lg);
+  }
+  /* refusals of the language-side extras */
+  if (!rc) {
+    int32_t tk[2] = {1, 2}, sq[2] = {0, 0}, ps[2] = {0, 1}, bad_idx[1] = {2}, p3[6] = {0, 1, 0, 1, 0, 1};
+    int8_t wl[2] = {1, 1};
+    float row[128] = {0}, *lg = malloc(sizeof(float) * 2 * (size_t)desc.vocab);
+    anna_batch b = {2, tk, sq, ps, wl};
+    const model_output o = {.io = MODEL_IO_LOGITS, .logits = lg};
+    model_input in = {.io = MODEL_IO_TOKENS, .batch = &b, .embd = row, .embd_idx = bad_idx, .n_embd = 1};
+    td->seq->reset(st, 0);
+    int r2 = td->run(impl, st, be, &in, &o, err, sizeof err);
+    expect("embedding row for a batch row out of range", r2, ANNA_EINVAL, err, "replaces batch row 2 of 2");
+    free(lg);
+    /* a model without mRoPE sections (qwen3) refuses 3-axis positions */
+    void *impl2 = NULL, *st2 = NULL;
+    ops_backend *be2 = NULL;
+    snprintf(path, sizeof path, "%s/qwen3", shared);
+    model_source s2 = {.path = path, .model_type = "qwen3"};
+    int r3 = td->load(&impl2, &s2, &lp, err, sizeof err);
+    if (!r3) {
+      td->backend_shape(impl2, 128, shape);
+      const backend_params bp = {.n_threads = 2, .n_batch = 64, .shape = shape, .tuning = &t};
+      r3 = backend_registry_find("cpu")->create(&bp, &be2, err, sizeof err);
+    }
+    if (!r3) r3 = td->state_create(&st2, impl2, be2, &sp, err, sizeof err);
+    if (!r3) {
+      model_desc d2;
+      td->describe(impl2, &d2);
+      float *lg2 = malloc(sizeof(float) * 2 * (size_t)d2.vocab);
+      const model_output o2 = {.io = MODEL_IO_LOGITS, .logits = lg2};
+      model_input in2 = {.io = MODEL_IO_TOKENS, .batch = &b, .rope_pos = p3};
+      r3 = td->run(impl2, st2, be2, &in2, &o2, err, sizeof err);
+      expect("3-axis positions on qwen3 refused", r3, ANNA_EUNSUPPORTED, err, "model_type 'qwen3' has no mRoPE sections");
+      free(lg2);
+    } else {
+      ok("qwen3 loads", 0);
+    }
+    if (st2) td->state_free(st2);
+    if (be2) be2->destroy(be2);
+    if (impl2) td->free(impl2);
+  }
+  free(shape);
+  if (st) td->state_free(st);
+  if (be) be->destroy(be);
+  if (impl) td->free(impl);
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) {
     fprintf(stderr, "usage: test_vision SHARED_FIXTURES_DIR VISION_FIXTURE_DIR\n");
@@ -357,6 +524,7 @@ int main(int argc, char **argv) {
   if (!rc && !bad) {
     test_exact(&r, cs, n);
     test_bad_input(&r, &cs[0]);
+    test_e2e(&r, shared, vdir, cases, cs);
   }
   rig_close(&r);
   test_no_tower(shared);
