@@ -22,12 +22,81 @@
 # <vision_start> pads <vision_end> (video: per temporal group two "timestamp" text ids, then
 # start, pads, end), then text ids; <case>.logits.f32 holds every row's logits [seq, 1000] and
 # expected.json the prompt ids, 3-axis positions (get_rope_index), greedy ids (6 new tokens).
-import json, os, shutil, sys, tempfile
+#
+# Bench mode (a real-shape tower with random weights, for bench/notes/vision.md):
+#   mkfix_vision.py --shape 0.8b|4b|9b OUT_DIR [H W [THREADS]]
+# writes OUT_DIR/config.json + model.safetensors (model.visual.* only, f32, seeded normal(0, 0.02)
+# weights, LayerNorm weights 1 + normal(0, 0.02)), one image's pixel_values (grid (1, H, W) in
+# patches, default 28 x 28 = 448 x 448 px) as bench.pix.f32, transformers' tower rows as
+# bench.tower.f32, bench.json (grid, shapes) and the median of 3 timed tower calls (sdpa, f32,
+# torch.set_num_threads(THREADS), default 2). `test_vision --bench OUT_DIR` then times anna on
+# the same input and checks its rows against these.
+import json, os, shutil, sys, tempfile, time
 
 import numpy as np
 import torch
 import transformers
 from transformers import Qwen3_5ForConditionalGeneration
+
+SHAPES = {  # MODELS.md "Published towers": depth, hidden, heads, intermediate, out_hidden
+    "0.8b": (12, 768, 12, 3072, 1024),
+    "4b": (24, 1024, 16, 4096, 2560),
+    "9b": (27, 1152, 16, 4304, 4096),
+}
+
+
+def bench_shape(name, out, gh=28, gw=28, threads=2):
+    from safetensors.torch import save_file
+    from transformers import Qwen3_5Config
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
+    depth, hid, heads, inter, outh = SHAPES[name]
+    os.makedirs(out, exist_ok=True)
+    vc = {"depth": depth, "hidden_size": hid, "num_heads": heads, "intermediate_size": inter,
+          "out_hidden_size": outh, "in_channels": 3, "patch_size": 16, "temporal_patch_size": 2,
+          "spatial_merge_size": 2, "num_position_embeddings": 2304, "hidden_act": "gelu_pytorch_tanh",
+          "rope_parameters": {"rope_type": "axial", "rope_theta": 10000.0}, "model_type": "qwen3_5_vision"}
+    cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "vision_config": vc,
+           "text_config": {"model_type": "qwen3_5_text", "hidden_size": outh}}
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
+    config = Qwen3_5Config(vision_config=vc)
+    config.vision_config._attn_implementation = "sdpa"
+    torch.manual_seed(7)
+    tower = Qwen3_5VisionModel._from_config(config.vision_config, dtype=torch.float32).eval()
+    sd = {}
+    for k, v in tower.state_dict().items():
+        w = torch.randn(v.shape) * 0.02
+        if k.endswith("norm1.weight") or k.endswith("norm2.weight") or k.endswith("norm.weight"):
+            w += 1
+        sd[k] = w
+    tower.load_state_dict(sd)
+    save_file({"model.visual." + k: v.contiguous() for k, v in sd.items()}, os.path.join(out, "model.safetensors"))
+    n = gh * gw
+    rng = np.random.default_rng(11)
+    x = rng.integers(0, 256, size=(n, 3, 1, 16, 16), dtype=np.uint8).repeat(2, axis=2).reshape(n, PD_BENCH)
+    pv = torch.from_numpy((x.astype(np.float32) / np.float32(255) - np.float32(0.5)) / np.float32(0.5))
+    thw = torch.tensor([[1, gh, gw]])
+    torch.set_num_threads(threads)
+    rows = tower(pv, grid_thw=thw).pooler_output
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        tower(pv, grid_thw=thw)
+        ts.append(time.perf_counter() - t0)
+    pv.numpy().astype("<f4").tofile(os.path.join(out, "bench.pix.f32"))
+    rows.numpy().astype("<f4").tofile(os.path.join(out, "bench.tower.f32"))
+    info = {"shape": name, "grid_thw": [1, gh, gw], "n_patches": n, "patch_dim": PD_BENCH,
+            "tower_rows": int(rows.shape[0]), "out_hidden": outh, "threads": threads,
+            "transformers_s": sorted(ts)[1], "transformers": transformers.__version__, "torch": torch.__version__}
+    json.dump(info, open(os.path.join(out, "bench.json"), "w"), indent=1)
+    print(json.dumps(info))
+
+
+PD_BENCH = 3 * 2 * 16 * 16
+if len(sys.argv) > 1 and sys.argv[1] == "--shape":
+    torch.set_grad_enabled(False)
+    a = sys.argv[2:]
+    bench_shape(a[0], a[1], *(int(v) for v in a[2:5]))
+    sys.exit(0)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIX = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "..", "shared", "fixtures")

@@ -976,10 +976,14 @@ static void test_encoder_ops(ops_backend *be) {
     const ops_seg_attn_args a = {.n = n, .n_heads = Hh, .head_dim = D, .scale = scale, .q = qkv, .k = qkv + H,
                                  .v = qkv + 2 * H, .q_stride = 3 * H, .k_stride = 3 * H, .v_stride = 3 * H,
                                  .n_seg = 4, .seg = seg};
-    be->attention_seg(be, o, &a);
-    char what[80];
-    snprintf(what, sizeof what, "attention_seg heads=%d D=%d segments 1,5,16,150", Hh, D);
-    check(what, max_rel(o, ref, n * H), 1e-5);
+    for (int isa = 0; isa < 3; isa++) { /* the generic body, the AVX2 kernel, and the best (9) */
+      cpu_backend_force_isa(isa == 2 ? 9 : isa);
+      memset(o, 0, sizeof(float) * n * H);
+      be->attention_seg(be, o, &a);
+      char what[96];
+      snprintf(what, sizeof what, "attention_seg heads=%d D=%d segments 1,5,16,150 isa<=%d", Hh, D, isa == 2 ? 9 : isa);
+      check(what, max_rel(o, ref, n * H), 1e-5);
+    }
     free(qkv), free(o), free(ref), free(p);
   }
   /* embed_bag: 4 weighted taps added into y, f32 and bf16 tables */

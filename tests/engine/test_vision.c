@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int g_fail, g_checks;
@@ -495,9 +496,87 @@ static void test_e2e(rig *vr, const char *shared, const char *vdir, const json_t
   if (impl) td->free(impl);
 }
 
+static double now_s(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* test_vision --bench DIR [THREADS]: times the tower on DIR (tools/mkfix_vision.py --shape) and
+ * checks its rows against transformers' (bench.tower.f32). Not a ctest entry. */
+static int bench(const char *dir, int threads) {
+  char path[1400], err[512] = "";
+  snprintf(path, sizeof path, "%s/bench.json", dir);
+  json_t *info = json_load_file(path, 0, NULL);
+  if (!info) {
+    fprintf(stderr, "cannot read %s\n", path);
+    return 1;
+  }
+  const json_t *g = json_object_get(info, "grid_thw");
+  int32_t grid[3];
+  for (int j = 0; j < 3; j++) grid[j] = (int32_t)json_integer_value(json_array_get(g, (size_t)j));
+  const int64_t n = json_integer_value(json_object_get(info, "n_patches")),
+                rows = json_integer_value(json_object_get(info, "tower_rows"));
+  const int pd = (int)json_integer_value(json_object_get(info, "patch_dim")),
+            oh = (int)json_integer_value(json_object_get(info, "out_hidden"));
+  size_t nb, nr;
+  snprintf(path, sizeof path, "%s/bench.pix.f32", dir);
+  float *pix = read_file(path, &nb);
+  snprintf(path, sizeof path, "%s/bench.tower.f32", dir);
+  float *ref = read_file(path, &nr);
+  if (!pix || !ref || nb != (size_t)(n * pd) * 4 || nr != (size_t)(rows * oh) * 4) {
+    fprintf(stderr, "bad bench files in %s\n", dir);
+    return 1;
+  }
+  const model_kind *k = model_kind_by_name("qwen3_5_vision");
+  model_source src = {.path = dir};
+  anna_tuning t;
+  tuning_defaults(&t);
+  const model_load_params lp = {.tuning = &t};
+  void *impl = NULL, *st = NULL;
+  ops_backend *be = NULL;
+  ops_model_shape shape;
+  int rc = k->load(&impl, &src, &lp, err, sizeof err);
+  if (!rc) {
+    k->backend_shape(impl, 0, &shape);
+    const backend_params bp = {.n_threads = threads, .n_batch = n, .shape = &shape, .tuning = &t};
+    rc = backend_registry_find("cpu")->create(&bp, &be, err, sizeof err);
+  }
+  const model_state_params sp = {.n_batch = (int)n};
+  if (!rc) rc = k->state_create(&st, impl, be, &sp, err, sizeof err);
+  float *out = malloc((size_t)(rows * oh) * sizeof(float));
+  double best = 1e30, cpu = 0, mx = 0, mref = 0;
+  for (int it = 0; !rc && it < 4; it++) {
+    const double w0 = now_s(CLOCK_MONOTONIC), c0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
+    const model_input in = {.io = MODEL_IO_PIXELS, .pixels = pix, .n_patches = n, .patch_dim = pd, .n_grids = 1,
+                            .grid_thw = grid};
+    const model_output o = {.io = MODEL_IO_EMBEDDINGS, .embd = out, .embd_rows = rows};
+    rc = k->run(impl, st, be, &in, &o, err, sizeof err);
+    const double w = now_s(CLOCK_MONOTONIC) - w0, c = now_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    if (it > 0 && w < best) best = w, cpu = c; /* the first run pages the weights in */
+  }
+  for (int64_t i = 0; !rc && i < rows * oh; i++) {
+    mx = fmax(mx, fabs((double)out[i] - ref[i]));
+    mref = fmax(mref, fabs((double)ref[i]));
+  }
+  if (rc) fprintf(stderr, "%s\n", err);
+  else
+    printf("{\"shape\": %s, \"patches\": %lld, \"threads\": %d, \"anna_s\": %.4f, \"anna_cpu_s\": %.4f, "
+           "\"transformers_s\": %.4f, \"max_err\": %.3g, \"max_ref\": %.3g}\n",
+           json_dumps(json_object_get(info, "shape"), JSON_ENCODE_ANY), (long long)n, threads, best, cpu,
+           json_number_value(json_object_get(info, "transformers_s")), mx, mref);
+  free(out), free(pix), free(ref);
+  if (st) k->state_free(st);
+  if (be) be->destroy(be);
+  if (impl) k->free(impl);
+  json_decref(info);
+  return rc ? 1 : (mx <= 2e-3 ? 0 : 1);
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 3 && !strcmp(argv[1], "--bench")) return bench(argv[2], argc > 3 ? atoi(argv[3]) : 2);
   if (argc < 3) {
-    fprintf(stderr, "usage: test_vision SHARED_FIXTURES_DIR VISION_FIXTURE_DIR\n");
+    fprintf(stderr, "usage: test_vision SHARED_FIXTURES_DIR VISION_FIXTURE_DIR | --bench DIR [THREADS]\n");
     return 2;
   }
   const char *shared = argv[1], *vdir = argv[2];

@@ -83,66 +83,177 @@ static void cpu_gelu(ops_backend *be, float *y, int64_t n, int exact) {
 
 /* ---- segmented bidirectional attention ---- */
 
+/* Keys per tile of the online softmax, queries per block: a block's queries share each K and V
+ * row load (the kernel is bound by those loads, not by arithmetic). */
+#define SEG_TILE 64
+#define SEG_QB 4
+
+/* Queries [q0, q0 + nq) of head h against keys [k0, k1): online softmax per query (running max
+ * m, sum l, unnormalised accumulator acc), rescaled only when a tile raises the max. Dots use 8
+ * independent lanes so the compiler vectorises them at whatever ISA the caller is built for. */
+static inline __attribute__((always_inline)) void seg_block_body(const ops_seg_attn_args *a, int h, int64_t q0,
+                                                                 int nq, int64_t k0, int64_t k1, float *outp) {
+  const int D = a->head_dim, D8 = D & ~7;
+  float acc[SEG_QB][OPS_SEG_ATTN_MAX_DIM], s[SEG_QB][SEG_TILE], m[SEG_QB], l[SEG_QB];
+  const float *q[SEG_QB];
+  for (int qi = 0; qi < nq; qi++) {
+    q[qi] = a->q + (q0 + qi) * a->q_stride + (int64_t)h * D;
+    m[qi] = -INFINITY, l[qi] = 0;
+    for (int i = 0; i < D; i++) acc[qi][i] = 0;
+  }
+  for (int64_t j0 = k0; j0 < k1; j0 += SEG_TILE) {
+    const int nt = (int)(k1 - j0 < SEG_TILE ? k1 - j0 : SEG_TILE);
+    for (int j = 0; j < nt; j++) {
+      const float *kr = a->k + (j0 + j) * a->k_stride + (int64_t)h * D;
+      for (int qi = 0; qi < nq; qi++) {
+        float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int i = 0; i < D8; i += 8)
+          for (int u = 0; u < 8; u++) lane[u] += q[qi][i + u] * kr[i + u];
+        float d = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+        for (int i = D8; i < D; i++) d += q[qi][i] * kr[i];
+        s[qi][j] = d * a->scale;
+      }
+    }
+    for (int qi = 0; qi < nq; qi++) {
+      float tm = -INFINITY;
+      for (int j = 0; j < nt; j++) tm = s[qi][j] > tm ? s[qi][j] : tm;
+      if (tm > m[qi]) {
+        const float r = expf(m[qi] - tm); /* 0 on the first tile (m = -inf) */
+        l[qi] *= r;
+        for (int i = 0; i < D; i++) acc[qi][i] *= r;
+        m[qi] = tm;
+      }
+      for (int j = 0; j < nt; j++) {
+        s[qi][j] = expf(s[qi][j] - m[qi]);
+        l[qi] += s[qi][j];
+      }
+    }
+    for (int j = 0; j < nt; j++) {
+      const float *vr = a->v + (j0 + j) * a->v_stride + (int64_t)h * D;
+      for (int qi = 0; qi < nq; qi++) {
+        const float pj = s[qi][j];
+        for (int i = 0; i < D; i++) acc[qi][i] += pj * vr[i];
+      }
+    }
+  }
+  const int64_t ostride = (int64_t)a->n_heads * D;
+  for (int qi = 0; qi < nq; qi++) {
+    const float inv = 1.0f / l[qi];
+    float *o = outp + (q0 + qi) * ostride + (int64_t)h * D;
+    for (int i = 0; i < D; i++) o[i] = acc[qi][i] * inv;
+  }
+}
+
+/* The same block with AVX2 intrinsics (head_dim a multiple of 8): the compiler does not
+ * vectorise the lane loops above on its own. Summation order differs from the generic body
+ * (8 lanes then a tree), within float rounding. */
+__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+__attribute__((target("avx2,fma"))) static void seg_block_avx2(const ops_seg_attn_args *a, int h, int64_t q0, int nq,
+                                                               int64_t k0, int64_t k1, float *outp) {
+  const int D = a->head_dim;
+  float acc[SEG_QB][OPS_SEG_ATTN_MAX_DIM] __attribute__((aligned(32))), s[SEG_QB][SEG_TILE], m[SEG_QB], l[SEG_QB];
+  const float *q[SEG_QB];
+  for (int qi = 0; qi < SEG_QB; qi++) {
+    /* a short block repeats its last query (computed, not stored) so every loop runs SEG_QB wide */
+    q[qi] = a->q + (q0 + (qi < nq ? qi : nq - 1)) * a->q_stride + (int64_t)h * D;
+    m[qi] = -INFINITY, l[qi] = 0;
+    for (int i = 0; i < D; i++) acc[qi][i] = 0;
+  }
+  for (int64_t j0 = k0; j0 < k1; j0 += SEG_TILE) {
+    const int nt = (int)(k1 - j0 < SEG_TILE ? k1 - j0 : SEG_TILE);
+    for (int j = 0; j < nt; j++) {
+      const float *kr = a->k + (j0 + j) * a->k_stride + (int64_t)h * D;
+      __m256 d0 = _mm256_setzero_ps(), d1 = d0, d2 = d0, d3 = d0;
+      for (int i = 0; i < D; i += 8) {
+        const __m256 kv = _mm256_loadu_ps(kr + i);
+        d0 = _mm256_fmadd_ps(_mm256_loadu_ps(q[0] + i), kv, d0);
+        d1 = _mm256_fmadd_ps(_mm256_loadu_ps(q[1] + i), kv, d1);
+        d2 = _mm256_fmadd_ps(_mm256_loadu_ps(q[2] + i), kv, d2);
+        d3 = _mm256_fmadd_ps(_mm256_loadu_ps(q[3] + i), kv, d3);
+      }
+      s[0][j] = hsum8(d0) * a->scale, s[1][j] = hsum8(d1) * a->scale;
+      s[2][j] = hsum8(d2) * a->scale, s[3][j] = hsum8(d3) * a->scale;
+    }
+    for (int qi = 0; qi < SEG_QB; qi++) {
+      float tm = -INFINITY;
+      for (int j = 0; j < nt; j++) tm = s[qi][j] > tm ? s[qi][j] : tm;
+      if (tm > m[qi]) {
+        const __m256 r = _mm256_set1_ps(expf(m[qi] - tm)); /* 0 on the first tile (m = -inf) */
+        l[qi] *= _mm256_cvtss_f32(r);
+        for (int i = 0; i < D; i += 8) _mm256_store_ps(acc[qi] + i, _mm256_mul_ps(_mm256_load_ps(acc[qi] + i), r));
+        m[qi] = tm;
+      }
+      for (int j = 0; j < nt; j++) {
+        s[qi][j] = expf(s[qi][j] - m[qi]);
+        l[qi] += s[qi][j];
+      }
+    }
+    for (int j = 0; j < nt; j++) {
+      const float *vr = a->v + (j0 + j) * a->v_stride + (int64_t)h * D;
+      const __m256 p0 = _mm256_set1_ps(s[0][j]), p1 = _mm256_set1_ps(s[1][j]), p2 = _mm256_set1_ps(s[2][j]),
+                   p3 = _mm256_set1_ps(s[3][j]);
+      for (int i = 0; i < D; i += 8) {
+        const __m256 vv = _mm256_loadu_ps(vr + i);
+        _mm256_store_ps(acc[0] + i, _mm256_fmadd_ps(p0, vv, _mm256_load_ps(acc[0] + i)));
+        _mm256_store_ps(acc[1] + i, _mm256_fmadd_ps(p1, vv, _mm256_load_ps(acc[1] + i)));
+        _mm256_store_ps(acc[2] + i, _mm256_fmadd_ps(p2, vv, _mm256_load_ps(acc[2] + i)));
+        _mm256_store_ps(acc[3] + i, _mm256_fmadd_ps(p3, vv, _mm256_load_ps(acc[3] + i)));
+      }
+    }
+  }
+  const int64_t ostride = (int64_t)a->n_heads * D;
+  for (int qi = 0; qi < nq; qi++) {
+    const float inv = 1.0f / l[qi];
+    float *o = outp + (q0 + qi) * ostride + (int64_t)h * D;
+    for (int i = 0; i < D; i++) o[i] = acc[qi][i] * inv;
+  }
+}
+
+static void seg_block_generic(const ops_seg_attn_args *a, int h, int64_t q0, int nq, int64_t k0, int64_t k1,
+                              float *out) {
+  seg_block_body(a, h, q0, nq, k0, k1, out);
+}
+
 struct seg_ctx {
   float *out;
   const ops_seg_attn_args *a;
+  int64_t n_items;
+  int isa;
 };
-
-/* Keys per tile of the online softmax: scores for a tile live on the stack. */
-#define SEG_TILE 64
-
-/* One query row of one head against keys [k0, k1): online softmax (running max m, sum l,
- * unnormalised accumulator acc), rescaled only when a tile raises the max. */
-static void seg_query(const ops_seg_attn_args *a, const float *q, int h, int64_t k0, int64_t k1, float *o) {
-  const int D = a->head_dim;
-  float acc[OPS_SEG_ATTN_MAX_DIM], s[SEG_TILE];
-  for (int i = 0; i < D; i++) acc[i] = 0;
-  float m = -INFINITY, l = 0;
-  for (int64_t j0 = k0; j0 < k1; j0 += SEG_TILE) {
-    const int nt = (int)(k1 - j0 < SEG_TILE ? k1 - j0 : SEG_TILE);
-    float tm = -INFINITY;
-    for (int j = 0; j < nt; j++) {
-      s[j] = cpu_dot_f32(q, a->k + (j0 + j) * a->k_stride + (int64_t)h * D, D) * a->scale;
-      tm = s[j] > tm ? s[j] : tm;
-    }
-    if (tm > m) {
-      const float r = expf(m - tm); /* 0 on the first tile (m = -inf) */
-      l *= r;
-      for (int i = 0; i < D; i++) acc[i] *= r;
-      m = tm;
-    }
-    for (int j = 0; j < nt; j++) {
-      const float pj = expf(s[j] - m);
-      l += pj;
-      const float *v = a->v + (j0 + j) * a->v_stride + (int64_t)h * D;
-      for (int i = 0; i < D; i++) acc[i] += pj * v[i];
-    }
-  }
-  const float inv = 1.0f / l;
-  for (int i = 0; i < D; i++) o[i] = acc[i] * inv;
-}
 
 static void seg_task(void *p, int ith, int nth) {
   const struct seg_ctx *c = p;
   const ops_seg_attn_args *a = c->a;
-  /* Work items are (token, head) pairs in token-major order, split evenly. */
+  /* Items: (segment, query block, head), segments in order; an even split of the items. */
   int64_t lo, hi;
-  threadpool_range(a->n * a->n_heads, ith, nth, &lo, &hi);
-  if (lo >= hi) return;
-  int s = 0;
-  const int64_t t_lo = lo / a->n_heads;
-  while (s + 1 < a->n_seg && a->seg[s + 1] <= t_lo) s++;
-  for (int64_t it = lo; it < hi; it++) {
-    const int64_t t = it / a->n_heads;
-    const int h = (int)(it % a->n_heads);
-    while (a->seg[s + 1] <= t) s++;
-    seg_query(a, a->q + t * a->q_stride + (int64_t)h * a->head_dim, h, a->seg[s], a->seg[s + 1],
-              c->out + t * (int64_t)a->n_heads * a->head_dim + (int64_t)h * a->head_dim);
+  threadpool_range(c->n_items, ith, nth, &lo, &hi);
+  int64_t base = 0; /* items before segment sg */
+  for (int sg = 0; sg < a->n_seg && lo < hi; sg++) {
+    const int64_t s0 = a->seg[sg], s1 = a->seg[sg + 1];
+    const int64_t nb = (s1 - s0 + SEG_QB - 1) / SEG_QB, items = nb * a->n_heads;
+    for (int64_t it = lo; it < hi && it < base + items; it++) {
+      const int64_t local = it - base, blk = local / a->n_heads;
+      const int h = (int)(local % a->n_heads);
+      const int64_t q0 = s0 + blk * SEG_QB;
+      const int nq = (int)(s1 - q0 < SEG_QB ? s1 - q0 : SEG_QB);
+      if (c->isa >= 1 && a->head_dim % 8 == 0) seg_block_avx2(a, h, q0, nq, s0, s1, c->out);
+      else seg_block_generic(a, h, q0, nq, s0, s1, c->out);
+      lo = it + 1;
+    }
+    base += items;
   }
 }
 
 static void cpu_attention_seg(ops_backend *be, float *out, const ops_seg_attn_args *a) {
-  struct seg_ctx c = {out, a};
+  int64_t items = 0;
+  for (int sg = 0; sg < a->n_seg; sg++) items += (a->seg[sg + 1] - a->seg[sg] + SEG_QB - 1) / SEG_QB * a->n_heads;
+  struct seg_ctx c = {out, a, items, cpu_isa_level()};
   threadpool_run(((cpu_impl *)be->impl)->tp, seg_task, &c);
 }
 
