@@ -28,8 +28,8 @@
 # writes OUT_DIR/config.json + model.safetensors (model.visual.* only, f32, seeded normal(0, 0.02)
 # weights, LayerNorm weights 1 + normal(0, 0.02)), one image's pixel_values (grid (1, H, W) in
 # patches, default 28 x 28 = 448 x 448 px) as bench.pix.f32, transformers' tower rows as
-# bench.tower.f32, bench.json (grid, shapes) and the median of 3 timed tower calls (sdpa, f32,
-# torch.set_num_threads(THREADS), default 2). `test_vision --bench OUT_DIR` then times anna on
+# bench.tower.f32, bench.json (grid, shapes) and the median wall and process-CPU seconds of 3
+# timed tower calls (sdpa, f32, torch.set_num_threads(THREADS), default 2). `test_vision --bench OUT_DIR` then times anna on
 # the same input and checks its rows against these.
 import json, os, shutil, sys, tempfile, time
 
@@ -77,16 +77,18 @@ def bench_shape(name, out, gh=28, gw=28, threads=2):
     thw = torch.tensor([[1, gh, gw]])
     torch.set_num_threads(threads)
     rows = tower(pv, grid_thw=thw).pooler_output
-    ts = []
+    ts, cs = [], []
     for _ in range(3):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         tower(pv, grid_thw=thw)
         ts.append(time.perf_counter() - t0)
+        cs.append(time.process_time() - c0)
     pv.numpy().astype("<f4").tofile(os.path.join(out, "bench.pix.f32"))
     rows.numpy().astype("<f4").tofile(os.path.join(out, "bench.tower.f32"))
     info = {"shape": name, "grid_thw": [1, gh, gw], "n_patches": n, "patch_dim": PD_BENCH,
             "tower_rows": int(rows.shape[0]), "out_hidden": outh, "threads": threads,
-            "transformers_s": sorted(ts)[1], "transformers": transformers.__version__, "torch": torch.__version__}
+            "transformers_s": sorted(ts)[1], "transformers_cpu_s": sorted(cs)[1],
+            "transformers": transformers.__version__, "torch": torch.__version__}
     json.dump(info, open(os.path.join(out, "bench.json"), "w"), indent=1)
     print(json.dumps(info))
 

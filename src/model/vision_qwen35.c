@@ -441,10 +441,10 @@ static int plan(const vision_model *m, vision_state *s, const model_input *in, i
   int64_t total = 0;
   for (int g = 0; g < in->n_grids; g++) {
     const int32_t t = in->grid_thw[3 * g], h = in->grid_thw[3 * g + 1], w = in->grid_thw[3 * g + 2];
-    if (t < 1 || h < M || w < M || h % M || w % M || h > (1 << 16) || w > (1 << 16))
+    if (t < 1 || h < M || w < M || h % M || w % M || t > (1 << 16) || h > (1 << 16) || w > (1 << 16))
       return anna_err(err, errlen, ANNA_EINVAL,
                       "vision tower: input %d has grid (t %d, h %d, w %d): h and w must be positive multiples of the "
-                      "merge size %d, t >= 1",
+                      "merge size %d, t >= 1, each at most 65536",
                       g, t, h, w, M);
     total += (int64_t)t * h * w;
     if (total > s->max_patches)

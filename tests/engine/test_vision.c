@@ -210,6 +210,9 @@ static void test_bad_input(rig *r, const vcase *v) {
   int32_t g0[3] = {0, 4, 4};
   rc = run(r, v->pix, 0, v->patch_dim, g0, 1, out, MAX_PATCHES, NULL, err, sizeof err);
   expect("grid t = 0", rc, ANNA_EINVAL, err, "t >= 1");
+  int32_t gbig[3] = {1 << 30, 1 << 16, 1 << 16}; /* t*h*w would overflow 64 bits */
+  rc = run(r, v->pix, 16, v->patch_dim, gbig, 1, out, MAX_PATCHES, NULL, err, sizeof err);
+  expect("grid of 2^62 patches", rc, ANNA_EINVAL, err, "each at most 65536");
   int32_t g2[3] = {1, 4, 4};
   rc = run(r, v->pix, 15, v->patch_dim, g2, 1, out, MAX_PATCHES, NULL, err, sizeof err);
   expect("pixel rows != t*h*w", rc, ANNA_EINVAL, err, "15 pixel rows given, the grids need 16");
@@ -562,9 +565,10 @@ static int bench(const char *dir, int threads) {
   if (rc) fprintf(stderr, "%s\n", err);
   else
     printf("{\"shape\": %s, \"patches\": %lld, \"threads\": %d, \"anna_s\": %.4f, \"anna_cpu_s\": %.4f, "
-           "\"transformers_s\": %.4f, \"max_err\": %.3g, \"max_ref\": %.3g}\n",
+           "\"transformers_s\": %.4f, \"transformers_cpu_s\": %.4f, \"max_err\": %.3g, \"max_ref\": %.3g}\n",
            json_dumps(json_object_get(info, "shape"), JSON_ENCODE_ANY), (long long)n, threads, best, cpu,
-           json_number_value(json_object_get(info, "transformers_s")), mx, mref);
+           json_number_value(json_object_get(info, "transformers_s")),
+           json_number_value(json_object_get(info, "transformers_cpu_s")), mx, mref);
   free(out), free(pix), free(ref);
   if (st) k->state_free(st);
   if (be) be->destroy(be);
