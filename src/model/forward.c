@@ -709,8 +709,12 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
   float *x = s->x;
   be->embed(be, x, &m->embed, s->tokens, n, c->embed_scale);
   if (mm) {
-    for (int64_t i = 0; i < mm->n_embd; i++)
-      be->upload(be, x + (int64_t)mm->embd_idx[i] * H, mm->embd + i * H, sizeof(float) * (size_t)H);
+    /* one copy per run of consecutive rows (an image's pads are one run) */
+    for (int64_t i = 0, j; i < mm->n_embd; i = j) {
+      for (j = i + 1; j < mm->n_embd && mm->embd_idx[j] == mm->embd_idx[j - 1] + 1; j++) {
+      }
+      be->upload(be, x + (int64_t)mm->embd_idx[i] * H, mm->embd + i * H, sizeof(float) * (size_t)((j - i) * H));
+    }
     for (int ax = 0; r.mrope && ax < 3; ax++)
       be->upload(be, s->rpos + (int64_t)ax * s->n_batch, mm->rope_pos + ax * n, sizeof(int32_t) * (size_t)n);
   }
