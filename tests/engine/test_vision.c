@@ -9,7 +9,8 @@
  * patches than the state holds, a wrong io, a model without a vision tower (text-only
  * model_type, a qwen3_5 config without vision_config, missing tensors, an unsupported
  * vision_config key) and a backend without the encoder ops (as CUDA is today).
- * Language side (the text decoder fed embedding rows and 3-axis positions): the positions
+ * Language side (the text decoder fed embedding rows and 3-axis positions, on the HF folder and
+ * on llama.cpp's bf16 GGUF of it, whose rope.dimension_sections is read): the positions
  * equal get_rope_index's, every prompt row's logits match transformers' within 2e-3 (controls:
  * 1-axis positions, or no tower rows, miss by far more), the 6 greedy ids equal generate's.
  * Usage: test_vision SHARED_FIXTURES_DIR VISION_FIXTURE_DIR */
@@ -339,12 +340,13 @@ static void test_backend_refusal(const char *shared) {
 /* End to end on the language side: the tower's rows over the pad tokens, 3-axis positions
  * (checked against get_rope_index's), the full model's logits for every prompt row within
  * 2e-3, and 6 greedy tokens decoded at next + i as transformers' generate does. */
-static void test_e2e(rig *vr, const char *shared, const char *vdir, const json_t *cases, vcase *cs) {
-  printf("language side: embedding rows + mRoPE vs transformers logits\n");
+static void test_e2e(rig *vr, const char *shared, const char *gguf, const char *vdir, const json_t *cases, vcase *cs) {
   char path[1400], err[512] = "";
-  snprintf(path, sizeof path, "%s/qwen3_5", shared);
+  if (gguf) snprintf(path, sizeof path, "%s", gguf);
+  else snprintf(path, sizeof path, "%s/qwen3_5", shared);
+  printf("language side (%s): embedding rows + mRoPE vs transformers logits\n", path);
   const model_kind *td = model_kind_by_name("text_decoder");
-  model_source src = {.path = path, .model_type = "qwen3_5"};
+  model_source src = {.path = path, .is_gguf = gguf != NULL, .model_type = "qwen3_5", .gguf_arch = "qwen35"};
   anna_tuning t;
   tuning_defaults(&t);
   const model_load_params lp = {.tuning = &t};
@@ -454,7 +456,7 @@ static void test_e2e(rig *vr, const char *shared, const char *vdir, const json_t
     free(tok), free(seq), free(pos), free(pos3), free(eidx), free(want), free(isv), free(rows), free(lg);
   }
   /* refusals of the language-side extras */
-  if (!rc) {
+  if (!rc && !gguf) {
     int32_t tk[2] = {1, 2}, sq[2] = {0, 0}, ps[2] = {0, 1}, bad_idx[1] = {2}, p3[6] = {0, 1, 0, 1, 0, 1};
     int8_t wl[2] = {1, 1};
     float row[128] = {0}, *lg = malloc(sizeof(float) * 2 * (size_t)desc.vocab);
@@ -607,7 +609,11 @@ int main(int argc, char **argv) {
   if (!rc && !bad) {
     test_exact(&r, cs, n);
     test_bad_input(&r, &cs[0]);
-    test_e2e(&r, shared, vdir, cases, cs);
+    test_e2e(&r, shared, NULL, vdir, cases, cs);
+    /* the same checkpoint converted by llama.cpp (bf16 GGUF; rope.dimension_sections read) */
+    snprintf(path, sizeof path, "%s/../gguf/qwen3_5.gguf", vdir);
+    if (access(path, R_OK) == 0) test_e2e(&r, shared, path, vdir, cases, cs);
+    else ok("GGUF fixture present", 0);
   }
   rig_close(&r);
   test_no_tower(shared);
