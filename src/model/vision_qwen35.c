@@ -2,10 +2,12 @@
  * inputs at once (N patches):
  *   x = pixels W_patch^T + b                     (the Conv3d with stride = kernel is a matmul)
  *   x += bilinear(pos_embed, (h, w))             (embed_bag: 4 taps per patch, host-made)
- *   per block: q, k rotated by (row, col)        (two rope calls, see rope_tables)
+ *   per block: q, k rotated by (row, col)        (two rope calls: freq_row / freq_col in vq_load)
  *              x += proj(attn_seg(LN1 x)); x += fc2(gelu_tanh(fc1(LN2 x)))
- *   merger: LN x, rows of 4 consecutive patches as one [4H] row, fc2(gelu_erf(fc1 .)).
- * Everything goes through the ops_backend table. */
+ *   merger: LN x, each M*M consecutive patches (one merge block) as one [M*M*H] row,
+ *           fc2(gelu_erf(fc1 .)).
+ * Everything goes through the ops_backend table; the host only computes the per-patch
+ * positions, interpolation taps and attention segments of a run (plan) into state scratch. */
 #include "model/vision_qwen35.h"
 
 #include "base/error.h"
