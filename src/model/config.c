@@ -446,6 +446,20 @@ static int parse_qwen3_5(pctx *p, json_t *t, model_config *c) {
   c->act = ACT_KIND_SILU;
   c->qk_norm = 1;
   c->attn_out_gate = 1;
+  c->mrope_section[0] = 11, c->mrope_section[1] = 11, c->mrope_section[2] = 10;
+  {
+    json_t *rp = jget(t, "rope_parameters"), *ms = rp ? jget(rp, "mrope_section") : NULL;
+    if (ms) {
+      for (int i = 0; i < 3; i++) {
+        const json_t *v = json_array_get(ms, (size_t)i);
+        if (!json_is_array(ms) || json_array_size(ms) != 3 || !json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) > 1024)
+          return anna_err(p->err, p->errlen, ANNA_EFORMAT, "%s: rope_parameters.mrope_section must be 3 integers",
+                          p->path);
+        c->mrope_section[i] = (int)json_integer_value(v);
+      }
+    }
+  }
   if ((rc = req_int(p, t, "linear_num_key_heads", &c->gdn_hk)) ||
       (rc = req_int(p, t, "linear_num_value_heads", &c->gdn_hv)) ||
       (rc = req_int(p, t, "linear_key_head_dim", &c->gdn_dk)) ||

@@ -84,6 +84,10 @@ typedef struct model_config {
   int qk_norm;         /* per-head q/k RMSNorm */
   int attn_bias;       /* q/k/v biases (Qwen2) */
   int attn_out_gate;   /* Qwen3.5: q_proj also yields a sigmoid output gate */
+  /* Qwen3.5 multimodal rotary (text_config.rope_parameters.mrope_section, default 11 11 10):
+   * rotary frequency j follows the H position when j % 3 == 1 and j < 3 * s[1], W when
+   * j % 3 == 2 and j < 3 * s[2], else T (interleaved). All 0: the model has no mRoPE. */
+  int mrope_section[3];
   int v_norm;          /* Gemma4: V = rmsnorm_noweight(v) */
   int k_eq_v;          /* Gemma4 attention_k_eq_v on full layers: V is the raw K projection */
   int post_norms;      /* Gemma: post-attention and post-FFN norms (4 norms per layer) */

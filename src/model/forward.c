@@ -32,6 +32,12 @@ struct fwd_state {
   /* backend scratch */
   float *x, *xn, *res, *buf[5], *ple, *moe_scratch, *logits_in, *logits;
   int32_t *moe_idx, *tokens, *pos;
+  /* mRoPE (fwd_mm.rope_pos): positions [3][n_batch] and, per layer, three copies of its
+   * frequency table with the other axes' frequencies zeroed (host, built at creation: a zero
+   * frequency is an exact identity rotation, so three rope calls apply the 3-axis rotation) */
+  int32_t *rpos;
+  float *mfreq;
+  int mfreq_half;
   float *moe_w;
   /* sampling candidates (fwd_topk): one backend buffer [stats rows*2 doubles | idx rows*k | val
    * rows*k] so one download brings a step's candidates, and its host staging copy */
@@ -169,6 +175,31 @@ int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int 
     s->moe_idx = salloc(s, (size_t)(n * kx) * sizeof(int32_t), &fail);
     s->moe_w = salloc(s, (size_t)(n * kx) * sizeof(float), &fail);
   }
+  if (c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2] > 0) {
+    int half = 1;
+    for (int l = 0; l < c->n_layers; l++) half = (int)max64(half, c->layers[l].rope_dims / 2);
+    s->mfreq_half = half;
+    s->rpos = salloc(s, (size_t)(3 * n) * sizeof(int32_t), &fail);
+    s->mfreq = halloc(s, (size_t)(c->n_layers * 3 * half) * sizeof(float), &fail);
+    for (int l = 0; !fail && l < c->n_layers; l++) {
+      const layer_config *lc = &c->layers[l];
+      if (lc->kind == LAYER_KIND_GDN) continue;
+      float *f = s->mfreq + (size_t)l * 3 * half;
+      float *inv = calloc((size_t)lc->rope_dims / 2 + 1, sizeof(float));
+      if (!inv) {
+        fail = 1;
+        break;
+      }
+      config_rope_inv_freq(lc, inv);
+      for (int j = 0; j < lc->rope_dims / 2; j++) {
+        const int axis = j % 3 == 1 && j < 3 * c->mrope_section[1]   ? 1
+                         : j % 3 == 2 && j < 3 * c->mrope_section[2] ? 2
+                                                                      : 0;
+        f[axis * half + j] = inv[j];
+      }
+      free(inv);
+    }
+  }
   if (fail) {
     fwd_state_free(s);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory for %d sequences x %d positions", n_seq, n_ctx);
@@ -238,6 +269,7 @@ typedef struct fwd_run {
   const anna_batch *b;
   int64_t n;
   const kv_plan *p;   /* runs of one sequence each, snapshot cuts (kv_cache_plan) */
+  int mrope;          /* this call rotates by s->rpos (fwd_mm.rope_pos) */
   int32_t keys_hint; /* 1 + the batch's largest position (ops_attn_args.keys_hint) */
 } fwd_run;
 
@@ -303,26 +335,35 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
    * until then. */
   const int qhs = c->attn_out_gate ? 2 * D : D; /* query head stride in qf */
   if (!c->attn_out_gate) q = qf;
+  /* mRoPE: the T axis rides the usual rope (T frequencies, T positions), H and W follow */
+  const float *freq = r->mrope ? s->mfreq + (size_t)li * 3 * s->mfreq_half : w->inv_freq;
+  const int32_t *rp = r->mrope ? s->rpos : s->pos;
   if (w->q_norm && be->norm_rope) { /* copy, norm and rope in one kernel */
     be->norm_rope(be, q, qf, n, Hq, D, (int64_t)Hq * qhs, qhs, w->q_norm, eps, one_plus, lc->rope_dims,
-                  w->inv_freq, r->s->pos, lc->rope_interleaved);
+                  freq, rp, lc->rope_interleaved);
   } else {
     if (c->attn_out_gate) be->copy_rows(be, q, D, qf, 2 * D, n * Hq, D);
     if (w->q_norm) norm(r, q, q, w->q_norm, n * Hq, D);
-    be->rope(be, q, n, Hq, D, qd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
+    be->rope(be, q, n, Hq, D, qd, lc->rope_dims, freq, rp, lc->rope_interleaved);
   }
+  for (int ax = 1; r->mrope && ax < 3; ax++)
+    be->rope(be, q, n, Hq, D, qd, lc->rope_dims, freq + ax * s->mfreq_half, s->rpos + ax * s->n_batch,
+             lc->rope_interleaved);
 
   if (own) {
     if (!w->v.data) be->copy_rows(be, v, kvd, k, kvd, n, (int)kvd); /* attention_k_eq_v: V is the raw K */
     if (w->k_norm && be->norm_rope) {
-      be->norm_rope(be, k, k, n, Hkv, D, kvd, D, w->k_norm, eps, one_plus, lc->rope_dims, w->inv_freq, r->s->pos,
+      be->norm_rope(be, k, k, n, Hkv, D, kvd, D, w->k_norm, eps, one_plus, lc->rope_dims, freq, rp,
                     lc->rope_interleaved);
       if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, eps, 0);
     } else {
       if (w->k_norm) norm(r, k, k, w->k_norm, n * Hkv, D);
       if (c->v_norm) be->rmsnorm(be, v, v, NULL, n * Hkv, D, eps, 0);
-      be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, w->inv_freq, r->s->pos, lc->rope_interleaved);
+      be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, freq, rp, lc->rope_interleaved);
     }
+    for (int ax = 1; r->mrope && ax < 3; ax++)
+      be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, freq + ax * s->mfreq_half, s->rpos + ax * s->n_batch,
+               lc->rope_interleaved);
     if (kr.kv_type == OPS_KV_F32) {
       be->scatter_rows(be, (float *const *)kr.wk, k, n, (int)kvd);
       be->scatter_rows(be, (float *const *)kr.wv, v, n, (int)kvd);
@@ -621,7 +662,33 @@ static void layer_ple(fwd_run *r, int li, float *x) {
 
 int forward_batch(const text_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
                   const fwd_topk *tk, char *err, size_t errlen) {
-  fwd_run r = {m, be, s, b, b->n, NULL, 0};
+  return forward_batch_mm(m, be, s, b, NULL, out, tk, err, errlen);
+}
+
+/* Checks fwd_mm against the batch before anything runs. */
+static int mm_check(const text_model *m, const fwd_state *s, const anna_batch *b, const fwd_mm *mm, char *err,
+                    size_t errlen) {
+  if (mm->rope_pos && !s->rpos)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "3-axis rope positions: model_type '%s' has no mRoPE sections",
+                    m->cfg.model_type);
+  if (mm->n_embd < 0 || mm->n_embd > b->n || (mm->n_embd && (!mm->embd || !mm->embd_idx)))
+    return anna_err(err, errlen, ANNA_EINVAL, "%lld embedding rows for a batch of %d tokens", (long long)mm->n_embd,
+                    b->n);
+  for (int64_t i = 0; i < mm->n_embd; i++)
+    if (mm->embd_idx[i] < 0 || mm->embd_idx[i] >= b->n)
+      return anna_err(err, errlen, ANNA_EINVAL, "embedding row %lld replaces batch row %d of %d", (long long)i,
+                      mm->embd_idx[i], b->n);
+  return 0;
+}
+
+int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, const fwd_mm *mm,
+                     float *out, const fwd_topk *tk, char *err, size_t errlen) {
+  fwd_run r = {m, be, s, b, b->n, NULL, 0, 0};
+  if (mm) {
+    int rc = mm_check(m, s, b, mm, err, errlen);
+    if (rc) return rc;
+    r.mrope = mm->rope_pos != NULL;
+  }
   for (int32_t i = 0; i < b->n; i++)
     if (b->pos[i] + 1 > r.keys_hint) r.keys_hint = b->pos[i] + 1;
   if (tk && (tk->k < 1 || tk->k > OPS_TOPK_MAX || tk->k > m->cfg.vocab || !be->topk))
@@ -641,6 +708,16 @@ int forward_batch(const text_model *m, ops_backend *be, fwd_state *s, const anna
   be->upload(be, s->pos, b->pos, sizeof(int32_t) * (size_t)n);
   float *x = s->x;
   be->embed(be, x, &m->embed, s->tokens, n, c->embed_scale);
+  if (mm) {
+    /* one copy per run of consecutive rows (an image's pads are one run) */
+    for (int64_t i = 0, j; i < mm->n_embd; i = j) {
+      for (j = i + 1; j < mm->n_embd && mm->embd_idx[j] == mm->embd_idx[j - 1] + 1; j++) {
+      }
+      be->upload(be, x + (int64_t)mm->embd_idx[i] * H, mm->embd + i * H, sizeof(float) * (size_t)((j - i) * H));
+    }
+    for (int ax = 0; r.mrope && ax < 3; ax++)
+      be->upload(be, s->rpos + (int64_t)ax * s->n_batch, mm->rope_pos + ax * n, sizeof(int32_t) * (size_t)n);
+  }
   if (c->ple_dim > 0) ple_inputs(&r, x);
   /* pend: s->res still has to be added into x (a layer's last residual add, fused with the
    * next norm; only where nothing else (PLE, layer scalar) comes between). */

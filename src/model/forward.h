@@ -79,6 +79,22 @@ typedef struct fwd_topk {
  * NULL; out unused) their candidates to tk's arrays. */
 int forward_batch(const text_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
                   const fwd_topk *tk, char *err, size_t errlen);
+/* Multimodal extras of one call (Qwen3.5 images and video), host memory read during the call:
+ * embedding rows that replace the token embeddings of some batch rows (the vision tower's
+ * output over the image / video pad tokens), and 3-axis rotary positions. Positions in the
+ * anna_batch stay the cache positions (causal order, KV slots); rope_pos only rotates q and k
+ * (full-attention layers; GDN layers use no positions). */
+typedef struct fwd_mm {
+  const int32_t *rope_pos; /* [3 * n]: T positions of the n batch rows, then H, then W (NULL: pos) */
+  const float *embd;       /* [n_embd, hidden] */
+  const int32_t *embd_idx; /* [n_embd] the batch row each replaces (distinct, < n) */
+  int64_t n_embd;
+} fwd_mm;
+
+/* forward_batch with mm (NULL: forward_batch). rope_pos needs a model with mRoPE sections
+ * (model_config.mrope_section; ANNA_EUNSUPPORTED otherwise); bad rows are ANNA_EINVAL. */
+int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, const fwd_mm *mm,
+                     float *out, const fwd_topk *tk, char *err, size_t errlen);
 /* Row `row` (in flagged order) of the logits the last forward_batch computed, to out[vocab]:
  * the full-row fallback after a candidates call. ANNA_ERANGE when that call left no such row. */
 int fwd_state_logits_row(const fwd_state *s, int64_t row, float *out, char *err, size_t errlen);

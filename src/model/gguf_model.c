@@ -308,6 +308,22 @@ static int build_config(gb *b, int g) {
     c->qk_norm = 1;
     c->attn_out_gate = 1;
     c->gdn_v_tiled = 1;
+    /* mRoPE sections (llama.cpp: <arch>.rope.dimension_sections, [T, H, W, 0]); transformers'
+     * default when absent */
+    c->mrope_section[0] = 11, c->mrope_section[1] = 11, c->mrope_section[2] = 10;
+    {
+      const gguf_kv *ds = kv(b, "rope.dimension_sections");
+      if (ds && (ds->type != GGUF_TYPE_ARRAY || ds->arr.count < 3 || ds->arr.elem_size == 0))
+        return anna_err(b->err, b->errlen, ANNA_EFORMAT, "%s: rope.dimension_sections must be an array of integers",
+                        b->m->path);
+      for (int i = 0; ds && i < 3; i++) {
+        const int64_t v = gguf_array_get_i64(&ds->arr, i);
+        if (v < 0 || v > 1024)
+          return anna_err(b->err, b->errlen, ANNA_EFORMAT, "%s: rope.dimension_sections[%d] = %lld", b->m->path, i,
+                          (long long)v);
+        c->mrope_section[i] = (int)v;
+      }
+    }
     int inner = 0, interval = 4;
     if ((rc = get_u(b, "ssm.state_size", -1, 0, 1, &c->gdn_dk)) || (rc = get_u(b, "ssm.group_count", -1, 0, 1, &c->gdn_hk)) ||
         (rc = get_u(b, "ssm.time_step_rank", -1, 0, 1, &c->gdn_hv)) || (rc = get_u(b, "ssm.inner_size", -1, 0, 1, &inner)) ||

@@ -5,14 +5,16 @@
 #include "formats/gguf.h"
 #include "model/config.h"
 #include "model/text_decoder.h"
+#include "model/vision_qwen35.h"
 
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
-/* Probe order: the first kind that accepts a source loads it. */
-static const model_kind *const k_kinds[] = {&text_decoder_kind};
+/* Probe order: the first kind that accepts a source loads it (a Qwen3.5 folder: the text
+ * decoder; its vision tower is picked by name). */
+static const model_kind *const k_kinds[] = {&text_decoder_kind, &vision_qwen35_kind};
 
 static const char *const k_io_names[MODEL_IO_COUNT] = {"tokens", "embeddings", "logits", "hidden",
                                                        "pixels", "audio",      "codes",  "pcm"};

@@ -11,7 +11,8 @@
  * kind is a new file plus one registry line in kind.c, not a branch in forward.c.
  *
  * Implemented: the text decoder (model/text_decoder.c: tokens -> logits / top-k
- * candidates). The io kinds of the next issues are declared here so that their tables can
+ * candidates; Qwen3.5 also takes embedding rows over some tokens and 3-axis rope positions)
+ * and the Qwen3.5 vision tower (model/vision_qwen35.c: pixels -> embeddings). The io kinds of the next issues are declared here so that their tables can
  * be written against a fixed vocabulary: a vision encoder (pixels -> embeddings), an audio
  * encoder (audio -> embeddings), a codec decoder (codes -> pcm), a decoder fed embedding
  * rows (embeddings -> logits / hidden states).
@@ -66,6 +67,7 @@ typedef struct model_load_params {
 typedef struct model_desc {
   const char *text; /* e.g. "qwen3_5: 8 layers, hidden 128, vocab 1000" */
   int vocab;        /* rows of MODEL_IO_LOGITS outputs (0: the kind produces none) */
+  int n_embd;       /* width of MODEL_IO_EMBEDDINGS output rows (0: the kind produces none) */
   int n_layers;
 } model_desc;
 
@@ -94,15 +96,34 @@ typedef struct model_topk {
 
 /* One run's inputs: io names which member is set. Borrowed for the call. */
 typedef struct model_input {
-  int io;                  /* MODEL_IO_TOKENS */
+  int io;                  /* MODEL_IO_TOKENS or MODEL_IO_PIXELS */
   const anna_batch *batch; /* MODEL_IO_TOKENS: validated by the kind */
+  /* MODEL_IO_PIXELS (host memory, validated by the kind): n_grids inputs (images or videos)
+   * of grid_thw[3i .. 3i+2] = (t, h, w) patches, their n_patches = sum t*h*w rows of
+   * patch_dim floats concatenated in the HF processor's order (pixel_values). */
+  const float *pixels;
+  int64_t n_patches;
+  int patch_dim;
+  int n_grids;
+  const int32_t *grid_thw;
+  /* MODEL_IO_TOKENS, optional (decoders that also take MODEL_IO_EMBEDDINGS): n_embd rows of
+   * the model's hidden width replacing the token embeddings of batch rows embd_idx[i] (an
+   * encoder's output over its pad tokens), and 3-axis rope positions rope_pos [3 * n] (T rows,
+   * then H, then W; NULL: the batch positions on every axis). */
+  const float *embd;
+  const int32_t *embd_idx;
+  int64_t n_embd;
+  const int32_t *rope_pos;
 } model_input;
 
 /* One run's outputs (caller-owned memory). */
 typedef struct model_output {
-  int io;                 /* MODEL_IO_LOGITS */
+  int io;                 /* MODEL_IO_LOGITS or MODEL_IO_EMBEDDINGS */
   float *logits;          /* MODEL_IO_LOGITS: [n_flagged * vocab], unused when topk is set */
   const model_topk *topk; /* MODEL_IO_LOGITS: candidates instead of rows (NULL: rows) */
+  float *embd;            /* MODEL_IO_EMBEDDINGS: [rows, model_desc.n_embd] */
+  int64_t embd_rows;      /* MODEL_IO_EMBEDDINGS: rows embd holds; the kind says how many it wrote */
+  int64_t *embd_written;  /* MODEL_IO_EMBEDDINGS: receives the rows written (may be NULL) */
 } model_output;
 
 /* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix

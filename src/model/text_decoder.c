@@ -32,7 +32,7 @@ static void td_free(void *impl) {
 
 static void td_describe(const void *impl, model_desc *out) {
   const text_model *m = impl;
-  *out = (model_desc){m->describe, m->cfg.vocab, m->cfg.n_layers};
+  *out = (model_desc){.text = m->describe, .vocab = m->cfg.vocab, .n_layers = m->cfg.n_layers};
 }
 
 static void td_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) {
@@ -64,12 +64,15 @@ static int td_run(const void *impl, void *state, ops_backend *be, const model_in
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,
                     "the text decoder maps tokens to logits, not %s to %s", model_io_name(in->io),
                     model_io_name(out->io));
+  /* embedding rows and 3-axis positions (multimodal Qwen3.5) ride along with the tokens */
+  const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd};
+  const fwd_mm *mmp = in->n_embd || in->rope_pos ? &mm : NULL;
   if (out->topk) {
     const model_topk *t = out->topk;
     const fwd_topk tk = {t->k, t->temp, t->idx, t->val, t->stats};
-    return forward_batch(impl, be, state, in->batch, NULL, &tk, err, errlen);
+    return forward_batch_mm(impl, be, state, in->batch, mmp, NULL, &tk, err, errlen);
   }
-  return forward_batch(impl, be, state, in->batch, out->logits, NULL, err, errlen);
+  return forward_batch_mm(impl, be, state, in->batch, mmp, out->logits, NULL, err, errlen);
 }
 
 /* Backends that copy weights on first use (ops_backend.warmup): one throwaway token on
@@ -141,7 +144,7 @@ static const model_seq_ops td_seq = {
 
 const model_kind text_decoder_kind = {
     .name = "text_decoder",
-    .inputs = MODEL_IO_BIT(MODEL_IO_TOKENS),
+    .inputs = MODEL_IO_BIT(MODEL_IO_TOKENS) | MODEL_IO_BIT(MODEL_IO_EMBEDDINGS),
     .outputs = MODEL_IO_BIT(MODEL_IO_LOGITS),
     .probe = td_probe,
     .load = td_load,

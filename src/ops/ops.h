@@ -140,6 +140,25 @@ static inline int64_t ops_gdn_step_work_floats(int64_t n, int hk, int hv, int dk
   return n * (2 * (int64_t)hk * dk + (int64_t)hv * dv + 2 * (int64_t)hv);
 }
 
+/* Bidirectional attention over packed segments (ops_backend.attention_seg; vision encoders):
+ * the n tokens are cut into n_seg segments [seg[i], seg[i+1]) and every query attends to every
+ * key of its own segment and to nothing else (no mask inside, no cache, no positions).
+ * q, k, v: rows of n_heads * head_dim floats at row strides q_stride, k_stride, v_stride (views
+ * into one packed qkv buffer are fine); out [n, n_heads * head_dim] contiguous, aliasing none
+ * of them: out = softmax(scale q k^T) v per head. seg: host memory read during the call only,
+ * n_seg + 1 increasing offsets from seg[0] = 0 to seg[n_seg] = n, no empty segment.
+ * head_dim <= OPS_SEG_ATTN_MAX_DIM. */
+#define OPS_SEG_ATTN_MAX_DIM 256
+typedef struct ops_seg_attn_args {
+  int64_t n;
+  int n_heads, head_dim;
+  float scale;
+  const float *q, *k, *v;
+  int64_t q_stride, k_stride, v_stride;
+  int n_seg;
+  const int64_t *seg;
+} ops_seg_attn_args;
+
 /* Activation of gated FFNs (act_mul, act_matmul, moe_ffn's `act`): the model config names
  * one per model (model_config.act); backends implement each. */
 enum act_kind { ACT_KIND_SILU = 0, ACT_KIND_GELU_TANH };
@@ -346,6 +365,24 @@ struct ops_backend {
    * 1 <= k <= OPS_TOPK_MAX and k <= vocab. NULL: not offered (the caller downloads the logits). */
   void (*topk)(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                int64_t vocab, int k, float temp);
+
+  /* ---- Encoder ops (vision towers: model/vision_qwen35.c). NULL on a backend that has not
+   * implemented them yet (CUDA today): the encoder kinds then refuse that backend. ---- */
+  /* Per row of d: y = (x - mean) / sqrt(var + eps) * w + b (biased variance; w, b model
+   * vectors, b may be NULL). rows = n; in place allowed. */
+  void (*layer_norm)(ops_backend *be, float *y, const float *x, const float *w, const float *b, int64_t rows,
+                     int d, float eps);
+  /* In place over n values: y = gelu(y), the tanh approximation (gelu_pytorch_tanh) when
+   * exact is 0, else x/2 (1 + erf(x / sqrt 2)) (nn.GELU()). */
+  void (*gelu)(ops_backend *be, float *y, int64_t n, int exact);
+  /* Bidirectional attention inside segments (ops_seg_attn_args). */
+  void (*attention_seg)(ops_backend *be, float *out, const ops_seg_attn_args *a);
+  /* Weighted gather: y[t, :] += sum_j<k wts[t*k + j] * table[ids[t*k + j], :] for t < n, the
+   * k-term sum formed first (in j order), then added (an interpolated learned-position
+   * table). table any plain dtype (F32, F16, BF16); ids and wts backend memory, every id
+   * < table->rows (the caller checks). */
+  void (*embed_bag)(ops_backend *be, float *y, const ops_weight *table, const int32_t *ids, const float *wts,
+                    int64_t n, int k);
 };
 
 /* Most candidates topk returns per row. */

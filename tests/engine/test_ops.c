@@ -896,6 +896,145 @@ static void test_sampler_candidates(ops_backend *be) {
   }
 }
 
+/* ---- encoder ops (vision towers): layer_norm, gelu, attention_seg, embed_bag, and the
+ * axial 2-D rope the Qwen3.5 tower builds from two rope calls ---- */
+
+static void test_encoder_ops(ops_backend *be) {
+  printf("encoder ops\n");
+  /* layer_norm: rows with a large offset (the centred variance must survive), bias and none,
+   * out of place and in place */
+  const int dims[2] = {67, 1152};
+  for (int di = 0; di < 2; di++) {
+    const int d = dims[di], rows = 9;
+    float *x = malloc(sizeof(float) * rows * d), *y = malloc(sizeof(float) * rows * d), *w = malloc(sizeof(float) * d),
+          *b = malloc(sizeof(float) * d);
+    double *ref = malloc(sizeof(double) * rows * d);
+    fill(x, (int64_t)rows * d, 2), fill(w, d, 1), fill(b, d, 1);
+    for (int i = 0; i < rows * d; i++) x[i] += 40.0f;
+    for (int bias = 0; bias < 2; bias++) {
+      for (int r = 0; r < rows; r++) {
+        double m = 0, v = 0;
+        for (int i = 0; i < d; i++) m += x[r * d + i];
+        m /= d;
+        for (int i = 0; i < d; i++) v += (x[r * d + i] - m) * (x[r * d + i] - m);
+        v /= d;
+        for (int i = 0; i < d; i++) ref[r * d + i] = (x[r * d + i] - m) / sqrt(v + 1e-6) * w[i] + (bias ? b[i] : 0);
+      }
+      be->layer_norm(be, y, x, w, bias ? b : NULL, rows, d, 1e-6f);
+      char what[80];
+      snprintf(what, sizeof what, "layer_norm d=%d %s (offset 40)", d, bias ? "with bias" : "no bias");
+      check(what, max_rel(y, ref, (int64_t)rows * d), 2e-6);
+    }
+    be->layer_norm(be, x, x, w, b, rows, d, 1e-6f);
+    check("layer_norm in place", max_rel(x, ref, (int64_t)rows * d), 2e-6);
+    free(x), free(y), free(w), free(b), free(ref);
+  }
+  /* gelu, both forms, over [-8, 8] (and a size that takes the threaded path) */
+  const int64_t ng = 40001;
+  float *g = malloc(sizeof(float) * ng);
+  double *gr = malloc(sizeof(double) * ng);
+  for (int exact = 0; exact < 2; exact++) {
+    for (int64_t i = 0; i < ng; i++) {
+      const double v = -8.0 + 16.0 * (double)i / (double)(ng - 1);
+      g[i] = (float)v;
+      gr[i] = exact ? 0.5 * v * (1 + erf(v / sqrt(2.0)))
+                    : 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+    }
+    be->gelu(be, g, ng, exact);
+    check(exact ? "gelu erf (nn.GELU)" : "gelu tanh (gelu_pytorch_tanh)", max_rel(g, gr, ng), 1e-6);
+  }
+  free(g), free(gr);
+  /* attention_seg: packed qkv rows (strides 3H), segments of 1, 5, 16 and 150 tokens (the last
+   * spans three 64-key tiles with growing scores, so the online max is rescaled) */
+  const int heads_l[2] = {3, 2}, dim_l[2] = {40, 72};
+  for (int cfg = 0; cfg < 2; cfg++) {
+    const int Hh = heads_l[cfg], D = dim_l[cfg], H = Hh * D;
+    const int64_t seg[5] = {0, 1, 6, 22, 172}, n = 172;
+    float *qkv = malloc(sizeof(float) * n * 3 * H), *o = malloc(sizeof(float) * n * H);
+    double *ref = malloc(sizeof(double) * n * H), *p = malloc(sizeof(double) * n);
+    fill(qkv, n * 3 * H, 1);
+    for (int64_t t = 0; t < n; t++)
+      for (int i = 0; i < H; i++) qkv[t * 3 * H + H + i] *= 1.0f + (float)t / 40.0f; /* keys grow */
+    const float scale = 1.0f / sqrtf((float)D);
+    for (int s = 0; s < 4; s++)
+      for (int64_t t = seg[s]; t < seg[s + 1]; t++)
+        for (int h = 0; h < Hh; h++) {
+          double mx = -INFINITY, sum = 0;
+          for (int64_t j = seg[s]; j < seg[s + 1]; j++) {
+            double d = 0;
+            for (int i = 0; i < D; i++) d += (double)qkv[t * 3 * H + h * D + i] * qkv[j * 3 * H + H + h * D + i];
+            p[j] = d * scale;
+            mx = fmax(mx, p[j]);
+          }
+          for (int64_t j = seg[s]; j < seg[s + 1]; j++) sum += (p[j] = exp(p[j] - mx));
+          for (int i = 0; i < D; i++) {
+            double acc = 0;
+            for (int64_t j = seg[s]; j < seg[s + 1]; j++) acc += p[j] * qkv[j * 3 * H + 2 * H + h * D + i];
+            ref[t * H + h * D + i] = acc / sum;
+          }
+        }
+    const ops_seg_attn_args a = {.n = n, .n_heads = Hh, .head_dim = D, .scale = scale, .q = qkv, .k = qkv + H,
+                                 .v = qkv + 2 * H, .q_stride = 3 * H, .k_stride = 3 * H, .v_stride = 3 * H,
+                                 .n_seg = 4, .seg = seg};
+    for (int isa = 0; isa < 3; isa++) { /* the generic body, the AVX2 kernel, and the best (9) */
+      cpu_backend_force_isa(isa == 2 ? 9 : isa);
+      memset(o, 0, sizeof(float) * n * H);
+      be->attention_seg(be, o, &a);
+      char what[96];
+      snprintf(what, sizeof what, "attention_seg heads=%d D=%d segments 1,5,16,150 isa<=%d", Hh, D, isa == 2 ? 9 : isa);
+      check(what, max_rel(o, ref, n * H), 1e-5);
+    }
+    free(qkv), free(o), free(ref), free(p);
+  }
+  /* embed_bag: 4 weighted taps added into y, f32 and bf16 tables */
+  const int rows = 50, cols = 33, n = 29, k = 4;
+  float *tab = malloc(sizeof(float) * rows * cols), *y = malloc(sizeof(float) * n * cols), *wts = malloc(sizeof(float) * n * k);
+  uint16_t *tb = malloc(sizeof(uint16_t) * rows * cols);
+  int32_t *ids = malloc(sizeof(int32_t) * n * k);
+  double *ref = malloc(sizeof(double) * n * cols);
+  fill(tab, (int64_t)rows * cols, 1), fill(wts, (int64_t)n * k, 1);
+  for (int i = 0; i < rows * cols; i++) tb[i] = to_bf16(tab[i]);
+  for (int i = 0; i < n * k; i++) ids[i] = (int32_t)(rnd() % rows);
+  for (int bf = 0; bf < 2; bf++) {
+    fill(y, (int64_t)n * cols, 1);
+    for (int t = 0; t < n; t++)
+      for (int c = 0; c < cols; c++) {
+        double s = 0;
+        for (int j = 0; j < k; j++)
+          s += (double)wts[t * k + j] * (bf ? from_bf16(tb[ids[t * k + j] * cols + c]) : tab[ids[t * k + j] * cols + c]);
+        ref[t * cols + c] = y[t * cols + c] + s;
+      }
+    const ops_weight w = {bf ? ANNA_DTYPE_BF16 : ANNA_DTYPE_F32, bf ? (const void *)tb : (const void *)tab, rows, cols};
+    be->embed_bag(be, y, &w, ids, wts, n, k);
+    check(bf ? "embed_bag bf16 table" : "embed_bag f32 table", max_rel(y, ref, (int64_t)n * cols), 1e-6);
+  }
+  free(tab), free(y), free(wts), free(tb), free(ids), free(ref);
+  /* axial 2-D rope as vision_qwen35.c applies it: two rope calls, each with the other axis'
+   * frequencies zeroed, equal the rotation of pairs (j, j + D/2) by row * f_j (j < D/4) and by
+   * col * f_(j - D/4) (D/4 <= j < D/2) */
+  {
+    const int D = 40, Hh = 3, nt = 11;
+    float *x = malloc(sizeof(float) * nt * Hh * D), fr[20] = {0}, fc[20] = {0};
+    double *rr = malloc(sizeof(double) * nt * Hh * D);
+    int32_t prow[11], pcol[11];
+    fill(x, (int64_t)nt * Hh * D, 1);
+    for (int t = 0; t < nt; t++) prow[t] = t * 3 % 13, pcol[t] = 40 - t * 7 % 19;
+    for (int j = 0; j < D / 4; j++) fr[j] = fc[D / 4 + j] = 1.0f / powf(10000.0f, (float)(2 * j) / (float)(D / 2));
+    for (int t = 0; t < nt; t++)
+      for (int h = 0; h < Hh; h++)
+        for (int j = 0; j < D / 2; j++) {
+          const float *v = x + (t * Hh + h) * D;
+          const double ang = j < D / 4 ? (double)prow[t] * fr[j] : (double)pcol[t] * fc[j];
+          rr[(t * Hh + h) * D + j] = v[j] * cos(ang) - v[j + D / 2] * sin(ang);
+          rr[(t * Hh + h) * D + j + D / 2] = v[j + D / 2] * cos(ang) + v[j] * sin(ang);
+        }
+    be->rope(be, x, nt, Hh, D, Hh * D, D, fr, prow, 0);
+    be->rope(be, x, nt, Hh, D, Hh * D, D, fc, pcol, 0);
+    check("axial 2-D rope from two rope calls", max_rel(x, rr, (int64_t)nt * Hh * D), 1e-5);
+    free(x), free(rr);
+  }
+}
+
 int main(void) {
   threadpool *tp = NULL;
   ops_backend *be = NULL;
@@ -917,6 +1056,7 @@ int main(void) {
   test_sampler();
   test_topk(be);
   test_sampler_candidates(be);
+  test_encoder_ops(be);
   cpu_backend_free(be);
   threadpool_free(tp);
   printf("%d passed, %d failed\n", g_checks - g_fail, g_fail);

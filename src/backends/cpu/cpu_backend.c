@@ -479,6 +479,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .kv_types = 0, /* every ops_kv_type (cpu_kv.c) */
       .residual_ring = 1,
   };
+  cpu_vision_ops_install(be);
   *out = be;
   return 0;
 }

@@ -63,6 +63,8 @@ const float *cpu_kv_tq_levels(int type);
 void cpu_kv_unrotate(float *x, int d);
 void cpu_kv_store(ops_backend *be, void *const *dst, const float *src, int64_t rows, int n_heads, int head_dim,
                   int kv_type);
+/* Sets the encoder ops (layer_norm, gelu, attention_seg, embed_bag: cpu_vision.c). */
+void cpu_vision_ops_install(ops_backend *be);
 /* The attention op (cpu_attn.c). */
 void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a);
 void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
