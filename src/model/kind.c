@@ -3,6 +3,7 @@
 
 #include "base/error.h"
 #include "formats/gguf.h"
+#include "model/codec_qwen3_tts.h"
 #include "model/config.h"
 #include "model/text_decoder.h"
 
@@ -12,7 +13,7 @@
 #include <sys/stat.h>
 
 /* Probe order: the first kind that accepts a source loads it. */
-static const model_kind *const k_kinds[] = {&text_decoder_kind};
+static const model_kind *const k_kinds[] = {&text_decoder_kind, &codec_qwen3_tts_kind};
 
 static const char *const k_io_names[MODEL_IO_COUNT] = {"tokens", "embeddings", "logits", "hidden",
                                                        "pixels", "audio",      "codes",  "pcm"};

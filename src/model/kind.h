@@ -11,10 +11,10 @@
  * kind is a new file plus one registry line in kind.c, not a branch in forward.c.
  *
  * Implemented: the text decoder (model/text_decoder.c: tokens -> logits / top-k
- * candidates). The io kinds of the next issues are declared here so that their tables can
- * be written against a fixed vocabulary: a vision encoder (pixels -> embeddings), an audio
- * encoder (audio -> embeddings), a codec decoder (codes -> pcm), a decoder fed embedding
- * rows (embeddings -> logits / hidden states).
+ * candidates) and the Qwen3-TTS codec decoder (model/codec_qwen3_tts.c: codes -> pcm). The
+ * io kinds of the next issues are declared here so that their tables can be written against
+ * a fixed vocabulary: a vision encoder (pixels -> embeddings), an audio encoder (audio ->
+ * embeddings), a decoder fed embedding rows (embeddings -> logits / hidden states).
  *
  * Ownership: kind tables are static (never freed); a loaded model (impl) is freed with its
  * kind's free, a state with state_free; the probe source is plain data on the caller's
@@ -67,6 +67,8 @@ typedef struct model_desc {
   const char *text; /* e.g. "qwen3_5: 8 layers, hidden 128, vocab 1000" */
   int vocab;        /* rows of MODEL_IO_LOGITS outputs (0: the kind produces none) */
   int n_layers;
+  int sample_rate;       /* MODEL_IO_PCM kinds: output rate in Hz (0: no PCM) */
+  int samples_per_frame; /* MODEL_IO_PCM kinds: samples per input frame */
 } model_desc;
 
 /* Per-context state: the shape every kind gets, plus the cache layout decoders use
@@ -94,8 +96,14 @@ typedef struct model_topk {
 
 /* One run's inputs: io names which member is set. Borrowed for the call. */
 typedef struct model_input {
-  int io;                  /* MODEL_IO_TOKENS */
+  int io;                  /* MODEL_IO_TOKENS, MODEL_IO_CODES */
   const anna_batch *batch; /* MODEL_IO_TOKENS: validated by the kind */
+  /* MODEL_IO_CODES: the next n_frames frames of stream `seq`, frame-major
+   * codes[n_frames * n_codebooks] (validated by the kind). */
+  const int32_t *codes;
+  int64_t n_frames;
+  int n_codebooks;
+  int seq;
 } model_input;
 
 /* One run's outputs (caller-owned memory). */
@@ -103,6 +111,7 @@ typedef struct model_output {
   int io;                 /* MODEL_IO_LOGITS */
   float *logits;          /* MODEL_IO_LOGITS: [n_flagged * vocab], unused when topk is set */
   const model_topk *topk; /* MODEL_IO_LOGITS: candidates instead of rows (NULL: rows) */
+  float *pcm;             /* MODEL_IO_PCM: [n_frames * model_desc.samples_per_frame] */
 } model_output;
 
 /* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix

@@ -346,6 +346,44 @@ struct ops_backend {
    * 1 <= k <= OPS_TOPK_MAX and k <= vocab. NULL: not offered (the caller downloads the logits). */
   void (*topk)(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                int64_t vocab, int k, float temp);
+
+  /* ---- Waveform decoder ops (the Qwen3-TTS speech-tokenizer decoder, model/codec_qwen3_tts.c).
+   * Activations are time-major, [rows, channels]. Causal convs read their left context from
+   * the rows in front of the first output's own row: x holds ctx + n rows, ctx zero rows at a
+   * stream's start and the previous piece's last inputs after (exact streaming). Weights are f32
+   * host vectors repacked by the model at load. NULL: not offered (the codec refuses the
+   * backend). ---- */
+  /* Causal conv1d, ctx = (kw - 1) * dil: y[t, co] = bias[co] + sum_{k < kw} sum_ci
+   * w[co, k, ci] x[t + k dil, ci] for t < n (x: [n + ctx, cin]). w: [cout, kw, cin] (PyTorch's
+   * [cout, cin, kw] tap-major); bias [cout] or NULL. */
+  void (*conv1d)(ops_backend *be, float *y, const float *x, int64_t n, int cin, int cout, const float *w, int kw,
+                 int dil, const float *bias);
+  /* Depthwise causal conv1d (groups = channels): y[t, c] = bias[c] + sum_k w[c, k] x[t + k dil, c]
+   * (x: [n + (kw - 1) dil, ch]); w [ch, kw]; bias [ch] or NULL. */
+  void (*conv1d_dw)(ops_backend *be, float *y, const float *x, int64_t n, int ch, const float *w, int kw, int dil,
+                    const float *bias);
+  /* Causal ConvTranspose1d of kernel m * stride with its last (m - 1) * stride outputs dropped
+   * (the trailing overlap belongs to the next input frame): for j < n, p < stride,
+   * y[j stride + p, co] = bias[co] + sum_{u < m} sum_ci w[p, co, u, ci] x[j + u, ci]; x: [n + m - 1,
+   * cin] (m - 1 rows of left context), y: [n stride, cout]. w [stride, cout, m, cin] holds
+   * PyTorch's W[ci, co, (m - 1 - u) stride + p]; bias [cout] or NULL. */
+  void (*conv_transpose1d)(ops_backend *be, float *y, const float *x, int64_t n, int cin, int cout, const float *w,
+                           int m, int stride, const float *bias);
+  /* SnakeBeta per channel c of x [rows, ch]: y = x + inv_beta[c] * sin(x * alpha[c])^2 where the
+   * model passes alpha = exp(log_alpha) and inv_beta = 1 / (exp(log_beta) + 1e-9). In place
+   * allowed. */
+  void (*snake_beta)(ops_backend *be, float *y, const float *x, int64_t rows, int ch, const float *alpha,
+                     const float *inv_beta);
+  /* LayerNorm per row of d: y = (x - mean) / sqrt(var + eps) * w + b (biased variance). In
+   * place allowed. (The codec's own; a vision layer_norm op of the same math may replace it.) */
+  void (*codec_layer_norm)(ops_backend *be, float *y, const float *x, const float *w, const float *b, int64_t rows,
+                           int d, float eps);
+  /* Exact (erf) GELU in place: x = 0.5 x (1 + erf(x / sqrt 2)), n values. */
+  void (*gelu_erf)(ops_backend *be, float *x, int64_t n);
+  /* Channel-scaled residual add: y[r, i] += s[i] * x[r, i] (layer scales, ConvNeXt gamma). */
+  void (*add_scaled)(ops_backend *be, float *y, const float *x, const float *s, int64_t rows, int d);
+  /* y[i] = min(max(y[i], lo), hi) in place (NaN stays NaN, as torch.clamp). */
+  void (*clamp)(ops_backend *be, float *y, int64_t n, float lo, float hi);
 };
 
 /* Most candidates topk returns per row. */

@@ -479,6 +479,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .kv_types = 0, /* every ops_kv_type (cpu_kv.c) */
       .residual_ring = 1,
   };
+  cpu_conv_fill(be); /* waveform decoder ops (cpu_conv.c) */
   *out = be;
   return 0;
 }
