@@ -32,7 +32,7 @@ static void td_free(void *impl) {
 
 static void td_describe(const void *impl, model_desc *out) {
   const text_model *m = impl;
-  *out = (model_desc){m->describe, m->cfg.vocab, m->cfg.n_layers};
+  *out = (model_desc){.text = m->describe, .vocab = m->cfg.vocab, .n_layers = m->cfg.n_layers};
 }
 
 static void td_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) {
