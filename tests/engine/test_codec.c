@@ -305,7 +305,7 @@ static void test_bad_input(void) {
   codec_close(&c);
   /* a config whose latent_dim disagrees with the tensors */
   json_error_t je;
-  json_t *j = cfg ? json_loads(cfg, 0, &je) : NULL;
+  json_t *j = cfg ? json_loadb(cfg, n, 0, &je) : NULL;
   json_object_set_new(json_object_get(j, "decoder_config"), "latent_dim", json_integer(25));
   if (j) json_dump_file(j, p, 0);
   json_decref(j);
