@@ -104,31 +104,40 @@ typedef struct cq_load {
 } cq_load;
 
 /* The tensor `name` with exactly the given shape (nd dims), else a message naming it. */
-static int cq_find(cq_load *L, const safetensors_tensor **out, const char *name, int nd, const int64_t *shape) {
+static int cq_find(cq_load *L, const safetensors_tensor **out, const char *name, int nd,
+                   const int64_t *shape) {
   const safetensors_tensor *t = safetensors_find(L->m->st, name);
   *out = t;
-  if (!t) return anna_err(L->err, L->errlen, ANNA_ENOTFOUND, "%s: missing tensor %s", L->file, name);
+  if (!t)
+    return anna_err(L->err, L->errlen, ANNA_ENOTFOUND, "%s: missing tensor %s", L->file, name);
   int same = t->ndim == nd;
-  for (int i = 0; same && i < nd; i++) same = t->shape[i] == shape[i];
+  for (int i = 0; same && i < nd; i++)
+    same = t->shape[i] == shape[i];
   if (!same) {
     char want[128] = "", got[128] = "";
     for (int i = 0; i < nd; i++)
-      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "", (long long)shape[i]);
+      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? "," : "",
+               (long long)shape[i]);
     for (int i = 0; i < t->ndim; i++)
-      snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "", (long long)t->shape[i]);
-    return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: tensor %s has shape [%s], the config implies [%s]",
-                    t->file, name, got, want);
+      snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? "," : "",
+               (long long)t->shape[i]);
+    return anna_err(L->err, L->errlen, ANNA_EFORMAT,
+                    "%s: tensor %s has shape [%s], the config implies [%s]", t->file, name, got,
+                    want);
   }
   return 0;
 }
 
 static void cq_to_f32(const safetensors_tensor *t, float *dst, int64_t n) {
   const uint16_t *h = t->data;
-  if (t->dtype == ANNA_DTYPE_F32) memcpy(dst, t->data, (size_t)n * 4);
+  if (t->dtype == ANNA_DTYPE_F32)
+    memcpy(dst, t->data, (size_t)n * 4);
   else if (t->dtype == ANNA_DTYPE_F16)
-    for (int64_t i = 0; i < n; i++) dst[i] = quant_f16_to_f32(h[i]);
+    for (int64_t i = 0; i < n; i++)
+      dst[i] = quant_f16_to_f32(h[i]);
   else
-    for (int64_t i = 0; i < n; i++) dst[i] = quant_bf16_to_f32(h[i]);
+    for (int64_t i = 0; i < n; i++)
+      dst[i] = quant_bf16_to_f32(h[i]);
 }
 
 /* A tensor of the given shape as an f32 copy owned by the model. */
@@ -137,8 +146,10 @@ static int cq_f32(cq_load *L, float **out, const char *name, int nd, const int64
   int rc = cq_find(L, &t, name, nd, shape);
   if (rc) return rc;
   int64_t n = 1;
-  for (int i = 0; i < nd; i++) n *= shape[i];
-  if (!(*out = cq_alloc(L->m, (size_t)n * 4))) return anna_err(L->err, L->errlen, ANNA_ENOMEM, "out of memory");
+  for (int i = 0; i < nd; i++)
+    n *= shape[i];
+  if (!(*out = cq_alloc(L->m, (size_t)n * 4)))
+    return anna_err(L->err, L->errlen, ANNA_ENOMEM, "out of memory");
   cq_to_f32(t, *out, n);
   return 0;
 }
@@ -174,11 +185,13 @@ static int cq_snake_load(cq_load *L, cq_snake *s, const char *prefix, int ch) {
 }
 
 /* prefix.conv.{weight,bias}: a dense or depthwise causal Conv1d, weights repacked tap-major. */
-static int cq_conv_load(cq_load *L, cq_conv *c, const char *prefix, int form, int cin, int cout, int kw, int dil) {
+static int cq_conv_load(cq_load *L, cq_conv *c, const char *prefix, int form, int cin, int cout,
+                        int kw, int dil) {
   char n[256];
   int rc;
   float *raw;
-  *c = (cq_conv){.form = form, .cin = cin, .cout = cout, .kw = kw, .dil = dil, .ctx = (kw - 1) * dil};
+  *c = (cq_conv){
+      .form = form, .cin = cin, .cout = cout, .kw = kw, .dil = dil, .ctx = (kw - 1) * dil};
   snprintf(n, sizeof n, "%s.conv.weight", prefix);
   const int64_t shape[3] = {cout, form == CQ_DW ? 1 : cin, kw};
   if ((rc = cq_f32(L, &raw, n, 3, shape))) return rc;
@@ -189,7 +202,8 @@ static int cq_conv_load(cq_load *L, cq_conv *c, const char *prefix, int form, in
       return anna_err(L->err, L->errlen, ANNA_ENOMEM, "out of memory");
     for (int64_t o = 0; o < cout; o++)
       for (int64_t i = 0; i < cin; i++)
-        for (int64_t k = 0; k < kw; k++) c->w[(o * kw + k) * cin + i] = raw[(o * cin + i) * kw + k];
+        for (int64_t k = 0; k < kw; k++)
+          c->w[(o * kw + k) * cin + i] = raw[(o * cin + i) * kw + k];
   }
   snprintf(n, sizeof n, "%s.conv.bias", prefix);
   return cq_vec(L, &c->bias, n, cout);
@@ -197,15 +211,18 @@ static int cq_conv_load(cq_load *L, cq_conv *c, const char *prefix, int form, in
 
 /* prefix.conv.{weight,bias}: ConvTranspose1d(cin, cout, kernel, stride) with its last
  * kernel - stride outputs dropped (CausalTransConvNet). */
-static int cq_tconv_load(cq_load *L, cq_conv *c, const char *prefix, int cin, int cout, int kernel, int stride) {
+static int cq_tconv_load(cq_load *L, cq_conv *c, const char *prefix, int cin, int cout, int kernel,
+                         int stride) {
   char n[256];
   int rc;
   float *raw;
   if (stride <= 0 || kernel % stride)
-    return anna_err(L->err, L->errlen, ANNA_EUNSUPPORTED, "%s: %s: kernel %d is not a multiple of stride %d", L->file,
-                    prefix, kernel, stride);
+    return anna_err(L->err, L->errlen, ANNA_EUNSUPPORTED,
+                    "%s: %s: kernel %d is not a multiple of stride %d", L->file, prefix, kernel,
+                    stride);
   const int m = kernel / stride;
-  *c = (cq_conv){.form = CQ_TCONV, .cin = cin, .cout = cout, .m = m, .stride = stride, .ctx = m - 1};
+  *c =
+      (cq_conv){.form = CQ_TCONV, .cin = cin, .cout = cout, .m = m, .stride = stride, .ctx = m - 1};
   snprintf(n, sizeof n, "%s.conv.weight", prefix);
   const int64_t shape[3] = {cin, cout, kernel};
   if ((rc = cq_f32(L, &raw, n, 3, shape))) return rc;
@@ -215,7 +232,8 @@ static int cq_tconv_load(cq_load *L, cq_conv *c, const char *prefix, int cin, in
     for (int64_t o = 0; o < cout; o++)
       for (int64_t u = 0; u < m; u++)
         for (int64_t i = 0; i < cin; i++)
-          c->w[((p * cout + o) * m + u) * cin + i] = raw[(i * cout + o) * kernel + (m - 1 - u) * stride + p];
+          c->w[((p * cout + o) * m + u) * cin + i] =
+              raw[(i * cout + o) * kernel + (m - 1 - u) * stride + p];
   snprintf(n, sizeof n, "%s.conv.bias", prefix);
   return cq_vec(L, &c->bias, n, cout);
 }
@@ -226,18 +244,20 @@ static int cq_int(cq_load *L, json_t *o, const char *k, int def, int lo, int hi,
   json_t *v = json_object_get(o, k);
   if (!v || json_is_null(v)) {
     if (def == INT_MIN)
-      return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: decoder_config.%s is missing", L->file, k);
+      return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: decoder_config.%s is missing", L->file,
+                      k);
     *out = def;
     return 0;
   }
   if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-    return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: decoder_config.%s must be an integer in [%d, %d]",
-                    L->file, k, lo, hi);
+    return anna_err(L->err, L->errlen, ANNA_EFORMAT,
+                    "%s: decoder_config.%s must be an integer in [%d, %d]", L->file, k, lo, hi);
   *out = (int)json_integer_value(v);
   return 0;
 }
 
-static int cq_list(cq_load *L, json_t *o, const char *k, const int *def, int ndef, int *out, int *n) {
+static int cq_list(cq_load *L, json_t *o, const char *k, const int *def, int ndef, int *out,
+                   int *n) {
   json_t *v = json_object_get(o, k);
   if (!v || json_is_null(v)) {
     memcpy(out, def, sizeof *out * (size_t)ndef);
@@ -245,14 +265,15 @@ static int cq_list(cq_load *L, json_t *o, const char *k, const int *def, int nde
     return 0;
   }
   if (!json_is_array(v) || json_array_size(v) < 1 || json_array_size(v) > CQ_MAX_STAGES)
-    return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: decoder_config.%s must be a list of 1..%d integers",
-                    L->file, k, CQ_MAX_STAGES);
+    return anna_err(L->err, L->errlen, ANNA_EFORMAT,
+                    "%s: decoder_config.%s must be a list of 1..%d integers", L->file, k,
+                    CQ_MAX_STAGES);
   *n = (int)json_array_size(v);
   for (int i = 0; i < *n; i++) {
     json_t *e = json_array_get(v, (size_t)i);
     if (!json_is_integer(e) || json_integer_value(e) < 1 || json_integer_value(e) > 64)
-      return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: decoder_config.%s[%d] must be an integer in [1, 64]",
-                      L->file, k, i);
+      return anna_err(L->err, L->errlen, ANNA_EFORMAT,
+                      "%s: decoder_config.%s[%d] must be an integer in [1, 64]", L->file, k, i);
     out[i] = (int)json_integer_value(e);
   }
   return 0;
@@ -262,7 +283,8 @@ static int cq_config(cq_load *L, const char *path) {
   codec_model *m = L->m;
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
-  if (!root) return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+  if (!root)
+    return anna_err(L->err, L->errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
   const char *save = L->file;
   L->file = path;
   int rc = 0;
@@ -279,7 +301,8 @@ static int cq_config(cq_load *L, const char *path) {
       (rc = cq_int(L, d, "latent_dim", 1024, 1, big, &m->latent)) ||
       (rc = cq_int(L, d, "num_attention_heads", 16, 1, 1024, &m->n_heads)) ||
       (rc = cq_int(L, d, "num_key_value_heads", 16, 1, 1024, &m->n_kv)) ||
-      (rc = cq_int(L, d, "head_dim", m->n_heads ? m->hidden / m->n_heads : 0, 2, 4096, &m->head_dim)) ||
+      (rc = cq_int(L, d, "head_dim", m->n_heads ? m->hidden / m->n_heads : 0, 2, 4096,
+                   &m->head_dim)) ||
       (rc = cq_int(L, d, "sliding_window", 72, 1, big, &m->window)) ||
       (rc = cq_int(L, d, "intermediate_size", 3072, 1, big, &m->inter)) ||
       (rc = cq_int(L, d, "num_hidden_layers", 8, 0, OPS_MAX_LAYERS, &m->n_layers)) ||
@@ -297,31 +320,41 @@ static int cq_config(cq_load *L, const char *path) {
   m->theta = (float)x;
   m->attn_bias = json_is_true(json_object_get(d, "attention_bias"));
   if ((v = json_object_get(d, "rope_scaling")) && !json_is_null(v)) {
-    rc = anna_err(L->err, L->errlen, ANNA_EUNSUPPORTED, "%s: decoder_config.rope_scaling is not supported", path);
+    rc = anna_err(L->err, L->errlen, ANNA_EUNSUPPORTED,
+                  "%s: decoder_config.rope_scaling is not supported", path);
     goto out;
   }
-  if ((v = json_object_get(d, "hidden_act")) && !(json_is_string(v) && !strcmp(json_string_value(v), "silu"))) {
-    rc = anna_err(L->err, L->errlen, ANNA_EUNSUPPORTED, "%s: decoder_config.hidden_act must be \"silu\"", path);
+  if ((v = json_object_get(d, "hidden_act")) &&
+      !(json_is_string(v) && !strcmp(json_string_value(v), "silu"))) {
+    rc = anna_err(L->err, L->errlen, ANNA_EUNSUPPORTED,
+                  "%s: decoder_config.hidden_act must be \"silu\"", path);
     goto out;
   }
   if (m->cb_dim % 2 || m->head_dim % 2 || m->n_heads % m->n_kv || m->dec_dim % (1 << m->n_blocks) ||
       (m->dec_dim >> m->n_blocks) < 1) {
     rc = anna_err(L->err, L->errlen, ANNA_EFORMAT,
-                  "%s: decoder_config: codebook_dim and head_dim must be even, heads a multiple of KV heads and "
+                  "%s: decoder_config: codebook_dim and head_dim must be even, heads a multiple of "
+                  "KV heads and "
                   "decoder_dim divisible by 2^%d",
                   path, m->n_blocks);
     goto out;
   }
   m->q_dim = m->cb_dim / 2;
   m->spf = 1;
-  for (int i = 0; i < m->n_up; i++) m->spf *= m->up_ratio[i];
-  for (int i = 0; i < m->n_blocks; i++) m->spf *= m->rate[i];
+  for (int i = 0; i < m->n_up; i++)
+    m->spf *= m->up_ratio[i];
+  for (int i = 0; i < m->n_blocks; i++)
+    m->spf *= m->rate[i];
   int dur = m->spf, sr = 24000;
-  if ((v = json_object_get(root, "decode_upsample_rate")) && json_is_integer(v)) dur = (int)json_integer_value(v);
-  if ((v = json_object_get(root, "output_sample_rate")) && json_is_integer(v)) sr = (int)json_integer_value(v);
+  if ((v = json_object_get(root, "decode_upsample_rate")) && json_is_integer(v))
+    dur = (int)json_integer_value(v);
+  if ((v = json_object_get(root, "output_sample_rate")) && json_is_integer(v))
+    sr = (int)json_integer_value(v);
   if (dur != m->spf) {
-    rc = anna_err(L->err, L->errlen, ANNA_EFORMAT,
-                  "%s: decode_upsample_rate %d differs from the product of the decoder's rates (%d)", path, dur, m->spf);
+    rc =
+        anna_err(L->err, L->errlen, ANNA_EFORMAT,
+                 "%s: decode_upsample_rate %d differs from the product of the decoder's rates (%d)",
+                 path, dur, m->spf);
     goto out;
   }
   m->sample_rate = sr;
@@ -343,13 +376,15 @@ static int file_exists(const char *dir, const char *name) {
 static int cq_probe(const model_source *src) {
   if (src->is_gguf) return 0;
   if (!strcmp(src->model_type, "qwen3_tts_tokenizer_12hz")) return 1;
-  return !strcmp(src->model_type, "qwen3_tts") && file_exists(src->path, "speech_tokenizer/config.json");
+  return !strcmp(src->model_type, "qwen3_tts") &&
+         file_exists(src->path, "speech_tokenizer/config.json");
 }
 
 static void cq_free(void *impl) {
   codec_model *m = impl;
   if (!m) return;
-  for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+  for (int i = 0; i < m->n_allocs; i++)
+    free(m->allocs[i]);
   free(m->allocs);
   safetensors_close(m->st);
   free(m);
@@ -370,14 +405,19 @@ static int cq_weights(cq_load *L) {
     snprintf(n, sizeof n, "decoder.quantizer.rvq_%s.vq.layers.%d._codebook.cluster_usage", half, j);
     if ((rc = cq_vec(L, &usage, n, m->cb_size))) return rc;
     for (int64_t r = 0; r < m->cb_size; r++) {
-      const float u = usage[r] < 1e-5f ? 1e-5f : usage[r]; /* clamp(min=eps); NaN kept as torch does */
-      for (int i = 0; i < m->q_dim; i++) sum[r * m->q_dim + i] /= (usage[r] != usage[r] ? usage[r] : u);
+      const float u =
+          usage[r] < 1e-5f ? 1e-5f : usage[r]; /* clamp(min=eps); NaN kept as torch does */
+      for (int i = 0; i < m->q_dim; i++)
+        sum[r * m->q_dim + i] /= (usage[r] != usage[r] ? usage[r] : u);
     }
     m->cb[k] = (ops_weight){ANNA_DTYPE_F32, sum, m->cb_size, m->q_dim};
   }
-  if ((rc = cq_lin(L, &m->proj_first, "decoder.quantizer.rvq_first.output_proj.weight", m->cb_dim, m->q_dim, 1)) ||
-      (rc = cq_lin(L, &m->proj_rest, "decoder.quantizer.rvq_rest.output_proj.weight", m->cb_dim, m->q_dim, 1)) ||
-      (rc = cq_conv_load(L, &m->pre_conv, "decoder.pre_conv", CQ_DENSE, m->cb_dim, m->latent, 3, 1)))
+  if ((rc = cq_lin(L, &m->proj_first, "decoder.quantizer.rvq_first.output_proj.weight", m->cb_dim,
+                   m->q_dim, 1)) ||
+      (rc = cq_lin(L, &m->proj_rest, "decoder.quantizer.rvq_rest.output_proj.weight", m->cb_dim,
+                   m->q_dim, 1)) ||
+      (rc =
+           cq_conv_load(L, &m->pre_conv, "decoder.pre_conv", CQ_DENSE, m->cb_dim, m->latent, 3, 1)))
     return rc;
   /* pre_transformer */
   const char *T = "decoder.pre_transformer";
@@ -405,10 +445,11 @@ static int cq_weights(cq_load *L) {
       float **b;
       const char *name;
       int rows, cols;
-    } lin[] = {{&y->q, &y->bq, "self_attn.q_proj", qd, H},      {&y->k, &y->bk, "self_attn.k_proj", kvd, H},
-               {&y->v, &y->bv, "self_attn.v_proj", kvd, H},     {&y->o, &y->bo, "self_attn.o_proj", H, qd},
-               {&y->gate, NULL, "mlp.gate_proj", m->inter, H},  {&y->up, NULL, "mlp.up_proj", m->inter, H},
-               {&y->down, NULL, "mlp.down_proj", H, m->inter}};
+    } lin[] = {
+        {&y->q, &y->bq, "self_attn.q_proj", qd, H},     {&y->k, &y->bk, "self_attn.k_proj", kvd, H},
+        {&y->v, &y->bv, "self_attn.v_proj", kvd, H},    {&y->o, &y->bo, "self_attn.o_proj", H, qd},
+        {&y->gate, NULL, "mlp.gate_proj", m->inter, H}, {&y->up, NULL, "mlp.up_proj", m->inter, H},
+        {&y->down, NULL, "mlp.down_proj", H, m->inter}};
     for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++) {
       snprintf(n, sizeof n, "%s.layers.%d.%s.weight", T, l, lin[i].name);
       if ((rc = cq_lin(L, lin[i].w, n, lin[i].rows, lin[i].cols, 0))) return rc;
@@ -441,8 +482,11 @@ static int cq_weights(cq_load *L) {
       float **v;
       const char *name;
       int n;
-    } vec[] = {{&u->ln_w, "norm.weight", D},     {&u->ln_b, "norm.bias", D},       {&u->gamma, "gamma", D},
-               {&u->pw1_b, "pwconv1.bias", 4 * D}, {&u->pw2_b, "pwconv2.bias", D}};
+    } vec[] = {{&u->ln_w, "norm.weight", D},
+               {&u->ln_b, "norm.bias", D},
+               {&u->gamma, "gamma", D},
+               {&u->pw1_b, "pwconv1.bias", 4 * D},
+               {&u->pw2_b, "pwconv2.bias", D}};
     for (size_t j = 0; j < sizeof vec / sizeof vec[0]; j++) {
       snprintf(n, sizeof n, "decoder.upsample.%d.1.%s", i, vec[j].name);
       if ((rc = cq_vec(L, vec[j].v, n, vec[j].n))) return rc;
@@ -453,7 +497,8 @@ static int cq_weights(cq_load *L) {
     if ((rc = cq_lin(L, &u->pw2, n, D, 4 * D, 0))) return rc;
   }
   /* decoder */
-  if ((rc = cq_conv_load(L, &m->dec0, "decoder.decoder.0", CQ_DENSE, m->latent, m->dec_dim, 7, 1))) return rc;
+  if ((rc = cq_conv_load(L, &m->dec0, "decoder.decoder.0", CQ_DENSE, m->latent, m->dec_dim, 7, 1)))
+    return rc;
   static const int k_dil[CQ_UNITS] = {1, 3, 9};
   for (int i = 0; i < m->n_blocks; i++) {
     cq_block *b = &m->blocks[i];
@@ -483,11 +528,13 @@ static int cq_weights(cq_load *L) {
 /* Calls fn on every conv, in forward order. */
 static void cq_each_conv(codec_model *m, void (*fn)(codec_model *, cq_conv *)) {
   fn(m, &m->pre_conv);
-  for (int i = 0; i < m->n_up; i++) fn(m, &m->up[i].tconv), fn(m, &m->up[i].dw);
+  for (int i = 0; i < m->n_up; i++)
+    fn(m, &m->up[i].tconv), fn(m, &m->up[i].dw);
   fn(m, &m->dec0);
   for (int i = 0; i < m->n_blocks; i++) {
     fn(m, &m->blocks[i].tconv);
-    for (int u = 0; u < CQ_UNITS; u++) fn(m, &m->blocks[i].c1[u]), fn(m, &m->blocks[i].c2[u]);
+    for (int u = 0; u < CQ_UNITS; u++)
+      fn(m, &m->blocks[i].c1[u]), fn(m, &m->blocks[i].c2[u]);
   }
   fn(m, &m->final_conv);
 }
@@ -498,15 +545,17 @@ static void cq_place_tail(codec_model *m, cq_conv *c) {
   if (c->ctx > m->max_ctx) m->max_ctx = c->ctx;
 }
 
-static int cq_load_model(void **impl, const model_source *src, const model_load_params *lp, char *err,
-                         size_t errlen) {
+static int cq_load_model(void **impl, const model_source *src, const model_load_params *lp,
+                         char *err, size_t errlen) {
   (void)lp;
   *impl = NULL;
   codec_model *m = calloc(1, sizeof *m);
   if (!m) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   char dir[PATH_MAX], cfg[PATH_MAX + 16];
-  if (!strcmp(src->model_type, "qwen3_tts")) snprintf(dir, sizeof dir, "%s/speech_tokenizer", src->path);
-  else snprintf(dir, sizeof dir, "%s", src->path);
+  if (!strcmp(src->model_type, "qwen3_tts"))
+    snprintf(dir, sizeof dir, "%s/speech_tokenizer", src->path);
+  else
+    snprintf(dir, sizeof dir, "%s", src->path);
   snprintf(cfg, sizeof cfg, "%s/config.json", dir);
   cq_load L = {m, cfg, err, errlen};
   int rc = cq_config(&L, cfg);
@@ -520,16 +569,19 @@ static int cq_load_model(void **impl, const model_source *src, const model_load_
     return rc;
   }
   cq_each_conv(m, cq_place_tail);
-  snprintf(m->describe, sizeof m->describe,
-           "qwen3_tts_codec: %d codebooks x %d, %d layers (window %d), %d samples per frame at %d Hz", m->n_q,
-           m->cb_size, m->n_layers, m->window, m->spf, m->sample_rate);
+  snprintf(
+      m->describe, sizeof m->describe,
+      "qwen3_tts_codec: %d codebooks x %d, %d layers (window %d), %d samples per frame at %d Hz",
+      m->n_q, m->cb_size, m->n_layers, m->window, m->spf, m->sample_rate);
   *impl = m;
   return 0;
 }
 
 static void cq_describe(const void *impl, model_desc *out) {
   const codec_model *m = impl;
-  *out = (model_desc){.text = m->describe, .n_layers = m->n_layers, .sample_rate = m->sample_rate,
+  *out = (model_desc){.text = m->describe,
+                      .n_layers = m->n_layers,
+                      .sample_rate = m->sample_rate,
                       .samples_per_frame = m->spf};
 }
 
@@ -545,17 +597,18 @@ static void cq_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) 
   out->n_ctx = n_ctx;
   out->n_heads = m->n_heads;
   out->n_layers = m->n_layers;
-  for (int l = 0; l < m->n_layers; l++) out->layers[l] = (ops_layer_shape){m->n_kv, m->head_dim};
+  for (int l = 0; l < m->n_layers; l++)
+    out->layers[l] = (ops_layer_shape){m->n_kv, m->head_dim};
 }
 
 /* ---- state ---- */
 
 typedef struct cq_stream {
-  int64_t frames; /* decoded so far (RoPE position of the next frame) */
-  int hist;       /* frames of keys/values kept (<= window - 1) */
-  int par;        /* which of the two KV blocks per layer holds them */
-  float *tails;   /* [tail_floats] every conv's left context */
-  float **k, **v; /* [n_layers * 2] KV blocks of kv_cap rows */
+  int64_t frames;      /* decoded so far (RoPE position of the next frame) */
+  int hist;            /* frames of keys/values kept (<= window - 1) */
+  int par;             /* which of the two KV blocks per layer holds them */
+  float *tails;        /* [tail_floats] every conv's left context */
+  float **k, **v;      /* [n_layers * 2] KV blocks of kv_cap rows */
   void **ktab, **vtab; /* [n_layers * 2] one-entry block tables (backend memory) */
 } cq_stream;
 
@@ -565,9 +618,9 @@ typedef struct cq_state {
   int n_seq, nb, kv_cap;
   cq_stream *s;
   /* scratch (backend memory) */
-  float *a, *b, *r, *xp;          /* waveform path: [big] each */
+  float *a, *b, *r, *xp;                /* waveform path: [big] each */
   float *tx, *th, *tq, *tatt, *tg, *tu; /* transformer rows */
-  float *e0, *er, *et;            /* quantizer: [nb, q_dim] */
+  float *e0, *er, *et;                  /* quantizer: [nb, q_dim] */
   int32_t *ids, *pos_rope, *pos_attn;
   /* host */
   int32_t *h_ids, *h_pos;
@@ -591,7 +644,8 @@ static void *st_alloc(cq_state *s, size_t bytes) {
 static void cq_state_free(void *state) {
   cq_state *s = state;
   if (!s) return;
-  for (int i = 0; i < s->n_mem; i++) s->be->free(s->be, s->mem[i]);
+  for (int i = 0; i < s->n_mem; i++)
+    s->be->free(s->be, s->mem[i]);
   free(s->mem);
   if (s->s)
     for (int i = 0; i < s->n_seq; i++) {
@@ -624,8 +678,8 @@ static int64_t cq_big(const codec_model *m, int64_t nb) {
   return big;
 }
 
-static int cq_state_create(void **state, const void *impl, ops_backend *be, const model_state_params *p, char *err,
-                           size_t errlen) {
+static int cq_state_create(void **state, const void *impl, ops_backend *be,
+                           const model_state_params *p, char *err, size_t errlen) {
   const codec_model *m = impl;
   *state = NULL;
   /* every op the forward calls, by name: a backend without one is refused here */
@@ -651,43 +705,55 @@ static int cq_state_create(void **state, const void *impl, ops_backend *be, cons
               {(const void *)be->clamp, "clamp"}};
   for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
     if (!need[i].fn)
-      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "qwen3_tts_codec: the %s backend has no %s op", be->name,
-                      need[i].name);
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "qwen3_tts_codec: the %s backend has no %s op", be->name, need[i].name);
   if (be->kv_types && !(be->kv_types & (1u << OPS_KV_F32)))
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "qwen3_tts_codec: the %s backend has no f32 attention",
-                    be->name);
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "qwen3_tts_codec: the %s backend has no f32 attention", be->name);
   const int n_seq = p->n_seq > 0 ? p->n_seq : 1;
-  const int nb = p->n_batch > 0 ? (p->n_batch < CQ_MAX_BATCH ? p->n_batch : CQ_MAX_BATCH) : CQ_DEFAULT_BATCH;
+  const int nb =
+      p->n_batch > 0 ? (p->n_batch < CQ_MAX_BATCH ? p->n_batch : CQ_MAX_BATCH) : CQ_DEFAULT_BATCH;
   cq_state *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   s->m = m, s->be = be, s->n_seq = n_seq, s->nb = nb;
   int cap = 16;
-  while (cap < m->window - 1 + nb) cap *= 2;
+  while (cap < m->window - 1 + nb)
+    cap *= 2;
   s->kv_cap = cap;
-  const int64_t big = cq_big(m, nb), qd = (int64_t)m->n_heads * m->head_dim, kvd = (int64_t)m->n_kv * m->head_dim;
+  const int64_t big = cq_big(m, nb), qd = (int64_t)m->n_heads * m->head_dim,
+                kvd = (int64_t)m->n_kv * m->head_dim;
   const int64_t trow = max64(max64(m->hidden, qd), m->latent);
   const int L = m->n_layers;
-  int ok = (s->s = calloc((size_t)n_seq, sizeof *s->s)) && (s->a = st_alloc(s, (size_t)big * 4)) &&
-           (s->b = st_alloc(s, (size_t)big * 4)) && (s->r = st_alloc(s, (size_t)big * 4)) &&
-           (s->xp = st_alloc(s, (size_t)big * 4)) && (s->tx = st_alloc(s, (size_t)(nb * trow) * 4)) &&
-           (s->th = st_alloc(s, (size_t)(nb * trow) * 4)) && (s->tq = st_alloc(s, (size_t)(nb * qd) * 4)) &&
-           (s->tatt = st_alloc(s, (size_t)(nb * qd) * 4)) && (s->tg = st_alloc(s, (size_t)nb * m->inter * 4)) &&
-           (s->tu = st_alloc(s, (size_t)nb * m->inter * 4)) && (s->e0 = st_alloc(s, (size_t)nb * m->q_dim * 4)) &&
-           (s->er = st_alloc(s, (size_t)nb * m->q_dim * 4)) && (s->et = st_alloc(s, (size_t)nb * m->q_dim * 4)) &&
-           (s->ids = st_alloc(s, (size_t)nb * m->n_q * 4)) && (s->pos_rope = st_alloc(s, (size_t)nb * 4)) &&
-           (s->pos_attn = st_alloc(s, (size_t)nb * 4)) &&
-           (s->h_ids = malloc(sizeof(int32_t) * (size_t)nb * m->n_q)) &&
-           (s->h_pos = malloc(sizeof(int32_t) * (size_t)nb)) &&
-           (s->h_ktab = malloc(sizeof *s->h_ktab * (size_t)nb)) && (s->h_vtab = malloc(sizeof *s->h_vtab * (size_t)nb));
+  int ok =
+      (s->s = calloc((size_t)n_seq, sizeof *s->s)) && (s->a = st_alloc(s, (size_t)big * 4)) &&
+      (s->b = st_alloc(s, (size_t)big * 4)) && (s->r = st_alloc(s, (size_t)big * 4)) &&
+      (s->xp = st_alloc(s, (size_t)big * 4)) && (s->tx = st_alloc(s, (size_t)(nb * trow) * 4)) &&
+      (s->th = st_alloc(s, (size_t)(nb * trow) * 4)) &&
+      (s->tq = st_alloc(s, (size_t)(nb * qd) * 4)) &&
+      (s->tatt = st_alloc(s, (size_t)(nb * qd) * 4)) &&
+      (s->tg = st_alloc(s, (size_t)nb * m->inter * 4)) &&
+      (s->tu = st_alloc(s, (size_t)nb * m->inter * 4)) &&
+      (s->e0 = st_alloc(s, (size_t)nb * m->q_dim * 4)) &&
+      (s->er = st_alloc(s, (size_t)nb * m->q_dim * 4)) &&
+      (s->et = st_alloc(s, (size_t)nb * m->q_dim * 4)) &&
+      (s->ids = st_alloc(s, (size_t)nb * m->n_q * 4)) &&
+      (s->pos_rope = st_alloc(s, (size_t)nb * 4)) && (s->pos_attn = st_alloc(s, (size_t)nb * 4)) &&
+      (s->h_ids = malloc(sizeof(int32_t) * (size_t)nb * m->n_q)) &&
+      (s->h_pos = malloc(sizeof(int32_t) * (size_t)nb)) &&
+      (s->h_ktab = malloc(sizeof *s->h_ktab * (size_t)nb)) &&
+      (s->h_vtab = malloc(sizeof *s->h_vtab * (size_t)nb));
   for (int q = 0; ok && q < n_seq; q++) {
     cq_stream *st = &s->s[q];
-    ok = (st->tails = st_alloc(s, (size_t)m->tail_floats * 4)) && (st->k = calloc((size_t)L * 2 + 1, sizeof *st->k)) &&
+    ok = (st->tails = st_alloc(s, (size_t)m->tail_floats * 4)) &&
+         (st->k = calloc((size_t)L * 2 + 1, sizeof *st->k)) &&
          (st->v = calloc((size_t)L * 2 + 1, sizeof *st->v)) &&
          (st->ktab = calloc((size_t)L * 2 + 1, sizeof *st->ktab)) &&
          (st->vtab = calloc((size_t)L * 2 + 1, sizeof *st->vtab));
     for (int i = 0; ok && i < 2 * L; i++) {
-      ok = (st->k[i] = st_alloc(s, (size_t)(cap * kvd) * 4)) && (st->v[i] = st_alloc(s, (size_t)(cap * kvd) * 4)) &&
-           (st->ktab[i] = st_alloc(s, sizeof(void *))) && (st->vtab[i] = st_alloc(s, sizeof(void *)));
+      ok = (st->k[i] = st_alloc(s, (size_t)(cap * kvd) * 4)) &&
+           (st->v[i] = st_alloc(s, (size_t)(cap * kvd) * 4)) &&
+           (st->ktab[i] = st_alloc(s, sizeof(void *))) &&
+           (st->vtab[i] = st_alloc(s, sizeof(void *)));
       if (ok) {
         be->upload(be, st->ktab[i], &st->k[i], sizeof(void *));
         be->upload(be, st->vtab[i], &st->v[i], sizeof(void *));
@@ -696,8 +762,8 @@ static int cq_state_create(void **state, const void *impl, ops_backend *be, cons
   }
   if (!ok) {
     cq_state_free(s);
-    return anna_err(err, errlen, ANNA_ENOMEM, "qwen3_tts_codec: out of memory for %d streams of %d frames", n_seq,
-                    nb);
+    return anna_err(err, errlen, ANNA_ENOMEM,
+                    "qwen3_tts_codec: out of memory for %d streams of %d frames", n_seq, nb);
   }
   *state = s;
   return 0;
@@ -721,16 +787,21 @@ static int32_t cq_seq_len(const void *state, int seq) {
 
 /* One causal conv over rows input rows: out = conv([left context; in]); the context then
  * becomes the last ctx rows of that concatenation. */
-static void cq_conv_run(cq_state *s, cq_stream *st, const cq_conv *c, const float *in, float *out, int64_t rows) {
+static void cq_conv_run(cq_state *s, cq_stream *st, const cq_conv *c, const float *in, float *out,
+                        int64_t rows) {
   ops_backend *be = s->be;
   const int cin = c->cin, ctx = c->ctx;
   float *tail = st->tails + c->tail_off;
   if (ctx) be->copy_rows(be, s->xp, cin, tail, cin, ctx, cin);
   be->copy_rows(be, s->xp + (int64_t)ctx * cin, cin, in, cin, rows, cin);
   switch (c->form) {
-  case CQ_DENSE: be->conv1d(be, out, s->xp, rows, cin, c->cout, c->w, c->kw, c->dil, c->bias); break;
+  case CQ_DENSE:
+    be->conv1d(be, out, s->xp, rows, cin, c->cout, c->w, c->kw, c->dil, c->bias);
+    break;
   case CQ_DW: be->conv1d_dw(be, out, s->xp, rows, cin, c->w, c->kw, c->dil, c->bias); break;
-  default: be->conv_transpose1d(be, out, s->xp, rows, cin, c->cout, c->w, c->m, c->stride, c->bias); break;
+  default:
+    be->conv_transpose1d(be, out, s->xp, rows, cin, c->cout, c->w, c->m, c->stride, c->bias);
+    break;
   }
   if (ctx) be->copy_rows(be, tail, cin, s->xp + rows * cin, cin, ctx, cin);
 }
@@ -742,7 +813,8 @@ static void cq_transformer(cq_state *s, cq_stream *st, const float *in, float *o
   const int H = m->hidden, hd = m->head_dim, qd = m->n_heads * hd, kvd = m->n_kv * hd;
   float *x = s->tx, *h = s->th;
   be->matmul(be, x, in, n, &m->in_proj, m->in_proj_b);
-  for (int64_t i = 0; i < n; i++) s->h_ktab[i] = NULL; /* set per layer below */
+  for (int64_t i = 0; i < n; i++)
+    s->h_ktab[i] = NULL; /* set per layer below */
   ops_attn_args a = {.n = n,
                      .n_heads = m->n_heads,
                      .n_kv_heads = m->n_kv,
@@ -801,11 +873,14 @@ static void cq_step(cq_state *s, cq_stream *st, const int32_t *codes, int64_t n,
   /* codebook-major ids, RoPE positions (absolute, as one pass numbers them) and attention
    * positions (relative to the kept keys) */
   for (int k = 0; k < m->n_q; k++)
-    for (int64_t t = 0; t < n; t++) s->h_ids[k * n + t] = codes[t * m->n_q + k];
+    for (int64_t t = 0; t < n; t++)
+      s->h_ids[k * n + t] = codes[t * m->n_q + k];
   be->upload(be, s->ids, s->h_ids, sizeof(int32_t) * (size_t)(n * m->n_q));
-  for (int64_t t = 0; t < n; t++) s->h_pos[t] = (int32_t)(st->frames + t);
+  for (int64_t t = 0; t < n; t++)
+    s->h_pos[t] = (int32_t)(st->frames + t);
   be->upload(be, s->pos_rope, s->h_pos, sizeof(int32_t) * (size_t)n);
-  for (int64_t t = 0; t < n; t++) s->h_pos[t] = (int32_t)(st->hist + t);
+  for (int64_t t = 0; t < n; t++)
+    s->h_pos[t] = (int32_t)(st->hist + t);
   be->upload(be, s->pos_attn, s->h_pos, sizeof(int32_t) * (size_t)n);
 
   /* quantizer: rvq_first(c0) + rvq_rest(c1 + ... ), each through its output projection */
@@ -864,33 +939,42 @@ static void cq_step(cq_state *s, cq_stream *st, const int32_t *codes, int64_t n,
   st->frames += n;
 }
 
-static int cq_run(const void *impl, void *state, ops_backend *be, const model_input *in, const model_output *out,
-                  char *err, size_t errlen) {
+static int cq_run(const void *impl, void *state, ops_backend *be, const model_input *in,
+                  const model_output *out, char *err, size_t errlen) {
   const codec_model *m = impl;
   cq_state *s = state;
   if (in->io != MODEL_IO_CODES || out->io != MODEL_IO_PCM)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the codec decoder maps codes to pcm, not %s to %s",
-                    model_io_name(in->io), model_io_name(out->io));
-  if (be != s->be) return anna_err(err, errlen, ANNA_EINVAL, "qwen3_tts_codec: run on another backend than the state's");
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the codec decoder maps codes to pcm, not %s to %s", model_io_name(in->io),
+                    model_io_name(out->io));
+  if (be != s->be)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "qwen3_tts_codec: run on another backend than the state's");
   if (in->n_codebooks != m->n_q)
-    return anna_err(err, errlen, ANNA_EINVAL, "qwen3_tts_codec: frames have %d codebooks, the decoder needs %d",
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "qwen3_tts_codec: frames have %d codebooks, the decoder needs %d",
                     in->n_codebooks, m->n_q);
   if (in->n_frames <= 0)
     return anna_err(err, errlen, ANNA_EINVAL, "qwen3_tts_codec: %lld frames (at least 1 needed)",
                     (long long)in->n_frames);
-  if (!in->codes || !out->pcm) return anna_err(err, errlen, ANNA_EINVAL, "qwen3_tts_codec: no codes or pcm buffer");
+  if (!in->codes || !out->pcm)
+    return anna_err(err, errlen, ANNA_EINVAL, "qwen3_tts_codec: no codes or pcm buffer");
   if (in->seq < 0 || in->seq >= s->n_seq)
-    return anna_err(err, errlen, ANNA_ERANGE, "qwen3_tts_codec: stream %d out of range [0, %d)", in->seq, s->n_seq);
+    return anna_err(err, errlen, ANNA_ERANGE, "qwen3_tts_codec: stream %d out of range [0, %d)",
+                    in->seq, s->n_seq);
   cq_stream *st = &s->s[in->seq];
   if (in->n_frames > INT32_MAX - st->frames)
-    return anna_err(err, errlen, ANNA_ERANGE, "qwen3_tts_codec: stream %d would pass %d frames", in->seq, INT32_MAX);
+    return anna_err(err, errlen, ANNA_ERANGE, "qwen3_tts_codec: stream %d would pass %d frames",
+                    in->seq, INT32_MAX);
   /* every code first, so that a refused run leaves the stream as it was */
   for (int64_t t = 0; t < in->n_frames; t++)
     for (int k = 0; k < m->n_q; k++) {
       const int32_t c = in->codes[t * m->n_q + k];
       if (c < 0 || c >= m->cb_size)
-        return anna_err(err, errlen, ANNA_ERANGE, "qwen3_tts_codec: code %d (frame %lld, codebook %d) is out of range [0, %d)",
-                        (int)c, (long long)t, k, m->cb_size);
+        return anna_err(
+            err, errlen, ANNA_ERANGE,
+            "qwen3_tts_codec: code %d (frame %lld, codebook %d) is out of range [0, %d)", (int)c,
+            (long long)t, k, m->cb_size);
     }
   for (int64_t t = 0; t < in->n_frames; t += s->nb) {
     const int64_t n = in->n_frames - t < s->nb ? in->n_frames - t : s->nb;

@@ -73,7 +73,8 @@ typedef struct codec {
   model_desc d;
 } codec;
 
-static int codec_open(codec *c, const char *path, int n_seq, int n_batch, char *err, size_t errlen) {
+static int codec_open(codec *c, const char *path, int n_seq, int n_batch, char *err,
+                      size_t errlen) {
   memset(c, 0, sizeof *c);
   model_source src;
   anna_tuning t;
@@ -100,8 +101,10 @@ static void codec_close(codec *c) {
   if (c->impl) c->k->free(c->impl);
 }
 
-static int decode(codec *c, int seq, const int32_t *codes, int64_t n, int nq, float *pcm, char *err, size_t errlen) {
-  const model_input in = {.io = MODEL_IO_CODES, .codes = codes, .n_frames = n, .n_codebooks = nq, .seq = seq};
+static int decode(codec *c, int seq, const int32_t *codes, int64_t n, int nq, float *pcm, char *err,
+                  size_t errlen) {
+  const model_input in = {
+      .io = MODEL_IO_CODES, .codes = codes, .n_frames = n, .n_codebooks = nq, .seq = seq};
   const model_output out = {.io = MODEL_IO_PCM, .pcm = pcm};
   return c->k->run(c->impl, c->st, c->be, &in, &out, err, errlen);
 }
@@ -168,14 +171,18 @@ static float *test_one_pass(void) {
     int r = !codes || !ref || nc != (size_t)lens[i] * NQ * 4 || np != (size_t)lens[i] * SPF * 4;
     c.k->seq->reset(c.st, 0);
     if (!r) r = decode(&c, 0, codes, lens[i], NQ, got, err, sizeof err);
-    if (r > 0) printf("  fixture files missing or of the wrong size\n");
-    else if (r) printf("  %s\n", err);
+    if (r > 0)
+      printf("  fixture files missing or of the wrong size\n");
+    else if (r)
+      printf("  %s\n", err);
     const double md = r ? 1e9 : max_diff(got, ref, (size_t)lens[i] * SPF);
     snprintf(what, sizeof what, "%d frames: max |pcm - reference| = %.3g (<= 2e-3)", lens[i], md);
     ok(what, !r && md <= 2e-3);
     ok("  frames counted on the stream", c.k->seq->seq_len(c.st, 0) == lens[i]);
-    if (lens[i] == 40 && !r) keep = got;
-    else free(got);
+    if (lens[i] == 40 && !r)
+      keep = got;
+    else
+      free(got);
     free(codes), free(ref);
   }
   codec_close(&c);
@@ -203,8 +210,8 @@ static void test_streaming(const float *one) {
   }
   if (rc && codes && one) printf("  %s\n", err);
   double md = rc ? 1e9 : max_diff(got, one, 40 * SPF);
-  snprintf(what, sizeof what, "pieces 1,3,7,2,1,5,8,13 == one pass: max |diff| %.3g (<= 1e-6)%s", md,
-           md == 0 ? ", bit-identical" : "");
+  snprintf(what, sizeof what, "pieces 1,3,7,2,1,5,8,13 == one pass: max |diff| %.3g (<= 1e-6)%s",
+           md, md == 0 ? ", bit-identical" : "");
   ok(what, !rc && md <= 1e-6);
   if (!rc) codec_close(&c);
   /* a state whose internal step is 5 frames decodes 40 frames in one call */
@@ -225,10 +232,13 @@ static void test_streaming(const float *one) {
     const int end = start + 16 < 40 ? start + 16 : 40, ctx = start - 5 > 0 ? 5 : start;
     c.k->seq->reset(c.st, 0);
     r = decode(&c, 0, codes + (start - ctx) * NQ, end - start + ctx, NQ, buf, err, sizeof err);
-    if (!r) memcpy(got + (int64_t)start * SPF, buf + (int64_t)ctx * SPF, sizeof(float) * (size_t)(end - start) * SPF);
+    if (!r)
+      memcpy(got + (int64_t)start * SPF, buf + (int64_t)ctx * SPF,
+             sizeof(float) * (size_t)(end - start) * SPF);
   }
   md = r ? 1e9 : max_diff(got, ref, 40 * SPF);
-  snprintf(what, sizeof what, "reference chunked_decode (16 / 5) reproduced: max |diff| %.3g (<= 2e-3)", md);
+  snprintf(what, sizeof what,
+           "reference chunked_decode (16 / 5) reproduced: max |diff| %.3g (<= 2e-3)", md);
   ok(what, !r && md <= 2e-3);
   if (!rc) codec_close(&c);
   free(buf), free(ref), free(got), free(codes);
@@ -291,7 +301,8 @@ static void test_bad_input(void) {
   char *hit = NULL;
   for (size_t i = 0; st && i + strlen(name) < n && i < 1 << 20 && !hit; i++)
     if (!memcmp(st + i, name, strlen(name))) hit = st + i;
-  if (hit) hit[strlen("decoder.pre_conv.conv.")] = 'x'; /* the same length: the header stays valid */
+  if (hit)
+    hit[strlen("decoder.pre_conv.conv.")] = 'x'; /* the same length: the header stays valid */
   snprintf(p, sizeof p, "%s/model.safetensors", tmp);
   if (hit) write_file(p, st, n);
   free(st);

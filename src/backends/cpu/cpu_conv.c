@@ -40,29 +40,32 @@ static void conv1d_task(void *p, int ith, int nth) {
       } else {
         s = 0;
         for (int k = 0; k < j->kw; k++)
-          s += cpu_dot_f32(j->x + (t + (int64_t)k * j->dil) * j->cin, wr + (int64_t)k * j->cin, j->cin);
+          s += cpu_dot_f32(j->x + (t + (int64_t)k * j->dil) * j->cin, wr + (int64_t)k * j->cin,
+                           j->cin);
       }
       j->y[t * j->cout + co] = s + b;
     }
   }
 }
 
-static void cpu_conv1d(ops_backend *be, float *y, const float *x, int64_t n, int cin, int cout, const float *w, int kw,
-                       int dil, const float *bias) {
+static void cpu_conv1d(ops_backend *be, float *y, const float *x, int64_t n, int cin, int cout,
+                       const float *w, int kw, int dil, const float *bias) {
   cpu_impl *c = be->impl;
-  conv_job j = {.y = y, .x = x, .w = w, .bias = bias, .n = n, .cin = cin, .cout = cout, .kw = kw, .dil = dil};
+  conv_job j = {
+      .y = y, .x = x, .w = w, .bias = bias, .n = n, .cin = cin, .cout = cout, .kw = kw, .dil = dil};
   if (n <= 0) return;
   threadpool_run(c->tp, conv1d_task, &j);
 }
 
-static void cpu_conv1d_dw(ops_backend *be, float *y, const float *x, int64_t n, int ch, const float *w, int kw, int dil,
-                          const float *bias) {
+static void cpu_conv1d_dw(ops_backend *be, float *y, const float *x, int64_t n, int ch,
+                          const float *w, int kw, int dil, const float *bias) {
   (void)be;
   for (int64_t t = 0; t < n; t++) {
     float *yr = y + t * ch;
     for (int c = 0; c < ch; c++) {
       float s = 0;
-      for (int k = 0; k < kw; k++) s += w[(int64_t)c * kw + k] * x[(t + (int64_t)k * dil) * ch + c];
+      for (int k = 0; k < kw; k++)
+        s += w[(int64_t)c * kw + k] * x[(t + (int64_t)k * dil) * ch + c];
       yr[c] = s + (bias ? bias[c] : 0.0f);
     }
   }
@@ -82,16 +85,24 @@ static void tconv_task(void *p, int ith, int nth) {
   }
 }
 
-static void cpu_conv_transpose1d(ops_backend *be, float *y, const float *x, int64_t n, int cin, int cout,
-                                 const float *w, int m, int stride, const float *bias) {
+static void cpu_conv_transpose1d(ops_backend *be, float *y, const float *x, int64_t n, int cin,
+                                 int cout, const float *w, int m, int stride, const float *bias) {
   cpu_impl *c = be->impl;
-  conv_job j = {.y = y, .x = x, .w = w, .bias = bias, .n = n, .cin = cin, .cout = cout, .m = m, .stride = stride};
+  conv_job j = {.y = y,
+                .x = x,
+                .w = w,
+                .bias = bias,
+                .n = n,
+                .cin = cin,
+                .cout = cout,
+                .m = m,
+                .stride = stride};
   if (n <= 0) return;
   threadpool_run(c->tp, tconv_task, &j);
 }
 
-static void cpu_snake_beta(ops_backend *be, float *y, const float *x, int64_t rows, int ch, const float *alpha,
-                           const float *inv_beta) {
+static void cpu_snake_beta(ops_backend *be, float *y, const float *x, int64_t rows, int ch,
+                           const float *alpha, const float *inv_beta) {
   (void)be;
   for (int64_t r = 0; r < rows; r++)
     for (int c = 0; c < ch; c++) {
@@ -101,35 +112,42 @@ static void cpu_snake_beta(ops_backend *be, float *y, const float *x, int64_t ro
     }
 }
 
-static void cpu_codec_layer_norm(ops_backend *be, float *y, const float *x, const float *w, const float *b,
-                                 int64_t rows, int d, float eps) {
+static void cpu_codec_layer_norm(ops_backend *be, float *y, const float *x, const float *w,
+                                 const float *b, int64_t rows, int d, float eps) {
   (void)be;
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * d;
     float *yr = y + r * d;
     double s = 0, ss = 0;
-    for (int i = 0; i < d; i++) s += xr[i];
+    for (int i = 0; i < d; i++)
+      s += xr[i];
     const double mean = s / d;
-    for (int i = 0; i < d; i++) ss += (xr[i] - mean) * (xr[i] - mean);
+    for (int i = 0; i < d; i++)
+      ss += (xr[i] - mean) * (xr[i] - mean);
     const float mu = (float)mean, inv = (float)(1.0 / sqrt(ss / d + eps));
-    for (int i = 0; i < d; i++) yr[i] = (xr[i] - mu) * inv * w[i] + b[i];
+    for (int i = 0; i < d; i++)
+      yr[i] = (xr[i] - mu) * inv * w[i] + b[i];
   }
 }
 
 static void cpu_gelu_erf(ops_backend *be, float *x, int64_t n) {
   (void)be;
-  for (int64_t i = 0; i < n; i++) x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+  for (int64_t i = 0; i < n; i++)
+    x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
 
-static void cpu_add_scaled(ops_backend *be, float *y, const float *x, const float *s, int64_t rows, int d) {
+static void cpu_add_scaled(ops_backend *be, float *y, const float *x, const float *s, int64_t rows,
+                           int d) {
   (void)be;
   for (int64_t r = 0; r < rows; r++)
-    for (int i = 0; i < d; i++) y[r * d + i] += s[i] * x[r * d + i];
+    for (int i = 0; i < d; i++)
+      y[r * d + i] += s[i] * x[r * d + i];
 }
 
 static void cpu_clamp(ops_backend *be, float *y, int64_t n, float lo, float hi) {
   (void)be;
-  for (int64_t i = 0; i < n; i++) y[i] = y[i] < lo ? lo : y[i] > hi ? hi : y[i];
+  for (int64_t i = 0; i < n; i++)
+    y[i] = y[i] < lo ? lo : y[i] > hi ? hi : y[i];
 }
 
 void cpu_conv_fill(ops_backend *be) {
