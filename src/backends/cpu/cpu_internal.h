@@ -85,4 +85,7 @@ int cpu_qgemm(ops_backend *be, float *y, const float *x, int64_t n, const ops_we
 int64_t cpu_qgemm_scratch_floats(int64_t max_cols);
 size_t cpu_qgemm_act_bytes(int64_t n, int64_t cols, int n_threads);
 
+/* Fills the waveform decoder ops of the table (cpu_conv.c). */
+void cpu_conv_fill(ops_backend *be);
+
 #endif
