@@ -538,6 +538,13 @@ static int write_meta(ctx *x, gguf_writer *w, json_t *cfgj) {
     if (!rp) rp = json_object_get(tc, "rope_scaling");
     json_t *ms = json_object_get(rp, "mrope_section");
     for (size_t i = 0; i < 4 && i < json_array_size(ms); i++) sec[i] = (int32_t)json_integer_value(json_array_get(ms, i));
+    uint8_t *rec = malloc((size_t)c->n_layers);
+    if (!rec) return anna_err(x->err, x->errlen, ANNA_ENOMEM, "out of memory");
+    for (int i = 0; i < c->n_layers; i++) rec[i] = c->layers[i].kind == LAYER_KIND_GDN;
+    snprintf(k, sizeof k, "%s.attention.recurrent_layers", A);
+    rc = gguf_writer_set_arr(w, k, GGUF_TYPE_BOOL, rec, c->n_layers);
+    free(rec);
+    if (rc) return anna_err(x->err, x->errlen, rc, "metadata write failed");
     snprintf(k, sizeof k, "%s.rope.dimension_sections", A);
     if ((rc = gguf_writer_set_arr(w, k, GGUF_TYPE_INT32, sec, 4)) || (rc = KU("ssm.conv_kernel", c->gdn_conv)) ||
         (rc = KU("ssm.state_size", c->gdn_dk)) || (rc = KU("ssm.group_count", c->gdn_hk)) ||
