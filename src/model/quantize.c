@@ -4,6 +4,7 @@
 #include "model/quantize.h"
 
 #include "base/error.h"
+#include "base/threadpool.h"
 #include "formats/dtype.h"
 #include "formats/gguf.h"
 #include "formats/gguf_write.h"
@@ -45,13 +46,20 @@ typedef struct job {
   int is_1d;
 } job;
 
+#define QUANTIZE_MAX_THREADS 256
+
 typedef struct plan {
   job *j;
   int64_t n, cap;
   int hk, r; /* V reorder: k-heads and v-heads per k-head (r 1: identity) */
-  float *row, *tmp;
   int64_t max_cols;
   model_quantize_stats *stats;
+  threadpool *tp; /* rows of a tensor are split over its workers */
+  float *row[QUANTIZE_MAX_THREADS], *tmp[QUANTIZE_MAX_THREADS]; /* per worker */
+  /* the tensor being filled */
+  const job *cur;
+  unsigned char *dst;
+  int rc[QUANTIZE_MAX_THREADS];
 } plan;
 
 int model_quantize_type_known(const char *type) { return type && (!strcmp(type, "int4") || !strcmp(type, "bf16")); }
@@ -95,11 +103,11 @@ static int64_t job_src_row(const plan *p, const job *j, int64_t r) {
   return r;
 }
 
-static void job_row(plan *p, const job *j, int64_t r, float *out) {
+static void job_row(const plan *p, const job *j, int64_t r, float *out, float *tmp) {
   const int64_t sr = job_src_row(p, j, r);
   if (j->vcol_hd && p->r > 1) {
-    src_row(j->src, sr, j->cols, p->tmp);
-    for (int64_t c = 0; c < j->cols; c++) out[c] = p->tmp[tiled_src(c, j->vcol_hd, p->hk, p->r)];
+    src_row(j->src, sr, j->cols, tmp);
+    for (int64_t c = 0; c < j->cols; c++) out[c] = tmp[tiled_src(c, j->vcol_hd, p->hk, p->r)];
   } else {
     src_row(j->src, sr, j->cols, out);
   }
@@ -109,22 +117,39 @@ static void job_row(plan *p, const job *j, int64_t r, float *out) {
     for (int64_t c = 0; c < j->cols; c++) out[c] = -expf(out[c]);
 }
 
-static int fill(void *user, int64_t i, void *dst, size_t nbytes, char *err, size_t errlen) {
-  plan *p = user;
-  const job *j = &p->j[i];
+static void fill_rows(void *ctx, int ith, int nth) {
+  plan *p = ctx;
+  const job *j = p->cur;
   const size_t rb = (size_t)dtype_row_bytes(j->type, j->cols);
-  if (rb * (size_t)j->rows != nbytes) return anna_err(err, errlen, ANNA_EFORMAT, "%s: size mismatch", j->name);
-  for (int64_t r = 0; r < j->rows; r++) {
-    unsigned char *o = (unsigned char *)dst + rb * (size_t)r;
+  int64_t r0, r1;
+  threadpool_range(j->rows, ith, nth, &r0, &r1);
+  p->rc[ith] = 0;
+  for (int64_t r = r0; r < r1; r++) {
+    unsigned char *o = p->dst + rb * (size_t)r;
     if (j->type == ANNA_DTYPE_BF16 && j->src->dtype == ANNA_DTYPE_BF16 && j->xform == X_NONE && !j->vcol_hd) {
       /* bf16 -> bf16: the source bits, not a float round trip */
       memcpy(o, (const unsigned char *)j->src->data + (size_t)job_src_row(p, j, r) * (size_t)j->cols * 2, rb);
       continue;
     }
-    job_row(p, j, r, p->row);
-    int rc = quant_encode_row(j->type, p->row, o, j->cols);
-    if (rc) return anna_err(err, errlen, rc, "%s: cannot encode as %s", j->name, dtype_name(j->type));
+    job_row(p, j, r, p->row[ith], p->tmp[ith]);
+    int rc = quant_encode_row(j->type, p->row[ith], o, j->cols);
+    if (rc) {
+      p->rc[ith] = rc;
+      return;
+    }
   }
+}
+
+static int fill(void *user, int64_t i, void *dst, size_t nbytes, char *err, size_t errlen) {
+  plan *p = user;
+  const job *j = &p->j[i];
+  const size_t rb = (size_t)dtype_row_bytes(j->type, j->cols);
+  if (rb * (size_t)j->rows != nbytes) return anna_err(err, errlen, ANNA_EFORMAT, "%s: size mismatch", j->name);
+  p->cur = j;
+  p->dst = dst;
+  threadpool_run(p->tp, fill_rows, p);
+  for (int t = 0; t < threadpool_size(p->tp); t++)
+    if (p->rc[t]) return anna_err(err, errlen, p->rc[t], "%s: cannot encode as %s", j->name, dtype_name(j->type));
   if (p->stats) {
     p->stats->n_tensors++;
     p->stats->bytes_in += (int64_t)j->src->nbytes;
@@ -566,7 +591,8 @@ int model_quantize_hf(const char *dir, const char *out_path, const char *type, m
   safetensors_set *st = NULL;
   gguf_writer *w = NULL;
   json_t *cfgj = NULL;
-  plan p = {0};
+  static const plan zero_plan;
+  plan p = zero_plan;
   p.stats = stats;
   if (stats) memset(stats, 0, sizeof *stats);
   char cpath[4096];
@@ -612,12 +638,21 @@ int model_quantize_hf(const char *dir, const char *out_path, const char *type, m
     rc = x.rc;
     goto out;
   }
-  p.row = malloc((size_t)p.max_cols * sizeof(float));
-  p.tmp = malloc((size_t)p.max_cols * sizeof(float));
-  if (!p.row || !p.tmp || gguf_writer_create(&w, err, errlen)) {
-    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if ((rc = threadpool_create(&p.tp, 0, err, errlen))) goto out;
+  const int nth = threadpool_size(p.tp);
+  if (nth > QUANTIZE_MAX_THREADS) {
+    rc = anna_err(err, errlen, ANNA_ERANGE, "quantize: %d threads (at most %d)", nth, QUANTIZE_MAX_THREADS);
     goto out;
   }
+  for (int t = 0; t < nth; t++) {
+    p.row[t] = malloc((size_t)p.max_cols * sizeof(float));
+    p.tmp[t] = malloc((size_t)p.max_cols * sizeof(float));
+    if (!p.row[t] || !p.tmp[t]) {
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+      goto out;
+    }
+  }
+  if ((rc = gguf_writer_create(&w, err, errlen))) goto out;
   if ((rc = write_meta(&x, w, cfgj))) goto out;
   for (int64_t i = 0; i < p.n; i++) {
     const job *j = &p.j[i];
@@ -633,8 +668,8 @@ out:
   safetensors_close(st);
   json_decref(cfgj);
   free(p.j);
-  free(p.row);
-  free(p.tmp);
+  for (int t = 0; t < QUANTIZE_MAX_THREADS; t++) free(p.row[t]), free(p.tmp[t]);
+  threadpool_free(p.tp);
   free(c);
   return rc;
 }

@@ -17,7 +17,8 @@
  *           biases, ssm_conv1d and other 1-D tensors f32. The encoders are byte-identical to
  *           ggml's (formats/quant_encode.h).
  *
- * Memory: one tensor's output plus a row of floats at a time; the source stays mmap'd.
+ * Memory: one tensor's output plus a row of floats per thread; the source stays mmap'd. Rows
+ * are encoded on a thread pool of one worker per core (the bytes do not depend on it).
  */
 #ifndef ANNA_MODEL_QUANTIZE_H
 #define ANNA_MODEL_QUANTIZE_H
