@@ -174,6 +174,22 @@ typedef struct ctx {
 
 static int use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
+/* llama-quantize counts attn_v / ffn_down tensors in the order of its input file, and the
+ * converter writes layers in the name order of the safetensors header (blk.0, blk.1, blk.10,
+ * blk.11, ..., blk.2, ...). The index use_more_bits sees is that rank, not the layer number:
+ * checked against llama.cpp's own Q4_K_M of Qwen2.5-Coder-0.5B (24 layers), whose types
+ * match tensor for tensor with it (bench/notes/int4.md). */
+static int layer_name_rank(int i, int n) {
+  char a[16], b[16];
+  snprintf(a, sizeof a, "%d", i);
+  int r = 0;
+  for (int j = 0; j < n; j++) {
+    snprintf(b, sizeof b, "%d", j);
+    r += strcmp(b, a) < 0;
+  }
+  return r;
+}
+
 /* llama.cpp's tensor_type_fallback for a row length cols. */
 static int fallback(int type, int64_t cols) {
   if (cols % dtype_block_size(type) == 0) return type;
@@ -226,7 +242,7 @@ static job *add(ctx *x, const char *gname, const char *src, int cat, int layer, 
     const int n = x->c->n_layers;
     if (cat == C_OUTPUT || (cat == C_EMBD && x->c->tie_embeddings))
       ty = j->cols % 256 ? ANNA_DTYPE_Q8_0 : ANNA_DTYPE_Q6_K;
-    else if ((cat == C_ATTN_V || cat == C_FFN_DOWN) && use_more_bits(layer, n))
+    else if ((cat == C_ATTN_V || cat == C_FFN_DOWN) && use_more_bits(layer_name_rank(layer, n), n))
       ty = ANNA_DTYPE_Q6_K;
     j->type = fallback(ty, j->cols);
   }
