@@ -538,6 +538,7 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "describe", json_string(anna_model_describe(m)));
     json_object_set_new(o, "device", json_string(device ? device : "cpu"));
     json_object_set_new(o, "dtype", json_string(dtype ? dtype : "f32"));
+    json_object_set_new(o, "weight_quant", json_string(wq ? wq : "none"));
     json_object_set_new(o, "parallel", json_integer(g_parallel));
     json_object_set_new(o, "threads", json_integer(threads));
     json_object_set_new(o, "n_batch", json_integer(n_batch));
