@@ -44,6 +44,7 @@ typedef struct job {
   int64_t vrow0, vhd;       /* rows >= vrow0: V heads grouped -> tiled, blocks of vhd rows (vhd 0: none) */
   int64_t vcol_hd;          /* columns: V heads grouped -> tiled, blocks of vcol_hd (0: none) */
   int is_1d;
+  const float *synth; /* data computed here (rope_freqs), cols floats; src NULL */
 } job;
 
 #define QUANTIZE_MAX_THREADS 256
@@ -104,6 +105,10 @@ static int64_t job_src_row(const plan *p, const job *j, int64_t r) {
 }
 
 static void job_row(const plan *p, const job *j, int64_t r, float *out, float *tmp) {
+  if (j->synth) {
+    memcpy(out, j->synth + r * j->cols, (size_t)j->cols * sizeof(float));
+    return;
+  }
   const int64_t sr = job_src_row(p, j, r);
   if (j->vcol_hd && p->r > 1) {
     src_row(j->src, sr, j->cols, tmp);
@@ -126,7 +131,7 @@ static void fill_rows(void *ctx, int ith, int nth) {
   p->rc[ith] = 0;
   for (int64_t r = r0; r < r1; r++) {
     unsigned char *o = p->dst + rb * (size_t)r;
-    if (j->type == ANNA_DTYPE_BF16 && j->src->dtype == ANNA_DTYPE_BF16 && j->xform == X_NONE && !j->vcol_hd) {
+    if (!j->synth && j->type == ANNA_DTYPE_BF16 && j->src->dtype == ANNA_DTYPE_BF16 && j->xform == X_NONE && !j->vcol_hd) {
       /* bf16 -> bf16: the source bits, not a float round trip */
       memcpy(o, (const unsigned char *)j->src->data + (size_t)job_src_row(p, j, r) * (size_t)j->cols * 2, rb);
       continue;
@@ -152,7 +157,7 @@ static int fill(void *user, int64_t i, void *dst, size_t nbytes, char *err, size
     if (p->rc[t]) return anna_err(err, errlen, p->rc[t], "%s: cannot encode as %s", j->name, dtype_name(j->type));
   if (p->stats) {
     p->stats->n_tensors++;
-    p->stats->bytes_in += (int64_t)j->src->nbytes;
+    p->stats->bytes_in += j->src ? (int64_t)j->src->nbytes : 0;
     p->stats->bytes_out += (int64_t)nbytes;
     if (j->type >= 0 && j->type < 64) p->stats->n_by_type[j->type]++;
   }
@@ -607,6 +612,7 @@ int model_quantize_hf(const char *dir, const char *out_path, const char *type, m
   safetensors_set *st = NULL;
   gguf_writer *w = NULL;
   json_t *cfgj = NULL;
+  float *rope_freqs = NULL;
   static const plan zero_plan;
   plan p = zero_plan;
   p.stats = stats;
@@ -622,7 +628,8 @@ int model_quantize_hf(const char *dir, const char *out_path, const char *type, m
     goto out;
   }
   for (int i = 0; i < c->n_layers; i++)
-    if (c->layers[i].rope_type != ROPE_KIND_DEFAULT && c->layers[i].kind != LAYER_KIND_GDN) {
+    if (c->layers[i].rope_type != ROPE_KIND_DEFAULT && c->layers[i].kind != LAYER_KIND_GDN &&
+        !(c->arch == MODEL_ARCH_LLAMA && c->layers[i].rope_type == ROPE_KIND_LLAMA3)) {
       rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: quantizing with rope scaling '%s' is not supported yet", dir,
                     config_rope_name(c->layers[i].rope_type));
       goto out;
@@ -654,6 +661,41 @@ int model_quantize_hf(const char *dir, const char *out_path, const char *type, m
     rc = x.rc;
     goto out;
   }
+  if (c->layers[0].rope_type == ROPE_KIND_LLAMA3) {
+    /* llama.cpp's converter: the llama3 frequency divisors as a rope_freqs tensor (float32
+     * arithmetic, as its torch code) */
+    const layer_config *l = &c->layers[0];
+    const int half = l->rope_dims / 2;
+    if (half < 1 || half > 4096 || !(rope_freqs = malloc(sizeof(float) * (size_t)half))) {
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: rope dims %d", dir, l->rope_dims);
+      goto out;
+    }
+    const float factor = (float)l->rope_factor, lo = (float)l->rope_low_freq_factor, hi = (float)l->rope_high_freq_factor,
+                old_ctx = (float)l->rope_orig_max_pos;
+    const float lo_wl = old_ctx / lo, hi_wl = old_ctx / hi;
+    for (int i = 0; i < half; i++) {
+      const float freq = 1.0f / powf((float)l->rope_theta, (float)(2 * i) / (float)l->rope_dims);
+      const float wl = (float)(2 * M_PI) / freq;
+      if (wl < hi_wl) rope_freqs[i] = 1.0f;
+      else if (wl > lo_wl) rope_freqs[i] = factor;
+      else {
+        const float smooth = (old_ctx / wl - lo) / (hi - lo);
+        rope_freqs[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
+      }
+    }
+    if (p.n == p.cap) {
+      job *nj = realloc(p.j, (size_t)(p.cap + 1) * sizeof *nj);
+      if (!nj) {
+        rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+        goto out;
+      }
+      p.j = nj, p.cap++;
+    }
+    job *j = &p.j[p.n++];
+    memset(j, 0, sizeof *j);
+    snprintf(j->name, sizeof j->name, "rope_freqs.weight");
+    j->synth = rope_freqs, j->type = ANNA_DTYPE_F32, j->rows = 1, j->cols = half, j->is_1d = 1;
+  }
   if ((rc = threadpool_create(&p.tp, 0, err, errlen))) goto out;
   const int nth = threadpool_size(p.tp);
   if (nth > QUANTIZE_MAX_THREADS) {
@@ -684,6 +726,7 @@ out:
   safetensors_close(st);
   json_decref(cfgj);
   free(p.j);
+  free(rope_freqs);
   for (int t = 0; t < QUANTIZE_MAX_THREADS; t++) free(p.row[t]), free(p.tmp[t]);
   threadpool_free(p.tp);
   free(c);

@@ -2,7 +2,8 @@
  * -> a GGUF file with llama.cpp's tensor names, metadata and embedded tokenizer, so that
  * anna's GGUF loader (model/gguf_model.c) and llama.cpp both load it.
  *
- * Families: qwen2, qwen3, llama (default rope only), qwen3_5 dense (text or multimodal
+ * Families: qwen2, qwen3, llama (default or llama3 rope: the rope_freqs tensor as the
+ * converter computes it; other rope scaling is ANNA_EUNSUPPORTED), qwen3_5 dense (text or multimodal
  * checkpoint naming; the vision tower is not written). Anything else, MoE and Gemma
  * included, is ANNA_EUNSUPPORTED naming the model_type. The tensor transforms are those of
  * llama.cpp's convert_hf_to_gguf.py (Llama q/k row permutation; Qwen3.5: +1 baked into the

@@ -514,6 +514,9 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
     test_vs_converter(fixtures, ANNA_SOURCE_DIR "/tests/fixtures/gguf", names[i]);
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) test_fixture_logits(fixtures, names[i]);
+  /* Llama 3 rope scaling: the converter's rope_freqs tensor (tests/fixtures/llama3) */
+  test_vs_converter(ANNA_SOURCE_DIR "/tests/fixtures", ANNA_SOURCE_DIR "/tests/fixtures/gguf", "llama3");
+  test_fixture_logits(ANNA_SOURCE_DIR "/tests/fixtures", "llama3");
   test_int4_types(fixtures);
   test_refusals(fixtures);
   test_cache_and_load(fixtures);
