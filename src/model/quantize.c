@@ -822,7 +822,10 @@ int model_quantize_cached(const char *dir, const char *type, char *out, size_t o
   char *slash = strrchr(d, '/');
   if (slash) *slash = 0;
   if (mkdirs(d)) return anna_err(err, errlen, ANNA_EIO, "%s: cannot create cache folder: %s", d, strerror(errno));
-  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", out, (long)getpid());
+  /* unique per process and call: concurrent builders of one file each write their own
+   * temporary and the last rename wins (same bytes) */
+  static _Atomic unsigned seq;
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", out, (long)getpid(), seq++);
   if ((rc = model_quantize_hf(dir, tmp, type, NULL, err, errlen))) {
     unlink(tmp);
     return rc;
