@@ -166,6 +166,10 @@ static int fill(void *user, int64_t i, void *dst, size_t nbytes, char *err, size
 
 /* ---- plan ---- */
 
+static int use_more_bits(int i, int n);
+static int layer_name_rank(int i, int n);
+int model_quantize_more_bits(int layer, int n_layers) { return use_more_bits(layer_name_rank(layer, n_layers), n_layers); }
+
 typedef struct ctx {
   plan *p;
   const safetensors_set *st;
@@ -247,7 +251,7 @@ static job *add(ctx *x, const char *gname, const char *src, int cat, int layer, 
     const int n = x->c->n_layers;
     if (cat == C_OUTPUT || (cat == C_EMBD && x->c->tie_embeddings))
       ty = j->cols % 256 ? ANNA_DTYPE_Q8_0 : ANNA_DTYPE_Q6_K;
-    else if ((cat == C_ATTN_V || cat == C_FFN_DOWN) && use_more_bits(layer_name_rank(layer, n), n))
+    else if ((cat == C_ATTN_V || cat == C_FFN_DOWN) && model_quantize_more_bits(layer, n))
       ty = ANNA_DTYPE_Q6_K;
     j->type = fallback(ty, j->cols);
   }

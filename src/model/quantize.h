@@ -33,6 +33,10 @@ typedef struct model_quantize_stats {
   int64_t n_by_type[64];       /* tensors written per anna_dtype */
 } model_quantize_stats;
 
+/* int4: whether layer's attn_v / attn_qkv / ffn_down get Q6_K (llama.cpp's use_more_bits over
+ * the converter's layer-name order: for 24 layers 0, 1, 3, 6-10, 13, 16, 19, 21). */
+int model_quantize_more_bits(int layer, int n_layers);
+
 /* True for the type names model_quantize_hf takes ("int4", "bf16"). */
 int model_quantize_type_known(const char *type);
 

@@ -353,6 +353,21 @@ static void test_int4_types(const char *fixtures) {
   gguf_close(f);
 }
 
+/* The Q6_K layers of llama.cpp's own Q4_K_M of Qwen2.5-Coder-0.5B (24 layers, read from its
+ * attn_v types), and the numeric order for fewer than 11 layers. */
+static void test_more_bits(void) {
+  const int want24[] = {0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21};
+  int ok = 1;
+  for (int l = 0, k = 0; l < 24; l++) {
+    const int w = k < 12 && want24[k] == l;
+    k += w;
+    ok &= model_quantize_more_bits(l, 24) == w;
+  }
+  check("more-bits layers of llama.cpp's 24-layer Q4_K_M", ok ? 0 : 1, 0);
+  for (int l = 0; l < 8; l++) ok &= model_quantize_more_bits(l, 8) == (l < 1 || l >= 7 || (l - 1) % 3 == 2);
+  check("more-bits layers, 8 layers", ok ? 0 : 1, 0);
+}
+
 static void test_refusals(const char *fixtures) {
   char dir[512], out[512], err[512];
   static const char *unsup[] = {"qwen3_moe", "qwen3_5_moe_text", "gemma3_text", "gemma4_text"};
@@ -518,6 +533,7 @@ int main(int argc, char **argv) {
   test_vs_converter(ANNA_SOURCE_DIR "/tests/fixtures", ANNA_SOURCE_DIR "/tests/fixtures/gguf", "llama3");
   test_fixture_logits(ANNA_SOURCE_DIR "/tests/fixtures", "llama3");
   test_int4_types(fixtures);
+  test_more_bits();
   test_refusals(fixtures);
   test_cache_and_load(fixtures);
   char cmd[400];
