@@ -389,6 +389,20 @@ static int token_id(json_t *tok, const char *content, int32_t *out) {
   return 0;
 }
 
+static int ends_with(const char *s, const char *suf) {
+  size_t n = strlen(s), m = strlen(suf);
+  return n >= m && !memcmp(s + n - m, suf, m);
+}
+
+/* The converter's does_token_look_special: added tokens that are control tokens in practice
+ * though not marked special (<|fim_prefix|>, deepseek's <｜...｜>, gemma's <unused..>). */
+static int looks_special(const char *t) {
+  return !strcmp(t, "<pad>") || !strcmp(t, "<mask>") || !strcmp(t, "<2mass>") || !strcmp(t, "[@BOS@]") ||
+         (!strncmp(t, "<|", 2) && ends_with(t, "|>")) ||
+         (!strncmp(t, "<\xef\xbd\x9c", 4) && ends_with(t, "\xef\xbd\x9c>")) ||
+         (!strncmp(t, "<unused", 7) && ends_with(t, ">"));
+}
+
 static int write_tokenizer(ctx *x, gguf_writer *w, json_t *cfgj) {
   int rc;
   json_t *tok = load_json(x->dir, "tokenizer.json", 1, 0, x->err, x->errlen, &rc);
@@ -438,7 +452,15 @@ static int write_tokenizer(ctx *x, gguf_writer *w, json_t *cfgj) {
     if (!s || id < 0 || id >= n) continue;
     free(toks[id]);
     toks[id] = strdup(s);
-    types[id] = json_is_true(json_object_get(v, "special")) ? 3 : 4; /* CONTROL : USER_DEFINED */
+    types[id] = json_is_true(json_object_get(v, "special")) || looks_special(s) ? 3 : 4; /* CONTROL : USER_DEFINED */
+    if (types[id] == 4 && toks[id]) {
+      /* the converter pre-normalizes user-defined tokens: U+2581 -> space */
+      char *o = toks[id];
+      for (const char *q = toks[id]; *q;)
+        if (!strncmp(q, "\xe2\x96\x81", 3)) *o++ = ' ', q += 3;
+        else *o++ = *q++;
+      *o = 0;
+    }
   }
   for (int64_t k = 0; k < n; k++)
     if (!toks[k]) {
