@@ -45,6 +45,7 @@ void gguf_writer_free(gguf_writer *w) {
 }
 
 static int put(gguf_writer *w, const void *p, size_t n) {
+  if (!n) return 0; /* empty arrays pass NULL data */
   if (w->kv_len + n > w->kv_cap) {
     size_t cap = w->kv_cap ? w->kv_cap : 4096;
     while (cap < w->kv_len + n) cap *= 2;
