@@ -34,6 +34,8 @@ enum xform {
   X_PERMUTE_QK, /* Llama: rows to GPT-J (interleaved) rope order, per head */
 };
 
+enum cat { C_OTHER, C_OUTPUT, C_EMBD, C_ATTN_V, C_FFN_DOWN };
+
 typedef struct job {
   char name[96];
   const safetensors_tensor *src;
@@ -45,6 +47,7 @@ typedef struct job {
   int64_t vcol_hd;          /* columns: V heads grouped -> tiled, blocks of vcol_hd (0: none) */
   int is_1d;
   const float *synth; /* data computed here (rope_freqs), cols floats; src NULL */
+  int cat;            /* enum cat (int4 only) */
 } job;
 
 #define QUANTIZE_MAX_THREADS 256
@@ -166,9 +169,7 @@ static int fill(void *user, int64_t i, void *dst, size_t nbytes, char *err, size
 
 /* ---- plan ---- */
 
-static int use_more_bits(int i, int n);
-static int layer_name_rank(int i, int n);
-int model_quantize_more_bits(int layer, int n_layers) { return use_more_bits(layer_name_rank(layer, n_layers), n_layers); }
+
 
 typedef struct ctx {
   plan *p;
@@ -183,22 +184,6 @@ typedef struct ctx {
 
 static int use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-/* llama-quantize counts attn_v / ffn_down tensors in the order of its input file, and the
- * converter writes layers in the name order of the safetensors header (blk.0, blk.1, blk.10,
- * blk.11, ..., blk.2, ...). The index use_more_bits sees is that rank, not the layer number:
- * checked against llama.cpp's own Q4_K_M of Qwen2.5-Coder-0.5B (24 layers), whose types
- * match tensor for tensor with it (bench/notes/int4.md). */
-static int layer_name_rank(int i, int n) {
-  char a[16], b[16];
-  snprintf(a, sizeof a, "%d", i);
-  int r = 0;
-  for (int j = 0; j < n; j++) {
-    snprintf(b, sizeof b, "%d", j);
-    r += strcmp(b, a) < 0;
-  }
-  return r;
-}
-
 /* llama.cpp's tensor_type_fallback for a row length cols. */
 static int fallback(int type, int64_t cols) {
   if (cols % dtype_block_size(type) == 0) return type;
@@ -206,7 +191,6 @@ static int fallback(int type, int64_t cols) {
   return cols % dtype_block_size(t) == 0 ? t : ANNA_DTYPE_F16;
 }
 
-enum cat { C_OTHER, C_OUTPUT, C_EMBD, C_ATTN_V, C_FFN_DOWN };
 
 static job *add(ctx *x, const char *gname, const char *src, int cat, int layer, int xform) {
   const safetensors_tensor *t = safetensors_find(x->st, src);
@@ -247,15 +231,47 @@ static job *add(ctx *x, const char *gname, const char *src, int cat, int layer, 
   if (j->is_1d || t->ndim == 1 || is_conv) j->type = ANNA_DTYPE_F32;
   else if (!x->int4) j->type = ANNA_DTYPE_BF16;
   else {
+    /* attn_v / ffn_down: decided by assign_more_bits once the order is final */
     int ty = ANNA_DTYPE_Q4_K;
-    const int n = x->c->n_layers;
-    if (cat == C_OUTPUT || (cat == C_EMBD && x->c->tie_embeddings))
-      ty = j->cols % 256 ? ANNA_DTYPE_Q8_0 : ANNA_DTYPE_Q6_K;
-    else if ((cat == C_ATTN_V || cat == C_FFN_DOWN) && model_quantize_more_bits(layer, n))
-      ty = ANNA_DTYPE_Q6_K;
+    if (cat == C_OUTPUT || (cat == C_EMBD && x->c->tie_embeddings)) ty = j->cols % 256 ? ANNA_DTYPE_Q8_0 : ANNA_DTYPE_Q6_K;
     j->type = fallback(ty, j->cols);
+    j->cat = cat;
   }
+  (void)layer;
   return j;
+}
+
+/* The converter's tensor order: generated tensors (rope_freqs) first, then the safetensors
+ * files in name order and each file's tensors in name order (gguf-py's SafetensorsLocal
+ * sorts them), so the bf16 file matches convert_hf_to_gguf.py's tensor for tensor. */
+static int job_order(const void *pa, const void *pb) {
+  const job *a = pa, *b = pb;
+  if (!a->src || !b->src) return (a->src != NULL) - (b->src != NULL);
+  int c = strcmp(a->src->file, b->src->file);
+  return c ? c : strcmp(a->src->name, b->src->name);
+}
+
+static int job_layer(const job *j) {
+  int l = -1;
+  return sscanf(j->name, "blk.%d.", &l) == 1 ? l : -1;
+}
+
+/* llama-quantize's order (llama_model_loader's weight_name_comparer: layer number, then name):
+ * the i-th attn_v-like tensor (attn_v, attn_qkv) of n and the i-th ffn_down of n_layers get
+ * Q6_K when use_more_bits(i, n). Older llama.cpp counted in file order instead, which for 11+
+ * layers picks other layers (bench/notes/int4.md). */
+static void assign_more_bits(plan *p, int n_layers) {
+  int n_v = 0;
+  for (int64_t i = 0; i < p->n; i++) n_v += p->j[i].cat == C_ATTN_V;
+  for (int64_t i = 0; i < p->n; i++) {
+    job *j = &p->j[i];
+    if (j->cat != C_ATTN_V && j->cat != C_FFN_DOWN) continue;
+    int rank = 0; /* one tensor of each category per layer: its rank is that of its layer */
+    for (int64_t k = 0; k < p->n; k++)
+      rank += p->j[k].cat == j->cat && (job_layer(&p->j[k]) < job_layer(j) ||
+                                        (job_layer(&p->j[k]) == job_layer(j) && strcmp(p->j[k].name, j->name) < 0));
+    if (use_more_bits(rank, j->cat == C_ATTN_V ? n_v : n_layers)) j->type = fallback(ANNA_DTYPE_Q6_K, j->cols);
+  }
 }
 
 #define ADD(gname, src, cat, layer, xf)                                                                              \
@@ -722,6 +738,8 @@ int model_quantize_hf(const char *dir, const char *out_path, const char *type, m
     snprintf(j->name, sizeof j->name, "rope_freqs.weight");
     j->synth = rope_freqs, j->type = ANNA_DTYPE_F32, j->rows = 1, j->cols = half, j->is_1d = 1;
   }
+  qsort(p.j, (size_t)p.n, sizeof *p.j, job_order);
+  if (x.int4) assign_more_bits(&p, c->n_layers);
   if ((rc = threadpool_create(&p.tp, 0, err, errlen))) goto out;
   const int nth = threadpool_size(p.tp);
   if (nth > QUANTIZE_MAX_THREADS) {

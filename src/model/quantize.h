@@ -12,8 +12,9 @@
  * Types:
  *   "bf16": 2-D weights bf16 as in the source (a converter check), 1-D tensors f32.
  *   "int4": llama.cpp's Q4_K_M mix without an importance matrix: Q4_K by default, Q6_K for
- *           the output matrix (the embedding when tied), attn_v / attn_qkv and ffn_down of the
- *           layers llama.cpp's use_more_bits picks; a row length that is not a multiple of
+ *           the output matrix (the embedding when tied), attn_v / attn_qkv and ffn_down where
+ *           llama.cpp's use_more_bits picks them (counted in the file's tensor order, which is
+ *           the converter's: safetensors files, then names, in sorted order); a row length that is not a multiple of
  *           256 falls back as llama.cpp does (Q4_K -> Q5_0, Q6_K -> Q8_0, then F16); norms,
  *           biases, ssm_conv1d and other 1-D tensors f32. The encoders are byte-identical to
  *           ggml's (formats/quant_encode.h).
@@ -32,10 +33,6 @@ typedef struct model_quantize_stats {
   int64_t bytes_in, bytes_out; /* source tensor bytes read, tensor bytes written */
   int64_t n_by_type[64];       /* tensors written per anna_dtype */
 } model_quantize_stats;
-
-/* int4: whether layer's attn_v / attn_qkv / ffn_down get Q6_K (llama.cpp's use_more_bits over
- * the converter's layer-name order: for 24 layers 0, 1, 3, 6-10, 13, 16, 19, 21). */
-int model_quantize_more_bits(int layer, int n_layers);
 
 /* True for the type names model_quantize_hf takes ("int4", "bf16"). */
 int model_quantize_type_known(const char *type);
