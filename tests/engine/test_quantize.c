@@ -407,6 +407,10 @@ static void test_cache_and_load(const char *fixtures) {
   } else {
     printf("  %s\n", err);
   }
+  /* a GGUF file loads as stored whatever weight_quant says (documented in anna.h) */
+  rc = anna_model_load(&m, ANNA_SOURCE_DIR "/tests/fixtures/gguf/qwen3.gguf", &mo, err, sizeof err);
+  check("weight_quant int4 on a GGUF loads it as stored", rc, 0);
+  if (!rc) anna_model_free(m);
   mo.weight_quant = "auto";
   rc = anna_model_load(&m, dir, &mo, err, sizeof err);
   check("weight_quant auto loads as stored", rc == 0 && !strstr(anna_model_describe(m), "gguf") ? 0 : 1, 0);
