@@ -10,7 +10,8 @@
  * zero-centred norms, ssm_a = -exp(A_log), V heads reordered from grouped to tiled order).
  *
  * Types:
- *   "bf16": 2-D weights bf16 as in the source (a converter check), 1-D tensors f32.
+ *   "bf16": 2-D weights bf16 (copied bit for bit from a bf16 source; an f16 / f32 source is
+ *           rounded to nearest even), 1-D tensors f32: a converter check and a llama-quantize input.
  *   "int4": llama.cpp's Q4_K_M mix without an importance matrix: Q4_K by default, Q6_K for
  *           the output matrix (the embedding when tied), attn_v / attn_qkv and ffn_down where
  *           llama.cpp's use_more_bits picks them (counted in the file's tensor order, which is
