@@ -7,8 +7,9 @@
  *   - GGUF writer: every value type and array kind, tensors and alignment read back by
  *     formats/gguf.c; bad input refused;
  *   - converter: the bf16 GGUF of each fixture equals llama.cpp's convert_hf_to_gguf.py output
- *     (tests/fixtures/gguf/<name>.gguf) tensor for tensor (names, types, dims, bytes) and carries
- *     its architecture keys; int4 picks llama.cpp's Q4_K_M types; refusals name the model type;
+ *     (tests/fixtures/gguf/<name>.gguf) tensor for tensor (names, order, types, dims, bytes) and
+ *     carries its architecture keys; int4 equals llama-quantize Q4_K_M of that bf16 file
+ *     (tests/fixtures/gguf_q4km) byte for byte; refusals name the model type;
  *   - cache and load: the cache path is keyed by the source files, a second call hits it,
  *     weight_quant "int4" loads the cached GGUF, bad values are ANNA_EINVAL.
  * Logits of the converted models against the transformers references: test_fixtures --gguf
@@ -293,6 +294,46 @@ static void test_vs_converter(const char *fixtures, const char *refdir, const ch
   gguf_close(b);
 }
 
+/* anna-quantize int4 against llama-quantize Q4_K_M of the same bf16 file
+ * (tests/fixtures/gguf_q4km/README.md): every tensor byte for byte. */
+static void test_vs_llama_quantize(const char *fixtures, const char *name) {
+  char dir[512], ref[512], out[512], err[512];
+  snprintf(dir, sizeof dir, "%s/%s", fixtures, name);
+  snprintf(ref, sizeof ref, "%s/tests/fixtures/gguf_q4km/%s.gguf", ANNA_SOURCE_DIR, name);
+  snprintf(out, sizeof out, "%s/%s-q4km.gguf", g_tmp, name);
+  gguf_file *a = NULL, *b = NULL;
+  if (anna_quantize_model(dir, "int4", out, NULL, 0, NULL, err, sizeof err) || gguf_open(&a, out, err, sizeof err) ||
+      gguf_open(&b, ref, err, sizeof err)) {
+    printf("  FAIL %s: %s\n", name, err);
+    g_fail++;
+    gguf_close(a);
+    return;
+  }
+  int64_t same = 0;
+  int types[64] = {0};
+  for (int64_t i = 0; i < gguf_tensor_count(b); i++) {
+    const gguf_tensor *tb = gguf_tensor_at(b, i), *ta = gguf_tensor_find(a, tb->name);
+    int ok = ta && ta->type == tb->type && ta->nbytes == tb->nbytes;
+    for (int d = 0; ok && d < GGUF_MAX_DIMS; d++) ok = ta->dims[d] == tb->dims[d];
+    if (ok) ok = !memcmp(ta->data, tb->data, (size_t)tb->nbytes);
+    if (ok) {
+      same++;
+      if (tb->type >= 0 && tb->type < 64) types[tb->type]++;
+    } else {
+      printf("  %s: tensor %s differs from llama-quantize (%s vs %s)\n", name, tb->name, ta ? dtype_name(ta->type) : "missing",
+             dtype_name(tb->type));
+    }
+  }
+  char what[96];
+  snprintf(what, sizeof what, "%s int4 == llama-quantize Q4_K_M", name);
+  check(what, (double)(gguf_tensor_count(b) - same) + (gguf_tensor_count(a) != gguf_tensor_count(b)), 0);
+  printf("%-14s int4 vs llama-quantize Q4_K_M: %lld of %lld tensors identical (Q4_K %d, Q6_K %d, Q5_0 %d, Q8_0 %d, F32 %d)\n",
+         name, (long long)same, (long long)gguf_tensor_count(b), types[ANNA_DTYPE_Q4_K], types[ANNA_DTYPE_Q6_K],
+         types[ANNA_DTYPE_Q5_0], types[ANNA_DTYPE_Q8_0], types[ANNA_DTYPE_F32]);
+  gguf_close(a);
+  gguf_close(b);
+}
+
 /* int4 types: llama.cpp's Q4_K_M choice for these shapes. */
 static void test_int4_types(const char *fixtures) {
   char dir[512], out[512], err[512];
@@ -525,6 +566,8 @@ int main(int argc, char **argv) {
   /* Llama 3 rope scaling: the converter's rope_freqs tensor (tests/fixtures/llama3) */
   test_vs_converter(ANNA_SOURCE_DIR "/tests/fixtures", ANNA_SOURCE_DIR "/tests/fixtures/gguf", "llama3");
   test_fixture_logits(ANNA_SOURCE_DIR "/tests/fixtures", "llama3");
+  test_vs_llama_quantize(fixtures, "qwen3_5_text");
+  test_vs_llama_quantize(ANNA_SOURCE_DIR "/tests/fixtures", "llama3");
   test_int4_types(fixtures);
   test_refusals(fixtures);
   test_cache_and_load(fixtures);
