@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 0
+#define ANNA_API_VERSION_MINOR 1
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
