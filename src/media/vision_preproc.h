@@ -79,4 +79,47 @@ int64_t vision_pixels_tokens(const vision_pixels *p, const vision_preproc_config
 /* Releases p->values and zeroes *p. Accepts NULL. */
 void vision_pixels_free(vision_pixels *p);
 
+/* ---- Video (transformers 5.25 Qwen3VLVideoProcessor, torchvision backend) ----
+ * Sampled RGB8 frames (media_video_decode) -> smart_resize with the whole-clip budget ->
+ * each frame resized exactly as an image (vision_preproc_resize_rgb8) -> the same
+ * normalisation -> the frame count padded to a multiple of temporal_patch_size by repeating
+ * the last frame -> pixel_values [grid_t * grid_h * grid_w, patch_dim], rows in the image
+ * order within each temporal group, groups in time order, each row (channel, frame in the
+ * group, y, x). grid = (n_padded / Tp, H / patch, W / patch). */
+typedef struct vision_video_config {
+  vision_preproc_config pre; /* patching, mean/std, rescale; min_pixels / max_pixels are the
+                                video size.shortest_edge / longest_edge: 4096 / 25165824 */
+  double fps;                /* sampling rate: 2 (used by media_video_options) */
+  int32_t min_frames, max_frames;  /* 4, 768 */
+  int cap_pixels_per_frame;        /* 0: the transformers 5.25 default (None -> False) */
+  int32_t max_video_tokens;        /* 768: the per-frame cap in merged tokens when capping */
+} vision_video_config;
+
+/* The published Qwen3.5 video_preprocessor_config.json values (see the fields above). */
+void vision_video_config_default(vision_video_config *c);
+
+/* Qwen3VL's video smart_resize for n sampled frames of h x w, including the per-frame cap
+ * when c->cap_pixels_per_frame: sides below F = patch * merge are first scaled up
+ * (int(side * max(F/h, F/w))), aspect > 200 refused, then hb = round(h/F)*F, ... compared as
+ * round(n/Tp)*Tp * hb * wb against the budget. ANNA_EINVAL for n < Tp, a zero side or the
+ * aspect ratio. */
+int vision_video_smart_resize(const vision_video_config *c, int32_t n, int64_t h, int64_t w,
+                              int32_t *out_h, int32_t *out_w, char *err, size_t errlen);
+
+/* Runs the video processor on n frames of packed RGB8 (frames[i] at i * w * h * 3). Caller
+ * frees out with vision_pixels_free; out->grid_t = ceil(n / Tp). ANNA_EINVAL for n < 1, a bad
+ * size or config; ANNA_ENOMEM. */
+int vision_preproc_video(const vision_video_config *c, const uint8_t *frames, int32_t n,
+                         int32_t w, int32_t h, vision_pixels *out, char *err, size_t errlen);
+
+/* Per temporal group timestamps as Qwen3VLProcessor._calculate_timestamps: indices padded to a
+ * multiple of tp with the last one, t = index / fps, group g -> (t[g*tp] + t[g*tp + tp-1]) / 2.
+ * out has ceil(n / tp) entries (caller-owned). */
+void vision_video_timestamps(const int64_t *indices, int32_t n, double fps, int32_t tp,
+                             double *out);
+
+/* The prompt text of one group's timestamp, "<%.1f seconds>", into buf (NUL-terminated).
+ * Returns the length, or a negative ANNA_EINVAL when bufsize is too small. */
+int vision_video_timestamp_text(double t, char *buf, size_t bufsize);
+
 #endif
