@@ -181,6 +181,21 @@ def main():
     raw = open(os.path.join(out_dir, "h264_96x64.mp4"), "rb").read()
     # the MP4 from PyAV has moov at the end: cutting it off leaves no index
     open(os.path.join(out_dir, "bad", "truncated.mp4"), "wb").write(raw[: len(raw) // 2])
+    # moov first (faststart), mdat cut: the index promises frames the data lacks
+    c = av.open(os.path.join(out_dir, "bad", "_fs.mp4"), "w", format="mp4",
+                options={"movflags": "faststart"})
+    s = c.add_stream("libx264", rate=24)
+    s.width, s.height, s.pix_fmt = 64, 64, "yuv420p"
+    for i in range(48):
+        for p in s.encode(av.VideoFrame.from_ndarray(frame_rgb(64, 64, i), format="rgb24")):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    c.close()
+    fs = open(os.path.join(out_dir, "bad", "_fs.mp4"), "rb").read()
+    os.remove(os.path.join(out_dir, "bad", "_fs.mp4"))
+    assert fs.find(b"moov") < fs.find(b"mdat"), "faststart did not move moov"
+    open(os.path.join(out_dir, "bad", "truncated_faststart.mp4"), "wb").write(fs[: len(fs) * 3 // 5])
     web = bytearray(open(os.path.join(out_dir, "vp9_80x60.webm"), "rb").read())
     open(os.path.join(out_dir, "bad", "truncated.webm"), "wb").write(web[: len(web) * 2 // 3])
     r = np.random.default_rng(7)

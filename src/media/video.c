@@ -414,6 +414,20 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
   else if (st->r_frame_rate.num > 0 && st->r_frame_rate.den > 0)
     fps = av_q2d(st->r_frame_rate);
   if (!(fps > 0) || !isfinite(fps)) fps = 24.0; /* the processor's assumption */
+  /* A cut-off Matroska / WebM file still demuxes (it has no frame index): compare the data
+   * with the duration the header declares for the stream (the container's when the video is
+   * its only stream). torchcodec would take the prefix as a shorter clip; a request that lost
+   * a third of its bytes is refused instead. Tolerance: two frames and 0.1 s. */
+  double hdr = 0.0;
+  if (st->duration > 0 && st->duration != AV_NOPTS_VALUE && tb.den)
+    hdr = (double)st->duration * tb.num / tb.den;
+  else if (c.fmt->nb_streams == 1 && c.fmt->duration > 0 && c.fmt->duration != AV_NOPTS_VALUE)
+    hdr = (double)c.fmt->duration / AV_TIME_BASE;
+  if (hdr > 0 && dur + 2.0 / fps + 0.1 < hdr) {
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "video: truncated: the header says %.3f s but the data holds %.3f s", hdr, dur);
+    goto fail;
+  }
   v.total_frames = count;
   v.fps = fps;
   v.duration_s = dur;

@@ -21,7 +21,9 @@
  *
  * Limits are checked before the large allocations: bytes before opening, width * height on
  * the stream header, duration after the packet scan (no frames are decoded before it), and
- * the sampled frame count before the RGB buffer is allocated. Corrupt, truncated, not-a-video
+ * the sampled frame count before the RGB buffer is allocated. A stream whose packets span
+ * less than the duration its header declares (minus two frames and 0.1 s) is refused as
+ * truncated, where torchcodec would sample the prefix. Corrupt, truncated, not-a-video
  * and audio-only input are ANNA_EINVAL naming the problem; a build without FFmpeg returns
  * ANNA_EUNSUPPORTED naming the packages. Rotated streams (a display matrix other than 0
  * degrees) are ANNA_EUNSUPPORTED: torchcodec rotates them and this module does not yet.

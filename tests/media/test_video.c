@@ -279,8 +279,9 @@ static void test_bad(const char *dir) {
   expect_bad("HLS playlist", (const uint8_t *)hls, sizeof hls - 1, NULL, "container");
   const char *files[][2] = {{"audio_only.mp4", "no video stream"},
                             {"truncated.mp4", NULL},
-                            {"truncated.webm", NULL}};
-  for (int i = 0; i < 3; i++) {
+                            {"truncated.webm", NULL},
+                            {"truncated_faststart.mp4", NULL}};
+  for (int i = 0; i < 4; i++) {
     uint8_t *b = read_file(d2, files[i][0], &n);
     CHECK(b && n, "cannot read bad/%s", files[i][0]);
     if (b) expect_bad(files[i][0], b, n, NULL, files[i][1]);
