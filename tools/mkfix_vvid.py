@@ -164,6 +164,15 @@ def main():
         print(row)
         resize_table.append(row)
 
+    # the published config as transformers serialises it (save_pretrained)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        Qwen3VLVideoProcessor(**{k: v for k, v in PUBLISHED.items()
+                                 if k not in ("processor_class", "video_processor_type")}
+                              ).save_pretrained(d)
+        txt = open(os.path.join(d, "video_preprocessor_config.json")).read()
+    open(os.path.join(out_dir, "video_preprocessor_config.json"), "w").write(txt)
+
     # bad inputs
     a = av.open(os.path.join(out_dir, "bad", "audio_only.mp4"), "w", format="mp4")
     s = a.add_stream("aac", rate=16000)

@@ -610,3 +610,72 @@ int vision_video_timestamp_text(double t, char *buf, size_t bufsize) {
   }
   return k;
 }
+
+int vision_video_config_parse(const char *json, size_t n, vision_video_config *c, char *err,
+                              size_t errlen) {
+  json_error_t je;
+  json_t *root = json_loadb(json, n, 0, &je);
+  if (!root)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "video_preprocessor_config: bad JSON at line %d: %s", je.line, je.text);
+  vision_video_config t = *c;
+  int rc = 0;
+  if (!json_is_object(root)) {
+    rc = anna_err(err, errlen, ANNA_EINVAL, "video_preprocessor_config: not a JSON object");
+    goto done;
+  }
+  /* The video keys are taken out here; the rest are the image processor's. */
+  static const char *const vkeys[] = {"fps", "min_frames", "max_frames", "max_video_tokens",
+                                      "cap_pixels_per_frame", "do_sample_frames", "num_frames",
+                                      "return_metadata", "video_processor_type", NULL};
+  for (int i = 0; vkeys[i] && !rc; i++) {
+    const char *key = vkeys[i];
+    json_t *v = json_object_get(root, key);
+    int64_t x;
+    int b;
+    if (!v) continue;
+    if (!strcmp(key, "fps")) {
+      if (!json_is_number(v) || !(json_number_value(v) > 0) || !(json_number_value(v) <= 1000))
+        rc = anna_err(err, errlen, ANNA_EINVAL,
+                      "video_preprocessor_config: fps must be a number in (0, 1000]");
+      else
+        t.fps = json_number_value(v);
+    } else if (!strcmp(key, "min_frames")) {
+      if (!(rc = get_int(v, key, 1, 1 << 20, &x, err, errlen))) t.min_frames = (int32_t)x;
+    } else if (!strcmp(key, "max_frames")) {
+      if (!(rc = get_int(v, key, 1, 1 << 20, &x, err, errlen))) t.max_frames = (int32_t)x;
+    } else if (!strcmp(key, "max_video_tokens")) {
+      if (!(rc = get_int(v, key, 1, 1 << 24, &x, err, errlen))) t.max_video_tokens = (int32_t)x;
+    } else if (!strcmp(key, "cap_pixels_per_frame")) {
+      /* transformers 5.25: None behaves as False (with a warning) */
+      if (json_is_null(v))
+        t.cap_pixels_per_frame = 0;
+      else
+        rc = get_bool(v, key, &t.cap_pixels_per_frame, err, errlen);
+    } else if (!strcmp(key, "do_sample_frames")) {
+      if (!(rc = get_bool(v, key, &b, err, errlen)) && !b)
+        rc = anna_err(err, errlen, ANNA_EINVAL,
+                      "video_preprocessor_config: do_sample_frames = false is not supported");
+    } else if (!strcmp(key, "num_frames")) {
+      if (!json_is_null(v))
+        rc = anna_err(err, errlen, ANNA_EINVAL,
+                      "video_preprocessor_config: num_frames is not supported (only null; "
+                      "frames are sampled by fps)");
+    } else if (!strcmp(key, "return_metadata")) {
+      rc = get_bool(v, key, &b, err, errlen);
+    } else if (!json_is_string(v)) {
+      rc = anna_err(err, errlen, ANNA_EINVAL, "video_preprocessor_config: %s must be a string",
+                    key);
+    }
+    if (!rc) json_object_del(root, key);
+  }
+  if (!rc) rc = parse_keys(root, &t.pre, err, errlen);
+  if (!rc && t.min_frames > t.max_frames)
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "video_preprocessor_config: min_frames %d exceed max_frames %d", t.min_frames,
+                  t.max_frames);
+done:
+  json_decref(root);
+  if (rc == 0) *c = t;
+  return rc;
+}

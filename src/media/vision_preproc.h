@@ -98,6 +98,15 @@ typedef struct vision_video_config {
 /* The published Qwen3.5 video_preprocessor_config.json values (see the fields above). */
 void vision_video_config_default(vision_video_config *c);
 
+/* Overlays the keys of a video_preprocessor_config.json text (n bytes) on *c (call
+ * vision_video_config_default first): the image keys as vision_preproc_config_parse (size is
+ * the video budget), plus fps, min_frames, max_frames, max_video_tokens, cap_pixels_per_frame
+ * (true / false / null = false), do_sample_frames (only true: frames are always sampled),
+ * num_frames (only null), return_metadata (no effect: timestamps are always returned) and
+ * video_processor_type (informational). Anything else is ANNA_EINVAL naming the key. */
+int vision_video_config_parse(const char *json, size_t n, vision_video_config *c, char *err,
+                              size_t errlen);
+
 /* Qwen3VL's video smart_resize for n sampled frames of h x w, including the per-frame cap
  * when c->cap_pixels_per_frame: sides below F = patch * merge are first scaled up
  * (int(side * max(F/h, F/w))), aspect > 200 refused, then hb = round(h/F)*F, ... compared as

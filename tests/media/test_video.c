@@ -229,6 +229,48 @@ static void test_resize_table(json_t *meta) {
         "1 frame: %s", err);
 }
 
+static void test_config(const char *dir) {
+  size_t n = 0;
+  char *js = (char *)read_file(dir, "video_preprocessor_config.json", &n);
+  CHECK(js && n, "cannot read video_preprocessor_config.json");
+  if (!js) return;
+  vision_video_config a, b;
+  vision_video_config_default(&a);
+  vision_video_config_default(&b);
+  a.fps = 7, a.pre.max_pixels = 1; /* overwritten by the file */
+  char err[256] = "";
+  int rc = vision_video_config_parse(js, n, &a, err, sizeof err);
+  CHECK(rc == 0, "published video_preprocessor_config.json: %s", err);
+  CHECK(a.fps == b.fps && a.min_frames == b.min_frames && a.max_frames == b.max_frames &&
+            a.pre.min_pixels == b.pre.min_pixels && a.pre.max_pixels == b.pre.max_pixels &&
+            a.pre.patch_size == b.pre.patch_size && a.max_video_tokens == b.max_video_tokens &&
+            a.cap_pixels_per_frame == 0,
+        "published config differs from the defaults");
+  free(js);
+  const char *bad[][2] = {
+      {"{\"fps\": 0}", "fps"},
+      {"{\"do_sample_frames\": false}", "do_sample_frames"},
+      {"{\"num_frames\": 16}", "num_frames"},
+      {"{\"min_frames\": 9, \"max_frames\": 8}", "min_frames"},
+      {"{\"cap_pixels_per_frame\": 1}", "cap_pixels_per_frame"},
+      {"{\"video_fps\": 2}", "video_fps"},
+      {"{\"size\": {\"height\": 2}}", "size.height"},
+      {"[1]", "object"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    vision_video_config c;
+    vision_video_config_default(&c);
+    err[0] = 0;
+    rc = vision_video_config_parse(bad[i][0], strlen(bad[i][0]), &c, err, sizeof err);
+    CHECK(rc == ANNA_EINVAL && strstr(err, bad[i][1]), "%s: rc %d \"%s\"", bad[i][0], rc, err);
+  }
+  vision_video_config c;
+  vision_video_config_default(&c);
+  const char *ok = "{\"cap_pixels_per_frame\": true, \"fps\": 1.5, \"return_metadata\": true}";
+  rc = vision_video_config_parse(ok, strlen(ok), &c, err, sizeof err);
+  CHECK(rc == 0 && c.cap_pixels_per_frame == 1 && c.fps == 1.5, "%s: rc %d %s", ok, rc, err);
+}
+
 static void test_sampling(void) {
   media_video_options o;
   media_video_options_default(&o);
@@ -350,6 +392,7 @@ int main(void) {
     return 1;
   }
   test_sampling();
+  test_config(dir);
   test_cases(dir, meta);
   test_resize_table(meta);
   test_bad(dir);
