@@ -64,6 +64,10 @@ CLIPS = [
     # MKV, BT.709 full-range tagged: the frame's matrix and range matter
     ("h264_bt709full_100x54", "mkv", "libx264", 100, 54, 25, 50,
      {"colorspace": 1, "color_range": 2}),
+    # odd heights: libswscale's generic path (not the yuv2rgb fast path), where the flags of
+    # each torchcodec path matter; 64 wide = swscale path, 81 wide = filtergraph path
+    ("vp9_odd_64x45", "webm", "libvpx-vp9", 64, 45, 12, 30, {}),
+    ("vp9_odd_81x61", "webm", "libvpx-vp9", 81, 61, 15, 40, {}),
     # 3 frames only (n = 3, odd: the last frame repeats) and sides < 32 (scaled up first)
     ("h264_tiny_24x20", "mp4", "libx264", 24, 20, 10, 3, {}),
 ]

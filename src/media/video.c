@@ -208,8 +208,12 @@ static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, siz
     sws_freeContext(c->sws);
     /* torchcodec: swscale with flags 0 when the width is a multiple of 32, else a filtergraph
      * whose auto-inserted scale filter runs swscale with its default (bilinear) flags. */
-    int flags = (w % 32) == 0 ? 0 : SWS_BILINEAR;
-    c->sws = sws_getContext(w, h, (enum AVPixelFormat)f->format, w, h, AV_PIX_FMT_RGB24, flags,
+    /* torchcodec: swscale with flags 0 (libswscale then picks bicubic) when the width is a
+     * multiple of 32, else a filtergraph whose auto-inserted scale filter runs swscale with its
+     * default flags, also bicubic in FFmpeg 5.1. Equal-size YUV 4:2:0 -> RGB with an even height
+     * takes swscale's unscaled fast path (flags do not matter); odd heights and other formats
+     * take the generic path, where they do: the odd-height fixtures pin this. */
+    c->sws = sws_getContext(w, h, (enum AVPixelFormat)f->format, w, h, AV_PIX_FMT_RGB24, 0,
                             NULL, NULL, NULL);
     if (!c->sws)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED,
@@ -235,7 +239,7 @@ static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, siz
       return anna_err(err, errlen, ANNA_EINVAL, "video: colour conversion failed");
     return 0;
   }
-  /* The filtergraph path converts into an aligned frame, then torchcodec copies rows. */
+  /* torchcodec's filtergraph path converts into an aligned frame, then copies rows. */
   if (!c->tmp || c->tmp->width != w || c->tmp->height != h) {
     av_frame_free(&c->tmp);
     c->tmp = av_frame_alloc();

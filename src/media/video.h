@@ -13,9 +13,9 @@
  *   - frame i is the i-th frame in presentation order, converted to RGB24 by libswscale the
  *     way torchcodec's CPU path does: the frame's own colour matrix (sws_getCoefficients of
  *     frame->colorspace, BT.601 when unspecified) and range (limited unless the frame says
- *     full), swscale flags 0 for widths that are multiples of 32 (torchcodec's swscale path)
- *     and SWS_BILINEAR otherwise (its filtergraph path, whose auto-inserted scale filter uses
- *     that default); with the same libswscale build the bytes are identical.
+ *     full), swscale flags 0, i.e. bicubic (torchcodec's swscale path for widths that are
+ *     multiples of 32; its filtergraph path for other widths auto-inserts a scale filter with
+ *     the same default in FFmpeg 5.1); with the same libswscale build the bytes are identical.
  * Only the mov/mp4 and matroska/webm demuxers are allowed and the demuxer may open no other
  * resource (no external references, no network): the buffer is all it reads.
  *
