@@ -68,6 +68,9 @@ CLIPS = [
     # each torchcodec path matter; 64 wide = swscale path, 81 wide = filtergraph path
     ("vp9_odd_64x45", "webm", "libvpx-vp9", 64, 45, 12, 30, {}),
     ("vp9_odd_81x61", "webm", "libvpx-vp9", 81, 61, 15, 40, {}),
+    # display matrix in the MP4 track header (patched after muxing): torchcodec rotates
+    ("h264_rot90_96x64", "mp4", "libx264", 96, 64, 24, 36, {"rotate": 90}),
+    ("h264_rot180_80x48", "mp4", "libx264", 80, 48, 24, 30, {"rotate": 180}),
     # 3 frames only (n = 3, odd: the last frame repeats) and sides < 32 (scaled up first)
     ("h264_tiny_24x20", "mp4", "libx264", 24, 20, 10, 3, {}),
 ]
@@ -84,7 +87,26 @@ def frame_rgb(w, h, i):
     return np.clip(np.rint(img), 0, 255).astype(np.uint8)
 
 
+def set_tkhd_rotation(path, deg):
+    """Writes a rotation matrix into the first tkhd box (what phones write; the mov demuxer
+    exports it as the stream's display matrix)."""
+    import math
+    import struct
+    b = bytearray(open(path, "rb").read())
+    i = b.find(b"tkhd")
+    v = b[i + 4]
+    # version/flags, creation+modification, track id, reserved, duration, reserved[8],
+    # layer/alternate group/volume/reserved: then the 3x3 matrix
+    off = i + 4 + 4 + (8 if v == 0 else 16) + 4 + 4 + (4 if v == 0 else 8) + 8 + 8
+    c, s = round(math.cos(math.radians(deg))), round(math.sin(math.radians(deg)))
+    b[off:off + 36] = struct.pack(">9i", c * 65536, s * 65536, 0, -s * 65536, c * 65536, 0,
+                                  0, 0, 1 << 30)
+    open(path, "wb").write(bytes(b))
+
+
 def encode(path, fmt, codec, w, h, fps, frames, extra):
+    extra = dict(extra)
+    rotate = extra.pop("rotate", None)
     c = av.open(path, "w", format={"mp4": "mp4", "webm": "webm", "mkv": "matroska"}[fmt])
     s = c.add_stream(codec, rate=fps)
     s.width, s.height, s.pix_fmt = w, h, "yuv420p"
@@ -104,6 +126,8 @@ def encode(path, fmt, codec, w, h, fps, frames, extra):
     for p in s.encode():
         c.mux(p)
     c.close()
+    if rotate is not None:
+        set_tkhd_rotation(path, rotate)
 
 
 def run_processor(cfg, path, **kw):
@@ -141,7 +165,7 @@ def main():
             pub["cap" if cap else "nocap"] = [int(x) for x in o["video_grid_thw"][0]]
         cases.append({
             "name": name, "file": os.path.basename(path), "codec": codec,
-            "width": w, "height": h, "total_frames": int(md.total_num_frames),
+            "width": int(rgb.shape[2]), "height": int(rgb.shape[1]), "total_frames": int(md.total_num_frames),
             "fps": float(md.fps), "indices": idx, "rgb_shape": list(rgb.shape),
             "grid_thw": grid, "timestamps": ts, "timestamp_text": texts,
             "grid_published": pub,

@@ -121,6 +121,8 @@ typedef struct vctx {
   AVFrame *frame, *tmp;
   struct SwsContext *sws;
   int sws_w, sws_h, sws_fmt, sws_cs, sws_range;
+  int src_w, src_h; /* coded frame size (before rotation) */
+  int rot_k;        /* counter-clockwise quarter turns applied after conversion (torch.rot90 k) */
   int stream;
 } vctx;
 
@@ -200,14 +202,13 @@ static double stream_rotation(const AVStream *st) {
   return isnan(r) ? 0.0 : r;
 }
 
-/* Converts one decoded frame to packed RGB24 (w * 3 bytes per row) as torchcodec does. */
+/* Converts one decoded frame to packed RGB24 as torchcodec does; dst holds the rotated frame
+ * (h x w when c->rot_k is odd), rows packed. */
 static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, size_t errlen) {
   const int w = f->width, h = f->height;
   if (!c->sws || c->sws_w != w || c->sws_h != h || c->sws_fmt != f->format ||
       c->sws_cs != (int)f->colorspace || c->sws_range != (int)f->color_range) {
     sws_freeContext(c->sws);
-    /* torchcodec: swscale with flags 0 when the width is a multiple of 32, else a filtergraph
-     * whose auto-inserted scale filter runs swscale with its default (bilinear) flags. */
     /* torchcodec: swscale with flags 0 (libswscale then picks bicubic) when the width is a
      * multiple of 32, else a filtergraph whose auto-inserted scale filter runs swscale with its
      * default flags, also bicubic in FFmpeg 5.1. Equal-size YUV 4:2:0 -> RGB with an even height
@@ -232,7 +233,7 @@ static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, siz
     c->sws_cs = (int)f->colorspace, c->sws_range = (int)f->color_range;
   }
   const size_t row = (size_t)w * 3;
-  if ((w % 32) == 0) {
+  if ((w % 32) == 0 && c->rot_k == 0) {
     uint8_t *d[4] = {dst, NULL, NULL, NULL};
     int ls[4] = {(int)row, 0, 0, 0};
     if (sws_scale(c->sws, (const uint8_t *const *)f->data, f->linesize, 0, h, d, ls) != h)
@@ -251,7 +252,29 @@ static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, siz
   if (sws_scale(c->sws, (const uint8_t *const *)f->data, f->linesize, 0, h, c->tmp->data,
                 c->tmp->linesize) != h)
     return anna_err(err, errlen, ANNA_EINVAL, "video: colour conversion failed");
-  for (int y = 0; y < h; y++) memcpy(dst + (size_t)y * row, c->tmp->data[0] + (size_t)y * (size_t)c->tmp->linesize[0], row);
+  const uint8_t *src = c->tmp->data[0];
+  const size_t ls = (size_t)c->tmp->linesize[0];
+  if (c->rot_k == 0) {
+    for (int y = 0; y < h; y++) memcpy(dst + (size_t)y * row, src + (size_t)y * ls, row);
+    return 0;
+  }
+  /* A rotation makes torchcodec take the filtergraph path ("transpose=cclock", "clock" or
+   * "hflip,vflip" after the conversion): out[i][j] for k = 1 is in[j][w-1-i], k = 2
+   * in[h-1-i][w-1-j], k = 3 in[h-1-j][i]. */
+  const int ow = (c->rot_k & 1) ? h : w, oh = (c->rot_k & 1) ? w : h;
+  for (int i = 0; i < oh; i++)
+    for (int j = 0; j < ow; j++) {
+      int sy, sx;
+      if (c->rot_k == 1)
+        sy = j, sx = w - 1 - i;
+      else if (c->rot_k == 2)
+        sy = h - 1 - i, sx = w - 1 - j;
+      else
+        sy = h - 1 - j, sx = i;
+      const uint8_t *p = src + (size_t)sy * ls + (size_t)sx * 3;
+      uint8_t *q = dst + ((size_t)i * (size_t)ow + (size_t)j) * 3;
+      q[0] = p[0], q[1] = p[1], q[2] = p[2];
+    }
   return 0;
 }
 
@@ -260,11 +283,11 @@ static int take_frame(vctx *c, media_video *v, int64_t k, int32_t *next, char *e
                       size_t errlen) {
   const AVFrame *f = c->frame;
   if (*next >= v->n_frames || v->indices[*next] != k) return 0;
-  if (f->width != v->width || f->height != v->height)
+  if (f->width != c->src_w || f->height != c->src_h)
     return anna_err(err, errlen, ANNA_EINVAL,
                     "video: frame %lld is %d x %d but the stream is %d x %d (size changes are "
                     "not supported)",
-                    (long long)k, f->width, f->height, v->width, v->height);
+                    (long long)k, f->width, f->height, c->src_w, c->src_h);
   const size_t fb = (size_t)v->width * (size_t)v->height * 3;
   uint8_t *dst = v->rgb + (size_t)*next * fb;
   int rc = convert_frame(c, f, dst, err, errlen);
@@ -372,12 +395,18 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
                   v.height, (long long)opt->max_pixels);
     goto fail;
   }
+  /* torchcodec: the display matrix angle rounded to a quarter turn; 90 is counter-clockwise.
+   * The sampled frames have the rotated size. */
   double rot = stream_rotation(st);
-  if (fabs(rot) > 0.5) {
-    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                  "video: rotated streams (%.0f degrees) are not supported", rot);
+  long quarter = lround(rot / 90.0);
+  if (!(fabs(rot) <= 180.0) || quarter < -2 || quarter > 2) {
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "video: rotation of %.1f degrees is not supported",
+                  rot);
     goto fail;
   }
+  c.rot_k = (int)((quarter % 4 + 4) % 4);
+  c.src_w = v.width, c.src_h = v.height;
+  if (c.rot_k & 1) v.width = c.src_h, v.height = c.src_w;
 
   /* torchcodec's exact-mode scan: count the stream's packets and their pts span. */
   if (!(c.pkt = av_packet_alloc()) || !(c.frame = av_frame_alloc())) {

@@ -26,7 +26,8 @@
  * truncated, where torchcodec would sample the prefix. Corrupt, truncated, not-a-video
  * and audio-only input are ANNA_EINVAL naming the problem; a build without FFmpeg returns
  * ANNA_EUNSUPPORTED naming the packages. Rotated streams (a display matrix other than 0
- * degrees) are ANNA_EUNSUPPORTED: torchcodec rotates them and this module does not yet.
+ * degrees) are rotated after the conversion as torchcodec does (its filtergraph: the angle
+ * rounded to a quarter turn, 90 = counter-clockwise; the frames then have the rotated size).
  * Every error path frees what it allocated. Thread-safe (no global state is changed; FFmpeg
  * may log decoder warnings to stderr through its default logger).
  */
@@ -54,7 +55,7 @@ void media_video_options_default(media_video_options *o);
 
 /* A decoded, sampled video. */
 typedef struct media_video {
-  int32_t width, height; /* every sampled frame has this size */
+  int32_t width, height; /* every sampled frame has this size (after the stream's rotation) */
   int64_t total_frames;  /* frames in the stream (packets of the video stream) */
   double fps;            /* average frame rate used for sampling and timestamps */
   double duration_s;     /* the scanned stream span, seconds */
@@ -76,8 +77,8 @@ void media_video_sample_indices(int64_t total, int32_t n, int64_t *indices);
 
 /* Decodes and samples data[0..n) into *out (zeroed first; on error it holds nothing to free).
  * o = NULL uses media_video_options_default. Returns 0, ANNA_EINVAL (bad data, a limit
- * exceeded), ANNA_EUNSUPPORTED (no FFmpeg in this build, no decoder for the codec, rotation)
- * or ANNA_ENOMEM. Caller frees with media_video_free. */
+ * exceeded), ANNA_EUNSUPPORTED (no FFmpeg in this build, no decoder for the codec, a
+ * pixel format libswscale cannot convert, a rotation that is not a quarter turn) or ANNA_ENOMEM. Caller frees with media_video_free. */
 int media_video_decode(const uint8_t *data, size_t n, const media_video_options *o,
                        media_video *out, char *err, size_t errlen);
 
