@@ -123,6 +123,8 @@ typedef struct vctx {
   int sws_w, sws_h, sws_fmt, sws_cs, sws_range;
   int src_w, src_h; /* coded frame size (before rotation) */
   int rot_k;        /* counter-clockwise quarter turns applied after conversion (torch.rot90 k) */
+  const media_video_options *opt;
+  uint8_t *scratch; /* one converted frame when streaming to opt->frame_cb */
   int stream;
 } vctx;
 
@@ -141,6 +143,7 @@ static void vctx_free(vctx *c) {
   av_frame_free(&c->frame);
   av_frame_free(&c->tmp);
   sws_freeContext(c->sws);
+  free(c->scratch);
 }
 
 static const char *av_msg(int e, char *buf, size_t n) {
@@ -289,11 +292,19 @@ static int take_frame(vctx *c, media_video *v, int64_t k, int32_t *next, char *e
                     "not supported)",
                     (long long)k, f->width, f->height, c->src_w, c->src_h);
   const size_t fb = (size_t)v->width * (size_t)v->height * 3;
-  uint8_t *dst = v->rgb + (size_t)*next * fb;
+  const media_video_options *o = c->opt;
+  uint8_t *dst = o->frame_cb ? c->scratch : v->rgb + (size_t)*next * fb;
   int rc = convert_frame(c, f, dst, err, errlen);
   if (rc) return rc;
-  for ((*next)++; *next < v->n_frames && v->indices[*next] == k; (*next)++)
-    memcpy(v->rgb + (size_t)*next * fb, dst, fb);
+  for (; *next < v->n_frames && v->indices[*next] == k; (*next)++) {
+    if (o->frame_cb) {
+      if ((rc = o->frame_cb(o->frame_user, *next, v->n_frames, dst, v->width, v->height, err,
+                            errlen)))
+        return rc;
+    } else if (v->rgb + (size_t)*next * fb != dst) {
+      memcpy(v->rgb + (size_t)*next * fb, dst, fb);
+    }
+  }
   return 0;
 }
 
@@ -376,6 +387,7 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
                     opt->sample_fps, opt->min_frames, opt->max_frames);
   vctx c;
   memset(&c, 0, sizeof c);
+  c.opt = opt;
   media_video v;
   memset(&v, 0, sizeof v);
   char m[128];
@@ -484,8 +496,11 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
   }
   v.indices = (int64_t *)malloc(sizeof(int64_t) * (size_t)v.n_frames);
   v.times = (double *)malloc(sizeof(double) * (size_t)v.n_frames);
-  v.rgb = (uint8_t *)malloc(fb * (size_t)v.n_frames);
-  if (!v.indices || !v.times || !v.rgb) {
+  if (opt->frame_cb)
+    c.scratch = (uint8_t *)malloc(fb);
+  else
+    v.rgb = (uint8_t *)malloc(fb * (size_t)v.n_frames);
+  if (!v.indices || !v.times || (!v.rgb && !c.scratch)) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "video: out of memory for %d frames of %d x %d",
                   v.n_frames, v.width, v.height);
     goto fail;

@@ -48,6 +48,14 @@ typedef struct media_video_options {
   double max_duration_s; /* stream duration after the scan */
   int32_t limit_frames;  /* sampled frames (before padding to the temporal patch) */
   int32_t threads;       /* decoder threads; 0 = FFmpeg decides (torchcodec's choice) */
+  /* Streaming: when frame_cb is set, out->rgb stays NULL and each sampled slot is handed over
+   * as it is decoded, in slot order (a repeated index is handed over once per slot), from one
+   * scratch frame (valid during the call only), so memory does not grow with n * w * h: the
+   * caller resizes as it goes (vision_video_builder). A nonzero return stops decoding and is
+   * returned by media_video_decode (the callback writes its own message into err). */
+  int (*frame_cb)(void *user, int32_t slot, int32_t n_frames, const uint8_t *rgb, int32_t w,
+                  int32_t h, char *err, size_t errlen);
+  void *frame_user;
 } media_video_options;
 
 /* sample_fps 2, min_frames 4, max_frames 768, no limits, threads 0. */
@@ -63,7 +71,7 @@ typedef struct media_video {
   int32_t n_frames;      /* sampled frames */
   int64_t *indices;      /* [n_frames] frame indices, owned */
   double *times;         /* [n_frames] indices[i] / fps, seconds, owned */
-  uint8_t *rgb;          /* [n_frames][height][width][3], owned */
+  uint8_t *rgb;          /* [n_frames][height][width][3], owned; NULL with frame_cb */
 } media_video;
 
 /* 1 when this build has FFmpeg (libavformat, libavcodec, libswscale, libavutil), else 0. */

@@ -538,56 +538,112 @@ int vision_video_smart_resize(const vision_video_config *c, int32_t n, int64_t h
   return 0;
 }
 
+void vision_video_builder_init(vision_video_builder *b, const vision_video_config *c) {
+  memset(b, 0, sizeof *b);
+  b->cfg = *c;
+}
+
+void vision_video_builder_free(vision_video_builder *b) {
+  if (!b) return;
+  free(b->frames);
+  free(b->filled);
+  b->frames = b->filled = NULL;
+  b->n = b->added = 0;
+}
+
+int vision_video_builder_add(vision_video_builder *b, int32_t slot, int32_t n, const uint8_t *rgb,
+                             int32_t w, int32_t h, char *err, size_t errlen) {
+  const vision_preproc_config *c = &b->cfg.pre;
+  int rc;
+  if (!b->frames) {
+    if (c->patch_size <= 0 || c->merge_size <= 0 || c->temporal_patch_size <= 0 ||
+        c->temporal_patch_size > 64)
+      return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad patch/merge sizes");
+    if (n < 1) return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: no frames");
+    const int32_t F = c->patch_size * c->merge_size;
+    int32_t rh = h, rw = w;
+    if (c->do_resize) {
+      if ((rc = vision_video_smart_resize(&b->cfg, n, h, w, &rh, &rw, err, errlen))) return rc;
+    } else if (w <= 0 || h <= 0 || w % F || h % F) {
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "video preprocessing: %d x %d is not a multiple of %d and resizing is off",
+                      w, h, F);
+    }
+    const size_t fb = (size_t)rw * (size_t)rh * 3;
+    if ((size_t)n > SIZE_MAX / fb)
+      return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: too many frames");
+    b->frames = (uint8_t *)malloc(fb * (size_t)n);
+    b->filled = (uint8_t *)calloc((size_t)n, 1);
+    if (!b->frames || !b->filled) {
+      vision_video_builder_free(b);
+      return anna_err(err, errlen, ANNA_ENOMEM, "video preprocessing: out of memory");
+    }
+    b->n = n, b->w = w, b->h = h, b->rw = rw, b->rh = rh, b->added = 0;
+  }
+  if (n != b->n || w != b->w || h != b->h)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "video preprocessing: frame of %d x %d (of %d) after %d x %d (of %d)", w, h,
+                    n, b->w, b->h, b->n);
+  if (slot < 0 || slot >= b->n || b->filled[slot])
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad or repeated slot %d",
+                    slot);
+  const size_t fb = (size_t)b->rw * (size_t)b->rh * 3;
+  uint8_t *dst = b->frames + (size_t)slot * fb;
+  if (c->do_resize)
+    rc = vision_preproc_resize_rgb8(rgb, w, h, dst, b->rw, b->rh, err, errlen);
+  else
+    memcpy(dst, rgb, fb), rc = 0;
+  if (rc) return rc;
+  b->filled[slot] = 1;
+  b->added++;
+  return 0;
+}
+
+int vision_video_builder_frame_cb(void *user, int32_t slot, int32_t n, const uint8_t *rgb,
+                                  int32_t w, int32_t h, char *err, size_t errlen) {
+  return vision_video_builder_add((vision_video_builder *)user, slot, n, rgb, w, h, err, errlen);
+}
+
+int vision_video_builder_finish(vision_video_builder *b, vision_pixels *out, char *err,
+                                size_t errlen) {
+  memset(out, 0, sizeof *out);
+  const vision_preproc_config *c = &b->cfg.pre;
+  if (!b->frames || b->added != b->n)
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: %d of %d frames added",
+                    b->added, b->n);
+  const int32_t ps = c->patch_size, tp = c->temporal_patch_size, n = b->n;
+  const size_t fb = (size_t)b->rw * (size_t)b->rh * 3;
+  const int32_t groups = (n + tp - 1) / tp;
+  const uint8_t **fp = (const uint8_t **)malloc(sizeof(uint8_t *) * (size_t)groups * (size_t)tp);
+  if (!fp) return anna_err(err, errlen, ANNA_ENOMEM, "video preprocessing: out of memory");
+  /* An odd count repeats the last frame up to the temporal patch (patchify's padding). */
+  for (int32_t i = 0; i < groups * tp; i++) fp[i] = b->frames + (size_t)(i < n ? i : n - 1) * fb;
+  float *v = NULL;
+  int rc = patchify(c, fp, groups, b->rw, b->rh, &v, err, errlen);
+  free(fp);
+  if (rc) return rc;
+  out->values = v;
+  out->grid_t = groups, out->grid_h = b->rh / ps, out->grid_w = b->rw / ps;
+  out->n_patches = (int64_t)groups * out->grid_h * out->grid_w;
+  out->patch_dim = 3 * tp * ps * ps;
+  out->height = b->rh, out->width = b->rw;
+  return 0;
+}
+
 int vision_preproc_video(const vision_video_config *vc, const uint8_t *frames, int32_t n,
                          int32_t w, int32_t h, vision_pixels *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
-  const vision_preproc_config *c = &vc->pre;
-  if (c->patch_size <= 0 || c->merge_size <= 0 || c->temporal_patch_size <= 0 ||
-      c->temporal_patch_size > 64)
-    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad patch/merge sizes");
-  if (n < 1 || !frames)
+  if (n < 1 || !frames || w <= 0 || h <= 0)
     return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: no frames");
-  const int32_t ps = c->patch_size, tp = c->temporal_patch_size, F = ps * c->merge_size;
-  int32_t rh = h, rw = w;
-  int rc;
-  if (c->do_resize) {
-    if ((rc = vision_video_smart_resize(vc, n, h, w, &rh, &rw, err, errlen))) return rc;
-  } else if (w <= 0 || h <= 0 || w % F || h % F) {
-    return anna_err(err, errlen, ANNA_EINVAL,
-                    "video preprocessing: %d x %d is not a multiple of %d and resizing is off",
-                    w, h, F);
-  }
-  const size_t src_fb = (size_t)w * (size_t)h * 3, fb = (size_t)rw * (size_t)rh * 3;
-  const int32_t groups = (n + tp - 1) / tp;
-  uint8_t *buf = (uint8_t *)malloc(fb * (size_t)n);
-  const uint8_t **fp = (const uint8_t **)malloc(sizeof(uint8_t *) * (size_t)groups * (size_t)tp);
-  if (!buf || !fp) {
-    free(buf), free(fp);
-    return anna_err(err, errlen, ANNA_ENOMEM, "video preprocessing: out of memory");
-  }
-  for (int32_t i = 0; i < n; i++) {
-    if (c->do_resize)
-      rc = vision_preproc_resize_rgb8(frames + (size_t)i * src_fb, w, h, buf + (size_t)i * fb, rw,
-                                      rh, err, errlen);
-    else
-      memcpy(buf + (size_t)i * fb, frames + (size_t)i * src_fb, fb), rc = 0;
-    if (rc) {
-      free(buf), free(fp);
-      return rc;
-    }
-  }
-  /* An odd count repeats the last frame up to the temporal patch (patchify's padding). */
-  for (int32_t i = 0; i < groups * tp; i++) fp[i] = buf + (size_t)(i < n ? i : n - 1) * fb;
-  float *v = NULL;
-  rc = patchify(c, fp, groups, rw, rh, &v, err, errlen);
-  free(buf), free(fp);
-  if (rc) return rc;
-  out->values = v;
-  out->grid_t = groups, out->grid_h = rh / ps, out->grid_w = rw / ps;
-  out->n_patches = (int64_t)groups * out->grid_h * out->grid_w;
-  out->patch_dim = 3 * tp * ps * ps;
-  out->height = rh, out->width = rw;
-  return 0;
+  vision_video_builder b;
+  vision_video_builder_init(&b, vc);
+  const size_t src_fb = (size_t)w * (size_t)h * 3;
+  int rc = 0;
+  for (int32_t i = 0; i < n && !rc; i++)
+    rc = vision_video_builder_add(&b, i, n, frames + (size_t)i * src_fb, w, h, err, errlen);
+  if (!rc) rc = vision_video_builder_finish(&b, out, err, errlen);
+  vision_video_builder_free(&b);
+  return rc;
 }
 
 void vision_video_timestamps(const int64_t *indices, int32_t n, double fps, int32_t tp,

@@ -121,6 +121,39 @@ int vision_video_smart_resize(const vision_video_config *c, int32_t n, int64_t h
 int vision_preproc_video(const vision_video_config *c, const uint8_t *frames, int32_t n,
                          int32_t w, int32_t h, vision_pixels *out, char *err, size_t errlen);
 
+/* The same processor fed one frame at a time, so that only the resized frames are kept (the
+ * decoder's full-size frames are not): init, then add every slot 0..n-1 (any order; the first
+ * call fixes n and the source size and allocates n resized frames), then finish, then free.
+ * vision_video_builder_frame_cb has the media_video_options.frame_cb signature, so decoding can
+ * stream straight into a builder. finish gives the same bytes as vision_preproc_video. */
+typedef struct vision_video_builder {
+  vision_video_config cfg;
+  int32_t n, w, h;   /* sampled frames and their size, fixed by the first add */
+  int32_t rw, rh;    /* resized size */
+  int32_t added;     /* slots filled */
+  uint8_t *frames;   /* [n][rh][rw][3], owned */
+  uint8_t *filled;   /* [n], owned */
+} vision_video_builder;
+
+void vision_video_builder_init(vision_video_builder *b, const vision_video_config *c);
+
+/* Resizes rgb (w x h, borrowed) into slot. ANNA_EINVAL for a slot out of range or filled twice,
+ * a size or count different from the first call, or what vision_video_smart_resize refuses. */
+int vision_video_builder_add(vision_video_builder *b, int32_t slot, int32_t n, const uint8_t *rgb,
+                             int32_t w, int32_t h, char *err, size_t errlen);
+
+/* media_video_options.frame_cb adapter: user is a vision_video_builder. */
+int vision_video_builder_frame_cb(void *user, int32_t slot, int32_t n, const uint8_t *rgb,
+                                  int32_t w, int32_t h, char *err, size_t errlen);
+
+/* Normalises and patchifies the n frames (padding as vision_preproc_video) into *out (caller
+ * frees with vision_pixels_free). ANNA_EINVAL when a slot is missing. */
+int vision_video_builder_finish(vision_video_builder *b, vision_pixels *out, char *err,
+                                size_t errlen);
+
+/* Releases the builder's frames. Accepts NULL and initialised-but-unused builders. */
+void vision_video_builder_free(vision_video_builder *b);
+
 /* Per temporal group timestamps as Qwen3VLProcessor._calculate_timestamps: indices padded to a
  * multiple of tp with the last one, t = index / fps, group g -> (t[g*tp] + t[g*tp + tp-1]) / 2.
  * out has ceil(n / tp) entries (caller-owned). */

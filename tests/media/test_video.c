@@ -179,6 +179,34 @@ static void test_cases(const char *dir, json_t *meta) {
       }
       vision_pixels_free(&px);
     }
+    /* streaming: decode straight into a builder (no full-size frame buffer) */
+    if (ref) {
+      size_t nd = 0;
+      uint8_t *d2 = read_file(dir, file, &nd);
+      vision_video_builder b;
+      vision_video_builder_init(&b, &vc);
+      media_video_options o;
+      media_video_options_default(&o);
+      o.frame_cb = vision_video_builder_frame_cb;
+      o.frame_user = &b;
+      media_video sv;
+      vision_pixels px;
+      memset(&px, 0, sizeof px);
+      rc = d2 ? media_video_decode(d2, nd, &o, &sv, err, sizeof err) : -1;
+      CHECK(rc == 0 && sv.rgb == NULL && sv.n_frames == v.n_frames, "%s: streaming decode rc %d %s",
+            name, rc, err);
+      if (rc == 0) rc = vision_video_builder_finish(&b, &px, err, sizeof err);
+      CHECK(rc == 0, "%s: builder finish rc %d %s", name, rc, err);
+      int64_t cnt = px.n_patches * px.patch_dim, exact = 0;
+      if (rc == 0 && nref == (size_t)cnt * sizeof(float)) cmp_f32(px.values, ref, cnt, 0.0, &exact);
+      CHECK(rc == 0 && nref == (size_t)cnt * sizeof(float) && exact == cnt,
+            "%s: streamed pixel_values %lld / %lld bit-exact", name, (long long)exact,
+            (long long)cnt);
+      vision_pixels_free(&px);
+      vision_video_builder_free(&b);
+      if (rc == 0) media_video_free(&sv);
+      free(d2);
+    }
     free(ref);
     free(rgb);
     media_video_free(&v);
@@ -303,6 +331,14 @@ static void expect_bad(const char *what, const uint8_t *data, size_t n,
   printf("  %s -> %s\n", what, err);
 }
 
+static int stop_cb(void *user, int32_t slot, int32_t n, const uint8_t *rgb, int32_t w, int32_t h,
+                   char *err, size_t errlen) {
+  (void)user, (void)n, (void)rgb, (void)w, (void)h;
+  if (slot < 2) return 0;
+  snprintf(err, errlen, "stop at %d", slot);
+  return ANNA_ENOMEM;
+}
+
 static void test_bad(const char *dir) {
   char d2[1024];
   snprintf(d2, sizeof d2, "%s/bad", dir);
@@ -375,6 +411,19 @@ static void test_bad(const char *dir) {
   }
   printf("  72 mutated clips: %d decoded (damage concealed), %d refused with a message\n", mut_ok,
          mut_err);
+  /* a callback that fails stops decoding; its code and message come back */
+  {
+    uint8_t *g = read_file(dir, "h264_96x64.mp4", &n);
+    media_video_options o;
+    media_video_options_default(&o);
+    o.frame_cb = stop_cb;
+    media_video v;
+    char err[256] = "";
+    int rc = g ? media_video_decode(g, n, &o, &v, err, sizeof err) : -1;
+    CHECK(rc == ANNA_ENOMEM && !strcmp(err, "stop at 2"), "frame_cb error: rc %d %s", rc, err);
+    CHECK(v.n_frames == 0 && !v.indices, "frame_cb error: output not empty");
+    free(g);
+  }
   /* limits, on a good clip */
   uint8_t *good = read_file(dir, "h264_96x64.mp4", &n);
   CHECK(good && n, "cannot read h264_96x64.mp4");
