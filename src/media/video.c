@@ -34,7 +34,8 @@ void media_video_sample_indices(int64_t total, int32_t n, int64_t *indices) {
   /* numpy.linspace: step = (stop - start) / (n - 1); y = arange(n) * step + start; the last
    * value is set to stop; .round() is round-half-even (rint in the default rounding mode). */
   double step = (double)(total - 1) / (double)(n - 1);
-  for (int32_t i = 0; i < n - 1; i++) indices[i] = (int64_t)rint((double)i * step + 0.0);
+  for (int32_t i = 0; i < n - 1; i++)
+    indices[i] = (int64_t)rint((double)i * step + 0.0);
   indices[n - 1] = total - 1;
 }
 
@@ -48,7 +49,9 @@ void media_video_free(media_video *v) {
 
 #ifndef ANNA_HAVE_FFMPEG
 
-int media_video_available(void) { return 0; }
+int media_video_available(void) {
+  return 0;
+}
 
 int media_video_decode(const uint8_t *data, size_t n, const media_video_options *o,
                        media_video *out, char *err, size_t errlen) {
@@ -67,7 +70,9 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
 #include <libavutil/imgutils.h>
 #include <libswscale/swscale.h>
 
-int media_video_available(void) { return 1; }
+int media_video_available(void) {
+  return 1;
+}
 
 /* The demuxers a video request may reach: probing anything else (HLS, concat, image2, ...)
  * could make FFmpeg open other files or URLs named inside the bytes. */
@@ -93,11 +98,11 @@ static int64_t mem_seek(void *opaque, int64_t offset, int whence) {
   mem_reader *r = (mem_reader *)opaque;
   int64_t base;
   switch (whence & ~AVSEEK_FORCE) {
-    case AVSEEK_SIZE: return (int64_t)r->n;
-    case SEEK_SET: base = 0; break;
-    case SEEK_CUR: base = (int64_t)r->pos; break;
-    case SEEK_END: base = (int64_t)r->n; break;
-    default: return AVERROR(EINVAL);
+  case AVSEEK_SIZE: return (int64_t)r->n;
+  case SEEK_SET: base = 0; break;
+  case SEEK_CUR: base = (int64_t)r->pos; break;
+  case SEEK_END: base = (int64_t)r->n; break;
+  default: return AVERROR(EINVAL);
   }
   if ((offset > 0 && base > INT64_MAX - offset) || base + offset < 0) return AVERROR(EINVAL);
   int64_t p = base + offset;
@@ -106,8 +111,8 @@ static int64_t mem_seek(void *opaque, int64_t offset, int whence) {
 }
 
 /* The demuxer may not open anything besides the buffer (mov external references, ...). */
-static int refuse_io_open(struct AVFormatContext *s, AVIOContext **pb, const char *url,
-                          int flags, AVDictionary **options) {
+static int refuse_io_open(struct AVFormatContext *s, AVIOContext **pb, const char *url, int flags,
+                          AVDictionary **options) {
   (void)s, (void)pb, (void)url, (void)flags, (void)options;
   return AVERROR(EPERM);
 }
@@ -191,9 +196,8 @@ static int vctx_open_input(vctx *c, const uint8_t *data, size_t n, char *err, si
 static double stream_rotation(const AVStream *st) {
   const uint8_t *m = NULL;
 #if LIBAVFORMAT_VERSION_INT >= AV_VERSION_INT(60, 15, 100)
-  const AVPacketSideData *sd =
-      av_packet_side_data_get(st->codecpar->coded_side_data, st->codecpar->nb_coded_side_data,
-                              AV_PKT_DATA_DISPLAYMATRIX);
+  const AVPacketSideData *sd = av_packet_side_data_get(
+      st->codecpar->coded_side_data, st->codecpar->nb_coded_side_data, AV_PKT_DATA_DISPLAYMATRIX);
   if (sd && sd->size >= 9 * sizeof(int32_t)) m = sd->data;
 #else
   size_t size = 0;
@@ -217,8 +221,8 @@ static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, siz
      * default flags, also bicubic in FFmpeg 5.1. Equal-size YUV 4:2:0 -> RGB with an even height
      * takes swscale's unscaled fast path (flags do not matter); odd heights and other formats
      * take the generic path, where they do: the odd-height fixtures pin this. */
-    c->sws = sws_getContext(w, h, (enum AVPixelFormat)f->format, w, h, AV_PIX_FMT_RGB24, 0,
-                            NULL, NULL, NULL);
+    c->sws = sws_getContext(w, h, (enum AVPixelFormat)f->format, w, h, AV_PIX_FMT_RGB24, 0, NULL,
+                            NULL, NULL);
     if (!c->sws)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED,
                       "video: cannot convert pixel format %s to RGB",
@@ -258,7 +262,8 @@ static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, siz
   const uint8_t *src = c->tmp->data[0];
   const size_t ls = (size_t)c->tmp->linesize[0];
   if (c->rot_k == 0) {
-    for (int y = 0; y < h; y++) memcpy(dst + (size_t)y * row, src + (size_t)y * ls, row);
+    for (int y = 0; y < h; y++)
+      memcpy(dst + (size_t)y * row, src + (size_t)y * ls, row);
     return 0;
   }
   /* A rotation makes torchcodec take the filtergraph path ("transpose=cclock", "clock" or
@@ -282,8 +287,7 @@ static int convert_frame(vctx *c, const AVFrame *f, uint8_t *dst, char *err, siz
 }
 
 /* Stores frame number k (presentation order) into every sampled slot that wants it. */
-static int take_frame(vctx *c, media_video *v, int64_t k, int32_t *next, char *err,
-                      size_t errlen) {
+static int take_frame(vctx *c, media_video *v, int64_t k, int32_t *next, char *err, size_t errlen) {
   const AVFrame *f = c->frame;
   if (*next >= v->n_frames || v->indices[*next] != k) return 0;
   if (f->width != c->src_w || f->height != c->src_h)
@@ -325,8 +329,8 @@ static int decode_sampled(vctx *c, const media_video_options *o, media_video *v,
   c->dec->thread_count = o->threads;
   c->dec->pkt_timebase = st->time_base;
   if ((rc = avcodec_open2(c->dec, codec, NULL)) < 0)
-    return anna_err(err, errlen, ANNA_EINVAL, "video: cannot open the %s decoder (%s)",
-                    codec->name, av_msg(rc, m, sizeof m));
+    return anna_err(err, errlen, ANNA_EINVAL, "video: cannot open the %s decoder (%s)", codec->name,
+                    av_msg(rc, m, sizeof m));
   int64_t k = 0;
   int32_t next = 0;
   int eof = 0;
@@ -380,8 +384,8 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
   memset(out, 0, sizeof *out);
   if (!data || n == 0) return anna_err(err, errlen, ANNA_EINVAL, "video: empty input");
   if (opt->max_bytes > 0 && (uint64_t)n > (uint64_t)opt->max_bytes)
-    return anna_err(err, errlen, ANNA_EINVAL, "video: %zu bytes exceed the limit of %lld bytes",
-                    n, (long long)opt->max_bytes);
+    return anna_err(err, errlen, ANNA_EINVAL, "video: %zu bytes exceed the limit of %lld bytes", n,
+                    (long long)opt->max_bytes);
   if (!(opt->sample_fps > 0) || opt->min_frames < 1 || opt->max_frames < opt->min_frames)
     return anna_err(err, errlen, ANNA_EINVAL, "video: bad sampling options (fps %g, frames %d..%d)",
                     opt->sample_fps, opt->min_frames, opt->max_frames);
@@ -412,8 +416,8 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
   double rot = stream_rotation(st);
   long quarter = lround(rot / 90.0);
   if (!(fabs(rot) <= 180.0) || quarter < -2 || quarter > 2) {
-    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "video: rotation of %.1f degrees is not supported",
-                  rot);
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "video: rotation of %.1f degrees is not supported", rot);
     goto fail;
   }
   c.rot_k = (int)((quarter % 4 + 4) % 4);
@@ -483,15 +487,15 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
   }
   v.n_frames = media_video_sample_count(count, fps, opt);
   if (opt->limit_frames > 0 && v.n_frames > opt->limit_frames) {
-    rc = anna_err(err, errlen, ANNA_EINVAL,
-                  "video: %d sampled frames exceed the limit of %d frames", v.n_frames,
-                  opt->limit_frames);
+    rc =
+        anna_err(err, errlen, ANNA_EINVAL, "video: %d sampled frames exceed the limit of %d frames",
+                 v.n_frames, opt->limit_frames);
     goto fail;
   }
   const size_t fb = (size_t)v.width * (size_t)v.height * 3;
   if ((size_t)v.n_frames > SIZE_MAX / fb) {
-    rc = anna_err(err, errlen, ANNA_EINVAL, "video: %d frames of %d x %d are too large",
-                  v.n_frames, v.width, v.height);
+    rc = anna_err(err, errlen, ANNA_EINVAL, "video: %d frames of %d x %d are too large", v.n_frames,
+                  v.width, v.height);
     goto fail;
   }
   v.indices = (int64_t *)malloc(sizeof(int64_t) * (size_t)v.n_frames);
@@ -506,7 +510,8 @@ int media_video_decode(const uint8_t *data, size_t n, const media_video_options 
     goto fail;
   }
   media_video_sample_indices(count, v.n_frames, v.indices);
-  for (int32_t i = 0; i < v.n_frames; i++) v.times[i] = (double)v.indices[i] / fps;
+  for (int32_t i = 0; i < v.n_frames; i++)
+    v.times[i] = (double)v.indices[i] / fps;
 
   /* Back to the start as torchcodec's scan does, then decode in presentation order. */
   rc = avformat_seek_file(c.fmt, c.stream, INT64_MIN, 0, 0, 0);

@@ -86,7 +86,8 @@ void media_video_sample_indices(int64_t total, int32_t n, int64_t *indices);
 /* Decodes and samples data[0..n) into *out (zeroed first; on error it holds nothing to free).
  * o = NULL uses media_video_options_default. Returns 0, ANNA_EINVAL (bad data, a limit
  * exceeded), ANNA_EUNSUPPORTED (no FFmpeg in this build, no decoder for the codec, a
- * pixel format libswscale cannot convert, a rotation that is not a quarter turn) or ANNA_ENOMEM. Caller frees with media_video_free. */
+ * pixel format libswscale cannot convert, a rotation that is not a quarter turn) or
+ * ANNA_ENOMEM. Caller frees with media_video_free. */
 int media_video_decode(const uint8_t *data, size_t n, const media_video_options *o,
                        media_video *out, char *err, size_t errlen);
 

@@ -450,7 +450,8 @@ int vision_preproc_image(const vision_preproc_config *c, const uint8_t *rgb, int
   const uint8_t *frames[64];
   if (tp > 64) {
     free(img);
-    return anna_err(err, errlen, ANNA_EINVAL, "vision preprocessing: temporal_patch_size %d > 64", tp);
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "vision preprocessing: temporal_patch_size %d > 64", tp);
   }
   for (int32_t t = 0; t < tp; t++) frames[t] = img; /* an image is one frame repeated */
   float *v = NULL;
@@ -487,7 +488,8 @@ int vision_video_smart_resize(const vision_video_config *c, int32_t n, int64_t h
                               int32_t *out_h, int32_t *out_w, char *err, size_t errlen) {
   const int64_t F = (int64_t)c->pre.patch_size * c->pre.merge_size;
   const int32_t tf = c->pre.temporal_patch_size;
-  if (F <= 0 || tf <= 0) return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad patch sizes");
+  if (F <= 0 || tf <= 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad patch sizes");
   if (n < tf)
     return anna_err(err, errlen, ANNA_EINVAL,
                     "video preprocessing: %d frames, fewer than the temporal patch (%d)", n, tf);

@@ -23,15 +23,15 @@
 
 static int g_fail, g_checks;
 
-#define CHECK(cond, ...)                                                                       \
-  do {                                                                                         \
-    g_checks++;                                                                                \
-    if (!(cond)) {                                                                             \
-      g_fail++;                                                                                \
-      printf("  FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-      printf(__VA_ARGS__);                                                                     \
-      printf("\n");                                                                            \
-    }                                                                                          \
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    g_checks++;                                                                                    \
+    if (!(cond)) {                                                                                 \
+      g_fail++;                                                                                    \
+      printf("  FAIL %s:%d: ", __FILE__, __LINE__);                                                \
+      printf(__VA_ARGS__);                                                                         \
+      printf("\n");                                                                                \
+    }                                                                                              \
   } while (0)
 
 static uint8_t *read_file(const char *dir, const char *name, size_t *n) {
@@ -95,8 +95,8 @@ static void test_cases(const char *dir, json_t *meta) {
     CHECK(v.total_frames == total, "%s: total frames %lld, reference %lld", name,
           (long long)v.total_frames, (long long)total);
     CHECK(fabs(v.fps - fps) <= 1e-12 * fps, "%s: fps %.17g, reference %.17g", name, v.fps, fps);
-    CHECK(v.n_frames == (int32_t)json_array_size(idx), "%s: %d sampled frames, reference %zu",
-          name, v.n_frames, json_array_size(idx));
+    CHECK(v.n_frames == (int32_t)json_array_size(idx), "%s: %d sampled frames, reference %zu", name,
+          v.n_frames, json_array_size(idx));
     int idx_ok = v.n_frames == (int32_t)json_array_size(idx);
     for (int32_t k = 0; idx_ok && k < v.n_frames; k++)
       idx_ok = v.indices[k] == json_integer_value(json_array_get(idx, (size_t)k));
@@ -172,8 +172,9 @@ static void test_cases(const char *dir, json_t *meta) {
         } else {
           int64_t exact = 0;
           cmp_f32(px.values, ref, cnt, 0.0, &exact);
-          CHECK(exact == cnt, "%s: pixel_values from torchcodec's RGB not bit-exact (%lld / %lld, "
-                              "max %.3g)",
+          CHECK(exact == cnt,
+                "%s: pixel_values from torchcodec's RGB not bit-exact (%lld / %lld, "
+                "max %.3g)",
                 name, (long long)exact, (long long)cnt, mx);
         }
       }
@@ -308,8 +309,8 @@ static void test_sampling(void) {
         media_video_sample_count(60, 24.0, &o));
   media_video_sample_indices(60, 5, idx);
   CHECK(idx[0] == 0 && idx[1] == 15 && idx[2] == 30 && idx[3] == 44 && idx[4] == 59,
-        "indices %lld %lld %lld %lld %lld", (long long)idx[0], (long long)idx[1],
-        (long long)idx[2], (long long)idx[3], (long long)idx[4]);
+        "indices %lld %lld %lld %lld %lld", (long long)idx[0], (long long)idx[1], (long long)idx[2],
+        (long long)idx[3], (long long)idx[4]);
   /* half-way values round to even: linspace(0, 5, 3) = [0, 2.5, 5] -> [0, 2, 5] */
   media_video_sample_indices(6, 3, idx);
   CHECK(idx[0] == 0 && idx[1] == 2 && idx[2] == 5, "6 frames, 3 samples: %lld %lld %lld",
@@ -344,12 +345,13 @@ static void test_bad(const char *dir) {
   snprintf(d2, sizeof d2, "%s/bad", dir);
   size_t n = 0;
   uint8_t junk[4096];
-  for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 2654435761u >> 13);
+  for (size_t i = 0; i < sizeof junk; i++)
+    junk[i] = (uint8_t)(i * 2654435761u >> 13);
   expect_bad("empty", junk, 0, NULL, "empty");
   expect_bad("random bytes", junk, sizeof junk, NULL, "container");
-  static const uint8_t png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13,
-                                'I',  'H', 'D', 'R', 0,    0,    0,    1,    0, 0, 0, 1,
-                                8,    2,   0,   0,   0,    0x90, 0x77, 0x53, 0xde};
+  static const uint8_t png[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0,    0,    0,
+                                13,   'I', 'H', 'D', 'R',  0,    0,    0,    1,    0,    0,
+                                0,    1,   8,   2,   0,    0,    0,    0x90, 0x77, 0x53, 0xde};
   expect_bad("a PNG image", png, sizeof png, NULL, "container");
   /* HLS names other resources: its demuxer must never be reached from a request. */
   static const char hls[] = "#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nfile:///etc/passwd\n"
@@ -403,7 +405,10 @@ static void test_bad(const char *dir) {
       int rc = media_video_decode(m, n, NULL, &v, err, sizeof err);
       CHECK(rc == 0 || ((rc == ANNA_EINVAL || rc == ANNA_EUNSUPPORTED) && err[0]),
             "%s mutation %d: rc %d \"%s\"", clips[ci], trial, rc, err);
-      if (rc == 0) mut_ok++; else mut_err++;
+      if (rc == 0)
+        mut_ok++;
+      else
+        mut_err++;
       media_video_free(&v);
     }
     free(m);
