@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Builds tests/fixtures/qwen3_asr: a shrunk random Qwen3-ASR (qwen-asr 0.0.6's classes) in the
+released checkpoint layout, and the reference's outputs for tests/engine/test_asr.c.
+
+    ~/.cache/anna/venvs/asr/bin/python tools/mkfix_asr.py [OUT_DIR]   (default tests/fixtures/qwen3_asr)
+
+Model (config.json: model_type qwen3_asr, thinker_config {audio_config, text_config, ids}):
+  audio encoder d 64, 2 layers, 2 heads, ffn 128, conv hidden 16, n_window 50 (1-s chunks of
+  100 frames -> 13 tokens), n_window_infer 100: attention windows of 13 tokens (1 s), so a 1.5-2 s
+  clip has two windows and the block-diagonal mask matters; output_dim 48.
+  text decoder: Qwen3 (model_type qwen3_asr_text), hidden 48, 2 layers, 4 q / 2 kv heads of 16,
+  ffn 96, vocab 1024, rope theta 1e6 with the released rope_scaling shape (mrope_section
+  interleaved, a no-op with equal positions), tied embeddings: `thinker.lm_head.weight` is NOT
+  saved (the loader must tie it), the reference runs with lm_head = embed_tokens.
+  Ids are remapped into the small vocabulary (the released ones are 151643..151704):
+  IDS below; audio_token_id / audio_start_token_id in thinker_config carry the remapped values.
+Weights: seeded normal, linear weights 2 N / sqrt(fan_in), embeddings N, biases 0.1 N, norm weights
+1 + 0.1 N (gain 2: with gain 1 every clip decodes one repeated id; EMB_STD / LIN_GAIN override), f32,
+one model.safetensors with `thinker.audio_tower.*`, `thinker.model.*`.
+Per clip (reference features tests/fixtures/audio/<clip>.mel.f32, [128, L] mel-major):
+  <clip>.enc.f32     audio tower output (after proj2) [N, 48]
+  <clip>.logits.f32  thinker logits for every prompt row [n_prompt, 1024]
+  expected.json      prompt ids, N, greedy ids (8 tokens: argmax of full forwards, no eos stop)
+The prompt is the ASR chat prompt with made-up ids for the text pieces:
+  <im_start> system \\n <im_end> \\n <im_start> user \\n <audio_start> pad*N <audio_end> <im_end> \\n
+  <im_start> assistant \\n
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "tests", "fixtures", "qwen3_asr")
+AUDIO = os.path.join(HERE, "..", "tests", "fixtures", "audio")
+CLIPS = ("sweep_8k_mono", "bursts_44k_mp3", "bursts_48k_stereo")
+IDS = dict(im_start=1000, im_end=1001, endoftext=1002, audio_start=1003, audio_end=1004, audio_pad=1005,
+           asr_text=1006)
+TXT = dict(system=10, user=11, assistant=12, nl=13)
+N_GEN = 8
+EMB_STD = float(os.environ.get("EMB_STD", "1.0"))
+LIN_GAIN = float(os.environ.get("LIN_GAIN", "2"))
+
+AUDIO_CFG = dict(num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, encoder_ffn_dim=128, d_model=64,
+                 n_window=50, n_window_infer=100, downsample_hidden_size=16, output_dim=48,
+                 max_source_positions=1500, activation_function="gelu", conv_chunksize=500, dropout=0,
+                 attention_dropout=0, activation_dropout=0, scale_embedding=False)
+TEXT_CFG = dict(model_type="qwen3_asr_text", vocab_size=1024, hidden_size=48, intermediate_size=96,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
+                rope_scaling={"interleaved": True, "mrope_interleaved": True, "mrope_section": [4, 2, 2],
+                              "rope_type": "default", "type": "default"},
+                attention_bias=False, tie_word_embeddings=True, use_cache=True)
+
+
+def prompt_ids(n_audio):
+    i, t = IDS, TXT
+    return ([i["im_start"], t["system"], t["nl"], i["im_end"], t["nl"], i["im_start"], t["user"], t["nl"],
+             i["audio_start"]] + [i["audio_pad"]] * n_audio +
+            [i["audio_end"], i["im_end"], t["nl"], i["im_start"], t["assistant"], t["nl"]])
+
+
+def main():
+    import qwen_asr
+    import transformers
+    from qwen_asr.core.transformers_backend.configuration_qwen3_asr import Qwen3ASRConfig
+    from qwen_asr.core.transformers_backend.modeling_qwen3_asr import Qwen3ASRForConditionalGeneration
+    from safetensors.torch import save_file
+
+    torch.set_grad_enabled(False)
+    os.makedirs(OUT, exist_ok=True)
+    cfg = {"architectures": ["Qwen3ASRForConditionalGeneration"], "model_type": "qwen3_asr",
+           "support_languages": ["English", "Chinese"],
+           "thinker_config": {"model_type": "qwen3_asr_thinker", "audio_config": AUDIO_CFG, "text_config": TEXT_CFG,
+                              "audio_token_id": IDS["audio_pad"], "audio_start_token_id": IDS["audio_start"],
+                              "audio_end_token_id": IDS["audio_end"], "user_token_id": TXT["user"],
+                              "initializer_range": 0.02}}
+    config = Qwen3ASRConfig(**{k: v for k, v in cfg.items() if k != "model_type" and k != "architectures"})
+    config.thinker_config.audio_config._attn_implementation = "eager"
+    config.thinker_config.text_config._attn_implementation = "eager"
+    config.thinker_config._attn_implementation = "eager"
+    model = Qwen3ASRForConditionalGeneration(config).eval().float()
+    th = model.thinker
+    g = torch.Generator().manual_seed(25)
+    sd = model.state_dict()
+    for name, t in sd.items():
+        if name == "thinker.lm_head.weight":
+            continue
+        if "norm" in name and name.endswith("weight"):
+            t.copy_(1 + 0.1 * torch.randn(t.shape, generator=g))
+        elif name.endswith("bias"):
+            t.copy_(0.1 * torch.randn(t.shape, generator=g))
+        elif "embed_tokens" in name:
+            t.copy_(EMB_STD * torch.randn(t.shape, generator=g))
+        else:
+            fan_in = t[0].numel()
+            t.copy_(LIN_GAIN * torch.randn(t.shape, generator=g) / np.sqrt(fan_in))
+    th.lm_head.weight = th.model.embed_tokens.weight  # tied, as the released checkpoints
+    save = {k: v.contiguous().clone() for k, v in model.state_dict().items() if k != "thinker.lm_head.weight"}
+    save_file(save, os.path.join(OUT, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(OUT, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+        f.write("\n")
+
+    cases = []
+    for clip in CLIPS:
+        mel = np.fromfile(os.path.join(AUDIO, clip + ".mel.f32"), dtype="<f4").reshape(128, -1)
+        L = mel.shape[1]
+        feats = torch.from_numpy(mel.copy())
+        enc = th.audio_tower(feats, feature_lens=torch.tensor([L])).last_hidden_state
+        N = enc.shape[0]
+        enc.numpy().astype("<f4").tofile(os.path.join(OUT, clip + ".enc.f32"))
+        ids = prompt_ids(N)
+        inp = torch.tensor([ids])
+        fam = torch.ones(1, L, dtype=torch.long)
+        out = th(input_ids=inp, attention_mask=torch.ones_like(inp), input_features=feats[None],
+                 feature_attention_mask=fam)
+        logits = out.logits[0]
+        logits.numpy().astype("<f4").tofile(os.path.join(OUT, clip + ".logits.f32"))
+        seq, greedy = list(ids), []
+        for _ in range(N_GEN):
+            s = torch.tensor([seq])
+            lg = th(input_ids=s, attention_mask=torch.ones_like(s), input_features=feats[None],
+                    feature_attention_mask=fam).logits[0, -1]
+            nxt = int(torch.argmax(lg))
+            greedy.append(nxt)
+            seq.append(nxt)
+        cases.append(dict(name=clip, mel=clip + ".mel.f32", frames=L, tokens=N, prompt_ids=ids, greedy_ids=greedy,
+                          max_abs_enc=float(enc.abs().max()), max_abs_logit=float(logits.abs().max())))
+        print(f"{clip}: L={L} N={N} prompt {len(ids)} greedy {greedy} |enc|max {enc.abs().max():.3g}")
+    meta = dict(ids=IDS, text_ids=TXT, n_gen=N_GEN, cases=cases,
+                reference=dict(qwen_asr=getattr(qwen_asr, "__version__", "0.0.6"),
+                               transformers=transformers.__version__, torch=torch.__version__))
+    with open(os.path.join(OUT, "expected.json"), "w") as f:
+        json.dump(meta, f, indent=1)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()
