@@ -7,7 +7,9 @@ released checkpoint layout, and the reference's outputs for tests/engine/test_as
 Model (config.json: model_type qwen3_asr, thinker_config {audio_config, text_config, ids}):
   audio encoder d 64, 2 layers, 2 heads, ffn 128, conv hidden 16, n_window 50 (1-s chunks of
   100 frames -> 13 tokens), n_window_infer 100: attention windows of 13 tokens (1 s), so a 1.5-2 s
-  clip has two windows and the block-diagonal mask matters; output_dim 48.
+  clip has two windows and the block-diagonal mask matters (the reference's eager path ignores
+  the windows: see `windowed` below; ASR_FULL_ATTENTION=1 writes the unwindowed outputs);
+  output_dim 48.
   text decoder: Qwen3 (model_type qwen3_asr_text), hidden 48, 2 layers, 4 q / 2 kv heads of 16,
   ffn 96, vocab 1024, rope theta 1e6 with the released rope_scaling shape (mrope_section
   interleaved, a no-op with equal positions), tied embeddings: `thinker.lm_head.weight` is NOT
@@ -71,6 +73,24 @@ def main():
 
     torch.set_grad_enabled(False)
     os.makedirs(OUT, exist_ok=True)
+    # qwen-asr's encoder builds cu_seqlens (the n_window_infer windows) but only the flash-attention
+    # path uses them: with eager / sdpa no mask is passed and attention spans the whole clip. The
+    # vLLM path (the package's other backend) and MODELS.md attend block-diagonally; clips under
+    # n_window_infer (8 s released) are the same either way. The fixture's windows are 1 s, so the
+    # reference is run with the block-diagonal mask its own _prepare_attention_mask builds.
+    from qwen_asr.core.transformers_backend import modeling_qwen3_asr as mq
+    layer_fwd = mq.Qwen3ASRAudioEncoderLayer.forward
+
+    def windowed(self, hidden_states, cu_seqlens, attention_mask=None, **kw):
+        if attention_mask is None:
+            n = hidden_states.shape[0]
+            attention_mask = torch.full([1, 1, n, n], torch.finfo(hidden_states.dtype).min)
+            for i in range(1, len(cu_seqlens)):
+                attention_mask[..., cu_seqlens[i - 1]:cu_seqlens[i], cu_seqlens[i - 1]:cu_seqlens[i]] = 0
+        return layer_fwd(self, hidden_states, cu_seqlens, attention_mask, **kw)
+
+    if os.environ.get("ASR_FULL_ATTENTION") != "1":
+        mq.Qwen3ASRAudioEncoderLayer.forward = windowed
     cfg = {"architectures": ["Qwen3ASRForConditionalGeneration"], "model_type": "qwen3_asr",
            "support_languages": ["English", "Chinese"],
            "thinker_config": {"model_type": "qwen3_asr_thinker", "audio_config": AUDIO_CFG, "text_config": TEXT_CFG,

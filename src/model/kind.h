@@ -114,6 +114,11 @@ typedef struct model_input {
   const int32_t *embd_idx;
   int64_t n_embd;
   const int32_t *rope_pos;
+  /* MODEL_IO_AUDIO (host memory, validated by the kind): one clip's log-mel features
+   * [n_mels, n_frames], mel-major as media/mel.h writes them. */
+  const float *features;
+  int64_t n_frames;
+  int n_mels;
 } model_input;
 
 /* One run's outputs (caller-owned memory). */

@@ -480,6 +480,7 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .residual_ring = 1,
   };
   cpu_vision_ops_install(be);
+  cpu_audio_ops_install(be);
   *out = be;
   return 0;
 }
