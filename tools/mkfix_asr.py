@@ -11,21 +11,23 @@ Model (config.json: model_type qwen3_asr, thinker_config {audio_config, text_con
   the windows: see `windowed` below; ASR_FULL_ATTENTION=1 writes the unwindowed outputs);
   output_dim 48.
   text decoder: Qwen3 (model_type qwen3_asr_text), hidden 48, 2 layers, 4 q / 2 kv heads of 16,
-  ffn 96, vocab 1024, rope theta 1e6 with the released rope_scaling shape (mrope_section
+  ffn 96, vocab 1004, rope theta 1e6 with the released rope_scaling shape (mrope_section
   interleaved, a no-op with equal positions), tied embeddings: `thinker.lm_head.weight` is NOT
   saved (the loader must tie it), the reference runs with lm_head = embed_tokens.
   Ids are remapped into the small vocabulary (the released ones are 151643..151704):
-  IDS below; audio_token_id / audio_start_token_id in thinker_config carry the remapped values.
+  IDS below; audio_token_id / audio_start_token_id / audio_end_token_id in thinker_config carry
+  the remapped values.
 Weights: seeded normal, linear weights 2 N / sqrt(fan_in), embeddings N, biases 0.1 N, norm weights
 1 + 0.1 N (gain 2: with gain 1 every clip decodes one repeated id; EMB_STD / LIN_GAIN override), f32,
 one model.safetensors with `thinker.audio_tower.*`, `thinker.model.*`.
 Per clip (reference features tests/fixtures/audio/<clip>.mel.f32, [128, L] mel-major):
   <clip>.enc.f32     audio tower output (after proj2) [N, 48]
-  <clip>.logits.f32  thinker logits for every prompt row [n_prompt, 1024]
+  <clip>.logits.f32  thinker logits for every prompt row [n_prompt, 1004]
   expected.json      prompt ids, N, greedy ids (8 tokens: argmax of full forwards, no eos stop)
-The prompt is the ASR chat prompt with made-up ids for the text pieces:
-  <im_start> system \\n <im_end> \\n <im_start> user \\n <audio_start> pad*N <audio_end> <im_end> \\n
-  <im_start> assistant \\n
+  <clip>.cli.txt     what `anna-transcribe --print-ids --max-new 8` prints for the clip's encoded file
+The prompt is the ASR chat prompt (empty context) tokenized with tokenizer.json: the shared test
+tokenizer (../shared/fixtures/tokenizer) with <|audio_start|> <|audio_end|> <|audio_pad|> <asr_text>
+added as ids 1000-1003 (the text vocabulary is 1004).
 """
 import json
 import os
@@ -38,9 +40,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "..", "tests", "fixtures", "qwen3_asr")
 AUDIO = os.path.join(HERE, "..", "tests", "fixtures", "audio")
 CLIPS = ("sweep_8k_mono", "bursts_44k_mp3", "bursts_48k_stereo")
-IDS = dict(im_start=1000, im_end=1001, endoftext=1002, audio_start=1003, audio_end=1004, audio_pad=1005,
-           asr_text=1006)
-TXT = dict(system=10, user=11, assistant=12, nl=13)
+TOKENIZER = os.path.join(HERE, "..", "..", "shared", "fixtures", "tokenizer")
+# The shared 1000-id test tokenizer has <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2; the audio
+# specials are appended as added tokens 1000-1003 (tokenizer.json written here).
+AUDIO_SPECIALS = ("<|audio_start|>", "<|audio_end|>", "<|audio_pad|>", "<asr_text>")
+IDS = dict(endoftext=0, im_start=1, im_end=2, audio_start=1000, audio_end=1001, audio_pad=1002, asr_text=1003)
+PROMPT_HEAD = "<|im_start|>system\n<|im_end|>\n<|im_start|>user\n<|audio_start|>"
+PROMPT_TAIL = "<|audio_end|><|im_end|>\n<|im_start|>assistant\n"
+# clip -> the encoded file it came from (for anna-transcribe's test)
+FILES = dict(sweep_8k_mono="sweep_8k_mono.wav", bursts_44k_mp3="bursts_44k.mp3",
+             bursts_48k_stereo="bursts_48k_stereo.flac")
 N_GEN = 8
 EMB_STD = float(os.environ.get("EMB_STD", "1.0"))
 LIN_GAIN = float(os.environ.get("LIN_GAIN", "2"))
@@ -49,7 +58,7 @@ AUDIO_CFG = dict(num_mel_bins=128, encoder_layers=2, encoder_attention_heads=2, 
                  n_window=50, n_window_infer=100, downsample_hidden_size=16, output_dim=48,
                  max_source_positions=1500, activation_function="gelu", conv_chunksize=500, dropout=0,
                  attention_dropout=0, activation_dropout=0, scale_embedding=False)
-TEXT_CFG = dict(model_type="qwen3_asr_text", vocab_size=1024, hidden_size=48, intermediate_size=96,
+TEXT_CFG = dict(model_type="qwen3_asr_text", vocab_size=1004, hidden_size=48, intermediate_size=96,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                 hidden_act="silu", max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=1000000.0,
                 rope_scaling={"interleaved": True, "mrope_interleaved": True, "mrope_section": [4, 2, 2],
@@ -57,11 +66,37 @@ TEXT_CFG = dict(model_type="qwen3_asr_text", vocab_size=1024, hidden_size=48, in
                 attention_bias=False, tie_word_embeddings=True, use_cache=True)
 
 
-def prompt_ids(n_audio):
-    i, t = IDS, TXT
-    return ([i["im_start"], t["system"], t["nl"], i["im_end"], t["nl"], i["im_start"], t["user"], t["nl"],
-             i["audio_start"]] + [i["audio_pad"]] * n_audio +
-            [i["audio_end"], i["im_end"], t["nl"], i["im_start"], t["assistant"], t["nl"]])
+def write_tokenizer():
+    """OUT/tokenizer.json (+ tokenizer_config.json): the shared test tokenizer plus the audio specials."""
+    import shutil
+    from tokenizers import Tokenizer
+    tj = json.load(open(os.path.join(TOKENIZER, "tokenizer.json")))
+    for k, piece in enumerate(AUDIO_SPECIALS):
+        tj["added_tokens"].append(dict(id=1000 + k, content=piece, single_word=False, lstrip=False, rstrip=False,
+                                       normalized=False, special=True))
+    with open(os.path.join(OUT, "tokenizer.json"), "w") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    shutil.copy(os.path.join(TOKENIZER, "tokenizer_config.json"), os.path.join(OUT, "tokenizer_config.json"))
+    tok = Tokenizer.from_file(os.path.join(OUT, "tokenizer.json"))
+    for name, i in IDS.items():
+        piece = {"endoftext": "<|endoftext|>", "im_start": "<|im_start|>", "im_end": "<|im_end|>"}.get(name)
+        piece = piece or AUDIO_SPECIALS[i - 1000]
+        assert tok.token_to_id(piece) == i, (piece, tok.token_to_id(piece), i)
+    return tok
+
+
+def prompt_ids(tok, n_audio):
+    head = tok.encode(PROMPT_HEAD, add_special_tokens=False).ids
+    tail = tok.encode(PROMPT_TAIL, add_special_tokens=False).ids
+    return head + [IDS["audio_pad"]] * n_audio + tail
+
+
+def transcript(tok, ids):
+    """What anna-transcribe prints: the text after <asr_text>, or all of it when absent, up to the
+    first <|im_end|> / <|endoftext|>."""
+    stop = [k for k, t in enumerate(ids) if t in (IDS["im_end"], IDS["endoftext"])]
+    text = tok.decode(ids[:stop[0]] if stop else ids, skip_special_tokens=False)
+    return text.split("<asr_text>", 1)[1] if "<asr_text>" in text else text
 
 
 def main():
@@ -73,6 +108,7 @@ def main():
 
     torch.set_grad_enabled(False)
     os.makedirs(OUT, exist_ok=True)
+    tok = write_tokenizer()
     # qwen-asr's encoder builds cu_seqlens (the n_window_infer windows) but only the flash-attention
     # path uses them: with eager / sdpa no mask is passed and attention spans the whole clip. The
     # vLLM path (the package's other backend) and MODELS.md attend block-diagonally; clips under
@@ -95,7 +131,7 @@ def main():
            "support_languages": ["English", "Chinese"],
            "thinker_config": {"model_type": "qwen3_asr_thinker", "audio_config": AUDIO_CFG, "text_config": TEXT_CFG,
                               "audio_token_id": IDS["audio_pad"], "audio_start_token_id": IDS["audio_start"],
-                              "audio_end_token_id": IDS["audio_end"], "user_token_id": TXT["user"],
+                              "audio_end_token_id": IDS["audio_end"],
                               "initializer_range": 0.02}}
     config = Qwen3ASRConfig(**{k: v for k, v in cfg.items() if k != "model_type" and k != "architectures"})
     config.thinker_config.audio_config._attn_implementation = "eager"
@@ -132,7 +168,7 @@ def main():
         enc = th.audio_tower(feats, feature_lens=torch.tensor([L])).last_hidden_state
         N = enc.shape[0]
         enc.numpy().astype("<f4").tofile(os.path.join(OUT, clip + ".enc.f32"))
-        ids = prompt_ids(N)
+        ids = prompt_ids(tok, N)
         inp = torch.tensor([ids])
         fam = torch.ones(1, L, dtype=torch.long)
         out = th(input_ids=inp, attention_mask=torch.ones_like(inp), input_features=feats[None],
@@ -147,10 +183,18 @@ def main():
             nxt = int(torch.argmax(lg))
             greedy.append(nxt)
             seq.append(nxt)
-        cases.append(dict(name=clip, mel=clip + ".mel.f32", frames=L, tokens=N, prompt_ids=ids, greedy_ids=greedy,
+        text = transcript(tok, greedy)
+        stop = [k for k, t in enumerate(greedy) if t in (IDS["im_end"], IDS["endoftext"])]
+        gen = greedy[:stop[0] + 1] if stop else greedy
+        # anna-transcribe --print-ids --max-new N_GEN FILE: the generated ids (through the stop id),
+        # then the transcript
+        with open(os.path.join(OUT, clip + ".cli.txt"), "w") as f:
+            f.write(",".join(str(t) for t in gen) + "\n" + text + "\n")
+        cases.append(dict(name=clip, mel=clip + ".mel.f32", file=FILES[clip], frames=L, tokens=N, prompt_ids=ids,
+                          greedy_ids=greedy, transcript=text,
                           max_abs_enc=float(enc.abs().max()), max_abs_logit=float(logits.abs().max())))
         print(f"{clip}: L={L} N={N} prompt {len(ids)} greedy {greedy} |enc|max {enc.abs().max():.3g}")
-    meta = dict(ids=IDS, text_ids=TXT, n_gen=N_GEN, cases=cases,
+    meta = dict(ids=IDS, prompt=PROMPT_HEAD + "<|audio_pad|>*N" + PROMPT_TAIL, n_gen=N_GEN, cases=cases,
                 reference=dict(qwen_asr=getattr(qwen_asr, "__version__", "0.0.6"),
                                transformers=transformers.__version__, torch=torch.__version__))
     with open(os.path.join(OUT, "expected.json"), "w") as f:

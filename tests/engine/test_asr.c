@@ -215,11 +215,11 @@ static void test_decoder(rig *enc, const char *fix, acase *cs, int nc) {
   rig r;
   int rc = rig_open(&r, "text_decoder", fix, 64, 128, err, sizeof err);
   printf("thinker decoder fed the encoder rows (%s)\n", rc ? err : r.desc.text);
-  ok("text decoder loads from thinker.model.* (lm_head tied)", !rc && r.desc.vocab == 1024);
+  ok("text decoder loads from thinker.model.* (lm_head tied)", !rc && r.desc.vocab == 1004);
   audio_qwen3_asr_ids ids;
   audio_qwen3_asr_get_ids(enc->impl, &ids);
-  ok("special ids from thinker_config (remapped: pad 1005, start 1003, end 1004)",
-     ids.audio_pad == 1005 && ids.audio_start == 1003 && ids.audio_end == 1004);
+  ok("special ids from thinker_config (remapped: pad 1002, start 1000, end 1001)",
+     ids.audio_pad == 1002 && ids.audio_start == 1000 && ids.audio_end == 1001);
   for (int ci = 0; !rc && ci < nc; ci++) {
     acase *c = &cs[ci];
     const json_t *pj = json_object_get(c->j, "prompt_ids"), *gj = json_object_get(c->j, "greedy_ids");
