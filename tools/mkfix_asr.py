@@ -3,6 +3,7 @@
 released checkpoint layout, and the reference's outputs for tests/engine/test_asr.c.
 
     ~/.cache/anna/venvs/asr/bin/python tools/mkfix_asr.py [OUT_DIR]   (default tests/fixtures/qwen3_asr)
+    ... tools/mkfix_asr.py --shape 0.6b|1.7b OUT_DIR [FRAMES [THREADS]]   (bench: see bench_shape)
 
 Model (config.json: model_type qwen3_asr, thinker_config {audio_config, text_config, ids}):
   audio encoder d 64, 2 layers, 2 heads, ffn 128, conv hidden 16, n_window 50 (1-s chunks of
@@ -202,5 +203,77 @@ def main():
         f.write("\n")
 
 
+SHAPES = {  # MODELS.md "Qwen3-ASR": encoder d / layers / heads / ffn, output (text hidden)
+    "0.6b": (896, 18, 14, 3584, 1024),
+    "1.7b": (1024, 24, 16, 4096, 2048),
+}
+
+
+def bench_shape(name, out, frames=1200, threads=2):
+    """A released-shape audio tower (seeded random bf16 weights, thinker.audio_tower.* only) and
+    qwen-asr's windowed rows for `frames` mel frames tiled from the fixture clips (12 s by default:
+    two 104-row windows), with its median wall time of 3 calls at torch.set_num_threads(threads).
+    `test_asr --bench OUT` times anna on the same input and checks the rows."""
+    import time
+    import transformers
+    from qwen_asr.core.transformers_backend import modeling_qwen3_asr as mq
+    from qwen_asr.core.transformers_backend.configuration_qwen3_asr import Qwen3ASRAudioEncoderConfig
+    from safetensors.torch import save_file
+    torch.set_grad_enabled(False)
+    d, layers, heads, ffn, outd = SHAPES[name]
+    ac = dict(AUDIO_CFG, encoder_layers=layers, encoder_attention_heads=heads, encoder_ffn_dim=ffn, d_model=d,
+              n_window_infer=800, downsample_hidden_size=480, output_dim=outd)
+    os.makedirs(out, exist_ok=True)
+    cfg = {"architectures": ["Qwen3ASRForConditionalGeneration"], "model_type": "qwen3_asr",
+           "thinker_config": {"audio_config": ac, "text_config": dict(TEXT_CFG, hidden_size=outd)}}
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
+    conf = Qwen3ASRAudioEncoderConfig(**ac)
+    conf._attn_implementation = "eager"
+    enc = mq.Qwen3ASRAudioEncoder(conf).eval()
+    g = torch.Generator().manual_seed(7)
+    for n, t in enc.state_dict().items():
+        if "norm" in n and n.endswith("weight") or n.startswith("ln_post.weight"):
+            t.copy_(1 + 0.1 * torch.randn(t.shape, generator=g))
+        elif n.endswith("bias"):
+            t.copy_(0.1 * torch.randn(t.shape, generator=g))
+        else:
+            t.copy_(torch.randn(t.shape, generator=g) / np.sqrt(t[0].numel()))
+    # bf16 on disk (as released); the reference runs f32 on the same bf16-rounded values
+    sd = {k: v.to(torch.bfloat16) for k, v in enc.state_dict().items()}
+    enc.load_state_dict({k: v.float() for k, v in sd.items()})
+    save_file({"thinker.audio_tower." + k: v.contiguous() for k, v in sd.items()}, os.path.join(out, "model.safetensors"))
+    mels = [np.fromfile(os.path.join(AUDIO, c + ".mel.f32"), dtype="<f4").reshape(128, -1) for c in CLIPS]
+    mel = np.concatenate(mels * (frames // sum(m.shape[1] for m in mels) + 1), axis=1)[:, :frames].copy()
+    layer_fwd = mq.Qwen3ASRAudioEncoderLayer.forward
+
+    def windowed(self, hidden_states, cu_seqlens, attention_mask=None, **kw):
+        n = hidden_states.shape[0]
+        attention_mask = torch.full([1, 1, n, n], torch.finfo(hidden_states.dtype).min)
+        for i in range(1, len(cu_seqlens)):
+            attention_mask[..., cu_seqlens[i - 1]:cu_seqlens[i], cu_seqlens[i - 1]:cu_seqlens[i]] = 0
+        return layer_fwd(self, hidden_states, cu_seqlens, attention_mask, **kw)
+
+    mq.Qwen3ASRAudioEncoderLayer.forward = windowed
+    torch.set_num_threads(threads)
+    x = torch.from_numpy(mel)
+    rows = enc(x, feature_lens=torch.tensor([frames])).last_hidden_state
+    ts = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        enc(x, feature_lens=torch.tensor([frames]))
+        ts.append(time.perf_counter() - t0)
+    mel.astype("<f4").tofile(os.path.join(out, "bench.mel.f32"))
+    rows.numpy().astype("<f4").tofile(os.path.join(out, "bench.enc.f32"))
+    info = dict(shape=name, frames=frames, rows=int(rows.shape[0]), out_dim=outd, threads=threads,
+                reference_s=sorted(ts)[1], max_abs=float(rows.abs().max()), torch=torch.__version__,
+                transformers=transformers.__version__)
+    json.dump(info, open(os.path.join(out, "bench.json"), "w"), indent=1)
+    print(json.dumps(info))
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "--shape":
+        a = sys.argv[2:]
+        bench_shape(a[0], a[1], *(int(v) for v in a[2:4]))
+    else:
+        main()

@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static int g_fail, g_checks;
@@ -382,7 +383,74 @@ static void test_folders(const char *shared, const char *fix) {
   rmdir(dir);
 }
 
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* test_asr --bench DIR [THREADS]: a released-shape tower (tools/mkfix_asr.py --shape): times the
+ * encoder on DIR/bench.mel.f32 (best of 3) and checks its rows against qwen-asr's. Not a ctest. */
+static int bench(const char *dir, int threads) {
+  char path[1400], err[512] = "";
+  snprintf(path, sizeof path, "%s/bench.json", dir);
+  json_t *info = json_load_file(path, 0, NULL);
+  if (!info) {
+    fprintf(stderr, "cannot read %s\n", path);
+    return 1;
+  }
+  const int64_t L = json_integer_value(json_object_get(info, "frames")), R = json_integer_value(json_object_get(info, "rows"));
+  const int outd = (int)json_integer_value(json_object_get(info, "out_dim"));
+  size_t n1 = 0, n2 = 0;
+  snprintf(path, sizeof path, "%s/bench.mel.f32", dir);
+  float *mel = read_file(path, &n1);
+  snprintf(path, sizeof path, "%s/bench.enc.f32", dir);
+  float *ref = read_file(path, &n2);
+  rig r;
+  int rc = !mel || !ref || n1 != sizeof(float) * 128 * (size_t)L || n2 != sizeof(float) * (size_t)(R * outd);
+  if (rc) snprintf(err, sizeof err, "bad bench files in %s", dir);
+  memset(&r, 0, sizeof r);
+  double t_load = now_s();
+  if (!rc) {
+    r.k = model_kind_by_name("qwen3_asr_audio");
+    model_source src = {.path = dir, .model_type = "qwen3_asr"};
+    anna_tuning t;
+    tuning_defaults(&t);
+    const model_load_params lp = {.tuning = &t};
+    rc = r.k->load(&r.impl, &src, &lp, err, sizeof err);
+    ops_model_shape shape;
+    if (!rc) r.k->backend_shape(r.impl, 0, &shape);
+    const backend_params bp = {.n_threads = threads, .n_batch = L, .shape = &shape, .tuning = &t};
+    if (!rc) rc = backend_registry_find("cpu")->create(&bp, &r.be, err, sizeof err);
+    const model_state_params sp = {.n_seq = 1, .n_batch = (int)L};
+    if (!rc) rc = r.k->state_create(&r.st, r.impl, r.be, &sp, err, sizeof err);
+  }
+  t_load = now_s() - t_load;
+  float *out = malloc(sizeof(float) * (size_t)(R * outd));
+  double best = INFINITY;
+  for (int i = 0; !rc && i < 3; i++) {
+    const double t0 = now_s();
+    rc = encode(&r, mel, 128, L, out, R, NULL, err, sizeof err);
+    best = fmin(best, now_s() - t0);
+  }
+  if (rc) {
+    fprintf(stderr, "%s\n", err);
+  } else {
+    double mref, mx = max_diff(out, ref, R * outd, &mref);
+    printf("%s: %lld frames -> %lld rows, load %.2f s, encode %.3f s best of 3 (%d threads; reference %.3f s), "
+           "max err %.3g (max |ref| %.3g)\n",
+           json_string_value(json_object_get(info, "shape")), (long long)L, (long long)R, t_load, best, threads,
+           json_real_value(json_object_get(info, "reference_s")), mx, mref);
+    rc = !(mx <= 2e-3 || mx / mref <= 1e-4);
+  }
+  free(out), free(mel), free(ref);
+  rig_close(&r);
+  json_decref(info);
+  return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
+  if (argc >= 3 && !strcmp(argv[1], "--bench")) return bench(argv[2], argc > 3 ? atoi(argv[3]) : 2);
   if (argc < 4) {
     fprintf(stderr, "usage: test_asr SHARED_FIXTURES_DIR ASR_FIXTURE_DIR AUDIO_FIXTURE_DIR\n");
     return 2;
