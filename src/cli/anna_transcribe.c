@@ -27,8 +27,9 @@
 #include <string.h>
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]\n"
-             "                       [--max-seconds S] [--threads N] [--print-ids] FILE\n");
+  fprintf(
+      f, "usage: anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]\n"
+         "                       [--max-seconds S] [--threads N] [--print-ids] FILE\n");
 }
 
 static unsigned char *read_all(const char *path, size_t *n) {
@@ -64,8 +65,8 @@ typedef struct part {
   model_desc desc;
 } part;
 
-static int part_open(part *p, const model_kind *k, const model_source *src, int threads, int64_t n_batch, int n_ctx,
-                     char *err, size_t errlen) {
+static int part_open(part *p, const model_kind *k, const model_source *src, int threads,
+                     int64_t n_batch, int n_ctx, char *err, size_t errlen) {
   memset(p, 0, sizeof *p);
   p->k = k;
   anna_tuning t;
@@ -77,7 +78,8 @@ static int part_open(part *p, const model_kind *k, const model_source *src, int 
   ops_model_shape *shape = calloc(1, sizeof *shape);
   if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   k->backend_shape(p->impl, n_ctx, shape);
-  const backend_params bp = {.n_threads = threads, .n_batch = n_batch, .shape = shape, .tuning = &t};
+  const backend_params bp = {
+      .n_threads = threads, .n_batch = n_batch, .shape = shape, .tuning = &t};
   rc = backend_registry_find("cpu")->create(&bp, &p->be, err, errlen);
   free(shape);
   if (rc) return rc;
@@ -92,8 +94,8 @@ static void part_close(part *p) {
 }
 
 /* Appends the ids of text to (*ids, *n); flags as tokenizer_encode. */
-static int append(const tokenizer *tok, const char *text, int flags, int32_t **ids, size_t *n, size_t *cap,
-                  char *err, size_t errlen) {
+static int append(const tokenizer *tok, const char *text, int flags, int32_t **ids, size_t *n,
+                  size_t *cap, char *err, size_t errlen) {
   int32_t *piece = NULL;
   size_t k = 0;
   int rc = tokenizer_encode(tok, text, strlen(text), flags, &piece, &k, err, errlen);
@@ -190,8 +192,11 @@ int main(int argc, char **argv) {
   const model_kind *dk = NULL;
   if (!rc) rc = model_kind_find(dir, &src, &dk, err, sizeof err);
   if (!rc && strcmp(src.model_type, "qwen3_asr"))
-    rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED, "%s: model_type '%s' is not a Qwen3-ASR model", dir, src.model_type);
-  if (!rc) rc = part_open(&enc, model_kind_by_name("qwen3_asr_audio"), &src, threads, L, 0, err, sizeof err);
+    rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED,
+                  "%s: model_type '%s' is not a Qwen3-ASR model", dir, src.model_type);
+  if (!rc)
+    rc = part_open(&enc, model_kind_by_name("qwen3_asr_audio"), &src, threads, L, 0, err,
+                   sizeof err);
   char tpath[4096];
   snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
   if (!rc) rc = tokenizer_load_json(&tok, tpath, err, sizeof err);
@@ -204,20 +209,25 @@ int main(int argc, char **argv) {
   if (!rc) {
     size_t ln = strlen(context) + 16;
     char *sys = malloc(ln);
-    if (!sys) rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
+    if (!sys)
+      rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
     else {
       snprintf(sys, ln, "system\n%s", context);
       rc = append(tok, sys, TOKENIZER_ENCODE_NO_PARSE_SPECIAL, &ids, &n, &cap, err, sizeof err);
       free(sys);
     }
   }
-  if (!rc) rc = append(tok, "<|im_end|>\n<|im_start|>user\n<|audio_start|>", 0, &ids, &n, &cap, err, sizeof err);
+  if (!rc)
+    rc = append(tok, "<|im_end|>\n<|im_start|>user\n<|audio_start|>", 0, &ids, &n, &cap, err,
+                sizeof err);
   /* the pads: the tokenizer's <|audio_pad|> must be the id the thinker replaces */
   const size_t pad0 = n;
   if (!rc) rc = append(tok, "<|audio_pad|>", 0, &ids, &n, &cap, err, sizeof err);
   if (!rc && (n != pad0 + 1 || ids[pad0] != sid.audio_pad))
-    rc = anna_err(err, sizeof err, ANNA_EFORMAT, "the tokenizer's <|audio_pad|> is not one token of id %d (thinker_config.audio_token_id)",
-                  sid.audio_pad);
+    rc = anna_err(
+        err, sizeof err, ANNA_EFORMAT,
+        "the tokenizer's <|audio_pad|> is not one token of id %d (thinker_config.audio_token_id)",
+        sid.audio_pad);
   n = pad0;
   for (int64_t i = 0; !rc && i < N; i++) {
     if (n == cap) {
@@ -231,7 +241,9 @@ int main(int argc, char **argv) {
     }
     ids[n++] = sid.audio_pad;
   }
-  if (!rc) rc = append(tok, "<|audio_end|><|im_end|>\n<|im_start|>assistant\n", 0, &ids, &n, &cap, err, sizeof err);
+  if (!rc)
+    rc = append(tok, "<|audio_end|><|im_end|>\n<|im_start|>assistant\n", 0, &ids, &n, &cap, err,
+                sizeof err);
   if (!rc && language) {
     char forced[256];
     snprintf(forced, sizeof forced, "language %s", language);
@@ -241,19 +253,23 @@ int main(int argc, char **argv) {
   const int32_t im_end = rc ? -1 : special_id(tok, "<|im_end|>", err, sizeof err);
   const int32_t eot = rc || im_end < 0 ? -1 : special_id(tok, "<|endoftext|>", err, sizeof err);
   if (!rc && (im_end < 0 || eot < 0)) rc = ANNA_ENOTFOUND;
-  if (!rc) rc = part_open(&dec, dk, &src, threads, (int64_t)n, (int)n + max_new + 1, err, sizeof err);
-  if (!rc && dec.desc.vocab < 1) rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED, "%s: the decoder makes no logits", dir);
+  if (!rc)
+    rc = part_open(&dec, dk, &src, threads, (int64_t)n, (int)n + max_new + 1, err, sizeof err);
+  if (!rc && dec.desc.vocab < 1)
+    rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED, "%s: the decoder makes no logits", dir);
   if (!rc) {
     rows = malloc(sizeof(float) * (size_t)(N > 0 ? N : 1) * (size_t)enc.desc.n_embd);
     logits = malloc(sizeof(float) * (size_t)dec.desc.vocab);
     seq = calloc(n, sizeof *seq), pos = malloc(n * sizeof *pos), eidx = malloc(n * sizeof *eidx);
     want = calloc(n, 1), gen = malloc(sizeof(int32_t) * (size_t)max_new);
-    if (!rows || !logits || !seq || !pos || !eidx || !want || !gen) rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
+    if (!rows || !logits || !seq || !pos || !eidx || !want || !gen)
+      rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
   }
   if (!rc) {
     const model_input in = {.io = MODEL_IO_AUDIO, .features = feat, .n_frames = L, .n_mels = 128};
     int64_t w = 0;
-    const model_output o = {.io = MODEL_IO_EMBEDDINGS, .embd = rows, .embd_rows = N, .embd_written = &w};
+    const model_output o = {
+        .io = MODEL_IO_EMBEDDINGS, .embd = rows, .embd_rows = N, .embd_written = &w};
     rc = enc.k->run(enc.impl, enc.st, enc.be, &in, &o, err, sizeof err);
   }
   int n_gen = 0;
@@ -265,7 +281,8 @@ int main(int argc, char **argv) {
     }
     want[n - 1] = 1;
     anna_batch b = {(int32_t)n, ids, seq, pos, want};
-    const model_input in = {.io = MODEL_IO_TOKENS, .batch = &b, .embd = rows, .embd_idx = eidx, .n_embd = ne};
+    const model_input in = {
+        .io = MODEL_IO_TOKENS, .batch = &b, .embd = rows, .embd_idx = eidx, .n_embd = ne};
     const model_output o = {.io = MODEL_IO_LOGITS, .logits = logits};
     rc = dec.k->run(dec.impl, dec.st, dec.be, &in, &o, err, sizeof err);
     int32_t g = 0, gs = 0, gp;
@@ -283,10 +300,12 @@ int main(int argc, char **argv) {
   }
   size_t tlen = 0;
   const int stopped = n_gen > 0 && (gen[n_gen - 1] == im_end || gen[n_gen - 1] == eot);
-  if (!rc) rc = tokenizer_decode(tok, gen, (size_t)(n_gen - stopped), 0, &text, &tlen, err, sizeof err);
+  if (!rc)
+    rc = tokenizer_decode(tok, gen, (size_t)(n_gen - stopped), 0, &text, &tlen, err, sizeof err);
   if (!rc) {
     if (print_ids) {
-      for (int i = 0; i < n_gen; i++) printf("%s%d", i ? "," : "", gen[i]);
+      for (int i = 0; i < n_gen; i++)
+        printf("%s%d", i ? "," : "", gen[i]);
       printf("\n");
     }
     const char *mark = language ? NULL : strstr(text, "<asr_text>");

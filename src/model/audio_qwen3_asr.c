@@ -90,7 +90,8 @@ static void *am_alloc(audio_model *m, size_t bytes) {
 static void am_free(void *impl) {
   audio_model *m = impl;
   if (!m) return;
-  for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
+  for (int i = 0; i < m->n_allocs; i++)
+    free(m->allocs[i]);
   free(m->allocs);
   safetensors_close(m->st);
   free(m);
@@ -98,7 +99,8 @@ static void am_free(void *impl) {
 
 static int64_t numel(const safetensors_tensor *t) {
   int64_t n = 1;
-  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  for (int i = 0; i < t->ndim; i++)
+    n *= t->shape[i];
   return n;
 }
 
@@ -116,31 +118,38 @@ static float elem_f32(int dtype, const void *data, int64_t i) {
     return f;
   }
   const int e = (h >> 10) & 31, man = h & 1023;
-  f = e == 0 ? ldexpf((float)man, -24) : e == 31 ? (man ? NAN : INFINITY) : ldexpf((float)(man | 1024), e - 25);
+  f = e == 0    ? ldexpf((float)man, -24)
+      : e == 31 ? (man ? NAN : INFINITY)
+                : ldexpf((float)(man | 1024), e - 25);
   return (h >> 15) ? -f : f;
 }
 
 /* thinker.audio_tower.<name> with rows x cols elements (first dim rows), a plain float dtype. */
-static int get_tensor(audio_model *m, const char *name, int64_t rows, int64_t cols, const safetensors_tensor **out,
-                      char *err, size_t errlen) {
+static int get_tensor(audio_model *m, const char *name, int64_t rows, int64_t cols,
+                      const safetensors_tensor **out, char *err, size_t errlen) {
   char full[256];
   snprintf(full, sizeof full, AQ_PREFIX "%s", name);
   const safetensors_tensor *t = safetensors_find(m->st, full);
-  if (!t) return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor '%s' (no audio tower?)", m->path, full);
+  if (!t)
+    return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor '%s' (no audio tower?)",
+                    m->path, full);
   if (numel(t) != rows * cols || t->shape[0] != rows)
-    return anna_err(err, errlen, ANNA_EFORMAT, "%s: tensor '%s' has %lld elements (first dim %lld), expected [%lld, %lld]",
-                    t->file, full, (long long)numel(t), (long long)t->shape[0], (long long)rows, (long long)cols);
+    return anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: tensor '%s' has %lld elements (first dim %lld), expected [%lld, %lld]",
+                    t->file, full, (long long)numel(t), (long long)t->shape[0], (long long)rows,
+                    (long long)cols);
   if (t->dtype != ANNA_DTYPE_F32 && t->dtype != ANNA_DTYPE_BF16 && t->dtype != ANNA_DTYPE_F16)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: tensor '%s' has dtype %s (F32, BF16 or F16 expected)", t->file,
-                    full, dtype_name(t->dtype));
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "%s: tensor '%s' has dtype %s (F32, BF16 or F16 expected)", t->file, full,
+                    dtype_name(t->dtype));
   *out = t;
   return 0;
 }
 
-static int get_mat(audio_model *m, ops_weight *w, int64_t rows, int64_t cols, char *err, size_t errlen,
-                   const char *fmt, ...) __attribute__((format(printf, 7, 8)));
-static int get_mat(audio_model *m, ops_weight *w, int64_t rows, int64_t cols, char *err, size_t errlen,
-                   const char *fmt, ...) {
+static int get_mat(audio_model *m, ops_weight *w, int64_t rows, int64_t cols, char *err,
+                   size_t errlen, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+static int get_mat(audio_model *m, ops_weight *w, int64_t rows, int64_t cols, char *err,
+                   size_t errlen, const char *fmt, ...) {
   char name[200];
   va_list ap;
   va_start(ap, fmt);
@@ -153,9 +162,10 @@ static int get_mat(audio_model *m, ops_weight *w, int64_t rows, int64_t cols, ch
   return 0;
 }
 
-static int get_vec(audio_model *m, float **out, int64_t n, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 6, 7)));
-static int get_vec(audio_model *m, float **out, int64_t n, char *err, size_t errlen, const char *fmt, ...) {
+static int get_vec(audio_model *m, float **out, int64_t n, char *err, size_t errlen,
+                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int get_vec(audio_model *m, float **out, int64_t n, char *err, size_t errlen,
+                   const char *fmt, ...) {
   char name[200];
   va_list ap;
   va_start(ap, fmt);
@@ -166,14 +176,16 @@ static int get_vec(audio_model *m, float **out, int64_t n, char *err, size_t err
   if (rc) return rc;
   float *v = am_alloc(m, (size_t)n * sizeof(float));
   if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  for (int64_t i = 0; i < n; i++) v[i] = elem_f32(t->dtype, t->data, i);
+  for (int64_t i = 0; i < n; i++)
+    v[i] = elem_f32(t->dtype, t->data, i);
   *out = v;
   return 0;
 }
 
 /* A conv weight [co, ci, 3(freq), 3(time)] as the f32 matrix [co, ci * 9] of the transposed
  * image: column (ci, ky, kx) with ky along time holds w[co, ci, kx, ky]. */
-static int get_conv(audio_model *m, ops_weight *w, int co, int ci, char *err, size_t errlen, const char *name) {
+static int get_conv(audio_model *m, ops_weight *w, int co, int ci, char *err, size_t errlen,
+                    const char *name) {
   const safetensors_tensor *t;
   int rc = get_tensor(m, name, co, (int64_t)ci * 9, &t, err, errlen);
   if (rc) return rc;
@@ -181,24 +193,27 @@ static int get_conv(audio_model *m, ops_weight *w, int co, int ci, char *err, si
   if (!d) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   for (int64_t r = 0; r < (int64_t)co * ci; r++)
     for (int ky = 0; ky < 3; ky++)
-      for (int kx = 0; kx < 3; kx++) d[r * 9 + ky * 3 + kx] = elem_f32(t->dtype, t->data, r * 9 + kx * 3 + ky);
+      for (int kx = 0; kx < 3; kx++)
+        d[r * 9 + ky * 3 + kx] = elem_f32(t->dtype, t->data, r * 9 + kx * 3 + ky);
   *w = (ops_weight){.type = ANNA_DTYPE_F32, .data = d, .rows = co, .cols = (int64_t)ci * 9};
   return 0;
 }
 
-static int cfg_int(const json_t *o, const char *path, const char *key, int def, int lo, int hi, int *out, char *err,
-                   size_t errlen) {
+static int cfg_int(const json_t *o, const char *path, const char *key, int def, int lo, int hi,
+                   int *out, char *err, size_t errlen) {
   const json_t *v = json_object_get(o, key);
   if (!v) {
     if (def >= lo) {
       *out = def;
       return 0;
     }
-    return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: thinker_config.audio_config.%s is missing", path, key);
+    return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: thinker_config.audio_config.%s is missing",
+                    path, key);
   }
   if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-    return anna_err(err, errlen, ANNA_EFORMAT, "%s: thinker_config.audio_config.%s must be an integer in [%d, %d]", path,
-                    key, lo, hi);
+    return anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: thinker_config.audio_config.%s must be an integer in [%d, %d]", path, key,
+                    lo, hi);
   *out = (int)json_integer_value(v);
   return 0;
 }
@@ -206,75 +221,111 @@ static int cfg_int(const json_t *o, const char *path, const char *key, int def, 
 /* audio_config keys that change nothing at inference (dropouts, init, bookkeeping; conv_chunksize
  * only bounds the reference's memory; max_source_positions only sizes its sinusoid table, whose
  * rows restart every chunk). Any key not here nor read below is refused. */
-static const char *const k_noop_keys[] = {
-    "dropout",         "attention_dropout", "activation_dropout",   "initializer_range", "model_type",
-    "_name_or_path",   "torch_dtype",       "dtype",                "transformers_version", "architectures",
-    "conv_chunksize",  "max_source_positions", "output_attentions", "output_hidden_states", "return_dict",
-    "use_return_dict", "_attn_implementation_autoset", "id2label", "label2id", "encoder_layerdrop"};
+static const char *const k_noop_keys[] = {"dropout",
+                                          "attention_dropout",
+                                          "activation_dropout",
+                                          "initializer_range",
+                                          "model_type",
+                                          "_name_or_path",
+                                          "torch_dtype",
+                                          "dtype",
+                                          "transformers_version",
+                                          "architectures",
+                                          "conv_chunksize",
+                                          "max_source_positions",
+                                          "output_attentions",
+                                          "output_hidden_states",
+                                          "return_dict",
+                                          "use_return_dict",
+                                          "_attn_implementation_autoset",
+                                          "id2label",
+                                          "label2id",
+                                          "encoder_layerdrop"};
 
 static int parse_config(audio_model *m, const char *cfg_path, char *err, size_t errlen) {
   json_error_t je;
   json_t *root = json_load_file(cfg_path, 0, &je);
-  if (!root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: %s (line %d)", cfg_path, je.text, je.line);
+  if (!root)
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: %s (line %d)", cfg_path, je.text, je.line);
   int rc = 0;
-  const json_t *mt = json_object_get(root, "model_type"), *tc = json_object_get(root, "thinker_config");
+  const json_t *mt = json_object_get(root, "model_type"),
+               *tc = json_object_get(root, "thinker_config");
   const char *type = json_is_string(mt) ? json_string_value(mt) : "";
   const json_t *ac = json_is_object(tc) ? json_object_get(tc, "audio_config") : NULL;
   if (strcmp(type, "qwen3_asr")) {
-    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: model_type '%s' has no Qwen3-ASR audio tower", cfg_path, type);
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "%s: model_type '%s' has no Qwen3-ASR audio tower", cfg_path, type);
     goto out;
   }
   if (!json_is_object(ac)) {
-    rc = anna_err(err, errlen, ANNA_ENOTFOUND, "%s: no thinker_config.audio_config: this model has no audio tower",
-                  cfg_path);
+    rc = anna_err(err, errlen, ANNA_ENOTFOUND,
+                  "%s: no thinker_config.audio_config: this model has no audio tower", cfg_path);
     goto out;
   }
-  static const char *const known[] = {"num_mel_bins", "encoder_layers", "encoder_attention_heads", "encoder_ffn_dim",
-                                      "d_model", "n_window", "n_window_infer", "downsample_hidden_size", "output_dim",
-                                      "activation_function", "scale_embedding"};
+  static const char *const known[] = {"num_mel_bins",
+                                      "encoder_layers",
+                                      "encoder_attention_heads",
+                                      "encoder_ffn_dim",
+                                      "d_model",
+                                      "n_window",
+                                      "n_window_infer",
+                                      "downsample_hidden_size",
+                                      "output_dim",
+                                      "activation_function",
+                                      "scale_embedding"};
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)ac, key, val) {
     int ok = 0;
-    for (size_t i = 0; i < sizeof known / sizeof *known && !ok; i++) ok = !strcmp(key, known[i]);
-    for (size_t i = 0; i < sizeof k_noop_keys / sizeof *k_noop_keys && !ok; i++) ok = !strcmp(key, k_noop_keys[i]);
+    for (size_t i = 0; i < sizeof known / sizeof *known && !ok; i++)
+      ok = !strcmp(key, known[i]);
+    for (size_t i = 0; i < sizeof k_noop_keys / sizeof *k_noop_keys && !ok; i++)
+      ok = !strcmp(key, k_noop_keys[i]);
     if (!ok) {
-      rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: thinker_config.audio_config.%s is not supported", cfg_path, key);
+      rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "%s: thinker_config.audio_config.%s is not supported", cfg_path, key);
       goto out;
     }
   }
   /* defaults: qwen-asr's class defaults where the released configs always set the key anyway */
   if ((rc = cfg_int(ac, cfg_path, "num_mel_bins", 128, 1, 1024, &m->n_mels, err, errlen)) ||
-      (rc = cfg_int(ac, cfg_path, "encoder_layers", -1, 1, AQ_MAX_LAYERS, &m->n_layers, err, errlen)) ||
-      (rc = cfg_int(ac, cfg_path, "encoder_attention_heads", -1, 1, 1024, &m->heads, err, errlen)) ||
+      (rc = cfg_int(ac, cfg_path, "encoder_layers", -1, 1, AQ_MAX_LAYERS, &m->n_layers, err,
+                    errlen)) ||
+      (rc =
+           cfg_int(ac, cfg_path, "encoder_attention_heads", -1, 1, 1024, &m->heads, err, errlen)) ||
       (rc = cfg_int(ac, cfg_path, "encoder_ffn_dim", -1, 1, 1 << 18, &m->ffn, err, errlen)) ||
       (rc = cfg_int(ac, cfg_path, "d_model", -1, 4, 1 << 16, &m->d, err, errlen)) ||
       (rc = cfg_int(ac, cfg_path, "n_window", -1, 1, 1 << 12, &m->n_window, err, errlen)) ||
-      (rc = cfg_int(ac, cfg_path, "n_window_infer", -1, 1, 1 << 20, &m->n_window_infer, err, errlen)) ||
-      (rc = cfg_int(ac, cfg_path, "downsample_hidden_size", -1, 1, 1 << 14, &m->hid, err, errlen)) ||
+      (rc = cfg_int(ac, cfg_path, "n_window_infer", -1, 1, 1 << 20, &m->n_window_infer, err,
+                    errlen)) ||
+      (rc =
+           cfg_int(ac, cfg_path, "downsample_hidden_size", -1, 1, 1 << 14, &m->hid, err, errlen)) ||
       (rc = cfg_int(ac, cfg_path, "output_dim", -1, 1, 1 << 18, &m->out_dim, err, errlen)))
     goto out;
-  const json_t *act = json_object_get(ac, "activation_function"), *se = json_object_get(ac, "scale_embedding");
+  const json_t *act = json_object_get(ac, "activation_function"),
+               *se = json_object_get(ac, "scale_embedding");
   if (act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu"))) {
-    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: thinker_config.audio_config.activation_function must be gelu",
-                  cfg_path);
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "%s: thinker_config.audio_config.activation_function must be gelu", cfg_path);
     goto out;
   }
   if (se && !json_is_false(se)) {
-    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: thinker_config.audio_config.scale_embedding must be false",
-                  cfg_path);
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "%s: thinker_config.audio_config.scale_embedding must be false", cfg_path);
     goto out;
   }
   m->head_dim = m->d / m->heads;
   if (m->d % 2 || m->d % m->heads || m->head_dim > OPS_SEG_ATTN_MAX_DIM) {
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                  "%s: audio d_model %d with %d heads: d must be even and a multiple of the heads, head dim <= %d",
+                  "%s: audio d_model %d with %d heads: d must be even and a multiple of the heads, "
+                  "head dim <= %d",
                   cfg_path, m->d, m->heads, OPS_SEG_ATTN_MAX_DIM);
     goto out;
   }
   if (m->n_window_infer < 2 * m->n_window) {
     rc = anna_err(err, errlen, ANNA_EFORMAT,
-                  "%s: thinker_config.audio_config.n_window_infer %d is shorter than one chunk (2 * n_window = %d)",
+                  "%s: thinker_config.audio_config.n_window_infer %d is shorter than one chunk (2 "
+                  "* n_window = %d)",
                   cfg_path, m->n_window_infer, 2 * m->n_window);
     goto out;
   }
@@ -290,8 +341,8 @@ static int parse_config(audio_model *m, const char *cfg_path, char *err, size_t 
     const json_t *v = json_object_get(tc, idk[i].key);
     if (!v) continue;
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: thinker_config.%s must be a non-negative integer", cfg_path,
-                    idk[i].key);
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: thinker_config.%s must be a non-negative integer", cfg_path, idk[i].key);
       goto out;
     }
     *idk[i].dst = (int32_t)json_integer_value(v);
@@ -301,11 +352,13 @@ out:
   return rc;
 }
 
-static int aq_load(void **impl, const model_source *src, const model_load_params *p, char *err, size_t errlen) {
+static int aq_load(void **impl, const model_source *src, const model_load_params *p, char *err,
+                   size_t errlen) {
   (void)p;
   *impl = NULL;
   if (src->is_gguf)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: the Qwen3-ASR audio encoder loads from HF folders", src->path);
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "%s: the Qwen3-ASR audio encoder loads from HF folders", src->path);
   audio_model *m = calloc(1, sizeof *m);
   if (!m) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   snprintf(m->path, sizeof m->path, "%s", src->path);
@@ -334,7 +387,8 @@ static int aq_load(void **impl, const model_source *src, const model_load_params
     if (!rc && !w) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
     for (int64_t j = 0; !rc && j < d; j++)
       for (int64_t f = 0; f < m->f3; f++)
-        for (int64_t c = 0; c < h; c++) w[j * K + f * h + c] = elem_f32(t->dtype, t->data, j * K + c * m->f3 + f);
+        for (int64_t c = 0; c < h; c++)
+          w[j * K + f * h + c] = elem_f32(t->dtype, t->data, j * K + c * m->f3 + f);
     if (!rc) m->conv_out = (ops_weight){.type = ANNA_DTYPE_F32, .data = w, .rows = d, .cols = K};
   }
   for (int l = 0; !rc && l < m->n_layers; l++) {
@@ -368,7 +422,8 @@ static int aq_load(void **impl, const model_source *src, const model_load_params
     return rc;
   }
   snprintf(m->describe, sizeof m->describe,
-           "qwen3_asr_audio: %d layers, d %d, heads %d, ffn %d, conv %d, out %d, chunk %d frames, window %d frames",
+           "qwen3_asr_audio: %d layers, d %d, heads %d, ffn %d, conv %d, out %d, chunk %d frames, "
+           "window %d frames",
            m->n_layers, d, m->heads, m->ffn, h, m->out_dim, 2 * m->n_window, m->n_window_infer);
   *impl = m;
   return 0;
@@ -389,7 +444,8 @@ static int aq_probe(const model_source *src) {
 
 static void aq_describe(const void *impl, model_desc *out) {
   const audio_model *m = impl;
-  *out = (model_desc){.text = m->describe, .vocab = 0, .n_embd = m->out_dim, .n_layers = m->n_layers};
+  *out =
+      (model_desc){.text = m->describe, .vocab = 0, .n_embd = m->out_dim, .n_layers = m->n_layers};
 }
 
 static int64_t max64(int64_t a, int64_t b) {
@@ -409,7 +465,8 @@ static void aq_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) 
 static void aq_state_free(void *state) {
   audio_state *s = state;
   if (!s) return;
-  for (int i = 0; i < s->n_bufs; i++) s->be->free(s->be, s->bufs[i]);
+  for (int i = 0; i < s->n_bufs; i++)
+    s->be->free(s->be, s->bufs[i]);
   free(s->h_img);
   free(s->h_seg);
   free(s);
@@ -421,8 +478,8 @@ static float *be_buf(audio_state *s, int64_t floats) {
   return p;
 }
 
-static int aq_state_create(void **state, const void *impl, ops_backend *be, const model_state_params *p, char *err,
-                           size_t errlen) {
+static int aq_state_create(void **state, const void *impl, ops_backend *be,
+                           const model_state_params *p, char *err, size_t errlen) {
   *state = NULL;
   const audio_model *m = impl;
   const struct {
@@ -442,7 +499,8 @@ static int aq_state_create(void **state, const void *impl, ops_backend *be, cons
                       !strcmp(be->name, "cuda") ? "CUDA" : be->name, be->name, need[i].name);
   const int64_t L = p->n_batch > 0 ? p->n_batch : AQ_DEFAULT_FRAMES, C = 2 * (int64_t)m->n_window;
   if (L > (int64_t)1 << 24)
-    return anna_err(err, errlen, ANNA_ERANGE, "audio encoder: n_batch %lld frames out of range [1, %d]", (long long)L,
+    return anna_err(err, errlen, ANNA_ERANGE,
+                    "audio encoder: n_batch %lld frames out of range [1, %d]", (long long)L,
                     1 << 24);
   audio_state *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
@@ -456,7 +514,8 @@ static int aq_state_create(void **state, const void *impl, ops_backend *be, cons
   s->max_tok = n_img * t3;
   const int64_t win = t3 * (m->n_window_infer / C);
   s->max_seg = (int)(s->max_tok / (win > 0 ? win : 1) + 2);
-  const int64_t cols = max64(G * t1 * m->f1 * 9, max64(G * t2 * m->f2 * 9 * h, G * t3 * m->f3 * 9 * h));
+  const int64_t cols =
+      max64(G * t1 * m->f1 * 9, max64(G * t2 * m->f2 * 9 * h, G * t3 * m->f3 * 9 * h));
   s->img = be_buf(s, n_img * T * nm);
   s->cols = be_buf(s, cols);
   s->a1 = be_buf(s, G * t1 * m->f1 * h);
@@ -477,7 +536,8 @@ static int aq_state_create(void **state, const void *impl, ops_backend *be, cons
   if (s->n_bufs != 14 || !s->h_img || !s->h_seg || !hpos) {
     free(hpos);
     aq_state_free(s);
-    return anna_err(err, errlen, ANNA_ENOMEM, "audio encoder: cannot allocate buffers for %lld frames", (long long)L);
+    return anna_err(err, errlen, ANNA_ENOMEM,
+                    "audio encoder: cannot allocate buffers for %lld frames", (long long)L);
   }
   /* Sinusoids of step p in its chunk (p restarts every chunk), the same f32 formula as the
    * reference (media/asr_front.c): row r gets p = r mod t3. A shorter single chunk (L < C)
@@ -497,25 +557,31 @@ static int aq_state_create(void **state, const void *impl, ops_backend *be, cons
 
 /* ---- run ---- */
 
-static int aq_run(const void *impl, void *state, ops_backend *be, const model_input *in, const model_output *out,
-                  char *err, size_t errlen) {
+static int aq_run(const void *impl, void *state, ops_backend *be, const model_input *in,
+                  const model_output *out, char *err, size_t errlen) {
   const audio_model *m = impl;
   audio_state *s = state;
   if (in->io != MODEL_IO_AUDIO || out->io != MODEL_IO_EMBEDDINGS)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the audio encoder maps audio features to embeddings, not %s to %s",
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the audio encoder maps audio features to embeddings, not %s to %s",
                     model_io_name(in->io), model_io_name(out->io));
   if (!in->features) return anna_err(err, errlen, ANNA_EINVAL, "audio encoder: no features given");
   if (in->n_mels != m->n_mels)
-    return anna_err(err, errlen, ANNA_EINVAL, "audio encoder: features have %d mel bins, this encoder takes %d",
-                    in->n_mels, m->n_mels);
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "audio encoder: features have %d mel bins, this encoder takes %d", in->n_mels,
+                    m->n_mels);
   const int64_t L = in->n_frames, C = 2 * (int64_t)m->n_window;
-  if (L < 1) return anna_err(err, errlen, ANNA_EINVAL, "audio encoder: the features have %lld frames (need >= 1)", (long long)L);
+  if (L < 1)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "audio encoder: the features have %lld frames (need >= 1)", (long long)L);
   if (L > s->max_frames)
-    return anna_err(err, errlen, ANNA_ERANGE, "audio encoder: %lld frames exceed the state's %lld (n_batch)", (long long)L,
+    return anna_err(err, errlen, ANNA_ERANGE,
+                    "audio encoder: %lld frames exceed the state's %lld (n_batch)", (long long)L,
                     (long long)s->max_frames);
   const int64_t N = media_asr_front_tokens(L, (int)C);
   if (!out->embd || out->embd_rows < N)
-    return anna_err(err, errlen, ANNA_EINVAL, "audio encoder: the output holds %lld rows, %lld frames make %lld",
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "audio encoder: the output holds %lld rows, %lld frames make %lld",
                     (long long)(out->embd ? out->embd_rows : 0), (long long)L, (long long)N);
   const int64_t T = L < C ? L : C, t1 = half_up(T), t2 = half_up(t1), t3 = half_up(t2);
   const int64_t n_img = (L + C - 1) / C, nm = m->n_mels, h = m->hid, d = m->d;
@@ -524,13 +590,15 @@ static int aq_run(const void *impl, void *state, ops_backend *be, const model_in
     for (int64_t t = 0; t < T; t++) {
       float *dst = s->h_img + (img * T + t) * nm;
       const int64_t f = img * C + t;
-      for (int64_t b = 0; b < nm; b++) dst[b] = f < L ? in->features[b * L + f] : 0.0f;
+      for (int64_t b = 0; b < nm; b++)
+        dst[b] = f < L ? in->features[b * L + f] : 0.0f;
     }
   /* attention windows: t3 * (n_window_infer / C) tokens from the start, the last the remainder */
   const int64_t win = t3 * (m->n_window_infer / C);
   int n_seg = 0;
   s->h_seg[0] = 0;
-  for (int64_t a = 0; a < N; a += win) s->h_seg[++n_seg] = a + win < N ? a + win : N;
+  for (int64_t a = 0; a < N; a += win)
+    s->h_seg[++n_seg] = a + win < N ? a + win : N;
   be->upload(be, s->img, s->h_img, (size_t)(n_img * T * nm) * sizeof(float));
   if (be->step_begin) be->step_begin(be, N);
   for (int64_t g0 = 0; g0 < n_img; g0 += AQ_GROUP) {

@@ -12,7 +12,8 @@
  *
  * Implemented: the text decoder (model/text_decoder.c: tokens -> logits / top-k
  * candidates; Qwen3.5 also takes embedding rows over some tokens and 3-axis rope positions)
- * and the Qwen3.5 vision tower (model/vision_qwen35.c: pixels -> embeddings). The io kinds of the next issues are declared here so that their tables can
+ * the Qwen3.5 vision tower (model/vision_qwen35.c: pixels -> embeddings) and the Qwen3-ASR audio
+ * encoder (model/audio_qwen3_asr.c: log-mel features -> embeddings). The io kinds of the next issues are declared here so that their tables can
  * be written against a fixed vocabulary: a vision encoder (pixels -> embeddings), an audio
  * encoder (audio -> embeddings), a codec decoder (codes -> pcm), a decoder fed embedding
  * rows (embeddings -> logits / hidden states).

@@ -67,7 +67,8 @@ typedef struct rig {
 } rig;
 
 /* Loads `kind` from dir on a CPU backend with a state of n_batch (frames or tokens), n_ctx. */
-static int rig_open(rig *r, const char *kind, const char *dir, int n_batch, int n_ctx, char *err, size_t errlen) {
+static int rig_open(rig *r, const char *kind, const char *dir, int n_batch, int n_ctx, char *err,
+                    size_t errlen) {
   memset(r, 0, sizeof *r);
   r->k = model_kind_by_name(kind);
   if (!r->k) return anna_err(err, errlen, ANNA_ENOTFOUND, "no %s kind", kind);
@@ -94,10 +95,11 @@ static void rig_close(rig *r) {
   if (r->impl) r->k->free(r->impl);
 }
 
-static int encode(rig *r, const float *mel, int n_mels, int64_t L, float *out, int64_t rows, int64_t *written,
-                  char *err, size_t errlen) {
+static int encode(rig *r, const float *mel, int n_mels, int64_t L, float *out, int64_t rows,
+                  int64_t *written, char *err, size_t errlen) {
   const model_input in = {.io = MODEL_IO_AUDIO, .features = mel, .n_frames = L, .n_mels = n_mels};
-  const model_output o = {.io = MODEL_IO_EMBEDDINGS, .embd = out, .embd_rows = rows, .embd_written = written};
+  const model_output o = {
+      .io = MODEL_IO_EMBEDDINGS, .embd = out, .embd_rows = rows, .embd_written = written};
   return r->k->run(r->impl, r->st, r->be, &in, &o, err, errlen);
 }
 
@@ -115,11 +117,14 @@ static void test_im2col(void) {
   }
   const int sizes[3][3] = {{7, 5, 3}, {8, 6, 1}, {1, 2, 4}}; /* h, w, c */
   for (int si = 0; si < 3; si++) {
-    const int h = sizes[si][0], w = sizes[si][1], c = sizes[si][2], ho = (h + 1) / 2, wo = (w + 1) / 2;
+    const int h = sizes[si][0], w = sizes[si][1], c = sizes[si][2], ho = (h + 1) / 2,
+              wo = (w + 1) / 2;
     const int64_t n_img = 2, nx = n_img * h * w * c, nc = n_img * ho * wo * c * 9;
     float *x = be->alloc(be, (size_t)nx * 4), *cols = be->alloc(be, (size_t)nc * 4);
-    float *hx = malloc((size_t)nx * 4), *hc = malloc((size_t)nc * 4), *want = malloc((size_t)nc * 4);
-    for (int64_t i = 0; i < nx; i++) hx[i] = (float)((i * 37) % 101) - 50.0f;
+    float *hx = malloc((size_t)nx * 4), *hc = malloc((size_t)nc * 4),
+          *want = malloc((size_t)nc * 4);
+    for (int64_t i = 0; i < nx; i++)
+      hx[i] = (float)((i * 37) % 101) - 50.0f;
     be->upload(be, x, hx, (size_t)nx * 4);
     be->im2col_3x3s2(be, cols, x, n_img, h, w, c);
     be->download(be, hc, cols, (size_t)nc * 4);
@@ -131,7 +136,8 @@ static void test_im2col(void) {
               for (int kx = 0; kx < 3; kx++) {
                 const int iy = 2 * oy + ky - 1, ix = 2 * ox + kx - 1;
                 want[(((im * ho + oy) * wo + ox) * c + ci) * 9 + ky * 3 + kx] =
-                    iy < 0 || iy >= h || ix < 0 || ix >= w ? 0.0f : hx[((im * h + iy) * w + ix) * c + ci];
+                    iy < 0 || iy >= h || ix < 0 || ix >= w ? 0.0f
+                                                           : hx[((im * h + iy) * w + ix) * c + ci];
               }
     char what[96];
     snprintf(what, sizeof what, "2 images %dx%d, %d channels: identical", h, w, c);
@@ -164,14 +170,15 @@ static void test_encoder(rig *r, acase *cs, int nc) {
   char err[512] = "", what[1024];
   for (int i = 0; i < nc; i++) {
     acase *c = &cs[i];
-    ok("  tokens for the frames = the reference's rows", audio_qwen3_asr_tokens(r->impl, c->L) == c->N);
+    ok("  tokens for the frames = the reference's rows",
+       audio_qwen3_asr_tokens(r->impl, c->L) == c->N);
     float *out = malloc(sizeof(float) * (size_t)(c->N * r->desc.n_embd));
     int64_t w = -1;
     int rc = encode(r, c->mel, 128, c->L, out, c->N, &w, err, sizeof err);
     if (rc) printf("    %s\n", err);
     double mref, mx = rc ? INFINITY : max_diff(out, c->enc, c->N * r->desc.n_embd, &mref);
-    snprintf(what, sizeof what, "%s: L %lld -> %lld rows, max err %.3g (max |ref| %.3g)", c->name, (long long)c->L,
-             (long long)c->N, mx, rc ? 0 : mref);
+    snprintf(what, sizeof what, "%s: L %lld -> %lld rows, max err %.3g (max |ref| %.3g)", c->name,
+             (long long)c->L, (long long)c->N, mx, rc ? 0 : mref);
     ok(what, !rc && w == c->N && mx <= 2e-3 && mx / mref <= 1e-4);
     free(out);
   }
@@ -186,8 +193,8 @@ static void test_window_control(const char *fix, acase *c) {
   }
   snprintf(path, sizeof path, "%s/config.json", fix);
   json_t *root = json_load_file(path, 0, NULL);
-  json_object_set_new(json_object_get(json_object_get(root, "thinker_config"), "audio_config"), "n_window_infer",
-                      json_integer(800));
+  json_object_set_new(json_object_get(json_object_get(root, "thinker_config"), "audio_config"),
+                      "n_window_infer", json_integer(800));
   snprintf(path, sizeof path, "%s/config.json", dir);
   json_dump_file(root, path, JSON_INDENT(1));
   json_decref(root);
@@ -201,7 +208,8 @@ static void test_window_control(const char *fix, acase *c) {
   if (!rc) rc = encode(&r, c->mel, 128, c->L, out, c->N, NULL, err, sizeof err);
   double mref, mx = rc ? 0 : max_diff(out, c->enc, c->N * 48, &mref);
   char what[160];
-  snprintf(what, sizeof what, "control %s with one 104-row window: max err %.3g > 2e-3", c->name, mx);
+  snprintf(what, sizeof what, "control %s with one 104-row window: max err %.3g > 2e-3", c->name,
+           mx);
   ok(what, !rc && mx > 2e-3);
   free(out);
   rig_close(&r);
@@ -223,13 +231,15 @@ static void test_decoder(rig *enc, const char *fix, acase *cs, int nc) {
      ids.audio_pad == 1002 && ids.audio_start == 1000 && ids.audio_end == 1001);
   for (int ci = 0; !rc && ci < nc; ci++) {
     acase *c = &cs[ci];
-    const json_t *pj = json_object_get(c->j, "prompt_ids"), *gj = json_object_get(c->j, "greedy_ids");
+    const json_t *pj = json_object_get(c->j, "prompt_ids"),
+                 *gj = json_object_get(c->j, "greedy_ids");
     const int32_t n = (int32_t)json_array_size(pj);
     const int V = r.desc.vocab, H = enc->desc.n_embd;
     int32_t *tok = malloc(sizeof(int32_t) * n), *seq = calloc((size_t)n, sizeof(int32_t));
     int32_t *pos = malloc(sizeof(int32_t) * n), *eidx = malloc(sizeof(int32_t) * n);
     int8_t *want = malloc((size_t)n);
-    float *rows = malloc(sizeof(float) * (size_t)(c->N * H)), *lg = malloc(sizeof(float) * (size_t)n * V);
+    float *rows = malloc(sizeof(float) * (size_t)(c->N * H)),
+          *lg = malloc(sizeof(float) * (size_t)n * V);
     int64_t ne = 0;
     for (int32_t i = 0; i < n; i++) {
       tok[i] = (int32_t)json_integer_value(json_array_get(pj, (size_t)i));
@@ -241,7 +251,8 @@ static void test_decoder(rig *enc, const char *fix, acase *cs, int nc) {
     ok("  one encoder row per <|audio_pad|>", !rc && w == ne);
     if (rc || w != ne) break;
     anna_batch b = {n, tok, seq, pos, want};
-    model_input in = {.io = MODEL_IO_TOKENS, .batch = &b, .embd = rows, .embd_idx = eidx, .n_embd = ne};
+    model_input in = {
+        .io = MODEL_IO_TOKENS, .batch = &b, .embd = rows, .embd_idx = eidx, .n_embd = ne};
     const model_output o = {.io = MODEL_IO_LOGITS, .logits = lg};
     r.k->seq->reset(r.st, 0);
     rc = r.k->run(r.impl, r.st, r.be, &in, &o, err, sizeof err);
@@ -251,14 +262,16 @@ static void test_decoder(rig *enc, const char *fix, acase *cs, int nc) {
     float *ref = read_file(path, &nb);
     const int have = ref && nb == sizeof(float) * (size_t)n * V;
     double mref = 0, mx = !rc && have ? max_diff(lg, ref, (int64_t)n * V, &mref) : INFINITY;
-    snprintf(what, sizeof what, "%s: logits of %d prompt rows, max err %.3g (max |ref| %.3g)", c->name, n, mx, mref);
+    snprintf(what, sizeof what, "%s: logits of %d prompt rows, max err %.3g (max |ref| %.3g)",
+             c->name, n, mx, mref);
     ok(what, !rc && have && mx <= 2e-3 && mref > 0);
     if (have && !rc) {
       model_input cin = in;
       cin.n_embd = 0;
       r.k->seq->reset(r.st, 0);
       double cx = 0, cref;
-      if (!r.k->run(r.impl, r.st, r.be, &cin, &o, err, sizeof err)) cx = max_diff(lg, ref, (int64_t)n * V, &cref);
+      if (!r.k->run(r.impl, r.st, r.be, &cin, &o, err, sizeof err))
+        cx = max_diff(lg, ref, (int64_t)n * V, &cref);
       snprintf(what, sizeof what, "  control without the encoder rows: max err %.3g > 2e-3", cx);
       ok(what, cx > 2e-3);
       r.k->seq->reset(r.st, 0);
@@ -287,7 +300,8 @@ static void test_decoder(rig *enc, const char *fix, acase *cs, int nc) {
       if ((rc = r.k->run(r.impl, r.st, r.be, &in1, &o, err, sizeof err))) break;
       g = (int32_t)ops_argmax_f32(lg, V, &best);
     }
-    snprintf(what, sizeof what, "  greedy ids = reference's (%s; smallest top-2 margin %.3g)", got, margin);
+    snprintf(what, sizeof what, "  greedy ids = reference's (%s; smallest top-2 margin %.3g)", got,
+             margin);
     ok(what, !rc && match);
     free(tok), free(seq), free(pos), free(eidx), free(want), free(rows), free(lg);
   }
@@ -299,13 +313,15 @@ static void test_bad_input(rig *r, acase *c) {
   char err[512] = "";
   float *out = malloc(sizeof(float) * 64 * 48);
   int rc = encode(r, c->mel, 64, c->L / 2, out, 64, NULL, err, sizeof err);
-  expect("features of 64 mel bins", rc, ANNA_EINVAL, err, "features have 64 mel bins, this encoder takes 128");
+  expect("features of 64 mel bins", rc, ANNA_EINVAL, err,
+         "features have 64 mel bins, this encoder takes 128");
   rc = encode(r, c->mel, 128, 0, out, 64, NULL, err, sizeof err);
   expect("zero frames", rc, ANNA_EINVAL, err, "0 frames (need >= 1)");
   rc = encode(r, NULL, 128, 10, out, 64, NULL, err, sizeof err);
   expect("no features", rc, ANNA_EINVAL, err, "no features given");
   rc = encode(r, c->mel, 128, 401, out, 64, NULL, err, sizeof err);
-  expect("more frames than the state holds", rc, ANNA_ERANGE, err, "401 frames exceed the state's 400");
+  expect("more frames than the state holds", rc, ANNA_ERANGE, err,
+         "401 frames exceed the state's 400");
   rc = encode(r, c->mel, 128, c->L, out, 3, NULL, err, sizeof err);
   expect("output too short", rc, ANNA_EINVAL, err, "the output holds 3 rows");
   const model_input in = {.io = MODEL_IO_PIXELS};
@@ -320,7 +336,8 @@ static void test_bad_input(rig *r, acase *c) {
   void *st = NULL;
   const model_state_params sp = {.n_batch = 100};
   rc = r->k->state_create(&st, r->impl, &fake, &sp, err, sizeof err);
-  expect("backend without im2col_3x3s2", rc, ANNA_EUNSUPPORTED, err, "audio encoder: CUDA ops not implemented yet");
+  expect("backend without im2col_3x3s2", rc, ANNA_EUNSUPPORTED, err,
+         "audio encoder: CUDA ops not implemented yet");
   ok("  no state made", st == NULL);
 }
 
@@ -358,17 +375,20 @@ static void test_folders(const char *shared, const char *fix) {
      !rc && !strcmp(k->name, "text_decoder") && model_kind_by_name("qwen3_asr_audio")->probe(&src));
   snprintf(path, sizeof path, "%s/qwen3", shared);
   rc = try_load(path, err, sizeof err);
-  expect("qwen3 (text model_type)", rc, ANNA_EUNSUPPORTED, err, "model_type 'qwen3' has no Qwen3-ASR audio tower");
+  expect("qwen3 (text model_type)", rc, ANNA_EUNSUPPORTED, err,
+         "model_type 'qwen3' has no Qwen3-ASR audio tower");
   if (!mkdtemp(dir)) {
     ok("mkdtemp", 0);
     return;
   }
   write_config(fix, dir, 0);
   rc = try_load(dir, err, sizeof err);
-  expect("qwen3_asr config without audio_config", rc, ANNA_ENOTFOUND, err, "this model has no audio tower");
+  expect("qwen3_asr config without audio_config", rc, ANNA_ENOTFOUND, err,
+         "this model has no audio tower");
   write_config(fix, dir, 1);
   rc = try_load(dir, err, sizeof err);
-  expect("unsupported audio_config key", rc, ANNA_EUNSUPPORTED, err, "audio_config.rope_theta is not supported");
+  expect("unsupported audio_config key", rc, ANNA_EUNSUPPORTED, err,
+         "audio_config.rope_theta is not supported");
   write_config(fix, dir, 2);
   snprintf(path, sizeof path, "%s/qwen3/model.safetensors", shared);
   if (!realpath(path, st)) snprintf(st, sizeof st, "%s", path);
@@ -399,7 +419,8 @@ static int bench(const char *dir, int threads) {
     fprintf(stderr, "cannot read %s\n", path);
     return 1;
   }
-  const int64_t L = json_integer_value(json_object_get(info, "frames")), R = json_integer_value(json_object_get(info, "rows"));
+  const int64_t L = json_integer_value(json_object_get(info, "frames")),
+                R = json_integer_value(json_object_get(info, "rows"));
   const int outd = (int)json_integer_value(json_object_get(info, "out_dim"));
   size_t n1 = 0, n2 = 0;
   snprintf(path, sizeof path, "%s/bench.mel.f32", dir);
@@ -407,7 +428,8 @@ static int bench(const char *dir, int threads) {
   snprintf(path, sizeof path, "%s/bench.enc.f32", dir);
   float *ref = read_file(path, &n2);
   rig r;
-  int rc = !mel || !ref || n1 != sizeof(float) * 128 * (size_t)L || n2 != sizeof(float) * (size_t)(R * outd);
+  int rc = !mel || !ref || n1 != sizeof(float) * 128 * (size_t)L ||
+           n2 != sizeof(float) * (size_t)(R * outd);
   if (rc) snprintf(err, sizeof err, "bad bench files in %s", dir);
   memset(&r, 0, sizeof r);
   double t_load = now_s();
@@ -437,10 +459,11 @@ static int bench(const char *dir, int threads) {
     fprintf(stderr, "%s\n", err);
   } else {
     double mref, mx = max_diff(out, ref, R * outd, &mref);
-    printf("%s: %lld frames -> %lld rows, load %.2f s, encode %.3f s best of 3 (%d threads; reference %.3f s), "
+    printf("%s: %lld frames -> %lld rows, load %.2f s, encode %.3f s best of 3 (%d threads; "
+           "reference %.3f s), "
            "max err %.3g (max |ref| %.3g)\n",
-           json_string_value(json_object_get(info, "shape")), (long long)L, (long long)R, t_load, best, threads,
-           json_real_value(json_object_get(info, "reference_s")), mx, mref);
+           json_string_value(json_object_get(info, "shape")), (long long)L, (long long)R, t_load,
+           best, threads, json_real_value(json_object_get(info, "reference_s")), mx, mref);
     rc = !(mx <= 2e-3 || mx / mref <= 1e-4);
   }
   free(out), free(mel), free(ref);
@@ -476,7 +499,8 @@ int main(int argc, char **argv) {
     a->mel = read_file(path, &n1);
     snprintf(path, sizeof path, "%s/%s.enc.f32", fix, a->name);
     a->enc = read_file(path, &n2);
-    bad = !a->mel || !a->enc || n1 != sizeof(float) * 128 * (size_t)a->L || n2 != sizeof(float) * 48 * (size_t)a->N;
+    bad = !a->mel || !a->enc || n1 != sizeof(float) * 128 * (size_t)a->L ||
+          n2 != sizeof(float) * 48 * (size_t)a->N;
   }
   ok("fixture readable", !bad);
   if (bad) return 1;
@@ -492,7 +516,8 @@ int main(int argc, char **argv) {
   }
   rig_close(&r);
   test_folders(shared, fix);
-  for (int i = 0; i < nc; i++) free(cs[i].mel), free(cs[i].enc);
+  for (int i = 0; i < nc; i++)
+    free(cs[i].mel), free(cs[i].enc);
   json_decref(exp);
   printf("%d checks, %d failed\n", g_checks, g_fail);
   return g_fail ? 1 : 0;

@@ -23,12 +23,14 @@ static void im2col_task(void *p, int ith, int nth) {
         const int64_t iy = 2 * oy + ky - 1, ix = 2 * ox + kx - 1;
         const int inside = iy >= 0 && iy < a->h && ix >= 0 && ix < a->w;
         const float *src = xi + (iy * a->w + ix) * a->c;
-        for (int ci = 0; ci < a->c; ci++) o[ci * 9 + ky * 3 + kx] = inside ? src[ci] : 0.0f;
+        for (int ci = 0; ci < a->c; ci++)
+          o[ci * 9 + ky * 3 + kx] = inside ? src[ci] : 0.0f;
       }
   }
 }
 
-static void cpu_im2col_3x3s2(ops_backend *be, float *cols, const float *x, int64_t n_img, int h, int w, int c) {
+static void cpu_im2col_3x3s2(ops_backend *be, float *cols, const float *x, int64_t n_img, int h,
+                             int w, int c) {
   struct im2col_ctx a = {cols, x, n_img, h, w, c};
   threadpool_run(((cpu_impl *)be->impl)->tp, im2col_task, &a);
 }
