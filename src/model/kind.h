@@ -12,11 +12,9 @@
  *
  * Implemented: the text decoder (model/text_decoder.c: tokens -> logits / top-k
  * candidates; Qwen3.5 also takes embedding rows over some tokens and 3-axis rope positions),
- * the Qwen3.5 vision tower (model/vision_qwen35.c: pixels -> embeddings) and the Qwen3-TTS
- * codec decoder (model/codec_qwen3_tts.c: codes -> pcm). The io kinds of the next issues are
- * declared here so that their tables can be written against a fixed vocabulary: an audio
- * encoder (audio -> embeddings), a decoder fed embedding rows (embeddings -> logits / hidden
- * states).
+ * the Qwen3.5 vision tower (model/vision_qwen35.c: pixels -> embeddings), the Qwen3-ASR audio
+ * encoder (model/audio_qwen3_asr.c: log-mel features -> embeddings) and the Qwen3-TTS codec
+ * decoder (model/codec_qwen3_tts.c: codes -> pcm).
  *
  * Ownership: kind tables are static (never freed); a loaded model (impl) is freed with its
  * kind's free, a state with state_free; the probe source is plain data on the caller's
@@ -120,9 +118,13 @@ typedef struct model_input {
   /* MODEL_IO_CODES: the next n_frames frames of stream `seq`, frame-major
    * codes[n_frames * n_codebooks] (validated by the kind). */
   const int32_t *codes;
-  int64_t n_frames;
+  int64_t n_frames; /* MODEL_IO_CODES: code frames; MODEL_IO_AUDIO: feature frames */
   int n_codebooks;
   int seq;
+  /* MODEL_IO_AUDIO (host memory, validated by the kind): one clip's log-mel features
+   * [n_mels, n_frames], mel-major as media/mel.h writes them. */
+  const float *features;
+  int n_mels;
 } model_input;
 
 /* One run's outputs (caller-owned memory). */

@@ -414,6 +414,13 @@ struct ops_backend {
   void (*add_scaled)(ops_backend *be, float *y, const float *x, const float *s, int64_t rows, int d);
   /* y[i] = min(max(y[i], lo), hi) in place (NaN stays NaN, as torch.clamp). */
   void (*clamp)(ops_backend *be, float *y, int64_t n, float lo, float hi);
+  /* Patches of a 3x3 convolution with stride 2 and zero padding 1 (audio encoders'
+   * conv2d fronts; the convolution is then matmul with the weight [co, c * 9]): x holds n_img
+   * images [h, w, c] channel-last (a matmul's output rows are pixels); cols receives, for every
+   * output pixel (img, oy < ceil(h/2), ox < ceil(w/2)) in that order, a row of c * 9 values
+   * x[img, 2 oy + ky - 1, 2 ox + kx - 1, ci] ordered (ci, ky, kx), 0 outside the image
+   * (PyTorch's Conv2d weight [co, ci, ky, kx] flattened). cols does not alias x. */
+  void (*im2col_3x3s2)(ops_backend *be, float *cols, const float *x, int64_t n_img, int h, int w, int c);
 };
 
 /* Most candidates topk returns per row. */
