@@ -23,6 +23,7 @@ struct anna_context {
   ops_backend *dev; /* the backend itself (owned; freed with its destroy entry) */
   void *st;          /* the kind's state (m->kind->state_create) */
   anna_tuning tuning; /* resolved at creation (anna_context_tuning) */
+  anna_spec_stats spec; /* anna_context_seq_verify counters */
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
@@ -395,4 +396,67 @@ void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st) {
   const model_seq_ops *s = seq_ops(c);
   if (s) s->kv_stats(c->st, st);
   else memset(st, 0, sizeof *st);
+}
+
+/* ---- speculative verify windows ---- */
+
+void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st) {
+  *st = c->spec;
+}
+
+/* The window [last, draft...] is one batch of k + 1 tokens whose rows all ask for their
+ * argmax (top-1 candidates: on a GPU only k + 1 ids cross to the host, and the tie rule is
+ * the sampler's). Rollback: attention KV can be cut anywhere, so a rewind to the accepted
+ * length is all attention-only models need; the recurrent state of GDN layers exists only
+ * where it was saved, so there the rewind goes to the checkpoint taken before the window
+ * and the accepted tokens are run again (their logits are not needed). */
+int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,
+                            int *n_out, char *err, size_t errlen) {
+  const model_seq_ops *s = seq_ops(c);
+  if (!s) return no_seq(c, err, errlen);
+  if (!out || !n_out || (k > 0 && !draft)) return anna_err(err, errlen, ANNA_EINVAL, "verify: NULL argument");
+  if (k < 0 || k > ANNA_SPEC_MAX_DRAFT)
+    return anna_err(err, errlen, ANNA_EINVAL, "verify: draft length %d not in 0..%d", k, ANNA_SPEC_MAX_DRAFT);
+  const int32_t L = s->seq_len(c->st, seq);
+  if (L < 0) return anna_err(err, errlen, ANNA_ERANGE, "verify: sequence %d out of range", seq);
+  *n_out = 0;
+  const int n = k + 1;
+  int32_t tok[ANNA_SPEC_MAX_DRAFT + 1], sq[ANNA_SPEC_MAX_DRAFT + 1], pos[ANNA_SPEC_MAX_DRAFT + 1];
+  int32_t g[ANNA_SPEC_MAX_DRAFT + 1];
+  float val[ANNA_SPEC_MAX_DRAFT + 1];
+  double st[2 * (ANNA_SPEC_MAX_DRAFT + 1)];
+  int8_t want[ANNA_SPEC_MAX_DRAFT + 1];
+  for (int i = 0; i < n; i++) {
+    tok[i] = i ? draft[i - 1] : last;
+    sq[i] = seq;
+    pos[i] = L + i;
+    want[i] = 1;
+  }
+  int rc;
+  /* a no-op for attention-only models (their KV is cut at any position) */
+  if (k > 0 && (rc = s->checkpoint(c->st, seq, err, errlen))) return rc;
+  const anna_batch b = {n, tok, sq, pos, want};
+  if ((rc = anna_context_decode_topk(c, &b, 1, 0.0f, g, val, st, err, errlen))) return rc;
+  int a = 0;
+  while (a < k && draft[a] == g[a]) a++;
+  memcpy(out, tok + 1, sizeof(int32_t) * (size_t)a);
+  out[a] = g[a];
+  *n_out = a + 1;
+  c->spec.windows++;
+  c->spec.drafted += k;
+  c->spec.accepted += a;
+  if (a == k) return 0;
+  c->spec.rollbacks++;
+  char e2[256];
+  if (s->rewind(c->st, seq, L + 1 + a, e2, sizeof e2) == 0) return 0;
+  /* no state at L + 1 + a: back to the checkpoint at L, then the accepted tokens again */
+  if ((rc = s->rewind(c->st, seq, L, e2, sizeof e2)))
+    return anna_err(err, errlen, rc == ANNA_ENOTFOUND ? ANNA_ESTATE : rc,
+                    "verify: cannot roll sequence %d back to %d (%s): models with recurrent state need "
+                    "n_checkpoints >= 1 for speculative decoding",
+                    seq, L, e2);
+  for (int i = 0; i <= a; i++) want[i] = 0;
+  const anna_batch rb = {a + 1, tok, sq, pos, want};
+  c->spec.rerun_tokens += a + 1;
+  return anna_context_decode(c, &rb, NULL, err, errlen);
 }
