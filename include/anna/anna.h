@@ -291,10 +291,12 @@ int anna_context_tuning(const anna_context *c, char *buf, size_t len);
  * a), out[a] = g[a] (the bonus token); *n_out = a + 1 <= k + 1 (out holds k + 1 ids,
  * caller-owned). Afterwards seq holds positions [0, L + 1 + a) (last and the accepted drafts)
  * and out[a] is the new pending token. Rejected positions are rolled back: attention KV is
- * rewound; the recurrent (Gated DeltaNet conv + delta-rule) state of hybrid models is
- * restored from a checkpoint taken before the window and the accepted tokens are run again,
- * so such models need anna_context_options.n_checkpoints >= 1 (ANNA_ESTATE names it
- * otherwise). k + 1 <= n_batch. Penalties and temperature > 0 are not served here: callers
+ * rewound; the recurrent (Gated DeltaNet conv + delta-rule) state of hybrid models is either
+ * copied back from the state the window saved after each drafted token (tuning
+ * spec_window_states = 1, the default, when n_checkpoints >= k + 3) or restored from a
+ * checkpoint taken before the window, the accepted tokens then run again; such models need
+ * anna_context_options.n_checkpoints >= 1 (ANNA_ESTATE names it otherwise). The window's
+ * slots share the LRU pool of prefix snapshots. k + 1 <= n_batch. Penalties and temperature > 0 are not served here: callers
  * with them decode plainly. On error seq is in an unspecified state: reset it. The logits
  * of the window are not kept (anna_context_logits_row: unspecified afterwards). */
 #define ANNA_SPEC_MAX_DRAFT 16

@@ -408,8 +408,10 @@ void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st) {
  * argmax (top-1 candidates: on a GPU only k + 1 ids cross to the host, and the tie rule is
  * the sampler's). Rollback: attention KV can be cut anywhere, so a rewind to the accepted
  * length is all attention-only models need; the recurrent state of GDN layers exists only
- * where it was saved, so there the rewind goes to the checkpoint taken before the window
- * and the accepted tokens are run again (their logits are not needed). */
+ * where it was saved: with tuning spec_window_states the window saves it after every
+ * drafted token (model_seq_ops.window) and the same rewind restores it; otherwise (or
+ * without the slots) the rewind goes to the checkpoint taken before the window and the
+ * accepted tokens are run again (their logits are not needed). */
 int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,
                             int *n_out, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
@@ -433,8 +435,10 @@ int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_
     want[i] = 1;
   }
   int rc;
-  /* a no-op for attention-only models (their KV is cut at any position) */
+  /* a no-op for attention-only models (their KV is cut at any position); with the window's
+   * per-position states it is only the fallback should they be unavailable */
   if (k > 0 && (rc = s->checkpoint(c->st, seq, err, errlen))) return rc;
+  if (k > 0 && c->tuning.spec_window_states && s->window) s->window(c->st, seq, k);
   const anna_batch b = {n, tok, sq, pos, want};
   if ((rc = anna_context_decode_topk(c, &b, 1, 0.0f, g, val, st, err, errlen))) return rc;
   int a = 0;

@@ -7,9 +7,12 @@
  *   (the reference, as anna-generate does), then with verify windows of k = 1..8 drafted
  *   (a) by the n-gram drafter and (b) by an oracle that knows the reference but corrupts one
  *   position per window (a different position every window, sometimes none), so windows are
- *   fully accepted, rejected at every index and rolled back (GDN: checkpoint + re-run). The
- *   ids must match the reference token for token, and both accepted and rolled-back windows
- *   must have happened (counted by anna_context_spec_stats).
+ *   fully accepted, rejected at every index and rolled back. GDN models run three ways:
+ *   per-position states saved by the window (no token re-run), spec_window_states=0
+ *   (checkpoint + re-run) and too few slots for states (falls back to the re-run). The ids
+ *   must match the reference token for token, both accepted and rolled-back windows must
+ *   have happened, and the re-run count must say which rollback ran
+ *   (anna_context_spec_stats).
  * - A GDN model without checkpoint slots: a rejected window is ANNA_ESTATE, not wrong ids.
  * Usage: test_spec FIXTURES_DIR */
 #define _POSIX_C_SOURCE 200809L
@@ -162,19 +165,19 @@ static int greedy_spec(anna_context *c, const int32_t *ids, int n, int kmax, con
   return rc;
 }
 
-static void test_model(const char *root, const char *name, int gdn) {
-  char dir[1200], err[512];
-  snprintf(dir, sizeof dir, "%.1000s/%.100s", root, name);
-  anna_model *m = NULL;
+/* Rollback modes of GDN models (attention-only models have one: a KV rewind). */
+enum { MODE_STATES, MODE_RERUN, MODE_FEW_SLOTS, MODE_KV };
+static const char *const mode_name[] = {"per-position states", "checkpoint + re-run", "re-run (2 slots)", "kv rewind"};
+
+static void test_mode(anna_model *m, const char *name, int mode) {
+  char err[512];
   anna_context *c = NULL;
-  if (anna_model_load(&m, dir, NULL, err, sizeof err)) {
-    CHECK(0, "%s: %s", name, err);
-    return;
-  }
-  anna_context_options o = {.n_seq = 1, .n_ctx = 256, .n_batch = 64, .n_threads = 2, .n_checkpoints = 2};
+  /* states: 8 drafts + the checkpoint + 2 boundary snapshots need 11 slots */
+  anna_context_options o = {.n_seq = 1, .n_ctx = 256, .n_batch = 64, .n_threads = 2,
+                            .n_checkpoints = mode == MODE_FEW_SLOTS || mode == MODE_KV ? 2 : 11,
+                            .tuning = mode == MODE_RERUN ? "spec_window_states=0" : NULL};
   if (anna_context_create(&c, m, &o, err, sizeof err)) {
     CHECK(0, "%s: %s", name, err);
-    anna_model_free(m);
     return;
   }
   /* a 12-token snippet, an edit, the snippet again (prompt lookup finds it) */
@@ -209,11 +212,13 @@ static void test_model(const char *root, const char *name, int gdn) {
   const long long win = s.windows - s0.windows, acc = s.accepted - s0.accepted, rb = s.rollbacks - s0.rollbacks;
   CHECK(acc > 0 && rb > 0 && rb < win, "%s: windows %lld, accepted %lld, rollbacks %lld: need both", name, win, acc,
         rb);
-  CHECK(!gdn || s.rerun_tokens > 0, "%s: a GDN model re-runs accepted tokens after a rollback", name);
-  printf("  %-18s %s windows %lld, drafted %lld, accepted %lld, rollbacks %lld, re-run %lld\n", name,
-         ok ? "ids == plain greedy," : "MISMATCH,", win, (long long)(s.drafted - s0.drafted), acc, rb,
-         (long long)(s.rerun_tokens - s0.rerun_tokens));
-  if (gdn) { /* no checkpoint slot: a rollback cannot restore the recurrent state */
+  const long long rerun = s.rerun_tokens - s0.rerun_tokens;
+  CHECK(mode == MODE_STATES || mode == MODE_KV ? rerun == 0 : rerun > 0, "%s %s: %lld tokens re-run", name,
+        mode_name[mode], rerun);
+  printf("  %-18s %-20s %s windows %lld, drafted %lld, accepted %lld, rollbacks %lld, re-run %lld\n", name,
+         mode_name[mode], ok ? "ids == plain greedy," : "MISMATCH,", win, (long long)(s.drafted - s0.drafted), acc,
+         rb, rerun);
+  if (mode == MODE_FEW_SLOTS) { /* no checkpoint slot: a rollback cannot restore the recurrent state */
     anna_context *c0 = NULL;
     o.n_checkpoints = 0;
     if (anna_context_create(&c0, m, &o, err, sizeof err) == 0) {
@@ -226,6 +231,20 @@ static void test_model(const char *root, const char *name, int gdn) {
   }
 done:
   anna_context_free(c);
+}
+
+static void test_model(const char *root, const char *name, int gdn) {
+  char dir[1200], err[512];
+  snprintf(dir, sizeof dir, "%.1000s/%.100s", root, name);
+  anna_model *m = NULL;
+  if (anna_model_load(&m, dir, NULL, err, sizeof err)) {
+    CHECK(0, "%s: %s", name, err);
+    return;
+  }
+  if (gdn)
+    for (int mode = MODE_STATES; mode <= MODE_FEW_SLOTS; mode++) test_mode(m, name, mode);
+  else
+    test_mode(m, name, MODE_KV);
   anna_model_free(m);
 }
 
