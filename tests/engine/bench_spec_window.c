@@ -6,12 +6,15 @@
  * one re-run token) and as the bare forward pass (decode of the k + 1 rows, then a rewind
  * that keeps nothing of it). Times are wall and process CPU seconds: on a shared machine
  * the CPU time of a 1-thread run is the steadier figure.
- * Usage: bench_spec_window MODEL [threads=1] [runs=5] [prompt_len=256] */
+ * GDN rollback: "states" (default; 12 checkpoint slots, tuning spec_window_states=1) or
+ * "rerun" (spec_window_states=0: checkpoint restore + the accepted token run again).
+ * Usage: bench_spec_window MODEL [threads=1] [runs=5] [prompt_len=256] [states|rerun] */
 #define _POSIX_C_SOURCE 200809L
 #include "anna/anna.h"
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 static double now(clockid_t id) {
@@ -27,7 +30,9 @@ int main(int argc, char **argv) {
   }
   const int threads = argc > 2 ? atoi(argv[2]) : 1, runs = argc > 3 ? atoi(argv[3]) : 5;
   const int plen = argc > 4 ? atoi(argv[4]) : 256;
-  if (threads < 1 || runs < 1 || plen < 2 || plen > 4096) return 2;
+  const int rerun = argc > 5 && !strcmp(argv[5], "rerun");
+  if (threads < 1 || runs < 1 || plen < 2 || plen > 4096 || (argc > 5 && !rerun && strcmp(argv[5], "states")))
+    return 2;
   char err[512];
   anna_model *m = NULL;
   anna_context *c = NULL;
@@ -37,7 +42,7 @@ int main(int argc, char **argv) {
   }
   const int V = anna_model_vocab(m);
   anna_context_options o = {.n_seq = 1, .n_ctx = plen + 64, .n_batch = plen, .n_threads = threads,
-                            .n_checkpoints = 2};
+                            .n_checkpoints = 12, .tuning = rerun ? "spec_window_states=0" : NULL};
   if (anna_context_create(&c, m, &o, err, sizeof err)) {
     fprintf(stderr, "error: %s\n", err);
     return 1;
@@ -63,7 +68,8 @@ int main(int argc, char **argv) {
   }
   const int32_t last = idx[0];
   if (anna_context_seq_checkpoint(c, 0, err, sizeof err)) return 1; /* GDN: the point every run rewinds to */
-  printf("# %s, prompt %d, threads %d, runs %d (median)\n", anna_model_describe(m), plen, threads, runs);
+  printf("# %s, prompt %d, threads %d, runs %d (median), rollback %s\n", anna_model_describe(m), plen, threads, runs,
+         rerun ? "rerun" : "states");
   printf("%3s %12s %12s %12s %12s %10s\n", "k", "verify_ms", "verify_cpu", "fwd_ms", "fwd_cpu", "x_plain");
   double base = 0;
   for (int k = 0; k <= 8; k++) {
