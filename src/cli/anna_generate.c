@@ -36,7 +36,7 @@ static void usage(FILE *f) {
           "                           backend returns the few candidates the sampling parameters need)\n"
           "  --speculative ngram      greedy speculative decoding with prompt-lookup drafts (same ids as\n"
           "                           plain greedy; needs --temperature 0 and no penalties)\n"
-          "  --draft-max K            most drafted tokens per verify window (1..16, default 8)\n"
+          "  --draft-max K            most drafted tokens per verify window (1..16, default 6)\n"
           "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n");
 }
 
@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
   const char *spec = NULL;
-  int draft_max = 8, ngram_min = 1, ngram_max = 4;
+  int draft_max = 6, ngram_min = 1, ngram_max = 4;
   anna_sampler_params sp = anna_sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
