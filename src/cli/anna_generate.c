@@ -163,8 +163,9 @@ int main(int argc, char **argv) {
   int n_batch = n < 512 ? (int)n : 512;
   if (spec && n_batch < draft_max + 1) n_batch = draft_max + 1; /* one window is one batch */
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
-                             /* hybrid models roll a rejected window back from a checkpoint */
-                             .n_checkpoints = spec ? 2 : 0,
+                             /* hybrid models: the window's per-drafted-token states, the
+                              * checkpoint before it and two block snapshots (anna.h) */
+                             .n_checkpoints = spec ? draft_max + 3 : 0,
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
                              .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul, .tuning = tuning};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
