@@ -214,7 +214,8 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
       c->ssm[at] = salloc(c, (size_t)c->ssm_floats * sizeof(float), &fail);
     }
   c->n_ckpt = c->has_state && o->n_ckpt > 0 ? o->n_ckpt : 0;
-  c->win_seq = -1;
+  c->win_n = halloc(c, (size_t)n_seq * sizeof(int32_t), &fail);
+  if (!fail) memset(c->win_n, 0, (size_t)n_seq * sizeof(int32_t));
   c->ckpt = halloc(c, (size_t)(c->n_ckpt + 1) * sizeof *c->ckpt, &fail);
   for (int i = 0; !fail && i < c->n_ckpt; i++) {
     kv_slot *k = &c->ckpt[i];
@@ -618,9 +619,11 @@ static int plan_runs(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, si
 }
 
 int32_t kv_cache_window(kv_cache *c, int seq, int32_t n) {
-  if (!c->has_state || seq < 0 || seq >= c->n_seq || n <= 0 || c->n_ckpt < n + 3) return 0;
-  c->win_seq = seq;
-  c->win_n = n;
+  if (!c->has_state || seq < 0 || seq >= c->n_seq || n <= 0) return 0;
+  const int32_t had = c->win_n[seq] ? c->win_n[seq] + 3 : 0;
+  if (c->win_slots - had + n + 3 > c->n_ckpt) return 0;
+  c->win_slots += n + 3 - had;
+  c->win_n[seq] = n;
   return n;
 }
 
@@ -654,11 +657,9 @@ static void plan_window_cuts(kv_cache *c, int ri, int32_t win_n, int32_t *ncut) 
     }
 }
 
-int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_t errlen) {
+static int plan_batch(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_t errlen) {
   p->run_start = c->run_start, p->run_len = c->run_len, p->run_seq = c->run_seq;
   p->run_cut0 = c->run_cut0, p->run_ncut = c->run_ncut, p->cut_at = c->cut_at, p->cut_slot = c->cut_slot;
-  const int win_seq = c->win_seq; /* one plan only, also when this one fails */
-  c->win_seq = -1;
   int rc = plan_runs(c, b, p, err, errlen);
   if (rc) return rc;
   /* KV blocks for every position the batch writes (the only step that can run out). */
@@ -674,7 +675,7 @@ int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_
     c->run_ncut[ri] = 0;
     c->run_cut0[ri] = ncut;
     if (!c->share[q]) {
-      if (q == win_seq) plan_window_cuts(c, ri, c->win_n, &ncut);
+      if (c->win_n[q]) plan_window_cuts(c, ri, c->win_n[q], &ncut);
       continue;
     }
     /* Chain hashes of the blocks this run completes. */
@@ -704,7 +705,7 @@ int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_
       ncut++;
       c->run_ncut[ri]++;
     }
-    if (q == win_seq) plan_window_cuts(c, ri, c->win_n, &ncut);
+    if (c->win_n[q]) plan_window_cuts(c, ri, c->win_n[q], &ncut);
   }
   tab_upload(c);
   /* A fresh sequence starts with zero recurrent state. */
@@ -718,6 +719,15 @@ int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_
     }
   }
   return 0;
+}
+
+int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_t errlen) {
+  const int rc = plan_batch(c, b, p, err, errlen);
+  if (c->win_slots) { /* windows are for one plan only, also when it failed */
+    memset(c->win_n, 0, (size_t)c->n_seq * sizeof(int32_t));
+    c->win_slots = 0;
+  }
+  return rc;
 }
 
 void kv_cache_commit(kv_cache *c, const kv_plan *p) {
