@@ -303,6 +303,22 @@ int anna_context_tuning(const anna_context *c, char *buf, size_t len);
 int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,
                             int *n_out, char *err, size_t errlen);
 
+/* The same for several sequences in one forward pass: window i verifies draft[0, k) of
+ * sequence seq after its pending token last, exactly as anna_context_seq_verify, and sets
+ * n_out. Sequences are distinct; the windows' rows (sum of k + 1) fit n_batch; n_checkpoints
+ * is shared (per-position states need k + 3 slots per window, else that window re-runs).
+ * Every window is checked before anything runs (ANNA_EINVAL / ANNA_ERANGE name the window);
+ * on a later error the windows' sequences are in an unspecified state. */
+typedef struct anna_spec_window {
+  int seq;
+  int32_t last;
+  const int32_t *draft; /* [k], borrowed for the call */
+  int k;
+  int32_t *out; /* [k + 1], caller-owned */
+  int n_out;    /* set by the call: accepted drafts + 1 */
+} anna_spec_window;
+int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen);
+
 /* Cumulative counters of anna_context_seq_verify since creation: windows run, drafted and
  * accepted tokens, windows that rolled back, tokens run again to restore recurrent state. */
 typedef struct anna_spec_stats {

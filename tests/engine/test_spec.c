@@ -13,6 +13,8 @@
  *   must match the reference token for token, both accepted and rolled-back windows must
  *   have happened, and the re-run count must say which rollback ran
  *   (anna_context_spec_stats).
+ * - Three sequences verified in one pass (anna_context_verify), k = 0, 3, 8, per-position
+ *   states and re-run: each sequence's ids equal its own plain greedy run.
  * - A GDN model without checkpoint slots: a rejected window is ANNA_ESTATE, not wrong ids.
  * Usage: test_spec FIXTURES_DIR */
 #define _POSIX_C_SOURCE 200809L
@@ -37,6 +39,7 @@ static int g_fail, g_checks;
 
 #define N_GEN 40
 #define MAX_PROMPT 96
+static int32_t out0_scratch[ANNA_SPEC_MAX_DRAFT + 1];
 
 static void test_drafter(void) {
   char err[256];
@@ -233,6 +236,95 @@ done:
   anna_context_free(c);
 }
 
+/* Three sequences verified in one pass per step (anna_context_verify): oracle drafts of
+ * k = 0, 3, 8 corrupted at rotating indices; each sequence's ids must equal its own plain
+ * greedy run. rerun: spec_window_states=0. */
+#define N_MULTI 3
+static void test_multi(anna_model *m, const char *name, int rerun) {
+  char err[512];
+  anna_context *c = NULL;
+  anna_context_options o = {.n_seq = N_MULTI, .n_ctx = 256, .n_batch = 64, .n_threads = 2, .n_checkpoints = 24,
+                            .tuning = rerun ? "spec_window_states=0" : NULL};
+  if (anna_context_create(&c, m, &o, err, sizeof err)) {
+    CHECK(0, "%s multi: %s", name, err);
+    return;
+  }
+  static const int kk[N_MULTI] = {0, 3, 8};
+  int32_t ids[N_MULTI][MAX_PROMPT], ref[N_MULTI][N_GEN], gen[N_MULTI][N_GEN], t[N_MULTI];
+  int n = 0, have[N_MULTI] = {0}, ok = 1;
+  for (int q = 0; q < N_MULTI; q++) { /* prompt q: the snippet rotated by 5q, three times */
+    const int32_t snip[12] = {825, 779, 304, 268, 303, 733, 671, 641, 279, 212, 948, 509};
+    n = 0;
+    for (int r = 0; r < 3; r++)
+      for (int i = 0; i < 12; i++) ids[q][n++] = snip[(i + 5 * q) % 12];
+    if (greedy_ref(c, ids[q], n, ref[q])) {
+      CHECK(0, "%s multi: reference failed", name);
+      goto done;
+    }
+  }
+  for (int q = 0; q < N_MULTI; q++) {
+    anna_context_seq_reset(c, q);
+    int32_t sq[MAX_PROMPT], pos[MAX_PROMPT], idx;
+    int8_t want[MAX_PROMPT];
+    float val;
+    double st[2];
+    for (int i = 0; i < n; i++) sq[i] = q, pos[i] = i, want[i] = i == n - 1;
+    anna_batch b = {n, ids[q], sq, pos, want};
+    if (anna_context_decode_topk(c, &b, 1, 0.0f, &idx, &val, st, err, sizeof err)) {
+      CHECK(0, "%s multi: prefill: %s", name, err);
+      goto done;
+    }
+    t[q] = idx;
+  }
+  for (int step = 0;; step++) {
+    anna_spec_window w[N_MULTI];
+    int32_t draft[N_MULTI][ANNA_SPEC_MAX_DRAFT], out[N_MULTI][ANNA_SPEC_MAX_DRAFT + 1];
+    int nw = 0;
+    for (int q = 0; q < N_MULTI; q++) {
+      if (have[q] == N_GEN) continue;
+      gen[q][have[q]++] = t[q];
+      if (have[q] == N_GEN) continue;
+      int k = kk[q] < N_GEN - have[q] ? kk[q] : N_GEN - have[q];
+      for (int i = 0; i < k; i++) draft[q][i] = ref[q][have[q] + i];
+      const int bad = (step + q) % (kk[q] + 1);
+      if (bad < k) draft[q][bad] = (draft[q][bad] + 1) % 1000;
+      w[nw++] = (anna_spec_window){.seq = q, .last = t[q], .draft = draft[q], .k = k, .out = out[q]};
+    }
+    if (!nw) break;
+    if (anna_context_verify(c, w, nw, err, sizeof err)) {
+      CHECK(0, "%s multi: %s", name, err);
+      goto done;
+    }
+    for (int i = 0; i < nw; i++) {
+      const int q = w[i].seq;
+      for (int j = 0; j + 1 < w[i].n_out && have[q] < N_GEN; j++) gen[q][have[q]++] = out[q][j];
+      t[q] = out[q][w[i].n_out - 1];
+    }
+  }
+  for (int q = 0; q < N_MULTI; q++)
+    for (int i = 0; i < N_GEN; i++)
+      if (gen[q][i] != ref[q][i]) {
+        CHECK(0, "%s multi%s: sequence %d id %d differs (%d vs plain %d)", name, rerun ? " rerun" : "", q, i,
+              gen[q][i], ref[q][i]);
+        ok = 0;
+        break;
+      }
+  anna_spec_stats ss;
+  anna_context_spec_stats(c, &ss);
+  CHECK(ss.accepted > 0 && ss.rollbacks > 0 && (rerun ? ss.rerun_tokens > 0 : ss.rerun_tokens == 0),
+        "%s multi: accepted %lld, rollbacks %lld, re-run %lld", name, (long long)ss.accepted,
+        (long long)ss.rollbacks, (long long)ss.rerun_tokens);
+  printf("  %-18s %-20s %s %lld windows, %lld accepted, %lld rollbacks, re-run %lld\n", name,
+         rerun ? "3 seqs, re-run" : "3 seqs, states", ok ? "ids == plain greedy," : "MISMATCH,",
+         (long long)ss.windows, (long long)ss.accepted, (long long)ss.rollbacks, (long long)ss.rerun_tokens);
+  /* refusals: a repeated sequence, too many rows */
+  anna_spec_window bad[2] = {{.seq = 0, .last = 1, .k = 0, .out = out0_scratch},
+                             {.seq = 0, .last = 1, .k = 0, .out = out0_scratch}};
+  CHECK(anna_context_verify(c, bad, 2, err, sizeof err) == ANNA_EINVAL, "%s: a sequence twice is refused", name);
+done:
+  anna_context_free(c);
+}
+
 static void test_model(const char *root, const char *name, int gdn) {
   char dir[1200], err[512];
   snprintf(dir, sizeof dir, "%.1000s/%.100s", root, name);
@@ -245,6 +337,8 @@ static void test_model(const char *root, const char *name, int gdn) {
     for (int mode = MODE_STATES; mode <= MODE_FEW_SLOTS; mode++) test_mode(m, name, mode);
   else
     test_mode(m, name, MODE_KV);
+  test_multi(m, name, 0);
+  if (gdn) test_multi(m, name, 1);
   anna_model_free(m);
 }
 
