@@ -296,9 +296,10 @@ int anna_context_tuning(const anna_context *c, char *buf, size_t len);
  * spec_window_states = 1, the default, when n_checkpoints >= k + 3) or restored from a
  * checkpoint taken before the window, the accepted tokens then run again; such models need
  * anna_context_options.n_checkpoints >= 1 (ANNA_ESTATE names it otherwise). The window's
- * slots share the LRU pool of prefix snapshots. k + 1 <= n_batch. Penalties and temperature > 0 are not served here: callers
- * with them decode plainly. On error seq is in an unspecified state: reset it. The logits
- * of the window are not kept (anna_context_logits_row: unspecified afterwards). */
+ * slots share the LRU pool of prefix snapshots. k + 1 <= n_batch. Penalties and
+ * temperature > 0 are not served here: callers with them decode plainly. On error seq is in
+ * an unspecified state: reset it. The logits of the window are not kept
+ * (anna_context_logits_row: unspecified afterwards). */
 #define ANNA_SPEC_MAX_DRAFT 16
 int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,
                             int *n_out, char *err, size_t errlen);
@@ -319,7 +320,7 @@ typedef struct anna_spec_window {
 } anna_spec_window;
 int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen);
 
-/* Cumulative counters of anna_context_seq_verify since creation: windows run, drafted and
+/* Cumulative counters of anna_context_seq_verify / anna_context_verify since creation: windows run, drafted and
  * accepted tokens, windows that rolled back, tokens run again to restore recurrent state. */
 typedef struct anna_spec_stats {
   int64_t windows, drafted, accepted, rollbacks, rerun_tokens;
