@@ -296,6 +296,78 @@ void anna_context_step_stats(const anna_context *c, anna_step_stats *st);
  * the whole text needs (truncated when >= len). */
 int anna_context_tuning(const anna_context *c, char *buf, size_t len);
 
+/* ---- Speculative decoding (greedy) -----------------------------------------------------
+ * A drafter proposes the next k tokens of a sequence; one verify window runs the model over
+ * them and keeps the longest prefix the model itself would have chosen greedily, plus the
+ * model's own next token, so the output is that of plain greedy decoding (up to batched vs
+ * single-token arithmetic, which the tests check token for token).
+ *
+ * verify: seq holds positions [0, L); `last` is its pending token (the greedy choice of the
+ * previous logits, not yet in the cache); draft[0, k) the proposal (0 <= k <=
+ * ANNA_SPEC_MAX_DRAFT; k = 0 is a plain greedy step). The model runs over [last, draft...] at
+ * positions L..L+k in one batch and picks argmax g[i] of every row (ties: lowest id, as
+ * anna_sampler's greedy). a = the longest prefix with draft[i] == g[i]; out[0, a) = draft[0,
+ * a), out[a] = g[a] (the bonus token); *n_out = a + 1 <= k + 1 (out holds k + 1 ids,
+ * caller-owned). Afterwards seq holds positions [0, L + 1 + a) (last and the accepted drafts)
+ * and out[a] is the new pending token. Rejected positions are rolled back: attention KV is
+ * rewound; the recurrent (Gated DeltaNet conv + delta-rule) state of hybrid models is either
+ * copied back from the state the window saved after each drafted token (tuning
+ * spec_window_states = 1, the default, when n_checkpoints >= k + 3) or restored from a
+ * checkpoint taken before the window, the accepted tokens then run again; such models need
+ * anna_context_options.n_checkpoints >= 1 (ANNA_ESTATE names it otherwise). The window's
+ * slots share the LRU pool of prefix snapshots. k + 1 <= n_batch. Penalties and
+ * temperature > 0 are not served here: callers with them decode plainly. On error seq is in
+ * an unspecified state: reset it. The logits of the window are not kept
+ * (anna_context_logits_row: unspecified afterwards). */
+#define ANNA_SPEC_MAX_DRAFT 16
+int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,
+                            int *n_out, char *err, size_t errlen);
+
+/* The same for several sequences in one forward pass: window i verifies draft[0, k) of
+ * sequence seq after its pending token last, exactly as anna_context_seq_verify, and sets
+ * n_out. Sequences are distinct; the windows' rows (sum of k + 1) fit n_batch; n_checkpoints
+ * is shared (per-position states need k + 3 slots per window, else that window re-runs).
+ * Every window is checked before anything runs (ANNA_EINVAL / ANNA_ERANGE name the window);
+ * on a later error the windows' sequences are in an unspecified state. */
+typedef struct anna_spec_window {
+  int seq;
+  int32_t last;
+  const int32_t *draft; /* [k], borrowed for the call */
+  int k;
+  int32_t *out; /* [k + 1], caller-owned */
+  int n_out;    /* set by the call: accepted drafts + 1 */
+} anna_spec_window;
+int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen);
+
+/* Cumulative counters of anna_context_seq_verify / anna_context_verify since creation: windows run, drafted and
+ * accepted tokens, windows that rolled back, tokens run again to restore recurrent state. */
+typedef struct anna_spec_stats {
+  int64_t windows, drafted, accepted, rollbacks, rerun_tokens;
+} anna_spec_stats;
+void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st);
+
+/* The n-gram (prompt lookup) drafter: keeps the sequence's history (prompt + generated,
+ * fed by accept) and drafts the tokens that followed the latest earlier occurrence of the
+ * history's last n tokens, n from n_max down to n_min (llama.cpp's lookup, vLLM's ngram).
+ * Needs no model. The history buffer (capacity tokens) is allocated at creation: accept and
+ * draft allocate nothing. One thread uses a drafter at a time. Caller frees with
+ * anna_ngram_free. Errors: ANNA_EINVAL for parameters out of range, ANNA_ENOMEM. */
+#define ANNA_NGRAM_MAX_N 64
+typedef struct anna_ngram_params {
+  int n_min, n_max; /* suffix lengths tried, longest first: 1 <= n_min <= n_max <= ANNA_NGRAM_MAX_N */
+  int k_max;        /* most tokens drafted: 1..ANNA_SPEC_MAX_DRAFT */
+} anna_ngram_params;
+typedef struct anna_ngram anna_ngram;
+int anna_ngram_create(anna_ngram **out, const anna_ngram_params *p, int32_t capacity, char *err, size_t errlen);
+void anna_ngram_free(anna_ngram *d);
+/* Appends n tokens to the history; ANNA_ERANGE past the capacity (nothing appended). */
+int anna_ngram_accept(anna_ngram *d, const int32_t *tokens, int32_t n, char *err, size_t errlen);
+/* Writes up to min(k, k_max) drafted tokens to out and returns how many (0: no match). */
+int anna_ngram_draft(const anna_ngram *d, int32_t *out, int k);
+/* Tokens in the history; reset empties it. */
+int32_t anna_ngram_len(const anna_ngram *d);
+void anna_ngram_reset(anna_ngram *d);
+
 /* ---- Sampler ---------------------------------------------------------------------------
  * Next-token selection from logits, one sampler per sequence. Pipeline (the order llama.cpp
  * and HF agree on): penalties (repetition on every token seen, presence/frequency on counts)

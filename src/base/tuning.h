@@ -14,7 +14,8 @@
  * the default. getenv is called here and nowhere else in src/.
  *
  * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb,
- * cuda_decode_mmq and cuda_kv_quant at creation (backend_params.tuning). Plain data: copy freely.
+ * cuda_decode_mmq and cuda_kv_quant at creation (backend_params.tuning); speculative verify
+ * windows spec_window_states. Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
 #define ANNA_BASE_TUNING_H
@@ -49,6 +50,13 @@ typedef struct anna_tuning {
    * families (test_cuda_ops.kv) have passed on a device (bench/notes/kvq.md); on once they
    * do. Read at CUDA backend creation. */
   int cuda_kv_quant;
+  /* spec_window_states = 1: a speculative verify window (anna_context_seq_verify) on a model
+   * with recurrent (GDN) state saves that state after each drafted token (into checkpoint
+   * slots, when n_checkpoints >= drafts + 3), so a rejected tail is rolled back by one state
+   * copy; 0 (and with fewer slots): restore the checkpoint taken before the window and run
+   * the accepted tokens again. Both give the same ids (bench/notes/spec.md compares their
+   * cost). Read at context creation. */
+  int spec_window_states;
 } anna_tuning;
 
 /* The defaults above. */

@@ -214,6 +214,8 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
       c->ssm[at] = salloc(c, (size_t)c->ssm_floats * sizeof(float), &fail);
     }
   c->n_ckpt = c->has_state && o->n_ckpt > 0 ? o->n_ckpt : 0;
+  c->win_n = halloc(c, (size_t)n_seq * sizeof(int32_t), &fail);
+  if (!fail) memset(c->win_n, 0, (size_t)n_seq * sizeof(int32_t));
   c->ckpt = halloc(c, (size_t)(c->n_ckpt + 1) * sizeof *c->ckpt, &fail);
   for (int i = 0; !fail && i < c->n_ckpt; i++) {
     kv_slot *k = &c->ckpt[i];
@@ -616,7 +618,46 @@ static int plan_runs(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, si
   return 0;
 }
 
-int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_t errlen) {
+int32_t kv_cache_window(kv_cache *c, int seq, int32_t n) {
+  if (!c->has_state || seq < 0 || seq >= c->n_seq || n <= 0) return 0;
+  const int32_t had = c->win_n[seq] ? c->win_n[seq] + 3 : 0;
+  if (c->win_slots - had + n + 3 > c->n_ckpt) return 0;
+  c->win_slots += n + 3 - had;
+  c->win_n[seq] = n;
+  return n;
+}
+
+/* Window cuts (kv_cache_window) of run ri: after each of its first win_n tokens but the
+ * last (the state after the last is the live one), merged in order with the run's
+ * block-boundary cuts. */
+static void plan_window_cuts(kv_cache *c, int ri, int32_t win_n, int32_t *ncut) {
+  const int q = c->run_seq[ri];
+  const int32_t from = c->len[q], m = win_n < c->run_len[ri] - 1 ? win_n : c->run_len[ri] - 1;
+  for (int32_t i = 1; i <= m; i++) {
+    kv_slot *k = kv_slot_find(c, q, from + i);
+    if (!k) k = kv_slot_pick(c);
+    k->seq = q;
+    k->pos = from + i;
+    k->hashed = 0;
+    k->tick = ++c->tick;
+    c->cut_at[*ncut] = i;
+    c->cut_slot[*ncut] = (int32_t)(k - c->ckpt);
+    (*ncut)++;
+    c->run_ncut[ri]++;
+  }
+  /* insertion sort of the run's few cuts by position (a boundary and a window cut may
+   * coincide: both slots get the same state) */
+  int32_t *at = c->cut_at + c->run_cut0[ri], *sl = c->cut_slot + c->run_cut0[ri];
+  for (int32_t i = 1; i < c->run_ncut[ri]; i++)
+    for (int32_t j = i; j > 0 && at[j - 1] > at[j]; j--) {
+      int32_t t = at[j];
+      at[j] = at[j - 1], at[j - 1] = t;
+      t = sl[j];
+      sl[j] = sl[j - 1], sl[j - 1] = t;
+    }
+}
+
+static int plan_batch(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_t errlen) {
   p->run_start = c->run_start, p->run_len = c->run_len, p->run_seq = c->run_seq;
   p->run_cut0 = c->run_cut0, p->run_ncut = c->run_ncut, p->cut_at = c->cut_at, p->cut_slot = c->cut_slot;
   int rc = plan_runs(c, b, p, err, errlen);
@@ -633,7 +674,10 @@ int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_
     const int32_t from = c->len[q], to = from + c->run_len[ri];
     c->run_ncut[ri] = 0;
     c->run_cut0[ri] = ncut;
-    if (!c->share[q]) continue;
+    if (!c->share[q]) {
+      if (c->win_n[q]) plan_window_cuts(c, ri, c->win_n[q], &ncut);
+      continue;
+    }
     /* Chain hashes of the blocks this run completes. */
     uint64_t *bh = c->bhash + (int64_t)q * c->max_bps;
     for (int32_t j = from >> c->bshift; (j + 1) << c->bshift <= to; j++)
@@ -642,8 +686,7 @@ int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_
     /* Snapshot the state at every snap_every-th boundary the run passes and at the last
      * boundary it reaches (the end of a prompt chunk, or a decode step filling a block). */
     const int32_t edge = to & ~(c->block_len - 1);
-    if (!c->n_ckpt || edge <= from) continue;
-    for (int32_t bnd = ((from >> c->bshift) + 1) << c->bshift; bnd <= edge; bnd += c->block_len) {
+    for (int32_t bnd = ((from >> c->bshift) + 1) << c->bshift; c->n_ckpt && bnd <= edge; bnd += c->block_len) {
       if (bnd != edge && (!c->snap_every || bnd % c->snap_every)) continue;
       const uint64_t hj = bh[(bnd >> c->bshift) - 1];
       kv_slot *k = kv_snap_find(c, hj);
@@ -662,6 +705,7 @@ int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_
       ncut++;
       c->run_ncut[ri]++;
     }
+    if (c->win_n[q]) plan_window_cuts(c, ri, c->win_n[q], &ncut);
   }
   tab_upload(c);
   /* A fresh sequence starts with zero recurrent state. */
@@ -675,6 +719,15 @@ int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_
     }
   }
   return 0;
+}
+
+int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_t errlen) {
+  const int rc = plan_batch(c, b, p, err, errlen);
+  if (c->win_slots) { /* windows are for one plan only, also when it failed */
+    memset(c->win_n, 0, (size_t)c->n_seq * sizeof(int32_t));
+    c->win_slots = 0;
+  }
+  return rc;
 }
 
 void kv_cache_commit(kv_cache *c, const kv_plan *p) {

@@ -102,6 +102,14 @@ void kv_cache_seq_reset(kv_cache *c, int seq);
 int kv_cache_checkpoint(kv_cache *c, int seq, char *err, size_t errlen);
 /* seq keeps its first n positions (n: its length, or a checkpointed position). */
 int kv_cache_seq_rewind(kv_cache *c, int seq, int32_t n, char *err, size_t errlen);
+/* Verify windows: the next kv_cache_plan (only that one) also saves seq's recurrent state
+ * after each of the first n tokens of its run (positions len + 1 .. len + n) into checkpoint
+ * slots tagged (seq, position), so kv_cache_seq_rewind to any of them restores it without
+ * recomputing. Several sequences may ask before one plan. Returns n when it will, 0 when it
+ * need not or cannot: no state layers, or the slots run short: each window is promised
+ * n + 3 (its own, a checkpoint the caller took before it, and up to two block-boundary
+ * snapshots its run may take, so none evicts another). */
+int32_t kv_cache_window(kv_cache *c, int seq, int32_t n);
 /* dst becomes the first n positions of src: blocks shared (copy on write), state and ring
  * copied. */
 int kv_cache_seq_copy(kv_cache *c, int dst, int src, int32_t n, char *err, size_t errlen);

@@ -39,6 +39,9 @@ struct kv_cache {
   int64_t conv_floats, ssm_floats;
   int has_state, n_state, n_ckpt;
   kv_slot *ckpt;       /* [n_ckpt] */
+  int32_t *win_n;      /* [n_seq] kv_cache_window: the next plan saves the sequence's state
+                          after each of its first win_n tokens (0: none) */
+  int32_t win_slots;   /* checkpoint slots the pending windows were promised */
   uint64_t tick;
   /* Paged KV: one pool of n_blocks blocks per layer that owns a cache (own index oi), all
    * indexed by the same block ids. */

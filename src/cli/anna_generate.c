@@ -36,7 +36,11 @@ static void usage(FILE *f) {
           "  --dump-logits FILE       write float32 logits of every prompt position [n, vocab]\n"
           "  --quiet                  no statistics on stderr\n"
           "  --host-sampling          download every logits row and sample it on the host (default: the\n"
-          "                           backend returns the few candidates the sampling parameters need)\n");
+          "                           backend returns the few candidates the sampling parameters need)\n"
+          "  --speculative ngram      greedy speculative decoding with prompt-lookup drafts (same ids as\n"
+          "                           plain greedy; needs --temperature 0 and no penalties)\n"
+          "  --draft-max K            most drafted tokens per verify window (1..16, default 6)\n"
+          "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n");
 }
 
 int main(int argc, char **argv) {
@@ -46,6 +50,8 @@ int main(int argc, char **argv) {
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
+  const char *spec = NULL;
+  int draft_max = 6, ngram_min = 1, ngram_max = 4;
   anna_sampler_params sp = anna_sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -70,6 +76,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--print-ids")) print_ids = 1;
     else if (!strcmp(a, "--quiet")) quiet = 1;
     else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
+    else if (!strcmp(a, "--speculative")) { NEEDV(); spec = v; }
+    else if (!strcmp(a, "--draft-max")) { NEEDV(); if (cli_int(a, v, 1, ANNA_SPEC_MAX_DRAFT, &draft_max)) return 2; }
+    else if (!strcmp(a, "--ngram-min")) { NEEDV(); if (cli_int(a, v, 1, ANNA_NGRAM_MAX_N, &ngram_min)) return 2; }
+    else if (!strcmp(a, "--ngram-max")) { NEEDV(); if (cli_int(a, v, 1, ANNA_NGRAM_MAX_N, &ngram_max)) return 2; }
     else if (!strcmp(a, "--max-new-tokens")) { NEEDV(); if (cli_int(a, v, 0, 1 << 24, &max_new)) return 2; }
     else if (!strcmp(a, "--threads")) { NEEDV(); if (cli_int(a, v, 0, 1024, &threads)) return 2; }
     else if (!strcmp(a, "--ctx-size")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &ctx_size)) return 2; }
@@ -94,6 +104,22 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (spec) {
+    if (strcmp(spec, "ngram")) {
+      fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram)\n", spec);
+      return 2;
+    }
+    /* verify windows keep greedy choices only: a sampled or penalised token is not an argmax */
+    if (sp.temperature > 0 || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0 ||
+        sp.frequency_penalty != 0) {
+      fprintf(stderr, "error: --speculative needs greedy decoding (--temperature 0, no penalties)\n");
+      return 2;
+    }
+    if (ngram_min > ngram_max) {
+      fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", ngram_min, ngram_max);
+      return 2;
+    }
+  }
   int32_t *ids = NULL;
   size_t n = 0;
   if (ids_arg) { /* a malformed id list is a flag error: report it before loading anything */
@@ -108,6 +134,7 @@ int main(int argc, char **argv) {
   anna_text *text = NULL;
   anna_sampler *smp = NULL;
   anna_text_stream *stream = NULL;
+  anna_ngram *drafter = NULL;
   int32_t *gen = NULL;
   float *logits = NULL;
   FILE *df = NULL;
@@ -137,8 +164,12 @@ int main(int argc, char **argv) {
     snprintf(err, sizeof err, "prompt (%zu tokens) + --max-new-tokens %d exceeds --ctx-size %d", n, max_new, n_ctx);
     goto fail;
   }
-  const int n_batch = n < 512 ? (int)n : 512;
+  int n_batch = n < 512 ? (int)n : 512;
+  if (spec && n_batch < draft_max + 1) n_batch = draft_max + 1; /* one window is one batch */
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
+                             /* hybrid models: the window's per-drafted-token states, the
+                              * checkpoint before it and two block snapshots (anna.h) */
+                             .n_checkpoints = spec ? draft_max + 3 : 0,
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
                              .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul, .tuning = tuning};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
@@ -203,7 +234,42 @@ int main(int argc, char **argv) {
   float cval[ANNA_TOPK_MAX];
   double cst[2];
   int have_cand = 0; /* the last step returned candidates, not logits */
-  for (; n_gen < max_new; n_gen++) {
+  if (spec) {
+    anna_ngram_params np = {.n_min = ngram_min, .n_max = ngram_max, .k_max = draft_max};
+    if (anna_ngram_create(&drafter, &np, (int32_t)(n + (size_t)max_new + 1), err, sizeof err) ||
+        anna_ngram_accept(drafter, ids, (int32_t)n, err, sizeof err))
+      goto fail;
+  }
+  /* Speculative: the pending token t is emitted, then one verify window (t + drafts) yields
+   * the accepted drafts (emitted in turn) and the next pending token. */
+  int32_t sout[ANNA_SPEC_MAX_DRAFT + 1];
+  int n_sout = 0, i_sout = 0;
+  for (; spec && n_gen < max_new; n_gen++) {
+    int32_t t = n_gen == 0 ? anna_sampler_sample(smp, logits) : sout[i_sout++];
+    gen[n_gen] = t;
+    anna_sampler_accept(smp, t);
+    if (text && anna_text_is_eog(text, t)) {
+      n_gen++;
+      break;
+    }
+    if (stream && !print_ids && anna_text_stream_feed(stream, t, piece, sizeof piece, &plen, err, sizeof err) == 0) {
+      fwrite(piece, 1, plen, stdout);
+      fflush(stdout);
+    }
+    if (n_gen + 1 == max_new) {
+      n_gen++;
+      break;
+    }
+    if (anna_ngram_accept(drafter, &t, 1, err, sizeof err)) goto fail;
+    if (i_sout < n_sout) continue; /* accepted drafts of the last window still to emit */
+    /* drafts past max_new would be thrown away: cap them (the bonus token also counts) */
+    const int room = max_new - n_gen - 2;
+    int32_t draft[ANNA_SPEC_MAX_DRAFT];
+    const int k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
+    if (anna_context_seq_verify(ctx, 0, t, draft, k, sout, &n_sout, err, sizeof err)) goto fail;
+    i_sout = 0;
+  }
+  for (; !spec && n_gen < max_new; n_gen++) {
     int32_t t;
     if (!have_cand || anna_sampler_sample_candidates(smp, cidx, cval, kc, cst, &t)) {
       if (have_cand && anna_context_logits_row(ctx, 0, logits, err, sizeof err)) goto fail;
@@ -245,6 +311,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s | KV %lld B/token\n",
             anna_model_describe(m), t_load, n, (double)n / t_prefill, n_gen,
             n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, (long long)anna_context_kv_bytes_per_token(ctx));
+  if (spec && !quiet) {
+    anna_spec_stats ss;
+    anna_context_spec_stats(ctx, &ss);
+    fprintf(stderr, "[anna] speculative ngram: %lld windows, %lld drafted, %lld accepted (%.1f%%), %.2f tok/window, "
+            "%lld rollbacks, %lld tokens re-run\n", (long long)ss.windows, (long long)ss.drafted,
+            (long long)ss.accepted, ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
+            ss.windows ? (double)(ss.windows + ss.accepted) / (double)ss.windows : 0.0, (long long)ss.rollbacks,
+            (long long)ss.rerun_tokens);
+  }
   rc = 0;
   goto done;
 fail:
@@ -256,6 +331,7 @@ done:
   free(gen);
   free(ids);
   anna_text_stream_free(stream);
+  anna_ngram_free(drafter);
   anna_sampler_free(smp);
   anna_text_free(text);
   anna_context_free(ctx);

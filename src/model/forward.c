@@ -244,6 +244,10 @@ int fwd_state_seq_rewind(fwd_state *s, int seq, int32_t n, char *err, size_t err
   return kv_cache_seq_rewind(s->kv, seq, n, err, errlen);
 }
 
+int32_t fwd_state_window(fwd_state *s, int seq, int32_t n) {
+  return kv_cache_window(s->kv, seq, n);
+}
+
 int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, size_t errlen) {
   return kv_cache_seq_copy(s->kv, dst, src, n, err, errlen);
 }

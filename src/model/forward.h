@@ -54,6 +54,9 @@ void fwd_state_seq_reset(fwd_state *s, int seq);
 int fwd_state_checkpoint(fwd_state *s, int seq, char *err, size_t errlen);
 int fwd_state_seq_rewind(fwd_state *s, int seq, int32_t n, char *err, size_t errlen);
 int fwd_state_seq_copy(fwd_state *s, int dst, int src, int32_t n, char *err, size_t errlen);
+/* The next forward pass saves seq's recurrent state after each of its first n tokens
+ * (kv_cache_window: verify windows); returns n when it will, else 0. */
+int32_t fwd_state_window(fwd_state *s, int seq, int32_t n);
 
 /* Block accounting (anna_context_seq_blocks_needed / _held; kv_cache.h documents them). */
 int64_t fwd_state_seq_blocks_needed(const fwd_state *s, int seq, int32_t n);

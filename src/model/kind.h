@@ -145,6 +145,10 @@ typedef struct model_seq_ops {
   void (*reset)(void *state, int seq);
   int (*checkpoint)(void *state, int seq, char *err, size_t errlen);
   int (*rewind)(void *state, int seq, int32_t n, char *err, size_t errlen);
+  /* Optional (NULL: none): the next run saves seq's recurrent state after each of its first
+   * n tokens, so rewind reaches those positions directly (kv_cache_window); returns n when
+   * it will, 0 when not (no recurrent state, too few checkpoint slots). */
+  int32_t (*window)(void *state, int seq, int32_t n);
   int (*copy)(void *state, int dst, int src, int32_t n, char *err, size_t errlen);
   int32_t (*prefix_attach)(void *state, int seq, const int32_t *tokens, int32_t n,
                            int register_blocks);

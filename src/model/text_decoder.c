@@ -105,6 +105,9 @@ static int td_checkpoint(void *s, int seq, char *err, size_t errlen) {
 static int td_rewind(void *s, int seq, int32_t n, char *err, size_t errlen) {
   return fwd_state_seq_rewind(s, seq, n, err, errlen);
 }
+static int32_t td_window(void *s, int seq, int32_t n) {
+  return fwd_state_window(s, seq, n);
+}
 static int td_copy(void *s, int dst, int src, int32_t n, char *err, size_t errlen) {
   return fwd_state_seq_copy(s, dst, src, n, err, errlen);
 }
@@ -133,6 +136,7 @@ static const model_seq_ops td_seq = {
     .reset = td_seq_reset,
     .checkpoint = td_checkpoint,
     .rewind = td_rewind,
+    .window = td_window,
     .copy = td_copy,
     .prefix_attach = td_prefix_attach,
     .kv_stats = td_kv_stats,

@@ -24,6 +24,13 @@ struct anna_context {
   ops_backend *dev; /* the backend itself (owned; freed with its destroy entry) */
   void *st;          /* the kind's state (m->kind->state_create) */
   anna_tuning tuning; /* resolved at creation (anna_context_tuning) */
+  anna_spec_stats spec; /* anna_context_seq_verify counters */
+  /* verify windows' batch, [n_batch] each (allocated at creation: windows allocate nothing) */
+  int n_batch;
+  int32_t *vtok, *vseq, *vpos, *vidx;
+  int8_t *vwant;
+  float *vval;
+  double *vstats; /* [2 * n_batch] */
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
@@ -218,6 +225,16 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   c->m = m;
+  c->n_batch = o.n_batch;
+  const size_t nb = o.n_batch > 0 ? (size_t)o.n_batch : 1;
+  c->vtok = malloc(nb * sizeof(int32_t)), c->vseq = malloc(nb * sizeof(int32_t));
+  c->vpos = malloc(nb * sizeof(int32_t)), c->vidx = malloc(nb * sizeof(int32_t));
+  c->vwant = malloc(nb), c->vval = malloc(nb * sizeof(float)), c->vstats = malloc(2 * nb * sizeof(double));
+  if (!c->vtok || !c->vseq || !c->vpos || !c->vidx || !c->vwant || !c->vval || !c->vstats) {
+    free(shape);
+    anna_context_free(c);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
   c->tuning = tuning;
   m->kind->backend_shape(m->impl, o.n_ctx, shape);
   const backend_params bp = {.n_threads = o.n_threads,
@@ -260,6 +277,7 @@ void anna_context_free(anna_context *c) {
   if (c->st) c->m->kind->state_free(c->st);
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
+  free(c->vtok), free(c->vseq), free(c->vpos), free(c->vidx), free(c->vwant), free(c->vval), free(c->vstats);
   free(c);
 }
 
@@ -407,4 +425,105 @@ void anna_context_kv_stats(const anna_context *c, anna_kv_stats *st) {
   const model_seq_ops *s = seq_ops(c);
   if (s) s->kv_stats(c->st, st);
   else memset(st, 0, sizeof *st);
+}
+
+/* ---- speculative verify windows ---- */
+
+void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st) {
+  *st = c->spec;
+}
+
+/* The windows [last, draft...] of all sequences are one batch whose rows all ask for their
+ * argmax (top-1 candidates: on a GPU only k + 1 ids cross to the host, and the tie rule is
+ * the sampler's). Rollback: attention KV can be cut anywhere, so a rewind to the accepted
+ * length is all attention-only models need; the recurrent state of GDN layers exists only
+ * where it was saved: with tuning spec_window_states the window saves it after every
+ * drafted token (model_seq_ops.window) and the same rewind restores it; otherwise (or
+ * without the slots) the rewind goes to the checkpoint taken before the window and the
+ * accepted tokens are run again (their logits are not needed). */
+int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen) {
+  const model_seq_ops *s = seq_ops(c);
+  if (!s) return no_seq(c, err, errlen);
+  if (n < 0 || (n > 0 && !w)) return anna_err(err, errlen, ANNA_EINVAL, "verify: bad window array");
+  int rows = 0;
+  for (int i = 0; i < n; i++) { /* checks first: nothing runs unless every window is well formed */
+    const anna_spec_window *x = &w[i];
+    if (!x->out || (x->k > 0 && !x->draft)) return anna_err(err, errlen, ANNA_EINVAL, "verify: window %d: NULL array", i);
+    if (x->k < 0 || x->k > ANNA_SPEC_MAX_DRAFT)
+      return anna_err(err, errlen, ANNA_EINVAL, "verify: window %d: draft length %d not in 0..%d", i, x->k,
+                      ANNA_SPEC_MAX_DRAFT);
+    if (s->seq_len(c->st, x->seq) < 0)
+      return anna_err(err, errlen, ANNA_ERANGE, "verify: window %d: sequence %d out of range", i, x->seq);
+    for (int j = 0; j < i; j++)
+      if (w[j].seq == x->seq) return anna_err(err, errlen, ANNA_EINVAL, "verify: sequence %d has two windows", x->seq);
+    rows += x->k + 1;
+  }
+  if (rows > c->n_batch)
+    return anna_err(err, errlen, ANNA_ERANGE, "verify: %d rows exceed the context's n_batch %d", rows, c->n_batch);
+  if (n == 0) return 0;
+  int rc, at = 0;
+  for (int i = 0; i < n; i++) {
+    anna_spec_window *x = &w[i];
+    const int32_t L = s->seq_len(c->st, x->seq);
+    x->n_out = 0;
+    for (int j = 0; j <= x->k; j++, at++) {
+      c->vtok[at] = j ? x->draft[j - 1] : x->last;
+      c->vseq[at] = x->seq;
+      c->vpos[at] = L + j;
+      c->vwant[at] = 1;
+    }
+    /* a no-op for attention-only models (their KV is cut at any position); with the
+     * window's per-position states it is only the fallback should they be unavailable */
+    if (x->k > 0 && (rc = s->checkpoint(c->st, x->seq, err, errlen))) return rc;
+    if (x->k > 0 && c->tuning.spec_window_states && s->window) s->window(c->st, x->seq, x->k);
+  }
+  const anna_batch b = {rows, c->vtok, c->vseq, c->vpos, c->vwant};
+  if ((rc = anna_context_decode_topk(c, &b, 1, 0.0f, c->vidx, c->vval, c->vstats, err, errlen))) return rc;
+  /* Accept, then roll back; windows whose state must be recomputed gather their accepted
+   * rows at the front of the batch arrays (never past their own rows) for one re-run. */
+  int re = 0;
+  at = 0;
+  for (int i = 0; i < n; i++) {
+    anna_spec_window *x = &w[i];
+    const int k = x->k, r0 = at;
+    const int32_t *g = c->vidx + r0;
+    at += k + 1;
+    int a = 0;
+    while (a < k && x->draft[a] == g[a]) a++;
+    if (a) memcpy(x->out, x->draft, sizeof(int32_t) * (size_t)a);
+    x->out[a] = g[a];
+    x->n_out = a + 1;
+    c->spec.windows++;
+    c->spec.drafted += k;
+    c->spec.accepted += a;
+    if (a == k) continue;
+    c->spec.rollbacks++;
+    const int32_t L = c->vpos[r0];
+    char e2[256];
+    if (s->rewind(c->st, x->seq, L + 1 + a, e2, sizeof e2) == 0) continue;
+    /* no state at L + 1 + a: back to the checkpoint at L, then the accepted tokens again */
+    if ((rc = s->rewind(c->st, x->seq, L, e2, sizeof e2)))
+      return anna_err(err, errlen, rc == ANNA_ENOTFOUND ? ANNA_ESTATE : rc,
+                      "verify: cannot roll sequence %d back to %d (%s): models with recurrent state need "
+                      "n_checkpoints >= 1 for speculative decoding",
+                      x->seq, L, e2);
+    memmove(c->vtok + re, c->vtok + r0, sizeof(int32_t) * (size_t)(a + 1));
+    memmove(c->vseq + re, c->vseq + r0, sizeof(int32_t) * (size_t)(a + 1));
+    memmove(c->vpos + re, c->vpos + r0, sizeof(int32_t) * (size_t)(a + 1));
+    memset(c->vwant + re, 0, (size_t)(a + 1));
+    re += a + 1;
+  }
+  if (!re) return 0;
+  c->spec.rerun_tokens += re;
+  const anna_batch rb = {re, c->vtok, c->vseq, c->vpos, c->vwant};
+  return anna_context_decode(c, &rb, NULL, err, errlen);
+}
+
+int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,
+                            int *n_out, char *err, size_t errlen) {
+  if (!n_out) return anna_err(err, errlen, ANNA_EINVAL, "verify: NULL argument");
+  anna_spec_window w = {.seq = seq, .last = last, .draft = draft, .k = k, .out = out};
+  const int rc = anna_context_verify(c, &w, 1, err, errlen);
+  *n_out = w.n_out;
+  return rc;
 }
