@@ -509,9 +509,14 @@ static void mm_exact_rows_task(void *p, int ith, int nth) {
   }
 }
 
-/* Below this many tokens the quantized GEMM's one-off row decode is not amortized: batches
- * (decode steps of one or a few sequences) use the per-row dots, bandwidth-bound. */
-#define QG_MIN_TOKENS 8
+/* Below this many tokens the quantized GEMM's one-off row decode (a pass over every weight
+ * per call) is not amortized: batches (decode steps of a few sequences, verify windows) use
+ * the per-row dots. The decode is cheap with AVX-512 (8 tokens); on AVX2 the per-row dots
+ * stay ahead up to ~32 tokens (2-core EPYC, 0.5B Q8_0/Q4_K model, 1 thread: 8 tokens 232 vs
+ * 702 ms, 16: 463 vs 780, 32: about even, 64: 2750 vs 1365; bench/notes/spec.md). */
+static int64_t qg_min_tokens(void) {
+  return cpu_vnni_usable() ? 8 : 32;
+}
 
 void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w,
                 const float *bias) {
@@ -519,7 +524,7 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
   struct mm_ctx m = {be, y, x, n, w, bias, pick_dot(), NULL};
   if (!is_plain(w->type) && !c->exact_matmul) {
     /* llama.cpp's numerics: 8-bit activations (quant.h), integer block dots. */
-    if (n >= QG_MIN_TOKENS && cpu_qgemm_usable(w->type) && cpu_qgemm(be, y, x, n, w, bias)) return;
+    if (n >= qg_min_tokens() && cpu_qgemm_usable(w->type) && cpu_qgemm(be, y, x, n, w, bias)) return;
     /* Activations quantized once, shared by all workers (bounded by the backend's act
      * buffer, sized for n_batch x widest row at creation). */
     const int64_t ab = quant_act_row_bytes(w->type, w->cols);
