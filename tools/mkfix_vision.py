@@ -107,7 +107,8 @@ PD_BENCH = 3 * 2 * 16 * 16
 # Qwen2VLImageProcessor makes pixel_values, the tokenizer renders the chat template, the pad
 # expands to t*h*w/4 ids (the processor's rule), and generate() gives N_E2E greedy ids.
 # expected.json: messages, prompt_ids (expanded), grids, greedy_ids; <case>.last_logits.f32 the
-# logits of the last prompt row [1000]. The weights and tokenizer stay the shared fixture's:
+# logits of the last prompt row [1000], <case>.step_logits.f32 those of every generate step
+# [N_E2E, 1000] (step 0 is the last prompt row). The weights and tokenizer stay the shared fixture's:
 # the tests link them next to these files.
 N_E2E = 8
 E2E_IDS = {"image_token_id": 9, "vision_start_token_id": 7, "vision_end_token_id": 8, "video_token_id": 996}
@@ -183,10 +184,12 @@ def e2e(fix, out):
         kw = dict(pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"], mm_token_type_ids=tt)
         logits = model(input_ids=inp, **kw).logits[0, -1]
         gen = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=N_E2E,
-                             do_sample=False, **kw)
-        greedy = [int(v) for v in gen[0, len(ids):]]
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, **kw)
+        greedy = [int(v) for v in gen.sequences[0, len(ids):]]
         assert greedy[0] == int(logits.argmax())
         logits.numpy().astype("<f4").tofile(os.path.join(out, name + ".last_logits.f32"))
+        # every step's logits: decode steps after an image rotate at pos + rope delta
+        torch.cat(gen.logits, 0).numpy().astype("<f4").tofile(os.path.join(out, name + ".step_logits.f32"))
         exp["cases"].append({"name": name, "images": files, "messages": msgs, "prompt_text": text,
                              "grid_thw": grids, "prompt_ids": ids, "greedy_ids": greedy,
                              "greedy_text": tok.decode(greedy)})

@@ -53,7 +53,8 @@ typedef struct vcase {
   anna_media_ref refs[4];
   int32_t greedy[16];
   int n_gen;
-  float *last; /* [vocab] */
+  float *last;  /* [vocab] */
+  float *steps; /* [n_gen, vocab]: generate's logits per step (step 0 = last) */
 } vcase;
 
 /* Renders the messages, expands each pad to its media's tokens (the processor's rule). */
@@ -82,6 +83,12 @@ static int build_prompt(const anna_text *tx, const anna_vision_info *vi, const j
   free(ids0);
   v->n = n;
   return k == v->n_img ? 0 : anna_err(err, errlen, ANNA_EINVAL, "template wrote %d image pads for %d images", k, v->n_img);
+}
+
+static double max_err(const float *a, const float *b, int n) {
+  double e = 0;
+  for (int i = 0; i < n; i++) e = fmax(e, fabs((double)a[i] - b[i]));
+  return e;
 }
 
 static int32_t argmax(const float *x, int n) {
@@ -166,6 +173,9 @@ int main(int argc, char **argv) {
     size_t nb;
     v->last = read_file(path, &nb);
     ok("last logits file", v->last && nb == sizeof(float) * (size_t)vocab);
+    snprintf(path, sizeof path, "%s/%s.step_logits.f32", edir, v->name);
+    v->steps = read_file(path, &nb);
+    ok("step logits file", v->steps && nb == sizeof(float) * (size_t)vocab * (size_t)v->n_gen);
     if (g_fail) return 1;
   }
 
@@ -193,8 +203,10 @@ int main(int argc, char **argv) {
     ok("last-row logits within 2e-3", e <= 2e-3);
     ok("rope delta", anna_context_seq_rope_delta(ctx, 0) == want_delta[ci]);
     int32_t t = argmax(lg, vocab), pos = v->n, same = 1;
+    double es = 0;
     for (int g = 0; g < v->n_gen; g++) {
       same &= t == v->greedy[g];
+      es = fmax(es, max_err(lg, v->steps + (size_t)g * (size_t)vocab, vocab));
       const int32_t sq = 0;
       const int8_t fl = 1;
       const anna_batch b = {1, &t, &sq, &pos, &fl};
@@ -202,7 +214,8 @@ int main(int argc, char **argv) {
       pos++;
       t = argmax(lg, vocab);
     }
-    printf("  %s: greedy %s\n", v->name, same && !rc ? "same" : "DIFFERENT");
+    printf("  %s: greedy %s, decode-step logits max err %.2e\n", v->name, same && !rc ? "same" : "DIFFERENT", es);
+    ok("decode-step logits within 2e-3 (rope delta on every axis)", es <= 2e-3);
     ok("greedy ids equal transformers'", same && !rc);
   }
   /* both sequences: prefill each, then decode steps carrying both rows in one batch */
@@ -215,8 +228,12 @@ int main(int argc, char **argv) {
     pos[s] = cs[s].n;
   }
   int same = !rc;
+  double eb = 0;
   for (int g = 0; same && g < 6; g++) {
     same = tk[0] == cs[0].greedy[g] && tk[1] == cs[1].greedy[g];
+    if (g > 0)
+      for (int s = 0; s < 2; s++)
+        eb = fmax(eb, max_err(lg + (size_t)s * (size_t)vocab, cs[s].steps + (size_t)g * (size_t)vocab, vocab));
     const int32_t sq[2] = {0, 1};
     const int8_t fl[2] = {1, 1};
     const anna_batch b = {2, tk, sq, pos, fl};
@@ -226,7 +243,8 @@ int main(int argc, char **argv) {
       tk[s] = argmax(lg + (size_t)s * (size_t)vocab, vocab);
     }
   }
-  ok("two image sequences decoding in one batch: both greedy runs", same && !rc);
+  printf("  two sequences in one batch: greedy %s, step logits max err %.2e\n", same && !rc ? "same" : "DIFFERENT", eb);
+  ok("two image sequences decoding in one batch: both greedy runs", same && !rc && eb <= 2e-3);
   /* the delta follows the sequence: copy, reset */
   rc = anna_context_seq_copy(ctx, 0, 1, anna_context_seq_len(ctx, 1), err, sizeof err);
   ok("seq_copy carries the delta", !rc && anna_context_seq_rope_delta(ctx, 0) == -7);
@@ -276,6 +294,7 @@ int main(int argc, char **argv) {
     for (int i = 0; i < cs[ci].n_img; i++) anna_media_free(cs[ci].media[i]);
     free(cs[ci].ids);
     free(cs[ci].last);
+    free(cs[ci].steps);
   }
   free(lg);
   json_decref(exp);
