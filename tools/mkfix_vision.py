@@ -161,6 +161,11 @@ def e2e(fix, out):
             {"role": "system", "content": "You are terse."},
             {"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image"},
                                          {"type": "text", "text": " and "}, {"type": "image"}]}]),
+        # the order anna-generate --image builds: images, then the text
+        ("cli_two_images", ["wide.png", "tall.jpg"], [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                         {"type": "text", "text": "Compare them."}]}]),
     ]
     exp = {"transformers": transformers.__version__, "torch": torch.__version__, "n_gen": N_E2E,
            "token_ids": E2E_IDS, "cases": []}

@@ -5,6 +5,82 @@
 
 #include <jansson.h>
 
+#define MAX_IMAGES 16
+
+/* The chat prompt with images: a user message whose content parts are one image part per
+ * image, then the text (as Qwen's processors order them); each image pad id the template
+ * wrote expands to the image's tokens. *ids: caller frees; media[i] caller frees. */
+static int image_prompt(const anna_model *m, const anna_text *text, const char *prompt, const char *system,
+                        int no_think, const char **files, int n_img, anna_media **media, anna_media_ref *refs,
+                        int32_t **ids, size_t *n, char *err, size_t errlen) {
+  anna_vision_info vi;
+  int rc = anna_model_vision_info(m, &vi, err, errlen);
+  if (rc) return rc;
+  for (int i = 0; i < n_img; i++) {
+    FILE *f = fopen(files[i], "rb");
+    if (!f) return anna_err(err, errlen, ANNA_EIO, "--image %s: cannot open", files[i]);
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0, r;
+    do {
+      if (len == cap) {
+        uint8_t *nb = realloc(buf, cap = cap ? cap * 2 : 1 << 16);
+        if (!nb) break;
+        buf = nb;
+      }
+      r = fread(buf + len, 1, cap - len, f);
+      len += r;
+    } while (r > 0);
+    fclose(f);
+    rc = buf ? anna_media_image_decode(&media[i], m, buf, len, 0, err, errlen) : anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    free(buf);
+    if (rc) {
+      char e2[512];
+      snprintf(e2, sizeof e2, "%s", err);
+      return anna_err(err, errlen, rc, "--image %s: %s", files[i], e2);
+    }
+  }
+  json_t *msgs = json_array(), *parts = json_array();
+  if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
+  for (int i = 0; i < n_img; i++) json_array_append_new(parts, json_pack("{s:s}", "type", "image"));
+  json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", prompt));
+  json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "user", "content", parts));
+  char *mj = json_dumps(msgs, JSON_COMPACT);
+  json_decref(msgs);
+  int32_t *ids0 = NULL;
+  size_t n0 = 0;
+  rc = mj ? anna_text_encode_chat(text, mj, NULL, no_think ? "{\"enable_thinking\": false}" : NULL, &ids0, &n0, err,
+                                  errlen)
+          : anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  free(mj);
+  if (rc) return rc;
+  size_t total = n0;
+  for (int i = 0; i < n_img; i++) total += (size_t)anna_media_n_tokens(media[i]);
+  int32_t *out = malloc(sizeof *out * total);
+  int k = 0;
+  size_t o = 0;
+  for (size_t i = 0; out && i < n0; i++) {
+    if (ids0[i] != vi.image_token_id) {
+      out[o++] = ids0[i];
+      continue;
+    }
+    if (k == n_img) break;
+    refs[k] = (anna_media_ref){media[k], (int32_t)o};
+    for (int32_t j = 0; j < anna_media_n_tokens(media[k]); j++) out[o++] = vi.image_token_id;
+    k++;
+  }
+  free(ids0);
+  if (!out) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (k != n_img) {
+    free(out);
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "the chat template wrote %d image pad tokens for %d images (does it render image content parts?)",
+                    k, n_img);
+  }
+  *ids = out;
+  *n = o;
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-generate --model-dir DIR|--model FILE.gguf (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
@@ -13,6 +89,8 @@ static void usage(FILE *f) {
           "  --raw                    tokenize --prompt as is (no chat template)\n"
           "  --no-think               chat template kwarg enable_thinking=false\n"
           "  --prompt-ids LIST        token ids instead of text\n"
+          "  --image FILE             (repeatable, vision models) an image before the --prompt text in\n"
+          "                           the user message (JPEG, PNG, WebP, GIF)\n"
           "  --max-new-tokens N       default 256 (0: prompt only)\n"
           "  --temperature T          default 0 (greedy)\n"
           "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"
@@ -43,6 +121,10 @@ int main(int argc, char **argv) {
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
+  const char *images[MAX_IMAGES];
+  int n_img = 0;
+  anna_media *media[MAX_IMAGES] = {0};
+  anna_media_ref refs[MAX_IMAGES];
   anna_sampler_params sp = anna_sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -51,6 +133,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
     else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
     else if (!strcmp(a, "--prompt-ids")) { NEEDV(); ids_arg = v; }
+    else if (!strcmp(a, "--image")) {
+      NEEDV();
+      if (n_img == MAX_IMAGES) {
+        fprintf(stderr, "error: more than %d --image flags\n", MAX_IMAGES);
+        return 2;
+      }
+      images[n_img++] = v;
+    }
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
@@ -90,6 +180,10 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (n_img && (!prompt || raw || dump)) {
+    fprintf(stderr, "error: --image needs --prompt (chat template), not --prompt-ids, --raw or --dump-logits\n");
+    return 2;
+  }
   int32_t *ids = NULL;
   size_t n = 0;
   if (ids_arg) { /* a malformed id list is a flag error: report it before loading anything */
@@ -118,7 +212,12 @@ int main(int argc, char **argv) {
     text = NULL; /* ids in, ids out: the text side is optional */
     err[0] = '\0';
   }
-  if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
+  if (n_img) {
+    if (image_prompt(m, text, prompt, system, no_think, images, n_img, media, refs, &ids, &n, err, sizeof err))
+      goto fail;
+  } else if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) {
+    goto fail;
+  }
   if (n == 0) {
     snprintf(err, sizeof err, "the prompt is empty after tokenization");
     goto fail;
@@ -168,7 +267,14 @@ int main(int argc, char **argv) {
     snprintf(err, sizeof err, "out of memory");
     goto fail;
   }
-  for (size_t at = 0; at < n;) {
+  if (n_img) { /* the tower, then the prompt with its rows over the pads (anna_context_prefill) */
+    const anna_prompt pr = {ids, (int32_t)n, refs, n_img};
+    if (anna_context_prefill(ctx, 0, &pr, logits, err, sizeof err)) {
+      free(seq), free(pos), free(want);
+      goto fail;
+    }
+  }
+  for (size_t at = n_img ? n : 0; at < n;) {
     int len = (int)(n - at < (size_t)n_batch ? n - at : (size_t)n_batch);
     for (int i = 0; i < len; i++) pos[i] = (int32_t)(at + i), want[i] = dump || at + i == n - 1;
     anna_batch b = {len, ids + at, seq, pos, want};
@@ -251,6 +357,7 @@ done:
   free(logits);
   free(gen);
   free(ids);
+  for (int i = 0; i < n_img; i++) anna_media_free(media[i]);
   anna_text_stream_free(stream);
   anna_sampler_free(smp);
   anna_text_free(text);

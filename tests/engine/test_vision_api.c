@@ -127,10 +127,10 @@ int main(int argc, char **argv) {
   json_t *exp = json_load_file(path, 0, NULL);
   json_t *cases = json_object_get(exp, "cases");
   const int vocab = anna_model_vocab(m);
-  vcase cs[2];
+  vcase cs[3];
   memset(cs, 0, sizeof cs);
   const int nc = (int)json_array_size(cases);
-  if (!exp || nc != 2) {
+  if (!exp || nc != 3) {
     printf("bad %s\n", path);
     return 1;
   }
@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   float *lg = malloc(sizeof *lg * (size_t)vocab * 2);
-  const int32_t want_delta[2] = {-3, -7}; /* 2x3 tokens advance 3; + 4x2 tokens advance 4 */
+  const int32_t want_delta[3] = {-3, -7, -7}; /* 2x3 tokens advance 3; + 4x2 tokens advance 4 */
   for (int ci = 0; ci < nc; ci++) {
     vcase *v = &cs[ci];
     anna_context_seq_reset(ctx, 0);
