@@ -212,12 +212,14 @@ int main(int argc, char **argv) {
     text = NULL; /* ids in, ids out: the text side is optional */
     err[0] = '\0';
   }
+  double t_img = cli_now();
   if (n_img) {
     if (image_prompt(m, text, prompt, system, no_think, images, n_img, media, refs, &ids, &n, err, sizeof err))
       goto fail;
   } else if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) {
     goto fail;
   }
+  t_img = cli_now() - t_img;
   if (n == 0) {
     snprintf(err, sizeof err, "the prompt is empty after tokenization");
     goto fail;
@@ -347,6 +349,12 @@ int main(int argc, char **argv) {
     fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s | KV %lld B/token\n",
             anna_model_describe(m), t_load, n, (double)n / t_prefill, n_gen,
             n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, (long long)anna_context_kv_bytes_per_token(ctx));
+  if (!quiet && n_img) {
+    long vt = 0;
+    for (int i = 0; i < n_img; i++) vt += anna_media_n_tokens(media[i]);
+    fprintf(stderr, "[anna] %d image(s), %ld visual tokens | decode + preprocess + template %.1f ms | tower + prefill "
+            "%.1f ms\n", n_img, vt, t_img * 1e3, t_prefill * 1e3);
+  }
   rc = 0;
   goto done;
 fail:

@@ -318,9 +318,11 @@ static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_er
   if (!comma)
     return oai_fail(e, 400, pp, "invalid_value", "'%s.url': a data: URL needs a ',' before its data", pp);
   const size_t hl = (size_t)(comma - u);
-  if (hl < 11 || strncasecmp(u + 5, "image/", 6))
+  if (hl < 11 || strncasecmp(u + 5, "image/", 6)) {
+    size_t ml = strcspn(u + 5, ";,");
     return oai_fail(e, 400, pp, "unsupported_media_type", "'%s.url': the data: URL's media type must be image/*, got "
-                    "'%.*s'", pp, (int)(hl > 45 ? 40 : hl - 5), u + 5);
+                    "'%.*s'", pp, (int)(ml > 40 ? 40 : ml), u + 5);
+  }
   if (hl < 7 || strncasecmp(comma - 7, ";base64", 7))
     return oai_fail(e, 400, pp, "invalid_value", "'%s.url': only base64 data: URLs are accepted (';base64,')", pp);
   const char *b = comma + 1;
