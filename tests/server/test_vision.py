@@ -192,3 +192,22 @@ def test_image_to_text_only_model():
         assert r.choices[0].message.content is not None
     finally:
         s.stop()
+
+
+def test_image_requests_survive_preemption(vision_model):
+    """A pool of 8 blocks of 16 positions for 4 slots: image sequences (29-51 prompt tokens + 16
+    generated) outgrow it together and get preempted; a resumed one runs the tower and its prompt
+    again, then the tokens it had generated, and still gives transformers' greedy text."""
+    s = start_server(vision_model, "--parallel", "4", "--ctx-size", "128", "--kv-block-len", "16", "--kv-blocks", "8",
+                     "--no-prompt-cache")
+    try:
+        import concurrent.futures as cf
+        cl = s.client()
+        names = ["one_image", "two_images", "cli_two_images", "one_image"]
+        with cf.ThreadPoolExecutor(4) as ex:
+            fs = [ex.submit(ask, cl, messages(c)) for c in names]
+            got = [f.result().choices[0].message.content for f in fs]
+        assert got == [CASES[c]["greedy_text"] for c in names]
+        assert s.health()["scheduler"]["preemptions"] > 0
+    finally:
+        s.stop()
