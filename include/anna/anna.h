@@ -750,7 +750,9 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
 int32_t anna_media_n_tokens(const anna_media *md);
 /* The patch grid (t, h, w) and the source image's size (width, height, may be NULL). */
 void anna_media_grid(const anna_media *md, int32_t thw[3], int32_t *width, int32_t *height);
-/* 64-bit FNV-1a of the preprocessed pixels and grid: equal content, equal hash. */
+/* 64-bit FNV-1a of the preprocessed pixels and grid: equal content, equal hash. Not collision
+ * resistant: a cache keyed on it must confirm a hit on the content (as the context's encoder
+ * cache does) before sharing results between clients. */
 uint64_t anna_media_hash(const anna_media *md);
 void anna_media_free(anna_media *md);
 
@@ -781,6 +783,18 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
 /* The rotary delta sequence seq carries (0 without images): decode position pos rotates as
  * pos + delta on every axis. */
 int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
+
+/* The context's tower work since creation. A context keeps the tower's rows of its 8 most
+ * recent images (256 MB at most, pixels included): an image met again (same preprocessed
+ * pixels, compared in full) reuses them instead of running the tower. */
+typedef struct anna_vision_stats {
+  int64_t images;     /* media prefilled */
+  int64_t tower_runs; /* of them, encoded by the tower */
+  int64_t cache_hits; /* of them, rows from the encoder cache */
+  double tower_s;     /* seconds in the tower */
+} anna_vision_stats;
+/* Zeros for a context without a vision tower. */
+void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);
 
 #ifdef __cplusplus
 }

@@ -352,8 +352,11 @@ int main(int argc, char **argv) {
   if (!quiet && n_img) {
     long vt = 0;
     for (int i = 0; i < n_img; i++) vt += anna_media_n_tokens(media[i]);
-    fprintf(stderr, "[anna] %d image(s), %ld visual tokens | decode + preprocess + template %.1f ms | tower + prefill "
-            "%.1f ms\n", n_img, vt, t_img * 1e3, t_prefill * 1e3);
+    anna_vision_stats vs;
+    anna_context_vision_stats(ctx, &vs);
+    fprintf(stderr, "[anna] %d image(s), %ld visual tokens | decode + preprocess + template %.1f ms | tower %.1f ms "
+            "(%lld runs) | tower + prefill %.1f ms\n", n_img, vt, t_img * 1e3, vs.tower_s * 1e3,
+            (long long)vs.tower_runs, t_prefill * 1e3);
   }
   rc = 0;
   goto done;

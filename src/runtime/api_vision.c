@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct model_vision {
   const model_kind *kind; /* static */
@@ -41,8 +42,25 @@ struct anna_media {
   uint64_t hash;
 };
 
+/* Encoder output cache: the tower's rows of recent images, found by hash and confirmed by
+ * comparing the pixels themselves (the 64-bit FNV hash is not collision resistant, and a crafted
+ * collision must not hand one client the rows of another's image). */
+#define ENC_SLOTS 8
+#define ENC_BYTES ((size_t)256 << 20)
+typedef struct enc_entry {
+  uint64_t hash, tick;
+  int32_t grid[3];
+  int64_t n_patches, n_rows;
+  float *pix, *rows; /* owned; NULL: empty */
+  size_t bytes;
+} enc_entry;
+
 struct ctx_vision {
   const struct model_vision *mv; /* borrowed from the model */
+  enc_entry enc[ENC_SLOTS];
+  size_t enc_bytes;
+  uint64_t tick;
+  anna_vision_stats stats;
   int n_seq, n_batch, n_threads;
   int32_t *delta; /* [n_seq] */
   int32_t *rope;  /* [3 * n_batch] decode-step positions */
@@ -300,8 +318,83 @@ static void tower_close(ctx_vision *v) {
   v->cap = 0;
 }
 
+static void enc_drop(ctx_vision *v, enc_entry *e) {
+  v->enc_bytes -= e->bytes;
+  free(e->pix);
+  free(e->rows);
+  memset(e, 0, sizeof *e);
+}
+
+static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
+  const vision_pixels *px = &md->px;
+  for (int i = 0; i < ENC_SLOTS; i++) {
+    enc_entry *e = &v->enc[i];
+    if (e->rows && e->hash == md->hash && e->n_patches == px->n_patches && e->grid[0] == px->grid_t &&
+        e->grid[1] == px->grid_h && e->grid[2] == px->grid_w &&
+        !memcmp(e->pix, px->values, sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim)) {
+      e->tick = ++v->tick;
+      return e;
+    }
+  }
+  return NULL;
+}
+
+/* Keeps md's rows, evicting the least recently used entries to stay within ENC_BYTES. Out of
+ * memory or too large: not kept (the cache is an optimisation). */
+static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, int64_t n_rows, int E) {
+  const vision_pixels *px = &md->px;
+  const size_t pb = sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim;
+  const size_t rb = sizeof(float) * (size_t)n_rows * (size_t)E;
+  if (pb + rb > ENC_BYTES) return;
+  for (;;) {
+    enc_entry *lru = NULL;
+    int free_slot = 0;
+    for (int i = 0; i < ENC_SLOTS; i++) {
+      if (!v->enc[i].rows) free_slot = 1;
+      else if (!lru || v->enc[i].tick < lru->tick) lru = &v->enc[i];
+    }
+    if (free_slot && v->enc_bytes + pb + rb <= ENC_BYTES) break;
+    enc_drop(v, lru);
+  }
+  enc_entry *e = NULL;
+  for (int i = 0; i < ENC_SLOTS && !e; i++)
+    if (!v->enc[i].rows) e = &v->enc[i];
+  e->pix = malloc(pb);
+  e->rows = malloc(rb);
+  if (!e->pix || !e->rows) {
+    free(e->pix);
+    free(e->rows);
+    memset(e, 0, sizeof *e);
+    return;
+  }
+  memcpy(e->pix, px->values, pb);
+  memcpy(e->rows, rows, rb);
+  e->hash = md->hash;
+  e->tick = ++v->tick;
+  e->grid[0] = px->grid_t;
+  e->grid[1] = px->grid_h;
+  e->grid[2] = px->grid_w;
+  e->n_patches = px->n_patches;
+  e->n_rows = n_rows;
+  e->bytes = pb + rb;
+  v->enc_bytes += e->bytes;
+}
+
+void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st) {
+  const ctx_vision *v = context_vision((anna_context *)c);
+  if (v) *st = v->stats;
+  else memset(st, 0, sizeof *st);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 void ctx_vision_free(ctx_vision *v) {
   if (!v) return;
+  for (int i = 0; i < ENC_SLOTS; i++) enc_drop(v, &v->enc[i]);
   tower_close(v);
   free(v->delta);
   free(v->rope);
@@ -363,49 +456,40 @@ static int tower_open(ctx_vision *v, int64_t patches, char *err, size_t errlen) 
   return 0;
 }
 
-/* Tower rows of every media of p into rows [sum n_tokens, n_embd], in prompt order. Images run
- * together while they fit the state's patches. */
+/* Tower rows of every media of p into rows [sum n_tokens, n_embd], in prompt order: from the
+ * encoder output cache, else one tower call per image. */
 static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *err, size_t errlen) {
   const struct model_vision *mv = v->mv;
-  int64_t most = 0;
-  for (int32_t i = 0; i < p->n_media; i++)
-    if (p->media[i].media->px.n_patches > most) most = p->media[i].media->px.n_patches;
-  int rc = tower_open(v, most, err, errlen);
-  if (rc) return rc;
-  const int D = mv->patch_dim;
-  int32_t *grids = malloc(sizeof *grids * 3 * (size_t)p->n_media);
-  float *pix = malloc(sizeof *pix * (size_t)v->cap * (size_t)D);
-  if (!grids || !pix) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  const int E = mv->desc.n_embd;
+  int rc = 0;
   int64_t row = 0;
-  for (int32_t i = 0; !rc && i < p->n_media;) {
-    int32_t j = i, ng = 0;
-    int64_t np = 0;
-    while (j < p->n_media && np + p->media[j].media->px.n_patches <= v->cap) {
-      const vision_pixels *px = &p->media[j].media->px;
-      memcpy(pix + np * D, px->values, sizeof *pix * (size_t)px->n_patches * (size_t)D);
-      grids[3 * ng] = px->grid_t;
-      grids[3 * ng + 1] = px->grid_h;
-      grids[3 * ng + 2] = px->grid_w;
-      np += px->n_patches;
-      ng++;
-      j++;
+  for (int32_t i = 0; !rc && i < p->n_media; row += p->media[i].media->n_tokens, i++) {
+    const anna_media *md = p->media[i].media;
+    float *out = rows + row * E;
+    v->stats.images++;
+    const enc_entry *hit = enc_find(v, md);
+    if (hit) {
+      memcpy(out, hit->rows, sizeof(float) * (size_t)hit->n_rows * (size_t)E);
+      v->stats.cache_hits++;
+      continue;
     }
-    int64_t want = 0;
-    for (int32_t k = i; k < j; k++) want += p->media[k].media->n_tokens;
-    const model_input in = {.io = MODEL_IO_PIXELS, .pixels = pix, .n_patches = np, .patch_dim = D, .n_grids = ng,
-                            .grid_thw = grids};
+    const double t0 = now_s();
+    if ((rc = tower_open(v, md->px.n_patches, err, errlen))) break;
+    const int32_t grid[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
+    const model_input in = {.io = MODEL_IO_PIXELS, .pixels = md->px.values, .n_patches = md->px.n_patches,
+                            .patch_dim = mv->patch_dim, .n_grids = 1, .grid_thw = grid};
     int64_t wrote = 0;
-    const model_output out = {.io = MODEL_IO_EMBEDDINGS, .embd = rows + row * mv->desc.n_embd, .embd_rows = want,
-                              .embd_written = &wrote};
-    rc = mv->kind->run(mv->impl, v->st, v->be, &in, &out, err, errlen);
-    if (!rc && wrote != want)
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "vision tower wrote %lld rows, expected %lld", (long long)wrote,
-                    (long long)want);
-    row += want;
-    i = j;
+    const model_output mo = {.io = MODEL_IO_EMBEDDINGS, .embd = out, .embd_rows = md->n_tokens,
+                             .embd_written = &wrote};
+    rc = mv->kind->run(mv->impl, v->st, v->be, &in, &mo, err, errlen);
+    if (!rc && wrote != md->n_tokens)
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "vision tower wrote %lld rows, expected %d", (long long)wrote,
+                    md->n_tokens);
+    if (rc) break;
+    v->stats.tower_runs++;
+    v->stats.tower_s += now_s() - t0;
+    enc_store(v, md, out, md->n_tokens, E);
   }
-  free(grids);
-  free(pix);
   return rc;
 }
 

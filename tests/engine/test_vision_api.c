@@ -218,6 +218,12 @@ int main(int argc, char **argv) {
     ok("decode-step logits within 2e-3 (rope delta on every axis)", es <= 2e-3);
     ok("greedy ids equal transformers'", same && !rc);
   }
+  /* the later cases met wide.png (and tall.jpg) again: rows from the encoder cache, still exact */
+  anna_vision_stats vs;
+  anna_context_vision_stats(ctx, &vs);
+  printf("  vision stats: %lld images, %lld tower runs (%.1f ms), %lld cache hits\n", (long long)vs.images,
+         (long long)vs.tower_runs, vs.tower_s * 1e3, (long long)vs.cache_hits);
+  ok("encoder cache: 5 images, 2 tower runs, 3 hits", vs.images == 5 && vs.tower_runs == 2 && vs.cache_hits == 3);
   /* both sequences: prefill each, then decode steps carrying both rows in one batch */
   anna_context_seq_reset(ctx, 0);
   int32_t tk[2], pos[2];
