@@ -48,6 +48,8 @@ static void usage(FILE *f) {
           "  --max-body-bytes N (default 8 MiB)  --http-timeout-seconds S (default 60)\n"
           "  --max-image-pixels N     images (vision models): width * height of one image (default 16777216)\n"
           "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
+          "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
+          "                           data: URLs only; no redirects)  --image-fetch-timeout-seconds S (default 10)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
           "testing hooks:\n"
           "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
@@ -171,6 +173,11 @@ int main(int argc, char **argv) {
     INTF("--max-image-pixels", 1, 1 << 30, max_img_px)
     INTF("--max-images-per-request", 1, 64, max_imgs)
     INTF("--max-image-bytes", 1, 1 << 30, max_img_bytes)
+    INTF("--image-fetch-timeout-seconds", 1, 3600, o.image_fetch_timeout_s)
+    else if (!strcmp(a, "--allowed-image-domains")) {
+      NEEDV();
+      o.allowed_image_domains = v;
+    }
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
     FLTF("--temperature", 0, 2, o.defaults.temperature)

@@ -7,6 +7,7 @@
 #include "anna/anna.h"
 #include "metrics.h"
 #include "oai.h"
+#include "imgfetch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -639,7 +640,10 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .model = srv->m,
                           .max_image_pixels = o->max_image_pixels > 0 ? o->max_image_pixels : 4096 * 4096,
                           .max_images = o->max_images > 0 ? o->max_images : 8,
-                          .max_image_bytes = o->max_image_bytes > 0 ? o->max_image_bytes : 20u << 20};
+                          .max_image_bytes = o->max_image_bytes > 0 ? o->max_image_bytes : 20u << 20,
+                          .allowed_image_domains = o->allowed_image_domains,
+                          .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10};
+  imgfetch_global_init();
 
   struct addrinfo hints = {
       .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};

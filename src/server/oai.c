@@ -1,6 +1,8 @@
 /* oai.c: OpenAI request parsing and response rendering (see oai.h). */
 #include "oai.h"
 
+#include "imgfetch.h"
+
 #include "anna/anna.h"
 
 #include <ctype.h>
@@ -284,7 +286,24 @@ static long b64_decode(const char *in, size_t n, uint8_t *out, size_t *bad_at) {
   return (long)o;
 }
 
-/* One image_url part: a data: URL (base64) decoded and prepared for the model's tower. */
+/* Encoded image bytes (freed here) -> the next media of l. */
+static int image_bytes(img_list *l, uint8_t *bytes, size_t n, const char *pp, oai_error *e) {
+  char err[256];
+  int rc = anna_media_image_decode(&l->media[l->n], l->cfg->model, bytes, n, l->cfg->max_image_pixels, err,
+                                   sizeof err);
+  free(bytes);
+  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (rc) {
+    const int limit = strstr(err, "over the limit") != NULL;
+    return oai_fail(e, 400, pp, limit ? "image_too_large" : "invalid_image", "image %d: %s%s", l->n, err,
+                    limit ? " (--max-image-pixels)" : "");
+  }
+  l->n++;
+  return 0;
+}
+
+/* One image_url part: a data: URL (base64), or an http(s) URL on an allowed host (imgfetch.h),
+ * decoded and prepared for the model's tower. */
 static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_error *e) {
   const oai_config *cfg = l->cfg;
   char pp[96];
@@ -308,10 +327,21 @@ static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_er
                     "own resolution here)", pp);
   const char *u = json_string_value(url);
   const size_t ul = json_string_length(url);
-  if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8))
-    return oai_fail(e, 400, pp, "remote_url_not_allowed",
-                    "remote image URLs are not fetched by this server (no server-side requests); send the image "
-                    "inline as a data:image/...;base64,... URL");
+  if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8)) {
+    if (!cfg->allowed_image_domains || !*cfg->allowed_image_domains)
+      return oai_fail(e, 400, pp, "remote_url_not_allowed",
+                      "remote image URLs are not fetched by this server (no server-side requests without "
+                      "--allowed-image-domains); send the image inline as a data:image/...;base64,... URL");
+    const imgfetch_limits fl = {cfg->allowed_image_domains, cfg->max_image_bytes, cfg->image_fetch_timeout_s};
+    char ferr[256];
+    if (imgfetch_check(u, &fl, ferr, sizeof ferr))
+      return oai_fail(e, 400, pp, "remote_url_not_allowed", "%s", ferr);
+    uint8_t *got = NULL;
+    size_t gn = 0;
+    if (imgfetch_get(u, &fl, &got, &gn, ferr, sizeof ferr))
+      return oai_fail(e, 400, pp, "image_fetch_failed", "%s", ferr);
+    return image_bytes(l, got, gn, pp, e);
+  }
   if (strncasecmp(u, "data:", 5))
     return oai_fail(e, 400, pp, "invalid_value", "'%s.url' must be a data: URL (data:image/png;base64,...)", pp);
   const char *comma = memchr(u, ',', ul);
@@ -341,18 +371,7 @@ static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_er
                     nb == 0 ? "'%s.url': the image data is empty"
                             : "'%s.url': invalid base64 in the image data (at data offset %zu)", pp, bad);
   }
-  char err[256];
-  int rc = anna_media_image_decode(&l->media[l->n], cfg->model, bytes, (size_t)nb, cfg->max_image_pixels, err,
-                                   sizeof err);
-  free(bytes);
-  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
-  if (rc) {
-    const int limit = strstr(err, "over the limit") != NULL;
-    return oai_fail(e, 400, pp, limit ? "image_too_large" : "invalid_image", "image %d: %s%s", l->n, err,
-                    limit ? " (--max-image-pixels)" : "");
-  }
-  l->n++;
-  return 0;
+  return image_bytes(l, bytes, (size_t)nb, pp, e);
 }
 
 /* Content as a plain string: a string, null, or an array of text parts; with image parts

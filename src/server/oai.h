@@ -41,6 +41,9 @@ typedef struct oai_config {
   int64_t max_image_pixels; /* --max-image-pixels: width * height of one image (<= 0: none) */
   int max_images;           /* --max-images-per-request */
   size_t max_image_bytes;   /* --max-image-bytes: one image's encoded bytes */
+  const char *allowed_image_domains; /* --allowed-image-domains: http(s) image URLs from these hosts
+                                        are fetched (imgfetch.h); NULL: none */
+  long image_fetch_timeout_s;        /* --image-fetch-timeout-seconds */
 } oai_config;
 
 enum { OAI_CHAT = 0, OAI_COMPLETION = 1 };

@@ -37,6 +37,8 @@ typedef struct server_options {
   int64_t max_image_pixels; /* images: --max-image-pixels (0: the default below) */
   int max_images;           /* --max-images-per-request (0: default) */
   size_t max_image_bytes;   /* --max-image-bytes (0: default) */
+  const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
+  int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled

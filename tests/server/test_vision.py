@@ -211,3 +211,62 @@ def test_image_requests_survive_preemption(vision_model):
         assert s.health()["scheduler"]["preemptions"] > 0
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    """A local HTTP server: /wide.png, /big.png (300 KB), /redirect (302 to /wide.png), 404 else."""
+    import http.server
+    import threading
+    wide = open(os.path.join(E2E, "wide.png"), "rb").read()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = {"/wide.png": wide, "/big.png": b"\x89PNG" + b"\0" * 300000}.get(self.path)
+            if self.path == "/redirect":
+                self.send_response(302)
+                self.send_header("Location", "/wide.png")
+                self.end_headers()
+                return
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield "http://127.0.0.1:%d" % httpd.server_address[1]
+    httpd.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fetch_srv(vision_model):
+    s = start_server(vision_model, "--allowed-image-domains", "127.0.0.1,*.example.org", "--max-image-bytes", "200000",
+                     "--image-fetch-timeout-seconds", "5")
+    yield s
+    s.stop()
+
+
+def test_remote_image_from_allowed_host(fetch_srv, image_host):
+    msgs = messages("one_image")
+    msgs[0]["content"][0] = part(image_host + "/wide.png")
+    r = ask(fetch_srv.client(), msgs)
+    assert r.choices[0].message.content == CASES["one_image"]["greedy_text"]
+    assert r.usage.prompt_tokens == len(CASES["one_image"]["prompt_ids"])
+
+
+@pytest.mark.parametrize("path,words", [
+    ("http://localhost:{port}/wide.png", ("'localhost'", "--allowed-image-domains")),
+    ("http://127.0.0.2:{port}/wide.png", ("'127.0.0.2'", "not among")),
+    ("{host}/missing.png", ("HTTP status 404",)),
+    ("{host}/redirect", ("302", "redirects are not followed")),
+    ("{host}/big.png", ("over 200000 bytes", "--max-image-bytes")),
+    ("http://127.0.0.1@evil.example.com:{port}/wide.png", ("'evil.example.com'",)),
+])
+def test_remote_image_refusals(fetch_srv, image_host, path, words):
+    port = image_host.rsplit(":", 1)[1]
+    bad_request(fetch_srv.client(), user(part(path.format(host=image_host, port=port))), *words)
