@@ -63,6 +63,11 @@ struct ctx_vision {
   anna_vision_stats stats;
   int n_seq, n_batch, n_threads;
   int32_t *delta; /* [n_seq] */
+  /* per sequence, its image runs in order: run_end[k] the cache position after run k and
+   * run_delta[k] the delta from there on (rewind and copy find the delta of a length);
+   * n_runs[seq] entries of cap_runs[seq], grown at prefill (not a per-token path) */
+  int32_t **run_end, **run_delta;
+  int32_t *n_runs, *cap_runs;
   int32_t *rope;  /* [3 * n_batch] decode-step positions */
   ops_backend *be; /* the tower's CPU backend (lazy) */
   void *st;        /* the tower's state (lazy) */
@@ -298,6 +303,10 @@ int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_ba
   if (!m->vis) return 0;
   ctx_vision *v = calloc(1, sizeof *v);
   if (!v || !(v->delta = calloc((size_t)n_seq, sizeof *v->delta)) ||
+      !(v->run_end = calloc((size_t)n_seq, sizeof *v->run_end)) ||
+      !(v->run_delta = calloc((size_t)n_seq, sizeof *v->run_delta)) ||
+      !(v->n_runs = calloc((size_t)n_seq, sizeof *v->n_runs)) ||
+      !(v->cap_runs = calloc((size_t)n_seq, sizeof *v->cap_runs)) ||
       !(v->rope = malloc(sizeof *v->rope * 3 * (size_t)n_batch))) {
     ctx_vision_free(v);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
@@ -396,6 +405,12 @@ void ctx_vision_free(ctx_vision *v) {
   if (!v) return;
   for (int i = 0; i < ENC_SLOTS; i++) enc_drop(v, &v->enc[i]);
   tower_close(v);
+  for (int s = 0; v->run_end && s < v->n_seq; s++) free(v->run_end[s]);
+  for (int s = 0; v->run_delta && s < v->n_seq; s++) free(v->run_delta[s]);
+  free(v->run_end);
+  free(v->run_delta);
+  free(v->n_runs);
+  free(v->cap_runs);
   free(v->delta);
   free(v->rope);
   free(v);
@@ -418,12 +433,42 @@ int ctx_vision_rope(ctx_vision *v, const anna_batch *b, const int32_t **rope, ch
   return 0;
 }
 
-void ctx_vision_seq_reset(ctx_vision *v, int seq) {
-  if (seq >= 0 && seq < v->n_seq) v->delta[seq] = 0;
+void ctx_vision_seq_truncate(ctx_vision *v, int seq, int32_t n) {
+  if (seq < 0 || seq >= v->n_seq) return;
+  int32_t k = v->n_runs[seq];
+  while (k > 0 && v->run_end[seq][k - 1] > n) k--; /* a run cut in the middle goes too */
+  v->n_runs[seq] = k;
+  v->delta[seq] = k ? v->run_delta[seq][k - 1] : 0;
 }
 
-void ctx_vision_seq_copy(ctx_vision *v, int dst, int src) {
-  if (dst >= 0 && dst < v->n_seq && src >= 0 && src < v->n_seq) v->delta[dst] = v->delta[src];
+void ctx_vision_seq_reset(ctx_vision *v, int seq) {
+  ctx_vision_seq_truncate(v, seq, 0);
+}
+
+static int runs_reserve(ctx_vision *v, int seq, int32_t need) {
+  if (need <= v->cap_runs[seq]) return 0;
+  const int32_t cap = need < 8 ? 8 : need * 2;
+  int32_t *e = realloc(v->run_end[seq], sizeof *e * (size_t)cap);
+  if (e) v->run_end[seq] = e;
+  int32_t *d = e ? realloc(v->run_delta[seq], sizeof *d * (size_t)cap) : NULL;
+  if (d) v->run_delta[seq] = d;
+  if (!e || !d) return ANNA_ENOMEM;
+  v->cap_runs[seq] = cap;
+  return 0;
+}
+
+void ctx_vision_seq_copy(ctx_vision *v, int dst, int src, int32_t n) {
+  if (dst < 0 || dst >= v->n_seq || src < 0 || src >= v->n_seq || dst == src) return;
+  const int32_t k = v->n_runs[src];
+  if (runs_reserve(v, dst, k)) { /* out of memory: the newest delta, no history */
+    v->n_runs[dst] = 0;
+    v->delta[dst] = v->delta[src];
+    return;
+  }
+  memcpy(v->run_end[dst], v->run_end[src], sizeof(int32_t) * (size_t)k);
+  memcpy(v->run_delta[dst], v->run_delta[src], sizeof(int32_t) * (size_t)k);
+  v->n_runs[dst] = k;
+  ctx_vision_seq_truncate(v, dst, n);
 }
 
 int32_t anna_context_seq_rope_delta(const anna_context *c, int seq) {
@@ -592,7 +637,21 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
     }
     row += ne;
   }
-  if (!rc && v) v->delta[seq] += next - n;
+  if (!rc && v && p->n_media > 0 && !(rc = runs_reserve(v, seq, v->n_runs[seq] + p->n_media))) {
+    int32_t d = v->delta[seq];
+    for (int32_t r = 0; r < p->n_media; r++) { /* a run of gh x gw tokens advances max(gh, gw) */
+      const int32_t M = v->mv->info.merge_size, gh = run_hw[2 * r] / M, gw = run_hw[2 * r + 1] / M;
+      d += (gh > gw ? gh : gw) - gh * gw;
+      const int32_t k = v->n_runs[seq]++;
+      v->run_end[seq][k] = len + p->media[r].at + p->media[r].media->n_tokens;
+      v->run_delta[seq][k] = d;
+    }
+    if (d != v->delta[seq] + next - n)
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "prefill: rotary delta %d disagrees with the positions' %d", d,
+                    v->delta[seq] + next - n);
+    v->delta[seq] = d;
+  }
+  if (rc == ANNA_ENOMEM) anna_err(err, errlen, rc, "out of memory");
   if (lg != logits) free(lg);
   free(isv);
   free(run_hw);

@@ -353,13 +353,15 @@ int anna_context_seq_checkpoint(anna_context *c, int seq, char *err, size_t errl
 
 int anna_context_seq_rewind(anna_context *c, int seq, int32_t n, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
-  return s ? s->rewind(c->st, seq, n, err, errlen) : no_seq(c, err, errlen);
+  int rc = s ? s->rewind(c->st, seq, n, err, errlen) : no_seq(c, err, errlen);
+  if (!rc && c->vis) ctx_vision_seq_truncate(c->vis, seq, n);
+  return rc;
 }
 
 int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
   int rc = s ? s->copy(c->st, dst, src, n, err, errlen) : no_seq(c, err, errlen);
-  if (!rc && c->vis) ctx_vision_seq_copy(c->vis, dst, src);
+  if (!rc && c->vis) ctx_vision_seq_copy(c->vis, dst, src, n);
   return rc;
 }
 
@@ -422,6 +424,7 @@ void anna_context_profile_reset(anna_context *c) {
 
 int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *tokens, int32_t n, int flags) {
   const model_seq_ops *s = seq_ops(c);
+  if (c->vis) ctx_vision_seq_reset(c->vis, seq); /* attach empties the sequence first */
   return s ? s->prefix_attach(c->st, seq, tokens, n, flags & ANNA_PREFIX_REGISTER) : ANNA_EUNSUPPORTED;
 }
 

@@ -37,7 +37,10 @@ void ctx_vision_free(ctx_vision *v);
  * else [3 * b->n] in v's scratch. ANNA_ERANGE when b->n exceeds n_batch. */
 int ctx_vision_rope(ctx_vision *v, const anna_batch *b, const int32_t **rope, char *err, size_t errlen);
 void ctx_vision_seq_reset(ctx_vision *v, int seq);
-void ctx_vision_seq_copy(ctx_vision *v, int dst, int src);
+/* dst takes src's first n positions: the delta those positions end with. */
+void ctx_vision_seq_copy(ctx_vision *v, int dst, int src, int32_t n);
+/* seq keeps its first n positions (rewind): the delta they end with. */
+void ctx_vision_seq_truncate(ctx_vision *v, int seq, int32_t n);
 /* context.c: one decoder run with multimodal extras (embd / embd_idx / n_embd / rope_pos of
  * model_input; NULL: none, the sequences' deltas apply). */
 int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,

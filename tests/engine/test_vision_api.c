@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
 
   /* one case at a time on sequence 0, then both on sequences 0 and 1 decoding together */
   anna_context *ctx = NULL;
-  const anna_context_options co = {.n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2};
+  const anna_context_options co = {.n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2, .n_checkpoints = 2};
   rc = anna_context_create(&ctx, m, &co, err, sizeof err);
   if (rc) {
     printf("context: %s\n", err);
@@ -256,6 +256,49 @@ int main(int argc, char **argv) {
   ok("seq_copy carries the delta", !rc && anna_context_seq_rope_delta(ctx, 0) == -7);
   anna_context_seq_reset(ctx, 1);
   ok("reset clears the delta", anna_context_seq_rope_delta(ctx, 1) == 0);
+
+  /* a prompt in two prefills (split between its images), a checkpoint at the split, a rewind to
+   * it: the delta of the first image only, then the second part again gives the same logits */
+  {
+    vcase *w = &cs[1];
+    const int32_t cut = w->refs[1].at - 1;
+    anna_context_seq_reset(ctx, 0);
+    const anna_prompt p1 = {w->ids, cut, w->refs, 1};
+    const anna_media_ref r2 = {w->media[1], w->refs[1].at - cut};
+    const anna_prompt p2 = {w->ids + cut, w->n - cut, &r2, 1};
+    rc = anna_context_prefill(ctx, 0, &p1, NULL, err, sizeof err);
+    if (!rc) rc = anna_context_seq_checkpoint(ctx, 0, err, sizeof err);
+    if (!rc) rc = anna_context_prefill(ctx, 0, &p2, lg, err, sizeof err);
+    if (rc) printf("  split prefill: %s\n", err);
+    const double e1 = rc ? 1e9 : max_err(lg, w->last, vocab);
+    const int32_t d_full = anna_context_seq_rope_delta(ctx, 0);
+    if (!rc) rc = anna_context_seq_rewind(ctx, 0, cut, err, sizeof err);
+    const int32_t d_back = anna_context_seq_rope_delta(ctx, 0);
+    if (!rc) rc = anna_context_prefill(ctx, 0, &p2, lg, err, sizeof err);
+    const double e2 = rc ? 1e9 : max_err(lg, w->last, vocab);
+    printf("  split prefill: logits err %.2e, after rewind + again %.2e; delta %d, after rewind %d\n", e1, e2, d_full,
+           d_back);
+    ok("prefill in two parts = one (2e-3)", !rc && e1 <= 2e-3);
+    ok("rewind between images keeps the first image's delta", d_full == -7 && d_back == -3);
+    ok("after the rewind the second part again (2e-3)", !rc && e2 <= 2e-3);
+    rc = anna_context_seq_copy(ctx, 1, 0, cut, err, sizeof err);
+    ok("seq_copy of a prefix holding one image", !rc && anna_context_seq_rope_delta(ctx, 1) == -3);
+    /* copy of a prefix that ends before the images (checkpointed there: the recurrent layers
+     * copy only at checkpoints): no delta */
+    const int32_t a0 = w->refs[0].at;
+    const anna_prompt q1 = {w->ids, a0, NULL, 0};
+    const anna_media_ref rr[2] = {{w->media[0], 0}, {w->media[1], w->refs[1].at - a0}};
+    const anna_prompt q2 = {w->ids + a0, w->n - a0, rr, 2};
+    anna_context_seq_reset(ctx, 0);
+    rc = anna_context_prefill(ctx, 0, &q1, NULL, err, sizeof err);
+    if (!rc) rc = anna_context_seq_checkpoint(ctx, 0, err, sizeof err);
+    if (!rc) rc = anna_context_prefill(ctx, 0, &q2, lg, err, sizeof err);
+    const double e3 = rc ? 1e9 : max_err(lg, w->last, vocab);
+    if (!rc) rc = anna_context_seq_copy(ctx, 1, 0, a0, err, sizeof err);
+    if (rc) printf("  copy before the images: %s\n", err);
+    ok("a prompt whose text part came first (2e-3)", e3 <= 2e-3 && anna_context_seq_rope_delta(ctx, 0) == -7);
+    ok("seq_copy of a prefix before the images: delta 0", !rc && anna_context_seq_rope_delta(ctx, 1) == 0);
+  }
 
   /* refusals */
   anna_context_seq_reset(ctx, 0);
