@@ -795,6 +795,8 @@ typedef struct anna_vision_stats {
 } anna_vision_stats;
 /* Zeros for a context without a vision tower. */
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);
+/* Empties the encoder cache (benchmarks time the tower on every run). */
+void anna_context_vision_cache_clear(anna_context *c);
 
 #ifdef __cplusplus
 }

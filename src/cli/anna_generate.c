@@ -2,84 +2,9 @@
  * token ids, with the testing hooks --print-ids and --dump-logits. */
 #include "anna/anna.h"
 #include "cli_common.h"
+#include "cli_image.h"
 
 #include <jansson.h>
-
-#define MAX_IMAGES 16
-
-/* The chat prompt with images: a user message whose content parts are one image part per
- * image, then the text (as Qwen's processors order them); each image pad id the template
- * wrote expands to the image's tokens. *ids: caller frees; media[i] caller frees. */
-static int image_prompt(const anna_model *m, const anna_text *text, const char *prompt, const char *system,
-                        int no_think, const char **files, int n_img, anna_media **media, anna_media_ref *refs,
-                        int32_t **ids, size_t *n, char *err, size_t errlen) {
-  anna_vision_info vi;
-  int rc = anna_model_vision_info(m, &vi, err, errlen);
-  if (rc) return rc;
-  for (int i = 0; i < n_img; i++) {
-    FILE *f = fopen(files[i], "rb");
-    if (!f) return anna_err(err, errlen, ANNA_EIO, "--image %s: cannot open", files[i]);
-    uint8_t *buf = NULL;
-    size_t len = 0, cap = 0, r;
-    do {
-      if (len == cap) {
-        uint8_t *nb = realloc(buf, cap = cap ? cap * 2 : 1 << 16);
-        if (!nb) break;
-        buf = nb;
-      }
-      r = fread(buf + len, 1, cap - len, f);
-      len += r;
-    } while (r > 0);
-    fclose(f);
-    rc = buf ? anna_media_image_decode(&media[i], m, buf, len, 0, err, errlen) : anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-    free(buf);
-    if (rc) {
-      char e2[512];
-      snprintf(e2, sizeof e2, "%s", err);
-      return anna_err(err, errlen, rc, "--image %s: %s", files[i], e2);
-    }
-  }
-  json_t *msgs = json_array(), *parts = json_array();
-  if (system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
-  for (int i = 0; i < n_img; i++) json_array_append_new(parts, json_pack("{s:s}", "type", "image"));
-  json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", prompt));
-  json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "user", "content", parts));
-  char *mj = json_dumps(msgs, JSON_COMPACT);
-  json_decref(msgs);
-  int32_t *ids0 = NULL;
-  size_t n0 = 0;
-  rc = mj ? anna_text_encode_chat(text, mj, NULL, no_think ? "{\"enable_thinking\": false}" : NULL, &ids0, &n0, err,
-                                  errlen)
-          : anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  free(mj);
-  if (rc) return rc;
-  size_t total = n0;
-  for (int i = 0; i < n_img; i++) total += (size_t)anna_media_n_tokens(media[i]);
-  int32_t *out = malloc(sizeof *out * total);
-  int k = 0;
-  size_t o = 0;
-  for (size_t i = 0; out && i < n0; i++) {
-    if (ids0[i] != vi.image_token_id) {
-      out[o++] = ids0[i];
-      continue;
-    }
-    if (k == n_img) break;
-    refs[k] = (anna_media_ref){media[k], (int32_t)o};
-    for (int32_t j = 0; j < anna_media_n_tokens(media[k]); j++) out[o++] = vi.image_token_id;
-    k++;
-  }
-  free(ids0);
-  if (!out) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  if (k != n_img) {
-    free(out);
-    return anna_err(err, errlen, ANNA_EINVAL,
-                    "the chat template wrote %d image pad tokens for %d images (does it render image content parts?)",
-                    k, n_img);
-  }
-  *ids = out;
-  *n = o;
-  return 0;
-}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -121,10 +46,10 @@ int main(int argc, char **argv) {
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
-  const char *images[MAX_IMAGES];
+  const char *images[CLI_MAX_IMAGES];
   int n_img = 0;
-  anna_media *media[MAX_IMAGES] = {0};
-  anna_media_ref refs[MAX_IMAGES];
+  anna_media *media[CLI_MAX_IMAGES] = {0};
+  anna_media_ref refs[CLI_MAX_IMAGES];
   anna_sampler_params sp = anna_sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -135,8 +60,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--prompt-ids")) { NEEDV(); ids_arg = v; }
     else if (!strcmp(a, "--image")) {
       NEEDV();
-      if (n_img == MAX_IMAGES) {
-        fprintf(stderr, "error: more than %d --image flags\n", MAX_IMAGES);
+      if (n_img == CLI_MAX_IMAGES) {
+        fprintf(stderr, "error: more than %d --image flags\n", CLI_MAX_IMAGES);
         return 2;
       }
       images[n_img++] = v;
@@ -214,7 +139,7 @@ int main(int argc, char **argv) {
   }
   double t_img = cli_now();
   if (n_img) {
-    if (image_prompt(m, text, prompt, system, no_think, images, n_img, media, refs, &ids, &n, err, sizeof err))
+    if (cli_image_prompt(m, text, prompt, system, no_think, images, n_img, media, refs, &ids, &n, err, sizeof err))
       goto fail;
   } else if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) {
     goto fail;

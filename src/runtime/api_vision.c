@@ -395,6 +395,11 @@ void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st) {
   else memset(st, 0, sizeof *st);
 }
 
+void anna_context_vision_cache_clear(anna_context *c) {
+  ctx_vision *v = context_vision(c);
+  for (int i = 0; v && i < ENC_SLOTS; i++) enc_drop(v, &v->enc[i]);
+}
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
