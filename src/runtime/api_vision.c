@@ -68,7 +68,7 @@ struct ctx_vision {
    * n_runs[seq] entries of cap_runs[seq], grown at prefill (not a per-token path) */
   int32_t **run_end, **run_delta;
   int32_t *n_runs, *cap_runs;
-  int32_t *rope;  /* [3 * n_batch] decode-step positions */
+  int32_t *rope;   /* [3 * n_batch] decode-step positions */
   ops_backend *be; /* the tower's CPU backend (lazy) */
   void *st;        /* the tower's state (lazy) */
   int64_t cap;     /* patches st takes */
@@ -118,8 +118,8 @@ static int read_small(const char *path, char **buf, size_t *n, char *err, size_t
   return 0;
 }
 
-int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, char *err,
-                        size_t errlen) {
+int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp,
+                        char *err, size_t errlen) {
   m->vis = NULL;
   const model_kind *k = model_kind_by_name("qwen3_5_vision");
   if (!k || src->is_gguf || !k->probe(src)) return 0;
@@ -162,7 +162,8 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
     free(txt);
   }
   if (!rc && v->info.image_token_id < 0)
-    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s/config.json: vision_config without image_token_id", src->path);
+    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s/config.json: vision_config without image_token_id",
+                  src->path);
   if (rc) {
     k->free(v->impl);
     free(v);
@@ -191,7 +192,8 @@ int anna_model_has_vision(const anna_model *m) {
 }
 
 static int no_vision(const anna_model *m, char *err, size_t errlen) {
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the model %s has no vision tower (text only): it takes no images",
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "the model %s has no vision tower (text only): it takes no images",
                   m ? m->path : "(none)");
 }
 
@@ -206,12 +208,13 @@ int anna_model_vision_info(const anna_model *m, anna_vision_info *out, char *err
 
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
   const uint8_t *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 1099511628211ull;
   return h;
 }
 
-static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *rgb, int32_t w, int32_t h,
-                          char *err, size_t errlen) {
+static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *rgb, int32_t w,
+                          int32_t h, char *err, size_t errlen) {
   anna_media *md = calloc(1, sizeof *md);
   if (!md) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   const struct model_vision *v = m->vis;
@@ -226,13 +229,14 @@ static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *
   md->src_h = h;
   const int32_t g[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
   uint64_t hs = fnv1a(1469598103934665603ull, g, sizeof g);
-  md->hash = fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
+  md->hash =
+      fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
   *out = md;
   return 0;
 }
 
-int anna_media_image_decode(anna_media **out, const anna_model *m, const void *data, size_t n, int64_t max_pixels,
-                            char *err, size_t errlen) {
+int anna_media_image_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
+                            int64_t max_pixels, char *err, size_t errlen) {
   *out = NULL;
   if (!anna_model_has_vision(m)) return no_vision(m, err, errlen);
   if (!data || !n) return anna_err(err, errlen, ANNA_EINVAL, "image: no data");
@@ -244,8 +248,8 @@ int anna_media_image_decode(anna_media **out, const anna_model *m, const void *d
   return rc;
 }
 
-int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const anna_image *img, char *err,
-                                 size_t errlen) {
+int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const anna_image *img,
+                                 char *err, size_t errlen) {
   *out = NULL;
   if (!anna_model_has_vision(m)) return no_vision(m, err, errlen);
   if (!img || !img->pixels || img->width <= 0 || img->height <= 0)
@@ -254,7 +258,8 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
   if (ch != 1 && ch != 3 && ch != 4)
     return anna_err(err, errlen, ANNA_EINVAL, "image: %d channels (have: 1, 3, 4)", ch);
   if (img->row_stride < (size_t)img->width * (size_t)ch)
-    return anna_err(err, errlen, ANNA_EINVAL, "image: row stride %zu below width * channels", img->row_stride);
+    return anna_err(err, errlen, ANNA_EINVAL, "image: row stride %zu below width * channels",
+                    img->row_stride);
   const size_t W = (size_t)img->width, H = (size_t)img->height;
   uint8_t *rgb = malloc(W * H * 3);
   if (!rgb) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
@@ -262,10 +267,13 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
     const uint8_t *s = img->pixels + y * img->row_stride;
     uint8_t *d = rgb + y * W * 3;
     for (size_t x = 0; x < W; x++, d += 3, s += ch) {
-      if (ch == 1) d[0] = d[1] = d[2] = s[0];
-      else if (ch == 3) memcpy(d, s, 3);
+      if (ch == 1)
+        d[0] = d[1] = d[2] = s[0];
+      else if (ch == 3)
+        memcpy(d, s, 3);
       else
-        for (int k = 0; k < 3; k++) d[k] = media_image_over_white(s[k], s[3]);
+        for (int k = 0; k < 3; k++)
+          d[k] = media_image_over_white(s[k], s[3]);
     }
   }
   int rc = media_from_rgb(out, m, rgb, img->width, img->height, err, errlen);
@@ -297,8 +305,8 @@ void anna_media_free(anna_media *md) {
 
 /* ---- context ---- */
 
-int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, int n_threads, char *err,
-                      size_t errlen) {
+int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, int n_threads,
+                      char *err, size_t errlen) {
   *out = NULL;
   if (!m->vis) return 0;
   ctx_vision *v = calloc(1, sizeof *v);
@@ -338,9 +346,10 @@ static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
   const vision_pixels *px = &md->px;
   for (int i = 0; i < ENC_SLOTS; i++) {
     enc_entry *e = &v->enc[i];
-    if (e->rows && e->hash == md->hash && e->n_patches == px->n_patches && e->grid[0] == px->grid_t &&
-        e->grid[1] == px->grid_h && e->grid[2] == px->grid_w &&
-        !memcmp(e->pix, px->values, sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim)) {
+    if (e->rows && e->hash == md->hash && e->n_patches == px->n_patches &&
+        e->grid[0] == px->grid_t && e->grid[1] == px->grid_h && e->grid[2] == px->grid_w &&
+        !memcmp(e->pix, px->values,
+                sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim)) {
       e->tick = ++v->tick;
       return e;
     }
@@ -350,7 +359,8 @@ static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
 
 /* Keeps md's rows, evicting the least recently used entries to stay within ENC_BYTES. Out of
  * memory or too large: not kept (the cache is an optimisation). */
-static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, int64_t n_rows, int E) {
+static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, int64_t n_rows,
+                      int E) {
   const vision_pixels *px = &md->px;
   const size_t pb = sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim;
   const size_t rb = sizeof(float) * (size_t)n_rows * (size_t)E;
@@ -359,8 +369,10 @@ static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, in
     enc_entry *lru = NULL;
     int free_slot = 0;
     for (int i = 0; i < ENC_SLOTS; i++) {
-      if (!v->enc[i].rows) free_slot = 1;
-      else if (!lru || v->enc[i].tick < lru->tick) lru = &v->enc[i];
+      if (!v->enc[i].rows)
+        free_slot = 1;
+      else if (!lru || v->enc[i].tick < lru->tick)
+        lru = &v->enc[i];
     }
     if (free_slot && v->enc_bytes + pb + rb <= ENC_BYTES) break;
     enc_drop(v, lru);
@@ -391,13 +403,16 @@ static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, in
 
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st) {
   const ctx_vision *v = context_vision((anna_context *)c);
-  if (v) *st = v->stats;
-  else memset(st, 0, sizeof *st);
+  if (v)
+    *st = v->stats;
+  else
+    memset(st, 0, sizeof *st);
 }
 
 void anna_context_vision_cache_clear(anna_context *c) {
   ctx_vision *v = context_vision(c);
-  for (int i = 0; v && i < ENC_SLOTS; i++) enc_drop(v, &v->enc[i]);
+  for (int i = 0; v && i < ENC_SLOTS; i++)
+    enc_drop(v, &v->enc[i]);
 }
 
 static double now_s(void) {
@@ -408,10 +423,13 @@ static double now_s(void) {
 
 void ctx_vision_free(ctx_vision *v) {
   if (!v) return;
-  for (int i = 0; i < ENC_SLOTS; i++) enc_drop(v, &v->enc[i]);
+  for (int i = 0; i < ENC_SLOTS; i++)
+    enc_drop(v, &v->enc[i]);
   tower_close(v);
-  for (int s = 0; v->run_end && s < v->n_seq; s++) free(v->run_end[s]);
-  for (int s = 0; v->run_delta && s < v->n_seq; s++) free(v->run_delta[s]);
+  for (int s = 0; v->run_end && s < v->n_seq; s++)
+    free(v->run_end[s]);
+  for (int s = 0; v->run_delta && s < v->n_seq; s++)
+    free(v->run_delta[s]);
   free(v->run_end);
   free(v->run_delta);
   free(v->n_runs);
@@ -421,14 +439,16 @@ void ctx_vision_free(ctx_vision *v) {
   free(v);
 }
 
-int ctx_vision_rope(ctx_vision *v, const anna_batch *b, const int32_t **rope, char *err, size_t errlen) {
+int ctx_vision_rope(ctx_vision *v, const anna_batch *b, const int32_t **rope, char *err,
+                    size_t errlen) {
   *rope = NULL;
   int any = 0;
   for (int32_t i = 0; i < b->n && !any; i++)
     any = b->seq[i] >= 0 && b->seq[i] < v->n_seq && v->delta[b->seq[i]] != 0;
   if (!any) return 0;
   if (b->n > v->n_batch)
-    return anna_err(err, errlen, ANNA_ERANGE, "batch of %d tokens exceeds n_batch %d", b->n, v->n_batch);
+    return anna_err(err, errlen, ANNA_ERANGE, "batch of %d tokens exceeds n_batch %d", b->n,
+                    v->n_batch);
   for (int32_t i = 0; i < b->n; i++) {
     const int s = b->seq[i];
     const int32_t p = b->pos[i] + (s >= 0 && s < v->n_seq ? v->delta[s] : 0);
@@ -441,7 +461,8 @@ int ctx_vision_rope(ctx_vision *v, const anna_batch *b, const int32_t **rope, ch
 void ctx_vision_seq_truncate(ctx_vision *v, int seq, int32_t n) {
   if (seq < 0 || seq >= v->n_seq) return;
   int32_t k = v->n_runs[seq];
-  while (k > 0 && v->run_end[seq][k - 1] > n) k--; /* a run cut in the middle goes too */
+  while (k > 0 && v->run_end[seq][k - 1] > n)
+    k--; /* a run cut in the middle goes too */
   v->n_runs[seq] = k;
   v->delta[seq] = k ? v->run_delta[seq][k - 1] : 0;
 }
@@ -493,8 +514,9 @@ static int tower_open(ctx_vision *v, int64_t patches, char *err, size_t errlen) 
   mv->kind->backend_shape(mv->impl, 0, shape);
   const backend_info *bi = backend_registry_find("cpu");
   const backend_params bp = {.n_threads = v->n_threads, .n_batch = cap, .shape = shape};
-  int rc = bi ? bi->create(&bp, &v->be, err, errlen)
-              : anna_err(err, errlen, ANNA_EUNSUPPORTED, "vision tower: no cpu backend in this build");
+  int rc =
+      bi ? bi->create(&bp, &v->be, err, errlen)
+         : anna_err(err, errlen, ANNA_EUNSUPPORTED, "vision tower: no cpu backend in this build");
   free(shape);
   const model_state_params sp = {.n_seq = 1, .n_batch = (int)cap};
   if (!rc) rc = mv->kind->state_create(&v->st, mv->impl, v->be, &sp, err, errlen);
@@ -526,15 +548,19 @@ static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *er
     const double t0 = now_s();
     if ((rc = tower_open(v, md->px.n_patches, err, errlen))) break;
     const int32_t grid[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
-    const model_input in = {.io = MODEL_IO_PIXELS, .pixels = md->px.values, .n_patches = md->px.n_patches,
-                            .patch_dim = mv->patch_dim, .n_grids = 1, .grid_thw = grid};
+    const model_input in = {.io = MODEL_IO_PIXELS,
+                            .pixels = md->px.values,
+                            .n_patches = md->px.n_patches,
+                            .patch_dim = mv->patch_dim,
+                            .n_grids = 1,
+                            .grid_thw = grid};
     int64_t wrote = 0;
-    const model_output mo = {.io = MODEL_IO_EMBEDDINGS, .embd = out, .embd_rows = md->n_tokens,
-                             .embd_written = &wrote};
+    const model_output mo = {
+        .io = MODEL_IO_EMBEDDINGS, .embd = out, .embd_rows = md->n_tokens, .embd_written = &wrote};
     rc = mv->kind->run(mv->impl, v->st, v->be, &in, &mo, err, errlen);
     if (!rc && wrote != md->n_tokens)
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "vision tower wrote %lld rows, expected %d", (long long)wrote,
-                    md->n_tokens);
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "vision tower wrote %lld rows, expected %d",
+                    (long long)wrote, md->n_tokens);
     if (rc) break;
     v->stats.tower_runs++;
     v->stats.tower_s += now_s() - t0;
@@ -545,8 +571,8 @@ static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *er
 
 /* Checks p against the model: runs match their media, no stray pad ids. Fills is_vision and
  * run_hw (grid h, w per run). */
-static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uint8_t *is_vision, int32_t *run_hw,
-                        char *err, size_t errlen) {
+static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uint8_t *is_vision,
+                        int32_t *run_hw, char *err, size_t errlen) {
   const int32_t pad = mv->info.image_token_id;
   memset(is_vision, 0, (size_t)p->n);
   int32_t end = -1;
@@ -555,21 +581,26 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
     const int32_t at = p->media[r].at;
     if (!md) return anna_err(err, errlen, ANNA_EINVAL, "prompt media %d: no media", r);
     if (md->px.patch_dim != mv->patch_dim || md->merge != mv->info.merge_size)
-      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "prompt media %d: prepared for another model's tower", r);
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "prompt media %d: prepared for another model's tower", r);
     if (md->px.grid_t != 1)
-      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "prompt media %d: video grids are not supported yet", r);
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "prompt media %d: video grids are not supported yet", r);
     if (at < 0 || at > p->n - md->n_tokens)
-      return anna_err(err, errlen, ANNA_EINVAL, "prompt media %d: its %d pad tokens at %d do not fit %d tokens", r,
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "prompt media %d: its %d pad tokens at %d do not fit %d tokens", r,
                       md->n_tokens, at, p->n);
     if (at <= end)
       return anna_err(err, errlen, ANNA_EINVAL,
-                      "prompt media %d at %d: media must come in increasing order, not adjacent to the previous run", r,
-                      at);
+                      "prompt media %d at %d: media must come in increasing order, not adjacent to "
+                      "the previous run",
+                      r, at);
     for (int32_t i = at; i < at + md->n_tokens; i++) {
       if (p->tokens[i] != pad)
-        return anna_err(err, errlen, ANNA_EINVAL,
-                        "prompt media %d: token %d is %d, not the image pad %d (the run needs %d pads)", r, i,
-                        p->tokens[i], pad, md->n_tokens);
+        return anna_err(
+            err, errlen, ANNA_EINVAL,
+            "prompt media %d: token %d is %d, not the image pad %d (the run needs %d pads)", r, i,
+            p->tokens[i], pad, md->n_tokens);
       is_vision[i] = 1;
     }
     end = at + md->n_tokens;
@@ -578,25 +609,30 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
   }
   for (int32_t i = 0; i < p->n; i++)
     if (p->tokens[i] == pad && !is_vision[i])
-      return anna_err(err, errlen, ANNA_EINVAL, "prompt token %d is the image pad %d but no image covers it", i, pad);
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "prompt token %d is the image pad %d but no image covers it", i, pad);
   return 0;
 }
 
-int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err, size_t errlen) {
+int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err,
+                         size_t errlen) {
   const anna_model *m = context_model(c);
   ctx_vision *v = context_vision(c);
-  if (!p || !p->tokens || p->n <= 0) return anna_err(err, errlen, ANNA_EINVAL, "prefill: empty prompt");
+  if (!p || !p->tokens || p->n <= 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "prefill: empty prompt");
   if (p->n_media < 0 || (p->n_media > 0 && !p->media))
     return anna_err(err, errlen, ANNA_EINVAL, "prefill: media count %d without media", p->n_media);
   if (p->n_media > 0 && !v) return no_vision(m, err, errlen);
   if (v && (seq < 0 || seq >= v->n_seq))
-    return anna_err(err, errlen, ANNA_EINVAL, "prefill: sequence %d out of range [0, %d)", seq, v->n_seq);
+    return anna_err(err, errlen, ANNA_EINVAL, "prefill: sequence %d out of range [0, %d)", seq,
+                    v->n_seq);
   const int32_t len = anna_context_seq_len(c, seq);
   if (len < 0) return anna_err(err, errlen, ANNA_EINVAL, "prefill: sequence %d has no state", seq);
   const int32_t n = p->n;
   const int nb = v ? v->n_batch : 512;
   int64_t rows_n = 0;
-  for (int32_t r = 0; r < p->n_media; r++) rows_n += p->media[r].media ? p->media[r].media->n_tokens : 0;
+  for (int32_t r = 0; r < p->n_media; r++)
+    rows_n += p->media[r].media ? p->media[r].media->n_tokens : 0;
   const int E = v ? v->mv->desc.n_embd : 0;
   const int vocab = anna_model_vocab(m);
   uint8_t *isv = malloc((size_t)n);
@@ -615,7 +651,8 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   if (!rc && v) rc = prompt_check(v->mv, p, isv, run_hw, err, errlen);
   if (!rc && v && p->n_media > 0) rc = tower_rows(v, p, rows, err, errlen);
   if (!rc && v && p->n_media > 0)
-    rc = vision_qwen35_rope_positions(isv, n, run_hw, p->n_media, v->mv->info.merge_size, pos3, &next, err, errlen);
+    rc = vision_qwen35_rope_positions(isv, n, run_hw, p->n_media, v->mv->info.merge_size, pos3,
+                                      &next, err, errlen);
   const int32_t base = len + (v ? v->delta[seq] : 0);
   int64_t row = 0;
   for (int32_t s0 = 0; !rc && s0 < n; s0 += nb) {
@@ -626,15 +663,19 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
       bpos[i] = len + s0 + i;
       bflag[i] = s0 + i == n - 1;
       if (p->n_media > 0) {
-        for (int a = 0; a < 3; a++) bpos3[a * cn + i] = base + pos3[a * n + s0 + i];
+        for (int a = 0; a < 3; a++)
+          bpos3[a * cn + i] = base + pos3[a * n + s0 + i];
         if (isv[s0 + i]) bidx[ne++] = i;
       }
     }
     const anna_batch b = {cn, p->tokens + s0, bseq, bpos, bflag};
     if (p->n_media > 0 || (v && v->delta[seq])) {
       if (p->n_media == 0)
-        for (int32_t i = 0; i < cn; i++) bpos3[i] = bpos3[cn + i] = bpos3[2 * cn + i] = base + s0 + i;
-      const model_input mm = {.embd = ne ? rows + row * E : NULL, .embd_idx = ne ? bidx : NULL, .n_embd = ne,
+        for (int32_t i = 0; i < cn; i++)
+          bpos3[i] = bpos3[cn + i] = bpos3[2 * cn + i] = base + s0 + i;
+      const model_input mm = {.embd = ne ? rows + row * E : NULL,
+                              .embd_idx = ne ? bidx : NULL,
+                              .n_embd = ne,
                               .rope_pos = bpos3};
       rc = context_run_mm(c, &b, &mm, lg, err, errlen);
     } else {
@@ -652,7 +693,8 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
       v->run_delta[seq][k] = d;
     }
     if (d != v->delta[seq] + next - n)
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "prefill: rotary delta %d disagrees with the positions' %d", d,
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "prefill: rotary delta %d disagrees with the positions' %d", d,
                     v->delta[seq] + next - n);
     v->delta[seq] = d;
   }

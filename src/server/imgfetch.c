@@ -25,7 +25,8 @@ static int host_listed(const char *host, const char *list) {
     const char *q = strchr(p, ',');
     size_t n = q ? (size_t)(q - p) : strlen(p);
     if (n == hl && !strncasecmp(p, host, n)) return 1;
-    if (n > 2 && p[0] == '*' && p[1] == '.' && hl > n - 1 && !strncasecmp(host + hl - (n - 1), p + 1, n - 1))
+    if (n > 2 && p[0] == '*' && p[1] == '.' && hl > n - 1 &&
+        !strncasecmp(host + hl - (n - 1), p + 1, n - 1))
       return 1;
     p = q ? q + 1 : NULL;
   }
@@ -33,10 +34,12 @@ static int host_listed(const char *host, const char *list) {
 }
 
 /* Parses url; *u (caller frees with curl_url_cleanup) when it is http(s) on an allowed host. */
-static int url_check(const char *url, const imgfetch_limits *l, CURLU **u, char *err, size_t errlen) {
+static int url_check(const char *url, const imgfetch_limits *l, CURLU **u, char *err,
+                     size_t errlen) {
   *u = NULL;
   if (!l->allowed || !*l->allowed)
-    return anna_err(err, errlen, ANNA_EINVAL, "this server fetches no remote images (--allowed-image-domains)");
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "this server fetches no remote images (--allowed-image-domains)");
   CURLU *h = curl_url();
   char *scheme = NULL, *host = NULL;
   int rc = 0;
@@ -47,11 +50,14 @@ static int url_check(const char *url, const imgfetch_limits *l, CURLU **u, char 
   else if (strcasecmp(scheme, "http") && strcasecmp(scheme, "https"))
     rc = anna_err(err, errlen, ANNA_EINVAL, "the image URL's scheme must be http or https");
   else if (!host_listed(host, l->allowed))
-    rc = anna_err(err, errlen, ANNA_EINVAL, "host '%.100s' is not among this server's --allowed-image-domains", host);
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "host '%.100s' is not among this server's --allowed-image-domains", host);
   curl_free(scheme);
   curl_free(host);
-  if (rc) curl_url_cleanup(h);
-  else *u = h;
+  if (rc)
+    curl_url_cleanup(h);
+  else
+    *u = h;
   return rc;
 }
 
@@ -77,7 +83,8 @@ static size_t sink_write(char *p, size_t sz, size_t nm, void *ud) {
   }
   if (s->n + k > s->cap) {
     size_t nc = s->cap ? s->cap * 2 : 65536;
-    while (nc < s->n + k) nc *= 2;
+    while (nc < s->n + k)
+      nc *= 2;
     uint8_t *nb = realloc(s->buf, nc);
     if (!nb) return 0;
     s->buf = nb;
@@ -88,7 +95,8 @@ static size_t sink_write(char *p, size_t sz, size_t nm, void *ud) {
   return k;
 }
 
-int imgfetch_get(const char *url, const imgfetch_limits *l, uint8_t **out, size_t *n, char *err, size_t errlen) {
+int imgfetch_get(const char *url, const imgfetch_limits *l, uint8_t **out, size_t *n, char *err,
+                 size_t errlen) {
   *out = NULL;
   *n = 0;
   CURLU *u;
@@ -116,13 +124,17 @@ int imgfetch_get(const char *url, const imgfetch_limits *l, uint8_t **out, size_
   long status = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
   if (s.over || cc == CURLE_FILESIZE_EXCEEDED)
-    rc = anna_err(err, errlen, ANNA_EINVAL, "the image at the URL is over %zu bytes (--max-image-bytes)", l->max_bytes);
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "the image at the URL is over %zu bytes (--max-image-bytes)", l->max_bytes);
   else if (cc == CURLE_OPERATION_TIMEDOUT)
-    rc = anna_err(err, errlen, ANNA_EINVAL, "fetching the image timed out after %ld s", l->timeout_s);
+    rc = anna_err(err, errlen, ANNA_EINVAL, "fetching the image timed out after %ld s",
+                  l->timeout_s);
   else if (cc != CURLE_OK)
-    rc = anna_err(err, errlen, ANNA_EINVAL, "fetching the image failed: %s", cerr[0] ? cerr : curl_easy_strerror(cc));
+    rc = anna_err(err, errlen, ANNA_EINVAL, "fetching the image failed: %s",
+                  cerr[0] ? cerr : curl_easy_strerror(cc));
   else if (status != 200)
-    rc = anna_err(err, errlen, ANNA_EINVAL, "fetching the image: HTTP status %ld (redirects are not followed)", status);
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "fetching the image: HTTP status %ld (redirects are not followed)", status);
   curl_easy_cleanup(c);
   curl_url_cleanup(u);
   if (rc) {
@@ -145,15 +157,18 @@ void imgfetch_global_init(void) {}
 int imgfetch_check(const char *url, const imgfetch_limits *l, char *err, size_t errlen) {
   (void)url;
   (void)l;
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "this build has no libcurl: remote images cannot be fetched");
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "this build has no libcurl: remote images cannot be fetched");
 }
 
-int imgfetch_get(const char *url, const imgfetch_limits *l, uint8_t **out, size_t *n, char *err, size_t errlen) {
+int imgfetch_get(const char *url, const imgfetch_limits *l, uint8_t **out, size_t *n, char *err,
+                 size_t errlen) {
   (void)url;
   (void)l;
   *out = NULL;
   *n = 0;
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED, "this build has no libcurl: remote images cannot be fetched");
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "this build has no libcurl: remote images cannot be fetched");
 }
 
 #endif

@@ -13,9 +13,10 @@
 #include <stdint.h>
 
 typedef struct imgfetch_limits {
-  const char *allowed; /* comma-separated host names ("*.example.com": its subdomains); NULL: none */
-  size_t max_bytes;    /* body size limit */
-  long timeout_s;      /* whole transfer */
+  const char
+      *allowed;     /* comma-separated host names ("*.example.com": its subdomains); NULL: none */
+  size_t max_bytes; /* body size limit */
+  long timeout_s;   /* whole transfer */
 } imgfetch_limits;
 
 /* 1 when this build has libcurl. */
@@ -27,6 +28,7 @@ void imgfetch_global_init(void);
 int imgfetch_check(const char *url, const imgfetch_limits *l, char *err, size_t errlen);
 /* GETs url into *out (caller frees with free()) of *n bytes. ANNA_EINVAL with a message naming
  * the reason (host not allowed, HTTP status, over max_bytes, timeout, network error). */
-int imgfetch_get(const char *url, const imgfetch_limits *l, uint8_t **out, size_t *n, char *err, size_t errlen);
+int imgfetch_get(const char *url, const imgfetch_limits *l, uint8_t **out, size_t *n, char *err,
+                 size_t errlen);
 
 #endif

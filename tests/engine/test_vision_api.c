@@ -58,8 +58,8 @@ typedef struct vcase {
 } vcase;
 
 /* Renders the messages, expands each pad to its media's tokens (the processor's rule). */
-static int build_prompt(const anna_text *tx, const anna_vision_info *vi, const json_t *c, vcase *v, char *err,
-                        size_t errlen) {
+static int build_prompt(const anna_text *tx, const anna_vision_info *vi, const json_t *c, vcase *v,
+                        char *err, size_t errlen) {
   char *msgs = json_dumps(json_object_get(c, "messages"), JSON_COMPACT);
   int32_t *ids0 = NULL;
   size_t n0 = 0;
@@ -67,14 +67,16 @@ static int build_prompt(const anna_text *tx, const anna_vision_info *vi, const j
   free(msgs);
   if (rc) return rc;
   int64_t total = (int64_t)n0;
-  for (int i = 0; i < v->n_img; i++) total += anna_media_n_tokens(v->media[i]) - 1;
+  for (int i = 0; i < v->n_img; i++)
+    total += anna_media_n_tokens(v->media[i]) - 1;
   v->ids = malloc(sizeof *v->ids * (size_t)total);
   int k = 0;
   int32_t n = 0;
   for (size_t i = 0; i < n0; i++) {
     if (ids0[i] == vi->image_token_id && k < v->n_img) {
       v->refs[k] = (anna_media_ref){v->media[k], n};
-      for (int32_t j = 0; j < anna_media_n_tokens(v->media[k]); j++) v->ids[n++] = ids0[i];
+      for (int32_t j = 0; j < anna_media_n_tokens(v->media[k]); j++)
+        v->ids[n++] = ids0[i];
       k++;
     } else {
       v->ids[n++] = ids0[i];
@@ -82,12 +84,15 @@ static int build_prompt(const anna_text *tx, const anna_vision_info *vi, const j
   }
   free(ids0);
   v->n = n;
-  return k == v->n_img ? 0 : anna_err(err, errlen, ANNA_EINVAL, "template wrote %d image pads for %d images", k, v->n_img);
+  return k == v->n_img ? 0
+                       : anna_err(err, errlen, ANNA_EINVAL,
+                                  "template wrote %d image pads for %d images", k, v->n_img);
 }
 
 static double max_err(const float *a, const float *b, int n) {
   double e = 0;
-  for (int i = 0; i < n; i++) e = fmax(e, fabs((double)a[i] - b[i]));
+  for (int i = 0; i < n; i++)
+    e = fmax(e, fabs((double)a[i] - b[i]));
   return e;
 }
 
@@ -116,8 +121,9 @@ int main(int argc, char **argv) {
   ok("has vision", anna_model_has_vision(m) == 1);
   anna_vision_info vi;
   rc = anna_model_vision_info(m, &vi, err, sizeof err);
-  ok("vision info", !rc && vi.image_token_id == 9 && vi.vision_start_id == 7 && vi.vision_end_id == 8 &&
-                        vi.merge_size == 2 && vi.max_pixels == 16384 && vi.n_embd == 128);
+  ok("vision info", !rc && vi.image_token_id == 9 && vi.vision_start_id == 7 &&
+                        vi.vision_end_id == 8 && vi.merge_size == 2 && vi.max_pixels == 16384 &&
+                        vi.n_embd == 128);
   rc = anna_text_open(&tx, mdir, 0, err, sizeof err);
   if (rc) {
     printf("text: %s\n", err);
@@ -141,7 +147,8 @@ int main(int argc, char **argv) {
     const json_t *imgs = json_object_get(c, "images"), *grids = json_object_get(c, "grid_thw");
     v->n_img = (int)json_array_size(imgs);
     for (int i = 0; i < v->n_img; i++) {
-      snprintf(path, sizeof path, "%s/%s", edir, json_string_value(json_array_get(imgs, (size_t)i)));
+      snprintf(path, sizeof path, "%s/%s", edir,
+               json_string_value(json_array_get(imgs, (size_t)i)));
       size_t n;
       void *data = read_file(path, &n);
       rc = data ? anna_media_image_decode(&v->media[i], m, data, n, 0, err, sizeof err) : -1;
@@ -155,7 +162,8 @@ int main(int argc, char **argv) {
       anna_media_grid(v->media[i], thw, NULL, NULL);
       const json_t *g = json_array_get(grids, (size_t)i);
       int same = 1;
-      for (int a = 0; a < 3; a++) same &= thw[a] == json_integer_value(json_array_get(g, (size_t)a));
+      for (int a = 0; a < 3; a++)
+        same &= thw[a] == json_integer_value(json_array_get(g, (size_t)a));
       printf("  %s image %d: grid %d x %d x %d, %d tokens\n", v->name, i, thw[0], thw[1], thw[2],
              anna_media_n_tokens(v->media[i]));
       ok("grid equals the processor's", same);
@@ -164,11 +172,13 @@ int main(int argc, char **argv) {
     if (rc) printf("  %s: %s\n", v->name, err);
     const json_t *pids = json_object_get(c, "prompt_ids");
     int same = !rc && (size_t)v->n == json_array_size(pids);
-    for (int32_t i = 0; same && i < v->n; i++) same = v->ids[i] == json_integer_value(json_array_get(pids, (size_t)i));
+    for (int32_t i = 0; same && i < v->n; i++)
+      same = v->ids[i] == json_integer_value(json_array_get(pids, (size_t)i));
     ok("prompt ids equal transformers' (template + pad expansion)", same);
     const json_t *gi = json_object_get(c, "greedy_ids");
     v->n_gen = (int)json_array_size(gi);
-    for (int i = 0; i < v->n_gen; i++) v->greedy[i] = (int32_t)json_integer_value(json_array_get(gi, (size_t)i));
+    for (int i = 0; i < v->n_gen; i++)
+      v->greedy[i] = (int32_t)json_integer_value(json_array_get(gi, (size_t)i));
     snprintf(path, sizeof path, "%s/%s.last_logits.f32", edir, v->name);
     size_t nb;
     v->last = read_file(path, &nb);
@@ -181,7 +191,8 @@ int main(int argc, char **argv) {
 
   /* one case at a time on sequence 0, then both on sequences 0 and 1 decoding together */
   anna_context *ctx = NULL;
-  const anna_context_options co = {.n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2, .n_checkpoints = 2};
+  const anna_context_options co = {
+      .n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2, .n_checkpoints = 2};
   rc = anna_context_create(&ctx, m, &co, err, sizeof err);
   if (rc) {
     printf("context: %s\n", err);
@@ -197,9 +208,10 @@ int main(int argc, char **argv) {
     if (rc) printf("  %s prefill: %s\n", v->name, err);
     ok("prefill", !rc);
     double e = 0;
-    for (int i = 0; i < vocab; i++) e = fmax(e, fabs((double)lg[i] - v->last[i]));
-    printf("  %s: %d prompt tokens (n_batch 32: chunks), last-row logits max err %.2e, delta %d\n", v->name, v->n, e,
-           anna_context_seq_rope_delta(ctx, 0));
+    for (int i = 0; i < vocab; i++)
+      e = fmax(e, fabs((double)lg[i] - v->last[i]));
+    printf("  %s: %d prompt tokens (n_batch 32: chunks), last-row logits max err %.2e, delta %d\n",
+           v->name, v->n, e, anna_context_seq_rope_delta(ctx, 0));
     ok("last-row logits within 2e-3", e <= 2e-3);
     ok("rope delta", anna_context_seq_rope_delta(ctx, 0) == want_delta[ci]);
     int32_t t = argmax(lg, vocab), pos = v->n, same = 1;
@@ -214,16 +226,19 @@ int main(int argc, char **argv) {
       pos++;
       t = argmax(lg, vocab);
     }
-    printf("  %s: greedy %s, decode-step logits max err %.2e\n", v->name, same && !rc ? "same" : "DIFFERENT", es);
+    printf("  %s: greedy %s, decode-step logits max err %.2e\n", v->name,
+           same && !rc ? "same" : "DIFFERENT", es);
     ok("decode-step logits within 2e-3 (rope delta on every axis)", es <= 2e-3);
     ok("greedy ids equal transformers'", same && !rc);
   }
   /* the later cases met wide.png (and tall.jpg) again: rows from the encoder cache, still exact */
   anna_vision_stats vs;
   anna_context_vision_stats(ctx, &vs);
-  printf("  vision stats: %lld images, %lld tower runs (%.1f ms), %lld cache hits\n", (long long)vs.images,
-         (long long)vs.tower_runs, vs.tower_s * 1e3, (long long)vs.cache_hits);
-  ok("encoder cache: 5 images, 2 tower runs, 3 hits", vs.images == 5 && vs.tower_runs == 2 && vs.cache_hits == 3);
+  printf("  vision stats: %lld images, %lld tower runs (%.1f ms), %lld cache hits\n",
+         (long long)vs.images, (long long)vs.tower_runs, vs.tower_s * 1e3,
+         (long long)vs.cache_hits);
+  ok("encoder cache: 5 images, 2 tower runs, 3 hits",
+     vs.images == 5 && vs.tower_runs == 2 && vs.cache_hits == 3);
   /* both sequences: prefill each, then decode steps carrying both rows in one batch */
   anna_context_seq_reset(ctx, 0);
   int32_t tk[2], pos[2];
@@ -239,7 +254,8 @@ int main(int argc, char **argv) {
     same = tk[0] == cs[0].greedy[g] && tk[1] == cs[1].greedy[g];
     if (g > 0)
       for (int s = 0; s < 2; s++)
-        eb = fmax(eb, max_err(lg + (size_t)s * (size_t)vocab, cs[s].steps + (size_t)g * (size_t)vocab, vocab));
+        eb = fmax(eb, max_err(lg + (size_t)s * (size_t)vocab,
+                              cs[s].steps + (size_t)g * (size_t)vocab, vocab));
     const int32_t sq[2] = {0, 1};
     const int8_t fl[2] = {1, 1};
     const anna_batch b = {2, tk, sq, pos, fl};
@@ -249,7 +265,8 @@ int main(int argc, char **argv) {
       tk[s] = argmax(lg + (size_t)s * (size_t)vocab, vocab);
     }
   }
-  printf("  two sequences in one batch: greedy %s, step logits max err %.2e\n", same && !rc ? "same" : "DIFFERENT", eb);
+  printf("  two sequences in one batch: greedy %s, step logits max err %.2e\n",
+         same && !rc ? "same" : "DIFFERENT", eb);
   ok("two image sequences decoding in one batch: both greedy runs", same && !rc && eb <= 2e-3);
   /* the delta follows the sequence: copy, reset */
   rc = anna_context_seq_copy(ctx, 0, 1, anna_context_seq_len(ctx, 1), err, sizeof err);
@@ -276,8 +293,9 @@ int main(int argc, char **argv) {
     const int32_t d_back = anna_context_seq_rope_delta(ctx, 0);
     if (!rc) rc = anna_context_prefill(ctx, 0, &p2, lg, err, sizeof err);
     const double e2 = rc ? 1e9 : max_err(lg, w->last, vocab);
-    printf("  split prefill: logits err %.2e, after rewind + again %.2e; delta %d, after rewind %d\n", e1, e2, d_full,
-           d_back);
+    printf(
+        "  split prefill: logits err %.2e, after rewind + again %.2e; delta %d, after rewind %d\n",
+        e1, e2, d_full, d_back);
     ok("prefill in two parts = one (2e-3)", !rc && e1 <= 2e-3);
     ok("rewind between images keeps the first image's delta", d_full == -7 && d_back == -3);
     ok("after the rewind the second part again (2e-3)", !rc && e2 <= 2e-3);
@@ -296,8 +314,10 @@ int main(int argc, char **argv) {
     const double e3 = rc ? 1e9 : max_err(lg, w->last, vocab);
     if (!rc) rc = anna_context_seq_copy(ctx, 1, 0, a0, err, sizeof err);
     if (rc) printf("  copy before the images: %s\n", err);
-    ok("a prompt whose text part came first (2e-3)", e3 <= 2e-3 && anna_context_seq_rope_delta(ctx, 0) == -7);
-    ok("seq_copy of a prefix before the images: delta 0", !rc && anna_context_seq_rope_delta(ctx, 1) == 0);
+    ok("a prompt whose text part came first (2e-3)",
+       e3 <= 2e-3 && anna_context_seq_rope_delta(ctx, 0) == -7);
+    ok("seq_copy of a prefix before the images: delta 0",
+       !rc && anna_context_seq_rope_delta(ctx, 1) == 0);
   }
 
   /* refusals */
@@ -316,7 +336,8 @@ int main(int argc, char **argv) {
   const int32_t txt[3] = {1, 50, 60};
   p = (anna_prompt){txt, 3, NULL, 0};
   rc = anna_context_prefill(ctx, 0, &p, lg, err, sizeof err);
-  ok("text-only prefill", !rc && anna_context_seq_len(ctx, 0) == 3 && anna_context_seq_rope_delta(ctx, 0) == 0);
+  ok("text-only prefill",
+     !rc && anna_context_seq_len(ctx, 0) == 3 && anna_context_seq_rope_delta(ctx, 0) == 0);
   size_t n;
   snprintf(path, sizeof path, "%s/wide.png", edir);
   void *png = read_file(path, &n);
@@ -340,7 +361,8 @@ int main(int argc, char **argv) {
   free(png);
 
   for (int ci = 0; ci < nc; ci++) {
-    for (int i = 0; i < cs[ci].n_img; i++) anna_media_free(cs[ci].media[i]);
+    for (int i = 0; i < cs[ci].n_img; i++)
+      anna_media_free(cs[ci].media[i]);
     free(cs[ci].ids);
     free(cs[ci].last);
     free(cs[ci].steps);
