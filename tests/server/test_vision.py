@@ -195,15 +195,18 @@ def test_image_to_text_only_model():
 
 
 def test_image_requests_survive_preemption(vision_model):
-    """A pool of 8 blocks of 16 positions for 4 slots: image sequences (29-51 prompt tokens + 16
+    """A pool of 8 blocks of 16 positions for 4 slots: four image sequences (29 prompt tokens + 8
     generated) outgrow it together and get preempted; a resumed one runs the tower and its prompt
     again, then the tokens it had generated, and still gives transformers' greedy text."""
+    # the four requests arrive within the coalescing wait and steps are slowed, so they run together
     s = start_server(vision_model, "--parallel", "4", "--ctx-size", "128", "--kv-block-len", "16", "--kv-blocks", "8",
-                     "--no-prompt-cache")
+                     "--no-prompt-cache", "--scheduler-batch-wait-ms", "300", "--debug-step-delay-ms", "10")
     try:
         import concurrent.futures as cf
         cl = s.client()
-        names = ["one_image", "two_images", "cli_two_images", "one_image"]
+        # each prompt takes 2 blocks (29 tokens) and needs a third at position 32: the four fill
+        # the pool at admission and preempt each other while generating
+        names = ["one_image"] * 4
         with cf.ThreadPoolExecutor(4) as ex:
             fs = [ex.submit(ask, cl, messages(c)) for c in names]
             got = [f.result().choices[0].message.content for f in fs]
