@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 1
+#define ANNA_API_VERSION_MINOR 2
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -79,6 +79,12 @@ typedef struct anna_model_options {
    * their spread on real models, more on tiny random ones). Others: ANNA_EUNSUPPORTED. */
   const char *dtype;
   const char *tuning; /* "k=v,..." applied after the environment's ANNA_TUNING */
+  /* Weight quantization at load: NULL/"none": weights as stored; "int4": a Hugging Face
+   * folder (qwen2, qwen3, llama, qwen3_5 dense) is quantized to llama.cpp's Q4_K_M mix and
+   * cached (anna_quantize_model), and that GGUF is loaded; "auto": same as "none" (a GGUF file
+   * is always loaded as stored; a folder is quantized only when asked). With "int4" a GGUF
+   * path is loaded as stored. Other values: ANNA_EINVAL. */
+  const char *weight_quant;
 } anna_model_options;
 
 /* Loads a Hugging Face model folder (config.json + *.safetensors) or a .gguf file.
@@ -86,6 +92,19 @@ typedef struct anna_model_options {
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err,
                     size_t errlen);
 void anna_model_free(anna_model *m);
+
+/* Converts a Hugging Face folder (config.json + bf16/f16/f32 safetensors + tokenizer.json)
+ * to a GGUF with llama.cpp's names, metadata and embedded tokenizer, loadable by anna and
+ * llama.cpp. type: "int4" (llama.cpp's Q4_K_M mix, byte-identical to ggml's quantizers without
+ * an importance matrix) or "bf16" (as stored). out_path NULL: the cache,
+ * ${ANNA_CACHE:-~/.cache/anna}/quant/<model_type>-<type>-<key>.gguf (key: a hash of the source
+ * files' names, sizes, mtimes and the type); an existing cache file is reused, a new one is
+ * written to a temporary name and renamed. out_path given: always written there. The path
+ * used is copied into path_out[path_len] (may be NULL); *built (may be NULL) is 1 when it
+ * quantized, 0 on a cache hit. Families other than qwen2, qwen3, llama, qwen3_5 dense:
+ * ANNA_EUNSUPPORTED. */
+int anna_quantize_model(const char *model_dir, const char *type, const char *out_path, char *path_out,
+                        size_t path_len, int *built, char *err, size_t errlen);
 int anna_model_vocab(const anna_model *m);
 int anna_model_n_layers(const anna_model *m);
 /* Static description, e.g. "qwen3_5: 8 layers, hidden 128, vocab 1000". Borrowed. */
@@ -700,7 +719,7 @@ typedef struct anna_audio {
   const float *pcm;
 } anna_audio;
 
-/* ---- Images in prompts (vision-language models; API 1.1) -------------------------------
+/* ---- Images in prompts (vision-language models; API 1.2) -------------------------------
  * A model loaded from an HF folder whose config.json has `vision_config` and whose weights
  * hold `model.visual.*` (Qwen3.5) also loads its vision tower; anna_model_has_vision says so.
  * An image becomes an anna_media (decoded and preprocessed as the model's HF processor does,

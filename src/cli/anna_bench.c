@@ -37,6 +37,9 @@ static void usage(FILE *f) {
           "  --ctx-size N             context length (default: longest prompt + max-new-tokens)\n"
           "  --seed S                 synthetic prompt seed (default 1234)\n"
           "  --device cpu|cuda|auto\n"
+          "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
+          "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
+          "                           auto = none (GGUF files load as stored)\n"
           "  --dtype f32|bf16         compute dtype (default f32; bf16, cuda only: prefill GEMMs on\n"
           "                           activations rounded to bf16, as llama.cpp; faster, less exact)\n"
           "  --json                   one JSON object on stdout instead of the table\n"
@@ -376,7 +379,7 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL;
-  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL;
+  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
   int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, exact_matmul = 0;
@@ -390,6 +393,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--prompt-lengths")) { NEEDV(); lengths_arg = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
+    else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
     else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
     else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
@@ -473,7 +477,7 @@ int main(int argc, char **argv) {
   }
 
   double t0 = cli_now();
-  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);
@@ -589,6 +593,7 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "describe", json_string(anna_model_describe(m)));
     json_object_set_new(o, "device", json_string(device ? device : "cpu"));
     json_object_set_new(o, "dtype", json_string(dtype ? dtype : "f32"));
+    json_object_set_new(o, "weight_quant", json_string(wq ? wq : "none"));
     json_object_set_new(o, "parallel", json_integer(g_parallel));
     json_object_set_new(o, "threads", json_integer(threads));
     json_object_set_new(o, "n_batch", json_integer(n_batch));

@@ -27,6 +27,9 @@ static void usage(FILE *f) {
           "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n"
           "  --threads N              default: one per core\n"
           "  --device cpu|cuda|auto\n"
+          "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
+          "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
+          "                           auto = none (GGUF files load as stored)\n"
           "  --dtype f32|bf16         compute dtype (default f32; bf16, cuda only: prefill GEMMs on\n"
           "                           activations rounded to bf16, as llama.cpp; faster, less exact)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
@@ -41,7 +44,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL;
-  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL;
+  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
@@ -69,6 +72,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
+    else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
     else if (!strcmp(a, "--tuning")) { NEEDV(); tuning = v; }
     else if (!strcmp(a, "--verbose")) verbose = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
@@ -127,7 +131,7 @@ int main(int argc, char **argv) {
   float *logits = NULL;
   FILE *df = NULL;
   double t0 = cli_now();
-  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);

@@ -12,6 +12,9 @@ static void usage(FILE *f) {
           "  --batch-size N           max tokens per engine step (default 512)\n"
           "  --threads N              compute threads (default: one per core)\n"
           "  --device cpu|cuda|auto\n"
+          "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
+          "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
+          "                           auto = none (GGUF files load as stored)\n"
           "  --dtype f32|bf16         compute dtype (default f32; bf16, cuda only: prefill GEMMs on\n"
           "                           activations rounded to bf16, as llama.cpp; faster, less exact)\n"
           "  --scheduler-profile none|interactive|throughput\n"
@@ -100,6 +103,7 @@ int main(int argc, char **argv) {
     /* --device: both the model loader's check and the engine's context */
     else if (!strcmp(a, "--device")) { NEEDV(); o.device = o.eng.device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
+    else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; o.weight_quant = v; }
     else if (!strcmp(a, "--scheduler-profile")) {
       NEEDV();
       if (strcmp(v, "none") && strcmp(v, "interactive") && strcmp(v, "throughput")) {

@@ -27,6 +27,14 @@ static inline double cli_now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* --weight-quant none|auto|int4 (anna_model_options.weight_quant); prints the error and
+ * returns -1 for anything else. */
+static inline int cli_weight_quant(const char *flag, const char *v) {
+  if (v && (!strcmp(v, "none") || !strcmp(v, "auto") || !strcmp(v, "int4"))) return 0;
+  fprintf(stderr, "error: %s expects none, auto or int4, got '%s'\n", flag, v ? v : "");
+  return -1;
+}
+
 /* Parses an int flag value in [lo, hi]; prints the error and returns -1 on failure. */
 static inline int cli_int(const char *flag, const char *v, long lo, long hi, int *out) {
   char *end;

@@ -380,6 +380,48 @@ int64_t vision_pixels_tokens(const vision_pixels *p, const vision_preproc_config
   return m2 > 0 ? p->n_patches / m2 : 0;
 }
 
+/* Normalises and patchifies groups * tp frames (frames[g * tp + t], each rw x rh RGB8) into
+ * *out [groups * gh * gw, 3 * tp * ps * ps] (allocated here): rows by group, then merge-block
+ * order (block row, block column, row in block, column in block), each row (c, t, y, x). */
+static int patchify(const vision_preproc_config *c, const uint8_t *const *frames, int32_t groups,
+                    int32_t rw, int32_t rh, float **out, char *err, size_t errlen) {
+  const int32_t ps = c->patch_size, ms = c->merge_size, tp = c->temporal_patch_size;
+  /* transformers fuses rescale into normalize: mean and std are divided by the rescale factor
+   * in f32, then (x - mean) / std in f32. */
+  float mean[3] = {0, 0, 0}, stdv[3] = {1, 1, 1}, scale = 1.0f;
+  if (c->do_normalize) {
+    float inv = c->do_rescale ? (float)(1.0 / c->rescale_factor) : 1.0f;
+    for (int i = 0; i < 3; i++) mean[i] = c->image_mean[i] * inv, stdv[i] = c->image_std[i] * inv;
+  } else if (c->do_rescale) {
+    scale = (float)c->rescale_factor;
+  }
+  const int32_t gh = rh / ps, gw = rw / ps;
+  const int32_t dim = 3 * tp * ps * ps;
+  const int64_t np = (int64_t)groups * gh * gw;
+  float *v = (float *)malloc(sizeof(float) * (size_t)np * (size_t)dim);
+  if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "vision preprocessing: out of memory");
+  int64_t row = 0;
+  for (int32_t g = 0; g < groups; g++)
+    for (int32_t bh = 0; bh < gh / ms; bh++)
+      for (int32_t bw = 0; bw < gw / ms; bw++)
+        for (int32_t mh = 0; mh < ms; mh++)
+          for (int32_t mw = 0; mw < ms; mw++, row++) {
+            float *o = v + row * dim;
+            int32_t y0 = (bh * ms + mh) * ps, x0 = (bw * ms + mw) * ps;
+            for (int32_t ch = 0; ch < 3; ch++)
+              for (int32_t t = 0; t < tp; t++) {
+                const uint8_t *img = frames[(size_t)g * (size_t)tp + (size_t)t];
+                for (int32_t py = 0; py < ps; py++)
+                  for (int32_t px = 0; px < ps; px++) {
+                    float x = img[((size_t)(y0 + py) * (size_t)rw + (size_t)(x0 + px)) * 3 + ch];
+                    *o++ = c->do_normalize ? (x - mean[ch]) / stdv[ch] : x * scale;
+                  }
+              }
+          }
+  *out = v;
+  return 0;
+}
+
 int vision_preproc_image(const vision_preproc_config *c, const uint8_t *rgb, int32_t w,
                          int32_t h, vision_pixels *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
@@ -404,38 +446,21 @@ int vision_preproc_image(const vision_preproc_config *c, const uint8_t *rgb, int
     free(img);
     return rc;
   }
-  /* transformers fuses rescale into normalize: mean and std are divided by the rescale factor
-   * in f32, then (x - mean) / std in f32. */
-  float mean[3] = {0, 0, 0}, stdv[3] = {1, 1, 1}, scale = 1.0f;
-  if (c->do_normalize) {
-    float inv = c->do_rescale ? (float)(1.0 / c->rescale_factor) : 1.0f;
-    for (int i = 0; i < 3; i++) mean[i] = c->image_mean[i] * inv, stdv[i] = c->image_std[i] * inv;
-  } else if (c->do_rescale) {
-    scale = (float)c->rescale_factor;
-  }
   const int32_t gh = rh / ps, gw = rw / ps;
+  const uint8_t *frames[64];
+  if (tp > 64) {
+    free(img);
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "vision preprocessing: temporal_patch_size %d > 64", tp);
+  }
+  for (int32_t t = 0; t < tp; t++) frames[t] = img; /* an image is one frame repeated */
+  float *v = NULL;
+  if ((rc = patchify(c, frames, 1, rw, rh, &v, err, errlen))) {
+    free(img);
+    return rc;
+  }
   const int32_t dim = 3 * tp * ps * ps;
   const int64_t np = (int64_t)gh * gw;
-  float *v = (float *)malloc(sizeof(float) * (size_t)np * (size_t)dim);
-  if (!v) {
-    free(img);
-    return anna_err(err, errlen, ANNA_ENOMEM, "vision preprocessing: out of memory");
-  }
-  int64_t row = 0;
-  for (int32_t bh = 0; bh < gh / ms; bh++)
-    for (int32_t bw = 0; bw < gw / ms; bw++)
-      for (int32_t mh = 0; mh < ms; mh++)
-        for (int32_t mw = 0; mw < ms; mw++, row++) {
-          float *o = v + row * dim;
-          int32_t y0 = (bh * ms + mh) * ps, x0 = (bw * ms + mw) * ps;
-          for (int32_t ch = 0; ch < 3; ch++)
-            for (int32_t t = 0; t < tp; t++)
-              for (int32_t py = 0; py < ps; py++)
-                for (int32_t px = 0; px < ps; px++) {
-                  float x = img[((size_t)(y0 + py) * (size_t)rw + (size_t)(x0 + px)) * 3 + ch];
-                  *o++ = c->do_normalize ? (x - mean[ch]) / stdv[ch] : x * scale;
-                }
-        }
   free(img);
   out->values = v;
   out->n_patches = np;
@@ -443,4 +468,272 @@ int vision_preproc_image(const vision_preproc_config *c, const uint8_t *rgb, int
   out->grid_t = 1, out->grid_h = gh, out->grid_w = gw;
   out->height = rh, out->width = rw;
   return 0;
+}
+
+/* ---- video ---- */
+
+void vision_video_config_default(vision_video_config *c) {
+  memset(c, 0, sizeof *c);
+  vision_preproc_config_default(&c->pre);
+  c->pre.min_pixels = 4096;     /* video_preprocessor_config.json size.shortest_edge */
+  c->pre.max_pixels = 25165824; /* size.longest_edge */
+  c->fps = 2.0;
+  c->min_frames = 4;
+  c->max_frames = 768;
+  c->cap_pixels_per_frame = 0;
+  c->max_video_tokens = 768;
+}
+
+int vision_video_smart_resize(const vision_video_config *c, int32_t n, int64_t h, int64_t w,
+                              int32_t *out_h, int32_t *out_w, char *err, size_t errlen) {
+  const int64_t F = (int64_t)c->pre.patch_size * c->pre.merge_size;
+  const int32_t tf = c->pre.temporal_patch_size;
+  if (F <= 0 || tf <= 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad patch sizes");
+  if (n < tf)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "video preprocessing: %d frames, fewer than the temporal patch (%d)", n, tf);
+  if (h <= 0 || w <= 0 || h > (1 << 24) || w > (1 << 24))
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad frame size %lld x %lld",
+                    (long long)w, (long long)h);
+  const int64_t longest = c->pre.max_pixels, shortest = c->pre.min_pixels;
+  int64_t max_px = longest;
+  if (c->cap_pixels_per_frame) {
+    /* qwen-vl-utils' cap: a frame costs at most max_video_tokens merged tokens or its even
+     * share of the clip budget, and at least 1.05 * shortest_edge. */
+    int64_t frame_cap = (int64_t)c->max_video_tokens * F * F;
+    int64_t share = longest / n;
+    int64_t ppf = frame_cap < share ? frame_cap : share;
+    int64_t floor_px = (int64_t)((double)shortest * 1.05);
+    if (ppf < floor_px) ppf = floor_px;
+    max_px = ppf * n;
+  }
+  if (h < F || w < F) {
+    double s = fmax((double)F / (double)h, (double)F / (double)w);
+    h = (int64_t)((double)h * s);
+    w = (int64_t)((double)w * s);
+  }
+  double hi = (double)(h > w ? h : w), lo = (double)(h > w ? w : h);
+  if (lo <= 0 || hi / lo > 200)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "video preprocessing: aspect ratio of %lld x %lld is above 200",
+                    (long long)w, (long long)h);
+  int64_t hb = (int64_t)rint((double)h / (double)F) * F;
+  int64_t wb = (int64_t)rint((double)w / (double)F) * F;
+  int64_t tb = (int64_t)rint((double)n / (double)tf) * tf;
+  double vol = (double)n * (double)h * (double)w;
+  if ((double)tb * (double)hb * (double)wb > (double)max_px) {
+    double beta = sqrt(vol / (double)max_px);
+    hb = (int64_t)floor((double)h / beta / (double)F) * F;
+    wb = (int64_t)floor((double)w / beta / (double)F) * F;
+    if (hb < F) hb = F;
+    if (wb < F) wb = F;
+  } else if ((double)tb * (double)hb * (double)wb < (double)shortest) {
+    double beta = sqrt((double)shortest / vol);
+    hb = (int64_t)ceil((double)h * beta / (double)F) * F;
+    wb = (int64_t)ceil((double)w * beta / (double)F) * F;
+  }
+  if (hb > INT32_MAX || wb > INT32_MAX)
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: resized frame too large");
+  *out_h = (int32_t)hb;
+  *out_w = (int32_t)wb;
+  return 0;
+}
+
+void vision_video_builder_init(vision_video_builder *b, const vision_video_config *c) {
+  memset(b, 0, sizeof *b);
+  b->cfg = *c;
+}
+
+void vision_video_builder_free(vision_video_builder *b) {
+  if (!b) return;
+  free(b->frames);
+  free(b->filled);
+  b->frames = b->filled = NULL;
+  b->n = b->added = 0;
+}
+
+int vision_video_builder_add(vision_video_builder *b, int32_t slot, int32_t n, const uint8_t *rgb,
+                             int32_t w, int32_t h, char *err, size_t errlen) {
+  const vision_preproc_config *c = &b->cfg.pre;
+  int rc;
+  if (!b->frames) {
+    if (c->patch_size <= 0 || c->merge_size <= 0 || c->temporal_patch_size <= 0 ||
+        c->temporal_patch_size > 64)
+      return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad patch/merge sizes");
+    if (n < 1) return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: no frames");
+    const int32_t F = c->patch_size * c->merge_size;
+    int32_t rh = h, rw = w;
+    if (c->do_resize) {
+      if ((rc = vision_video_smart_resize(&b->cfg, n, h, w, &rh, &rw, err, errlen))) return rc;
+    } else if (w <= 0 || h <= 0 || w % F || h % F) {
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "video preprocessing: %d x %d is not a multiple of %d and resizing is off",
+                      w, h, F);
+    }
+    const size_t fb = (size_t)rw * (size_t)rh * 3;
+    if ((size_t)n > SIZE_MAX / fb)
+      return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: too many frames");
+    b->frames = (uint8_t *)malloc(fb * (size_t)n);
+    b->filled = (uint8_t *)calloc((size_t)n, 1);
+    if (!b->frames || !b->filled) {
+      vision_video_builder_free(b);
+      return anna_err(err, errlen, ANNA_ENOMEM, "video preprocessing: out of memory");
+    }
+    b->n = n, b->w = w, b->h = h, b->rw = rw, b->rh = rh, b->added = 0;
+  }
+  if (n != b->n || w != b->w || h != b->h)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "video preprocessing: frame of %d x %d (of %d) after %d x %d (of %d)", w, h,
+                    n, b->w, b->h, b->n);
+  if (slot < 0 || slot >= b->n || b->filled[slot])
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: bad or repeated slot %d",
+                    slot);
+  const size_t fb = (size_t)b->rw * (size_t)b->rh * 3;
+  uint8_t *dst = b->frames + (size_t)slot * fb;
+  if (c->do_resize)
+    rc = vision_preproc_resize_rgb8(rgb, w, h, dst, b->rw, b->rh, err, errlen);
+  else
+    memcpy(dst, rgb, fb), rc = 0;
+  if (rc) return rc;
+  b->filled[slot] = 1;
+  b->added++;
+  return 0;
+}
+
+int vision_video_builder_frame_cb(void *user, int32_t slot, int32_t n, const uint8_t *rgb,
+                                  int32_t w, int32_t h, char *err, size_t errlen) {
+  return vision_video_builder_add((vision_video_builder *)user, slot, n, rgb, w, h, err, errlen);
+}
+
+int vision_video_builder_finish(vision_video_builder *b, vision_pixels *out, char *err,
+                                size_t errlen) {
+  memset(out, 0, sizeof *out);
+  const vision_preproc_config *c = &b->cfg.pre;
+  if (!b->frames || b->added != b->n)
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: %d of %d frames added",
+                    b->added, b->n);
+  const int32_t ps = c->patch_size, tp = c->temporal_patch_size, n = b->n;
+  const size_t fb = (size_t)b->rw * (size_t)b->rh * 3;
+  const int32_t groups = (n + tp - 1) / tp;
+  const uint8_t **fp = (const uint8_t **)malloc(sizeof(uint8_t *) * (size_t)groups * (size_t)tp);
+  if (!fp) return anna_err(err, errlen, ANNA_ENOMEM, "video preprocessing: out of memory");
+  /* An odd count repeats the last frame up to the temporal patch (patchify's padding). */
+  for (int32_t i = 0; i < groups * tp; i++) fp[i] = b->frames + (size_t)(i < n ? i : n - 1) * fb;
+  float *v = NULL;
+  int rc = patchify(c, fp, groups, b->rw, b->rh, &v, err, errlen);
+  free(fp);
+  if (rc) return rc;
+  out->values = v;
+  out->grid_t = groups, out->grid_h = b->rh / ps, out->grid_w = b->rw / ps;
+  out->n_patches = (int64_t)groups * out->grid_h * out->grid_w;
+  out->patch_dim = 3 * tp * ps * ps;
+  out->height = b->rh, out->width = b->rw;
+  return 0;
+}
+
+int vision_preproc_video(const vision_video_config *vc, const uint8_t *frames, int32_t n,
+                         int32_t w, int32_t h, vision_pixels *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (n < 1 || !frames || w <= 0 || h <= 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "video preprocessing: no frames");
+  vision_video_builder b;
+  vision_video_builder_init(&b, vc);
+  const size_t src_fb = (size_t)w * (size_t)h * 3;
+  int rc = 0;
+  for (int32_t i = 0; i < n && !rc; i++)
+    rc = vision_video_builder_add(&b, i, n, frames + (size_t)i * src_fb, w, h, err, errlen);
+  if (!rc) rc = vision_video_builder_finish(&b, out, err, errlen);
+  vision_video_builder_free(&b);
+  return rc;
+}
+
+void vision_video_timestamps(const int64_t *indices, int32_t n, double fps, int32_t tp,
+                             double *out) {
+  if (n <= 0 || tp <= 0) return;
+  const int32_t groups = (n + tp - 1) / tp;
+  for (int32_t g = 0; g < groups; g++) {
+    int32_t a = g * tp, b = g * tp + tp - 1;
+    if (a > n - 1) a = n - 1;
+    if (b > n - 1) b = n - 1;
+    out[g] = ((double)indices[a] / fps + (double)indices[b] / fps) / 2;
+  }
+}
+
+int vision_video_timestamp_text(double t, char *buf, size_t bufsize) {
+  int k = snprintf(buf, bufsize, "<%.1f seconds>", t);
+  if (k < 0 || (size_t)k >= bufsize) {
+    if (bufsize) buf[0] = 0;
+    return ANNA_EINVAL;
+  }
+  return k;
+}
+
+int vision_video_config_parse(const char *json, size_t n, vision_video_config *c, char *err,
+                              size_t errlen) {
+  json_error_t je;
+  json_t *root = json_loadb(json, n, 0, &je);
+  if (!root)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "video_preprocessor_config: bad JSON at line %d: %s", je.line, je.text);
+  vision_video_config t = *c;
+  int rc = 0;
+  if (!json_is_object(root)) {
+    rc = anna_err(err, errlen, ANNA_EINVAL, "video_preprocessor_config: not a JSON object");
+    goto done;
+  }
+  /* The video keys are taken out here; the rest are the image processor's. */
+  static const char *const vkeys[] = {"fps", "min_frames", "max_frames", "max_video_tokens",
+                                      "cap_pixels_per_frame", "do_sample_frames", "num_frames",
+                                      "return_metadata", "video_processor_type", NULL};
+  for (int i = 0; vkeys[i] && !rc; i++) {
+    const char *key = vkeys[i];
+    json_t *v = json_object_get(root, key);
+    int64_t x;
+    int b;
+    if (!v) continue;
+    if (!strcmp(key, "fps")) {
+      if (!json_is_number(v) || !(json_number_value(v) > 0) || !(json_number_value(v) <= 1000))
+        rc = anna_err(err, errlen, ANNA_EINVAL,
+                      "video_preprocessor_config: fps must be a number in (0, 1000]");
+      else
+        t.fps = json_number_value(v);
+    } else if (!strcmp(key, "min_frames")) {
+      if (!(rc = get_int(v, key, 1, 1 << 20, &x, err, errlen))) t.min_frames = (int32_t)x;
+    } else if (!strcmp(key, "max_frames")) {
+      if (!(rc = get_int(v, key, 1, 1 << 20, &x, err, errlen))) t.max_frames = (int32_t)x;
+    } else if (!strcmp(key, "max_video_tokens")) {
+      if (!(rc = get_int(v, key, 1, 1 << 24, &x, err, errlen))) t.max_video_tokens = (int32_t)x;
+    } else if (!strcmp(key, "cap_pixels_per_frame")) {
+      /* transformers 5.25: None behaves as False (with a warning) */
+      if (json_is_null(v))
+        t.cap_pixels_per_frame = 0;
+      else
+        rc = get_bool(v, key, &t.cap_pixels_per_frame, err, errlen);
+    } else if (!strcmp(key, "do_sample_frames")) {
+      if (!(rc = get_bool(v, key, &b, err, errlen)) && !b)
+        rc = anna_err(err, errlen, ANNA_EINVAL,
+                      "video_preprocessor_config: do_sample_frames = false is not supported");
+    } else if (!strcmp(key, "num_frames")) {
+      if (!json_is_null(v))
+        rc = anna_err(err, errlen, ANNA_EINVAL,
+                      "video_preprocessor_config: num_frames is not supported (only null; "
+                      "frames are sampled by fps)");
+    } else if (!strcmp(key, "return_metadata")) {
+      rc = get_bool(v, key, &b, err, errlen);
+    } else if (!json_is_string(v)) {
+      rc = anna_err(err, errlen, ANNA_EINVAL, "video_preprocessor_config: %s must be a string",
+                    key);
+    }
+    if (!rc) json_object_del(root, key);
+  }
+  if (!rc) rc = parse_keys(root, &t.pre, err, errlen);
+  if (!rc && t.min_frames > t.max_frames)
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "video_preprocessor_config: min_frames %d exceed max_frames %d", t.min_frames,
+                  t.max_frames);
+done:
+  json_decref(root);
+  if (rc == 0) *c = t;
+  return rc;
 }

@@ -630,6 +630,7 @@ static const struct {
     {"gemma3", MODEL_ARCH_GEMMA3},           {"gemma3_text", MODEL_ARCH_GEMMA3},
     {"qwen3", MODEL_ARCH_QWEN3},             {"qwen2", MODEL_ARCH_QWEN2},
     {"llama", MODEL_ARCH_LLAMA},             {"qwen3_moe", MODEL_ARCH_QWEN3_MOE},
+    {"qwen3_asr", MODEL_ARCH_QWEN3}, /* the thinker's text decoder (rope_scaling.mrope_section: 1-D positions) */
 };
 
 const char *config_arch_name(int arch) {
@@ -653,6 +654,10 @@ static int config_open(const char *path, json_t **root, json_t **t, const char *
   if (!*root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
   *t = *root;
   if (jget(*root, "text_config")) *t = jget(*root, "text_config");
+  /* Qwen3-ASR (qwen-asr's original layout): the decoder's fields sit one level deeper, in
+   * thinker_config.text_config; the audio tower's are read by model/audio_qwen3_asr.c. */
+  json_t *thinker = jget(*root, "thinker_config");
+  if (json_is_object(thinker) && jget(thinker, "text_config")) *t = jget(thinker, "text_config");
   int rc = 0;
   json_t *mt = NULL;
   if (!json_is_object(*t)) {

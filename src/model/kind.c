@@ -3,6 +3,8 @@
 
 #include "base/error.h"
 #include "formats/gguf.h"
+#include "model/codec_qwen3_tts.h"
+#include "model/audio_qwen3_asr.h"
 #include "model/config.h"
 #include "model/text_decoder.h"
 #include "model/vision_qwen35.h"
@@ -13,8 +15,9 @@
 #include <sys/stat.h>
 
 /* Probe order: the first kind that accepts a source loads it (a Qwen3.5 folder: the text
- * decoder; its vision tower is picked by name). */
-static const model_kind *const k_kinds[] = {&text_decoder_kind, &vision_qwen35_kind};
+ * decoder; its vision tower is picked by name; likewise Qwen3-ASR's audio tower). */
+static const model_kind *const k_kinds[] = {&text_decoder_kind, &vision_qwen35_kind, &codec_qwen3_tts_kind,
+                                            &audio_qwen3_asr_kind};
 
 static const char *const k_io_names[MODEL_IO_COUNT] = {"tokens", "embeddings", "logits", "hidden",
                                                        "pixels", "audio",      "codes",  "pcm"};

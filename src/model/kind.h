@@ -11,11 +11,10 @@
  * kind is a new file plus one registry line in kind.c, not a branch in forward.c.
  *
  * Implemented: the text decoder (model/text_decoder.c: tokens -> logits / top-k
- * candidates; Qwen3.5 also takes embedding rows over some tokens and 3-axis rope positions)
- * and the Qwen3.5 vision tower (model/vision_qwen35.c: pixels -> embeddings). The io kinds of the next issues are declared here so that their tables can
- * be written against a fixed vocabulary: a vision encoder (pixels -> embeddings), an audio
- * encoder (audio -> embeddings), a codec decoder (codes -> pcm), a decoder fed embedding
- * rows (embeddings -> logits / hidden states).
+ * candidates; Qwen3.5 also takes embedding rows over some tokens and 3-axis rope positions),
+ * the Qwen3.5 vision tower (model/vision_qwen35.c: pixels -> embeddings), the Qwen3-ASR audio
+ * encoder (model/audio_qwen3_asr.c: log-mel features -> embeddings) and the Qwen3-TTS codec
+ * decoder (model/codec_qwen3_tts.c: codes -> pcm).
  *
  * Ownership: kind tables are static (never freed); a loaded model (impl) is freed with its
  * kind's free, a state with state_free; the probe source is plain data on the caller's
@@ -69,6 +68,8 @@ typedef struct model_desc {
   int vocab;        /* rows of MODEL_IO_LOGITS outputs (0: the kind produces none) */
   int n_embd;       /* width of MODEL_IO_EMBEDDINGS output rows (0: the kind produces none) */
   int n_layers;
+  int sample_rate;       /* MODEL_IO_PCM kinds: output rate in Hz (0: no PCM) */
+  int samples_per_frame; /* MODEL_IO_PCM kinds: samples per input frame */
 } model_desc;
 
 /* Per-context state: the shape every kind gets, plus the cache layout decoders use
@@ -96,7 +97,7 @@ typedef struct model_topk {
 
 /* One run's inputs: io names which member is set. Borrowed for the call. */
 typedef struct model_input {
-  int io;                  /* MODEL_IO_TOKENS or MODEL_IO_PIXELS */
+  int io;                  /* MODEL_IO_TOKENS, MODEL_IO_PIXELS or MODEL_IO_CODES */
   const anna_batch *batch; /* MODEL_IO_TOKENS: validated by the kind */
   /* MODEL_IO_PIXELS (host memory, validated by the kind): n_grids inputs (images or videos)
    * of grid_thw[3i .. 3i+2] = (t, h, w) patches, their n_patches = sum t*h*w rows of
@@ -114,6 +115,16 @@ typedef struct model_input {
   const int32_t *embd_idx;
   int64_t n_embd;
   const int32_t *rope_pos;
+  /* MODEL_IO_CODES: the next n_frames frames of stream `seq`, frame-major
+   * codes[n_frames * n_codebooks] (validated by the kind). */
+  const int32_t *codes;
+  int64_t n_frames; /* MODEL_IO_CODES: code frames; MODEL_IO_AUDIO: feature frames */
+  int n_codebooks;
+  int seq;
+  /* MODEL_IO_AUDIO (host memory, validated by the kind): one clip's log-mel features
+   * [n_mels, n_frames], mel-major as media/mel.h writes them. */
+  const float *features;
+  int n_mels;
 } model_input;
 
 /* One run's outputs (caller-owned memory). */
@@ -124,6 +135,7 @@ typedef struct model_output {
   float *embd;            /* MODEL_IO_EMBEDDINGS: [rows, model_desc.n_embd] */
   int64_t embd_rows;      /* MODEL_IO_EMBEDDINGS: rows embd holds; the kind says how many it wrote */
   int64_t *embd_written;  /* MODEL_IO_EMBEDDINGS: receives the rows written (may be NULL) */
+  float *pcm;             /* MODEL_IO_PCM: [n_frames * model_desc.samples_per_frame] */
 } model_output;
 
 /* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix

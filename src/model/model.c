@@ -389,17 +389,24 @@ int model_load_hf(text_model **out, const char *dir, char *err, size_t errlen) {
   m->st = st;
   builder b = {m, "model.", err, errlen};
   if (safetensors_find(st, "model.language_model.embed_tokens.weight")) b.prefix = "model.language_model.";
+  /* Qwen3-ASR's original layout: the decoder is the thinker's; its lm_head, when absent, is tied */
+  const char *lm_head = "lm_head.weight";
+  if (safetensors_find(st, "thinker.model.embed_tokens.weight")) {
+    b.prefix = "thinker.model.";
+    lm_head = "thinker.lm_head.weight";
+    if (!safetensors_find(st, lm_head)) m->cfg.tie_embeddings = 1;
+  }
   const model_config *c = &m->cfg;
   if ((rc = get_mat(&b, &m->embed, c->vocab, c->hidden, 1, "%sembed_tokens.weight", b.prefix)) ||
       (rc = get_vec(&b, &m->final_norm, c->hidden, 1, "%snorm.weight", b.prefix)))
     goto fail;
-  if (c->tie_embeddings || !safetensors_find(st, "lm_head.weight")) {
+  if (c->tie_embeddings || !safetensors_find(st, lm_head)) {
     if (!c->tie_embeddings) {
-      rc = anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor 'lm_head.weight' (embeddings are not tied)", dir);
+      rc = anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor '%s' (embeddings are not tied)", dir, lm_head);
       goto fail;
     }
     m->lm_head = m->embed;
-  } else if ((rc = get_mat(&b, &m->lm_head, c->vocab, c->hidden, 1, "lm_head.weight"))) {
+  } else if ((rc = get_mat(&b, &m->lm_head, c->vocab, c->hidden, 1, "%s", lm_head))) {
     goto fail;
   }
   if (c->arch == MODEL_ARCH_GEMMA4 && c->ple_dim > 0) {

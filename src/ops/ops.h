@@ -383,6 +383,44 @@ struct ops_backend {
    * < table->rows (the caller checks). */
   void (*embed_bag)(ops_backend *be, float *y, const ops_weight *table, const int32_t *ids, const float *wts,
                     int64_t n, int k);
+  /* ---- Waveform decoder ops (the Qwen3-TTS speech-tokenizer decoder, model/codec_qwen3_tts.c).
+   * Activations are time-major, [rows, channels]. Causal convs read their left context from
+   * the rows in front of the first output's own row: x holds ctx + n rows, ctx zero rows at a
+   * stream's start and the previous piece's last inputs after (exact streaming). Weights are f32
+   * host vectors repacked by the model at load. NULL: not offered (the codec refuses the
+   * backend). ---- */
+  /* Causal conv1d, ctx = (kw - 1) * dil: y[t, co] = bias[co] + sum_{k < kw} sum_ci
+   * w[co, k, ci] x[t + k dil, ci] for t < n (x: [n + ctx, cin]). w: [cout, kw, cin] (PyTorch's
+   * [cout, cin, kw] tap-major); bias [cout] or NULL. */
+  void (*conv1d)(ops_backend *be, float *y, const float *x, int64_t n, int cin, int cout, const float *w, int kw,
+                 int dil, const float *bias);
+  /* Depthwise causal conv1d (groups = channels): y[t, c] = bias[c] + sum_k w[c, k] x[t + k dil, c]
+   * (x: [n + (kw - 1) dil, ch]); w [ch, kw]; bias [ch] or NULL. */
+  void (*conv1d_dw)(ops_backend *be, float *y, const float *x, int64_t n, int ch, const float *w, int kw, int dil,
+                    const float *bias);
+  /* Causal ConvTranspose1d of kernel m * stride with its last (m - 1) * stride outputs dropped
+   * (the trailing overlap belongs to the next input frame): for j < n, p < stride,
+   * y[j stride + p, co] = bias[co] + sum_{u < m} sum_ci w[p, co, u, ci] x[j + u, ci]; x: [n + m - 1,
+   * cin] (m - 1 rows of left context), y: [n stride, cout]. w [stride, cout, m, cin] holds
+   * PyTorch's W[ci, co, (m - 1 - u) stride + p]; bias [cout] or NULL. */
+  void (*conv_transpose1d)(ops_backend *be, float *y, const float *x, int64_t n, int cin, int cout, const float *w,
+                           int m, int stride, const float *bias);
+  /* SnakeBeta per channel c of x [rows, ch]: y = x + inv_beta[c] * sin(x * alpha[c])^2 where the
+   * model passes alpha = exp(log_alpha) and inv_beta = 1 / (exp(log_beta) + 1e-9). In place
+   * allowed. */
+  void (*snake_beta)(ops_backend *be, float *y, const float *x, int64_t rows, int ch, const float *alpha,
+                     const float *inv_beta);
+  /* Channel-scaled residual add: y[r, i] += s[i] * x[r, i] (layer scales, ConvNeXt gamma). */
+  void (*add_scaled)(ops_backend *be, float *y, const float *x, const float *s, int64_t rows, int d);
+  /* y[i] = min(max(y[i], lo), hi) in place (NaN stays NaN, as torch.clamp). */
+  void (*clamp)(ops_backend *be, float *y, int64_t n, float lo, float hi);
+  /* Patches of a 3x3 convolution with stride 2 and zero padding 1 (audio encoders'
+   * conv2d fronts; the convolution is then matmul with the weight [co, c * 9]): x holds n_img
+   * images [h, w, c] channel-last (a matmul's output rows are pixels); cols receives, for every
+   * output pixel (img, oy < ceil(h/2), ox < ceil(w/2)) in that order, a row of c * 9 values
+   * x[img, 2 oy + ky - 1, 2 ox + kx - 1, ci] ordered (ci, ky, kx), 0 outside the image
+   * (PyTorch's Conv2d weight [co, ci, ky, kx] flattened). cols does not alias x. */
+  void (*im2col_3x3s2)(ops_backend *be, float *cols, const float *x, int64_t n_img, int h, int w, int c);
 };
 
 /* Most candidates topk returns per row. */

@@ -16,6 +16,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 struct anna_context {
   anna_model *m;
@@ -45,9 +46,20 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   }
   anna_tuning t;
   if ((rc = tuning_from_env(&t, opt ? opt->tuning : NULL, err, errlen))) return rc;
+  /* weight_quant (anna.h): int4 turns a folder into its cached Q4_K_M GGUF, loaded instead;
+   * anna_model_path still names what the caller gave (the folder's tokenizer is the same). */
+  const char *wq = opt ? opt->weight_quant : NULL, *load_path = path;
+  char qpath[4096];
+  if (wq && strcmp(wq, "none") && strcmp(wq, "auto") && strcmp(wq, "int4"))
+    return anna_err(err, errlen, ANNA_EINVAL, "weight_quant '%s' is not supported (have: none, auto, int4)", wq);
+  struct stat sb;
+  if (wq && !strcmp(wq, "int4") && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+    if ((rc = anna_quantize_model(path, "int4", NULL, qpath, sizeof qpath, NULL, err, errlen))) return rc;
+    load_path = qpath;
+  }
   model_source src;
   const model_kind *kind;
-  if ((rc = model_kind_find(path, &src, &kind, err, errlen))) return rc;
+  if ((rc = model_kind_find(load_path, &src, &kind, err, errlen))) return rc;
   anna_model *m = calloc(1, sizeof *m);
   if (!m || !(m->path = strdup(path))) {
     free(m);

@@ -610,7 +610,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct MHD_Daemon *d = NULL;
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
-  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning};
+  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant};
   if ((rc = anna_model_load(&srv->m, o->model_path, &mo, err, errlen))) goto done;
   if ((rc = anna_text_open(&srv->text, o->model_path, 0, err, errlen))) goto done;
   if (o->model_name && *o->model_name)

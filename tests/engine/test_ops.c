@@ -1035,6 +1035,114 @@ static void test_encoder_ops(ops_backend *be) {
   }
 }
 
+/* Waveform decoder ops (cpu_conv.c) against PyTorch-layout references in double: Conv1d with
+ * dilation (as the codec's causal convs pad it), depthwise Conv1d, ConvTranspose1d(k = m s, s)
+ * over context + n frames keeping the frames' outputs, SnakeBeta, channel-scaled add, clamp
+ * (and the encoder ops' LayerNorm and erf GELU as the codec calls them). Weights are repacked as the op contracts say (ops.h). */
+static void test_waveform_ops(ops_backend *be) {
+  printf("waveform decoder ops\n");
+  const int n = 19, cin = 13, cout = 11, kw = 7;
+  for (int dil = 1; dil <= 3; dil += 2) {
+    const int ctx = (kw - 1) * dil;
+    float *x = malloc(sizeof(float) * (n + ctx) * cin), *wp = malloc(sizeof(float) * cout * cin * kw),
+          *w = malloc(sizeof(float) * cout * cin * kw), *b = malloc(sizeof(float) * cout),
+          *y = malloc(sizeof(float) * n * cout);
+    double *ref = malloc(sizeof(double) * n * (cin > cout ? cin : cout));
+    fill(x, (int64_t)(n + ctx) * cin, 1), fill(wp, (int64_t)cout * cin * kw, 1), fill(b, cout, 1);
+    for (int o = 0; o < cout; o++)
+      for (int i = 0; i < cin; i++)
+        for (int k = 0; k < kw; k++) w[(o * kw + k) * cin + i] = wp[(o * cin + i) * kw + k];
+    for (int t = 0; t < n; t++)
+      for (int o = 0; o < cout; o++) {
+        double s = b[o];
+        for (int i = 0; i < cin; i++)
+          for (int k = 0; k < kw; k++) s += (double)wp[(o * cin + i) * kw + k] * x[(t + k * dil) * cin + i];
+        ref[t * cout + o] = s;
+      }
+    be->conv1d(be, y, x, n, cin, cout, w, kw, dil, b);
+    check(dil == 1 ? "conv1d k7" : "conv1d k7 dilation 3", max_rel(y, ref, (int64_t)n * cout), 1e-5);
+    /* the same outputs from a 5-row piece then the rest: the op is row-independent */
+    float *y2 = malloc(sizeof(float) * n * cout);
+    be->conv1d(be, y2, x, 5, cin, cout, w, kw, dil, b);
+    be->conv1d(be, y2 + 5 * cout, x + 5 * cin, n - 5, cin, cout, w, kw, dil, b);
+    check("  in pieces: the same bits", same_bits(y, y2, (int64_t)n * cout) ? 0 : 1, 0);
+    /* depthwise over cin channels */
+    for (int t = 0; t < n; t++)
+      for (int c = 0; c < cin; c++) {
+        double s = b[c % cout];
+        for (int k = 0; k < kw; k++) s += (double)wp[c * kw + k] * x[(t + k * dil) * cin + c];
+        ref[t * cin + c] = s;
+      }
+    float *bd = malloc(sizeof(float) * cin), *yd = malloc(sizeof(float) * n * cin);
+    for (int c = 0; c < cin; c++) bd[c] = b[c % cout];
+    be->conv1d_dw(be, yd, x, n, cin, wp, kw, dil, bd);
+    check("conv1d depthwise", max_rel(yd, ref, (int64_t)n * cin), 1e-5);
+    free(x), free(wp), free(w), free(b), free(y), free(y2), free(ref), free(bd), free(yd);
+  }
+  /* ConvTranspose1d(cin, cout, kernel = m * s, stride s), m = 2 and 1 */
+  for (int m = 1; m <= 2; m++) {
+    const int s = 4, K = m * s, rows = n + m - 1;
+    float *x = malloc(sizeof(float) * rows * cin), *wp = malloc(sizeof(float) * cin * cout * K),
+          *w = malloc(sizeof(float) * cin * cout * K), *b = malloc(sizeof(float) * cout),
+          *y = malloc(sizeof(float) * n * s * cout);
+    const int full = (rows - 1) * s + K;
+    double *z = calloc((size_t)full * cout, sizeof(double)), *ref = malloc(sizeof(double) * n * s * cout);
+    fill(x, (int64_t)rows * cin, 1), fill(wp, (int64_t)cin * cout * K, 1), fill(b, cout, 1);
+    for (int p = 0; p < s; p++)
+      for (int o = 0; o < cout; o++)
+        for (int u = 0; u < m; u++)
+          for (int i = 0; i < cin; i++)
+            w[((p * cout + o) * m + u) * cin + i] = wp[(i * cout + o) * K + (m - 1 - u) * s + p];
+    /* PyTorch: z[j s + k, o] = b[o] + sum_i x[j, i] W[i, o, k] over every input row j */
+    for (int q = 0; q < full; q++)
+      for (int o = 0; o < cout; o++) z[q * cout + o] = b[o];
+    for (int j = 0; j < rows; j++)
+      for (int k = 0; k < K; k++)
+        for (int o = 0; o < cout; o++)
+          for (int i = 0; i < cin; i++) z[(j * s + k) * cout + o] += (double)x[j * cin + i] * wp[(i * cout + o) * K + k];
+    /* the frames after the context rows, their last (m - 1) s outputs left to the next frame */
+    for (int q = 0; q < n * s; q++)
+      for (int o = 0; o < cout; o++) ref[q * cout + o] = z[(q + (m - 1) * s) * cout + o];
+    be->conv_transpose1d(be, y, x, n, cin, cout, w, m, s, b);
+    check(m == 2 ? "conv_transpose1d k8 s4 (one context row)" : "conv_transpose1d k4 s4",
+          max_rel(y, ref, (int64_t)n * s * cout), 1e-5);
+    free(x), free(wp), free(w), free(b), free(y), free(z), free(ref);
+  }
+  /* elementwise */
+  const int rows = 9, d = 33;
+  float *x = malloc(sizeof(float) * rows * d), *y = malloc(sizeof(float) * rows * d), *a = malloc(sizeof(float) * d),
+        *ib = malloc(sizeof(float) * d), *g = malloc(sizeof(float) * d);
+  double *ref = malloc(sizeof(double) * rows * d);
+  fill(x, (int64_t)rows * d, 3), fill(a, d, 1), fill(ib, d, 1), fill(g, d, 1);
+  for (int r = 0; r < rows * d; r++) {
+    const double v = x[r], sn = sin(v * a[r % d]);
+    ref[r] = v + ib[r % d] * sn * sn;
+  }
+  be->snake_beta(be, y, x, rows, d, a, ib);
+  check("snake_beta", max_rel(y, ref, (int64_t)rows * d), 1e-5);
+  for (int r = 0; r < rows; r++) {
+    double mu = 0, var = 0;
+    for (int i = 0; i < d; i++) mu += x[r * d + i];
+    mu /= d;
+    for (int i = 0; i < d; i++) var += (x[r * d + i] - mu) * (x[r * d + i] - mu);
+    var /= d;
+    for (int i = 0; i < d; i++) ref[r * d + i] = (x[r * d + i] - mu) / sqrt(var + 1e-6) * a[i] + g[i];
+  }
+  be->layer_norm(be, y, x, a, g, rows, d, 1e-6f);
+  check("layer_norm (codec use)", max_rel(y, ref, (int64_t)rows * d), 1e-5);
+  for (int r = 0; r < rows * d; r++) ref[r] = 0.5 * x[r] * (1 + erf(x[r] / sqrt(2.0)));
+  memcpy(y, x, sizeof(float) * rows * d);
+  be->gelu(be, y, (int64_t)rows * d, 1);
+  check("gelu erf (codec use)", max_rel(y, ref, (int64_t)rows * d), 1e-5);
+  for (int r = 0; r < rows * d; r++) ref[r] = x[r] + (double)g[r % d] * ref[r];
+  be->add_scaled(be, x, y, g, rows, d);
+  check("add_scaled", max_rel(x, ref, (int64_t)rows * d), 1e-6);
+  for (int r = 0; r < rows * d; r++) ref[r] = x[r] < -1 ? -1 : x[r] > 1 ? 1 : x[r];
+  be->clamp(be, x, (int64_t)rows * d, -1.0f, 1.0f);
+  check("clamp", max_rel(x, ref, (int64_t)rows * d), 0);
+  free(x), free(y), free(a), free(ib), free(g), free(ref);
+}
+
 int main(void) {
   threadpool *tp = NULL;
   ops_backend *be = NULL;
@@ -1057,6 +1165,7 @@ int main(void) {
   test_topk(be);
   test_sampler_candidates(be);
   test_encoder_ops(be);
+  test_waveform_ops(be);
   cpu_backend_free(be);
   threadpool_free(tp);
   printf("%d passed, %d failed\n", g_checks - g_fail, g_fail);

@@ -480,6 +480,8 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .residual_ring = 1,
   };
   cpu_vision_ops_install(be);
+  cpu_conv_fill(be); /* waveform decoder ops (cpu_conv.c) */
+  cpu_audio_ops_install(be);
   *out = be;
   return 0;
 }

@@ -65,6 +65,8 @@ void cpu_kv_store(ops_backend *be, void *const *dst, const float *src, int64_t r
                   int kv_type);
 /* Sets the encoder ops (layer_norm, gelu, attention_seg, embed_bag: cpu_vision.c). */
 void cpu_vision_ops_install(ops_backend *be);
+/* Sets the audio encoder ops (im2col_3x3s2: cpu_audio.c). */
+void cpu_audio_ops_install(ops_backend *be);
 /* The attention op (cpu_attn.c). */
 void cpu_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a);
 void cpu_gdn_chunked(ops_backend *be, const ops_gdn_args *a);
@@ -84,5 +86,8 @@ int cpu_qgemm_usable(int type);
 int cpu_qgemm(ops_backend *be, float *y, const float *x, int64_t n, const ops_weight *w, const float *bias);
 int64_t cpu_qgemm_scratch_floats(int64_t max_cols);
 size_t cpu_qgemm_act_bytes(int64_t n, int64_t cols, int n_threads);
+
+/* Fills the waveform decoder ops of the table (cpu_conv.c). */
+void cpu_conv_fill(ops_backend *be);
 
 #endif
