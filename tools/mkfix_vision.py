@@ -94,6 +94,121 @@ def bench_shape(name, out, gh=28, gw=28, threads=2):
 
 
 PD_BENCH = 3 * 2 * 16 * 16
+
+# End-to-end mode (issue 24 items 3-5; tests/engine/test_vision_api.c, cli_generate_image,
+# tests/server/test_vision.py):
+#   mkfix_vision.py --e2e [FIXTURES_DIR [OUT_DIR]]   (OUT_DIR default tests/fixtures/qwen3_5_vision/e2e)
+# Starts from image FILES: writes two small images (PNG and JPEG, seeded smooth patterns), a
+# config copy whose image / vision start / vision end ids are the fixture tokenizer's own
+# <|image_pad|> 9, <|vision_start|> 7, <|vision_end|> 8, the shared chat template extended with
+# content parts (one <|vision_start|><|image_pad|><|vision_end|> per image part, as Qwen's
+# template does), and a preprocessor_config.json with small min / max pixels (1024 .. 16384)
+# so each image is a few tokens. Per case, transformers does everything: PIL opens the files,
+# Qwen2VLImageProcessor makes pixel_values, the tokenizer renders the chat template, the pad
+# expands to t*h*w/4 ids (the processor's rule), and generate() gives N_E2E greedy ids.
+# expected.json: messages, prompt_ids (expanded), grids, greedy_ids; <case>.last_logits.f32 the
+# logits of the last prompt row [1000], <case>.step_logits.f32 those of every generate step
+# [N_E2E, 1000] (step 0 is the last prompt row). The weights and tokenizer stay the shared fixture's:
+# the tests link them next to these files.
+N_E2E = 8
+E2E_IDS = {"image_token_id": 9, "vision_start_token_id": 7, "vision_end_token_id": 8, "video_token_id": 996}
+E2E_PRE = {"size": {"shortest_edge": 1024, "longest_edge": 16384}, "patch_size": 16, "temporal_patch_size": 2,
+           "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True,
+           "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+           "image_processor_type": "Qwen2VLImageProcessor"}
+E2E_USER = """{%- elif m.role == 'user' or m.role == 'system' -%}
+<|im_start|>{{ m.role }}
+{% if m.content is string %}{{ m.content }}{% else %}{% for part in m.content %}{% if part.type == 'image' or part.type == 'image_url' %}<|vision_start|><|image_pad|><|vision_end|>{% elif part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}{% endif %}<|im_end|>
+"""
+
+
+def e2e(fix, out):
+    from PIL import Image
+    from transformers import AutoTokenizer, Qwen2VLImageProcessor
+    src = os.path.join(fix, "qwen3_5")
+    os.makedirs(out, exist_ok=True)
+    tpl = open(os.path.join(src, "chat_template.jinja")).read()
+    old = "{%- elif m.role == 'user' or m.role == 'system' -%}\n<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    assert old in tpl, "the shared chat template changed: update E2E_USER"
+    open(os.path.join(out, "chat_template.jinja"), "w").write(tpl.replace(old, E2E_USER))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg.update(E2E_IDS)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    json.dump(E2E_PRE, open(os.path.join(out, "preprocessor_config.json"), "w"), indent=2)
+    # images: smooth seeded patterns (JPEG of noise would be all artefacts)
+    rng = np.random.default_rng(24)
+    def pattern(h, w):
+        y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+        a = rng.uniform(0.02, 0.2, size=(3, 2))
+        ph = rng.uniform(0, 6.28, size=3)
+        img = np.stack([127.5 + 120 * np.sin(a[c, 0] * x + a[c, 1] * y + ph[c]) for c in range(3)], -1)
+        return Image.fromarray(img.clip(0, 255).astype(np.uint8), "RGB")
+    pattern(64, 90).save(os.path.join(out, "wide.png"))
+    pattern(120, 64).save(os.path.join(out, "tall.jpg"), quality=90)
+    tmp = tempfile.mkdtemp()
+    for f in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(tmp, f))
+    for f in ("config.json", "chat_template.jinja", "preprocessor_config.json"):
+        shutil.copy(os.path.join(out, f), os.path.join(tmp, f))
+    tok = AutoTokenizer.from_pretrained(tmp)
+    proc = Qwen2VLImageProcessor(**{k: v for k, v in E2E_PRE.items() if k != "image_processor_type"})
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32).eval()
+    shutil.rmtree(tmp)
+    cases = [
+        ("one_image", ["wide.png"], [{"role": "user", "content": [
+            {"type": "image"}, {"type": "text", "text": "What is in this picture?"}]}]),
+        ("two_images", ["wide.png", "tall.jpg"], [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image"},
+                                         {"type": "text", "text": " and "}, {"type": "image"}]}]),
+        # the order anna-generate --image builds: images, then the text
+        ("cli_two_images", ["wide.png", "tall.jpg"], [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": [{"type": "image"}, {"type": "image"},
+                                         {"type": "text", "text": "Compare them."}]}]),
+    ]
+    exp = {"transformers": transformers.__version__, "torch": torch.__version__, "n_gen": N_E2E,
+           "token_ids": E2E_IDS, "cases": []}
+    for name, files, msgs in cases:
+        imgs = [Image.open(os.path.join(out, f)) for f in files]
+        px = proc(images=imgs, return_tensors="pt")
+        grids = px["image_grid_thw"].tolist()
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        ids0 = tok(text, add_special_tokens=False)["input_ids"]
+        ids, k = [], 0
+        for t in ids0:  # the processor's expansion: one pad -> t*h*w/merge^2 pads
+            if t == E2E_IDS["image_token_id"]:
+                g = grids[k]
+                ids += [t] * (g[0] * g[1] * g[2] // 4)
+                k += 1
+            else:
+                ids.append(t)
+        assert k == len(files)
+        inp = torch.tensor([ids])
+        tt = (inp == E2E_IDS["image_token_id"]).to(torch.int32)
+        kw = dict(pixel_values=px["pixel_values"], image_grid_thw=px["image_grid_thw"], mm_token_type_ids=tt)
+        logits = model(input_ids=inp, **kw).logits[0, -1]
+        gen = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=N_E2E,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, **kw)
+        greedy = [int(v) for v in gen.sequences[0, len(ids):]]
+        assert greedy[0] == int(logits.argmax())
+        logits.numpy().astype("<f4").tofile(os.path.join(out, name + ".last_logits.f32"))
+        # every step's logits: decode steps after an image rotate at pos + rope delta
+        torch.cat(gen.logits, 0).numpy().astype("<f4").tofile(os.path.join(out, name + ".step_logits.f32"))
+        exp["cases"].append({"name": name, "images": files, "messages": msgs, "prompt_text": text,
+                             "grid_thw": grids, "prompt_ids": ids, "greedy_ids": greedy,
+                             "greedy_text": tok.decode(greedy)})
+        print(f"{name}: grids {grids} prompt {len(ids)} greedy {greedy}")
+    json.dump(exp, open(os.path.join(out, "expected.json"), "w"), indent=1)
+
+
+if len(sys.argv) > 1 and sys.argv[1] == "--e2e":
+    torch.set_grad_enabled(False)
+    here = os.path.dirname(os.path.abspath(__file__))
+    a = sys.argv[2:]
+    e2e(a[0] if a else os.path.join(here, "..", "..", "shared", "fixtures"),
+        a[1] if len(a) > 1 else os.path.join(here, "..", "tests", "fixtures", "qwen3_5_vision", "e2e"))
+    sys.exit(0)
 if len(sys.argv) > 1 and sys.argv[1] == "--shape":
     torch.set_grad_enabled(False)
     a = sys.argv[2:]

@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 1
+#define ANNA_API_VERSION_MINOR 2
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -790,6 +790,104 @@ typedef struct anna_audio {
   int64_t n_samples;
   const float *pcm;
 } anna_audio;
+
+/* ---- Images in prompts (vision-language models; API 1.2) -------------------------------
+ * A model loaded from an HF folder whose config.json has `vision_config` and whose weights
+ * hold `model.visual.*` (Qwen3.5) also loads its vision tower; anna_model_has_vision says so.
+ * An image becomes an anna_media (decoded and preprocessed as the model's HF processor does,
+ * preprocessor_config.json of the folder or the published defaults); a prompt is token ids
+ * plus media references, each naming where its run of pad tokens (image_token_id repeated
+ * anna_media_n_tokens times) starts. anna_context_prefill runs the tower over the prompt's
+ * media, puts its rows in place of the pad tokens' embeddings and gives every token its
+ * 3-axis rotary position; the sequence then remembers its rotary delta, so later
+ * anna_context_decode calls on it (decode steps, batched with other sequences) need nothing
+ * else. The tower runs on the CPU (its own backend, sized at the first prefill that needs it
+ * and regrown for a larger image), whatever the context's device.
+ * Prefix cache: anna_context_prefill neither attaches nor registers prefix blocks; callers
+ * must not register a sequence holding an image (pad ids alone do not identify the image);
+ * anna_media_hash is there for callers that key caches on content. Video and audio will add
+ * constructors for anna_media, not new prefill calls. */
+
+typedef struct anna_vision_info {
+  int32_t image_token_id;    /* the pad token an image's rows replace */
+  int32_t vision_start_id;   /* -1 when the config names none */
+  int32_t vision_end_id;     /* -1 when the config names none */
+  int32_t patch_size;        /* pixels per patch side (16) */
+  int32_t merge_size;        /* patches per token side (2): one token per merge^2 patches */
+  int64_t min_pixels, max_pixels; /* the processor's resize bounds (preprocessor_config.json) */
+  int32_t n_embd;            /* width of the tower's output rows (the text model's hidden size) */
+} anna_vision_info;
+
+/* 1 when m loaded a vision tower, else 0. */
+int anna_model_has_vision(const anna_model *m);
+/* Fills *out. ANNA_EUNSUPPORTED (message names the model) when m has no vision tower. */
+int anna_model_vision_info(const anna_model *m, anna_vision_info *out, char *err, size_t errlen);
+
+typedef struct anna_media anna_media;
+
+/* Decodes an encoded image (JPEG, PNG, WebP, GIF first frame; data[0..n) borrowed for the
+ * call) and preprocesses it for m's tower. max_pixels > 0 refuses a larger image from its
+ * header, before decoding (ANNA_EINVAL "... exceeds the limit of N pixels"). Corrupt or
+ * unknown data: ANNA_EINVAL naming the format and the problem; a format not compiled in:
+ * ANNA_EUNSUPPORTED; m without a tower: ANNA_EUNSUPPORTED. Caller frees *out with
+ * anna_media_free. */
+int anna_media_image_decode(anna_media **out, const anna_model *m, const void *data, size_t n, int64_t max_pixels,
+                            char *err, size_t errlen);
+/* As anna_media_image_decode from pixels (img borrowed for the call; channels 1, 3 or 4; RGBA
+ * is composited onto white as the HF processor does). */
+int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const anna_image *img, char *err,
+                                 size_t errlen);
+/* Pad tokens the media takes in a prompt (grid t * h * w / merge^2). */
+int32_t anna_media_n_tokens(const anna_media *md);
+/* The patch grid (t, h, w) and the source image's size (width, height, may be NULL). */
+void anna_media_grid(const anna_media *md, int32_t thw[3], int32_t *width, int32_t *height);
+/* 64-bit FNV-1a of the preprocessed pixels and grid: equal content, equal hash. Not collision
+ * resistant: a cache keyed on it must confirm a hit on the content (as the context's encoder
+ * cache does) before sharing results between clients. */
+uint64_t anna_media_hash(const anna_media *md);
+void anna_media_free(anna_media *md);
+
+/* One media item of a prompt: its pad run starts at tokens[at] (borrowed). */
+typedef struct anna_media_ref {
+  const anna_media *media;
+  int32_t at;
+} anna_media_ref;
+
+/* Token ids and the media their pad runs stand for (all borrowed for the call). Refs come in
+ * increasing `at`, each run exactly anna_media_n_tokens pad ids, runs not adjacent (Qwen
+ * prompts put vision start / end ids around each); a pad id outside every run is an error. */
+typedef struct anna_prompt {
+  const int32_t *tokens;
+  int32_t n;
+  const anna_media_ref *media;
+  int32_t n_media;
+} anna_prompt;
+
+/* Appends the prompt to sequence seq (at its current length; the prompt may follow earlier
+ * text or images) in chunks of the context's n_batch, after running the tower over its media.
+ * logits (may be NULL) receives the last token's logits [vocab]. ANNA_EINVAL names the bad
+ * argument (a run that does not match its media, a pad id without media, seq out of range);
+ * ANNA_EUNSUPPORTED: the model has no tower or media comes from another model's shape;
+ * ANNA_ERANGE: the context is full. Allocates per call (not a per-token path). On error the
+ * sequence is in an unspecified state: reset it. */
+int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err, size_t errlen);
+/* The rotary delta sequence seq carries (0 without images): decode position pos rotates as
+ * pos + delta on every axis. */
+int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
+
+/* The context's tower work since creation. A context keeps the tower's rows of its 8 most
+ * recent images (256 MB at most, pixels included): an image met again (same preprocessed
+ * pixels, compared in full) reuses them instead of running the tower. */
+typedef struct anna_vision_stats {
+  int64_t images;     /* media prefilled */
+  int64_t tower_runs; /* of them, encoded by the tower */
+  int64_t cache_hits; /* of them, rows from the encoder cache */
+  double tower_s;     /* seconds in the tower */
+} anna_vision_stats;
+/* Zeros for a context without a vision tower. */
+void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);
+/* Empties the encoder cache (benchmarks time the tower on every run). */
+void anna_context_vision_cache_clear(anna_context *c);
 
 #ifdef __cplusplus
 }

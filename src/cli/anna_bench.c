@@ -13,6 +13,7 @@
  * Warm-up runs are excluded; median, min and max are over the measured runs. */
 #include "anna/anna.h"
 #include "cli_common.h"
+#include "cli_image.h"
 
 #include <jansson.h>
 #include <sys/resource.h>
@@ -25,6 +26,8 @@ static void usage(FILE *f) {
           "  --system TEXT  --raw  --no-think   as in anna-generate (with --prompt)\n"
           "  --prompt-len N           N synthetic token ids (deterministic, no special/eog ids)\n"
           "  --prompt-lengths A,B,..  sweep of synthetic prompt lengths, one table row each\n"
+          "  --image FILE             (repeatable, vision models, with --prompt) images before the text;\n"
+          "                           each run decodes, preprocesses and encodes them again (TTFT)\n"
           "options:\n"
           "  --warmup N               unmeasured runs per prompt (default 1)\n"
           "  --runs N                 measured runs per prompt (default 3)\n"
@@ -199,6 +202,29 @@ static int synth_prompt(int32_t **ids, int64_t n, int vocab, const anna_text *te
 /* One run from an empty sequence. seq/pos/want: [n_batch] scratch. */
 /* --parallel: sequences decoded per step (1: the single-sequence loop below). */
 static int g_parallel = 1;
+/* --image: the files' bytes, decoded again by every run into g_media (TTFT includes decoding,
+ * preprocessing and the tower: the encoder cache is emptied first). */
+static int g_n_img;
+static const char *g_img_path[CLI_MAX_IMAGES];
+static uint8_t *g_img_buf[CLI_MAX_IMAGES];
+static size_t g_img_len[CLI_MAX_IMAGES];
+static anna_media *g_media[CLI_MAX_IMAGES];
+static anna_media_ref g_refs[CLI_MAX_IMAGES];
+static const anna_model *g_model;
+
+/* The image prompt's prefill on sequence 0: decode, preprocess, tower, text. */
+static int bench_image_prefill(anna_context *ctx, const int32_t *ids, int64_t n, float *logits, char *err,
+                               size_t errlen) {
+  for (int i = 0; i < g_n_img; i++) {
+    anna_media_free(g_media[i]);
+    g_media[i] = NULL;
+    if (cli_image_decode(g_model, g_img_path[i], g_img_buf[i], g_img_len[i], &g_media[i], err, errlen)) return -1;
+    g_refs[i].media = g_media[i];
+  }
+  anna_context_vision_cache_clear(ctx);
+  const anna_prompt p = {ids, (int32_t)n, g_refs, g_n_img};
+  return anna_context_prefill(ctx, 0, &p, logits, err, errlen) ? -1 : 0;
+}
 
 /* The decode phase of --parallel N: sequences 1..N-1 become copies of sequence 0's prompt
  * (blocks shared, copied on the first write), then every step decodes one token of each,
@@ -226,7 +252,8 @@ static int bench_one(anna_context *ctx, anna_sampler *smp, const int32_t *ids, i
   anna_sampler_reset(smp);
   double c0 = cpu_seconds();
   double t0 = cli_now();
-  for (int64_t at = 0; at < n;) {
+  if (g_n_img && bench_image_prefill(ctx, ids, n, logits, err, errlen)) return -1;
+  for (int64_t at = g_n_img ? n : 0; at < n;) {
     int len = (int)(n - at < n_batch ? n - at : n_batch);
     for (int i = 0; i < len; i++) seq[i] = 0, pos[i] = (int32_t)(at + i), want[i] = at + i == n - 1;
     anna_batch b = {len, ids + at, seq, pos, want};
@@ -379,6 +406,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--exact")) exact_matmul = 1;
     else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
     else if (!strcmp(a, "--parallel")) { NEEDV(); if (cli_int(a, v, 1, 4096, &g_parallel)) return 2; }
+    else if (!strcmp(a, "--image")) {
+      NEEDV();
+      if (g_n_img == CLI_MAX_IMAGES) {
+        fprintf(stderr, "error: more than %d --image flags\n", CLI_MAX_IMAGES);
+        return 2;
+      }
+      g_img_path[g_n_img++] = v;
+    }
     else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
     else if (!strcmp(a, "--prompt-len")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &prompt_len)) return 2; }
     else if (!strcmp(a, "--warmup")) { NEEDV(); if (cli_int(a, v, 0, 1000, &warmup)) return 2; }
@@ -399,6 +434,10 @@ int main(int argc, char **argv) {
   if (!model) {
     fprintf(stderr, "error: need --model-dir (or --model)\n");
     usage(stderr);
+    return 2;
+  }
+  if (g_n_img && (!prompt || raw)) {
+    fprintf(stderr, "error: --image needs --prompt (chat template), not --raw or synthetic prompts\n");
     return 2;
   }
   if ((prompt != NULL) + (prompt_len > 0) + (lengths_arg != NULL) > 1) {
@@ -450,7 +489,13 @@ int main(int argc, char **argv) {
 
   if (prompt) {
     size_t n = 0;
-    if (anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
+    g_model = m;
+    for (int i = 0; i < g_n_img; i++)
+      if (cli_read_file(g_img_path[i], &g_img_buf[i], &g_img_len[i], err, sizeof err)) goto fail;
+    if (g_n_img ? cli_image_prompt(m, text, prompt, system, no_think, g_img_path, g_n_img, g_media, g_refs, &ids, &n,
+                                   err, sizeof err)
+                : anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err))
+      goto fail;
     n_ids = (int64_t)n;
     lens[0] = n_ids;
     for (int64_t i = 0; i < n_ids; i++)
@@ -496,6 +541,9 @@ int main(int argc, char **argv) {
     goto fail;
   }
   double rss_loaded = peak_rss_mib();
+  double tower_ms = 0; /* --image: mean tower time of a measured run */
+  long image_tokens = 0;
+  for (int i = 0; i < g_n_img; i++) image_tokens += anna_media_n_tokens(g_media[i]);
   double load_start = load_avg();
 
   for (int c = 0; c < n_cases; c++) {
@@ -507,9 +555,11 @@ int main(int argc, char **argv) {
       goto fail;
     }
     anna_step_stats st0 = {0};
+    anna_vision_stats vs0 = {0};
     for (int r = 0; r < warmup + n_runs; r++) {
       bench_run run;
       if (r == warmup) {
+        anna_context_vision_stats(ctx, &vs0);
         anna_context_profile_reset(ctx); /* op times of measured runs only */
         anna_context_step_stats(ctx, &st0);
       }
@@ -521,6 +571,11 @@ int main(int argc, char **argv) {
                 (long long)bc->n_prompt, r < warmup ? "warmup" : "run", r < warmup ? r + 1 : r - warmup + 1,
                 run_prefill_tps(&run, bc->n_prompt), run.ttft_s * 1e3, run_decode_tps(&run));
       if (r >= warmup) bc->runs[r - warmup] = run;
+    }
+    if (g_n_img) { /* images come with --prompt: one case */
+      anna_vision_stats vs1;
+      anna_context_vision_stats(ctx, &vs1);
+      tower_ms = (vs1.tower_s - vs0.tower_s) / n_runs * 1e3;
     }
     bc->n_prof = anna_context_profile(ctx, bc->prof_s, bc->prof_names, 8);
     anna_context_step_stats(ctx, &bc->st);
@@ -547,6 +602,11 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "runs", json_integer(n_runs));
     json_object_set_new(o, "max_new_tokens", json_integer(max_new));
     json_object_set_new(o, "prompt_source", json_string(prompt ? "text" : "synthetic"));
+    if (g_n_img) { /* ttft_ms then covers decoding, preprocessing, the tower and the prompt */
+      json_object_set_new(o, "images", json_integer(g_n_img));
+      json_object_set_new(o, "image_tokens", json_integer(image_tokens));
+      json_object_set_new(o, "tower_ms", json_real(tower_ms));
+    }
     json_object_set_new(o, "load_s", json_real(t_load));
     json_object_set_new(o, "rss_after_load_mib", json_real(rss_loaded));
     json_object_set_new(o, "peak_rss_mib", json_real(rss_peak));
@@ -579,8 +639,12 @@ int main(int argc, char **argv) {
     snprintf(th, sizeof th, threads > 0 ? "%d" : "auto", threads);
     printf("device %s, dtype %s, threads %s, batch %d, parallel %d | load %.3f s | peak RSS %.1f MiB (after load %.1f)\n",
            device ? device : "cpu", dtype ? dtype : "f32", th, n_batch, g_parallel, t_load, rss_peak, rss_loaded);
-    printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n\n", warmup,
+    printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n", warmup,
            n_runs, max_new, prompt ? "chat-templated" : "synthetic");
+    if (g_n_img)
+      printf("%d image(s), %ld visual tokens in the prompt: TTFT includes decode, preprocess and the tower (%.1f ms "
+             "mean)\n", g_n_img, image_tokens, tower_ms);
+    printf("\n");
     printf("| %8s | %-28s | %-24s | %-26s | %8s |\n", "prompt", "PP tok/s", "TTFT ms", "TG tok/s", "CPU/wall");
     printf("|---------:|:-----------------------------|:-------------------------|:---------------------------|---------:|\n");
     for (int c = 0; c < n_cases; c++) {
@@ -645,6 +709,10 @@ done:
   free(pos);
   free(want);
   anna_sampler_free(smp);
+  for (int i = 0; i < g_n_img; i++) {
+    anna_media_free(g_media[i]);
+    free(g_img_buf[i]);
+  }
   anna_text_free(text);
   anna_context_free(ctx);
   anna_model_free(m);

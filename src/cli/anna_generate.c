@@ -2,6 +2,7 @@
  * token ids, with the testing hooks --print-ids and --dump-logits. */
 #include "anna/anna.h"
 #include "cli_common.h"
+#include "cli_image.h"
 
 #include <jansson.h>
 
@@ -13,6 +14,8 @@ static void usage(FILE *f) {
           "  --raw                    tokenize --prompt as is (no chat template)\n"
           "  --no-think               chat template kwarg enable_thinking=false\n"
           "  --prompt-ids LIST        token ids instead of text\n"
+          "  --image FILE             (repeatable, vision models) an image before the --prompt text in\n"
+          "                           the user message (JPEG, PNG, WebP, GIF)\n"
           "  --max-new-tokens N       default 256 (0: prompt only)\n"
           "  --temperature T          default 0 (greedy)\n"
           "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"
@@ -52,6 +55,10 @@ int main(int argc, char **argv) {
   int host_sampling = 0;
   const char *spec = NULL;
   int draft_max = 6, ngram_min = 1, ngram_max = 4;
+  const char *images[CLI_MAX_IMAGES];
+  int n_img = 0;
+  anna_media *media[CLI_MAX_IMAGES] = {0};
+  anna_media_ref refs[CLI_MAX_IMAGES];
   anna_sampler_params sp = anna_sampler_params_default();
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -60,6 +67,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
     else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
     else if (!strcmp(a, "--prompt-ids")) { NEEDV(); ids_arg = v; }
+    else if (!strcmp(a, "--image")) {
+      NEEDV();
+      if (n_img == CLI_MAX_IMAGES) {
+        fprintf(stderr, "error: more than %d --image flags\n", CLI_MAX_IMAGES);
+        return 2;
+      }
+      images[n_img++] = v;
+    }
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
@@ -119,6 +134,14 @@ int main(int argc, char **argv) {
       fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", ngram_min, ngram_max);
       return 2;
     }
+    if (n_img) {
+      fprintf(stderr, "error: --speculative does not take --image yet\n");
+      return 2;
+    }
+  }
+  if (n_img && (!prompt || raw || dump)) {
+    fprintf(stderr, "error: --image needs --prompt (chat template), not --prompt-ids, --raw or --dump-logits\n");
+    return 2;
   }
   int32_t *ids = NULL;
   size_t n = 0;
@@ -149,7 +172,14 @@ int main(int argc, char **argv) {
     text = NULL; /* ids in, ids out: the text side is optional */
     err[0] = '\0';
   }
-  if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) goto fail;
+  double t_img = cli_now();
+  if (n_img) {
+    if (cli_image_prompt(m, text, prompt, system, no_think, images, n_img, media, refs, &ids, &n, err, sizeof err))
+      goto fail;
+  } else if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) {
+    goto fail;
+  }
+  t_img = cli_now() - t_img;
   if (n == 0) {
     snprintf(err, sizeof err, "the prompt is empty after tokenization");
     goto fail;
@@ -203,7 +233,14 @@ int main(int argc, char **argv) {
     snprintf(err, sizeof err, "out of memory");
     goto fail;
   }
-  for (size_t at = 0; at < n;) {
+  if (n_img) { /* the tower, then the prompt with its rows over the pads (anna_context_prefill) */
+    const anna_prompt pr = {ids, (int32_t)n, refs, n_img};
+    if (anna_context_prefill(ctx, 0, &pr, logits, err, sizeof err)) {
+      free(seq), free(pos), free(want);
+      goto fail;
+    }
+  }
+  for (size_t at = n_img ? n : 0; at < n;) {
     int len = (int)(n - at < (size_t)n_batch ? n - at : (size_t)n_batch);
     for (int i = 0; i < len; i++) pos[i] = (int32_t)(at + i), want[i] = dump || at + i == n - 1;
     anna_batch b = {len, ids + at, seq, pos, want};
@@ -320,6 +357,15 @@ int main(int argc, char **argv) {
             ss.windows ? (double)(ss.windows + ss.accepted) / (double)ss.windows : 0.0, (long long)ss.rollbacks,
             (long long)ss.rerun_tokens);
   }
+  if (!quiet && n_img) {
+    long vt = 0;
+    for (int i = 0; i < n_img; i++) vt += anna_media_n_tokens(media[i]);
+    anna_vision_stats vs;
+    anna_context_vision_stats(ctx, &vs);
+    fprintf(stderr, "[anna] %d image(s), %ld visual tokens | decode + preprocess + template %.1f ms | tower %.1f ms "
+            "(%lld runs) | tower + prefill %.1f ms\n", n_img, vt, t_img * 1e3, vs.tower_s * 1e3,
+            (long long)vs.tower_runs, t_prefill * 1e3);
+  }
   rc = 0;
   goto done;
 fail:
@@ -330,6 +376,7 @@ done:
   free(logits);
   free(gen);
   free(ids);
+  for (int i = 0; i < n_img; i++) anna_media_free(media[i]);
   anna_text_stream_free(stream);
   anna_ngram_free(drafter);
   anna_sampler_free(smp);

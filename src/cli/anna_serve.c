@@ -49,6 +49,10 @@ static void usage(FILE *f) {
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
           "  --max-body-bytes N (default 8 MiB)  --http-timeout-seconds S (default 60)\n"
+          "  --max-image-pixels N     images (vision models): width * height of one image (default 16777216)\n"
+          "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
+          "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
+          "                           data: URLs only; no redirects)  --image-fetch-timeout-seconds S (default 10)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
           "testing hooks:\n"
           "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
@@ -70,6 +74,7 @@ int main(int argc, char **argv) {
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
+  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0;
   o.eng.prompt_cache_block = 256;
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
@@ -169,6 +174,14 @@ int main(int argc, char **argv) {
     INTF("--max-completion-tokens", 1, 1 << 24, o.default_max_tokens)
     INTF("--top-k", 0, 1 << 24, o.defaults.top_k)
     INTF("--max-body-bytes", 1024, 1 << 30, max_body)
+    INTF("--max-image-pixels", 1, 1 << 30, max_img_px)
+    INTF("--max-images-per-request", 1, 64, max_imgs)
+    INTF("--max-image-bytes", 1, 1 << 30, max_img_bytes)
+    INTF("--image-fetch-timeout-seconds", 1, 3600, o.image_fetch_timeout_s)
+    else if (!strcmp(a, "--allowed-image-domains")) {
+      NEEDV();
+      o.allowed_image_domains = v;
+    }
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
     FLTF("--temperature", 0, 2, o.defaults.temperature)
@@ -207,6 +220,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   o.max_body_bytes = (size_t)max_body;
+  o.max_image_pixels = max_img_px;
+  o.max_images = max_imgs;
+  o.max_image_bytes = (size_t)max_img_bytes;
   /* Profiles (the seed's presets); 0 budgets mean "no budget". */
   int p_batch = 0, p_wait = 0, p_pre = 0, p_dec = 0, p_waiting = 0, p_qwait = 0, p_interval = 1;
   if (!strcmp(profile, "interactive")) p_batch = 2, p_wait = 0, p_pre = 1024, p_dec = 2048, p_waiting = 32, p_qwait = 100;

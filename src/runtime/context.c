@@ -31,6 +31,7 @@ struct anna_context {
   int8_t *vwant;
   float *vval;
   double *vstats; /* [2 * n_batch] */
+  ctx_vision *vis;    /* owned; NULL without a vision tower (api_vision.c) */
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
@@ -79,6 +80,10 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   }
   m->kind = kind;
   kind->describe(m->impl, &m->desc);
+  if ((rc = model_vision_attach(m, &src, &lp, err, errlen))) {
+    anna_model_free(m);
+    return rc;
+  }
   m->compute_bf16 = bf16;
   m->tuning = t;
   *out = m;
@@ -87,6 +92,7 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
 
 void anna_model_free(anna_model *m) {
   if (!m) return;
+  model_vision_detach(m);
   m->kind->free(m->impl);
   free(m->path);
   free(m);
@@ -262,6 +268,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   model_state_params spr = sp;
   spr.kv_type = kv_type;
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
+      (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, o.n_threads, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
     return rc;
@@ -274,6 +281,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 
 void anna_context_free(anna_context *c) {
   if (!c) return;
+  ctx_vision_free(c->vis);
   if (c->st) c->m->kind->state_free(c->st);
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
@@ -281,11 +289,20 @@ void anna_context_free(anna_context *c) {
   free(c);
 }
 
-static int context_run(anna_context *c, const anna_batch *b, float *out, const model_topk *tk, char *err,
-                       size_t errlen) {
+static int context_run_any(anna_context *c, const anna_batch *b, const model_input *mm, float *out,
+                           const model_topk *tk, char *err, size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
   const model_kind *k = c->m->kind;
-  const model_input in = {.io = MODEL_IO_TOKENS, .batch = b};
+  model_input in = {.io = MODEL_IO_TOKENS, .batch = b};
+  if (mm) {
+    in.embd = mm->embd;
+    in.embd_idx = mm->embd_idx;
+    in.n_embd = mm->n_embd;
+    in.rope_pos = mm->rope_pos;
+  } else if (c->vis) { /* sequences that hold an image decode at pos + their rotary delta */
+    int rc = ctx_vision_rope(c->vis, b, &in.rope_pos, err, errlen);
+    if (rc) return rc;
+  }
   const model_output mo = {.io = MODEL_IO_LOGITS, .logits = out, .topk = tk};
   ops_backend *d = c->dev;
   if (d->step_begin) {
@@ -297,6 +314,24 @@ static int context_run(anna_context *c, const anna_batch *b, float *out, const m
     return rc ? rc : rc2;
   }
   return k->run(c->m->impl, c->st, c->be, &in, &mo, err, errlen);
+}
+
+static int context_run(anna_context *c, const anna_batch *b, float *out, const model_topk *tk, char *err,
+                       size_t errlen) {
+  return context_run_any(c, b, NULL, out, tk, err, errlen);
+}
+
+int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,
+                   size_t errlen) {
+  return context_run_any(c, b, mm, out, NULL, err, errlen);
+}
+
+ctx_vision *context_vision(anna_context *c) {
+  return c->vis;
+}
+
+const anna_model *context_model(const anna_context *c) {
+  return c->m;
 }
 
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
@@ -338,6 +373,7 @@ int32_t anna_context_seq_len(const anna_context *c, int seq) {
 void anna_context_seq_reset(anna_context *c, int seq) {
   const model_seq_ops *s = seq_ops(c);
   if (s) s->reset(c->st, seq);
+  if (c->vis) ctx_vision_seq_reset(c->vis, seq);
 }
 
 int anna_context_seq_checkpoint(anna_context *c, int seq, char *err, size_t errlen) {
@@ -347,12 +383,16 @@ int anna_context_seq_checkpoint(anna_context *c, int seq, char *err, size_t errl
 
 int anna_context_seq_rewind(anna_context *c, int seq, int32_t n, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
-  return s ? s->rewind(c->st, seq, n, err, errlen) : no_seq(c, err, errlen);
+  int rc = s ? s->rewind(c->st, seq, n, err, errlen) : no_seq(c, err, errlen);
+  if (!rc && c->vis) ctx_vision_seq_truncate(c->vis, seq, n);
+  return rc;
 }
 
 int anna_context_seq_copy(anna_context *c, int dst, int src, int32_t n, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
-  return s ? s->copy(c->st, dst, src, n, err, errlen) : no_seq(c, err, errlen);
+  int rc = s ? s->copy(c->st, dst, src, n, err, errlen) : no_seq(c, err, errlen);
+  if (!rc && c->vis) ctx_vision_seq_copy(c->vis, dst, src, n);
+  return rc;
 }
 
 int64_t anna_context_seq_blocks_needed(const anna_context *c, int seq, int32_t n) {
@@ -414,6 +454,7 @@ void anna_context_profile_reset(anna_context *c) {
 
 int32_t anna_context_prefix_attach(anna_context *c, int seq, const int32_t *tokens, int32_t n, int flags) {
   const model_seq_ops *s = seq_ops(c);
+  if (c->vis) ctx_vision_seq_reset(c->vis, seq); /* attach empties the sequence first */
   return s ? s->prefix_attach(c->st, seq, tokens, n, flags & ANNA_PREFIX_REGISTER) : ANNA_EUNSUPPORTED;
 }
 

@@ -19,6 +19,33 @@ struct anna_model {
   int compute_bf16;   /* anna_model_options.dtype "bf16": contexts on cuda round GEMM inputs to bf16
                        */
   anna_tuning tuning; /* resolved at load (ANNA_TUNING, then anna_model_options.tuning) */
+  struct model_vision *vis; /* owned, NULL without a vision tower (api_vision.c) */
 };
+
+/* api_vision.c: the optional vision tower of a model and the per-context vision state. */
+typedef struct ctx_vision ctx_vision;
+/* After the text kind loaded src: loads the tower when the folder has one (m->vis). */
+int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, char *err,
+                        size_t errlen);
+void model_vision_detach(anna_model *m);
+/* Per-context: rotary deltas of n_seq sequences, positions scratch for n_batch rows. NULL
+ * *out (and 0) when m has no tower. Caller frees with ctx_vision_free. */
+int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, int n_threads, char *err,
+                      size_t errlen);
+void ctx_vision_free(ctx_vision *v);
+/* Rotary positions for a batch whose sequences carry deltas: *rope = NULL when none does,
+ * else [3 * b->n] in v's scratch. ANNA_ERANGE when b->n exceeds n_batch. */
+int ctx_vision_rope(ctx_vision *v, const anna_batch *b, const int32_t **rope, char *err, size_t errlen);
+void ctx_vision_seq_reset(ctx_vision *v, int seq);
+/* dst takes src's first n positions: the delta those positions end with. */
+void ctx_vision_seq_copy(ctx_vision *v, int dst, int src, int32_t n);
+/* seq keeps its first n positions (rewind): the delta they end with. */
+void ctx_vision_seq_truncate(ctx_vision *v, int seq, int32_t n);
+/* context.c: one decoder run with multimodal extras (embd / embd_idx / n_embd / rope_pos of
+ * model_input; NULL: none, the sequences' deltas apply). */
+int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,
+                   size_t errlen);
+ctx_vision *context_vision(anna_context *c);
+const anna_model *context_model(const anna_context *c);
 
 #endif

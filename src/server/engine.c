@@ -59,6 +59,10 @@ void gen_request_release(gen_request *r) {
   for (int i = 0; i < r->n_stop; i++)
     free(r->stop[i]);
   free(r->forced);
+  for (int i = 0; i < r->n_media; i++)
+    anna_media_free(r->media[i]);
+  free(r->media);
+  free(r->media_at);
   free(r->prefix);
   free(r->suffix);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
@@ -441,9 +445,58 @@ static void exact_store(engine *e, int i, const float *row) {
 
 static void slot_sample(engine *e, int i, float *row, int32_t pre);
 
+/* A prompt with images (gen_request.media): the tower and the prompt but its last token run
+ * here, alone, at slot start (anna_context_prefill); after a preemption the generated tokens
+ * follow as text. The last token is left to the scheduler's batched steps, which sample from
+ * it as from any prompt. No prefix attach or registration, no exact cache. */
+static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
+  slot *s = &e->slots[i];
+  const gen_request *r = s->r;
+  anna_media_ref refs[64];
+  s->exact_store = 0;
+  s->n_fed = 0;
+  anna_context_seq_reset(e->ctx, i);
+  if (r->n_media > 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
+  for (int k = 0; k < r->n_media; k++) refs[k] = (anna_media_ref){r->media[k], r->media_at[k]};
+  const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, r->n_media};
+  int rc = anna_context_prefill(e->ctx, i, &p, NULL, err, errlen);
+  if (!rc && s->n_feed > s->n_prompt) {
+    const anna_prompt q = {s->feed + s->n_prompt - 1, (int32_t)(s->n_feed - s->n_prompt), NULL, 0};
+    rc = anna_context_prefill(e->ctx, i, &q, NULL, err, errlen);
+  }
+  if (rc) {
+    anna_context_seq_reset(e->ctx, i);
+    return rc;
+  }
+  s->n_fed = s->n_feed - 1;
+  return 0;
+}
+
 static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   slot *s = &e->slots[i];
   gen_request *r = u->r;
+  if (u->parked && r->n_media) { /* resumed: the tower and prompt again, then the tokens so far */
+    slot *p = u->parked;
+    u->parked = NULL;
+    anna_text_stream_free(s->ts);
+    free(s->txt);
+    free(s->toks);
+    *s = *p;
+    free(p);
+    s->feed = s->toks;
+    s->n_feed = s->n_prompt + (size_t)s->n_gen;
+    s->decoding = 0;
+    int rc = slot_media_prefill(e, i, err, errlen);
+    if (rc) {
+      anna_sampler_free(s->smp);
+      s->smp = NULL;
+      s->r = NULL;
+      s->u = NULL;
+      return rc;
+    }
+    sc_cached(e, i, s->n_fed);
+    return 0;
+  }
   if (u->parked) { /* resumed: its state comes back; prompt + generated tokens are recomputed */
     slot *p = u->parked;
     u->parked = NULL;
@@ -472,7 +525,15 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->feed = s->prompt;
   s->n_feed = s->n_prompt;
   memcpy(s->toks, s->prompt, s->n_prompt * sizeof *s->toks);
-  const int hit = cache_reuse(e, i);
+  if (r->n_media && (pi != 0 || (rc = slot_media_prefill(e, i, err, errlen)) != 0)) {
+    if (!rc) rc = anna_err(err, errlen, ANNA_EINVAL, "images belong to the first prompt");
+    anna_sampler_free(s->smp);
+    s->smp = NULL;
+    s->r = NULL;
+    s->u = NULL;
+    return rc;
+  }
+  const int hit = r->n_media ? -1 : cache_reuse(e, i);
   sc_cached(e, i, s->n_fed);
   s->decoding = 0;
   s->n_gen = 0;

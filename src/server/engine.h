@@ -105,6 +105,13 @@ typedef struct gen_request {
   int32_t *forced; /* testing hook: emit these ids instead of sampling, then stop; owned */
   size_t n_forced;
   double t_arrival;
+  /* Images of prompt 0 (chat): media[k] (owned, anna_media_free) stands for the run of
+   * anna_media_n_tokens pad ids at prompts[0][media_at[k]]. The engine runs the tower and
+   * prefills such a prompt alone when its slot starts (anna_context_prefill), outside the
+   * prefix and exact prompt caches (pad ids do not identify an image). */
+  anna_media **media;
+  int32_t *media_at;
+  int n_media;
   /* Shared state. */
   pthread_mutex_t mu;
   pthread_cond_t cv;

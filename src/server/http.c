@@ -7,6 +7,7 @@
 #include "anna/anna.h"
 #include "metrics.h"
 #include "oai.h"
+#include "imgfetch.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -634,7 +635,15 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .default_max_tokens = o->default_max_tokens,
                           .max_n = 16,
                           .default_enable_thinking = o->default_enable_thinking,
-                          .debug_hooks = o->debug_hooks};
+                          .debug_hooks = o->debug_hooks,
+                          /* images: 4096 x 4096 pixels, 8 images, 20 MB each unless the flags say */
+                          .model = srv->m,
+                          .max_image_pixels = o->max_image_pixels > 0 ? o->max_image_pixels : 4096 * 4096,
+                          .max_images = o->max_images > 0 ? o->max_images : 8,
+                          .max_image_bytes = o->max_image_bytes > 0 ? o->max_image_bytes : 20u << 20,
+                          .allowed_image_domains = o->allowed_image_domains,
+                          .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10};
+  imgfetch_global_init();
 
   struct addrinfo hints = {
       .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};

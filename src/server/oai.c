@@ -1,6 +1,8 @@
 /* oai.c: OpenAI request parsing and response rendering (see oai.h). */
 #include "oai.h"
 
+#include "imgfetch.h"
+
 #include "anna/anna.h"
 
 #include <ctype.h>
@@ -9,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 int oai_fail(oai_error *e, int status, const char *param, const char *code, const char *fmt, ...) {
@@ -228,8 +231,153 @@ static int valid_fn_name(const char *s) {
   return 1;
 }
 
-/* Content as a plain string: a string, null, or an array of text parts. */
-static int content_text(json_t *c, int idx, json_t **out, oai_error *e) {
+/* ---- images (chat content parts) ---- */
+
+/* The images of one chat request, in message order, before they join the gen_request. */
+typedef struct img_list {
+  const oai_config *cfg;
+  anna_media *media[64];
+  int n;
+} img_list;
+
+static void img_list_clear(img_list *l) {
+  for (int i = 0; i < l->n; i++)
+    anna_media_free(l->media[i]);
+  l->n = 0;
+}
+
+/* RFC 4648 base64 (standard alphabet, '=' padding optional at the end, no whitespace): a
+ * small strict decoder rather than a crypto library dependency for one function. Returns the
+ * bytes written to out (>= 3 * n / 4 bytes), or -1 with *bad_at the offending offset. */
+static long b64_decode(const char *in, size_t n, uint8_t *out, size_t *bad_at) {
+  uint32_t acc = 0;
+  int bits = 0;
+  size_t o = 0, i, pad = 0;
+  while (n > 0 && in[n - 1] == '=') {
+    n--;
+    if (++pad > 2) {
+      *bad_at = n;
+      return -1;
+    }
+  }
+  for (i = 0; i < n; i++) {
+    const unsigned char ch = (unsigned char)in[i];
+    int v = ch >= 'A' && ch <= 'Z'   ? ch - 'A'
+            : ch >= 'a' && ch <= 'z' ? ch - 'a' + 26
+            : ch >= '0' && ch <= '9' ? ch - '0' + 52
+            : ch == '+'              ? 62
+            : ch == '/'              ? 63
+                                     : -1;
+    if (v < 0) {
+      *bad_at = i;
+      return -1;
+    }
+    acc = (acc << 6) | (uint32_t)v;
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out[o++] = (uint8_t)(acc >> bits);
+    }
+  }
+  if (bits >= 6) { /* a lone trailing character carries no whole byte */
+    *bad_at = n - 1;
+    return -1;
+  }
+  return (long)o;
+}
+
+/* Encoded image bytes (freed here) -> the next media of l. */
+static int image_bytes(img_list *l, uint8_t *bytes, size_t n, const char *pp, oai_error *e) {
+  char err[256];
+  int rc = anna_media_image_decode(&l->media[l->n], l->cfg->model, bytes, n, l->cfg->max_image_pixels, err,
+                                   sizeof err);
+  free(bytes);
+  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (rc) {
+    const int limit = strstr(err, "over the limit") != NULL;
+    return oai_fail(e, 400, pp, limit ? "image_too_large" : "invalid_image", "image %d: %s%s", l->n, err,
+                    limit ? " (--max-image-pixels)" : "");
+  }
+  l->n++;
+  return 0;
+}
+
+/* One image_url part: a data: URL (base64), or an http(s) URL on an allowed host (imgfetch.h),
+ * decoded and prepared for the model's tower. */
+static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_error *e) {
+  const oai_config *cfg = l->cfg;
+  char pp[96];
+  snprintf(pp, sizeof pp, "%s[%zu].image_url", p, i);
+  if (!cfg->model || !anna_model_has_vision(cfg->model))
+    return oai_fail(e, 400, pp, "unsupported_content",
+                    "the model '%s' is text only: it does not accept images (content part type 'image_url')",
+                    cfg->model_name);
+  if (l->n >= cfg->max_images || l->n >= 64)
+    return oai_fail(e, 400, pp, "too_many_images",
+                    "too many images: this server takes at most %d per request (--max-images-per-request)",
+                    cfg->max_images < 64 ? cfg->max_images : 64);
+  json_t *iu = json_object_get(part, "image_url"), *url = json_is_object(iu) ? json_object_get(iu, "url") : iu;
+  if (!json_is_string(url))
+    return oai_fail(e, 400, pp, "invalid_type", "'%s' must be {\"url\": \"data:image/...;base64,...\"}", pp);
+  json_t *detail = json_is_object(iu) ? json_object_get(iu, "detail") : NULL;
+  if (detail && !json_is_null(detail) &&
+      (!json_is_string(detail) || (strcmp(json_string_value(detail), "auto") &&
+                                   strcmp(json_string_value(detail), "low") && strcmp(json_string_value(detail), "high"))))
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.detail' must be auto, low or high (all three mean the model's "
+                    "own resolution here)", pp);
+  const char *u = json_string_value(url);
+  const size_t ul = json_string_length(url);
+  if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8)) {
+    if (!cfg->allowed_image_domains || !*cfg->allowed_image_domains)
+      return oai_fail(e, 400, pp, "remote_url_not_allowed",
+                      "remote image URLs are not fetched by this server (no server-side requests without "
+                      "--allowed-image-domains); send the image inline as a data:image/...;base64,... URL");
+    const imgfetch_limits fl = {cfg->allowed_image_domains, cfg->max_image_bytes, cfg->image_fetch_timeout_s};
+    char ferr[256];
+    if (imgfetch_check(u, &fl, ferr, sizeof ferr))
+      return oai_fail(e, 400, pp, "remote_url_not_allowed", "%s", ferr);
+    uint8_t *got = NULL;
+    size_t gn = 0;
+    if (imgfetch_get(u, &fl, &got, &gn, ferr, sizeof ferr))
+      return oai_fail(e, 400, pp, "image_fetch_failed", "%s", ferr);
+    return image_bytes(l, got, gn, pp, e);
+  }
+  if (strncasecmp(u, "data:", 5))
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url' must be a data: URL (data:image/png;base64,...)", pp);
+  const char *comma = memchr(u, ',', ul);
+  if (!comma)
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': a data: URL needs a ',' before its data", pp);
+  const size_t hl = (size_t)(comma - u);
+  if (hl < 11 || strncasecmp(u + 5, "image/", 6)) {
+    size_t ml = strcspn(u + 5, ";,");
+    return oai_fail(e, 400, pp, "unsupported_media_type", "'%s.url': the data: URL's media type must be image/*, got "
+                    "'%.*s'", pp, (int)(ml > 40 ? 40 : ml), u + 5);
+  }
+  if (hl < 7 || strncasecmp(comma - 7, ";base64", 7))
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': only base64 data: URLs are accepted (';base64,')", pp);
+  const char *b = comma + 1;
+  const size_t bl = ul - hl - 1;
+  if (bl / 4 * 3 > cfg->max_image_bytes)
+    return oai_fail(e, 400, pp, "image_too_large",
+                    "the image is about %zu bytes; this server takes at most %zu bytes per image (--max-image-bytes)",
+                    bl / 4 * 3, cfg->max_image_bytes);
+  uint8_t *bytes = malloc(bl / 4 * 3 + 3);
+  if (!bytes) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  size_t bad = 0;
+  long nb = b64_decode(b, bl, bytes, &bad);
+  if (nb <= 0) {
+    free(bytes);
+    return oai_fail(e, 400, pp, "invalid_base64",
+                    nb == 0 ? "'%s.url': the image data is empty"
+                            : "'%s.url': invalid base64 in the image data (at data offset %zu)", pp, bad);
+  }
+  return image_bytes(l, bytes, (size_t)nb, pp, e);
+}
+
+/* Content as a plain string: a string, null, or an array of text parts; with image parts
+ * (imgs not NULL: user messages) an array of {type: text, text} and {type: image} parts for
+ * the template, the images appended to imgs. */
+static int content_text(json_t *c, int idx, img_list *imgs, json_t **out, oai_error *e) {
   char p[64];
   snprintf(p, sizeof p, "messages[%d].content", idx);
   if (!c || json_is_null(c)) {
@@ -249,13 +397,39 @@ static int content_text(json_t *c, int idx, json_t **out, oai_error *e) {
            *tx = json_object_get(part, "text");
     if (!json_is_object(part) || !json_is_string(t))
       return oai_fail(e, 400, p, "invalid_type", "'%s[%zu]' must be an object with a 'type'", p, i);
+    if (!strcmp(json_string_value(t), "image_url")) {
+      if (!imgs)
+        return oai_fail(e, 400, p, "unsupported_content", "'%s[%zu]': images are only accepted in user messages",
+                        p, i);
+      continue;
+    }
     if (strcmp(json_string_value(t), "text"))
       return oai_fail(e, 400, p, "unsupported_content",
-                      "content part type '%.40s' is not supported by this text model",
+                      "content part type '%.40s' is not supported by this model",
                       json_string_value(t));
     if (!json_is_string(tx))
       return oai_fail(e, 400, p, "invalid_type", "'%s[%zu].text' must be a string", p, i);
     total += json_string_length(tx);
+  }
+  int has_img = 0;
+  for (size_t i = 0; i < json_array_size(c); i++)
+    has_img |= !strcmp(json_string_value(json_object_get(json_array_get(c, i), "type")), "image_url");
+  if (has_img) { /* parts in order: the template puts each image's placeholder where it was */
+    json_t *parts = json_array();
+    for (size_t i = 0; parts && i < json_array_size(c); i++) {
+      json_t *part = json_array_get(c, i);
+      if (!strcmp(json_string_value(json_object_get(part, "type")), "image_url")) {
+        if (image_part(imgs, part, p, i, e)) {
+          json_decref(parts);
+          return -1;
+        }
+        json_array_append_new(parts, json_pack("{s:s}", "type", "image"));
+      } else {
+        json_array_append_new(parts, json_pack("{s:s,s:O}", "type", "text", "text", json_object_get(part, "text")));
+      }
+    }
+    *out = parts;
+    return parts ? 0 : oai_fail(e, 500, NULL, NULL, "out of memory");
   }
   char *buf = malloc(total + 1);
   if (!buf) return oai_fail(e, 500, NULL, NULL, "out of memory");
@@ -270,7 +444,7 @@ static int content_text(json_t *c, int idx, json_t **out, oai_error *e) {
   return *out ? 0 : oai_fail(e, 500, NULL, NULL, "out of memory");
 }
 
-static int parse_messages(json_t *root, json_t **out, oai_error *e) {
+static int parse_messages(json_t *root, img_list *imgs, json_t **out, oai_error *e) {
   json_t *msgs = json_object_get(root, "messages");
   if (!msgs)
     return oai_fail(e, 400, "messages", "missing_required_parameter", "'messages' is required");
@@ -300,7 +474,7 @@ static int parse_messages(json_t *root, json_t **out, oai_error *e) {
                       "'%s' must be one of system, developer, user, assistant, tool", p);
     }
     json_t *content;
-    if (content_text(json_object_get(m, "content"), (int)i, &content, e)) {
+    if (content_text(json_object_get(m, "content"), (int)i, !strcmp(rs, "user") ? imgs : NULL, &content, e)) {
       json_decref(norm);
       return -1;
     }
@@ -501,11 +675,60 @@ static int set_prompts(gen_request *r, int n) {
   return r->prompts && r->n_prompt ? 0 : ANNA_ENOMEM;
 }
 
+/* The rendered prompt has one image pad id per image: each becomes the image's run of
+ * anna_media_n_tokens pads (the HF processor's expansion), and the images move to r. */
+static int expand_images(const oai_config *cfg, gen_request *r, img_list *imgs, oai_error *e) {
+  anna_vision_info vi;
+  char err[256];
+  if (anna_model_vision_info(cfg->model, &vi, err, sizeof err))
+    return oai_fail(e, 400, "messages", "unsupported_content", "%s", err);
+  const int32_t *ids = r->prompts[0];
+  const size_t n0 = r->n_prompt[0];
+  size_t total = n0, pads = 0;
+  for (size_t i = 0; i < n0; i++) pads += ids[i] == vi.image_token_id;
+  if (pads != (size_t)imgs->n)
+    return oai_fail(e, 400, "messages", "invalid_value",
+                    "the prompt has %zu image placeholder tokens for %d images (a message's text may not contain "
+                    "the image pad token, and the chat template must render image parts)", pads, imgs->n);
+  for (int k = 0; k < imgs->n; k++) total += (size_t)anna_media_n_tokens(imgs->media[k]) - 1;
+  int32_t *out = malloc(sizeof *out * total), *at = malloc(sizeof *at * (size_t)imgs->n);
+  anna_media **media = malloc(sizeof *media * (size_t)imgs->n);
+  if (!out || !at || !media) {
+    free(out), free(at), free(media);
+    return oai_fail(e, 500, NULL, NULL, "out of memory");
+  }
+  size_t o = 0;
+  int k = 0;
+  for (size_t i = 0; i < n0; i++) {
+    if (ids[i] != vi.image_token_id) {
+      out[o++] = ids[i];
+      continue;
+    }
+    at[k] = (int32_t)o;
+    for (int32_t j = 0; j < anna_media_n_tokens(imgs->media[k]); j++) out[o++] = ids[i];
+    k++;
+  }
+  if (o == 0 || out[o - 1] == vi.image_token_id) {
+    free(out), free(at), free(media);
+    return oai_fail(e, 400, "messages", "invalid_value", "the prompt must not end with an image");
+  }
+  memcpy(media, imgs->media, sizeof *media * (size_t)imgs->n);
+  free(r->prompts[0]);
+  r->prompts[0] = out;
+  r->n_prompt[0] = o;
+  r->media = media;
+  r->media_at = at;
+  r->n_media = imgs->n;
+  imgs->n = 0; /* r owns them now */
+  return 0;
+}
+
 static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_error *e) {
   gen_request *r = job->r;
   json_t *msgs = NULL, *tools = NULL, *kw_own = NULL;
-  if (parse_messages(root, &msgs, e)) return -1;
+  img_list imgs = {.cfg = cfg};
   int rc = -1;
+  if (parse_messages(root, &imgs, &msgs, e)) goto done;
   const char *force = NULL;
   if (parse_tools(root, &tools, &job->tools, &force, e) || parse_response_format(root, r, e))
     goto done;
@@ -558,6 +781,7 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
              err);
     goto done;
   }
+  if (imgs.n && expand_images(cfg, r, &imgs, e)) goto done;
   job->reasoning = cfg->reasoning_deepseek;
   if (r->n_prompt[0])
     job->start_in_reasoning =
@@ -568,6 +792,7 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   }
   rc = 0;
 done:
+  img_list_clear(&imgs);
   json_decref(kw_own);
   json_decref(msgs);
   return rc;

@@ -34,6 +34,16 @@ typedef struct oai_config {
   int max_n;
   int default_enable_thinking; /* -1: leave to the template */
   int debug_hooks;             /* accept "anna_debug_output" (forced output text) */
+  /* Images (chat content parts "image_url" with data: URLs): the model they are prepared for
+   * (NULL or no vision tower: every image part is a 400) and the limits, each refusal a 400
+   * naming its flag. */
+  const anna_model *model;
+  int64_t max_image_pixels; /* --max-image-pixels: width * height of one image (<= 0: none) */
+  int max_images;           /* --max-images-per-request */
+  size_t max_image_bytes;   /* --max-image-bytes: one image's encoded bytes */
+  const char *allowed_image_domains; /* --allowed-image-domains: http(s) image URLs from these hosts
+                                        are fetched (imgfetch.h); NULL: none */
+  long image_fetch_timeout_s;        /* --image-fetch-timeout-seconds */
 } oai_config;
 
 enum { OAI_CHAT = 0, OAI_COMPLETION = 1 };

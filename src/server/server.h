@@ -35,6 +35,11 @@ typedef struct server_options {
   const char *profile_name; /* for /healthz */
   int debug_hooks;          /* testing: forced outputs per request */
   int verbose;              /* print the context's tuning (anna_context_tuning) at start */
+  int64_t max_image_pixels; /* images: --max-image-pixels (0: the default below) */
+  int max_images;           /* --max-images-per-request (0: default) */
+  size_t max_image_bytes;   /* --max-image-bytes (0: default) */
+  const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
+  int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled

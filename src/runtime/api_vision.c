@@ -1,0 +1,713 @@
+/* api_vision.c: images in prompts (anna.h "Images in prompts") over the vision tower kind
+ * (model/vision_qwen35.h), the image decoder and processor (media/) and the text decoder's
+ * multimodal input (embedding rows + 3-axis rotary positions, model_input).
+ *
+ * The model handle keeps the tower as a second kind + impl (model_vision); a context keeps
+ * per-sequence rotary deltas and, from the first prefill with media on, the tower's own CPU
+ * backend and state (ctx_vision). Prefill: tower over each image (one call per group of
+ * images that fits the state), positions from vision_qwen35_rope_positions offset by the
+ * sequence's length and delta, then decoder runs of n_batch rows whose pad rows take the
+ * tower's rows. Decode steps afterwards add the delta on every axis (ctx_vision_rope).
+ */
+#define _DEFAULT_SOURCE
+#include "anna/anna.h"
+
+#include "backends/registry.h"
+#include "base/error.h"
+#include "media/image.h"
+#include "media/vision_preproc.h"
+#include "model/vision_qwen35.h"
+#include "runtime/model_handle.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct model_vision {
+  const model_kind *kind; /* static */
+  void *impl;             /* owned: kind->free */
+  model_desc desc;
+  anna_vision_info info;
+  vision_preproc_config pre;
+  int32_t patch_dim, temporal_patch;
+};
+
+struct anna_media {
+  vision_pixels px;
+  int32_t n_tokens, merge;
+  int32_t src_w, src_h;
+  uint64_t hash;
+};
+
+/* Encoder output cache: the tower's rows of recent images, found by hash and confirmed by
+ * comparing the pixels themselves (the 64-bit FNV hash is not collision resistant, and a crafted
+ * collision must not hand one client the rows of another's image). */
+#define ENC_SLOTS 8
+#define ENC_BYTES ((size_t)256 << 20)
+typedef struct enc_entry {
+  uint64_t hash, tick;
+  int32_t grid[3];
+  int64_t n_patches, n_rows;
+  float *pix, *rows; /* owned; NULL: empty */
+  size_t bytes;
+} enc_entry;
+
+struct ctx_vision {
+  const struct model_vision *mv; /* borrowed from the model */
+  enc_entry enc[ENC_SLOTS];
+  size_t enc_bytes;
+  uint64_t tick;
+  anna_vision_stats stats;
+  int n_seq, n_batch, n_threads;
+  int32_t *delta; /* [n_seq] */
+  /* per sequence, its image runs in order: run_end[k] the cache position after run k and
+   * run_delta[k] the delta from there on (rewind and copy find the delta of a length);
+   * n_runs[seq] entries of cap_runs[seq], grown at prefill (not a per-token path) */
+  int32_t **run_end, **run_delta;
+  int32_t *n_runs, *cap_runs;
+  int32_t *rope;   /* [3 * n_batch] decode-step positions */
+  ops_backend *be; /* the tower's CPU backend (lazy) */
+  void *st;        /* the tower's state (lazy) */
+  int64_t cap;     /* patches st takes */
+};
+
+/* ---- model ---- */
+
+static int32_t cfg_id(const json_t *root, const char *key, int32_t dflt) {
+  const json_t *v = json_object_get(root, key);
+  if (!v) {
+    const json_t *tc = json_object_get(root, "text_config");
+    v = tc ? json_object_get(tc, key) : NULL;
+  }
+  return json_is_integer(v) ? (int32_t)json_integer_value(v) : dflt;
+}
+
+/* Reads a whole small file; *buf NULL (and 0) when it does not exist. */
+static int read_small(const char *path, char **buf, size_t *n, char *err, size_t errlen) {
+  *buf = NULL;
+  *n = 0;
+  FILE *f = fopen(path, "rb");
+  if (!f) return 0;
+  char *b = NULL;
+  size_t cap = 0, len = 0;
+  for (;;) {
+    if (len + 4096 > cap) {
+      if (cap > (1u << 22)) {
+        fclose(f);
+        free(b);
+        return anna_err(err, errlen, ANNA_EFORMAT, "%s: larger than 4 MB", path);
+      }
+      char *nb = realloc(b, cap = cap * 2 + 8192);
+      if (!nb) {
+        fclose(f);
+        free(b);
+        return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+      }
+      b = nb;
+    }
+    size_t r = fread(b + len, 1, cap - len, f);
+    len += r;
+    if (r == 0) break;
+  }
+  fclose(f);
+  *buf = b;
+  *n = len;
+  return 0;
+}
+
+int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp,
+                        char *err, size_t errlen) {
+  m->vis = NULL;
+  const model_kind *k = model_kind_by_name("qwen3_5_vision");
+  if (!k || src->is_gguf || !k->probe(src)) return 0;
+  char path[PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/config.json", src->path);
+  json_t *root = json_load_file(path, 0, NULL);
+  if (!root) return 0; /* the text kind read it already; nothing more to say here */
+  if (!json_is_object(json_object_get(root, "vision_config"))) {
+    json_decref(root);
+    return 0;
+  }
+  struct model_vision *v = calloc(1, sizeof *v);
+  if (!v) {
+    json_decref(root);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  v->info.image_token_id = cfg_id(root, "image_token_id", -1);
+  v->info.vision_start_id = cfg_id(root, "vision_start_token_id", -1);
+  v->info.vision_end_id = cfg_id(root, "vision_end_token_id", -1);
+  json_decref(root);
+  char e2[256];
+  int rc = k->load(&v->impl, src, lp, e2, sizeof e2);
+  if (rc == ANNA_ENOTFOUND) { /* a text-only export that kept vision_config: text only */
+    free(v);
+    return 0;
+  }
+  if (rc) {
+    free(v);
+    return anna_err(err, errlen, rc, "%s: vision tower: %s", src->path, e2);
+  }
+  v->kind = k;
+  k->describe(v->impl, &v->desc);
+  vision_preproc_config_default(&v->pre);
+  char *txt;
+  size_t n;
+  snprintf(path, sizeof path, "%s/preprocessor_config.json", src->path);
+  if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
+    rc = vision_preproc_config_parse(txt, n, &v->pre, e2, sizeof e2);
+    if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
+    free(txt);
+  }
+  if (!rc && v->info.image_token_id < 0)
+    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s/config.json: vision_config without image_token_id",
+                  src->path);
+  if (rc) {
+    k->free(v->impl);
+    free(v);
+    return rc;
+  }
+  v->temporal_patch = v->pre.temporal_patch_size;
+  v->patch_dim = 3 * v->pre.temporal_patch_size * v->pre.patch_size * v->pre.patch_size;
+  v->info.patch_size = v->pre.patch_size;
+  v->info.merge_size = v->pre.merge_size;
+  v->info.min_pixels = v->pre.min_pixels;
+  v->info.max_pixels = v->pre.max_pixels;
+  v->info.n_embd = v->desc.n_embd;
+  m->vis = v;
+  return 0;
+}
+
+void model_vision_detach(anna_model *m) {
+  if (!m->vis) return;
+  m->vis->kind->free(m->vis->impl);
+  free(m->vis);
+  m->vis = NULL;
+}
+
+int anna_model_has_vision(const anna_model *m) {
+  return m && m->vis != NULL;
+}
+
+static int no_vision(const anna_model *m, char *err, size_t errlen) {
+  return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "the model %s has no vision tower (text only): it takes no images",
+                  m ? m->path : "(none)");
+}
+
+int anna_model_vision_info(const anna_model *m, anna_vision_info *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (!anna_model_has_vision(m)) return no_vision(m, err, errlen);
+  *out = m->vis->info;
+  return 0;
+}
+
+/* ---- media ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+  const uint8_t *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *rgb, int32_t w,
+                          int32_t h, char *err, size_t errlen) {
+  anna_media *md = calloc(1, sizeof *md);
+  if (!md) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  const struct model_vision *v = m->vis;
+  int rc = vision_preproc_image(&v->pre, rgb, w, h, &md->px, err, errlen);
+  if (rc) {
+    free(md);
+    return rc;
+  }
+  md->merge = v->pre.merge_size;
+  md->n_tokens = (int32_t)vision_pixels_tokens(&md->px, &v->pre);
+  md->src_w = w;
+  md->src_h = h;
+  const int32_t g[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
+  uint64_t hs = fnv1a(1469598103934665603ull, g, sizeof g);
+  md->hash =
+      fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
+  *out = md;
+  return 0;
+}
+
+int anna_media_image_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
+                            int64_t max_pixels, char *err, size_t errlen) {
+  *out = NULL;
+  if (!anna_model_has_vision(m)) return no_vision(m, err, errlen);
+  if (!data || !n) return anna_err(err, errlen, ANNA_EINVAL, "image: no data");
+  media_image img;
+  int rc = media_image_decode(data, n, max_pixels, &img, err, errlen);
+  if (rc) return rc;
+  rc = media_from_rgb(out, m, img.rgb, img.width, img.height, err, errlen);
+  media_image_free(&img);
+  return rc;
+}
+
+int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const anna_image *img,
+                                 char *err, size_t errlen) {
+  *out = NULL;
+  if (!anna_model_has_vision(m)) return no_vision(m, err, errlen);
+  if (!img || !img->pixels || img->width <= 0 || img->height <= 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "image: no pixels or a zero size");
+  const int ch = img->channels;
+  if (ch != 1 && ch != 3 && ch != 4)
+    return anna_err(err, errlen, ANNA_EINVAL, "image: %d channels (have: 1, 3, 4)", ch);
+  if (img->row_stride < (size_t)img->width * (size_t)ch)
+    return anna_err(err, errlen, ANNA_EINVAL, "image: row stride %zu below width * channels",
+                    img->row_stride);
+  const size_t W = (size_t)img->width, H = (size_t)img->height;
+  uint8_t *rgb = malloc(W * H * 3);
+  if (!rgb) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  for (size_t y = 0; y < H; y++) {
+    const uint8_t *s = img->pixels + y * img->row_stride;
+    uint8_t *d = rgb + y * W * 3;
+    for (size_t x = 0; x < W; x++, d += 3, s += ch) {
+      if (ch == 1)
+        d[0] = d[1] = d[2] = s[0];
+      else if (ch == 3)
+        memcpy(d, s, 3);
+      else
+        for (int k = 0; k < 3; k++)
+          d[k] = media_image_over_white(s[k], s[3]);
+    }
+  }
+  int rc = media_from_rgb(out, m, rgb, img->width, img->height, err, errlen);
+  free(rgb);
+  return rc;
+}
+
+int32_t anna_media_n_tokens(const anna_media *md) {
+  return md ? md->n_tokens : 0;
+}
+
+void anna_media_grid(const anna_media *md, int32_t thw[3], int32_t *width, int32_t *height) {
+  thw[0] = md->px.grid_t;
+  thw[1] = md->px.grid_h;
+  thw[2] = md->px.grid_w;
+  if (width) *width = md->src_w;
+  if (height) *height = md->src_h;
+}
+
+uint64_t anna_media_hash(const anna_media *md) {
+  return md ? md->hash : 0;
+}
+
+void anna_media_free(anna_media *md) {
+  if (!md) return;
+  vision_pixels_free(&md->px);
+  free(md);
+}
+
+/* ---- context ---- */
+
+int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, int n_threads,
+                      char *err, size_t errlen) {
+  *out = NULL;
+  if (!m->vis) return 0;
+  ctx_vision *v = calloc(1, sizeof *v);
+  if (!v || !(v->delta = calloc((size_t)n_seq, sizeof *v->delta)) ||
+      !(v->run_end = calloc((size_t)n_seq, sizeof *v->run_end)) ||
+      !(v->run_delta = calloc((size_t)n_seq, sizeof *v->run_delta)) ||
+      !(v->n_runs = calloc((size_t)n_seq, sizeof *v->n_runs)) ||
+      !(v->cap_runs = calloc((size_t)n_seq, sizeof *v->cap_runs)) ||
+      !(v->rope = malloc(sizeof *v->rope * 3 * (size_t)n_batch))) {
+    ctx_vision_free(v);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  v->mv = m->vis;
+  v->n_seq = n_seq;
+  v->n_batch = n_batch;
+  v->n_threads = n_threads;
+  *out = v;
+  return 0;
+}
+
+static void tower_close(ctx_vision *v) {
+  if (v->st) v->mv->kind->state_free(v->st);
+  if (v->be) v->be->destroy(v->be);
+  v->st = NULL;
+  v->be = NULL;
+  v->cap = 0;
+}
+
+static void enc_drop(ctx_vision *v, enc_entry *e) {
+  v->enc_bytes -= e->bytes;
+  free(e->pix);
+  free(e->rows);
+  memset(e, 0, sizeof *e);
+}
+
+static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
+  const vision_pixels *px = &md->px;
+  for (int i = 0; i < ENC_SLOTS; i++) {
+    enc_entry *e = &v->enc[i];
+    if (e->rows && e->hash == md->hash && e->n_patches == px->n_patches &&
+        e->grid[0] == px->grid_t && e->grid[1] == px->grid_h && e->grid[2] == px->grid_w &&
+        !memcmp(e->pix, px->values,
+                sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim)) {
+      e->tick = ++v->tick;
+      return e;
+    }
+  }
+  return NULL;
+}
+
+/* Keeps md's rows, evicting the least recently used entries to stay within ENC_BYTES. Out of
+ * memory or too large: not kept (the cache is an optimisation). */
+static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, int64_t n_rows,
+                      int E) {
+  const vision_pixels *px = &md->px;
+  const size_t pb = sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim;
+  const size_t rb = sizeof(float) * (size_t)n_rows * (size_t)E;
+  if (pb + rb > ENC_BYTES) return;
+  for (;;) {
+    enc_entry *lru = NULL;
+    int free_slot = 0;
+    for (int i = 0; i < ENC_SLOTS; i++) {
+      if (!v->enc[i].rows)
+        free_slot = 1;
+      else if (!lru || v->enc[i].tick < lru->tick)
+        lru = &v->enc[i];
+    }
+    if (free_slot && v->enc_bytes + pb + rb <= ENC_BYTES) break;
+    enc_drop(v, lru);
+  }
+  enc_entry *e = NULL;
+  for (int i = 0; i < ENC_SLOTS && !e; i++)
+    if (!v->enc[i].rows) e = &v->enc[i];
+  e->pix = malloc(pb);
+  e->rows = malloc(rb);
+  if (!e->pix || !e->rows) {
+    free(e->pix);
+    free(e->rows);
+    memset(e, 0, sizeof *e);
+    return;
+  }
+  memcpy(e->pix, px->values, pb);
+  memcpy(e->rows, rows, rb);
+  e->hash = md->hash;
+  e->tick = ++v->tick;
+  e->grid[0] = px->grid_t;
+  e->grid[1] = px->grid_h;
+  e->grid[2] = px->grid_w;
+  e->n_patches = px->n_patches;
+  e->n_rows = n_rows;
+  e->bytes = pb + rb;
+  v->enc_bytes += e->bytes;
+}
+
+void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st) {
+  const ctx_vision *v = context_vision((anna_context *)c);
+  if (v)
+    *st = v->stats;
+  else
+    memset(st, 0, sizeof *st);
+}
+
+void anna_context_vision_cache_clear(anna_context *c) {
+  ctx_vision *v = context_vision(c);
+  for (int i = 0; v && i < ENC_SLOTS; i++)
+    enc_drop(v, &v->enc[i]);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void ctx_vision_free(ctx_vision *v) {
+  if (!v) return;
+  for (int i = 0; i < ENC_SLOTS; i++)
+    enc_drop(v, &v->enc[i]);
+  tower_close(v);
+  for (int s = 0; v->run_end && s < v->n_seq; s++)
+    free(v->run_end[s]);
+  for (int s = 0; v->run_delta && s < v->n_seq; s++)
+    free(v->run_delta[s]);
+  free(v->run_end);
+  free(v->run_delta);
+  free(v->n_runs);
+  free(v->cap_runs);
+  free(v->delta);
+  free(v->rope);
+  free(v);
+}
+
+int ctx_vision_rope(ctx_vision *v, const anna_batch *b, const int32_t **rope, char *err,
+                    size_t errlen) {
+  *rope = NULL;
+  int any = 0;
+  for (int32_t i = 0; i < b->n && !any; i++)
+    any = b->seq[i] >= 0 && b->seq[i] < v->n_seq && v->delta[b->seq[i]] != 0;
+  if (!any) return 0;
+  if (b->n > v->n_batch)
+    return anna_err(err, errlen, ANNA_ERANGE, "batch of %d tokens exceeds n_batch %d", b->n,
+                    v->n_batch);
+  for (int32_t i = 0; i < b->n; i++) {
+    const int s = b->seq[i];
+    const int32_t p = b->pos[i] + (s >= 0 && s < v->n_seq ? v->delta[s] : 0);
+    v->rope[i] = v->rope[b->n + i] = v->rope[2 * b->n + i] = p;
+  }
+  *rope = v->rope;
+  return 0;
+}
+
+void ctx_vision_seq_truncate(ctx_vision *v, int seq, int32_t n) {
+  if (seq < 0 || seq >= v->n_seq) return;
+  int32_t k = v->n_runs[seq];
+  while (k > 0 && v->run_end[seq][k - 1] > n)
+    k--; /* a run cut in the middle goes too */
+  v->n_runs[seq] = k;
+  v->delta[seq] = k ? v->run_delta[seq][k - 1] : 0;
+}
+
+void ctx_vision_seq_reset(ctx_vision *v, int seq) {
+  ctx_vision_seq_truncate(v, seq, 0);
+}
+
+static int runs_reserve(ctx_vision *v, int seq, int32_t need) {
+  if (need <= v->cap_runs[seq]) return 0;
+  const int32_t cap = need < 8 ? 8 : need * 2;
+  int32_t *e = realloc(v->run_end[seq], sizeof *e * (size_t)cap);
+  if (e) v->run_end[seq] = e;
+  int32_t *d = e ? realloc(v->run_delta[seq], sizeof *d * (size_t)cap) : NULL;
+  if (d) v->run_delta[seq] = d;
+  if (!e || !d) return ANNA_ENOMEM;
+  v->cap_runs[seq] = cap;
+  return 0;
+}
+
+void ctx_vision_seq_copy(ctx_vision *v, int dst, int src, int32_t n) {
+  if (dst < 0 || dst >= v->n_seq || src < 0 || src >= v->n_seq || dst == src) return;
+  const int32_t k = v->n_runs[src];
+  if (runs_reserve(v, dst, k)) { /* out of memory: the newest delta, no history */
+    v->n_runs[dst] = 0;
+    v->delta[dst] = v->delta[src];
+    return;
+  }
+  memcpy(v->run_end[dst], v->run_end[src], sizeof(int32_t) * (size_t)k);
+  memcpy(v->run_delta[dst], v->run_delta[src], sizeof(int32_t) * (size_t)k);
+  v->n_runs[dst] = k;
+  ctx_vision_seq_truncate(v, dst, n);
+}
+
+int32_t anna_context_seq_rope_delta(const anna_context *c, int seq) {
+  ctx_vision *v = context_vision((anna_context *)c);
+  return v && seq >= 0 && seq < v->n_seq ? v->delta[seq] : 0;
+}
+
+/* The tower's backend and state for at least `patches` patches per call (rounded up to 1024:
+ * a few sizes, not one per image). */
+static int tower_open(ctx_vision *v, int64_t patches, char *err, size_t errlen) {
+  if (v->st && v->cap >= patches) return 0;
+  tower_close(v);
+  const int64_t cap = (patches + 1023) / 1024 * 1024;
+  const struct model_vision *mv = v->mv;
+  ops_model_shape *shape = calloc(1, sizeof *shape);
+  if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  mv->kind->backend_shape(mv->impl, 0, shape);
+  const backend_info *bi = backend_registry_find("cpu");
+  const backend_params bp = {.n_threads = v->n_threads, .n_batch = cap, .shape = shape};
+  int rc =
+      bi ? bi->create(&bp, &v->be, err, errlen)
+         : anna_err(err, errlen, ANNA_EUNSUPPORTED, "vision tower: no cpu backend in this build");
+  free(shape);
+  const model_state_params sp = {.n_seq = 1, .n_batch = (int)cap};
+  if (!rc) rc = mv->kind->state_create(&v->st, mv->impl, v->be, &sp, err, errlen);
+  if (rc) {
+    tower_close(v);
+    return rc;
+  }
+  v->cap = cap;
+  return 0;
+}
+
+/* Tower rows of every media of p into rows [sum n_tokens, n_embd], in prompt order: from the
+ * encoder output cache, else one tower call per image. */
+static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *err, size_t errlen) {
+  const struct model_vision *mv = v->mv;
+  const int E = mv->desc.n_embd;
+  int rc = 0;
+  int64_t row = 0;
+  for (int32_t i = 0; !rc && i < p->n_media; row += p->media[i].media->n_tokens, i++) {
+    const anna_media *md = p->media[i].media;
+    float *out = rows + row * E;
+    v->stats.images++;
+    const enc_entry *hit = enc_find(v, md);
+    if (hit) {
+      memcpy(out, hit->rows, sizeof(float) * (size_t)hit->n_rows * (size_t)E);
+      v->stats.cache_hits++;
+      continue;
+    }
+    const double t0 = now_s();
+    if ((rc = tower_open(v, md->px.n_patches, err, errlen))) break;
+    const int32_t grid[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
+    const model_input in = {.io = MODEL_IO_PIXELS,
+                            .pixels = md->px.values,
+                            .n_patches = md->px.n_patches,
+                            .patch_dim = mv->patch_dim,
+                            .n_grids = 1,
+                            .grid_thw = grid};
+    int64_t wrote = 0;
+    const model_output mo = {
+        .io = MODEL_IO_EMBEDDINGS, .embd = out, .embd_rows = md->n_tokens, .embd_written = &wrote};
+    rc = mv->kind->run(mv->impl, v->st, v->be, &in, &mo, err, errlen);
+    if (!rc && wrote != md->n_tokens)
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "vision tower wrote %lld rows, expected %d",
+                    (long long)wrote, md->n_tokens);
+    if (rc) break;
+    v->stats.tower_runs++;
+    v->stats.tower_s += now_s() - t0;
+    enc_store(v, md, out, md->n_tokens, E);
+  }
+  return rc;
+}
+
+/* Checks p against the model: runs match their media, no stray pad ids. Fills is_vision and
+ * run_hw (grid h, w per run). */
+static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uint8_t *is_vision,
+                        int32_t *run_hw, char *err, size_t errlen) {
+  const int32_t pad = mv->info.image_token_id;
+  memset(is_vision, 0, (size_t)p->n);
+  int32_t end = -1;
+  for (int32_t r = 0; r < p->n_media; r++) {
+    const anna_media *md = p->media[r].media;
+    const int32_t at = p->media[r].at;
+    if (!md) return anna_err(err, errlen, ANNA_EINVAL, "prompt media %d: no media", r);
+    if (md->px.patch_dim != mv->patch_dim || md->merge != mv->info.merge_size)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "prompt media %d: prepared for another model's tower", r);
+    if (md->px.grid_t != 1)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "prompt media %d: video grids are not supported yet", r);
+    if (at < 0 || at > p->n - md->n_tokens)
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "prompt media %d: its %d pad tokens at %d do not fit %d tokens", r,
+                      md->n_tokens, at, p->n);
+    if (at <= end)
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "prompt media %d at %d: media must come in increasing order, not adjacent to "
+                      "the previous run",
+                      r, at);
+    for (int32_t i = at; i < at + md->n_tokens; i++) {
+      if (p->tokens[i] != pad)
+        return anna_err(
+            err, errlen, ANNA_EINVAL,
+            "prompt media %d: token %d is %d, not the image pad %d (the run needs %d pads)", r, i,
+            p->tokens[i], pad, md->n_tokens);
+      is_vision[i] = 1;
+    }
+    end = at + md->n_tokens;
+    run_hw[2 * r] = md->px.grid_h;
+    run_hw[2 * r + 1] = md->px.grid_w;
+  }
+  for (int32_t i = 0; i < p->n; i++)
+    if (p->tokens[i] == pad && !is_vision[i])
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      "prompt token %d is the image pad %d but no image covers it", i, pad);
+  return 0;
+}
+
+int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err,
+                         size_t errlen) {
+  const anna_model *m = context_model(c);
+  ctx_vision *v = context_vision(c);
+  if (!p || !p->tokens || p->n <= 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "prefill: empty prompt");
+  if (p->n_media < 0 || (p->n_media > 0 && !p->media))
+    return anna_err(err, errlen, ANNA_EINVAL, "prefill: media count %d without media", p->n_media);
+  if (p->n_media > 0 && !v) return no_vision(m, err, errlen);
+  if (v && (seq < 0 || seq >= v->n_seq))
+    return anna_err(err, errlen, ANNA_EINVAL, "prefill: sequence %d out of range [0, %d)", seq,
+                    v->n_seq);
+  const int32_t len = anna_context_seq_len(c, seq);
+  if (len < 0) return anna_err(err, errlen, ANNA_EINVAL, "prefill: sequence %d has no state", seq);
+  const int32_t n = p->n;
+  const int nb = v ? v->n_batch : 512;
+  int64_t rows_n = 0;
+  for (int32_t r = 0; r < p->n_media; r++)
+    rows_n += p->media[r].media ? p->media[r].media->n_tokens : 0;
+  const int E = v ? v->mv->desc.n_embd : 0;
+  const int vocab = anna_model_vocab(m);
+  uint8_t *isv = malloc((size_t)n);
+  int32_t *run_hw = malloc(sizeof *run_hw * (2 * (size_t)p->n_media + 1));
+  int32_t *pos3 = malloc(sizeof *pos3 * 3 * (size_t)n);
+  int32_t *bpos3 = malloc(sizeof *bpos3 * 3 * (size_t)nb);
+  int32_t *bseq = malloc(sizeof *bseq * (size_t)nb), *bpos = malloc(sizeof *bpos * (size_t)nb);
+  int32_t *bidx = malloc(sizeof *bidx * (size_t)nb);
+  int8_t *bflag = calloc((size_t)nb, 1);
+  float *rows = malloc(sizeof *rows * ((size_t)rows_n * (size_t)E + 1));
+  float *lg = logits ? logits : malloc(sizeof *lg * (size_t)vocab);
+  int rc = 0;
+  if (!isv || !run_hw || !pos3 || !bpos3 || !bseq || !bpos || !bidx || !bflag || !rows || !lg)
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  int32_t next = n;
+  if (!rc && v) rc = prompt_check(v->mv, p, isv, run_hw, err, errlen);
+  if (!rc && v && p->n_media > 0) rc = tower_rows(v, p, rows, err, errlen);
+  if (!rc && v && p->n_media > 0)
+    rc = vision_qwen35_rope_positions(isv, n, run_hw, p->n_media, v->mv->info.merge_size, pos3,
+                                      &next, err, errlen);
+  const int32_t base = len + (v ? v->delta[seq] : 0);
+  int64_t row = 0;
+  for (int32_t s0 = 0; !rc && s0 < n; s0 += nb) {
+    const int32_t cn = n - s0 < nb ? n - s0 : nb;
+    int64_t ne = 0;
+    for (int32_t i = 0; i < cn; i++) {
+      bseq[i] = seq;
+      bpos[i] = len + s0 + i;
+      bflag[i] = s0 + i == n - 1;
+      if (p->n_media > 0) {
+        for (int a = 0; a < 3; a++)
+          bpos3[a * cn + i] = base + pos3[a * n + s0 + i];
+        if (isv[s0 + i]) bidx[ne++] = i;
+      }
+    }
+    const anna_batch b = {cn, p->tokens + s0, bseq, bpos, bflag};
+    if (p->n_media > 0 || (v && v->delta[seq])) {
+      if (p->n_media == 0)
+        for (int32_t i = 0; i < cn; i++)
+          bpos3[i] = bpos3[cn + i] = bpos3[2 * cn + i] = base + s0 + i;
+      const model_input mm = {.embd = ne ? rows + row * E : NULL,
+                              .embd_idx = ne ? bidx : NULL,
+                              .n_embd = ne,
+                              .rope_pos = bpos3};
+      rc = context_run_mm(c, &b, &mm, lg, err, errlen);
+    } else {
+      rc = anna_context_decode(c, &b, lg, err, errlen);
+    }
+    row += ne;
+  }
+  if (!rc && v && p->n_media > 0 && !(rc = runs_reserve(v, seq, v->n_runs[seq] + p->n_media))) {
+    int32_t d = v->delta[seq];
+    for (int32_t r = 0; r < p->n_media; r++) { /* a run of gh x gw tokens advances max(gh, gw) */
+      const int32_t M = v->mv->info.merge_size, gh = run_hw[2 * r] / M, gw = run_hw[2 * r + 1] / M;
+      d += (gh > gw ? gh : gw) - gh * gw;
+      const int32_t k = v->n_runs[seq]++;
+      v->run_end[seq][k] = len + p->media[r].at + p->media[r].media->n_tokens;
+      v->run_delta[seq][k] = d;
+    }
+    if (d != v->delta[seq] + next - n)
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "prefill: rotary delta %d disagrees with the positions' %d", d,
+                    v->delta[seq] + next - n);
+    v->delta[seq] = d;
+  }
+  if (rc == ANNA_ENOMEM) anna_err(err, errlen, rc, "out of memory");
+  if (lg != logits) free(lg);
+  free(isv);
+  free(run_hw);
+  free(pos3);
+  free(bpos3);
+  free(bseq);
+  free(bpos);
+  free(bidx);
+  free(bflag);
+  free(rows);
+  return rc;
+}
