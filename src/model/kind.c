@@ -6,6 +6,7 @@
 #include "model/codec_qwen3_tts.h"
 #include "model/config.h"
 #include "model/text_decoder.h"
+#include "model/tts_qwen3.h"
 #include "model/vision_qwen35.h"
 
 #include <limits.h>
@@ -14,8 +15,10 @@
 #include <sys/stat.h>
 
 /* Probe order: the first kind that accepts a source loads it (a Qwen3.5 folder: the text
- * decoder; its vision tower is picked by name). */
-static const model_kind *const k_kinds[] = {&text_decoder_kind, &vision_qwen35_kind, &codec_qwen3_tts_kind};
+ * decoder; its vision tower is picked by name; a Qwen3-TTS folder holding speech_tokenizer/:
+ * the codec, its talker by name "qwen3_tts"). */
+static const model_kind *const k_kinds[] = {&text_decoder_kind, &vision_qwen35_kind, &codec_qwen3_tts_kind,
+                                            &tts_qwen3_kind};
 
 static const char *const k_io_names[MODEL_IO_COUNT] = {"tokens", "embeddings", "logits", "hidden",
                                                        "pixels", "audio",      "codes",  "pcm"};
