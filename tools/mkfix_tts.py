@@ -55,8 +55,10 @@ PREDICTOR = {
     "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "rope_theta": 1000000,
     "attention_bias": False, "use_sliding_window": False, "num_code_groups": 16,
 }
+EOS_BOOST = 3.0
 CASES = [("Hello there, this is a test.", "Ryan", "English", 12),
-         ("Good morning!", "Eric", "Chinese", 9)]
+         ("Good morning!", "Eric", "Chinese", 9),
+         ("Vivian speaks, language auto.", "vivian", "auto", 10)]
 
 
 def import_model():
@@ -111,6 +113,9 @@ def main():
                     scale *= 3.0  # peaked logits: greedy picks are far from ties
                 p.copy_((torch.randn(p.shape, generator=g) * scale).to(torch.bfloat16).float())
                 bf16[name] = True
+        # a stronger eos row (x3): case 0 ends on codec eos (the stop path), the others run to max_new_tokens
+        head = model.talker.codec_head.weight
+        head[TALKER["codec_eos_token_id"]] = (head[TALKER["codec_eos_token_id"]] * EOS_BOOST).to(torch.bfloat16).float()
 
     tensors = {}
     for name, p in model.state_dict().items():

@@ -53,7 +53,7 @@ static void *fixture(const char *name, size_t *len) {
 typedef struct tcase {
   char text[256], speaker[64], language[64];
   int32_t ids[256];
-  int n_ids, n_prefill, frames;
+  int n_ids, n_prefill, frames, max_new;
 } tcase;
 
 static int read_cases(tcase *c, int max) {
@@ -71,6 +71,7 @@ static int read_cases(tcase *c, int max) {
     for (int j = 0; j < c[n].n_ids && j < 256; j++) c[n].ids[j] = (int32_t)json_integer_value(json_array_get(ids, j));
     c[n].n_prefill = (int)json_integer_value(json_object_get(o, "n_prefill"));
     c[n].frames = (int)json_integer_value(json_object_get(o, "frames"));
+    c[n].max_new = (int)json_integer_value(json_object_get(o, "max_new_tokens"));
   }
   json_decref(root);
   return n;
@@ -112,8 +113,11 @@ int main(void) {
   static float logits[256 * 3072];
   for (int ci = 0; ci < nc; ci++) {
     const tcase *c = &cs[ci];
-    printf("case %d: \"%s\" %s %s, %d frames\n", ci, c->text, c->speaker, c->language, c->frames);
-    const tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, c->frames, 1, 0};
+    /* the reference's max_new_tokens c0 draws make max_new - 1 frames (the last c0 gets no
+     * predictor pass); fewer frames means it stopped on codec eos, which this must do too */
+    printf("case %d: \"%s\" %s %s, %d frames of at most %d\n", ci, c->text, c->speaker, c->language, c->frames,
+           c->max_new - 1);
+    const tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, c->max_new - 1, 1, 0};
     char name[64];
     size_t len = 0, clen = 0;
     snprintf(name, sizeof name, "prefill_logits_%d.f32", ci);
@@ -146,7 +150,8 @@ int main(void) {
     for (int i = 0; same && i < c->frames * TTS_QWEN3_GROUPS; i++)
       if (codes[i] != rc_codes[i]) same = 0, first_bad = i;
     if (!same) printf("  frames %d (ref %d), first mismatch at code %d\n", nf, c->frames, first_bad);
-    snprintf(what, sizeof what, "greedy codes identical, %d frames x 16", c->frames);
+    snprintf(what, sizeof what, "greedy codes identical, %d frames x 16%s", c->frames,
+             c->frames < c->max_new - 1 ? " (stopped on codec eos)" : "");
     ok(what, same);
     free(ref);
     free(rc_codes);
@@ -154,7 +159,7 @@ int main(void) {
 
   printf("sampling\n");
   {
-    const tcase *c = &cs[0];
+    const tcase *c = &cs[1];
     static int32_t a[8 * 16], b[8 * 16], d[8 * 16];
     int na = 0, nb = 0, nd = 0;
     tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, 8, 0, 7};
@@ -162,11 +167,11 @@ int main(void) {
     int r2 = tts_qwen3_generate(m, st, &rq, b, &nb, NULL, err, sizeof err);
     rq.seed = 8;
     int r3 = tts_qwen3_generate(m, st, &rq, d, &nd, NULL, err, sizeof err);
-    ok("seeded sampling runs", !r1 && !r2 && !r3 && na == 8 && nb == 8 && nd == 8);
-    ok("same seed, same codes", !memcmp(a, b, sizeof a));
-    ok("another seed, other codes", memcmp(a, d, sizeof a) != 0);
+    ok("seeded sampling runs", !r1 && !r2 && !r3 && na >= 1 && nd >= 1);
+    ok("same seed, same codes", na == nb && !memcmp(a, b, sizeof(int32_t) * 16 * (size_t)na));
+    ok("another seed, other codes", na != nd || memcmp(a, d, sizeof(int32_t) * 16 * (size_t)na) != 0);
     int inr = 1;
-    for (int i = 0; i < 8 * 16; i++) inr &= a[i] >= 0 && a[i] < (i % 16 ? 256 : 2048);
+    for (int i = 0; i < na * 16; i++) inr &= a[i] >= 0 && a[i] < (i % 16 ? 256 : 2048);
     ok("sampled codes in range (c0 < 2048, c1..15 < predictor vocab)", inr);
   }
 
