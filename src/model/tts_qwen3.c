@@ -484,25 +484,6 @@ static uint64_t rng_next(uint64_t *x) { /* splitmix64 */
   return z ^ (z >> 31);
 }
 
-static int cmp_desc(const void *a, const void *b, void *ctx) {
-  const float *p = ctx;
-  float x = p[*(const int32_t *)a], y = p[*(const int32_t *)b];
-  return x < y ? 1 : x > y ? -1 : (*(const int32_t *)a > *(const int32_t *)b) - (*(const int32_t *)a < *(const int32_t *)b);
-}
-
-/* qsort_r is not C11: a small insertion-merge is enough for <= a few thousand ids (top-k first). */
-static void sort_ids(int32_t *idx, int n, const float *p) {
-  for (int i = 1; i < n; i++) {
-    int32_t v = idx[i];
-    int j = i - 1;
-    while (j >= 0 && cmp_desc(&idx[j], &v, (void *)p) > 0) {
-      idx[j + 1] = idx[j];
-      j--;
-    }
-    idx[j + 1] = v;
-  }
-}
-
 /* HF order: the logits processors were applied by the caller; then temperature, top-k,
  * top-p (keep the smallest set whose probability reaches top_p), softmax, draw. */
 static int32_t pick(tts_qwen3_state *s, float *lg, int V, const tts_sampling *sp, int greedy) {
@@ -511,28 +492,23 @@ static int32_t pick(tts_qwen3_state *s, float *lg, int V, const tts_sampling *sp
     if (lg[i] > lg[best]) best = i;
   if (greedy || !sp->do_sample) return best;
   const float t = sp->temperature > 0 ? sp->temperature : 1.0f;
-  /* top-k candidates by partial selection: k passes over V is fine for k <= 50 */
+  /* top-k: one pass keeping a sorted list of the best k (ties: the lower id first, as a
+   * stable descending sort would) */
   int k = sp->top_k > 0 && sp->top_k < V ? sp->top_k : V;
   int32_t *idx = s->idx;
-  if (k < V) {
-    for (int j = 0; j < k; j++) {
-      int32_t b = -1;
-      for (int i = 0; i < V; i++) {
-        if (lg[i] == -INFINITY) continue;
-        int taken = 0;
-        for (int q = 0; q < j && !taken; q++) taken = idx[q] == i;
-        if (!taken && (b < 0 || lg[i] > lg[b])) b = i;
-      }
-      if (b < 0) {
-        k = j;
-        break;
-      }
-      idx[j] = b;
+  int have = 0;
+  for (int i = 0; i < V; i++) {
+    if (lg[i] == -INFINITY) continue;
+    if (have == k && !(lg[i] > lg[idx[k - 1]])) continue;
+    int j = have < k ? have++ : k - 1;
+    while (j > 0 && lg[idx[j - 1]] < lg[i]) {
+      idx[j] = idx[j - 1];
+      j--;
     }
-  } else {
-    for (int i = 0; i < V; i++) idx[i] = i;
-    sort_ids(idx, V, lg);
+    idx[j] = i;
   }
+  if (have == 0) return best;
+  k = have;
   double sum = 0;
   float *p = s->probs;
   const float mx = lg[idx[0]] / t;
