@@ -145,7 +145,7 @@ static int read_names(json_t *tc, const char *key, tts_name *out, int *n, int vo
   json_t *v;
   json_object_foreach(o, k, v) {
     if (*n == MAX_NAMES) return anna_err(err, errlen, ANNA_EFORMAT, "%s: more than %d %s entries", path, MAX_NAMES, key);
-    json_t *id = json_is_array(v) ? json_array_get(v, 0) : v; /* some copies store [id] */
+    json_t *id = json_is_array(v) ? json_array_get(v, 0) : v; /* [id] accepted too (unverified form) */
     if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= vocab)
       return anna_err(err, errlen, ANNA_EFORMAT, "%s: talker_config.%s.%s must be a codec id below %d", path, key, k,
                       vocab);
