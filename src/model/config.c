@@ -719,3 +719,33 @@ out:
   json_decref(root);
   return rc;
 }
+
+int config_parse_hf_nested(model_config *cfg, const char *path, const char *const *keys, int n_keys,
+                           const char *as_type, char *err, size_t errlen) {
+  memset(cfg, 0, sizeof *cfg);
+  json_error_t je;
+  json_t *root = json_load_file(path, 0, &je);
+  if (!root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+  json_t *t = root;
+  int rc = 0;
+  for (int i = 0; i < n_keys && t; i++) {
+    t = jget(t, keys[i]);
+    if (!json_is_object(t)) {
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: missing object '%s'", path, keys[i]);
+      goto out;
+    }
+  }
+  const int arch = config_arch_from_name(as_type);
+  if (arch != MODEL_ARCH_QWEN3 && arch != MODEL_ARCH_QWEN2 && arch != MODEL_ARCH_LLAMA) {
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: nested decoder type '%s' is not supported", path, as_type);
+    goto out;
+  }
+  cfg->arch = arch;
+  snprintf(cfg->model_type, sizeof cfg->model_type, "%s", as_type);
+  pctx p = {path, err, errlen};
+  rc = parse_classic(&p, t, cfg);
+  if (!rc) rc = config_rope_fold(cfg, path, err, errlen);
+out:
+  json_decref(root);
+  return rc;
+}

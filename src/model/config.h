@@ -105,6 +105,12 @@ typedef struct model_config {
  * Unknown model_type or an inconsistent field is ANNA_EUNSUPPORTED / ANNA_EFORMAT with a
  * message naming the file and field. */
 int config_parse_hf(model_config *cfg, const char *path, char *err, size_t errlen);
+/* A decoder described by a nested object of config.json (Qwen3-TTS: talker_config and its
+ * code_predictor_config): the object at root[keys[0]][keys[1]]... parsed as model_type
+ * as_type, which must be one of the classic families (qwen3, qwen2, llama). Messages name
+ * path. */
+int config_parse_hf_nested(model_config *cfg, const char *path, const char *const *keys, int n_keys,
+                           const char *as_type, char *err, size_t errlen);
 
 /* Gemma4 KV sharing: points each of the last n_kv_shared layers at the last earlier layer
  * of the same kind (kv_source) and copies its KV head count. 0 or ANNA_EFORMAT. */

@@ -752,6 +752,10 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
     if (nl == 0) return 0;
     norm(&r, s->logits_in, s->logits_in, m->final_norm, nl, (int)H);
   }
+  if (mm && mm->hidden) {
+    be->download(be, mm->hidden, s->logits_in, sizeof(float) * (size_t)(nl * H));
+    if (!out && !tk) return 0;
+  }
   be->matmul(be, s->logits, s->logits_in, nl, &m->lm_head, NULL);
   if (c->final_softcap > 0) be->softcap(be, s->logits, nl * c->vocab, c->final_softcap);
   s->last_nl = nl;

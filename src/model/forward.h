@@ -92,6 +92,9 @@ typedef struct fwd_mm {
   const float *embd;       /* [n_embd, hidden] */
   const int32_t *embd_idx; /* [n_embd] the batch row each replaces (distinct, < n) */
   int64_t n_embd;
+  /* Optional host [n_flagged, hidden]: receives the flagged rows' hidden states after the
+   * final norm (what the lm_head reads). With out and tk both NULL the lm_head is skipped. */
+  float *hidden;
 } fwd_mm;
 
 /* forward_batch with mm (NULL: forward_batch). rope_pos needs a model with mRoPE sections

@@ -7,6 +7,7 @@
 #include "model/audio_qwen3_asr.h"
 #include "model/config.h"
 #include "model/text_decoder.h"
+#include "model/tts_qwen3.h"
 #include "model/vision_qwen35.h"
 
 #include <limits.h>
@@ -15,9 +16,10 @@
 #include <sys/stat.h>
 
 /* Probe order: the first kind that accepts a source loads it (a Qwen3.5 folder: the text
- * decoder; its vision tower is picked by name; likewise Qwen3-ASR's audio tower). */
+ * decoder; its vision tower is picked by name; likewise Qwen3-ASR's audio tower; a Qwen3-TTS
+ * folder holding speech_tokenizer/: the codec, its talker by name "qwen3_tts"). */
 static const model_kind *const k_kinds[] = {&text_decoder_kind, &vision_qwen35_kind, &codec_qwen3_tts_kind,
-                                            &audio_qwen3_asr_kind};
+                                            &audio_qwen3_asr_kind, &tts_qwen3_kind};
 
 static const char *const k_io_names[MODEL_IO_COUNT] = {"tokens", "embeddings", "logits", "hidden",
                                                        "pixels", "audio",      "codes",  "pcm"};

@@ -428,6 +428,37 @@ fail:
   return rc;
 }
 
+int model_load_hf_named(text_model **out, const char *dir, const model_config *cfg, const char *prefix,
+                        const char *embed, const char *norm, const char *lm_head, char *err, size_t errlen) {
+  *out = NULL;
+  text_model *m = calloc(1, sizeof *m);
+  if (!m) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  int rc;
+  m->cfg = *cfg;
+  if (!(m->path = strdup(dir))) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    goto fail;
+  }
+  safetensors_set *st = NULL;
+  if ((rc = safetensors_open(&st, dir, err, errlen))) goto fail;
+  m->st = st;
+  builder b = {m, prefix, err, errlen};
+  const model_config *c = &m->cfg;
+  if ((rc = get_mat(&b, &m->embed, c->vocab, c->hidden, 1, "%s", embed)) ||
+      (rc = get_vec(&b, &m->final_norm, c->hidden, 1, "%s", norm)) ||
+      (rc = get_mat(&b, &m->lm_head, c->vocab, c->hidden, 1, "%s", lm_head)))
+    goto fail;
+  for (int i = 0; i < c->n_layers; i++)
+    if ((rc = load_layer(&b, i))) goto fail;
+  snprintf(m->describe, sizeof m->describe, "%s%s: %d layers, hidden %d, vocab %d", prefix, c->model_type,
+           c->n_layers, c->hidden, c->vocab);
+  *out = m;
+  return 0;
+fail:
+  model_free(m);
+  return rc;
+}
+
 void model_free(text_model *m) {
   if (!m) return;
   for (size_t i = 0; i < m->n_allocs; i++) free(m->allocs[i]);

@@ -83,6 +83,12 @@ void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out);
 
 /* Loads an HF folder. Caller frees with model_free. */
 int model_load_hf(text_model **out, const char *dir, char *err, size_t errlen);
+/* A decoder stored under other names in an HF folder (Qwen3-TTS's talker and code
+ * predictor): cfg (copied) gives the shapes, layers are `{prefix}layers.N.*` in the usual
+ * names, embed / norm / lm_head are full tensor names ([cfg->vocab, hidden], [hidden],
+ * [cfg->vocab, hidden]). Caller frees with model_free. */
+int model_load_hf_named(text_model **out, const char *dir, const model_config *cfg, const char *prefix,
+                        const char *embed, const char *norm, const char *lm_head, char *err, size_t errlen);
 void model_free(text_model *m);
 
 #endif

@@ -65,7 +65,7 @@ static int td_run(const void *impl, void *state, ops_backend *be, const model_in
                     "the text decoder maps tokens to logits, not %s to %s", model_io_name(in->io),
                     model_io_name(out->io));
   /* embedding rows and 3-axis positions (multimodal Qwen3.5) ride along with the tokens */
-  const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd};
+  const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd, NULL};
   const fwd_mm *mmp = in->n_embd || in->rope_pos ? &mm : NULL;
   if (out->topk) {
     const model_topk *t = out->topk;

@@ -1,0 +1,82 @@
+/* tts_qwen3.h: the Qwen3-TTS talker and its code predictor (kind "qwen3_tts"): text ids ->
+ * codec frames (16 codes each) that the speech-tokenizer decoder (codec_qwen3_tts.h) turns
+ * into 24 kHz PCM.
+ *
+ * Source: a Qwen3-TTS folder (config.json model_type "qwen3_tts" with talker_config and its
+ * code_predictor_config, model.safetensors with `talker.*`; docs MODELS.md "Qwen3-TTS").
+ * Semantics are qwen-tts 0.1.1's Qwen3TTSForConditionalGeneration.generate for the
+ * CustomVoice checkpoints in non-streaming text mode (the wrapper's default for them):
+ *   prefill = T(role) | codec prefix (think/nothink, language, speaker, pad) + tts_pad..tts_bos
+ *             | T(body[i]) + emb(pad) | T(tts_eos) + emb(pad) | T(tts_pad) + emb(bos),
+ *   per frame: the talker's last hidden h -> codec_head -> c0; the code predictor with a
+ *   fresh cache over [proj(h), proj(emb(c0))] -> c1, then proj(cp_emb[k-2](c_{k-1})) -> c_k
+ *   up to c15; next talker input = emb(c0) + sum cp_emb[k-1](c_k) + T(tts_pad).
+ * T(ids) = text_projection(text_embedding(ids)) (fc1 + bias, SiLU, fc2 + bias); proj is
+ * small_to_mtp_projection (identity when the predictor is as wide as the talker).
+ * Selection: talker c0 with repetition_penalty over earlier c0, ids [vocab-1024, vocab) except
+ * codec eos suppressed, eos suppressed for the first min_new_tokens (2) frames; greedy or
+ * seeded top-k / top-p / temperature sampling (generation_config.json, the wrapper's fallbacks
+ * when absent); the predictor the same without penalty or suppression.
+ * Not done (refused or documented no-ops): instructions (VoiceDesign, 1.7B CustomVoice
+ * instruct), voice cloning (Base: speaker encoder, ICL), streaming text mode; a Base or
+ * VoiceDesign folder is refused at load. The talker's mrope_section / interleaved keys are a
+ * no-op: the wrapper gives all three axes the same positions, which is 1-D RoPE.
+ *
+ * Both decoders run through the text decoder's forward (forward_batch_mm with every row an
+ * embedding row, fwd_mm.hidden for the final-norm hidden state); the code predictor gets a
+ * fresh sequence per frame. The kind table's run is not used for generation (its io set has
+ * no codes output): callers use tts_qwen3_generate; run answers ANNA_EUNSUPPORTED.
+ *
+ * Ownership: a loaded model owns its mappings; a state owns its backend and host buffers and
+ * borrows the model and the backend (both must outlive it). generate allocates nothing.
+ */
+#ifndef ANNA_MODEL_TTS_QWEN3_H
+#define ANNA_MODEL_TTS_QWEN3_H
+
+#include "model/kind.h"
+
+#include <stdint.h>
+
+extern const model_kind tts_qwen3_kind;
+
+typedef struct tts_qwen3 tts_qwen3;
+typedef struct tts_qwen3_state tts_qwen3_state;
+
+#define TTS_QWEN3_GROUPS 16
+
+typedef struct tts_qwen3_request {
+  /* ids of `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n` (borrowed) */
+  const int32_t *ids;
+  int n_ids;
+  const char *speaker;  /* a key of talker_config.spk_id (case-insensitive); NULL or "": none */
+  const char *language; /* a key of codec_language_id, or NULL / "auto" */
+  int max_frames;       /* >= 1 */
+  int greedy;           /* 1: argmax for talker and predictor; 0: sampling (generation_config) */
+  uint64_t seed;        /* sampling only */
+} tts_qwen3_request;
+
+/* Caller frees with tts_qwen3_free. */
+int tts_qwen3_load(tts_qwen3 **out, const char *dir, char *err, size_t errlen);
+void tts_qwen3_free(tts_qwen3 *m);
+/* The talker's codec vocabulary (logits row width) and the talker's hidden size. */
+int tts_qwen3_vocab(const tts_qwen3 *m);
+/* The shape a backend sizes its scratch for (both decoders), contexts of n_ctx positions. */
+void tts_qwen3_backend_shape(const tts_qwen3 *m, int n_ctx, ops_model_shape *out);
+
+/* One utterance at a time: n_ctx bounds prefill rows + frames. Caller frees with
+ * tts_qwen3_state_free. */
+int tts_qwen3_state_create(tts_qwen3_state **out, const tts_qwen3 *m, ops_backend *be, int n_ctx, char *err,
+                           size_t errlen);
+void tts_qwen3_state_free(tts_qwen3_state *s);
+
+/* Prefill rows the request needs (or a negative ANNA_E* with the message: unknown speaker
+ * or language, ids that are not the assistant wrapping of a non-empty text). */
+int tts_qwen3_prefill_len(const tts_qwen3 *m, const tts_qwen3_request *rq, char *err, size_t errlen);
+
+/* Generates up to rq->max_frames frames into codes[max_frames * 16] (frame-major), stopping
+ * before a frame whose c0 is codec eos; *n_frames receives the count. prefill_logits (NULL:
+ * not wanted) receives [prefill_len * vocab]: the codec_head logits of every prefill row. */
+int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_request *rq, int32_t *codes,
+                       int *n_frames, float *prefill_logits, char *err, size_t errlen);
+
+#endif
