@@ -101,6 +101,18 @@ static int encode_text(const char *tok_path, const char *text, int32_t **out, in
   return 0;
 }
 
+static void usage(FILE *f) {
+  fprintf(f, "usage: anna-speak --model-dir DIR (--text T | --text-ids a,b,..) --speaker S [--language L]\n"
+             "                  --out out.wav [options]\n"
+             "  --codec-dir DIR    speech tokenizer folder (default DIR/speech_tokenizer)\n"
+             "  --tokenizer FILE   tokenizer.json (default DIR/tokenizer.json)\n"
+             "  --greedy           greedy codes (default: sampling as generation_config.json says)\n"
+             "  --seed N           sampling seed (default 0)\n"
+             "  --max-frames N     at most N codec frames, 12.5 per second (default 1024)\n"
+             "  --threads N        CPU threads (default 2)\n"
+             "  --print-codes      print the codes of every frame\n");
+}
+
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *text = NULL, *speaker = NULL, *language = "auto", *out_path = NULL;
   const char *codec_dir = NULL, *tok_path = NULL, *ids_arg = NULL;
@@ -152,14 +164,17 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--threads")) {
       CLI_NEEDV();
       if (cli_int(a, v, 1, 1024, &threads)) return 2;
+    } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      usage(stdout);
+      return 0;
     } else {
       fprintf(stderr, "error: unknown flag '%s'\n", a);
       return 2;
     }
   }
   if (!model_dir || (!text && !ids_arg) || !out_path) {
-    fprintf(stderr, "error: usage: anna-speak --model-dir DIR (--text T | --text-ids a,b,..) --speaker S "
-                    "[--language L] --out out.wav\n");
+    fprintf(stderr, "error: need --model-dir, --text or --text-ids, and --out\n");
+    usage(stderr);
     return 2;
   }
   char err[512] = "", cpath[PATH_MAX], tpath[PATH_MAX];
