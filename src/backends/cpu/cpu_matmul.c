@@ -6,8 +6,8 @@
  * older CPUs: per row integer dots, rows split across threads, bandwidth-bound (Q8_0/Q5_0/Q4_0 batches of
  * 2..7 tokens decode each row once for all tokens).
  * f32/f16/bf16 weights, and quantized weights with exact_matmul: f32 activations. 8+ tokens
- * on AVX-512: weights converted to f32 tiles (dequantized) and an 8x32 FMA micro-kernel
- * over K-major token panels; fewer: per-row f32 dots (quantized rows dequantized once).
+ * on AVX-512 or AVX2: weights converted to f32 tiles (dequantized) and an 8x32 FMA
+ * micro-kernel over K-major token panels; fewer: per-row f32 dots (quantized rows dequantized once).
  * Accumulation is f32 in SIMD lanes: the order differs from a sequential sum by float
  * rounding only.
  */
@@ -195,6 +195,35 @@ __attribute__((target("avx512f,avx512bw"))) static void mk8x32_avx512(const floa
     _mm512_storeu_ps(c + r * 32, a[r][0]);
     _mm512_storeu_ps(c + r * 32 + 16, a[r][1]);
   }
+}
+
+/* The same 8x32 block on AVX2 (16 ymm registers): four 4-row x 16-token passes, each 8
+ * accumulators, two x loads and four broadcasts per k; the per-token accumulation order over
+ * k is the AVX-512 kernel's (one FMA per k into that token's lane). */
+__attribute__((target("avx2,fma"))) static void mk4x16_avx2(const float *w, int64_t ws, const float *xt, int64_t K,
+                                                             float *c, int acc) {
+  __m256 a[4][2];
+  for (int r = 0; r < 4; r++) {
+    a[r][0] = acc ? _mm256_loadu_ps(c + r * 32) : _mm256_setzero_ps();
+    a[r][1] = acc ? _mm256_loadu_ps(c + r * 32 + 8) : _mm256_setzero_ps();
+  }
+  for (int64_t k = 0; k < K; k++) {
+    const __m256 x0 = _mm256_loadu_ps(xt + k * 32), x1 = _mm256_loadu_ps(xt + k * 32 + 8);
+    for (int r = 0; r < 4; r++) {
+      const __m256 b = _mm256_broadcast_ss(w + r * ws + k);
+      a[r][0] = _mm256_fmadd_ps(b, x0, a[r][0]);
+      a[r][1] = _mm256_fmadd_ps(b, x1, a[r][1]);
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    _mm256_storeu_ps(c + r * 32, a[r][0]);
+    _mm256_storeu_ps(c + r * 32 + 8, a[r][1]);
+  }
+}
+
+static void mk8x32_avx2(const float *w, int64_t ws, const float *xt, int64_t K, float *c, int acc) {
+  for (int rh = 0; rh < 2; rh++)
+    for (int th = 0; th < 2; th++) mk4x16_avx2(w + rh * 4 * ws, ws, xt + th * 16, K, c + rh * 4 * 32 + th * 16, acc);
 }
 
 typedef void (*dot_fn)(int, const void *, const float *, int64_t, int, int64_t, float *);
@@ -440,7 +469,7 @@ static void mm_task(void *p, int ith, int nth) {
   }
 }
 
-/* Prefill path (n >= 8, AVX-512). Exact: weights are converted (dequantized) to f32 and
+/* Prefill path (n >= 8, AVX-512 or AVX2). Exact: weights are converted (dequantized) to f32 and
  * multiplied with f32 activations, like the reference, at FMA speed rather than block-decode
  * speed. Layout: the activations are transposed once into panels of 32 tokens, K-major
  * ([panel][k][32], zero-padded), shared by all workers; each worker converts TILE_ROWS rows
@@ -453,6 +482,7 @@ static void mm_task(void *p, int ith, int nth) {
 struct tile_ctx {
   struct mm_ctx *m;
   const float *xt; /* [n_panels][cols][PANEL] */
+  void (*mk)(const float *w, int64_t ws, const float *xt, int64_t K, float *c, int acc); /* 8x32 kernel */
 };
 
 static void mm_tile_task(void *p, int ith, int nth) {
@@ -474,7 +504,7 @@ static void mm_tile_task(void *p, int ith, int nth) {
       for (int64_t k0 = 0; k0 < cols; k0 += KC) {
         const int64_t kl = cols - k0 < KC ? cols - k0 : KC;
         for (int g = 0; g < TILE_ROWS / 8; g++)
-          mk8x32_avx512(wt + g * 8 * cols + k0, cols, xt + k0 * PANEL, kl, cbuf + g * 8 * PANEL, k0 > 0);
+          tc->mk(wt + g * 8 * cols + k0, cols, xt + k0 * PANEL, kl, cbuf + g * 8 * PANEL, k0 > 0);
       }
       const int64_t t0 = pnl * PANEL, nt = n - t0 < PANEL ? n - t0 : PANEL;
       for (int64_t r = 0; r < nr; r++) {
@@ -534,7 +564,7 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
     return;
   }
   /* f32 activations: plain weights always, quantized ones in exact mode. */
-  if (n >= 8 && cpu_isa_level() == 2 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
+  if (n >= 8 && cpu_isa_level() >= 1 && c->scratch_per_thread >= cpu_matmul_scratch_floats(w->cols) &&
       c->act_bytes >= (size_t)((n + PANEL - 1) / PANEL * PANEL * w->cols) * sizeof(float)) {
     /* Transpose the activations into zero-padded K-major panels (the act buffer is free:
      * this path quantizes nothing). */
@@ -549,7 +579,7 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
         for (int64_t k = 0; k < cols; k++) dst[k * PANEL + t] = src[k];
       }
     }
-    struct tile_ctx tc = {&m, xt};
+    struct tile_ctx tc = {&m, xt, cpu_isa_level() == 2 ? mk8x32_avx512 : mk8x32_avx2};
     threadpool_run(c->tp, mm_tile_task, &tc);
     return;
   }
