@@ -5,6 +5,7 @@
 
 #include "anna/anna.h"
 #include "jsonmask.h"
+#include "jsonschema.h"
 
 #include <errno.h>
 #include <math.h>
@@ -59,6 +60,7 @@ void gen_request_release(gen_request *r) {
   for (int i = 0; i < r->n_stop; i++)
     free(r->stop[i]);
   free(r->forced);
+  jsonschema_release(r->schema);
   free(r->prefix);
   free(r->suffix);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
@@ -109,6 +111,7 @@ typedef struct slot {
   anna_sampler *smp;
   anna_text_stream *ts;
   jsonmask jm;       /* JSON mode: what has been generated so far */
+  jschema_state js;  /* the same with a schema (gen_request.schema) */
   size_t suffix_pos; /* forced suffix tokens emitted */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
@@ -164,6 +167,7 @@ struct engine {
   char *tok_bytes;
   uint32_t *tok_off;
   uint8_t *tok_cls;
+  jschema_vocab *jvoc; /* the vocabulary in byte order, for schema masks */
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
@@ -482,6 +486,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   for (size_t k = 0; k < s->n_prompt; k++)
     anna_sampler_accept(s->smp, s->prompt[k]);
   jsonmask_init(&s->jm);
+  if (r->schema) jsonschema_start(r->schema, &s->js);
   s->suffix_pos = 0;
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   if (hit >= 0) { /* the whole prompt was cached: its first token comes from the stored logits */
@@ -555,6 +560,7 @@ static int json_tables(engine *e) {
     free(t);
   }
   off[e->V] = (uint32_t)len;
+  if (jsonschema_vocab_build(&e->jvoc, bytes, off, cls, e->V)) goto fail;
   e->tok_bytes = bytes;
   e->tok_off = off;
   e->tok_cls = cls;
@@ -568,8 +574,35 @@ fail:
 
 /* Masks every token that would break the JSON prefix (-inf logit); end of generation only
  * once the object is complete. Returns the number of tokens left. */
+/* Whether the JSON (or schema) value is complete; *more: it may also go on (a number). */
+static int slot_json_done(const slot *s, int *more) {
+  *more = 0;
+  if (!s->r->schema) return jsonmask_done(&s->jm);
+  if (!jsonschema_done(&s->js)) return 0;
+  for (int i = 0; i < s->js.n; i++)
+    *more |= s->js.t[i].depth > 0;
+  return 1;
+}
+
 static int json_mask(engine *e, slot *s, float *row) {
-  int allowed = 0;
+  int allowed = 0, more;
+  if (s->r->schema) {
+    /* Complete but extendable (a top-level number): end of generation or more digits. */
+    int done = slot_json_done(s, &more);
+    float keep[8];
+    int n_keep = e->n_eog < 8 ? e->n_eog : 8;
+    for (int k = 0; k < n_keep; k++)
+      keep[k] = row[e->eog_ids[k]];
+    if (!done || more) allowed = jsonschema_vocab_mask(e->jvoc, &s->js, row);
+    else
+      for (int v = 0; v < e->V; v++)
+        row[v] = -INFINITY;
+    for (int k = 0; k < n_keep && done; k++) {
+      row[e->eog_ids[k]] = keep[k];
+      allowed++;
+    }
+    return allowed;
+  }
   if (jsonmask_done(&s->jm)) {
     for (int v = 0; v < e->V; v++)
       if (!anna_text_is_eog(e->text, v))
@@ -620,7 +653,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
    * suffix once the JSON arguments are complete), or a sample, masked in JSON mode. */
   size_t idx = (size_t)s->n_gen;
   int32_t t = 0;
-  int forced_end = 0;
+  int forced_end = 0, json_more = 0;
   if (pre >= 0) {
     t = pre;
   } else if (r->forced) {
@@ -630,7 +663,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
       forced_end = 1;
   } else if (idx < r->n_prefix) {
     t = r->prefix[idx];
-  } else if (r->json_mode && r->n_suffix && jsonmask_done(&s->jm)) {
+  } else if (r->json_mode && r->n_suffix && slot_json_done(s, &json_more) && !json_more) {
     if (s->suffix_pos < r->n_suffix)
       t = r->suffix[s->suffix_pos++];
     else
@@ -652,8 +685,14 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
       for (int k = 0; k < e->n_eog; k++)
         row[e->eog_ids[k]] = -INFINITY;
     t = anna_sampler_sample(s->smp, row);
-    if (r->json_mode && e->tok_cls[t] == 0)
-      jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
+    if (r->json_mode && e->tok_cls[t] == 0) {
+      const char *tb = e->tok_bytes + e->tok_off[t];
+      size_t tn = e->tok_off[t + 1] - e->tok_off[t];
+      if (r->schema)
+        jsonschema_feed(&s->js, tb, tn);
+      else
+        jsonmask_feed(&s->jm, tb, tn);
+    }
   }
   if (!forced_end) {
     s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
@@ -1221,6 +1260,7 @@ void engine_free(engine *e) {
   free(e->tok_bytes);
   free(e->tok_off);
   free(e->tok_cls);
+  jsonschema_vocab_free(e->jvoc);
   free(e->eog_ids);
   anna_context_free(e->ctx);
   pthread_mutex_destroy(&e->mu);
