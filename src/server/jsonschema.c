@@ -25,6 +25,7 @@ typedef struct js_re {
   bits128 follow[RE_MAXPOS];    /* positions that may come after position p */
   bits128 bychar[128];          /* positions whose class holds byte c */
   bits128 accept;
+  uint8_t dist[RE_MAXPOS];      /* fewest characters from position p to a match; 255: none */
 } js_re;
 
 typedef struct js_node {
@@ -398,6 +399,17 @@ static int re_compile(const char *pat, js_re **out, const char **err) {
   R->follow[0] = f.first;
   R->accept = f.last;
   if (f.nullable) b_set(&R->accept, 0);
+  /* Distances to a match, so a length bound never strands a string that cannot end. */
+  for (int p = 0; p <= R->npos; p++)
+    R->dist[p] = b_test(&R->accept, p) ? 0 : 255;
+  bits128 live = {{0, 0}};
+  for (int c = 0; c < 128; c++)
+    b_or(&live, &R->bychar[c]);
+  for (int it = 0; it <= R->npos; it++)
+    for (int p = 0; p <= R->npos; p++)
+      for (int q = 1; q <= R->npos; q++)
+        if (b_test(&R->follow[p], q) && b_test(&live, q) && R->dist[q] < 254 && R->dist[q] + 1 < R->dist[p])
+          R->dist[p] = (uint8_t)(R->dist[q] + 1);
   free(P);
   *out = R;
   return 0;
@@ -1205,6 +1217,14 @@ static void step(run *R, jschema_thread *t, int c) {
   case ST_IN: {
     const js_re *re = n->re >= 0 ? R->s->re[n->re] : NULL;
     int bounded = re || n->min > 0 || n->max != UINT32_MAX;
+    if (f->mask & 3) {
+      int lo = (int)(f->mask >> 8) & 0xff, hi = (int)(f->mask >> 16) & 0xff;
+      if (c < lo || c > hi) return;
+      uint64_t rem = (f->mask & 3) - 1;
+      f->mask = rem ? rem | (uint64_t)0x80 << 8 | (uint64_t)0xbf << 16 : 0;
+      emit(R, t);
+      return;
+    }
     if (f->b & U_PEND) {
       if (c != '\\') return;
       f->phase = ST_ESC;
@@ -1230,14 +1250,31 @@ static void step(run *R, jschema_thread *t, int c) {
     if (re) {
       if (!re_char_ok(c)) return;
       bits128 s = re_step(re, t->re, c);
+      /* Keep only positions from which a match fits in what the length bound leaves. */
+      uint32_t left = n->max == UINT32_MAX ? 253 : n->max - f->a - 1;
+      for (int w = 0; w < 2; w++)
+        for (uint64_t m = s.w[w]; m; m &= m - 1) {
+          int p = w * 64 + __builtin_ctzll(m);
+          if (re->dist[p] == 255 || re->dist[p] > left) s.w[w] &= ~((uint64_t)1 << (p & 63));
+        }
       if (!(s.w[0] | s.w[1])) return;
       t->re[0] = s.w[0];
       t->re[1] = s.w[1];
     }
-    if (c < 0x80 || c >= 0xc0) {
-      if (f->a >= n->max) return;
-      if (f->a < 65535) f->a++;
+    if (c >= 0x80) {
+      /* Well-formed UTF-8 only (lengths count characters, and the text must decode):
+       * frame.mask holds the continuation bytes left and the next one's range. */
+      int rem, lo = 0x80, hi = 0xbf;
+      if (c < 0xc2 || c > 0xf4) return;
+      rem = c < 0xe0 ? 1 : c < 0xf0 ? 2 : 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+      f->mask = (uint64_t)rem | (uint64_t)lo << 8 | (uint64_t)hi << 16;
     }
+    if (f->a >= n->max) return;
+    if (f->a < 65535) f->a++;
     emit(R, t);
     return;
   }
@@ -1393,7 +1430,8 @@ int jsonschema_free_string(const jschema_state *st) {
     if (t->depth == 0) return 0;
     const jschema_frame *f = &t->f[t->depth - 1];
     const js_node *n = &st->s->node[f->node];
-    if (f->phase != ST_IN || (f->b & U_PEND) || n->re >= 0 || n->max != UINT32_MAX) return 0;
+    if (f->phase != ST_IN || (f->b & U_PEND) || (f->mask & 3) || n->re >= 0 || n->max != UINT32_MAX)
+      return 0;
   }
   return st->n > 0;
 }

@@ -211,6 +211,10 @@ int main(void) {
   invalid(len, "\"a\"");
   invalid(len, "\"abcd\"");
   invalid(len, "\"a\\nb\""); /* bounded strings take no escapes */
+  invalid(len, "\"ab\x80\"");         /* a stray continuation byte */
+  invalid(len, "\"ab\xc3\"");         /* a character cut short */
+  invalid("{}", "\"\xed\xa0\x80\""); /* an encoded surrogate */
+  valid("{}", "\"\xf0\x9f\x98\x80\"");
   const char *pat = "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3,}(x|yz)?$\"}";
   valid(pat, "\"AB-123\"");
   valid(pat, "\"AB-12345yz\"");
@@ -220,6 +224,9 @@ int main(void) {
   valid("{\"type\":\"string\",\"pattern\":\"cat\"}", "\"a cat!\""); /* unanchored: a search */
   invalid("{\"type\":\"string\",\"pattern\":\"cat\"}", "\"a dog\"");
   valid("{\"type\":\"string\",\"pattern\":\"^[^0-9]+$\"}", "\"abc def\"");
+  /* a length bound and a pattern: no byte may leave the match out of reach */
+  invalid("{\"type\":\"string\",\"pattern\":\"ab\",\"maxLength\":4}", "\"xxx");
+  valid("{\"type\":\"string\",\"pattern\":\"ab\",\"maxLength\":4}", "\"xxab\"");
   invalid("{\"type\":\"string\",\"pattern\":\"^[^0-9]+$\"}", "\"ab1\"");
   valid("{\"type\":\"string\",\"format\":\"date\"}", "\"2024-02-28\"");
   invalid("{\"type\":\"string\",\"format\":\"date\"}", "\"2024-13-01\"");
