@@ -164,10 +164,12 @@ struct engine {
   int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
   /* JSON mode, built on first use: every token's bytes, and its class (0 plain text, 1 never
    * inside JSON (special), 2 part of a split UTF-8 character: only inside strings). */
-  char *tok_bytes;
-  uint32_t *tok_off;
-  uint8_t *tok_cls;
-  jschema_vocab *jvoc; /* the vocabulary in byte order, for schema masks */
+  /* JSON tables (built on the first JSON-mode request): each token's bytes and class, and
+   * the vocabulary in byte order for schema masks; the three arrays belong to jvoc. */
+  const char *tok_bytes;
+  const uint32_t *tok_off;
+  const uint8_t *tok_cls;
+  jschema_vocab *jvoc;
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
@@ -522,101 +524,14 @@ static void token_logprobs(const float *row, int V, int32_t t, int ntop, gen_tok
     g->top_lp[k] = row[g->top_id[k]] - lse;
 }
 
-/* The raw bytes of a token whose text is a piece of a split UTF-8 character, from its
- * vocabulary piece: a byte-fallback piece <0xHH>, or a byte-level BPE piece (GPT-2's map of
- * bytes to printable code points). 0 and *n bytes in out[4*plen], or -1 when it is neither. */
-static int piece_raw_bytes(const char *p, size_t plen, char *out, size_t *n) {
-  *n = 0;
-  if (plen == 6 && !memcmp(p, "<0x", 3) && p[5] == '>') {
-    unsigned v;
-    if (sscanf(p + 3, "%2x", &v) != 1) return -1;
-    out[(*n)++] = (char)v;
-    return 0;
-  }
-  for (size_t i = 0; i < plen;) {
-    unsigned c = (unsigned char)p[i], cp;
-    if (c < 0x80) cp = c, i += 1;
-    else if ((c & 0xe0) == 0xc0 && i + 1 < plen) cp = ((c & 0x1f) << 6) | (p[i + 1] & 0x3f), i += 2;
-    else return -1;
-    /* GPT-2: bytes 33-126, 161-172, 174-255 stand for themselves; the others, in order,
-     * for 256 + k. */
-    int b = -1;
-    if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) {
-      b = (int)cp;
-    } else if (cp >= 256 && cp < 256 + 68) {
-      int k = (int)cp - 256;
-      for (int x = 0; x < 256 && b < 0; x++)
-        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)) && k-- == 0) b = x;
-    }
-    if (b < 0) return -1;
-    out[(*n)++] = (char)b;
-  }
-  return 0;
-}
-
 static int json_tables(engine *e) {
-  if (e->tok_cls) return 0;
-  size_t cap = (size_t)e->V * 8, len = 0;
-  char *bytes = malloc(cap);
-  uint32_t *off = malloc(((size_t)e->V + 1) * sizeof *off);
-  uint8_t *cls = malloc((size_t)e->V);
-  if (!bytes || !off || !cls) goto fail;
-  for (int32_t v = 0; v < e->V; v++) {
-    char *t = NULL;
-    size_t n = 0;
-    off[v] = (uint32_t)len;
-    cls[v] = 1;
-    if (anna_text_token_is_special(e->text, v) ||
-        anna_text_detokenize(e->text, &v, 1, 0, &t, &n, NULL, 0)) {
-      free(t);
-      continue;
-    }
-    if (len + n > cap || len + n > UINT32_MAX) {
-      size_t nc = (len + n) * 2;
-      char *nb = realloc(bytes, nc);
-      if (!nb || nc > UINT32_MAX) {
-        free(nb ? nb : bytes);
-        bytes = NULL;
-        free(t);
-        goto fail;
-      }
-      bytes = nb;
-      cap = nc;
-    }
-    memcpy(bytes + len, t, n);
-    len += n;
-    cls[v] = n == 0 ? 1 : memmem(t, n, "\xef\xbf\xbd", 3) ? 2 : 0;
-    size_t pl = 0, rn = 0;
-    const char *piece = cls[v] == 2 ? anna_text_token_piece(e->text, v, &pl) : NULL;
-    if (piece && pl <= 64) {
-      /* Its real bytes (a schema's literal or length bound needs them): fed like any token. */
-      char raw[256];
-      if (piece_raw_bytes(piece, pl, raw, &rn) == 0 && rn && rn <= n) {
-        memcpy(bytes + len - n, raw, rn);
-        len = len - n + rn;
-        cls[v] = 0;
-      }
-    }
-    /* A piece of a split character may only sit inside a string, and must not end it. */
-    for (size_t k = 0; k < n && cls[v] == 2; k++)
-      if ((unsigned char)t[k] < 0x20 || t[k] == '"' || t[k] == '\\') cls[v] = 1;
-    free(t);
-  }
-  off[e->V] = (uint32_t)len;
-  if (jsonschema_vocab_build(&e->jvoc, bytes, off, cls, e->V)) goto fail;
-  e->tok_bytes = bytes;
-  e->tok_off = off;
-  e->tok_cls = cls;
+  if (e->jvoc) return 0;
+  int rc = jsonschema_vocab_from_text(&e->jvoc, e->text);
+  if (rc) return rc;
+  jsonschema_vocab_tables(e->jvoc, &e->tok_bytes, &e->tok_off, &e->tok_cls);
   return 0;
-fail:
-  free(bytes);
-  free(off);
-  free(cls);
-  return ANNA_ENOMEM;
 }
 
-/* Masks every token that would break the JSON prefix (-inf logit); end of generation only
- * once the object is complete. Returns the number of tokens left. */
 /* Whether the JSON (or schema) value is complete; *more: it may also go on (a number). */
 static int slot_json_done(const slot *s, int *more) {
   *more = 0;
@@ -627,6 +542,8 @@ static int slot_json_done(const slot *s, int *more) {
   return 1;
 }
 
+/* Masks every token that would break the JSON prefix (-inf logit); end of generation only
+ * once the object is complete. Returns the number of tokens left. */
 static int json_mask(engine *e, slot *s, float *row) {
   int allowed = 0, more;
   if (s->r->schema) {
@@ -1300,9 +1217,6 @@ void engine_free(engine *e) {
   free(e->out_slot);
   free(e->logits);
   free(e->lp_row);
-  free(e->tok_bytes);
-  free(e->tok_off);
-  free(e->tok_cls);
   jsonschema_vocab_free(e->jvoc);
   free(e->eog_ids);
   anna_context_free(e->ctx);

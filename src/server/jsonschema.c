@@ -1448,6 +1448,9 @@ struct jschema_vocab {
   uint16_t *lcp;  /* common prefix with the previous token in that order */
   int maxlen;
   jschema_state *st; /* [maxlen + 1] scratch */
+  char *own_bytes;    /* jsonschema_vocab_from_text's tables */
+  uint32_t *own_off;
+  uint8_t *own_cls;
 };
 
 static const char *sort_bytes;
@@ -1512,7 +1515,111 @@ void jsonschema_vocab_free(jschema_vocab *v) {
   free(v->order);
   free(v->lcp);
   free(v->st);
+  free(v->own_bytes);
+  free(v->own_off);
+  free(v->own_cls);
   free(v);
+}
+
+/* The raw bytes of a token whose text is a piece of a split UTF-8 character, from its
+ * vocabulary piece: a byte-fallback piece <0xHH>, or a byte-level BPE piece (GPT-2's map of
+ * bytes to printable code points). 0 and *n bytes in out[4*plen], or -1 when it is neither. */
+static int piece_raw_bytes(const char *p, size_t plen, char *out, size_t *n) {
+  *n = 0;
+  if (plen == 6 && !memcmp(p, "<0x", 3) && p[5] == '>') {
+    unsigned v;
+    if (sscanf(p + 3, "%2x", &v) != 1) return -1;
+    out[(*n)++] = (char)v;
+    return 0;
+  }
+  for (size_t i = 0; i < plen;) {
+    unsigned c = (unsigned char)p[i], cp;
+    if (c < 0x80) cp = c, i += 1;
+    else if ((c & 0xe0) == 0xc0 && i + 1 < plen) cp = ((c & 0x1f) << 6) | (p[i + 1] & 0x3f), i += 2;
+    else return -1;
+    /* GPT-2: bytes 33-126, 161-172, 174-255 stand for themselves; the others, in order,
+     * for 256 + k. */
+    int b = -1;
+    if ((cp >= 33 && cp <= 126) || (cp >= 161 && cp <= 172) || (cp >= 174 && cp <= 255)) {
+      b = (int)cp;
+    } else if (cp >= 256 && cp < 256 + 68) {
+      int k = (int)cp - 256;
+      for (int x = 0; x < 256 && b < 0; x++)
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)) && k-- == 0) b = x;
+    }
+    if (b < 0) return -1;
+    out[(*n)++] = (char)b;
+  }
+  return 0;
+}
+
+int jsonschema_vocab_from_text(jschema_vocab **out, const anna_text *text) {
+  *out = NULL;
+  const int32_t V = anna_text_vocab(text);
+  size_t cap = (size_t)V * 8, len = 0;
+  char *bytes = malloc(cap);
+  uint32_t *off = malloc(((size_t)V + 1) * sizeof *off);
+  uint8_t *cls = malloc((size_t)V);
+  if (!bytes || !off || !cls) goto fail;
+  for (int32_t v = 0; v < V; v++) {
+    char *t = NULL;
+    size_t n = 0;
+    off[v] = (uint32_t)len;
+    cls[v] = 1;
+    if (anna_text_token_is_special(text, v) ||
+        anna_text_detokenize(text, &v, 1, 0, &t, &n, NULL, 0)) {
+      free(t);
+      continue;
+    }
+    if (len + n > cap || len + n > UINT32_MAX) {
+      size_t nc = (len + n) * 2;
+      char *nb = realloc(bytes, nc);
+      if (!nb || nc > UINT32_MAX) {
+        free(nb ? nb : bytes);
+        bytes = NULL;
+        free(t);
+        goto fail;
+      }
+      bytes = nb;
+      cap = nc;
+    }
+    memcpy(bytes + len, t, n);
+    len += n;
+    cls[v] = n == 0 ? 1 : memmem(t, n, "\xef\xbf\xbd", 3) ? 2 : 0;
+    size_t pl = 0, rn = 0;
+    const char *piece = cls[v] == 2 ? anna_text_token_piece(text, v, &pl) : NULL;
+    if (piece && pl <= 64) {
+      /* Its real bytes (a schema's literal or length bound needs them): fed like any token. */
+      char raw[256];
+      if (piece_raw_bytes(piece, pl, raw, &rn) == 0 && rn && rn <= n) {
+        memcpy(bytes + len - n, raw, rn);
+        len = len - n + rn;
+        cls[v] = 0;
+      }
+    }
+    /* A piece of a split character may only sit inside a string, and must not end it. */
+    for (size_t k = 0; k < n && cls[v] == 2; k++)
+      if ((unsigned char)t[k] < 0x20 || t[k] == '"' || t[k] == '\\') cls[v] = 1;
+    free(t);
+  }
+  off[V] = (uint32_t)len;
+  if (jsonschema_vocab_build(out, bytes, off, cls, V)) goto fail;
+  (*out)->own_bytes = bytes;
+  (*out)->own_off = off;
+  (*out)->own_cls = cls;
+  return 0;
+fail:
+  free(bytes);
+  free(off);
+  free(cls);
+  return ANNA_ENOMEM;
+}
+
+void jsonschema_vocab_tables(const jschema_vocab *v, const char **bytes, const uint32_t **off,
+                             const uint8_t **cls) {
+  *bytes = v->bytes;
+  *off = v->off;
+  *cls = v->cls;
 }
 
 int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row) {

@@ -29,6 +29,7 @@
 #ifndef ANNA_SERVER_JSONSCHEMA_H
 #define ANNA_SERVER_JSONSCHEMA_H
 
+#include <anna/anna.h>
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -92,6 +93,14 @@ typedef struct jschema_vocab jschema_vocab;
  * the vocab's life. *out: caller frees with jsonschema_vocab_free. */
 int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_t *off,
                            const uint8_t *cls, int V);
+/* The same from a tokenizer (borrowed; only used here): each token's text, or for a piece of
+ * a split UTF-8 character its raw bytes when its vocabulary piece gives them (byte fallback
+ * <0xHH>, GPT-2 byte-level BPE); special and empty tokens are class 1. The vocab owns the
+ * tables. ANNA_ENOMEM. */
+int jsonschema_vocab_from_text(jschema_vocab **out, const anna_text *text);
+/* The tables the vocab reads (borrowed, valid while it lives). */
+void jsonschema_vocab_tables(const jschema_vocab *v, const char **bytes, const uint32_t **off,
+                             const uint8_t **cls);
 void jsonschema_vocab_free(jschema_vocab *v);
 /* Sets row[v] = -INFINITY for every token whose bytes st does not accept (and every cls 1
  * token); returns how many tokens are left. End of generation is the caller's business
