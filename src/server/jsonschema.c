@@ -1448,10 +1448,54 @@ struct jschema_vocab {
   uint16_t *lcp;  /* common prefix with the previous token in that order */
   int maxlen;
   jschema_state *st; /* [maxlen + 1] scratch */
+  int16_t *nchars;    /* [nv] characters of a token that is plain string content; -1 if not */
+  int32_t *pure;      /* the tokens with nchars >= 0 */
+  int n_pure;
+  int32_t *skip1, *skip2; /* [n] first later index whose lcp is < 1 (< 2) */
+  float *saved;       /* [nv] the row before masking */
+  struct lite *lite;  /* [maxlen + 1] scratch of the string pass */
   char *own_bytes;    /* jsonschema_vocab_from_text's tables */
   uint32_t *own_off;
   uint8_t *own_cls;
 };
+
+/* Inside strings, plain tokens never leave the string: the string pass steps only what a
+ * string's characters change (count and pattern positions) of each thread. */
+struct lite {
+  int n;
+  struct {
+    uint32_t a, max;
+    const js_re *re;
+    uint64_t s[2];
+  } th[JSCHEMA_MAX_THREADS];
+};
+
+static int lite_step(const struct lite *in, struct lite *out, int c) {
+  out->n = 0;
+  for (int i = 0; i < in->n; i++) {
+    uint32_t a = in->th[i].a;
+    if ((c < 0x80 || c >= 0xc0) && a++ >= in->th[i].max) continue;
+    const js_re *re = in->th[i].re;
+    bits128 s = {{0, 0}};
+    if (re) {
+      if (!re_char_ok(c)) continue;
+      s = re_step(re, in->th[i].s, c);
+      uint32_t left = in->th[i].max == UINT32_MAX ? 253 : in->th[i].max - a;
+      for (int w = 0; w < 2; w++)
+        for (uint64_t m = s.w[w]; m; m &= m - 1) {
+          int p = w * 64 + __builtin_ctzll(m);
+          if (re->dist[p] == 255 || re->dist[p] > left) s.w[w] &= ~((uint64_t)1 << (p & 63));
+        }
+      if (!(s.w[0] | s.w[1])) continue;
+    }
+    out->th[out->n] = in->th[i];
+    out->th[out->n].a = a;
+    out->th[out->n].s[0] = s.w[0];
+    out->th[out->n].s[1] = s.w[1];
+    out->n++;
+  }
+  return out->n;
+}
 
 static const char *sort_bytes;
 static const uint32_t *sort_off;
@@ -1502,7 +1546,47 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
   }
   v->n = n;
   v->st = malloc(((size_t)v->maxlen + 1) * sizeof *v->st);
-  if (!v->st) goto fail;
+  v->nchars = malloc((size_t)V * sizeof *v->nchars);
+  v->pure = malloc((size_t)V * sizeof *v->pure);
+  v->skip1 = malloc(((size_t)n + 1) * sizeof *v->skip1);
+  v->skip2 = malloc(((size_t)n + 1) * sizeof *v->skip2);
+  v->saved = malloc((size_t)V * sizeof *v->saved);
+  v->lite = malloc(((size_t)v->maxlen + 1) * sizeof *v->lite);
+  if (!v->st || !v->nchars || !v->pure || !v->skip1 || !v->skip2 || !v->saved || !v->lite) goto fail;
+  /* Plain string content: complete UTF-8 characters, no control byte, quote or backslash.
+   * Inside an unpatterned string such a token only adds characters. */
+  for (int32_t t = 0; t < V; t++) {
+    v->nchars[t] = -1;
+    size_t l = off[t + 1] - off[t];
+    if (cls[t] != 0 || l == 0 || l > 1024) continue;
+    const unsigned char *b = (const unsigned char *)bytes + off[t];
+    int nc = 0;
+    size_t k = 0;
+    while (k < l) {
+      unsigned c = b[k];
+      int len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+      if (!len || c < 0x20 || c == '"' || c == '\\' || k + (size_t)len > l) break;
+      int ok = 1;
+      for (int q = 1; q < len; q++)
+        ok &= (b[k + q] & 0xc0) == 0x80;
+      /* the tighter second-byte ranges of E0, ED, F0, F4 */
+      if (len > 1 && ((c == 0xe0 && b[k + 1] < 0xa0) || (c == 0xed && b[k + 1] > 0x9f) ||
+                      (c == 0xf0 && b[k + 1] < 0x90) || (c == 0xf4 && b[k + 1] > 0x8f)))
+        ok = 0;
+      if (!ok) break;
+      k += (size_t)len;
+      nc++;
+    }
+    if (k == l) {
+      v->nchars[t] = (int16_t)nc;
+      v->pure[v->n_pure++] = t;
+    }
+  }
+  v->skip1[n] = v->skip2[n] = n;
+  for (int i = n - 1; i >= 0; i--) {
+    v->skip1[i] = i + 1 < n && v->lcp[i + 1] < 1 ? i + 1 : v->skip1[i + 1];
+    v->skip2[i] = i + 1 < n && v->lcp[i + 1] < 2 ? i + 1 : v->skip2[i + 1];
+  }
   *out = v;
   return 0;
 fail:
@@ -1515,6 +1599,12 @@ void jsonschema_vocab_free(jschema_vocab *v) {
   free(v->order);
   free(v->lcp);
   free(v->st);
+  free(v->nchars);
+  free(v->pure);
+  free(v->skip1);
+  free(v->skip2);
+  free(v->saved);
+  free(v->lite);
   free(v->own_bytes);
   free(v->own_off);
   free(v->own_cls);
@@ -1622,44 +1712,107 @@ void jsonschema_vocab_tables(const jschema_vocab *v, const char **bytes, const u
   *cls = v->cls;
 }
 
-int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row) {
-  /* Tokens outside the byte order (special, empty, split characters, absurdly long) first:
-   * only split pieces survive, and only inside a free string. */
+/* Whether every thread is inside a string with nothing pending (no escape, no split
+ * character): then a plain token only adds characters. *room: the most characters a thread
+ * without a pattern may still take; *patterned: some thread has a pattern. */
+static int in_strings(const jschema_state *st, long *room, int *patterned) {
+  *room = -1;
+  *patterned = 0;
+  for (int i = 0; i < st->n; i++) {
+    const jschema_thread *t = &st->t[i];
+    if (t->depth == 0) return 0;
+    const jschema_frame *f = &t->f[t->depth - 1];
+    const js_node *n = &st->s->node[f->node];
+    if (f->phase != ST_IN || (f->b & U_PEND) || (f->mask & 3)) return 0;
+    *patterned |= n->re >= 0;
+    long r = n->max == UINT32_MAX ? 1L << 30 : (long)n->max - f->a;
+    *room = r > *room ? r : *room;
+  }
+  return st->n > 0;
+}
+
+/* One pass over the byte order. lite: the string pass over plain tokens (states are
+ * struct lite); else the full pass over the other tokens (skip_plain: those the string
+ * pass or the room test decided). A token shares its first bytes with the last one fed
+ * (chain: the least lcp since then), whose states after those bytes are reused; a rejected
+ * prefix rejects every token that starts with it, and a rejected first or second byte skips
+ * to the next token that differs there. */
+static int walk(jschema_vocab *v, const jschema_state *st, float *row, int lite, int skip_plain) {
   int allowed = 0;
-  int free_str = jsonschema_free_string(st);
-  for (int t = 0; t < v->nv; t++)
-    if (v->cls[t] != 0 || v->off[t + 1] - v->off[t] > 1024) {
-      if (v->cls[t] == 2 && free_str)
-        allowed++;
-      else
-        row[t] = -INFINITY;
+  int valid = 0;         /* states [0..valid] hold those after that many bytes */
+  int rej = INT32_MAX;   /* the last fed token's bytes [0, rej] were rejected */
+  int chain = INT32_MAX; /* common prefix of this token and the last fed one */
+  if (lite) {
+    struct lite *l0 = &v->lite[0];
+    l0->n = st->n;
+    for (int i = 0; i < st->n; i++) {
+      const jschema_thread *t = &st->t[i];
+      const jschema_frame *f = &t->f[t->depth - 1];
+      const js_node *n = &st->s->node[f->node];
+      l0->th[i].a = f->a;
+      l0->th[i].max = n->max;
+      l0->th[i].re = n->re >= 0 ? st->s->re[n->re] : NULL;
+      l0->th[i].s[0] = t->re[0];
+      l0->th[i].s[1] = t->re[1];
     }
-  /* Then the rest in byte order: a token shares its first lcp bytes with the previous one,
-   * so the states after those bytes are reused, and a rejected prefix rejects every
-   * following token that starts with it without feeding a byte. */
-  jsonschema_copy(&v->st[0], st);
-  int valid = 0;       /* v->st[0..valid] hold the states after that many bytes */
-  int rej = INT32_MAX; /* the last fed token's bytes [0, rej] were rejected */
+  } else {
+    jsonschema_copy(&v->st[0], st);
+  }
   for (int i = 0; i < v->n; i++) {
-    int32_t t = v->order[i];
-    const char *b = v->bytes + v->off[t];
-    int n = (int)(v->off[t + 1] - v->off[t]);
-    int l = v->lcp[i];
-    if (rej < l) {
-      row[t] = -INFINITY;
+    if (v->lcp[i] < chain) chain = v->lcp[i];
+    if (rej < chain) {
+      if (rej < 2) {
+        int j = rej == 0 ? v->skip1[i] : v->skip2[i];
+        i = j - 1; /* tokens i..j-1 share the rejected prefix; lcp[j] resets chain */
+      }
       continue;
     }
-    int k = l < valid ? l : valid;
-    for (; k < n; k++)
-      if (!state_step(&v->st[k], &v->st[k + 1], (unsigned char)b[k])) break;
+    int32_t t = v->order[i];
+    if (lite ? v->nchars[t] < 0 : skip_plain && v->nchars[t] >= 0) continue;
+    const char *b = v->bytes + v->off[t];
+    int n = (int)(v->off[t + 1] - v->off[t]);
+    int k = chain < valid ? chain : valid;
+    if (lite) {
+      for (; k < n; k++)
+        if (!lite_step(&v->lite[k], &v->lite[k + 1], (unsigned char)b[k])) break;
+    } else {
+      for (; k < n; k++)
+        if (!state_step(&v->st[k], &v->st[k + 1], (unsigned char)b[k])) break;
+    }
     if (k == n) {
       valid = n;
       rej = INT32_MAX;
+      row[t] = v->saved[t];
       allowed++;
     } else {
       valid = rej = k;
-      row[t] = -INFINITY;
     }
+    chain = INT32_MAX;
   }
   return allowed;
+}
+
+int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row) {
+  /* Everything starts masked; allowed tokens get their logit back. */
+  memcpy(v->saved, row, (size_t)v->nv * sizeof *row);
+  for (int t = 0; t < v->nv; t++)
+    row[t] = -INFINITY;
+  int allowed = 0;
+  /* Split pieces whose bytes are unknown: inside a free string only. */
+  if (jsonschema_free_string(st))
+    for (int t = 0; t < v->nv; t++)
+      if (v->cls[t] == 2) row[t] = v->saved[t], allowed++;
+  long room;
+  int patterned;
+  int str = in_strings(st, &room, &patterned);
+  if (str && !patterned) {
+    /* Plain tokens are decided by their length alone. */
+    for (int k = 0; k < v->n_pure; k++) {
+      int32_t t = v->pure[k];
+      if (v->nchars[t] <= room) row[t] = v->saved[t], allowed++;
+    }
+  } else if (str) {
+    allowed += walk(v, st, row, 1, 0);
+  }
+  return allowed + walk(v, st, row, 0, str);
 }
