@@ -440,6 +440,16 @@ static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, const c
   return 0;
 }
 
+/* "Any JSON object" as a compiled schema: JSON mode runs on the schema mask too, which
+ * walks the vocabulary in byte order instead of probing every token. */
+static int object_schema(jsonschema **out) {
+  json_t *o = json_pack("{s:s}", "type", "object");
+  char err[128];
+  int rc = o ? jsonschema_get(o, out, err, sizeof err) : ANNA_ENOMEM;
+  json_decref(o);
+  return rc;
+}
+
 static int parse_response_format(json_t *root, gen_request *r, oai_error *e) {
   json_t *rf = json_object_get(root, "response_format");
   if (!rf || json_is_null(rf)) return 0;
@@ -455,6 +465,7 @@ static int parse_response_format(json_t *root, gen_request *r, oai_error *e) {
     return oai_fail(e, 400, "response_format", "invalid_value",
                     "'response_format.type' must be text, json_object or json_schema");
   r->json_mode = strcmp(ts, "text") != 0;
+  if (r->json_mode && object_schema(&r->schema)) return oai_fail(e, 500, NULL, NULL, "out of memory");
   if (strcmp(ts, "json_schema")) return 0;
   /* json_schema: the schema is enforced whether strict is true or false (a reply that does
    * not follow it helps nobody); without a schema the reply is held to a JSON object. */
@@ -472,6 +483,8 @@ static int parse_response_format(json_t *root, gen_request *r, oai_error *e) {
                     "'response_format.json_schema.strict' must be a boolean");
   if (!sch || json_is_null(sch)) return 0;
   char err[400];
+  jsonschema_release(r->schema);
+  r->schema = NULL;
   int rc = jsonschema_get(sch, &r->schema, err, sizeof err);
   if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
   if (rc)
@@ -541,10 +554,14 @@ static int force_tool_call(const oai_config *cfg, gen_request *r, const char *na
       anna_text_tokenize(cfg->text, suf, strlen(suf), 0, &r->suffix, &r->n_suffix, NULL, 0))
     return ANNA_ENOMEM;
   r->json_mode = 1;
-  if (*schema) { /* the arguments follow the tool's parameters (taken over) */
-    jsonschema_release(r->schema);
+  /* The arguments follow the tool's parameters (taken over), or are any object. */
+  jsonschema_release(r->schema);
+  r->schema = NULL;
+  if (*schema) {
     r->schema = *schema;
     *schema = NULL;
+  } else if (object_schema(&r->schema)) {
+    return ANNA_ENOMEM;
   }
   return 0;
 }
