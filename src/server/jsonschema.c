@@ -83,6 +83,7 @@ typedef struct {
   int n;
   const char *err;
   js_re *re;
+  int depth; /* open groups: bounded so a hostile pattern cannot exhaust the stack */
 } re_parse;
 
 typedef struct { bits128 first, last; int nullable; } re_frag;
@@ -147,6 +148,10 @@ static int re_atom(re_parse *P) {
   int c = (unsigned char)*P->p++;
   int x;
   if (c == '(') {
+    if (++P->depth > 32) {
+      P->err = "pattern: groups nested deeper than 32";
+      return -1;
+    }
     if (P->p < P->end && *P->p == '?') {
       if (P->end - P->p >= 2 && P->p[1] == ':') {
         P->p += 2;
@@ -162,6 +167,7 @@ static int re_atom(re_parse *P) {
       return -1;
     }
     P->p++;
+    P->depth--;
     return x;
   }
   if ((x = re_new(P, R_CLASS, 0, 0)) < 0) return -1;
@@ -433,6 +439,7 @@ typedef struct {
   char *err;
   size_t errlen;
   char path[256];
+  int depth; /* nested schemas: bounded so a hostile schema cannot exhaust the stack */
 } comp;
 
 static int cfail(comp *C, const char *fmt, ...) {
@@ -441,7 +448,8 @@ static int cfail(comp *C, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  return anna_err(C->err, C->errlen, ANNA_EINVAL, "json_schema%s: %s", C->path, msg);
+  if (!C->path[0]) return anna_err(C->err, C->errlen, ANNA_EINVAL, "json_schema: %s", msg);
+  return anna_err(C->err, C->errlen, ANNA_EINVAL, "json_schema: %s (at %s)", msg, C->path + 1);
 }
 
 static int node_new(comp *C, int kind) {
@@ -656,7 +664,17 @@ static int comp_type(comp *C, json_t *sch, const char *ty, int32_t *out) {
   return 0;
 }
 
+static int comp_schema_in(comp *C, json_t *sch, int32_t *out);
+
 static int comp_schema(comp *C, json_t *sch, int32_t *out) {
+  if (C->depth >= 64) return cfail(C, "schemas nested deeper than 64");
+  C->depth++;
+  int rc = comp_schema_in(C, sch, out);
+  C->depth--;
+  return rc;
+}
+
+static int comp_schema_in(comp *C, json_t *sch, int32_t *out) {
   if (json_is_true(sch)) {
     *out = N_ANY;
     return 0;

@@ -253,7 +253,7 @@ int main(void) {
   bad_schema("{\"type\":\"string\",\"minimum\":1}", "'minimum'");
   bad_schema("{\"oneOf\":[{}]}", "'oneOf'");
   bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"multipleOf\":2}}}",
-             "properties.a: unsupported keyword 'multipleOf'");
+             "unsupported keyword 'multipleOf' (at properties.a)");
   bad_schema("{\"type\":\"string\",\"format\":\"hostname\"}", "'format' \"hostname\"");
   bad_schema("{\"type\":\"string\",\"pattern\":\"(?=a)\"}", "lookaround");
   bad_schema("{\"type\":\"string\",\"pattern\":\"a^b\"}", "'^'");
@@ -264,6 +264,22 @@ int main(void) {
   bad_schema("{\"type\":\"strin\"}", "unknown 'type'");
   bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":true}",
              "'additionalProperties'");
+  /* hostile depth is an error, not a stack overflow */
+  char deep[8192] = "";
+  for (int i = 0; i < 200; i++)
+    strcat(deep, "{\"type\":\"array\",\"items\":");
+  strcat(deep, "{}");
+  for (int i = 0; i < 200; i++)
+    strcat(deep, "}");
+  bad_schema(deep, "nested deeper than 64");
+  char nest[1024] = "{\"type\":\"string\",\"pattern\":\"";
+  for (int i = 0; i < 100; i++)
+    strcat(nest, "(");
+  strcat(nest, "a");
+  for (int i = 0; i < 100; i++)
+    strcat(nest, ")");
+  strcat(nest, "\"}");
+  bad_schema(nest, "nested deeper than 32");
   /* the vocabulary mask */
   mask_agrees(obj, "");
   mask_agrees(obj, "{");
