@@ -208,6 +208,22 @@ def test_forced_tool_arguments_follow_the_parameters(client):
         check(TOOL_PARAMS, call.function.arguments)
 
 
+def test_forced_tool_arguments_streamed(client):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": TOOL_PARAMS}}]
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(3):
+        args, names = {}, {}
+        for ch in client.chat.completions.create(model="qwen3", messages=MSG, max_tokens=400, temperature=1.0,
+                                                 seed=seed, tools=tools, tool_choice=forced, stream=True):
+            for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices else []:
+                if tc.function and tc.function.name:
+                    names[tc.index] = tc.function.name
+                if tc.function and tc.function.arguments:
+                    args[tc.index] = args.get(tc.index, "") + tc.function.arguments
+        assert names.get(0) == "get_weather", (names, args)
+        check(TOOL_PARAMS, args[0])
+
+
 def test_forced_tool_with_unsupported_parameters_is_400(client):
     tools = [{"type": "function", "function": {"name": "f", "parameters": obj({"n": {"type": "integer", "maximum": 3}})}}]
     with pytest.raises(openai.BadRequestError) as ei:
