@@ -18,14 +18,16 @@ enum { N_ANY, N_FREESTR, N_FREENUM, N_FREELIT, N_BUILTIN };
 
 #define RE_MAXPOS 128
 
-typedef struct { uint64_t w[2]; } bits128;
+typedef struct {
+  uint64_t w[2];
+} bits128;
 
 typedef struct js_re {
-  int npos;                     /* positions 1..npos; 0 is the start */
-  bits128 follow[RE_MAXPOS];    /* positions that may come after position p */
-  bits128 bychar[128];          /* positions whose class holds byte c */
+  int npos;                  /* positions 1..npos; 0 is the start */
+  bits128 follow[RE_MAXPOS]; /* positions that may come after position p */
+  bits128 bychar[128];       /* positions whose class holds byte c */
   bits128 accept;
-  uint8_t dist[RE_MAXPOS];      /* fewest characters from position p to a match; 255: none */
+  uint8_t dist[RE_MAXPOS]; /* fewest characters from position p to a match; 255: none */
 } js_re;
 
 typedef struct js_node {
@@ -37,11 +39,11 @@ typedef struct js_node {
   char **name;     /* escaped property names, or literal texts */
   size_t *len;
   uint64_t required;
-  int32_t items;       /* K_ARRAY */
-  uint32_t min, max;   /* items or characters */
-  int32_t re;          /* K_STRING: pattern index or -1 */
-  int32_t target;      /* K_REF: resolved node */
-  char *ref;           /* K_REF: the pointer text until resolved */
+  int32_t items;     /* K_ARRAY */
+  uint32_t min, max; /* items or characters */
+  int32_t re;        /* K_STRING: pattern index or -1 */
+  int32_t target;    /* K_REF: resolved node */
+  char *ref;         /* K_REF: the pointer text until resolved */
 } js_node;
 
 struct jsonschema {
@@ -75,7 +77,10 @@ static int re_char_ok(int c) {
 
 enum { R_CLASS, R_CAT, R_ALT, R_STAR, R_PLUS, R_OPT, R_REP, R_EMPTY };
 
-typedef struct { int type, a, b, min, max; bits128 cls; } re_ast;
+typedef struct {
+  int type, a, b, min, max;
+  bits128 cls;
+} re_ast;
 
 typedef struct {
   const char *p, *end;
@@ -86,7 +91,10 @@ typedef struct {
   int depth; /* open groups: bounded so a hostile pattern cannot exhaust the stack */
 } re_parse;
 
-typedef struct { bits128 first, last; int nullable; } re_frag;
+typedef struct {
+  bits128 first, last;
+  int nullable;
+} re_frag;
 
 static int re_new(re_parse *P, int type, int a, int b) {
   if (P->n >= 512) {
@@ -122,12 +130,22 @@ static int re_escape(re_parse *P, bits128 *c) {
   int e = (unsigned char)*P->p++;
   bits128 t = {{0, 0}};
   switch (e) {
-  case 'd': case 'D': cls_range(&t, '0', '9'); break;
-  case 'w': case 'W':
-    cls_range(&t, '0', '9'); cls_range(&t, 'a', 'z'); cls_range(&t, 'A', 'Z'); cls_range(&t, '_', '_');
+  case 'd':
+  case 'D': cls_range(&t, '0', '9'); break;
+  case 'w':
+  case 'W':
+    cls_range(&t, '0', '9');
+    cls_range(&t, 'a', 'z');
+    cls_range(&t, 'A', 'Z');
+    cls_range(&t, '_', '_');
     break;
-  case 's': case 'S': cls_range(&t, ' ', ' '); break; /* tab and newline need escapes */
-  case 'n': case 't': case 'r': case 'f': case 'v': break; /* never generated */
+  case 's':
+  case 'S': cls_range(&t, ' ', ' '); break; /* tab and newline need escapes */
+  case 'n':
+  case 't':
+  case 'r':
+  case 'f':
+  case 'v': break; /* never generated */
   default:
     if ((e >= '0' && e <= '9') || e == 'b' || e == 'B' || e == 'p' || e == 'P' || e == 'x' ||
         e == 'u' || e == 'k') {
@@ -311,9 +329,7 @@ static int re_inst(re_parse *P, int x, re_frag *out) {
   re_frag a, b;
   memset(out, 0, sizeof *out);
   switch (n->type) {
-  case R_EMPTY:
-    out->nullable = 1;
-    return 0;
+  case R_EMPTY: out->nullable = 1; return 0;
   case R_CLASS: {
     if (R->npos + 1 >= RE_MAXPOS) {
       P->err = "pattern too large (more than 127 positions once repetitions are expanded)";
@@ -351,8 +367,10 @@ static int re_inst(re_parse *P, int x, re_frag *out) {
     int total = n->max < 0 ? n->min + 1 : n->max;
     for (int i = 0; i < total; i++) {
       if (re_inst(P, n->a, &a)) return -1;
-      if (n->max < 0 && i == n->min) a = fr_loop(R, a), a.nullable = 1;
-      else if (i >= n->min) a.nullable = 1;
+      if (n->max < 0 && i == n->min)
+        a = fr_loop(R, a), a.nullable = 1;
+      else if (i >= n->min)
+        a.nullable = 1;
       acc = fr_cat(R, acc, a);
     }
     *out = acc;
@@ -365,7 +383,8 @@ static int re_inst(re_parse *P, int x, re_frag *out) {
 /* Compiles pattern (JSON Schema semantics: a search unless anchored) into *out. */
 static int re_compile(const char *pat, js_re **out, const char **err) {
   int n = (int)strlen(pat);
-  int head = n > 0 && pat[0] == '^', tail = n > head && pat[n - 1] == '$' && (n < 2 || pat[n - 2] != '\\');
+  int head = n > 0 && pat[0] == '^',
+      tail = n > head && pat[n - 1] == '$' && (n < 2 || pat[n - 2] != '\\');
   re_parse *P = calloc(1, sizeof *P);
   js_re *R = calloc(1, sizeof *R);
   if (!P || !R) {
@@ -414,7 +433,8 @@ static int re_compile(const char *pat, js_re **out, const char **err) {
   for (int it = 0; it <= R->npos; it++)
     for (int p = 0; p <= R->npos; p++)
       for (int q = 1; q <= R->npos; q++)
-        if (b_test(&R->follow[p], q) && b_test(&live, q) && R->dist[q] < 254 && R->dist[q] + 1 < R->dist[p])
+        if (b_test(&R->follow[p], q) && b_test(&live, q) && R->dist[q] < 254 &&
+            R->dist[q] + 1 < R->dist[p])
           R->dist[p] = (uint8_t)(R->dist[q] + 1);
   free(P);
   *out = R;
@@ -425,7 +445,8 @@ static bits128 re_step(const js_re *R, const uint64_t s[2], int c) {
   bits128 t = {{0, 0}};
   if (c < 0 || c >= 128) return t;
   for (int w = 0; w < 2; w++)
-    for (uint64_t m = s[w]; m; m &= m - 1) b_or(&t, &R->follow[w * 64 + __builtin_ctzll(m)]);
+    for (uint64_t m = s[w]; m; m &= m - 1)
+      b_or(&t, &R->follow[w * 64 + __builtin_ctzll(m)]);
   t.w[0] &= R->bychar[c].w[0];
   t.w[1] &= R->bychar[c].w[1];
   return t;
@@ -477,7 +498,8 @@ static int node_alloc_lists(comp *C, int id, int n) {
   x->child = calloc((size_t)n + 1, sizeof *x->child);
   x->name = calloc((size_t)n + 1, sizeof *x->name);
   x->len = calloc((size_t)n + 1, sizeof *x->len);
-  if (!x->child || !x->name || !x->len) return anna_err(C->err, C->errlen, ANNA_ENOMEM, "out of memory");
+  if (!x->child || !x->name || !x->len)
+    return anna_err(C->err, C->errlen, ANNA_ENOMEM, "out of memory");
   return 0;
 }
 
@@ -496,14 +518,14 @@ static int lits_node(comp *C, json_t **vals, size_t n) {
   return id;
 }
 
-static const char *const ANNOTATIONS[] = {"title",   "description", "default",    "examples",
-                                          "$schema", "$id",         "$comment",   "deprecated",
-                                          "readOnly", "writeOnly",  "$defs",      "definitions",
-                                          NULL};
-static const char *const KEYWORDS[] = {"type",      "properties", "required",  "additionalProperties",
-                                       "items",     "minItems",   "maxItems",  "enum",
-                                       "const",     "anyOf",      "$ref",      "minLength",
-                                       "maxLength", "pattern",    "format",    NULL};
+static const char *const ANNOTATIONS[] = {
+    "title",      "description", "default",   "examples", "$schema",     "$id", "$comment",
+    "deprecated", "readOnly",    "writeOnly", "$defs",    "definitions", NULL};
+static const char *const KEYWORDS[] = {
+    "type",      "properties", "required", "additionalProperties",
+    "items",     "minItems",   "maxItems", "enum",
+    "const",     "anyOf",      "$ref",     "minLength",
+    "maxLength", "pattern",    "format",   NULL};
 
 static int in_list(const char *const *l, const char *k) {
   for (; *l; l++)
@@ -536,7 +558,8 @@ static int comp_type(comp *C, json_t *sch, const char *ty, int32_t *out) {
     if (rc >= 0) C->s->node[rc].integer = ty[0] == 'i';
   } else if (!strcmp(ty, "string")) {
     uint32_t mn = 0, mx = UINT32_MAX;
-    if (get_count(C, sch, "minLength", &mn) || get_count(C, sch, "maxLength", &mx)) return ANNA_EINVAL;
+    if (get_count(C, sch, "minLength", &mn) || get_count(C, sch, "maxLength", &mx))
+      return ANNA_EINVAL;
     if (mn > mx) return cfail(C, "'minLength' is above 'maxLength'");
     json_t *pat = json_object_get(sch, "pattern"), *fmt = json_object_get(sch, "format");
     const char *p = NULL;
@@ -547,19 +570,23 @@ static int comp_type(comp *C, json_t *sch, const char *ty, int32_t *out) {
     if (fmt) {
       static const char *const FMT[][2] = {
           {"date", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])$"},
-          {"time", "^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
-          {"date-time", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
+          {"time", "^([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-"
+                   "3]):[0-5][0-9])$"},
+          {"date-time", "^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])T([01][0-9]|2[0-3]):[0-5]["
+                        "0-9]:[0-5][0-9](\\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])$"},
           {"uuid", "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"},
           {"email", "^[a-zA-Z0-9._+-]{1,32}@[a-zA-Z0-9-]{1,32}(\\.[a-zA-Z0-9-]{1,16}){1,3}$"},
-          {"ipv4", "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"},
+          {"ipv4", "^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\\.(25[0-5]|2[0-4][0-9]|1[0-9]["
+                   "0-9]|[1-9]?[0-9])){3}$"},
       };
       if (!json_is_string(fmt)) return cfail(C, "'format' must be a string");
       if (p) return cfail(C, "'pattern' together with 'format' is not supported");
       for (size_t i = 0; i < sizeof FMT / sizeof FMT[0]; i++)
         if (!strcmp(FMT[i][0], json_string_value(fmt))) p = FMT[i][1];
       if (!p)
-        return cfail(C, "unsupported 'format' \"%s\" (supported: date, time, date-time, uuid, email, ipv4)",
-                     json_string_value(fmt));
+        return cfail(
+            C, "unsupported 'format' \"%s\" (supported: date, time, date-time, uuid, email, ipv4)",
+            json_string_value(fmt));
     }
     rc = node_new(C, K_STRING);
     if (rc < 0) return rc;
@@ -581,7 +608,8 @@ static int comp_type(comp *C, json_t *sch, const char *ty, int32_t *out) {
     }
   } else if (!strcmp(ty, "array")) {
     uint32_t mn = 0, mx = UINT32_MAX;
-    if (get_count(C, sch, "minItems", &mn) || get_count(C, sch, "maxItems", &mx)) return ANNA_EINVAL;
+    if (get_count(C, sch, "minItems", &mn) || get_count(C, sch, "maxItems", &mx))
+      return ANNA_EINVAL;
     if (mn > mx) return cfail(C, "'minItems' is above 'maxItems'");
     if (mn > 1000) return cfail(C, "'minItems' above 1000 is not supported");
     int32_t items = N_ANY;
@@ -619,7 +647,8 @@ static int comp_type(comp *C, json_t *sch, const char *ty, int32_t *out) {
       return 0;
     }
     if (json_is_true(add))
-      return cfail(C, "'additionalProperties': true with 'properties' is not supported (only declared properties are generated; omit it or use false)");
+      return cfail(C, "'additionalProperties': true with 'properties' is not supported (only "
+                      "declared properties are generated; omit it or use false)");
     if (node_alloc_lists(C, id, (int)np)) return ANNA_ENOMEM;
     const char *k;
     json_t *v;
@@ -651,7 +680,8 @@ static int comp_type(comp *C, json_t *sch, const char *ty, int32_t *out) {
         q++;
       }
       if (found < 0)
-        return cfail(C, "'required' names \"%s\", which 'properties' does not declare", json_string_value(r));
+        return cfail(C, "'required' names \"%s\", which 'properties' does not declare",
+                     json_string_value(r));
       C->s->node[id].required |= (uint64_t)1 << found;
     }
     *out = id;
@@ -740,7 +770,8 @@ static int comp_schema_in(comp *C, json_t *sch, int32_t *out) {
     if (json_object_get(sch, "properties") || json_object_get(sch, "required") ||
         json_object_get(sch, "additionalProperties"))
       inf = "object";
-    else if (json_object_get(sch, "items") || json_object_get(sch, "minItems") || json_object_get(sch, "maxItems"))
+    else if (json_object_get(sch, "items") || json_object_get(sch, "minItems") ||
+             json_object_get(sch, "maxItems"))
       inf = "array";
     else if (json_object_get(sch, "pattern") || json_object_get(sch, "format") ||
              json_object_get(sch, "minLength") || json_object_get(sch, "maxLength"))
@@ -776,7 +807,10 @@ static int comp_schema_in(comp *C, json_t *sch, int32_t *out) {
 
 /* Resolves "#", "#/$defs/NAME" and "#/definitions/NAME" against the document. */
 static int resolve_refs(comp *C) {
-  typedef struct { char *ref; int32_t id; } seen;
+  typedef struct {
+    char *ref;
+    int32_t id;
+  } seen;
   seen memo[256];
   int n_memo = 0, rc = 0;
   for (int i = 0; i < C->s->n_node && !rc; i++) {
@@ -804,7 +838,9 @@ static int resolve_refs(comp *C) {
                           : NULL;
         if (!sub) {
           C->path[0] = 0;
-          rc = cfail(C, "'$ref' \"%s\" does not resolve (supported: #, #/$defs/NAME, #/definitions/NAME)", ref);
+          rc = cfail(
+              C, "'$ref' \"%s\" does not resolve (supported: #, #/$defs/NAME, #/definitions/NAME)",
+              ref);
           break;
         }
         if (n_memo == 256) {
@@ -872,7 +908,7 @@ void jsonschema_release(jsonschema *s) {
   if (s && __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) == 0) schema_free(s);
 }
 
-/* Process-wide cache: compiled schemas by canonical text, oldest evicted first. */
+/* Process-wide cache: compiled schemas by compact text, oldest evicted first. */
 #define CACHE_N 64
 static struct {
   uint64_t hash;
@@ -884,7 +920,8 @@ static pthread_mutex_t cache_mu = PTHREAD_MUTEX_INITIALIZER;
 
 int jsonschema_get(json_t *schema, jsonschema **out, char *err, size_t errlen) {
   *out = NULL;
-  char *text = json_dumps(schema, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY);
+  /* Key order kept: properties are generated in declaration order. */
+  char *text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY);
   if (!text) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   uint64_t h = 1469598103934665603ull;
   for (const char *p = text; *p; p++)
@@ -922,23 +959,36 @@ int jsonschema_get(json_t *schema, jsonschema **out, char *err, size_t errlen) {
 enum {
   P_START,
   /* objects */
-  OB_FIRST, OB_KEYQ, OB_INKEY, OB_KEYSTR, OB_COLON, OB_VWS, OB_VALUE, OB_AFTER,
+  OB_FIRST,
+  OB_KEYQ,
+  OB_INKEY,
+  OB_KEYSTR,
+  OB_COLON,
+  OB_VWS,
+  OB_VALUE,
+  OB_AFTER,
   /* arrays */
-  AR_FIRST, AR_NEXT, AR_VALUE, AR_AFTER,
+  AR_FIRST,
+  AR_NEXT,
+  AR_VALUE,
+  AR_AFTER,
   /* strings */
-  ST_IN, ST_ESC, ST_U,
+  ST_IN,
+  ST_ESC,
+  ST_U,
   /* numbers (a = phase below) and literals */
-  NU_IN, LI_IN,
+  NU_IN,
+  LI_IN,
 };
 
 enum { NM_MINUS, NM_ZERO, NM_INT, NM_DOT, NM_FRAC, NM_E, NM_ESIGN, NM_EXP };
 
 /* ST_U bookkeeping in frame.b */
 #define U_DIGITS 0x7
-#define U_D 0x8        /* first hex digit was d */
-#define U_HI 0x10      /* this escape is a high surrogate */
-#define U_LO 0x20      /* this escape is a low surrogate */
-#define U_PEND 0x40    /* a high surrogate was read: a low one must follow */
+#define U_D 0x8     /* first hex digit was d */
+#define U_HI 0x10   /* this escape is a high surrogate */
+#define U_LO 0x20   /* this escape is a low surrogate */
+#define U_PEND 0x40 /* a high surrogate was read: a low one must follow */
 
 #define END_BYTE (-1)
 #define MAX_WS 16
@@ -1053,12 +1103,18 @@ static void step(run *R, jschema_thread *t, int c) {
   case P_START:
     switch (n->kind) {
     case K_ANY:
-      if (c == '{') f->node = N_ANY; /* a free object: K_ANY frames act as one */
-      else if (c == '[') f->node = N_ANY;
-      else if (c == '"') f->node = N_FREESTR;
-      else if (c == '-' || (c >= '0' && c <= '9')) f->node = N_FREENUM;
-      else if (c == 't' || c == 'f' || c == 'n') f->node = N_FREELIT;
-      else return;
+      if (c == '{')
+        f->node = N_ANY; /* a free object: K_ANY frames act as one */
+      else if (c == '[')
+        f->node = N_ANY;
+      else if (c == '"')
+        f->node = N_FREESTR;
+      else if (c == '-' || (c >= '0' && c <= '9'))
+        f->node = N_FREENUM;
+      else if (c == 't' || c == 'f' || c == 'n')
+        f->node = N_FREELIT;
+      else
+        return;
       if (c == '{' || c == '[') {
         f->phase = c == '{' ? OB_FIRST : AR_FIRST;
         f->pad = c == '{' ? 1 : 2; /* which container a K_ANY frame is */
@@ -1084,10 +1140,14 @@ static void step(run *R, jschema_thread *t, int c) {
       emit(R, t);
       return;
     case K_NUMBER:
-      if (c == '-') f->a = NM_MINUS;
-      else if (c == '0') f->a = NM_ZERO;
-      else if (c >= '1' && c <= '9') f->a = NM_INT;
-      else return;
+      if (c == '-')
+        f->a = NM_MINUS;
+      else if (c == '0')
+        f->a = NM_ZERO;
+      else if (c >= '1' && c <= '9')
+        f->a = NM_INT;
+      else
+        return;
       f->phase = NU_IN;
       f->b = 1;
       emit(R, t);
@@ -1311,10 +1371,14 @@ static void step(run *R, jschema_thread *t, int c) {
     return;
   case ST_U: {
     int v;
-    if (c >= '0' && c <= '9') v = c - '0';
-    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    else return;
+    if (c >= '0' && c <= '9')
+      v = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      v = c - 'A' + 10;
+    else
+      return;
     int d = f->b & U_DIGITS;
     if (d == 0 && v == 0xd) f->b |= U_D;
     if (d == 1 && (f->b & U_D)) f->b |= v >= 0xc ? U_LO : v >= 0x8 ? U_HI : 0;
@@ -1342,23 +1406,31 @@ static void step(run *R, jschema_thread *t, int c) {
       break;
     case NM_ZERO:
     case NM_INT:
-      if (digit && f->a == NM_INT) next = NM_INT;
-      else if (c == '.' && !n->integer) next = NM_DOT;
-      else if ((c == 'e' || c == 'E') && !n->integer) next = NM_E;
+      if (digit && f->a == NM_INT)
+        next = NM_INT;
+      else if (c == '.' && !n->integer)
+        next = NM_DOT;
+      else if ((c == 'e' || c == 'E') && !n->integer)
+        next = NM_E;
       break;
     case NM_DOT:
       if (!digit || !more) return;
       next = NM_FRAC;
       break;
     case NM_FRAC:
-      if (digit) next = NM_FRAC;
-      else if (c == 'e' || c == 'E') next = NM_E;
+      if (digit)
+        next = NM_FRAC;
+      else if (c == 'e' || c == 'E')
+        next = NM_E;
       break;
     case NM_E:
       if (!more) return;
-      if (c == '+' || c == '-') next = NM_ESIGN;
-      else if (digit) next = NM_EXP;
-      else return;
+      if (c == '+' || c == '-')
+        next = NM_ESIGN;
+      else if (digit)
+        next = NM_EXP;
+      else
+        return;
       break;
     case NM_ESIGN:
       if (!digit || !more) return;
@@ -1374,7 +1446,8 @@ static void step(run *R, jschema_thread *t, int c) {
       emit(R, t);
       return;
     }
-    if (next >= 0 && (f->a == NM_DOT || f->a == NM_E || f->a == NM_ESIGN || f->a == NM_MINUS)) return;
+    if (next >= 0 && (f->a == NM_DOT || f->a == NM_E || f->a == NM_ESIGN || f->a == NM_MINUS))
+      return;
     /* The number ended (or hit its length cap): c belongs to what follows. */
     if (f->a != NM_ZERO && f->a != NM_INT && f->a != NM_FRAC && f->a != NM_EXP) return;
     value_end(R, t, c);
@@ -1385,8 +1458,10 @@ static void step(run *R, jschema_thread *t, int c) {
     int complete = 0;
     for (uint64_t mm = f->mask; mm; mm &= mm - 1) {
       int i = __builtin_ctzll(mm);
-      if (n->len[i] == f->a) complete = 1;
-      else if (c >= 0 && (unsigned char)n->name[i][f->a] == c) m |= (uint64_t)1 << i;
+      if (n->len[i] == f->a)
+        complete = 1;
+      else if (c >= 0 && (unsigned char)n->name[i][f->a] == c)
+        m |= (uint64_t)1 << i;
     }
     if (m) {
       /* A complete literal that another one continues (1 and 12) stays open: prefer the
@@ -1457,8 +1532,8 @@ int jsonschema_free_string(const jschema_state *st) {
 /* ---- vocabulary mask ---- */
 
 struct jschema_vocab {
-  int nv;         /* vocabulary size */
-  int n;          /* tokens in order */
+  int nv; /* vocabulary size */
+  int n;  /* tokens in order */
   const char *bytes;
   const uint32_t *off;
   const uint8_t *cls;
@@ -1466,13 +1541,13 @@ struct jschema_vocab {
   uint16_t *lcp;  /* common prefix with the previous token in that order */
   int maxlen;
   jschema_state *st; /* [maxlen + 1] scratch */
-  int16_t *nchars;    /* [nv] characters of a token that is plain string content; -1 if not */
-  int32_t *pure;      /* the tokens with nchars >= 0 */
+  int16_t *nchars;   /* [nv] characters of a token that is plain string content; -1 if not */
+  int32_t *pure;     /* the tokens with nchars >= 0 */
   int n_pure;
   int32_t *skip1, *skip2; /* [n] first later index whose lcp is < 1 (< 2) */
-  float *saved;       /* [nv] the row before masking */
-  struct lite *lite;  /* [maxlen + 1] scratch of the string pass */
-  char *own_bytes;    /* jsonschema_vocab_from_text's tables */
+  float *saved;           /* [nv] the row before masking */
+  struct lite *lite;      /* [maxlen + 1] scratch of the string pass */
+  char *own_bytes;        /* jsonschema_vocab_from_text's tables */
   uint32_t *own_off;
   uint8_t *own_cls;
 };
@@ -1570,7 +1645,8 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
   v->skip2 = malloc(((size_t)n + 1) * sizeof *v->skip2);
   v->saved = malloc((size_t)V * sizeof *v->saved);
   v->lite = malloc(((size_t)v->maxlen + 1) * sizeof *v->lite);
-  if (!v->st || !v->nchars || !v->pure || !v->skip1 || !v->skip2 || !v->saved || !v->lite) goto fail;
+  if (!v->st || !v->nchars || !v->pure || !v->skip1 || !v->skip2 || !v->saved || !v->lite)
+    goto fail;
   /* Plain string content: complete UTF-8 characters, no control byte, quote or backslash.
    * Inside an unpatterned string such a token only adds characters. */
   for (int32_t t = 0; t < V; t++) {
@@ -1582,7 +1658,11 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
     size_t k = 0;
     while (k < l) {
       unsigned c = b[k];
-      int len = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+      int len = c < 0x80                ? 1
+                : c >= 0xc2 && c < 0xe0 ? 2
+                : c >= 0xe0 && c < 0xf0 ? 3
+                : c >= 0xf0 && c < 0xf5 ? 4
+                                        : 0;
       if (!len || c < 0x20 || c == '"' || c == '\\' || k + (size_t)len > l) break;
       int ok = 1;
       for (int q = 1; q < len; q++)
@@ -1642,9 +1722,12 @@ static int piece_raw_bytes(const char *p, size_t plen, char *out, size_t *n) {
   }
   for (size_t i = 0; i < plen;) {
     unsigned c = (unsigned char)p[i], cp;
-    if (c < 0x80) cp = c, i += 1;
-    else if ((c & 0xe0) == 0xc0 && i + 1 < plen) cp = ((c & 0x1f) << 6) | (p[i + 1] & 0x3f), i += 2;
-    else return -1;
+    if (c < 0x80)
+      cp = c, i += 1;
+    else if ((c & 0xe0) == 0xc0 && i + 1 < plen)
+      cp = ((c & 0x1f) << 6) | (p[i + 1] & 0x3f), i += 2;
+    else
+      return -1;
     /* GPT-2: bytes 33-126, 161-172, 174-255 stand for themselves; the others, in order,
      * for 256 + k. */
     int b = -1;
@@ -1653,7 +1736,9 @@ static int piece_raw_bytes(const char *p, size_t plen, char *out, size_t *n) {
     } else if (cp >= 256 && cp < 256 + 68) {
       int k = (int)cp - 256;
       for (int x = 0; x < 256 && b < 0; x++)
-        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)) && k-- == 0) b = x;
+        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)) &&
+            k-- == 0)
+          b = x;
     }
     if (b < 0) return -1;
     out[(*n)++] = (char)b;

@@ -3,9 +3,9 @@
  *
  * A schema is compiled once into an immutable graph of nodes (jsonschema, reference counted,
  * shared across requests and threads; jsonschema_get caches compiled schemas by the hash of
- * their canonical text). A jschema_state is a small value type over one compiled schema: a
- * set of at most JSCHEMA_MAX_THREADS alternative parses (anyOf and type arrays fork them;
- * a thread dies on a byte it cannot take), each a stack of frames. Copy it to probe.
+ * their compact text, key order kept). A jschema_state is a small value type over one
+ * compiled schema: a set of at most JSCHEMA_MAX_THREADS alternative parses (anyOf and type arrays
+ * fork them; a thread dies on a byte it cannot take), each a stack of frames. Copy it to probe.
  *
  * Supported (anything else is an error naming the keyword, never silently ignored):
  *   type (a name or an array of names: object, array, string, number, integer, boolean,
@@ -41,12 +41,12 @@
 typedef struct jsonschema jsonschema;
 
 typedef struct jschema_frame {
-  uint16_t node;  /* compiled node */
-  uint8_t phase;  /* where inside the value (jsonschema.c) */
-  uint8_t ws;     /* whitespace run */
-  uint16_t a, b;  /* counters: items, characters, property index, literal position... */
+  uint16_t node; /* compiled node */
+  uint8_t phase; /* where inside the value (jsonschema.c) */
+  uint8_t ws;    /* whitespace run */
+  uint16_t a, b; /* counters: items, characters, property index, literal position... */
   uint32_t pad;
-  uint64_t mask;  /* live property names or literals */
+  uint64_t mask; /* live property names or literals */
 } jschema_frame;
 
 typedef struct jschema_thread {
@@ -67,7 +67,7 @@ typedef struct jschema_state {
 /* Compiles schema (borrowed). *out: a new reference (jsonschema_release). ANNA_EINVAL with a
  * message naming the unsupported keyword or bad value and where it is. */
 int jsonschema_compile(json_t *schema, jsonschema **out, char *err, size_t errlen);
-/* jsonschema_compile through a process-wide cache keyed by the schema's canonical text
+/* jsonschema_compile through a process-wide cache keyed by the schema's compact text
  * (thread-safe). *out: a new reference. */
 int jsonschema_get(json_t *schema, jsonschema **out, char *err, size_t errlen);
 void jsonschema_retain(jsonschema *s);

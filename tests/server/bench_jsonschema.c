@@ -22,7 +22,8 @@ static double now_us(void) {
 static const char *const CASES[][3] = {
     {"person",
      "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\"},\"age\":{\"type\":"
-     "\"integer\"},\"email\":{\"type\":\"string\",\"format\":\"email\"},\"tags\":{\"type\":\"array\","
+     "\"integer\"},\"email\":{\"type\":\"string\",\"format\":\"email\"},\"tags\":{\"type\":"
+     "\"array\","
      "\"items\":{\"type\":\"string\",\"maxLength\":20},\"maxItems\":5}},\"required\":[\"name\","
      "\"age\",\"email\",\"tags\"],\"additionalProperties\":false}",
      "{\"name\": \"Ada Lovelace, the first programmer\", \"age\": 36, \"email\": "
@@ -32,7 +33,8 @@ static const char *const CASES[][3] = {
      "\"pattern\":\"^[A-Z]{3}-[0-9]{4}$\"},\"qty\":{\"type\":\"integer\"},\"note\":{\"anyOf\":[{"
      "\"type\":\"null\"},{\"type\":\"string\"}]}},\"required\":[\"sku\",\"qty\",\"note\"]}},"
      "\"type\":\"object\",\"properties\":{\"order\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/"
-     "$defs/item\"}},\"when\":{\"type\":\"string\",\"format\":\"date-time\"}},\"required\":[\"order\","
+     "$defs/"
+     "item\"}},\"when\":{\"type\":\"string\",\"format\":\"date-time\"}},\"required\":[\"order\","
      "\"when\"]}",
      "{\n  \"order\": [\n    {\"sku\": \"ABC-1234\", \"qty\": 2, \"note\": null},\n    {\"sku\": "
      "\"XYZ-0001\", \"qty\": 10, \"note\": \"leave at the door, please\"}\n  ],\n  \"when\": "

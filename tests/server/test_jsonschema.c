@@ -85,10 +85,11 @@ static void bad_schema(const char *schema, const char *needle) {
 
 /* The vocabulary mask must allow exactly the tokens that feeding allows. */
 static void mask_agrees(const char *schema, const char *prefix) {
-  static const char *toks[] = {"{", "}", "\"", "\"name", "\":", " \"", "a", "ab", "abc", "1", "12",
-                               "-", ".", "5", "e", "true", "false", "null", "nul", ",", ", ",
-                               "[", "]", "\"}", "\\", "\\u", "d83d", "ude00", "x", " ", "\n",
-                               "\":\"", "age", "\":1", "2024-", "01", "-1", "T", "Z", ":"};
+  static const char *toks[] = {"{",     "}",    "\"",    "\"name", "\":", " \"", "a",  "ab",
+                               "abc",   "1",    "12",    "-",      ".",   "5",   "e",  "true",
+                               "false", "null", "nul",   ",",      ", ",  "[",   "]",  "\"}",
+                               "\\",    "\\u",  "d83d",  "ude00",  "x",   " ",   "\n", "\":\"",
+                               "age",   "\":1", "2024-", "01",     "-1",  "T",   "Z",  ":"};
   int V = (int)(sizeof toks / sizeof toks[0]) + 2;
   char bytes[512];
   uint32_t off[64];
@@ -188,17 +189,19 @@ int main(void) {
   valid("{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"v\"}},\"required\":[\"k\"]}",
         "{\"k\": \"v\"}");
   /* anyOf over objects that share a prefix */
-  const char *any = "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
-                    "\"required\":[\"a\"]},{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
-                    "\"string\"},\"b\":{\"type\":\"boolean\"}},\"required\":[\"a\",\"b\"]}]}";
+  const char *any =
+      "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},"
+      "\"required\":[\"a\"]},{\"type\":\"object\",\"properties\":{\"a\":{\"type\":"
+      "\"string\"},\"b\":{\"type\":\"boolean\"}},\"required\":[\"a\",\"b\"]}]}";
   valid(any, "{\"a\": 1}");
   valid(any, "{\"a\": \"s\", \"b\": true}");
   invalid(any, "{\"a\": \"s\"}");
   invalid(any, "{\"a\": 1, \"b\": true}");
   /* $ref, $defs, definitions, recursion */
-  const char *tree = "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"
-                     "\"integer\"},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},"
-                     "\"required\":[\"v\"]}},\"$ref\":\"#/$defs/node\"}";
+  const char *tree =
+      "{\"$defs\":{\"node\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":"
+      "\"integer\"},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/node\"}}},"
+      "\"required\":[\"v\"]}},\"$ref\":\"#/$defs/node\"}";
   valid(tree, "{\"v\":1,\"kids\":[{\"v\":2},{\"v\":3,\"kids\":[{\"v\":4,\"kids\":[]}]}]}");
   invalid(tree, "{\"v\":1,\"kids\":[{\"w\":2}]}");
   valid("{\"definitions\":{\"x\":{\"type\":\"string\",\"enum\":[\"a\"]}},\"type\":\"object\","
@@ -210,9 +213,9 @@ int main(void) {
   valid(len, "\"\xc3\xa9\xc3\xa9\xc3\xa9\""); /* characters, not bytes */
   invalid(len, "\"a\"");
   invalid(len, "\"abcd\"");
-  invalid(len, "\"a\\nb\""); /* bounded strings take no escapes */
-  invalid(len, "\"ab\x80\"");         /* a stray continuation byte */
-  invalid(len, "\"ab\xc3\"");         /* a character cut short */
+  invalid(len, "\"a\\nb\"");         /* bounded strings take no escapes */
+  invalid(len, "\"ab\x80\"");        /* a stray continuation byte */
+  invalid(len, "\"ab\xc3\"");        /* a character cut short */
   invalid("{}", "\"\xed\xa0\x80\""); /* an encoded surrogate */
   valid("{}", "\"\xf0\x9f\x98\x80\"");
   const char *pat = "{\"type\":\"string\",\"pattern\":\"^[A-Z]{2}-\\\\d{3,}(x|yz)?$\"}";
@@ -247,7 +250,8 @@ int main(void) {
   valid("{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":2}", "[1, 2.5]");
   invalid("{\"type\":\"array\",\"items\":{\"type\":\"number\"},\"minItems\":2}", "[1]");
   /* property names that need escapes */
-  valid("{\"type\":\"object\",\"properties\":{\"a\\\"b\":{\"type\":\"null\"}},\"required\":[\"a\\\"b\"]}",
+  valid("{\"type\":\"object\",\"properties\":{\"a\\\"b\":{\"type\":\"null\"}},\"required\":["
+        "\"a\\\"b\"]}",
         "{\"a\\\"b\": null}");
   /* errors name the keyword */
   bad_schema("{\"type\":\"string\",\"minimum\":1}", "'minimum'");
