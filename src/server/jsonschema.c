@@ -536,8 +536,8 @@ static int in_list(const char *const *l, const char *k) {
 static int get_count(comp *C, json_t *sch, const char *key, uint32_t *v) {
   json_t *x = json_object_get(sch, key);
   if (!x) return 0;
-  if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 100000)
-    return cfail(C, "'%s' must be an integer from 0 to 100000", key);
+  if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 65535)
+    return cfail(C, "'%s' must be an integer from 0 to 65535 (the counters are 16-bit)", key);
   *v = (uint32_t)json_integer_value(x);
   return 0;
 }

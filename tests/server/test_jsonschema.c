@@ -266,6 +266,7 @@ int main(void) {
   bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":{}}",
              "'additionalProperties'");
   bad_schema("{\"type\":\"strin\"}", "unknown 'type'");
+  bad_schema("{\"type\":\"string\",\"maxLength\":70000}", "'maxLength'");
   bad_schema("{\"type\":\"object\",\"properties\":{\"a\":{}},\"additionalProperties\":true}",
              "'additionalProperties'");
   /* hostile depth is an error, not a stack overflow */
