@@ -1545,6 +1545,7 @@ struct jschema_vocab {
   int32_t *pure;     /* the tokens with nchars >= 0 */
   int n_pure;
   int32_t *skip1, *skip2; /* [n] first later index whose lcp is < 1 (< 2) */
+  int8_t *ord_plain;      /* [n] nchars[order[i]] >= 0, in walk order (sequential reads) */
   float *saved;           /* [nv] the row before masking */
   struct lite *lite;      /* [maxlen + 1] scratch of the string pass */
   char *own_bytes;        /* jsonschema_vocab_from_text's tables */
@@ -1644,6 +1645,7 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
   v->skip1 = malloc(((size_t)n + 1) * sizeof *v->skip1);
   v->skip2 = malloc(((size_t)n + 1) * sizeof *v->skip2);
   v->saved = malloc((size_t)V * sizeof *v->saved);
+  v->ord_plain = malloc((size_t)n + 1);
   v->lite = malloc(((size_t)v->maxlen + 1) * sizeof *v->lite);
   if (!v->st || !v->nchars || !v->pure || !v->skip1 || !v->skip2 || !v->saved || !v->lite)
     goto fail;
@@ -1680,6 +1682,8 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
       v->pure[v->n_pure++] = t;
     }
   }
+  for (int i = 0; i < n; i++)
+    v->ord_plain[i] = v->nchars[v->order[i]] >= 0;
   v->skip1[n] = v->skip2[n] = n;
   for (int i = n - 1; i >= 0; i--) {
     v->skip1[i] = i + 1 < n && v->lcp[i + 1] < 1 ? i + 1 : v->skip1[i + 1];
@@ -1700,6 +1704,7 @@ void jsonschema_vocab_free(jschema_vocab *v) {
   free(v->nchars);
   free(v->pure);
   free(v->skip1);
+  free(v->ord_plain);
   free(v->skip2);
   free(v->saved);
   free(v->lite);
@@ -1870,8 +1875,8 @@ static int walk(jschema_vocab *v, const jschema_state *st, float *row, int lite,
       }
       continue;
     }
+    if (lite ? !v->ord_plain[i] : skip_plain && v->ord_plain[i]) continue;
     int32_t t = v->order[i];
-    if (lite ? v->nchars[t] < 0 : skip_plain && v->nchars[t] >= 0) continue;
     const char *b = v->bytes + v->off[t];
     int n = (int)(v->off[t + 1] - v->off[t]);
     int k = chain < valid ? chain : valid;
