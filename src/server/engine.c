@@ -162,10 +162,10 @@ struct engine {
   float *logits, *lp_row;
   uint64_t use_tick;
   int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
-  /* JSON mode, built on first use: every token's bytes, and its class (0 plain text, 1 never
-   * inside JSON (special), 2 part of a split UTF-8 character: only inside strings). */
-  /* JSON tables (built on the first JSON-mode request): each token's bytes and class, and
-   * the vocabulary in byte order for schema masks; the three arrays belong to jvoc. */
+  /* JSON mode, built on first use: every token's bytes, its class (0 plain text, 1 never
+   * inside JSON (special), 2 part of a split UTF-8 character whose bytes are unknown: only
+   * inside free strings), and the vocabulary in byte order for the schema mask; the three
+   * arrays belong to jvoc. */
   const char *tok_bytes;
   const uint32_t *tok_off;
   const uint8_t *tok_cls;
