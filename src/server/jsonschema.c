@@ -1531,24 +1531,34 @@ int jsonschema_free_string(const jschema_state *st) {
 
 /* ---- vocabulary mask ---- */
 
+/* Tokens in byte order, with what the walk needs in that order. */
+typedef struct js_order {
+  int n;
+  int32_t *tok;           /* token ids */
+  uint16_t *lcp;          /* common prefix with the previous entry */
+  int32_t *skip1, *skip2; /* [n + 1] the next entry whose lcp is < 1 (< 2) */
+} js_order;
+
 struct jschema_vocab {
   int nv; /* vocabulary size */
-  int n;  /* tokens in order */
   const char *bytes;
   const uint32_t *off;
   const uint8_t *cls;
-  int32_t *order; /* tokens in byte order */
-  uint16_t *lcp;  /* common prefix with the previous token in that order */
+  /* all: every feedable token; plain: those that are plain string content (complete UTF-8,
+   * no control byte, quote or backslash); rest: the others. */
+  js_order all, plain, rest;
+  int16_t *nchars; /* [nv] characters of a plain token; -1 if not plain */
+  int32_t *pure;   /* the plain tokens */
+  int n_pure, max_nchars;
+  int32_t *never; /* special, empty and absurdly long tokens */
+  int n_never;
+  int32_t *split; /* pieces of split characters whose bytes are unknown */
+  int n_split;
   int maxlen;
-  jschema_state *st; /* [maxlen + 1] scratch */
-  int16_t *nchars;   /* [nv] characters of a token that is plain string content; -1 if not */
-  int32_t *pure;     /* the tokens with nchars >= 0 */
-  int n_pure;
-  int32_t *skip1, *skip2; /* [n] first later index whose lcp is < 1 (< 2) */
-  int8_t *ord_plain;      /* [n] nchars[order[i]] >= 0, in walk order (sequential reads) */
-  float *saved;           /* [nv] the row before masking */
-  struct lite *lite;      /* [maxlen + 1] scratch of the string pass */
-  char *own_bytes;        /* jsonschema_vocab_from_text's tables */
+  jschema_state *st; /* [maxlen + 1] scratch of the full pass */
+  struct lite *lite; /* [maxlen + 1] scratch of the string pass */
+  float *saved;      /* [nv] the row before masking */
+  char *own_bytes;   /* jsonschema_vocab_from_text's tables */
   uint32_t *own_off;
   uint8_t *own_cls;
 };
@@ -1602,6 +1612,56 @@ static int cmp_tok(const void *a, const void *b) {
   return lx < ly ? -1 : lx > ly ? 1 : (x > y) - (x < y);
 }
 
+static int order_alloc(js_order *o, int n) {
+  o->n = 0;
+  o->tok = malloc(((size_t)n + 1) * sizeof *o->tok);
+  o->lcp = malloc(((size_t)n + 1) * sizeof *o->lcp);
+  o->skip1 = malloc(((size_t)n + 1) * sizeof *o->skip1);
+  o->skip2 = malloc(((size_t)n + 1) * sizeof *o->skip2);
+  return o->tok && o->lcp && o->skip1 && o->skip2 ? 0 : ANNA_ENOMEM;
+}
+
+static void order_free(js_order *o) {
+  free(o->tok);
+  free(o->lcp);
+  free(o->skip1);
+  free(o->skip2);
+}
+
+static void order_skips(js_order *o) {
+  int n = o->n;
+  o->skip1[n] = o->skip2[n] = n;
+  for (int i = n - 1; i >= 0; i--) {
+    o->skip1[i] = i + 1 < n && o->lcp[i + 1] < 1 ? i + 1 : o->skip1[i + 1];
+    o->skip2[i] = i + 1 < n && o->lcp[i + 1] < 2 ? i + 1 : o->skip2[i + 1];
+  }
+}
+
+/* Characters of a token that is plain string content, or -1. */
+static int plain_chars(const unsigned char *b, size_t l) {
+  int nc = 0;
+  size_t k = 0;
+  if (l == 0) return -1;
+  while (k < l) {
+    unsigned c = b[k];
+    int len = c < 0x80                ? 1
+              : c >= 0xc2 && c < 0xe0 ? 2
+              : c >= 0xe0 && c < 0xf0 ? 3
+              : c >= 0xf0 && c < 0xf5 ? 4
+                                      : 0;
+    if (!len || c < 0x20 || c == '"' || c == '\\' || k + (size_t)len > l) return -1;
+    for (int q = 1; q < len; q++)
+      if ((b[k + q] & 0xc0) != 0x80) return -1;
+    /* the tighter second-byte ranges of E0, ED, F0, F4 */
+    if (len > 1 && ((c == 0xe0 && b[k + 1] < 0xa0) || (c == 0xed && b[k + 1] > 0x9f) ||
+                    (c == 0xf0 && b[k + 1] < 0x90) || (c == 0xf4 && b[k + 1] > 0x8f)))
+      return -1;
+    k += (size_t)len;
+    nc++;
+  }
+  return nc > 32767 ? -1 : nc;
+}
+
 int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_t *off,
                            const uint8_t *cls, int V) {
   static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER; /* qsort has no context argument */
@@ -1612,83 +1672,69 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
   v->bytes = bytes;
   v->off = off;
   v->cls = cls;
-  v->order = malloc((size_t)V * sizeof *v->order);
-  v->lcp = malloc((size_t)V * sizeof *v->lcp);
-  if (!v->order || !v->lcp) goto fail;
-  int n = 0;
+  v->nchars = malloc((size_t)V * sizeof *v->nchars);
+  v->pure = malloc((size_t)V * sizeof *v->pure);
+  v->never = malloc((size_t)V * sizeof *v->never);
+  v->split = malloc((size_t)V * sizeof *v->split);
+  v->saved = malloc((size_t)V * sizeof *v->saved);
+  if (!v->nchars || !v->pure || !v->never || !v->split || !v->saved || order_alloc(&v->all, V) ||
+      order_alloc(&v->plain, V) || order_alloc(&v->rest, V))
+    goto fail;
+  js_order *A = &v->all;
   for (int32_t t = 0; t < V; t++) {
-    if (cls[t] != 0) continue;
     size_t l = off[t + 1] - off[t];
-    if (l > 1024) continue; /* no sane token; never allowed */
-    v->order[n++] = t;
+    v->nchars[t] = -1;
+    if (cls[t] == 2) {
+      v->split[v->n_split++] = t;
+      continue;
+    }
+    if (cls[t] != 0 || l == 0 || l > 1024) { /* no sane token is longer */
+      v->never[v->n_never++] = t;
+      continue;
+    }
+    A->tok[A->n++] = t;
     if ((int)l > v->maxlen) v->maxlen = (int)l;
+    int nc = plain_chars((const unsigned char *)bytes + off[t], l);
+    v->nchars[t] = (int16_t)nc;
+    if (nc >= 0) {
+      v->pure[v->n_pure++] = t;
+      if (nc > v->max_nchars) v->max_nchars = nc;
+    }
   }
   pthread_mutex_lock(&mu);
   sort_bytes = bytes;
   sort_off = off;
-  qsort(v->order, (size_t)n, sizeof *v->order, cmp_tok);
+  qsort(A->tok, (size_t)A->n, sizeof *A->tok, cmp_tok);
   pthread_mutex_unlock(&mu);
-  for (int i = 0; i < n; i++) {
-    int32_t a = i ? v->order[i - 1] : -1, b = v->order[i];
+  for (int i = 0; i < A->n; i++) {
+    int32_t a = i ? A->tok[i - 1] : -1, b = A->tok[i];
     size_t k = 0;
     if (a >= 0) {
       size_t la = off[a + 1] - off[a], lb = off[b + 1] - off[b];
       while (k < la && k < lb && bytes[off[a] + k] == bytes[off[b] + k])
         k++;
     }
-    v->lcp[i] = (uint16_t)k;
+    A->lcp[i] = (uint16_t)k;
   }
-  v->n = n;
+  /* The two sub-orders: an entry's lcp is the least one since the previous entry. */
+  int run_p = 0, run_r = 0;
+  for (int i = 0; i < A->n; i++) {
+    int l = A->lcp[i];
+    run_p = i == 0 || l < run_p ? l : run_p;
+    run_r = i == 0 || l < run_r ? l : run_r;
+    js_order *o = v->nchars[A->tok[i]] >= 0 ? &v->plain : &v->rest;
+    int *rp = o == &v->plain ? &run_p : &run_r;
+    o->tok[o->n] = A->tok[i];
+    o->lcp[o->n] = (uint16_t)(o->n == 0 ? 0 : *rp);
+    o->n++;
+    *rp = INT32_MAX;
+  }
+  order_skips(&v->all);
+  order_skips(&v->plain);
+  order_skips(&v->rest);
   v->st = malloc(((size_t)v->maxlen + 1) * sizeof *v->st);
-  v->nchars = malloc((size_t)V * sizeof *v->nchars);
-  v->pure = malloc((size_t)V * sizeof *v->pure);
-  v->skip1 = malloc(((size_t)n + 1) * sizeof *v->skip1);
-  v->skip2 = malloc(((size_t)n + 1) * sizeof *v->skip2);
-  v->saved = malloc((size_t)V * sizeof *v->saved);
-  v->ord_plain = malloc((size_t)n + 1);
   v->lite = malloc(((size_t)v->maxlen + 1) * sizeof *v->lite);
-  if (!v->st || !v->nchars || !v->pure || !v->skip1 || !v->skip2 || !v->saved || !v->lite)
-    goto fail;
-  /* Plain string content: complete UTF-8 characters, no control byte, quote or backslash.
-   * Inside an unpatterned string such a token only adds characters. */
-  for (int32_t t = 0; t < V; t++) {
-    v->nchars[t] = -1;
-    size_t l = off[t + 1] - off[t];
-    if (cls[t] != 0 || l == 0 || l > 1024) continue;
-    const unsigned char *b = (const unsigned char *)bytes + off[t];
-    int nc = 0;
-    size_t k = 0;
-    while (k < l) {
-      unsigned c = b[k];
-      int len = c < 0x80                ? 1
-                : c >= 0xc2 && c < 0xe0 ? 2
-                : c >= 0xe0 && c < 0xf0 ? 3
-                : c >= 0xf0 && c < 0xf5 ? 4
-                                        : 0;
-      if (!len || c < 0x20 || c == '"' || c == '\\' || k + (size_t)len > l) break;
-      int ok = 1;
-      for (int q = 1; q < len; q++)
-        ok &= (b[k + q] & 0xc0) == 0x80;
-      /* the tighter second-byte ranges of E0, ED, F0, F4 */
-      if (len > 1 && ((c == 0xe0 && b[k + 1] < 0xa0) || (c == 0xed && b[k + 1] > 0x9f) ||
-                      (c == 0xf0 && b[k + 1] < 0x90) || (c == 0xf4 && b[k + 1] > 0x8f)))
-        ok = 0;
-      if (!ok) break;
-      k += (size_t)len;
-      nc++;
-    }
-    if (k == l) {
-      v->nchars[t] = (int16_t)nc;
-      v->pure[v->n_pure++] = t;
-    }
-  }
-  for (int i = 0; i < n; i++)
-    v->ord_plain[i] = v->nchars[v->order[i]] >= 0;
-  v->skip1[n] = v->skip2[n] = n;
-  for (int i = n - 1; i >= 0; i--) {
-    v->skip1[i] = i + 1 < n && v->lcp[i + 1] < 1 ? i + 1 : v->skip1[i + 1];
-    v->skip2[i] = i + 1 < n && v->lcp[i + 1] < 2 ? i + 1 : v->skip2[i + 1];
-  }
+  if (!v->st || !v->lite) goto fail;
   *out = v;
   return 0;
 fail:
@@ -1698,16 +1744,16 @@ fail:
 
 void jsonschema_vocab_free(jschema_vocab *v) {
   if (!v) return;
-  free(v->order);
-  free(v->lcp);
-  free(v->st);
+  order_free(&v->all);
+  order_free(&v->plain);
+  order_free(&v->rest);
   free(v->nchars);
   free(v->pure);
-  free(v->skip1);
-  free(v->ord_plain);
-  free(v->skip2);
-  free(v->saved);
+  free(v->never);
+  free(v->split);
+  free(v->st);
   free(v->lite);
+  free(v->saved);
   free(v->own_bytes);
   free(v->own_off);
   free(v->own_cls);
@@ -1839,14 +1885,16 @@ static int in_strings(const jschema_state *st, long *room, int *patterned) {
   return st->n > 0;
 }
 
-/* One pass over the byte order. lite: the string pass over plain tokens (states are
- * struct lite); else the full pass over the other tokens (skip_plain: those the string
- * pass or the room test decided). A token shares its first bytes with the last one fed
+/* One pass over an order. lite: states are struct lite (the string pass, plain tokens
+ * only); else full states. Accepted tokens get their saved logit back, or with negative set,
+ * rejected ones get -inf instead (the row was left as it was). Returns how many tokens it
+ * accepted (negative: rejected). A token shares its first bytes with the last one fed
  * (chain: the least lcp since then), whose states after those bytes are reused; a rejected
  * prefix rejects every token that starts with it, and a rejected first or second byte skips
- * to the next token that differs there. */
-static int walk(jschema_vocab *v, const jschema_state *st, float *row, int lite, int skip_plain) {
-  int allowed = 0;
+ * to the next entry that differs there. */
+static int walk(jschema_vocab *v, const js_order *o, const jschema_state *st, float *row, int lite,
+                int negative) {
+  int count = 0;
   int valid = 0;         /* states [0..valid] hold those after that many bytes */
   int rej = INT32_MAX;   /* the last fed token's bytes [0, rej] were rejected */
   int chain = INT32_MAX; /* common prefix of this token and the last fed one */
@@ -1866,17 +1914,19 @@ static int walk(jschema_vocab *v, const jschema_state *st, float *row, int lite,
   } else {
     jsonschema_copy(&v->st[0], st);
   }
-  for (int i = 0; i < v->n; i++) {
-    if (v->lcp[i] < chain) chain = v->lcp[i];
+  for (int i = 0; i < o->n; i++) {
+    if (o->lcp[i] < chain) chain = o->lcp[i];
     if (rej < chain) {
-      if (rej < 2) {
-        int j = rej == 0 ? v->skip1[i] : v->skip2[i];
-        i = j - 1; /* tokens i..j-1 share the rejected prefix; lcp[j] resets chain */
-      }
+      int j = rej == 0 ? o->skip1[i] : rej == 1 ? o->skip2[i] : i + 1;
+      /* entries i..j-1 share the rejected prefix; lcp[j] resets chain */
+      if (negative)
+        for (int q = i; q < j; q++)
+          row[o->tok[q]] = -INFINITY;
+      if (negative) count += j - i;
+      i = j - 1;
       continue;
     }
-    if (lite ? !v->ord_plain[i] : skip_plain && v->ord_plain[i]) continue;
-    int32_t t = v->order[i];
+    int32_t t = o->tok[i];
     const char *b = v->bytes + v->off[t];
     int n = (int)(v->off[t + 1] - v->off[t]);
     int k = chain < valid ? chain : valid;
@@ -1890,37 +1940,56 @@ static int walk(jschema_vocab *v, const jschema_state *st, float *row, int lite,
     if (k == n) {
       valid = n;
       rej = INT32_MAX;
-      row[t] = v->saved[t];
-      allowed++;
+      if (!negative) {
+        row[t] = v->saved[t];
+        count++;
+      }
     } else {
       valid = rej = k;
+      if (negative) {
+        row[t] = -INFINITY;
+        count++;
+      }
     }
     chain = INT32_MAX;
   }
-  return allowed;
+  return count;
 }
 
 int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row) {
-  /* Everything starts masked; allowed tokens get their logit back. */
+  long room;
+  int patterned;
+  int str = in_strings(st, &room, &patterned), free_str = jsonschema_free_string(st);
+  if (str && !patterned) {
+    /* Inside a string without a pattern nearly everything is allowed: mask what is not.
+     * Plain tokens are decided by their length alone, the rest by walking them. */
+    int rejected = 0;
+    for (int k = 0; k < v->n_never; k++)
+      row[v->never[k]] = -INFINITY;
+    rejected += v->n_never;
+    if (!free_str) {
+      for (int k = 0; k < v->n_split; k++)
+        row[v->split[k]] = -INFINITY;
+      rejected += v->n_split;
+    }
+    if (room < v->max_nchars)
+      for (int k = 0; k < v->n_pure; k++) {
+        int32_t t = v->pure[k];
+        if (v->nchars[t] > room) row[t] = -INFINITY, rejected++;
+      }
+    rejected += walk(v, &v->rest, st, row, 0, 1);
+    return v->nv - rejected;
+  }
+  /* Elsewhere few tokens fit: everything starts masked and allowed ones get their logit
+   * back. */
   memcpy(v->saved, row, (size_t)v->nv * sizeof *row);
   for (int t = 0; t < v->nv; t++)
     row[t] = -INFINITY;
   int allowed = 0;
-  /* Split pieces whose bytes are unknown: inside a free string only. */
-  if (jsonschema_free_string(st))
-    for (int t = 0; t < v->nv; t++)
-      if (v->cls[t] == 2) row[t] = v->saved[t], allowed++;
-  long room;
-  int patterned;
-  int str = in_strings(st, &room, &patterned);
-  if (str && !patterned) {
-    /* Plain tokens are decided by their length alone. */
-    for (int k = 0; k < v->n_pure; k++) {
-      int32_t t = v->pure[k];
-      if (v->nchars[t] <= room) row[t] = v->saved[t], allowed++;
-    }
-  } else if (str) {
-    allowed += walk(v, st, row, 1, 0);
-  }
-  return allowed + walk(v, st, row, 0, str);
+  if (free_str)
+    for (int k = 0; k < v->n_split; k++)
+      row[v->split[k]] = v->saved[v->split[k]], allowed++;
+  if (str) /* a patterned string: plain tokens through the string pass */
+    return allowed + walk(v, &v->plain, st, row, 1, 0) + walk(v, &v->rest, st, row, 0, 0);
+  return allowed + walk(v, &v->all, st, row, 0, 0);
 }
