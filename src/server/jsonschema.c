@@ -363,15 +363,27 @@ static int re_inst(re_parse *P, int x, re_frag *out) {
     *out = a;
     return 0;
   case R_REP: {
+    /* x{m,n} = x..x (m times) then (x(x(x)?)?)? (n - m nested options, built from the
+     * inside out), not m + (n - m) flat options: nested options keep the position sets
+     * small (one live copy per character instead of every later one). x{m,} ends in x*. */
     re_frag acc = {{{0, 0}}, {{0, 0}}, 1};
-    int total = n->max < 0 ? n->min + 1 : n->max;
-    for (int i = 0; i < total; i++) {
+    for (int i = 0; i < n->min; i++) {
       if (re_inst(P, n->a, &a)) return -1;
-      if (n->max < 0 && i == n->min)
-        a = fr_loop(R, a), a.nullable = 1;
-      else if (i >= n->min)
-        a.nullable = 1;
       acc = fr_cat(R, acc, a);
+    }
+    if (n->max < 0) {
+      if (re_inst(P, n->a, &a)) return -1;
+      a = fr_loop(R, a);
+      a.nullable = 1;
+      acc = fr_cat(R, acc, a);
+    } else {
+      re_frag tail = {{{0, 0}}, {{0, 0}}, 1};
+      for (int i = n->min; i < n->max; i++) {
+        if (re_inst(P, n->a, &a)) return -1;
+        tail = fr_cat(R, a, tail);
+        tail.nullable = 1;
+      }
+      acc = fr_cat(R, acc, tail);
     }
     *out = acc;
     return 0;
@@ -1537,6 +1549,8 @@ typedef struct js_order {
   int32_t *tok;           /* token ids */
   uint16_t *lcp;          /* common prefix with the previous entry */
   int32_t *skip1, *skip2; /* [n + 1] the next entry whose lcp is < 1 (< 2) */
+  char *bytes;            /* the tokens' bytes, in this order: the walk reads them in sequence */
+  uint32_t *boff;         /* [n + 1] entry i is bytes[boff[i], boff[i + 1]) */
 } js_order;
 
 struct jschema_vocab {
@@ -1622,19 +1636,37 @@ static int order_alloc(js_order *o, int n) {
 }
 
 static void order_free(js_order *o) {
+  free(o->bytes);
+  free(o->boff);
   free(o->tok);
   free(o->lcp);
   free(o->skip1);
   free(o->skip2);
 }
 
-static void order_skips(js_order *o) {
+/* Skip tables and the bytes in order. */
+static int order_finish(js_order *o, const char *bytes, const uint32_t *off) {
   int n = o->n;
+  size_t total = 0;
+  for (int i = 0; i < n; i++)
+    total += off[o->tok[i] + 1] - off[o->tok[i]];
+  o->bytes = malloc(total + 1);
+  o->boff = malloc(((size_t)n + 1) * sizeof *o->boff);
+  if (!o->bytes || !o->boff) return ANNA_ENOMEM;
+  total = 0;
+  for (int i = 0; i < n; i++) {
+    size_t l = off[o->tok[i] + 1] - off[o->tok[i]];
+    o->boff[i] = (uint32_t)total;
+    memcpy(o->bytes + total, bytes + off[o->tok[i]], l);
+    total += l;
+  }
+  o->boff[n] = (uint32_t)total;
   o->skip1[n] = o->skip2[n] = n;
   for (int i = n - 1; i >= 0; i--) {
     o->skip1[i] = i + 1 < n && o->lcp[i + 1] < 1 ? i + 1 : o->skip1[i + 1];
     o->skip2[i] = i + 1 < n && o->lcp[i + 1] < 2 ? i + 1 : o->skip2[i + 1];
   }
+  return 0;
 }
 
 /* Characters of a token that is plain string content, or -1. */
@@ -1729,9 +1761,9 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
     o->n++;
     *rp = INT32_MAX;
   }
-  order_skips(&v->all);
-  order_skips(&v->plain);
-  order_skips(&v->rest);
+  if (order_finish(&v->all, bytes, off) || order_finish(&v->plain, bytes, off) ||
+      order_finish(&v->rest, bytes, off))
+    goto fail;
   v->st = malloc(((size_t)v->maxlen + 1) * sizeof *v->st);
   v->lite = malloc(((size_t)v->maxlen + 1) * sizeof *v->lite);
   if (!v->st || !v->lite) goto fail;
@@ -1927,8 +1959,8 @@ static int walk(jschema_vocab *v, const js_order *o, const jschema_state *st, fl
       continue;
     }
     int32_t t = o->tok[i];
-    const char *b = v->bytes + v->off[t];
-    int n = (int)(v->off[t + 1] - v->off[t]);
+    const char *b = o->bytes + o->boff[i];
+    int n = (int)(o->boff[i + 1] - o->boff[i]);
     int k = chain < valid ? chain : valid;
     if (lite) {
       for (; k < n; k++)
