@@ -5,6 +5,7 @@
 
 #include "anna/anna.h"
 #include "jsonmask.h"
+#include "jsonschema.h"
 
 #include <errno.h>
 #include <math.h>
@@ -63,6 +64,7 @@ void gen_request_release(gen_request *r) {
     anna_media_free(r->media[i]);
   free(r->media);
   free(r->media_at);
+  jsonschema_release(r->schema);
   free(r->prefix);
   free(r->suffix);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
@@ -113,6 +115,7 @@ typedef struct slot {
   anna_sampler *smp;
   anna_text_stream *ts;
   jsonmask jm;       /* JSON mode: what has been generated so far */
+  jschema_state js;  /* the same with a schema (gen_request.schema) */
   size_t suffix_pos; /* forced suffix tokens emitted */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
@@ -163,11 +166,14 @@ struct engine {
   float *logits, *lp_row;
   uint64_t use_tick;
   int32_t keep_ids[4]; /* special tokens whose text the output parser needs */
-  /* JSON mode, built on first use: every token's bytes, and its class (0 plain text, 1 never
-   * inside JSON (special), 2 part of a split UTF-8 character: only inside strings). */
-  char *tok_bytes;
-  uint32_t *tok_off;
-  uint8_t *tok_cls;
+  /* JSON mode, built on first use: every token's bytes, its class (0 plain text, 1 never
+   * inside JSON (special), 2 part of a split UTF-8 character whose bytes are unknown: only
+   * inside free strings), and the vocabulary in byte order for the schema mask; the three
+   * arrays belong to jvoc. */
+  const char *tok_bytes;
+  const uint32_t *tok_off;
+  const uint8_t *tok_cls;
+  jschema_vocab *jvoc;
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
@@ -543,6 +549,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   for (size_t k = 0; k < s->n_prompt; k++)
     anna_sampler_accept(s->smp, s->prompt[k]);
   jsonmask_init(&s->jm);
+  if (r->schema) jsonschema_start(r->schema, &s->js);
   s->suffix_pos = 0;
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   if (hit >= 0) { /* the whole prompt was cached: its first token comes from the stored logits */
@@ -579,58 +586,44 @@ static void token_logprobs(const float *row, int V, int32_t t, int ntop, gen_tok
 }
 
 static int json_tables(engine *e) {
-  if (e->tok_cls) return 0;
-  size_t cap = (size_t)e->V * 8, len = 0;
-  char *bytes = malloc(cap);
-  uint32_t *off = malloc(((size_t)e->V + 1) * sizeof *off);
-  uint8_t *cls = malloc((size_t)e->V);
-  if (!bytes || !off || !cls) goto fail;
-  for (int32_t v = 0; v < e->V; v++) {
-    char *t = NULL;
-    size_t n = 0;
-    off[v] = (uint32_t)len;
-    cls[v] = 1;
-    if (anna_text_token_is_special(e->text, v) ||
-        anna_text_detokenize(e->text, &v, 1, 0, &t, &n, NULL, 0)) {
-      free(t);
-      continue;
-    }
-    if (len + n > cap || len + n > UINT32_MAX) {
-      size_t nc = (len + n) * 2;
-      char *nb = realloc(bytes, nc);
-      if (!nb || nc > UINT32_MAX) {
-        free(nb ? nb : bytes);
-        bytes = NULL;
-        free(t);
-        goto fail;
-      }
-      bytes = nb;
-      cap = nc;
-    }
-    memcpy(bytes + len, t, n);
-    len += n;
-    cls[v] = n == 0 ? 1 : memmem(t, n, "\xef\xbf\xbd", 3) ? 2 : 0;
-    /* A piece of a split character may only sit inside a string, and must not end it. */
-    for (size_t k = 0; k < n && cls[v] == 2; k++)
-      if ((unsigned char)t[k] < 0x20 || t[k] == '"' || t[k] == '\\') cls[v] = 1;
-    free(t);
-  }
-  off[e->V] = (uint32_t)len;
-  e->tok_bytes = bytes;
-  e->tok_off = off;
-  e->tok_cls = cls;
+  if (e->jvoc) return 0;
+  int rc = jsonschema_vocab_from_text(&e->jvoc, e->text);
+  if (rc) return rc;
+  jsonschema_vocab_tables(e->jvoc, &e->tok_bytes, &e->tok_off, &e->tok_cls);
   return 0;
-fail:
-  free(bytes);
-  free(off);
-  free(cls);
-  return ANNA_ENOMEM;
+}
+
+/* Whether the JSON (or schema) value is complete; *more: it may also go on (a number). */
+static int slot_json_done(const slot *s, int *more) {
+  *more = 0;
+  if (!s->r->schema) return jsonmask_done(&s->jm);
+  if (!jsonschema_done(&s->js)) return 0;
+  for (int i = 0; i < s->js.n; i++)
+    *more |= s->js.t[i].depth > 0;
+  return 1;
 }
 
 /* Masks every token that would break the JSON prefix (-inf logit); end of generation only
  * once the object is complete. Returns the number of tokens left. */
 static int json_mask(engine *e, slot *s, float *row) {
-  int allowed = 0;
+  int allowed = 0, more;
+  if (s->r->schema) {
+    /* Complete but extendable (a top-level number): end of generation or more digits. */
+    int done = slot_json_done(s, &more);
+    float keep[8];
+    int n_keep = e->n_eog < 8 ? e->n_eog : 8;
+    for (int k = 0; k < n_keep; k++)
+      keep[k] = row[e->eog_ids[k]];
+    if (!done || more) allowed = jsonschema_vocab_mask(e->jvoc, &s->js, row);
+    else
+      for (int v = 0; v < e->V; v++)
+        row[v] = -INFINITY;
+    for (int k = 0; k < n_keep && done; k++) {
+      row[e->eog_ids[k]] = keep[k];
+      allowed++;
+    }
+    return allowed;
+  }
   if (jsonmask_done(&s->jm)) {
     for (int v = 0; v < e->V; v++)
       if (!anna_text_is_eog(e->text, v))
@@ -681,7 +674,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
    * suffix once the JSON arguments are complete), or a sample, masked in JSON mode. */
   size_t idx = (size_t)s->n_gen;
   int32_t t = 0;
-  int forced_end = 0;
+  int forced_end = 0, json_more = 0;
   if (pre >= 0) {
     t = pre;
   } else if (r->forced) {
@@ -691,7 +684,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
       forced_end = 1;
   } else if (idx < r->n_prefix) {
     t = r->prefix[idx];
-  } else if (r->json_mode && r->n_suffix && jsonmask_done(&s->jm)) {
+  } else if (r->json_mode && r->n_suffix && slot_json_done(s, &json_more) && !json_more) {
     if (s->suffix_pos < r->n_suffix)
       t = r->suffix[s->suffix_pos++];
     else
@@ -713,8 +706,14 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
       for (int k = 0; k < e->n_eog; k++)
         row[e->eog_ids[k]] = -INFINITY;
     t = anna_sampler_sample(s->smp, row);
-    if (r->json_mode && e->tok_cls[t] == 0)
-      jsonmask_feed(&s->jm, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
+    if (r->json_mode && e->tok_cls[t] == 0) {
+      const char *tb = e->tok_bytes + e->tok_off[t];
+      size_t tn = e->tok_off[t + 1] - e->tok_off[t];
+      if (r->schema)
+        jsonschema_feed(&s->js, tb, tn);
+      else
+        jsonmask_feed(&s->jm, tb, tn);
+    }
   }
   if (!forced_end) {
     s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
@@ -1279,9 +1278,7 @@ void engine_free(engine *e) {
   free(e->out_slot);
   free(e->logits);
   free(e->lp_row);
-  free(e->tok_bytes);
-  free(e->tok_off);
-  free(e->tok_cls);
+  jsonschema_vocab_free(e->jvoc);
   free(e->eog_ids);
   anna_context_free(e->ctx);
   pthread_mutex_destroy(&e->mu);

@@ -98,6 +98,9 @@ typedef struct gen_request {
    * masked out of sampling and stop strings are not matched (0: off). */
   int min_tokens;
   int json_mode; /* constrain the output to one JSON object (response_format) */
+  /* With json_mode: the output (or the forced call's arguments) follows this compiled
+   * schema instead of "any object". Owned reference (jsonschema_release); NULL: unused. */
+  struct jsonschema *schema;
   /* Forced tool call (tool_choice naming a function): emit prefix, then a JSON-masked
    * arguments object, then suffix, then stop. Owned; NULL when unused. */
   int32_t *prefix, *suffix;

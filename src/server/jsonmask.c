@@ -21,6 +21,10 @@ enum {
 
 enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
+/* surr bits: the escape being read is a high / low surrogate; a high one was read and the
+ * next character must be the low one's \u escape. */
+enum { SU_D = 1, SU_HI = 2, SU_LO = 4, SU_PEND = 8 };
+
 static const char *const LITERALS[3] = {"true", "false", "null"};
 
 void jsonmask_init(jsonmask *m) {
@@ -134,6 +138,7 @@ static int byte(jsonmask *m, int c) {
     if (c == '}' || c == ']') return close_container(m, (char)c);
     return -1;
   case ST_STRING:
+    if ((m->surr & SU_PEND) && c != '\\') return -1;
     if (c == '"') {
       if (m->key) {
         m->st = ST_COLON;
@@ -152,14 +157,26 @@ static int byte(jsonmask *m, int c) {
     if (c == 'u') {
       m->st = ST_UNICODE;
       m->sub = 0;
+      m->surr &= SU_PEND;
       return 0;
     }
+    if (m->surr & SU_PEND) return -1;
     if (!strchr("\"\\/bfnrt", c) || c == 0) return -1;
     m->st = ST_STRING;
     return 0;
   case ST_UNICODE:
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return -1;
-    if (++m->sub == 4) m->st = ST_STRING;
+    if (m->sub == 0 && (c == 'd' || c == 'D')) m->surr |= SU_D;
+    if (m->sub == 1) {
+      int v = c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10;
+      if (m->surr & SU_D) m->surr |= v >= 0xc ? SU_LO : v >= 0x8 ? SU_HI : 0;
+      /* After a high surrogate only a low one; a low one only there. */
+      if (!(m->surr & SU_PEND) != !(m->surr & SU_LO)) return -1;
+    }
+    if (++m->sub == 4) {
+      m->st = ST_STRING;
+      m->surr = (m->surr & SU_HI) ? SU_PEND : 0;
+    }
     return 0;
   case ST_NUMBER:
     switch (m->sub) {

@@ -5,8 +5,10 @@
  * The state is a small value type (copy it to try a token), fed raw bytes. It accepts
  * exactly the prefixes of RFC 8259 texts whose top-level value is an object, with at most
  * JSONMASK_MAX_WS consecutive whitespace bytes between tokens and JSONMASK_MAX_LEAD_WS
- * before the opening '{' (so a model cannot idle on whitespace) and nesting up to JSONMASK_MAX_DEPTH. Bytes >= 0x80 are accepted inside
- * strings only; UTF-8 validity is the tokenizer's business.
+ * before the opening '{' (so a model cannot idle on whitespace) and nesting up to
+ * JSONMASK_MAX_DEPTH. Bytes >= 0x80 are accepted inside strings only; UTF-8 validity is the
+ * tokenizer's business. A \u escape of a UTF-16 surrogate is accepted only as a high one
+ * directly followed by a low one (lone ones are what JSON parsers reject).
  */
 #ifndef ANNA_SERVER_JSONMASK_H
 #define ANNA_SERVER_JSONMASK_H
@@ -23,6 +25,7 @@ typedef struct jsonmask {
   uint8_t sub;                    /* position inside a literal, escape or number */
   uint8_t key;                    /* the current string is an object key */
   uint8_t ws;                     /* consecutive whitespace so far */
+  uint8_t surr;                   /* \u escape surrogate bookkeeping (jsonmask.c) */
   int16_t depth;                  /* open containers */
   char stack[JSONMASK_MAX_DEPTH]; /* '{' or '[' */
 } jsonmask;

@@ -1,5 +1,6 @@
 /* oai.c: OpenAI request parsing and response rendering (see oai.h). */
 #include "oai.h"
+#include "jsonschema.h"
 
 #include "imgfetch.h"
 
@@ -613,6 +614,16 @@ static int parse_tools(json_t *root, json_t **tools_out, int *use_tools, const c
   return 0;
 }
 
+/* "Any JSON object" as a compiled schema: JSON mode runs on the schema mask too, which
+ * walks the vocabulary in byte order instead of probing every token. */
+static int object_schema(jsonschema **out) {
+  json_t *o = json_pack("{s:s}", "type", "object");
+  char err[128];
+  int rc = o ? jsonschema_get(o, out, err, sizeof err) : ANNA_ENOMEM;
+  json_decref(o);
+  return rc;
+}
+
 static int parse_response_format(json_t *root, gen_request *r, oai_error *e) {
   json_t *rf = json_object_get(root, "response_format");
   if (!rf || json_is_null(rf)) return 0;
@@ -627,8 +638,59 @@ static int parse_response_format(json_t *root, gen_request *r, oai_error *e) {
   if (strcmp(ts, "text") && strcmp(ts, "json_object") && strcmp(ts, "json_schema"))
     return oai_fail(e, 400, "response_format", "invalid_value",
                     "'response_format.type' must be text, json_object or json_schema");
-  /* json_schema: the output is held to a JSON object; the schema itself is not enforced. */
   r->json_mode = strcmp(ts, "text") != 0;
+  if (r->json_mode && object_schema(&r->schema)) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (strcmp(ts, "json_schema")) return 0;
+  /* json_schema: the schema is enforced whether strict is true or false (a reply that does
+   * not follow it helps nobody); without a schema the reply is held to a JSON object. */
+  json_t *js = json_object_get(rf, "json_schema"), *sch = json_object_get(js, "schema");
+  const char *k;
+  json_t *v;
+  json_object_foreach(js, k, v) {
+    if (strcmp(k, "name") && strcmp(k, "description") && strcmp(k, "schema") && strcmp(k, "strict"))
+      return oai_fail(e, 400, "response_format.json_schema", "invalid_value",
+                      "unknown field 'response_format.json_schema.%s'", k);
+  }
+  v = json_object_get(js, "strict");
+  if (v && !json_is_null(v) && !json_is_boolean(v))
+    return oai_fail(e, 400, "response_format.json_schema.strict", "invalid_type",
+                    "'response_format.json_schema.strict' must be a boolean");
+  if (!sch || json_is_null(sch)) return 0;
+  char err[400];
+  jsonschema_release(r->schema);
+  r->schema = NULL;
+  int rc = jsonschema_get(sch, &r->schema, err, sizeof err);
+  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (rc)
+    return oai_fail(e, 400, "response_format.json_schema.schema", "invalid_value",
+                    "unsupported or invalid schema: %s", err);
+  return 0;
+}
+
+/* The compiled parameters schema of the forced function, or NULL when its parameters say
+ * nothing beyond "an object" (the JSON-object mask is then enough). */
+static int forced_schema(json_t *root, const char *name, jsonschema **out, oai_error *e) {
+  *out = NULL;
+  json_t *tools = json_object_get(root, "tools"), *params = NULL;
+  for (size_t i = 0; i < json_array_size(tools); i++) {
+    json_t *fn = json_object_get(json_array_get(tools, i), "function");
+    if (!strcmp(json_string_value(json_object_get(fn, "name")), name))
+      params = json_object_get(fn, "parameters");
+  }
+  if (!json_is_object(params)) return 0;
+  json_t *ty = json_object_get(params, "type");
+  if (ty && !(json_is_string(ty) && !strcmp(json_string_value(ty), "object")))
+    return oai_fail(e, 400, "tools", "invalid_value",
+                    "the parameters of function '%s' must be an object schema", name);
+  if (!json_object_get(params, "properties") && !json_object_get(params, "$ref") &&
+      !json_object_get(params, "anyOf"))
+    return 0;
+  char err[400];
+  int rc = jsonschema_get(params, out, err, sizeof err);
+  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (rc)
+    return oai_fail(e, 400, "tools", "invalid_value",
+                    "the parameters schema of function '%s' is unsupported or invalid: %s", name, err);
   return 0;
 }
 
@@ -650,7 +712,8 @@ static int prompt_opens_think(const anna_text *tok, const int32_t *ids, size_t n
  * <tool_call>{"name": ..., "arguments": {...}}</tool_call> (the rendered tool instructions say
  * so): the reply is forced to open that call, its arguments are held to one JSON object, and
  * the call is closed. Templates with another call syntax (Qwen3.5 XML) are left free. */
-static int force_tool_call(const oai_config *cfg, gen_request *r, const char *name) {
+static int force_tool_call(const oai_config *cfg, gen_request *r, const char *name,
+                           jsonschema **schema) {
   char *prompt = NULL;
   size_t plen = 0;
   if (anna_text_detokenize(cfg->text, r->prompts[0], r->n_prompt[0], 0, &prompt, &plen, NULL, 0))
@@ -665,6 +728,15 @@ static int force_tool_call(const oai_config *cfg, gen_request *r, const char *na
       anna_text_tokenize(cfg->text, suf, strlen(suf), 0, &r->suffix, &r->n_suffix, NULL, 0))
     return ANNA_ENOMEM;
   r->json_mode = 1;
+  /* The arguments follow the tool's parameters (taken over), or are any object. */
+  jsonschema_release(r->schema);
+  r->schema = NULL;
+  if (*schema) {
+    r->schema = *schema;
+    *schema = NULL;
+  } else if (object_schema(&r->schema)) {
+    return ANNA_ENOMEM;
+  }
   return 0;
 }
 
@@ -727,11 +799,13 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   gen_request *r = job->r;
   json_t *msgs = NULL, *tools = NULL, *kw_own = NULL;
   img_list imgs = {.cfg = cfg};
+  const char *force = NULL;
+  jsonschema *fschema = NULL; /* before the first goto: done releases it */
   int rc = -1;
   if (parse_messages(root, &imgs, &msgs, e)) goto done;
-  const char *force = NULL;
   if (parse_tools(root, &tools, &job->tools, &force, e) || parse_response_format(root, r, e))
     goto done;
+  if (force && forced_schema(root, force, &fschema, e)) goto done;
   json_t *kw = json_object_get(root, "chat_template_kwargs");
   if (kw && !json_is_null(kw) && !json_is_object(kw)) {
     oai_fail(e, 400, "chat_template_kwargs", "invalid_type",
@@ -786,13 +860,14 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   if (r->n_prompt[0])
     job->start_in_reasoning =
         job->reasoning && prompt_opens_think(cfg->text, r->prompts[0], r->n_prompt[0]);
-  if (force && r->n_prompt[0] && force_tool_call(cfg, r, force)) {
+  if (force && r->n_prompt[0] && force_tool_call(cfg, r, force, &fschema)) {
     oai_fail(e, 500, NULL, NULL, "out of memory");
     goto done;
   }
   rc = 0;
 done:
   img_list_clear(&imgs);
+  jsonschema_release(fschema);
   json_decref(kw_own);
   json_decref(msgs);
   return rc;

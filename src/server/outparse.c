@@ -84,9 +84,15 @@ static int parse_json_body(const char *b, size_t len, char **name, char **args) 
     char *as = NULL;
     if (!a || json_is_null(a))
       as = strdup("{}");
-    else if (json_is_string(a))
-      as = strdup(json_string_value(a));
-    else if (json_is_object(a))
+    else if (json_is_string(a)) {
+      /* Some templates and models write the arguments as a string of JSON: only one that
+       * parses to an object (jansson rejects lone surrogates, as clients' parsers do) is a
+       * call; anything else leaves the text as content. Re-serialized so that what the
+       * client gets is exactly the object that was checked. */
+      json_t *ao = json_loads(json_string_value(a), 0, &je);
+      if (json_is_object(ao)) as = json_dumps(ao, JSON_COMPACT);
+      json_decref(ao);
+    } else if (json_is_object(a))
       as = json_dumps(a, JSON_COMPACT);
     if (as) {
       *name = strdup(json_string_value(n));

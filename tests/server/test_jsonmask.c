@@ -67,6 +67,16 @@ int main(void) {
   invalid("{\"a\": \"x\ny\"}");
   invalid("{\"a\": \"\\x\"}");
   invalid("{\"a\": \"\\u12G4\"}");
+  /* UTF-16 surrogates (issue 30 item 5): only a high one followed by a low one decodes;
+   * json.loads and jansson reject the lone ones the mask used to let through. */
+  valid("{\"a\": \"\\ud83d\\ude00 \\uD83D\\uDE00 \\ud7ff\\ue000\"}");
+  invalid("{\"a\": \"\\ud800\"}");
+  invalid("{\"a\": \"\\udc00\"}");
+  invalid("{\"a\": \"\\uDFFF x\"}");
+  invalid("{\"a\": \"\\ud83dx\"}");
+  invalid("{\"a\": \"\\ud83d\\n\"}");
+  invalid("{\"a\": \"\\ud83d\\ud83d\"}");
+  invalid("{\"a\": \"\\ud83d\\u0041\"}");
   invalid("{\"a\": [1}");
   invalid("{}}");
   invalid("{} x");

@@ -76,7 +76,17 @@ int main(void) {
         0, 0, 1, "\n", "", "a({});b({\"x\":1});");
   check("arguments as a string",
         "<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"q\\\": 2}\"}</tool_call>", 0, 0, 1, "", "",
-        "f({\"q\": 2});");
+        "f({\"q\":2});");
+  /* issue 30 item 5: string-valued arguments reach the client only as JSON object text. */
+  check("string arguments that are not json stay content",
+        "<tool_call>{\"name\":\"f\",\"arguments\":\"not json\"}</tool_call>", 0, 0, 1,
+        "<tool_call>{\"name\":\"f\",\"arguments\":\"not json\"}</tool_call>", "", "");
+  check("string arguments holding an array stay content",
+        "<tool_call>{\"name\":\"f\",\"arguments\":\"[1]\"}</tool_call>", 0, 0, 1,
+        "<tool_call>{\"name\":\"f\",\"arguments\":\"[1]\"}</tool_call>", "", "");
+  check("string arguments with a lone surrogate stay content",
+        "<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"q\\\": \\\"\\\\ud800\\\"}\"}</tool_call>", 0, 0, 1,
+        "<tool_call>{\"name\":\"f\",\"arguments\":\"{\\\"q\\\": \\\"\\\\ud800\\\"}\"}</tool_call>", "", "");
   check("parameters key", "<tool_call>{\"name\":\"f\",\"parameters\":{\"q\":true}}</tool_call>", 0,
         0, 1, "", "", "f({\"q\":true});");
   check("qwen3.5 xml call",
