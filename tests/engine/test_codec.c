@@ -3,13 +3,18 @@
  * - probe: the speech_tokenizer folder, and a qwen3_tts model folder holding one;
  * - one pass (1, 7, 40 frames) within 2e-3 of the reference PCM (max error printed);
  * - streaming: the 40 frames in pieces of 1, 3, 7, 2, ... frames, and through a state whose
- *   internal step is 5 frames, equal the one pass within 1e-6 (bit-identity reported);
+ *   internal step is 5 frames, equal the one pass: bit for bit with the scalar CPU kernels
+ *   (every op's per-row result independent of the row count), within 1e-3 with the native
+ *   ones (the f32 matmul takes the 8x32 tile kernel from 8 rows and the row dots below, two
+ *   summation orders; the random fixture weights amplify that to ~3e-4, the same as the
+ *   reference's own f32-vs-f64 spread);
  * - the reference's chunked_decode (chunks of 16 with 5 context frames) reproduced with resets;
  * - bad input: code 2048 and -1, 15 codebooks, zero frames, a stream out of range (a refused
  *   run leaves the stream as it was), a missing tensor, a tensor of the wrong shape, a
  *   backend without the conv ops (how CUDA is refused).
  * Usage: test_codec FIXTURES_DIR (unused: the fixture is in this repository, ANNA_SOURCE_DIR). */
 #define _POSIX_C_SOURCE 200809L
+#include "backends/cpu/cpu_backend.h"
 #include "backends/registry.h"
 #include "base/error.h"
 #include "base/tuning.h"
@@ -191,8 +196,8 @@ static float *test_one_pass(void) {
   return keep;
 }
 
-static void test_streaming(const float *one) {
-  printf("exact streaming\n");
+static void test_streaming(const float *one, double bound, const char *isa) {
+  printf("exact streaming (%s kernels)\n", isa);
   char err[512] = "", what[160];
   size_t nc;
   int32_t *codes = fixture("codes_40.i32", &nc);
@@ -212,18 +217,18 @@ static void test_streaming(const float *one) {
   }
   if (rc && codes && one) printf("  %s\n", err);
   double md = rc ? 1e9 : max_diff(got, one, 40 * SPF);
-  snprintf(what, sizeof what, "pieces 1,3,7,2,1,5,8,13 == one pass: max |diff| %.3g (<= 1e-6)%s",
-           md, md == 0 ? ", bit-identical" : "");
-  ok(what, !rc && md <= 1e-6);
+  snprintf(what, sizeof what, "pieces 1,3,7,2,1,5,8,13 == one pass: max |diff| %.3g (<= %g)%s",
+           md, bound, md == 0 ? ", bit-identical" : "");
+  ok(what, !rc && md <= bound);
   if (!rc) codec_close(&c);
   /* a state whose internal step is 5 frames decodes 40 frames in one call */
   rc = !codes || !one || codec_open(&c, g_dir, 1, 5, err, sizeof err);
   if (!rc) rc = decode(&c, 0, codes, 40, NQ, got, err, sizeof err);
   if (rc && codes && one) printf("  %s\n", err);
   md = rc ? 1e9 : max_diff(got, one, 40 * SPF);
-  snprintf(what, sizeof what, "5-frame internal steps == one pass: max |diff| %.3g (<= 1e-6)%s", md,
-           md == 0 ? ", bit-identical" : "");
-  ok(what, !rc && md <= 1e-6);
+  snprintf(what, sizeof what, "5-frame internal steps == one pass: max |diff| %.3g (<= %g)%s", md,
+           bound, md == 0 ? ", bit-identical" : "");
+  ok(what, !rc && md <= bound);
   /* the reference's chunked_decode(chunk 16, context 5): each chunk decoded from a reset stream
    * with its 5 context frames, whose samples are dropped */
   size_t np;
@@ -351,8 +356,13 @@ int main(int argc, char **argv) {
   snprintf(g_dir, sizeof g_dir, "%s/tests/fixtures/qwen3_tts_codec", ANNA_SOURCE_DIR);
   test_probe();
   float *one = test_one_pass();
-  test_streaming(one);
+  test_streaming(one, 1e-3, cpu_backend_isa());
   free(one);
+  cpu_backend_force_isa(0); /* scalar kernels: streaming must then be bit for bit */
+  one = test_one_pass();
+  test_streaming(one, 0, "scalar");
+  free(one);
+  cpu_backend_force_isa(2);
   test_bad_input();
   printf("%d passed, %d failed\n", g_checks - g_fail, g_fail);
   return g_fail ? 1 : 0;
