@@ -8,6 +8,7 @@
 #include "metrics.h"
 #include "oai.h"
 #include "imgfetch.h"
+#include "tokapi.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,6 +31,7 @@ typedef struct server {
   engine *eng;
   metrics mx;
   oai_config cfg;
+  auth_keys *keys; /* NULL: no auth */
   char model_name[256];
   int active; /* requests between first callback and completion (atomic) */
   uint64_t rid_seq;
@@ -110,6 +112,7 @@ static enum MHD_Result send_body(conn *cn, int status, char *body, const char *c
   MHD_add_response_header(resp, "Content-Type", ctype);
   MHD_add_response_header(resp, "X-Request-Id", cn->rid);
   if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
+  if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
   if (status == 405)
     MHD_add_response_header(resp, "Allow",
                             strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
@@ -314,6 +317,23 @@ static void sse_free(void *cls) {
   free(s);
 }
 
+static enum MHD_Result route_tokens(server *srv, conn *cn, int detok) {
+  if (cn->too_big) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body-bytes)",
+             srv->o->max_body_bytes);
+    return send_fail(cn, 413, NULL, "request_too_large", msg);
+  }
+  char *out = NULL;
+  oai_error e;
+  const char *b = cn->body ? cn->body : "";
+  if (detok ? tokapi_detokenize(&srv->cfg, b, cn->len, &out, &e) : tokapi_tokenize(&srv->cfg, b, cn->len, &out, &e)) {
+    slog(SLOG_INFO, cn->rid, "rejected %d: %s", e.status, e.message);
+    return send_error(cn, &e);
+  }
+  return send_body(cn, 200, out, "application/json");
+}
+
 static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   if (cn->too_big) {
     char msg[128];
@@ -464,6 +484,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   if (cn->status) return MHD_YES; /* already answered (oversized body refused up front) */
   int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+  /* With API keys every route needs one, unknown routes included (a 404 would tell a
+   * stranger which routes exist); health and metrics stay open for probes unless
+   * --auth-health. */
+  int open_route = !strcmp(url, "/healthz") || !strcmp(url, "/health") || !strcmp(url, "/metrics");
+  if (srv->keys && (!open_route || srv->o->auth_health) &&
+      !auth_check(srv->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
+    slog(SLOG_INFO, cn->rid, "rejected 401: missing or invalid API key");
+    return send_fail(cn, 401, NULL, "invalid_api_key",
+                     "invalid or missing API key: send it as 'Authorization: Bearer KEY'");
+  }
+  if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
+    if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
+    return route_tokens(srv, cn, !strcmp(url, "/detokenize"));
+  }
   if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
     return route_generate(srv, cn,
@@ -644,6 +678,10 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .allowed_image_domains = o->allowed_image_domains,
                           .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10};
   imgfetch_global_init();
+  if ((rc = auth_keys_create(&srv->keys, o->api_keys, o->n_api_keys, o->api_key_file, err, errlen))) goto done;
+  if (srv->keys)
+    slog(SLOG_INFO, NULL, "API keys: %d (health and metrics %s)", auth_count(srv->keys),
+         o->auth_health ? "need one too" : "open");
 
   struct addrinfo hints = {
       .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
@@ -705,6 +743,7 @@ done:
   anna_text_free(srv->text);
   anna_model_free(srv->m);
   metrics_destroy(&srv->mx);
+  auth_free(srv->keys);
   free(srv);
   return rc;
 }
