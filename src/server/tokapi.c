@@ -7,7 +7,7 @@
 
 static json_t *load_object(const char *body, size_t len, oai_error *e) {
   json_error_t je;
-  json_t *root = json_loadb(body, len, 0, &je);
+  json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &je); /* text may hold NUL: lengths are used */
   if (!root) {
     oai_fail(e, 400, NULL, "invalid_json", "the body is not valid JSON: %s (line %d, column %d)", je.text,
              je.line, je.column);
