@@ -49,6 +49,9 @@ static void usage(FILE *f) {
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
           "  --max-body-bytes N (default 8 MiB)  --http-timeout-seconds S (default 60)\n"
+          "  --http-header-timeout-seconds S  a new connection's request line and headers must come\n"
+          "                           with no pause longer than S (default 10; 0 = the idle timeout):\n"
+          "                           bytes that are not HTTP are cut then, not after the idle timeout\n"
           "  --max-image-pixels N     images (vision models): width * height of one image (default 16777216)\n"
           "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
           "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
@@ -72,6 +75,7 @@ int main(int argc, char **argv) {
   o.log_level = SLOG_INFO;
   o.max_body_bytes = 8u << 20;
   o.http_timeout_s = 60;
+  o.http_header_timeout_s = 10;
   o.max_connections = 256;
   o.shutdown_timeout_s = 30;
   o.eng.n_ctx = 4096;
@@ -199,6 +203,7 @@ int main(int argc, char **argv) {
       o.allowed_image_domains = v;
     }
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
+    INTF("--http-header-timeout-seconds", 0, 86400, o.http_header_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
     FLTF("--temperature", 0, 2, o.defaults.temperature)
     FLTF("--top-p", 0, 1, o.defaults.top_p)

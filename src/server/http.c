@@ -441,6 +441,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
     make_rid(srv, cn);
     *con_cls = cn;
+    if (srv->o->http_header_timeout_s > 0 && srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+      MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_timeout_s);
     __atomic_add_fetch(&srv->active, 1, __ATOMIC_RELAXED);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
@@ -484,6 +486,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   if (cn->status) return MHD_YES; /* already answered (oversized body refused up front) */
   int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+  /* A request line that parsed but is not HTTP (binary noise up to a line end, a NUL inside the
+   * method) is a 400, not a 404 or 405 that would suggest a real route or method. */
+  static const char *const methods[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", NULL};
+  int known = 0;
+  for (int i = 0; methods[i] && !known; i++)
+    known = !strcmp(method, methods[i]);
+  if (!known || (url[0] != '/' && strcmp(url, "*")))
+    return send_fail(cn, 400, NULL, "bad_request", "not an HTTP request line this server understands");
   /* With API keys every route needs one, unknown routes included (a 404 would tell a
    * stranger which routes exist); health and metrics stay open for probes unless
    * --auth-health. */
@@ -565,6 +575,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   free(cn);
   *con_cls = NULL;
   __atomic_sub_fetch(&srv->active, 1, __ATOMIC_RELAXED);
+}
+
+/* A new connection gets the short header timeout until its first request line and headers
+ * are in (on_request restores --http-timeout-seconds): bytes that are not HTTP and never end a
+ * line (a TLS ClientHello, noise) are cut after that, not after the idle timeout. MHD calls
+ * this on its accepting thread, before the connection's own thread starts. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+  server *srv = cls;
+  (void)socket_context;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED && srv->o->http_header_timeout_s > 0 &&
+      srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_header_timeout_s);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -697,7 +720,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   d = MHD_start_daemon(
       flags, (uint16_t)o->port, NULL, NULL, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
+      on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);

@@ -31,6 +31,8 @@ typedef struct server_options {
   int metrics_log_interval_s; /* 0: off */
   size_t max_body_bytes;
   int http_timeout_s; /* idle connection timeout (slow clients) */
+  int http_header_timeout_s; /* idle timeout until a connection's first request line and headers
+                                are in (non-HTTP bytes); 0 or >= http_timeout_s: off */
   int max_connections;
   double shutdown_timeout_s;
   const char *profile_name; /* for /healthz */
