@@ -451,7 +451,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       /* A body up to a few times the limit is read and dropped, so the client (which
        * is still sending) gets the 413 instead of a reset; a larger one is refused
        * before reading a byte of it. */
-      if (declared / 4 > srv->o->max_body_bytes) return route_generate(srv, cn, OAI_CHAT);
+      if (declared / 4 > srv->o->max_body_bytes) {
+        if (!auth_check(srv->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
+          return send_fail(cn, 401, NULL, "invalid_api_key",
+                           "invalid or missing API key: send it as 'Authorization: Bearer KEY'");
+        return route_generate(srv, cn, OAI_CHAT);
+      }
     }
     return MHD_YES;
   }

@@ -115,6 +115,19 @@ def test_other_routes_need_key(asrv):
     assert st == 200 and json.loads(data)["tokens"], data
 
 
+def test_oversized_body_without_key(asrv):
+    # a body far over --max-body-bytes is refused before it is read: still a 401 first
+    c = http.client.HTTPConnection("127.0.0.1", asrv.port, timeout=30)
+    c.putrequest("POST", "/v1/chat/completions")
+    c.putheader("Content-Type", "application/json")
+    c.putheader("Content-Length", str(1 << 30))
+    c.endheaders()
+    r = c.getresponse()
+    data = r.read()
+    check_401(r.status, data, dict((k.lower(), v) for k, v in r.getheaders()))
+    c.close()
+
+
 def test_health_open_by_default(asrv):
     for path in ("/healthz", "/metrics"):
         st, data, _ = raw(asrv, "GET", path)
