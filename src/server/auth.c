@@ -22,7 +22,7 @@ static int key_add(auth_keys *k, const char *s, size_t len, const char *where, c
   for (size_t i = 0; i < len; i++)
     if ((unsigned char)s[i] <= 0x20 || (unsigned char)s[i] >= 0x7f)
       return anna_err(err, errlen, ANNA_EINVAL,
-                      "%s: API key holds a byte that is not printable ASCII (0x%02x at offset %zu)", where,
+                      "%s: API key holds a space, control or non-ASCII byte (0x%02x at offset %zu)", where,
                       (unsigned char)s[i], i);
   char **nk = realloc(k->key, (size_t)(k->n + 1) * sizeof *nk);
   if (!nk) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");

@@ -20,7 +20,7 @@ typedef struct auth_keys auth_keys;
 /* Builds the key set from n keys (copied) and the file at path (may be NULL: one key per
  * line, surrounding blanks and a trailing CR dropped, blank lines and lines starting with
  * '#' skipped). *out is NULL when no key is configured at all (auth off). A key that is
- * empty, longer than AUTH_KEY_MAX or holds bytes outside printable ASCII, or a file that
+ * empty, longer than AUTH_KEY_MAX or holds a byte outside 0x21..0x7e, or a file that
  * cannot be read or holds no key: ANNA_EINVAL / ANNA_EIO with err naming it. Caller frees
  * with auth_free. */
 int auth_keys_create(auth_keys **out, const char *const *keys, int n, const char *path, char *err,
