@@ -49,11 +49,17 @@ static void usage(FILE *f) {
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
           "  --max-body-bytes N (default 8 MiB)  --http-timeout-seconds S (default 60)\n"
+          "  --http-header-timeout-seconds S  a new connection's request line and headers must come\n"
+          "                           with no pause longer than S (default 10; 0 = the idle timeout):\n"
+          "                           bytes that are not HTTP are cut then, not after the idle timeout\n"
           "  --max-image-pixels N     images (vision models): width * height of one image (default 16777216)\n"
           "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
           "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
           "                           data: URLs only; no redirects)  --image-fetch-timeout-seconds S (default 10)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
+          "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
+          "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
+          "  --auth-health            /healthz and /metrics need a key too (default: open)\n"
           "testing hooks:\n"
           "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
           "  --debug-step-delay-ms MS sleep after every engine step (slow generation on tiny models)\n");
@@ -69,6 +75,7 @@ int main(int argc, char **argv) {
   o.log_level = SLOG_INFO;
   o.max_body_bytes = 8u << 20;
   o.http_timeout_s = 60;
+  o.http_header_timeout_s = 10;
   o.max_connections = 256;
   o.shutdown_timeout_s = 30;
   o.eng.n_ctx = 4096;
@@ -79,6 +86,8 @@ int main(int argc, char **argv) {
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
   const char *profile = "none";
+  const char *api_keys[64];
+  int n_api_keys = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
@@ -138,6 +147,17 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--enable-thinking")) o.default_enable_thinking = 1;
     else if (!strcmp(a, "--disable-thinking")) o.default_enable_thinking = 0;
     else if (!strcmp(a, "--debug-hooks")) o.debug_hooks = 1;
+    else if (!strcmp(a, "--api-key")) {
+      NEEDV();
+      if (n_api_keys == (int)(sizeof api_keys / sizeof *api_keys)) {
+        fprintf(stderr, "error: more than %d --api-key flags (use --api-key-file)\n", n_api_keys);
+        return 2;
+      }
+      api_keys[n_api_keys++] = v;
+    } else if (!strcmp(a, "--api-key-file")) {
+      NEEDV();
+      o.api_key_file = v;
+    } else if (!strcmp(a, "--auth-health")) o.auth_health = 1;
     else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) {
       NEEDV();
@@ -183,6 +203,7 @@ int main(int argc, char **argv) {
       o.allowed_image_domains = v;
     }
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
+    INTF("--http-header-timeout-seconds", 0, 86400, o.http_header_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
     FLTF("--temperature", 0, 2, o.defaults.temperature)
     FLTF("--top-p", 0, 1, o.defaults.top_p)
@@ -220,6 +241,12 @@ int main(int argc, char **argv) {
     return 2;
   }
   o.max_body_bytes = (size_t)max_body;
+  o.api_keys = api_keys;
+  o.n_api_keys = n_api_keys;
+  if (o.auth_health && !n_api_keys && !o.api_key_file) {
+    fprintf(stderr, "error: --auth-health needs --api-key or --api-key-file\n");
+    return 2;
+  }
   o.max_image_pixels = max_img_px;
   o.max_images = max_imgs;
   o.max_image_bytes = (size_t)max_img_bytes;

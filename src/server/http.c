@@ -8,6 +8,7 @@
 #include "metrics.h"
 #include "oai.h"
 #include "imgfetch.h"
+#include "tokapi.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,6 +31,7 @@ typedef struct server {
   engine *eng;
   metrics mx;
   oai_config cfg;
+  auth_keys *keys; /* NULL: no auth */
   char model_name[256];
   int active; /* requests between first callback and completion (atomic) */
   uint64_t rid_seq;
@@ -110,6 +112,7 @@ static enum MHD_Result send_body(conn *cn, int status, char *body, const char *c
   MHD_add_response_header(resp, "Content-Type", ctype);
   MHD_add_response_header(resp, "X-Request-Id", cn->rid);
   if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
+  if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
   if (status == 405)
     MHD_add_response_header(resp, "Allow",
                             strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
@@ -314,6 +317,23 @@ static void sse_free(void *cls) {
   free(s);
 }
 
+static enum MHD_Result route_tokens(server *srv, conn *cn, int detok) {
+  if (cn->too_big) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body-bytes)",
+             srv->o->max_body_bytes);
+    return send_fail(cn, 413, NULL, "request_too_large", msg);
+  }
+  char *out = NULL;
+  oai_error e;
+  const char *b = cn->body ? cn->body : "";
+  if (detok ? tokapi_detokenize(&srv->cfg, b, cn->len, &out, &e) : tokapi_tokenize(&srv->cfg, b, cn->len, &out, &e)) {
+    slog(SLOG_INFO, cn->rid, "rejected %d: %s", e.status, e.message);
+    return send_error(cn, &e);
+  }
+  return send_body(cn, 200, out, "application/json");
+}
+
 static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   if (cn->too_big) {
     char msg[128];
@@ -421,6 +441,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
     make_rid(srv, cn);
     *con_cls = cn;
+    if (srv->o->http_header_timeout_s > 0 && srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+      MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_timeout_s);
     __atomic_add_fetch(&srv->active, 1, __ATOMIC_RELAXED);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     unsigned long long declared = cl ? strtoull(cl, NULL, 10) : 0;
@@ -429,7 +451,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       /* A body up to a few times the limit is read and dropped, so the client (which
        * is still sending) gets the 413 instead of a reset; a larger one is refused
        * before reading a byte of it. */
-      if (declared / 4 > srv->o->max_body_bytes) return route_generate(srv, cn, OAI_CHAT);
+      if (declared / 4 > srv->o->max_body_bytes) {
+        if (!auth_check(srv->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")))
+          return send_fail(cn, 401, NULL, "invalid_api_key",
+                           "invalid or missing API key: send it as 'Authorization: Bearer KEY'");
+        return route_generate(srv, cn, OAI_CHAT);
+      }
     }
     return MHD_YES;
   }
@@ -464,6 +491,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   if (cn->status) return MHD_YES; /* already answered (oversized body refused up front) */
   int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+  /* A request line that parsed but is not HTTP (binary noise up to a line end, a NUL inside the
+   * method) is a 400, not a 404 or 405 that would suggest a real route or method. */
+  static const char *const methods[] = {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", NULL};
+  int known = 0;
+  for (int i = 0; methods[i] && !known; i++)
+    known = !strcmp(method, methods[i]);
+  if (!known || (url[0] != '/' && strcmp(url, "*")))
+    return send_fail(cn, 400, NULL, "bad_request", "not an HTTP request line this server understands");
+  /* With API keys every route needs one, unknown routes included (a 404 would tell a
+   * stranger which routes exist); health and metrics stay open for probes unless
+   * --auth-health. */
+  int open_route = !strcmp(url, "/healthz") || !strcmp(url, "/health") || !strcmp(url, "/metrics");
+  if (srv->keys && (!open_route || srv->o->auth_health) &&
+      !auth_check(srv->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
+    slog(SLOG_INFO, cn->rid, "rejected 401: missing or invalid API key");
+    return send_fail(cn, 401, NULL, "invalid_api_key",
+                     "invalid or missing API key: send it as 'Authorization: Bearer KEY'");
+  }
+  if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
+    if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
+    return route_tokens(srv, cn, !strcmp(url, "/detokenize"));
+  }
   if (!strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions")) {
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
     return route_generate(srv, cn,
@@ -531,6 +580,19 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   free(cn);
   *con_cls = NULL;
   __atomic_sub_fetch(&srv->active, 1, __ATOMIC_RELAXED);
+}
+
+/* A new connection gets the short header timeout until its first request line and headers
+ * are in (on_request restores --http-timeout-seconds): bytes that are not HTTP and never end a
+ * line (a TLS ClientHello, noise) are cut after that, not after the idle timeout. MHD calls
+ * this on its accepting thread, before the connection's own thread starts. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+  server *srv = cls;
+  (void)socket_context;
+  if (toe == MHD_CONNECTION_NOTIFY_STARTED && srv->o->http_header_timeout_s > 0 &&
+      srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_header_timeout_s);
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -644,6 +706,10 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .allowed_image_domains = o->allowed_image_domains,
                           .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10};
   imgfetch_global_init();
+  if ((rc = auth_keys_create(&srv->keys, o->api_keys, o->n_api_keys, o->api_key_file, err, errlen))) goto done;
+  if (srv->keys)
+    slog(SLOG_INFO, NULL, "API keys: %d (health and metrics %s)", auth_count(srv->keys),
+         o->auth_health ? "need one too" : "open");
 
   struct addrinfo hints = {
       .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
@@ -659,7 +725,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   d = MHD_start_daemon(
       flags, (uint16_t)o->port, NULL, NULL, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
-      on_completed, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
+      on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
@@ -705,6 +771,7 @@ done:
   anna_text_free(srv->text);
   anna_model_free(srv->m);
   metrics_destroy(&srv->mx);
+  auth_free(srv->keys);
   free(srv);
   return rc;
 }

@@ -129,8 +129,49 @@ static int parse_model(const oai_config *cfg, json_t *root, oai_job *job, oai_er
   return job->model ? 0 : oai_fail(e, 500, NULL, NULL, "out of memory");
 }
 
+/* logit_bias as OpenAI validates it: an object whose keys are token ids written in decimal
+ * (digits only) below the vocabulary size and whose values are numbers in [-100, 100]. The
+ * engine cannot apply a bias yet, so a valid non-empty map is refused rather than ignored:
+ * a client asking to ban a token must not silently get it. null and {} are accepted. */
+static int parse_logit_bias(const oai_config *cfg, json_t *root, oai_error *e) {
+  json_t *lb = json_object_get(root, "logit_bias");
+  if (!lb || json_is_null(lb)) return 0;
+  if (!json_is_object(lb))
+    return oai_fail(e, 400, "logit_bias", "invalid_type",
+                    "'logit_bias' must be an object mapping token ids (strings) to numbers, got %s",
+                    type_name(lb));
+  const long long vocab = anna_text_vocab(cfg->text);
+  const char *k;
+  json_t *v;
+  json_object_foreach(lb, k, v) {
+    long long id = 0;
+    int ok = *k != '\0';
+    for (const char *p = k; ok && *p; p++) {
+      ok = *p >= '0' && *p <= '9';
+      if (ok) id = id * 10 + (*p - '0');
+      if (id >= vocab) ok = 0; /* stops before any overflow too */
+    }
+    if (!ok)
+      return oai_fail(e, 400, "logit_bias", "invalid_value",
+                      "invalid key in 'logit_bias': '%.64s' (keys are token ids, integers in [0, %lld))", k,
+                      vocab);
+    if (!json_is_number(v))
+      return oai_fail(e, 400, "logit_bias", "invalid_type",
+                      "'logit_bias' value for key '%s' must be a number in [-100, 100], got %s", k, type_name(v));
+    const double b = json_number_value(v);
+    if (!(b >= -100 && b <= 100))
+      return oai_fail(e, 400, "logit_bias", "invalid_value",
+                      "'logit_bias' value for key '%s' is %g: it must be in [-100, 100]", k, b);
+  }
+  if (json_object_size(lb))
+    return oai_fail(e, 400, "logit_bias", "unsupported_parameter",
+                    "'logit_bias' is valid but this server does not apply logit biases yet; send {} or leave it out");
+  return 0;
+}
+
 static int parse_sampling(const oai_config *cfg, json_t *root, gen_request *r, oai_error *e) {
   r->sp = cfg->defaults;
+  if (parse_logit_bias(cfg, root, e)) return -1;
   if (get_num(root, "temperature", 0, 2, &r->sp.temperature, e) ||
       get_num(root, "top_p", 0, 1, &r->sp.top_p, e) ||
       get_num(root, "min_p", 0, 1, &r->sp.min_p, e) ||

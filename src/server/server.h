@@ -10,6 +10,7 @@
 #define ANNA_SERVER_SERVER_H
 
 #include "anna/anna.h"
+#include "auth.h"
 #include "engine.h"
 
 #include <stddef.h>
@@ -30,6 +31,8 @@ typedef struct server_options {
   int metrics_log_interval_s; /* 0: off */
   size_t max_body_bytes;
   int http_timeout_s; /* idle connection timeout (slow clients) */
+  int http_header_timeout_s; /* idle timeout until a connection's first request line and headers
+                                are in (non-HTTP bytes); 0 or >= http_timeout_s: off */
   int max_connections;
   double shutdown_timeout_s;
   const char *profile_name; /* for /healthz */
@@ -40,6 +43,13 @@ typedef struct server_options {
   size_t max_image_bytes;   /* --max-image-bytes (0: default) */
   const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
   int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
+  /* API keys: --api-key (repeatable, borrowed) and --api-key-file; none: no auth. With keys,
+   * every route but /healthz, /health and /metrics needs "Authorization: Bearer KEY" (401
+   * otherwise); auth_health: those too. */
+  const char *const *api_keys;
+  int n_api_keys;
+  const char *api_key_file;
+  int auth_health;
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled
