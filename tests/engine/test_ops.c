@@ -33,7 +33,10 @@ static float from_bf16(uint16_t h) {
 
 static void test_matmul(ops_backend *be) {
   printf("matmul\n");
-  const int shapes[][3] = {{1, 17, 33}, {3, 64, 128}, {5, 129, 100}, {37, 40, 257}, {64, 96, 512}};
+  /* The prefill tiles (n >= 8) get rows off their 16/24-row tiles and 6-row blocks, K off the
+   * k chunks (128, 256) and token counts off the 32-token panels and 16-token halves. */
+  const int shapes[][3] = {{1, 17, 33}, {3, 64, 128}, {5, 129, 100}, {37, 40, 257}, {64, 96, 512}, {9, 7, 300},
+                           {50, 53, 389}, {33, 121, 1000}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
     float *x = malloc(sizeof(float) * n * cols), *wf = malloc(sizeof(float) * rows * cols), *y = malloc(sizeof(float) * n * rows);
