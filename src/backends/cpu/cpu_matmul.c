@@ -550,7 +550,8 @@ static void mm_tile_avx2_task(void *p, int ith, int nth) {
   float *cbuf = row + cols;              /* [TILE_ROWS2][PANEL] */
   for (int64_t tile = tl0; tile < tl1; tile++) {
     const int64_t r0 = tile * TILE_ROWS2, nr = r0 + TILE_ROWS2 < rows ? TILE_ROWS2 : rows - r0;
-    for (int64_t r = 0; r < TILE_ROWS2; r++) {
+    const int nb = (int)((nr + 5) / 6); /* 6-row blocks holding rows: a short last tile skips the rest */
+    for (int64_t r = 0; r < nb * 6; r++) {
       float *dst = wp + (r / 6) * cols * 6 + r % 6;
       if (r < nr) {
         cpu_weight_row_f32(w, r0 + r, row);
@@ -564,7 +565,7 @@ static void mm_tile_avx2_task(void *p, int ith, int nth) {
       for (int64_t k0 = 0; k0 < cols; k0 += KC2) {
         const int64_t kl = cols - k0 < KC2 ? cols - k0 : KC2;
         for (int th = 0; th < 2; th++)
-          for (int rb = 0; rb < TILE_ROWS2 / 6; rb++)
+          for (int rb = 0; rb < nb; rb++)
             mk6x16_avx2(wp + rb * cols * 6 + k0 * 6, xt + k0 * PANEL + th * 16, kl, cbuf + rb * 6 * PANEL + th * 16,
                         k0 > 0);
       }
