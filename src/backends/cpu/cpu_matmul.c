@@ -489,7 +489,7 @@ static void mm_task(void *p, int ith, int nth) {
  * speed. Layout: the activations are transposed once into panels of 32 tokens, K-major
  * ([panel][k][32], zero-padded), shared by all workers; each worker converts TILE_ROWS rows
  * at a time into its scratch and runs the 8x32 kernel over K in chunks that keep the panel
- * slice in L1. Workers split rows in whole tiles. */
+ * slice in L1 (AVX-512; AVX2 has its own tiles below). Workers split rows in whole tiles. */
 #define TILE_ROWS 16
 #define PANEL 32
 #define KC 256
