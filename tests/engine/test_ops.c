@@ -33,7 +33,10 @@ static float from_bf16(uint16_t h) {
 
 static void test_matmul(ops_backend *be) {
   printf("matmul\n");
-  const int shapes[][3] = {{1, 17, 33}, {3, 64, 128}, {5, 129, 100}, {37, 40, 257}, {64, 96, 512}};
+  /* The prefill tiles (n >= 8) get rows off their 16/24-row tiles and 6-row blocks, K off the
+   * k chunks (128, 256) and token counts off the 32-token panels and 16-token halves. */
+  const int shapes[][3] = {{1, 17, 33}, {3, 64, 128}, {5, 129, 100}, {37, 40, 257}, {64, 96, 512}, {9, 7, 300},
+                           {50, 53, 389}, {33, 121, 1000}};
   for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
     const int n = shapes[s][0], rows = shapes[s][1], cols = shapes[s][2];
     float *x = malloc(sizeof(float) * n * cols), *wf = malloc(sizeof(float) * rows * cols), *y = malloc(sizeof(float) * n * rows);
@@ -62,6 +65,34 @@ static void test_matmul(ops_backend *be) {
     }
     free(x), free(wf), free(y), free(bias), free(wb), free(ref);
   }
+}
+
+/* The prefill tiles put tokens in vector lanes: a token's output must not depend on which
+ * other tokens share its 32-token panel or where in the panel it sits (a batch-invariant
+ * prefill, and prefix-cache reuse, rely on it). Tokens 5..44 of a 45-token batch are run
+ * again as the tail of a 43-token batch with different leading tokens: bit-equal outputs. */
+static void test_matmul_batch_invariant(ops_backend *be) {
+  printf("matmul batch invariance\n");
+  const int na = 45, nb = 43, shared = 40, rows = 53, cols = 389;
+  float *xa = malloc(sizeof(float) * na * cols), *xb = malloc(sizeof(float) * nb * cols);
+  float *w = malloc(sizeof(float) * rows * cols), *ya = malloc(sizeof(float) * na * rows);
+  float *yb = malloc(sizeof(float) * nb * rows);
+  fill(xa, (int64_t)na * cols, 1), fill(xb, (int64_t)nb * cols, 1), fill(w, (int64_t)rows * cols, 0.5f);
+  memcpy(xb + (int64_t)(nb - shared) * cols, xa + (int64_t)(na - shared) * cols, sizeof(float) * shared * cols);
+  ops_weight wt = {ANNA_DTYPE_F32, w, rows, cols};
+  for (int isa = 1; isa <= 2; isa++) {
+    cpu_backend_force_isa(isa);
+    be->matmul(be, ya, xa, na, &wt, NULL);
+    be->matmul(be, yb, xb, nb, &wt, NULL);
+    double d = 0;
+    for (int64_t i = 0; i < (int64_t)shared * rows; i++)
+      d = fmax(d, fabs((double)ya[(int64_t)(na - shared) * rows + i] - yb[(int64_t)(nb - shared) * rows + i]));
+    char what[96];
+    snprintf(what, sizeof what, "shared tokens bit-equal across batches isa=%s", cpu_backend_isa());
+    check(what, d, 0);
+  }
+  cpu_backend_force_isa(9);
+  free(xa), free(xb), free(w), free(ya), free(yb);
 }
 
 /* Quantized weights (Q8_0 here: the one format with a writer in formats/quant.h). Prefill
@@ -1152,6 +1183,7 @@ int main(void) {
     return 1;
   }
   test_matmul(be);
+  test_matmul_batch_invariant(be);
   test_matmul_quant(be);
   test_matmul_group(be);
   test_dequant_fast();

@@ -197,33 +197,48 @@ __attribute__((target("avx512f,avx512bw"))) static void mk8x32_avx512(const floa
   }
 }
 
-/* The same 8x32 block on AVX2 (16 ymm registers): four 4-row x 16-token passes, each 8
- * accumulators, two x loads and four broadcasts per k; the per-token accumulation order over
- * k is the AVX-512 kernel's (one FMA per k into that token's lane). */
-__attribute__((target("avx2,fma"))) static void mk4x16_avx2(const float *w, int64_t ws, const float *xt, int64_t K,
-                                                             float *c, int acc) {
-  __m256 a[4][2];
-  for (int r = 0; r < 4; r++) {
-    a[r][0] = acc ? _mm256_loadu_ps(c + r * 32) : _mm256_setzero_ps();
-    a[r][1] = acc ? _mm256_loadu_ps(c + r * 32 + 8) : _mm256_setzero_ps();
+/* AVX2 prefill micro-kernel: 6 weight rows x 16 tokens. 12 ymm accumulators (+2 x vectors
+ * +1 broadcast = 15 of 16 registers) so both FMA pipes stay busy past the FMA latency; the
+ * weights come K-interleaved (wp[k][6], packed once per tile) so the six broadcasts per k
+ * read one contiguous 24-byte run instead of six rows a row-stride apart (which alias in L1
+ * when the stride is a multiple of 4 KiB). Per token and row it is one FMA per k in k order,
+ * the AVX-512 kernel's order, so the two ISAs give the same bits. c: [6][32] (row stride
+ * PANEL), added to (acc != 0) or overwritten. */
+__attribute__((target("avx2,fma"))) static void mk6x16_avx2(const float *wp, const float *xt, int64_t K, float *c,
+                                                             int acc) {
+  __m256 a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11;
+  if (acc) {
+    a0 = _mm256_loadu_ps(c + 0 * 32), a1 = _mm256_loadu_ps(c + 0 * 32 + 8);
+    a2 = _mm256_loadu_ps(c + 1 * 32), a3 = _mm256_loadu_ps(c + 1 * 32 + 8);
+    a4 = _mm256_loadu_ps(c + 2 * 32), a5 = _mm256_loadu_ps(c + 2 * 32 + 8);
+    a6 = _mm256_loadu_ps(c + 3 * 32), a7 = _mm256_loadu_ps(c + 3 * 32 + 8);
+    a8 = _mm256_loadu_ps(c + 4 * 32), a9 = _mm256_loadu_ps(c + 4 * 32 + 8);
+    a10 = _mm256_loadu_ps(c + 5 * 32), a11 = _mm256_loadu_ps(c + 5 * 32 + 8);
+  } else {
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = a8 = a9 = a10 = a11 = _mm256_setzero_ps();
   }
   for (int64_t k = 0; k < K; k++) {
     const __m256 x0 = _mm256_loadu_ps(xt + k * 32), x1 = _mm256_loadu_ps(xt + k * 32 + 8);
-    for (int r = 0; r < 4; r++) {
-      const __m256 b = _mm256_broadcast_ss(w + r * ws + k);
-      a[r][0] = _mm256_fmadd_ps(b, x0, a[r][0]);
-      a[r][1] = _mm256_fmadd_ps(b, x1, a[r][1]);
-    }
+    const float *b = wp + k * 6;
+    __m256 v = _mm256_broadcast_ss(b + 0);
+    a0 = _mm256_fmadd_ps(v, x0, a0), a1 = _mm256_fmadd_ps(v, x1, a1);
+    v = _mm256_broadcast_ss(b + 1);
+    a2 = _mm256_fmadd_ps(v, x0, a2), a3 = _mm256_fmadd_ps(v, x1, a3);
+    v = _mm256_broadcast_ss(b + 2);
+    a4 = _mm256_fmadd_ps(v, x0, a4), a5 = _mm256_fmadd_ps(v, x1, a5);
+    v = _mm256_broadcast_ss(b + 3);
+    a6 = _mm256_fmadd_ps(v, x0, a6), a7 = _mm256_fmadd_ps(v, x1, a7);
+    v = _mm256_broadcast_ss(b + 4);
+    a8 = _mm256_fmadd_ps(v, x0, a8), a9 = _mm256_fmadd_ps(v, x1, a9);
+    v = _mm256_broadcast_ss(b + 5);
+    a10 = _mm256_fmadd_ps(v, x0, a10), a11 = _mm256_fmadd_ps(v, x1, a11);
   }
-  for (int r = 0; r < 4; r++) {
-    _mm256_storeu_ps(c + r * 32, a[r][0]);
-    _mm256_storeu_ps(c + r * 32 + 8, a[r][1]);
-  }
-}
-
-static void mk8x32_avx2(const float *w, int64_t ws, const float *xt, int64_t K, float *c, int acc) {
-  for (int rh = 0; rh < 2; rh++)
-    for (int th = 0; th < 2; th++) mk4x16_avx2(w + rh * 4 * ws, ws, xt + th * 16, K, c + rh * 4 * 32 + th * 16, acc);
+  _mm256_storeu_ps(c + 0 * 32, a0), _mm256_storeu_ps(c + 0 * 32 + 8, a1);
+  _mm256_storeu_ps(c + 1 * 32, a2), _mm256_storeu_ps(c + 1 * 32 + 8, a3);
+  _mm256_storeu_ps(c + 2 * 32, a4), _mm256_storeu_ps(c + 2 * 32 + 8, a5);
+  _mm256_storeu_ps(c + 3 * 32, a6), _mm256_storeu_ps(c + 3 * 32 + 8, a7);
+  _mm256_storeu_ps(c + 4 * 32, a8), _mm256_storeu_ps(c + 4 * 32 + 8, a9);
+  _mm256_storeu_ps(c + 5 * 32, a10), _mm256_storeu_ps(c + 5 * 32 + 8, a11);
 }
 
 typedef void (*dot_fn)(int, const void *, const float *, int64_t, int, int64_t, float *);
@@ -474,7 +489,7 @@ static void mm_task(void *p, int ith, int nth) {
  * speed. Layout: the activations are transposed once into panels of 32 tokens, K-major
  * ([panel][k][32], zero-padded), shared by all workers; each worker converts TILE_ROWS rows
  * at a time into its scratch and runs the 8x32 kernel over K in chunks that keep the panel
- * slice in L1. Workers split rows in whole tiles. */
+ * slice in L1 (AVX-512; AVX2 has its own tiles below). Workers split rows in whole tiles. */
 #define TILE_ROWS 16
 #define PANEL 32
 #define KC 256
@@ -482,7 +497,7 @@ static void mm_task(void *p, int ith, int nth) {
 struct tile_ctx {
   struct mm_ctx *m;
   const float *xt; /* [n_panels][cols][PANEL] */
-  void (*mk)(const float *w, int64_t ws, const float *xt, int64_t K, float *c, int acc); /* 8x32 kernel */
+  void (*mk)(const float *w, int64_t ws, const float *xt, int64_t K, float *c, int acc); /* 8x32 kernel (AVX-512) */
 };
 
 static void mm_tile_task(void *p, int ith, int nth) {
@@ -515,9 +530,59 @@ static void mm_tile_task(void *p, int ith, int nth) {
   }
 }
 
+/* AVX2 tiles: 24 rows = four 6-row blocks, each packed K-interleaved ([block][cols][6]) once
+ * per tile and reused by every panel. The k chunk is smaller than the AVX-512 one so a
+ * chunk's packed weights (24 x KC2 floats) and its half-panel slice (KC2 x 16) stay in a
+ * 32 KiB L1 together while the four row blocks and two token halves reuse them. */
+#define TILE_ROWS2 24
+#define KC2 128
+
+static void mm_tile_avx2_task(void *p, int ith, int nth) {
+  struct tile_ctx *tc = p;
+  struct mm_ctx *m = tc->m;
+  const ops_weight *w = m->w;
+  const int64_t cols = w->cols, rows = w->rows, n = m->n, panels = (n + PANEL - 1) / PANEL;
+  const int64_t tiles = (rows + TILE_ROWS2 - 1) / TILE_ROWS2;
+  int64_t tl0, tl1;
+  threadpool_range(tiles, ith, nth, &tl0, &tl1);
+  float *wp = cpu_scratch(m->be, ith);   /* [TILE_ROWS2 / 6][cols][6] */
+  float *row = wp + TILE_ROWS2 * cols;   /* [cols]: one converted row before packing */
+  float *cbuf = row + cols;              /* [TILE_ROWS2][PANEL] */
+  for (int64_t tile = tl0; tile < tl1; tile++) {
+    const int64_t r0 = tile * TILE_ROWS2, nr = r0 + TILE_ROWS2 < rows ? TILE_ROWS2 : rows - r0;
+    const int nb = (int)((nr + 5) / 6); /* 6-row blocks holding rows: a short last tile skips the rest */
+    for (int64_t r = 0; r < nb * 6; r++) {
+      float *dst = wp + (r / 6) * cols * 6 + r % 6;
+      if (r < nr) {
+        cpu_weight_row_f32(w, r0 + r, row);
+        for (int64_t k = 0; k < cols; k++) dst[k * 6] = row[k];
+      } else {
+        for (int64_t k = 0; k < cols; k++) dst[k * 6] = 0.0f;
+      }
+    }
+    for (int64_t pnl = 0; pnl < panels; pnl++) {
+      const float *xt = tc->xt + pnl * cols * PANEL;
+      for (int64_t k0 = 0; k0 < cols; k0 += KC2) {
+        const int64_t kl = cols - k0 < KC2 ? cols - k0 : KC2;
+        for (int th = 0; th < 2; th++)
+          for (int rb = 0; rb < nb; rb++)
+            mk6x16_avx2(wp + rb * cols * 6 + k0 * 6, xt + k0 * PANEL + th * 16, kl, cbuf + rb * 6 * PANEL + th * 16,
+                        k0 > 0);
+      }
+      const int64_t t0 = pnl * PANEL, nt = n - t0 < PANEL ? n - t0 : PANEL;
+      for (int64_t r = 0; r < nr; r++) {
+        const float b = m->bias ? m->bias[r0 + r] : 0.0f;
+        for (int64_t t = 0; t < nt; t++) m->y[(t0 + t) * rows + r0 + r] = cbuf[r * PANEL + t] + b;
+      }
+    }
+  }
+}
+
 int64_t cpu_matmul_scratch_floats(int64_t max_cols) {
   const int64_t f32_tile = TILE_ROWS * max_cols + TILE_ROWS * PANEL, qg = cpu_qgemm_scratch_floats(max_cols);
-  return f32_tile > qg ? f32_tile : qg;
+  const int64_t f32_tile2 = TILE_ROWS2 * max_cols + max_cols + TILE_ROWS2 * PANEL;
+  const int64_t t = f32_tile > f32_tile2 ? f32_tile : f32_tile2;
+  return t > qg ? t : qg;
 }
 
 /* Exact path for small batches of quantized weights: each row dequantized once into the
@@ -579,8 +644,8 @@ void cpu_matmul(ops_backend *be, float *y, const float *x, int64_t n, const ops_
         for (int64_t k = 0; k < cols; k++) dst[k * PANEL + t] = src[k];
       }
     }
-    struct tile_ctx tc = {&m, xt, cpu_isa_level() == 2 ? mk8x32_avx512 : mk8x32_avx2};
-    threadpool_run(c->tp, mm_tile_task, &tc);
+    struct tile_ctx tc = {&m, xt, mk8x32_avx512};
+    threadpool_run(c->tp, cpu_isa_level() == 2 ? mm_tile_task : mm_tile_avx2_task, &tc);
     return;
   }
   if (!is_plain(w->type)) {
