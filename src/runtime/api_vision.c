@@ -491,8 +491,10 @@ void ctx_vision_seq_copy(ctx_vision *v, int dst, int src, int32_t n) {
     v->delta[dst] = v->delta[src];
     return;
   }
-  memcpy(v->run_end[dst], v->run_end[src], sizeof(int32_t) * (size_t)k);
-  memcpy(v->run_delta[dst], v->run_delta[src], sizeof(int32_t) * (size_t)k);
+  if (k) { /* no runs: the arrays may not exist yet (memcpy with NULL is undefined even for 0) */
+    memcpy(v->run_end[dst], v->run_end[src], sizeof(int32_t) * (size_t)k);
+    memcpy(v->run_delta[dst], v->run_delta[src], sizeof(int32_t) * (size_t)k);
+  }
   v->n_runs[dst] = k;
   ctx_vision_seq_truncate(v, dst, n);
 }
