@@ -3,6 +3,7 @@
 
 #include "base/error.h"
 #include "formats/dtype.h"
+#include "formats/quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -311,4 +312,21 @@ size_t safetensors_count(const safetensors_set *s) {
 
 const safetensors_tensor *safetensors_at(const safetensors_set *s, size_t i) {
   return i < s->n_tensors ? &s->tensors[i] : NULL;
+}
+
+int64_t safetensors_tensor_numel(const safetensors_tensor *t) {
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return n;
+}
+
+float safetensors_tensor_f32(const safetensors_tensor *t, int64_t i) {
+  if (t->dtype == ANNA_DTYPE_F32) {
+    float f;
+    memcpy(&f, (const char *)t->data + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  memcpy(&h, (const char *)t->data + 2 * i, 2);
+  return t->dtype == ANNA_DTYPE_BF16 ? quant_bf16_to_f32(h) : quant_f16_to_f32(h);
 }

@@ -37,4 +37,10 @@ const safetensors_tensor *safetensors_find(const safetensors_set *s, const char 
 size_t safetensors_count(const safetensors_set *s);
 const safetensors_tensor *safetensors_at(const safetensors_set *s, size_t i);
 
+/* Element count of t (product of its shape). */
+int64_t safetensors_tensor_numel(const safetensors_tensor *t);
+/* Element i of t (F32, F16 or BF16 as stored) as f32, exactly (the formats' conversions of
+ * quant.h); the caller keeps i < numel. */
+float safetensors_tensor_f32(const safetensors_tensor *t, int64_t i);
+
 #endif

@@ -97,33 +97,6 @@ static void am_free(void *impl) {
   free(m);
 }
 
-static int64_t numel(const safetensors_tensor *t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->ndim; i++)
-    n *= t->shape[i];
-  return n;
-}
-
-static float elem_f32(int dtype, const void *data, int64_t i) {
-  float f;
-  if (dtype == ANNA_DTYPE_F32) {
-    memcpy(&f, (const char *)data + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  memcpy(&h, (const char *)data + 2 * i, 2);
-  if (dtype == ANNA_DTYPE_BF16) {
-    uint32_t u = (uint32_t)h << 16;
-    memcpy(&f, &u, 4);
-    return f;
-  }
-  const int e = (h >> 10) & 31, man = h & 1023;
-  f = e == 0    ? ldexpf((float)man, -24)
-      : e == 31 ? (man ? NAN : INFINITY)
-                : ldexpf((float)(man | 1024), e - 25);
-  return (h >> 15) ? -f : f;
-}
-
 /* thinker.audio_tower.<name> with rows x cols elements (first dim rows), a plain float dtype. */
 static int get_tensor(audio_model *m, const char *name, int64_t rows, int64_t cols,
                       const safetensors_tensor **out, char *err, size_t errlen) {
@@ -133,10 +106,10 @@ static int get_tensor(audio_model *m, const char *name, int64_t rows, int64_t co
   if (!t)
     return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor '%s' (no audio tower?)",
                     m->path, full);
-  if (numel(t) != rows * cols || t->shape[0] != rows)
+  if (safetensors_tensor_numel(t) != rows * cols || t->shape[0] != rows)
     return anna_err(err, errlen, ANNA_EFORMAT,
                     "%s: tensor '%s' has %lld elements (first dim %lld), expected [%lld, %lld]",
-                    t->file, full, (long long)numel(t), (long long)t->shape[0], (long long)rows,
+                    t->file, full, (long long)safetensors_tensor_numel(t), (long long)t->shape[0], (long long)rows,
                     (long long)cols);
   if (t->dtype != ANNA_DTYPE_F32 && t->dtype != ANNA_DTYPE_BF16 && t->dtype != ANNA_DTYPE_F16)
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,
@@ -177,7 +150,7 @@ static int get_vec(audio_model *m, float **out, int64_t n, char *err, size_t err
   float *v = am_alloc(m, (size_t)n * sizeof(float));
   if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   for (int64_t i = 0; i < n; i++)
-    v[i] = elem_f32(t->dtype, t->data, i);
+    v[i] = safetensors_tensor_f32(t, i);
   *out = v;
   return 0;
 }
@@ -194,7 +167,7 @@ static int get_conv(audio_model *m, ops_weight *w, int co, int ci, char *err, si
   for (int64_t r = 0; r < (int64_t)co * ci; r++)
     for (int ky = 0; ky < 3; ky++)
       for (int kx = 0; kx < 3; kx++)
-        d[r * 9 + ky * 3 + kx] = elem_f32(t->dtype, t->data, r * 9 + kx * 3 + ky);
+        d[r * 9 + ky * 3 + kx] = safetensors_tensor_f32(t, r * 9 + kx * 3 + ky);
   *w = (ops_weight){.type = ANNA_DTYPE_F32, .data = d, .rows = co, .cols = (int64_t)ci * 9};
   return 0;
 }
@@ -388,7 +361,7 @@ static int aq_load(void **impl, const model_source *src, const model_load_params
     for (int64_t j = 0; !rc && j < d; j++)
       for (int64_t f = 0; f < m->f3; f++)
         for (int64_t c = 0; c < h; c++)
-          w[j * K + f * h + c] = elem_f32(t->dtype, t->data, j * K + c * m->f3 + f);
+          w[j * K + f * h + c] = safetensors_tensor_f32(t, j * K + c * m->f3 + f);
     if (!rc) m->conv_out = (ops_weight){.type = ANNA_DTYPE_F32, .data = w, .rows = d, .cols = K};
   }
   for (int l = 0; !rc && l < m->n_layers; l++) {

@@ -129,15 +129,7 @@ static int cq_find(cq_load *L, const safetensors_tensor **out, const char *name,
 }
 
 static void cq_to_f32(const safetensors_tensor *t, float *dst, int64_t n) {
-  const uint16_t *h = t->data;
-  if (t->dtype == ANNA_DTYPE_F32)
-    memcpy(dst, t->data, (size_t)n * 4);
-  else if (t->dtype == ANNA_DTYPE_F16)
-    for (int64_t i = 0; i < n; i++)
-      dst[i] = quant_f16_to_f32(h[i]);
-  else
-    for (int64_t i = 0; i < n; i++)
-      dst[i] = quant_bf16_to_f32(h[i]);
+  for (int64_t i = 0; i < n; i++) dst[i] = safetensors_tensor_f32(t, i);
 }
 
 /* A tensor of the given shape as an f32 copy owned by the model. */

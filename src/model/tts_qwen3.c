@@ -68,25 +68,7 @@ struct tts_qwen3_state {
 static int f32_copy(const safetensors_tensor *t, float **out, int64_t n) {
   float *v = malloc((size_t)n * sizeof *v);
   if (!v) return ANNA_ENOMEM;
-  for (int64_t i = 0; i < n; i++) {
-    if (t->dtype == ANNA_DTYPE_F32) {
-      memcpy(&v[i], (const char *)t->data + 4 * i, 4);
-    } else {
-      uint16_t h;
-      memcpy(&h, (const char *)t->data + 2 * i, 2);
-      if (t->dtype == ANNA_DTYPE_BF16) {
-        uint32_t u = (uint32_t)h << 16;
-        memcpy(&v[i], &u, 4);
-      } else {
-        /* half: exact through ldexp for normals and subnormals */
-        int e = (h >> 10) & 31, mant = h & 1023;
-        float f = e == 0 ? ldexpf((float)mant, -24)
-                  : e == 31 ? (mant ? NAN : INFINITY)
-                            : ldexpf((float)(mant | 1024), e - 25);
-        v[i] = (h & 0x8000) ? -f : f;
-      }
-    }
-  }
+  for (int64_t i = 0; i < n; i++) v[i] = safetensors_tensor_f32(t, i);
   *out = v;
   return 0;
 }

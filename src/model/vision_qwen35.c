@@ -90,30 +90,6 @@ static void vm_free(void *impl) {
   free(m);
 }
 
-static int64_t numel(const safetensors_tensor *t) {
-  int64_t n = 1;
-  for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
-  return n;
-}
-
-static float elem_f32(int dtype, const void *data, int64_t i) {
-  float f;
-  if (dtype == ANNA_DTYPE_F32) {
-    memcpy(&f, (const char *)data + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  memcpy(&h, (const char *)data + 2 * i, 2);
-  if (dtype == ANNA_DTYPE_BF16) {
-    uint32_t u = (uint32_t)h << 16;
-    memcpy(&f, &u, 4);
-    return f;
-  }
-  const int e = (h >> 10) & 31, man = h & 1023;
-  f = e == 0 ? ldexpf((float)man, -24) : e == 31 ? (man ? NAN : INFINITY) : ldexpf((float)(man | 1024), e - 25);
-  return (h >> 15) ? -f : f;
-}
-
 /* The tensor model.visual.<name> with exactly `want` elements arranged as rows x cols (any
  * leading shape whose product is rows and last dims cols), or a named error. */
 static int get_tensor(vision_model *m, const char *name, int64_t rows, int64_t cols, const safetensors_tensor **out,
@@ -122,9 +98,9 @@ static int get_tensor(vision_model *m, const char *name, int64_t rows, int64_t c
   snprintf(full, sizeof full, VQ_PREFIX "%s", name);
   const safetensors_tensor *t = safetensors_find(m->st, full);
   if (!t) return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor '%s'", m->path, full);
-  if (numel(t) != rows * cols || t->shape[0] != rows)
+  if (safetensors_tensor_numel(t) != rows * cols || t->shape[0] != rows)
     return anna_err(err, errlen, ANNA_EFORMAT, "%s: tensor '%s' has %lld elements (first dim %lld), expected [%lld, %lld]",
-                    t->file, full, (long long)numel(t), (long long)t->shape[0], (long long)rows, (long long)cols);
+                    t->file, full, (long long)safetensors_tensor_numel(t), (long long)t->shape[0], (long long)rows, (long long)cols);
   *out = t;
   return 0;
 }
@@ -158,7 +134,7 @@ static int get_vec(vision_model *m, float **out, int64_t n, char *err, size_t er
   if (rc) return rc;
   float *v = vm_alloc(m, (size_t)n * sizeof(float));
   if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  for (int64_t i = 0; i < n; i++) v[i] = elem_f32(t->dtype, t->data, i);
+  for (int64_t i = 0; i < n; i++) v[i] = safetensors_tensor_f32(t, i);
   *out = v;
   return 0;
 }
