@@ -44,6 +44,9 @@ static void usage(FILE *f) {
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
           "                           src/base/tuning.h)\n"
+          "  --deterministic          batched == alone: each request's greedy output does not depend on the\n"
+          "                           others decoded with it (CUDA: batch-invariant kernels, tuning\n"
+          "                           cuda_batch_invariant, slower prefill; dense models; no effect on the CPU)\n"
           "  --verbose                print the resolved runtime switches on stderr at start\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
@@ -81,7 +84,7 @@ int main(int argc, char **argv) {
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
-  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0;
+  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0;
   o.eng.prompt_cache_block = 256;
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
@@ -107,6 +110,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
     else if (!strcmp(a, "--host-sampling")) o.eng.host_sampling = 1;
     else if (!strcmp(a, "--tuning")) { NEEDV(); o.eng.tuning = v; }
+    else if (!strcmp(a, "--deterministic")) deterministic = 1;
     else if (!strcmp(a, "--verbose")) o.verbose = 1;
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
     /* --device: both the model loader's check and the engine's context */
@@ -234,6 +238,19 @@ int main(int argc, char **argv) {
 #undef NEEDV
 #undef INTF
 #undef FLTF
+  }
+  char tuning[1024]; /* --deterministic: the tuning key after the user's --tuning */
+  if (deterministic) {
+    if (o.eng.exact_matmul) {
+      fprintf(stderr, "error: --deterministic and --exact: the exact mode's f32 paths are not batch-invariant\n");
+      return 2;
+    }
+    const char *t = o.eng.tuning ? o.eng.tuning : "";
+    if ((size_t)snprintf(tuning, sizeof tuning, "%s%scuda_batch_invariant=1", t, *t ? "," : "") >= sizeof tuning) {
+      fprintf(stderr, "error: --tuning is too long\n");
+      return 2;
+    }
+    o.eng.tuning = tuning;
   }
   if (!o.model_path) {
     fprintf(stderr, "error: --model-dir (or --model) is required\n");
