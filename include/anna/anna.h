@@ -933,7 +933,7 @@ const char *anna_model_audio_language_find(const anna_model *m, const char *lang
 
 /* Decodes an encoded audio file (data[0..n) borrowed for the call) and computes its features
  * for m's encoder. max_seconds > 0 refuses longer audio from the header, before decoding
- * (ANNA_EINVAL "... exceeds the limit ..."). Corrupt, truncated, empty or unknown data, zero
+ * (ANNA_EINVAL naming the limit; <= 0: no limit but the decoder's own, 1e7 s). Corrupt, truncated, empty or unknown data, zero
  * or too little audio (under 201 samples at 16 kHz): ANNA_EINVAL naming the problem; a build
  * without libsndfile / libsoxr / FFTW: ANNA_EUNSUPPORTED naming the package; m without an
  * audio encoder: ANNA_EUNSUPPORTED. Caller frees *out with anna_media_free. Thread-safe (m is

@@ -203,7 +203,8 @@ int anna_media_audio_decode(anna_media **out, const anna_model *m, const void *d
   if (!data || !n) return anna_err(err, errlen, ANNA_EINVAL, "audio: no data");
   const struct model_audio *a = m->aud;
   media_audio au;
-  int rc = media_audio_decode(data, n, max_seconds, &au, err, errlen);
+  /* <= 0: no limit of ours; the decoder's own ceiling (1e7 s) still bounds the header */
+  int rc = media_audio_decode(data, n, max_seconds > 0 ? max_seconds : 1e7, &au, err, errlen);
   if (rc) return rc;
   if (au.n <= MEDIA_MEL_N_FFT / 2) {
     media_audio_free(&au);
