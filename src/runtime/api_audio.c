@@ -207,10 +207,11 @@ int anna_media_audio_decode(anna_media **out, const anna_model *m, const void *d
   int rc = media_audio_decode(data, n, max_seconds > 0 ? max_seconds : 1e7, &au, err, errlen);
   if (rc) return rc;
   if (au.n <= MEDIA_MEL_N_FFT / 2) {
+    const long long got = (long long)au.n;
     media_audio_free(&au);
     return anna_err(err, errlen, ANNA_EINVAL,
-                    "audio: %lld samples at 16 kHz is too short (at least %d, about 13 ms)",
-                    (long long)au.n, MEDIA_MEL_N_FFT / 2 + 1);
+                    "audio: %lld samples at 16 kHz is too short (at least %d, about 13 ms)", got,
+                    MEDIA_MEL_N_FFT / 2 + 1);
   }
   media_mel *mel = NULL;
   audio_clip *clip = calloc(1, sizeof *clip);

@@ -260,16 +260,18 @@ int main(int argc, char **argv) {
   expect("truncated WAV -> EINVAL", rc, ANNA_EINVAL, err, "");
   rc = wav ? anna_media_audio_decode(&bad, m, wav, nb, 1.0, err, sizeof err) : -1;
   expect("2-s clip over max_seconds 1 -> EINVAL naming the limit", rc, ANNA_EINVAL, err, "limit");
-  if (wav && nb > 44 + 200) { /* a 16-bit WAV header with 100 frames at 8 kHz: 200 at 16 kHz */
-    unsigned char *w = malloc(44 + 200);
-    memcpy(w, wav, 44);
-    memset(w + 44, 0, 200);
-    const uint32_t dsz = 200, rsz = 36 + 200;
-    memcpy(w + 40, &dsz, 4);
-    memcpy(w + 4, &rsz, 4);
-    rc = anna_media_audio_decode(&bad, m, w, 44 + 200, 0, err, sizeof err);
-    expect("100 frames (200 samples at 16 kHz) -> EINVAL too short", rc, ANNA_EINVAL, err, "short");
-    free(w);
+  { /* a canonical 16-bit mono 16 kHz WAV of 150 samples: below the STFT's 201 */
+    unsigned char w[44 + 300] = {0};
+    const uint32_t fmt_sz = 16, rate = 16000, brate = 32000, dsz = 300, rsz = 36 + 300;
+    const uint16_t pcm = 1, ch = 1, align = 2, bits = 16;
+    memcpy(w, "RIFF", 4), memcpy(w + 4, &rsz, 4), memcpy(w + 8, "WAVEfmt ", 8);
+    memcpy(w + 16, &fmt_sz, 4), memcpy(w + 20, &pcm, 2), memcpy(w + 22, &ch, 2);
+    memcpy(w + 24, &rate, 4), memcpy(w + 28, &brate, 4), memcpy(w + 32, &align, 2);
+    memcpy(w + 34, &bits, 2), memcpy(w + 36, "data", 4), memcpy(w + 40, &dsz, 4);
+    for (int i = 0; i < 150; i++)
+      w[44 + 2 * i + 1] = (unsigned char)(i & 0x3f);
+    rc = anna_media_audio_decode(&bad, m, w, sizeof w, 0, err, sizeof err);
+    expect("150 samples -> EINVAL too short", rc, ANNA_EINVAL, err, "150 samples at 16 kHz is too short");
   }
   anna_model *tm = NULL;
   rc = anna_model_load(&tm, textdir, &mo, err, sizeof err);
