@@ -658,7 +658,12 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
     return anna_err(err, errlen, ANNA_EINVAL, "prefill: empty prompt");
   if (p->n_media < 0 || (p->n_media > 0 && !p->media))
     return anna_err(err, errlen, ANNA_EINVAL, "prefill: media count %d without media", p->n_media);
-  if (p->n_media > 0 && !v) return no_vision(m, err, errlen);
+  if (p->n_media > 0 && !v) {
+    if (p->media[0].media && anna_media_is_audio(p->media[0].media))
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "the model %s has no audio encoder: it takes no audio", m->path);
+    return no_vision(m, err, errlen);
+  }
   if (v && (seq < 0 || seq >= v->n_seq))
     return anna_err(err, errlen, ANNA_EINVAL, "prefill: sequence %d out of range [0, %d)", seq,
                     v->n_seq);

@@ -228,6 +228,7 @@ typedef struct audio_sse {
   int fd;
   int started, finished;
   size_t start, sent; /* transcript offset; bytes of text sent as deltas */
+  size_t seen;        /* text length at the last step (held-back text included) */
   char *buf;
   size_t len, cap, off;
 } audio_sse;
@@ -261,6 +262,7 @@ static int sse_step(audio_sse *s) {
   gen_request *r = s->job.r;
   const gen_choice *ch = &r->choices[0];
   const char *text = ch->text ? ch->text : "";
+  s->seen = ch->text_len;
   if (!s->started) {
     const size_t at = transcript_at(&s->job, ch, NULL, 0);
     if (s->job.forced || at || ch->done) {
@@ -309,7 +311,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
     if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
     pthread_mutex_lock(&r->mu);
-    while (!r->choices[0].done && r->choices[0].text_len == s->sent) {
+    /* wait for news: text held back before <asr_text> is news too, or this would spin */
+    while (!r->choices[0].done && r->choices[0].text_len == s->seen) {
       gen_request_wait(r, 50);
       if (peer_gone(s->fd)) {
         pthread_mutex_unlock(&r->mu);
