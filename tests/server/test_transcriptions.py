@@ -7,6 +7,7 @@ input a clear 4xx with the server alive afterwards; /v1/audio/translations and a
 refused with a 400 naming why."""
 import json
 import os
+import re
 import struct
 import threading
 import urllib.request
@@ -25,8 +26,9 @@ CASES = {c["name"]: c for c in EXP["cases"]}
 
 @pytest.fixture(scope="module")
 def asrv():
+    # batch-wait: an idle engine waits 100 ms for company, so a burst starts as one batch
     s = start_server(ASR, "--parallel", "4", "--ctx-size", "1024", "--max-body-bytes", "1048576",
-                     "--max-audio-seconds", "60")
+                     "--max-audio-seconds", "60", "--scheduler-batch-wait-ms", "100")
     yield s
     s.stop()
 
@@ -47,6 +49,13 @@ def wav(samples, rate=16000, fmt=1, bits=16, declared=None):
     hdr = b"RIFF" + struct.pack("<I", 36 + n) + b"WAVEfmt " + struct.pack(
         "<IHHIIHH", 16, fmt, 1, rate, rate * bits // 8, bits // 8, bits) + b"data" + struct.pack("<I", n)
     return hdr + data
+
+
+def counters(srv):
+    """(engine steps, tokens over all steps) from /metrics."""
+    m = urllib.request.urlopen(srv.url + "/metrics", timeout=30).read().decode()
+    get = lambda k: float(re.search(r"^%s (\S+)$" % k, m, re.M).group(1))
+    return get("anna_decode_steps_total"), get("anna_batch_tokens_total")
 
 
 def bad(srv, content, status, needle, name="x.wav", **kw):
@@ -123,14 +132,16 @@ def test_four_concurrent_equal_one_alone(asrv):
     def run(i):
         out[i] = transcribe(asrv, cases[i]).text
 
+    steps0, toks0 = counters(asrv)
     ts = [threading.Thread(target=run, args=(i,)) for i in range(len(cases))]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
     assert out == [alone[c] for c in cases]
-    m = urllib.request.urlopen(asrv.url + "/metrics", timeout=30).read().decode()
-    assert "anna" in m  # the server answers its probes after the burst
+    steps1, toks1 = counters(asrv)
+    # the four decoded in shared steps (each request is 512 tokens; alone it would be 1 per step)
+    assert (toks1 - toks0) / (steps1 - steps0) > 2, (toks1 - toks0, steps1 - steps0)
 
 
 def test_bad_inputs_server_alive(asrv):
