@@ -29,10 +29,10 @@
 enum { FMT_TEXT, FMT_JSON, FMT_SRT, FMT_VTT };
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]\n"
-          "                       [--max-seconds S] [--threads N] [--format text|json|srt|vtt]\n"
-          "                       [--print-ids] FILE...\n");
+  fprintf(
+      f, "usage: anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]\n"
+         "                       [--max-seconds S] [--threads N] [--format text|json|srt|vtt]\n"
+         "                       [--print-ids] FILE...\n");
 }
 
 static unsigned char *read_all(const char *path, size_t *n) {
@@ -91,9 +91,10 @@ static int32_t argmax(const float *x, int n) {
 }
 
 /* Transcribes one file: prints its output; 0 or an error code with err filled. */
-static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int *ctx_cap, int threads,
-                      const char *file, const char *context, const char *language, int max_new,
-                      int max_seconds, int fmt, int print_ids, char *err, size_t errlen) {
+static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int *ctx_cap,
+                      int threads, const char *file, const char *context, const char *language,
+                      int max_new, int max_seconds, int fmt, int print_ids, char *err,
+                      size_t errlen) {
   size_t n_bytes = 0;
   unsigned char *bytes = read_all(file, &n_bytes);
   if (!bytes) return anna_err(err, errlen, ANNA_EIO, "%s: cannot read the file", file);
@@ -265,8 +266,8 @@ int main(int argc, char **argv) {
                   language, have[0] ? have : "the 30 Qwen3-ASR languages");
   }
   for (int i = 0; !rc && i < n_files; i++)
-    rc = transcribe(m, t, &ctx, &ctx_cap, threads, files[i], context, lang, max_new, max_seconds, fmt,
-                    print_ids, err, sizeof err);
+    rc = transcribe(m, t, &ctx, &ctx_cap, threads, files[i], context, lang, max_new, max_seconds,
+                    fmt, print_ids, err, sizeof err);
   if (rc) fprintf(stderr, "error: %s\n", err[0] ? err : "failed");
   anna_context_free(ctx);
   anna_text_free(t);

@@ -65,8 +65,7 @@ int model_audio_attach(anna_model *m, const model_source *src, const model_load_
   snprintf(path, sizeof path, "%s/config.json", src->path);
   json_error_t je;
   json_t *root = json_load_file(path, 0, &je);
-  if (!root)
-    return anna_err(err, errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
+  if (!root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: line %d: %s", path, je.line, je.text);
   struct model_audio *a = calloc(1, sizeof *a);
   if (!a) {
     json_decref(root);
@@ -84,8 +83,8 @@ int model_audio_attach(anna_model *m, const model_source *src, const model_load_
   for (size_t i = 0; !rc && sl && i < json_array_size(sl); i++) {
     const json_t *v = json_array_get(sl, i);
     if (!json_is_string(v) || i >= AUDIO_MAX_LANGS)
-      rc = anna_err(err, errlen, ANNA_EFORMAT,
-                    "%s: support_languages must hold at most %d strings", path, AUDIO_MAX_LANGS);
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: support_languages must hold at most %d strings",
+                    path, AUDIO_MAX_LANGS);
     else if (!(a->langs[i] = strdup(json_string_value(v))))
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
     else
@@ -135,9 +134,10 @@ int anna_model_has_audio(const anna_model *m) {
 }
 
 static int no_audio(const anna_model *m, char *err, size_t errlen) {
-  return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                  "the model %s has no audio encoder (not a speech-recognition model): it takes no audio",
-                  m ? m->path : "(none)");
+  return anna_err(
+      err, errlen, ANNA_EUNSUPPORTED,
+      "the model %s has no audio encoder (not a speech-recognition model): it takes no audio",
+      m ? m->path : "(none)");
 }
 
 int anna_model_audio_info(const anna_model *m, anna_audio_info *out, char *err, size_t errlen) {
@@ -155,14 +155,14 @@ const char *anna_model_audio_language(const anna_model *m, int i) {
 /* Qwen3-ASR's 30 languages (its README) with their ISO 639-1 codes (639-3 where there is
  * none: Cantonese yue, Filipino fil). */
 static const char *const k_lang_codes[][2] = {
-    {"zh", "Chinese"},    {"en", "English"},   {"yue", "Cantonese"}, {"ar", "Arabic"},
-    {"de", "German"},     {"fr", "French"},    {"es", "Spanish"},    {"pt", "Portuguese"},
-    {"id", "Indonesian"}, {"it", "Italian"},   {"ko", "Korean"},     {"ru", "Russian"},
-    {"th", "Thai"},       {"vi", "Vietnamese"}, {"ja", "Japanese"},  {"tr", "Turkish"},
-    {"hi", "Hindi"},      {"ms", "Malay"},     {"nl", "Dutch"},      {"sv", "Swedish"},
-    {"da", "Danish"},     {"fi", "Finnish"},   {"pl", "Polish"},     {"cs", "Czech"},
-    {"fil", "Filipino"},  {"tl", "Filipino"},  {"fa", "Persian"},    {"el", "Greek"},
-    {"ro", "Romanian"},   {"hu", "Hungarian"}, {"mk", "Macedonian"},
+    {"zh", "Chinese"},    {"en", "English"},    {"yue", "Cantonese"}, {"ar", "Arabic"},
+    {"de", "German"},     {"fr", "French"},     {"es", "Spanish"},    {"pt", "Portuguese"},
+    {"id", "Indonesian"}, {"it", "Italian"},    {"ko", "Korean"},     {"ru", "Russian"},
+    {"th", "Thai"},       {"vi", "Vietnamese"}, {"ja", "Japanese"},   {"tr", "Turkish"},
+    {"hi", "Hindi"},      {"ms", "Malay"},      {"nl", "Dutch"},      {"sv", "Swedish"},
+    {"da", "Danish"},     {"fi", "Finnish"},    {"pl", "Polish"},     {"cs", "Czech"},
+    {"fil", "Filipino"},  {"tl", "Filipino"},   {"fa", "Persian"},    {"el", "Greek"},
+    {"ro", "Romanian"},   {"hu", "Hungarian"},  {"mk", "Macedonian"},
 };
 
 const char *anna_model_audio_language_find(const anna_model *m, const char *lang) {
@@ -265,9 +265,9 @@ static int ids_append(const anna_text *t, const char *text, int flags, int32_t *
   return 0;
 }
 
-int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *md, const char *context,
-                    const char *language, int32_t **ids_out, size_t *n_out, int32_t *audio_at,
-                    char *err, size_t errlen) {
+int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *md,
+                    const char *context, const char *language, int32_t **ids_out, size_t *n_out,
+                    int32_t *audio_at, char *err, size_t errlen) {
   *ids_out = NULL;
   *n_out = 0;
   if (audio_at) *audio_at = -1;
@@ -321,7 +321,8 @@ int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *m
     if (strlen(language) > 200)
       rc = anna_err(err, errlen, ANNA_EINVAL, "asr prompt: language name longer than 200 bytes");
     snprintf(forced, sizeof forced, "language %s", language);
-    if (!rc) rc = ids_append(t, forced, ANNA_TOKENIZE_NO_PARSE_SPECIAL, &ids, &n, &cap, err, errlen);
+    if (!rc)
+      rc = ids_append(t, forced, ANNA_TOKENIZE_NO_PARSE_SPECIAL, &ids, &n, &cap, err, errlen);
     if (!rc) rc = ids_append(t, "<asr_text>", 0, &ids, &n, &cap, err, errlen);
   }
   if (rc) {
@@ -386,15 +387,17 @@ static int encoder_open(ctx_audio *a, int64_t frames, char *err, size_t errlen) 
   if (a->st && a->cap >= frames) return 0;
   encoder_close(a);
   const int64_t cap = (frames + AUDIO_FRAMES_STEP - 1) / AUDIO_FRAMES_STEP * AUDIO_FRAMES_STEP;
-  if (cap > INT_MAX) return anna_err(err, errlen, ANNA_ERANGE, "audio: %lld frames", (long long)frames);
+  if (cap > INT_MAX)
+    return anna_err(err, errlen, ANNA_ERANGE, "audio: %lld frames", (long long)frames);
   const struct model_audio *ma = a->ma;
   ops_model_shape *shape = calloc(1, sizeof *shape);
   if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   ma->kind->backend_shape(ma->impl, 0, shape);
   const backend_info *bi = backend_registry_find("cpu");
   const backend_params bp = {.n_threads = a->n_threads, .n_batch = cap, .shape = shape};
-  int rc = bi ? bi->create(&bp, &a->be, err, errlen)
-              : anna_err(err, errlen, ANNA_EUNSUPPORTED, "audio encoder: no cpu backend in this build");
+  int rc =
+      bi ? bi->create(&bp, &a->be, err, errlen)
+         : anna_err(err, errlen, ANNA_EUNSUPPORTED, "audio encoder: no cpu backend in this build");
   free(shape);
   const model_state_params sp = {.n_seq = 1, .n_batch = (int)cap};
   if (!rc) rc = ma->kind->state_create(&a->st, ma->impl, a->be, &sp, err, errlen);
@@ -443,16 +446,18 @@ int ctx_audio_prefill(anna_context *c, int seq, const anna_prompt *p, float *log
                       r, at);
     for (int32_t i = at; i < at + k; i++)
       if (p->tokens[i] != pad)
-        return anna_err(err, errlen, ANNA_EINVAL,
-                        "prompt media %d: token %d is %d, not the audio pad %d (the run needs %d pads)",
-                        r, i, p->tokens[i], pad, k);
+        return anna_err(
+            err, errlen, ANNA_EINVAL,
+            "prompt media %d: token %d is %d, not the audio pad %d (the run needs %d pads)", r, i,
+            p->tokens[i], pad, k);
     end = at + k;
     rows_n += k;
   }
   {
     int32_t r = 0, i = 0;
     for (; i < n; i++) {
-      while (r < p->n_media && p->media[r].at + anna_media_n_tokens(p->media[r].media) <= i) r++;
+      while (r < p->n_media && p->media[r].at + anna_media_n_tokens(p->media[r].media) <= i)
+        r++;
       const int inside = r < p->n_media && i >= p->media[r].at;
       if (p->tokens[i] == pad && !inside)
         return anna_err(err, errlen, ANNA_EINVAL,

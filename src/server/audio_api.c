@@ -25,11 +25,11 @@ typedef struct form {
   size_t file_len, file_cap;
   int has_file, n_files;
   char *model, *language, *prompt, *format, *temperature, *stream, *chunking;
-  int want_words;         /* timestamp_granularities[] = word */
-  char bad_gran[64];      /* an unknown granularity */
-  char unknown[64];       /* the first field we do not take */
+  int want_words;          /* timestamp_granularities[] = word */
+  char bad_gran[64];       /* an unknown granularity */
+  char unknown[64];        /* the first field we do not take */
   int unsupported_include; /* include[] given */
-  int too_long;           /* a text field over FIELD_MAX */
+  int too_long;            /* a text field over FIELD_MAX */
   int oom;
 } form;
 
@@ -130,8 +130,9 @@ static enum MHD_Result send_text(struct MHD_Connection *c, const char *rid, int 
   if (!body) {
     status = 500;
     ctype = "application/json";
-    body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
-                  "\"code\":null}}");
+    body =
+        strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+               "\"code\":null}}");
     if (!body) return MHD_NO;
   }
   struct MHD_Response *resp =
@@ -286,9 +287,8 @@ static int sse_step(audio_sse *s) {
           "{s:s,s:s%,s:{s:s,s:i,s:i,s:i,s:{s:i,s:i}}}", "type", "transcript.text.done", "text",
           text + s->start, ch->text_len - s->start, "usage", "type", "tokens", "input_tokens",
           s->job.n_prompt, "output_tokens", ch->n_gen, "total_tokens", s->job.n_prompt + ch->n_gen,
-          "input_token_details", "text_tokens",
-          s->job.n_prompt - anna_media_n_tokens(r->media[0]), "audio_tokens",
-          anna_media_n_tokens(r->media[0]));
+          "input_token_details", "text_tokens", s->job.n_prompt - anna_media_n_tokens(r->media[0]),
+          "audio_tokens", anna_media_n_tokens(r->media[0]));
       if (sse_event(s, o)) return -1;
     }
     if (append(&s->buf, &s->len, &s->cap, "data: [DONE]\n\n", 14, (size_t)-2)) return -1;
@@ -344,7 +344,8 @@ static int job_build(const audio_api_env *env, form *f, const char *rid, audio_j
                      oai_error *e) {
   if (f->oom) return oai_fail(e, 500, NULL, NULL, "out of memory");
   if (f->too_long)
-    return oai_fail(e, 400, NULL, "invalid_value", "a form field is longer than %d bytes", FIELD_MAX);
+    return oai_fail(e, 400, NULL, "invalid_value", "a form field is longer than %d bytes",
+                    FIELD_MAX);
   if (f->unknown[0])
     return oai_fail(e, 400, f->unknown, "unknown_parameter",
                     "unknown form field '%s' (this route takes file, model, language, prompt, "
@@ -356,7 +357,8 @@ static int job_build(const audio_api_env *env, form *f, const char *rid, audio_j
                     "include[] (logprobs) is not supported by this server");
   if (!f->has_file || !f->file_len)
     return oai_fail(e, 400, "file", "missing_required_parameter",
-                    f->has_file ? "the 'file' part is empty" : "the form has no 'file' part (the audio)");
+                    f->has_file ? "the 'file' part is empty"
+                                : "the form has no 'file' part (the audio)");
   if (f->n_files > 1)
     return oai_fail(e, 400, "file", "invalid_value", "one 'file' part per request");
   if (f->model && *f->model && strcmp(f->model, env->model_name))
@@ -389,8 +391,8 @@ static int job_build(const audio_api_env *env, form *f, const char *rid, audio_j
     if (!strcmp(f->stream, "true") || !strcmp(f->stream, "True") || !strcmp(f->stream, "1"))
       j->stream = 1;
     else if (strcmp(f->stream, "false") && strcmp(f->stream, "False") && strcmp(f->stream, "0"))
-      return oai_fail(e, 400, "stream", "invalid_value", "stream must be true or false, got '%.32s'",
-                      f->stream);
+      return oai_fail(e, 400, "stream", "invalid_value",
+                      "stream must be true or false, got '%.32s'", f->stream);
   }
   if (j->stream && j->fmt != AF_JSON && j->fmt != AF_TEXT)
     return oai_fail(e, 400, "stream", "unsupported_value",
@@ -471,9 +473,9 @@ static int job_build(const audio_api_env *env, form *f, const char *rid, audio_j
   return 0;
 }
 
-enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection *c, const char *rid,
-                                 int translate, const char *body, size_t len, int too_big, int fd,
-                                 int *status, gen_request **gr) {
+enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection *c,
+                                 const char *rid, int translate, const char *body, size_t len,
+                                 int too_big, int fd, int *status, gen_request **gr) {
   *gr = NULL;
   oai_error e;
   if (!anna_model_has_audio(env->m)) {

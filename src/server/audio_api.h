@@ -43,8 +43,8 @@ typedef struct audio_api_env {
  * reference to the request the engine runs, which the caller cancels if the connection ends
  * early and releases when it completes. fd: the connection's socket (a vanished client cancels
  * the request), -1 when unknown. */
-enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection *c, const char *rid,
-                                 int translate, const char *body, size_t len, int too_big, int fd,
-                                 int *status, gen_request **gr);
+enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection *c,
+                                 const char *rid, int translate, const char *body, size_t len,
+                                 int too_big, int fd, int *status, gen_request **gr);
 
 #endif

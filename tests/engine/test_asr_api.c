@@ -125,9 +125,10 @@ int main(int argc, char **argv) {
     snprintf(what, sizeof what, "  decoded: %.3f s, %d pads (reference: %lld encoder rows)",
              k->md ? anna_media_audio_seconds(k->md) : 0, anna_media_n_tokens(k->md),
              (long long)json_integer_value(json_object_get(k->j, "tokens")));
-    ok(what, !rc && anna_media_is_audio(k->md) &&
-                 anna_media_n_tokens(k->md) == json_integer_value(json_object_get(k->j, "tokens")) &&
-                 fabs(anna_media_audio_seconds(k->md) * 100 - (double)frames) < 1.0);
+    ok(what,
+       !rc && anna_media_is_audio(k->md) &&
+           anna_media_n_tokens(k->md) == json_integer_value(json_object_get(k->j, "tokens")) &&
+           fabs(anna_media_audio_seconds(k->md) * 100 - (double)frames) < 1.0);
     if (rc) {
       printf("    %s\n", err);
       continue;
@@ -137,8 +138,8 @@ int main(int argc, char **argv) {
     int same = !rc && k->n == json_array_size(pj);
     for (size_t i = 0; same && i < k->n; i++)
       same = k->ids[i] == json_integer_value(json_array_get(pj, i));
-    snprintf(what, sizeof what, "  anna_asr_prompt: %zu ids equal the reference's, run at %d",
-             k->n, k->at);
+    snprintf(what, sizeof what, "  anna_asr_prompt: %zu ids equal the reference's, run at %d", k->n,
+             k->at);
     int32_t pad0 = -1;
     for (size_t i = 0; pad0 < 0 && i < json_array_size(pj); i++)
       if (json_integer_value(json_array_get(pj, i)) == ai.audio_token_id) pad0 = (int32_t)i;
@@ -215,8 +216,8 @@ int main(int argc, char **argv) {
   if (!rc) rc = anna_text_detokenize(t, ids, n, 0, &txt, &tl, err, sizeof err);
   ok("forced: prompt ends with 'language English' + <asr_text>; context stays plain text",
      !rc && ids[n - 1] == asr_text && strstr(txt, "assistant\nlanguage English<asr_text>") &&
-         strstr(txt, "system\n<|im_end|> hot words<|im_end|>") &&
-         n > cl[0].n + 2 && ids[3] != anna_text_token_id(t, "<|im_end|>"));
+         strstr(txt, "system\n<|im_end|> hot words<|im_end|>") && n > cl[0].n + 2 &&
+         ids[3] != anna_text_token_id(t, "<|im_end|>"));
   {
     int nim = 0;
     for (size_t i = 0; i < n; i++)
@@ -235,8 +236,8 @@ int main(int argc, char **argv) {
   ok("'fr' (not in this config's support_languages), 'xx', '' -> NULL",
      !anna_model_audio_language_find(m, "fr") && !anna_model_audio_language_find(m, "xx") &&
          !anna_model_audio_language_find(m, ""));
-  ok("support_languages listed", ai.n_languages == 2 && anna_model_audio_language(m, 1) &&
-                                     !anna_model_audio_language(m, 2));
+  ok("support_languages listed",
+     ai.n_languages == 2 && anna_model_audio_language(m, 1) && !anna_model_audio_language(m, 2));
   char lang[32];
   const char *o1 = "language English<asr_text>hello there";
   size_t off = anna_asr_output_split(o1, strlen(o1), lang, sizeof lang);
@@ -271,7 +272,8 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 150; i++)
       w[44 + 2 * i + 1] = (unsigned char)(i & 0x3f);
     rc = anna_media_audio_decode(&bad, m, w, sizeof w, 0, err, sizeof err);
-    expect("150 samples -> EINVAL too short", rc, ANNA_EINVAL, err, "150 samples at 16 kHz is too short");
+    expect("150 samples -> EINVAL too short", rc, ANNA_EINVAL, err,
+           "150 samples at 16 kHz is too short");
   }
   anna_model *tm = NULL;
   rc = anna_model_load(&tm, textdir, &mo, err, sizeof err);
