@@ -1,8 +1,8 @@
 /* anna-transcribe: speech to text with a Qwen3-ASR folder (qwen-asr's layout), through the
  * public API (anna.h "Audio in prompts"), on the CPU.
  *   anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]
- *                   [--max-seconds S] [--threads N] [--format text|json|srt|vtt] [--print-ids]
- *                   FILE...
+ *                   [--max-seconds S] [--threads N] [--format text|json|srt|vtt]
+ *                   [--print-ids | --stream] FILE...
  * Each FILE (WAV, FLAC, OGG, MP3, ...) becomes an audio anna_media (decoded, resampled to
  * 16 kHz mono, log-mel: anna_media_audio_decode); its prompt is anna_asr_prompt's (the
  * context in the system turn, "language {NAME}<asr_text>" appended when forced; --language takes
@@ -14,7 +14,8 @@
  * none or the language was forced), one line; the detected language goes to stderr. json: one
  * JSON object per line {"file", "language", "duration", "text"}. srt / vtt: one cue spanning the
  * clip (the model emits no timestamps), a document per file. --print-ids first prints the
- * generated ids (through the stop id).
+ * generated ids (through the stop id). --stream (text only) prints the transcript as it
+ * decodes (the same bytes in the end; text before <asr_text> is held until the marker).
  * Not done: the wrapper's 1200-s splitting of long audio (longer files are refused, --max-seconds
  * default 300) and its collapsing of runs repeated more than 20 times. Exit 0, 1 (failure: an
  * "error: " line, after the files before it were printed), 2 (usage). */
@@ -32,7 +33,7 @@ static void usage(FILE *f) {
   fprintf(
       f, "usage: anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]\n"
          "                       [--max-seconds S] [--threads N] [--format text|json|srt|vtt]\n"
-         "                       [--print-ids] FILE...\n");
+         "                       [--print-ids | --stream] FILE...\n");
 }
 
 static unsigned char *read_all(const char *path, size_t *n) {
@@ -90,10 +91,43 @@ static int32_t argmax(const float *x, int n) {
   return best;
 }
 
+/* --stream: the text as it decodes. Before <asr_text> (unforced) it is held back: the
+ * "language X" prefix goes to stderr once the marker shows, as in the final print. */
+typedef struct live {
+  anna_text_stream *ts;
+  char *acc; /* everything decoded so far */
+  size_t len, cap, shown;
+  int started, forced;
+} live;
+
+static int live_add(live *L, const char *p, size_t n, int final) {
+  if (L->len + n + 1 > L->cap) {
+    size_t nc = (L->len + n + 1) * 2 + 256;
+    char *nb = realloc(L->acc, nc);
+    if (!nb) return ANNA_ENOMEM;
+    L->acc = nb, L->cap = nc;
+  }
+  memcpy(L->acc + L->len, p, n);
+  L->len += n;
+  L->acc[L->len] = 0;
+  if (!L->started) {
+    char lang[64];
+    const size_t off = L->forced ? 0 : anna_asr_output_split(L->acc, L->len, lang, sizeof lang);
+    if (off) fprintf(stderr, "language %s\n", lang);
+    if (L->forced || off || final) L->started = 1, L->shown = off;
+  }
+  if (L->started && L->len > L->shown) {
+    fwrite(L->acc + L->shown, 1, L->len - L->shown, stdout);
+    fflush(stdout);
+    L->shown = L->len;
+  }
+  return 0;
+}
+
 /* Transcribes one file: prints its output; 0 or an error code with err filled. */
 static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int *ctx_cap,
                       int threads, const char *file, const char *context, const char *language,
-                      int max_new, int max_seconds, int fmt, int print_ids, char *err,
+                      int max_new, int max_seconds, int fmt, int print_ids, int stream, char *err,
                       size_t errlen) {
   size_t n_bytes = 0;
   unsigned char *bytes = read_all(file, &n_bytes);
@@ -131,6 +165,8 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
     rc = anna_context_prefill(*ctx, 0, &p, logits, err, errlen);
   }
   int stopped = 0;
+  live L = {.forced = language != NULL};
+  if (!rc && stream) rc = anna_text_stream_new(&L.ts, t, 0, err, errlen);
   while (!rc && n_gen < max_new) {
     int32_t g = argmax(logits, V), gs = 0, gp = (int32_t)n + n_gen;
     gen[n_gen++] = g;
@@ -138,11 +174,27 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
       stopped = 1;
       break;
     }
+    if (stream) {
+      char piece[256];
+      size_t pl = 0;
+      rc = anna_text_stream_feed(L.ts, g, piece, sizeof piece, &pl, err, errlen);
+      if (!rc && (rc = live_add(&L, piece, pl, 0))) anna_err(err, errlen, rc, "out of memory");
+      if (rc) break;
+    }
     if (n_gen == max_new) break;
     int8_t gw = 1;
     const anna_batch b = {1, &g, &gs, &gp, &gw};
     rc = anna_context_decode(*ctx, &b, logits, err, errlen);
   }
+  if (!rc && stream) {
+    char piece[256];
+    size_t pl = 0;
+    rc = anna_text_stream_flush(L.ts, piece, sizeof piece, &pl, err, errlen);
+    if (!rc && (rc = live_add(&L, piece, pl, 1))) anna_err(err, errlen, rc, "out of memory");
+    if (!rc) printf("\n");
+  }
+  anna_text_stream_free(L.ts);
+  free(L.acc);
   size_t tlen = 0;
   if (!rc)
     rc = anna_text_detokenize(t, gen, (size_t)(n_gen - stopped), 0, &text, &tlen, err, errlen);
@@ -156,9 +208,9 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
     const size_t off = language ? 0 : anna_asr_output_split(text, tlen, lang, sizeof lang);
     const char *tr = text + off;
     const double secs = anna_media_audio_seconds(md);
-    if (off && fmt == FMT_TEXT) fprintf(stderr, "language %s\n", lang);
+    if (off && fmt == FMT_TEXT && !stream) fprintf(stderr, "language %s\n", lang);
     if (fmt == FMT_TEXT) {
-      printf("%s\n", tr);
+      if (!stream) printf("%s\n", tr);
     } else if (fmt == FMT_JSON) {
       printf("{\"file\":");
       json_str(stdout, file);
@@ -185,7 +237,7 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
 
 int main(int argc, char **argv) {
   const char *dir = NULL, *context = "", *language = NULL;
-  int max_new = 512, threads = 0, print_ids = 0, max_seconds = 300, fmt = FMT_TEXT;
+  int max_new = 512, threads = 0, print_ids = 0, max_seconds = 300, fmt = FMT_TEXT, stream = 0;
   const char **files = calloc((size_t)argc, sizeof *files);
   int n_files = 0;
   if (!files) return 1;
@@ -225,6 +277,8 @@ int main(int argc, char **argv) {
       if (cli_int(a, v, 0, 1024, &threads)) return 2;
     } else if (!strcmp(a, "--print-ids")) {
       print_ids = 1;
+    } else if (!strcmp(a, "--stream")) {
+      stream = 1;
     } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
@@ -235,6 +289,16 @@ int main(int argc, char **argv) {
     } else {
       files[n_files++] = a;
     }
+  }
+  if (stream && (fmt != FMT_TEXT || print_ids)) {
+    fprintf(stderr,
+            "error: --stream prints text as it decodes: not with --format %s or --print-ids\n",
+            fmt == FMT_TEXT   ? "text"
+            : fmt == FMT_JSON ? "json"
+            : fmt == FMT_SRT  ? "srt"
+                              : "vtt");
+    free(files);
+    return 2;
   }
   if (!dir || !n_files) {
     fprintf(stderr, "error: %s\n", !dir ? "--model-dir is required" : "no audio file given");
@@ -267,7 +331,7 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; !rc && i < n_files; i++)
     rc = transcribe(m, t, &ctx, &ctx_cap, threads, files[i], context, lang, max_new, max_seconds,
-                    fmt, print_ids, err, sizeof err);
+                    fmt, print_ids, stream, err, sizeof err);
   if (rc) fprintf(stderr, "error: %s\n", err[0] ? err : "failed");
   anna_context_free(ctx);
   anna_text_free(t);
