@@ -190,3 +190,28 @@ def test_text_only_model_refuses():
         assert r.choices[0].message.content is not None
     finally:
         s.stop()
+
+
+def multipart(fields, file_bytes, boundary="ANNAFORMBOUNDARY"):
+    out = b""
+    for k, v in fields.items():
+        out += b"--%s\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n" % (
+            boundary.encode(), k.encode(), v.encode())
+    out += b"--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n" % boundary.encode()
+    out += b"Content-Type: audio/wav\r\n\r\n" + file_bytes + b"\r\n--%s--\r\n" % boundary.encode()
+    return out, "multipart/form-data; boundary=" + boundary
+
+
+def test_stream_client_gone_frees_the_slot(asrv):
+    import http.client
+    body, ctype = multipart({"model": "qwen3_asr", "stream": "true", "language": "en"},
+                            open(audio_file("sweep_8k_mono"), "rb").read())
+    for _ in range(3):
+        c = http.client.HTTPConnection("127.0.0.1", asrv.port, timeout=30)
+        c.request("POST", "/v1/audio/transcriptions", body=body, headers={"Content-Type": ctype})
+        r = c.getresponse()
+        assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream"
+        assert r.read(6) == b"data: "
+        c.close()  # gone mid-stream
+    asrv.wait_idle(20)
+    assert transcribe(asrv, "sweep_8k_mono").text.startswith(CASES["sweep_8k_mono"]["transcript"])
