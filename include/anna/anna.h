@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 2
+#define ANNA_API_VERSION_MINOR 3
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -888,6 +888,80 @@ typedef struct anna_vision_stats {
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);
 /* Empties the encoder cache (benchmarks time the tower on every run). */
 void anna_context_vision_cache_clear(anna_context *c);
+
+
+/* ---- Audio in prompts (speech recognition; API 1.3) ------------------------------------
+ * A Qwen3-ASR folder (config.json model_type "qwen3_asr", qwen-asr's `thinker.*` layout) loads
+ * as its thinker (the text decoder: anna_context_decode and the rest work as for any text
+ * model) plus its audio encoder; anna_model_has_audio says so. An audio file becomes an
+ * anna_media with anna_media_audio_decode: decoded (WAV, FLAC, OGG Vorbis/Opus, MP3),
+ * down-mixed, resampled to 16 kHz, peak-normalised and turned into the 128-bin log-mel
+ * features exactly as qwen-asr's processor does; anna_media_n_tokens is the number of
+ * <|audio_pad|> ids its run takes in a prompt (about 13 per second). anna_context_prefill runs
+ * the encoder over the prompt's audio media (on the context's own CPU encoder backend, created
+ * at the first prefill with audio and regrown for a longer clip, as an image's tower) and puts
+ * its rows in place of the pads' embeddings. Positions stay 1-D: the thinker's mRoPE sections
+ * always see three equal positions, so an audio run leaves no rotary delta and later decode
+ * steps need nothing else. Encoding at prefill rather than in anna_media_audio_decode keeps the
+ * model immutable and shareable (the encoder needs a backend and scratch, which belong to a
+ * context) and puts the encoder in the thread that owns the context; the features are made
+ * eagerly (they need only the clip). Image media given to an audio model, or audio media to
+ * a vision model, are ANNA_EUNSUPPORTED at prefill. */
+
+typedef struct anna_audio_info {
+  int32_t audio_token_id; /* <|audio_pad|>: the pad id an audio run consists of */
+  int32_t audio_start_id; /* <|audio_start|> */
+  int32_t audio_end_id;   /* <|audio_end|> */
+  int32_t sample_rate;    /* the rate clips are resampled to (16000) */
+  int32_t n_mels;         /* feature bins (128) */
+  int32_t n_embd;         /* width of the encoder's output rows (the thinker's hidden size) */
+  int32_t n_languages;    /* config.json support_languages (0: the file lists none) */
+} anna_audio_info;
+
+/* 1 when m loaded an audio encoder, else 0. */
+int anna_model_has_audio(const anna_model *m);
+/* Fills *out. ANNA_EUNSUPPORTED (message names the model) when m has no audio encoder. */
+int anna_model_audio_info(const anna_model *m, anna_audio_info *out, char *err, size_t errlen);
+/* Language i of config.json's support_languages (English names, e.g. "English"); NULL when i
+ * is out of range. Borrowed from m. */
+const char *anna_model_audio_language(const anna_model *m, int i);
+/* The forced-language name of a user's language: a supported name in any case ("english") or
+ * an ISO-639-1/-3 code ("en", "zh", "yue", ...) of one of Qwen3-ASR's 30 languages, resolved
+ * against the model's support_languages (any name when it lists none). Returns the model's own
+ * spelling (borrowed from m, or static), or NULL when the language is unknown or unsupported. */
+const char *anna_model_audio_language_find(const anna_model *m, const char *lang);
+
+/* Decodes an encoded audio file (data[0..n) borrowed for the call) and computes its features
+ * for m's encoder. max_seconds > 0 refuses longer audio from the header, before decoding
+ * (ANNA_EINVAL naming the limit; <= 0: no limit but the decoder's own, 1e7 s). Corrupt, truncated, empty or unknown data, zero
+ * or too little audio (under 201 samples at 16 kHz): ANNA_EINVAL naming the problem; a build
+ * without libsndfile / libsoxr / FFTW: ANNA_EUNSUPPORTED naming the package; m without an
+ * audio encoder: ANNA_EUNSUPPORTED. Caller frees *out with anna_media_free. Thread-safe (m is
+ * only read). */
+int anna_media_audio_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
+                            double max_seconds, char *err, size_t errlen);
+/* Seconds of audio an audio media holds (its 16 kHz samples / 16000); 0 for an image. */
+double anna_media_audio_seconds(const anna_media *md);
+/* 1 when md is an audio clip, 0 for an image. */
+int anna_media_is_audio(const anna_media *md);
+
+/* The Qwen3-ASR prompt for one clip (MODELS.md "Qwen3-ASR"): <|im_start|>system\n{context}
+ * <|im_end|>\n<|im_start|>user\n<|audio_start|> + anna_media_n_tokens(md) x <|audio_pad|> +
+ * <|audio_end|><|im_end|>\n<|im_start|>assistant\n, then "language {language}<asr_text>" when
+ * language is not NULL (a name as anna_model_audio_language_find returns). context (NULL: "")
+ * and language are user text: special-token spellings in them stay plain text. *ids: caller
+ * frees with free(); *n their count; *audio_at where the pad run starts (for anna_media_ref).
+ * ANNA_EFORMAT when t's <|audio_pad|> is not the model's audio_token_id; ANNA_EUNSUPPORTED
+ * when m has no audio encoder or md is not audio. */
+int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *md, const char *context,
+                    const char *language, int32_t **ids, size_t *n, int32_t *audio_at, char *err,
+                    size_t errlen);
+/* Splits the generated text (special tokens kept, end-of-generation ids dropped) of an
+ * unforced prompt: "language English<asr_text>hello" -> *transcript_at = offset of "hello",
+ * language "English" copied into lang[cap] (may be NULL). Text without <asr_text> (no speech:
+ * "language None", or a model that did not follow the format) is all transcript: offset 0 and
+ * lang "". Returns the offset. */
+size_t anna_asr_output_split(const char *text, size_t len, char *lang, size_t cap);
 
 #ifdef __cplusplus
 }

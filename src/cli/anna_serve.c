@@ -59,6 +59,7 @@ static void usage(FILE *f) {
           "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
           "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
           "                           data: URLs only; no redirects)  --image-fetch-timeout-seconds S (default 10)\n"
+          "  --max-audio-seconds S    speech recognition: longest clip accepted (default 300)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
@@ -201,6 +202,7 @@ int main(int argc, char **argv) {
     INTF("--max-image-pixels", 1, 1 << 30, max_img_px)
     INTF("--max-images-per-request", 1, 64, max_imgs)
     INTF("--max-image-bytes", 1, 1 << 30, max_img_bytes)
+    INTF("--max-audio-seconds", 1, 86400, o.max_audio_seconds)
     INTF("--image-fetch-timeout-seconds", 1, 3600, o.image_fetch_timeout_s)
     else if (!strcmp(a, "--allowed-image-domains")) {
       NEEDV();

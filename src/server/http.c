@@ -5,6 +5,7 @@
 #include "server.h"
 
 #include "anna/anna.h"
+#include "audio_api.h"
 #include "metrics.h"
 #include "oai.h"
 #include "imgfetch.h"
@@ -424,6 +425,20 @@ static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   return ret;
 }
 
+/* /v1/audio/transcriptions and /translations (audio_api.h). */
+static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
+  const audio_api_env env = {.m = srv->m,
+                             .text = srv->text,
+                             .eng = srv->eng,
+                             .model_name = srv->model_name,
+                             .defaults = srv->cfg.defaults,
+                             .max_audio_seconds = srv->o->max_audio_seconds > 0 ? srv->o->max_audio_seconds : 300,
+                             .max_body_bytes = srv->o->max_body_bytes,
+                             .n_ctx = srv->cfg.n_ctx};
+  return audio_api_handle(&env, cn->c, cn->rid, translate, cn->body ? cn->body : "", cn->len, cn->too_big,
+                          conn_fd(cn->c), &cn->status, &cn->gr);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls) {
@@ -517,6 +532,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
     return route_generate(srv, cn,
                           !strcmp(url, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION);
+  }
+  if (!strcmp(url, "/v1/audio/transcriptions") || !strcmp(url, "/v1/audio/translations")) {
+    if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
+    return route_audio(srv, cn, !strcmp(url, "/v1/audio/translations"));
   }
   if (!strcmp(url, "/healthz") || !strcmp(url, "/health")) {
     if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
