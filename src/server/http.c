@@ -686,8 +686,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   if (anna_speech_probe(o->model_path)) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
     if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
-    if ((rc = speech_server_create(&srv->speech, o->model_path, srv->model_name, o->device, o->eng.n_threads, err,
-                                   errlen)))
+    if ((rc = speech_server_create(&srv->speech, o->model_path, srv->model_name, o->device, o->eng.n_threads,
+                                   o->debug_hooks, err, errlen)))
       goto done;
     goto listen;
   }

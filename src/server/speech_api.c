@@ -25,6 +25,7 @@
 
 #define SPEECH_MAX_INPUT 4096      /* characters, as OpenAI */
 #define SPEECH_MAX_QUEUE 32        /* jobs waiting */
+#define SPEECH_FIRST_CHUNK 2       /* frames (160 ms of audio) before the first bytes leave */
 #define SPEECH_MAX_BUFFERED (8 << 20) /* bytes produced and not yet read: the worker waits */
 
 typedef struct sjob {
@@ -35,6 +36,7 @@ typedef struct sjob {
   char *input, *voice, *language, *format, rid[80];
   int sse;
   uint64_t seed;
+  int delay_ms; /* --debug-hooks: sleep after each 1-frame chunk (disconnect tests) */
   /* output, under mu */
   unsigned char *buf;
   size_t len, cap, off;
@@ -53,6 +55,7 @@ struct speech_server {
   pthread_cond_t cv;
   sjob *head, *tail;
   int n_waiting, running, stop;
+  int debug_hooks;
 };
 
 static void job_release(sjob *j) {
@@ -166,7 +169,9 @@ static int stage_publish(stage *g) {
 static int on_chunk(void *user, const float *pcm, int64_t n) {
   stage *g = user;
   if (anna_audio_encoder_write(g->enc, pcm, n, g->err, sizeof g->err)) return 1;
-  return stage_publish(g);
+  const int stop = stage_publish(g);
+  if (!stop && g->j->delay_ms > 0) nanosleep(&(struct timespec){g->j->delay_ms / 1000, g->j->delay_ms % 1000 * 1000000L}, NULL);
+  return stop;
 }
 
 static void job_run(speech_server *s, sjob *j) {
@@ -176,7 +181,13 @@ static void job_run(speech_server *s, sjob *j) {
   int rc = anna_audio_encoder_stream(&g.enc, j->format, anna_speech_sample_rate(s->sp), stage_bytes, &g, err,
                                      sizeof err);
   if (!rc) {
-    const anna_speech_request rq = {.text = j->input, .voice = j->voice, .language = j->language, .seed = j->seed};
+    /* a small first chunk for the time to first audio, then the codec's 16-frame steps */
+    const anna_speech_request rq = {.text = j->input,
+                                    .voice = j->voice,
+                                    .language = j->language,
+                                    .seed = j->seed,
+                                    .first_chunk_frames = j->delay_ms > 0 ? 1 : SPEECH_FIRST_CHUNK,
+                                    .chunk_frames = j->delay_ms > 0 ? 1 : 16};
     rc = anna_speech_synthesize(s->sp, &rq, on_chunk, &g, &st, err, sizeof err);
     if (!rc && st.stopped && g.err[0]) rc = ANNA_EIO, snprintf(err, sizeof err, "%s", g.err);
     if (!rc && !st.stopped) {
@@ -240,13 +251,14 @@ static void *worker(void *arg) {
 }
 
 int speech_server_create(speech_server **out, const char *dir, const char *model_name, const char *device,
-                         int n_threads, char *err, size_t errlen) {
+                         int n_threads, int debug_hooks, char *err, size_t errlen) {
   *out = NULL;
   speech_server *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   pthread_mutex_init(&s->mu, NULL);
   pthread_cond_init(&s->cv, NULL);
   snprintf(s->model_name, sizeof s->model_name, "%s", model_name);
+  s->debug_hooks = debug_hooks;
   const anna_speech_options o = {.device = device, .n_threads = n_threads};
   int rc = anna_speech_load(&s->sp, dir, &o, err, errlen);
   if (!rc && pthread_create(&s->th, NULL, worker, s)) rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the speech worker");
@@ -418,7 +430,7 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
   const char *key;
   json_t *v;
   json_object_foreach(root, key, v) {
-    int ok = 0;
+    int ok = s->debug_hooks && !strcmp(key, "debug_delay_ms");
     for (int i = 0; known[i] && !ok; i++) ok = !strcmp(key, known[i]);
     if (!ok) {
       *code = "unknown_parameter";
@@ -520,6 +532,12 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
   if (v && !json_is_null(v)) {
     if (!json_is_integer(v) || json_integer_value(v) < 0) BAD("seed", "'seed' must be a non-negative integer");
     j->seed = (uint64_t)json_integer_value(v);
+  }
+  v = json_object_get(root, "debug_delay_ms");
+  if (v) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 10000)
+      BAD("debug_delay_ms", "'debug_delay_ms' must be an integer in [0, 10000]");
+    j->delay_ms = (int)json_integer_value(v);
   }
   if (!j->input || !j->voice || !j->format || !j->language) {
     snprintf(msg, cap, "out of memory");

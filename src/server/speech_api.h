@@ -27,10 +27,12 @@
 
 typedef struct speech_server speech_server;
 
-/* Loads dir (anna_speech_load) and starts the worker. model_name is copied. Caller frees
+/* Loads dir (anna_speech_load) and starts the worker. model_name is copied. debug_hooks
+ * (--debug-hooks, tests only) accepts the field debug_delay_ms: 1-frame chunks with that
+ * sleep after each, so a disconnect test can leave mid-stream deterministically. Caller frees
  * with speech_server_free (cancels what is queued, joins the worker). */
 int speech_server_create(speech_server **out, const char *dir, const char *model_name, const char *device,
-                         int n_threads, char *err, size_t errlen);
+                         int n_threads, int debug_hooks, char *err, size_t errlen);
 void speech_server_free(speech_server *s);
 const char *speech_server_describe(const speech_server *s);
 /* Requests queued or running. */
