@@ -161,6 +161,7 @@ static int stage_publish(stage *g) {
     pthread_cond_broadcast(&j->cv);
   }
   g->n = 0;
+  if (bad) g->oom = 1;
   const int stop = bad || j->cancel;
   pthread_mutex_unlock(&j->mu);
   return stop;
@@ -190,6 +191,7 @@ static void job_run(speech_server *s, sjob *j) {
                                     .chunk_frames = j->delay_ms > 0 ? 1 : 16};
     rc = anna_speech_synthesize(s->sp, &rq, on_chunk, &g, &st, err, sizeof err);
     if (!rc && st.stopped && g.err[0]) rc = ANNA_EIO, snprintf(err, sizeof err, "%s", g.err);
+    if (!rc && g.oom) rc = ANNA_ENOMEM, snprintf(err, sizeof err, "out of memory staging the encoded audio");
     if (!rc && !st.stopped) {
       rc = anna_audio_encoder_finish(g.enc, err, sizeof err);
       if (!rc && (stage_publish(&g) || g.oom) && !j->cancel) rc = ANNA_ENOMEM, snprintf(err, sizeof err, "out of memory");
@@ -408,14 +410,14 @@ static const char *type_name(const json_t *v) {
 
 /* Parses and checks the body into j; returns 0 or the HTTP status with msg/param/code set. */
 static int parse_request(speech_server *s, const char *body, size_t len, sjob *j, char *msg, size_t cap,
-                         const char **param, const char **code) {
+                         char param[64], const char **code) {
   json_error_t je;
   json_t *root = json_loadb(body, len, 0, &je);
   int st = 0;
-  *param = NULL, *code = "invalid_request";
+  param[0] = '\0', *code = "invalid_request";
 #define BAD(p, ...) \
   do { \
-    *param = (p); \
+    snprintf(param, 64, "%s", (p) ? (const char *)(p) : ""); /* a copy: keys die with root */ \
     snprintf(msg, cap, __VA_ARGS__); \
     st = 400; \
     goto out; \
@@ -442,7 +444,7 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
   if (!json_is_string(v)) BAD("model", "'model' is required and must be a string%s", v ? "" : " (missing)");
   if (*json_string_value(v) && strcmp(json_string_value(v), s->model_name)) {
     *code = "model_not_found";
-    *param = "model";
+    snprintf(param, 64, "model");
     snprintf(msg, cap, "The model '%.200s' does not exist; this server serves '%s'", json_string_value(v),
              s->model_name);
     st = 404;
@@ -558,11 +560,12 @@ static enum MHD_Result route_speech(speech_server *s, struct MHD_Connection *c, 
   j->refs = 1;
   snprintf(j->rid, sizeof j->rid, "%s", rid);
   char msg[512];
-  const char *param, *code;
-  int st = parse_request(s, body ? body : "", len, j, msg, sizeof msg, &param, &code);
+  char param[64];
+  const char *code;
+  int st = parse_request(s, body ? body : "", len, j, msg, sizeof msg, param, &code);
   if (st) {
     job_release(j);
-    return fail(c, rid, status, st, param, st >= 500 ? NULL : code, "%s", msg);
+    return fail(c, rid, status, st, param[0] ? param : NULL, st >= 500 ? NULL : code, "%s", msg);
   }
   pthread_mutex_lock(&s->mu);
   if (s->stop || s->n_waiting >= SPEECH_MAX_QUEUE) {
