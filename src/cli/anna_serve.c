@@ -44,6 +44,10 @@ static void usage(FILE *f) {
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
           "                           src/base/tuning.h)\n"
+          "  --speculative ngram      greedy requests (temperature 0, no penalties, logprobs or JSON) verify\n"
+          "                           prompt-lookup drafts in windows: same output, fewer steps\n"
+          "  --draft-max K            most drafted tokens per window (1..16, default 6)\n"
+          "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n"
           "  --deterministic          batched == alone: each request's greedy output does not depend on the\n"
           "                           others decoded with it (CUDA: batch-invariant kernels, tuning\n"
           "                           cuda_batch_invariant, slower prefill; dense models; no effect on the CPU)\n"
@@ -85,7 +89,7 @@ int main(int argc, char **argv) {
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
-  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0;
+  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
   o.eng.prompt_cache_block = 256;
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
@@ -112,6 +116,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--host-sampling")) o.eng.host_sampling = 1;
     else if (!strcmp(a, "--tuning")) { NEEDV(); o.eng.tuning = v; }
     else if (!strcmp(a, "--deterministic")) deterministic = 1;
+    else if (!strcmp(a, "--speculative")) {
+      NEEDV();
+      if (strcmp(v, "ngram")) {
+        fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram)\n", v);
+        return 2;
+      }
+      spec = 1;
+    }
+    INTF("--draft-max", 1, ANNA_SPEC_MAX_DRAFT, o.eng.spec_draft_max)
+    INTF("--ngram-min", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_min)
+    INTF("--ngram-max", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_max)
     else if (!strcmp(a, "--verbose")) o.verbose = 1;
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
     /* --device: both the model loader's check and the engine's context */
@@ -240,6 +255,18 @@ int main(int argc, char **argv) {
 #undef NEEDV
 #undef INTF
 #undef FLTF
+  }
+  if (spec) {
+    if (!o.eng.spec_draft_max) o.eng.spec_draft_max = 6;
+    if (!o.eng.spec_ngram_min) o.eng.spec_ngram_min = 1;
+    if (!o.eng.spec_ngram_max) o.eng.spec_ngram_max = 4;
+    if (o.eng.spec_ngram_min > o.eng.spec_ngram_max) {
+      fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", o.eng.spec_ngram_min, o.eng.spec_ngram_max);
+      return 2;
+    }
+  } else if (o.eng.spec_draft_max || o.eng.spec_ngram_min || o.eng.spec_ngram_max) {
+    fprintf(stderr, "error: --draft-max / --ngram-min / --ngram-max need --speculative ngram\n");
+    return 2;
   }
   char tuning[1024]; /* --deterministic: the tuning key after the user's --tuning */
   if (deterministic) {

@@ -60,6 +60,13 @@ typedef struct engine_options {
    * free - (1 - F) * total in blocks (anna_context_memory). 0: off. A backend that cannot
    * report its memory (the CPU) is an error. */
   float gpu_memory_utilization;
+  /* Speculative decoding with the n-gram (prompt lookup) drafter, anna-serve --speculative
+   * ngram: up to spec_draft_max (1..ANNA_SPEC_MAX_DRAFT; 0: off) drafted tokens per decoding
+   * sequence verified in one window (anna_context_verify), suffixes of spec_ngram_min..max
+   * tokens matched. Only greedy choices without penalties, logprobs, JSON / forced output or
+   * images take windows (the window's argmax is the greedy choice, so outputs are those of
+   * plain decoding); the others decode as before in the same step. */
+  int spec_draft_max, spec_ngram_min, spec_ngram_max;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
@@ -168,6 +175,7 @@ typedef struct engine_stats {
   int64_t kv_seq_blocks, kv_exact_blocks;
   int exact_entries;
   int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
+  anna_spec_stats spec; /* verify windows, drafted and accepted tokens (speculative decoding) */
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);
