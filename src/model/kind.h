@@ -68,6 +68,7 @@ typedef struct model_desc {
   int vocab;        /* rows of MODEL_IO_LOGITS outputs (0: the kind produces none) */
   int n_embd;       /* width of MODEL_IO_EMBEDDINGS output rows (0: the kind produces none) */
   int n_layers;
+  int hidden; /* width of MODEL_IO_HIDDEN output rows (0: the kind produces none) */
   int sample_rate;       /* MODEL_IO_PCM kinds: output rate in Hz (0: no PCM) */
   int samples_per_frame; /* MODEL_IO_PCM kinds: samples per input frame */
 } model_desc;
@@ -136,6 +137,7 @@ typedef struct model_output {
   int64_t embd_rows;      /* MODEL_IO_EMBEDDINGS: rows embd holds; the kind says how many it wrote */
   int64_t *embd_written;  /* MODEL_IO_EMBEDDINGS: receives the rows written (may be NULL) */
   float *pcm;             /* MODEL_IO_PCM: [n_frames * model_desc.samples_per_frame] */
+  float *hidden;          /* MODEL_IO_HIDDEN: [n_flagged * model_desc.hidden] */
 } model_output;
 
 /* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix
