@@ -118,6 +118,7 @@ typedef struct slot {
   jsonmask jm;       /* JSON mode: what has been generated so far */
   jschema_state js;  /* the same with a schema (gen_request.schema) */
   size_t suffix_pos; /* forced suffix tokens emitted */
+  int forced_ended;  /* the last n_gen step wrote no token (a forced output's end) */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
@@ -318,14 +319,15 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
     if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
     slot_release(s, 1);
   }
-  if (r->keep_ids && s->n_gen > 0) { /* once per choice, not per token */
-    int32_t *ids = malloc(sizeof *ids * (size_t)s->n_gen);
+  const int n_ids = s->n_gen - s->forced_ended;
+  if (r->keep_ids && n_ids > 0) { /* once per choice, not per token */
+    int32_t *ids = malloc(sizeof *ids * (size_t)n_ids);
     pthread_mutex_lock(&r->mu);
     gen_choice *c = &r->choices[s->ci];
     if (ids && !c->gen_ids) {
-      memcpy(ids, s->toks + s->n_prompt, sizeof *ids * (size_t)s->n_gen);
+      memcpy(ids, s->toks + s->n_prompt, sizeof *ids * (size_t)n_ids);
       c->gen_ids = ids;
-      c->n_gen_ids = (size_t)s->n_gen;
+      c->n_gen_ids = (size_t)n_ids;
       ids = NULL;
     }
     pthread_mutex_unlock(&r->mu);
@@ -582,6 +584,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   jsonmask_init(&s->jm);
   if (r->schema) jsonschema_start(r->schema, &s->js);
   s->suffix_pos = 0;
+  s->forced_ended = 0;
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   if (hit >= 0) { /* the whole prompt was cached: its first token comes from the stored logits */
     memcpy(e->row_tmp, e->ex[hit].logits, sizeof(float) * (size_t)e->V);
@@ -746,6 +749,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
         jsonmask_feed(&s->jm, tb, tn);
     }
   }
+  s->forced_ended = forced_end;
   if (!forced_end) {
     s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
     anna_sampler_accept(s->smp, t);

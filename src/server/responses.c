@@ -757,6 +757,7 @@ typedef struct resp_out {
   size_t *evlen, *evcap;
   long long seq;
   int err;
+  int cut; /* the reply was cut (max_output_tokens): items close as 2 (item_json) */
 } resp_out;
 
 static int buf_add(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
@@ -773,8 +774,9 @@ static int buf_add(char **b, size_t *len, size_t *cap, const char *s, size_t n) 
   return 0;
 }
 
+/* done: 0 in progress, 1 completed, 2 cut by max_output_tokens (messages say "incomplete") */
 static json_t *item_json(const out_item *it, int done) {
-  const char *status = done ? "completed" : "in_progress";
+  const char *status = done == 2 && it->kind == IT_MESSAGE ? "incomplete" : done ? "completed" : "in_progress";
   const char *t = it->text ? it->text : "";
   if (it->kind == IT_REASONING)
     return json_pack("{s:s,s:s,s:[],s:o}", "type", "reasoning", "id", it->id, "summary", "content",
@@ -851,7 +853,7 @@ static void close_open(resp_out *o) {
          json_pack("{s:s,s:i,s:i,s:{s:s,s:s%,s:[],s:[]}}", "item_id", it->id, "output_index", idx, "content_index", 0,
                    "part", "type", "output_text", "text", t, it->len, "annotations", "logprobs"));
   }
-  emit(o, "response.output_item.done", json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(it, 1)));
+  emit(o, "response.output_item.done", json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(it, 1 + o->cut)));
   o->open = -1;
 }
 
@@ -908,7 +910,7 @@ static int out_sink(void *ud, int kind, const char *a, size_t alen, const char *
     emit(o, "response.function_call_arguments.done",
          json_pack("{s:s,s:i,s:s,s:s%}", "item_id", it->id, "output_index", idx, "name", it->name ? it->name : "",
                    "arguments", b, blen));
-    emit(o, "response.output_item.done", json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(it, 1)));
+    emit(o, "response.output_item.done", json_pack("{s:i,s:o}", "output_index", idx, "item", item_json(it, 1 + o->cut)));
   }
   return o->err;
 }
@@ -939,7 +941,7 @@ static void out_clear(resp_out *o) {
 /* The response object; status from the finished request (NULL output: still running). */
 static json_t *response_json(resp_job *j, const resp_out *o, const char *status, json_t *usage, json_t *error) {
   json_t *out = json_array();
-  for (int i = 0; o && i < o->n; i++) json_array_append_new(out, item_json(&o->items[i], 1));
+  for (int i = 0; o && i < o->n; i++) json_array_append_new(out, item_json(&o->items[i], 1 + o->cut));
   json_t *r = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:o,s:o}", "id", j->id, "object", "response", "created_at",
                         (json_int_t)j->created, "status", status, "model", j->chat.model ? j->chat.model : "", "output",
                         out, "usage", usage ? usage : json_null(), "error", error ? error : json_null());
@@ -1041,9 +1043,10 @@ char *resp_finish_json(resp_job *j) {
     return NULL;
   }
   free(text);
-  out_finish(&o);
   json_t *error = NULL;
   const char *status = final_status(j, &error);
+  o.cut = !strcmp(status, "incomplete");
+  out_finish(&o);
   json_t *resp = response_json(j, &o, status, usage_json(j, &o), error);
   store_response(j, &o, resp, status);
   char *s = json_dumps(resp, JSON_COMPACT);
@@ -1112,9 +1115,10 @@ int resp_stream_step(resp_stream *s, char **out, size_t *len, size_t *cap, int *
   }
   free(txt);
   if (done && !o->err) {
-    out_finish(o);
     json_t *error = NULL;
     const char *status = final_status(j, &error);
+    o->cut = !strcmp(status, "incomplete");
+    out_finish(o);
     json_t *resp = response_json(j, o, status, usage_json(j, o), error);
     emit(o, !strcmp(status, "completed") ? "response.completed"
             : !strcmp(status, "incomplete") ? "response.incomplete"
