@@ -1143,6 +1143,10 @@ static int not_found(const char *id, oai_error *e) {
 int resp_get(resp_store *st, const char *id, char **body, oai_error *e) {
   pthread_mutex_lock(&st->mu);
   resp_entry *en = find(st, id);
+  if (en) { /* a read is a use: eviction goes by last use */
+    unlink_entry(st, en);
+    push_front(st, en);
+  }
   *body = en ? json_dumps(en->response, JSON_COMPACT) : NULL;
   pthread_mutex_unlock(&st->mu);
   return en ? 200 : not_found(id, e);
