@@ -151,6 +151,7 @@ void resp_job_free(resp_job *j) {
 }
 
 static const char *jtype(const json_t *v) {
+  if (!v) return "nothing (missing)";
   switch (json_typeof(v)) {
   case JSON_OBJECT: return "an object";
   case JSON_ARRAY: return "an array";
@@ -257,6 +258,10 @@ static int parse_input(json_t *input, json_t *msgs, json_t *items, int *images, 
       json_t *content;
       if (item_content(json_object_get(it, "content"), cp, images, &content, e)) return -1;
       if (!strcmp(rs, "assistant")) {
+        /* joins a turn that reasoning opened; after a turn with text, a new turn */
+        json_t *cur = asst_open ? json_array_get(msgs, json_array_size(msgs) - 1) : NULL;
+        json_t *cc = cur ? json_object_get(cur, "content") : NULL;
+        if (cur && (json_object_get(cur, "tool_calls") || !json_is_string(cc) || json_string_length(cc))) asst_open = 0;
         json_t *m = open_assistant(msgs, &asst_open);
         json_object_set_new(m, "content", content);
       } else {

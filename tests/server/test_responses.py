@@ -333,3 +333,25 @@ def test_chain_keeps_reasoning_tokens(c):
         {"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Rayleigh."},
         {"role": "user", "content": "And at sunset?"}])
     assert r3.usage.input_tokens < r2.usage.input_tokens
+
+
+@pytest.mark.parametrize("item,needle", [
+    ({"role": "user"}, "content"),
+    ({"type": "function_call_output", "call_id": "c1"}, "output"),
+    ({"type": "function_call", "name": "f"}, "call_id"),
+    ({"role": "robot", "content": "x"}, "role"),
+    ("not an item", "object"),
+])
+def test_malformed_items_are_400(c, item, needle):
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.responses.create(model=MODEL, input=[item], max_output_tokens=1)
+    assert needle in str(ei.value), str(ei.value)
+
+
+def test_two_assistant_messages_stay_two_turns(c):
+    r = c.responses.create(model=MODEL, extra_body=forced("ok"), input=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "first"},
+        {"role": "assistant", "content": "second"}, {"role": "user", "content": "b"}])
+    one = c.responses.create(model=MODEL, extra_body=forced("ok"), input=[
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "first"}, {"role": "user", "content": "b"}])
+    assert r.usage.input_tokens > one.usage.input_tokens + 2
