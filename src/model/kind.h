@@ -36,7 +36,7 @@ enum model_io {
   MODEL_IO_EMBEDDINGS, /* float rows entering a decoder in place of token embeddings (next issues)
                         */
   MODEL_IO_LOGITS,     /* vocab logits of flagged rows, or their top-k candidates (model_topk) */
-  MODEL_IO_HIDDEN,     /* final hidden states of flagged rows (next issues) */
+  MODEL_IO_HIDDEN,     /* final hidden states (after the final norm) of flagged rows (text decoder) */
   MODEL_IO_PIXELS,     /* image pixels, normalized float planes (vision encoder; next issues) */
   MODEL_IO_AUDIO,      /* audio features / samples (audio encoder; next issues) */
   MODEL_IO_CODES,      /* codec codes per frame and codebook (codec decoder; next issues) */
@@ -130,7 +130,7 @@ typedef struct model_input {
 
 /* One run's outputs (caller-owned memory). */
 typedef struct model_output {
-  int io;                 /* MODEL_IO_LOGITS or MODEL_IO_EMBEDDINGS */
+  int io;                 /* MODEL_IO_LOGITS, MODEL_IO_HIDDEN or MODEL_IO_EMBEDDINGS */
   float *logits;          /* MODEL_IO_LOGITS: [n_flagged * vocab], unused when topk is set */
   const model_topk *topk; /* MODEL_IO_LOGITS: candidates instead of rows (NULL: rows) */
   float *embd;            /* MODEL_IO_EMBEDDINGS: [rows, model_desc.n_embd] */
