@@ -44,6 +44,9 @@ static void usage(FILE *f) {
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
           "                           src/base/tuning.h)\n"
+          "  --deterministic          batched == alone: each request's greedy output does not depend on the\n"
+          "                           others decoded with it (CUDA: batch-invariant kernels, tuning\n"
+          "                           cuda_batch_invariant, slower prefill; dense models; no effect on the CPU)\n"
           "  --verbose                print the resolved runtime switches on stderr at start\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
@@ -56,6 +59,7 @@ static void usage(FILE *f) {
           "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
           "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
           "                           data: URLs only; no redirects)  --image-fetch-timeout-seconds S (default 10)\n"
+          "  --max-audio-seconds S    speech recognition: longest clip accepted (default 300)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
@@ -86,7 +90,7 @@ int main(int argc, char **argv) {
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
-  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0;
+  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0;
   o.eng.prompt_cache_block = 256;
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
@@ -112,6 +116,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
     else if (!strcmp(a, "--host-sampling")) o.eng.host_sampling = 1;
     else if (!strcmp(a, "--tuning")) { NEEDV(); o.eng.tuning = v; }
+    else if (!strcmp(a, "--deterministic")) deterministic = 1;
     else if (!strcmp(a, "--verbose")) o.verbose = 1;
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
     /* --device: both the model loader's check and the engine's context */
@@ -203,6 +208,7 @@ int main(int argc, char **argv) {
     INTF("--max-image-pixels", 1, 1 << 30, max_img_px)
     INTF("--max-images-per-request", 1, 64, max_imgs)
     INTF("--max-image-bytes", 1, 1 << 30, max_img_bytes)
+    INTF("--max-audio-seconds", 1, 86400, o.max_audio_seconds)
     INTF("--image-fetch-timeout-seconds", 1, 3600, o.image_fetch_timeout_s)
     else if (!strcmp(a, "--allowed-image-domains")) {
       NEEDV();
@@ -241,6 +247,19 @@ int main(int argc, char **argv) {
 #undef NEEDV
 #undef INTF
 #undef FLTF
+  }
+  char tuning[1024]; /* --deterministic: the tuning key after the user's --tuning */
+  if (deterministic) {
+    if (o.eng.exact_matmul) {
+      fprintf(stderr, "error: --deterministic and --exact: the exact mode's f32 paths are not batch-invariant\n");
+      return 2;
+    }
+    const char *t = o.eng.tuning ? o.eng.tuning : "";
+    if ((size_t)snprintf(tuning, sizeof tuning, "%s%scuda_batch_invariant=1", t, *t ? "," : "") >= sizeof tuning) {
+      fprintf(stderr, "error: --tuning is too long\n");
+      return 2;
+    }
+    o.eng.tuning = tuning;
   }
   if (!o.model_path) {
     fprintf(stderr, "error: --model-dir (or --model) is required\n");

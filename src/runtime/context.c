@@ -32,6 +32,7 @@ struct anna_context {
   float *vval;
   double *vstats; /* [2 * n_batch] */
   ctx_vision *vis;    /* owned; NULL without a vision tower (api_vision.c) */
+  ctx_audio *aud;     /* owned; NULL without an audio encoder (api_audio.c) */
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
@@ -80,7 +81,8 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   }
   m->kind = kind;
   kind->describe(m->impl, &m->desc);
-  if ((rc = model_vision_attach(m, &src, &lp, err, errlen))) {
+  if ((rc = model_vision_attach(m, &src, &lp, err, errlen)) ||
+      (rc = model_audio_attach(m, &src, &lp, err, errlen))) {
     anna_model_free(m);
     return rc;
   }
@@ -93,6 +95,7 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
 void anna_model_free(anna_model *m) {
   if (!m) return;
   model_vision_detach(m);
+  model_audio_detach(m);
   m->kind->free(m->impl);
   free(m->path);
   free(m);
@@ -273,6 +276,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   spr.kv_type = kv_type;
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
       (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, o.n_threads, err, errlen)) ||
+      (rc = ctx_audio_create(&c->aud, m, o.n_batch, o.n_threads, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
     return rc;
@@ -286,6 +290,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 void anna_context_free(anna_context *c) {
   if (!c) return;
   ctx_vision_free(c->vis);
+  ctx_audio_free(c->aud);
   if (c->st) c->m->kind->state_free(c->st);
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
@@ -333,6 +338,10 @@ int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, 
 
 ctx_vision *context_vision(anna_context *c) {
   return c->vis;
+}
+
+ctx_audio *context_audio(anna_context *c) {
+  return c->aud;
 }
 
 const anna_model *context_model(const anna_context *c) {

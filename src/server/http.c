@@ -5,11 +5,13 @@
 #include "server.h"
 
 #include "anna/anna.h"
+#include "audio_api.h"
 #include "metrics.h"
 #include "oai.h"
 #include "embed_api.h"
 #include "responses.h"
 #include "imgfetch.h"
+#include "speech_api.h"
 #include "tokapi.h"
 
 #include <arpa/inet.h>
@@ -35,6 +37,7 @@ typedef struct server {
   oai_config cfg;
   auth_keys *keys; /* NULL: no auth */
   resp_store *rstore; /* stored /v1/responses */
+  speech_server *speech; /* speech mode (a Qwen3-TTS folder): no text model, engine or text */
   char model_name[256];
   int active; /* requests between first callback and completion (atomic) */
   uint64_t rid_seq;
@@ -563,6 +566,20 @@ static enum MHD_Result route_embeddings(server *srv, conn *cn) {
   return send_body(cn, 200, out, "application/json");
 }
 
+/* /v1/audio/transcriptions and /translations (audio_api.h). */
+static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
+  const audio_api_env env = {.m = srv->m,
+                             .text = srv->text,
+                             .eng = srv->eng,
+                             .model_name = srv->model_name,
+                             .defaults = srv->cfg.defaults,
+                             .max_audio_seconds = srv->o->max_audio_seconds > 0 ? srv->o->max_audio_seconds : 300,
+                             .max_body_bytes = srv->o->max_body_bytes,
+                             .n_ctx = srv->cfg.n_ctx};
+  return audio_api_handle(&env, cn->c, cn->rid, translate, cn->body ? cn->body : "", cn->len, cn->too_big,
+                          conn_fd(cn->c), &cn->status, &cn->gr);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls) {
@@ -648,6 +665,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     return send_fail(cn, 401, NULL, "invalid_api_key",
                      "invalid or missing API key: send it as 'Authorization: Bearer KEY'");
   }
+  if (srv->speech)
+    return speech_route(srv->speech, c, method, url, cn->rid, cn->body, cn->len, cn->too_big, srv->o->max_body_bytes,
+                        &cn->status);
+  if (!strcmp(url, "/v1/audio/speech"))
+    return send_fail(cn, 400, "model", "model_not_speech",
+                     "the loaded model is not a speech model: start anna-serve with a Qwen3-TTS folder for "
+                     "/v1/audio/speech");
   if (!strcmp(url, "/tokenize") || !strcmp(url, "/detokenize")) {
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
     return route_tokens(srv, cn, !strcmp(url, "/detokenize"));
@@ -666,6 +690,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   if (!strcmp(url, "/v1/embeddings")) {
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
     return route_embeddings(srv, cn);
+  }
+  if (!strcmp(url, "/v1/audio/transcriptions") || !strcmp(url, "/v1/audio/translations")) {
+    if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
+    return route_audio(srv, cn, !strcmp(url, "/v1/audio/translations"));
   }
   if (!strcmp(url, "/healthz") || !strcmp(url, "/health")) {
     if (!get) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes GET");
@@ -756,6 +784,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
 /* ---- lifecycle ---- */
 
 static void log_metrics(server *srv) {
+  if (!srv->eng) return; /* speech mode */
   engine_stats st;
   engine_get_stats(srv->eng, &st);
   pthread_mutex_lock(&srv->mx.mu);
@@ -822,6 +851,14 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
   anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant};
+  if (anna_speech_probe(o->model_path)) {
+    derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
+    if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
+    if ((rc = speech_server_create(&srv->speech, o->model_path, srv->model_name, o->device, o->eng.n_threads,
+                                   o->debug_hooks, err, errlen)))
+      goto done;
+    goto listen;
+  }
   if ((rc = anna_model_load(&srv->m, o->model_path, &mo, err, errlen))) goto done;
   if ((rc = anna_text_open(&srv->text, o->model_path, 0, err, errlen))) goto done;
   if (o->model_name && *o->model_name)
@@ -855,6 +892,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .allowed_image_domains = o->allowed_image_domains,
                           .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10};
   imgfetch_global_init();
+listen:
   if ((rc = resp_store_create(&srv->rstore, o->responses_store_max))) {
     rc = anna_err(err, errlen, rc, "out of memory");
     goto done;
@@ -889,9 +927,15 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
   int bound = di ? di->port : o->port;
-  slog(SLOG_INFO, NULL, "model %s (%s) loaded in %.2f s; slots=%d ctx=%d batch=%d max_batch=%d",
-       srv->model_name, anna_model_describe(srv->m), engine_now() - t0, eo->n_seq, eo->n_ctx,
-       eo->n_batch, eo->max_batch_size);
+  if (srv->speech)
+    slog(SLOG_INFO, NULL, "speech model %s (%s) loaded in %.2f s; requests run one at a time", srv->model_name,
+         speech_server_describe(srv->speech), engine_now() - t0);
+  else {
+    eo = engine_get_options(srv->eng); /* set again: the speech path jumps over its declaration */
+    slog(SLOG_INFO, NULL, "model %s (%s) loaded in %.2f s; slots=%d ctx=%d batch=%d max_batch=%d",
+         srv->model_name, anna_model_describe(srv->m), engine_now() - t0, eo->n_seq, eo->n_ctx,
+         eo->n_batch, eo->max_batch_size);
+  }
   slog(SLOG_INFO, NULL, "listening on http://%s:%d", o->host ? o->host : "127.0.0.1", bound);
 
   double next_log = engine_now() + o->metrics_log_interval_s;
@@ -911,7 +955,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
    * connection threads time to write their last bytes before the daemon goes. */
   MHD_socket ls = MHD_quiesce_daemon(d);
   if (ls != MHD_INVALID_SOCKET) close(ls);
-  engine_drain(srv->eng, o->shutdown_timeout_s);
+  if (srv->eng) engine_drain(srv->eng, o->shutdown_timeout_s);
   double until = engine_now() + 10;
   while (__atomic_load_n(&srv->active, __ATOMIC_RELAXED) > 0 && engine_now() < until)
     usleep(10 * 1000);
@@ -919,6 +963,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   slog(SLOG_INFO, NULL, "shut down cleanly");
 done:
   if (d) MHD_stop_daemon(d);
+  speech_server_free(srv->speech);
   if (ai) freeaddrinfo(ai);
   engine_free(srv->eng);
   anna_text_free(srv->text);

@@ -43,6 +43,7 @@ typedef struct server_options {
   size_t max_image_bytes;   /* --max-image-bytes (0: default) */
   const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
   int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
+  int max_audio_seconds;             /* --max-audio-seconds: one clip (0: 300) */
   /* API keys: --api-key (repeatable, borrowed) and --api-key-file; none: no auth. With keys,
    * every route but /healthz, /health and /metrics needs "Authorization: Bearer KEY" (401
    * otherwise); auth_health: those too. */
