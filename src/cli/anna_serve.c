@@ -68,6 +68,10 @@ static void usage(FILE *f) {
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
           "  --auth-health            /healthz and /metrics need a key too (default: open)\n"
+          "  --responses-store-max N  /v1/responses kept in memory for previous_response_id and GET\n"
+          "                           (default 1024; least recently used evicted; 0 = none kept)\n"
+          "  --embeddings             serve /v1/embeddings (last-token pooled, normalized hidden states;\n"
+          "                           reserves one more KV sequence)\n"
           "testing hooks:\n"
           "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
           "  --debug-step-delay-ms MS sleep after every engine step (slow generation on tiny models)\n");
@@ -76,6 +80,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   server_options o = {0};
   o.host = "127.0.0.1";
+  o.responses_store_max = 1024;
   o.port = 8000;
   o.defaults = anna_sampler_params_default();
   o.defaults.temperature = 1.0f; /* OpenAI's default when a request names none */
@@ -178,6 +183,7 @@ int main(int argc, char **argv) {
       NEEDV();
       o.api_key_file = v;
     } else if (!strcmp(a, "--auth-health")) o.auth_health = 1;
+    else if (!strcmp(a, "--embeddings")) o.eng.embeddings = 1;
     else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) {
       NEEDV();
@@ -226,6 +232,7 @@ int main(int argc, char **argv) {
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
     INTF("--http-header-timeout-seconds", 0, 86400, o.http_header_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
+    INTF("--responses-store-max", 0, 1 << 20, o.responses_store_max)
     FLTF("--temperature", 0, 2, o.defaults.temperature)
     FLTF("--top-p", 0, 1, o.defaults.top_p)
     FLTF("--min-p", 0, 1, o.defaults.min_p)

@@ -70,6 +70,7 @@ void gen_request_release(gen_request *r) {
   for (int i = 0; r->choices && i < r->n_choices; i++) {
     free(r->choices[i].text);
     free(r->choices[i].toks);
+    free(r->choices[i].gen_ids);
   }
   free(r->choices);
   pthread_mutex_destroy(&r->mu);
@@ -117,6 +118,7 @@ typedef struct slot {
   jsonmask jm;       /* JSON mode: what has been generated so far */
   jschema_state js;  /* the same with a schema (gen_request.schema) */
   size_t suffix_pos; /* forced suffix tokens emitted */
+  int forced_ended;  /* the last n_gen step wrote no token (a forced output's end) */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
@@ -187,7 +189,21 @@ struct engine {
   anna_spec_window *wins;
   int *win_slot;
   anna_spec_stats spec; /* as of the last step (under mu) */
+  /* engine_embed: jobs queued under mu, run by the engine thread on sequence embed_seq
+   * (-1: embeddings off); embed_cv wakes their callers. */
+  struct embed_job *embed_q;
+  int embed_seq, hidden;
+  pthread_cond_t embed_cv;
 };
+
+typedef struct embed_job {
+  const int32_t *ids;
+  size_t n;
+  float *out;
+  int rc, done;
+  char err[256];
+  struct embed_job *next;
+} embed_job;
 
 static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
   struct timespec ts;
@@ -311,6 +327,20 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
   if (flush) {
     if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
     slot_release(s, 1);
+  }
+  const int n_ids = s->n_gen - s->forced_ended;
+  if (r->keep_ids && n_ids > 0) { /* once per choice, not per token */
+    int32_t *ids = malloc(sizeof *ids * (size_t)n_ids);
+    pthread_mutex_lock(&r->mu);
+    gen_choice *c = &r->choices[s->ci];
+    if (ids && !c->gen_ids) {
+      memcpy(ids, s->toks + s->n_prompt, sizeof *ids * (size_t)n_ids);
+      c->gen_ids = ids;
+      c->n_gen_ids = (size_t)n_ids;
+      ids = NULL;
+    }
+    pthread_mutex_unlock(&r->mu);
+    free(ids);
   }
   choice_finish(r, s->ci, reason, code, msg);
   if (!strcmp(reason, "cancelled"))
@@ -561,6 +591,9 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   }
   const int hit = r->n_media ? -1 : cache_reuse(e, i);
   sc_cached(e, i, s->n_fed);
+  pthread_mutex_lock(&r->mu);
+  r->choices[s->ci].n_cached = (int)s->n_fed;
+  pthread_mutex_unlock(&r->mu);
   s->decoding = 0;
   s->n_gen = 0;
   int room = e->o.n_ctx - (int)s->n_prompt;
@@ -572,6 +605,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   if (r->schema) jsonschema_start(r->schema, &s->js);
   s->suffix_pos = 0;
   spec_history(e, i);
+  s->forced_ended = 0;
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   if (hit >= 0) { /* the whole prompt was cached: its first token comes from the stored logits */
     memcpy(e->row_tmp, e->ex[hit].logits, sizeof(float) * (size_t)e->V);
@@ -736,6 +770,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
         jsonmask_feed(&s->jm, tb, tn);
     }
   }
+  s->forced_ended = forced_end;
   if (!forced_end) {
     s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
     anna_sampler_accept(s->smp, t);
@@ -887,6 +922,69 @@ static int spec_room(engine *e, int i) {
   return k > 0 ? k : 0;
 }
 
+/* One embedding input on the reserved sequence: prompt chunks of n_batch, only the last
+ * token flagged, so only its hidden row is computed past the last layer. */
+static int embed_run(engine *e, embed_job *j) {
+  const int seq = e->embed_seq, B = e->o.n_batch;
+  anna_context_seq_reset(e->ctx, seq);
+  int rc = 0;
+  for (size_t at = 0; at < j->n && !rc; at += (size_t)B) {
+    const int nb = j->n - at < (size_t)B ? (int)(j->n - at) : B;
+    for (int k = 0; k < nb; k++) {
+      e->b_tok[k] = j->ids[at + (size_t)k];
+      e->b_seq[k] = seq;
+      e->b_pos[k] = (int32_t)(at + (size_t)k);
+      e->b_want[k] = at + (size_t)k + 1 == j->n;
+    }
+    const anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
+    rc = anna_context_decode_hidden(e->ctx, &b, j->out, j->err, sizeof j->err);
+  }
+  anna_context_seq_reset(e->ctx, seq);
+  return rc;
+}
+
+static void embed_run_all(engine *e, embed_job *jobs, int stop) {
+  for (embed_job *j = jobs, *next; j; j = next) {
+    next = j->next;
+    const int rc = stop ? anna_err(j->err, sizeof j->err, ANNA_ESTATE, "shutting down") : embed_run(e, j);
+    if (!stop) metrics_add(e->mx, &e->mx->prompt_tokens, (uint64_t)j->n);
+    pthread_mutex_lock(&e->mu);
+    j->rc = rc;
+    j->done = 1;
+    pthread_cond_broadcast(&e->embed_cv);
+    pthread_mutex_unlock(&e->mu);
+  }
+}
+
+int engine_hidden_size(const engine *e) {
+  return e->hidden;
+}
+
+int engine_embed(engine *e, const int32_t *ids, size_t n, float *out, char *err, size_t errlen) {
+  if (e->embed_seq < 0 || e->hidden <= 0)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    e->hidden <= 0 ? "this model gives no hidden states"
+                                   : "embeddings are off: start the server with --embeddings");
+  if (n == 0) return anna_err(err, errlen, ANNA_EINVAL, "the input is empty");
+  if (n > (size_t)e->o.n_ctx)
+    return anna_err(err, errlen, ANNA_EINVAL, "the input has %zu tokens; this server's context (--ctx-size) is %d",
+                    n, e->o.n_ctx);
+  embed_job j = {.ids = ids, .n = n, .out = out};
+  pthread_mutex_lock(&e->mu);
+  if (e->draining || e->stop) {
+    pthread_mutex_unlock(&e->mu);
+    return anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
+  }
+  embed_job **tail = &e->embed_q;
+  while (*tail) tail = &(*tail)->next;
+  *tail = &j;
+  pthread_cond_signal(&e->cv);
+  while (!j.done) pthread_cond_wait(&e->embed_cv, &e->mu);
+  pthread_mutex_unlock(&e->mu);
+  if (j.rc) return anna_err(err, errlen, j.rc, "%s", j.err);
+  return 0;
+}
+
 static void *engine_main(void *arg) {
   engine *e = arg;
   const int S = e->o.n_seq;
@@ -895,7 +993,7 @@ static void *engine_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&e->mu);
     for (;;) {
-      if (e->stop || anna_sched_n_running(e->sc) > 0) break;
+      if (e->stop || anna_sched_n_running(e->sc) > 0 || e->embed_q) break;
       double w = anna_sched_wait_ms(e->sc, engine_now() * 1000.0);
       if (w >= 0) {
         /* An idle engine may wait a little for company, so the first step is shared. */
@@ -915,6 +1013,8 @@ static void *engine_main(void *arg) {
       pthread_cond_wait(&e->cv, &e->mu);
     }
     int stop = e->stop;
+    embed_job *jobs = e->embed_q;
+    e->embed_q = NULL;
     /* Shutdown or a drain that timed out: nothing queued or running survives. */
     if (e->cancel_all || e->stop) anna_sched_cancel_all(e->sc);
     const anna_sched_entry *adm;
@@ -923,6 +1023,7 @@ static void *engine_main(void *arg) {
     /* Counted as running from now on, so a drain never sees the handover as idle. */
     e->running = anna_sched_n_running(e->sc);
     pthread_mutex_unlock(&e->mu);
+    embed_run_all(e, jobs, stop);
 
     int kv_dirty = n_adm > 0;
     for (int k = 0; k < n_adm; k++) {
@@ -1224,6 +1325,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cv, &ca);
   pthread_cond_init(&e->idle_cv, &ca);
+  pthread_cond_init(&e->embed_cv, &ca);
   pthread_condattr_destroy(&ca);
   const int S = e->o.n_seq, B = e->o.n_batch;
   if (e->o.prompt_cache_size < 0 || !e->o.prompt_cache) e->o.prompt_cache_size = 0;
@@ -1231,7 +1333,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
    * often; GDN state snapshots every prompt_cache_block tokens inside a prefill chunk. */
   int blk = e->o.kv_block_len > 0 ? e->o.kv_block_len : 64;
   while (e->o.prompt_cache_block > 0 && blk > 16 && e->o.prompt_cache_block % blk) blk /= 2;
-  anna_context_options co = {.n_seq = S + e->o.prompt_cache_size,
+  e->embed_seq = e->o.embeddings ? S + e->o.prompt_cache_size : -1;
+  e->hidden = anna_model_hidden_size(m);
+  anna_context_options co = {.n_seq = S + e->o.prompt_cache_size + (e->o.embeddings != 0),
                              .kv_block_len = blk,
                              .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
@@ -1384,6 +1488,7 @@ void engine_free(engine *e) {
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   pthread_cond_destroy(&e->idle_cv);
+  pthread_cond_destroy(&e->embed_cv);
   free(e);
 }
 
