@@ -307,8 +307,18 @@ static void identity(const char *dir, const char *tag) {
     }
     snprintf(what, sizeof what, "%s: oracle drafts accepted whole, head fed 5 positions a window", tag);
     ok(what, !rc);
-    /* and the drafter still agrees with plain decoding afterwards: compare with a plain
-     * continuation of the same 30 ids */
+    /* the head built window by window from the verify's hidden states drafts what a head
+     * built by one prefill of the same ids drafts */
+    int32_t da[6], db[6], all[MAXR];
+    int ka = rc ? -1 : anna_mtp_draft(d, 0, ref[g], da, 6, err, sizeof err);
+    memcpy(all, x.ids, sizeof(int32_t) * (size_t)x.n_prompt);
+    memcpy(all + x.n_prompt, ref, sizeof(int32_t) * (size_t)g);
+    anna_context_seq_reset(c, 0);
+    anna_mtp_reset(d, 0);
+    rc = anna_mtp_prefill(d, 0, all, x.n_prompt + g, lg, err, sizeof err);
+    int kb = rc ? -1 : anna_mtp_draft(d, 0, ref[g], db, 6, err, sizeof err);
+    snprintf(what, sizeof what, "%s: drafts after 6 accepted windows == drafts after one prefill", tag);
+    ok(what, ka == 6 && kb == 6 && !memcmp(da, db, sizeof da) && argmax(lg, V) == ref[g]);
   }
   /* calls out of order / bad arguments */
   {
