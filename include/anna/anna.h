@@ -378,6 +378,36 @@ int anna_ngram_draft(const anna_ngram *d, int32_t *out, int k);
 int32_t anna_ngram_len(const anna_ngram *d);
 void anna_ngram_reset(anna_ngram *d);
 
+/* (API 1.4) The MTP drafter: the checkpoint's multi-token-prediction head (Qwen3.5 `mtp.*`), chained k
+ * times from the main model's last final-norm hidden state, its drafts checked by the verify
+ * window. The head keeps its own KV cache (one attention layer; the context's n_seq, n_ctx and
+ * n_batch) holding one entry per position of the main model, built from that position's hidden
+ * state; so a sequence the drafter follows takes its prompt through anna_mtp_prefill and its
+ * windows through anna_mtp_verify (tokens fed with anna_context_decode would leave the head
+ * behind). Greedy windows only, as anna_context_seq_verify. The drafter borrows c (which must
+ * outlive it); everything is allocated at creation. One thread at a time.
+ * anna_model_has_mtp: 1 when the loaded model has a head. anna_mtp_create: ANNA_EUNSUPPORTED
+ * without one, ANNA_EINVAL for k_max outside 1..ANNA_SPEC_MAX_DRAFT or an n_batch < k_max + 1.
+ * Caller frees with anna_mtp_free. */
+typedef struct anna_mtp anna_mtp;
+int anna_model_has_mtp(const anna_model *m);
+int anna_mtp_create(anna_mtp **out, anna_context *c, int k_max, char *err, size_t errlen);
+void anna_mtp_free(anna_mtp *d);
+/* tokens[0, n) as the prompt of seq, which must be empty (ANNA_EINVAL otherwise): the context
+ * runs them (chunks of n_batch) and the head takes every position but the last; the last
+ * token's logits to logits [vocab]. */
+int anna_mtp_prefill(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
+                     size_t errlen);
+/* Drafts min(k, k_max) tokens to follow `last` (the newest token, not yet run by the context)
+ * into draft and returns their number (0 when k <= 0), or a negative ANNA_E*. */
+int anna_mtp_draft(anna_mtp *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen);
+/* anna_context_seq_verify(c, seq, last, draft, k, out, n_out) that also keeps the accepted
+ * positions' hidden states for the head's next draft. */
+int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, int32_t *out, int *n_out,
+                    char *err, size_t errlen);
+/* Forgets seq in the head (the caller resets the context's sequence). */
+void anna_mtp_reset(anna_mtp *d, int seq);
+
 /* ---- Sampler ---------------------------------------------------------------------------
  * Next-token selection from logits, one sampler per sequence. Pipeline (the order llama.cpp
  * and HF agree on): penalties (repetition on every token seen, presence/frequency on counts)
