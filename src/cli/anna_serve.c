@@ -64,6 +64,7 @@ static void usage(FILE *f) {
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
           "  --auth-health            /healthz and /metrics need a key too (default: open)\n"
+          "  --no-webui               no chat page at / (default: served, open without a key)\n"
           "testing hooks:\n"
           "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
           "  --debug-step-delay-ms MS sleep after every engine step (slow generation on tiny models)\n");
@@ -163,6 +164,7 @@ int main(int argc, char **argv) {
       NEEDV();
       o.api_key_file = v;
     } else if (!strcmp(a, "--auth-health")) o.auth_health = 1;
+    else if (!strcmp(a, "--no-webui")) o.no_webui = 1;
     else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) {
       NEEDV();

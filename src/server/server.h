@@ -51,6 +51,7 @@ typedef struct server_options {
   int n_api_keys;
   const char *api_key_file;
   int auth_health;
+  int no_webui; /* --no-webui: no chat page at "/" (webui.h; then "/" is a 404) */
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled
