@@ -188,7 +188,7 @@ function renderMessage(m) {
 // Rebuilds one message's children from its record (also on every streamed chunk).
 function updateMessage(box, m) {
   box.textContent = '';
-  box.appendChild(el('div', 'who', m.role === 'user' ? 'You' : (state.model || 'assistant')));
+  box.appendChild(el('div', 'who', m.role === 'user' ? 'You' : (m.model || 'assistant')));
   const split = m.role === 'assistant' ? splitThink(m.content) : { reasoning: '', content: m.content || '' };
   const reasoning = (m.reasoning || '') + split.reasoning;
   if (reasoning.trim()) {
@@ -360,7 +360,7 @@ async function send(text) {
   if (!text.trim() && !images.length) return;
   conv.messages.push({ role: 'user', content: text, images });
   if (conv.title === 'New chat') conv.title = (text.trim() || 'Image').slice(0, 48);
-  const m = { role: 'assistant', content: '', reasoning: '', tool_calls: [] };
+  const m = { role: 'assistant', model: state.model, content: '', reasoning: '', tool_calls: [] };
   const body = { messages: apiMessages(conv), stream: true, stream_options: { include_usage: true } };
   if (state.model) body.model = state.model;
   conv.messages.push(m);
