@@ -335,9 +335,9 @@ function apiMessages(conv) {
       if (m.error && !m.content) continue;
       out.push({ role: 'assistant', content: splitThink(m.content).content });
     } else if (m.images && m.images.length) {
-      const parts = [];
+      // Images before the question, as vision chat templates and their examples order them.
+      const parts = m.images.map((u) => ({ type: 'image_url', image_url: { url: u } }));
       if (m.content) parts.push({ type: 'text', text: m.content });
-      for (const u of m.images) parts.push({ type: 'image_url', image_url: { url: u } });
       out.push({ role: 'user', content: parts });
     } else {
       out.push({ role: 'user', content: m.content });

@@ -24,7 +24,7 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import start_server
+from conftest import FIXTURES, ROOT, start_server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -43,7 +43,7 @@ def _need_browser():
 @pytest.fixture(scope="module")
 def web(fixture_model):
     s = start_server(fixture_model, "--parallel", "2", "--ctx-size", "512", "--max-completion-tokens", "40",
-                     "--debug-step-delay-ms", "40", "--temperature", "1", "--seed", "7")
+                     "--debug-step-delay-ms", "40", "--temperature", "1", "--seed", "7", "--debug-hooks")
     yield s
     s.stop()
 
@@ -255,3 +255,140 @@ def test_api_key_field(fixture_model, browser):
         d.execute_script("localStorage.clear()")
     finally:
         s.stop()
+
+
+FORCED = ('<think>\nThe user wants the weather.\n</think>\n\nChecking **now**. <tool_call>\n'
+          '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "weather of a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+
+
+def force_output(d, text, tools=None):
+    """The page sends what a user types; the test adds the server's debug hook (a forced model
+    output, --debug-hooks) and tools to each chat request by wrapping the page's fetch."""
+    d.execute_script("""
+      const force = arguments[0], tools = arguments[1], f = window.fetch;
+      window.fetch = (u, o) => {
+        if (String(u).includes('chat/completions')) {
+          const b = JSON.parse(o.body);
+          b.anna_debug_output = force;
+          if (tools) b.tools = tools;
+          o = Object.assign({}, o, {body: JSON.stringify(b)});
+        }
+        return f(u, o);
+      };""", text, tools)
+
+
+@pytest.mark.parametrize("fmt", ["none", "deepseek"])
+def test_reasoning_folded_and_tool_calls_shown(fixture_model, browser, fmt):
+    # none: <think> arrives in the content and the page folds it; deepseek: reasoning_content deltas.
+    s = start_server(fixture_model, "--parallel", "1", "--ctx-size", "512", "--max-completion-tokens", "100",
+                     "--debug-hooks", "--reasoning-format", fmt)
+    try:
+        d = browser
+        d.get(s.url + "/")
+        d.execute_script("localStorage.clear()")
+        d.refresh()
+        wait(d, lambda: d.find_element(By.ID, "model-name").text == "qwen3", 10)
+        force_output(d, FORCED, TOOLS)
+        d.find_element(By.ID, "input").send_keys("Weather in Paris?")
+        d.find_element(By.ID, "send").click()
+        wait(d, lambda: d.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant .tool-call"), 20, "tool call")
+        wait(d, lambda: idle(d), 20)
+        a = d.find_element(By.CSS_SELECTOR, "#messages .msg.assistant")
+        det = a.find_element(By.CSS_SELECTOR, "details.reasoning")
+        assert det.get_attribute("open") is None, "reasoning starts folded"
+        body = a.find_element(By.CLASS_NAME, "reasoning-text")
+        assert not body.is_displayed()
+        assert body.get_attribute("textContent") == "The user wants the weather."
+        det.find_element(By.TAG_NAME, "summary").click()
+        assert body.is_displayed() and body.text == "The user wants the weather."
+        content = a.find_element(By.CLASS_NAME, "content")
+        assert "The user wants" not in content.get_attribute("textContent")
+        assert "<think>" not in a.get_attribute("textContent")
+        if fmt == "deepseek":
+            # The server parsed the call: content and call arrive apart.
+            assert content.text == "Checking now."
+            assert content.find_element(By.TAG_NAME, "strong").text == "now"
+            tc = a.find_element(By.CSS_SELECTOR, "details.tool-call")
+            assert tc.find_element(By.TAG_NAME, "summary").text == "Tool call: get_weather"
+            tc.find_element(By.TAG_NAME, "summary").click()
+            assert '"city": "Paris"' in tc.find_element(By.TAG_NAME, "code").text
+    finally:
+        s.stop()
+
+
+def png_file(path):
+    import struct
+    import zlib
+
+    def chunk(t, b):
+        return struct.pack(">I", len(b)) + t + b + struct.pack(">I", zlib.crc32(t + b) & 0xffffffff)
+    w, h = 4, 4
+    raw = b"".join(b"\x00" + b"\xff\x00\x00" * w for _ in range(h))
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+                     chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return str(path)
+
+
+def attach(d, path):
+    f = d.find_element(By.ID, "file")
+    d.execute_script("arguments[0].hidden = false", f)
+    f.send_keys(path)
+    d.execute_script("arguments[0].hidden = true", f)
+    wait(d, lambda: d.find_elements(By.CSS_SELECTOR, "#previews img"), 10, "preview")
+
+
+def test_image_refused_by_text_model(web, browser, tmp_path):
+    d = browser
+    d.get(web.url + "/")
+    d.find_element(By.ID, "new-chat").click()
+    attach(d, png_file(tmp_path / "red.png"))
+    d.find_element(By.ID, "input").send_keys("What colour?")
+    d.find_element(By.ID, "send").click()
+    wait(d, lambda: d.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant .msg-error"), 20, "the 400 shown")
+    err = d.find_element(By.CSS_SELECTOR, "#messages .msg.assistant .msg-error").text
+    assert err.startswith("HTTP 400") and "does not accept images" in err, err
+    assert not d.find_element(By.ID, "attach").is_displayed(), "attach hidden once the server said no"
+    src = d.find_element(By.CSS_SELECTOR, "#messages .msg.user img").get_attribute("src")
+    assert src.startswith("data:image/png;base64,")
+    items = d.find_elements(By.CSS_SELECTOR, "#conv-list li")
+    items[0].find_element(By.CLASS_NAME, "conv-delete").click()
+
+
+def test_image_reaches_a_vision_model(browser):
+    """The qwen3_5 vision e2e fixture (tests/server/test_vision.py): the page's image part gets
+    the greedy reply transformers gave for the same image and question."""
+    e2e = os.path.join(ROOT, "tests", "fixtures", "qwen3_5_vision", "e2e")
+    import json
+    import tempfile
+    case = {c["name"]: c for c in json.load(open(os.path.join(e2e, "expected.json")))["cases"]}["one_image"]
+    (text,) = [p["text"] for p in case["messages"][0]["content"] if p["type"] == "text"]
+    with tempfile.TemporaryDirectory() as td:
+        for f in ("config.json", "chat_template.jinja", "preprocessor_config.json"):
+            os.symlink(os.path.join(e2e, f), os.path.join(td, f))
+        for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+            os.symlink(os.path.join(FIXTURES, "qwen3_5", f), os.path.join(td, f))
+        s = start_server(td, "--parallel", "1", "--ctx-size", "512", "--temperature", "0",
+                         "--max-completion-tokens", str(len(case["greedy_ids"])))
+        try:
+            d = browser
+            d.get(s.url + "/")
+            d.execute_script("localStorage.clear()")
+            d.refresh()
+            wait(d, lambda: d.find_element(By.ID, "model-name").text not in ("…", ""), 10)
+            attach(d, os.path.join(e2e, case["images"][0]))
+            d.find_element(By.ID, "input").send_keys(text)
+            d.find_element(By.ID, "send").click()
+            wait(d, lambda: not idle(d), 10)
+            wait(d, lambda: idle(d), 60)
+            a = d.find_element(By.CSS_SELECTOR, "#messages .msg.assistant")
+            assert not a.find_elements(By.CLASS_NAME, "msg-error"), a.text
+            got = a.find_element(By.CLASS_NAME, "content").get_attribute("textContent")
+            assert got == case["greedy_text"].strip(), (got, case["greedy_text"])
+            d.refresh()
+            wait(d, lambda: d.find_elements(By.CSS_SELECTOR, "#messages .msg.user img"), 10, "image kept")
+            d.execute_script("localStorage.clear()")
+        finally:
+            s.stop()
