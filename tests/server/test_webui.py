@@ -127,6 +127,7 @@ def test_no_webui_is_404(fixture_model):
 
 def test_chat_streams_and_survives_reload(web, browser):
     d = browser
+    d.get_log("browser")  # drop what came before
     d.get(web.url + "/")
     wait(d, lambda: d.find_element(By.ID, "model-name").text == "qwen3", msg="model name from /v1/models")
     assert d.find_elements(By.CSS_SELECTOR, "#conv-list li") == []
@@ -172,6 +173,10 @@ def test_chat_streams_and_survives_reload(web, browser):
         "return performance.getEntriesByType('resource').map(e => new URL(e.name).origin)"
         ".concat([location.origin])")
     assert set(origins) == {web.url}, origins
+    # No console error: a CSP violation, a failed load (a favicon 404 included) or a script error
+    # would show here.
+    severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+    assert not severe, severe
 
 
 def test_new_switch_delete_and_escaping(web, browser):
