@@ -42,7 +42,8 @@ int webui_route(struct MHD_Connection *c, const char *method, const char *url, c
   if (!a) return 0;
   int get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
   const char *inm = get ? MHD_lookup_connection_value(c, MHD_HEADER_KIND, "If-None-Match") : NULL;
-  int fresh = inm && strstr(inm, a->etag) != NULL;
+  /* A list of tags or "*" (RFC 9110 13.1.2); ours contain no comma, so a substring match is exact. */
+  int fresh = inm && (strstr(inm, a->etag) != NULL || !strcmp(inm, "*"));
   *status = !get ? 405 : fresh ? 304 : 200;
   /* The assets are static and outlive the daemon: MHD sends them without a copy. */
   struct MHD_Response *resp =
