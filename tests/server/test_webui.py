@@ -106,6 +106,8 @@ def test_headers_and_assets(web):
     # Revalidation: the same ETag gets a 304 with no body.
     st3, h3, b3 = raw_get(web.url, "/", {"If-None-Match": h["etag"]})
     assert st3 == 304 and b3 == b"" and h3["etag"] == h["etag"]
+    assert raw_get(web.url, "/", {"If-None-Match": "*"})[0] == 304
+    assert raw_get(web.url, "/", {"If-None-Match": '"0123"'})[0] == 200
     st4, _, b4 = raw_get(web.url, "/", method="HEAD")
     assert st4 == 200 and b4 == b""
     st5, h5, _ = raw_get(web.url, "/", method="POST")
@@ -180,6 +182,7 @@ def test_chat_streams_and_survives_reload(web, browser):
 
 
 def test_new_switch_delete_and_escaping(web, browser):
+    # Runs after test_chat_streams_and_survives_reload (file order): its conversation is the first.
     d = browser
     d.get(web.url + "/")
     wait(d, lambda: d.find_elements(By.CSS_SELECTOR, "#conv-list li"), 10)
