@@ -27,6 +27,10 @@ function loadState() {
     state.convs = [];
     showError('stored conversations could not be read and were ignored: ' + e.message);
   }
+  // A reply still marked in flight was cut by a reload or a closed tab: say so.
+  for (const c of state.convs)
+    for (const m of c.messages)
+      if (m && m.role === 'assistant' && !m.finish_reason && !m.error && !m.stopped) m.stopped = true;
   const cur = localStorage.getItem(KEYS.current);
   state.current = state.convs.some((c) => c.id === cur) ? cur : (state.convs[0] ? state.convs[0].id : null);
 }
@@ -250,7 +254,12 @@ function switchConv(id) {
 function deleteConv(id) {
   if (state.abort && id === state.current) return;
   state.convs = state.convs.filter((c) => c.id !== id);
-  if (state.current === id) state.current = state.convs[0] ? state.convs[0].id : null;
+  saveState();
+  if (state.current !== id) {
+    renderConvList(); // the messages shown (maybe streaming) stay as they are
+    return;
+  }
+  state.current = state.convs[0] ? state.convs[0].id : null;
   saveState();
   renderAll();
 }
@@ -349,7 +358,6 @@ function apiMessages(conv) {
 function setBusy(busy) {
   $('send').hidden = busy;
   $('stop').hidden = !busy;
-  $('input').disabled = false;
 }
 
 async function send(text) {
@@ -376,6 +384,7 @@ async function send(text) {
   const t0 = performance.now();
   let tFirst = 0;
   let frame = 0;
+  let tSaved = t0;
   const redraw = () => {
     frame = 0;
     updateMessage(box, m);
@@ -412,6 +421,10 @@ async function send(text) {
       }
       if (!tFirst && (m.content || m.reasoning)) tFirst = performance.now();
       if (!frame) frame = requestAnimationFrame(redraw);
+      if (performance.now() - tSaved > 1000) { // a reload mid-reply keeps what came
+        tSaved = performance.now();
+        saveState();
+      }
     }
     if (m.usage && tFirst && m.usage.completion_tokens > 1) {
       const s = (performance.now() - tFirst) / 1000;

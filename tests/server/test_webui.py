@@ -235,6 +235,18 @@ def test_stop_cancels_on_the_server(fixture_model, browser):
         assert d.find_element(By.ID, "status").text == "stopped"
         assert "(stopped)" in d.find_element(By.CSS_SELECTOR, "#messages .msg.assistant").text
         assert "client gone" in s.log() or '"client_gone":true' in s.log()
+        # A reload mid-reply: the page had saved what came so far, shows it as cut, and the
+        # server cancels this generation too.
+        d.find_element(By.ID, "input").send_keys("Count again.")
+        d.find_element(By.ID, "send").click()
+        wait(d, lambda: len(assistant_texts(d)) == 2 and len(assistant_texts(d)[1]) > 20, 20)
+        time.sleep(1.5)
+        d.refresh()
+        wait(d, lambda: len(assistant_texts(d)) == 2, 10)
+        cut = d.find_elements(By.CSS_SELECTOR, "#messages .msg.assistant")[1]
+        assert cut.find_element(By.CLASS_NAME, "content").text.strip(), "partial reply saved"
+        assert "(stopped)" in cut.text
+        s.wait_idle(timeout=5)
     finally:
         s.stop()
 
