@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 3
+#define ANNA_API_VERSION_MINOR 4
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -107,6 +107,8 @@ int anna_quantize_model(const char *model_dir, const char *type, const char *out
                         size_t path_len, int *built, char *err, size_t errlen);
 int anna_model_vocab(const anna_model *m);
 int anna_model_n_layers(const anna_model *m);
+/* Width of the final hidden state (anna_context_decode_hidden rows); 0 for kinds without one. */
+int anna_model_hidden_size(const anna_model *m);
 /* Static description, e.g. "qwen3_5: 8 layers, hidden 128, vocab 1000". Borrowed. */
 const char *anna_model_describe(const anna_model *m);
 /* The folder or file it was loaded from. Borrowed. */
@@ -176,6 +178,14 @@ typedef struct anna_batch {
  * the flagged tokens, in batch order, to out[n_flagged * vocab] (caller-owned). On error
  * the sequences touched by the batch are in an unspecified state: reset them. */
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
+
+/* As anna_context_decode, but out[r * H + j] (H = anna_model_hidden_size) receives the final
+ * hidden state of flagged row r (in batch order): the output of the last layer after the
+ * final norm, the row the lm_head would read (HF's last_hidden_state). The lm_head is not
+ * run and no logits are kept (anna_context_logits_row: ANNA_ERANGE afterwards). For pooled
+ * embeddings (e.g. Qwen3-Embedding's last-token pooling) flag the last token of each input.
+ * ANNA_EUNSUPPORTED for kinds without hidden states. Same backends as anna_context_decode. */
+int anna_context_decode_hidden(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
 
 /* As anna_context_decode, but instead of the logits of each flagged token (in batch order,
  * row r) it returns that row's k best candidates, computed where the logits are (on a GPU

@@ -36,7 +36,7 @@ enum model_io {
   MODEL_IO_EMBEDDINGS, /* float rows entering a decoder in place of token embeddings (next issues)
                         */
   MODEL_IO_LOGITS,     /* vocab logits of flagged rows, or their top-k candidates (model_topk) */
-  MODEL_IO_HIDDEN,     /* final hidden states of flagged rows (next issues) */
+  MODEL_IO_HIDDEN,     /* final hidden states (after the final norm) of flagged rows (text decoder) */
   MODEL_IO_PIXELS,     /* image pixels, normalized float planes (vision encoder; next issues) */
   MODEL_IO_AUDIO,      /* audio features / samples (audio encoder; next issues) */
   MODEL_IO_CODES,      /* codec codes per frame and codebook (codec decoder; next issues) */
@@ -68,6 +68,7 @@ typedef struct model_desc {
   int vocab;        /* rows of MODEL_IO_LOGITS outputs (0: the kind produces none) */
   int n_embd;       /* width of MODEL_IO_EMBEDDINGS output rows (0: the kind produces none) */
   int n_layers;
+  int hidden; /* width of MODEL_IO_HIDDEN output rows (0: the kind produces none) */
   int sample_rate;       /* MODEL_IO_PCM kinds: output rate in Hz (0: no PCM) */
   int samples_per_frame; /* MODEL_IO_PCM kinds: samples per input frame */
 } model_desc;
@@ -129,13 +130,14 @@ typedef struct model_input {
 
 /* One run's outputs (caller-owned memory). */
 typedef struct model_output {
-  int io;                 /* MODEL_IO_LOGITS or MODEL_IO_EMBEDDINGS */
+  int io;                 /* MODEL_IO_LOGITS, MODEL_IO_HIDDEN or MODEL_IO_EMBEDDINGS */
   float *logits;          /* MODEL_IO_LOGITS: [n_flagged * vocab], unused when topk is set */
   const model_topk *topk; /* MODEL_IO_LOGITS: candidates instead of rows (NULL: rows) */
   float *embd;            /* MODEL_IO_EMBEDDINGS: [rows, model_desc.n_embd] */
   int64_t embd_rows;      /* MODEL_IO_EMBEDDINGS: rows embd holds; the kind says how many it wrote */
   int64_t *embd_written;  /* MODEL_IO_EMBEDDINGS: receives the rows written (may be NULL) */
   float *pcm;             /* MODEL_IO_PCM: [n_frames * model_desc.samples_per_frame] */
+  float *hidden;          /* MODEL_IO_HIDDEN: [n_flagged * model_desc.hidden] */
 } model_output;
 
 /* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix

@@ -32,7 +32,8 @@ static void td_free(void *impl) {
 
 static void td_describe(const void *impl, model_desc *out) {
   const text_model *m = impl;
-  *out = (model_desc){.text = m->describe, .vocab = m->cfg.vocab, .n_layers = m->cfg.n_layers};
+  *out = (model_desc){.text = m->describe, .vocab = m->cfg.vocab, .n_layers = m->cfg.n_layers,
+                     .hidden = (int)m->cfg.hidden};
 }
 
 static void td_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) {
@@ -60,13 +61,18 @@ static void td_state_free(void *state) {
 
 static int td_run(const void *impl, void *state, ops_backend *be, const model_input *in,
                   const model_output *out, char *err, size_t errlen) {
-  if (in->io != MODEL_IO_TOKENS || out->io != MODEL_IO_LOGITS)
+  if (in->io != MODEL_IO_TOKENS || (out->io != MODEL_IO_LOGITS && out->io != MODEL_IO_HIDDEN))
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                    "the text decoder maps tokens to logits, not %s to %s", model_io_name(in->io),
-                    model_io_name(out->io));
+                    "the text decoder maps tokens to logits or hidden states, not %s to %s",
+                    model_io_name(in->io), model_io_name(out->io));
   /* embedding rows and 3-axis positions (multimodal Qwen3.5) ride along with the tokens */
   const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd, NULL};
   const fwd_mm *mmp = in->n_embd || in->rope_pos ? &mm : NULL;
+  if (out->io == MODEL_IO_HIDDEN) { /* the final-norm rows; the forward stops before lm_head */
+    fwd_mm hm = mm;
+    hm.hidden = out->hidden;
+    return forward_batch_mm(impl, be, state, in->batch, &hm, NULL, NULL, err, errlen);
+  }
   if (out->topk) {
     const model_topk *t = out->topk;
     const fwd_topk tk = {t->k, t->temp, t->idx, t->val, t->stats};
@@ -149,7 +155,7 @@ static const model_seq_ops td_seq = {
 const model_kind text_decoder_kind = {
     .name = "text_decoder",
     .inputs = MODEL_IO_BIT(MODEL_IO_TOKENS) | MODEL_IO_BIT(MODEL_IO_EMBEDDINGS),
-    .outputs = MODEL_IO_BIT(MODEL_IO_LOGITS),
+    .outputs = MODEL_IO_BIT(MODEL_IO_LOGITS) | MODEL_IO_BIT(MODEL_IO_HIDDEN),
     .probe = td_probe,
     .load = td_load,
     .free = td_free,

@@ -105,6 +105,10 @@ int anna_model_vocab(const anna_model *m) {
   return m->desc.vocab;
 }
 
+int anna_model_hidden_size(const anna_model *m) {
+  return m->desc.hidden;
+}
+
 int anna_model_n_layers(const anna_model *m) {
   return m->desc.n_layers;
 }
@@ -295,7 +299,7 @@ void anna_context_free(anna_context *c) {
 }
 
 static int context_run_any(anna_context *c, const anna_batch *b, const model_input *mm, float *out,
-                           const model_topk *tk, char *err, size_t errlen) {
+                           const model_topk *tk, float *hidden, char *err, size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
   const model_kind *k = c->m->kind;
   model_input in = {.io = MODEL_IO_TOKENS, .batch = b};
@@ -308,7 +312,8 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
     int rc = ctx_vision_rope(c->vis, b, &in.rope_pos, err, errlen);
     if (rc) return rc;
   }
-  const model_output mo = {.io = MODEL_IO_LOGITS, .logits = out, .topk = tk};
+  const model_output mo = {.io = hidden ? MODEL_IO_HIDDEN : MODEL_IO_LOGITS, .logits = out, .topk = tk,
+                           .hidden = hidden};
   ops_backend *d = c->dev;
   if (d->step_begin) {
     d->step_begin(d, b->n);
@@ -323,12 +328,12 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
 
 static int context_run(anna_context *c, const anna_batch *b, float *out, const model_topk *tk, char *err,
                        size_t errlen) {
-  return context_run_any(c, b, NULL, out, tk, err, errlen);
+  return context_run_any(c, b, NULL, out, tk, NULL, err, errlen);
 }
 
 int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,
                    size_t errlen) {
-  return context_run_any(c, b, mm, out, NULL, err, errlen);
+  return context_run_any(c, b, mm, out, NULL, NULL, err, errlen);
 }
 
 ctx_vision *context_vision(anna_context *c) {
@@ -345,6 +350,13 @@ const anna_model *context_model(const anna_context *c) {
 
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
   return context_run(c, b, out, NULL, err, errlen);
+}
+
+int anna_context_decode_hidden(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
+  if (!out) return anna_err(err, errlen, ANNA_EINVAL, "decode_hidden: NULL output");
+  if (!(c->m->kind->outputs & MODEL_IO_BIT(MODEL_IO_HIDDEN)) || c->m->desc.hidden <= 0)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "a %s model gives no hidden states", c->m->kind->name);
+  return context_run_any(c, b, NULL, NULL, NULL, out, err, errlen);
 }
 
 int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float temp, int32_t *idx, float *val,
