@@ -72,6 +72,7 @@ static void usage(FILE *f) {
           "                           (default 1024; least recently used evicted; 0 = none kept)\n"
           "  --embeddings             serve /v1/embeddings (last-token pooled, normalized hidden states;\n"
           "                           reserves one more KV sequence)\n"
+          "  --no-webui               no chat page at / (default: served, open without a key)\n"
           "testing hooks:\n"
           "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
           "  --debug-step-delay-ms MS sleep after every engine step (slow generation on tiny models)\n");
@@ -184,6 +185,7 @@ int main(int argc, char **argv) {
       o.api_key_file = v;
     } else if (!strcmp(a, "--auth-health")) o.auth_health = 1;
     else if (!strcmp(a, "--embeddings")) o.eng.embeddings = 1;
+    else if (!strcmp(a, "--no-webui")) o.no_webui = 1;
     else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) {
       NEEDV();

@@ -13,6 +13,7 @@
 #include "imgfetch.h"
 #include "speech_api.h"
 #include "tokapi.h"
+#include "webui.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -660,6 +661,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     known = !strcmp(method, methods[i]);
   if (!known || (url[0] != '/' && strcmp(url, "*")))
     return send_fail(cn, 400, NULL, "bad_request", "not an HTTP request line this server understands");
+  /* The chat page (webui.h) holds no secret: served without a key; its API calls carry one. */
+  enum MHD_Result wr;
+  if (!srv->o->no_webui && !srv->speech && webui_route(c, method, url, cn->rid, &wr, &cn->status)) return wr;
   /* With API keys every route needs one, unknown routes included (a 404 would tell a
    * stranger which routes exist); health and metrics stay open for probes unless
    * --auth-health. */
