@@ -1,12 +1,40 @@
 /* expert_store.c: the expert residency policy (expert_store.h). */
 #include "cache/expert_store.h"
 
-#include "base/error.h"
+#include "anna/anna.h" /* ANNA_E* codes */
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* The message convention of base/error.h, written out here: the CUDA backend's library
+ * compiles this file and links nothing from anna's objects (backends/cuda/CMakeLists.txt). */
+static int es_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int es_err(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+/* "prefix: " before the message already in err. */
+static int es_prefix(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int es_prefix(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (!err || !errlen) return code;
+  char old[512], pre[256];
+  snprintf(old, sizeof old, "%s", err);
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(pre, sizeof pre, fmt, ap);
+  va_end(ap);
+  snprintf(err, errlen, "%s: %s", pre, old);
+  return code;
+}
 
 struct expert_store {
   expert_store_params p;
@@ -67,7 +95,7 @@ static int size_device(expert_store *st, char *err, size_t errlen) {
   int64_t room = -1;
   if (p->device_budget > 0) {
     if (p->device_budget < need)
-      return anna_err(err, errlen, ANNA_EINVAL,
+      return es_err(err, errlen, ANNA_EINVAL,
                       "gpu memory limit of %lld bytes is below the %lld bytes needed: dense weights, KV cache and "
                       "scratch %lld + %d expert staging slots x %lld",
                       (long long)p->device_budget, (long long)need, (long long)p->dense_bytes, st->S,
@@ -78,7 +106,7 @@ static int size_device(expert_store *st, char *err, size_t errlen) {
   if (p->slots_per_layer > 0) {
     c = p->slots_per_layer < st->E ? p->slots_per_layer : st->E;
     if (room >= 0 && c * per_slot_row > room)
-      return anna_err(err, errlen, ANNA_EINVAL,
+      return es_err(err, errlen, ANNA_EINVAL,
                       "%lld cached experts per layer need %lld bytes of device memory (%lld with the dense weights "
                       "and staging); the gpu memory limit is %lld bytes",
                       (long long)c, (long long)(c * per_slot_row), (long long)(c * per_slot_row + need),
@@ -89,7 +117,7 @@ static int size_device(expert_store *st, char *err, size_t errlen) {
     c = b / per_slot_row;
   } else {
     if (room < 0)
-      return anna_err(err, errlen, ANNA_EINVAL, "expert cache 'auto' needs a gpu memory limit (or a free-memory query)");
+      return es_err(err, errlen, ANNA_EINVAL, "expert cache 'auto' needs a gpu memory limit (or a free-memory query)");
     c = room / per_slot_row;
   }
   if (c > st->E) c = st->E;
@@ -112,7 +140,7 @@ static int build_mirror(expert_store *st, char *err, size_t errlen) {
   if (per_chunk < 1) per_chunk = 1;
   const int64_t max_chunks = (want + per_chunk - 1) / per_chunk;
   st->chunks = (void **)calloc((size_t)max_chunks, sizeof *st->chunks);
-  if (!st->chunks) return anna_err(err, errlen, ANNA_ENOMEM, "expert store: out of memory");
+  if (!st->chunks) return es_err(err, errlen, ANNA_ENOMEM, "expert store: out of memory");
   unsigned char *cur = NULL;
   int64_t left = 0, done = 0;
   for (int pass = 0; pass < 2 && done < want; pass++)
@@ -128,7 +156,7 @@ static int build_mirror(expert_store *st, char *err, size_t errlen) {
           left = n;
         }
         int rc = p->read(p->read_user, l, e, cur, (size_t)st->eb, err, errlen);
-        if (rc) return anna_err_prefix(err, errlen, rc, "expert store: mirroring layer %d expert %d", l, e);
+        if (rc) return es_prefix(err, errlen, rc, "expert store: mirroring layer %d expert %d", l, e);
         st->mirror[(int64_t)l * st->E + e] = cur;
         cur += st->eb;
         left--;
@@ -142,14 +170,14 @@ int expert_store_open(expert_store **out, const expert_store_params *p, char *er
   *out = NULL;
   if (!p || p->n_layers < 1 || p->n_experts < 1 || p->expert_bytes <= 0 || p->staging_slots < 1 ||
       p->dense_bytes < 0 || p->swap_every < 0 || !(p->decay >= 0.0f && p->decay <= 1.0f) || !p->read)
-    return anna_err(err, errlen, ANNA_EINVAL,
+    return es_err(err, errlen, ANNA_EINVAL,
                     "expert store: bad parameters (layers, experts, expert bytes and staging slots must be >= 1, "
                     "dense bytes and swap interval >= 0, decay in [0, 1], a read callback)");
   if ((int64_t)p->n_layers * p->n_experts > INT32_MAX / 2)
-    return anna_err(err, errlen, ANNA_EINVAL, "expert store: %d layers x %d experts is too many", p->n_layers,
+    return es_err(err, errlen, ANNA_EINVAL, "expert store: %d layers x %d experts is too many", p->n_layers,
                     p->n_experts);
   expert_store *st = (expert_store *)calloc(1, sizeof *st);
-  if (!st) return anna_err(err, errlen, ANNA_ENOMEM, "expert store: out of memory");
+  if (!st) return es_err(err, errlen, ANNA_ENOMEM, "expert store: out of memory");
   st->p = *p;
   if (!st->p.host_alloc || !st->p.host_free) {
     st->p.host_alloc = default_alloc;
@@ -167,7 +195,7 @@ int expert_store_open(expert_store **out, const expert_store_params *p, char *er
   }
   if ((int64_t)st->C * st->L + st->S > INT32_MAX / 2) {
     expert_store_free(st);
-    return anna_err(err, errlen, ANNA_EINVAL, "expert store: too many slots");
+    return es_err(err, errlen, ANNA_EINVAL, "expert store: too many slots");
   }
   st->n_slots = st->C * st->L + st->S;
   const size_t LE = (size_t)st->L * st->E;
@@ -187,7 +215,7 @@ int expert_store_open(expert_store **out, const expert_store_params *p, char *er
   if (!st->table || !st->slot_layer || !st->slot_expert || !st->pin || !st->layer_pins || !st->layer_npin ||
       !st->count || !st->seen || !st->order || !st->order_tmp || !st->top || !st->victims || !st->mirror) {
     expert_store_free(st);
-    return anna_err(err, errlen, ANNA_ENOMEM, "expert store: out of memory");
+    return es_err(err, errlen, ANNA_ENOMEM, "expert store: out of memory");
   }
   for (size_t i = 0; i < LE; i++) st->table[i] = -1;
   for (int s = 0; s < st->n_slots; s++) st->slot_layer[s] = st->slot_expert[s] = -1;
@@ -235,12 +263,12 @@ int expert_store_route(expert_store *st, int layer, const int32_t *ids, int n_id
                        int *n_places, char *err, size_t errlen) {
   *n_places = 0;
   if (layer < 0 || layer >= st->L)
-    return anna_err(err, errlen, ANNA_ERANGE, "expert store: layer %d outside [0, %d)", layer, st->L);
+    return es_err(err, errlen, ANNA_ERANGE, "expert store: layer %d outside [0, %d)", layer, st->L);
   if (st->layer_npin[layer] >= 0)
-    return anna_err(err, errlen, ANNA_ESTATE, "expert store: layer %d routed again before its release", layer);
+    return es_err(err, errlen, ANNA_ESTATE, "expert store: layer %d routed again before its release", layer);
   for (int i = 0; i < n_ids; i++)
     if (ids[i] < -1 || ids[i] >= st->E)
-      return anna_err(err, errlen, ANNA_ERANGE, "expert store: expert id %d outside [0, %d) in layer %d", ids[i],
+      return es_err(err, errlen, ANNA_ERANGE, "expert store: expert id %d outside [0, %d) in layer %d", ids[i],
                       st->E, layer);
   /* distinct experts and their misses, before changing anything */
   int n = 0, misses = 0;
@@ -255,7 +283,7 @@ int expert_store_route(expert_store *st, int layer, const int32_t *ids, int n_id
   for (int s = st->C * st->L; s < st->n_slots; s++) free_staging += st->pin[s] == 0;
   for (int j = 0; j < n; j++) st->seen[places[j].expert] = 0;
   if (misses > free_staging)
-    return anna_err(err, errlen, ANNA_ESTATE,
+    return es_err(err, errlen, ANNA_ESTATE,
                     "expert store: layer %d routes %d experts outside the cache but %d of %d staging slots are free",
                     layer, misses, free_staging, st->S);
   int32_t *pins = st->layer_pins + (int64_t)layer * (st->C + st->S);
@@ -364,7 +392,7 @@ const void *expert_store_host_ptr(const expert_store *st, int layer, int expert)
 
 int expert_store_fetch(expert_store *st, int layer, int expert, void *dst, char *err, size_t errlen) {
   if (layer < 0 || layer >= st->L || expert < 0 || expert >= st->E)
-    return anna_err(err, errlen, ANNA_ERANGE, "expert store: no expert %d in layer %d", expert, layer);
+    return es_err(err, errlen, ANNA_ERANGE, "expert store: no expert %d in layer %d", expert, layer);
   const unsigned char *m = st->mirror[(int64_t)layer * st->E + expert];
   if (m) {
     memcpy(dst, m, (size_t)st->eb);
@@ -372,7 +400,7 @@ int expert_store_fetch(expert_store *st, int layer, int expert, void *dst, char 
     return 0;
   }
   int rc = st->p.read(st->p.read_user, layer, expert, dst, (size_t)st->eb, err, errlen);
-  if (rc) return anna_err_prefix(err, errlen, rc, "expert store: reading layer %d expert %d", layer, expert);
+  if (rc) return es_prefix(err, errlen, rc, "expert store: reading layer %d expert %d", layer, expert);
   st->st.bytes_from_disk += st->eb;
   return 0;
 }
@@ -390,23 +418,23 @@ int expert_store_check(const expert_store *st, char *err, size_t errlen) {
   for (int64_t i = 0; i < LE; i++) {
     const int s = st->table[i], l = (int)(i / st->E), e = (int)(i % st->E);
     if (s < -1 || s >= st->C * st->L)
-      return anna_err(err, errlen, ANNA_ESTATE, "expert store: layer %d expert %d in slot %d, not a cache slot", l, e,
+      return es_err(err, errlen, ANNA_ESTATE, "expert store: layer %d expert %d in slot %d, not a cache slot", l, e,
                       s);
     if (s >= 0 && (st->slot_layer[s] != l || st->slot_expert[s] != e))
-      return anna_err(err, errlen, ANNA_ESTATE, "expert store: table puts layer %d expert %d in slot %d, which holds %d/%d",
+      return es_err(err, errlen, ANNA_ESTATE, "expert store: table puts layer %d expert %d in slot %d, which holds %d/%d",
                       l, e, s, st->slot_layer[s], st->slot_expert[s]);
   }
   for (int s = 0; s < st->C * st->L; s++) {
     const int l = st->slot_layer[s], e = st->slot_expert[s];
     if (l < 0 && e < 0) continue;
     if (l != s / st->C)
-      return anna_err(err, errlen, ANNA_ESTATE, "expert store: cache slot %d of layer %d holds layer %d", s, s / st->C, l);
+      return es_err(err, errlen, ANNA_ESTATE, "expert store: cache slot %d of layer %d holds layer %d", s, s / st->C, l);
     if (e < 0 || e >= st->E || st->table[(int64_t)l * st->E + e] != s)
-      return anna_err(err, errlen, ANNA_ESTATE, "expert store: cache slot %d holds expert %d the table does not place there",
+      return es_err(err, errlen, ANNA_ESTATE, "expert store: cache slot %d holds expert %d the table does not place there",
                       s, e);
   }
   for (int s = 0; s < st->n_slots; s++)
-    if (st->pin[s] < 0) return anna_err(err, errlen, ANNA_ESTATE, "expert store: slot %d pinned %d times", s, st->pin[s]);
+    if (st->pin[s] < 0) return es_err(err, errlen, ANNA_ESTATE, "expert store: slot %d pinned %d times", s, st->pin[s]);
   int64_t mirrored = 0;
   for (int64_t i = 0; i < LE; i++) {
     if (!st->mirror[i]) continue;
@@ -417,15 +445,15 @@ int expert_store_check(const expert_store *st, char *err, size_t errlen) {
       in = st->mirror[i] >= b && st->mirror[i] + st->eb <= b + st->st.mirror_bytes;
     }
     if (!in)
-      return anna_err(err, errlen, ANNA_ESTATE, "expert store: layer %lld expert %lld mirrored outside its chunks",
+      return es_err(err, errlen, ANNA_ESTATE, "expert store: layer %lld expert %lld mirrored outside its chunks",
                       (long long)(i / st->E), (long long)(i % st->E));
   }
   if (mirrored != st->st.mirrored || mirrored * st->eb > st->st.mirror_bytes)
-    return anna_err(err, errlen, ANNA_ESTATE, "expert store: %lld experts mirrored, %lld counted, %lld bytes allocated",
+    return es_err(err, errlen, ANNA_ESTATE, "expert store: %lld experts mirrored, %lld counted, %lld bytes allocated",
                     (long long)mirrored, (long long)st->st.mirrored, (long long)st->st.mirror_bytes);
   /* every expert is reachable: mirrored, or read through p.read (always set: open checks) */
   if (!st->p.read && mirrored < LE)
-    return anna_err(err, errlen, ANNA_ESTATE, "expert store: %lld experts unreachable", (long long)(LE - mirrored));
+    return es_err(err, errlen, ANNA_ESTATE, "expert store: %lld experts unreachable", (long long)(LE - mirrored));
   return 0;
 }
 
@@ -436,10 +464,10 @@ int expert_store_pread(int fd, void *dst, size_t bytes, int64_t off, const char 
     ssize_t r = pread(fd, d + done, bytes - done, (off_t)(off + (int64_t)done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0)
-      return anna_err(err, errlen, ANNA_EIO, "%s: read of %zu bytes at %lld failed: %s", path ? path : "model file",
+      return es_err(err, errlen, ANNA_EIO, "%s: read of %zu bytes at %lld failed: %s", path ? path : "model file",
                       bytes, (long long)off, strerror(errno));
     if (r == 0)
-      return anna_err(err, errlen, ANNA_EIO, "%s: file ends before %zu bytes at %lld", path ? path : "model file",
+      return es_err(err, errlen, ANNA_EIO, "%s: file ends before %zu bytes at %lld", path ? path : "model file",
                       bytes, (long long)off);
     done += (size_t)r;
   }

@@ -171,6 +171,12 @@ enum act_kind { ACT_KIND_SILU = 0, ACT_KIND_GELU_TANH };
  * model_shape_get (model/model.h), read by a backend's create (backends/registry.h). */
 typedef struct ops_layer_shape {
   int n_kv_heads, head_dim;
+  /* MoE layers: the expert arrays (n_exp weights each; up NULL when gate is fused) exactly
+   * as the forward pass hands them to moe_ffn on a backend with matmul_group_route (the
+   * E + 1 arrays with a linked shared expert), so a backend that offloads experts knows
+   * them before the first token. Borrowed from the model; NULL / 0 on other layers. */
+  const ops_weight *exp_gate, *exp_up, *exp_down;
+  int n_exp;
 } ops_layer_shape;
 typedef struct ops_model_shape {
   int64_t max_cols;   /* widest weight row (columns) of any matmul */
@@ -179,6 +185,9 @@ typedef struct ops_model_shape {
   int n_heads;        /* query heads (every attention layer) */
   int gdn_dk, gdn_dv; /* Gated DeltaNet head dims (0: no GDN layers) */
   int n_layers;
+  /* Bytes of the matrices other than the routed experts (a tied lm_head counted once): what
+   * a backend that offloads experts must still hold. */
+  int64_t dense_weight_bytes;
   ops_layer_shape layers[OPS_MAX_LAYERS];
 } ops_model_shape;
 

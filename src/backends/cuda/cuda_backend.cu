@@ -585,7 +585,9 @@ extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
 }
 
 extern "C" void cuda_backend_step_end(ops_backend *be) {
-  cuda_flush(cuda_impl_of(be));
+  cuda_impl *ci = cuda_impl_of(be);
+  cuda_flush(ci);
+  if (ci->offload) cuda_offload_step_end(ci);
 }
 
 extern "C" void cuda_backend_graph_times(ops_backend *be, double *capture_s, double *update_s,
@@ -724,6 +726,7 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->ev1) cudaEventDestroy(ci->ev1);
     if (ci->copy_stream) cudaStreamDestroy(ci->copy_stream);
     memset(&ci->pnorm, 0, sizeof ci->pnorm); /* a deferred norm nobody reads any more */
+    cuda_offload_free(ci);
     cuda_backend_drop_mirrors(be);
     if (ci->deq) cudaFree(ci->deq);
     if (ci->att_part) cudaFree(ci->att_part);
@@ -770,6 +773,12 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->impl = ci;
   cudaError_t e;
   const char *what = "set device";
+  {
+    /* what the device had before this backend's scratch: the expert offload's budget */
+    size_t f = 0, tot = 0;
+    if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&f, &tot) == cudaSuccess) ci->free_at_create = f;
+    (void)cudaGetLastError();
+  }
   ci->ring_cap = RING_MIN;
   if ((size_t)max_batch * 64 > ci->ring_cap) ci->ring_cap = (size_t)max_batch * 64;
   if ((e = cudaSetDevice(0)) != cudaSuccess ||
