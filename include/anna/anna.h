@@ -160,7 +160,8 @@ typedef struct anna_context_options {
    * routing counts move the hottest experts into the cache every expert_swap_every decode
    * steps. offload_mode: NULL/"none" (default: everything on the device), "experts" (on;
    * ANNA_EUNSUPPORTED on a model without routed experts or a device that cannot), "auto"
-   * (on when the model has routed experts and one of the limits below is set, else none).
+   * (on when the model has routed experts, the device can and one of the limits below is
+   * set, else none).
    * Sizes in bytes. gpu_memory_limit: what this context may use on the device (0: its free
    * memory), below the dense weights plus one layer's staging an ANNA_EINVAL naming the bytes
    * needed; expert_cache_bytes: < 0 or 0 "auto" (what the limit leaves after the dense

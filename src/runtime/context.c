@@ -192,7 +192,7 @@ static int offload_resolve(const anna_context_options *o, const ops_model_shape 
   int on;
   if (!strcmp(mode, "none")) on = 0;
   else if (!strcmp(mode, "experts")) on = 1;
-  else if (!strcmp(mode, "auto")) on = has_experts && limits;
+  else if (!strcmp(mode, "auto")) on = has_experts && limits && bi->expert_offload; /* nothing to offload on the CPU */
   else return anna_err(err, errlen, ANNA_EINVAL, "--offload-mode '%s': expected auto, none or experts", mode);
   if (o->gpu_memory_limit < 0 || o->reserve_bytes < 0 || o->cached_experts_per_layer < 0 || o->expert_swap_every < 0)
     return anna_err(err, errlen, ANNA_EINVAL,
