@@ -22,6 +22,7 @@
 #include "backends/cuda/cuda_math.cuh"
 #include "backends/cuda/cuda_quant.cuh"
 
+#include "anna/anna.h" /* ANNA_E* */
 #include "cache/expert_store.h"
 #include "ops/ops.h"
 #include "backends/cuda/cuda_moe.cuh" /* after ops/ops.h */
@@ -109,9 +110,10 @@ extern "C" int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *
     const ops_layer_shape *ls = &shape->layers[l];
     if (!ls->n_exp || !ls->exp_gate) continue;
     if (o->n_layers && ls->n_exp != o->E) {
+      const int e0 = o->E;
       free(o);
       return off_err(err, errlen, ANNA_EUNSUPPORTED, "expert offload: layer %d has %d experts, others %d", l,
-                      ls->n_exp, o->E);
+                     ls->n_exp, e0);
     }
     if (!moe_decode_types_ok(ls->n_exp, ls->exp_gate, ls->exp_up, ls->exp_down)) {
       free(o);
@@ -146,12 +148,12 @@ extern "C" int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *
     return off_err(err, errlen, ANNA_EUNSUPPORTED, "expert offload: the model has no routed experts");
   }
   if (p->gpu_memory_limit > 0 && p->gpu_memory_limit < o->dense_weight_bytes + o->eb) {
-    const long long need = (long long)(o->dense_weight_bytes + o->eb);
+    const long long eb = (long long)o->eb, need = (long long)o->dense_weight_bytes + eb;
     free(o);
     return off_err(err, errlen, ANNA_EINVAL,
-                    "--gpu-memory-limit %lld bytes is below the %lld bytes needed: the dense weights alone are %lld "
-                    "bytes (plus one expert of %lld, the KV cache and scratch)",
-                    (long long)p->gpu_memory_limit, need, (long long)(need - (long long)o->eb), (long long)o->eb);
+                   "--gpu-memory-limit %lld bytes is below the %lld bytes needed: the dense weights alone are %lld "
+                   "bytes (plus one expert of %lld, the KV cache and scratch)",
+                   (long long)p->gpu_memory_limit, need, need - eb, eb);
   }
   ci->offload = o;
   return 0;
