@@ -1,4 +1,7 @@
 /* expert_store.c: the expert residency policy (expert_store.h). */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* pread; the CUDA library that also compiles this file clears the project's -D */
+#endif
 #include "cache/expert_store.h"
 
 #include "anna/anna.h" /* ANNA_E* codes */
