@@ -9,6 +9,8 @@
  * (hits, swaps, bytes from each tier) and the budget errors. */
 #include "cuda_test.h"
 
+#include "anna/anna.h" /* ANNA_E* */
+
 #define OFF_L 3
 
 typedef struct off_layer {
