@@ -312,6 +312,19 @@ typedef struct anna_step_stats {
 } anna_step_stats;
 void anna_context_step_stats(const anna_context *c, anna_step_stats *st);
 
+/* MoE expert offload (1.3; anna_context_options.offload_mode): on = 0 when off. Cache slots
+ * per MoE layer and staging slots; experts in the pinned host mirror; routed experts
+ * (distinct per layer and step) and how many were in the cache; adaptive swaps made; bytes
+ * copied to the device from the host mirror and from the model's file mapping; the device
+ * bytes of the slots. summary: one line saying what went where (borrowed, valid until the
+ * context is freed; NULL before the first MoE layer ran). */
+typedef struct anna_offload_stats {
+  int on, cache_per_layer, staging_slots;
+  int64_t mirrored, routed, hits, swaps, bytes_mirror, bytes_file, device_bytes;
+  const char *summary;
+} anna_offload_stats;
+void anna_context_offload_stats(const anna_context *c, anna_offload_stats *st);
+
 /* The context's resolved runtime switches (src/base/tuning.h: defaults, then ANNA_TUNING,
  * then anna_context_options.tuning), one
  * "key=value" line each, into buf (NUL-terminated, truncated to len). Returns the length

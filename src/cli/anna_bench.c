@@ -630,6 +630,25 @@ int main(int argc, char **argv) {
     for (int c = 0; c < n_cases; c++) json_array_append_new(sweep, case_json(&cases[c], n_runs, tmp));
     json_object_set_new(o, "sweep", sweep);
     json_object_set_new(o, "profile", profile ? json_string(prof_note) : json_null());
+    {
+      anna_offload_stats os;
+      anna_context_offload_stats(ctx, &os);
+      json_t *oj = json_null();
+      if (os.on) {
+        oj = json_object();
+        json_object_set_new(oj, "cache_per_layer", json_integer(os.cache_per_layer));
+        json_object_set_new(oj, "staging_slots", json_integer(os.staging_slots));
+        json_object_set_new(oj, "mirrored_experts", json_integer(os.mirrored));
+        json_object_set_new(oj, "routed", json_integer(os.routed));
+        json_object_set_new(oj, "hits", json_integer(os.hits));
+        json_object_set_new(oj, "swaps", json_integer(os.swaps));
+        json_object_set_new(oj, "bytes_from_mirror", json_integer(os.bytes_mirror));
+        json_object_set_new(oj, "bytes_from_file", json_integer(os.bytes_file));
+        json_object_set_new(oj, "device_bytes", json_integer(os.device_bytes));
+        json_object_set_new(oj, "summary", os.summary ? json_string(os.summary) : json_null());
+      }
+      json_object_set_new(o, "offload", oj);
+    }
     char *s = json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (!s) {
@@ -646,6 +665,14 @@ int main(int argc, char **argv) {
            device ? device : "cpu", dtype ? dtype : "f32", th, n_batch, g_parallel, t_load, rss_peak, rss_loaded);
     printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n", warmup,
            n_runs, max_new, prompt ? "chat-templated" : "synthetic");
+    anna_offload_stats os;
+    anna_context_offload_stats(ctx, &os);
+    if (os.on)
+      printf("%s\nexpert offload, whole run: %lld routed, hit rate %.3f, %lld swaps, %.1f MiB from the host mirror, %.1f "
+             "MiB from the file mapping\n",
+             os.summary ? os.summary : "expert offload", (long long)os.routed,
+             os.routed ? (double)os.hits / (double)os.routed : 0.0, (long long)os.swaps, os.bytes_mirror / 1048576.0,
+             os.bytes_file / 1048576.0);
     if (g_n_img)
       printf("%d image(s), %ld visual tokens in the prompt: TTFT includes decode, preprocess and the tower (%.1f ms "
              "mean)\n", g_n_img, image_tokens, tower_ms);

@@ -353,6 +353,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s | KV %lld B/token\n",
             anna_model_describe(m), t_load, n, (double)n / t_prefill, n_gen,
             n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, (long long)anna_context_kv_bytes_per_token(ctx));
+  anna_offload_stats os;
+  anna_context_offload_stats(ctx, &os);
+  if (os.on && !quiet)
+    fprintf(stderr, "[anna] %s\n[anna] expert offload: %lld routed, hit rate %.3f, %lld swaps, %.1f MiB from the "
+                    "host mirror, %.1f MiB from the file mapping\n",
+            os.summary ? os.summary : "expert offload", (long long)os.routed,
+            os.routed ? (double)os.hits / (double)os.routed : 0.0, (long long)os.swaps, os.bytes_mirror / 1048576.0,
+            os.bytes_file / 1048576.0);
   if (spec && !quiet) {
     anna_spec_stats ss;
     anna_context_spec_stats(ctx, &ss);

@@ -200,6 +200,13 @@ typedef struct ops_step_stats {
 /* Most weights one matmul_group call takes (GDN's four in-projections). */
 #define OPS_GROUP_MAX 4
 
+/* MoE expert offload counters (anna.h anna_offload_stats says what each means). */
+typedef struct ops_offload_stats {
+  int on, cache_per_layer, staging_slots;
+  int64_t mirrored, routed, hits, swaps, bytes_mirror, bytes_file, device_bytes;
+  const char *summary;
+} ops_offload_stats;
+
 typedef struct ops_backend ops_backend;
 
 struct ops_backend {
@@ -224,6 +231,8 @@ struct ops_backend {
   /* The device's free and total memory in bytes (all processes' use counted), for sizing
    * the KV pool from a memory budget; 0 or a negative ANNA_E* code. NULL: cannot tell (CPU). */
   int (*mem_info)(ops_backend *be, int64_t *free_bytes, int64_t *total_bytes);
+  /* MoE expert offload counters (ops_offload_stats); NULL: the backend never offloads. */
+  void (*offload_stats)(ops_backend *be, ops_offload_stats *st);
   /* 1: weights are copied to the backend on first use, so the caller runs one throwaway
    * token at creation to keep that copy out of the first timed decode. */
   int warmup;

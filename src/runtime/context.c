@@ -477,6 +477,16 @@ void anna_context_step_stats(const anna_context *c, anna_step_stats *st) {
   }
 }
 
+void anna_context_offload_stats(const anna_context *c, anna_offload_stats *st) {
+  memset(st, 0, sizeof *st);
+  if (!c->dev->offload_stats) return;
+  ops_offload_stats o;
+  memset(&o, 0, sizeof o);
+  c->dev->offload_stats(c->dev, &o);
+  *st = (anna_offload_stats){o.on,     o.cache_per_layer, o.staging_slots, o.mirrored,     o.routed, o.hits,
+                             o.swaps, o.bytes_mirror,    o.bytes_file,    o.device_bytes, o.summary};
+}
+
 int anna_context_tuning(const anna_context *c, char *buf, size_t len) {
   return (int)tuning_format(&c->tuning, buf, len);
 }

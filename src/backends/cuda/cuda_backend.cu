@@ -752,6 +752,14 @@ static void cu_sync(ops_backend *be) {
   if (!ci->err && !ci->recording) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
 }
 
+/* The table's offload_stats entry (the same fields). */
+static void cu_offload_stats(ops_backend *be, ops_offload_stats *st) {
+  cuda_offload_stats o;
+  cuda_backend_offload_stats(be, &o);
+  *st = (ops_offload_stats){o.on, o.cache_per_layer, o.staging_slots, o.mirrored, o.routed, o.hits,
+                             o.swaps, o.bytes_mirror, o.bytes_file, o.device_bytes, o.summary};
+}
+
 /* Statistics for the table's step_stats entry. */
 static void cu_step_stats(ops_backend *be, ops_step_stats *st) {
   cuda_backend_graph_stats(be, &st->steps, &st->builds, &st->updates);
@@ -886,6 +894,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->set_graphs = cuda_backend_set_graphs;
   be->step_stats = cu_step_stats;
   be->mem_info = cu_mem_info;
+  be->offload_stats = cu_offload_stats;
   be->warmup = 1; /* weights are mirrored on first use */
   /* Quantized caches (cuda_kv.cu writes them, cuda_attn.cu's k_attn_kv reads them) and the
    * residual ring only with the tuning key cuda_kv_quant, off until the kv test families have
