@@ -371,6 +371,13 @@ void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out) {
   out->gdn_dk = c->gdn_dk;
   out->gdn_dv = c->gdn_dv;
   out->n_layers = c->n_layers;
+  if (m->gguf && gguf_tensor_count(m->gguf) > 0) {
+    /* the mapping's start, from any tensor: its data lies at data_offset + offset */
+    const gguf_tensor *t = gguf_tensor_at(m->gguf, 0);
+    out->weights_file = m->path;
+    out->weights_map = (const char *)t->data - gguf_data_offset(m->gguf) - t->offset;
+    out->weights_map_bytes = (int64_t)gguf_file_size(m->gguf);
+  }
   out->dense_weight_bytes = shape_w_bytes(&m->embed) + shape_w_bytes(&m->ple_embed) +
                             shape_w_bytes(&m->ple_model_proj) +
                             (m->lm_head.data != m->embed.data ? shape_w_bytes(&m->lm_head) : 0);

@@ -188,6 +188,12 @@ typedef struct ops_model_shape {
   /* Bytes of the matrices other than the routed experts (a tied lm_head counted once): what
    * a backend that offloads experts must still hold. */
   int64_t dense_weight_bytes;
+  /* A GGUF model: its file and the mapping the weights' data pointers point into (file
+   * offset = data - weights_map), so a backend may read weight bytes with pread instead of
+   * through the mapping (expert offload's file tier). NULL / 0 for folders. Borrowed. */
+  const char *weights_file;
+  const void *weights_map;
+  int64_t weights_map_bytes;
   ops_layer_shape layers[OPS_MAX_LAYERS];
 } ops_model_shape;
 

@@ -27,10 +27,13 @@
 #include "ops/ops.h"
 #include "backends/cuda/cuda_moe.cuh" /* after ops/ops.h */
 
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* anna_err's contract, local: this library links nothing from anna's objects. */
 static int off_err(char *err, size_t errlen, int code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
@@ -63,6 +66,13 @@ struct cuda_offload {
   cudaStream_t cs;
   cudaEvent_t ev_main, ev_copy;
   int64_t bytes_mirror, bytes_file;
+  /* The GGUF file (ops_model_shape.weights_file): experts outside the mirror are read from
+   * it by pread at (data - map); -1 (folders, or the file does not match the mapping): they
+   * are copied from the mapping. */
+  int fd;
+  const char *map;
+  int64_t map_bytes;
+  char path[256];
   char summary[400]; /* what went where (cuda_offload_stats.summary) */
 };
 
@@ -73,8 +83,17 @@ static int off_read(void *user, int layer, int expert, void *dst, size_t bytes, 
   const ops_weight *w[OFF_PARTS] = {&o->gate[layer][expert], o->up[layer] ? &o->up[layer][expert] : NULL,
                                     &o->down[layer][expert]};
   if (bytes < (size_t)o->eb) return off_err(err, errlen, ANNA_EINVAL, "offload: expert buffer too small");
-  for (int m = 0; m < OFF_PARTS; m++)
-    if (w[m]) memcpy((uint8_t *)dst + o->part_off[m], w[m]->data, (size_t)o->part_bytes[m]);
+  for (int m = 0; m < OFF_PARTS; m++) {
+    if (!w[m]) continue;
+    const char *d = (const char *)w[m]->data;
+    uint8_t *to = (uint8_t *)dst + o->part_off[m];
+    if (o->fd >= 0 && d >= o->map && d + o->part_bytes[m] <= o->map + o->map_bytes) {
+      int rc = expert_store_pread(o->fd, to, (size_t)o->part_bytes[m], (int64_t)(d - o->map), o->path, err, errlen);
+      if (rc) return rc;
+    } else {
+      memcpy(to, d, (size_t)o->part_bytes[m]);
+    }
+  }
   return 0;
 }
 
@@ -154,6 +173,20 @@ extern "C" int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *
                    "--gpu-memory-limit %lld bytes is below the %lld bytes needed: the dense weights alone are %lld "
                    "bytes (plus one expert of %lld, the KV cache and scratch)",
                    (long long)p->gpu_memory_limit, need, need - eb, eb);
+  }
+  o->fd = -1;
+  if (shape->weights_file && shape->weights_map && shape->weights_map_bytes > 0) {
+    /* the file the mapping came from, when it still is that file (same size) */
+    int fd = open(shape->weights_file, O_RDONLY | O_CLOEXEC);
+    struct stat sb;
+    if (fd >= 0 && fstat(fd, &sb) == 0 && (int64_t)sb.st_size == shape->weights_map_bytes) {
+      o->fd = fd;
+      o->map = (const char *)shape->weights_map;
+      o->map_bytes = shape->weights_map_bytes;
+      snprintf(o->path, sizeof o->path, "%s", shape->weights_file);
+    } else if (fd >= 0) {
+      close(fd);
+    }
   }
   ci->offload = o;
   return 0;
@@ -284,10 +317,11 @@ static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
     expert_store_get_stats(o->st, &ss);
     snprintf(o->summary, sizeof o->summary,
              "expert offload: %d layers x %d experts of %lld bytes; %d cached per layer + %d staging slots (%zu "
-             "bytes on the device); %lld experts in %lld bytes of pinned host mirror, %lld read from the mapping; "
+             "bytes on the device); %lld experts in %lld bytes of pinned host mirror, %lld read from %s; "
              "dense %lld bytes; swaps every %d steps",
              o->n_layers, o->E, (long long)o->eb, C, S, arena, (long long)ss.mirrored, (long long)ss.mirror_bytes,
-             (long long)o->n_layers * o->E - ss.mirrored, (long long)sp.dense_bytes, sp.swap_every);
+             (long long)o->n_layers * o->E - ss.mirrored, o->fd >= 0 ? "the file (pread)" : "the weights' mapping",
+             (long long)sp.dense_bytes, sp.swap_every);
   }
   return true;
 }
@@ -405,6 +439,7 @@ void cuda_offload_free(cuda_impl *ci) {
   free(o->places);
   free(o->swaps);
   expert_store_free(o->st);
+  if (o->fd >= 0) close(o->fd);
   free(o);
   ci->offload = NULL;
 }
