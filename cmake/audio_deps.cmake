@@ -14,3 +14,14 @@ foreach(_dep SNDFILE:libsndfile1-dev SOXR:libsoxr-dev FFTW3:libfftw3-dev)
     message(WARNING "audio: ${_pkg} not found; audio decoding/features will be refused at run time")
   endif()
 endforeach()
+# Audio output (anna_audio_encoder, src/runtime/api_speech.c): libsndfile writes wav, pcm,
+# flac, Ogg Opus and, from 1.1.0 when built with LAME + mpg123 (Debian's is), mp3. What this
+# libsndfile can write is checked at run time (sf_format_check): a missing format is refused
+# with ANNA_EUNSUPPORTED naming it; aac has no encoder here.
+if(SNDFILE_FOUND AND SNDFILE_VERSION VERSION_LESS 1.1.0)
+  message(WARNING "speech output: libsndfile ${SNDFILE_VERSION} predates MPEG support: mp3 will be refused")
+elseif(SNDFILE_FOUND)
+  message(STATUS "speech output: wav pcm flac opus mp3 (libsndfile ${SNDFILE_VERSION}); aac: none")
+else()
+  message(WARNING "speech output: libsndfile1-dev not found; every output format will be refused")
+endif()

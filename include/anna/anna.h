@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 3
+#define ANNA_API_VERSION_MINOR 5
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -107,6 +107,8 @@ int anna_quantize_model(const char *model_dir, const char *type, const char *out
                         size_t path_len, int *built, char *err, size_t errlen);
 int anna_model_vocab(const anna_model *m);
 int anna_model_n_layers(const anna_model *m);
+/* Width of the final hidden state (anna_context_decode_hidden rows); 0 for kinds without one. */
+int anna_model_hidden_size(const anna_model *m);
 /* Static description, e.g. "qwen3_5: 8 layers, hidden 128, vocab 1000". Borrowed. */
 const char *anna_model_describe(const anna_model *m);
 /* The folder or file it was loaded from. Borrowed. */
@@ -154,7 +156,7 @@ typedef struct anna_context_options {
    * long prompt leaves reusable points behind (e.g. the end of a shared system prompt). */
   int prefix_snapshot_interval;
   const char *tuning; /* "k=v,..." applied after the environment's ANNA_TUNING */
-  /* MoE expert offload (1.3; the cuda device): instead of mirroring every weight to the
+  /* MoE expert offload (1.5; the cuda device): instead of mirroring every weight to the
    * device, the routed experts live in a per-layer expert cache in device memory, a host
    * mirror (pinned) of what host_memory_limit allows and the model file for the rest; the
    * routing counts move the hottest experts into the cache every expert_swap_every decode
@@ -198,6 +200,14 @@ typedef struct anna_batch {
  * the flagged tokens, in batch order, to out[n_flagged * vocab] (caller-owned). On error
  * the sequences touched by the batch are in an unspecified state: reset them. */
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
+
+/* As anna_context_decode, but out[r * H + j] (H = anna_model_hidden_size) receives the final
+ * hidden state of flagged row r (in batch order): the output of the last layer after the
+ * final norm, the row the lm_head would read (HF's last_hidden_state). The lm_head is not
+ * run and no logits are kept (anna_context_logits_row: ANNA_ERANGE afterwards). For pooled
+ * embeddings (e.g. Qwen3-Embedding's last-token pooling) flag the last token of each input.
+ * ANNA_EUNSUPPORTED for kinds without hidden states. Same backends as anna_context_decode. */
+int anna_context_decode_hidden(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
 
 /* As anna_context_decode, but instead of the logits of each flagged token (in batch order,
  * row r) it returns that row's k best candidates, computed where the logits are (on a GPU
@@ -312,7 +322,7 @@ typedef struct anna_step_stats {
 } anna_step_stats;
 void anna_context_step_stats(const anna_context *c, anna_step_stats *st);
 
-/* MoE expert offload (1.3; anna_context_options.offload_mode): on = 0 when off. Cache slots
+/* MoE expert offload (1.5; anna_context_options.offload_mode): on = 0 when off. Cache slots
  * per MoE layer and staging slots; experts in the pinned host mirror; routed experts
  * (distinct per layer and step) and how many were in the cache; adaptive swaps made; bytes
  * copied to the device from the host mirror and from the model's file mapping; the device
@@ -402,6 +412,36 @@ int anna_ngram_draft(const anna_ngram *d, int32_t *out, int k);
 /* Tokens in the history; reset empties it. */
 int32_t anna_ngram_len(const anna_ngram *d);
 void anna_ngram_reset(anna_ngram *d);
+
+/* (API 1.4) The MTP drafter: the checkpoint's multi-token-prediction head (Qwen3.5 `mtp.*`), chained k
+ * times from the main model's last final-norm hidden state, its drafts checked by the verify
+ * window. The head keeps its own KV cache (one attention layer; the context's n_seq, n_ctx and
+ * n_batch) holding one entry per position of the main model, built from that position's hidden
+ * state; so a sequence the drafter follows takes its prompt through anna_mtp_prefill and its
+ * windows through anna_mtp_verify (tokens fed with anna_context_decode would leave the head
+ * behind). Greedy windows only, as anna_context_seq_verify. The drafter borrows c (which must
+ * outlive it); everything is allocated at creation. One thread at a time.
+ * anna_model_has_mtp: 1 when the loaded model has a head. anna_mtp_create: ANNA_EUNSUPPORTED
+ * without one, ANNA_EINVAL for k_max outside 1..ANNA_SPEC_MAX_DRAFT or an n_batch < k_max + 1.
+ * Caller frees with anna_mtp_free. */
+typedef struct anna_mtp anna_mtp;
+int anna_model_has_mtp(const anna_model *m);
+int anna_mtp_create(anna_mtp **out, anna_context *c, int k_max, char *err, size_t errlen);
+void anna_mtp_free(anna_mtp *d);
+/* tokens[0, n) as the prompt of seq, which must be empty (ANNA_EINVAL otherwise): the context
+ * runs them (chunks of n_batch) and the head takes every position but the last; the last
+ * token's logits to logits [vocab]. */
+int anna_mtp_prefill(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
+                     size_t errlen);
+/* Drafts min(k, k_max) tokens to follow `last` (the newest token, not yet run by the context)
+ * into draft and returns their number (0 when k <= 0), or a negative ANNA_E*. */
+int anna_mtp_draft(anna_mtp *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen);
+/* anna_context_seq_verify(c, seq, last, draft, k, out, n_out) that also keeps the accepted
+ * positions' hidden states for the head's next draft. */
+int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, int32_t *out, int *n_out,
+                    char *err, size_t errlen);
+/* Forgets seq in the head (the caller resets the context's sequence). */
+void anna_mtp_reset(anna_mtp *d, int seq);
 
 /* ---- Sampler ---------------------------------------------------------------------------
  * Next-token selection from logits, one sampler per sequence. Pipeline (the order llama.cpp
@@ -923,6 +963,181 @@ typedef struct anna_vision_stats {
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);
 /* Empties the encoder cache (benchmarks time the tower on every run). */
 void anna_context_vision_cache_clear(anna_context *c);
+
+
+/* ---- Audio in prompts (speech recognition; API 1.3) ------------------------------------
+ * A Qwen3-ASR folder (config.json model_type "qwen3_asr", qwen-asr's `thinker.*` layout) loads
+ * as its thinker (the text decoder: anna_context_decode and the rest work as for any text
+ * model) plus its audio encoder; anna_model_has_audio says so. An audio file becomes an
+ * anna_media with anna_media_audio_decode: decoded (WAV, FLAC, OGG Vorbis/Opus, MP3),
+ * down-mixed, resampled to 16 kHz, peak-normalised and turned into the 128-bin log-mel
+ * features exactly as qwen-asr's processor does; anna_media_n_tokens is the number of
+ * <|audio_pad|> ids its run takes in a prompt (about 13 per second). anna_context_prefill runs
+ * the encoder over the prompt's audio media (on the context's own CPU encoder backend, created
+ * at the first prefill with audio and regrown for a longer clip, as an image's tower) and puts
+ * its rows in place of the pads' embeddings. Positions stay 1-D: the thinker's mRoPE sections
+ * always see three equal positions, so an audio run leaves no rotary delta and later decode
+ * steps need nothing else. Encoding at prefill rather than in anna_media_audio_decode keeps the
+ * model immutable and shareable (the encoder needs a backend and scratch, which belong to a
+ * context) and puts the encoder in the thread that owns the context; the features are made
+ * eagerly (they need only the clip). Image media given to an audio model, or audio media to
+ * a vision model, are ANNA_EUNSUPPORTED at prefill. */
+
+typedef struct anna_audio_info {
+  int32_t audio_token_id; /* <|audio_pad|>: the pad id an audio run consists of */
+  int32_t audio_start_id; /* <|audio_start|> */
+  int32_t audio_end_id;   /* <|audio_end|> */
+  int32_t sample_rate;    /* the rate clips are resampled to (16000) */
+  int32_t n_mels;         /* feature bins (128) */
+  int32_t n_embd;         /* width of the encoder's output rows (the thinker's hidden size) */
+  int32_t n_languages;    /* config.json support_languages (0: the file lists none) */
+} anna_audio_info;
+
+/* 1 when m loaded an audio encoder, else 0. */
+int anna_model_has_audio(const anna_model *m);
+/* Fills *out. ANNA_EUNSUPPORTED (message names the model) when m has no audio encoder. */
+int anna_model_audio_info(const anna_model *m, anna_audio_info *out, char *err, size_t errlen);
+/* Language i of config.json's support_languages (English names, e.g. "English"); NULL when i
+ * is out of range. Borrowed from m. */
+const char *anna_model_audio_language(const anna_model *m, int i);
+/* The forced-language name of a user's language: a supported name in any case ("english") or
+ * an ISO-639-1/-3 code ("en", "zh", "yue", ...) of one of Qwen3-ASR's 30 languages, resolved
+ * against the model's support_languages (any name when it lists none). Returns the model's own
+ * spelling (borrowed from m, or static), or NULL when the language is unknown or unsupported. */
+const char *anna_model_audio_language_find(const anna_model *m, const char *lang);
+
+/* Decodes an encoded audio file (data[0..n) borrowed for the call) and computes its features
+ * for m's encoder. max_seconds > 0 refuses longer audio from the header, before decoding
+ * (ANNA_EINVAL naming the limit; <= 0: no limit but the decoder's own, 1e7 s). Corrupt, truncated, empty or unknown data, zero
+ * or too little audio (under 201 samples at 16 kHz): ANNA_EINVAL naming the problem; a build
+ * without libsndfile / libsoxr / FFTW: ANNA_EUNSUPPORTED naming the package; m without an
+ * audio encoder: ANNA_EUNSUPPORTED. Caller frees *out with anna_media_free. Thread-safe (m is
+ * only read). */
+int anna_media_audio_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
+                            double max_seconds, char *err, size_t errlen);
+/* Seconds of audio an audio media holds (its 16 kHz samples / 16000); 0 for an image. */
+double anna_media_audio_seconds(const anna_media *md);
+/* 1 when md is an audio clip, 0 for an image. */
+int anna_media_is_audio(const anna_media *md);
+
+/* The Qwen3-ASR prompt for one clip (MODELS.md "Qwen3-ASR"): <|im_start|>system\n{context}
+ * <|im_end|>\n<|im_start|>user\n<|audio_start|> + anna_media_n_tokens(md) x <|audio_pad|> +
+ * <|audio_end|><|im_end|>\n<|im_start|>assistant\n, then "language {language}<asr_text>" when
+ * language is not NULL (a name as anna_model_audio_language_find returns). context (NULL: "")
+ * and language are user text: special-token spellings in them stay plain text. *ids: caller
+ * frees with free(); *n their count; *audio_at where the pad run starts (for anna_media_ref).
+ * ANNA_EFORMAT when t's <|audio_pad|> is not the model's audio_token_id; ANNA_EUNSUPPORTED
+ * when m has no audio encoder or md is not audio. */
+int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *md, const char *context,
+                    const char *language, int32_t **ids, size_t *n, int32_t *audio_at, char *err,
+                    size_t errlen);
+/* Splits the generated text (special tokens kept, end-of-generation ids dropped) of an
+ * unforced prompt: "language English<asr_text>hello" -> *transcript_at = offset of "hello",
+ * language "English" copied into lang[cap] (may be NULL). Text without <asr_text> (no speech:
+ * "language None", or a model that did not follow the format) is all transcript: offset 0 and
+ * lang "". Returns the offset. */
+size_t anna_asr_output_split(const char *text, size_t len, char *lang, size_t cap);
+
+/* ---- Speech synthesis (text to speech; API 1.3) ----------------------------------------
+ * A Qwen3-TTS CustomVoice folder (config.json model_type "qwen3_tts", its speech_tokenizer/
+ * and a tokenizer.json) opened as an anna_speech: the talker makes codec frames (12.5 per
+ * second, 16 codes each) and the codec's exact streaming decoder turns them into 24 kHz mono
+ * float PCM, which reaches the caller in chunks while the talker still runs: the first chunk
+ * leaves after first_chunk_frames frames, not after the utterance. Chunks concatenated are the
+ * one-pass decode of the same frames: bit-identical when every chunk is a multiple of the
+ * codec's 16-frame step (the defaults), otherwise within the codec's streaming bound (1e-3 with
+ * SIMD kernels whose rounding depends on the row count; 1.8e-4 measured for 1 + 3 + 3 ... frames).
+ * CPU only in this version (the codec's waveform ops have no CUDA kernels yet): a device other
+ * than NULL / "cpu" is ANNA_EUNSUPPORTED. One thread drives an anna_speech at a time (callers
+ * serialize synthesize calls); the model is read-only while it runs.
+ * Not supported, refused with ANNA_EUNSUPPORTED naming them: instructions (voice design and
+ * 1.7B instruct), voice cloning (Base checkpoints, refused at load), VoiceDesign folders. */
+typedef struct anna_speech anna_speech;
+
+typedef struct anna_speech_options {
+  const char *device;    /* NULL or "cpu" */
+  int n_threads;         /* <= 0: 2 */
+  const char *codec_dir; /* NULL: <dir>/speech_tokenizer */
+  const char *tokenizer; /* NULL: <dir>/tokenizer.json; absent file: only text_ids requests work */
+  int max_frames;        /* most frames one utterance may have (<= 0: 2048, 164 s) */
+  const char *tuning;    /* "k=v,..." applied after the environment's ANNA_TUNING */
+} anna_speech_options;
+
+/* 1 when path is a folder whose config.json says model_type "qwen3_tts", else 0 (never fails). */
+int anna_speech_probe(const char *path);
+/* Loads the talker, the codec decoder and the tokenizer. Caller frees with anna_speech_free. */
+int anna_speech_load(anna_speech **out, const char *dir, const anna_speech_options *opt, char *err,
+                     size_t errlen);
+void anna_speech_free(anna_speech *s);
+int anna_speech_sample_rate(const anna_speech *s);   /* 24000 */
+int anna_speech_frame_samples(const anna_speech *s); /* PCM samples per codec frame (1920) */
+/* e.g. "qwen3_tts: talker 28 layers, ...; codec ...". Borrowed. */
+const char *anna_speech_describe(const anna_speech *s);
+/* Preset voice i (the checkpoint's speakers, lower case; borrowed), NULL past the last. */
+const char *anna_speech_voice(const anna_speech *s, int i);
+
+typedef struct anna_speech_request {
+  const char *text;         /* UTF-8, non-empty; ignored when text_ids is given */
+  const int32_t *text_ids;  /* ids of `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n` */
+  int n_text_ids;
+  const char *voice;        /* a preset voice (case-insensitive); NULL or "": none */
+  const char *language;     /* a language the checkpoint names, or NULL / "auto" */
+  const char *instructions; /* NULL or "": none; anything else: ANNA_EUNSUPPORTED */
+  int max_frames;           /* <= 0 or above the options' max_frames: the options' */
+  int greedy;               /* 1: argmax codes; 0: sampling as generation_config.json says */
+  uint64_t seed;            /* sampling seed */
+  int first_chunk_frames;   /* frames decoded for the first chunk (<= 0: chunk_frames) */
+  int chunk_frames;         /* frames per later chunk (<= 0: 16) */
+  /* Optional: each frame's 16 codes as the talker picks them (borrowed for the call). */
+  void (*on_frame)(void *user, const int32_t *codes, int n_codes, int frame);
+} anna_speech_request;
+
+/* Receives pcm[0, n) (borrowed for the call: copy what you keep). A nonzero return stops the
+ * synthesis: anna_speech_synthesize then returns 0 with stats.stopped = 1. */
+typedef int (*anna_speech_chunk_fn)(void *user, const float *pcm, int64_t n);
+
+typedef struct anna_speech_stats {
+  int n_text_tokens;   /* ids of the wrapped text */
+  int n_frames;        /* codec frames made */
+  int64_t n_samples;   /* PCM samples delivered */
+  int stopped;         /* 1 when the callback stopped it */
+  double first_chunk_s; /* call start -> first chunk handed over */
+  double talker_s, codec_s, total_s;
+} anna_speech_stats;
+
+/* Synthesizes rq, calling fn(user, ...) per chunk in order; st (may be NULL) gets the
+ * counters. ANNA_EINVAL names a bad field (empty text, unknown voice or language: the message
+ * lists the valid ones); ANNA_EUNSUPPORTED: instructions; ANNA_ERANGE: the text needs more
+ * positions than max_frames leaves. Allocates per call (the talker's state is sized to the
+ * text), nothing per frame. */
+int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_speech_chunk_fn fn, void *user,
+                           anna_speech_stats *st, char *err, size_t errlen);
+
+/* ---- Audio encoding (API 1.3) -----------------------------------------------------------
+ * Mono float PCM in [-1, 1] -> an audio format, with libsndfile: "wav" (16-bit PCM), "pcm"
+ * (raw 16-bit signed little-endian), "flac" (16-bit), "opus" (Ogg Opus), "mp3" (MPEG layer
+ * III, libsndfile's LAME support). Others ("aac", ...): ANNA_EUNSUPPORTED. A file encoder
+ * writes exact headers; a stream encoder hands bytes to fn as they are produced and never
+ * revisits them, so fields only known at the end stay "unknown": a streamed wav says
+ * 0xFFFFFFFF for the RIFF and data sizes (read to end of stream), a streamed flac has 0 total
+ * samples and no MD5 (both mean unknown in FLAC), a streamed mp3 has no Xing/LAME tag. */
+typedef struct anna_audio_encoder anna_audio_encoder;
+/* Receives bytes[0, n) (borrowed for the call); nonzero return: the write fails (ANNA_EIO). */
+typedef int (*anna_bytes_fn)(void *user, const void *bytes, size_t n);
+
+/* 0 when format can be encoded in this build, else ANNA_EUNSUPPORTED naming what is missing. */
+int anna_audio_format_check(const char *format, char *err, size_t errlen);
+/* The HTTP Content-Type of a format ("audio/wav", ...), NULL for an unknown one. Static. */
+const char *anna_audio_format_mime(const char *format);
+/* Caller frees with anna_audio_encoder_free (after anna_audio_encoder_finish, or to abandon). */
+int anna_audio_encoder_file(anna_audio_encoder **out, const char *format, int sample_rate, const char *path,
+                            char *err, size_t errlen);
+int anna_audio_encoder_stream(anna_audio_encoder **out, const char *format, int sample_rate, anna_bytes_fn fn,
+                              void *user, char *err, size_t errlen);
+int anna_audio_encoder_write(anna_audio_encoder *e, const float *pcm, int64_t n, char *err, size_t errlen);
+/* Flushes the encoder's tail (and, for a file, rewrites its header); call once. */
+int anna_audio_encoder_finish(anna_audio_encoder *e, char *err, size_t errlen);
+void anna_audio_encoder_free(anna_audio_encoder *e);
 
 #ifdef __cplusplus
 }

@@ -26,6 +26,7 @@ static const field fields[] = {
     {"cuda_moe_deq_mb", KIND_INT, OFF(cuda_moe_deq_mb), 1, 1 << 20, "ANNA_CUDA_MOE_DEQ_MB"},
     {"cuda_decode_mmq", KIND_BOOL, OFF(cuda_decode_mmq), 0, 1, NULL},
     {"cuda_kv_quant", KIND_BOOL, OFF(cuda_kv_quant), 0, 1, NULL}, /* new with the key: no variable to retire */
+    {"cuda_batch_invariant", KIND_BOOL, OFF(cuda_batch_invariant), 0, 1, NULL},
     {"spec_window_states", KIND_BOOL, OFF(spec_window_states), 0, 1, NULL},
 };
 #undef OFF
@@ -60,6 +61,7 @@ void tuning_defaults(anna_tuning *t) {
       .cuda_moe_deq_mb = 2048,
       .cuda_decode_mmq = 0,
       .cuda_kv_quant = 0,
+      .cuda_batch_invariant = 0,
       .spec_window_states = 1,
   };
 }

@@ -14,7 +14,7 @@
  * the default. getenv is called here and nowhere else in src/.
  *
  * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb,
- * cuda_decode_mmq and cuda_kv_quant at creation (backend_params.tuning); speculative verify
+ * cuda_decode_mmq, cuda_kv_quant and cuda_batch_invariant at creation (backend_params.tuning); speculative verify
  * windows spec_window_states. Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
@@ -50,6 +50,15 @@ typedef struct anna_tuning {
    * families (test_cuda_ops.kv) have passed on a device (bench/notes/kvq.md); on once they
    * do. Read at CUDA backend creation. */
   int cuda_kv_quant;
+  /* cuda_batch_invariant = 0: 1 makes every quantized matmul's per-token result independent
+   * of how many tokens share the call: all sizes take the int8 tensor-core kernel
+   * (cuda_mmq.cu, in chunks of 64 tokens above that, so prefill reads weights once per 64
+   * tokens), types it lacks take the dp4a matvec in groups of 8 tokens, and the norm /
+   * activation folds into one-token launches are off. Greedy outputs of requests decoded
+   * together then equal those decoded alone (anna-serve --deterministic; dense models: the
+   * MoE expert kernels still pick by batch size). Slower prefill; default numerics only
+   * (exact mode has its own f32 paths). Read at CUDA backend creation. */
+  int cuda_batch_invariant;
   /* spec_window_states = 1: a speculative verify window (anna_context_seq_verify) on a model
    * with recurrent (GDN) state saves that state after each drafted token (into checkpoint
    * slots, when n_checkpoints >= drafts + 3), so a rejected tail is rolled back by one state

@@ -1,35 +1,39 @@
-/* anna-transcribe: speech to text with a Qwen3-ASR folder (qwen-asr's layout), on the CPU.
+/* anna-transcribe: speech to text with a Qwen3-ASR folder (qwen-asr's layout), through the
+ * public API (anna.h "Audio in prompts"), on the CPU.
  *   anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]
- *                   [--max-seconds S] [--threads N] [--print-ids] FILE
- * FILE (WAV, FLAC, OGG, MP3, ...) is decoded and resampled to 16 kHz mono (media/audio.h), its
- * 128-bin log-mel computed (media/mel.h) and encoded by the audio tower (qwen3_asr_audio); the
- * thinker's decoder then runs greedy on the ASR prompt (MODELS.md "Qwen3-ASR":
- * <|im_start|>system\n{context}<|im_end|>\n<|im_start|>user\n<|audio_start|> pads
- * <|audio_end|><|im_end|>\n<|im_start|>assistant\n, plus "language {NAME}<asr_text>" when forced)
- * until <|im_end|> / <|endoftext|> or --max-new tokens (default 512). stdout: the text after
- * <asr_text> (all of it when there is none or the language was forced); the detected language
- * goes to stderr. --print-ids first prints the generated ids (through the stop id).
+ *                   [--max-seconds S] [--threads N] [--format text|json|srt|vtt]
+ *                   [--print-ids | --stream] FILE...
+ * Each FILE (WAV, FLAC, OGG, MP3, ...) becomes an audio anna_media (decoded, resampled to
+ * 16 kHz mono, log-mel: anna_media_audio_decode); its prompt is anna_asr_prompt's (the
+ * context in the system turn, "language {NAME}<asr_text>" appended when forced; --language takes
+ * a name of config.json's support_languages or an ISO code), prefilled with the encoder's rows
+ * in place of the pads (anna_context_prefill), then greedy decoding until <|im_end|> /
+ * <|endoftext|> or --max-new tokens (default 512). Files are transcribed one after another in
+ * one context.
+ * Output per file, in order: text (default): the text after <asr_text> (all of it when there is
+ * none or the language was forced), one line; the detected language goes to stderr. json: one
+ * JSON object per line {"file", "language", "duration", "text"}. srt / vtt: one cue spanning the
+ * clip (the model emits no timestamps), a document per file. --print-ids first prints the
+ * generated ids (through the stop id). --stream (text only) prints the transcript as it
+ * decodes (the same bytes in the end; text before <asr_text> is held until the marker).
  * Not done: the wrapper's 1200-s splitting of long audio (longer files are refused, --max-seconds
  * default 300) and its collapsing of runs repeated more than 20 times. Exit 0, 1 (failure: an
- * "error: " line), 2 (usage). */
-#include "backends/registry.h"
-#include "base/error.h"
-#include "base/tuning.h"
+ * "error: " line, after the files before it were printed), 2 (usage). */
+#include "anna/anna.h"
 #include "cli_common.h"
-#include "media/audio.h"
-#include "media/mel.h"
-#include "model/audio_qwen3_asr.h"
-#include "model/kind.h"
-#include "tokenizer/tokenizer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+enum { FMT_TEXT, FMT_JSON, FMT_SRT, FMT_VTT };
+
 static void usage(FILE *f) {
   fprintf(
       f, "usage: anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]\n"
-         "                       [--max-seconds S] [--threads N] [--print-ids] FILE\n");
+         "                       [--max-seconds S] [--threads N] [--format text|json|srt|vtt]\n"
+         "                       [--print-ids | --stream] FILE...\n");
 }
 
 static unsigned char *read_all(const char *path, size_t *n) {
@@ -57,73 +61,186 @@ static unsigned char *read_all(const char *path, size_t *n) {
   return buf;
 }
 
-/* A loaded kind with its own CPU backend and state. */
-typedef struct part {
-  const model_kind *k;
-  void *impl, *st;
-  ops_backend *be;
-  model_desc desc;
-} part;
-
-static int part_open(part *p, const model_kind *k, const model_source *src, int threads,
-                     int64_t n_batch, int n_ctx, char *err, size_t errlen) {
-  memset(p, 0, sizeof *p);
-  p->k = k;
-  anna_tuning t;
-  tuning_defaults(&t);
-  const model_load_params lp = {.tuning = &t};
-  int rc = k->load(&p->impl, src, &lp, err, errlen);
-  if (rc) return rc;
-  k->describe(p->impl, &p->desc);
-  ops_model_shape *shape = calloc(1, sizeof *shape);
-  if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  k->backend_shape(p->impl, n_ctx, shape);
-  const backend_params bp = {
-      .n_threads = threads, .n_batch = n_batch, .shape = shape, .tuning = &t};
-  rc = backend_registry_find("cpu")->create(&bp, &p->be, err, errlen);
-  free(shape);
-  if (rc) return rc;
-  const model_state_params sp = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = (int)n_batch};
-  return k->state_create(&p->st, p->impl, p->be, &sp, err, errlen);
-}
-
-static void part_close(part *p) {
-  if (p->st) p->k->state_free(p->st);
-  if (p->be) p->be->destroy(p->be);
-  if (p->impl) p->k->free(p->impl);
-}
-
-/* Appends the ids of text to (*ids, *n); flags as tokenizer_encode. */
-static int append(const tokenizer *tok, const char *text, int flags, int32_t **ids, size_t *n,
-                  size_t *cap, char *err, size_t errlen) {
-  int32_t *piece = NULL;
-  size_t k = 0;
-  int rc = tokenizer_encode(tok, text, strlen(text), flags, &piece, &k, err, errlen);
-  if (rc) return rc;
-  if (*n + k > *cap) {
-    size_t nc = (*n + k) * 2 + 16;
-    int32_t *ni = realloc(*ids, nc * sizeof *ni);
-    if (!ni) {
-      free(piece);
-      return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-    }
-    *ids = ni, *cap = nc;
+/* s as a JSON string literal (escapes quotes, backslashes and control bytes; UTF-8 as is). */
+static void json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    if (*p == '"' || *p == '\\')
+      fprintf(f, "\\%c", *p);
+    else if (*p == '\n')
+      fputs("\\n", f);
+    else if (*p < 0x20)
+      fprintf(f, "\\u%04x", *p);
+    else
+      fputc(*p, f);
   }
-  if (k) memcpy(*ids + *n, piece, k * sizeof *piece);
-  *n += k;
-  free(piece);
+  fputc('"', f);
+}
+
+/* hh:mm:ss,mmm (srt) or hh:mm:ss.mmm (vtt) */
+static void stamp(FILE *f, double s, char sep) {
+  long long ms = llround(s * 1000.0);
+  fprintf(f, "%02lld:%02lld:%02lld%c%03lld", ms / 3600000, ms / 60000 % 60, ms / 1000 % 60, sep,
+          ms % 1000);
+}
+
+static int32_t argmax(const float *x, int n) {
+  int32_t best = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[best]) best = i; /* first of equal maxima */
+  return best;
+}
+
+/* --stream: the text as it decodes. Before <asr_text> (unforced) it is held back: the
+ * "language X" prefix goes to stderr once the marker shows, as in the final print. */
+typedef struct live {
+  anna_text_stream *ts;
+  char *acc; /* everything decoded so far */
+  size_t len, cap, shown;
+  int started, forced;
+} live;
+
+static int live_add(live *L, const char *p, size_t n, int final) {
+  if (L->len + n + 1 > L->cap) {
+    size_t nc = (L->len + n + 1) * 2 + 256;
+    char *nb = realloc(L->acc, nc);
+    if (!nb) return ANNA_ENOMEM;
+    L->acc = nb, L->cap = nc;
+  }
+  memcpy(L->acc + L->len, p, n);
+  L->len += n;
+  L->acc[L->len] = 0;
+  if (!L->started) {
+    char lang[64];
+    const size_t off = L->forced ? 0 : anna_asr_output_split(L->acc, L->len, lang, sizeof lang);
+    if (off) fprintf(stderr, "language %s\n", lang);
+    if (L->forced || off || final) L->started = 1, L->shown = off;
+  }
+  if (L->started && L->len > L->shown) {
+    fwrite(L->acc + L->shown, 1, L->len - L->shown, stdout);
+    fflush(stdout);
+    L->shown = L->len;
+  }
   return 0;
 }
 
-static int32_t special_id(const tokenizer *tok, const char *piece, char *err, size_t errlen) {
-  const int32_t id = tokenizer_token_id(tok, piece);
-  if (id < 0) anna_err(err, errlen, ANNA_ENOTFOUND, "the tokenizer has no %s token", piece);
-  return id;
+/* Transcribes one file: prints its output; 0 or an error code with err filled. */
+static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int *ctx_cap,
+                      int threads, const char *file, const char *context, const char *language,
+                      int max_new, int max_seconds, int fmt, int print_ids, int stream, char *err,
+                      size_t errlen) {
+  size_t n_bytes = 0;
+  unsigned char *bytes = read_all(file, &n_bytes);
+  if (!bytes) return anna_err(err, errlen, ANNA_EIO, "%s: cannot read the file", file);
+  anna_media *md = NULL;
+  int rc = anna_media_audio_decode(&md, m, bytes, n_bytes, (double)max_seconds, err, errlen);
+  free(bytes);
+  int32_t *ids = NULL, *gen = NULL, at = -1;
+  size_t n = 0;
+  float *logits = NULL;
+  char *text = NULL;
+  if (!rc) rc = anna_asr_prompt(m, t, md, context, language, &ids, &n, &at, err, errlen);
+  const int V = anna_model_vocab(m);
+  const int32_t eot = anna_text_token_id(t, "<|endoftext|>"); /* qwen-asr stops on it too */
+  /* one sequence; the context is remade when a longer prompt comes */
+  if (!rc) {
+    const int need = (int)n + max_new + 1;
+    if (!*ctx || need > *ctx_cap) {
+      anna_context_free(*ctx);
+      *ctx = NULL;
+      const anna_context_options co = {.n_seq = 1, .n_ctx = need, .n_threads = threads};
+      rc = anna_context_create(ctx, m, &co, err, errlen);
+      *ctx_cap = rc ? 0 : need;
+    } else {
+      anna_context_seq_reset(*ctx, 0);
+    }
+  }
+  if (!rc && (!(logits = malloc(sizeof(float) * (size_t)V)) ||
+              !(gen = malloc(sizeof(int32_t) * (size_t)max_new))))
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  int n_gen = 0;
+  if (!rc) {
+    const anna_media_ref ref = {md, at};
+    const anna_prompt p = {ids, (int32_t)n, &ref, 1};
+    rc = anna_context_prefill(*ctx, 0, &p, logits, err, errlen);
+  }
+  int stopped = 0;
+  live L = {.forced = language != NULL};
+  if (!rc && stream) rc = anna_text_stream_new(&L.ts, t, 0, err, errlen);
+  while (!rc && n_gen < max_new) {
+    int32_t g = argmax(logits, V), gs = 0, gp = (int32_t)n + n_gen;
+    gen[n_gen++] = g;
+    if (anna_text_is_eog(t, g) || g == eot) {
+      stopped = 1;
+      break;
+    }
+    if (stream) {
+      char piece[256];
+      size_t pl = 0;
+      rc = anna_text_stream_feed(L.ts, g, piece, sizeof piece, &pl, err, errlen);
+      if (!rc && (rc = live_add(&L, piece, pl, 0))) anna_err(err, errlen, rc, "out of memory");
+      if (rc) break;
+    }
+    if (n_gen == max_new) break;
+    int8_t gw = 1;
+    const anna_batch b = {1, &g, &gs, &gp, &gw};
+    rc = anna_context_decode(*ctx, &b, logits, err, errlen);
+  }
+  if (!rc && stream) {
+    char piece[256];
+    size_t pl = 0;
+    rc = anna_text_stream_flush(L.ts, piece, sizeof piece, &pl, err, errlen);
+    if (!rc && (rc = live_add(&L, piece, pl, 1))) anna_err(err, errlen, rc, "out of memory");
+    if (!rc) printf("\n");
+  }
+  anna_text_stream_free(L.ts);
+  free(L.acc);
+  size_t tlen = 0;
+  if (!rc)
+    rc = anna_text_detokenize(t, gen, (size_t)(n_gen - stopped), 0, &text, &tlen, err, errlen);
+  if (!rc) {
+    if (print_ids) {
+      for (int i = 0; i < n_gen; i++)
+        printf("%s%d", i ? "," : "", gen[i]);
+      printf("\n");
+    }
+    char lang[64] = "";
+    const size_t off = language ? 0 : anna_asr_output_split(text, tlen, lang, sizeof lang);
+    const char *tr = text + off;
+    const double secs = anna_media_audio_seconds(md);
+    if (off && fmt == FMT_TEXT && !stream) fprintf(stderr, "language %s\n", lang);
+    if (fmt == FMT_TEXT) {
+      if (!stream) printf("%s\n", tr);
+    } else if (fmt == FMT_JSON) {
+      printf("{\"file\":");
+      json_str(stdout, file);
+      printf(",\"language\":");
+      json_str(stdout, language ? language : lang);
+      printf(",\"duration\":%.3f,\"text\":", secs);
+      json_str(stdout, tr);
+      printf("}\n");
+    } else {
+      const char sep = fmt == FMT_SRT ? ',' : '.';
+      if (fmt == FMT_VTT) printf("WEBVTT\n\n");
+      if (fmt == FMT_SRT) printf("1\n");
+      stamp(stdout, 0, sep);
+      printf(" --> ");
+      stamp(stdout, secs, sep);
+      printf("\n%s\n\n", tr);
+    }
+    fflush(stdout);
+  }
+  anna_media_free(md);
+  free(ids), free(gen), free(logits), free(text);
+  return rc;
 }
 
 int main(int argc, char **argv) {
-  const char *dir = NULL, *file = NULL, *context = "", *language = NULL;
-  int max_new = 512, threads = 0, print_ids = 0, max_seconds = 300;
+  const char *dir = NULL, *context = "", *language = NULL;
+  int max_new = 512, threads = 0, print_ids = 0, max_seconds = 300, fmt = FMT_TEXT, stream = 0;
+  const char **files = calloc((size_t)argc, sizeof *files);
+  int n_files = 0;
+  if (!files) return 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--model-dir")) {
@@ -135,6 +252,20 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--language")) {
       CLI_NEEDV();
       language = v;
+    } else if (!strcmp(a, "--format")) {
+      CLI_NEEDV();
+      if (!strcmp(v, "text"))
+        fmt = FMT_TEXT;
+      else if (!strcmp(v, "json"))
+        fmt = FMT_JSON;
+      else if (!strcmp(v, "srt"))
+        fmt = FMT_SRT;
+      else if (!strcmp(v, "vtt"))
+        fmt = FMT_VTT;
+      else {
+        fprintf(stderr, "error: --format expects text, json, srt or vtt, got '%s'\n", v);
+        return 2;
+      }
     } else if (!strcmp(a, "--max-new")) {
       CLI_NEEDV();
       if (cli_int(a, v, 1, 1 << 16, &max_new)) return 2;
@@ -146,180 +277,65 @@ int main(int argc, char **argv) {
       if (cli_int(a, v, 0, 1024, &threads)) return 2;
     } else if (!strcmp(a, "--print-ids")) {
       print_ids = 1;
+    } else if (!strcmp(a, "--stream")) {
+      stream = 1;
     } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
       return 0;
-    } else if (a[0] == '-') {
+    } else if (a[0] == '-' && a[1]) {
       fprintf(stderr, "error: unknown flag %s\n", a);
       usage(stderr);
       return 2;
-    } else if (file) {
-      fprintf(stderr, "error: one audio file only (got %s and %s)\n", file, a);
-      return 2;
     } else {
-      file = a;
+      files[n_files++] = a;
     }
   }
-  if (!dir || !file) {
+  if (stream && (fmt != FMT_TEXT || print_ids)) {
+    fprintf(stderr,
+            "error: --stream prints text as it decodes: not with --format %s or --print-ids\n",
+            fmt == FMT_TEXT   ? "text"
+            : fmt == FMT_JSON ? "json"
+            : fmt == FMT_SRT  ? "srt"
+                              : "vtt");
+    free(files);
+    return 2;
+  }
+  if (!dir || !n_files) {
     fprintf(stderr, "error: %s\n", !dir ? "--model-dir is required" : "no audio file given");
     usage(stderr);
+    free(files);
     return 2;
   }
   char err[1024] = "";
-  int rc = 0;
-  media_audio au = {0};
-  media_mel *mel = NULL;
-  float *feat = NULL, *rows = NULL, *logits = NULL;
-  int32_t *ids = NULL, *seq = NULL, *pos = NULL, *eidx = NULL, *gen = NULL;
-  int8_t *want = NULL;
-  tokenizer *tok = NULL;
-  part enc = {0}, dec = {0};
-  char *text = NULL;
-  size_t n_bytes = 0;
-  unsigned char *bytes = read_all(file, &n_bytes);
-  if (!bytes) {
-    fprintf(stderr, "error: %s: cannot read the file\n", file);
-    return 1;
-  }
-  rc = media_audio_decode(bytes, n_bytes, (double)max_seconds, &au, err, sizeof err);
-  free(bytes);
-  if (!rc) rc = media_mel_create(128, &mel, err, sizeof err);
-  const int64_t L = media_mel_frames(au.n);
-  if (!rc && !(feat = malloc(sizeof(float) * 128 * (size_t)(L > 0 ? L : 1))))
-    rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
-  if (!rc) rc = media_mel_compute(mel, au.samples, au.n, feat, err, sizeof err);
-  model_source src;
-  const model_kind *dk = NULL;
-  if (!rc) rc = model_kind_find(dir, &src, &dk, err, sizeof err);
-  if (!rc && strcmp(src.model_type, "qwen3_asr"))
+  anna_model *m = NULL;
+  anna_text *t = NULL;
+  anna_context *ctx = NULL;
+  int ctx_cap = 0;
+  const anna_model_options mo = {.device = "cpu"};
+  int rc = anna_model_load(&m, dir, &mo, err, sizeof err);
+  if (!rc && !anna_model_has_audio(m)) { /* describe: "qwen3: 2 layers, ..." */
+    const char *d = anna_model_describe(m), *colon = strchr(d, ':');
     rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED,
-                  "%s: model_type '%s' is not a Qwen3-ASR model", dir, src.model_type);
-  if (!rc)
-    rc = part_open(&enc, model_kind_by_name("qwen3_asr_audio"), &src, threads, L, 0, err,
-                   sizeof err);
-  char tpath[4096];
-  snprintf(tpath, sizeof tpath, "%s/tokenizer.json", dir);
-  if (!rc) rc = tokenizer_load_json(&tok, tpath, err, sizeof err);
-  /* the prompt: the context is user text, so its special-token spellings stay plain text */
-  size_t n = 0, cap = 0;
-  const int64_t N = rc ? 0 : audio_qwen3_asr_tokens(enc.impl, L);
-  audio_qwen3_asr_ids sid;
-  if (!rc) audio_qwen3_asr_get_ids(enc.impl, &sid);
-  if (!rc) rc = append(tok, "<|im_start|>", 0, &ids, &n, &cap, err, sizeof err);
-  if (!rc) {
-    size_t ln = strlen(context) + 16;
-    char *sys = malloc(ln);
-    if (!sys)
-      rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
-    else {
-      snprintf(sys, ln, "system\n%s", context);
-      rc = append(tok, sys, TOKENIZER_ENCODE_NO_PARSE_SPECIAL, &ids, &n, &cap, err, sizeof err);
-      free(sys);
-    }
+                  "%s: model_type '%.*s' is not a Qwen3-ASR model (no audio encoder)", dir,
+                  (int)(colon ? colon - d : (long)strlen(d)), d);
   }
-  if (!rc)
-    rc = append(tok, "<|im_end|>\n<|im_start|>user\n<|audio_start|>", 0, &ids, &n, &cap, err,
-                sizeof err);
-  /* the pads: the tokenizer's <|audio_pad|> must be the id the thinker replaces */
-  const size_t pad0 = n;
-  if (!rc) rc = append(tok, "<|audio_pad|>", 0, &ids, &n, &cap, err, sizeof err);
-  if (!rc && (n != pad0 + 1 || ids[pad0] != sid.audio_pad))
-    rc = anna_err(
-        err, sizeof err, ANNA_EFORMAT,
-        "the tokenizer's <|audio_pad|> is not one token of id %d (thinker_config.audio_token_id)",
-        sid.audio_pad);
-  n = pad0;
-  for (int64_t i = 0; !rc && i < N; i++) {
-    if (n == cap) {
-      size_t nc = 2 * cap + (size_t)N + 64;
-      int32_t *ni = realloc(ids, nc * sizeof *ni);
-      if (!ni) {
-        rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
-        break;
-      }
-      ids = ni, cap = nc;
-    }
-    ids[n++] = sid.audio_pad;
+  if (!rc) rc = anna_text_open(&t, dir, ANNA_TEXT_NO_TEMPLATE, err, sizeof err);
+  const char *lang = NULL;
+  if (!rc && language && !(lang = anna_model_audio_language_find(m, language))) {
+    char have[512] = "";
+    for (int i = 0; anna_model_audio_language(m, i); i++)
+      snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "",
+               anna_model_audio_language(m, i));
+    rc = anna_err(err, sizeof err, ANNA_EINVAL, "--language '%s' is not supported (have: %s)",
+                  language, have[0] ? have : "the 30 Qwen3-ASR languages");
   }
-  if (!rc)
-    rc = append(tok, "<|audio_end|><|im_end|>\n<|im_start|>assistant\n", 0, &ids, &n, &cap, err,
-                sizeof err);
-  if (!rc && language) {
-    char forced[256];
-    snprintf(forced, sizeof forced, "language %s", language);
-    rc = append(tok, forced, TOKENIZER_ENCODE_NO_PARSE_SPECIAL, &ids, &n, &cap, err, sizeof err);
-    if (!rc) rc = append(tok, "<asr_text>", 0, &ids, &n, &cap, err, sizeof err);
-  }
-  const int32_t im_end = rc ? -1 : special_id(tok, "<|im_end|>", err, sizeof err);
-  const int32_t eot = rc || im_end < 0 ? -1 : special_id(tok, "<|endoftext|>", err, sizeof err);
-  if (!rc && (im_end < 0 || eot < 0)) rc = ANNA_ENOTFOUND;
-  if (!rc)
-    rc = part_open(&dec, dk, &src, threads, (int64_t)n, (int)n + max_new + 1, err, sizeof err);
-  if (!rc && dec.desc.vocab < 1)
-    rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED, "%s: the decoder makes no logits", dir);
-  if (!rc) {
-    rows = malloc(sizeof(float) * (size_t)(N > 0 ? N : 1) * (size_t)enc.desc.n_embd);
-    logits = malloc(sizeof(float) * (size_t)dec.desc.vocab);
-    seq = calloc(n, sizeof *seq), pos = malloc(n * sizeof *pos), eidx = malloc(n * sizeof *eidx);
-    want = calloc(n, 1), gen = malloc(sizeof(int32_t) * (size_t)max_new);
-    if (!rows || !logits || !seq || !pos || !eidx || !want || !gen)
-      rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
-  }
-  if (!rc) {
-    const model_input in = {.io = MODEL_IO_AUDIO, .features = feat, .n_frames = L, .n_mels = 128};
-    int64_t w = 0;
-    const model_output o = {
-        .io = MODEL_IO_EMBEDDINGS, .embd = rows, .embd_rows = N, .embd_written = &w};
-    rc = enc.k->run(enc.impl, enc.st, enc.be, &in, &o, err, sizeof err);
-  }
-  int n_gen = 0;
-  if (!rc) {
-    int64_t ne = 0;
-    for (size_t i = 0; i < n; i++) {
-      pos[i] = (int32_t)i;
-      if (i >= pad0 && ne < N) eidx[ne++] = (int32_t)i;
-    }
-    want[n - 1] = 1;
-    anna_batch b = {(int32_t)n, ids, seq, pos, want};
-    const model_input in = {
-        .io = MODEL_IO_TOKENS, .batch = &b, .embd = rows, .embd_idx = eidx, .n_embd = ne};
-    const model_output o = {.io = MODEL_IO_LOGITS, .logits = logits};
-    rc = dec.k->run(dec.impl, dec.st, dec.be, &in, &o, err, sizeof err);
-    int32_t g = 0, gs = 0, gp;
-    int8_t gw = 1;
-    float best;
-    while (!rc && n_gen < max_new) {
-      g = (int32_t)ops_argmax_f32(logits, dec.desc.vocab, &best);
-      gen[n_gen++] = g;
-      if (g == im_end || g == eot || n_gen == max_new) break;
-      gp = (int32_t)n + n_gen - 1;
-      anna_batch b1 = {1, &g, &gs, &gp, &gw};
-      const model_input in1 = {.io = MODEL_IO_TOKENS, .batch = &b1};
-      rc = dec.k->run(dec.impl, dec.st, dec.be, &in1, &o, err, sizeof err);
-    }
-  }
-  size_t tlen = 0;
-  const int stopped = n_gen > 0 && (gen[n_gen - 1] == im_end || gen[n_gen - 1] == eot);
-  if (!rc)
-    rc = tokenizer_decode(tok, gen, (size_t)(n_gen - stopped), 0, &text, &tlen, err, sizeof err);
-  if (!rc) {
-    if (print_ids) {
-      for (int i = 0; i < n_gen; i++)
-        printf("%s%d", i ? "," : "", gen[i]);
-      printf("\n");
-    }
-    const char *mark = language ? NULL : strstr(text, "<asr_text>");
-    if (mark) fprintf(stderr, "%.*s\n", (int)(mark - text), text); /* "language English" */
-    printf("%s\n", mark ? mark + strlen("<asr_text>") : text);
-  }
+  for (int i = 0; !rc && i < n_files; i++)
+    rc = transcribe(m, t, &ctx, &ctx_cap, threads, files[i], context, lang, max_new, max_seconds,
+                    fmt, print_ids, stream, err, sizeof err);
   if (rc) fprintf(stderr, "error: %s\n", err[0] ? err : "failed");
-  free(text);
-  part_close(&dec);
-  part_close(&enc);
-  tokenizer_free(tok);
-  free(ids), free(seq), free(pos), free(eidx), free(want), free(gen);
-  free(rows), free(logits), free(feat);
-  media_mel_free(mel);
-  media_audio_free(&au);
+  anna_context_free(ctx);
+  anna_text_free(t);
+  anna_model_free(m);
+  free(files);
   return rc ? 1 : 0;
 }

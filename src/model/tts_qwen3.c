@@ -680,6 +680,7 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
     s->hist[f] = frame[0];
     if ((rc = predict(s, h, frame, rq->greedy, err, errlen))) return rc;
     *n_frames = f + 1;
+    if (rq->on_frame && rq->on_frame(rq->user, frame, f)) break;
     if (f + 1 == rq->max_frames) break;
     /* next input: the frame's code embeddings + tts_pad */
     table_row(s, &m->talker->embed, frame[0], s->rows);
@@ -693,6 +694,10 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
     lg = s->logits;
   }
   return 0;
+}
+
+const char *tts_qwen3_speaker(const tts_qwen3 *m, int i) {
+  return i >= 0 && i < m->n_spk ? m->spk[i].name : NULL;
 }
 
 /* ---- kind table ---- */

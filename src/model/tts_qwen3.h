@@ -53,6 +53,12 @@ typedef struct tts_qwen3_request {
   int max_frames;       /* >= 1 */
   int greedy;           /* 1: argmax for talker and predictor; 0: sampling (generation_config) */
   uint64_t seed;        /* sampling only */
+  /* Optional (NULL: none): called with each frame as soon as its 16 codes are chosen (f is
+   * its index; codes borrowed for the call), so a streaming decoder can start before the
+   * utterance ends. A nonzero return stops generation there: generate returns 0 with the
+   * frames so far (this one included). */
+  int (*on_frame)(void *user, const int32_t *codes, int f);
+  void *user;
 } tts_qwen3_request;
 
 /* Caller frees with tts_qwen3_free. */
@@ -60,6 +66,8 @@ int tts_qwen3_load(tts_qwen3 **out, const char *dir, char *err, size_t errlen);
 void tts_qwen3_free(tts_qwen3 *m);
 /* The talker's codec vocabulary (logits row width) and the talker's hidden size. */
 int tts_qwen3_vocab(const tts_qwen3 *m);
+/* Preset speaker i (config spk_id order, lower case; borrowed), NULL past the last. */
+const char *tts_qwen3_speaker(const tts_qwen3 *m, int i);
 /* The shape a backend sizes its scratch for (both decoders), contexts of n_ctx positions. */
 void tts_qwen3_backend_shape(const tts_qwen3 *m, int n_ctx, ops_model_shape *out);
 

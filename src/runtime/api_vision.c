@@ -36,10 +36,12 @@ struct model_vision {
 };
 
 struct anna_media {
-  vision_pixels px;
+  vision_pixels px; /* images only */
   int32_t n_tokens, merge;
   int32_t src_w, src_h;
   uint64_t hash;
+  audio_clip *audio; /* owned; non-NULL: an audio clip (api_audio.c), px unused */
+  double seconds;    /* audio only */
 };
 
 /* Encoder output cache: the tower's rows of recent images, found by hash and confirmed by
@@ -285,8 +287,35 @@ int32_t anna_media_n_tokens(const anna_media *md) {
   return md ? md->n_tokens : 0;
 }
 
+int media_wrap_audio(anna_media **out, audio_clip *clip, int32_t n_tokens, double seconds, uint64_t hash,
+                     char *err, size_t errlen) {
+  anna_media *md = calloc(1, sizeof *md);
+  if (!md) {
+    audio_clip_free(clip);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  md->audio = clip;
+  md->n_tokens = n_tokens;
+  md->seconds = seconds;
+  md->hash = hash;
+  *out = md;
+  return 0;
+}
+
+const audio_clip *media_audio_clip(const anna_media *md) {
+  return md ? md->audio : NULL;
+}
+
+int anna_media_is_audio(const anna_media *md) {
+  return md && md->audio;
+}
+
+double anna_media_audio_seconds(const anna_media *md) {
+  return md && md->audio ? md->seconds : 0;
+}
+
 void anna_media_grid(const anna_media *md, int32_t thw[3], int32_t *width, int32_t *height) {
-  thw[0] = md->px.grid_t;
+  thw[0] = md->px.grid_t; /* zeros for audio (calloc) */
   thw[1] = md->px.grid_h;
   thw[2] = md->px.grid_w;
   if (width) *width = md->src_w;
@@ -299,6 +328,7 @@ uint64_t anna_media_hash(const anna_media *md) {
 
 void anna_media_free(anna_media *md) {
   if (!md) return;
+  audio_clip_free(md->audio);
   vision_pixels_free(&md->px);
   free(md);
 }
@@ -582,6 +612,9 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
     const anna_media *md = p->media[r].media;
     const int32_t at = p->media[r].at;
     if (!md) return anna_err(err, errlen, ANNA_EINVAL, "prompt media %d: no media", r);
+    if (md->audio)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "prompt media %d is audio: this model has no audio encoder", r);
     if (md->px.patch_dim != mv->patch_dim || md->merge != mv->info.merge_size)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED,
                       "prompt media %d: prepared for another model's tower", r);
@@ -619,12 +652,18 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
 int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err,
                          size_t errlen) {
   const anna_model *m = context_model(c);
+  if (context_audio(c)) return ctx_audio_prefill(c, seq, p, logits, err, errlen);
   ctx_vision *v = context_vision(c);
   if (!p || !p->tokens || p->n <= 0)
     return anna_err(err, errlen, ANNA_EINVAL, "prefill: empty prompt");
   if (p->n_media < 0 || (p->n_media > 0 && !p->media))
     return anna_err(err, errlen, ANNA_EINVAL, "prefill: media count %d without media", p->n_media);
-  if (p->n_media > 0 && !v) return no_vision(m, err, errlen);
+  if (p->n_media > 0 && !v) {
+    if (p->media[0].media && anna_media_is_audio(p->media[0].media))
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "the model %s has no audio encoder: it takes no audio", m->path);
+    return no_vision(m, err, errlen);
+  }
   if (v && (seq < 0 || seq >= v->n_seq))
     return anna_err(err, errlen, ANNA_EINVAL, "prefill: sequence %d out of range [0, %d)", seq,
                     v->n_seq);

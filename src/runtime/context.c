@@ -26,12 +26,13 @@ struct anna_context {
   anna_tuning tuning; /* resolved at creation (anna_context_tuning) */
   anna_spec_stats spec; /* anna_context_seq_verify counters */
   /* verify windows' batch, [n_batch] each (allocated at creation: windows allocate nothing) */
-  int n_batch;
+  int n_batch, n_seq, n_ctx;
   int32_t *vtok, *vseq, *vpos, *vidx;
   int8_t *vwant;
   float *vval;
   double *vstats; /* [2 * n_batch] */
   ctx_vision *vis;    /* owned; NULL without a vision tower (api_vision.c) */
+  ctx_audio *aud;     /* owned; NULL without an audio encoder (api_audio.c) */
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
@@ -80,7 +81,8 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   }
   m->kind = kind;
   kind->describe(m->impl, &m->desc);
-  if ((rc = model_vision_attach(m, &src, &lp, err, errlen))) {
+  if ((rc = model_vision_attach(m, &src, &lp, err, errlen)) ||
+      (rc = model_audio_attach(m, &src, &lp, err, errlen))) {
     anna_model_free(m);
     return rc;
   }
@@ -93,6 +95,7 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
 void anna_model_free(anna_model *m) {
   if (!m) return;
   model_vision_detach(m);
+  model_audio_detach(m);
   m->kind->free(m->impl);
   free(m->path);
   free(m);
@@ -100,6 +103,10 @@ void anna_model_free(anna_model *m) {
 
 int anna_model_vocab(const anna_model *m) {
   return m->desc.vocab;
+}
+
+int anna_model_hidden_size(const anna_model *m) {
+  return m->desc.hidden;
 }
 
 int anna_model_n_layers(const anna_model *m) {
@@ -276,6 +283,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   }
   c->m = m;
   c->n_batch = o.n_batch;
+  c->n_seq = o.n_seq;
+  c->n_ctx = o.n_ctx;
   const size_t nb = o.n_batch > 0 ? (size_t)o.n_batch : 1;
   c->vtok = malloc(nb * sizeof(int32_t)), c->vseq = malloc(nb * sizeof(int32_t));
   c->vpos = malloc(nb * sizeof(int32_t)), c->vidx = malloc(nb * sizeof(int32_t));
@@ -314,6 +323,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   spr.kv_type = kv_type;
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
       (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, o.n_threads, err, errlen)) ||
+      (rc = ctx_audio_create(&c->aud, m, o.n_batch, o.n_threads, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
     return rc;
@@ -327,6 +337,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
 void anna_context_free(anna_context *c) {
   if (!c) return;
   ctx_vision_free(c->vis);
+  ctx_audio_free(c->aud);
   if (c->st) c->m->kind->state_free(c->st);
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
@@ -335,7 +346,7 @@ void anna_context_free(anna_context *c) {
 }
 
 static int context_run_any(anna_context *c, const anna_batch *b, const model_input *mm, float *out,
-                           const model_topk *tk, char *err, size_t errlen) {
+                           const model_topk *tk, float *hidden, char *err, size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
   const model_kind *k = c->m->kind;
   model_input in = {.io = MODEL_IO_TOKENS, .batch = b};
@@ -348,7 +359,8 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
     int rc = ctx_vision_rope(c->vis, b, &in.rope_pos, err, errlen);
     if (rc) return rc;
   }
-  const model_output mo = {.io = MODEL_IO_LOGITS, .logits = out, .topk = tk};
+  const model_output mo = {.io = hidden && !out && !tk ? MODEL_IO_HIDDEN : MODEL_IO_LOGITS, .logits = out,
+                           .topk = tk, .hidden = hidden};
   ops_backend *d = c->dev;
   if (d->step_begin) {
     d->step_begin(d, b->n);
@@ -363,16 +375,32 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
 
 static int context_run(anna_context *c, const anna_batch *b, float *out, const model_topk *tk, char *err,
                        size_t errlen) {
-  return context_run_any(c, b, NULL, out, tk, err, errlen);
+  return context_run_any(c, b, NULL, out, tk, NULL, err, errlen);
 }
 
 int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,
                    size_t errlen) {
-  return context_run_any(c, b, mm, out, NULL, err, errlen);
+  return context_run_any(c, b, mm, out, NULL, NULL, err, errlen);
+}
+
+int context_run_hidden(anna_context *c, const anna_batch *b, float *out, float *hidden, char *err, size_t errlen) {
+  return context_run_any(c, b, NULL, out, NULL, hidden, err, errlen);
+}
+
+ops_backend *context_backend(anna_context *c) {
+  return c->be;
+}
+
+void context_shape(const anna_context *c, int *n_seq, int *n_ctx, int *n_batch) {
+  *n_seq = c->n_seq, *n_ctx = c->n_ctx, *n_batch = c->n_batch;
 }
 
 ctx_vision *context_vision(anna_context *c) {
   return c->vis;
+}
+
+ctx_audio *context_audio(anna_context *c) {
+  return c->aud;
 }
 
 const anna_model *context_model(const anna_context *c) {
@@ -381,6 +409,13 @@ const anna_model *context_model(const anna_context *c) {
 
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
   return context_run(c, b, out, NULL, err, errlen);
+}
+
+int anna_context_decode_hidden(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
+  if (!out) return anna_err(err, errlen, ANNA_EINVAL, "decode_hidden: NULL output");
+  if (!(c->m->kind->outputs & MODEL_IO_BIT(MODEL_IO_HIDDEN)) || c->m->desc.hidden <= 0)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "a %s model gives no hidden states", c->m->kind->name);
+  return context_run_any(c, b, NULL, NULL, NULL, out, err, errlen);
 }
 
 int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float temp, int32_t *idx, float *val,
@@ -537,7 +572,7 @@ void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st) {
  * drafted token (model_seq_ops.window) and the same rewind restores it; otherwise (or
  * without the slots) the rewind goes to the checkpoint taken before the window and the
  * accepted tokens are run again (their logits are not needed). */
-int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen) {
+int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hidden, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
   if (!s) return no_seq(c, err, errlen);
   if (n < 0 || (n > 0 && !w)) return anna_err(err, errlen, ANNA_EINVAL, "verify: bad window array");
@@ -574,7 +609,9 @@ int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, 
     if (x->k > 0 && c->tuning.spec_window_states && s->window) s->window(c->st, x->seq, x->k);
   }
   const anna_batch b = {rows, c->vtok, c->vseq, c->vpos, c->vwant};
-  if ((rc = anna_context_decode_topk(c, &b, 1, 0.0f, c->vidx, c->vval, c->vstats, err, errlen))) return rc;
+  if (!c->be->topk) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "backend %s has no topk op", c->be->name);
+  const model_topk tk1 = {1, 0.0f, c->vidx, c->vval, c->vstats};
+  if ((rc = context_run_any(c, &b, NULL, NULL, &tk1, hidden, err, errlen))) return rc;
   /* Accept, then roll back; windows whose state must be recomputed gather their accepted
    * rows at the front of the batch arrays (never past their own rows) for one re-run. */
   int re = 0;
@@ -613,6 +650,10 @@ int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, 
   c->spec.rerun_tokens += re;
   const anna_batch rb = {re, c->vtok, c->vseq, c->vpos, c->vwant};
   return anna_context_decode(c, &rb, NULL, err, errlen);
+}
+
+int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen) {
+  return context_verify_hidden(c, w, n, NULL, err, errlen);
 }
 
 int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,

@@ -20,6 +20,7 @@ struct anna_model {
                        */
   anna_tuning tuning; /* resolved at load (ANNA_TUNING, then anna_model_options.tuning) */
   struct model_vision *vis; /* owned, NULL without a vision tower (api_vision.c) */
+  struct model_audio *aud;  /* owned, NULL without an audio encoder (api_audio.c) */
 };
 
 /* api_vision.c: the optional vision tower of a model and the per-context vision state. */
@@ -46,6 +47,35 @@ void ctx_vision_seq_truncate(ctx_vision *v, int seq, int32_t n);
 int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,
                    size_t errlen);
 ctx_vision *context_vision(anna_context *c);
+/* context.c, for the drafters (spec_mtp.c): a decode that also writes the flagged rows'
+ * final-norm hidden states to hidden [n_flagged, H] (out NULL: no logits, no lm_head); the
+ * verify windows of anna_context_verify with the rows' hidden states (window order, k + 1 rows
+ * each) to hidden (NULL: none); the context's backend table and shape. */
+int context_run_hidden(anna_context *c, const anna_batch *b, float *out, float *hidden, char *err, size_t errlen);
+int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hidden, char *err, size_t errlen);
+ops_backend *context_backend(anna_context *c);
+void context_shape(const anna_context *c, int *n_seq, int *n_ctx, int *n_batch);
 const anna_model *context_model(const anna_context *c);
+
+/* api_audio.c: the optional audio encoder of a model (Qwen3-ASR) and its per-context state. */
+typedef struct ctx_audio ctx_audio;
+typedef struct audio_clip audio_clip; /* an audio media item's features */
+/* After the text kind loaded src: loads the encoder when src is a qwen3_asr folder (m->aud). */
+int model_audio_attach(anna_model *m, const model_source *src, const model_load_params *lp, char *err,
+                       size_t errlen);
+void model_audio_detach(anna_model *m);
+/* NULL *out (and 0) when m has no audio encoder. Caller frees with ctx_audio_free. */
+int ctx_audio_create(ctx_audio **out, const anna_model *m, int n_batch, int n_threads, char *err, size_t errlen);
+void ctx_audio_free(ctx_audio *a);
+/* anna_context_prefill for a context with an audio encoder. */
+int ctx_audio_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err, size_t errlen);
+ctx_audio *context_audio(anna_context *c);
+void audio_clip_free(audio_clip *a);
+/* api_vision.c: wraps clip as a media item of n_tokens pads lasting `seconds` (ownership of clip
+ * passes, also on error). */
+int media_wrap_audio(anna_media **out, audio_clip *clip, int32_t n_tokens, double seconds, uint64_t hash,
+                     char *err, size_t errlen);
+/* The clip of an audio media item; NULL for an image. */
+const audio_clip *media_audio_clip(const anna_media *md);
 
 #endif

@@ -43,6 +43,7 @@ typedef struct server_options {
   size_t max_image_bytes;   /* --max-image-bytes (0: default) */
   const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
   int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
+  int max_audio_seconds;             /* --max-audio-seconds: one clip (0: 300) */
   /* API keys: --api-key (repeatable, borrowed) and --api-key-file; none: no auth. With keys,
    * every route but /healthz, /health and /metrics needs "Authorization: Bearer KEY" (401
    * otherwise); auth_health: those too. */
@@ -50,6 +51,9 @@ typedef struct server_options {
   int n_api_keys;
   const char *api_key_file;
   int auth_health;
+  /* /v1/responses kept for previous_response_id and GET (--responses-store-max; least
+   * recently used evicted; 0: none kept). eng.embeddings turns /v1/embeddings on. */
+  int responses_store_max;
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled

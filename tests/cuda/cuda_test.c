@@ -200,6 +200,7 @@ int main(int argc, char **argv) {
   } tests[] = {
       {"matmul", test_matmul},
       {"matvec_int8", test_matvec_int8},
+      {"batch_invariant", test_batch_invariant},
       {"matmul_group", test_matmul_group},
       {"matmul_group_route", test_matmul_group_route},
       {"norm_fused", test_norm_fused},

@@ -54,6 +54,7 @@ double now_s(void); /* monotonic seconds, for the benchmarks */
 /* test_cuda_matmul.c */
 void test_matmul(void);
 void test_matvec_int8(void);
+void test_batch_invariant(void);
 void bench_gemm(void);
 /* test_cuda_group.c */
 void test_matmul_group(void);

@@ -326,3 +326,88 @@ void bench_gemm(void) {
   cuda_backend_set_exact(g_gpu, 1);
   dfree(dx), dfree(dy), free(x);
 }
+
+/* Batch invariance (tuning cuda_batch_invariant): with it on, each token's row of a matmul,
+ * a matmul group and an act_matmul is bit for bit the one that token gets alone (n = 1), for
+ * every size (the one-token matvec / group / activation folds are off, the int8 kernel takes
+ * all sizes of its types in 64-token calls, the others the matvec in groups of 8): the
+ * property that makes the greedy outputs of requests decoded together equal to those decoded
+ * alone. Shapes cross the 8-token matvec groups and the 64-token calls; f32 and bf16 weights
+ * take the matvec path. A deferred add_rmsnorm before the one-token call must not change
+ * the bits either (the fold is off). */
+void test_batch_invariant(void) {
+  printf("batch invariance\n");
+  const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,
+                       ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_F32, ANNA_DTYPE_BF16};
+  const int64_t ns[] = {2, 9, 13, 64, 100, 300};
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_batch_invariant(g_gpu, 1);
+  for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+    const int type = types[ti];
+    const int64_t rows = 200, cols = 512, nmax = 300;
+    cuda_backend_drop_mirrors(g_gpu);
+    float *wf;
+    void *w = make_weight(type, rows, cols, &wf);
+    ops_weight ow = {type, w, rows, cols};
+    float *x = hrand(nmax * cols, 1.0f);
+    float *dx = dput(x, sizeof(float) * (size_t)(nmax * cols));
+    /* alone: each token by itself */
+    float *alone = malloc(sizeof(float) * (size_t)(nmax * rows));
+    for (int64_t t = 0; t < nmax; t++) {
+      float *dy = dnan(rows);
+      g_gpu->matmul(g_gpu, dy, dx + t * cols, 1, &ow, NULL);
+      float *g = dget(dy, rows);
+      memcpy(alone + t * rows, g, sizeof(float) * (size_t)rows);
+      free(g);
+      dfree(dy);
+    }
+    gpu_status("batch invariance: alone");
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+      const int64_t n = ns[k];
+      float *dy = dnan(n * rows);
+      g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+      float *g = dget(dy, n * rows);
+      char what[96];
+      snprintf(what, sizeof what, "%s n=%lld matmul", dtype_name(type), (long long)n);
+      gpu_status(what);
+      g_checks++;
+      if (memcmp(g, alone, sizeof(float) * (size_t)(n * rows))) {
+        int64_t i = 0;
+        while (g[i] == alone[i]) i++;
+        printf("  FAIL %s: token %lld row %lld: %.9g batched vs %.9g alone\n", what, (long long)(i / rows),
+               (long long)(i % rows), g[i], alone[i]);
+        g_fail++;
+      }
+      free(g);
+      dfree(dy);
+    }
+    /* a group of two (q/k-like) and an act_matmul at n = 1 and n = 13 */
+    {
+      float *wf2;
+      void *w2 = make_weight(type, 96, cols, &wf2);
+      ops_weight ow2 = {type, w2, 96, cols};
+      const ops_weight *ws[2] = {&ow, &ow2};
+      float *a1 = dnan(rows), *b1 = dnan(96), *an = dnan(13 * rows), *bn = dnan(13 * 96);
+      float *y1[2] = {a1, b1}, *yn[2] = {an, bn};
+      g_gpu->matmul_group(g_gpu, 2, y1, dx + 12 * cols, 1, ws, NULL);
+      g_gpu->matmul_group(g_gpu, 2, yn, dx, 13, ws, NULL);
+      float *ga = dget(a1, rows), *gb = dget(b1, 96), *gan = dget(an, 13 * rows), *gbn = dget(bn, 13 * 96);
+      char what[96];
+      snprintf(what, sizeof what, "%s matmul_group n=13 token 12", dtype_name(type));
+      gpu_status(what);
+      g_checks++;
+      if (memcmp(ga, gan + 12 * rows, sizeof(float) * (size_t)rows) || memcmp(gb, gbn + 12 * 96, sizeof(float) * 96) ||
+          memcmp(ga, alone + 12 * rows, sizeof(float) * (size_t)rows)) {
+        printf("  FAIL %s: differs from the lone token\n", what);
+        g_fail++;
+      }
+      free(ga), free(gb), free(gan), free(gbn);
+      dfree(a1), dfree(b1), dfree(an), dfree(bn);
+      free(w2), free(wf2);
+    }
+    dfree(dx);
+    free(w), free(wf), free(x), free(alone);
+  }
+  cuda_backend_set_batch_invariant(g_gpu, 0);
+}

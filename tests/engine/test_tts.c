@@ -117,7 +117,7 @@ int main(void) {
      * predictor pass); fewer frames means it stopped on codec eos, which this must do too */
     printf("case %d: \"%s\" %s %s, %d frames of at most %d\n", ci, c->text, c->speaker, c->language, c->frames,
            c->max_new - 1);
-    const tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, c->max_new - 1, 1, 0};
+    const tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, c->max_new - 1, 1, 0, NULL, NULL};
     char name[64];
     size_t len = 0, clen = 0;
     snprintf(name, sizeof name, "prefill_logits_%d.f32", ci);
@@ -162,7 +162,7 @@ int main(void) {
     const tcase *c = &cs[1];
     static int32_t a[8 * 16], b[8 * 16], d[8 * 16];
     int na = 0, nb = 0, nd = 0;
-    tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, 8, 0, 7};
+    tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, 8, 0, 7, NULL, NULL};
     int r1 = tts_qwen3_generate(m, st, &rq, a, &na, NULL, err, sizeof err);
     int r2 = tts_qwen3_generate(m, st, &rq, b, &nb, NULL, err, sizeof err);
     rq.seed = 8;
@@ -179,7 +179,7 @@ int main(void) {
   {
     const tcase *c = &cs[0];
     int nf;
-    tts_qwen3_request rq = {c->ids, c->n_ids, "nobody", c->language, 4, 1, 0};
+    tts_qwen3_request rq = {c->ids, c->n_ids, "nobody", c->language, 4, 1, 0, NULL, NULL};
     rc = tts_qwen3_generate(m, st, &rq, codes, &nf, NULL, err, sizeof err);
     printf("  %s\n", err);
     ok("unknown speaker: EINVAL naming it", rc == ANNA_EINVAL && strstr(err, "nobody") && strstr(err, "speaker"));

@@ -145,6 +145,10 @@ void cuda_backend_set_graphs(ops_backend *be, int on);
 /* Tuning cuda_decode_mmq after creation (tests, benches): on sends quantized matmuls of
  * 9..64 tokens through the int8 tensor-core kernel and records steps of up to 64 tokens. */
 void cuda_backend_set_decode_mmq(ops_backend *be, int on);
+/* Tuning cuda_batch_invariant after creation (tests): on, a token's matmul result does not
+ * depend on the other tokens of the call (base/tuning.h says how). */
+void cuda_backend_set_batch_invariant(ops_backend *be, int on);
+
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);
 /* Early launch: once a recorded step holds `nodes` launches it runs them as a graph of their

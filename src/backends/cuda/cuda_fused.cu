@@ -628,7 +628,8 @@ void cuda_op_add_rmsnorm(ops_backend *be, float *x, const float *r, float *y, co
   if (ci->err || rows <= 0 || d <= 0) return;
   const float *wd = w ? (const float *)cuda_mirror(be, w, (size_t)d * sizeof(float)) : NULL;
   if (w && !wd) return;
-  if (rows == 1 && r && wd && ci->pnorm_count && !ci->exact && ci->mv_variant == CUDA_MV_DEFAULT && d % 32 == 0 &&
+  if (rows == 1 && r && wd && ci->pnorm_count && !ci->exact && !ci->batch_inv && ci->mv_variant == CUDA_MV_DEFAULT &&
+      d % 32 == 0 &&
       y != x && y != r && !(((uintptr_t)x | (uintptr_t)r | (uintptr_t)y | (uintptr_t)wd) & 15)) {
     ci->pnorm = cuda_pnorm{x, r, wd, y, d, one_plus, eps};
     return;

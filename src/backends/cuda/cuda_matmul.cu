@@ -525,7 +525,7 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (!W) return;
   const float *bd = bias ? (const float *)cuda_mirror(be, bias, (size_t)w->rows * sizeof(float)) : NULL;
   if (bias && !bd) return;
-  if (pn.x) { /* a deferred norm of x: fused into an int8 launch, else on its own first */
+  if (pn.x && !ci->batch_inv) { /* a deferred norm of x: fused into an int8 launch, else on its own first */
     const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
     if (mv_choose(w->type, W, rb, x, w->cols, 1, ci->mv_variant == CUDA_MV_DEFAULT && !ci->exact, smem_max) ==
         MV_PATH_Q8) {
@@ -537,11 +537,17 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
     }
     ci->pnorm = pn;
     cuda_norm_flush(ci);
+  } else if (pn.x) {
+    ci->pnorm = pn;
+    cuda_norm_flush(ci);
   }
   /* Q4_K's wide loads need 16-byte aligned rows (a mirror copy always is: cudaMalloc). */
   const bool wide_ok = w->type != ANNA_DTYPE_Q4_K || ((uintptr_t)W & 15) == 0;
-  const bool mv = n <= MV_MAX_TOK && wide_ok;
-  if (!mv && n <= CUDA_MMQ_MAX_TOK && cuda_mmq(ci, y, x, n, w, W, rb)) { /* decode of many sequences */
+  /* batch-invariant: the int8 kernel for every size, else the matvec in groups of 8 for every
+   * size (each token's sums in the same order whatever n is); the GEMM only for rows the
+   * matvec cannot load */
+  const bool mv = (n <= MV_MAX_TOK || ci->batch_inv) && wide_ok;
+  if ((!mv || ci->batch_inv) && (n <= CUDA_MMQ_MAX_TOK || ci->batch_inv) && cuda_mmq(ci, y, x, n, w, W, rb)) {
     if (bd && !ci->err) cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
     cuda_check_launch(ci, "mmq");
     return;
@@ -601,7 +607,7 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
  * when the ops must form h first. */
 static const uint8_t *act_fold_weight(ops_backend *be, cuda_impl *ci, const float *gate, const float *up, int64_t n,
                                       int64_t gs, int64_t us, const ops_weight *w, int64_t *rb, size_t *smem_max) {
-  if (ci->exact || ci->mv_variant != CUDA_MV_DEFAULT || n > MV_MAX_TOK) return NULL;
+  if (ci->exact || ci->mv_variant != CUDA_MV_DEFAULT || n > MV_MAX_TOK || ci->batch_inv) return NULL;
   *smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
   const uint8_t *W = weight_dev(be, w, rb);
   const int first = n >= 8 ? 8 : n >= 4 ? 4 : n >= 2 ? 2 : 1; /* the largest chunk needs the most shared memory */
@@ -705,7 +711,11 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
                 (long long)ws[i]->cols);
       return;
     }
-  if (n > MV_MAX_TOK) { /* prefill: one GEMM per weight, nothing to share */
+  if (n > MV_MAX_TOK || ci->batch_inv) { /* prefill: one GEMM per weight, nothing to share */
+    if (pn.x) { /* (batch-invariant: the norm on its own, as for n > 1) */
+      ci->pnorm = pn;
+      cuda_norm_flush(ci);
+    }
     for (int i = 0; i < count; i++) cuda_op_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
     return;
   }
@@ -746,7 +756,7 @@ void cuda_op_matmul_group_route(ops_backend *be, int count, float *const *ys, co
   /* one token chunk (the route runs once, after every row of it), 16-byte aligned rows */
   const bool one = n == 1 || n == 2 || n == 4 || n == 8;
   const float *sh = shared >= 0 ? ys[shared] : NULL;
-  if (!ok || !one || ws[0]->cols % 8 != 0) {
+  if (!ok || !one || ws[0]->cols % 8 != 0 || ci->batch_inv) {
     cuda_op_matmul_group(be, count, ys, x, n, ws, biases);
     if (route >= 0 && route < count)
       cuda_moe_route_shared(be, idx, wts, ys[route], n, (int)ws[route]->rows, k, renorm, per_expert, sh);

@@ -383,10 +383,18 @@ static void mmq_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, 
 bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb) {
   /* int8 activations are the matvec's default numerics: exact mode and the f32-activation
    * variant keep the f32 / bf16 GEMM */
-  if (!ci->decode_mmq || ci->exact || ci->mv_variant == CUDA_MV_F32 || n < 1 || n > CUDA_MMQ_MAX_TOK ||
-      !mmq_supported(w->type, W, rb, w->cols))
+  if (!(ci->decode_mmq || ci->batch_inv) || ci->exact || ci->mv_variant == CUDA_MV_F32 || n < 1 ||
+      (n > CUDA_MMQ_MAX_TOK && !ci->batch_inv) || !mmq_supported(w->type, W, rb, w->cols))
     return false;
   if (ci->err) return true;
+  if (n > CUDA_MMQ_MAX_TOK) { /* batch-invariant prefill: 64-token calls, each token's result as alone */
+    for (int64_t t0 = 0; t0 < n && !ci->err; t0 += CUDA_MMQ_MAX_TOK) {
+      const int64_t m = n - t0 < CUDA_MMQ_MAX_TOK ? n - t0 : CUDA_MMQ_MAX_TOK;
+      /* only the first chunk, the largest, can be refused (scratch size): then nothing ran */
+      if (!cuda_mmq(ci, y + t0 * w->rows, x + t0 * w->cols, m, w, W, rb)) return false;
+    }
+    return true;
+  }
   const int bn = n <= 16 ? 16 : n <= 32 ? 32 : 64;
   const int64_t npad = (n + bn - 1) / bn * bn, colsp = (w->cols + MMQ_KS - 1) / MMQ_KS * MMQ_KS, nbp = colsp / 32;
   /* the GEMM tile scratch: decode-sized batches never run a GEMM, and it is allocated once */
