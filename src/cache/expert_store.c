@@ -408,6 +408,18 @@ int expert_store_fetch(expert_store *st, int layer, int expert, void *dst, char 
   return 0;
 }
 
+void expert_store_add_counts(expert_store *st, int layer, const float *counts) {
+  if (layer < 0 || layer >= st->L) return;
+  for (int e = 0; e < st->E; e++) {
+    if (!(counts[e] > 0.0f)) continue;
+    st->count[(int64_t)layer * st->E + e] += counts[e];
+    const int64_t uses = (int64_t)(counts[e] + 0.5f);
+    st->st.routed += uses;
+    if (st->table[(int64_t)layer * st->E + e] >= 0) st->st.hits += uses;
+    else st->st.misses += uses;
+  }
+}
+
 void expert_store_count_dma(expert_store *st, int64_t bytes) {
   st->st.bytes_from_mirror += bytes;
 }

@@ -134,6 +134,11 @@ typedef struct expert_store_stats {
 void expert_store_get_stats(const expert_store *st, expert_store_stats *out);
 /* The caller copied `bytes` straight from a host_ptr (no fetch): counted as mirror bytes. */
 void expert_store_count_dma(expert_store *st, int64_t bytes);
+/* Routing counts gathered elsewhere (a device counter per expert) for a layer: counts[e]
+ * uses of expert e (e < n_experts) added to its decayed count, and to the routed / hit
+ * statistics (hits: those resident now; call before the plan that may move them). Nothing
+ * is placed or pinned. */
+void expert_store_add_counts(expert_store *st, int layer, const float *counts);
 
 /* Checks the invariants (a debugging and test aid, O(slots + layers * experts)): the table
  * and the slot owners agree both ways; no expert is in two cache slots; a layer's cache

@@ -307,6 +307,23 @@ static void test_pinned(void) {
   n = expert_store_plan_swaps(st, sw, 8);
   CHECK(n == 4, "pinned: %d swaps after release, want 4", n);
   CHECK(expert_store_check(st, err, sizeof err) == 0, "pinned: %s", err);
+  /* counts gathered elsewhere (the device counters of the zero-copy path) drive the plan the
+   * same way, and count as hits for residents, misses otherwise */
+  {
+    expert_store_stats a, b;
+    expert_store_get_stats(st, &a);
+    float c[16] = {0};
+    c[13] = 50.0f, c[14] = 40.0f, c[8] = 3.0f; /* 8 is resident (moved in above) */
+    expert_store_add_counts(st, 1, c);
+    expert_store_get_stats(st, &b);
+    CHECK(b.routed - a.routed == 93 && b.hits - a.hits == 3 && b.misses - a.misses == 90,
+          "add_counts: routed %lld hits %lld misses %lld", (long long)(b.routed - a.routed),
+          (long long)(b.hits - a.hits), (long long)(b.misses - a.misses));
+    n = expert_store_plan_swaps(st, sw, 8);
+    const int32_t *tab = expert_store_table(st);
+    CHECK(tab[16 + 13] >= 0 && tab[16 + 14] >= 0, "add_counts: the counted experts did not move in (%d swaps)", n);
+    CHECK(expert_store_check(st, err, sizeof err) == 0, "add_counts: %s", err);
+  }
   expert_store_free(st);
   close(f.fd);
 }

@@ -1,8 +1,9 @@
 /* test_cuda_offload.c: MoE expert offload (cuda_backend_set_offload, cuda_offload.cu) against
  * the CPU backend and the all-resident CUDA path. A second CUDA backend offloads three MoE
- * layers with a tiny cache (2 slots per layer, a swap plan after every step) and a host
- * mirror that holds only some experts (the rest come from the weights' host memory), so
- * every tier and swaps run on every step. 60 steps of skewed random routing, 1 to 13 tokens
+ * layers with a tiny cache (2 slots per layer, a swap plan after every step), with a host
+ * mirror that holds only some experts (the rest come from the weights' host memory), all
+ * of them (zero-copy: the kernels read misses from the mirror, counters on the device), and
+ * all of them with zero-copy off, so every tier and swaps run on every step. 60 steps of skewed random routing, 1 to 13 tokens
  * (above 8 the offload runs the decode kernels in batches), each step recorded as a graph
  * where the size allows: exact mode against the CPU op (f32: 1e-4), default numerics at
  * decode sizes bit for bit against g_gpu's all-resident decode kernels. Then the counters
@@ -55,7 +56,10 @@ static void off_route(int32_t *idx, float *w, int64_t n, int E, int k, int step)
     }
 }
 
-static void offload_case(int type, int fused, int H, int I, int E, int k) {
+/* mirror: 0 a third of the experts (misses copied into staging, the rest read from the
+ * weights), 1 all (zero-copy: the kernels read misses from the pinned mirror), 2 all with
+ * the zero-copy path off (misses copied from the mirror). */
+static void offload_case(int type, int fused, int H, int I, int E, int k, int mirror) {
   off_layer L[OFF_L];
   ops_model_shape *shape = calloc(1, sizeof *shape);
   shape->n_layers = OFF_L;
@@ -70,7 +74,8 @@ static void offload_case(int type, int fused, int H, int I, int E, int k) {
   }
   eb = dtype_row_bytes(type, H) * 2 * I + dtype_row_bytes(type, I) * H; /* gate + up (or fused) + down */
   char what[160], err[512];
-  snprintf(what, sizeof what, "offload %s%s H=%d I=%d E=%d k=%d", dtype_name(type), fused ? " fused" : "", H, I, E, k);
+  snprintf(what, sizeof what, "offload %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "", H, I, E,
+           k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
   ops_backend *ob = NULL;
   if (cuda_backend_create(&ob, 64, err, sizeof err)) {
     printf("  FAIL %s: backend: %s\n", what, err);
@@ -78,9 +83,10 @@ static void offload_case(int type, int fused, int H, int I, int E, int k) {
     return;
   }
   /* a host mirror of about a third of the experts: the rest are read from the weights */
-  const cuda_offload_params op = {.host_memory_limit = (int64_t)OFF_L * E * (eb + 64) / 3,
+  const cuda_offload_params op = {.host_memory_limit = mirror ? 0 : (int64_t)OFF_L * E * (eb + 64) / 3,
                                   .cached_experts_per_layer = 2,
-                                  .swap_every = 1};
+                                  .swap_every = 1,
+                                  .no_zero_copy = mirror == 2};
   g_checks++;
   if (cuda_backend_set_offload(ob, shape, &op, err, sizeof err)) {
     printf("  FAIL %s: set_offload: %s\n", what, err);
@@ -152,8 +158,11 @@ static void offload_case(int type, int fused, int H, int I, int E, int k) {
   cuda_offload_stats st;
   cuda_backend_offload_stats(ob, &st);
   g_checks++;
-  if (!st.on || st.cache_per_layer != 2 || st.hits <= 0 || st.swaps <= 0 || st.bytes_mirror <= 0 ||
-      st.bytes_file <= 0 || st.mirrored <= 0 || st.mirrored >= (int64_t)OFF_L * E || st.hits >= st.routed) {
+  const int tiers_ok = mirror ? st.bytes_file == 0 && st.mirrored == (int64_t)OFF_L * E
+                              : st.bytes_file > 0 && st.mirrored > 0 && st.mirrored < (int64_t)OFF_L * E;
+  const int zc = st.summary && strstr(st.summary, "zero-copy");
+  if (!st.on || st.cache_per_layer != 2 || st.hits <= 0 || st.swaps <= 0 || st.bytes_mirror <= 0 || !tiers_ok ||
+      st.hits >= st.routed || zc != (mirror == 1)) {
     printf("  FAIL %s: counters: cache %d, mirrored %lld, routed %lld, hits %lld, swaps %lld, bytes %lld + %lld\n",
            what, st.cache_per_layer, (long long)st.mirrored, (long long)st.routed, (long long)st.hits,
            (long long)st.swaps, (long long)st.bytes_mirror, (long long)st.bytes_file);
@@ -229,8 +238,10 @@ static void offload_budgets(void) {
 void test_moe_offload(void) {
   printf("moe_offload\n");
   offload_budgets();
-  offload_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 16, 4);
-  offload_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 12, 2);
-  offload_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3);
-  offload_case(ANNA_DTYPE_Q6_K, 1, 256, 256, 33, 8);
+  for (int mirror = 0; mirror < 3; mirror++) {
+    offload_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 16, 4, mirror);
+    offload_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 12, 2, mirror);
+    offload_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3, mirror);
+    offload_case(ANNA_DTYPE_Q6_K, 1, 256, 256, 33, 8, mirror);
+  }
 }

@@ -54,13 +54,17 @@ void cuda_backend_free(ops_backend *be);
  * first MoE call, once the KV cache exists: gpu_memory_limit (0: the device's free memory
  * at creation) minus the dense weights, what this backend allocated meanwhile and
  * reserve_bytes; expert_cache_bytes (< 0 auto) or cached_experts_per_layer (> 0) set the
- * cache. Decode batches read the routed ids back (the rest of that step runs eagerly, not as
- * a graph); larger batches run as batches of CUDA_MOE_DECODE_MAX_TOK tokens through the same
- * path. ANNA_EINVAL when gpu_memory_limit is below the dense weights (naming the bytes),
+ * cache. When every expert fits the host mirror (and the device has unified addressing), the
+ * kernels read a missed expert from the pinned mirror over PCIe themselves ("zero-copy"):
+ * nothing is read back, decode steps stay graphs, and routing counts come from a device
+ * counter. Otherwise decode batches read the routed ids back and copy the misses into staging
+ * slots (the rest of that step runs eagerly, not as a graph). Larger batches run as batches
+ * of CUDA_MOE_DECODE_MAX_TOK tokens through the decode kernels either way. ANNA_EINVAL when gpu_memory_limit is below the dense weights (naming the bytes),
  * ANNA_EUNSUPPORTED when no layer has experts. Call once, right after creation. */
 typedef struct cuda_offload_params {
   int64_t gpu_memory_limit, expert_cache_bytes, host_memory_limit, reserve_bytes;
   int cached_experts_per_layer, swap_every;
+  int no_zero_copy; /* test hook: copy misses into staging even when every expert is mirrored */
 } cuda_offload_params;
 int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *shape, const cuda_offload_params *p, char *err,
                              size_t errlen);

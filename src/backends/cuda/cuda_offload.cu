@@ -69,6 +69,13 @@ struct cuda_offload {
   /* The GGUF file (ops_model_shape.weights_file): experts outside the mirror are read from
    * it by pread at (data - map); -1 (folders, or the file does not match the mapping): they
    * are copied from the mapping. */
+  /* Zero-copy misses: every expert is in the pinned mirror and the device addresses host
+   * memory (unified addressing), so the table points each non-cached expert at its mirror
+   * copy and the kernels read a miss over PCIe themselves: no readback, no copy, decode steps
+   * stay graphs. Routing counts come from a device counter per expert (counts_d), read at
+   * each swap plan. */
+  int zc;
+  float *counts_d, *counts_h; /* [n_layers][E] */
   int fd;
   const char *map;
   int64_t map_bytes;
@@ -100,8 +107,9 @@ static int off_read(void *user, int layer, int expert, void *dst, size_t bytes, 
 static void *off_host_alloc(void *user, size_t bytes) {
   (void)user;
   void *p = NULL;
-  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
-    (void)cudaGetLastError(); /* the mirror stops here; the rest is read from the mapping */
+  /* mapped: the zero-copy path's kernels read it (under unified addressing at the same address) */
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+    (void)cudaGetLastError(); /* the mirror stops here; the rest is read from the file */
     return NULL;
   }
   return p;
@@ -231,6 +239,21 @@ static void off_point(cuda_offload *o, int layer, int e, int slot) {
     t[(int64_t)m * o->E + e] = o->part_bytes[m] ? o->arena + (int64_t)slot * o->eb + o->part_off[m] : NULL;
 }
 
+/* Zero-copy: points the layer's host table entries for expert e at its mirror copy. */
+static void off_point_mirror(cuda_offload *o, int layer, int e) {
+  const uint8_t *h = (const uint8_t *)expert_store_host_ptr(o->st, layer, e);
+  const uint8_t **t = o->tab_h + (int64_t)layer * OFF_PARTS * o->E;
+  for (int m = 0; m < OFF_PARTS; m++) t[(int64_t)m * o->E + e] = h && o->part_bytes[m] ? h + o->part_off[m] : NULL;
+}
+
+/* Counts the routed ids of a layer call: one relaxed atomic per (token, slot). */
+static __global__ void k_offload_count(const int32_t *idx, int64_t nk, int E, float *counts) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= nk) return;
+  const int e = idx[i];
+  if (e >= 0 && e < E) atomicAdd(&counts[e], 1.0f);
+}
+
 /* Sizes and fills the store at the first MoE call (the KV cache and scratch exist by then). */
 static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
   size_t f = 0, t = 0;
@@ -308,6 +331,28 @@ static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
     off_point(o, l, ex, s);
     if (!off_copy(ci, o, l, ex, s, o->stage_h + (int64_t)j++ * o->eb)) return false;
   }
+  {
+    expert_store_stats ss;
+    expert_store_get_stats(o->st, &ss);
+    int uva = 0;
+    if (cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, ci->device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      uva = 0;
+    }
+    o->zc = uva && ss.mirrored == (int64_t)o->n_layers * o->E && !o->p.no_zero_copy;
+  }
+  if (o->zc) {
+    const size_t cn = (size_t)o->n_layers * (size_t)o->E;
+    if (!cuda_check(ci, cudaMalloc((void **)&o->counts_d, cn * sizeof(float)), "offload counters") ||
+        !cuda_check(ci, cudaMemset(o->counts_d, 0, cn * sizeof(float)), "offload counters") ||
+        !cuda_check(ci, cudaHostAlloc((void **)&o->counts_h, cn * sizeof(float), cudaHostAllocDefault),
+                    "offload counters"))
+      return false;
+    const int32_t *tab = expert_store_table(o->st);
+    for (int l = 0; l < o->n_layers; l++)
+      for (int x = 0; x < o->E; x++)
+        if (tab[(int64_t)l * o->E + x] < 0) off_point_mirror(o, l, x);
+  }
   if (!cuda_check(ci, cudaMemcpyAsync(o->tab_d, o->tab_h, tab_n * sizeof(void *), cudaMemcpyHostToDevice, o->cs),
                   "offload table upload") ||
       !cuda_check(ci, cudaStreamSynchronize(o->cs), "offload fill"))
@@ -318,10 +363,11 @@ static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
     snprintf(o->summary, sizeof o->summary,
              "expert offload: %d layers x %d experts of %lld bytes; %d cached per layer + %d staging slots (%zu "
              "bytes on the device); %lld experts in %lld bytes of pinned host mirror, %lld read from %s; "
-             "dense %lld bytes; swaps every %d steps",
+             "dense %lld bytes; swaps every %d steps; misses %s",
              o->n_layers, o->E, (long long)o->eb, C, S, arena, (long long)ss.mirrored, (long long)ss.mirror_bytes,
              (long long)o->n_layers * o->E - ss.mirrored, o->fd >= 0 ? "the file (pread)" : "the weights' mapping",
-             (long long)sp.dense_bytes, sp.swap_every);
+             (long long)sp.dense_bytes, sp.swap_every,
+             o->zc ? "read by the kernels from the pinned mirror (zero-copy)" : "copied into staging slots");
   }
   return true;
 }
@@ -341,6 +387,22 @@ bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n
   if (!o->st && !off_open(ci, o, k)) return true;
   if (k > o->k) {
     cuda_fail(ci, ANNA_EINVAL, "expert offload: %d routed slots per token, staging sized for %d", k, o->k);
+    return true;
+  }
+  if (o->zc) {
+    /* nothing to read back: count the routes on the device and run the kernels on the
+     * table (cache slots and mirror copies); recordable, so the step stays a graph */
+    const uint8_t *const *tab_z = o->tab_d + (int64_t)li * OFF_PARTS * o->E;
+    cuda_launch(ci, "offload count", k_offload_count, cuda_blocks(n * k, 256), 256, 0, idx, n * k, o->E,
+                o->counts_d + (int64_t)li * o->E);
+    for (int64_t t0 = 0; t0 < n && !ci->err; t0 += CUDA_MOE_DECODE_MAX_TOK) {
+      const int64_t m = n - t0 < CUDA_MOE_DECODE_MAX_TOK ? n - t0 : CUDA_MOE_DECODE_MAX_TOK;
+      if (!moe_ffn_decode_tab(be, out + t0 * H, x + t0 * H, m, H, idx + t0 * k, wts + t0 * k, k, gate, up, down, act,
+                              scratch, o->E, tab_z, true)) {
+        cuda_fail(ci, ANNA_EUNSUPPORTED, "expert offload: the decode kernels do not take this layer's shapes");
+        return true;
+      }
+    }
     return true;
   }
   cuda_flush(ci); /* the routed ids are read back: the rest of a recorded step runs eagerly */
@@ -396,6 +458,25 @@ void cuda_offload_step_end(cuda_impl *ci) {
   const int C = expert_store_cache_per_layer(o->st);
   /* earlier table uploads read the host table: finished before it changes */
   if (!cuda_check(ci, cudaStreamSynchronize(o->cs), "offload swap sync")) return;
+  if (o->zc) {
+    /* the device counters of the steps since the last plan (the step just queued included:
+     * wait for it), then zeroed for the next ones */
+    const size_t cn = (size_t)o->n_layers * (size_t)o->E;
+    if (!cuda_check(ci, cudaMemcpyAsync(o->counts_h, o->counts_d, cn * sizeof(float), cudaMemcpyDeviceToHost,
+                                        ci->stream),
+                    "offload counters") ||
+        !cuda_check(ci, cudaStreamSynchronize(ci->stream), "offload counters") ||
+        !cuda_check(ci, cudaMemsetAsync(o->counts_d, 0, cn * sizeof(float), ci->stream), "offload counters"))
+      return;
+    const int32_t *tab = expert_store_table(o->st);
+    for (int l = 0; l < o->n_layers; l++) {
+      const float *c = o->counts_h + (int64_t)l * o->E;
+      /* PCIe reads of the misses, estimated as one expert per routed (token, slot) */
+      for (int e = 0; e < o->E; e++)
+        if (tab[(int64_t)l * o->E + e] < 0 && c[e] > 0.0f) o->bytes_mirror += (int64_t)(c[e] + 0.5f) * o->eb;
+      expert_store_add_counts(o->st, l, c);
+    }
+  }
   const int n = expert_store_plan_swaps(o->st, o->swaps, C * o->n_layers);
   if (!n) return;
   /* the victims' slots are read by the step just queued: the copies follow it */
@@ -416,6 +497,18 @@ void cuda_offload_step_end(cuda_impl *ci) {
       off_copy(ci, o, sw->layer, sw->expert, sw->slot, NULL);
     }
   }
+  if (o->zc && !ci->err) {
+    /* no later call uploads a table: the victims now read from the mirror, the arrivals
+     * from their slots, uploaded after the copies; the compute stream waits for both */
+    for (int i = 0; i < n; i++)
+      if (o->swaps[i].victim >= 0) off_point_mirror(o, o->swaps[i].layer, o->swaps[i].victim);
+    const size_t tab_n = (size_t)o->n_layers * OFF_PARTS * (size_t)o->E;
+    if (!cuda_check(ci, cudaMemcpyAsync(o->tab_d, o->tab_h, tab_n * sizeof(void *), cudaMemcpyHostToDevice, o->cs),
+                    "offload table upload") ||
+        !cuda_check(ci, cudaEventRecord(o->ev_copy, o->cs), "offload event") ||
+        !cuda_check(ci, cudaStreamWaitEvent(ci->stream, o->ev_copy, 0), "offload wait"))
+      return;
+  }
   /* the next MoE call's table upload and its event order these copies before its kernels;
    * the staging blobs are reused by that call only after its stream sync, which waits for
    * nothing on this stream: sync here so they are free */
@@ -432,6 +525,8 @@ void cuda_offload_free(cuda_impl *ci) {
   if (o->ev_main) cudaEventDestroy(o->ev_main);
   if (o->ev_copy) cudaEventDestroy(o->ev_copy);
   if (o->arena) cudaFree(o->arena);
+  if (o->counts_d) cudaFree(o->counts_d);
+  if (o->counts_h) cudaFreeHost(o->counts_h);
   if (o->tab_d) cudaFree(o->tab_d);
   if (o->tab_h) cudaFreeHost(o->tab_h);
   if (o->ids_h) cudaFreeHost(o->ids_h);
