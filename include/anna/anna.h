@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 4
+#define ANNA_API_VERSION_MINOR 5
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -156,6 +156,28 @@ typedef struct anna_context_options {
    * long prompt leaves reusable points behind (e.g. the end of a shared system prompt). */
   int prefix_snapshot_interval;
   const char *tuning; /* "k=v,..." applied after the environment's ANNA_TUNING */
+  /* MoE expert offload (1.5; the cuda device): instead of mirroring every weight to the
+   * device, the routed experts live in a per-layer expert cache in device memory, a host
+   * mirror (pinned) of what host_memory_limit allows and the model file for the rest; the
+   * routing counts move the hottest experts into the cache every expert_swap_every decode
+   * steps. offload_mode: NULL/"none" (default: everything on the device), "experts" (on;
+   * ANNA_EUNSUPPORTED on a model without routed experts or a device that cannot), "auto"
+   * (on when the model has routed experts, the device can and one of the limits below is
+   * set, else none).
+   * Sizes in bytes. gpu_memory_limit: what this context may use on the device (0: its free
+   * memory), below the dense weights plus one layer's staging an ANNA_EINVAL naming the bytes
+   * needed; expert_cache_bytes: < 0 or 0 "auto" (what the limit leaves after the dense
+   * weights, the KV cache, scratch and reserve_bytes), > 0 that much;
+   * cached_experts_per_layer > 0 sets the cache per layer instead (the seed's flag);
+   * host_memory_limit: bytes of pinned host mirror (0: every expert, < 0: none, read from
+   * the file each time). */
+  const char *offload_mode;
+  int64_t gpu_memory_limit;
+  int64_t expert_cache_bytes;
+  int64_t host_memory_limit;
+  int64_t reserve_bytes;
+  int cached_experts_per_layer;
+  int expert_swap_every; /* 0: 8 */
 } anna_context_options;
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */
@@ -299,6 +321,19 @@ typedef struct anna_step_stats {
   double capture_s, update_s, gpu_s;
 } anna_step_stats;
 void anna_context_step_stats(const anna_context *c, anna_step_stats *st);
+
+/* MoE expert offload (1.5; anna_context_options.offload_mode): on = 0 when off. Cache slots
+ * per MoE layer and staging slots; experts in the pinned host mirror; routed experts
+ * (distinct per layer and step) and how many were in the cache; adaptive swaps made; bytes
+ * copied to the device from the host mirror and from the model's file mapping; the device
+ * bytes of the slots. summary: one line saying what went where (borrowed, valid until the
+ * context is freed; NULL before the first MoE layer ran). */
+typedef struct anna_offload_stats {
+  int on, cache_per_layer, staging_slots;
+  int64_t mirrored, routed, hits, swaps, bytes_mirror, bytes_file, device_bytes;
+  const char *summary;
+} anna_offload_stats;
+void anna_context_offload_stats(const anna_context *c, anna_offload_stats *st);
 
 /* The context's resolved runtime switches (src/base/tuning.h: defaults, then ANNA_TUNING,
  * then anna_context_options.tuning), one

@@ -26,6 +26,19 @@ static int cuda_create(const backend_params *p, ops_backend **out, char *err, si
   if (rc) return rc;
   cuda_backend_set_exact(*out, p->exact_matmul);
   if (p->gemm_bf16_single) cuda_backend_set_gemm_variant(*out, CUDA_GEMM_BF16_SINGLE);
+  if (p->offload_experts) {
+    const cuda_offload_params op = {.gpu_memory_limit = p->gpu_memory_limit,
+                                    .expert_cache_bytes = p->expert_cache_bytes,
+                                    .host_memory_limit = p->host_memory_limit,
+                                    .reserve_bytes = p->reserve_bytes,
+                                    .cached_experts_per_layer = p->cached_experts_per_layer,
+                                    .swap_every = p->expert_swap_every};
+    if ((rc = cuda_backend_set_offload(*out, p->shape, &op, err, errlen))) {
+      (*out)->destroy(*out);
+      *out = NULL;
+      return rc;
+    }
+  }
   /* Graphs stay off until the caller's warm-up has run (set_graphs): a profiled context
    * syncs around every op, which a recorded graph cannot do. */
   return 0;
@@ -45,7 +58,7 @@ static const backend_info backends[] = {
     {.name = "cpu", .available = cpu_available, .create = cpu_backend_create_params, .bf16_compute = 0,
      .missing = "not available"},
 #ifdef ANNA_HAVE_CUDA
-    {.name = "cuda", .available = cuda_backend_available, .create = cuda_create, .bf16_compute = 1,
+    {.name = "cuda", .available = cuda_backend_available, .create = cuda_create, .bf16_compute = 1, .expert_offload = 1,
      .missing = "no CUDA device found"},
 #endif
 };

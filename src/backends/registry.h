@@ -28,6 +28,13 @@ typedef struct backend_params {
   int profile;              /* the caller wraps the table with ops_profile: no recorded steps */
   const ops_model_shape *shape; /* the model the backend sizes its scratch for (required) */
   const anna_tuning *tuning;    /* runtime switches (NULL: tuning_defaults) */
+  /* MoE expert offload (anna_context_options, resolved): offload_experts 1 puts the routed
+   * experts of shape->layers[].exp_* in an expert cache (backends that cannot refuse with
+   * ANNA_EUNSUPPORTED); sizes in bytes as the public options, host_memory_limit < 0: none
+   * mirrored, 0: all. */
+  int offload_experts;
+  int64_t gpu_memory_limit, expert_cache_bytes, host_memory_limit, reserve_bytes;
+  int cached_experts_per_layer, expert_swap_every;
 } backend_params;
 
 typedef struct backend_info {
@@ -38,6 +45,8 @@ typedef struct backend_info {
   int (*create)(const backend_params *p, ops_backend **out, char *err, size_t errlen);
   /* 1: the backend computes the bf16 compute dtype (anna_model_options.dtype "bf16"). */
   int bf16_compute;
+  /* 1: the backend takes backend_params.offload_experts (MoE expert offload). */
+  int expert_offload;
   /* What "device '<name>': ..." says when the backend is compiled in but cannot run here. */
   const char *missing;
 } backend_info;

@@ -49,6 +49,7 @@ static void usage(FILE *f) {
           "                           src/base/tuning.h)\n"
           "  --kv-cache-quantization none|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
+          CLI_OFFLOAD_USAGE
           "  --exact                  f32 activations everywhere (exact, slower; CPU default:\n"
           "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n"
           "  --host-sampling          download each step's logits and take the argmax on the host (default:\n"
@@ -384,6 +385,8 @@ int main(int argc, char **argv) {
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
   int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, exact_matmul = 0;
   int host_sampling = 0;
+  cli_offload off = {0};
+  int off_rc = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
@@ -397,6 +400,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
     else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
     else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
+    else if ((off_rc = cli_offload_arg(&off, argc, argv, &i)) != 0) { if (off_rc < 0) return 2; }
     else if (!strcmp(a, "--raw")) raw = 1;
     else if (!strcmp(a, "--no-think")) no_think = 1;
     else if (!strcmp(a, "--json")) as_json = 1;
@@ -524,6 +528,7 @@ int main(int argc, char **argv) {
   anna_context_options co = {.n_seq = g_parallel, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads, .device = device,
                              .exact_matmul = exact_matmul, .profile = profile, .kv_cache_quantization = kvq,
                              .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid, .tuning = tuning};
+  cli_offload_apply(&off, &co);
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   if (verbose) {
     char tb[2048];
@@ -625,6 +630,25 @@ int main(int argc, char **argv) {
     for (int c = 0; c < n_cases; c++) json_array_append_new(sweep, case_json(&cases[c], n_runs, tmp));
     json_object_set_new(o, "sweep", sweep);
     json_object_set_new(o, "profile", profile ? json_string(prof_note) : json_null());
+    {
+      anna_offload_stats os;
+      anna_context_offload_stats(ctx, &os);
+      json_t *oj = json_null();
+      if (os.on) {
+        oj = json_object();
+        json_object_set_new(oj, "cache_per_layer", json_integer(os.cache_per_layer));
+        json_object_set_new(oj, "staging_slots", json_integer(os.staging_slots));
+        json_object_set_new(oj, "mirrored_experts", json_integer(os.mirrored));
+        json_object_set_new(oj, "routed", json_integer(os.routed));
+        json_object_set_new(oj, "hits", json_integer(os.hits));
+        json_object_set_new(oj, "swaps", json_integer(os.swaps));
+        json_object_set_new(oj, "bytes_from_mirror", json_integer(os.bytes_mirror));
+        json_object_set_new(oj, "bytes_from_file", json_integer(os.bytes_file));
+        json_object_set_new(oj, "device_bytes", json_integer(os.device_bytes));
+        json_object_set_new(oj, "summary", os.summary ? json_string(os.summary) : json_null());
+      }
+      json_object_set_new(o, "offload", oj);
+    }
     char *s = json_dumps(o, JSON_INDENT(1) | JSON_REAL_PRECISION(6));
     json_decref(o);
     if (!s) {
@@ -641,6 +665,14 @@ int main(int argc, char **argv) {
            device ? device : "cpu", dtype ? dtype : "f32", th, n_batch, g_parallel, t_load, rss_peak, rss_loaded);
     printf("warmup %d, runs %d, max-new-tokens %d (EOS ignored) | %s prompt | median (min-max)\n", warmup,
            n_runs, max_new, prompt ? "chat-templated" : "synthetic");
+    anna_offload_stats os;
+    anna_context_offload_stats(ctx, &os);
+    if (os.on)
+      printf("%s\nexpert offload, whole run: %lld routed, hit rate %.3f, %lld swaps, %.1f MiB from the host mirror, %.1f "
+             "MiB from the file mapping\n",
+             os.summary ? os.summary : "expert offload", (long long)os.routed,
+             os.routed ? (double)os.hits / (double)os.routed : 0.0, (long long)os.swaps, os.bytes_mirror / 1048576.0,
+             os.bytes_file / 1048576.0);
     if (g_n_img)
       printf("%d image(s), %ld visual tokens in the prompt: TTFT includes decode, preprocess and the tower (%.1f ms "
              "mean)\n", g_n_img, image_tokens, tower_ms);

@@ -23,6 +23,7 @@ static void usage(FILE *f) {
           "  --ctx-size N             context length (default: prompt + max-new-tokens)\n"
           "  --kv-cache-quantization none|f16|q8|q4|turboquant   --kv-cache-quant-bits 2|3|4\n"
           "  --kv-cache-residual-len N  quantized KV: the newest N positions are attended in f32\n"
+          CLI_OFFLOAD_USAGE
           "  --exact                  f32 activations everywhere (exact, slower; CPU default:\n"
           "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n"
           "  --threads N              default: one per core\n"
@@ -62,6 +63,8 @@ int main(int argc, char **argv) {
   anna_media *media[CLI_MAX_IMAGES] = {0};
   anna_media_ref refs[CLI_MAX_IMAGES];
   anna_sampler_params sp = anna_sampler_params_default();
+  cli_offload off = {0};
+  int off_rc = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
@@ -86,6 +89,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
     else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
     else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
+    else if ((off_rc = cli_offload_arg(&off, argc, argv, &i)) != 0) { if (off_rc < 0) return 2; }
     else if (!strcmp(a, "--raw")) raw = 1;
     else if (!strcmp(a, "--exact")) exact_matmul = 1;
     else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
@@ -210,6 +214,7 @@ int main(int argc, char **argv) {
                              .n_checkpoints = spec ? draft_max + 3 : 0,
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
                              .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul, .tuning = tuning};
+  cli_offload_apply(&off, &co);
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   if (verbose) {
     char tb[2048];
@@ -368,6 +373,14 @@ int main(int argc, char **argv) {
     fprintf(stderr, "[anna] %s | load %.2f s | prompt %zu tok, %.1f tok/s | generated %d tok, %.1f tok/s | KV %lld B/token\n",
             anna_model_describe(m), t_load, n, (double)n / t_prefill, n_gen,
             n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, (long long)anna_context_kv_bytes_per_token(ctx));
+  anna_offload_stats os;
+  anna_context_offload_stats(ctx, &os);
+  if (os.on && !quiet)
+    fprintf(stderr, "[anna] %s\n[anna] expert offload: %lld routed, hit rate %.3f, %lld swaps, %.1f MiB from the "
+                    "host mirror, %.1f MiB from the file mapping\n",
+            os.summary ? os.summary : "expert offload", (long long)os.routed,
+            os.routed ? (double)os.hits / (double)os.routed : 0.0, (long long)os.swaps, os.bytes_mirror / 1048576.0,
+            os.bytes_file / 1048576.0);
   if (spec && !quiet) {
     anna_spec_stats ss;
     anna_context_spec_stats(ctx, &ss);

@@ -33,6 +33,7 @@ static void usage(FILE *f) {
           "  --prompt-cache-max-tokens N  only prompts up to N tokens enter the exact cache (0 = no limit)\n"
           "  --kv-block-len N         KV cache block length, a power of two >= 16 (default 64)\n"
           "  --kv-cache-residual-len N  quantized KV: newest N positions kept and attended in f32\n"
+          CLI_OFFLOAD_USAGE
           "  --kv-cache-quantization none|auto|f16|q8|q4|turboquant  --kv-cache-quant-bits 2|3|4\n"
           "  --kv-blocks N            KV pool size in blocks (default 0: every slot can reach --ctx-size);\n"
           "                           a smaller pool preempts sequences (recomputed later) when it runs out\n"
@@ -102,6 +103,8 @@ int main(int argc, char **argv) {
   const char *profile = "none";
   const char *api_keys[64];
   int n_api_keys = 0;
+  cli_offload off = {0};
+  int off_rc = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
@@ -121,6 +124,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
     else if (!strcmp(a, "--host-sampling")) o.eng.host_sampling = 1;
     else if (!strcmp(a, "--tuning")) { NEEDV(); o.eng.tuning = v; }
+    else if ((off_rc = cli_offload_arg(&off, argc, argv, &i)) != 0) { if (off_rc < 0) return 2; }
     else if (!strcmp(a, "--deterministic")) deterministic = 1;
     else if (!strcmp(a, "--speculative")) {
       NEEDV();
@@ -264,6 +268,18 @@ int main(int argc, char **argv) {
 #undef NEEDV
 #undef INTF
 #undef FLTF
+  }
+  {
+    anna_context_options oc;
+    memset(&oc, 0, sizeof oc);
+    cli_offload_apply(&off, &oc);
+    o.eng.offload_mode = oc.offload_mode;
+    o.eng.gpu_memory_limit = oc.gpu_memory_limit;
+    o.eng.expert_cache_bytes = oc.expert_cache_bytes;
+    o.eng.host_memory_limit = oc.host_memory_limit;
+    o.eng.reserve_bytes = oc.reserve_bytes;
+    o.eng.cached_experts_per_layer = oc.cached_experts_per_layer;
+    o.eng.expert_swap_every = oc.expert_swap_every;
   }
   if (spec) {
     if (!o.eng.spec_draft_max) o.eng.spec_draft_max = 6;

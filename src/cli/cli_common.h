@@ -3,6 +3,8 @@
 #ifndef ANNA_CLI_COMMON_H
 #define ANNA_CLI_COMMON_H
 
+#include "anna/anna.h"
+
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -87,6 +89,129 @@ static inline long cli_ids(const char *flag, const char *v, int32_t **out) {
   }
   *out = ids;
   return n;
+}
+
+/* A byte size: a number with an optional binary or decimal unit (B, K/KB/KiB, M/MB/MiB,
+ * G/GB/GiB, T/TB/TiB; K/M/G/T alone and *iB are powers of 1024, KB/MB/GB/TB powers of 1000),
+ * e.g. "8GiB", "512M", "1.5G", "4096". Prints the error and returns -1 on failure. */
+static inline int cli_size(const char *flag, const char *v, int64_t *out) {
+  char *end;
+  errno = 0;
+  double x = v ? strtod(v, &end) : -1;
+  if (!v || errno || end == v || !(x >= 0)) goto bad;
+  {
+    double mul = 1;
+    const char *u = end;
+    static const char units[] = "KMGT";
+    const char *p = *u ? strchr(units, (*u >= 'a' && *u <= 'z') ? *u - 32 : *u) : NULL;
+    if (*u && *u != 'B' && *u != 'b' && !p) goto bad;
+    if (p) {
+      const int pw = (int)(p - units) + 1;
+      u++;
+      const int dec = (*u == 'B' || *u == 'b') && u[1] == 0;
+      if (*u == 'i' && (u[1] == 'B' || u[1] == 'b') && u[2] == 0) u += 2;
+      else if (dec) u++;
+      else if (*u) goto bad;
+      for (int k = 0; k < pw; k++) mul *= dec ? 1000.0 : 1024.0;
+    } else if (*u) {
+      u++;
+      if (*u) goto bad;
+    }
+    x *= mul;
+    if (x > 9.0e18) goto bad;
+    *out = (int64_t)x;
+    return 0;
+  }
+bad:
+  fprintf(stderr, "error: %s expects a size such as 8GiB, 512MiB or a byte count, got '%s'\n", flag, v ? v : "");
+  return -1;
+}
+
+/* The MoE expert offload flags (anna_context_options.offload_mode and the sizes after it),
+ * the same on anna-generate, anna-bench and anna-serve. */
+#define CLI_OFFLOAD_USAGE                                                                                             \
+  "  --offload-mode M       MoE expert offload (cuda): none (default), experts, auto (on when a limit below is "   \
+  "set)\n"                                                                                                         \
+  "  --gpu-memory-limit SIZE  device bytes this run may use (e.g. 8GiB; default: the free memory)\n"              \
+  "  --expert-cache auto|SIZE  device bytes of the expert cache (auto: what the limit leaves)\n"                   \
+  "  --host-memory-limit SIZE  pinned host mirror of the experts (default: all; 0: none, read from the file)\n"    \
+  "  --cached-experts-per-layer N  expert cache slots per MoE layer (instead of --expert-cache)\n"                  \
+  "  --expert-swap-every N  decode steps between adaptive expert swaps (default 8; alias --adapt-every)\n"         \
+  "  --reserve-memory-mib N  device memory left unused by the expert cache (alias --min-free-memory-mib)\n"
+typedef struct cli_offload {
+  const char *mode;
+  int64_t gpu_limit, cache, host_limit, reserve;
+  int host_set, per_layer, swap_every;
+} cli_offload;
+
+/* One offload flag at argv[*i] (value argv[*i + 1]): 1 taken (*i advanced), 0 not an offload
+ * flag, -1 bad (message printed). */
+static inline int cli_offload_arg(cli_offload *o, int argc, char **argv, int *i) {
+  const char *a = argv[*i], *v = *i + 1 < argc ? argv[*i + 1] : NULL;
+  static const char *const flags[] = {"--offload-mode", "--gpu-memory-limit", "--expert-cache",
+                                      "--host-memory-limit", "--cached-experts-per-layer", "--expert-swap-every",
+                                      "--adapt-every", "--reserve-memory-mib", "--min-free-memory-mib",
+                                      "--resident-expert-layers"};
+  int f = -1;
+  for (int k = 0; k < (int)(sizeof flags / sizeof flags[0]); k++)
+    if (!strcmp(a, flags[k])) f = k;
+  if (f < 0) return 0;
+  if (!v) {
+    fprintf(stderr, "error: %s needs a value\n", a);
+    return -1;
+  }
+  (*i)++;
+  int mib = 0;
+  switch (f) {
+  case 0:
+    if (strcmp(v, "none") && strcmp(v, "experts") && strcmp(v, "auto")) {
+      fprintf(stderr, "error: %s expects auto, none or experts, got '%s'\n", a, v);
+      return -1;
+    }
+    o->mode = v;
+    return 1;
+  case 1: return cli_size(a, v, &o->gpu_limit) ? -1 : 1;
+  case 2:
+    if (!strcmp(v, "auto")) {
+      o->cache = -1;
+      if (!o->mode) o->mode = "experts"; /* asked for a cache: on, sized by the limit or free memory */
+      return 1;
+    }
+    if (cli_size(a, v, &o->cache)) return -1;
+    if (!o->cache) {
+      fprintf(stderr, "error: %s 0: use --offload-mode none to keep every expert on the device\n", a);
+      return -1;
+    }
+    return 1;
+  case 3:
+    o->host_set = 1;
+    return cli_size(a, v, &o->host_limit) ? -1 : 1;
+  case 4: return cli_int(a, v, 1, 1 << 20, &o->per_layer) ? -1 : 1;
+  case 5:
+  case 6: return cli_int(a, v, 1, 1 << 20, &o->swap_every) ? -1 : 1;
+  case 7:
+  case 8:
+    if (cli_int(a, v, 0, 1 << 30, &mib)) return -1;
+    o->reserve = (int64_t)mib << 20;
+    return 1;
+  default:
+    fprintf(stderr, "error: %s is not supported yet (every MoE layer shares the expert cache; use "
+                    "--cached-experts-per-layer)\n",
+            a);
+    return -1;
+  }
+}
+
+/* Into the context options: "auto" unless a mode was given; the host limit's CLI meaning
+ * (0: no mirror) in the API's (0: everything, < 0: none). */
+static inline void cli_offload_apply(const cli_offload *o, anna_context_options *co) {
+  co->offload_mode = o->mode ? o->mode : "auto";
+  co->gpu_memory_limit = o->gpu_limit;
+  co->expert_cache_bytes = o->cache > 0 ? o->cache : 0;
+  co->host_memory_limit = !o->host_set ? 0 : o->host_limit > 0 ? o->host_limit : -1;
+  co->reserve_bytes = o->reserve;
+  co->cached_experts_per_layer = o->per_layer;
+  co->expert_swap_every = o->swap_every;
 }
 
 #endif

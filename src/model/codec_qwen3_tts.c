@@ -590,7 +590,7 @@ static void cq_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) 
   out->n_heads = m->n_heads;
   out->n_layers = m->n_layers;
   for (int l = 0; l < m->n_layers; l++)
-    out->layers[l] = (ops_layer_shape){m->n_kv, m->head_dim};
+    out->layers[l] = (ops_layer_shape){.n_kv_heads = m->n_kv, .head_dim = m->head_dim};
 }
 
 /* ---- state ---- */

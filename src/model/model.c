@@ -357,6 +357,10 @@ int model_link_shared_experts(text_model *m, char *err, size_t errlen) {
 
 _Static_assert(CONFIG_MAX_LAYERS <= OPS_MAX_LAYERS, "ops_model_shape holds every layer");
 
+static int64_t shape_w_bytes(const ops_weight *w) {
+  return w->data && w->rows > 0 ? dtype_row_bytes(w->type, w->cols) * w->rows : 0;
+}
+
 void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out) {
   const model_config *c = &m->cfg;
   memset(out, 0, sizeof *out);
@@ -367,8 +371,35 @@ void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out) {
   out->gdn_dk = c->gdn_dk;
   out->gdn_dv = c->gdn_dv;
   out->n_layers = c->n_layers;
-  for (int i = 0; i < c->n_layers; i++)
-    out->layers[i] = (ops_layer_shape){c->layers[i].n_kv_heads, c->layers[i].head_dim};
+  if (m->gguf && gguf_tensor_count(m->gguf) > 0) {
+    /* the mapping's start, from any tensor: its data lies at data_offset + offset */
+    const gguf_tensor *t = gguf_tensor_at(m->gguf, 0);
+    out->weights_file = m->path;
+    out->weights_map = (const char *)t->data - gguf_data_offset(m->gguf) - t->offset;
+    out->weights_map_bytes = (int64_t)gguf_file_size(m->gguf);
+  }
+  out->dense_weight_bytes = shape_w_bytes(&m->embed) + shape_w_bytes(&m->ple_embed) +
+                            shape_w_bytes(&m->ple_model_proj) +
+                            (m->lm_head.data != m->embed.data ? shape_w_bytes(&m->lm_head) : 0);
+  for (int i = 0; i < c->n_layers; i++) {
+    const layer_weights *w = &m->layers[i];
+    ops_layer_shape *ls = &out->layers[i];
+    *ls = (ops_layer_shape){c->layers[i].n_kv_heads, c->layers[i].head_dim, NULL, NULL, NULL, 0};
+    const ops_weight *ws[] = {&w->q,      &w->k,      &w->v,       &w->o,           &w->qkv,      &w->z,
+                              &w->b,      &w->a,      &w->out,     &w->gate,        &w->up,       &w->down,
+                              &w->router, &w->sh_gate, &w->sh_up,  &w->sh_down,     &w->sh_gate_inp, &w->ple_gate,
+                              &w->ple_proj};
+    for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) out->dense_weight_bytes += shape_w_bytes(ws[j]);
+    if (!c->layers[i].is_moe || !w->exp_gate) continue;
+    /* the arrays forward.c passes to moe_ffn on a backend with matmul_group_route */
+    const int sx = w->sx_gate && w->router.rows == c->n_experts;
+    ls->exp_gate = sx ? w->sx_gate : w->exp_gate;
+    ls->exp_up = sx ? w->sx_up : w->exp_up;
+    ls->exp_down = sx ? w->sx_down : w->exp_down;
+    ls->n_exp = sx ? c->n_experts + 1 : c->n_experts;
+    /* the linked shared expert is an expert slot now, not a dense weight */
+    if (sx) out->dense_weight_bytes -= shape_w_bytes(&w->sh_gate) + shape_w_bytes(&w->sh_up) + shape_w_bytes(&w->sh_down);
+  }
 }
 
 /* A one-layer decoder beside m for its MTP head: the config of m's first full-attention layer

@@ -171,6 +171,12 @@ enum act_kind { ACT_KIND_SILU = 0, ACT_KIND_GELU_TANH };
  * model_shape_get (model/model.h), read by a backend's create (backends/registry.h). */
 typedef struct ops_layer_shape {
   int n_kv_heads, head_dim;
+  /* MoE layers: the expert arrays (n_exp weights each; up NULL when gate is fused) exactly
+   * as the forward pass hands them to moe_ffn on a backend with matmul_group_route (the
+   * E + 1 arrays with a linked shared expert), so a backend that offloads experts knows
+   * them before the first token. Borrowed from the model; NULL / 0 on other layers. */
+  const ops_weight *exp_gate, *exp_up, *exp_down;
+  int n_exp;
 } ops_layer_shape;
 typedef struct ops_model_shape {
   int64_t max_cols;   /* widest weight row (columns) of any matmul */
@@ -179,6 +185,15 @@ typedef struct ops_model_shape {
   int n_heads;        /* query heads (every attention layer) */
   int gdn_dk, gdn_dv; /* Gated DeltaNet head dims (0: no GDN layers) */
   int n_layers;
+  /* Bytes of the matrices other than the routed experts (a tied lm_head counted once): what
+   * a backend that offloads experts must still hold. */
+  int64_t dense_weight_bytes;
+  /* A GGUF model: its file and the mapping the weights' data pointers point into (file
+   * offset = data - weights_map), so a backend may read weight bytes with pread instead of
+   * through the mapping (expert offload's file tier). NULL / 0 for folders. Borrowed. */
+  const char *weights_file;
+  const void *weights_map;
+  int64_t weights_map_bytes;
   ops_layer_shape layers[OPS_MAX_LAYERS];
 } ops_model_shape;
 
@@ -190,6 +205,13 @@ typedef struct ops_step_stats {
 
 /* Most weights one matmul_group call takes (GDN's four in-projections). */
 #define OPS_GROUP_MAX 4
+
+/* MoE expert offload counters (anna.h anna_offload_stats says what each means). */
+typedef struct ops_offload_stats {
+  int on, cache_per_layer, staging_slots;
+  int64_t mirrored, routed, hits, swaps, bytes_mirror, bytes_file, device_bytes;
+  const char *summary;
+} ops_offload_stats;
 
 typedef struct ops_backend ops_backend;
 
@@ -215,6 +237,8 @@ struct ops_backend {
   /* The device's free and total memory in bytes (all processes' use counted), for sizing
    * the KV pool from a memory budget; 0 or a negative ANNA_E* code. NULL: cannot tell (CPU). */
   int (*mem_info)(ops_backend *be, int64_t *free_bytes, int64_t *total_bytes);
+  /* MoE expert offload counters (ops_offload_stats); NULL: the backend never offloads. */
+  void (*offload_stats)(ops_backend *be, ops_offload_stats *st);
   /* 1: weights are copied to the backend on first use, so the caller runs one throwaway
    * token at creation to keep that copy out of the first timed decode. */
   int warmup;

@@ -188,6 +188,43 @@ static int kv_auto_resolve(anna_context *c, const model_state_params *sp, int *k
   return 0;
 }
 
+/* The MoE expert offload options into backend_params: the mode resolved against the model
+ * (routed experts?) and the backend, the sizes checked. */
+static int offload_resolve(const anna_context_options *o, const ops_model_shape *shape, const backend_info *bi,
+                           backend_params *bp, char *err, size_t errlen) {
+  const char *mode = o->offload_mode ? o->offload_mode : "none";
+  int has_experts = 0;
+  for (int i = 0; i < shape->n_layers; i++) has_experts |= shape->layers[i].n_exp > 0;
+  const int limits = o->gpu_memory_limit > 0 || o->expert_cache_bytes > 0 || o->cached_experts_per_layer > 0;
+  int on;
+  if (!strcmp(mode, "none")) on = 0;
+  else if (!strcmp(mode, "experts")) on = 1;
+  else if (!strcmp(mode, "auto")) on = has_experts && limits && bi->expert_offload; /* nothing to offload on the CPU */
+  else return anna_err(err, errlen, ANNA_EINVAL, "--offload-mode '%s': expected auto, none or experts", mode);
+  if (o->gpu_memory_limit < 0 || o->reserve_bytes < 0 || o->cached_experts_per_layer < 0 || o->expert_swap_every < 0)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "--gpu-memory-limit, --reserve-memory, --cached-experts-per-layer and the swap interval must not "
+                    "be negative");
+  if (!on) {
+    if (!strcmp(mode, "none") && (o->expert_cache_bytes > 0 || o->cached_experts_per_layer > 0))
+      return anna_err(err, errlen, ANNA_EINVAL, "an expert cache size was given with --offload-mode none");
+    return 0;
+  }
+  if (!has_experts)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--offload-mode experts: the model has no routed experts");
+  if (!bi->expert_offload)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--offload-mode experts is not supported on the %s backend",
+                    bi->name);
+  bp->offload_experts = 1;
+  bp->gpu_memory_limit = o->gpu_memory_limit;
+  bp->expert_cache_bytes = o->expert_cache_bytes > 0 ? o->expert_cache_bytes : -1;
+  bp->host_memory_limit = o->host_memory_limit;
+  bp->reserve_bytes = o->reserve_bytes;
+  bp->cached_experts_per_layer = o->cached_experts_per_layer;
+  bp->expert_swap_every = o->expert_swap_every > 0 ? o->expert_swap_every : 8;
+  return 0;
+}
+
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
@@ -209,6 +246,13 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.prefix_share = opt->prefix_share;
     o.prefix_snapshot_interval = opt->prefix_snapshot_interval;
     o.tuning = opt->tuning;
+    o.offload_mode = opt->offload_mode;
+    o.gpu_memory_limit = opt->gpu_memory_limit;
+    o.expert_cache_bytes = opt->expert_cache_bytes;
+    o.host_memory_limit = opt->host_memory_limit;
+    o.reserve_bytes = opt->reserve_bytes;
+    o.cached_experts_per_layer = opt->cached_experts_per_layer;
+    o.expert_swap_every = opt->expert_swap_every;
   }
   if (o.kv_cache_residual_len < 0)
     return anna_err(err, errlen, ANNA_EINVAL, "--kv-cache-residual-len %d is negative", o.kv_cache_residual_len);
@@ -252,14 +296,15 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   }
   c->tuning = tuning;
   m->kind->backend_shape(m->impl, o.n_ctx, shape);
-  const backend_params bp = {.n_threads = o.n_threads,
-                             .n_batch = o.n_batch,
-                             .exact_matmul = o.exact_matmul,
-                             .gemm_bf16_single = m->compute_bf16,
-                             .profile = o.profile,
-                             .shape = shape,
-                             .tuning = &c->tuning};
-  rc = bi->create(&bp, &c->dev, err, errlen);
+  backend_params bp = {.n_threads = o.n_threads,
+                       .n_batch = o.n_batch,
+                       .exact_matmul = o.exact_matmul,
+                       .gemm_bf16_single = m->compute_bf16,
+                       .profile = o.profile,
+                       .shape = shape,
+                       .tuning = &c->tuning};
+  rc = offload_resolve(&o, shape, bi, &bp, err, errlen);
+  if (!rc) rc = bi->create(&bp, &c->dev, err, errlen);
   free(shape);
   if (!rc) {
     c->be = c->dev;
@@ -465,6 +510,16 @@ void anna_context_step_stats(const anna_context *c, anna_step_stats *st) {
     c->dev->step_stats(c->dev, &s);
     *st = (anna_step_stats){s.steps, s.builds, s.updates, s.capture_s, s.update_s, s.gpu_s};
   }
+}
+
+void anna_context_offload_stats(const anna_context *c, anna_offload_stats *st) {
+  memset(st, 0, sizeof *st);
+  if (!c->dev->offload_stats) return;
+  ops_offload_stats o;
+  memset(&o, 0, sizeof o);
+  c->dev->offload_stats(c->dev, &o);
+  *st = (anna_offload_stats){o.on,     o.cache_per_layer, o.staging_slots, o.mirrored,     o.routed, o.hits,
+                             o.swaps, o.bytes_mirror,    o.bytes_file,    o.device_bytes, o.summary};
 }
 
 int anna_context_tuning(const anna_context *c, char *buf, size_t len) {

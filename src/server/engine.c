@@ -1350,7 +1350,14 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .kv_cache_quantization = e->o.kv_cache_quantization,
                              .kv_cache_quant_bits = e->o.kv_cache_quant_bits,
                              .exact_matmul = e->o.exact_matmul,
-                             .tuning = e->o.tuning};
+                             .tuning = e->o.tuning,
+                             .offload_mode = e->o.offload_mode,
+                             .gpu_memory_limit = e->o.gpu_memory_limit,
+                             .expert_cache_bytes = e->o.expert_cache_bytes,
+                             .host_memory_limit = e->o.host_memory_limit,
+                             .reserve_bytes = e->o.reserve_bytes,
+                             .cached_experts_per_layer = e->o.cached_experts_per_layer,
+                             .expert_swap_every = e->o.expert_swap_every};
   int rc = 0;
   if (e->o.gpu_memory_utilization > 0 && (rc = kv_blocks_for_memory(m, &co, e->o.gpu_memory_utilization, err, errlen)))
     goto fail;

@@ -54,6 +54,10 @@ typedef struct engine_options {
    * sampling from the backend's top-k candidates (anna-generate's --host-sampling). */
   int host_sampling;
   const char *tuning; /* anna_context_options.tuning: "k=v,..." (borrowed; NULL: none) */
+  /* MoE expert offload: anna_context_options' fields of the same names (anna.h) */
+  const char *offload_mode;
+  int64_t gpu_memory_limit, expert_cache_bytes, host_memory_limit, reserve_bytes;
+  int cached_experts_per_layer, expert_swap_every;
   /* (0, 1]: size the KV pool (instead of kv_blocks, which must be 0) so that anna uses at
    * most this fraction of the device's total memory: a probe context with the smallest pool
    * measures what the model and scratch leave free, then the real context takes

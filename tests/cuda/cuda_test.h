@@ -90,6 +90,7 @@ void bench_gdn(void);
 /* test_cuda_moe.c */
 void test_moe(void);
 void test_moe_grouped(void);
+void test_moe_offload(void); /* test_cuda_offload.c: expert offload vs the CPU and the all-resident path */
 void bench_moe(void);
 /* test_cuda_graph.c */
 void test_graph_pieces(void);

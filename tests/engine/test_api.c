@@ -28,7 +28,7 @@ static char *dump(const json_t *j) { return j ? json_dumps(j, JSON_COMPACT | JSO
 
 static void test_status(void) {
   printf("status\n");
-  CHECK(ANNA_API_VERSION == 10400, "ANNA_API_VERSION %d", ANNA_API_VERSION); /* 1.4: anna_context_decode_hidden, the MTP drafter */
+  CHECK(ANNA_API_VERSION == 10500, "ANNA_API_VERSION %d", ANNA_API_VERSION); /* 1.5: MoE expert offload options */
   CHECK(!strcmp(anna_status_name(ANNA_OK), "ANNA_OK"), "ok");
   CHECK(!strcmp(anna_status_name(ANNA_EINVAL), "ANNA_EINVAL"), "einval");
   CHECK(!strcmp(anna_status_name(ANNA_ENOMEM), "ANNA_ENOMEM"), "enomem");
@@ -442,6 +442,42 @@ static void test_media(void) {
   CHECK(im.row_stride >= (size_t)im.width * (size_t)im.channels && au.n_samples * au.channels == 4, "media views");
 }
 
+/* The expert offload options through anna.h (1.3): bad values are errors naming them, the CPU
+ * refuses "experts" and runs "auto" as none, whose counters say off. */
+static void test_offload_options(const char *fixtures) {
+  printf("offload options\n");
+  char path[1024], err[256] = "";
+  snprintf(path, sizeof path, "%s/qwen3_moe", fixtures);
+  anna_model *m = NULL;
+  int rc = anna_model_load(&m, path, NULL, err, sizeof err);
+  CHECK(rc == 0, "load %s: %s", path, err);
+  if (rc) return;
+  anna_context *c = NULL;
+  anna_context_options o = {.n_ctx = 64, .n_batch = 8, .offload_mode = "sometimes"};
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "sometimes"), "offload_mode sometimes: %d %s", rc, err);
+  o.offload_mode = "experts";
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == ANNA_EUNSUPPORTED && strstr(err, "cpu"), "experts on the cpu: %d %s", rc, err);
+  o.offload_mode = "none", o.cached_experts_per_layer = 2;
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL, "a cache size with mode none: %d %s", rc, err);
+  o.offload_mode = "auto", o.gpu_memory_limit = -5, o.cached_experts_per_layer = 0;
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == ANNA_EINVAL && strstr(err, "negative"), "negative limit: %d %s", rc, err);
+  o.gpu_memory_limit = (int64_t)8 << 30;
+  rc = anna_context_create(&c, m, &o, err, sizeof err);
+  CHECK(rc == 0, "auto on the cpu: %d %s", rc, err);
+  if (!rc) {
+    anna_offload_stats st;
+    memset(&st, 0xff, sizeof st);
+    anna_context_offload_stats(c, &st);
+    CHECK(st.on == 0 && st.routed == 0 && st.summary == NULL, "cpu offload stats not zero");
+    anna_context_free(c);
+  }
+  anna_model_free(m);
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: test_api FIXTURES\n");
@@ -468,6 +504,7 @@ int main(int argc, char **argv) {
   anna_text_free(t);
   json_decref(exp);
   test_open(fixtures, gguf_dir);
+  test_offload_options(fixtures);
   test_sampler();
   test_gguf(gguf_dir, fixtures);
   test_media();

@@ -7,11 +7,15 @@
  * step whose margin is < 1e-3; (4) both cases decoded together as two sequences of one
  * batch give the same ids as decoded alone.
  * Usage: test_fixtures FIXTURES_DIR [--gguf GGUF_DIR] [--device cpu|cuda|auto] [--exact] [--tol T]
- *                      [model ...]
+ *                      [--offload N [--offload-host BYTES]] [model ...]
  * With --gguf, the models are the llama.cpp-converted GGUF files of the same fixtures.
  * --exact runs the context with exact_matmul (f32 activations everywhere: the CUDA
  * backend's f32 path). --tol T replaces the 2e-3 logit bound and the 1e-3 greedy margin
  * (for the CUDA tensor-core path, whose bf16/TF32 inputs are not f32-exact).
+ * --offload N runs MoE models with expert offload (issue #27; cuda): N cache slots per layer
+ * and a swap plan after every forward call, so misses, staging and swaps run on every step;
+ * --offload-host BYTES caps the pinned host mirror (the rest is read from the weights; 0:
+ * none mirrored; default: all). Dense models ignore it (offload_mode "auto").
  */
 #include "anna/anna.h"
 
@@ -29,6 +33,8 @@ static const char *g_device;   /* --device NAME: the context's device (default c
 static int g_exact;            /* --exact: anna_context_options.exact_matmul */
 static float g_tol = 2e-3f;      /* --tol: logit bound */
 static float g_margin = 1e-3f; /* greedy steps are compared while the reference margin is >= this */
+static int g_offload;           /* --offload N: cached experts per layer (0: off) */
+static int64_t g_offload_host;  /* --offload-host BYTES: anna_context_options.host_memory_limit (< 0: none) */
 
 #define CHECK(cond, ...)                                                                                               \
   do {                                                                                                                 \
@@ -170,6 +176,12 @@ static void test_model(const char *root, const char *name) {
   anna_context *ctx = NULL;
   anna_context_options o = {.n_seq = 2, .n_ctx = 1024, .n_batch = 640, .n_threads = 2, .device = g_device,
                            .exact_matmul = g_exact};
+  if (g_offload) {
+    o.offload_mode = "auto"; /* on for the MoE models (a cache size is set), none for the rest */
+    o.cached_experts_per_layer = g_offload;
+    o.expert_swap_every = 1;
+    o.host_memory_limit = g_offload_host;
+  }
   if (anna_context_create(&ctx, m, &o, err, sizeof err)) {
     CHECK(0, "context: %s", err);
     for (int c = 0; c < nc; c++) {
@@ -311,6 +323,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "--tol %s: not a positive number\n", argv[first + 1]);
         return 2;
       }
+    } else if (argc > first + 1 && !strcmp(argv[first], "--offload")) {
+      g_offload = atoi(argv[first + 1]);
+      if (g_offload < 1) {
+        fprintf(stderr, "--offload %s: not a positive slot count\n", argv[first + 1]);
+        return 2;
+      }
+    } else if (argc > first + 1 && !strcmp(argv[first], "--offload-host")) {
+      const long long b = atoll(argv[first + 1]);
+      g_offload_host = b > 0 ? b : -1;
     } else if (argc > first && !strcmp(argv[first], "--exact")) {
       g_exact = 1;
       first += 1;

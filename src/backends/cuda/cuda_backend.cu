@@ -591,7 +591,9 @@ extern "C" void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens) {
 }
 
 extern "C" void cuda_backend_step_end(ops_backend *be) {
-  cuda_flush(cuda_impl_of(be));
+  cuda_impl *ci = cuda_impl_of(be);
+  cuda_flush(ci);
+  if (ci->offload) cuda_offload_step_end(ci);
 }
 
 extern "C" void cuda_backend_graph_times(ops_backend *be, double *capture_s, double *update_s,
@@ -730,6 +732,7 @@ extern "C" void cuda_backend_free(ops_backend *be) {
     if (ci->ev1) cudaEventDestroy(ci->ev1);
     if (ci->copy_stream) cudaStreamDestroy(ci->copy_stream);
     memset(&ci->pnorm, 0, sizeof ci->pnorm); /* a deferred norm nobody reads any more */
+    cuda_offload_free(ci);
     cuda_backend_drop_mirrors(be);
     if (ci->deq) cudaFree(ci->deq);
     if (ci->att_part) cudaFree(ci->att_part);
@@ -755,6 +758,14 @@ static void cu_sync(ops_backend *be) {
   if (!ci->err && !ci->recording) cuda_check(ci, cudaStreamSynchronize(ci->stream), "sync");
 }
 
+/* The table's offload_stats entry (the same fields). */
+static void cu_offload_stats(ops_backend *be, ops_offload_stats *st) {
+  cuda_offload_stats o;
+  cuda_backend_offload_stats(be, &o);
+  *st = (ops_offload_stats){o.on, o.cache_per_layer, o.staging_slots, o.mirrored, o.routed, o.hits,
+                             o.swaps, o.bytes_mirror, o.bytes_file, o.device_bytes, o.summary};
+}
+
 /* Statistics for the table's step_stats entry. */
 static void cu_step_stats(ops_backend *be, ops_step_stats *st) {
   cuda_backend_graph_stats(be, &st->steps, &st->builds, &st->updates);
@@ -776,6 +787,12 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->impl = ci;
   cudaError_t e;
   const char *what = "set device";
+  {
+    /* what the device had before this backend's scratch: the expert offload's budget */
+    size_t f = 0, tot = 0;
+    if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&f, &tot) == cudaSuccess) ci->free_at_create = f;
+    (void)cudaGetLastError();
+  }
   ci->ring_cap = RING_MIN;
   if ((size_t)max_batch * 64 > ci->ring_cap) ci->ring_cap = (size_t)max_batch * 64;
   if ((e = cudaSetDevice(0)) != cudaSuccess ||
@@ -884,6 +901,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->set_graphs = cuda_backend_set_graphs;
   be->step_stats = cu_step_stats;
   be->mem_info = cu_mem_info;
+  be->offload_stats = cu_offload_stats;
   be->warmup = 1; /* weights are mirrored on first use */
   /* Quantized caches (cuda_kv.cu writes them, cuda_attn.cu's k_attn_kv reads them) and the
    * residual ring with the tuning key cuda_kv_quant (on by default since the kv test families

@@ -45,6 +45,39 @@ int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, const anna_t
 int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t errlen);
 void cuda_backend_free(ops_backend *be);
 
+/* MoE expert offload (cuda_offload.cu, issue #27). The routed experts of shape's MoE layers
+ * (ops_layer_shape.exp_*) are not mirrored: each layer gets cache slots in one device arena
+ * (the policy is src/cache/expert_store.h), the rest of a step's routed experts are copied
+ * into staging slots from a pinned host mirror (host_memory_limit bytes; 0: all, < 0: none)
+ * or from the weights' host memory (the model's mapping of its file), and every swap_every
+ * steps the hottest experts by routing count move into the cache. The store is sized at the
+ * first MoE call, once the KV cache exists: gpu_memory_limit (0: the device's free memory
+ * at creation) minus the dense weights, what this backend allocated meanwhile and
+ * reserve_bytes; expert_cache_bytes (< 0 auto) or cached_experts_per_layer (> 0) set the
+ * cache. When every expert fits the host mirror (and the device has unified addressing), the
+ * kernels read a missed expert from the pinned mirror over PCIe themselves ("zero-copy"):
+ * nothing is read back, decode steps stay graphs, and routing counts come from a device
+ * counter. Otherwise decode batches read the routed ids back and copy the misses into staging
+ * slots (the rest of that step runs eagerly, not as a graph). Larger batches run as batches
+ * of CUDA_MOE_DECODE_MAX_TOK tokens through the decode kernels either way. ANNA_EINVAL when gpu_memory_limit is below the dense weights (naming the bytes),
+ * ANNA_EUNSUPPORTED when no layer has experts. Call once, right after creation. */
+typedef struct cuda_offload_params {
+  int64_t gpu_memory_limit, expert_cache_bytes, host_memory_limit, reserve_bytes;
+  int cached_experts_per_layer, swap_every;
+  int no_zero_copy; /* test hook: copy misses into staging even when every expert is mirrored */
+} cuda_offload_params;
+int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *shape, const cuda_offload_params *p, char *err,
+                             size_t errlen);
+/* Offload counters (zeros when off): cache slots per layer, staging slots, experts mirrored
+ * in host memory, routed experts (distinct per layer step), cache hits, swaps, and the bytes
+ * copied to the device from the host mirror and from the weights' file mapping. */
+typedef struct cuda_offload_stats {
+  int on, cache_per_layer, staging_slots;
+  int64_t mirrored, routed, hits, swaps, bytes_mirror, bytes_file, device_bytes;
+  const char *summary; /* one line: what went where (borrowed; NULL before the first MoE call) */
+} cuda_offload_stats;
+void cuda_backend_offload_stats(ops_backend *be, cuda_offload_stats *out);
+
 /* Waits for queued work, then returns 0 or the sticky error (message into err). */
 int cuda_backend_error(ops_backend *be, char *err, size_t errlen);
 

@@ -135,6 +135,8 @@ typedef struct cuda_impl {
   cuda_pnorm pnorm;         /* a deferred one-row add_rmsnorm (cuda_pnorm); x NULL: none */
   int *pnorm_count;         /* device counter of the fused prologue's last-block election */
   int *route_count;         /* device counter of a routed group launch's last-block election */
+  struct cuda_offload *offload; /* MoE expert offload (cuda_offload.cu); NULL: every expert mirrored */
+  size_t free_at_create;    /* cudaMemGetInfo's free bytes when the backend was made (offload sizing) */
   int kv_quant;             /* tuning key cuda_kv_quant: quantized KV caches and the residual ring */
 } cuda_impl;
 
@@ -147,6 +149,17 @@ typedef struct cuda_impl {
 #define CUDA_GRAPH_MAX_TOK 64
 #define CUDA_MMQ_MAX_TOK 64
 #define CUDA_MOE_DECODE_MAX_TOK 8
+
+/* ---- MoE expert offload (cuda_offload.cu) ----
+ * The expert FFN of a layer whose experts are offloaded: true when it took the call (or set
+ * a sticky error), false when gate is not an offloaded layer's array (the caller goes on as
+ * without offload). */
+bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                          const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
+                          const ops_weight *down, int act, float *scratch);
+/* At step end: a swap plan when one is due (copies ordered after the step's work). */
+void cuda_offload_step_end(cuda_impl *ci);
+void cuda_offload_free(cuda_impl *ci);
 
 /* Launches the deferred add_rmsnorm (its own kernel) and clears it. */
 void cuda_norm_flush(cuda_impl *ci);

@@ -970,6 +970,8 @@ void cuda_op_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int
                      const ops_weight *down, int act, float *scratch) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || n <= 0) return;
+  if (ci->offload && cuda_offload_moe_ffn(be, out, x, n, H, idx, wts, k, n_experts, gate, up, down, act, scratch))
+    return;
   if (n <= CUDA_MOE_DECODE_MAX_TOK &&
       moe_ffn_decode(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, n_experts))
     return;

@@ -80,5 +80,15 @@ const uint8_t *const *moe_table(ops_backend *be, int E, const ops_weight *gate, 
 bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                     const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
                     int act, float *scratch, int E);
+/* The same over a given device table of expert row pointers ([gate E][up E][down E], as
+ * moe_table's; aligned: every pointer 16-byte aligned): the offloaded experts' slots
+ * (cuda_offload.cu). Only the routed experts' entries are read. False when the shapes do
+ * not fit the kernels (nothing queued). */
+bool moe_ffn_decode_tab(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                        const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
+                        int act, float *scratch, int E, const uint8_t *const *tab, bool aligned);
+/* Whether the decode kernels read every expert of these arrays (types, equal shapes): what
+ * moe_table checks before building a table. */
+bool moe_decode_types_ok(int E, const ops_weight *gate, const ops_weight *up, const ops_weight *down);
 
 #endif

@@ -294,6 +294,19 @@ static __global__ void __launch_bounds__(32 * MOEQ_WARPS)
  * is and may not be). That is known when the table is built and kept as a marker entry
  * under the host address &gate->data (a field of the model's array, never itself a mirror
  * key), so a cached table costs one more lookup, not a pass over the pointers. */
+bool moe_decode_types_ok(int E, const ops_weight *gate, const ops_weight *up, const ops_weight *down) {
+  const ops_weight *mats[3] = {gate, up, down};
+  for (int m = 0; m < 3; m++) {
+    if (!mats[m]) continue;
+    const int ty = mats[m][0].type;
+    if (!cuda_float_type(ty) && !(cuda_quant_supported(ty) && mats[m][0].cols % 32 == 0)) return false;
+    for (int e = 1; e < E; e++)
+      if (mats[m][e].type != ty || mats[m][e].rows != mats[m][0].rows || mats[m][e].cols != mats[m][0].cols)
+        return false;
+  }
+  return true;
+}
+
 const uint8_t *const *moe_table(ops_backend *be, int E, const ops_weight *gate, const ops_weight *up,
                                 const ops_weight *down, bool *aligned) {
   const void *hit = cuda_mirror_find(be, gate);
@@ -303,14 +316,7 @@ const uint8_t *const *moe_table(ops_backend *be, int E, const ops_weight *gate, 
   }
   if (aligned) *aligned = false;
   const ops_weight *mats[3] = {gate, up, down};
-  for (int m = 0; m < 3; m++) {
-    if (!mats[m]) continue;
-    const int ty = mats[m][0].type;
-    if (!cuda_float_type(ty) && !(cuda_quant_supported(ty) && mats[m][0].cols % 32 == 0)) return NULL;
-    for (int e = 1; e < E; e++)
-      if (mats[m][e].type != ty || mats[m][e].rows != mats[m][0].rows || mats[m][e].cols != mats[m][0].cols)
-        return NULL;
-  }
+  if (!moe_decode_types_ok(E, gate, up, down)) return NULL;
   const uint8_t **t = (const uint8_t **)calloc((size_t)3 * E, sizeof *t);
   if (!t) return NULL;
   for (int m = 0; m < 3; m++) {
@@ -382,7 +388,6 @@ static void moeq_down(cuda_impl *ci, int t, dim3 grid, size_t sm, float *out, co
 bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                     const float *wts, int k, const ops_weight *gate, const ops_weight *up,
                     const ops_weight *down, int act, float *scratch, int E) {
-  cuda_impl *ci = cuda_impl_of(be);
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
   if (((uintptr_t)x & 15) != 0 || H % 4 != 0 || I % 4 != 0 || down[0].rows != H || down[0].cols != I ||
       gate[0].cols != H)
@@ -390,6 +395,17 @@ bool moe_ffn_decode(ops_backend *be, float *out, const float *x, int64_t n, int 
   bool aligned = false;
   const uint8_t *const *tab = moe_table(be, E, gate, up, down, &aligned);
   if (!tab) return false;
+  return moe_ffn_decode_tab(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, E, tab, aligned);
+}
+
+bool moe_ffn_decode_tab(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                        const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
+                        int act, float *scratch, int E, const uint8_t *const *tab, bool aligned) {
+  cuda_impl *ci = cuda_impl_of(be);
+  const int64_t I = up ? up[0].rows : gate[0].rows / 2;
+  if (((uintptr_t)x & 15) != 0 || H % 4 != 0 || I % 4 != 0 || down[0].rows != H || down[0].cols != I ||
+      gate[0].cols != H)
+    return false;
   const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
   const int64_t rbg = dtype_row_bytes(tg, H), rbu = dtype_row_bytes(tu, H), rbd = dtype_row_bytes(td, I);
   float *h = scratch; /* n * k * I floats: within ops_moe_scratch_floats */

@@ -1,0 +1,247 @@
+/* test_cuda_offload.c: MoE expert offload (cuda_backend_set_offload, cuda_offload.cu) against
+ * the CPU backend and the all-resident CUDA path. A second CUDA backend offloads three MoE
+ * layers with a tiny cache (2 slots per layer, a swap plan after every step), with a host
+ * mirror that holds only some experts (the rest come from the weights' host memory), all
+ * of them (zero-copy: the kernels read misses from the mirror, counters on the device), and
+ * all of them with zero-copy off, so every tier and swaps run on every step. 60 steps of skewed random routing, 1 to 13 tokens
+ * (above 8 the offload runs the decode kernels in batches), each step recorded as a graph
+ * where the size allows: exact mode against the CPU op (f32: 1e-4), default numerics at
+ * decode sizes bit for bit against g_gpu's all-resident decode kernels. Then the counters
+ * (hits, swaps, bytes from each tier) and the budget errors. */
+#include "cuda_test.h"
+
+#include "anna/anna.h" /* ANNA_E* */
+
+#define OFF_L 3
+
+typedef struct off_layer {
+  int E, fused, H, I;
+  ops_weight *gate, *up, *down;
+} off_layer;
+
+static void off_layer_make(off_layer *m, int E, int fused, int type, int H, int I) {
+  memset(m, 0, sizeof *m);
+  m->E = E, m->fused = fused, m->H = H, m->I = I;
+  m->gate = calloc((size_t)E, sizeof(ops_weight)), m->up = fused ? NULL : calloc((size_t)E, sizeof(ops_weight));
+  m->down = calloc((size_t)E, sizeof(ops_weight));
+  for (int e = 0; e < E; e++) {
+    const int64_t gr = fused ? 2 * (int64_t)I : I;
+    m->gate[e] = (ops_weight){type, make_weight(type, gr, H, NULL), gr, H};
+    if (!fused) m->up[e] = (ops_weight){type, make_weight(type, I, H, NULL), I, H};
+    m->down[e] = (ops_weight){type, make_weight(type, H, I, NULL), H, I};
+  }
+}
+
+static void off_layer_free(off_layer *m) {
+  for (int e = 0; e < m->E; e++) {
+    free((void *)m->gate[e].data), free((void *)m->down[e].data);
+    if (m->up) free((void *)m->up[e].data);
+  }
+  free(m->gate), free(m->up), free(m->down);
+}
+
+/* k distinct experts per token, half the picks from a few hot ones that drift with step. */
+static void off_route(int32_t *idx, float *w, int64_t n, int E, int k, int step) {
+  for (int64_t t = 0; t < n; t++)
+    for (int j = 0; j < k; j++) {
+      int e;
+      for (;;) {
+        e = rnd() % 2 ? (int)((step / 20 + rnd() % 3) % (uint64_t)E) : (int)(rnd() % (uint64_t)E);
+        int dup = 0;
+        for (int i = 0; i < j; i++) dup |= idx[t * k + i] == e;
+        if (!dup) break;
+      }
+      idx[t * k + j] = e;
+      w[t * k + j] = 0.5f * (frand() + 1.0f) + 0.05f;
+    }
+}
+
+/* mirror: 0 a third of the experts (misses copied into staging, the rest read from the
+ * weights), 1 all (zero-copy: the kernels read misses from the pinned mirror), 2 all with
+ * the zero-copy path off (misses copied from the mirror). */
+static void offload_case(int type, int fused, int H, int I, int E, int k, int mirror) {
+  off_layer L[OFF_L];
+  ops_model_shape *shape = calloc(1, sizeof *shape);
+  shape->n_layers = OFF_L;
+  shape->max_cols = H > I ? H : I;
+  int64_t eb = 0;
+  for (int l = 0; l < OFF_L; l++) {
+    off_layer_make(&L[l], E, fused, type, H, I);
+    shape->layers[l].exp_gate = L[l].gate;
+    shape->layers[l].exp_up = L[l].up;
+    shape->layers[l].exp_down = L[l].down;
+    shape->layers[l].n_exp = E;
+  }
+  eb = dtype_row_bytes(type, H) * 2 * I + dtype_row_bytes(type, I) * H; /* gate + up (or fused) + down */
+  char what[160], err[512];
+  snprintf(what, sizeof what, "offload %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "", H, I, E,
+           k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
+  ops_backend *ob = NULL;
+  if (cuda_backend_create(&ob, 64, err, sizeof err)) {
+    printf("  FAIL %s: backend: %s\n", what, err);
+    g_fail++;
+    return;
+  }
+  /* a host mirror of about a third of the experts: the rest are read from the weights */
+  const cuda_offload_params op = {.host_memory_limit = mirror ? 0 : (int64_t)OFF_L * E * (eb + 64) / 3,
+                                  .cached_experts_per_layer = 2,
+                                  .swap_every = 1,
+                                  .no_zero_copy = mirror == 2};
+  g_checks++;
+  if (cuda_backend_set_offload(ob, shape, &op, err, sizeof err)) {
+    printf("  FAIL %s: set_offload: %s\n", what, err);
+    g_fail++;
+    ob->destroy(ob);
+    return;
+  }
+  const int64_t NMAX = 13;
+  const int64_t sf = ops_moe_scratch_floats(NMAX, k, H, I);
+  float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf), *scratch = malloc(sizeof(float) * (size_t)sf);
+  float *ref = malloc(sizeof(float) * (size_t)(NMAX * H));
+  int32_t *idx = malloc(sizeof(int32_t) * (size_t)(NMAX * k));
+  float *w = malloc(sizeof(float) * (size_t)(NMAX * k));
+  static const int sizes[] = {1, 2, 8, 3, 13, 1, 5, 9};
+  for (int pass = 0; pass < 2; pass++) {
+    const int exact = pass == 0;
+    cuda_backend_set_exact(ob, exact);
+    cuda_backend_set_exact(g_gpu, exact);
+    cuda_backend_set_graphs(ob, 1);
+    for (int step = 0; step < 30; step++) {
+      const int64_t n = exact ? sizes[step % 8] : sizes[step % 8] > 8 ? 8 : sizes[step % 8];
+      float *x = hrand(n * H, 1.0f);
+      float *dx = dput(x, sizeof(float) * (size_t)(n * H));
+      float *dy[OFF_L];
+      int32_t *didx[OFF_L];
+      float *dw[OFF_L], *refs[OFF_L];
+      cuda_backend_step_begin(ob, n);
+      for (int l = 0; l < OFF_L; l++) {
+        off_route(idx, w, n, E, k, step + 30 * pass);
+        didx[l] = dput(idx, sizeof(int32_t) * (size_t)(n * k));
+        dw[l] = dput(w, sizeof(float) * (size_t)(n * k));
+        dy[l] = dnan(n * H);
+        ob->moe_ffn(ob, dy[l], dx, n, H, didx[l], dw[l], k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr);
+        refs[l] = NULL;
+        if (exact) {
+          cpu_backend_set_exact_matmul(g_cpu, 1);
+          g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, scratch);
+          cpu_backend_set_exact_matmul(g_cpu, 0);
+          refs[l] = hcopy(ref, n * H);
+        }
+      }
+      cuda_backend_step_end(ob);
+      if (ob->error(ob, err, sizeof err)) {
+        printf("  FAIL %s step %d: %s\n", what, step, err);
+        g_fail++;
+        break;
+      }
+      for (int l = 0; l < OFF_L; l++) {
+        char cw[224];
+        snprintf(cw, sizeof cw, "%s %s step %d layer %d n=%lld", what, exact ? "exact" : "default", step, l,
+                 (long long)n);
+        if (exact) {
+          cmpd(cw, dy[l], refs[l], n * H, 1e-4);
+        } else {
+          /* the all-resident decode kernels on the same inputs: the same bits */
+          float *dr = dnan(n * H), *dscr2 = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf);
+          g_gpu->moe_ffn(g_gpu, dr, dx, n, H, didx[l], dw[l], k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU,
+                         dscr2);
+          float *r = dget(dr, n * H);
+          cmpd(cw, dy[l], r, n * H, 0.0);
+          free(r), dfree(dr), dfree(dscr2);
+        }
+        free(refs[l]), dfree(dy[l]), dfree(didx[l]), dfree(dw[l]);
+      }
+      dfree(dx), free(x);
+    }
+  }
+  cuda_backend_set_exact(g_gpu, 1);
+  cuda_offload_stats st;
+  cuda_backend_offload_stats(ob, &st);
+  g_checks++;
+  const int tiers_ok = mirror ? st.bytes_file == 0 && st.mirrored == (int64_t)OFF_L * E
+                              : st.bytes_file > 0 && st.mirrored > 0 && st.mirrored < (int64_t)OFF_L * E;
+  const int zc = st.summary && strstr(st.summary, "zero-copy");
+  if (!st.on || st.cache_per_layer != 2 || st.hits <= 0 || st.swaps <= 0 || st.bytes_mirror <= 0 || !tiers_ok ||
+      st.hits >= st.routed || zc != (mirror == 1)) {
+    printf("  FAIL %s: counters: cache %d, mirrored %lld, routed %lld, hits %lld, swaps %lld, bytes %lld + %lld\n",
+           what, st.cache_per_layer, (long long)st.mirrored, (long long)st.routed, (long long)st.hits,
+           (long long)st.swaps, (long long)st.bytes_mirror, (long long)st.bytes_file);
+    g_fail++;
+  } else {
+    printf("  %s: %lld routed, hit rate %.2f, %lld swaps, %lld of %d experts mirrored, %lld B from the mirror, "
+           "%lld B from the weights\n  %s\n",
+           what, (long long)st.routed, (double)st.hits / (double)st.routed, (long long)st.swaps, (long long)st.mirrored,
+           OFF_L * E, (long long)st.bytes_mirror, (long long)st.bytes_file, st.summary ? st.summary : "");
+  }
+  ob->destroy(ob);
+  dfree(dscr);
+  free(scratch), free(ref), free(idx), free(w);
+  for (int l = 0; l < OFF_L; l++) off_layer_free(&L[l]);
+  free(shape);
+}
+
+/* Budgets below what must stay on the device: refused at set_offload (dense weights) or at
+ * the first MoE call (the staging slots), each naming the bytes needed. */
+static void offload_budgets(void) {
+  off_layer m;
+  off_layer_make(&m, 8, 0, ANNA_DTYPE_Q8_0, 256, 256);
+  ops_model_shape *shape = calloc(1, sizeof *shape);
+  shape->n_layers = 1;
+  shape->max_cols = 256;
+  shape->dense_weight_bytes = (int64_t)1 << 30;
+  shape->layers[0] = (ops_layer_shape){.exp_gate = m.gate, .exp_up = m.up, .exp_down = m.down, .n_exp = 8};
+  char err[512] = "";
+  ops_backend *ob = NULL;
+  if (cuda_backend_create(&ob, 64, err, sizeof err)) {
+    printf("  FAIL offload budgets: backend: %s\n", err);
+    g_fail++;
+    return;
+  }
+  cuda_offload_params op = {.gpu_memory_limit = (int64_t)512 << 20};
+  int rc = cuda_backend_set_offload(ob, shape, &op, err, sizeof err);
+  g_checks++;
+  if (rc != ANNA_EINVAL || !strstr(err, "bytes needed") || !strstr(err, "1073741824")) {
+    printf("  FAIL offload budgets: limit below the dense weights: %d %s\n", rc, err);
+    g_fail++;
+  }
+  /* passes the dense check, then the staging slots (8 tokens x k 2 experts) do not fit */
+  shape->dense_weight_bytes = 0;
+  op.gpu_memory_limit = dtype_row_bytes(ANNA_DTYPE_Q8_0, 256) * 256 * 3 * 2;
+  rc = cuda_backend_set_offload(ob, shape, &op, err, sizeof err);
+  g_checks++;
+  if (rc) {
+    printf("  FAIL offload budgets: set_offload: %s\n", err);
+    g_fail++;
+  } else {
+    float *hx = hrand(256, 1.0f);
+    float *dx = dput(hx, 256 * sizeof(float)), *dy = dnan(256);
+    free(hx);
+    int32_t ids[2] = {0, 1};
+    float wts[2] = {0.5f, 0.5f};
+    int32_t *didx = dput(ids, sizeof ids);
+    float *dw = dput(wts, sizeof wts);
+    float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)ops_moe_scratch_floats(1, 2, 256, 256));
+    ob->moe_ffn(ob, dy, dx, 1, 256, didx, dw, 2, 8, m.gate, m.up, m.down, ACT_KIND_SILU, dscr);
+    rc = ob->error(ob, err, sizeof err);
+    g_checks++;
+    if (rc != ANNA_EINVAL || !strstr(err, "bytes needed")) {
+      printf("  FAIL offload budgets: staging over the limit: %d %s\n", rc, err);
+      g_fail++;
+    }
+    dfree(dx), dfree(dy), dfree(didx), dfree(dw), dfree(dscr);
+  }
+  ob->destroy(ob);
+  off_layer_free(&m);
+  free(shape);
+}
+
+void test_moe_offload(void) {
+  printf("moe_offload\n");
+  offload_budgets();
+  for (int mirror = 0; mirror < 3; mirror++) {
+    offload_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 16, 4, mirror);
+    offload_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 12, 2, mirror);
+    offload_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3, mirror);
+    offload_case(ANNA_DTYPE_Q6_K, 1, 256, 256, 33, 8, mirror);
+  }
+}
