@@ -309,7 +309,10 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
 int anna_media_video_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
                             const anna_video_limits *lim, char *err, size_t errlen) {
   *out = NULL;
-  if (!anna_model_has_vision(m)) return no_vision(m, err, errlen);
+  if (!anna_model_has_vision(m))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the model %s has no vision tower (text only): it takes no video",
+                    m ? m->path : "(none)");
   const struct model_vision *v = m->vis;
   if (v->video_token_id < 0)
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,
@@ -706,6 +709,20 @@ static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *er
     enc_store(v, md, out, md->n_tokens, E);
   }
   return rc;
+}
+
+const float *media_pixels(const anna_media *md, int64_t *n_patches, int32_t *patch_dim) {
+  *n_patches = md && !md->audio ? md->px.n_patches : 0;
+  *patch_dim = md && !md->audio ? md->px.patch_dim : 0;
+  return md && !md->audio ? md->px.values : NULL;
+}
+
+int ctx_vision_encode(anna_context *c, const anna_media *md, float *rows, char *err, size_t errlen) {
+  ctx_vision *v = context_vision(c);
+  if (!v || !md || md->audio) return anna_err(err, errlen, ANNA_EINVAL, "encode: no tower or media");
+  const anna_media_ref r = {md, 0};
+  const anna_prompt p = {NULL, 0, &r, 1};
+  return tower_rows(v, &p, rows, err, errlen);
 }
 
 /* Pad runs of p: one per image, one per temporal group of a video. */
