@@ -206,3 +206,45 @@ def test_video_to_text_only_model():
         assert r.choices[0].message.content is not None
     finally:
         s.stop()
+
+
+@pytest.fixture(scope="module")
+def clip_host():
+    """A local HTTP server: /clip.mp4 (the e2e clip), /big.mp4 (over --max-video-bytes), 404 else."""
+    import http.server
+    import threading
+    mp4 = open(os.path.join(E2E, "h264_96x64.mp4"), "rb").read()
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = {"/clip.mp4": mp4, "/big.mp4": mp4 * 3}.get(self.path)
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield "http://127.0.0.1:%d" % httpd.server_address[1]
+    httpd.shutdown()
+
+
+def test_remote_video_from_allowed_host(video_model, clip_host):
+    """http(s) video URLs follow the image policy: fetched only from --allowed-image-domains hosts,
+    capped at --max-video-bytes."""
+    s = start_server(video_model, "--ctx-size", "256", "--allowed-image-domains", "127.0.0.1",
+                     "--max-video-bytes", "40000", "--image-fetch-timeout-seconds", "5")
+    try:
+        msgs = messages("video")
+        msgs[0]["content"][0] = vpart(clip_host + "/clip.mp4")
+        r = ask(s.client(), msgs)
+        assert r.choices[0].message.content == CASES["video"]["greedy_text"]
+        bad_request(s.client(), user(vpart(clip_host + "/big.mp4")), "40000")
+        bad_request(s.client(), user(vpart(clip_host + "/nothing.mp4")), "404")
+        bad_request(s.client(), user(vpart(clip_host.replace("127.0.0.1", "localhost") + "/clip.mp4")),
+                    "--allowed-image-domains")
+    finally:
+        s.stop()
