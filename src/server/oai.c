@@ -437,10 +437,11 @@ static int video_bytes(img_list *l, uint8_t *bytes, size_t n, const char *pp, oa
                        : strstr(err, "pixels per frame") ? "--max-video-pixels"
                        : strstr(err, "sampled frames") ? "--max-video-frames"
                                                        : "--max-video-seconds";
+    const char *msg = strncmp(err, "video: ", 7) ? err : err + 7;
     if (flag)
-      return oai_fail(e, 400, pp, "video_too_large", "video %d: %s (%s)", l->n_video, err, flag);
+      return oai_fail(e, 400, pp, "video_too_large", "video %d: %s (%s)", l->n_video, msg, flag);
     return oai_fail(e, 400, pp, rc == ANNA_EUNSUPPORTED ? "unsupported_content" : "invalid_video",
-                    "video %d: %s", l->n_video, err);
+                    "video %d: %s", l->n_video, msg);
   }
   l->n++;
   l->n_video++;
