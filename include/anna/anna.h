@@ -854,7 +854,8 @@ typedef struct anna_media_ref {
 } anna_media_ref;
 
 /* Token ids and the media their pad runs stand for (all borrowed for the call). Refs come in
- * increasing `at`, each run exactly anna_media_n_tokens pad ids, runs not adjacent (Qwen
+ * increasing `at`, each run exactly anna_media_n_tokens pad ids (a video: one run per temporal
+ * group, see "Video in prompts"), runs not adjacent (Qwen
  * prompts put vision start / end ids around each); a pad id outside every run is an error. */
 typedef struct anna_prompt {
   const int32_t *tokens;
