@@ -771,10 +771,6 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
     for (int32_t g = 0; g < groups; g++) {
       if (g > 0) { /* the next group: the next video pad after the previous run */
         while (at < p->n && p->tokens[at] != pad) at++;
-        if (at == end + 1)
-          return anna_err(err, errlen, ANNA_EINVAL,
-                          "prompt media %d: video groups %d and %d are adjacent (%d pads in one run)", r,
-                          g - 1, g, 2 * per);
       }
       if (at < 0 || at > p->n - per)
         return anna_err(err, errlen, ANNA_EINVAL,
