@@ -202,6 +202,131 @@ def e2e(fix, out):
     json.dump(exp, open(os.path.join(out, "expected.json"), "w"), indent=1)
 
 
+# Video end to end (issue 24 video items; tests/engine/test_video_api.c, cli_generate_video,
+# tests/server/test_video.py):
+#   mkfix_vision.py --e2e-video [FIXTURES_DIR [OUT_DIR]]   (default tests/fixtures/qwen3_5_vision/e2e_video)
+# Needs torchcodec (transformers decodes a video path with it): run with the vvid venv's python
+# (tools/mkfix_vvid.py says how to make it). The fixture tokenizer has no <|video_pad|>, so this
+# folder carries a tokenizer.json copy where the last BPE piece (id 999, 'Glogits', and its one
+# merge) gives its id to an added special token <|video_pad|> (HF assigns an added token the next
+# free id, so the piece must go); config.json says video_token_id 999. The chat template adds
+# video parts as Qwen's does (<|vision_start|><|video_pad|><|vision_end|>), and
+# video_preprocessor_config.json is the published one with a small budget (longest_edge 65536
+# pixels for the whole clip) so a clip is a few tokens. Per case, Qwen3VLProcessor does
+# everything (torchcodec decode, frame sampling, resize, the "<t seconds>" per temporal group
+# and the pad expansion), then forward + generate() as in --e2e. Files: the clips (copies of
+# tests/fixtures/vision_video clips), <case>.{last,step}_logits.f32, <case>.pix.u8 (the video's
+# pixel_values_videos as bytes: mean = std = 0.5, so x = v * 127.5 + 127.5 is exact) and
+# <case>.tower.f32 (model.visual on them, [t*h*w/4, 128]), expected.json.
+E2EV_IDS = dict(E2E_IDS, video_token_id=999)
+E2EV_VPRE = {"size": {"shortest_edge": 4096, "longest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+             "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_resize": True,
+             "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "rescale_factor": 1 / 255,
+             "fps": 2, "min_frames": 4, "max_frames": 768, "do_sample_frames": True,
+             "video_processor_type": "Qwen3VLVideoProcessor"}
+E2EV_PART = ("{% elif part.type == 'text' %}",
+             "{% elif part.type == 'video' or part.type == 'video_url' %}<|vision_start|><|video_pad|><|vision_end|>"
+             "{% elif part.type == 'text' %}")
+
+
+def e2e_video(fix, out):
+    from PIL import Image
+    from transformers import AutoTokenizer, Qwen2VLImageProcessor
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = os.path.join(fix, "qwen3_5")
+    e2e_dir = os.path.join(here, "..", "tests", "fixtures", "qwen3_5_vision", "e2e")
+    vdir = os.path.join(here, "..", "tests", "fixtures", "vision_video")
+    os.makedirs(out, exist_ok=True)
+    tpl = open(os.path.join(e2e_dir, "chat_template.jinja")).read()
+    assert E2EV_PART[0] in tpl
+    open(os.path.join(out, "chat_template.jinja"), "w").write(tpl.replace(E2EV_PART[0], E2EV_PART[1], 1))
+    cfg = json.load(open(os.path.join(src, "config.json")))
+    cfg.update(E2EV_IDS)
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
+    json.dump(E2E_PRE, open(os.path.join(out, "preprocessor_config.json"), "w"), indent=2)
+    json.dump(E2EV_VPRE, open(os.path.join(out, "video_preprocessor_config.json"), "w"), indent=2)
+    tj = json.load(open(os.path.join(src, "tokenizer.json")))
+    inv = {v: k for k, v in tj["model"]["vocab"].items()}
+    piece = inv[999]
+    del tj["model"]["vocab"][piece]
+    tj["model"]["merges"] = [x for x in tj["model"]["merges"] if x[0] + x[1] != piece and piece not in x]
+    tj["added_tokens"].append({"id": 999, "content": "<|video_pad|>", "single_word": False, "lstrip": False,
+                               "rstrip": False, "normalized": False, "special": True})
+    json.dump(tj, open(os.path.join(out, "tokenizer.json"), "w"), ensure_ascii=False)
+    for f in ("h264_96x64.mp4", "vp9_80x60.webm"):
+        shutil.copy(os.path.join(vdir, f), os.path.join(out, f))
+    shutil.copy(os.path.join(e2e_dir, "wide.png"), os.path.join(out, "wide.png"))
+    tmp = tempfile.mkdtemp()
+    for f in ("tokenizer_config.json", "model.safetensors"):
+        os.symlink(os.path.abspath(os.path.join(src, f)), os.path.join(tmp, f))
+    for f in ("config.json", "chat_template.jinja", "preprocessor_config.json", "tokenizer.json"):
+        shutil.copy(os.path.join(out, f), os.path.join(tmp, f))
+    tok = AutoTokenizer.from_pretrained(tmp)
+    assert tok.convert_tokens_to_ids("<|video_pad|>") == 999
+    ip = Qwen2VLImageProcessor(**{k: v for k, v in E2E_PRE.items() if k != "image_processor_type"})
+    vp = Qwen3VLVideoProcessor(**{k: v for k, v in E2EV_VPRE.items() if k != "video_processor_type"})
+    proc = Qwen3VLProcessor(image_processor=ip, tokenizer=tok, video_processor=vp)
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(tmp, dtype=torch.float32).eval()
+    shutil.rmtree(tmp)
+    cases = [
+        # the order anna-generate --video builds: the video, then the text
+        ("video", [], ["h264_96x64.mp4"], [{"role": "user", "content": [
+            {"type": "video"}, {"type": "text", "text": "What happens in this video?"}]}]),
+        ("video_webm", [], ["vp9_80x60.webm"], [{"role": "user", "content": [
+            {"type": "video"}, {"type": "text", "text": "Describe it."}]}]),
+        ("image_video", ["wide.png"], ["h264_96x64.mp4"], [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": [{"type": "text", "text": "Compare "}, {"type": "image"},
+                                         {"type": "text", "text": " with "}, {"type": "video"}]}]),
+    ]
+    exp = {"transformers": transformers.__version__, "torch": torch.__version__, "n_gen": N_E2E,
+           "token_ids": E2EV_IDS, "cases": []}
+    for name, imgs, vids, msgs in cases:
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        kw = {}
+        if imgs:
+            kw["images"] = [Image.open(os.path.join(out, f)) for f in imgs]
+        inputs = proc(text=[text], videos=[os.path.join(out, f) for f in vids], return_tensors="pt", **kw)
+        ids = inputs["input_ids"][0].tolist()
+        inp = inputs["input_ids"]
+        tt = (inp == E2EV_IDS["image_token_id"]).to(torch.int32) + 2 * (inp == E2EV_IDS["video_token_id"]).to(torch.int32)
+        fw = dict(pixel_values_videos=inputs["pixel_values_videos"], video_grid_thw=inputs["video_grid_thw"],
+                  mm_token_type_ids=tt)
+        if imgs:
+            fw.update(pixel_values=inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"])
+        logits = model(input_ids=inp, **fw).logits[0, -1]
+        gen = model.generate(input_ids=inp, attention_mask=torch.ones_like(inp), max_new_tokens=N_E2E,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, **fw)
+        greedy = [int(v) for v in gen.sequences[0, len(ids):]]
+        assert greedy[0] == int(logits.argmax())
+        logits.numpy().astype("<f4").tofile(os.path.join(out, name + ".last_logits.f32"))
+        torch.cat(gen.logits, 0).numpy().astype("<f4").tofile(os.path.join(out, name + ".step_logits.f32"))
+        pv = inputs["pixel_values_videos"]
+        b = pv.numpy() * 127.5 + 127.5
+        assert np.abs(b - np.round(b)).max() < 1e-3
+        np.round(b).astype(np.uint8).tofile(os.path.join(out, name + ".pix.u8"))
+        tower = model.model.visual(pv, grid_thw=inputs["video_grid_thw"]).pooler_output
+        tower.numpy().astype("<f4").tofile(os.path.join(out, name + ".tower.f32"))
+        full = proc.tokenizer.decode(ids)
+        exp["cases"].append({"name": name, "images": imgs, "videos": vids, "messages": msgs, "prompt_text": text,
+                             "video_grid_thw": inputs["video_grid_thw"].tolist(),
+                             "image_grid_thw": inputs["image_grid_thw"].tolist() if imgs else [],
+                             "prompt_ids": ids, "greedy_ids": greedy, "greedy_text": tok.decode(greedy),
+                             "expanded_text_head": full[:400]})
+        print(f"{name}: video grids {inputs['video_grid_thw'].tolist()} prompt {len(ids)} greedy {greedy}")
+        print("   ", full[:300].replace("<|video_pad|>", "V"))
+    json.dump(exp, open(os.path.join(out, "expected.json"), "w"), indent=1)
+
+
+if len(sys.argv) > 1 and sys.argv[1] == "--e2e-video":
+    torch.set_grad_enabled(False)
+    here = os.path.dirname(os.path.abspath(__file__))
+    a = sys.argv[2:]
+    e2e_video(a[0] if a else os.path.join(here, "..", "..", "shared", "fixtures"),
+              a[1] if len(a) > 1 else os.path.join(here, "..", "tests", "fixtures", "qwen3_5_vision", "e2e_video"))
+    sys.exit(0)
 if len(sys.argv) > 1 and sys.argv[1] == "--e2e":
     torch.set_grad_enabled(False)
     here = os.path.dirname(os.path.abspath(__file__))

@@ -929,7 +929,8 @@ typedef struct anna_media_ref {
 } anna_media_ref;
 
 /* Token ids and the media their pad runs stand for (all borrowed for the call). Refs come in
- * increasing `at`, each run exactly anna_media_n_tokens pad ids, runs not adjacent (Qwen
+ * increasing `at`, each run exactly anna_media_n_tokens pad ids (a video: one run per temporal
+ * group, see "Video in prompts"), runs not adjacent (Qwen
  * prompts put vision start / end ids around each); a pad id outside every run is an error. */
 typedef struct anna_prompt {
   const int32_t *tokens;
@@ -963,6 +964,69 @@ typedef struct anna_vision_stats {
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);
 /* Empties the encoder cache (benchmarks time the tower on every run). */
 void anna_context_vision_cache_clear(anna_context *c);
+
+/* ---- Video in prompts (vision-language models; API 1.4) --------------------------------
+ * A video becomes an anna_media too: decoded with FFmpeg (MP4 / MOV, WebM, MKV, from memory
+ * only), frames sampled and preprocessed as transformers' Qwen3VLVideoProcessor does with the
+ * model's video_preprocessor_config.json (the published values when the folder has none: 2
+ * frames per second, 4 to 768 frames, torchcodec's frame choice and RGB conversion), so its
+ * pixels form grid_t = ceil(frames / 2) temporal groups. In a prompt a video is grid_t runs of
+ * <|video_pad|> ids (h * w / merge^2 each), every run after the first separated from the
+ * previous by the processor's "<t seconds>" text and the vision end / start ids; its
+ * anna_media_ref's `at` is the first run's start, and anna_context_prefill takes every next run
+ * of video pads as the next group. The tower encodes each group on its own; each group's rotary
+ * positions are an image's (time enters as the timestamp text, not the rotary T axis), so decode
+ * steps after a video need nothing else. anna_text_encode_chat_media builds such prompts. */
+
+/* Refusal limits of anna_media_video_decode; 0 = no limit. Each refusal is ANNA_EINVAL with a
+ * message naming the limit. */
+typedef struct anna_video_limits {
+  int64_t max_bytes;  /* the encoded size, checked before opening */
+  int64_t max_pixels; /* width * height of a frame, checked on the stream header */
+  double max_seconds; /* the stream's duration, checked before any frame is decoded */
+  int32_t max_frames; /* sampled frames, checked before decoding them */
+  int32_t threads;    /* decoder threads (not a limit): 0 = FFmpeg decides */
+} anna_video_limits;
+
+/* Decodes an encoded video (data[0..n) borrowed for the call), samples its frames and
+ * preprocesses them for m's tower. lim may be NULL (no limits). Corrupt, truncated, audio-only or
+ * unknown data: ANNA_EINVAL naming the problem; a build without FFmpeg, or m without a tower or
+ * a video_token_id: ANNA_EUNSUPPORTED. Thread-safe (m is only read). Caller frees *out with
+ * anna_media_free. anna_media_n_tokens counts the pads of all groups. */
+int anna_media_video_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
+                            const anna_video_limits *lim, char *err, size_t errlen);
+/* 1 when md is a video. */
+int anna_media_is_video(const anna_media *md);
+
+typedef struct anna_video_info {
+  int32_t n_frames;         /* frames sampled (before padding to the temporal patch) */
+  int32_t n_groups;         /* temporal groups: pad runs in a prompt */
+  int32_t tokens_per_group; /* pads per run */
+  int32_t width, height;    /* a decoded frame (after the stream's rotation) */
+  double fps;               /* the stream's average frame rate */
+  double seconds;           /* the stream's duration */
+} anna_video_info;
+/* Fills *out; ANNA_EINVAL (out zeroed) when md is not a video. */
+int anna_media_video_info(const anna_media *md, anna_video_info *out);
+/* Seconds of temporal group g (the processor's timestamp: mean time of its frames); -1 when md
+ * is not a video or g is out of range. */
+double anna_media_video_group_time(const anna_media *md, int32_t g);
+
+/* The prompt of a chat request whose messages hold images and videos (m's vision model; t its
+ * tokenizer with a chat template): the messages rendered as anna_text_encode_chat does, where the
+ * template writes <|vision_start|><|image_pad|><|vision_end|> for each image part and
+ * <|vision_start|><|video_pad|><|vision_end|> for each video part (Qwen's templates: parts
+ * {"type": "image"} and {"type": "video"}); media[0..n_media) are those images and videos in the
+ * order their placeholders appear (borrowed). Each video's placeholder becomes the processor's
+ * per-group text before tokenization (so the timestamp text tokenizes as in transformers), and
+ * each pad is expanded to its run. *ids (caller frees with free()) holds *n ids; *media_at
+ * (caller frees) the `at` of each media for its anna_media_ref. ANNA_EINVAL when the
+ * placeholders do not match the media in number or kind (e.g. a pad token typed in a message);
+ * ANNA_EUNSUPPORTED without a tower or a chat template. */
+int anna_text_encode_chat_media(const anna_text *t, const anna_model *m, const char *messages_json,
+                                const char *tools_json, const char *kwargs_json,
+                                anna_media *const *media, int32_t n_media, int32_t **ids,
+                                size_t *n, int32_t **media_at, char *err, size_t errlen);
 
 
 /* ---- Audio in prompts (speech recognition; API 1.3) ------------------------------------

@@ -28,6 +28,8 @@ static void usage(FILE *f) {
           "  --prompt-lengths A,B,..  sweep of synthetic prompt lengths, one table row each\n"
           "  --image FILE             (repeatable, vision models, with --prompt) images before the text;\n"
           "                           each run decodes, preprocesses and encodes them again (TTFT)\n"
+          "  --video FILE             (vision models, with --prompt) a video after the images (MP4, WebM,\n"
+          "                           MKV); every run decodes, samples and encodes it again\n"
           "options:\n"
           "  --warmup N               unmeasured runs per prompt (default 1)\n"
           "  --runs N                 measured runs per prompt (default 3)\n"
@@ -206,24 +208,29 @@ static int g_parallel = 1;
 /* --image: the files' bytes, decoded again by every run into g_media (TTFT includes decoding,
  * preprocessing and the tower: the encoder cache is emptied first). */
 static int g_n_img;
-static const char *g_img_path[CLI_MAX_IMAGES];
-static uint8_t *g_img_buf[CLI_MAX_IMAGES];
-static size_t g_img_len[CLI_MAX_IMAGES];
-static anna_media *g_media[CLI_MAX_IMAGES];
-static anna_media_ref g_refs[CLI_MAX_IMAGES];
+/* --video: one more entry after the images (index g_n_img); g_n_media counts both */
+static const char *g_video;
+static int g_n_media;
+static const char *g_img_path[CLI_MAX_IMAGES + 1];
+static uint8_t *g_img_buf[CLI_MAX_IMAGES + 1];
+static size_t g_img_len[CLI_MAX_IMAGES + 1];
+static anna_media *g_media[CLI_MAX_IMAGES + 1];
+static anna_media_ref g_refs[CLI_MAX_IMAGES + 1];
 static const anna_model *g_model;
 
 /* The image prompt's prefill on sequence 0: decode, preprocess, tower, text. */
 static int bench_image_prefill(anna_context *ctx, const int32_t *ids, int64_t n, float *logits, char *err,
                                size_t errlen) {
-  for (int i = 0; i < g_n_img; i++) {
+  for (int i = 0; i < g_n_media; i++) {
     anna_media_free(g_media[i]);
     g_media[i] = NULL;
-    if (cli_image_decode(g_model, g_img_path[i], g_img_buf[i], g_img_len[i], &g_media[i], err, errlen)) return -1;
+    if (cli_media_decode(g_model, g_img_path[i], i == g_n_img, g_img_buf[i], g_img_len[i], &g_media[i], err,
+                         errlen))
+      return -1;
     g_refs[i].media = g_media[i];
   }
   anna_context_vision_cache_clear(ctx);
-  const anna_prompt p = {ids, (int32_t)n, g_refs, g_n_img};
+  const anna_prompt p = {ids, (int32_t)n, g_refs, g_n_media};
   return anna_context_prefill(ctx, 0, &p, logits, err, errlen) ? -1 : 0;
 }
 
@@ -253,8 +260,8 @@ static int bench_one(anna_context *ctx, anna_sampler *smp, const int32_t *ids, i
   anna_sampler_reset(smp);
   double c0 = cpu_seconds();
   double t0 = cli_now();
-  if (g_n_img && bench_image_prefill(ctx, ids, n, logits, err, errlen)) return -1;
-  for (int64_t at = g_n_img ? n : 0; at < n;) {
+  if (g_n_media && bench_image_prefill(ctx, ids, n, logits, err, errlen)) return -1;
+  for (int64_t at = g_n_media ? n : 0; at < n;) {
     int len = (int)(n - at < n_batch ? n - at : n_batch);
     for (int i = 0; i < len; i++) seq[i] = 0, pos[i] = (int32_t)(at + i), want[i] = at + i == n - 1;
     anna_batch b = {len, ids + at, seq, pos, want};
@@ -418,6 +425,14 @@ int main(int argc, char **argv) {
       }
       g_img_path[g_n_img++] = v;
     }
+    else if (!strcmp(a, "--video")) {
+      NEEDV();
+      if (g_video) {
+        fprintf(stderr, "error: more than one --video flag\n");
+        return 2;
+      }
+      g_video = v;
+    }
     else if (!strcmp(a, "--int8-prefill")) exact_matmul = 0; /* old flag: now the default */
     else if (!strcmp(a, "--prompt-len")) { NEEDV(); if (cli_int(a, v, 1, 1 << 24, &prompt_len)) return 2; }
     else if (!strcmp(a, "--warmup")) { NEEDV(); if (cli_int(a, v, 0, 1000, &warmup)) return 2; }
@@ -440,10 +455,12 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (g_n_img && (!prompt || raw)) {
-    fprintf(stderr, "error: --image needs --prompt (chat template), not --raw or synthetic prompts\n");
+  if ((g_n_img || g_video) && (!prompt || raw)) {
+    fprintf(stderr, "error: --image and --video need --prompt (chat template), not --raw or synthetic prompts\n");
     return 2;
   }
+  g_n_media = g_n_img + (g_video != NULL);
+  if (g_video) g_img_path[g_n_img] = g_video;
   if ((prompt != NULL) + (prompt_len > 0) + (lengths_arg != NULL) > 1) {
     fprintf(stderr, "error: --prompt, --prompt-len and --prompt-lengths are mutually exclusive\n");
     return 2;
@@ -494,10 +511,10 @@ int main(int argc, char **argv) {
   if (prompt) {
     size_t n = 0;
     g_model = m;
-    for (int i = 0; i < g_n_img; i++)
+    for (int i = 0; i < g_n_media; i++)
       if (cli_read_file(g_img_path[i], &g_img_buf[i], &g_img_len[i], err, sizeof err)) goto fail;
-    if (g_n_img ? cli_image_prompt(m, text, prompt, system, no_think, g_img_path, g_n_img, g_media, g_refs, &ids, &n,
-                                   err, sizeof err)
+    if (g_n_media ? cli_image_prompt(m, text, prompt, system, no_think, g_img_path, g_n_img, g_video, g_media, g_refs,
+                                     &ids, &n, err, sizeof err)
                 : anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err))
       goto fail;
     n_ids = (int64_t)n;
@@ -547,8 +564,9 @@ int main(int argc, char **argv) {
   }
   double rss_loaded = peak_rss_mib();
   double tower_ms = 0; /* --image: mean tower time of a measured run */
-  long image_tokens = 0;
+  long image_tokens = 0, video_tokens = 0;
   for (int i = 0; i < g_n_img; i++) image_tokens += anna_media_n_tokens(g_media[i]);
+  if (g_video) video_tokens = anna_media_n_tokens(g_media[g_n_img]);
   double load_start = load_avg();
 
   for (int c = 0; c < n_cases; c++) {
@@ -577,7 +595,7 @@ int main(int argc, char **argv) {
                 run_prefill_tps(&run, bc->n_prompt), run.ttft_s * 1e3, run_decode_tps(&run));
       if (r >= warmup) bc->runs[r - warmup] = run;
     }
-    if (g_n_img) { /* images come with --prompt: one case */
+    if (g_n_media) { /* images and video come with --prompt: one case */
       anna_vision_stats vs1;
       anna_context_vision_stats(ctx, &vs1);
       tower_ms = (vs1.tower_s - vs0.tower_s) / n_runs * 1e3;
@@ -607,9 +625,17 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "runs", json_integer(n_runs));
     json_object_set_new(o, "max_new_tokens", json_integer(max_new));
     json_object_set_new(o, "prompt_source", json_string(prompt ? "text" : "synthetic"));
-    if (g_n_img) { /* ttft_ms then covers decoding, preprocessing, the tower and the prompt */
+    if (g_n_media) { /* ttft_ms then covers decoding, preprocessing, the tower and the prompt */
       json_object_set_new(o, "images", json_integer(g_n_img));
       json_object_set_new(o, "image_tokens", json_integer(image_tokens));
+      if (g_video) {
+        anna_video_info vinf;
+        anna_media_video_info(g_media[g_n_img], &vinf);
+        json_object_set_new(o, "videos", json_integer(1));
+        json_object_set_new(o, "video_tokens", json_integer(video_tokens));
+        json_object_set_new(o, "video_frames", json_integer(vinf.n_frames));
+        json_object_set_new(o, "video_seconds", json_real(vinf.seconds));
+      }
       json_object_set_new(o, "tower_ms", json_real(tower_ms));
     }
     json_object_set_new(o, "load_s", json_real(t_load));
@@ -673,9 +699,9 @@ int main(int argc, char **argv) {
              os.summary ? os.summary : "expert offload", (long long)os.routed,
              os.routed ? (double)os.hits / (double)os.routed : 0.0, (long long)os.swaps, os.bytes_mirror / 1048576.0,
              os.bytes_file / 1048576.0);
-    if (g_n_img)
-      printf("%d image(s), %ld visual tokens in the prompt: TTFT includes decode, preprocess and the tower (%.1f ms "
-             "mean)\n", g_n_img, image_tokens, tower_ms);
+    if (g_n_media)
+      printf("%d image(s)%s, %ld visual tokens in the prompt: TTFT includes decode, preprocess and the tower (%.1f ms "
+             "mean)\n", g_n_img, g_video ? " + 1 video" : "", image_tokens + video_tokens, tower_ms);
     printf("\n");
     printf("| %8s | %-28s | %-24s | %-26s | %8s |\n", "prompt", "PP tok/s", "TTFT ms", "TG tok/s", "CPU/wall");
     printf("|---------:|:-----------------------------|:-------------------------|:---------------------------|---------:|\n");
@@ -741,7 +767,7 @@ done:
   free(pos);
   free(want);
   anna_sampler_free(smp);
-  for (int i = 0; i < g_n_img; i++) {
+  for (int i = 0; i < g_n_media; i++) {
     anna_media_free(g_media[i]);
     free(g_img_buf[i]);
   }

@@ -16,6 +16,8 @@ static void usage(FILE *f) {
           "  --prompt-ids LIST        token ids instead of text\n"
           "  --image FILE             (repeatable, vision models) an image before the --prompt text in\n"
           "                           the user message (JPEG, PNG, WebP, GIF)\n"
+          "  --video FILE             (vision models) a video after the images, before the text (MP4,\n"
+          "                           WebM, MKV; frames sampled as the model's video processor does)\n"
           "  --max-new-tokens N       default 256 (0: prompt only)\n"
           "  --temperature T          default 0 (greedy)\n"
           "  --top-k K  --top-p P  --min-p P  --repetition-penalty R\n"
@@ -60,8 +62,9 @@ int main(int argc, char **argv) {
   int draft_max = 6, ngram_min = 1, ngram_max = 4;
   const char *images[CLI_MAX_IMAGES];
   int n_img = 0;
-  anna_media *media[CLI_MAX_IMAGES] = {0};
-  anna_media_ref refs[CLI_MAX_IMAGES];
+  const char *video = NULL; /* --video: after the images, media[n_img] */
+  anna_media *media[CLI_MAX_IMAGES + 1] = {0};
+  anna_media_ref refs[CLI_MAX_IMAGES + 1];
   anna_sampler_params sp = anna_sampler_params_default();
   cli_offload off = {0};
   int off_rc = 0;
@@ -79,6 +82,14 @@ int main(int argc, char **argv) {
         return 2;
       }
       images[n_img++] = v;
+    }
+    else if (!strcmp(a, "--video")) {
+      NEEDV();
+      if (video) {
+        fprintf(stderr, "error: more than one --video flag\n");
+        return 2;
+      }
+      video = v;
     }
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
@@ -140,8 +151,8 @@ int main(int argc, char **argv) {
       fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", ngram_min, ngram_max);
       return 2;
     }
-    if (n_img) {
-      fprintf(stderr, "error: --speculative does not take --image yet\n");
+    if (n_img || video) {
+      fprintf(stderr, "error: --speculative does not take --image or --video yet\n");
       return 2;
     }
     if (dump && !strcmp(spec, "mtp")) {
@@ -149,8 +160,9 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (n_img && (!prompt || raw || dump)) {
-    fprintf(stderr, "error: --image needs --prompt (chat template), not --prompt-ids, --raw or --dump-logits\n");
+  if ((n_img || video) && (!prompt || raw || dump)) {
+    fprintf(stderr, "error: --image and --video need --prompt (chat template), not --prompt-ids, --raw or "
+                    "--dump-logits\n");
     return 2;
   }
   int32_t *ids = NULL;
@@ -185,8 +197,9 @@ int main(int argc, char **argv) {
     err[0] = '\0';
   }
   double t_img = cli_now();
-  if (n_img) {
-    if (cli_image_prompt(m, text, prompt, system, no_think, images, n_img, media, refs, &ids, &n, err, sizeof err))
+  if (n_img || video) {
+    if (cli_image_prompt(m, text, prompt, system, no_think, images, n_img, video, media, refs, &ids, &n, err,
+                         sizeof err))
       goto fail;
   } else if (!ids_arg && anna_text_encode_prompt(text, prompt, system, raw, no_think, &ids, &n, err, sizeof err)) {
     goto fail;
@@ -247,8 +260,9 @@ int main(int argc, char **argv) {
     snprintf(err, sizeof err, "out of memory");
     goto fail;
   }
-  if (n_img) { /* the tower, then the prompt with its rows over the pads (anna_context_prefill) */
-    const anna_prompt pr = {ids, (int32_t)n, refs, n_img};
+  const int n_media = n_img + (video != NULL);
+  if (n_media) { /* the tower, then the prompt with its rows over the pads (anna_context_prefill) */
+    const anna_prompt pr = {ids, (int32_t)n, refs, n_media};
     if (anna_context_prefill(ctx, 0, &pr, logits, err, sizeof err)) {
       free(seq), free(pos), free(want);
       goto fail;
@@ -258,7 +272,7 @@ int main(int argc, char **argv) {
     free(seq), free(pos), free(want);
     goto fail;
   }
-  for (size_t at = n_img || use_mtp ? n : 0; at < n;) {
+  for (size_t at = n_media || use_mtp ? n : 0; at < n;) {
     int len = (int)(n - at < (size_t)n_batch ? n - at : (size_t)n_batch);
     for (int i = 0; i < len; i++) pos[i] = (int32_t)(at + i), want[i] = dump || at + i == n - 1;
     anna_batch b = {len, ids + at, seq, pos, want};
@@ -390,14 +404,14 @@ int main(int argc, char **argv) {
             ss.windows ? (double)(ss.windows + ss.accepted) / (double)ss.windows : 0.0, (long long)ss.rollbacks,
             (long long)ss.rerun_tokens);
   }
-  if (!quiet && n_img) {
+  if (!quiet && (n_img || video)) {
     long vt = 0;
-    for (int i = 0; i < n_img; i++) vt += anna_media_n_tokens(media[i]);
+    for (int i = 0; i < n_img + (video != NULL); i++) vt += anna_media_n_tokens(media[i]);
     anna_vision_stats vs;
     anna_context_vision_stats(ctx, &vs);
-    fprintf(stderr, "[anna] %d image(s), %ld visual tokens | decode + preprocess + template %.1f ms | tower %.1f ms "
-            "(%lld runs) | tower + prefill %.1f ms\n", n_img, vt, t_img * 1e3, vs.tower_s * 1e3,
-            (long long)vs.tower_runs, t_prefill * 1e3);
+    fprintf(stderr, "[anna] %d image(s)%s, %ld visual tokens | decode + preprocess + template %.1f ms | tower %.1f ms "
+            "(%lld runs) | tower + prefill %.1f ms\n", n_img, video ? " + 1 video" : "", vt, t_img * 1e3,
+            vs.tower_s * 1e3, (long long)vs.tower_runs, t_prefill * 1e3);
   }
   rc = 0;
   goto done;
@@ -409,7 +423,7 @@ done:
   free(logits);
   free(gen);
   free(ids);
-  for (int i = 0; i < n_img; i++) anna_media_free(media[i]);
+  for (int i = 0; i < n_img + (video != NULL); i++) anna_media_free(media[i]);
   anna_text_stream_free(stream);
   anna_ngram_free(drafter);
   anna_mtp_free(mtpd);

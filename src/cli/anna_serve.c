@@ -64,6 +64,10 @@ static void usage(FILE *f) {
           "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
           "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
           "                           data: URLs only; no redirects)  --image-fetch-timeout-seconds S (default 10)\n"
+          "  video (vision models, chat parts video_url: data:video/...;base64 or http(s) from\n"
+          "  --allowed-image-domains): --max-videos-per-request N (default 2)  --max-video-bytes N (default\n"
+          "  32 MiB; --max-body-bytes applies too)  --max-video-frames N sampled (default 256, at most 768)\n"
+          "  --max-video-seconds S (default 600)  --max-video-pixels N per frame (default 3840 x 2160)\n"
           "  --max-audio-seconds S    speech recognition: longest clip accepted (default 300)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
@@ -97,6 +101,7 @@ int main(int argc, char **argv) {
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
   int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
+  int max_vid_bytes = 0, max_vid_px = 0;
   o.eng.prompt_cache_block = 256;
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
@@ -231,6 +236,11 @@ int main(int argc, char **argv) {
     INTF("--max-image-bytes", 1, 1 << 30, max_img_bytes)
     INTF("--max-audio-seconds", 1, 86400, o.max_audio_seconds)
     INTF("--image-fetch-timeout-seconds", 1, 3600, o.image_fetch_timeout_s)
+    INTF("--max-videos-per-request", 1, 64, o.max_videos)
+    INTF("--max-video-bytes", 1, 1 << 30, max_vid_bytes)
+    INTF("--max-video-frames", 1, 768, o.max_video_frames)
+    INTF("--max-video-seconds", 1, 86400, o.max_video_seconds)
+    INTF("--max-video-pixels", 1, 1 << 30, max_vid_px)
     else if (!strcmp(a, "--allowed-image-domains")) {
       NEEDV();
       o.allowed_image_domains = v;
@@ -321,6 +331,8 @@ int main(int argc, char **argv) {
   o.max_image_pixels = max_img_px;
   o.max_images = max_imgs;
   o.max_image_bytes = (size_t)max_img_bytes;
+  o.max_video_bytes = (size_t)max_vid_bytes;
+  o.max_video_pixels = max_vid_px;
   /* Profiles (the seed's presets); 0 budgets mean "no budget". */
   int p_batch = 0, p_wait = 0, p_pre = 0, p_dec = 0, p_waiting = 0, p_qwait = 0, p_interval = 1;
   if (!strcmp(profile, "interactive")) p_batch = 2, p_wait = 0, p_pre = 1024, p_dec = 2048, p_waiting = 32, p_qwait = 100;

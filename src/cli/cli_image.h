@@ -1,6 +1,6 @@
-/* cli_image.h: images for the command-line tools (anna-generate and anna-bench --image):
- * reading a file, decoding it for the model's tower, and the chat prompt with image content
- * parts whose pad ids expand to each image's tokens. Header-only, anna.h + jansson only. */
+/* cli_image.h: images and video for the command-line tools (anna-generate and anna-bench
+ * --image / --video): reading a file, decoding it for the model's tower, and the chat prompt with
+ * image and video content parts whose pad ids expand to each item's tokens. Header-only, anna.h + jansson only. */
 #ifndef ANNA_CLI_IMAGE_H
 #define ANNA_CLI_IMAGE_H
 
@@ -52,69 +52,63 @@ static int cli_image_decode(const anna_model *m, const char *path, const uint8_t
   return 0;
 }
 
-/* The chat prompt with images: a user message whose content parts are one image part per
- * image, then the text (as Qwen's processors order them); each image pad id the template
- * wrote expands to the image's tokens. *ids: caller frees; media[i] caller frees. */
+/* anna_media_video_decode (no limits: the user chose the file) with the name in the message. */
+static int cli_video_decode(const anna_model *m, const char *path, const uint8_t *buf, size_t n,
+                            anna_media **out, char *err, size_t errlen) {
+  int rc = anna_media_video_decode(out, m, buf, n, NULL, err, errlen);
+  if (rc) {
+    char e2[512];
+    snprintf(e2, sizeof e2, "%s", err ? err : "");
+    return anna_err(err, errlen, rc, "--video %s: %s", path, e2);
+  }
+  return 0;
+}
+
+/* Decodes media i of the CLI's list: images 0..n_img-1, then the video (i == n_img). */
+static int cli_media_decode(const anna_model *m, const char *path, int is_video, const uint8_t *buf,
+                            size_t n, anna_media **out, char *err, size_t errlen) {
+  return is_video ? cli_video_decode(m, path, buf, n, out, err, errlen)
+                  : cli_image_decode(m, path, buf, n, out, err, errlen);
+}
+
+/* The chat prompt with images and an optional video: a user message whose content parts are one
+ * image part per image, the video part, then the text (as Qwen's processors order them), built
+ * by anna_text_encode_chat_media (pad runs, the video's timestamp text). media has room for
+ * n_img + 1; media[n_img] is the video. *ids: caller frees; media[i] caller frees. */
 static int cli_image_prompt(const anna_model *m, const anna_text *text, const char *prompt,
                             const char *system, int no_think, const char **files, int n_img,
-                            anna_media **media, anna_media_ref *refs, int32_t **ids, size_t *n,
-                            char *err, size_t errlen) {
-  anna_vision_info vi;
-  int rc = anna_model_vision_info(m, &vi, err, errlen);
-  if (rc) return rc;
-  for (int i = 0; i < n_img; i++) {
+                            const char *video, anna_media **media, anna_media_ref *refs,
+                            int32_t **ids, size_t *n, char *err, size_t errlen) {
+  const int n_media = n_img + (video != NULL);
+  int rc = 0;
+  for (int i = 0; i < n_media; i++) {
     uint8_t *buf = NULL;
     size_t len = 0;
-    rc = cli_read_file(files[i], &buf, &len, err, errlen);
-    if (!rc) rc = cli_image_decode(m, files[i], buf, len, &media[i], err, errlen);
+    const char *f = i < n_img ? files[i] : video;
+    rc = cli_read_file(f, &buf, &len, err, errlen);
+    if (!rc) rc = cli_media_decode(m, f, i == n_img, buf, len, &media[i], err, errlen);
     free(buf);
     if (rc) return rc;
   }
   json_t *msgs = json_array(), *parts = json_array();
   if (system)
     json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", system));
-  for (int i = 0; i < n_img; i++)
-    json_array_append_new(parts, json_pack("{s:s}", "type", "image"));
+  for (int i = 0; i < n_media; i++)
+    json_array_append_new(parts, json_pack("{s:s}", "type", i < n_img ? "image" : "video"));
   json_array_append_new(parts, json_pack("{s:s,s:s}", "type", "text", "text", prompt));
   json_array_append_new(msgs, json_pack("{s:s,s:o}", "role", "user", "content", parts));
   char *mj = json_dumps(msgs, JSON_COMPACT);
   json_decref(msgs);
-  int32_t *ids0 = NULL;
-  size_t n0 = 0;
-  rc = mj ? anna_text_encode_chat(text, mj, NULL, no_think ? "{\"enable_thinking\": false}" : NULL,
-                                  &ids0, &n0, err, errlen)
+  int32_t *at = NULL;
+  rc = mj ? anna_text_encode_chat_media(text, m, mj, NULL,
+                                        no_think ? "{\"enable_thinking\": false}" : NULL, media,
+                                        n_media, ids, n, &at, err, errlen)
           : anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   free(mj);
-  if (rc) return rc;
-  size_t total = n0;
-  for (int i = 0; i < n_img; i++)
-    total += (size_t)anna_media_n_tokens(media[i]);
-  int32_t *out = malloc(sizeof *out * total);
-  int k = 0;
-  size_t o = 0;
-  for (size_t i = 0; out && i < n0; i++) {
-    if (ids0[i] != vi.image_token_id) {
-      out[o++] = ids0[i];
-      continue;
-    }
-    if (k == n_img) break;
-    refs[k] = (anna_media_ref){media[k], (int32_t)o};
-    for (int32_t j = 0; j < anna_media_n_tokens(media[k]); j++)
-      out[o++] = vi.image_token_id;
-    k++;
-  }
-  free(ids0);
-  if (!out) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  if (k != n_img) {
-    free(out);
-    return anna_err(err, errlen, ANNA_EINVAL,
-                    "the chat template wrote %d image pad tokens for %d images (does it render "
-                    "image content parts?)",
-                    k, n_img);
-  }
-  *ids = out;
-  *n = o;
-  return 0;
+  for (int i = 0; !rc && i < n_media; i++)
+    refs[i] = (anna_media_ref){media[i], at[i]};
+  free(at);
+  return rc;
 }
 
 #endif

@@ -15,6 +15,7 @@
 #include "backends/registry.h"
 #include "base/error.h"
 #include "media/image.h"
+#include "media/video.h"
 #include "media/vision_preproc.h"
 #include "model/vision_qwen35.h"
 #include "runtime/model_handle.h"
@@ -32,6 +33,8 @@ struct model_vision {
   model_desc desc;
   anna_vision_info info;
   vision_preproc_config pre;
+  vision_video_config vid; /* video_preprocessor_config.json or the published values */
+  int32_t video_token_id;  /* -1 when the config names none */
   int32_t patch_dim, temporal_patch;
 };
 
@@ -41,7 +44,11 @@ struct anna_media {
   int32_t src_w, src_h;
   uint64_t hash;
   audio_clip *audio; /* owned; non-NULL: an audio clip (api_audio.c), px unused */
-  double seconds;    /* audio only */
+  double seconds;    /* audio: clip length; video: the scanned stream span */
+  int is_video;      /* px holds grid_t temporal groups, one pad run each in a prompt */
+  double *group_ts;  /* video: [grid_t] seconds of each group (the processor's timestamps), owned */
+  double fps;        /* video: the stream's average frame rate */
+  int32_t n_frames;  /* video: sampled frames (before padding to the temporal patch) */
 };
 
 /* Encoder output cache: the tower's rows of recent images, found by hash and confirmed by
@@ -141,6 +148,7 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
   v->info.image_token_id = cfg_id(root, "image_token_id", -1);
   v->info.vision_start_id = cfg_id(root, "vision_start_token_id", -1);
   v->info.vision_end_id = cfg_id(root, "vision_end_token_id", -1);
+  v->video_token_id = cfg_id(root, "video_token_id", -1);
   json_decref(root);
   char e2[256];
   int rc = k->load(&v->impl, src, lp, e2, sizeof e2);
@@ -162,6 +170,21 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
     rc = vision_preproc_config_parse(txt, n, &v->pre, e2, sizeof e2);
     if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
     free(txt);
+  }
+  vision_video_config_default(&v->vid);
+  if (!rc) { /* the video processor's file; the published values when the folder has none */
+    snprintf(path, sizeof path, "%s/video_preprocessor_config.json", src->path);
+    if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
+      rc = vision_video_config_parse(txt, n, &v->vid, e2, sizeof e2);
+      if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
+      free(txt);
+    }
+    if (!rc && (v->vid.pre.patch_size != v->pre.patch_size ||
+                v->vid.pre.merge_size != v->pre.merge_size ||
+                v->vid.pre.temporal_patch_size != v->pre.temporal_patch_size))
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: patch / merge / temporal patch sizes differ from preprocessor_config.json",
+                    path);
   }
   if (!rc && v->info.image_token_id < 0)
     rc = anna_err(err, errlen, ANNA_EFORMAT, "%s/config.json: vision_config without image_token_id",
@@ -283,6 +306,92 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
   return rc;
 }
 
+int anna_media_video_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
+                            const anna_video_limits *lim, char *err, size_t errlen) {
+  *out = NULL;
+  if (!anna_model_has_vision(m))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the model %s has no vision tower (text only): it takes no video",
+                    m ? m->path : "(none)");
+  const struct model_vision *v = m->vis;
+  if (v->video_token_id < 0)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the model %s names no video_token_id in config.json: it takes no video",
+                    m->path);
+  if (!data || !n) return anna_err(err, errlen, ANNA_EINVAL, "video: no data");
+  media_video_options o;
+  media_video_options_default(&o);
+  o.sample_fps = v->vid.fps;
+  o.min_frames = v->vid.min_frames;
+  o.max_frames = v->vid.max_frames;
+  if (lim) {
+    if (lim->max_bytes < 0 || lim->max_pixels < 0 || lim->max_seconds < 0 || lim->max_frames < 0)
+      return anna_err(err, errlen, ANNA_EINVAL, "video: a negative limit");
+    o.max_bytes = lim->max_bytes;
+    o.max_pixels = lim->max_pixels;
+    o.max_duration_s = lim->max_seconds;
+    o.limit_frames = lim->max_frames;
+    o.threads = lim->threads;
+  }
+  /* frames stream into the processor: only the resized frames are kept, never n full ones */
+  vision_video_builder b;
+  vision_video_builder_init(&b, &v->vid);
+  o.frame_cb = vision_video_builder_frame_cb;
+  o.frame_user = &b;
+  media_video mv;
+  int rc = media_video_decode(data, n, &o, &mv, err, errlen);
+  anna_media *md = NULL;
+  if (!rc && !(md = calloc(1, sizeof *md))) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!rc) rc = vision_video_builder_finish(&b, &md->px, err, errlen);
+  vision_video_builder_free(&b);
+  if (!rc && !(md->group_ts = malloc(sizeof *md->group_ts * (size_t)md->px.grid_t)))
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!rc && mv.n_frames < 1) rc = anna_err(err, errlen, ANNA_EINVAL, "video: no frames sampled");
+  if (rc) {
+    media_video_free(&mv);
+    anna_media_free(md);
+    return rc;
+  }
+  vision_video_timestamps(mv.indices, mv.n_frames, mv.fps, v->vid.pre.temporal_patch_size,
+                          md->group_ts);
+  md->is_video = 1;
+  md->fps = mv.fps;
+  md->seconds = mv.duration_s;
+  md->n_frames = mv.n_frames;
+  md->merge = v->pre.merge_size;
+  md->n_tokens = (int32_t)vision_pixels_tokens(&md->px, &v->pre);
+  md->src_w = mv.width;
+  md->src_h = mv.height;
+  media_video_free(&mv);
+  const int32_t g[4] = {md->px.grid_t, md->px.grid_h, md->px.grid_w, 1 /* video */};
+  uint64_t hs = fnv1a(1469598103934665603ull, g, sizeof g);
+  md->hash =
+      fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
+  *out = md;
+  return 0;
+}
+
+int anna_media_is_video(const anna_media *md) {
+  return md && md->is_video;
+}
+
+int anna_media_video_info(const anna_media *md, anna_video_info *out) {
+  memset(out, 0, sizeof *out);
+  if (!md || !md->is_video) return ANNA_EINVAL;
+  out->n_frames = md->n_frames;
+  out->n_groups = md->px.grid_t;
+  out->width = md->src_w;
+  out->height = md->src_h;
+  out->fps = md->fps;
+  out->seconds = md->seconds;
+  out->tokens_per_group = md->n_tokens / (md->px.grid_t > 0 ? md->px.grid_t : 1);
+  return 0;
+}
+
+double anna_media_video_group_time(const anna_media *md, int32_t g) {
+  return md && md->is_video && g >= 0 && g < md->px.grid_t ? md->group_ts[g] : -1.0;
+}
+
 int32_t anna_media_n_tokens(const anna_media *md) {
   return md ? md->n_tokens : 0;
 }
@@ -330,6 +439,7 @@ void anna_media_free(anna_media *md) {
   if (!md) return;
   audio_clip_free(md->audio);
   vision_pixels_free(&md->px);
+  free(md->group_ts);
   free(md);
 }
 
@@ -601,16 +711,42 @@ static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *er
   return rc;
 }
 
-/* Checks p against the model: runs match their media, no stray pad ids. Fills is_vision and
- * run_hw (grid h, w per run). */
-static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uint8_t *is_vision,
-                        int32_t *run_hw, char *err, size_t errlen) {
-  const int32_t pad = mv->info.image_token_id;
-  memset(is_vision, 0, (size_t)p->n);
-  int32_t end = -1;
+const float *media_pixels(const anna_media *md, int64_t *n_patches, int32_t *patch_dim) {
+  *n_patches = md && !md->audio ? md->px.n_patches : 0;
+  *patch_dim = md && !md->audio ? md->px.patch_dim : 0;
+  return md && !md->audio ? md->px.values : NULL;
+}
+
+int ctx_vision_encode(anna_context *c, const anna_media *md, float *rows, char *err, size_t errlen) {
+  ctx_vision *v = context_vision(c);
+  if (!v || !md || md->audio) return anna_err(err, errlen, ANNA_EINVAL, "encode: no tower or media");
+  const anna_media_ref r = {md, 0};
+  const anna_prompt p = {NULL, 0, &r, 1};
+  return tower_rows(v, &p, rows, err, errlen);
+}
+
+/* Pad runs of p: one per image, one per temporal group of a video. */
+static int32_t prompt_runs(const anna_prompt *p) {
+  int32_t k = 0;
   for (int32_t r = 0; r < p->n_media; r++) {
     const anna_media *md = p->media[r].media;
-    const int32_t at = p->media[r].at;
+    k += md && md->is_video ? md->px.grid_t : 1;
+  }
+  return k;
+}
+
+/* Checks p against the model: runs match their media, no stray pad ids. Fills is_vision, run_hw
+ * (grid h, w per run) and run_end (the prompt index after each run). A video's first group
+ * starts at its ref's `at`; each next group is the next run of video pads after the previous
+ * one (the processor puts "<t seconds>" text and the vision end / start ids between them). */
+static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uint8_t *is_vision,
+                        int32_t *run_hw, int32_t *run_end, char *err, size_t errlen) {
+  const int32_t ipad = mv->info.image_token_id, vpad = mv->video_token_id;
+  memset(is_vision, 0, (size_t)p->n);
+  int32_t end = -1, k = 0;
+  for (int32_t r = 0; r < p->n_media; r++) {
+    const anna_media *md = p->media[r].media;
+    int32_t at = p->media[r].at;
     if (!md) return anna_err(err, errlen, ANNA_EINVAL, "prompt media %d: no media", r);
     if (md->audio)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED,
@@ -618,34 +754,51 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
     if (md->px.patch_dim != mv->patch_dim || md->merge != mv->info.merge_size)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED,
                       "prompt media %d: prepared for another model's tower", r);
-    if (md->px.grid_t != 1)
+    if (!md->is_video && md->px.grid_t != 1)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                      "prompt media %d: video grids are not supported yet", r);
-    if (at < 0 || at > p->n - md->n_tokens)
-      return anna_err(err, errlen, ANNA_EINVAL,
-                      "prompt media %d: its %d pad tokens at %d do not fit %d tokens", r,
-                      md->n_tokens, at, p->n);
+                      "prompt media %d: an image with %d temporal groups", r, md->px.grid_t);
+    if (md->is_video && vpad < 0)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "prompt media %d is a video: the model names no video_token_id", r);
+    const int32_t pad = md->is_video ? vpad : ipad;
+    const int32_t groups = md->is_video ? md->px.grid_t : 1;
+    const int32_t per = md->n_tokens / groups;
     if (at <= end)
       return anna_err(err, errlen, ANNA_EINVAL,
                       "prompt media %d at %d: media must come in increasing order, not adjacent to "
                       "the previous run",
                       r, at);
-    for (int32_t i = at; i < at + md->n_tokens; i++) {
-      if (p->tokens[i] != pad)
-        return anna_err(
-            err, errlen, ANNA_EINVAL,
-            "prompt media %d: token %d is %d, not the image pad %d (the run needs %d pads)", r, i,
-            p->tokens[i], pad, md->n_tokens);
-      is_vision[i] = 1;
+    for (int32_t g = 0; g < groups; g++) {
+      if (g > 0) { /* the next group: the next video pad after the previous run */
+        while (at < p->n && p->tokens[at] != pad) at++;
+      }
+      if (at < 0 || at > p->n - per)
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "prompt media %d: %s%d pad tokens at %d do not fit %d tokens", r,
+                        md->is_video ? "a video group's " : "its ", per, at, p->n);
+      for (int32_t i = at; i < at + per; i++) {
+        if (p->tokens[i] != pad)
+          return anna_err(err, errlen, ANNA_EINVAL,
+                          "prompt media %d: token %d is %d, not the %s pad %d (the run needs %d pads)",
+                          r, i, p->tokens[i], md->is_video ? "video" : "image", pad, per);
+        is_vision[i] = 1;
+      }
+      end = at + per;
+      if (end < p->n && p->tokens[end] == pad)
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "prompt media %d: its run at %d is longer than the %d pads it needs", r, at,
+                        per);
+      run_hw[2 * k] = md->px.grid_h;
+      run_hw[2 * k + 1] = md->px.grid_w;
+      run_end[k++] = end;
+      at = end;
     }
-    end = at + md->n_tokens;
-    run_hw[2 * r] = md->px.grid_h;
-    run_hw[2 * r + 1] = md->px.grid_w;
   }
   for (int32_t i = 0; i < p->n; i++)
-    if (p->tokens[i] == pad && !is_vision[i])
-      return anna_err(err, errlen, ANNA_EINVAL,
-                      "prompt token %d is the image pad %d but no image covers it", i, pad);
+    if ((p->tokens[i] == ipad || (vpad >= 0 && p->tokens[i] == vpad)) && !is_vision[i])
+      return anna_err(err, errlen, ANNA_EINVAL, "prompt token %d is the %s pad %d but no %s covers it",
+                      i, p->tokens[i] == ipad ? "image" : "video", p->tokens[i],
+                      p->tokens[i] == ipad ? "image" : "video");
   return 0;
 }
 
@@ -677,7 +830,9 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   const int E = v ? v->mv->desc.n_embd : 0;
   const int vocab = anna_model_vocab(m);
   uint8_t *isv = malloc((size_t)n);
-  int32_t *run_hw = malloc(sizeof *run_hw * (2 * (size_t)p->n_media + 1));
+  const int32_t n_runs = prompt_runs(p);
+  int32_t *run_hw = malloc(sizeof *run_hw * (2 * (size_t)n_runs + 1));
+  int32_t *run_end = malloc(sizeof *run_end * ((size_t)n_runs + 1));
   int32_t *pos3 = malloc(sizeof *pos3 * 3 * (size_t)n);
   int32_t *bpos3 = malloc(sizeof *bpos3 * 3 * (size_t)nb);
   int32_t *bseq = malloc(sizeof *bseq * (size_t)nb), *bpos = malloc(sizeof *bpos * (size_t)nb);
@@ -686,13 +841,13 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   float *rows = malloc(sizeof *rows * ((size_t)rows_n * (size_t)E + 1));
   float *lg = logits ? logits : malloc(sizeof *lg * (size_t)vocab);
   int rc = 0;
-  if (!isv || !run_hw || !pos3 || !bpos3 || !bseq || !bpos || !bidx || !bflag || !rows || !lg)
+  if (!isv || !run_hw || !run_end || !pos3 || !bpos3 || !bseq || !bpos || !bidx || !bflag || !rows || !lg)
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int32_t next = n;
-  if (!rc && v) rc = prompt_check(v->mv, p, isv, run_hw, err, errlen);
+  if (!rc && v) rc = prompt_check(v->mv, p, isv, run_hw, run_end, err, errlen);
   if (!rc && v && p->n_media > 0) rc = tower_rows(v, p, rows, err, errlen);
   if (!rc && v && p->n_media > 0)
-    rc = vision_qwen35_rope_positions(isv, n, run_hw, p->n_media, v->mv->info.merge_size, pos3,
+    rc = vision_qwen35_rope_positions(isv, n, run_hw, n_runs, v->mv->info.merge_size, pos3,
                                       &next, err, errlen);
   const int32_t base = len + (v ? v->delta[seq] : 0);
   int64_t row = 0;
@@ -724,13 +879,13 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
     }
     row += ne;
   }
-  if (!rc && v && p->n_media > 0 && !(rc = runs_reserve(v, seq, v->n_runs[seq] + p->n_media))) {
+  if (!rc && v && p->n_media > 0 && !(rc = runs_reserve(v, seq, v->n_runs[seq] + n_runs))) {
     int32_t d = v->delta[seq];
-    for (int32_t r = 0; r < p->n_media; r++) { /* a run of gh x gw tokens advances max(gh, gw) */
+    for (int32_t r = 0; r < n_runs; r++) { /* a run of gh x gw tokens advances max(gh, gw) */
       const int32_t M = v->mv->info.merge_size, gh = run_hw[2 * r] / M, gw = run_hw[2 * r + 1] / M;
       d += (gh > gw ? gh : gw) - gh * gw;
       const int32_t k = v->n_runs[seq]++;
-      v->run_end[seq][k] = len + p->media[r].at + p->media[r].media->n_tokens;
+      v->run_end[seq][k] = len + run_end[r];
       v->run_delta[seq][k] = d;
     }
     if (d != v->delta[seq] + next - n)
@@ -743,6 +898,7 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   if (lg != logits) free(lg);
   free(isv);
   free(run_hw);
+  free(run_end);
   free(pos3);
   free(bpos3);
   free(bseq);
@@ -751,4 +907,176 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   free(bflag);
   free(rows);
   return rc;
+}
+
+/* ---- prompts with media ---- */
+
+/* Appends n bytes to the growing buffer *b (*len of *cap). */
+static int buf_put(char **b, size_t *len, size_t *cap, const char *s, size_t n) {
+  if (*len + n + 1 > *cap) {
+    size_t nc = (*cap + n + 1) * 2;
+    char *nb = realloc(*b, nc);
+    if (!nb) return ANNA_ENOMEM;
+    *b = nb;
+    *cap = nc;
+  }
+  memcpy(*b + *len, s, n);
+  *len += n;
+  (*b)[*len] = '\0';
+  return 0;
+}
+
+/* The rendered text with each video's placeholder replaced as Qwen3VLProcessor does: the
+ * template's <|vision_start|><|video_pad|><|vision_end|> (or a bare <|video_pad|>) becomes, per
+ * temporal group, "<%.1f seconds><|vision_start|><|video_pad|><|vision_end|>" (one pad per group
+ * here; the caller expands the ids). Images stay as rendered. Placeholders are matched to media
+ * in order and must agree in kind and number. */
+static int video_text_expand(const char *txt, size_t len, const char *ip, const char *vp,
+                             const char *vs, const char *ve, anna_media *const *media,
+                             int32_t n_media, char **out, char *err, size_t errlen) {
+  const size_t ipl = strlen(ip), vpl = strlen(vp), vsl = strlen(vs), vel = strlen(ve);
+  char *b = NULL;
+  size_t bl = 0, cap = 0;
+  int32_t k = 0;
+  int rc = buf_put(&b, &bl, &cap, "", 0);
+  size_t i = 0;
+  while (!rc && i < len) {
+    const int is_i = len - i >= ipl && !memcmp(txt + i, ip, ipl);
+    const int is_v = !is_i && len - i >= vpl && !memcmp(txt + i, vp, vpl);
+    if (!is_i && !is_v) {
+      rc = buf_put(&b, &bl, &cap, txt + i, 1);
+      i++;
+      continue;
+    }
+    if (k >= n_media) {
+      rc = anna_err(err, errlen, ANNA_EINVAL,
+                    "the prompt has more image / video placeholders than the %d media given (a "
+                    "message's text may not contain the pad tokens)",
+                    n_media);
+      break;
+    }
+    const anna_media *md = media[k];
+    if (!md || md->audio || (md->is_video != 0) != is_v) {
+      rc = anna_err(err, errlen, ANNA_EINVAL,
+                    "placeholder %d is %s pad, but media %d is %s", k, is_v ? "a video" : "an image",
+                    k, !md ? "missing" : md->audio ? "audio" : md->is_video ? "a video" : "an image");
+      break;
+    }
+    k++;
+    if (is_i) {
+      rc = buf_put(&b, &bl, &cap, ip, ipl);
+      i += ipl;
+      continue;
+    }
+    i += vpl;
+    if (bl >= vsl && !memcmp(b + bl - vsl, vs, vsl) && len - i >= vel && !memcmp(txt + i, ve, vel)) {
+      bl -= vsl; /* the template's own start / end pair goes: each group brings its own */
+      i += vel;
+    }
+    for (int32_t g = 0; !rc && g < md->px.grid_t; g++) {
+      char ts[48];
+      vision_video_timestamp_text(md->group_ts[g], ts, sizeof ts);
+      if ((rc = buf_put(&b, &bl, &cap, ts, strlen(ts))) || (rc = buf_put(&b, &bl, &cap, vs, vsl)) ||
+          (rc = buf_put(&b, &bl, &cap, vp, vpl)))
+        break;
+      rc = buf_put(&b, &bl, &cap, ve, vel);
+    }
+  }
+  if (!rc && k != n_media)
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "the prompt has %d image / video placeholders for %d media (the chat template "
+                  "must render every image and video part)",
+                  k, n_media);
+  if (rc == ANNA_ENOMEM) anna_err(err, errlen, rc, "out of memory");
+  if (rc) {
+    free(b);
+    return rc;
+  }
+  *out = b;
+  return 0;
+}
+
+int anna_text_encode_chat_media(const anna_text *t, const anna_model *m, const char *messages_json,
+                                const char *tools_json, const char *kwargs_json,
+                                anna_media *const *media, int32_t n_media, int32_t **ids,
+                                size_t *n, int32_t **media_at, char *err, size_t errlen) {
+  *ids = NULL;
+  *n = 0;
+  *media_at = NULL;
+  if (!anna_model_has_vision(m)) return no_vision(m, err, errlen);
+  if (n_media < 0 || (n_media > 0 && !media))
+    return anna_err(err, errlen, ANNA_EINVAL, "media count %d without media", n_media);
+  const anna_chat_template *ct = anna_text_template(t);
+  if (!ct)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "the model has no chat template: images and video need one to place them");
+  const struct model_vision *v = m->vis;
+  const int32_t ipad = v->info.image_token_id, vpad = v->video_token_id;
+  const char *ip = anna_text_token_piece(t, ipad, NULL);
+  const char *vp = vpad >= 0 ? anna_text_token_piece(t, vpad, NULL) : NULL;
+  const char *vs = anna_text_token_piece(t, v->info.vision_start_id, NULL);
+  const char *ve = anna_text_token_piece(t, v->info.vision_end_id, NULL);
+  int any_video = 0;
+  for (int32_t i = 0; i < n_media; i++)
+    any_video |= media[i] && media[i]->is_video;
+  if (!ip || (any_video && (!vp || !vs || !ve)))
+    return anna_err(err, errlen, ANNA_EFORMAT,
+                    "the tokenizer lacks the model's image / video pad or vision start / end tokens");
+  char *txt = NULL, *ex = NULL;
+  size_t tl = 0;
+  int rc = anna_chat_template_render(ct, messages_json, tools_json, 1, kwargs_json, &txt, &tl, err,
+                                     errlen);
+  if (!rc)
+    rc = video_text_expand(txt, tl, ip, vp ? vp : "\x01\x01no video pad", vs ? vs : "",
+                           ve ? ve : "", media, n_media, &ex, err, errlen);
+  free(txt);
+  int32_t *ids0 = NULL;
+  size_t n0 = 0;
+  if (!rc) rc = anna_text_tokenize(t, ex, strlen(ex), 0, &ids0, &n0, err, errlen);
+  free(ex);
+  int64_t total = (int64_t)n0;
+  for (int32_t i = 0; !rc && i < n_media; i++)
+    total += media[i]->n_tokens - (media[i]->is_video ? media[i]->px.grid_t : 1);
+  int32_t *out = NULL, *at = NULL;
+  if (!rc && (total > INT32_MAX || !(out = malloc(sizeof *out * (size_t)(total + 1))) ||
+              !(at = malloc(sizeof *at * ((size_t)n_media + 1)))))
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  size_t o = 0;
+  int32_t k = 0, g = 0; /* media k, its group g */
+  for (size_t i = 0; !rc && i < n0; i++) {
+    const int32_t id = ids0[i];
+    if (id != ipad && (vpad < 0 || id != vpad)) {
+      out[o++] = id;
+      continue;
+    }
+    const anna_media *md = k < n_media ? media[k] : NULL;
+    if (!md || (id == vpad) != (md->is_video != 0)) {
+      rc = anna_err(err, errlen, ANNA_EINVAL,
+                    "the prompt's %s pad at token %zu has no matching media (a message's text may "
+                    "not contain the pad tokens)",
+                    id == ipad ? "image" : "video", i);
+      break;
+    }
+    if (g == 0) at[k] = (int32_t)o;
+    const int32_t groups = md->is_video ? md->px.grid_t : 1, per = md->n_tokens / groups;
+    for (int32_t j = 0; j < per; j++)
+      out[o++] = id;
+    if (++g == groups) {
+      g = 0;
+      k++;
+    }
+  }
+  if (!rc && (k != n_media || g != 0 || (int64_t)o != total))
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "the prompt's pad tokens do not match the %d media given", n_media);
+  free(ids0);
+  if (rc) {
+    free(out);
+    free(at);
+    return rc;
+  }
+  *ids = out;
+  *n = o;
+  *media_at = at;
+  return 0;
 }

@@ -57,6 +57,12 @@ ops_backend *context_backend(anna_context *c);
 void context_shape(const anna_context *c, int *n_seq, int *n_ctx, int *n_batch);
 const anna_model *context_model(const anna_context *c);
 
+/* api_vision.c, for tests: md's preprocessed pixels [*n_patches, *patch_dim] (borrowed; NULL for
+ * audio), and the tower's rows of md alone [anna_media_n_tokens(md), n_embd] into rows (the
+ * encoder cache is used as at prefill). */
+const float *media_pixels(const anna_media *md, int64_t *n_patches, int32_t *patch_dim);
+int ctx_vision_encode(anna_context *c, const anna_media *md, float *rows, char *err, size_t errlen);
+
 /* api_audio.c: the optional audio encoder of a model (Qwen3-ASR) and its per-context state. */
 typedef struct ctx_audio ctx_audio;
 typedef struct audio_clip audio_clip; /* an audio media item's features */

@@ -899,7 +899,13 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .max_images = o->max_images > 0 ? o->max_images : 8,
                           .max_image_bytes = o->max_image_bytes > 0 ? o->max_image_bytes : 20u << 20,
                           .allowed_image_domains = o->allowed_image_domains,
-                          .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10};
+                          .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10,
+                          /* video: 2 per request, 32 MiB, 256 sampled frames, 600 s, 4K frames */
+                          .max_videos = o->max_videos > 0 ? o->max_videos : 2,
+                          .max_video_bytes = o->max_video_bytes > 0 ? o->max_video_bytes : 32u << 20,
+                          .max_video_frames = o->max_video_frames > 0 ? o->max_video_frames : 256,
+                          .max_video_seconds = o->max_video_seconds > 0 ? o->max_video_seconds : 600,
+                          .max_video_pixels = o->max_video_pixels > 0 ? o->max_video_pixels : 3840 * 2160};
   imgfetch_global_init();
 listen:
   if ((rc = resp_store_create(&srv->rstore, o->responses_store_max))) {

@@ -278,14 +278,16 @@ static int valid_fn_name(const char *s) {
 /* The images of one chat request, in message order, before they join the gen_request. */
 typedef struct img_list {
   const oai_config *cfg;
-  anna_media *media[64];
+  anna_media *media[64]; /* images and videos, in content order */
   int n;
+  int n_video; /* of them videos (video_url parts) */
 } img_list;
 
 static void img_list_clear(img_list *l) {
   for (int i = 0; i < l->n; i++)
     anna_media_free(l->media[i]);
   l->n = 0;
+  l->n_video = 0;
 }
 
 /* RFC 4648 base64 (standard alphabet, '=' padding optional at the end, no whitespace): a
@@ -416,6 +418,106 @@ static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_er
   return image_bytes(l, bytes, (size_t)nb, pp, e);
 }
 
+/* Encoded video bytes (freed here) -> the next media of l: FFmpeg decode, frame sampling and
+ * the video processor on this (connection) thread, limits from the flags. */
+static int video_bytes(img_list *l, uint8_t *bytes, size_t n, const char *pp, oai_error *e) {
+  const oai_config *cfg = l->cfg;
+  const anna_video_limits lim = {.max_bytes = (int64_t)cfg->max_video_bytes,
+                                 .max_pixels = cfg->max_video_pixels,
+                                 .max_seconds = cfg->max_video_seconds,
+                                 .max_frames = cfg->max_video_frames,
+                                 .threads = 1};
+  char err[256];
+  int rc = anna_media_video_decode(&l->media[l->n], cfg->model, bytes, n, &lim, err, sizeof err);
+  free(bytes);
+  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (rc) { /* media/video.h's limit messages say which limit */
+    const char *flag = !strstr(err, "exceed") ? NULL
+                       : strstr(err, "bytes exceed")  ? "--max-video-bytes"
+                       : strstr(err, "pixels per frame") ? "--max-video-pixels"
+                       : strstr(err, "sampled frames") ? "--max-video-frames"
+                                                       : "--max-video-seconds";
+    const char *msg = strncmp(err, "video: ", 7) ? err : err + 7;
+    if (flag)
+      return oai_fail(e, 400, pp, "video_too_large", "video %d: %s (%s)", l->n_video, msg, flag);
+    return oai_fail(e, 400, pp, rc == ANNA_EUNSUPPORTED ? "unsupported_content" : "invalid_video",
+                    "video %d: %s", l->n_video, msg);
+  }
+  l->n++;
+  l->n_video++;
+  return 0;
+}
+
+/* One video_url part (vLLM's form: {"type": "video_url", "video_url": {"url": ...}}): a
+ * data:video/...;base64 URL, or an http(s) URL on a host of --allowed-image-domains. */
+static int video_part(img_list *l, json_t *part, const char *p, size_t i, oai_error *e) {
+  const oai_config *cfg = l->cfg;
+  char pp[96];
+  snprintf(pp, sizeof pp, "%s[%zu].video_url", p, i);
+  if (!cfg->model || !anna_model_has_vision(cfg->model))
+    return oai_fail(e, 400, pp, "unsupported_content",
+                    "the model '%s' is text only: it does not accept video (content part type 'video_url')",
+                    cfg->model_name);
+  if (l->n_video >= cfg->max_videos)
+    return oai_fail(e, 400, pp, "too_many_videos",
+                    "too many videos: this server takes at most %d per request (--max-videos-per-request)",
+                    cfg->max_videos);
+  if (l->n >= cfg->max_images || l->n >= 64)
+    return oai_fail(e, 400, pp, "too_many_images",
+                    "too many images and videos: this server takes at most %d per request "
+                    "(--max-images-per-request)", cfg->max_images < 64 ? cfg->max_images : 64);
+  json_t *vu = json_object_get(part, "video_url"), *url = json_is_object(vu) ? json_object_get(vu, "url") : vu;
+  if (!json_is_string(url))
+    return oai_fail(e, 400, pp, "invalid_type", "'%s' must be {\"url\": \"data:video/mp4;base64,...\"}", pp);
+  const char *u = json_string_value(url);
+  const size_t ul = json_string_length(url);
+  if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8)) {
+    if (!cfg->allowed_image_domains || !*cfg->allowed_image_domains)
+      return oai_fail(e, 400, pp, "remote_url_not_allowed",
+                      "remote video URLs are not fetched by this server (no server-side requests without "
+                      "--allowed-image-domains); send the video inline as a data:video/mp4;base64,... URL");
+    const imgfetch_limits fl = {cfg->allowed_image_domains, cfg->max_video_bytes, cfg->image_fetch_timeout_s};
+    char ferr[256];
+    if (imgfetch_check(u, &fl, ferr, sizeof ferr))
+      return oai_fail(e, 400, pp, "remote_url_not_allowed", "%s", ferr);
+    uint8_t *got = NULL;
+    size_t gn = 0;
+    if (imgfetch_get(u, &fl, &got, &gn, ferr, sizeof ferr))
+      return oai_fail(e, 400, pp, "video_fetch_failed", "%s", ferr);
+    return video_bytes(l, got, gn, pp, e);
+  }
+  if (strncasecmp(u, "data:", 5))
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url' must be a data: URL (data:video/mp4;base64,...)", pp);
+  const char *comma = memchr(u, ',', ul);
+  if (!comma)
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': a data: URL needs a ',' before its data", pp);
+  const size_t hl = (size_t)(comma - u);
+  if (hl < 11 || strncasecmp(u + 5, "video/", 6)) {
+    size_t ml = strcspn(u + 5, ";,");
+    return oai_fail(e, 400, pp, "unsupported_media_type", "'%s.url': the data: URL's media type must be video/*, got "
+                    "'%.*s'", pp, (int)(ml > 40 ? 40 : ml), u + 5);
+  }
+  if (hl < 7 || strncasecmp(comma - 7, ";base64", 7))
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': only base64 data: URLs are accepted (';base64,')", pp);
+  const char *b = comma + 1;
+  const size_t bl = ul - hl - 1;
+  if (bl / 4 * 3 > cfg->max_video_bytes + 2)
+    return oai_fail(e, 400, pp, "video_too_large",
+                    "the video is about %zu bytes; this server takes at most %zu bytes per video (--max-video-bytes)",
+                    bl / 4 * 3, cfg->max_video_bytes);
+  uint8_t *bytes = malloc(bl / 4 * 3 + 3);
+  if (!bytes) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  size_t bad = 0;
+  long nb = b64_decode(b, bl, bytes, &bad);
+  if (nb <= 0) {
+    free(bytes);
+    return oai_fail(e, 400, pp, "invalid_base64",
+                    nb == 0 ? "'%s.url': the video data is empty"
+                            : "'%s.url': invalid base64 in the video data (at data offset %zu)", pp, bad);
+  }
+  return video_bytes(l, bytes, (size_t)nb, pp, e);
+}
+
 /* Content as a plain string: a string, null, or an array of text parts; with image parts
  * (imgs not NULL: user messages) an array of {type: text, text} and {type: image} parts for
  * the template, the images appended to imgs. */
@@ -439,10 +541,10 @@ static int content_text(json_t *c, int idx, img_list *imgs, json_t **out, oai_er
            *tx = json_object_get(part, "text");
     if (!json_is_object(part) || !json_is_string(t))
       return oai_fail(e, 400, p, "invalid_type", "'%s[%zu]' must be an object with a 'type'", p, i);
-    if (!strcmp(json_string_value(t), "image_url")) {
+    if (!strcmp(json_string_value(t), "image_url") || !strcmp(json_string_value(t), "video_url")) {
       if (!imgs)
-        return oai_fail(e, 400, p, "unsupported_content", "'%s[%zu]': images are only accepted in user messages",
-                        p, i);
+        return oai_fail(e, 400, p, "unsupported_content", "'%s[%zu]': %s are only accepted in user messages",
+                        p, i, json_string_value(t)[0] == 'i' ? "images" : "videos");
       continue;
     }
     if (strcmp(json_string_value(t), "text"))
@@ -455,7 +557,8 @@ static int content_text(json_t *c, int idx, img_list *imgs, json_t **out, oai_er
   }
   int has_img = 0;
   for (size_t i = 0; i < json_array_size(c); i++)
-    has_img |= !strcmp(json_string_value(json_object_get(json_array_get(c, i), "type")), "image_url");
+    has_img |= !strcmp(json_string_value(json_object_get(json_array_get(c, i), "type")), "image_url") ||
+               !strcmp(json_string_value(json_object_get(json_array_get(c, i), "type")), "video_url");
   if (has_img) { /* parts in order: the template puts each image's placeholder where it was */
     json_t *parts = json_array();
     for (size_t i = 0; parts && i < json_array_size(c); i++) {
@@ -466,6 +569,12 @@ static int content_text(json_t *c, int idx, img_list *imgs, json_t **out, oai_er
           return -1;
         }
         json_array_append_new(parts, json_pack("{s:s}", "type", "image"));
+      } else if (!strcmp(json_string_value(json_object_get(part, "type")), "video_url")) {
+        if (video_part(imgs, part, p, i, e)) {
+          json_decref(parts);
+          return -1;
+        }
+        json_array_append_new(parts, json_pack("{s:s}", "type", "video"));
       } else {
         json_array_append_new(parts, json_pack("{s:s,s:O}", "type", "text", "text", json_object_get(part, "text")));
       }
@@ -836,6 +945,33 @@ static int expand_images(const oai_config *cfg, gen_request *r, img_list *imgs, 
   return 0;
 }
 
+/* The prompt anna_text_encode_chat_media built (pads already expanded): the media move to r with
+ * their run starts (media_at, freed here). */
+static int take_media(gen_request *r, img_list *imgs, int32_t *media_at, oai_error *e) {
+  const int32_t *ids = r->prompts[0];
+  const size_t n = r->n_prompt[0];
+  anna_media **media = malloc(sizeof *media * (size_t)imgs->n);
+  if (!media) {
+    free(media_at);
+    return oai_fail(e, 500, NULL, NULL, "out of memory");
+  }
+  const int32_t last = n ? ids[n - 1] : -1;
+  int ends_with_media = n == 0;
+  for (int k = 0; k < imgs->n && !ends_with_media; k++)
+    ends_with_media = last == ids[media_at[k]]; /* the last token is an image or video pad */
+  if (ends_with_media) {
+    free(media), free(media_at);
+    return oai_fail(e, 400, "messages", "invalid_value", "the prompt must not end with an image or a video");
+  }
+  memcpy(media, imgs->media, sizeof *media * (size_t)imgs->n);
+  r->media = media;
+  r->media_at = media_at;
+  r->n_media = imgs->n;
+  imgs->n = 0; /* r owns them now */
+  imgs->n_video = 0;
+  return 0;
+}
+
 static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_error *e) {
   gen_request *r = job->r;
   json_t *msgs = NULL, *tools = NULL, *kw_own = NULL;
@@ -881,9 +1017,12 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   char *mj = json_dumps(msgs, jf), *tj = tools ? json_dumps(tools, jf) : NULL;
   char *kj = kw ? json_dumps(kw, jf) : NULL;
   int oom = !mj || (tools && !tj) || (kw && !kj);
-  int terr = oom ? ANNA_ENOMEM
-                 : anna_text_encode_chat(cfg->text, mj, tj, kj, &r->prompts[0], &r->n_prompt[0], err,
-                                         sizeof err);
+  int32_t *media_at = NULL; /* with video: the prompt is built with the media (timestamp text) */
+  int terr = oom            ? ANNA_ENOMEM
+             : imgs.n_video ? anna_text_encode_chat_media(cfg->text, cfg->model, mj, tj, kj, imgs.media, imgs.n,
+                                                          &r->prompts[0], &r->n_prompt[0], &media_at, err, sizeof err)
+                            : anna_text_encode_chat(cfg->text, mj, tj, kj, &r->prompts[0], &r->n_prompt[0], err,
+                                                    sizeof err);
   free(mj);
   free(tj);
   free(kj);
@@ -891,12 +1030,17 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
     oai_fail(e, 500, NULL, NULL, "out of memory");
     goto done;
   }
+  if (terr && imgs.n_video && terr == ANNA_EINVAL) {
+    oai_fail(e, 400, "messages", "invalid_value", "%s", err);
+    goto done;
+  }
   if (terr) {
     oai_fail(e, 400, "messages", "template_error", "the chat template rejected these messages: %s",
              err);
     goto done;
   }
-  if (imgs.n && expand_images(cfg, r, &imgs, e)) goto done;
+  if (imgs.n_video && take_media(r, &imgs, media_at, e)) goto done;
+  if (imgs.n && !imgs.n_video && expand_images(cfg, r, &imgs, e)) goto done;
   job->reasoning = cfg->reasoning_deepseek;
   if (r->n_prompt[0])
     job->start_in_reasoning =

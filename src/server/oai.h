@@ -44,6 +44,14 @@ typedef struct oai_config {
   const char *allowed_image_domains; /* --allowed-image-domains: http(s) image URLs from these hosts
                                         are fetched (imgfetch.h); NULL: none */
   long image_fetch_timeout_s;        /* --image-fetch-timeout-seconds */
+  /* Video (chat content parts "video_url", as vLLM takes them): data:video/...;base64 URLs, or
+   * http(s) from --allowed-image-domains (the one remote-media policy); each limit's refusal is
+   * a 400 naming its flag. Videos count towards max_images too (one media list). */
+  int max_videos;           /* --max-videos-per-request */
+  size_t max_video_bytes;   /* --max-video-bytes: one video's encoded bytes */
+  int max_video_frames;     /* --max-video-frames: frames the processor samples */
+  double max_video_seconds; /* --max-video-seconds: the stream's duration */
+  int64_t max_video_pixels; /* --max-video-pixels: width * height of one frame */
 } oai_config;
 
 enum { OAI_CHAT = 0, OAI_COMPLETION = 1 };

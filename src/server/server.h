@@ -44,6 +44,12 @@ typedef struct server_options {
   const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
   int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
   int max_audio_seconds;             /* --max-audio-seconds: one clip (0: 300) */
+  /* video (chat content parts "video_url"): 0 = the defaults in http.c */
+  int max_videos;           /* --max-videos-per-request (0: 2) */
+  size_t max_video_bytes;   /* --max-video-bytes (0: 32 MiB) */
+  int max_video_frames;     /* --max-video-frames: sampled frames (0: 256) */
+  int max_video_seconds;    /* --max-video-seconds (0: 600) */
+  int64_t max_video_pixels; /* --max-video-pixels: one frame (0: 3840 x 2160) */
   /* API keys: --api-key (repeatable, borrowed) and --api-key-file; none: no auth. With keys,
    * every route but /healthz, /health and /metrics needs "Authorization: Bearer KEY" (401
    * otherwise); auth_health: those too. */

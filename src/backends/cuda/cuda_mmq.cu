@@ -30,8 +30,12 @@
  * pays a full dequantized copy of every weight per step, which this one does not.
  * Shared memory rows are MMQ_KS + 32 bytes: with the word order, a thread's two fragment
  * words of a 32-block (bytes 4t.. and 16 + 4t..) are one 8-byte load and the 16 lanes of a
- * half-warp hit distinct banks. Results do not depend on the other tokens of the batch:
- * each (row, token) sums its 32-blocks in the same order whatever n is. */
+ * half-warp hit distinct banks. Split K: a decode-sized call has few row blocks (64 for a
+ * 4096-row weight against 132 SMs), so K is cut into S slices (about two blocks per SM, S set
+ * by the weight's shape alone) whose partial sums k_mmq_reduce adds in slice order (measured
+ * before it, session 17 H100: 11.8 ms for one token of the 9B shape, 24.3 ms for 64, against
+ * 1.6 ms to read the weights). Results do not depend on the other tokens of the batch: each
+ * (row, token) sums its 32-blocks and its slices in the same order whatever n is. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_async.cuh"
 #include "backends/cuda/cuda_quant.cuh"
@@ -303,7 +307,12 @@ static __global__ void __launch_bounds__(MMQ_THREADS)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t r0 = (int64_t)blockIdx.x * MMQ_BM, t0 = (int64_t)blockIdx.y * BN;
   const int64_t pieces = cols / 32;
-  const int steps = (int)(colsp / MMQ_KS);
+  /* split K: slice z of gridDim.z takes steps [s0, s1) and writes its partial sums to its own
+   * plane of y (k_mmq_reduce adds the planes in order); the split depends on the weight's
+   * shape only, so a token's result does not depend on n */
+  const int all = (int)(colsp / MMQ_KS), z = (int)blockIdx.z, S = (int)gridDim.z;
+  const int s0 = all * z / S, s1 = all * (z + 1) / S;
+  y += (int64_t)z * npad * rows;
   float acc[2][NJ][4];
 #pragma unroll
   for (int i = 0; i < 2; i++)
@@ -312,20 +321,20 @@ static __global__ void __launch_bounds__(MMQ_THREADS)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
   uint32_t raw[MMQ_PPT][cuda_piece<TYPE>::RAW];
-  mmq_load_x<TYPE, BN>(sm, xq, xd, xs, t0, npad, colsp, 0, tid);
-  mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, 0, tid);
-  mmq_decode_w<TYPE, BN>(sm, raw, W, r0, rows, rb, pieces, 0, tid);
+  mmq_load_x<TYPE, BN>(sm, xq, xd, xs, t0, npad, colsp, s0, tid);
+  mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, s0, tid);
+  mmq_decode_w<TYPE, BN>(sm, raw, W, r0, rows, rb, pieces, s0, tid);
   cuda_cp_wait<0>();
   __syncthreads();
-  for (int s = 0; s < steps; s++) {
-    uint8_t *cur = sm + (s & 1) * L::STAGE, *nxt = sm + ((s + 1) & 1) * L::STAGE;
+  for (int s = s0; s < s1; s++) {
+    uint8_t *cur = sm + ((s - s0) & 1) * L::STAGE, *nxt = sm + ((s - s0 + 1) & 1) * L::STAGE;
     /* nxt was last read by step s - 1's MMAs, which every thread finished before the barrier */
-    if (s + 1 < steps) {
+    if (s + 1 < s1) {
       mmq_load_x<TYPE, BN>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
       mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, s + 1, tid);
     }
     mmq_mma_step<TYPE, BN>(cur, acc, warp, lane);
-    if (s + 1 < steps) mmq_decode_w<TYPE, BN>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
+    if (s + 1 < s1) mmq_decode_w<TYPE, BN>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
     cuda_cp_wait<0>();
     __syncthreads();
   }
@@ -339,6 +348,15 @@ static __global__ void __launch_bounds__(MMQ_THREADS)
         const int64_t r = r0 + wm * 32 + 16 * i + g + 8 * (e >> 1), tok = t0 + wn * (BN / 2) + 8 * j + 2 * t + (e & 1);
         if (r < rows && tok < n) y[tok * rows + r] = acc[i][j][e];
       }
+}
+
+/* y[i] = sum of the S partial planes (stride floats apart) in slice order. */
+static __global__ void k_mmq_reduce(float *y, const float *part, int64_t count, int64_t stride, int S) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= count) return;
+  float a = part[i];
+  for (int z = 1; z < S; z++) a += part[z * stride + i];
+  y[i] = a;
 }
 
 /* ---- launch ---- */
@@ -366,9 +384,30 @@ static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t row
       return;
     ready = 1;
   }
-  const dim3 grid((unsigned)((rows + MMQ_BM - 1) / MMQ_BM), (unsigned)(npad / BN));
-  cuda_launch(ci, "mmq", k_mmq<TYPE, BN>, grid, MMQ_THREADS, mmq_lay<BN>::SMEM, y, W, rows, cols, rb, xq, xd, xs, n,
-              npad, colsp);
+  /* K slices so that a decode-sized call fills the device: about two blocks per SM. The
+   * count depends on the weight's shape only (batch invariance); partial planes go to the
+   * scratch after the activations when there is room, else one slice. */
+  const int64_t rblocks = (rows + MMQ_BM - 1) / MMQ_BM, all = colsp / MMQ_KS;
+  const int64_t sms = ci->n_sm > 0 ? ci->n_sm : 132;
+  int S = (int)((2 * sms + rblocks - 1) / rblocks);
+  if (S > all) S = (int)all;
+  if (S > 16) S = 16;
+  if (S < 1) S = 1;
+  float *part = NULL;
+  if (S > 1) {
+    const size_t used = (size_t)(npad * colsp) + (size_t)(2 * (colsp / 32) * npad) * sizeof(float);
+    const size_t at = (used + 255) / 256 * 256, need = (size_t)S * (size_t)(npad * rows) * sizeof(float);
+    if (at + need <= ci->deq_floats * sizeof(float)) part = (float *)((uint8_t *)ci->deq + at);
+    else S = 1;
+  }
+  const dim3 grid((unsigned)rblocks, (unsigned)(npad / BN), (unsigned)S);
+  cuda_launch(ci, "mmq", k_mmq<TYPE, BN>, grid, MMQ_THREADS, mmq_lay<BN>::SMEM, S > 1 ? part : y, W, rows, cols, rb,
+              xq, xd, xs, n, npad, colsp);
+  if (S > 1) {
+    /* the planes hold npad token rows of `rows` floats; the first n are y */
+    const int64_t count = n * rows;
+    cuda_launch(ci, "mmq reduce", k_mmq_reduce, (unsigned)((count + 255) / 256), 256, 0, y, part, count, npad * rows, S);
+  }
 }
 
 template <int TYPE>
