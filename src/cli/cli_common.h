@@ -10,6 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "hub.h"
+
 /* Inside a `for (int i = 1; i < argc; i++)` flag loop with `a` = argv[i] and `v` = argv[i+1]
  * (or NULL): takes the flag's value, or reports the missing value and returns 2 (usage). */
 #define CLI_NEEDV()                                                                                                    \
@@ -87,6 +89,27 @@ static inline long cli_ids(const char *flag, const char *v, int32_t **out) {
   }
   *out = ids;
   return n;
+}
+
+/* --hf-repo ORG/NAME[:FILE] (spec; NULL: the flag was not given): resolves the name through the
+ * Hugging Face Hub cache, downloading what it lacks (src/hub/hub.h: HF_ENDPOINT, HF_TOKEN,
+ * HF_HOME, HF_HUB_OFFLINE), and sets *model to the local folder or file; *owned (caller frees)
+ * holds that path. --hf-repo together with a --model / --model-dir is an error. Returns 0, or 1
+ * with the message printed. */
+static inline int cli_hf_model(const char *spec, const char **model, char **owned) {
+  *owned = NULL;
+  if (!spec) return 0;
+  if (*model) {
+    fprintf(stderr, "error: give --hf-repo or --model / --model-dir, not both\n");
+    return 1;
+  }
+  char err[1024];
+  if (hub_fetch(spec, NULL, owned, err, sizeof err)) {
+    fprintf(stderr, "error: --hf-repo %s: %s\n", spec, err);
+    return 1;
+  }
+  *model = *owned;
+  return 0;
 }
 
 #endif
