@@ -9,6 +9,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-generate --model-dir DIR|--model FILE.gguf (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+          "  --hf-repo ORG/NAME[:FILE]  the model from the Hugging Face Hub (downloaded into the\n"
+          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE)\n"
           "  --prompt TEXT            user message, rendered with the model's chat template\n"
           "  --system TEXT            system message (with --prompt)\n"
           "  --raw                    tokenize --prompt as is (no chat template)\n"
@@ -47,7 +49,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL;
+  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL, *hf = NULL;
+  char *hf_path = NULL;
   const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
@@ -64,6 +67,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
     if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); model = v; }
+    else if (!strcmp(a, "--hf-repo")) { NEEDV(); hf = v; }
     else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
     else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
     else if (!strcmp(a, "--prompt-ids")) { NEEDV(); ids_arg = v; }
@@ -114,6 +118,7 @@ int main(int argc, char **argv) {
     }
 #undef NEEDV
   }
+  if (cli_hf_model(hf, &model, &hf_path)) return 1;
   if (!model || (!prompt && !ids_arg) || (prompt && ids_arg)) {
     fprintf(stderr, "error: need --model-dir (or --model) and exactly one of --prompt / --prompt-ids\n");
     usage(stderr);
@@ -383,5 +388,6 @@ done:
   anna_text_free(text);
   anna_context_free(ctx);
   anna_model_free(m);
+  free(hf_path);
   return rc;
 }
