@@ -381,7 +381,6 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL, *hf = NULL;
-  char *hf_path = NULL;
   const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
@@ -435,7 +434,7 @@ int main(int argc, char **argv) {
     }
 #undef NEEDV
   }
-  if (cli_hf_model(hf, &model, &hf_path)) return 1;
+  if (cli_hf_model(hf, &model)) return 1;
   if (!model) {
     fprintf(stderr, "error: need --model-dir (or --model)\n");
     usage(stderr);
@@ -721,6 +720,5 @@ done:
   anna_text_free(text);
   anna_context_free(ctx);
   anna_model_free(m);
-  free(hf_path);
   return rc;
 }

@@ -50,7 +50,6 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL, *hf = NULL;
-  char *hf_path = NULL;
   const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
@@ -118,7 +117,7 @@ int main(int argc, char **argv) {
     }
 #undef NEEDV
   }
-  if (cli_hf_model(hf, &model, &hf_path)) return 1;
+  if (cli_hf_model(hf, &model)) return 1;
   if (!model || (!prompt && !ids_arg) || (prompt && ids_arg)) {
     fprintf(stderr, "error: need --model-dir (or --model) and exactly one of --prompt / --prompt-ids\n");
     usage(stderr);
@@ -388,6 +387,5 @@ done:
   anna_text_free(text);
   anna_context_free(ctx);
   anna_model_free(m);
-  free(hf_path);
   return rc;
 }

@@ -152,8 +152,7 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  char *hf_path = NULL;
-  if (cli_hf_model(hf, &model, &hf_path)) return 1;
+  if (cli_hf_model(hf, &model)) return 1;
   if (!model) {
     fprintf(stderr, "error: need --model-dir, --model or --hf-repo\n");
     usage(stderr);
@@ -362,6 +361,5 @@ fail:
   anna_text_free(text);
   anna_context_free(ctx);
   anna_model_free(m);
-  free(hf_path);
   return rc;
 }

@@ -258,8 +258,7 @@ int main(int argc, char **argv) {
     }
     o.eng.tuning = tuning;
   }
-  char *hf_path = NULL;
-  if (cli_hf_model(hf, &o.model_path, &hf_path)) return 1;
+  if (cli_hf_model(hf, &o.model_path)) return 1;
   if (hf && !o.model_name) o.model_name = hf;
   if (!o.model_path) {
     fprintf(stderr, "error: --model-dir (or --model) is required\n");
@@ -308,7 +307,6 @@ int main(int argc, char **argv) {
   }
   char err[512] = "";
   const int run_rc = server_run(&o, err, sizeof err);
-  free(hf_path);
   if (run_rc) {
     fprintf(stderr, "error: %s\n", err);
     return 1;

@@ -73,7 +73,6 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
 
 int main(int argc, char **argv) {
   const char *dir = NULL, *text = NULL, *file = NULL, *decode = NULL, *hf = NULL;
-  char *hf_path = NULL;
   int enc_flags = 0, dec_flags = 0, bench = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -105,7 +104,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (cli_hf_model(hf, &dir, &hf_path)) return 1;
+  if (cli_hf_model(hf, &dir)) return 1;
   if (!dir || (!!text + !!file + !!decode) != 1) {
     fprintf(stderr,
             "anna-tokenize: need --model-dir and exactly one of --text, --file, --decode\n");
@@ -173,6 +172,5 @@ int main(int argc, char **argv) {
     free(buf);
   }
   anna_text_free(tok);
-  free(hf_path);
   return rc;
 }

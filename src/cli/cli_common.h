@@ -93,22 +93,27 @@ static inline long cli_ids(const char *flag, const char *v, int32_t **out) {
 
 /* --hf-repo ORG/NAME[:FILE] (spec; NULL: the flag was not given): resolves the name through the
  * Hugging Face Hub cache, downloading what it lacks (src/hub/hub.h: HF_ENDPOINT, HF_TOKEN,
- * HF_HOME, HF_HUB_OFFLINE), and sets *model to the local folder or file; *owned (caller frees)
- * holds that path. --hf-repo together with a --model / --model-dir is an error. Returns 0, or 1
- * with the message printed. */
-static inline int cli_hf_model(const char *spec, const char **model, char **owned) {
-  *owned = NULL;
+ * HF_HOME, HF_HUB_OFFLINE), and sets *model to the local folder or file (valid until exit: the
+ * path is freed by an atexit handler, so a tool needs no cleanup for it). --hf-repo together
+ * with a --model / --model-dir is an error. Returns 0, or 1 with the message printed. */
+static char *cli_hf_path_ __attribute__((unused));
+__attribute__((unused)) static void cli_hf_free_(void) {
+  free(cli_hf_path_);
+  cli_hf_path_ = NULL;
+}
+static inline int cli_hf_model(const char *spec, const char **model) {
   if (!spec) return 0;
   if (*model) {
     fprintf(stderr, "error: give --hf-repo or --model / --model-dir, not both\n");
     return 1;
   }
   char err[1024];
-  if (hub_fetch(spec, NULL, owned, err, sizeof err)) {
-    fprintf(stderr, "error: --hf-repo %s: %s\n", spec, err);
+  if (cli_hf_path_ || hub_fetch(spec, NULL, &cli_hf_path_, err, sizeof err)) {
+    fprintf(stderr, "error: --hf-repo %s: %s\n", spec, cli_hf_path_ ? "given twice" : err);
     return 1;
   }
-  *model = *owned;
+  atexit(cli_hf_free_);
+  *model = cli_hf_path_;
   return 0;
 }
 

@@ -229,6 +229,8 @@ def fixture_hub(fixtures):
     hub.add(Repo("anna-test/tiny-qwen2", folder, "1" * 40))
     hub.add(Repo("anna-test/tiny-gguf", {"tiny-q8_0.gguf": rnd(3 << 20, "q8"), "tiny-q4_0.gguf": rnd(1 << 20, "q4"),
                                           "README.md": b"# gguf\n"}, "2" * 40))
+    real = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "gguf", "qwen2.gguf")
+    hub.add(Repo("anna-test/qwen2-gguf", {"qwen2.gguf": open(real, "rb").read()}, "7" * 40))
     hub.add(Repo("anna-test/gated", {"config.json": b'{"gated": true}\n', "weights.gguf": rnd(200000, "g")},
                  "3" * 40, gated=True))
     hub.add(Repo("anna-test/corrupt", {"model.gguf": rnd(500000, "c")}, "4" * 40, corrupt=True))

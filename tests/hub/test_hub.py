@@ -206,3 +206,23 @@ def test_hf_repo_flag_loads_the_model(env):
     tok = run_cli(["anna-tokenize", "--hf-repo", "anna-test/tiny-qwen2", "--text", "hello world"], env)
     ref = run_cli(["anna-tokenize", "--model-dir", os.path.join(FIX, "qwen2"), "--text", "hello world"], env)
     assert tok.returncode == 0 and tok.stdout == ref.stdout, tok.stderr
+
+
+def test_hf_repo_on_the_other_clis(env):
+    """anna-gguf and anna-template (and the GGUF loader through anna-generate) on Hub names."""
+    local = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "gguf", "qwen2.gguf")
+    a = run_cli(["anna-gguf", "--hf-repo", "anna-test/qwen2-gguf:qwen2.gguf"], env)
+    b = run_cli(["anna-gguf", local], env)
+    assert a.returncode == 0 and a.stdout == b.stdout, a.stderr
+    g1 = run_cli(["anna-generate", "--hf-repo", "anna-test/qwen2-gguf:qwen2.gguf", "--prompt-ids", "1,2,3",
+                  "--max-new-tokens", "3", "--quiet"], env)
+    g2 = run_cli(["anna-generate", "--model", local, "--prompt-ids", "1,2,3", "--max-new-tokens", "3", "--quiet"], env)
+    assert g1.returncode == 0 and g1.stdout == g2.stdout, g1.stderr
+    msgs = os.path.join(env["HF_HOME"], "m.json")
+    with open(msgs, "w") as f:
+        json.dump([{"role": "user", "content": "hi"}], f)
+    t1 = run_cli(["anna-template", "--hf-repo", "anna-test/tiny-qwen2", "--messages", msgs], env)
+    t2 = run_cli(["anna-template", "--model-dir", os.path.join(FIX, "qwen2"), "--messages", msgs], env)
+    assert t1.returncode == 0 and t1.stdout == t2.stdout and t1.stdout, t1.stderr
+    bad = run_cli(["anna-quantize", "--hf-repo", "anna-test/no-such"], env)
+    assert bad.returncode == 1 and "404" in bad.stderr
