@@ -87,14 +87,6 @@ int hub_spec_parse(const char *spec, char *repo, size_t repo_cap, char *file, si
   return 0;
 }
 
-int hub_spec_looks_remote(const char *s) {
-  struct stat st;
-  char r[256], f[1024];
-  if (!s || stat(s, &st) == 0) return 0;
-  if (s[0] == '/' || s[0] == '.' || s[0] == '~') return 0;
-  return hub_spec_parse(s, r, sizeof r, f, sizeof f, NULL, 0) == 0;
-}
-
 static const char *env(const char *k) {
   const char *v = getenv(k);
   return v && *v ? v : NULL;
@@ -387,8 +379,7 @@ static int http_get_mem(hub_ctx *hc, const char *what, const char *url, membuf *
 }
 
 /* HEAD of a resolve URL without following the CDN redirect: the Hub puts the commit, the
- * linked ETag (sha256 of an LFS file) and its size on the redirect itself. A relative
- * redirect (a renamed repo) is followed by hand. */
+ * linked ETag (sha256 of an LFS file) and its size on the redirect itself. */
 static int http_head(hub_ctx *hc, const char *what, const char *url0, hdrs *h, char *err, size_t errlen) {
   char url[4096];
   snprintf(url, sizeof url, "%s", url0);
@@ -409,7 +400,9 @@ static int http_head(hub_ctx *hc, const char *what, const char *url0, hdrs *h, c
     curl_easy_cleanup(c);
     curl_slist_free_all(hl);
     if (cr != CURLE_OK) return anna_err(err, errlen, ANNA_EIO, "%s: %s (%s)", what, curl_easy_strerror(cr), url);
-    if (h->status >= 300 && h->status < 400 && h->location[0] == '/' && !h->commit[0]) {
+    /* Relative redirects (a renamed repo, the Hub's resolve cache) lead to the real answer, as
+     * huggingface_hub follows them; an absolute one is the CDN and carries the metadata. */
+    if (h->status >= 300 && h->status < 400 && h->location[0] == '/') {
       char next[4096];
       if (snprintf(next, sizeof next, "%s%s", hc->endpoint, h->location) >= (int)sizeof next)
         return anna_err(err, errlen, ANNA_EIO, "%s: redirect too long", what);
@@ -645,8 +638,8 @@ static int file_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const
     return anna_err(err, errlen, ANNA_EFORMAT,
                     "%s: the server sent no X-Repo-Commit / ETag (is %s a Hugging Face Hub endpoint?)", what,
                     hc->endpoint);
-  if (!is_hex(h.commit, 40) && strlen(h.commit) > 40)
-    return anna_err(err, errlen, ANNA_EFORMAT, "%s: odd commit '%s'", what, h.commit);
+  if (!is_hex(h.commit, 40)) /* it names a snapshot folder: nothing but a git commit id */
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: X-Repo-Commit '%.60s' is not a commit id", what, h.commit);
   snprintf(commit_out, 64, "%s", h.commit);
   const long long size = h.linked_size >= 0 ? h.linked_size : h.content_length;
   char blobs[HUB_PATH_MAX], blob[HUB_PATH_MAX], lockdir[HUB_PATH_MAX], lock[HUB_PATH_MAX];

@@ -43,10 +43,6 @@ typedef struct hub_options {
 int hub_spec_parse(const char *spec, char *repo, size_t repo_cap, char *file, size_t file_cap, char *err,
                    size_t errlen);
 
-/* True (1) when s names a Hub model rather than a local path: s does not exist on disk and
- * parses as ORG/NAME[:FILE]. For the CLIs' --model, which also accept such names. */
-int hub_spec_looks_remote(const char *s);
-
 /* Resolves spec (ORG/NAME[:FILE]) to a local path, downloading what the cache lacks:
  * the snapshot folder for ORG/NAME, the snapshot file for ORG/NAME:FILE. *path_out is
  * malloc'd (caller frees). opt may be NULL (all defaults). Errors: ANNA_EINVAL (spec),

@@ -43,6 +43,7 @@ class Hub:
         self.repos = {}
         self.blobs = {}  # sha256 -> (repo, bytes)
         self.log = []
+        self.renamed = {}  # old repo id -> new: resolve answers a relative 307, as the Hub does
         self.lock = threading.Lock()
 
     def add(self, repo):
@@ -151,6 +152,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(200, {"Content-Type": "application/json"}, body, head)
 
     def _resolve(self, name, rev, file, head):
+        if name in self.hub.renamed:
+            loc = "/" + self.hub.renamed[name] + "/resolve/" + rev + "/" + urllib.parse.quote(file)
+            return self._send(307, {"Location": loc}, b"", head)
         repo = self._repo(name, rev, head)
         if not repo:
             return
@@ -227,6 +231,7 @@ def fixture_hub(fixtures):
     folder["onnx/model.onnx"] = rnd(1000, "onnx")
     folder["expected.json"] = b"{}"  # a top-level JSON that is fetched too (harmless)
     hub.add(Repo("anna-test/tiny-qwen2", folder, "1" * 40))
+    hub.renamed["anna-test/old-gguf"] = "anna-test/tiny-gguf"
     hub.add(Repo("anna-test/tiny-gguf", {"tiny-q8_0.gguf": rnd(3 << 20, "q8"), "tiny-q4_0.gguf": rnd(1 << 20, "q4"),
                                           "README.md": b"# gguf\n"}, "2" * 40))
     real = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "gguf", "qwen2.gguf")

@@ -161,6 +161,12 @@ def test_not_found_and_bad_names(env):
         assert "ORG/NAME" in err or "repo id" in err or "relative path" in err, (bad, err)
 
 
+def test_renamed_repo_redirect(hub, env):
+    path = pull(env, "anna-test/old-gguf:tiny-q4_0.gguf")
+    assert "models--anna-test--old-gguf/snapshots/" + "2" * 40 in path
+    assert open(path, "rb").read() == hub.repos["anna-test/tiny-gguf"].files["tiny-q4_0.gguf"]
+
+
 def test_revision_by_commit(hub, env):
     path = pull(env, "--revision", "2" * 40, "anna-test/tiny-gguf:tiny-q4_0.gguf")
     assert path.endswith("snapshots/" + "2" * 40 + "/tiny-q4_0.gguf")
