@@ -232,3 +232,30 @@ def test_hf_repo_on_the_other_clis(env):
     assert t1.returncode == 0 and t1.stdout == t2.stdout and t1.stdout, t1.stderr
     bad = run_cli(["anna-quantize", "--hf-repo", "anna-test/no-such"], env)
     assert bad.returncode == 1 and "404" in bad.stderr
+
+
+def test_progress_bar_only_on_a_terminal(env):
+    import pty
+
+    m, s = pty.openpty()
+    p = subprocess.Popen([os.path.join(BIN, "anna-pull"), "anna-test/tiny-gguf:tiny-q8_0.gguf"], env=env,
+                         stdout=subprocess.PIPE, stderr=s)
+    out = p.stdout.read()
+    assert p.wait(timeout=120) == 0
+    os.close(s)
+    tty = b""
+    while True:
+        try:
+            d = os.read(m, 65536)
+        except OSError:
+            break
+        if not d:
+            break
+        tty += d
+    os.close(m)
+    assert b"tiny-q8_0.gguf" in out
+    assert b"[" + b"#" * 30 + b"] 100%" in tty and b"\r" in tty
+    # Not a terminal: one plain line per file, no bar.
+    err = subprocess.run([os.path.join(BIN, "anna-pull"), "anna-test/tiny-gguf:tiny-q4_0.gguf"], env=env,
+                         capture_output=True, text=True, timeout=120).stderr
+    assert "downloading tiny-q4_0.gguf" in err and "#" not in err
