@@ -322,6 +322,7 @@ int main(int argc, char **argv) {
     }
   }
   if (!quiet) printf("\n");
+  fflush(stdout);
   {
     const double mean = nll / (double)count, ppl = exp(mean);
     double var = nll2 / (double)count - mean * mean;
@@ -339,6 +340,7 @@ int main(int argc, char **argv) {
       printf("Same top p         : %.3f %%\n", 100.0 * (double)k.same_top / n);
       printf("RMS Delta p        : %.3f %%\n", 100.0 * sqrt(k.dp2 / n));
     }
+    fflush(stdout);
     if (!quiet) fprintf(stderr, "%lld tokens scored in %.2f s\n", (long long)count, cli_now() - t0);
   }
   rc = 0;
