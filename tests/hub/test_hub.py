@@ -259,3 +259,32 @@ def test_progress_bar_only_on_a_terminal(env):
     err = subprocess.run([os.path.join(BIN, "anna-pull"), "anna-test/tiny-gguf:tiny-q4_0.gguf"], env=env,
                          capture_output=True, text=True, timeout=120).stderr
     assert "downloading tiny-q4_0.gguf" in err and "#" not in err
+
+
+def test_serve_hf_repo(env):
+    """anna-serve --hf-repo: loads the Hub folder and lists the Hub name as the model id."""
+    import re
+    import time
+    import urllib.request
+
+    serve = os.path.join(BIN, "anna-serve")
+    if not os.path.exists(serve):
+        pytest.fail("anna-serve not built (libmicrohttpd missing?)")
+    p = subprocess.Popen([serve, "--hf-repo", "anna-test/tiny-qwen2", "--port", "0", "--threads", "1"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        port, seen = None, []
+        deadline = time.time() + 60
+        while port is None and time.time() < deadline:
+            ln = p.stdout.readline()
+            if not ln:
+                break
+            seen.append(ln)
+            m = re.search(r"listening on http://[^:]+:(\d+)", ln)
+            port = int(m.group(1)) if m else None
+        assert port, "".join(seen)
+        models = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30))
+        assert [d["id"] for d in models["data"]] == ["anna-test/tiny-qwen2"]
+    finally:
+        p.terminate()
+        p.wait(timeout=30)
