@@ -5,6 +5,7 @@ here, and --kl-base's KL divergence recomputed from two sets of dumped logits.
 Needs ANNA_BIN_DIR (the built CLIs) and ANNA_FIXTURES."""
 
 import array
+import json
 import math
 import os
 import random
@@ -19,6 +20,29 @@ FIX = os.environ.get("ANNA_FIXTURES", os.path.join(os.path.dirname(__file__), ".
 MODEL = os.path.join(FIX, "qwen2")
 CTX = 32
 CHUNKS = 3
+
+
+@pytest.fixture(scope="module")
+def bos_model(tmp_path_factory):
+    """The qwen2 fixture with a tokenizer that adds a BOS (<|endoftext|>): each chunk's first
+    token must then be replaced by it, as llama-perplexity does."""
+    d = tmp_path_factory.mktemp("bos")
+    for f in ("config.json", "generation_config.json", "model.safetensors", "chat_template.jinja"):
+        os.symlink(os.path.join(MODEL, f), d / f)
+    tok = json.load(open(os.path.join(MODEL, "tokenizer.json")))
+    bos = next(a for a in tok["added_tokens"] if a["content"] == "<|endoftext|>")
+    tok["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [bos["id"]], "tokens": ["<|endoftext|>"]}},
+    }
+    json.dump(tok, open(d / "tokenizer.json", "w"))
+    cfg = json.load(open(os.path.join(MODEL, "tokenizer_config.json")))
+    cfg["bos_token"] = "<|endoftext|>"
+    cfg["add_bos_token"] = True
+    json.dump(cfg, open(d / "tokenizer_config.json", "w"))
+    return str(d)
 
 
 def run(*args, ok=True):
@@ -40,18 +64,18 @@ def text_file(tmp_path_factory):
     return str(path)
 
 
-def tokens(text_file):
-    out = run("anna-tokenize", "--model-dir", MODEL, "--file", text_file, "--add-special",
+def tokens(text_file, model=MODEL):
+    out = run("anna-tokenize", "--model-dir", model, "--file", text_file, "--add-special",
               "--no-parse-special").stdout.strip()
     ids = [int(x) for x in out.split(",")]
-    empty = run("anna-tokenize", "--model-dir", MODEL, "--text", "", "--add-special").stdout.strip()
+    empty = run("anna-tokenize", "--model-dir", model, "--text", "", "--add-special").stdout.strip()
     bos = int(empty.split(",")[0]) if empty else None
     return ids, bos
 
 
-def dump_logits(ids, tmp, *extra):
+def dump_logits(ids, tmp, *extra, model=MODEL):
     f = os.path.join(tmp, "logits.f32")
-    run("anna-generate", "--model-dir", MODEL, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "0",
+    run("anna-generate", "--model-dir", model, "--prompt-ids", ",".join(map(str, ids)), "--max-new-tokens", "0",
         "--dump-logits", f, "--quiet", *extra)
     a = array.array("f")
     with open(f, "rb") as fh:
@@ -67,9 +91,9 @@ def log_softmax(row):
     return [x - lse for x in row]
 
 
-def reference(text_file, tmp, *extra):
+def reference(text_file, tmp, *extra, model=MODEL):
     """Per scored position: (target, log-probs), in llama-perplexity's order."""
-    ids, bos = tokens(text_file)
+    ids, bos = tokens(text_file, model)
     n_chunk = min(len(ids) // CTX, CHUNKS)
     first = CTX // 2
     out = []
@@ -77,7 +101,7 @@ def reference(text_file, tmp, *extra):
         chunk = ids[c * CTX:(c + 1) * CTX]
         if bos is not None:
             chunk = [bos] + chunk[1:]
-        rows, V = dump_logits(chunk, tmp, *extra)
+        rows, V = dump_logits(chunk, tmp, *extra, model=model)
         for p in range(first, CTX - 1):
             out.append((ids[c * CTX + p + 1], log_softmax(rows[p])))
     return ids, out
@@ -89,15 +113,19 @@ def final_ppl(stdout):
     return float(m.group(1))
 
 
-def test_ppl_matches_independent_computation(text_file, tmp_path):
-    _, ref = reference(text_file, str(tmp_path))
+@pytest.mark.parametrize("with_bos", [False, True])
+def test_ppl_matches_independent_computation(text_file, tmp_path, bos_model, with_bos):
+    model = bos_model if with_bos else MODEL
+    ids, bos = tokens(text_file, model)
+    assert (bos is not None) == with_bos and (not with_bos or ids[0] == bos)
+    _, ref = reference(text_file, str(tmp_path), model=model)
     assert len(ref) == CHUNKS * (CTX - 1 - CTX // 2)
     nlls = [-lp[t] for t, lp in ref]
     want = math.exp(sum(nlls) / len(nlls))
     per = CTX - 1 - CTX // 2
     running = [math.exp(sum(nlls[:k * per]) / (k * per)) for k in range(1, CHUNKS + 1)]
     for batch in ("32", "7"):  # one decode call per chunk, and several
-        p = run("anna-perplexity", "--model-dir", MODEL, "--file", text_file, "--ctx", str(CTX), "--chunks",
+        p = run("anna-perplexity", "--model-dir", model, "--file", text_file, "--ctx", str(CTX), "--chunks",
                 str(CHUNKS), "--batch", batch)
         got = final_ppl(p.stdout)
         assert abs(got - want) <= 1e-4 * want + 1e-4, (batch, got, want)
