@@ -64,24 +64,28 @@ static int file_ok(const char *f) {
   return 1;
 }
 
-int hub_spec_parse(const char *spec, char *repo, size_t repo_cap, char *file, size_t file_cap, char *err,
-                   size_t errlen) {
-  if (!spec || !*spec) return anna_err(err, errlen, ANNA_EINVAL, "empty Hub model name (want ORG/NAME[:FILE])");
+int hub_spec_parse(const char *spec, char *repo, size_t repo_cap, char *file, size_t file_cap,
+                   char *err, size_t errlen) {
+  if (!spec || !*spec)
+    return anna_err(err, errlen, ANNA_EINVAL, "empty Hub model name (want ORG/NAME[:FILE])");
   const char *colon = strchr(spec, ':');
   const size_t rn = colon ? (size_t)(colon - spec) : strlen(spec);
   const char *slash = memchr(spec, '/', rn);
   if (!slash || memchr(slash + 1, '/', rn - (size_t)(slash - spec) - 1))
     return anna_err(err, errlen, ANNA_EINVAL, "Hub model '%.200s' is not ORG/NAME[:FILE]", spec);
-  if (!repo_part_ok(spec, (size_t)(slash - spec)) || !repo_part_ok(slash + 1, rn - (size_t)(slash - spec) - 1))
-    return anna_err(err, errlen, ANNA_EINVAL,
-                    "Hub repo '%.*s' has characters a repo id cannot have (letters, digits, '-', '_', '.')",
-                    (int)(rn > 200 ? 200 : rn), spec);
+  if (!repo_part_ok(spec, (size_t)(slash - spec)) ||
+      !repo_part_ok(slash + 1, rn - (size_t)(slash - spec) - 1))
+    return anna_err(
+        err, errlen, ANNA_EINVAL,
+        "Hub repo '%.*s' has characters a repo id cannot have (letters, digits, '-', '_', '.')",
+        (int)(rn > 200 ? 200 : rn), spec);
   if (rn >= repo_cap) return anna_err(err, errlen, ANNA_EINVAL, "Hub repo name too long");
   memcpy(repo, spec, rn);
   repo[rn] = 0;
   const char *f = colon ? colon + 1 : "";
   if (colon && !file_ok(f))
-    return anna_err(err, errlen, ANNA_EINVAL, "Hub file '%.200s' is not a relative path inside the repo", f);
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "Hub file '%.200s' is not a relative path inside the repo", f);
   if (strlen(f) >= file_cap) return anna_err(err, errlen, ANNA_EINVAL, "Hub file name too long");
   strcpy(file, f);
   return 0;
@@ -94,7 +98,8 @@ static const char *env(const char *k) {
 
 static int env_true(const char *k) {
   const char *v = env(k);
-  return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") || !strcasecmp(v, "on"));
+  return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
+               !strcasecmp(v, "on"));
 }
 
 /* HF_HOME as huggingface_hub computes it. */
@@ -109,7 +114,9 @@ static int hf_home(char *out, size_t cap) {
 }
 
 static int cache_root(const hub_options *o, char *out, size_t cap, char *err, size_t errlen) {
-  const char *c = o->cache_dir ? o->cache_dir : env("HF_HUB_CACHE") ? env("HF_HUB_CACHE") : env("HUGGINGFACE_HUB_CACHE");
+  const char *c = o->cache_dir          ? o->cache_dir
+                  : env("HF_HUB_CACHE") ? env("HF_HUB_CACHE")
+                                        : env("HUGGINGFACE_HUB_CACHE");
   int bad;
   if (c) {
     bad = snprintf(out, cap, "%s", c) >= (int)cap;
@@ -117,7 +124,8 @@ static int cache_root(const hub_options *o, char *out, size_t cap, char *err, si
     char home[HUB_PATH_MAX];
     bad = hf_home(home, sizeof home) || snprintf(out, cap, "%s/hub", home) >= (int)cap;
   }
-  if (bad) return anna_err(err, errlen, ANNA_EINVAL, "no Hub cache folder (set HF_HOME or HF_HUB_CACHE)");
+  if (bad)
+    return anna_err(err, errlen, ANNA_EINVAL, "no Hub cache folder (set HF_HOME or HF_HUB_CACHE)");
   return 0;
 }
 
@@ -140,7 +148,8 @@ static int read_small(const char *path, char *out, size_t cap) {
   size_t n = fread(out, 1, cap - 1, f);
   fclose(f);
   out[n] = 0;
-  while (n && isspace((unsigned char)out[n - 1])) out[--n] = 0;
+  while (n && isspace((unsigned char)out[n - 1]))
+    out[--n] = 0;
   return n ? 0 : -1;
 }
 
@@ -167,17 +176,21 @@ static int is_hex(const char *s, size_t n) {
 
 /* The snapshot entry points at the blob through a relative link, as huggingface_hub makes it:
  * snapshots/COMMIT/a/b.txt -> ../../../blobs/ETAG. */
-static int snapshot_link(const char *repo_dir, const char *commit, const char *file, const char *etag) {
+static int snapshot_link(const char *repo_dir, const char *commit, const char *file,
+                         const char *etag) {
   char dst[HUB_PATH_MAX], target[HUB_PATH_MAX];
-  if (snprintf(dst, sizeof dst, "%s/snapshots/%s/%s", repo_dir, commit, file) >= (int)sizeof dst) return -1;
+  if (snprintf(dst, sizeof dst, "%s/snapshots/%s/%s", repo_dir, commit, file) >= (int)sizeof dst)
+    return -1;
   char *slash = strrchr(dst, '/');
   *slash = 0;
   if (mkdir_p(dst)) return -1;
   *slash = '/';
   size_t up = 2;
-  for (const char *p = file; *p; p++) up += *p == '/';
+  for (const char *p = file; *p; p++)
+    up += *p == '/';
   target[0] = 0;
-  for (size_t i = 0; i < up; i++) strcat(target, "../");
+  for (size_t i = 0; i < up; i++)
+    strcat(target, "../");
   if (strlen(target) + strlen(etag) + 8 >= sizeof target) return -1;
   strcat(target, "blobs/");
   strcat(target, etag);
@@ -226,8 +239,10 @@ typedef struct hdrs {
 } hdrs;
 
 static void hdr_value(char *dst, size_t cap, const char *v, size_t n) {
-  while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' ')) n--;
-  while (n && *v == ' ') v++, n--;
+  while (n && (v[n - 1] == '\r' || v[n - 1] == '\n' || v[n - 1] == ' '))
+    n--;
+  while (n && *v == ' ')
+    v++, n--;
   if (n >= cap) n = cap - 1;
   memcpy(dst, v, n);
   dst[n] = 0;
@@ -249,12 +264,18 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *ud) {
   const char *v = c + 1;
   char tmp[32];
 #define IS(name) (kn == strlen(name) && !strncasecmp(p, name, kn))
-  if (IS("etag")) hdr_value(h->etag, sizeof h->etag, v, vn);
-  else if (IS("x-linked-etag")) hdr_value(h->linked_etag, sizeof h->linked_etag, v, vn);
-  else if (IS("x-repo-commit")) hdr_value(h->commit, sizeof h->commit, v, vn);
-  else if (IS("location")) hdr_value(h->location, sizeof h->location, v, vn);
-  else if (IS("x-error-code")) hdr_value(h->err_code, sizeof h->err_code, v, vn);
-  else if (IS("x-error-message")) hdr_value(h->err_msg, sizeof h->err_msg, v, vn);
+  if (IS("etag"))
+    hdr_value(h->etag, sizeof h->etag, v, vn);
+  else if (IS("x-linked-etag"))
+    hdr_value(h->linked_etag, sizeof h->linked_etag, v, vn);
+  else if (IS("x-repo-commit"))
+    hdr_value(h->commit, sizeof h->commit, v, vn);
+  else if (IS("location"))
+    hdr_value(h->location, sizeof h->location, v, vn);
+  else if (IS("x-error-code"))
+    hdr_value(h->err_code, sizeof h->err_code, v, vn);
+  else if (IS("x-error-message"))
+    hdr_value(h->err_msg, sizeof h->err_msg, v, vn);
   else if (IS("x-linked-size")) {
     hdr_value(tmp, sizeof tmp, v, vn);
     h->linked_size = strtoll(tmp, NULL, 10);
@@ -306,18 +327,19 @@ static CURL *easy_new(hub_ctx *hc, struct curl_slist **hl) {
   return c;
 }
 
-static int http_status_err(const char *what, const char *url, const hdrs *h, int have_token, char *err,
-                           size_t errlen) {
+static int http_status_err(const char *what, const char *url, const hdrs *h, int have_token,
+                           char *err, size_t errlen) {
   const char *msg = h->err_msg[0] ? h->err_msg : "";
   if (h->status == 401 || h->status == 403) {
     if (!have_token)
-      return anna_err(err, errlen, ANNA_EIO,
-                      "%s: HTTP %ld from %s: the repo is gated or private; set HF_TOKEN (or log in with "
-                      "`hf auth login`) %s",
-                      what, h->status, url, msg);
+      return anna_err(
+          err, errlen, ANNA_EIO,
+          "%s: HTTP %ld from %s: the repo is gated or private; set HF_TOKEN (or log in with "
+          "`hf auth login`) %s",
+          what, h->status, url, msg);
     return anna_err(err, errlen, ANNA_EIO,
-                    "%s: HTTP %ld from %s: the token was refused (no access to this repo?) %s", what, h->status,
-                    url, msg);
+                    "%s: HTTP %ld from %s: the token was refused (no access to this repo?) %s",
+                    what, h->status, url, msg);
   }
   if (h->status == 404)
     return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: not found (HTTP 404%s%s) at %s %s", what,
@@ -348,7 +370,8 @@ static size_t on_mem(char *p, size_t sz, size_t nm, void *ud) {
 }
 
 /* GET url into *out (caller frees). */
-static int http_get_mem(hub_ctx *hc, const char *what, const char *url, membuf *out, char *err, size_t errlen) {
+static int http_get_mem(hub_ctx *hc, const char *what, const char *url, membuf *out, char *err,
+                        size_t errlen) {
   struct curl_slist *hl;
   CURL *c = easy_new(hc, &hl);
   if (!c) return anna_err(err, errlen, ANNA_ENOMEM, "curl_easy_init failed");
@@ -380,7 +403,8 @@ static int http_get_mem(hub_ctx *hc, const char *what, const char *url, membuf *
 
 /* HEAD of a resolve URL without following the CDN redirect: the Hub puts the commit, the
  * linked ETag (sha256 of an LFS file) and its size on the redirect itself. */
-static int http_head(hub_ctx *hc, const char *what, const char *url0, hdrs *h, char *err, size_t errlen) {
+static int http_head(hub_ctx *hc, const char *what, const char *url0, hdrs *h, char *err,
+                     size_t errlen) {
   char url[4096];
   snprintf(url, sizeof url, "%s", url0);
   for (int hop = 0; hop < 5; hop++) {
@@ -399,7 +423,8 @@ static int http_head(hub_ctx *hc, const char *what, const char *url0, hdrs *h, c
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &h->status);
     curl_easy_cleanup(c);
     curl_slist_free_all(hl);
-    if (cr != CURLE_OK) return anna_err(err, errlen, ANNA_EIO, "%s: %s (%s)", what, curl_easy_strerror(cr), url);
+    if (cr != CURLE_OK)
+      return anna_err(err, errlen, ANNA_EIO, "%s: %s (%s)", what, curl_easy_strerror(cr), url);
     /* Relative redirects (a renamed repo, the Hub's resolve cache) lead to the real answer, as
      * huggingface_hub follows them; an absolute one is the CDN and carries the metadata. */
     if (h->status >= 300 && h->status < 400 && h->location[0] == '/') {
@@ -445,7 +470,8 @@ static size_t on_file(char *p, size_t sz, size_t nm, void *ud) {
   return fwrite(p, 1, k, d->f) == k ? k : 0;
 }
 
-static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal, curl_off_t ulnow) {
+static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_t ultotal,
+                       curl_off_t ulnow) {
   dl *d = ud;
   if (!d->bar) return 0;
   const double t = now_s();
@@ -462,8 +488,8 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
   memset(bar + fill, '.', (size_t)(30 - fill));
   bar[30] = 0;
   const double rate = t > d->t0 ? (double)dlnow / (t - d->t0) : 0;
-  fprintf(stderr, "\r%-32.32s [%s] %3d%% %8.1f/%.1f MB %6.1f MB/s", d->name, bar, (int)(frac * 100), have / 1e6,
-          tot / 1e6, rate / 1e6);
+  fprintf(stderr, "\r%-32.32s [%s] %3d%% %8.1f/%.1f MB %6.1f MB/s", d->name, bar, (int)(frac * 100),
+          have / 1e6, tot / 1e6, rate / 1e6);
   return 0;
 }
 
@@ -489,12 +515,14 @@ static int file_digest(const char *path, int git_sha1, char *hex, char *err, siz
   size_t n;
   int rc = 0;
   if (!buf) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  while (!rc && (n = fread(buf, 1, BUF, f)) > 0) EVP_DigestUpdate(m, buf, n);
+  while (!rc && (n = fread(buf, 1, BUF, f)) > 0)
+    EVP_DigestUpdate(m, buf, n);
   if (!rc && ferror(f)) rc = anna_err(err, errlen, ANNA_EIO, "read error on %s", path);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned mdn = 0;
   EVP_DigestFinal_ex(m, md, &mdn);
-  for (unsigned i = 0; i < mdn; i++) sprintf(hex + 2 * i, "%02x", md[i]);
+  for (unsigned i = 0; i < mdn; i++)
+    sprintf(hex + 2 * i, "%02x", md[i]);
   hex[2 * mdn] = 0;
   free(buf);
   EVP_MD_CTX_free(m);
@@ -504,8 +532,8 @@ static int file_digest(const char *path, int git_sha1, char *hex, char *err, siz
 
 /* Downloads url into blob_path (through blob_path.incomplete, resumed when present), checks
  * size and digest against etag, and renames into place. */
-static int blob_download(hub_ctx *hc, const char *name, const char *url, const char *blob_path, const char *etag,
-                         long long size, char *err, size_t errlen) {
+static int blob_download(hub_ctx *hc, const char *name, const char *url, const char *blob_path,
+                         const char *etag, long long size, char *err, size_t errlen) {
   char part[HUB_PATH_MAX + 16];
   snprintf(part, sizeof part, "%s.incomplete", blob_path);
   const int retries = hc->o->retries >= 0 ? hc->o->retries : 3;
@@ -575,7 +603,8 @@ static int blob_download(hub_ctx *hc, const char *name, const char *url, const c
         sleep((unsigned)(attempt < 3 ? 1 << attempt : 8));
         continue;
       }
-      return anna_err(err, errlen, ANNA_EIO, "%s: %s (%s); the partial file %s resumes on the next run", name,
+      return anna_err(err, errlen, ANNA_EIO,
+                      "%s: %s (%s); the partial file %s resumes on the next run", name,
                       curl_easy_strerror(cr), url, part);
     }
     break;
@@ -584,7 +613,8 @@ static int blob_download(hub_ctx *hc, const char *name, const char *url, const c
   if (stat(part, &st)) return anna_err(err, errlen, ANNA_EIO, "%s vanished", part);
   if (size >= 0 && (long long)st.st_size != size) {
     unlink(part);
-    return anna_err(err, errlen, ANNA_EFORMAT, "%s: got %lld bytes, the Hub says %lld; removed, try again", name,
+    return anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: got %lld bytes, the Hub says %lld; removed, try again", name,
                     (long long)st.st_size, size);
   }
   const int sha256 = is_hex(etag, 64), sha1 = is_hex(etag, 40);
@@ -598,7 +628,8 @@ static int blob_download(hub_ctx *hc, const char *name, const char *url, const c
                       sha1 ? "git-sha1" : "sha256", hex, etag);
     }
   }
-  if (rename(part, blob_path)) return anna_err(err, errlen, ANNA_EIO, "cannot rename %s: %s", part, strerror(errno));
+  if (rename(part, blob_path))
+    return anna_err(err, errlen, ANNA_EIO, "cannot rename %s: %s", part, strerror(errno));
   return 0;
 }
 
@@ -622,10 +653,11 @@ static int url_path(const char *s, char *out, size_t cap) {
 
 /* Brings one file of the repo at commit (or rev when commit is "") into the cache; *commit_out
  * gets the commit the Hub served it from. */
-static int file_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const char *rev, const char *file,
-                      char *commit_out, char *err, size_t errlen) {
+static int file_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const char *rev,
+                      const char *file, char *commit_out, char *err, size_t errlen) {
   char fe[2048], url[4096], what[1200];
-  if (url_path(file, fe, sizeof fe)) return anna_err(err, errlen, ANNA_EINVAL, "file name too long");
+  if (url_path(file, fe, sizeof fe))
+    return anna_err(err, errlen, ANNA_EINVAL, "file name too long");
   snprintf(url, sizeof url, "%s/%s/resolve/%s/%s", hc->endpoint, repo, rev, fe);
   snprintf(what, sizeof what, "%s:%s@%s", repo, file, rev);
   hdrs h;
@@ -635,11 +667,13 @@ static int file_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const
   snprintf(etag, sizeof etag, "%s", h.linked_etag[0] ? h.linked_etag : h.etag);
   etag_norm(etag);
   if (!h.commit[0] || !etag[0] || strchr(etag, '/') || !strcmp(etag, "..") || !strcmp(etag, "."))
-    return anna_err(err, errlen, ANNA_EFORMAT,
-                    "%s: the server sent no X-Repo-Commit / ETag (is %s a Hugging Face Hub endpoint?)", what,
-                    hc->endpoint);
+    return anna_err(
+        err, errlen, ANNA_EFORMAT,
+        "%s: the server sent no X-Repo-Commit / ETag (is %s a Hugging Face Hub endpoint?)", what,
+        hc->endpoint);
   if (!is_hex(h.commit, 40)) /* it names a snapshot folder: nothing but a git commit id */
-    return anna_err(err, errlen, ANNA_EFORMAT, "%s: X-Repo-Commit '%.60s' is not a commit id", what, h.commit);
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: X-Repo-Commit '%.60s' is not a commit id", what,
+                    h.commit);
   snprintf(commit_out, 64, "%s", h.commit);
   const long long size = h.linked_size >= 0 ? h.linked_size : h.content_length;
   char blobs[HUB_PATH_MAX], blob[HUB_PATH_MAX], lockdir[HUB_PATH_MAX], lock[HUB_PATH_MAX];
@@ -667,7 +701,8 @@ static int file_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const
     rc = blob_download(hc, file, curl_url, blob, etag, size, err, errlen);
   }
   if (!rc && snapshot_link(repo_dir, h.commit, file, etag))
-    rc = anna_err(err, errlen, ANNA_EIO, "cannot link %s into snapshots/%s: %s", file, h.commit, strerror(errno));
+    rc = anna_err(err, errlen, ANNA_EIO, "cannot link %s into snapshots/%s: %s", file, h.commit,
+                  strerror(errno));
   flock(lfd, LOCK_UN);
   close(lfd);
   return rc;
@@ -683,8 +718,8 @@ static int folder_wants(const char *f) {
          !strcmp(f, "merges.txt") || !strcmp(f, "vocab.txt") || !strcmp(f, "tokenizer.model");
 }
 
-static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const char *rev, char *commit_out,
-                        char *err, size_t errlen) {
+static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const char *rev,
+                        char *commit_out, char *err, size_t errlen) {
   char url[4096], what[512];
   snprintf(url, sizeof url, "%s/api/models/%s/revision/%s", hc->endpoint, repo, rev);
   snprintf(what, sizeof what, "%s@%s (file list)", repo, rev);
@@ -698,7 +733,8 @@ static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, con
   json_t *sib = root ? json_object_get(root, "siblings") : NULL;
   if (!sha || !is_hex(sha, 40) || !json_is_array(sib)) {
     json_decref(root);
-    return anna_err(err, errlen, ANNA_EFORMAT, "%s: the listing from %s has no commit sha / siblings", what, url);
+    return anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: the listing from %s has no commit sha / siblings", what, url);
   }
   snprintf(commit_out, 64, "%s", sha);
   size_t i, nwant = 0, nsafe = 0, ngguf = 0;
@@ -718,7 +754,8 @@ static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, con
   }
   if (!nsafe && ngguf) {
     json_decref(root);
-    return anna_err(err, errlen, ANNA_EINVAL, "%s holds GGUF files, not a safetensors folder: name one as %s:FILE (%s%s)",
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "%s holds GGUF files, not a safetensors folder: name one as %s:FILE (%s%s)",
                     repo, repo, ggufs, ngguf > 4 ? ", ..." : "");
   }
   json_array_foreach(sib, i, s) {
@@ -729,17 +766,22 @@ static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, con
     if ((rc = file_fetch(hc, repo, repo_dir, sha, f, got, err, errlen))) break;
   }
   json_decref(root);
-  if (!rc && !nwant) rc = anna_err(err, errlen, ANNA_ENOTFOUND, "%s@%s has no model files (config.json, *.safetensors)", repo, rev);
+  if (!rc && !nwant)
+    rc = anna_err(err, errlen, ANNA_ENOTFOUND,
+                  "%s@%s has no model files (config.json, *.safetensors)", repo, rev);
   return rc;
 }
 
 static void ctx_init(hub_ctx *hc, const hub_options *o) {
   memset(hc, 0, sizeof *hc);
   hc->o = o;
-  const char *ep = o->endpoint ? o->endpoint : env("HF_ENDPOINT") ? env("HF_ENDPOINT") : "https://huggingface.co";
+  const char *ep = o->endpoint          ? o->endpoint
+                   : env("HF_ENDPOINT") ? env("HF_ENDPOINT")
+                                        : "https://huggingface.co";
   snprintf(hc->endpoint, sizeof hc->endpoint, "%s", ep);
   size_t n = strlen(hc->endpoint);
-  while (n && hc->endpoint[n - 1] == '/') hc->endpoint[--n] = 0;
+  while (n && hc->endpoint[n - 1] == '/')
+    hc->endpoint[--n] = 0;
   token_find(o, hc->token, sizeof hc->token);
   if (hc->token[0]) snprintf(hc->auth, sizeof hc->auth, "Authorization: Bearer %s", hc->token);
 }
@@ -747,7 +789,8 @@ static void ctx_init(hub_ctx *hc, const hub_options *o) {
 
 /* ---- offline lookup and the entry point -------------------------------------------------- */
 
-static int cached_path(const char *repo_dir, const char *rev, const char *file, char *out, size_t cap) {
+static int cached_path(const char *repo_dir, const char *rev, const char *file, char *out,
+                       size_t cap) {
   char commit[128], p[HUB_PATH_MAX];
   if (is_hex(rev, 40)) {
     snprintf(commit, sizeof commit, "%s", rev);
@@ -755,7 +798,8 @@ static int cached_path(const char *repo_dir, const char *rev, const char *file, 
     if (pathf(p, sizeof p, "%s/refs/%s", repo_dir, rev)) return -1;
     if (read_small(p, commit, sizeof commit) || strchr(commit, '/')) return -1;
   }
-  if (snprintf(p, sizeof p, "%s/snapshots/%s%s%s", repo_dir, commit, *file ? "/" : "", file) >= (int)sizeof p)
+  if (snprintf(p, sizeof p, "%s/snapshots/%s%s%s", repo_dir, commit, *file ? "/" : "", file) >=
+      (int)sizeof p)
     return -1;
   struct stat st;
   if (stat(p, &st)) return -1;
@@ -789,8 +833,9 @@ int hub_fetch(const char *spec, const hub_options *opt, char **path_out, char *e
   const int offline = o->offline >= 0 ? o->offline : env_true("HF_HUB_OFFLINE");
   if (offline) {
     if (cached_path(repo_dir, rev, file, path, sizeof path))
-      return anna_err(err, errlen, ANNA_ENOTFOUND, "%s%s%s@%s is not in the Hub cache %s (HF_HUB_OFFLINE is set)",
-                      repo, *file ? ":" : "", file, rev, root);
+      return anna_err(err, errlen, ANNA_ENOTFOUND,
+                      "%s%s%s@%s is not in the Hub cache %s (HF_HUB_OFFLINE is set)", repo,
+                      *file ? ":" : "", file, rev, root);
   } else {
 #ifdef ANNA_HAVE_CURL
     hub_ctx hc;
@@ -803,7 +848,8 @@ int hub_fetch(const char *spec, const hub_options *opt, char **path_out, char *e
     if (pathf(refs, sizeof refs, "%s/refs", repo_dir))
       return anna_err(err, errlen, ANNA_EINVAL, "cache path too long");
     if (strcmp(rev, commit)) {
-      if (pathf(ref, sizeof ref, "%s/%s", refs, rev)) return anna_err(err, errlen, ANNA_EINVAL, "cache path too long");
+      if (pathf(ref, sizeof ref, "%s/%s", refs, rev))
+        return anna_err(err, errlen, ANNA_EINVAL, "cache path too long");
       char *sl = strrchr(ref, '/');
       *sl = 0;
       int bad = mkdir_p(ref);
@@ -811,8 +857,8 @@ int hub_fetch(const char *spec, const hub_options *opt, char **path_out, char *e
       if (bad || write_small(ref, commit))
         return anna_err(err, errlen, ANNA_EIO, "cannot write %s: %s", ref, strerror(errno));
     }
-    if (snprintf(path, sizeof path, "%s/snapshots/%s%s%s", repo_dir, commit, *file ? "/" : "", file) >=
-        (int)sizeof path)
+    if (snprintf(path, sizeof path, "%s/snapshots/%s%s%s", repo_dir, commit, *file ? "/" : "",
+                 file) >= (int)sizeof path)
       return anna_err(err, errlen, ANNA_EINVAL, "cache path too long");
 #else
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,

@@ -40,8 +40,8 @@ typedef struct hub_options {
 /* Splits "ORG/NAME[:FILE]" into repo (ORG/NAME) and file ("" for a folder), both
  * NUL-terminated into caller buffers. ANNA_EINVAL naming what is wrong (no '/', empty parts,
  * '..' or a leading '/' in FILE, characters the Hub does not allow in a repo id). */
-int hub_spec_parse(const char *spec, char *repo, size_t repo_cap, char *file, size_t file_cap, char *err,
-                   size_t errlen);
+int hub_spec_parse(const char *spec, char *repo, size_t repo_cap, char *file, size_t file_cap,
+                   char *err, size_t errlen);
 
 /* Resolves spec (ORG/NAME[:FILE]) to a local path, downloading what the cache lacks:
  * the snapshot folder for ORG/NAME, the snapshot file for ORG/NAME:FILE. *path_out is
