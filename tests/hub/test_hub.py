@@ -38,6 +38,7 @@ def cache(env):
 def pull(env, *args, ok=True):
     p = subprocess.run([os.path.join(BIN, "anna-pull"), "--no-progress", *args], env=env, capture_output=True,
                        text=True, timeout=120)
+    assert "Sanitizer" not in p.stderr, p.stderr  # an ASan build: failures must be clean too
     if ok:
         assert p.returncode == 0, p.stderr
         return p.stdout.strip().splitlines()[-1]
@@ -194,8 +195,10 @@ def test_huggingface_hub_shares_the_cache(hub, env, monkeypatch):
 
 
 def run_cli(args, env):
-    return subprocess.run([os.path.join(BIN, args[0]), *args[1:]], env=env, capture_output=True, text=True,
-                          timeout=300)
+    p = subprocess.run([os.path.join(BIN, args[0]), *args[1:]], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert "Sanitizer" not in p.stderr, p.stderr
+    return p
 
 
 def test_hf_repo_flag_loads_the_model(env):

@@ -47,6 +47,7 @@ def bos_model(tmp_path_factory):
 
 def run(*args, ok=True):
     p = subprocess.run([os.path.join(BIN, args[0]), *args[1:]], capture_output=True, text=True, timeout=300)
+    assert "Sanitizer" not in p.stderr, p.stderr  # an ASan build: failures must be clean too
     if ok:
         assert p.returncode == 0, p.stderr
     else:
