@@ -8,6 +8,8 @@ static int usage(void) {
           "usage: anna-pull [options] ORG/NAME[:FILE]\n"
           "  ORG/NAME             a folder model: config.json, *.safetensors, tokenizer and template files\n"
           "  ORG/NAME:FILE        one file of the repo (a GGUF: Qwen/Qwen2.5-0.5B-Instruct-GGUF:qwen2.5-0.5b-instruct-q8_0.gguf)\n"
+          "  ORG/NAME:TAG         the GGUF of a quantization (Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q8_0); a GGUF\n"
+          "                       repo named alone gives its Q4_K_M file, as llama.cpp's -hf\n"
           "  --revision REV       branch, tag or commit (default main)\n"
           "  --cache-dir DIR      the Hub cache (default HF_HUB_CACHE, HF_HOME/hub, ~/.cache/huggingface/hub)\n"
           "  --endpoint URL       the Hub (default HF_ENDPOINT or https://huggingface.co)\n"

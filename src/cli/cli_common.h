@@ -91,7 +91,7 @@ static inline long cli_ids(const char *flag, const char *v, int32_t **out) {
   return n;
 }
 
-/* --hf-repo ORG/NAME[:FILE] (spec; NULL: the flag was not given): resolves the name through the
+/* --hf-repo ORG/NAME[:FILE|:TAG] (spec; NULL: the flag was not given): resolves it through the
  * Hugging Face Hub cache, downloading what it lacks (src/hub/hub.h: HF_ENDPOINT, HF_TOKEN,
  * HF_HOME, HF_HUB_OFFLINE), and sets *model to the local folder or file (valid until exit: the
  * path is freed by an atexit handler, so a tool needs no cleanup for it). --hf-repo together

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <dirent.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -203,6 +204,29 @@ static int snapshot_link(const char *repo_dir, const char *commit, const char *f
   unlink(dst);
   return symlink(target, dst);
 }
+
+/* A GGUF file of a quantization tag, as llama.cpp's -hf ORG/NAME:TAG picks one: a *.gguf whose
+ * name holds TAG (any case) as a whole field ("x-Q4_K_M.gguf" for Q4_K_M, not for Q4_K), not a
+ * vision projector (mmproj*). */
+static int gguf_match(const char *path, const char *tag) {
+  const size_t n = strlen(path), tn = strlen(tag);
+  if (n < 5 || strcmp(path + n - 5, ".gguf") || !tn) return 0;
+  const char *base = strrchr(path, '/');
+  base = base ? base + 1 : path;
+  if (!strncasecmp(base, "mmproj", 6)) return 0;
+  for (const char *p = base; (p = strcasestr(p, tag)) != NULL; p++) {
+    const char before = p == base ? '-' : p[-1], after = p[tn];
+    if (strchr("-._", before) && (after == '-' || after == '.')) return 1;
+  }
+  return 0;
+}
+
+/* A spec's FILE part is a tag (Q4_K_M) rather than a file name when it has no '.' or '/'. */
+static int is_tag(const char *file) {
+  return *file && !strchr(file, '.') && !strchr(file, '/');
+}
+
+#define HUB_DEFAULT_TAG "Q4_K_M" /* llama.cpp's -hf default for a GGUF repo named alone */
 
 /* ---- token ------------------------------------------------------------------------------- */
 
@@ -718,8 +742,9 @@ static int folder_wants(const char *f) {
          !strcmp(f, "merges.txt") || !strcmp(f, "vocab.txt") || !strcmp(f, "tokenizer.model");
 }
 
-static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const char *rev,
-                        char *commit_out, char *err, size_t errlen) {
+/* The repo's commit at rev and its file list (*root: caller json_decref's). */
+static int listing_get(hub_ctx *hc, const char *repo, const char *rev, json_t **root,
+                       const char **sha, json_t **sib, char *err, size_t errlen) {
   char url[4096], what[512];
   snprintf(url, sizeof url, "%s/api/models/%s/revision/%s", hc->endpoint, repo, rev);
   snprintf(what, sizeof what, "%s@%s (file list)", repo, rev);
@@ -727,36 +752,85 @@ static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, con
   int rc = http_get_mem(hc, what, url, &m, err, errlen);
   if (rc) return rc;
   json_error_t je;
-  json_t *root = json_loadb(m.p, m.n, 0, &je);
+  *root = json_loadb(m.p, m.n, 0, &je);
   free(m.p);
-  const char *sha = root ? json_string_value(json_object_get(root, "sha")) : NULL;
-  json_t *sib = root ? json_object_get(root, "siblings") : NULL;
-  if (!sha || !is_hex(sha, 40) || !json_is_array(sib)) {
-    json_decref(root);
+  *sha = *root ? json_string_value(json_object_get(*root, "sha")) : NULL;
+  *sib = *root ? json_object_get(*root, "siblings") : NULL;
+  if (!*sha || !is_hex(*sha, 40) || !json_is_array(*sib)) {
+    json_decref(*root);
+    *root = NULL;
     return anna_err(err, errlen, ANNA_EFORMAT,
                     "%s: the listing from %s has no commit sha / siblings", what, url);
   }
+  return 0;
+}
+
+/* The one GGUF of sib matching tag into out; an error naming the GGUF files otherwise. */
+static int gguf_pick(const char *repo, json_t *sib, const char *tag, char *out, size_t cap,
+                     char *err, size_t errlen) {
+  size_t i, nmatch = 0, ngguf = 0;
+  json_t *s;
+  char all[600] = "";
+  out[0] = 0;
+  json_array_foreach(sib, i, s) {
+    const char *f = json_string_value(json_object_get(s, "rfilename"));
+    if (!f || !file_ok(f)) continue;
+    const size_t n = strlen(f);
+    if (n < 5 || strcmp(f + n - 5, ".gguf")) continue;
+    if (ngguf++ < 8 && strlen(all) + n + 3 < sizeof all) {
+      if (all[0]) strcat(all, ", ");
+      strcat(all, f);
+    }
+    if (gguf_match(f, tag) && nmatch++ == 0 && n < cap) strcpy(out, f);
+  }
+  if (nmatch == 1 && out[0]) return 0;
+  if (nmatch > 1)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "%s: %zu GGUF files match '%s' (split GGUF files are not supported; name one "
+                    "as %s:FILE): %s%s",
+                    repo, nmatch, tag, repo, all, ngguf > 8 ? ", ..." : "");
+  return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: no GGUF file for '%s'%s%s%s", repo, tag,
+                  ngguf ? " (name one as ORG/NAME:FILE or a tag; it has: " : "", all,
+                  ngguf ? (ngguf > 8 ? ", ...)" : ")") : "");
+}
+
+/* ORG/NAME:TAG: the GGUF of that quantization; *picked gets its file name. */
+static int tag_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const char *rev,
+                     const char *tag, char *picked, size_t cap, char *commit_out, char *err,
+                     size_t errlen) {
+  json_t *root, *sib;
+  const char *sha;
+  int rc = listing_get(hc, repo, rev, &root, &sha, &sib, err, errlen);
+  if (rc) return rc;
+  if (!(rc = gguf_pick(repo, sib, tag, picked, cap, err, errlen)))
+    rc = file_fetch(hc, repo, repo_dir, sha, picked, commit_out, err, errlen);
+  json_decref(root);
+  return rc;
+}
+
+/* ORG/NAME: the files a model folder needs. A repo of GGUF files only gives its Q4_K_M file
+ * instead (as llama.cpp's -hf does), *picked its name. */
+static int folder_fetch(hub_ctx *hc, const char *repo, const char *repo_dir, const char *rev,
+                        char *picked, size_t cap, char *commit_out, char *err, size_t errlen) {
+  json_t *root, *sib;
+  const char *sha;
+  int rc = listing_get(hc, repo, rev, &root, &sha, &sib, err, errlen);
+  if (rc) return rc;
   snprintf(commit_out, 64, "%s", sha);
   size_t i, nwant = 0, nsafe = 0, ngguf = 0;
   json_t *s;
-  char ggufs[512] = "";
   json_array_foreach(sib, i, s) {
     const char *f = json_string_value(json_object_get(s, "rfilename"));
     if (!f) continue;
     size_t n = strlen(f);
     if (n > 12 && !strcmp(f + n - 12, ".safetensors")) nsafe++;
-    if (n > 5 && !strcmp(f + n - 5, ".gguf")) {
-      if (ngguf++ < 4 && strlen(ggufs) + n + 3 < sizeof ggufs) {
-        if (ggufs[0]) strcat(ggufs, ", ");
-        strcat(ggufs, f);
-      }
-    }
+    if (n > 5 && !strcmp(f + n - 5, ".gguf")) ngguf++;
   }
   if (!nsafe && ngguf) {
+    if (!(rc = gguf_pick(repo, sib, HUB_DEFAULT_TAG, picked, cap, err, errlen)))
+      rc = file_fetch(hc, repo, repo_dir, sha, picked, commit_out, err, errlen);
     json_decref(root);
-    return anna_err(err, errlen, ANNA_EINVAL,
-                    "%s holds GGUF files, not a safetensors folder: name one as %s:FILE (%s%s)",
-                    repo, repo, ggufs, ngguf > 4 ? ", ..." : "");
+    return rc;
   }
   json_array_foreach(sib, i, s) {
     const char *f = json_string_value(json_object_get(s, "rfilename"));
@@ -789,6 +863,9 @@ static void ctx_init(hub_ctx *hc, const hub_options *o) {
 
 /* ---- offline lookup and the entry point -------------------------------------------------- */
 
+/* Offline: the cached path of file (a name, a tag, or "" for the folder) at rev. A tag, or a
+ * folder without config.json (a GGUF repo named alone, HUB_DEFAULT_TAG), is looked for among
+ * the snapshot's GGUF files: exactly one must match. */
 static int cached_path(const char *repo_dir, const char *rev, const char *file, char *out,
                        size_t cap) {
   char commit[128], p[HUB_PATH_MAX];
@@ -798,15 +875,30 @@ static int cached_path(const char *repo_dir, const char *rev, const char *file, 
     if (pathf(p, sizeof p, "%s/refs/%s", repo_dir, rev)) return -1;
     if (read_small(p, commit, sizeof commit) || strchr(commit, '/')) return -1;
   }
-  if (snprintf(p, sizeof p, "%s/snapshots/%s%s%s", repo_dir, commit, *file ? "/" : "", file) >=
-      (int)sizeof p)
+  const int tag = is_tag(file);
+  if (pathf(p, sizeof p, "%s/snapshots/%s%s%s", repo_dir, commit, *file && !tag ? "/" : "",
+            tag ? "" : file))
     return -1;
   struct stat st;
   if (stat(p, &st)) return -1;
-  if (!*file) { /* a folder counts when it holds a config */
-    char q[HUB_PATH_MAX + 16];
-    snprintf(q, sizeof q, "%s/config.json", p);
-    if (stat(q, &st)) return -1;
+  char q[HUB_PATH_MAX + 16];
+  if (!*file && pathf(q, sizeof q, "%s/config.json", p) == 0 && stat(q, &st) == 0) {
+    /* a folder counts when it holds a config */
+  } else if (tag || !*file) {
+    DIR *d = opendir(p);
+    if (!d) return -1;
+    const char *want = tag ? file : HUB_DEFAULT_TAG;
+    int nmatch = 0;
+    struct dirent *e;
+    char hit[1024] = "";
+    while ((e = readdir(d)) != NULL)
+      if (gguf_match(e->d_name, want) && nmatch++ == 0) snprintf(hit, sizeof hit, "%s", e->d_name);
+    closedir(d);
+    if (nmatch != 1) return -1;
+    size_t n = strlen(p);
+    if (n + 1 + strlen(hit) >= sizeof p) return -1;
+    p[n] = '/';
+    strcpy(p + n + 1, hit);
   }
   if (strlen(p) >= cap) return -1;
   strcpy(out, p);
@@ -840,10 +932,15 @@ int hub_fetch(const char *spec, const hub_options *opt, char **path_out, char *e
 #ifdef ANNA_HAVE_CURL
     hub_ctx hc;
     ctx_init(&hc, o);
-    char commit[64] = "";
-    rc = *file ? file_fetch(&hc, repo, repo_dir, rev, file, commit, err, errlen)
-               : folder_fetch(&hc, repo, repo_dir, rev, commit, err, errlen);
+    char commit[64] = "", picked[1024] = "";
+    if (is_tag(file))
+      rc = tag_fetch(&hc, repo, repo_dir, rev, file, picked, sizeof picked, commit, err, errlen);
+    else if (*file)
+      rc = file_fetch(&hc, repo, repo_dir, rev, file, commit, err, errlen);
+    else
+      rc = folder_fetch(&hc, repo, repo_dir, rev, picked, sizeof picked, commit, err, errlen);
     if (rc) return rc;
+    const char *got = picked[0] ? picked : file;
     char refs[HUB_PATH_MAX], ref[HUB_PATH_MAX + 256];
     if (pathf(refs, sizeof refs, "%s/refs", repo_dir))
       return anna_err(err, errlen, ANNA_EINVAL, "cache path too long");
@@ -857,8 +954,7 @@ int hub_fetch(const char *spec, const hub_options *opt, char **path_out, char *e
       if (bad || write_small(ref, commit))
         return anna_err(err, errlen, ANNA_EIO, "cannot write %s: %s", ref, strerror(errno));
     }
-    if (snprintf(path, sizeof path, "%s/snapshots/%s%s%s", repo_dir, commit, *file ? "/" : "",
-                 file) >= (int)sizeof path)
+    if (pathf(path, sizeof path, "%s/snapshots/%s%s%s", repo_dir, commit, *got ? "/" : "", got))
       return anna_err(err, errlen, ANNA_EINVAL, "cache path too long");
 #else
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,

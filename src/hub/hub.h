@@ -1,8 +1,10 @@
 /* hub.h: models from the Hugging Face Hub, downloaded into huggingface_hub's own cache.
  *
  * A model is named as ORG/NAME (a folder of weights: config.json, *.safetensors, tokenizer
- * and template files) or ORG/NAME:FILE (one file, typically a GGUF). hub_fetch resolves the
- * name to a local path, downloading what is missing:
+ * and template files), ORG/NAME:FILE (one file, typically a GGUF) or ORG/NAME:TAG (TAG has no
+ * '.': the one GGUF file whose name holds the quantization TAG as a whole field, any case, as
+ * llama.cpp's -hf picks it; a repo of GGUF files named alone means TAG Q4_K_M). hub_fetch
+ * resolves the name to a local path, downloading what is missing:
  *   GET  {endpoint}/api/models/ORG/NAME/revision/REV    the commit and the file list (folders)
  *   HEAD {endpoint}/ORG/NAME/resolve/COMMIT/FILE       the file's ETag (sha256 for LFS files,
  *                                                      the git blob sha1 for others) and size
@@ -43,8 +45,8 @@ typedef struct hub_options {
 int hub_spec_parse(const char *spec, char *repo, size_t repo_cap, char *file, size_t file_cap,
                    char *err, size_t errlen);
 
-/* Resolves spec (ORG/NAME[:FILE]) to a local path, downloading what the cache lacks:
- * the snapshot folder for ORG/NAME, the snapshot file for ORG/NAME:FILE. *path_out is
+/* Resolves spec (ORG/NAME[:FILE|:TAG]) to a local path, downloading what the cache lacks:
+ * the snapshot folder for ORG/NAME, the snapshot file for ORG/NAME:FILE or :TAG. *path_out is
  * malloc'd (caller frees). opt may be NULL (all defaults). Errors: ANNA_EINVAL (spec),
  * ANNA_ENOTFOUND (no such repo / file / revision on the Hub, or not in the cache offline),
  * ANNA_EIO (network, an HTTP status such as 401 for a gated repo without a token, the file

@@ -236,6 +236,10 @@ def fixture_hub(fixtures):
                                           "README.md": b"# gguf\n"}, "2" * 40))
     real = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "gguf", "qwen2.gguf")
     hub.add(Repo("anna-test/qwen2-gguf", {"qwen2.gguf": open(real, "rb").read()}, "7" * 40))
+    hub.add(Repo("anna-test/multi-gguf", {"Multi-0.5B-Q4_K_M.gguf": rnd(40000, "m1"), "Multi-0.5B-Q4_K.gguf": rnd(40000, "m2"),
+                                           "Multi-0.5B-Q8_0.gguf": rnd(40000, "m3"), "mmproj-Multi-Q8_0.gguf": rnd(100, "m4"),
+                                           "split/Multi-F16-00001-of-00002.gguf": rnd(100, "m5"),
+                                           "split/Multi-F16-00002-of-00002.gguf": rnd(100, "m6")}, "8" * 40))
     hub.add(Repo("anna-test/gated", {"config.json": b'{"gated": true}\n', "weights.gguf": rnd(200000, "g")},
                  "3" * 40, gated=True))
     hub.add(Repo("anna-test/corrupt", {"model.gguf": rnd(500000, "c")}, "4" * 40, corrupt=True))

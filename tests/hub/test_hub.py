@@ -84,7 +84,27 @@ def test_folder(hub, env):
 
 def test_gguf_repo_without_file_names_the_files(env):
     err = pull(env, "anna-test/tiny-gguf", ok=False)
-    assert "anna-test/tiny-gguf:FILE" in err and "tiny-q8_0.gguf" in err
+    assert "no GGUF file for 'Q4_K_M'" in err and "tiny-q8_0.gguf" in err and "tiny-q4_0.gguf" in err
+
+
+def test_quant_tags(hub, env):
+    """ORG/NAME:TAG picks the GGUF of that quantization (llama.cpp's -hf), ORG/NAME alone the
+    Q4_K_M one; whole fields only, never the vision projector, offline from the snapshot."""
+    files = hub.repos["anna-test/multi-gguf"].files
+    for tag, want in (("q8_0", "Multi-0.5B-Q8_0.gguf"), ("Q4_K_M", "Multi-0.5B-Q4_K_M.gguf"),
+                      ("Q4_K", "Multi-0.5B-Q4_K.gguf")):
+        path = pull(env, "anna-test/multi-gguf:" + tag)
+        assert path.endswith("/" + want) and open(path, "rb").read() == files[want], tag
+    assert pull(env, "anna-test/multi-gguf").endswith("/Multi-0.5B-Q4_K_M.gguf")
+    assert "2 GGUF files match 'F16'" in pull(env, "anna-test/multi-gguf:F16", ok=False)
+    err = pull(env, "anna-test/multi-gguf:Q5_K_M", ok=False)
+    assert "no GGUF file for 'Q5_K_M'" in err and "Multi-0.5B-Q8_0.gguf" in err
+    n = len(hub.log)
+    off = dict(env, HF_HUB_OFFLINE="1")
+    assert pull(off, "anna-test/multi-gguf:Q8_0").endswith("/Multi-0.5B-Q8_0.gguf")
+    assert pull(off, "anna-test/multi-gguf").endswith("/Multi-0.5B-Q4_K_M.gguf")
+    assert len(hub.log) == n
+    assert not hub.requests(lambda r: "mmproj" in r["path"])
 
 
 def test_offline(hub, env):
