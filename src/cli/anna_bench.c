@@ -21,8 +21,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-bench --model-dir DIR|--model FILE.gguf [prompt] [options]\n"
-          "  --hf-repo ORG/NAME[:FILE]  the model from the Hugging Face Hub (downloaded into the\n"
-          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE)\n"
+          "  --hf-repo ORG/NAME[:FILE|:TAG]  a Hugging Face Hub model (downloaded into the\n"
+          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN; anna-pull --help)\n"
           "prompt (one of; default --prompt-len 512):\n"
           "  --prompt TEXT            user message, rendered with the model's chat template\n"
           "  --system TEXT  --raw  --no-think   as in anna-generate (with --prompt)\n"

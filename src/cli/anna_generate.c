@@ -9,8 +9,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-generate --model-dir DIR|--model FILE.gguf (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
-          "  --hf-repo ORG/NAME[:FILE]  the model from the Hugging Face Hub (downloaded into the\n"
-          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE)\n"
+          "  --hf-repo ORG/NAME[:FILE|:TAG]  a Hugging Face Hub model (downloaded into the\n"
+          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN; anna-pull --help)\n"
           "  --prompt TEXT            user message, rendered with the model's chat template\n"
           "  --system TEXT            system message (with --prompt)\n"
           "  --raw                    tokenize --prompt as is (no chat template)\n"

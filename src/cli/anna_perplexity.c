@@ -21,7 +21,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: anna-perplexity --model-dir DIR|--model FILE.gguf|--hf-repo ORG/NAME[:FILE] --file TEXT [options]\n"
+          "usage: anna-perplexity --model-dir DIR|--model FILE.gguf|--hf-repo ORG/NAME[:FILE|:TAG] --file TEXT [options]\n"
           "  --file TEXT              the text (UTF-8) to score\n"
           "  --ctx N                  tokens per chunk (default 512, as llama-perplexity -c)\n"
           "  --batch N                tokens per decode call (default min(ctx, 512))\n"

@@ -5,7 +5,7 @@
 
 static int usage(void) {
   fprintf(stderr,
-          "usage: anna-pull [options] ORG/NAME[:FILE]\n"
+          "usage: anna-pull [options] ORG/NAME[:FILE|:TAG]\n"
           "  ORG/NAME             a folder model: config.json, *.safetensors, tokenizer and template files\n"
           "  ORG/NAME:FILE        one file of the repo (a GGUF: Qwen/Qwen2.5-0.5B-Instruct-GGUF:qwen2.5-0.5b-instruct-q8_0.gguf)\n"
           "  ORG/NAME:TAG         the GGUF of a quantization (Qwen/Qwen2.5-0.5B-Instruct-GGUF:Q8_0); a GGUF\n"

@@ -5,8 +5,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-serve --model-dir DIR|--model FILE.gguf [options]\n"
-          "  --hf-repo ORG/NAME[:FILE]  the model from the Hugging Face Hub (API id: the name; downloaded into the\n"
-          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE)\n"
+          "  --hf-repo ORG/NAME[:FILE|:TAG]  a Hugging Face Hub model (API id: the name; downloaded into the\n"
+          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN; anna-pull --help)\n"
           "  --model-name NAME        id in the API (default: from the path)\n"
           "  --host HOST --port PORT  bind address (default 127.0.0.1:8000; port 0 = any free port)\n"
           "  --ctx-size N             positions per sequence (default 4096)\n"
