@@ -22,6 +22,10 @@
  * ~/.cache/huggingface), HF_HUB_OFFLINE=1 (the cache only). Files of anna's own front ends use
  * anna/anna.h and this header only; the module links libcurl and libcrypto (without libcurl
  * at build time only the offline cache lookup works and a download is ANNA_EUNSUPPORTED).
+ * Threads: hub_fetch may run in several threads or processes at once (a blob is written under
+ * an flock of huggingface_hub's .locks/ file), but libcurl's global setup is not thread-safe:
+ * a multi-threaded caller runs curl_global_init (or one hub_fetch) before starting threads.
+ * Progress and "downloading" lines go to stderr (hub_options.progress / quiet).
  */
 #ifndef ANNA_HUB_H
 #define ANNA_HUB_H
