@@ -93,6 +93,7 @@ def main():
     finally:
         s1.stop()
     t1 = time.time()
+    print(f"alone: {a.n} requests in {t1 - t0:.1f} s", flush=True)
     s2 = Server(a.server, a.model, a.device, a.n, ctx, extra, os.path.join(a.out, "inv_batched.log"))
     try:
         with cf.ThreadPoolExecutor(a.n) as ex:

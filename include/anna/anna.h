@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 3
+#define ANNA_API_VERSION_MINOR 4
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -107,6 +107,8 @@ int anna_quantize_model(const char *model_dir, const char *type, const char *out
                         size_t path_len, int *built, char *err, size_t errlen);
 int anna_model_vocab(const anna_model *m);
 int anna_model_n_layers(const anna_model *m);
+/* Width of the final hidden state (anna_context_decode_hidden rows); 0 for kinds without one. */
+int anna_model_hidden_size(const anna_model *m);
 /* Static description, e.g. "qwen3_5: 8 layers, hidden 128, vocab 1000". Borrowed. */
 const char *anna_model_describe(const anna_model *m);
 /* The folder or file it was loaded from. Borrowed. */
@@ -176,6 +178,14 @@ typedef struct anna_batch {
  * the flagged tokens, in batch order, to out[n_flagged * vocab] (caller-owned). On error
  * the sequences touched by the batch are in an unspecified state: reset them. */
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
+
+/* As anna_context_decode, but out[r * H + j] (H = anna_model_hidden_size) receives the final
+ * hidden state of flagged row r (in batch order): the output of the last layer after the
+ * final norm, the row the lm_head would read (HF's last_hidden_state). The lm_head is not
+ * run and no logits are kept (anna_context_logits_row: ANNA_ERANGE afterwards). For pooled
+ * embeddings (e.g. Qwen3-Embedding's last-token pooling) flag the last token of each input.
+ * ANNA_EUNSUPPORTED for kinds without hidden states. Same backends as anna_context_decode. */
+int anna_context_decode_hidden(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen);
 
 /* As anna_context_decode, but instead of the logits of each flagged token (in batch order,
  * row r) it returns that row's k best candidates, computed where the logits are (on a GPU
@@ -367,6 +377,36 @@ int anna_ngram_draft(const anna_ngram *d, int32_t *out, int k);
 /* Tokens in the history; reset empties it. */
 int32_t anna_ngram_len(const anna_ngram *d);
 void anna_ngram_reset(anna_ngram *d);
+
+/* (API 1.4) The MTP drafter: the checkpoint's multi-token-prediction head (Qwen3.5 `mtp.*`), chained k
+ * times from the main model's last final-norm hidden state, its drafts checked by the verify
+ * window. The head keeps its own KV cache (one attention layer; the context's n_seq, n_ctx and
+ * n_batch) holding one entry per position of the main model, built from that position's hidden
+ * state; so a sequence the drafter follows takes its prompt through anna_mtp_prefill and its
+ * windows through anna_mtp_verify (tokens fed with anna_context_decode would leave the head
+ * behind). Greedy windows only, as anna_context_seq_verify. The drafter borrows c (which must
+ * outlive it); everything is allocated at creation. One thread at a time.
+ * anna_model_has_mtp: 1 when the loaded model has a head. anna_mtp_create: ANNA_EUNSUPPORTED
+ * without one, ANNA_EINVAL for k_max outside 1..ANNA_SPEC_MAX_DRAFT or an n_batch < k_max + 1.
+ * Caller frees with anna_mtp_free. */
+typedef struct anna_mtp anna_mtp;
+int anna_model_has_mtp(const anna_model *m);
+int anna_mtp_create(anna_mtp **out, anna_context *c, int k_max, char *err, size_t errlen);
+void anna_mtp_free(anna_mtp *d);
+/* tokens[0, n) as the prompt of seq, which must be empty (ANNA_EINVAL otherwise): the context
+ * runs them (chunks of n_batch) and the head takes every position but the last; the last
+ * token's logits to logits [vocab]. */
+int anna_mtp_prefill(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
+                     size_t errlen);
+/* Drafts min(k, k_max) tokens to follow `last` (the newest token, not yet run by the context)
+ * into draft and returns their number (0 when k <= 0), or a negative ANNA_E*. */
+int anna_mtp_draft(anna_mtp *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen);
+/* anna_context_seq_verify(c, seq, last, draft, k, out, n_out) that also keeps the accepted
+ * positions' hidden states for the head's next draft. */
+int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, int32_t *out, int *n_out,
+                    char *err, size_t errlen);
+/* Forgets seq in the head (the caller resets the context's sequence). */
+void anna_mtp_reset(anna_mtp *d, int seq);
 
 /* ---- Sampler ---------------------------------------------------------------------------
  * Next-token selection from logits, one sampler per sequence. Pipeline (the order llama.cpp

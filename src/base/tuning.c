@@ -59,8 +59,8 @@ void tuning_defaults(anna_tuning *t) {
   *t = (anna_tuning){
       .prefix_kv_share = 1,
       .cuda_moe_deq_mb = 2048,
-      .cuda_decode_mmq = 0,
-      .cuda_kv_quant = 0,
+      .cuda_decode_mmq = 1,
+      .cuda_kv_quant = 1,
       .cuda_batch_invariant = 0,
       .spec_window_states = 1,
   };

@@ -37,18 +37,19 @@ typedef struct anna_tuning {
    * prefill (the 35B-A3B layer needs 1.5 GiB; a smaller cap sends the cuBLAS path through
    * chunks of experts and the pipelined tile kernel back to the in-loop tiles). */
   int cuda_moe_deq_mb;
-  /* cuda_decode_mmq = 0: 1 sends quantized matmuls of 9..64 tokens (decode of many
-   * sequences) through the int8 tensor-core kernel (cuda_mmq.cu), each weight read once, and
-   * records steps of up to 64 tokens as CUDA graphs (8 otherwise). Off until its device
-   * checks have run (tests/cuda matmul family, fixtures, bench/notes/gpu.md): 0 keeps the
-   * measured path (cuBLAS GEMM above 8 tokens). Read at CUDA backend creation. */
+  /* cuda_decode_mmq = 1: quantized matmuls of 9..64 tokens (decode of many sequences) take
+   * the int8 tensor-core kernel (cuda_mmq.cu), each weight read once, and steps of up to 64
+   * tokens are recorded as CUDA graphs; 0 sends them to the cuBLAS GEMM and records steps of
+   * up to 8 tokens (the path before session 16). On by default since its device checks passed
+   * (session 17, H100: tests/cuda matmul family, fixtures at 5e-3, 1.73x aggregate decode at
+   * 16 sequences, bench/notes/gpu.md). Read at CUDA backend creation. */
   int cuda_decode_mmq;
-  /* cuda_kv_quant = 0: the CUDA backend attends f32 KV caches only, as before its quantized
-   * kernels existed; 1 makes it advertise the quantized formats (f16, q8, q4, turboquant
-   * 2-4 bit: kv_store and the attention kernels of cuda_kv.cu / cuda_attn.cu) and the
-   * residual f32 ring of --kv-cache-residual-len. Off by default until the tests/cuda kv
-   * families (test_cuda_ops.kv) have passed on a device (bench/notes/kvq.md); on once they
-   * do. Read at CUDA backend creation. */
+  /* cuda_kv_quant = 1: the CUDA backend advertises the quantized KV formats (f16, q8, q4,
+   * turboquant 2-4 bit: kv_store and the attention kernels of cuda_kv.cu / cuda_attn.cu) and
+   * the residual f32 ring of --kv-cache-residual-len; 0 attends f32 caches only (quantized
+   * requests are then refused at context creation). On by default since the tests/cuda kv
+   * families passed on a device (session 17, H100; bench/notes/kvq.md). Read at CUDA backend
+   * creation. */
   int cuda_kv_quant;
   /* cuda_batch_invariant = 0: 1 makes every quantized matmul's per-token result independent
    * of how many tokens share the call: all sizes take the int8 tensor-core kernel

@@ -44,6 +44,8 @@ static void usage(FILE *f) {
           "                           backend returns the few candidates the sampling parameters need)\n"
           "  --speculative ngram      greedy speculative decoding with prompt-lookup drafts (same ids as\n"
           "                           plain greedy; needs --temperature 0 and no penalties)\n"
+          "  --speculative mtp        the same with drafts from the checkpoint's MTP head (Qwen3.5 mtp.*),\n"
+          "                           chained --draft-max times\n"
           "  --draft-max K            most drafted tokens per verify window (1..16, default 6)\n"
           "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n");
 }
@@ -124,8 +126,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (spec) {
-    if (strcmp(spec, "ngram")) {
-      fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram)\n", spec);
+    if (strcmp(spec, "ngram") && strcmp(spec, "mtp")) {
+      fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, mtp)\n", spec);
       return 2;
     }
     /* verify windows keep greedy choices only: a sampled or penalised token is not an argmax */
@@ -140,6 +142,10 @@ int main(int argc, char **argv) {
     }
     if (n_img) {
       fprintf(stderr, "error: --speculative does not take --image yet\n");
+      return 2;
+    }
+    if (dump && !strcmp(spec, "mtp")) {
+      fprintf(stderr, "error: --speculative mtp does not take --dump-logits (its prefill keeps the last row only)\n");
       return 2;
     }
   }
@@ -162,6 +168,8 @@ int main(int argc, char **argv) {
   anna_sampler *smp = NULL;
   anna_text_stream *stream = NULL;
   anna_ngram *drafter = NULL;
+  anna_mtp *mtpd = NULL;
+  const int use_mtp = spec && !strcmp(spec, "mtp");
   int32_t *gen = NULL;
   float *logits = NULL;
   FILE *df = NULL;
@@ -215,6 +223,7 @@ int main(int argc, char **argv) {
     anna_context_kv_stats(ctx, &ks);
     fprintf(stderr, "[anna-generate] kv cache: %s\n", anna_kv_type_name(ks.kv_type));
   }
+  if (use_mtp && anna_mtp_create(&mtpd, ctx, draft_max, err, sizeof err)) goto fail;
   if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && anna_text_stream_new(&stream, text, ANNA_DETOKENIZE_SKIP_SPECIAL, err, sizeof err)) goto fail;
   logits = malloc(sizeof(float) * (size_t)V * (dump ? (size_t)n_batch : 1));
@@ -244,7 +253,11 @@ int main(int argc, char **argv) {
       goto fail;
     }
   }
-  for (size_t at = n_img ? n : 0; at < n;) {
+  if (use_mtp && anna_mtp_prefill(mtpd, 0, ids, (int32_t)n, logits, err, sizeof err)) {
+    free(seq), free(pos), free(want);
+    goto fail;
+  }
+  for (size_t at = n_img || use_mtp ? n : 0; at < n;) {
     int len = (int)(n - at < (size_t)n_batch ? n - at : (size_t)n_batch);
     for (int i = 0; i < len; i++) pos[i] = (int32_t)(at + i), want[i] = dump || at + i == n - 1;
     anna_batch b = {len, ids + at, seq, pos, want};
@@ -275,7 +288,7 @@ int main(int argc, char **argv) {
   float cval[ANNA_TOPK_MAX];
   double cst[2];
   int have_cand = 0; /* the last step returned candidates, not logits */
-  if (spec) {
+  if (spec && !use_mtp) {
     anna_ngram_params np = {.n_min = ngram_min, .n_max = ngram_max, .k_max = draft_max};
     if (anna_ngram_create(&drafter, &np, (int32_t)(n + (size_t)max_new + 1), err, sizeof err) ||
         anna_ngram_accept(drafter, ids, (int32_t)n, err, sizeof err))
@@ -301,13 +314,20 @@ int main(int argc, char **argv) {
       n_gen++;
       break;
     }
-    if (anna_ngram_accept(drafter, &t, 1, err, sizeof err)) goto fail;
+    if (drafter && anna_ngram_accept(drafter, &t, 1, err, sizeof err)) goto fail;
     if (i_sout < n_sout) continue; /* accepted drafts of the last window still to emit */
     /* drafts past max_new would be thrown away: cap them (the bonus token also counts) */
     const int room = max_new - n_gen - 2;
     int32_t draft[ANNA_SPEC_MAX_DRAFT];
-    const int k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
-    if (anna_context_seq_verify(ctx, 0, t, draft, k, sout, &n_sout, err, sizeof err)) goto fail;
+    int k = 0;
+    if (use_mtp) {
+      if ((k = anna_mtp_draft(mtpd, 0, t, draft, room, err, sizeof err)) < 0 ||
+          anna_mtp_verify(mtpd, 0, t, draft, k, sout, &n_sout, err, sizeof err))
+        goto fail;
+    } else {
+      k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
+      if (anna_context_seq_verify(ctx, 0, t, draft, k, sout, &n_sout, err, sizeof err)) goto fail;
+    }
     i_sout = 0;
   }
   for (; !spec && n_gen < max_new; n_gen++) {
@@ -355,8 +375,8 @@ int main(int argc, char **argv) {
   if (spec && !quiet) {
     anna_spec_stats ss;
     anna_context_spec_stats(ctx, &ss);
-    fprintf(stderr, "[anna] speculative ngram: %lld windows, %lld drafted, %lld accepted (%.1f%%), %.2f tok/window, "
-            "%lld rollbacks, %lld tokens re-run\n", (long long)ss.windows, (long long)ss.drafted,
+    fprintf(stderr, "[anna] speculative %s: %lld windows, %lld drafted, %lld accepted (%.1f%%), %.2f tok/window, "
+            "%lld rollbacks, %lld tokens re-run\n", spec, (long long)ss.windows, (long long)ss.drafted,
             (long long)ss.accepted, ss.drafted ? 100.0 * (double)ss.accepted / (double)ss.drafted : 0.0,
             ss.windows ? (double)(ss.windows + ss.accepted) / (double)ss.windows : 0.0, (long long)ss.rollbacks,
             (long long)ss.rerun_tokens);
@@ -383,6 +403,7 @@ done:
   for (int i = 0; i < n_img; i++) anna_media_free(media[i]);
   anna_text_stream_free(stream);
   anna_ngram_free(drafter);
+  anna_mtp_free(mtpd);
   anna_sampler_free(smp);
   anna_text_free(text);
   anna_context_free(ctx);

@@ -46,6 +46,10 @@ static void usage(FILE *f) {
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
           "                           src/base/tuning.h)\n"
+          "  --speculative ngram      greedy requests (temperature 0, no penalties, logprobs or JSON) verify\n"
+          "                           prompt-lookup drafts in windows: same output, fewer steps\n"
+          "  --draft-max K            most drafted tokens per window (1..16, default 6)\n"
+          "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n"
           "  --deterministic          batched == alone: each request's greedy output does not depend on the\n"
           "                           others decoded with it (CUDA: batch-invariant kernels, tuning\n"
           "                           cuda_batch_invariant, slower prefill; dense models; no effect on the CPU)\n"
@@ -66,6 +70,11 @@ static void usage(FILE *f) {
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
           "  --auth-health            /healthz and /metrics need a key too (default: open)\n"
+          "  --responses-store-max N  /v1/responses kept in memory for previous_response_id and GET\n"
+          "                           (default 1024; least recently used evicted; 0 = none kept)\n"
+          "  --embeddings             serve /v1/embeddings (last-token pooled, normalized hidden states;\n"
+          "                           reserves one more KV sequence)\n"
+          "  --no-webui               no chat page at / (default: served, open without a key)\n"
           "testing hooks:\n"
           "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
           "  --debug-step-delay-ms MS sleep after every engine step (slow generation on tiny models)\n");
@@ -75,6 +84,7 @@ int main(int argc, char **argv) {
   server_options o = {0};
   const char *hf = NULL;
   o.host = "127.0.0.1";
+  o.responses_store_max = 1024;
   o.port = 8000;
   o.defaults = anna_sampler_params_default();
   o.defaults.temperature = 1.0f; /* OpenAI's default when a request names none */
@@ -88,7 +98,7 @@ int main(int argc, char **argv) {
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
-  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0;
+  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
   o.eng.prompt_cache_block = 256;
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
@@ -116,6 +126,17 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--host-sampling")) o.eng.host_sampling = 1;
     else if (!strcmp(a, "--tuning")) { NEEDV(); o.eng.tuning = v; }
     else if (!strcmp(a, "--deterministic")) deterministic = 1;
+    else if (!strcmp(a, "--speculative")) {
+      NEEDV();
+      if (strcmp(v, "ngram")) {
+        fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram)\n", v);
+        return 2;
+      }
+      spec = 1;
+    }
+    INTF("--draft-max", 1, ANNA_SPEC_MAX_DRAFT, o.eng.spec_draft_max)
+    INTF("--ngram-min", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_min)
+    INTF("--ngram-max", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_max)
     else if (!strcmp(a, "--verbose")) o.verbose = 1;
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
     /* --device: both the model loader's check and the engine's context */
@@ -167,6 +188,8 @@ int main(int argc, char **argv) {
       NEEDV();
       o.api_key_file = v;
     } else if (!strcmp(a, "--auth-health")) o.auth_health = 1;
+    else if (!strcmp(a, "--embeddings")) o.eng.embeddings = 1;
+    else if (!strcmp(a, "--no-webui")) o.no_webui = 1;
     else if (!strcmp(a, "--no-prompt-cache")) no_cache = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) {
       NEEDV();
@@ -215,6 +238,7 @@ int main(int argc, char **argv) {
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
     INTF("--http-header-timeout-seconds", 0, 86400, o.http_header_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
+    INTF("--responses-store-max", 0, 1 << 20, o.responses_store_max)
     FLTF("--temperature", 0, 2, o.defaults.temperature)
     FLTF("--top-p", 0, 1, o.defaults.top_p)
     FLTF("--min-p", 0, 1, o.defaults.min_p)
@@ -244,6 +268,18 @@ int main(int argc, char **argv) {
 #undef NEEDV
 #undef INTF
 #undef FLTF
+  }
+  if (spec) {
+    if (!o.eng.spec_draft_max) o.eng.spec_draft_max = 6;
+    if (!o.eng.spec_ngram_min) o.eng.spec_ngram_min = 1;
+    if (!o.eng.spec_ngram_max) o.eng.spec_ngram_max = 4;
+    if (o.eng.spec_ngram_min > o.eng.spec_ngram_max) {
+      fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", o.eng.spec_ngram_min, o.eng.spec_ngram_max);
+      return 2;
+    }
+  } else if (o.eng.spec_draft_max || o.eng.spec_ngram_min || o.eng.spec_ngram_max) {
+    fprintf(stderr, "error: --draft-max / --ngram-min / --ngram-max need --speculative ngram\n");
+    return 2;
   }
   char tuning[1024]; /* --deterministic: the tuning key after the user's --tuning */
   if (deterministic) {

@@ -36,7 +36,7 @@ enum model_io {
   MODEL_IO_EMBEDDINGS, /* float rows entering a decoder in place of token embeddings (next issues)
                         */
   MODEL_IO_LOGITS,     /* vocab logits of flagged rows, or their top-k candidates (model_topk) */
-  MODEL_IO_HIDDEN,     /* final hidden states of flagged rows (next issues) */
+  MODEL_IO_HIDDEN,     /* final hidden states (after the final norm) of flagged rows (text decoder) */
   MODEL_IO_PIXELS,     /* image pixels, normalized float planes (vision encoder; next issues) */
   MODEL_IO_AUDIO,      /* audio features / samples (audio encoder; next issues) */
   MODEL_IO_CODES,      /* codec codes per frame and codebook (codec decoder; next issues) */
@@ -68,6 +68,7 @@ typedef struct model_desc {
   int vocab;        /* rows of MODEL_IO_LOGITS outputs (0: the kind produces none) */
   int n_embd;       /* width of MODEL_IO_EMBEDDINGS output rows (0: the kind produces none) */
   int n_layers;
+  int hidden; /* width of MODEL_IO_HIDDEN output rows (0: the kind produces none) */
   int sample_rate;       /* MODEL_IO_PCM kinds: output rate in Hz (0: no PCM) */
   int samples_per_frame; /* MODEL_IO_PCM kinds: samples per input frame */
 } model_desc;
@@ -129,14 +130,38 @@ typedef struct model_input {
 
 /* One run's outputs (caller-owned memory). */
 typedef struct model_output {
-  int io;                 /* MODEL_IO_LOGITS or MODEL_IO_EMBEDDINGS */
+  int io;                 /* MODEL_IO_LOGITS, MODEL_IO_HIDDEN or MODEL_IO_EMBEDDINGS */
   float *logits;          /* MODEL_IO_LOGITS: [n_flagged * vocab], unused when topk is set */
   const model_topk *topk; /* MODEL_IO_LOGITS: candidates instead of rows (NULL: rows) */
   float *embd;            /* MODEL_IO_EMBEDDINGS: [rows, model_desc.n_embd] */
   int64_t embd_rows;      /* MODEL_IO_EMBEDDINGS: rows embd holds; the kind says how many it wrote */
   int64_t *embd_written;  /* MODEL_IO_EMBEDDINGS: receives the rows written (may be NULL) */
   float *pcm;             /* MODEL_IO_PCM: [n_frames * model_desc.samples_per_frame] */
+  /* Final-norm hidden states of the flagged rows [n_flagged, model_desc.hidden]: with
+   * MODEL_IO_HIDDEN only these (the forward stops before the lm_head); with MODEL_IO_LOGITS
+   * optional beside the logits (kinds with a draft sub-table: the MTP head reads them), and
+   * with logits and topk both NULL only these are computed. */
+  float *hidden;
 } model_output;
+
+/* A draft head that ships with the model (Qwen3.5's MTP layer): rows (h_t, tok_{t+1}) at
+ * position t in, the next-next token's logits / candidates and the head's own hidden state
+ * out, over its own per-sequence cache. model_kind.draft is NULL for kinds that have none;
+ * `available` says whether this loaded model has one. `state` is what state_create made. */
+typedef struct model_draft_ops {
+  int (*available)(const void *impl);
+  int (*width)(const void *impl); /* H of the hidden rows in and out */
+  int (*state_create)(void **state, const void *impl, ops_backend *be, const model_state_params *p, char *err,
+                      size_t errlen);
+  void (*state_free)(void *state);
+  /* b: tokens tok_{t+1}, seq, pos t, flags; h_in [b->n, width] host; flagged rows' h_out
+   * [n_flagged, width] (may be NULL) and candidates tk (may be NULL). Allocates nothing. */
+  int (*run)(const void *impl, void *state, ops_backend *be, const anna_batch *b, const float *h_in, float *h_out,
+             const model_topk *tk, char *err, size_t errlen);
+  int32_t (*seq_len)(const void *state, int seq);
+  void (*reset)(void *state, int seq);
+  int (*rewind)(void *state, int seq, int32_t n, char *err, size_t errlen);
+} model_draft_ops;
 
 /* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix
  * pool (anna.h documents each). `state` is what the kind's state_create made. */
@@ -186,6 +211,7 @@ typedef struct model_kind {
    * use (ops_backend.warmup) copy them now, leaving the state as it was. */
   int (*warmup)(const void *impl, void *state, ops_backend *be, char *err, size_t errlen);
   const model_seq_ops *seq; /* NULL for kinds without per-sequence state (encoders) */
+  const model_draft_ops *draft; /* NULL: the kind never has a draft head */
 } model_kind;
 
 /* Number of compiled kinds and the i-th (0 is the text decoder); NULL past the end. */

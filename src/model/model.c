@@ -371,6 +371,64 @@ void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out) {
     out->layers[i] = (ops_layer_shape){c->layers[i].n_kv_heads, c->layers[i].head_dim};
 }
 
+/* A one-layer decoder beside m for its MTP head: the config of m's first full-attention layer
+ * (the head's layer is full attention whatever the main pattern), the file mapping, embed and
+ * lm_head borrowed. The caller loads the layer's weights into layers[0]. */
+static int mtp_alloc(text_model *m, char *err, size_t errlen) {
+  const model_config *c = &m->cfg;
+  int a = -1;
+  for (int i = 0; i < c->n_layers && a < 0; i++)
+    if (c->layers[i].kind == LAYER_KIND_ATTN) a = i;
+  if (a < 0) return anna_err(err, errlen, ANNA_EFORMAT, "%s: an MTP head needs a full-attention layer to copy", m->path);
+  mtp_head *h = calloc(1, sizeof *h);
+  text_model *d = calloc(1, sizeof *d);
+  if (!h || !d || !(d->path = strdup(m->path))) {
+    free(h);
+    free(d);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  d->cfg = *c;
+  d->cfg.n_layers = 1;
+  d->cfg.layers[0] = c->layers[a];
+  d->cfg.layers[0].kv_source = 0;
+  d->cfg.ple_dim = 0;
+  d->st = m->st;
+  d->gguf = m->gguf;
+  d->embed = m->embed;
+  d->lm_head = m->lm_head;
+  h->dec = d;
+  m->mtp = h;
+  snprintf(d->describe, sizeof d->describe, "%s MTP head", c->model_type);
+  return 0;
+}
+
+int model_mtp_finish(text_model *m, char *err, size_t errlen) {
+  text_model *d = m->mtp->dec;
+  if (d->max_cols > m->max_cols) m->max_cols = d->max_cols; /* the backend sizes dequant scratch from m */
+  return model_link_shared_experts(d, err, errlen);
+}
+
+/* `mtp.*` when present (Qwen3.5 / Qwen3.5-MoE checkpoints): the head's layer loads through the
+ * same builder as the main layers, under the prefix "mtp.". */
+static int load_mtp_hf(builder *b) {
+  text_model *m = b->m;
+  if (!st_find(b, "mtp.fc.weight")) return 0;
+  if (m->cfg.arch != MODEL_ARCH_QWEN3_5 && m->cfg.arch != MODEL_ARCH_QWEN3_5_MOE)
+    return anna_err(b->err, b->errlen, ANNA_EUNSUPPORTED, "%s: mtp.* tensors in a %s model", m->path,
+                    m->cfg.model_type);
+  int rc = mtp_alloc(m, b->err, b->errlen);
+  if (rc) return rc;
+  mtp_head *h = m->mtp;
+  builder bd = {h->dec, "mtp.", b->err, b->errlen};
+  const int64_t H = m->cfg.hidden;
+  if ((rc = load_layer(&bd, 0)) || (rc = get_vec(&bd, &h->dec->final_norm, H, 1, "mtp.norm.weight")) ||
+      (rc = get_mat(&bd, &h->fc, H, 2 * H, 1, "mtp.fc.weight")) ||
+      (rc = get_vec(&bd, &h->norm_e, H, 1, "mtp.pre_fc_norm_embedding.weight")) ||
+      (rc = get_vec(&bd, &h->norm_h, H, 1, "mtp.pre_fc_norm_hidden.weight")))
+    return rc;
+  return model_mtp_finish(m, b->err, b->errlen);
+}
+
 int model_load_hf(text_model **out, const char *dir, char *err, size_t errlen) {
   *out = NULL;
   text_model *m = calloc(1, sizeof *m);
@@ -419,8 +477,9 @@ int model_load_hf(text_model **out, const char *dir, char *err, size_t errlen) {
   for (int i = 0; i < c->n_layers; i++)
     if ((rc = load_layer(&b, i))) goto fail;
   if ((rc = model_link_shared_experts(m, err, errlen))) goto fail;
-  snprintf(m->describe, sizeof m->describe, "%s: %d layers, hidden %d, vocab %d", c->model_type, c->n_layers,
-           c->hidden, c->vocab);
+  if (b.prefix[0] == 'm' && (rc = load_mtp_hf(&b))) goto fail; /* not under thinker.* */
+  snprintf(m->describe, sizeof m->describe, "%s: %d layers, hidden %d, vocab %d%s", c->model_type, c->n_layers,
+           c->hidden, c->vocab, m->mtp ? ", MTP head" : "");
   *out = m;
   return 0;
 fail:
@@ -461,6 +520,14 @@ fail:
 
 void model_free(text_model *m) {
   if (!m) return;
+  if (m->mtp) {
+    if (m->mtp->dec) { /* its mapping is m's */
+      m->mtp->dec->st = NULL;
+      m->mtp->dec->gguf = NULL;
+    }
+    model_free(m->mtp->dec);
+    free(m->mtp);
+  }
   for (size_t i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
   free(m->allocs);
   safetensors_close(m->st);

@@ -46,6 +46,18 @@ typedef struct layer_weights {
 
 typedef struct text_model text_model;
 
+/* The checkpoint's multi-token-prediction head (Qwen3.5 `mtp.*`, GGUF `blk.N.nextn.*`):
+ *   x = fc(concat(norm_e(embed(tok_{t+1})), norm_h(h_t)))   (h_t: the main model's final-norm
+ *   hidden state), then `dec`, a one-layer full-attention decoder run over x as embedding rows,
+ *   whose final norm is the head's norm and whose lm_head / embed are the main model's
+ *   (borrowed views). Chained drafts feed dec's post-norm output back as h. Owned by the main
+ *   model (model_free); dec borrows its file mapping. */
+typedef struct mtp_head {
+  text_model *dec;
+  ops_weight fc;        /* [H, 2H] */
+  float *norm_e, *norm_h; /* [H] */
+} mtp_head;
+
 struct text_model {
   model_config cfg;
   char *path;
@@ -56,6 +68,7 @@ struct text_model {
   ops_weight ple_embed, ple_model_proj;
   float *ple_proj_norm;
   layer_weights layers[CONFIG_MAX_LAYERS];
+  mtp_head *mtp; /* NULL: the checkpoint has none */
   /* ownership */
   void *st;            /* safetensors_set* */
   void *gguf;          /* gguf_file* */
@@ -77,6 +90,10 @@ typedef int (*tensor_lookup_fn)(void *src, const char *name, tensor_info *out);
 /* Fills the sx_* arrays of every MoE layer whose shared expert can run as one more routed
  * expert (see layer_weights); 0 or ANNA_ENOMEM. Both loaders call it last. */
 int model_link_shared_experts(text_model *m, char *err, size_t errlen);
+
+/* After a loader filled m->mtp (model.c for HF, gguf_model.c for GGUF): widens m's dequant
+ * scratch to the head's widest row (fc has 2H columns) and links the head's shared expert. */
+int model_mtp_finish(text_model *m, char *err, size_t errlen);
 
 /* The shape a backend sizes its scratch for (ops.h), for contexts of n_ctx positions. */
 void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out);

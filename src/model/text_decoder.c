@@ -7,6 +7,7 @@
 #include "model/forward.h"
 #include "model/gguf_model.h"
 #include "model/model.h"
+#include "model/mtp.h"
 
 #include <stdlib.h>
 
@@ -32,7 +33,8 @@ static void td_free(void *impl) {
 
 static void td_describe(const void *impl, model_desc *out) {
   const text_model *m = impl;
-  *out = (model_desc){.text = m->describe, .vocab = m->cfg.vocab, .n_layers = m->cfg.n_layers};
+  *out = (model_desc){.text = m->describe, .vocab = m->cfg.vocab, .n_layers = m->cfg.n_layers,
+                     .hidden = (int)m->cfg.hidden};
 }
 
 static void td_backend_shape(const void *impl, int n_ctx, ops_model_shape *out) {
@@ -60,13 +62,15 @@ static void td_state_free(void *state) {
 
 static int td_run(const void *impl, void *state, ops_backend *be, const model_input *in,
                   const model_output *out, char *err, size_t errlen) {
-  if (in->io != MODEL_IO_TOKENS || out->io != MODEL_IO_LOGITS)
+  if (in->io != MODEL_IO_TOKENS || (out->io != MODEL_IO_LOGITS && out->io != MODEL_IO_HIDDEN))
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                    "the text decoder maps tokens to logits, not %s to %s", model_io_name(in->io),
-                    model_io_name(out->io));
+                    "the text decoder maps tokens to logits or hidden states, not %s to %s",
+                    model_io_name(in->io), model_io_name(out->io));
   /* embedding rows and 3-axis positions (multimodal Qwen3.5) ride along with the tokens */
-  const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd, NULL};
-  const fwd_mm *mmp = in->n_embd || in->rope_pos ? &mm : NULL;
+  const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd, out->hidden};
+  const fwd_mm *mmp = in->n_embd || in->rope_pos || out->hidden ? &mm : NULL;
+  if (out->io == MODEL_IO_HIDDEN) /* the final-norm rows; the forward stops before lm_head */
+    return forward_batch_mm(impl, be, state, in->batch, &mm, NULL, NULL, err, errlen);
   if (out->topk) {
     const model_topk *t = out->topk;
     const fwd_topk tk = {t->k, t->temp, t->idx, t->val, t->stats};
@@ -131,6 +135,51 @@ static int td_logits_row(const void *s, int64_t row, float *out, char *err, size
   return fwd_state_logits_row(s, row, out, err, errlen);
 }
 
+/* ---- the MTP head (model/mtp.h) ---- */
+
+static int td_draft_available(const void *impl) {
+  return ((const text_model *)impl)->mtp != NULL;
+}
+static int td_draft_width(const void *impl) {
+  return ((const text_model *)impl)->cfg.hidden;
+}
+static int td_draft_state_create(void **state, const void *impl, ops_backend *be, const model_state_params *p,
+                                 char *err, size_t errlen) {
+  mtp_state *s = NULL;
+  int rc = mtp_state_create(&s, impl, be, p->n_seq, p->n_ctx, p->n_batch, err, errlen);
+  *state = s;
+  return rc;
+}
+static void td_draft_state_free(void *state) {
+  mtp_state_free(state);
+}
+static int td_draft_run(const void *impl, void *state, ops_backend *be, const anna_batch *b, const float *h_in,
+                        float *h_out, const model_topk *t, char *err, size_t errlen) {
+  if (!t) return mtp_run(impl, be, state, b, h_in, h_out, NULL, NULL, err, errlen);
+  const fwd_topk tk = {t->k, t->temp, t->idx, t->val, t->stats};
+  return mtp_run(impl, be, state, b, h_in, h_out, NULL, &tk, err, errlen);
+}
+static int32_t td_draft_seq_len(const void *state, int seq) {
+  return mtp_seq_len(state, seq);
+}
+static void td_draft_reset(void *state, int seq) {
+  mtp_seq_reset(state, seq);
+}
+static int td_draft_rewind(void *state, int seq, int32_t n, char *err, size_t errlen) {
+  return mtp_seq_rewind(state, seq, n, err, errlen);
+}
+
+static const model_draft_ops td_draft = {
+    .available = td_draft_available,
+    .width = td_draft_width,
+    .state_create = td_draft_state_create,
+    .state_free = td_draft_state_free,
+    .run = td_draft_run,
+    .seq_len = td_draft_seq_len,
+    .reset = td_draft_reset,
+    .rewind = td_draft_rewind,
+};
+
 static const model_seq_ops td_seq = {
     .seq_len = td_seq_len,
     .reset = td_seq_reset,
@@ -149,7 +198,7 @@ static const model_seq_ops td_seq = {
 const model_kind text_decoder_kind = {
     .name = "text_decoder",
     .inputs = MODEL_IO_BIT(MODEL_IO_TOKENS) | MODEL_IO_BIT(MODEL_IO_EMBEDDINGS),
-    .outputs = MODEL_IO_BIT(MODEL_IO_LOGITS),
+    .outputs = MODEL_IO_BIT(MODEL_IO_LOGITS) | MODEL_IO_BIT(MODEL_IO_HIDDEN),
     .probe = td_probe,
     .load = td_load,
     .free = td_free,
@@ -160,4 +209,5 @@ const model_kind text_decoder_kind = {
     .run = td_run,
     .warmup = td_warmup,
     .seq = &td_seq,
+    .draft = &td_draft,
 };

@@ -26,7 +26,7 @@ struct anna_context {
   anna_tuning tuning; /* resolved at creation (anna_context_tuning) */
   anna_spec_stats spec; /* anna_context_seq_verify counters */
   /* verify windows' batch, [n_batch] each (allocated at creation: windows allocate nothing) */
-  int n_batch;
+  int n_batch, n_seq, n_ctx;
   int32_t *vtok, *vseq, *vpos, *vidx;
   int8_t *vwant;
   float *vval;
@@ -103,6 +103,10 @@ void anna_model_free(anna_model *m) {
 
 int anna_model_vocab(const anna_model *m) {
   return m->desc.vocab;
+}
+
+int anna_model_hidden_size(const anna_model *m) {
+  return m->desc.hidden;
 }
 
 int anna_model_n_layers(const anna_model *m) {
@@ -235,6 +239,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   }
   c->m = m;
   c->n_batch = o.n_batch;
+  c->n_seq = o.n_seq;
+  c->n_ctx = o.n_ctx;
   const size_t nb = o.n_batch > 0 ? (size_t)o.n_batch : 1;
   c->vtok = malloc(nb * sizeof(int32_t)), c->vseq = malloc(nb * sizeof(int32_t));
   c->vpos = malloc(nb * sizeof(int32_t)), c->vidx = malloc(nb * sizeof(int32_t));
@@ -295,7 +301,7 @@ void anna_context_free(anna_context *c) {
 }
 
 static int context_run_any(anna_context *c, const anna_batch *b, const model_input *mm, float *out,
-                           const model_topk *tk, char *err, size_t errlen) {
+                           const model_topk *tk, float *hidden, char *err, size_t errlen) {
   if (!b || !b->tokens || !b->seq || !b->pos) return anna_err(err, errlen, ANNA_EINVAL, "incomplete batch");
   const model_kind *k = c->m->kind;
   model_input in = {.io = MODEL_IO_TOKENS, .batch = b};
@@ -308,7 +314,8 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
     int rc = ctx_vision_rope(c->vis, b, &in.rope_pos, err, errlen);
     if (rc) return rc;
   }
-  const model_output mo = {.io = MODEL_IO_LOGITS, .logits = out, .topk = tk};
+  const model_output mo = {.io = hidden && !out && !tk ? MODEL_IO_HIDDEN : MODEL_IO_LOGITS, .logits = out,
+                           .topk = tk, .hidden = hidden};
   ops_backend *d = c->dev;
   if (d->step_begin) {
     d->step_begin(d, b->n);
@@ -323,12 +330,24 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
 
 static int context_run(anna_context *c, const anna_batch *b, float *out, const model_topk *tk, char *err,
                        size_t errlen) {
-  return context_run_any(c, b, NULL, out, tk, err, errlen);
+  return context_run_any(c, b, NULL, out, tk, NULL, err, errlen);
 }
 
 int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,
                    size_t errlen) {
-  return context_run_any(c, b, mm, out, NULL, err, errlen);
+  return context_run_any(c, b, mm, out, NULL, NULL, err, errlen);
+}
+
+int context_run_hidden(anna_context *c, const anna_batch *b, float *out, float *hidden, char *err, size_t errlen) {
+  return context_run_any(c, b, NULL, out, NULL, hidden, err, errlen);
+}
+
+ops_backend *context_backend(anna_context *c) {
+  return c->be;
+}
+
+void context_shape(const anna_context *c, int *n_seq, int *n_ctx, int *n_batch) {
+  *n_seq = c->n_seq, *n_ctx = c->n_ctx, *n_batch = c->n_batch;
 }
 
 ctx_vision *context_vision(anna_context *c) {
@@ -345,6 +364,13 @@ const anna_model *context_model(const anna_context *c) {
 
 int anna_context_decode(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
   return context_run(c, b, out, NULL, err, errlen);
+}
+
+int anna_context_decode_hidden(anna_context *c, const anna_batch *b, float *out, char *err, size_t errlen) {
+  if (!out) return anna_err(err, errlen, ANNA_EINVAL, "decode_hidden: NULL output");
+  if (!(c->m->kind->outputs & MODEL_IO_BIT(MODEL_IO_HIDDEN)) || c->m->desc.hidden <= 0)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "a %s model gives no hidden states", c->m->kind->name);
+  return context_run_any(c, b, NULL, NULL, NULL, out, err, errlen);
 }
 
 int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float temp, int32_t *idx, float *val,
@@ -491,7 +517,7 @@ void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st) {
  * drafted token (model_seq_ops.window) and the same rewind restores it; otherwise (or
  * without the slots) the rewind goes to the checkpoint taken before the window and the
  * accepted tokens are run again (their logits are not needed). */
-int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen) {
+int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hidden, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
   if (!s) return no_seq(c, err, errlen);
   if (n < 0 || (n > 0 && !w)) return anna_err(err, errlen, ANNA_EINVAL, "verify: bad window array");
@@ -528,7 +554,9 @@ int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, 
     if (x->k > 0 && c->tuning.spec_window_states && s->window) s->window(c->st, x->seq, x->k);
   }
   const anna_batch b = {rows, c->vtok, c->vseq, c->vpos, c->vwant};
-  if ((rc = anna_context_decode_topk(c, &b, 1, 0.0f, c->vidx, c->vval, c->vstats, err, errlen))) return rc;
+  if (!c->be->topk) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "backend %s has no topk op", c->be->name);
+  const model_topk tk1 = {1, 0.0f, c->vidx, c->vval, c->vstats};
+  if ((rc = context_run_any(c, &b, NULL, NULL, &tk1, hidden, err, errlen))) return rc;
   /* Accept, then roll back; windows whose state must be recomputed gather their accepted
    * rows at the front of the batch arrays (never past their own rows) for one re-run. */
   int re = 0;
@@ -567,6 +595,10 @@ int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, 
   c->spec.rerun_tokens += re;
   const anna_batch rb = {re, c->vtok, c->vseq, c->vpos, c->vwant};
   return anna_context_decode(c, &rb, NULL, err, errlen);
+}
+
+int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen) {
+  return context_verify_hidden(c, w, n, NULL, err, errlen);
 }
 
 int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,

@@ -47,6 +47,14 @@ void ctx_vision_seq_truncate(ctx_vision *v, int seq, int32_t n);
 int context_run_mm(anna_context *c, const anna_batch *b, const model_input *mm, float *out, char *err,
                    size_t errlen);
 ctx_vision *context_vision(anna_context *c);
+/* context.c, for the drafters (spec_mtp.c): a decode that also writes the flagged rows'
+ * final-norm hidden states to hidden [n_flagged, H] (out NULL: no logits, no lm_head); the
+ * verify windows of anna_context_verify with the rows' hidden states (window order, k + 1 rows
+ * each) to hidden (NULL: none); the context's backend table and shape. */
+int context_run_hidden(anna_context *c, const anna_batch *b, float *out, float *hidden, char *err, size_t errlen);
+int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hidden, char *err, size_t errlen);
+ops_backend *context_backend(anna_context *c);
+void context_shape(const anna_context *c, int *n_seq, int *n_ctx, int *n_batch);
 const anna_model *context_model(const anna_context *c);
 
 /* api_audio.c: the optional audio encoder of a model (Qwen3-ASR) and its per-context state. */

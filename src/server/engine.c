@@ -70,6 +70,7 @@ void gen_request_release(gen_request *r) {
   for (int i = 0; r->choices && i < r->n_choices; i++) {
     free(r->choices[i].text);
     free(r->choices[i].toks);
+    free(r->choices[i].gen_ids);
   }
   free(r->choices);
   pthread_mutex_destroy(&r->mu);
@@ -117,6 +118,7 @@ typedef struct slot {
   jsonmask jm;       /* JSON mode: what has been generated so far */
   jschema_state js;  /* the same with a schema (gen_request.schema) */
   size_t suffix_pos; /* forced suffix tokens emitted */
+  int forced_ended;  /* the last n_gen step wrote no token (a forced output's end) */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
@@ -178,7 +180,30 @@ struct engine {
   int n_eog;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
   int block_len;
+  /* speculative decoding (o.spec_draft_max > 0): per slot index (not per slot struct, which a
+   * preemption parks and restores elsewhere) the n-gram drafter over prompt + generated ids,
+   * its draft buffer [ANNA_SPEC_MAX_DRAFT] and the window's output [ANNA_SPEC_MAX_DRAFT + 1];
+   * one window per slot at most */
+  anna_ngram **ng;
+  int32_t *spec_draft, *spec_out;
+  anna_spec_window *wins;
+  int *win_slot;
+  anna_spec_stats spec; /* as of the last step (under mu) */
+  /* engine_embed: jobs queued under mu, run by the engine thread on sequence embed_seq
+   * (-1: embeddings off); embed_cv wakes their callers. */
+  struct embed_job *embed_q;
+  int embed_seq, hidden;
+  pthread_cond_t embed_cv;
 };
+
+typedef struct embed_job {
+  const int32_t *ids;
+  size_t n;
+  float *out;
+  int rc, done;
+  char err[256];
+  struct embed_job *next;
+} embed_job;
 
 static void timed_wait(pthread_cond_t *cv, pthread_mutex_t *mu, double seconds) {
   struct timespec ts;
@@ -302,6 +327,20 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
   if (flush) {
     if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
     slot_release(s, 1);
+  }
+  const int n_ids = s->n_gen - s->forced_ended;
+  if (r->keep_ids && n_ids > 0) { /* once per choice, not per token */
+    int32_t *ids = malloc(sizeof *ids * (size_t)n_ids);
+    pthread_mutex_lock(&r->mu);
+    gen_choice *c = &r->choices[s->ci];
+    if (ids && !c->gen_ids) {
+      memcpy(ids, s->toks + s->n_prompt, sizeof *ids * (size_t)n_ids);
+      c->gen_ids = ids;
+      c->n_gen_ids = (size_t)n_ids;
+      ids = NULL;
+    }
+    pthread_mutex_unlock(&r->mu);
+    free(ids);
   }
   choice_finish(r, s->ci, reason, code, msg);
   if (!strcmp(reason, "cancelled"))
@@ -478,6 +517,16 @@ static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
   return 0;
 }
 
+/* The drafter of slot i restarts from what the slot feeds (prompt, or prompt + generated after
+ * a preemption); a history that does not fit turns drafting off for this sequence. */
+static void spec_history(engine *e, int i) {
+  if (!e->ng) return;
+  char err[128];
+  anna_ngram_reset(e->ng[i]);
+  const slot *s = &e->slots[i];
+  if (anna_ngram_accept(e->ng[i], s->feed, (int32_t)s->n_feed, err, sizeof err)) anna_ngram_reset(e->ng[i]);
+}
+
 static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   slot *s = &e->slots[i];
   gen_request *r = u->r;
@@ -516,6 +565,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
     s->decoding = 0;
     cache_reuse(e, i);
     sc_cached(e, i, s->n_fed);
+    spec_history(e, i);
     return 0;
   }
   int pi = u->ci / r->n;
@@ -541,6 +591,9 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   }
   const int hit = r->n_media ? -1 : cache_reuse(e, i);
   sc_cached(e, i, s->n_fed);
+  pthread_mutex_lock(&r->mu);
+  r->choices[s->ci].n_cached = (int)s->n_fed;
+  pthread_mutex_unlock(&r->mu);
   s->decoding = 0;
   s->n_gen = 0;
   int room = e->o.n_ctx - (int)s->n_prompt;
@@ -551,6 +604,8 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   jsonmask_init(&s->jm);
   if (r->schema) jsonschema_start(r->schema, &s->js);
   s->suffix_pos = 0;
+  spec_history(e, i);
+  s->forced_ended = 0;
   metrics_observe(e->mx, &e->mx->queue, (engine_now() - u->t_queued) * 1000.0);
   if (hit >= 0) { /* the whole prompt was cached: its first token comes from the stored logits */
     memcpy(e->row_tmp, e->ex[hit].logits, sizeof(float) * (size_t)e->V);
@@ -715,9 +770,11 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
         jsonmask_feed(&s->jm, tb, tn);
     }
   }
+  s->forced_ended = forced_end;
   if (!forced_end) {
     s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
     anna_sampler_accept(s->smp, t);
+    if (e->ng && anna_ngram_accept(e->ng[i], &t, 1, NULL, 0)) anna_ngram_reset(e->ng[i]);
     if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   }
   s->n_gen++;
@@ -843,6 +900,91 @@ static void kv_exhausted(engine *e) {
   pthread_mutex_unlock(&e->mu);
 }
 
+/* How many tokens slot i may draft this step (0: decode it plainly): greedy without
+ * penalties, nothing that needs the full row (logprobs, JSON, forced ids, min_tokens), no
+ * images (their positions carry a rotary delta), room before max_gen and the context, and
+ * no KV block beyond the one plain step's (the plan counted only those). */
+static int spec_room(engine *e, int i) {
+  const slot *s = &e->slots[i];
+  const gen_request *r = s->r;
+  if (!e->ng || !r || !s->decoding || r->logprobs || r->json_mode || r->forced || r->n_media ||
+      (size_t)s->n_gen < r->n_prefix || s->n_gen < r->min_tokens)
+    return 0;
+  const anna_sampler_params *sp = &r->sp;
+  if (sp->temperature > 0 || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+      sp->frequency_penalty != 0.0f)
+    return 0;
+  int k = e->o.spec_draft_max;
+  const int64_t len = anna_context_seq_len(e->ctx, i);
+  if (k > s->max_gen - s->n_gen - 1) k = s->max_gen - s->n_gen - 1;
+  if (k > e->o.n_ctx - 1 - len) k = (int)(e->o.n_ctx - 1 - len);
+  while (k > 0 && anna_context_seq_blocks_needed(e->ctx, i, k + 1) > anna_context_seq_blocks_needed(e->ctx, i, 1)) k--;
+  return k > 0 ? k : 0;
+}
+
+/* One embedding input on the reserved sequence: prompt chunks of n_batch, only the last
+ * token flagged, so only its hidden row is computed past the last layer. */
+static int embed_run(engine *e, embed_job *j) {
+  const int seq = e->embed_seq, B = e->o.n_batch;
+  anna_context_seq_reset(e->ctx, seq);
+  int rc = 0;
+  for (size_t at = 0; at < j->n && !rc; at += (size_t)B) {
+    const int nb = j->n - at < (size_t)B ? (int)(j->n - at) : B;
+    for (int k = 0; k < nb; k++) {
+      e->b_tok[k] = j->ids[at + (size_t)k];
+      e->b_seq[k] = seq;
+      e->b_pos[k] = (int32_t)(at + (size_t)k);
+      e->b_want[k] = at + (size_t)k + 1 == j->n;
+    }
+    const anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
+    rc = anna_context_decode_hidden(e->ctx, &b, j->out, j->err, sizeof j->err);
+  }
+  anna_context_seq_reset(e->ctx, seq);
+  return rc;
+}
+
+static void embed_run_all(engine *e, embed_job *jobs, int stop) {
+  for (embed_job *j = jobs, *next; j; j = next) {
+    next = j->next;
+    const int rc = stop ? anna_err(j->err, sizeof j->err, ANNA_ESTATE, "shutting down") : embed_run(e, j);
+    if (!stop) metrics_add(e->mx, &e->mx->prompt_tokens, (uint64_t)j->n);
+    pthread_mutex_lock(&e->mu);
+    j->rc = rc;
+    j->done = 1;
+    pthread_cond_broadcast(&e->embed_cv);
+    pthread_mutex_unlock(&e->mu);
+  }
+}
+
+int engine_hidden_size(const engine *e) {
+  return e->hidden;
+}
+
+int engine_embed(engine *e, const int32_t *ids, size_t n, float *out, char *err, size_t errlen) {
+  if (e->embed_seq < 0 || e->hidden <= 0)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    e->hidden <= 0 ? "this model gives no hidden states"
+                                   : "embeddings are off: start the server with --embeddings");
+  if (n == 0) return anna_err(err, errlen, ANNA_EINVAL, "the input is empty");
+  if (n > (size_t)e->o.n_ctx)
+    return anna_err(err, errlen, ANNA_EINVAL, "the input has %zu tokens; this server's context (--ctx-size) is %d",
+                    n, e->o.n_ctx);
+  embed_job j = {.ids = ids, .n = n, .out = out};
+  pthread_mutex_lock(&e->mu);
+  if (e->draining || e->stop) {
+    pthread_mutex_unlock(&e->mu);
+    return anna_err(err, errlen, ANNA_ESTATE, "the server is shutting down");
+  }
+  embed_job **tail = &e->embed_q;
+  while (*tail) tail = &(*tail)->next;
+  *tail = &j;
+  pthread_cond_signal(&e->cv);
+  while (!j.done) pthread_cond_wait(&e->embed_cv, &e->mu);
+  pthread_mutex_unlock(&e->mu);
+  if (j.rc) return anna_err(err, errlen, j.rc, "%s", j.err);
+  return 0;
+}
+
 static void *engine_main(void *arg) {
   engine *e = arg;
   const int S = e->o.n_seq;
@@ -851,7 +993,7 @@ static void *engine_main(void *arg) {
   for (;;) {
     pthread_mutex_lock(&e->mu);
     for (;;) {
-      if (e->stop || anna_sched_n_running(e->sc) > 0) break;
+      if (e->stop || anna_sched_n_running(e->sc) > 0 || e->embed_q) break;
       double w = anna_sched_wait_ms(e->sc, engine_now() * 1000.0);
       if (w >= 0) {
         /* An idle engine may wait a little for company, so the first step is shared. */
@@ -871,6 +1013,8 @@ static void *engine_main(void *arg) {
       pthread_cond_wait(&e->cv, &e->mu);
     }
     int stop = e->stop;
+    embed_job *jobs = e->embed_q;
+    e->embed_q = NULL;
     /* Shutdown or a drain that timed out: nothing queued or running survives. */
     if (e->cancel_all || e->stop) anna_sched_cancel_all(e->sc);
     const anna_sched_entry *adm;
@@ -879,6 +1023,7 @@ static void *engine_main(void *arg) {
     /* Counted as running from now on, so a drain never sees the handover as idle. */
     e->running = anna_sched_n_running(e->sc);
     pthread_mutex_unlock(&e->mu);
+    embed_run_all(e, jobs, stop);
 
     int kv_dirty = n_adm > 0;
     for (int k = 0; k < n_adm; k++) {
@@ -927,10 +1072,22 @@ static void *engine_main(void *arg) {
       e->preemptions += p.n_preempted;
       pthread_mutex_unlock(&e->mu);
     }
-    int nb = 0, nflag = 0;
+    int nb = 0, nflag = 0, nw = 0, wrows = 0;
     const int nseqs = p.n_decode + p.n_prefill;
     for (int k = 0; k < p.n_decode; k++) {
       const int i = p.decode[k].slot;
+      const int room = spec_room(e, i);
+      const int kd = room > 0 ? anna_ngram_draft(e->ng[i], e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT, room) : 0;
+      if (kd > 0) { /* a verify window instead of one plain token */
+        e->wins[nw] = (anna_spec_window){.seq = i,
+                                         .last = e->slots[i].next_tok,
+                                         .draft = e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT,
+                                         .k = kd,
+                                         .out = e->spec_out + (size_t)i * (ANNA_SPEC_MAX_DRAFT + 1)};
+        e->win_slot[nw++] = i;
+        wrows += kd + 1;
+        continue;
+      }
       e->b_tok[nb] = e->slots[i].next_tok;
       e->b_seq[nb] = i;
       e->b_pos[nb] = anna_context_seq_len(e->ctx, i);
@@ -953,7 +1110,7 @@ static void *engine_main(void *arg) {
       }
       prompt_fed += p.prefill[k].n;
     }
-    if (nb == 0) {
+    if (nb == 0 && nw == 0) {
       pthread_mutex_lock(&e->mu);
       const int blocked = anna_sched_n_running(e->sc) > 0;
       pthread_mutex_unlock(&e->mu);
@@ -991,9 +1148,24 @@ static void *engine_main(void *arg) {
       if (tt > 0) ktemp = tt;
       kc = kk > kc ? kk : kc;
     }
-    const int drc = kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err,
-                                                      sizeof err)
-                           : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err);
+    /* The verify windows first (one forward pass of their own), then the plain batch. */
+    if (nw > 0) {
+      const int vrc = anna_context_verify(e->ctx, e->wins, nw, err, sizeof err);
+      if (vrc) {
+        slog(SLOG_ERROR, NULL, "speculative verify failed: %s", err);
+        const int code = vrc == ANNA_ERANGE || vrc == ANNA_ENOMEM ? ANNA_ENOMEM : vrc;
+        for (int w = 0; w < nw; w++) {
+          const int i = e->win_slot[w];
+          if (e->slots[i].r) slot_free(e, i, "error", code, err, 0);
+          else anna_context_seq_reset(e->ctx, i);
+          e->wins[w].n_out = 0;
+        }
+      }
+    }
+    const int drc = nb == 0 ? 0
+                    : kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err,
+                                                        sizeof err)
+                             : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err);
     if (drc) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
       /* No free KV block (ANNA_ERANGE) or no memory: a retry may succeed (HTTP 503). */
@@ -1011,7 +1183,7 @@ static void *engine_main(void *arg) {
     }
     pthread_mutex_lock(&e->mx->mu);
     e->mx->decode_steps++;
-    e->mx->batch_tokens += (uint64_t)nb;
+    e->mx->batch_tokens += (uint64_t)(nb + wrows);
     e->mx->batch_seqs += (uint64_t)nseqs;
     e->mx->prompt_tokens += (uint64_t)prompt_fed;
     pthread_mutex_unlock(&e->mx->mu);
@@ -1020,6 +1192,12 @@ static void *engine_main(void *arg) {
     pthread_mutex_unlock(&e->mu);
     for (int k = 0; k < p.n_prefill; k++)
       e->slots[p.prefill[k].slot].n_fed += (size_t)p.prefill[k].n;
+    /* a window's accepted drafts are in the cache, its last id is the new pending token: each
+     * goes through slot_sample as a drawn token would (stop strings, limits, streaming) */
+    for (int w = 0; w < nw; w++) {
+      const int i = e->win_slot[w];
+      for (int j = 0; j < e->wins[w].n_out && e->slots[i].r; j++) slot_sample(e, i, NULL, e->wins[w].out[j]);
+    }
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
       slot *s = &e->slots[i];
@@ -1056,7 +1234,10 @@ static void *engine_main(void *arg) {
     /* Cached: what idle blocks and exact entries hold for later prompts. */
     cached = ks.cached_blocks * ks.block_len;
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
+    anna_spec_stats sps = {0};
+    if (e->ng) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
     pthread_mutex_lock(&e->mu);
+    if (e->ng) e->spec = sps;
     e->running = anna_sched_n_running(e->sc);
     e->kv_tokens = kv;
     e->kv_cached = cached;
@@ -1144,6 +1325,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cv, &ca);
   pthread_cond_init(&e->idle_cv, &ca);
+  pthread_cond_init(&e->embed_cv, &ca);
   pthread_condattr_destroy(&ca);
   const int S = e->o.n_seq, B = e->o.n_batch;
   if (e->o.prompt_cache_size < 0 || !e->o.prompt_cache) e->o.prompt_cache_size = 0;
@@ -1151,7 +1333,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
    * often; GDN state snapshots every prompt_cache_block tokens inside a prefill chunk. */
   int blk = e->o.kv_block_len > 0 ? e->o.kv_block_len : 64;
   while (e->o.prompt_cache_block > 0 && blk > 16 && e->o.prompt_cache_block % blk) blk /= 2;
-  anna_context_options co = {.n_seq = S + e->o.prompt_cache_size,
+  e->embed_seq = e->o.embeddings ? S + e->o.prompt_cache_size : -1;
+  e->hidden = anna_model_hidden_size(m);
+  anna_context_options co = {.n_seq = S + e->o.prompt_cache_size + (e->o.embeddings != 0),
                              .kv_block_len = blk,
                              .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
@@ -1219,6 +1403,23 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
       goto fail;
     }
   }
+  if (e->o.spec_draft_max > 0) {
+    if (e->o.spec_draft_max > ANNA_SPEC_MAX_DRAFT) e->o.spec_draft_max = ANNA_SPEC_MAX_DRAFT;
+    const anna_ngram_params np = {.n_min = e->o.spec_ngram_min > 0 ? e->o.spec_ngram_min : 1,
+                                  .n_max = e->o.spec_ngram_max > 0 ? e->o.spec_ngram_max : 4,
+                                  .k_max = e->o.spec_draft_max};
+    e->ng = calloc((size_t)S, sizeof *e->ng);
+    e->spec_draft = malloc((size_t)S * ANNA_SPEC_MAX_DRAFT * sizeof *e->spec_draft);
+    e->spec_out = malloc((size_t)S * (ANNA_SPEC_MAX_DRAFT + 1) * sizeof *e->spec_out);
+    e->wins = malloc((size_t)S * sizeof *e->wins);
+    e->win_slot = malloc((size_t)S * sizeof *e->win_slot);
+    if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot) {
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the speculative drafters");
+      goto fail;
+    }
+    for (int i = 0; i < S; i++)
+      if ((rc = anna_ngram_create(&e->ng[i], &np, (int32_t)e->o.n_ctx + 1, err, errlen))) goto fail;
+  }
   const anna_sched_options so = {.n_slots = S,
                                  .n_batch = B,
                                  .max_batch_size = e->o.max_batch_size,
@@ -1271,6 +1472,9 @@ void engine_free(engine *e) {
   free(e->c_idx);
   free(e->c_val);
   free(e->c_st);
+  if (e->ng)
+    for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
+  free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
   free(e->b_tok);
   free(e->b_seq);
   free(e->b_pos);
@@ -1284,6 +1488,7 @@ void engine_free(engine *e) {
   pthread_mutex_destroy(&e->mu);
   pthread_cond_destroy(&e->cv);
   pthread_cond_destroy(&e->idle_cv);
+  pthread_cond_destroy(&e->embed_cv);
   free(e);
 }
 
@@ -1409,6 +1614,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   for (int k = 0; k < e->o.prompt_cache_size; k++) st->exact_entries += e->ex[k].n > 0;
   st->draining = e->draining;
   st->preemptions = e->preemptions;
+  st->spec = e->spec;
   pthread_mutex_unlock(&e->mu);
 }
 

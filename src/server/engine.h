@@ -60,6 +60,16 @@ typedef struct engine_options {
    * free - (1 - F) * total in blocks (anna_context_memory). 0: off. A backend that cannot
    * report its memory (the CPU) is an error. */
   float gpu_memory_utilization;
+  /* Speculative decoding with the n-gram (prompt lookup) drafter, anna-serve --speculative
+   * ngram: up to spec_draft_max (1..ANNA_SPEC_MAX_DRAFT; 0: off) drafted tokens per decoding
+   * sequence verified in one window (anna_context_verify), suffixes of spec_ngram_min..max
+   * tokens matched. Only greedy choices without penalties, logprobs, JSON / forced output or
+   * images take windows (the window's argmax is the greedy choice, so outputs are those of
+   * plain decoding); the others decode as before in the same step. */
+  int spec_draft_max, spec_ngram_min, spec_ngram_max;
+  /* Reserve one more context sequence for engine_embed (pooled hidden states): its KV
+   * positions count in the pool like a slot's. 0: engine_embed answers ANNA_EUNSUPPORTED. */
+  int embeddings;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
@@ -78,6 +88,11 @@ typedef struct gen_choice {
   gen_token *toks; /* with logprobs only */
   size_t n_toks, cap_toks;
   int n_prompt, n_gen;
+  int n_cached; /* prompt tokens a cache held when the choice started (not recomputed) */
+  /* With gen_request.keep_ids: the generated token ids (the end-of-generation token
+   * included), copied once when the choice finishes. Owned. */
+  int32_t *gen_ids;
+  size_t n_gen_ids;
   int done;
   const char *finish_reason; /* static: "stop", "length", "cancelled", "error" */
 } gen_choice;
@@ -97,6 +112,7 @@ typedef struct gen_request {
   /* vLLM's min_tokens: before this many generated tokens, end-of-generation tokens are
    * masked out of sampling and stop strings are not matched (0: off). */
   int min_tokens;
+  int keep_ids;  /* copy each choice's generated ids into gen_choice.gen_ids at its end */
   int json_mode; /* constrain the output to one JSON object (response_format) */
   /* With json_mode: the output (or the forced call's arguments) follows this compiled
    * schema instead of "any object". Owned reference (jsonschema_release); NULL: unused. */
@@ -151,6 +167,15 @@ void engine_free(engine *e);
  * A sequence that later outgrows the pool even when it runs alone (nothing left to preempt)
  * ends with "error" and error_code ANNA_ENOMEM. */
 int engine_submit(engine *e, gen_request *r, char *err, size_t errlen);
+/* The final hidden state (anna_context_decode_hidden) of the last of ids[0, n) into
+ * out[engine_hidden_size] (caller-owned), computed on the engine thread between steps on the
+ * sequence reserved by engine_options.embeddings (one input at a time; the sequence is
+ * emptied afterwards and registers nothing in the prefix pool). Blocks until done.
+ * ANNA_EUNSUPPORTED: embeddings off or a model without hidden states; ANNA_EINVAL: n is 0 or
+ * more than the context; ANNA_ESTATE: shutting down; ANNA_ERANGE / ANNA_ENOMEM: no KV blocks
+ * or memory (worth a retry). */
+int engine_embed(engine *e, const int32_t *ids, size_t n, float *out, char *err, size_t errlen);
+int engine_hidden_size(const engine *e);
 /* Asks the engine to drop r's sequences; idempotent, returns at once. */
 void engine_cancel(engine *e, gen_request *r);
 /* Refuses new work from now on. Returns once nothing is queued or running, or after
@@ -168,6 +193,7 @@ typedef struct engine_stats {
   int64_t kv_seq_blocks, kv_exact_blocks;
   int exact_entries;
   int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
+  anna_spec_stats spec; /* verify windows, drafted and accepted tokens (speculative decoding) */
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);

@@ -8,9 +8,12 @@
 #include "audio_api.h"
 #include "metrics.h"
 #include "oai.h"
+#include "embed_api.h"
+#include "responses.h"
 #include "imgfetch.h"
 #include "speech_api.h"
 #include "tokapi.h"
+#include "webui.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -34,6 +37,7 @@ typedef struct server {
   metrics mx;
   oai_config cfg;
   auth_keys *keys; /* NULL: no auth */
+  resp_store *rstore; /* stored /v1/responses */
   speech_server *speech; /* speech mode (a Qwen3-TTS folder): no text model, engine or text */
   char model_name[256];
   int active; /* requests between first callback and completion (atomic) */
@@ -60,6 +64,8 @@ typedef struct sse {
   server *srv;
   oai_job job;
   oai_stream *st;
+  resp_job *rj; /* /v1/responses: the job (owning the chat job) and its renderer instead */
+  resp_stream *rs;
   char *buf;
   size_t len, cap, off;
   int finished;
@@ -118,7 +124,9 @@ static enum MHD_Result send_body(conn *cn, int status, char *body, const char *c
   if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
   if (status == 405)
     MHD_add_response_header(resp, "Allow",
-                            strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
+                            !strncmp(cn->url, "/v1/responses/", 14)
+                                ? (strstr(cn->url + 14, "/") ? "GET" : "GET, DELETE")
+                            : strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
                                     strcmp(cn->url, "/metrics")
                                 ? "POST"
                                 : "GET");
@@ -218,6 +226,11 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
                         json_integer((json_int_t)st.kv_cached));
     json_object_set_new(json_object_get(o, "scheduler"), "preemptions",
                         json_integer((json_int_t)st.preemptions));
+    json_object_set_new(o, "speculative",
+                        json_pack("{s:s,s:i,s:I,s:I,s:I,s:I}", "drafter", eo->spec_draft_max > 0 ? "ngram" : "none",
+                                  "draft_max", eo->spec_draft_max, "windows", (json_int_t)st.spec.windows, "drafted",
+                                  (json_int_t)st.spec.drafted, "accepted", (json_int_t)st.spec.accepted,
+                                  "rollbacks", (json_int_t)st.spec.rollbacks));
     json_object_set_new(
         o, "kv_blocks",
         json_pack("{s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "block_len", st.kv.block_len, "total",
@@ -284,7 +297,7 @@ static enum MHD_Result route_metrics(server *srv, conn *cn) {
 
 static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
   sse *s = cls;
-  gen_request *r = s->job.r;
+  gen_request *r = s->rj ? resp_job_chat(s->rj)->r : s->job.r;
   for (;;) {
     if (s->off < s->len) {
       size_t n = s->len - s->off < max ? s->len - s->off : max;
@@ -295,7 +308,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     }
     if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
     pthread_mutex_lock(&r->mu);
-    while (!oai_stream_has_news(s->st)) {
+    while (!(s->rs ? resp_stream_has_news(s->rs) : oai_stream_has_news(s->st))) {
       gen_request_wait(r, 50);
       if (peer_gone(s->fd)) {
         pthread_mutex_unlock(&r->mu);
@@ -304,7 +317,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
       }
     }
     pthread_mutex_unlock(&r->mu);
-    if (oai_stream_step(s->st, &s->buf, &s->len, &s->cap, &s->finished)) {
+    if (s->rs ? resp_stream_step(s->rs, &s->buf, &s->len, &s->cap, &s->finished)
+              : oai_stream_step(s->st, &s->buf, &s->len, &s->cap, &s->finished)) {
       engine_cancel(s->srv->eng, r);
       return MHD_CONTENT_READER_END_WITH_ERROR;
     }
@@ -314,8 +328,11 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void sse_free(void *cls) {
   sse *s = cls;
   if (s->job.r) engine_cancel(s->srv->eng, s->job.r);
+  if (s->rj) engine_cancel(s->srv->eng, resp_job_chat(s->rj)->r);
   oai_stream_free(s->st);
   oai_job_clear(&s->job);
+  resp_stream_free(s->rs);
+  resp_job_free(s->rj);
   free(s->buf);
   free(s);
 }
@@ -427,6 +444,134 @@ static enum MHD_Result route_generate(server *srv, conn *cn, int kind) {
   return ret;
 }
 
+/* The engine's refusal of a submit as an HTTP answer (as route_generate's). */
+static enum MHD_Result submit_failed(conn *cn, int rc, const char *err) {
+  const int status = rc == ANNA_ERANGE                        ? 429
+                     : rc == ANNA_ESTATE || rc == ANNA_ENOMEM ? 503
+                     : rc == ANNA_EINVAL                      ? 400
+                                                              : 500;
+  return send_fail(cn, status, NULL,
+                   rc == ANNA_ERANGE   ? "queue_full"
+                   : rc == ANNA_ESTATE ? "shutting_down"
+                   : rc == ANNA_ENOMEM ? "resources_exhausted"
+                                       : NULL,
+                   err);
+}
+
+static enum MHD_Result body_too_big(server *srv, conn *cn) {
+  char msg[128];
+  snprintf(msg, sizeof msg, "the request body is larger than %zu bytes (--max-body-bytes)", srv->o->max_body_bytes);
+  return send_fail(cn, 413, NULL, "request_too_large", msg);
+}
+
+/* POST /v1/responses: the chat path's engine request, rendered as a Responses object or
+ * event stream (responses.h). */
+static enum MHD_Result route_responses(server *srv, conn *cn) {
+  if (cn->too_big) return body_too_big(srv, cn);
+  resp_job *rj = NULL;
+  oai_error e;
+  if (resp_parse(&srv->cfg, srv->rstore, cn->body ? cn->body : "", cn->len, cn->rid, &rj, &e)) {
+    slog(SLOG_INFO, cn->rid, "rejected %d: %s", e.status, e.message);
+    return send_error(cn, &e);
+  }
+  gen_request *r = resp_job_chat(rj)->r;
+  char err[512];
+  int rc = engine_submit(srv->eng, r, err, sizeof err);
+  if (rc) {
+    resp_job_free(rj);
+    return submit_failed(cn, rc, err);
+  }
+  gen_request_retain(r);
+  cn->gr = r;
+  cn->n_prompt += (int)r->n_prompt[0];
+  int fd = conn_fd(cn->c);
+  if (resp_job_chat(rj)->stream) {
+    sse *s = calloc(1, sizeof *s);
+    if (!s) {
+      engine_cancel(srv->eng, r);
+      resp_job_free(rj);
+      return send_fail(cn, 500, NULL, NULL, "out of memory");
+    }
+    s->srv = srv;
+    s->rj = rj;
+    s->fd = fd;
+    if (!(s->rs = resp_stream_new(rj))) {
+      sse_free(s);
+      return send_fail(cn, 500, NULL, NULL, "out of memory");
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, sse_read, s, sse_free);
+    if (!resp) {
+      sse_free(s);
+      return send_fail(cn, 500, NULL, NULL, "out of memory");
+    }
+    MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    MHD_add_response_header(resp, "X-Request-Id", cn->rid);
+    enum MHD_Result ret = MHD_queue_response(cn->c, 200, resp);
+    MHD_destroy_response(resp);
+    cn->status = 200;
+    return ret;
+  }
+  pthread_mutex_lock(&r->mu);
+  while (r->n_done < r->n_choices) {
+    gen_request_wait(r, 50);
+    if (peer_gone(fd)) {
+      pthread_mutex_unlock(&r->mu);
+      engine_cancel(srv->eng, r);
+      resp_job_free(rj);
+      cn->status = 499;
+      return MHD_NO;
+    }
+  }
+  const int failed = r->error[0] != 0, busy = r->error_code == ANNA_ENOMEM;
+  pthread_mutex_unlock(&r->mu);
+  enum MHD_Result ret;
+  if (failed) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "generation failed: %s", r->error);
+    ret = send_fail(cn, busy ? 503 : 500, NULL, busy ? "resources_exhausted" : "generation_failed", msg);
+  } else {
+    ret = send_body(cn, 200, resp_finish_json(rj), "application/json");
+  }
+  resp_job_free(rj);
+  return ret;
+}
+
+/* GET / DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items. */
+static enum MHD_Result route_response_id(server *srv, conn *cn, const char *rest, int get, int del) {
+  char id[128];
+  const char *slash = strchr(rest, '/');
+  const size_t il = slash ? (size_t)(slash - rest) : strlen(rest);
+  const int items = slash && !strcmp(slash, "/input_items");
+  if (il == 0 || il >= sizeof id || (slash && !items))
+    return send_fail(cn, 404, NULL, "not_found", "no such route under /v1/responses");
+  memcpy(id, rest, il);
+  id[il] = '\0';
+  if (!(get || (del && !items))) return send_fail(cn, 405, NULL, "method_not_allowed", items ? "this route takes GET" : "this route takes GET or DELETE");
+  if (get && !items && MHD_lookup_connection_value(cn->c, MHD_GET_ARGUMENT_KIND, "stream"))
+    return send_fail(cn, 400, "stream", "unsupported_parameter", "replaying a stored response as a stream is not supported");
+  char *body = NULL;
+  oai_error e;
+  int st = items ? resp_input_items(srv->rstore, id, MHD_lookup_connection_value(cn->c, MHD_GET_ARGUMENT_KIND, "order"),
+                                    MHD_lookup_connection_value(cn->c, MHD_GET_ARGUMENT_KIND, "limit"),
+                                    MHD_lookup_connection_value(cn->c, MHD_GET_ARGUMENT_KIND, "after"), &body, &e)
+           : del ? resp_delete(srv->rstore, id, &body, &e)
+                 : resp_get(srv->rstore, id, &body, &e);
+  if (st != 200) return send_error(cn, &e);
+  return send_body(cn, 200, body, "application/json");
+}
+
+static enum MHD_Result route_embeddings(server *srv, conn *cn) {
+  if (cn->too_big) return body_too_big(srv, cn);
+  char *out = NULL;
+  oai_error e;
+  if (embed_api_handle(&srv->cfg, srv->eng, cn->body ? cn->body : "", cn->len, &out, &e)) {
+    slog(SLOG_INFO, cn->rid, "rejected %d: %s", e.status, e.message);
+    return send_error(cn, &e);
+  }
+  return send_body(cn, 200, out, "application/json");
+}
+
 /* /v1/audio/transcriptions and /translations (audio_api.h). */
 static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
   const audio_api_env env = {.m = srv->m,
@@ -516,6 +661,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     known = !strcmp(method, methods[i]);
   if (!known || (url[0] != '/' && strcmp(url, "*")))
     return send_fail(cn, 400, NULL, "bad_request", "not an HTTP request line this server understands");
+  /* The chat page (webui.h) holds no secret: served without a key; its API calls carry one. */
+  enum MHD_Result wr;
+  if (!srv->o->no_webui && !srv->speech && webui_route(c, method, url, cn->rid, &wr, &cn->status)) return wr;
   /* With API keys every route needs one, unknown routes included (a 404 would tell a
    * stranger which routes exist); health and metrics stay open for probes unless
    * --auth-health. */
@@ -541,6 +689,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
     return route_generate(srv, cn,
                           !strcmp(url, "/v1/chat/completions") ? OAI_CHAT : OAI_COMPLETION);
+  }
+  if (!strcmp(url, "/v1/responses")) {
+    if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
+    return route_responses(srv, cn);
+  }
+  if (!strncmp(url, "/v1/responses/", 14))
+    return route_response_id(srv, cn, url + 14, get, !strcmp(method, "DELETE"));
+  if (!strcmp(url, "/v1/embeddings")) {
+    if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
+    return route_embeddings(srv, cn);
   }
   if (!strcmp(url, "/v1/audio/transcriptions") || !strcmp(url, "/v1/audio/translations")) {
     if (!post) return send_fail(cn, 405, NULL, "method_not_allowed", "this route takes POST");
@@ -744,6 +902,10 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .image_fetch_timeout_s = o->image_fetch_timeout_s > 0 ? o->image_fetch_timeout_s : 10};
   imgfetch_global_init();
 listen:
+  if ((rc = resp_store_create(&srv->rstore, o->responses_store_max))) {
+    rc = anna_err(err, errlen, rc, "out of memory");
+    goto done;
+  }
   if ((rc = auth_keys_create(&srv->keys, o->api_keys, o->n_api_keys, o->api_key_file, err, errlen))) goto done;
   if (srv->keys)
     slog(SLOG_INFO, NULL, "API keys: %d (health and metrics %s)", auth_count(srv->keys),
@@ -817,6 +979,7 @@ done:
   anna_model_free(srv->m);
   metrics_destroy(&srv->mx);
   auth_free(srv->keys);
+  resp_store_free(srv->rstore);
   free(srv);
   return rc;
 }

@@ -51,6 +51,10 @@ typedef struct server_options {
   int n_api_keys;
   const char *api_key_file;
   int auth_health;
+  /* /v1/responses kept for previous_response_id and GET (--responses-store-max; least
+   * recently used evicted; 0: none kept). eng.embeddings turns /v1/embeddings on. */
+  int responses_store_max;
+  int no_webui; /* --no-webui: no chat page at "/" (webui.h; then "/" is a 404) */
 } server_options;
 
 /* Runs until a termination signal. Returns 0, or a negative ANNA_E* code with err filled

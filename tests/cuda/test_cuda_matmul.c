@@ -404,9 +404,13 @@ void test_batch_invariant(void) {
       }
       free(ga), free(gb), free(gan), free(gbn);
       dfree(a1), dfree(b1), dfree(an), dfree(bn);
+      cuda_backend_drop_mirrors(g_gpu); /* w2's mirror, before its host copy goes */
       free(w2), free(wf2);
     }
     dfree(dx);
+    /* the mirrors are keyed by host address: drop them before the host copies go, or a later
+     * test's weight allocated at the same address would find this one's device copy */
+    cuda_backend_drop_mirrors(g_gpu);
     free(w), free(wf), free(x), free(alone);
   }
   cuda_backend_set_batch_invariant(g_gpu, 0);

@@ -28,7 +28,7 @@ static char *dump(const json_t *j) { return j ? json_dumps(j, JSON_COMPACT | JSO
 
 static void test_status(void) {
   printf("status\n");
-  CHECK(ANNA_API_VERSION == 10300, "ANNA_API_VERSION %d", ANNA_API_VERSION); /* 1.3: audio in prompts, speech synthesis */
+  CHECK(ANNA_API_VERSION == 10400, "ANNA_API_VERSION %d", ANNA_API_VERSION); /* 1.4: anna_context_decode_hidden, the MTP drafter */
   CHECK(!strcmp(anna_status_name(ANNA_OK), "ANNA_OK"), "ok");
   CHECK(!strcmp(anna_status_name(ANNA_EINVAL), "ANNA_EINVAL"), "einval");
   CHECK(!strcmp(anna_status_name(ANNA_ENOMEM), "ANNA_ENOMEM"), "enomem");

@@ -46,6 +46,8 @@ typedef struct fcase {
   int32_t greedy[NGEN];
   double margin[NGEN];
   float *logits;
+  float *hidden; /* HF last_hidden_state [n, hidden_h] (after the final norm) or NULL */
+  int hidden_h;
 } fcase;
 
 static float *read_f32(const char *path, size_t n) {
@@ -82,6 +84,18 @@ static int load_cases(const char *dir, fcase *cs, int *ncase, int vocab_check) {
     }
     snprintf(path, sizeof path, "%.1024s/%.1024s", dir, json_string_value(json_object_get(c, "logits_file")));
     fc->logits = read_f32(path, (size_t)fc->n * vocab_check);
+    json_t *hf = json_object_get(c, "hidden_file"), *hs = json_object_get(c, "hidden_shape");
+    if (json_is_string(hf) && json_array_size(hs) == 3) { /* [layers + 1, n, hidden]: keep the last entry */
+      const size_t L1 = (size_t)json_integer_value(json_array_get(hs, 0)), H = (size_t)json_integer_value(json_array_get(hs, 2));
+      snprintf(path, sizeof path, "%.1024s/%.1024s", dir, json_string_value(hf));
+      float *all = read_f32(path, L1 * (size_t)fc->n * H);
+      if (all && L1 > 0) {
+        fc->hidden = malloc(sizeof(float) * (size_t)fc->n * H);
+        if (fc->hidden) memcpy(fc->hidden, all + (L1 - 1) * (size_t)fc->n * H, sizeof(float) * (size_t)fc->n * H);
+        fc->hidden_h = (int)H;
+      }
+      free(all);
+    }
   }
   json_decref(root);
   return 0;
@@ -160,6 +174,7 @@ static void test_model(const char *root, const char *name) {
     CHECK(0, "context: %s", err);
     for (int c = 0; c < nc; c++) {
       free(cs[c].logits);
+      free(cs[c].hidden);
       free((char *)cs[c].tag);
     }
     anna_model_free(m);
@@ -211,6 +226,29 @@ static void test_model(const char *root, const char *name) {
     }
     CHECK(ok == k, "%s: greedy ids match for %d of %d comparable steps", fc->tag, ok, k);
     printf("  %-5s n=%3d prefill max|d|=%.2e pieces max|d|=%.2e greedy %d/%d\n", fc->tag, fc->n, d1, d2, ok, k);
+    /* (4) anna_context_decode_hidden: every row, then only the last (embeddings' pooling) */
+    if (fc->hidden) {
+      const int H = anna_model_hidden_size(m);
+      CHECK(H == fc->hidden_h, "%s: hidden size %d, reference %d", fc->tag, H, fc->hidden_h);
+      float *hv = H == fc->hidden_h ? malloc(sizeof(float) * (size_t)fc->n * (size_t)H) : NULL;
+      int32_t hsq[512], hpos[512];
+      int8_t hwant[512];
+      for (int pass = 0; hv && pass < 2; pass++) {
+        for (int i = 0; i < fc->n; i++) hsq[i] = 0, hpos[i] = i, hwant[i] = pass == 0 || i == fc->n - 1;
+        anna_context_seq_reset(ctx, 0);
+        anna_batch hb = {fc->n, fc->ids, hsq, hpos, hwant};
+        int hrc = anna_context_decode_hidden(ctx, &hb, hv, err, sizeof err);
+        CHECK(hrc == 0, "%s: decode_hidden: %s", fc->tag, err);
+        if (hrc) break;
+        const float *ref = fc->hidden + (pass == 0 ? 0 : (size_t)(fc->n - 1) * (size_t)H);
+        const float dh = max_diff(hv, ref, (size_t)(pass == 0 ? fc->n : 1) * (size_t)H);
+        CHECK(dh <= g_tol, "%s: final hidden states (%s) max diff %.3g > %.1g", fc->tag, pass ? "last row" : "all rows",
+              dh, g_tol);
+        if (pass) printf("  %-5s final hidden max|d|=%.2e\n", fc->tag, dh);
+      }
+      free(hv);
+      anna_context_seq_reset(ctx, 0);
+    }
   }
   /* (4) both cases as two sequences decoded together */
   if (nc == 2 && cs[0].logits && cs[1].logits) {
@@ -248,6 +286,7 @@ static void test_model(const char *root, const char *name) {
   }
   for (int c = 0; c < nc; c++) {
     free(cs[c].logits);
+    free(cs[c].hidden);
     free((char *)cs[c].tag);
   }
   free(lg);

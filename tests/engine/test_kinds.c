@@ -32,9 +32,9 @@ static void test_registry(void) {
   ok("kind 0 is the text decoder", k && !strcmp(k->name, "text_decoder"));
   ok("found by name", model_kind_by_name("text_decoder") == k && !model_kind_by_name("nope"));
   ok("past the end is NULL", !model_kind_get(model_kind_count()) && !model_kind_get(-1));
-  ok("text decoder: tokens (+ embedding rows) -> logits",
+  ok("text decoder: tokens (+ embedding rows) -> logits or final hidden states",
      k && k->inputs == (MODEL_IO_BIT(MODEL_IO_TOKENS) | MODEL_IO_BIT(MODEL_IO_EMBEDDINGS)) &&
-                                           k->outputs == MODEL_IO_BIT(MODEL_IO_LOGITS));
+         k->outputs == (MODEL_IO_BIT(MODEL_IO_LOGITS) | MODEL_IO_BIT(MODEL_IO_HIDDEN)));
   ok("text decoder has per-sequence state", k && k->seq && k->seq->seq_len && k->seq->logits_row);
   ok("io names", !strcmp(model_io_name(MODEL_IO_TOKENS), "tokens") &&
                      !strcmp(model_io_name(MODEL_IO_LOGITS), "logits") &&

@@ -42,8 +42,8 @@ static int same(const anna_tuning *a, const anna_tuning *b) {
 static const char *other_value(const char *key) {
   static const struct {
     const char *key, *val;
-  } v[] = {{"prefix_kv_share", "0"}, {"cuda_moe_deq_mb", "512"}, {"cuda_decode_mmq", "1"},
-           {"cuda_kv_quant", "1"}, {"cuda_batch_invariant", "1"}, {"spec_window_states", "0"}};
+  } v[] = {{"prefix_kv_share", "0"}, {"cuda_moe_deq_mb", "512"}, {"cuda_decode_mmq", "0"},
+           {"cuda_kv_quant", "0"}, {"cuda_batch_invariant", "1"}, {"spec_window_states", "0"}};
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
     if (!strcmp(v[i].key, key)) return v[i].val;
   return NULL;
@@ -65,11 +65,11 @@ static void test_defaults_and_format(void) {
   tuning_defaults(&t);
   CHECK(t.prefix_kv_share == 1, "bool defaults");
   CHECK(t.cuda_moe_deq_mb == 2048, "numeric defaults");
-  CHECK(t.cuda_kv_quant == 0, "cuda_kv_quant is off until the kv families pass on a device");
+  CHECK(t.cuda_kv_quant == 1 && t.cuda_decode_mmq == 1, "cuda_kv_quant and cuda_decode_mmq are on since their device checks passed");
   char buf[2048];
   size_t n = tuning_format(&t, buf, sizeof buf);
   CHECK(n == strlen(buf), "format length %zu vs %zu", n, strlen(buf));
-  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\ncuda_decode_mmq=0\ncuda_kv_quant=0\ncuda_batch_invariant=0\nspec_window_states=1\n"), "format text:\n%s", buf);
+  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\ncuda_decode_mmq=1\ncuda_kv_quant=1\ncuda_batch_invariant=0\nspec_window_states=1\n"), "format text:\n%s", buf);
   /* truncation: snprintf's convention, always terminated */
   char small[10];
   size_t m = tuning_format(&t, small, sizeof small);

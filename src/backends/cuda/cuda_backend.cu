@@ -886,8 +886,8 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->mem_info = cu_mem_info;
   be->warmup = 1; /* weights are mirrored on first use */
   /* Quantized caches (cuda_kv.cu writes them, cuda_attn.cu's k_attn_kv reads them) and the
-   * residual ring only with the tuning key cuda_kv_quant, off until the kv test families have
-   * run on a device (bench/notes/kvq.md); otherwise f32 caches only, as before. */
+   * residual ring with the tuning key cuda_kv_quant (on by default since the kv test families
+   * passed on an H100, session 17; bench/notes/kvq.md); off: f32 caches only. */
   ci->kv_quant = t && t->cuda_kv_quant;
   be->kv_types = ci->kv_quant ? 0x7fu : 1u << OPS_KV_F32; /* F32, F16, Q8, Q4, TQ2..4 */
   be->residual_ring = ci->kv_quant;
