@@ -14,7 +14,7 @@ log() { echo "[setup] $*" >&2; }
 
 APT_PKGS=(build-essential cmake pkg-config git unzip python3 python3-pip python3-venv
           libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
-          libjpeg-dev libpng-dev libwebp-dev libgif-dev libcurl4-openssl-dev
+          libjpeg-dev libpng-dev libwebp-dev libgif-dev libcurl4-openssl-dev libssl-dev
           libsndfile1-dev libsoxr-dev libfftw3-dev
           libavformat-dev libavcodec-dev libswscale-dev libavutil-dev
           chromium chromium-driver) # the web page's browser test (tests/server/test_webui.py)

@@ -21,6 +21,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-bench --model-dir DIR|--model FILE.gguf [prompt] [options]\n"
+          "  --hf-repo ORG/NAME[:FILE|:TAG]  a Hugging Face Hub model (downloaded into the\n"
+          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN; anna-pull --help)\n"
           "prompt (one of; default --prompt-len 512):\n"
           "  --prompt TEXT            user message, rendered with the model's chat template\n"
           "  --system TEXT  --raw  --no-think   as in anna-generate (with --prompt)\n"
@@ -386,7 +388,7 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 }
 
 int main(int argc, char **argv) {
-  const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL;
+  const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL, *hf = NULL;
   const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
@@ -398,6 +400,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
     if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); model = v; }
+    else if (!strcmp(a, "--hf-repo")) { NEEDV(); hf = v; }
     else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
     else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
     else if (!strcmp(a, "--prompt-lengths")) { NEEDV(); lengths_arg = v; }
@@ -450,6 +453,7 @@ int main(int argc, char **argv) {
     }
 #undef NEEDV
   }
+  if (cli_hf_model(hf, &model)) return 1;
   if (!model) {
     fprintf(stderr, "error: need --model-dir (or --model)\n");
     usage(stderr);

@@ -9,6 +9,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-generate --model-dir DIR|--model FILE.gguf (--prompt TEXT | --prompt-ids 1,2,3) [options]\n"
+          "  --hf-repo ORG/NAME[:FILE|:TAG]  a Hugging Face Hub model (downloaded into the\n"
+          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN; anna-pull --help)\n"
           "  --prompt TEXT            user message, rendered with the model's chat template\n"
           "  --system TEXT            system message (with --prompt)\n"
           "  --raw                    tokenize --prompt as is (no chat template)\n"
@@ -52,7 +54,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL;
+  const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL, *hf = NULL;
   const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
@@ -72,6 +74,7 @@ int main(int argc, char **argv) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDV() CLI_NEEDV()
     if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); model = v; }
+    else if (!strcmp(a, "--hf-repo")) { NEEDV(); hf = v; }
     else if (!strcmp(a, "--prompt")) { NEEDV(); prompt = v; }
     else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
     else if (!strcmp(a, "--prompt-ids")) { NEEDV(); ids_arg = v; }
@@ -131,6 +134,7 @@ int main(int argc, char **argv) {
     }
 #undef NEEDV
   }
+  if (cli_hf_model(hf, &model)) return 1;
   if (!model || (!prompt && !ids_arg) || (prompt && ids_arg)) {
     fprintf(stderr, "error: need --model-dir (or --model) and exactly one of --prompt / --prompt-ids\n");
     usage(stderr);

@@ -5,15 +5,18 @@
 #include <string.h>
 
 #include "anna/anna.h"
+#include "cli_common.h"
 
 int main(int argc, char **argv) {
-  if (argc != 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-    fprintf(stderr, "usage: anna-gguf FILE.gguf\n");
+  const char *path = argc == 2 ? argv[1] : NULL;
+  if (argc == 3 && !strcmp(argv[1], "--hf-repo") && cli_hf_model(argv[2], &path)) return 1;
+  if (!path || strcmp(path, "-h") == 0 || strcmp(path, "--help") == 0) {
+    fprintf(stderr, "usage: anna-gguf FILE.gguf | anna-gguf --hf-repo ORG/NAME:FILE.gguf\n");
     return 2;
   }
   char err[512];
   anna_gguf *f = NULL;
-  if (anna_gguf_open(&f, argv[1], err, sizeof err) != 0) {
+  if (anna_gguf_open(&f, path, err, sizeof err) != 0) {
     fprintf(stderr, "anna-gguf: %s\n", err);
     return 1;
   }

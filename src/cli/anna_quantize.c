@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: anna-quantize --model-dir DIR [--type int4|bf16] [--out FILE.gguf]\n"
+  fprintf(f, "usage: anna-quantize --model-dir DIR|--hf-repo ORG/NAME [--type int4|bf16] [--out FILE.gguf]\n"
              "  --model-dir DIR   Hugging Face folder (config.json, *.safetensors, tokenizer.json):\n"
              "                    qwen2, qwen3, llama, qwen3_5 dense\n"
              "  --type T          int4 (default: Q4_K / Q6_K mix as llama.cpp's Q4_K_M) or bf16\n"
@@ -16,10 +16,11 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  const char *dir = NULL, *type = "int4", *out = NULL;
+  const char *dir = NULL, *type = "int4", *out = NULL, *hf = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--model-dir")) { CLI_NEEDV(); dir = v; }
+    else if (!strcmp(a, "--hf-repo")) { CLI_NEEDV(); hf = v; }
     else if (!strcmp(a, "--type")) { CLI_NEEDV(); type = v; }
     else if (!strcmp(a, "--out")) { CLI_NEEDV(); out = v; }
     else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (cli_hf_model(hf, &dir)) return 1;
   if (!dir) {
     fprintf(stderr, "error: --model-dir is required\n");
     usage(stderr);

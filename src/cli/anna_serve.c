@@ -5,6 +5,8 @@
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-serve --model-dir DIR|--model FILE.gguf [options]\n"
+          "  --hf-repo ORG/NAME[:FILE|:TAG]  a Hugging Face Hub model (API id: the name; downloaded into the\n"
+          "                           huggingface_hub cache; HF_ENDPOINT, HF_TOKEN; anna-pull --help)\n"
           "  --model-name NAME        id in the API (default: from the path)\n"
           "  --host HOST --port PORT  bind address (default 127.0.0.1:8000; port 0 = any free port)\n"
           "  --ctx-size N             positions per sequence (default 4096)\n"
@@ -85,6 +87,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   server_options o = {0};
+  const char *hf = NULL;
   o.host = "127.0.0.1";
   o.responses_store_max = 1024;
   o.port = 8000;
@@ -124,6 +127,7 @@ int main(int argc, char **argv) {
     if (cli_float(a, v, lo, hi, &(dst))) return 2;                                                                     \
   }
     if (!strcmp(a, "--model-dir") || !strcmp(a, "--model")) { NEEDV(); o.model_path = v; }
+    else if (!strcmp(a, "--hf-repo")) { NEEDV(); hf = v; }
     else if (!strcmp(a, "--model-name")) { NEEDV(); o.model_name = v; }
     else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
@@ -316,6 +320,8 @@ int main(int argc, char **argv) {
     }
     o.eng.tuning = tuning;
   }
+  if (cli_hf_model(hf, &o.model_path)) return 1;
+  if (hf && !o.model_name) o.model_name = hf;
   if (!o.model_path) {
     fprintf(stderr, "error: --model-dir (or --model) is required\n");
     usage(stderr);
@@ -364,7 +370,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   char err[512] = "";
-  if (server_run(&o, err, sizeof err)) {
+  const int run_rc = server_run(&o, err, sizeof err);
+  if (run_rc) {
     fprintf(stderr, "error: %s\n", err);
     return 1;
   }

@@ -85,7 +85,7 @@ static const char *format_of(const char *path) {
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: anna-speak --model-dir DIR (--text T | --text-ids a,b,..) --speaker S [--language L]\n"
+  fprintf(f, "usage: anna-speak --model-dir DIR|--hf-repo ORG/NAME (--text T | --text-ids a,b,..) --speaker S [--language L]\n"
              "                  (--out FILE | --stream) [options]\n"
              "  --format F         wav, pcm, flac, mp3, opus (default: from --out's extension, else wav)\n"
              "  --stream           raw 16-bit LE 24 kHz mono PCM to stdout, chunk by chunk\n"
@@ -104,12 +104,16 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *text = NULL, *speaker = NULL, *language = "auto", *out_path = NULL;
   const char *codec_dir = NULL, *tok_path = NULL, *ids_arg = NULL, *format = NULL, *instructions = NULL;
+  const char *hf = NULL;
   int max_frames = 1024, greedy = 0, threads = 2, print_codes = 0, seed = 0, stream = 0, chunk = 0, first = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--model-dir")) {
       CLI_NEEDV();
       model_dir = v;
+    } else if (!strcmp(a, "--hf-repo")) {
+      CLI_NEEDV();
+      hf = v;
     } else if (!strcmp(a, "--text")) {
       CLI_NEEDV();
       text = v;
@@ -166,6 +170,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (cli_hf_model(hf, &model_dir)) return 1;
   if (!model_dir || (!text && !ids_arg) || (!out_path && !stream)) {
     fprintf(stderr, "error: need --model-dir, --text or --text-ids, and --out or --stream\n");
     usage(stderr);

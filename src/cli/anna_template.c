@@ -6,10 +6,11 @@
 #include <string.h>
 
 #include "anna/anna.h"
+#include "cli_common.h"
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: anna-template (--model-dir DIR | --template FILE) --messages FILE.json\n"
+          "usage: anna-template (--model-dir DIR | --hf-repo ORG/NAME | --template FILE) --messages FILE.json\n"
           "                     [--tools FILE.json] [--add-generation-prompt]\n"
           "                     [--kwargs '{\"enable_thinking\":false}']\n"
           "                     [--bos-token TEXT] [--eos-token TEXT]\n"
@@ -57,7 +58,7 @@ static char *slurp(const char *path, size_t *len) {
 
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *tpl_path = NULL, *msgs_path = NULL, *tools_path = NULL;
-  const char *kwargs_text = NULL, *vars_path = NULL, *bos = NULL, *eos = NULL;
+  const char *kwargs_text = NULL, *vars_path = NULL, *bos = NULL, *eos = NULL, *hf = NULL;
   int add_gen = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -67,6 +68,7 @@ int main(int argc, char **argv) {
       usage(stdout);
       return 0;
     } else if (v && !strcmp(a, "--model-dir")) model_dir = argv[++i];
+    else if (v && !strcmp(a, "--hf-repo")) hf = argv[++i];
     else if (v && !strcmp(a, "--template")) tpl_path = argv[++i];
     else if (v && !strcmp(a, "--messages")) msgs_path = argv[++i];
     else if (v && !strcmp(a, "--tools")) tools_path = argv[++i];
@@ -80,6 +82,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (cli_hf_model(hf, &model_dir)) return 1;
   if ((!model_dir) == (!tpl_path) || (!msgs_path && !vars_path)) {
     usage(stderr);
     return 2;

@@ -6,6 +6,7 @@
  *   anna-tokenize --model-dir DIR --file F --bench    (tokens/s over the file)
  */
 #include "anna/anna.h"
+#include "cli_common.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -15,7 +16,7 @@
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: anna-tokenize --model-dir DIR (--text T | --file F | --decode ID,ID,...)\n"
+          "usage: anna-tokenize --model-dir DIR|--hf-repo ORG/NAME[:FILE] (--text T | --file F | --decode ID,ID,...)\n"
           "                     [--add-special] [--no-parse-special] [--skip-special] [--bench]\n");
 }
 
@@ -71,13 +72,15 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
 }
 
 int main(int argc, char **argv) {
-  const char *dir = NULL, *text = NULL, *file = NULL, *decode = NULL;
+  const char *dir = NULL, *text = NULL, *file = NULL, *decode = NULL, *hf = NULL;
   int enc_flags = 0, dec_flags = 0, bench = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     int has_val = i + 1 < argc;
     if ((!strcmp(a, "--model-dir") || !strcmp(a, "--model")) && has_val)
       dir = argv[++i];
+    else if (!strcmp(a, "--hf-repo") && has_val)
+      hf = argv[++i];
     else if (!strcmp(a, "--text") && has_val)
       text = argv[++i];
     else if (!strcmp(a, "--file") && has_val)
@@ -101,6 +104,7 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (cli_hf_model(hf, &dir)) return 1;
   if (!dir || (!!text + !!file + !!decode) != 1) {
     fprintf(stderr,
             "anna-tokenize: need --model-dir and exactly one of --text, --file, --decode\n");

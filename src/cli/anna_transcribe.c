@@ -31,7 +31,7 @@ enum { FMT_TEXT, FMT_JSON, FMT_SRT, FMT_VTT };
 
 static void usage(FILE *f) {
   fprintf(
-      f, "usage: anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]\n"
+      f, "usage: anna-transcribe --model-dir DIR|--hf-repo ORG/NAME [--context TEXT] [--language NAME] [--max-new N]\n"
          "                       [--max-seconds S] [--threads N] [--format text|json|srt|vtt]\n"
          "                       [--print-ids | --stream] FILE...\n");
 }
@@ -236,7 +236,7 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
 }
 
 int main(int argc, char **argv) {
-  const char *dir = NULL, *context = "", *language = NULL;
+  const char *dir = NULL, *context = "", *language = NULL, *hf = NULL;
   int max_new = 512, threads = 0, print_ids = 0, max_seconds = 300, fmt = FMT_TEXT, stream = 0;
   const char **files = calloc((size_t)argc, sizeof *files);
   int n_files = 0;
@@ -246,6 +246,9 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--model-dir")) {
       CLI_NEEDV();
       dir = v;
+    } else if (!strcmp(a, "--hf-repo")) {
+      CLI_NEEDV();
+      hf = v;
     } else if (!strcmp(a, "--context")) {
       CLI_NEEDV();
       context = v;
@@ -299,6 +302,10 @@ int main(int argc, char **argv) {
                               : "vtt");
     free(files);
     return 2;
+  }
+  if (cli_hf_model(hf, &dir)) {
+    free(files);
+    return 1;
   }
   if (!dir || !n_files) {
     fprintf(stderr, "error: %s\n", !dir ? "--model-dir is required" : "no audio file given");

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "hub.h"
+
 /* Inside a `for (int i = 1; i < argc; i++)` flag loop with `a` = argv[i] and `v` = argv[i+1]
  * (or NULL): takes the flag's value, or reports the missing value and returns 2 (usage). */
 #define CLI_NEEDV()                                                                                                    \
@@ -212,6 +214,32 @@ static inline void cli_offload_apply(const cli_offload *o, anna_context_options 
   co->reserve_bytes = o->reserve;
   co->cached_experts_per_layer = o->per_layer;
   co->expert_swap_every = o->swap_every;
+}
+
+/* --hf-repo ORG/NAME[:FILE|:TAG] (spec; NULL: the flag was not given): resolves it through the
+ * Hugging Face Hub cache, downloading what it lacks (src/hub/hub.h: HF_ENDPOINT, HF_TOKEN,
+ * HF_HOME, HF_HUB_OFFLINE), and sets *model to the local folder or file (valid until exit: the
+ * path is freed by an atexit handler, so a tool needs no cleanup for it). --hf-repo together
+ * with a --model / --model-dir is an error. Returns 0, or 1 with the message printed. */
+static char *cli_hf_path_ __attribute__((unused));
+__attribute__((unused)) static void cli_hf_free_(void) {
+  free(cli_hf_path_);
+  cli_hf_path_ = NULL;
+}
+static inline int cli_hf_model(const char *spec, const char **model) {
+  if (!spec) return 0;
+  if (*model) {
+    fprintf(stderr, "error: give --hf-repo or --model / --model-dir, not both\n");
+    return 1;
+  }
+  char err[1024];
+  if (cli_hf_path_ || hub_fetch(spec, NULL, &cli_hf_path_, err, sizeof err)) {
+    fprintf(stderr, "error: --hf-repo %s: %s\n", spec, cli_hf_path_ ? "given twice" : err);
+    return 1;
+  }
+  atexit(cli_hf_free_);
+  *model = cli_hf_path_;
+  return 0;
 }
 
 #endif
