@@ -27,6 +27,7 @@ static const field fields[] = {
     {"cuda_decode_mmq", KIND_BOOL, OFF(cuda_decode_mmq), 0, 1, NULL},
     {"cuda_kv_quant", KIND_BOOL, OFF(cuda_kv_quant), 0, 1, NULL}, /* new with the key: no variable to retire */
     {"cuda_batch_invariant", KIND_BOOL, OFF(cuda_batch_invariant), 0, 1, NULL},
+    {"cuda_mmq_split_k", KIND_BOOL, OFF(cuda_mmq_split_k), 0, 1, NULL},
     {"spec_window_states", KIND_BOOL, OFF(spec_window_states), 0, 1, NULL},
 };
 #undef OFF
@@ -62,6 +63,7 @@ void tuning_defaults(anna_tuning *t) {
       .cuda_decode_mmq = 1,
       .cuda_kv_quant = 1,
       .cuda_batch_invariant = 0,
+      .cuda_mmq_split_k = 0,
       .spec_window_states = 1,
   };
 }

@@ -206,6 +206,9 @@ void test_matvec_int8(void) {
                            {9, 100, 2}, {16, 64, 4}, {17, 129, 3}, {33, 200, 1}, {40, 65, 5}, {64, 1000, 16}};
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
   cuda_backend_set_decode_mmq(g_gpu, 1);
+  /* the MMQ shapes with and without K slices (tuning cuda_mmq_split_k); the matvec ignores it */
+  for (int split = 0; split < 2; split++) {
+  cuda_backend_set_mmq_split_k(g_gpu, split);
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
     const int64_t bs = dtype_block_size(type);
@@ -231,8 +234,9 @@ void test_matvec_int8(void) {
         cuda_backend_set_exact(g_gpu, exact);
         cuda_backend_set_matvec_variant(g_gpu, pass == 1 ? CUDA_MV_INT8_R4 : CUDA_MV_DEFAULT);
         g_gpu->matmul(g_gpu, dy, dx, n, &ow, bias);
-        snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s%s", dtype_name(type), (long long)n, (long long)rows,
-                 (long long)cols, bias ? " +bias" : "", exact ? " exact" : pass ? " int8 r4" : " int8");
+        snprintf(what, sizeof what, "%s n=%lld %lldx%lld%s%s%s", dtype_name(type), (long long)n, (long long)rows,
+                 (long long)cols, bias ? " +bias" : "", exact ? " exact" : pass ? " int8 r4" : " int8",
+                 split ? " split-K" : "");
         if (exact) {
           cmpd(what, dy, ref, n * rows, 1e-4);
           dfree(dy);
@@ -249,8 +253,10 @@ void test_matvec_int8(void) {
       dfree(dx);
       free(w), free(wf), free(x), free(bias), free(ref), free(bnd);
     }
-    printf("  %-6s largest error / bound %.3f\n", dtype_name(type), worst);
+    printf("  %-6s%s largest error / bound %.3f\n", dtype_name(type), split ? " split-K" : "", worst);
   }
+  }
+  cuda_backend_set_mmq_split_k(g_gpu, 0);
   cuda_backend_set_decode_mmq(g_gpu, 0);
 }
 
@@ -343,6 +349,8 @@ void test_batch_invariant(void) {
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
   cuda_backend_set_exact(g_gpu, 0);
   cuda_backend_set_batch_invariant(g_gpu, 1);
+  for (int split = 0; split < 2; split++) { /* K slices (cuda_mmq_split_k) keep the property */
+  cuda_backend_set_mmq_split_k(g_gpu, split);
   for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
     const int type = types[ti];
     const int64_t rows = 200, cols = 512, nmax = 300;
@@ -369,7 +377,7 @@ void test_batch_invariant(void) {
       g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
       float *g = dget(dy, n * rows);
       char what[96];
-      snprintf(what, sizeof what, "%s n=%lld matmul", dtype_name(type), (long long)n);
+      snprintf(what, sizeof what, "%s n=%lld matmul%s", dtype_name(type), (long long)n, split ? " split-K" : "");
       gpu_status(what);
       g_checks++;
       if (memcmp(g, alone, sizeof(float) * (size_t)(n * rows))) {
@@ -413,5 +421,7 @@ void test_batch_invariant(void) {
     cuda_backend_drop_mirrors(g_gpu);
     free(w), free(wf), free(x), free(alone);
   }
+  }
+  cuda_backend_set_mmq_split_k(g_gpu, 0);
   cuda_backend_set_batch_invariant(g_gpu, 0);
 }

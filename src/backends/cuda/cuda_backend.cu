@@ -572,6 +572,10 @@ extern "C" void cuda_backend_set_batch_invariant(ops_backend *be, int on) {
   ci->graph_max_tok = on || ci->decode_mmq ? CUDA_GRAPH_MAX_TOK : 8; /* the 9..64-token steps stay recordable */
 }
 
+extern "C" void cuda_backend_set_mmq_split_k(ops_backend *be, int on) {
+  cuda_impl_of(be)->mmq_split = on;
+}
+
 extern "C" void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes) {
   cuda_impl_of(be)->piece_at = nodes > 0 ? nodes : 0;
 }
@@ -843,6 +847,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   ci->moe_deq_cap = t && t->cuda_moe_deq_mb > 0 ? (size_t)t->cuda_moe_deq_mb << 20 : (size_t)2 << 30;
   cuda_backend_set_decode_mmq(be, t && t->cuda_decode_mmq); /* graphs up to 8 tokens without it: MV_MAX_TOK */
   cuda_backend_set_batch_invariant(be, t && t->cuda_batch_invariant);
+  ci->mmq_split = t && t->cuda_mmq_split_k;
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;
     cuda_backend_free(be);

@@ -152,6 +152,8 @@ void cuda_backend_set_decode_mmq(ops_backend *be, int on);
 /* Tuning cuda_batch_invariant after creation (tests): on, a token's matmul result does not
  * depend on the other tokens of the call (base/tuning.h says how). */
 void cuda_backend_set_batch_invariant(ops_backend *be, int on);
+/* Tuning cuda_mmq_split_k after creation (tests, benches): K slices in the int8 decode kernel. */
+void cuda_backend_set_mmq_split_k(ops_backend *be, int on);
 
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);

@@ -30,11 +30,11 @@
  * pays a full dequantized copy of every weight per step, which this one does not.
  * Shared memory rows are MMQ_KS + 32 bytes: with the word order, a thread's two fragment
  * words of a 32-block (bytes 4t.. and 16 + 4t..) are one 8-byte load and the 16 lanes of a
- * half-warp hit distinct banks. Split K: a decode-sized call has few row blocks (64 for a
- * 4096-row weight against 132 SMs), so K is cut into S slices (about two blocks per SM, S set
- * by the weight's shape alone) whose partial sums k_mmq_reduce adds in slice order (measured
- * before it, session 17 H100: 11.8 ms for one token of the 9B shape, 24.3 ms for 64, against
- * 1.6 ms to read the weights). Results do not depend on the other tokens of the batch: each
+ * half-warp hit distinct banks. Split K (tuning cuda_mmq_split_k, off until device-checked):
+ * a decode-sized call has few row blocks (64 for a 4096-row weight against 132 SMs), so K is
+ * cut into S slices (about two blocks per SM, S set by the weight's shape alone) whose partial
+ * sums k_mmq_reduce adds in slice order (measured before it, session 17 H100: 11.8 ms for one
+ * token of the 9B shape, 24.3 ms for 64, against 1.6 ms to read the weights). Results do not depend on the other tokens of the batch: each
  * (row, token) sums its 32-blocks and its slices in the same order whatever n is. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_async.cuh"
@@ -389,7 +389,7 @@ static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t row
    * scratch after the activations when there is room, else one slice. */
   const int64_t rblocks = (rows + MMQ_BM - 1) / MMQ_BM, all = colsp / MMQ_KS;
   const int64_t sms = ci->n_sm > 0 ? ci->n_sm : 132;
-  int S = (int)((2 * sms + rblocks - 1) / rblocks);
+  int S = ci->mmq_split ? (int)((2 * sms + rblocks - 1) / rblocks) : 1;
   if (S > all) S = (int)all;
   if (S > 16) S = 16;
   if (S < 1) S = 1;
