@@ -1076,7 +1076,9 @@ static void *engine_main(void *arg) {
     const int nseqs = p.n_decode + p.n_prefill;
     for (int k = 0; k < p.n_decode; k++) {
       const int i = p.decode[k].slot;
-      const int room = spec_room(e, i);
+      /* the windows run as one forward pass of their own: their rows must fit n_batch */
+      int room = spec_room(e, i);
+      if (room > e->o.n_batch - wrows - 1) room = e->o.n_batch - wrows - 1;
       const int kd = room > 0 ? anna_ngram_draft(e->ng[i], e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT, room) : 0;
       if (kd > 0) { /* a verify window instead of one plain token */
         e->wins[nw] = (anna_spec_window){.seq = i,

@@ -23,11 +23,13 @@ def spec_stats(srv):
     return srv.get_json("/healthz")["speculative"]
 
 
-@pytest.mark.parametrize("model", ["qwen3", "qwen3_5"])
-def test_speculative_equals_plain(model):
+# the last case: a batch (8 rows) smaller than four windows of 5 drafts: windows are cut to fit
+@pytest.mark.parametrize("model,extra", [("qwen3", ()), ("qwen3_5", ()), ("qwen3_5", ("--batch-size", "8"))],
+                         ids=["qwen3", "qwen3_5", "qwen3_5-small-batch"])
+def test_speculative_equals_plain(model, extra):
     plain = start_server(os.path.join(FIXTURES, model), "--parallel", "4", "--ctx-size", "256")
     spec = start_server(os.path.join(FIXTURES, model), "--parallel", "4", "--ctx-size", "256",
-                        "--speculative", "ngram", "--draft-max", "5")
+                        "--speculative", "ngram", "--draft-max", "5", *extra)
     try:
         a, b = plain.client(), spec.client()
         want = [greedy(a, model, p) for p in PROMPTS]
