@@ -346,6 +346,76 @@ static int image_bytes(img_list *l, uint8_t *bytes, size_t n, const char *pp, oa
   return 0;
 }
 
+/* What differs between an image_url and a video_url part's URL handling. */
+typedef struct media_url_kind {
+  const char *what, *mime, *example, *flag, *too_large, *fetch_failed;
+  size_t (*max_bytes)(const oai_config *cfg);
+  size_t slack; /* a base64 length's estimate runs up to 2 bytes over (padding) */
+} media_url_kind;
+static size_t image_max_bytes(const oai_config *cfg) {
+  return cfg->max_image_bytes;
+}
+static size_t video_max_bytes(const oai_config *cfg) {
+  return cfg->max_video_bytes;
+}
+static const media_url_kind MEDIA_IMAGE = {"image", "image/", "data:image/png;base64,...", "--max-image-bytes",
+                                           "image_too_large", "image_fetch_failed", image_max_bytes, 0};
+static const media_url_kind MEDIA_VIDEO = {"video", "video/", "data:video/mp4;base64,...", "--max-video-bytes",
+                                           "video_too_large", "video_fetch_failed", video_max_bytes, 2};
+
+/* A media part's url (a JSON string) -> its encoded bytes in *out (caller frees), *n: fetched
+ * from an http(s) URL on an allowed host (imgfetch.h) or decoded from a base64 data: URL of the
+ * kind's media type; every refusal is a 400 naming the problem (returns -1 after oai_fail). */
+static int media_url_bytes(const oai_config *cfg, const media_url_kind *k, json_t *url, const char *pp, uint8_t **out,
+                           size_t *n, oai_error *e) {
+  const size_t max = k->max_bytes(cfg);
+  const char *u = json_string_value(url);
+  const size_t ul = json_string_length(url);
+  if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8)) {
+    if (!cfg->allowed_image_domains || !*cfg->allowed_image_domains)
+      return oai_fail(e, 400, pp, "remote_url_not_allowed",
+                      "remote %s URLs are not fetched by this server (no server-side requests without "
+                      "--allowed-image-domains); send the %s inline as a %s URL", k->what, k->what, k->example);
+    const imgfetch_limits fl = {cfg->allowed_image_domains, max, cfg->image_fetch_timeout_s};
+    char ferr[256];
+    if (imgfetch_check(u, &fl, ferr, sizeof ferr))
+      return oai_fail(e, 400, pp, "remote_url_not_allowed", "%s", ferr);
+    if (imgfetch_get(u, &fl, out, n, ferr, sizeof ferr)) return oai_fail(e, 400, pp, k->fetch_failed, "%s", ferr);
+    return 0;
+  }
+  if (strncasecmp(u, "data:", 5))
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url' must be a data: URL (%s)", pp, k->example);
+  const char *comma = memchr(u, ',', ul);
+  if (!comma)
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': a data: URL needs a ',' before its data", pp);
+  const size_t hl = (size_t)(comma - u);
+  if (hl < 11 || strncasecmp(u + 5, k->mime, 6)) {
+    size_t ml = strcspn(u + 5, ";,");
+    return oai_fail(e, 400, pp, "unsupported_media_type", "'%s.url': the data: URL's media type must be %s*, got "
+                    "'%.*s'", pp, k->mime, (int)(ml > 40 ? 40 : ml), u + 5);
+  }
+  if (hl < 7 || strncasecmp(comma - 7, ";base64", 7))
+    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': only base64 data: URLs are accepted (';base64,')", pp);
+  const char *b = comma + 1;
+  const size_t bl = ul - hl - 1;
+  if (bl / 4 * 3 > max + k->slack)
+    return oai_fail(e, 400, pp, k->too_large, "the %s is about %zu bytes; this server takes at most %zu bytes per %s (%s)",
+                    k->what, bl / 4 * 3, max, k->what, k->flag);
+  uint8_t *bytes = malloc(bl / 4 * 3 + 3);
+  if (!bytes) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  size_t bad = 0;
+  long nb = b64_decode(b, bl, bytes, &bad);
+  if (nb <= 0) {
+    free(bytes);
+    return oai_fail(e, 400, pp, "invalid_base64",
+                    nb == 0 ? "'%s.url': the %s data is empty" : "'%s.url': invalid base64 in the %s data (at data offset %zu)",
+                    pp, k->what, bad);
+  }
+  *out = bytes;
+  *n = (size_t)nb;
+  return 0;
+}
+
 /* One image_url part: a data: URL (base64), or an http(s) URL on an allowed host (imgfetch.h),
  * decoded and prepared for the model's tower. */
 static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_error *e) {
@@ -369,53 +439,10 @@ static int image_part(img_list *l, json_t *part, const char *p, size_t i, oai_er
                                    strcmp(json_string_value(detail), "low") && strcmp(json_string_value(detail), "high"))))
     return oai_fail(e, 400, pp, "invalid_value", "'%s.detail' must be auto, low or high (all three mean the model's "
                     "own resolution here)", pp);
-  const char *u = json_string_value(url);
-  const size_t ul = json_string_length(url);
-  if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8)) {
-    if (!cfg->allowed_image_domains || !*cfg->allowed_image_domains)
-      return oai_fail(e, 400, pp, "remote_url_not_allowed",
-                      "remote image URLs are not fetched by this server (no server-side requests without "
-                      "--allowed-image-domains); send the image inline as a data:image/...;base64,... URL");
-    const imgfetch_limits fl = {cfg->allowed_image_domains, cfg->max_image_bytes, cfg->image_fetch_timeout_s};
-    char ferr[256];
-    if (imgfetch_check(u, &fl, ferr, sizeof ferr))
-      return oai_fail(e, 400, pp, "remote_url_not_allowed", "%s", ferr);
-    uint8_t *got = NULL;
-    size_t gn = 0;
-    if (imgfetch_get(u, &fl, &got, &gn, ferr, sizeof ferr))
-      return oai_fail(e, 400, pp, "image_fetch_failed", "%s", ferr);
-    return image_bytes(l, got, gn, pp, e);
-  }
-  if (strncasecmp(u, "data:", 5))
-    return oai_fail(e, 400, pp, "invalid_value", "'%s.url' must be a data: URL (data:image/png;base64,...)", pp);
-  const char *comma = memchr(u, ',', ul);
-  if (!comma)
-    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': a data: URL needs a ',' before its data", pp);
-  const size_t hl = (size_t)(comma - u);
-  if (hl < 11 || strncasecmp(u + 5, "image/", 6)) {
-    size_t ml = strcspn(u + 5, ";,");
-    return oai_fail(e, 400, pp, "unsupported_media_type", "'%s.url': the data: URL's media type must be image/*, got "
-                    "'%.*s'", pp, (int)(ml > 40 ? 40 : ml), u + 5);
-  }
-  if (hl < 7 || strncasecmp(comma - 7, ";base64", 7))
-    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': only base64 data: URLs are accepted (';base64,')", pp);
-  const char *b = comma + 1;
-  const size_t bl = ul - hl - 1;
-  if (bl / 4 * 3 > cfg->max_image_bytes)
-    return oai_fail(e, 400, pp, "image_too_large",
-                    "the image is about %zu bytes; this server takes at most %zu bytes per image (--max-image-bytes)",
-                    bl / 4 * 3, cfg->max_image_bytes);
-  uint8_t *bytes = malloc(bl / 4 * 3 + 3);
-  if (!bytes) return oai_fail(e, 500, NULL, NULL, "out of memory");
-  size_t bad = 0;
-  long nb = b64_decode(b, bl, bytes, &bad);
-  if (nb <= 0) {
-    free(bytes);
-    return oai_fail(e, 400, pp, "invalid_base64",
-                    nb == 0 ? "'%s.url': the image data is empty"
-                            : "'%s.url': invalid base64 in the image data (at data offset %zu)", pp, bad);
-  }
-  return image_bytes(l, bytes, (size_t)nb, pp, e);
+  uint8_t *bytes = NULL;
+  size_t n = 0;
+  if (media_url_bytes(cfg, &MEDIA_IMAGE, url, pp, &bytes, &n, e)) return -1;
+  return image_bytes(l, bytes, n, pp, e);
 }
 
 /* Encoded video bytes (freed here) -> the next media of l: FFmpeg decode, frame sampling and
@@ -469,53 +496,10 @@ static int video_part(img_list *l, json_t *part, const char *p, size_t i, oai_er
   json_t *vu = json_object_get(part, "video_url"), *url = json_is_object(vu) ? json_object_get(vu, "url") : vu;
   if (!json_is_string(url))
     return oai_fail(e, 400, pp, "invalid_type", "'%s' must be {\"url\": \"data:video/mp4;base64,...\"}", pp);
-  const char *u = json_string_value(url);
-  const size_t ul = json_string_length(url);
-  if (!strncasecmp(u, "http://", 7) || !strncasecmp(u, "https://", 8)) {
-    if (!cfg->allowed_image_domains || !*cfg->allowed_image_domains)
-      return oai_fail(e, 400, pp, "remote_url_not_allowed",
-                      "remote video URLs are not fetched by this server (no server-side requests without "
-                      "--allowed-image-domains); send the video inline as a data:video/mp4;base64,... URL");
-    const imgfetch_limits fl = {cfg->allowed_image_domains, cfg->max_video_bytes, cfg->image_fetch_timeout_s};
-    char ferr[256];
-    if (imgfetch_check(u, &fl, ferr, sizeof ferr))
-      return oai_fail(e, 400, pp, "remote_url_not_allowed", "%s", ferr);
-    uint8_t *got = NULL;
-    size_t gn = 0;
-    if (imgfetch_get(u, &fl, &got, &gn, ferr, sizeof ferr))
-      return oai_fail(e, 400, pp, "video_fetch_failed", "%s", ferr);
-    return video_bytes(l, got, gn, pp, e);
-  }
-  if (strncasecmp(u, "data:", 5))
-    return oai_fail(e, 400, pp, "invalid_value", "'%s.url' must be a data: URL (data:video/mp4;base64,...)", pp);
-  const char *comma = memchr(u, ',', ul);
-  if (!comma)
-    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': a data: URL needs a ',' before its data", pp);
-  const size_t hl = (size_t)(comma - u);
-  if (hl < 11 || strncasecmp(u + 5, "video/", 6)) {
-    size_t ml = strcspn(u + 5, ";,");
-    return oai_fail(e, 400, pp, "unsupported_media_type", "'%s.url': the data: URL's media type must be video/*, got "
-                    "'%.*s'", pp, (int)(ml > 40 ? 40 : ml), u + 5);
-  }
-  if (hl < 7 || strncasecmp(comma - 7, ";base64", 7))
-    return oai_fail(e, 400, pp, "invalid_value", "'%s.url': only base64 data: URLs are accepted (';base64,')", pp);
-  const char *b = comma + 1;
-  const size_t bl = ul - hl - 1;
-  if (bl / 4 * 3 > cfg->max_video_bytes + 2)
-    return oai_fail(e, 400, pp, "video_too_large",
-                    "the video is about %zu bytes; this server takes at most %zu bytes per video (--max-video-bytes)",
-                    bl / 4 * 3, cfg->max_video_bytes);
-  uint8_t *bytes = malloc(bl / 4 * 3 + 3);
-  if (!bytes) return oai_fail(e, 500, NULL, NULL, "out of memory");
-  size_t bad = 0;
-  long nb = b64_decode(b, bl, bytes, &bad);
-  if (nb <= 0) {
-    free(bytes);
-    return oai_fail(e, 400, pp, "invalid_base64",
-                    nb == 0 ? "'%s.url': the video data is empty"
-                            : "'%s.url': invalid base64 in the video data (at data offset %zu)", pp, bad);
-  }
-  return video_bytes(l, bytes, (size_t)nb, pp, e);
+  uint8_t *bytes = NULL;
+  size_t n = 0;
+  if (media_url_bytes(cfg, &MEDIA_VIDEO, url, pp, &bytes, &n, e)) return -1;
+  return video_bytes(l, bytes, n, pp, e);
 }
 
 /* Content as a plain string: a string, null, or an array of text parts; with image parts
