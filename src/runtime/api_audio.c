@@ -14,7 +14,6 @@
 #define _DEFAULT_SOURCE
 #include "anna/anna.h"
 
-#include "backends/registry.h"
 #include "base/error.h"
 #include "media/audio.h"
 #include "media/mel.h"
@@ -369,10 +368,7 @@ int ctx_audio_create(ctx_audio **out, const anna_model *m, int n_batch, int n_th
 }
 
 static void encoder_close(ctx_audio *a) {
-  if (a->st) a->ma->kind->state_free(a->st);
-  if (a->be) a->be->destroy(a->be);
-  a->st = NULL;
-  a->be = NULL;
+  ctx_encoder_close(a->ma->kind, &a->be, &a->st);
   a->cap = 0;
 }
 
@@ -389,22 +385,9 @@ static int encoder_open(ctx_audio *a, int64_t frames, char *err, size_t errlen) 
   const int64_t cap = (frames + AUDIO_FRAMES_STEP - 1) / AUDIO_FRAMES_STEP * AUDIO_FRAMES_STEP;
   if (cap > INT_MAX)
     return anna_err(err, errlen, ANNA_ERANGE, "audio: %lld frames", (long long)frames);
-  const struct model_audio *ma = a->ma;
-  ops_model_shape *shape = calloc(1, sizeof *shape);
-  if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  ma->kind->backend_shape(ma->impl, 0, shape);
-  const backend_info *bi = backend_registry_find("cpu");
-  const backend_params bp = {.n_threads = a->n_threads, .n_batch = cap, .shape = shape};
-  int rc =
-      bi ? bi->create(&bp, &a->be, err, errlen)
-         : anna_err(err, errlen, ANNA_EUNSUPPORTED, "audio encoder: no cpu backend in this build");
-  free(shape);
-  const model_state_params sp = {.n_seq = 1, .n_batch = (int)cap};
-  if (!rc) rc = ma->kind->state_create(&a->st, ma->impl, a->be, &sp, err, errlen);
-  if (rc) {
-    encoder_close(a);
-    return rc;
-  }
+  const int rc = ctx_encoder_open(a->ma->kind, a->ma->impl, a->n_threads, cap, "audio encoder", &a->be, &a->st,
+                                  err, errlen);
+  if (rc) return rc;
   a->cap = cap;
   return 0;
 }

@@ -12,7 +12,6 @@
 #define _DEFAULT_SOURCE
 #include "anna/anna.h"
 
-#include "backends/registry.h"
 #include "base/error.h"
 #include "media/image.h"
 #include "media/video.h"
@@ -468,10 +467,7 @@ int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_ba
 }
 
 static void tower_close(ctx_vision *v) {
-  if (v->st) v->mv->kind->state_free(v->st);
-  if (v->be) v->be->destroy(v->be);
-  v->st = NULL;
-  v->be = NULL;
+  ctx_encoder_close(v->mv->kind, &v->be, &v->st);
   v->cap = 0;
 }
 
@@ -650,22 +646,9 @@ static int tower_open(ctx_vision *v, int64_t patches, char *err, size_t errlen) 
   if (v->st && v->cap >= patches) return 0;
   tower_close(v);
   const int64_t cap = (patches + 1023) / 1024 * 1024;
-  const struct model_vision *mv = v->mv;
-  ops_model_shape *shape = calloc(1, sizeof *shape);
-  if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  mv->kind->backend_shape(mv->impl, 0, shape);
-  const backend_info *bi = backend_registry_find("cpu");
-  const backend_params bp = {.n_threads = v->n_threads, .n_batch = cap, .shape = shape};
-  int rc =
-      bi ? bi->create(&bp, &v->be, err, errlen)
-         : anna_err(err, errlen, ANNA_EUNSUPPORTED, "vision tower: no cpu backend in this build");
-  free(shape);
-  const model_state_params sp = {.n_seq = 1, .n_batch = (int)cap};
-  if (!rc) rc = mv->kind->state_create(&v->st, mv->impl, v->be, &sp, err, errlen);
-  if (rc) {
-    tower_close(v);
-    return rc;
-  }
+  const int rc =
+      ctx_encoder_open(v->mv->kind, v->mv->impl, v->n_threads, cap, "vision tower", &v->be, &v->st, err, errlen);
+  if (rc) return rc;
   v->cap = cap;
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "ops/ops_profile.h"
 #include "runtime/model_handle.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -663,4 +664,28 @@ int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_
   const int rc = anna_context_verify(c, &w, 1, err, errlen);
   *n_out = w.n_out;
   return rc;
+}
+
+int ctx_encoder_open(const model_kind *k, const void *impl, int n_threads, int64_t cap, const char *what,
+                     ops_backend **be, void **st, char *err, size_t errlen) {
+  if (cap > INT_MAX) return anna_err(err, errlen, ANNA_ERANGE, "%s: %lld rows in one run", what, (long long)cap);
+  ops_model_shape *shape = calloc(1, sizeof *shape);
+  if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  k->backend_shape(impl, 0, shape);
+  const backend_info *bi = backend_registry_find("cpu");
+  const backend_params bp = {.n_threads = n_threads, .n_batch = cap, .shape = shape};
+  int rc = bi ? bi->create(&bp, be, err, errlen)
+              : anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: no cpu backend in this build", what);
+  free(shape);
+  const model_state_params sp = {.n_seq = 1, .n_batch = (int)cap};
+  if (!rc) rc = k->state_create(st, impl, *be, &sp, err, errlen);
+  if (rc) ctx_encoder_close(k, be, st);
+  return rc;
+}
+
+void ctx_encoder_close(const model_kind *k, ops_backend **be, void **st) {
+  if (*st) k->state_free(*st);
+  if (*be) (*be)->destroy(*be);
+  *st = NULL;
+  *be = NULL;
 }

@@ -84,4 +84,12 @@ int media_wrap_audio(anna_media **out, audio_clip *clip, int32_t n_tokens, doubl
 /* The clip of an audio media item; NULL for an image. */
 const audio_clip *media_audio_clip(const anna_media *md);
 
+/* A media encoder kind (the vision tower, the audio encoder) beside the text model: its own
+ * CPU backend and one-sequence state for runs of up to cap rows (what = the encoder's name in
+ * messages). *be and *st are the caller's, freed with ctx_encoder_close (also on failure:
+ * both NULL afterwards). */
+int ctx_encoder_open(const model_kind *k, const void *impl, int n_threads, int64_t cap, const char *what,
+                     ops_backend **be, void **st, char *err, size_t errlen);
+void ctx_encoder_close(const model_kind *k, ops_backend **be, void **st);
+
 #endif
