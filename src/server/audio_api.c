@@ -6,6 +6,7 @@
 #include "audio_api.h"
 
 #include "oai.h"
+#include "respond.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -127,27 +128,7 @@ static void form_clear(form *f) {
 
 static enum MHD_Result send_text(struct MHD_Connection *c, const char *rid, int status, char *body,
                                  const char *ctype, int *st) {
-  if (!body) {
-    status = 500;
-    ctype = "application/json";
-    body =
-        strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
-               "\"code\":null}}");
-    if (!body) return MHD_NO;
-  }
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-  if (!resp) {
-    free(body);
-    return MHD_NO;
-  }
-  MHD_add_response_header(resp, "Content-Type", ctype);
-  MHD_add_response_header(resp, "X-Request-Id", rid);
-  if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
-  enum MHD_Result r = MHD_queue_response(c, (unsigned)status, resp);
-  MHD_destroy_response(resp);
-  *st = status;
-  return r;
+  return http_send_text(c, rid, status, body, ctype, NULL, st);
 }
 
 static enum MHD_Result send_err(struct MHD_Connection *c, const char *rid, const oai_error *e,

@@ -11,6 +11,7 @@
 #include "embed_api.h"
 #include "responses.h"
 #include "imgfetch.h"
+#include "respond.h"
 #include "speech_api.h"
 #include "tokapi.h"
 #include "webui.h"
@@ -105,35 +106,39 @@ static void make_rid(server *srv, conn *cn) {
            (unsigned)(ts.tv_nsec >> 10) & 0xffff);
 }
 
-static enum MHD_Result send_body(conn *cn, int status, char *body, const char *ctype) {
+enum MHD_Result http_send_text(struct MHD_Connection *c, const char *rid, int status, char *body, const char *ctype,
+                               const char *allow, int *status_out) {
   if (!body) {
     status = 500;
+    ctype = "application/json";
     body = strdup("{\"error\":{\"message\":\"out of "
                   "memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
     if (!body) return MHD_NO;
   }
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+  struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
   if (!resp) {
     free(body);
     return MHD_NO;
   }
   MHD_add_response_header(resp, "Content-Type", ctype);
-  MHD_add_response_header(resp, "X-Request-Id", cn->rid);
+  MHD_add_response_header(resp, "X-Request-Id", rid);
   if (status == 429 || status == 503) MHD_add_response_header(resp, "Retry-After", "1");
   if (status == 401) MHD_add_response_header(resp, "WWW-Authenticate", "Bearer");
-  if (status == 405)
-    MHD_add_response_header(resp, "Allow",
-                            !strncmp(cn->url, "/v1/responses/", 14)
-                                ? (strstr(cn->url + 14, "/") ? "GET" : "GET, DELETE")
-                            : strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") &&
-                                    strcmp(cn->url, "/metrics")
-                                ? "POST"
-                                : "GET");
-  enum MHD_Result r = MHD_queue_response(cn->c, (unsigned)status, resp);
+  if (allow) MHD_add_response_header(resp, "Allow", allow);
+  enum MHD_Result r = MHD_queue_response(c, (unsigned)status, resp);
   MHD_destroy_response(resp);
-  cn->status = status;
+  *status_out = status;
   return r;
+}
+
+static enum MHD_Result send_body(conn *cn, int status, char *body, const char *ctype) {
+  const char *allow = status != 405 ? NULL
+                      : !strncmp(cn->url, "/v1/responses/", 14)
+                          ? (strstr(cn->url + 14, "/") ? "GET" : "GET, DELETE")
+                      : strncmp(cn->url, "/v1/models", 10) && strcmp(cn->url, "/healthz") && strcmp(cn->url, "/metrics")
+                          ? "POST"
+                          : "GET";
+  return http_send_text(cn->c, cn->rid, status, body, ctype, allow, &cn->status);
 }
 
 static enum MHD_Result send_error(conn *cn, const oai_error *e) {

@@ -11,6 +11,7 @@
 #include "anna/anna.h"
 #include "metrics.h"
 #include "oai.h"
+#include "respond.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -312,25 +313,9 @@ static int peer_gone(int fd) {
   return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-static enum MHD_Result send_text(struct MHD_Connection *c, const char *rid, int status, char *body, const char *ctype,
-                                 int *out_status) {
-  if (!body) {
-    status = 500;
-    body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,\"code\":null}}");
-    if (!body) return MHD_NO;
-  }
-  struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
-  if (!r) {
-    free(body);
-    return MHD_NO;
-  }
-  MHD_add_response_header(r, "Content-Type", ctype);
-  MHD_add_response_header(r, "X-Request-Id", rid);
-  if (status == 429) MHD_add_response_header(r, "Retry-After", "1");
-  enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
-  MHD_destroy_response(r);
-  *out_status = status;
-  return ret;
+static enum MHD_Result send_text(struct MHD_Connection *c, const char *rid, int status, char *body,
+                                 const char *ctype, int *st) {
+  return http_send_text(c, rid, status, body, ctype, NULL, st);
 }
 
 static enum MHD_Result fail(struct MHD_Connection *c, const char *rid, int *st, int status, const char *param,
