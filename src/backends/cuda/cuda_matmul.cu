@@ -525,7 +525,9 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
   if (!W) return;
   const float *bd = bias ? (const float *)cuda_mirror(be, bias, (size_t)w->rows * sizeof(float)) : NULL;
   if (bias && !bd) return;
-  if (pn.x && !ci->batch_inv) { /* a deferred norm of x: fused into an int8 launch, else on its own first */
+  /* a deferred norm of x: fused into an int8 launch, else on its own first (never in the
+   * batch-invariant mode: cuda_op_add_rmsnorm defers nothing there) */
+  if (pn.x) {
     const size_t smem_max = ci->mv_smem > MVQ8_SMEM_DEFAULT ? ci->mv_smem : MVQ8_SMEM_DEFAULT;
     if (mv_choose(w->type, W, rb, x, w->cols, 1, ci->mv_variant == CUDA_MV_DEFAULT && !ci->exact, smem_max) ==
         MV_PATH_Q8) {
@@ -535,9 +537,6 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
       cuda_check_launch(ci, "matvec");
       return;
     }
-    ci->pnorm = pn;
-    cuda_norm_flush(ci);
-  } else if (pn.x) {
     ci->pnorm = pn;
     cuda_norm_flush(ci);
   }
@@ -711,11 +710,9 @@ void cuda_op_matmul_group(ops_backend *be, int count, float *const *ys, const fl
                 (long long)ws[i]->cols);
       return;
     }
-  if (n > MV_MAX_TOK || ci->batch_inv) { /* prefill: one GEMM per weight, nothing to share */
-    if (pn.x) { /* (batch-invariant: the norm on its own, as for n > 1) */
-      ci->pnorm = pn;
-      cuda_norm_flush(ci);
-    }
+  /* prefill: one GEMM per weight, nothing to share; batch-invariant: each weight as alone (no
+   * norm is deferred in that mode, and above one token none is) */
+  if (n > MV_MAX_TOK || ci->batch_inv) {
     for (int i = 0; i < count; i++) cuda_op_matmul(be, ys[i], x, n, ws[i], biases ? biases[i] : NULL);
     return;
   }
