@@ -63,7 +63,7 @@ void tuning_defaults(anna_tuning *t) {
       .cuda_decode_mmq = 1,
       .cuda_kv_quant = 1,
       .cuda_batch_invariant = 0,
-      .cuda_mmq_split_k = 0,
+      .cuda_mmq_split_k = 1,
       .spec_window_states = 1,
   };
 }

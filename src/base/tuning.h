@@ -60,14 +60,13 @@ typedef struct anna_tuning {
    * MoE expert kernels still pick by batch size). Slower prefill; default numerics only
    * (exact mode has its own f32 paths). Read at CUDA backend creation. */
   int cuda_batch_invariant;
-  /* cuda_mmq_split_k = 0: 1 cuts the K loop of the int8 decode kernel (cuda_mmq.cu) into
+  /* cuda_mmq_split_k = 1: cuts the K loop of the int8 decode kernel (cuda_mmq.cu) into
    * slices set by the weight's shape (about two blocks per SM, partial sums added in slice
    * order, still batch-invariant), for decode calls whose row blocks leave SMs idle (a
-   * 4096-row weight: 64 blocks on 132 SMs; the H100 ran a 64-token step of the 9B shape in
-   * 24.3 ms and one token through the kernel in 11.8 ms before it). Written after the last
-   * device call of session 17: off until test_cuda_ops' matvec_int8 / batch_invariant
-   * families (which run it both ways) and anna-bench --parallel have run with it on a device.
-   * Read at CUDA backend creation. */
+   * 4096-row weight: 64 blocks on 132 SMs). Session 18 H100, 9B q4_k_rand aggregate decode:
+   * 16 sequences 1101 -> 1831 tok/s, 64: 2513 -> 3319, one token in batch-invariant mode 77 ->
+   * 136; test_cuda_ops' matvec_int8 / batch_invariant (both ways) and the fixtures passed with
+   * it. 0 is the off switch. Read at CUDA backend creation. */
   int cuda_mmq_split_k;
   /* spec_window_states = 1: a speculative verify window (anna_context_seq_verify) on a model
    * with recurrent (GDN) state saves that state after each drafted token (into checkpoint

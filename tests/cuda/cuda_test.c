@@ -8,6 +8,10 @@
  * tests); test names are those of the test_* functions without the prefix. */
 #include "cuda_test.h"
 
+#include <execinfo.h>
+#include <signal.h>
+#include <unistd.h>
+
 int g_fail, g_checks;
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 ops_backend *g_cpu, *g_gpu;
@@ -149,8 +153,22 @@ double now_s(void) {
 }
 
 
+/* A crash prints the return addresses (binary(+offset): addr2line -e on the unstripped build
+ * names the lines), since the device machine has no debugger to rerun it under. */
+static void on_fatal(int sig) {
+  void *frames[48];
+  const int n = backtrace(frames, 48);
+  static const char msg[] = "FATAL signal: backtrace\n";
+  if (write(STDOUT_FILENO, msg, sizeof msg - 1) < 0) _exit(128 + sig);
+  backtrace_symbols_fd(frames, n, STDOUT_FILENO);
+  _exit(128 + sig);
+}
+
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* a crash keeps the lines before it, also through a pipe */
+  signal(SIGSEGV, on_fatal);
+  signal(SIGBUS, on_fatal);
+  signal(SIGFPE, on_fatal);
   int do_bench = 0;
   const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, attn, ops) */
   const char *pick = NULL; /* --tests=a,b: those tests only */

@@ -76,6 +76,7 @@ static void offload_case(int type, int fused, int H, int I, int E, int k, int mi
   char what[160], err[512];
   snprintf(what, sizeof what, "offload %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "", H, I, E,
            k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
+  printf("  %s ...\n", what); /* the cases print their figures at the end: say where a crash was */
   ops_backend *ob = NULL;
   if (cuda_backend_create(&ob, 64, err, sizeof err)) {
     printf("  FAIL %s: backend: %s\n", what, err);
@@ -236,7 +237,7 @@ static void offload_budgets(void) {
 }
 
 void test_moe_offload(void) {
-  printf("moe_offload\n");
+  printf("moe_offload\n  budgets ...\n");
   offload_budgets();
   for (int mirror = 0; mirror < 3; mirror++) {
     offload_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 16, 4, mirror);

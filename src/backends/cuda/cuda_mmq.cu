@@ -30,11 +30,12 @@
  * pays a full dequantized copy of every weight per step, which this one does not.
  * Shared memory rows are MMQ_KS + 32 bytes: with the word order, a thread's two fragment
  * words of a 32-block (bytes 4t.. and 16 + 4t..) are one 8-byte load and the 16 lanes of a
- * half-warp hit distinct banks. Split K (tuning cuda_mmq_split_k, off until device-checked):
+ * half-warp hit distinct banks. Split K (tuning cuda_mmq_split_k, on since its session-18 H100 checks):
  * a decode-sized call has few row blocks (64 for a 4096-row weight against 132 SMs), so K is
  * cut into S slices (about two blocks per SM, S set by the weight's shape alone) whose partial
- * sums k_mmq_reduce adds in slice order (measured before it, session 17 H100: 11.8 ms for one
- * token of the 9B shape, 24.3 ms for 64, against 1.6 ms to read the weights). Results do not depend on the other tokens of the batch: each
+ * sums k_mmq_reduce adds in slice order (session 17 H100 without it: 11.8 ms for one token of the
+ * 9B shape, 24.3 ms for 64, against 1.6 ms to read the weights; with it, session 18: 19.3 ms
+ * for 64). Results do not depend on the other tokens of the batch: each
  * (row, token) sums its 32-blocks and its slices in the same order whatever n is. */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_async.cuh"
