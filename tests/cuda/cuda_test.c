@@ -224,7 +224,8 @@ int main(int argc, char **argv) {
       {"gdn_step_batched", test_gdn_step_batched}, /* the others' inputs stay as they were */
       {"kv_store", test_kv_store},                 /* after it: the same, for the older families */
       {"attention_kv", test_attention_kv},
-      {"moe_offload", test_moe_offload}, /* last: the others' inputs stay as they were */
+      {"moe_offload", test_moe_offload},
+      {"encoder", test_encoder}, /* last: the others' inputs stay as they were */
   };
   int ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
