@@ -152,7 +152,7 @@ double now_s(void) {
 int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* a crash keeps the lines before it, also through a pipe */
   int do_bench = 0;
-  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, attn, ops) */
+  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, attn, ops, encoder) */
   const char *pick = NULL; /* --tests=a,b: those tests only */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
@@ -184,8 +184,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(only, "topk")) bench_topk();
     else if (!strcmp(only, "attn")) bench_attention(0), bench_attention(2048 - 512), bench_attention(8192 - 512);
     else if (!strcmp(only, "ops")) bench_ops();
+    else if (!strcmp(only, "encoder")) bench_encoder();
     else {
-      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, attn, ops)\n", only);
+      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, attn, ops, encoder)\n", only);
       g_fail = 1;
     }
     cuda_backend_free(g_gpu);

@@ -100,6 +100,7 @@ void test_topk(void);
 void bench_topk(void);
 /* test_cuda_encoder.c: the encoder and waveform decoder ops (vision, ASR, codec) */
 void test_encoder(void);
+void bench_encoder(void);
 /* test_cuda_bench.c */
 void bench_ops(void);
 

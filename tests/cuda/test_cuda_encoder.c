@@ -381,3 +381,104 @@ void test_encoder(void) {
   recorded_case();
   bad_case();
 }
+
+/* ---- benchmark (--bench=encoder): the ops at model sizes, device time per call (after a
+ * warm-up call, the mirrors made) and the CPU backend's (the harness's 2-thread pool: a
+ * reference point, not the CPU's best). ---- */
+
+typedef struct enc_bench {
+  const char *what;
+  double gflop; /* 0: a memory-bound op, GB/s of gbytes printed instead */
+  double gbytes;
+} enc_bench;
+
+/* Times `run(be, dev)` on both backends: reps device calls, one CPU call. */
+#define ENC_TIME(B, REPS, CALL_GPU, CALL_CPU)                                                                       \
+  do {                                                                                                              \
+    CALL_GPU;                                                                                                       \
+    gpu_status((B).what);                                                                                           \
+    double t0_ = now_s();                                                                                           \
+    for (int r_ = 0; r_ < (REPS); r_++) CALL_GPU;                                                                   \
+    gpu_status((B).what);                                                                                           \
+    const double tg_ = (now_s() - t0_) / (REPS);                                                                    \
+    t0_ = now_s();                                                                                                  \
+    CALL_CPU;                                                                                                       \
+    const double tc_ = now_s() - t0_;                                                                               \
+    if ((B).gflop > 0)                                                                                              \
+      printf("  %-58s cuda %8.3f ms (%6.0f GFLOP/s)  cpu %9.2f ms\n", (B).what, 1e3 * tg_, (B).gflop / tg_,      \
+             1e3 * tc_);                                                                                            \
+    else                                                                                                            \
+      printf("  %-58s cuda %8.3f ms (%6.0f GB/s)     cpu %9.2f ms\n", (B).what, 1e3 * tg_, (B).gbytes / tg_,     \
+             1e3 * tc_);                                                                                            \
+  } while (0)
+
+void bench_encoder(void) {
+  printf("bench encoder ops (model sizes)\n");
+  cuda_backend_drop_mirrors(g_gpu);
+  {
+    /* a 64x64-patch image (4096 patches) of the 27-layer tower: d 1152, 16 heads of 72 */
+    enum { N = 4096, H = 16, D = 72, HD = H * D, I = 4304 };
+    float *x = hrand((int64_t)N * 3 * HD, 1.0f), *w = hrand(HD, 1.0f), *b = hrand(HD, 0.1f);
+    float *hy = malloc(sizeof(float) * (size_t)N * I);
+    float *dx = dcopy(x, (int64_t)N * 3 * HD), *dy = dnan((int64_t)N * I);
+    enc_bench ln = {"layer_norm 4096 x 1152", 0, 2.0 * 4 * N * HD / 1e9};
+    ENC_TIME(ln, 20, g_gpu->layer_norm(g_gpu, dy, dx, w, b, N, HD, 1e-6f),
+             g_cpu->layer_norm(g_cpu, hy, x, w, b, N, HD, 1e-6f));
+    enc_bench ge = {"gelu (tanh) 4096 x 4304", 0, 2.0 * 4 * N * I / 1e9};
+    ENC_TIME(ge, 20, g_gpu->gelu(g_gpu, dy, (int64_t)N * I, 0), g_cpu->gelu(g_cpu, hy, (int64_t)N * I, 0));
+    enc_bench ge1 = {"gelu (erf) 4096 x 4304", 0, 2.0 * 4 * N * I / 1e9};
+    ENC_TIME(ge1, 20, g_gpu->gelu(g_gpu, dy, (int64_t)N * I, 1), g_cpu->gelu(g_cpu, hy, (int64_t)N * I, 1));
+    for (int si = 0; si < 2; si++) {
+      const int64_t seg1[2] = {0, N}, seg4[5] = {0, N / 4, N / 2, 3 * N / 4, N};
+      ops_seg_attn_args a = {N, H, D, 1.0f / sqrtf((float)D), dx, dx + HD, dx + 2 * HD, 3 * HD, 3 * HD, 3 * HD,
+                             si ? 4 : 1, si ? seg4 : seg1};
+      ops_seg_attn_args ac = a;
+      ac.q = x, ac.k = x + HD, ac.v = x + 2 * HD;
+      const int64_t L = si ? N / 4 : N;
+      enc_bench at = {si ? "attention_seg 4096 rows in 4 segments, 16 x 72" : "attention_seg one 4096-row segment, 16 x 72",
+                      4.0 * N * L * HD / 1e9, 0};
+      ENC_TIME(at, 5, g_gpu->attention_seg(g_gpu, dy, &a), g_cpu->attention_seg(g_cpu, hy, &ac));
+    }
+    dfree(dx), dfree(dy);
+    free(x), free(w), free(b), free(hy);
+    case_done();
+  }
+  {
+    /* codec shapes: a kw 7 conv at 1024 channels over 1000 rows, a transposed conv of stride 8
+     * (1024 -> 512), the depthwise conv and SnakeBeta at those sizes */
+    enum { N = 1000, C = 1024, KW = 7, DIL = 3 };
+    const int64_t xr = N + (KW - 1) * DIL;
+    float *x = hrand(xr * C, 1.0f), *w = hrand((int64_t)C * KW * C, 0.05f), *bias = hrand(C, 0.1f);
+    float *tw = hrand((int64_t)8 * 512 * 2 * C, 0.05f), *al = hrand(C, 1.0f), *ib = hrand(C, 1.0f);
+    float *hy = malloc(sizeof(float) * (size_t)(8 * N * 512 > N * C ? 8 * N * 512 : N * C));
+    float *dx = dcopy(x, xr * C), *dy = dnan((int64_t)8 * N * 512);
+    enc_bench cv = {"conv1d 1000 rows, 1024 -> 1024, kw 7, dil 3", 2.0 * N * C * KW * C / 1e9, 0};
+    ENC_TIME(cv, 10, g_gpu->conv1d(g_gpu, dy, dx, N, C, C, w, KW, DIL, bias),
+             g_cpu->conv1d(g_cpu, hy, x, N, C, C, w, KW, DIL, bias));
+    enc_bench cv1 = {"conv1d 1000 rows, 1024 -> 1024, kw 7, dil 1", 2.0 * N * C * KW * C / 1e9, 0};
+    ENC_TIME(cv1, 10, g_gpu->conv1d(g_gpu, dy, dx, N, C, C, w, KW, 1, bias),
+             g_cpu->conv1d(g_cpu, hy, x, N, C, C, w, KW, 1, bias));
+    enc_bench tc = {"conv_transpose1d 1000 rows, 1024 -> 512, m 2, stride 8", 2.0 * N * 8 * 512 * 2 * C / 1e9, 0};
+    ENC_TIME(tc, 10, g_gpu->conv_transpose1d(g_gpu, dy, dx, N, C, 512, tw, 2, 8, bias),
+             g_cpu->conv_transpose1d(g_cpu, hy, x, N, C, 512, tw, 2, 8, bias));
+    enc_bench dw = {"conv1d_dw 1000 rows, 1024 channels, kw 7", 0, 2.0 * 4 * N * C / 1e9};
+    ENC_TIME(dw, 20, g_gpu->conv1d_dw(g_gpu, dy, dx, N, C, w, KW, 1, bias),
+             g_cpu->conv1d_dw(g_cpu, hy, x, N, C, w, KW, 1, bias));
+    enc_bench sn = {"snake_beta 1000 x 1024", 0, 2.0 * 4 * N * C / 1e9};
+    ENC_TIME(sn, 20, g_gpu->snake_beta(g_gpu, dy, dx, N, C, al, ib), g_cpu->snake_beta(g_cpu, hy, x, N, C, al, ib));
+    dfree(dx), dfree(dy);
+    free(x), free(w), free(bias), free(tw), free(al), free(ib), free(hy);
+    case_done();
+  }
+  {
+    /* ASR front: 8 chunks of 100 frames x 128 mel bins, then 480-channel maps of 50 x 64 */
+    const int64_t in = (int64_t)8 * 50 * 64 * 480, out = (int64_t)8 * 25 * 32 * 480 * 9;
+    float *x = hrand(in, 1.0f), *hy = malloc(sizeof(float) * (size_t)out);
+    float *dx = dcopy(x, in), *dy = dnan(out);
+    enc_bench ic = {"im2col_3x3s2 8 x [50, 64, 480]", 0, 4.0 * (double)(in + out) / 1e9};
+    ENC_TIME(ic, 20, g_gpu->im2col_3x3s2(g_gpu, dy, dx, 8, 50, 64, 480), g_cpu->im2col_3x3s2(g_cpu, hy, x, 8, 50, 64, 480));
+    dfree(dx), dfree(dy);
+    free(x), free(hy);
+    case_done();
+  }
+}
