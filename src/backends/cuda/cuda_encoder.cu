@@ -96,20 +96,20 @@ static void cuda_op_gelu(ops_backend *be, float *y, int64_t n, int exact) {
 }
 
 /* ---- Segmented bidirectional attention ----
- * A block holds SEG_Q consecutive queries of one head, one warp each; it walks the keys of
- * the segments its queries belong to in tiles of 32 (K and V tiles in shared memory, shared
- * by the block's warps), and each warp keeps an online softmax (running max, sum and the
- * unnormalised accumulator in registers: lane owns dims lane, lane + 32, ...). Lane j scores
- * key j of the tile. Memory is O(tile), whatever the segment length. A block whose queries
- * straddle a segment boundary walks the union of their segments, each warp masking the keys
- * outside its own. */
-#define SEG_Q 8
-#define SEG_KT 32
-
-static __device__ __forceinline__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
+ * Flash-style in f32 on the CUDA cores: a block takes SEG_BQ = 64 consecutive queries of one
+ * head and walks the keys of their segments in tiles of SEG_BK = 64 (O(tile) memory whatever
+ * the segment length). 256 threads as 16 x 16: thread (ty, tx) scores queries ty*4 .. +3
+ * against keys tx*4 .. +3 of the tile (Q and K transposed in shared memory: one float4 of
+ * each per head dim feeds 16 FMAs), keeps the online softmax of its 4 rows (running max m and
+ * sum l, the 16 threads of a row agreeing through shuffles) and accumulates output columns
+ * tx + 16 c (c < DC, DC = ceil(head_dim / 16)) of those rows from P (in shared memory) and
+ * the V tile. A block whose queries straddle segments walks the union of their segments,
+ * masking per row the keys outside its own (segments of one row: one tile, one key each).
+ * Scores are dot * scale and tiles rescale only when the max rises, as the CPU reference. */
+#define SEG_BQ 64
+#define SEG_BK 64
+#define SEG_FQ (SEG_BQ + 4) /* padded rows: float4-aligned, fewer bank conflicts on the stores */
+#define SEG_FK (SEG_BK + 4)
 
 /* Segment of token t: largest i with seg[i] <= t. */
 static __device__ int seg_find(const int64_t *seg, int n_seg, int64_t t) {
@@ -122,108 +122,155 @@ static __device__ int seg_find(const int64_t *seg, int n_seg, int64_t t) {
   return lo;
 }
 
-template <int NI>
-static __global__ void __launch_bounds__(SEG_Q * 32)
+/* Shared floats of one block: Q^T [D][FQ], then one buffer for K^T [D][FK] or V [BK][16 DC],
+ * then P^T [BK][FQ]. */
+static __host__ __device__ int seg_kv_floats(int D, int DC) {
+  return D * SEG_FK > SEG_BK * 16 * DC ? D * SEG_FK : SEG_BK * 16 * DC;
+}
+static size_t seg_smem_bytes(int D, int DC) {
+  return sizeof(float) * ((size_t)D * SEG_FQ + (size_t)seg_kv_floats(D, DC) + (size_t)SEG_BK * SEG_FQ);
+}
+
+template <int DC>
+static __global__ void __launch_bounds__(256)
     k_seg_attn(float *out, const float *q, const float *k, const float *v, int64_t qs, int64_t ks, int64_t vs,
                const int64_t *seg, int n_seg, int64_t n, int H, int D, float scale) {
-  extern __shared__ float sm[];
-  float *Ks = sm;                     /* [SEG_KT][D + 1]: padded against bank conflicts */
-  float *Vs = Ks + SEG_KT * (D + 1); /* [SEG_KT][D] */
-  float *Qs = Vs + SEG_KT * D;       /* [SEG_Q][D] */
-  __shared__ int64_t s_lo[SEG_Q], s_hi[SEG_Q];
-  const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y;
-  const int64_t q0 = (int64_t)blockIdx.x * SEG_Q, qi = q0 + w;
-  const bool active = qi < n;
-  int64_t s0 = 0, s1 = 0;
-  if (active) {
-    const int sg = seg_find(seg, n_seg, qi);
-    s0 = seg[sg], s1 = seg[sg + 1];
-    for (int d = lane; d < D; d += 32) Qs[w * D + d] = q[qi * qs + (int64_t)h * D + d];
+  extern __shared__ float4 seg_sm4[];
+  float *Qt = (float *)seg_sm4;
+  float *KV = Qt + D * SEG_FQ;
+  float *Pt = KV + seg_kv_floats(D, DC);
+  __shared__ int64_t sq0[SEG_BQ], sq1[SEG_BQ];
+  const int DP = 16 * DC;
+  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4, h = blockIdx.y;
+  const int64_t q0 = (int64_t)blockIdx.x * SEG_BQ;
+  const int nq = (int)(n - q0 < SEG_BQ ? n - q0 : SEG_BQ);
+  const int64_t hoff = (int64_t)h * D;
+  for (int i = tid; i < SEG_BQ; i += 256) {
+    int64_t a = 0, b = 0; /* a row past n: no keys */
+    if (i < nq) {
+      const int sg = seg_find(seg, n_seg, q0 + i);
+      a = seg[sg], b = seg[sg + 1];
+    }
+    sq0[i] = a, sq1[i] = b;
   }
-  if (lane == 0) s_lo[w] = s0, s_hi[w] = s1;
+  for (int e = tid; e < SEG_BQ * D; e += 256) {
+    const int i = e / D, d = e - i * D;
+    Qt[d * SEG_FQ + i] = i < nq ? q[(q0 + i) * qs + hoff + d] : 0.0f;
+  }
   __syncthreads();
-  const int last = (int)((n - q0 < SEG_Q ? n - q0 : SEG_Q) - 1);
-  const int64_t lo = s_lo[0], hi = s_hi[last];
-  float acc[NI];
+  const int64_t lo = sq0[0], hi = sq1[nq - 1];
+  int64_t r0[4], r1[4];
+  float o[4][DC], m[4], l[4];
 #pragma unroll
-  for (int i = 0; i < NI; i++) acc[i] = 0.0f;
-  float m = -INFINITY, l = 0.0f;
-  const float *qr = Qs + w * D;
-  for (int64_t j0 = lo; j0 < hi; j0 += SEG_KT) {
-    const int nt = (int)(hi - j0 < SEG_KT ? hi - j0 : SEG_KT);
-    for (int e = threadIdx.x; e < SEG_KT * D; e += SEG_Q * 32) {
-      const int j = e / D, d = e - j * D;
-      const bool in = j < nt;
-      Ks[j * (D + 1) + d] = in ? k[(j0 + j) * ks + (int64_t)h * D + d] : 0.0f;
-      Vs[j * D + d] = in ? v[(j0 + j) * vs + (int64_t)h * D + d] : 0.0f;
-    }
-    __syncthreads();
-    if (active) {
-      const int64_t key = j0 + lane;
-      const bool valid = lane < nt && key >= s0 && key < s1;
-      float s = -INFINITY;
-      if (valid) {
-        const float *kr = Ks + lane * (D + 1);
-        float dot = 0.0f;
-        for (int d = 0; d < D; d++) dot += qr[d] * kr[d];
-        s = dot * scale;
-      }
-      const float tm = warp_max(s);
-      if (tm > m) { /* warp-uniform; 0 on the first tile (m = -inf) */
-        const float r = expf(m - tm);
-        l *= r;
+  for (int r = 0; r < 4; r++) {
+    r0[r] = sq0[ty * 4 + r], r1[r] = sq1[ty * 4 + r];
+    m[r] = -INFINITY, l[r] = 0.0f;
 #pragma unroll
-        for (int i = 0; i < NI; i++) acc[i] *= r;
-        m = tm;
-      }
-      const float p = valid ? expf(s - m) : 0.0f;
-      l += cuda_warp_sum(p);
-      for (int j = 0; j < nt; j++) {
-        const float pj = __shfl_sync(0xffffffffu, p, j);
-        if (pj == 0.0f) continue; /* uniform: masked keys of another segment */
-        const float *vr = Vs + j * D;
-#pragma unroll
-        for (int i = 0; i < NI; i++) {
-          const int d = lane + 32 * i;
-          if (d < D) acc[i] += pj * vr[d];
-        }
-      }
-    }
-    __syncthreads();
+    for (int c = 0; c < DC; c++) o[r][c] = 0.0f;
   }
-  if (active) {
-    const float inv = 1.0f / l;
-    float *o = out + qi * (int64_t)H * D + (int64_t)h * D;
+  for (int64_t j0 = lo; j0 < hi; j0 += SEG_BK) {
+    const int nt = (int)(hi - j0 < SEG_BK ? hi - j0 : SEG_BK);
+    for (int e = tid; e < SEG_BK * D; e += 256) {
+      const int j = e / D, d = e - j * D;
+      KV[d * SEG_FK + j] = j < nt ? k[(j0 + j) * ks + hoff + d] : 0.0f;
+    }
+    __syncthreads();
+    float s[4][4];
 #pragma unroll
-    for (int i = 0; i < NI; i++) {
-      const int d = lane + 32 * i;
-      if (d < D) o[d] = acc[i] * inv;
+    for (int r = 0; r < 4; r++)
+#pragma unroll
+      for (int c = 0; c < 4; c++) s[r][c] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; d++) {
+      const float4 a = *(const float4 *)&Qt[d * SEG_FQ + ty * 4];
+      const float4 b = *(const float4 *)&KV[d * SEG_FK + tx * 4];
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int r = 0; r < 4; r++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) s[r][c] += av[r] * bv[c];
+    }
+    float p[4][4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int64_t key = j0 + tx * 4 + c;
+        const bool valid = tx * 4 + c < nt && key >= r0[r] && key < r1[r];
+        s[r][c] = valid ? s[r][c] * scale : -INFINITY;
+        mx = fmaxf(mx, s[r][c]);
+      }
+      /* the row's 16 threads are one half of a warp: lanes differing in the low 4 bits */
+      for (int off = 8; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float mn = fmaxf(m[r], mx);
+      const float rs = mn == -INFINITY ? 1.0f : expf(m[r] - mn); /* 0 when the first keys arrive */
+      float sum = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        p[r][c] = s[r][c] == -INFINITY ? 0.0f : expf(s[r][c] - mn);
+        sum += p[r][c];
+      }
+      for (int off = 8; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      l[r] = l[r] * rs + sum;
+      m[r] = mn;
+#pragma unroll
+      for (int c = 0; c < DC; c++) o[r][c] *= rs;
+    }
+    __syncthreads(); /* K^T is read by all: V may now take its place */
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+      *(float4 *)&Pt[(tx * 4 + c) * SEG_FQ + ty * 4] = make_float4(p[0][c], p[1][c], p[2][c], p[3][c]);
+    for (int e = tid; e < SEG_BK * DP; e += 256) {
+      const int j = e / DP, c = e - j * DP;
+      KV[e] = j < nt && c < D ? v[(j0 + j) * vs + hoff + c] : 0.0f;
+    }
+    __syncthreads();
+    for (int j = 0; j < nt; j++) {
+      const float4 pj = *(const float4 *)&Pt[j * SEG_FQ + ty * 4];
+      const float *vr = KV + j * DP + tx;
+#pragma unroll
+      for (int c = 0; c < DC; c++) {
+        const float vv = vr[16 * c];
+        o[0][c] += pj.x * vv, o[1][c] += pj.y * vv, o[2][c] += pj.z * vv, o[3][c] += pj.w * vv;
+      }
+    }
+    __syncthreads(); /* before the next tile overwrites KV and P */
+  }
+#pragma unroll
+  for (int r = 0; r < 4; r++) {
+    const int i = ty * 4 + r;
+    if (i >= nq) continue;
+    const float inv = 1.0f / l[r];
+    float *orow = out + (q0 + i) * (int64_t)H * D + hoff;
+#pragma unroll
+    for (int c = 0; c < DC; c++) {
+      const int col = tx + 16 * c;
+      if (col < D) orow[col] = o[r][c] * inv;
     }
   }
 }
 
-template <int NI>
+template <int DC>
 static void seg_launch(cuda_impl *ci, float *out, const ops_seg_attn_args *a, const int64_t *segd) {
-  const size_t smem = sizeof(float) * ((size_t)SEG_KT * (a->head_dim + 1) + (size_t)SEG_KT * a->head_dim +
-                                       (size_t)SEG_Q * a->head_dim);
-  static bool attr_set = false; /* per instance: the opt-in above 48 KB (head_dim > 160) */
-  if (smem > 48 * 1024 && !attr_set) {
-    if (!cuda_check(ci, cudaFuncSetAttribute(k_seg_attn<NI>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)(sizeof(float) * (SEG_KT * 257 + SEG_KT * 256 + SEG_Q * 256))),
-                    "attention_seg smem"))
+  const size_t smem = seg_smem_bytes(a->head_dim, DC);
+  static size_t opted = 48 * 1024; /* per instance: the dynamic shared memory opted into */
+  if (smem > opted) {
+    if (!cuda_check(ci, cudaFuncSetAttribute(k_seg_attn<DC>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                    "attention_seg shared memory"))
       return;
-    attr_set = true;
+    opted = smem;
   }
-  const dim3 grid((unsigned)((a->n + SEG_Q - 1) / SEG_Q), (unsigned)a->n_heads);
-  cuda_launch(ci, "attention_seg", k_seg_attn<NI>, grid, SEG_Q * 32, smem, out, a->q, a->k, a->v, a->q_stride,
-              a->k_stride, a->v_stride, segd, a->n_seg, a->n, a->n_heads, a->head_dim, a->scale);
+  const dim3 grid((unsigned)((a->n + SEG_BQ - 1) / SEG_BQ), (unsigned)a->n_heads);
+  cuda_launch(ci, "attention_seg", k_seg_attn<DC>, grid, 256, smem, out, a->q, a->k, a->v, a->q_stride, a->k_stride,
+              a->v_stride, segd, a->n_seg, a->n, a->n_heads, a->head_dim, a->scale);
 }
 
 static void cuda_op_attention_seg(ops_backend *be, float *out, const ops_seg_attn_args *a) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || a->n <= 0) return;
   if (a->head_dim < 1 || a->head_dim > OPS_SEG_ATTN_MAX_DIM || a->n_heads < 1 || a->n_heads > 65535 || a->n_seg < 1 ||
-      !a->seg || a->seg[0] != 0 || a->seg[a->n_seg] != a->n || (a->n + SEG_Q - 1) / SEG_Q > MAX_GRID) {
+      !a->seg || a->seg[0] != 0 || a->seg[a->n_seg] != a->n || (a->n + SEG_BQ - 1) / SEG_BQ > MAX_GRID) {
     cuda_fail(ci, ANNA_EINVAL, "cuda: attention_seg: bad arguments (n %lld, %d heads of %d, %d segments)",
               (long long)a->n, a->n_heads, a->head_dim, a->n_seg);
     return;
@@ -235,7 +282,7 @@ static void cuda_op_attention_seg(ops_backend *be, float *out, const ops_seg_att
     }
   const int64_t *segd = (const int64_t *)cuda_ring_put(be, a->seg, sizeof(int64_t) * (size_t)(a->n_seg + 1));
   if (!segd) return;
-  switch ((a->head_dim + 31) / 32) {
+  switch ((a->head_dim + 15) / 16) {
   case 1: seg_launch<1>(ci, out, a, segd); break;
   case 2: seg_launch<2>(ci, out, a, segd); break;
   case 3: seg_launch<3>(ci, out, a, segd); break;
@@ -243,7 +290,15 @@ static void cuda_op_attention_seg(ops_backend *be, float *out, const ops_seg_att
   case 5: seg_launch<5>(ci, out, a, segd); break;
   case 6: seg_launch<6>(ci, out, a, segd); break;
   case 7: seg_launch<7>(ci, out, a, segd); break;
-  default: seg_launch<8>(ci, out, a, segd); break;
+  case 8: seg_launch<8>(ci, out, a, segd); break;
+  case 9: seg_launch<9>(ci, out, a, segd); break;
+  case 10: seg_launch<10>(ci, out, a, segd); break;
+  case 11: seg_launch<11>(ci, out, a, segd); break;
+  case 12: seg_launch<12>(ci, out, a, segd); break;
+  case 13: seg_launch<13>(ci, out, a, segd); break;
+  case 14: seg_launch<14>(ci, out, a, segd); break;
+  case 15: seg_launch<15>(ci, out, a, segd); break;
+  default: seg_launch<16>(ci, out, a, segd); break;
   }
 }
 
