@@ -170,7 +170,7 @@ int main(int argc, char **argv) {
   signal(SIGBUS, on_fatal);
   signal(SIGFPE, on_fatal);
   int do_bench = 0;
-  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, attn, ops) */
+  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, attn, ops, encoder) */
   const char *pick = NULL; /* --tests=a,b: those tests only */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
@@ -202,8 +202,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(only, "topk")) bench_topk();
     else if (!strcmp(only, "attn")) bench_attention(0), bench_attention(2048 - 512), bench_attention(8192 - 512);
     else if (!strcmp(only, "ops")) bench_ops();
+    else if (!strcmp(only, "encoder")) bench_encoder();
     else {
-      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, attn, ops)\n", only);
+      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, attn, ops, encoder)\n", only);
       g_fail = 1;
     }
     cuda_backend_free(g_gpu);
@@ -242,7 +243,8 @@ int main(int argc, char **argv) {
       {"gdn_step_batched", test_gdn_step_batched}, /* the others' inputs stay as they were */
       {"kv_store", test_kv_store},                 /* after it: the same, for the older families */
       {"attention_kv", test_attention_kv},
-      {"moe_offload", test_moe_offload}, /* last: the others' inputs stay as they were */
+      {"moe_offload", test_moe_offload},
+      {"encoder", test_encoder}, /* last: the others' inputs stay as they were */
   };
   int ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -98,6 +98,9 @@ void test_graphs(void);
 /* test_cuda_sample.c */
 void test_topk(void);
 void bench_topk(void);
+/* test_cuda_encoder.c: the encoder and waveform decoder ops (vision, ASR, codec) */
+void test_encoder(void);
+void bench_encoder(void);
 /* test_cuda_bench.c */
 void bench_ops(void);
 

@@ -899,6 +899,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->moe_ffn = cuda_op_moe_ffn;
   be->moe_route = cuda_op_moe_route;
   be->topk = cuda_op_topk;
+  cuda_encoder_ops_install(be); /* vision / audio encoders, the codec's waveform decoder */
   be->destroy = cuda_backend_free;
   be->error = cuda_backend_error;
   be->step_begin = cuda_backend_step_begin;

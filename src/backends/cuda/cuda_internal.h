@@ -352,6 +352,8 @@ void cuda_moe_route_shared(ops_backend *be, int32_t *idx, float *wts, const floa
                            int k, int renorm, const float *per_expert, const float *sh);
 void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                   int64_t vocab, int k, float temp);
+/* cuda_encoder.cu: sets the encoder and waveform decoder ops of ops.h (layer_norm .. im2col_3x3s2). */
+void cuda_encoder_ops_install(ops_backend *be);
 
 /* Grid size for a 1-D elementwise launch of n items with `threads` per block. */
 /* Whether the tensor-core GEMMs on weights of type t (cuda_gemm.cu, the MoE grouped GEMMs)
