@@ -9,7 +9,8 @@
 #   cmake -S . -B BUILD_DIR -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
 #     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DANNA_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3
 # (x86-64-v3: the GPU host's CPU need not be this one). Layout of the archive: bin/ (test_cuda_ops,
-# test_fixtures, test_kv_stress, anna-generate, anna-bench, anna-serve; stripped) and lib/
+# test_fixtures, test_kv_stress, anna-generate, anna-bench, anna-serve, and test_cuda_encoders /
+# test_layer_split when built; stripped) and lib/
 # (every library they link from the Debian system directories, except glibc's own, libstdc++
 # and libgcc; CUDA's own libraries are the machine's). Unpack it on the GPU machine and pass
 # the folder to scripts/gpu_check.sh --prebuilt or scripts/gpu_llamacpp.sh --anna. Keep the
@@ -31,6 +32,10 @@ trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 BINS=("$BUILD/tests/cuda/test_cuda_ops" "$BUILD/tests/engine/test_fixtures" "$BUILD/tests/engine/test_kv_stress"
       "$BUILD/src/cli/anna-generate" "$BUILD/src/cli/anna-bench" "$BUILD/src/cli/anna-serve")
+# device tests built when their targets exist in this tree (copied when present)
+for b in "$BUILD/tests/cuda/test_cuda_encoders" "$BUILD/tests/engine/test_layer_split"; do
+  [ -x "$b" ] && BINS+=("$b")
+done
 for b in "${BINS[@]}"; do
   [ -x "$b" ] || { echo "gpu_pack: missing $b (build it first)" >&2; exit 1; }
   cp "$b" "$STAGE/bin/"
