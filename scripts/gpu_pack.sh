@@ -9,7 +9,7 @@
 #   cmake -S . -B BUILD_DIR -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
 #     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DANNA_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3
 # (x86-64-v3: the GPU host's CPU need not be this one). Layout of the archive: bin/ (test_cuda_ops,
-# test_fixtures, test_kv_stress, anna-generate, anna-bench, anna-serve; stripped) and lib/
+# test_fixtures, test_kv_stress, test_layer_split, anna-generate, anna-bench, anna-serve; stripped) and lib/
 # (every library they link from the Debian system directories, except glibc's own, libstdc++
 # and libgcc; CUDA's own libraries are the machine's). Unpack it on the GPU machine and pass
 # the folder to scripts/gpu_check.sh --prebuilt or scripts/gpu_llamacpp.sh --anna. Keep the
@@ -23,13 +23,14 @@ fi
 if [ ! -x "$BUILD/tests/cuda/test_cuda_ops" ]; then
   cmake -S . -B "$BUILD" -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DANNA_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3 >/dev/null
-  nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress anna-generate \
+  nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress test_layer_split anna-generate \
     anna-bench anna-serve >/dev/null
 fi
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 BINS=("$BUILD/tests/cuda/test_cuda_ops" "$BUILD/tests/engine/test_fixtures" "$BUILD/tests/engine/test_kv_stress"
+      "$BUILD/tests/engine/test_layer_split"
       "$BUILD/src/cli/anna-generate" "$BUILD/src/cli/anna-bench" "$BUILD/src/cli/anna-serve")
 for b in "${BINS[@]}"; do
   [ -x "$b" ] || { echo "gpu_pack: missing $b (build it first)" >&2; exit 1; }
