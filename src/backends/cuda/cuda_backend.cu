@@ -625,7 +625,7 @@ extern "C" void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int
  * (the server's engine thread, each pipeline stage in turn) binds first; the memory entries
  * below bind themselves (the cache calls them outside a forward pass). */
 static void cu_bind(ops_backend *be) {
-  cuda_impl *ci = cuda_impl_of(be);
+  cuda_impl *ci = (cuda_impl *)be->impl; /* not cuda_impl_of: binding launches nothing deferred */
   int cur = -1;
   if (cudaGetDevice(&cur) != cudaSuccess || cur != ci->device) cuda_check(ci, cudaSetDevice(ci->device), "set device");
 }
