@@ -8,6 +8,7 @@
 
 #include "backends/registry.h"
 #include "base/error.h"
+#include "base/threadpool.h"
 #include "base/tuning.h"
 #include "cache/kv_cache.h"
 #include "model/kind.h"
@@ -41,6 +42,7 @@ struct anna_context {
   int n_stages;
   ops_backend *sdev[STAGES_MAX];
   anna_stage_info stage[STAGES_MAX];
+  threadpool *stage_tp; /* CPU stages: one worker pool they take turns on (owned; NULL otherwise) */
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
@@ -399,6 +401,11 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   rc = offload_resolve(&o, shape, bi, &bp, err, errlen);
   if (!rc && n_stages > 1 && bp.offload_experts)
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "--offload-mode experts with --layer-split is not supported yet");
+  /* CPU stages run one after another: one pool of workers serves them all rather than a pool
+   * per stage sleeping while the others run. */
+  if (!rc && n_stages > 1 && bi == backend_registry_get(0) &&
+      !(rc = threadpool_create(&c->stage_tp, o.n_threads, err, errlen)))
+    bp.tp = c->stage_tp;
   if (!rc) rc = bi->create(&bp, &c->dev, err, errlen);
   /* Stage i > 0: a backend of its own (the same device repeated gets a second instance:
    * its own stream and weight mirror of its layers). */
@@ -461,6 +468,7 @@ void anna_context_free(anna_context *c) {
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
   for (int i = 1; i < c->n_stages; i++) c->sdev[i]->destroy(c->sdev[i]);
+  threadpool_free(c->stage_tp); /* after the backends that borrowed it */
   free(c->vtok), free(c->vseq), free(c->vpos), free(c->vidx), free(c->vwant), free(c->vval), free(c->vstats);
   free(c);
 }
