@@ -746,23 +746,31 @@ static void layer_ple(fwd_run *r, int li, float *x) {
 
 /* Moves the running pass from stage si - 1 to stage si: the hidden state x [n, H], the
  * pending residual when the last layer deferred its add, and Gemma4's per-layer inputs
- * cross through host memory (a synchronous download ends the previous stage's work on its
- * device; device-to-device copies are the seam's later form); positions are uploaded again
- * from the batch. Afterwards r->be and s->w are stage si's. */
+ * cross by the backend's copy_to (device to device: CUDA) or else through host memory; both
+ * are synchronous, so the previous stage's work has ended. Positions are uploaded again from
+ * the batch. Afterwards r->be and s->w are stage si's. */
 static void stage_handoff(fwd_state *s, fwd_run *r, int si, const anna_batch *b, const fwd_mm *mm, int pend) {
   const model_config *c = &r->m->cfg;
   const int64_t n = b->n, H = c->hidden, LP = (int64_t)c->n_layers * c->ple_dim;
   ops_backend *from = r->be, *to = s->st[si].be;
   const fwd_bufs *pb = s->w;
   fwd_bufs *nb = &s->st[si].b;
-  float *hx = s->hand, *hres = s->hand + n * H, *hple = s->hand + 2 * n * H;
-  from->download(from, hx, pb->x, sizeof(float) * (size_t)(n * H));
-  if (pend) from->download(from, hres, pb->res, sizeof(float) * (size_t)(n * H));
-  if (LP > 0) from->download(from, hple, pb->ple, sizeof(float) * (size_t)(n * LP));
-  if (to->bind) to->bind(to);
-  to->upload(to, nb->x, hx, sizeof(float) * (size_t)(n * H));
-  if (pend) to->upload(to, nb->res, hres, sizeof(float) * (size_t)(n * H));
-  if (LP > 0) to->upload(to, nb->ple, hple, sizeof(float) * (size_t)(n * LP));
+  const size_t xb = sizeof(float) * (size_t)(n * H), pb_bytes = sizeof(float) * (size_t)(n * LP);
+  if (from->copy_to && from->copy_to == to->copy_to) { /* device to device (ops.h copy_to) */
+    from->copy_to(from, to, nb->x, pb->x, xb);
+    if (pend) from->copy_to(from, to, nb->res, pb->res, xb);
+    if (LP > 0) from->copy_to(from, to, nb->ple, pb->ple, pb_bytes);
+    if (to->bind) to->bind(to);
+  } else {
+    float *hx = s->hand, *hres = s->hand + n * H, *hple = s->hand + 2 * n * H;
+    from->download(from, hx, pb->x, xb);
+    if (pend) from->download(from, hres, pb->res, xb);
+    if (LP > 0) from->download(from, hple, pb->ple, pb_bytes);
+    if (to->bind) to->bind(to);
+    to->upload(to, nb->x, hx, xb);
+    if (pend) to->upload(to, nb->res, hres, xb);
+    if (LP > 0) to->upload(to, nb->ple, hple, pb_bytes);
+  }
   to->upload(to, nb->pos, b->pos, sizeof(int32_t) * (size_t)n);
   for (int ax = 0; r->mrope && ax < 3; ax++)
     to->upload(to, nb->rpos + (int64_t)ax * s->n_batch, mm->rope_pos + ax * n, sizeof(int32_t) * (size_t)n);

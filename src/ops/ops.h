@@ -264,6 +264,12 @@ struct ops_backend {
   /* Host <-> backend copies (synchronous). */
   void (*upload)(ops_backend *be, void *dst, const void *src, size_t bytes);
   void (*download)(ops_backend *be, void *dst, const void *src, size_t bytes);
+  /* Pipeline stages: bytes from src (be's memory) to dst in the memory of `to`, another
+   * instance of the same backend (same or another device), after be's queued work and
+   * synchronous like download; `to`'s later ops see the bytes. Callers use it only when both
+   * tables carry the same function. NULL: the caller stages through host memory
+   * (download + upload). */
+  void (*copy_to)(ops_backend *be, ops_backend *to, void *dst, const void *src, size_t bytes);
   /* Waits until every queued op has finished (device backends, for timing); NULL when
    * every op is synchronous (CPU). */
   void (*sync)(ops_backend *be);

@@ -702,6 +702,22 @@ static void cu_download(ops_backend *be, void *dst, const void *src, size_t byte
     cuda_check(ci, cudaStreamSynchronize(ci->stream), "download sync");
 }
 
+/* ops.h copy_to: a stage hand-off to another CUDA backend (the same device or a peer). Like
+ * a download it ends this backend's recorded part of the step and waits for it; `to` has
+ * launched nothing since its previous step ended (the context synchronizes every stage after
+ * each step), so its later ops read the bytes. cudaMemcpyPeerAsync copies directly over
+ * NVLink / PCIe between devices, or as a device copy on one. */
+static void cu_copy_to(ops_backend *be, ops_backend *to, void *dst, const void *src, size_t bytes) {
+  cu_bind(be);
+  cuda_impl *ci = cuda_impl_of(be);
+  const cuda_impl *di = (const cuda_impl *)to->impl;
+  if (ci->err || !bytes) return;
+  cuda_flush(ci);
+  if (ci->err) return;
+  if (cuda_check(ci, cudaMemcpyPeerAsync(dst, di->device, src, ci->device, bytes, ci->stream), "stage copy"))
+    cuda_check(ci, cudaStreamSynchronize(ci->stream), "stage copy sync");
+}
+
 /* Device-to-device byte copy on the compute stream (prefix reuse copies KV rows and
  * recurrent state between sequences). */
 static void cu_copy(ops_backend *be, void *dst, const void *src, size_t bytes) {
@@ -918,6 +934,7 @@ extern "C" int cuda_backend_create_device(ops_backend **out, int device, int64_t
   be->download = cu_download;
   be->sync = cu_sync;
   be->copy = cu_copy;
+  be->copy_to = cu_copy_to;
   be->matmul = cuda_op_matmul;
   be->matmul_group = cuda_op_matmul_group;
   be->matmul_group_route = cuda_op_matmul_group_route;
