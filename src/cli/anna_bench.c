@@ -624,6 +624,18 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "describe", json_string(anna_model_describe(m)));
     json_object_set_new(o, "device", json_string(device ? device : "cpu"));
     json_object_set_new(o, "dtype", json_string(dtype ? dtype : "f32"));
+    {
+      json_t *pl = json_array();
+      for (int i = 0; i < anna_context_stage_count(ctx); i++) {
+        anna_stage_info si;
+        if (anna_context_stage_info(ctx, i, &si, NULL, 0)) continue;
+        json_array_append_new(pl, json_pack("{s:s,s:i,s:i,s:I,s:I}", "device", si.device, "layer_begin",
+                                            si.layer_begin, "layer_end", si.layer_end, "weight_bytes",
+                                            (json_int_t)si.weight_bytes, "kv_bytes", (json_int_t)si.kv_bytes));
+      }
+      json_object_set_new(o, "layer_split", layer_split ? json_string(layer_split) : json_null());
+      json_object_set_new(o, "placement", pl);
+    }
     json_object_set_new(o, "weight_quant", json_string(wq ? wq : "none"));
     json_object_set_new(o, "parallel", json_integer(g_parallel));
     json_object_set_new(o, "threads", json_integer(threads));
