@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh [--prebuilt DIR] [--fixtures DIR] [--synth SHAPE] [--sanitize] [--out DIR]
 #
-# --prebuilt DIR: DIR/bin holds test_cuda_ops, test_fixtures, anna-generate built elsewhere
+# --prebuilt DIR: DIR/bin holds test_cuda_ops, test_fixtures, test_layer_split (optional), anna-generate built elsewhere
 #   (DIR/lib: shared libraries they need), for machines without the -dev packages.
 #   Without it the script configures build-gpu with -DANNA_CUDA=ON and builds there.
 # --fixtures DIR: the shared fixtures (default ../shared/fixtures).
@@ -47,13 +47,13 @@ if [ -n "$PREBUILT" ]; then
 else
   t0=$(date +%s)
   if cmake -S . -B build-gpu -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release >"$OUTD/build.log" 2>&1 &&
-     cmake --build build-gpu -j"$(nproc)" --target test_cuda_ops test_fixtures anna-generate >>"$OUTD/build.log" 2>&1; then
+     cmake --build build-gpu -j"$(nproc)" --target test_cuda_ops test_fixtures test_layer_split anna-generate >>"$OUTD/build.log" 2>&1; then
     row "build" "ok ($(( $(date +%s) - t0 )) s)"
   else
     tail -30 "$OUTD/build.log"; row "build" "FAILED (see build.log)"; printf '%s\n' "${ROWS[@]}"; exit 1
   fi
   mkdir -p build-gpu/bin
-  for b in tests/cuda/test_cuda_ops tests/engine/test_fixtures src/cli/anna-generate; do ln -sf "../$b" build-gpu/bin/; done
+  for b in tests/cuda/test_cuda_ops tests/engine/test_fixtures tests/engine/test_layer_split src/cli/anna-generate; do ln -sf "../$b" build-gpu/bin/; done
   BIN=build-gpu/bin
 fi
 
@@ -84,6 +84,13 @@ for mode in "--exact" "--tol 5e-3"; do
     grep -E "FAIL|failure"
   row "fixtures gguf (cuda $mode)" "$(tail -1 "$OUTD/fixtures_gguf_$tag.log")"
 done
+
+# 2b. layer split (issue 31's one-GPU acceptance): two and three stages on cuda:0 give the
+#     logits and greedy ids of no split, bit for bit, on every fixture kind
+if [ -x "$BIN/test_layer_split" ]; then
+  "$BIN/test_layer_split" "$FIX" tests/fixtures --device cuda 2>&1 | tee "$OUTD/layer_split.log" | grep -E "FAIL|failure"
+  row "layer split (cuda:0 x2/x3 vs none)" "$(tail -1 "$OUTD/layer_split.log")"
+fi
 
 # 3. decode / prefill: 512-token prompt (ids), 128 new tokens
 IDS=$(python3 -c 'print(",".join(str((i * 37 + 11) % 997) for i in range(512)))')

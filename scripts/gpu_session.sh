@@ -80,6 +80,9 @@ for mode in "--exact" "--tol 5e-3"; do
   [ -n "$GG" ] && row "fixtures gguf $mode:$GG" "$("$PRE/bin/test_fixtures" "$FIX" --gguf tests/fixtures/gguf --device cuda \
     $mode $GG 2>&1 | tail -1)"
 done
+# layer split (issue 31, one GPU): two and three stages on cuda:0 bit-identical to none
+[ -x "$PRE/bin/test_layer_split" ] &&
+  row "layer split cuda:0 x2/x3" "$("$PRE/bin/test_layer_split" "$FIX" tests/fixtures --device cuda 2>&1 | tail -1)"
 "$PRE/bin/test_cuda_ops" --bench >"$OUTD/bench.log" 2>&1
 grep -E 'matvec (Q4_K|Q6_K|Q8_0) +n=1 12288x4096 int8|attention decode|moe decode n=1 int8' "$OUTD/bench.log" |
   sed 's/^ *//' >>"$OUTD/summary.txt"

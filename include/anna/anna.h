@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 5
+#define ANNA_API_VERSION_MINOR 6
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -121,7 +121,11 @@ typedef struct anna_context_options {
   int n_ctx;      /* max positions per sequence (default 4096) */
   int n_batch;    /* max tokens per anna_context_decode call (default 512) */
   int n_threads;  /* <= 0: one per core */
-  const char *device; /* NULL or "cpu": CPU; "cuda": the GPU (error if absent); "auto": GPU when present */
+  /* NULL or "cpu": CPU; "cuda": the GPU (error if absent); "auto": GPU when present;
+   * "cuda:N" (1.6): the N-th device CUDA_VISIBLE_DEVICES leaves visible (ANNA_EUNSUPPORTED
+   * naming how many there are). With layer_split, one device per stage, comma-separated
+   * ("cuda:0,cuda:1", "cuda:0,cuda:0", "cpu,cpu"), or one device that every stage shares. */
+  const char *device;
   int n_checkpoints; /* recurrent-state checkpoint slots for prefix reuse (GDN models; 0: none) */
   /* KV cache format: NULL/"none" (f32, exact), "f16", "q8", "q4", "turboquant" (random
    * Hadamard rotation + Lloyd-Max codes of kv_cache_quant_bits = 2, 3 or 4 bits; default 4),
@@ -178,7 +182,34 @@ typedef struct anna_context_options {
   int64_t reserve_bytes;
   int cached_experts_per_layer;
   int expert_swap_every; /* 0: 8 */
+  /* Pipeline stages (1.6): NULL (none), "N,N,..." (consecutive layers per stage, in order:
+   * each >= 1, summing to the model's layers) or "auto" (one stage per device of `device`,
+   * layers split as evenly as they go). Stage s holds its layers' weights, KV blocks and
+   * recurrent state on its device; the hidden state crosses to the next stage (through host
+   * memory in this version); the embedding runs on the first stage, the final norm, lm_head
+   * and sampling candidates on the last. Output is bit-identical to no split on the same
+   * devices. Text decoders only; not with profile or offload_mode experts (ANNA_EUNSUPPORTED);
+   * a bad list is ANNA_EINVAL naming what is wrong. anna_context_stage_info reports it. */
+  const char *layer_split;
 } anna_context_options;
+
+/* One pipeline stage of a context (anna_context_stage_info). A context without layer_split
+ * has one stage of every layer. */
+typedef struct anna_stage_info {
+  char device[32];           /* "cpu", "cuda:0", ... */
+  int layer_begin, layer_end; /* layers [begin, end) */
+  int64_t weight_bytes;      /* the matrices it reads: its layers', plus the embedding on the
+                                first stage and the lm_head on the last */
+  int64_t kv_bytes;          /* its layers' KV pool, rings and recurrent state */
+} anna_stage_info;
+
+/* Number of stages (>= 1), and stage i's placement into *out (0, or ANNA_ERANGE). */
+int anna_context_stage_count(const anna_context *c);
+int anna_context_stage_info(const anna_context *c, int i, anna_stage_info *out, char *err, size_t errlen);
+
+/* The devices this build can use on this host, one line each ("cpu", "cuda:0  NVIDIA H100
+ * 80GB HBM3  79.1 GiB"), into buf (always NUL-terminated); returns the device count. */
+int anna_devices_list(char *buf, size_t len);
 
 /* The model is borrowed and must outlive the context. Caller frees with anna_context_free. */
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,

@@ -8,11 +8,24 @@
 #include "backends/cuda/cuda_backend.h"
 #endif
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int cpu_available(void) {
   return 1;
+}
+
+static int cpu_count(void) {
+  return 1;
+}
+
+static int cpu_describe(int i, char *name, size_t len, int64_t *mem) {
+  if (i != 0) return ANNA_ERANGE;
+  snprintf(name, len, "cpu");
+  *mem = 0;
+  return 0;
 }
 
 #ifdef ANNA_HAVE_CUDA
@@ -22,7 +35,7 @@ static int cuda_create(const backend_params *p, ops_backend **out, char *err, si
   anna_tuning t;
   if (p->tuning) t = *p->tuning;
   else tuning_defaults(&t);
-  int rc = cuda_backend_create_tuned(out, p->n_batch, &t, err, errlen);
+  int rc = cuda_backend_create_device(out, p->device_index, p->n_batch, &t, err, errlen);
   if (rc) return rc;
   cuda_backend_set_exact(*out, p->exact_matmul);
   if (p->gemm_bf16_single) cuda_backend_set_gemm_variant(*out, CUDA_GEMM_BF16_SINGLE);
@@ -56,10 +69,10 @@ int cuda_backend_create(ops_backend **out, int64_t max_batch, char *err, size_t 
 
 static const backend_info backends[] = {
     {.name = "cpu", .available = cpu_available, .create = cpu_backend_create_params, .bf16_compute = 0,
-     .missing = "not available"},
+     .missing = "not available", .count = cpu_count, .describe = cpu_describe},
 #ifdef ANNA_HAVE_CUDA
     {.name = "cuda", .available = cuda_backend_available, .create = cuda_create, .bf16_compute = 1, .expert_offload = 1,
-     .missing = "no CUDA device found"},
+     .missing = "no CUDA device found", .count = cuda_backend_device_count, .describe = cuda_backend_describe},
 #endif
 };
 #define N_BACKENDS ((int)(sizeof backends / sizeof backends[0]))
@@ -105,4 +118,50 @@ int backend_registry_pick(const char *device, const backend_info **out, char *er
     return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s' is not available in this build (have: %s)", device,
                     have);
   return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device '%s' is not available (have: %s, auto)", device, have);
+}
+
+int backend_registry_pick_list(const char *devices, backend_device *out, int max, int *n, char *err, size_t errlen) {
+  *n = 0;
+  if (!devices) {
+    out[0] = (backend_device){&backends[0], 0};
+    *n = 1;
+    return 0;
+  }
+  const char *p = devices;
+  for (;;) {
+    const char *end = strchr(p, ',');
+    const size_t len = end ? (size_t)(end - p) : strlen(p);
+    char one[64];
+    if (len == 0 || len >= sizeof one)
+      return anna_err(err, errlen, ANNA_EINVAL, "device list '%s': %s entry", devices, len ? "an overlong" : "an empty");
+    if (*n == max)
+      return anna_err(err, errlen, ANNA_EINVAL, "device list '%s': more than %d devices", devices, max);
+    memcpy(one, p, len);
+    one[len] = 0;
+    int index = 0;
+    char *colon = strchr(one, ':');
+    if (colon) {
+      *colon = 0;
+      char *e;
+      errno = 0;
+      const long v = strtol(colon + 1, &e, 10);
+      if (e == colon + 1 || *e || errno || v < 0 || v > 1024)
+        return anna_err(err, errlen, ANNA_EINVAL, "device '%s:%s': the ordinal must be a number >= 0", one, colon + 1);
+      index = (int)v;
+    }
+    const backend_info *bi;
+    int rc = backend_registry_pick(one, &bi, err, errlen);
+    if (rc) return rc;
+    const int have = bi->count ? bi->count() : 1;
+    if (index >= have) {
+      if (bi == &backends[0])
+        return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device 'cpu:%d': there is one cpu device (cpu:0)", index);
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                      "device '%s:%d': only %d %s device%s visible (0..%d; CUDA_VISIBLE_DEVICES selects them)", one,
+                      index, have, bi->name, have == 1 ? "" : "s", have - 1);
+    }
+    out[(*n)++] = (backend_device){bi, index};
+    if (!end) return 0;
+    p = end + 1;
+  }
 }

@@ -21,6 +21,7 @@
  * there). */
 typedef struct backend_params {
   int n_threads;            /* CPU: workers of the pool it creates (<= 0: one per core) */
+  int device_index;         /* device backends: the ordinal ("cuda:N"; 0 for "cuda") */
   threadpool *tp;           /* CPU: an existing pool to use instead (borrowed; must outlive the backend) */
   int64_t n_batch;          /* most tokens of one forward call */
   int exact_matmul;         /* --exact: f32 activations and arithmetic everywhere */
@@ -49,7 +50,21 @@ typedef struct backend_info {
   int expert_offload;
   /* What "device '<name>': ..." says when the backend is compiled in but cannot run here. */
   const char *missing;
+  /* Devices of this kind visible to the process (CUDA honours CUDA_VISIBLE_DEVICES); the CPU
+   * is one. */
+  int (*count)(void);
+  /* Device i's name into name[len] and its memory in bytes (0: unknown); 0 or negative. */
+  int (*describe)(int i, char *name, size_t len, int64_t *mem_bytes);
 } backend_info;
+
+/* Most entries of a device list ("cuda:0,cuda:1", one per pipeline stage). */
+#define BACKEND_MAX_DEVICES 16
+
+/* One resolved device: its backend and ordinal. */
+typedef struct backend_device {
+  const backend_info *bi;
+  int index;
+} backend_device;
 
 /* Number of compiled backends and the i-th (0 is "cpu"); NULL past the end. */
 int backend_registry_count(void);
@@ -62,5 +77,12 @@ const backend_info *backend_registry_find(const char *name);
  * ANNA_EUNSUPPORTED with the message the public API documents ("device 'x' is not available
  * in this build (have: cpu)", "device 'cuda': no CUDA device found", ...). */
 int backend_registry_pick(const char *device, const backend_info **out, char *err, size_t errlen);
+
+/* A device list: comma-separated names as backend_registry_pick takes them, each optionally
+ * ":N" for the ordinal ("cuda:1"; default 0; "cpu:N" only N = 0). Up to max entries into
+ * out[], their number into *n (NULL device: one "cpu"). ANNA_EUNSUPPORTED as pick, or naming
+ * the devices there are ("device 'cuda:3': only 2 cuda devices (0..1)"); ANNA_EINVAL for an
+ * empty entry, a bad ordinal or more than max entries. */
+int backend_registry_pick_list(const char *devices, backend_device *out, int max, int *n, char *err, size_t errlen);
 
 #endif

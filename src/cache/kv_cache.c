@@ -8,18 +8,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Backend memory (pools, tables, state), tracked for kv_cache_free. */
-static void *salloc(kv_cache *c, size_t bytes, int *fail) {
-  void *p = c->be->alloc(c->be, bytes ? bytes : 1);
+/* Backend memory (pools, tables, state) on be, tracked for kv_cache_free. */
+static void *salloc_on(kv_cache *c, ops_backend *be, size_t bytes, int *fail) {
+  if (*fail) return NULL;
+  void *p = be->alloc(be, bytes ? bytes : 1);
   void **na = realloc(c->allocs, (c->n_allocs + 1) * sizeof *na);
-  if (!p || !na) {
-    if (p) c->be->free(c->be, p);
-    if (na) c->allocs = na;
+  if (na) c->allocs = na;
+  ops_backend **nb = na ? realloc(c->alloc_be, (c->n_allocs + 1) * sizeof *nb) : NULL;
+  if (nb) c->alloc_be = nb;
+  if (!p || !na || !nb) {
+    if (p) be->free(be, p);
     *fail = 1;
     return NULL;
   }
-  c->allocs = na;
-  c->allocs[c->n_allocs++] = p;
+  c->allocs[c->n_allocs] = p;
+  c->alloc_be[c->n_allocs++] = be;
   return p;
 }
 
@@ -104,8 +107,11 @@ static int options_check(ops_backend *be, const kv_cache_options *o, int block_l
                         "KV-cache quantization needs head dims that are multiples of 32 (powers of two up to 1024 "
                         "for turboquant); layer %d has %d", l, d);
     }
-    if (!be->kv_store)
-      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the %s backend has no quantized KV cache", be->name);
+    for (int l = -1; l < o->n_layers; l++) {
+      const ops_backend *b = l >= 0 && o->layer_be && o->layer_be[l] ? o->layer_be[l] : be;
+      if (!b->kv_store)
+        return anna_err(err, errlen, ANNA_EUNSUPPORTED, "the %s backend has no quantized KV cache", b->name);
+    }
   }
   return 0;
 }
@@ -143,6 +149,23 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
   c->conv_floats = o->conv_floats;
   c->ssm_floats = o->ssm_floats;
   const size_t nl = (size_t)L * (size_t)n_seq;
+  c->lbe = halloc(c, (size_t)(L > 0 ? L : 1) * sizeof(ops_backend *), &fail);
+  c->ltb = halloc(c, (size_t)(L > 0 ? L : 1) * sizeof(int), &fail);
+  c->tb_be[c->n_tb++] = be;
+  for (int l = 0; !fail && l < L; l++) {
+    ops_backend *lb = o->layer_be && o->layer_be[l] ? o->layer_be[l] : be;
+    int i = 0;
+    while (i < c->n_tb && c->tb_be[i] != lb) i++;
+    if (i == c->n_tb) {
+      if (c->n_tb == KV_MAX_BACKENDS) {
+        kv_cache_free(c);
+        return anna_err(err, errlen, ANNA_EINVAL, "KV cache: layers on more than %d backends", KV_MAX_BACKENDS);
+      }
+      c->tb_be[c->n_tb++] = lb;
+    }
+    c->lbe[l] = lb;
+    c->ltb[l] = i;
+  }
   c->own_idx = halloc(c, (size_t)L * sizeof(int), &fail);
   c->owns = halloc(c, (size_t)L, &fail);
   c->is_state = halloc(c, (size_t)L, &fail);
@@ -170,19 +193,21 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
   c->row_floats = halloc(c, (size_t)no * sizeof(int64_t), &fail);
   c->ring_k = halloc(c, (size_t)no * n_seq * sizeof(float *), &fail);
   c->ring_v = halloc(c, (size_t)no * n_seq * sizeof(float *), &fail);
+  c->obe = halloc(c, (size_t)no * sizeof(ops_backend *), &fail);
   for (int l = 0; !fail && l < L; l++) {
     if (!c->owns[l]) continue;
     const kv_cache_layer *ly = &o->layers[l];
     const int oi = c->own_idx[l];
+    c->obe[oi] = c->lbe[l];
     c->row_bytes[oi] = (int64_t)ly->n_kv_heads * ops_kv_head_bytes(c->kv_type, ly->head_dim);
     c->row_floats[oi] = (int64_t)ly->n_kv_heads * ly->head_dim;
     c->blk_bytes[oi] = c->row_bytes[oi] * block_len;
-    c->pool_k[oi] = salloc(c, (size_t)(c->blk_bytes[oi] * n_blocks), &fail);
-    c->pool_v[oi] = salloc(c, (size_t)(c->blk_bytes[oi] * n_blocks), &fail);
+    c->pool_k[oi] = salloc_on(c, c->obe[oi], (size_t)(c->blk_bytes[oi] * n_blocks), &fail);
+    c->pool_v[oi] = salloc_on(c, c->obe[oi], (size_t)(c->blk_bytes[oi] * n_blocks), &fail);
     for (int q = 0; !fail && q < n_seq && c->resid; q++) {
       const size_t rf = (size_t)c->ring_len * (size_t)c->row_floats[oi];
-      c->ring_k[(size_t)oi * n_seq + q] = salloc(c, rf * sizeof(float), &fail);
-      c->ring_v[(size_t)oi * n_seq + q] = salloc(c, rf * sizeof(float), &fail);
+      c->ring_k[(size_t)oi * n_seq + q] = salloc_on(c, c->obe[oi], rf * sizeof(float), &fail);
+      c->ring_v[(size_t)oi * n_seq + q] = salloc_on(c, c->obe[oi], rf * sizeof(float), &fail);
     }
   }
   c->blk = halloc(c, (size_t)n_blocks * sizeof *c->blk, &fail);
@@ -194,7 +219,7 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
   c->tab_id = halloc(c, ntab * sizeof(int32_t), &fail);
   c->nblk = halloc(c, (size_t)n_seq * sizeof(int32_t), &fail);
   c->tab_h = halloc(c, ntab * (size_t)no * 2 * sizeof(void *), &fail);
-  c->tab_d = salloc(c, ntab * (size_t)no * 2 * sizeof(void *), &fail);
+  for (int i = 0; i < c->n_tb; i++) c->tb_d[i] = salloc_on(c, c->tb_be[i], ntab * (size_t)no * 2 * sizeof(void *), &fail);
   c->tab_dirty = halloc(c, (size_t)n_seq, &fail);
   c->stok = halloc(c, (size_t)n_seq * (size_t)n_ctx * sizeof(int32_t), &fail);
   c->bhash = halloc(c, ntab * sizeof(uint64_t), &fail);
@@ -210,8 +235,8 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
   for (int l = 0; !fail && l < L; l++)
     for (int q = 0; !fail && q < n_seq && c->is_state[l]; q++) {
       const size_t at = (size_t)l * n_seq + q;
-      c->conv[at] = salloc(c, (size_t)c->conv_floats * sizeof(float), &fail);
-      c->ssm[at] = salloc(c, (size_t)c->ssm_floats * sizeof(float), &fail);
+      c->conv[at] = salloc_on(c, c->lbe[l], (size_t)c->conv_floats * sizeof(float), &fail);
+      c->ssm[at] = salloc_on(c, c->lbe[l], (size_t)c->ssm_floats * sizeof(float), &fail);
     }
   c->n_ckpt = c->has_state && o->n_ckpt > 0 ? o->n_ckpt : 0;
   c->win_n = halloc(c, (size_t)n_seq * sizeof(int32_t), &fail);
@@ -224,8 +249,8 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
     k->ssm = halloc(c, (size_t)L * sizeof(float *), &fail);
     for (int l = 0; !fail && l < L; l++)
       if (c->is_state[l]) {
-        k->conv[l] = salloc(c, (size_t)c->conv_floats * sizeof(float), &fail);
-        k->ssm[l] = salloc(c, (size_t)c->ssm_floats * sizeof(float), &fail);
+        k->conv[l] = salloc_on(c, c->lbe[l], (size_t)c->conv_floats * sizeof(float), &fail);
+        k->ssm[l] = salloc_on(c, c->lbe[l], (size_t)c->ssm_floats * sizeof(float), &fail);
       }
   }
   const size_t n = (size_t)n_batch;
@@ -252,9 +277,22 @@ int kv_cache_create(kv_cache **out, ops_backend *be, const kv_cache_options *o, 
   return 0;
 }
 
+int64_t kv_cache_layer_bytes(const kv_cache *c, int l) {
+  if (l < 0 || l >= c->n_layers) return 0;
+  int64_t b = 0;
+  if (c->owns[l]) {
+    const int oi = c->own_idx[l];
+    b += 2 * c->blk_bytes[oi] * c->n_blocks;
+    b += 2 * (int64_t)c->ring_len * c->row_floats[oi] * (int64_t)sizeof(float) * c->n_seq;
+  }
+  if (c->is_state[l]) b += (c->conv_floats + c->ssm_floats) * (int64_t)sizeof(float) * (c->n_seq + c->n_ckpt);
+  return b;
+}
+
 void kv_cache_free(kv_cache *c) {
   if (!c) return;
-  for (size_t i = 0; i < c->n_allocs; i++) c->be->free(c->be, c->allocs[i]);
+  for (size_t i = 0; i < c->n_allocs; i++) c->alloc_be[i]->free(c->alloc_be[i], c->allocs[i]);
+  free(c->alloc_be);
   for (size_t i = 0; i < c->n_hallocs; i++) free(c->hallocs[i]);
   free(c->allocs);
   free(c->hallocs);
@@ -326,8 +364,9 @@ static int seq_ensure(kv_cache *c, int seq, int32_t from, int32_t to, char *err,
     for (int oi = 0; rows > 0 && oi < c->n_own; oi++) {
       const int64_t rb = c->row_bytes[oi], off_n = (int64_t)nb * c->blk_bytes[oi],
                     off_b = (int64_t)b * c->blk_bytes[oi];
-      c->be->copy(c->be, c->pool_k[oi] + off_n, c->pool_k[oi] + off_b, (size_t)(rows * rb));
-      c->be->copy(c->be, c->pool_v[oi] + off_n, c->pool_v[oi] + off_b, (size_t)(rows * rb));
+      ops_backend *ob = c->obe[oi];
+      ob->copy(ob, c->pool_k[oi] + off_n, c->pool_k[oi] + off_b, (size_t)(rows * rb));
+      ob->copy(ob, c->pool_v[oi] + off_n, c->pool_v[oi] + off_b, (size_t)(rows * rb));
     }
     kv_blk_unref(c, b);
     tab_set(c, seq, j, nb);
@@ -390,7 +429,8 @@ static void tab_upload(kv_cache *c) {
   const int64_t per = (int64_t)c->n_own * 2 * c->max_bps;
   for (int q = 0; q < c->n_seq; q++)
     if (c->tab_dirty[q]) {
-      c->be->upload(c->be, c->tab_d + q * per, c->tab_h + q * per, sizeof(void *) * (size_t)per);
+      for (int i = 0; i < c->n_tb; i++)
+        c->tb_be[i]->upload(c->tb_be[i], c->tb_d[i] + q * per, c->tab_h + q * per, sizeof(void *) * (size_t)per);
       c->tab_dirty[q] = 0;
     }
 }
@@ -494,8 +534,9 @@ int kv_cache_seq_copy(kv_cache *c, int dst, int src, int32_t n, char *err, size_
   c->share[dst] = c->share[src];
   for (int oi = 0; c->resid && oi < c->n_own; oi++) {
     const size_t bytes = (size_t)c->ring_len * (size_t)c->row_floats[oi] * sizeof(float);
-    c->be->copy(c->be, c->ring_k[(size_t)oi * c->n_seq + dst], c->ring_k[(size_t)oi * c->n_seq + src], bytes);
-    c->be->copy(c->be, c->ring_v[(size_t)oi * c->n_seq + dst], c->ring_v[(size_t)oi * c->n_seq + src], bytes);
+    ops_backend *ob = c->obe[oi];
+    ob->copy(ob, c->ring_k[(size_t)oi * c->n_seq + dst], c->ring_k[(size_t)oi * c->n_seq + src], bytes);
+    ob->copy(ob, c->ring_v[(size_t)oi * c->n_seq + dst], c->ring_v[(size_t)oi * c->n_seq + src], bytes);
   }
   if (conv) kv_state_copy(c, c->conv + dst, c->ssm + dst, c->n_seq, conv, ssm, stride);
   c->len[dst] = n;
@@ -714,8 +755,8 @@ static int plan_batch(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, s
     if (c->len[q] != 0) continue;
     for (int l = 0; l < c->n_layers; l++) {
       const size_t at = (size_t)l * c->n_seq + q;
-      if (c->conv[at]) c->be->memset0(c->be, c->conv[at], sizeof(float) * (size_t)c->conv_floats);
-      if (c->ssm[at]) c->be->memset0(c->be, c->ssm[at], sizeof(float) * (size_t)c->ssm_floats);
+      if (c->conv[at]) c->lbe[l]->memset0(c->lbe[l], c->conv[at], sizeof(float) * (size_t)c->conv_floats);
+      if (c->ssm[at]) c->lbe[l]->memset0(c->lbe[l], c->ssm[at], sizeof(float) * (size_t)c->ssm_floats);
     }
   }
   return 0;
@@ -769,7 +810,7 @@ void kv_cache_attn_rows(kv_cache *c, const anna_batch *b, int layer, kv_attn_row
   }
   for (int64_t t = 0; t < n; t++) {
     const int sq = b->seq[t];
-    void **tab = c->tab_d + ((int64_t)sq * c->n_own + oi) * 2 * c->max_bps;
+    void **tab = c->tb_d[c->ltb[layer]] + ((int64_t)sq * c->n_own + oi) * 2 * c->max_bps;
     c->kp[t] = (const void *)tab;
     c->vp[t] = (const void *)(tab + c->max_bps);
     if (c->resid) {

@@ -65,6 +65,13 @@ typedef struct kv_cache_options {
   int snapshot_interval; /* state snapshots every N tokens inside a run (rounded up to blocks;
                             0: only at the last block boundary each run reaches) */
   int n_ckpt;       /* checkpoint / snapshot slots (used only with state layers) */
+  /* Pipeline stages: [n_layers] the backend that holds each layer's pool, residual rings and
+   * recurrent state (its stage's); NULL (or a NULL entry): the cache's be. Block tables are
+   * kept on each distinct backend (at most 16). A layer that reads another layer's cache (KV
+   * sharing) reads the pool where its owner placed it: the same memory on the CPU or one
+   * device; across devices that needs peer access. Borrowed for the create call; the
+   * backends must outlive the cache. */
+  ops_backend *const *layer_be;
 } kv_cache_options;
 
 /* Caller frees with kv_cache_free. be is borrowed and must outlive the cache. Errors:
@@ -90,6 +97,9 @@ int kv_cache_auto_type(int64_t budget, const int64_t need[OPS_KV_TQ4 + 1]);
 
 /* Bytes of KV cache per token of one sequence (all owner layers, K and V). */
 int64_t kv_cache_bytes_per_token(const kv_cache *c);
+/* Backend bytes placed for layer l: its pool and rings when it owns a cache, its recurrent
+ * state (live and checkpoint slots) when it is a state layer; 0 otherwise or out of range. */
+int64_t kv_cache_layer_bytes(const kv_cache *c, int l);
 /* Pool accounting and prefix-pool counters. */
 void kv_cache_stats(const kv_cache *c, anna_kv_stats *st);
 

@@ -30,8 +30,20 @@ typedef struct kv_slot {
   float **conv, **ssm; /* [layer] (NULL for other layers) */
 } kv_slot;
 
+/* Most distinct backends one cache places layers on (pipeline stages). */
+#define KV_MAX_BACKENDS 16
+
 struct kv_cache {
-  ops_backend *be; /* owns the backend allocations below */
+  ops_backend *be; /* the default backend (layers without kv_cache_options.layer_be) */
+  ops_backend **lbe; /* [layer] the backend holding that layer's pool, rings and state */
+  ops_backend **obe; /* [oi] the backend of owner oi's pool and rings */
+  ops_backend **alloc_be; /* [n_allocs] which backend each allocation came from */
+  /* The block tables in each distinct backend's memory (kv_cache_attn_rows hands a layer
+   * the copy on its own backend): tb_d[i] on tb_be[i]; ltb[layer] = i. */
+  int n_tb;
+  ops_backend *tb_be[KV_MAX_BACKENDS];
+  void **tb_d[KV_MAX_BACKENDS];
+  int *ltb;
   int n_seq, n_ctx, n_batch, n_layers;
   int32_t n_vocab;
   int kv_type;
@@ -61,8 +73,7 @@ struct kv_cache {
   int64_t hcap;
   int32_t *tab_id;            /* [seq][max_bps] block ids, -1: none */
   int32_t *nblk;              /* [seq] entries of tab_id in use */
-  void **tab_h;               /* host mirror of tab_d: [seq][oi][K, V][max_bps] block bases */
-  void **tab_d;               /* the same in backend memory (what ops_attn_args points into) */
+  void **tab_h;               /* host mirror of tb_d: [seq][oi][K, V][max_bps] block bases */
   uint8_t *tab_dirty;         /* [seq] */
   int32_t *stok;              /* [seq][n_ctx] tokens behind each sequence's positions */
   uint64_t *bhash;            /* [seq][max_bps] chain hash of each full block */

@@ -42,8 +42,10 @@ void kv_state_copy(kv_cache *c, float **dconv, float **dssm, int dstride, float 
     if (!c->is_state[l]) continue;
     float *dc = dconv[(size_t)l * dstride], *ds = dssm[(size_t)l * dstride];
     const float *sc = sconv[(size_t)l * sstride], *ss = sssm[(size_t)l * sstride];
-    c->be->copy_rows(c->be, dc, 0, sc, 0, 1, (int)c->conv_floats);
-    c->be->copy_rows(c->be, ds, 0, ss, 0, 1, (int)c->ssm_floats);
+    ops_backend *lb = c->lbe[l];
+    if (lb->bind) lb->bind(lb); /* an op, not a memory entry: it runs on the current device */
+    lb->copy_rows(lb, dc, 0, sc, 0, 1, (int)c->conv_floats);
+    lb->copy_rows(lb, ds, 0, ss, 0, 1, (int)c->ssm_floats);
   }
 }
 

@@ -40,7 +40,7 @@ static void usage(FILE *f) {
           "  --batch N                prefill tokens per decode call (default 512)\n"
           "  --ctx-size N             context length (default: longest prompt + max-new-tokens)\n"
           "  --seed S                 synthetic prompt seed (default 1234)\n"
-          "  --device cpu|cuda|auto\n"
+          CLI_DEVICE_USAGE
           "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
           "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
           "                           auto = none (GGUF files load as stored)\n"
@@ -389,7 +389,7 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL, *hf = NULL;
-  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
+  const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
   int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, exact_matmul = 0;
@@ -405,6 +405,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--system")) { NEEDV(); system = v; }
     else if (!strcmp(a, "--prompt-lengths")) { NEEDV(); lengths_arg = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
+    else if (!strcmp(a, "--layer-split")) { NEEDV(); layer_split = v; }
+    else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
@@ -550,7 +552,9 @@ int main(int argc, char **argv) {
                              .exact_matmul = exact_matmul, .profile = profile, .kv_cache_quantization = kvq,
                              .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid, .tuning = tuning};
   cli_offload_apply(&off, &co);
+  co.layer_split = layer_split;
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
+  cli_print_stages(ctx);
   if (verbose) {
     char tb[2048];
     anna_context_tuning(ctx, tb, sizeof tb);
@@ -620,6 +624,18 @@ int main(int argc, char **argv) {
     json_object_set_new(o, "describe", json_string(anna_model_describe(m)));
     json_object_set_new(o, "device", json_string(device ? device : "cpu"));
     json_object_set_new(o, "dtype", json_string(dtype ? dtype : "f32"));
+    {
+      json_t *pl = json_array();
+      for (int i = 0; i < anna_context_stage_count(ctx); i++) {
+        anna_stage_info si;
+        if (anna_context_stage_info(ctx, i, &si, NULL, 0)) continue;
+        json_array_append_new(pl, json_pack("{s:s,s:i,s:i,s:I,s:I}", "device", si.device, "layer_begin",
+                                            si.layer_begin, "layer_end", si.layer_end, "weight_bytes",
+                                            (json_int_t)si.weight_bytes, "kv_bytes", (json_int_t)si.kv_bytes));
+      }
+      json_object_set_new(o, "layer_split", layer_split ? json_string(layer_split) : json_null());
+      json_object_set_new(o, "placement", pl);
+    }
     json_object_set_new(o, "weight_quant", json_string(wq ? wq : "none"));
     json_object_set_new(o, "parallel", json_integer(g_parallel));
     json_object_set_new(o, "threads", json_integer(threads));

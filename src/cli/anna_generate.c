@@ -31,7 +31,7 @@ static void usage(FILE *f) {
           "  --exact                  f32 activations everywhere (exact, slower; CPU default:\n"
           "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n"
           "  --threads N              default: one per core\n"
-          "  --device cpu|cuda|auto\n"
+          CLI_DEVICE_USAGE
           "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
           "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
           "                           auto = none (GGUF files load as stored)\n"
@@ -55,7 +55,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL, *hf = NULL;
-  const char *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
+  const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
   int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
@@ -96,6 +96,8 @@ int main(int argc, char **argv) {
     }
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
+    else if (!strcmp(a, "--layer-split")) { NEEDV(); layer_split = v; }
+    else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
     else if (!strcmp(a, "--tuning")) { NEEDV(); tuning = v; }
@@ -232,7 +234,9 @@ int main(int argc, char **argv) {
                              .kv_cache_quantization = kvq, .kv_cache_quant_bits = kv_bits,
                              .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul, .tuning = tuning};
   cli_offload_apply(&off, &co);
+  co.layer_split = layer_split;
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
+  cli_print_stages(ctx);
   if (verbose) {
     char tb[2048];
     anna_context_tuning(ctx, tb, sizeof tb);

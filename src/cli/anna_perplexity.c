@@ -28,7 +28,8 @@ static void usage(FILE *f) {
           "  --chunks N               score the first N chunks only (default all)\n"
           "  --save-logits FILE       write the scored log-probs (llama.cpp --kl-divergence-base format)\n"
           "  --kl-base FILE           KL divergence against such a file (its tokens and ctx; no --file)\n"
-          "  --threads N  --device cpu|cuda|auto  --exact  --dtype f32|bf16  --tuning K=V,...\n"
+          "  --threads N  --exact  --dtype f32|bf16  --tuning K=V,...\n"
+          CLI_DEVICE_USAGE
           "  --kv-cache-quantization none|f16|q8|q4|turboquant  --weight-quant none|auto|int4\n"
           "  --quiet                  only the final lines\n");
 }
@@ -120,7 +121,7 @@ static void row_kld(const float *logits, int V, double lse, int argmax, int tok,
 
 int main(int argc, char **argv) {
   const char *model = NULL, *hf = NULL, *file = NULL, *save = NULL, *base = NULL;
-  const char *device = NULL, *dtype = NULL, *tuning = NULL, *kvq = NULL, *wq = NULL;
+  const char *layer_split = NULL, *device = NULL, *dtype = NULL, *tuning = NULL, *kvq = NULL, *wq = NULL;
   int n_ctx = 0, n_batch = 0, max_chunks = -1, threads = 0, exact = 0, quiet = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -134,6 +135,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kl-base")) { CLI_NEEDV(); base = v; }
     else if (!strcmp(a, "--threads")) { CLI_NEEDV(); if (cli_int(a, v, 0, 4096, &threads)) return 2; }
     else if (!strcmp(a, "--device")) { CLI_NEEDV(); device = v; }
+    else if (!strcmp(a, "--layer-split")) { CLI_NEEDV(); layer_split = v; }
+    else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { CLI_NEEDV(); dtype = v; }
     else if (!strcmp(a, "--tuning")) { CLI_NEEDV(); tuning = v; }
     else if (!strcmp(a, "--kv-cache-quantization")) { CLI_NEEDV(); kvq = v; }
@@ -242,9 +245,10 @@ int main(int argc, char **argv) {
   const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
   const int nv = 2 * ((V + 1) / 2) + 4; /* uint16 words per base-file position */
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads,
-                             .device = device, .kv_cache_quantization = kvq, .exact_matmul = exact,
+                             .device = device, .layer_split = layer_split, .kv_cache_quantization = kvq, .exact_matmul = exact,
                              .tuning = tuning};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
+  cli_print_stages(ctx);
   btok = malloc(sizeof *btok * (size_t)n_batch);
   bseq = calloc((size_t)n_batch, sizeof *bseq);
   bpos = malloc(sizeof *bpos * (size_t)n_batch);

@@ -13,7 +13,7 @@ static void usage(FILE *f) {
           "  --parallel N             sequence slots (default: max(4, scheduler batch size))\n"
           "  --batch-size N           max tokens per engine step (default 512)\n"
           "  --threads N              compute threads (default: one per core)\n"
-          "  --device cpu|cuda|auto\n"
+          CLI_DEVICE_USAGE
           "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
           "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
           "                           auto = none (GGUF files load as stored)\n"
@@ -150,6 +150,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--int8-prefill")) o.eng.exact_matmul = 0; /* old flag: now the default */
     /* --device: both the model loader's check and the engine's context */
     else if (!strcmp(a, "--device")) { NEEDV(); o.device = o.eng.device = v; }
+    else if (!strcmp(a, "--layer-split")) { NEEDV(); o.eng.layer_split = v; }
+    else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; o.weight_quant = v; }
     else if (!strcmp(a, "--scheduler-profile")) {

@@ -39,6 +39,33 @@ static inline int cli_weight_quant(const char *flag, const char *v) {
   return -1;
 }
 
+/* --device, --layer-split and --list-devices (anna_context_options.device / .layer_split,
+ * anna_devices_list): the usage lines every tool that runs a text model prints. */
+#define CLI_DEVICE_USAGE                                                                                               \
+  "  --device D             cpu (default), cuda, cuda:N (the N-th GPU CUDA_VISIBLE_DEVICES leaves), auto;\n"     \
+  "                         with --layer-split one per stage (cuda:0,cuda:1) or one that every stage shares\n"     \
+  "  --layer-split S        pipeline stages: auto (one per device) or consecutive layer counts N,N,...\n"           \
+  "  --list-devices         print the devices this build can use (name, memory) and exit\n"
+
+/* --list-devices: one line per device on stdout; returns 0 (the tool's exit status). */
+static inline int cli_list_devices(void) {
+  char buf[4096];
+  anna_devices_list(buf, sizeof buf);
+  fputs(buf, stdout);
+  return 0;
+}
+
+/* The placement of a layer split on stderr, one line per stage (nothing for one stage). */
+static inline void cli_print_stages(const anna_context *c) {
+  const int n = anna_context_stage_count(c);
+  for (int i = 0; n > 1 && i < n; i++) {
+    anna_stage_info si;
+    if (anna_context_stage_info(c, i, &si, NULL, 0)) continue;
+    fprintf(stderr, "stage %d: %s, layers %d..%d, weights %.1f MiB, kv %.1f MiB\n", i, si.device, si.layer_begin,
+            si.layer_end - 1, (double)si.weight_bytes / 1048576.0, (double)si.kv_bytes / 1048576.0);
+  }
+}
+
 /* Parses an int flag value in [lo, hi]; prints the error and returns -1 on failure. */
 static inline int cli_int(const char *flag, const char *v, long lo, long hi, int *out) {
   char *end;

@@ -22,46 +22,71 @@
 /* Runs of recurrent GDN tokens at least this long use the chunked kernel. */
 #define GDN_CHUNKED_MIN 8
 
+/* One stage's activation scratch, in its backend's memory. */
+typedef struct fwd_bufs {
+  float *x, *xn, *res, *buf[5], *ple, *moe_scratch;
+  int32_t *moe_idx, *tokens, *pos;
+  int32_t *rpos; /* mRoPE (fwd_mm.rope_pos): positions [3][n_batch] */
+  float *moe_w;
+  /* logits_in: the final norm's rows (and Gemma4's router input on every stage); the last
+   * stage only (NULL on the others): the logits, and the sampling candidates (fwd_topk): one
+   * buffer [stats rows*2 doubles | idx rows*k | val rows*k] so one download brings a step's
+   * candidates */
+  float *logits_in, *logits;
+  void *tk_dev;
+} fwd_bufs;
+
+/* A pipeline stage: layers [l0, l1) run on be (stage 0: the backend the forward call is
+ * given, which is the state's be or a profiling wrapper of it). Stage 0 also embeds; the last
+ * also runs the final norm, the lm_head and the candidates. */
+typedef struct fwd_stage {
+  ops_backend *be;
+  int l0, l1;
+  fwd_bufs b;
+} fwd_stage;
+
 struct fwd_state {
-  ops_backend *be;     /* owns the backend allocations below */
+  ops_backend *be;     /* stage 0's backend */
   int n_seq, n_ctx, n_batch, n_layers;
   const model_config *cfg;
-  kv_cache *kv;        /* per-sequence state: KV pool, recurrent state, prefix pool */
+  kv_cache *kv;        /* per-sequence state: KV pool, recurrent state, prefix pool (each
+                          layer's on its stage's backend) */
   kv_plan plan;        /* the current call's runs and snapshot cuts */
   int64_t wmax;
-  /* backend scratch */
-  float *x, *xn, *res, *buf[5], *ple, *moe_scratch, *logits_in, *logits;
-  int32_t *moe_idx, *tokens, *pos;
-  /* mRoPE (fwd_mm.rope_pos): positions [3][n_batch] and, per layer, three copies of its
-   * frequency table with the other axes' frequencies zeroed (host, built at creation: a zero
-   * frequency is an exact identity rotation, so three rope calls apply the 3-axis rotation) */
-  int32_t *rpos;
+  int n_stages;
+  fwd_stage *st;       /* [n_stages] */
+  fwd_bufs *w;         /* the running stage's scratch (forward_batch_mm moves it along) */
+  float *hand;         /* host staging of a stage hand-off: x, the pending residual, PLE inputs */
+  /* mRoPE: per layer, three copies of its frequency table with the other axes' frequencies
+   * zeroed (host, built at creation: a zero frequency is an exact identity rotation, so
+   * three rope calls apply the 3-axis rotation) */
   float *mfreq;
   int mfreq_half;
-  float *moe_w;
-  /* sampling candidates (fwd_topk): one backend buffer [stats rows*2 doubles | idx rows*k | val
-   * rows*k] so one download brings a step's candidates, and its host staging copy */
-  void *tk_dev, *tk_host;
-  int64_t last_nl; /* logits rows the last call left in s->logits (fwd_state_logits_row) */
+  void *tk_host;   /* host staging copy of the last stage's tk_dev */
+  int64_t last_nl; /* logits rows the last call left in the last stage's logits (fwd_state_logits_row) */
   void **allocs, **hallocs;
+  ops_backend **alloc_be; /* [n_allocs] the backend each allocation came from */
   size_t n_allocs, n_hallocs;
 };
 
 /* Bytes per logits row of the candidate buffers: stats (2 doubles), idx and val of OPS_TOPK_MAX. */
 #define FWD_TOPK_ROW_BYTES (2 * sizeof(double) + (size_t)OPS_TOPK_MAX * (sizeof(int32_t) + sizeof(float)))
 
-/* Backend memory (activations), tracked for fwd_state_free. */
-static void *salloc(fwd_state *s, size_t bytes, int *fail) {
-  void *p = s->be->alloc(s->be, bytes ? bytes : 1);
+/* Backend memory (activations) on be, tracked for fwd_state_free. */
+static void *salloc(fwd_state *s, ops_backend *be, size_t bytes, int *fail) {
+  if (*fail) return NULL;
+  void *p = be->alloc(be, bytes ? bytes : 1);
   void **na = realloc(s->allocs, (s->n_allocs + 1) * sizeof *na);
-  if (!p || !na) {
-    if (p) s->be->free(s->be, p);
-    if (na) s->allocs = na;
+  if (na) s->allocs = na;
+  ops_backend **nb = na ? realloc(s->alloc_be, (s->n_allocs + 1) * sizeof *nb) : NULL;
+  if (nb) s->alloc_be = nb;
+  if (!p || !na || !nb) {
+    if (p) be->free(be, p);
     *fail = 1;
     return NULL;
   }
-  s->allocs = na;
-  s->allocs[s->n_allocs++] = p;
+  s->allocs[s->n_allocs] = p;
+  s->alloc_be[s->n_allocs++] = be;
   return p;
 }
 
@@ -116,7 +141,14 @@ static int64_t ssm_floats(const model_config *c) {
 static int state_cache_create(fwd_state *s, const model_config *c, int n_seq, int n_ctx, int n_batch,
                               const fwd_state_options *o, char *err, size_t errlen) {
   kv_cache_layer *ly = calloc((size_t)(c->n_layers > 0 ? c->n_layers : 1), sizeof *ly);
-  if (!ly) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  ops_backend **lbe = calloc((size_t)(c->n_layers > 0 ? c->n_layers : 1), sizeof *lbe);
+  if (!ly || !lbe) {
+    free(ly);
+    free(lbe);
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  for (int i = 0; i < s->n_stages; i++) /* each layer's state on its stage's backend */
+    for (int l = s->st[i].l0; l < s->st[i].l1; l++) lbe[l] = s->st[i].be;
   for (int l = 0; l < c->n_layers; l++) {
     const layer_config *lc = &c->layers[l];
     ly[l].kind = lc->kind == LAYER_KIND_GDN ? KV_LAYER_STATE : KV_LAYER_ATTN;
@@ -129,10 +161,38 @@ static int state_cache_create(fwd_state *s, const model_config *c, int n_seq, in
       .layers = ly, .conv_floats = conv_floats(c), .ssm_floats = ssm_floats(c), .kv_type = o->kv_type,
       .block_len = o->block_len, .n_blocks = o->n_blocks, .residual_len = o->residual_len,
       .prefix_share = o->prefix_share, .snapshot_interval = o->snapshot_interval, .n_ckpt = o->n_ckpt,
+      .layer_be = lbe,
   };
   const int rc = kv_cache_create(&s->kv, s->be, &ko, err, errlen);
   free(ly);
+  free(lbe);
   return rc;
+}
+
+/* The stages of fwd_state_options (one stage of every layer on be without them). */
+static int stages_setup(fwd_state *s, ops_backend *be, const fwd_state_options *o, char *err, size_t errlen) {
+  const int S = o->n_stages > 1 ? o->n_stages : 1, L = s->n_layers;
+  if (S > 1 && (!o->stage_be || !o->stage_layers))
+    return anna_err(err, errlen, ANNA_EINVAL, "%d pipeline stages without their backends or layer counts", S);
+  if (S > L && L > 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "%d pipeline stages for a model of %d layers", S, L);
+  if (!(s->st = calloc((size_t)S, sizeof *s->st))) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  s->n_stages = S;
+  int at = 0;
+  for (int i = 0; i < S; i++) {
+    const int k = S > 1 ? o->stage_layers[i] : L;
+    if (S > 1 && (k < 1 || k > L - at))
+      return anna_err(err, errlen, ANNA_EINVAL, "pipeline stage %d: %d layers (stages need >= 1 and %d in all)", i, k,
+                      L);
+    if (S > 1 && (i ? !o->stage_be[i] : o->stage_be[0] != be))
+      return anna_err(err, errlen, ANNA_EINVAL, "pipeline stage %d: %s", i,
+                      i ? "no backend" : "stage 0 must be the state's backend");
+    s->st[i] = (fwd_stage){.be = i ? o->stage_be[i] : be, .l0 = at, .l1 = at + k};
+    at += k;
+  }
+  if (at != L)
+    return anna_err(err, errlen, ANNA_EINVAL, "pipeline stages hold %d layers; the model has %d", at, L);
+  return 0;
 }
 
 int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int n_seq, int n_ctx, int n_batch,
@@ -150,36 +210,50 @@ int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int 
   s->n_ctx = n_ctx;
   s->n_batch = n_batch;
   s->n_layers = c->n_layers;
+  int rc = stages_setup(s, be, &o, err, errlen);
   /* The cache checks every size first (its messages are the context's). */
-  int rc = state_cache_create(s, c, n_seq, n_ctx, n_batch, &o, err, errlen);
+  if (!rc) rc = state_cache_create(s, c, n_seq, n_ctx, n_batch, &o, err, errlen);
   if (rc) {
+    free(s->st);
     free(s);
     return rc;
   }
   const int64_t H = c->hidden, n = n_batch;
   s->wmax = widest(c);
-  s->x = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
-  s->xn = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
-  s->res = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
-  s->logits_in = salloc(s, (size_t)(n * H) * sizeof(float), &fail);
-  s->logits = salloc(s, (size_t)(n * c->vocab) * sizeof(float), &fail);
-  s->tk_dev = salloc(s, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
-  s->tk_host = halloc(s, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
-  s->tokens = salloc(s, (size_t)n * sizeof(int32_t), &fail);
-  s->pos = salloc(s, (size_t)n * sizeof(int32_t), &fail);
-  for (int i = 0; i < 5; i++) s->buf[i] = salloc(s, (size_t)(n * s->wmax) * sizeof(float), &fail);
-  if (c->ple_dim > 0) s->ple = salloc(s, (size_t)(n * c->n_layers * c->ple_dim) * sizeof(float), &fail);
-  if (c->n_experts > 0) {
-    const int kx = c->top_k + (c->shared_ffn > 0); /* a shared expert may run as slot k (sx_*) */
-    s->moe_scratch = salloc(s, (size_t)ops_moe_scratch_floats(n, kx, c->hidden, c->expert_ffn) * sizeof(float), &fail);
-    s->moe_idx = salloc(s, (size_t)(n * kx) * sizeof(int32_t), &fail);
-    s->moe_w = salloc(s, (size_t)(n * kx) * sizeof(float), &fail);
+  for (int i = 0; i < s->n_stages; i++) {
+    fwd_bufs *b = &s->st[i].b;
+    ops_backend *sb = s->st[i].be;
+    const int last = i == s->n_stages - 1;
+    b->x = salloc(s, sb, (size_t)(n * H) * sizeof(float), &fail);
+    b->xn = salloc(s, sb, (size_t)(n * H) * sizeof(float), &fail);
+    b->res = salloc(s, sb, (size_t)(n * H) * sizeof(float), &fail);
+    b->logits_in = salloc(s, sb, (size_t)(n * H) * sizeof(float), &fail); /* also Gemma4's router input */
+    if (last) {
+      b->logits = salloc(s, sb, (size_t)(n * c->vocab) * sizeof(float), &fail);
+      b->tk_dev = salloc(s, sb, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
+    }
+    b->tokens = salloc(s, sb, (size_t)n * sizeof(int32_t), &fail);
+    b->pos = salloc(s, sb, (size_t)n * sizeof(int32_t), &fail);
+    for (int j = 0; j < 5; j++) b->buf[j] = salloc(s, sb, (size_t)(n * s->wmax) * sizeof(float), &fail);
+    if (c->ple_dim > 0) b->ple = salloc(s, sb, (size_t)(n * c->n_layers * c->ple_dim) * sizeof(float), &fail);
+    if (c->n_experts > 0) {
+      const int kx = c->top_k + (c->shared_ffn > 0); /* a shared expert may run as slot k (sx_*) */
+      b->moe_scratch =
+          salloc(s, sb, (size_t)ops_moe_scratch_floats(n, kx, c->hidden, c->expert_ffn) * sizeof(float), &fail);
+      b->moe_idx = salloc(s, sb, (size_t)(n * kx) * sizeof(int32_t), &fail);
+      b->moe_w = salloc(s, sb, (size_t)(n * kx) * sizeof(float), &fail);
+    }
+    if (c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2] > 0)
+      b->rpos = salloc(s, sb, (size_t)(3 * n) * sizeof(int32_t), &fail);
   }
+  s->w = &s->st[0].b;
+  s->tk_host = halloc(s, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
+  if (s->n_stages > 1)
+    s->hand = halloc(s, (size_t)(n * (2 * H + (int64_t)c->n_layers * c->ple_dim)) * sizeof(float), &fail);
   if (c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2] > 0) {
     int half = 1;
     for (int l = 0; l < c->n_layers; l++) half = (int)max64(half, c->layers[l].rope_dims / 2);
     s->mfreq_half = half;
-    s->rpos = salloc(s, (size_t)(3 * n) * sizeof(int32_t), &fail);
     s->mfreq = halloc(s, (size_t)(c->n_layers * 3 * half) * sizeof(float), &fail);
     for (int l = 0; !fail && l < c->n_layers; l++) {
       const layer_config *lc = &c->layers[l];
@@ -211,14 +285,20 @@ int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int 
 void fwd_state_free(fwd_state *s) {
   if (!s) return;
   kv_cache_free(s->kv);
-  for (size_t i = 0; i < s->n_allocs; i++) s->be->free(s->be, s->allocs[i]);
+  for (size_t i = 0; i < s->n_allocs; i++) s->alloc_be[i]->free(s->alloc_be[i], s->allocs[i]);
   for (size_t i = 0; i < s->n_hallocs; i++) free(s->hallocs[i]);
+  free(s->alloc_be);
+  free(s->st);
   free(s->allocs);
   free(s->hallocs);
   free(s);
 }
 
 /* The state API: delegations to the cache (the text decoder kind, text_decoder.c, calls these). */
+
+int64_t fwd_state_layer_bytes(const fwd_state *s, int l) {
+  return kv_cache_layer_bytes(s->kv, l);
+}
 
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s) {
   return kv_cache_bytes_per_token(s->kv);
@@ -273,7 +353,7 @@ typedef struct fwd_run {
   const anna_batch *b;
   int64_t n;
   const kv_plan *p;   /* runs of one sequence each, snapshot cuts (kv_cache_plan) */
-  int mrope;          /* this call rotates by s->rpos (fwd_mm.rope_pos) */
+  int mrope;          /* this call rotates by the stage's rpos (fwd_mm.rope_pos) */
   int32_t keys_hint; /* 1 + the batch's largest position (ops_attn_args.keys_hint) */
 } fwd_run;
 
@@ -318,7 +398,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   const int64_t n = r->n;
   const int D = lc->head_dim, Hq = c->n_heads, Hkv = lc->n_kv_heads;
   const int64_t qd = (int64_t)Hq * D, kvd = (int64_t)Hkv * D;
-  float *qf = s->buf[0], *q = s->buf[1], *k = s->buf[3], *v = s->buf[4];
+  float *qf = s->w->buf[0], *q = s->w->buf[1], *k = s->w->buf[3], *v = s->w->buf[4];
 
   const float eps = (float)c->eps;
   const int one_plus = c->norm == NORM_KIND_1PW;
@@ -341,7 +421,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   if (!c->attn_out_gate) q = qf;
   /* mRoPE: the T axis rides the usual rope (T frequencies, T positions), H and W follow */
   const float *freq = r->mrope ? s->mfreq + (size_t)li * 3 * s->mfreq_half : w->inv_freq;
-  const int32_t *rp = r->mrope ? s->rpos : s->pos;
+  const int32_t *rp = r->mrope ? s->w->rpos : s->w->pos;
   if (w->q_norm && be->norm_rope) { /* copy, norm and rope in one kernel */
     be->norm_rope(be, q, qf, n, Hq, D, (int64_t)Hq * qhs, qhs, w->q_norm, eps, one_plus, lc->rope_dims,
                   freq, rp, lc->rope_interleaved);
@@ -351,7 +431,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
     be->rope(be, q, n, Hq, D, qd, lc->rope_dims, freq, rp, lc->rope_interleaved);
   }
   for (int ax = 1; r->mrope && ax < 3; ax++)
-    be->rope(be, q, n, Hq, D, qd, lc->rope_dims, freq + ax * s->mfreq_half, s->rpos + ax * s->n_batch,
+    be->rope(be, q, n, Hq, D, qd, lc->rope_dims, freq + ax * s->mfreq_half, s->w->rpos + ax * s->n_batch,
              lc->rope_interleaved);
 
   if (own) {
@@ -366,7 +446,7 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
       be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, freq, rp, lc->rope_interleaved);
     }
     for (int ax = 1; r->mrope && ax < 3; ax++)
-      be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, freq + ax * s->mfreq_half, s->rpos + ax * s->n_batch,
+      be->rope(be, k, n, Hkv, D, kvd, lc->rope_dims, freq + ax * s->mfreq_half, s->w->rpos + ax * s->n_batch,
                lc->rope_interleaved);
     if (kr.kv_type == OPS_KV_F32) {
       be->scatter_rows(be, (float *const *)kr.wk, k, n, (int)kvd);
@@ -383,13 +463,13 @@ static void layer_attention(fwd_run *r, int li, const float *xn, float *out) {
   ops_attn_args a = {
       .n = n, .n_heads = Hq, .n_kv_heads = Hkv, .head_dim = D, .v_dim = D,
       .kv_type = kr.kv_type, .kv_row_bytes = kr.row_bytes, .block_len = kr.block_len,
-      .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = s->pos,
+      .scale = c->attn_scale, .window = lc->window, .softcap = c->attn_softcap, .pos = s->w->pos,
       .k_blocks = (const void *const *const *)kr.kp, .v_blocks = (const void *const *const *)kr.vp,
       .residual_len = kr.residual_len, .ring_len = kr.ring_len,
       .k_ring = kr.residual_len ? kr.rkp : NULL, .v_ring = kr.residual_len ? kr.rvp : NULL,
       .keys_hint = r->keys_hint,
   };
-  float *ao = s->buf[4] == v && own ? s->buf[3] : s->buf[4];
+  float *ao = s->w->buf[4] == v && own ? s->w->buf[3] : s->w->buf[4];
   be->attention(be, ao, q, &a);
   if (c->attn_out_gate) be->mul_sigmoid(be, ao, qf + D, n * Hq, D, 2 * D, 0);
   be->matmul(be, out, ao, n, &w->o, NULL);
@@ -406,7 +486,7 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   const int64_t n = r->n;
   const int hk = c->gdn_hk, hv = c->gdn_hv, dk = c->gdn_dk, dv = c->gdn_dv;
   const int64_t Kd = (int64_t)hk * dk, Vd = (int64_t)hv * dv, cd = 2 * Kd + Vd;
-  float *qkv = s->buf[0], *z = s->buf[1], *ba = s->buf[2], *conv = s->buf[3], *gates = s->buf[4];
+  float *qkv = s->w->buf[0], *z = s->w->buf[1], *ba = s->w->buf[2], *conv = s->w->buf[3], *gates = s->w->buf[4];
 
   {
     float *ys[4] = {qkv, z, ba, ba + n * hv};
@@ -421,7 +501,7 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
   for (int ri = 0; ri < p->n_runs; ri++)
     if (p->run_ncut[ri] || p->run_len[ri] >= GDN_CHUNKED_MIN) fused = 0;
   if (fused) {
-    float *y = s->buf[3];
+    float *y = s->w->buf[3];
     if (p->n_runs == 1) {
       const int64_t t0 = p->run_start[0];
       const int sq = p->run_seq[0];
@@ -431,7 +511,7 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
           .b = ba + t0 * hv, .a = ba + n * hv + t0 * hv, .conv_w = w->conv_w, .a_log = w->a_log,
           .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .conv_state = kv_cache_conv(s->kv, li, sq),
           .state = kv_cache_ssm(s->kv, li, sq),
-          .y = y + t0 * Vd, .work = s->buf[4],
+          .y = y + t0 * Vd, .work = s->w->buf[4],
       };
       be->gdn_step(be, &a);
     } else {
@@ -448,7 +528,7 @@ static void layer_gdn(fwd_run *r, int li, const float *xn, float *out) {
         const ops_gdn_step_args a = {
             .n = 0, .hk = hk, .hv = hv, .dk = dk, .dv = dv, .kw = c->gdn_conv, .v_tiled = c->gdn_v_tiled,
             .eps = (float)c->eps, .qkv = qkv, .z = z, .b = ba, .a = ba + n * hv, .conv_w = w->conv_w,
-            .a_log = w->a_log, .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .y = y, .work = s->buf[4],
+            .a_log = w->a_log, .dt_bias = w->dt_bias, .norm_w = w->gdn_norm, .y = y, .work = s->w->buf[4],
             .n_runs = nr, .runs = runs,
         };
         be->gdn_step(be, &a);
@@ -542,7 +622,7 @@ static void act_down_gated_add(fwd_run *r, float *y, float *tmp, float *g, const
 static void mlp(fwd_run *r, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
                 const float *xn, float *out) {
   const int64_t I = gate->rows;
-  float *g = r->s->buf[0], *u = r->s->buf[1];
+  float *g = r->s->w->buf[0], *u = r->s->w->buf[1];
   float *ys[2] = {g, u};
   const ops_weight *ws[2] = {gate, up};
   project(r, 2, ys, xn, ws, NULL);
@@ -556,20 +636,20 @@ static void moe_routed(fwd_run *r, int li, const float *logits, const float *xn,
   ops_backend *be = r->be;
   fwd_state *s = r->s;
   const int64_t n = r->n;
-  be->moe_route(be, s->moe_idx, s->moe_w, logits, n, c->n_experts, c->top_k, c->norm_topk, w->per_expert_scale);
-  be->moe_ffn(be, out, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up, w->exp_down,
-              c->act, s->moe_scratch);
+  be->moe_route(be, s->w->moe_idx, s->w->moe_w, logits, n, c->n_experts, c->top_k, c->norm_topk, w->per_expert_scale);
+  be->moe_ffn(be, out, xn, n, c->hidden, s->w->moe_idx, s->w->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up, w->exp_down,
+              c->act, s->w->moe_scratch);
 }
 
 /* Sparse experts of layer li on xn (router input rin) into out. */
 static void moe(fwd_run *r, int li, const float *rin, const float *xn, float *out) {
-  float *logits = r->s->buf[2];
+  float *logits = r->s->w->buf[2];
   r->be->matmul(r->be, logits, rin, r->n, &r->m->layers[li].router, NULL);
   moe_routed(r, li, logits, xn, out);
 }
 
-/* x += s->res (the mixer's output), then the FFN block. With defer, the FFN's own residual
- * add is left to the caller (returns 1: s->res must still be added into x), who fuses it
+/* x += res (the mixer's output), then the FFN block. With defer, the FFN's own residual
+ * add is left to the caller (returns 1: res must still be added into x), who fuses it
  * with the next norm. */
 static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
   const text_model *m = r->m;
@@ -579,17 +659,17 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
   ops_backend *be = r->be;
   fwd_state *s = r->s;
   const int64_t n = r->n, H = c->hidden;
-  float *xn = s->xn, *res = s->res;
+  float *xn = s->w->xn, *res = s->w->res;
   add_norm(r, x, res, xn, w->pre_ff_norm, n, (int)H);
   if (c->arch == MODEL_ARCH_GEMMA4 && lc->is_moe) {
     /* Dense MLP and experts side by side, each with its own post-norm. */
     mlp(r, &w->gate, &w->up, &w->down, xn, res);
     norm(r, res, res, w->post_ff_norm1, n, (int)H);
-    float *rin = s->logits_in; /* router input: rmsnorm(x) * scale / sqrt(H) */
+    float *rin = s->w->logits_in; /* router input: rmsnorm(x) * scale / sqrt(H) */
     be->rmsnorm(be, rin, x, w->router_scale, n, (int)H, (float)c->eps, 0);
     be->scale(be, rin, 1.0f / sqrtf((float)H), n * H);
     norm(r, xn, x, w->pre_ff_norm2, n, (int)H);
-    float *e = s->buf[3];
+    float *e = s->w->buf[3];
     moe(r, li, rin, xn, e);
     norm(r, e, e, w->post_ff_norm2, n, (int)H);
     be->add(be, res, e, n * H);
@@ -597,26 +677,26 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
     /* The shared expert as expert E of the routed ones (one gate/up and one down launch for
      * all k + 1 on a device backend): the router and the shared gate logit in one group,
      * whose route appends slot (E, sigmoid(logit)) to each token's k. */
-    float *logits = s->buf[2], *sg = s->buf[4];
+    float *logits = s->w->buf[2], *sg = s->w->buf[4];
     float *ys[2] = {logits, sg};
     const ops_weight *ws[2] = {&w->router, &w->sh_gate_inp};
-    be->matmul_group_route(be, 2, ys, xn, n, ws, NULL, 0, s->moe_idx, s->moe_w, c->top_k, c->norm_topk,
+    be->matmul_group_route(be, 2, ys, xn, n, ws, NULL, 0, s->w->moe_idx, s->w->moe_w, c->top_k, c->norm_topk,
                            w->per_expert_scale, 1);
-    be->moe_ffn(be, res, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k + 1, c->n_experts + 1, w->sx_gate, w->sx_up,
-                w->sx_down, c->act, s->moe_scratch);
+    be->moe_ffn(be, res, xn, n, c->hidden, s->w->moe_idx, s->w->moe_w, c->top_k + 1, c->n_experts + 1, w->sx_gate, w->sx_up,
+                w->sx_down, c->act, s->w->moe_scratch);
   } else if (lc->is_moe && w->has_shared) {
     /* The router and the shared expert's gate, up and gate logit all read xn: one group
      * first (buf[0], [1], [4] are left alone by the routed experts, which use their own
      * scratch), then the experts into res, then the rest of the shared expert. */
-    float *g = s->buf[0], *u = s->buf[1], *logits = s->buf[2], *sh = s->buf[3], *sg = s->buf[4];
+    float *g = s->w->buf[0], *u = s->w->buf[1], *logits = s->w->buf[2], *sh = s->w->buf[3], *sg = s->w->buf[4];
     const int64_t S = w->sh_gate.rows;
     float *ys[4] = {logits, g, u, sg};
     const ops_weight *ws[4] = {&w->router, &w->sh_gate, &w->sh_up, &w->sh_gate_inp};
     if (be->matmul_group_route && w->router.rows == c->n_experts) { /* the route folded into the group */
-      be->matmul_group_route(be, 4, ys, xn, n, ws, NULL, 0, s->moe_idx, s->moe_w, c->top_k, c->norm_topk,
+      be->matmul_group_route(be, 4, ys, xn, n, ws, NULL, 0, s->w->moe_idx, s->w->moe_w, c->top_k, c->norm_topk,
                              w->per_expert_scale, -1);
-      be->moe_ffn(be, res, xn, n, c->hidden, s->moe_idx, s->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up,
-                  w->exp_down, c->act, s->moe_scratch);
+      be->moe_ffn(be, res, xn, n, c->hidden, s->w->moe_idx, s->w->moe_w, c->top_k, c->n_experts, w->exp_gate, w->exp_up,
+                  w->exp_down, c->act, s->w->moe_scratch);
     } else {
       project(r, 4, ys, xn, ws, NULL);
       moe_routed(r, li, logits, xn, res);
@@ -640,13 +720,13 @@ static void ple_inputs(fwd_run *r, const float *emb) {
   ops_backend *be = r->be;
   fwd_state *s = r->s;
   const int64_t n = r->n, LP = (int64_t)c->n_layers * c->ple_dim;
-  float *tok = s->buf[0];
-  be->embed(be, tok, &m->ple_embed, s->tokens, n, sqrtf((float)c->ple_dim));
-  be->matmul(be, s->ple, emb, n, &m->ple_model_proj, NULL);
-  be->scale(be, s->ple, 1.0f / sqrtf((float)c->hidden), n * LP);
-  norm(r, s->ple, s->ple, m->ple_proj_norm, n * c->n_layers, c->ple_dim);
-  be->add(be, s->ple, tok, n * LP);
-  be->scale(be, s->ple, 1.0f / sqrtf(2.0f), n * LP);
+  float *tok = s->w->buf[0];
+  be->embed(be, tok, &m->ple_embed, s->w->tokens, n, sqrtf((float)c->ple_dim));
+  be->matmul(be, s->w->ple, emb, n, &m->ple_model_proj, NULL);
+  be->scale(be, s->w->ple, 1.0f / sqrtf((float)c->hidden), n * LP);
+  norm(r, s->w->ple, s->w->ple, m->ple_proj_norm, n * c->n_layers, c->ple_dim);
+  be->add(be, s->w->ple, tok, n * LP);
+  be->scale(be, s->w->ple, 1.0f / sqrtf(2.0f), n * LP);
 }
 
 static void layer_ple(fwd_run *r, int li, float *x) {
@@ -656,12 +736,46 @@ static void layer_ple(fwd_run *r, int li, float *x) {
   ops_backend *be = r->be;
   fwd_state *s = r->s;
   const int64_t n = r->n, P = c->ple_dim, LP = (int64_t)c->n_layers * P;
-  float *g = s->buf[0], *o = s->res;
+  float *g = s->w->buf[0], *o = s->w->res;
   be->matmul(be, g, x, n, &w->ple_gate, NULL);
-  be->act_mul(be, g, g, s->ple + li * P, n, (int)P, P, LP, ACT_KIND_GELU_TANH);
+  be->act_mul(be, g, g, s->w->ple + li * P, n, (int)P, P, LP, ACT_KIND_GELU_TANH);
   be->matmul(be, o, g, n, &w->ple_proj, NULL);
   norm(r, o, o, w->ple_post_norm, n, c->hidden);
   be->add(be, x, o, n * c->hidden);
+}
+
+/* Moves the running pass from stage si - 1 to stage si: the hidden state x [n, H], the
+ * pending residual when the last layer deferred its add, and Gemma4's per-layer inputs
+ * cross by the backend's copy_to (device to device: CUDA) or else through host memory; both
+ * are synchronous, so the previous stage's work has ended. Positions are uploaded again from
+ * the batch. Afterwards r->be and s->w are stage si's. */
+static void stage_handoff(fwd_state *s, fwd_run *r, int si, const anna_batch *b, const fwd_mm *mm, int pend) {
+  const model_config *c = &r->m->cfg;
+  const int64_t n = b->n, H = c->hidden, LP = (int64_t)c->n_layers * c->ple_dim;
+  ops_backend *from = r->be, *to = s->st[si].be;
+  const fwd_bufs *pb = s->w;
+  fwd_bufs *nb = &s->st[si].b;
+  const size_t xb = sizeof(float) * (size_t)(n * H), pb_bytes = sizeof(float) * (size_t)(n * LP);
+  if (from->copy_to && from->copy_to == to->copy_to) { /* device to device (ops.h copy_to) */
+    from->copy_to(from, to, nb->x, pb->x, xb);
+    if (pend) from->copy_to(from, to, nb->res, pb->res, xb);
+    if (LP > 0) from->copy_to(from, to, nb->ple, pb->ple, pb_bytes);
+    if (to->bind) to->bind(to);
+  } else {
+    float *hx = s->hand, *hres = s->hand + n * H, *hple = s->hand + 2 * n * H;
+    from->download(from, hx, pb->x, xb);
+    if (pend) from->download(from, hres, pb->res, xb);
+    if (LP > 0) from->download(from, hple, pb->ple, pb_bytes);
+    if (to->bind) to->bind(to);
+    to->upload(to, nb->x, hx, xb);
+    if (pend) to->upload(to, nb->res, hres, xb);
+    if (LP > 0) to->upload(to, nb->ple, hple, pb_bytes);
+  }
+  to->upload(to, nb->pos, b->pos, sizeof(int32_t) * (size_t)n);
+  for (int ax = 0; r->mrope && ax < 3; ax++)
+    to->upload(to, nb->rpos + (int64_t)ax * s->n_batch, mm->rope_pos + ax * n, sizeof(int32_t) * (size_t)n);
+  r->be = to;
+  s->w = nb;
 }
 
 int forward_batch(const text_model *m, ops_backend *be, fwd_state *s, const anna_batch *b, float *out,
@@ -672,7 +786,7 @@ int forward_batch(const text_model *m, ops_backend *be, fwd_state *s, const anna
 /* Checks fwd_mm against the batch before anything runs. */
 static int mm_check(const text_model *m, const fwd_state *s, const anna_batch *b, const fwd_mm *mm, char *err,
                     size_t errlen) {
-  if (mm->rope_pos && !s->rpos)
+  if (mm->rope_pos && !s->w->rpos)
     return anna_err(err, errlen, ANNA_EUNSUPPORTED, "3-axis rope positions: model_type '%s' has no mRoPE sections",
                     m->cfg.model_type);
   if (mm->n_embd < 0 || mm->n_embd > b->n || (mm->n_embd && (!mm->embd || !mm->embd_idx)))
@@ -708,10 +822,12 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
   r.p = &s->plan;
   const model_config *c = &m->cfg;
   const int64_t n = b->n, H = c->hidden;
-  be->upload(be, s->tokens, b->tokens, sizeof(int32_t) * (size_t)n);
-  be->upload(be, s->pos, b->pos, sizeof(int32_t) * (size_t)n);
-  float *x = s->x;
-  be->embed(be, x, &m->embed, s->tokens, n, c->embed_scale);
+  s->w = &s->st[0].b;
+  if (be->bind) be->bind(be);
+  be->upload(be, s->w->tokens, b->tokens, sizeof(int32_t) * (size_t)n);
+  be->upload(be, s->w->pos, b->pos, sizeof(int32_t) * (size_t)n);
+  float *x = s->w->x;
+  be->embed(be, x, &m->embed, s->w->tokens, n, c->embed_scale);
   if (mm) {
     /* one copy per run of consecutive rows (an image's pads are one run) */
     for (int64_t i = 0, j; i < mm->n_embd; i = j) {
@@ -720,58 +836,65 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
       be->upload(be, x + (int64_t)mm->embd_idx[i] * H, mm->embd + i * H, sizeof(float) * (size_t)((j - i) * H));
     }
     for (int ax = 0; r.mrope && ax < 3; ax++)
-      be->upload(be, s->rpos + (int64_t)ax * s->n_batch, mm->rope_pos + ax * n, sizeof(int32_t) * (size_t)n);
+      be->upload(be, s->w->rpos + (int64_t)ax * s->n_batch, mm->rope_pos + ax * n, sizeof(int32_t) * (size_t)n);
   }
   if (c->ple_dim > 0) ple_inputs(&r, x);
-  /* pend: s->res still has to be added into x (a layer's last residual add, fused with the
+  /* pend: s->w->res still has to be added into x (a layer's last residual add, fused with the
    * next norm; only where nothing else (PLE, layer scalar) comes between). */
   int pend = 0;
-  for (int li = 0; li < c->n_layers; li++) {
-    const layer_config *lc = &c->layers[li];
-    const layer_weights *w = &m->layers[li];
-    if (pend) add_norm(&r, x, s->res, s->xn, w->attn_norm, n, (int)H);
-    else norm(&r, s->xn, x, w->attn_norm, n, (int)H);
-    if (lc->kind == LAYER_KIND_GDN) layer_gdn(&r, li, s->xn, s->res);
-    else layer_attention(&r, li, s->xn, s->res);
-    if (w->post_attn_norm) norm(&r, s->res, s->res, w->post_attn_norm, n, (int)H);
-    pend = layer_ffn(&r, li, x, c->ple_dim == 0 && w->layer_scalar == 1.0f);
-    if (c->ple_dim > 0) layer_ple(&r, li, x);
-    if (w->layer_scalar != 1.0f) be->scale(be, x, w->layer_scalar, n * H);
+  for (int si = 0; si < s->n_stages; si++) {
+    if (si > 0) {
+      stage_handoff(s, &r, si, b, mm, pend);
+      x = s->w->x;
+    }
+    for (int li = s->st[si].l0; li < s->st[si].l1; li++) {
+      const layer_config *lc = &c->layers[li];
+      const layer_weights *w = &m->layers[li];
+      if (pend) add_norm(&r, x, s->w->res, s->w->xn, w->attn_norm, n, (int)H);
+      else norm(&r, s->w->xn, x, w->attn_norm, n, (int)H);
+      if (lc->kind == LAYER_KIND_GDN) layer_gdn(&r, li, s->w->xn, s->w->res);
+      else layer_attention(&r, li, s->w->xn, s->w->res);
+      if (w->post_attn_norm) norm(&r, s->w->res, s->w->res, w->post_attn_norm, n, (int)H);
+      pend = layer_ffn(&r, li, x, c->ple_dim == 0 && w->layer_scalar == 1.0f);
+      if (c->ple_dim > 0) layer_ple(&r, li, x);
+      if (w->layer_scalar != 1.0f) r.be->scale(r.be, x, w->layer_scalar, n * H);
+    }
   }
   kv_cache_commit(s->kv, &s->plan);
+  be = r.be; /* the last stage: final norm, lm_head, candidates */
   /* Logits only for the flagged tokens. */
   int64_t nl = 0;
   for (int64_t t = 0; t < n; t++) nl += !b->logits || b->logits[t];
   if (nl == n && pend) { /* every row: the last residual add and the final norm in one */
-    add_norm(&r, x, s->res, s->logits_in, m->final_norm, n, (int)H);
+    add_norm(&r, x, s->w->res, s->w->logits_in, m->final_norm, n, (int)H);
   } else {
-    if (pend) be->add(be, x, s->res, n * H);
+    if (pend) be->add(be, x, s->w->res, n * H);
     nl = 0;
     for (int64_t t = 0; t < n; t++)
-      if (!b->logits || b->logits[t]) be->copy_rows(be, s->logits_in + (nl++) * H, H, x + t * H, H, 1, (int)H);
+      if (!b->logits || b->logits[t]) be->copy_rows(be, s->w->logits_in + (nl++) * H, H, x + t * H, H, 1, (int)H);
     if (nl == 0) return 0;
-    norm(&r, s->logits_in, s->logits_in, m->final_norm, nl, (int)H);
+    norm(&r, s->w->logits_in, s->w->logits_in, m->final_norm, nl, (int)H);
   }
   if (mm && mm->hidden) {
-    be->download(be, mm->hidden, s->logits_in, sizeof(float) * (size_t)(nl * H));
+    be->download(be, mm->hidden, s->w->logits_in, sizeof(float) * (size_t)(nl * H));
     if (!out && !tk) return 0;
   }
-  be->matmul(be, s->logits, s->logits_in, nl, &m->lm_head, NULL);
-  if (c->final_softcap > 0) be->softcap(be, s->logits, nl * c->vocab, c->final_softcap);
+  be->matmul(be, s->w->logits, s->w->logits_in, nl, &m->lm_head, NULL);
+  if (c->final_softcap > 0) be->softcap(be, s->w->logits, nl * c->vocab, c->final_softcap);
   s->last_nl = nl;
   if (!tk) {
-    be->download(be, out, s->logits, sizeof(float) * (size_t)(nl * c->vocab));
+    be->download(be, out, s->w->logits, sizeof(float) * (size_t)(nl * c->vocab));
     return 0;
   }
   /* Candidates instead of the logits: the op runs inside the step (a graph node on CUDA),
    * then one download of a few KB. The logits stay for fwd_state_logits_row. */
   const int k = tk->k;
-  double *st = s->tk_dev;
+  double *st = s->w->tk_dev;
   int32_t *ti = (int32_t *)(st + 2 * nl);
   float *tv = (float *)(ti + nl * k);
-  be->topk(be, ti, tv, st, s->logits, nl, c->vocab, k, tk->temp);
+  be->topk(be, ti, tv, st, s->w->logits, nl, c->vocab, k, tk->temp);
   const size_t bytes = (size_t)nl * (2 * sizeof(double) + (size_t)k * (sizeof(int32_t) + sizeof(float)));
-  be->download(be, s->tk_host, s->tk_dev, bytes);
+  be->download(be, s->tk_host, s->w->tk_dev, bytes);
   const double *hs = s->tk_host;
   const int32_t *hi = (const int32_t *)(hs + 2 * nl);
   memcpy(tk->stats, hs, sizeof(double) * 2 * (size_t)nl);
@@ -785,6 +908,7 @@ int fwd_state_logits_row(const fwd_state *s, int64_t row, float *out, char *err,
     return anna_err(err, errlen, ANNA_ERANGE, "logits row %lld: the last decode left %lld rows", (long long)row,
                     (long long)s->last_nl);
   const int64_t V = s->cfg->vocab;
-  s->be->download(s->be, out, s->logits + row * V, sizeof(float) * (size_t)V);
+  const fwd_stage *ls = &s->st[s->n_stages - 1];
+  ls->be->download(ls->be, out, ls->b.logits + row * V, sizeof(float) * (size_t)V);
   return 0;
 }

@@ -26,6 +26,16 @@ typedef struct fwd_state_options {
   int prefix_share; /* 1: prefix pool on (attach reuses, registers); 0: attach reuses nothing */
   int snapshot_interval; /* GDN snapshots every N tokens inside a call (rounded up to blocks;
                             0: only at the last block boundary each call reaches) */
+  /* Pipeline stages (layer split): stage i runs stage_layers[i] consecutive layers on
+   * stage_be[i] and holds their KV / recurrent state and activation scratch there; stage 0
+   * (stage_be[0] must be the be given to fwd_state_create) also embeds, the last stage runs
+   * the final norm, lm_head and candidates. The hidden state (and a pending residual, and
+   * Gemma4's per-layer inputs) crosses each boundary through host memory. n_stages 0 or 1:
+   * every layer on be. Arrays borrowed for the create call; the backends must outlive the
+   * state. Counts must be >= 1 and sum to the model's layers (ANNA_EINVAL). */
+  int n_stages;
+  ops_backend *const *stage_be;
+  const int *stage_layers;
 } fwd_state_options;
 
 /* KV pool accounting and prefix-pool counters: the public struct. */
@@ -38,6 +48,8 @@ int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int 
 /* Bytes of KV cache per token of one sequence (all attention layers, K and V). */
 int64_t fwd_state_kv_bytes_per_token(const fwd_state *s);
 void fwd_state_kv_stats(const fwd_state *s, fwd_kv_stats *st);
+/* Backend bytes of layer l's KV pool / recurrent state (kv_cache_layer_bytes). */
+int64_t fwd_state_layer_bytes(const fwd_state *s, int l);
 void fwd_state_free(fwd_state *s);
 
 int32_t fwd_state_seq_len(const fwd_state *s, int seq);

@@ -84,6 +84,11 @@ typedef struct model_state_params {
   int residual_len;      /* quantized caches: newest positions also kept in f32 */
   int prefix_share;      /* 1: prefix block pool on */
   int snapshot_interval; /* recurrent snapshots every N tokens inside a call (0: off) */
+  /* Pipeline stages (fwd_state_options documents them; kinds with layer_split only):
+   * stage_be[0] is the be state_create gets. n_stages 0 or 1: none. */
+  int n_stages;
+  ops_backend *const *stage_be;
+  const int *stage_layers;
 } model_state_params;
 
 /* Top-k candidates instead of logits rows (anna_context_decode_topk): per flagged row r, the
@@ -181,6 +186,9 @@ typedef struct model_seq_ops {
   int64_t (*blocks_needed)(const void *state, int seq, int32_t n);
   int64_t (*blocks_held)(const void *state, int seq);
   int64_t (*kv_bytes_per_token)(const void *state);
+  /* Optional: backend bytes of layer l's per-sequence state (KV pool and rings, recurrent
+   * state), for placement reports. */
+  int64_t (*layer_bytes)(const void *state, int l);
   /* Row `row` (flagged order) of the last run's logits to out[vocab]; ANNA_ERANGE if none. */
   int (*logits_row)(const void *state, int64_t row, float *out, char *err, size_t errlen);
 } model_seq_ops;
@@ -212,6 +220,7 @@ typedef struct model_kind {
   int (*warmup)(const void *impl, void *state, ops_backend *be, char *err, size_t errlen);
   const model_seq_ops *seq; /* NULL for kinds without per-sequence state (encoders) */
   const model_draft_ops *draft; /* NULL: the kind never has a draft head */
+  int layer_split; /* 1: state_create places model_state_params' pipeline stages */
 } model_kind;
 
 /* Number of compiled kinds and the i-th (0 is the text decoder); NULL past the end. */

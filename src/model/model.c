@@ -381,15 +381,21 @@ void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out) {
   out->dense_weight_bytes = shape_w_bytes(&m->embed) + shape_w_bytes(&m->ple_embed) +
                             shape_w_bytes(&m->ple_model_proj) +
                             (m->lm_head.data != m->embed.data ? shape_w_bytes(&m->lm_head) : 0);
+  out->embed_weight_bytes = shape_w_bytes(&m->embed) + shape_w_bytes(&m->ple_embed) + shape_w_bytes(&m->ple_model_proj);
+  out->head_weight_bytes = shape_w_bytes(&m->lm_head);
   for (int i = 0; i < c->n_layers; i++) {
     const layer_weights *w = &m->layers[i];
     ops_layer_shape *ls = &out->layers[i];
-    *ls = (ops_layer_shape){c->layers[i].n_kv_heads, c->layers[i].head_dim, NULL, NULL, NULL, 0};
+    *ls = (ops_layer_shape){c->layers[i].n_kv_heads, c->layers[i].head_dim, NULL, NULL, NULL, 0, 0};
     const ops_weight *ws[] = {&w->q,      &w->k,      &w->v,       &w->o,           &w->qkv,      &w->z,
                               &w->b,      &w->a,      &w->out,     &w->gate,        &w->up,       &w->down,
                               &w->router, &w->sh_gate, &w->sh_up,  &w->sh_down,     &w->sh_gate_inp, &w->ple_gate,
                               &w->ple_proj};
-    for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) out->dense_weight_bytes += shape_w_bytes(ws[j]);
+    for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) ls->weight_bytes += shape_w_bytes(ws[j]);
+    out->dense_weight_bytes += ls->weight_bytes;
+    for (int e = 0; w->exp_gate && e < c->n_experts; e++)
+      ls->weight_bytes += shape_w_bytes(&w->exp_gate[e]) + (w->exp_up ? shape_w_bytes(&w->exp_up[e]) : 0) +
+                          shape_w_bytes(&w->exp_down[e]);
     if (!c->layers[i].is_moe || !w->exp_gate) continue;
     /* the arrays forward.c passes to moe_ffn on a backend with matmul_group_route */
     const int sx = w->sx_gate && w->router.rows == c->n_experts;

@@ -49,7 +49,10 @@ static int td_state_create(void **state, const void *impl, ops_backend *be,
                                 .n_blocks = p->n_blocks,
                                 .residual_len = p->residual_len,
                                 .prefix_share = p->prefix_share,
-                                .snapshot_interval = p->snapshot_interval};
+                                .snapshot_interval = p->snapshot_interval,
+                                .n_stages = p->n_stages,
+                                .stage_be = p->stage_be,
+                                .stage_layers = p->stage_layers};
   fwd_state *s = NULL;
   int rc = fwd_state_create(&s, impl, be, p->n_seq, p->n_ctx, p->n_batch, &fo, err, errlen);
   *state = s;
@@ -180,6 +183,10 @@ static const model_draft_ops td_draft = {
     .rewind = td_draft_rewind,
 };
 
+static int64_t td_layer_bytes(const void *state, int l) {
+  return fwd_state_layer_bytes(state, l);
+}
+
 static const model_seq_ops td_seq = {
     .seq_len = td_seq_len,
     .reset = td_seq_reset,
@@ -193,6 +200,7 @@ static const model_seq_ops td_seq = {
     .blocks_held = td_blocks_held,
     .kv_bytes_per_token = td_kv_bytes_per_token,
     .logits_row = td_logits_row,
+    .layer_bytes = td_layer_bytes,
 };
 
 const model_kind text_decoder_kind = {
@@ -210,4 +218,5 @@ const model_kind text_decoder_kind = {
     .warmup = td_warmup,
     .seq = &td_seq,
     .draft = &td_draft,
+    .layer_split = 1,
 };

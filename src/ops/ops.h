@@ -177,6 +177,7 @@ typedef struct ops_layer_shape {
    * them before the first token. Borrowed from the model; NULL / 0 on other layers. */
   const ops_weight *exp_gate, *exp_up, *exp_down;
   int n_exp;
+  int64_t weight_bytes; /* the layer's matrices, routed experts included (placement reports) */
 } ops_layer_shape;
 typedef struct ops_model_shape {
   int64_t max_cols;   /* widest weight row (columns) of any matmul */
@@ -188,6 +189,10 @@ typedef struct ops_model_shape {
   /* Bytes of the matrices other than the routed experts (a tied lm_head counted once): what
    * a backend that offloads experts must still hold. */
   int64_t dense_weight_bytes;
+  /* Placement reports (pipeline stages): the matrices the first stage reads before any layer
+   * (token embedding, Gemma4's per-layer input tables) and those the last reads after them
+   * (lm_head, counted again when it is the tied embedding: that stage mirrors it too). */
+  int64_t embed_weight_bytes, head_weight_bytes;
   /* A GGUF model: its file and the mapping the weights' data pointers point into (file
    * offset = data - weights_map), so a backend may read weight bytes with pread instead of
    * through the mapping (expert offload's file tier). NULL / 0 for folders. Borrowed. */
@@ -225,6 +230,10 @@ struct ops_backend {
   /* Frees the backend and everything it owns (its memory, streams, thread pool when it made
    * one). Not for a profiling wrapper (ops_profile_free). */
   void (*destroy)(ops_backend *be);
+  /* Makes this backend's device current on the calling thread (a device backend whose
+   * device is not the thread's default: "cuda:1", or pipeline stages on several devices).
+   * Callers bind before a forward pass; memory entries bind themselves. NULL: nothing to do. */
+  void (*bind)(ops_backend *be);
   /* Waits for queued work, then 0 or the first (sticky) device error with its message. */
   int (*error)(ops_backend *be, char *err, size_t errlen);
   /* Brackets one forward call of n_tokens tokens (a device may record it as a graph). */
@@ -255,6 +264,12 @@ struct ops_backend {
   /* Host <-> backend copies (synchronous). */
   void (*upload)(ops_backend *be, void *dst, const void *src, size_t bytes);
   void (*download)(ops_backend *be, void *dst, const void *src, size_t bytes);
+  /* Pipeline stages: bytes from src (be's memory) to dst in the memory of `to`, another
+   * instance of the same backend (same or another device), after be's queued work and
+   * synchronous like download; `to`'s later ops see the bytes. Callers use it only when both
+   * tables carry the same function. NULL: the caller stages through host memory
+   * (download + upload). */
+  void (*copy_to)(ops_backend *be, ops_backend *to, void *dst, const void *src, size_t bytes);
   /* Waits until every queued op has finished (device backends, for timing); NULL when
    * every op is synchronous (CPU). */
   void (*sync)(ops_backend *be);

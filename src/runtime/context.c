@@ -8,13 +8,16 @@
 
 #include "backends/registry.h"
 #include "base/error.h"
+#include "base/threadpool.h"
 #include "base/tuning.h"
 #include "cache/kv_cache.h"
 #include "model/kind.h"
 #include "ops/ops_profile.h"
 #include "runtime/model_handle.h"
+#include "runtime/stages.h"
 
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -34,14 +37,25 @@ struct anna_context {
   double *vstats; /* [2 * n_batch] */
   ctx_vision *vis;    /* owned; NULL without a vision tower (api_vision.c) */
   ctx_audio *aud;     /* owned; NULL without an audio encoder (api_audio.c) */
+  /* Pipeline stages (layer_split; one stage of every layer without it): stage 0 runs on dev,
+   * stage i > 0 on sdev[i] (owned). */
+  int n_stages;
+  ops_backend *sdev[STAGES_MAX];
+  anna_stage_info stage[STAGES_MAX];
+  threadpool *stage_tp; /* CPU stages: one worker pool they take turns on (owned; NULL otherwise) */
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
   *out = NULL;
   if (!path) return anna_err(err, errlen, ANNA_EINVAL, "no model path given");
-  const backend_info *bi;
-  int rc = backend_registry_pick(opt ? opt->device : NULL, &bi, err, errlen);
+  backend_device devs[BACKEND_MAX_DEVICES];
+  int n_dev;
+  int rc = backend_registry_pick_list(opt ? opt->device : NULL, devs, BACKEND_MAX_DEVICES, &n_dev, err, errlen);
   if (rc) return rc;
+  const backend_info *bi = devs[0].bi;
+  for (int i = 1; i < n_dev; i++)
+    if (devs[i].bi != bi)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device list '%s': stages on different kinds of device", opt->device);
   int bf16 = 0;
   if (opt && opt->dtype) {
     const char *d = opt->dtype;
@@ -126,6 +140,72 @@ const char *anna_model_kind_name(const anna_model *m) {
   return m->kind->name;
 }
 
+/* Every stage's first sticky device error (ops_backend.error), else 0. */
+static int stages_error(anna_context *c, char *err, size_t errlen) {
+  for (int i = 0; i < c->n_stages; i++) {
+    ops_backend *d = i ? c->sdev[i] : c->dev;
+    const int rc = d->error ? d->error(d, err, errlen) : 0;
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* The placement report's static part (anna_stage_info): devices, layer ranges, weight bytes;
+ * kv_bytes is added once the state exists. */
+static void stages_describe(anna_context *c, const ops_model_shape *shape, const backend_device *devs, int n_dev,
+                            const int *counts, int n_stages) {
+  int at = 0;
+  for (int i = 0; i < n_stages; i++) {
+    anna_stage_info *si = &c->stage[i];
+    const backend_device *d = &devs[n_dev > 1 ? i : 0];
+    memset(si, 0, sizeof *si);
+    if (d->bi == backend_registry_get(0)) snprintf(si->device, sizeof si->device, "%s", d->bi->name);
+    else snprintf(si->device, sizeof si->device, "%s:%d", d->bi->name, d->index);
+    si->layer_begin = at;
+    si->layer_end = at + counts[i];
+    for (int l = at; l < si->layer_end && l < OPS_MAX_LAYERS; l++) si->weight_bytes += shape->layers[l].weight_bytes;
+    if (i == 0) si->weight_bytes += shape->embed_weight_bytes;
+    if (i == n_stages - 1) si->weight_bytes += shape->head_weight_bytes;
+    at = si->layer_end;
+  }
+}
+
+int anna_context_stage_count(const anna_context *c) {
+  return c->n_stages;
+}
+
+int anna_context_stage_info(const anna_context *c, int i, anna_stage_info *out, char *err, size_t errlen) {
+  if (i < 0 || i >= c->n_stages)
+    return anna_err(err, errlen, ANNA_ERANGE, "stage %d: the context has %d stage%s", i, c->n_stages,
+                    c->n_stages == 1 ? "" : "s");
+  *out = c->stage[i];
+  return 0;
+}
+
+int anna_devices_list(char *buf, size_t len) {
+  size_t at = 0;
+  int n = 0;
+  if (len) buf[0] = 0;
+  for (int b = 0; b < backend_registry_count(); b++) {
+    const backend_info *bi = backend_registry_get(b);
+    const int cnt = bi->available() && bi->count ? bi->count() : 0;
+    for (int i = 0; i < cnt; i++, n++) {
+      char name[256] = "";
+      int64_t mem = 0;
+      if (bi->describe) bi->describe(i, name, sizeof name, &mem);
+      char id[48];
+      if (b == 0) snprintf(id, sizeof id, "%s", bi->name);
+      else snprintf(id, sizeof id, "%s:%d", bi->name, i);
+      int w = mem > 0 ? snprintf(buf + at, at < len ? len - at : 0, "%-8s %s  %.1f GiB\n", id, name,
+                                 (double)mem / (1024.0 * 1024.0 * 1024.0))
+                      : snprintf(buf + at, at < len ? len - at : 0, "%-8s %s\n", id, b == 0 ? "host CPU" : name);
+      if (w > 0) at += (size_t)w;
+    }
+  }
+  if (len && at >= len) buf[len - 1] = 0;
+  return n;
+}
+
 /* Backends that copy weights on first use (ops_backend.warmup): the kind's own throwaway
  * run copies the weights it touches now rather than inside the caller's first, timed,
  * decode. */
@@ -133,7 +213,7 @@ static int backend_warmup(anna_context *c, char *err, size_t errlen) {
   const model_kind *k = c->m->kind;
   if (!k->warmup) return 0;
   int rc = k->warmup(c->m->impl, c->st, c->be, err, errlen);
-  if (!rc && c->dev->error) rc = c->dev->error(c->dev, err, errlen);
+  if (!rc) rc = stages_error(c, err, errlen);
   return rc;
 }
 
@@ -254,6 +334,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.reserve_bytes = opt->reserve_bytes;
     o.cached_experts_per_layer = opt->cached_experts_per_layer;
     o.expert_swap_every = opt->expert_swap_every;
+    o.layer_split = opt->layer_split;
   }
   if (o.kv_cache_residual_len < 0)
     return anna_err(err, errlen, ANNA_EINVAL, "--kv-cache-residual-len %d is negative", o.kv_cache_residual_len);
@@ -268,8 +349,20 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
                                  .n_ckpt = o.n_checkpoints, .kv_type = kv_type, .block_len = o.kv_block_len,
                                  .n_blocks = o.kv_blocks, .residual_len = o.kv_cache_residual_len,
                                  .prefix_share = share, .snapshot_interval = o.prefix_snapshot_interval};
-  const backend_info *bi;
-  if ((rc = backend_registry_pick(o.device, &bi, err, errlen))) return rc;
+  backend_device devs[BACKEND_MAX_DEVICES];
+  int n_dev, n_stages, stage_layers[STAGES_MAX];
+  if ((rc = backend_registry_pick_list(o.device, devs, BACKEND_MAX_DEVICES, &n_dev, err, errlen)) ||
+      (rc = stages_plan(o.layer_split, n_dev, m->desc.n_layers, stage_layers, &n_stages, err, errlen)))
+    return rc;
+  const backend_info *bi = devs[0].bi;
+  for (int i = 1; i < n_dev; i++)
+    if (devs[i].bi != bi)
+      return anna_err(err, errlen, ANNA_EUNSUPPORTED, "device list '%s': stages on different kinds of device", o.device);
+  if (n_stages > 1 && !m->kind->layer_split)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--layer-split: a %s model cannot be split into stages",
+                    m->kind->name);
+  if (n_stages > 1 && o.profile)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--profile with --layer-split is not supported yet");
   if (m->compute_bf16 && !bi->bf16_compute)
     return anna_err(err, errlen, ANNA_EUNSUPPORTED,
                     "the model was loaded for compute dtype bf16, which needs the cuda device");
@@ -298,6 +391,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   c->tuning = tuning;
   m->kind->backend_shape(m->impl, o.n_ctx, shape);
   backend_params bp = {.n_threads = o.n_threads,
+                       .device_index = devs[0].index,
                        .n_batch = o.n_batch,
                        .exact_matmul = o.exact_matmul,
                        .gemm_bf16_single = m->compute_bf16,
@@ -305,13 +399,34 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
                        .shape = shape,
                        .tuning = &c->tuning};
   rc = offload_resolve(&o, shape, bi, &bp, err, errlen);
+  if (!rc && n_stages > 1 && bp.offload_experts)
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "--offload-mode experts with --layer-split is not supported yet");
+  /* CPU stages run one after another: one pool of workers serves them all rather than a pool
+   * per stage sleeping while the others run. */
+  if (!rc && n_stages > 1 && bi == backend_registry_get(0) &&
+      !(rc = threadpool_create(&c->stage_tp, o.n_threads, err, errlen)))
+    bp.tp = c->stage_tp;
   if (!rc) rc = bi->create(&bp, &c->dev, err, errlen);
+  /* Stage i > 0: a backend of its own (the same device repeated gets a second instance:
+   * its own stream and weight mirror of its layers). */
+  c->n_stages = 1;
+  for (int i = 1; !rc && i < n_stages; i++) {
+    bp.device_index = devs[n_dev > 1 ? i : 0].index;
+    if (!(rc = bi->create(&bp, &c->sdev[i], err, errlen))) c->n_stages = i + 1;
+  }
+  if (!rc) stages_describe(c, shape, devs, n_dev, stage_layers, n_stages);
   free(shape);
   if (!rc) {
     c->be = c->dev;
     /* Profiling syncs around every op, which a recorded graph cannot do: eager steps. */
     if (o.profile && !(c->be = ops_profile_wrap(c->dev, m->desc.vocab)))
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  }
+  if (!rc && n_stages > 1) {
+    c->sdev[0] = c->be;
+    sp.n_stages = n_stages;
+    sp.stage_be = c->sdev;
+    sp.stage_layers = stage_layers;
   }
   const int kv_auto = o.kv_cache_quantization && !strcmp(o.kv_cache_quantization, "auto");
   if (!rc && kv_auto) rc = kv_auto_resolve(c, &sp, &kv_type, err, errlen);
@@ -322,6 +437,10 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "--kv-cache-residual-len is not supported on the %s backend yet", bi->name);
   model_state_params spr = sp;
   spr.kv_type = kv_type;
+  c->sdev[0] = c->be; /* stage 0 runs on what the forward pass is given */
+  spr.n_stages = n_stages;
+  spr.stage_be = c->sdev;
+  spr.stage_layers = stage_layers;
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
       (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, o.n_threads, err, errlen)) ||
       (rc = ctx_audio_create(&c->aud, m, o.n_batch, o.n_threads, err, errlen)) ||
@@ -331,6 +450,12 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   }
   /* Decode steps replay as graphs (MoE too: decode-sized expert FFNs stay on the device). */
   if (c->dev->set_graphs) c->dev->set_graphs(c->dev, !o.profile);
+  for (int i = 1; i < c->n_stages; i++)
+    if (c->sdev[i]->set_graphs) c->sdev[i]->set_graphs(c->sdev[i], !o.profile);
+  if (c->m->kind->seq && c->m->kind->seq->layer_bytes)
+    for (int i = 0; i < c->n_stages; i++)
+      for (int l = c->stage[i].layer_begin; l < c->stage[i].layer_end; l++)
+        c->stage[i].kv_bytes += c->m->kind->seq->layer_bytes(c->st, l);
   *out = c;
   return 0;
 }
@@ -342,6 +467,8 @@ void anna_context_free(anna_context *c) {
   if (c->st) c->m->kind->state_free(c->st);
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
+  for (int i = 1; i < c->n_stages; i++) c->sdev[i]->destroy(c->sdev[i]);
+  threadpool_free(c->stage_tp); /* after the backends that borrowed it */
   free(c->vtok), free(c->vseq), free(c->vpos), free(c->vidx), free(c->vwant), free(c->vval), free(c->vstats);
   free(c);
 }
@@ -363,12 +490,19 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
   const model_output mo = {.io = hidden && !out && !tk ? MODEL_IO_HIDDEN : MODEL_IO_LOGITS, .logits = out,
                            .topk = tk, .hidden = hidden};
   ops_backend *d = c->dev;
+  if (d->bind) d->bind(d); /* the calling thread (the server's engine) issues the work */
   if (d->step_begin) {
-    d->step_begin(d, b->n);
+    for (int i = 0; i < c->n_stages; i++) {
+      ops_backend *sd = i ? c->sdev[i] : d;
+      sd->step_begin(sd, b->n);
+    }
     int rc = k->run(c->m->impl, c->st, c->be, &in, &mo, err, errlen);
-    d->step_end(d);
+    for (int i = 0; i < c->n_stages; i++) {
+      ops_backend *sd = i ? c->sdev[i] : d;
+      sd->step_end(sd);
+    }
     /* Device failures are sticky in the backend; report the first one here. */
-    int rc2 = d->error ? d->error(d, err, errlen) : 0;
+    int rc2 = stages_error(c, err, errlen);
     return rc ? rc : rc2;
   }
   return k->run(c->m->impl, c->st, c->be, &in, &mo, err, errlen);
@@ -431,6 +565,8 @@ int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float 
  * (encoders) leave it NULL and these answer ANNA_EUNSUPPORTED (or nothing, where the
  * public call returns no code). */
 static const model_seq_ops *seq_ops(const anna_context *c) {
+  /* the calling thread may issue device work (copies of KV rows and recurrent state) */
+  if (c->dev && c->dev->bind) c->dev->bind(c->dev);
   return c->m->kind->seq;
 }
 

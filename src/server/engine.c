@@ -1349,6 +1349,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .n_threads = e->o.n_threads,
                              .n_checkpoints = e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
                              .device = e->o.device,
+                             .layer_split = e->o.layer_split,
                              .kv_cache_quantization = e->o.kv_cache_quantization,
                              .kv_cache_quant_bits = e->o.kv_cache_quant_bits,
                              .exact_matmul = e->o.exact_matmul,
@@ -1629,6 +1630,12 @@ void engine_get_stats(engine *e, engine_stats *st) {
 
 int engine_tuning(const engine *e, char *buf, size_t len) {
   return anna_context_tuning(e->ctx, buf, len);
+}
+
+int engine_stages(const engine *e, anna_stage_info *out, int cap) {
+  const int n = anna_context_stage_count(e->ctx);
+  for (int i = 0; i < n && i < cap; i++) anna_context_stage_info(e->ctx, i, &out[i], NULL, 0);
+  return n;
 }
 
 const engine_options *engine_get_options(const engine *e) {

@@ -47,6 +47,7 @@ typedef struct engine_options {
   int kv_cache_residual_len;    /* anna_context_options.kv_cache_residual_len */
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
   const char *device;           /* anna_context_options.device (borrowed) */
+  const char *layer_split;      /* anna_context_options.layer_split (borrowed) */
   const char *kv_cache_quantization; /* anna_context_options (borrowed) */
   int kv_cache_quant_bits;
   int exact_matmul; /* anna_context_options.exact_matmul */
@@ -204,6 +205,9 @@ const engine_options *engine_get_options(const engine *e);
 /* The context's resolved runtime switches, as anna_context_tuning ("key=value" lines into
  * buf, NUL-terminated, truncated to len; returns the length the whole text needs). */
 int engine_tuning(const engine *e, char *buf, size_t len);
+/* The context's pipeline stages (anna_context_stage_info; one without --layer-split): up to
+ * cap into out, returns how many there are. Fixed at creation: safe from any thread. */
+int engine_stages(const engine *e, anna_stage_info *out, int cap);
 
 /* Blocks until r has news (text, tokens, done) or timeout_ms passed; call with r->mu held. */
 void gen_request_wait(gen_request *r, int timeout_ms);

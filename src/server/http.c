@@ -202,6 +202,14 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
     metrics c = srv->mx;
     pthread_mutex_unlock(&srv->mx.mu);
     const uint64_t reused = c.cache_reused_tokens, fed = c.prompt_tokens;
+    anna_stage_info sti[16];
+    const int ns = engine_stages(srv->eng, sti, 16);
+    json_t *pl = json_array();
+    for (int i = 0; pl && i < ns && i < 16; i++)
+      json_array_append_new(pl, json_pack("{s:s,s:i,s:i,s:I,s:I}", "device", sti[i].device, "layer_begin",
+                                          sti[i].layer_begin, "layer_end", sti[i].layer_end, "weight_bytes",
+                                          (json_int_t)sti[i].weight_bytes, "kv_bytes", (json_int_t)sti[i].kv_bytes));
+    json_object_set_new(o, "placement", pl ? pl : json_null());
     json_object_set_new(o, "prompt_cache",
                         json_pack("{s:b,s:i,s:I,s:I,s:I,s:f}", "enabled", eo->prompt_cache, "block",
                                   eo->prompt_cache_block, "lookups", (json_int_t)c.cache_lookups, "hits",
@@ -881,6 +889,14 @@ int server_run(const server_options *o, char *err, size_t errlen) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
   if ((rc = engine_create(&srv->eng, srv->m, srv->text, &o->eng, &srv->mx, err, errlen))) goto done;
   const engine_options *eo = engine_get_options(srv->eng);
+  {
+    anna_stage_info st[16];
+    const int ns = engine_stages(srv->eng, st, 16);
+    for (int i = 0; ns > 1 && i < ns && i < 16; i++) /* the placement of a layer split */
+      fprintf(stderr, "[anna-serve] stage %d: %s, layers %d..%d, weights %.1f MiB, kv %.1f MiB\n", i, st[i].device,
+              st[i].layer_begin, st[i].layer_end - 1, (double)st[i].weight_bytes / 1048576.0,
+              (double)st[i].kv_bytes / 1048576.0);
+  }
   if (o->verbose) {
     char tb[2048];
     engine_tuning(srv->eng, tb, sizeof tb);

@@ -119,7 +119,7 @@ static int step_multi(kv_cache *c, int nseq, const int *seqs, const int32_t *con
   /* the plan uploaded every changed table: what the op reads is the host mirror */
   const int64_t per = (int64_t)c->n_own * 2 * c->max_bps;
   for (int t = 0; t < n; t++)
-    if (memcmp(c->tab_d + sq[t] * per, c->tab_h + sq[t] * per, sizeof(void *) * (size_t)per)) {
+    if (memcmp(c->tb_d[0] + sq[t] * per, c->tab_h + sq[t] * per, sizeof(void *) * (size_t)per)) {
       snprintf(err, 256, "table of sequence %d not uploaded", sq[t]);
       return -1000;
     }

@@ -620,8 +620,19 @@ extern "C" void cuda_backend_graph_stats(ops_backend *be, int64_t *launches, int
 
 /* ---- memory entries ---- */
 
+/* ops.h bind: the calling thread's current device becomes this backend's. Kernels, cuBLAS
+ * and the runtime's allocations go to the current device, so every thread that issues work
+ * (the server's engine thread, each pipeline stage in turn) binds first; the memory entries
+ * below bind themselves (the cache calls them outside a forward pass). */
+static void cu_bind(ops_backend *be) {
+  cuda_impl *ci = (cuda_impl *)be->impl; /* not cuda_impl_of: binding launches nothing deferred */
+  int cur = -1;
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != ci->device) cuda_check(ci, cudaSetDevice(ci->device), "set device");
+}
+
 static void *cu_alloc(ops_backend *be, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
+  cu_bind(be);
   void *p = NULL;
   if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
     cudaGetLastError(); /* out of memory is reported by the caller (NULL), not sticky */
@@ -649,16 +660,19 @@ static int cu_mem_info(ops_backend *be, int64_t *free_bytes, int64_t *total_byte
 }
 
 static void cu_free(ops_backend *be, void *p) {
-  (void)be;
-  if (p) cudaFree(p);
+  if (!p) return;
+  cu_bind(be);
+  cudaFree(p);
 }
 
 static void cu_memset0(ops_backend *be, void *p, size_t bytes) {
+  cu_bind(be);
   cuda_memset_async(cuda_impl_of(be), p, bytes, "memset");
 }
 
 static void cu_upload(ops_backend *be, void *dst, const void *src, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
+  cu_bind(be);
   if (ci->err || !bytes) return;
   if (ci->recording) { /* staged in pinned memory: the replay reads it, the caller may reuse src */
     char *h, *d;
@@ -673,6 +687,7 @@ static void cu_upload(ops_backend *be, void *dst, const void *src, size_t bytes)
 
 static void cu_download(ops_backend *be, void *dst, const void *src, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
+  cu_bind(be);
   if (ci->err) {
     memset(dst, 0, bytes); /* defined output even after a failure; the error is reported */
     return;
@@ -687,10 +702,27 @@ static void cu_download(ops_backend *be, void *dst, const void *src, size_t byte
     cuda_check(ci, cudaStreamSynchronize(ci->stream), "download sync");
 }
 
+/* ops.h copy_to: a stage hand-off to another CUDA backend (the same device or a peer). Like
+ * a download it ends this backend's recorded part of the step and waits for it; `to` has
+ * launched nothing since its previous step ended (the context synchronizes every stage after
+ * each step), so its later ops read the bytes. cudaMemcpyPeerAsync copies directly over
+ * NVLink / PCIe between devices, or as a device copy on one. */
+static void cu_copy_to(ops_backend *be, ops_backend *to, void *dst, const void *src, size_t bytes) {
+  cu_bind(be);
+  cuda_impl *ci = cuda_impl_of(be);
+  const cuda_impl *di = (const cuda_impl *)to->impl;
+  if (ci->err || !bytes) return;
+  cuda_flush(ci);
+  if (ci->err) return;
+  if (cuda_check(ci, cudaMemcpyPeerAsync(dst, di->device, src, ci->device, bytes, ci->stream), "stage copy"))
+    cuda_check(ci, cudaStreamSynchronize(ci->stream), "stage copy sync");
+}
+
 /* Device-to-device byte copy on the compute stream (prefix reuse copies KV rows and
  * recurrent state between sequences). */
 static void cu_copy(ops_backend *be, void *dst, const void *src, size_t bytes) {
   cuda_impl *ci = cuda_impl_of(be);
+  cu_bind(be);
   if (!bytes || ci->err || dst == src) return;
   cuda_copy_async(ci, dst, src, bytes, cudaMemcpyDeviceToDevice, "copy");
 }
@@ -704,6 +736,26 @@ extern "C" int cuda_backend_available(void) {
     return 0;
   }
   return n > 0;
+}
+
+extern "C" int cuda_backend_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+extern "C" int cuda_backend_describe(int i, char *name, size_t len, int64_t *mem_bytes) {
+  cudaDeviceProp p;
+  if (i < 0 || i >= cuda_backend_device_count() || cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return ANNA_ERANGE;
+  }
+  snprintf(name, len, "%s", p.name);
+  *mem_bytes = (int64_t)p.totalGlobalMem;
+  return 0;
 }
 
 extern "C" const char *cuda_backend_device_name(void) {
@@ -778,8 +830,18 @@ static void cu_step_stats(ops_backend *be, ops_step_stats *st) {
 
 extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, const anna_tuning *t, char *err,
                                          size_t errlen) {
+  return cuda_backend_create_device(out, 0, max_batch, t, err, errlen);
+}
+
+extern "C" int cuda_backend_create_device(ops_backend **out, int device, int64_t max_batch, const anna_tuning *t,
+                                          char *err, size_t errlen) {
   *out = NULL;
   if (!cuda_backend_available()) return put_err(err, errlen, ANNA_EUNSUPPORTED, "cuda: no CUDA device found");
+  const int have = cuda_backend_device_count();
+  if (device < 0 || device >= have)
+    return put_err(err, errlen, ANNA_EUNSUPPORTED,
+                   "device 'cuda:%d': only %d cuda device%s visible (0..%d; CUDA_VISIBLE_DEVICES selects them)", device,
+                   have, have == 1 ? "" : "s", have - 1);
   if (max_batch < 1) max_batch = 1;
   ops_backend *be = (ops_backend *)calloc(1, sizeof *be);
   cuda_impl *ci = (cuda_impl *)calloc(1, sizeof *ci);
@@ -789,17 +851,18 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
     return put_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   be->impl = ci;
+  ci->device = device;
   cudaError_t e;
   const char *what = "set device";
   {
     /* what the device had before this backend's scratch: the expert offload's budget */
     size_t f = 0, tot = 0;
-    if (cudaSetDevice(0) == cudaSuccess && cudaMemGetInfo(&f, &tot) == cudaSuccess) ci->free_at_create = f;
+    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&f, &tot) == cudaSuccess) ci->free_at_create = f;
     (void)cudaGetLastError();
   }
   ci->ring_cap = RING_MIN;
   if ((size_t)max_batch * 64 > ci->ring_cap) ci->ring_cap = (size_t)max_batch * 64;
-  if ((e = cudaSetDevice(0)) != cudaSuccess ||
+  if ((e = cudaSetDevice(device)) != cudaSuccess ||
       (what = "stream", e = cudaStreamCreateWithFlags(&ci->stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (what = "copy stream", e = cudaStreamCreateWithFlags(&ci->copy_stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (what = "scratch", e = cudaMalloc((void **)&ci->deq, DEQ_FLOATS * sizeof(float))) != cudaSuccess ||
@@ -827,8 +890,8 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   /* Programmatic launches in decode graphs (cuda_launch_pdl) need sm_90 (read once, here). */
   {
     int major = 0;
-    ci->pdl_ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess && major >= 9;
-    if (cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+    ci->pdl_ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
+    if (cudaDeviceGetAttribute(&ci->n_sm, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
       (void)cudaGetLastError();
       ci->n_sm = 0;
     }
@@ -871,6 +934,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->download = cu_download;
   be->sync = cu_sync;
   be->copy = cu_copy;
+  be->copy_to = cu_copy_to;
   be->matmul = cuda_op_matmul;
   be->matmul_group = cuda_op_matmul_group;
   be->matmul_group_route = cuda_op_matmul_group_route;
@@ -901,6 +965,7 @@ extern "C" int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, c
   be->topk = cuda_op_topk;
   cuda_encoder_ops_install(be); /* vision / audio encoders, the codec's waveform decoder */
   be->destroy = cuda_backend_free;
+  be->bind = cu_bind;
   be->error = cuda_backend_error;
   be->step_begin = cuda_backend_step_begin;
   be->step_end = cuda_backend_step_end;

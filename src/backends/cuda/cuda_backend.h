@@ -39,6 +39,15 @@ int cuda_backend_available(void);
  * Returns 0, ANNA_EUNSUPPORTED (no device), ANNA_ENOMEM or ANNA_EIO. */
 int cuda_backend_create_tuned(ops_backend **out, int64_t max_batch, const anna_tuning *t, char *err,
                               size_t errlen);
+/* The same on device ordinal `device` (of the devices CUDA_VISIBLE_DEVICES leaves visible):
+ * every allocation, stream and handle of the backend is made there, and its bind entry makes
+ * it current again on another thread. ANNA_EUNSUPPORTED naming the count when out of range. */
+int cuda_backend_create_device(ops_backend **out, int device, int64_t max_batch, const anna_tuning *t, char *err,
+                               size_t errlen);
+/* Visible CUDA devices (0 without any), and device i's name and total memory (0 or
+ * ANNA_ERANGE). */
+int cuda_backend_device_count(void);
+int cuda_backend_describe(int i, char *name, size_t len, int64_t *mem_bytes);
 /* The same with the switches of the environment (tuning_from_env: ANNA_TUNING); also
  * ANNA_EINVAL for a bad ANNA_TUNING. Defined in backends/registry.c, on the C side, so that
  * this library needs nothing from anna's objects at link time. */
