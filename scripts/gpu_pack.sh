@@ -24,14 +24,13 @@ fi
 if [ ! -x "$BUILD/tests/cuda/test_cuda_ops" ]; then
   cmake -S . -B "$BUILD" -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DANNA_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3 >/dev/null
-  nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress test_layer_split anna-generate \
+  nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress test_layer_split test_cuda_encoders anna-generate \
     anna-bench anna-serve >/dev/null
 fi
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE/bin" "$STAGE/lib"
 BINS=("$BUILD/tests/cuda/test_cuda_ops" "$BUILD/tests/engine/test_fixtures" "$BUILD/tests/engine/test_kv_stress"
-      "$BUILD/tests/engine/test_layer_split"
       "$BUILD/src/cli/anna-generate" "$BUILD/src/cli/anna-bench" "$BUILD/src/cli/anna-serve")
 # device tests built when their targets exist in this tree (copied when present)
 for b in "$BUILD/tests/cuda/test_cuda_encoders" "$BUILD/tests/engine/test_layer_split"; do
