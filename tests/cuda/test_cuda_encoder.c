@@ -303,7 +303,7 @@ static void recorded_case(void) {
 
 static void bad_case(void) {
   ops_backend *be = NULL;
-  char err[256];
+  char err[256] = "";
   if (cuda_backend_create(&be, 16, err, sizeof err)) {
     printf("  FAIL second backend: %s\n", err);
     g_fail++;

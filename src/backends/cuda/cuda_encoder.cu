@@ -356,8 +356,8 @@ static void cuda_op_embed_bag(ops_backend *be, float *y, const ops_weight *table
 static __global__ void __launch_bounds__(256)
     k_conv_gemm(float *y, int64_t yrs, const float *x, const float *W, const float *bias, int64_t n, int cin,
                 int cout, int K, int64_t dcin, int64_t w_phase, int64_t y_phase) {
-  __shared__ float As[CG_K][CG_T + 4]; /* [kk][co] */
-  __shared__ float Bs[CG_K][CG_T + 4]; /* [kk][t] */
+  __shared__ __align__(16) float As[CG_K][CG_T + 4]; /* [kk][co]; rows of 68 floats keep float4 reads aligned */
+  __shared__ __align__(16) float Bs[CG_K][CG_T + 4]; /* [kk][t] */
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
   const int co0 = blockIdx.x * CG_T;
   const int64_t t0 = (int64_t)blockIdx.y * CG_T;
@@ -387,11 +387,8 @@ static __global__ void __launch_bounds__(256)
     __syncthreads();
 #pragma unroll
     for (int c = 0; c < CG_K; c++) {
-      float a[4], b[4];
-#pragma unroll
-      for (int j = 0; j < 4; j++) a[j] = As[c][tx * 4 + j];
-#pragma unroll
-      for (int i = 0; i < 4; i++) b[i] = Bs[c][ty * 4 + i];
+      const float4 a4 = *(const float4 *)&As[c][tx * 4], b4 = *(const float4 *)&Bs[c][ty * 4];
+      const float a[4] = {a4.x, a4.y, a4.z, a4.w}, b[4] = {b4.x, b4.y, b4.z, b4.w};
 #pragma unroll
       for (int i = 0; i < 4; i++)
 #pragma unroll
