@@ -70,6 +70,44 @@ static void attn_case(int Hq, int Hkv, int D, int win, int cap, int len0, int n1
   }
   cuda_backend_set_attn_variant(g_gpu, CUDA_ATTN_DEFAULT);
   cuda_backend_set_flash_variant(g_gpu, CUDA_FLASH_MMA);
+  /* Batch invariance (tuning cuda_batch_invariant, default numerics): each sequence's rows
+   * attended inside the batch are bit for bit the rows it gets attended alone, whatever the
+   * other sequence's run length (which picks flash or the split-K kernel for a batch
+   * without it) and however many key splits the batch size would choose. */
+  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_batch_invariant(g_gpu, 1);
+  {
+    float *dyb = dnan(n * Hq * D);
+    g_gpu->attention(g_gpu, dyb, dq, &ga);
+    float *gb = dget(dyb, n * Hq * D);
+    for (int sq = 0; sq < 2; sq++) {
+      const int64_t t0 = sq ? n1 : 0, m = sq ? nB : n1;
+      if (m <= 0 || m == n) continue;
+      ops_attn_args g1 = ga;
+      g1.n = m, g1.pos = dpos + t0;
+      g1.k_blocks = (const void *const *const *)(gk + t0), g1.v_blocks = (const void *const *const *)(gv + t0);
+      float *dy1 = dnan(m * Hq * D);
+      g_gpu->attention(g_gpu, dy1, dq + t0 * Hq * D, &g1);
+      float *g1h = dget(dy1, m * Hq * D);
+      char what[128];
+      snprintf(what, sizeof what, "attention H=%d/%d D=%d len=%d n=%d+%d batch-invariant: sequence %c alone", Hq, Hkv,
+               D, len0, n1, nB, sq ? 'B' : 'A');
+      gpu_status(what);
+      g_checks++;
+      if (memcmp(g1h, gb + t0 * Hq * D, sizeof(float) * (size_t)(m * Hq * D))) {
+        int64_t i = 0;
+        while (g1h[i] == gb[t0 * Hq * D + i]) i++;
+        printf("  FAIL %s: element %lld: %.9g alone vs %.9g batched\n", what, (long long)i, g1h[i],
+               gb[t0 * Hq * D + i]);
+        g_fail++;
+      }
+      free(g1h);
+      dfree(dy1);
+    }
+    free(gb);
+    dfree(dyb);
+  }
+  cuda_backend_set_batch_invariant(g_gpu, 0);
   cuda_backend_set_exact(g_gpu, 1); /* back to the tests' default (exact) */
   /* keys_hint (the host's bound on the keys, which the grouped decode kernel sizes its key
    * splits by): the batch's true bound, and a wrong one (1): results never depend on it */

@@ -488,7 +488,7 @@ static void attn_kv_launch(cuda_impl *ci, float *out, const float *q, const ops_
   }
   const int64_t target = 4 * (int64_t)(ci->n_sm > 0 ? ci->n_sm : 132);
   int ns = 1;
-  if (2 * nbk <= target) {
+  if (2 * nbk <= target && !ci->batch_inv) { /* batch-invariant: one split, whatever n is */
     ns = (int)(target / nbk);
     if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
     if (a->keys_hint > 0) {
@@ -1095,7 +1095,7 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   const int64_t base = (int64_t)ntiles * a->n_kv_heads;
   const int64_t target = 2 * (int64_t)(nsm > 0 ? nsm : 132);
   int nsplit = 1;
-  if (2 * base <= target) {
+  if (2 * base <= target && !ci->batch_inv) {
     int64_t ns = target / base;
     if (ns > ATT_SPLIT_CAP) ns = ATT_SPLIT_CAP;
     const int64_t fit = (int64_t)ci->att_part_floats / (a->n * a->n_heads * (int64_t)(D + 2));
@@ -1123,9 +1123,54 @@ static bool flash_attention(ops_backend *be, float *out, const float *q, const o
   return true;
 }
 
+/* Batch-invariant mode: which kernel serves a token must not depend on the other tokens of
+ * the call. The flash kernel (f16 Q and K) is chosen for a batch whose tokens mostly sit in
+ * runs of >= 16 of one sequence, so a prefill chunk mixed with many decode rows would switch
+ * kernels with the load. Here the batch is cut into maximal segments of tokens whose runs are
+ * all long or all short, and each is attended on its own: a token's kernel then depends only
+ * on the length of its own run (the scheduler's chunking, which --deterministic fixes), and
+ * every split count above is 1. Returns true when it has launched the segments. */
+static bool attention_by_run_class(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
+  int64_t seg0 = 0;
+  int seg_long = -1, cut = 0;
+  for (int64_t t0 = 0, t1; t0 < a->n; t0 = t1) {
+    for (t1 = t0 + 1; t1 < a->n && a->k_blocks[t1] == a->k_blocks[t0] && a->v_blocks[t1] == a->v_blocks[t0]; t1++) {
+    }
+    const int lng = t1 - t0 >= 16;
+    if (seg_long >= 0 && lng != seg_long) cut = 1;
+    seg_long = lng;
+  }
+  if (!cut) return false;
+  seg_long = -1;
+  for (int64_t t0 = 0, t1; t0 <= a->n; t0 = t1) {
+    int lng = -1;
+    t1 = t0 + 1;
+    if (t0 < a->n) {
+      for (; t1 < a->n && a->k_blocks[t1] == a->k_blocks[t0] && a->v_blocks[t1] == a->v_blocks[t0]; t1++) {
+      }
+      lng = t1 - t0 >= 16;
+    }
+    if (seg_long >= 0 && lng != seg_long) { /* attend [seg0, t0) */
+      ops_attn_args s = *a;
+      s.n = t0 - seg0;
+      s.pos = a->pos + seg0;
+      s.k_blocks = a->k_blocks + seg0;
+      s.v_blocks = a->v_blocks + seg0;
+      if (a->k_ring) s.k_ring = a->k_ring + seg0;
+      if (a->v_ring) s.v_ring = a->v_ring + seg0;
+      cuda_op_attention(be, out + seg0 * a->n_heads * a->v_dim, q + seg0 * a->n_heads * a->head_dim, &s);
+      seg0 = t0;
+    }
+    seg_long = lng;
+    if (t0 == a->n) break;
+  }
+  return true;
+}
+
 void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_attn_args *a) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err || a->n <= 0) return;
+  if (ci->batch_inv && attention_by_run_class(be, out, q, a)) return;
   if (a->v_dim > ATT_THREADS * ATT_MAXC || a->v_dim <= 0 || a->head_dim <= 0 || a->n_kv_heads <= 0 ||
       a->n_heads % a->n_kv_heads != 0 || a->head_dim > 8192) {
     cuda_fail(ci, ANNA_EUNSUPPORTED, "cuda: attention shape (heads %d/%d, dims %d/%d) not supported", a->n_heads,
@@ -1179,7 +1224,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
     const int64_t nbk = a->n * a->n_kv_heads;
     const int64_t target = 4 * (int64_t)(ci->n_sm > 0 ? ci->n_sm : 132);
     int ns = 1;
-    if (2 * nbk <= target) {
+    if (2 * nbk <= target && !ci->batch_inv) {
       ns = (int)(target / nbk);
       if (ns > ATT_MAX_SPLIT) ns = ATT_MAX_SPLIT;
       if (a->keys_hint > 0) {
@@ -1211,7 +1256,7 @@ void cuda_op_attention(ops_backend *be, float *out, const float *q, const ops_at
    * per multiprocessor, bounded by the partials scratch. Splits past a sequence's length
    * are empty and cost one block each. */
   int nsplit = 1;
-  if (nbh < 256) {
+  if (nbh < 256 && !ci->batch_inv) {
     nsplit = (int)(264 / nbh);
     if (nsplit > ATT_SPLIT_CAP) nsplit = ATT_SPLIT_CAP;
     const int64_t fit = (int64_t)ci->att_part_floats / (nbh * (a->v_dim + 2));
