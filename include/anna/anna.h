@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 6
+#define ANNA_API_VERSION_MINOR 7
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -578,6 +578,13 @@ typedef struct anna_sched_options {
   int prefill_interval_steps; /* while sequences decode, prompt chunks every N steps (<= 1: each) */
   int batch_wait_ms;          /* an idle scheduler waits this long for company (0: off) */
   int block_len;              /* KV block length (<= 0: no block accounting) */
+  /* > 0 (API 1.7): every prompt chunk is [k*A, min((k+1)*A, input)) for A = chunk_align, one
+   * per sequence per step, never cut shorter by the budget or the free blocks (the sequence
+   * waits for the next step instead), so where a prompt is cut does not depend on the load:
+   * with batch-invariant kernels, a request's output then does not depend on the others
+   * (anna-serve --deterministic). 1 <= A <= n_batch - n_slots + 1 and <= max_prefill_tokens
+   * when that is set, else ANNA_EINVAL. 0: chunks as large as the budget allows. */
+  int chunk_align;
 } anna_sched_options;
 
 typedef struct anna_sched_seq_desc {

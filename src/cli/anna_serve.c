@@ -52,8 +52,9 @@ static void usage(FILE *f) {
           "  --draft-max K            most drafted tokens per window (1..16, default 6)\n"
           "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n"
           "  --deterministic          batched == alone: each request's greedy output does not depend on the\n"
-          "                           others decoded with it (CUDA: batch-invariant kernels, tuning\n"
-          "                           cuda_batch_invariant, slower prefill; dense models; no effect on the CPU)\n"
+          "                           others decoded with it (prompts cut at fixed 64-token boundaries; CUDA:\n"
+          "                           batch-invariant kernels, tuning cuda_batch_invariant; slower prefill;\n"
+          "                           dense models)\n"
           "  --verbose                print the resolved runtime switches on stderr at start\n"
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
@@ -310,6 +311,7 @@ int main(int argc, char **argv) {
     return 2;
   }
   char tuning[1024]; /* --deterministic: the tuning key after the user's --tuning */
+  o.eng.deterministic = deterministic;
   if (deterministic) {
     if (o.eng.exact_matmul) {
       fprintf(stderr, "error: --deterministic and --exact: the exact mode's f32 paths are not batch-invariant\n");

@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#define ENGINE_DETERMINISTIC_CHUNK 64 /* engine_options.deterministic */
+
 double engine_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -1439,7 +1441,16 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                                  .max_queue_wait_ms = e->o.max_queue_wait_ms,
                                  .prefill_interval_steps = e->o.prefill_interval_steps,
                                  .batch_wait_ms = e->o.batch_wait_ms,
-                                 .block_len = e->kvs.block_len};
+                                 .block_len = e->kvs.block_len,
+                                 .chunk_align = e->o.deterministic ? ENGINE_DETERMINISTIC_CHUNK : 0};
+  if (e->o.deterministic && (B - S + 1 < ENGINE_DETERMINISTIC_CHUNK ||
+                             (e->o.max_prefill_tokens > 0 && e->o.max_prefill_tokens < ENGINE_DETERMINISTIC_CHUNK))) {
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "--deterministic cuts prompts into %d-token chunks: it needs --batch-size >= --parallel + %d (have "
+                  "%d and %d) and a prefill budget of at least %d",
+                  ENGINE_DETERMINISTIC_CHUNK, ENGINE_DETERMINISTIC_CHUNK - 1, B, S, ENGINE_DETERMINISTIC_CHUNK);
+    goto fail;
+  }
   if ((rc = anna_sched_create(&e->sc, &so, err, errlen))) goto fail;
   const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
   for (int k = 0; k < 4; k++)

@@ -51,6 +51,10 @@ typedef struct engine_options {
   const char *kv_cache_quantization; /* anna_context_options (borrowed) */
   int kv_cache_quant_bits;
   int exact_matmul; /* anna_context_options.exact_matmul */
+  /* --deterministic: prompts cut at fixed 64-token boundaries (anna_sched_options.chunk_align;
+   * 64 is the Gated DeltaNet chunk and the default KV block) so that, with the batch-invariant
+   * kernels the flag also turns on, a request's output does not depend on the others. */
+  int deterministic;
   /* Download every logits row and sample it on the host (the reference path) instead of
    * sampling from the backend's top-k candidates (anna-generate's --host-sampling). */
   int host_sampling;
