@@ -1,6 +1,7 @@
 /* oai.c: OpenAI request parsing and response rendering (see oai.h). */
 #include "oai.h"
 #include "jsonschema.h"
+#include "gbnf.h"
 
 #include "imgfetch.h"
 
@@ -956,6 +957,32 @@ static int take_media(gen_request *r, img_list *imgs, int32_t *media_at, oai_err
   return 0;
 }
 
+/* The `grammar` field (llama-server; vLLM's `guided_grammar` is the same): a GBNF text the
+ * output must follow. Not with response_format json_object / json_schema or a forced tool
+ * call (two constraints on one output). */
+static int parse_grammar_field(json_t *root, gen_request *r, oai_error *e) {
+  json_t *g = json_object_get(root, "grammar"), *gg = json_object_get(root, "guided_grammar");
+  const char *name = "grammar";
+  if (json_is_null(g)) g = NULL;
+  if (json_is_null(gg)) gg = NULL;
+  if (g && gg)
+    return oai_fail(e, 400, "guided_grammar", "invalid_value",
+                    "'grammar' and 'guided_grammar' are the same field: give one");
+  if (gg) g = gg, name = "guided_grammar";
+  if (!g) return 0;
+  if (!json_is_string(g))
+    return oai_fail(e, 400, name, "invalid_type", "'%s' must be a string (a GBNF grammar)", name);
+  if (r->json_mode || r->prefix)
+    return oai_fail(e, 400, name, "invalid_value",
+                    "'%s' cannot be combined with %s: both constrain the output", name,
+                    r->prefix ? "a forced tool call (tool_choice)" : "response_format json_object/json_schema");
+  char err[400];
+  int rc = gbnf_get(json_string_value(g), json_string_length(g), &r->grammar, err, sizeof err);
+  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (rc) return oai_fail(e, 400, name, "invalid_value", "invalid grammar: %s", err);
+  return 0;
+}
+
 static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_error *e) {
   gen_request *r = job->r;
   json_t *msgs = NULL, *tools = NULL, *kw_own = NULL;
@@ -1142,7 +1169,8 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
     }
     if (get_bool(so, "include_usage", &job->include_usage, e)) goto done;
   }
-  if ((kind == OAI_CHAT ? parse_chat(cfg, root, job, e) : parse_completion(cfg, root, job, e)))
+  if ((kind == OAI_CHAT ? parse_chat(cfg, root, job, e) : parse_completion(cfg, root, job, e)) ||
+      parse_grammar_field(root, job->r, e))
     goto done;
   for (int i = 0; i < job->r->n_prompts; i++) {
     if (job->r->n_prompt[i] == 0) {
