@@ -37,8 +37,9 @@ def paren_ok(s, prefix=False):
 
 
 class Arith:
-    """expr ::= term (('+'|'-') term)*; term ::= factor (('*'|'/') factor)*;
-    factor ::= digit | '(' expr ')'  -- recursive descent."""
+    """expr ::= term (ws ('+'|'-') ws term)*; term ::= factor (ws ('*'|'/') ws factor)*;
+    factor ::= 1 to 3 digits | '(' ws expr ws ')'; ws ::= one optional space -- recursive
+    descent."""
 
     def __init__(self, s):
         self.s, self.i = s, 0
@@ -46,30 +47,44 @@ class Arith:
     def peek(self):
         return self.s[self.i] if self.i < len(self.s) else ""
 
-    def expr(self):
-        self.term()
-        while self.peek() in ("+", "-") and self.peek():
+    def sp(self):
+        if self.peek() == " ":
             self.i += 1
-            self.term()
+
+    def ops(self, ops, item):
+        item()
+        while True:
+            save = self.i
+            self.sp()
+            if self.peek() and self.peek() in ops:
+                self.i += 1
+                self.sp()
+                item()
+            else:
+                self.i = save
+                return
+
+    def expr(self):
+        self.ops("+-", self.term)
 
     def term(self):
-        self.factor()
-        while self.peek() in ("*", "/") and self.peek():
-            self.i += 1
-            self.factor()
+        self.ops("*/", self.factor)
 
     def factor(self):
-        c = self.peek()
-        if c.isdigit() and c.isascii():
-            self.i += 1
-        elif c == "(":
-            self.i += 1
-            self.expr()
-            if self.peek() != ")":
-                raise ValueError("expected ) at %d" % self.i)
-            self.i += 1
-        else:
-            raise ValueError("unexpected %r at %d" % (c, self.i))
+        n = 0
+        while n < 3 and self.peek() in "0123456789" and self.peek():
+            self.i, n = self.i + 1, n + 1
+        if n:
+            return
+        if self.peek() != "(":
+            raise ValueError("unexpected %r at %d" % (self.peek(), self.i))
+        self.i += 1
+        self.sp()
+        self.expr()
+        self.sp()
+        if self.peek() != ")":
+            raise ValueError("expected ) at %d" % self.i)
+        self.i += 1
 
 
 def arith_ok(s):
@@ -125,8 +140,8 @@ REGULAR = [
 ]
 
 PARENS = 'root ::= "(" p ")"\np ::= ("(" p ")")*\n'
-ARITH = ('root ::= expr\nexpr ::= term (("+" | "-") term)*\nterm ::= factor (("*" | "/") factor)*\n'
-         'factor ::= [0-9] | "(" expr ")"\n')
+ARITH = ('root ::= expr\nexpr ::= term (ws ("+" | "-") ws term)*\nterm ::= factor (ws ("*" | "/") ws factor)*\n'
+         'factor ::= [0-9]{1,3} | "(" ws expr ws ")"\nws ::= " "?\n')
 
 
 def chat(client, grammar, stream=False, seed=0, max_tokens=200, key="grammar", **kw):
@@ -270,7 +285,7 @@ def test_real_model(real_client):
     ]
     for prompt, g, ok in cases:
         for stream in (False, True):
-            args = dict(model="m", messages=[{"role": "user", "content": prompt}], max_tokens=120,
+            args = dict(model=real_client.models.list().data[0].id, messages=[{"role": "user", "content": prompt}], max_tokens=120,
                         temperature=0, extra_body={"grammar": g})
             if stream:
                 text, finish = "", None
