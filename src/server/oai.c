@@ -1134,6 +1134,56 @@ static int parse_completion(const oai_config *cfg, json_t *root, oai_job *job, o
   return 0;
 }
 
+/* Every top-level field each route accepts (docs/api_fields.md says what each does); any
+ * other is a 400 naming it, never silently ignored. NOOPS: accepted and ignored, as the
+ * OpenAI SDKs and agents send them (checked for their type only). */
+static const char *const CHAT_FIELDS[] = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
+    "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "logit_bias", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
+    "chat_template_kwargs", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
+    "grammar", "guided_grammar", "anna_debug_output", NULL};
+static const char *const COMPLETION_FIELDS[] = {
+    "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
+    "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "logit_bias", "logprobs", "echo", "suffix", "best_of", "top_k", "min_p",
+    "repetition_penalty", "min_tokens", "ignore_eos", "grammar", "guided_grammar",
+    "anna_debug_output", NULL};
+static const struct {
+  const char *name;
+  int chat_only;
+  int type; /* jansson type the value must have (null always passes) */
+} NOOPS[] = {
+    {"user", 0, JSON_STRING},          {"store", 1, JSON_TRUE},
+    {"metadata", 1, JSON_OBJECT},      {"service_tier", 1, JSON_STRING},
+    {"parallel_tool_calls", 1, JSON_TRUE}, {"safety_identifier", 1, JSON_STRING},
+    {"prompt_cache_key", 1, JSON_STRING},
+};
+
+static int check_fields(json_t *root, int kind, oai_error *e) {
+  const char *const *known = kind == OAI_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS;
+  const char *k;
+  json_t *v;
+  json_object_foreach(root, k, v) {
+    int ok = 0;
+    for (int i = 0; known[i] && !ok; i++)
+      ok = !strcmp(k, known[i]);
+    for (size_t i = 0; i < sizeof NOOPS / sizeof *NOOPS && !ok; i++) {
+      if (strcmp(k, NOOPS[i].name) || (NOOPS[i].chat_only && kind != OAI_CHAT)) continue;
+      int t = NOOPS[i].type;
+      if (!json_is_null(v) && (t == JSON_TRUE ? !json_is_boolean(v) : json_typeof(v) != (json_type)t))
+        return oai_fail(e, 400, k, "invalid_type", "'%s' must be %s, got %s", k,
+                        t == JSON_TRUE ? "a boolean" : t == JSON_STRING ? "a string" : "an object",
+                        type_name(v));
+      ok = 1;
+    }
+    if (!ok)
+      return oai_fail(e, 400, k, "unsupported_parameter",
+                      "unknown or unsupported field '%.60s' (docs/api_fields.md lists the accepted ones)", k);
+  }
+  return 0;
+}
+
 int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid,
               oai_job *job, oai_error *e) {
   memset(job, 0, sizeof *job);
@@ -1151,6 +1201,7 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
              type_name(root));
     goto done;
   }
+  if (check_fields(root, kind, e)) goto done;
   job->r = gen_request_new();
   if (!job->r) {
     oai_fail(e, 500, NULL, NULL, "out of memory");
