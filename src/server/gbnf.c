@@ -26,6 +26,7 @@ typedef struct gel {
 
 struct gbnf {
   int refs;
+  uint64_t id; /* unique per compile: the mask cache's key (an address may be reused) */
   pthread_mutex_t mu;
   gel *el; /* el[0] = REF root, el[1] = END: the start stack */
   int nel;
@@ -34,7 +35,29 @@ struct gbnf {
   int nrules;
   int *rule_alt; /* [nrules + 1] rule r's alternatives are alt[rule_alt[r] .. rule_alt[r + 1]) */
   int *alt;      /* an alternative's first element */
+  /* Every range's lo and hi + 1, sorted and unique: code points between two cuts are alike
+   * for every class of the grammar (the mask memoizes transitions by that interval). */
+  uint32_t *cuts;
+  int ncuts;
 };
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The interval of code point c between the grammar's cuts. */
+static uint32_t cp_interval(const gbnf *g, uint32_t c) {
+  int lo = 0, hi = g->ncuts; /* the number of cuts <= c */
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (g->cuts[mid] <= c)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return (uint32_t)lo;
+}
 
 /* ---- parsing into a tree of rules ---- */
 
@@ -549,6 +572,8 @@ int gbnf_compile(const char *text, size_t n, gbnf **out, char *err, size_t errle
     goto done;
   }
   g->refs = 1;
+  static uint64_t next_id;
+  g->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
   pthread_mutex_init(&g->mu, NULL);
   int nel = 2, nalt = 0;
   for (int i = 0; i < ps.nrules; i++) {
@@ -587,6 +612,18 @@ int gbnf_compile(const char *text, size_t n, gbnf **out, char *err, size_t errle
   }
   g->rule_alt[ps.nrules] = al;
   g->nel = e;
+  g->cuts = malloc(((size_t)ps.nrng * 2 + 1) * sizeof *g->cuts);
+  if (!g->cuts) {
+    oom(&ps);
+    goto done;
+  }
+  for (int r = 0; r < ps.nrng; r++) {
+    g->cuts[2 * r] = ps.rng[2 * r];
+    g->cuts[2 * r + 1] = ps.rng[2 * r + 1] + 1;
+  }
+  qsort(g->cuts, (size_t)ps.nrng * 2, sizeof *g->cuts, cmp_u32);
+  for (int r = 0; r < 2 * ps.nrng; r++)
+    if (g->ncuts == 0 || g->cuts[g->ncuts - 1] != g->cuts[r]) g->cuts[g->ncuts++] = g->cuts[r];
   *out = g;
   g = NULL;
   rc = 0;
@@ -616,6 +653,7 @@ void gbnf_release(gbnf *g) {
   free(g->rng);
   free(g->rule_alt);
   free(g->alt);
+  free(g->cuts);
   free(g);
 }
 
@@ -708,6 +746,7 @@ static void state_clear(gbnf_state *o, const gbnf_state *in) {
   o->used = 0;
   o->off[0] = 0;
   o->part_left = 0;
+  o->part_len = 0;
   o->part = 0;
 }
 
@@ -761,33 +800,35 @@ static int filter(const gbnf_state *in, gbnf_state *o, uint32_t lo, uint32_t hi)
   return o->n;
 }
 
+static const uint32_t CP_MIN[5] = {0, 0, 0x80, 0x800, 0x10000}; /* by UTF-8 length */
+
 static int byte_step(const gbnf_state *in, gbnf_state *o, int c) {
+  uint32_t v;
+  int left, len;
   if (in->part_left == 0) {
     if (c < 0x80) return cp_step(in, o, (uint32_t)c);
-    int left = c >= 0xc2 && c < 0xe0 ? 1 : c >= 0xe0 && c < 0xf0 ? 2 : c >= 0xf0 && c < 0xf5 ? 3 : 0;
+    left = c >= 0xc2 && c < 0xe0 ? 1 : c >= 0xe0 && c < 0xf0 ? 2 : c >= 0xf0 && c < 0xf5 ? 3 : 0;
     if (!left) return o->n = 0;
-    uint32_t v = (uint32_t)c & (left == 1 ? 0x1f : left == 2 ? 0x0f : 0x07);
-    uint32_t lo = v << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
-    if (left == 2 && lo < 0x800) lo = 0x800; /* E0: no overlong forms */
-    if (left == 3 && lo < 0x10000) lo = 0x10000;
-    if (hi > 0x10ffff) hi = 0x10ffff;
-    if (!filter(in, o, lo, hi)) return 0;
-    o->part = v;
-    o->part_left = (uint8_t)left;
-    return o->n;
+    v = (uint32_t)c & (left == 1 ? 0x1f : left == 2 ? 0x0f : 0x07);
+    len = left + 1;
+  } else {
+    if ((c & 0xc0) != 0x80) return o->n = 0;
+    v = (in->part << 6) | ((uint32_t)c & 0x3f);
+    left = in->part_left - 1;
+    len = in->part_len;
+    if (left == 0) {
+      if (v < CP_MIN[len] || (v >= 0xd800 && v < 0xe000) || v > 0x10ffff) return o->n = 0;
+      return cp_step(in, o, v);
+    }
   }
-  if ((c & 0xc0) != 0x80) return o->n = 0;
-  uint32_t v = (in->part << 6) | ((uint32_t)c & 0x3f);
-  int left = in->part_left - 1;
-  if (left == 0) {
-    if (v < 0x80 || (v >= 0xd800 && v < 0xe000) || v > 0x10ffff) return o->n = 0;
-    return cp_step(in, o, v);
-  }
+  /* the characters these bytes may still become */
   uint32_t lo = v << (6 * left), hi = lo | ((1u << (6 * left)) - 1);
+  if (lo < CP_MIN[len]) lo = CP_MIN[len];
   if (hi > 0x10ffff) hi = 0x10ffff;
   if (lo > hi || !filter(in, o, lo, hi)) return o->n = 0;
   o->part = v;
   o->part_left = (uint8_t)left;
+  o->part_len = (uint8_t)len;
   return o->n;
 }
 
@@ -797,6 +838,7 @@ void gbnf_copy(gbnf_state *dst, const gbnf_state *src) {
   dst->used = src->used;
   dst->part_left = src->part_left;
   dst->part = src->part;
+  dst->part_len = src->part_len;
   memcpy(dst->off, src->off, ((size_t)src->n + 1) * sizeof *src->off);
   memcpy(dst->el, src->el, (size_t)src->used * sizeof *src->el);
 }
@@ -807,6 +849,7 @@ void gbnf_start(const gbnf *g, gbnf_state *st) {
   st->used = 0;
   st->off[0] = 0;
   st->part_left = 0;
+  st->part_len = 0;
   st->part = 0;
   st->el[GBNF_MAX_ELEMS - 1] = 0; /* el[0]: REF root */
   expand(g, st, GBNF_MAX_ELEMS - 1, 1, 0);
@@ -839,12 +882,64 @@ int gbnf_more(const gbnf_state *st) {
 
 /* ---- the token mask ---- */
 
+/* Masks of recent states, whatever their request: a state inside a loop (a string's
+ * characters, free text) comes back at every step and in every sequence of a batch that
+ * uses the same grammar, and its mask is the same. Stored as the allowed or the rejected
+ * tokens, whichever list is shorter. */
+#define MASK_CACHE_N GBNF_MASK_CACHE
+
+typedef struct mask_entry {
+  uint64_t gid, hash, last;
+  int valid;
+  int rejected; /* toks lists the rejected tokens (else the allowed ones) */
+  int ntoks, allowed;
+  int32_t *toks; /* [nv] */
+  gbnf_state *st;
+} mask_entry;
+
+/* Within one walk the states met are few (a loop comes back to the same state after each
+ * character; a bounded repetition's state depends only on how many characters it took), so
+ * they are interned in a pool with their transitions: most trie nodes then cost a table
+ * look-up instead of a step. Transitions are by code point (ASCII in a table per state, the
+ * rest in a hash map); the bytes of a multi-byte character only accumulate its bits, and a
+ * token that ends inside one is checked against the range of characters it may become (what
+ * byte_step's filter does, with the same result). Past POOL_N states, the rest of the walk
+ * steps without memo in per-depth slots after the pool. */
+#define POOL_N 512
+#define POOL_HASH 2048 /* power of two, > 2 * POOL_N */
+#define CP_HASH 16384  /* power of two: non-ASCII transitions memoized per walk */
+#define TR_UNKNOWN (-1)
+#define TR_REJECT (-2)
+
+typedef struct walk_pos {
+  int32_t idx;   /* the state after the last whole character (pool index, or a depth slot) */
+  uint32_t part; /* a character being read: its bits so far */
+  uint8_t left;  /* its continuation bytes still due (0: none) */
+  uint8_t len;   /* its whole length in bytes */
+} walk_pos;
+
+typedef struct cp_memo {
+  uint32_t key_lo; /* the code point's interval (cp_interval) */
+  int32_t from;    /* -1: empty */
+  int32_t to;      /* pool index or TR_REJECT */
+} cp_memo;
+
 struct gbnf_masker {
   const jschema_vocab *v;
   jschema_order o;
-  gbnf_state *st; /* [maxlen + 1] the states after each byte of the token being walked */
+  gbnf_state *st;     /* [POOL_N + maxlen + 1] the pool, then the unmemoized per-depth slots */
+  int32_t (*tr)[128]; /* [POOL_N] ASCII transitions of pooled states */
+  uint64_t *ph;       /* [POOL_N] pooled states' hashes */
+  int32_t *slot;      /* [POOL_HASH] pool index + 1; 0 empty */
+  cp_memo *cpm;       /* [CP_HASH] */
+  int npool;
+  walk_pos *cur; /* [maxlen + 1] where the walk is after k bytes of the token */
   float *saved;
+  uint8_t *mark; /* [nv] */
+  int32_t *acc;  /* [nv] accepted tokens of a walk */
   int nv;
+  uint64_t tick, hits, misses;
+  mask_entry cache[MASK_CACHE_N];
 };
 
 int gbnf_masker_new(gbnf_masker **out, const jschema_vocab *v) {
@@ -853,9 +948,22 @@ int gbnf_masker_new(gbnf_masker **out, const jschema_vocab *v) {
   if (!m) return ANNA_ENOMEM;
   m->v = v;
   jsonschema_vocab_order(v, &m->o, &m->nv);
-  m->st = malloc(((size_t)m->o.maxlen + 1) * sizeof *m->st);
+  m->st = malloc(((size_t)POOL_N + m->o.maxlen + 1) * sizeof *m->st);
+  m->tr = malloc((size_t)POOL_N * sizeof *m->tr);
+  m->cpm = malloc((size_t)CP_HASH * sizeof *m->cpm);
+  m->ph = malloc((size_t)POOL_N * sizeof *m->ph);
+  m->slot = malloc((size_t)POOL_HASH * sizeof *m->slot);
+  m->cur = malloc(((size_t)m->o.maxlen + 1) * sizeof *m->cur);
   m->saved = malloc((size_t)m->nv * sizeof *m->saved);
-  if (!m->st || !m->saved) {
+  m->mark = malloc((size_t)m->nv);
+  m->acc = malloc((size_t)m->nv * sizeof *m->acc);
+  int ok = m->st && m->saved && m->mark && m->acc && m->tr && m->ph && m->slot && m->cur && m->cpm;
+  for (int i = 0; i < MASK_CACHE_N && ok; i++) {
+    m->cache[i].toks = malloc(((size_t)m->nv / 2 + 1) * sizeof *m->cache[i].toks);
+    m->cache[i].st = malloc(sizeof *m->cache[i].st);
+    ok = m->cache[i].toks && m->cache[i].st;
+  }
+  if (!ok) {
     gbnf_masker_free(m);
     return ANNA_ENOMEM;
   }
@@ -865,22 +973,169 @@ int gbnf_masker_new(gbnf_masker **out, const jschema_vocab *v) {
 
 void gbnf_masker_free(gbnf_masker *m) {
   if (!m) return;
+  for (int i = 0; i < MASK_CACHE_N; i++) {
+    free(m->cache[i].toks);
+    free(m->cache[i].st);
+  }
   free(m->st);
+  free(m->tr);
+  free(m->cpm);
+  free(m->ph);
+  free(m->slot);
+  free(m->cur);
   free(m->saved);
+  free(m->mark);
+  free(m->acc);
   free(m);
 }
 
+void gbnf_masker_stats(const gbnf_masker *m, uint64_t *hits, uint64_t *misses) {
+  *hits = m->hits;
+  *misses = m->misses;
+}
+
+static uint64_t state_hash(const gbnf_state *st) {
+  uint64_t h = 1469598103934665603ull ^ st->g->id;
+  h = (h ^ st->n) * 1099511628211ull;
+  h = (h ^ ((uint64_t)st->part_len << 40 | (uint64_t)st->part_left << 32 | st->part)) * 1099511628211ull;
+  for (int i = 0; i <= st->n; i++)
+    h = (h ^ st->off[i]) * 1099511628211ull;
+  for (int i = 0; i < st->used; i++)
+    h = (h ^ st->el[i]) * 1099511628211ull;
+  return h;
+}
+
+static int state_equal(const gbnf_state *a, const gbnf_state *b) {
+  return a->g == b->g && a->n == b->n && a->used == b->used && a->part_left == b->part_left && a->part_len == b->part_len &&
+         a->part == b->part && !memcmp(a->off, b->off, ((size_t)a->n + 1) * sizeof *a->off) &&
+         !memcmp(a->el, b->el, (size_t)a->used * sizeof *a->el);
+}
+
+/* The pool index of the state in slot src (just computed), interning it; -1 when the pool is
+ * full. */
+static int intern(gbnf_masker *m, int src) {
+  const gbnf_state *st = &m->st[src];
+  uint64_t h = state_hash(st);
+  for (uint32_t k = (uint32_t)h & (POOL_HASH - 1);; k = (k + 1) & (POOL_HASH - 1)) {
+    int32_t i = m->slot[k] - 1;
+    if (i < 0) break;
+    if (m->ph[i] == h && state_equal(&m->st[i], st)) return i;
+  }
+  if (m->npool == POOL_N) return -1;
+  int i = m->npool++;
+  if (i != src) gbnf_copy(&m->st[i], st);
+  m->ph[i] = h;
+  for (int b = 0; b < 128; b++)
+    m->tr[i][b] = TR_UNKNOWN;
+  uint32_t k = (uint32_t)h & (POOL_HASH - 1);
+  while (m->slot[k])
+    k = (k + 1) & (POOL_HASH - 1);
+  m->slot[k] = i + 1;
+  return i;
+}
+
+/* The state after code point c from state `from` (pool index or depth slot), computed into
+ * depth slot `to` and interned when it can be; TR_REJECT when c is not allowed. */
+static int32_t cp_next(gbnf_masker *m, int32_t from, uint32_t c, int to) {
+  cp_memo *e = NULL;
+  uint32_t c_iv = 0;
+  if (from < POOL_N) {
+    if (c < 128) {
+      int32_t t = m->tr[from][c];
+      if (t != TR_UNKNOWN) return t;
+    } else {
+      c_iv = cp_interval(m->st[from].g, c);
+      uint32_t h = (c_iv * 2654435761u) ^ ((uint32_t)from * 40503u);
+      for (uint32_t k = h & (CP_HASH - 1), probes = 0; probes < 8; k = (k + 1) & (CP_HASH - 1), probes++) {
+        if (m->cpm[k].from < 0) {
+          e = &m->cpm[k];
+          break;
+        }
+        if (m->cpm[k].from == from && m->cpm[k].key_lo == c_iv) return m->cpm[k].to;
+      }
+    }
+  }
+  int32_t r;
+  if (!cp_step(&m->st[from], &m->st[POOL_N + to], c)) {
+    r = TR_REJECT;
+  } else {
+    int i = intern(m, POOL_N + to);
+    r = i >= 0 ? i : POOL_N + to;
+  }
+  if (from < POOL_N && (r < POOL_N)) { /* memoize only transitions between pooled states */
+    if (c < 128)
+      m->tr[from][c] = r;
+    else if (e)
+      *e = (cp_memo){.key_lo = c_iv, .from = from, .to = r};
+  }
+  return r;
+}
+
+/* Whether state s has a stack whose top may take a character in [lo, hi]. */
+static int meets_any(const gbnf_state *s, uint32_t lo, uint32_t hi) {
+  const gbnf *g = s->g;
+  for (int i = 0; i < s->n; i++) {
+    int len = s->off[i + 1] - s->off[i];
+    if (len && class_meets(g, &g->el[s->el[s->off[i] + len - 1]], lo, hi)) return 1;
+  }
+  return 0;
+}
+
+/* Where the walk is after byte c from depth k: m->cur[k + 1]; 0 when c is rejected. */
+static int walk_step(gbnf_masker *m, int k, int c) {
+  walk_pos p = m->cur[k], *q = &m->cur[k + 1];
+  if (p.left == 0) {
+    if (c < 0x80) {
+      int32_t t = cp_next(m, p.idx, (uint32_t)c, k + 1);
+      if (t == TR_REJECT) return 0;
+      *q = (walk_pos){.idx = t};
+      return 1;
+    }
+    int left = c >= 0xc2 && c < 0xe0 ? 1 : c >= 0xe0 && c < 0xf0 ? 2 : c >= 0xf0 && c < 0xf5 ? 3 : 0;
+    if (!left) return 0;
+    *q = (walk_pos){.idx = p.idx,
+                    .part = (uint32_t)c & (left == 1 ? 0x1f : left == 2 ? 0x0f : 0x07),
+                    .left = (uint8_t)left,
+                    .len = (uint8_t)(left + 1)};
+    return 1;
+  }
+  if ((c & 0xc0) != 0x80) return 0;
+  uint32_t v = (p.part << 6) | ((uint32_t)c & 0x3f);
+  if (p.left > 1) {
+    *q = (walk_pos){.idx = p.idx, .part = v, .left = (uint8_t)(p.left - 1), .len = p.len};
+    return 1;
+  }
+  if (v < CP_MIN[p.len] || (v >= 0xd800 && v < 0xe000) || v > 0x10ffff) return 0;
+  int32_t t = cp_next(m, p.idx, v, k + 1);
+  if (t == TR_REJECT) return 0;
+  *q = (walk_pos){.idx = t};
+  return 1;
+}
+
+/* A token that ends inside a character: whether some character its bytes begin may come. */
+static int partial_ok(const gbnf_masker *m, walk_pos p) {
+  uint32_t lo = p.part << (6 * p.left), hi = lo | ((1u << (6 * p.left)) - 1);
+  if (lo < CP_MIN[p.len]) lo = CP_MIN[p.len];
+  if (hi > 0x10ffff) hi = 0x10ffff;
+  return lo <= hi && meets_any(&m->st[p.idx], lo, hi);
+}
+
 /* One pass over the byte-ordered vocabulary: a token shares its first bytes with the last one
- * walked, whose states after those bytes are reused; a rejected prefix rejects every token
+ * walked, whose positions after those bytes are reused; a rejected prefix rejects every token
  * that starts with it (and a rejected first or second byte skips to the next entry that
- * differs there). Everything starts masked; accepted tokens get their logit back. */
-int gbnf_mask(gbnf_masker *m, const gbnf_state *st, float *row) {
+ * differs there). The accepted tokens go to m->acc; returns how many. */
+static int walk(gbnf_masker *m, const gbnf_state *st) {
   const jschema_order *o = &m->o;
-  memcpy(m->saved, row, (size_t)m->nv * sizeof *row);
-  for (int t = 0; t < m->nv; t++)
-    row[t] = -INFINITY;
   int count = 0, valid = 0, rej = INT32_MAX, chain = INT32_MAX;
-  gbnf_copy(&m->st[0], st);
+  m->npool = 0;
+  memset(m->slot, 0, (size_t)POOL_HASH * sizeof *m->slot);
+  for (int k = 0; k < CP_HASH; k++)
+    m->cpm[k].from = -1;
+  gbnf_copy(&m->st[POOL_N], st);
+  int r0 = intern(m, POOL_N);
+  /* a character split by the previous token: its bits go on here */
+  m->cur[0] = (walk_pos){.idx = r0 >= 0 ? r0 : POOL_N, .part = st->part, .left = st->part_left,
+                         .len = st->part_len};
   for (int i = 0; i < o->n; i++) {
     if (o->lcp[i] < chain) chain = o->lcp[i];
     if (rej < chain) {
@@ -888,21 +1143,76 @@ int gbnf_mask(gbnf_masker *m, const gbnf_state *st, float *row) {
       i = j - 1;
       continue;
     }
-    int32_t t = o->tok[i];
     const char *b = o->bytes + o->boff[i];
     int n = (int)(o->boff[i + 1] - o->boff[i]);
     int k = chain < valid ? chain : valid;
     for (; k < n; k++)
-      if (!byte_step(&m->st[k], &m->st[k + 1], (unsigned char)b[k])) break;
+      if (!walk_step(m, k, (unsigned char)b[k])) break;
+    if (k == n && m->cur[n].left && !partial_ok(m, m->cur[n])) k = n - 1; /* the last byte is the one to blame */
     if (k == n) {
       valid = n;
       rej = INT32_MAX;
-      row[t] = m->saved[t];
-      count++;
+      m->acc[count++] = o->tok[i];
     } else {
       valid = rej = k;
     }
     chain = INT32_MAX;
   }
+  return count;
+}
+
+/* Applies a list: rejected ones to -inf, or everything but the allowed ones. */
+static void apply(gbnf_masker *m, float *row, int rejected, const int32_t *toks, int n) {
+  if (rejected) {
+    for (int k = 0; k < n; k++)
+      row[toks[k]] = -INFINITY;
+    return;
+  }
+  for (int k = 0; k < n; k++)
+    m->saved[k] = row[toks[k]];
+  for (int t = 0; t < m->nv; t++)
+    row[t] = -INFINITY;
+  for (int k = 0; k < n; k++)
+    row[toks[k]] = m->saved[k];
+}
+
+int gbnf_mask(gbnf_masker *m, const gbnf_state *st, float *row) {
+  uint64_t h = state_hash(st);
+  m->tick++;
+  for (int i = 0; i < MASK_CACHE_N; i++) {
+    mask_entry *c = &m->cache[i];
+    if (c->valid && c->hash == h && c->gid == st->g->id && state_equal(c->st, st)) {
+      c->last = m->tick;
+      m->hits++;
+      apply(m, row, c->rejected, c->toks, c->ntoks);
+      return c->allowed;
+    }
+  }
+  m->misses++;
+  int count = walk(m, st);
+  /* into the least recently used entry */
+  mask_entry *c = &m->cache[0];
+  for (int i = 1; i < MASK_CACHE_N; i++)
+    if (!m->cache[i].valid || (c->valid && m->cache[i].last < c->last)) c = &m->cache[i];
+  c->valid = 1;
+  c->gid = st->g->id;
+  c->hash = h;
+  c->last = m->tick;
+  c->allowed = count;
+  gbnf_copy(c->st, st);
+  if (count <= m->nv / 2) {
+    c->rejected = 0;
+    c->ntoks = count;
+    memcpy(c->toks, m->acc, (size_t)count * sizeof *c->toks);
+  } else {
+    memset(m->mark, 0, (size_t)m->nv);
+    for (int k = 0; k < count; k++)
+      m->mark[m->acc[k]] = 1;
+    c->rejected = 1;
+    c->ntoks = 0;
+    for (int t = 0; t < m->nv; t++)
+      if (!m->mark[t]) c->toks[c->ntoks++] = t;
+  }
+  apply(m, row, c->rejected, c->toks, c->ntoks);
   return count;
 }

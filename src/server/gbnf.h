@@ -33,6 +33,7 @@
 #define GBNF_MAX_ELEMS 2048
 #define GBNF_MAX_DEPTH 256
 #define GBNF_MAX_REPEAT 1000
+#define GBNF_MASK_CACHE 16
 
 typedef struct gbnf gbnf;
 
@@ -41,7 +42,8 @@ typedef struct gbnf_state {
   uint16_t n;        /* live stacks; 0: rejected */
   uint16_t used;     /* entries of el in use */
   uint8_t part_left; /* continuation bytes still due of a split UTF-8 character */
-  uint8_t pad[3];
+  uint8_t part_len;  /* that character's length in bytes */
+  uint8_t pad[2];
   uint32_t part;                      /* the bits read so far of that character */
   uint16_t off[GBNF_MAX_STACKS + 1];  /* stack i is el[off[i], off[i + 1]), top last */
   uint32_t el[GBNF_MAX_ELEMS];        /* grammar positions; the top is the next to match */
@@ -73,7 +75,12 @@ int gbnf_masker_new(gbnf_masker **out, const jschema_vocab *v);
 void gbnf_masker_free(gbnf_masker *m);
 /* Sets row[v] = -INFINITY for every token whose bytes st does not accept (and every token the
  * vocabulary cannot feed: special, empty, unknown split pieces); returns how many are left.
- * End of generation is the caller's business (gbnf_done). No allocation. */
+ * End of generation is the caller's business (gbnf_done). No allocation. The masks of the
+ * last GBNF_MASK_CACHE states (any request's; keyed by the grammar's compile and the whole
+ * state) are kept: a state met again (a loop such as a string's characters, or the same
+ * grammar in several sequences of a batch) costs a list copy instead of a vocabulary walk. */
 int gbnf_mask(gbnf_masker *m, const gbnf_state *st, float *row);
+/* Mask cache hits and misses so far (for benchmarks). */
+void gbnf_masker_stats(const gbnf_masker *m, uint64_t *hits, uint64_t *misses);
 
 #endif
