@@ -184,7 +184,94 @@ static void test_mask(void) {
   jsonschema_vocab_free(voc);
 }
 
-int main(void) {
+/* The mask at a real vocabulary (the fixture's Qwen tokenizer, 151k tokens with byte-level
+ * pieces of split characters) agrees with feeding every token, twice in a row (the second time
+ * from the mask cache), for grammars whose walks take the interned-state, code-point-interval
+ * and split-character paths. */
+static void test_real_vocab(const char *path) {
+  char err[256];
+  anna_text *text = NULL;
+  if (anna_text_open(&text, path, ANNA_TEXT_NO_TEMPLATE, err, sizeof err)) {
+    printf("FAIL cannot open the fixture tokenizer %s: %s\n", path, err);
+    failures++;
+    return;
+  }
+  jschema_vocab *voc = NULL;
+  gbnf_masker *mk = NULL;
+  if (jsonschema_vocab_from_text(&voc, text) || gbnf_masker_new(&mk, voc)) {
+    printf("FAIL real vocab setup\n");
+    failures++;
+    anna_text_free(text);
+    return;
+  }
+  const char *bytes;
+  const uint32_t *off;
+  const uint8_t *cls;
+  jsonschema_vocab_tables(voc, &bytes, &off, &cls);
+  int V = anna_text_vocab(text);
+  float *row = malloc((size_t)V * sizeof *row);
+  printf("vocabulary %s: %d tokens\n", path, V);
+  static const char *const cases[][2] = {
+      {"root ::= \"Answer: \" [^\\n]{1,40} \"\\n\"\n", "Answer: ab"},
+      {"root ::= \"Answer: \" [^\\n]{1,40} \"\\n\"\n", "Answer: \xe6\x97"},
+      {"root ::= [\\u4e00-\\u9fff]+ \"。\"\n", "\xe4\xb8\xad"},
+      {"root ::= [\\u4e00-\\u9fff]+ \"。\"\n", "\xe4"},
+      {"root ::= [a-z ]* \"!\"\n", "hello wor"},
+      {NULL, "{\"key\": \"va"},
+      {NULL, "{\"key\": [1, "},
+  };
+  static gbnf_state st, probe;
+  for (size_t c = 0; c < sizeof cases / sizeof *cases && row; c++) {
+    const char *gt = cases[c][0] ? cases[c][0] : JSON_GBNF;
+    gbnf *g = compile(gt);
+    if (!g) continue;
+    gbnf_start(g, &st);
+    if (gbnf_feed(&st, cases[c][1], strlen(cases[c][1]))) {
+      printf("FAIL real vocab: prefix '%s' rejected\n", cases[c][1]);
+      failures++;
+      gbnf_release(g);
+      continue;
+    }
+    for (int round = 0; round < 2; round++) {
+      for (int v = 0; v < V; v++)
+        row[v] = 1.0f;
+      int allowed = gbnf_mask(mk, &st, row), want_n = 0, bad = 0;
+      for (int v = 0; v < V; v++) {
+        int want = 0;
+        if (cls[v] == 0) {
+          gbnf_copy(&probe, &st);
+          want = gbnf_feed(&probe, bytes + off[v], off[v + 1] - off[v]) == 0;
+        }
+        want_n += want;
+        if (want != (row[v] == 1.0f) && bad++ < 3)
+          printf("FAIL real vocab '%s' round %d: token %d '%.*s' got %d want %d\n", cases[c][1], round, v,
+                 (int)(off[v + 1] - off[v]), bytes + off[v], !want, want);
+      }
+      if (bad || allowed != want_n) {
+        printf("FAIL real vocab '%s' round %d: %d wrong, %d allowed, %d expected\n", cases[c][1], round, bad,
+               allowed, want_n);
+        failures++;
+      }
+      if (want_n == 0) {
+        printf("FAIL real vocab '%s': nothing allowed (a useless case)\n", cases[c][1]);
+        failures++;
+      }
+    }
+    gbnf_release(g);
+  }
+  uint64_t hits, misses;
+  gbnf_masker_stats(mk, &hits, &misses);
+  if (hits < 7) {
+    printf("FAIL real vocab: %llu mask cache hits, expected the second rounds to hit\n", (unsigned long long)hits);
+    failures++;
+  }
+  free(row);
+  gbnf_masker_free(mk);
+  jsonschema_vocab_free(voc);
+  anna_text_free(text);
+}
+
+int main(int argc, char **argv) {
   /* literals, alternation, sequences, comments */
   const char *yn = "root ::= \"yes\" | \"no\" # a comment\n";
   valid(yn, "yes");
@@ -277,6 +364,17 @@ int main(void) {
   bad("root ::= (\"a\"?)* \"b\"\n", "left recursion");
   bad("root ::= \"a\" ! \"b\"\n", "line 1, column 14: unexpected character '!'");
   test_mask();
+  char path[1024];
+  snprintf(path, sizeof path, "%s/qwen3", argc > 1 ? argv[1] : "../shared/fixtures");
+  test_real_vocab(path); /* a 1000-token tokenizer */
+  /* and the default model's 151,936 tokens when it is downloaded (scripts/setup.sh) */
+  const char *home = getenv("HOME");
+  snprintf(path, sizeof path, "%s/.cache/anna/models/qwen2.5-coder-0.5b-instruct.gguf", home ? home : "/");
+  FILE *f = fopen(path, "rb");
+  if (f) {
+    fclose(f);
+    test_real_vocab(path);
+  }
   if (failures) {
     printf("%d failures\n", failures);
     return 1;
