@@ -19,9 +19,9 @@ enum { E_END, E_CHAR, E_REF };
 
 typedef struct gel {
   uint8_t type;
-  uint8_t neg;  /* E_CHAR: a negated class */
-  uint16_t nr;  /* E_CHAR: ranges */
-  uint32_t a;   /* E_CHAR: first range in rng; E_REF: the rule */
+  uint8_t neg; /* E_CHAR: a negated class */
+  uint16_t nr; /* E_CHAR: ranges */
+  uint32_t a;  /* E_CHAR: first range in rng; E_REF: the rule */
 } gel;
 
 struct gbnf {
@@ -63,8 +63,8 @@ static uint32_t cp_interval(const gbnf *g, uint32_t c) {
 
 typedef struct pitem { /* an element while parsing */
   uint8_t type, neg;
-  int rule;       /* E_REF */
-  int r0, nr;     /* E_CHAR: ranges in the parser's rng */
+  int rule;   /* E_REF */
+  int r0, nr; /* E_CHAR: ranges in the parser's rng */
 } pitem;
 
 typedef struct pseq {
@@ -153,7 +153,8 @@ static int new_rule(parser *ps, const char *name, size_t len, const char *where)
 
 static int rule_by_name(parser *ps, const char *name, size_t len, const char *where) {
   for (int i = 0; i < ps->nrules; i++)
-    if (ps->rules[i].name && strlen(ps->rules[i].name) == len && !memcmp(ps->rules[i].name, name, len))
+    if (ps->rules[i].name && strlen(ps->rules[i].name) == len &&
+        !memcmp(ps->rules[i].name, name, len))
       return i;
   return new_rule(ps, name, len, where);
 }
@@ -204,13 +205,20 @@ static void skip_space(parser *ps, int nl) {
 }
 
 static int hexval(int c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
 }
 
 /* Decodes one UTF-8 character at p (in [p, end)); its length in *len, or -1. */
 static long utf8_at(const char *p, const char *end, int *len) {
   unsigned c = (unsigned char)p[0];
-  int n = c < 0x80 ? 1 : c >= 0xc2 && c < 0xe0 ? 2 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xf0 && c < 0xf5 ? 4 : 0;
+  int n = c < 0x80                ? 1
+          : c >= 0xc2 && c < 0xe0 ? 2
+          : c >= 0xe0 && c < 0xf0 ? 3
+          : c >= 0xf0 && c < 0xf5 ? 4
+                                  : 0;
   if (!n || p + n > end) return -1;
   long v = n == 1 ? c : n == 2 ? c & 0x1f : n == 3 ? c & 0x0f : c & 0x07;
   for (int k = 1; k < n; k++) {
@@ -245,8 +253,15 @@ static long parse_char(parser *ps) {
     case 'n': return '\n';
     case 'r': return '\r';
     case 't': return '\t';
-    case '\\': case '"': case '\'': case '[': case ']': case '-': case '/': case '^': case '.':
-      return (unsigned char)c;
+    case '\\':
+    case '"':
+    case '\'':
+    case '[':
+    case ']':
+    case '-':
+    case '/':
+    case '^':
+    case '.': return (unsigned char)c;
     }
     return fail_at(ps, at, "unknown escape '\\%c'", c), -1;
   }
@@ -289,8 +304,7 @@ static int parse_count(parser *ps, long *v) {
   if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return fail_at(ps, at, "expected a number");
   while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
     *v = *v * 10 + (*ps->p++ - '0');
-    if (*v > GBNF_MAX_REPEAT)
-      return fail_at(ps, at, "repetition count above %d", GBNF_MAX_REPEAT);
+    if (*v > GBNF_MAX_REPEAT) return fail_at(ps, at, "repetition count above %d", GBNF_MAX_REPEAT);
   }
   return 0;
 }
@@ -341,7 +355,8 @@ static int parse_sequence(parser *ps, pseq *seq, int nested) {
       if (ps->p >= ps->end) return fail_at(ps, at, "unterminated character class");
       ps->p++;
       if (!nr && !neg) return fail_at(ps, at, "empty character class");
-      if (seq_push(ps, seq, (pitem){.type = E_CHAR, .neg = (uint8_t)neg, .r0 = r0, .nr = nr})) return -1;
+      if (seq_push(ps, seq, (pitem){.type = E_CHAR, .neg = (uint8_t)neg, .r0 = r0, .nr = nr}))
+        return -1;
     } else if (c == '.') {
       ps->p++;
       if (seq_push(ps, seq, (pitem){.type = E_CHAR, .neg = 1, .r0 = ps->nrng, .nr = 0})) return -1;
@@ -462,7 +477,8 @@ static int parse_grammar(parser *ps) {
     ps->p += 3;
     int r = rule_by_name(ps, at, (size_t)(q - at), at);
     if (r < 0) return -1;
-    if (ps->rules[r].defined) return fail_at(ps, at, "rule '%.*s' is defined twice", (int)(q - at), at);
+    if (ps->rules[r].defined)
+      return fail_at(ps, at, "rule '%.*s' is defined twice", (int)(q - at), at);
     ps->rules[r].defined = 1;
     ps->rules[r].where = at;
     skip_space(ps, 1);
@@ -559,9 +575,11 @@ int gbnf_compile(const char *text, size_t n, gbnf **out, char *err, size_t errle
     if (c >= 0) {
       /* name the nearest named rule on the cycle (a generated one has its source place) */
       if (ps.rules[c].name)
-        fail_at(&ps, ps.rules[c].where, "left recursion through rule '%s' (unsupported)", ps.rules[c].name);
+        fail_at(&ps, ps.rules[c].where, "left recursion through rule '%s' (unsupported)",
+                ps.rules[c].name);
       else
-        fail_at(&ps, ps.rules[c].where, "left recursion (unsupported): a repeated item can match nothing");
+        fail_at(&ps, ps.rules[c].where,
+                "left recursion (unsupported): a repeated item can match nothing");
       goto done;
     }
   }
@@ -603,7 +621,8 @@ int gbnf_compile(const char *text, size_t n, gbnf **out, char *err, size_t errle
       for (int k = 0; k < s->n; k++) {
         const pitem *it = &s->it[k];
         if (it->type == E_CHAR)
-          g->el[e++] = (gel){.type = E_CHAR, .neg = it->neg, .nr = (uint16_t)it->nr, .a = (uint32_t)it->r0};
+          g->el[e++] =
+              (gel){.type = E_CHAR, .neg = it->neg, .nr = (uint16_t)it->nr, .a = (uint32_t)it->r0};
         else
           g->el[e++] = (gel){.type = E_REF, .a = (uint32_t)it->rule};
       }
@@ -997,7 +1016,8 @@ void gbnf_masker_stats(const gbnf_masker *m, uint64_t *hits, uint64_t *misses) {
 static uint64_t state_hash(const gbnf_state *st) {
   uint64_t h = 1469598103934665603ull ^ st->g->id;
   h = (h ^ st->n) * 1099511628211ull;
-  h = (h ^ ((uint64_t)st->part_len << 40 | (uint64_t)st->part_left << 32 | st->part)) * 1099511628211ull;
+  h = (h ^ ((uint64_t)st->part_len << 40 | (uint64_t)st->part_left << 32 | st->part)) *
+      1099511628211ull;
   for (int i = 0; i <= st->n; i++)
     h = (h ^ st->off[i]) * 1099511628211ull;
   for (int i = 0; i < st->used; i++)
@@ -1006,8 +1026,9 @@ static uint64_t state_hash(const gbnf_state *st) {
 }
 
 static int state_equal(const gbnf_state *a, const gbnf_state *b) {
-  return a->g == b->g && a->n == b->n && a->used == b->used && a->part_left == b->part_left && a->part_len == b->part_len &&
-         a->part == b->part && !memcmp(a->off, b->off, ((size_t)a->n + 1) * sizeof *a->off) &&
+  return a->g == b->g && a->n == b->n && a->used == b->used && a->part_left == b->part_left &&
+         a->part_len == b->part_len && a->part == b->part &&
+         !memcmp(a->off, b->off, ((size_t)a->n + 1) * sizeof *a->off) &&
          !memcmp(a->el, b->el, (size_t)a->used * sizeof *a->el);
 }
 
@@ -1046,7 +1067,8 @@ static int32_t cp_next(gbnf_masker *m, int32_t from, uint32_t c, int to) {
     } else {
       c_iv = cp_interval(m->st[from].g, c);
       uint32_t h = (c_iv * 2654435761u) ^ ((uint32_t)from * 40503u);
-      for (uint32_t k = h & (CP_HASH - 1), probes = 0; probes < 8; k = (k + 1) & (CP_HASH - 1), probes++) {
+      for (uint32_t k = h & (CP_HASH - 1), probes = 0; probes < 8;
+           k = (k + 1) & (CP_HASH - 1), probes++) {
         if (m->cpm[k].from < 0) {
           e = &m->cpm[k];
           break;
@@ -1091,10 +1113,15 @@ static int walk_step(gbnf_masker *m, int k, int c) {
       *q = (walk_pos){.idx = t};
       return 1;
     }
-    int left = c >= 0xc2 && c < 0xe0 ? 1 : c >= 0xe0 && c < 0xf0 ? 2 : c >= 0xf0 && c < 0xf5 ? 3 : 0;
+    int left = c >= 0xc2 && c < 0xe0   ? 1
+               : c >= 0xe0 && c < 0xf0 ? 2
+               : c >= 0xf0 && c < 0xf5 ? 3
+                                       : 0;
     if (!left) return 0;
     *q = (walk_pos){.idx = p.idx,
-                    .part = (uint32_t)c & (left == 1 ? 0x1f : left == 2 ? 0x0f : 0x07),
+                    .part = (uint32_t)c & (left == 1   ? 0x1f
+                                           : left == 2 ? 0x0f
+                                                       : 0x07),
                     .left = (uint8_t)left,
                     .len = (uint8_t)(left + 1)};
     return 1;
@@ -1134,8 +1161,8 @@ static int walk(gbnf_masker *m, const gbnf_state *st) {
   gbnf_copy(&m->st[POOL_N], st);
   int r0 = intern(m, POOL_N);
   /* a character split by the previous token: its bits go on here */
-  m->cur[0] = (walk_pos){.idx = r0 >= 0 ? r0 : POOL_N, .part = st->part, .left = st->part_left,
-                         .len = st->part_len};
+  m->cur[0] = (walk_pos){
+      .idx = r0 >= 0 ? r0 : POOL_N, .part = st->part, .left = st->part_left, .len = st->part_len};
   for (int i = 0; i < o->n; i++) {
     if (o->lcp[i] < chain) chain = o->lcp[i];
     if (rej < chain) {
@@ -1148,7 +1175,8 @@ static int walk(gbnf_masker *m, const gbnf_state *st) {
     int k = chain < valid ? chain : valid;
     for (; k < n; k++)
       if (!walk_step(m, k, (unsigned char)b[k])) break;
-    if (k == n && m->cur[n].left && !partial_ok(m, m->cur[n])) k = n - 1; /* the last byte is the one to blame */
+    if (k == n && m->cur[n].left && !partial_ok(m, m->cur[n]))
+      k = n - 1; /* the last byte is the one to blame */
     if (k == n) {
       valid = n;
       rej = INT32_MAX;

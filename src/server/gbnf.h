@@ -44,9 +44,9 @@ typedef struct gbnf_state {
   uint8_t part_left; /* continuation bytes still due of a split UTF-8 character */
   uint8_t part_len;  /* that character's length in bytes */
   uint8_t pad[2];
-  uint32_t part;                      /* the bits read so far of that character */
-  uint16_t off[GBNF_MAX_STACKS + 1];  /* stack i is el[off[i], off[i + 1]), top last */
-  uint32_t el[GBNF_MAX_ELEMS];        /* grammar positions; the top is the next to match */
+  uint32_t part;                     /* the bits read so far of that character */
+  uint16_t off[GBNF_MAX_STACKS + 1]; /* stack i is el[off[i], off[i + 1]), top last */
+  uint32_t el[GBNF_MAX_ELEMS];       /* grammar positions; the top is the next to match */
 } gbnf_state;
 
 /* Compiles text (n bytes, borrowed). *out: a new reference (gbnf_release). ANNA_EINVAL with

@@ -27,8 +27,10 @@ static const char *JSON_GBNF =
     "value  ::= object | array | string | number | (\"true\" | \"false\" | \"null\") ws\n"
     "object ::= \"{\" ws ( string \":\" ws value (\",\" ws string \":\" ws value)* )? \"}\" ws\n"
     "array  ::= \"[\" ws ( value (\",\" ws value)* )? \"]\" ws\n"
-    "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
-    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
+    "string ::= \"\\\"\" ( [^\"\\\\\\x7F\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" "
+    "[0-9a-fA-F]{4}) )* \"\\\"\" ws\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] "
+    "[1-9]{0,15})? ws\n"
     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
 
 static const char *PERSON_REPLY =
@@ -49,8 +51,7 @@ static const char *const CASES[][4] = {
      "term ::= factor (ws (\"*\" | \"/\") ws factor)*\n"
      "factor ::= [0-9]+ | \"(\" ws expr ws \")\"\nws ::= \" \"?\n",
      "(12 + 7) * (3 - 1) / 4 + 100 * (2 + (5 - 3) * 8) - 42 / (6 + 1)"},
-    {"g", "gbnf line",
-     "root ::= \"Answer: \" [^\\n]{1,300} \"\\n\"\n",
+    {"g", "gbnf line", "root ::= \"Answer: \" [^\\n]{1,300} \"\\n\"\n",
      "Answer: The quick brown fox jumps over the lazy dog while the committee debates whether "
      "structured output should cost more than a few percent of a decode step.\n"},
 };

@@ -106,15 +106,16 @@ static const char *JSON_GBNF =
     "    \"\\\\\" ([\"\\\\/bfnrt] | \"u\" [0-9a-fA-F]{4}) # escapes\n"
     "  )* \"\\\"\" ws\n"
     "\n"
-    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws\n"
+    "number ::= (\"-\"? ([0-9] | [1-9] [0-9]{0,15})) (\".\" [0-9]+)? ([eE] [-+]? [0-9] "
+    "[1-9]{0,15})? ws\n"
     "\n"
     "# Optional space: by convention, applied in this grammar after literal chars when allowed\n"
     "ws ::= | \" \" | \"\\n\" [ \\t]{0,20}\n";
 
 static void test_mask(void) {
   /* a toy vocabulary: tokens that fit or break the arithmetic grammar at various points */
-  const char *toks[] = {"1", "12", "+", "(", ")", "(1", "1)", "+(", "*", " ", "a", "x", "))",
-                        "((", "2*", "3+4", "é", "\xc3", "\xa9", "", "<s>", "9)*(", "0"};
+  const char *toks[] = {"1",  "12", "+",  "(",   ")", "(1",   "1)",   "+(", "*",   " ",    "a", "x",
+                        "))", "((", "2*", "3+4", "é", "\xc3", "\xa9", "",   "<s>", "9)*(", "0"};
   const int V = (int)(sizeof toks / sizeof *toks);
   char bytes[256];
   uint32_t off[64];
@@ -134,8 +135,9 @@ static void test_mask(void) {
     failures++;
     return;
   }
-  const char *grammar = "root ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= factor (\"*\" factor)*\n"
-                        "factor ::= [0-9]+ | \"(\" expr \")\" | [\\u00e0-\\u00ff]\n";
+  const char *grammar =
+      "root ::= expr\nexpr ::= term (\"+\" term)*\nterm ::= factor (\"*\" factor)*\n"
+      "factor ::= [0-9]+ | \"(\" expr \")\" | [\\u00e0-\\u00ff]\n";
   const char *prefixes[] = {"", "1", "(", "(1+", "((2", "1*", "\xc3"};
   gbnf *g = compile(grammar);
   for (size_t p = 0; g && p < sizeof prefixes / sizeof *prefixes; p++) {
@@ -158,7 +160,8 @@ static void test_mask(void) {
       }
       int got = row[v] == (float)v;
       if (got != want || (!got && !isinf(row[v]))) {
-        printf("FAIL mask after '%s': token '%s' got %d want %d\n", prefixes[p], toks[v], got, want);
+        printf("FAIL mask after '%s': token '%s' got %d want %d\n", prefixes[p], toks[v], got,
+               want);
         failures++;
       }
       count += want;
@@ -244,12 +247,12 @@ static void test_real_vocab(const char *path) {
         }
         want_n += want;
         if (want != (row[v] == 1.0f) && bad++ < 3)
-          printf("FAIL real vocab '%s' round %d: token %d '%.*s' got %d want %d\n", cases[c][1], round, v,
-                 (int)(off[v + 1] - off[v]), bytes + off[v], !want, want);
+          printf("FAIL real vocab '%s' round %d: token %d '%.*s' got %d want %d\n", cases[c][1],
+                 round, v, (int)(off[v + 1] - off[v]), bytes + off[v], !want, want);
       }
       if (bad || allowed != want_n) {
-        printf("FAIL real vocab '%s' round %d: %d wrong, %d allowed, %d expected\n", cases[c][1], round, bad,
-               allowed, want_n);
+        printf("FAIL real vocab '%s' round %d: %d wrong, %d allowed, %d expected\n", cases[c][1],
+               round, bad, allowed, want_n);
         failures++;
       }
       if (want_n == 0) {
@@ -262,7 +265,8 @@ static void test_real_vocab(const char *path) {
   uint64_t hits, misses;
   gbnf_masker_stats(mk, &hits, &misses);
   if (hits < 7) {
-    printf("FAIL real vocab: %llu mask cache hits, expected the second rounds to hit\n", (unsigned long long)hits);
+    printf("FAIL real vocab: %llu mask cache hits, expected the second rounds to hit\n",
+           (unsigned long long)hits);
     failures++;
   }
   free(row);
@@ -307,7 +311,7 @@ int main(int argc, char **argv) {
   invalid("root ::= [^\\n\"]+", "a\"b");
   invalid("root ::= [^\\n\"]+", "a\nb");
   valid("root ::= \"\\x41\\u00e9\\U0001F600\\t\\\"\"", "A\xc3\xa9\xf0\x9f\x98\x80\t\"");
-  valid("root ::= [\\u0400-\\u04FF]+", "\xd0\x9f\xd1\x80\xd0\xb8");  /* Cyrillic */
+  valid("root ::= [\\u0400-\\u04FF]+", "\xd0\x9f\xd1\x80\xd0\xb8"); /* Cyrillic */
   invalid("root ::= [\\u0400-\\u04FF]+", "\xc3\xa9");
   valid("root ::= . . .", "a\xc3\xa9z");
   invalid("root ::= . . .", "ab");
@@ -316,8 +320,9 @@ int main(int argc, char **argv) {
   prefix("root ::= [\\u00e9]", "\xc3");
   invalid("root ::= [\\u00e9]", "\xd0");
   /* multi-line rules, groups spanning lines, rule order does not matter */
-  valid("root ::= greeting \" \" name\nname ::= (\n  \"Ada\" |\n  \"Alan\"\n)\ngreeting ::= \"hi\"\n",
-        "hi Alan");
+  valid(
+      "root ::= greeting \" \" name\nname ::= (\n  \"Ada\" |\n  \"Alan\"\n)\ngreeting ::= \"hi\"\n",
+      "hi Alan");
   /* recursion: balanced parentheses and arithmetic */
   const char *parens = "root ::= p\np ::= (\"(\" p \")\")*\n";
   valid(parens, "");
@@ -336,7 +341,8 @@ int main(int argc, char **argv) {
   invalid(arith, "1+2)");
   /* JSON */
   valid(JSON_GBNF, "{}");
-  valid(JSON_GBNF, "{\"a\": [1, 2.5, -3e9, 0.25E+7, true, null, {\"b\": \"x\\\"y\\u00e9\"}], \"c\": {}}");
+  valid(JSON_GBNF,
+        "{\"a\": [1, 2.5, -3e9, 0.25E+7, true, null, {\"b\": \"x\\\"y\\u00e9\"}], \"c\": {}}");
   valid(JSON_GBNF, "{\n  \"k\": \"v\"\n}");
   invalid(JSON_GBNF, "{\"a\": 01}");
   invalid(JSON_GBNF, "{\"a\" 1}");
@@ -359,7 +365,8 @@ int main(int argc, char **argv) {
   bad("root ::= \"a\"{3,2}\n", "the maximum is below the minimum");
   bad("root ::= \"a\"{2000}\n", "repetition count above 1000");
   bad("root\n", "expected '::='");
-  bad("root ::= \"x\"\n\n  expr ::= expr \"+\" \"1\" | \"1\"\n", "line 3, column 3: left recursion through rule 'expr'");
+  bad("root ::= \"x\"\n\n  expr ::= expr \"+\" \"1\" | \"1\"\n",
+      "line 3, column 3: left recursion through rule 'expr'");
   bad("root ::= a\na ::= b? \"x\" | \"y\"\nb ::= a\n", "left recursion");
   bad("root ::= (\"a\"?)* \"b\"\n", "left recursion");
   bad("root ::= \"a\" ! \"b\"\n", "line 1, column 14: unexpected character '!'");
@@ -369,7 +376,8 @@ int main(int argc, char **argv) {
   test_real_vocab(path); /* a 1000-token tokenizer */
   /* and the default model's 151,936 tokens when it is downloaded (scripts/setup.sh) */
   const char *home = getenv("HOME");
-  snprintf(path, sizeof path, "%s/.cache/anna/models/qwen2.5-coder-0.5b-instruct.gguf", home ? home : "/");
+  snprintf(path, sizeof path, "%s/.cache/anna/models/qwen2.5-coder-0.5b-instruct.gguf",
+           home ? home : "/");
   FILE *f = fopen(path, "rb");
   if (f) {
     fclose(f);
