@@ -9,6 +9,7 @@
  *   \xHH \uHHHH \UHHHHHHHH), [char class] ([^...] negated, a-z ranges, the same escapes),
  *   '.' (any character), a rule NAME ([a-zA-Z0-9_-]+), ( group ). '#' starts a comment to
  *   the end of the line. The start rule is `root`.
+ * Not supported (a compile error): llama.cpp's token references (<token>, <[id]>, !<...>).
  * Characters are Unicode code points; the text is UTF-8 and fed as bytes (a code point split
  * across tokens is checked as far as its first bytes allow).
  * Compile-time errors (ANNA_EINVAL, "line L, column C: problem"): syntax errors, undefined
