@@ -30,8 +30,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GBNF_MAX_STACKS 64
-#define GBNF_MAX_ELEMS 2048
+#define GBNF_MAX_STACKS 512
+#define GBNF_MAX_ELEMS 4096
 #define GBNF_MAX_DEPTH 256
 #define GBNF_MAX_REPEAT 1000
 #define GBNF_MASK_CACHE 16

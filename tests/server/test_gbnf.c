@@ -370,6 +370,25 @@ int main(int argc, char **argv) {
   bad("root ::= a\na ::= b? \"x\" | \"y\"\nb ::= a\n", "left recursion");
   bad("root ::= (\"a\"?)* \"b\"\n", "left recursion");
   bad("root ::= \"a\" ! \"b\"\n", "line 1, column 14: unexpected character '!'");
+  /* many alternatives: 300 words, every one a sentence (no parse dropped at the start) */
+  {
+    static char words[300][8], big[300 * 12 + 64];
+    size_t n = (size_t)snprintf(big, sizeof big, "root ::= ");
+    unsigned x = 12345;
+    for (int w = 0; w < 300; w++) {
+      for (int k = 0; k < 6; k++) {
+        x = x * 1103515245u + 12345u;
+        words[w][k] = (char)('a' + (x >> 16) % 26);
+      }
+      words[w][6] = 0;
+      n += (size_t)snprintf(big + n, sizeof big - n, "%s\"%s\"", w ? " | " : "", words[w]);
+    }
+    snprintf(big + n, sizeof big - n, "\n");
+    for (int w = 0; w < 300; w += 7)
+      valid(big, words[w]);
+    valid(big, words[299]);
+    invalid(big, "zzzzzz!");
+  }
   test_mask();
   char path[1024];
   snprintf(path, sizeof path, "%s/qwen3", argc > 1 ? argv[1] : "../shared/fixtures");
