@@ -274,7 +274,8 @@ static long parse_char(parser *ps) {
 
 static int parse_alternatives(parser *ps, int rule, int nested);
 
-/* A generated rule holding item it (or nothing) under op; returns the new item. */
+/* Replaces the last item of seq by its repetition m to n times (n < 0: unbounded): m copies,
+ * then generated rules for the optional rest. */
 static int repeat_item(parser *ps, pseq *seq, const char *at, long m, long n) {
   /* m copies, then (n - m) nested optional copies, or X* when n < 0 (unbounded). */
   pitem x = seq->it[--seq->n];
@@ -376,7 +377,7 @@ static int parse_sequence(parser *ps, pseq *seq, int nested) {
         ps->p++;
       const char *q = ps->p;
       skip_space(ps, 0);
-      if (ps->p + 2 < ps->end + 0 && !strncmp(ps->p, "::=", 3)) {
+      if (ps->end - ps->p >= 3 && !strncmp(ps->p, "::=", 3)) {
         /* the next rule's head: this sequence is over */
         if (nested) return fail_at(ps, at, "missing ')' before the rule '%.*s'", (int)(q - s), s);
         ps->p = s;
