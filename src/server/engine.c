@@ -4,6 +4,7 @@
 #include "engine.h"
 
 #include "anna/anna.h"
+#include "gbnf.h"
 #include "jsonmask.h"
 #include "jsonschema.h"
 
@@ -67,6 +68,7 @@ void gen_request_release(gen_request *r) {
   free(r->media);
   free(r->media_at);
   jsonschema_release(r->schema);
+  gbnf_release(r->grammar);
   free(r->prefix);
   free(r->suffix);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
@@ -119,6 +121,7 @@ typedef struct slot {
   anna_text_stream *ts;
   jsonmask jm;       /* JSON mode: what has been generated so far */
   jschema_state js;  /* the same with a schema (gen_request.schema) */
+  gbnf_state gs;     /* the same with a grammar (gen_request.grammar) */
   size_t suffix_pos; /* forced suffix tokens emitted */
   int forced_ended;  /* the last n_gen step wrote no token (a forced output's end) */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
@@ -178,6 +181,7 @@ struct engine {
   const uint32_t *tok_off;
   const uint8_t *tok_cls;
   jschema_vocab *jvoc;
+  gbnf_masker *gmask; /* grammar masks over jvoc, built on first use */
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
@@ -605,6 +609,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
     anna_sampler_accept(s->smp, s->prompt[k]);
   jsonmask_init(&s->jm);
   if (r->schema) jsonschema_start(r->schema, &s->js);
+  if (r->grammar) gbnf_start(r->grammar, &s->gs);
   s->suffix_pos = 0;
   spec_history(e, i);
   s->forced_ended = 0;
@@ -707,13 +712,34 @@ static int json_mask(engine *e, slot *s, float *row) {
   return allowed;
 }
 
+/* Masks every token the grammar does not allow next; end of generation only where the text
+ * is a whole sentence. Returns the number of tokens left. */
+static int grammar_mask(engine *e, slot *s, float *row) {
+  float keep[8];
+  int n_keep = e->n_eog < 8 ? e->n_eog : 8, done = gbnf_done(&s->gs), allowed = 0;
+  for (int k = 0; k < n_keep; k++)
+    keep[k] = row[e->eog_ids[k]];
+  if (gbnf_more(&s->gs)) {
+    allowed = gbnf_mask(e->gmask, &s->gs, row);
+  } else {
+    for (int v = 0; v < e->V; v++)
+      row[v] = -INFINITY;
+  }
+  for (int k = 0; k < n_keep && done; k++) {
+    row[e->eog_ids[k]] = keep[k];
+    allowed++;
+  }
+  return allowed;
+}
+
 /* Whether slot i's next row can be sampled from the backend's candidates (see
  * anna_context_decode_topk): a plain sample, no logprobs, JSON mask, forced or prefix token, or
  * exact-cache store (those read the full row); *k and *temp as anna_sampler_candidates_k. */
 static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
-  if (!r || r->logprobs || r->json_mode || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
+  if (!r || r->logprobs || r->json_mode || r->grammar || r->forced || (size_t)s->n_gen < r->n_prefix)
+    return 0;
   if (s->n_gen < r->min_tokens) return 0; /* the end-of-generation mask needs the full row */
   if (s->exact_store && !s->decoding) return 0;
   return (*k = anna_sampler_candidates_k(s->smp, temp)) > 0;
@@ -747,6 +773,16 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     else
       forced_end = 1;
   } else {
+    if (r->grammar) {
+      if (json_tables(e) || (!e->gmask && gbnf_masker_new(&e->gmask, e->jvoc))) {
+        slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the grammar token tables", 0);
+        return;
+      }
+      if (grammar_mask(e, s, row) == 0) {
+        slot_free(e, i, "stop", 0, NULL, 1);
+        return;
+      }
+    }
     if (r->json_mode) {
       if (json_tables(e)) {
         slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the JSON token tables", 0);
@@ -759,10 +795,12 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     }
     /* min_tokens (vLLM): no end of generation yet. JSON mode already keeps special tokens out
      * until the object is complete, and then allows nothing else: it wins. */
-    if (s->n_gen < r->min_tokens && !r->json_mode)
+    if (s->n_gen < r->min_tokens && !r->json_mode && !r->grammar)
       for (int k = 0; k < e->n_eog; k++)
         row[e->eog_ids[k]] = -INFINITY;
     t = anna_sampler_sample(s->smp, row);
+    if (r->grammar && e->tok_cls[t] == 0 && !anna_text_is_eog(e->text, t))
+      gbnf_feed(&s->gs, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
     if (r->json_mode && e->tok_cls[t] == 0) {
       const char *tb = e->tok_bytes + e->tok_off[t];
       size_t tn = e->tok_off[t + 1] - e->tok_off[t];
@@ -909,7 +947,8 @@ static void kv_exhausted(engine *e) {
 static int spec_room(engine *e, int i) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
-  if (!e->ng || !r || !s->decoding || r->logprobs || r->json_mode || r->forced || r->n_media ||
+  if (!e->ng || !r || !s->decoding || r->logprobs || r->json_mode || r->grammar || r->forced ||
+      r->n_media ||
       (size_t)s->n_gen < r->n_prefix || s->n_gen < r->min_tokens)
     return 0;
   const anna_sampler_params *sp = &r->sp;
@@ -1503,6 +1542,7 @@ void engine_free(engine *e) {
   free(e->out_slot);
   free(e->logits);
   free(e->lp_row);
+  gbnf_masker_free(e->gmask);
   jsonschema_vocab_free(e->jvoc);
   free(e->eog_ids);
   anna_context_free(e->ctx);

@@ -126,6 +126,9 @@ typedef struct gen_request {
   /* With json_mode: the output (or the forced call's arguments) follows this compiled
    * schema instead of "any object". Owned reference (jsonschema_release); NULL: unused. */
   struct jsonschema *schema;
+  /* The `grammar` field: the output follows this compiled GBNF grammar (never together with
+   * json_mode or a forced tool call). Owned reference (gbnf_release); NULL: unused. */
+  struct gbnf *grammar;
   /* Forced tool call (tool_choice naming a function): emit prefix, then a JSON-masked
    * arguments object, then suffix, then stop. Owned; NULL when unused. */
   int32_t *prefix, *suffix;
