@@ -85,6 +85,16 @@ typedef struct anna_model_options {
    * is always loaded as stored; a folder is quantized only when asked). With "int4" a GGUF
    * path is loaded as stored. Other values: ANNA_EINVAL. */
   const char *weight_quant;
+  /* (API next) The vision tower from a llama.cpp mmproj GGUF (convert_hf_to_gguf.py --mmproj of
+   * a Qwen3.5 / Qwen3-VL checkpoint, projector type qwen3vl_merger) or an HF folder holding
+   * model.visual.*, beside the text model (a GGUF or a folder, whose own tower it replaces).
+   * Marker ids come from the text model (a GGUF's vocabulary: <|image_pad|>, <|vision_start|>,
+   * <|vision_end|>, <|video_pad|>), processor settings from the text model's folder, else the
+   * mmproj folder's, else the mmproj's metadata (mean / std / patch / merge; min / max pixels
+   * when present, else the published 65536 / 16777216). A tower whose output width is not the
+   * text model's hidden size, another projector type, a deepstack tower: load errors naming
+   * the mismatch. NULL: a folder's own tower, if any. */
+  const char *mmproj;
 } anna_model_options;
 
 /* Loads a Hugging Face model folder (config.json + *.safetensors) or a .gguf file.

@@ -14,6 +14,8 @@ static void usage(FILE *f) {
           "  --batch-size N           max tokens per engine step (default 512)\n"
           "  --threads N              compute threads (default: one per core)\n"
           CLI_DEVICE_USAGE
+          "  --mmproj FILE            vision tower from a llama.cpp mmproj GGUF (or an HF folder with\n"
+          "                           model.visual.*) beside a GGUF text model (replaces a folder's tower)\n"
           "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
           "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
           "                           auto = none (GGUF files load as stored)\n"
@@ -155,6 +157,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; o.weight_quant = v; }
+    else if (!strcmp(a, "--mmproj")) { NEEDV(); o.mmproj = v; }
     else if (!strcmp(a, "--scheduler-profile")) {
       NEEDV();
       if (strcmp(v, "none") && strcmp(v, "interactive") && strcmp(v, "throughput")) {

@@ -13,14 +13,17 @@
 #include "anna/anna.h"
 
 #include "base/error.h"
+#include "formats/gguf.h"
 #include "media/image.h"
 #include "media/video.h"
 #include "media/vision_preproc.h"
 #include "model/vision_qwen35.h"
 #include "runtime/model_handle.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -126,11 +129,181 @@ static int read_small(const char *path, char **buf, size_t *n, char *err, size_t
   return 0;
 }
 
-int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp,
+/* The folder's preprocessor_config.json and video_preprocessor_config.json over v->pre and
+ * v->vid (the published values where a file is absent). */
+static int read_processors(struct model_vision *v, const char *dir, char *err, size_t errlen) {
+  char path[PATH_MAX + 40], e2[256];
+  char *txt;
+  size_t n;
+  int rc;
+  snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+  if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
+    rc = vision_preproc_config_parse(txt, n, &v->pre, e2, sizeof e2);
+    if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
+    free(txt);
+  }
+  if (!rc) { /* the video processor's file; the published values when the folder has none */
+    snprintf(path, sizeof path, "%s/video_preprocessor_config.json", dir);
+    if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
+      rc = vision_video_config_parse(txt, n, &v->vid, e2, sizeof e2);
+      if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
+      free(txt);
+    }
+    if (!rc && (v->vid.pre.patch_size != v->pre.patch_size ||
+                v->vid.pre.merge_size != v->pre.merge_size ||
+                v->vid.pre.temporal_patch_size != v->pre.temporal_patch_size))
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: patch / merge / temporal patch sizes differ from preprocessor_config.json",
+                    path);
+  }
+  return rc;
+}
+
+static void finish_info(struct model_vision *v) {
+  v->temporal_patch = v->pre.temporal_patch_size;
+  v->patch_dim = 3 * v->pre.temporal_patch_size * v->pre.patch_size * v->pre.patch_size;
+  v->info.patch_size = v->pre.patch_size;
+  v->info.merge_size = v->pre.merge_size;
+  v->info.min_pixels = v->pre.min_pixels;
+  v->info.max_pixels = v->pre.max_pixels;
+  v->info.n_embd = v->desc.n_embd;
+}
+
+/* The processor settings from an mmproj GGUF's metadata over the published defaults:
+ * clip.vision.image_mean / image_std / patch_size / spatial_merge_size, and
+ * clip.vision.image_min_pixels / image_max_pixels when the converter wrote them (its
+ * Qwen3-VL class does not: the published 65536 / 16777216 then apply, as transformers'). */
+static int mmproj_preproc(const char *path, vision_preproc_config *pre, char *err, size_t errlen) {
+  gguf_file *f;
+  int rc = gguf_open(&f, path, err, errlen);
+  if (rc) return rc;
+  const gguf_array *a;
+  char e2[128];
+  const char *keys[2] = {"clip.vision.image_mean", "clip.vision.image_std"};
+  for (int k = 0; k < 2 && !rc; k++) {
+    if (gguf_get_arr(f, keys[k], &a, e2, sizeof e2)) continue;
+    if (a->count != 3 || a->elem_type == GGUF_TYPE_STRING) {
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: %s must hold 3 numbers", path, keys[k]);
+      break;
+    }
+    for (int c = 0; c < 3; c++) (k ? pre->image_std : pre->image_mean)[c] = (float)gguf_array_get_f64(a, c);
+    if (k && (pre->image_std[0] <= 0 || pre->image_std[1] <= 0 || pre->image_std[2] <= 0))
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: clip.vision.image_std must be positive", path);
+  }
+  uint32_t u;
+  int64_t px;
+  if (!rc && !gguf_get_u32(f, "clip.vision.patch_size", &u, e2, sizeof e2)) pre->patch_size = (int32_t)u;
+  if (!rc && !gguf_get_u32(f, "clip.vision.spatial_merge_size", &u, e2, sizeof e2)) pre->merge_size = (int32_t)u;
+  if (!rc && !gguf_get_i64(f, "clip.vision.image_min_pixels", &px, e2, sizeof e2)) pre->min_pixels = px;
+  if (!rc && !gguf_get_i64(f, "clip.vision.image_max_pixels", &px, e2, sizeof e2)) pre->max_pixels = px;
+  if (!rc && (pre->min_pixels < 1 || pre->max_pixels < pre->min_pixels))
+    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: image min / max pixels %lld / %lld", path,
+                  (long long)pre->min_pixels, (long long)pre->max_pixels);
+  gguf_close(f);
+  return rc;
+}
+
+/* Id of the token spelled `text` in a GGUF's embedded vocabulary, -1 when absent. */
+static int32_t gguf_vocab_id(const gguf_array *toks, const char *text) {
+  for (int64_t i = 0; toks && i < toks->count; i++)
+    if (!strcmp(toks->strs[i], text)) return (int32_t)i;
+  return -1;
+}
+
+/* Token ids of the vision markers for a text model: an HF folder's config.json names them; a
+ * GGUF names none (llama.cpp's mtmd spells the markers), so they are looked up by their text
+ * in its vocabulary, as a Qwen tokenizer spells them. */
+static int vision_ids(struct model_vision *v, const model_source *src, char *err, size_t errlen) {
+  v->info.image_token_id = v->info.vision_start_id = v->info.vision_end_id = v->video_token_id = -1;
+  if (!src->is_gguf) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.json", src->path);
+    json_t *root = json_load_file(path, 0, NULL);
+    if (!root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: cannot read", path);
+    v->info.image_token_id = cfg_id(root, "image_token_id", -1);
+    v->info.vision_start_id = cfg_id(root, "vision_start_token_id", -1);
+    v->info.vision_end_id = cfg_id(root, "vision_end_token_id", -1);
+    v->video_token_id = cfg_id(root, "video_token_id", -1);
+    json_decref(root);
+    return 0;
+  }
+  gguf_file *f;
+  int rc = gguf_open(&f, src->path, err, errlen);
+  if (rc) return rc;
+  const gguf_array *toks = NULL;
+  char e2[128];
+  if (!gguf_get_arr(f, "tokenizer.ggml.tokens", &toks, e2, sizeof e2) && toks->elem_type == GGUF_TYPE_STRING) {
+    v->info.image_token_id = gguf_vocab_id(toks, "<|image_pad|>");
+    v->info.vision_start_id = gguf_vocab_id(toks, "<|vision_start|>");
+    v->info.vision_end_id = gguf_vocab_id(toks, "<|vision_end|>");
+    v->video_token_id = gguf_vocab_id(toks, "<|video_pad|>");
+  }
+  gguf_close(f);
+  return 0;
+}
+
+/* --mmproj: the tower from `mmproj` (a llama.cpp mmproj GGUF, or an HF folder with
+ * model.visual.*) beside any text model (HF folder or GGUF). Token ids from the text model;
+ * processor settings from the text model's folder, else the mmproj folder's, else the mmproj
+ * GGUF's metadata. A tower whose output width is not the text model's hidden size, or a text
+ * model without an <|image_pad|> token, is refused naming the mismatch. */
+static int attach_mmproj(anna_model *m, const model_source *src, const model_load_params *lp, const char *mmproj,
+                         const model_kind *k, char *err, size_t errlen) {
+  struct stat sb;
+  if (stat(mmproj, &sb))
+    return anna_err(err, errlen, ANNA_ENOTFOUND, "mmproj %s: %s", mmproj, strerror(errno));
+  const int is_dir = S_ISDIR(sb.st_mode);
+  struct model_vision *v = calloc(1, sizeof *v);
+  if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  char e2[512];
+  int rc = vision_ids(v, src, err, errlen);
+  if (!rc && v->info.image_token_id < 0)
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "mmproj %s: the text model %s has no image pad token (%s): it cannot take images", mmproj, src->path,
+                  src->is_gguf ? "<|image_pad|> in its vocabulary" : "image_token_id in config.json");
+  if (rc) {
+    free(v);
+    return rc;
+  }
+  model_source ts = {.path = mmproj, .is_gguf = !is_dir};
+  if ((rc = k->load(&v->impl, &ts, lp, e2, sizeof e2))) {
+    free(v);
+    return anna_err(err, errlen, rc, "mmproj: %s", e2);
+  }
+  v->kind = k;
+  k->describe(v->impl, &v->desc);
+  if (m->desc.hidden > 0 && v->desc.n_embd != m->desc.hidden)
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "mmproj %s: the tower's output width (projection_dim) %d does not match the text model's hidden size %d "
+                  "(%s): an mmproj of another model",
+                  mmproj, v->desc.n_embd, m->desc.hidden, src->path);
+  vision_preproc_config_default(&v->pre);
+  vision_video_config_default(&v->vid);
+  const char *proc_dir = !src->is_gguf ? src->path : is_dir ? mmproj : NULL;
+  if (!rc && proc_dir) rc = read_processors(v, proc_dir, err, errlen);
+  if (!rc && !proc_dir && !(rc = mmproj_preproc(mmproj, &v->pre, err, errlen))) {
+    v->vid.pre.patch_size = v->pre.patch_size;
+    v->vid.pre.merge_size = v->pre.merge_size;
+    memcpy(v->vid.pre.image_mean, v->pre.image_mean, sizeof v->pre.image_mean);
+    memcpy(v->vid.pre.image_std, v->pre.image_std, sizeof v->pre.image_std);
+  }
+  if (rc) {
+    k->free(v->impl);
+    free(v);
+    return rc;
+  }
+  finish_info(v);
+  m->vis = v;
+  return 0;
+}
+
+int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, const char *mmproj,
                         char *err, size_t errlen) {
   m->vis = NULL;
   const model_kind *k = model_kind_by_name("qwen3_5_vision");
-  if (!k || src->is_gguf || !k->probe(src)) return 0;
+  if (!k) return 0;
+  if (mmproj) return attach_mmproj(m, src, lp, mmproj, k, err, errlen);
+  if (src->is_gguf || !k->probe(src)) return 0;
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/config.json", src->path);
   json_t *root = json_load_file(path, 0, NULL);
@@ -162,29 +335,8 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
   v->kind = k;
   k->describe(v->impl, &v->desc);
   vision_preproc_config_default(&v->pre);
-  char *txt;
-  size_t n;
-  snprintf(path, sizeof path, "%s/preprocessor_config.json", src->path);
-  if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
-    rc = vision_preproc_config_parse(txt, n, &v->pre, e2, sizeof e2);
-    if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
-    free(txt);
-  }
   vision_video_config_default(&v->vid);
-  if (!rc) { /* the video processor's file; the published values when the folder has none */
-    snprintf(path, sizeof path, "%s/video_preprocessor_config.json", src->path);
-    if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
-      rc = vision_video_config_parse(txt, n, &v->vid, e2, sizeof e2);
-      if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
-      free(txt);
-    }
-    if (!rc && (v->vid.pre.patch_size != v->pre.patch_size ||
-                v->vid.pre.merge_size != v->pre.merge_size ||
-                v->vid.pre.temporal_patch_size != v->pre.temporal_patch_size))
-      rc = anna_err(err, errlen, ANNA_EFORMAT,
-                    "%s: patch / merge / temporal patch sizes differ from preprocessor_config.json",
-                    path);
-  }
+  rc = read_processors(v, src->path, err, errlen);
   if (!rc && v->info.image_token_id < 0)
     rc = anna_err(err, errlen, ANNA_EFORMAT, "%s/config.json: vision_config without image_token_id",
                   src->path);
@@ -193,13 +345,7 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
     free(v);
     return rc;
   }
-  v->temporal_patch = v->pre.temporal_patch_size;
-  v->patch_dim = 3 * v->pre.temporal_patch_size * v->pre.patch_size * v->pre.patch_size;
-  v->info.patch_size = v->pre.patch_size;
-  v->info.merge_size = v->pre.merge_size;
-  v->info.min_pixels = v->pre.min_pixels;
-  v->info.max_pixels = v->pre.max_pixels;
-  v->info.n_embd = v->desc.n_embd;
+  finish_info(v);
   m->vis = v;
   return 0;
 }

@@ -96,7 +96,7 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   }
   m->kind = kind;
   kind->describe(m->impl, &m->desc);
-  if ((rc = model_vision_attach(m, &src, &lp, err, errlen)) ||
+  if ((rc = model_vision_attach(m, &src, &lp, opt ? opt->mmproj : NULL, err, errlen)) ||
       (rc = model_audio_attach(m, &src, &lp, err, errlen))) {
     anna_model_free(m);
     return rc;

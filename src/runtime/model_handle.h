@@ -25,9 +25,10 @@ struct anna_model {
 
 /* api_vision.c: the optional vision tower of a model and the per-context vision state. */
 typedef struct ctx_vision ctx_vision;
-/* After the text kind loaded src: loads the tower when the folder has one (m->vis). */
-int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, char *err,
-                        size_t errlen);
+/* After the text kind loaded src: loads the tower when the folder has one, or from mmproj (a
+ * GGUF or folder; anna_model_options.mmproj) when given (m->vis). */
+int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, const char *mmproj,
+                        char *err, size_t errlen);
 void model_vision_detach(anna_model *m);
 /* Per-context: rotary deltas of n_seq sequences, positions scratch for n_batch rows. NULL
  * *out (and 0) when m has no tower. Caller frees with ctx_vision_free. */

@@ -872,7 +872,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct MHD_Daemon *d = NULL;
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
-  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant};
+  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant, .mmproj = o->mmproj};
   if (anna_speech_probe(o->model_path)) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
     if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
