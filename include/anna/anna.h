@@ -201,6 +201,10 @@ typedef struct anna_context_options {
    * devices. Text decoders only; not with profile or offload_mode experts (ANNA_EUNSUPPORTED);
    * a bad list is ANNA_EINVAL naming what is wrong. anna_context_stage_info reports it. */
   const char *layer_split;
+  /* (API next) Vision models: the encoder output cache's budget in bytes (preprocessed pixels +
+   * tower rows of each cached image or video; least recently used out first): 0 = 256 MiB,
+   * < 0 = off (every media runs the tower). */
+  int64_t mm_cache_bytes;
 } anna_context_options;
 
 /* One pipeline stage of a context (anna_context_stage_info). A context without layer_split
@@ -999,14 +1003,19 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
  * pos + delta on every axis. */
 int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
 
-/* The context's tower work since creation. A context keeps the tower's rows of its 8 most
- * recent images (256 MB at most, pixels included): an image met again (same preprocessed
- * pixels, compared in full) reuses them instead of running the tower. */
+/* The context's tower work since creation. A context keeps the tower's rows of its recent
+ * images and videos within a byte budget (anna_context_options.mm_cache_bytes, default 256 MiB,
+ * pixels included; least recently used out first): a media met again (same preprocessed pixels,
+ * grid and processor settings, compared in full) reuses them instead of running the tower. */
 typedef struct anna_vision_stats {
   int64_t images;     /* media prefilled */
   int64_t tower_runs; /* of them, encoded by the tower */
   int64_t cache_hits; /* of them, rows from the encoder cache */
   double tower_s;     /* seconds in the tower */
+  /* (API next) the encoder cache (anna_context_options.mm_cache_bytes): lookups that missed
+   * (0 while the cache is off), entries evicted for room, and its contents now */
+  int64_t cache_misses, cache_evictions;
+  int64_t cache_bytes, cache_entries, cache_budget;
 } anna_vision_stats;
 /* Zeros for a context without a vision tower. */
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);

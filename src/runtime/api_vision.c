@@ -53,23 +53,26 @@ struct anna_media {
   int32_t n_frames;  /* video: sampled frames (before padding to the temporal patch) */
 };
 
-/* Encoder output cache: the tower's rows of recent images, found by hash and confirmed by
- * comparing the pixels themselves (the 64-bit FNV hash is not collision resistant, and a crafted
- * collision must not hand one client the rows of another's image). */
-#define ENC_SLOTS 8
-#define ENC_BYTES ((size_t)256 << 20)
+/* Encoder output cache: the tower's rows of recent media, found by content hash (the
+ * preprocessed pixels, grid and processor settings) and confirmed by comparing the pixels
+ * themselves (the 64-bit FNV hash is not collision resistant, and a crafted collision must not
+ * hand one client the rows of another's image). Bounded by bytes (pixels + rows of every entry,
+ * anna_context_options.mm_cache_bytes), least recently used out first; the entry table grows
+ * with the entries (a prefill-time path, not per token). */
+#define ENC_DEFAULT_BYTES ((int64_t)256 << 20)
 typedef struct enc_entry {
   uint64_t hash, tick;
   int32_t grid[3];
   int64_t n_patches, n_rows;
-  float *pix, *rows; /* owned; NULL: empty */
+  float *pix, *rows; /* owned */
   size_t bytes;
 } enc_entry;
 
 struct ctx_vision {
   const struct model_vision *mv; /* borrowed from the model */
-  enc_entry enc[ENC_SLOTS];
-  size_t enc_bytes;
+  enc_entry *enc; /* [n_enc] of cap_enc, in no order */
+  int n_enc, cap_enc;
+  size_t enc_bytes, enc_budget; /* budget 0: the cache is off */
   uint64_t tick;
   anna_vision_stats stats;
   int n_seq, n_batch, n_threads;
@@ -383,6 +386,17 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
+/* The processor settings that shape an image's pixels, field by field (no struct padding): part
+ * of a media's content hash, so caches keyed on it never mix two preprocessings. */
+static uint64_t pre_hash(const vision_preproc_config *c) {
+  const int64_t iv[7] = {c->patch_size, c->merge_size, c->temporal_patch_size, c->min_pixels, c->max_pixels,
+                         c->do_resize | c->do_rescale << 1 | c->do_normalize << 2, c->do_convert_rgb};
+  uint64_t h = fnv1a(1469598103934665603ull, iv, sizeof iv);
+  h = fnv1a(h, &c->rescale_factor, sizeof c->rescale_factor);
+  h = fnv1a(h, c->image_mean, sizeof c->image_mean);
+  return fnv1a(h, c->image_std, sizeof c->image_std);
+}
+
 static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *rgb, int32_t w,
                           int32_t h, char *err, size_t errlen) {
   anna_media *md = calloc(1, sizeof *md);
@@ -398,7 +412,7 @@ static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *
   md->src_w = w;
   md->src_h = h;
   const int32_t g[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
-  uint64_t hs = fnv1a(1469598103934665603ull, g, sizeof g);
+  uint64_t hs = fnv1a(pre_hash(&v->pre), g, sizeof g);
   md->hash =
       fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
   *out = md;
@@ -509,7 +523,7 @@ int anna_media_video_decode(anna_media **out, const anna_model *m, const void *d
   md->src_h = mv.height;
   media_video_free(&mv);
   const int32_t g[4] = {md->px.grid_t, md->px.grid_h, md->px.grid_w, 1 /* video */};
-  uint64_t hs = fnv1a(1469598103934665603ull, g, sizeof g);
+  uint64_t hs = fnv1a(pre_hash(&v->vid.pre), g, sizeof g);
   md->hash =
       fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
   *out = md;
@@ -591,7 +605,7 @@ void anna_media_free(anna_media *md) {
 /* ---- context ---- */
 
 int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, int n_threads,
-                      char *err, size_t errlen) {
+                      int64_t cache_bytes, char *err, size_t errlen) {
   *out = NULL;
   if (!m->vis) return 0;
   ctx_vision *v = calloc(1, sizeof *v);
@@ -608,6 +622,7 @@ int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_ba
   v->n_seq = n_seq;
   v->n_batch = n_batch;
   v->n_threads = n_threads;
+  v->enc_budget = cache_bytes < 0 ? 0 : cache_bytes == 0 ? (size_t)ENC_DEFAULT_BYTES : (size_t)cache_bytes;
   *out = v;
   return 0;
 }
@@ -617,18 +632,24 @@ static void tower_close(ctx_vision *v) {
   v->cap = 0;
 }
 
-static void enc_drop(ctx_vision *v, enc_entry *e) {
+/* Frees entry i and moves the last entry into its place. */
+static void enc_drop(ctx_vision *v, int i) {
+  enc_entry *e = &v->enc[i];
   v->enc_bytes -= e->bytes;
   free(e->pix);
   free(e->rows);
-  memset(e, 0, sizeof *e);
+  v->enc[i] = v->enc[--v->n_enc];
+}
+
+static void enc_clear(ctx_vision *v) {
+  while (v->n_enc) enc_drop(v, v->n_enc - 1);
 }
 
 static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
   const vision_pixels *px = &md->px;
-  for (int i = 0; i < ENC_SLOTS; i++) {
+  for (int i = 0; i < v->n_enc; i++) {
     enc_entry *e = &v->enc[i];
-    if (e->rows && e->hash == md->hash && e->n_patches == px->n_patches &&
+    if (e->hash == md->hash && e->n_patches == px->n_patches &&
         e->grid[0] == px->grid_t && e->grid[1] == px->grid_h && e->grid[2] == px->grid_w &&
         !memcmp(e->pix, px->values,
                 sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim)) {
@@ -639,35 +660,35 @@ static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
   return NULL;
 }
 
-/* Keeps md's rows, evicting the least recently used entries to stay within ENC_BYTES. Out of
- * memory or too large: not kept (the cache is an optimisation). */
+/* Keeps md's rows, evicting the least recently used entries to stay within the budget. Out of
+ * memory, or larger than the whole budget: not kept (the cache is an optimisation). */
 static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, int64_t n_rows,
                       int E) {
   const vision_pixels *px = &md->px;
   const size_t pb = sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim;
   const size_t rb = sizeof(float) * (size_t)n_rows * (size_t)E;
-  if (pb + rb > ENC_BYTES) return;
-  for (;;) {
-    enc_entry *lru = NULL;
-    int free_slot = 0;
-    for (int i = 0; i < ENC_SLOTS; i++) {
-      if (!v->enc[i].rows)
-        free_slot = 1;
-      else if (!lru || v->enc[i].tick < lru->tick)
-        lru = &v->enc[i];
-    }
-    if (free_slot && v->enc_bytes + pb + rb <= ENC_BYTES) break;
+  if (pb + rb > v->enc_budget) return;
+  while (v->n_enc && v->enc_bytes + pb + rb > v->enc_budget) {
+    int lru = 0;
+    for (int i = 1; i < v->n_enc; i++)
+      if (v->enc[i].tick < v->enc[lru].tick) lru = i;
     enc_drop(v, lru);
+    v->stats.cache_evictions++;
   }
-  enc_entry *e = NULL;
-  for (int i = 0; i < ENC_SLOTS && !e; i++)
-    if (!v->enc[i].rows) e = &v->enc[i];
+  if (v->n_enc == v->cap_enc) {
+    const int cap = v->cap_enc ? 2 * v->cap_enc : 16;
+    enc_entry *ne = realloc(v->enc, sizeof *ne * (size_t)cap);
+    if (!ne) return;
+    v->enc = ne;
+    v->cap_enc = cap;
+  }
+  enc_entry *e = &v->enc[v->n_enc];
+  memset(e, 0, sizeof *e);
   e->pix = malloc(pb);
   e->rows = malloc(rb);
   if (!e->pix || !e->rows) {
     free(e->pix);
     free(e->rows);
-    memset(e, 0, sizeof *e);
     return;
   }
   memcpy(e->pix, px->values, pb);
@@ -681,20 +702,24 @@ static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, in
   e->n_rows = n_rows;
   e->bytes = pb + rb;
   v->enc_bytes += e->bytes;
+  v->n_enc++;
 }
 
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st) {
   const ctx_vision *v = context_vision((anna_context *)c);
-  if (v)
+  if (v) {
     *st = v->stats;
-  else
+    st->cache_bytes = (int64_t)v->enc_bytes;
+    st->cache_entries = v->n_enc;
+    st->cache_budget = (int64_t)v->enc_budget;
+  } else {
     memset(st, 0, sizeof *st);
+  }
 }
 
 void anna_context_vision_cache_clear(anna_context *c) {
   ctx_vision *v = context_vision(c);
-  for (int i = 0; v && i < ENC_SLOTS; i++)
-    enc_drop(v, &v->enc[i]);
+  if (v) enc_clear(v);
 }
 
 static double now_s(void) {
@@ -705,8 +730,8 @@ static double now_s(void) {
 
 void ctx_vision_free(ctx_vision *v) {
   if (!v) return;
-  for (int i = 0; i < ENC_SLOTS; i++)
-    enc_drop(v, &v->enc[i]);
+  enc_clear(v);
+  free(v->enc);
   tower_close(v);
   for (int s = 0; v->run_end && s < v->n_seq; s++)
     free(v->run_end[s]);
@@ -816,6 +841,7 @@ static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *er
       v->stats.cache_hits++;
       continue;
     }
+    if (v->enc_budget) v->stats.cache_misses++;
     const double t0 = now_s();
     if ((rc = tower_open(v, md->px.n_patches, err, errlen))) break;
     const int32_t grid[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};

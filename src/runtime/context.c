@@ -326,6 +326,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.kv_cache_residual_len = opt->kv_cache_residual_len;
     o.prefix_share = opt->prefix_share;
     o.prefix_snapshot_interval = opt->prefix_snapshot_interval;
+    o.mm_cache_bytes = opt->mm_cache_bytes;
     o.tuning = opt->tuning;
     o.offload_mode = opt->offload_mode;
     o.gpu_memory_limit = opt->gpu_memory_limit;
@@ -442,7 +443,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   spr.stage_be = c->sdev;
   spr.stage_layers = stage_layers;
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
-      (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, o.n_threads, err, errlen)) ||
+      (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, o.n_threads, o.mm_cache_bytes, err, errlen)) ||
       (rc = ctx_audio_create(&c->aud, m, o.n_batch, o.n_threads, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);

@@ -191,6 +191,7 @@ struct engine {
   anna_spec_window *wins;
   int *win_slot;
   anna_spec_stats spec; /* as of the last step (under mu) */
+  anna_vision_stats vis; /* as of the last step (under mu) */
   /* engine_embed: jobs queued under mu, run by the engine thread on sequence embed_seq
    * (-1: embeddings off); embed_cv wakes their callers. */
   struct embed_job *embed_q;
@@ -1240,8 +1241,11 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     anna_spec_stats sps = {0};
     if (e->ng) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
+    anna_vision_stats vst;
+    anna_context_vision_stats(e->ctx, &vst);
     pthread_mutex_lock(&e->mu);
     if (e->ng) e->spec = sps;
+    e->vis = vst;
     e->running = anna_sched_n_running(e->sc);
     e->kv_tokens = kv;
     e->kv_cached = cached;
@@ -1343,6 +1347,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .kv_block_len = blk,
                              .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
+                             .mm_cache_bytes = e->o.mm_cache_bytes,
                              .prefix_share = e->o.prompt_cache ? 0 : -1,
                              .prefix_snapshot_interval =
                                  e->o.prompt_cache ? e->o.prompt_cache_block : 0,
@@ -1636,6 +1641,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->draining = e->draining;
   st->preemptions = e->preemptions;
   st->spec = e->spec;
+  st->vis = e->vis;
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -239,6 +239,9 @@ int main(int argc, char **argv) {
          (long long)vs.cache_hits);
   ok("encoder cache: 5 images, 2 tower runs, 3 hits",
      vs.images == 5 && vs.tower_runs == 2 && vs.cache_hits == 3);
+  ok("encoder cache: 2 misses, 2 entries, the default 256 MiB budget",
+     vs.cache_misses == 2 && vs.cache_entries == 2 && vs.cache_budget == (int64_t)256 << 20 &&
+         vs.cache_bytes > 0 && vs.cache_evictions == 0);
   /* both sequences: prefill each, then decode steps carrying both rows in one batch */
   anna_context_seq_reset(ctx, 0);
   int32_t tk[2], pos[2];

@@ -273,3 +273,81 @@ def test_remote_image_from_allowed_host(fetch_srv, image_host):
 def test_remote_image_refusals(fetch_srv, image_host, path, words):
     port = image_host.rsplit(":", 1)[1]
     bad_request(fetch_srv.client(), user(part(path.format(host=image_host, port=port))), *words)
+
+
+def noise_png(seed, w=128, h=128):
+    """A w x h RGB PNG of seeded noise (incompressible: every image distinct)."""
+    import random
+    rnd = random.Random(seed)
+    rows = b"".join(b"\0" + bytes(rnd.getrandbits(8) for _ in range(3 * w)) for _ in range(h))
+
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+            chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def metrics(s):
+    import urllib.request
+    with urllib.request.urlopen(s.url + "/metrics") as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line.startswith("anna_mm_"):
+                k, v = line.split()
+                out[k] = float(v)
+        return out
+
+
+def metrics_when(s, want, timeout=5):
+    """/metrics once its anna_mm_* values include `want` (the engine publishes after each step)."""
+    import time
+    deadline = time.time() + timeout
+    while True:
+        m = metrics(s)
+        if all(m.get(k) == v for k, v in want.items()) or time.time() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_encoder_cache_budget_lru(vision_model):
+    """--mm-cache-mib 1: each 128x128 noise image (max_pixels 16384: 64 patches) costs 64 x 1536
+    f32 pixels + 16 x 128 f32 rows = 401408 bytes, so two fit and a third evicts the least
+    recently used. Hits give the same answer as the tower; /metrics counts hits, misses,
+    evictions and bytes. The prefix cache is off so every request meets the encoder cache."""
+    s = start_server(vision_model, "--ctx-size", "256", "--no-prompt-cache", "--mm-cache-mib", "1")
+    try:
+        cl = s.client()
+        A, B, C = (data_url(noise_png(i)) for i in range(3))
+        q = lambda u: ask(cl, user(part(u)), max_tokens=4)
+        a1 = q(A).choices[0].message.content
+        assert metrics_when(s, {"anna_mm_cache_misses_total": 1})["anna_mm_cache_entries"] == 1
+        a2 = q(A).choices[0].message.content
+        mm = metrics_when(s, {"anna_mm_cache_hits_total": 1})
+        assert a2 == a1
+        assert mm["anna_mm_cache_hits_total"] == 1 and mm["anna_mm_cache_misses_total"] == 1
+        assert mm["anna_mm_cache_bytes"] == 401408 and mm["anna_mm_cache_budget_bytes"] == 1 << 20
+        q(B), q(C)  # C needs room: A (least recently used) goes
+        mm = metrics_when(s, {"anna_mm_cache_misses_total": 3})
+        assert mm["anna_mm_cache_evictions_total"] == 1 and mm["anna_mm_cache_entries"] == 2
+        assert mm["anna_mm_cache_bytes"] == 2 * 401408
+        q(C)  # still cached
+        assert metrics_when(s, {"anna_mm_cache_hits_total": 2})["anna_mm_cache_misses_total"] == 3
+        a3 = q(A).choices[0].message.content  # evicted: the tower again, same answer
+        mm = metrics_when(s, {"anna_mm_cache_misses_total": 4})
+        assert a3 == a1 and mm["anna_mm_cache_evictions_total"] == 2 and mm["anna_mm_tower_runs_total"] == 4
+    finally:
+        s.stop()
+
+
+def test_encoder_cache_off(vision_model):
+    s = start_server(vision_model, "--ctx-size", "256", "--no-prompt-cache", "--mm-cache-mib", "0")
+    try:
+        for _ in range(2):
+            r = ask(s.client(), messages("one_image"))
+            assert r.choices[0].message.content == CASES["one_image"]["greedy_text"]
+        mm = metrics_when(s, {"anna_mm_tower_runs_total": 2})
+        assert mm["anna_mm_tower_runs_total"] == 2 and mm["anna_mm_cache_hits_total"] == 0
+        assert mm["anna_mm_cache_misses_total"] == 0 and mm["anna_mm_cache_budget_bytes"] == 0
+        assert mm["anna_mm_cache_bytes"] == 0
+    finally:
+        s.stop()
