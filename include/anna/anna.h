@@ -1003,6 +1003,19 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
  * pos + delta on every axis. */
 int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
 
+/* (API next) anna_context_prefix_attach for a prompt with images or videos: the prefix pool
+ * keys each pad token by its media's content (hash of the preprocessed pixels, grid and
+ * processor settings, and of that token's own merge block), so the same media + text reuses
+ * cached KV and a different media at the same positions never matches; anna_context_prefill
+ * registers blocks with the same keys. A media is reused whole or not at all: a match ending
+ * inside one is cut back to its first pad. seq then carries the rotary delta of the media the
+ * reused prefix holds; the caller prefills p's tokens [r, n) with the media at or after r (their
+ * `at` minus r). Pass p with n = prompt length - 1 as for anna_context_prefix_attach. Returns r
+ * (>= 0), or a negative ANNA_E* code with err set (a prompt whose runs do not match its media:
+ * ANNA_EINVAL as anna_context_prefill; seq is then empty). */
+int32_t anna_context_prefix_attach_media(anna_context *c, int seq, const anna_prompt *p, int flags, char *err,
+                                         size_t errlen);
+
 /* The context's tower work since creation. A context keeps the tower's rows of its recent
  * images and videos within a byte budget (anna_context_options.mm_cache_bytes, default 256 MiB,
  * pixels included; least recently used out first): a media met again (same preprocessed pixels,

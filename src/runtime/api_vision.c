@@ -957,6 +957,90 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
   return 0;
 }
 
+/* The prefix cache's keys of p's tokens (kv_cache_next_keys): text tokens as they are; pad j of a
+ * media (in prompt order, is_vision from prompt_check) keyed by that media's content hash and the
+ * pixels of its own merge block (M x M patches), as a negative int32 (never a token id). Two
+ * images differ in every pad whose pixels differ, so their blocks never match; the same image +
+ * text keys the same. */
+static void prompt_keys(const anna_prompt *p, const uint8_t *is_vision, int32_t *keys) {
+  int32_t r = 0, j = 0;
+  for (int32_t i = 0; i < p->n; i++) {
+    keys[i] = p->tokens[i];
+    if (!is_vision[i]) continue;
+    while (r < p->n_media && j >= p->media[r].media->n_tokens) r++, j = 0;
+    if (r >= p->n_media) continue; /* prompt_check already refused this */
+    const anna_media *md = p->media[r].media;
+    const size_t per = (size_t)md->px.n_patches / (size_t)md->n_tokens * (size_t)md->px.patch_dim;
+    uint64_t h = fnv1a(md->hash, &j, sizeof j);
+    h = fnv1a(h, md->px.values + (size_t)j * per, sizeof(float) * per);
+    keys[i] = (int32_t)(0x80000000u | (uint32_t)((h ^ (h >> 32)) & 0x7fffffffu));
+    j++;
+  }
+}
+
+int32_t anna_context_prefix_attach_media(anna_context *c, int seq, const anna_prompt *p, int flags, char *err,
+                                         size_t errlen) {
+  ctx_vision *v = context_vision(c);
+  if (!p || !p->tokens || p->n < 0 || p->n_media < 0 || (p->n_media > 0 && !p->media))
+    return anna_err(err, errlen, ANNA_EINVAL, "prefix attach: no prompt");
+  if (!v || p->n_media == 0) {
+    if (p->n_media > 0) return no_vision(context_model(c), err, errlen);
+    const int32_t r = anna_context_prefix_attach(c, seq, p->tokens, p->n, flags);
+    return r < 0 ? anna_err(err, errlen, r, "prefix attach: sequence %d out of range", seq) : r;
+  }
+  if (seq < 0 || seq >= v->n_seq)
+    return anna_err(err, errlen, ANNA_EINVAL, "prefix attach: sequence %d out of range [0, %d)", seq, v->n_seq);
+  const int32_t n = p->n, n_runs = prompt_runs(p);
+  uint8_t *isv = malloc((size_t)n + 1);
+  int32_t *keys = malloc(sizeof *keys * ((size_t)n + 1));
+  int32_t *run_hw = malloc(sizeof *run_hw * (2 * (size_t)n_runs + 1));
+  int32_t *run_end = malloc(sizeof *run_end * ((size_t)n_runs + 1));
+  int32_t rc = 0, r = 0;
+  if (!isv || !keys || !run_hw || !run_end) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!rc) rc = prompt_check(v->mv, p, isv, run_hw, run_end, err, errlen);
+  if (!rc) {
+    prompt_keys(p, isv, keys);
+    /* A media is reused whole or not at all (its rows cannot be prefilled in part): a match
+     * that ends inside one, from its first pad to the end of its last run, attaches again up
+     * to that media's start (GDN models may land inside an earlier one: until none). */
+    int32_t want = n;
+    for (;;) {
+      r = anna_context_prefix_attach(c, seq, keys, want, flags);
+      if (r <= 0) break;
+      int32_t cut = -1, k = 0;
+      for (int32_t m = 0; m < p->n_media && cut < 0; m++) {
+        const int32_t groups = p->media[m].media->is_video ? p->media[m].media->px.grid_t : 1;
+        const int32_t start = p->media[m].at, end = run_end[k + groups - 1];
+        if (r > start && r < end) cut = start;
+        k += groups;
+      }
+      if (cut < 0) break;
+      want = cut;
+    }
+    if (r < 0) rc = anna_err(err, errlen, r, "prefix attach: sequence %d", seq);
+  }
+  /* the rotary delta of the runs the reused prefix holds (what prefill would have recorded) */
+  if (!rc && r > 0 && !(rc = runs_reserve(v, seq, n_runs))) {
+    int32_t d = 0;
+    for (int32_t k = 0; k < n_runs && run_end[k] <= r; k++) {
+      const int32_t M = v->mv->info.merge_size, gh = run_hw[2 * k] / M, gw = run_hw[2 * k + 1] / M;
+      d += (gh > gw ? gh : gw) - gh * gw;
+      v->run_end[seq][k] = run_end[k];
+      v->run_delta[seq][k] = d;
+      v->n_runs[seq] = k + 1;
+    }
+    v->delta[seq] = d;
+  } else if (rc == ANNA_ENOMEM) {
+    anna_err(err, errlen, rc, "out of memory");
+  }
+  if (rc) anna_context_seq_reset(c, seq);
+  free(isv);
+  free(keys);
+  free(run_hw);
+  free(run_end);
+  return rc ? rc : r;
+}
+
 int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err,
                          size_t errlen) {
   const anna_model *m = context_model(c);
@@ -995,11 +1079,13 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   int8_t *bflag = calloc((size_t)nb, 1);
   float *rows = malloc(sizeof *rows * ((size_t)rows_n * (size_t)E + 1));
   float *lg = logits ? logits : malloc(sizeof *lg * (size_t)vocab);
+  int32_t *keys = malloc(sizeof *keys * ((size_t)n + 1));
   int rc = 0;
-  if (!isv || !run_hw || !run_end || !pos3 || !bpos3 || !bseq || !bpos || !bidx || !bflag || !rows || !lg)
+  if (!keys || !isv || !run_hw || !run_end || !pos3 || !bpos3 || !bseq || !bpos || !bidx || !bflag || !rows || !lg)
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int32_t next = n;
   if (!rc && v) rc = prompt_check(v->mv, p, isv, run_hw, run_end, err, errlen);
+  if (!rc && v && p->n_media > 0) prompt_keys(p, isv, keys);
   if (!rc && v && p->n_media > 0) rc = tower_rows(v, p, rows, err, errlen);
   if (!rc && v && p->n_media > 0)
     rc = vision_qwen35_rope_positions(isv, n, run_hw, n_runs, v->mv->info.merge_size, pos3,
@@ -1027,7 +1113,8 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
       const model_input mm = {.embd = ne ? rows + row * E : NULL,
                               .embd_idx = ne ? bidx : NULL,
                               .n_embd = ne,
-                              .rope_pos = bpos3};
+                              .rope_pos = bpos3,
+                              .cache_keys = p->n_media > 0 ? keys + s0 : NULL};
       rc = context_run_mm(c, &b, &mm, lg, err, errlen);
     } else {
       rc = anna_context_decode(c, &b, lg, err, errlen);
@@ -1051,6 +1138,7 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   }
   if (rc == ANNA_ENOMEM) anna_err(err, errlen, rc, "out of memory");
   if (lg != logits) free(lg);
+  free(keys);
   free(isv);
   free(run_hw);
   free(run_end);

@@ -484,6 +484,7 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
     in.embd_idx = mm->embd_idx;
     in.n_embd = mm->n_embd;
     in.rope_pos = mm->rope_pos;
+    in.cache_keys = mm->cache_keys;
   } else if (c->vis) { /* sequences that hold an image decode at pos + their rotary delta */
     int rc = ctx_vision_rope(c->vis, b, &in.rope_pos, err, errlen);
     if (rc) return rc;
