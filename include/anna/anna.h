@@ -968,7 +968,7 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
 int32_t anna_media_n_tokens(const anna_media *md);
 /* The patch grid (t, h, w) and the source image's size (width, height, may be NULL). */
 void anna_media_grid(const anna_media *md, int32_t thw[3], int32_t *width, int32_t *height);
-/* 64-bit FNV-1a of the preprocessed pixels and grid: equal content, equal hash. Not collision
+/* 64-bit FNV-1a of the preprocessed pixels, grid and processor settings: equal content, equal hash. Not collision
  * resistant: a cache keyed on it must confirm a hit on the content (as the context's encoder
  * cache does) before sharing results between clients. */
 uint64_t anna_media_hash(const anna_media *md);
@@ -1010,7 +1010,9 @@ int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
  * registers blocks with the same keys. A media is reused whole or not at all: a match ending
  * inside one is cut back to its first pad. seq then carries the rotary delta of the media the
  * reused prefix holds; the caller prefills p's tokens [r, n) with the media at or after r (their
- * `at` minus r). Pass p with n = prompt length - 1 as for anna_context_prefix_attach. Returns r
+ * `at` minus r). Pass p with n = prompt length - 1 as for anna_context_prefix_attach. The keys
+ * are 31-bit FNV digests per pad: they separate images, but do not resist a client who crafts a
+ * collision with another client's exact image and prompt. Returns r
  * (>= 0), or a negative ANNA_E* code with err set (a prompt whose runs do not match its media:
  * ANNA_EINVAL as anna_context_prefill; seq is then empty). */
 int32_t anna_context_prefix_attach_media(anna_context *c, int seq, const anna_prompt *p, int flags, char *err,

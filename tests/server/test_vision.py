@@ -93,8 +93,9 @@ def test_image_chat_streaming(vsrv):
 
 
 def test_two_image_requests_at_once_and_repeated(vsrv):
-    """Concurrent image requests decode in one batch; a repeat of the same image prompt (no
-    prefix reuse across images) gives the same answer, and a different image at the same pad
+    """Concurrent image requests decode in one batch; a repeat of the same image prompt (prompts
+    shorter than a block: no prefix reuse here, see test_repeated_image_hits_prefix_cache) gives the
+    same answer, and a different image at the same pad
     positions gives its own."""
     import concurrent.futures as cf
     cl = vsrv.client()
