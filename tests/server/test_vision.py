@@ -413,3 +413,24 @@ def test_repeated_image_hits_prefix_cache(vision_model):
     finally:
         s.stop()
         ref.stop()
+
+
+def test_mmproj_server(vision_model):
+    """anna-serve --mmproj: the e2e folder with its tower from the llama.cpp mmproj GGUF
+    (tools/mkfix_mmproj.py) answers as transformers; a text GGUF of another hidden size + the
+    mmproj is a startup error naming the mismatch."""
+    mmproj = os.path.join(ROOT, "tests", "fixtures", "mmproj", "qwen3_5.mmproj.gguf")
+    s = start_server(vision_model, "--ctx-size", "256", "--mmproj", mmproj)
+    try:
+        r = ask(s.client(), messages("one_image"))
+        assert r.choices[0].message.content == CASES["one_image"]["greedy_text"]
+        assert r.usage.prompt_tokens == len(CASES["one_image"]["prompt_ids"])
+    finally:
+        s.stop()
+    import subprocess
+    from conftest import server_bin
+    other = os.path.join(ROOT, "tests", "fixtures", "gguf", "qwen3_5_x.gguf")
+    p = subprocess.run([server_bin(), "--model", other, "--mmproj", mmproj, "--port", "0"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode != 0
+    assert "projection_dim) 128 does not match the text model's hidden size 96" in p.stdout + p.stderr
