@@ -256,6 +256,18 @@ static int attach_mmproj(anna_model *m, const model_source *src, const model_loa
   if (stat(mmproj, &sb))
     return anna_err(err, errlen, ANNA_ENOTFOUND, "mmproj %s: %s", mmproj, strerror(errno));
   const int is_dir = S_ISDIR(sb.st_mode);
+  /* the tower's rows go with Qwen3.5's 3-axis rotary: another text family would take them but
+   * fail at the first image (no mRoPE sections), so it is refused here */
+  const char *fam = src->is_gguf ? src->gguf_arch : src->model_type;
+  static const char *const ok_fam[] = {"qwen35", "qwen35moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+                                       "qwen3_5_moe_text"};
+  int known = 0;
+  for (size_t i = 0; i < sizeof ok_fam / sizeof *ok_fam; i++) known |= !strcmp(fam, ok_fam[i]);
+  if (!known)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "mmproj %s: the text model %s is '%s', not Qwen3.5 (qwen35 / qwen35moe): the Qwen3.5 vision "
+                    "tower feeds only Qwen3.5 text models",
+                    mmproj, src->path, fam);
   struct model_vision *v = calloc(1, sizeof *v);
   if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   char e2[512];

@@ -15,7 +15,7 @@
  *     the folder) and of the HF folder path (the fixture's weights are bf16 values, so the bf16
  *     GGUF is exact), greedy ids equal to both and to transformers'.
  *  3. Refusals, each naming the mismatch: an mmproj whose projection width is not the text
- *     model's hidden size, another projector type (the fixture with its type patched), a file
+ *     model's hidden size, a text model of another family (qwen3.gguf beside OTHER_GGUF), another projector type (the fixture with its type patched), a file
  *     that is not an mmproj, a missing path. */
 #include "anna/anna.h"
 #include "runtime/model_handle.h"
@@ -228,6 +228,12 @@ int main(int argc, char **argv) {
   printf("  other text model: %s\n", err);
   ok("hidden size mismatch: EINVAL naming both widths",
      rc == ANNA_EINVAL && strstr(err, "projection_dim") && strstr(err, "128") && strstr(err, "96"));
+  snprintf(path, sizeof path, "%s", other);
+  char *slash = strrchr(path, '/');
+  if (slash) snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "qwen3.gguf");
+  rc = load_err(path, mmproj, err, sizeof err);
+  printf("  qwen3 text model: %s\n", err);
+  ok("a text model of another family: EUNSUPPORTED naming it", rc == ANNA_EUNSUPPORTED && strstr(err, "'qwen3'"));
   size_t n;
   char *b = read_file(mmproj, &n);
   char *hit = NULL;
