@@ -85,6 +85,16 @@ typedef struct anna_model_options {
    * is always loaded as stored; a folder is quantized only when asked). With "int4" a GGUF
    * path is loaded as stored. Other values: ANNA_EINVAL. */
   const char *weight_quant;
+  /* (API next) The vision tower from a llama.cpp mmproj GGUF (convert_hf_to_gguf.py --mmproj of
+   * a Qwen3.5 / Qwen3-VL checkpoint, projector type qwen3vl_merger) or an HF folder holding
+   * model.visual.*, beside the text model (a GGUF or a folder, whose own tower it replaces).
+   * Marker ids come from the text model (a GGUF's vocabulary: <|image_pad|>, <|vision_start|>,
+   * <|vision_end|>, <|video_pad|>), processor settings from the text model's folder, else the
+   * mmproj folder's, else the mmproj's metadata (mean / std / patch / merge; min / max pixels
+   * when present, else the published 65536 / 16777216). A tower whose output width is not the
+   * text model's hidden size, another projector type, a deepstack tower: load errors naming
+   * the mismatch. NULL: a folder's own tower, if any. */
+  const char *mmproj;
 } anna_model_options;
 
 /* Loads a Hugging Face model folder (config.json + *.safetensors) or a .gguf file.
@@ -191,6 +201,10 @@ typedef struct anna_context_options {
    * devices. Text decoders only; not with profile or offload_mode experts (ANNA_EUNSUPPORTED);
    * a bad list is ANNA_EINVAL naming what is wrong. anna_context_stage_info reports it. */
   const char *layer_split;
+  /* (API next) Vision models: the encoder output cache's budget in bytes (preprocessed pixels +
+   * tower rows of each cached image or video; least recently used out first): 0 = 256 MiB,
+   * < 0 = off (every media runs the tower). */
+  int64_t mm_cache_bytes;
 } anna_context_options;
 
 /* One pipeline stage of a context (anna_context_stage_info). A context without layer_split
@@ -954,7 +968,7 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
 int32_t anna_media_n_tokens(const anna_media *md);
 /* The patch grid (t, h, w) and the source image's size (width, height, may be NULL). */
 void anna_media_grid(const anna_media *md, int32_t thw[3], int32_t *width, int32_t *height);
-/* 64-bit FNV-1a of the preprocessed pixels and grid: equal content, equal hash. Not collision
+/* 64-bit FNV-1a of the preprocessed pixels, grid and processor settings: equal content, equal hash. Not collision
  * resistant: a cache keyed on it must confirm a hit on the content (as the context's encoder
  * cache does) before sharing results between clients. */
 uint64_t anna_media_hash(const anna_media *md);
@@ -989,14 +1003,34 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
  * pos + delta on every axis. */
 int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
 
-/* The context's tower work since creation. A context keeps the tower's rows of its 8 most
- * recent images (256 MB at most, pixels included): an image met again (same preprocessed
- * pixels, compared in full) reuses them instead of running the tower. */
+/* (API next) anna_context_prefix_attach for a prompt with images or videos: the prefix pool
+ * keys each pad token by its media's content (hash of the preprocessed pixels, grid and
+ * processor settings, and of that token's own merge block), so the same media + text reuses
+ * cached KV and a different media at the same positions never matches; anna_context_prefill
+ * registers blocks with the same keys. A media is reused whole or not at all: a match ending
+ * inside one is cut back to its first pad. seq then carries the rotary delta of the media the
+ * reused prefix holds; the caller prefills p's tokens [r, n) with the media at or after r (their
+ * `at` minus r). Pass p with n = prompt length - 1 as for anna_context_prefix_attach. The keys
+ * are 31-bit FNV digests per pad: they separate images, but do not resist a client who crafts a
+ * collision with another client's exact image and prompt. Returns r
+ * (>= 0), or a negative ANNA_E* code with err set (a prompt whose runs do not match its media:
+ * ANNA_EINVAL as anna_context_prefill; seq is then empty). */
+int32_t anna_context_prefix_attach_media(anna_context *c, int seq, const anna_prompt *p, int flags, char *err,
+                                         size_t errlen);
+
+/* The context's tower work since creation. A context keeps the tower's rows of its recent
+ * images and videos within a byte budget (anna_context_options.mm_cache_bytes, default 256 MiB,
+ * pixels included; least recently used out first): a media met again (same preprocessed pixels,
+ * grid and processor settings, compared in full) reuses them instead of running the tower. */
 typedef struct anna_vision_stats {
   int64_t images;     /* media prefilled */
   int64_t tower_runs; /* of them, encoded by the tower */
   int64_t cache_hits; /* of them, rows from the encoder cache */
   double tower_s;     /* seconds in the tower */
+  /* (API next) the encoder cache (anna_context_options.mm_cache_bytes): lookups that missed
+   * (0 while the cache is off), entries evicted for room, and its contents now */
+  int64_t cache_misses, cache_evictions;
+  int64_t cache_bytes, cache_entries, cache_budget;
 } anna_vision_stats;
 /* Zeros for a context without a vision tower. */
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);

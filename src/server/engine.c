@@ -128,6 +128,7 @@ typedef struct slot {
   size_t len, cap, released;
   double t_last;
   int exact_store; /* keep this prompt's state + logits in the exact cache once prefilled */
+  int32_t media_reused; /* a prompt with media: tokens the prefix pool gave (slot_media_prefill) */
 } slot;
 
 /* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
@@ -195,6 +196,7 @@ struct engine {
   anna_spec_window *wins;
   int *win_slot;
   anna_spec_stats spec; /* as of the last step (under mu) */
+  anna_vision_stats vis; /* as of the last step (under mu) */
   /* engine_embed: jobs queued under mu, run by the engine thread on sequence embed_seq
    * (-1: embeddings off); embed_cv wakes their callers. */
   struct embed_job *embed_q;
@@ -499,26 +501,58 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre);
 /* A prompt with images (gen_request.media): the tower and the prompt but its last token run
  * here, alone, at slot start (anna_context_prefill); after a preemption the generated tokens
  * follow as text. The last token is left to the scheduler's batched steps, which sample from
- * it as from any prompt. No prefix attach or registration, no exact cache. */
+ * it as from any prompt. With the prompt cache on, the prefix pool is read and fed with pads
+ * keyed by their image's content (anna_context_prefix_attach_media): the same image + text
+ * reuses KV (and skips the tower), another image never matches. No exact cache. */
 static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
   slot *s = &e->slots[i];
   const gen_request *r = s->r;
   anna_media_ref refs[64];
   s->exact_store = 0;
   s->n_fed = 0;
+  s->media_reused = 0;
   anna_context_seq_reset(e->ctx, i);
   if (r->n_media > 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
   for (int k = 0; k < r->n_media; k++) refs[k] = (anna_media_ref){r->media[k], r->media_at[k]};
   const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, r->n_media};
-  int rc = anna_context_prefill(e->ctx, i, &p, NULL, err, errlen);
+  int32_t got = 0;
+  int rc = 0;
+  if (e->o.prompt_cache) {
+    anna_kv_stats before, after;
+    anna_context_kv_stats(e->ctx, &before);
+    got = anna_context_prefix_attach_media(e->ctx, i, &p, ANNA_PREFIX_REGISTER, err, errlen);
+    anna_context_kv_stats(e->ctx, &after);
+    if (got < 0) {
+      rc = got;
+      got = 0;
+    }
+    pthread_mutex_lock(&e->mx->mu);
+    e->mx->cache_lookups++;
+    e->mx->prefix_hit_blocks += after.hit_blocks - before.hit_blocks;
+    e->mx->prefix_miss_blocks += after.miss_blocks - before.miss_blocks;
+    e->mx->prefix_hit_tokens += (uint64_t)got;
+    e->mx->prefix_miss_tokens += (uint64_t)(s->n_prompt - (size_t)got);
+    if (got > 0) {
+      e->mx->cache_hits++;
+      e->mx->cache_reused_tokens += (uint64_t)got;
+    }
+    pthread_mutex_unlock(&e->mx->mu);
+  }
+  /* the rest of the prompt: the media at or after the reused prefix, from there */
+  int nk = 0;
+  for (int k = 0; k < r->n_media; k++)
+    if (refs[k].at >= got) refs[nk++] = (anna_media_ref){refs[k].media, refs[k].at - got};
+  const anna_prompt q = {s->feed + got, p.n - got, refs, nk};
+  if (!rc && q.n > 0) rc = anna_context_prefill(e->ctx, i, &q, NULL, err, errlen);
   if (!rc && s->n_feed > s->n_prompt) {
-    const anna_prompt q = {s->feed + s->n_prompt - 1, (int32_t)(s->n_feed - s->n_prompt), NULL, 0};
-    rc = anna_context_prefill(e->ctx, i, &q, NULL, err, errlen);
+    const anna_prompt q2 = {s->feed + s->n_prompt - 1, (int32_t)(s->n_feed - s->n_prompt), NULL, 0};
+    rc = anna_context_prefill(e->ctx, i, &q2, NULL, err, errlen);
   }
   if (rc) {
     anna_context_seq_reset(e->ctx, i);
     return rc;
   }
+  s->media_reused = got;
   s->n_fed = s->n_feed - 1;
   return 0;
 }
@@ -598,7 +632,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   const int hit = r->n_media ? -1 : cache_reuse(e, i);
   sc_cached(e, i, s->n_fed);
   pthread_mutex_lock(&r->mu);
-  r->choices[s->ci].n_cached = (int)s->n_fed;
+  r->choices[s->ci].n_cached = r->n_media ? (int)s->media_reused : (int)s->n_fed;
   pthread_mutex_unlock(&r->mu);
   s->decoding = 0;
   s->n_gen = 0;
@@ -1279,8 +1313,11 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     anna_spec_stats sps = {0};
     if (e->ng) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
+    anna_vision_stats vst;
+    anna_context_vision_stats(e->ctx, &vst);
     pthread_mutex_lock(&e->mu);
     if (e->ng) e->spec = sps;
+    e->vis = vst;
     e->running = anna_sched_n_running(e->sc);
     e->kv_tokens = kv;
     e->kv_cached = cached;
@@ -1382,6 +1419,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .kv_block_len = blk,
                              .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
+                             .mm_cache_bytes = e->o.mm_cache_bytes,
                              .prefix_share = e->o.prompt_cache ? 0 : -1,
                              .prefix_snapshot_interval =
                                  e->o.prompt_cache ? e->o.prompt_cache_block : 0,
@@ -1676,6 +1714,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->draining = e->draining;
   st->preemptions = e->preemptions;
   st->spec = e->spec;
+  st->vis = e->vis;
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -45,6 +45,7 @@ typedef struct engine_options {
   int kv_blocks; /* KV pool size (0: every slot and exact entry can reach n_ctx); smaller
                     pools preempt sequences (recomputed later) when the running set outgrows it */
   int kv_cache_residual_len;    /* anna_context_options.kv_cache_residual_len */
+  int64_t mm_cache_bytes;       /* anna_context_options.mm_cache_bytes (0 default, < 0 off) */
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
   const char *device;           /* anna_context_options.device (borrowed) */
   const char *layer_split;      /* anna_context_options.layer_split (borrowed) */
@@ -206,6 +207,7 @@ typedef struct engine_stats {
   int exact_entries;
   int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
   anna_spec_stats spec; /* verify windows, drafted and accepted tokens (speculative decoding) */
+  anna_vision_stats vis; /* the encoder cache and tower (vision models; zeros otherwise) */
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);

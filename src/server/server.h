@@ -22,6 +22,7 @@ typedef struct server_options {
   int port;               /* 0: any free port (the log line says which) */
   const char *device, *dtype;
   const char *weight_quant; /* anna_model_options.weight_quant */
+  const char *mmproj;       /* anna_model_options.mmproj (--mmproj) */
   engine_options eng;           /* eng.tuning also goes to anna_model_options.tuning */
   anna_sampler_params defaults; /* generation defaults for fields a request omits */
   int default_max_tokens;      /* chat; <= 0: up to the context */
