@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 7
+#define ANNA_API_VERSION_MINOR 8
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -85,7 +85,7 @@ typedef struct anna_model_options {
    * is always loaded as stored; a folder is quantized only when asked). With "int4" a GGUF
    * path is loaded as stored. Other values: ANNA_EINVAL. */
   const char *weight_quant;
-  /* (API next) The vision tower from a llama.cpp mmproj GGUF (convert_hf_to_gguf.py --mmproj of
+  /* (API 1.8) The vision tower from a llama.cpp mmproj GGUF (convert_hf_to_gguf.py --mmproj of
    * a Qwen3.5 / Qwen3-VL checkpoint, projector type qwen3vl_merger) or an HF folder holding
    * model.visual.*, beside the text model (a GGUF or a folder, whose own tower it replaces).
    * Marker ids come from the text model (a GGUF's vocabulary: <|image_pad|>, <|vision_start|>,
@@ -201,7 +201,7 @@ typedef struct anna_context_options {
    * devices. Text decoders only; not with profile or offload_mode experts (ANNA_EUNSUPPORTED);
    * a bad list is ANNA_EINVAL naming what is wrong. anna_context_stage_info reports it. */
   const char *layer_split;
-  /* (API next) Vision models: the encoder output cache's budget in bytes (preprocessed pixels +
+  /* (API 1.8) Vision models: the encoder output cache's budget in bytes (preprocessed pixels +
    * tower rows of each cached image or video; least recently used out first): 0 = 256 MiB,
    * < 0 = off (every media runs the tower). */
   int64_t mm_cache_bytes;
@@ -1003,7 +1003,7 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
  * pos + delta on every axis. */
 int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
 
-/* (API next) anna_context_prefix_attach for a prompt with images or videos: the prefix pool
+/* (API 1.8) anna_context_prefix_attach for a prompt with images or videos: the prefix pool
  * keys each pad token by its media's content (hash of the preprocessed pixels, grid and
  * processor settings, and of that token's own merge block), so the same media + text reuses
  * cached KV and a different media at the same positions never matches; anna_context_prefill
@@ -1027,7 +1027,7 @@ typedef struct anna_vision_stats {
   int64_t tower_runs; /* of them, encoded by the tower */
   int64_t cache_hits; /* of them, rows from the encoder cache */
   double tower_s;     /* seconds in the tower */
-  /* (API next) the encoder cache (anna_context_options.mm_cache_bytes): lookups that missed
+  /* (API 1.8) the encoder cache (anna_context_options.mm_cache_bytes): lookups that missed
    * (0 while the cache is off), entries evicted for room, and its contents now */
   int64_t cache_misses, cache_evictions;
   int64_t cache_bytes, cache_entries, cache_budget;
