@@ -1133,6 +1133,30 @@ int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *m
  * lang "". Returns the offset. */
 size_t anna_asr_output_split(const char *text, size_t len, char *lang, size_t cap);
 
+/* (API next) Long audio as qwen-asr's transcribe cuts it (its split_audio_into_chunks): data
+ * is decoded as by anna_media_audio_decode, and the 16 kHz clip, when longer than
+ * chunk_seconds (<= 0: qwen-asr's 1200 s), is cut into pieces of at most chunk_seconds, each
+ * cut at the quietest sample of the quietest 100-ms window within 5 s of it; pieces under
+ * 0.5 s are zero-padded to 0.5 s. A clip within the length is one piece, the same media
+ * anna_media_audio_decode makes. The pieces tile the clip (no overlap, no gap), so their
+ * transcripts join without repeated words (anna_asr_transcript_join). *out: *n_out media
+ * (caller frees each with anna_media_free, then the array with free()); *offsets (may be NULL;
+ * else caller frees with free()): where each piece starts, in seconds. Errors as
+ * anna_media_audio_decode; chunk_seconds above 1e7: ANNA_EINVAL. */
+int anna_media_audio_decode_chunks(anna_media ***out, double **offsets, int32_t *n_out,
+                                   const anna_model *m, const void *data, size_t n,
+                                   double max_seconds, double chunk_seconds, char *err,
+                                   size_t errlen);
+/* (API next) One clip's transcript from its pieces' raw outputs raw[0..n) (the generated text
+ * with special tokens kept and end-of-generation ids dropped, in piece order), as qwen-asr's
+ * parse_asr_output and join do: each stripped of white space, runs repeated more than 20
+ * times collapsed, split at <asr_text> (unless forced: a forced language makes it all text),
+ * then concatenated with nothing between; the detected languages merged in order without
+ * consecutive repeats, comma-separated ("" when none, or forced). *text and *language: caller
+ * frees with free(). Returns 0 or ANNA_ENOMEM. */
+int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char **text,
+                             char **language, char *err, size_t errlen);
+
 /* ---- Speech synthesis (text to speech; API 1.3) ----------------------------------------
  * A Qwen3-TTS CustomVoice folder (config.json model_type "qwen3_tts", its speech_tokenizer/
  * and a tokenizer.json) opened as an anna_speech: the talker makes codec frames (12.5 per
