@@ -64,6 +64,7 @@ void gen_request_release(gen_request *r) {
     anna_media_free(r->media[i]);
   free(r->media);
   free(r->media_at);
+  free(r->media_prompt);
   jsonschema_release(r->schema);
   free(r->prefix);
   free(r->suffix);
@@ -501,9 +502,14 @@ static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
   s->exact_store = 0;
   s->n_fed = 0;
   anna_context_seq_reset(e->ctx, i);
-  if (r->n_media > 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
-  for (int k = 0; k < r->n_media; k++) refs[k] = (anna_media_ref){r->media[k], r->media_at[k]};
-  const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, r->n_media};
+  const int pi = s->ci / r->n;
+  int nr = 0;
+  for (int k = 0; k < r->n_media; k++) {
+    if ((r->media_prompt ? r->media_prompt[k] : 0) != pi) continue;
+    if (nr == 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
+    refs[nr++] = (anna_media_ref){r->media[k], r->media_at[k]};
+  }
+  const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, nr};
   int rc = anna_context_prefill(e->ctx, i, &p, NULL, err, errlen);
   if (!rc && s->n_feed > s->n_prompt) {
     const anna_prompt q = {s->feed + s->n_prompt - 1, (int32_t)(s->n_feed - s->n_prompt), NULL, 0};
@@ -581,7 +587,8 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->feed = s->prompt;
   s->n_feed = s->n_prompt;
   memcpy(s->toks, s->prompt, s->n_prompt * sizeof *s->toks);
-  if (r->n_media && (pi != 0 || (rc = slot_media_prefill(e, i, err, errlen)) != 0)) {
+  if (r->n_media && ((!r->media_prompt && pi != 0) ||
+                     (rc = slot_media_prefill(e, i, err, errlen)) != 0)) {
     if (!rc) rc = anna_err(err, errlen, ANNA_EINVAL, "images belong to the first prompt");
     anna_sampler_free(s->smp);
     s->smp = NULL;
