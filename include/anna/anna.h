@@ -1169,8 +1169,13 @@ int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char
  * CPU only in this version (the codec's waveform ops have no CUDA kernels yet): a device other
  * than NULL / "cpu" is ANNA_EUNSUPPORTED. One thread drives an anna_speech at a time (callers
  * serialize synthesize calls); the model is read-only while it runs.
- * Not supported, refused with ANNA_EUNSUPPORTED naming them: instructions (voice design and
- * 1.7B instruct), voice cloning (Base checkpoints, refused at load), VoiceDesign folders. */
+ * Instructions (API next): a VoiceDesign folder (tts_model_type "voice_design", no preset
+ * voices) or a 1.7B CustomVoice folder takes a natural-language description of the voice and
+ * style, prepended to the prompt as qwen-tts does; a 0.6B CustomVoice refuses them
+ * (ANNA_EINVAL: qwen-tts silently drops them). Speed (API next): the PCM is time-stretched
+ * without a pitch change by FFmpeg's atempo filter (libavfilter), chunk by chunk.
+ * Not supported, refused with ANNA_EUNSUPPORTED naming it: voice cloning (Base checkpoints,
+ * refused at load). */
 typedef struct anna_speech anna_speech;
 
 typedef struct anna_speech_options {
@@ -1201,7 +1206,7 @@ typedef struct anna_speech_request {
   int n_text_ids;
   const char *voice;        /* a preset voice (case-insensitive); NULL or "": none */
   const char *language;     /* a language the checkpoint names, or NULL / "auto" */
-  const char *instructions; /* NULL or "": none; anything else: ANNA_EUNSUPPORTED */
+  const char *instructions; /* NULL or "": none; else the voice / style description (see above) */
   int max_frames;           /* <= 0 or above the options' max_frames: the options' */
   int greedy;               /* 1: argmax codes; 0: sampling as generation_config.json says */
   uint64_t seed;            /* sampling seed */
@@ -1209,6 +1214,14 @@ typedef struct anna_speech_request {
   int chunk_frames;         /* frames per later chunk (<= 0: 16) */
   /* Optional: each frame's 16 codes as the talker picks them (borrowed for the call). */
   void (*on_frame)(void *user, const int32_t *codes, int n_codes, int frame);
+  /* (API next) ids of `<|im_start|>user\n{instructions}<|im_end|>\n`, used instead of
+   * tokenizing `instructions` (NULL / 0: none) */
+  const int32_t *instruct_ids;
+  int n_instruct_ids;
+  /* (API next) playback speed: 0 or 1: unchanged; else in [0.25, 4.0] (ANNA_EINVAL naming the
+   * range), applied with libavfilter's atempo (ANNA_EUNSUPPORTED in a build without it). The
+   * chunks then carry about n / speed samples; stats.n_samples counts what was delivered. */
+  double speed;
 } anna_speech_request;
 
 /* Receives pcm[0, n) (borrowed for the call: copy what you keep). A nonzero return stops the

@@ -153,8 +153,10 @@ const char *anna_speech_voice(const anna_speech *s, int i) {
 }
 
 /* ids of the assistant wrapping: specials parsed in the frame, not in the user's text */
-static int encode_text(const tokenizer *tok, const char *text, int32_t **out, int *n, char *err, size_t errlen) {
-  const char *parts[3] = {"<|im_start|>assistant\n", text, "<|im_end|>\n<|im_start|>assistant\n"};
+/* parts[0] + parts[1] + parts[2] tokenized, the middle one (user text) without special-token
+ * parsing, the wrappings with it. */
+static int encode_parts(const tokenizer *tok, const char *const parts[3], int32_t **out, int *n, char *err,
+                        size_t errlen) {
   int32_t *all = NULL;
   size_t total = 0;
   int rc = 0;
@@ -181,6 +183,11 @@ static int encode_text(const tokenizer *tok, const char *text, int32_t **out, in
   }
   *out = all, *n = (int)total;
   return 0;
+}
+
+static int encode_text(const tokenizer *tok, const char *text, int32_t **out, int *n, char *err, size_t errlen) {
+  const char *parts[3] = {"<|im_start|>assistant\n", text, "<|im_end|>\n<|im_start|>assistant\n"};
+  return encode_parts(tok, parts, out, n, err, errlen);
 }
 
 /* the per-request streaming state the talker's frame callback drives */
@@ -231,14 +238,10 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
                            anna_speech_stats *st, char *err, size_t errlen) {
   if (st) memset(st, 0, sizeof *st);
   if (!s || !rq || !fn) return anna_err(err, errlen, ANNA_EINVAL, "anna_speech_synthesize: NULL argument");
-  if (rq->instructions && *rq->instructions)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                    "instructions are not supported: this runtime implements the CustomVoice preset-voice prompt "
-                    "only (voice design / instruct prompts are not done)");
   const double t0 = now_s();
-  int32_t *own_ids = NULL;
-  const int32_t *ids = rq->text_ids;
-  int n_ids = rq->n_text_ids, rc = 0;
+  int32_t *own_ids = NULL, *own_ins = NULL;
+  const int32_t *ids = rq->text_ids, *ins = rq->instruct_ids;
+  int n_ids = rq->n_text_ids, n_ins = rq->n_instruct_ids, rc = 0;
   if (!ids) {
     if (!rq->text || !*rq->text) return anna_err(err, errlen, ANNA_EINVAL, "the text is empty");
     if (!s->tok)
@@ -247,6 +250,17 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
     if ((rc = encode_text(s->tok, rq->text, &own_ids, &n_ids, err, errlen))) return rc;
     ids = own_ids;
   }
+  if (!ins && rq->instructions && *rq->instructions) {
+    const char *parts[3] = {"<|im_start|>user\n", rq->instructions, "<|im_end|>\n"};
+    rc = s->tok ? encode_parts(s->tok, parts, &own_ins, &n_ins, err, errlen)
+                : anna_err(err, errlen, ANNA_ENOTFOUND, "%s: no tokenizer (pass instruction ids, or a tokenizer.json)",
+                           s->tok_path);
+    if (rc) {
+      free(own_ids);
+      return rc;
+    }
+    ins = own_ins;
+  }
   const int max_frames = rq->max_frames > 0 && rq->max_frames < s->max_frames ? rq->max_frames : s->max_frames;
   synth y = {.s = s, .rq = rq, .fn = fn, .user = user, .t0 = t0, .err = err, .errlen = errlen};
   y.later = rq->chunk_frames > 0 ? rq->chunk_frames : CODEC_STEP;
@@ -254,8 +268,17 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
   if (y.later > max_frames) y.later = max_frames;
   if (y.first > max_frames) y.first = max_frames;
   y.st.n_text_tokens = n_ids;
-  tts_qwen3_request tr = {ids,  n_ids,         rq->voice, rq->language && *rq->language ? rq->language : "auto",
-                          max_frames, rq->greedy, rq->seed, on_talker_frame, &y};
+  tts_qwen3_request tr = {.ids = ids,
+                          .n_ids = n_ids,
+                          .speaker = rq->voice,
+                          .instruct_ids = ins,
+                          .n_instruct_ids = ins ? n_ins : 0,
+                          .language = rq->language && *rq->language ? rq->language : "auto",
+                          .max_frames = max_frames,
+                          .greedy = rq->greedy,
+                          .seed = rq->seed,
+                          .on_frame = on_talker_frame,
+                          .user = &y};
   tts_qwen3_state *ts = NULL;
   ops_backend *be = NULL;
   const int P = tts_qwen3_prefill_len(s->talker, &tr, err, errlen);
@@ -302,6 +325,7 @@ done:
   free(y.codes);
   free(y.pcm);
   free(own_ids);
+  free(own_ins);
   return rc;
 }
 

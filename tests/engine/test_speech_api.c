@@ -12,7 +12,7 @@
  *   WAV's data; streamed wav/flac/opus/mp3 decode with libsndfile at 24 kHz to the expected
  *   length (flac exact, lossy codecs within their padding);
  * - a chunk callback returning nonzero stops synthesis (stats.stopped, one chunk);
- * - bad input: unknown voice, unknown language, instructions, text without a tokenizer,
+ * - bad input: unknown voice, unknown language, instructions (no tokenizer; a 0.6B CustomVoice), text without a tokenizer,
  *   empty text, aac, a device other than the cpu.
  * Usage: test_speech_api (fixtures from ANNA_SOURCE_DIR). */
 #define _POSIX_C_SOURCE 200809L
@@ -262,7 +262,11 @@ int main(void) {
   ok("unknown language: ANNA_EINVAL naming it", rc == ANNA_EINVAL && strstr(err, "klingon"));
   bad = rq, bad.instructions = "whisper";
   rc = anna_speech_synthesize(s, &bad, on_chunk, &z, NULL, err, sizeof err);
-  ok("instructions: ANNA_EUNSUPPORTED", rc == ANNA_EUNSUPPORTED && strstr(err, "instructions"));
+  ok("instructions without a tokenizer.json: ANNA_ENOTFOUND", rc == ANNA_ENOTFOUND && strstr(err, "instruction"));
+  static const int32_t ins_ids[] = {151644, 872, 198, 1234, 151645, 198};
+  bad = rq, bad.instruct_ids = ins_ids, bad.n_instruct_ids = 6;
+  rc = anna_speech_synthesize(s, &bad, on_chunk, &z, NULL, err, sizeof err);
+  ok("instructions to a 0.6B CustomVoice: ANNA_EINVAL", rc == ANNA_EINVAL && strstr(err, "0.6B CustomVoice"));
   bad = rq, bad.text_ids = NULL, bad.text = "hello";
   rc = anna_speech_synthesize(s, &bad, on_chunk, &z, NULL, err, sizeof err);
   ok("text without a tokenizer.json: ANNA_ENOTFOUND", rc == ANNA_ENOTFOUND && strstr(err, "tokenizer"));
