@@ -11,7 +11,7 @@ Writes two folders next to qwen3_tts, each a config.json variant plus a model.sa
                        instructions for it; it drops them for "0b6")
 and in each cases.json ({text, speaker, language, instruct, ids, instruct_ids, n_prefill,
 max_new_tokens, frames}) with prefill_logits_K.f32 (every prefill row) and codes_K.i32 (greedy, as
-mkfix_tts.py). The reference runs Qwen3TTSForConditionalGeneration.generate with instruct_ids as
+mkfix_tts.py; cli_codes_K.txt: the same as anna-speak --print-codes prints them). The reference runs Qwen3TTSForConditionalGeneration.generate with instruct_ids as
 the wrapper builds them: the Qwen2.5 tokenizer over `<|im_start|>user\\n{instruct}<|im_end|>\\n`
 (qwen-tts 0.1.1 _build_instruct_text).
 """
@@ -93,6 +93,8 @@ def main():
             c = codes[0].numpy().astype(np.int32)
             seen["logits"].astype(np.float32).tofile(os.path.join(out, f"prefill_logits_{k}.f32"))
             c.tofile(os.path.join(out, f"codes_{k}.i32"))
+            with open(os.path.join(out, f"cli_codes_{k}.txt"), "w") as f:  # anna-speak --print-codes
+                f.write("".join(",".join(map(str, r)) + "\n" for r in c))
             cases.append({"text": text, "speaker": spk, "language": lang, "instruct": instruct, "ids": ids,
                           "instruct_ids": ins, "n_prefill": seen["n"], "max_new_tokens": max_new,
                           "frames": int(c.shape[0])})

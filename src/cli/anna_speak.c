@@ -6,7 +6,11 @@
  *              [--format wav|pcm|flac|mp3|opus] [--stream] [--codec-dir DIR/speech_tokenizer]
  *              [--tokenizer DIR/tokenizer.json] [--text-ids a,b,...] [--max-frames N] [--greedy]
  *              [--seed N] [--threads N] [--chunk-frames N] [--first-chunk-frames N] [--print-codes]
+ *              [--instructions T | --instruct-ids a,b,...] [--speed X]
  *
+ * --instructions describes the voice (a VoiceDesign folder, which has no preset voices) or the
+ * style (a 1.7B CustomVoice), wrapped as qwen-tts wraps it; --speed stretches the audio in time
+ * without a pitch change (FFmpeg's atempo), [0.25, 4.0].
  * The text is wrapped as `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`
  * (the chat specials parsed, the text itself not); --text-ids gives those ids directly.
  * The tokenizer must be a tokenizer.json (a released folder ships vocab.json + merges.txt:
@@ -98,13 +102,17 @@ static void usage(FILE *f) {
              "  --chunk-frames N   frames per decoded chunk (default 16)\n"
              "  --first-chunk-frames N  frames of the first chunk (default: --chunk-frames)\n"
              "  --threads N        CPU threads (default 2)\n"
-             "  --print-codes      print the codes of every frame\n");
+             "  --print-codes      print the codes of every frame\n"
+             "  --instructions T   the voice / style in words (VoiceDesign, 1.7B CustomVoice)\n"
+             "  --instruct-ids a,b,...  ids of <|im_start|>user\\n{instructions}<|im_end|>\\n instead\n"
+             "  --speed X          playback speed in [0.25, 4.0] (libavfilter atempo; default 1)\n");
 }
 
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *text = NULL, *speaker = NULL, *language = "auto", *out_path = NULL;
   const char *codec_dir = NULL, *tok_path = NULL, *ids_arg = NULL, *format = NULL, *instructions = NULL;
-  const char *hf = NULL;
+  const char *hf = NULL, *ins_arg = NULL;
+  double speed = 1.0;
   int max_frames = 1024, greedy = 0, threads = 2, print_codes = 0, seed = 0, stream = 0, chunk = 0, first = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -129,6 +137,17 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--instructions")) {
       CLI_NEEDV();
       instructions = v;
+    } else if (!strcmp(a, "--instruct-ids")) {
+      CLI_NEEDV();
+      ins_arg = v;
+    } else if (!strcmp(a, "--speed")) {
+      CLI_NEEDV();
+      char *end;
+      speed = strtod(v, &end);
+      if (end == v || *end || !(speed >= 0.25 && speed <= 4.0)) {
+        fprintf(stderr, "error: --speed expects a number in [0.25, 4.0], got '%s'\n", v);
+        return 2;
+      }
     } else if (!strcmp(a, "--out")) {
       CLI_NEEDV();
       out_path = v;
@@ -191,10 +210,15 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: --format: %s\n", err);
     return 2;
   }
-  int32_t *ids = NULL;
-  int n_ids = 0;
+  int32_t *ids = NULL, *ins = NULL;
+  int n_ids = 0, n_ins = 0;
   if (ids_arg && parse_ids(ids_arg, &ids, &n_ids)) {
     fprintf(stderr, "error: --text-ids expects comma-separated non-negative integers\n");
+    return 2;
+  }
+  if (ins_arg && parse_ids(ins_arg, &ins, &n_ins)) {
+    fprintf(stderr, "error: --instruct-ids expects comma-separated non-negative integers\n");
+    free(ids);
     return 2;
   }
   anna_speech *s = NULL;
@@ -217,7 +241,10 @@ int main(int argc, char **argv) {
                                   .seed = (uint64_t)seed,
                                   .first_chunk_frames = first,
                                   .chunk_frames = chunk,
-                                  .on_frame = on_frame};
+                                  .on_frame = on_frame,
+                                  .instruct_ids = ins,
+                                  .n_instruct_ids = n_ins,
+                                  .speed = speed};
   rc = anna_speech_synthesize(s, &rq, on_chunk, &sp, &st, err, sizeof err);
   if (!rc && sp.rc) rc = sp.rc, snprintf(err, sizeof err, "%s", sp.err);
   if (!rc && sp.file) rc = anna_audio_encoder_finish(sp.file, err, sizeof err);
@@ -232,5 +259,6 @@ done:
   anna_audio_encoder_free(sp.stream);
   anna_speech_free(s);
   free(ids);
+  free(ins);
   return rc ? 1 : 0;
 }

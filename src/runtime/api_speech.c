@@ -13,6 +13,7 @@
 #include "backends/registry.h"
 #include "base/error.h"
 #include "base/tuning.h"
+#include "media/tempo.h"
 #include "model/kind.h"
 #include "model/tts_qwen3.h"
 #include "tokenizer/tokenizer.h"
@@ -197,14 +198,24 @@ typedef struct synth {
   anna_speech_chunk_fn fn;
   void *user;
   int32_t *codes; /* pending frames [cap * 16] */
-  int pending, first, later, sent_chunks;
+  int pending, first, later, sent_chunks, decoded;
   float *pcm; /* [max(first, later) * samples_per_frame] */
   anna_speech_stats st;
   double t0, codec_s;
   int rc;
   char *err;
   size_t errlen;
+  media_tempo *tempo; /* speed != 1: the PCM passes through atempo first (owned) */
 } synth;
+
+/* The caller's callback for PCM that is ready to leave (after the tempo filter, if any). */
+static int deliver(void *user, const float *pcm, int64_t n) {
+  synth *y = user;
+  if (!y->sent_chunks++) y->st.first_chunk_s = now_s() - y->t0;
+  y->st.n_samples += n;
+  if (y->fn(y->user, pcm, n)) y->st.stopped = 1;
+  return y->st.stopped;
+}
 
 static int flush_frames(synth *y) {
   if (!y->pending) return 0;
@@ -217,9 +228,10 @@ static int flush_frames(synth *y) {
   if (rc) return y->rc = rc;
   const int64_t n = (int64_t)y->pending * s->cd.samples_per_frame;
   y->pending = 0;
-  if (!y->sent_chunks++) y->st.first_chunk_s = now_s() - y->t0;
-  y->st.n_samples += n;
-  if (y->fn(y->user, y->pcm, n)) y->st.stopped = 1;
+  y->decoded++;
+  if (!y->tempo) return deliver(y, y->pcm, n);
+  rc = media_tempo_push(y->tempo, y->pcm, n, 0, deliver, y, y->err, y->errlen);
+  if (rc && !y->st.stopped) return y->rc = rc;
   return y->st.stopped;
 }
 
@@ -229,7 +241,7 @@ static int on_talker_frame(void *user, const int32_t *codes, int f) {
   if (y->rq->on_frame) y->rq->on_frame(y->user, codes, TTS_QWEN3_GROUPS, f);
   memcpy(y->codes + (int64_t)y->pending * TTS_QWEN3_GROUPS, codes, TTS_QWEN3_GROUPS * sizeof *codes);
   y->pending++;
-  const int due = y->sent_chunks ? y->later : y->first;
+  const int due = y->decoded ? y->later : y->first;
   if (y->pending < due) return 0;
   return flush_frames(y);
 }
@@ -238,6 +250,14 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
                            anna_speech_stats *st, char *err, size_t errlen) {
   if (st) memset(st, 0, sizeof *st);
   if (!s || !rq || !fn) return anna_err(err, errlen, ANNA_EINVAL, "anna_speech_synthesize: NULL argument");
+  const int speed_on = rq->speed != 0 && rq->speed != 1;
+  if (speed_on && !(rq->speed >= MEDIA_TEMPO_MIN && rq->speed <= MEDIA_TEMPO_MAX))
+    return anna_err(err, errlen, ANNA_EINVAL, "speed %g is not in [%g, %g]", rq->speed, MEDIA_TEMPO_MIN,
+                    MEDIA_TEMPO_MAX);
+  if (speed_on && !media_tempo_available())
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "speed %g: anna was built without libavfilter (install libavfilter-dev and reconfigure)",
+                    rq->speed);
   const double t0 = now_s();
   int32_t *own_ids = NULL, *own_ins = NULL;
   const int32_t *ids = rq->text_ids, *ins = rq->instruct_ids;
@@ -268,6 +288,11 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
   if (y.later > max_frames) y.later = max_frames;
   if (y.first > max_frames) y.first = max_frames;
   y.st.n_text_tokens = n_ids;
+  if (speed_on && (rc = media_tempo_create(&y.tempo, anna_speech_sample_rate(s), rq->speed, err, errlen))) {
+    free(own_ids);
+    free(own_ins);
+    return rc;
+  }
   tts_qwen3_request tr = {.ids = ids,
                           .n_ids = n_ids,
                           .speaker = rq->voice,
@@ -313,6 +338,10 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
   if (!rc) rc = y.rc; /* a codec failure inside the callback */
   if (!rc && !y.st.stopped) flush_frames(&y);
   if (!rc) rc = y.rc;
+  if (!rc && y.tempo && !y.st.stopped) { /* the filter's tail */
+    rc = media_tempo_push(y.tempo, NULL, 0, 1, deliver, &y, err, errlen);
+    if (y.st.stopped) rc = 0;
+  }
   if (!rc && y.st.n_frames == 0)
     rc = anna_err(err, errlen, ANNA_ERANGE, "the talker produced no frames (codec eos first)");
 done:
@@ -324,6 +353,7 @@ done:
   if (be) be->destroy(be);
   free(y.codes);
   free(y.pcm);
+  media_tempo_free(y.tempo);
   free(own_ids);
   free(own_ins);
   return rc;
