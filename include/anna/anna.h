@@ -1197,8 +1197,11 @@ int anna_speech_sample_rate(const anna_speech *s);   /* 24000 */
 int anna_speech_frame_samples(const anna_speech *s); /* PCM samples per codec frame (1920) */
 /* e.g. "qwen3_tts: talker 28 layers, ...; codec ...". Borrowed. */
 const char *anna_speech_describe(const anna_speech *s);
-/* Preset voice i (the checkpoint's speakers, lower case; borrowed), NULL past the last. */
+/* Preset voice i (the checkpoint's speakers, lower case; borrowed), NULL past the last (at
+ * once for a VoiceDesign folder, which has none). */
 const char *anna_speech_voice(const anna_speech *s, int i);
+/* (API next) 1 when the checkpoint takes instructions (VoiceDesign; CustomVoice but the 0.6B). */
+int anna_speech_takes_instructions(const anna_speech *s);
 
 typedef struct anna_speech_request {
   const char *text;         /* UTF-8, non-empty; ignored when text_ids is given */

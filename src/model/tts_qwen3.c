@@ -731,6 +731,10 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
   return 0;
 }
 
+int tts_qwen3_takes_instructions(const tts_qwen3 *m) {
+  return !m->no_instruct;
+}
+
 const char *tts_qwen3_speaker(const tts_qwen3 *m, int i) {
   return i >= 0 && i < m->n_spk ? m->spk[i].name : NULL;
 }

@@ -149,6 +149,10 @@ const char *anna_speech_describe(const anna_speech *s) {
   return s->describe;
 }
 
+int anna_speech_takes_instructions(const anna_speech *s) {
+  return s && tts_qwen3_takes_instructions(s->talker);
+}
+
 const char *anna_speech_voice(const anna_speech *s, int i) {
   return tts_qwen3_speaker(s->talker, i);
 }

@@ -34,7 +34,8 @@ typedef struct sjob {
   pthread_cond_t cv;
   int refs;
   /* request (immutable once queued) */
-  char *input, *voice, *language, *format, rid[80];
+  char *input, *voice, *language, *format, *instructions, rid[80];
+  double speed; /* 1: unchanged */
   int sse;
   uint64_t seed;
   int delay_ms; /* --debug-hooks: sleep after each 1-frame chunk (disconnect tests) */
@@ -67,6 +68,7 @@ static void job_release(sjob *j) {
   pthread_mutex_destroy(&j->mu);
   pthread_cond_destroy(&j->cv);
   free(j->input), free(j->voice), free(j->language), free(j->format), free(j->buf);
+  free(j->instructions);
   free(j);
 }
 
@@ -188,6 +190,8 @@ static void job_run(speech_server *s, sjob *j) {
                                     .voice = j->voice,
                                     .language = j->language,
                                     .seed = j->seed,
+                                    .instructions = j->instructions,
+                                    .speed = j->speed,
                                     .first_chunk_frames = j->delay_ms > 0 ? 1 : SPEECH_FIRST_CHUNK,
                                     .chunk_frames = j->delay_ms > 0 ? 1 : 16};
     rc = anna_speech_synthesize(s->sp, &rq, on_chunk, &g, &st, err, sizeof err);
@@ -452,10 +456,14 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     voice = json_string_value(id);
   } else if (json_is_string(v)) {
     voice = json_string_value(v);
-  } else {
+  } else if (anna_speech_voice(s->sp, 0) || (v && !json_is_null(v))) {
     BAD("voice", "'voice' is required: a preset voice name, got %s", v ? type_name(v) : "nothing");
   }
-  int found = 0;
+  /* a VoiceDesign model has no preset voices: the voice comes from the instructions, and the
+   * `voice` OpenAI's clients must send is not used */
+  const int design = !anna_speech_voice(s->sp, 0);
+  if (!voice) voice = "";
+  int found = design;
   char have[512] = "";
   for (int i = 0; anna_speech_voice(s->sp, i); i++) {
     const char *name = anna_speech_voice(s->sp, i);
@@ -468,16 +476,22 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     BAD("voice", "unknown voice '%.64s': this model's voices are %s (OpenAI's voice names are not Qwen3-TTS speakers)",
         voice, have);
   }
-  j->voice = strdup(voice);
+  j->voice = strdup(design ? "" : voice);
   v = json_object_get(root, "instructions");
   if (v && !json_is_null(v)) {
     if (!json_is_string(v)) BAD("instructions", "'instructions' must be a string, got %s", type_name(v));
     if (*json_string_value(v)) {
-      *code = "unsupported_parameter";
-      BAD("instructions", "'instructions' is not supported: this runtime implements Qwen3-TTS's preset-voice prompt "
-                          "only (no voice design / instruct prompt)");
+      if (!anna_speech_takes_instructions(s->sp)) {
+        *code = "unsupported_parameter";
+        BAD("instructions", "'instructions' is not supported by this model: a 0.6B CustomVoice checkpoint takes none "
+                            "(use a 1.7B CustomVoice or a VoiceDesign checkpoint)");
+      }
+      if (!(j->instructions = strdup(json_string_value(v)))) BAD(NULL, "out of memory");
     }
   }
+  if (design && !j->instructions)
+    BAD("instructions", "'instructions' is required: this VoiceDesign model has no preset voices, the instructions "
+                        "describe the voice");
   v = json_object_get(root, "response_format");
   const char *fmt = "mp3"; /* OpenAI's default */
   if (v && !json_is_null(v)) {
@@ -499,11 +513,7 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     if (!json_is_number(v)) BAD("speed", "'speed' must be a number, got %s", type_name(v));
     const double sp = json_number_value(v);
     if (!(sp >= 0.25 && sp <= 4.0)) BAD("speed", "'speed' must be in [0.25, 4.0], got %g", sp);
-    if (sp != 1.0) {
-      *code = "unsupported_parameter";
-      BAD("speed", "'speed' %g is not supported: Qwen3-TTS has no rate control and this server does not time-stretch "
-                   "(only 1.0)", sp);
-    }
+    j->speed = sp; /* time-stretched by the speech API (libavfilter's atempo) */
   }
   v = json_object_get(root, "stream_format");
   if (v && !json_is_null(v)) {

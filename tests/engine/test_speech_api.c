@@ -245,6 +245,24 @@ int main(void) {
     free(eb.b);
   }
 
+  /* speed (libavfilter atempo): about n / speed samples, counted in the stats as delivered */
+  {
+    collect f1 = {0}, f2 = {0};
+    anna_speech_request r1 = rs;
+    r1.first_chunk_frames = 0, r1.chunk_frames = 0;
+    int r = anna_speech_synthesize(s, &r1, on_chunk, &f1, NULL, err, sizeof err);
+    r1.speed = 2.0;
+    if (!r) r = anna_speech_synthesize(s, &r1, on_chunk, &f2, &st, err, sizeof err);
+    if (r) printf("  speed: %s\n", err);
+    printf("  speed 2: %lld of %lld samples\n", (long long)f2.n, (long long)f1.n);
+    ok("speed 2: about half the samples (5%), stats count them",
+       !r && f1.n > 0 && llabs(2 * f2.n - f1.n) <= f1.n / 20 && st.n_samples == f2.n);
+    r1.speed = 4.5;
+    r = anna_speech_synthesize(s, &r1, on_chunk, &f2, NULL, err, sizeof err);
+    ok("speed 4.5: ANNA_EINVAL naming [0.25, 4]", r == ANNA_EINVAL && strstr(err, "[0.25, 4]"));
+    free(f1.pcm), free(f2.pcm);
+  }
+
   /* stop from the callback */
   collect d = {.stop_after = 1};
   rs.first_chunk_frames = 2, rs.chunk_frames = 2;

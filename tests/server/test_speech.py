@@ -10,7 +10,11 @@ speech_tokenizer/, and the Qwen2.5 tokenizer.json that scripts/fetch_tokenizers.
   Content-Type; stream_format=sse gives speech.audio.delta events whose base64 audio
   concatenates to the same bytes, then one speech.audio.done with usage;
 - bad input is a 4xx naming the field and the process stays up;
-- a client that leaves mid-stream cancels its synthesis at once (debug_delay_ms hook).
+- a client that leaves mid-stream cancels its synthesis at once (debug_delay_ms hook);
+- speed (libavfilter atempo): 2.0 gives about half the samples, 0.5 about twice;
+- a VoiceDesign folder (tests/fixtures/qwen3_tts_design, same weights) answers with the
+  instructions as anna-speak --instructions does (pcm byte-identical), needs instructions, and
+  ignores the voice OpenAI's clients must send; the 0.6B CustomVoice refuses instructions.
 """
 import base64
 import ctypes
@@ -176,7 +180,7 @@ def test_sse(tts, model_dir):
     ({"model": NAME, "input": TEXT}, 400, "voice"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "response_format": "aac"}, 400, "response_format"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "response_format": "ogg"}, 400, "response_format"),
-    ({"model": NAME, "input": TEXT, "voice": "ryan", "speed": 1.5}, 400, "speed"),
+    ({"model": NAME, "input": TEXT, "voice": "ryan", "speed": 0.1}, 400, "speed"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "speed": 9}, 400, "speed"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "instructions": "whisper"}, 400, "instructions"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "stream_format": "ws"}, 400, "stream_format"),
@@ -249,5 +253,51 @@ def test_speech_on_text_model_refused(fixture_model):
     try:
         st, _, out = post(s, {"model": "x", "input": TEXT, "voice": "ryan"})
         assert st == 400 and "not a speech model" in json.loads(out)["error"]["message"]
+    finally:
+        s.stop()
+
+
+def test_speed_stretches(tts):
+    client = tts.client()
+    n1 = len(client.audio.speech.create(model=NAME, voice="vivian", input=TEXT, response_format="pcm",
+                                        extra_body={"seed": 4}).content) // 2
+    n2 = len(client.audio.speech.create(model=NAME, voice="vivian", input=TEXT, response_format="pcm", speed=2.0,
+                                        extra_body={"seed": 4}).content) // 2
+    rate, ch, n05 = decode(client.audio.speech.create(model=NAME, voice="vivian", input=TEXT, response_format="wav",
+                                                      speed=0.5, extra_body={"seed": 4}).content, "wav")
+    assert (rate, ch) == (24000, 1)
+    assert abs(n2 - n1 / 2) <= 0.05 * n1 / 2, (n1, n2)
+    assert abs(n05 - n1 * 2) <= 0.05 * n1 * 2, (n1, n05)
+
+
+@pytest.fixture(scope="module")
+def design_dir():
+    assert os.path.exists(TOK), "needs scripts/fetch_tokenizers.sh (the qwen2.5 tokenizer.json)"
+    d = tempfile.mkdtemp(prefix="anna_tts_design_")
+    fx = os.path.join(ROOT, "tests", "fixtures")
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        os.symlink(os.path.realpath(os.path.join(fx, "qwen3_tts_design", f)), os.path.join(d, f))
+    os.symlink(os.path.join(fx, "qwen3_tts_codec"), os.path.join(d, "speech_tokenizer"))
+    os.symlink(TOK, os.path.join(d, "tokenizer.json"))
+    return d
+
+
+DESIGN = "A calm, deep male voice, speaking slowly."
+
+
+def test_voice_design(design_dir):
+    s = Server(design_dir, "--model-name", NAME)
+    try:
+        client = s.client()
+        data = client.audio.speech.create(model=NAME, voice="alloy", input=TEXT, response_format="pcm",
+                                          instructions=DESIGN).content
+        r = subprocess.run([speak_bin(), "--model-dir", design_dir, "--text", TEXT, "--instructions", DESIGN,
+                            "--seed", "0", "--first-chunk-frames", "2", "--chunk-frames", "16", "--stream"],
+                           capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()
+        assert len(data) > 0 and data == r.stdout
+        st, _, out = post(s, {"model": NAME, "input": TEXT, "voice": "alloy"})
+        err = json.loads(out)["error"]
+        assert st == 400 and err["param"] == "instructions" and "VoiceDesign" in err["message"]
     finally:
         s.stop()
