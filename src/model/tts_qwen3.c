@@ -46,6 +46,7 @@ struct tts_qwen3 {
   tts_sampling talk, sub;
   int min_new;
   int voice_design;   /* tts_model_type "voice_design": no preset speakers, instructions */
+  int base;           /* tts_model_type "base": voice cloning (speaker_embed), no presets */
   int no_instruct;    /* a 0.6B CustomVoice checkpoint: qwen-tts drops its instructions */
   char describe[200];
 };
@@ -159,7 +160,7 @@ static int parse_top(tts_qwen3 *m, const char *dir, char *err, size_t errlen) {
     goto out;
   }
   if (json_is_string(ty) && strcmp(json_string_value(ty), "custom_voice") &&
-      strcmp(json_string_value(ty), "voice_design")) {
+      strcmp(json_string_value(ty), "voice_design") && strcmp(json_string_value(ty), "base")) {
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
                   "%s: tts_model_type '%s' is not supported (have: custom_voice, voice_design; voice cloning "
                   "(base) is not implemented)",
@@ -167,6 +168,7 @@ static int parse_top(tts_qwen3 *m, const char *dir, char *err, size_t errlen) {
     goto out;
   }
   m->voice_design = json_is_string(ty) && !strcmp(json_string_value(ty), "voice_design");
+  m->base = json_is_string(ty) && !strcmp(json_string_value(ty), "base");
   {
     /* qwen-tts' generate_custom_voice sets instruct = None when tts_model_size is "0b6" */
     const json_t *sz = json_object_get(root, "tts_model_size");
@@ -210,10 +212,10 @@ static int parse_top(tts_qwen3 *m, const char *dir, char *err, size_t errlen) {
                     m->text_vocab);
       goto out;
     }
-  if ((!m->voice_design || json_object_get(tc, "spk_id")) &&
+  if ((!(m->voice_design || m->base) || json_object_get(tc, "spk_id")) &&
       (rc = read_names(tc, "spk_id", m->spk, &m->n_spk, V, path, err, errlen)))
     goto out;
-  if (m->voice_design) m->n_spk = 0; /* the wrapper passes no speaker to a design checkpoint */
+  if (m->voice_design || m->base) m->n_spk = 0; /* the wrapper passes no preset speaker to these */
   if (
       (rc = read_names(tc, "codec_language_id", m->lang, &m->n_lang, V, path, err, errlen)))
     goto out;
@@ -565,6 +567,13 @@ static int plan(const tts_qwen3 *m, const tts_qwen3_request *rq, prompt *p, char
                         rq->instruct_ids[i], i, m->text_vocab);
     p->n_instruct = rq->n_instruct_ids;
   }
+  if (rq->speaker_embed && rq->speaker && *rq->speaker)
+    return anna_err(err, errlen, ANNA_EINVAL, "a preset voice and a cloned voice together");
+  if (rq->speaker_embed && !m->base)
+    return anna_err(err, errlen, ANNA_EINVAL, "a cloned voice needs a Base checkpoint (tts_model_type \"base\")");
+  if (m->base && !rq->speaker_embed)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "a Base checkpoint speaks with a cloned voice: give a reference clip (it has no preset voices)");
   if (m->voice_design && rq->speaker && *rq->speaker)
     return anna_err(err, errlen, ANNA_EINVAL,
                     "voice '%s': a VoiceDesign checkpoint has no preset voices (describe the voice in the "
@@ -599,6 +608,7 @@ static int plan(const tts_qwen3 *m, const tts_qwen3_request *rq, prompt *p, char
   }
   p->codec[p->n_codec++] = m->c_think_eos;
   if (spk) p->codec[p->n_codec++] = spk->id;
+  if (rq->speaker_embed) p->codec[p->n_codec++] = -1; /* the x-vector's row */
   p->codec[p->n_codec++] = m->c_pad;
   p->codec[p->n_codec++] = m->c_bos;
   p->body = 3;
@@ -692,7 +702,10 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
   text_rows(s, tts3, 3, s->tts_rows);
   const float *pad_row = s->tts_rows, *bos_row = s->tts_rows + H, *eos_row = s->tts_rows + 2 * H;
   for (int i = 0; i < p.n_codec - 1; i++, r += H) {
-    table_row(s, &m->talker->embed, p.codec[i], r);
+    if (p.codec[i] < 0)
+      memcpy(r, rq->speaker_embed, (size_t)H * sizeof(float));
+    else
+      table_row(s, &m->talker->embed, p.codec[i], r);
     add_row(r, i < p.n_codec - 2 ? pad_row : bos_row, H);
   }
   text_rows(s, rq->ids + p.body, p.n_body, r);

@@ -66,6 +66,9 @@ typedef struct tts_qwen3_request {
   /* ids of `<|im_start|>user\n{instruct}<|im_end|>\n` (borrowed; NULL / 0: no instruction) */
   const int32_t *instruct_ids;
   int n_instruct_ids;
+  /* a Base checkpoint's voice clone (x_vector_only_mode): the speaker encoder's x-vector
+   * [hidden] in place of a preset speaker's row (borrowed; NULL: none) */
+  const float *speaker_embed;
 } tts_qwen3_request;
 
 /* Caller frees with tts_qwen3_free. */
