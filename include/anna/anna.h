@@ -1174,8 +1174,9 @@ int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char
  * style, prepended to the prompt as qwen-tts does; a 0.6B CustomVoice refuses them
  * (ANNA_EINVAL: qwen-tts silently drops them). Speed (API next): the PCM is time-stretched
  * without a pitch change by FFmpeg's atempo filter (libavfilter), chunk by chunk.
- * Not supported, refused with ANNA_EUNSUPPORTED naming it: voice cloning (Base checkpoints,
- * refused at load). */
+ * Voice cloning (API next): a Base folder speaks with the x-vector of a reference clip
+ * (anna_speech_clone_embed) in place of a preset voice, as qwen-tts' x_vector_only_mode does.
+ * Not supported: in-context cloning (the clip's codes and transcript in the prompt). */
 typedef struct anna_speech anna_speech;
 
 typedef struct anna_speech_options {
@@ -1202,6 +1203,18 @@ const char *anna_speech_describe(const anna_speech *s);
 const char *anna_speech_voice(const anna_speech *s, int i);
 /* (API next) 1 when the checkpoint takes instructions (VoiceDesign; CustomVoice but the 0.6B). */
 int anna_speech_takes_instructions(const anna_speech *s);
+/* (API next) Voice cloning with a Base folder (tts_model_type "base", its speaker encoder): the
+ * width of a voice's x-vector (the talker's hidden size), 0 for other folders. */
+int anna_speech_clone_dim(const anna_speech *s);
+#define ANNA_SPEECH_CLONE_MAX_SECONDS 60.0 /* a longer reference clip is refused */
+/* (API next) The x-vector of a reference clip (an encoded file data[0..n): WAV, FLAC, OGG,
+ * MP3 as anna_media_audio_decode reads; channels averaged and resampled to 24 kHz as qwen-tts
+ * loads it) into out[anna_speech_clone_dim(s)], for anna_speech_request.voice_embed (qwen-tts'
+ * x_vector_only_mode; in-context cloning with the clip's transcript is not implemented).
+ * ANNA_EUNSUPPORTED without a speaker encoder; ANNA_EINVAL for bad, empty, too short or over
+ * 60-s audio (named). Thread-safe with synthesis (the encoder is read-only). */
+int anna_speech_clone_embed(const anna_speech *s, const void *data, size_t n, float *out, char *err,
+                            size_t errlen);
 
 typedef struct anna_speech_request {
   const char *text;         /* UTF-8, non-empty; ignored when text_ids is given */
@@ -1225,6 +1238,9 @@ typedef struct anna_speech_request {
    * range), applied with libavfilter's atempo (ANNA_EUNSUPPORTED in a build without it). The
    * chunks then carry about n / speed samples; stats.n_samples counts what was delivered. */
   double speed;
+  /* (API next) a cloned voice: anna_speech_clone_embed's x-vector (borrowed; a Base folder
+   * needs it, others refuse it; not with `voice`) */
+  const float *voice_embed;
 } anna_speech_request;
 
 /* Receives pcm[0, n) (borrowed for the call: copy what you keep). A nonzero return stops the

@@ -7,6 +7,11 @@
  *              [--tokenizer DIR/tokenizer.json] [--text-ids a,b,...] [--max-frames N] [--greedy]
  *              [--seed N] [--threads N] [--chunk-frames N] [--first-chunk-frames N] [--print-codes]
  *              [--instructions T | --instruct-ids a,b,...] [--speed X] [--progress | --no-progress]
+ *              [--ref-audio FILE]
+ *
+ * --ref-audio clones the voice of a clip with a Base folder: its x-vector (the speaker encoder)
+ * takes the place of a preset voice (qwen-tts' x_vector_only_mode); --ref-text (in-context
+ * cloning) is refused as not implemented.
  *
  * Without --text / --text-ids the text is read from stdin (a long document): cut into sentences
  * (after . ! ? ; or the CJK 。！？； followed by white space, at blank lines, and at a space
@@ -204,7 +209,8 @@ static void usage(FILE *f) {
              "  --instruct-ids a,b,...  ids of <|im_start|>user\\n{instructions}<|im_end|>\\n instead\n"
              "  --speed X          playback speed in [0.25, 4.0] (libavfilter atempo; default 1)\n"
              "  (no --text/--text-ids: the text is read from stdin, sentence by sentence)\n"
-             "  --progress, --no-progress  the sentence bar on stderr (default: on a TTY)\n");
+             "  --progress, --no-progress  the sentence bar on stderr (default: on a TTY)\n"
+             "  --ref-audio FILE   clone the voice of this clip (a Base folder; x-vector only, up to 60 s)\n");
 }
 
 int main(int argc, char **argv) {
@@ -213,6 +219,8 @@ int main(int argc, char **argv) {
   const char *hf = NULL, *ins_arg = NULL;
   double speed = 1.0;
   int bar = -1;
+  const char *ref_audio = NULL;
+  float *xvec = NULL;
   int max_frames = 1024, greedy = 0, threads = 2, print_codes = 0, seed = 0, stream = 0, chunk = 0, first = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -237,6 +245,14 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--instructions")) {
       CLI_NEEDV();
       instructions = v;
+    } else if (!strcmp(a, "--ref-audio")) {
+      CLI_NEEDV();
+      ref_audio = v;
+    } else if (!strcmp(a, "--ref-text")) {
+      CLI_NEEDV();
+      fprintf(stderr, "error: --ref-text (in-context cloning: the clip's codes and transcript in the prompt) is not "
+                      "implemented; --ref-audio alone clones the voice from its x-vector\n");
+      return 2;
     } else if (!strcmp(a, "--progress")) {
       bar = 1;
     } else if (!strcmp(a, "--no-progress")) {
@@ -335,6 +351,26 @@ int main(int argc, char **argv) {
   if (!rc && out_path) rc = anna_audio_encoder_file(&sp.file, format, anna_speech_sample_rate(s), out_path, err, sizeof err);
   if (!rc && stream)
     rc = anna_audio_encoder_stream(&sp.stream, "pcm", anna_speech_sample_rate(s), to_stdout, NULL, err, sizeof err);
+  if (!rc && ref_audio) { /* the reference clip's x-vector (a Base folder's speaker encoder) */
+    FILE *rf = fopen(ref_audio, "rb");
+    unsigned char *rb = NULL;
+    long rl = -1;
+    if (rf && !fseek(rf, 0, SEEK_END) && (rl = ftell(rf)) >= 0 && !fseek(rf, 0, SEEK_SET) &&
+        (rb = malloc((size_t)rl + 1)) && fread(rb, 1, (size_t)rl, rf) != (size_t)rl)
+      rl = -1;
+    if (rf) fclose(rf);
+    const int D = anna_speech_clone_dim(s);
+    if (rl < 0)
+      rc = anna_err(err, sizeof err, ANNA_EIO, "--ref-audio %s: cannot read the file", ref_audio);
+    else if (!D)
+      rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED, "--ref-audio: %s is not a Qwen3-TTS Base folder (no speaker "
+                    "encoder to clone a voice with)", model_dir);
+    else if (!(xvec = malloc(sizeof *xvec * (size_t)D)))
+      rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
+    else
+      rc = anna_speech_clone_embed(s, rb, (size_t)rl, xvec, err, sizeof err);
+    free(rb);
+  }
   if (rc) goto done;
   /* no --text / --text-ids: the text comes from stdin, synthesized sentence by sentence into
    * the one output */
@@ -366,7 +402,8 @@ int main(int argc, char **argv) {
                                   .on_frame = on_frame,
                                   .instruct_ids = ins,
                                   .n_instruct_ids = n_ins,
-                                  .speed = speed};
+                                  .speed = speed,
+                                  .voice_embed = xvec};
   rc = anna_speech_synthesize(s, &rq, on_chunk, &sp, &st, err, sizeof err);
   if (!rc && sp.rc) rc = sp.rc, snprintf(err, sizeof err, "%s", sp.err);
   if (rc && sent) {
@@ -391,6 +428,7 @@ done:
   for (int i = 0; sent && i < n_sent; i++) free(sent[i]);
   free(sent);
   free(doc);
+  free(xvec);
   anna_audio_encoder_free(sp.file);
   anna_audio_encoder_free(sp.stream);
   anna_speech_free(s);

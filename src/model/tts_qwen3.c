@@ -744,6 +744,10 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
   return 0;
 }
 
+int tts_qwen3_is_base(const tts_qwen3 *m) {
+  return m->base;
+}
+
 int tts_qwen3_takes_instructions(const tts_qwen3 *m) {
   return !m->no_instruct;
 }

@@ -80,6 +80,8 @@ int tts_qwen3_vocab(const tts_qwen3 *m);
 const char *tts_qwen3_speaker(const tts_qwen3 *m, int i);
 /* 1 when the checkpoint takes instructions (VoiceDesign, or a CustomVoice not of size "0b6"). */
 int tts_qwen3_takes_instructions(const tts_qwen3 *m);
+/* 1 for a Base checkpoint (voice cloning: requests carry speaker_embed). */
+int tts_qwen3_is_base(const tts_qwen3 *m);
 /* The shape a backend sizes its scratch for (both decoders), contexts of n_ctx positions. */
 void tts_qwen3_backend_shape(const tts_qwen3 *m, int n_ctx, ops_model_shape *out);
 

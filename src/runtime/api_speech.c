@@ -13,9 +13,11 @@
 #include "backends/registry.h"
 #include "base/error.h"
 #include "base/tuning.h"
+#include "media/audio.h"
 #include "media/tempo.h"
 #include "model/kind.h"
 #include "model/tts_qwen3.h"
+#include "model/tts_spk_qwen3.h"
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
@@ -33,6 +35,7 @@
 
 struct anna_speech {
   tts_qwen3 *talker;
+  tts_spk *spk; /* a Base checkpoint's speaker encoder (NULL otherwise) */
   tokenizer *tok; /* NULL: no tokenizer.json (text_ids requests only) */
   char tok_path[PATH_MAX];
   const model_kind *ck;
@@ -69,6 +72,7 @@ void anna_speech_free(anna_speech *s) {
   if (s->codec) s->ck->free(s->codec);
   tokenizer_free(s->tok);
   tts_qwen3_free(s->talker);
+  tts_spk_free(s->spk);
   free(s);
 }
 
@@ -87,6 +91,7 @@ int anna_speech_load(anna_speech **out, const char *dir, const anna_speech_optio
   s->max_frames = o.max_frames > 0 ? o.max_frames : 2048;
   int rc = tuning_from_env(&s->tuning, o.tuning, err, errlen);
   if (!rc) rc = tts_qwen3_load(&s->talker, dir, err, errlen);
+  if (!rc && tts_qwen3_is_base(s->talker)) rc = tts_spk_load(&s->spk, dir, err, errlen);
   if (rc) goto fail;
   /* the tokenizer: optional at load, so fixtures without one still serve text_ids */
   if (o.tokenizer)
@@ -147,6 +152,25 @@ int anna_speech_frame_samples(const anna_speech *s) {
 
 const char *anna_speech_describe(const anna_speech *s) {
   return s->describe;
+}
+
+int anna_speech_clone_dim(const anna_speech *s) {
+  return s && s->spk ? tts_spk_dim(s->spk) : 0;
+}
+
+int anna_speech_clone_embed(const anna_speech *s, const void *audio, size_t n, float *out, char *err,
+                            size_t errlen) {
+  if (!s || !s->spk)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "voice cloning needs a Qwen3-TTS Base checkpoint (this one has no speaker encoder)");
+  if (!out) return anna_err(err, errlen, ANNA_EINVAL, "anna_speech_clone_embed: NULL output");
+  media_audio au;
+  /* as qwen-tts: decoded, channels averaged, resampled (soxr HQ) to 24 kHz, not normalised */
+  int rc = media_audio_decode_rate(audio, n, ANNA_SPEECH_CLONE_MAX_SECONDS, TTS_SPK_RATE, &au, err, errlen);
+  if (rc) return rc;
+  rc = tts_spk_embed(s->spk, au.samples, au.n, out, err, errlen);
+  media_audio_free(&au);
+  return rc;
 }
 
 int anna_speech_takes_instructions(const anna_speech *s) {
@@ -307,7 +331,8 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
                           .greedy = rq->greedy,
                           .seed = rq->seed,
                           .on_frame = on_talker_frame,
-                          .user = &y};
+                          .user = &y,
+                          .speaker_embed = rq->voice_embed};
   tts_qwen3_state *ts = NULL;
   ops_backend *be = NULL;
   const int P = tts_qwen3_prefill_len(s->talker, &tr, err, errlen);
