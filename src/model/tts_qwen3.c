@@ -172,7 +172,7 @@ static int parse_top(tts_qwen3 *m, const char *dir, char *err, size_t errlen) {
   {
     /* qwen-tts' generate_custom_voice sets instruct = None when tts_model_size is "0b6" */
     const json_t *sz = json_object_get(root, "tts_model_size");
-    m->no_instruct = !m->voice_design && json_is_string(sz) && strstr("0b6", json_string_value(sz));
+    m->no_instruct = m->base || (!m->voice_design && json_is_string(sz) && strstr("0b6", json_string_value(sz)));
   }
   m->im_start = 151644, m->im_end = 151645, m->tts_pad = 151671, m->tts_bos = 151672, m->tts_eos = 151673;
   int groups = NG;
@@ -558,8 +558,9 @@ static int plan(const tts_qwen3 *m, const tts_qwen3_request *rq, prompt *p, char
   if (rq->n_instruct_ids > 0) {
     if (m->no_instruct)
       return anna_err(err, errlen, ANNA_EINVAL,
-                      "instructions: this 0.6B CustomVoice checkpoint takes none (qwen-tts drops them); use a "
-                      "1.7B CustomVoice or a VoiceDesign checkpoint");
+                      m->base ? "instructions: a Base (voice clone) checkpoint takes none (qwen-tts passes none)"
+                              : "instructions: this 0.6B CustomVoice checkpoint takes none (qwen-tts drops them); use "
+                                "a 1.7B CustomVoice or a VoiceDesign checkpoint");
     if (!rq->instruct_ids) return anna_err(err, errlen, ANNA_EINVAL, "instruction ids: NULL");
     for (int i = 0; i < rq->n_instruct_ids; i++)
       if (rq->instruct_ids[i] < 0 || rq->instruct_ids[i] >= m->text_vocab)
