@@ -76,8 +76,14 @@ static int conv_load(conv *c, const safetensors_set *st, const char *name, int c
   return 0;
 }
 
-static int jints(const json_t *o, const char *key, int *out, int max, int *n) {
+/* an int list of the config, or (absent) Qwen3TTSSpeakerEncoderConfig's default def[0..nd) */
+static int jints(const json_t *o, const char *key, int *out, int max, int *n, const int *def, int nd) {
   const json_t *a = json_object_get(o, key);
+  if (!a) {
+    memcpy(out, def, sizeof *out * (size_t)nd);
+    *n = nd;
+    return 0;
+  }
   if (!json_is_array(a) || json_array_size(a) < 1 || (int)json_array_size(a) > max) return -1;
   for (size_t i = 0; i < json_array_size(a); i++) {
     if (!json_is_integer(json_array_get(a, i))) return -1;
@@ -133,11 +139,13 @@ int tts_spk_load(tts_spk **out, const char *dir, char *err, size_t errlen) {
   safetensors_set *st = NULL;
   int rc = e ? 0 : anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   const json_t *sc = json_object_get(root, "speaker_encoder_config");
+  /* the config class's defaults (the released Base checkpoints) for absent keys */
+  static const int def_ch[5] = {512, 512, 512, 512, 1536}, def_ks[5] = {5, 3, 3, 3, 1}, def_dil[5] = {1, 2, 3, 4, 1};
   int n2 = 0, n3 = 0, att = 0, se = 0;
   if (!rc && (!json_is_object(sc) || jint1(sc, "mel_dim", 128, &e->mel_dim) || jint1(sc, "enc_dim", 1024, &e->dim) ||
-              jints(sc, "enc_channels", e->ch, MAX_BLOCKS, &e->n_ch) ||
-              jints(sc, "enc_kernel_sizes", e->ks, MAX_BLOCKS, &n2) ||
-              jints(sc, "enc_dilations", e->dil, MAX_BLOCKS, &n3) ||
+              jints(sc, "enc_channels", e->ch, MAX_BLOCKS, &e->n_ch, def_ch, 5) ||
+              jints(sc, "enc_kernel_sizes", e->ks, MAX_BLOCKS, &n2, def_ks, 5) ||
+              jints(sc, "enc_dilations", e->dil, MAX_BLOCKS, &n3, def_dil, 5) ||
               jint1(sc, "enc_attention_channels", 128, &att) || jint1(sc, "enc_res2net_scale", 8, &e->scale) ||
               jint1(sc, "enc_se_channels", 128, &se) || n2 != e->n_ch || n3 != e->n_ch || e->n_ch < 3 ||
               e->mel_dim != N_MELS || e->scale > 16))
@@ -194,46 +202,78 @@ int tts_spk_load(tts_spk **out, const char *dir, char *err, size_t errlen) {
 /* ---- forward ---- */
 
 /* y[co][L] = conv(x[ci][L]) with 'same' reflect padding (PyTorch: left = total / 2), + bias,
- * then ReLU when relu. */
-static void conv_run(const conv *c, const float *x, int64_t L, float *y, int relu) {
-  const int total = c->d * (c->k - 1), left = total / 2;
-  for (int o = 0; o < c->co; o++) {
-    for (int64_t t = 0; t < L; t++) {
-      double acc = c->b[o];
-      for (int i = 0; i < c->ci; i++) {
-        const float *w = c->w + ((int64_t)o * c->ci + i) * c->k, *xi = x + (int64_t)i * L;
-        for (int k = 0; k < c->k; k++) {
-          int64_t j = t - left + (int64_t)k * c->d;
+ * then ReLU when relu. As a matrix product: the input's k shifted (reflected) copies stacked
+ * into rows j = i * k + kk (im2col; the input itself when k = 1), then each output row is the
+ * bias plus a weighted sum of those rows, 8 output rows per pass over an input row (float
+ * accumulation along contiguous time, which the compiler vectorizes). Returns -1 when out of
+ * memory. */
+static int conv_run(const conv *c, const float *x, int64_t L, float *y, int relu) {
+  const int K = c->k, J = c->ci * K, total = c->d * (K - 1), left = total / 2;
+  const float *X = x;
+  float *col = NULL;
+  if (K > 1) {
+    if (!(col = malloc(sizeof(float) * (size_t)J * (size_t)L))) return -1;
+    for (int i = 0; i < c->ci; i++)
+      for (int kk = 0; kk < K; kk++) {
+        float *row = col + ((int64_t)i * K + kk) * L;
+        const float *xi = x + (int64_t)i * L;
+        for (int64_t t = 0; t < L; t++) {
+          int64_t j = t - left + (int64_t)kk * c->d;
           if (j < 0) j = -j;
           if (j >= L) j = 2 * (L - 1) - j;
-          acc += (double)w[k] * xi[j];
+          row[t] = xi[j];
         }
       }
-      float v = (float)acc;
-      y[(int64_t)o * L + t] = relu && v < 0 ? 0 : v;
-    }
+    X = col;
   }
+  for (int o0 = 0; o0 < c->co; o0 += 8) {
+    const int nb = c->co - o0 < 8 ? c->co - o0 : 8;
+    for (int r = 0; r < nb; r++) {
+      float *yr = y + (int64_t)(o0 + r) * L;
+      for (int64_t t = 0; t < L; t++) yr[t] = c->b[o0 + r];
+    }
+    for (int j = 0; j < J; j++) {
+      const float *xr = X + (int64_t)j * L;
+      for (int r = 0; r < nb; r++) {
+        const float w = c->w[(int64_t)(o0 + r) * J + j];
+        float *yr = y + (int64_t)(o0 + r) * L;
+        for (int64_t t = 0; t < L; t++) yr[t] += w * xr[t];
+      }
+    }
+    if (relu)
+      for (int r = 0; r < nb; r++) {
+        float *yr = y + (int64_t)(o0 + r) * L;
+        for (int64_t t = 0; t < L; t++) yr[t] = yr[t] < 0 ? 0 : yr[t];
+      }
+  }
+  free(col);
+  return 0;
 }
 
 static int se_res2(const seres2 *s, const float *x, int64_t L, float *y, float *t1, float *t2) {
   const int C = s->tdnn1.co, W = C / s->scale;
-  conv_run(&s->tdnn1, x, L, t1, 1);
+  if (conv_run(&s->tdnn1, x, L, t1, 1)) return -1;
   /* Res2Net: chunk 0 as is; chunk i = tdnn(chunk i (+ out i-1)) */
   memcpy(t2, t1, sizeof(float) * (size_t)W * (size_t)L);
   float *tmp = malloc(sizeof(float) * (size_t)W * (size_t)L);
   if (!tmp) return -1;
   for (int i = 1; i < s->scale; i++) {
     const float *in = t1 + (int64_t)i * W * L;
+    int bad;
     if (i == 1) {
-      conv_run(&s->res[0], in, L, t2 + (int64_t)W * L, 1);
+      bad = conv_run(&s->res[0], in, L, t2 + (int64_t)W * L, 1);
     } else {
       const float *prev = t2 + (int64_t)(i - 1) * W * L;
       for (int64_t q = 0; q < (int64_t)W * L; q++) tmp[q] = in[q] + prev[q];
-      conv_run(&s->res[i - 1], tmp, L, t2 + (int64_t)i * W * L, 1);
+      bad = conv_run(&s->res[i - 1], tmp, L, t2 + (int64_t)i * W * L, 1);
+    }
+    if (bad) {
+      free(tmp);
+      return -1;
     }
   }
   free(tmp);
-  conv_run(&s->tdnn2, t2, L, y, 1);
+  if (conv_run(&s->tdnn2, t2, L, y, 1)) return -1;
   /* squeeze-excitation on the time mean */
   const int S = s->se1.co;
   float *m = malloc(sizeof(float) * (size_t)(C + S + C));
@@ -244,8 +284,10 @@ static int se_res2(const seres2 *s, const float *x, int64_t L, float *y, float *
     for (int64_t t = 0; t < L; t++) acc += y[(int64_t)c * L + t];
     m[c] = (float)(acc / (double)L);
   }
-  conv_run(&s->se1, m, 1, h, 1);
-  conv_run(&s->se2, h, 1, g, 0);
+  if (conv_run(&s->se1, m, 1, h, 1) || conv_run(&s->se2, h, 1, g, 0)) {
+    free(m);
+    return -1;
+  }
   for (int c = 0; c < C; c++) {
     const float sg = (float)(1.0 / (1.0 + exp(-(double)g[c])));
     for (int64_t t = 0; t < L; t++) y[(int64_t)c * L + t] = y[(int64_t)c * L + t] * sg + x[(int64_t)c * L + t];
@@ -291,7 +333,10 @@ int tts_spk_embed(const tts_spk *e, const float *x, int64_t n, float *out, char 
   }
   for (int m = 0; m < e->mel_dim; m++) /* [L][128] -> [128][L] */
     for (int64_t t = 0; t < L; t++) xin[(int64_t)m * L + t] = mel[t * e->mel_dim + m];
-  conv_run(&e->b0, xin, L, a, 1);
+  if (conv_run(&e->b0, xin, L, a, 1)) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    goto done;
+  }
   int64_t off = 0;
   for (int i = 1; i < e->n_ch - 1; i++) {
     if (se_res2(&e->blk[i], a, L, b, t1, t2)) {
@@ -303,7 +348,10 @@ int tts_spk_embed(const tts_spk *e, const float *x, int64_t n, float *out, char 
     float *sw = a;
     a = b, b = sw;
   }
-  conv_run(&e->mfa, hs, L, a, 1); /* a: [CL][L] */
+  if (conv_run(&e->mfa, hs, L, a, 1)) { /* a: [CL][L] */
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    goto done;
+  }
   /* attentive statistics pooling */
   float *mean = pool, *sd = pool + CL;
   stats(a, NULL, CL, L, mean, sd);
@@ -313,9 +361,15 @@ int tts_spk_embed(const tts_spk *e, const float *x, int64_t n, float *out, char 
       b[(int64_t)(CL + c) * L + t] = mean[c];
       b[(int64_t)(2 * CL + c) * L + t] = sd[c];
     }
-  conv_run(&e->asp_tdnn, b, L, t1, 1);
+  if (conv_run(&e->asp_tdnn, b, L, t1, 1)) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    goto done;
+  }
   for (int64_t q = 0; q < (int64_t)e->asp_tdnn.co * L; q++) t1[q] = tanhf(t1[q]);
-  conv_run(&e->asp_conv, t1, L, t2, 0); /* [CL][L] attention logits */
+  if (conv_run(&e->asp_conv, t1, L, t2, 0)) { /* [CL][L] attention logits */
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    goto done;
+  }
   for (int c = 0; c < CL; c++) {         /* softmax over time */
     float *r = t2 + (int64_t)c * L, mx = -INFINITY;
     for (int64_t t = 0; t < L; t++) mx = r[t] > mx ? r[t] : mx;
@@ -324,7 +378,7 @@ int tts_spk_embed(const tts_spk *e, const float *x, int64_t n, float *out, char 
     for (int64_t t = 0; t < L; t++) r[t] = (float)(exp((double)r[t] - mx) / s);
   }
   stats(a, t2, CL, L, pool + 2 * CL, pool + 3 * CL);
-  conv_run(&e->fc, pool + 2 * CL, 1, out, 0);
+  if (conv_run(&e->fc, pool + 2 * CL, 1, out, 0)) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
 done:
   free(mel), free(xin), free(hs), free(a), free(b), free(t1), free(t2), free(pool);
   return rc;
