@@ -1201,6 +1201,10 @@ const char *anna_speech_describe(const anna_speech *s);
 /* Preset voice i (the checkpoint's speakers, lower case; borrowed), NULL past the last (at
  * once for a VoiceDesign folder, which has none). */
 const char *anna_speech_voice(const anna_speech *s, int i);
+/* (API next) 0 when anna_speech_request.speed = speed can be served: 0 or 1, or in [0.25, 4.0]
+ * (else ANNA_EINVAL naming the range) with libavfilter built in (else ANNA_EUNSUPPORTED naming
+ * libavfilter-dev). */
+int anna_speech_speed_check(double speed, char *err, size_t errlen);
 /* (API next) 1 when the checkpoint takes instructions (VoiceDesign; CustomVoice but the 0.6B). */
 int anna_speech_takes_instructions(const anna_speech *s);
 /* (API next) Voice cloning with a Base folder (tts_model_type "base", its speaker encoder): the

@@ -154,6 +154,17 @@ const char *anna_speech_describe(const anna_speech *s) {
   return s->describe;
 }
 
+int anna_speech_speed_check(double speed, char *err, size_t errlen) {
+  if (speed == 0 || speed == 1) return 0;
+  if (!(speed >= MEDIA_TEMPO_MIN && speed <= MEDIA_TEMPO_MAX))
+    return anna_err(err, errlen, ANNA_EINVAL, "speed %g is not in [%g, %g]", speed, MEDIA_TEMPO_MIN,
+                    MEDIA_TEMPO_MAX);
+  if (!media_tempo_available())
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "speed %g: anna was built without libavfilter (install libavfilter-dev and reconfigure)", speed);
+  return 0;
+}
+
 int anna_speech_clone_dim(const anna_speech *s) {
   return s && s->spk ? tts_spk_dim(s->spk) : 0;
 }
@@ -279,13 +290,8 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
   if (st) memset(st, 0, sizeof *st);
   if (!s || !rq || !fn) return anna_err(err, errlen, ANNA_EINVAL, "anna_speech_synthesize: NULL argument");
   const int speed_on = rq->speed != 0 && rq->speed != 1;
-  if (speed_on && !(rq->speed >= MEDIA_TEMPO_MIN && rq->speed <= MEDIA_TEMPO_MAX))
-    return anna_err(err, errlen, ANNA_EINVAL, "speed %g is not in [%g, %g]", rq->speed, MEDIA_TEMPO_MIN,
-                    MEDIA_TEMPO_MAX);
-  if (speed_on && !media_tempo_available())
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                    "speed %g: anna was built without libavfilter (install libavfilter-dev and reconfigure)",
-                    rq->speed);
+  int src = anna_speech_speed_check(rq->speed, err, errlen);
+  if (src) return src;
   const double t0 = now_s();
   int32_t *own_ids = NULL, *own_ins = NULL;
   const int32_t *ids = rq->text_ids, *ins = rq->instruct_ids;

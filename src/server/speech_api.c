@@ -542,6 +542,11 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     if (!json_is_number(v)) BAD("speed", "'speed' must be a number, got %s", type_name(v));
     const double sp = json_number_value(v);
     if (!(sp >= 0.25 && sp <= 4.0)) BAD("speed", "'speed' must be in [0.25, 4.0], got %g", sp);
+    char serr[256];
+    if (anna_speech_speed_check(sp, serr, sizeof serr)) {
+      *code = "unsupported_parameter";
+      BAD("speed", "'speed' %g is not available on this server: %s", sp, serr);
+    }
     j->speed = sp; /* time-stretched by the speech API (libavfilter's atempo) */
   }
   v = json_object_get(root, "stream_format");

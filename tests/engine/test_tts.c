@@ -259,6 +259,8 @@ static void check_clone(ops_backend *be) {
       ok("a Base checkpoint without a cloned voice: EINVAL", rc == ANNA_EINVAL && strstr(err, "reference clip"));
     }
   }
+  free(mel);
+  mel = NULL;
   rc = tts_spk_mel(x, 100, &mel, &L, err, sizeof err);
   ok("a 100-sample reference clip: EINVAL", rc == ANNA_EINVAL && strstr(err, "too short"));
   json_decref(root);
