@@ -76,6 +76,8 @@ static void usage(FILE *f) {
           "  32 MiB; --max-body-bytes applies too)  --max-video-frames N sampled (default 256, at most 768)\n"
           "  --max-video-seconds S (default 600)  --max-video-pixels N per frame (default 3840 x 2160)\n"
           "  --max-audio-seconds S    speech recognition: longest clip accepted (default 300)\n"
+          "  --audio-chunk-seconds S  speech recognition: longer clips are cut at their quietest points\n"
+          "                           into pieces decoded side by side, as qwen-asr cuts them (default 1200)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
@@ -249,6 +251,7 @@ int main(int argc, char **argv) {
     INTF("--max-images-per-request", 1, 64, max_imgs)
     INTF("--max-image-bytes", 1, 1 << 30, max_img_bytes)
     INTF("--max-audio-seconds", 1, 86400, o.max_audio_seconds)
+    INTF("--audio-chunk-seconds", 1, 86400, o.audio_chunk_seconds)
     INTF("--image-fetch-timeout-seconds", 1, 3600, o.image_fetch_timeout_s)
     INTF("--max-videos-per-request", 1, 64, o.max_videos)
     INTF("--max-video-bytes", 1, 1 << 30, max_vid_bytes)

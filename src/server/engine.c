@@ -67,6 +67,7 @@ void gen_request_release(gen_request *r) {
     anna_media_free(r->media[i]);
   free(r->media);
   free(r->media_at);
+  free(r->media_prompt);
   jsonschema_release(r->schema);
   gbnf_release(r->grammar);
   free(r->prefix);
@@ -512,12 +513,19 @@ static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
   s->n_fed = 0;
   s->media_reused = 0;
   anna_context_seq_reset(e->ctx, i);
-  if (r->n_media > 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
-  for (int k = 0; k < r->n_media; k++) refs[k] = (anna_media_ref){r->media[k], r->media_at[k]};
-  const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, r->n_media};
+  /* a request of several prompts (long audio cut into pieces) gives each choice its own media */
+  const int pi = s->ci / r->n;
+  int nr = 0;
+  for (int k = 0; k < r->n_media; k++) {
+    if ((r->media_prompt ? r->media_prompt[k] : 0) != pi) continue;
+    if (nr == 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
+    refs[nr++] = (anna_media_ref){r->media[k], r->media_at[k]};
+  }
+  const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, nr};
   int32_t got = 0;
   int rc = 0;
-  if (e->o.prompt_cache) {
+  /* images and video only: audio prompts (no vision tower) are not keyed for the prefix pool */
+  if (e->o.prompt_cache && anna_model_has_vision(e->m)) {
     anna_kv_stats before, after;
     anna_context_kv_stats(e->ctx, &before);
     got = anna_context_prefix_attach_media(e->ctx, i, &p, ANNA_PREFIX_REGISTER, err, errlen);
@@ -540,7 +548,7 @@ static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
   }
   /* the rest of the prompt: the media at or after the reused prefix, from there */
   int nk = 0;
-  for (int k = 0; k < r->n_media; k++)
+  for (int k = 0; k < nr; k++)
     if (refs[k].at >= got) refs[nk++] = (anna_media_ref){refs[k].media, refs[k].at - got};
   const anna_prompt q = {s->feed + got, p.n - got, refs, nk};
   if (!rc && q.n > 0) rc = anna_context_prefill(e->ctx, i, &q, NULL, err, errlen);
@@ -621,7 +629,8 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->feed = s->prompt;
   s->n_feed = s->n_prompt;
   memcpy(s->toks, s->prompt, s->n_prompt * sizeof *s->toks);
-  if (r->n_media && (pi != 0 || (rc = slot_media_prefill(e, i, err, errlen)) != 0)) {
+  if (r->n_media && ((!r->media_prompt && pi != 0) ||
+                     (rc = slot_media_prefill(e, i, err, errlen)) != 0)) {
     if (!rc) rc = anna_err(err, errlen, ANNA_EINVAL, "images belong to the first prompt");
     anna_sampler_free(s->smp);
     s->smp = NULL;

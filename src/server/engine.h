@@ -144,6 +144,10 @@ typedef struct gen_request {
   anna_media **media;
   int32_t *media_at;
   int n_media;
+  /* NULL: every media belongs to prompt 0 (above). Else media[k] belongs to prompt
+   * media_prompt[k] and stands at prompts[media_prompt[k]][media_at[k]] (a long clip's pieces,
+   * one per prompt, decoding side by side). Owned. */
+  int32_t *media_prompt;
   /* Shared state. */
   pthread_mutex_t mu;
   pthread_cond_t cv;

@@ -613,6 +613,7 @@ static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
                              .model_name = srv->model_name,
                              .defaults = srv->cfg.defaults,
                              .max_audio_seconds = srv->o->max_audio_seconds > 0 ? srv->o->max_audio_seconds : 300,
+                             .audio_chunk_seconds = srv->o->audio_chunk_seconds,
                              .max_body_bytes = srv->o->max_body_bytes,
                              .n_ctx = srv->cfg.n_ctx};
   return audio_api_handle(&env, cn->c, cn->rid, translate, cn->body ? cn->body : "", cn->len, cn->too_big,

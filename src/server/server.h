@@ -45,6 +45,7 @@ typedef struct server_options {
   const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
   int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
   int max_audio_seconds;             /* --max-audio-seconds: one clip (0: 300) */
+  int audio_chunk_seconds;           /* --audio-chunk-seconds: longer clips are cut (0: 1200) */
   /* video (chat content parts "video_url"): 0 = the defaults in http.c */
   int max_videos;           /* --max-videos-per-request (0: 2) */
   size_t max_video_bytes;   /* --max-video-bytes (0: 32 MiB) */
