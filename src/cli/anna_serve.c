@@ -26,6 +26,9 @@ static void usage(FILE *f) {
           "  --scheduler-max-queue-wait-ms MS  --scheduler-prefill-interval-steps N\n"
           "  --log-format text|json  --log-level debug|info|warn|error\n"
           "  --metrics-log-interval-seconds S (0 = off)\n"
+          "  --engine-profile S       every S seconds log where the engine thread's time went: phases per\n"
+          "                           step (scheduling, batch, model calls, sampling, text, publishing),\n"
+          "                           rows per step, CUDA graph steps (also in /metrics: anna_engine_*)\n"
           "  --reasoning-format none|deepseek\n"
           "  --no-prompt-cache        no prefix block pool and no exact prompt cache (also: ANNA_TUNING=prefix_kv_share=0\n"
           "                           turns the prefix pool off)\n"
@@ -225,6 +228,7 @@ int main(int argc, char **argv) {
     INTF("--scheduler-max-queue-wait-ms", 0, 3600000, k_qwait)
     INTF("--scheduler-prefill-interval-steps", 1, 1000, k_interval)
     INTF("--metrics-log-interval-seconds", 0, 86400, o.metrics_log_interval_s)
+    INTF("--engine-profile", 0, 86400, o.eng.profile_interval_s)
     INTF("--debug-step-delay-ms", 0, 10000, o.eng.debug_step_delay_ms)
     INTF("--prompt-cache-block", 0, 1 << 20, o.eng.prompt_cache_block)
     INTF("--prompt-cache-checkpoints", 0, 4096, ckpts)

@@ -135,6 +135,14 @@ typedef struct exact_entry {
   uint64_t last_used;
 } exact_entry;
 
+/* --engine-profile: the sums over one log interval (engine_options.profile_interval_s). */
+typedef struct eng_prof {
+  double t0;                                    /* interval start */
+  double ph[ENG_PH_COUNT], fwd[ENG_STEP_KINDS]; /* seconds */
+  int64_t steps[ENG_STEP_KINDS], decode_rows, prefill_rows, calls, graphs, tokens;
+  double capture_s, update_s, gpu_s; /* CUDA graph host recording / updating, replay device time */
+} eng_prof;
+
 struct engine {
   anna_model *m;
   const anna_text *text;
@@ -194,7 +202,22 @@ struct engine {
   struct embed_job *embed_q;
   int embed_seq, hidden;
   pthread_cond_t embed_cv;
+  /* Step profile (engine thread only): the current step's record, the time of the last phase
+   * mark (ph_mark), the context's cumulative graph statistics as of the last step, and the
+   * --engine-profile interval's sums. */
+  metrics_step st;
+  double ph_t;
+  anna_step_stats gs;
+  eng_prof prof;
 };
+
+/* The time since the last mark goes to phase ph (metrics.h, ENG_PH_*). A clock read (vDSO,
+ * tens of ns): a handful per token, against a step of milliseconds. */
+static void ph_mark(engine *e, int ph) {
+  const double now = engine_now();
+  e->st.ph[ph] += now - e->ph_t;
+  e->ph_t = now;
+}
 
 typedef struct embed_job {
   const int32_t *ids;
@@ -276,7 +299,7 @@ static void choice_finish(gen_request *r, int ci, const char *reason, int code, 
 
 /* Moves text from the slot to the choice: everything up to the first stop string, minus a
  * tail that could still become a stop string. Returns 1 when a stop string was hit. */
-static int slot_release(slot *s, int final) {
+static int slot_release(engine *e, slot *s, int final) {
   gen_request *r = s->r;
   size_t end = s->len;
   int hit = 0;
@@ -306,6 +329,7 @@ static int slot_release(slot *s, int final) {
       end = s->len - hold;
     }
   }
+  ph_mark(e, ENG_PH_DETOK);
   if (end > s->released) {
     pthread_mutex_lock(&r->mu);
     gen_choice *c = &r->choices[s->ci];
@@ -314,6 +338,7 @@ static int slot_release(slot *s, int final) {
       s->released = end;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    ph_mark(e, ENG_PH_PUBLISH);
   }
   return hit;
 }
@@ -326,7 +351,7 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
   if (s->ts) anna_text_stream_flush(s->ts, piece, sizeof piece, &plen, NULL, 0);
   if (flush) {
     if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
-    slot_release(s, 1);
+    slot_release(e, s, 1);
   }
   const int n_ids = s->n_gen - s->forced_ended;
   if (r->keep_ids && n_ids > 0) { /* once per choice, not per token */
@@ -358,6 +383,7 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
   s->len = s->released = 0;
   s->decoding = 0;
   unit_done(r);
+  ph_mark(e, ENG_PH_FINISH);
 }
 
 /* Frees a parked slot state (a preempted sequence that ends while it waits). */
@@ -778,7 +804,9 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   }
   s->n_gen++;
-  double now = engine_now();
+  e->prof.tokens++;
+  ph_mark(e, ENG_PH_SAMPLE);
+  double now = e->ph_t;
   if (s->n_gen == 1)
     metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);
   else
@@ -799,6 +827,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   }
   pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
+  ph_mark(e, ENG_PH_PUBLISH);
   if (eog) {
     slot_free(e, i, "stop", 0, NULL, 1);
     return;
@@ -815,7 +844,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     slot_free(e, i, "error", ANNA_ENOMEM, "out of memory", 0);
     return;
   }
-  if (slot_release(s, 0)) {
+  if (slot_release(e, s, 0)) {
     slot_free(e, i, "stop", 0, NULL, 0);
     return;
   }
@@ -826,6 +855,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   s->next_tok = t;
   s->decoding = 1;
   sc_token(e, i);
+  ph_mark(e, ENG_PH_SCHED);
 }
 
 /* A sequence the scheduler dropped (cancelled, or parking it failed). */
@@ -985,12 +1015,83 @@ int engine_embed(engine *e, const int32_t *ids, size_t n, float *out, char *err,
   return 0;
 }
 
+/* --engine-profile: one line over the interval's steps (see eng_prof), then a new interval. */
+static void prof_log(engine *e, double now) {
+  eng_prof *f = &e->prof;
+  int64_t n = 0;
+  for (int k = 0; k < ENG_STEP_KINDS; k++) n += f->steps[k];
+  const double span = now - f->t0, dn = n > 0 ? (double)n : 1.0, ms = 1000.0 / dn;
+  char ph[512];
+  size_t at = 0;
+  for (int p = 0; p < ENG_PH_COUNT && at < sizeof ph; p++)
+    at += (size_t)snprintf(ph + at, sizeof ph - at, "%s%s %.3f", p ? ", " : "", metrics_engine_phase_names[p],
+                           f->ph[p] * ms);
+  const double host = f->ph[ENG_PH_STEP] - f->ph[ENG_PH_FORWARD];
+  json_t *fl = json_object();
+  json_t *phj = json_object();
+  for (int p = 0; p < ENG_PH_COUNT; p++) json_object_set_new(phj, metrics_engine_phase_names[p], json_real(f->ph[p] * ms));
+  json_object_set_new(fl, "engine_profile_s", json_real(span));
+  json_object_set_new(fl, "steps", json_integer(n));
+  json_object_set_new(fl, "ms_per_step", phj);
+  for (int k = 0; k < ENG_STEP_KINDS; k++) {
+    char key[48];
+    snprintf(key, sizeof key, "steps_%s", metrics_engine_kind_names[k]);
+    json_object_set_new(fl, key, json_integer(f->steps[k]));
+    snprintf(key, sizeof key, "forward_ms_%s", metrics_engine_kind_names[k]);
+    json_object_set_new(fl, key, json_real(f->steps[k] ? 1000.0 * f->fwd[k] / (double)f->steps[k] : 0.0));
+  }
+  json_object_set_new(fl, "decode_rows_per_step", json_real((double)f->decode_rows / dn));
+  json_object_set_new(fl, "prefill_rows_per_step", json_real((double)f->prefill_rows / dn));
+  json_object_set_new(fl, "forward_calls", json_integer(f->calls));
+  json_object_set_new(fl, "graph_steps", json_integer(f->graphs));
+  json_object_set_new(fl, "tokens", json_integer(f->tokens));
+  json_object_set_new(fl, "host_us_per_token", json_real(f->tokens ? 1e6 * host / (double)f->tokens : 0.0));
+  slog_fields(SLOG_INFO, NULL, fl,
+              "engine profile %.1f s: %lld steps (decode %lld, mixed %lld, prefill %lld), %lld model calls, %lld as "
+              "CUDA graphs (capture %.3f, update %.3f, replay %.3f ms/step); rows/step decode %.1f prefill %.1f; "
+              "forward ms/step decode %.3f mixed %.3f prefill %.3f; ms/step: %s; host (step - forward) %.3f ms/step, "
+              "%.1f us/token; %lld tokens, %.1f tok/s, busy %.0f%%",
+              span, (long long)n, (long long)f->steps[0], (long long)f->steps[1], (long long)f->steps[2],
+              (long long)f->calls, (long long)f->graphs, f->capture_s * ms, f->update_s * ms, f->gpu_s * ms,
+              (double)f->decode_rows / dn, (double)f->prefill_rows / dn,
+              f->steps[0] ? 1000.0 * f->fwd[0] / (double)f->steps[0] : 0.0,
+              f->steps[1] ? 1000.0 * f->fwd[1] / (double)f->steps[1] : 0.0,
+              f->steps[2] ? 1000.0 * f->fwd[2] / (double)f->steps[2] : 0.0, ph, host * ms,
+              f->tokens ? 1e6 * host / (double)f->tokens : 0.0, (long long)f->tokens,
+              span > 0 ? (double)f->tokens / span : 0.0, span > 0 ? 100.0 * f->ph[ENG_PH_STEP] / span : 0.0);
+  memset(f, 0, sizeof *f);
+  f->t0 = now;
+}
+
+/* The step that just ran (e->st): into /metrics and the profile interval. */
+static void step_record(engine *e) {
+  metrics_step *st = &e->st;
+  st->ph[ENG_PH_STEP] = 0;
+  for (int p = 0; p < ENG_PH_COUNT; p++)
+    if (p != ENG_PH_IDLE && p != ENG_PH_STEP) st->ph[ENG_PH_STEP] += st->ph[p];
+  metrics_engine_step(e->mx, st);
+  eng_prof *f = &e->prof;
+  for (int p = 0; p < ENG_PH_COUNT; p++) f->ph[p] += st->ph[p];
+  f->fwd[st->kind] += st->ph[ENG_PH_FORWARD];
+  f->steps[st->kind]++;
+  f->decode_rows += st->decode_rows;
+  f->prefill_rows += st->prefill_rows;
+  f->calls += st->forward_calls;
+  f->graphs += st->graph_steps;
+  if (e->o.profile_interval_s > 0 && e->ph_t - f->t0 >= e->o.profile_interval_s) prof_log(e, e->ph_t);
+}
+
 static void *engine_main(void *arg) {
   engine *e = arg;
   const int S = e->o.n_seq;
   char err[512];
   int kv_replan = 0; /* the last step planned nothing after preemptions (see below) */
+  e->prof.t0 = e->ph_t = engine_now();
+  anna_context_step_stats(e->ctx, &e->gs);
   for (;;) {
+    /* A step that runs nothing (see below) leaves its time to the next one. */
+    if (e->st.kind >= 0) memset(&e->st, 0, sizeof e->st);
+    e->st.kind = -1;
     pthread_mutex_lock(&e->mu);
     for (;;) {
       if (e->stop || anna_sched_n_running(e->sc) > 0 || e->embed_q) break;
@@ -1012,6 +1113,7 @@ static void *engine_main(void *arg) {
       pthread_cond_broadcast(&e->idle_cv);
       pthread_cond_wait(&e->cv, &e->mu);
     }
+    ph_mark(e, ENG_PH_IDLE);
     int stop = e->stop;
     embed_job *jobs = e->embed_q;
     e->embed_q = NULL;
@@ -1023,7 +1125,9 @@ static void *engine_main(void *arg) {
     /* Counted as running from now on, so a drain never sees the handover as idle. */
     e->running = anna_sched_n_running(e->sc);
     pthread_mutex_unlock(&e->mu);
+    ph_mark(e, ENG_PH_SCHED);
     embed_run_all(e, jobs, stop);
+    if (jobs) ph_mark(e, ENG_PH_FORWARD);
 
     int kv_dirty = n_adm > 0;
     for (int k = 0; k < n_adm; k++) {
@@ -1038,6 +1142,7 @@ static void *engine_main(void *arg) {
         free(u);
       }
     }
+    ph_mark(e, ENG_PH_ADMIT);
     /* Cancelled or shut down: finish those sequences, free their slots. */
     for (;;) {
       anna_sched_entry d;
@@ -1048,6 +1153,7 @@ static void *engine_main(void *arg) {
       kv_dirty |= d.slot >= 0;
       unit_drop(e, &d);
     }
+    ph_mark(e, ENG_PH_FINISH);
     if (stop) break;
 
     /* The step: decodes first (in the scheduler's rotating order), then prompt chunks in
@@ -1072,6 +1178,7 @@ static void *engine_main(void *arg) {
       e->preemptions += p.n_preempted;
       pthread_mutex_unlock(&e->mu);
     }
+    ph_mark(e, ENG_PH_SCHED);
     int nb = 0, nflag = 0, nw = 0, wrows = 0;
     const int nseqs = p.n_decode + p.n_prefill;
     for (int k = 0; k < p.n_decode; k++) {
@@ -1150,6 +1257,7 @@ static void *engine_main(void *arg) {
       if (tt > 0) ktemp = tt;
       kc = kk > kc ? kk : kc;
     }
+    ph_mark(e, ENG_PH_ASSEMBLE);
     /* The verify windows first (one forward pass of their own), then the plain batch. */
     if (nw > 0) {
       const int vrc = anna_context_verify(e->ctx, e->wins, nw, err, sizeof err);
@@ -1168,6 +1276,7 @@ static void *engine_main(void *arg) {
                     : kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err,
                                                         sizeof err)
                              : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err);
+    ph_mark(e, ENG_PH_FORWARD);
     if (drc) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
       /* No free KV block (ANNA_ERANGE) or no memory: a retry may succeed (HTTP 503). */
@@ -1194,6 +1303,21 @@ static void *engine_main(void *arg) {
     pthread_mutex_unlock(&e->mu);
     for (int k = 0; k < p.n_prefill; k++)
       e->slots[p.prefill[k].slot].n_fed += (size_t)p.prefill[k].n;
+    {
+      anna_step_stats gs;
+      anna_context_step_stats(e->ctx, &gs);
+      e->st.graph_steps = (int)(gs.steps - e->gs.steps);
+      e->prof.capture_s += gs.capture_s - e->gs.capture_s;
+      e->prof.update_s += gs.update_s - e->gs.update_s;
+      e->prof.gpu_s += gs.gpu_s - e->gs.gpu_s;
+      e->gs = gs;
+    }
+    e->st.kind = nb - (int)prompt_fed > 0 || nw > 0 ? (prompt_fed > 0 ? ENG_STEP_MIXED : ENG_STEP_DECODE)
+                                                     : ENG_STEP_PREFILL;
+    e->st.decode_rows = nb - (int)prompt_fed + wrows;
+    e->st.prefill_rows = (int)prompt_fed;
+    e->st.forward_calls = (nw > 0) + (nb > 0);
+    ph_mark(e, ENG_PH_SCHED);
     /* a window's accepted drafts are in the cache, its last id is the new pending token: each
      * goes through slot_sample as a drawn token would (stop strings, limits, streaming) */
     for (int w = 0; w < nw; w++) {
@@ -1212,6 +1336,7 @@ static void *engine_main(void *arg) {
           slot_sample(e, i, NULL, t);
         } else {
           const int lrc = anna_context_logits_row(e->ctx, k, e->row_tmp, err, sizeof err);
+          ph_mark(e, ENG_PH_SAMPLE);
           if (lrc) {
             slot_free(e, i, "error", lrc, err, 0);
             continue;
@@ -1223,10 +1348,12 @@ static void *engine_main(void *arg) {
       if (s->r && s->exact_store && !s->decoding) exact_store(e, i, e->logits + (size_t)k * (size_t)e->V);
       if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V, -1);
     }
+    ph_mark(e, ENG_PH_SAMPLE);
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
                            (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
       nanosleep(&d, NULL);
+      ph_mark(e, ENG_PH_IDLE); /* a testing hook, not the engine's work */
     }
     int64_t kv = 0, cached = 0;
     for (int i = 0; i < S; i++)
@@ -1246,6 +1373,8 @@ static void *engine_main(void *arg) {
     e->kvs = ks;
     kv_refs(e);
     pthread_mutex_unlock(&e->mu);
+    ph_mark(e, ENG_PH_STATS);
+    step_record(e);
   }
   pthread_mutex_lock(&e->mu);
   e->running = 0;

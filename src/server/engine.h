@@ -75,6 +75,10 @@ typedef struct engine_options {
   /* Reserve one more context sequence for engine_embed (pooled hidden states): its KV
    * positions count in the pool like a slot's. 0: engine_embed answers ANNA_EUNSUPPORTED. */
   int embeddings;
+  /* --engine-profile S: every S seconds (0: never) log where the engine thread's time went
+   * over the interval (phases per step, rows, model calls, CUDA graph steps; metrics.h's
+   * ENG_PH_*). The same figures are always kept in /metrics (anna_engine_*). */
+  int profile_interval_s;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
