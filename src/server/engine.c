@@ -123,6 +123,7 @@ typedef struct slot {
   size_t len, cap, released;
   double t_last;
   int exact_store; /* keep this prompt's state + logits in the exact cache once prefilled */
+  int wake;        /* its choice has news the connection has not been woken for (wake_flush) */
 } slot;
 
 /* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
@@ -209,6 +210,10 @@ struct engine {
   double ph_t;
   anna_step_stats gs;
   eng_prof prof;
+  /* Per-token latency observations and generated tokens since the last tokens_flush: merged
+   * into mx once per step (or when a choice ends), not locked per token. */
+  metrics_histo p_ttft, p_itl;
+  uint64_t p_tokens;
 };
 
 /* The time since the last mark goes to phase ph (metrics.h, ENG_PH_*). A clock read (vDSO,
@@ -297,6 +302,27 @@ static void choice_finish(gen_request *r, int ci, const char *reason, int code, 
   pthread_mutex_unlock(&r->mu);
 }
 
+/* The per-token observations since the last call, into the server's metrics. */
+static void tokens_flush(engine *e) {
+  if (e->p_ttft.n) metrics_histo_merge(e->mx, &e->mx->ttft, &e->p_ttft, NULL, NULL);
+  if (e->p_itl.n || e->p_tokens) metrics_histo_merge(e->mx, &e->mx->itl, &e->p_itl, &e->mx->completion_tokens, &e->p_tokens);
+}
+
+/* Wakes the connections of the choices that got tokens or text since the last call: once per
+ * step, after every sequence was sampled, rather than once per token and update. A woken
+ * connection then finds the engine done with its request's mutex (no wake-then-block), and
+ * its thread does not compete with the engine's sampling for the CPU. Broadcasting after the
+ * unlock loses nothing: a waiter either saw the news under the mutex or is waiting now. */
+static void wake_flush(engine *e) {
+  for (int i = 0; i < e->o.n_seq; i++) {
+    slot *s = &e->slots[i];
+    if (!s->wake) continue;
+    s->wake = 0;
+    if (s->r) pthread_cond_broadcast(&s->r->cv);
+  }
+  tokens_flush(e);
+}
+
 /* Moves text from the slot to the choice: everything up to the first stop string, minus a
  * tail that could still become a stop string. Returns 1 when a stop string was hit. */
 static int slot_release(engine *e, slot *s, int final) {
@@ -336,8 +362,8 @@ static int slot_release(engine *e, slot *s, int final) {
     if (txt_append(&c->text, &c->text_len, &c->text_cap, s->txt + s->released, end - s->released) ==
         0)
       s->released = end;
-    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    s->wake = 1;
     ph_mark(e, ENG_PH_PUBLISH);
   }
   return hit;
@@ -367,6 +393,8 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
     pthread_mutex_unlock(&r->mu);
     free(ids);
   }
+  tokens_flush(e); /* counted before its connection can answer */
+  s->wake = 0;     /* choice_finish wakes it */
   choice_finish(r, s->ci, reason, code, msg);
   if (!strcmp(reason, "cancelled"))
     metrics_add(e->mx, &e->mx->cancelled, 1);
@@ -808,11 +836,11 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   ph_mark(e, ENG_PH_SAMPLE);
   double now = e->ph_t;
   if (s->n_gen == 1)
-    metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);
+    metrics_histo_note(&e->p_ttft, (now - r->t_arrival) * 1000.0);
   else
-    metrics_observe(e->mx, &e->mx->itl, (now - s->t_last) * 1000.0);
+    metrics_histo_note(&e->p_itl, (now - s->t_last) * 1000.0);
   s->t_last = now;
-  metrics_add(e->mx, &e->mx->completion_tokens, 1);
+  e->p_tokens++;
   int eog = forced_end || (!r->ignore_eos && anna_text_is_eog(e->text, t));
   pthread_mutex_lock(&r->mu);
   gen_choice *c = &r->choices[s->ci];
@@ -825,8 +853,8 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     }
     if (c->n_toks < c->cap_toks) c->toks[c->n_toks++] = g;
   }
-  pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
+  s->wake = 1;
   ph_mark(e, ENG_PH_PUBLISH);
   if (eog) {
     slot_free(e, i, "stop", 0, NULL, 1);
@@ -1092,6 +1120,8 @@ static void *engine_main(void *arg) {
     /* A step that runs nothing (see below) leaves its time to the next one. */
     if (e->st.kind >= 0) memset(&e->st, 0, sizeof e->st);
     e->st.kind = -1;
+    wake_flush(e);
+    ph_mark(e, ENG_PH_PUBLISH);
     pthread_mutex_lock(&e->mu);
     for (;;) {
       if (e->stop || anna_sched_n_running(e->sc) > 0 || e->embed_q) break;
@@ -1349,6 +1379,8 @@ static void *engine_main(void *arg) {
       if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V, -1);
     }
     ph_mark(e, ENG_PH_SAMPLE);
+    wake_flush(e);
+    ph_mark(e, ENG_PH_PUBLISH);
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
                            (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};

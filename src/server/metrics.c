@@ -53,6 +53,23 @@ void metrics_observe(metrics *m, metrics_histo *h, double ms) {
   pthread_mutex_unlock(&m->mu);
 }
 
+void metrics_histo_note(metrics_histo *h, double ms) {
+  histo_add(h, BOUNDS_MS, ms);
+}
+
+void metrics_histo_merge(metrics *m, metrics_histo *dst, metrics_histo *src, uint64_t *counter, uint64_t *add) {
+  pthread_mutex_lock(&m->mu);
+  if (dst && src) {
+    for (int b = 0; b <= METRICS_NBUCKETS; b++) dst->counts[b] += src->counts[b];
+    dst->n += src->n;
+    dst->sum_ms += src->sum_ms;
+  }
+  if (counter && add) *counter += *add;
+  pthread_mutex_unlock(&m->mu);
+  if (src) memset(src, 0, sizeof *src);
+  if (add) *add = 0;
+}
+
 void metrics_engine_step(metrics *m, const metrics_step *st) {
   if (st->kind < 0 || st->kind >= ENG_STEP_KINDS) return;
   pthread_mutex_lock(&m->mu);

@@ -82,6 +82,12 @@ void metrics_destroy(metrics *m);
 void metrics_observe(metrics *m, metrics_histo *h, double ms);
 /* Counts one finished request by status; 499 (client gone) counts as client_closed only. */
 void metrics_count_response(metrics *m, int status);
+/* A private histogram (no lock: the caller's own), merged later with metrics_histo_merge. */
+void metrics_histo_note(metrics_histo *h, double ms);
+/* Adds src into dst under the lock and empties src; counter += *add, then *add = 0 (both
+ * optional: NULL). The engine batches its per-token observations this way: one lock per step
+ * instead of two per token. */
+void metrics_histo_merge(metrics *m, metrics_histo *dst, metrics_histo *src, uint64_t *counter, uint64_t *add);
 /* Adds to a counter under the lock. */
 void metrics_add(metrics *m, uint64_t *counter, uint64_t v);
 /* A bucket-interpolated quantile (q in [0,1]) of a histogram, in ms; 0 when empty. Call
