@@ -214,6 +214,10 @@ struct engine {
    * into mx once per step (or when a choice ends), not locked per token. */
   metrics_histo p_ttft, p_itl;
   uint64_t p_tokens;
+  /* engine_options.split_prefill (step_forward): the decode rows of the last step drawn
+   * between its two calls, [n_seq]; n_split of them (0: the step made one call) */
+  int32_t *split_tok;
+  int n_split;
 };
 
 /* The time since the last mark goes to phase ph (metrics.h, ENG_PH_*). A clock read (vDSO,
@@ -1043,6 +1047,48 @@ int engine_embed(engine *e, const int32_t *ids, size_t n, float *out, char *err,
   return 0;
 }
 
+/* The step's model call over b (its first nb_dec rows decode, nflag_dec of the flagged rows
+ * theirs): candidates (kc > 0) or full logits rows, one per flagged row, in row order.
+ * engine_options.split_prefill with both decode and prompt rows: two calls, the decode rows
+ * alone first (a decode-sized call: the CUDA graph path, as anna-bench's batched decode), then
+ * the prompt rows; e->n_split = nflag_dec then (0 otherwise). The second call replaces the
+ * first's device rows (anna_context_logits_row), so the decode rows' candidates are drawn in
+ * between, into e->split_tok (-1: the full row was needed and is in e->logits). Each slot's
+ * sampler draws once either way, so outputs are those of one call, up to the arithmetic of
+ * the smaller batches. */
+static int step_forward(engine *e, const anna_batch *b, int nb_dec, int nflag_dec, int kc, float ktemp, char *err,
+                        size_t errlen) {
+  e->n_split = 0;
+  if (!e->o.split_prefill || nb_dec == 0 || nb_dec == b->n)
+    return kc > 0 ? anna_context_decode_topk(e->ctx, b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, errlen)
+                  : anna_context_decode(e->ctx, b, e->logits, err, errlen);
+  const anna_batch b1 = {nb_dec, b->tokens, b->seq, b->pos, b->logits};
+  const anna_batch b2 = {b->n - nb_dec, b->tokens + nb_dec, b->seq + nb_dec, b->pos + nb_dec, b->logits + nb_dec};
+  const size_t k0 = (size_t)nflag_dec;
+  if (kc <= 0) {
+    int rc = anna_context_decode(e->ctx, &b1, e->logits, err, errlen);
+    if (!rc) rc = anna_context_decode(e->ctx, &b2, e->logits + k0 * (size_t)e->V, err, errlen);
+    return rc;
+  }
+  int rc = anna_context_decode_topk(e->ctx, &b1, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, errlen);
+  for (int k = 0; k < nflag_dec && !rc; k++) {
+    slot *s = &e->slots[e->out_slot[k]];
+    e->split_tok[k] = -1;
+    if (!s->r) continue;
+    int32_t t;
+    if (!anna_sampler_sample_candidates(s->smp, e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc,
+                                        kc, e->c_st + 2 * (size_t)k, &t))
+      e->split_tok[k] = t;
+    else
+      rc = anna_context_logits_row(e->ctx, k, e->logits + (size_t)k * (size_t)e->V, err, errlen);
+  }
+  if (!rc)
+    rc = anna_context_decode_topk(e->ctx, &b2, kc, ktemp, e->c_idx + k0 * (size_t)kc, e->c_val + k0 * (size_t)kc,
+                                  e->c_st + 2 * k0, err, errlen);
+  e->n_split = rc ? 0 : nflag_dec;
+  return rc;
+}
+
 /* --engine-profile: one line over the interval's steps (see eng_prof), then a new interval. */
 static void prof_log(engine *e, double now) {
   eng_prof *f = &e->prof;
@@ -1234,6 +1280,7 @@ static void *engine_main(void *arg) {
       e->out_slot[nflag++] = i;
       nb++;
     }
+    const int nb_dec = nb, nflag_dec = nflag; /* the decode rows come first */
     int64_t prompt_fed = 0;
     for (int k = 0; k < p.n_prefill; k++) {
       const int i = p.prefill[k].slot;
@@ -1302,10 +1349,7 @@ static void *engine_main(void *arg) {
         }
       }
     }
-    const int drc = nb == 0 ? 0
-                    : kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err,
-                                                        sizeof err)
-                             : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err);
+    const int drc = nb == 0 ? 0 : step_forward(e, &b, nb_dec, nflag_dec, kc, ktemp, err, sizeof err);
     ph_mark(e, ENG_PH_FORWARD);
     if (drc) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
@@ -1346,7 +1390,7 @@ static void *engine_main(void *arg) {
                                                      : ENG_STEP_PREFILL;
     e->st.decode_rows = nb - (int)prompt_fed + wrows;
     e->st.prefill_rows = (int)prompt_fed;
-    e->st.forward_calls = (nw > 0) + (nb > 0);
+    e->st.forward_calls = (nw > 0) + (nb > 0) + (e->n_split > 0);
     ph_mark(e, ENG_PH_SCHED);
     /* a window's accepted drafts are in the cache, its last id is the new pending token: each
      * goes through slot_sample as a drawn token would (stop strings, limits, streaming) */
@@ -1357,6 +1401,10 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
       slot *s = &e->slots[i];
+      if (kc > 0 && k < e->n_split) { /* drawn between the split step's two calls */
+        if (s->r) slot_sample(e, i, e->split_tok[k] >= 0 ? NULL : e->logits + (size_t)k * (size_t)e->V, e->split_tok[k]);
+        continue;
+      }
       if (kc > 0) { /* from the candidates; a row they do not decide is fetched in full */
         int32_t t;
         if (!s->r) continue;
@@ -1365,7 +1413,7 @@ static void *engine_main(void *arg) {
                                             e->c_st + 2 * (size_t)k, &t)) {
           slot_sample(e, i, NULL, t);
         } else {
-          const int lrc = anna_context_logits_row(e->ctx, k, e->row_tmp, err, sizeof err);
+          const int lrc = anna_context_logits_row(e->ctx, k - e->n_split, e->row_tmp, err, sizeof err);
           ph_mark(e, ENG_PH_SAMPLE);
           if (lrc) {
             slot_free(e, i, "error", lrc, err, 0);
@@ -1556,8 +1604,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   e->c_idx = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_idx);
   e->c_val = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_val);
   e->c_st = malloc((size_t)S * 2 * sizeof *e->c_st);
+  e->split_tok = malloc((size_t)S * sizeof *e->split_tok);
   e->host_sampling = e->o.host_sampling;
-  if (!e->row_tmp || !e->ex || !e->c_idx || !e->c_val || !e->c_st) {
+  if (!e->row_tmp || !e->ex || !e->c_idx || !e->c_val || !e->c_st || !e->split_tok) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
     goto fail;
   }
@@ -1643,6 +1692,7 @@ void engine_free(engine *e) {
   free(e->c_idx);
   free(e->c_val);
   free(e->c_st);
+  free(e->split_tok);
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
