@@ -1068,6 +1068,7 @@ static int step_forward(engine *e, const anna_batch *b, int nb_dec, int nflag_de
   if (kc <= 0) {
     int rc = anna_context_decode(e->ctx, &b1, e->logits, err, errlen);
     if (!rc) rc = anna_context_decode(e->ctx, &b2, e->logits + k0 * (size_t)e->V, err, errlen);
+    e->n_split = rc ? 0 : nflag_dec; /* counted as two calls; the rows are in place already */
     return rc;
   }
   int rc = anna_context_decode_topk(e->ctx, &b1, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, errlen);

@@ -88,21 +88,21 @@ def test_engine_metrics_account_for_every_step(prof_srv):
     assert total > 0 and abs(parts - total) <= 1e-6 * steps + 1e-9, (parts, total)
     assert d['anna_engine_step_seconds_sum{phase="forward"}'] > 0.3 * total
     fwd = sum(d[f'anna_engine_forward_seconds_sum{{kind="{k}"}}'] for k in KINDS)
-    assert abs(fwd - d['anna_engine_step_seconds_sum{phase="forward"}']) < 1e-6
+    assert abs(fwd - d['anna_engine_step_seconds_sum{phase="forward"}']) < 1e-5  # sums printed to 1 us
     # cumulative buckets end at the count
     assert d['anna_engine_step_seconds_bucket{phase="step",le="+Inf"}'] == steps
 
 
 def test_engine_profile_log_lines(prof_srv):
-    with cf.ThreadPoolExecutor(4) as ex:
-        list(ex.map(lambda i: complete(prof_srv, [100 + i] * 30, 48, True), range(4)))
-    deadline = time.time() + 10
+    # a line comes at the end of the first step after each second (--engine-profile 1): keep stepping
+    deadline = time.time() + 20
     recs = []
     while time.time() < deadline and not recs:
+        with cf.ThreadPoolExecutor(4) as ex:
+            list(ex.map(lambda i: complete(prof_srv, [100 + i] * 30, 48, True), range(4)))
         for ln in prof_srv.log().splitlines():
             if '"engine_profile_s"' in ln:
                 recs.append(json.loads(ln[ln.index("{"):]))
-        time.sleep(0.1)
     assert recs, prof_srv.log()[-2000:]
     r = max(recs, key=lambda x: x["tokens"])
     assert r["steps"] > 0 and r["tokens"] > 0 and r["forward_calls"] >= r["steps"] - 1
