@@ -770,9 +770,32 @@ static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
   if (!r || r->logprobs || r->json_mode || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
-  if (s->n_gen < r->min_tokens) return 0; /* the end-of-generation mask needs the full row */
   if (s->exact_store && !s->decoding) return 0;
-  return (*k = anna_sampler_candidates_k(s->smp, temp)) > 0;
+  int kk = anna_sampler_candidates_k(s->smp, temp);
+  if (kk <= 0) return 0;
+  /* min_tokens masks the end-of-generation tokens: with n_eog more candidates, the masked row's
+   * best kk are the candidates without them (slot_draw). Exact only where the draw needs no
+   * softmax sum over the whole row (greedy, top-k), which the mask would change. (Benchmarks
+   * send min_tokens = max_tokens: without this every row of their steps left the device.) */
+  if (s->n_gen < r->min_tokens) {
+    if (*temp > 0 || kk + e->n_eog > ANNA_TOPK_MAX) return 0;
+    kk += e->n_eog;
+  }
+  *k = kk;
+  return 1;
+}
+
+/* anna_sampler_sample_candidates for slot i's row, the end-of-generation tokens dropped from
+ * the candidates while min_tokens masks them (slot_cand_ok asked for that many more). */
+static int slot_draw(engine *e, int i, const int32_t *idx, const float *val, int kc, const double *st, int32_t *t) {
+  slot *s = &e->slots[i];
+  if (s->n_gen >= s->r->min_tokens) return anna_sampler_sample_candidates(s->smp, idx, val, kc, st, t);
+  int32_t fi[ANNA_TOPK_MAX];
+  float fv[ANNA_TOPK_MAX];
+  int n = 0;
+  for (int j = 0; j < kc && j < ANNA_TOPK_MAX; j++)
+    if (!anna_text_is_eog(e->text, idx[j])) fi[n] = idx[j], fv[n++] = val[j];
+  return anna_sampler_sample_candidates(s->smp, fi, fv, n, st, t);
 }
 
 /* One sampled position of slot i: record, stream text, decide whether it goes on. pre >= 0:
@@ -1077,8 +1100,8 @@ static int step_forward(engine *e, const anna_batch *b, int nb_dec, int nflag_de
     e->split_tok[k] = -1;
     if (!s->r) continue;
     int32_t t;
-    if (!anna_sampler_sample_candidates(s->smp, e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc,
-                                        kc, e->c_st + 2 * (size_t)k, &t))
+    if (!slot_draw(e, e->out_slot[k], e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc, kc,
+                   e->c_st + 2 * (size_t)k, &t))
       e->split_tok[k] = t;
     else
       rc = anna_context_logits_row(e->ctx, k, e->logits + (size_t)k * (size_t)e->V, err, errlen);
@@ -1409,9 +1432,8 @@ static void *engine_main(void *arg) {
       if (kc > 0) { /* from the candidates; a row they do not decide is fetched in full */
         int32_t t;
         if (!s->r) continue;
-        if (!anna_sampler_sample_candidates(s->smp, e->c_idx + (size_t)k * (size_t)kc,
-                                            e->c_val + (size_t)k * (size_t)kc, kc,
-                                            e->c_st + 2 * (size_t)k, &t)) {
+        if (!slot_draw(e, i, e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc, kc,
+                       e->c_st + 2 * (size_t)k, &t)) {
           slot_sample(e, i, NULL, t);
         } else {
           const int lrc = anna_context_logits_row(e->ctx, k - e->n_split, e->row_tmp, err, sizeof err);
