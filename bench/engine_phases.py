@@ -54,6 +54,7 @@ def summarize(before: dict, after: dict) -> dict:
         "prefill_rows_per_step": g('anna_engine_step_rows_sum{kind="prefill"}') / n,
         "forward_calls": g("anna_engine_forward_calls_total"),
         "graph_steps": g("anna_engine_graph_steps_total"),
+        "full_rows": g("anna_engine_full_rows_total"),
         "forward_ms_by_kind": fwd, "ms_per_step": ph,
         "host_ms_per_step": host_ms,
         "host_us_per_token": 1000.0 * host_ms * steps / tokens if tokens else 0.0,
@@ -74,7 +75,8 @@ def render(s: dict, label: str, bench: dict | None) -> str:
     k = s["steps_by_kind"]
     out.append(f"  steps {s['steps']:.0f} (decode {k['decode']:.0f}, mixed {k['mixed']:.0f}, prefill {k['prefill']:.0f}); "
                f"rows/step decode {s['decode_rows_per_step']:.1f}, prefill {s['prefill_rows_per_step']:.1f}; "
-               f"model calls {s['forward_calls']:.0f}, as CUDA graphs {s['graph_steps']:.0f}")
+               f"model calls {s['forward_calls']:.0f}, as CUDA graphs {s['graph_steps']:.0f}; "
+               f"rows sampled whole (logits downloaded) {s['full_rows']:.0f}")
     fk = s["forward_ms_by_kind"]
     out.append(f"  forward ms/step: decode {fk['decode']:.3f}, mixed {fk['mixed']:.3f}, prefill {fk['prefill']:.3f}")
     out.append("  | " + " | ".join(PHASES) + " |")

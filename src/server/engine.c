@@ -140,7 +140,7 @@ typedef struct exact_entry {
 typedef struct eng_prof {
   double t0;                                    /* interval start */
   double ph[ENG_PH_COUNT], fwd[ENG_STEP_KINDS]; /* seconds */
-  int64_t steps[ENG_STEP_KINDS], decode_rows, prefill_rows, calls, graphs, tokens;
+  int64_t steps[ENG_STEP_KINDS], decode_rows, prefill_rows, calls, graphs, tokens, full_rows;
   double capture_s, update_s, gpu_s; /* CUDA graph host recording / updating, replay device time */
 } eng_prof;
 
@@ -1104,7 +1104,7 @@ static int step_forward(engine *e, const anna_batch *b, int nb_dec, int nflag_de
                    e->c_st + 2 * (size_t)k, &t))
       e->split_tok[k] = t;
     else
-      rc = anna_context_logits_row(e->ctx, k, e->logits + (size_t)k * (size_t)e->V, err, errlen);
+      rc = anna_context_logits_row(e->ctx, k, e->logits + (size_t)k * (size_t)e->V, err, errlen), e->st.full_rows++;
   }
   if (!rc)
     rc = anna_context_decode_topk(e->ctx, &b2, kc, ktemp, e->c_idx + k0 * (size_t)kc, e->c_val + k0 * (size_t)kc,
@@ -1142,16 +1142,18 @@ static void prof_log(engine *e, double now) {
   json_object_set_new(fl, "prefill_rows_per_step", json_real((double)f->prefill_rows / dn));
   json_object_set_new(fl, "forward_calls", json_integer(f->calls));
   json_object_set_new(fl, "graph_steps", json_integer(f->graphs));
+  json_object_set_new(fl, "full_rows", json_integer(f->full_rows));
   json_object_set_new(fl, "tokens", json_integer(f->tokens));
   json_object_set_new(fl, "host_us_per_token", json_real(f->tokens ? 1e6 * host / (double)f->tokens : 0.0));
   slog_fields(SLOG_INFO, NULL, fl,
               "engine profile %.1f s: %lld steps (decode %lld, mixed %lld, prefill %lld), %lld model calls, %lld as "
-              "CUDA graphs (capture %.3f, update %.3f, replay %.3f ms/step); rows/step decode %.1f prefill %.1f; "
+              "CUDA graphs (capture %.3f, update %.3f, replay %.3f ms/step); rows/step decode %.1f prefill %.1f, "
+              "%lld rows sampled whole; "
               "forward ms/step decode %.3f mixed %.3f prefill %.3f; ms/step: %s; host (step - forward) %.3f ms/step, "
               "%.1f us/token; %lld tokens, %.1f tok/s, busy %.0f%%",
               span, (long long)n, (long long)f->steps[0], (long long)f->steps[1], (long long)f->steps[2],
               (long long)f->calls, (long long)f->graphs, f->capture_s * ms, f->update_s * ms, f->gpu_s * ms,
-              (double)f->decode_rows / dn, (double)f->prefill_rows / dn,
+              (double)f->decode_rows / dn, (double)f->prefill_rows / dn, (long long)f->full_rows,
               f->steps[0] ? 1000.0 * f->fwd[0] / (double)f->steps[0] : 0.0,
               f->steps[1] ? 1000.0 * f->fwd[1] / (double)f->steps[1] : 0.0,
               f->steps[2] ? 1000.0 * f->fwd[2] / (double)f->steps[2] : 0.0, ph, host * ms,
@@ -1176,6 +1178,7 @@ static void step_record(engine *e) {
   f->prefill_rows += st->prefill_rows;
   f->calls += st->forward_calls;
   f->graphs += st->graph_steps;
+  f->full_rows += st->full_rows;
   if (e->o.profile_interval_s > 0 && e->ph_t - f->t0 >= e->o.profile_interval_s) prof_log(e, e->ph_t);
 }
 
@@ -1437,6 +1440,7 @@ static void *engine_main(void *arg) {
           slot_sample(e, i, NULL, t);
         } else {
           const int lrc = anna_context_logits_row(e->ctx, k - e->n_split, e->row_tmp, err, sizeof err);
+          e->st.full_rows++;
           ph_mark(e, ENG_PH_SAMPLE);
           if (lrc) {
             slot_free(e, i, "error", lrc, err, 0);
@@ -1446,6 +1450,7 @@ static void *engine_main(void *arg) {
         }
         continue;
       }
+      e->st.full_rows += s->r != NULL;
       if (s->r && s->exact_store && !s->decoding) exact_store(e, i, e->logits + (size_t)k * (size_t)e->V);
       if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V, -1);
     }

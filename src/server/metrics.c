@@ -80,6 +80,7 @@ void metrics_engine_step(metrics *m, const metrics_step *st) {
   m->eng_steps[st->kind]++;
   m->eng_forward_calls += (uint64_t)st->forward_calls;
   m->eng_graph_steps += (uint64_t)st->graph_steps;
+  m->eng_full_rows += (uint64_t)st->full_rows;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -231,8 +232,11 @@ static void prom_engine(sbuf *b, const metrics *c) {
             "# HELP anna_engine_forward_calls_total model calls (a step with verify windows makes two)\n"
             "# TYPE anna_engine_forward_calls_total counter\nanna_engine_forward_calls_total %llu\n"
             "# HELP anna_engine_graph_steps_total model calls replayed as CUDA graphs\n"
-            "# TYPE anna_engine_graph_steps_total counter\nanna_engine_graph_steps_total %llu\n",
-            (unsigned long long)c->eng_forward_calls, (unsigned long long)c->eng_graph_steps);
+            "# TYPE anna_engine_graph_steps_total counter\nanna_engine_graph_steps_total %llu\n"
+            "# HELP anna_engine_full_rows_total logits rows downloaded whole and sampled on the host\n"
+            "# TYPE anna_engine_full_rows_total counter\nanna_engine_full_rows_total %llu\n",
+            (unsigned long long)c->eng_forward_calls, (unsigned long long)c->eng_graph_steps,
+            (unsigned long long)c->eng_full_rows);
 }
 
 char *metrics_prometheus(metrics *m, const char *gauges) {

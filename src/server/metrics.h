@@ -65,6 +65,7 @@ typedef struct metrics {
   uint64_t eng_steps[ENG_STEP_KINDS];
   uint64_t eng_forward_calls; /* model calls (a step with verify windows makes two) */
   uint64_t eng_graph_steps;   /* model calls replayed as CUDA graphs (0 on the CPU) */
+  uint64_t eng_full_rows;     /* logits rows sampled whole on the host (not from candidates) */
 } metrics;
 
 /* One engine step's record (metrics_engine_step). ph: seconds per phase (ENG_PH_STEP is
@@ -73,6 +74,7 @@ typedef struct metrics_step {
   double ph[ENG_PH_COUNT];
   int kind; /* ENG_STEP_*; -1: nothing ran (not counted) */
   int decode_rows, prefill_rows, forward_calls, graph_steps;
+  int full_rows; /* sampled rows that came down whole (the rest: from the device's candidates) */
 } metrics_step;
 /* Records one step under one lock acquisition. */
 void metrics_engine_step(metrics *m, const metrics_step *st);

@@ -82,6 +82,8 @@ def test_engine_metrics_account_for_every_step(prof_srv):
     # one model call per step without speculative windows; no CUDA graphs on the CPU
     assert d["anna_engine_forward_calls_total"] == steps
     assert d["anna_engine_graph_steps_total"] == 0
+    # greedy rows without min_tokens or logprobs: every one drawn from the candidates
+    assert d["anna_engine_full_rows_total"] == 0
     # the non-idle phases add up to the step; the model call is most of a step on the CPU
     parts = sum(d[f'anna_engine_step_seconds_sum{{phase="{p}"}}'] for p in PHASES if p not in ("idle", "step"))
     total = d['anna_engine_step_seconds_sum{phase="step"}']
