@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-PHASES = ("idle", "sched", "admit", "assemble", "forward", "sample", "detok", "publish", "finish", "stats", "step")
+PHASES = ("idle", "sched", "admit", "assemble", "forward", "sample", "detok", "publish", "wake", "finish", "stats", "step")
 KINDS = ("decode", "mixed", "prefill")
 
 

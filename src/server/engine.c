@@ -1194,7 +1194,7 @@ static void *engine_main(void *arg) {
     if (e->st.kind >= 0) memset(&e->st, 0, sizeof e->st);
     e->st.kind = -1;
     wake_flush(e);
-    ph_mark(e, ENG_PH_PUBLISH);
+    ph_mark(e, ENG_PH_WAKE);
     pthread_mutex_lock(&e->mu);
     for (;;) {
       if (e->stop || anna_sched_n_running(e->sc) > 0 || e->embed_q) break;
@@ -1456,7 +1456,7 @@ static void *engine_main(void *arg) {
     }
     ph_mark(e, ENG_PH_SAMPLE);
     wake_flush(e);
-    ph_mark(e, ENG_PH_PUBLISH);
+    ph_mark(e, ENG_PH_WAKE);
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
                            (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};

@@ -17,7 +17,7 @@ static const double ROW_BOUNDS[METRICS_NBUCKETS] = {1,   2,   4,    8,    16,   
                                                     256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
 
 const char *const metrics_engine_phase_names[ENG_PH_COUNT] = {
-    "idle", "sched", "admit", "assemble", "forward", "sample", "detok", "publish", "finish", "stats", "step"};
+    "idle", "sched", "admit", "assemble", "forward", "sample", "detok", "publish", "wake", "finish", "stats", "step"};
 const char *const metrics_engine_kind_names[ENG_STEP_KINDS] = {"decode", "mixed", "prefill"};
 
 static double now_s(void) {

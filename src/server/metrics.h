@@ -20,8 +20,8 @@
  * drops, plan, commit) under the engine mutex; admit: starting admitted sequences (prompt
  * caches); assemble: building the batch; forward: the model calls (verify windows and
  * decode); sample: drawing tokens (candidates or full rows); detok: text pieces and stop
- * strings; publish: handing tokens and text to the requests (their mutex, wake-ups, metrics);
- * finish: ending sequences; stats: the step's KV / cache bookkeeping; step: all but idle. */
+ * strings; publish: handing tokens and text to the requests (under their mutex) and the
+ * per-token metrics; wake: waking their connections (once per step); finish: ending sequences; stats: the step's KV / cache bookkeeping; step: all but idle. */
 enum {
   ENG_PH_IDLE,
   ENG_PH_SCHED,
@@ -31,6 +31,7 @@ enum {
   ENG_PH_SAMPLE,
   ENG_PH_DETOK,
   ENG_PH_PUBLISH,
+  ENG_PH_WAKE,
   ENG_PH_FINISH,
   ENG_PH_STATS,
   ENG_PH_STEP,

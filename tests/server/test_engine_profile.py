@@ -17,7 +17,7 @@ from conftest import ROOT, start_server
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import load_test  # noqa: E402
 
-PHASES = ("idle", "sched", "admit", "assemble", "forward", "sample", "detok", "publish", "finish", "stats", "step")
+PHASES = ("idle", "sched", "admit", "assemble", "forward", "sample", "detok", "publish", "wake", "finish", "stats", "step")
 KINDS = ("decode", "mixed", "prefill")
 
 
