@@ -218,6 +218,16 @@ struct engine {
    * between its two calls, [n_seq]; n_split of them (0: the step made one call) */
   int32_t *split_tok;
   int n_split;
+  /* Connection wake-ups (wake_flush) go to the notifier thread, which broadcasts: a woken
+   * connection thread tends to run on the waker's core at once, so the engine thread would
+   * otherwise stall behind its wakees every step. wk_q (retained requests, [wk_cap]) and the
+   * flags under wk_mu; wk_mine is the notifier's own copy. Without the thread (it did not
+   * start) or with the queue full, the engine broadcasts itself. */
+  pthread_t wk_th;
+  int wk_started, wk_stop, wk_waiting, wk_n, wk_cap;
+  pthread_mutex_t wk_mu;
+  pthread_cond_t wk_cv;
+  gen_request **wk_q, **wk_mine;
 };
 
 /* The time since the last mark goes to phase ph (metrics.h, ENG_PH_*). A clock read (vDSO,
@@ -318,13 +328,49 @@ static void tokens_flush(engine *e) {
  * its thread does not compete with the engine's sampling for the CPU. Broadcasting after the
  * unlock loses nothing: a waiter either saw the news under the mutex or is waiting now. */
 static void wake_flush(engine *e) {
+  pthread_mutex_lock(&e->wk_mu);
   for (int i = 0; i < e->o.n_seq; i++) {
     slot *s = &e->slots[i];
     if (!s->wake) continue;
     s->wake = 0;
-    if (s->r) pthread_cond_broadcast(&s->r->cv);
+    if (!s->r) continue;
+    if (e->wk_started && e->wk_n < e->wk_cap) {
+      gen_request_retain(s->r); /* the notifier releases it */
+      e->wk_q[e->wk_n++] = s->r;
+    } else {
+      pthread_cond_broadcast(&s->r->cv);
+    }
   }
+  const int signal = e->wk_n > 0 && e->wk_waiting;
+  pthread_mutex_unlock(&e->wk_mu);
+  if (signal) pthread_cond_signal(&e->wk_cv);
   tokens_flush(e);
+}
+
+/* The notifier thread: broadcasts what wake_flush queued, until engine_free stops it (after
+ * the engine thread, so nothing is queued afterwards; what is left is sent first). */
+static void *notifier_main(void *arg) {
+  engine *e = arg;
+  pthread_mutex_lock(&e->wk_mu);
+  for (;;) {
+    while (e->wk_n == 0 && !e->wk_stop) {
+      e->wk_waiting = 1;
+      pthread_cond_wait(&e->wk_cv, &e->wk_mu);
+      e->wk_waiting = 0;
+    }
+    if (e->wk_n == 0) break;
+    const int n = e->wk_n;
+    memcpy(e->wk_mine, e->wk_q, (size_t)n * sizeof *e->wk_q);
+    e->wk_n = 0;
+    pthread_mutex_unlock(&e->wk_mu);
+    for (int k = 0; k < n; k++) {
+      pthread_cond_broadcast(&e->wk_mine[k]->cv);
+      gen_request_release(e->wk_mine[k]);
+    }
+    pthread_mutex_lock(&e->wk_mu);
+  }
+  pthread_mutex_unlock(&e->wk_mu);
+  return NULL;
 }
 
 /* Moves text from the slot to the choice: everything up to the first stop string, minus a
@@ -1559,6 +1605,8 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   if (e->o.max_batch_size < 1 || e->o.max_batch_size > e->o.n_seq) e->o.max_batch_size = e->o.n_seq;
   e->V = anna_model_vocab(m);
   pthread_mutex_init(&e->mu, NULL);
+  pthread_mutex_init(&e->wk_mu, NULL);
+  pthread_cond_init(&e->wk_cv, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1682,6 +1730,11 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
   for (int k = 0; k < 4; k++)
     e->keep_ids[k] = anna_text_token_id(text, keep[k]);
+  e->wk_cap = 2 * S; /* the notifier may be a step behind */
+  e->wk_q = malloc((size_t)e->wk_cap * sizeof *e->wk_q);
+  e->wk_mine = malloc((size_t)e->wk_cap * sizeof *e->wk_mine);
+  /* without it (no memory, no thread) the engine thread broadcasts itself */
+  e->wk_started = e->wk_q && e->wk_mine && pthread_create(&e->wk_th, NULL, notifier_main, e) == 0;
   if (pthread_create(&e->th, NULL, engine_main, e)) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
     goto fail;
@@ -1703,6 +1756,15 @@ void engine_free(engine *e) {
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->th, NULL);
   }
+  if (e->wk_started) { /* after the engine thread: it queues no more */
+    pthread_mutex_lock(&e->wk_mu);
+    e->wk_stop = 1;
+    pthread_cond_signal(&e->wk_cv);
+    pthread_mutex_unlock(&e->wk_mu);
+    pthread_join(e->wk_th, NULL);
+  }
+  free(e->wk_q);
+  free(e->wk_mine);
   for (int i = 0; e->slots && i < e->o.n_seq; i++) {
     anna_text_stream_free(e->slots[i].ts);
     anna_sampler_free(e->slots[i].smp);
@@ -1738,6 +1800,8 @@ void engine_free(engine *e) {
   pthread_cond_destroy(&e->cv);
   pthread_cond_destroy(&e->idle_cv);
   pthread_cond_destroy(&e->embed_cv);
+  pthread_mutex_destroy(&e->wk_mu);
+  pthread_cond_destroy(&e->wk_cv);
   free(e);
 }
 
