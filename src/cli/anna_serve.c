@@ -28,6 +28,11 @@ static void usage(FILE *f) {
           "  --scheduler-max-queue-wait-ms MS  --scheduler-prefill-interval-steps N\n"
           "  --log-format text|json  --log-level debug|info|warn|error\n"
           "  --metrics-log-interval-seconds S (0 = off)\n"
+          "  --engine-profile S       every S seconds log where the engine thread's time went: phases per\n"
+          "                           step (scheduling, batch, model calls, sampling, text, publishing),\n"
+          "                           rows per step, CUDA graph steps (also in /metrics: anna_engine_*)\n"
+          "  --split-prefill-decode   run a step's decode rows and prompt chunks as two model calls (decode\n"
+          "                           alone: CUDA graphs) instead of one mixed call; same outputs\n"
           "  --reasoning-format none|deepseek\n"
           "  --no-prompt-cache        no prefix block pool and no exact prompt cache (also: ANNA_TUNING=prefix_kv_share=0\n"
           "                           turns the prefix pool off)\n"
@@ -140,6 +145,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--host")) { NEEDV(); o.host = v; }
     else if (!strcmp(a, "--exact")) o.eng.exact_matmul = 1;
     else if (!strcmp(a, "--host-sampling")) o.eng.host_sampling = 1;
+    else if (!strcmp(a, "--split-prefill-decode")) o.eng.split_prefill = 1;
     else if (!strcmp(a, "--tuning")) { NEEDV(); o.eng.tuning = v; }
     else if ((off_rc = cli_offload_arg(&off, argc, argv, &i)) != 0) { if (off_rc < 0) return 2; }
     else if (!strcmp(a, "--deterministic")) deterministic = 1;
@@ -234,6 +240,7 @@ int main(int argc, char **argv) {
     INTF("--scheduler-max-queue-wait-ms", 0, 3600000, k_qwait)
     INTF("--scheduler-prefill-interval-steps", 1, 1000, k_interval)
     INTF("--metrics-log-interval-seconds", 0, 86400, o.metrics_log_interval_s)
+    INTF("--engine-profile", 0, 86400, o.eng.profile_interval_s)
     INTF("--debug-step-delay-ms", 0, 10000, o.eng.debug_step_delay_ms)
     INTF("--prompt-cache-block", 0, 1 << 20, o.eng.prompt_cache_block)
     INTF("--prompt-cache-checkpoints", 0, 4096, ckpts)

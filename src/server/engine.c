@@ -130,6 +130,7 @@ typedef struct slot {
   double t_last;
   int exact_store; /* keep this prompt's state + logits in the exact cache once prefilled */
   int32_t media_reused; /* a prompt with media: tokens the prefix pool gave (slot_media_prefill) */
+  int wake;        /* its choice has news the connection has not been woken for (wake_flush) */
 } slot;
 
 /* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
@@ -141,6 +142,14 @@ typedef struct exact_entry {
   float *logits;
   uint64_t last_used;
 } exact_entry;
+
+/* --engine-profile: the sums over one log interval (engine_options.profile_interval_s). */
+typedef struct eng_prof {
+  double t0;                                    /* interval start */
+  double ph[ENG_PH_COUNT], fwd[ENG_STEP_KINDS]; /* seconds */
+  int64_t steps[ENG_STEP_KINDS], decode_rows, prefill_rows, calls, graphs, tokens, full_rows;
+  double capture_s, update_s, gpu_s; /* CUDA graph host recording / updating, replay device time */
+} eng_prof;
 
 struct engine {
   anna_model *m;
@@ -203,7 +212,40 @@ struct engine {
   struct embed_job *embed_q;
   int embed_seq, hidden;
   pthread_cond_t embed_cv;
+  /* Step profile (engine thread only): the current step's record, the time of the last phase
+   * mark (ph_mark), the context's cumulative graph statistics as of the last step, and the
+   * --engine-profile interval's sums. */
+  metrics_step st;
+  double ph_t;
+  anna_step_stats gs;
+  eng_prof prof;
+  /* Per-token latency observations and generated tokens since the last tokens_flush: merged
+   * into mx once per step (or when a choice ends), not locked per token. */
+  metrics_histo p_ttft, p_itl;
+  uint64_t p_tokens;
+  /* engine_options.split_prefill (step_forward): the decode rows of the last step drawn
+   * between its two calls, [n_seq]; n_split of them (0: the step made one call) */
+  int32_t *split_tok;
+  int n_split;
+  /* Connection wake-ups (wake_flush) go to the notifier thread, which broadcasts: a woken
+   * connection thread tends to run on the waker's core at once, so the engine thread would
+   * otherwise stall behind its wakees every step. wk_q (retained requests, [wk_cap]) and the
+   * flags under wk_mu; wk_mine is the notifier's own copy. Without the thread (it did not
+   * start) or with the queue full, the engine broadcasts itself. */
+  pthread_t wk_th;
+  int wk_started, wk_stop, wk_waiting, wk_n, wk_cap;
+  pthread_mutex_t wk_mu;
+  pthread_cond_t wk_cv;
+  gen_request **wk_q, **wk_mine;
 };
+
+/* The time since the last mark goes to phase ph (metrics.h, ENG_PH_*). A clock read (vDSO,
+ * tens of ns): a handful per token, against a step of milliseconds. */
+static void ph_mark(engine *e, int ph) {
+  const double now = engine_now();
+  e->st.ph[ph] += now - e->ph_t;
+  e->ph_t = now;
+}
 
 typedef struct embed_job {
   const int32_t *ids;
@@ -283,9 +325,66 @@ static void choice_finish(gen_request *r, int ci, const char *reason, int code, 
   pthread_mutex_unlock(&r->mu);
 }
 
+/* The per-token observations since the last call, into the server's metrics. */
+static void tokens_flush(engine *e) {
+  if (e->p_ttft.n) metrics_histo_merge(e->mx, &e->mx->ttft, &e->p_ttft, NULL, NULL);
+  if (e->p_itl.n || e->p_tokens) metrics_histo_merge(e->mx, &e->mx->itl, &e->p_itl, &e->mx->completion_tokens, &e->p_tokens);
+}
+
+/* Wakes the connections of the choices that got tokens or text since the last call: once per
+ * step, after every sequence was sampled, rather than once per token and update. A woken
+ * connection then finds the engine done with its request's mutex (no wake-then-block), and
+ * its thread does not compete with the engine's sampling for the CPU. Broadcasting after the
+ * unlock loses nothing: a waiter either saw the news under the mutex or is waiting now. */
+static void wake_flush(engine *e) {
+  pthread_mutex_lock(&e->wk_mu);
+  for (int i = 0; i < e->o.n_seq; i++) {
+    slot *s = &e->slots[i];
+    if (!s->wake) continue;
+    s->wake = 0;
+    if (!s->r) continue;
+    if (e->wk_started && e->wk_n < e->wk_cap) {
+      gen_request_retain(s->r); /* the notifier releases it */
+      e->wk_q[e->wk_n++] = s->r;
+    } else {
+      pthread_cond_broadcast(&s->r->cv);
+    }
+  }
+  const int signal = e->wk_n > 0 && e->wk_waiting;
+  pthread_mutex_unlock(&e->wk_mu);
+  if (signal) pthread_cond_signal(&e->wk_cv);
+  tokens_flush(e);
+}
+
+/* The notifier thread: broadcasts what wake_flush queued, until engine_free stops it (after
+ * the engine thread, so nothing is queued afterwards; what is left is sent first). */
+static void *notifier_main(void *arg) {
+  engine *e = arg;
+  pthread_mutex_lock(&e->wk_mu);
+  for (;;) {
+    while (e->wk_n == 0 && !e->wk_stop) {
+      e->wk_waiting = 1;
+      pthread_cond_wait(&e->wk_cv, &e->wk_mu);
+      e->wk_waiting = 0;
+    }
+    if (e->wk_n == 0) break;
+    const int n = e->wk_n;
+    memcpy(e->wk_mine, e->wk_q, (size_t)n * sizeof *e->wk_q);
+    e->wk_n = 0;
+    pthread_mutex_unlock(&e->wk_mu);
+    for (int k = 0; k < n; k++) {
+      pthread_cond_broadcast(&e->wk_mine[k]->cv);
+      gen_request_release(e->wk_mine[k]);
+    }
+    pthread_mutex_lock(&e->wk_mu);
+  }
+  pthread_mutex_unlock(&e->wk_mu);
+  return NULL;
+}
+
 /* Moves text from the slot to the choice: everything up to the first stop string, minus a
  * tail that could still become a stop string. Returns 1 when a stop string was hit. */
-static int slot_release(slot *s, int final) {
+static int slot_release(engine *e, slot *s, int final) {
   gen_request *r = s->r;
   size_t end = s->len;
   int hit = 0;
@@ -315,14 +414,16 @@ static int slot_release(slot *s, int final) {
       end = s->len - hold;
     }
   }
+  ph_mark(e, ENG_PH_DETOK);
   if (end > s->released) {
     pthread_mutex_lock(&r->mu);
     gen_choice *c = &r->choices[s->ci];
     if (txt_append(&c->text, &c->text_len, &c->text_cap, s->txt + s->released, end - s->released) ==
         0)
       s->released = end;
-    pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
+    s->wake = 1;
+    ph_mark(e, ENG_PH_PUBLISH);
   }
   return hit;
 }
@@ -335,7 +436,7 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
   if (s->ts) anna_text_stream_flush(s->ts, piece, sizeof piece, &plen, NULL, 0);
   if (flush) {
     if (plen) txt_append(&s->txt, &s->len, &s->cap, piece, plen);
-    slot_release(s, 1);
+    slot_release(e, s, 1);
   }
   const int n_ids = s->n_gen - s->forced_ended;
   if (r->keep_ids && n_ids > 0) { /* once per choice, not per token */
@@ -351,6 +452,8 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
     pthread_mutex_unlock(&r->mu);
     free(ids);
   }
+  tokens_flush(e); /* counted before its connection can answer */
+  s->wake = 0;     /* choice_finish wakes it */
   choice_finish(r, s->ci, reason, code, msg);
   if (!strcmp(reason, "cancelled"))
     metrics_add(e->mx, &e->mx->cancelled, 1);
@@ -367,6 +470,7 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
   s->len = s->released = 0;
   s->decoding = 0;
   unit_done(r);
+  ph_mark(e, ENG_PH_FINISH);
 }
 
 /* Frees a parked slot state (a preempted sequence that ends while it waits). */
@@ -783,9 +887,32 @@ static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
   const gen_request *r = s->r;
   if (!r || r->logprobs || r->json_mode || r->grammar || r->forced || (size_t)s->n_gen < r->n_prefix)
     return 0;
-  if (s->n_gen < r->min_tokens) return 0; /* the end-of-generation mask needs the full row */
   if (s->exact_store && !s->decoding) return 0;
-  return (*k = anna_sampler_candidates_k(s->smp, temp)) > 0;
+  int kk = anna_sampler_candidates_k(s->smp, temp);
+  if (kk <= 0) return 0;
+  /* min_tokens masks the end-of-generation tokens: with n_eog more candidates, the masked row's
+   * best kk are the candidates without them (slot_draw). Exact only where the draw needs no
+   * softmax sum over the whole row (greedy, top-k), which the mask would change. (Benchmarks
+   * send min_tokens = max_tokens: without this every row of their steps left the device.) */
+  if (s->n_gen < r->min_tokens) {
+    if (*temp > 0 || kk + e->n_eog > ANNA_TOPK_MAX) return 0;
+    kk += e->n_eog;
+  }
+  *k = kk;
+  return 1;
+}
+
+/* anna_sampler_sample_candidates for slot i's row, the end-of-generation tokens dropped from
+ * the candidates while min_tokens masks them (slot_cand_ok asked for that many more). */
+static int slot_draw(engine *e, int i, const int32_t *idx, const float *val, int kc, const double *st, int32_t *t) {
+  slot *s = &e->slots[i];
+  if (s->n_gen >= s->r->min_tokens) return anna_sampler_sample_candidates(s->smp, idx, val, kc, st, t);
+  int32_t fi[ANNA_TOPK_MAX];
+  float fv[ANNA_TOPK_MAX];
+  int n = 0;
+  for (int j = 0; j < kc && j < ANNA_TOPK_MAX; j++)
+    if (!anna_text_is_eog(e->text, idx[j])) fi[n] = idx[j], fv[n++] = val[j];
+  return anna_sampler_sample_candidates(s->smp, fi, fv, n, st, t);
 }
 
 /* One sampled position of slot i: record, stream text, decide whether it goes on. pre >= 0:
@@ -861,13 +988,15 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   }
   s->n_gen++;
-  double now = engine_now();
+  e->prof.tokens++;
+  ph_mark(e, ENG_PH_SAMPLE);
+  double now = e->ph_t;
   if (s->n_gen == 1)
-    metrics_observe(e->mx, &e->mx->ttft, (now - r->t_arrival) * 1000.0);
+    metrics_histo_note(&e->p_ttft, (now - r->t_arrival) * 1000.0);
   else
-    metrics_observe(e->mx, &e->mx->itl, (now - s->t_last) * 1000.0);
+    metrics_histo_note(&e->p_itl, (now - s->t_last) * 1000.0);
   s->t_last = now;
-  metrics_add(e->mx, &e->mx->completion_tokens, 1);
+  e->p_tokens++;
   int eog = forced_end || (!r->ignore_eos && anna_text_is_eog(e->text, t));
   pthread_mutex_lock(&r->mu);
   gen_choice *c = &r->choices[s->ci];
@@ -880,8 +1009,9 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     }
     if (c->n_toks < c->cap_toks) c->toks[c->n_toks++] = g;
   }
-  pthread_cond_broadcast(&r->cv);
   pthread_mutex_unlock(&r->mu);
+  s->wake = 1;
+  ph_mark(e, ENG_PH_PUBLISH);
   if (eog) {
     slot_free(e, i, "stop", 0, NULL, 1);
     return;
@@ -898,7 +1028,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     slot_free(e, i, "error", ANNA_ENOMEM, "out of memory", 0);
     return;
   }
-  if (slot_release(s, 0)) {
+  if (slot_release(e, s, 0)) {
     slot_free(e, i, "stop", 0, NULL, 0);
     return;
   }
@@ -909,6 +1039,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   s->next_tok = t;
   s->decoding = 1;
   sc_token(e, i);
+  ph_mark(e, ENG_PH_SCHED);
 }
 
 /* A sequence the scheduler dropped (cancelled, or parking it failed). */
@@ -1069,12 +1200,131 @@ int engine_embed(engine *e, const int32_t *ids, size_t n, float *out, char *err,
   return 0;
 }
 
+/* The step's model call over b (its first nb_dec rows decode, nflag_dec of the flagged rows
+ * theirs): candidates (kc > 0) or full logits rows, one per flagged row, in row order.
+ * engine_options.split_prefill with both decode and prompt rows: two calls, the decode rows
+ * alone first (a decode-sized call: the CUDA graph path, as anna-bench's batched decode), then
+ * the prompt rows; e->n_split = nflag_dec then (0 otherwise). The second call replaces the
+ * first's device rows (anna_context_logits_row), so the decode rows' candidates are drawn in
+ * between, into e->split_tok (-1: the full row was needed and is in e->logits). Each slot's
+ * sampler draws once either way, so outputs are those of one call, up to the arithmetic of
+ * the smaller batches. */
+static int step_forward(engine *e, const anna_batch *b, int nb_dec, int nflag_dec, int kc, float ktemp, char *err,
+                        size_t errlen) {
+  e->n_split = 0;
+  if (!e->o.split_prefill || nb_dec == 0 || nb_dec == b->n)
+    return kc > 0 ? anna_context_decode_topk(e->ctx, b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, errlen)
+                  : anna_context_decode(e->ctx, b, e->logits, err, errlen);
+  const anna_batch b1 = {nb_dec, b->tokens, b->seq, b->pos, b->logits};
+  const anna_batch b2 = {b->n - nb_dec, b->tokens + nb_dec, b->seq + nb_dec, b->pos + nb_dec, b->logits + nb_dec};
+  const size_t k0 = (size_t)nflag_dec;
+  if (kc <= 0) {
+    int rc = anna_context_decode(e->ctx, &b1, e->logits, err, errlen);
+    if (!rc) rc = anna_context_decode(e->ctx, &b2, e->logits + k0 * (size_t)e->V, err, errlen);
+    e->n_split = rc ? 0 : nflag_dec; /* counted as two calls; the rows are in place already */
+    return rc;
+  }
+  int rc = anna_context_decode_topk(e->ctx, &b1, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, errlen);
+  for (int k = 0; k < nflag_dec && !rc; k++) {
+    slot *s = &e->slots[e->out_slot[k]];
+    e->split_tok[k] = -1;
+    if (!s->r) continue;
+    int32_t t;
+    if (!slot_draw(e, e->out_slot[k], e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc, kc,
+                   e->c_st + 2 * (size_t)k, &t))
+      e->split_tok[k] = t;
+    else
+      rc = anna_context_logits_row(e->ctx, k, e->logits + (size_t)k * (size_t)e->V, err, errlen), e->st.full_rows++;
+  }
+  if (!rc)
+    rc = anna_context_decode_topk(e->ctx, &b2, kc, ktemp, e->c_idx + k0 * (size_t)kc, e->c_val + k0 * (size_t)kc,
+                                  e->c_st + 2 * k0, err, errlen);
+  e->n_split = rc ? 0 : nflag_dec;
+  return rc;
+}
+
+/* --engine-profile: one line over the interval's steps (see eng_prof), then a new interval. */
+static void prof_log(engine *e, double now) {
+  eng_prof *f = &e->prof;
+  int64_t n = 0;
+  for (int k = 0; k < ENG_STEP_KINDS; k++) n += f->steps[k];
+  const double span = now - f->t0, dn = n > 0 ? (double)n : 1.0, ms = 1000.0 / dn;
+  char ph[512];
+  size_t at = 0;
+  for (int p = 0; p < ENG_PH_COUNT && at < sizeof ph; p++)
+    at += (size_t)snprintf(ph + at, sizeof ph - at, "%s%s %.3f", p ? ", " : "", metrics_engine_phase_names[p],
+                           f->ph[p] * ms);
+  const double host = f->ph[ENG_PH_STEP] - f->ph[ENG_PH_FORWARD];
+  json_t *fl = json_object();
+  json_t *phj = json_object();
+  for (int p = 0; p < ENG_PH_COUNT; p++) json_object_set_new(phj, metrics_engine_phase_names[p], json_real(f->ph[p] * ms));
+  json_object_set_new(fl, "engine_profile_s", json_real(span));
+  json_object_set_new(fl, "steps", json_integer(n));
+  json_object_set_new(fl, "ms_per_step", phj);
+  for (int k = 0; k < ENG_STEP_KINDS; k++) {
+    char key[48];
+    snprintf(key, sizeof key, "steps_%s", metrics_engine_kind_names[k]);
+    json_object_set_new(fl, key, json_integer(f->steps[k]));
+    snprintf(key, sizeof key, "forward_ms_%s", metrics_engine_kind_names[k]);
+    json_object_set_new(fl, key, json_real(f->steps[k] ? 1000.0 * f->fwd[k] / (double)f->steps[k] : 0.0));
+  }
+  json_object_set_new(fl, "decode_rows_per_step", json_real((double)f->decode_rows / dn));
+  json_object_set_new(fl, "prefill_rows_per_step", json_real((double)f->prefill_rows / dn));
+  json_object_set_new(fl, "forward_calls", json_integer(f->calls));
+  json_object_set_new(fl, "graph_steps", json_integer(f->graphs));
+  json_object_set_new(fl, "full_rows", json_integer(f->full_rows));
+  json_object_set_new(fl, "tokens", json_integer(f->tokens));
+  json_object_set_new(fl, "host_us_per_token", json_real(f->tokens ? 1e6 * host / (double)f->tokens : 0.0));
+  slog_fields(SLOG_INFO, NULL, fl,
+              "engine profile %.1f s: %lld steps (decode %lld, mixed %lld, prefill %lld), %lld model calls, %lld as "
+              "CUDA graphs (capture %.3f, update %.3f, replay %.3f ms/step); rows/step decode %.1f prefill %.1f, "
+              "%lld rows sampled whole; "
+              "forward ms/step decode %.3f mixed %.3f prefill %.3f; ms/step: %s; host (step - forward) %.3f ms/step, "
+              "%.1f us/token; %lld tokens, %.1f tok/s, busy %.0f%%",
+              span, (long long)n, (long long)f->steps[0], (long long)f->steps[1], (long long)f->steps[2],
+              (long long)f->calls, (long long)f->graphs, f->capture_s * ms, f->update_s * ms, f->gpu_s * ms,
+              (double)f->decode_rows / dn, (double)f->prefill_rows / dn, (long long)f->full_rows,
+              f->steps[0] ? 1000.0 * f->fwd[0] / (double)f->steps[0] : 0.0,
+              f->steps[1] ? 1000.0 * f->fwd[1] / (double)f->steps[1] : 0.0,
+              f->steps[2] ? 1000.0 * f->fwd[2] / (double)f->steps[2] : 0.0, ph, host * ms,
+              f->tokens ? 1e6 * host / (double)f->tokens : 0.0, (long long)f->tokens,
+              span > 0 ? (double)f->tokens / span : 0.0, span > 0 ? 100.0 * f->ph[ENG_PH_STEP] / span : 0.0);
+  memset(f, 0, sizeof *f);
+  f->t0 = now;
+}
+
+/* The step that just ran (e->st): into /metrics and the profile interval. */
+static void step_record(engine *e) {
+  metrics_step *st = &e->st;
+  st->ph[ENG_PH_STEP] = 0;
+  for (int p = 0; p < ENG_PH_COUNT; p++)
+    if (p != ENG_PH_IDLE && p != ENG_PH_STEP) st->ph[ENG_PH_STEP] += st->ph[p];
+  metrics_engine_step(e->mx, st);
+  eng_prof *f = &e->prof;
+  for (int p = 0; p < ENG_PH_COUNT; p++) f->ph[p] += st->ph[p];
+  f->fwd[st->kind] += st->ph[ENG_PH_FORWARD];
+  f->steps[st->kind]++;
+  f->decode_rows += st->decode_rows;
+  f->prefill_rows += st->prefill_rows;
+  f->calls += st->forward_calls;
+  f->graphs += st->graph_steps;
+  f->full_rows += st->full_rows;
+  if (e->o.profile_interval_s > 0 && e->ph_t - f->t0 >= e->o.profile_interval_s) prof_log(e, e->ph_t);
+}
+
 static void *engine_main(void *arg) {
   engine *e = arg;
   const int S = e->o.n_seq;
   char err[512];
   int kv_replan = 0; /* the last step planned nothing after preemptions (see below) */
+  e->prof.t0 = e->ph_t = engine_now();
+  anna_context_step_stats(e->ctx, &e->gs);
   for (;;) {
+    /* A step that runs nothing (see below) leaves its time to the next one. */
+    if (e->st.kind >= 0) memset(&e->st, 0, sizeof e->st);
+    e->st.kind = -1;
+    wake_flush(e);
+    ph_mark(e, ENG_PH_WAKE);
     pthread_mutex_lock(&e->mu);
     for (;;) {
       if (e->stop || anna_sched_n_running(e->sc) > 0 || e->embed_q) break;
@@ -1096,6 +1346,7 @@ static void *engine_main(void *arg) {
       pthread_cond_broadcast(&e->idle_cv);
       pthread_cond_wait(&e->cv, &e->mu);
     }
+    ph_mark(e, ENG_PH_IDLE);
     int stop = e->stop;
     embed_job *jobs = e->embed_q;
     e->embed_q = NULL;
@@ -1107,7 +1358,9 @@ static void *engine_main(void *arg) {
     /* Counted as running from now on, so a drain never sees the handover as idle. */
     e->running = anna_sched_n_running(e->sc);
     pthread_mutex_unlock(&e->mu);
+    ph_mark(e, ENG_PH_SCHED);
     embed_run_all(e, jobs, stop);
+    if (jobs) ph_mark(e, ENG_PH_FORWARD);
 
     int kv_dirty = n_adm > 0;
     for (int k = 0; k < n_adm; k++) {
@@ -1122,6 +1375,7 @@ static void *engine_main(void *arg) {
         free(u);
       }
     }
+    ph_mark(e, ENG_PH_ADMIT);
     /* Cancelled or shut down: finish those sequences, free their slots. */
     for (;;) {
       anna_sched_entry d;
@@ -1132,6 +1386,7 @@ static void *engine_main(void *arg) {
       kv_dirty |= d.slot >= 0;
       unit_drop(e, &d);
     }
+    ph_mark(e, ENG_PH_FINISH);
     if (stop) break;
 
     /* The step: decodes first (in the scheduler's rotating order), then prompt chunks in
@@ -1156,6 +1411,7 @@ static void *engine_main(void *arg) {
       e->preemptions += p.n_preempted;
       pthread_mutex_unlock(&e->mu);
     }
+    ph_mark(e, ENG_PH_SCHED);
     int nb = 0, nflag = 0, nw = 0, wrows = 0;
     const int nseqs = p.n_decode + p.n_prefill;
     for (int k = 0; k < p.n_decode; k++) {
@@ -1181,6 +1437,7 @@ static void *engine_main(void *arg) {
       e->out_slot[nflag++] = i;
       nb++;
     }
+    const int nb_dec = nb, nflag_dec = nflag; /* the decode rows come first */
     int64_t prompt_fed = 0;
     for (int k = 0; k < p.n_prefill; k++) {
       const int i = p.prefill[k].slot;
@@ -1234,6 +1491,7 @@ static void *engine_main(void *arg) {
       if (tt > 0) ktemp = tt;
       kc = kk > kc ? kk : kc;
     }
+    ph_mark(e, ENG_PH_ASSEMBLE);
     /* The verify windows first (one forward pass of their own), then the plain batch. */
     if (nw > 0) {
       const int vrc = anna_context_verify(e->ctx, e->wins, nw, err, sizeof err);
@@ -1248,10 +1506,8 @@ static void *engine_main(void *arg) {
         }
       }
     }
-    const int drc = nb == 0 ? 0
-                    : kc > 0 ? anna_context_decode_topk(e->ctx, &b, kc, ktemp, e->c_idx, e->c_val, e->c_st, err,
-                                                        sizeof err)
-                             : anna_context_decode(e->ctx, &b, e->logits, err, sizeof err);
+    const int drc = nb == 0 ? 0 : step_forward(e, &b, nb_dec, nflag_dec, kc, ktemp, err, sizeof err);
+    ph_mark(e, ENG_PH_FORWARD);
     if (drc) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
       /* No free KV block (ANNA_ERANGE) or no memory: a retry may succeed (HTTP 503). */
@@ -1278,6 +1534,21 @@ static void *engine_main(void *arg) {
     pthread_mutex_unlock(&e->mu);
     for (int k = 0; k < p.n_prefill; k++)
       e->slots[p.prefill[k].slot].n_fed += (size_t)p.prefill[k].n;
+    {
+      anna_step_stats gs;
+      anna_context_step_stats(e->ctx, &gs);
+      e->st.graph_steps = (int)(gs.steps - e->gs.steps);
+      e->prof.capture_s += gs.capture_s - e->gs.capture_s;
+      e->prof.update_s += gs.update_s - e->gs.update_s;
+      e->prof.gpu_s += gs.gpu_s - e->gs.gpu_s;
+      e->gs = gs;
+    }
+    e->st.kind = nb - (int)prompt_fed > 0 || nw > 0 ? (prompt_fed > 0 ? ENG_STEP_MIXED : ENG_STEP_DECODE)
+                                                     : ENG_STEP_PREFILL;
+    e->st.decode_rows = nb - (int)prompt_fed + wrows;
+    e->st.prefill_rows = (int)prompt_fed;
+    e->st.forward_calls = (nw > 0) + (nb > 0) + (e->n_split > 0);
+    ph_mark(e, ENG_PH_SCHED);
     /* a window's accepted drafts are in the cache, its last id is the new pending token: each
      * goes through slot_sample as a drawn token would (stop strings, limits, streaming) */
     for (int w = 0; w < nw; w++) {
@@ -1287,15 +1558,20 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
       slot *s = &e->slots[i];
+      if (kc > 0 && k < e->n_split) { /* drawn between the split step's two calls */
+        if (s->r) slot_sample(e, i, e->split_tok[k] >= 0 ? NULL : e->logits + (size_t)k * (size_t)e->V, e->split_tok[k]);
+        continue;
+      }
       if (kc > 0) { /* from the candidates; a row they do not decide is fetched in full */
         int32_t t;
         if (!s->r) continue;
-        if (!anna_sampler_sample_candidates(s->smp, e->c_idx + (size_t)k * (size_t)kc,
-                                            e->c_val + (size_t)k * (size_t)kc, kc,
-                                            e->c_st + 2 * (size_t)k, &t)) {
+        if (!slot_draw(e, i, e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc, kc,
+                       e->c_st + 2 * (size_t)k, &t)) {
           slot_sample(e, i, NULL, t);
         } else {
-          const int lrc = anna_context_logits_row(e->ctx, k, e->row_tmp, err, sizeof err);
+          const int lrc = anna_context_logits_row(e->ctx, k - e->n_split, e->row_tmp, err, sizeof err);
+          e->st.full_rows++;
+          ph_mark(e, ENG_PH_SAMPLE);
           if (lrc) {
             slot_free(e, i, "error", lrc, err, 0);
             continue;
@@ -1304,13 +1580,18 @@ static void *engine_main(void *arg) {
         }
         continue;
       }
+      e->st.full_rows += s->r != NULL;
       if (s->r && s->exact_store && !s->decoding) exact_store(e, i, e->logits + (size_t)k * (size_t)e->V);
       if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V, -1);
     }
+    ph_mark(e, ENG_PH_SAMPLE);
+    wake_flush(e);
+    ph_mark(e, ENG_PH_WAKE);
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
                            (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
       nanosleep(&d, NULL);
+      ph_mark(e, ENG_PH_IDLE); /* a testing hook, not the engine's work */
     }
     int64_t kv = 0, cached = 0;
     for (int i = 0; i < S; i++)
@@ -1333,6 +1614,8 @@ static void *engine_main(void *arg) {
     e->kvs = ks;
     kv_refs(e);
     pthread_mutex_unlock(&e->mu);
+    ph_mark(e, ENG_PH_STATS);
+    step_record(e);
   }
   pthread_mutex_lock(&e->mu);
   e->running = 0;
@@ -1409,6 +1692,8 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   if (e->o.max_batch_size < 1 || e->o.max_batch_size > e->o.n_seq) e->o.max_batch_size = e->o.n_seq;
   e->V = anna_model_vocab(m);
   pthread_mutex_init(&e->mu, NULL);
+  pthread_mutex_init(&e->wk_mu, NULL);
+  pthread_cond_init(&e->wk_cv, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -1483,8 +1768,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   e->c_idx = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_idx);
   e->c_val = malloc((size_t)S * ANNA_TOPK_MAX * sizeof *e->c_val);
   e->c_st = malloc((size_t)S * 2 * sizeof *e->c_st);
+  e->split_tok = malloc((size_t)S * sizeof *e->split_tok);
   e->host_sampling = e->o.host_sampling;
-  if (!e->row_tmp || !e->ex || !e->c_idx || !e->c_val || !e->c_st) {
+  if (!e->row_tmp || !e->ex || !e->c_idx || !e->c_val || !e->c_st || !e->split_tok) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
     goto fail;
   }
@@ -1541,6 +1827,11 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   const char *keep[4] = {"<think>", "</think>", "<tool_call>", "</tool_call>"};
   for (int k = 0; k < 4; k++)
     e->keep_ids[k] = anna_text_token_id(text, keep[k]);
+  e->wk_cap = 2 * S; /* the notifier may be a step behind */
+  e->wk_q = malloc((size_t)e->wk_cap * sizeof *e->wk_q);
+  e->wk_mine = malloc((size_t)e->wk_cap * sizeof *e->wk_mine);
+  /* without it (no memory, no thread) the engine thread broadcasts itself */
+  e->wk_started = e->wk_q && e->wk_mine && pthread_create(&e->wk_th, NULL, notifier_main, e) == 0;
   if (pthread_create(&e->th, NULL, engine_main, e)) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start the engine thread");
     goto fail;
@@ -1562,6 +1853,15 @@ void engine_free(engine *e) {
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->th, NULL);
   }
+  if (e->wk_started) { /* after the engine thread: it queues no more */
+    pthread_mutex_lock(&e->wk_mu);
+    e->wk_stop = 1;
+    pthread_cond_signal(&e->wk_cv);
+    pthread_mutex_unlock(&e->wk_mu);
+    pthread_join(e->wk_th, NULL);
+  }
+  free(e->wk_q);
+  free(e->wk_mine);
   for (int i = 0; e->slots && i < e->o.n_seq; i++) {
     anna_text_stream_free(e->slots[i].ts);
     anna_sampler_free(e->slots[i].smp);
@@ -1579,6 +1879,7 @@ void engine_free(engine *e) {
   free(e->c_idx);
   free(e->c_val);
   free(e->c_st);
+  free(e->split_tok);
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
@@ -1597,6 +1898,8 @@ void engine_free(engine *e) {
   pthread_cond_destroy(&e->cv);
   pthread_cond_destroy(&e->idle_cv);
   pthread_cond_destroy(&e->embed_cv);
+  pthread_mutex_destroy(&e->wk_mu);
+  pthread_cond_destroy(&e->wk_cv);
   free(e);
 }
 

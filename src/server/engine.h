@@ -80,6 +80,15 @@ typedef struct engine_options {
   /* Reserve one more context sequence for engine_embed (pooled hidden states): its KV
    * positions count in the pool like a slot's. 0: engine_embed answers ANNA_EUNSUPPORTED. */
   int embeddings;
+  /* --engine-profile S: every S seconds (0: never) log where the engine thread's time went
+   * over the interval (phases per step, rows, model calls, CUDA graph steps; metrics.h's
+   * ENG_PH_*). The same figures are always kept in /metrics (anna_engine_*). */
+  int profile_interval_s;
+  /* A step with both decode and prompt rows runs them as two model calls, the decode rows
+   * first (decode-sized: CUDA graphs) instead of one mixed call (anna-serve
+   * --split-prefill-decode). An experiment for issue 29: whether one mixed call or a graphed
+   * decode plus a prompt chunk costs less on a given device. */
+  int split_prefill;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */

@@ -10,6 +10,16 @@
 static const double BOUNDS_MS[METRICS_NBUCKETS] = {
     1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 120000};
 
+/* Engine steps: 10 us (host phases) to 1 s (a long prefill); rows: powers of two. */
+static const double STEP_BOUNDS_MS[METRICS_NBUCKETS] = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1,   2.5,
+                                                        5,    10,    25,   50,  100,  250, 500, 1000};
+static const double ROW_BOUNDS[METRICS_NBUCKETS] = {1,   2,   4,    8,    16,   32,   64,    128,
+                                                    256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+
+const char *const metrics_engine_phase_names[ENG_PH_COUNT] = {
+    "idle", "sched", "admit", "assemble", "forward", "sample", "detok", "publish", "wake", "finish", "stats", "step"};
+const char *const metrics_engine_kind_names[ENG_STEP_KINDS] = {"decode", "mixed", "prefill"};
+
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -26,15 +36,51 @@ void metrics_destroy(metrics *m) {
   pthread_mutex_destroy(&m->mu);
 }
 
-void metrics_observe(metrics *m, metrics_histo *h, double ms) {
-  if (!(ms >= 0)) ms = 0;
+/* Call with the lock held. */
+static void histo_add(metrics_histo *h, const double *bounds, double v) {
+  if (!(v >= 0)) v = 0;
   int b = 0;
-  while (b < METRICS_NBUCKETS && ms > BOUNDS_MS[b])
+  while (b < METRICS_NBUCKETS && v > bounds[b])
     b++;
-  pthread_mutex_lock(&m->mu);
   h->counts[b]++;
   h->n++;
-  h->sum_ms += ms;
+  h->sum_ms += v;
+}
+
+void metrics_observe(metrics *m, metrics_histo *h, double ms) {
+  pthread_mutex_lock(&m->mu);
+  histo_add(h, BOUNDS_MS, ms);
+  pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_histo_note(metrics_histo *h, double ms) {
+  histo_add(h, BOUNDS_MS, ms);
+}
+
+void metrics_histo_merge(metrics *m, metrics_histo *dst, metrics_histo *src, uint64_t *counter, uint64_t *add) {
+  pthread_mutex_lock(&m->mu);
+  if (dst && src) {
+    for (int b = 0; b <= METRICS_NBUCKETS; b++) dst->counts[b] += src->counts[b];
+    dst->n += src->n;
+    dst->sum_ms += src->sum_ms;
+  }
+  if (counter && add) *counter += *add;
+  pthread_mutex_unlock(&m->mu);
+  if (src) memset(src, 0, sizeof *src);
+  if (add) *add = 0;
+}
+
+void metrics_engine_step(metrics *m, const metrics_step *st) {
+  if (st->kind < 0 || st->kind >= ENG_STEP_KINDS) return;
+  pthread_mutex_lock(&m->mu);
+  for (int p = 0; p < ENG_PH_COUNT; p++) histo_add(&m->eng_phase[p], STEP_BOUNDS_MS, st->ph[p] * 1000.0);
+  histo_add(&m->eng_fwd[st->kind], STEP_BOUNDS_MS, st->ph[ENG_PH_FORWARD] * 1000.0);
+  histo_add(&m->eng_rows_decode, ROW_BOUNDS, st->decode_rows);
+  histo_add(&m->eng_rows_prefill, ROW_BOUNDS, st->prefill_rows);
+  m->eng_steps[st->kind]++;
+  m->eng_forward_calls += (uint64_t)st->forward_calls;
+  m->eng_graph_steps += (uint64_t)st->graph_steps;
+  m->eng_full_rows += (uint64_t)st->full_rows;
   pthread_mutex_unlock(&m->mu);
 }
 
@@ -135,17 +181,62 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
   }
 }
 
-static void prom_histo(sbuf *b, const char *name, const char *help, const metrics_histo *h) {
-  sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+/* One histogram's series. label: `key="value",` (with the comma) or ""; scale: what a bucket
+ * bound and the sum are divided by (1000: ms to seconds). */
+static void prom_series(sbuf *b, const char *name, const char *label, const double *bounds, double scale,
+                        const metrics_histo *h) {
   uint64_t acc = 0;
   for (int i = 0; i < METRICS_NBUCKETS; i++) {
     acc += h->counts[i];
-    sb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, BOUNDS_MS[i] / 1000.0,
-              (unsigned long long)acc);
+    sb_printf(b, "%s_bucket{%sle=\"%g\"} %llu\n", name, label, bounds[i] / scale, (unsigned long long)acc);
   }
   acc += h->counts[METRICS_NBUCKETS];
-  sb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
-            (unsigned long long)acc, name, h->sum_ms / 1000.0, name, (unsigned long long)h->n);
+  const size_t ll = strlen(label);
+  /* the label without its trailing comma, in braces, for _sum and _count */
+  sb_printf(b, "%s_bucket{%sle=\"+Inf\"} %llu\n%s_sum%s%.*s%s %.6f\n%s_count%s%.*s%s %llu\n", name, label,
+            (unsigned long long)acc, name, ll ? "{" : "", (int)(ll ? ll - 1 : 0), label, ll ? "}" : "",
+            h->sum_ms / scale, name, ll ? "{" : "", (int)(ll ? ll - 1 : 0), label, ll ? "}" : "",
+            (unsigned long long)h->n);
+}
+
+static void prom_histo(sbuf *b, const char *name, const char *help, const metrics_histo *h) {
+  sb_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+  prom_series(b, name, "", BOUNDS_MS, 1000.0, h);
+}
+
+/* The engine step families (metrics_engine_step). */
+static void prom_engine(sbuf *b, const metrics *c) {
+  char lab[64];
+  sb_printf(b, "# HELP anna_engine_step_seconds engine thread time per step, by phase (step: all but idle)\n"
+               "# TYPE anna_engine_step_seconds histogram\n");
+  for (int p = 0; p < ENG_PH_COUNT; p++) {
+    snprintf(lab, sizeof lab, "phase=\"%s\",", metrics_engine_phase_names[p]);
+    prom_series(b, "anna_engine_step_seconds", lab, STEP_BOUNDS_MS, 1000.0, &c->eng_phase[p]);
+  }
+  sb_printf(b, "# HELP anna_engine_forward_seconds model call time per step, by step kind\n"
+               "# TYPE anna_engine_forward_seconds histogram\n");
+  for (int k = 0; k < ENG_STEP_KINDS; k++) {
+    snprintf(lab, sizeof lab, "kind=\"%s\",", metrics_engine_kind_names[k]);
+    prom_series(b, "anna_engine_forward_seconds", lab, STEP_BOUNDS_MS, 1000.0, &c->eng_fwd[k]);
+  }
+  sb_printf(b, "# HELP anna_engine_step_rows batch rows per step: decode tokens, prompt tokens\n"
+               "# TYPE anna_engine_step_rows histogram\n");
+  prom_series(b, "anna_engine_step_rows", "kind=\"decode\",", ROW_BOUNDS, 1.0, &c->eng_rows_decode);
+  prom_series(b, "anna_engine_step_rows", "kind=\"prefill\",", ROW_BOUNDS, 1.0, &c->eng_rows_prefill);
+  sb_printf(b, "# HELP anna_engine_steps_total engine steps that ran the model, by kind\n"
+               "# TYPE anna_engine_steps_total counter\n");
+  for (int k = 0; k < ENG_STEP_KINDS; k++)
+    sb_printf(b, "anna_engine_steps_total{kind=\"%s\"} %llu\n", metrics_engine_kind_names[k],
+              (unsigned long long)c->eng_steps[k]);
+  sb_printf(b,
+            "# HELP anna_engine_forward_calls_total model calls (a step with verify windows makes two)\n"
+            "# TYPE anna_engine_forward_calls_total counter\nanna_engine_forward_calls_total %llu\n"
+            "# HELP anna_engine_graph_steps_total model calls replayed as CUDA graphs\n"
+            "# TYPE anna_engine_graph_steps_total counter\nanna_engine_graph_steps_total %llu\n"
+            "# HELP anna_engine_full_rows_total logits rows downloaded whole and sampled on the host\n"
+            "# TYPE anna_engine_full_rows_total counter\nanna_engine_full_rows_total %llu\n",
+            (unsigned long long)c->eng_forward_calls, (unsigned long long)c->eng_graph_steps,
+            (unsigned long long)c->eng_full_rows);
 }
 
 char *metrics_prometheus(metrics *m, const char *gauges) {
@@ -198,6 +289,7 @@ char *metrics_prometheus(metrics *m, const char *gauges) {
              &c.itl);
   prom_histo(&b, "anna_request_duration_seconds", "request arrival to last token", &c.e2e);
   prom_histo(&b, "anna_queue_wait_seconds", "arrival to admission into a sequence slot", &c.queue);
+  prom_engine(&b, &c);
   return b.s;
 }
 

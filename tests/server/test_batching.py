@@ -3,6 +3,7 @@ one at a time, also with prompts split into small prefill chunks that share step
 other sequences' decodes, on a classic transformer and on the hybrid Qwen3.5 (GDN)."""
 import concurrent.futures as cf
 import os
+import urllib.request
 
 import pytest
 
@@ -34,10 +35,14 @@ CHUNKED = ("--scheduler-max-prefill-tokens", "7", "--scheduler-profile", "throug
 # A decode budget (cached tokens per step) that fits only one or two sequences: the rotation
 # must still serve all of them.
 TIGHT_DECODE = ("--scheduler-max-decode-tokens", "60", "--scheduler-max-batch-size", "8")
+# Steps that mix decodes and prompt chunks run them as two model calls (decode rows first).
+SPLIT = CHUNKED + ("--split-prefill-decode",)
 
 
-@pytest.mark.parametrize("model,flags", [("qwen3", CHUNKED), ("qwen3_5", CHUNKED), ("qwen3", TIGHT_DECODE)],
-                         ids=["qwen3-chunked", "qwen3_5-chunked", "qwen3-decode-budget"])
+@pytest.mark.parametrize("model,flags", [("qwen3", CHUNKED), ("qwen3_5", CHUNKED), ("qwen3", TIGHT_DECODE),
+                                         ("qwen3_5", SPLIT), ("qwen3", SPLIT + ("--host-sampling",))],
+                         ids=["qwen3-chunked", "qwen3_5-chunked", "qwen3-decode-budget", "qwen3_5-split",
+                              "qwen3-split-full-rows"])
 def test_batched_equals_alone(model, flags):
     alone_srv = start_server(os.path.join(FIXTURES, model), "--parallel", "1", "--ctx-size", "512")
     batch_srv = start_server(os.path.join(FIXTURES, model), "--parallel", "8", "--ctx-size", "512", *flags)
@@ -50,6 +55,10 @@ def test_batched_equals_alone(model, flags):
         h = batch_srv.wait_idle()
         assert h["service"]["mean_batch_seqs"] > 1.2, h["service"]  # steps really were shared
         assert h["memory"]["kv_tokens_used"] == 0
+        if "--split-prefill-decode" in flags:  # some steps really were split in two calls
+            with urllib.request.urlopen(batch_srv.url + "/metrics", timeout=30) as r:
+                m = dict(ln.rsplit(" ", 1) for ln in r.read().decode().splitlines() if ln and ln[0] != "#")
+            assert float(m["anna_engine_forward_calls_total"]) > float(m["anna_decode_steps_total"]), m
     finally:
         alone_srv.stop()
         batch_srv.stop()

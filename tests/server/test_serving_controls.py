@@ -24,6 +24,12 @@ from conftest import FIXTURES, server_bin, start_server
 MSG = [{"role": "user", "content": "Count to ten."}]
 
 
+def prom(srv):
+    with urllib.request.urlopen(srv.url + "/metrics", timeout=30) as r:
+        return {k: float(v) for k, _, v in (ln.rpartition(" ") for ln in r.read().decode().splitlines()
+                                            if ln and ln[0] != "#")}
+
+
 def post(srv, path, body, timeout=60):
     req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
@@ -88,6 +94,32 @@ def test_min_tokens_masks_end_of_generation(client):
         r = client.chat.completions.create(model="qwen3", messages=MSG, max_tokens=32, temperature=1.5, seed=seed,
                                            extra_body={"min_tokens": 20})
         assert r.usage.completion_tokens >= 20, r.usage
+
+
+def test_min_tokens_candidates_equal_full_rows(srv, client, fixture_model):
+    """While min_tokens masks end-of-generation tokens, greedy and top-k rows are drawn from the
+    device's candidates with those tokens dropped (the engine asks for n_eog more): the outputs
+    equal the reference path's, which samples every full row on the host (--host-sampling). The
+    prompts are ones whose unmasked greedy output ends early, so the mask decides tokens."""
+    stoppers = early_stoppers(client)[:6]
+    assert stoppers
+    full0 = prom(srv)["anna_engine_full_rows_total"]
+    ref = start_server(fixture_model, "--parallel", "8", "--ctx-size", "1024", "--host-sampling")
+    try:
+        rc = ref.client()
+        for extra in ({"temperature": 0}, {"temperature": 0.8, "seed": 7, "extra_body": {"top_k": 5}}):
+            eb = {"min_tokens": 24, **extra.get("extra_body", {})}
+            kw = {k: v for k, v in extra.items() if k != "extra_body"}
+            a = client.completions.create(model="qwen3", prompt=stoppers, max_tokens=32, extra_body=eb, **kw)
+            b = rc.completions.create(model="qwen3", prompt=stoppers, max_tokens=32, extra_body=eb, **kw)
+            ta = sorted((c.index, c.text) for c in a.choices)
+            tb = sorted((c.index, c.text) for c in b.choices)
+            assert ta == tb, (extra, ta, tb)
+            assert all(c.finish_reason for c in a.choices) and a.usage.completion_tokens >= 24 * len(stoppers)
+    finally:
+        ref.stop()
+    # the default server drew them all from candidates: no logits row came down whole
+    assert prom(srv)["anna_engine_full_rows_total"] == full0
 
 
 def test_min_tokens_defers_stop_strings(client):
