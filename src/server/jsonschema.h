@@ -119,5 +119,14 @@ void jsonschema_vocab_order(const jschema_vocab *v, jschema_order *o, int *nv);
  * token); returns how many tokens are left. End of generation is the caller's business
  * (jsonschema_done). Uses the vocab's scratch: one caller at a time. No allocation. */
 int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row);
+/* Scratch for masking from several threads over one vocab (the vocab is only read): the
+ * same mask as jsonschema_vocab_mask, bit for bit, writing only sc and row. One thread per
+ * scratch at a time. *out: caller frees with jsonschema_scratch_free (before the vocab).
+ * ANNA_ENOMEM. */
+typedef struct jschema_scratch jschema_scratch;
+int jsonschema_scratch_new(jschema_scratch **out, const jschema_vocab *v);
+void jsonschema_scratch_free(jschema_scratch *sc);
+int jsonschema_vocab_mask_with(const jschema_vocab *v, jschema_scratch *sc, const jschema_state *st,
+                               float *row);
 
 #endif
