@@ -722,7 +722,8 @@ static int json_mask(const engine *e, const slot *s, float *row, jschema_scratch
     for (int k = 0; k < n_keep; k++)
       keep[k] = row[e->eog_ids[k]];
     if (!done || more)
-      allowed = sc ? jsonschema_vocab_mask_with(e->jvoc, sc, &s->js, row) : jsonschema_vocab_mask(e->jvoc, &s->js, row);
+      allowed = sc ? jsonschema_vocab_mask_with(e->jvoc, sc, &s->js, row)
+                   : jsonschema_vocab_mask(e->jvoc, &s->js, row);
     else
       for (int v = 0; v < e->V; v++)
         row[v] = -INFINITY;
@@ -797,8 +798,8 @@ typedef struct mask_pool {
   pthread_cond_t go, done;
   int phase; /* 0: compute the masks of job[]; 1: apply them to rows[] */
   int n_jobs, next, n_done, stop;
-  int *job;      /* [n_seq] slot indices */
-  float **rows;  /* [n_seq] phase 1: the logits row of job k */
+  int *job;     /* [n_seq] slot indices */
+  float **rows; /* [n_seq] phase 1: the logits row of job k */
   /* per worker, built on the first constrained step: scratch row [V], schema scratch, masker */
   float **wrow;
   jschema_scratch **jsc;

@@ -1570,7 +1570,7 @@ struct jschema_vocab {
   int n_split;
   int maxlen;
   jschema_scratch *sc; /* jsonschema_vocab_mask's own scratch */
-  char *own_bytes;   /* jsonschema_vocab_from_text's tables */
+  char *own_bytes;     /* jsonschema_vocab_from_text's tables */
   uint32_t *own_off;
   uint8_t *own_cls;
 };
@@ -1932,8 +1932,8 @@ static int in_strings(const jschema_state *st, long *room, int *patterned) {
  * (chain: the least lcp since then), whose states after those bytes are reused; a rejected
  * prefix rejects every token that starts with it, and a rejected first or second byte skips
  * to the next entry that differs there. */
-static int walk(const jschema_vocab *v, jschema_scratch *sc, const js_order *o, const jschema_state *st, float *row, int lite,
-                int negative) {
+static int walk(const jschema_vocab *v, jschema_scratch *sc, const js_order *o,
+                const jschema_state *st, float *row, int lite, int negative) {
   int count = 0;
   int valid = 0;         /* states [0..valid] hold those after that many bytes */
   int rej = INT32_MAX;   /* the last fed token's bytes [0, rej] were rejected */

@@ -12,7 +12,8 @@
  * rejected tokens) and of the apply phase (bitsets onto B logits rows, on the same threads),
  * and checks every pooled row equals the serial one bit for bit (exit 1 otherwise: ctest runs
  * it so on the fixture tokenizer).
- *   bench_structured MODEL.gguf|TOKENIZER_DIR [BATCH=64] [STEPS=32] [THREADS=0]   (needs a model) */
+ *   bench_structured MODEL.gguf|TOKENIZER_DIR [BATCH=64] [STEPS=32] [THREADS=0]   (needs a model)
+ */
 #include "server/gbnf.h"
 #include "server/jsonschema.h"
 
@@ -182,7 +183,8 @@ int main(int argc, char **argv) {
     P.allowed = malloc((size_t)B * sizeof *P.allowed);
     th = malloc((size_t)T * sizeof *th);
     targ = malloc((size_t)T * sizeof *targ);
-    if (!P.jsc || !P.gm || !P.rows || !P.logits || !serial || !P.bits || !P.allowed || !th || !targ) return 1;
+    if (!P.jsc || !P.gm || !P.rows || !P.logits || !serial || !P.bits || !P.allowed || !th || !targ)
+      return 1;
     pthread_barrier_init(&P.start, NULL, (unsigned)T + 1);
     pthread_barrier_init(&P.end, NULL, (unsigned)T + 1);
     for (int w = 0; w < T; w++) {
@@ -261,13 +263,15 @@ int main(int argc, char **argv) {
           P.logits[q] = 1.0f;
         asum += pool_run(&P, 1);
         for (int b = 0; b < B; b++) {
-          const float *sr = serial + (size_t)b * V, *pr = P.rows + (size_t)b * V, *lr = P.logits + (size_t)b * V;
+          const float *sr = serial + (size_t)b * V, *pr = P.rows + (size_t)b * V,
+                      *lr = P.logits + (size_t)b * V;
           int bad = memcmp(sr, pr, (size_t)V * sizeof *sr) != 0;
           for (int v = 0; v < V && !bad; v++)
             bad = (sr[v] == -INFINITY) != (lr[v] == -INFINITY);
           if (bad) {
-            fprintf(stderr, "%s: step %d sequence %d: the pooled mask differs from the serial one\n", CASES[c][1],
-                    st, b);
+            fprintf(stderr,
+                    "%s: step %d sequence %d: the pooled mask differs from the serial one\n",
+                    CASES[c][1], st, b);
             return 1;
           }
         }
@@ -294,9 +298,10 @@ int main(int argc, char **argv) {
            CASES[c][1], tc, n, B, sum / steps / 1e3, worst / 1e3, sum / steps / B / 1e3,
            allowed_sum / ((long)steps * B));
     if (T > 0)
-      printf("%-14s %d threads: compute %8.2f ms/step wall (worst %8.2f), apply %6.2f ms/step wall; "
-             "equal to serial\n",
-             CASES[c][1], T, psum / steps / 1e3, pworst / 1e3, asum / steps / 1e3);
+      printf(
+          "%-14s %d threads: compute %8.2f ms/step wall (worst %8.2f), apply %6.2f ms/step wall; "
+          "equal to serial\n",
+          CASES[c][1], T, psum / steps / 1e3, pworst / 1e3, asum / steps / 1e3);
     free(ids);
     gbnf_release(g);
     jsonschema_release(s);
@@ -311,7 +316,8 @@ int main(int argc, char **argv) {
     }
     pthread_barrier_destroy(&P.start);
     pthread_barrier_destroy(&P.end);
-    free(P.jsc), free(P.gm), free(P.rows), free(P.logits), free(serial), free(P.bits), free(P.allowed);
+    free(P.jsc), free(P.gm), free(P.rows), free(P.logits), free(serial), free(P.bits),
+        free(P.allowed);
     free(th), free(targ);
   }
   free(row);
