@@ -829,34 +829,16 @@ static void mask_job_compute(mask_pool *p, int w, int i) {
   p->m_allow_g[i] = s->r->grammar ? grammar_mask(e, s, row, p->gm[w]) : 1;
   p->m_allow_j[i] = s->r->json_mode ? json_mask(e, s, row, p->jsc[w]) : 1;
   uint64_t *b = p->bits + (size_t)i * p->words;
-  for (size_t k = 0; k < p->words; k++) {
-    uint64_t m = 0;
-    const size_t v0 = k * 64, n = (size_t)e->V - v0 < 64 ? (size_t)e->V - v0 : 64;
-    for (size_t j = 0; j < n; j++)
-      m |= (uint64_t)(row[v0 + j] == -INFINITY) << j;
-    b[k] = m;
-  }
+  jsonschema_mask_bits(row, e->V, b);
   p->m_req[i] = s->r;
   p->m_ci[i] = s->ci;
   p->m_gen[i] = s->n_gen;
   p->m_ok[i] = 1;
 }
 
-/* -inf where slot i's bitset rejects; a word at a time (most words are all one way). */
+/* -inf where slot i's bitset rejects. */
 static void mask_bits_apply(const mask_pool *p, int i, float *row, int V) {
-  const uint64_t *b = p->bits + (size_t)i * p->words;
-  for (size_t k = 0; k < p->words; k++) {
-    uint64_t m = b[k];
-    if (!m) continue;
-    float *r = row + k * 64;
-    if (m == ~(uint64_t)0 && (k + 1) * 64 <= (size_t)V) {
-      for (int j = 0; j < 64; j++)
-        r[j] = -INFINITY;
-      continue;
-    }
-    for (; m; m &= m - 1)
-      r[__builtin_ctzll(m)] = -INFINITY;
-  }
+  jsonschema_bits_apply(p->bits + (size_t)i * p->words, V, row);
 }
 
 static void mask_job_run(mask_pool *p, int w, int phase, int k) {

@@ -2061,3 +2061,47 @@ int jsonschema_vocab_mask_with(const jschema_vocab *v, jschema_scratch *sc, cons
     return allowed + walk(v, sc, &v->plain, st, row, 1, 0) + walk(v, sc, &v->rest, st, row, 0, 0);
   return allowed + walk(v, sc, &v->all, st, row, 0, 0);
 }
+
+/* Most 64-token words are all allowed or all rejected: those are told by memcmp (vectorized
+ * in the C library) against a block of zeros / -infs; the rest bit by bit. */
+static const float zero_block[64];
+static float ninf_block[64];
+static pthread_once_t ninf_once = PTHREAD_ONCE_INIT;
+
+static void ninf_init(void) {
+  for (int j = 0; j < 64; j++)
+    ninf_block[j] = -INFINITY;
+}
+
+void jsonschema_mask_bits(const float *row, int V, uint64_t *bits) {
+  pthread_once(&ninf_once, ninf_init);
+  for (size_t k = 0, words = ((size_t)V + 63) / 64; k < words; k++) {
+    const float *r = row + k * 64;
+    const size_t n = (size_t)V - k * 64 < 64 ? (size_t)V - k * 64 : 64;
+    if (!memcmp(r, zero_block, n * sizeof *r)) {
+      bits[k] = 0;
+    } else if (!memcmp(r, ninf_block, n * sizeof *r)) {
+      bits[k] = n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+    } else {
+      uint64_t m = 0;
+      for (size_t j = 0; j < n; j++)
+        m |= (uint64_t)(r[j] == -INFINITY) << j;
+      bits[k] = m;
+    }
+  }
+}
+
+void jsonschema_bits_apply(const uint64_t *bits, int V, float *row) {
+  pthread_once(&ninf_once, ninf_init);
+  for (size_t k = 0, words = ((size_t)V + 63) / 64; k < words; k++) {
+    uint64_t m = bits[k];
+    if (!m) continue;
+    float *r = row + k * 64;
+    if (m == ~(uint64_t)0) { /* a full word: the last one, if partial, never is */
+      memcpy(r, ninf_block, sizeof ninf_block);
+      continue;
+    }
+    for (; m; m &= m - 1)
+      r[__builtin_ctzll(m)] = -INFINITY;
+  }
+}

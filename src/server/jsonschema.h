@@ -128,5 +128,11 @@ int jsonschema_scratch_new(jschema_scratch **out, const jschema_vocab *v);
 void jsonschema_scratch_free(jschema_scratch *sc);
 int jsonschema_vocab_mask_with(const jschema_vocab *v, jschema_scratch *sc, const jschema_state *st,
                                float *row);
+/* A mask kept apart from the logits (the engine's mask pool): row[V] was all 0.0f before the
+ * masks ran, so each entry is 0 or -inf; bits[(V + 63) / 64] gets bit v set where row[v] is
+ * -inf. jsonschema_bits_apply sets row[v] = -INFINITY where bit v is set, leaving the rest as
+ * they are (the same row as masking in place). No allocation. */
+void jsonschema_mask_bits(const float *row, int V, uint64_t *bits);
+void jsonschema_bits_apply(const uint64_t *bits, int V, float *row);
 
 #endif

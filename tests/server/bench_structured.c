@@ -55,21 +55,6 @@ typedef struct pool {
   int *allowed;
 } pool;
 
-static void apply_bits(const uint64_t *b, size_t words, float *row, int V) {
-  for (size_t k = 0; k < words; k++) {
-    uint64_t m = b[k];
-    if (!m) continue;
-    float *r = row + k * 64;
-    if (m == ~(uint64_t)0 && (k + 1) * 64 <= (size_t)V) {
-      for (int j = 0; j < 64; j++)
-        r[j] = -INFINITY;
-      continue;
-    }
-    for (; m; m &= m - 1)
-      r[__builtin_ctzll(m)] = -INFINITY;
-  }
-}
-
 static void *pool_worker(void *arg) {
   pool *p = ((pool **)arg)[0];
   const int w = (int)(intptr_t)((void **)arg)[1];
@@ -80,19 +65,13 @@ static void *pool_worker(void *arg) {
       float *row = p->rows + (size_t)b * p->V;
       uint64_t *bits = p->bits + (size_t)b * p->words;
       if (p->phase == 1) {
-        apply_bits(bits, p->words, p->logits + (size_t)b * p->V, p->V);
+        jsonschema_bits_apply(bits, p->V, p->logits + (size_t)b * p->V);
         continue;
       }
       memset(row, 0, (size_t)p->V * sizeof *row);
       p->allowed[b] = p->is_g ? gbnf_mask(p->gm[w], &p->gs[b], row)
                               : jsonschema_vocab_mask_with(p->voc, p->jsc[w], &p->js[b], row);
-      for (size_t k = 0; k < p->words; k++) {
-        uint64_t m = 0;
-        const size_t v0 = k * 64, n = (size_t)p->V - v0 < 64 ? (size_t)p->V - v0 : 64;
-        for (size_t j = 0; j < n; j++)
-          m |= (uint64_t)(row[v0 + j] == -INFINITY) << j;
-        bits[k] = m;
-      }
+      jsonschema_mask_bits(row, p->V, bits);
     }
     pthread_barrier_wait(&p->end);
   }
