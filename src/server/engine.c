@@ -987,8 +987,8 @@ static void mask_pool_join(mask_pool *p, int help) {
 }
 
 /* After the forward pass: joins the masks and applies them to the rows slot_sample will read
- * (logits row k of out_slot[k]; not a row the exact cache stores first, which must stay as
- * the model gave it: slot_sample applies that one). */
+ * (logits row k of out_slot[k]; not a row the exact cache stores first or whose logprobs are
+ * reported, which must be read as the model gave it: slot_sample applies those). */
 static void mask_pool_apply(engine *e, int nflag, int have_rows) {
   mask_pool *p = e->mp;
   mask_pool_join(p, 0);
@@ -997,7 +997,7 @@ static void mask_pool_apply(engine *e, int nflag, int have_rows) {
   for (int k = 0; k < nflag; k++) {
     const int i = e->out_slot[k];
     const slot *s = &e->slots[i];
-    if (!p->m_ok[i] || (s->exact_store && !s->decoding)) continue;
+    if (!p->m_ok[i] || (s->exact_store && !s->decoding) || s->r->logprobs) continue;
     p->job[n] = i;
     p->rows[n++] = e->logits + (size_t)k * (size_t)e->V;
   }

@@ -48,3 +48,16 @@ def test_pooled_masks_equal_inline(pair, i):
         inline, pooled = reply(pair[0], seed, **kw), reply(pair[1], seed, **kw)
         assert inline == pooled
         assert any(t for t, _ in pooled)  # the outputs compared are not all empty
+
+
+def test_logprobs_are_the_model_s(pair):
+    """Logprobs come from the row before the mask: the pool must not mask it first."""
+    kw = dict(response_format=rf(SCHEMAS[0]), logprobs=True, top_logprobs=3, max_tokens=40, temperature=1.0,
+              seed=5, model="qwen3", messages=MSG)
+    out = []
+    for c in pair:
+        ch = c.chat.completions.create(**kw).choices[0]
+        out.append((ch.message.content, [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                                         for t in ch.logprobs.content]))
+    assert out[0] == out[1]
+    assert out[1][1] and all(lp > -1e30 for _, lp, _ in out[1][1])
