@@ -50,6 +50,8 @@ static void usage(FILE *f) {
           "                           memory (vLLM's flag; instead of --kv-blocks; needs --device cuda|auto)\n"
           "  --exact                  quantized weights x f32 activations (exact, slower;\n"
           "                           default: 8-bit activations, llama.cpp's numerics)\n"
+          "  --mask-threads N         threads computing structured-output token masks while the forward\n"
+          "                           pass runs (default: cores / 2, at most 8; 0: after it, on the engine thread)\n"
           "  --host-sampling          download every logits row and sample it on the host, the reference\n"
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
@@ -99,6 +101,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   server_options o = {0};
+  o.eng.mask_threads = -1; /* --mask-threads: automatic unless given */
   const char *hf = NULL;
   o.host = "127.0.0.1";
   o.responses_store_max = 1024;
@@ -157,6 +160,7 @@ int main(int argc, char **argv) {
       }
       spec = 1;
     }
+    INTF("--mask-threads", 0, 64, o.eng.mask_threads)
     INTF("--draft-max", 1, ANNA_SPEC_MAX_DRAFT, o.eng.spec_draft_max)
     INTF("--ngram-min", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_min)
     INTF("--ngram-max", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_max)

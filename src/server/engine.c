@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define ENGINE_DETERMINISTIC_CHUNK 64 /* engine_options.deterministic */
 
@@ -193,6 +194,7 @@ struct engine {
   const uint8_t *tok_cls;
   jschema_vocab *jvoc;
   gbnf_masker *gmask; /* grammar masks over jvoc, built on first use */
+  struct mask_pool *mp; /* mask workers (engine_options.mask_threads); NULL: masks inline */
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
@@ -814,7 +816,7 @@ static int slot_json_done(const slot *s, int *more) {
 
 /* Masks every token that would break the JSON prefix (-inf logit); end of generation only
  * once the object is complete. Returns the number of tokens left. */
-static int json_mask(engine *e, slot *s, float *row) {
+static int json_mask(const engine *e, const slot *s, float *row, jschema_scratch *sc) {
   int allowed = 0, more;
   if (s->r->schema) {
     /* Complete but extendable (a top-level number): end of generation or more digits. */
@@ -823,7 +825,9 @@ static int json_mask(engine *e, slot *s, float *row) {
     int n_keep = e->n_eog < 8 ? e->n_eog : 8;
     for (int k = 0; k < n_keep; k++)
       keep[k] = row[e->eog_ids[k]];
-    if (!done || more) allowed = jsonschema_vocab_mask(e->jvoc, &s->js, row);
+    if (!done || more)
+      allowed = sc ? jsonschema_vocab_mask_with(e->jvoc, sc, &s->js, row)
+                   : jsonschema_vocab_mask(e->jvoc, &s->js, row);
     else
       for (int v = 0; v < e->V; v++)
         row[v] = -INFINITY;
@@ -861,13 +865,13 @@ static int json_mask(engine *e, slot *s, float *row) {
 
 /* Masks every token the grammar does not allow next; end of generation only where the text
  * is a whole sentence. Returns the number of tokens left. */
-static int grammar_mask(engine *e, slot *s, float *row) {
+static int grammar_mask(const engine *e, const slot *s, float *row, gbnf_masker *gm) {
   float keep[8];
   int n_keep = e->n_eog < 8 ? e->n_eog : 8, done = gbnf_done(&s->gs), allowed = 0;
   for (int k = 0; k < n_keep; k++)
     keep[k] = row[e->eog_ids[k]];
   if (gbnf_more(&s->gs)) {
-    allowed = gbnf_mask(e->gmask, &s->gs, row);
+    allowed = gbnf_mask(gm, &s->gs, row);
   } else {
     for (int v = 0; v < e->V; v++)
       row[v] = -INFINITY;
@@ -877,6 +881,254 @@ static int grammar_mask(engine *e, slot *s, float *row) {
     allowed++;
   }
   return allowed;
+}
+
+/* ---- mask workers (issue 30) ----
+ * A sequence's mask for this step depends only on what it sampled before it, so the masks of
+ * the step's constrained rows are computed while the forward pass runs (mask_pool_start
+ * before anna_context_decode, mask_pool_apply after it), each worker with its own scratch
+ * (a jsonschema scratch, a gbnf masker with its own cache) over the engine's read-only token
+ * tables. A mask is kept as a bitset of rejected tokens per slot index, tagged with the
+ * request, choice and n_gen it was computed for: slot_sample uses it only while they still
+ * hold (a speculative window's tokens, a preemption, a slot that started since all fall back
+ * to the inline mask). The engine thread is the only one that changes slot states, and it
+ * does not while jobs run (it waits in the forward pass or joins). */
+typedef struct mask_pool {
+  engine *e;
+  int n; /* worker threads */
+  pthread_t *th;
+  int n_created, n_started;
+  pthread_mutex_t mu;
+  pthread_cond_t go, done;
+  int phase; /* 0: compute the masks of job[]; 1: apply them to rows[] */
+  int n_jobs, next, n_done, stop;
+  int *job;     /* [n_seq] slot indices */
+  float **rows; /* [n_seq] phase 1: the logits row of job k */
+  /* per worker, built on the first constrained step: scratch row [V], schema scratch, masker */
+  float **wrow;
+  jschema_scratch **jsc;
+  gbnf_masker **gm;
+  /* per slot index: the rejected tokens [words] and for whom they hold */
+  size_t words;
+  uint64_t *bits;
+  const gen_request **m_req;
+  int *m_ci, *m_gen, *m_ok, *m_applied, *m_allow_g, *m_allow_j;
+} mask_pool;
+
+/* Whether slot s samples a masked row at its next position (slot_sample's branches). */
+static int slot_mask_wanted(const slot *s) {
+  const gen_request *r = s->r;
+  int more = 0;
+  if (!r || (!r->grammar && !r->json_mode) || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
+  if (r->json_mode && r->n_suffix && slot_json_done(s, &more) && !more) return 0;
+  return 1;
+}
+
+static void mask_job_compute(mask_pool *p, int w, int i) {
+  const engine *e = p->e;
+  const slot *s = &e->slots[i];
+  float *row = p->wrow[w];
+  memset(row, 0, (size_t)e->V * sizeof *row);
+  /* the serial path's order: grammar, then JSON; a zero row keeps what either rejects */
+  p->m_allow_g[i] = s->r->grammar ? grammar_mask(e, s, row, p->gm[w]) : 1;
+  p->m_allow_j[i] = s->r->json_mode ? json_mask(e, s, row, p->jsc[w]) : 1;
+  uint64_t *b = p->bits + (size_t)i * p->words;
+  jsonschema_mask_bits(row, e->V, b);
+  p->m_req[i] = s->r;
+  p->m_ci[i] = s->ci;
+  p->m_gen[i] = s->n_gen;
+  p->m_ok[i] = 1;
+}
+
+/* -inf where slot i's bitset rejects. */
+static void mask_bits_apply(const mask_pool *p, int i, float *row, int V) {
+  jsonschema_bits_apply(p->bits + (size_t)i * p->words, V, row);
+}
+
+static void mask_job_run(mask_pool *p, int w, int phase, int k) {
+  const int i = p->job[k];
+  if (phase == 0) {
+    mask_job_compute(p, w, i);
+  } else {
+    mask_bits_apply(p, i, p->rows[k], p->e->V);
+    p->m_applied[i] = 1;
+  }
+}
+
+static void *mask_worker(void *arg) {
+  mask_pool *p = arg;
+  pthread_mutex_lock(&p->mu);
+  const int w = p->n_started++;
+  for (;;) {
+    while (!p->stop && p->next >= p->n_jobs)
+      pthread_cond_wait(&p->go, &p->mu);
+    if (p->stop) break;
+    const int k = p->next++, phase = p->phase;
+    pthread_mutex_unlock(&p->mu);
+    mask_job_run(p, w, phase, k);
+    pthread_mutex_lock(&p->mu);
+    if (++p->n_done == p->n_jobs) pthread_cond_signal(&p->done);
+  }
+  pthread_mutex_unlock(&p->mu);
+  return NULL;
+}
+
+static void mask_pool_free(mask_pool *p) {
+  if (!p) return;
+  pthread_mutex_lock(&p->mu);
+  p->stop = 1;
+  pthread_cond_broadcast(&p->go);
+  pthread_mutex_unlock(&p->mu);
+  for (int w = 0; w < p->n_created; w++)
+    pthread_join(p->th[w], NULL);
+  for (int w = 0; w < p->n; w++) {
+    if (p->wrow) free(p->wrow[w]);
+    if (p->jsc) jsonschema_scratch_free(p->jsc[w]);
+    if (p->gm) gbnf_masker_free(p->gm[w]);
+  }
+  free(p->th), free(p->wrow), free(p->jsc), free(p->gm), free(p->job), free(p->rows), free(p->bits);
+  free(p->m_req), free(p->m_ci), free(p->m_gen), free(p->m_ok), free(p->m_applied), free(p->m_allow_g);
+  free(p->m_allow_j);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->go);
+  pthread_cond_destroy(&p->done);
+  free(p);
+}
+
+/* n threads; the per-worker scratch and the bitsets wait for the first constrained step. */
+static int mask_pool_new(mask_pool **out, engine *e, int n) {
+  *out = NULL;
+  const int S = e->o.n_seq;
+  mask_pool *p = calloc(1, sizeof *p);
+  if (!p) return ANNA_ENOMEM;
+  p->e = e;
+  p->n = n;
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_cond_init(&p->go, NULL);
+  pthread_cond_init(&p->done, NULL);
+  p->th = calloc((size_t)n, sizeof *p->th);
+  p->wrow = calloc((size_t)n, sizeof *p->wrow);
+  p->jsc = calloc((size_t)n, sizeof *p->jsc);
+  p->gm = calloc((size_t)n, sizeof *p->gm);
+  p->job = malloc((size_t)S * sizeof *p->job);
+  p->rows = malloc((size_t)S * sizeof *p->rows);
+  p->m_req = calloc((size_t)S, sizeof *p->m_req);
+  p->m_ci = calloc((size_t)S, sizeof *p->m_ci);
+  p->m_gen = calloc((size_t)S, sizeof *p->m_gen);
+  p->m_ok = calloc((size_t)S, sizeof *p->m_ok);
+  p->m_applied = calloc((size_t)S, sizeof *p->m_applied);
+  p->m_allow_g = calloc((size_t)S, sizeof *p->m_allow_g);
+  p->m_allow_j = calloc((size_t)S, sizeof *p->m_allow_j);
+  if (!p->th || !p->wrow || !p->jsc || !p->gm || !p->job || !p->rows || !p->m_req || !p->m_ci || !p->m_gen ||
+      !p->m_ok || !p->m_applied || !p->m_allow_g || !p->m_allow_j) {
+    mask_pool_free(p);
+    return ANNA_ENOMEM;
+  }
+  for (int w = 0; w < n; w++, p->n_created++)
+    if (pthread_create(&p->th[w], NULL, mask_worker, p)) {
+      mask_pool_free(p);
+      return ANNA_ENOMEM;
+    }
+  *out = p;
+  return 0;
+}
+
+/* The scratch the step's jobs need (0), or nonzero: leave them to the inline path. */
+static int mask_pool_ready(mask_pool *p, int schema, int grammar) {
+  const engine *e = p->e;
+  if (!p->bits) {
+    p->words = ((size_t)e->V + 63) / 64;
+    p->bits = malloc((size_t)e->o.n_seq * p->words * sizeof *p->bits);
+    if (!p->bits) return ANNA_ENOMEM;
+  }
+  for (int w = 0; w < p->n; w++) {
+    if (!p->wrow[w] && !(p->wrow[w] = malloc((size_t)e->V * sizeof(float)))) return ANNA_ENOMEM;
+    if (schema && !p->jsc[w] && jsonschema_scratch_new(&p->jsc[w], e->jvoc)) return ANNA_ENOMEM;
+    if (grammar && !p->gm[w] && gbnf_masker_new(&p->gm[w], e->jvoc)) return ANNA_ENOMEM;
+  }
+  return 0;
+}
+
+/* Before the forward pass: compute the masks of the step's sampled rows out_slot[0, nflag)
+ * that take one, on the workers. mask_pool_apply joins them. */
+static void mask_pool_start(engine *e, int nflag) {
+  mask_pool *p = e->mp;
+  int n = 0, schema = 0, grammar = 0;
+  for (int i = 0; i < e->o.n_seq; i++)
+    p->m_ok[i] = p->m_applied[i] = 0;
+  for (int k = 0; k < nflag; k++) {
+    const slot *s = &e->slots[e->out_slot[k]];
+    if (!slot_mask_wanted(s)) continue;
+    /* the tables the inline path would build on its first sample */
+    if (json_tables(e) || (s->r->grammar && !e->gmask && gbnf_masker_new(&e->gmask, e->jvoc))) return;
+    schema |= s->r->json_mode && s->r->schema != NULL;
+    grammar |= s->r->grammar != NULL;
+    p->job[n++] = e->out_slot[k];
+  }
+  if (!n || mask_pool_ready(p, schema, grammar)) return;
+  pthread_mutex_lock(&p->mu);
+  p->phase = 0;
+  p->n_done = p->next = 0;
+  p->n_jobs = n;
+  pthread_cond_broadcast(&p->go);
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* Waits for the current jobs (the engine thread takes its share of an apply phase). */
+static void mask_pool_join(mask_pool *p, int help) {
+  pthread_mutex_lock(&p->mu);
+  while (help && p->next < p->n_jobs) {
+    const int k = p->next++;
+    pthread_mutex_unlock(&p->mu);
+    mask_job_run(p, p->n, 1, k); /* the apply phase needs no worker scratch */
+    pthread_mutex_lock(&p->mu);
+    if (++p->n_done == p->n_jobs) pthread_cond_signal(&p->done);
+  }
+  while (p->n_done < p->n_jobs)
+    pthread_cond_wait(&p->done, &p->mu);
+  p->n_jobs = p->next = p->n_done = 0;
+  pthread_mutex_unlock(&p->mu);
+}
+
+/* After the forward pass: joins the masks and applies them to the rows slot_sample will read
+ * (logits row k of out_slot[k]; not a row the exact cache stores first or whose logprobs are
+ * reported, which must be read as the model gave it: slot_sample applies those). */
+static void mask_pool_apply(engine *e, int nflag, int have_rows) {
+  mask_pool *p = e->mp;
+  mask_pool_join(p, 0);
+  if (!have_rows) return;
+  int n = 0;
+  for (int k = 0; k < nflag; k++) {
+    const int i = e->out_slot[k];
+    const slot *s = &e->slots[i];
+    if (!p->m_ok[i] || (s->exact_store && !s->decoding) || s->r->logprobs) continue;
+    p->job[n] = i;
+    p->rows[n++] = e->logits + (size_t)k * (size_t)e->V;
+  }
+  if (!n) return;
+  pthread_mutex_lock(&p->mu);
+  p->phase = 1;
+  p->n_done = p->next = 0;
+  p->n_jobs = n;
+  pthread_cond_broadcast(&p->go);
+  pthread_mutex_unlock(&p->mu);
+  mask_pool_join(p, 1);
+}
+
+/* slot_sample's mask step: from the pool when it holds slot i's mask for this position, else
+ * computed here. Returns 0 to go on, 1 when the grammar / JSON leaves no token (stop). */
+static int slot_mask(engine *e, int i, float *row) {
+  slot *s = &e->slots[i];
+  const gen_request *r = s->r;
+  mask_pool *p = e->mp;
+  if (p && p->m_ok[i] && p->m_req[i] == r && p->m_ci[i] == s->ci && p->m_gen[i] == s->n_gen) {
+    p->m_ok[i] = 0;
+    if (!p->m_applied[i]) mask_bits_apply(p, i, row, e->V);
+    return p->m_allow_g[i] == 0 || p->m_allow_j[i] == 0;
+  }
+  if (r->grammar && grammar_mask(e, s, row, e->gmask) == 0) return 1;
+  if (r->json_mode && json_mask(e, s, row, NULL) == 0) return 1;
+  return 0;
 }
 
 /* Whether slot i's next row can be sampled from the backend's candidates (see
@@ -943,25 +1195,17 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     else
       forced_end = 1;
   } else {
-    if (r->grammar) {
-      if (json_tables(e) || (!e->gmask && gbnf_masker_new(&e->gmask, e->jvoc))) {
-        slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the grammar token tables", 0);
-        return;
-      }
-      if (grammar_mask(e, s, row) == 0) {
-        slot_free(e, i, "stop", 0, NULL, 1);
-        return;
-      }
+    if (r->grammar && (json_tables(e) || (!e->gmask && gbnf_masker_new(&e->gmask, e->jvoc)))) {
+      slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the grammar token tables", 0);
+      return;
     }
-    if (r->json_mode) {
-      if (json_tables(e)) {
-        slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the JSON token tables", 0);
-        return;
-      }
-      if (json_mask(e, s, row) == 0) {
-        slot_free(e, i, "stop", 0, NULL, 1);
-        return;
-      }
+    if (r->json_mode && json_tables(e)) {
+      slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the JSON token tables", 0);
+      return;
+    }
+    if ((r->grammar || r->json_mode) && slot_mask(e, i, row)) {
+      slot_free(e, i, "stop", 0, NULL, 1);
+      return;
     }
     /* min_tokens (vLLM): no end of generation yet. JSON mode already keeps special tokens out
      * until the object is complete, and then allows nothing else: it wins. */
@@ -1506,8 +1750,10 @@ static void *engine_main(void *arg) {
         }
       }
     }
+    if (e->mp) mask_pool_start(e, nflag); /* masks overlap the forward pass */
     const int drc = nb == 0 ? 0 : step_forward(e, &b, nb_dec, nflag_dec, kc, ktemp, err, sizeof err);
     ph_mark(e, ENG_PH_FORWARD);
+    if (e->mp) mask_pool_apply(e, nflag, !drc && nb > 0 && kc == 0);
     if (drc) {
       slog(SLOG_ERROR, NULL, "decode failed: %s", err);
       /* No free KV block (ANNA_ERANGE) or no memory: a retry may succeed (HTTP 503). */
@@ -1774,6 +2020,16 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
     goto fail;
   }
+  int mt = e->o.mask_threads;
+  if (mt < 0) {
+    const long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    mt = nc >= 2 ? (int)(nc / 2) : 0;
+    mt = mt > 8 ? 8 : mt;
+  }
+  if (mt > 0 && mask_pool_new(&e->mp, e, mt)) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "cannot start %d structured-output mask threads", mt);
+    goto fail;
+  }
   for (int k = 0; k < e->o.prompt_cache_size; k++)
     if (!(e->ex[k].tok = malloc((size_t)e->o.n_ctx * sizeof(int32_t))) ||
         !(e->ex[k].logits = malloc((size_t)e->V * sizeof(float)))) {
@@ -1890,6 +2146,7 @@ void engine_free(engine *e) {
   free(e->out_slot);
   free(e->logits);
   free(e->lp_row);
+  mask_pool_free(e->mp); /* its maskers read jvoc */
   gbnf_masker_free(e->gmask);
   jsonschema_vocab_free(e->jvoc);
   free(e->eog_ids);

@@ -89,6 +89,12 @@ typedef struct engine_options {
    * --split-prefill-decode). An experiment for issue 29: whether one mixed call or a graphed
    * decode plus a prompt chunk costs less on a given device. */
   int split_prefill;
+  /* Structured-output mask workers (issue 30): the token masks (JSON mode, JSON Schema, GBNF)
+   * of a step's constrained rows are computed by this many threads while the forward pass
+   * runs, and applied to the logits rows by them once it returns. 0: on the engine thread
+   * after the forward pass, one after another; < 0: cores / 2, at most 8. Same tokens either
+   * way. */
+  int mask_threads;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */

@@ -1569,12 +1569,18 @@ struct jschema_vocab {
   int32_t *split; /* pieces of split characters whose bytes are unknown */
   int n_split;
   int maxlen;
+  jschema_scratch *sc; /* jsonschema_vocab_mask's own scratch */
+  char *own_bytes;     /* jsonschema_vocab_from_text's tables */
+  uint32_t *own_off;
+  uint8_t *own_cls;
+};
+
+/* What one mask computation writes: a caller per scratch, so several threads can mask over
+ * one (read-only) vocab, each with its own (jsonschema_scratch_new). */
+struct jschema_scratch {
   jschema_state *st; /* [maxlen + 1] scratch of the full pass */
   struct lite *lite; /* [maxlen + 1] scratch of the string pass */
   float *saved;      /* [nv] the row before masking */
-  char *own_bytes;   /* jsonschema_vocab_from_text's tables */
-  uint32_t *own_off;
-  uint8_t *own_cls;
 };
 
 /* Inside strings, plain tokens never leave the string: the string pass steps only what a
@@ -1708,8 +1714,7 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
   v->pure = malloc((size_t)V * sizeof *v->pure);
   v->never = malloc((size_t)V * sizeof *v->never);
   v->split = malloc((size_t)V * sizeof *v->split);
-  v->saved = malloc((size_t)V * sizeof *v->saved);
-  if (!v->nchars || !v->pure || !v->never || !v->split || !v->saved || order_alloc(&v->all, V) ||
+  if (!v->nchars || !v->pure || !v->never || !v->split || order_alloc(&v->all, V) ||
       order_alloc(&v->plain, V) || order_alloc(&v->rest, V))
     goto fail;
   js_order *A = &v->all;
@@ -1764,9 +1769,7 @@ int jsonschema_vocab_build(jschema_vocab **out, const char *bytes, const uint32_
   if (order_finish(&v->all, bytes, off) || order_finish(&v->plain, bytes, off) ||
       order_finish(&v->rest, bytes, off))
     goto fail;
-  v->st = malloc(((size_t)v->maxlen + 1) * sizeof *v->st);
-  v->lite = malloc(((size_t)v->maxlen + 1) * sizeof *v->lite);
-  if (!v->st || !v->lite) goto fail;
+  if (jsonschema_scratch_new(&v->sc, v)) goto fail;
   *out = v;
   return 0;
 fail:
@@ -1783,9 +1786,7 @@ void jsonschema_vocab_free(jschema_vocab *v) {
   free(v->pure);
   free(v->never);
   free(v->split);
-  free(v->st);
-  free(v->lite);
-  free(v->saved);
+  jsonschema_scratch_free(v->sc);
   free(v->own_bytes);
   free(v->own_off);
   free(v->own_cls);
@@ -1931,14 +1932,14 @@ static int in_strings(const jschema_state *st, long *room, int *patterned) {
  * (chain: the least lcp since then), whose states after those bytes are reused; a rejected
  * prefix rejects every token that starts with it, and a rejected first or second byte skips
  * to the next entry that differs there. */
-static int walk(jschema_vocab *v, const js_order *o, const jschema_state *st, float *row, int lite,
-                int negative) {
+static int walk(const jschema_vocab *v, jschema_scratch *sc, const js_order *o,
+                const jschema_state *st, float *row, int lite, int negative) {
   int count = 0;
   int valid = 0;         /* states [0..valid] hold those after that many bytes */
   int rej = INT32_MAX;   /* the last fed token's bytes [0, rej] were rejected */
   int chain = INT32_MAX; /* common prefix of this token and the last fed one */
   if (lite) {
-    struct lite *l0 = &v->lite[0];
+    struct lite *l0 = &sc->lite[0];
     l0->n = st->n;
     for (int i = 0; i < st->n; i++) {
       const jschema_thread *t = &st->t[i];
@@ -1951,7 +1952,7 @@ static int walk(jschema_vocab *v, const js_order *o, const jschema_state *st, fl
       l0->th[i].s[1] = t->re[1];
     }
   } else {
-    jsonschema_copy(&v->st[0], st);
+    jsonschema_copy(&sc->st[0], st);
   }
   for (int i = 0; i < o->n; i++) {
     if (o->lcp[i] < chain) chain = o->lcp[i];
@@ -1971,16 +1972,16 @@ static int walk(jschema_vocab *v, const js_order *o, const jschema_state *st, fl
     int k = chain < valid ? chain : valid;
     if (lite) {
       for (; k < n; k++)
-        if (!lite_step(&v->lite[k], &v->lite[k + 1], (unsigned char)b[k])) break;
+        if (!lite_step(&sc->lite[k], &sc->lite[k + 1], (unsigned char)b[k])) break;
     } else {
       for (; k < n; k++)
-        if (!state_step(&v->st[k], &v->st[k + 1], (unsigned char)b[k])) break;
+        if (!state_step(&sc->st[k], &sc->st[k + 1], (unsigned char)b[k])) break;
     }
     if (k == n) {
       valid = n;
       rej = INT32_MAX;
       if (!negative) {
-        row[t] = v->saved[t];
+        row[t] = sc->saved[t];
         count++;
       }
     } else {
@@ -1995,7 +1996,35 @@ static int walk(jschema_vocab *v, const js_order *o, const jschema_state *st, fl
   return count;
 }
 
+int jsonschema_scratch_new(jschema_scratch **out, const jschema_vocab *v) {
+  jschema_scratch *sc = calloc(1, sizeof *sc);
+  *out = NULL;
+  if (!sc) return ANNA_ENOMEM;
+  sc->st = malloc(((size_t)v->maxlen + 1) * sizeof *sc->st);
+  sc->lite = malloc(((size_t)v->maxlen + 1) * sizeof *sc->lite);
+  sc->saved = malloc((size_t)v->nv * sizeof *sc->saved);
+  if (!sc->st || !sc->lite || !sc->saved) {
+    jsonschema_scratch_free(sc);
+    return ANNA_ENOMEM;
+  }
+  *out = sc;
+  return 0;
+}
+
+void jsonschema_scratch_free(jschema_scratch *sc) {
+  if (!sc) return;
+  free(sc->st);
+  free(sc->lite);
+  free(sc->saved);
+  free(sc);
+}
+
 int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row) {
+  return jsonschema_vocab_mask_with(v, v->sc, st, row);
+}
+
+int jsonschema_vocab_mask_with(const jschema_vocab *v, jschema_scratch *sc, const jschema_state *st,
+                               float *row) {
   long room;
   int patterned;
   int str = in_strings(st, &room, &patterned), free_str = jsonschema_free_string(st);
@@ -2016,19 +2045,63 @@ int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row)
         int32_t t = v->pure[k];
         if (v->nchars[t] > room) row[t] = -INFINITY, rejected++;
       }
-    rejected += walk(v, &v->rest, st, row, 0, 1);
+    rejected += walk(v, sc, &v->rest, st, row, 0, 1);
     return v->nv - rejected;
   }
   /* Elsewhere few tokens fit: everything starts masked and allowed ones get their logit
    * back. */
-  memcpy(v->saved, row, (size_t)v->nv * sizeof *row);
+  memcpy(sc->saved, row, (size_t)v->nv * sizeof *row);
   for (int t = 0; t < v->nv; t++)
     row[t] = -INFINITY;
   int allowed = 0;
   if (free_str)
     for (int k = 0; k < v->n_split; k++)
-      row[v->split[k]] = v->saved[v->split[k]], allowed++;
+      row[v->split[k]] = sc->saved[v->split[k]], allowed++;
   if (str) /* a patterned string: plain tokens through the string pass */
-    return allowed + walk(v, &v->plain, st, row, 1, 0) + walk(v, &v->rest, st, row, 0, 0);
-  return allowed + walk(v, &v->all, st, row, 0, 0);
+    return allowed + walk(v, sc, &v->plain, st, row, 1, 0) + walk(v, sc, &v->rest, st, row, 0, 0);
+  return allowed + walk(v, sc, &v->all, st, row, 0, 0);
+}
+
+/* Most 64-token words are all allowed or all rejected: those are told by memcmp (vectorized
+ * in the C library) against a block of zeros / -infs; the rest bit by bit. */
+static const float zero_block[64];
+static float ninf_block[64];
+static pthread_once_t ninf_once = PTHREAD_ONCE_INIT;
+
+static void ninf_init(void) {
+  for (int j = 0; j < 64; j++)
+    ninf_block[j] = -INFINITY;
+}
+
+void jsonschema_mask_bits(const float *row, int V, uint64_t *bits) {
+  pthread_once(&ninf_once, ninf_init);
+  for (size_t k = 0, words = ((size_t)V + 63) / 64; k < words; k++) {
+    const float *r = row + k * 64;
+    const size_t n = (size_t)V - k * 64 < 64 ? (size_t)V - k * 64 : 64;
+    if (!memcmp(r, zero_block, n * sizeof *r)) {
+      bits[k] = 0;
+    } else if (!memcmp(r, ninf_block, n * sizeof *r)) {
+      bits[k] = n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+    } else {
+      uint64_t m = 0;
+      for (size_t j = 0; j < n; j++)
+        m |= (uint64_t)(r[j] == -INFINITY) << j;
+      bits[k] = m;
+    }
+  }
+}
+
+void jsonschema_bits_apply(const uint64_t *bits, int V, float *row) {
+  pthread_once(&ninf_once, ninf_init);
+  for (size_t k = 0, words = ((size_t)V + 63) / 64; k < words; k++) {
+    uint64_t m = bits[k];
+    if (!m) continue;
+    float *r = row + k * 64;
+    if (m == ~(uint64_t)0) { /* a full word: the last one, if partial, never is */
+      memcpy(r, ninf_block, sizeof ninf_block);
+      continue;
+    }
+    for (; m; m &= m - 1)
+      r[__builtin_ctzll(m)] = -INFINITY;
+  }
 }

@@ -119,5 +119,20 @@ void jsonschema_vocab_order(const jschema_vocab *v, jschema_order *o, int *nv);
  * token); returns how many tokens are left. End of generation is the caller's business
  * (jsonschema_done). Uses the vocab's scratch: one caller at a time. No allocation. */
 int jsonschema_vocab_mask(jschema_vocab *v, const jschema_state *st, float *row);
+/* Scratch for masking from several threads over one vocab (the vocab is only read): the
+ * same mask as jsonschema_vocab_mask, bit for bit, writing only sc and row. One thread per
+ * scratch at a time. *out: caller frees with jsonschema_scratch_free (before the vocab).
+ * ANNA_ENOMEM. */
+typedef struct jschema_scratch jschema_scratch;
+int jsonschema_scratch_new(jschema_scratch **out, const jschema_vocab *v);
+void jsonschema_scratch_free(jschema_scratch *sc);
+int jsonschema_vocab_mask_with(const jschema_vocab *v, jschema_scratch *sc, const jschema_state *st,
+                               float *row);
+/* A mask kept apart from the logits (the engine's mask pool): row[V] was all 0.0f before the
+ * masks ran, so each entry is 0 or -inf; bits[(V + 63) / 64] gets bit v set where row[v] is
+ * -inf. jsonschema_bits_apply sets row[v] = -INFINITY where bit v is set, leaving the rest as
+ * they are (the same row as masking in place). No allocation. */
+void jsonschema_mask_bits(const float *row, int V, uint64_t *bits);
+void jsonschema_bits_apply(const uint64_t *bits, int V, float *row);
 
 #endif

@@ -6,11 +6,21 @@
  * each step computes all B full-vocabulary masks one after another (as the engine thread
  * does before sampling) and feeds each state its next token. Prints the mean and worst time
  * of one batch step's masks, and per mask.
- *   bench_structured MODEL.gguf|TOKENIZER_DIR [BATCH=64] [STEPS=32]   (needs a model) */
+ * THREADS > 0 also computes each step's masks on that many worker threads, each with its own
+ * scratch (a jsonschema scratch, a gbnf masker), as the engine's mask pool does
+ * (--mask-threads): the wall time of the compute phase (the rows masked, kept as bitsets of
+ * rejected tokens) and of the apply phase (bitsets onto B logits rows, on the same threads),
+ * and checks every pooled row equals the serial one bit for bit (exit 1 otherwise: ctest runs
+ * it so on the fixture tokenizer).
+ *   bench_structured MODEL.gguf|TOKENIZER_DIR [BATCH=64] [STEPS=32] [THREADS=0]   (needs a model)
+ */
 #include "server/gbnf.h"
 #include "server/jsonschema.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +30,60 @@ static double now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts); /* the machine may be shared: CPU time, not wall */
   return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static double wall_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+/* The pooled masks: T workers behind two barriers per phase; job b is sequence b. */
+typedef struct pool {
+  int T, B, V, is_g, phase, quit;
+  size_t words;
+  pthread_barrier_t start, end;
+  atomic_int next;
+  jschema_vocab *voc;
+  jschema_scratch **jsc;
+  gbnf_masker **gm;
+  const jschema_state *js;
+  const gbnf_state *gs;
+  float *rows;    /* [B * V] phase 0: each sequence's masked zero row (checked after) */
+  uint64_t *bits; /* [B * words] rejected tokens */
+  float *logits;  /* [B * V] phase 1: the bitsets applied */
+  int *allowed;
+} pool;
+
+static void *pool_worker(void *arg) {
+  pool *p = ((pool **)arg)[0];
+  const int w = (int)(intptr_t)((void **)arg)[1];
+  for (;;) {
+    pthread_barrier_wait(&p->start);
+    if (p->quit) return NULL;
+    for (int b; (b = atomic_fetch_add(&p->next, 1)) < p->B;) {
+      float *row = p->rows + (size_t)b * p->V;
+      uint64_t *bits = p->bits + (size_t)b * p->words;
+      if (p->phase == 1) {
+        jsonschema_bits_apply(bits, p->V, p->logits + (size_t)b * p->V);
+        continue;
+      }
+      memset(row, 0, (size_t)p->V * sizeof *row);
+      p->allowed[b] = p->is_g ? gbnf_mask(p->gm[w], &p->gs[b], row)
+                              : jsonschema_vocab_mask_with(p->voc, p->jsc[w], &p->js[b], row);
+      jsonschema_mask_bits(row, p->V, bits);
+    }
+    pthread_barrier_wait(&p->end);
+  }
+}
+
+static double pool_run(pool *p, int phase) {
+  double a = wall_us();
+  p->phase = phase;
+  atomic_store(&p->next, 0);
+  pthread_barrier_wait(&p->start);
+  pthread_barrier_wait(&p->end);
+  return wall_us() - a;
 }
 
 static const char *JSON_GBNF =
@@ -62,7 +126,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   int B = argc > 2 ? atoi(argv[2]) : 64, steps = argc > 3 ? atoi(argv[3]) : 32;
-  if (B < 1 || steps < 1) return 2;
+  int T = argc > 4 ? atoi(argv[4]) : 0;
+  if (B < 1 || steps < 1 || T < 0 || T > 64) return 2;
   char err[400];
   anna_text *text = NULL;
   if (anna_text_open(&text, argv[1], ANNA_TEXT_NO_TEMPLATE, err, sizeof err)) {
@@ -81,7 +146,33 @@ int main(int argc, char **argv) {
   jschema_state *js = malloc((size_t)B * sizeof *js);
   gbnf_state *gs = malloc((size_t)B * sizeof *gs);
   int *pos = malloc((size_t)B * sizeof *pos);
-  printf("vocab %d tokens, batch %d, %d steps\n", V, B, steps);
+  printf("vocab %d tokens, batch %d, %d steps, %d mask threads\n", V, B, steps, T);
+  pool P = {.T = T, .B = B, .V = V, .voc = voc, .js = js, .gs = gs};
+  pthread_t *th = NULL;
+  void *(*targ)[2] = NULL;
+  float *serial = NULL;
+  if (T > 0) {
+    P.words = ((size_t)V + 63) / 64;
+    P.jsc = calloc((size_t)T, sizeof *P.jsc);
+    P.gm = calloc((size_t)T, sizeof *P.gm);
+    P.rows = malloc((size_t)B * V * sizeof *P.rows);
+    P.logits = malloc((size_t)B * V * sizeof *P.logits);
+    serial = malloc((size_t)B * V * sizeof *serial);
+    P.bits = malloc((size_t)B * P.words * sizeof *P.bits);
+    P.allowed = malloc((size_t)B * sizeof *P.allowed);
+    th = malloc((size_t)T * sizeof *th);
+    targ = malloc((size_t)T * sizeof *targ);
+    if (!P.jsc || !P.gm || !P.rows || !P.logits || !serial || !P.bits || !P.allowed || !th || !targ)
+      return 1;
+    pthread_barrier_init(&P.start, NULL, (unsigned)T + 1);
+    pthread_barrier_init(&P.end, NULL, (unsigned)T + 1);
+    for (int w = 0; w < T; w++) {
+      if (jsonschema_scratch_new(&P.jsc[w], voc) || gbnf_masker_new(&P.gm[w], voc)) return 1;
+      targ[w][0] = &P;
+      targ[w][1] = (void *)(intptr_t)w;
+      pthread_create(&th[w], NULL, pool_worker, targ[w]);
+    }
+  }
   for (size_t c = 0; c < sizeof CASES / sizeof CASES[0]; c++) {
     int is_g = CASES[c][0][0] == 'g';
     const char *src = CASES[c][2] ? CASES[c][2] : JSON_GBNF;
@@ -123,23 +214,48 @@ int main(int argc, char **argv) {
         }
       }
     }
-    double sum = 0, worst = 0;
+    double sum = 0, worst = 0, psum = 0, pworst = 0, asum = 0, wsum = 0;
     long allowed_sum = 0;
+    P.is_g = is_g;
     for (int st = 0; st < steps; st++) {
-      double a = now_us();
+      double a = now_us(), aw = wall_us();
       for (int b = 0; b < B; b++) {
         for (int v = 0; v < V; v++)
           row[v] = 0;
         int allowed = is_g ? gbnf_mask(gm, &gs[b], row) : jsonschema_vocab_mask(voc, &js[b], row);
         allowed_sum += allowed;
+        if (T > 0) memcpy(serial + (size_t)b * V, row, (size_t)V * sizeof *row);
         if (isinf(row[ids[pos[b]]])) {
           fprintf(stderr, "%s: the mask rejects the sample's token %d\n", CASES[c][1], pos[b]);
           return 1;
         }
       }
       double t = now_us() - a;
+      wsum += wall_us() - aw;
       sum += t;
       worst = t > worst ? t : worst;
+      if (T > 0) {
+        /* pooled: the same masks on T threads, then applied onto B logits rows (all 1.0) */
+        double pt = pool_run(&P, 0);
+        psum += pt;
+        pworst = pt > pworst ? pt : pworst;
+        for (size_t q = 0; q < (size_t)B * V; q++)
+          P.logits[q] = 1.0f;
+        asum += pool_run(&P, 1);
+        for (int b = 0; b < B; b++) {
+          const float *sr = serial + (size_t)b * V, *pr = P.rows + (size_t)b * V,
+                      *lr = P.logits + (size_t)b * V;
+          int bad = memcmp(sr, pr, (size_t)V * sizeof *sr) != 0;
+          for (int v = 0; v < V && !bad; v++)
+            bad = (sr[v] == -INFINITY) != (lr[v] == -INFINITY);
+          if (bad) {
+            fprintf(stderr,
+                    "%s: step %d sequence %d: the pooled mask differs from the serial one\n",
+                    CASES[c][1], st, b);
+            return 1;
+          }
+        }
+      }
       /* advance every sequence one token; one that reached the end starts over */
       for (int b = 0; b < B; b++) {
         const char *tb = bytes + off[ids[pos[b]]];
@@ -161,9 +277,29 @@ int main(int argc, char **argv) {
            "%.3f ms per mask, %ld allowed on average\n",
            CASES[c][1], tc, n, B, sum / steps / 1e3, worst / 1e3, sum / steps / B / 1e3,
            allowed_sum / ((long)steps * B));
+    if (T > 0)
+      printf("%-14s serial %8.2f ms/step wall; %d threads: compute %8.2f ms/step wall (worst "
+             "%8.2f), apply %6.2f ms/step wall; "
+             "equal to serial\n",
+             CASES[c][1], wsum / steps / 1e3, T, psum / steps / 1e3, pworst / 1e3,
+             asum / steps / 1e3);
     free(ids);
     gbnf_release(g);
     jsonschema_release(s);
+  }
+  if (T > 0) {
+    P.quit = 1;
+    pthread_barrier_wait(&P.start);
+    for (int w = 0; w < T; w++) {
+      pthread_join(th[w], NULL);
+      jsonschema_scratch_free(P.jsc[w]);
+      gbnf_masker_free(P.gm[w]);
+    }
+    pthread_barrier_destroy(&P.start);
+    pthread_barrier_destroy(&P.end);
+    free(P.jsc), free(P.gm), free(P.rows), free(P.logits), free(serial), free(P.bits),
+        free(P.allowed);
+    free(th), free(targ);
   }
   free(row);
   free(js);
