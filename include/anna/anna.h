@@ -392,7 +392,7 @@ int anna_context_tuning(const anna_context *c, char *buf, size_t len);
  * checkpoint taken before the window, the accepted tokens then run again; such models need
  * anna_context_options.n_checkpoints >= 1 (ANNA_ESTATE names it otherwise). The window's
  * slots share the LRU pool of prefix snapshots. k + 1 <= n_batch. Penalties and
- * temperature > 0 are not served here: callers with them decode plainly. On error seq is in
+ * temperature > 0: anna_context_verify_sampled below. On error seq is in
  * an unspecified state: reset it. The logits of the window are not kept
  * (anna_context_logits_row: unspecified afterwards). */
 #define ANNA_SPEC_MAX_DRAFT 16
@@ -421,6 +421,23 @@ typedef struct anna_spec_stats {
   int64_t windows, drafted, accepted, rollbacks, rerun_tokens;
 } anna_spec_stats;
 void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st);
+
+/* (API next) Speculative sampling: anna_context_verify whose window i draws its tokens with
+ * samplers[i] (any parameters: temperature, top-k/p, min-p, penalties; NULL: greedy as
+ * anna_context_verify) instead of taking the argmax. Row j of a window is drawn exactly as
+ * plain decoding would draw it after the tokens before it; draft[j] is accepted when the draw
+ * equals it, else the draw is the window's last token (out[a]). For a deterministic drafter
+ * (the n-gram and MTP drafters: the draft is a point mass) this is speculative sampling's
+ * accept rule: d is accepted with probability p(d), the target probability after all the
+ * sampler's transforms, and a rejection yields a draw from p with d removed, renormalized; so
+ * the output follows the target distribution exactly, and with one seed it is the token
+ * sequence plain sampling gives (one random draw per emitted token, as plain decoding). The
+ * sampler records each emitted token (anna_sampler_accept on out[0, n_out)): callers do not
+ * accept them again. logits: caller-owned scratch of [sum of (k + 1)] * vocab floats (the
+ * windows' rows; unspecified afterwards). Errors and rollback as anna_context_verify. */
+typedef struct anna_sampler anna_sampler; /* the sampler section below */
+int anna_context_verify_sampled(anna_context *c, anna_spec_window *w, anna_sampler *const *samplers, int n,
+                                float *logits, char *err, size_t errlen);
 
 /* The n-gram (prompt lookup) drafter: keeps the sequence's history (prompt + generated,
  * fed by accept) and drafts the tokens that followed the latest earlier occurrence of the
@@ -471,6 +488,11 @@ int anna_mtp_draft(anna_mtp *d, int seq, int32_t last, int32_t *draft, int k, ch
  * positions' hidden states for the head's next draft. */
 int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, int32_t *out, int *n_out,
                     char *err, size_t errlen);
+/* (API next) anna_mtp_verify drawing with sampler s as anna_context_verify_sampled (the MTP
+ * head drafts its argmax: a point mass, so the rule there is exact). logits: [(k + 1) * vocab]
+ * caller-owned scratch. */
+int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *s,
+                            float *logits, int32_t *out, int *n_out, char *err, size_t errlen);
 /* Forgets seq in the head (the caller resets the context's sequence). */
 void anna_mtp_reset(anna_mtp *d, int seq);
 

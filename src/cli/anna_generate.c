@@ -45,8 +45,9 @@ static void usage(FILE *f) {
           "  --quiet                  no statistics on stderr\n"
           "  --host-sampling          download every logits row and sample it on the host (default: the\n"
           "                           backend returns the few candidates the sampling parameters need)\n"
-          "  --speculative ngram      greedy speculative decoding with prompt-lookup drafts (same ids as\n"
-          "                           plain greedy; needs --temperature 0 and no penalties)\n"
+          "  --speculative ngram      speculative decoding with prompt-lookup drafts: greedy gives the ids\n"
+          "                           of plain greedy; sampling (--temperature > 0, penalties) keeps the\n"
+          "                           target distribution exactly and, with one --seed, plain sampling's ids\n"
           "  --speculative mtp        the same with drafts from the checkpoint's MTP head (Qwen3.5 mtp.*),\n"
           "                           chained --draft-max times\n"
           "  --draft-max K            most drafted tokens per verify window (1..16, default 6)\n"
@@ -147,12 +148,6 @@ int main(int argc, char **argv) {
       fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, mtp)\n", spec);
       return 2;
     }
-    /* verify windows keep greedy choices only: a sampled or penalised token is not an argmax */
-    if (sp.temperature > 0 || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0 ||
-        sp.frequency_penalty != 0) {
-      fprintf(stderr, "error: --speculative needs greedy decoding (--temperature 0, no penalties)\n");
-      return 2;
-    }
     if (ngram_min > ngram_max) {
       fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", ngram_min, ngram_max);
       return 2;
@@ -189,7 +184,7 @@ int main(int argc, char **argv) {
   anna_mtp *mtpd = NULL;
   const int use_mtp = spec && !strcmp(spec, "mtp");
   int32_t *gen = NULL;
-  float *logits = NULL;
+  float *logits = NULL, *wlogits = NULL; /* wlogits: a sampled verify window's rows */
   FILE *df = NULL;
   double t0 = cli_now();
   anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq};
@@ -321,10 +316,18 @@ int main(int argc, char **argv) {
    * the accepted drafts (emitted in turn) and the next pending token. */
   int32_t sout[ANNA_SPEC_MAX_DRAFT + 1];
   int n_sout = 0, i_sout = 0;
+  /* sampled (or penalised) windows draw every row with the sampler (anna_context_verify_sampled),
+   * which records the tokens it emits; greedy ones keep the argmax-only window */
+  const int spec_sampled = sp.temperature > 0 || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0 ||
+                           sp.frequency_penalty != 0;
+  if (spec && spec_sampled && !(wlogits = malloc(sizeof(float) * (size_t)V * (size_t)(draft_max + 1)))) {
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
   for (; spec && n_gen < max_new; n_gen++) {
     int32_t t = n_gen == 0 ? anna_sampler_sample(smp, logits) : sout[i_sout++];
     gen[n_gen] = t;
-    anna_sampler_accept(smp, t);
+    if (n_gen == 0 || !spec_sampled) anna_sampler_accept(smp, t); /* a sampled window recorded its own */
     if (text && anna_text_is_eog(text, t)) {
       n_gen++;
       break;
@@ -345,11 +348,16 @@ int main(int argc, char **argv) {
     int k = 0;
     if (use_mtp) {
       if ((k = anna_mtp_draft(mtpd, 0, t, draft, room, err, sizeof err)) < 0 ||
-          anna_mtp_verify(mtpd, 0, t, draft, k, sout, &n_sout, err, sizeof err))
+          (spec_sampled ? anna_mtp_verify_sampled(mtpd, 0, t, draft, k, smp, wlogits, sout, &n_sout, err, sizeof err)
+                        : anna_mtp_verify(mtpd, 0, t, draft, k, sout, &n_sout, err, sizeof err)))
         goto fail;
     } else {
       k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
-      if (anna_context_seq_verify(ctx, 0, t, draft, k, sout, &n_sout, err, sizeof err)) goto fail;
+      anna_spec_window w = {.seq = 0, .last = t, .draft = draft, .k = k, .out = sout};
+      if (spec_sampled ? anna_context_verify_sampled(ctx, &w, &smp, 1, wlogits, err, sizeof err)
+                       : anna_context_verify(ctx, &w, 1, err, sizeof err))
+        goto fail;
+      n_sout = w.n_out;
     }
     i_sout = 0;
   }
@@ -433,6 +441,7 @@ done:
   free(ids);
   for (int i = 0; i < n_img + (video != NULL); i++) anna_media_free(media[i]);
   anna_text_stream_free(stream);
+  free(wlogits);
   anna_ngram_free(drafter);
   anna_mtp_free(mtpd);
   anna_sampler_free(smp);
