@@ -461,6 +461,24 @@ int anna_ngram_draft(const anna_ngram *d, int32_t *out, int k);
 int32_t anna_ngram_len(const anna_ngram *d);
 void anna_ngram_reset(anna_ngram *d);
 
+/* (API next) Adaptive draft length: a per-sequence estimate of the probability that a drafted
+ * token is accepted (alpha), as decayed counts of accepted drafts and of rejections (a window
+ * gives a successes, and one failure when a < k: the first rejection ends it, so a/drafted
+ * would be biased low). next: the longest K with alpha^K >= p_min (the probability the K-th
+ * draft is still accepted; below it a drafted row costs more than it is likely to give),
+ * clamped to 1..k_max; a new sequence starts at k_max (optimistic: drafts are cheap to drop).
+ * p_min <= 0 or k_max == 1: always k_max (anna-generate / anna-serve --draft-fixed). Plain
+ * struct, no allocation. */
+typedef struct anna_spec_adapt {
+  float succ, fail; /* decayed counts */
+  int k_max;
+  float p_min;
+} anna_spec_adapt;
+void anna_spec_adapt_init(anna_spec_adapt *a, int k_max, float p_min);
+int anna_spec_adapt_next(const anna_spec_adapt *a);
+/* Records a window of k drafts of which `accepted` were accepted (k = 0: nothing). */
+void anna_spec_adapt_update(anna_spec_adapt *a, int k, int accepted);
+
 /* (API 1.4) The MTP drafter: the checkpoint's multi-token-prediction head (Qwen3.5 `mtp.*`), chained k
  * times from the main model's last final-norm hidden state, its drafts checked by the verify
  * window. The head keeps its own KV cache (one attention layer; the context's n_seq, n_ctx and

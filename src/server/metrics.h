@@ -15,6 +15,8 @@
 
 #define METRICS_NBUCKETS 16
 
+enum { METRICS_DRAFTER_NGRAM, METRICS_DRAFTER_MTP, METRICS_N_DRAFTERS };
+
 typedef struct metrics_histo {
   uint64_t counts[METRICS_NBUCKETS + 1]; /* last: above the largest bound */
   uint64_t n;
@@ -33,6 +35,9 @@ typedef struct metrics {
   uint64_t exact_lookups, exact_hits;                      /* exact prompt cache */
   uint64_t prefix_hit_blocks, prefix_miss_blocks;          /* prefix pool: full prompt blocks */
   uint64_t prefix_hit_tokens, prefix_miss_tokens;          /* prompt tokens reused / computed */
+  /* speculative decoding per drafter (METRICS_DRAFTER_*): tokens drafted into verify
+   * windows, and of them accepted */
+  uint64_t spec_draft_tokens[METRICS_N_DRAFTERS], spec_accepted_tokens[METRICS_N_DRAFTERS];
 } metrics;
 
 void metrics_init(metrics *m);
