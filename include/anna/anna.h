@@ -479,6 +479,31 @@ int anna_spec_adapt_next(const anna_spec_adapt *a);
 /* Records a window of k drafts of which `accepted` were accepted (k = 0: nothing). */
 void anna_spec_adapt_update(anna_spec_adapt *a, int k, int accepted);
 
+/* (API next) The draft-model drafter: a second (smaller) model with the target's vocabulary
+ * (sizes and, where both have a tokenizer, every token's piece: ANNA_EINVAL naming the first
+ * difference) drafts greedily from its own context, created from opt (n_seq, n_ctx as the
+ * target's; n_batch raised to k_max + 1, n_checkpoints to 1). The context follows one target
+ * sequence per seq: prefill what the target holds, then per window: anna_draft_draft (k greedy tokens after `last`), the target's verify, and
+ * anna_draft_commit with the window's draft and output so the draft context holds what the
+ * target holds (a rewind on rejection; a recurrent draft model goes back to the checkpoint
+ * taken before the draft and runs the accepted tokens again). The drafter borrows draft_model
+ * (which must outlive it); everything is allocated at creation. One thread at a time. Caller
+ * frees with anna_draft_free. */
+typedef struct anna_draft anna_draft;
+int anna_draft_create(anna_draft **out, anna_model *draft_model, const anna_model *target,
+                      const anna_context_options *opt, int k_max, char *err, size_t errlen);
+void anna_draft_free(anna_draft *d);
+/* tokens[0, n) into seq (emptied first): what the target's sequence holds (not its pending token). */
+int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
+/* Drafts min(k, k_max) greedy tokens after `last` into draft; returns their number or a
+ * negative ANNA_E*. */
+int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen);
+/* After the target verified [last, draft[0, k)] with output out[0, n_out): the draft context
+ * keeps last and the accepted drafts; out[n_out - 1] is pending in both. */
+int anna_draft_commit(anna_draft *d, int seq, int32_t last, const int32_t *draft, int k, const int32_t *out,
+                      int n_out, char *err, size_t errlen);
+void anna_draft_reset(anna_draft *d, int seq);
+
 /* (API 1.4) The MTP drafter: the checkpoint's multi-token-prediction head (Qwen3.5 `mtp.*`), chained k
  * times from the main model's last final-norm hidden state, its drafts checked by the verify
  * window. The head keeps its own KV cache (one attention layer; the context's n_seq, n_ctx and

@@ -50,7 +50,11 @@ static void usage(FILE *f) {
           "                           target distribution exactly and, with one --seed, plain sampling's ids\n"
           "  --speculative mtp        the same with drafts from the checkpoint's MTP head (Qwen3.5 mtp.*),\n"
           "                           chained --draft-max times\n"
+          "  --speculative draft --draft-model PATH  drafts from a smaller model with the same vocabulary\n"
+          "                           (greedy, from its own context; --draft-model alone implies it)\n"
           "  --draft-max K            most drafted tokens per verify window (1..16, default 6)\n"
+          "  --draft-fixed            always draft --draft-max tokens (default: the length adapts to the\n"
+          "                           acceptance rate, anna_spec_adapt)\n"
           "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n");
 }
 
@@ -62,7 +66,8 @@ int main(int argc, char **argv) {
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
   const char *spec = NULL;
-  int draft_max = 6, ngram_min = 1, ngram_max = 4;
+  int draft_max = 6, ngram_min = 1, ngram_max = 4, draft_fixed = 0;
+  const char *draft_path = NULL;
   const char *images[CLI_MAX_IMAGES];
   int n_img = 0;
   const char *video = NULL; /* --video: after the images, media[n_img] */
@@ -115,6 +120,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--quiet")) quiet = 1;
     else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
     else if (!strcmp(a, "--speculative")) { NEEDV(); spec = v; }
+    else if (!strcmp(a, "--draft-fixed")) draft_fixed = 1;
+    else if (!strcmp(a, "--draft-model")) { NEEDV(); draft_path = v; }
     else if (!strcmp(a, "--draft-max")) { NEEDV(); if (cli_int(a, v, 1, ANNA_SPEC_MAX_DRAFT, &draft_max)) return 2; }
     else if (!strcmp(a, "--ngram-min")) { NEEDV(); if (cli_int(a, v, 1, ANNA_NGRAM_MAX_N, &ngram_min)) return 2; }
     else if (!strcmp(a, "--ngram-max")) { NEEDV(); if (cli_int(a, v, 1, ANNA_NGRAM_MAX_N, &ngram_max)) return 2; }
@@ -143,9 +150,14 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (draft_path && !spec) spec = "draft";
   if (spec) {
-    if (strcmp(spec, "ngram") && strcmp(spec, "mtp")) {
-      fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, mtp)\n", spec);
+    if (strcmp(spec, "ngram") && strcmp(spec, "mtp") && strcmp(spec, "draft")) {
+      fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, mtp, draft)\n", spec);
+      return 2;
+    }
+    if (!strcmp(spec, "draft") != (draft_path != NULL)) {
+      fprintf(stderr, "error: --draft-model goes with --speculative draft (and it needs one)\n");
       return 2;
     }
     if (ngram_min > ngram_max) {
@@ -182,6 +194,8 @@ int main(int argc, char **argv) {
   anna_text_stream *stream = NULL;
   anna_ngram *drafter = NULL;
   anna_mtp *mtpd = NULL;
+  anna_model *dmodel = NULL;
+  anna_draft *dd = NULL;
   const int use_mtp = spec && !strcmp(spec, "mtp");
   int32_t *gen = NULL;
   float *logits = NULL, *wlogits = NULL; /* wlogits: a sampled verify window's rows */
@@ -241,6 +255,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "[anna-generate] kv cache: %s\n", anna_kv_type_name(ks.kv_type));
   }
   if (use_mtp && anna_mtp_create(&mtpd, ctx, draft_max, err, sizeof err)) goto fail;
+  if (draft_path && (anna_model_load(&dmodel, draft_path, &mo, err, sizeof err) ||
+                     anna_draft_create(&dd, dmodel, m, &co, draft_max, err, sizeof err)))
+    goto fail;
   if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && anna_text_stream_new(&stream, text, ANNA_DETOKENIZE_SKIP_SPECIAL, err, sizeof err)) goto fail;
   logits = malloc(sizeof(float) * (size_t)V * (dump ? (size_t)n_batch : 1));
@@ -306,7 +323,8 @@ int main(int argc, char **argv) {
   float cval[ANNA_TOPK_MAX];
   double cst[2];
   int have_cand = 0; /* the last step returned candidates, not logits */
-  if (spec && !use_mtp) {
+  if (dd && anna_draft_prefill(dd, 0, ids, (int32_t)n, err, sizeof err)) goto fail;
+  if (spec && !use_mtp && !dd) {
     anna_ngram_params np = {.n_min = ngram_min, .n_max = ngram_max, .k_max = draft_max};
     if (anna_ngram_create(&drafter, &np, (int32_t)(n + (size_t)max_new + 1), err, sizeof err) ||
         anna_ngram_accept(drafter, ids, (int32_t)n, err, sizeof err))
@@ -316,6 +334,8 @@ int main(int argc, char **argv) {
    * the accepted drafts (emitted in turn) and the next pending token. */
   int32_t sout[ANNA_SPEC_MAX_DRAFT + 1];
   int n_sout = 0, i_sout = 0;
+  anna_spec_adapt adapt; /* the draft length (the server's p_min, engine.c SPEC_ADAPT_P_MIN) */
+  anna_spec_adapt_init(&adapt, draft_max, draft_fixed ? 0.0f : 0.3f);
   /* sampled (or penalised) windows draw every row with the sampler (anna_context_verify_sampled),
    * which records the tokens it emits; greedy ones keep the argmax-only window */
   const int spec_sampled = sp.temperature > 0 || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0 ||
@@ -343,7 +363,8 @@ int main(int argc, char **argv) {
     if (drafter && anna_ngram_accept(drafter, &t, 1, err, sizeof err)) goto fail;
     if (i_sout < n_sout) continue; /* accepted drafts of the last window still to emit */
     /* drafts past max_new would be thrown away: cap them (the bonus token also counts) */
-    const int room = max_new - n_gen - 2;
+    int room = max_new - n_gen - 2;
+    if (room > anna_spec_adapt_next(&adapt)) room = anna_spec_adapt_next(&adapt);
     int32_t draft[ANNA_SPEC_MAX_DRAFT];
     int k = 0;
     if (use_mtp) {
@@ -352,13 +373,19 @@ int main(int argc, char **argv) {
                         : anna_mtp_verify(mtpd, 0, t, draft, k, sout, &n_sout, err, sizeof err)))
         goto fail;
     } else {
-      k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
+      if (dd) {
+        if ((k = anna_draft_draft(dd, 0, t, draft, room, err, sizeof err)) < 0) goto fail;
+      } else {
+        k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
+      }
       anna_spec_window w = {.seq = 0, .last = t, .draft = draft, .k = k, .out = sout};
       if (spec_sampled ? anna_context_verify_sampled(ctx, &w, &smp, 1, wlogits, err, sizeof err)
                        : anna_context_verify(ctx, &w, 1, err, sizeof err))
         goto fail;
       n_sout = w.n_out;
+      if (dd && anna_draft_commit(dd, 0, t, draft, k, sout, n_sout, err, sizeof err)) goto fail;
     }
+    anna_spec_adapt_update(&adapt, k, n_sout - 1);
     i_sout = 0;
   }
   for (; !spec && n_gen < max_new; n_gen++) {
@@ -444,6 +471,8 @@ done:
   free(wlogits);
   anna_ngram_free(drafter);
   anna_mtp_free(mtpd);
+  anna_draft_free(dd);
+  anna_model_free(dmodel);
   anna_sampler_free(smp);
   anna_text_free(text);
   anna_context_free(ctx);
