@@ -36,24 +36,28 @@ void anna_draft_free(anna_draft *d) {
 static int vocab_check(const anna_model *dm, const anna_model *tm, char *err, size_t errlen) {
   const int vd = anna_model_vocab(dm), vt = anna_model_vocab(tm);
   if (vd != vt)
-    return anna_err(err, errlen, ANNA_EINVAL, "draft model %s: vocabulary of %d tokens, the target %s has %d",
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "draft model %s: vocabulary of %d tokens, the target %s has %d",
                     anna_model_path(dm), vd, anna_model_path(tm), vt);
   anna_text *a = NULL, *b = NULL;
   char e2[256];
   int rc = 0;
   if (anna_text_open(&a, anna_model_path(dm), 0, e2, sizeof e2) == 0 &&
       anna_text_open(&b, anna_model_path(tm), 0, e2, sizeof e2) == 0) {
-    const int32_t n = anna_text_vocab(a) < anna_text_vocab(b) ? anna_text_vocab(a) : anna_text_vocab(b);
+    const int32_t n =
+        anna_text_vocab(a) < anna_text_vocab(b) ? anna_text_vocab(a) : anna_text_vocab(b);
     if (anna_text_vocab(a) != anna_text_vocab(b))
-      rc = anna_err(err, errlen, ANNA_EINVAL, "draft model %s: tokenizer of %d tokens, the target's has %d",
+      rc = anna_err(err, errlen, ANNA_EINVAL,
+                    "draft model %s: tokenizer of %d tokens, the target's has %d",
                     anna_model_path(dm), anna_text_vocab(a), anna_text_vocab(b));
     for (int32_t id = 0; !rc && id < n; id++) {
       size_t la = 0, lb = 0;
       const char *pa = anna_text_token_piece(a, id, &la), *pb = anna_text_token_piece(b, id, &lb);
       if (la != lb || (la && memcmp(pa, pb, la)))
-        rc = anna_err(err, errlen, ANNA_EINVAL, "draft model %s: token %d is '%.*s', the target's is '%.*s'",
-                      anna_model_path(dm), id, (int)(la > 40 ? 40 : la), pa ? pa : "", (int)(lb > 40 ? 40 : lb),
-                      pb ? pb : "");
+        rc = anna_err(err, errlen, ANNA_EINVAL,
+                      "draft model %s: token %d is '%.*s', the target's is '%.*s'",
+                      anna_model_path(dm), id, (int)(la > 40 ? 40 : la), pa ? pa : "",
+                      (int)(lb > 40 ? 40 : lb), pb ? pb : "");
     }
   }
   anna_text_free(a);
@@ -64,9 +68,11 @@ static int vocab_check(const anna_model *dm, const anna_model *tm, char *err, si
 int anna_draft_create(anna_draft **out, anna_model *draft_model, const anna_model *target,
                       const anna_context_options *opt, int k_max, char *err, size_t errlen) {
   *out = NULL;
-  if (!draft_model || !target || !opt) return anna_err(err, errlen, ANNA_EINVAL, "draft: NULL argument");
+  if (!draft_model || !target || !opt)
+    return anna_err(err, errlen, ANNA_EINVAL, "draft: NULL argument");
   if (k_max < 1 || k_max > ANNA_SPEC_MAX_DRAFT)
-    return anna_err(err, errlen, ANNA_EINVAL, "draft: k_max %d not in 1..%d", k_max, ANNA_SPEC_MAX_DRAFT);
+    return anna_err(err, errlen, ANNA_EINVAL, "draft: k_max %d not in 1..%d", k_max,
+                    ANNA_SPEC_MAX_DRAFT);
   int rc = vocab_check(draft_model, target, err, errlen);
   if (rc) return rc;
   anna_draft *d = calloc(1, sizeof *d);
@@ -94,10 +100,12 @@ int anna_draft_create(anna_draft **out, anna_model *draft_model, const anna_mode
 }
 
 /* tokens[0, n) at positions from..from+n of seq in batches of n_batch, no logits. */
-static int feed(anna_draft *d, int seq, const int32_t *tokens, int32_t n, int32_t from, char *err, size_t errlen) {
+static int feed(anna_draft *d, int seq, const int32_t *tokens, int32_t n, int32_t from, char *err,
+                size_t errlen) {
   for (int32_t i = 0; i < n;) {
     const int32_t m = n - i < d->n_batch ? n - i : d->n_batch;
-    for (int32_t j = 0; j < m; j++) d->tok[j] = tokens[i + j], d->seq[j] = seq, d->pos[j] = from + i + j, d->want[j] = 0;
+    for (int32_t j = 0; j < m; j++)
+      d->tok[j] = tokens[i + j], d->seq[j] = seq, d->pos[j] = from + i + j, d->want[j] = 0;
     const anna_batch b = {m, d->tok, d->seq, d->pos, d->want};
     int rc = anna_context_decode(d->c, &b, NULL, err, errlen);
     if (rc) return rc;
@@ -106,15 +114,20 @@ static int feed(anna_draft *d, int seq, const int32_t *tokens, int32_t n, int32_
   return 0;
 }
 
-int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen) {
-  if (seq < 0 || seq >= d->n_seq) return anna_err(err, errlen, ANNA_ERANGE, "draft: sequence %d out of range", seq);
-  if (n < 0 || (n > 0 && !tokens)) return anna_err(err, errlen, ANNA_EINVAL, "draft prefill: no tokens");
+int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err,
+                       size_t errlen) {
+  if (seq < 0 || seq >= d->n_seq)
+    return anna_err(err, errlen, ANNA_ERANGE, "draft: sequence %d out of range", seq);
+  if (n < 0 || (n > 0 && !tokens))
+    return anna_err(err, errlen, ANNA_EINVAL, "draft prefill: no tokens");
   anna_context_seq_reset(d->c, seq);
   return feed(d, seq, tokens, n, 0, err, errlen);
 }
 
-int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen) {
-  if (seq < 0 || seq >= d->n_seq) return anna_err(err, errlen, ANNA_ERANGE, "draft: sequence %d out of range", seq);
+int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k, char *err,
+                     size_t errlen) {
+  if (seq < 0 || seq >= d->n_seq)
+    return anna_err(err, errlen, ANNA_ERANGE, "draft: sequence %d out of range", seq);
   if (k > d->k_max) k = d->k_max;
   if (k <= 0) return 0;
   if (!draft) return anna_err(err, errlen, ANNA_EINVAL, "draft: NULL output");
@@ -134,14 +147,18 @@ int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k
   return k;
 }
 
-int anna_draft_commit(anna_draft *d, int seq, int32_t last, const int32_t *draft, int k, const int32_t *out,
-                      int n_out, char *err, size_t errlen) {
-  if (seq < 0 || seq >= d->n_seq) return anna_err(err, errlen, ANNA_ERANGE, "draft: sequence %d out of range", seq);
+int anna_draft_commit(anna_draft *d, int seq, int32_t last, const int32_t *draft, int k,
+                      const int32_t *out, int n_out, char *err, size_t errlen) {
+  if (seq < 0 || seq >= d->n_seq)
+    return anna_err(err, errlen, ANNA_ERANGE, "draft: sequence %d out of range", seq);
   const int a = n_out - 1;
-  if (k < 0 || a < 0 || a > k) return anna_err(err, errlen, ANNA_EINVAL, "draft commit: %d of %d accepted", a, k);
-  const int32_t now = anna_context_seq_len(d->c, seq), L = now - k; /* k == 0: nothing was drafted */
+  if (k < 0 || a < 0 || a > k)
+    return anna_err(err, errlen, ANNA_EINVAL, "draft commit: %d of %d accepted", a, k);
+  const int32_t now = anna_context_seq_len(d->c, seq),
+                L = now - k; /* k == 0: nothing was drafted */
   if (k == 0) return feed(d, seq, &last, 1, now, err, errlen);
-  if (a == k) return feed(d, seq, &draft[k - 1], 1, now, err, errlen); /* every draft but the last was run */
+  if (a == k)
+    return feed(d, seq, &draft[k - 1], 1, now, err, errlen); /* every draft but the last was run */
   char e2[256];
   if (anna_context_seq_rewind(d->c, seq, L + 1 + a, e2, sizeof e2) == 0) return 0;
   /* no state there (recurrent layers): back to the checkpoint before the draft, run again */

@@ -25,27 +25,27 @@
 #include <string.h>
 
 #define NSEQ 32
-#define NTOK 3   /* tokens per draw */
+#define NTOK 3 /* tokens per draw */
 #define TOPK 3
-#define NP 8     /* prompt length */
+#define NP 8 /* prompt length */
 #define MAXCELL 4096
 
 static int g_fail;
-#define CHECK(cond, ...)                                                                                 \
-  do {                                                                                                   \
-    if (!(cond)) {                                                                                       \
-      printf("  FAIL %s:%d: ", __FILE__, __LINE__);                                                      \
-      printf(__VA_ARGS__);                                                                               \
-      printf("\n");                                                                                      \
-      g_fail++;                                                                                          \
-    }                                                                                                    \
+#define CHECK(cond, ...)                                                                           \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      printf("  FAIL %s:%d: ", __FILE__, __LINE__);                                                \
+      printf(__VA_ARGS__);                                                                         \
+      printf("\n");                                                                                \
+      g_fail++;                                                                                    \
+    }                                                                                              \
   } while (0)
 
 static anna_context *g_c;
 static int g_V;
-static float *g_logits;                      /* [NSEQ * NP * V] */
+static float *g_logits; /* [NSEQ * NP * V] */
 static const int32_t g_prompt[NP] = {11, 42, 7, 99, 311, 5, 64, 250};
-static int32_t g_draft[NTOK];                /* greedy continuation: the drafts */
+static int32_t g_draft[NTOK]; /* greedy continuation: the drafts */
 static anna_sampler *g_smp[NSEQ];
 static anna_sampler_params g_sp;
 
@@ -58,7 +58,8 @@ static int prefill(int want_last, char *err, size_t errlen) {
   int r = 0;
   for (int s = 0; s < NSEQ; s++) {
     anna_context_seq_reset(g_c, s);
-    for (int i = 0; i < n; i++, r++) tok[r] = g_prompt[i], sq[r] = s, pos[r] = i, want[r] = want_last && i == n - 1;
+    for (int i = 0; i < n; i++, r++)
+      tok[r] = g_prompt[i], sq[r] = s, pos[r] = i, want[r] = want_last && i == n - 1;
   }
   anna_batch b = {r, tok, sq, pos, want};
   return anna_context_decode(g_c, &b, g_logits, err, errlen);
@@ -101,7 +102,8 @@ static int round_spec(int32_t (*out)[NTOK], char *err, size_t errlen) {
   if (rc) return rc;
   int got[NSEQ] = {0};
   int32_t last[NSEQ], wout[NSEQ][NTOK + 1];
-  for (int s = 0; s < NSEQ; s++) last[s] = g_prompt[NP - 1];
+  for (int s = 0; s < NSEQ; s++)
+    last[s] = g_prompt[NP - 1];
   for (;;) {
     anna_spec_window w[NSEQ];
     anna_sampler *ws[NSEQ];
@@ -109,14 +111,16 @@ static int round_spec(int32_t (*out)[NTOK], char *err, size_t errlen) {
     for (int s = 0; s < NSEQ; s++) {
       if (got[s] >= NTOK) continue;
       const int k = NTOK - got[s] - 1; /* a fully accepted window ends the draw */
-      w[nw] = (anna_spec_window){.seq = s, .last = last[s], .draft = g_draft + got[s], .k = k, .out = wout[s]};
+      w[nw] = (anna_spec_window){
+          .seq = s, .last = last[s], .draft = g_draft + got[s], .k = k, .out = wout[s]};
       ws[nw++] = g_smp[s];
     }
     if (!nw) return 0;
     if ((rc = anna_context_verify_sampled(g_c, w, ws, nw, g_logits, err, errlen))) return rc;
     for (int i = 0; i < nw; i++) {
       const int s = w[i].seq;
-      for (int j = 0; j < w[i].n_out && got[s] < NTOK; j++) out[s][got[s]++] = w[i].out[j];
+      for (int j = 0; j < w[i].n_out && got[s] < NTOK; j++)
+        out[s][got[s]++] = w[i].out[j];
       last[s] = w[i].out[w[i].n_out - 1];
     }
   }
@@ -143,7 +147,10 @@ int main(int argc, char **argv) {
     return 1;
   }
   g_V = anna_model_vocab(m);
-  anna_context_options o = {.n_seq = NSEQ, .n_ctx = 64, .n_batch = NSEQ * NP, .n_threads = 2,
+  anna_context_options o = {.n_seq = NSEQ,
+                            .n_ctx = 64,
+                            .n_batch = NSEQ * NP,
+                            .n_threads = 2,
                             .n_checkpoints = NSEQ * (NTOK + 2)};
   if (anna_context_create(&g_c, m, &o, err, sizeof err)) {
     printf("context: %s\n", err);
@@ -168,13 +175,16 @@ int main(int argc, char **argv) {
       int32_t best = -1;
       for (int32_t t = 0; t < g_V; t++) {
         int used = 0;
-        for (int u = 0; u < q; u++) used |= top[u] == t;
+        for (int u = 0; u < q; u++)
+          used |= top[u] == t;
         if (!used && (best < 0 || row[t] > row[best])) best = t;
       }
       top[q] = best;
     }
-    for (int q = 0; q < TOPK; q++) z += exp((double)row[top[q]] - row[top[0]]);
-    for (int q = 0; q < TOPK; q++) p1[q] = exp((double)row[top[q]] - row[top[0]]) / z;
+    for (int q = 0; q < TOPK; q++)
+      z += exp((double)row[top[q]] - row[top[0]]);
+    for (int q = 0; q < TOPK; q++)
+      p1[q] = exp((double)row[top[q]] - row[top[0]]) / z;
     g_draft[0] = top[0];
     int32_t tok = top[0], sq = 0, pos = NP;
     int8_t want = 1;
@@ -189,12 +199,12 @@ int main(int argc, char **argv) {
     g_draft[1] = g1;
     g_draft[2] = g1;
   }
-  printf("  first token: top-3 ids %d %d %d, p %.3f %.3f %.3f; drafts %d %d\n", top[0], top[1], top[2], p1[0], p1[1],
-         p1[2], g_draft[0], g_draft[1]);
+  printf("  first token: top-3 ids %d %d %d, p %.3f %.3f %.3f; drafts %d %d\n", top[0], top[1],
+         top[2], p1[0], p1[1], p1[2], g_draft[0], g_draft[1]);
   /* later positions' top 3 depend on the tokens before them: the joint histogram's cells are
    * keyed by the 3 ids themselves */
-  int32_t (*A)[NTOK] = malloc(sizeof *A * (size_t)N), (*B)[NTOK] = malloc(sizeof *B * (size_t)N),
-          (*C)[NTOK] = malloc(sizeof *C * (size_t)N);
+  int32_t(*A)[NTOK] = malloc(sizeof *A * (size_t)N), (*B)[NTOK] = malloc(sizeof *B * (size_t)N),
+  (*C)[NTOK] = malloc(sizeof *C * (size_t)N);
   struct {
     int32_t (*x)[NTOK];
     uint64_t seed;
@@ -203,7 +213,8 @@ int main(int argc, char **argv) {
   for (int r = 0; r < 3; r++) {
     samplers_new(runs[r].seed);
     for (int i = 0; i < rounds; i++) {
-      for (int s = 0; s < NSEQ; s++) anna_sampler_reset(g_smp[s]);
+      for (int s = 0; s < NSEQ; s++)
+        anna_sampler_reset(g_smp[s]);
       int rc = runs[r].spec ? round_spec(runs[r].x + (size_t)i * NSEQ, err, sizeof err)
                             : round_plain(runs[r].x + (size_t)i * NSEQ, err, sizeof err);
       if (rc) {
@@ -214,9 +225,12 @@ int main(int argc, char **argv) {
   }
   anna_spec_stats st;
   anna_context_spec_stats(g_c, &st);
-  printf("  %d draws x 3 runs; speculative: %lld windows, %lld drafted, %lld accepted, %lld rollbacks\n", N,
-         (long long)st.windows, (long long)st.drafted, (long long)st.accepted, (long long)st.rollbacks);
-  CHECK(st.accepted > 0 && st.accepted < st.drafted && st.rollbacks > 0, "drafts both accepted and rejected");
+  printf("  %d draws x 3 runs; speculative: %lld windows, %lld drafted, %lld accepted, %lld "
+         "rollbacks\n",
+         N, (long long)st.windows, (long long)st.drafted, (long long)st.accepted,
+         (long long)st.rollbacks);
+  CHECK(st.accepted > 0 && st.accepted < st.drafted && st.rollbacks > 0,
+        "drafts both accepted and rejected");
 
   /* (1) first token vs the analytic distribution */
   for (int r = 0; r < 3; r += 2) {
@@ -226,12 +240,17 @@ int main(int argc, char **argv) {
       int q = -1;
       for (int u = 0; u < TOPK; u++)
         if (runs[r].x[i][0] == top[u]) q = u;
-      if (q < 0) other++;
-      else cnt[q]++;
+      if (q < 0)
+        other++;
+      else
+        cnt[q]++;
     }
-    for (int q = 0; q < TOPK; q++) chi += (cnt[q] - N * p1[q]) * (cnt[q] - N * p1[q]) / (N * p1[q]);
-    printf("  run %c first token: %.0f %.0f %.0f (expected %.0f %.0f %.0f), chi2 %.2f (crit %.2f)\n", "ABC"[r],
-           cnt[0], cnt[1], cnt[2], N * p1[0], N * p1[1], N * p1[2], chi, chi2_crit(TOPK - 1));
+    for (int q = 0; q < TOPK; q++)
+      chi += (cnt[q] - N * p1[q]) * (cnt[q] - N * p1[q]) / (N * p1[q]);
+    printf(
+        "  run %c first token: %.0f %.0f %.0f (expected %.0f %.0f %.0f), chi2 %.2f (crit %.2f)\n",
+        "ABC"[r], cnt[0], cnt[1], cnt[2], N * p1[0], N * p1[1], N * p1[2], chi,
+        chi2_crit(TOPK - 1));
     CHECK(other == 0, "run %c drew %d first tokens outside the top %d", "ABC"[r], other, TOPK);
     CHECK(chi < chi2_crit(TOPK - 1), "run %c: first-token chi2 %.2f", "ABC"[r], chi);
   }
@@ -258,18 +277,20 @@ int main(int argc, char **argv) {
     df++;
   }
   if (sa + sc >= 10) chi += (sa - sc) * (sa - sc) / (sa + sc), df++;
-  printf("  joint of %d tokens: %d cells (%d dof), two-sample chi2 A vs C %.2f (crit %.2f)\n", NTOK, nc, df, chi,
-         chi2_crit(df));
+  printf("  joint of %d tokens: %d cells (%d dof), two-sample chi2 A vs C %.2f (crit %.2f)\n", NTOK,
+         nc, df, chi, chi2_crit(df));
   CHECK(df >= 8, "too few joint cells (%d) for the test to mean something", df);
   CHECK(chi < chi2_crit(df), "joint chi2 %.2f over %d dof", chi, df);
   /* (3) same seeds: the same tokens */
   int same = 0;
-  for (int i = 0; i < N; i++) same += !memcmp(A[i], B[i], sizeof A[i]);
+  for (int i = 0; i < N; i++)
+    same += !memcmp(A[i], B[i], sizeof A[i]);
   printf("  same seed: %d of %d draws identical with and without speculation\n", same, N);
   CHECK(same >= N - N / 200, "only %d of %d same-seed draws identical", same, N);
 
   free(A), free(B), free(C), free(g_logits);
-  for (int s = 0; s < NSEQ; s++) anna_sampler_free(g_smp[s]);
+  for (int s = 0; s < NSEQ; s++)
+    anna_sampler_free(g_smp[s]);
   anna_context_free(g_c);
   anna_model_free(m);
   printf(g_fail ? "test_spec_sample: %d FAILED\n" : "test_spec_sample: ok\n", g_fail);
