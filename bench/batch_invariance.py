@@ -83,7 +83,7 @@ def main():
     a = ap.parse_args()
     rng = random.Random(a.seed)
     # mixed prompt lengths: some share a step's prefill, some cross 64-token calls
-    prompts = [[rng.randrange(1000, a.vocab) for _ in range(rng.choice([5, 17, 40, 64, 100, 180]))] for _ in range(a.n)]
+    prompts = [[rng.randrange(min(1000, a.vocab // 2), a.vocab) for _ in range(rng.choice([5, 17, 40, 64, 100, 180]))] for _ in range(a.n)]
     ctx = 256 + a.max_tokens
     extra = a.server_args.split()
     t0 = time.time()

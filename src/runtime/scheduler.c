@@ -54,6 +54,15 @@ int anna_sched_create(anna_sched **out, const anna_sched_options *o, char *err, 
   if (s->o.n_batch < s->o.n_slots + 1) s->o.n_batch = s->o.n_slots + 1;
   if (s->o.max_batch_size < 1 || s->o.max_batch_size > s->o.n_slots)
     s->o.max_batch_size = s->o.n_slots;
+  const int A = s->o.chunk_align, room = s->o.n_batch - s->o.n_slots + 1;
+  if (A < 0 || A > room || (s->o.max_prefill_tokens > 0 && A > s->o.max_prefill_tokens)) {
+    const int pre = s->o.max_prefill_tokens, nb = s->o.n_batch;
+    free(s);
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "scheduler: chunk_align %d must be 0 or 1..%d (the batch of %d tokens less a decode token per other "
+                    "slot%s)",
+                    A, pre > 0 && pre < room ? pre : room, nb, pre > 0 ? ", and the prefill budget" : "");
+  }
   const size_t S = (size_t)s->o.n_slots;
   s->run = calloc(S, sizeof *s->run);
   s->last_used = calloc(S, sizeof *s->last_used);
@@ -406,11 +415,24 @@ static int plan_once(anna_sched *s, int64_t kv, int *nd_out, int *np_out, int *n
     }
     if (!best) break;
     int32_t take = best->n_input - best->n_fed;
+    const int32_t A = s->o.chunk_align;
+    if (A > 0) { /* the aligned chunk whole, or nothing this step */
+      const int32_t end = (best->n_fed / A + 1) * A;
+      if (end < best->n_input) take = end - best->n_fed;
+      if (take > budget) {
+        best->planned = 1;
+        continue;
+      }
+    }
     if (take > budget) take = budget;
     if (kv >= 0) { /* cut the chunk to the blocks left */
       const int32_t pos = best->n_fed;
       const int64_t x = seq_extra(s, best, 0), extra = kv - x;
       const int64_t room = extra < 0 ? 0 : ((int64_t)ceil_div(pos, blk) + extra) * blk - pos;
+      if (A > 0 && take > room) {
+        best->planned = 1;
+        continue;
+      }
       if (take > room) take = (int32_t)room;
       if (take <= 0) break;
       kv -= chunk_blocks(s, pos, take, x);

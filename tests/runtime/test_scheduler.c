@@ -607,6 +607,53 @@ static void test_random(void) {
   CHECK(preemptions > 0 && cancels > 0); /* the runs did exercise both */
 }
 
+/* chunk_align (anna-serve --deterministic): a prompt is cut at the same places whatever else
+ * runs: alone with a roomy batch, and beside other prompts and decodes in a tight one with a
+ * small KV pool, request X gets the chunks [0,64) [64,128) [128,150); bad values are refused. */
+static int chunks_of(int n_batch, int64_t n_blocks, int others, int32_t *pos, int32_t *len) {
+  anna_sched_options o = opts(4, n_batch);
+  o.chunk_align = 64;
+  o.block_len = 16;
+  sim m;
+  sim_init(&m, &o, n_blocks);
+  for (int k = 0; k < others; k++)
+    sim_submit(&m, 37 + 29 * k, 40, 1);
+  const int x = sim_submit(&m, 150, 3, 1);
+  int n = 0;
+  for (int step = 0; step < 400 && !m.r[x].done; step++) {
+    sim_admit(&m);
+    anna_sched_plan p;
+    sim_step(&m, &p);
+    for (int k = 0; k < p.n_prefill; k++) {
+      CHECK(p.prefill[k].pos % 64 == 0);
+      if (idx_of(&p.prefill[k]) == x && n < 8) pos[n] = p.prefill[k].pos, len[n++] = p.prefill[k].n;
+    }
+  }
+  CHECK(m.r[x].done);
+  anna_sched_free(m.s);
+  return n;
+}
+
+static void test_chunk_align(void) {
+  int32_t pa[8], la[8], pb[8], lb[8], pc[8], lc[8];
+  const int na = chunks_of(512, -1, 0, pa, la);
+  const int nb = chunks_of(68, -1, 3, pb, lb); /* 68 - 4 + 1 = 65: one aligned chunk per step at most */
+  const int nc = chunks_of(100, 30, 3, pc, lc); /* 30 blocks of 16: chunks wait for blocks */
+  CHECK(na == 3 && pa[0] == 0 && la[0] == 64 && pa[1] == 64 && la[1] == 64 && pa[2] == 128 && la[2] == 22);
+  CHECK(nb == na && !memcmp(pa, pb, sizeof(int32_t) * 3) && !memcmp(la, lb, sizeof(int32_t) * 3));
+  CHECK(nc == na && !memcmp(pa, pc, sizeof(int32_t) * 3) && !memcmp(la, lc, sizeof(int32_t) * 3));
+  anna_sched_options o = opts(4, 66);
+  anna_sched *s = NULL;
+  char err[256] = "";
+  o.chunk_align = 64;
+  CHECK(anna_sched_create(&s, &o, err, sizeof err) == ANNA_EINVAL && !s && strstr(err, "chunk_align"));
+  o = opts(4, 512);
+  o.chunk_align = 64, o.max_prefill_tokens = 32;
+  CHECK(anna_sched_create(&s, &o, err, sizeof err) == ANNA_EINVAL && !s);
+  o.chunk_align = -1, o.max_prefill_tokens = 0;
+  CHECK(anna_sched_create(&s, &o, err, sizeof err) == ANNA_EINVAL && !s);
+}
+
 int main(void) {
   test_fairness();
   test_budgets_and_chunks();
@@ -617,6 +664,7 @@ int main(void) {
   test_prefill_interval();
   test_kinds_and_wait();
   test_random();
+  test_chunk_align();
   if (fails) {
     fprintf(stderr, "test_scheduler: %d checks failed\n", fails);
     return 1;

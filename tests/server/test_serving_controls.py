@@ -14,6 +14,7 @@ import random
 import subprocess
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -221,3 +222,30 @@ def test_gpu_memory_utilization_sizes_the_pool():
     finally:
         log = srv.stop()
     assert "--gpu-memory-utilization 0.05: KV pool of %d blocks" % kb["total"] in log, log[:3000]
+
+
+def test_deterministic_chunks_and_limits():
+    """--deterministic cuts prompts at fixed 64-token boundaries (and turns on the CUDA
+    batch-invariant kernels): a batch too small for one chunk beside every slot's decode is a
+    startup error naming the flags; with it, requests decoded together give the ids they get
+    one at a time (on the GPU run of this suite this is the batch-invariance check)."""
+    model = os.path.join(FIXTURES, "qwen3_5_text")
+    p = subprocess.run([server_bin(), "--model-dir", model, "--port", "0", "--deterministic", "--parallel", "8",
+                        "--batch-size", "64"], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "--deterministic" in p.stderr and "--batch-size" in p.stderr, p.stderr
+    prompts = [[(7 * i + 3 * k) % 900 + 50 for k in range(n)] for i, n in enumerate((5, 70, 130, 64, 200, 17))]
+
+    def run(parallel):
+        srv = start_server(model, "--deterministic", "--parallel", str(parallel), "--ctx-size", "512")
+        try:
+            cl = srv.client()
+
+            def one(pr):
+                r = cl.completions.create(model="qwen3_5_text", prompt=pr, max_tokens=12, temperature=0,
+                                          extra_body={"ignore_eos": True})
+                return r.choices[0].text
+            with ThreadPoolExecutor(len(prompts)) as ex:
+                return list(ex.map(one, prompts)) if parallel > 1 else [one(pr) for pr in prompts]
+        finally:
+            srv.stop()
+    assert run(1) == run(6)
