@@ -1145,13 +1145,13 @@ static const char *const CHAT_FIELDS[] = {
     "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
     "logit_bias", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
     "chat_template_kwargs", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-    "grammar", "guided_grammar", "anna_debug_output", NULL};
+    "grammar", "guided_grammar", "anna_debug_output", "speculative", NULL};
 static const char *const COMPLETION_FIELDS[] = {
     "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
     "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
     "logit_bias", "logprobs", "echo", "suffix", "best_of", "top_k", "min_p",
     "repetition_penalty", "min_tokens", "ignore_eos", "grammar", "guided_grammar",
-    "anna_debug_output", NULL};
+    "anna_debug_output", "speculative", NULL};
 static const struct {
   const char *name;
   int chat_only;
