@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 9
+#define ANNA_API_VERSION_MINOR 10
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -406,7 +406,7 @@ int anna_context_tuning(const anna_context *c, char *buf, size_t len);
  * checkpoint taken before the window, the accepted tokens then run again; such models need
  * anna_context_options.n_checkpoints >= 1 (ANNA_ESTATE names it otherwise). The window's
  * slots share the LRU pool of prefix snapshots. k + 1 <= n_batch. Penalties and
- * temperature > 0 are not served here: callers with them decode plainly. On error seq is in
+ * temperature > 0: anna_context_verify_sampled below. On error seq is in
  * an unspecified state: reset it. The logits of the window are not kept
  * (anna_context_logits_row: unspecified afterwards). */
 #define ANNA_SPEC_MAX_DRAFT 16
@@ -436,6 +436,23 @@ typedef struct anna_spec_stats {
 } anna_spec_stats;
 void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st);
 
+/* (API 1.10) Speculative sampling: anna_context_verify whose window i draws its tokens with
+ * samplers[i] (any parameters: temperature, top-k/p, min-p, penalties; NULL: greedy as
+ * anna_context_verify) instead of taking the argmax. Row j of a window is drawn exactly as
+ * plain decoding would draw it after the tokens before it; draft[j] is accepted when the draw
+ * equals it, else the draw is the window's last token (out[a]). For a deterministic drafter
+ * (the n-gram and MTP drafters: the draft is a point mass) this is speculative sampling's
+ * accept rule: d is accepted with probability p(d), the target probability after all the
+ * sampler's transforms, and a rejection yields a draw from p with d removed, renormalized; so
+ * the output follows the target distribution exactly, and with one seed it is the token
+ * sequence plain sampling gives (one random draw per emitted token, as plain decoding). The
+ * sampler records each emitted token (anna_sampler_accept on out[0, n_out)): callers do not
+ * accept them again. logits: caller-owned scratch of [sum of (k + 1)] * vocab floats (the
+ * windows' rows; unspecified afterwards). Errors and rollback as anna_context_verify. */
+typedef struct anna_sampler anna_sampler; /* the sampler section below */
+int anna_context_verify_sampled(anna_context *c, anna_spec_window *w, anna_sampler *const *samplers, int n,
+                                float *logits, char *err, size_t errlen);
+
 /* The n-gram (prompt lookup) drafter: keeps the sequence's history (prompt + generated,
  * fed by accept) and drafts the tokens that followed the latest earlier occurrence of the
  * history's last n tokens, n from n_max down to n_min (llama.cpp's lookup, vLLM's ngram).
@@ -457,6 +474,49 @@ int anna_ngram_draft(const anna_ngram *d, int32_t *out, int k);
 /* Tokens in the history; reset empties it. */
 int32_t anna_ngram_len(const anna_ngram *d);
 void anna_ngram_reset(anna_ngram *d);
+
+/* (API 1.10) Adaptive draft length: a per-sequence estimate of the probability that a drafted
+ * token is accepted (alpha), as decayed counts of accepted drafts and of rejections (a window
+ * gives a successes, and one failure when a < k: the first rejection ends it, so a/drafted
+ * would be biased low). next: the longest K with alpha^K >= p_min (the probability the K-th
+ * draft is still accepted; below it a drafted row costs more than it is likely to give),
+ * clamped to 1..k_max; a new sequence starts at k_max (optimistic: drafts are cheap to drop).
+ * p_min <= 0 or k_max == 1: always k_max (anna-generate / anna-serve --draft-fixed). Plain
+ * struct, no allocation. */
+typedef struct anna_spec_adapt {
+  float succ, fail; /* decayed counts */
+  int k_max;
+  float p_min;
+} anna_spec_adapt;
+void anna_spec_adapt_init(anna_spec_adapt *a, int k_max, float p_min);
+int anna_spec_adapt_next(const anna_spec_adapt *a);
+/* Records a window of k drafts of which `accepted` were accepted (k = 0: nothing). */
+void anna_spec_adapt_update(anna_spec_adapt *a, int k, int accepted);
+
+/* (API 1.10) The draft-model drafter: a second (smaller) model with the target's vocabulary
+ * (sizes and, where both have a tokenizer, every token's piece: ANNA_EINVAL naming the first
+ * difference) drafts greedily from its own context, created from opt (n_seq, n_ctx as the
+ * target's; n_batch raised to k_max + 1, n_checkpoints to 1). The context follows one target
+ * sequence per seq: prefill what the target holds, then per window: anna_draft_draft (k greedy tokens after `last`), the target's verify, and
+ * anna_draft_commit with the window's draft and output so the draft context holds what the
+ * target holds (a rewind on rejection; a recurrent draft model goes back to the checkpoint
+ * taken before the draft and runs the accepted tokens again). The drafter borrows draft_model
+ * (which must outlive it); everything is allocated at creation. One thread at a time. Caller
+ * frees with anna_draft_free. */
+typedef struct anna_draft anna_draft;
+int anna_draft_create(anna_draft **out, anna_model *draft_model, const anna_model *target,
+                      const anna_context_options *opt, int k_max, char *err, size_t errlen);
+void anna_draft_free(anna_draft *d);
+/* tokens[0, n) into seq (emptied first): what the target's sequence holds (not its pending token). */
+int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
+/* Drafts min(k, k_max) greedy tokens after `last` into draft; returns their number or a
+ * negative ANNA_E*. */
+int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen);
+/* After the target verified [last, draft[0, k)] with output out[0, n_out): the draft context
+ * keeps last and the accepted drafts; out[n_out - 1] is pending in both. */
+int anna_draft_commit(anna_draft *d, int seq, int32_t last, const int32_t *draft, int k, const int32_t *out,
+                      int n_out, char *err, size_t errlen);
+void anna_draft_reset(anna_draft *d, int seq);
 
 /* (API 1.4) The MTP drafter: the checkpoint's multi-token-prediction head (Qwen3.5 `mtp.*`), chained k
  * times from the main model's last final-norm hidden state, its drafts checked by the verify
@@ -485,6 +545,11 @@ int anna_mtp_draft(anna_mtp *d, int seq, int32_t last, int32_t *draft, int k, ch
  * positions' hidden states for the head's next draft. */
 int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, int32_t *out, int *n_out,
                     char *err, size_t errlen);
+/* (API 1.10) anna_mtp_verify drawing with sampler s as anna_context_verify_sampled (the MTP
+ * head drafts its argmax: a point mass, so the rule there is exact). logits: [(k + 1) * vocab]
+ * caller-owned scratch. */
+int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *s,
+                            float *logits, int32_t *out, int *n_out, char *err, size_t errlen);
 /* Forgets seq in the head (the caller resets the context's sequence). */
 void anna_mtp_reset(anna_mtp *d, int seq);
 

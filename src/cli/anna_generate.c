@@ -47,11 +47,16 @@ static void usage(FILE *f) {
           "  --quiet                  no statistics on stderr\n"
           "  --host-sampling          download every logits row and sample it on the host (default: the\n"
           "                           backend returns the few candidates the sampling parameters need)\n"
-          "  --speculative ngram      greedy speculative decoding with prompt-lookup drafts (same ids as\n"
-          "                           plain greedy; needs --temperature 0 and no penalties)\n"
+          "  --speculative ngram      speculative decoding with prompt-lookup drafts: greedy gives the ids\n"
+          "                           of plain greedy; sampling (--temperature > 0, penalties) keeps the\n"
+          "                           target distribution exactly and, with one --seed, plain sampling's ids\n"
           "  --speculative mtp        the same with drafts from the checkpoint's MTP head (Qwen3.5 mtp.*),\n"
           "                           chained --draft-max times\n"
+          "  --speculative draft --draft-model PATH  drafts from a smaller model with the same vocabulary\n"
+          "                           (greedy, from its own context; --draft-model alone implies it)\n"
           "  --draft-max K            most drafted tokens per verify window (1..16, default 6)\n"
+          "  --draft-fixed            always draft --draft-max tokens (default: the length adapts to the\n"
+          "                           acceptance rate, anna_spec_adapt)\n"
           "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n");
 }
 
@@ -63,7 +68,8 @@ int main(int argc, char **argv) {
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
   int host_sampling = 0;
   const char *spec = NULL;
-  int draft_max = 6, ngram_min = 1, ngram_max = 4;
+  int draft_max = 6, ngram_min = 1, ngram_max = 4, draft_fixed = 0;
+  const char *draft_path = NULL;
   const char *images[CLI_MAX_IMAGES];
   int n_img = 0;
   const char *video = NULL; /* --video: after the images, media[n_img] */
@@ -117,6 +123,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--quiet")) quiet = 1;
     else if (!strcmp(a, "--host-sampling")) host_sampling = 1;
     else if (!strcmp(a, "--speculative")) { NEEDV(); spec = v; }
+    else if (!strcmp(a, "--draft-fixed")) draft_fixed = 1;
+    else if (!strcmp(a, "--draft-model")) { NEEDV(); draft_path = v; }
     else if (!strcmp(a, "--draft-max")) { NEEDV(); if (cli_int(a, v, 1, ANNA_SPEC_MAX_DRAFT, &draft_max)) return 2; }
     else if (!strcmp(a, "--ngram-min")) { NEEDV(); if (cli_int(a, v, 1, ANNA_NGRAM_MAX_N, &ngram_min)) return 2; }
     else if (!strcmp(a, "--ngram-max")) { NEEDV(); if (cli_int(a, v, 1, ANNA_NGRAM_MAX_N, &ngram_max)) return 2; }
@@ -145,15 +153,14 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (draft_path && !spec) spec = "draft";
   if (spec) {
-    if (strcmp(spec, "ngram") && strcmp(spec, "mtp")) {
-      fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, mtp)\n", spec);
+    if (strcmp(spec, "ngram") && strcmp(spec, "mtp") && strcmp(spec, "draft")) {
+      fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, mtp, draft)\n", spec);
       return 2;
     }
-    /* verify windows keep greedy choices only: a sampled or penalised token is not an argmax */
-    if (sp.temperature > 0 || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0 ||
-        sp.frequency_penalty != 0) {
-      fprintf(stderr, "error: --speculative needs greedy decoding (--temperature 0, no penalties)\n");
+    if (!strcmp(spec, "draft") != (draft_path != NULL)) {
+      fprintf(stderr, "error: --draft-model goes with --speculative draft (and it needs one)\n");
       return 2;
     }
     if (ngram_min > ngram_max) {
@@ -190,9 +197,11 @@ int main(int argc, char **argv) {
   anna_text_stream *stream = NULL;
   anna_ngram *drafter = NULL;
   anna_mtp *mtpd = NULL;
+  anna_model *dmodel = NULL;
+  anna_draft *dd = NULL;
   const int use_mtp = spec && !strcmp(spec, "mtp");
   int32_t *gen = NULL;
-  float *logits = NULL;
+  float *logits = NULL, *wlogits = NULL; /* wlogits: a sampled verify window's rows */
   FILE *df = NULL;
   double t0 = cli_now();
   anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq, .mmproj = mmproj};
@@ -249,6 +258,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "[anna-generate] kv cache: %s\n", anna_kv_type_name(ks.kv_type));
   }
   if (use_mtp && anna_mtp_create(&mtpd, ctx, draft_max, err, sizeof err)) goto fail;
+  if (draft_path && (anna_model_load(&dmodel, draft_path, &mo, err, sizeof err) ||
+                     anna_draft_create(&dd, dmodel, m, &co, draft_max, err, sizeof err)))
+    goto fail;
   if (anna_sampler_create(&smp, V, &sp, err, sizeof err)) goto fail;
   if (text && anna_text_stream_new(&stream, text, ANNA_DETOKENIZE_SKIP_SPECIAL, err, sizeof err)) goto fail;
   logits = malloc(sizeof(float) * (size_t)V * (dump ? (size_t)n_batch : 1));
@@ -314,7 +326,8 @@ int main(int argc, char **argv) {
   float cval[ANNA_TOPK_MAX];
   double cst[2];
   int have_cand = 0; /* the last step returned candidates, not logits */
-  if (spec && !use_mtp) {
+  if (dd && anna_draft_prefill(dd, 0, ids, (int32_t)n, err, sizeof err)) goto fail;
+  if (spec && !use_mtp && !dd) {
     anna_ngram_params np = {.n_min = ngram_min, .n_max = ngram_max, .k_max = draft_max};
     if (anna_ngram_create(&drafter, &np, (int32_t)(n + (size_t)max_new + 1), err, sizeof err) ||
         anna_ngram_accept(drafter, ids, (int32_t)n, err, sizeof err))
@@ -324,10 +337,20 @@ int main(int argc, char **argv) {
    * the accepted drafts (emitted in turn) and the next pending token. */
   int32_t sout[ANNA_SPEC_MAX_DRAFT + 1];
   int n_sout = 0, i_sout = 0;
+  anna_spec_adapt adapt; /* the draft length (the server's p_min, engine.c SPEC_ADAPT_P_MIN) */
+  anna_spec_adapt_init(&adapt, draft_max, draft_fixed ? 0.0f : 0.3f);
+  /* sampled (or penalised) windows draw every row with the sampler (anna_context_verify_sampled),
+   * which records the tokens it emits; greedy ones keep the argmax-only window */
+  const int spec_sampled = sp.temperature > 0 || sp.repetition_penalty != 1.0f || sp.presence_penalty != 0 ||
+                           sp.frequency_penalty != 0;
+  if (spec && spec_sampled && !(wlogits = malloc(sizeof(float) * (size_t)V * (size_t)(draft_max + 1)))) {
+    snprintf(err, sizeof err, "out of memory");
+    goto fail;
+  }
   for (; spec && n_gen < max_new; n_gen++) {
     int32_t t = n_gen == 0 ? anna_sampler_sample(smp, logits) : sout[i_sout++];
     gen[n_gen] = t;
-    anna_sampler_accept(smp, t);
+    if (n_gen == 0 || !spec_sampled) anna_sampler_accept(smp, t); /* a sampled window recorded its own */
     if (text && anna_text_is_eog(text, t)) {
       n_gen++;
       break;
@@ -343,17 +366,29 @@ int main(int argc, char **argv) {
     if (drafter && anna_ngram_accept(drafter, &t, 1, err, sizeof err)) goto fail;
     if (i_sout < n_sout) continue; /* accepted drafts of the last window still to emit */
     /* drafts past max_new would be thrown away: cap them (the bonus token also counts) */
-    const int room = max_new - n_gen - 2;
+    int room = max_new - n_gen - 2;
+    if (room > anna_spec_adapt_next(&adapt)) room = anna_spec_adapt_next(&adapt);
     int32_t draft[ANNA_SPEC_MAX_DRAFT];
     int k = 0;
     if (use_mtp) {
       if ((k = anna_mtp_draft(mtpd, 0, t, draft, room, err, sizeof err)) < 0 ||
-          anna_mtp_verify(mtpd, 0, t, draft, k, sout, &n_sout, err, sizeof err))
+          (spec_sampled ? anna_mtp_verify_sampled(mtpd, 0, t, draft, k, smp, wlogits, sout, &n_sout, err, sizeof err)
+                        : anna_mtp_verify(mtpd, 0, t, draft, k, sout, &n_sout, err, sizeof err)))
         goto fail;
     } else {
-      k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
-      if (anna_context_seq_verify(ctx, 0, t, draft, k, sout, &n_sout, err, sizeof err)) goto fail;
+      if (dd) {
+        if ((k = anna_draft_draft(dd, 0, t, draft, room, err, sizeof err)) < 0) goto fail;
+      } else {
+        k = room > 0 ? anna_ngram_draft(drafter, draft, room) : 0;
+      }
+      anna_spec_window w = {.seq = 0, .last = t, .draft = draft, .k = k, .out = sout};
+      if (spec_sampled ? anna_context_verify_sampled(ctx, &w, &smp, 1, wlogits, err, sizeof err)
+                       : anna_context_verify(ctx, &w, 1, err, sizeof err))
+        goto fail;
+      n_sout = w.n_out;
+      if (dd && anna_draft_commit(dd, 0, t, draft, k, sout, n_sout, err, sizeof err)) goto fail;
     }
+    anna_spec_adapt_update(&adapt, k, n_sout - 1);
     i_sout = 0;
   }
   for (; !spec && n_gen < max_new; n_gen++) {
@@ -436,8 +471,11 @@ done:
   free(ids);
   for (int i = 0; i < n_img + (video != NULL); i++) anna_media_free(media[i]);
   anna_text_stream_free(stream);
+  free(wlogits);
   anna_ngram_free(drafter);
   anna_mtp_free(mtpd);
+  anna_draft_free(dd);
+  anna_model_free(dmodel);
   anna_sampler_free(smp);
   anna_text_free(text);
   anna_context_free(ctx);

@@ -56,9 +56,13 @@ static void usage(FILE *f) {
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
           "                           src/base/tuning.h)\n"
-          "  --speculative ngram      greedy requests (temperature 0, no penalties, logprobs or JSON) verify\n"
-          "                           prompt-lookup drafts in windows: same output, fewer steps\n"
+          "  --speculative ngram|none requests verify prompt-lookup drafts in windows by default (none, the\n"
+          "                           default: only those whose body says \"speculative\": true; false opts\n"
+          "                           out). Greedy: the plain output; sampled / penalised: the same\n"
+          "                           distribution (and a seed's plain tokens). Not with logprobs, JSON or images\n"
           "  --draft-max K            most drafted tokens per window (1..16, default 6)\n"
+          "  --draft-fixed            always draft --draft-max tokens (default: adapt K per sequence to its\n"
+          "                           acceptance rate)\n"
           "  --ngram-min N  --ngram-max N  suffix lengths the drafter matches (default 1 and 4)\n"
           "  --deterministic          batched == alone: each request's greedy output does not depend on the\n"
           "                           others decoded with it (prompts cut at fixed 64-token boundaries; CUDA:\n"
@@ -154,13 +158,18 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--deterministic")) deterministic = 1;
     else if (!strcmp(a, "--speculative")) {
       NEEDV();
-      if (strcmp(v, "ngram")) {
-        fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram)\n", v);
+      if (!strcmp(v, "mtp")) {
+        fprintf(stderr, "error: --speculative mtp is not in the server yet (have: ngram, none; anna-generate has mtp)\n");
         return 2;
       }
-      spec = 1;
+      if (strcmp(v, "ngram") && strcmp(v, "none")) {
+        fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, none)\n", v);
+        return 2;
+      }
+      spec = !strcmp(v, "ngram");
     }
     INTF("--mask-threads", 0, 64, o.eng.mask_threads)
+    else if (!strcmp(a, "--draft-fixed")) o.eng.spec_fixed = 1;
     INTF("--draft-max", 1, ANNA_SPEC_MAX_DRAFT, o.eng.spec_draft_max)
     INTF("--ngram-min", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_min)
     INTF("--ngram-max", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_max)
@@ -319,16 +328,13 @@ int main(int argc, char **argv) {
     o.eng.cached_experts_per_layer = oc.cached_experts_per_layer;
     o.eng.expert_swap_every = oc.expert_swap_every;
   }
-  if (spec) {
-    if (!o.eng.spec_draft_max) o.eng.spec_draft_max = 6;
-    if (!o.eng.spec_ngram_min) o.eng.spec_ngram_min = 1;
-    if (!o.eng.spec_ngram_max) o.eng.spec_ngram_max = 4;
-    if (o.eng.spec_ngram_min > o.eng.spec_ngram_max) {
-      fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", o.eng.spec_ngram_min, o.eng.spec_ngram_max);
-      return 2;
-    }
-  } else if (o.eng.spec_draft_max || o.eng.spec_ngram_min || o.eng.spec_ngram_max) {
-    fprintf(stderr, "error: --draft-max / --ngram-min / --ngram-max need --speculative ngram\n");
+  /* the drafters always exist (a request may opt in); --speculative ngram makes it the default */
+  o.eng.spec_default = spec;
+  if (!o.eng.spec_draft_max) o.eng.spec_draft_max = 6;
+  if (!o.eng.spec_ngram_min) o.eng.spec_ngram_min = 1;
+  if (!o.eng.spec_ngram_max) o.eng.spec_ngram_max = 4;
+  if (o.eng.spec_ngram_min > o.eng.spec_ngram_max) {
+    fprintf(stderr, "error: --ngram-min %d exceeds --ngram-max %d\n", o.eng.spec_ngram_min, o.eng.spec_ngram_max);
     return 2;
   }
   char tuning[1024]; /* --deterministic: the tuning key after the user's --tuning */

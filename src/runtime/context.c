@@ -12,6 +12,7 @@
 #include "base/tuning.h"
 #include "cache/kv_cache.h"
 #include "model/kind.h"
+#include "ops/ops.h"
 #include "ops/ops_profile.h"
 #include "runtime/model_handle.h"
 #include "runtime/stages.h"
@@ -711,7 +712,28 @@ void anna_context_spec_stats(const anna_context *c, anna_spec_stats *st) {
  * drafted token (model_seq_ops.window) and the same rewind restores it; otherwise (or
  * without the slots) the rewind goes to the checkpoint taken before the window and the
  * accepted tokens are run again (their logits are not needed). */
-int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hidden, char *err, size_t errlen) {
+/* Window i's rows, sampled (smp && smp[i]): the window's rows' full logits go to the caller's
+ * scratch and row j is drawn by the sequence's sampler exactly as plain decoding would draw it
+ * (penalties see the tokens drawn before it); draft[j] is accepted when the draw equals it,
+ * and the first draw that differs ends the window as its bonus token. For a drafter whose
+ * draft is a point mass (n-gram, greedy MTP) this is speculative sampling's rule: d is
+ * accepted with probability p(d), and a rejected row's token is distributed as p given that
+ * it is not d, i.e. p with d removed and renormalized (the residual max(0, p - q) / (1 - p(d))
+ * with q the point mass), so every emitted token follows the target distribution. It also
+ * spends the sampler's random draws one per emitted token, as plain decoding does, so one
+ * seed gives the same tokens with and without speculation (up to batched arithmetic). */
+static void verify_row_pick(anna_sampler *smp, float *row, int V, int32_t *tok) {
+  if (smp) {
+    *tok = anna_sampler_sample(smp, row);
+    anna_sampler_accept(smp, *tok);
+  } else {
+    float best;
+    *tok = (int32_t)ops_argmax_f32(row, V, &best);
+  }
+}
+
+int context_verify_any(anna_context *c, anna_spec_window *w, int n, anna_sampler *const *smp, float *logits,
+                       float *hidden, char *err, size_t errlen) {
   const model_seq_ops *s = seq_ops(c);
   if (!s) return no_seq(c, err, errlen);
   if (n < 0 || (n > 0 && !w)) return anna_err(err, errlen, ANNA_EINVAL, "verify: bad window array");
@@ -731,6 +753,7 @@ int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hi
   if (rows > c->n_batch)
     return anna_err(err, errlen, ANNA_ERANGE, "verify: %d rows exceed the context's n_batch %d", rows, c->n_batch);
   if (n == 0) return 0;
+  if (smp && !logits) return anna_err(err, errlen, ANNA_EINVAL, "verify: sampled windows need a logits scratch");
   int rc, at = 0;
   for (int i = 0; i < n; i++) {
     anna_spec_window *x = &w[i];
@@ -750,7 +773,8 @@ int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hi
   const anna_batch b = {rows, c->vtok, c->vseq, c->vpos, c->vwant};
   if (!c->be->topk) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "backend %s has no topk op", c->be->name);
   const model_topk tk1 = {1, 0.0f, c->vidx, c->vval, c->vstats};
-  if ((rc = context_run_any(c, &b, NULL, NULL, &tk1, hidden, err, errlen))) return rc;
+  if ((rc = context_run_any(c, &b, NULL, logits, logits ? NULL : &tk1, hidden, err, errlen))) return rc;
+  const int V = c->m->desc.vocab;
   /* Accept, then roll back; windows whose state must be recomputed gather their accepted
    * rows at the front of the batch arrays (never past their own rows) for one re-run. */
   int re = 0;
@@ -761,9 +785,16 @@ int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hi
     const int32_t *g = c->vidx + r0;
     at += k + 1;
     int a = 0;
-    while (a < k && x->draft[a] == g[a]) a++;
-    if (a) memcpy(x->out, x->draft, sizeof(int32_t) * (size_t)a);
-    x->out[a] = g[a];
+    if (logits) { /* rows in order, each picked after the tokens before it are known */
+      for (;; a++) {
+        verify_row_pick(smp ? smp[i] : NULL, logits + (size_t)(r0 + a) * (size_t)V, V, &x->out[a]);
+        if (a == k || x->out[a] != x->draft[a]) break;
+      }
+    } else {
+      while (a < k && x->draft[a] == g[a]) a++;
+      if (a) memcpy(x->out, x->draft, sizeof(int32_t) * (size_t)a);
+      x->out[a] = g[a];
+    }
     x->n_out = a + 1;
     c->spec.windows++;
     c->spec.drafted += k;
@@ -791,8 +822,18 @@ int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hi
   return anna_context_decode(c, &rb, NULL, err, errlen);
 }
 
+int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hidden, char *err, size_t errlen) {
+  return context_verify_any(c, w, n, NULL, NULL, hidden, err, errlen);
+}
+
 int anna_context_verify(anna_context *c, anna_spec_window *w, int n, char *err, size_t errlen) {
-  return context_verify_hidden(c, w, n, NULL, err, errlen);
+  return context_verify_any(c, w, n, NULL, NULL, NULL, err, errlen);
+}
+
+int anna_context_verify_sampled(anna_context *c, anna_spec_window *w, anna_sampler *const *samplers, int n,
+                                float *logits, char *err, size_t errlen) {
+  if (!samplers || !logits) return anna_err(err, errlen, ANNA_EINVAL, "verify_sampled: NULL samplers or logits");
+  return context_verify_any(c, w, n, samplers, logits, NULL, err, errlen);
 }
 
 int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_t *draft, int k, int32_t *out,

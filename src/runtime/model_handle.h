@@ -55,6 +55,9 @@ ctx_vision *context_vision(anna_context *c);
  * each) to hidden (NULL: none); the context's backend table and shape. */
 int context_run_hidden(anna_context *c, const anna_batch *b, float *out, float *hidden, char *err, size_t errlen);
 int context_verify_hidden(anna_context *c, anna_spec_window *w, int n, float *hidden, char *err, size_t errlen);
+/* Both: the windows of anna_context_verify_sampled (smp NULL: greedy) with hidden rows. */
+int context_verify_any(anna_context *c, anna_spec_window *w, int n, anna_sampler *const *smp, float *logits,
+                       float *hidden, char *err, size_t errlen);
 ops_backend *context_backend(anna_context *c);
 void context_shape(const anna_context *c, int *n_seq, int *n_ctx, int *n_batch);
 const anna_model *context_model(const anna_context *c);

@@ -185,8 +185,8 @@ int anna_mtp_draft(anna_mtp *d, int seq, int32_t last, int32_t *draft, int k, ch
   return k;
 }
 
-int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, int32_t *out, int *n_out,
-                    char *err, size_t errlen) {
+static int mtp_verify_any(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *smp,
+                          float *logits, int32_t *out, int *n_out, char *err, size_t errlen) {
   int rc = check_seq(d, seq, err, errlen);
   if (rc) return rc;
   if (!n_out) return anna_err(err, errlen, ANNA_EINVAL, "verify: NULL argument");
@@ -194,11 +194,22 @@ int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, in
   /* a window without a draft before it: the head still takes the pending positions */
   if (d->np[seq] && (rc = feed_pending(d, seq, last, 0, err, errlen))) return rc;
   anna_spec_window w = {.seq = seq, .last = last, .draft = draft, .k = k, .out = out};
-  if ((rc = context_verify_hidden(d->c, &w, 1, d->hb, err, errlen))) return rc;
+  if ((rc = context_verify_any(d->c, &w, 1, smp ? &smp : NULL, logits, d->hb, err, errlen))) return rc;
   *n_out = w.n_out;
   const int a = w.n_out - 1;
   memcpy(d->ph + (size_t)seq * MTP_PEND * (size_t)d->H, d->hb, sizeof(float) * (size_t)(a + 1) * (size_t)d->H);
   if (a) memcpy(d->ptok + (size_t)seq * MTP_PEND, draft, sizeof(int32_t) * (size_t)a);
   d->np[seq] = a + 1;
   return 0;
+}
+
+int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, int32_t *out, int *n_out,
+                    char *err, size_t errlen) {
+  return mtp_verify_any(d, seq, last, draft, k, NULL, NULL, out, n_out, err, errlen);
+}
+
+int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *s,
+                            float *logits, int32_t *out, int *n_out, char *err, size_t errlen) {
+  if (!s || !logits) return anna_err(err, errlen, ANNA_EINVAL, "verify_sampled: NULL sampler or logits");
+  return mtp_verify_any(d, seq, last, draft, k, s, logits, out, n_out, err, errlen);
 }

@@ -8,6 +8,7 @@
  */
 #include "anna/anna.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,4 +81,32 @@ int anna_ngram_draft(const anna_ngram *d, int32_t *out, int k) {
 
 int32_t anna_ngram_len(const anna_ngram *d) {
   return d->n;
+}
+
+/* ---- adaptive draft length (anna_spec_adapt_*) ---- */
+
+/* The counts decay by this much per window: about the last 10 windows speak, so a sequence
+ * moving from boilerplate (long accepted runs) to new text (none) shortens K within a few
+ * windows. */
+#define SPEC_ADAPT_DECAY 0.9f
+
+void anna_spec_adapt_init(anna_spec_adapt *a, int k_max, float p_min) {
+  a->k_max = k_max < 1 ? 1 : k_max > ANNA_SPEC_MAX_DRAFT ? ANNA_SPEC_MAX_DRAFT : k_max;
+  a->p_min = p_min;
+  a->succ = 4.0f; /* prior: alpha = (4 + 1) / (4 + 2), K = k_max for the usual p_min */
+  a->fail = 0.0f;
+}
+
+int anna_spec_adapt_next(const anna_spec_adapt *a) {
+  if (a->p_min <= 0 || a->k_max <= 1) return a->k_max;
+  const float alpha = (a->succ + 1.0f) / (a->succ + a->fail + 2.0f); /* Laplace: never 0 or 1 */
+  if (a->p_min >= alpha) return 1;
+  const int k = (int)floorf(logf(a->p_min) / logf(alpha));
+  return k < 1 ? 1 : k > a->k_max ? a->k_max : k;
+}
+
+void anna_spec_adapt_update(anna_spec_adapt *a, int k, int accepted) {
+  if (k <= 0) return;
+  a->succ = a->succ * SPEC_ADAPT_DECAY + (float)accepted;
+  a->fail = a->fail * SPEC_ADAPT_DECAY + (accepted < k ? 1.0f : 0.0f);
 }

@@ -130,6 +130,7 @@ typedef struct slot {
   size_t len, cap, released;
   double t_last;
   int exact_store; /* keep this prompt's state + logits in the exact cache once prefilled */
+  int spec_rec;    /* slot_sample's token was drawn by a sampled verify window, which recorded it */
   int32_t media_reused; /* a prompt with media: tokens the prefix pool gave (slot_media_prefill) */
   int wake;        /* its choice has news the connection has not been woken for (wake_flush) */
 } slot;
@@ -137,6 +138,14 @@ typedef struct slot {
 /* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
  * prompt's KV blocks (shared with whoever copies them) and recurrent state, and the logits
  * of its last token, so an identical prompt starts sampling at once. */
+/* Speculative decoding: a step's verify-window rows at most (the host buffer of sampled
+ * windows' logits rows), and the adaptive draft length's p_min (anna_spec_adapt: the longest
+ * K whose K-th draft is still accepted with at least this probability). A drafted row costs a
+ * fraction of a plain step (0.82 on 1 CPU thread with the default model, bench/notes/spec.md;
+ * less on a GPU), so drafts a sequence rejects about as often as not are cut first. */
+#define SPEC_MAX_ROWS 64
+#define SPEC_ADAPT_P_MIN 0.3f
+
 typedef struct exact_entry {
   int32_t *tok; /* [n_ctx] */
   int32_t n;    /* 0: empty */
@@ -208,6 +217,13 @@ struct engine {
   anna_spec_window *wins;
   int *win_slot;
   anna_spec_stats spec; /* as of the last step (under mu) */
+  /* a step's sampled windows (anna_context_verify_sampled): their samplers [n_seq] and the
+   * windows' logits rows [spec_rows * V] (spec_rows caps a step's window rows); per slot
+   * index the adaptive draft length [n_seq] */
+  anna_sampler **win_smp;
+  float *spec_logits;
+  int spec_rows;
+  anna_spec_adapt *spec_k;
   anna_vision_stats vis; /* as of the last step (under mu) */
   /* engine_embed: jobs queued under mu, run by the engine thread on sequence embed_seq
    * (-1: embeddings off); embed_cv wakes their callers. */
@@ -679,6 +695,7 @@ static void spec_history(engine *e, int i) {
   anna_ngram_reset(e->ng[i]);
   const slot *s = &e->slots[i];
   if (anna_ngram_accept(e->ng[i], s->feed, (int32_t)s->n_feed, err, sizeof err)) anna_ngram_reset(e->ng[i]);
+  anna_spec_adapt_init(&e->spec_k[i], e->o.spec_draft_max, e->o.spec_fixed ? 0.0f : SPEC_ADAPT_P_MIN);
 }
 
 static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
@@ -1227,7 +1244,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   s->forced_ended = forced_end;
   if (!forced_end) {
     s->toks[s->n_prompt + idx] = t; /* idx < max_gen <= n_ctx - n_prompt */
-    anna_sampler_accept(s->smp, t);
+    if (!s->spec_rec) anna_sampler_accept(s->smp, t);
     if (e->ng && anna_ngram_accept(e->ng[i], &t, 1, NULL, 0)) anna_ngram_reset(e->ng[i]);
     if (want_lp) token_logprobs(e->lp_row, e->V, t, r->top_logprobs, &g);
   }
@@ -1358,10 +1375,12 @@ static void kv_exhausted(engine *e) {
   pthread_mutex_unlock(&e->mu);
 }
 
-/* How many tokens slot i may draft this step (0: decode it plainly): greedy without
- * penalties, nothing that needs the full row (logprobs, JSON, forced ids, min_tokens), no
- * images (their positions carry a rotary delta), room before max_gen and the context, and
- * no KV block beyond the one plain step's (the plan counted only those). */
+/* How many tokens slot i may draft this step (0: decode it plainly): speculation on for the
+ * request (its "speculative", else the server's default), nothing that needs the full row
+ * outside the sampler (logprobs, JSON, forced ids, min_tokens), no images (their positions
+ * carry a rotary delta), room before max_gen and the context, and no KV block beyond the one
+ * plain step's (the plan counted only those). Sampled requests and penalties take windows
+ * too (anna_context_verify_sampled); the length is the slot's adaptive K. */
 static int spec_room(engine *e, int i) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
@@ -1369,16 +1388,47 @@ static int spec_room(engine *e, int i) {
       r->n_media ||
       (size_t)s->n_gen < r->n_prefix || s->n_gen < r->min_tokens)
     return 0;
-  const anna_sampler_params *sp = &r->sp;
-  if (sp->temperature > 0 || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-      sp->frequency_penalty != 0.0f)
-    return 0;
-  int k = e->o.spec_draft_max;
+  if (r->speculative != GEN_SPEC_ON) return 0; /* resolved at engine_submit */
+  int k = anna_spec_adapt_next(&e->spec_k[i]);
   const int64_t len = anna_context_seq_len(e->ctx, i);
   if (k > s->max_gen - s->n_gen - 1) k = s->max_gen - s->n_gen - 1;
   if (k > e->o.n_ctx - 1 - len) k = (int)(e->o.n_ctx - 1 - len);
   while (k > 0 && anna_context_seq_blocks_needed(e->ctx, i, k + 1) > anna_context_seq_blocks_needed(e->ctx, i, 1)) k--;
   return k > 0 ? k : 0;
+}
+
+/* The step's verify windows, one forward pass of their own: greedy ones take the argmax
+ * (anna_context_verify); when any window's request samples (temperature, penalties) they all
+ * draw with their samplers over full logits rows (a greedy sampler draws the argmax), which
+ * record the tokens. Counts go to each choice's usage and to the metrics. 0 or the failing
+ * code (the windows are then finished by the caller). */
+static int spec_verify(engine *e, int nw, int *sampled, char *err, size_t errlen) {
+  *sampled = 0;
+  for (int w = 0; w < nw; w++) {
+    const anna_sampler_params *sp = &e->slots[e->win_slot[w]].r->sp;
+    *sampled |= sp->temperature > 0 || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+                sp->frequency_penalty != 0.0f;
+    e->win_smp[w] = e->slots[e->win_slot[w]].smp;
+  }
+  const int rc = *sampled ? anna_context_verify_sampled(e->ctx, e->wins, e->win_smp, nw, e->spec_logits, err, errlen)
+                          : anna_context_verify(e->ctx, e->wins, nw, err, errlen);
+  if (rc) return rc;
+  uint64_t drafted = 0, accepted = 0;
+  for (int w = 0; w < nw; w++) {
+    const int i = e->win_slot[w], k = e->wins[w].k, a = e->wins[w].n_out - 1;
+    anna_spec_adapt_update(&e->spec_k[i], k, a);
+    drafted += (uint64_t)k;
+    accepted += (uint64_t)a;
+    gen_request *r = e->slots[i].r;
+    pthread_mutex_lock(&r->mu);
+    gen_choice *c = &r->choices[e->slots[i].ci];
+    c->spec_accepted += a;
+    c->spec_rejected += k - a;
+    pthread_mutex_unlock(&r->mu);
+  }
+  metrics_add(e->mx, &e->mx->spec_draft_tokens[METRICS_DRAFTER_NGRAM], drafted);
+  metrics_add(e->mx, &e->mx->spec_accepted_tokens[METRICS_DRAFTER_NGRAM], accepted);
+  return 0;
 }
 
 /* One embedding input on the reserved sequence: prompt chunks of n_batch, only the last
@@ -1662,7 +1712,7 @@ static void *engine_main(void *arg) {
       const int i = p.decode[k].slot;
       /* the windows run as one forward pass of their own: their rows must fit n_batch */
       int room = spec_room(e, i);
-      if (room > e->o.n_batch - wrows - 1) room = e->o.n_batch - wrows - 1;
+      if (room > e->spec_rows - wrows - 1) room = e->spec_rows - wrows - 1;
       const int kd = room > 0 ? anna_ngram_draft(e->ng[i], e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT, room) : 0;
       if (kd > 0) { /* a verify window instead of one plain token */
         e->wins[nw] = (anna_spec_window){.seq = i,
@@ -1737,8 +1787,9 @@ static void *engine_main(void *arg) {
     }
     ph_mark(e, ENG_PH_ASSEMBLE);
     /* The verify windows first (one forward pass of their own), then the plain batch. */
+    int wsampled = 0;
     if (nw > 0) {
-      const int vrc = anna_context_verify(e->ctx, e->wins, nw, err, sizeof err);
+      const int vrc = spec_verify(e, nw, &wsampled, err, sizeof err);
       if (vrc) {
         slog(SLOG_ERROR, NULL, "speculative verify failed: %s", err);
         const int code = vrc == ANNA_ERANGE || vrc == ANNA_ENOMEM ? ANNA_ENOMEM : vrc;
@@ -1799,7 +1850,9 @@ static void *engine_main(void *arg) {
      * goes through slot_sample as a drawn token would (stop strings, limits, streaming) */
     for (int w = 0; w < nw; w++) {
       const int i = e->win_slot[w];
+      e->slots[i].spec_rec = wsampled; /* the sampled window recorded its tokens in the sampler */
       for (int j = 0; j < e->wins[w].n_out && e->slots[i].r; j++) slot_sample(e, i, NULL, e->wins[w].out[j]);
+      e->slots[i].spec_rec = 0;
     }
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
@@ -2053,7 +2106,16 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     e->spec_out = malloc((size_t)S * (ANNA_SPEC_MAX_DRAFT + 1) * sizeof *e->spec_out);
     e->wins = malloc((size_t)S * sizeof *e->wins);
     e->win_slot = malloc((size_t)S * sizeof *e->win_slot);
-    if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot) {
+    e->win_smp = malloc((size_t)S * sizeof *e->win_smp);
+    e->spec_k = malloc((size_t)S * sizeof *e->spec_k);
+    /* sampled windows need their rows' logits on the host: a step's window rows are capped
+     * at SPEC_MAX_ROWS (or what n_batch and the slots' windows allow) to bound that buffer */
+    e->spec_rows = S * (e->o.spec_draft_max + 1);
+    if (e->spec_rows > B) e->spec_rows = B;
+    if (e->spec_rows > SPEC_MAX_ROWS) e->spec_rows = SPEC_MAX_ROWS;
+    e->spec_logits = malloc((size_t)e->spec_rows * (size_t)e->V * sizeof(float));
+    if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot || !e->win_smp || !e->spec_k ||
+        !e->spec_logits) {
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the speculative drafters");
       goto fail;
     }
@@ -2139,6 +2201,7 @@ void engine_free(engine *e) {
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
+  free(e->win_smp), free(e->spec_logits), free(e->spec_k);
   free(e->b_tok);
   free(e->b_seq);
   free(e->b_pos);
@@ -2162,6 +2225,9 @@ void engine_free(engine *e) {
 
 int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
   if (!r->choices) return anna_err(err, errlen, ANNA_EINVAL, "request not prepared");
+  /* the server's speculative default, resolved once: usage reports drafts whenever it is on */
+  if (r->speculative == GEN_SPEC_DEFAULT) r->speculative = e->ng && e->o.spec_default ? GEN_SPEC_ON : GEN_SPEC_OFF;
+  if (!e->ng) r->speculative = GEN_SPEC_OFF;
   for (int p = 0; p < r->n_prompts; p++) {
     if (r->n_prompt[p] == 0) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
     if (r->n_prompt[p] >= (size_t)e->o.n_ctx)

@@ -77,6 +77,13 @@ typedef struct engine_options {
    * images take windows (the window's argmax is the greedy choice, so outputs are those of
    * plain decoding); the others decode as before in the same step. */
   int spec_draft_max, spec_ngram_min, spec_ngram_max;
+  /* With drafters (spec_draft_max > 0): spec_default 1 makes requests speculate unless they
+   * say "speculative": false (anna-serve --speculative ngram); 0 only those that say true.
+   * Sampled requests and penalties take windows too (anna_context_verify_sampled: the target
+   * distribution is kept, and a seed gives plain decoding's tokens). The draft length adapts
+   * per sequence to its acceptance (anna_spec_adapt) up to spec_draft_max; spec_fixed 1 keeps
+   * it at spec_draft_max (--draft-fixed). */
+  int spec_default, spec_fixed;
   /* Reserve one more context sequence for engine_embed (pooled hidden states): its KV
    * positions count in the pool like a slot's. 0: engine_embed answers ANNA_EUNSUPPORTED. */
   int embeddings;
@@ -107,6 +114,8 @@ typedef struct gen_token {
 } gen_token;
 
 /* The output of one choice. Written by the engine, read under gen_request.mu. */
+enum { GEN_SPEC_DEFAULT = 0, GEN_SPEC_ON = 1, GEN_SPEC_OFF = 2 };
+
 typedef struct gen_choice {
   char *text; /* released text (stop strings cut, never held back past the end) */
   size_t text_len, text_cap;
@@ -120,6 +129,7 @@ typedef struct gen_choice {
   size_t n_gen_ids;
   int done;
   const char *finish_reason; /* static: "stop", "length", "cancelled", "error" */
+  int spec_accepted, spec_rejected; /* drafted tokens verify windows accepted / rejected */
 } gen_choice;
 
 typedef struct gen_request {
@@ -137,6 +147,9 @@ typedef struct gen_request {
   /* vLLM's min_tokens: before this many generated tokens, end-of-generation tokens are
    * masked out of sampling and stop strings are not matched (0: off). */
   int min_tokens;
+  /* the request's "speculative": GEN_SPEC_DEFAULT (absent: the server's default), ON, OFF;
+   * engine_submit resolves DEFAULT to ON or OFF (OFF when the engine has no drafters) */
+  int speculative;
   int keep_ids;  /* copy each choice's generated ids into gen_choice.gen_ids at its end */
   int json_mode; /* constrain the output to one JSON object (response_format) */
   /* With json_mode: the output (or the forced call's arguments) follows this compiled

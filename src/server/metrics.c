@@ -283,6 +283,17 @@ char *metrics_prometheus(metrics *m, const char *gauges) {
   for (size_t i = 0; i < sizeof ctr / sizeof ctr[0]; i++)
     sb_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", ctr[i].name, ctr[i].help,
               ctr[i].name, ctr[i].name, (unsigned long long)ctr[i].v);
+  static const char *const drafter[METRICS_N_DRAFTERS] = {"ngram", "mtp"};
+  sb_printf(&b, "# HELP anna_spec_decode_draft_tokens_total tokens drafted into speculative verify windows\n"
+                "# TYPE anna_spec_decode_draft_tokens_total counter\n");
+  for (int d = 0; d < METRICS_N_DRAFTERS; d++)
+    sb_printf(&b, "anna_spec_decode_draft_tokens_total{drafter=\"%s\"} %llu\n", drafter[d],
+              (unsigned long long)c.spec_draft_tokens[d]);
+  sb_printf(&b, "# HELP anna_spec_decode_accepted_tokens_total drafted tokens the verify windows accepted\n"
+                "# TYPE anna_spec_decode_accepted_tokens_total counter\n");
+  for (int d = 0; d < METRICS_N_DRAFTERS; d++)
+    sb_printf(&b, "anna_spec_decode_accepted_tokens_total{drafter=\"%s\"} %llu\n", drafter[d],
+              (unsigned long long)c.spec_accepted_tokens[d]);
   prom_histo(&b, "anna_time_to_first_token_seconds", "request arrival to first generated token",
              &c.ttft);
   prom_histo(&b, "anna_inter_token_latency_seconds", "gap between consecutive tokens of a sequence",

@@ -41,6 +41,7 @@ extern const char *const metrics_engine_phase_names[ENG_PH_COUNT];
 /* Step kinds: only decode rows, decode rows and prompt rows, only prompt rows. */
 enum { ENG_STEP_DECODE, ENG_STEP_MIXED, ENG_STEP_PREFILL, ENG_STEP_KINDS };
 extern const char *const metrics_engine_kind_names[ENG_STEP_KINDS];
+enum { METRICS_DRAFTER_NGRAM, METRICS_DRAFTER_MTP, METRICS_N_DRAFTERS };
 
 typedef struct metrics_histo {
   uint64_t counts[METRICS_NBUCKETS + 1]; /* last: above the largest bound */
@@ -67,6 +68,9 @@ typedef struct metrics {
   uint64_t eng_forward_calls; /* model calls (a step with verify windows makes two) */
   uint64_t eng_graph_steps;   /* model calls replayed as CUDA graphs (0 on the CPU) */
   uint64_t eng_full_rows;     /* logits rows sampled whole on the host (not from candidates) */
+  /* speculative decoding per drafter (METRICS_DRAFTER_*): tokens drafted into verify
+   * windows, and of them accepted */
+  uint64_t spec_draft_tokens[METRICS_N_DRAFTERS], spec_accepted_tokens[METRICS_N_DRAFTERS];
 } metrics;
 
 /* One engine step's record (metrics_engine_step). ph: seconds per phase (ENG_PH_STEP is

@@ -225,6 +225,9 @@ static int parse_sampling(const oai_config *cfg, json_t *root, gen_request *r, o
     if (rc) return rc;
   }
   if (get_bool(root, "ignore_eos", &r->ignore_eos, e)) return -1;
+  int spec = -1; /* anna extension: per-request speculative decoding (absent: the server's default) */
+  if (get_bool(root, "speculative", &spec, e)) return -1;
+  r->speculative = spec < 0 ? GEN_SPEC_DEFAULT : spec ? GEN_SPEC_ON : GEN_SPEC_OFF;
   return 0;
 }
 
@@ -1142,13 +1145,13 @@ static const char *const CHAT_FIELDS[] = {
     "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
     "logit_bias", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
     "chat_template_kwargs", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
-    "grammar", "guided_grammar", "anna_debug_output", NULL};
+    "grammar", "guided_grammar", "anna_debug_output", "speculative", NULL};
 static const char *const COMPLETION_FIELDS[] = {
     "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
     "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
     "logit_bias", "logprobs", "echo", "suffix", "best_of", "top_k", "min_p",
     "repetition_penalty", "min_tokens", "ignore_eos", "grammar", "guided_grammar",
-    "anna_debug_output", NULL};
+    "anna_debug_output", "speculative", NULL};
 static const struct {
   const char *name;
   int chat_only;
@@ -1418,10 +1421,21 @@ static json_t *usage_json(const gen_request *r) {
   long long pt = 0, ct = 0;
   for (int p = 0; p < r->n_prompts; p++)
     pt += (long long)r->n_prompt[p];
-  for (int i = 0; i < r->n_choices; i++)
+  long long acc = 0, rej = 0;
+  for (int i = 0; i < r->n_choices; i++) {
     ct += r->choices[i].n_gen;
-  return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)pt, "completion_tokens",
-                   (json_int_t)ct, "total_tokens", (json_int_t)(pt + ct));
+    acc += r->choices[i].spec_accepted;
+    rej += r->choices[i].spec_rejected;
+  }
+  json_t *u = json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)pt, "completion_tokens", (json_int_t)ct,
+                        "total_tokens", (json_int_t)(pt + ct));
+  /* speculative decoding (OpenAI's names for its predicted outputs): whenever the request
+   * speculated (its "speculative" or the server's default, engine_submit) */
+  if (u && (acc + rej > 0 || r->speculative == GEN_SPEC_ON))
+    json_object_set_new(u, "completion_tokens_details",
+                        json_pack("{s:I,s:I}", "accepted_prediction_tokens", (json_int_t)acc,
+                                  "rejected_prediction_tokens", (json_int_t)rej));
+  return u;
 }
 
 static const char *id_prefix(int kind) {
