@@ -71,7 +71,11 @@ static void usage(FILE *f) {
           "  32 MiB; --max-body-bytes applies too)  --max-video-frames N sampled (default 256, at most 768)\n"
           "  --max-video-seconds S (default 600)  --max-video-pixels N per frame (default 3840 x 2160)\n"
           "  --max-audio-seconds S    speech recognition: longest clip accepted (default 300)\n"
-          "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
+          "  --max-connections N      open connections at once (default 1024); one more is closed at once\n"
+          "  --max-connections-per-ip N  the same cap per client address (default 0 = none)\n"
+          "  --http-keepalive-timeout-seconds S  an idle keep-alive connection is closed S seconds after\n"
+          "                           its last response (default 15; 0 = --http-timeout-seconds)\n"
+          "  --shutdown-timeout-seconds S (default 30)\n"
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
           "  --auth-health            /healthz and /metrics need a key too (default: open)\n"
@@ -98,7 +102,8 @@ int main(int argc, char **argv) {
   o.max_body_bytes = 8u << 20;
   o.http_timeout_s = 60;
   o.http_header_timeout_s = 10;
-  o.max_connections = 256;
+  o.max_connections = 1024;
+  o.http_keepalive_timeout_s = 15;
   o.shutdown_timeout_s = 30;
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
@@ -254,6 +259,8 @@ int main(int argc, char **argv) {
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
     INTF("--http-header-timeout-seconds", 0, 86400, o.http_header_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
+    INTF("--max-connections-per-ip", 0, 65536, o.max_connections_per_ip)
+    INTF("--http-keepalive-timeout-seconds", 0, 86400, o.http_keepalive_timeout_s)
     INTF("--responses-store-max", 0, 1 << 20, o.responses_store_max)
     FLTF("--temperature", 0, 2, o.defaults.temperature)
     FLTF("--top-p", 0, 1, o.defaults.top_p)

@@ -42,6 +42,7 @@ typedef struct server {
   speech_server *speech; /* speech mode (a Qwen3-TTS folder): no text model, engine or text */
   char model_name[256];
   int active; /* requests between first callback and completion (atomic) */
+  int n_conns; /* open connections (atomic): the accept policy refuses past --max-connections */
   uint64_t rid_seq;
   long long created;
 } server;
@@ -599,6 +600,11 @@ static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
                           conn_fd(cn->c), &cn->status, &cn->gr);
 }
 
+/* A timeout t (header or keep-alive) that is shorter than the idle timeout and so applies. */
+static int short_timeout(int t, const server_options *o) {
+  return t > 0 && t < o->http_timeout_s;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls) {
@@ -616,7 +622,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
     make_rid(srv, cn);
     *con_cls = cn;
-    if (srv->o->http_header_timeout_s > 0 && srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+    /* The header or keep-alive timeout was in force until now: a request in progress gets the
+     * full idle timeout. */
+    if (short_timeout(srv->o->http_header_timeout_s, srv->o) || short_timeout(srv->o->http_keepalive_timeout_s, srv->o))
       MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_timeout_s);
     __atomic_add_fetch(&srv->active, 1, __ATOMIC_RELAXED);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -749,6 +757,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   server *srv = cls;
   conn *cn = *con_cls;
   if (!cn) return;
+  /* Between requests a keep-alive connection only holds a thread and a slot: a pool of idle
+   * clients must not keep new ones out for the whole idle timeout (issue 30). */
+  if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && short_timeout(srv->o->http_keepalive_timeout_s, srv->o))
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_keepalive_timeout_s);
   int n_gen = 0;
   if (cn->gr) {
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) engine_cancel(srv->eng, cn->gr);
@@ -789,9 +801,24 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
                           enum MHD_ConnectionNotificationCode toe) {
   server *srv = cls;
   (void)socket_context;
-  if (toe == MHD_CONNECTION_NOTIFY_STARTED && srv->o->http_header_timeout_s > 0 &&
-      srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+  if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+    __atomic_sub_fetch(&srv->n_conns, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  __atomic_add_fetch(&srv->n_conns, 1, __ATOMIC_RELAXED);
+  if (short_timeout(srv->o->http_header_timeout_s, srv->o))
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_header_timeout_s);
+}
+
+/* Past --max-connections a new connection is accepted and closed at once: left in the listen
+ * backlog (what MHD's own limit does) the client would wait until some connection times out. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+  server *srv = cls;
+  (void)addr;
+  (void)addrlen;
+  if (__atomic_load_n(&srv->n_conns, __ATOMIC_RELAXED) < srv->o->max_connections) return MHD_YES;
+  slog(SLOG_WARN, NULL, "connection refused: %d open (--max-connections)", srv->o->max_connections);
+  return MHD_NO;
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -951,9 +978,11 @@ listen:
                    MHD_USE_ERROR_LOG | MHD_USE_ITC;
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   d = MHD_start_daemon(
-      flags, (uint16_t)o->port, NULL, NULL, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
+      flags, (uint16_t)o->port, on_accept, srv, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
       on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+      /* MHD's own cap only backs ours up (on_accept refuses first) */
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections + 16u, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)o->max_connections_per_ip, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
   if (!d) {

@@ -33,7 +33,11 @@ typedef struct server_options {
   int http_timeout_s; /* idle connection timeout (slow clients) */
   int http_header_timeout_s; /* idle timeout until a connection's first request line and headers
                                 are in (non-HTTP bytes); 0 or >= http_timeout_s: off */
-  int max_connections;
+  int max_connections; /* open connections at once; more are accepted and closed at once */
+  int max_connections_per_ip; /* 0: no per-address cap */
+  int http_keepalive_timeout_s; /* idle time allowed between requests on a keep-alive connection
+                                   (after a response, until the next request's headers are in);
+                                   0 or >= http_timeout_s: http_timeout_s */
   double shutdown_timeout_s;
   const char *profile_name; /* for /healthz */
   int debug_hooks;          /* testing: forced outputs per request */
