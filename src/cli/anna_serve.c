@@ -33,6 +33,9 @@ static void usage(FILE *f) {
           "  --prompt-cache-checkpoints N  GDN state snapshot slots (default max(8, 2 x --parallel))\n"
           "  --prompt-cache-size N    exact prompt cache entries: identical prompts skip prefill (default 0)\n"
           "  --prompt-cache-max-tokens N  only prompts up to N tokens enter the exact cache (0 = no limit)\n"
+          "  --prefix-min-tail N      a prompt reusing cached blocks still computes its last N tokens\n"
+          "                           (default 32), so warm and cold runs give the same logits (0 = reuse\n"
+          "                           all but the last token: faster, not bit-identical on the CPU)\n"
           "  --kv-block-len N         KV cache block length, a power of two >= 16 (default 64)\n"
           "  --kv-cache-residual-len N  quantized KV: newest N positions kept and attended in f32\n"
           CLI_OFFLOAD_USAGE
@@ -111,6 +114,7 @@ int main(int argc, char **argv) {
   int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
   int max_vid_bytes = 0, max_vid_px = 0;
   o.eng.prompt_cache_block = 256;
+  o.eng.prefix_min_tail = 32; /* the CPU's quantized GEMM threshold (cpu_matmul.c) */
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
   const char *profile = "none";
@@ -235,6 +239,7 @@ int main(int argc, char **argv) {
     INTF("--prompt-cache-checkpoints", 0, 4096, ckpts)
     INTF("--prompt-cache-size", 0, 4096, o.eng.prompt_cache_size)
     INTF("--prompt-cache-max-tokens", 0, 1 << 24, o.eng.prompt_cache_max_tokens)
+    INTF("--prefix-min-tail", 0, 1 << 20, o.eng.prefix_min_tail)
     INTF("--kv-block-len", 16, 4096, o.eng.kv_block_len)
     INTF("--kv-blocks", 0, 1 << 30, o.eng.kv_blocks)
     INTF("--kv-cache-residual-len", 0, 1 << 20, o.eng.kv_cache_residual_len)
