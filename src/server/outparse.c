@@ -490,7 +490,9 @@ static json_t *g4_object(g4 *g, int depth) { /* at '{' */
       if (ke > k) key = json_stringn(k, (size_t)(ke - k));
     }
     g4_ws(g);
-    if (!key || g->p >= g->end || *g->p != ':') goto fail_key;
+    /* a NUL in a key would not read back (see q3_param): not a call */
+    if (!key || memchr(json_string_value(key), '\0', json_string_length(key)) || g->p >= g->end || *g->p != ':')
+      goto fail_key;
     g->p++;
     json_t *v = g4_value(g, depth + 1, ",}");
     if (!v) goto fail_key;
@@ -633,6 +635,9 @@ static int call_as_text(outparse *p, const char *body, size_t blen, int closed, 
 static int q3_param(outparse *p, const char *k, size_t kn, const char *v, size_t vn, outparse_sink sink, void *ud) {
   if (vn && *v == '\n') v++, vn--;
   if (vn && v[vn - 1] == '\n') vn--;
+  /* A key with a NUL: jansson (and other parsers) refuse it in an object key, so the
+   * arguments would not read back: that parameter is dropped. */
+  if (memchr(k, '\0', kn)) return 0;
   if (!p->q_keys && !(p->q_keys = json_object())) return ANNA_ENOMEM;
   if (json_object_getn(p->q_keys, k, kn)) return 0; /* a repeated parameter: the first one stands */
   json_object_setn_new(p->q_keys, k, kn, json_true());
