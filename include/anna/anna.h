@@ -687,6 +687,9 @@ int anna_chat_template_load(anna_chat_template **out, const char *model_dir, cha
 int anna_chat_template_from_source(anna_chat_template **out, const char *src, size_t len, const char *bos_token,
                                    const char *eos_token, char *err, size_t errlen);
 void anna_chat_template_free(anna_chat_template *ct);
+/* (API next) The template's text (borrowed: lives as long as ct; NUL-terminated) and its
+ * length in *len (may be NULL); NULL for ct NULL. Servers read markup families from it. */
+const char *anna_chat_template_source(const anna_chat_template *ct, size_t *len);
 
 /* Renders a conversation: the template sees messages (a JSON array of message objects), tools
  * (a JSON array, or NULL: None), documents (None), add_generation_prompt, bos_token,

@@ -821,6 +821,23 @@ static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen
   return MHD_NO;
 }
 
+/* The tool-call and reasoning families: the flags, else what the chat template's text shows
+ * (outparse_detect); the reasoning split is on when a family is named or --reasoning-format
+ * deepseek asks for it. */
+static void resolve_parsers(server *srv) {
+  const server_options *o = srv->o;
+  size_t len = 0;
+  const char *src = anna_chat_template_source(anna_text_template(srv->text), &len);
+  int dt, dr;
+  outparse_detect(src, len, &dt, &dr);
+  srv->cfg.tool_parser = o->tool_parser == OUTPARSE_AUTO ? dt : o->tool_parser;
+  srv->cfg.reasoning_parser = o->reasoning_parser == OUTPARSE_AUTO ? dr
+                              : o->reasoning_parser == OUTPARSE_UNSET ? (o->reasoning_deepseek ? dr : OUTPARSE_REASONING_NONE)
+                                                                      : o->reasoning_parser;
+  slog(SLOG_INFO, NULL, "tool parser %s, reasoning parser %s%s", outparse_tools_name(srv->cfg.tool_parser),
+       outparse_reasoning_name(srv->cfg.reasoning_parser), src ? "" : " (no chat template)");
+}
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
   char buf[512];
   vsnprintf(buf, sizeof buf, fmt, ap);
@@ -936,6 +953,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .text = srv->text,
                           .n_ctx = eo->n_ctx,
                           .reasoning_deepseek = o->reasoning_deepseek,
+                          .tool_parser = OUTPARSE_TOOLS_NONE,
+                          .reasoning_parser = OUTPARSE_REASONING_NONE,
                           .defaults = o->defaults,
                           .default_max_tokens = o->default_max_tokens,
                           .max_n = 16,
@@ -954,6 +973,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .max_video_frames = o->max_video_frames > 0 ? o->max_video_frames : 256,
                           .max_video_seconds = o->max_video_seconds > 0 ? o->max_video_seconds : 600,
                           .max_video_pixels = o->max_video_pixels > 0 ? o->max_video_pixels : 3840 * 2160};
+  resolve_parsers(srv);
   imgfetch_global_init();
 listen:
   if ((rc = resp_store_create(&srv->rstore, o->responses_store_max))) {

@@ -47,6 +47,8 @@ enum outparse_kind {
 /* Tool-call and reasoning markup families (--tool-parser / --reasoning-parser). */
 enum outparse_tools { OUTPARSE_TOOLS_NONE = 0, OUTPARSE_TOOLS_HERMES, OUTPARSE_TOOLS_QWEN3_CODER, OUTPARSE_TOOLS_GEMMA4 };
 enum outparse_reasoning { OUTPARSE_REASONING_NONE = 0, OUTPARSE_REASONING_QWEN3, OUTPARSE_REASONING_GEMMA4 };
+/* Server settings before resolution: pick by the chat template; not given at all. */
+enum { OUTPARSE_AUTO = -2, OUTPARSE_UNSET = -3 };
 
 /* a/b are borrowed for the duration of the call. Returns 0, or a negative code to stop. */
 typedef int (*outparse_sink)(void *ud, int kind, const char *a, size_t alen, const char *b,

@@ -27,6 +27,10 @@ typedef struct server_options {
   int default_max_tokens;      /* chat; <= 0: up to the context */
   int default_enable_thinking; /* -1: template default, 0/1: chat_template_kwargs default */
   int reasoning_deepseek;
+  /* --tool-parser / --reasoning-parser: an enum outparse_tools / outparse_reasoning value,
+   * OUTPARSE_AUTO (from the chat template) or, reasoning only, OUTPARSE_UNSET (auto when
+   * --reasoning-format deepseek, else none) */
+  int tool_parser, reasoning_parser;
   int log_json, log_level;
   int metrics_log_interval_s; /* 0: off */
   size_t max_body_bytes;
