@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 10
+#define ANNA_API_VERSION_MINOR 11
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -773,6 +773,9 @@ int anna_chat_template_load(anna_chat_template **out, const char *model_dir, cha
 int anna_chat_template_from_source(anna_chat_template **out, const char *src, size_t len, const char *bos_token,
                                    const char *eos_token, char *err, size_t errlen);
 void anna_chat_template_free(anna_chat_template *ct);
+/* (API 1.11) The template's text (borrowed: lives as long as ct; NUL-terminated) and its
+ * length in *len (may be NULL); NULL for ct NULL. Servers read markup families from it. */
+const char *anna_chat_template_source(const anna_chat_template *ct, size_t *len);
 
 /* Renders a conversation: the template sees messages (a JSON array of message objects), tools
  * (a JSON array, or NULL: None), documents (None), add_generation_prompt, bos_token,

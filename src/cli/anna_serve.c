@@ -1,6 +1,8 @@
 /* anna-serve: the OpenAI-compatible HTTP server (flags -> server_options -> server_run). */
 #include "cli_common.h"
 #include "server.h"
+#include "outparse.h"
+#include <sys/stat.h>
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -33,13 +35,22 @@ static void usage(FILE *f) {
           "                           rows per step, CUDA graph steps (also in /metrics: anna_engine_*)\n"
           "  --split-prefill-decode   run a step's decode rows and prompt chunks as two model calls (decode\n"
           "                           alone: CUDA graphs) instead of one mixed call; same outputs\n"
-          "  --reasoning-format none|deepseek\n"
+          "  --reasoning-format none|deepseek  deepseek: reasoning goes to reasoning_content (the parser's family\n"
+          "                           from --reasoning-parser, auto by default)\n"
+          "  --tool-parser hermes|qwen3_coder|gemma4|none|auto  tool-call markup of the model (default auto:\n"
+          "                           from the chat template; none: calls stay text)\n"
+          "  --reasoning-parser qwen3|gemma4|none|auto  reasoning markup (<think> / <|channel>); naming one\n"
+          "                           turns the split on as --reasoning-format deepseek does (auto: from the\n"
+          "                           template); none turns it off\n"
           "  --no-prompt-cache        no prefix block pool and no exact prompt cache (also: ANNA_TUNING=prefix_kv_share=0\n"
           "                           turns the prefix pool off)\n"
           "  --prompt-cache-block N   snapshot hybrid (GDN) state every N prompt tokens (default 256)\n"
           "  --prompt-cache-checkpoints N  GDN state snapshot slots (default max(8, 2 x --parallel))\n"
           "  --prompt-cache-size N    exact prompt cache entries: identical prompts skip prefill (default 0)\n"
           "  --prompt-cache-max-tokens N  only prompts up to N tokens enter the exact cache (0 = no limit)\n"
+          "  --prefix-min-tail N      a prompt reusing cached blocks still computes its last N tokens\n"
+          "                           (default: 32 for GGUF files on the CPU, else 0), so warm and cold runs\n"
+          "                           give the same logits (0 = reuse all but the last token)\n"
           "  --kv-block-len N         KV cache block length, a power of two >= 16 (default 64)\n"
           "  --kv-cache-residual-len N  quantized KV: newest N positions kept and attended in f32\n"
           CLI_OFFLOAD_USAGE
@@ -89,7 +100,11 @@ static void usage(FILE *f) {
           "  --max-audio-seconds S    speech recognition: longest clip accepted (default 300)\n"
           "  --audio-chunk-seconds S  speech recognition: longer clips are cut at their quietest points\n"
           "                           into pieces decoded side by side, as qwen-asr cuts them (default 1200)\n"
-          "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
+          "  --max-connections N      open connections at once (default 1024); one more is closed at once\n"
+          "  --max-connections-per-ip N  the same cap per client address (default 0 = none)\n"
+          "  --http-keepalive-timeout-seconds S  an idle keep-alive connection is closed S seconds after\n"
+          "                           its last response (default 15; 0 = --http-timeout-seconds)\n"
+          "  --shutdown-timeout-seconds S (default 30)\n"
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
           "  --auth-health            /healthz and /metrics need a key too (default: open)\n"
@@ -113,11 +128,14 @@ int main(int argc, char **argv) {
   o.defaults = anna_sampler_params_default();
   o.defaults.temperature = 1.0f; /* OpenAI's default when a request names none */
   o.default_enable_thinking = -1;
+  o.tool_parser = OUTPARSE_AUTO;
+  o.reasoning_parser = OUTPARSE_UNSET;
   o.log_level = SLOG_INFO;
   o.max_body_bytes = 8u << 20;
   o.http_timeout_s = 60;
   o.http_header_timeout_s = 10;
-  o.max_connections = 256;
+  o.max_connections = 1024;
+  o.http_keepalive_timeout_s = 15;
   o.shutdown_timeout_s = 30;
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
@@ -126,6 +144,7 @@ int main(int argc, char **argv) {
   int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
   int max_vid_bytes = 0, max_vid_px = 0;
   o.eng.prompt_cache_block = 256;
+  o.eng.prefix_min_tail = -1; /* auto, below */
   /* Explicit knobs override the profile: -2 = not given. */
   int k_batch = -2, k_wait = -2, k_pre = -2, k_dec = -2, k_waiting = -2, k_qwait = -2, k_interval = -2;
   const char *profile = "none";
@@ -213,6 +232,17 @@ int main(int argc, char **argv) {
         return 2;
       }
       o.reasoning_deepseek = !strcmp(v, "deepseek");
+    } else if (!strcmp(a, "--tool-parser") || !strcmp(a, "--reasoning-parser")) {
+      NEEDV();
+      const int tool = a[2] == 't';
+      const int f = !strcmp(v, "auto") ? OUTPARSE_AUTO : tool ? outparse_tools_parse(v) : outparse_reasoning_parse(v);
+      if (f == -1) {
+        fprintf(stderr, "error: %s expects %s or auto, got '%s'\n", a,
+                tool ? "hermes, qwen3_coder, gemma4, none" : "qwen3, gemma4, none", v);
+        return 2;
+      }
+      if (tool) o.tool_parser = f;
+      else o.reasoning_parser = f;
     } else if (!strcmp(a, "--enable-thinking")) o.default_enable_thinking = 1;
     else if (!strcmp(a, "--disable-thinking")) o.default_enable_thinking = 0;
     else if (!strcmp(a, "--debug-hooks")) o.debug_hooks = 1;
@@ -259,6 +289,7 @@ int main(int argc, char **argv) {
     INTF("--prompt-cache-checkpoints", 0, 4096, ckpts)
     INTF("--prompt-cache-size", 0, 4096, o.eng.prompt_cache_size)
     INTF("--prompt-cache-max-tokens", 0, 1 << 24, o.eng.prompt_cache_max_tokens)
+    INTF("--prefix-min-tail", 0, 1 << 20, o.eng.prefix_min_tail)
     INTF("--kv-block-len", 16, 4096, o.eng.kv_block_len)
     INTF("--kv-blocks", 0, 1 << 30, o.eng.kv_blocks)
     INTF("--kv-cache-residual-len", 0, 1 << 20, o.eng.kv_cache_residual_len)
@@ -285,6 +316,8 @@ int main(int argc, char **argv) {
     INTF("--http-timeout-seconds", 1, 86400, o.http_timeout_s)
     INTF("--http-header-timeout-seconds", 0, 86400, o.http_header_timeout_s)
     INTF("--max-connections", 1, 65536, o.max_connections)
+    INTF("--max-connections-per-ip", 0, 65536, o.max_connections_per_ip)
+    INTF("--http-keepalive-timeout-seconds", 0, 86400, o.http_keepalive_timeout_s)
     INTF("--responses-store-max", 0, 1 << 20, o.responses_store_max)
     FLTF("--temperature", 0, 2, o.defaults.temperature)
     FLTF("--top-p", 0, 1, o.defaults.top_p)
@@ -394,6 +427,13 @@ int main(int argc, char **argv) {
     return 2;
   }
   /* The CPU cannot report its memory; "auto" without a GPU fails in the engine instead. */
+  /* auto: quantized weights (GGUF files) on the CPU take another matmul path below 32 tokens
+   * (cpu_matmul.c); f32/bf16 weights and CUDA (--deterministic) need no tail. */
+  if (o.eng.prefix_min_tail < 0) {
+    struct stat mst;
+    const int is_file = stat(o.model_path, &mst) == 0 && S_ISREG(mst.st_mode);
+    o.eng.prefix_min_tail = is_file && (!o.eng.device || !strstr(o.eng.device, "cuda")) ? 32 : 0;
+  }
   if (o.eng.gpu_memory_utilization > 0 && (!o.eng.device || !strcmp(o.eng.device, "cpu"))) {
     fprintf(stderr, "error: --gpu-memory-utilization needs a GPU device (--device cuda or auto)\n");
     return 2;

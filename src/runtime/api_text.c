@@ -49,6 +49,11 @@ int anna_chat_template_from_source(anna_chat_template **out, const char *src, si
 
 void anna_chat_template_free(anna_chat_template *ct) { chat_template_free((chat_template *)(void *)ct); }
 
+const char *anna_chat_template_source(const anna_chat_template *ct, size_t *len) {
+  if (len) *len = ct ? ct_in(ct)->source_len : 0;
+  return ct ? ct_in(ct)->source : NULL;
+}
+
 int anna_chat_template_render(const anna_chat_template *ct, const char *messages_json, const char *tools_json,
                               int add_generation_prompt, const char *kwargs_json, char **out, size_t *out_len,
                               char *err, size_t errlen) {

@@ -539,6 +539,15 @@ static int exact_find(engine *e, const int32_t *p, size_t n) {
   return -1;
 }
 
+/* The most positions of an n-token prompt a cached prefix may supply: all but the last token
+ * (its logits start the reply), and all but the last prefix_min_tail tokens, so the part
+ * computed is one chunk as long as a cold prefill's last chunk would be (engine_options). A
+ * prompt no longer than the tail is computed whole, as it is cold. */
+static int32_t reuse_limit(const engine *e, size_t n) {
+  const int64_t tail = e->o.prefix_min_tail > 1 ? e->o.prefix_min_tail : 1;
+  return (int64_t)n > tail ? (int32_t)((int64_t)n - tail) : 0;
+}
+
 /* Where slot i's prompt starts: an exact-cache hit (the whole prompt, logits in hand: returns
  * the entry), else the longest prefix the block pool holds (the tokens before s->n_fed).
  * Prompts the exact cache will keep read the pool but do not register their blocks, so
@@ -550,8 +559,7 @@ static int cache_reuse(engine *e, int i) {
   anna_context_seq_reset(e->ctx, i);
   if (!e->o.prompt_cache) return -1;
   if (s->feed != s->prompt) { /* resumed after a preemption: the block pool only */
-    int32_t r = anna_context_prefix_attach(e->ctx, i, s->feed, (int32_t)s->n_feed - 1,
-                                           ANNA_PREFIX_REGISTER);
+    int32_t r = anna_context_prefix_attach(e->ctx, i, s->feed, reuse_limit(e, s->n_feed), ANNA_PREFIX_REGISTER);
     s->n_fed = r > 0 ? (size_t)r : 0;
     return -1;
   }
@@ -574,7 +582,7 @@ static int cache_reuse(engine *e, int i) {
   anna_kv_stats before, after;
   if (hit < 0) {
     anna_context_kv_stats(e->ctx, &before);
-    int32_t r = anna_context_prefix_attach(e->ctx, i, s->prompt, (int32_t)s->n_prompt - 1,
+    int32_t r = anna_context_prefix_attach(e->ctx, i, s->prompt, reuse_limit(e, s->n_prompt),
                                            eligible ? 0 : ANNA_PREFIX_REGISTER);
     anna_context_kv_stats(e->ctx, &after);
     s->n_fed = r > 0 ? (size_t)r : 0;

@@ -41,6 +41,11 @@ typedef struct engine_options {
   int prompt_cache_checkpoints; /* GDN state snapshot slots (least recently used first) */
   int prompt_cache_size;        /* exact prompt cache: whole prompts (KV + state + last logits) */
   int prompt_cache_max_tokens;  /* only prompts up to this many tokens go there (0: no limit) */
+  int prefix_min_tail; /* a prompt reusing a cached prefix still computes at least its last N
+                          tokens (all of a shorter prompt) in one prefill chunk, so its rows take
+                          the matmul path a cold prefill of the prompt takes (quantized CPU
+                          matmuls of fewer than 32 tokens sum in another order): the same request
+                          gives the same logits warm or cold. 0: reuse up to the last token. */
   int kv_block_len;             /* KV block length (0: 64) */
   int kv_blocks; /* KV pool size (0: every slot and exact entry can reach n_ctx); smaller
                     pools preempt sequences (recomputed later) when the running set outgrows it */

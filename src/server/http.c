@@ -42,6 +42,7 @@ typedef struct server {
   speech_server *speech; /* speech mode (a Qwen3-TTS folder): no text model, engine or text */
   char model_name[256];
   int active; /* requests between first callback and completion (atomic) */
+  int n_conns; /* open connections (atomic): the accept policy refuses past --max-connections */
   uint64_t rid_seq;
   long long created;
 } server;
@@ -621,6 +622,11 @@ static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
                           conn_fd(cn->c), &cn->status, &cn->gr);
 }
 
+/* A timeout t (header or keep-alive) that is shorter than the idle timeout and so applies. */
+static int short_timeout(int t, const server_options *o) {
+  return t > 0 && t < o->http_timeout_s;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_size, void **con_cls) {
@@ -638,7 +644,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
       if ((unsigned char)*p < 0x20 || (unsigned char)*p >= 0x7f) *p = '?';
     make_rid(srv, cn);
     *con_cls = cn;
-    if (srv->o->http_header_timeout_s > 0 && srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+    /* The header or keep-alive timeout was in force until now: a request in progress gets the
+     * full idle timeout. */
+    if (short_timeout(srv->o->http_header_timeout_s, srv->o) || short_timeout(srv->o->http_keepalive_timeout_s, srv->o))
       MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_timeout_s);
     __atomic_add_fetch(&srv->active, 1, __ATOMIC_RELAXED);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -771,6 +779,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   server *srv = cls;
   conn *cn = *con_cls;
   if (!cn) return;
+  /* Between requests a keep-alive connection only holds a thread and a slot: a pool of idle
+   * clients must not keep new ones out for the whole idle timeout (issue 30). */
+  if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK && short_timeout(srv->o->http_keepalive_timeout_s, srv->o))
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_keepalive_timeout_s);
   int n_gen = 0;
   if (cn->gr) {
     if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) engine_cancel(srv->eng, cn->gr);
@@ -811,9 +823,41 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
                           enum MHD_ConnectionNotificationCode toe) {
   server *srv = cls;
   (void)socket_context;
-  if (toe == MHD_CONNECTION_NOTIFY_STARTED && srv->o->http_header_timeout_s > 0 &&
-      srv->o->http_header_timeout_s < srv->o->http_timeout_s)
+  if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+    __atomic_sub_fetch(&srv->n_conns, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  __atomic_add_fetch(&srv->n_conns, 1, __ATOMIC_RELAXED);
+  if (short_timeout(srv->o->http_header_timeout_s, srv->o))
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)srv->o->http_header_timeout_s);
+}
+
+/* Past --max-connections a new connection is accepted and closed at once: left in the listen
+ * backlog (what MHD's own limit does) the client would wait until some connection times out. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen) {
+  server *srv = cls;
+  (void)addr;
+  (void)addrlen;
+  if (__atomic_load_n(&srv->n_conns, __ATOMIC_RELAXED) < srv->o->max_connections) return MHD_YES;
+  slog(SLOG_WARN, NULL, "connection refused: %d open (--max-connections)", srv->o->max_connections);
+  return MHD_NO;
+}
+
+/* The tool-call and reasoning families: the flags, else what the chat template's text shows
+ * (outparse_detect); the reasoning split is on when a family is named or --reasoning-format
+ * deepseek asks for it. */
+static void resolve_parsers(server *srv) {
+  const server_options *o = srv->o;
+  size_t len = 0;
+  const char *src = anna_chat_template_source(anna_text_template(srv->text), &len);
+  int dt, dr;
+  outparse_detect(src, len, &dt, &dr);
+  srv->cfg.tool_parser = o->tool_parser == OUTPARSE_AUTO ? dt : o->tool_parser;
+  srv->cfg.reasoning_parser = o->reasoning_parser == OUTPARSE_AUTO ? dr
+                              : o->reasoning_parser == OUTPARSE_UNSET ? (o->reasoning_deepseek ? dr : OUTPARSE_REASONING_NONE)
+                                                                      : o->reasoning_parser;
+  slog(SLOG_INFO, NULL, "tool parser %s, reasoning parser %s%s", outparse_tools_name(srv->cfg.tool_parser),
+       outparse_reasoning_name(srv->cfg.reasoning_parser), src ? "" : " (no chat template)");
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
@@ -931,6 +975,8 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .text = srv->text,
                           .n_ctx = eo->n_ctx,
                           .reasoning_deepseek = o->reasoning_deepseek,
+                          .tool_parser = OUTPARSE_TOOLS_NONE,
+                          .reasoning_parser = OUTPARSE_REASONING_NONE,
                           .defaults = o->defaults,
                           .default_max_tokens = o->default_max_tokens,
                           .max_n = 16,
@@ -949,6 +995,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .max_video_frames = o->max_video_frames > 0 ? o->max_video_frames : 256,
                           .max_video_seconds = o->max_video_seconds > 0 ? o->max_video_seconds : 600,
                           .max_video_pixels = o->max_video_pixels > 0 ? o->max_video_pixels : 3840 * 2160};
+  resolve_parsers(srv);
   imgfetch_global_init();
 listen:
   if ((rc = resp_store_create(&srv->rstore, o->responses_store_max))) {
@@ -973,9 +1020,11 @@ listen:
                    MHD_USE_ERROR_LOG | MHD_USE_ITC;
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   d = MHD_start_daemon(
-      flags, (uint16_t)o->port, NULL, NULL, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
+      flags, (uint16_t)o->port, on_accept, srv, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
       on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
-      MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+      /* MHD's own cap only backs ours up (on_accept refuses first) */
+      MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections + 16u, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)o->max_connections_per_ip, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
       MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
       (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
   if (!d) {

@@ -49,6 +49,7 @@ char *oai_error_json(const oai_error *e) {
 void oai_job_clear(oai_job *job) {
   gen_request_release(job->r);
   free(job->model);
+  free(job->tools_json);
   memset(job, 0, sizeof *job);
 }
 
@@ -832,16 +833,19 @@ static int forced_schema(json_t *root, const char *name, jsonschema **out, oai_e
   return 0;
 }
 
-/* Did the rendered prompt leave a <think> block open (Qwen3.5 templates do)? */
-static int prompt_opens_think(const anna_text *tok, const int32_t *ids, size_t n) {
+/* Did the rendered prompt leave a reasoning block open (Qwen3.5 templates open <think>)? */
+static int prompt_opens_think(const anna_text *tok, int family, const int32_t *ids, size_t n) {
+  const char *otag, *ctag;
+  outparse_reasoning_tags(family, &otag, &ctag);
+  if (!otag) return 0;
   size_t k = n < 8 ? n : 8;
   char *s = NULL;
   size_t len = 0;
   if (anna_text_detokenize(tok, ids + n - k, k, 0, &s, &len, NULL, 0)) return 0;
   const char *open = NULL;
-  for (const char *p = s; (p = strstr(p, "<think>")); p++)
+  for (const char *p = s; (p = strstr(p, otag)); p++)
     open = p;
-  int r = open && !strstr(open, "</think>");
+  int r = open && !strstr(open, ctag);
   free(s);
   return r;
 }
@@ -996,6 +1000,12 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   if (parse_messages(root, &imgs, &msgs, e)) goto done;
   if (parse_tools(root, &tools, &job->tools, &force, e) || parse_response_format(root, r, e))
     goto done;
+  /* The family the server resolved (--tool-parser none: calls stay text). */
+  job->tools = job->tools ? cfg->tool_parser : OUTPARSE_TOOLS_NONE;
+  if (job->tools == OUTPARSE_TOOLS_QWEN3_CODER && tools && !(job->tools_json = json_dumps(tools, JSON_COMPACT))) {
+    oai_fail(e, 500, NULL, NULL, "out of memory");
+    goto done;
+  }
   if (force && forced_schema(root, force, &fschema, e)) goto done;
   json_t *kw = json_object_get(root, "chat_template_kwargs");
   if (kw && !json_is_null(kw) && !json_is_object(kw)) {
@@ -1055,10 +1065,10 @@ static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_err
   }
   if (imgs.n_video && take_media(r, &imgs, media_at, e)) goto done;
   if (imgs.n && !imgs.n_video && expand_images(cfg, r, &imgs, e)) goto done;
-  job->reasoning = cfg->reasoning_deepseek;
+  job->reasoning = cfg->reasoning_parser;
   if (r->n_prompt[0])
     job->start_in_reasoning =
-        job->reasoning && prompt_opens_think(cfg->text, r->prompts[0], r->n_prompt[0]);
+        job->reasoning && prompt_opens_think(cfg->text, job->reasoning, r->prompts[0], r->n_prompt[0]);
   if (force && r->n_prompt[0] && force_tool_call(cfg, r, force, &fschema)) {
     oai_fail(e, 500, NULL, NULL, "out of memory");
     goto done;
@@ -1272,8 +1282,8 @@ typedef struct tc_item {
 
 /* What one choice's text splits into (non-stream) or the events of one stream step. */
 typedef struct split {
-  char *content, *reasoning;
-  size_t clen, ccap, rlen, rcap;
+  char *content, *reasoning, *targs; /* targs: incremental tool-call argument pieces */
+  size_t clen, ccap, rlen, rcap, alen, acap;
   tc_item *calls;
   int n_calls, cap_calls;
   /* streaming: ordered events */
@@ -1309,7 +1319,11 @@ static int split_sink(void *ud, int kind, const char *a, size_t alen, const char
   }
   struct ev *ev = &sp->evs[sp->n_evs];
   ev->kind = kind;
-  if (kind == OUTPARSE_TOOL_CALL) {
+  if (kind == OUTPARSE_TOOL_ARGS) {
+    ev->a = sp->alen;
+    ev->alen = alen;
+    if (sb_add(&sp->targs, &sp->alen, &sp->acap, a, alen)) return ANNA_ENOMEM;
+  } else if (kind == OUTPARSE_TOOL_CALL || kind == OUTPARSE_TOOL_NAME) {
     if (sp->n_calls == sp->cap_calls) {
       int nc = sp->cap_calls ? sp->cap_calls * 2 : 4;
       tc_item *ni = realloc(sp->calls, (size_t)nc * sizeof *ni);
@@ -1318,7 +1332,7 @@ static int split_sink(void *ud, int kind, const char *a, size_t alen, const char
       sp->cap_calls = nc;
     }
     sp->calls[sp->n_calls].name = strndup(a, alen);
-    sp->calls[sp->n_calls].args = strndup(b, blen);
+    sp->calls[sp->n_calls].args = b ? strndup(b, blen) : NULL;
     ev->a = (size_t)sp->n_calls++;
   } else if (kind == OUTPARSE_REASONING) {
     ev->a = sp->rlen;
@@ -1333,9 +1347,19 @@ static int split_sink(void *ud, int kind, const char *a, size_t alen, const char
   return 0;
 }
 
+outparse *oai_outparse_new(const oai_job *job, int incremental) {
+  const outparse_options o = {.tools = job->tools,
+                              .reasoning = job->reasoning,
+                              .start_in_reasoning = job->start_in_reasoning,
+                              .incremental = incremental,
+                              .tools_json = job->tools_json};
+  return outparse_new_opts(&o);
+}
+
 static void split_clear(split *sp) {
   free(sp->content);
   free(sp->reasoning);
+  free(sp->targs);
   for (int i = 0; i < sp->n_calls; i++)
     free(sp->calls[i].name), free(sp->calls[i].args);
   free(sp->calls);
@@ -1457,7 +1481,7 @@ char *oai_response_json(const oai_config *cfg, const oai_job *job) {
                      "logprobs", lp, "finish_reason", public_reason(c->finish_reason, 0));
     } else {
       split sp = {0};
-      outparse *op = outparse_new(job->reasoning, job->start_in_reasoning, job->tools);
+      outparse *op = oai_outparse_new(job, 0);
       if (op) outparse_feed(op, c->text ? c->text : "", c->text_len, 1, split_sink, &sp);
       outparse_free(op);
       json_t *msg = json_object();
@@ -1530,7 +1554,7 @@ oai_stream *oai_stream_new(const oai_config *cfg, const oai_job *job) {
   }
   for (int i = 0; i < job->r->n_choices; i++) {
     if (job->kind == OAI_CHAT &&
-        !(s->ch[i].op = outparse_new(job->reasoning, job->start_in_reasoning, job->tools))) {
+        !(s->ch[i].op = oai_outparse_new(job, 1))) {
       oai_stream_free(s);
       return NULL;
     }
@@ -1648,7 +1672,22 @@ int oai_stream_step(oai_stream *s, char **out, size_t *len, size_t *cap, int *fi
       for (int k = 0; k < sp.n_evs && !rc;) {
         struct ev *ev = &sp.evs[k];
         json_t *delta;
-        if (ev->kind == OUTPARSE_TOOL_CALL) {
+        if (ev->kind == OUTPARSE_TOOL_NAME) { /* a call opens: its id and name, no arguments yet */
+          char id[48];
+          call_id(id, sizeof id, r, i, sc->n_calls);
+          delta = json_pack("{s:[{s:i,s:s,s:s,s:{s:s,s:s}}]}", "tool_calls", "index", sc->n_calls, "id", id, "type",
+                            "function", "function", "name", sp.calls[ev->a].name ? sp.calls[ev->a].name : "",
+                            "arguments", "");
+          sc->n_calls++;
+          k++;
+        } else if (ev->kind == OUTPARSE_TOOL_ARGS) { /* the open call's next argument pieces */
+          size_t a = ev->a, n = ev->alen;
+          k++;
+          while (k < sp.n_evs && sp.evs[k].kind == OUTPARSE_TOOL_ARGS)
+            n += sp.evs[k++].alen;
+          delta = json_pack("{s:[{s:i,s:{s:s%}}]}", "tool_calls", "index", sc->n_calls - 1, "function", "arguments",
+                            sp.targs + a, n);
+        } else if (ev->kind == OUTPARSE_TOOL_CALL) {
           tc_item *t = &sp.calls[ev->a];
           char id[48];
           call_id(id, sizeof id, r, i, sc->n_calls);

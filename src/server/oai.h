@@ -29,6 +29,10 @@ typedef struct oai_config {
   const anna_text *text;
   int n_ctx;
   int reasoning_deepseek;  /* --reasoning-format deepseek */
+  /* Output markup families (outparse.h), resolved at start from --tool-parser /
+   * --reasoning-parser or the chat template: enum outparse_tools (NONE: calls are never
+   * parsed) and enum outparse_reasoning (NONE: no reasoning split). */
+  int tool_parser, reasoning_parser;
   anna_sampler_params defaults; /* generation-default flags */
   int default_max_tokens;  /* chat; <= 0: up to the context */
   int max_n;
@@ -59,8 +63,9 @@ enum { OAI_CHAT = 0, OAI_COMPLETION = 1 };
 typedef struct oai_job {
   int kind;
   int stream, include_usage;
-  int tools; /* parse tool calls from the output */
-  int reasoning, start_in_reasoning;
+  int tools; /* parse tool calls from the output: enum outparse_tools (0: no) */
+  int reasoning, start_in_reasoning; /* reasoning: enum outparse_reasoning (0: no split) */
+  char *tools_json; /* the request's tools as JSON text (qwen3_coder types values by them); owned */
   gen_request *r; /* owned: one reference */
   char *model;    /* model name echoed back; owned */
   long long created;
@@ -70,6 +75,10 @@ typedef struct oai_job {
 int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid,
               oai_job *job, oai_error *e);
 void oai_job_clear(oai_job *job);
+
+/* The output parser for one choice of job (incremental: tool calls as name + argument
+ * pieces, for streams). Caller frees with outparse_free; NULL when out of memory. */
+outparse *oai_outparse_new(const oai_job *job, int incremental);
 
 /* The error object as JSON text (caller frees). */
 char *oai_error_json(const oai_error *e);

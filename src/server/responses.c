@@ -931,7 +931,7 @@ static int out_init(resp_out *o, resp_job *j) {
   memset(o, 0, sizeof *o);
   o->j = j;
   o->open = -1;
-  o->op = outparse_new(j->chat.reasoning, j->chat.start_in_reasoning, j->chat.tools);
+  o->op = oai_outparse_new(&j->chat, 0);
   return o->op ? 0 : ANNA_ENOMEM;
 }
 

@@ -28,13 +28,21 @@ typedef struct server_options {
   int default_max_tokens;      /* chat; <= 0: up to the context */
   int default_enable_thinking; /* -1: template default, 0/1: chat_template_kwargs default */
   int reasoning_deepseek;
+  /* --tool-parser / --reasoning-parser: an enum outparse_tools / outparse_reasoning value,
+   * OUTPARSE_AUTO (from the chat template) or, reasoning only, OUTPARSE_UNSET (auto when
+   * --reasoning-format deepseek, else none) */
+  int tool_parser, reasoning_parser;
   int log_json, log_level;
   int metrics_log_interval_s; /* 0: off */
   size_t max_body_bytes;
   int http_timeout_s; /* idle connection timeout (slow clients) */
   int http_header_timeout_s; /* idle timeout until a connection's first request line and headers
                                 are in (non-HTTP bytes); 0 or >= http_timeout_s: off */
-  int max_connections;
+  int max_connections; /* open connections at once; more are accepted and closed at once */
+  int max_connections_per_ip; /* 0: no per-address cap */
+  int http_keepalive_timeout_s; /* idle time allowed between requests on a keep-alive connection
+                                   (after a response, until the next request's headers are in);
+                                   0 or >= http_timeout_s: http_timeout_s */
   double shutdown_timeout_s;
   const char *profile_name; /* for /healthz */
   int debug_hooks;          /* testing: forced outputs per request */
