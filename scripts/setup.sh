@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 log() { echo "[setup] $*" >&2; }
 
 APT_PKGS=(build-essential cmake pkg-config git unzip python3 python3-pip python3-venv
-          libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
+          libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libsqlite3-dev openssl
           libjpeg-dev libpng-dev libwebp-dev libgif-dev libcurl4-openssl-dev libssl-dev
           libsndfile1-dev libsoxr-dev libfftw3-dev
           libavformat-dev libavcodec-dev libswscale-dev libavutil-dev

@@ -544,7 +544,10 @@ static enum MHD_Result route_responses(server *srv, conn *cn) {
     snprintf(msg, sizeof msg, "generation failed: %s", r->error);
     ret = send_fail(cn, busy ? 503 : 500, NULL, busy ? "resources_exhausted" : "generation_failed", msg);
   } else {
-    ret = send_body(cn, 200, resp_finish_json(rj), "application/json");
+    oai_error fe;
+    char *body = resp_finish_json(rj, &fe);
+    if (!body) slog(SLOG_ERROR, cn->rid, "%s", fe.message);
+    ret = body ? send_body(cn, 200, body, "application/json") : send_error(cn, &fe);
   }
   resp_job_free(rj);
   return ret;
@@ -872,6 +875,12 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct MHD_Daemon *d = NULL;
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
+  /* The responses store first: a bad --responses-db fails before the model loads. */
+  if ((rc = resp_store_create(&srv->rstore, o->responses_store_max, o->responses_db, o->responses_ttl_s, err, errlen)))
+    goto done;
+  if (o->responses_db)
+    slog(SLOG_INFO, NULL, "responses db %s (ttl %s%lld s)", o->responses_db, o->responses_ttl_s > 0 ? "" : "off, ",
+         o->responses_ttl_s);
   anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant};
   if (anna_speech_probe(o->model_path)) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
@@ -929,10 +938,6 @@ int server_run(const server_options *o, char *err, size_t errlen) {
                           .max_video_pixels = o->max_video_pixels > 0 ? o->max_video_pixels : 3840 * 2160};
   imgfetch_global_init();
 listen:
-  if ((rc = resp_store_create(&srv->rstore, o->responses_store_max))) {
-    rc = anna_err(err, errlen, rc, "out of memory");
-    goto done;
-  }
   if ((rc = auth_keys_create(&srv->keys, o->api_keys, o->n_api_keys, o->api_key_file, err, errlen))) goto done;
   if (srv->keys)
     slog(SLOG_INFO, NULL, "API keys: %d (health and metrics %s)", auth_count(srv->keys),
@@ -975,12 +980,23 @@ listen:
   slog(SLOG_INFO, NULL, "listening on http://%s:%d", o->host ? o->host : "127.0.0.1", bound);
 
   double next_log = engine_now() + o->metrics_log_interval_s;
+  /* Expired responses: deleted on read, and by this sweep at least once a minute (more often
+   * for a short TTL) so the file does not grow with responses nobody reads again. */
+  const double sweep_every = o->responses_ttl_s > 0 ? (o->responses_ttl_s < 120 ? (double)o->responses_ttl_s / 2 : 60) : 0;
+  double next_sweep = engine_now() + sweep_every;
   for (;;) {
     struct timespec ts = {0, 250 * 1000 * 1000};
     int sig = sigtimedwait(&set, NULL, &ts);
     if (sig == SIGTERM || sig == SIGINT) {
       slog(SLOG_INFO, NULL, "signal %d: draining (up to %.0f s)", sig, o->shutdown_timeout_s);
       break;
+    }
+    if (sweep_every > 0 && engine_now() >= next_sweep) {
+      char serr[400];
+      const int n = resp_store_sweep(srv->rstore, serr, sizeof serr);
+      if (n < 0) slog(SLOG_ERROR, NULL, "expired responses sweep: %s", serr);
+      else if (n > 0) slog(SLOG_DEBUG, NULL, "expired responses: %d deleted", n);
+      next_sweep = engine_now() + sweep_every;
     }
     if (o->metrics_log_interval_s > 0 && engine_now() >= next_log) {
       log_metrics(srv);
