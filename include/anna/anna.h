@@ -85,6 +85,14 @@ typedef struct anna_model_options {
    * is always loaded as stored; a folder is quantized only when asked). With "int4" a GGUF
    * path is loaded as stored. Other values: ANNA_EINVAL. */
   const char *weight_quant;
+  /* (API next) Load progress. When set, anna_model_load first reads the weight files once,
+   * front to back (a GGUF file, or a folder's *.safetensors and its subfolders'), so the page
+   * cache holds them before the mmap'd weights are used, and calls progress(progress_user,
+   * bytes_read, bytes_total) on the loading thread: (0, total) first, then at most every
+   * 64 MiB and at each file's end, and (total, total) last. The pass is advisory: an unreadable
+   * file ends it early and the load reports the error. NULL: no such pass. */
+  void (*progress)(void *progress_user, uint64_t bytes_read, uint64_t bytes_total);
+  void *progress_user;
 } anna_model_options;
 
 /* Loads a Hugging Face model folder (config.json + *.safetensors) or a .gguf file.

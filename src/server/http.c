@@ -924,7 +924,12 @@ int server_run(const server_options *o, char *err, size_t errlen) {
         (rc = read_pem("--ssl-key-file", o->ssl_key_file, &srv->tls_key, err, errlen)))
       goto done;
   }
-  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant};
+  anna_model_options mo = {.device = o->device,
+                           .dtype = o->dtype,
+                           .tuning = o->eng.tuning,
+                           .weight_quant = o->weight_quant,
+                           .progress = o->load_progress,
+                           .progress_user = o->load_progress_user};
   if (anna_speech_probe(o->model_path)) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
     if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
