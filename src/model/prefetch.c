@@ -59,8 +59,10 @@ static void list_folder(file_list *l, const char *dir, int depth) {
     char p[PATH_MAX];
     struct stat st;
     if (snprintf(p, sizeof p, "%s/%s", dir, names[i]) < (int)sizeof p && stat(p, &st) == 0) {
-      if (S_ISREG(st.st_mode) && ends_with(names[i], ".safetensors")) list_add(l, p, (uint64_t)st.st_size);
-      else if (S_ISDIR(st.st_mode) && depth > 0) list_folder(l, p, depth - 1);
+      if (S_ISREG(st.st_mode) && ends_with(names[i], ".safetensors"))
+        list_add(l, p, (uint64_t)st.st_size);
+      else if (S_ISDIR(st.st_mode) && depth > 0)
+        list_folder(l, p, depth - 1);
     }
     free(names[i]);
   }
@@ -78,7 +80,8 @@ uint64_t model_prefetch(const char *path, int is_gguf, model_progress_fn progres
   } else {
     list_folder(&l, path, 1);
   }
-  for (int i = 0; i < l.n; i++) total += l.size[i];
+  for (int i = 0; i < l.n; i++)
+    total += l.size[i];
   if (progress) progress(user, 0, total);
   int ok = 1;
   for (int i = 0; i < l.n && ok; i++) {
@@ -104,7 +107,8 @@ uint64_t model_prefetch(const char *path, int is_gguf, model_progress_fn progres
   }
 out:
   if (progress) progress(user, total, total);
-  for (int i = 0; i < l.n; i++) free(l.path[i]);
+  for (int i = 0; i < l.n; i++)
+    free(l.path[i]);
   free(l.path);
   free(l.size);
   free(buf);

@@ -1019,7 +1019,9 @@ listen:
   __atomic_store_n(&srv->mhd_starting, 0, __ATOMIC_RELEASE);
   if (!d) {
     if (srv->tls_cert && srv->mhd_last[0]) /* a key or certificate GnuTLS refused */
-      rc = anna_err(err, errlen, ANNA_EFORMAT, "cannot start HTTPS on %s:%d (--ssl-cert-file %s, --ssl-key-file %s): %s (the key must be the certificate's, both PEM)",
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "cannot start HTTPS on %s:%d (--ssl-cert-file %s, --ssl-key-file %s): %s (the key must be the "
+                    "certificate's, both PEM)",
                     o->host, o->port, o->ssl_cert_file, o->ssl_key_file, srv->mhd_last);
     else
       rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
@@ -1043,7 +1045,8 @@ listen:
   double next_log = engine_now() + o->metrics_log_interval_s;
   /* Expired responses: deleted on read, and by this sweep at least once a minute (more often
    * for a short TTL) so the file does not grow with responses nobody reads again. */
-  const double sweep_every = o->responses_ttl_s > 0 ? (o->responses_ttl_s < 120 ? (double)o->responses_ttl_s / 2 : 60) : 0;
+  const double sweep_every =
+      o->responses_ttl_s > 0 ? (o->responses_ttl_s < 120 ? (double)o->responses_ttl_s / 2 : 60) : 0;
   double next_sweep = engine_now() + sweep_every;
   for (;;) {
     struct timespec ts = {0, 250 * 1000 * 1000};

@@ -209,7 +209,8 @@ static resp_entry *acquire(resp_store *s, const char *id, int *status, char *err
   e = entry_from_row(&row);
   respstore_row_clear(&row);
   if (!e) {
-    anna_err(err, errlen, ANNA_EFORMAT, "stored response '%.64s' could not be read back (out of memory or bad JSON)", id);
+    anna_err(err, errlen, ANNA_EFORMAT, "stored response '%.64s' could not be read back (out of memory or bad JSON)",
+             id);
     *status = 500;
     return NULL;
   }

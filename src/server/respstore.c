@@ -77,9 +77,9 @@ int respstore_available(void) {
 /* The error of the last call on s->db, naming the file. */
 static int db_fail(respstore *s, const char *what, char *err, size_t errlen) {
   const int code = sqlite3_errcode(s->db);
-  const int rc = code == SQLITE_NOMEM ? ANNA_ENOMEM
+  const int rc = code == SQLITE_NOMEM                              ? ANNA_ENOMEM
                  : code == SQLITE_CORRUPT || code == SQLITE_NOTADB ? ANNA_EFORMAT
-                                                                    : ANNA_EIO;
+                                                                   : ANNA_EIO;
   return anna_err(err, errlen, rc, "responses db %s: %s: %s", s->path, what, sqlite3_errmsg(s->db));
 }
 
@@ -164,7 +164,8 @@ int respstore_open(respstore **out, const char *path, long long ttl_s, char *err
   /* journal_mode is the first statement that reads the file: a file that is not a database
    * fails here, and a read-only one cannot switch to WAL. */
   sqlite3_stmt *q = NULL;
-  if (sqlite3_prepare_v2(s->db, "PRAGMA journal_mode=WAL", -1, &q, NULL) != SQLITE_OK || sqlite3_step(q) != SQLITE_ROW) {
+  if (sqlite3_prepare_v2(s->db, "PRAGMA journal_mode=WAL", -1, &q, NULL) != SQLITE_OK ||
+      sqlite3_step(q) != SQLITE_ROW) {
     sqlite3_finalize(q);
     rc = db_fail(s, "cannot open", err, errlen);
     goto fail;
@@ -173,8 +174,8 @@ int respstore_open(respstore **out, const char *path, long long ttl_s, char *err
   const int wal = mode && !strcmp(mode, "wal");
   sqlite3_finalize(q);
   if (!wal) {
-    rc = anna_err(err, errlen, ANNA_EIO, "responses db %s: cannot switch to WAL mode (is the file or its folder read-only?)",
-                  path);
+    rc = anna_err(err, errlen, ANNA_EIO,
+                  "responses db %s: cannot switch to WAL mode (is the file or its folder read-only?)", path);
     goto fail;
   }
   /* NORMAL is durable in WAL mode up to the last checkpointed commit, and never corrupts. */
@@ -214,7 +215,8 @@ int respstore_put(respstore *s, const respstore_row *row, char *err, size_t errl
   sqlite3_stmt *q = s->st[ST_PUT];
   int rc = 0;
   if (sqlite3_bind_text(q, 1, row->id, -1, SQLITE_STATIC) || sqlite3_bind_int64(q, 2, row->created) ||
-      bind_text(q, 3, row->response ? row->response : "null") || bind_text(q, 4, row->input_items ? row->input_items : "[]") ||
+      bind_text(q, 3, row->response ? row->response : "null") ||
+      bind_text(q, 4, row->input_items ? row->input_items : "[]") ||
       bind_text(q, 5, row->ctx_msgs ? row->ctx_msgs : "[]") || bind_text(q, 6, row->instructions) ||
       bind_text(q, 7, row->tools) || sqlite3_bind_int(q, 8, row->no_think) ||
       (blob ? sqlite3_bind_blob64(q, 9, blob, row->n_ids * 4, SQLITE_STATIC) : sqlite3_bind_null(q, 9)) ||

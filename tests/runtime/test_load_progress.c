@@ -16,7 +16,7 @@ static int fails;
 #define CHECK(c)                                                                                                       \
   do {                                                                                                                 \
     if (!(c)) {                                                                                                        \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                                           \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);                                            \
       fails++;                                                                                                         \
     }                                                                                                                  \
   } while (0)
@@ -28,8 +28,10 @@ typedef struct rec {
 
 static void on_progress(void *user, uint64_t done, uint64_t total) {
   rec *r = user;
-  if (r->calls++ == 0) r->first_done = done, r->first_total = total;
-  else if (done < r->prev) r->back++;
+  if (r->calls++ == 0)
+    r->first_done = done, r->first_total = total;
+  else if (done < r->prev)
+    r->back++;
   r->prev = done;
   r->last_done = done;
   r->last_total = total;
@@ -109,7 +111,9 @@ int main(int argc, char **argv) {
   unlink(cfg_dst);
   rmdir(bad);
 
-  if (fails) fprintf(stderr, "%d check(s) failed\n", fails);
-  else printf("test_load_progress: ok\n");
+  if (fails)
+    fprintf(stderr, "%d check(s) failed\n", fails);
+  else
+    printf("test_load_progress: ok\n");
   return fails != 0;
 }
