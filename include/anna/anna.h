@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 11
+#define ANNA_API_VERSION_MINOR 12
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -95,6 +95,14 @@ typedef struct anna_model_options {
    * text model's hidden size, another projector type, a deepstack tower: load errors naming
    * the mismatch. NULL: a folder's own tower, if any. */
   const char *mmproj;
+  /* (API 1.12) Load progress. When set, anna_model_load first reads the weight files once,
+   * front to back (a GGUF file, or a folder's *.safetensors and its subfolders'), so the page
+   * cache holds them before the mmap'd weights are used, and calls progress(progress_user,
+   * bytes_read, bytes_total) on the loading thread: (0, total) first, then at most every
+   * 64 MiB and at each file's end, and (total, total) last. The pass is advisory: an unreadable
+   * file ends it early and the load reports the error. NULL: no such pass. */
+  void (*progress)(void *progress_user, uint64_t bytes_read, uint64_t bytes_total);
+  void *progress_user;
 } anna_model_options;
 
 /* Loads a Hugging Face model folder (config.json + *.safetensors) or a .gguf file.

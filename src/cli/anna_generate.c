@@ -204,7 +204,9 @@ int main(int argc, char **argv) {
   float *logits = NULL, *wlogits = NULL; /* wlogits: a sampled verify window's rows */
   FILE *df = NULL;
   double t0 = cli_now();
-  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq, .mmproj = mmproj};
+  cli_progress prog = {0};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq, .mmproj = mmproj,
+                           .progress = cli_load_progress, .progress_user = &prog};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);

@@ -175,7 +175,9 @@ int main(int argc, char **argv) {
   size_t n_tok = 0;
   int n_chunk = 0;
 
-  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq};
+  cli_progress prog = {0};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq,
+                           .progress = cli_load_progress, .progress_user = &prog};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   const int V = anna_model_vocab(m);
   if (anna_text_open(&text, model, ANNA_TEXT_NO_TEMPLATE, err, sizeof err)) goto fail;

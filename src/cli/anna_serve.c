@@ -109,7 +109,12 @@ static void usage(FILE *f) {
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
           "  --auth-health            /healthz and /metrics need a key too (default: open)\n"
           "  --responses-store-max N  /v1/responses kept in memory for previous_response_id and GET\n"
-          "                           (default 1024; least recently used evicted; 0 = none kept)\n"
+          "                           (default 1024; least recently used evicted; 0 = none kept; with\n"
+          "                           --responses-db: the in-memory cache in front of the file)\n"
+          "  --responses-db PATH      also store them in this SQLite file (created if absent): they\n"
+          "                           survive restarts (needs a build with libsqlite3-dev)\n"
+          "  --responses-ttl SECONDS  stored responses expire this long after creation (default 0: never)\n"
+          "  --ssl-cert-file PEM --ssl-key-file PEM  serve HTTPS (libmicrohttpd with GnuTLS)\n"
           "  --embeddings             serve /v1/embeddings (last-token pooled, normalized hidden states;\n"
           "                           reserves one more KV sequence)\n"
           "  --no-webui               no chat page at / (default: served, open without a key)\n"
@@ -139,7 +144,7 @@ int main(int argc, char **argv) {
   o.shutdown_timeout_s = 30;
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
-  int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
+  int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1, resp_ttl = 0;
   int mm_cache_mib = -1;
   int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
   int max_vid_bytes = 0, max_vid_px = 0;
@@ -319,6 +324,17 @@ int main(int argc, char **argv) {
     INTF("--max-connections-per-ip", 0, 65536, o.max_connections_per_ip)
     INTF("--http-keepalive-timeout-seconds", 0, 86400, o.http_keepalive_timeout_s)
     INTF("--responses-store-max", 0, 1 << 20, o.responses_store_max)
+    INTF("--responses-ttl", 0, 1 << 30, resp_ttl)
+    else if (!strcmp(a, "--responses-db")) {
+      NEEDV();
+      o.responses_db = v;
+    } else if (!strcmp(a, "--ssl-cert-file")) {
+      NEEDV();
+      o.ssl_cert_file = v;
+    } else if (!strcmp(a, "--ssl-key-file")) {
+      NEEDV();
+      o.ssl_key_file = v;
+    }
     FLTF("--temperature", 0, 2, o.defaults.temperature)
     FLTF("--top-p", 0, 1, o.defaults.top_p)
     FLTF("--min-p", 0, 1, o.defaults.min_p)
@@ -392,6 +408,15 @@ int main(int argc, char **argv) {
     return 2;
   }
   o.max_body_bytes = (size_t)max_body;
+  o.responses_ttl_s = resp_ttl;
+  cli_progress load_prog = {0};
+  o.load_progress = cli_load_progress;
+  o.load_progress_user = &load_prog;
+  if (!o.ssl_cert_file != !o.ssl_key_file) {
+    fprintf(stderr, "error: --ssl-cert-file and --ssl-key-file go together (got only %s)\n",
+            o.ssl_cert_file ? "--ssl-cert-file" : "--ssl-key-file");
+    return 2;
+  }
   o.api_keys = api_keys;
   o.n_api_keys = n_api_keys;
   if (o.auth_health && !n_api_keys && !o.api_key_file) {

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "hub.h"
 
@@ -29,6 +30,41 @@ static inline double cli_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Model-load progress (anna_model_options.progress): on a terminal a bar redrawn in place
+ * (at most 10 times a second) while the weight files are read; otherwise one summary line
+ * when the read is done. Set opt->progress = cli_load_progress, opt->progress_user = a
+ * zeroed cli_progress that outlives the load. */
+typedef struct cli_progress {
+  double t0, last;
+  int tty; /* -1 until the first call: isatty(2) then */
+} cli_progress;
+
+static inline void cli_load_progress(void *user, uint64_t done, uint64_t total) {
+  cli_progress *p = user;
+  const double now = cli_now();
+  if (done == 0 || p->t0 == 0) {
+    p->t0 = now;
+    p->last = 0;
+    p->tty = isatty(2);
+  }
+  const double mib = 1024.0 * 1024.0, dt = now - p->t0;
+  const double rate = dt > 0 ? (double)done / mib / dt : 0;
+  if (p->tty) {
+    if (done < total && now - p->last < 0.1 && done != 0) return;
+    p->last = now;
+    const int width = 30, fill = total ? (int)((double)width * (double)done / (double)total) : width;
+    char bar[32];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    fprintf(stderr, "\r[anna] loading weights [%s] %3d%%  %.1f / %.1f MiB  %.0f MiB/s ", bar,
+            total ? (int)(100.0 * (double)done / (double)total) : 100, (double)done / mib, (double)total / mib, rate);
+    if (done >= total) fputc('\n', stderr);
+    fflush(stderr);
+  } else if (done >= total) {
+    fprintf(stderr, "[anna] read %.1f MiB of weights in %.2f s (%.0f MiB/s)\n", (double)total / mib, dt, rate);
+  }
 }
 
 /* --weight-quant none|auto|int4 (anna_model_options.weight_quant); prints the error and

@@ -13,6 +13,7 @@
 #include "cache/kv_cache.h"
 #include "model/kind.h"
 #include "ops/ops.h"
+#include "model/prefetch.h"
 #include "ops/ops_profile.h"
 #include "runtime/model_handle.h"
 #include "runtime/stages.h"
@@ -89,6 +90,7 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
     free(m);
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
+  if (opt && opt->progress) model_prefetch(load_path, src.is_gguf, opt->progress, opt->progress_user);
   const model_load_params lp = {.tuning = &t};
   if ((rc = kind->load(&m->impl, &src, &lp, err, errlen))) {
     free(m->path);

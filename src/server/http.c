@@ -39,6 +39,9 @@ typedef struct server {
   oai_config cfg;
   auth_keys *keys; /* NULL: no auth */
   resp_store *rstore; /* stored /v1/responses */
+  char *tls_cert, *tls_key; /* PEM texts for HTTPS (NULL: plain HTTP); the daemon reads them */
+  int mhd_starting;         /* atomic: 1 while MHD_start_daemon runs, so mhd_log keeps its last message */
+  char mhd_last[256];       /* that message: why the daemon did not start (TLS key errors, ...) */
   speech_server *speech; /* speech mode (a Qwen3-TTS folder): no text model, engine or text */
   char model_name[256];
   int active; /* requests between first callback and completion (atomic) */
@@ -566,7 +569,10 @@ static enum MHD_Result route_responses(server *srv, conn *cn) {
     snprintf(msg, sizeof msg, "generation failed: %s", r->error);
     ret = send_fail(cn, busy ? 503 : 500, NULL, busy ? "resources_exhausted" : "generation_failed", msg);
   } else {
-    ret = send_body(cn, 200, resp_finish_json(rj), "application/json");
+    oai_error fe;
+    char *body = resp_finish_json(rj, &fe);
+    if (!body) slog(SLOG_ERROR, cn->rid, "%s", fe.message);
+    ret = body ? send_body(cn, 200, body, "application/json") : send_error(cn, &fe);
   }
   resp_job_free(rj);
   return ret;
@@ -861,12 +867,36 @@ static void resolve_parsers(server *srv) {
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
+  server *srv = cls;
   char buf[512];
   vsnprintf(buf, sizeof buf, fmt, ap);
   size_t n = strlen(buf);
   while (n && buf[n - 1] == '\n')
     buf[--n] = '\0';
+  /* Only the starting thread logs while mhd_starting is set: no other thread writes mhd_last. */
+  if (__atomic_load_n(&srv->mhd_starting, __ATOMIC_ACQUIRE)) snprintf(srv->mhd_last, sizeof srv->mhd_last, "%s", buf);
   slog(SLOG_DEBUG, NULL, "http: %s", buf);
+}
+
+/* A PEM file -> a NUL-terminated text (caller frees); what went wrong names the flag and path. */
+static int read_pem(const char *flag, const char *path, char **out, char *err, size_t errlen) {
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return anna_err(err, errlen, ANNA_EIO, "%s %s: %s", flag, path, strerror(errno));
+  const size_t cap = 1 << 20; /* a certificate chain is kilobytes; more is not a PEM file */
+  char *buf = malloc(cap + 1);
+  size_t n = buf ? fread(buf, 1, cap + 1, f) : 0;
+  const int rerr = ferror(f);
+  fclose(f);
+  if (!buf) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (rerr || n > cap || !n || !memmem(buf, n, "-----BEGIN ", 11)) {
+    free(buf);
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s %s: %s", flag, path,
+                    rerr ? "read error" : n > cap ? "larger than 1 MiB" : "not a PEM file (no -----BEGIN line)");
+  }
+  buf[n] = '\0';
+  *out = buf;
+  return 0;
 }
 
 /* ---- lifecycle ---- */
@@ -938,7 +968,35 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct MHD_Daemon *d = NULL;
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
-  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant, .mmproj = o->mmproj};
+  /* The responses store first: a bad --responses-db fails before the model loads. */
+  if ((rc = resp_store_create(&srv->rstore, o->responses_store_max, o->responses_db, o->responses_ttl_s, err, errlen)))
+    goto done;
+  if (o->responses_db)
+    slog(SLOG_INFO, NULL, "responses db %s (ttl %s%lld s)", o->responses_db, o->responses_ttl_s > 0 ? "" : "off, ",
+         o->responses_ttl_s);
+  /* HTTPS: checked before the model loads, so a wrong path fails at once. */
+  if (o->ssl_cert_file || o->ssl_key_file) {
+    if (!o->ssl_cert_file || !o->ssl_key_file) {
+      rc = anna_err(err, errlen, ANNA_EINVAL, "--ssl-cert-file and --ssl-key-file go together");
+      goto done;
+    }
+    if (MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES) {
+      rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "--ssl-cert-file: this libmicrohttpd was built without TLS (GnuTLS); install a build with "
+                    "HTTPS support (Debian's libmicrohttpd12 has it) or put a TLS proxy in front");
+      goto done;
+    }
+    if ((rc = read_pem("--ssl-cert-file", o->ssl_cert_file, &srv->tls_cert, err, errlen)) ||
+        (rc = read_pem("--ssl-key-file", o->ssl_key_file, &srv->tls_key, err, errlen)))
+      goto done;
+  }
+  anna_model_options mo = {.device = o->device,
+                           .dtype = o->dtype,
+                           .tuning = o->eng.tuning,
+                           .weight_quant = o->weight_quant,
+                           .mmproj = o->mmproj,
+                           .progress = o->load_progress,
+                           .progress_user = o->load_progress_user};
   if (anna_speech_probe(o->model_path)) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
     if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);
@@ -998,10 +1056,6 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   resolve_parsers(srv);
   imgfetch_global_init();
 listen:
-  if ((rc = resp_store_create(&srv->rstore, o->responses_store_max))) {
-    rc = anna_err(err, errlen, rc, "out of memory");
-    goto done;
-  }
   if ((rc = auth_keys_create(&srv->keys, o->api_keys, o->n_api_keys, o->api_key_file, err, errlen))) goto done;
   if (srv->keys)
     slog(SLOG_INFO, NULL, "API keys: %d (health and metrics %s)", auth_count(srv->keys),
@@ -1019,17 +1073,31 @@ listen:
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                    MHD_USE_ERROR_LOG | MHD_USE_ITC;
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+  struct MHD_OptionItem tls_opts[] = {{MHD_OPTION_HTTPS_MEM_KEY, 0, srv->tls_key},
+                                      {MHD_OPTION_HTTPS_MEM_CERT, 0, srv->tls_cert},
+                                      {MHD_OPTION_END, 0, NULL}};
+  if (srv->tls_cert) flags |= MHD_USE_TLS;
+  else tls_opts[0].option = MHD_OPTION_END;
+  __atomic_store_n(&srv->mhd_starting, 1, __ATOMIC_RELEASE);
   d = MHD_start_daemon(
       flags, (uint16_t)o->port, on_accept, srv, on_request, srv, MHD_OPTION_NOTIFY_COMPLETED,
       on_completed, srv, MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->http_timeout_s,
       /* MHD's own cap only backs ours up (on_accept refuses first) */
       MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections + 16u, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
       (unsigned)o->max_connections_per_ip, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-      MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_END);
+      MHD_OPTION_EXTERNAL_LOGGER, mhd_log, srv, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+      (size_t)256 * 1024, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256, MHD_OPTION_ARRAY, tls_opts, MHD_OPTION_END);
+  const int start_errno = errno;
+  __atomic_store_n(&srv->mhd_starting, 0, __ATOMIC_RELEASE);
   if (!d) {
-    rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
-                    strerror(errno));
+    if (srv->tls_cert && srv->mhd_last[0]) /* a key or certificate GnuTLS refused */
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "cannot start HTTPS on %s:%d (--ssl-cert-file %s, --ssl-key-file %s): %s (the key must be the "
+                    "certificate's, both PEM)",
+                    o->host, o->port, o->ssl_cert_file, o->ssl_key_file, srv->mhd_last);
+    else
+      rc = anna_err(err, errlen, ANNA_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
+                    srv->mhd_last[0] ? srv->mhd_last : strerror(start_errno));
     goto done;
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
@@ -1043,15 +1111,28 @@ listen:
          srv->model_name, anna_model_describe(srv->m), engine_now() - t0, eo->n_seq, eo->n_ctx,
          eo->n_batch, eo->max_batch_size);
   }
-  slog(SLOG_INFO, NULL, "listening on http://%s:%d", o->host ? o->host : "127.0.0.1", bound);
+  slog(SLOG_INFO, NULL, "listening on %s://%s:%d", srv->tls_cert ? "https" : "http", o->host ? o->host : "127.0.0.1",
+       bound);
 
   double next_log = engine_now() + o->metrics_log_interval_s;
+  /* Expired responses: deleted on read, and by this sweep at least once a minute (more often
+   * for a short TTL) so the file does not grow with responses nobody reads again. */
+  const double sweep_every =
+      o->responses_ttl_s > 0 ? (o->responses_ttl_s < 120 ? (double)o->responses_ttl_s / 2 : 60) : 0;
+  double next_sweep = engine_now() + sweep_every;
   for (;;) {
     struct timespec ts = {0, 250 * 1000 * 1000};
     int sig = sigtimedwait(&set, NULL, &ts);
     if (sig == SIGTERM || sig == SIGINT) {
       slog(SLOG_INFO, NULL, "signal %d: draining (up to %.0f s)", sig, o->shutdown_timeout_s);
       break;
+    }
+    if (sweep_every > 0 && engine_now() >= next_sweep) {
+      char serr[400];
+      const int n = resp_store_sweep(srv->rstore, serr, sizeof serr);
+      if (n < 0) slog(SLOG_ERROR, NULL, "expired responses sweep: %s", serr);
+      else if (n > 0) slog(SLOG_DEBUG, NULL, "expired responses: %d deleted", n);
+      next_sweep = engine_now() + sweep_every;
     }
     if (o->metrics_log_interval_s > 0 && engine_now() >= next_log) {
       log_metrics(srv);
@@ -1078,6 +1159,8 @@ done:
   metrics_destroy(&srv->mx);
   auth_free(srv->keys);
   resp_store_free(srv->rstore);
+  free(srv->tls_cert);
+  free(srv->tls_key);
   free(srv);
   return rc;
 }

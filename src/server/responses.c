@@ -2,6 +2,7 @@
 #include "responses.h"
 
 #include "outparse.h"
+#include "respstore.h"
 
 #include <ctype.h>
 #include <jansson.h>
@@ -15,6 +16,7 @@
 
 typedef struct resp_entry {
   char id[64];
+  long long created; /* unix seconds: the TTL counts from here */
   json_t *response;    /* the response object as returned */
   json_t *input_items; /* this request's input items, ids filled in */
   json_t *ctx_msgs;    /* chat messages of the whole context (instructions excluded) + output */
@@ -30,13 +32,27 @@ struct resp_store {
   pthread_mutex_t mu;
   int max, n;
   resp_entry *head, *tail;
+  respstore *db; /* NULL: memory only */
+  long long ttl; /* seconds; <= 0: no expiry */
 };
 
-int resp_store_create(resp_store **out, int max_entries) {
+int resp_store_create(resp_store **out, int max_entries, const char *db_path, long long ttl_s, char *err,
+                      size_t errlen) {
+  *out = NULL;
   resp_store *s = calloc(1, sizeof *s);
-  if (!s) return ANNA_ENOMEM;
+  if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   pthread_mutex_init(&s->mu, NULL);
   s->max = max_entries;
+  s->ttl = ttl_s;
+  if (db_path && *db_path) {
+    int rc = respstore_open(&s->db, db_path, ttl_s, err, errlen);
+    if (rc) {
+      pthread_mutex_destroy(&s->mu);
+      free(s);
+      return rc;
+    }
+    if (s->max < 1) s->max = 1; /* the memory side is only a cache in front of the file */
+  }
   *out = s;
   return 0;
 }
@@ -77,6 +93,7 @@ void resp_store_free(resp_store *s) {
     unlink_entry(s, e);
     entry_free(e);
   }
+  respstore_close(s->db);
   pthread_mutex_destroy(&s->mu);
   free(s);
 }
@@ -88,20 +105,139 @@ static resp_entry *find(resp_store *s, const char *id) {
   return NULL;
 }
 
-static void store_put(resp_store *s, resp_entry *e) {
-  pthread_mutex_lock(&s->mu);
-  if (s->max <= 0) {
-    pthread_mutex_unlock(&s->mu);
-    entry_free(e);
-    return;
-  }
+static int expired(const resp_store *s, const resp_entry *e, long long now) {
+  return s->ttl > 0 && e->created + s->ttl <= now;
+}
+
+/* Under mu: makes room for one more entry (evicted entries stay in the file, if any). */
+static void make_room(resp_store *s) {
   while (s->n >= s->max && s->tail) {
     resp_entry *old = s->tail;
     unlink_entry(s, old);
     entry_free(old);
   }
+}
+
+static char *dump_or_null(const json_t *v) {
+  return v ? json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+}
+
+/* Stores e (taken: freed on every path). 0, or < 0 with err filled (the file failed). */
+static int store_put(resp_store *s, resp_entry *e, char *err, size_t errlen) {
+  int rc = 0;
+  if (s->db) {
+    respstore_row row = {.created = e->created,
+                         .response = dump_or_null(e->response),
+                         .input_items = dump_or_null(e->input_items),
+                         .ctx_msgs = dump_or_null(e->ctx_msgs),
+                         .instructions = e->instructions,
+                         .tools = dump_or_null(e->tools),
+                         .no_think = e->no_think,
+                         .ids = e->ids,
+                         .n_ids = e->n_ids};
+    snprintf(row.id, sizeof row.id, "%s", e->id);
+    if (!row.response || !row.input_items || !row.ctx_msgs || (e->tools && !row.tools))
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    else
+      rc = respstore_put(s->db, &row, err, errlen);
+    free(row.response), free(row.input_items), free(row.ctx_msgs), free(row.tools);
+  }
+  pthread_mutex_lock(&s->mu);
+  if (s->max <= 0 || rc) {
+    pthread_mutex_unlock(&s->mu);
+    entry_free(e);
+    return rc;
+  }
+  make_room(s);
   push_front(s, e);
   pthread_mutex_unlock(&s->mu);
+  return 0;
+}
+
+static json_t *load_json(const char *t) {
+  return t ? json_loads(t, JSON_DECODE_ANY, NULL) : NULL;
+}
+
+/* A stored row -> a cache entry (NULL: out of memory or a row whose JSON does not parse). */
+static resp_entry *entry_from_row(const respstore_row *row) {
+  resp_entry *e = calloc(1, sizeof *e);
+  if (!e) return NULL;
+  snprintf(e->id, sizeof e->id, "%s", row->id);
+  e->created = row->created;
+  e->response = load_json(row->response);
+  e->input_items = load_json(row->input_items);
+  e->ctx_msgs = load_json(row->ctx_msgs);
+  e->tools = load_json(row->tools);
+  e->instructions = row->instructions ? strdup(row->instructions) : NULL;
+  e->no_think = row->no_think;
+  if (row->ids && (e->ids = malloc(sizeof *e->ids * row->n_ids))) {
+    memcpy(e->ids, row->ids, sizeof *e->ids * row->n_ids);
+    e->n_ids = row->n_ids;
+  }
+  if (!json_is_object(e->response) || !json_is_array(e->input_items) || !json_is_array(e->ctx_msgs) ||
+      (row->tools && !e->tools) || (row->instructions && !e->instructions) || (row->ids && !e->ids)) {
+    entry_free(e);
+    return NULL;
+  }
+  return e;
+}
+
+/* Under mu: the live entry for id, most recently used now (a read is a use: eviction goes by
+ * last use), loaded from the file on a cache miss; expired entries are dropped from both.
+ * NULL with *status 404 (absent or expired) or 500 (the file failed; err says why). */
+static resp_entry *acquire(resp_store *s, const char *id, int *status, char *err, size_t errlen) {
+  const long long now = (long long)time(NULL);
+  resp_entry *e = find(s, id);
+  *status = 404;
+  if (e && expired(s, e, now)) {
+    unlink_entry(s, e);
+    entry_free(e);
+    e = NULL;
+    if (s->db && respstore_delete(s->db, id, err, errlen) < 0) *status = 500;
+    return NULL;
+  }
+  if (e) {
+    unlink_entry(s, e);
+    push_front(s, e);
+    return e;
+  }
+  if (!s->db || s->max <= 0) return NULL;
+  respstore_row row;
+  const int got = respstore_get(s->db, id, now, &row, err, errlen);
+  if (got < 0) *status = 500;
+  if (got <= 0) return NULL;
+  e = entry_from_row(&row);
+  respstore_row_clear(&row);
+  if (!e) {
+    anna_err(err, errlen, ANNA_EFORMAT, "stored response '%.64s' could not be read back (out of memory or bad JSON)",
+             id);
+    *status = 500;
+    return NULL;
+  }
+  make_room(s);
+  push_front(s, e);
+  return e;
+}
+
+int resp_store_sweep(resp_store *s, char *err, size_t errlen) {
+  const long long now = (long long)time(NULL);
+  int n = 0;
+  pthread_mutex_lock(&s->mu);
+  for (resp_entry *e = s->head, *next; e; e = next) {
+    next = e->next;
+    if (expired(s, e, now)) {
+      unlink_entry(s, e);
+      entry_free(e);
+      n++;
+    }
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (s->db) {
+    const int d = respstore_sweep(s->db, now, err, errlen);
+    if (d < 0) return d;
+    n = d > n ? d : n;
+  }
+  return n;
 }
 
 /* ---- ids ---- */
@@ -609,12 +745,12 @@ int resp_parse(const oai_config *cfg, resp_store *st, const char *body, size_t l
     goto done;
   json_t *pid = json_object_get(root, "previous_response_id");
   if (is_set(pid)) {
+    char serr[400] = "";
+    int status;
     pthread_mutex_lock(&st->mu);
-    resp_entry *pe = find(st, json_string_value(pid));
+    /* most recently used: a live chain stays in the store */
+    resp_entry *pe = acquire(st, json_string_value(pid), &status, serr, sizeof serr);
     if (pe) {
-      /* most recently used: a live chain stays in the store */
-      unlink_entry(st, pe);
-      push_front(st, pe);
       prev_msgs = json_deep_copy(pe->ctx_msgs);
       can_splice = pe->ids && same_str(pe->instructions, j->instructions) && same_json(pe->tools, j->tools) &&
                    pe->no_think == j->no_think;
@@ -624,6 +760,11 @@ int resp_parse(const oai_config *cfg, resp_store *st, const char *body, size_t l
       }
     }
     pthread_mutex_unlock(&st->mu);
+    if (!pe && status == 500) {
+      oai_fail(e, 500, "previous_response_id", "store_failed", "previous response '%.64s' could not be read: %s",
+               json_string_value(pid), serr);
+      goto done;
+    }
     if (!pe) {
       oai_fail(e, 404, "previous_response_id", "previous_response_not_found",
                "Previous response with id '%.64s' not found.", json_string_value(pid));
@@ -993,12 +1134,14 @@ static const char *final_status(resp_job *j, json_t **error) {
   return fr && (!strcmp(fr, "length") || !strcmp(fr, "cancelled")) ? "incomplete" : "completed";
 }
 
-/* Stores j's finished response (store = true and a completed or incomplete status). */
-static void store_response(resp_job *j, const resp_out *o, json_t *resp, const char *status) {
-  if (!j->store || !strcmp(status, "failed")) return;
+/* Stores j's finished response (store = true and a completed or incomplete status).
+ * 0, or < 0 with err filled (out of memory, or the database failed). */
+static int store_response(resp_job *j, const resp_out *o, json_t *resp, const char *status, char *err, size_t errlen) {
+  if (!j->store || !strcmp(status, "failed")) return 0;
   resp_entry *e = calloc(1, sizeof *e);
-  if (!e) return;
+  if (!e) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   snprintf(e->id, sizeof e->id, "%s", j->id);
+  e->created = j->created;
   e->response = json_incref(resp);
   e->input_items = json_incref(j->input_items);
   e->ctx_msgs = json_deep_copy(j->ctx_msgs);
@@ -1032,11 +1175,12 @@ static void store_response(resp_job *j, const resp_out *o, json_t *resp, const c
     e->n_ids = r->n_prompt[0] + c->n_gen_ids;
   }
   pthread_mutex_unlock(&r->mu);
-  store_put(j->st, e);
+  return store_put(j->st, e, err, errlen);
 }
 
-char *resp_finish_json(resp_job *j) {
+char *resp_finish_json(resp_job *j, oai_error *e) {
   resp_out o;
+  oai_fail(e, 500, NULL, NULL, "out of memory");
   if (out_init(&o, j)) return NULL;
   gen_request *r = j->chat.r;
   pthread_mutex_lock(&r->mu);
@@ -1053,7 +1197,13 @@ char *resp_finish_json(resp_job *j) {
   o.cut = !strcmp(status, "incomplete");
   out_finish(&o);
   json_t *resp = response_json(j, &o, status, usage_json(j, &o), error);
-  store_response(j, &o, resp, status);
+  char err[400];
+  if (store_response(j, &o, resp, status, err, sizeof err)) {
+    oai_fail(e, 500, "store", "store_failed", "the response could not be stored: %s", err);
+    json_decref(resp);
+    out_clear(&o);
+    return NULL;
+  }
   char *s = json_dumps(resp, JSON_COMPACT);
   json_decref(resp);
   out_clear(&o);
@@ -1125,11 +1275,19 @@ int resp_stream_step(resp_stream *s, char **out, size_t *len, size_t *cap, int *
     o->cut = !strcmp(status, "incomplete");
     out_finish(o);
     json_t *resp = response_json(j, o, status, usage_json(j, o), error);
+    /* Stored before the terminal event, so a client that reads it can chain on the id; a
+     * store that fails turns the event into response.failed naming the cause. */
+    char err[400];
+    if (store_response(j, o, resp, status, err, sizeof err)) {
+      status = "failed";
+      json_object_set_new(resp, "status", json_string("failed"));
+      json_object_set_new(resp, "error", json_pack("{s:s,s:s+}", "code", "server_error", "message",
+                                                   "the response could not be stored: ", err));
+    }
     emit(o, !strcmp(status, "completed") ? "response.completed"
             : !strcmp(status, "incomplete") ? "response.incomplete"
                                             : "response.failed",
          json_pack("{s:O}", "response", resp));
-    store_response(j, o, resp, status);
     json_decref(resp);
     s->done_sent = 1;
   }
@@ -1140,30 +1298,37 @@ int resp_stream_step(resp_stream *s, char **out, size_t *len, size_t *cap, int *
 
 /* ---- stored responses ---- */
 
-static int not_found(const char *id, oai_error *e) {
+static int not_found(const char *id, int status, const char *err, oai_error *e) {
+  if (status == 500) {
+    oai_fail(e, 500, "response_id", "store_failed", "stored response '%.64s' could not be read: %s", id, err);
+    return 500;
+  }
   oai_fail(e, 404, "response_id", "not_found", "Response with id '%.64s' not found.", id);
   return 404;
 }
 
 int resp_get(resp_store *st, const char *id, char **body, oai_error *e) {
+  char err[400] = "";
+  int status;
   pthread_mutex_lock(&st->mu);
-  resp_entry *en = find(st, id);
-  if (en) { /* a read is a use: eviction goes by last use */
-    unlink_entry(st, en);
-    push_front(st, en);
-  }
+  resp_entry *en = acquire(st, id, &status, err, sizeof err);
   *body = en ? json_dumps(en->response, JSON_COMPACT) : NULL;
   pthread_mutex_unlock(&st->mu);
-  return en ? 200 : not_found(id, e);
+  return en ? 200 : not_found(id, status, err, e);
 }
 
 int resp_delete(resp_store *st, const char *id, char **body, oai_error *e) {
+  char err[400] = "";
+  int status;
   pthread_mutex_lock(&st->mu);
-  resp_entry *en = find(st, id);
+  /* acquire first: an expired row is gone (404) even if the sweep has not deleted it yet */
+  resp_entry *en = acquire(st, id, &status, err, sizeof err);
   if (en) unlink_entry(st, en);
+  const int in_db = en && st->db ? respstore_delete(st->db, id, err, sizeof err) : 0;
   pthread_mutex_unlock(&st->mu);
-  if (!en) return not_found(id, e);
+  if (!en) return not_found(id, status, err, e);
   entry_free(en);
+  if (in_db < 0) return not_found(id, 500, err, e);
   json_t *o = json_pack("{s:s,s:s,s:b}", "id", id, "object", "response.deleted", "deleted", 1);
   *body = json_dumps(o, JSON_COMPACT);
   json_decref(o);
@@ -1186,11 +1351,13 @@ int resp_input_items(resp_store *st, const char *id, const char *order, const ch
     oai_fail(e, 400, "order", "invalid_value", "'order' must be asc or desc");
     return 400;
   }
+  char err[400] = "";
+  int status;
   pthread_mutex_lock(&st->mu);
-  resp_entry *en = find(st, id);
+  resp_entry *en = acquire(st, id, &status, err, sizeof err);
   json_t *items = en ? json_deep_copy(en->input_items) : NULL;
   pthread_mutex_unlock(&st->mu);
-  if (!en) return not_found(id, e);
+  if (!en) return not_found(id, status, err, e);
   const size_t n = json_array_size(items);
   json_t *data = json_array();
   int started = after == NULL, more = 0;

@@ -70,6 +70,14 @@ typedef struct server_options {
   /* /v1/responses kept for previous_response_id and GET (--responses-store-max; least
    * recently used evicted; 0: none kept). eng.embeddings turns /v1/embeddings on. */
   int responses_store_max;
+  const char *responses_db;   /* --responses-db PATH: SQLite persistence (respstore.h); NULL: memory only */
+  long long responses_ttl_s;  /* --responses-ttl: seconds a stored response lives; 0: forever */
+  /* --ssl-cert-file / --ssl-key-file (PEM): HTTPS through libmicrohttpd's GnuTLS; both or
+   * neither; a libmicrohttpd without TLS is a startup error saying so. */
+  const char *ssl_cert_file, *ssl_key_file;
+  /* anna_model_options.progress / progress_user for the model load (NULL: no progress) */
+  void (*load_progress)(void *user, uint64_t bytes_read, uint64_t bytes_total);
+  void *load_progress_user;
   int no_webui; /* --no-webui: no chat page at "/" (webui.h; then "/" is a 404) */
 } server_options;
 

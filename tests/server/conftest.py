@@ -64,18 +64,19 @@ class Server:
         self._t.start()
         deadline = time.time() + timeout
         self.port = None
+        self.scheme = "http"
         while time.time() < deadline and self.port is None:
             for ln in list(self.lines):
-                m = re.search(r"listening on http://[^:]+:(\d+)", ln)
+                m = re.search(r"listening on (https?)://[^:]+:(\d+)", ln)
                 if m:
-                    self.port = int(m.group(1))
+                    self.scheme, self.port = m.group(1), int(m.group(2))
             if self.proc.poll() is not None:
                 break
             time.sleep(0.02)
         if self.port is None:
             self.proc.kill()
             raise RuntimeError("anna-serve did not start:\n" + self.log())
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{self.scheme}://127.0.0.1:{self.port}"
 
     def _pump(self):
         for ln in self.proc.stdout:
