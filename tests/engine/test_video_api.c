@@ -13,6 +13,7 @@
  * Links anna_internal for two test hooks (media_pixels, ctx_vision_encode); the rest is anna.h.
  */
 #include "anna/anna.h"
+#include "media_device.h"
 #include "runtime/model_handle.h"
 
 #include <jansson.h>
@@ -88,8 +89,10 @@ static int decode_file(anna_media **out, const anna_model *m, const char *dir, c
 }
 
 int main(int argc, char **argv) {
-  if (argc < 5) {
-    fprintf(stderr, "usage: test_video_api MODEL_DIR E2E_VIDEO_DIR TEXT_ONLY_MODEL_DIR BAD_DIR\n");
+  media_device md_opt;
+  if (argc < 5 || media_device_parse(&md_opt, argc, argv, 5)) {
+    fprintf(stderr,
+            "usage: test_video_api MODEL_DIR E2E_VIDEO_DIR TEXT_ONLY_MODEL_DIR BAD_DIR [--device D] [--exact] [--tuning S]\n");
     return 2;
   }
   const char *mdir = argv[1], *edir = argv[2], *bdir = argv[4];
@@ -113,11 +116,17 @@ int main(int argc, char **argv) {
   }
   const int vocab = anna_model_vocab(m);
   anna_context *ctx = NULL;
-  const anna_context_options co = {
-      .n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2, .n_checkpoints = 2};
+  const anna_context_options co = {.n_seq = 2,
+                                   .n_ctx = 256,
+                                   .n_batch = 32,
+                                   .n_threads = 2,
+                                   .n_checkpoints = 2,
+                                   .device = md_opt.device,
+                                   .exact_matmul = md_opt.exact,
+                                   .tuning = md_opt.tuning};
   if ((rc = anna_context_create(&ctx, m, &co, err, sizeof err))) {
-    printf("context: %s\n", err);
-    return 1;
+    printf("%s: %s\n", media_device_missing(rc, err) ? "SKIP" : "context", err);
+    return media_device_missing(rc, err) ? 77 : 1;
   }
   anna_vision_info vi;
   anna_model_vision_info(m, &vi, err, sizeof err);
