@@ -6,6 +6,7 @@
  *              [--format wav|pcm|flac|mp3|opus] [--stream] [--codec-dir DIR/speech_tokenizer]
  *              [--tokenizer DIR/tokenizer.json] [--text-ids a,b,...] [--max-frames N] [--greedy]
  *              [--seed N] [--threads N] [--chunk-frames N] [--first-chunk-frames N] [--print-codes]
+ *              [--device cpu|cuda|cuda:N|auto] [--tuning k=v,...]
  *
  * The text is wrapped as `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`
  * (the chat specials parsed, the text itself not); --text-ids gives those ids directly.
@@ -98,13 +99,15 @@ static void usage(FILE *f) {
              "  --chunk-frames N   frames per decoded chunk (default 16)\n"
              "  --first-chunk-frames N  frames of the first chunk (default: --chunk-frames)\n"
              "  --threads N        CPU threads (default 2)\n"
+             "  --device D         cpu (default), cuda, cuda:N, auto: where the talker and codec run\n"
+             "  --tuning k=v,...   runtime switches (encoder_cpu=1: the CPU whatever --device)\n"
              "  --print-codes      print the codes of every frame\n");
 }
 
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *text = NULL, *speaker = NULL, *language = "auto", *out_path = NULL;
   const char *codec_dir = NULL, *tok_path = NULL, *ids_arg = NULL, *format = NULL, *instructions = NULL;
-  const char *hf = NULL;
+  const char *hf = NULL, *device = NULL, *tuning = NULL;
   int max_frames = 1024, greedy = 0, threads = 2, print_codes = 0, seed = 0, stream = 0, chunk = 0, first = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -162,6 +165,12 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--threads")) {
       CLI_NEEDV();
       if (cli_int(a, v, 1, 1024, &threads)) return 2;
+    } else if (!strcmp(a, "--device")) {
+      CLI_NEEDV();
+      device = v;
+    } else if (!strcmp(a, "--tuning")) {
+      CLI_NEEDV();
+      tuning = v;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       return 0;
@@ -199,8 +208,12 @@ int main(int argc, char **argv) {
   }
   anna_speech *s = NULL;
   anna_speech_stats st;
-  const anna_speech_options so = {.n_threads = threads, .codec_dir = codec_dir, .tokenizer = tok_path,
-                                  .max_frames = max_frames};
+  const anna_speech_options so = {.device = device,
+                                  .n_threads = threads,
+                                  .codec_dir = codec_dir,
+                                  .tokenizer = tok_path,
+                                  .max_frames = max_frames,
+                                  .tuning = tuning};
   int rc = anna_speech_load(&s, model_dir, &so, err, sizeof err);
   if (!rc && out_path) rc = anna_audio_encoder_file(&sp.file, format, anna_speech_sample_rate(s), out_path, err, sizeof err);
   if (!rc && stream)
