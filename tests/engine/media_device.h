@@ -4,13 +4,17 @@
  *     --exact        anna_context_options.exact_matmul (f32 matmuls on the device too)
  *     --tuning S     anna_context_options.tuning ("encoder_cpu=1": the encoders on the CPU)
  * A device that this build or host lacks makes the test exit 77 (ctest SKIP_RETURN_CODE) with
- * one "SKIP" line. Header-only: static functions, no state outside the struct. */
+ * one "SKIP" line. With a device, media_device_encoder_diff isolates the encoder: the same
+ * prefill on a second context of the same options with tuning encoder_cpu=1 (the encoder on
+ * the CPU, the decoder on the device), compared row for row. Header-only: static functions. */
 #ifndef ANNA_TESTS_MEDIA_DEVICE_H
 #define ANNA_TESTS_MEDIA_DEVICE_H
 
 #include "anna/anna.h"
 
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct media_device {
@@ -41,6 +45,26 @@ static int media_device_parse(media_device *d, int argc, char **argv, int first)
 static int media_device_missing(int rc, const char *err) {
   return rc == ANNA_EUNSUPPORTED &&
          (strstr(err, "not available") || strstr(err, "no CUDA device") || strstr(err, "only "));
+}
+
+/* Max |lg - x| over vocab, where x is p's last-row logits (sequence 0) on a context of *co's
+ * options plus tuning encoder_cpu=1; INFINITY (message printed) when that fails. */
+static double media_device_encoder_diff(anna_model *m, const anna_context_options *co, const anna_prompt *p,
+                                        const float *lg, int vocab) {
+  char tun[512], err[512];
+  snprintf(tun, sizeof tun, "%s%sencoder_cpu=1", co->tuning ? co->tuning : "", co->tuning ? "," : "");
+  anna_context_options o = *co;
+  o.tuning = tun;
+  anna_context *c = NULL;
+  float *x = malloc(sizeof(float) * (size_t)vocab);
+  int rc = x ? anna_context_create(&c, m, &o, err, sizeof err) : -1;
+  if (!rc) rc = anna_context_prefill(c, 0, p, x, err, sizeof err);
+  double d = rc ? INFINITY : 0;
+  if (rc) printf("  encoder_cpu=1 context: %s\n", err);
+  for (int i = 0; !rc && i < vocab; i++) d = fmax(d, fabs((double)lg[i] - x[i]));
+  anna_context_free(c);
+  free(x);
+  return d;
 }
 
 #endif

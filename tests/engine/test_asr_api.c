@@ -166,6 +166,12 @@ int main(int argc, char **argv) {
     const anna_prompt p = {k->ids, (int32_t)k->n, &ref, 1};
     rc = anna_context_prefill(c, ci, &p, lg, err, sizeof err);
     if (rc) printf("    %s\n", err);
+    if (md_opt.device && !rc) {
+      const double de = media_device_encoder_diff(m, &co, &p, lg, V);
+      printf("    last-row logits, encoder on %s vs encoder on the cpu: max diff %.2e\n", md_opt.device, de);
+      snprintf(what, sizeof what, "%s: encoder on the device vs the cpu: last-row logits within 1e-3", name);
+      ok(what, de <= 1e-3);
+    }
     snprintf(path, sizeof path, "%s/%s.logits.f32", fix, name);
     float *refl = read_file(path, &nb);
     double mx = INFINITY, mref = 0;

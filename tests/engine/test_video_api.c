@@ -244,6 +244,11 @@ int main(int argc, char **argv) {
     rc = anna_context_prefill(ctx, 0, &p, lg, err, sizeof err);
     if (rc) printf("  %s prefill: %s\n", v->name, err);
     ok("prefill", !rc);
+    if (md_opt.device && !rc) {
+      const double de = media_device_encoder_diff(m, &co, &p, lg, vocab);
+      printf("  %s: last-row logits, tower on %s vs tower on the cpu: max diff %.2e\n", v->name, md_opt.device, de);
+      ok("tower on the device vs the cpu: last-row logits within 1e-3", de <= 1e-3);
+    }
     const double e = max_err(lg, v->last, (size_t)vocab);
     printf("  %s: last-row logits max err %.2e, delta %d (want %d)\n", v->name, e,
            anna_context_seq_rope_delta(ctx, 0), want_delta[ci]);

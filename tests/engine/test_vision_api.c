@@ -221,6 +221,11 @@ int main(int argc, char **argv) {
     rc = anna_context_prefill(ctx, 0, &p, lg, err, sizeof err);
     if (rc) printf("  %s prefill: %s\n", v->name, err);
     ok("prefill", !rc);
+    if (md_opt.device && !rc) {
+      const double de = media_device_encoder_diff(m, &co, &p, lg, vocab);
+      printf("  %s: last-row logits, tower on %s vs tower on the cpu: max diff %.2e\n", v->name, md_opt.device, de);
+      ok("tower on the device vs the cpu: last-row logits within 1e-3", de <= 1e-3);
+    }
     double e = 0;
     for (int i = 0; i < vocab; i++)
       e = fmax(e, fabs((double)lg[i] - v->last[i]));
