@@ -643,6 +643,7 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
     return anna_err(err, errlen, ANNA_ERANGE, "%d prefill rows + %d frames exceed the state's %d positions", P,
                     rq->max_frames, s->n_ctx);
   s->rng = rq->seed;
+  if (s->be->bind) s->be->bind(s->be); /* a device backend: the text rows below run before any forward pass binds */
   fwd_state_seq_reset(s->ts, 0);
   /* prefill rows */
   const int32_t tts3[3] = {m->tts_pad, m->tts_bos, m->tts_eos};
@@ -674,6 +675,8 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
     if (frame[0] == m->c_eos) break;
     s->hist[f] = frame[0];
     if ((rc = predict(s, h, frame, rq->greedy, err, errlen))) return rc;
+    /* a device's failures are sticky and silent until asked: never hand on a frame made after one */
+    if (s->be->error && (rc = s->be->error(s->be, err, errlen))) return rc;
     *n_frames = f + 1;
     if (rq->on_frame && rq->on_frame(rq->user, frame, f)) break;
     if (f + 1 == rq->max_frames) break;

@@ -24,7 +24,7 @@ typedef struct media_device {
 } media_device;
 
 /* Reads the flags from argv[first..argc); 0, or -1 (message printed) for an unknown flag. */
-static int media_device_parse(media_device *d, int argc, char **argv, int first) {
+static inline int media_device_parse(media_device *d, int argc, char **argv, int first) {
   memset(d, 0, sizeof *d);
   for (int i = first; i < argc; i++) {
     if (!strcmp(argv[i], "--device") && i + 1 < argc) d->device = argv[++i];
@@ -42,15 +42,15 @@ static int media_device_parse(media_device *d, int argc, char **argv, int first)
 }
 
 /* 1 when rc/err say the device is missing here (not compiled in, or no such device). */
-static int media_device_missing(int rc, const char *err) {
+static inline int media_device_missing(int rc, const char *err) {
   return rc == ANNA_EUNSUPPORTED &&
          (strstr(err, "not available") || strstr(err, "no CUDA device") || strstr(err, "only "));
 }
 
 /* Max |lg - x| over vocab, where x is p's last-row logits (sequence 0) on a context of *co's
  * options plus tuning encoder_cpu=1; INFINITY (message printed) when that fails. */
-static double media_device_encoder_diff(anna_model *m, const anna_context_options *co, const anna_prompt *p,
-                                        const float *lg, int vocab) {
+static inline double media_device_encoder_diff(anna_model *m, const anna_context_options *co, const anna_prompt *p,
+                                               const float *lg, int vocab) {
   char tun[512], err[512];
   snprintf(tun, sizeof tun, "%s%sencoder_cpu=1", co->tuning ? co->tuning : "", co->tuning ? "," : "");
   anna_context_options o = *co;
