@@ -25,3 +25,11 @@ elseif(SNDFILE_FOUND)
 else()
   message(WARNING "speech output: libsndfile1-dev not found; every output format will be refused")
 endif()
+# Speech speed (src/media/tempo.c): FFmpeg's atempo filter through libavfilter, optional; without
+# it a speed other than 1 is refused at run time naming libavfilter-dev.
+pkg_check_modules(AVFILTER IMPORTED_TARGET libavfilter libavutil)
+if(AVFILTER_FOUND)
+  message(STATUS "speech speed: atempo (libavfilter ${AVFILTER_libavfilter_VERSION})")
+else()
+  message(WARNING "speech speed: libavfilter-dev not found; a speed other than 1 will be refused")
+endif()

@@ -16,7 +16,7 @@ APT_PKGS=(build-essential cmake pkg-config git unzip python3 python3-pip python3
           libjansson-dev libpcre2-dev libutf8proc-dev libmicrohttpd-dev
           libjpeg-dev libpng-dev libwebp-dev libgif-dev libcurl4-openssl-dev libssl-dev
           libsndfile1-dev libsoxr-dev libfftw3-dev
-          libavformat-dev libavcodec-dev libswscale-dev libavutil-dev
+          libavformat-dev libavcodec-dev libswscale-dev libavutil-dev libavfilter-dev
           chromium chromium-driver) # the web page's browser test (tests/server/test_webui.py)
 if [[ "${ANNA_SKIP_APT:-0}" != 1 ]]; then
   missing=()

@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 7
+#define ANNA_API_VERSION_MINOR 9
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -85,6 +85,16 @@ typedef struct anna_model_options {
    * is always loaded as stored; a folder is quantized only when asked). With "int4" a GGUF
    * path is loaded as stored. Other values: ANNA_EINVAL. */
   const char *weight_quant;
+  /* (API 1.8) The vision tower from a llama.cpp mmproj GGUF (convert_hf_to_gguf.py --mmproj of
+   * a Qwen3.5 / Qwen3-VL checkpoint, projector type qwen3vl_merger) or an HF folder holding
+   * model.visual.*, beside the text model (a GGUF or a folder, whose own tower it replaces).
+   * Marker ids come from the text model (a GGUF's vocabulary: <|image_pad|>, <|vision_start|>,
+   * <|vision_end|>, <|video_pad|>), processor settings from the text model's folder, else the
+   * mmproj folder's, else the mmproj's metadata (mean / std / patch / merge; min / max pixels
+   * when present, else the published 65536 / 16777216). A tower whose output width is not the
+   * text model's hidden size, another projector type, a deepstack tower: load errors naming
+   * the mismatch. NULL: a folder's own tower, if any. */
+  const char *mmproj;
 } anna_model_options;
 
 /* Loads a Hugging Face model folder (config.json + *.safetensors) or a .gguf file.
@@ -191,6 +201,10 @@ typedef struct anna_context_options {
    * devices. Text decoders only; not with profile or offload_mode experts (ANNA_EUNSUPPORTED);
    * a bad list is ANNA_EINVAL naming what is wrong. anna_context_stage_info reports it. */
   const char *layer_split;
+  /* (API 1.8) Vision models: the encoder output cache's budget in bytes (preprocessed pixels +
+   * tower rows of each cached image or video; least recently used out first): 0 = 256 MiB,
+   * < 0 = off (every media runs the tower). */
+  int64_t mm_cache_bytes;
 } anna_context_options;
 
 /* One pipeline stage of a context (anna_context_stage_info). A context without layer_split
@@ -956,7 +970,7 @@ int anna_media_image_from_pixels(anna_media **out, const anna_model *m, const an
 int32_t anna_media_n_tokens(const anna_media *md);
 /* The patch grid (t, h, w) and the source image's size (width, height, may be NULL). */
 void anna_media_grid(const anna_media *md, int32_t thw[3], int32_t *width, int32_t *height);
-/* 64-bit FNV-1a of the preprocessed pixels and grid: equal content, equal hash. Not collision
+/* 64-bit FNV-1a of the preprocessed pixels, grid and processor settings: equal content, equal hash. Not collision
  * resistant: a cache keyed on it must confirm a hit on the content (as the context's encoder
  * cache does) before sharing results between clients. */
 uint64_t anna_media_hash(const anna_media *md);
@@ -991,14 +1005,34 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
  * pos + delta on every axis. */
 int32_t anna_context_seq_rope_delta(const anna_context *c, int seq);
 
-/* The context's tower work since creation. A context keeps the tower's rows of its 8 most
- * recent images (256 MB at most, pixels included): an image met again (same preprocessed
- * pixels, compared in full) reuses them instead of running the tower. */
+/* (API 1.8) anna_context_prefix_attach for a prompt with images or videos: the prefix pool
+ * keys each pad token by its media's content (hash of the preprocessed pixels, grid and
+ * processor settings, and of that token's own merge block), so the same media + text reuses
+ * cached KV and a different media at the same positions never matches; anna_context_prefill
+ * registers blocks with the same keys. A media is reused whole or not at all: a match ending
+ * inside one is cut back to its first pad. seq then carries the rotary delta of the media the
+ * reused prefix holds; the caller prefills p's tokens [r, n) with the media at or after r (their
+ * `at` minus r). Pass p with n = prompt length - 1 as for anna_context_prefix_attach. The keys
+ * are 31-bit FNV digests per pad: they separate images, but do not resist a client who crafts a
+ * collision with another client's exact image and prompt. Returns r
+ * (>= 0), or a negative ANNA_E* code with err set (a prompt whose runs do not match its media:
+ * ANNA_EINVAL as anna_context_prefill; seq is then empty). */
+int32_t anna_context_prefix_attach_media(anna_context *c, int seq, const anna_prompt *p, int flags, char *err,
+                                         size_t errlen);
+
+/* The context's tower work since creation. A context keeps the tower's rows of its recent
+ * images and videos within a byte budget (anna_context_options.mm_cache_bytes, default 256 MiB,
+ * pixels included; least recently used out first): a media met again (same preprocessed pixels,
+ * grid and processor settings, compared in full) reuses them instead of running the tower. */
 typedef struct anna_vision_stats {
   int64_t images;     /* media prefilled */
   int64_t tower_runs; /* of them, encoded by the tower */
   int64_t cache_hits; /* of them, rows from the encoder cache */
   double tower_s;     /* seconds in the tower */
+  /* (API 1.8) the encoder cache (anna_context_options.mm_cache_bytes): lookups that missed
+   * (0 while the cache is off), entries evicted for room, and its contents now */
+  int64_t cache_misses, cache_evictions;
+  int64_t cache_bytes, cache_entries, cache_budget;
 } anna_vision_stats;
 /* Zeros for a context without a vision tower. */
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st);
@@ -1143,6 +1177,30 @@ int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *m
  * lang "". Returns the offset. */
 size_t anna_asr_output_split(const char *text, size_t len, char *lang, size_t cap);
 
+/* (API 1.9) Long audio as qwen-asr's transcribe cuts it (its split_audio_into_chunks): data
+ * is decoded as by anna_media_audio_decode, and the 16 kHz clip, when longer than
+ * chunk_seconds (<= 0: qwen-asr's 1200 s), is cut into pieces of at most chunk_seconds, each
+ * cut at the quietest sample of the quietest 100-ms window within 5 s of it; pieces under
+ * 0.5 s are zero-padded to 0.5 s. A clip within the length is one piece, the same media
+ * anna_media_audio_decode makes. The pieces tile the clip (no overlap, no gap), so their
+ * transcripts join without repeated words (anna_asr_transcript_join). *out: *n_out media
+ * (caller frees each with anna_media_free, then the array with free()); *offsets (may be NULL;
+ * else caller frees with free()): where each piece starts, in seconds. Errors as
+ * anna_media_audio_decode; chunk_seconds above 1e7: ANNA_EINVAL. */
+int anna_media_audio_decode_chunks(anna_media ***out, double **offsets, int32_t *n_out,
+                                   const anna_model *m, const void *data, size_t n,
+                                   double max_seconds, double chunk_seconds, char *err,
+                                   size_t errlen);
+/* (API 1.9) One clip's transcript from its pieces' raw outputs raw[0..n) (the generated text
+ * with special tokens kept and end-of-generation ids dropped, in piece order), as qwen-asr's
+ * parse_asr_output and join do: each stripped of white space, runs repeated more than 20
+ * times collapsed, split at <asr_text> (unless forced: a forced language makes it all text),
+ * then concatenated with nothing between; the detected languages merged in order without
+ * consecutive repeats, comma-separated ("" when none, or forced). *text and *language: caller
+ * frees with free(). Returns 0 or ANNA_ENOMEM. */
+int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char **text,
+                             char **language, char *err, size_t errlen);
+
 /* ---- Speech synthesis (text to speech; API 1.3) ----------------------------------------
  * A Qwen3-TTS CustomVoice folder (config.json model_type "qwen3_tts", its speech_tokenizer/
  * and a tokenizer.json) opened as an anna_speech: the talker makes codec frames (12.5 per
@@ -1156,8 +1214,14 @@ size_t anna_asr_output_split(const char *text, size_t len, char *lang, size_t ca
  * anna_speech_options.device (one device; tuning encoder_cpu=1 keeps them on the CPU); the
  * talker's backend is made at the first request and kept. One thread drives an anna_speech at a time (callers
  * serialize synthesize calls); the model is read-only while it runs.
- * Not supported, refused with ANNA_EUNSUPPORTED naming them: instructions (voice design and
- * 1.7B instruct), voice cloning (Base checkpoints, refused at load), VoiceDesign folders. */
+ * Instructions (API 1.9): a VoiceDesign folder (tts_model_type "voice_design", no preset
+ * voices) or a 1.7B CustomVoice folder takes a natural-language description of the voice and
+ * style, prepended to the prompt as qwen-tts does; a 0.6B CustomVoice refuses them
+ * (ANNA_EINVAL: qwen-tts silently drops them). Speed (API 1.9): the PCM is time-stretched
+ * without a pitch change by FFmpeg's atempo filter (libavfilter), chunk by chunk.
+ * Voice cloning (API 1.9): a Base folder speaks with the x-vector of a reference clip
+ * (anna_speech_clone_embed) in place of a preset voice, as qwen-tts' x_vector_only_mode does.
+ * Not supported: in-context cloning (the clip's codes and transcript in the prompt). */
 typedef struct anna_speech anna_speech;
 
 typedef struct anna_speech_options {
@@ -1179,8 +1243,27 @@ int anna_speech_sample_rate(const anna_speech *s);   /* 24000 */
 int anna_speech_frame_samples(const anna_speech *s); /* PCM samples per codec frame (1920) */
 /* e.g. "qwen3_tts: talker 28 layers, ...; codec ...". Borrowed. */
 const char *anna_speech_describe(const anna_speech *s);
-/* Preset voice i (the checkpoint's speakers, lower case; borrowed), NULL past the last. */
+/* Preset voice i (the checkpoint's speakers, lower case; borrowed), NULL past the last (at
+ * once for a VoiceDesign folder, which has none). */
 const char *anna_speech_voice(const anna_speech *s, int i);
+/* (API 1.9) 0 when anna_speech_request.speed = speed can be served: 0 or 1, or in [0.25, 4.0]
+ * (else ANNA_EINVAL naming the range) with libavfilter built in (else ANNA_EUNSUPPORTED naming
+ * libavfilter-dev). */
+int anna_speech_speed_check(double speed, char *err, size_t errlen);
+/* (API 1.9) 1 when the checkpoint takes instructions (VoiceDesign; CustomVoice but the 0.6B). */
+int anna_speech_takes_instructions(const anna_speech *s);
+/* (API 1.9) Voice cloning with a Base folder (tts_model_type "base", its speaker encoder): the
+ * width of a voice's x-vector (the talker's hidden size), 0 for other folders. */
+int anna_speech_clone_dim(const anna_speech *s);
+#define ANNA_SPEECH_CLONE_MAX_SECONDS 60.0 /* a longer reference clip is refused */
+/* (API 1.9) The x-vector of a reference clip (an encoded file data[0..n): WAV, FLAC, OGG,
+ * MP3 as anna_media_audio_decode reads; channels averaged and resampled to 24 kHz as qwen-tts
+ * loads it) into out[anna_speech_clone_dim(s)], for anna_speech_request.voice_embed (qwen-tts'
+ * x_vector_only_mode; in-context cloning with the clip's transcript is not implemented).
+ * ANNA_EUNSUPPORTED without a speaker encoder; ANNA_EINVAL for bad, empty, too short or over
+ * 60-s audio (named). Thread-safe with synthesis (the encoder is read-only). */
+int anna_speech_clone_embed(const anna_speech *s, const void *data, size_t n, float *out, char *err,
+                            size_t errlen);
 
 typedef struct anna_speech_request {
   const char *text;         /* UTF-8, non-empty; ignored when text_ids is given */
@@ -1188,7 +1271,7 @@ typedef struct anna_speech_request {
   int n_text_ids;
   const char *voice;        /* a preset voice (case-insensitive); NULL or "": none */
   const char *language;     /* a language the checkpoint names, or NULL / "auto" */
-  const char *instructions; /* NULL or "": none; anything else: ANNA_EUNSUPPORTED */
+  const char *instructions; /* NULL or "": none; else the voice / style description (see above) */
   int max_frames;           /* <= 0 or above the options' max_frames: the options' */
   int greedy;               /* 1: argmax codes; 0: sampling as generation_config.json says */
   uint64_t seed;            /* sampling seed */
@@ -1196,6 +1279,17 @@ typedef struct anna_speech_request {
   int chunk_frames;         /* frames per later chunk (<= 0: 16) */
   /* Optional: each frame's 16 codes as the talker picks them (borrowed for the call). */
   void (*on_frame)(void *user, const int32_t *codes, int n_codes, int frame);
+  /* (API 1.9) ids of `<|im_start|>user\n{instructions}<|im_end|>\n`, used instead of
+   * tokenizing `instructions` (NULL / 0: none) */
+  const int32_t *instruct_ids;
+  int n_instruct_ids;
+  /* (API 1.9) playback speed: 0 or 1: unchanged; else in [0.25, 4.0] (ANNA_EINVAL naming the
+   * range), applied with libavfilter's atempo (ANNA_EUNSUPPORTED in a build without it). The
+   * chunks then carry about n / speed samples; stats.n_samples counts what was delivered. */
+  double speed;
+  /* (API 1.9) a cloned voice: anna_speech_clone_embed's x-vector (borrowed; a Base folder
+   * needs it, others refuse it; not with `voice`) */
+  const float *voice_embed;
 } anna_speech_request;
 
 /* Receives pcm[0, n) (borrowed for the call: copy what you keep). A nonzero return stops the

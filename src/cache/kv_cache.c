@@ -708,7 +708,9 @@ static int plan_batch(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, s
     const int q = c->run_seq[ri];
     if ((rc = seq_ensure(c, q, c->len[q], c->len[q] + c->run_len[ri], err, errlen))) return rc;
   }
-  for (int32_t i = 0; i < b->n; i++) c->stok[(int64_t)b->seq[i] * c->n_ctx + b->pos[i]] = b->tokens[i];
+  /* the prefix index keys what the caller asked (kv_cache_next_keys), else the tokens */
+  const int32_t *keys = c->next_keys ? c->next_keys : b->tokens;
+  for (int32_t i = 0; i < b->n; i++) c->stok[(int64_t)b->seq[i] * c->n_ctx + b->pos[i]] = keys[i];
   int32_t ncut = 0;
   for (int ri = 0; ri < p->n_runs; ri++) {
     const int q = c->run_seq[ri];
@@ -762,8 +764,13 @@ static int plan_batch(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, s
   return 0;
 }
 
+void kv_cache_next_keys(kv_cache *c, const int32_t *keys) {
+  c->next_keys = keys;
+}
+
 int kv_cache_plan(kv_cache *c, const anna_batch *b, kv_plan *p, char *err, size_t errlen) {
   const int rc = plan_batch(c, b, p, err, errlen);
+  c->next_keys = NULL; /* for one plan only, also when it failed */
   if (c->win_slots) { /* windows are for one plan only, also when it failed */
     memset(c->win_n, 0, (size_t)c->n_seq * sizeof(int32_t));
     c->win_slots = 0;

@@ -157,6 +157,12 @@ typedef struct kv_plan {
   const int32_t *cut_at, *cut_slot;
 } kv_plan;
 
+/* The next kv_cache_plan (only that one) keys the prefix index with keys[b->n] instead of the
+ * batch's tokens: what the hash chain hashes and a lookup compares for those positions. A
+ * prompt with images passes its pad rows as image-content keys (negative: never a token id), so
+ * blocks holding two different images never match, and the same image + text does (the caller
+ * attaches with the same keys). keys borrowed until that plan returns; NULL: the tokens. */
+void kv_cache_next_keys(kv_cache *c, const int32_t *keys);
 /* Plans batch b (see anna_batch; logits flags unused). Checks sizes, token ids, sequences
  * (runs consecutive) and positions (each continues its sequence, < n_ctx); ANNA_ERANGE "KV
  * cache full" when no block is left. On success the written positions are writable. */

@@ -54,6 +54,7 @@ struct kv_cache {
   int32_t *win_n;      /* [n_seq] kv_cache_window: the next plan saves the sequence's state
                           after each of its first win_n tokens (0: none) */
   int32_t win_slots;   /* checkpoint slots the pending windows were promised */
+  const int32_t *next_keys; /* kv_cache_next_keys: borrowed for the next plan only (NULL: tokens) */
   uint64_t tick;
   /* Paged KV: one pool of n_blocks blocks per layer that owns a cache (own index oi), all
    * indexed by the same block ids. */

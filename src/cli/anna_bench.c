@@ -41,6 +41,8 @@ static void usage(FILE *f) {
           "  --ctx-size N             context length (default: longest prompt + max-new-tokens)\n"
           "  --seed S                 synthetic prompt seed (default 1234)\n"
           CLI_DEVICE_USAGE
+          "  --mmproj FILE            vision tower from a llama.cpp mmproj GGUF (or an HF folder with\n"
+          "                           model.visual.*) beside a GGUF text model (replaces a folder's tower)\n"
           "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
           "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
           "                           auto = none (GGUF files load as stored)\n"
@@ -389,7 +391,7 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL, *hf = NULL;
-  const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
+  const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL, *mmproj = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
   int raw = 0, no_think = 0, as_json = 0, profile = 0, verbose = 0, seed = 1234, exact_matmul = 0;
@@ -409,6 +411,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
+    else if (!strcmp(a, "--mmproj")) { NEEDV(); mmproj = v; }
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
     else if (!strcmp(a, "--kv-cache-quant-bits")) { NEEDV(); if (cli_int(a, v, 2, 4, &kv_bits)) return 2; }
     else if (!strcmp(a, "--kv-cache-residual-len")) { NEEDV(); if (cli_int(a, v, 0, 1 << 20, &kv_resid)) return 2; }
@@ -504,7 +507,7 @@ int main(int argc, char **argv) {
   }
 
   double t0 = cli_now();
-  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq, .mmproj = mmproj};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);

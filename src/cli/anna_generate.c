@@ -32,6 +32,8 @@ static void usage(FILE *f) {
           "                           8-bit activations as llama.cpp; CUDA default: tensor cores)\n"
           "  --threads N              default: one per core\n"
           CLI_DEVICE_USAGE
+          "  --mmproj FILE            vision tower from a llama.cpp mmproj GGUF (or an HF folder with\n"
+          "                           model.visual.*) beside a GGUF text model (replaces a folder's tower)\n"
           "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
           "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
           "                           auto = none (GGUF files load as stored)\n"
@@ -55,7 +57,7 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL, *hf = NULL;
-  const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL;
+  const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL, *mmproj = NULL;
   int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
   int max_new = 256, threads = 0, ctx_size = 0, raw = 0, no_think = 0, print_ids = 0, quiet = 0;
@@ -100,6 +102,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
+    else if (!strcmp(a, "--mmproj")) { NEEDV(); mmproj = v; }
     else if (!strcmp(a, "--tuning")) { NEEDV(); tuning = v; }
     else if (!strcmp(a, "--verbose")) verbose = 1;
     else if (!strcmp(a, "--kv-cache-quantization")) { NEEDV(); kvq = v; }
@@ -192,7 +195,7 @@ int main(int argc, char **argv) {
   float *logits = NULL;
   FILE *df = NULL;
   double t0 = cli_now();
-  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq};
+  anna_model_options mo = {.device = device, .dtype = dtype, .tuning = tuning, .weight_quant = wq, .mmproj = mmproj};
   if (anna_model_load(&m, model, &mo, err, sizeof err)) goto fail;
   double t_load = cli_now() - t0;
   const int V = anna_model_vocab(m);

@@ -14,6 +14,8 @@ static void usage(FILE *f) {
           "  --batch-size N           max tokens per engine step (default 512)\n"
           "  --threads N              compute threads (default: one per core)\n"
           CLI_DEVICE_USAGE
+          "  --mmproj FILE            vision tower from a llama.cpp mmproj GGUF (or an HF folder with\n"
+          "                           model.visual.*) beside a GGUF text model (replaces a folder's tower)\n"
           "  --weight-quant none|auto|int4  int4: quantize an HF folder to Q4_K_M at load (cached\n"
           "                           under ${ANNA_CACHE:-~/.cache/anna}/quant; see anna-quantize);\n"
           "                           auto = none (GGUF files load as stored)\n"
@@ -63,6 +65,8 @@ static void usage(FILE *f) {
           "  --http-header-timeout-seconds S  a new connection's request line and headers must come\n"
           "                           with no pause longer than S (default 10; 0 = the idle timeout):\n"
           "                           bytes that are not HTTP are cut then, not after the idle timeout\n"
+          "  --mm-cache-mib N         vision: encoder output cache budget in MiB (default 256; 0: off;\n"
+          "                           LRU over preprocessed pixels + tower rows, keyed by content)\n"
           "  --max-image-pixels N     images (vision models): width * height of one image (default 16777216)\n"
           "  --max-images-per-request N  (default 8, at most 64)  --max-image-bytes N  one image (default 20 MiB)\n"
           "  --allowed-image-domains H,*.D  fetch http(s) image URLs from these hosts only (default: none,\n"
@@ -72,6 +76,8 @@ static void usage(FILE *f) {
           "  32 MiB; --max-body-bytes applies too)  --max-video-frames N sampled (default 256, at most 768)\n"
           "  --max-video-seconds S (default 600)  --max-video-pixels N per frame (default 3840 x 2160)\n"
           "  --max-audio-seconds S    speech recognition: longest clip accepted (default 300)\n"
+          "  --audio-chunk-seconds S  speech recognition: longer clips are cut at their quietest points\n"
+          "                           into pieces decoded side by side, as qwen-asr cuts them (default 1200)\n"
           "  --max-connections N (default 256)  --shutdown-timeout-seconds S (default 30)\n"
           "  --api-key KEY            require 'Authorization: Bearer KEY' (repeatable: any of them)\n"
           "  --api-key-file FILE      keys, one per line (blank lines and '#' lines skipped)\n"
@@ -104,6 +110,7 @@ int main(int argc, char **argv) {
   o.eng.n_ctx = 4096;
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1;
+  int mm_cache_mib = -1;
   int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
   int max_vid_bytes = 0, max_vid_px = 0;
   o.eng.prompt_cache_block = 256;
@@ -155,6 +162,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; o.weight_quant = v; }
+    else if (!strcmp(a, "--mmproj")) { NEEDV(); o.mmproj = v; }
     else if (!strcmp(a, "--scheduler-profile")) {
       NEEDV();
       if (strcmp(v, "none") && strcmp(v, "interactive") && strcmp(v, "throughput")) {
@@ -239,9 +247,11 @@ int main(int argc, char **argv) {
     INTF("--top-k", 0, 1 << 24, o.defaults.top_k)
     INTF("--max-body-bytes", 1024, 1 << 30, max_body)
     INTF("--max-image-pixels", 1, 1 << 30, max_img_px)
+    INTF("--mm-cache-mib", 0, 1 << 20, mm_cache_mib)
     INTF("--max-images-per-request", 1, 64, max_imgs)
     INTF("--max-image-bytes", 1, 1 << 30, max_img_bytes)
     INTF("--max-audio-seconds", 1, 86400, o.max_audio_seconds)
+    INTF("--audio-chunk-seconds", 1, 86400, o.audio_chunk_seconds)
     INTF("--image-fetch-timeout-seconds", 1, 3600, o.image_fetch_timeout_s)
     INTF("--max-videos-per-request", 1, 64, o.max_videos)
     INTF("--max-video-bytes", 1, 1 << 30, max_vid_bytes)
@@ -339,6 +349,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   o.max_image_pixels = max_img_px;
+  /* 0 turns the encoder cache off (the context's < 0); unset keeps the context's default */
+  if (mm_cache_mib >= 0) o.eng.mm_cache_bytes = mm_cache_mib ? (int64_t)mm_cache_mib << 20 : -1;
   o.max_images = max_imgs;
   o.max_image_bytes = (size_t)max_img_bytes;
   o.max_video_bytes = (size_t)max_vid_bytes;

@@ -6,8 +6,21 @@
  *              [--format wav|pcm|flac|mp3|opus] [--stream] [--codec-dir DIR/speech_tokenizer]
  *              [--tokenizer DIR/tokenizer.json] [--text-ids a,b,...] [--max-frames N] [--greedy]
  *              [--seed N] [--threads N] [--chunk-frames N] [--first-chunk-frames N] [--print-codes]
+ *              [--instructions T | --instruct-ids a,b,...] [--speed X] [--progress | --no-progress]
+ *              [--ref-audio FILE]
  *              [--device cpu|cuda|cuda:N|auto] [--tuning k=v,...]
  *
+ * --ref-audio clones the voice of a clip with a Base folder: its x-vector (the speaker encoder)
+ * takes the place of a preset voice (qwen-tts' x_vector_only_mode); --ref-text (in-context
+ * cloning) is refused as not implemented.
+ *
+ * Without --text / --text-ids the text is read from stdin (a long document): cut into sentences
+ * (after . ! ? ; or the CJK 。！？； followed by white space, at blank lines, and at a space
+ * before 600 bytes) and synthesized one after another into the one output, each sentence as
+ * --text would speak it; on a TTY (or with --progress) a bar on stderr counts the sentences.
+ * --instructions describes the voice (a VoiceDesign folder, which has no preset voices) or the
+ * style (a 1.7B CustomVoice), wrapped as qwen-tts wraps it; --speed stretches the audio in time
+ * without a pitch change (FFmpeg's atempo), [0.25, 4.0].
  * The text is wrapped as `<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n`
  * (the chat specials parsed, the text itself not); --text-ids gives those ids directly.
  * The tokenizer must be a tokenizer.json (a released folder ships vocab.json + merges.txt:
@@ -26,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int parse_ids(const char *v, int32_t **out, int *n) {
   int cap = 1;
@@ -85,6 +99,98 @@ static const char *format_of(const char *path) {
   return "wav";
 }
 
+/* All of stdin (caller frees); NULL when unreadable or out of memory. */
+static char *read_stdin(size_t *n) {
+  size_t len = 0, cap = 1 << 16;
+  char *b = malloc(cap);
+  for (size_t k; b && (k = fread(b + len, 1, cap - len - 1, stdin)) > 0;) {
+    len += k;
+    if (cap - len < 2) {
+      char *nb = realloc(b, cap * 2);
+      if (!nb) free(b);
+      b = nb, cap *= 2;
+    }
+  }
+  if (b) b[len] = 0;
+  *n = len;
+  return b;
+}
+
+/* 1 when s[i..] starts a sentence end: . ! ? ; (ASCII) or the CJK 。！？； */
+static size_t stop_len(const unsigned char *s) {
+  if (*s == '.' || *s == '!' || *s == '?' || *s == ';') return 1;
+  static const char *const cjk[] = {"\xe3\x80\x82", "\xef\xbc\x81", "\xef\xbc\x9f", "\xef\xbc\x9b"};
+  for (int k = 0; k < 4; k++)
+    if (!strncmp((const char *)s, cjk[k], 3)) return 3;
+  return 0;
+}
+
+/* The text cut into sentences, for synthesis one by one: a sentence ends after a run of
+ * terminators (and closing quotes / brackets) followed by white space or the end, or at a blank
+ * line; a sentence longer than SENT_MAX bytes is cut at its last space before that (else at
+ * SENT_MAX, on a UTF-8 boundary). Pieces are trimmed; empty ones dropped. *out: caller frees
+ * each and the array. Returns the count, or -1 when out of memory. */
+#define SENT_MAX 600
+static int split_sentences(const char *text, char ***out) {
+  int n = 0, cap = 16;
+  char **v = malloc(sizeof *v * (size_t)cap);
+  const unsigned char *p = (const unsigned char *)text;
+  while (v && *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    if (!*p) break;
+    const unsigned char *e = p;
+    size_t len = 0;
+    for (;;) {
+      if (!*e) break;
+      if (e[0] == '\n' && (e[1] == '\n' || (e[1] == '\r' && e[2] == '\n'))) break;
+      size_t k = stop_len(e);
+      if (k) {
+        e += k;
+        while ((k = stop_len(e)) || *e == '"' || *e == '\'' || *e == ')' || *e == ']') e += k ? k : 1;
+        if (!*e || *e == ' ' || *e == '\t' || *e == '\n' || *e == '\r' || (e[-1] & 0x80)) break;
+        continue;
+      }
+      e++;
+      if ((size_t)(e - p) >= SENT_MAX) { /* too long: back to the last space, else a UTF-8 boundary */
+        const unsigned char *q = e;
+        while (q > p && *q != ' ') q--;
+        if (q > p) e = q;
+        else while (e > p && (*e & 0xC0) == 0x80) e--;
+        break;
+      }
+    }
+    len = (size_t)(e - p);
+    while (len && (p[len - 1] == ' ' || p[len - 1] == '\n' || p[len - 1] == '\r' || p[len - 1] == '\t')) len--;
+    if (len) {
+      if (n == cap) {
+        char **nv = realloc(v, sizeof *v * (size_t)(cap *= 2));
+        if (!nv) break;
+        v = nv;
+      }
+      if (!(v[n] = strndup((const char *)p, len))) break;
+      n++;
+    }
+    p = e;
+  }
+  if (!v || *p) { /* out of memory part way */
+    for (int i = 0; v && i < n; i++) free(v[i]);
+    free(v);
+    return -1;
+  }
+  *out = v;
+  return n;
+}
+
+static void progress(int on, int done, int total, double audio_s) {
+  if (!on) return;
+  const int W = 30, k = total ? W * done / total : W;
+  fprintf(stderr, "\r[");
+  for (int i = 0; i < W; i++) fputc(i < k ? '#' : ' ', stderr);
+  fprintf(stderr, "] %d/%d sentences, %.1f s of audio", done, total, audio_s);
+  if (done == total) fprintf(stderr, "\n");
+  fflush(stderr);
+}
+
 static void usage(FILE *f) {
   fprintf(f, "usage: anna-speak --model-dir DIR|--hf-repo ORG/NAME (--text T | --text-ids a,b,..) --speaker S [--language L]\n"
              "                  (--out FILE | --stream) [options]\n"
@@ -101,13 +207,23 @@ static void usage(FILE *f) {
              "  --threads N        CPU threads (default 2)\n"
              "  --device D         cpu (default), cuda, cuda:N, auto: where the talker and codec run\n"
              "  --tuning k=v,...   runtime switches (encoder_cpu=1: the CPU whatever --device)\n"
-             "  --print-codes      print the codes of every frame\n");
+             "  --print-codes      print the codes of every frame\n"
+             "  --instructions T   the voice / style in words (VoiceDesign, 1.7B CustomVoice)\n"
+             "  --instruct-ids a,b,...  ids of <|im_start|>user\\n{instructions}<|im_end|>\\n instead\n"
+             "  --speed X          playback speed in [0.25, 4.0] (libavfilter atempo; default 1)\n"
+             "  (no --text/--text-ids: the text is read from stdin, sentence by sentence)\n"
+             "  --progress, --no-progress  the sentence bar on stderr (default: on a TTY)\n"
+             "  --ref-audio FILE   clone the voice of this clip (a Base folder; x-vector only, up to 60 s)\n");
 }
 
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *text = NULL, *speaker = NULL, *language = "auto", *out_path = NULL;
   const char *codec_dir = NULL, *tok_path = NULL, *ids_arg = NULL, *format = NULL, *instructions = NULL;
-  const char *hf = NULL, *device = NULL, *tuning = NULL;
+  const char *hf = NULL, *ins_arg = NULL, *device = NULL, *tuning = NULL;
+  double speed = 1.0;
+  int bar = -1;
+  const char *ref_audio = NULL;
+  float *xvec = NULL;
   int max_frames = 1024, greedy = 0, threads = 2, print_codes = 0, seed = 0, stream = 0, chunk = 0, first = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -132,6 +248,29 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--instructions")) {
       CLI_NEEDV();
       instructions = v;
+    } else if (!strcmp(a, "--ref-audio")) {
+      CLI_NEEDV();
+      ref_audio = v;
+    } else if (!strcmp(a, "--ref-text")) {
+      CLI_NEEDV();
+      fprintf(stderr, "error: --ref-text (in-context cloning: the clip's codes and transcript in the prompt) is not "
+                      "implemented; --ref-audio alone clones the voice from its x-vector\n");
+      return 2;
+    } else if (!strcmp(a, "--progress")) {
+      bar = 1;
+    } else if (!strcmp(a, "--no-progress")) {
+      bar = 0;
+    } else if (!strcmp(a, "--instruct-ids")) {
+      CLI_NEEDV();
+      ins_arg = v;
+    } else if (!strcmp(a, "--speed")) {
+      CLI_NEEDV();
+      char *end;
+      speed = strtod(v, &end);
+      if (end == v || *end || !(speed >= 0.25 && speed <= 4.0)) {
+        fprintf(stderr, "error: --speed expects a number in [0.25, 4.0], got '%s'\n", v);
+        return 2;
+      }
     } else if (!strcmp(a, "--out")) {
       CLI_NEEDV();
       out_path = v;
@@ -180,8 +319,8 @@ int main(int argc, char **argv) {
     }
   }
   if (cli_hf_model(hf, &model_dir)) return 1;
-  if (!model_dir || (!text && !ids_arg) || (!out_path && !stream)) {
-    fprintf(stderr, "error: need --model-dir, --text or --text-ids, and --out or --stream\n");
+  if (!model_dir || (!out_path && !stream)) {
+    fprintf(stderr, "error: need --model-dir, and --out or --stream\n");
     usage(stderr);
     return 2;
   }
@@ -200,14 +339,21 @@ int main(int argc, char **argv) {
     fprintf(stderr, "error: --format: %s\n", err);
     return 2;
   }
-  int32_t *ids = NULL;
-  int n_ids = 0;
+  int32_t *ids = NULL, *ins = NULL;
+  int n_ids = 0, n_ins = 0;
   if (ids_arg && parse_ids(ids_arg, &ids, &n_ids)) {
     fprintf(stderr, "error: --text-ids expects comma-separated non-negative integers\n");
     return 2;
   }
+  if (ins_arg && parse_ids(ins_arg, &ins, &n_ins)) {
+    fprintf(stderr, "error: --instruct-ids expects comma-separated non-negative integers\n");
+    free(ids);
+    return 2;
+  }
   anna_speech *s = NULL;
   anna_speech_stats st;
+  char **sent = NULL, *doc = NULL;
+  int n_sent = 1;
   const anna_speech_options so = {.device = device,
                                   .n_threads = threads,
                                   .codec_dir = codec_dir,
@@ -218,8 +364,44 @@ int main(int argc, char **argv) {
   if (!rc && out_path) rc = anna_audio_encoder_file(&sp.file, format, anna_speech_sample_rate(s), out_path, err, sizeof err);
   if (!rc && stream)
     rc = anna_audio_encoder_stream(&sp.stream, "pcm", anna_speech_sample_rate(s), to_stdout, NULL, err, sizeof err);
+  if (!rc && ref_audio) { /* the reference clip's x-vector (a Base folder's speaker encoder) */
+    FILE *rf = fopen(ref_audio, "rb");
+    unsigned char *rb = NULL;
+    long rl = -1;
+    if (rf && !fseek(rf, 0, SEEK_END) && (rl = ftell(rf)) >= 0 && !fseek(rf, 0, SEEK_SET) &&
+        (rb = malloc((size_t)rl + 1)) && fread(rb, 1, (size_t)rl, rf) != (size_t)rl)
+      rl = -1;
+    if (rf) fclose(rf);
+    const int D = anna_speech_clone_dim(s);
+    if (rl < 0)
+      rc = anna_err(err, sizeof err, ANNA_EIO, "--ref-audio %s: cannot read the file", ref_audio);
+    else if (!D)
+      rc = anna_err(err, sizeof err, ANNA_EUNSUPPORTED, "--ref-audio: %s is not a Qwen3-TTS Base folder (no speaker "
+                    "encoder to clone a voice with)", model_dir);
+    else if (!(xvec = malloc(sizeof *xvec * (size_t)D)))
+      rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory");
+    else
+      rc = anna_speech_clone_embed(s, rb, (size_t)rl, xvec, err, sizeof err);
+    free(rb);
+  }
   if (rc) goto done;
-  const anna_speech_request rq = {.text = text,
+  /* no --text / --text-ids: the text comes from stdin, synthesized sentence by sentence into
+   * the one output */
+  if (!text && !ids) {
+    size_t dl = 0;
+    if (!(doc = read_stdin(&dl)) || (n_sent = split_sentences(doc, &sent)) < 0) {
+      rc = anna_err(err, sizeof err, ANNA_ENOMEM, "out of memory reading stdin");
+      goto done;
+    }
+    if (!n_sent) {
+      rc = anna_err(err, sizeof err, ANNA_EINVAL, "no text: give --text, --text-ids or text on stdin");
+      goto done;
+    }
+  }
+  if (bar < 0) bar = sent && isatty(2);
+  anna_speech_stats tot = {0};
+  for (int si = 0; si < n_sent && !rc; si++) {
+  const anna_speech_request rq = {.text = sent ? sent[si] : text,
                                   .text_ids = ids,
                                   .n_text_ids = n_ids,
                                   .voice = speaker,
@@ -230,9 +412,24 @@ int main(int argc, char **argv) {
                                   .seed = (uint64_t)seed,
                                   .first_chunk_frames = first,
                                   .chunk_frames = chunk,
-                                  .on_frame = on_frame};
+                                  .on_frame = on_frame,
+                                  .instruct_ids = ins,
+                                  .n_instruct_ids = n_ins,
+                                  .speed = speed,
+                                  .voice_embed = xvec};
   rc = anna_speech_synthesize(s, &rq, on_chunk, &sp, &st, err, sizeof err);
   if (!rc && sp.rc) rc = sp.rc, snprintf(err, sizeof err, "%s", sp.err);
+  if (rc && sent) {
+    char e2[512];
+    snprintf(e2, sizeof e2, "sentence %d (\"%.40s\"): %s", si + 1, sent[si], err);
+    snprintf(err, sizeof err, "%s", e2);
+  }
+  if (!si) tot.first_chunk_s = st.first_chunk_s;
+  tot.n_frames += st.n_frames, tot.n_samples += st.n_samples, tot.talker_s += st.talker_s;
+  tot.codec_s += st.codec_s, tot.total_s += st.total_s;
+  progress(bar && !rc, si + 1, n_sent, (double)tot.n_samples / anna_speech_sample_rate(s));
+  }
+  st = tot;
   if (!rc && sp.file) rc = anna_audio_encoder_finish(sp.file, err, sizeof err);
   if (!rc && sp.stream) rc = anna_audio_encoder_finish(sp.stream, err, sizeof err);
   if (rc) goto done;
@@ -241,9 +438,14 @@ int main(int argc, char **argv) {
           st.n_frames, audio_s, st.first_chunk_s, st.talker_s, st.codec_s, audio_s / st.total_s);
 done:
   if (rc) fprintf(stderr, "error: %s\n", err);
+  for (int i = 0; sent && i < n_sent; i++) free(sent[i]);
+  free(sent);
+  free(doc);
+  free(xvec);
   anna_audio_encoder_free(sp.file);
   anna_audio_encoder_free(sp.stream);
   anna_speech_free(s);
   free(ids);
+  free(ins);
   return rc ? 1 : 0;
 }

@@ -1,8 +1,8 @@
 /* anna-transcribe: speech to text with a Qwen3-ASR folder (qwen-asr's layout), through the
  * public API (anna.h "Audio in prompts"), on the CPU.
  *   anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]
- *                   [--max-seconds S] [--threads N] [--format text|json|srt|vtt]
- *                   [--print-ids | --stream] FILE...
+ *                   [--max-seconds S] [--chunk-seconds S] [--batch N] [--progress|--no-progress]
+ *                   [--threads N] [--format text|json|srt|vtt] [--print-ids | --stream] FILE...
  * Each FILE (WAV, FLAC, OGG, MP3, ...) becomes an audio anna_media (decoded, resampled to
  * 16 kHz mono, log-mel: anna_media_audio_decode); its prompt is anna_asr_prompt's (the
  * context in the system turn, "language {NAME}<asr_text>" appended when forced; --language takes
@@ -16,9 +16,17 @@
  * clip (the model emits no timestamps), a document per file. --print-ids first prints the
  * generated ids (through the stop id). --stream (text only) prints the transcript as it
  * decodes (the same bytes in the end; text before <asr_text> is held until the marker).
- * Not done: the wrapper's 1200-s splitting of long audio (longer files are refused, --max-seconds
- * default 300) and its collapsing of runs repeated more than 20 times. Exit 0, 1 (failure: an
- * "error: " line, after the files before it were printed), 2 (usage). */
+ * Long audio (qwen-asr's transcribe): a file longer than --chunk-seconds (default 1200, the
+ * wrapper's MAX_ASR_INPUT_SECONDS) is cut at its quietest points near each multiple
+ * (anna_media_audio_decode_chunks); the pieces decode together, --batch (8) sequences at a time,
+ * and their outputs are joined as the wrapper joins them (anna_asr_transcript_join: each
+ * stripped and de-repeated, concatenated; languages merged "English,Chinese"). --print-ids then
+ * prints a line per piece; --stream prints each piece's text when its batch ends; srt / vtt
+ * give a cue per piece (over its span of the source; pieces without text give none). A file of
+ * one piece prints as before (its text unstripped). Files longer than --max-seconds (default
+ * 3600) are refused. On a TTY (or with --progress) a bar on stderr shows the audio seconds done
+ * of a file of several pieces.
+ * Exit 0, 1 (failure: an "error: " line, after the files before it were printed), 2 (usage). */
 #include "anna/anna.h"
 #include "cli_common.h"
 
@@ -26,13 +34,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { FMT_TEXT, FMT_JSON, FMT_SRT, FMT_VTT };
 
 static void usage(FILE *f) {
   fprintf(
       f, "usage: anna-transcribe --model-dir DIR|--hf-repo ORG/NAME [--context TEXT] [--language NAME] [--max-new N]\n"
-         "                       [--max-seconds S] [--threads N] [--format text|json|srt|vtt]\n"
+         "                       [--max-seconds S] [--chunk-seconds S] [--batch N]\n"
+         "                       [--progress | --no-progress] [--threads N] [--format text|json|srt|vtt]\n"
          "                       [--print-ids | --stream] FILE...\n");
 }
 
@@ -124,91 +134,203 @@ static int live_add(live *L, const char *p, size_t n, int final) {
   return 0;
 }
 
-/* Transcribes one file: prints its output; 0 or an error code with err filled. */
+/* Progress on stderr for long files on a TTY: audio seconds done of the file's total (a piece
+ * counts half when encoded, whole when its transcript ends). */
+typedef struct progress {
+  int on;
+  double total, done;
+} progress;
+
+static void progress_show(const progress *pg, const char *file) {
+  if (!pg->on) return;
+  const int W = 30, k = pg->total > 0 ? (int)(W * pg->done / pg->total) : W;
+  fprintf(stderr, "\r%.40s [", file);
+  for (int i = 0; i < W; i++)
+    fputc(i < k ? '#' : ' ', stderr);
+  fprintf(stderr, "] %.0f/%.0f s", pg->done, pg->total);
+  fflush(stderr);
+}
+
+static void progress_end(progress *pg) {
+  if (pg->on) fprintf(stderr, "\r\033[K"); /* erase the bar: the transcript follows cleanly */
+  pg->on = 0;
+}
+
+/* One piece of a file: its media, prompt and generated ids. */
+typedef struct piece {
+  anna_media *md;
+  int32_t *ids, at, *gen;
+  size_t n;
+  int n_gen, stopped, done;
+  char *raw; /* detokenized (special tokens kept, the stop id dropped) */
+} piece;
+
+/* Transcribes one file: prints its output; 0 or an error code with err filled. A file longer
+ * than chunk_s is cut as qwen-asr cuts it (anna_media_audio_decode_chunks); its pieces decode
+ * together, batch at a time, in one context of `batch` sequences, and their transcripts are
+ * joined as qwen-asr joins them (anna_asr_transcript_join). */
 static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int *ctx_cap,
-                      int threads, const char *file, const char *context, const char *language,
-                      int max_new, int max_seconds, int fmt, int print_ids, int stream, char *err,
+                      int *ctx_seq, int threads, const char *file, const char *context,
+                      const char *language, int max_new, int max_seconds, double chunk_s,
+                      int batch, int fmt, int print_ids, int stream, int bar, char *err,
                       size_t errlen) {
   size_t n_bytes = 0;
   unsigned char *bytes = read_all(file, &n_bytes);
   if (!bytes) return anna_err(err, errlen, ANNA_EIO, "%s: cannot read the file", file);
-  anna_media *md = NULL;
-  int rc = anna_media_audio_decode(&md, m, bytes, n_bytes, (double)max_seconds, err, errlen);
+  anna_media **mds = NULL;
+  double *offs = NULL;
+  int32_t np = 0;
+  int rc = anna_media_audio_decode_chunks(&mds, &offs, &np, m, bytes, n_bytes,
+                                          (double)max_seconds, chunk_s, err, errlen);
   free(bytes);
-  int32_t *ids = NULL, *gen = NULL, at = -1;
-  size_t n = 0;
-  float *logits = NULL;
-  char *text = NULL;
-  if (!rc) rc = anna_asr_prompt(m, t, md, context, language, &ids, &n, &at, err, errlen);
+  piece *P = rc ? NULL : calloc((size_t)np, sizeof *P);
+  if (!rc && !P) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  double secs = 0;
+  for (int32_t i = 0; i < np; i++) {
+    if (P) P[i].md = mds[i];
+    else anna_media_free(mds[i]);
+  }
+  free(mds);
+  size_t max_n = 0;
+  for (int32_t i = 0; !rc && i < np; i++) {
+    rc = anna_asr_prompt(m, t, P[i].md, context, language, &P[i].ids, &P[i].n, &P[i].at, err,
+                         errlen);
+    if (!rc && !(P[i].gen = malloc(sizeof(int32_t) * (size_t)max_new)))
+      rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    if (P[i].n > max_n) max_n = P[i].n;
+  }
+  /* the duration: the source's (the last piece may be padded to 0.5 s) */
+  if (!rc && np) secs = np == 1 ? anna_media_audio_seconds(P[0].md) : offs[np - 1] + anna_media_audio_seconds(P[np - 1].md);
   const int V = anna_model_vocab(m);
   const int32_t eot = anna_text_token_id(t, "<|endoftext|>"); /* qwen-asr stops on it too */
-  /* one sequence; the context is remade when a longer prompt comes */
+  const int B = np < batch ? np : batch;
+  /* one context, remade when a longer prompt or more sequences come */
   if (!rc) {
-    const int need = (int)n + max_new + 1;
-    if (!*ctx || need > *ctx_cap) {
+    const int need = (int)max_n + max_new + 1;
+    if (!*ctx || need > *ctx_cap || B > *ctx_seq) {
       anna_context_free(*ctx);
       *ctx = NULL;
-      const anna_context_options co = {.n_seq = 1, .n_ctx = need, .n_threads = threads};
+      const int ns = B > *ctx_seq ? B : *ctx_seq, nc = need > *ctx_cap ? need : *ctx_cap;
+      const anna_context_options co = {.n_seq = ns, .n_ctx = nc, .n_threads = threads};
       rc = anna_context_create(ctx, m, &co, err, errlen);
-      *ctx_cap = rc ? 0 : need;
-    } else {
-      anna_context_seq_reset(*ctx, 0);
+      *ctx_cap = rc ? 0 : nc;
+      *ctx_seq = rc ? 0 : ns;
     }
   }
-  if (!rc && (!(logits = malloc(sizeof(float) * (size_t)V)) ||
-              !(gen = malloc(sizeof(int32_t) * (size_t)max_new))))
+  float *logits = NULL;
+  int32_t *tok = NULL, *seq = NULL, *pos = NULL, *who = NULL;
+  int8_t *want = NULL;
+  if (!rc && (!(logits = malloc(sizeof(float) * (size_t)V * (size_t)B)) ||
+              !(tok = malloc(sizeof *tok * (size_t)B)) || !(seq = malloc(sizeof *seq * (size_t)B)) ||
+              !(pos = malloc(sizeof *pos * (size_t)B)) || !(who = malloc(sizeof *who * (size_t)B)) ||
+              !(want = malloc((size_t)B))))
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  int n_gen = 0;
-  if (!rc) {
-    const anna_media_ref ref = {md, at};
-    const anna_prompt p = {ids, (int32_t)n, &ref, 1};
-    rc = anna_context_prefill(*ctx, 0, &p, logits, err, errlen);
-  }
-  int stopped = 0;
+  progress pg = {.on = bar && np > 1, .total = secs};
   live L = {.forced = language != NULL};
-  if (!rc && stream) rc = anna_text_stream_new(&L.ts, t, 0, err, errlen);
-  while (!rc && n_gen < max_new) {
-    int32_t g = argmax(logits, V), gs = 0, gp = (int32_t)n + n_gen;
-    gen[n_gen++] = g;
-    if (anna_text_is_eog(t, g) || g == eot) {
-      stopped = 1;
-      break;
+  const int live_one = stream && np == 1; /* one piece: text as it decodes */
+  if (!rc && live_one) rc = anna_text_stream_new(&L.ts, t, 0, err, errlen);
+  int32_t shown = 0; /* --stream with pieces: pieces printed so far */
+  for (int32_t g0 = 0; !rc && g0 < np; g0 += B) {
+    const int nb = np - g0 < B ? np - g0 : B;
+    /* prefill each piece of the group: its logits row is the first step's */
+    for (int k = 0; !rc && k < nb; k++) {
+      piece *p = &P[g0 + k];
+      anna_context_seq_reset(*ctx, k);
+      const anna_media_ref ref = {p->md, p->at};
+      const anna_prompt pr = {p->ids, (int32_t)p->n, &ref, 1};
+      rc = anna_context_prefill(*ctx, k, &pr, logits + (size_t)k * (size_t)V, err, errlen);
+      pg.done += anna_media_audio_seconds(p->md) / 2;
+      progress_show(&pg, file);
     }
-    if (stream) {
-      char piece[256];
-      size_t pl = 0;
-      rc = anna_text_stream_feed(L.ts, g, piece, sizeof piece, &pl, err, errlen);
-      if (!rc && (rc = live_add(&L, piece, pl, 0))) anna_err(err, errlen, rc, "out of memory");
-      if (rc) break;
+    int n_live = nb;
+    for (int k = 0; k < nb; k++)
+      who[k] = k;
+    /* each step: sample every live piece from its row, then decode them together */
+    while (!rc && n_live) {
+      int nn = 0;
+      for (int r = 0; r < n_live && !rc; r++) {
+        const int k = who[r];
+        piece *p = &P[g0 + k];
+        const int32_t g = argmax(logits + (size_t)r * (size_t)V, V);
+        p->gen[p->n_gen++] = g;
+        const int stop = anna_text_is_eog(t, g) || g == eot;
+        if (stop) p->stopped = 1;
+        if (live_one && !stop) {
+          char piece_s[256];
+          size_t pl = 0;
+          rc = anna_text_stream_feed(L.ts, g, piece_s, sizeof piece_s, &pl, err, errlen);
+          if (!rc && (rc = live_add(&L, piece_s, pl, 0))) anna_err(err, errlen, rc, "out of memory");
+        }
+        if (stop || p->n_gen == max_new) {
+          p->done = 1;
+          pg.done += anna_media_audio_seconds(p->md) / 2;
+          progress_show(&pg, file);
+          continue;
+        }
+        tok[nn] = g, seq[nn] = k, pos[nn] = (int32_t)p->n + p->n_gen - 1, want[nn] = 1;
+        who[nn++] = k;
+      }
+      n_live = nn;
+      if (!rc && nn) {
+        const anna_batch b = {nn, tok, seq, pos, want};
+        rc = anna_context_decode(*ctx, &b, logits, err, errlen);
+      }
     }
-    if (n_gen == max_new) break;
-    int8_t gw = 1;
-    const anna_batch b = {1, &g, &gs, &gp, &gw};
-    rc = anna_context_decode(*ctx, &b, logits, err, errlen);
+    for (int k = 0; !rc && k < nb; k++) {
+      piece *p = &P[g0 + k];
+      size_t tl = 0;
+      rc = anna_text_detokenize(t, p->gen, (size_t)(p->n_gen - p->stopped), 0, &p->raw, &tl, err,
+                                errlen);
+    }
+    if (!rc && stream && !live_one) { /* pieces in order, each as qwen-asr parses it */
+      progress_end(&pg);
+      for (; shown < g0 + nb && !rc; shown++) {
+        char *jt = NULL, *jl = NULL;
+        const char *r1[1] = {P[shown].raw};
+        rc = anna_asr_transcript_join(r1, 1, language != NULL, &jt, &jl, err, errlen);
+        if (!rc) fputs(jt, stdout), fflush(stdout);
+        free(jt), free(jl);
+      }
+      pg.on = bar && g0 + nb < np;
+    }
   }
-  if (!rc && stream) {
-    char piece[256];
+  progress_end(&pg);
+  if (!rc && live_one) {
+    char piece_s[256];
     size_t pl = 0;
-    rc = anna_text_stream_flush(L.ts, piece, sizeof piece, &pl, err, errlen);
-    if (!rc && (rc = live_add(&L, piece, pl, 1))) anna_err(err, errlen, rc, "out of memory");
-    if (!rc) printf("\n");
+    rc = anna_text_stream_flush(L.ts, piece_s, sizeof piece_s, &pl, err, errlen);
+    if (!rc && (rc = live_add(&L, piece_s, pl, 1))) anna_err(err, errlen, rc, "out of memory");
   }
+  if (!rc && stream) printf("\n");
   anna_text_stream_free(L.ts);
   free(L.acc);
-  size_t tlen = 0;
-  if (!rc)
-    rc = anna_text_detokenize(t, gen, (size_t)(n_gen - stopped), 0, &text, &tlen, err, errlen);
-  if (!rc) {
-    if (print_ids) {
-      for (int i = 0; i < n_gen; i++)
-        printf("%s%d", i ? "," : "", gen[i]);
-      printf("\n");
-    }
-    char lang[64] = "";
-    const size_t off = language ? 0 : anna_asr_output_split(text, tlen, lang, sizeof lang);
-    const char *tr = text + off;
-    const double secs = anna_media_audio_seconds(md);
+  char *text = NULL, *jlang = NULL;
+  const char *tr = NULL;
+  char lang[64] = "";
+  if (!rc && np == 1) { /* one piece: the text after <asr_text>, as before chunking */
+    const size_t off = language ? 0 : anna_asr_output_split(P[0].raw, strlen(P[0].raw), lang, sizeof lang);
+    tr = P[0].raw + off;
     if (off && fmt == FMT_TEXT && !stream) fprintf(stderr, "language %s\n", lang);
+  } else if (!rc) {
+    const char **raws = malloc(sizeof *raws * (size_t)np);
+    if (!raws) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+    for (int32_t i = 0; !rc && i < np; i++)
+      raws[i] = P[i].raw;
+    if (!rc) rc = anna_asr_transcript_join(raws, np, language != NULL, &text, &jlang, err, errlen);
+    free(raws);
+    if (!rc) {
+      tr = text;
+      snprintf(lang, sizeof lang, "%s", jlang);
+      if (lang[0] && fmt == FMT_TEXT && !stream) fprintf(stderr, "language %s\n", lang);
+    }
+  }
+  if (!rc) {
+    if (print_ids)
+      for (int32_t i = 0; i < np; i++) {
+        for (int k = 0; k < P[i].n_gen; k++)
+          printf("%s%d", k ? "," : "", P[i].gen[k]);
+        printf("\n");
+      }
     if (fmt == FMT_TEXT) {
       if (!stream) printf("%s\n", tr);
     } else if (fmt == FMT_JSON) {
@@ -219,7 +341,7 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
       printf(",\"duration\":%.3f,\"text\":", secs);
       json_str(stdout, tr);
       printf("}\n");
-    } else {
+    } else if (np == 1) {
       const char sep = fmt == FMT_SRT ? ',' : '.';
       if (fmt == FMT_VTT) printf("WEBVTT\n\n");
       if (fmt == FMT_SRT) printf("1\n");
@@ -227,17 +349,40 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
       printf(" --> ");
       stamp(stdout, secs, sep);
       printf("\n%s\n\n", tr);
+    } else { /* a cue per piece with text, over the piece's span of the source */
+      const char sep = fmt == FMT_SRT ? ',' : '.';
+      if (fmt == FMT_VTT) printf("WEBVTT\n\n");
+      for (int32_t i = 0, cue = 0; !rc && i < np; i++) {
+        char *pt = NULL, *pl = NULL;
+        const char *r1[1] = {P[i].raw};
+        rc = anna_asr_transcript_join(r1, 1, language != NULL, &pt, &pl, err, errlen);
+        if (!rc && pt[0]) {
+          if (fmt == FMT_SRT) printf("%d\n", ++cue);
+          stamp(stdout, offs[i], sep);
+          printf(" --> ");
+          stamp(stdout, i + 1 < np ? offs[i + 1] : secs, sep);
+          printf("\n%s\n\n", pt);
+        }
+        free(pt), free(pl);
+      }
     }
     fflush(stdout);
   }
-  anna_media_free(md);
-  free(ids), free(gen), free(logits), free(text);
+  for (int32_t i = 0; P && i < np; i++) {
+    anna_media_free(P[i].md);
+    free(P[i].ids), free(P[i].gen), free(P[i].raw);
+  }
+  free(P), free(offs);
+  free(logits), free(tok), free(seq), free(pos), free(who), free(want);
+  free(text), free(jlang);
   return rc;
 }
 
 int main(int argc, char **argv) {
   const char *dir = NULL, *context = "", *language = NULL, *hf = NULL;
-  int max_new = 512, threads = 0, print_ids = 0, max_seconds = 300, fmt = FMT_TEXT, stream = 0;
+  int max_new = 512, threads = 0, print_ids = 0, max_seconds = 3600, fmt = FMT_TEXT, stream = 0;
+  int batch = 8, bar = -1;
+  float chunk_s = 1200.0f; /* qwen-asr's MAX_ASR_INPUT_SECONDS */
   const char **files = calloc((size_t)argc, sizeof *files);
   int n_files = 0;
   if (!files) return 1;
@@ -274,7 +419,17 @@ int main(int argc, char **argv) {
       if (cli_int(a, v, 1, 1 << 16, &max_new)) return 2;
     } else if (!strcmp(a, "--max-seconds")) {
       CLI_NEEDV();
-      if (cli_int(a, v, 1, 3600, &max_seconds)) return 2;
+      if (cli_int(a, v, 1, 86400, &max_seconds)) return 2;
+    } else if (!strcmp(a, "--chunk-seconds")) {
+      CLI_NEEDV();
+      if (cli_float(a, v, 1, 1e6, &chunk_s)) return 2;
+    } else if (!strcmp(a, "--batch")) {
+      CLI_NEEDV();
+      if (cli_int(a, v, 1, 256, &batch)) return 2;
+    } else if (!strcmp(a, "--progress")) {
+      bar = 1;
+    } else if (!strcmp(a, "--no-progress")) {
+      bar = 0;
     } else if (!strcmp(a, "--threads")) {
       CLI_NEEDV();
       if (cli_int(a, v, 0, 1024, &threads)) return 2;
@@ -317,7 +472,8 @@ int main(int argc, char **argv) {
   anna_model *m = NULL;
   anna_text *t = NULL;
   anna_context *ctx = NULL;
-  int ctx_cap = 0;
+  int ctx_cap = 0, ctx_seq = 0;
+  if (bar < 0) bar = isatty(2);
   const anna_model_options mo = {.device = "cpu"};
   int rc = anna_model_load(&m, dir, &mo, err, sizeof err);
   if (!rc && !anna_model_has_audio(m)) { /* describe: "qwen3: 2 layers, ..." */
@@ -337,8 +493,8 @@ int main(int argc, char **argv) {
                   language, have[0] ? have : "the 30 Qwen3-ASR languages");
   }
   for (int i = 0; !rc && i < n_files; i++)
-    rc = transcribe(m, t, &ctx, &ctx_cap, threads, files[i], context, lang, max_new, max_seconds,
-                    fmt, print_ids, stream, err, sizeof err);
+    rc = transcribe(m, t, &ctx, &ctx_cap, &ctx_seq, threads, files[i], context, lang, max_new,
+                    max_seconds, chunk_s, batch, fmt, print_ids, stream, bar, err, sizeof err);
   if (rc) fprintf(stderr, "error: %s\n", err[0] ? err : "failed");
   anna_context_free(ctx);
   anna_text_free(t);

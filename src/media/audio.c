@@ -293,8 +293,8 @@ static int decode_mono(SNDFILE *sf, const SF_INFO *info, int64_t cap, double max
 }
 #endif
 
-int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_audio *out,
-                       char *err, size_t errlen) {
+static int decode_at(const uint8_t *data, size_t n, double max_seconds, int32_t rate, int normalise,
+                     media_audio *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (!data || n == 0) return anna_err(err, errlen, ANNA_EINVAL, "audio: empty input (0 bytes)");
   if (!(max_seconds > 0.0) || max_seconds > 1e7)
@@ -360,7 +360,7 @@ int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_
   if (rc) goto done;
   float *y = NULL;
   int64_t ny = 0;
-  rc = media_audio_resample(mono, frames, info.samplerate, MEDIA_AUDIO_RATE, &y, &ny, err, errlen);
+  rc = media_audio_resample(mono, frames, info.samplerate, rate, &y, &ny, err, errlen);
   free(mono);
   if (rc) goto done;
   if (ny < 1) { /* a few source frames can round to nothing */
@@ -369,7 +369,7 @@ int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_
                   (long long)frames, info.samplerate);
     goto done;
   }
-  media_audio_peak_normalise(y, ny);
+  if (normalise) media_audio_peak_normalise(y, ny);
   out->samples = y;
   out->n = ny;
   out->src_rate = info.samplerate;
@@ -386,4 +386,18 @@ done:
                   ANNA_HAVE_SNDFILE ? "libsoxr" : "libsndfile",
                   ANNA_HAVE_SNDFILE ? "libsoxr-dev" : "libsndfile1-dev");
 #endif
+}
+
+int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_audio *out,
+                       char *err, size_t errlen) {
+  return decode_at(data, n, max_seconds, MEDIA_AUDIO_RATE, 1, out, err, errlen);
+}
+
+int media_audio_decode_rate(const uint8_t *data, size_t n, double max_seconds, int32_t rate,
+                            media_audio *out, char *err, size_t errlen) {
+  if (rate < 1000 || rate > 768000) {
+    memset(out, 0, sizeof *out);
+    return anna_err(err, errlen, ANNA_EINVAL, "audio: target rate %d outside [1000, 768000]", (int)rate);
+  }
+  return decode_at(data, n, max_seconds, rate, 0, out, err, errlen);
 }

@@ -57,6 +57,12 @@ int media_audio_available(void);
 int media_audio_decode(const uint8_t *data, size_t n, double max_seconds, media_audio *out,
                        char *err, size_t errlen);
 
+/* Steps 1-3 at another rate, without step 4 (qwen-tts loads a voice-clone reference this way:
+ * librosa.load(sr=None, mono=True), then librosa.resample to the speaker encoder's rate when
+ * it differs): out->samples at `rate`. Errors as media_audio_decode. */
+int media_audio_decode_rate(const uint8_t *data, size_t n, double max_seconds, int32_t rate,
+                            media_audio *out, char *err, size_t errlen);
+
 /* Releases a->samples and zeroes *a. Accepts NULL and zeroed structs. */
 void media_audio_free(media_audio *a);
 

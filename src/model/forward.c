@@ -817,6 +817,7 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
   /* The cache checks the batch, makes every written position writable (the only step that
    * can run out: nothing is written before it succeeds), picks snapshot slots and uploads
    * changed block tables. */
+  if (mm && mm->cache_keys) kv_cache_next_keys(s->kv, mm->cache_keys);
   int rc = kv_cache_plan(s->kv, b, &s->plan, err, errlen);
   if (rc) return rc;
   r.p = &s->plan;

@@ -107,6 +107,9 @@ typedef struct fwd_mm {
   /* Optional host [n_flagged, hidden]: receives the flagged rows' hidden states after the
    * final norm (what the lm_head reads). With out and tk both NULL the lm_head is skipped. */
   float *hidden;
+  /* Optional [n]: the prefix index's keys of the batch rows instead of the tokens
+   * (kv_cache_next_keys: image pads keyed by their image's content). */
+  const int32_t *cache_keys;
 } fwd_mm;
 
 /* forward_batch with mm (NULL: forward_batch). rope_pos needs a model with mRoPE sections

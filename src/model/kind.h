@@ -121,6 +121,9 @@ typedef struct model_input {
   const int32_t *embd_idx;
   int64_t n_embd;
   const int32_t *rope_pos;
+  /* MODEL_IO_TOKENS, optional: the prefix cache's keys of the batch rows instead of their tokens
+   * ([n]; image pads keyed by the image's content: fwd_mm.cache_keys). */
+  const int32_t *cache_keys;
   /* MODEL_IO_CODES: the next n_frames frames of stream `seq`, frame-major
    * codes[n_frames * n_codebooks] (validated by the kind). */
   const int32_t *codes;

@@ -70,8 +70,8 @@ static int td_run(const void *impl, void *state, ops_backend *be, const model_in
                     "the text decoder maps tokens to logits or hidden states, not %s to %s",
                     model_io_name(in->io), model_io_name(out->io));
   /* embedding rows and 3-axis positions (multimodal Qwen3.5) ride along with the tokens */
-  const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd, out->hidden};
-  const fwd_mm *mmp = in->n_embd || in->rope_pos || out->hidden ? &mm : NULL;
+  const fwd_mm mm = {in->rope_pos, in->embd, in->embd_idx, in->n_embd, out->hidden, in->cache_keys};
+  const fwd_mm *mmp = in->n_embd || in->rope_pos || out->hidden || in->cache_keys ? &mm : NULL;
   if (out->io == MODEL_IO_HIDDEN) /* the final-norm rows; the forward stops before lm_head */
     return forward_batch_mm(impl, be, state, in->batch, &mm, NULL, NULL, err, errlen);
   if (out->topk) {

@@ -45,6 +45,9 @@ struct tts_qwen3 {
   int n_spk, n_lang;
   tts_sampling talk, sub;
   int min_new;
+  int voice_design;   /* tts_model_type "voice_design": no preset speakers, instructions */
+  int base;           /* tts_model_type "base": voice cloning (speaker_embed), no presets */
+  int no_instruct;    /* a 0.6B CustomVoice checkpoint: qwen-tts drops its instructions */
   char describe[200];
 };
 
@@ -156,12 +159,20 @@ static int parse_top(tts_qwen3 *m, const char *dir, char *err, size_t errlen) {
     rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: missing object 'talker_config'", path);
     goto out;
   }
-  if (json_is_string(ty) && strcmp(json_string_value(ty), "custom_voice")) {
+  if (json_is_string(ty) && strcmp(json_string_value(ty), "custom_voice") &&
+      strcmp(json_string_value(ty), "voice_design") && strcmp(json_string_value(ty), "base")) {
     rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                  "%s: tts_model_type '%s' is not supported (have: custom_voice; voice design and cloning are not "
-                  "implemented)",
+                  "%s: tts_model_type '%s' is not supported (have: custom_voice, voice_design; voice cloning "
+                  "(base) is not implemented)",
                   path, json_string_value(ty));
     goto out;
+  }
+  m->voice_design = json_is_string(ty) && !strcmp(json_string_value(ty), "voice_design");
+  m->base = json_is_string(ty) && !strcmp(json_string_value(ty), "base");
+  {
+    /* qwen-tts' generate_custom_voice sets instruct = None when tts_model_size is "0b6" */
+    const json_t *sz = json_object_get(root, "tts_model_size");
+    m->no_instruct = m->base || (!m->voice_design && json_is_string(sz) && strstr("0b6", json_string_value(sz)));
   }
   m->im_start = 151644, m->im_end = 151645, m->tts_pad = 151671, m->tts_bos = 151672, m->tts_eos = 151673;
   int groups = NG;
@@ -201,7 +212,11 @@ static int parse_top(tts_qwen3 *m, const char *dir, char *err, size_t errlen) {
                     m->text_vocab);
       goto out;
     }
-  if ((rc = read_names(tc, "spk_id", m->spk, &m->n_spk, V, path, err, errlen)) ||
+  if ((!(m->voice_design || m->base) || json_object_get(tc, "spk_id")) &&
+      (rc = read_names(tc, "spk_id", m->spk, &m->n_spk, V, path, err, errlen)))
+    goto out;
+  if (m->voice_design || m->base) m->n_spk = 0; /* the wrapper passes no preset speaker to these */
+  if (
       (rc = read_names(tc, "codec_language_id", m->lang, &m->n_lang, V, path, err, errlen)))
     goto out;
   json_t *dia = json_object_get(tc, "spk_is_dialect");
@@ -516,6 +531,7 @@ static int32_t pick(tts_qwen3_state *s, float *lg, int V, const tts_sampling *sp
 typedef struct prompt {
   int codec[8], n_codec; /* codec prefix incl. the speaker and [pad, bos] */
   int body, n_body;      /* body = ids[3 .. 3 + n_body) */
+  int n_instruct;        /* instruction rows before the role */
 } prompt;
 
 static int plan(const tts_qwen3 *m, const tts_qwen3_request *rq, prompt *p, char *err, size_t errlen) {
@@ -534,6 +550,31 @@ static int plan(const tts_qwen3 *m, const tts_qwen3_request *rq, prompt *p, char
       return anna_err(err, errlen, ANNA_EINVAL, "text id %d at %d is outside the text vocabulary %d", rq->ids[i], i,
                       m->text_vocab);
   if (rq->max_frames < 1) return anna_err(err, errlen, ANNA_EINVAL, "max_frames %d must be >= 1", rq->max_frames);
+  if (rq->n_instruct_ids > 0) {
+    if (m->no_instruct)
+      return anna_err(err, errlen, ANNA_EINVAL,
+                      m->base ? "instructions: a Base (voice clone) checkpoint takes none (qwen-tts passes none)"
+                              : "instructions: this 0.6B CustomVoice checkpoint takes none (qwen-tts drops them); use "
+                                "a 1.7B CustomVoice or a VoiceDesign checkpoint");
+    if (!rq->instruct_ids) return anna_err(err, errlen, ANNA_EINVAL, "instruction ids: NULL");
+    for (int i = 0; i < rq->n_instruct_ids; i++)
+      if (rq->instruct_ids[i] < 0 || rq->instruct_ids[i] >= m->text_vocab)
+        return anna_err(err, errlen, ANNA_EINVAL, "instruction id %d at %d is outside the text vocabulary %d",
+                        rq->instruct_ids[i], i, m->text_vocab);
+    p->n_instruct = rq->n_instruct_ids;
+  }
+  if (rq->speaker_embed && rq->speaker && *rq->speaker)
+    return anna_err(err, errlen, ANNA_EINVAL, "a preset voice and a cloned voice together");
+  if (rq->speaker_embed && !m->base)
+    return anna_err(err, errlen, ANNA_EINVAL, "a cloned voice needs a Base checkpoint (tts_model_type \"base\")");
+  if (m->base && !rq->speaker_embed)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "a Base checkpoint speaks with a cloned voice: give a reference clip (it has no preset voices)");
+  if (m->voice_design && rq->speaker && *rq->speaker)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "voice '%s': a VoiceDesign checkpoint has no preset voices (describe the voice in the "
+                    "instructions)",
+                    rq->speaker);
   const tts_name *spk = NULL;
   if (rq->speaker && *rq->speaker && !(spk = find_name(m->spk, m->n_spk, rq->speaker))) {
     char have[512] = "";
@@ -563,6 +604,7 @@ static int plan(const tts_qwen3 *m, const tts_qwen3_request *rq, prompt *p, char
   }
   p->codec[p->n_codec++] = m->c_think_eos;
   if (spk) p->codec[p->n_codec++] = spk->id;
+  if (rq->speaker_embed) p->codec[p->n_codec++] = -1; /* the x-vector's row */
   p->codec[p->n_codec++] = m->c_pad;
   p->codec[p->n_codec++] = m->c_bos;
   p->body = 3;
@@ -571,7 +613,7 @@ static int plan(const tts_qwen3 *m, const tts_qwen3_request *rq, prompt *p, char
 }
 
 static int prefill_rows(const prompt *p) {
-  return 3 + (p->n_codec - 1) + p->n_body + 2;
+  return p->n_instruct + 3 + (p->n_codec - 1) + p->n_body + 2;
 }
 
 int tts_qwen3_prefill_len(const tts_qwen3 *m, const tts_qwen3_request *rq, char *err, size_t errlen) {
@@ -648,12 +690,19 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
   /* prefill rows */
   const int32_t tts3[3] = {m->tts_pad, m->tts_bos, m->tts_eos};
   float *r = s->rows;
+  if (p.n_instruct) { /* T(<|im_start|>user\n{instruct}<|im_end|>\n) first, text side only */
+    text_rows(s, rq->instruct_ids, p.n_instruct, r);
+    r += (int64_t)p.n_instruct * H;
+  }
   text_rows(s, rq->ids, 3, r); /* role: text side only */
   r += 3 * H;
   text_rows(s, tts3, 3, s->tts_rows);
   const float *pad_row = s->tts_rows, *bos_row = s->tts_rows + H, *eos_row = s->tts_rows + 2 * H;
   for (int i = 0; i < p.n_codec - 1; i++, r += H) {
-    table_row(s, &m->talker->embed, p.codec[i], r);
+    if (p.codec[i] < 0)
+      memcpy(r, rq->speaker_embed, (size_t)H * sizeof(float));
+    else
+      table_row(s, &m->talker->embed, p.codec[i], r);
     add_row(r, i < p.n_codec - 2 ? pad_row : bos_row, H);
   }
   text_rows(s, rq->ids + p.body, p.n_body, r);
@@ -692,6 +741,14 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
     lg = s->logits;
   }
   return 0;
+}
+
+int tts_qwen3_is_base(const tts_qwen3 *m) {
+  return m->base;
+}
+
+int tts_qwen3_takes_instructions(const tts_qwen3 *m) {
+  return !m->no_instruct;
 }
 
 const char *tts_qwen3_speaker(const tts_qwen3 *m, int i) {

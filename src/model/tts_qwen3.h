@@ -17,9 +17,13 @@
  * codec eos suppressed, eos suppressed for the first min_new_tokens (2) frames; greedy or
  * seeded top-k / top-p / temperature sampling (generation_config.json, the wrapper's fallbacks
  * when absent); the predictor the same without penalty or suppression.
- * Not done (refused or documented no-ops): instructions (VoiceDesign, 1.7B CustomVoice
- * instruct), voice cloning (Base: speaker encoder, ICL), streaming text mode; a Base or
- * VoiceDesign folder is refused at load. The talker's mrope_section / interleaved keys are a
+ * Instructions (VoiceDesign checkpoints, 1.7B CustomVoice): T(instruct ids) rows come first,
+ * before the role rows, as generate puts them (the wrapper tokenizes
+ * `<|im_start|>user\n{instruct}<|im_end|>\n`). A VoiceDesign folder (tts_model_type
+ * "voice_design") has no preset speakers: a speaker is refused. A 0.6B CustomVoice
+ * (tts_model_size "0b6") refuses instructions (the wrapper silently drops them).
+ * Not done (refused or documented no-ops): voice cloning (Base: speaker encoder, ICL),
+ * streaming text mode; a Base folder is refused at load. The talker's mrope_section / interleaved keys are a
  * no-op: the wrapper gives all three axes the same positions, which is 1-D RoPE.
  *
  * Both decoders run through the text decoder's forward (forward_batch_mm with every row an
@@ -59,6 +63,12 @@ typedef struct tts_qwen3_request {
    * frames so far (this one included). */
   int (*on_frame)(void *user, const int32_t *codes, int f);
   void *user;
+  /* ids of `<|im_start|>user\n{instruct}<|im_end|>\n` (borrowed; NULL / 0: no instruction) */
+  const int32_t *instruct_ids;
+  int n_instruct_ids;
+  /* a Base checkpoint's voice clone (x_vector_only_mode): the speaker encoder's x-vector
+   * [hidden] in place of a preset speaker's row (borrowed; NULL: none) */
+  const float *speaker_embed;
 } tts_qwen3_request;
 
 /* Caller frees with tts_qwen3_free. */
@@ -68,6 +78,10 @@ void tts_qwen3_free(tts_qwen3 *m);
 int tts_qwen3_vocab(const tts_qwen3 *m);
 /* Preset speaker i (config spk_id order, lower case; borrowed), NULL past the last. */
 const char *tts_qwen3_speaker(const tts_qwen3 *m, int i);
+/* 1 when the checkpoint takes instructions (VoiceDesign, or a CustomVoice not of size "0b6"). */
+int tts_qwen3_takes_instructions(const tts_qwen3 *m);
+/* 1 for a Base checkpoint (voice cloning: requests carry speaker_embed). */
+int tts_qwen3_is_base(const tts_qwen3 *m);
 /* The shape a backend sizes its scratch for (both decoders), contexts of n_ctx positions. */
 void tts_qwen3_backend_shape(const tts_qwen3 *m, int n_ctx, ops_model_shape *out);
 

@@ -12,6 +12,8 @@
 
 #include "base/error.h"
 #include "formats/dtype.h"
+#include "formats/gguf.h"
+#include "formats/quant.h"
 #include "formats/safetensors.h"
 
 #include <jansson.h>
@@ -35,7 +37,9 @@ typedef struct vq_block {
 typedef struct vision_model {
   char path[PATH_MAX];
   char describe[192];
-  safetensors_set *st;
+  safetensors_set *st; /* HF folder, or */
+  gguf_file *gf;        /* llama.cpp mmproj GGUF */
+  float ln_eps;         /* LayerNorm epsilon (1e-6; an mmproj names its own) */
   int depth, hidden, heads, head_dim, inter, out_hidden;
   int in_ch, patch, tpatch, merge, n_pos, side, patch_dim;
   float theta;
@@ -87,6 +91,7 @@ static void vm_free(void *impl) {
   for (int i = 0; i < m->n_allocs; i++) free(m->allocs[i]);
   free(m->allocs);
   safetensors_close(m->st);
+  gguf_close(m->gf);
   free(m);
 }
 
@@ -237,24 +242,182 @@ out:
   return rc;
 }
 
+/* ---- llama.cpp mmproj GGUF (tools/mtmd/clip.cpp, projector type qwen3vl_merger) ---- */
+
+/* Matrix [rows, cols] = GGUF dims {cols, rows}, used in place (any type the matmul takes). */
+static int gg_mat(vision_model *m, ops_weight *w, int64_t rows, int64_t cols, const char *name, char *err,
+                  size_t errlen) {
+  const gguf_tensor *t = gguf_tensor_find(m->gf, name);
+  if (!t) return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor '%s'", m->path, name);
+  if (t->ndim > 2 || t->dims[0] != cols || t->dims[1] != rows)
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: tensor '%s' has dims {%lld, %lld}, expected {%lld, %lld}", m->path,
+                    name, (long long)t->dims[0], (long long)t->dims[1], (long long)cols, (long long)rows);
+  if (t->type != ANNA_DTYPE_F32 && t->type != ANNA_DTYPE_F16 && t->type != ANNA_DTYPE_BF16 && !quant_can_dot(t->type))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: tensor '%s' has unsupported type %s", m->path, name,
+                    dtype_name(t->type));
+  *w = (ops_weight){.type = t->type, .data = t->data, .rows = rows, .cols = cols};
+  return 0;
+}
+
+/* Any tensor of n elements, dequantized to a new f32 array (vectors, and the tensors the
+ * loader rearranges or the embed_bag op reads as f32). */
+static int gg_f32(vision_model *m, float **out, int64_t n, const char *name, char *err, size_t errlen) {
+  const gguf_tensor *t = gguf_tensor_find(m->gf, name);
+  if (!t) return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: missing tensor '%s'", m->path, name);
+  if (t->nelem != n)
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: tensor '%s' has %lld elements, expected %lld", m->path, name,
+                    (long long)t->nelem, (long long)n);
+  float *v = vm_alloc(m, (size_t)n * sizeof(float));
+  if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (quant_dequantize_row(t->type, t->data, v, n) != 0)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: tensor '%s': cannot read type %s", m->path, name,
+                    dtype_name(t->type));
+  *out = v;
+  return 0;
+}
+
+static int gg_u32(vision_model *m, const char *key, int lo, int hi, int *out, char *err, size_t errlen) {
+  uint32_t v;
+  char e2[160];
+  int rc = gguf_get_u32(m->gf, key, &v, e2, sizeof e2);
+  if (rc) return anna_err(err, errlen, rc, "%s: metadata %s: %s", m->path, key, e2);
+  if ((int64_t)v < lo || (int64_t)v > hi)
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: metadata %s = %u is out of range [%d, %d]", m->path, key, v, lo, hi);
+  *out = (int)v;
+  return 0;
+}
+
+/* The tower from an mmproj GGUF as llama.cpp's convert_hf_to_gguf.py --mmproj writes it for
+ * Qwen3-VL / Qwen3.5 (Qwen3VLVisionModel): names v.* / mm.*, the Conv3d weight split into one
+ * tensor per temporal slot (v.patch_embd.weight, .weight.1), the merger's fc1 / fc2 as mm.0 /
+ * mm.2, hyperparameters under clip.vision.*. Refused: another projector type, deepstack
+ * layers (Qwen3-VL proper), a temporal patch other than 2 (what the converter writes). */
+static int mmproj_load(vision_model *m, char *err, size_t errlen) {
+  int rc = gguf_open(&m->gf, m->path, err, errlen);
+  if (rc) return rc;
+  const char *s = NULL;
+  char e2[160];
+  if (gguf_get_str(m->gf, "general.architecture", &s, e2, sizeof e2) || strcmp(s, "clip"))
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: not an mmproj file (general.architecture '%s', expected 'clip')",
+                    m->path, s ? s : "(none)");
+  s = NULL;
+  if (gguf_get_str(m->gf, "clip.projector_type", &s, e2, sizeof e2) || strcmp(s, "qwen3vl_merger"))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "%s: mmproj projector type '%s' is not supported (have: qwen3vl_merger, the Qwen3.5 / Qwen3-VL tower)",
+                    m->path, s ? s : "(none)");
+  bool has_v = false;
+  if (gguf_get_bool(m->gf, "clip.has_vision_encoder", &has_v, e2, sizeof e2) || !has_v)
+    return anna_err(err, errlen, ANNA_ENOTFOUND, "%s: the mmproj has no vision encoder", m->path);
+  const gguf_array *ds = NULL;
+  if (!gguf_get_arr(m->gf, "clip.vision.is_deepstack_layers", &ds, e2, sizeof e2))
+    for (int64_t i = 0; i < ds->count; i++)
+      if (gguf_array_get_i64(ds, i))
+        return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                        "%s: mmproj layer %lld is a deepstack layer (Qwen3-VL deepstack is not supported)", m->path,
+                        (long long)i);
+  int image_size = 0;
+  m->merge = 2;
+  if ((rc = gg_u32(m, "clip.vision.block_count", 1, VQ_MAX_DEPTH, &m->depth, err, errlen)) ||
+      (rc = gg_u32(m, "clip.vision.embedding_length", 1, 1 << 16, &m->hidden, err, errlen)) ||
+      (rc = gg_u32(m, "clip.vision.attention.head_count", 1, 1 << 10, &m->heads, err, errlen)) ||
+      (rc = gg_u32(m, "clip.vision.feed_forward_length", 1, 1 << 18, &m->inter, err, errlen)) ||
+      (rc = gg_u32(m, "clip.vision.projection_dim", 1, 1 << 18, &m->out_hidden, err, errlen)) ||
+      (rc = gg_u32(m, "clip.vision.patch_size", 1, 64, &m->patch, err, errlen)) ||
+      (rc = gg_u32(m, "clip.vision.image_size", 1, 1 << 20, &image_size, err, errlen)))
+    return rc;
+  if (gguf_kv_find(m->gf, "clip.vision.spatial_merge_size") &&
+      (rc = gg_u32(m, "clip.vision.spatial_merge_size", 1, 8, &m->merge, err, errlen)))
+    return rc;
+  m->ln_eps = 1e-6f;
+  if (gguf_kv_find(m->gf, "clip.vision.attention.layer_norm_epsilon") &&
+      (rc = gguf_get_f32(m->gf, "clip.vision.attention.layer_norm_epsilon", &m->ln_eps, e2, sizeof e2)))
+    return anna_err(err, errlen, rc, "%s: %s", m->path, e2);
+  m->in_ch = 3;
+  m->tpatch = 2;
+  m->theta = 10000.0f; /* transformers' Qwen3.5 / Qwen3-VL vision rope; the converter keeps no theta */
+  m->side = image_size / m->patch;
+  m->n_pos = m->side * m->side;
+  m->head_dim = m->hidden / m->heads;
+  if (m->side < 2 || m->side * m->patch != image_size)
+    return anna_err(err, errlen, ANNA_EFORMAT, "%s: clip.vision.image_size %d is not a multiple >= 2 of the patch size %d",
+                    m->path, image_size, m->patch);
+  if (m->hidden % m->heads || m->head_dim % 4 || m->head_dim > OPS_SEG_ATTN_MAX_DIM)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "%s: vision head dim %d (embedding_length / head_count) must be a multiple of 4 and <= %d", m->path,
+                    m->hidden / m->heads, OPS_SEG_ATTN_MAX_DIM);
+  const int H = m->hidden, I = m->inter, H4 = H * m->merge * m->merge, PP = m->patch * m->patch;
+  m->patch_dim = m->in_ch * m->tpatch * PP;
+  /* The Conv3d weight [H, C, T, P, P] comes back from its two slots [H, C, P, P]: one f32
+   * matrix whose rows are ordered (c, t, y, x), as the processor lays out a patch vector. */
+  float *w0, *w1, *pw;
+  if ((rc = gg_f32(m, &w0, (int64_t)H * 3 * PP, "v.patch_embd.weight", err, errlen)) ||
+      (rc = gg_f32(m, &w1, (int64_t)H * 3 * PP, "v.patch_embd.weight.1", err, errlen)))
+    return rc;
+  if (!(pw = vm_alloc(m, sizeof(float) * (size_t)H * (size_t)m->patch_dim)))
+    return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  for (int h = 0; h < H; h++)
+    for (int c = 0; c < 3; c++) {
+      memcpy(pw + ((size_t)h * m->patch_dim + (size_t)(2 * c) * PP), w0 + ((size_t)h * 3 + c) * PP, sizeof(float) * PP);
+      memcpy(pw + ((size_t)h * m->patch_dim + (size_t)(2 * c + 1) * PP), w1 + ((size_t)h * 3 + c) * PP,
+             sizeof(float) * PP);
+    }
+  m->patch_w = (ops_weight){.type = ANNA_DTYPE_F32, .data = pw, .rows = H, .cols = m->patch_dim};
+  float *pos;
+  if ((rc = gg_f32(m, &m->patch_b, H, "v.patch_embd.bias", err, errlen)) ||
+      (rc = gg_f32(m, &pos, (int64_t)m->n_pos * H, "v.position_embd.weight", err, errlen)))
+    return rc;
+  m->pos = (ops_weight){.type = ANNA_DTYPE_F32, .data = pos, .rows = m->n_pos, .cols = H};
+  char n[96];
+  for (int l = 0; l < m->depth; l++) {
+    vq_block *b = &m->blocks[l];
+#define GN(suffix) (snprintf(n, sizeof n, "v.blk.%d." suffix, l), n)
+    if ((rc = gg_f32(m, &b->ln1_w, H, GN("ln1.weight"), err, errlen)) ||
+        (rc = gg_f32(m, &b->ln1_b, H, GN("ln1.bias"), err, errlen)) ||
+        (rc = gg_f32(m, &b->ln2_w, H, GN("ln2.weight"), err, errlen)) ||
+        (rc = gg_f32(m, &b->ln2_b, H, GN("ln2.bias"), err, errlen)) ||
+        (rc = gg_mat(m, &b->qkv, 3 * (int64_t)H, H, GN("attn_qkv.weight"), err, errlen)) ||
+        (rc = gg_f32(m, &b->qkv_b, 3 * (int64_t)H, GN("attn_qkv.bias"), err, errlen)) ||
+        (rc = gg_mat(m, &b->proj, H, H, GN("attn_out.weight"), err, errlen)) ||
+        (rc = gg_f32(m, &b->proj_b, H, GN("attn_out.bias"), err, errlen)) ||
+        (rc = gg_mat(m, &b->fc1, I, H, GN("ffn_up.weight"), err, errlen)) ||
+        (rc = gg_f32(m, &b->fc1_b, I, GN("ffn_up.bias"), err, errlen)) ||
+        (rc = gg_mat(m, &b->fc2, H, I, GN("ffn_down.weight"), err, errlen)) ||
+        (rc = gg_f32(m, &b->fc2_b, H, GN("ffn_down.bias"), err, errlen)))
+      return rc;
+#undef GN
+  }
+  if ((rc = gg_f32(m, &m->mln_w, H, "v.post_ln.weight", err, errlen)) ||
+      (rc = gg_f32(m, &m->mln_b, H, "v.post_ln.bias", err, errlen)) ||
+      (rc = gg_mat(m, &m->mfc1, H4, H4, "mm.0.weight", err, errlen)) ||
+      (rc = gg_f32(m, &m->mfc1_b, H4, "mm.0.bias", err, errlen)) ||
+      (rc = gg_mat(m, &m->mfc2, m->out_hidden, H4, "mm.2.weight", err, errlen)) ||
+      (rc = gg_f32(m, &m->mfc2_b, m->out_hidden, "mm.2.bias", err, errlen)))
+    return rc;
+  return 0;
+}
+
 static int vq_load(void **impl, const model_source *src, const model_load_params *p, char *err, size_t errlen) {
   (void)p;
   *impl = NULL;
-  if (src->is_gguf)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: the Qwen3.5 vision tower loads from HF folders (mmproj GGUF: not yet)",
-                    src->path);
   vision_model *m = calloc(1, sizeof *m);
   if (!m) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   snprintf(m->path, sizeof m->path, "%s", src->path);
+  m->ln_eps = 1e-6f;
+  int rc;
+  if (src->is_gguf) {
+    rc = mmproj_load(m, err, errlen);
+    goto finish;
+  }
   char cfg[PATH_MAX + 16];
   snprintf(cfg, sizeof cfg, "%s/config.json", src->path);
-  int rc = parse_config(m, cfg, err, errlen);
+  rc = parse_config(m, cfg, err, errlen);
   if (!rc) rc = safetensors_open(&m->st, src->path, err, errlen);
   if (rc) {
     vm_free(m);
     return rc;
   }
-  const int H = m->hidden, D = m->head_dim, I = m->inter, H4 = H * m->merge * m->merge;
+  {
+  const int H = m->hidden, I = m->inter, H4 = H * m->merge * m->merge;
   m->patch_dim = m->in_ch * m->tpatch * m->patch * m->patch;
   rc = get_mat(m, &m->patch_w, H, m->patch_dim, err, errlen, "patch_embed.proj.weight");
   if (!rc) rc = get_vec(m, &m->patch_b, H, err, errlen, "patch_embed.proj.bias");
@@ -281,7 +444,10 @@ static int vq_load(void **impl, const model_source *src, const model_load_params
   if (!rc) rc = get_vec(m, &m->mfc1_b, H4, err, errlen, "merger.linear_fc1.bias");
   if (!rc) rc = get_mat(m, &m->mfc2, m->out_hidden, H4, err, errlen, "merger.linear_fc2.weight");
   if (!rc) rc = get_vec(m, &m->mfc2_b, m->out_hidden, err, errlen, "merger.linear_fc2.bias");
+  }
+finish:
   if (!rc) {
+    const int D = m->head_dim;
     /* Axial rope: f_j = theta^(-4j/D) for j < D/4 (transformers: 1 / theta^(arange(0, D/2, 2) /
      * (D/2)) in f32). Rows rotate pairs (j, j + D/2) for j < D/4 by row * f_j, cols the pairs
      * j + D/4 by col * f_j. A zero frequency is an exact identity rotation (cos 1, sin 0), so
@@ -303,8 +469,8 @@ static int vq_load(void **impl, const model_source *src, const model_load_params
     return rc;
   }
   snprintf(m->describe, sizeof m->describe,
-           "qwen3_5_vision: depth %d, hidden %d, heads %d, intermediate %d, out %d, patch %d x %d, merge %d", m->depth, H,
-           m->heads, I, m->out_hidden, m->tpatch, m->patch, m->merge);
+           "qwen3_5_vision%s: depth %d, hidden %d, heads %d, intermediate %d, out %d, patch %d x %d, merge %d",
+           m->gf ? " (mmproj)" : "", m->depth, m->hidden, m->heads, m->inter, m->out_hidden, m->tpatch, m->patch, m->merge);
   *impl = m;
   return 0;
 }
@@ -509,7 +675,7 @@ static int vq_run(const void *impl, void *state, ops_backend *be, const model_in
                                 .seg = s->h_seg};
   for (int l = 0; l < m->depth; l++) {
     const vq_block *b = &m->blocks[l];
-    be->layer_norm(be, s->xn, s->x, b->ln1_w, b->ln1_b, N, H, 1e-6f);
+    be->layer_norm(be, s->xn, s->x, b->ln1_w, b->ln1_b, N, H, m->ln_eps);
     be->matmul(be, s->qkv, s->xn, N, &b->qkv, b->qkv_b);
     /* q and k heads are adjacent in each qkv row: one call rotates both (2 * heads heads) */
     be->rope(be, s->qkv, N, 2 * m->heads, D, 3 * (int64_t)H, D, m->freq_row, s->row, 0);
@@ -517,14 +683,14 @@ static int vq_run(const void *impl, void *state, ops_backend *be, const model_in
     be->attention_seg(be, s->att, &sa);
     be->matmul(be, s->xn, s->att, N, &b->proj, b->proj_b);
     be->add(be, s->x, s->xn, N * H);
-    be->layer_norm(be, s->xn, s->x, b->ln2_w, b->ln2_b, N, H, 1e-6f);
+    be->layer_norm(be, s->xn, s->x, b->ln2_w, b->ln2_b, N, H, m->ln_eps);
     be->matmul(be, s->mlp, s->xn, N, &b->fc1, b->fc1_b);
     be->gelu(be, s->mlp, N * m->inter, 0);
     be->matmul(be, s->xn, s->mlp, N, &b->fc2, b->fc2_b);
     be->add(be, s->x, s->xn, N * H);
   }
   /* merger: per-token LN, then each M*M consecutive tokens (one block) are one [M*M*H] row */
-  be->layer_norm(be, s->xn, s->x, m->mln_w, m->mln_b, N, H, 1e-6f);
+  be->layer_norm(be, s->xn, s->x, m->mln_w, m->mln_b, N, H, m->ln_eps);
   be->matmul(be, s->mlp, s->xn, R, &m->mfc1, m->mfc1_b);
   be->gelu(be, s->mlp, R * MM * H, 1);
   be->matmul(be, s->out, s->mlp, R, &m->mfc2, m->mfc2_b);

@@ -6,6 +6,11 @@
  * pad tokens' embeddings. Several inputs run in one call (attention never crosses an input, nor
  * a temporal slice of a video).
  *
+ * Sources: an HF folder (model.visual.*), or a llama.cpp mmproj GGUF (src->is_gguf; projector
+ * type qwen3vl_merger as convert_hf_to_gguf.py --mmproj writes Qwen3.5 / Qwen3-VL: v.* / mm.*
+ * names, the Conv3d split per temporal slot, hyperparameters under clip.vision.*; deepstack
+ * layers and other projector types are refused naming them).
+ *
  * Selection: the text decoder's probe also accepts these folders and comes first in the
  * registry, so model_kind_find never returns this kind; callers pick it by name
  * (model_kind_by_name("qwen3_5_vision")) and load the same source. Its probe is still exact

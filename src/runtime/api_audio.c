@@ -15,6 +15,7 @@
 #include "anna/anna.h"
 
 #include "base/error.h"
+#include "media/asr_chunk.h"
 #include "media/audio.h"
 #include "media/mel.h"
 #include "model/audio_qwen3_asr.h"
@@ -196,34 +197,35 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
-int anna_media_audio_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
-                            double max_seconds, char *err, size_t errlen) {
-  *out = NULL;
-  if (!anna_model_has_audio(m)) return no_audio(m, err, errlen);
+/* Decodes data into *au, refusing clips too short for one STFT frame. */
+static int clip_decode(const void *data, size_t n, double max_seconds, media_audio *au, char *err,
+                       size_t errlen) {
   if (!data || !n) return anna_err(err, errlen, ANNA_EINVAL, "audio: no data");
-  const struct model_audio *a = m->aud;
-  media_audio au;
   /* <= 0: no limit of ours; the decoder's own ceiling (1e7 s) still bounds the header */
-  int rc = media_audio_decode(data, n, max_seconds > 0 ? max_seconds : 1e7, &au, err, errlen);
+  int rc = media_audio_decode(data, n, max_seconds > 0 ? max_seconds : 1e7, au, err, errlen);
   if (rc) return rc;
-  if (au.n <= MEDIA_MEL_N_FFT / 2) {
-    const long long got = (long long)au.n;
-    media_audio_free(&au);
+  if (au->n <= MEDIA_MEL_N_FFT / 2) {
+    const long long got = (long long)au->n;
+    media_audio_free(au);
     return anna_err(err, errlen, ANNA_EINVAL,
                     "audio: %lld samples at 16 kHz is too short (at least %d, about 13 ms)", got,
                     MEDIA_MEL_N_FFT / 2 + 1);
   }
-  media_mel *mel = NULL;
+  return 0;
+}
+
+/* The media of samples x[0..n) (n > MEDIA_MEL_N_FFT / 2) for a's encoder; mel is the caller's
+ * (one per thread, reused across pieces). */
+static int clip_media(anna_media **out, const struct model_audio *a, media_mel *mel,
+                      const float *x, int64_t n, char *err, size_t errlen) {
+  int rc = 0;
   audio_clip *clip = calloc(1, sizeof *clip);
-  const int64_t L = media_mel_frames(au.n);
+  const int64_t L = media_mel_frames(n);
   if (!clip) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  if (!rc) rc = media_mel_create(a->info.n_mels, &mel, err, errlen);
   if (!rc && !(clip->feat = malloc(sizeof(float) * (size_t)a->info.n_mels * (size_t)L)))
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  if (!rc) rc = media_mel_compute(mel, au.samples, au.n, clip->feat, err, errlen);
-  const double seconds = (double)au.n / MEDIA_AUDIO_RATE;
-  media_mel_free(mel);
-  media_audio_free(&au);
+  if (!rc) rc = media_mel_compute(mel, x, n, clip->feat, err, errlen);
+  const double seconds = (double)n / MEDIA_AUDIO_RATE;
   if (rc) {
     audio_clip_free(clip);
     return rc;
@@ -240,6 +242,80 @@ int anna_media_audio_decode(anna_media **out, const anna_model *m, const void *d
   uint64_t h = fnv1a(1469598103934665603ull, &L, sizeof L);
   h = fnv1a(h, clip->feat, sizeof(float) * (size_t)clip->n_mels * (size_t)L);
   return media_wrap_audio(out, clip, (int32_t)N, seconds, h, err, errlen);
+}
+
+int anna_media_audio_decode(anna_media **out, const anna_model *m, const void *data, size_t n,
+                            double max_seconds, char *err, size_t errlen) {
+  *out = NULL;
+  if (!anna_model_has_audio(m)) return no_audio(m, err, errlen);
+  media_audio au;
+  int rc = clip_decode(data, n, max_seconds, &au, err, errlen);
+  if (rc) return rc;
+  media_mel *mel = NULL;
+  rc = media_mel_create(m->aud->info.n_mels, &mel, err, errlen);
+  if (!rc) rc = clip_media(out, m->aud, mel, au.samples, au.n, err, errlen);
+  media_mel_free(mel);
+  media_audio_free(&au);
+  return rc;
+}
+
+int anna_media_audio_decode_chunks(anna_media ***out, double **offsets, int32_t *n_out,
+                                   const anna_model *m, const void *data, size_t n,
+                                   double max_seconds, double chunk_seconds, char *err,
+                                   size_t errlen) {
+  *out = NULL;
+  *n_out = 0;
+  if (offsets) *offsets = NULL;
+  if (!anna_model_has_audio(m)) return no_audio(m, err, errlen);
+  if (!(chunk_seconds <= 1e7))
+    return anna_err(err, errlen, ANNA_EINVAL, "audio: chunk length %g s is not in (0, 1e7]",
+                    chunk_seconds);
+  media_audio au;
+  int rc = clip_decode(data, n, max_seconds, &au, err, errlen);
+  if (rc) return rc;
+  asr_chunk *ck = NULL;
+  int32_t k = 0;
+  media_mel *mel = NULL;
+  anna_media **md = NULL;
+  double *off = NULL;
+  float *pad = NULL;
+  rc = asr_chunk_split(au.samples, au.n, MEDIA_AUDIO_RATE,
+                       chunk_seconds > 0 ? chunk_seconds : ASR_CHUNK_MAX_SECONDS, &ck, &k, err,
+                       errlen);
+  if (!rc && (!(md = calloc((size_t)k, sizeof *md)) || !(off = calloc((size_t)k, sizeof *off))))
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!rc) rc = media_mel_create(m->aud->info.n_mels, &mel, err, errlen);
+  for (int32_t i = 0; !rc && i < k; i++) {
+    const float *x = au.samples + ck[i].start;
+    if (ck[i].n_padded > ck[i].n) { /* a short piece: zeros after it, as qwen-asr pads */
+      free(pad);
+      if (!(pad = calloc((size_t)ck[i].n_padded, sizeof *pad))) {
+        rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+        break;
+      }
+      memcpy(pad, x, sizeof *pad * (size_t)ck[i].n);
+      x = pad;
+    }
+    off[i] = (double)ck[i].start / MEDIA_AUDIO_RATE;
+    rc = clip_media(&md[i], m->aud, mel, x, ck[i].n_padded, err, errlen);
+  }
+  free(pad);
+  free(ck);
+  media_mel_free(mel);
+  media_audio_free(&au);
+  if (rc) {
+    for (int32_t i = 0; md && i < k; i++)
+      anna_media_free(md[i]);
+    free(md), free(off);
+    return rc;
+  }
+  *out = md;
+  *n_out = k;
+  if (offsets)
+    *offsets = off;
+  else
+    free(off);
+  return 0;
 }
 
 /* ---- prompt ---- */
@@ -333,6 +409,11 @@ int anna_asr_prompt(const anna_model *m, const anna_text *t, const anna_media *m
   *n_out = n;
   if (audio_at) *audio_at = (int32_t)at;
   return 0;
+}
+
+int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char **text,
+                             char **language, char *err, size_t errlen) {
+  return asr_chunk_join(raw, n, forced, text, language, err, errlen);
 }
 
 size_t anna_asr_output_split(const char *text, size_t len, char *lang, size_t cap) {

@@ -13,8 +13,11 @@
 #include "backends/registry.h"
 #include "base/error.h"
 #include "base/tuning.h"
+#include "media/audio.h"
+#include "media/tempo.h"
 #include "model/kind.h"
 #include "model/tts_qwen3.h"
+#include "model/tts_spk_qwen3.h"
 #include "tokenizer/tokenizer.h"
 
 #include <jansson.h>
@@ -32,6 +35,7 @@
 
 struct anna_speech {
   tts_qwen3 *talker;
+  tts_spk *spk; /* a Base checkpoint's speaker encoder (NULL otherwise) */
   tokenizer *tok; /* NULL: no tokenizer.json (text_ids requests only) */
   char tok_path[PATH_MAX];
   const model_kind *ck;
@@ -77,6 +81,7 @@ void anna_speech_free(anna_speech *s) {
   if (s->codec) s->ck->free(s->codec);
   tokenizer_free(s->tok);
   tts_qwen3_free(s->talker);
+  tts_spk_free(s->spk);
   free(s);
 }
 
@@ -98,6 +103,7 @@ int anna_speech_load(anna_speech **out, const char *dir, const anna_speech_optio
     s->dev_index = s->tuning.encoder_cpu ? 0 : dev.index;
     rc = tts_qwen3_load(&s->talker, dir, err, errlen);
   }
+  if (!rc && tts_qwen3_is_base(s->talker)) rc = tts_spk_load(&s->spk, dir, err, errlen);
   if (rc) goto fail;
   /* the tokenizer: optional at load, so fixtures without one still serve text_ids */
   if (o.tokenizer)
@@ -164,13 +170,49 @@ const char *anna_speech_describe(const anna_speech *s) {
   return s->describe;
 }
 
+int anna_speech_speed_check(double speed, char *err, size_t errlen) {
+  if (speed == 0 || speed == 1) return 0;
+  if (!(speed >= MEDIA_TEMPO_MIN && speed <= MEDIA_TEMPO_MAX))
+    return anna_err(err, errlen, ANNA_EINVAL, "speed %g is not in [%g, %g]", speed, MEDIA_TEMPO_MIN,
+                    MEDIA_TEMPO_MAX);
+  if (!media_tempo_available())
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "speed %g: anna was built without libavfilter (install libavfilter-dev and reconfigure)", speed);
+  return 0;
+}
+
+int anna_speech_clone_dim(const anna_speech *s) {
+  return s && s->spk ? tts_spk_dim(s->spk) : 0;
+}
+
+int anna_speech_clone_embed(const anna_speech *s, const void *audio, size_t n, float *out, char *err,
+                            size_t errlen) {
+  if (!s || !s->spk)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "voice cloning needs a Qwen3-TTS Base checkpoint (this one has no speaker encoder)");
+  if (!out) return anna_err(err, errlen, ANNA_EINVAL, "anna_speech_clone_embed: NULL output");
+  media_audio au;
+  /* as qwen-tts: decoded, channels averaged, resampled (soxr HQ) to 24 kHz, not normalised */
+  int rc = media_audio_decode_rate(audio, n, ANNA_SPEECH_CLONE_MAX_SECONDS, TTS_SPK_RATE, &au, err, errlen);
+  if (rc) return rc;
+  rc = tts_spk_embed(s->spk, au.samples, au.n, out, err, errlen);
+  media_audio_free(&au);
+  return rc;
+}
+
+int anna_speech_takes_instructions(const anna_speech *s) {
+  return s && tts_qwen3_takes_instructions(s->talker);
+}
+
 const char *anna_speech_voice(const anna_speech *s, int i) {
   return tts_qwen3_speaker(s->talker, i);
 }
 
 /* ids of the assistant wrapping: specials parsed in the frame, not in the user's text */
-static int encode_text(const tokenizer *tok, const char *text, int32_t **out, int *n, char *err, size_t errlen) {
-  const char *parts[3] = {"<|im_start|>assistant\n", text, "<|im_end|>\n<|im_start|>assistant\n"};
+/* parts[0] + parts[1] + parts[2] tokenized, the middle one (user text) without special-token
+ * parsing, the wrappings with it. */
+static int encode_parts(const tokenizer *tok, const char *const parts[3], int32_t **out, int *n, char *err,
+                        size_t errlen) {
   int32_t *all = NULL;
   size_t total = 0;
   int rc = 0;
@@ -199,6 +241,11 @@ static int encode_text(const tokenizer *tok, const char *text, int32_t **out, in
   return 0;
 }
 
+static int encode_text(const tokenizer *tok, const char *text, int32_t **out, int *n, char *err, size_t errlen) {
+  const char *parts[3] = {"<|im_start|>assistant\n", text, "<|im_end|>\n<|im_start|>assistant\n"};
+  return encode_parts(tok, parts, out, n, err, errlen);
+}
+
 /* the per-request streaming state the talker's frame callback drives */
 typedef struct synth {
   anna_speech *s;
@@ -206,14 +253,24 @@ typedef struct synth {
   anna_speech_chunk_fn fn;
   void *user;
   int32_t *codes; /* pending frames [cap * 16] */
-  int pending, first, later, sent_chunks;
+  int pending, first, later, sent_chunks, decoded;
   float *pcm; /* [max(first, later) * samples_per_frame] */
   anna_speech_stats st;
   double t0, codec_s;
   int rc;
   char *err;
   size_t errlen;
+  media_tempo *tempo; /* speed != 1: the PCM passes through atempo first (owned) */
 } synth;
+
+/* The caller's callback for PCM that is ready to leave (after the tempo filter, if any). */
+static int deliver(void *user, const float *pcm, int64_t n) {
+  synth *y = user;
+  if (!y->sent_chunks++) y->st.first_chunk_s = now_s() - y->t0;
+  y->st.n_samples += n;
+  if (y->fn(y->user, pcm, n)) y->st.stopped = 1;
+  return y->st.stopped;
+}
 
 static int flush_frames(synth *y) {
   if (!y->pending) return 0;
@@ -226,9 +283,10 @@ static int flush_frames(synth *y) {
   if (rc) return y->rc = rc;
   const int64_t n = (int64_t)y->pending * s->cd.samples_per_frame;
   y->pending = 0;
-  if (!y->sent_chunks++) y->st.first_chunk_s = now_s() - y->t0;
-  y->st.n_samples += n;
-  if (y->fn(y->user, y->pcm, n)) y->st.stopped = 1;
+  y->decoded++;
+  if (!y->tempo) return deliver(y, y->pcm, n);
+  rc = media_tempo_push(y->tempo, y->pcm, n, 0, deliver, y, y->err, y->errlen);
+  if (rc && !y->st.stopped) return y->rc = rc;
   return y->st.stopped;
 }
 
@@ -238,7 +296,7 @@ static int on_talker_frame(void *user, const int32_t *codes, int f) {
   if (y->rq->on_frame) y->rq->on_frame(y->user, codes, TTS_QWEN3_GROUPS, f);
   memcpy(y->codes + (int64_t)y->pending * TTS_QWEN3_GROUPS, codes, TTS_QWEN3_GROUPS * sizeof *codes);
   y->pending++;
-  const int due = y->sent_chunks ? y->later : y->first;
+  const int due = y->decoded ? y->later : y->first;
   if (y->pending < due) return 0;
   return flush_frames(y);
 }
@@ -264,14 +322,13 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
                            anna_speech_stats *st, char *err, size_t errlen) {
   if (st) memset(st, 0, sizeof *st);
   if (!s || !rq || !fn) return anna_err(err, errlen, ANNA_EINVAL, "anna_speech_synthesize: NULL argument");
-  if (rq->instructions && *rq->instructions)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                    "instructions are not supported: this runtime implements the CustomVoice preset-voice prompt "
-                    "only (voice design / instruct prompts are not done)");
+  const int speed_on = rq->speed != 0 && rq->speed != 1;
+  int src = anna_speech_speed_check(rq->speed, err, errlen);
+  if (src) return src;
   const double t0 = now_s();
-  int32_t *own_ids = NULL;
-  const int32_t *ids = rq->text_ids;
-  int n_ids = rq->n_text_ids, rc = 0;
+  int32_t *own_ids = NULL, *own_ins = NULL;
+  const int32_t *ids = rq->text_ids, *ins = rq->instruct_ids;
+  int n_ids = rq->n_text_ids, n_ins = rq->n_instruct_ids, rc = 0;
   if (!ids) {
     if (!rq->text || !*rq->text) return anna_err(err, errlen, ANNA_EINVAL, "the text is empty");
     if (!s->tok)
@@ -280,6 +337,17 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
     if ((rc = encode_text(s->tok, rq->text, &own_ids, &n_ids, err, errlen))) return rc;
     ids = own_ids;
   }
+  if (!ins && rq->instructions && *rq->instructions) {
+    const char *parts[3] = {"<|im_start|>user\n", rq->instructions, "<|im_end|>\n"};
+    rc = s->tok ? encode_parts(s->tok, parts, &own_ins, &n_ins, err, errlen)
+                : anna_err(err, errlen, ANNA_ENOTFOUND, "%s: no tokenizer (pass instruction ids, or a tokenizer.json)",
+                           s->tok_path);
+    if (rc) {
+      free(own_ids);
+      return rc;
+    }
+    ins = own_ins;
+  }
   const int max_frames = rq->max_frames > 0 && rq->max_frames < s->max_frames ? rq->max_frames : s->max_frames;
   synth y = {.s = s, .rq = rq, .fn = fn, .user = user, .t0 = t0, .err = err, .errlen = errlen};
   y.later = rq->chunk_frames > 0 ? rq->chunk_frames : CODEC_STEP;
@@ -287,8 +355,23 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
   if (y.later > max_frames) y.later = max_frames;
   if (y.first > max_frames) y.first = max_frames;
   y.st.n_text_tokens = n_ids;
-  tts_qwen3_request tr = {ids,  n_ids,         rq->voice, rq->language && *rq->language ? rq->language : "auto",
-                          max_frames, rq->greedy, rq->seed, on_talker_frame, &y};
+  if (speed_on && (rc = media_tempo_create(&y.tempo, anna_speech_sample_rate(s), rq->speed, err, errlen))) {
+    free(own_ids);
+    free(own_ins);
+    return rc;
+  }
+  tts_qwen3_request tr = {.ids = ids,
+                          .n_ids = n_ids,
+                          .speaker = rq->voice,
+                          .instruct_ids = ins,
+                          .n_instruct_ids = ins ? n_ins : 0,
+                          .language = rq->language && *rq->language ? rq->language : "auto",
+                          .max_frames = max_frames,
+                          .greedy = rq->greedy,
+                          .seed = rq->seed,
+                          .on_frame = on_talker_frame,
+                          .user = &y,
+                          .speaker_embed = rq->voice_embed};
   tts_qwen3_state *ts = NULL;
   const int P = tts_qwen3_prefill_len(s->talker, &tr, err, errlen);
   if (P < 0) {
@@ -319,6 +402,10 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
   if (!rc) rc = y.rc; /* a codec failure inside the callback */
   if (!rc && !y.st.stopped) flush_frames(&y);
   if (!rc) rc = y.rc;
+  if (!rc && y.tempo && !y.st.stopped) { /* the filter's tail */
+    rc = media_tempo_push(y.tempo, NULL, 0, 1, deliver, &y, err, errlen);
+    if (y.st.stopped) rc = 0;
+  }
   if (!rc && y.st.n_frames == 0)
     rc = anna_err(err, errlen, ANNA_ERANGE, "the talker produced no frames (codec eos first)");
 done:
@@ -329,7 +416,9 @@ done:
   tts_qwen3_state_free(ts);
   free(y.codes);
   free(y.pcm);
+  media_tempo_free(y.tempo);
   free(own_ids);
+  free(own_ins);
   return rc;
 }
 

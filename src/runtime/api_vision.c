@@ -13,14 +13,17 @@
 #include "anna/anna.h"
 
 #include "base/error.h"
+#include "formats/gguf.h"
 #include "media/image.h"
 #include "media/video.h"
 #include "media/vision_preproc.h"
 #include "model/vision_qwen35.h"
 #include "runtime/model_handle.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,23 +53,26 @@ struct anna_media {
   int32_t n_frames;  /* video: sampled frames (before padding to the temporal patch) */
 };
 
-/* Encoder output cache: the tower's rows of recent images, found by hash and confirmed by
- * comparing the pixels themselves (the 64-bit FNV hash is not collision resistant, and a crafted
- * collision must not hand one client the rows of another's image). */
-#define ENC_SLOTS 8
-#define ENC_BYTES ((size_t)256 << 20)
+/* Encoder output cache: the tower's rows of recent media, found by content hash (the
+ * preprocessed pixels, grid and processor settings) and confirmed by comparing the pixels
+ * themselves (the 64-bit FNV hash is not collision resistant, and a crafted collision must not
+ * hand one client the rows of another's image). Bounded by bytes (pixels + rows of every entry,
+ * anna_context_options.mm_cache_bytes), least recently used out first; the entry table grows
+ * with the entries (a prefill-time path, not per token). */
+#define ENC_DEFAULT_BYTES ((int64_t)256 << 20)
 typedef struct enc_entry {
   uint64_t hash, tick;
   int32_t grid[3];
   int64_t n_patches, n_rows;
-  float *pix, *rows; /* owned; NULL: empty */
+  float *pix, *rows; /* owned */
   size_t bytes;
 } enc_entry;
 
 struct ctx_vision {
   const struct model_vision *mv; /* borrowed from the model */
-  enc_entry enc[ENC_SLOTS];
-  size_t enc_bytes;
+  enc_entry *enc; /* [n_enc] of cap_enc, in no order */
+  int n_enc, cap_enc;
+  size_t enc_bytes, enc_budget; /* budget 0: the cache is off */
   uint64_t tick;
   anna_vision_stats stats;
   int n_seq, n_batch;
@@ -127,11 +133,193 @@ static int read_small(const char *path, char **buf, size_t *n, char *err, size_t
   return 0;
 }
 
-int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp,
+/* The folder's preprocessor_config.json and video_preprocessor_config.json over v->pre and
+ * v->vid (the published values where a file is absent). */
+static int read_processors(struct model_vision *v, const char *dir, char *err, size_t errlen) {
+  char path[PATH_MAX + 40], e2[256];
+  char *txt;
+  size_t n;
+  int rc;
+  snprintf(path, sizeof path, "%s/preprocessor_config.json", dir);
+  if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
+    rc = vision_preproc_config_parse(txt, n, &v->pre, e2, sizeof e2);
+    if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
+    free(txt);
+  }
+  if (!rc) { /* the video processor's file; the published values when the folder has none */
+    snprintf(path, sizeof path, "%s/video_preprocessor_config.json", dir);
+    if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
+      rc = vision_video_config_parse(txt, n, &v->vid, e2, sizeof e2);
+      if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
+      free(txt);
+    }
+    if (!rc && (v->vid.pre.patch_size != v->pre.patch_size ||
+                v->vid.pre.merge_size != v->pre.merge_size ||
+                v->vid.pre.temporal_patch_size != v->pre.temporal_patch_size))
+      rc = anna_err(err, errlen, ANNA_EFORMAT,
+                    "%s: patch / merge / temporal patch sizes differ from preprocessor_config.json",
+                    path);
+  }
+  return rc;
+}
+
+static void finish_info(struct model_vision *v) {
+  v->temporal_patch = v->pre.temporal_patch_size;
+  v->patch_dim = 3 * v->pre.temporal_patch_size * v->pre.patch_size * v->pre.patch_size;
+  v->info.patch_size = v->pre.patch_size;
+  v->info.merge_size = v->pre.merge_size;
+  v->info.min_pixels = v->pre.min_pixels;
+  v->info.max_pixels = v->pre.max_pixels;
+  v->info.n_embd = v->desc.n_embd;
+}
+
+/* The processor settings from an mmproj GGUF's metadata over the published defaults:
+ * clip.vision.image_mean / image_std / patch_size / spatial_merge_size, and
+ * clip.vision.image_min_pixels / image_max_pixels when the converter wrote them (its
+ * Qwen3-VL class does not: the published 65536 / 16777216 then apply, as transformers'). */
+static int mmproj_preproc(const char *path, vision_preproc_config *pre, char *err, size_t errlen) {
+  gguf_file *f;
+  int rc = gguf_open(&f, path, err, errlen);
+  if (rc) return rc;
+  const gguf_array *a;
+  char e2[128];
+  const char *keys[2] = {"clip.vision.image_mean", "clip.vision.image_std"};
+  for (int k = 0; k < 2 && !rc; k++) {
+    if (gguf_get_arr(f, keys[k], &a, e2, sizeof e2)) continue;
+    if (a->count != 3 || a->elem_type == GGUF_TYPE_STRING) {
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: %s must hold 3 numbers", path, keys[k]);
+      break;
+    }
+    for (int c = 0; c < 3; c++) (k ? pre->image_std : pre->image_mean)[c] = (float)gguf_array_get_f64(a, c);
+    if (k && (pre->image_std[0] <= 0 || pre->image_std[1] <= 0 || pre->image_std[2] <= 0))
+      rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: clip.vision.image_std must be positive", path);
+  }
+  uint32_t u;
+  int64_t px;
+  if (!rc && !gguf_get_u32(f, "clip.vision.patch_size", &u, e2, sizeof e2)) pre->patch_size = (int32_t)u;
+  if (!rc && !gguf_get_u32(f, "clip.vision.spatial_merge_size", &u, e2, sizeof e2)) pre->merge_size = (int32_t)u;
+  if (!rc && !gguf_get_i64(f, "clip.vision.image_min_pixels", &px, e2, sizeof e2)) pre->min_pixels = px;
+  if (!rc && !gguf_get_i64(f, "clip.vision.image_max_pixels", &px, e2, sizeof e2)) pre->max_pixels = px;
+  if (!rc && (pre->min_pixels < 1 || pre->max_pixels < pre->min_pixels))
+    rc = anna_err(err, errlen, ANNA_EFORMAT, "%s: image min / max pixels %lld / %lld", path,
+                  (long long)pre->min_pixels, (long long)pre->max_pixels);
+  gguf_close(f);
+  return rc;
+}
+
+/* Id of the token spelled `text` in a GGUF's embedded vocabulary, -1 when absent. */
+static int32_t gguf_vocab_id(const gguf_array *toks, const char *text) {
+  for (int64_t i = 0; toks && i < toks->count; i++)
+    if (!strcmp(toks->strs[i], text)) return (int32_t)i;
+  return -1;
+}
+
+/* Token ids of the vision markers for a text model: an HF folder's config.json names them; a
+ * GGUF names none (llama.cpp's mtmd spells the markers), so they are looked up by their text
+ * in its vocabulary, as a Qwen tokenizer spells them. */
+static int vision_ids(struct model_vision *v, const model_source *src, char *err, size_t errlen) {
+  v->info.image_token_id = v->info.vision_start_id = v->info.vision_end_id = v->video_token_id = -1;
+  if (!src->is_gguf) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/config.json", src->path);
+    json_t *root = json_load_file(path, 0, NULL);
+    if (!root) return anna_err(err, errlen, ANNA_EFORMAT, "%s: cannot read", path);
+    v->info.image_token_id = cfg_id(root, "image_token_id", -1);
+    v->info.vision_start_id = cfg_id(root, "vision_start_token_id", -1);
+    v->info.vision_end_id = cfg_id(root, "vision_end_token_id", -1);
+    v->video_token_id = cfg_id(root, "video_token_id", -1);
+    json_decref(root);
+    return 0;
+  }
+  gguf_file *f;
+  int rc = gguf_open(&f, src->path, err, errlen);
+  if (rc) return rc;
+  const gguf_array *toks = NULL;
+  char e2[128];
+  if (!gguf_get_arr(f, "tokenizer.ggml.tokens", &toks, e2, sizeof e2) && toks->elem_type == GGUF_TYPE_STRING) {
+    v->info.image_token_id = gguf_vocab_id(toks, "<|image_pad|>");
+    v->info.vision_start_id = gguf_vocab_id(toks, "<|vision_start|>");
+    v->info.vision_end_id = gguf_vocab_id(toks, "<|vision_end|>");
+    v->video_token_id = gguf_vocab_id(toks, "<|video_pad|>");
+  }
+  gguf_close(f);
+  return 0;
+}
+
+/* --mmproj: the tower from `mmproj` (a llama.cpp mmproj GGUF, or an HF folder with
+ * model.visual.*) beside any text model (HF folder or GGUF). Token ids from the text model;
+ * processor settings from the text model's folder, else the mmproj folder's, else the mmproj
+ * GGUF's metadata. A tower whose output width is not the text model's hidden size, or a text
+ * model without an <|image_pad|> token, is refused naming the mismatch. */
+static int attach_mmproj(anna_model *m, const model_source *src, const model_load_params *lp, const char *mmproj,
+                         const model_kind *k, char *err, size_t errlen) {
+  struct stat sb;
+  if (stat(mmproj, &sb))
+    return anna_err(err, errlen, ANNA_ENOTFOUND, "mmproj %s: %s", mmproj, strerror(errno));
+  const int is_dir = S_ISDIR(sb.st_mode);
+  /* the tower's rows go with Qwen3.5's 3-axis rotary: another text family would take them but
+   * fail at the first image (no mRoPE sections), so it is refused here */
+  const char *fam = src->is_gguf ? src->gguf_arch : src->model_type;
+  static const char *const ok_fam[] = {"qwen35", "qwen35moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_text",
+                                       "qwen3_5_moe_text"};
+  int known = 0;
+  for (size_t i = 0; i < sizeof ok_fam / sizeof *ok_fam; i++) known |= !strcmp(fam, ok_fam[i]);
+  if (!known)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "mmproj %s: the text model %s is '%s', not Qwen3.5 (qwen35 / qwen35moe): the Qwen3.5 vision "
+                    "tower feeds only Qwen3.5 text models",
+                    mmproj, src->path, fam);
+  struct model_vision *v = calloc(1, sizeof *v);
+  if (!v) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  char e2[512];
+  int rc = vision_ids(v, src, err, errlen);
+  if (!rc && v->info.image_token_id < 0)
+    rc = anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                  "mmproj %s: the text model %s has no image pad token (%s): it cannot take images", mmproj, src->path,
+                  src->is_gguf ? "<|image_pad|> in its vocabulary" : "image_token_id in config.json");
+  if (rc) {
+    free(v);
+    return rc;
+  }
+  model_source ts = {.path = mmproj, .is_gguf = !is_dir};
+  if ((rc = k->load(&v->impl, &ts, lp, e2, sizeof e2))) {
+    free(v);
+    return anna_err(err, errlen, rc, "mmproj: %s", e2);
+  }
+  v->kind = k;
+  k->describe(v->impl, &v->desc);
+  if (m->desc.hidden > 0 && v->desc.n_embd != m->desc.hidden)
+    rc = anna_err(err, errlen, ANNA_EINVAL,
+                  "mmproj %s: the tower's output width (projection_dim) %d does not match the text model's hidden size %d "
+                  "(%s): an mmproj of another model",
+                  mmproj, v->desc.n_embd, m->desc.hidden, src->path);
+  vision_preproc_config_default(&v->pre);
+  vision_video_config_default(&v->vid);
+  const char *proc_dir = !src->is_gguf ? src->path : is_dir ? mmproj : NULL;
+  if (!rc && proc_dir) rc = read_processors(v, proc_dir, err, errlen);
+  if (!rc && !proc_dir && !(rc = mmproj_preproc(mmproj, &v->pre, err, errlen))) {
+    v->vid.pre.patch_size = v->pre.patch_size;
+    v->vid.pre.merge_size = v->pre.merge_size;
+    memcpy(v->vid.pre.image_mean, v->pre.image_mean, sizeof v->pre.image_mean);
+    memcpy(v->vid.pre.image_std, v->pre.image_std, sizeof v->pre.image_std);
+  }
+  if (rc) {
+    k->free(v->impl);
+    free(v);
+    return rc;
+  }
+  finish_info(v);
+  m->vis = v;
+  return 0;
+}
+
+int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, const char *mmproj,
                         char *err, size_t errlen) {
   m->vis = NULL;
   const model_kind *k = model_kind_by_name("qwen3_5_vision");
-  if (!k || src->is_gguf || !k->probe(src)) return 0;
+  if (!k) return 0;
+  if (mmproj) return attach_mmproj(m, src, lp, mmproj, k, err, errlen);
+  if (src->is_gguf || !k->probe(src)) return 0;
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/config.json", src->path);
   json_t *root = json_load_file(path, 0, NULL);
@@ -163,29 +351,8 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
   v->kind = k;
   k->describe(v->impl, &v->desc);
   vision_preproc_config_default(&v->pre);
-  char *txt;
-  size_t n;
-  snprintf(path, sizeof path, "%s/preprocessor_config.json", src->path);
-  if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
-    rc = vision_preproc_config_parse(txt, n, &v->pre, e2, sizeof e2);
-    if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
-    free(txt);
-  }
   vision_video_config_default(&v->vid);
-  if (!rc) { /* the video processor's file; the published values when the folder has none */
-    snprintf(path, sizeof path, "%s/video_preprocessor_config.json", src->path);
-    if (!(rc = read_small(path, &txt, &n, err, errlen)) && txt) {
-      rc = vision_video_config_parse(txt, n, &v->vid, e2, sizeof e2);
-      if (rc) anna_err(err, errlen, rc, "%s: %s", path, e2);
-      free(txt);
-    }
-    if (!rc && (v->vid.pre.patch_size != v->pre.patch_size ||
-                v->vid.pre.merge_size != v->pre.merge_size ||
-                v->vid.pre.temporal_patch_size != v->pre.temporal_patch_size))
-      rc = anna_err(err, errlen, ANNA_EFORMAT,
-                    "%s: patch / merge / temporal patch sizes differ from preprocessor_config.json",
-                    path);
-  }
+  rc = read_processors(v, src->path, err, errlen);
   if (!rc && v->info.image_token_id < 0)
     rc = anna_err(err, errlen, ANNA_EFORMAT, "%s/config.json: vision_config without image_token_id",
                   src->path);
@@ -194,13 +361,7 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
     free(v);
     return rc;
   }
-  v->temporal_patch = v->pre.temporal_patch_size;
-  v->patch_dim = 3 * v->pre.temporal_patch_size * v->pre.patch_size * v->pre.patch_size;
-  v->info.patch_size = v->pre.patch_size;
-  v->info.merge_size = v->pre.merge_size;
-  v->info.min_pixels = v->pre.min_pixels;
-  v->info.max_pixels = v->pre.max_pixels;
-  v->info.n_embd = v->desc.n_embd;
+  finish_info(v);
   m->vis = v;
   return 0;
 }
@@ -238,6 +399,17 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
+/* The processor settings that shape an image's pixels, field by field (no struct padding): part
+ * of a media's content hash, so caches keyed on it never mix two preprocessings. */
+static uint64_t pre_hash(const vision_preproc_config *c) {
+  const int64_t iv[7] = {c->patch_size, c->merge_size, c->temporal_patch_size, c->min_pixels, c->max_pixels,
+                         c->do_resize | c->do_rescale << 1 | c->do_normalize << 2, c->do_convert_rgb};
+  uint64_t h = fnv1a(1469598103934665603ull, iv, sizeof iv);
+  h = fnv1a(h, &c->rescale_factor, sizeof c->rescale_factor);
+  h = fnv1a(h, c->image_mean, sizeof c->image_mean);
+  return fnv1a(h, c->image_std, sizeof c->image_std);
+}
+
 static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *rgb, int32_t w,
                           int32_t h, char *err, size_t errlen) {
   anna_media *md = calloc(1, sizeof *md);
@@ -253,7 +425,7 @@ static int media_from_rgb(anna_media **out, const anna_model *m, const uint8_t *
   md->src_w = w;
   md->src_h = h;
   const int32_t g[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
-  uint64_t hs = fnv1a(1469598103934665603ull, g, sizeof g);
+  uint64_t hs = fnv1a(pre_hash(&v->pre), g, sizeof g);
   md->hash =
       fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
   *out = md;
@@ -364,7 +536,7 @@ int anna_media_video_decode(anna_media **out, const anna_model *m, const void *d
   md->src_h = mv.height;
   media_video_free(&mv);
   const int32_t g[4] = {md->px.grid_t, md->px.grid_h, md->px.grid_w, 1 /* video */};
-  uint64_t hs = fnv1a(1469598103934665603ull, g, sizeof g);
+  uint64_t hs = fnv1a(pre_hash(&v->vid.pre), g, sizeof g);
   md->hash =
       fnv1a(hs, md->px.values, sizeof(float) * (size_t)md->px.n_patches * (size_t)md->px.patch_dim);
   *out = md;
@@ -446,7 +618,7 @@ void anna_media_free(anna_media *md) {
 /* ---- context ---- */
 
 int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, const ctx_encoder_device *dev,
-                      char *err, size_t errlen) {
+                      int64_t cache_bytes, char *err, size_t errlen) {
   *out = NULL;
   if (!m->vis) return 0;
   ctx_vision *v = calloc(1, sizeof *v);
@@ -463,6 +635,7 @@ int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_ba
   v->n_seq = n_seq;
   v->n_batch = n_batch;
   v->dev = *dev;
+  v->enc_budget = cache_bytes < 0 ? 0 : cache_bytes == 0 ? (size_t)ENC_DEFAULT_BYTES : (size_t)cache_bytes;
   *out = v;
   return 0;
 }
@@ -472,18 +645,24 @@ static void tower_close(ctx_vision *v) {
   v->cap = 0;
 }
 
-static void enc_drop(ctx_vision *v, enc_entry *e) {
+/* Frees entry i and moves the last entry into its place. */
+static void enc_drop(ctx_vision *v, int i) {
+  enc_entry *e = &v->enc[i];
   v->enc_bytes -= e->bytes;
   free(e->pix);
   free(e->rows);
-  memset(e, 0, sizeof *e);
+  v->enc[i] = v->enc[--v->n_enc];
+}
+
+static void enc_clear(ctx_vision *v) {
+  while (v->n_enc) enc_drop(v, v->n_enc - 1);
 }
 
 static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
   const vision_pixels *px = &md->px;
-  for (int i = 0; i < ENC_SLOTS; i++) {
+  for (int i = 0; i < v->n_enc; i++) {
     enc_entry *e = &v->enc[i];
-    if (e->rows && e->hash == md->hash && e->n_patches == px->n_patches &&
+    if (e->hash == md->hash && e->n_patches == px->n_patches &&
         e->grid[0] == px->grid_t && e->grid[1] == px->grid_h && e->grid[2] == px->grid_w &&
         !memcmp(e->pix, px->values,
                 sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim)) {
@@ -494,35 +673,35 @@ static const enc_entry *enc_find(ctx_vision *v, const anna_media *md) {
   return NULL;
 }
 
-/* Keeps md's rows, evicting the least recently used entries to stay within ENC_BYTES. Out of
- * memory or too large: not kept (the cache is an optimisation). */
+/* Keeps md's rows, evicting the least recently used entries to stay within the budget. Out of
+ * memory, or larger than the whole budget: not kept (the cache is an optimisation). */
 static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, int64_t n_rows,
                       int E) {
   const vision_pixels *px = &md->px;
   const size_t pb = sizeof(float) * (size_t)px->n_patches * (size_t)px->patch_dim;
   const size_t rb = sizeof(float) * (size_t)n_rows * (size_t)E;
-  if (pb + rb > ENC_BYTES) return;
-  for (;;) {
-    enc_entry *lru = NULL;
-    int free_slot = 0;
-    for (int i = 0; i < ENC_SLOTS; i++) {
-      if (!v->enc[i].rows)
-        free_slot = 1;
-      else if (!lru || v->enc[i].tick < lru->tick)
-        lru = &v->enc[i];
-    }
-    if (free_slot && v->enc_bytes + pb + rb <= ENC_BYTES) break;
+  if (pb + rb > v->enc_budget) return;
+  while (v->n_enc && v->enc_bytes + pb + rb > v->enc_budget) {
+    int lru = 0;
+    for (int i = 1; i < v->n_enc; i++)
+      if (v->enc[i].tick < v->enc[lru].tick) lru = i;
     enc_drop(v, lru);
+    v->stats.cache_evictions++;
   }
-  enc_entry *e = NULL;
-  for (int i = 0; i < ENC_SLOTS && !e; i++)
-    if (!v->enc[i].rows) e = &v->enc[i];
+  if (v->n_enc == v->cap_enc) {
+    const int cap = v->cap_enc ? 2 * v->cap_enc : 16;
+    enc_entry *ne = realloc(v->enc, sizeof *ne * (size_t)cap);
+    if (!ne) return;
+    v->enc = ne;
+    v->cap_enc = cap;
+  }
+  enc_entry *e = &v->enc[v->n_enc];
+  memset(e, 0, sizeof *e);
   e->pix = malloc(pb);
   e->rows = malloc(rb);
   if (!e->pix || !e->rows) {
     free(e->pix);
     free(e->rows);
-    memset(e, 0, sizeof *e);
     return;
   }
   memcpy(e->pix, px->values, pb);
@@ -536,20 +715,24 @@ static void enc_store(ctx_vision *v, const anna_media *md, const float *rows, in
   e->n_rows = n_rows;
   e->bytes = pb + rb;
   v->enc_bytes += e->bytes;
+  v->n_enc++;
 }
 
 void anna_context_vision_stats(const anna_context *c, anna_vision_stats *st) {
   const ctx_vision *v = context_vision((anna_context *)c);
-  if (v)
+  if (v) {
     *st = v->stats;
-  else
+    st->cache_bytes = (int64_t)v->enc_bytes;
+    st->cache_entries = v->n_enc;
+    st->cache_budget = (int64_t)v->enc_budget;
+  } else {
     memset(st, 0, sizeof *st);
+  }
 }
 
 void anna_context_vision_cache_clear(anna_context *c) {
   ctx_vision *v = context_vision(c);
-  for (int i = 0; v && i < ENC_SLOTS; i++)
-    enc_drop(v, &v->enc[i]);
+  if (v) enc_clear(v);
 }
 
 static double now_s(void) {
@@ -560,8 +743,8 @@ static double now_s(void) {
 
 void ctx_vision_free(ctx_vision *v) {
   if (!v) return;
-  for (int i = 0; i < ENC_SLOTS; i++)
-    enc_drop(v, &v->enc[i]);
+  enc_clear(v);
+  free(v->enc);
   tower_close(v);
   for (int s = 0; v->run_end && s < v->n_seq; s++)
     free(v->run_end[s]);
@@ -671,6 +854,7 @@ static int tower_rows(ctx_vision *v, const anna_prompt *p, float *rows, char *er
       v->stats.cache_hits++;
       continue;
     }
+    if (v->enc_budget) v->stats.cache_misses++;
     const double t0 = now_s();
     if ((rc = tower_open(v, md->px.n_patches, err, errlen))) break;
     const int32_t grid[3] = {md->px.grid_t, md->px.grid_h, md->px.grid_w};
@@ -786,6 +970,90 @@ static int prompt_check(const struct model_vision *mv, const anna_prompt *p, uin
   return 0;
 }
 
+/* The prefix cache's keys of p's tokens (kv_cache_next_keys): text tokens as they are; pad j of a
+ * media (in prompt order, is_vision from prompt_check) keyed by that media's content hash and the
+ * pixels of its own merge block (M x M patches), as a negative int32 (never a token id). Two
+ * images differ in every pad whose pixels differ, so their blocks never match; the same image +
+ * text keys the same. */
+static void prompt_keys(const anna_prompt *p, const uint8_t *is_vision, int32_t *keys) {
+  int32_t r = 0, j = 0;
+  for (int32_t i = 0; i < p->n; i++) {
+    keys[i] = p->tokens[i];
+    if (!is_vision[i]) continue;
+    while (r < p->n_media && j >= p->media[r].media->n_tokens) r++, j = 0;
+    if (r >= p->n_media) continue; /* prompt_check already refused this */
+    const anna_media *md = p->media[r].media;
+    const size_t per = (size_t)md->px.n_patches / (size_t)md->n_tokens * (size_t)md->px.patch_dim;
+    uint64_t h = fnv1a(md->hash, &j, sizeof j);
+    h = fnv1a(h, md->px.values + (size_t)j * per, sizeof(float) * per);
+    keys[i] = (int32_t)(0x80000000u | (uint32_t)((h ^ (h >> 32)) & 0x7fffffffu));
+    j++;
+  }
+}
+
+int32_t anna_context_prefix_attach_media(anna_context *c, int seq, const anna_prompt *p, int flags, char *err,
+                                         size_t errlen) {
+  ctx_vision *v = context_vision(c);
+  if (!p || !p->tokens || p->n < 0 || p->n_media < 0 || (p->n_media > 0 && !p->media))
+    return anna_err(err, errlen, ANNA_EINVAL, "prefix attach: no prompt");
+  if (!v || p->n_media == 0) {
+    if (p->n_media > 0) return no_vision(context_model(c), err, errlen);
+    const int32_t r = anna_context_prefix_attach(c, seq, p->tokens, p->n, flags);
+    return r < 0 ? anna_err(err, errlen, r, "prefix attach: sequence %d out of range", seq) : r;
+  }
+  if (seq < 0 || seq >= v->n_seq)
+    return anna_err(err, errlen, ANNA_EINVAL, "prefix attach: sequence %d out of range [0, %d)", seq, v->n_seq);
+  const int32_t n = p->n, n_runs = prompt_runs(p);
+  uint8_t *isv = malloc((size_t)n + 1);
+  int32_t *keys = malloc(sizeof *keys * ((size_t)n + 1));
+  int32_t *run_hw = malloc(sizeof *run_hw * (2 * (size_t)n_runs + 1));
+  int32_t *run_end = malloc(sizeof *run_end * ((size_t)n_runs + 1));
+  int32_t rc = 0, r = 0;
+  if (!isv || !keys || !run_hw || !run_end) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  if (!rc) rc = prompt_check(v->mv, p, isv, run_hw, run_end, err, errlen);
+  if (!rc) {
+    prompt_keys(p, isv, keys);
+    /* A media is reused whole or not at all (its rows cannot be prefilled in part): a match
+     * that ends inside one, from its first pad to the end of its last run, attaches again up
+     * to that media's start (GDN models may land inside an earlier one: until none). */
+    int32_t want = n;
+    for (;;) {
+      r = anna_context_prefix_attach(c, seq, keys, want, flags);
+      if (r <= 0) break;
+      int32_t cut = -1, k = 0;
+      for (int32_t m = 0; m < p->n_media && cut < 0; m++) {
+        const int32_t groups = p->media[m].media->is_video ? p->media[m].media->px.grid_t : 1;
+        const int32_t start = p->media[m].at, end = run_end[k + groups - 1];
+        if (r > start && r < end) cut = start;
+        k += groups;
+      }
+      if (cut < 0) break;
+      want = cut;
+    }
+    if (r < 0) rc = anna_err(err, errlen, r, "prefix attach: sequence %d", seq);
+  }
+  /* the rotary delta of the runs the reused prefix holds (what prefill would have recorded) */
+  if (!rc && r > 0 && !(rc = runs_reserve(v, seq, n_runs))) {
+    int32_t d = 0;
+    for (int32_t k = 0; k < n_runs && run_end[k] <= r; k++) {
+      const int32_t M = v->mv->info.merge_size, gh = run_hw[2 * k] / M, gw = run_hw[2 * k + 1] / M;
+      d += (gh > gw ? gh : gw) - gh * gw;
+      v->run_end[seq][k] = run_end[k];
+      v->run_delta[seq][k] = d;
+      v->n_runs[seq] = k + 1;
+    }
+    v->delta[seq] = d;
+  } else if (rc == ANNA_ENOMEM) {
+    anna_err(err, errlen, rc, "out of memory");
+  }
+  if (rc) anna_context_seq_reset(c, seq);
+  free(isv);
+  free(keys);
+  free(run_hw);
+  free(run_end);
+  return rc ? rc : r;
+}
+
 int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err,
                          size_t errlen) {
   const anna_model *m = context_model(c);
@@ -824,11 +1092,13 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   int8_t *bflag = calloc((size_t)nb, 1);
   float *rows = malloc(sizeof *rows * ((size_t)rows_n * (size_t)E + 1));
   float *lg = logits ? logits : malloc(sizeof *lg * (size_t)vocab);
+  int32_t *keys = malloc(sizeof *keys * ((size_t)n + 1));
   int rc = 0;
-  if (!isv || !run_hw || !run_end || !pos3 || !bpos3 || !bseq || !bpos || !bidx || !bflag || !rows || !lg)
+  if (!keys || !isv || !run_hw || !run_end || !pos3 || !bpos3 || !bseq || !bpos || !bidx || !bflag || !rows || !lg)
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   int32_t next = n;
   if (!rc && v) rc = prompt_check(v->mv, p, isv, run_hw, run_end, err, errlen);
+  if (!rc && v && p->n_media > 0) prompt_keys(p, isv, keys);
   if (!rc && v && p->n_media > 0) rc = tower_rows(v, p, rows, err, errlen);
   if (!rc && v && p->n_media > 0)
     rc = vision_qwen35_rope_positions(isv, n, run_hw, n_runs, v->mv->info.merge_size, pos3,
@@ -856,7 +1126,8 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
       const model_input mm = {.embd = ne ? rows + row * E : NULL,
                               .embd_idx = ne ? bidx : NULL,
                               .n_embd = ne,
-                              .rope_pos = bpos3};
+                              .rope_pos = bpos3,
+                              .cache_keys = p->n_media > 0 ? keys + s0 : NULL};
       rc = context_run_mm(c, &b, &mm, lg, err, errlen);
     } else {
       rc = anna_context_decode(c, &b, lg, err, errlen);
@@ -880,6 +1151,7 @@ int anna_context_prefill(anna_context *c, int seq, const anna_prompt *p, float *
   }
   if (rc == ANNA_ENOMEM) anna_err(err, errlen, rc, "out of memory");
   if (lg != logits) free(lg);
+  free(keys);
   free(isv);
   free(run_hw);
   free(run_end);

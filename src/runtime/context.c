@@ -96,7 +96,7 @@ int anna_model_load(anna_model **out, const char *path, const anna_model_options
   }
   m->kind = kind;
   kind->describe(m->impl, &m->desc);
-  if ((rc = model_vision_attach(m, &src, &lp, err, errlen)) ||
+  if ((rc = model_vision_attach(m, &src, &lp, opt ? opt->mmproj : NULL, err, errlen)) ||
       (rc = model_audio_attach(m, &src, &lp, err, errlen))) {
     anna_model_free(m);
     return rc;
@@ -326,6 +326,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.kv_cache_residual_len = opt->kv_cache_residual_len;
     o.prefix_share = opt->prefix_share;
     o.prefix_snapshot_interval = opt->prefix_snapshot_interval;
+    o.mm_cache_bytes = opt->mm_cache_bytes;
     o.tuning = opt->tuning;
     o.offload_mode = opt->offload_mode;
     o.gpu_memory_limit = opt->gpu_memory_limit;
@@ -449,7 +450,7 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
                                    .exact_matmul = o.exact_matmul,
                                    .tuning = c->tuning};
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
-      (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, &edev, err, errlen)) ||
+      (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, &edev, o.mm_cache_bytes, err, errlen)) ||
       (rc = ctx_audio_create(&c->aud, m, o.n_batch, &edev, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
@@ -490,6 +491,7 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
     in.embd_idx = mm->embd_idx;
     in.n_embd = mm->n_embd;
     in.rope_pos = mm->rope_pos;
+    in.cache_keys = mm->cache_keys;
   } else if (c->vis) { /* sequences that hold an image decode at pos + their rotary delta */
     int rc = ctx_vision_rope(c->vis, b, &in.rope_pos, err, errlen);
     if (rc) return rc;

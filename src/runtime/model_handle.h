@@ -36,14 +36,17 @@ struct anna_model {
 
 /* api_vision.c: the optional vision tower of a model and the per-context vision state. */
 typedef struct ctx_vision ctx_vision;
-/* After the text kind loaded src: loads the tower when the folder has one (m->vis). */
-int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, char *err,
-                        size_t errlen);
+/* After the text kind loaded src: loads the tower when the folder has one, or from mmproj (a
+ * GGUF or folder; anna_model_options.mmproj) when given (m->vis). */
+int model_vision_attach(anna_model *m, const model_source *src, const model_load_params *lp, const char *mmproj,
+                        char *err, size_t errlen);
 void model_vision_detach(anna_model *m);
-/* Per-context: rotary deltas of n_seq sequences, positions scratch for n_batch rows. NULL
- * *out (and 0) when m has no tower. Caller frees with ctx_vision_free. */
+/* Per-context: rotary deltas of n_seq sequences, positions scratch for n_batch rows, an
+ * encoder output cache of cache_bytes (anna_context_options.mm_cache_bytes: 0 the default
+ * 256 MiB, < 0 off); the tower runs on dev. NULL *out (and 0) when m has no tower. Caller
+ * frees with ctx_vision_free. */
 int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, const ctx_encoder_device *dev,
-                      char *err, size_t errlen);
+                      int64_t cache_bytes, char *err, size_t errlen);
 void ctx_vision_free(ctx_vision *v);
 /* Rotary positions for a batch whose sequences carry deltas: *rope = NULL when none does,
  * else [3 * b->n] in v's scratch. ANNA_ERANGE when b->n exceeds n_batch. */

@@ -38,7 +38,10 @@ typedef struct audio_job {
   gen_request *r;
   int fmt, stream, forced;
   double seconds;
-  int n_prompt;
+  int n_prompt;  /* prompt tokens over all pieces */
+  int n_audio;   /* audio pad tokens over all pieces */
+  int n_pieces;  /* a long clip's pieces (anna_media_audio_decode_chunks), a choice each */
+  double *offs;  /* owned: where each piece starts (s) */
   char lang[64]; /* forced name, else filled from the output */
 } audio_job;
 
@@ -155,7 +158,102 @@ static size_t transcript_at(const audio_job *j, const gen_choice *ch, char *lang
   return anna_asr_output_split(ch->text ? ch->text : "", ch->text_len, lang, cap);
 }
 
+/* Piece i's transcript as qwen-asr parses it (caller frees), or the joined transcript of all
+ * pieces (i < 0), with the merged languages in *lang (caller frees) when lang is not NULL. */
+static char *pieces_text(const audio_job *j, int i, char **lang) {
+  const gen_request *r = j->r;
+  const int a = i < 0 ? 0 : i, n = i < 0 ? j->n_pieces : 1;
+  const char **raws = malloc(sizeof *raws * (size_t)n);
+  if (!raws) return NULL;
+  for (int k = 0; k < n; k++)
+    raws[k] = r->choices[a + k].text ? r->choices[a + k].text : "";
+  char *t = NULL, *l = NULL, err[64];
+  if (anna_asr_transcript_join(raws, n, j->forced, &t, &l, err, sizeof err)) t = l = NULL;
+  free(raws);
+  if (lang)
+    *lang = l;
+  else
+    free(l);
+  return t;
+}
+
+/* body_of for a clip of several pieces: the joined text; srt / vtt a cue per piece with text
+ * (over its span); verbose_json a segment per piece. */
+static char *body_pieces(const audio_job *j, const char **ctype) {
+  const gen_request *r = j->r;
+  char *lang = NULL, *text = pieces_text(j, -1, &lang);
+  if (!text) return NULL;
+  *ctype = "application/json";
+  if (j->fmt == AF_TEXT) {
+    free(lang);
+    *ctype = "text/plain; charset=utf-8";
+    return text;
+  }
+  if (j->fmt == AF_SRT || j->fmt == AF_VTT) {
+    free(lang), free(text);
+    *ctype = j->fmt == AF_VTT ? "text/vtt; charset=utf-8" : "text/plain; charset=utf-8";
+    const char sep = j->fmt == AF_SRT ? ',' : '.';
+    char *out = strdup(j->fmt == AF_VTT ? "WEBVTT\n\n" : "");
+    size_t len = out ? strlen(out) : 0, cap = len + 1;
+    for (int i = 0, cue = 0; out && i < j->n_pieces; i++) {
+      char *pt = pieces_text(j, i, NULL), a[32], b[32], num[16] = "", *cue_s = NULL;
+      if (!pt) {
+        free(out);
+        return NULL;
+      }
+      if (pt[0]) {
+        stamp(a, sizeof a, j->offs[i], sep);
+        stamp(b, sizeof b, i + 1 < j->n_pieces ? j->offs[i + 1] : j->seconds, sep);
+        if (j->fmt == AF_SRT) snprintf(num, sizeof num, "%d\n", ++cue);
+        if (asprintf(&cue_s, "%s%s --> %s\n%s\n\n", num, a, b, pt) < 0) cue_s = NULL;
+        if (!cue_s || append(&out, &len, &cap, cue_s, strlen(cue_s), (size_t)-2)) {
+          free(out);
+          out = NULL;
+        }
+        free(cue_s);
+      }
+      free(pt);
+    }
+    return out;
+  }
+  json_t *o = json_object();
+  json_object_set_new(o, "text", json_string(text));
+  json_t *usage = json_pack("{s:s,s:f}", "type", "duration", "seconds", j->seconds);
+  if (j->fmt == AF_VERBOSE) {
+    char ll[64];
+    lower_copy(ll, sizeof ll, j->forced ? j->lang : lang);
+    json_t *segs = json_array();
+    for (int i = 0; i < j->n_pieces; i++) {
+      const gen_choice *ch = &r->choices[i];
+      char *pt = pieces_text(j, i, NULL);
+      json_t *toks = json_array();
+      double lp = 0;
+      for (size_t k = 0; k < ch->n_toks; k++) {
+        json_array_append_new(toks, json_integer(ch->toks[k].id));
+        lp += ch->toks[k].logprob;
+      }
+      json_array_append_new(
+          segs, json_pack("{s:i,s:i,s:f,s:f,s:s,s:o,s:f,s:f}", "id", i, "seek", 0, "start",
+                          j->offs[i], "end", i + 1 < j->n_pieces ? j->offs[i + 1] : j->seconds,
+                          "text", pt ? pt : "", "tokens", toks, "temperature",
+                          (double)r->sp.temperature, "avg_logprob",
+                          ch->n_toks ? lp / (double)ch->n_toks : 0.0));
+      free(pt);
+    }
+    json_object_set_new(o, "task", json_string("transcribe"));
+    json_object_set_new(o, "language", json_string(ll));
+    json_object_set_new(o, "duration", json_real(j->seconds));
+    json_object_set_new(o, "segments", segs);
+  }
+  json_object_set_new(o, "usage", usage);
+  free(lang), free(text);
+  char *s = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  return s;
+}
+
 static char *body_of(const audio_job *j, const char **ctype) {
+  if (j->n_pieces > 1) return body_pieces(j, ctype);
   const gen_request *r = j->r;
   const gen_choice *ch = &r->choices[0];
   char lang[64] = "";
@@ -211,6 +309,7 @@ typedef struct audio_sse {
   int started, finished;
   size_t start, sent; /* transcript offset; bytes of text sent as deltas */
   size_t seen;        /* text length at the last step (held-back text included) */
+  int piece;          /* several pieces: the next piece to send */
   char *buf;
   size_t len, cap, off;
 } audio_sse;
@@ -239,8 +338,57 @@ static int sse_event(audio_sse *s, json_t *o) {
   return rc ? -1 : 0;
 }
 
+/* sse_step for several pieces: each piece's parsed text goes as one delta once it and the
+ * pieces before it are done, so the deltas add up to the joined text of the done event. */
+static int sse_step_pieces(audio_sse *s) {
+  gen_request *r = s->job.r;
+  const audio_job *j = &s->job;
+  while (s->piece < j->n_pieces && r->choices[s->piece].done && !r->error[0]) {
+    char *pt = pieces_text(j, s->piece, NULL);
+    if (!pt) return -1;
+    int rc = 0;
+    if (pt[0])
+      rc = sse_event(s, json_pack("{s:s,s:s}", "type", "transcript.text.delta", "delta", pt));
+    free(pt);
+    if (rc) return -1;
+    s->piece++;
+  }
+  int all = 1, n_gen = 0;
+  for (int i = 0; i < j->n_pieces; i++)
+    all &= r->choices[i].done, n_gen += r->choices[i].n_gen;
+  if (!all) return 0;
+  if (r->error[0]) {
+    json_t *o = json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "message", r->error,
+                          "type", "server_error");
+    if (sse_event(s, o)) return -1;
+  } else {
+    char *text = pieces_text(j, -1, NULL);
+    if (!text) return -1;
+    json_t *o = json_pack("{s:s,s:s,s:{s:s,s:i,s:i,s:i,s:{s:i,s:i}}}", "type",
+                          "transcript.text.done", "text", text, "usage", "type", "tokens",
+                          "input_tokens", j->n_prompt, "output_tokens", n_gen, "total_tokens",
+                          j->n_prompt + n_gen, "input_token_details", "text_tokens",
+                          j->n_prompt - j->n_audio, "audio_tokens", j->n_audio);
+    free(text);
+    if (sse_event(s, o)) return -1;
+  }
+  if (append(&s->buf, &s->len, &s->cap, "data: [DONE]\n\n", 14, (size_t)-2)) return -1;
+  s->finished = 1;
+  return 0;
+}
+
+/* Several pieces (r->mu held): 1 when the next piece is done (and nothing failed) or all are. */
+static int pieces_news(const audio_sse *s) {
+  const gen_request *r = s->job.r;
+  if (s->piece < s->job.n_pieces && r->choices[s->piece].done && !r->error[0]) return 1;
+  for (int i = 0; i < s->job.n_pieces; i++)
+    if (!r->choices[i].done) return 0;
+  return 1;
+}
+
 /* Renders what is new (r->mu held). */
 static int sse_step(audio_sse *s) {
+  if (s->job.n_pieces > 1) return sse_step_pieces(s);
   gen_request *r = s->job.r;
   const gen_choice *ch = &r->choices[0];
   const char *text = ch->text ? ch->text : "";
@@ -293,7 +441,8 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
     if (s->finished) return MHD_CONTENT_READER_END_OF_STREAM;
     pthread_mutex_lock(&r->mu);
     /* wait for news: text held back before <asr_text> is news too, or this would spin */
-    while (!r->choices[0].done && r->choices[0].text_len == s->seen) {
+    while (s->job.n_pieces > 1 ? !pieces_news(s)
+                               : !r->choices[0].done && r->choices[0].text_len == s->seen) {
       gen_request_wait(r, 50);
       if (peer_gone(s->fd)) {
         pthread_mutex_unlock(&r->mu);
@@ -314,6 +463,7 @@ static void sse_free(void *cls) {
   audio_sse *s = cls;
   engine_cancel(s->eng, s->job.r);
   gen_request_release(s->job.r);
+  free(s->job.offs);
   free(s->buf);
   free(s);
 }
@@ -367,7 +517,8 @@ static int job_build(const audio_api_env *env, form *f, const char *rid, audio_j
                     "timestamp granularity '%s' is not one of word, segment", f->bad_gran);
   if (f->chunking && strcmp(f->chunking, "auto"))
     return oai_fail(e, 400, "chunking_strategy", "unsupported_value",
-                    "chunking_strategy must be \"auto\" (clips are transcribed whole)");
+                    "chunking_strategy must be \"auto\" (long clips are cut at their quietest points "
+                    "every --audio-chunk-seconds, as qwen-asr cuts them)");
   if (f->stream) {
     if (!strcmp(f->stream, "true") || !strcmp(f->stream, "True") || !strcmp(f->stream, "1"))
       j->stream = 1;
@@ -401,55 +552,66 @@ static int job_build(const audio_api_env *env, form *f, const char *rid, audio_j
     snprintf(j->lang, sizeof j->lang, "%s", lang);
   }
   char err[512];
-  anna_media *md = NULL;
-  int rc = anna_media_audio_decode(&md, env->m, f->file, f->file_len, env->max_audio_seconds, err,
-                                   sizeof err);
+  anna_media **mds = NULL;
+  int32_t np = 0;
+  int rc = anna_media_audio_decode_chunks(&mds, &j->offs, &np, env->m, f->file, f->file_len,
+                                          env->max_audio_seconds, env->audio_chunk_seconds, err,
+                                          sizeof err);
   if (rc)
     return oai_fail(e, rc == ANNA_ENOMEM ? 503 : 400, "file",
                     rc == ANNA_ENOMEM ? "resources_exhausted" : "invalid_audio", "%s", err);
-  int32_t *ids = NULL, at = -1;
-  size_t n = 0;
-  rc = anna_asr_prompt(env->m, env->text, md, f->prompt, lang, &ids, &n, &at, err, sizeof err);
-  if (rc) {
-    anna_media_free(md);
-    return oai_fail(e, 400, "prompt", "invalid_value", "%s", err);
-  }
-  j->seconds = anna_media_audio_seconds(md);
-  if (n + 1 >= (size_t)env->n_ctx) {
-    anna_media_free(md);
-    free(ids);
-    return oai_fail(e, 400, "file", "context_length_exceeded",
-                    "the %.1f-s clip makes a %zu-token prompt; this server's context (--ctx-size) "
-                    "is %d tokens",
-                    j->seconds, n, env->n_ctx);
-  }
+  /* a piece per prompt (one for a clip within --audio-chunk-seconds); the request owns them */
   gen_request *r = j->r = gen_request_new();
   if (r) {
-    r->prompts = calloc(1, sizeof *r->prompts);
-    r->n_prompt = calloc(1, sizeof *r->n_prompt);
-    r->media = calloc(1, sizeof *r->media);
-    r->media_at = calloc(1, sizeof *r->media_at);
+    r->prompts = calloc((size_t)np, sizeof *r->prompts);
+    r->n_prompt = calloc((size_t)np, sizeof *r->n_prompt);
+    r->media = calloc((size_t)np, sizeof *r->media);
+    r->media_at = calloc((size_t)np, sizeof *r->media_at);
+    r->media_prompt = np > 1 ? calloc((size_t)np, sizeof *r->media_prompt) : NULL;
   }
-  if (!r || !r->prompts || !r->n_prompt || !r->media || !r->media_at) {
-    anna_media_free(md);
-    free(ids);
+  if (!r || !r->prompts || !r->n_prompt || !r->media || !r->media_at ||
+      (np > 1 && !r->media_prompt)) {
+    for (int32_t i = 0; i < np; i++)
+      anna_media_free(mds[i]);
+    free(mds);
     return oai_fail(e, 500, NULL, NULL, "out of memory");
   }
   snprintf(r->id, sizeof r->id, "%s", rid);
-  r->n_prompts = 1;
-  r->prompts[0] = ids;
-  r->n_prompt[0] = n;
-  r->media[0] = md;
-  r->media_at[0] = at;
-  r->n_media = 1;
+  for (int32_t i = 0; i < np; i++) {
+    r->media[i] = mds[i];
+    if (r->media_prompt) r->media_prompt[i] = i;
+  }
+  free(mds);
+  r->n_media = r->n_prompts = j->n_pieces = np;
+  size_t longest = 0;
+  for (int32_t i = 0; i < np; i++) {
+    int32_t *ids = NULL, at = -1;
+    size_t n = 0;
+    rc = anna_asr_prompt(env->m, env->text, r->media[i], f->prompt, lang, &ids, &n, &at, err,
+                         sizeof err);
+    if (rc) return oai_fail(e, 400, "prompt", "invalid_value", "%s", err);
+    r->prompts[i] = ids;
+    r->n_prompt[i] = n;
+    r->media_at[i] = at;
+    j->n_prompt += (int)n;
+    j->n_audio += anna_media_n_tokens(r->media[i]);
+    if (n > longest) longest = n;
+  }
+  j->seconds = np == 1 ? anna_media_audio_seconds(r->media[0])
+                       : j->offs[np - 1] + anna_media_audio_seconds(r->media[np - 1]);
+  if (longest + 1 >= (size_t)env->n_ctx)
+    return oai_fail(e, 400, "file", "context_length_exceeded",
+                    "the %.1f-s clip makes a %zu-token prompt%s; this server's context "
+                    "(--ctx-size) is %d tokens",
+                    np == 1 ? j->seconds : 0.0, longest,
+                    np == 1 ? "" : " (its longest piece)", env->n_ctx);
   r->n = 1;
   /* qwen-asr's transformers wrapper stops at 512 new tokens; the context bounds it too */
-  const int room = env->n_ctx - (int)n - 1;
+  const int room = env->n_ctx - (int)longest - 1;
   r->max_tokens = room < 512 ? room : 512;
   r->sp = env->defaults;
   r->sp.temperature = temp;
   r->logprobs = j->fmt == AF_VERBOSE; /* segment tokens and avg_logprob */
-  j->n_prompt = (int)n;
   if (gen_request_prepare(r)) return oai_fail(e, 500, NULL, NULL, "out of memory");
   return 0;
 }
@@ -497,12 +659,14 @@ enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection
   form_clear(&f);
   if (e.status) {
     if (j.r) gen_request_release(j.r);
+    free(j.offs);
     return send_err(c, rid, &e, status);
   }
   char err[512];
   int rc = engine_submit(env->eng, j.r, err, sizeof err);
   if (rc) {
     gen_request_release(j.r);
+    free(j.offs);
     oai_fail(&e,
              rc == ANNA_ERANGE                        ? 429
              : rc == ANNA_ESTATE || rc == ANNA_ENOMEM ? 503
@@ -524,6 +688,7 @@ enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection
     if (!s) {
       engine_cancel(env->eng, r);
       gen_request_release(r);
+      free(j.offs);
       return send_text(c, rid, 500, NULL, NULL, status);
     }
     s->eng = env->eng;
@@ -550,6 +715,7 @@ enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection
       pthread_mutex_unlock(&r->mu);
       engine_cancel(env->eng, r);
       gen_request_release(r);
+      free(j.offs);
       *status = 499;
       return MHD_NO;
     }
@@ -567,5 +733,6 @@ enum MHD_Result audio_api_handle(const audio_api_env *env, struct MHD_Connection
     ret = send_text(c, rid, 200, b, ctype, status);
   }
   gen_request_release(r);
+  free(j.offs);
   return ret;
 }

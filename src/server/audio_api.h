@@ -33,6 +33,7 @@ typedef struct audio_api_env {
   const char *model_name; /* what `model` must be (or empty) */
   anna_sampler_params defaults;
   double max_audio_seconds; /* --max-audio-seconds (> 0) */
+  double audio_chunk_seconds; /* --audio-chunk-seconds: longer clips are cut (<= 0: 1200) */
   size_t max_body_bytes;    /* --max-body-bytes, for the 413 message */
   int n_ctx;
 } audio_api_env;

@@ -4,6 +4,7 @@
 #include "engine.h"
 
 #include "anna/anna.h"
+#include "gbnf.h"
 #include "jsonmask.h"
 #include "jsonschema.h"
 
@@ -66,7 +67,9 @@ void gen_request_release(gen_request *r) {
     anna_media_free(r->media[i]);
   free(r->media);
   free(r->media_at);
+  free(r->media_prompt);
   jsonschema_release(r->schema);
+  gbnf_release(r->grammar);
   free(r->prefix);
   free(r->suffix);
   for (int i = 0; r->choices && i < r->n_choices; i++) {
@@ -119,12 +122,14 @@ typedef struct slot {
   anna_text_stream *ts;
   jsonmask jm;       /* JSON mode: what has been generated so far */
   jschema_state js;  /* the same with a schema (gen_request.schema) */
+  gbnf_state gs;     /* the same with a grammar (gen_request.grammar) */
   size_t suffix_pos; /* forced suffix tokens emitted */
   int forced_ended;  /* the last n_gen step wrote no token (a forced output's end) */
   char *txt;         /* all generated text; [0, released) has gone to the choice */
   size_t len, cap, released;
   double t_last;
   int exact_store; /* keep this prompt's state + logits in the exact cache once prefilled */
+  int32_t media_reused; /* a prompt with media: tokens the prefix pool gave (slot_media_prefill) */
 } slot;
 
 /* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
@@ -178,6 +183,7 @@ struct engine {
   const uint32_t *tok_off;
   const uint8_t *tok_cls;
   jschema_vocab *jvoc;
+  gbnf_masker *gmask; /* grammar masks over jvoc, built on first use */
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
@@ -191,6 +197,7 @@ struct engine {
   anna_spec_window *wins;
   int *win_slot;
   anna_spec_stats spec; /* as of the last step (under mu) */
+  anna_vision_stats vis; /* as of the last step (under mu) */
   /* engine_embed: jobs queued under mu, run by the engine thread on sequence embed_seq
    * (-1: embeddings off); embed_cv wakes their callers. */
   struct embed_job *embed_q;
@@ -495,26 +502,65 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre);
 /* A prompt with images (gen_request.media): the tower and the prompt but its last token run
  * here, alone, at slot start (anna_context_prefill); after a preemption the generated tokens
  * follow as text. The last token is left to the scheduler's batched steps, which sample from
- * it as from any prompt. No prefix attach or registration, no exact cache. */
+ * it as from any prompt. With the prompt cache on, the prefix pool is read and fed with pads
+ * keyed by their image's content (anna_context_prefix_attach_media): the same image + text
+ * reuses KV (and skips the tower), another image never matches. No exact cache. */
 static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
   slot *s = &e->slots[i];
   const gen_request *r = s->r;
   anna_media_ref refs[64];
   s->exact_store = 0;
   s->n_fed = 0;
+  s->media_reused = 0;
   anna_context_seq_reset(e->ctx, i);
-  if (r->n_media > 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
-  for (int k = 0; k < r->n_media; k++) refs[k] = (anna_media_ref){r->media[k], r->media_at[k]};
-  const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, r->n_media};
-  int rc = anna_context_prefill(e->ctx, i, &p, NULL, err, errlen);
+  /* a request of several prompts (long audio cut into pieces) gives each choice its own media */
+  const int pi = s->ci / r->n;
+  int nr = 0;
+  for (int k = 0; k < r->n_media; k++) {
+    if ((r->media_prompt ? r->media_prompt[k] : 0) != pi) continue;
+    if (nr == 64) return anna_err(err, errlen, ANNA_EINVAL, "more than 64 images");
+    refs[nr++] = (anna_media_ref){r->media[k], r->media_at[k]};
+  }
+  const anna_prompt p = {s->feed, (int32_t)s->n_prompt - 1, refs, nr};
+  int32_t got = 0;
+  int rc = 0;
+  /* images and video only: audio prompts (no vision tower) are not keyed for the prefix pool */
+  if (e->o.prompt_cache && anna_model_has_vision(e->m)) {
+    anna_kv_stats before, after;
+    anna_context_kv_stats(e->ctx, &before);
+    got = anna_context_prefix_attach_media(e->ctx, i, &p, ANNA_PREFIX_REGISTER, err, errlen);
+    anna_context_kv_stats(e->ctx, &after);
+    if (got < 0) {
+      rc = got;
+      got = 0;
+    }
+    pthread_mutex_lock(&e->mx->mu);
+    e->mx->cache_lookups++;
+    e->mx->prefix_hit_blocks += after.hit_blocks - before.hit_blocks;
+    e->mx->prefix_miss_blocks += after.miss_blocks - before.miss_blocks;
+    e->mx->prefix_hit_tokens += (uint64_t)got;
+    e->mx->prefix_miss_tokens += (uint64_t)(s->n_prompt - (size_t)got);
+    if (got > 0) {
+      e->mx->cache_hits++;
+      e->mx->cache_reused_tokens += (uint64_t)got;
+    }
+    pthread_mutex_unlock(&e->mx->mu);
+  }
+  /* the rest of the prompt: the media at or after the reused prefix, from there */
+  int nk = 0;
+  for (int k = 0; k < nr; k++)
+    if (refs[k].at >= got) refs[nk++] = (anna_media_ref){refs[k].media, refs[k].at - got};
+  const anna_prompt q = {s->feed + got, p.n - got, refs, nk};
+  if (!rc && q.n > 0) rc = anna_context_prefill(e->ctx, i, &q, NULL, err, errlen);
   if (!rc && s->n_feed > s->n_prompt) {
-    const anna_prompt q = {s->feed + s->n_prompt - 1, (int32_t)(s->n_feed - s->n_prompt), NULL, 0};
-    rc = anna_context_prefill(e->ctx, i, &q, NULL, err, errlen);
+    const anna_prompt q2 = {s->feed + s->n_prompt - 1, (int32_t)(s->n_feed - s->n_prompt), NULL, 0};
+    rc = anna_context_prefill(e->ctx, i, &q2, NULL, err, errlen);
   }
   if (rc) {
     anna_context_seq_reset(e->ctx, i);
     return rc;
   }
+  s->media_reused = got;
   s->n_fed = s->n_feed - 1;
   return 0;
 }
@@ -583,7 +629,8 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   s->feed = s->prompt;
   s->n_feed = s->n_prompt;
   memcpy(s->toks, s->prompt, s->n_prompt * sizeof *s->toks);
-  if (r->n_media && (pi != 0 || (rc = slot_media_prefill(e, i, err, errlen)) != 0)) {
+  if (r->n_media && ((!r->media_prompt && pi != 0) ||
+                     (rc = slot_media_prefill(e, i, err, errlen)) != 0)) {
     if (!rc) rc = anna_err(err, errlen, ANNA_EINVAL, "images belong to the first prompt");
     anna_sampler_free(s->smp);
     s->smp = NULL;
@@ -594,7 +641,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
   const int hit = r->n_media ? -1 : cache_reuse(e, i);
   sc_cached(e, i, s->n_fed);
   pthread_mutex_lock(&r->mu);
-  r->choices[s->ci].n_cached = (int)s->n_fed;
+  r->choices[s->ci].n_cached = r->n_media ? (int)s->media_reused : (int)s->n_fed;
   pthread_mutex_unlock(&r->mu);
   s->decoding = 0;
   s->n_gen = 0;
@@ -605,6 +652,7 @@ static int slot_start(engine *e, int i, wunit *u, char *err, size_t errlen) {
     anna_sampler_accept(s->smp, s->prompt[k]);
   jsonmask_init(&s->jm);
   if (r->schema) jsonschema_start(r->schema, &s->js);
+  if (r->grammar) gbnf_start(r->grammar, &s->gs);
   s->suffix_pos = 0;
   spec_history(e, i);
   s->forced_ended = 0;
@@ -707,13 +755,34 @@ static int json_mask(engine *e, slot *s, float *row) {
   return allowed;
 }
 
+/* Masks every token the grammar does not allow next; end of generation only where the text
+ * is a whole sentence. Returns the number of tokens left. */
+static int grammar_mask(engine *e, slot *s, float *row) {
+  float keep[8];
+  int n_keep = e->n_eog < 8 ? e->n_eog : 8, done = gbnf_done(&s->gs), allowed = 0;
+  for (int k = 0; k < n_keep; k++)
+    keep[k] = row[e->eog_ids[k]];
+  if (gbnf_more(&s->gs)) {
+    allowed = gbnf_mask(e->gmask, &s->gs, row);
+  } else {
+    for (int v = 0; v < e->V; v++)
+      row[v] = -INFINITY;
+  }
+  for (int k = 0; k < n_keep && done; k++) {
+    row[e->eog_ids[k]] = keep[k];
+    allowed++;
+  }
+  return allowed;
+}
+
 /* Whether slot i's next row can be sampled from the backend's candidates (see
  * anna_context_decode_topk): a plain sample, no logprobs, JSON mask, forced or prefix token, or
  * exact-cache store (those read the full row); *k and *temp as anna_sampler_candidates_k. */
 static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
-  if (!r || r->logprobs || r->json_mode || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
+  if (!r || r->logprobs || r->json_mode || r->grammar || r->forced || (size_t)s->n_gen < r->n_prefix)
+    return 0;
   if (s->n_gen < r->min_tokens) return 0; /* the end-of-generation mask needs the full row */
   if (s->exact_store && !s->decoding) return 0;
   return (*k = anna_sampler_candidates_k(s->smp, temp)) > 0;
@@ -747,6 +816,16 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     else
       forced_end = 1;
   } else {
+    if (r->grammar) {
+      if (json_tables(e) || (!e->gmask && gbnf_masker_new(&e->gmask, e->jvoc))) {
+        slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the grammar token tables", 0);
+        return;
+      }
+      if (grammar_mask(e, s, row) == 0) {
+        slot_free(e, i, "stop", 0, NULL, 1);
+        return;
+      }
+    }
     if (r->json_mode) {
       if (json_tables(e)) {
         slot_free(e, i, "error", ANNA_ENOMEM, "out of memory for the JSON token tables", 0);
@@ -759,10 +838,12 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
     }
     /* min_tokens (vLLM): no end of generation yet. JSON mode already keeps special tokens out
      * until the object is complete, and then allows nothing else: it wins. */
-    if (s->n_gen < r->min_tokens && !r->json_mode)
+    if (s->n_gen < r->min_tokens && !r->json_mode && !r->grammar)
       for (int k = 0; k < e->n_eog; k++)
         row[e->eog_ids[k]] = -INFINITY;
     t = anna_sampler_sample(s->smp, row);
+    if (r->grammar && e->tok_cls[t] == 0 && !anna_text_is_eog(e->text, t))
+      gbnf_feed(&s->gs, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
     if (r->json_mode && e->tok_cls[t] == 0) {
       const char *tb = e->tok_bytes + e->tok_off[t];
       size_t tn = e->tok_off[t + 1] - e->tok_off[t];
@@ -909,7 +990,8 @@ static void kv_exhausted(engine *e) {
 static int spec_room(engine *e, int i) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
-  if (!e->ng || !r || !s->decoding || r->logprobs || r->json_mode || r->forced || r->n_media ||
+  if (!e->ng || !r || !s->decoding || r->logprobs || r->json_mode || r->grammar || r->forced ||
+      r->n_media ||
       (size_t)s->n_gen < r->n_prefix || s->n_gen < r->min_tokens)
     return 0;
   const anna_sampler_params *sp = &r->sp;
@@ -1240,8 +1322,11 @@ static void *engine_main(void *arg) {
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     anna_spec_stats sps = {0};
     if (e->ng) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
+    anna_vision_stats vst;
+    anna_context_vision_stats(e->ctx, &vst);
     pthread_mutex_lock(&e->mu);
     if (e->ng) e->spec = sps;
+    e->vis = vst;
     e->running = anna_sched_n_running(e->sc);
     e->kv_tokens = kv;
     e->kv_cached = cached;
@@ -1343,6 +1428,7 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .kv_block_len = blk,
                              .kv_blocks = e->o.kv_blocks,
                              .kv_cache_residual_len = e->o.kv_cache_residual_len,
+                             .mm_cache_bytes = e->o.mm_cache_bytes,
                              .prefix_share = e->o.prompt_cache ? 0 : -1,
                              .prefix_snapshot_interval =
                                  e->o.prompt_cache ? e->o.prompt_cache_block : 0,
@@ -1503,6 +1589,7 @@ void engine_free(engine *e) {
   free(e->out_slot);
   free(e->logits);
   free(e->lp_row);
+  gbnf_masker_free(e->gmask);
   jsonschema_vocab_free(e->jvoc);
   free(e->eog_ids);
   anna_context_free(e->ctx);
@@ -1636,6 +1723,7 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->draining = e->draining;
   st->preemptions = e->preemptions;
   st->spec = e->spec;
+  st->vis = e->vis;
   pthread_mutex_unlock(&e->mu);
 }
 

@@ -45,6 +45,7 @@ typedef struct engine_options {
   int kv_blocks; /* KV pool size (0: every slot and exact entry can reach n_ctx); smaller
                     pools preempt sequences (recomputed later) when the running set outgrows it */
   int kv_cache_residual_len;    /* anna_context_options.kv_cache_residual_len */
+  int64_t mm_cache_bytes;       /* anna_context_options.mm_cache_bytes (0 default, < 0 off) */
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
   const char *device;           /* anna_context_options.device (borrowed) */
   const char *layer_split;      /* anna_context_options.layer_split (borrowed) */
@@ -126,6 +127,9 @@ typedef struct gen_request {
   /* With json_mode: the output (or the forced call's arguments) follows this compiled
    * schema instead of "any object". Owned reference (jsonschema_release); NULL: unused. */
   struct jsonschema *schema;
+  /* The `grammar` field: the output follows this compiled GBNF grammar (never together with
+   * json_mode or a forced tool call). Owned reference (gbnf_release); NULL: unused. */
+  struct gbnf *grammar;
   /* Forced tool call (tool_choice naming a function): emit prefix, then a JSON-masked
    * arguments object, then suffix, then stop. Owned; NULL when unused. */
   int32_t *prefix, *suffix;
@@ -140,6 +144,10 @@ typedef struct gen_request {
   anna_media **media;
   int32_t *media_at;
   int n_media;
+  /* NULL: every media belongs to prompt 0 (above). Else media[k] belongs to prompt
+   * media_prompt[k] and stands at prompts[media_prompt[k]][media_at[k]] (a long clip's pieces,
+   * one per prompt, decoding side by side). Owned. */
+  int32_t *media_prompt;
   /* Shared state. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -203,6 +211,7 @@ typedef struct engine_stats {
   int exact_entries;
   int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
   anna_spec_stats spec; /* verify windows, drafted and accepted tokens (speculative decoding) */
+  anna_vision_stats vis; /* the encoder cache and tower (vision models; zeros otherwise) */
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);

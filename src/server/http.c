@@ -262,7 +262,7 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
 static enum MHD_Result route_metrics(server *srv, conn *cn) {
   engine_stats st;
   engine_get_stats(srv->eng, &st);
-  char g[4096];
+  char g[8192];
   snprintf(
       g, sizeof g,
       "# HELP anna_requests_running sequences in the running batch\n# TYPE anna_requests_running "
@@ -305,6 +305,26 @@ static enum MHD_Result route_metrics(server *srv, conn *cn) {
       st.draining, (long long)st.kv.n_blocks, (long long)kv_blocks_used(&st.kv),
       (long long)st.kv.free_blocks, (long long)st.kv.cached_blocks, (long long)st.kv_seq_blocks,
       (long long)st.kv_exact_blocks, (long long)kv_blocks_unaccounted(&st), (long long)st.preemptions);
+  /* the encoder output cache (vision models; zeros otherwise) */
+  const size_t gl = strlen(g);
+  snprintf(g + gl, sizeof g - gl,
+           "# HELP anna_mm_cache_hits_total media whose tower rows came from the encoder cache\n"
+           "# TYPE anna_mm_cache_hits_total counter\nanna_mm_cache_hits_total %lld\n"
+           "# HELP anna_mm_cache_misses_total media the encoder cache did not hold (the tower ran)\n"
+           "# TYPE anna_mm_cache_misses_total counter\nanna_mm_cache_misses_total %lld\n"
+           "# HELP anna_mm_cache_evictions_total encoder cache entries dropped for room\n"
+           "# TYPE anna_mm_cache_evictions_total counter\nanna_mm_cache_evictions_total %lld\n"
+           "# HELP anna_mm_cache_bytes pixels and tower rows held by the encoder cache\n"
+           "# TYPE anna_mm_cache_bytes gauge\nanna_mm_cache_bytes %lld\n"
+           "# HELP anna_mm_cache_entries media held by the encoder cache\n"
+           "# TYPE anna_mm_cache_entries gauge\nanna_mm_cache_entries %lld\n"
+           "# HELP anna_mm_cache_budget_bytes the encoder cache's budget (--mm-cache-mib; 0: off)\n"
+           "# TYPE anna_mm_cache_budget_bytes gauge\nanna_mm_cache_budget_bytes %lld\n"
+           "# HELP anna_mm_tower_runs_total media encoded by the vision tower\n"
+           "# TYPE anna_mm_tower_runs_total counter\nanna_mm_tower_runs_total %lld\n",
+           (long long)st.vis.cache_hits, (long long)st.vis.cache_misses, (long long)st.vis.cache_evictions,
+           (long long)st.vis.cache_bytes, (long long)st.vis.cache_entries, (long long)st.vis.cache_budget,
+           (long long)st.vis.tower_runs);
   return send_body(cn, 200, metrics_prometheus(&srv->mx, g), "text/plain; version=0.0.4");
 }
 
@@ -593,6 +613,7 @@ static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
                              .model_name = srv->model_name,
                              .defaults = srv->cfg.defaults,
                              .max_audio_seconds = srv->o->max_audio_seconds > 0 ? srv->o->max_audio_seconds : 300,
+                             .audio_chunk_seconds = srv->o->audio_chunk_seconds,
                              .max_body_bytes = srv->o->max_body_bytes,
                              .n_ctx = srv->cfg.n_ctx};
   return audio_api_handle(&env, cn->c, cn->rid, translate, cn->body ? cn->body : "", cn->len, cn->too_big,
@@ -872,7 +893,7 @@ int server_run(const server_options *o, char *err, size_t errlen) {
   struct MHD_Daemon *d = NULL;
   struct addrinfo *ai = NULL;
   double t0 = engine_now();
-  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant};
+  anna_model_options mo = {.device = o->device, .dtype = o->dtype, .tuning = o->eng.tuning, .weight_quant = o->weight_quant, .mmproj = o->mmproj};
   if (anna_speech_probe(o->model_path)) {
     derive_name(o->model_path, srv->model_name, sizeof srv->model_name);
     if (o->model_name && *o->model_name) snprintf(srv->model_name, sizeof srv->model_name, "%s", o->model_name);

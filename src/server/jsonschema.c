@@ -1898,6 +1898,13 @@ void jsonschema_vocab_tables(const jschema_vocab *v, const char **bytes, const u
   *cls = v->cls;
 }
 
+void jsonschema_vocab_order(const jschema_vocab *v, jschema_order *o, int *nv) {
+  const js_order *a = &v->all;
+  *o = (jschema_order){.n = a->n, .maxlen = v->maxlen, .tok = a->tok, .lcp = a->lcp,
+                       .skip1 = a->skip1, .skip2 = a->skip2, .bytes = a->bytes, .boff = a->boff};
+  *nv = v->nv;
+}
+
 /* Whether every thread is inside a string with nothing pending (no escape, no split
  * character): then a plain token only adds characters. *room: the most characters a thread
  * without a pattern may still take; *patterned: some thread has a pattern. */

@@ -102,6 +102,19 @@ int jsonschema_vocab_from_text(jschema_vocab **out, const anna_text *text);
 void jsonschema_vocab_tables(const jschema_vocab *v, const char **bytes, const uint32_t **off,
                              const uint8_t **cls);
 void jsonschema_vocab_free(jschema_vocab *v);
+/* The feedable tokens (class 0, 1 to 1024 bytes) in byte order, for other recognizers' masks
+ * (gbnf.c): tok[i] is entry i, its bytes bytes[boff[i], boff[i + 1]), lcp[i] the common prefix
+ * with entry i - 1, skip1[i] / skip2[i] the next entry whose lcp is < 1 / < 2; maxlen the
+ * longest entry. All borrowed from v. *nv: the vocabulary size. */
+typedef struct jschema_order {
+  int n, maxlen;
+  const int32_t *tok;
+  const uint16_t *lcp;
+  const int32_t *skip1, *skip2;
+  const char *bytes;
+  const uint32_t *boff;
+} jschema_order;
+void jsonschema_vocab_order(const jschema_vocab *v, jschema_order *o, int *nv);
 /* Sets row[v] = -INFINITY for every token whose bytes st does not accept (and every cls 1
  * token); returns how many tokens are left. End of generation is the caller's business
  * (jsonschema_done). Uses the vocab's scratch: one caller at a time. No allocation. */

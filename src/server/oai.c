@@ -1,6 +1,7 @@
 /* oai.c: OpenAI request parsing and response rendering (see oai.h). */
 #include "oai.h"
 #include "jsonschema.h"
+#include "gbnf.h"
 
 #include "imgfetch.h"
 
@@ -956,6 +957,32 @@ static int take_media(gen_request *r, img_list *imgs, int32_t *media_at, oai_err
   return 0;
 }
 
+/* The `grammar` field (llama-server; vLLM's `guided_grammar` is the same): a GBNF text the
+ * output must follow. Not with response_format json_object / json_schema or a forced tool
+ * call (two constraints on one output). */
+static int parse_grammar_field(json_t *root, gen_request *r, oai_error *e) {
+  json_t *g = json_object_get(root, "grammar"), *gg = json_object_get(root, "guided_grammar");
+  const char *name = "grammar";
+  if (json_is_null(g)) g = NULL;
+  if (json_is_null(gg)) gg = NULL;
+  if (g && gg)
+    return oai_fail(e, 400, "guided_grammar", "invalid_value",
+                    "'grammar' and 'guided_grammar' are the same field: give one");
+  if (gg) g = gg, name = "guided_grammar";
+  if (!g) return 0;
+  if (!json_is_string(g))
+    return oai_fail(e, 400, name, "invalid_type", "'%s' must be a string (a GBNF grammar)", name);
+  if (r->json_mode || r->prefix)
+    return oai_fail(e, 400, name, "invalid_value",
+                    "'%s' cannot be combined with %s: both constrain the output", name,
+                    r->prefix ? "a forced tool call (tool_choice)" : "response_format json_object/json_schema");
+  char err[400];
+  int rc = gbnf_get(json_string_value(g), json_string_length(g), &r->grammar, err, sizeof err);
+  if (rc == ANNA_ENOMEM) return oai_fail(e, 500, NULL, NULL, "out of memory");
+  if (rc) return oai_fail(e, 400, name, "invalid_value", "invalid grammar: %s", err);
+  return 0;
+}
+
 static int parse_chat(const oai_config *cfg, json_t *root, oai_job *job, oai_error *e) {
   gen_request *r = job->r;
   json_t *msgs = NULL, *tools = NULL, *kw_own = NULL;
@@ -1107,6 +1134,56 @@ static int parse_completion(const oai_config *cfg, json_t *root, oai_job *job, o
   return 0;
 }
 
+/* Every top-level field each route accepts (docs/api_fields.md says what each does); any
+ * other is a 400 naming it, never silently ignored. NOOPS: accepted and ignored, as the
+ * OpenAI SDKs and agents send them (checked for their type only). */
+static const char *const CHAT_FIELDS[] = {
+    "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
+    "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "logit_bias", "logprobs", "top_logprobs", "response_format", "tools", "tool_choice",
+    "chat_template_kwargs", "top_k", "min_p", "repetition_penalty", "min_tokens", "ignore_eos",
+    "grammar", "guided_grammar", "anna_debug_output", NULL};
+static const char *const COMPLETION_FIELDS[] = {
+    "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n",
+    "stream", "stream_options", "stop", "seed", "presence_penalty", "frequency_penalty",
+    "logit_bias", "logprobs", "echo", "suffix", "best_of", "top_k", "min_p",
+    "repetition_penalty", "min_tokens", "ignore_eos", "grammar", "guided_grammar",
+    "anna_debug_output", NULL};
+static const struct {
+  const char *name;
+  int chat_only;
+  int type; /* jansson type the value must have (null always passes) */
+} NOOPS[] = {
+    {"user", 0, JSON_STRING},          {"store", 1, JSON_TRUE},
+    {"metadata", 1, JSON_OBJECT},      {"service_tier", 1, JSON_STRING},
+    {"parallel_tool_calls", 1, JSON_TRUE}, {"safety_identifier", 1, JSON_STRING},
+    {"prompt_cache_key", 1, JSON_STRING},
+};
+
+static int check_fields(json_t *root, int kind, oai_error *e) {
+  const char *const *known = kind == OAI_CHAT ? CHAT_FIELDS : COMPLETION_FIELDS;
+  const char *k;
+  json_t *v;
+  json_object_foreach(root, k, v) {
+    int ok = 0;
+    for (int i = 0; known[i] && !ok; i++)
+      ok = !strcmp(k, known[i]);
+    for (size_t i = 0; i < sizeof NOOPS / sizeof *NOOPS && !ok; i++) {
+      if (strcmp(k, NOOPS[i].name) || (NOOPS[i].chat_only && kind != OAI_CHAT)) continue;
+      int t = NOOPS[i].type;
+      if (!json_is_null(v) && (t == JSON_TRUE ? !json_is_boolean(v) : json_typeof(v) != (json_type)t))
+        return oai_fail(e, 400, k, "invalid_type", "'%s' must be %s, got %s", k,
+                        t == JSON_TRUE ? "a boolean" : t == JSON_STRING ? "a string" : "an object",
+                        type_name(v));
+      ok = 1;
+    }
+    if (!ok)
+      return oai_fail(e, 400, k, "unsupported_parameter",
+                      "unknown or unsupported field '%.60s' (docs/api_fields.md lists the accepted ones)", k);
+  }
+  return 0;
+}
+
 int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, const char *rid,
               oai_job *job, oai_error *e) {
   memset(job, 0, sizeof *job);
@@ -1124,6 +1201,7 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
              type_name(root));
     goto done;
   }
+  if (check_fields(root, kind, e)) goto done;
   job->r = gen_request_new();
   if (!job->r) {
     oai_fail(e, 500, NULL, NULL, "out of memory");
@@ -1142,7 +1220,8 @@ int oai_parse(const oai_config *cfg, int kind, const char *body, size_t len, con
     }
     if (get_bool(so, "include_usage", &job->include_usage, e)) goto done;
   }
-  if ((kind == OAI_CHAT ? parse_chat(cfg, root, job, e) : parse_completion(cfg, root, job, e)))
+  if ((kind == OAI_CHAT ? parse_chat(cfg, root, job, e) : parse_completion(cfg, root, job, e)) ||
+      parse_grammar_field(root, job->r, e))
     goto done;
   for (int i = 0; i < job->r->n_prompts; i++) {
     if (job->r->n_prompt[i] == 0) {

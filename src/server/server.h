@@ -22,6 +22,7 @@ typedef struct server_options {
   int port;               /* 0: any free port (the log line says which) */
   const char *device, *dtype;
   const char *weight_quant; /* anna_model_options.weight_quant */
+  const char *mmproj;       /* anna_model_options.mmproj (--mmproj) */
   engine_options eng;           /* eng.tuning also goes to anna_model_options.tuning */
   anna_sampler_params defaults; /* generation defaults for fields a request omits */
   int default_max_tokens;      /* chat; <= 0: up to the context */
@@ -44,6 +45,7 @@ typedef struct server_options {
   const char *allowed_image_domains; /* --allowed-image-domains (NULL: no remote images) */
   int image_fetch_timeout_s;         /* --image-fetch-timeout-seconds (0: 10) */
   int max_audio_seconds;             /* --max-audio-seconds: one clip (0: 300) */
+  int audio_chunk_seconds;           /* --audio-chunk-seconds: longer clips are cut (0: 1200) */
   /* video (chat content parts "video_url"): 0 = the defaults in http.c */
   int max_videos;           /* --max-videos-per-request (0: 2) */
   size_t max_video_bytes;   /* --max-video-bytes (0: 32 MiB) */

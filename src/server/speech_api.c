@@ -28,13 +28,17 @@
 #define SPEECH_MAX_QUEUE 32        /* jobs waiting */
 #define SPEECH_FIRST_CHUNK 2       /* frames (160 ms of audio) before the first bytes leave */
 #define SPEECH_MAX_BUFFERED (8 << 20) /* bytes produced and not yet read: the worker waits */
+#define SPEECH_MAX_VOICES 256        /* registered voices (POST /v1/audio/voices) */
+#define SPEECH_VOICE_NAME 64
 
 typedef struct sjob {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int refs;
   /* request (immutable once queued) */
-  char *input, *voice, *language, *format, rid[80];
+  char *input, *voice, *language, *format, *instructions, rid[80];
+  float *xvec; /* a registered voice's x-vector (owned copy), else NULL */
+  double speed; /* 1: unchanged */
   int sse;
   uint64_t seed;
   int delay_ms; /* --debug-hooks: sleep after each 1-frame chunk (disconnect tests) */
@@ -57,6 +61,14 @@ struct speech_server {
   sjob *head, *tail;
   int n_waiting, running, stop;
   int debug_hooks;
+  /* registered (cloned) voices: POST /v1/audio/voices; under vmu */
+  pthread_mutex_t vmu;
+  struct cvoice {
+    char name[SPEECH_VOICE_NAME];
+    float *xvec; /* [anna_speech_clone_dim], owned */
+    char *transcript; /* owned, may be NULL: kept for the listing (cloning uses the x-vector) */
+  } voices[SPEECH_MAX_VOICES];
+  int n_voices;
 };
 
 static void job_release(sjob *j) {
@@ -67,6 +79,8 @@ static void job_release(sjob *j) {
   pthread_mutex_destroy(&j->mu);
   pthread_cond_destroy(&j->cv);
   free(j->input), free(j->voice), free(j->language), free(j->format), free(j->buf);
+  free(j->instructions);
+  free(j->xvec);
   free(j);
 }
 
@@ -188,6 +202,9 @@ static void job_run(speech_server *s, sjob *j) {
                                     .voice = j->voice,
                                     .language = j->language,
                                     .seed = j->seed,
+                                    .instructions = j->instructions,
+                                    .speed = j->speed,
+                                    .voice_embed = j->xvec,
                                     .first_chunk_frames = j->delay_ms > 0 ? 1 : SPEECH_FIRST_CHUNK,
                                     .chunk_frames = j->delay_ms > 0 ? 1 : 16};
     rc = anna_speech_synthesize(s->sp, &rq, on_chunk, &g, &st, err, sizeof err);
@@ -259,6 +276,7 @@ int speech_server_create(speech_server **out, const char *dir, const char *model
   speech_server *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   pthread_mutex_init(&s->mu, NULL);
+  pthread_mutex_init(&s->vmu, NULL);
   pthread_cond_init(&s->cv, NULL);
   snprintf(s->model_name, sizeof s->model_name, "%s", model_name);
   s->debug_hooks = debug_hooks;
@@ -283,6 +301,8 @@ void speech_server_free(speech_server *s) {
   pthread_mutex_unlock(&s->mu);
   if (s->th_started) pthread_join(s->th, NULL);
   anna_speech_free(s->sp);
+  for (int i = 0; i < s->n_voices; i++) free(s->voices[i].xvec), free(s->voices[i].transcript);
+  pthread_mutex_destroy(&s->vmu);
   pthread_mutex_destroy(&s->mu);
   pthread_cond_destroy(&s->cv);
   free(s);
@@ -452,11 +472,28 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     voice = json_string_value(id);
   } else if (json_is_string(v)) {
     voice = json_string_value(v);
-  } else {
+  } else if (anna_speech_voice(s->sp, 0) || (v && !json_is_null(v))) {
     BAD("voice", "'voice' is required: a preset voice name, got %s", v ? type_name(v) : "nothing");
   }
-  int found = 0;
+  /* a VoiceDesign model has no preset voices: the voice comes from the instructions, and the
+   * `voice` OpenAI's clients must send is not used */
+  const int design = !anna_speech_voice(s->sp, 0) && !anna_speech_clone_dim(s->sp);
+  if (!voice) voice = "";
+  int found = design;
   char have[512] = "";
+  pthread_mutex_lock(&s->vmu);
+  for (int i = 0; i < s->n_voices && !found; i++)
+    if (!strcmp(s->voices[i].name, voice)) {
+      const int D = anna_speech_clone_dim(s->sp);
+      if ((j->xvec = malloc(sizeof *j->xvec * (size_t)D))) memcpy(j->xvec, s->voices[i].xvec, sizeof *j->xvec * (size_t)D);
+      found = 1;
+    }
+  for (int i = 0; i < s->n_voices; i++) {
+    size_t hl = strlen(have);
+    snprintf(have + hl, sizeof have - hl, "%s%s", hl ? ", " : "", s->voices[i].name);
+  }
+  pthread_mutex_unlock(&s->vmu);
+  if (found && !design && anna_speech_clone_dim(s->sp) && !j->xvec) BAD(NULL, "out of memory");
   for (int i = 0; anna_speech_voice(s->sp, i); i++) {
     const char *name = anna_speech_voice(s->sp, i);
     found |= !strcasecmp(name, voice);
@@ -468,16 +505,22 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     BAD("voice", "unknown voice '%.64s': this model's voices are %s (OpenAI's voice names are not Qwen3-TTS speakers)",
         voice, have);
   }
-  j->voice = strdup(voice);
+  j->voice = strdup(design || j->xvec ? "" : voice);
   v = json_object_get(root, "instructions");
   if (v && !json_is_null(v)) {
     if (!json_is_string(v)) BAD("instructions", "'instructions' must be a string, got %s", type_name(v));
     if (*json_string_value(v)) {
-      *code = "unsupported_parameter";
-      BAD("instructions", "'instructions' is not supported: this runtime implements Qwen3-TTS's preset-voice prompt "
-                          "only (no voice design / instruct prompt)");
+      if (!anna_speech_takes_instructions(s->sp)) {
+        *code = "unsupported_parameter";
+        BAD("instructions", "'instructions' is not supported by this model: a 0.6B CustomVoice checkpoint takes none "
+                            "(use a 1.7B CustomVoice or a VoiceDesign checkpoint)");
+      }
+      if (!(j->instructions = strdup(json_string_value(v)))) BAD(NULL, "out of memory");
     }
   }
+  if (design && !j->instructions)
+    BAD("instructions", "'instructions' is required: this VoiceDesign model has no preset voices, the instructions "
+                        "describe the voice");
   v = json_object_get(root, "response_format");
   const char *fmt = "mp3"; /* OpenAI's default */
   if (v && !json_is_null(v)) {
@@ -499,11 +542,12 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     if (!json_is_number(v)) BAD("speed", "'speed' must be a number, got %s", type_name(v));
     const double sp = json_number_value(v);
     if (!(sp >= 0.25 && sp <= 4.0)) BAD("speed", "'speed' must be in [0.25, 4.0], got %g", sp);
-    if (sp != 1.0) {
+    char serr[256];
+    if (anna_speech_speed_check(sp, serr, sizeof serr)) {
       *code = "unsupported_parameter";
-      BAD("speed", "'speed' %g is not supported: Qwen3-TTS has no rate control and this server does not time-stretch "
-                   "(only 1.0)", sp);
+      BAD("speed", "'speed' %g is not available on this server: %s", sp, serr);
     }
+    j->speed = sp; /* time-stretched by the speech API (libavfilter's atempo) */
   }
   v = json_object_get(root, "stream_format");
   if (v && !json_is_null(v)) {
@@ -620,6 +664,155 @@ static enum MHD_Result route_speech(speech_server *s, struct MHD_Connection *c, 
   return ret;
 }
 
+/* ---- registered voices (voice cloning with a Base model) ---- */
+
+typedef struct vform {
+  char *name, *transcript, *audio;
+  size_t name_len, name_cap, tr_len, tr_cap, audio_len, audio_cap;
+  int n_audio, oom;
+  char unknown[64];
+} vform;
+
+static int vappend(char **dst, size_t *len, size_t *cap, const char *data, size_t n) {
+  if (*len + n + 1 > *cap) {
+    size_t nc = (*len + n + 1) * 2;
+    char *nb = realloc(*dst, nc);
+    if (!nb) return -1;
+    *dst = nb, *cap = nc;
+  }
+  memcpy(*dst + *len, data, n);
+  *len += n;
+  (*dst)[*len] = 0;
+  return 0;
+}
+
+static enum MHD_Result vform_iter(void *cls, enum MHD_ValueKind kind, const char *key, const char *filename,
+                                  const char *content_type, const char *transfer_encoding, const char *data,
+                                  uint64_t off, size_t size) {
+  (void)kind, (void)filename, (void)content_type, (void)transfer_encoding;
+  vform *f = cls;
+  if (!key) return MHD_YES;
+  int rc = 0;
+  if (!strcmp(key, "file") || !strcmp(key, "audio") || !strcmp(key, "audio_sample")) {
+    if (off == 0) f->n_audio++;
+    rc = vappend(&f->audio, &f->audio_len, &f->audio_cap, data, size);
+  } else if (!strcmp(key, "name")) {
+    rc = f->name_len + size > 4096 ? 0 : vappend(&f->name, &f->name_len, &f->name_cap, data, size);
+  } else if (!strcmp(key, "transcript") || !strcmp(key, "ref_text")) {
+    rc = f->tr_len + size > 65536 ? 0 : vappend(&f->transcript, &f->tr_len, &f->tr_cap, data, size);
+  } else if (!f->unknown[0]) {
+    snprintf(f->unknown, sizeof f->unknown, "%.48s", key);
+  }
+  if (rc) f->oom = 1;
+  return MHD_YES;
+}
+
+static enum MHD_Result voices_list(speech_server *s, struct MHD_Connection *c, const char *rid, int *status) {
+  json_t *data = json_array();
+  for (int i = 0; anna_speech_voice(s->sp, i); i++)
+    json_array_append_new(data, json_pack("{s:s,s:s,s:s}", "id", anna_speech_voice(s->sp, i), "object", "voice",
+                                          "type", "preset"));
+  pthread_mutex_lock(&s->vmu);
+  for (int i = 0; i < s->n_voices; i++) {
+    json_t *v = json_pack("{s:s,s:s,s:s}", "id", s->voices[i].name, "object", "voice", "type", "cloned");
+    if (v && s->voices[i].transcript) json_object_set_new(v, "transcript", json_string(s->voices[i].transcript));
+    json_array_append_new(data, v);
+  }
+  pthread_mutex_unlock(&s->vmu);
+  json_t *o = json_pack("{s:s,s:o}", "object", "list", "data", data);
+  char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
+  json_decref(o);
+  return send_text(c, rid, 200, t, "application/json", status);
+}
+
+/* POST /v1/audio/voices: multipart name + audio file (file / audio / audio_sample) + optional
+ * transcript: the clip's x-vector is registered under name for /v1/audio/speech's voice. */
+static enum MHD_Result voices_create(speech_server *s, struct MHD_Connection *c, const char *rid, const char *body,
+                                     size_t len, int *status) {
+  const int D = anna_speech_clone_dim(s->sp);
+  if (!D)
+    return fail(c, rid, status, 400, NULL, "unsupported_model",
+                "voice cloning needs a Qwen3-TTS Base model (this one, '%s', has no speaker encoder)", s->model_name);
+  vform f;
+  memset(&f, 0, sizeof f);
+  struct MHD_PostProcessor *pp = MHD_create_post_processor(c, 64 * 1024, vform_iter, &f);
+  if (!pp)
+    return fail(c, rid, status, 400, NULL, "invalid_request",
+                "the body must be multipart/form-data (name, an audio file, optional transcript)");
+  enum MHD_Result pr = len ? MHD_post_process(pp, body, len) : MHD_YES;
+  enum MHD_Result dr = MHD_destroy_post_processor(pp);
+  int st = 0;
+  char msg[640] = "", param[64] = "";
+  const char *code = "invalid_request";
+  float *xv = NULL;
+  char *name = f.name;
+  size_t nl = name ? strlen(name) : 0;
+#define VBAD(p, ...) \
+  do { \
+    snprintf(param, sizeof param, "%s", p); \
+    snprintf(msg, sizeof msg, __VA_ARGS__); \
+    st = 400; \
+    goto out; \
+  } while (0)
+  if (f.oom) {
+    snprintf(msg, sizeof msg, "out of memory");
+    st = 500;
+    goto out;
+  }
+  if (pr != MHD_YES || dr != MHD_YES) VBAD("", "malformed multipart/form-data body");
+  if (f.unknown[0]) VBAD(f.unknown, "unknown form field '%s' (this route takes name, file, transcript)", f.unknown);
+  if (!nl || nl >= SPEECH_VOICE_NAME) VBAD("name", "'name' is required: 1 to %d characters", SPEECH_VOICE_NAME - 1);
+  for (size_t i = 0; i < nl; i++) {
+    const char ch = name[i];
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' ||
+          ch == '.'))
+      VBAD("name", "'name' may hold letters, digits, '-', '_' and '.' only");
+  }
+  if (f.n_audio != 1 || !f.audio_len)
+    VBAD("file", "one audio file part ('file') is required, with the reference clip");
+  if ((xv = malloc(sizeof *xv * (size_t)D)) == NULL) {
+    snprintf(msg, sizeof msg, "out of memory");
+    st = 500;
+    goto out;
+  }
+  char err[400];
+  int rc = anna_speech_clone_embed(s->sp, f.audio, f.audio_len, xv, err, sizeof err);
+  if (rc) {
+    code = rc == ANNA_ENOMEM ? "resources_exhausted" : "invalid_audio";
+    snprintf(param, sizeof param, "file");
+    snprintf(msg, sizeof msg, "the reference clip: %s", err);
+    st = rc == ANNA_ENOMEM ? 503 : 400;
+    goto out;
+  }
+  for (int i = 0; anna_speech_voice(s->sp, i); i++)
+    if (!strcasecmp(anna_speech_voice(s->sp, i), name)) VBAD("name", "'%s' is a preset voice of this model", name);
+  pthread_mutex_lock(&s->vmu);
+  int at = -1;
+  for (int i = 0; i < s->n_voices && at < 0; i++)
+    if (!strcmp(s->voices[i].name, name)) at = i;
+  if (at < 0 && s->n_voices == SPEECH_MAX_VOICES) {
+    pthread_mutex_unlock(&s->vmu);
+    VBAD("name", "this server holds %d registered voices already", SPEECH_MAX_VOICES);
+  }
+  if (at < 0) at = s->n_voices++;
+  else free(s->voices[at].xvec), free(s->voices[at].transcript); /* the same name again: replaced */
+  snprintf(s->voices[at].name, sizeof s->voices[at].name, "%s", name);
+  s->voices[at].xvec = xv, xv = NULL;
+  s->voices[at].transcript = f.transcript && *f.transcript ? strdup(f.transcript) : NULL;
+  pthread_mutex_unlock(&s->vmu);
+#undef VBAD
+out:;
+  char *resp = NULL;
+  if (!st) {
+    json_t *o = json_pack("{s:s,s:s,s:s}", "id", name, "object", "voice", "type", "cloned");
+    resp = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+  }
+  free(f.name), free(f.transcript), free(f.audio), free(xv);
+  if (st) return fail(c, rid, status, st, param[0] ? param : NULL, st >= 500 ? NULL : code, "%s", msg);
+  return send_text(c, rid, 200, resp, "application/json", status);
+}
+
 enum MHD_Result speech_route(speech_server *s, struct MHD_Connection *c, const char *method, const char *url,
                              const char *rid, const char *body, size_t len, int too_big, size_t max_body,
                              int *status) {
@@ -630,6 +823,14 @@ enum MHD_Result speech_route(speech_server *s, struct MHD_Connection *c, const c
       return fail(c, rid, status, 413, NULL, "request_too_large",
                   "the request body is larger than %zu bytes (--max-body-bytes)", max_body);
     return route_speech(s, c, rid, body, len, status);
+  }
+  if (!strcmp(url, "/v1/audio/voices")) {
+    if (get) return voices_list(s, c, rid, status);
+    if (!post) return fail(c, rid, status, 405, NULL, "method_not_allowed", "this route takes GET or POST");
+    if (too_big)
+      return fail(c, rid, status, 413, NULL, "request_too_large",
+                  "the request body is larger than %zu bytes (--max-body-bytes)", max_body);
+    return voices_create(s, c, rid, body, len, status);
   }
   if (!strcmp(url, "/healthz") || !strcmp(url, "/health")) {
     if (!get) return fail(c, rid, status, 405, NULL, "method_not_allowed", "this route takes GET");

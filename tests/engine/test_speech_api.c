@@ -12,7 +12,7 @@
  *   WAV's data; streamed wav/flac/opus/mp3 decode with libsndfile at 24 kHz to the expected
  *   length (flac exact, lossy codecs within their padding);
  * - a chunk callback returning nonzero stops synthesis (stats.stopped, one chunk);
- * - bad input: unknown voice, unknown language, instructions, text without a tokenizer,
+ * - bad input: unknown voice, unknown language, instructions (no tokenizer; a 0.6B CustomVoice), text without a tokenizer,
  *   empty text, aac, an unknown device.
  * Usage: test_speech_api [--device D] [--tuning S] (fixtures from ANNA_SOURCE_DIR). With
  * --device (media_device.h; exit 77 when it is missing here) it runs only the device checks:
@@ -325,6 +325,24 @@ int main(int argc, char **argv) {
     free(eb.b);
   }
 
+  /* speed (libavfilter atempo): about n / speed samples, counted in the stats as delivered */
+  {
+    collect f1 = {0}, f2 = {0};
+    anna_speech_request r1 = rs;
+    r1.first_chunk_frames = 0, r1.chunk_frames = 0;
+    int r = anna_speech_synthesize(s, &r1, on_chunk, &f1, NULL, err, sizeof err);
+    r1.speed = 2.0;
+    if (!r) r = anna_speech_synthesize(s, &r1, on_chunk, &f2, &st, err, sizeof err);
+    if (r) printf("  speed: %s\n", err);
+    printf("  speed 2: %lld of %lld samples\n", (long long)f2.n, (long long)f1.n);
+    ok("speed 2: about half the samples (5%), stats count them",
+       !r && f1.n > 0 && llabs(2 * f2.n - f1.n) <= f1.n / 20 && st.n_samples == f2.n);
+    r1.speed = 4.5;
+    r = anna_speech_synthesize(s, &r1, on_chunk, &f2, NULL, err, sizeof err);
+    ok("speed 4.5: ANNA_EINVAL naming [0.25, 4]", r == ANNA_EINVAL && strstr(err, "[0.25, 4]"));
+    free(f1.pcm), free(f2.pcm);
+  }
+
   /* stop from the callback */
   collect d = {.stop_after = 1};
   rs.first_chunk_frames = 2, rs.chunk_frames = 2;
@@ -342,7 +360,11 @@ int main(int argc, char **argv) {
   ok("unknown language: ANNA_EINVAL naming it", rc == ANNA_EINVAL && strstr(err, "klingon"));
   bad = rq, bad.instructions = "whisper";
   rc = anna_speech_synthesize(s, &bad, on_chunk, &z, NULL, err, sizeof err);
-  ok("instructions: ANNA_EUNSUPPORTED", rc == ANNA_EUNSUPPORTED && strstr(err, "instructions"));
+  ok("instructions without a tokenizer.json: ANNA_ENOTFOUND", rc == ANNA_ENOTFOUND && strstr(err, "instruction"));
+  static const int32_t ins_ids[] = {151644, 872, 198, 1234, 151645, 198};
+  bad = rq, bad.instruct_ids = ins_ids, bad.n_instruct_ids = 6;
+  rc = anna_speech_synthesize(s, &bad, on_chunk, &z, NULL, err, sizeof err);
+  ok("instructions to a 0.6B CustomVoice: ANNA_EINVAL", rc == ANNA_EINVAL && strstr(err, "0.6B CustomVoice"));
   bad = rq, bad.text_ids = NULL, bad.text = "hello";
   rc = anna_speech_synthesize(s, &bad, on_chunk, &z, NULL, err, sizeof err);
   ok("text without a tokenizer.json: ANNA_ENOTFOUND", rc == ANNA_ENOTFOUND && strstr(err, "tokenizer"));

@@ -6,6 +6,8 @@
  * - sampling: seeded runs repeat, differ across seeds, and stay in range;
  * - bad input: unknown speaker, unknown language, empty text, ids that are not the assistant
  *   wrapping, a text id past the vocabulary, too many frames for the state.
+ * - instructions (tools/mkfix_tts_instruct.py): a VoiceDesign and a 1.7B CustomVoice config over
+ *   the same weights, prefill logits and greedy codes vs the reference with instruct_ids;
  * Usage: test_tts (the fixture is in this repository, ANNA_SOURCE_DIR). */
 #define _POSIX_C_SOURCE 200809L
 #include "backends/registry.h"
@@ -13,6 +15,7 @@
 #include "base/tuning.h"
 #include "model/kind.h"
 #include "model/tts_qwen3.h"
+#include "model/tts_spk_qwen3.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -77,6 +80,196 @@ static int read_cases(tcase *c, int max) {
   return n;
 }
 
+/* Instruction prompts (tools/mkfix_tts_instruct.py): folder sub (qwen3_tts_design: a VoiceDesign
+ * config; qwen3_tts_instruct: a 1.7B CustomVoice config; the qwen3_tts weights), each case's
+ * prefill rows (instruction rows first) within 2e-3 of the reference's logits and greedy codes
+ * identical; a design folder refuses a speaker. */
+static void check_instruct(const char *sub, ops_backend *be) {
+  char dir[1200], p[1300], err[512] = "";
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/%s", ANNA_SOURCE_DIR, sub);
+  printf("%s\n", sub);
+  tts_qwen3 *m = NULL;
+  tts_qwen3_state *st = NULL;
+  int rc = tts_qwen3_load(&m, dir, err, sizeof err);
+  if (!rc) rc = tts_qwen3_state_create(&st, m, be, 256, err, sizeof err);
+  if (rc) printf("  %s\n", err);
+  ok("load", rc == 0);
+  snprintf(p, sizeof p, "%s/cases.json", dir);
+  json_t *root = rc ? NULL : json_load_file(p, 0, NULL);
+  ok("cases.json read", json_array_size(root) >= 2);
+  static int32_t codes[256 * TTS_QWEN3_GROUPS], ids[256], ins[256];
+  static float logits[256 * 3072];
+  const int V = m ? tts_qwen3_vocab(m) : 0;
+  for (size_t ci = 0; ci < json_array_size(root); ci++) {
+    json_t *o = json_array_get(root, ci), *ji = json_object_get(o, "ids"), *jn = json_object_get(o, "instruct_ids");
+    const int n_ids = (int)json_array_size(ji), n_ins = (int)json_array_size(jn);
+    for (int j = 0; j < n_ids && j < 256; j++) ids[j] = (int32_t)json_integer_value(json_array_get(ji, (size_t)j));
+    for (int j = 0; j < n_ins && j < 256; j++) ins[j] = (int32_t)json_integer_value(json_array_get(jn, (size_t)j));
+    const int n_prefill = (int)json_integer_value(json_object_get(o, "n_prefill"));
+    const int frames = (int)json_integer_value(json_object_get(o, "frames"));
+    const int max_new = (int)json_integer_value(json_object_get(o, "max_new_tokens"));
+    printf("case %zu: \"%s\" [%s] speaker '%s' %s\n", ci, json_string_value(json_object_get(o, "instruct")),
+           json_string_value(json_object_get(o, "text")), json_string_value(json_object_get(o, "speaker")),
+           json_string_value(json_object_get(o, "language")));
+    tts_qwen3_request rq = {ids, n_ids, json_string_value(json_object_get(o, "speaker")),
+                            json_string_value(json_object_get(o, "language")), max_new - 1, 1, 0, NULL, NULL, ins,
+                            n_ins, NULL};
+    int nf = -1;
+    const int P = tts_qwen3_prefill_len(m, &rq, err, sizeof err);
+    ok("prefill rows (instruction rows first) = the reference's", P == n_prefill);
+    char name[64];
+    size_t len = 0, clen = 0;
+    snprintf(name, sizeof name, "../%s/prefill_logits_%zu.f32", sub, ci);
+    float *ref = fixture(name, &len);
+    snprintf(name, sizeof name, "../%s/codes_%zu.i32", sub, ci);
+    int32_t *rc_codes = fixture(name, &clen);
+    rc = P == n_prefill && V <= 3072 ? tts_qwen3_generate(m, st, &rq, codes, &nf, logits, err, sizeof err) : -1;
+    if (rc) printf("  generate: %s\n", err);
+    double worst = INFINITY;
+    if (!rc && ref && len == (size_t)P * (size_t)V * sizeof(float)) {
+      worst = 0;
+      for (int64_t i = 0; i < (int64_t)P * V; i++)
+        if (isfinite(ref[i]) && fabs((double)logits[i] - ref[i]) > worst) worst = fabs((double)logits[i] - ref[i]);
+    }
+    printf("  prefill logits max |err| %.3g\n", worst);
+    ok("prefill logits within 2e-3 of qwen-tts", worst <= 2e-3);
+    ok("greedy codes identical to qwen-tts",
+       !rc && rc_codes && nf == frames && clen == (size_t)frames * TTS_QWEN3_GROUPS * sizeof(int32_t) &&
+           !memcmp(codes, rc_codes, clen));
+    free(ref), free(rc_codes);
+    if (ci == 0 && strstr(sub, "design")) {
+      rq.speaker = "ryan";
+      rc = tts_qwen3_prefill_len(m, &rq, err, sizeof err);
+      printf("  %s\n", err);
+      ok("a speaker to a VoiceDesign checkpoint: EINVAL", rc == ANNA_EINVAL && strstr(err, "VoiceDesign"));
+    }
+  }
+  json_decref(root);
+  tts_qwen3_state_free(st);
+  tts_qwen3_free(m);
+}
+
+/* a 16-bit-free float WAV's samples (the fixture's ref.wav: IEEE float, mono): the data chunk */
+static float *wav_f32(const char *path, int64_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  unsigned char h[12], ck[8];
+  float *x = NULL;
+  if (fread(h, 1, 12, f) == 12 && !memcmp(h, "RIFF", 4) && !memcmp(h + 8, "WAVE", 4)) {
+    while (fread(ck, 1, 8, f) == 8) {
+      const uint32_t len = ck[4] | ck[5] << 8 | ck[6] << 16 | (uint32_t)ck[7] << 24;
+      if (memcmp(ck, "data", 4)) {
+        fseek(f, (long)(len + (len & 1)), SEEK_CUR);
+        continue;
+      }
+      *n = len / 4;
+      x = malloc(len ? len : 1);
+      if (x && fread(x, 4, (size_t)*n, f) != (size_t)*n) free(x), x = NULL;
+      break;
+    }
+  }
+  fclose(f);
+  return x;
+}
+
+/* Voice cloning (tools/mkfix_tts_clone.py, a Base config with a shrunk speaker encoder): the
+ * reference clip's log-mel and x-vector vs qwen-tts (within 1e-4 / 1e-3), then the talker with
+ * that x-vector in place of a preset speaker: prefill logits within 2e-3, greedy codes identical. */
+static void check_clone(ops_backend *be) {
+  char dir[1200], p[1300], err[512] = "";
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/qwen3_tts_clone", ANNA_SOURCE_DIR);
+  printf("qwen3_tts_clone\n");
+  tts_spk *enc = NULL;
+  tts_qwen3 *m = NULL;
+  tts_qwen3_state *st = NULL;
+  int rc = tts_spk_load(&enc, dir, err, sizeof err);
+  if (!rc) rc = tts_qwen3_load(&m, dir, err, sizeof err);
+  if (!rc) rc = tts_qwen3_state_create(&st, m, be, 256, err, sizeof err);
+  if (rc) printf("  %s\n", err);
+  ok("load the speaker encoder and the Base talker", rc == 0);
+  if (rc) {
+    g_fail++;
+    return;
+  }
+  snprintf(p, sizeof p, "%s/ref.wav", dir);
+  int64_t n = 0, L = 0;
+  float *x = wav_f32(p, &n), *mel = NULL, xv[64];
+  size_t len = 0;
+  float *rmel = fixture("../qwen3_tts_clone/ref.mel.f32", &len), *rx = NULL;
+  rc = x ? tts_spk_mel(x, n, &mel, &L, err, sizeof err) : -1;
+  double wm = INFINITY, wx = INFINITY;
+  if (!rc && rmel && len == (size_t)L * 128 * sizeof(float)) {
+    wm = 0;
+    for (int64_t i = 0; i < L * 128; i++) wm = fmax(wm, fabs((double)mel[i] - rmel[i]));
+  }
+  printf("  log-mel: %lld frames, max |err| %.3g\n", (long long)L, wm);
+  ok("log-mel within 1e-4 of qwen-tts' mel_spectrogram", wm <= 1e-4);
+  const int D = tts_spk_dim(enc);
+  rc = x && D <= 64 ? tts_spk_embed(enc, x, n, xv, err, sizeof err) : -1;
+  if (rc) printf("  embed: %s\n", err);
+  rx = fixture("../qwen3_tts_clone/xvec.f32", &len);
+  if (!rc && rx && len == (size_t)D * sizeof(float)) {
+    wx = 0;
+    for (int i = 0; i < D; i++) wx = fmax(wx, fabs((double)xv[i] - rx[i]));
+  }
+  printf("  x-vector [%d]: max |err| %.3g (values up to %.3g)\n", D, wx, rx ? fabs((double)rx[0]) : 0.0);
+  ok("x-vector within 1e-3 of extract_speaker_embedding", wx <= 1e-3);
+  snprintf(p, sizeof p, "%s/cases.json", dir);
+  json_t *root = json_load_file(p, 0, NULL);
+  static int32_t codes[256 * TTS_QWEN3_GROUPS], ids[256];
+  static float logits[256 * 3072];
+  const int V = tts_qwen3_vocab(m);
+  for (size_t ci = 0; ci < json_array_size(root); ci++) {
+    json_t *o = json_array_get(root, ci), *ji = json_object_get(o, "ids");
+    const int n_ids = (int)json_array_size(ji);
+    for (int j = 0; j < n_ids && j < 256; j++) ids[j] = (int32_t)json_integer_value(json_array_get(ji, (size_t)j));
+    const int n_prefill = (int)json_integer_value(json_object_get(o, "n_prefill"));
+    const int frames = (int)json_integer_value(json_object_get(o, "frames"));
+    const int max_new = (int)json_integer_value(json_object_get(o, "max_new_tokens"));
+    printf("case %zu: [%s] %s, cloned voice\n", ci, json_string_value(json_object_get(o, "text")),
+           json_string_value(json_object_get(o, "language")));
+    tts_qwen3_request rq = {ids,  n_ids, NULL, json_string_value(json_object_get(o, "language")), max_new - 1, 1, 0,
+                            NULL, NULL, NULL, 0, xv};
+    const int P = tts_qwen3_prefill_len(m, &rq, err, sizeof err);
+    ok("prefill rows = the reference's", P == n_prefill);
+    char name[64];
+    size_t ll = 0, cl = 0;
+    snprintf(name, sizeof name, "../qwen3_tts_clone/prefill_logits_%zu.f32", ci);
+    float *ref = fixture(name, &ll);
+    snprintf(name, sizeof name, "../qwen3_tts_clone/codes_%zu.i32", ci);
+    int32_t *rcodes = fixture(name, &cl);
+    int nf = -1;
+    rc = P == n_prefill && wx <= 1e-3 ? tts_qwen3_generate(m, st, &rq, codes, &nf, logits, err, sizeof err) : -1;
+    if (rc) printf("  generate: %s\n", err);
+    double w = INFINITY;
+    if (!rc && ref && ll == (size_t)P * (size_t)V * sizeof(float)) {
+      w = 0;
+      for (int64_t i = 0; i < (int64_t)P * V; i++)
+        if (isfinite(ref[i])) w = fmax(w, fabs((double)logits[i] - ref[i]));
+    }
+    printf("  prefill logits max |err| %.3g\n", w);
+    ok("prefill logits within 2e-3 of qwen-tts", w <= 2e-3);
+    ok("greedy codes identical to qwen-tts", !rc && rcodes && nf == frames &&
+                                                  cl == (size_t)frames * TTS_QWEN3_GROUPS * sizeof(int32_t) &&
+                                                  !memcmp(codes, rcodes, cl));
+    free(ref), free(rcodes);
+    if (!ci) {
+      rq.speaker_embed = NULL;
+      rc = tts_qwen3_prefill_len(m, &rq, err, sizeof err);
+      ok("a Base checkpoint without a cloned voice: EINVAL", rc == ANNA_EINVAL && strstr(err, "reference clip"));
+    }
+  }
+  free(mel);
+  mel = NULL;
+  rc = tts_spk_mel(x, 100, &mel, &L, err, sizeof err);
+  ok("a 100-sample reference clip: EINVAL", rc == ANNA_EINVAL && strstr(err, "too short"));
+  json_decref(root);
+  free(x), free(mel), free(rmel), free(rx);
+  tts_qwen3_state_free(st);
+  tts_qwen3_free(m);
+  tts_spk_free(enc);
+}
+
 int main(void) {
   snprintf(g_dir, sizeof g_dir, "%s/tests/fixtures/qwen3_tts", ANNA_SOURCE_DIR);
   char err[512] = "";
@@ -117,7 +310,7 @@ int main(void) {
      * predictor pass); fewer frames means it stopped on codec eos, which this must do too */
     printf("case %d: \"%s\" %s %s, %d frames of at most %d\n", ci, c->text, c->speaker, c->language, c->frames,
            c->max_new - 1);
-    const tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, c->max_new - 1, 1, 0, NULL, NULL};
+    const tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, c->max_new - 1, 1, 0, NULL, NULL, NULL, 0, NULL};
     char name[64];
     size_t len = 0, clen = 0;
     snprintf(name, sizeof name, "prefill_logits_%d.f32", ci);
@@ -162,7 +355,7 @@ int main(void) {
     const tcase *c = &cs[1];
     static int32_t a[8 * 16], b[8 * 16], d[8 * 16];
     int na = 0, nb = 0, nd = 0;
-    tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, 8, 0, 7, NULL, NULL};
+    tts_qwen3_request rq = {c->ids, c->n_ids, c->speaker, c->language, 8, 0, 7, NULL, NULL, NULL, 0, NULL};
     int r1 = tts_qwen3_generate(m, st, &rq, a, &na, NULL, err, sizeof err);
     int r2 = tts_qwen3_generate(m, st, &rq, b, &nb, NULL, err, sizeof err);
     rq.seed = 8;
@@ -179,7 +372,7 @@ int main(void) {
   {
     const tcase *c = &cs[0];
     int nf;
-    tts_qwen3_request rq = {c->ids, c->n_ids, "nobody", c->language, 4, 1, 0, NULL, NULL};
+    tts_qwen3_request rq = {c->ids, c->n_ids, "nobody", c->language, 4, 1, 0, NULL, NULL, NULL, 0, NULL};
     rc = tts_qwen3_generate(m, st, &rq, codes, &nf, NULL, err, sizeof err);
     printf("  %s\n", err);
     ok("unknown speaker: EINVAL naming it", rc == ANNA_EINVAL && strstr(err, "nobody") && strstr(err, "speaker"));
@@ -215,8 +408,11 @@ int main(void) {
   }
 
   tts_qwen3_state_free(st);
-  be->destroy(be);
   tts_qwen3_free(m);
+  check_instruct("qwen3_tts_design", be);
+  check_instruct("qwen3_tts_instruct", be);
+  check_clone(be);
+  be->destroy(be);
   printf("%d/%d checks passed\n", g_checks - g_fail, g_checks);
   return g_fail ? 1 : 0;
 }

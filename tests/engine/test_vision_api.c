@@ -106,6 +106,107 @@ static int32_t argmax(const float *x, int n) {
   return b;
 }
 
+/* Prefill of p on a fresh sequence 0 (no attach: nothing registered) into lg. */
+static int fresh_prefill(anna_context *ctx, const int32_t *ids, int32_t n, const anna_media_ref *refs, int nr,
+                         float *lg, char *err, size_t errlen) {
+  anna_context_seq_reset(ctx, 0);
+  const anna_prompt p = {ids, n, refs, nr};
+  int rc = anna_context_prefill(ctx, 0, &p, lg, err, errlen);
+  anna_context_seq_reset(ctx, 0);
+  return rc;
+}
+
+/* Attach on sequence 1 with the pads keyed by content, then the rest (media at or after r), the
+ * last token, and the logits. *r receives the reused length. */
+static int32_t g_attach_delta; /* sequence 1's rotary delta right after the attach */
+static int attach_prefill(anna_context *ctx, const int32_t *ids, int32_t n, const anna_media_ref *refs, int nr,
+                          int32_t *r, float *lg, char *err, size_t errlen) {
+  const anna_prompt p = {ids, n - 1, refs, nr};
+  *r = anna_context_prefix_attach_media(ctx, 1, &p, ANNA_PREFIX_REGISTER, err, errlen);
+  if (*r < 0) return *r;
+  g_attach_delta = anna_context_seq_rope_delta(ctx, 1);
+  anna_media_ref rest[4];
+  int k = 0;
+  for (int i = 0; i < nr; i++)
+    if (refs[i].at >= *r) rest[k++] = (anna_media_ref){refs[i].media, refs[i].at - *r};
+  const anna_prompt q = {ids + *r, n - *r, rest, k};
+  return anna_context_prefill(ctx, 1, &q, lg, err, errlen);
+}
+
+/* anna_context_prefix_attach_media on cli_two_images (51 tokens, image pads 20..25 and 28..35)
+ * with blocks of 16 and a snapshot at each boundary: the same prompt again reuses 48 tokens (both
+ * images) with the full rotary delta; a prompt differing after the second image matches up to
+ * 32, inside that image, so it is cut back to a boundary before it (16); another first image of
+ * the same grid matches only the text block before it. Each continues to the logits of a fresh
+ * prefill (1e-4). */
+static void test_prefix_media(anna_model *m, vcase *v, int vocab) {
+  char err[512];
+  anna_context *ctx = NULL;
+  const anna_context_options co = {.n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2, .n_checkpoints = 8,
+                                   .kv_block_len = 16, .prefix_snapshot_interval = 16};
+  int rc = anna_context_create(&ctx, m, &co, err, sizeof err);
+  if (rc) {
+    printf("  prefix context: %s\n", err);
+    ok("prefix context", 0);
+    return;
+  }
+  float *want = malloc(sizeof(float) * (size_t)vocab), *got = malloc(sizeof(float) * (size_t)vocab);
+  int32_t r = 0;
+  printf("prefix cache with images (%s, pads at %d and %d)\n", v->name, v->refs[0].at, v->refs[1].at);
+  /* register: the prompt once on sequence 1, then reset (its blocks and snapshots stay cached) */
+  rc = attach_prefill(ctx, v->ids, v->n, v->refs, v->n_img, &r, got, err, sizeof err);
+  ok("first attach reuses nothing", !rc && r == 0);
+  const int32_t full_delta = anna_context_seq_rope_delta(ctx, 1);
+  anna_context_seq_reset(ctx, 1);
+  rc = fresh_prefill(ctx, v->ids, v->n, v->refs, v->n_img, want, err, sizeof err);
+  if (!rc) rc = attach_prefill(ctx, v->ids, v->n, v->refs, v->n_img, &r, got, err, sizeof err);
+  if (rc) printf("  same prompt: %s\n", err);
+  printf("  same prompt: reused %d, delta %d (full %d), logits err %.2e\n", r, g_attach_delta, full_delta,
+         rc ? 1e9 : max_err(got, want, vocab));
+  ok("same image + text: 48 tokens reused with both images' delta",
+     !rc && r == 48 && g_attach_delta == full_delta && full_delta != 0 &&
+         anna_context_seq_rope_delta(ctx, 1) == full_delta);
+  ok("same image + text: logits = a fresh prefill (1e-4)", !rc && max_err(got, want, vocab) <= 1e-4);
+  anna_context_seq_reset(ctx, 1);
+  /* a text token after the second image differs: the match (32) ends inside that image */
+  int32_t *ids2 = malloc(sizeof *ids2 * (size_t)v->n);
+  memcpy(ids2, v->ids, sizeof *ids2 * (size_t)v->n);
+  const int32_t last_pad = v->refs[1].at + anna_media_n_tokens(v->media[1]) - 1;
+  ids2[last_pad + 3] = ids2[last_pad + 3] == 100 ? 101 : 100;
+  rc = fresh_prefill(ctx, ids2, v->n, v->refs, v->n_img, want, err, sizeof err);
+  if (!rc) rc = attach_prefill(ctx, ids2, v->n, v->refs, v->n_img, &r, got, err, sizeof err);
+  if (rc) printf("  other text: %s\n", err);
+  printf("  text after image 2 differs: reused %d, delta %d, logits err %.2e\n", r, g_attach_delta,
+         rc ? 1e9 : max_err(got, want, vocab));
+  ok("a match ending inside an image is cut before it (16, no delta)", !rc && r == 16 && g_attach_delta == 0);
+  ok("cut match: logits = a fresh prefill (1e-4)", !rc && max_err(got, want, vocab) <= 1e-4);
+  anna_context_seq_reset(ctx, 1);
+  /* another first image with the same grid: same token ids, other pixels */
+  int32_t thw[3], w = 0, h = 0;
+  anna_media_grid(v->media[0], thw, &w, &h);
+  uint8_t *px = malloc((size_t)w * (size_t)h * 3);
+  for (size_t i = 0; i < (size_t)w * (size_t)h * 3; i++) px[i] = (uint8_t)(i * 2654435761u >> 13);
+  const anna_image im = {w, h, 3, (size_t)w * 3, px};
+  anna_media *other = NULL;
+  rc = anna_media_image_from_pixels(&other, m, &im, err, sizeof err);
+  ok("another image of the same size: same tokens", !rc && anna_media_n_tokens(other) == anna_media_n_tokens(v->media[0]));
+  anna_media_ref refs3[2] = {{other, v->refs[0].at}, v->refs[1]};
+  if (!rc) rc = fresh_prefill(ctx, v->ids, v->n, refs3, 2, want, err, sizeof err);
+  if (!rc) rc = attach_prefill(ctx, v->ids, v->n, refs3, 2, &r, got, err, sizeof err);
+  if (rc) printf("  other image: %s\n", err);
+  printf("  other first image: reused %d, logits err %.2e, vs the first image's %.2e\n", r,
+         rc ? 1e9 : max_err(got, want, vocab), rc ? 1e9 : max_err(got, v->last, vocab));
+  ok("another image at the same positions: only the text before it is reused", !rc && r == 16);
+  ok("another image: logits = a fresh prefill (1e-4), not the first image's",
+     !rc && max_err(got, want, vocab) <= 1e-4 && max_err(got, v->last, vocab) > 1e-3);
+  anna_media_free(other);
+  free(px);
+  free(ids2);
+  free(want);
+  free(got);
+  anna_context_free(ctx);
+}
+
 int main(int argc, char **argv) {
   media_device md_opt;
   if (argc < 4 || media_device_parse(&md_opt, argc, argv, 4)) {
@@ -258,6 +359,9 @@ int main(int argc, char **argv) {
          (long long)vs.cache_hits);
   ok("encoder cache: 5 images, 2 tower runs, 3 hits",
      vs.images == 5 && vs.tower_runs == 2 && vs.cache_hits == 3);
+  ok("encoder cache: 2 misses, 2 entries, the default 256 MiB budget",
+     vs.cache_misses == 2 && vs.cache_entries == 2 && vs.cache_budget == (int64_t)256 << 20 &&
+         vs.cache_bytes > 0 && vs.cache_evictions == 0);
   /* both sequences: prefill each, then decode steps carrying both rows in one batch */
   anna_context_seq_reset(ctx, 0);
   int32_t tk[2], pos[2];
@@ -378,6 +482,8 @@ int main(int argc, char **argv) {
   }
   anna_model_free(tm);
   free(png);
+
+  test_prefix_media(m, &cs[2], vocab);
 
   for (int ci = 0; ci < nc; ci++) {
     for (int i = 0; i < cs[ci].n_img; i++)

@@ -10,7 +10,15 @@ speech_tokenizer/, and the Qwen2.5 tokenizer.json that scripts/fetch_tokenizers.
   Content-Type; stream_format=sse gives speech.audio.delta events whose base64 audio
   concatenates to the same bytes, then one speech.audio.done with usage;
 - bad input is a 4xx naming the field and the process stays up;
-- a client that leaves mid-stream cancels its synthesis at once (debug_delay_ms hook).
+- a client that leaves mid-stream cancels its synthesis at once (debug_delay_ms hook);
+- speed (libavfilter atempo): 2.0 gives about half the samples, 0.5 about twice;
+- a VoiceDesign folder (tests/fixtures/qwen3_tts_design, same weights) answers with the
+  instructions as anna-speak --instructions does (pcm byte-identical), needs instructions, and
+  ignores the voice OpenAI's clients must send; the 0.6B CustomVoice refuses instructions;
+- voice cloning with a Base folder (tests/fixtures/qwen3_tts_clone): POST /v1/audio/voices
+  (multipart name + file + transcript) registers the clip's x-vector, GET lists it (and a
+  CustomVoice model's presets), /v1/audio/speech with that voice equals anna-speak --ref-audio
+  byte for byte; bad names, clips and voices are 400s naming the field.
 """
 import base64
 import ctypes
@@ -176,7 +184,7 @@ def test_sse(tts, model_dir):
     ({"model": NAME, "input": TEXT}, 400, "voice"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "response_format": "aac"}, 400, "response_format"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "response_format": "ogg"}, 400, "response_format"),
-    ({"model": NAME, "input": TEXT, "voice": "ryan", "speed": 1.5}, 400, "speed"),
+    ({"model": NAME, "input": TEXT, "voice": "ryan", "speed": 0.1}, 400, "speed"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "speed": 9}, 400, "speed"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "instructions": "whisper"}, 400, "instructions"),
     ({"model": NAME, "input": TEXT, "voice": "ryan", "stream_format": "ws"}, 400, "stream_format"),
@@ -251,3 +259,117 @@ def test_speech_on_text_model_refused(fixture_model):
         assert st == 400 and "not a speech model" in json.loads(out)["error"]["message"]
     finally:
         s.stop()
+
+
+def test_speed_stretches(tts):
+    client = tts.client()
+    n1 = len(client.audio.speech.create(model=NAME, voice="vivian", input=TEXT, response_format="pcm",
+                                        extra_body={"seed": 4}).content) // 2
+    n2 = len(client.audio.speech.create(model=NAME, voice="vivian", input=TEXT, response_format="pcm", speed=2.0,
+                                        extra_body={"seed": 4}).content) // 2
+    rate, ch, n05 = decode(client.audio.speech.create(model=NAME, voice="vivian", input=TEXT, response_format="wav",
+                                                      speed=0.5, extra_body={"seed": 4}).content, "wav")
+    assert (rate, ch) == (24000, 1)
+    assert abs(n2 - n1 / 2) <= 0.05 * n1 / 2, (n1, n2)
+    assert abs(n05 - n1 * 2) <= 0.05 * n1 * 2, (n1, n05)
+
+
+@pytest.fixture(scope="module")
+def design_dir():
+    assert os.path.exists(TOK), "needs scripts/fetch_tokenizers.sh (the qwen2.5 tokenizer.json)"
+    d = tempfile.mkdtemp(prefix="anna_tts_design_")
+    fx = os.path.join(ROOT, "tests", "fixtures")
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        os.symlink(os.path.realpath(os.path.join(fx, "qwen3_tts_design", f)), os.path.join(d, f))
+    os.symlink(os.path.join(fx, "qwen3_tts_codec"), os.path.join(d, "speech_tokenizer"))
+    os.symlink(TOK, os.path.join(d, "tokenizer.json"))
+    return d
+
+
+DESIGN = "A calm, deep male voice, speaking slowly."
+
+
+def test_voice_design(design_dir):
+    s = Server(design_dir, "--model-name", NAME)
+    try:
+        client = s.client()
+        data = client.audio.speech.create(model=NAME, voice="alloy", input=TEXT, response_format="pcm",
+                                          instructions=DESIGN).content
+        r = subprocess.run([speak_bin(), "--model-dir", design_dir, "--text", TEXT, "--instructions", DESIGN,
+                            "--seed", "0", "--first-chunk-frames", "2", "--chunk-frames", "16", "--stream"],
+                           capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()
+        assert len(data) > 0 and data == r.stdout
+        st, _, out = post(s, {"model": NAME, "input": TEXT, "voice": "alloy"})
+        err = json.loads(out)["error"]
+        assert st == 400 and err["param"] == "instructions" and "VoiceDesign" in err["message"]
+    finally:
+        s.stop()
+
+
+def multipart(fields, files, boundary="ANNAVOICEBOUNDARY"):
+    out = b""
+    for k, v in fields.items():
+        out += b"--%s\r\nContent-Disposition: form-data; name=\"%s\"\r\n\r\n%s\r\n" % (
+            boundary.encode(), k.encode(), v.encode())
+    for k, (fname, data) in files.items():
+        out += b"--%s\r\nContent-Disposition: form-data; name=\"%s\"; filename=\"%s\"\r\nContent-Type: audio/wav\r\n\r\n" % (
+            boundary.encode(), k.encode(), fname.encode()) + data + b"\r\n"
+    return out + b"--%s--\r\n" % boundary.encode(), "multipart/form-data; boundary=" + boundary
+
+
+def post_form(srv, url, fields, files):
+    body, ctype = multipart(fields, files)
+    req = urllib.request.Request(srv.url + url, data=body, headers={"Content-Type": ctype})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def clone_dir():
+    assert os.path.exists(TOK), "needs scripts/fetch_tokenizers.sh (the qwen2.5 tokenizer.json)"
+    d = tempfile.mkdtemp(prefix="anna_tts_clone_")
+    fx = os.path.join(ROOT, "tests", "fixtures")
+    for f in ("config.json", "generation_config.json", "model.safetensors"):
+        os.symlink(os.path.realpath(os.path.join(fx, "qwen3_tts_clone", f)), os.path.join(d, f))
+    os.symlink(os.path.join(fx, "qwen3_tts_codec"), os.path.join(d, "speech_tokenizer"))
+    os.symlink(TOK, os.path.join(d, "tokenizer.json"))
+    return d
+
+
+def test_voice_clone_register_and_speak(clone_dir, tts):
+    ref = os.path.join(ROOT, "tests", "fixtures", "qwen3_tts_clone", "ref.wav")
+    wav = open(ref, "rb").read()
+    s = Server(clone_dir, "--model-name", NAME)
+    try:
+        st, out = post_form(s, "/v1/audio/voices", {"name": "me", "transcript": "a reference"}, {"file": ("r.wav", wav)})
+        assert st == 200 and out["id"] == "me" and out["type"] == "cloned", out
+        listed = json.loads(urllib.request.urlopen(s.url + "/v1/audio/voices", timeout=30).read())["data"]
+        assert [v["id"] for v in listed] == ["me"] and listed[0]["transcript"] == "a reference"
+        data = s.client().audio.speech.create(model=NAME, voice="me", input=TEXT, response_format="pcm").content
+        r = subprocess.run([speak_bin(), "--model-dir", clone_dir, "--text", TEXT, "--ref-audio", ref, "--seed", "0",
+                            "--first-chunk-frames", "2", "--chunk-frames", "16", "--stream"],
+                           capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr.decode()
+        assert len(data) > 0 and data == r.stdout
+        # bad input: unknown voice, no name, a bad name, not audio, a too short clip
+        st, _, out = post(s, {"model": NAME, "input": TEXT, "voice": "nobody"})
+        assert st == 400 and json.loads(out)["error"]["param"] == "voice"
+        assert post_form(s, "/v1/audio/voices", {}, {"file": ("r.wav", wav)})[0] == 400
+        st, out = post_form(s, "/v1/audio/voices", {"name": "a/b"}, {"file": ("r.wav", wav)})
+        assert st == 400 and out["error"]["param"] == "name"
+        st, out = post_form(s, "/v1/audio/voices", {"name": "x"}, {"file": ("r.wav", b"not audio at all")})
+        assert st == 400 and out["error"]["param"] == "file", out
+        st, out = post_form(s, "/v1/audio/voices", {"name": "x"}, {"file": ("r.wav", wav[:44 + 400])})
+        assert st == 400 and out["error"]["param"] == "file", out
+        assert urllib.request.urlopen(s.url + "/healthz", timeout=30).status == 200
+    finally:
+        s.stop()
+    # a CustomVoice model lists its presets and refuses to register a voice
+    listed = json.loads(urllib.request.urlopen(tts.url + "/v1/audio/voices", timeout=30).read())["data"]
+    assert {v["id"] for v in listed} == {"vivian", "ryan", "eric"} and all(v["type"] == "preset" for v in listed)
+    st, out = post_form(tts, "/v1/audio/voices", {"name": "me"}, {"file": ("r.wav", wav)})
+    assert st == 400 and "Base" in out["error"]["message"]

@@ -569,6 +569,10 @@ extern "C" void cuda_backend_set_decode_mmq(ops_backend *be, int on) {
 extern "C" void cuda_backend_set_batch_invariant(ops_backend *be, int on) {
   cuda_impl *ci = cuda_impl_of(be);
   ci->batch_inv = on;
+  /* The forward pass takes the fused GDN decode step only when every run of the batch is a
+   * short uncut one, so a decode token would switch between it and the separate ops (not the
+   * same bits) with its neighbours: batch-invariant mode always runs the separate ops. */
+  be->gdn_step = on ? NULL : cuda_op_gdn_step;
   ci->graph_max_tok = on || ci->decode_mmq ? CUDA_GRAPH_MAX_TOK : 8; /* the 9..64-token steps stay recordable */
 }
 
@@ -951,7 +955,7 @@ extern "C" int cuda_backend_create_device(ops_backend **out, int device, int64_t
   be->gdn_gates = cuda_op_gdn_gates;
   be->l2norm = cuda_op_l2norm;
   be->rmsnorm_gated = cuda_op_rmsnorm_gated;
-  be->gdn_step = cuda_op_gdn_step;
+  be->gdn_step = ci->batch_inv ? NULL : cuda_op_gdn_step; /* see cuda_backend_set_batch_invariant */
   be->add_rmsnorm = cuda_op_add_rmsnorm;
   be->norm_rope = cuda_op_norm_rope;
   be->add = cuda_op_add;
