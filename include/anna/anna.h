@@ -1004,8 +1004,10 @@ typedef struct anna_audio {
  * media, puts its rows in place of the pad tokens' embeddings and gives every token its
  * 3-axis rotary position; the sequence then remembers its rotary delta, so later
  * anna_context_decode calls on it (decode steps, batched with other sequences) need nothing
- * else. The tower runs on the CPU (its own backend, sized at the first prefill that needs it
- * and regrown for a larger image), whatever the context's device.
+ * else. The tower runs on the context's device (API next; the first stage's with layer_split;
+ * before: always the CPU) with the context's numerics (exact), on a backend of its own sized at
+ * the first prefill that needs it and regrown for a larger image; tuning encoder_cpu=1 keeps it
+ * on the CPU.
  * Prefix cache: anna_context_prefill neither attaches nor registers prefix blocks; callers
  * must not register a sequence holding an image (pad ids alone do not identify the image);
  * anna_media_hash is there for callers that key caches on content. Video and audio will add
@@ -1185,8 +1187,9 @@ int anna_text_encode_chat_media(const anna_text *t, const anna_model *m, const c
  * down-mixed, resampled to 16 kHz, peak-normalised and turned into the 128-bin log-mel
  * features exactly as qwen-asr's processor does; anna_media_n_tokens is the number of
  * <|audio_pad|> ids its run takes in a prompt (about 13 per second). anna_context_prefill runs
- * the encoder over the prompt's audio media (on the context's own CPU encoder backend, created
- * at the first prefill with audio and regrown for a longer clip, as an image's tower) and puts
+ * the encoder over the prompt's audio media (on the context's own encoder backend on the
+ * context's device, as an image's tower (API next; tuning encoder_cpu=1: the CPU), created
+ * at the first prefill with audio and regrown for a longer clip) and puts
  * its rows in place of the pads' embeddings. Positions stay 1-D: the thinker's mRoPE sections
  * always see three equal positions, so an audio run leaves no rotary delta and later decode
  * steps need nothing else. Encoding at prefill rather than in anna_media_audio_decode keeps the
@@ -1283,8 +1286,9 @@ int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char
  * one-pass decode of the same frames: bit-identical when every chunk is a multiple of the
  * codec's 16-frame step (the defaults), otherwise within the codec's streaming bound (1e-3 with
  * SIMD kernels whose rounding depends on the row count; 1.8e-4 measured for 1 + 3 + 3 ... frames).
- * CPU only in this version (the codec's waveform ops have no CUDA kernels yet): a device other
- * than NULL / "cpu" is ANNA_EUNSUPPORTED. One thread drives an anna_speech at a time (callers
+ * Device (API next; before: CPU only): the talker, its code predictor and the codec run on
+ * anna_speech_options.device (one device; tuning encoder_cpu=1 keeps them on the CPU); the
+ * talker's backend is made at the first request and kept. One thread drives an anna_speech at a time (callers
  * serialize synthesize calls); the model is read-only while it runs.
  * Instructions (API 1.9): a VoiceDesign folder (tts_model_type "voice_design", no preset
  * voices) or a 1.7B CustomVoice folder takes a natural-language description of the voice and
@@ -1297,7 +1301,7 @@ int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char
 typedef struct anna_speech anna_speech;
 
 typedef struct anna_speech_options {
-  const char *device;    /* NULL or "cpu" */
+  const char *device;    /* NULL / "cpu", "cuda", "cuda:N", "auto" (API next: devices other than cpu) */
   int n_threads;         /* <= 0: 2 */
   const char *codec_dir; /* NULL: <dir>/speech_tokenizer */
   const char *tokenizer; /* NULL: <dir>/tokenizer.json; absent file: only text_ids requests work */

@@ -15,7 +15,7 @@
  *
  * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb,
  * cuda_decode_mmq, cuda_kv_quant, cuda_batch_invariant and cuda_mmq_split_k at creation (backend_params.tuning); speculative verify
- * windows spec_window_states. Plain data: copy freely.
+ * windows spec_window_states; context creation and anna_speech_load encoder_cpu. Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
 #define ANNA_BASE_TUNING_H
@@ -75,6 +75,12 @@ typedef struct anna_tuning {
    * the accepted tokens again. Both give the same ids (bench/notes/spec.md compares their
    * cost). Read at context creation. */
   int spec_window_states;
+  /* encoder_cpu = 0: the media encoders (the vision tower for images and video, the ASR audio
+   * encoder) and the speech object's talker and codec run on the device the context / speech
+   * object was opened with; 1 keeps them on the CPU backend whatever the device (the path
+   * before session 19, for comparison and as the off switch). Read at context creation and
+   * anna_speech_load. */
+  int encoder_cpu;
 } anna_tuning;
 
 /* The defaults above. */

@@ -8,6 +8,7 @@
  *              [--seed N] [--threads N] [--chunk-frames N] [--first-chunk-frames N] [--print-codes]
  *              [--instructions T | --instruct-ids a,b,...] [--speed X] [--progress | --no-progress]
  *              [--ref-audio FILE]
+ *              [--device cpu|cuda|cuda:N|auto] [--tuning k=v,...]
  *
  * --ref-audio clones the voice of a clip with a Base folder: its x-vector (the speaker encoder)
  * takes the place of a preset voice (qwen-tts' x_vector_only_mode); --ref-text (in-context
@@ -204,6 +205,8 @@ static void usage(FILE *f) {
              "  --chunk-frames N   frames per decoded chunk (default 16)\n"
              "  --first-chunk-frames N  frames of the first chunk (default: --chunk-frames)\n"
              "  --threads N        CPU threads (default 2)\n"
+             "  --device D         cpu (default), cuda, cuda:N, auto: where the talker and codec run\n"
+             "  --tuning k=v,...   runtime switches (encoder_cpu=1: the CPU whatever --device)\n"
              "  --print-codes      print the codes of every frame\n"
              "  --instructions T   the voice / style in words (VoiceDesign, 1.7B CustomVoice)\n"
              "  --instruct-ids a,b,...  ids of <|im_start|>user\\n{instructions}<|im_end|>\\n instead\n"
@@ -216,7 +219,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   const char *model_dir = NULL, *text = NULL, *speaker = NULL, *language = "auto", *out_path = NULL;
   const char *codec_dir = NULL, *tok_path = NULL, *ids_arg = NULL, *format = NULL, *instructions = NULL;
-  const char *hf = NULL, *ins_arg = NULL;
+  const char *hf = NULL, *ins_arg = NULL, *device = NULL, *tuning = NULL;
   double speed = 1.0;
   int bar = -1;
   const char *ref_audio = NULL;
@@ -301,6 +304,12 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--threads")) {
       CLI_NEEDV();
       if (cli_int(a, v, 1, 1024, &threads)) return 2;
+    } else if (!strcmp(a, "--device")) {
+      CLI_NEEDV();
+      device = v;
+    } else if (!strcmp(a, "--tuning")) {
+      CLI_NEEDV();
+      tuning = v;
     } else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       return 0;
@@ -345,8 +354,12 @@ int main(int argc, char **argv) {
   anna_speech_stats st;
   char **sent = NULL, *doc = NULL;
   int n_sent = 1;
-  const anna_speech_options so = {.n_threads = threads, .codec_dir = codec_dir, .tokenizer = tok_path,
-                                  .max_frames = max_frames};
+  const anna_speech_options so = {.device = device,
+                                  .n_threads = threads,
+                                  .codec_dir = codec_dir,
+                                  .tokenizer = tok_path,
+                                  .max_frames = max_frames,
+                                  .tuning = tuning};
   int rc = anna_speech_load(&s, model_dir, &so, err, sizeof err);
   if (!rc && out_path) rc = anna_audio_encoder_file(&sp.file, format, anna_speech_sample_rate(s), out_path, err, sizeof err);
   if (!rc && stream)

@@ -572,6 +572,7 @@ static int aq_run(const void *impl, void *state, ops_backend *be, const model_in
   s->h_seg[0] = 0;
   for (int64_t a = 0; a < N; a += win)
     s->h_seg[++n_seg] = a + win < N ? a + win : N;
+  if (be->bind) be->bind(be); /* a device backend: this thread's work goes to its device */
   be->upload(be, s->img, s->h_img, (size_t)(n_img * T * nm) * sizeof(float));
   if (be->step_begin) be->step_begin(be, N);
   for (int64_t g0 = 0; g0 < n_img; g0 += AQ_GROUP) {

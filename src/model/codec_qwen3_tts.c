@@ -968,11 +968,13 @@ static int cq_run(const void *impl, void *state, ops_backend *be, const model_in
             "qwen3_tts_codec: code %d (frame %lld, codebook %d) is out of range [0, %d)", (int)c,
             (long long)t, k, m->cb_size);
     }
+  if (be->bind) be->bind(be); /* a device backend: this thread's work goes to its device */
   for (int64_t t = 0; t < in->n_frames; t += s->nb) {
     const int64_t n = in->n_frames - t < s->nb ? in->n_frames - t : s->nb;
     cq_step(s, st, in->codes + t * m->n_q, n, out->pcm + t * m->spf);
   }
-  return 0;
+  /* a device's failures are sticky: report one rather than return its pcm */
+  return be->error ? be->error(be, err, errlen) : 0;
 }
 
 static const model_seq_ops cq_seq = {

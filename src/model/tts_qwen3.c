@@ -58,7 +58,7 @@ struct tts_qwen3_state {
   int n_ctx;
   /* backend */
   int32_t *d_ids;
-  float *d_te, *d_t1, *d_ones, *d_out, *d_x, *d_y, *d_fc1_b, *d_fc2_b, *d_mtp_b;
+  float *d_te, *d_t1, *d_ones, *d_out, *d_x, *d_y;
   /* host */
   float *rows, *logits, *hidden, *tmp, *tts_rows, *cp_rows, *cp_hidden, *cp_logits, *probs;
   int32_t *tok, *seqv, *pos, *idx, *rowidx, *hist;
@@ -357,7 +357,7 @@ void tts_qwen3_state_free(tts_qwen3_state *s) {
   if (!s) return;
   fwd_state_free(s->ts);
   fwd_state_free(s->cs);
-  void *dev[] = {s->d_ids, s->d_te, s->d_t1, s->d_ones, s->d_out, s->d_x, s->d_y, s->d_fc1_b, s->d_fc2_b, s->d_mtp_b};
+  void *dev[] = {s->d_ids, s->d_te, s->d_t1, s->d_ones, s->d_out, s->d_x, s->d_y};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
     if (dev[i]) s->be->free(s->be, dev[i]);
   void *host[] = {s->rows, s->logits,  s->hidden, s->tmp, s->tts_rows, s->cp_rows, s->cp_hidden, s->cp_logits,
@@ -387,9 +387,6 @@ int tts_qwen3_state_create(tts_qwen3_state **out, const tts_qwen3 *m, ops_backen
   s->d_out = be->alloc(be, (size_t)(N * H) * sizeof(float));
   s->d_x = be->alloc(be, (size_t)(2 * H) * sizeof(float));
   s->d_y = be->alloc(be, (size_t)(2 * (H > Vmax ? H : Vmax)) * sizeof(float));
-  s->d_fc1_b = be->alloc(be, (size_t)TH * sizeof(float));
-  s->d_fc2_b = be->alloc(be, (size_t)H * sizeof(float));
-  if (m->has_mtp) s->d_mtp_b = be->alloc(be, (size_t)Hc * sizeof(float));
   s->rows = malloc((size_t)(N * H) * sizeof(float));
   s->logits = malloc((size_t)(N * V) * sizeof(float));
   s->hidden = malloc((size_t)(N * H) * sizeof(float));
@@ -406,8 +403,8 @@ int tts_qwen3_state_create(tts_qwen3_state **out, const tts_qwen3 *m, ops_backen
   s->idx = malloc((size_t)Vmax * sizeof(int32_t));
   s->hist = malloc((size_t)N * sizeof(int32_t));
   s->flags = malloc((size_t)N);
-  if (!s->d_ids || !s->d_te || !s->d_t1 || !s->d_ones || !s->d_out || !s->d_x || !s->d_y || !s->d_fc1_b ||
-      !s->d_fc2_b || (m->has_mtp && !s->d_mtp_b) || !s->rows || !s->logits || !s->hidden || !s->tmp || !s->tts_rows || !s->rowidx ||
+  if (!s->d_ids || !s->d_te || !s->d_t1 || !s->d_ones || !s->d_out || !s->d_x || !s->d_y ||
+      !s->rows || !s->logits || !s->hidden || !s->tmp || !s->tts_rows || !s->rowidx ||
       !s->cp_rows || !s->cp_hidden || !s->cp_logits || !s->probs || !s->tok || !s->seqv || !s->pos || !s->idx ||
       !s->hist || !s->flags) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory (tts state for %d positions)", n_ctx);
@@ -424,9 +421,6 @@ int tts_qwen3_state_create(tts_qwen3_state **out, const tts_qwen3 *m, ops_backen
     be->upload(be, s->d_ones, ones, (size_t)(N * TH) * sizeof(float));
     free(ones);
   }
-  be->upload(be, s->d_fc1_b, m->fc1_b, (size_t)TH * sizeof(float));
-  be->upload(be, s->d_fc2_b, m->fc2_b, (size_t)H * sizeof(float));
-  if (m->has_mtp) be->upload(be, s->d_mtp_b, m->mtp_b, (size_t)Hc * sizeof(float));
   *out = s;
   return 0;
 fail:
@@ -443,9 +437,10 @@ static void text_rows(tts_qwen3_state *s, const int32_t *ids, int64_t n, float *
   const int TH = m->text_hidden, H = m->talker->cfg.hidden;
   be->upload(be, s->d_ids, ids, (size_t)n * sizeof(int32_t));
   be->embed(be, s->d_te, &m->text_embed, s->d_ids, n, 1.0f);
-  be->matmul(be, s->d_t1, s->d_te, n, &m->fc1, s->d_fc1_b);
+  /* biases are model vectors (host memory; a device backend mirrors them by address) */
+  be->matmul(be, s->d_t1, s->d_te, n, &m->fc1, m->fc1_b);
   be->act_mul(be, s->d_t1, s->d_t1, s->d_ones, n, TH, TH, TH, ACT_KIND_SILU);
-  be->matmul(be, s->d_out, s->d_t1, n, &m->fc2, s->d_fc2_b);
+  be->matmul(be, s->d_out, s->d_t1, n, &m->fc2, m->fc2_b);
   be->download(be, out, s->d_out, (size_t)(n * H) * sizeof(float));
 }
 
@@ -470,7 +465,7 @@ static void mtp_rows(tts_qwen3_state *s, const float *in, int64_t n, float *out)
     return;
   }
   s->be->upload(s->be, s->d_x, in, (size_t)(n * H) * sizeof(float));
-  s->be->matmul(s->be, s->d_y, s->d_x, n, &m->mtp, s->d_mtp_b);
+  s->be->matmul(s->be, s->d_y, s->d_x, n, &m->mtp, m->mtp_b);
   s->be->download(s->be, out, s->d_y, (size_t)(n * Hc) * sizeof(float));
 }
 
@@ -690,6 +685,7 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
     return anna_err(err, errlen, ANNA_ERANGE, "%d prefill rows + %d frames exceed the state's %d positions", P,
                     rq->max_frames, s->n_ctx);
   s->rng = rq->seed;
+  if (s->be->bind) s->be->bind(s->be); /* a device backend: the text rows below run before any forward pass binds */
   fwd_state_seq_reset(s->ts, 0);
   /* prefill rows */
   const int32_t tts3[3] = {m->tts_pad, m->tts_bos, m->tts_eos};
@@ -728,6 +724,8 @@ int tts_qwen3_generate(const tts_qwen3 *m, tts_qwen3_state *s, const tts_qwen3_r
     if (frame[0] == m->c_eos) break;
     s->hist[f] = frame[0];
     if ((rc = predict(s, h, frame, rq->greedy, err, errlen))) return rc;
+    /* a device's failures are sticky and silent until asked: never hand on a frame made after one */
+    if (s->be->error && (rc = s->be->error(s->be, err, errlen))) return rc;
     *n_frames = f + 1;
     if (rq->on_frame && rq->on_frame(rq->user, frame, f)) break;
     if (f + 1 == rq->max_frames) break;

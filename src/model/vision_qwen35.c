@@ -651,6 +651,7 @@ static int vq_run(const void *impl, void *state, ops_backend *be, const model_in
     return anna_err(err, errlen, ANNA_EINVAL, "vision tower: the output holds %lld rows, the grids make %lld",
                     (long long)(out->embd ? out->embd_rows : 0), (long long)R);
   const int H = m->hidden, D = m->head_dim;
+  if (be->bind) be->bind(be); /* a device backend: this thread's work goes to its device */
   be->upload(be, s->pix, in->pixels, (size_t)(N * m->patch_dim) * sizeof(float));
   be->upload(be, s->row, s->h_row, (size_t)N * sizeof(int32_t));
   be->upload(be, s->col, s->h_col, (size_t)N * sizeof(int32_t));

@@ -48,8 +48,9 @@ struct audio_clip {
 
 struct ctx_audio {
   const struct model_audio *ma; /* borrowed from the model */
-  int n_batch, n_threads;
-  ops_backend *be; /* the encoder's CPU backend (lazy) */
+  int n_batch;
+  ctx_encoder_device dev; /* where the encoder runs */
+  ops_backend *be; /* the encoder's backend on dev (lazy) */
   void *st;        /* the encoder's state (lazy) */
   int64_t cap;     /* frames st takes */
 };
@@ -435,7 +436,7 @@ size_t anna_asr_output_split(const char *text, size_t len, char *lang, size_t ca
 
 /* ---- context ---- */
 
-int ctx_audio_create(ctx_audio **out, const anna_model *m, int n_batch, int n_threads, char *err,
+int ctx_audio_create(ctx_audio **out, const anna_model *m, int n_batch, const ctx_encoder_device *dev, char *err,
                      size_t errlen) {
   *out = NULL;
   if (!m->aud) return 0;
@@ -443,7 +444,7 @@ int ctx_audio_create(ctx_audio **out, const anna_model *m, int n_batch, int n_th
   if (!a) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   a->ma = m->aud;
   a->n_batch = n_batch;
-  a->n_threads = n_threads;
+  a->dev = *dev;
   *out = a;
   return 0;
 }
@@ -466,7 +467,7 @@ static int encoder_open(ctx_audio *a, int64_t frames, char *err, size_t errlen) 
   const int64_t cap = (frames + AUDIO_FRAMES_STEP - 1) / AUDIO_FRAMES_STEP * AUDIO_FRAMES_STEP;
   if (cap > INT_MAX)
     return anna_err(err, errlen, ANNA_ERANGE, "audio: %lld frames", (long long)frames);
-  const int rc = ctx_encoder_open(a->ma->kind, a->ma->impl, a->n_threads, cap, "audio encoder", &a->be, &a->st,
+  const int rc = ctx_encoder_open(a->ma->kind, a->ma->impl, &a->dev, cap, "audio encoder", &a->be, &a->st,
                                   err, errlen);
   if (rc) return rc;
   a->cap = cap;

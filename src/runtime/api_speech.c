@@ -43,6 +43,14 @@ struct anna_speech {
   ops_backend *cbe;
   model_desc cd;
   ops_model_shape cshape; /* the codec backend keeps a pointer to it */
+  /* The device both decoders run on (tuning encoder_cpu: the CPU), and the talker's backend:
+   * created at the first request and kept (a device mirrors the weights once), recreated only
+   * when a request needs more prefill rows or positions than it was sized for. */
+  const backend_info *bi;
+  int dev_index;
+  ops_backend *tbe;
+  int tbe_batch, tbe_ctx;
+  ops_model_shape tshape; /* the talker backend keeps a pointer to it */
   anna_tuning tuning;
   int n_threads, max_frames;
   char describe[400];
@@ -69,6 +77,7 @@ void anna_speech_free(anna_speech *s) {
   if (!s) return;
   if (s->cst) s->ck->state_free(s->cst);
   if (s->cbe) s->cbe->destroy(s->cbe);
+  if (s->tbe) s->tbe->destroy(s->tbe);
   if (s->codec) s->ck->free(s->codec);
   tokenizer_free(s->tok);
   tts_qwen3_free(s->talker);
@@ -80,17 +89,20 @@ int anna_speech_load(anna_speech **out, const char *dir, const anna_speech_optio
   *out = NULL;
   if (!dir) return anna_err(err, errlen, ANNA_EINVAL, "no model folder given");
   const anna_speech_options o = opt ? *opt : (anna_speech_options){0};
-  if (o.device && strcmp(o.device, "cpu"))
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                    "speech synthesis runs on the cpu only in this version (device '%s'): the codec's waveform ops "
-                    "have no CUDA kernels yet",
-                    o.device);
   anna_speech *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   s->n_threads = o.n_threads > 0 ? o.n_threads : 2;
   s->max_frames = o.max_frames > 0 ? o.max_frames : 2048;
   int rc = tuning_from_env(&s->tuning, o.tuning, err, errlen);
-  if (!rc) rc = tts_qwen3_load(&s->talker, dir, err, errlen);
+  backend_device dev = {0};
+  int n_dev = 0;
+  if (!rc) rc = backend_registry_pick_list(o.device, &dev, 1, &n_dev, err, errlen);
+  if (!rc) {
+    /* encoder_cpu: the comparison path, whatever the device asked for */
+    s->bi = s->tuning.encoder_cpu ? backend_registry_get(0) : dev.bi;
+    s->dev_index = s->tuning.encoder_cpu ? 0 : dev.index;
+    rc = tts_qwen3_load(&s->talker, dir, err, errlen);
+  }
   if (!rc && tts_qwen3_is_base(s->talker)) rc = tts_spk_load(&s->spk, dir, err, errlen);
   if (rc) goto fail;
   /* the tokenizer: optional at load, so fixtures without one still serve text_ids */
@@ -122,9 +134,13 @@ int anna_speech_load(anna_speech **out, const char *dir, const anna_speech_optio
   if ((rc = s->ck->load(&s->codec, &src, &lp, err, errlen))) goto fail;
   s->ck->describe(s->codec, &s->cd);
   s->ck->backend_shape(s->codec, 1024, &s->cshape);
-  const backend_params cbp = {.n_threads = s->n_threads, .n_batch = CODEC_STEP, .shape = &s->cshape, .tuning = &s->tuning};
+  const backend_params cbp = {.n_threads = s->n_threads,
+                              .device_index = s->dev_index,
+                              .n_batch = CODEC_STEP,
+                              .shape = &s->cshape,
+                              .tuning = &s->tuning};
   const model_state_params sp = {.n_seq = 1, .n_ctx = 1024, .n_batch = CODEC_STEP};
-  if ((rc = backend_registry_find("cpu")->create(&cbp, &s->cbe, err, errlen)) ||
+  if ((rc = s->bi->create(&cbp, &s->cbe, err, errlen)) ||
       (rc = s->ck->state_create(&s->cst, s->codec, s->cbe, &sp, err, errlen)))
     goto fail;
   if (s->cd.sample_rate <= 0 || s->cd.samples_per_frame <= 0) {
@@ -285,6 +301,23 @@ static int on_talker_frame(void *user, const int32_t *codes, int f) {
   return flush_frames(y);
 }
 
+/* The talker's backend on s's device for prefills of n_batch rows and n_ctx positions: the
+ * kept one when it is large enough, else a new one sized in steps (256 rows, 1024 positions),
+ * so a few request sizes share one backend and its weight mirror. */
+static int talker_backend(anna_speech *s, int n_batch, int n_ctx, char *err, size_t errlen) {
+  if (s->tbe && n_batch <= s->tbe_batch && n_ctx <= s->tbe_ctx) return 0;
+  if (s->tbe) s->tbe->destroy(s->tbe);
+  s->tbe = NULL;
+  const int nb = (n_batch + 255) / 256 * 256, nc = (n_ctx + 1023) / 1024 * 1024;
+  tts_qwen3_backend_shape(s->talker, nc, &s->tshape);
+  const backend_params bp = {
+      .n_threads = s->n_threads, .device_index = s->dev_index, .n_batch = nb, .shape = &s->tshape, .tuning = &s->tuning};
+  const int rc = s->bi->create(&bp, &s->tbe, err, errlen);
+  if (rc) return rc;
+  s->tbe_batch = nb, s->tbe_ctx = nc;
+  return 0;
+}
+
 int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_speech_chunk_fn fn, void *user,
                            anna_speech_stats *st, char *err, size_t errlen) {
   if (st) memset(st, 0, sizeof *st);
@@ -340,7 +373,6 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
                           .user = &y,
                           .speaker_embed = rq->voice_embed};
   tts_qwen3_state *ts = NULL;
-  ops_backend *be = NULL;
   const int P = tts_qwen3_prefill_len(s->talker, &tr, err, errlen);
   if (P < 0) {
     rc = P;
@@ -348,16 +380,13 @@ int anna_speech_synthesize(anna_speech *s, const anna_speech_request *rq, anna_s
   }
   const int n_ctx = P + max_frames + 1 > 16 ? P + max_frames + 1 : 16;
   const int cap = y.first > y.later ? y.first : y.later;
-  ops_model_shape shape;
-  tts_qwen3_backend_shape(s->talker, n_ctx, &shape);
-  const backend_params bp = {.n_threads = s->n_threads, .n_batch = P > 16 ? P : 16, .shape = &shape, .tuning = &s->tuning};
   if (!(y.codes = malloc((size_t)cap * TTS_QWEN3_GROUPS * sizeof *y.codes)) ||
       !(y.pcm = malloc((size_t)cap * (size_t)s->cd.samples_per_frame * sizeof *y.pcm))) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
     goto done;
   }
-  if ((rc = backend_registry_find("cpu")->create(&bp, &be, err, errlen)) ||
-      (rc = tts_qwen3_state_create(&ts, s->talker, be, n_ctx, err, errlen)))
+  if ((rc = talker_backend(s, P > 16 ? P : 16, n_ctx, err, errlen)) ||
+      (rc = tts_qwen3_state_create(&ts, s->talker, s->tbe, n_ctx, err, errlen)))
     goto done;
   s->ck->seq->reset(s->cst, 0); /* a new utterance on the codec's stream */
   /* generate's scratch for all frames: the callback consumed them, the array only satisfies
@@ -385,7 +414,6 @@ done:
   y.st.talker_s = y.st.total_s - y.codec_s;
   if (st) *st = y.st;
   tts_qwen3_state_free(ts);
-  if (be) be->destroy(be);
   free(y.codes);
   free(y.pcm);
   media_tempo_free(y.tempo);

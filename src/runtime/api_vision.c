@@ -75,7 +75,8 @@ struct ctx_vision {
   size_t enc_bytes, enc_budget; /* budget 0: the cache is off */
   uint64_t tick;
   anna_vision_stats stats;
-  int n_seq, n_batch, n_threads;
+  int n_seq, n_batch;
+  ctx_encoder_device dev; /* where the tower runs */
   int32_t *delta; /* [n_seq] */
   /* per sequence, its image runs in order: run_end[k] the cache position after run k and
    * run_delta[k] the delta from there on (rewind and copy find the delta of a length);
@@ -83,7 +84,7 @@ struct ctx_vision {
   int32_t **run_end, **run_delta;
   int32_t *n_runs, *cap_runs;
   int32_t *rope;   /* [3 * n_batch] decode-step positions */
-  ops_backend *be; /* the tower's CPU backend (lazy) */
+  ops_backend *be; /* the tower's backend on dev (lazy) */
   void *st;        /* the tower's state (lazy) */
   int64_t cap;     /* patches st takes */
 };
@@ -616,7 +617,7 @@ void anna_media_free(anna_media *md) {
 
 /* ---- context ---- */
 
-int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, int n_threads,
+int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, const ctx_encoder_device *dev,
                       int64_t cache_bytes, char *err, size_t errlen) {
   *out = NULL;
   if (!m->vis) return 0;
@@ -633,7 +634,7 @@ int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_ba
   v->mv = m->vis;
   v->n_seq = n_seq;
   v->n_batch = n_batch;
-  v->n_threads = n_threads;
+  v->dev = *dev;
   v->enc_budget = cache_bytes < 0 ? 0 : cache_bytes == 0 ? (size_t)ENC_DEFAULT_BYTES : (size_t)cache_bytes;
   *out = v;
   return 0;
@@ -830,7 +831,7 @@ static int tower_open(ctx_vision *v, int64_t patches, char *err, size_t errlen) 
   tower_close(v);
   const int64_t cap = (patches + 1023) / 1024 * 1024;
   const int rc =
-      ctx_encoder_open(v->mv->kind, v->mv->impl, v->n_threads, cap, "vision tower", &v->be, &v->st, err, errlen);
+      ctx_encoder_open(v->mv->kind, v->mv->impl, &v->dev, cap, "vision tower", &v->be, &v->st, err, errlen);
   if (rc) return rc;
   v->cap = cap;
   return 0;

@@ -445,9 +445,16 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   spr.n_stages = n_stages;
   spr.stage_be = c->sdev;
   spr.stage_layers = stage_layers;
+  /* The media encoders run on the first stage's device (their rows feed stage 0), with the
+   * context's numerics; tuning encoder_cpu keeps them on the CPU. */
+  const ctx_encoder_device edev = {.bi = c->tuning.encoder_cpu ? backend_registry_get(0) : bi,
+                                   .index = c->tuning.encoder_cpu ? 0 : devs[0].index,
+                                   .n_threads = o.n_threads,
+                                   .exact_matmul = o.exact_matmul,
+                                   .tuning = c->tuning};
   if (rc || (rc = m->kind->state_create(&c->st, m->impl, c->be, &spr, err, errlen)) ||
-      (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, o.n_threads, o.mm_cache_bytes, err, errlen)) ||
-      (rc = ctx_audio_create(&c->aud, m, o.n_batch, o.n_threads, err, errlen)) ||
+      (rc = ctx_vision_create(&c->vis, m, o.n_seq, o.n_batch, &edev, o.mm_cache_bytes, err, errlen)) ||
+      (rc = ctx_audio_create(&c->aud, m, o.n_batch, &edev, err, errlen)) ||
       (c->dev->warmup && (rc = backend_warmup(c, err, errlen)))) {
     anna_context_free(c);
     return rc;
@@ -847,16 +854,22 @@ int anna_context_seq_verify(anna_context *c, int seq, int32_t last, const int32_
   return rc;
 }
 
-int ctx_encoder_open(const model_kind *k, const void *impl, int n_threads, int64_t cap, const char *what,
-                     ops_backend **be, void **st, char *err, size_t errlen) {
+int ctx_encoder_open(const model_kind *k, const void *impl, const ctx_encoder_device *dev, int64_t cap,
+                     const char *what, ops_backend **be, void **st, char *err, size_t errlen) {
   if (cap > INT_MAX) return anna_err(err, errlen, ANNA_ERANGE, "%s: %lld rows in one run", what, (long long)cap);
   ops_model_shape *shape = calloc(1, sizeof *shape);
   if (!shape) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   k->backend_shape(impl, 0, shape);
-  const backend_info *bi = backend_registry_find("cpu");
-  const backend_params bp = {.n_threads = n_threads, .n_batch = cap, .shape = shape};
-  int rc = bi ? bi->create(&bp, be, err, errlen)
-              : anna_err(err, errlen, ANNA_EUNSUPPORTED, "%s: no cpu backend in this build", what);
+  const backend_info *bi = dev->bi ? dev->bi : backend_registry_get(0);
+  const backend_params bp = {.n_threads = dev->n_threads,
+                             .device_index = dev->index,
+                             .n_batch = cap,
+                             .exact_matmul = dev->exact_matmul,
+                             .shape = shape,
+                             .tuning = &dev->tuning};
+  char e2[256] = "";
+  int rc = bi->create(&bp, be, e2, sizeof e2);
+  if (rc) anna_err(err, errlen, rc, "%s on %s: %s", what, bi->name, e2);
   free(shape);
   const model_state_params sp = {.n_seq = 1, .n_batch = (int)cap};
   if (!rc) rc = k->state_create(st, impl, *be, &sp, err, errlen);

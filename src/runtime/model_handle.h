@@ -11,6 +11,17 @@
 #include "base/tuning.h"
 #include "model/kind.h"
 
+/* Where a context's media encoders (vision tower, audio encoder) run: the context's first
+ * device with its numerics, or the CPU when tuning encoder_cpu is set (context.c resolves
+ * it at context creation). Plain data, copied into the per-context encoder state. */
+typedef struct ctx_encoder_device {
+  const struct backend_info *bi; /* registry entry (static) */
+  int index;                     /* device ordinal ("cuda:N") */
+  int n_threads;                 /* CPU backend workers */
+  int exact_matmul;              /* --exact: f32 matmuls on the device too */
+  anna_tuning tuning;            /* the context's resolved switches */
+} ctx_encoder_device;
+
 struct anna_model {
   const model_kind *kind; /* static table */
   void *impl;             /* owned: kind->free */
@@ -32,8 +43,9 @@ int model_vision_attach(anna_model *m, const model_source *src, const model_load
 void model_vision_detach(anna_model *m);
 /* Per-context: rotary deltas of n_seq sequences, positions scratch for n_batch rows, an
  * encoder output cache of cache_bytes (anna_context_options.mm_cache_bytes: 0 the default
- * 256 MiB, < 0 off). NULL *out (and 0) when m has no tower. Caller frees with ctx_vision_free. */
-int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, int n_threads,
+ * 256 MiB, < 0 off); the tower runs on dev. NULL *out (and 0) when m has no tower. Caller
+ * frees with ctx_vision_free. */
+int ctx_vision_create(ctx_vision **out, const anna_model *m, int n_seq, int n_batch, const ctx_encoder_device *dev,
                       int64_t cache_bytes, char *err, size_t errlen);
 void ctx_vision_free(ctx_vision *v);
 /* Rotary positions for a batch whose sequences carry deltas: *rope = NULL when none does,
@@ -76,7 +88,8 @@ int model_audio_attach(anna_model *m, const model_source *src, const model_load_
                        size_t errlen);
 void model_audio_detach(anna_model *m);
 /* NULL *out (and 0) when m has no audio encoder. Caller frees with ctx_audio_free. */
-int ctx_audio_create(ctx_audio **out, const anna_model *m, int n_batch, int n_threads, char *err, size_t errlen);
+int ctx_audio_create(ctx_audio **out, const anna_model *m, int n_batch, const ctx_encoder_device *dev, char *err,
+                     size_t errlen);
 void ctx_audio_free(ctx_audio *a);
 /* anna_context_prefill for a context with an audio encoder. */
 int ctx_audio_prefill(anna_context *c, int seq, const anna_prompt *p, float *logits, char *err, size_t errlen);
@@ -90,11 +103,12 @@ int media_wrap_audio(anna_media **out, audio_clip *clip, int32_t n_tokens, doubl
 const audio_clip *media_audio_clip(const anna_media *md);
 
 /* A media encoder kind (the vision tower, the audio encoder) beside the text model: its own
- * CPU backend and one-sequence state for runs of up to cap rows (what = the encoder's name in
+ * backend on dev (the kind's weights are mirrored by the backend on first use, once per
+ * open) and one-sequence state for runs of up to cap rows (what = the encoder's name in
  * messages). *be and *st are the caller's, freed with ctx_encoder_close (also on failure:
  * both NULL afterwards). */
-int ctx_encoder_open(const model_kind *k, const void *impl, int n_threads, int64_t cap, const char *what,
-                     ops_backend **be, void **st, char *err, size_t errlen);
+int ctx_encoder_open(const model_kind *k, const void *impl, const ctx_encoder_device *dev, int64_t cap,
+                     const char *what, ops_backend **be, void **st, char *err, size_t errlen);
 void ctx_encoder_close(const model_kind *k, ops_backend **be, void **st);
 
 #endif

@@ -12,9 +12,11 @@
  * - languages (names, codes, unsupported), anna_asr_output_split;
  * - bad input: not audio, empty, a truncated WAV, too short, over max_seconds, audio for a text
  *   model, a pad run that does not match its media, a stray pad, media count without media.
- * Usage: test_asr_api ASR_FIXTURE_DIR AUDIO_FIXTURE_DIR TEXT_MODEL_DIR */
+ * Usage: test_asr_api ASR_FIXTURE_DIR AUDIO_FIXTURE_DIR TEXT_MODEL_DIR [--device D] [--exact] [--tuning S]
+ * (media_device.h: the same checks with the context, encoder included, on a device). */
 #define _DEFAULT_SOURCE
 #include "anna/anna.h"
+#include "media_device.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -70,8 +72,10 @@ typedef struct clip {
 } clip;
 
 int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: %s ASR_FIXTURE_DIR AUDIO_FIXTURE_DIR TEXT_MODEL_DIR\n", argv[0]);
+  media_device md_opt;
+  if (argc < 4 || media_device_parse(&md_opt, argc, argv, 4)) {
+    fprintf(stderr, "usage: %s ASR_FIXTURE_DIR AUDIO_FIXTURE_DIR TEXT_MODEL_DIR [--device D] [--exact] [--tuning S]\n",
+            argv[0]);
     return 2;
   }
   const char *fix = argv[1], *audio = argv[2], *textdir = argv[3];
@@ -85,8 +89,12 @@ int main(int argc, char **argv) {
   anna_model *m = NULL;
   anna_text *t = NULL;
   anna_context *c = NULL;
-  const anna_model_options mo = {.device = "cpu"};
+  const anna_model_options mo = {.device = md_opt.device ? md_opt.device : "cpu"};
   int rc = anna_model_load(&m, fix, &mo, err, sizeof err);
+  if (rc && media_device_missing(rc, err)) {
+    printf("SKIP: %s\n", err);
+    return 77;
+  }
   printf("model: %s\n", rc ? err : anna_model_describe(m));
   ok("qwen3_asr folder loads (thinker + encoder)", !rc && anna_model_has_audio(m));
   if (rc) return 1;
@@ -102,8 +110,18 @@ int main(int argc, char **argv) {
   ok("tokenizer opens", !rc);
   if (rc) return 1;
   const int V = anna_model_vocab(m);
-  const anna_context_options co = {.n_seq = MAXC, .n_ctx = 256, .n_batch = 32, .n_threads = 2};
+  const anna_context_options co = {.n_seq = MAXC,
+                                   .n_ctx = 256,
+                                   .n_batch = 32,
+                                   .n_threads = 2,
+                                   .device = md_opt.device,
+                                   .exact_matmul = md_opt.exact,
+                                   .tuning = md_opt.tuning};
   rc = anna_context_create(&c, m, &co, err, sizeof err);
+  if (rc && media_device_missing(rc, err)) {
+    printf("SKIP: %s\n", err);
+    return 77;
+  }
   ok("context (3 sequences, n_batch 32: prompts run in several chunks)", !rc);
   if (rc) return 1;
   float *lg = malloc(sizeof(float) * (size_t)V * MAXC);
@@ -148,6 +166,12 @@ int main(int argc, char **argv) {
     const anna_prompt p = {k->ids, (int32_t)k->n, &ref, 1};
     rc = anna_context_prefill(c, ci, &p, lg, err, sizeof err);
     if (rc) printf("    %s\n", err);
+    if (md_opt.device && !rc) {
+      const double de = media_device_encoder_diff(m, &co, &p, lg, V);
+      printf("    last-row logits, encoder on %s vs encoder on the cpu: max diff %.2e\n", md_opt.device, de);
+      snprintf(what, sizeof what, "%s: encoder on the device vs the cpu: last-row logits within 1e-3", name);
+      ok(what, de <= 1e-3);
+    }
     snprintf(path, sizeof path, "%s/%s.logits.f32", fix, name);
     float *refl = read_file(path, &nb);
     double mx = INFINITY, mref = 0;

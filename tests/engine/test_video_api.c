@@ -13,6 +13,7 @@
  * Links anna_internal for two test hooks (media_pixels, ctx_vision_encode); the rest is anna.h.
  */
 #include "anna/anna.h"
+#include "media_device.h"
 #include "runtime/model_handle.h"
 
 #include <jansson.h>
@@ -88,8 +89,10 @@ static int decode_file(anna_media **out, const anna_model *m, const char *dir, c
 }
 
 int main(int argc, char **argv) {
-  if (argc < 5) {
-    fprintf(stderr, "usage: test_video_api MODEL_DIR E2E_VIDEO_DIR TEXT_ONLY_MODEL_DIR BAD_DIR\n");
+  media_device md_opt;
+  if (argc < 5 || media_device_parse(&md_opt, argc, argv, 5)) {
+    fprintf(stderr,
+            "usage: test_video_api MODEL_DIR E2E_VIDEO_DIR TEXT_ONLY_MODEL_DIR BAD_DIR [--device D] [--exact] [--tuning S]\n");
     return 2;
   }
   const char *mdir = argv[1], *edir = argv[2], *bdir = argv[4];
@@ -113,11 +116,17 @@ int main(int argc, char **argv) {
   }
   const int vocab = anna_model_vocab(m);
   anna_context *ctx = NULL;
-  const anna_context_options co = {
-      .n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2, .n_checkpoints = 2};
+  const anna_context_options co = {.n_seq = 2,
+                                   .n_ctx = 256,
+                                   .n_batch = 32,
+                                   .n_threads = 2,
+                                   .n_checkpoints = 2,
+                                   .device = md_opt.device,
+                                   .exact_matmul = md_opt.exact,
+                                   .tuning = md_opt.tuning};
   if ((rc = anna_context_create(&ctx, m, &co, err, sizeof err))) {
-    printf("context: %s\n", err);
-    return 1;
+    printf("%s: %s\n", media_device_missing(rc, err) ? "SKIP" : "context", err);
+    return media_device_missing(rc, err) ? 77 : 1;
   }
   anna_vision_info vi;
   anna_model_vision_info(m, &vi, err, sizeof err);
@@ -235,6 +244,11 @@ int main(int argc, char **argv) {
     rc = anna_context_prefill(ctx, 0, &p, lg, err, sizeof err);
     if (rc) printf("  %s prefill: %s\n", v->name, err);
     ok("prefill", !rc);
+    if (md_opt.device && !rc) {
+      const double de = media_device_encoder_diff(m, &co, &p, lg, vocab);
+      printf("  %s: last-row logits, tower on %s vs tower on the cpu: max diff %.2e\n", v->name, md_opt.device, de);
+      ok("tower on the device vs the cpu: last-row logits within 1e-3", de <= 1e-3);
+    }
     const double e = max_err(lg, v->last, (size_t)vocab);
     printf("  %s: last-row logits max err %.2e, delta %d (want %d)\n", v->name, e,
            anna_context_seq_rope_delta(ctx, 0), want_delta[ci]);

@@ -6,11 +6,14 @@
  * at once on two sequences decoding in one batch; and the refusals (pad runs that do not match,
  * a stray pad, a text-only model).
  *
- *   test_vision_api MODEL_DIR E2E_DIR TEXT_ONLY_MODEL_DIR
+ *   test_vision_api MODEL_DIR E2E_DIR TEXT_ONLY_MODEL_DIR [--device D] [--exact] [--tuning S]
+ * The flags (media_device.h) run the context, tower included, on a device: the same checks
+ * against transformers; "--tuning encoder_cpu=1" is the CPU tower beside a device decoder.
  * MODEL_DIR is the e2e folder with the shared fixture's weights and tokenizer linked in (CMake
  * assembles it in the build folder). Uses anna.h only, like the CLI and the server.
  */
 #include "anna/anna.h"
+#include "media_device.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -205,8 +208,9 @@ static void test_prefix_media(anna_model *m, vcase *v, int vocab) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 4) {
-    fprintf(stderr, "usage: test_vision_api MODEL_DIR E2E_DIR TEXT_ONLY_MODEL_DIR\n");
+  media_device md_opt;
+  if (argc < 4 || media_device_parse(&md_opt, argc, argv, 4)) {
+    fprintf(stderr, "usage: test_vision_api MODEL_DIR E2E_DIR TEXT_ONLY_MODEL_DIR [--device D] [--exact] [--tuning S]\n");
     return 2;
   }
   const char *mdir = argv[1], *edir = argv[2];
@@ -292,9 +296,19 @@ int main(int argc, char **argv) {
 
   /* one case at a time on sequence 0, then both on sequences 0 and 1 decoding together */
   anna_context *ctx = NULL;
-  const anna_context_options co = {
-      .n_seq = 2, .n_ctx = 256, .n_batch = 32, .n_threads = 2, .n_checkpoints = 2};
+  const anna_context_options co = {.n_seq = 2,
+                                   .n_ctx = 256,
+                                   .n_batch = 32,
+                                   .n_threads = 2,
+                                   .n_checkpoints = 2,
+                                   .device = md_opt.device,
+                                   .exact_matmul = md_opt.exact,
+                                   .tuning = md_opt.tuning};
   rc = anna_context_create(&ctx, m, &co, err, sizeof err);
+  if (rc && media_device_missing(rc, err)) {
+    printf("SKIP: %s\n", err);
+    return 77;
+  }
   if (rc) {
     printf("context: %s\n", err);
     return 1;
@@ -308,6 +322,11 @@ int main(int argc, char **argv) {
     rc = anna_context_prefill(ctx, 0, &p, lg, err, sizeof err);
     if (rc) printf("  %s prefill: %s\n", v->name, err);
     ok("prefill", !rc);
+    if (md_opt.device && !rc) {
+      const double de = media_device_encoder_diff(m, &co, &p, lg, vocab);
+      printf("  %s: last-row logits, tower on %s vs tower on the cpu: max diff %.2e\n", v->name, md_opt.device, de);
+      ok("tower on the device vs the cpu: last-row logits within 1e-3", de <= 1e-3);
+    }
     double e = 0;
     for (int i = 0; i < vocab; i++)
       e = fmax(e, fabs((double)lg[i] - v->last[i]));
