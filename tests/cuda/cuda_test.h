@@ -30,8 +30,8 @@ extern ops_backend *g_cpu, *g_gpu; /* the reference backend and the one under te
 uint64_t rnd(void);
 float frand(void);                  /* uniform in [-1, 1) */
 float *hrand(int64_t n, float scale); /* n floats frand() * scale; caller frees with free */
-/* Random weight of type [rows, cols] (block scales kept sane); *ref gets its f32 values.
- * Caller frees both with free. */
+/* Random weight of type [rows, cols] (block scales kept sane); *ref gets its f32 values
+ * (ref may be NULL: the values are dropped). Caller frees both with free. */
 void *make_weight(int type, int64_t rows, int64_t cols, float **ref);
 
 /* ---- device buffers (g_gpu) ---- */
