@@ -14,9 +14,12 @@
  *   waits for an event after the copies. So every copy into a slot follows all work queued
  *   before it (a slot read by an earlier kernel is never overwritten early) and precedes the
  *   kernels that read it.
- * Correct first, not fast: the routed ids are read back per layer (one stream sync; the rest
- * of a recorded step runs eagerly), copies do not overlap compute of the same layer, and
- * prefill runs through the decode kernels in batches of CUDA_MOE_DECODE_MAX_TOK tokens.
+ * Decode: the routed ids are read back per layer (one stream sync; the rest of a recorded
+ * step runs eagerly) and copies do not overlap compute of the same layer. Prefill (more
+ * than CUDA_MOE_DECODE_MAX_TOK tokens, grouped path's types, not exact mode) streams
+ * (off_prefill): one readback per layer chunk, each routed expert copied at most once,
+ * copies of the next group overlapping the grouped GEMMs of this one; otherwise it runs
+ * through the decode kernels in batches of CUDA_MOE_DECODE_MAX_TOK tokens.
  * Misses are always copied (no CPU compute of misses yet). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
@@ -81,6 +84,17 @@ struct cuda_offload {
   int64_t map_bytes;
   char path[256];
   char summary[400]; /* what went where (cuda_offload_stats.summary) */
+  char summary2[600]; /* summary plus the prefill traffic, rebuilt at each stats call */
+  /* Prefill streaming (off_prefill): the chunk's routed ids (pinned), the pair lists built
+   * from them (host), the device workspace (gathered x, per-pair y, ones, the grouped
+   * path's scratch) and the double-buffer events of the two staging halves. Grown to the
+   * largest chunk seen (prefill only; decode never touches them). */
+  int64_t pf_cap; /* pairs the buffers hold */
+  int32_t *pf_ids_h, *pf_host;
+  float *pf_ws;
+  int64_t pf_ws_floats;
+  cudaEvent_t ev_ready[2], ev_free[2];
+  int64_t pf_bytes, pf_tokens, pf_chunks;
 };
 
 /* expert_store_read_fn: the expert's rows from the model's host weights (its file mapping:
@@ -372,6 +386,181 @@ static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
   return true;
 }
 
+/* xg[r] = x[plist[r] / k]: each (token, slot) pair's activations, in the chunk's pair order. */
+static __global__ void k_off_gather(float *xg, const float *x, const int32_t *plist, int64_t m, int H, int k) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m * H; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / H;
+    xg[i] = x[(int64_t)(plist[r] / k) * H + i % H];
+  }
+}
+static __global__ void k_off_fill(float *p, int64_t n, float v) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = v;
+}
+
+/* Grows the prefill buffers to nk pairs; false with the error set. */
+static bool off_prefill_reserve(cuda_impl *ci, cuda_offload *o, int64_t nk, int H, int64_t I) {
+  const int64_t sub = ops_moe_scratch_floats(nk, 1, H, (int)I);
+  const int64_t need = 2 * nk * H + (nk + 63) / 64 * 64 + 64 + sub;
+  if (nk <= o->pf_cap && need <= o->pf_ws_floats) return true;
+  if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "offload prefill sync")) return false;
+  if (o->pf_ids_h) cudaFreeHost(o->pf_ids_h);
+  free(o->pf_host);
+  if (o->pf_ws) cudaFree(o->pf_ws);
+  o->pf_ids_h = NULL, o->pf_host = NULL, o->pf_ws = NULL, o->pf_cap = 0, o->pf_ws_floats = 0;
+  if (!cuda_check(ci, cudaHostAlloc((void **)&o->pf_ids_h, (size_t)nk * sizeof(int32_t), cudaHostAllocDefault),
+                  "offload prefill ids"))
+    return false;
+  /* plist, idxl, inv [nk] each, counts and starts [E + 1] each, the group order of experts [E] */
+  o->pf_host = (int32_t *)malloc(sizeof(int32_t) * (size_t)(3 * nk + 3 * (int64_t)o->E + 2));
+  if (!o->pf_host) {
+    cuda_fail(ci, ANNA_ENOMEM, "expert offload: out of host memory for a prefill chunk of %lld pairs", (long long)nk);
+    return false;
+  }
+  if (cudaMalloc((void **)&o->pf_ws, (size_t)need * sizeof(float)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    o->pf_ws = NULL;
+    cuda_fail(ci, ANNA_ENOMEM, "expert offload: no room for the prefill workspace of a %lld-pair chunk (%lld bytes)",
+              (long long)nk, (long long)need * (long long)sizeof(float));
+    return false;
+  }
+  o->pf_cap = nk;
+  o->pf_ws_floats = need;
+  return true;
+}
+
+/* Prefill streaming: a layer call of many tokens. The routed ids of the whole chunk are read
+ * back once; the pairs are grouped by expert on the host: first the experts cached on the
+ * device (computed from their cache slots, no copy), then the misses in groups of half the
+ * staging slots. Group g + 1's experts are copied (mirror DMA, or pread into the pinned
+ * staging blobs) on the copy stream into the other half while group g's grouped GEMMs run
+ * on the compute stream: ev_ready[h] orders a half's copies before its kernels, ev_free[h]
+ * its kernels before the next copies into it. Each routed expert is read once per chunk.
+ * Each group runs the grouped prefill path (moe_ffn_grouped_tab) as one token per pair on
+ * the gathered activations, writing the pairs' y rows; one combine in the resident path's
+ * order makes out. false when the grouped path does not take this layer (nothing queued:
+ * the caller falls back to the decode batches); true otherwise (errors are sticky). */
+static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li, float *out, const float *x, int64_t n, int H,
+                        const int32_t *idx, const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                        const ops_weight *down, int act) {
+  const int64_t nk = n * k, I = up ? up[0].rows : gate[0].rows / 2;
+  const int E = o->E;
+  if (nk > 0x3fffffff) return false;
+  if (!moe_ffn_grouped_tab(be, NULL, NULL, nk, H, NULL, NULL, 1, gate, up, down, act, NULL, E, NULL, true))
+    return false;
+  cuda_flush(ci); /* the routed ids are read back: the rest of a recorded step runs eagerly */
+  if (!off_prefill_reserve(ci, o, nk, H, I)) return true;
+  if (!o->ev_ready[0]) {
+    for (int h = 0; h < 2; h++)
+      if (!cuda_check(ci, cudaEventCreateWithFlags(&o->ev_ready[h], cudaEventDisableTiming), "offload event") ||
+          !cuda_check(ci, cudaEventCreateWithFlags(&o->ev_free[h], cudaEventDisableTiming), "offload event"))
+        return true;
+  }
+  if (!cuda_check(ci, cudaMemcpyAsync(o->pf_ids_h, idx, (size_t)nk * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                      ci->stream),
+                  "offload prefill ids") ||
+      !cuda_check(ci, cudaStreamSynchronize(ci->stream), "offload prefill ids sync"))
+    return true;
+  {
+    char e[256];
+    int rc = expert_store_note_chunk(o->st, li, o->pf_ids_h, nk, e, sizeof e);
+    if (rc) {
+      cuda_fail(ci, rc, "expert offload: %s", e);
+      return true;
+    }
+  }
+  /* counting sort of the pairs by expert, experts in group order (cached first) */
+  int32_t *plist = o->pf_host, *idxl = plist + nk, *inv = idxl + nk, *cnt = inv + nk, *start = cnt + E + 1,
+          *eord = start + E + 1;
+  memset(cnt, 0, sizeof(int32_t) * (size_t)(E + 1));
+  for (int64_t i = 0; i < nk; i++) cnt[o->pf_ids_h[i]]++;
+  const int32_t *rt = expert_store_table(o->st) + (int64_t)li * E;
+  int ne = 0, nhit = 0;
+  for (int e = 0; e < E; e++)
+    if (cnt[e] && rt[e] >= 0) eord[ne++] = e;
+  nhit = ne;
+  for (int e = 0; e < E; e++)
+    if (cnt[e] && rt[e] < 0) eord[ne++] = e;
+  int32_t pos = 0;
+  for (int j = 0; j < ne; j++) start[eord[j]] = pos, pos += cnt[eord[j]];
+  for (int64_t i = 0; i < nk; i++) {
+    const int32_t p = start[o->pf_ids_h[i]]++;
+    plist[p] = (int32_t)i, idxl[p] = o->pf_ids_h[i], inv[i] = p;
+  }
+  /* uploads through the argument ring (ordered on the compute stream) */
+  const int32_t *plist_d = (const int32_t *)cuda_ring_put(be, plist, (size_t)nk * sizeof(int32_t));
+  const int32_t *idxl_d = plist_d ? (const int32_t *)cuda_ring_put(be, idxl, (size_t)nk * sizeof(int32_t)) : NULL;
+  const int32_t *inv_d = idxl_d ? (const int32_t *)cuda_ring_put(be, inv, (size_t)nk * sizeof(int32_t)) : NULL;
+  if (!inv_d || ci->err) {
+    if (!ci->err) cuda_fail(ci, ANNA_ENOMEM, "expert offload: the argument ring cannot hold a %lld-pair chunk", (long long)nk);
+    return true;
+  }
+  float *xg = o->pf_ws, *yall = xg + nk * H, *ones = yall + nk * H, *sub = ones + (nk + 63) / 64 * 64 + 64;
+  cuda_launch(ci, "offload prefill ones", k_off_fill, cuda_blocks(nk, 256), 256, 0, ones, nk, 1.0f);
+  cuda_launch(ci, "offload prefill gather", k_off_gather, cuda_blocks(nk * H, 256), 256, 0, xg, (const float *)x,
+              plist_d, nk, H, k);
+  /* copies into staging follow every earlier kernel (an earlier layer may still read a slot) */
+  if (!cuda_check(ci, cudaEventRecord(o->ev_main, ci->stream), "offload event") ||
+      !cuda_check(ci, cudaStreamWaitEvent(o->cs, o->ev_main, 0), "offload wait"))
+    return true;
+  const int C = expert_store_cache_per_layer(o->st), base = C * o->n_layers;
+  const int S = expert_store_n_slots(o->st) - base;
+  const int halves = S >= 2 ? 2 : 1, Sh = S / halves;
+  int used[2] = {0, 0}, file_pending[2] = {0, 0};
+  const size_t tb = (size_t)OFF_PARTS * E * sizeof(const uint8_t *);
+  int g = 0;
+  for (int j0 = 0; j0 < ne && !ci->err; g++) {
+    /* group: all cached experts, else the next Sh misses */
+    const bool hitg = j0 < nhit;
+    const int j1 = hitg ? nhit : (ne - j0 < Sh ? ne : j0 + Sh);
+    char *th, *td;
+    if (!cuda_ring_reserve(be, tb, &th, &td)) return true; /* error set */
+    const uint8_t **ht = (const uint8_t **)th;
+    memset(ht, 0, tb);
+    const int h = hitg ? 0 : (g - (nhit > 0)) % halves;
+    if (!hitg) {
+      if (used[h] && !cuda_check(ci, cudaStreamWaitEvent(o->cs, o->ev_free[h], 0), "offload wait")) return true;
+      /* the staging blobs of this half are rewritten by the host: the copies from them before are done */
+      if (file_pending[h] && !cuda_check(ci, cudaEventSynchronize(o->ev_ready[h]), "offload staging sync"))
+        return true;
+      file_pending[h] = 0;
+    }
+    for (int j = j0; j < j1 && !ci->err; j++) {
+      const int e = eord[j];
+      const int slot = hitg ? rt[e] : base + h * Sh + (j - j0);
+      for (int m = 0; m < OFF_PARTS; m++)
+        ht[(int64_t)m * E + e] = o->part_bytes[m] ? o->arena + (int64_t)slot * o->eb + o->part_off[m] : NULL;
+      if (!hitg) {
+        const bool mir = expert_store_host_ptr(o->st, li, e) != NULL;
+        if (!off_copy(ci, o, li, e, slot, o->stage_h + (int64_t)(slot - base) * o->eb)) return true;
+        file_pending[h] |= !mir;
+        o->pf_bytes += o->eb;
+      }
+    }
+    cuda_copy_async(ci, td, th, tb, cudaMemcpyHostToDevice, "offload prefill table");
+    if (!hitg) {
+      used[h] = 1;
+      if (!cuda_check(ci, cudaEventRecord(o->ev_ready[h], o->cs), "offload event") ||
+          !cuda_check(ci, cudaStreamWaitEvent(ci->stream, o->ev_ready[h], 0), "offload wait"))
+        return true;
+    }
+    const int64_t b = start[eord[j0]] - cnt[eord[j0]], m = start[eord[j1 - 1]] - b;
+    if (ci->err) return true;
+    if (!moe_ffn_grouped_tab(be, yall + b * H, xg + b * H, m, H, idxl_d + b, ones, 1, gate, up, down, act, sub, E,
+                             (const uint8_t *const *)td, false)) {
+      cuda_fail(ci, ANNA_EUNSUPPORTED, "expert offload: the grouped prefill path refused a group of %lld pairs",
+                (long long)m);
+      return true;
+    }
+    if (!hitg && !cuda_check(ci, cudaEventRecord(o->ev_free[h], ci->stream), "offload event")) return true;
+    j0 = j1;
+  }
+  moe_combine(be, out, yall, inv_d, wts, n, H, k);
+  if (li == 0) o->pf_tokens += n;
+  o->pf_chunks++;
+  return true;
+}
+
 bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                           const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
                           const ops_weight *down, int act, float *scratch) {
@@ -389,6 +578,9 @@ bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n
     cuda_fail(ci, ANNA_EINVAL, "expert offload: %d routed slots per token, staging sized for %d", k, o->k);
     return true;
   }
+  if (n > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream &&
+      off_prefill(be, ci, o, li, out, x, n, H, idx, wts, k, gate, up, down, act))
+    return true;
   if (o->zc) {
     /* nothing to read back: count the routes on the device and run the kernels on the
      * table (cache slots and mirror copies); recordable, so the step stays a graph */
@@ -524,6 +716,13 @@ void cuda_offload_free(cuda_impl *ci) {
   }
   if (o->ev_main) cudaEventDestroy(o->ev_main);
   if (o->ev_copy) cudaEventDestroy(o->ev_copy);
+  for (int h = 0; h < 2; h++) {
+    if (o->ev_ready[h]) cudaEventDestroy(o->ev_ready[h]);
+    if (o->ev_free[h]) cudaEventDestroy(o->ev_free[h]);
+  }
+  if (o->pf_ids_h) cudaFreeHost(o->pf_ids_h);
+  free(o->pf_host);
+  if (o->pf_ws) cudaFree(o->pf_ws);
   if (o->arena) cudaFree(o->arena);
   if (o->counts_d) cudaFree(o->counts_d);
   if (o->counts_h) cudaFreeHost(o->counts_h);
@@ -558,4 +757,12 @@ extern "C" void cuda_backend_offload_stats(ops_backend *be, cuda_offload_stats *
   out->bytes_file = o->bytes_file;
   out->device_bytes = expert_store_device_bytes(o->st);
   out->summary = o->summary;
+  out->prefill_bytes = o->pf_bytes;
+  out->prefill_tokens = o->pf_tokens;
+  if (o->pf_chunks) {
+    snprintf(o->summary2, sizeof o->summary2, "%s; prefill streamed %lld layer chunks, %lld expert bytes copied for %lld tokens (%.0f per token)",
+             o->summary, (long long)o->pf_chunks, (long long)o->pf_bytes, (long long)o->pf_tokens,
+             o->pf_tokens ? (double)o->pf_bytes / (double)o->pf_tokens : 0.0);
+    out->summary = o->summary2;
+  }
 }
