@@ -29,6 +29,7 @@ static const field fields[] = {
     {"cuda_batch_invariant", KIND_BOOL, OFF(cuda_batch_invariant), 0, 1, NULL},
     {"cuda_mmq_split_k", KIND_BOOL, OFF(cuda_mmq_split_k), 0, 1, NULL},
     {"spec_window_states", KIND_BOOL, OFF(spec_window_states), 0, 1, NULL},
+    {"cuda_offload_prefill_stream", KIND_BOOL, OFF(cuda_offload_prefill_stream), 0, 1, NULL},
 };
 #undef OFF
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
@@ -65,6 +66,7 @@ void tuning_defaults(anna_tuning *t) {
       .cuda_batch_invariant = 0,
       .cuda_mmq_split_k = 1,
       .spec_window_states = 1,
+      .cuda_offload_prefill_stream = 1,
   };
 }
 

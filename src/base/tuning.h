@@ -75,6 +75,12 @@ typedef struct anna_tuning {
    * the accepted tokens again. Both give the same ids (bench/notes/spec.md compares their
    * cost). Read at context creation. */
   int spec_window_states;
+  /* cuda_offload_prefill_stream = 1: with expert offload (--offload-mode experts), MoE
+   * prefill chunks above 8 tokens stream the routed experts (one readback per layer chunk,
+   * each routed miss copied once, copies overlapping the grouped GEMMs: cuda_offload.cu);
+   * 0 runs them through the decode kernels in batches of 8 tokens (the path before session
+   * 19; kept for A/B benches). Read at CUDA backend creation. */
+  int cuda_offload_prefill_stream;
 } anna_tuning;
 
 /* The defaults above. */

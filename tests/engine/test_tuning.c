@@ -44,7 +44,7 @@ static const char *other_value(const char *key) {
     const char *key, *val;
   } v[] = {{"prefix_kv_share", "0"}, {"cuda_moe_deq_mb", "512"}, {"cuda_decode_mmq", "0"},
            {"cuda_kv_quant", "0"}, {"cuda_batch_invariant", "1"}, {"cuda_mmq_split_k", "0"},
-           {"spec_window_states", "0"}};
+           {"spec_window_states", "0"}, {"cuda_offload_prefill_stream", "0"}};
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
     if (!strcmp(v[i].key, key)) return v[i].val;
   return NULL;
