@@ -90,9 +90,11 @@ struct cuda_offload {
    * path's scratch) and the double-buffer events of the two staging halves. Grown to the
    * largest chunk seen (prefill only; decode never touches them). */
   int64_t pf_cap; /* pairs the buffers hold */
-  int32_t *pf_ids_h, *pf_host;
-  float *pf_ws;
-  int64_t pf_ws_floats;
+  int32_t *pf_ids_h;  /* pinned [nk]: the routed ids read back */
+  int32_t *pf_work;   /* host [3 (E + 1)]: counts, starts, experts in group order */
+  uint8_t *pf_hh;     /* pinned: plist, idxl, inv [nk] each, then the groups' tables */
+  uint8_t *pf_ws;     /* device: off_pf_layout */
+  size_t pf_ws_bytes, pf_hh_bytes;
   cudaEvent_t ev_ready[2], ev_free[2];
   int64_t pf_bytes, pf_tokens, pf_chunks;
 };
@@ -398,34 +400,53 @@ static __global__ void k_off_fill(float *p, int64_t n, float v) {
   if (i < n) p[i] = v;
 }
 
-/* Grows the prefill buffers to nk pairs; false with the error set. */
-static bool off_prefill_reserve(cuda_impl *ci, cuda_offload *o, int64_t nk, int H, int64_t I) {
-  const int64_t sub = ops_moe_scratch_floats(nk, 1, H, (int)I);
-  const int64_t need = 2 * nk * H + (nk + 63) / 64 * 64 + 64 + sub;
-  if (nk <= o->pf_cap && need <= o->pf_ws_floats) return true;
+/* The prefill workspace of nk pairs and G groups: device byte offsets (256-aligned) of the
+ * gathered x [nk, H] f32, the pairs' y [nk, H] f32, ones [nk] f32, plist / idxl / inv [nk]
+ * int32 each, G tables of 3E pointers, the grouped path's scratch (k = 1 over nk pairs);
+ * returns the total. The host twin (pinned) holds the ints and tables at hh offsets 0 and
+ * at[6]. Not the argument ring: a wrap mid-call would reuse memory later kernels read. */
+static size_t off_pf_layout(const cuda_offload *o, int64_t nk, int H, int64_t I, int G, size_t at[8]) {
+  const size_t sz[6] = {(size_t)(nk * H) * 4, (size_t)(nk * H) * 4, (size_t)nk * 4, (size_t)nk * 12,
+                        (size_t)G * OFF_PARTS * o->E * sizeof(void *), (size_t)ops_moe_scratch_floats(nk, 1, H, (int)I) * 4};
+  size_t off = 0;
+  for (int i = 0; i < 6; i++) {
+    at[i] = off;
+    off = (off + sz[i] + 255) & ~(size_t)255;
+  }
+  at[6] = ((size_t)nk * 12 + 15) & ~(size_t)15; /* host: the tables after the ints */
+  at[7] = at[6] + sz[4];                        /* host bytes */
+  return off;
+}
+
+/* Grows the prefill buffers to nk pairs and G groups; false with the error set. */
+static bool off_prefill_reserve(cuda_impl *ci, cuda_offload *o, int64_t nk, int H, int64_t I, int G) {
+  size_t at[8];
+  const size_t need = off_pf_layout(o, nk, H, I, G, at);
+  if (nk <= o->pf_cap && need <= o->pf_ws_bytes && at[7] <= o->pf_hh_bytes) return true;
   if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "offload prefill sync")) return false;
   if (o->pf_ids_h) cudaFreeHost(o->pf_ids_h);
-  free(o->pf_host);
+  if (o->pf_hh) cudaFreeHost(o->pf_hh);
+  free(o->pf_work);
   if (o->pf_ws) cudaFree(o->pf_ws);
-  o->pf_ids_h = NULL, o->pf_host = NULL, o->pf_ws = NULL, o->pf_cap = 0, o->pf_ws_floats = 0;
+  o->pf_ids_h = NULL, o->pf_hh = NULL, o->pf_work = NULL, o->pf_ws = NULL;
+  o->pf_cap = 0, o->pf_ws_bytes = 0, o->pf_hh_bytes = 0;
   if (!cuda_check(ci, cudaHostAlloc((void **)&o->pf_ids_h, (size_t)nk * sizeof(int32_t), cudaHostAllocDefault),
-                  "offload prefill ids"))
+                  "offload prefill ids") ||
+      !cuda_check(ci, cudaHostAlloc((void **)&o->pf_hh, at[7], cudaHostAllocDefault), "offload prefill lists"))
     return false;
-  /* plist, idxl, inv [nk] each, counts and starts [E + 1] each, the group order of experts [E] */
-  o->pf_host = (int32_t *)malloc(sizeof(int32_t) * (size_t)(3 * nk + 3 * (int64_t)o->E + 2));
-  if (!o->pf_host) {
-    cuda_fail(ci, ANNA_ENOMEM, "expert offload: out of host memory for a prefill chunk of %lld pairs", (long long)nk);
+  o->pf_work = (int32_t *)malloc(sizeof(int32_t) * (size_t)(3 * ((int64_t)o->E + 1)));
+  if (!o->pf_work) {
+    cuda_fail(ci, ANNA_ENOMEM, "expert offload: out of host memory");
     return false;
   }
-  if (cudaMalloc((void **)&o->pf_ws, (size_t)need * sizeof(float)) != cudaSuccess) {
+  if (cudaMalloc((void **)&o->pf_ws, need) != cudaSuccess) {
     (void)cudaGetLastError();
     o->pf_ws = NULL;
-    cuda_fail(ci, ANNA_ENOMEM, "expert offload: no room for the prefill workspace of a %lld-pair chunk (%lld bytes)",
-              (long long)nk, (long long)need * (long long)sizeof(float));
+    cuda_fail(ci, ANNA_ENOMEM, "expert offload: no room for the prefill workspace of a %lld-pair chunk (%zu bytes)",
+              (long long)nk, need);
     return false;
   }
-  o->pf_cap = nk;
-  o->pf_ws_floats = need;
+  o->pf_cap = nk, o->pf_ws_bytes = need, o->pf_hh_bytes = at[7];
   return true;
 }
 
@@ -449,7 +470,13 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
   if (!moe_ffn_grouped_tab(be, NULL, NULL, nk, H, NULL, NULL, 1, gate, up, down, act, NULL, E, NULL, true))
     return false;
   cuda_flush(ci); /* the routed ids are read back: the rest of a recorded step runs eagerly */
-  if (!off_prefill_reserve(ci, o, nk, H, I)) return true;
+  const int C = expert_store_cache_per_layer(o->st), base = C * o->n_layers;
+  const int S = expert_store_n_slots(o->st) - base;
+  const int halves = S >= 2 ? 2 : 1, Sh = S / halves;
+  const int G = 1 + (E + Sh - 1) / Sh; /* the cached group and the miss groups, at most */
+  if (!off_prefill_reserve(ci, o, nk, H, I, G)) return true;
+  size_t at[8];
+  off_pf_layout(o, nk, H, I, G, at);
   if (!o->ev_ready[0]) {
     for (int h = 0; h < 2; h++)
       if (!cuda_check(ci, cudaEventCreateWithFlags(&o->ev_ready[h], cudaEventDisableTiming), "offload event") ||
@@ -469,11 +496,13 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
       return true;
     }
   }
-  /* counting sort of the pairs by expert, experts in group order (cached first) */
-  int32_t *plist = o->pf_host, *idxl = plist + nk, *inv = idxl + nk, *cnt = inv + nk, *start = cnt + E + 1,
-          *eord = start + E + 1;
+  /* counting sort of the pairs by expert, experts in group order (cached first); the host
+   * lists are free: the readback sync above finished every copy out of them */
+  int32_t *plist = (int32_t *)o->pf_hh, *idxl = plist + nk, *inv = idxl + nk;
+  int32_t *cnt = o->pf_work, *start = cnt + E + 1, *eord = start + E + 1;
   memset(cnt, 0, sizeof(int32_t) * (size_t)(E + 1));
-  for (int64_t i = 0; i < nk; i++) cnt[o->pf_ids_h[i]]++;
+  for (int64_t i = 0; i < nk; i++)
+    if (o->pf_ids_h[i] >= 0) cnt[o->pf_ids_h[i]]++; /* note_chunk checked the range; -1: no expert */
   const int32_t *rt = expert_store_table(o->st) + (int64_t)li * E;
   int ne = 0, nhit = 0;
   for (int e = 0; e < E; e++)
@@ -484,28 +513,26 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
   int32_t pos = 0;
   for (int j = 0; j < ne; j++) start[eord[j]] = pos, pos += cnt[eord[j]];
   for (int64_t i = 0; i < nk; i++) {
+    if (o->pf_ids_h[i] < 0) {
+      inv[i] = -1; /* the combine skips it */
+      continue;
+    }
     const int32_t p = start[o->pf_ids_h[i]]++;
     plist[p] = (int32_t)i, idxl[p] = o->pf_ids_h[i], inv[i] = p;
   }
-  /* uploads through the argument ring (ordered on the compute stream) */
-  const int32_t *plist_d = (const int32_t *)cuda_ring_put(be, plist, (size_t)nk * sizeof(int32_t));
-  const int32_t *idxl_d = plist_d ? (const int32_t *)cuda_ring_put(be, idxl, (size_t)nk * sizeof(int32_t)) : NULL;
-  const int32_t *inv_d = idxl_d ? (const int32_t *)cuda_ring_put(be, inv, (size_t)nk * sizeof(int32_t)) : NULL;
-  if (!inv_d || ci->err) {
-    if (!ci->err) cuda_fail(ci, ANNA_ENOMEM, "expert offload: the argument ring cannot hold a %lld-pair chunk", (long long)nk);
-    return true;
-  }
-  float *xg = o->pf_ws, *yall = xg + nk * H, *ones = yall + nk * H, *sub = ones + (nk + 63) / 64 * 64 + 64;
+  uint8_t *ws = o->pf_ws;
+  float *xg = (float *)(ws + at[0]), *yall = (float *)(ws + at[1]), *ones = (float *)(ws + at[2]);
+  float *sub = (float *)(ws + at[5]);
+  const int32_t *plist_d = (const int32_t *)(ws + at[3]), *idxl_d = plist_d + nk, *inv_d = idxl_d + nk;
+  cuda_copy_async(ci, ws + at[3], o->pf_hh, (size_t)nk * 12, cudaMemcpyHostToDevice, "offload prefill lists");
   cuda_launch(ci, "offload prefill ones", k_off_fill, cuda_blocks(nk, 256), 256, 0, ones, nk, 1.0f);
-  cuda_launch(ci, "offload prefill gather", k_off_gather, cuda_blocks(nk * H, 256), 256, 0, xg, (const float *)x,
-              plist_d, nk, H, k);
+  if (pos) /* the routed pairs only */
+    cuda_launch(ci, "offload prefill gather", k_off_gather, cuda_blocks((int64_t)pos * H, 256), 256, 0, xg,
+                (const float *)x, plist_d, (int64_t)pos, H, k);
   /* copies into staging follow every earlier kernel (an earlier layer may still read a slot) */
   if (!cuda_check(ci, cudaEventRecord(o->ev_main, ci->stream), "offload event") ||
       !cuda_check(ci, cudaStreamWaitEvent(o->cs, o->ev_main, 0), "offload wait"))
     return true;
-  const int C = expert_store_cache_per_layer(o->st), base = C * o->n_layers;
-  const int S = expert_store_n_slots(o->st) - base;
-  const int halves = S >= 2 ? 2 : 1, Sh = S / halves;
   int used[2] = {0, 0}, file_pending[2] = {0, 0};
   const size_t tb = (size_t)OFF_PARTS * E * sizeof(const uint8_t *);
   int g = 0;
@@ -513,9 +540,8 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
     /* group: all cached experts, else the next Sh misses */
     const bool hitg = j0 < nhit;
     const int j1 = hitg ? nhit : (ne - j0 < Sh ? ne : j0 + Sh);
-    char *th, *td;
-    if (!cuda_ring_reserve(be, tb, &th, &td)) return true; /* error set */
-    const uint8_t **ht = (const uint8_t **)th;
+    const uint8_t **ht = (const uint8_t **)(o->pf_hh + at[6] + (size_t)g * tb);
+    uint8_t *td = ws + at[4] + (size_t)g * tb;
     memset(ht, 0, tb);
     const int h = hitg ? 0 : (g - (nhit > 0)) % halves;
     if (!hitg) {
@@ -537,7 +563,7 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
         o->pf_bytes += o->eb;
       }
     }
-    cuda_copy_async(ci, td, th, tb, cudaMemcpyHostToDevice, "offload prefill table");
+    cuda_copy_async(ci, td, ht, tb, cudaMemcpyHostToDevice, "offload prefill table");
     if (!hitg) {
       used[h] = 1;
       if (!cuda_check(ci, cudaEventRecord(o->ev_ready[h], o->cs), "offload event") ||
@@ -721,7 +747,8 @@ void cuda_offload_free(cuda_impl *ci) {
     if (o->ev_free[h]) cudaEventDestroy(o->ev_free[h]);
   }
   if (o->pf_ids_h) cudaFreeHost(o->pf_ids_h);
-  free(o->pf_host);
+  if (o->pf_hh) cudaFreeHost(o->pf_hh);
+  free(o->pf_work);
   if (o->pf_ws) cudaFree(o->pf_ws);
   if (o->arena) cudaFree(o->arena);
   if (o->counts_d) cudaFree(o->counts_d);
