@@ -207,7 +207,7 @@ static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int
   char what[200], err[512];
   snprintf(what, sizeof what, "%s %s", what0, stream ? "streamed" : "decode batches");
   ops_backend *ob = NULL;
-  if (cuda_backend_create(&ob, 64, err, sizeof err)) {
+  if (cuda_backend_create(&ob, 512, err, sizeof err)) {
     printf("  FAIL %s: backend: %s
 ", what, err);
     g_fail++;
@@ -384,8 +384,9 @@ void test_moe_offload(void) {
     offload_case(ANNA_DTYPE_Q6_K, 1, 256, 256, 33, 8, mirror);
   }
   for (int mirror = 0; mirror < 3; mirror++) {
-    offload_prefill_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 64, 8, mirror);
-    offload_prefill_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 12, 2, mirror);
+    /* staging min(8 k, E): 32 and 16 slots, so 4 and 8 miss groups per chunk reuse each half */
+    offload_prefill_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 128, 4, mirror);
+    offload_prefill_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 64, 2, mirror);
   }
   offload_prefill_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3, 0);
 }
