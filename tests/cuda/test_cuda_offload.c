@@ -208,8 +208,7 @@ static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int
   snprintf(what, sizeof what, "%s %s", what0, stream ? "streamed" : "decode batches");
   ops_backend *ob = NULL;
   if (cuda_backend_create(&ob, 512, err, sizeof err)) {
-    printf("  FAIL %s: backend: %s
-", what, err);
+    printf("  FAIL %s: backend: %s\n", what, err);
     g_fail++;
     free(shape);
     return -1;
@@ -221,8 +220,7 @@ static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int
                                   .no_prefill_stream = !stream};
   g_checks++;
   if (cuda_backend_set_offload(ob, shape, &op, err, sizeof err)) {
-    printf("  FAIL %s: set_offload: %s
-", what, err);
+    printf("  FAIL %s: set_offload: %s\n", what, err);
     g_fail++;
     ob->destroy(ob);
     free(shape);
@@ -253,8 +251,7 @@ static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int
       ob->moe_ffn(ob, dy, dx, n, H, didx, dw, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr);
       g_gpu->moe_ffn(g_gpu, dr, dx, n, H, didx, dw, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr2);
       if (ob->error(ob, err, sizeof err)) {
-        printf("  FAIL %s step %d layer %d: %s
-", what, step, l, err);
+        printf("  FAIL %s step %d layer %d: %s\n", what, step, l, err);
         g_fail++;
       } else {
         char cw[260];
@@ -275,19 +272,15 @@ static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int
   g_checks++;
   if (stream && (st.prefill_bytes <= 0 || st.prefill_bytes > distinct * eb || st.prefill_tokens != 300 + 64 + 9 + 300 ||
                  !st.summary || !strstr(st.summary, "per token"))) {
-    printf("  FAIL %s: prefill traffic %lld bytes (at most %lld: %lld distinct routed x %lld), %lld tokens
-  %s
-",
+    printf("  FAIL %s: prefill traffic %lld bytes (at most %lld: %lld distinct routed x %lld), %lld tokens\n  %s\n",
            what, (long long)st.prefill_bytes, (long long)(distinct * eb), (long long)distinct, (long long)eb,
            (long long)st.prefill_tokens, st.summary ? st.summary : "");
     g_fail++;
   } else if (!stream && st.prefill_bytes != 0) {
-    printf("  FAIL %s: prefill streaming ran with the hook off
-", what);
+    printf("  FAIL %s: prefill streaming ran with the hook off\n", what);
     g_fail++;
   } else {
-    printf("  %s: %lld B copied, %lld B by the prefill streaming (%lld distinct routed per layer chunk x %lld B)
-", what,
+    printf("  %s: %lld B copied, %lld B by the prefill streaming (%lld distinct routed per layer chunk x %lld B)\n", what,
            (long long)copied, (long long)st.prefill_bytes, (long long)distinct, (long long)eb);
   }
   ob->destroy(ob);
@@ -302,8 +295,7 @@ static void offload_prefill_case(int type, int fused, int H, int I, int E, int k
   char what[160];
   snprintf(what, sizeof what, "offload prefill %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "",
            H, I, E, k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
-  printf("  %s ...
-", what);
+  printf("  %s ...\n", what);
   const int64_t s = offload_prefill_run(L, type, fused, H, I, E, k, mirror, 1, what);
   /* the decode batches copy misses per 8 tokens (zero-copy: they read them over PCIe and
    * count no copies, so there is nothing to compare) */
@@ -311,8 +303,7 @@ static void offload_prefill_case(int type, int fused, int H, int I, int E, int k
     const int64_t b = offload_prefill_run(L, type, fused, H, I, E, k, mirror, 0, what);
     g_checks++;
     if (s >= 0 && b >= 0 && !(s < b)) {
-      printf("  FAIL %s: streaming copied %lld bytes, the decode batches %lld
-", what, (long long)s, (long long)b);
+      printf("  FAIL %s: streaming copied %lld bytes, the decode batches %lld\n", what, (long long)s, (long long)b);
       g_fail++;
     }
   }
