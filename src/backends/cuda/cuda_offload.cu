@@ -604,7 +604,9 @@ bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n
     cuda_fail(ci, ANNA_EINVAL, "expert offload: %d routed slots per token, staging sized for %d", k, o->k);
     return true;
   }
-  if (n > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream &&
+  /* zero-copy steps being recorded (decode of up to 64 sequences) stay graphs: streaming
+   * reads the routed ids back */
+  if (n > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream && !(o->zc && ci->recording) &&
       off_prefill(be, ci, o, li, out, x, n, H, idx, wts, k, gate, up, down, act))
     return true;
   if (o->zc) {
