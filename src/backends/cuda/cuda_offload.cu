@@ -97,6 +97,7 @@ struct cuda_offload {
   size_t pf_ws_bytes, pf_hh_bytes;
   cudaEvent_t ev_ready[2], ev_free[2];
   int64_t pf_bytes, pf_tokens, pf_chunks;
+  int pf_oom; /* the last workspace allocation failed (chunks of that size take the decode batches) */
 };
 
 /* expert_store_read_fn: the expert's rows from the model's host weights (its file mapping:
@@ -270,6 +271,8 @@ static __global__ void k_offload_count(const int32_t *idx, int64_t nk, int E, fl
   if (e >= 0 && e < E) atomicAdd(&counts[e], 1.0f);
 }
 
+static size_t off_pf_layout(const cuda_offload *o, int64_t nk, int H, int64_t I, int G, size_t at[8]);
+
 /* Sizes and fills the store at the first MoE call (the KV cache and scratch exist by then). */
 static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
   size_t f = 0, t = 0;
@@ -287,7 +290,19 @@ static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
   sp.n_experts = o->E;
   sp.expert_bytes = o->eb;
   sp.device_budget = o->p.gpu_memory_limit > 0 ? o->p.gpu_memory_limit : (int64_t)ci->free_at_create;
-  sp.dense_bytes = o->dense_weight_bytes + other + o->p.reserve_bytes + tables;
+  /* the prefill streaming workspace of a full batch (off_pf_layout), allocated at the first
+   * long chunk: kept out of the expert cache */
+  int64_t pf = 0;
+  {
+    const ops_weight *g0 = &o->gate[0][0];
+    const int64_t H = g0->cols, I = o->up[0] ? o->up[0][0].rows : g0->rows / 2, nk = ci->max_batch * k;
+    if (ci->max_batch > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream) {
+      size_t at[8];
+      const int Sh = S >= 2 ? S / 2 : 1;
+      pf = (int64_t)off_pf_layout(o, nk, (int)H, I, 1 + (o->E + Sh - 1) / Sh, at);
+    }
+  }
+  sp.dense_bytes = o->dense_weight_bytes + other + o->p.reserve_bytes + tables + pf;
   sp.cache_bytes = o->p.expert_cache_bytes > 0 ? o->p.expert_cache_bytes : -1;
   sp.slots_per_layer = o->p.cached_experts_per_layer;
   sp.staging_slots = S;
@@ -422,6 +437,7 @@ static size_t off_pf_layout(const cuda_offload *o, int64_t nk, int H, int64_t I,
 static bool off_prefill_reserve(cuda_impl *ci, cuda_offload *o, int64_t nk, int H, int64_t I, int G) {
   size_t at[8];
   const size_t need = off_pf_layout(o, nk, H, I, G, at);
+  o->pf_oom = 0;
   if (nk <= o->pf_cap && need <= o->pf_ws_bytes && at[7] <= o->pf_hh_bytes) return true;
   if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "offload prefill sync")) return false;
   if (o->pf_ids_h) cudaFreeHost(o->pf_ids_h);
@@ -442,8 +458,7 @@ static bool off_prefill_reserve(cuda_impl *ci, cuda_offload *o, int64_t nk, int 
   if (cudaMalloc((void **)&o->pf_ws, need) != cudaSuccess) {
     (void)cudaGetLastError();
     o->pf_ws = NULL;
-    cuda_fail(ci, ANNA_ENOMEM, "expert offload: no room for the prefill workspace of a %lld-pair chunk (%zu bytes)",
-              (long long)nk, need);
+    o->pf_oom = 1; /* the caller falls back to the decode batches (no workspace needed) */
     return false;
   }
   o->pf_cap = nk, o->pf_ws_bytes = need, o->pf_hh_bytes = at[7];
@@ -474,7 +489,7 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
   const int S = expert_store_n_slots(o->st) - base;
   const int halves = S >= 2 ? 2 : 1, Sh = S / halves;
   const int G = 1 + (E + Sh - 1) / Sh; /* the cached group and the miss groups, at most */
-  if (!off_prefill_reserve(ci, o, nk, H, I, G)) return true;
+  if (!off_prefill_reserve(ci, o, nk, H, I, G)) return !o->pf_oom || ci->err; /* no room: decode batches */
   size_t at[8];
   off_pf_layout(o, nk, H, I, G, at);
   if (!o->ev_ready[0]) {
