@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device checks of branch i-offpre (issue #27 item 4: prefill with offloaded experts,
 # cuda_offload.cu off_prefill). Run from the repo root on the GPU machine:
-#   sh scripts/gpu/offpre_check.sh P
+#   bash scripts/gpu/offpre_check.sh P
 # P: an unpacked pack (scripts/gpu_pack.sh) with bin/ (and lib/). Uses, like the session
 # scripts, .gpu/fx (shared fixtures incl. tokenizer/), .gpu/qwen3_5.gguf and
 # .gpu/whl/gguf-*.whl (for tools/mkshape.py). Results: $OUT/summary.txt (a short table) and
