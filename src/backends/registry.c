@@ -45,7 +45,8 @@ static int cuda_create(const backend_params *p, ops_backend **out, char *err, si
                                     .host_memory_limit = p->host_memory_limit,
                                     .reserve_bytes = p->reserve_bytes,
                                     .cached_experts_per_layer = p->cached_experts_per_layer,
-                                    .swap_every = p->expert_swap_every};
+                                    .swap_every = p->expert_swap_every,
+                                    .no_prefill_stream = !t.cuda_offload_prefill_stream};
     if ((rc = cuda_backend_set_offload(*out, p->shape, &op, err, errlen))) {
       (*out)->destroy(*out);
       *out = NULL;

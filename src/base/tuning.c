@@ -30,6 +30,7 @@ static const field fields[] = {
     {"cuda_mmq_split_k", KIND_BOOL, OFF(cuda_mmq_split_k), 0, 1, NULL},
     {"spec_window_states", KIND_BOOL, OFF(spec_window_states), 0, 1, NULL},
     {"encoder_cpu", KIND_BOOL, OFF(encoder_cpu), 0, 1, NULL},
+    {"cuda_offload_prefill_stream", KIND_BOOL, OFF(cuda_offload_prefill_stream), 0, 1, NULL},
 };
 #undef OFF
 #define N_FIELDS ((int)(sizeof fields / sizeof fields[0]))
@@ -67,6 +68,7 @@ void tuning_defaults(anna_tuning *t) {
       .cuda_mmq_split_k = 1,
       .spec_window_states = 1,
       .encoder_cpu = 0,
+      .cuda_offload_prefill_stream = 0,
   };
 }
 

@@ -314,6 +314,32 @@ int expert_store_route(expert_store *st, int layer, const int32_t *ids, int n_id
   return 0;
 }
 
+int expert_store_note_chunk(expert_store *st, int layer, const int32_t *ids, int64_t n_ids, char *err,
+                            size_t errlen) {
+  if (layer < 0 || layer >= st->L)
+    return es_err(err, errlen, ANNA_ERANGE, "expert store: layer %d outside [0, %d)", layer, st->L);
+  for (int64_t i = 0; i < n_ids; i++)
+    if (ids[i] < -1 || ids[i] >= st->E)
+      return es_err(err, errlen, ANNA_ERANGE, "expert store: expert id %d outside [0, %d) in layer %d", ids[i],
+                    st->E, layer);
+  int n = 0, hits = 0;
+  for (int64_t i = 0; i < n_ids; i++) {
+    const int e = ids[i];
+    if (e < 0) continue;
+    st->count[(int64_t)layer * st->E + e] += 1.0f;
+    if (st->seen[e]) continue;
+    st->seen[e] = 1;
+    n++;
+    hits += st->table[(int64_t)layer * st->E + e] >= 0;
+  }
+  for (int64_t i = 0; i < n_ids; i++)
+    if (ids[i] >= 0) st->seen[ids[i]] = 0;
+  st->st.routed += n;
+  st->st.hits += hits;
+  st->st.misses += n - hits;
+  return 0;
+}
+
 void expert_store_release(expert_store *st, int layer) {
   if (layer < 0 || layer >= st->L || st->layer_npin[layer] < 0) return;
   const int32_t *pins = st->layer_pins + (int64_t)layer * (st->C + st->S);

@@ -104,6 +104,14 @@ typedef struct expert_store_place {
  * slots (the message says how many). */
 int expert_store_route(expert_store *st, int layer, const int32_t *ids, int n_ids, expert_store_place *places,
                        int *n_places, char *err, size_t errlen);
+/* A chunk (prefill) of a layer that the caller streams itself: counts the routed ids
+ * ([n_ids], -1 ignored) for the swap plans and the hit / miss statistics as
+ * expert_store_route does, but places and pins nothing: the caller computes the cached
+ * experts from their cache slots (expert_store_table) and copies the others through the
+ * staging slots on its own schedule (legal only while no route of any layer pins a staging
+ * slot). ANNA_ERANGE for a layer or an id out of range (nothing counted). */
+int expert_store_note_chunk(expert_store *st, int layer, const int32_t *ids, int64_t n_ids, char *err,
+                            size_t errlen);
 /* Unpins the slots of the layer's last route (no-op when none). */
 void expert_store_release(expert_store *st, int layer);
 

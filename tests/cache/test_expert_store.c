@@ -324,6 +324,33 @@ static void test_pinned(void) {
     CHECK(tab[16 + 13] >= 0 && tab[16 + 14] >= 0, "add_counts: the counted experts did not move in (%d swaps)", n);
     CHECK(expert_store_check(st, err, sizeof err) == 0, "add_counts: %s", err);
   }
+  /* a prefill chunk noted without placing (the backend streams it): distinct experts per
+   * call as route counts them, every occurrence in the swap counts, nothing pinned */
+  {
+    expert_store_stats a, b;
+    expert_store_get_stats(st, &a);
+    const int32_t *tab = expert_store_table(st);
+    int32_t ids[12] = {5, 6, 5, -1, 7, 6, 5, 8, 8, 5, 6, 7};
+    int want_hits = 0;
+    const int32_t d[4] = {5, 6, 7, 8};
+    for (int i = 0; i < 4; i++) want_hits += tab[d[i]] >= 0;
+    CHECK(expert_store_note_chunk(st, 0, ids, 12, err, sizeof err) == 0, "note_chunk: %s", err);
+    expert_store_get_stats(st, &b);
+    CHECK(b.routed - a.routed == 4 && b.hits - a.hits == want_hits && b.misses - a.misses == 4 - want_hits,
+          "note_chunk: routed %lld hits %lld (want %d) misses %lld", (long long)(b.routed - a.routed),
+          (long long)(b.hits - a.hits), want_hits, (long long)(b.misses - a.misses));
+    int32_t bad[2] = {3, 16};
+    CHECK(expert_store_note_chunk(st, 0, bad, 2, err, sizeof err) == ANNA_ERANGE && strstr(err, "16"),
+          "note_chunk: id 16 of 16 accepted");
+    CHECK(expert_store_note_chunk(st, 2, ids, 12, err, sizeof err) == ANNA_ERANGE, "note_chunk: layer 2 of 2 accepted");
+    /* nothing pinned: a route of the same layer is allowed, and 5 (4 uses a chunk) moves in */
+    for (int r = 0; r < 20; r++) CHECK(expert_store_note_chunk(st, 0, ids, 12, err, sizeof err) == 0, "note_chunk: %s", err);
+    CHECK(expert_store_route(st, 0, ids, 3, pl, &np, err, sizeof err) == 0, "note_chunk then route: %s", err);
+    expert_store_release(st, 0);
+    n = expert_store_plan_swaps(st, sw, 8);
+    CHECK(tab[5] >= 0 && tab[6] >= 0, "note_chunk: the noted experts did not move in (%d swaps)", n);
+    CHECK(expert_store_check(st, err, sizeof err) == 0, "note_chunk: %s", err);
+  }
   expert_store_free(st);
   close(f.fd);
 }

@@ -4,7 +4,7 @@
  * mirror that holds only some experts (the rest come from the weights' host memory), all
  * of them (zero-copy: the kernels read misses from the mirror, counters on the device), and
  * all of them with zero-copy off, so every tier and swaps run on every step. 60 steps of skewed random routing, 1 to 13 tokens
- * (above 8 the offload runs the decode kernels in batches), each step recorded as a graph
+ * (above 8 the offload runs the decode kernels in batches in exact mode), each step recorded as a graph
  * where the size allows: exact mode against the CPU op (f32: 1e-4), default numerics at
  * decode sizes bit for bit against g_gpu's all-resident decode kernels. Then the counters
  * (hits, swaps, bytes from each tier) and the budget errors. */
@@ -181,6 +181,135 @@ static void offload_case(int type, int fused, int H, int I, int E, int k, int mi
   free(shape);
 }
 
+/* Prefill streaming (off_prefill): chunks above CUDA_MOE_DECODE_MAX_TOK tokens (300, 64,
+ * 9) through OFF_L offloaded layers with a tiny cache (1 slot per layer), so most routed
+ * experts stream through the staging halves. Each layer's output against g_gpu's
+ * all-resident prefill (the same grouped kernels on the same weights; 1e-3 relative: the
+ * resident path may take its dequantize-first variant), then the traffic: every routed miss
+ * copied at most once per layer chunk (bytes <= distinct routed experts x expert bytes),
+ * and below what the decode batches (no_prefill_stream) copy for the same chunks. */
+static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int I, int E, int k, int mirror,
+                                   int stream, const char *what0) {
+  ops_model_shape *shape = calloc(1, sizeof *shape);
+  shape->n_layers = OFF_L;
+  shape->max_cols = H > I ? H : I;
+  for (int l = 0; l < OFF_L; l++) {
+    shape->layers[l].exp_gate = L[l].gate;
+    shape->layers[l].exp_up = L[l].up;
+    shape->layers[l].exp_down = L[l].down;
+    shape->layers[l].n_exp = E;
+  }
+  /* the offload's blob: each part at a 16-byte aligned offset */
+#define R16(b) (((b) + 15) / 16 * 16)
+  const int64_t eb = fused ? R16(dtype_row_bytes(type, H) * 2 * I) + R16(dtype_row_bytes(type, I) * H)
+                           : 2 * R16(dtype_row_bytes(type, H) * I) + R16(dtype_row_bytes(type, I) * H);
+#undef R16
+  char what[200], err[512];
+  snprintf(what, sizeof what, "%s %s", what0, stream ? "streamed" : "decode batches");
+  ops_backend *ob = NULL;
+  if (cuda_backend_create(&ob, 512, err, sizeof err)) {
+    printf("  FAIL %s: backend: %s\n", what, err);
+    g_fail++;
+    free(shape);
+    return -1;
+  }
+  const cuda_offload_params op = {.host_memory_limit = mirror ? 0 : (int64_t)OFF_L * E * (eb + 64) / 3,
+                                  .cached_experts_per_layer = 1,
+                                  .swap_every = 1,
+                                  .no_zero_copy = mirror == 2,
+                                  .no_prefill_stream = !stream};
+  g_checks++;
+  if (cuda_backend_set_offload(ob, shape, &op, err, sizeof err)) {
+    printf("  FAIL %s: set_offload: %s\n", what, err);
+    g_fail++;
+    ob->destroy(ob);
+    free(shape);
+    return -1;
+  }
+  cuda_backend_set_exact(ob, 0);
+  cuda_backend_set_exact(g_gpu, 0);
+  static const int sizes[] = {300, 64, 9, 300};
+  const int64_t NMAX = 300;
+  const int64_t sf = ops_moe_scratch_floats(NMAX, k, H, I);
+  float *dscr = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf), *dscr2 = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf);
+  int32_t *idx = malloc(sizeof(int32_t) * (size_t)(NMAX * k));
+  float *w = malloc(sizeof(float) * (size_t)(NMAX * k));
+  int64_t distinct = 0; /* sum over layer chunks of the distinct routed experts */
+  for (int step = 0; step < 4; step++) {
+    const int64_t n = sizes[step];
+    float *x = hrand(n * H, 1.0f);
+    float *dx = dput(x, sizeof(float) * (size_t)(n * H));
+    cuda_backend_step_begin(ob, n);
+    for (int l = 0; l < OFF_L; l++) {
+      off_route(idx, w, n, E, k, 7 * step + l);
+      int seen[256] = {0};
+      for (int64_t i = 0; i < n * k; i++)
+        if (idx[i] < 256 && !seen[idx[i]]) seen[idx[i]] = 1, distinct++;
+      int32_t *didx = dput(idx, sizeof(int32_t) * (size_t)(n * k));
+      float *dw = dput(w, sizeof(float) * (size_t)(n * k));
+      float *dy = dnan(n * H), *dr = dnan(n * H);
+      ob->moe_ffn(ob, dy, dx, n, H, didx, dw, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr);
+      g_gpu->moe_ffn(g_gpu, dr, dx, n, H, didx, dw, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr2);
+      if (ob->error(ob, err, sizeof err)) {
+        printf("  FAIL %s step %d layer %d: %s\n", what, step, l, err);
+        g_fail++;
+      } else {
+        char cw[260];
+        snprintf(cw, sizeof cw, "%s step %d layer %d n=%lld", what, step, l, (long long)n);
+        float *r = dget(dr, n * H);
+        cmpd(cw, dy, r, n * H, 1e-3);
+        free(r);
+      }
+      dfree(dy), dfree(dr), dfree(didx), dfree(dw);
+    }
+    cuda_backend_step_end(ob);
+    dfree(dx), free(x);
+  }
+  cuda_backend_set_exact(g_gpu, 1);
+  cuda_offload_stats st;
+  cuda_backend_offload_stats(ob, &st);
+  const int64_t copied = st.bytes_mirror + st.bytes_file;
+  g_checks++;
+  if (stream && (st.prefill_bytes <= 0 || st.prefill_bytes > distinct * eb || st.prefill_tokens != 300 + 64 + 9 + 300 ||
+                 !st.summary || !strstr(st.summary, "per token"))) {
+    printf("  FAIL %s: prefill traffic %lld bytes (at most %lld: %lld distinct routed x %lld), %lld tokens\n  %s\n",
+           what, (long long)st.prefill_bytes, (long long)(distinct * eb), (long long)distinct, (long long)eb,
+           (long long)st.prefill_tokens, st.summary ? st.summary : "");
+    g_fail++;
+  } else if (!stream && st.prefill_bytes != 0) {
+    printf("  FAIL %s: prefill streaming ran with the hook off\n", what);
+    g_fail++;
+  } else {
+    printf("  %s: %lld B copied, %lld B by the prefill streaming (%lld distinct routed per layer chunk x %lld B)\n", what,
+           (long long)copied, (long long)st.prefill_bytes, (long long)distinct, (long long)eb);
+  }
+  ob->destroy(ob);
+  dfree(dscr), dfree(dscr2);
+  free(idx), free(w), free(shape);
+  return copied;
+}
+
+static void offload_prefill_case(int type, int fused, int H, int I, int E, int k, int mirror) {
+  off_layer L[OFF_L];
+  for (int l = 0; l < OFF_L; l++) off_layer_make(&L[l], E, fused, type, H, I);
+  char what[160];
+  snprintf(what, sizeof what, "offload prefill %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "",
+           H, I, E, k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
+  printf("  %s ...\n", what);
+  const int64_t s = offload_prefill_run(L, type, fused, H, I, E, k, mirror, 1, what);
+  /* the decode batches copy misses per 8 tokens (zero-copy: they read them over PCIe and
+   * count no copies, so there is nothing to compare) */
+  if (mirror != 1) {
+    const int64_t b = offload_prefill_run(L, type, fused, H, I, E, k, mirror, 0, what);
+    g_checks++;
+    if (s >= 0 && b >= 0 && !(s < b)) {
+      printf("  FAIL %s: streaming copied %lld bytes, the decode batches %lld\n", what, (long long)s, (long long)b);
+      g_fail++;
+    }
+  }
+  for (int l = 0; l < OFF_L; l++) off_layer_free(&L[l]);
+}
+
 /* Budgets below what must stay on the device: refused at set_offload (dense weights) or at
  * the first MoE call (the staging slots), each naming the bytes needed. */
 static void offload_budgets(void) {
@@ -245,4 +374,10 @@ void test_moe_offload(void) {
     offload_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3, mirror);
     offload_case(ANNA_DTYPE_Q6_K, 1, 256, 256, 33, 8, mirror);
   }
+  for (int mirror = 0; mirror < 3; mirror++) {
+    /* staging min(8 k, E): 32 and 16 slots, so 4 and 8 miss groups per chunk reuse each half */
+    offload_prefill_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 128, 4, mirror);
+    offload_prefill_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 64, 2, mirror);
+  }
+  offload_prefill_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3, 0);
 }

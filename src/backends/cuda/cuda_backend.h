@@ -67,13 +67,17 @@ void cuda_backend_free(ops_backend *be);
  * kernels read a missed expert from the pinned mirror over PCIe themselves ("zero-copy"):
  * nothing is read back, decode steps stay graphs, and routing counts come from a device
  * counter. Otherwise decode batches read the routed ids back and copy the misses into staging
- * slots (the rest of that step runs eagerly, not as a graph). Larger batches run as batches
- * of CUDA_MOE_DECODE_MAX_TOK tokens through the decode kernels either way. ANNA_EINVAL when gpu_memory_limit is below the dense weights (naming the bytes),
+ * slots (the rest of that step runs eagerly, not as a graph). Larger batches (prefill) are
+ * streamed: routed once, each routed miss copied once per layer chunk in groups of half the
+ * staging slots (double-buffered against the grouped GEMMs); exact mode and types the
+ * grouped path does not take run as batches of CUDA_MOE_DECODE_MAX_TOK tokens through the
+ * decode kernels. ANNA_EINVAL when gpu_memory_limit is below the dense weights (naming the bytes),
  * ANNA_EUNSUPPORTED when no layer has experts. Call once, right after creation. */
 typedef struct cuda_offload_params {
   int64_t gpu_memory_limit, expert_cache_bytes, host_memory_limit, reserve_bytes;
   int cached_experts_per_layer, swap_every;
   int no_zero_copy; /* test hook: copy misses into staging even when every expert is mirrored */
+  int no_prefill_stream; /* test hook: prefill through the decode batches (the pre-streaming path) */
 } cuda_offload_params;
 int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *shape, const cuda_offload_params *p, char *err,
                              size_t errlen);
@@ -83,6 +87,7 @@ int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *shape, cons
 typedef struct cuda_offload_stats {
   int on, cache_per_layer, staging_slots;
   int64_t mirrored, routed, hits, swaps, bytes_mirror, bytes_file, device_bytes;
+  int64_t prefill_bytes, prefill_tokens; /* expert bytes the prefill streaming copied, tokens it ran */
   const char *summary; /* one line: what went where (borrowed; NULL before the first MoE call) */
 } cuda_offload_stats;
 void cuda_backend_offload_stats(ops_backend *be, cuda_offload_stats *out);

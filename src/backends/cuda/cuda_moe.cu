@@ -700,9 +700,10 @@ static void moe_gemms(cuda_impl *ci, const moe_gemm_args &gu, const moe_gemm_arg
 
 /* The grouped prefill path; false (nothing queued) when it cannot take these weights or
  * the scratch is too small. */
-static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
-                            const float *wts, int k, const ops_weight *gate, const ops_weight *up,
-                            const ops_weight *down, int act, float *scratch, int E) {
+static bool moe_ffn_grouped_impl(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                                 const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                                 const ops_weight *down, int act, float *scratch, int E,
+                                 const uint8_t *const *tab_in, bool dry) {
   cuda_impl *ci = cuda_impl_of(be);
   if (E < 1 || E > MG_MAX_E || k < 1 || H < 1) return false;
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
@@ -727,7 +728,9 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   const int tg = gate[0].type, tu = up ? up[0].type : tg, td = down[0].type;
   const size_t per = (size_t)3 * (size_t)I * (size_t)H * sizeof(__nv_bfloat16);
   const bool split = cuda_gemm_split(ci, tg) || (up && cuda_gemm_split(ci, tu)) || cuda_gemm_split(ci, td);
-  bool pre = !split && cuda_quant_supported(tg) && cuda_quant_supported(tu) && cuda_quant_supported(td) &&
+  /* a caller's table (offload slots): no bf16 copy of the whole layer (its memory is not in
+   * the offload budget) */
+  bool pre = !tab_in && !split && cuda_quant_supported(tg) && cuda_quant_supported(tu) && cuda_quant_supported(td) &&
              H % MG_BK == 0 && I % MG_BK == 0 &&
              (v == CUDA_MOE_PIPE ||
               ((v == CUDA_MOE_DEFAULT || v == CUDA_MOE_CUBLAS || v == CUDA_MOE_CUBLAS_LOOP) &&
@@ -742,8 +745,9 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   float *y = sc.take<float>(nk * H * 4);
   const moe_sort so(sc, nk, E, tmax);
   if (!sc.fits()) return false;
+  if (dry) return true;
   const int32_t *order = so.order, *inv = so.inv, *off = so.off, *tiles = so.tiles, *ntiles = so.ntiles;
-  const uint8_t *const *tab = moe_table(be, E, gate, up, down, NULL);
+  const uint8_t *const *tab = tab_in ? tab_in : moe_table(be, E, gate, up, down, NULL);
   if (!tab) return false;
   pre = pre && moe_deq_reserve(ci, (size_t)E * per); /* the buffer only once the call is sure to run */
 
@@ -791,6 +795,26 @@ static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t
   cuda_launch(ci, "moe combine", k_moe_combine, cuda_blocks(n * H, 256), 256, 0, out, (const float *)y,
               (const int32_t *)inv, wts, n, (int64_t)H, k);
   return true;
+}
+
+static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                            const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                            const ops_weight *down, int act, float *scratch, int E) {
+  return moe_ffn_grouped_impl(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, E, NULL, false);
+}
+
+bool moe_ffn_grouped_tab(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
+                         const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
+                         int act, float *scratch, int E, const uint8_t *const *tab, bool dry) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->exact || ci->moe_variant == CUDA_MOE_HOST) return false; /* the grouped path's own conditions */
+  return moe_ffn_grouped_impl(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, E, tab, dry);
+}
+
+void moe_combine(ops_backend *be, float *out, const float *y, const int32_t *inv, const float *wts, int64_t n, int H,
+                 int k) {
+  cuda_launch(cuda_impl_of(be), "moe combine", k_moe_combine, cuda_blocks(n * H, 256), 256, 0, out, y, inv, wts, n,
+              (int64_t)H, k);
 }
 
 /* ---- prefill on cuBLAS: experts dequantized to bf16, grouped GEMMs ----

@@ -14,9 +14,12 @@
  *   waits for an event after the copies. So every copy into a slot follows all work queued
  *   before it (a slot read by an earlier kernel is never overwritten early) and precedes the
  *   kernels that read it.
- * Correct first, not fast: the routed ids are read back per layer (one stream sync; the rest
- * of a recorded step runs eagerly), copies do not overlap compute of the same layer, and
- * prefill runs through the decode kernels in batches of CUDA_MOE_DECODE_MAX_TOK tokens.
+ * Decode: the routed ids are read back per layer (one stream sync; the rest of a recorded
+ * step runs eagerly) and copies do not overlap compute of the same layer. Prefill (more
+ * than CUDA_MOE_DECODE_MAX_TOK tokens, grouped path's types, not exact mode) streams
+ * (off_prefill): one readback per layer chunk, each routed expert copied at most once,
+ * copies of the next group overlapping the grouped GEMMs of this one; otherwise it runs
+ * through the decode kernels in batches of CUDA_MOE_DECODE_MAX_TOK tokens.
  * Misses are always copied (no CPU compute of misses yet). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_math.cuh"
@@ -81,6 +84,20 @@ struct cuda_offload {
   int64_t map_bytes;
   char path[256];
   char summary[400]; /* what went where (cuda_offload_stats.summary) */
+  char summary2[600]; /* summary plus the prefill traffic, rebuilt at each stats call */
+  /* Prefill streaming (off_prefill): the chunk's routed ids (pinned), the pair lists built
+   * from them (host), the device workspace (gathered x, per-pair y, ones, the grouped
+   * path's scratch) and the double-buffer events of the two staging halves. Grown to the
+   * largest chunk seen (prefill only; decode never touches them). */
+  int64_t pf_cap; /* pairs the buffers hold */
+  int32_t *pf_ids_h;  /* pinned [nk]: the routed ids read back */
+  int32_t *pf_work;   /* host [3 (E + 1)]: counts, starts, experts in group order */
+  uint8_t *pf_hh;     /* pinned: plist, idxl, inv [nk] each, then the groups' tables */
+  uint8_t *pf_ws;     /* device: off_pf_layout */
+  size_t pf_ws_bytes, pf_hh_bytes;
+  cudaEvent_t ev_ready[2], ev_free[2];
+  int64_t pf_bytes, pf_tokens, pf_chunks;
+  int pf_oom; /* the last workspace allocation failed (chunks of that size take the decode batches) */
 };
 
 /* expert_store_read_fn: the expert's rows from the model's host weights (its file mapping:
@@ -254,6 +271,8 @@ static __global__ void k_offload_count(const int32_t *idx, int64_t nk, int E, fl
   if (e >= 0 && e < E) atomicAdd(&counts[e], 1.0f);
 }
 
+static size_t off_pf_layout(const cuda_offload *o, int64_t nk, int H, int64_t I, int G, size_t at[8]);
+
 /* Sizes and fills the store at the first MoE call (the KV cache and scratch exist by then). */
 static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
   size_t f = 0, t = 0;
@@ -271,7 +290,19 @@ static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
   sp.n_experts = o->E;
   sp.expert_bytes = o->eb;
   sp.device_budget = o->p.gpu_memory_limit > 0 ? o->p.gpu_memory_limit : (int64_t)ci->free_at_create;
-  sp.dense_bytes = o->dense_weight_bytes + other + o->p.reserve_bytes + tables;
+  /* the prefill streaming workspace of a full batch (off_pf_layout), allocated at the first
+   * long chunk: kept out of the expert cache */
+  int64_t pf = 0;
+  {
+    const ops_weight *g0 = &o->gate[0][0];
+    const int64_t H = g0->cols, I = o->up[0] ? o->up[0][0].rows : g0->rows / 2, nk = ci->max_batch * k;
+    if (ci->max_batch > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream) {
+      size_t at[8];
+      const int Sh = S >= 2 ? S / 2 : 1;
+      pf = (int64_t)off_pf_layout(o, nk, (int)H, I, 1 + (o->E + Sh - 1) / Sh, at);
+    }
+  }
+  sp.dense_bytes = o->dense_weight_bytes + other + o->p.reserve_bytes + tables + pf;
   sp.cache_bytes = o->p.expert_cache_bytes > 0 ? o->p.expert_cache_bytes : -1;
   sp.slots_per_layer = o->p.cached_experts_per_layer;
   sp.staging_slots = S;
@@ -372,6 +403,205 @@ static bool off_open(cuda_impl *ci, cuda_offload *o, int k) {
   return true;
 }
 
+/* xg[r] = x[plist[r] / k]: each (token, slot) pair's activations, in the chunk's pair order. */
+static __global__ void k_off_gather(float *xg, const float *x, const int32_t *plist, int64_t m, int H, int k) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < m * H; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / H;
+    xg[i] = x[(int64_t)(plist[r] / k) * H + i % H];
+  }
+}
+static __global__ void k_off_fill(float *p, int64_t n, float v) {
+  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = v;
+}
+
+/* The prefill workspace of nk pairs and G groups: device byte offsets (256-aligned) of the
+ * gathered x [nk, H] f32, the pairs' y [nk, H] f32, ones [nk] f32, plist / idxl / inv [nk]
+ * int32 each, G tables of 3E pointers, the grouped path's scratch (k = 1 over nk pairs);
+ * returns the total. The host twin (pinned) holds the ints and tables at hh offsets 0 and
+ * at[6]. Not the argument ring: a wrap mid-call would reuse memory later kernels read. */
+static size_t off_pf_layout(const cuda_offload *o, int64_t nk, int H, int64_t I, int G, size_t at[8]) {
+  const size_t sz[6] = {(size_t)(nk * H) * 4, (size_t)(nk * H) * 4, (size_t)nk * 4, (size_t)nk * 12,
+                        (size_t)G * OFF_PARTS * o->E * sizeof(void *), (size_t)ops_moe_scratch_floats(nk, 1, H, (int)I) * 4};
+  size_t off = 0;
+  for (int i = 0; i < 6; i++) {
+    at[i] = off;
+    off = (off + sz[i] + 255) & ~(size_t)255;
+  }
+  at[6] = ((size_t)nk * 12 + 15) & ~(size_t)15; /* host: the tables after the ints */
+  at[7] = at[6] + sz[4];                        /* host bytes */
+  return off;
+}
+
+/* Grows the prefill buffers to nk pairs and G groups; false with the error set. */
+static bool off_prefill_reserve(cuda_impl *ci, cuda_offload *o, int64_t nk, int H, int64_t I, int G) {
+  size_t at[8];
+  const size_t need = off_pf_layout(o, nk, H, I, G, at);
+  o->pf_oom = 0;
+  if (nk <= o->pf_cap && need <= o->pf_ws_bytes && at[7] <= o->pf_hh_bytes) return true;
+  if (!cuda_check(ci, cudaStreamSynchronize(ci->stream), "offload prefill sync")) return false;
+  if (o->pf_ids_h) cudaFreeHost(o->pf_ids_h);
+  if (o->pf_hh) cudaFreeHost(o->pf_hh);
+  free(o->pf_work);
+  if (o->pf_ws) cudaFree(o->pf_ws);
+  o->pf_ids_h = NULL, o->pf_hh = NULL, o->pf_work = NULL, o->pf_ws = NULL;
+  o->pf_cap = 0, o->pf_ws_bytes = 0, o->pf_hh_bytes = 0;
+  if (!cuda_check(ci, cudaHostAlloc((void **)&o->pf_ids_h, (size_t)nk * sizeof(int32_t), cudaHostAllocDefault),
+                  "offload prefill ids") ||
+      !cuda_check(ci, cudaHostAlloc((void **)&o->pf_hh, at[7], cudaHostAllocDefault), "offload prefill lists"))
+    return false;
+  o->pf_work = (int32_t *)malloc(sizeof(int32_t) * (size_t)(3 * ((int64_t)o->E + 1)));
+  if (!o->pf_work) {
+    cuda_fail(ci, ANNA_ENOMEM, "expert offload: out of host memory");
+    return false;
+  }
+  if (cudaMalloc((void **)&o->pf_ws, need) != cudaSuccess) {
+    (void)cudaGetLastError();
+    o->pf_ws = NULL;
+    o->pf_oom = 1; /* the caller falls back to the decode batches (no workspace needed) */
+    return false;
+  }
+  o->pf_cap = nk, o->pf_ws_bytes = need, o->pf_hh_bytes = at[7];
+  return true;
+}
+
+/* Prefill streaming: a layer call of many tokens. The routed ids of the whole chunk are read
+ * back once; the pairs are grouped by expert on the host: first the experts cached on the
+ * device (computed from their cache slots, no copy), then the misses in groups of half the
+ * staging slots. Group g + 1's experts are copied (mirror DMA, or pread into the pinned
+ * staging blobs) on the copy stream into the other half while group g's grouped GEMMs run
+ * on the compute stream: ev_ready[h] orders a half's copies before its kernels, ev_free[h]
+ * its kernels before the next copies into it. Each routed expert is read once per chunk.
+ * Each group runs the grouped prefill path (moe_ffn_grouped_tab) as one token per pair on
+ * the gathered activations, writing the pairs' y rows; one combine in the resident path's
+ * order makes out. false when the grouped path does not take this layer (nothing queued:
+ * the caller falls back to the decode batches); true otherwise (errors are sticky). */
+static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li, float *out, const float *x, int64_t n, int H,
+                        const int32_t *idx, const float *wts, int k, const ops_weight *gate, const ops_weight *up,
+                        const ops_weight *down, int act) {
+  const int64_t nk = n * k, I = up ? up[0].rows : gate[0].rows / 2;
+  const int E = o->E;
+  if (nk > 0x3fffffff) return false;
+  if (!moe_ffn_grouped_tab(be, NULL, NULL, nk, H, NULL, NULL, 1, gate, up, down, act, NULL, E, NULL, true))
+    return false;
+  cuda_flush(ci); /* the routed ids are read back: the rest of a recorded step runs eagerly */
+  const int C = expert_store_cache_per_layer(o->st), base = C * o->n_layers;
+  const int S = expert_store_n_slots(o->st) - base;
+  const int halves = S >= 2 ? 2 : 1, Sh = S / halves;
+  const int G = 1 + (E + Sh - 1) / Sh; /* the cached group and the miss groups, at most */
+  if (!off_prefill_reserve(ci, o, nk, H, I, G)) return !o->pf_oom || ci->err; /* no room: decode batches */
+  size_t at[8];
+  off_pf_layout(o, nk, H, I, G, at);
+  if (!o->ev_ready[0]) {
+    for (int h = 0; h < 2; h++)
+      if (!cuda_check(ci, cudaEventCreateWithFlags(&o->ev_ready[h], cudaEventDisableTiming), "offload event") ||
+          !cuda_check(ci, cudaEventCreateWithFlags(&o->ev_free[h], cudaEventDisableTiming), "offload event"))
+        return true;
+  }
+  if (!cuda_check(ci, cudaMemcpyAsync(o->pf_ids_h, idx, (size_t)nk * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                      ci->stream),
+                  "offload prefill ids") ||
+      !cuda_check(ci, cudaStreamSynchronize(ci->stream), "offload prefill ids sync"))
+    return true;
+  {
+    char e[256];
+    int rc = expert_store_note_chunk(o->st, li, o->pf_ids_h, nk, e, sizeof e);
+    if (rc) {
+      cuda_fail(ci, rc, "expert offload: %s", e);
+      return true;
+    }
+  }
+  /* counting sort of the pairs by expert, experts in group order (cached first); the host
+   * lists are free: the readback sync above finished every copy out of them */
+  int32_t *plist = (int32_t *)o->pf_hh, *idxl = plist + nk, *inv = idxl + nk;
+  int32_t *cnt = o->pf_work, *start = cnt + E + 1, *eord = start + E + 1;
+  memset(cnt, 0, sizeof(int32_t) * (size_t)(E + 1));
+  for (int64_t i = 0; i < nk; i++)
+    if (o->pf_ids_h[i] >= 0) cnt[o->pf_ids_h[i]]++; /* note_chunk checked the range; -1: no expert */
+  const int32_t *rt = expert_store_table(o->st) + (int64_t)li * E;
+  int ne = 0, nhit = 0;
+  for (int e = 0; e < E; e++)
+    if (cnt[e] && rt[e] >= 0) eord[ne++] = e;
+  nhit = ne;
+  for (int e = 0; e < E; e++)
+    if (cnt[e] && rt[e] < 0) eord[ne++] = e;
+  int32_t pos = 0;
+  for (int j = 0; j < ne; j++) start[eord[j]] = pos, pos += cnt[eord[j]];
+  for (int64_t i = 0; i < nk; i++) {
+    if (o->pf_ids_h[i] < 0) {
+      inv[i] = -1; /* the combine skips it */
+      continue;
+    }
+    const int32_t p = start[o->pf_ids_h[i]]++;
+    plist[p] = (int32_t)i, idxl[p] = o->pf_ids_h[i], inv[i] = p;
+  }
+  uint8_t *ws = o->pf_ws;
+  float *xg = (float *)(ws + at[0]), *yall = (float *)(ws + at[1]), *ones = (float *)(ws + at[2]);
+  float *sub = (float *)(ws + at[5]);
+  const int32_t *plist_d = (const int32_t *)(ws + at[3]), *idxl_d = plist_d + nk, *inv_d = idxl_d + nk;
+  cuda_copy_async(ci, ws + at[3], o->pf_hh, (size_t)nk * 12, cudaMemcpyHostToDevice, "offload prefill lists");
+  cuda_launch(ci, "offload prefill ones", k_off_fill, cuda_blocks(nk, 256), 256, 0, ones, nk, 1.0f);
+  if (pos) /* the routed pairs only */
+    cuda_launch(ci, "offload prefill gather", k_off_gather, cuda_blocks((int64_t)pos * H, 256), 256, 0, xg,
+                (const float *)x, plist_d, (int64_t)pos, H, k);
+  /* copies into staging follow every earlier kernel (an earlier layer may still read a slot) */
+  if (!cuda_check(ci, cudaEventRecord(o->ev_main, ci->stream), "offload event") ||
+      !cuda_check(ci, cudaStreamWaitEvent(o->cs, o->ev_main, 0), "offload wait"))
+    return true;
+  int used[2] = {0, 0}, file_pending[2] = {0, 0};
+  const size_t tb = (size_t)OFF_PARTS * E * sizeof(const uint8_t *);
+  int g = 0;
+  for (int j0 = 0; j0 < ne && !ci->err; g++) {
+    /* group: all cached experts, else the next Sh misses */
+    const bool hitg = j0 < nhit;
+    const int j1 = hitg ? nhit : (ne - j0 < Sh ? ne : j0 + Sh);
+    const uint8_t **ht = (const uint8_t **)(o->pf_hh + at[6] + (size_t)g * tb);
+    uint8_t *td = ws + at[4] + (size_t)g * tb;
+    memset(ht, 0, tb);
+    const int h = hitg ? 0 : (g - (nhit > 0)) % halves;
+    if (!hitg) {
+      if (used[h] && !cuda_check(ci, cudaStreamWaitEvent(o->cs, o->ev_free[h], 0), "offload wait")) return true;
+      /* the staging blobs of this half are rewritten by the host: the copies from them before are done */
+      if (file_pending[h] && !cuda_check(ci, cudaEventSynchronize(o->ev_ready[h]), "offload staging sync"))
+        return true;
+      file_pending[h] = 0;
+    }
+    for (int j = j0; j < j1 && !ci->err; j++) {
+      const int e = eord[j];
+      const int slot = hitg ? rt[e] : base + h * Sh + (j - j0);
+      for (int m = 0; m < OFF_PARTS; m++)
+        ht[(int64_t)m * E + e] = o->part_bytes[m] ? o->arena + (int64_t)slot * o->eb + o->part_off[m] : NULL;
+      if (!hitg) {
+        const bool mir = expert_store_host_ptr(o->st, li, e) != NULL;
+        if (!off_copy(ci, o, li, e, slot, o->stage_h + (int64_t)(slot - base) * o->eb)) return true;
+        file_pending[h] |= !mir;
+        o->pf_bytes += o->eb;
+      }
+    }
+    cuda_copy_async(ci, td, ht, tb, cudaMemcpyHostToDevice, "offload prefill table");
+    if (!hitg) {
+      used[h] = 1;
+      if (!cuda_check(ci, cudaEventRecord(o->ev_ready[h], o->cs), "offload event") ||
+          !cuda_check(ci, cudaStreamWaitEvent(ci->stream, o->ev_ready[h], 0), "offload wait"))
+        return true;
+    }
+    const int64_t b = start[eord[j0]] - cnt[eord[j0]], m = start[eord[j1 - 1]] - b;
+    if (ci->err) return true;
+    if (!moe_ffn_grouped_tab(be, yall + b * H, xg + b * H, m, H, idxl_d + b, ones, 1, gate, up, down, act, sub, E,
+                             (const uint8_t *const *)td, false)) {
+      cuda_fail(ci, ANNA_EUNSUPPORTED, "expert offload: the grouped prefill path refused a group of %lld pairs",
+                (long long)m);
+      return true;
+    }
+    if (!hitg && !cuda_check(ci, cudaEventRecord(o->ev_free[h], ci->stream), "offload event")) return true;
+    j0 = j1;
+  }
+  moe_combine(be, out, yall, inv_d, wts, n, H, k);
+  if (li == 0) o->pf_tokens += n;
+  o->pf_chunks++;
+  return true;
+}
+
 bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                           const float *wts, int k, int n_experts, const ops_weight *gate, const ops_weight *up,
                           const ops_weight *down, int act, float *scratch) {
@@ -389,6 +619,11 @@ bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n
     cuda_fail(ci, ANNA_EINVAL, "expert offload: %d routed slots per token, staging sized for %d", k, o->k);
     return true;
   }
+  /* zero-copy steps being recorded (decode of up to 64 sequences) stay graphs: streaming
+   * reads the routed ids back */
+  if (n > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream && !(o->zc && ci->recording) &&
+      off_prefill(be, ci, o, li, out, x, n, H, idx, wts, k, gate, up, down, act))
+    return true;
   if (o->zc) {
     /* nothing to read back: count the routes on the device and run the kernels on the
      * table (cache slots and mirror copies); recordable, so the step stays a graph */
@@ -524,6 +759,14 @@ void cuda_offload_free(cuda_impl *ci) {
   }
   if (o->ev_main) cudaEventDestroy(o->ev_main);
   if (o->ev_copy) cudaEventDestroy(o->ev_copy);
+  for (int h = 0; h < 2; h++) {
+    if (o->ev_ready[h]) cudaEventDestroy(o->ev_ready[h]);
+    if (o->ev_free[h]) cudaEventDestroy(o->ev_free[h]);
+  }
+  if (o->pf_ids_h) cudaFreeHost(o->pf_ids_h);
+  if (o->pf_hh) cudaFreeHost(o->pf_hh);
+  free(o->pf_work);
+  if (o->pf_ws) cudaFree(o->pf_ws);
   if (o->arena) cudaFree(o->arena);
   if (o->counts_d) cudaFree(o->counts_d);
   if (o->counts_h) cudaFreeHost(o->counts_h);
@@ -558,4 +801,12 @@ extern "C" void cuda_backend_offload_stats(ops_backend *be, cuda_offload_stats *
   out->bytes_file = o->bytes_file;
   out->device_bytes = expert_store_device_bytes(o->st);
   out->summary = o->summary;
+  out->prefill_bytes = o->pf_bytes;
+  out->prefill_tokens = o->pf_tokens;
+  if (o->pf_chunks) {
+    snprintf(o->summary2, sizeof o->summary2, "%s; prefill streamed %lld layer chunks, %lld expert bytes copied for %lld tokens (%.0f per token)",
+             o->summary, (long long)o->pf_chunks, (long long)o->pf_bytes, (long long)o->pf_tokens,
+             o->pf_tokens ? (double)o->pf_bytes / (double)o->pf_tokens : 0.0);
+    out->summary = o->summary2;
+  }
 }
