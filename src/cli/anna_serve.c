@@ -409,7 +409,7 @@ int main(int argc, char **argv) {
   }
   o.max_body_bytes = (size_t)max_body;
   o.responses_ttl_s = resp_ttl;
-  cli_progress load_prog = {0};
+  cli_progress load_prog = {.always = 1};
   o.load_progress = cli_load_progress;
   o.load_progress_user = &load_prog;
   if (!o.ssl_cert_file != !o.ssl_key_file) {
