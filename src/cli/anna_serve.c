@@ -4,6 +4,24 @@
 #include "outparse.h"
 #include <sys/stat.h>
 
+/* Model-load progress: the bar on a terminal (cli_load_progress); otherwise one line through
+ * the server's logger when the read is done, so --log-format json keeps every line JSON. */
+static void serve_load_progress(void *user, uint64_t done, uint64_t total) {
+  cli_progress *p = user;
+  if (done == 0 || p->t0 == 0) {
+    p->t0 = cli_now();
+    p->tty = isatty(2);
+  }
+  if (p->tty) {
+    cli_load_progress(user, done, total);
+    return;
+  }
+  if (done < total) return;
+  const double mib = 1024.0 * 1024.0, dt = cli_now() - p->t0;
+  slog(SLOG_INFO, NULL, "read %.1f MiB of weights in %.2f s (%.0f MiB/s)", (double)total / mib, dt,
+       dt > 0 ? (double)total / mib / dt : 0.0);
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: anna-serve --model-dir DIR|--model FILE.gguf [options]\n"
@@ -409,8 +427,8 @@ int main(int argc, char **argv) {
   }
   o.max_body_bytes = (size_t)max_body;
   o.responses_ttl_s = resp_ttl;
-  cli_progress load_prog = {.always = 1};
-  o.load_progress = cli_load_progress;
+  cli_progress load_prog = {0};
+  o.load_progress = serve_load_progress;
   o.load_progress_user = &load_prog;
   if (!o.ssl_cert_file != !o.ssl_key_file) {
     fprintf(stderr, "error: --ssl-cert-file and --ssl-key-file go together (got only %s)\n",

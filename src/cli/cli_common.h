@@ -34,13 +34,12 @@ static inline double cli_now(void) {
 
 /* Model-load progress (anna_model_options.progress): on a terminal a bar redrawn in place
  * (at most 10 times a second) while the weight files are read; otherwise one summary line
- * when a read that took a second or more is done (any read with .always, as a server logs).
+ * when a read that took a second or more is done (anna-serve logs every read its own way).
  * Set opt->progress = cli_load_progress, opt->progress_user = a zeroed cli_progress that
  * outlives the load. */
 typedef struct cli_progress {
   double t0, last;
-  int tty;    /* -1 until the first call: isatty(2) then */
-  int always; /* the summary line even for a read under a second (a server's log) */
+  int tty; /* -1 until the first call: isatty(2) then */
 } cli_progress;
 
 static inline void cli_load_progress(void *user, uint64_t done, uint64_t total) {
@@ -64,7 +63,7 @@ static inline void cli_load_progress(void *user, uint64_t done, uint64_t total) 
             total ? (int)(100.0 * (double)done / (double)total) : 100, (double)done / mib, (double)total / mib, rate);
     if (done >= total) fputc('\n', stderr);
     fflush(stderr);
-  } else if (done >= total && (dt >= 1.0 || p->always)) {
+  } else if (done >= total && dt >= 1.0) {
     /* Only a read that took a noticeable time is worth a line in a log; a small model's
      * load stays silent, so scripts reading merged stdout+stderr see the output first. */
     fprintf(stderr, "[anna] read %.1f MiB of weights in %.2f s (%.0f MiB/s)\n", (double)total / mib, dt, rate);

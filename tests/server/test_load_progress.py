@@ -20,7 +20,7 @@ def test_summary_line_when_not_a_terminal():
         log = s.log()
     finally:
         s.stop()
-    m = re.search(r"\[anna\] read ([0-9.]+) MiB of weights in [0-9.]+ s \([0-9]+ MiB/s\)\n", log)
+    m = re.search(r" info  read ([0-9.]+) MiB of weights in [0-9.]+ s \([0-9]+ MiB/s\)\n", log)
     assert m, log
     assert abs(float(m.group(1)) - WEIGHTS_MIB) < 0.06, (m.group(0), WEIGHTS_MIB)
     assert "\r" not in log and "loading weights [" not in log, log
