@@ -367,7 +367,10 @@ static bool gdn_scan_launch(cuda_impl *ci, const ops_gdn_args *s, const float *W
 bool cuda_gdn_chunked_launch(ops_backend *be, const ops_gdn_args *a) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->err) return true;
-  if (ci->recording || a->n < GDN_MIN_TOKENS) return false;
+  /* batch-invariant mode: always the token-sequential kernel, since whether a step is recorded
+   * (and so whether a prompt chunk could take this path) depends on the whole batch's size:
+   * H100 session 20, a 40-token prompt's state rounded differently alone and batched */
+  if (ci->recording || ci->batch_inv || a->n < GDN_MIN_TOKENS) return false;
   const int dk = a->dk, dv = a->dv, hv = a->hv, hk = a->hk;
   if (dk <= 0 || dk > 256 || dv <= 0 || hk <= 0 || hv <= 0 || hv % hk != 0 || hv > 65535) return false;
   const size_t per_chunk = (size_t)hv * GDN_C * ((size_t)dk + dv + GDN_C + 1);
