@@ -107,6 +107,10 @@ typedef struct engine_options {
    * after the forward pass, one after another; < 0: cores / 2, at most 8. Same tokens either
    * way. */
   int mask_threads;
+  /* JSON Schema mask cache budget in MiB (anna-serve --json-mask-cache-mib, default 64): a
+   * state's mask is computed once and shared by every sequence using the schema
+   * (jsonschema_mask_bits_cached); 0: every mask computed (same tokens either way). */
+  int json_mask_cache_mib;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
