@@ -836,7 +836,9 @@ static int json_tables(engine *e) {
   if (e->o.json_mask_cache_mib > 0) {
     if (!e->jsc && jsonschema_scratch_new(&e->jsc, e->jvoc)) return ANNA_ENOMEM;
     if (!e->jbits && !(e->jbits = malloc(((size_t)e->V + 63) / 64 * sizeof *e->jbits))) return ANNA_ENOMEM;
-    if (jsonschema_mcache_new(&e->jcache, e->jvoc, (size_t)e->o.json_mask_cache_mib << 20)) return ANNA_ENOMEM;
+    jschema_mcache *jc = NULL;
+    if (jsonschema_mcache_new(&jc, e->jvoc, (size_t)e->o.json_mask_cache_mib << 20)) return ANNA_ENOMEM;
+    __atomic_store_n(&e->jcache, jc, __ATOMIC_RELEASE); /* engine_get_stats reads it */
   }
   return 0;
 }
@@ -2404,6 +2406,14 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->spec = e->spec;
   st->vis = e->vis;
   pthread_mutex_unlock(&e->mu);
+  jschema_mcache *jc = __atomic_load_n(&e->jcache, __ATOMIC_ACQUIRE); /* set by the engine thread */
+  jschema_mcache_stats js = {0};
+  if (jc) jsonschema_mcache_get_stats(jc, &js);
+  st->jmc_hits = js.hits;
+  st->jmc_misses = js.misses;
+  st->jmc_evictions = js.evictions;
+  st->jmc_entries = js.entries;
+  st->jmc_bytes = js.bytes;
 }
 
 int engine_tuning(const engine *e, char *buf, size_t len) {

@@ -249,6 +249,8 @@ typedef struct engine_stats {
   int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
   anna_spec_stats spec; /* verify windows, drafted and accepted tokens (speculative decoding) */
   anna_vision_stats vis; /* the encoder cache and tower (vision models; zeros otherwise) */
+  /* the JSON Schema mask cache (zeros while off or before the first schema request) */
+  uint64_t jmc_hits, jmc_misses, jmc_evictions, jmc_entries, jmc_bytes;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);
