@@ -44,7 +44,9 @@ typedef struct jschema_frame {
   uint16_t node; /* compiled node */
   uint8_t phase; /* where inside the value (jsonschema.c) */
   uint8_t ws;    /* whitespace run */
-  uint16_t a, b; /* counters: items, characters, property index, literal position... */
+  uint16_t a, b; /* counters: items, characters, property index, literal position...; a count
+                  * no bound reads stops (items without maxItems at minItems, characters
+                  * without maxLength at minLength), so states stay canonical (the mask cache) */
   uint32_t pad;
   uint64_t mask; /* live property names or literals */
 } jschema_frame;
