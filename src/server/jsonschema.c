@@ -2124,37 +2124,26 @@ void jsonschema_bits_apply(const uint64_t *bits, int V, float *row) {
 
 /* ---- mask cache ----
  * A state's mask is a function of the compiled schema, the vocabulary and the state's live
- * fields (what step() and the walk read: the threads in order, each thread's depth, done, ws
- * and pattern positions, and its open frames field by field). The key is exactly those,
- * written out without padding, behind the schema's compile id; equal keys are equal states,
- * so their masks are equal. The recognizer keeps its state canonical (counts that no bound
- * reads stop, stale fields are cleared), so the states a sequence passes through recur:
- * every character of a free string, every item of an unbounded array is one key. */
+ * bytes (what step() and the walk read: the threads in order, each thread's depth, done, ws
+ * and pattern positions, and its open frames). The key is exactly those bytes behind the
+ * schema's compile id; equal keys are equal states, so their masks are equal. The recognizer
+ * keeps its state canonical (counts that no bound reads stop, stale fields are cleared), so
+ * the states a sequence passes through recur: every character of a free string, every item
+ * of an unbounded array is one key. */
 
-/* Writes the key of st into key[JSCHEMA_KEY_MAX]; returns its length. */
+/* Writes the key of st into key[JSCHEMA_KEY_MAX]; returns its length. Each live thread's bytes
+ * as they are (header and open frames, the bytes emit() compares to merge threads; padding is
+ * always zero: threads start from jsonschema_start's memset and frames from memset, and are
+ * only copied with memcpy), so equal keys are byte-equal states. */
 static size_t state_key(const jschema_state *st, uint8_t *key) {
   size_t k = 0;
   memcpy(key, &st->s->id, 8);
   k += 8;
   key[k++] = (uint8_t)st->n;
   for (int i = 0; i < st->n; i++) {
-    const jschema_thread *t = &st->t[i];
-    key[k++] = t->depth;
-    key[k++] = t->done;
-    key[k++] = t->ws;
-    memcpy(key + k, t->re, 16);
-    k += 16;
-    for (int d = 0; d < t->depth; d++) {
-      const jschema_frame *f = &t->f[d];
-      memcpy(key + k, &f->node, 2);
-      key[k + 2] = f->phase;
-      key[k + 3] = f->ws;
-      memcpy(key + k + 4, &f->a, 2);
-      memcpy(key + k + 6, &f->b, 2);
-      memcpy(key + k + 8, &f->pad, 4);
-      memcpy(key + k + 12, &f->mask, 8);
-      k += 20;
-    }
+    const size_t sz = thread_size(&st->t[i]);
+    memcpy(key + k, &st->t[i], sz);
+    k += sz;
   }
   return k;
 }

@@ -138,8 +138,8 @@ void jsonschema_mask_bits(const float *row, int V, uint64_t *bits);
 void jsonschema_bits_apply(const uint64_t *bits, int V, float *row);
 
 /* Mask cache (issue 30: masks at batch 64): the rejected-token bitset of a state, kept by the
- * state's key (the compiled schema's compile id and every live field of the state, so equal
- * keys are equal states and have the same mask) and shared by every sequence and thread
+ * state's key (the compiled schema's compile id and the bytes of the state's live threads and
+ * frames, so equal keys are equal states and have the same mask) and shared by every sequence and thread
  * masking over one vocab: 64 requests with one schema compute each state's mask once. The
  * recognizer keeps states canonical (a free string's character count, an unbounded array's
  * item count and stale fields do not split states), so a free string's characters or an
@@ -148,7 +148,7 @@ void jsonschema_bits_apply(const uint64_t *bits, int V, float *row);
  * the bitset). Thread-safe (one mutex, held for a look-up and the copy of a hit). A hit
  * allocates nothing; a miss computes the mask and allocates its entry (freeing evicted ones).
  * *out: caller frees with jsonschema_mcache_free (v must outlive it). ANNA_ENOMEM. */
-#define JSCHEMA_KEY_MAX (9 + JSCHEMA_MAX_THREADS * (19 + JSCHEMA_MAX_DEPTH * 20))
+#define JSCHEMA_KEY_MAX (9 + JSCHEMA_MAX_THREADS * sizeof(jschema_thread))
 typedef struct jschema_mcache jschema_mcache;
 typedef struct jschema_mcache_stats {
   uint64_t hits, misses, inserts, evictions, entries;
