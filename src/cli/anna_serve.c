@@ -81,6 +81,8 @@ static void usage(FILE *f) {
           "                           default: 8-bit activations, llama.cpp's numerics)\n"
           "  --mask-threads N         threads computing structured-output token masks while the forward\n"
           "                           pass runs (default: cores / 2, at most 8; 0: after it, on the engine thread)\n"
+          "  --json-mask-cache-mib N  JSON Schema token masks kept by parser state, shared by all requests\n"
+          "                           (default 64 MiB; 0: every mask computed; same tokens either way)\n"
           "  --host-sampling          download every logits row and sample it on the host, the reference\n"
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
@@ -144,6 +146,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
   server_options o = {0};
   o.eng.mask_threads = -1; /* --mask-threads: automatic unless given */
+  o.eng.json_mask_cache_mib = 64;
   const char *hf = NULL;
   o.host = "127.0.0.1";
   o.responses_store_max = 1024;
@@ -211,6 +214,7 @@ int main(int argc, char **argv) {
       spec = !strcmp(v, "ngram");
     }
     INTF("--mask-threads", 0, 64, o.eng.mask_threads)
+    INTF("--json-mask-cache-mib", 0, 65536, o.eng.json_mask_cache_mib)
     else if (!strcmp(a, "--draft-fixed")) o.eng.spec_fixed = 1;
     INTF("--draft-max", 1, ANNA_SPEC_MAX_DRAFT, o.eng.spec_draft_max)
     INTF("--ngram-min", 1, ANNA_NGRAM_MAX_N, o.eng.spec_ngram_min)

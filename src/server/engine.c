@@ -203,6 +203,11 @@ struct engine {
   const uint8_t *tok_cls;
   jschema_vocab *jvoc;
   gbnf_masker *gmask; /* grammar masks over jvoc, built on first use */
+  /* JSON Schema masks by state (o.json_mask_cache_mib > 0; shared with the mask pool's
+   * workers), the engine thread's scratch and bitset for masking through it */
+  jschema_mcache *jcache;
+  jschema_scratch *jsc;
+  uint64_t *jbits;
   struct mask_pool *mp; /* mask workers (engine_options.mask_threads); NULL: masks inline */
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
@@ -822,10 +827,19 @@ static void token_logprobs(const float *row, int V, int32_t t, int ntop, gen_tok
 }
 
 static int json_tables(engine *e) {
-  if (e->jvoc) return 0;
-  int rc = jsonschema_vocab_from_text(&e->jvoc, e->text);
-  if (rc) return rc;
-  jsonschema_vocab_tables(e->jvoc, &e->tok_bytes, &e->tok_off, &e->tok_cls);
+  if (e->jvoc && (e->jcache || e->o.json_mask_cache_mib <= 0)) return 0;
+  if (!e->jvoc) {
+    int rc = jsonschema_vocab_from_text(&e->jvoc, e->text);
+    if (rc) return rc;
+    jsonschema_vocab_tables(e->jvoc, &e->tok_bytes, &e->tok_off, &e->tok_cls);
+  }
+  if (e->o.json_mask_cache_mib > 0) {
+    if (!e->jsc && jsonschema_scratch_new(&e->jsc, e->jvoc)) return ANNA_ENOMEM;
+    if (!e->jbits && !(e->jbits = malloc(((size_t)e->V + 63) / 64 * sizeof *e->jbits))) return ANNA_ENOMEM;
+    jschema_mcache *jc = NULL;
+    if (jsonschema_mcache_new(&jc, e->jvoc, (size_t)e->o.json_mask_cache_mib << 20)) return ANNA_ENOMEM;
+    __atomic_store_n(&e->jcache, jc, __ATOMIC_RELEASE); /* engine_get_stats reads it */
+  }
   return 0;
 }
 
@@ -839,10 +853,34 @@ static int slot_json_done(const slot *s, int *more) {
   return 1;
 }
 
+/* A schema slot's mask through the cache: bits := the tokens json_mask rejects (the same set
+ * as the uncached path below), sc the caller's scratch. Returns what json_mask returns. */
+static int json_schema_bits(const engine *e, const slot *s, uint64_t *bits, jschema_scratch *sc) {
+  int more, allowed = 0, done = slot_json_done(s, &more);
+  const size_t words = ((size_t)e->V + 63) / 64;
+  if (!done || more) {
+    allowed = jsonschema_mask_bits_cached(e->jvoc, e->jcache, sc, &s->js, bits);
+  } else {
+    memset(bits, 0xff, words * sizeof *bits);
+    if (e->V & 63) bits[words - 1] = ((uint64_t)1 << (e->V & 63)) - 1;
+  }
+  for (int k = 0; k < e->n_eog && k < 8 && done; k++) { /* json_mask's kept end tokens */
+    bits[e->eog_ids[k] >> 6] &= ~((uint64_t)1 << (e->eog_ids[k] & 63));
+    allowed++;
+  }
+  return allowed;
+}
+
 /* Masks every token that would break the JSON prefix (-inf logit); end of generation only
- * once the object is complete. Returns the number of tokens left. */
-static int json_mask(const engine *e, const slot *s, float *row, jschema_scratch *sc) {
+ * once the object is complete. Returns the number of tokens left. sc / bits: a worker's
+ * scratch and a bitset of V bits to use, or NULL: the engine thread's. */
+static int json_mask(const engine *e, const slot *s, float *row, jschema_scratch *sc, uint64_t *bits) {
   int allowed = 0, more;
+  if (s->r->schema && e->jcache) {
+    allowed = json_schema_bits(e, s, bits ? bits : e->jbits, sc ? sc : e->jsc);
+    jsonschema_bits_apply(bits ? bits : e->jbits, e->V, row);
+    return allowed;
+  }
   if (s->r->schema) {
     /* Complete but extendable (a top-level number): end of generation or more digits. */
     int done = slot_json_done(s, &more);
@@ -953,12 +991,18 @@ static void mask_job_compute(mask_pool *p, int w, int i) {
   const engine *e = p->e;
   const slot *s = &e->slots[i];
   float *row = p->wrow[w];
-  memset(row, 0, (size_t)e->V * sizeof *row);
-  /* the serial path's order: grammar, then JSON; a zero row keeps what either rejects */
-  p->m_allow_g[i] = s->r->grammar ? grammar_mask(e, s, row, p->gm[w]) : 1;
-  p->m_allow_j[i] = s->r->json_mode ? json_mask(e, s, row, p->jsc[w]) : 1;
   uint64_t *b = p->bits + (size_t)i * p->words;
-  jsonschema_mask_bits(row, e->V, b);
+  if (!s->r->grammar && s->r->json_mode && s->r->schema && e->jcache) {
+    /* the bitset straight from the cache: no zero row to fill and read back */
+    p->m_allow_g[i] = 1;
+    p->m_allow_j[i] = json_schema_bits(e, s, b, p->jsc[w]);
+  } else {
+    memset(row, 0, (size_t)e->V * sizeof *row);
+    /* the serial path's order: grammar, then JSON; a zero row keeps what either rejects */
+    p->m_allow_g[i] = s->r->grammar ? grammar_mask(e, s, row, p->gm[w]) : 1;
+    p->m_allow_j[i] = s->r->json_mode ? json_mask(e, s, row, p->jsc[w], b) : 1;
+    jsonschema_mask_bits(row, e->V, b);
+  }
   p->m_req[i] = s->r;
   p->m_ci[i] = s->ci;
   p->m_gen[i] = s->n_gen;
@@ -1152,7 +1196,7 @@ static int slot_mask(engine *e, int i, float *row) {
     return p->m_allow_g[i] == 0 || p->m_allow_j[i] == 0;
   }
   if (r->grammar && grammar_mask(e, s, row, e->gmask) == 0) return 1;
-  if (r->json_mode && json_mask(e, s, row, NULL) == 0) return 1;
+  if (r->json_mode && json_mask(e, s, row, NULL, NULL) == 0) return 1;
   return 0;
 }
 
@@ -2219,6 +2263,9 @@ void engine_free(engine *e) {
   free(e->lp_row);
   mask_pool_free(e->mp); /* its maskers read jvoc */
   gbnf_masker_free(e->gmask);
+  jsonschema_mcache_free(e->jcache);
+  jsonschema_scratch_free(e->jsc);
+  free(e->jbits);
   jsonschema_vocab_free(e->jvoc);
   free(e->eog_ids);
   anna_context_free(e->ctx);
@@ -2359,6 +2406,14 @@ void engine_get_stats(engine *e, engine_stats *st) {
   st->spec = e->spec;
   st->vis = e->vis;
   pthread_mutex_unlock(&e->mu);
+  jschema_mcache *jc = __atomic_load_n(&e->jcache, __ATOMIC_ACQUIRE); /* set by the engine thread */
+  jschema_mcache_stats js = {0};
+  if (jc) jsonschema_mcache_get_stats(jc, &js);
+  st->jmc_hits = js.hits;
+  st->jmc_misses = js.misses;
+  st->jmc_evictions = js.evictions;
+  st->jmc_entries = js.entries;
+  st->jmc_bytes = js.bytes;
 }
 
 int engine_tuning(const engine *e, char *buf, size_t len) {

@@ -107,6 +107,10 @@ typedef struct engine_options {
    * after the forward pass, one after another; < 0: cores / 2, at most 8. Same tokens either
    * way. */
   int mask_threads;
+  /* JSON Schema mask cache budget in MiB (anna-serve --json-mask-cache-mib, default 64): a
+   * state's mask is computed once and shared by every sequence using the schema
+   * (jsonschema_mask_bits_cached); 0: every mask computed (same tokens either way). */
+  int json_mask_cache_mib;
 } engine_options;
 
 /* One generated token with its log-probabilities (only kept when asked for). */
@@ -245,6 +249,8 @@ typedef struct engine_stats {
   int64_t preemptions; /* sequences preempted for KV blocks (recomputed later) */
   anna_spec_stats spec; /* verify windows, drafted and accepted tokens (speculative decoding) */
   anna_vision_stats vis; /* the encoder cache and tower (vision models; zeros otherwise) */
+  /* the JSON Schema mask cache (zeros while off or before the first schema request) */
+  uint64_t jmc_hits, jmc_misses, jmc_evictions, jmc_entries, jmc_bytes;
 } engine_stats;
 void engine_get_stats(engine *e, engine_stats *st);
 const engine_options *engine_get_options(const engine *e);

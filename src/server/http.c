@@ -330,6 +330,22 @@ static enum MHD_Result route_metrics(server *srv, conn *cn) {
            (long long)st.vis.cache_hits, (long long)st.vis.cache_misses, (long long)st.vis.cache_evictions,
            (long long)st.vis.cache_bytes, (long long)st.vis.cache_entries, (long long)st.vis.cache_budget,
            (long long)st.vis.tower_runs);
+  /* the JSON Schema mask cache (--json-mask-cache-mib) */
+  const size_t gl2 = strlen(g);
+  snprintf(g + gl2, sizeof g - gl2,
+           "# HELP anna_json_mask_cache_hits_total JSON Schema token masks taken from the mask cache\n"
+           "# TYPE anna_json_mask_cache_hits_total counter\nanna_json_mask_cache_hits_total %llu\n"
+           "# HELP anna_json_mask_cache_misses_total JSON Schema token masks computed (then kept)\n"
+           "# TYPE anna_json_mask_cache_misses_total counter\nanna_json_mask_cache_misses_total %llu\n"
+           "# HELP anna_json_mask_cache_evictions_total mask cache entries dropped for room\n"
+           "# TYPE anna_json_mask_cache_evictions_total counter\nanna_json_mask_cache_evictions_total %llu\n"
+           "# HELP anna_json_mask_cache_entries parser states whose mask is kept\n"
+           "# TYPE anna_json_mask_cache_entries gauge\nanna_json_mask_cache_entries %llu\n"
+           "# HELP anna_json_mask_cache_bytes bytes held by the mask cache\n"
+           "# TYPE anna_json_mask_cache_bytes gauge\nanna_json_mask_cache_bytes %llu\n",
+           (unsigned long long)st.jmc_hits, (unsigned long long)st.jmc_misses,
+           (unsigned long long)st.jmc_evictions, (unsigned long long)st.jmc_entries,
+           (unsigned long long)st.jmc_bytes);
   return send_body(cn, 200, metrics_prometheus(&srv->mx, g), "text/plain; version=0.0.4");
 }
 

@@ -47,7 +47,8 @@ typedef struct js_node {
 } js_node;
 
 struct jsonschema {
-  int refs; /* atomic */
+  int refs;    /* atomic */
+  uint64_t id; /* unique per compile, never reused: the mask cache's key (not the address) */
   js_node *node;
   int n_node, cap_node;
   js_re **re;
@@ -894,7 +895,9 @@ int jsonschema_compile(json_t *schema, jsonschema **out, char *err, size_t errle
   *out = NULL;
   jsonschema *s = calloc(1, sizeof *s);
   if (!s) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
+  static uint64_t next_id;
   s->refs = 1;
+  s->id = __atomic_add_fetch(&next_id, 1, __ATOMIC_RELAXED);
   comp C = {.s = s, .doc = schema, .err = err, .errlen = errlen};
   int rc = 0;
   /* Built-ins: any value, a free string, a free number, true/false/null. */
@@ -1081,7 +1084,10 @@ static void value_end(run *R, jschema_thread *t, int refeed) {
       p->phase = OB_AFTER;
     else if (p->phase == AR_VALUE) {
       p->phase = AR_AFTER;
-      p->a++;
+      /* Canonical state (the mask cache keys on it): an array without maxItems counts its
+       * items only up to minItems, the one bound left that reads the count. */
+      const js_node *pn = &R->s->node[p->node];
+      if (pn->kind == K_ARRAY && (pn->max != UINT32_MAX || p->a < pn->min)) p->a++;
     }
   }
   if (refeed == -2)
@@ -1225,6 +1231,7 @@ static void step(run *R, jschema_thread *t, int c) {
       if (((f->mask >> p) & 1) && n->len[p] == f->b) {
         f->a = (uint16_t)(p + 1);
         f->b = (uint16_t)p;
+        f->mask = 0; /* not read again before OB_KEYQ sets it: canonical state */
         f->phase = OB_COLON;
         f->ws = 0;
         emit(R, t);
@@ -1282,7 +1289,7 @@ static void step(run *R, jschema_thread *t, int c) {
       value_end(R, t, -2);
       return;
     }
-    if (f->a >= mx || f->a >= 65535) return;
+    if (f->a >= mx) return; /* a bounded count stops at maxItems <= 65535 */
     f->phase = AR_VALUE;
     f->ws = 0;
     push_value(R, t, n->kind == K_ARRAY ? n->items : N_ANY, c, 0);
@@ -1326,6 +1333,7 @@ static void step(run *R, jschema_thread *t, int c) {
       if (re) {
         bits128 s = {{t->re[0], t->re[1]}};
         if (!((s.w[0] & re->accept.w[0]) | (s.w[1] & re->accept.w[1]))) return;
+        t->re[0] = t->re[1] = 0; /* read only inside a patterned string: canonical state */
       }
       value_end(R, t, -2);
       return;
@@ -1364,7 +1372,9 @@ static void step(run *R, jschema_thread *t, int c) {
       f->mask = (uint64_t)rem | (uint64_t)lo << 8 | (uint64_t)hi << 16;
     }
     if (f->a >= n->max) return;
-    if (f->a < 65535) f->a++;
+    /* Without maxLength the count is read only against minLength: it stops there, so every
+     * position of a free string is one state (canonical: the mask cache keys on it). */
+    if (n->max != UINT32_MAX ? f->a < 65535 : f->a < n->min) f->a++;
     emit(R, t);
     return;
   }
@@ -1581,6 +1591,8 @@ struct jschema_scratch {
   jschema_state *st; /* [maxlen + 1] scratch of the full pass */
   struct lite *lite; /* [maxlen + 1] scratch of the string pass */
   float *saved;      /* [nv] the row before masking */
+  float *zrow;       /* [nv] jsonschema_mask_bits_cached: a miss masks a zero row */
+  uint8_t *key;      /* [JSCHEMA_KEY_MAX] the state's cache key */
 };
 
 /* Inside strings, plain tokens never leave the string: the string pass steps only what a
@@ -2003,7 +2015,9 @@ int jsonschema_scratch_new(jschema_scratch **out, const jschema_vocab *v) {
   sc->st = malloc(((size_t)v->maxlen + 1) * sizeof *sc->st);
   sc->lite = malloc(((size_t)v->maxlen + 1) * sizeof *sc->lite);
   sc->saved = malloc((size_t)v->nv * sizeof *sc->saved);
-  if (!sc->st || !sc->lite || !sc->saved) {
+  sc->zrow = malloc((size_t)v->nv * sizeof *sc->zrow);
+  sc->key = malloc(JSCHEMA_KEY_MAX);
+  if (!sc->st || !sc->lite || !sc->saved || !sc->zrow || !sc->key) {
     jsonschema_scratch_free(sc);
     return ANNA_ENOMEM;
   }
@@ -2016,6 +2030,8 @@ void jsonschema_scratch_free(jschema_scratch *sc) {
   free(sc->st);
   free(sc->lite);
   free(sc->saved);
+  free(sc->zrow);
+  free(sc->key);
   free(sc);
 }
 
@@ -2104,4 +2120,249 @@ void jsonschema_bits_apply(const uint64_t *bits, int V, float *row) {
     for (; m; m &= m - 1)
       r[__builtin_ctzll(m)] = -INFINITY;
   }
+}
+
+/* ---- mask cache ----
+ * A state's mask is a function of the compiled schema, the vocabulary and the state's live
+ * bytes (what step() and the walk read: the threads in order, each thread's depth, done, ws
+ * and pattern positions, and its open frames). The key is exactly those bytes behind the
+ * schema's compile id; equal keys are equal states, so their masks are equal. The recognizer
+ * keeps its state canonical (counts that no bound reads stop, stale fields are cleared), so
+ * the states a sequence passes through recur: every character of a free string, every item
+ * of an unbounded array is one key. */
+
+/* Writes the key of st into key[JSCHEMA_KEY_MAX]; returns its length. Each live thread's bytes
+ * as they are (header and open frames, the bytes emit() compares to merge threads; padding is
+ * always zero: threads start from jsonschema_start's memset and frames from memset, and are
+ * only copied with memcpy), so equal keys are byte-equal states. */
+static size_t state_key(const jschema_state *st, uint8_t *key) {
+  size_t k = 0;
+  memcpy(key, &st->s->id, 8);
+  k += 8;
+  key[k++] = (uint8_t)st->n;
+  for (int i = 0; i < st->n; i++) {
+    const size_t sz = thread_size(&st->t[i]);
+    memcpy(key + k, &st->t[i], sz);
+    k += sz;
+  }
+  return k;
+}
+
+enum { MC_BITS, MC_ALLOWED, MC_REJECTED }; /* how an entry's payload lists the mask */
+
+typedef struct mc_entry {
+  struct mc_entry *hnext;       /* hash chain */
+  struct mc_entry *prev, *next; /* LRU list, most recent first */
+  uint64_t hash;
+  size_t bytes;    /* accounted: the whole block */
+  uint32_t klen;   /* key bytes */
+  uint32_t npay;   /* payload words (MC_BITS) or token ids */
+  int32_t allowed; /* jsonschema_vocab_mask_with's return value */
+  uint8_t form;
+  uint64_t data[]; /* the payload (uint64_t words or int32_t ids), then the key */
+} mc_entry;
+
+struct jschema_mcache {
+  pthread_mutex_t mu;
+  int nv;
+  size_t words, budget, bytes, nbucket;
+  mc_entry **bucket;
+  mc_entry *head, *tail;
+  jschema_mcache_stats st;
+};
+
+int jsonschema_mcache_new(jschema_mcache **out, const jschema_vocab *v, size_t budget_bytes) {
+  *out = NULL;
+  jschema_mcache *c = calloc(1, sizeof *c);
+  if (!c) return ANNA_ENOMEM;
+  c->nv = v->nv;
+  c->words = ((size_t)v->nv + 63) / 64;
+  c->budget = budget_bytes;
+  /* about one bucket per 2 KiB of budget (entries are 0.1-20 KB), 1024 .. 65536 */
+  c->nbucket = 1024;
+  while (c->nbucket < 65536 && c->nbucket * 2048 < budget_bytes)
+    c->nbucket *= 2;
+  c->bucket = calloc(c->nbucket, sizeof *c->bucket);
+  if (!c->bucket) {
+    free(c);
+    return ANNA_ENOMEM;
+  }
+  pthread_mutex_init(&c->mu, NULL);
+  *out = c;
+  return 0;
+}
+
+void jsonschema_mcache_free(jschema_mcache *c) {
+  if (!c) return;
+  for (mc_entry *e = c->head, *n; e; e = n) {
+    n = e->next;
+    free(e);
+  }
+  free(c->bucket);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+void jsonschema_mcache_get_stats(jschema_mcache *c, jschema_mcache_stats *st) {
+  pthread_mutex_lock(&c->mu);
+  *st = c->st;
+  st->bytes = c->bytes;
+  pthread_mutex_unlock(&c->mu);
+}
+
+static uint64_t key_hash(const uint8_t *k, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ k[i]) * 1099511628211ull;
+  return h ^ (h >> 29);
+}
+
+static const uint8_t *entry_key(const mc_entry *e) {
+  return (const uint8_t *)e->data + (e->form == MC_BITS ? (size_t)e->npay * 8 : (size_t)e->npay * 4);
+}
+
+static void lru_unlink(jschema_mcache *c, mc_entry *e) {
+  if (e->prev)
+    e->prev->next = e->next;
+  else
+    c->head = e->next;
+  if (e->next)
+    e->next->prev = e->prev;
+  else
+    c->tail = e->prev;
+}
+
+static void lru_push(jschema_mcache *c, mc_entry *e) {
+  e->prev = NULL;
+  e->next = c->head;
+  if (c->head) c->head->prev = e;
+  c->head = e;
+  if (!c->tail) c->tail = e;
+}
+
+/* The entry with this key, or NULL. Under mu. */
+static mc_entry *mc_find(jschema_mcache *c, uint64_t h, const uint8_t *key, size_t klen) {
+  for (mc_entry *e = c->bucket[h & (c->nbucket - 1)]; e; e = e->hnext)
+    if (e->hash == h && e->klen == klen && !memcmp(entry_key(e), key, klen)) return e;
+  return NULL;
+}
+
+static void mc_evict_tail(jschema_mcache *c) {
+  mc_entry *e = c->tail;
+  mc_entry **pp = &c->bucket[e->hash & (c->nbucket - 1)];
+  while (*pp != e)
+    pp = &(*pp)->hnext;
+  *pp = e->hnext;
+  lru_unlink(c, e);
+  c->bytes -= e->bytes;
+  c->st.entries--;
+  c->st.evictions++;
+  free(e);
+}
+
+/* bits := the entry's rejected tokens. */
+static void mc_expand(const jschema_mcache *c, const mc_entry *e, uint64_t *bits) {
+  const size_t W = c->words;
+  if (e->form == MC_BITS) {
+    memcpy(bits, e->data, W * 8);
+    return;
+  }
+  const int32_t *ids = (const int32_t *)e->data;
+  if (e->form == MC_REJECTED) {
+    memset(bits, 0, W * 8);
+    for (uint32_t k = 0; k < e->npay; k++)
+      bits[ids[k] >> 6] |= (uint64_t)1 << (ids[k] & 63);
+    return;
+  }
+  memset(bits, 0xff, W * 8);
+  if (c->nv & 63) bits[W - 1] = ((uint64_t)1 << (c->nv & 63)) - 1;
+  for (uint32_t k = 0; k < e->npay; k++)
+    bits[ids[k] >> 6] &= ~((uint64_t)1 << (ids[k] & 63));
+}
+
+/* A new entry for bits (the shortest of the three forms), or NULL without memory. */
+static mc_entry *mc_make(const jschema_mcache *c, const uint64_t *bits, int allowed, const uint8_t *key,
+                         size_t klen, uint64_t h) {
+  const size_t W = c->words;
+  size_t nrej = 0;
+  for (size_t k = 0; k < W; k++)
+    nrej += (size_t)__builtin_popcountll(bits[k]);
+  const size_t nacc = (size_t)c->nv - nrej;
+  int form = MC_BITS;
+  size_t npay = W, pbytes = W * 8;
+  if (nacc * 4 < pbytes) form = MC_ALLOWED, npay = nacc, pbytes = nacc * 4;
+  if (nrej * 4 < pbytes) form = MC_REJECTED, npay = nrej, pbytes = nrej * 4;
+  const size_t bytes = sizeof(mc_entry) + pbytes + klen;
+  mc_entry *e = malloc(bytes);
+  if (!e) return NULL;
+  e->hash = h;
+  e->bytes = bytes;
+  e->klen = (uint32_t)klen;
+  e->npay = (uint32_t)npay;
+  e->allowed = allowed;
+  e->form = (uint8_t)form;
+  if (form == MC_BITS) {
+    memcpy(e->data, bits, W * 8);
+  } else {
+    int32_t *ids = (int32_t *)e->data;
+    size_t n = 0;
+    for (size_t k = 0; k < W; k++) {
+      uint64_t m = form == MC_REJECTED ? bits[k] : ~bits[k];
+      if (k == W - 1 && (c->nv & 63)) m &= ((uint64_t)1 << (c->nv & 63)) - 1;
+      for (; m; m &= m - 1)
+        ids[n++] = (int32_t)(k * 64 + (size_t)__builtin_ctzll(m));
+    }
+  }
+  memcpy((uint8_t *)e->data + pbytes, key, klen);
+  return e;
+}
+
+int jsonschema_mask_bits_cached(const jschema_vocab *v, jschema_mcache *c, jschema_scratch *sc,
+                                const jschema_state *st, uint64_t *bits) {
+  size_t klen = 0;
+  uint64_t h = 0;
+  if (c) {
+    klen = state_key(st, sc->key);
+    h = key_hash(sc->key, klen);
+    pthread_mutex_lock(&c->mu);
+    mc_entry *e = mc_find(c, h, sc->key, klen);
+    if (e) {
+      if (e != c->head) {
+        lru_unlink(c, e);
+        lru_push(c, e);
+      }
+      c->st.hits++;
+      mc_expand(c, e, bits);
+      const int allowed = e->allowed;
+      pthread_mutex_unlock(&c->mu);
+      return allowed;
+    }
+    c->st.misses++;
+    pthread_mutex_unlock(&c->mu);
+  }
+  memset(sc->zrow, 0, (size_t)v->nv * sizeof *sc->zrow);
+  const int allowed = jsonschema_vocab_mask_with(v, sc, st, sc->zrow);
+  jsonschema_mask_bits(sc->zrow, v->nv, bits);
+  if (!c) return allowed;
+  /* Insert (built outside the lock); another thread may have put the same key in meanwhile:
+   * its mask is the same, keep that one. An entry larger than the whole budget is not kept. */
+  mc_entry *e = mc_make(c, bits, allowed, sc->key, klen, h);
+  if (!e) return allowed; /* no memory: the mask is right, only not kept */
+  pthread_mutex_lock(&c->mu);
+  if (e->bytes > c->budget || mc_find(c, h, sc->key, klen)) {
+    pthread_mutex_unlock(&c->mu);
+    free(e);
+    return allowed;
+  }
+  while (c->tail && c->bytes + e->bytes > c->budget)
+    mc_evict_tail(c);
+  mc_entry **b = &c->bucket[h & (c->nbucket - 1)];
+  e->hnext = *b;
+  *b = e;
+  lru_push(c, e);
+  c->bytes += e->bytes;
+  c->st.entries++;
+  c->st.inserts++;
+  pthread_mutex_unlock(&c->mu);
+  return allowed;
 }

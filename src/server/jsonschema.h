@@ -44,7 +44,9 @@ typedef struct jschema_frame {
   uint16_t node; /* compiled node */
   uint8_t phase; /* where inside the value (jsonschema.c) */
   uint8_t ws;    /* whitespace run */
-  uint16_t a, b; /* counters: items, characters, property index, literal position... */
+  uint16_t a, b; /* counters: items, characters, property index, literal position...; a count
+                  * no bound reads stops (items without maxItems at minItems, characters
+                  * without maxLength at minLength), so states stay canonical (the mask cache) */
   uint32_t pad;
   uint64_t mask; /* live property names or literals */
 } jschema_frame;
@@ -134,5 +136,32 @@ int jsonschema_vocab_mask_with(const jschema_vocab *v, jschema_scratch *sc, cons
  * they are (the same row as masking in place). No allocation. */
 void jsonschema_mask_bits(const float *row, int V, uint64_t *bits);
 void jsonschema_bits_apply(const uint64_t *bits, int V, float *row);
+
+/* Mask cache (issue 30: masks at batch 64): the rejected-token bitset of a state, kept by the
+ * state's key (the compiled schema's compile id and the bytes of the state's live threads and
+ * frames, so equal keys are equal states and have the same mask) and shared by every sequence and thread
+ * masking over one vocab: 64 requests with one schema compute each state's mask once. The
+ * recognizer keeps states canonical (a free string's character count, an unbounded array's
+ * item count and stale fields do not split states), so a free string's characters or an
+ * array's items reuse one entry. Least recently used entries are dropped to stay within
+ * budget_bytes (each entry: its key and the shortest of the allowed ids, the rejected ids or
+ * the bitset). Thread-safe (one mutex, held for a look-up and the copy of a hit). A hit
+ * allocates nothing; a miss computes the mask and allocates its entry (freeing evicted ones).
+ * *out: caller frees with jsonschema_mcache_free (v must outlive it). ANNA_ENOMEM. */
+#define JSCHEMA_KEY_MAX (9 + JSCHEMA_MAX_THREADS * sizeof(jschema_thread))
+typedef struct jschema_mcache jschema_mcache;
+typedef struct jschema_mcache_stats {
+  uint64_t hits, misses, inserts, evictions, entries;
+  size_t bytes;
+} jschema_mcache_stats;
+int jsonschema_mcache_new(jschema_mcache **out, const jschema_vocab *v, size_t budget_bytes);
+void jsonschema_mcache_free(jschema_mcache *c);
+void jsonschema_mcache_get_stats(jschema_mcache *c, jschema_mcache_stats *st);
+/* bits[(nv + 63) / 64] := the tokens jsonschema_vocab_mask_with(v, sc, st, row) sets to -inf
+ * (bit v set: token v rejected; no bit past nv); returns what that returns. Through c when
+ * not NULL (a hit copies the kept mask; a miss masks a zero row in sc and keeps the result),
+ * else computed. One thread per scratch at a time; c may be shared. */
+int jsonschema_mask_bits_cached(const jschema_vocab *v, jschema_mcache *c, jschema_scratch *sc,
+                                const jschema_state *st, uint64_t *bits);
 
 #endif
