@@ -7,8 +7,9 @@
 #
 # BUILD_DIR (default build-cuda) is configured and built first if it has no test_cuda_ops:
 #   cmake -S . -B BUILD_DIR -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release \
-#     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DANNA_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3
-# (x86-64-v3: the GPU host's CPU need not be this one). Layout of the archive: bin/ (test_cuda_ops,
+#     -DCMAKE_CUDA_ARCHITECTURES=90a-real -DANNA_NATIVE=OFF -DANNA_FFMPEG=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3
+# (x86-64-v3: the GPU host's CPU need not be this one; without FFmpeg, whose libraries would
+# triple the archive past the device tool's carry limit). Layout of the archive: bin/ (test_cuda_ops,
 # test_fixtures, test_kv_stress, anna-generate, anna-bench, anna-serve, and test_cuda_encoders /
 # test_layer_split and the media API tests test_vision_api / test_video_api / test_asr_api /
 # test_speech_api (their --device cuda mode) when built; stripped) and lib/
@@ -24,7 +25,7 @@ if [ $# -eq 1 ]; then BUILD=build-cuda OUTF=$1; elif [ $# -eq 2 ]; then BUILD=$1
 fi
 if [ ! -x "$BUILD/tests/cuda/test_cuda_ops" ]; then
   cmake -S . -B "$BUILD" -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DANNA_NATIVE=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3 >/dev/null
+    -DANNA_NATIVE=OFF -DANNA_FFMPEG=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3 >/dev/null
   nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress test_layer_split test_cuda_encoders anna-generate \
     anna-bench anna-serve test_vision_api test_video_api test_asr_api test_speech_api >/dev/null
 fi
