@@ -1,5 +1,6 @@
-# NCCL (issue 31: tensor parallelism and multi-host later): detected only, nothing links it
-# yet. Looked for with pkg-config (Debian's libnccl-dev), then as a plain library beside the
+# NCCL (issue 31): tensor parallelism's all-reduce across GPUs (src/backends/cuda/cuda_comm.cu,
+# linked into anna_cuda when found; without it --tensor-parallel uses the host transport).
+# Looked for with pkg-config (Debian's libnccl-dev), then as a plain library beside the
 # CUDA toolkit, then in PyPI's nvidia-nccl-cu12 wheel (site-packages/nvidia/nccl/{lib,include},
 # which ships only libnccl.so.2): how the GPU machines have it. Sets ANNA_NCCL_FOUND,
 # ANNA_NCCL_LIBRARY and ANNA_NCCL_INCLUDE_DIR and reports on/off.
@@ -31,7 +32,7 @@ else()
   endif()
 endif()
 if(ANNA_NCCL_FOUND)
-  message(STATUS "anna: NCCL: on (${ANNA_NCCL_LIBRARY}; detected only: nothing uses it yet)")
+  message(STATUS "anna: NCCL: on (${ANNA_NCCL_LIBRARY}; --tensor-parallel all-reduce)")
 else()
-  message(STATUS "anna: NCCL: off (no libnccl-dev and no nvidia-nccl-cu12 wheel found)")
+  message(STATUS "anna: NCCL: off (no libnccl-dev and no nvidia-nccl-cu12 wheel found; --tensor-parallel uses the host all-reduce)")
 endif()
