@@ -362,8 +362,11 @@ static int tp_context_open(anna_context *c, const anna_model *m, const anna_cont
       if (devs[i].index == devs[j].index) distinct = 0;
   int transport = TP_COMM_HOST;
   if (!rc) rc = tp_transport_pick(o->tp_comm, c->tdev, c->n_tp, distinct, &transport, err, errlen);
-  if (!rc)
-    rc = tp_comm_create(&c->tp, c->n_tp, c->tdev, transport, (int64_t)o->n_batch * m->desc.hidden, err, errlen);
+  const int64_t max_floats = (int64_t)o->n_batch * m->desc.hidden;
+  if (!rc) rc = tp_comm_create(&c->tp, c->n_tp, c->tdev, transport, max_floats, err, errlen);
+  /* auto: a build with NCCL's header on a machine without its library still runs, on the host */
+  if (rc && transport == TP_COMM_NCCL && (!o->tp_comm || !strcmp(o->tp_comm, "auto")))
+    rc = tp_comm_create(&c->tp, c->n_tp, c->tdev, TP_COMM_HOST, max_floats, err, errlen);
   return rc;
 }
 
