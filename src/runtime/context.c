@@ -512,6 +512,15 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     sp.stage_be = c->sdev;
     sp.stage_layers = stage_layers;
   }
+  if (!rc && c->tp) { /* the shards (also for kv_auto_resolve's probes) */
+    c->tdev[0] = c->be;
+    sp.n_tp = c->n_tp;
+    sp.tp_be = c->tdev;
+    sp.tp_impl = c->tp_impl;
+    sp.tp_ctx = c->tp;
+    sp.tp_all_reduce = tp_comm_all_reduce;
+    sp.tp_exec = tp_comm_exec;
+  }
   const int kv_auto = o.kv_cache_quantization && !strcmp(o.kv_cache_quantization, "auto");
   if (!rc && kv_auto) rc = kv_auto_resolve(c, &sp, &kv_type, err, errlen);
   if (!rc && c->dev->kv_types && !(c->dev->kv_types & (1u << kv_type)))
@@ -525,15 +534,6 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   spr.n_stages = n_stages;
   spr.stage_be = c->sdev;
   spr.stage_layers = stage_layers;
-  if (c->tp) {
-    c->tdev[0] = c->be;
-    spr.n_tp = c->n_tp;
-    spr.tp_be = c->tdev;
-    spr.tp_impl = c->tp_impl;
-    spr.tp_ctx = c->tp;
-    spr.tp_all_reduce = tp_comm_all_reduce;
-    spr.tp_exec = tp_comm_exec;
-  }
   /* The media encoders run on the first stage's device (their rows feed stage 0), with the
    * context's numerics; tuning encoder_cpu keeps them on the CPU. */
   const ctx_encoder_device edev = {.bi = c->tuning.encoder_cpu ? backend_registry_get(0) : bi,

@@ -31,6 +31,7 @@ static const char *g_dev = "cpu";  /* the unsplit context's device (and the mode
 static const char *g_tp_dev = NULL; /* the split context's device list (NULL: g_dev) */
 static const char *g_comm = NULL;
 static double g_tol = 1e-4;
+static const char *g_kvq = NULL; /* both contexts' kv_cache_quantization */
 
 static int read_ids(const char *path_json, int which, int32_t *ids) {
   json_t *root = json_load_file(path_json, 0, NULL);
@@ -61,7 +62,7 @@ static int run_trace(anna_model *m, int tp, const int32_t *const *p, const int *
   const int V = anna_model_vocab(m);
   anna_context_options o = {.n_seq = NSEQ, .n_ctx = 256, .n_batch = 256, .n_threads = 1, .n_checkpoints = 4,
                             .device = tp > 1 && g_tp_dev ? g_tp_dev : g_dev, .tensor_parallel = tp,
-                            .tp_comm = g_comm};
+                            .tp_comm = g_comm, .kv_cache_quantization = g_kvq};
   anna_context *c = NULL;
   char err[256];
   int rc = anna_context_create(&c, m, &o, err, sizeof err);
@@ -226,6 +227,12 @@ int main(int argc, char **argv) {
   FOLDER(f, "qwen3_5_text");
   FOLDER(f, "qwen3_moe");
   FOLDER(f, "qwen3_5_moe_text");
+  if (strncmp(g_dev, "cpu", 3)) { /* the device's KV auto probe runs the shards, not the whole model */
+    g_kvq = "auto";
+    snprintf(p, sizeof p, "%s/%s", f, "qwen3_5_text");
+    test_model("qwen3_5_text kv auto", p, p);
+    g_kvq = NULL;
+  }
   /* GGUF: tiled GDN value heads; fused expert gate_up */
   snprintf(q, sizeof q, "%s/qwen3_5_text", f);
   snprintf(p, sizeof p, "%s/gguf/qwen3_5_text.gguf", x);
