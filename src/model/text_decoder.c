@@ -127,6 +127,13 @@ static int td_forward(const void *impl, td_state *t, ops_backend *be, const mode
   t->in = in, t->mm = mm, t->logits = logits, t->tk = tk;
   if (mm && (mm->n_embd || mm->rope_pos)) /* the other shards need the embedding rows too */
     return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--tensor-parallel: image, video and audio rows are not split yet");
+  /* What only rank 0's call would refuse is refused here: a shard that returned early would
+   * leave the others waiting at their first all-reduce. */
+  const text_model *m0 = t->m[0];
+  if (tk && (tk->k < 1 || tk->k > OPS_TOPK_MAX || tk->k > m0->cfg.vocab || !be->topk))
+    return anna_err(err, errlen, tk->k < 1 || tk->k > OPS_TOPK_MAX ? ANNA_EINVAL : ANNA_EUNSUPPORTED,
+                    "top-%d candidates: %s", tk->k,
+                    !be->topk ? "the backend has no topk op" : "k must be 1..256 and at most the vocabulary");
   t->tp_exec(t->tp_ctx, td_run_shard, t);
   for (int r = 0; r < t->n; r++)
     if (t->rc[r]) return anna_err(err, errlen, t->rc[r], "shard %d: %s", r, t->err[r]);

@@ -114,6 +114,17 @@ static int run_trace(anna_model *m, int tp, const int32_t *const *p, const int *
     t->re_id = argmax(out, V);
     t->rows += 1;
   }
+  if (tp > 1) { /* a request only rank 0 reads is refused before the shards start (no hang) */
+    int32_t dt = 1, ds = 0, dp = np[0] + STEPS, ti[1];
+    int8_t dw = 1;
+    float tv[1];
+    double st[2];
+    anna_batch d = {1, &dt, &ds, &dp, &dw};
+    char e2[256] = "";
+    const int r2 = anna_context_decode_topk(c, &d, 100000, 0.0f, ti, tv, st, e2, sizeof e2);
+    check("top-k beyond the limit refused with the shards split", r2 == ANNA_EINVAL && strstr(e2, "top-100000") ? 0 : 1,
+          0);
+  }
   anna_context_free(c);
   return 0;
 fail:
