@@ -15,8 +15,13 @@ struct tp_comm {
   /* host transport: each rank's partial, and the sum every rank uploads */
   float *part[SHARD_MAX], *sum;
   int64_t max_floats;
-  pthread_barrier_t bar;
-  int bar_ok;
+  /* the all-reduce's barrier: it opens when every rank still running the exec has arrived, so
+   * a rank whose forward returned early (an error) leaves the others a wrong sum and its
+   * error, never a hang (host transport) */
+  pthread_mutex_t bmu;
+  pthread_cond_t bcv;
+  int bcount, bdone;
+  uint64_t bgen;
   void *dev_comm; /* nccl: the backend's communicator */
   /* workers (ranks 1..n-1): a job is (fn, arg) of generation gen */
   pthread_t th[SHARD_MAX];
@@ -28,6 +33,31 @@ struct tp_comm {
   void (*fn)(void *arg, int rank);
   void *arg;
 };
+
+static void bar_wait(tp_comm *c) {
+  pthread_mutex_lock(&c->bmu);
+  const uint64_t gen = c->bgen;
+  if (++c->bcount >= c->n - c->bdone) {
+    c->bcount = 0;
+    c->bgen++;
+    pthread_cond_broadcast(&c->bcv);
+  } else {
+    while (gen == c->bgen) pthread_cond_wait(&c->bcv, &c->bmu);
+  }
+  pthread_mutex_unlock(&c->bmu);
+}
+
+/* A rank's part of the exec returned: the barrier stops waiting for it. */
+static void bar_leave(tp_comm *c) {
+  pthread_mutex_lock(&c->bmu);
+  c->bdone++;
+  if (c->bcount > 0 && c->bcount >= c->n - c->bdone) {
+    c->bcount = 0;
+    c->bgen++;
+    pthread_cond_broadcast(&c->bcv);
+  }
+  pthread_mutex_unlock(&c->bmu);
+}
 
 typedef struct worker_arg {
   tp_comm *c;
@@ -48,6 +78,7 @@ static void *worker(void *p) {
     void *arg = c->arg;
     pthread_mutex_unlock(&c->mu);
     fn(arg, rank);
+    bar_leave(c);
     pthread_mutex_lock(&c->mu);
     if (++c->n_done == c->n - 1) pthread_cond_signal(&c->done);
   }
@@ -96,7 +127,8 @@ void tp_comm_free(tp_comm *c) {
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->go);
   pthread_cond_destroy(&c->done);
-  if (c->bar_ok) pthread_barrier_destroy(&c->bar);
+  pthread_mutex_destroy(&c->bmu);
+  pthread_cond_destroy(&c->bcv);
   if (c->dev_comm) c->be[0]->comm_free(c->dev_comm);
   for (int i = 0; i < c->n; i++) free(c->part[i]);
   free(c->sum);
@@ -116,10 +148,10 @@ int tp_comm_create(tp_comm **out, int n, ops_backend *const *be, int transport, 
   pthread_mutex_init(&c->mu, NULL);
   pthread_cond_init(&c->go, NULL);
   pthread_cond_init(&c->done, NULL);
+  pthread_mutex_init(&c->bmu, NULL);
+  pthread_cond_init(&c->bcv, NULL);
   int rc = 0;
-  if (pthread_barrier_init(&c->bar, NULL, (unsigned)n)) rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
-  else c->bar_ok = 1;
-  if (!rc && transport == TP_COMM_HOST) {
+  if (transport == TP_COMM_HOST) {
     for (int i = 0; i < n && !rc; i++)
       if (!(c->part[i] = malloc(sizeof(float) * (size_t)(max_floats > 0 ? max_floats : 1))))
         rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
@@ -160,7 +192,7 @@ void tp_comm_all_reduce(void *ctx, int rank, ops_backend *be, float *buf, int64_
   const size_t bytes = sizeof(float) * (size_t)count;
   /* the forward pass never asks beyond n_batch * hidden, what max_floats was sized from */
   be->download(be, c->part[rank], buf, bytes); /* synchronous: the shard's queue has drained */
-  pthread_barrier_wait(&c->bar);
+  bar_wait(c);
   const int n = c->n;
   const int64_t i0 = count * rank / n, i1 = count * (rank + 1) / n;
   for (int64_t i = i0; i < i1; i++) {
@@ -168,7 +200,7 @@ void tp_comm_all_reduce(void *ctx, int rank, ops_backend *be, float *buf, int64_
     for (int r = 1; r < n; r++) s += c->part[r][i];
     c->sum[i] = s;
   }
-  pthread_barrier_wait(&c->bar);
+  bar_wait(c);
   /* c->sum is next written after the next call's first barrier, which every rank reaches
    * only after this upload has read it */
   be->upload(be, buf, c->sum, bytes);
@@ -176,6 +208,9 @@ void tp_comm_all_reduce(void *ctx, int rank, ops_backend *be, float *buf, int64_
 
 void tp_comm_exec(void *ctx, void (*fn)(void *arg, int rank), void *arg) {
   tp_comm *c = ctx;
+  pthread_mutex_lock(&c->bmu); /* nobody is inside the barrier between execs */
+  c->bdone = c->bcount = 0;
+  pthread_mutex_unlock(&c->bmu);
   pthread_mutex_lock(&c->mu);
   c->fn = fn;
   c->arg = arg;
@@ -184,6 +219,7 @@ void tp_comm_exec(void *ctx, void (*fn)(void *arg, int rank), void *arg) {
   pthread_cond_broadcast(&c->go);
   pthread_mutex_unlock(&c->mu);
   fn(arg, 0);
+  bar_leave(c);
   pthread_mutex_lock(&c->mu);
   while (c->n_done < c->n - 1) pthread_cond_wait(&c->done, &c->mu);
   pthread_mutex_unlock(&c->mu);

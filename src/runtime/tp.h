@@ -44,7 +44,10 @@ void tp_comm_free(tp_comm *c);
 const char *tp_comm_transport_name(const tp_comm *c);
 
 /* fwd_state_options.tp_all_reduce: buf [count] in be's memory becomes the sum over the ranks.
- * Every rank must call it with the same count; ctx is the tp_comm. Allocates nothing. */
+ * Every rank must call it with the same count; ctx is the tp_comm. Allocates nothing. Host
+ * transport: a rank whose part of the exec returned early (an error) no longer holds the
+ * others back (they get a wrong sum and the caller that rank's error, not a hang); over NCCL
+ * the caller must not let ranks diverge (text_decoder.c refuses rank-0-only errors first). */
 void tp_comm_all_reduce(void *ctx, int rank, ops_backend *be, float *buf, int64_t count);
 
 /* Runs fn(arg, r) for every rank r concurrently (rank 0 on the calling thread) and returns

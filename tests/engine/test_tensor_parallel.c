@@ -23,6 +23,10 @@
 
 #include "test_util.h"
 
+#include "backends/registry.h"
+#include "base/tuning.h"
+#include "runtime/tp.h"
+
 #define STEPS 16
 #define NSEQ 3
 #define MAXP 160
@@ -133,6 +137,74 @@ fail:
   return rc;
 }
 
+/* The communicator alone (runtime/tp.h) on three CPU backends: the host all-reduce sums in
+ * rank order (exactly: the values are chosen so any other order rounds differently), twice in
+ * a row from every rank's thread; a rank that leaves the exec early (a shard's error) does not
+ * hang the others. */
+#define COMM_N 3
+#define COMM_F 4099 /* not a multiple of the ranks: uneven summing slices */
+typedef struct comm_job {
+  tp_comm *c;
+  ops_backend *be[COMM_N];
+  float buf[COMM_N][COMM_F];
+  int quit_rank; /* this rank returns before its all-reduces (-1: none) */
+  int calls[COMM_N];
+} comm_job;
+
+static void comm_fn(void *arg, int r) {
+  comm_job *j = arg;
+  if (r == j->quit_rank) return;
+  for (int k = 0; k < 2; k++, j->calls[r]++) tp_comm_all_reduce(j->c, r, j->be[r], j->buf[r], COMM_F);
+}
+
+static void test_comm(void) {
+  printf("communicator\n");
+  anna_tuning t;
+  char err[256];
+  ops_model_shape *shape = calloc(1, sizeof *shape);
+  comm_job *j = calloc(1, sizeof *j);
+  const backend_info *bi = backend_registry_find("cpu");
+  int rc = !shape || !j || !bi ? ANNA_ENOMEM : tuning_from_env(&t, NULL, err, sizeof err);
+  shape->n_ctx = 16, shape->max_cols = 64, shape->vocab = 16;
+  const backend_params bp = {.n_threads = 1, .n_batch = 4, .shape = shape, .tuning = &t};
+  for (int r = 0; r < COMM_N && !rc; r++) rc = bi->create(&bp, &j->be[r], err, sizeof err);
+  int tr = -1;
+  if (!rc) rc = tp_transport_pick(NULL, j->be, COMM_N, 0, &tr, err, sizeof err);
+  check("cpu shards: auto picks the host transport", !rc && tr == TP_COMM_HOST ? 0 : 1, 0);
+  if (!rc) rc = tp_comm_create(&j->c, COMM_N, j->be, TP_COMM_HOST, COMM_F, err, sizeof err);
+  check(rc ? err : "tp_comm_create host x3", rc ? 1 : 0, 0);
+  if (!rc) {
+    /* 1 + 2^-24 + 2^-24: in rank order (1 + e) + e rounds to 1 twice; e + e + 1 would not */
+    const float e = 1.0f / 16777216.0f;
+    for (int i = 0; i < COMM_F; i++) j->buf[0][i] = 1.0f + (float)(i % 7), j->buf[1][i] = e, j->buf[2][i] = e;
+    j->quit_rank = -1;
+    tp_comm_exec(j->c, comm_fn, j);
+    int bad = 0, same = 0;
+    for (int i = 0; i < COMM_F; i++) {
+      /* second call: 3 * (first sum), each rank's copy the same bits */
+      float s1 = (1.0f + (float)(i % 7) + e) + e, want = (s1 + s1) + s1;
+      bad += j->buf[0][i] != want;
+      same += j->buf[1][i] == j->buf[0][i] && j->buf[2][i] == j->buf[0][i];
+    }
+    check("host all-reduce: rank-order sums, twice", bad, 0);
+    check("host all-reduce: every rank the same bits", COMM_F - same, 0);
+    check("host all-reduce: 2 calls per rank", j->calls[0] == 2 && j->calls[1] == 2 && j->calls[2] == 2 ? 0 : 1, 0);
+    memset(j->calls, 0, sizeof j->calls);
+    j->quit_rank = 1; /* as a shard whose forward failed before its first all-reduce */
+    tp_comm_exec(j->c, comm_fn, j);
+    check("a rank that leaves early does not hang the others", j->calls[0] == 2 && j->calls[2] == 2 ? 0 : 1, 0);
+    j->quit_rank = -1; /* and the communicator still works afterwards (6, then 18) */
+    for (int i = 0; i < COMM_F; i++) j->buf[0][i] = 1, j->buf[1][i] = 2, j->buf[2][i] = 3;
+    tp_comm_exec(j->c, comm_fn, j);
+    check("after it: sums right again", j->buf[0][7] == 18.0f && j->buf[2][COMM_F - 1] == 18.0f ? 0 : 1, 0);
+  }
+  tp_comm_free(j->c);
+  for (int r = 0; r < COMM_N; r++)
+    if (j->be[r]) j->be[r]->destroy(j->be[r]);
+  free(j);
+  free(shape);
+}
+
 /* dir: a folder with expected.json, or a GGUF file (prompts from ids_dir's expected.json). */
 static void test_model(const char *label, const char *path, const char *ids_dir) {
   char err[256], js[1200], what[300];
@@ -228,6 +300,7 @@ int main(int argc, char **argv) {
     g_tol = 5e-3;
   }
   const char *f = argv[1], *x = argv[2];
+  if (!strncmp(g_dev, "cpu", 3)) test_comm();
   char p[1200], q[1200];
 #define FOLDER(root, name) (snprintf(p, sizeof p, "%s/%s", root, name), test_model(name, p, p))
   FOLDER(f, "qwen3");
