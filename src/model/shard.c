@@ -18,18 +18,20 @@ typedef struct seg {
 
 static int64_t seg_total(const seg *sg, int ns) {
   int64_t t = 0;
-  for (int i = 0; i < ns; i++) t += sg[i].len;
+  for (int i = 0; i < ns; i++)
+    t += sg[i].len;
   return t;
 }
 
 /* out[i] = (off + in[i].at * unit, in[i].len * unit) */
 static void seg_scale(seg *out, const seg *in, int ns, int64_t unit, int64_t off) {
-  for (int i = 0; i < ns; i++) out[i] = (seg){off + in[i].at * unit, in[i].len * unit};
+  for (int i = 0; i < ns; i++)
+    out[i] = (seg){off + in[i].at * unit, in[i].len * unit};
 }
 
 /* The rows sg of w: a view for one range, else a copy owned by s. */
-static int rows_take(text_model *s, const ops_weight *w, const seg *sg, int ns, ops_weight *out, const char *what,
-                     char *err, size_t errlen) {
+static int rows_take(text_model *s, const ops_weight *w, const seg *sg, int ns, ops_weight *out,
+                     const char *what, char *err, size_t errlen) {
   if (!w->data) {
     *out = *w;
     return 0;
@@ -39,7 +41,8 @@ static int rows_take(text_model *s, const ops_weight *w, const seg *sg, int ns, 
     if (sg[i].at < 0 || sg[i].at + sg[i].len > w->rows)
       return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel: %s rows %lld..%lld of %lld", what,
                       (long long)sg[i].at, (long long)(sg[i].at + sg[i].len), (long long)w->rows);
-  if (rb <= 0) return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel: %s has an unknown row size", what);
+  if (rb <= 0)
+    return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel: %s has an unknown row size", what);
   *out = (ops_weight){.type = w->type, .rows = total, .cols = w->cols};
   if (ns == 1) {
     out->data = (const char *)w->data + sg[0].at * rb;
@@ -65,21 +68,23 @@ static int cols_aligned(const ops_weight *w, const seg *sg, int ns) {
 }
 
 /* The columns sg of every row of w, copied (owned by s). */
-static int cols_take(text_model *s, const ops_weight *w, const seg *sg, int ns, ops_weight *out, const char *what,
-                     char *err, size_t errlen) {
+static int cols_take(text_model *s, const ops_weight *w, const seg *sg, int ns, ops_weight *out,
+                     const char *what, char *err, size_t errlen) {
   if (!w->data) {
     *out = *w;
     return 0;
   }
   if (!cols_aligned(w, sg, ns))
-    return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel: %s columns are not on its %s blocks", what,
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "tensor parallel: %s columns are not on its %s blocks", what,
                     dtype_name(w->type));
   const int64_t total = seg_total(sg, ns), rb = dtype_row_bytes(w->type, w->cols),
                 nrb = dtype_row_bytes(w->type, total);
   for (int i = 0; i < ns; i++)
     if (sg[i].at < 0 || sg[i].at + sg[i].len > w->cols)
-      return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel: %s columns %lld..%lld of %lld", what,
-                      (long long)sg[i].at, (long long)(sg[i].at + sg[i].len), (long long)w->cols);
+      return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel: %s columns %lld..%lld of %lld",
+                      what, (long long)sg[i].at, (long long)(sg[i].at + sg[i].len),
+                      (long long)w->cols);
   char *buf = model_alloc(s, (size_t)(w->rows * nrb));
   if (!buf) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   for (int64_t r = 0; r < w->rows; r++) {
@@ -96,7 +101,8 @@ static int cols_take(text_model *s, const ops_weight *w, const seg *sg, int ns, 
 }
 
 /* The elements sg of an f32 vector (NULL stays NULL), copied. */
-static int vec_take(text_model *s, const float *v, const seg *sg, int ns, float **out, char *err, size_t errlen) {
+static int vec_take(text_model *s, const float *v, const seg *sg, int ns, float **out, char *err,
+                    size_t errlen) {
   *out = NULL;
   if (!v) return 0;
   float *d = model_alloc(s, sizeof(float) * (size_t)seg_total(sg, ns));
@@ -115,7 +121,8 @@ static int gdn_vheads(const model_config *c, int rank, int n, seg *sg) {
     return 1;
   }
   const int rep = hv / hk, kn = hk / n;
-  for (int t = 0; t < rep; t++) sg[t] = (seg){(int64_t)t * hk + (int64_t)rank * kn, kn};
+  for (int t = 0; t < rep; t++)
+    sg[t] = (seg){(int64_t)t * hk + (int64_t)rank * kn, kn};
   return rep;
 }
 
@@ -125,11 +132,14 @@ int model_shard_check(const text_model *m, int n, char *err, size_t errlen) {
   if (n < 1 || n > SHARD_MAX)
     return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: expected 1..%d", n, SHARD_MAX);
   if (c->arch == MODEL_ARCH_GEMMA4 || c->ple_dim > 0 || c->n_kv_shared > 0)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--tensor-parallel: %s models are not split yet (per-layer inputs, "
-                    "KV sharing, the Gemma4 MoE block)", c->model_type);
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "--tensor-parallel: %s models are not split yet (per-layer inputs, "
+                    "KV sharing, the Gemma4 MoE block)",
+                    c->model_type);
   if (c->n_heads % n)
-    return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: %d attention heads do not divide by %d", n,
-                    c->n_heads, n);
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "--tensor-parallel %d: %d attention heads do not divide by %d", n, c->n_heads,
+                    n);
   for (int l = 0; l < c->n_layers; l++) {
     const layer_config *lc = &c->layers[l];
     const layer_weights *w = &m->layers[l];
@@ -137,47 +147,63 @@ int model_shard_check(const text_model *m, int n, char *err, size_t errlen) {
     if (lc->kind == LAYER_KIND_GDN) {
       if (c->gdn_hk % n || c->gdn_hv % n)
         return anna_err(err, errlen, ANNA_EINVAL,
-                        "--tensor-parallel %d: layer %d has %d key heads and %d value heads (GDN); both must divide "
-                        "by %d", n, l, c->gdn_hk, c->gdn_hv, n);
+                        "--tensor-parallel %d: layer %d has %d key heads and %d value heads (GDN); "
+                        "both must divide "
+                        "by %d",
+                        n, l, c->gdn_hk, c->gdn_hv, n);
       seg cs[SEG_MAX];
       const int ns = gdn_vheads(c, 0, n, sg);
-      if (ns > SEG_MAX) return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--tensor-parallel: GDN head ratio %d", ns);
+      if (ns > SEG_MAX)
+        return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--tensor-parallel: GDN head ratio %d", ns);
       seg_scale(cs, sg, ns, c->gdn_dv, 0);
       if (!cols_aligned(&w->out, cs, ns))
-        return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: layer %d out_proj (%s) cannot be split "
-                        "between its blocks at %d value heads of %d", n, l, dtype_name(w->out.type), c->gdn_hv / n,
-                        c->gdn_dv);
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "--tensor-parallel %d: layer %d out_proj (%s) cannot be split "
+                        "between its blocks at %d value heads of %d",
+                        n, l, dtype_name(w->out.type), c->gdn_hv / n, c->gdn_dv);
     } else {
       if (lc->n_kv_heads % n)
-        return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: layer %d has %d KV heads, which do not "
-                        "divide by %d", n, l, lc->n_kv_heads, n);
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "--tensor-parallel %d: layer %d has %d KV heads, which do not "
+                        "divide by %d",
+                        n, l, lc->n_kv_heads, n);
       sg[0] = (seg){0, (int64_t)c->n_heads / n * lc->head_dim};
       if (!cols_aligned(&w->o, sg, 1))
-        return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: layer %d o_proj (%s) cannot be split "
-                        "between its blocks at %lld columns", n, l, dtype_name(w->o.type), (long long)sg[0].len);
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "--tensor-parallel %d: layer %d o_proj (%s) cannot be split "
+                        "between its blocks at %lld columns",
+                        n, l, dtype_name(w->o.type), (long long)sg[0].len);
     }
     if (w->gate.data) {
       if (w->gate.rows % n)
-        return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: layer %d intermediate size %lld does not "
-                        "divide by %d", n, l, (long long)w->gate.rows, n);
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "--tensor-parallel %d: layer %d intermediate size %lld does not "
+                        "divide by %d",
+                        n, l, (long long)w->gate.rows, n);
       sg[0] = (seg){0, w->gate.rows / n};
       if (!cols_aligned(&w->down, sg, 1))
-        return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: layer %d down_proj (%s) cannot be split "
-                        "between its blocks at %lld columns", n, l, dtype_name(w->down.type), (long long)sg[0].len);
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "--tensor-parallel %d: layer %d down_proj (%s) cannot be split "
+                        "between its blocks at %lld columns",
+                        n, l, dtype_name(w->down.type), (long long)sg[0].len);
     }
     if (lc->is_moe && w->exp_down) {
       const int64_t I = w->exp_down[0].cols;
       sg[0] = (seg){0, I / n};
       if (I % n || !cols_aligned(&w->exp_down[0], sg, 1))
-        return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: layer %d expert intermediate size %lld "
-                        "does not split by %d (on %s blocks)", n, l, (long long)I, n, dtype_name(w->exp_down[0].type));
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "--tensor-parallel %d: layer %d expert intermediate size %lld "
+                        "does not split by %d (on %s blocks)",
+                        n, l, (long long)I, n, dtype_name(w->exp_down[0].type));
     }
     if (lc->is_moe && w->has_shared) {
       const int64_t I = w->sh_down.cols;
       sg[0] = (seg){0, I / n};
       if (I % n || !cols_aligned(&w->sh_down, sg, 1))
-        return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: layer %d shared expert intermediate size "
-                        "%lld does not split by %d (on %s blocks)", n, l, (long long)I, n, dtype_name(w->sh_down.type));
+        return anna_err(err, errlen, ANNA_EINVAL,
+                        "--tensor-parallel %d: layer %d shared expert intermediate size "
+                        "%lld does not split by %d (on %s blocks)",
+                        n, l, (long long)I, n, dtype_name(w->sh_down.type));
     }
   }
   return 0;
@@ -185,8 +211,9 @@ int model_shard_check(const text_model *m, int n, char *err, size_t errlen) {
 
 /* gate / up rows and down columns [rank*I/n, ...) of one MLP (fused gate_up: up NULL, gate
  * holds 2I rows, both halves taken). */
-static int mlp_take(text_model *s, const ops_weight *gate, const ops_weight *up, const ops_weight *down, int rank,
-                    int n, ops_weight *og, ops_weight *ou, ops_weight *od, char *err, size_t errlen) {
+static int mlp_take(text_model *s, const ops_weight *gate, const ops_weight *up,
+                    const ops_weight *down, int rank, int n, ops_weight *og, ops_weight *ou,
+                    ops_weight *od, char *err, size_t errlen) {
   const int64_t I = down->cols, k = I / n;
   seg sg[2] = {{rank * k, k}, {I + rank * k, k}};
   int rc = rows_take(s, gate, sg, up && up->data ? 1 : 2, og, "gate_proj", err, errlen);
@@ -195,7 +222,8 @@ static int mlp_take(text_model *s, const ops_weight *gate, const ops_weight *up,
   return rc;
 }
 
-static int layer_take(text_model *s, const text_model *m, int l, int rank, int n, char *err, size_t errlen) {
+static int layer_take(text_model *s, const text_model *m, int l, int rank, int n, char *err,
+                      size_t errlen) {
   const model_config *c = &m->cfg;
   const layer_config *lc = &c->layers[l];
   const layer_weights *w = &m->layers[l];
@@ -226,7 +254,8 @@ static int layer_take(text_model *s, const text_model *m, int l, int rank, int n
   } else {
     const int64_t D = lc->head_dim, hq = c->n_heads / n, hkv = lc->n_kv_heads / n;
     const int64_t qhs = c->attn_out_gate ? 2 * D : D; /* q_proj rows per head ([query | gate]) */
-    seg qs = {rank * hq * qhs, hq * qhs}, ks = {rank * hkv * D, hkv * D}, os = {rank * hq * D, hq * D};
+    seg qs = {rank * hq * qhs, hq * qhs}, ks = {rank * hkv * D, hkv * D},
+        os = {rank * hq * D, hq * D};
     if ((rc = rows_take(s, &w->q, &qs, 1, &o->q, "q_proj", err, errlen)) ||
         (rc = rows_take(s, &w->k, &ks, 1, &o->k, "k_proj", err, errlen)) ||
         (rc = rows_take(s, &w->v, &ks, 1, &o->v, "v_proj", err, errlen)) ||
@@ -236,7 +265,8 @@ static int layer_take(text_model *s, const text_model *m, int l, int rank, int n
         (rc = vec_take(s, w->v_bias, &ks, 1, &o->v_bias, err, errlen)))
       return rc;
   }
-  if (w->gate.data && (rc = mlp_take(s, &w->gate, &w->up, &w->down, rank, n, &o->gate, &o->up, &o->down, err, errlen)))
+  if (w->gate.data && (rc = mlp_take(s, &w->gate, &w->up, &w->down, rank, n, &o->gate, &o->up,
+                                     &o->down, err, errlen)))
     return rc;
   if (lc->is_moe && w->exp_gate) {
     const int E = c->n_experts;
@@ -246,19 +276,21 @@ static int layer_take(text_model *s, const text_model *m, int l, int rank, int n
     if (!o->exp_gate || !o->exp_down || (w->exp_up && !o->exp_up))
       return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
     for (int e = 0; e < E; e++)
-      if ((rc = mlp_take(s, &w->exp_gate[e], w->exp_up ? &w->exp_up[e] : NULL, &w->exp_down[e], rank, n,
-                         &o->exp_gate[e], w->exp_up ? &o->exp_up[e] : NULL, &o->exp_down[e], err, errlen)))
+      if ((rc = mlp_take(s, &w->exp_gate[e], w->exp_up ? &w->exp_up[e] : NULL, &w->exp_down[e],
+                         rank, n, &o->exp_gate[e], w->exp_up ? &o->exp_up[e] : NULL,
+                         &o->exp_down[e], err, errlen)))
         return rc;
   }
   if (lc->is_moe && w->has_shared &&
-      (rc = mlp_take(s, &w->sh_gate, &w->sh_up, &w->sh_down, rank, n, &o->sh_gate, &o->sh_up, &o->sh_down, err,
-                     errlen)))
+      (rc = mlp_take(s, &w->sh_gate, &w->sh_up, &w->sh_down, rank, n, &o->sh_gate, &o->sh_up,
+                     &o->sh_down, err, errlen)))
     return rc;
   o->sx_gate = o->sx_up = o->sx_down = NULL; /* relinked over the shard's experts */
   return 0;
 }
 
-int model_shard_create(text_model **out, const text_model *m, int rank, int n, char *err, size_t errlen) {
+int model_shard_create(text_model **out, const text_model *m, int rank, int n, char *err,
+                       size_t errlen) {
   *out = NULL;
   int rc = model_shard_check(m, n, err, errlen);
   if (rc) return rc;
@@ -283,7 +315,8 @@ int model_shard_create(text_model **out, const text_model *m, int rank, int n, c
     if (lc->kind != LAYER_KIND_GDN) lc->n_kv_heads /= n;
     lc->ffn_dim /= n;
   }
-  for (int l = 0; !rc && l < m->cfg.n_layers; l++) rc = layer_take(s, m, l, rank, n, err, errlen);
+  for (int l = 0; !rc && l < m->cfg.n_layers; l++)
+    rc = layer_take(s, m, l, rank, n, err, errlen);
   if (!rc) rc = model_link_shared_experts(s, err, errlen);
   if (rc) {
     model_free(s);

@@ -38,6 +38,7 @@ int model_shard_check(const text_model *m, int n, char *err, size_t errlen);
 
 /* Shard rank of n (0 <= rank < n, 2 <= n <= SHARD_MAX) of m: a new text_model whose config
  * counts only its heads and intermediate columns. Caller frees with model_free. */
-int model_shard_create(text_model **out, const text_model *m, int rank, int n, char *err, size_t errlen);
+int model_shard_create(text_model **out, const text_model *m, int rank, int n, char *err,
+                       size_t errlen);
 
 #endif

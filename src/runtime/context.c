@@ -347,7 +347,8 @@ static int tp_context_check(const anna_model *m, const anna_context_options *o, 
 static int tp_context_open(anna_context *c, const anna_model *m, const anna_context_options *o, backend_params *bp,
                            ops_model_shape *shape, const backend_device *devs, int n_dev, char *err, size_t errlen) {
   if (bp->offload_experts)
-    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--offload-mode experts with --tensor-parallel is not supported yet");
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "--offload-mode experts with --tensor-parallel is not supported yet");
   c->tdev[0] = c->dev;
   int rc = 0;
   for (int r = 1; r < c->n_tp && !rc; r++) {

@@ -42,7 +42,8 @@ static void bar_wait(tp_comm *c) {
     c->bgen++;
     pthread_cond_broadcast(&c->bcv);
   } else {
-    while (gen == c->bgen) pthread_cond_wait(&c->bcv, &c->bmu);
+    while (gen == c->bgen)
+      pthread_cond_wait(&c->bcv, &c->bmu);
   }
   pthread_mutex_unlock(&c->bmu);
 }
@@ -71,7 +72,8 @@ static void *worker(void *p) {
   uint64_t seen = 0;
   pthread_mutex_lock(&c->mu);
   for (;;) {
-    while (c->gen == seen && !c->quit) pthread_cond_wait(&c->go, &c->mu);
+    while (c->gen == seen && !c->quit)
+      pthread_cond_wait(&c->go, &c->mu);
     if (c->quit) break;
     seen = c->gen;
     void (*fn)(void *, int) = c->fn;
@@ -86,8 +88,8 @@ static void *worker(void *p) {
   return NULL;
 }
 
-int tp_transport_pick(const char *name, ops_backend *const *be, int n, int distinct_devices, int *transport,
-                      char *err, size_t errlen) {
+int tp_transport_pick(const char *name, ops_backend *const *be, int n, int distinct_devices,
+                      int *transport, char *err, size_t errlen) {
   const int have = n > 0 && be[0]->comm_create && be[0]->comm_all_reduce;
   if (!name || !strcmp(name, "auto")) {
     *transport = have && distinct_devices ? TP_COMM_NCCL : TP_COMM_HOST;
@@ -100,11 +102,14 @@ int tp_transport_pick(const char *name, ops_backend *const *be, int n, int disti
   if (!strcmp(name, "nccl")) {
     if (!have)
       return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                      "--tp-comm nccl: this build's %s backend has no NCCL collective (build with CUDA and NCCL, "
-                      "or use --tp-comm host)", be[0]->name ? be[0]->name : "device");
+                      "--tp-comm nccl: this build's %s backend has no NCCL collective (build with "
+                      "CUDA and NCCL, "
+                      "or use --tp-comm host)",
+                      be[0]->name ? be[0]->name : "device");
     if (!distinct_devices)
-      return anna_err(err, errlen, ANNA_EUNSUPPORTED,
-                      "--tp-comm nccl: the %d shards must be on distinct devices (--device cuda:0,cuda:1)", n);
+      return anna_err(
+          err, errlen, ANNA_EUNSUPPORTED,
+          "--tp-comm nccl: the %d shards must be on distinct devices (--device cuda:0,cuda:1)", n);
     *transport = TP_COMM_NCCL;
     return 0;
   }
@@ -122,7 +127,8 @@ void tp_comm_free(tp_comm *c) {
     c->quit = 1;
     pthread_cond_broadcast(&c->go);
     pthread_mutex_unlock(&c->mu);
-    for (int i = 0; i < c->n_th; i++) pthread_join(c->th[i], NULL);
+    for (int i = 0; i < c->n_th; i++)
+      pthread_join(c->th[i], NULL);
   }
   pthread_mutex_destroy(&c->mu);
   pthread_cond_destroy(&c->go);
@@ -130,15 +136,17 @@ void tp_comm_free(tp_comm *c) {
   pthread_mutex_destroy(&c->bmu);
   pthread_cond_destroy(&c->bcv);
   if (c->dev_comm) c->be[0]->comm_free(c->dev_comm);
-  for (int i = 0; i < c->n; i++) free(c->part[i]);
+  for (int i = 0; i < c->n; i++)
+    free(c->part[i]);
   free(c->sum);
   free(c);
 }
 
-int tp_comm_create(tp_comm **out, int n, ops_backend *const *be, int transport, int64_t max_floats, char *err,
-                   size_t errlen) {
+int tp_comm_create(tp_comm **out, int n, ops_backend *const *be, int transport, int64_t max_floats,
+                   char *err, size_t errlen) {
   *out = NULL;
-  if (n < 2 || n > SHARD_MAX) return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel over %d shards", n);
+  if (n < 2 || n > SHARD_MAX)
+    return anna_err(err, errlen, ANNA_EINVAL, "tensor parallel over %d shards", n);
   tp_comm *c = calloc(1, sizeof *c);
   if (!c) return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   c->n = n;
@@ -158,8 +166,10 @@ int tp_comm_create(tp_comm **out, int n, ops_backend *const *be, int transport, 
     if (!rc && !(c->sum = malloc(sizeof(float) * (size_t)(max_floats > 0 ? max_floats : 1))))
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   } else if (!rc) {
-    if (!be[0]->comm_create) rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "the backend has no collective");
-    else if (!(c->dev_comm = be[0]->comm_create(be, n, err, errlen))) rc = ANNA_EUNSUPPORTED;
+    if (!be[0]->comm_create)
+      rc = anna_err(err, errlen, ANNA_EUNSUPPORTED, "the backend has no collective");
+    else if (!(c->dev_comm = be[0]->comm_create(be, n, err, errlen)))
+      rc = ANNA_EUNSUPPORTED;
   }
   for (int r = 1; !rc && r < n; r++) {
     worker_arg *a = malloc(sizeof *a);
@@ -197,7 +207,8 @@ void tp_comm_all_reduce(void *ctx, int rank, ops_backend *be, float *buf, int64_
   const int64_t i0 = count * rank / n, i1 = count * (rank + 1) / n;
   for (int64_t i = i0; i < i1; i++) {
     float s = c->part[0][i];
-    for (int r = 1; r < n; r++) s += c->part[r][i];
+    for (int r = 1; r < n; r++)
+      s += c->part[r][i];
     c->sum[i] = s;
   }
   bar_wait(c);
@@ -221,6 +232,7 @@ void tp_comm_exec(void *ctx, void (*fn)(void *arg, int rank), void *arg) {
   fn(arg, 0);
   bar_leave(c);
   pthread_mutex_lock(&c->mu);
-  while (c->n_done < c->n - 1) pthread_cond_wait(&c->done, &c->mu);
+  while (c->n_done < c->n - 1)
+    pthread_cond_wait(&c->done, &c->mu);
   pthread_mutex_unlock(&c->mu);
 }

@@ -31,13 +31,13 @@ enum tp_transport { TP_COMM_HOST = 0, TP_COMM_NCCL };
  * on a distinct device, else host; "host"; "nccl": ANNA_EUNSUPPORTED naming why when the
  * backend has no collective or two shards share a device). be[0..n) are the shards' backends,
  * distinct_devices whether their devices differ. */
-int tp_transport_pick(const char *name, ops_backend *const *be, int n, int distinct_devices, int *transport,
-                      char *err, size_t errlen);
+int tp_transport_pick(const char *name, ops_backend *const *be, int n, int distinct_devices,
+                      int *transport, char *err, size_t errlen);
 
 /* A communicator of n >= 2 shards over be[0..n) (borrowed; they must outlive it), for
  * all-reduces of at most max_floats floats. Caller frees with tp_comm_free. */
-int tp_comm_create(tp_comm **out, int n, ops_backend *const *be, int transport, int64_t max_floats, char *err,
-                   size_t errlen);
+int tp_comm_create(tp_comm **out, int n, ops_backend *const *be, int transport, int64_t max_floats,
+                   char *err, size_t errlen);
 void tp_comm_free(tp_comm *c);
 
 /* The transport's name ("host", "nccl"). */

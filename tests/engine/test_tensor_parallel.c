@@ -31,7 +31,7 @@
 #define NSEQ 3
 #define MAXP 160
 
-static const char *g_dev = "cpu";  /* the unsplit context's device (and the model's) */
+static const char *g_dev = "cpu";   /* the unsplit context's device (and the model's) */
 static const char *g_tp_dev = NULL; /* the split context's device list (NULL: g_dev) */
 static const char *g_comm = NULL;
 static double g_tol = 1e-4;
@@ -40,9 +40,11 @@ static const char *g_kvq = NULL; /* both contexts' kv_cache_quantization */
 static int read_ids(const char *path_json, int which, int32_t *ids) {
   json_t *root = json_load_file(path_json, 0, NULL);
   if (!root) return -1;
-  json_t *a = json_object_get(json_array_get(json_object_get(root, "cases"), (size_t)which), "prompt_ids");
+  json_t *a =
+      json_object_get(json_array_get(json_object_get(root, "cases"), (size_t)which), "prompt_ids");
   int n = (int)json_array_size(a);
-  for (int i = 0; i < n && i < MAXP; i++) ids[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
+  for (int i = 0; i < n && i < MAXP; i++)
+    ids[i] = (int32_t)json_integer_value(json_array_get(a, (size_t)i));
   json_decref(root);
   return n < MAXP ? n : MAXP;
 }
@@ -64,9 +66,15 @@ static int argmax(const float *x, int n) {
 
 static int run_trace(anna_model *m, int tp, const int32_t *const *p, const int *np, trace *t) {
   const int V = anna_model_vocab(m);
-  anna_context_options o = {.n_seq = NSEQ, .n_ctx = 256, .n_batch = 256, .n_threads = 1, .n_checkpoints = 4,
-                            .device = tp > 1 && g_tp_dev ? g_tp_dev : g_dev, .tensor_parallel = tp,
-                            .tp_comm = g_comm, .kv_cache_quantization = g_kvq};
+  anna_context_options o = {.n_seq = NSEQ,
+                            .n_ctx = 256,
+                            .n_batch = 256,
+                            .n_threads = 1,
+                            .n_checkpoints = 4,
+                            .device = tp > 1 && g_tp_dev ? g_tp_dev : g_dev,
+                            .tensor_parallel = tp,
+                            .tp_comm = g_comm,
+                            .kv_cache_quantization = g_kvq};
   anna_context *c = NULL;
   char err[256];
   int rc = anna_context_create(&c, m, &o, err, sizeof err);
@@ -78,32 +86,38 @@ static int run_trace(anna_model *m, int tp, const int32_t *const *p, const int *
   int8_t want[NSEQ * MAXP];
   int n = 0, last[NSEQ];
   for (int s = 0; s < NSEQ; s++) {
-    for (int i = 0; i < np[s]; i++, n++) tok[n] = p[s][i], seq[n] = s, pos[n] = i, want[n] = 1;
+    for (int i = 0; i < np[s]; i++, n++)
+      tok[n] = p[s][i], seq[n] = s, pos[n] = i, want[n] = 1;
     last[s] = n - 1;
   }
   anna_batch b = {n, tok, seq, pos, want};
   float *out = t->logits;
   if ((rc = anna_context_decode(c, &b, out, err, sizeof err))) goto fail;
-  for (int s = 0; s < NSEQ; s++) t->ids[s][0] = argmax(out + (size_t)last[s] * V, V);
+  for (int s = 0; s < NSEQ; s++)
+    t->ids[s][0] = argmax(out + (size_t)last[s] * V, V);
   out += (size_t)n * V;
   t->rows = n;
   for (int k = 0; k < STEPS; k++) {
     int32_t dt[NSEQ], ds[NSEQ], dp[NSEQ];
     int8_t dw[NSEQ];
-    for (int s = 0; s < NSEQ; s++) dt[s] = t->ids[s][k], ds[s] = s, dp[s] = np[s] + k, dw[s] = 1;
+    for (int s = 0; s < NSEQ; s++)
+      dt[s] = t->ids[s][k], ds[s] = s, dp[s] = np[s] + k, dw[s] = 1;
     anna_batch d = {NSEQ, dt, ds, dp, dw};
     /* the rewind below goes back here: GDN state needs a checkpoint (every shard takes its own) */
     if (k == STEPS - 5 && (rc = anna_context_seq_checkpoint(c, 1, err, sizeof err))) goto fail;
     if (k == STEPS - 1) { /* the candidates path: rank 0's topk, then the full rows */
       float v[NSEQ];
       double st[2 * NSEQ];
-      if ((rc = anna_context_decode_topk(c, &d, 1, 0.0f, t->top1, v, st, err, sizeof err))) goto fail;
-      for (int r = 0; r < NSEQ && !rc; r++) rc = anna_context_logits_row(c, r, out + (size_t)r * V, err, sizeof err);
+      if ((rc = anna_context_decode_topk(c, &d, 1, 0.0f, t->top1, v, st, err, sizeof err)))
+        goto fail;
+      for (int r = 0; r < NSEQ && !rc; r++)
+        rc = anna_context_logits_row(c, r, out + (size_t)r * V, err, sizeof err);
       if (rc) goto fail;
     } else if ((rc = anna_context_decode(c, &d, out, err, sizeof err))) {
       goto fail;
     }
-    for (int s = 0; s < NSEQ; s++) t->ids[s][k + 1] = argmax(out + (size_t)s * V, V);
+    for (int s = 0; s < NSEQ; s++)
+      t->ids[s][k + 1] = argmax(out + (size_t)s * V, V);
     out += (size_t)NSEQ * V;
     t->rows += NSEQ;
   }
@@ -126,8 +140,8 @@ static int run_trace(anna_model *m, int tp, const int32_t *const *p, const int *
     anna_batch d = {1, &dt, &ds, &dp, &dw};
     char e2[256] = "";
     const int r2 = anna_context_decode_topk(c, &d, 100000, 0.0f, ti, tv, st, e2, sizeof e2);
-    check("top-k beyond the limit refused with the shards split", r2 == ANNA_EINVAL && strstr(e2, "top-100000") ? 0 : 1,
-          0);
+    check("top-k beyond the limit refused with the shards split",
+          r2 == ANNA_EINVAL && strstr(e2, "top-100000") ? 0 : 1, 0);
   }
   anna_context_free(c);
   return 0;
@@ -154,7 +168,8 @@ typedef struct comm_job {
 static void comm_fn(void *arg, int r) {
   comm_job *j = arg;
   if (r == j->quit_rank) return;
-  for (int k = 0; k < 2; k++, j->calls[r]++) tp_comm_all_reduce(j->c, r, j->be[r], j->buf[r], COMM_F);
+  for (int k = 0; k < 2; k++, j->calls[r]++)
+    tp_comm_all_reduce(j->c, r, j->be[r], j->buf[r], COMM_F);
 }
 
 static void test_comm(void) {
@@ -167,7 +182,8 @@ static void test_comm(void) {
   int rc = !shape || !j || !bi ? ANNA_ENOMEM : tuning_from_env(&t, NULL, err, sizeof err);
   shape->n_ctx = 16, shape->max_cols = 64, shape->vocab = 16;
   const backend_params bp = {.n_threads = 1, .n_batch = 4, .shape = shape, .tuning = &t};
-  for (int r = 0; r < COMM_N && !rc; r++) rc = bi->create(&bp, &j->be[r], err, sizeof err);
+  for (int r = 0; r < COMM_N && !rc; r++)
+    rc = bi->create(&bp, &j->be[r], err, sizeof err);
   int tr = -1;
   if (!rc) rc = tp_transport_pick(NULL, j->be, COMM_N, 0, &tr, err, sizeof err);
   check("cpu shards: auto picks the host transport", !rc && tr == TP_COMM_HOST ? 0 : 1, 0);
@@ -176,7 +192,8 @@ static void test_comm(void) {
   if (!rc) {
     /* 1 + 2^-24 + 2^-24: in rank order (1 + e) + e rounds to 1 twice; e + e + 1 would not */
     const float e = 1.0f / 16777216.0f;
-    for (int i = 0; i < COMM_F; i++) j->buf[0][i] = 1.0f + (float)(i % 7), j->buf[1][i] = e, j->buf[2][i] = e;
+    for (int i = 0; i < COMM_F; i++)
+      j->buf[0][i] = 1.0f + (float)(i % 7), j->buf[1][i] = e, j->buf[2][i] = e;
     j->quit_rank = -1;
     tp_comm_exec(j->c, comm_fn, j);
     int bad = 0, same = 0;
@@ -188,15 +205,19 @@ static void test_comm(void) {
     }
     check("host all-reduce: rank-order sums, twice", bad, 0);
     check("host all-reduce: every rank the same bits", COMM_F - same, 0);
-    check("host all-reduce: 2 calls per rank", j->calls[0] == 2 && j->calls[1] == 2 && j->calls[2] == 2 ? 0 : 1, 0);
+    check("host all-reduce: 2 calls per rank",
+          j->calls[0] == 2 && j->calls[1] == 2 && j->calls[2] == 2 ? 0 : 1, 0);
     memset(j->calls, 0, sizeof j->calls);
     j->quit_rank = 1; /* as a shard whose forward failed before its first all-reduce */
     tp_comm_exec(j->c, comm_fn, j);
-    check("a rank that leaves early does not hang the others", j->calls[0] == 2 && j->calls[2] == 2 ? 0 : 1, 0);
+    check("a rank that leaves early does not hang the others",
+          j->calls[0] == 2 && j->calls[2] == 2 ? 0 : 1, 0);
     j->quit_rank = -1; /* and the communicator still works afterwards (6, then 18) */
-    for (int i = 0; i < COMM_F; i++) j->buf[0][i] = 1, j->buf[1][i] = 2, j->buf[2][i] = 3;
+    for (int i = 0; i < COMM_F; i++)
+      j->buf[0][i] = 1, j->buf[1][i] = 2, j->buf[2][i] = 3;
     tp_comm_exec(j->c, comm_fn, j);
-    check("after it: sums right again", j->buf[0][7] == 18.0f && j->buf[2][COMM_F - 1] == 18.0f ? 0 : 1, 0);
+    check("after it: sums right again",
+          j->buf[0][7] == 18.0f && j->buf[2][COMM_F - 1] == 18.0f ? 0 : 1, 0);
   }
   tp_comm_free(j->c);
   for (int r = 0; r < COMM_N; r++)
@@ -227,7 +248,8 @@ static void test_model(const char *label, const char *path, const char *ids_dir)
   const int np[NSEQ] = {na, 37, 11};
   const int V = anna_model_vocab(m);
   size_t rows = (size_t)STEPS * NSEQ + 1;
-  for (int s = 0; s < NSEQ; s++) rows += (size_t)np[s];
+  for (int s = 0; s < NSEQ; s++)
+    rows += (size_t)np[s];
   trace ref = {0}, got = {0};
   ref.logits = calloc(rows * (size_t)V, sizeof(float));
   got.logits = calloc(rows * (size_t)V, sizeof(float));
@@ -243,9 +265,11 @@ static void test_model(const char *label, const char *path, const char *ids_dir)
       if (d > md || d != d) md = d;
     }
     printf("  max |logit diff| %.3g over %d rows\n", md, ref.rows);
-    snprintf(what, sizeof what, "%s tp 2: logits within %g of unsplit (%d rows, max %.3g)", label, g_tol, ref.rows, md);
+    snprintf(what, sizeof what, "%s tp 2: logits within %g of unsplit (%d rows, max %.3g)", label,
+             g_tol, ref.rows, md);
     check(what, md, g_tol);
-    snprintf(what, sizeof what, "%s tp 2: greedy ids identical (%d seqs x %d)", label, NSEQ, STEPS + 1);
+    snprintf(what, sizeof what, "%s tp 2: greedy ids identical (%d seqs x %d)", label, NSEQ,
+             STEPS + 1);
     check(what, memcmp(ref.ids, got.ids, sizeof ref.ids) ? 1 : 0, 0);
     snprintf(what, sizeof what, "%s tp 2: top-1 candidates identical", label);
     check(what, memcmp(ref.top1, got.top1, sizeof ref.top1) ? 1 : 0, 0);
@@ -258,8 +282,8 @@ static void test_model(const char *label, const char *path, const char *ids_dir)
 }
 
 /* A rejected configuration: the call fails with code and its message names `needle`. */
-static void bad(const char *path, int tp, const char *devices, const char *split, const char *comm, int code,
-                const char *needle) {
+static void bad(const char *path, int tp, const char *devices, const char *split, const char *comm,
+                int code, const char *needle) {
   char err[256] = "", what[600];
   anna_model *m = NULL;
   anna_model_options mo = {.device = g_dev};
@@ -267,8 +291,13 @@ static void bad(const char *path, int tp, const char *devices, const char *split
     check(err, 1, 0);
     return;
   }
-  anna_context_options o = {.n_seq = 1, .n_ctx = 64, .n_batch = 16, .n_threads = 1,
-                            .device = devices ? devices : g_dev, .layer_split = split, .tensor_parallel = tp,
+  anna_context_options o = {.n_seq = 1,
+                            .n_ctx = 64,
+                            .n_batch = 16,
+                            .n_threads = 1,
+                            .device = devices ? devices : g_dev,
+                            .layer_split = split,
+                            .tensor_parallel = tp,
                             .tp_comm = comm};
   anna_context *c = NULL;
   const int rc = anna_context_create(&c, m, &o, err, sizeof err);
@@ -281,8 +310,9 @@ static void bad(const char *path, int tp, const char *devices, const char *split
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_tensor_parallel FIXTURES_DIR EXTRA_FIXTURES_DIR [--device cpu|cuda] "
-                    "[--devices LIST] [--tp-comm auto|host|nccl]\n");
+    fprintf(stderr,
+            "usage: test_tensor_parallel FIXTURES_DIR EXTRA_FIXTURES_DIR [--device cpu|cuda] "
+            "[--devices LIST] [--tp-comm auto|host|nccl]\n");
     return 2;
   }
   for (int i = 3; i + 1 < argc; i++) {
@@ -311,7 +341,8 @@ int main(int argc, char **argv) {
   FOLDER(f, "qwen3_5_text");
   FOLDER(f, "qwen3_moe");
   FOLDER(f, "qwen3_5_moe_text");
-  if (strncmp(g_dev, "cpu", 3)) { /* the device's KV auto probe runs the shards, not the whole model */
+  if (strncmp(g_dev, "cpu",
+              3)) { /* the device's KV auto probe runs the shards, not the whole model */
     g_kvq = "auto";
     snprintf(p, sizeof p, "%s/%s", f, "qwen3_5_text");
     test_model("qwen3_5_text kv auto", p, p);
@@ -333,7 +364,8 @@ int main(int argc, char **argv) {
   bad(p, 2, "cpu,cpu,cpu", NULL, NULL, ANNA_EINVAL, "3 devices given");
   bad(p, 2, NULL, NULL, "bogus", ANNA_EINVAL, "--tp-comm 'bogus'");
   bad(p, 9, NULL, NULL, NULL, ANNA_EINVAL, "at most 8 shards");
-  if (!strncmp(g_dev, "cpu", 3)) bad(p, 2, NULL, NULL, "nccl", ANNA_EUNSUPPORTED, "no NCCL collective");
+  if (!strncmp(g_dev, "cpu", 3))
+    bad(p, 2, NULL, NULL, "nccl", ANNA_EUNSUPPORTED, "no NCCL collective");
   snprintf(p, sizeof p, "%s/gemma3_text", f);
   bad(p, 2, NULL, NULL, NULL, ANNA_EINVAL, "1 KV heads, which do not divide by 2");
   snprintf(p, sizeof p, "%s/gemma4_text", f);

@@ -28,7 +28,8 @@
  * library cmake found (ANNA_NCCL_PATH). */
 typedef struct nccl_api {
   ncclResult_t (*init_all)(ncclComm_t *, int, const int *);
-  ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+  ncclResult_t (*all_reduce)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
+                             cudaStream_t);
   ncclResult_t (*destroy)(ncclComm_t);
   const char *(*error_string)(ncclResult_t);
   int ok;
@@ -49,12 +50,13 @@ static void nccl_open(void) {
     return;
   }
   g_nccl.init_all = (ncclResult_t(*)(ncclComm_t *, int, const int *))dlsym(h, "ncclCommInitAll");
-  g_nccl.all_reduce = (ncclResult_t(*)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
-                                       cudaStream_t))dlsym(h, "ncclAllReduce");
+  g_nccl.all_reduce = (ncclResult_t(*)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t,
+                                       ncclComm_t, cudaStream_t))dlsym(h, "ncclAllReduce");
   g_nccl.destroy = (ncclResult_t(*)(ncclComm_t))dlsym(h, "ncclCommDestroy");
   g_nccl.error_string = (const char *(*)(ncclResult_t))dlsym(h, "ncclGetErrorString");
   g_nccl.ok = g_nccl.init_all && g_nccl.all_reduce && g_nccl.destroy && g_nccl.error_string;
-  if (!g_nccl.ok) snprintf(g_nccl.why, sizeof g_nccl.why, "libnccl.so.2 lacks ncclCommInitAll / ncclAllReduce");
+  if (!g_nccl.ok)
+    snprintf(g_nccl.why, sizeof g_nccl.why, "libnccl.so.2 lacks ncclCommInitAll / ncclAllReduce");
 }
 
 typedef struct cu_comm {
@@ -80,7 +82,8 @@ static void *cu_comm_create(ops_backend *const *be, int n, char *err, size_t err
     devs[i] = ((const cuda_impl *)be[i]->impl)->device;
     for (int j = 0; j < i; j++)
       if (devs[j] == devs[i]) {
-        if (err && errlen) snprintf(err, errlen, "nccl: ranks %d and %d are both on cuda device %d", j, i, devs[i]);
+        if (err && errlen)
+          snprintf(err, errlen, "nccl: ranks %d and %d are both on cuda device %d", j, i, devs[i]);
         return NULL;
       }
   }
@@ -96,7 +99,8 @@ static void *cu_comm_create(ops_backend *const *be, int n, char *err, size_t err
   }
   const ncclResult_t r = g_nccl.init_all(c->comm, n, devs);
   if (r != ncclSuccess) {
-    if (err && errlen) snprintf(err, errlen, "nccl: ncclCommInitAll over %d devices: %s", n, g_nccl.error_string(r));
+    if (err && errlen)
+      snprintf(err, errlen, "nccl: ncclCommInitAll over %d devices: %s", n, g_nccl.error_string(r));
     free(c);
     return NULL;
   }
@@ -108,13 +112,16 @@ static void cu_comm_all_reduce(ops_backend *be, void *p, int rank, float *buf, i
   cu_comm *c = (cu_comm *)p;
   cuda_impl *ci = cuda_impl_of(be); /* launches a deferred norm that may write buf */
   int cur = -1;
-  if (cudaGetDevice(&cur) != cudaSuccess || cur != ci->device) cuda_check(ci, cudaSetDevice(ci->device), "set device");
+  if (cudaGetDevice(&cur) != cudaSuccess || cur != ci->device)
+    cuda_check(ci, cudaSetDevice(ci->device), "set device");
   if (ci->err || count <= 0) return;
   cuda_flush(ci);
   if (ci->err) return;
-  const ncclResult_t r = g_nccl.all_reduce(buf, buf, (size_t)count, ncclFloat, ncclSum, c->comm[rank], ci->stream);
+  const ncclResult_t r =
+      g_nccl.all_reduce(buf, buf, (size_t)count, ncclFloat, ncclSum, c->comm[rank], ci->stream);
   if (r != ncclSuccess)
-    cuda_fail(ci, ANNA_EIO, "nccl: all-reduce of %lld floats: %s", (long long)count, g_nccl.error_string(r));
+    cuda_fail(ci, ANNA_EIO, "nccl: all-reduce of %lld floats: %s", (long long)count,
+              g_nccl.error_string(r));
 }
 
 void cuda_comm_install(ops_backend *be) {
