@@ -222,8 +222,8 @@ typedef struct anna_context_options {
    * A head count or intermediate size that does not divide by N is ANNA_EINVAL naming it;
    * with layer_split, profile, offload_mode experts, Gemma4 or image / video / audio prompts
    * ANNA_EUNSUPPORTED. Each shard runs on its own thread (CPU shards: n_threads workers
-   * each). anna_context_stage_info reports one stage: shard 0's device and weight bytes, the
-   * KV bytes of all shards. */
+   * each). anna_context_stage_info reports one stage: the shards' devices ("cuda:0,cuda:1"),
+   * shard 0's weight bytes, the KV bytes of all shards. */
   int tensor_parallel;
   /* (API next) Its all-reduce: NULL or "auto" (NCCL when the build has it and every shard is
    * on its own device, else host), "host" (partials summed on the host in rank order:

@@ -500,6 +500,13 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
   }
   if (!rc && n_tp > 1) rc = tp_context_open(c, m, &o, &bp, shape, devs, n_dev, err, errlen);
   if (!rc) stages_describe(c, shape, devs, n_dev, stage_layers, n_stages);
+  for (int r = 1; !rc && r < c->n_tp; r++) { /* one stage over the shards: their devices, listed */
+    const backend_device *d = &devs[n_dev > 1 ? r : 0];
+    char *dv = c->stage[0].device;
+    const size_t l = strlen(dv);
+    if (d->bi == backend_registry_get(0)) snprintf(dv + l, sizeof c->stage[0].device - l, ",%s", d->bi->name);
+    else snprintf(dv + l, sizeof c->stage[0].device - l, ",%s:%d", d->bi->name, d->index);
+  }
   free(shape);
   if (!rc) {
     c->be = c->dev;

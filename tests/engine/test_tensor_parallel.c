@@ -82,6 +82,12 @@ static int run_trace(anna_model *m, int tp, const int32_t *const *p, const int *
     printf("  create (tp %d): %s\n", tp, err);
     return rc;
   }
+  if (tp > 1) { /* the placement report: one stage over both shards' devices */
+    anna_stage_info si;
+    const int ok = anna_context_stage_count(c) == 1 && !anna_context_stage_info(c, 0, &si, err, sizeof err) &&
+                   strchr(si.device, ',') && si.kv_bytes > 0 && si.weight_bytes > 0;
+    check("placement: one stage, the shards' devices listed", ok ? 0 : 1, 0);
+  }
   int32_t tok[NSEQ * MAXP], seq[NSEQ * MAXP], pos[NSEQ * MAXP];
   int8_t want[NSEQ * MAXP];
   int n = 0, last[NSEQ];
