@@ -1,7 +1,8 @@
-# NCCL (issue 31: tensor parallelism and multi-host later): detected only, nothing links it
-# yet. Looked for with pkg-config (Debian's libnccl-dev), then as a plain library beside the
+# NCCL (issue 31): tensor parallelism's all-reduce across GPUs (src/backends/cuda/cuda_comm.cu,
+# linked into anna_cuda when found; without it --tensor-parallel uses the host transport).
+# Looked for with pkg-config (Debian's libnccl-dev), then as a plain library beside the
 # CUDA toolkit, then in PyPI's nvidia-nccl-cu12 wheel (site-packages/nvidia/nccl/{lib,include},
-# which ships only libnccl.so.2): how the GPU machines have it. Sets ANNA_NCCL_FOUND,
+# which ships only libnccl.so.2; python3's, or the ~/.cache/anna/venvs ones): how the GPU machines have it. Sets ANNA_NCCL_FOUND,
 # ANNA_NCCL_LIBRARY and ANNA_NCCL_INCLUDE_DIR and reports on/off.
 set(ANNA_NCCL_FOUND OFF)
 pkg_check_modules(NCCL QUIET nccl)
@@ -24,6 +25,12 @@ else()
       set(_nccl_inc_hint "${_nccl_py}/include")
     endif()
   endif()
+  # the reference venvs of scripts/setup.sh carry the wheel (PyTorch's dependency)
+  file(GLOB _nccl_venvs "$ENV{HOME}/.cache/anna/venvs/*/lib/python3*/site-packages/nvidia/nccl")
+  foreach(_v ${_nccl_venvs})
+    list(APPEND _nccl_hints "${_v}/lib")
+    list(APPEND _nccl_inc_hint "${_v}/include")
+  endforeach()
   find_library(ANNA_NCCL_LIBRARY NAMES nccl libnccl.so.2 HINTS ${_nccl_hints})
   find_path(ANNA_NCCL_INCLUDE_DIR nccl.h HINTS ${_nccl_inc_hint} ${CUDAToolkit_INCLUDE_DIRS})
   if(ANNA_NCCL_LIBRARY AND ANNA_NCCL_INCLUDE_DIR)
@@ -31,7 +38,7 @@ else()
   endif()
 endif()
 if(ANNA_NCCL_FOUND)
-  message(STATUS "anna: NCCL: on (${ANNA_NCCL_LIBRARY}; detected only: nothing uses it yet)")
+  message(STATUS "anna: NCCL: on (${ANNA_NCCL_LIBRARY}; --tensor-parallel all-reduce)")
 else()
-  message(STATUS "anna: NCCL: off (no libnccl-dev and no nvidia-nccl-cu12 wheel found)")
+  message(STATUS "anna: NCCL: off (no libnccl-dev and no nvidia-nccl-cu12 wheel found; --tensor-parallel uses the host all-reduce)")
 endif()

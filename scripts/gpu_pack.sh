@@ -11,7 +11,7 @@
 # (x86-64-v3: the GPU host's CPU need not be this one; without FFmpeg, whose libraries would
 # triple the archive past the device tool's carry limit). Layout of the archive: bin/ (test_cuda_ops,
 # test_fixtures, test_kv_stress, anna-generate, anna-bench, anna-serve, and test_cuda_encoders /
-# test_layer_split and the media API tests test_vision_api / test_video_api / test_asr_api /
+# test_layer_split / test_tensor_parallel and the media API tests test_vision_api / test_video_api / test_asr_api /
 # test_speech_api (their --device cuda mode) when built; stripped) and lib/
 # (every library they link from the Debian system directories, except glibc's own, libstdc++
 # and libgcc; CUDA's own libraries are the machine's). Unpack it on the GPU machine and pass
@@ -26,7 +26,7 @@ fi
 if [ ! -x "$BUILD/tests/cuda/test_cuda_ops" ]; then
   cmake -S . -B "$BUILD" -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DANNA_NATIVE=OFF -DANNA_FFMPEG=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3 >/dev/null
-  nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress test_layer_split test_cuda_encoders anna-generate \
+  nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress test_layer_split test_tensor_parallel test_cuda_encoders anna-generate \
     anna-bench anna-serve test_vision_api test_video_api test_asr_api test_speech_api >/dev/null
 fi
 STAGE=$(mktemp -d)
@@ -35,7 +35,7 @@ mkdir -p "$STAGE/bin" "$STAGE/lib"
 BINS=("$BUILD/tests/cuda/test_cuda_ops" "$BUILD/tests/engine/test_fixtures" "$BUILD/tests/engine/test_kv_stress"
       "$BUILD/src/cli/anna-generate" "$BUILD/src/cli/anna-bench" "$BUILD/src/cli/anna-serve")
 # device tests built when their targets exist in this tree (copied when present)
-for b in "$BUILD/tests/cuda/test_cuda_encoders" "$BUILD/tests/engine/test_layer_split" \
+for b in "$BUILD/tests/cuda/test_cuda_encoders" "$BUILD/tests/engine/test_layer_split" "$BUILD/tests/engine/test_tensor_parallel" \
   "$BUILD/tests/engine/test_vision_api" "$BUILD/tests/engine/test_video_api" "$BUILD/tests/engine/test_asr_api" \
   "$BUILD/tests/engine/test_speech_api"; do
   [ -x "$b" ] && BINS+=("$b")

@@ -213,6 +213,23 @@ typedef struct anna_context_options {
    * tower rows of each cached image or video; least recently used out first): 0 = 256 MiB,
    * < 0 = off (every media runs the tower). */
   int64_t mm_cache_bytes;
+  /* (API next) Tensor parallelism: N > 1 shards of every layer (attention by KV-head groups,
+   * Gated DeltaNet by value-head groups, MLP and every MoE expert by intermediate columns;
+   * embeddings, norms and lm_head replicated), one backend per shard over the device list
+   * (one device per shard, e.g. "cuda:0,cuda:1", or one device all share: "cpu" gives N CPU
+   * shards, "cuda:0" N shards on one GPU), their partial sums all-reduced after each output
+   * projection. Logits match the unsplit context up to float summation order. 0 or 1: off.
+   * A head count or intermediate size that does not divide by N is ANNA_EINVAL naming it;
+   * with layer_split, profile, offload_mode experts, Gemma4 or image / video / audio prompts
+   * ANNA_EUNSUPPORTED. Each shard runs on its own thread (CPU shards: n_threads workers
+   * each). anna_context_stage_info reports one stage: the shards' devices ("cuda:0,cuda:1"),
+   * shard 0's weight bytes, the KV bytes of all shards. */
+  int tensor_parallel;
+  /* (API next) Its all-reduce: NULL or "auto" (NCCL when the build has it and every shard is
+   * on its own device, else host), "host" (partials summed on the host in rank order:
+   * deterministic, any devices), "nccl" (ANNA_EUNSUPPORTED without NCCL or with shards
+   * sharing a device). Read only with tensor_parallel > 1. */
+  const char *tp_comm;
 } anna_context_options;
 
 /* One pipeline stage of a context (anna_context_stage_info). A context without layer_split

@@ -391,6 +391,8 @@ static void fmt_stat(char *buf, size_t cap, bench_stat s, int prec) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *lengths_arg = NULL, *hf = NULL;
+  int tensor_parallel = 0;
+  const char *tp_comm = NULL;
   const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL, *mmproj = NULL;
   int kv_bits = 0, kv_resid = 0;
   int prompt_len = 0, warmup = 1, n_runs = 3, max_new = 128, threads = 0, batch = 512, ctx_size = 0;
@@ -408,6 +410,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--prompt-lengths")) { NEEDV(); lengths_arg = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--layer-split")) { NEEDV(); layer_split = v; }
+    else if (!strcmp(a, "--tensor-parallel")) { NEEDV(); if (cli_int(a, v, 1, 8, &tensor_parallel)) return 2; }
+    else if (!strcmp(a, "--tp-comm")) { NEEDV(); tp_comm = v; }
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
@@ -556,6 +560,8 @@ int main(int argc, char **argv) {
                              .kv_cache_quant_bits = kv_bits, .kv_cache_residual_len = kv_resid, .tuning = tuning};
   cli_offload_apply(&off, &co);
   co.layer_split = layer_split;
+  co.tensor_parallel = tensor_parallel;
+  co.tp_comm = tp_comm;
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   cli_print_stages(ctx);
   if (verbose) {
@@ -637,6 +643,7 @@ int main(int argc, char **argv) {
                                             (json_int_t)si.weight_bytes, "kv_bytes", (json_int_t)si.kv_bytes));
       }
       json_object_set_new(o, "layer_split", layer_split ? json_string(layer_split) : json_null());
+      json_object_set_new(o, "tensor_parallel", json_integer(tensor_parallel > 1 ? tensor_parallel : 1));
       json_object_set_new(o, "placement", pl);
     }
     json_object_set_new(o, "weight_quant", json_string(wq ? wq : "none"));

@@ -62,6 +62,8 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   const char *model = NULL, *prompt = NULL, *system = NULL, *ids_arg = NULL, *dump = NULL, *hf = NULL;
+  int tensor_parallel = 0;
+  const char *tp_comm = NULL;
   const char *layer_split = NULL, *device = NULL, *dtype = NULL, *kvq = NULL, *tuning = NULL, *wq = NULL, *mmproj = NULL;
   int verbose = 0;
   int kv_bits = 0, exact_matmul = 0, kv_resid = 0;
@@ -105,6 +107,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--dump-logits")) { NEEDV(); dump = v; }
     else if (!strcmp(a, "--device")) { NEEDV(); device = v; }
     else if (!strcmp(a, "--layer-split")) { NEEDV(); layer_split = v; }
+    else if (!strcmp(a, "--tensor-parallel")) { NEEDV(); if (cli_int(a, v, 1, 8, &tensor_parallel)) return 2; }
+    else if (!strcmp(a, "--tp-comm")) { NEEDV(); tp_comm = v; }
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; wq = v; }
@@ -249,6 +253,8 @@ int main(int argc, char **argv) {
                              .kv_cache_residual_len = kv_resid, .exact_matmul = exact_matmul, .tuning = tuning};
   cli_offload_apply(&off, &co);
   co.layer_split = layer_split;
+  co.tensor_parallel = tensor_parallel;
+  co.tp_comm = tp_comm;
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   cli_print_stages(ctx);
   if (verbose) {

@@ -121,6 +121,8 @@ static void row_kld(const float *logits, int V, double lse, int argmax, int tok,
 
 int main(int argc, char **argv) {
   const char *model = NULL, *hf = NULL, *file = NULL, *save = NULL, *base = NULL;
+  int tensor_parallel = 0;
+  const char *tp_comm = NULL;
   const char *layer_split = NULL, *device = NULL, *dtype = NULL, *tuning = NULL, *kvq = NULL, *wq = NULL;
   int n_ctx = 0, n_batch = 0, max_chunks = -1, threads = 0, exact = 0, quiet = 0;
   for (int i = 1; i < argc; i++) {
@@ -136,6 +138,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--threads")) { CLI_NEEDV(); if (cli_int(a, v, 0, 4096, &threads)) return 2; }
     else if (!strcmp(a, "--device")) { CLI_NEEDV(); device = v; }
     else if (!strcmp(a, "--layer-split")) { CLI_NEEDV(); layer_split = v; }
+    else if (!strcmp(a, "--tensor-parallel")) { CLI_NEEDV(); if (cli_int(a, v, 1, 8, &tensor_parallel)) return 2; }
+    else if (!strcmp(a, "--tp-comm")) { CLI_NEEDV(); tp_comm = v; }
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { CLI_NEEDV(); dtype = v; }
     else if (!strcmp(a, "--tuning")) { CLI_NEEDV(); tuning = v; }
@@ -247,7 +251,8 @@ int main(int argc, char **argv) {
   const int first = n_ctx / 2, n_score = n_ctx - 1 - first;
   const int nv = 2 * ((V + 1) / 2) + 4; /* uint16 words per base-file position */
   anna_context_options co = {.n_seq = 1, .n_ctx = n_ctx, .n_batch = n_batch, .n_threads = threads,
-                             .device = device, .layer_split = layer_split, .kv_cache_quantization = kvq, .exact_matmul = exact,
+                             .device = device, .layer_split = layer_split,
+                             .tensor_parallel = tensor_parallel, .tp_comm = tp_comm, .kv_cache_quantization = kvq, .exact_matmul = exact,
                              .tuning = tuning};
   if (anna_context_create(&ctx, m, &co, err, sizeof err)) goto fail;
   cli_print_stages(ctx);

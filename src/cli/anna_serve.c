@@ -224,6 +224,8 @@ int main(int argc, char **argv) {
     /* --device: both the model loader's check and the engine's context */
     else if (!strcmp(a, "--device")) { NEEDV(); o.device = o.eng.device = v; }
     else if (!strcmp(a, "--layer-split")) { NEEDV(); o.eng.layer_split = v; }
+    else if (!strcmp(a, "--tensor-parallel")) { NEEDV(); if (cli_int(a, v, 1, 8, &o.eng.tensor_parallel)) return 2; }
+    else if (!strcmp(a, "--tp-comm")) { NEEDV(); o.eng.tp_comm = v; }
     else if (!strcmp(a, "--list-devices")) return cli_list_devices();
     else if (!strcmp(a, "--dtype")) { NEEDV(); o.dtype = v; }
     else if (!strcmp(a, "--weight-quant")) { NEEDV(); if (cli_weight_quant(a, v)) return 2; o.weight_quant = v; }

@@ -84,6 +84,9 @@ static inline int cli_weight_quant(const char *flag, const char *v) {
   "  --device D             cpu (default), cuda, cuda:N (the N-th GPU CUDA_VISIBLE_DEVICES leaves), auto;\n"     \
   "                         with --layer-split one per stage (cuda:0,cuda:1) or one that every stage shares\n"     \
   "  --layer-split S        pipeline stages: auto (one per device) or consecutive layer counts N,N,...\n"           \
+  "  --tensor-parallel N    N shards of every layer (heads, intermediate columns), one per device of --device\n"   \
+  "                         (cuda:0,cuda:1) or N on one device (cpu, cuda:0); not with --layer-split\n"        \
+  "  --tp-comm C            the shards' all-reduce: auto (default: nccl on distinct GPUs when built), host, nccl\n" \
   "  --list-devices         print the devices this build can use (name, memory) and exit\n"
 
 /* --list-devices: one line per device on stdout; returns 0 (the tool's exit status). */

@@ -64,6 +64,10 @@ struct fwd_state {
   int mfreq_half;
   void *tk_host;   /* host staging copy of the last stage's tk_dev */
   int64_t last_nl; /* logits rows the last call left in the last stage's logits (fwd_state_logits_row) */
+  /* tensor parallelism (fwd_state_options): NULL tp_ar = none */
+  int tp_rank;
+  void (*tp_ar)(void *ctx, int rank, ops_backend *be, float *buf, int64_t count);
+  void *tp_ctx;
   void **allocs, **hallocs;
   ops_backend **alloc_be; /* [n_allocs] the backend each allocation came from */
   size_t n_allocs, n_hallocs;
@@ -210,7 +214,12 @@ int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int 
   s->n_ctx = n_ctx;
   s->n_batch = n_batch;
   s->n_layers = c->n_layers;
-  int rc = stages_setup(s, be, &o, err, errlen);
+  s->tp_rank = o.tp_rank;
+  s->tp_ar = o.tp_all_reduce;
+  s->tp_ctx = o.tp_ctx;
+  int rc = s->tp_ar && o.n_stages > 1
+               ? anna_err(err, errlen, ANNA_EUNSUPPORTED, "tensor parallelism with pipeline stages is not supported")
+               : stages_setup(s, be, &o, err, errlen);
   /* The cache checks every size first (its messages are the context's). */
   if (!rc) rc = state_cache_create(s, c, n_seq, n_ctx, n_batch, &o, err, errlen);
   if (rc) {
@@ -356,6 +365,13 @@ typedef struct fwd_run {
   int mrope;          /* this call rotates by the stage's rpos (fwd_mm.rope_pos) */
   int32_t keys_hint; /* 1 + the batch's largest position (ops_attn_args.keys_hint) */
 } fwd_run;
+
+/* Tensor parallelism: a shard's partial projection output [n, H] becomes the sum over every
+ * shard (fwd_state_options.tp_all_reduce); nothing without a split. */
+static void tp_reduce(fwd_run *r, float *buf) {
+  fwd_state *s = r->s;
+  if (s->tp_ar) s->tp_ar(s->tp_ctx, s->tp_rank, r->be, buf, r->n * r->m->cfg.hidden);
+}
 
 static void norm(fwd_run *r, float *y, const float *x, const float *w, int64_t rows, int d) {
   const model_config *c = &r->m->cfg;
@@ -707,6 +723,7 @@ static int layer_ffn(fwd_run *r, int li, float *x, int defer) {
   } else {
     mlp(r, &w->gate, &w->up, &w->down, xn, res);
   }
+  tp_reduce(r, res);
   if (c->post_norms) norm(r, res, res, w->post_ff_norm, n, (int)H);
   if (defer) return 1;
   be->add(be, x, res, n * H);
@@ -855,6 +872,7 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
       else norm(&r, s->w->xn, x, w->attn_norm, n, (int)H);
       if (lc->kind == LAYER_KIND_GDN) layer_gdn(&r, li, s->w->xn, s->w->res);
       else layer_attention(&r, li, s->w->xn, s->w->res);
+      tp_reduce(&r, s->w->res);
       if (w->post_attn_norm) norm(&r, s->w->res, s->w->res, w->post_attn_norm, n, (int)H);
       pend = layer_ffn(&r, li, x, c->ple_dim == 0 && w->layer_scalar == 1.0f);
       if (c->ple_dim > 0) layer_ple(&r, li, x);
@@ -862,6 +880,7 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
     }
   }
   kv_cache_commit(s->kv, &s->plan);
+  if (s->tp_ar && s->tp_rank > 0) return 0; /* rank 0 makes the outputs */
   be = r.be; /* the last stage: final norm, lm_head, candidates */
   /* Logits only for the flagged tokens. */
   int64_t nl = 0;

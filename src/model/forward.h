@@ -36,6 +36,15 @@ typedef struct fwd_state_options {
   int n_stages;
   ops_backend *const *stage_be;
   const int *stage_layers;
+  /* Tensor parallelism (model/shard.h): this state runs shard tp_rank of a model split over
+   * several states that run the same batch concurrently; tp_all_reduce (NULL: no split) sums
+   * buf [count floats, in be's memory] over every shard in place, blocking until all have
+   * called it (runtime/tp.h), after each o_proj / GDN out_proj and each MLP / MoE down_proj.
+   * A shard of rank > 0 stops after the layers (no final norm, logits or candidates: rank 0
+   * returns them). Not with pipeline stages. */
+  int tp_rank;
+  void (*tp_all_reduce)(void *ctx, int rank, ops_backend *be, float *buf, int64_t count);
+  void *tp_ctx;
 } fwd_state_options;
 
 /* KV pool accounting and prefix-pool counters: the public struct. */

@@ -89,6 +89,16 @@ typedef struct model_state_params {
   int n_stages;
   ops_backend *const *stage_be;
   const int *stage_layers;
+  /* Tensor parallelism (kinds with tp_shard only; not with stages): n_tp > 1 shards, shard r
+   * tp_impl[r] (tp_shard's) on tp_be[r] (tp_be[0] is the be state_create gets); run fans out
+   * with tp_exec (each shard on its own thread) and the forward pass sums partials with
+   * tp_all_reduce (runtime/tp.h; ctx tp_ctx). Borrowed; they must outlive the state. */
+  int n_tp;
+  ops_backend *const *tp_be;
+  void *const *tp_impl;
+  void *tp_ctx;
+  void (*tp_all_reduce)(void *ctx, int rank, ops_backend *be, float *buf, int64_t count);
+  void (*tp_exec)(void *ctx, void (*fn)(void *arg, int rank), void *arg);
 } model_state_params;
 
 /* Top-k candidates instead of logits rows (anna_context_decode_topk): per flagged row r, the
@@ -224,6 +234,11 @@ typedef struct model_kind {
   const model_seq_ops *seq; /* NULL for kinds without per-sequence state (encoders) */
   const model_draft_ops *draft; /* NULL: the kind never has a draft head */
   int layer_split; /* 1: state_create places model_state_params' pipeline stages */
+  /* Optional (NULL: the kind is not split): shard rank of n of impl for tensor parallelism
+   * (model/shard.h: a head count or size that does not divide is ANNA_EINVAL naming it),
+   * freed with tp_shard_free; backend_shape and describe take a shard as they take impl. */
+  int (*tp_shard)(void **out, const void *impl, int rank, int n, char *err, size_t errlen);
+  void (*tp_shard_free)(void *shard);
 } model_kind;
 
 /* Number of compiled kinds and the i-th (0 is the text decoder); NULL past the end. */

@@ -33,7 +33,7 @@ static int track(text_model *m, void *p) {
   return 0;
 }
 
-static void *model_alloc(text_model *m, size_t bytes) {
+void *model_alloc(text_model *m, size_t bytes) {
   void *p = calloc(1, bytes ? bytes : 1);
   if (p && track(m, p)) {
     free(p);

@@ -98,6 +98,9 @@ int model_mtp_finish(text_model *m, char *err, size_t errlen);
 /* The shape a backend sizes its scratch for (ops.h), for contexts of n_ctx positions. */
 void model_shape_get(const text_model *m, int n_ctx, ops_model_shape *out);
 
+/* Zeroed memory owned by m (freed by model_free); NULL when out of memory. */
+void *model_alloc(text_model *m, size_t bytes);
+
 /* Loads an HF folder. Caller frees with model_free. */
 int model_load_hf(text_model **out, const char *dir, char *err, size_t errlen);
 /* A decoder stored under other names in an HF folder (Qwen3-TTS's talker and code

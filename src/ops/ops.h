@@ -241,6 +241,14 @@ struct ops_backend {
   void (*step_end)(ops_backend *be);
   /* Records decode steps as graphs (on) or runs them eagerly (off: profiling). */
   void (*set_graphs)(ops_backend *be, int on);
+  /* Tensor parallelism's collective over backends of this kind (runtime/tp.h; NULL: none,
+   * the host transport only). comm_create: a communicator over be[0..n), one per distinct
+   * device (NULL, err set, when it cannot be made); comm_all_reduce: buf [count] in be's
+   * memory becomes the sum over the ranks, in be's queue order (rank: be's index in the
+   * create call; every rank calls it, each from its own thread); comm_free. */
+  void *(*comm_create)(ops_backend *const *be, int n, char *err, size_t errlen);
+  void (*comm_all_reduce)(ops_backend *be, void *comm, int rank, float *buf, int64_t count);
+  void (*comm_free)(void *comm);
   /* Step statistics so far (ops_step_stats). */
   void (*step_stats)(ops_backend *be, ops_step_stats *st);
   /* The device's free and total memory in bytes (all processes' use counted), for sizing

@@ -17,6 +17,8 @@
 #include "ops/ops_profile.h"
 #include "runtime/model_handle.h"
 #include "runtime/stages.h"
+#include "runtime/tp.h"
+#include "model/shard.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -45,6 +47,13 @@ struct anna_context {
   ops_backend *sdev[STAGES_MAX];
   anna_stage_info stage[STAGES_MAX];
   threadpool *stage_tp; /* CPU stages: one worker pool they take turns on (owned; NULL otherwise) */
+  /* Tensor parallelism (tensor_parallel > 1; n_tp 0 otherwise): shard r of the model
+   * (tp_impl, the kind's tp_shard) on tdev[r] (tdev[0] is dev; the others owned), their
+   * communicator (owned). */
+  int n_tp;
+  ops_backend *tdev[SHARD_MAX];
+  void *tp_impl[SHARD_MAX];
+  tp_comm *tp;
 };
 
 int anna_model_load(anna_model **out, const char *path, const anna_model_options *opt, char *err, size_t errlen) {
@@ -147,6 +156,11 @@ const char *anna_model_kind_name(const anna_model *m) {
 static int stages_error(anna_context *c, char *err, size_t errlen) {
   for (int i = 0; i < c->n_stages; i++) {
     ops_backend *d = i ? c->sdev[i] : c->dev;
+    const int rc = d->error ? d->error(d, err, errlen) : 0;
+    if (rc) return rc;
+  }
+  for (int i = 1; i < c->n_tp; i++) { /* tensor-parallel shards */
+    ops_backend *d = c->tdev[i];
     const int rc = d->error ? d->error(d, err, errlen) : 0;
     if (rc) return rc;
   }
@@ -309,6 +323,54 @@ static int offload_resolve(const anna_context_options *o, const ops_model_shape 
   return 0;
 }
 
+/* What tensor parallelism does not combine with yet, and the device list it needs. */
+static int tp_context_check(const anna_model *m, const anna_context_options *o, int n_tp, int n_dev, char *err,
+                            size_t errlen) {
+  if (n_tp > SHARD_MAX)
+    return anna_err(err, errlen, ANNA_EINVAL, "--tensor-parallel %d: at most %d shards", n_tp, SHARD_MAX);
+  if (!m->kind->tp_shard)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--tensor-parallel: a %s model cannot be split", m->kind->name);
+  if (o->layer_split)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--tensor-parallel with --layer-split is not supported yet");
+  if (o->profile)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--profile with --tensor-parallel is not supported yet");
+  if (o->offload_mode && strcmp(o->offload_mode, "none") && strcmp(o->offload_mode, "auto"))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "--offload-mode %s with --tensor-parallel is not supported yet",
+                    o->offload_mode);
+  if (n_dev != 1 && n_dev != n_tp)
+    return anna_err(err, errlen, ANNA_EINVAL,
+                    "--tensor-parallel %d: %d devices given (give one per shard, or one that all share)", n_tp, n_dev);
+  return 0;
+}
+
+/* Shard r > 0's backends (shard 0's is c->dev) and the communicator. */
+static int tp_context_open(anna_context *c, const anna_model *m, const anna_context_options *o, backend_params *bp,
+                           ops_model_shape *shape, const backend_device *devs, int n_dev, char *err, size_t errlen) {
+  if (bp->offload_experts)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED,
+                    "--offload-mode experts with --tensor-parallel is not supported yet");
+  c->tdev[0] = c->dev;
+  int rc = 0;
+  for (int r = 1; r < c->n_tp && !rc; r++) {
+    m->kind->backend_shape(c->tp_impl[r], o->n_ctx, shape);
+    bp->device_index = devs[n_dev > 1 ? r : 0].index;
+    rc = devs[0].bi->create(bp, &c->tdev[r], err, errlen);
+  }
+  m->kind->backend_shape(c->tp_impl[0], o->n_ctx, shape); /* the placement report's: shard 0 */
+  int distinct = n_dev == c->n_tp;
+  for (int i = 0; i < n_dev && distinct; i++)
+    for (int j = 0; j < i; j++)
+      if (devs[i].index == devs[j].index) distinct = 0;
+  int transport = TP_COMM_HOST;
+  if (!rc) rc = tp_transport_pick(o->tp_comm, c->tdev, c->n_tp, distinct, &transport, err, errlen);
+  const int64_t max_floats = (int64_t)o->n_batch * m->desc.hidden;
+  if (!rc) rc = tp_comm_create(&c->tp, c->n_tp, c->tdev, transport, max_floats, err, errlen);
+  /* auto: a build with NCCL's header on a machine without its library still runs, on the host */
+  if (rc && transport == TP_COMM_NCCL && (!o->tp_comm || !strcmp(o->tp_comm, "auto")))
+    rc = tp_comm_create(&c->tp, c->n_tp, c->tdev, TP_COMM_HOST, max_floats, err, errlen);
+  return rc;
+}
+
 int anna_context_create(anna_context **out, anna_model *m, const anna_context_options *opt, char *err,
                         size_t errlen) {
   *out = NULL;
@@ -339,6 +401,8 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     o.cached_experts_per_layer = opt->cached_experts_per_layer;
     o.expert_swap_every = opt->expert_swap_every;
     o.layer_split = opt->layer_split;
+    o.tensor_parallel = opt->tensor_parallel;
+    o.tp_comm = opt->tp_comm;
   }
   if (o.kv_cache_residual_len < 0)
     return anna_err(err, errlen, ANNA_EINVAL, "--kv-cache-residual-len %d is negative", o.kv_cache_residual_len);
@@ -355,9 +419,16 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
                                  .prefix_share = share, .snapshot_interval = o.prefix_snapshot_interval};
   backend_device devs[BACKEND_MAX_DEVICES];
   int n_dev, n_stages, stage_layers[STAGES_MAX];
-  if ((rc = backend_registry_pick_list(o.device, devs, BACKEND_MAX_DEVICES, &n_dev, err, errlen)) ||
-      (rc = stages_plan(o.layer_split, n_dev, m->desc.n_layers, stage_layers, &n_stages, err, errlen)))
+  const int n_tp = o.tensor_parallel > 1 ? o.tensor_parallel : 1;
+  if ((rc = backend_registry_pick_list(o.device, devs, BACKEND_MAX_DEVICES, &n_dev, err, errlen)))
     return rc;
+  if (n_tp > 1) { /* shards instead of stages: one device each, or one that all share */
+    if ((rc = tp_context_check(m, &o, n_tp, n_dev, err, errlen))) return rc;
+    n_stages = 1;
+    stage_layers[0] = m->desc.n_layers;
+  } else if ((rc = stages_plan(o.layer_split, n_dev, m->desc.n_layers, stage_layers, &n_stages, err, errlen))) {
+    return rc;
+  }
   const backend_info *bi = devs[0].bi;
   for (int i = 1; i < n_dev; i++)
     if (devs[i].bi != bi)
@@ -393,7 +464,16 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     return anna_err(err, errlen, ANNA_ENOMEM, "out of memory");
   }
   c->tuning = tuning;
-  m->kind->backend_shape(m->impl, o.n_ctx, shape);
+  /* tensor parallel: the shards first, each backend sized from its own shard */
+  for (int r = 0; r < n_tp && n_tp > 1; r++) {
+    if ((rc = m->kind->tp_shard(&c->tp_impl[r], m->impl, r, n_tp, err, errlen))) {
+      free(shape);
+      anna_context_free(c);
+      return rc;
+    }
+    c->n_tp = r + 1;
+  }
+  m->kind->backend_shape(n_tp > 1 ? c->tp_impl[0] : m->impl, o.n_ctx, shape);
   backend_params bp = {.n_threads = o.n_threads,
                        .device_index = devs[0].index,
                        .n_batch = o.n_batch,
@@ -418,7 +498,15 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     bp.device_index = devs[n_dev > 1 ? i : 0].index;
     if (!(rc = bi->create(&bp, &c->sdev[i], err, errlen))) c->n_stages = i + 1;
   }
+  if (!rc && n_tp > 1) rc = tp_context_open(c, m, &o, &bp, shape, devs, n_dev, err, errlen);
   if (!rc) stages_describe(c, shape, devs, n_dev, stage_layers, n_stages);
+  for (int r = 1; !rc && r < c->n_tp; r++) { /* one stage over the shards: their devices, listed */
+    const backend_device *d = &devs[n_dev > 1 ? r : 0];
+    char *dv = c->stage[0].device;
+    const size_t l = strlen(dv);
+    if (d->bi == backend_registry_get(0)) snprintf(dv + l, sizeof c->stage[0].device - l, ",%s", d->bi->name);
+    else snprintf(dv + l, sizeof c->stage[0].device - l, ",%s:%d", d->bi->name, d->index);
+  }
   free(shape);
   if (!rc) {
     c->be = c->dev;
@@ -431,6 +519,15 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     sp.n_stages = n_stages;
     sp.stage_be = c->sdev;
     sp.stage_layers = stage_layers;
+  }
+  if (!rc && c->tp) { /* the shards (also for kv_auto_resolve's probes) */
+    c->tdev[0] = c->be;
+    sp.n_tp = c->n_tp;
+    sp.tp_be = c->tdev;
+    sp.tp_impl = c->tp_impl;
+    sp.tp_ctx = c->tp;
+    sp.tp_all_reduce = tp_comm_all_reduce;
+    sp.tp_exec = tp_comm_exec;
   }
   const int kv_auto = o.kv_cache_quantization && !strcmp(o.kv_cache_quantization, "auto");
   if (!rc && kv_auto) rc = kv_auto_resolve(c, &sp, &kv_type, err, errlen);
@@ -460,7 +557,11 @@ int anna_context_create(anna_context **out, anna_model *m, const anna_context_op
     return rc;
   }
   /* Decode steps replay as graphs (MoE too: decode-sized expert FFNs stay on the device). */
-  if (c->dev->set_graphs) c->dev->set_graphs(c->dev, !o.profile);
+  /* Not with tensor parallelism yet: the host all-reduce waits for the other shards inside
+   * the step, which a recorded graph cannot do. */
+  if (c->dev->set_graphs) c->dev->set_graphs(c->dev, !o.profile && !c->tp);
+  for (int i = 1; i < c->n_tp; i++)
+    if (c->tdev[i]->set_graphs) c->tdev[i]->set_graphs(c->tdev[i], 0);
   for (int i = 1; i < c->n_stages; i++)
     if (c->sdev[i]->set_graphs) c->sdev[i]->set_graphs(c->sdev[i], !o.profile);
   if (c->m->kind->seq && c->m->kind->seq->layer_bytes)
@@ -476,9 +577,14 @@ void anna_context_free(anna_context *c) {
   ctx_vision_free(c->vis);
   ctx_audio_free(c->aud);
   if (c->st) c->m->kind->state_free(c->st);
+  tp_comm_free(c->tp); /* joins its threads; before the backends its collective uses */
   if (c->be && c->be != c->dev) ops_profile_free(c->be);
   if (c->dev) c->dev->destroy(c->dev);
   for (int i = 1; i < c->n_stages; i++) c->sdev[i]->destroy(c->sdev[i]);
+  for (int i = 1; i < c->n_tp; i++)
+    if (c->tdev[i]) c->tdev[i]->destroy(c->tdev[i]);
+  for (int i = 0; i < c->n_tp; i++)
+    if (c->tp_impl[i]) c->m->kind->tp_shard_free(c->tp_impl[i]);
   threadpool_free(c->stage_tp); /* after the backends that borrowed it */
   free(c->vtok), free(c->vseq), free(c->vpos), free(c->vidx), free(c->vwant), free(c->vval), free(c->vstats);
   free(c);
@@ -508,11 +614,13 @@ static int context_run_any(anna_context *c, const anna_batch *b, const model_inp
       ops_backend *sd = i ? c->sdev[i] : d;
       sd->step_begin(sd, b->n);
     }
+    for (int i = 1; i < c->n_tp; i++) c->tdev[i]->step_begin(c->tdev[i], b->n);
     int rc = k->run(c->m->impl, c->st, c->be, &in, &mo, err, errlen);
     for (int i = 0; i < c->n_stages; i++) {
       ops_backend *sd = i ? c->sdev[i] : d;
       sd->step_end(sd);
     }
+    for (int i = 1; i < c->n_tp; i++) c->tdev[i]->step_end(c->tdev[i]);
     /* Device failures are sticky in the backend; report the first one here. */
     int rc2 = stages_error(c, err, errlen);
     return rc ? rc : rc2;

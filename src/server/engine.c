@@ -2074,6 +2074,8 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .n_checkpoints = e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
                              .device = e->o.device,
                              .layer_split = e->o.layer_split,
+                             .tensor_parallel = e->o.tensor_parallel,
+                             .tp_comm = e->o.tp_comm,
                              .kv_cache_quantization = e->o.kv_cache_quantization,
                              .kv_cache_quant_bits = e->o.kv_cache_quant_bits,
                              .exact_matmul = e->o.exact_matmul,

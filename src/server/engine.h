@@ -54,6 +54,8 @@ typedef struct engine_options {
   int debug_step_delay_ms;      /* testing hook: sleep this long after every step */
   const char *device;           /* anna_context_options.device (borrowed) */
   const char *layer_split;      /* anna_context_options.layer_split (borrowed) */
+  int tensor_parallel;          /* anna_context_options.tensor_parallel */
+  const char *tp_comm;          /* anna_context_options.tp_comm (borrowed) */
   const char *kv_cache_quantization; /* anna_context_options (borrowed) */
   int kv_cache_quant_bits;
   int exact_matmul; /* anna_context_options.exact_matmul */

@@ -8,8 +8,9 @@
  * layer boundary. The placement report (anna_context_stage_info) covers the layers once in
  * order and its weight and KV bytes add up to the unsplit context's. Bad splits and devices
  * are clear errors.
- * Usage: test_layer_split FIXTURES_DIR EXTRA_FIXTURES_DIR [--device cpu|cuda]
- * (--device cuda: the stages are cuda:0,cuda:0 against cuda:0; for the GPU script). */
+ * Usage: test_layer_split FIXTURES_DIR EXTRA_FIXTURES_DIR [--device cpu|cuda] [--two-gpus]
+ * (--device cuda: the stages are cuda:0,cuda:0 against cuda:0; for the GPU script;
+ * --two-gpus: the stages alternate cuda:0, cuda:1 against cuda:0, scripts/gpu/two_gpu.sh). */
 #define _POSIX_C_SOURCE 200809L
 #include "anna/anna.h"
 
@@ -24,6 +25,12 @@
 #define MAXP 160
 
 static const char *g_dev = "cpu"; /* one device: "cpu" or "cuda:0" */
+static int g_two;                 /* --two-gpus: stages alternate cuda:0, cuda:1 (scripts/gpu/two_gpu.sh) */
+
+/* The device of stage i in dev_list's lists. */
+static const char *stage_dev(int i) {
+  return g_two ? (i % 2 ? "cuda:1" : "cuda:0") : g_dev;
+}
 
 static int read_ids(const char *dir, int which, int32_t *ids) {
   char path[1200];
@@ -126,7 +133,8 @@ static void placement(const char *model, const char *split, const anna_stage_inf
   int at = 0, bad = 0;
   int64_t wb = 0, kb = 0;
   for (int i = 0; i < n; i++) {
-    bad += st[i].layer_begin != at || st[i].layer_end <= st[i].layer_begin || strcmp(st[i].device, ref[0].device);
+    bad += st[i].layer_begin != at || st[i].layer_end <= st[i].layer_begin ||
+           strcmp(st[i].device, g_two && n > 1 ? stage_dev(i) : ref[0].device);
     at = st[i].layer_end;
     wb += st[i].weight_bytes;
     kb += st[i].kv_bytes;
@@ -143,7 +151,7 @@ static char *dev_list(int S, char *buf, size_t len) {
   buf[0] = 0;
   for (int i = 0; i < S; i++) {
     size_t l = strlen(buf);
-    snprintf(buf + l, len - l, "%s%s", i ? "," : "", g_dev);
+    snprintf(buf + l, len - l, "%s%s", i ? "," : "", stage_dev(i));
   }
   return buf;
 }
@@ -196,12 +204,15 @@ static void test_model(const char *root, const char *name, const char *const *sp
     /* one device named once, shared by every stage */
     char sp[32];
     snprintf(sp, sizeof sp, "1,%d", L - 1);
+    const int two = g_two;
+    g_two = 0; /* both stages on g_dev here */
     if (run_trace(m, g_dev, sp, p0, n0, p1 + 3, n1, &got, gi, &ngi)) {
       check("two stages on one device named once: runs", 1, 0);
     } else {
       same(name, "one device named once", &ref, &got, V);
       placement(name, sp, ri, gi, ngi, 2, L);
     }
+    g_two = two;
   }
   free(ref.logits);
   free(got.logits);
@@ -255,11 +266,13 @@ static void test_errors(const char *root) {
 
 int main(int argc, char **argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: test_layer_split FIXTURES_DIR EXTRA_FIXTURES_DIR [--device cpu|cuda]\n");
+    fprintf(stderr, "usage: test_layer_split FIXTURES_DIR EXTRA_FIXTURES_DIR [--device cpu|cuda] [--two-gpus]\n");
     return 2;
   }
   for (int i = 3; i + 1 < argc; i++)
     if (!strcmp(argv[i], "--device")) g_dev = !strcmp(argv[i + 1], "cuda") ? "cuda:0" : argv[i + 1];
+  for (int i = 3; i < argc; i++) g_two |= !strcmp(argv[i], "--two-gpus");
+  if (g_two) g_dev = "cuda:0";
   const char *dense[] = {"1,2", "2,1", "1,1,1", "auto", NULL};
   const char *hybrid[] = {"1,3", "2,2", "3,1", "1,2,1", "auto", NULL}; /* GDN x3 + attention: every boundary */
   const char *gemma4[] = {"3,3", "2,2,2", "auto", NULL};

@@ -968,6 +968,7 @@ extern "C" int cuda_backend_create_device(ops_backend **out, int device, int64_t
   be->moe_route = cuda_op_moe_route;
   be->topk = cuda_op_topk;
   cuda_encoder_ops_install(be); /* vision / audio encoders, the codec's waveform decoder */
+  cuda_comm_install(be);        /* tensor parallelism's NCCL all-reduce, when built with NCCL */
   be->destroy = cuda_backend_free;
   be->bind = cu_bind;
   be->error = cuda_backend_error;

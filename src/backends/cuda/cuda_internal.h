@@ -354,6 +354,8 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
                   int64_t vocab, int k, float temp);
 /* cuda_encoder.cu: sets the encoder and waveform decoder ops of ops.h (layer_norm .. im2col_3x3s2). */
 void cuda_encoder_ops_install(ops_backend *be);
+/* cuda_comm.cu: sets ops.h comm_* (NCCL all-reduce) when the build has NCCL, else nothing. */
+void cuda_comm_install(ops_backend *be);
 
 /* Grid size for a 1-D elementwise launch of n items with `threads` per block. */
 /* Whether the tensor-core GEMMs on weights of type t (cuda_gemm.cu, the MoE grouped GEMMs)
