@@ -558,6 +558,15 @@ int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, in
  * caller-owned scratch. */
 int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *s,
                             float *logits, int32_t *out, int *n_out, char *err, size_t errlen);
+/* (API next) anna_mtp_verify(_sampled) for several sequences in one forward pass, as
+ * anna_context_verify(_sampled): window i verifies w[i].draft[0, k) of its sequence after
+ * w[i].last (k = 0: a plain step that still gives the head the new position), drawing with
+ * samplers[i] when samplers is non-NULL (logits: [sum of (k + 1)] * vocab scratch then; NULL
+ * samplers: greedy, logits unused). Every window's accepted rows become its sequence's next
+ * pending positions, so the head stays in step with each sequence (anna-serve drives its
+ * speculating slots through this). The windows' rows fit the context's n_batch. */
+int anna_mtp_verify_batch(anna_mtp *d, anna_spec_window *w, int n, anna_sampler *const *samplers, float *logits,
+                          char *err, size_t errlen);
 /* Forgets seq in the head (the caller resets the context's sequence). */
 void anna_mtp_reset(anna_mtp *d, int seq);
 

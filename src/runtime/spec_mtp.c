@@ -213,3 +213,30 @@ int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *d
   if (!s || !logits) return anna_err(err, errlen, ANNA_EINVAL, "verify_sampled: NULL sampler or logits");
   return mtp_verify_any(d, seq, last, draft, k, s, logits, out, n_out, err, errlen);
 }
+
+int anna_mtp_verify_batch(anna_mtp *d, anna_spec_window *w, int n, anna_sampler *const *samplers, float *logits,
+                          char *err, size_t errlen) {
+  if (n < 0 || (n > 0 && !w)) return anna_err(err, errlen, ANNA_EINVAL, "MTP verify: bad window array");
+  if (samplers && !logits) return anna_err(err, errlen, ANNA_EINVAL, "MTP verify: sampled windows need a logits scratch");
+  int rc, rows = 0;
+  for (int i = 0; i < n; i++) {
+    if ((rc = check_seq(d, w[i].seq, err, errlen))) return rc;
+    rows += w[i].k + 1;
+  }
+  /* the context's own check would come after the head took the pending rows */
+  if (rows > d->n_batch) return anna_err(err, errlen, ANNA_ERANGE, "MTP verify: %d rows exceed n_batch %d", rows, d->n_batch);
+  /* windows without a draft before them: the head still takes their pending positions */
+  for (int i = 0; i < n; i++)
+    if (d->np[w[i].seq] && (rc = feed_pending(d, w[i].seq, w[i].last, 0, err, errlen))) return rc;
+  if ((rc = context_verify_any(d->c, w, n, samplers, samplers ? logits : NULL, d->hb, err, errlen))) return rc;
+  const size_t H = (size_t)d->H;
+  int r0 = 0;
+  for (int i = 0; i < n; i++) { /* hidden rows come in window order, k + 1 per window */
+    const int seq = w[i].seq, a = w[i].n_out - 1;
+    memcpy(d->ph + (size_t)seq * MTP_PEND * H, d->hb + (size_t)r0 * H, sizeof(float) * (size_t)(a + 1) * H);
+    if (a) memcpy(d->ptok + (size_t)seq * MTP_PEND, w[i].draft, sizeof(int32_t) * (size_t)a);
+    d->np[seq] = a + 1;
+    r0 += w[i].k + 1;
+  }
+  return 0;
+}

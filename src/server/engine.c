@@ -212,7 +212,14 @@ struct engine {
    * preemption parks and restores elsewhere) the n-gram drafter over prompt + generated ids,
    * its draft buffer [ANNA_SPEC_MAX_DRAFT] and the window's output [ANNA_SPEC_MAX_DRAFT + 1];
    * one window per slot at most */
-  anna_ngram **ng;
+  anna_ngram **ng; /* ENGINE_DRAFTER_NGRAM only */
+  /* model drafters: the MTP head (borrows ctx) or a draft model (owned) and its drafter, and
+   * per slot index whether the drafter holds what the slot's sequence holds (0: it catches
+   * up at the slot's next window: the head restarts, the draft context is prefilled) */
+  anna_mtp *mtp;
+  anna_model *dmodel;
+  anna_draft *dm;
+  int8_t *spec_ready;
   int32_t *spec_draft, *spec_out;
   anna_spec_window *wins;
   int *win_slot;
@@ -446,6 +453,16 @@ static int slot_release(engine *e, slot *s, int final) {
   return hit;
 }
 
+const char *const engine_drafter_names[3] = {"ngram", "mtp", "draft"};
+
+/* A model drafter forgets slot i's sequence (it ended, was preempted or restarts). */
+static void spec_drop(engine *e, int i) {
+  if (!e->spec_ready) return;
+  e->spec_ready[i] = 0;
+  if (e->mtp) anna_mtp_reset(e->mtp, i);
+  if (e->dm) anna_draft_reset(e->dm, i);
+}
+
 static void slot_free(engine *e, int i, const char *reason, int code, const char *msg, int flush) {
   slot *s = &e->slots[i];
   gen_request *r = s->r;
@@ -479,6 +496,7 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
     metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
   /* Its blocks go back to the pool; the registered ones stay cached for the next prompt. */
   anna_context_seq_reset(e->ctx, i);
+  spec_drop(e, i);
   sc_finish(e, i); /* a no-op for a dropped sequence: the scheduler freed its slot already */
   anna_sampler_free(s->smp);
   s->smp = NULL;
@@ -507,6 +525,7 @@ static void parked_free(slot *p) {
 static void slot_preempt(engine *e, int i, wunit *u) {
   slot *s = &e->slots[i];
   anna_context_seq_reset(e->ctx, i);
+  spec_drop(e, i);
   slot *p = malloc(sizeof *p);
   anna_text_stream *ts = NULL;
   int32_t *toks = malloc((size_t)e->o.n_ctx * sizeof *toks);
@@ -698,11 +717,14 @@ static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
 /* The drafter of slot i restarts from what the slot feeds (prompt, or prompt + generated after
  * a preemption); a history that does not fit turns drafting off for this sequence. */
 static void spec_history(engine *e, int i) {
-  if (!e->ng) return;
+  if (!e->spec_draft) return;
+  spec_drop(e, i);
   char err[128];
-  anna_ngram_reset(e->ng[i]);
   const slot *s = &e->slots[i];
-  if (anna_ngram_accept(e->ng[i], s->feed, (int32_t)s->n_feed, err, sizeof err)) anna_ngram_reset(e->ng[i]);
+  if (e->ng) {
+    anna_ngram_reset(e->ng[i]);
+    if (anna_ngram_accept(e->ng[i], s->feed, (int32_t)s->n_feed, err, sizeof err)) anna_ngram_reset(e->ng[i]);
+  }
   anna_spec_adapt_init(&e->spec_k[i], e->o.spec_draft_max, e->o.spec_fixed ? 0.0f : SPEC_ADAPT_P_MIN);
 }
 
@@ -1383,7 +1405,7 @@ static void kv_exhausted(engine *e) {
   pthread_mutex_unlock(&e->mu);
 }
 
-/* How many tokens slot i may draft this step (0: decode it plainly): speculation on for the
+/* How many tokens slot i may draft this step (-1: decode it plainly): speculation on for the
  * request (its "speculative", else the server's default), nothing that needs the full row
  * outside the sampler (logprobs, JSON, forced ids, min_tokens), no images (their positions
  * carry a rotary delta), room before max_gen and the context, and no KV block beyond the one
@@ -1392,17 +1414,64 @@ static void kv_exhausted(engine *e) {
 static int spec_room(engine *e, int i) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
-  if (!e->ng || !r || !s->decoding || r->logprobs || r->json_mode || r->grammar || r->forced ||
+  if (!e->spec_draft || !r || !s->decoding || r->logprobs || r->json_mode || r->grammar || r->forced ||
       r->n_media ||
       (size_t)s->n_gen < r->n_prefix || s->n_gen < r->min_tokens)
-    return 0;
-  if (r->speculative != GEN_SPEC_ON) return 0; /* resolved at engine_submit */
+    return -1;
+  if (r->speculative != GEN_SPEC_ON) return -1; /* resolved at engine_submit */
   int k = anna_spec_adapt_next(&e->spec_k[i]);
   const int64_t len = anna_context_seq_len(e->ctx, i);
   if (k > s->max_gen - s->n_gen - 1) k = s->max_gen - s->n_gen - 1;
   if (k > e->o.n_ctx - 1 - len) k = (int)(e->o.n_ctx - 1 - len);
   while (k > 0 && anna_context_seq_blocks_needed(e->ctx, i, k + 1) > anna_context_seq_blocks_needed(e->ctx, i, 1)) k--;
   return k > 0 ? k : 0;
+}
+
+/* Slot i's draft for this step given its room (spec_room, capped by the step's window rows):
+ * the number of drafted tokens for a window, or -1 for a plain step. The n-gram drafter
+ * windows only what it drafted. A model drafter windows every step it may (k = 0: the
+ * pending token alone), so it sees every position of the sequence: the MTP head takes the
+ * window's hidden rows (anna_mtp_verify_batch), the draft model the accepted tokens
+ * (anna_draft_commit). A drafter that is not in step first catches up: the head restarts
+ * with a k = 0 window (spec_verify marks it ready), the draft context is prefilled with what
+ * the slot's sequence holds. A drafter's failure costs its drafts, never the request: the
+ * slot decodes plainly and the drafter catches up later. */
+static int spec_draft_slot(engine *e, int i, int room) {
+  slot *s = &e->slots[i];
+  int32_t *out = e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT;
+  char err[256];
+  int kd;
+  switch (e->o.spec_drafter) {
+  case ENGINE_DRAFTER_MTP:
+    if (room < 0) return -1;
+    if (!e->spec_ready[i]) {
+      anna_mtp_reset(e->mtp, i);
+      return 0;
+    }
+    if (room == 0) return 0;
+    if ((kd = anna_mtp_draft(e->mtp, i, s->next_tok, out, room, err, sizeof err)) >= 0) return kd;
+    slog(SLOG_WARN, NULL, "MTP draft failed (slot %d drafts again after a plain window): %s", i, err);
+    spec_drop(e, i);
+    return 0;
+  case ENGINE_DRAFTER_DRAFT:
+    if (room < 0) return -1;
+    if (!e->spec_ready[i]) {
+      const int32_t n = anna_context_seq_len(e->ctx, i);
+      if (n < 1 || anna_draft_prefill(e->dm, i, s->toks, n, err, sizeof err)) {
+        if (n >= 1) slog(SLOG_WARN, NULL, "draft model prefill failed (slot %d decodes plainly): %s", i, err);
+        spec_drop(e, i);
+        return -1;
+      }
+      e->spec_ready[i] = 1;
+    }
+    if (room == 0) return 0;
+    if ((kd = anna_draft_draft(e->dm, i, s->next_tok, out, room, err, sizeof err)) >= 0) return kd;
+    slog(SLOG_WARN, NULL, "draft model draft failed (slot %d decodes plainly): %s", i, err);
+    spec_drop(e, i);
+    return -1;
+  default:
+    return room > 0 ? anna_ngram_draft(e->ng[i], out, room) : -1;
+  }
 }
 
 /* The step's verify windows, one forward pass of their own: greedy ones take the argmax
@@ -1418,12 +1487,23 @@ static int spec_verify(engine *e, int nw, int *sampled, char *err, size_t errlen
                 sp->frequency_penalty != 0.0f;
     e->win_smp[w] = e->slots[e->win_slot[w]].smp;
   }
-  const int rc = *sampled ? anna_context_verify_sampled(e->ctx, e->wins, e->win_smp, nw, e->spec_logits, err, errlen)
-                          : anna_context_verify(e->ctx, e->wins, nw, err, errlen);
+  const int rc =
+      e->mtp ? anna_mtp_verify_batch(e->mtp, e->wins, nw, *sampled ? e->win_smp : NULL, e->spec_logits, err, errlen)
+      : *sampled ? anna_context_verify_sampled(e->ctx, e->wins, e->win_smp, nw, e->spec_logits, err, errlen)
+                 : anna_context_verify(e->ctx, e->wins, nw, err, errlen);
   if (rc) return rc;
   uint64_t drafted = 0, accepted = 0;
   for (int w = 0; w < nw; w++) {
     const int i = e->win_slot[w], k = e->wins[w].k, a = e->wins[w].n_out - 1;
+    if (e->mtp) e->spec_ready[i] = 1; /* the head holds the window's rows */
+    if (e->dm) { /* the draft context keeps what the target kept */
+      const anna_spec_window *x = &e->wins[w];
+      char e2[256];
+      if (anna_draft_commit(e->dm, i, x->last, x->draft, x->k, x->out, x->n_out, e2, sizeof e2)) {
+        slog(SLOG_WARN, NULL, "draft model commit failed (slot %d catches up later): %s", i, e2);
+        spec_drop(e, i);
+      }
+    }
     anna_spec_adapt_update(&e->spec_k[i], k, a);
     drafted += (uint64_t)k;
     accepted += (uint64_t)a;
@@ -1434,8 +1514,8 @@ static int spec_verify(engine *e, int nw, int *sampled, char *err, size_t errlen
     c->spec_rejected += k - a;
     pthread_mutex_unlock(&r->mu);
   }
-  metrics_add(e->mx, &e->mx->spec_draft_tokens[METRICS_DRAFTER_NGRAM], drafted);
-  metrics_add(e->mx, &e->mx->spec_accepted_tokens[METRICS_DRAFTER_NGRAM], accepted);
+  metrics_add(e->mx, &e->mx->spec_draft_tokens[e->o.spec_drafter], drafted);
+  metrics_add(e->mx, &e->mx->spec_accepted_tokens[e->o.spec_drafter], accepted);
   return 0;
 }
 
@@ -1721,8 +1801,8 @@ static void *engine_main(void *arg) {
       /* the windows run as one forward pass of their own: their rows must fit n_batch */
       int room = spec_room(e, i);
       if (room > e->spec_rows - wrows - 1) room = e->spec_rows - wrows - 1;
-      const int kd = room > 0 ? anna_ngram_draft(e->ng[i], e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT, room) : 0;
-      if (kd > 0) { /* a verify window instead of one plain token */
+      const int kd = room >= 0 ? spec_draft_slot(e, i, room) : -1;
+      if (kd >= 0) { /* a verify window instead of one plain token */
         e->wins[nw] = (anna_spec_window){.seq = i,
                                          .last = e->slots[i].next_tok,
                                          .draft = e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT,
@@ -1732,6 +1812,7 @@ static void *engine_main(void *arg) {
         wrows += kd + 1;
         continue;
       }
+      if (e->spec_ready && e->spec_ready[i]) spec_drop(e, i); /* the model drafter falls behind */
       e->b_tok[nb] = e->slots[i].next_tok;
       e->b_seq[nb] = i;
       e->b_pos[nb] = anna_context_seq_len(e->ctx, i);
@@ -1909,11 +1990,11 @@ static void *engine_main(void *arg) {
     cached = ks.cached_blocks * ks.block_len;
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     anna_spec_stats sps = {0};
-    if (e->ng) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
+    if (e->spec_draft) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
     anna_vision_stats vst;
     anna_context_vision_stats(e->ctx, &vst);
     pthread_mutex_lock(&e->mu);
-    if (e->ng) e->spec = sps;
+    if (e->spec_draft) e->spec = sps;
     e->vis = vst;
     e->running = anna_sched_n_running(e->sc);
     e->kv_tokens = kv;
@@ -2122,13 +2203,51 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     if (e->spec_rows > B) e->spec_rows = B;
     if (e->spec_rows > SPEC_MAX_ROWS) e->spec_rows = SPEC_MAX_ROWS;
     e->spec_logits = malloc((size_t)e->spec_rows * (size_t)e->V * sizeof(float));
+    e->spec_ready = calloc((size_t)S, 1);
     if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot || !e->win_smp || !e->spec_k ||
-        !e->spec_logits) {
+        !e->spec_logits || !e->spec_ready) {
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the speculative drafters");
       goto fail;
     }
-    for (int i = 0; i < S; i++)
-      if ((rc = anna_ngram_create(&e->ng[i], &np, (int32_t)e->o.n_ctx + 1, err, errlen))) goto fail;
+    switch (e->o.spec_drafter) {
+    case ENGINE_DRAFTER_NGRAM:
+      for (int i = 0; i < S; i++)
+        if ((rc = anna_ngram_create(&e->ng[i], &np, (int32_t)e->o.n_ctx + 1, err, errlen))) goto fail;
+      break;
+    case ENGINE_DRAFTER_MTP: /* ANNA_EUNSUPPORTED naming the model when it has no head */
+      free(e->ng), e->ng = NULL;
+      if ((rc = anna_mtp_create(&e->mtp, e->ctx, e->o.spec_draft_max, err, errlen))) goto fail;
+      break;
+    case ENGINE_DRAFTER_DRAFT: {
+      free(e->ng), e->ng = NULL;
+      if (!e->o.spec_draft_model) {
+        rc = anna_err(err, errlen, ANNA_EINVAL, "speculative drafter 'draft' without a draft model (--draft-model)");
+        goto fail;
+      }
+      const anna_model_options dmo = {.device = e->o.device, .tuning = e->o.tuning};
+      char e2[512];
+      if ((rc = anna_model_load(&e->dmodel, e->o.spec_draft_model, &dmo, e2, sizeof e2))) {
+        anna_err(err, errlen, rc, "--draft-model %s: %s", e->o.spec_draft_model, e2);
+        goto fail;
+      }
+      /* one draft sequence per slot, as long as the target's; no prefix sharing or caches */
+      const anna_context_options dco = {.n_seq = S,
+                                        .n_ctx = e->o.n_ctx,
+                                        .n_batch = B,
+                                        .n_threads = e->o.n_threads,
+                                        .device = e->o.device,
+                                        .tuning = e->o.tuning,
+                                        .exact_matmul = e->o.exact_matmul};
+      if ((rc = anna_draft_create(&e->dm, e->dmodel, m, &dco, e->o.spec_draft_max, e2, sizeof e2))) {
+        anna_err(err, errlen, rc, "--draft-model %s: %s", e->o.spec_draft_model, e2);
+        goto fail;
+      }
+      break;
+    }
+    default:
+      rc = anna_err(err, errlen, ANNA_EINVAL, "unknown speculative drafter %d", e->o.spec_drafter);
+      goto fail;
+    }
   }
   const anna_sched_options so = {.n_slots = S,
                                  .n_batch = B,
@@ -2209,7 +2328,10 @@ void engine_free(engine *e) {
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
-  free(e->win_smp), free(e->spec_logits), free(e->spec_k);
+  free(e->win_smp), free(e->spec_logits), free(e->spec_k), free(e->spec_ready);
+  anna_mtp_free(e->mtp); /* before the context it borrows */
+  anna_draft_free(e->dm);
+  anna_model_free(e->dmodel);
   free(e->b_tok);
   free(e->b_seq);
   free(e->b_pos);
@@ -2234,8 +2356,8 @@ void engine_free(engine *e) {
 int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
   if (!r->choices) return anna_err(err, errlen, ANNA_EINVAL, "request not prepared");
   /* the server's speculative default, resolved once: usage reports drafts whenever it is on */
-  if (r->speculative == GEN_SPEC_DEFAULT) r->speculative = e->ng && e->o.spec_default ? GEN_SPEC_ON : GEN_SPEC_OFF;
-  if (!e->ng) r->speculative = GEN_SPEC_OFF;
+  if (r->speculative == GEN_SPEC_DEFAULT) r->speculative = e->spec_draft && e->o.spec_default ? GEN_SPEC_ON : GEN_SPEC_OFF;
+  if (!e->spec_draft) r->speculative = GEN_SPEC_OFF;
   for (int p = 0; p < r->n_prompts; p++) {
     if (r->n_prompt[p] == 0) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
     if (r->n_prompt[p] >= (size_t)e->o.n_ctx)
