@@ -558,6 +558,14 @@ int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, in
  * caller-owned scratch. */
 int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *s,
                             float *logits, int32_t *out, int *n_out, char *err, size_t errlen);
+/* (API next) A prompt in pieces: tokens[0, n) continue seq at its current length (a prompt
+ * chunk; the context runs them in batches of n_batch, hidden rows only) and the head takes
+ * them. Positions the context held before the head followed seq (a prefix reused from a
+ * cache) are not in the head: its entries start at the first token fed here. logits non-NULL
+ * (the prompt's last chunk): the last token's logits [vocab] are written there and its
+ * position is the one the next draft starts from; NULL: more of the prompt follows. */
+int anna_mtp_feed(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
+                  size_t errlen);
 /* (API next) anna_mtp_verify(_sampled) for several sequences in one forward pass, as
  * anna_context_verify(_sampled): window i verifies w[i].draft[0, k) of its sequence after
  * w[i].last (k = 0: a plain step that still gives the head the new position), drawing with

@@ -240,3 +240,43 @@ int anna_mtp_verify_batch(anna_mtp *d, anna_spec_window *w, int n, anna_sampler 
   }
   return 0;
 }
+
+int anna_mtp_feed(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
+                  size_t errlen) {
+  int rc = check_seq(d, seq, err, errlen);
+  if (rc) return rc;
+  if (!tokens || n < 1) return anna_err(err, errlen, ANNA_EINVAL, "MTP feed: no tokens");
+  const size_t H = (size_t)d->H;
+  float *ph = d->ph + (size_t)seq * MTP_PEND * H;
+  /* the previous chunk's last row waited for its next token: tokens[0] */
+  if (d->np[seq] && (rc = feed_pending(d, seq, tokens[0], 0, err, errlen))) return rc;
+  const int32_t L = anna_context_seq_len(d->c, seq);
+  if (L < 0) return anna_err(err, errlen, ANNA_ERANGE, "MTP feed: sequence %d out of range", seq);
+  /* rows [0, m) hidden only (no lm_head); with logits the last row runs alone with them */
+  const int32_t m = logits ? n - 1 : n;
+  for (int32_t i = 0; i < m;) {
+    const int32_t j = m - i < d->n_batch ? m : i + d->n_batch;
+    for (int32_t t = i; t < j; t++) {
+      d->tok[t - i] = tokens[t];
+      d->seqv[t - i] = seq;
+      d->pos[t - i] = L + t;
+      d->want[t - i] = 1;
+    }
+    const anna_batch b = {j - i, d->tok, d->seqv, d->pos, d->want};
+    if ((rc = context_run_hidden(d->c, &b, NULL, d->hb, err, errlen))) return rc;
+    /* row t pairs with tokens[t + 1]; a last row without one (j == n) waits as pending */
+    const int32_t full = j < n ? j - i : j - i - 1;
+    if (full > 0 && (rc = head_run(d, seq, d->hb, tokens + i + 1, full, 0, err, errlen))) return rc;
+    if (full < j - i) {
+      memcpy(ph, d->hb + (size_t)full * H, sizeof(float) * H);
+      d->np[seq] = 1;
+    }
+    i = j;
+  }
+  if (!logits) return 0;
+  d->tok[0] = tokens[n - 1], d->seqv[0] = seq, d->pos[0] = L + n - 1, d->want[0] = 1;
+  const anna_batch b = {1, d->tok, d->seqv, d->pos, d->want};
+  if ((rc = context_run_hidden(d->c, &b, logits, ph, err, errlen))) return rc;
+  d->np[seq] = 1;
+  return 0;
+}

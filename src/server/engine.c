@@ -220,6 +220,7 @@ struct engine {
   anna_model *dmodel;
   anna_draft *dm;
   int8_t *spec_ready;
+  int *mtp_pf; /* [n_seq] a step's prompt chunks fed through the MTP head (indexes of plan.prefill) */
   int32_t *spec_draft, *spec_out;
   anna_spec_window *wins;
   int *win_slot;
@@ -1436,6 +1437,15 @@ static int spec_room(engine *e, int i) {
  * with a k = 0 window (spec_verify marks it ready), the draft context is prefilled with what
  * the slot's sequence holds. A drafter's failure costs its drafts, never the request: the
  * slot decodes plainly and the drafter catches up later. */
+/* Slot i's prompt goes through the MTP head (anna_mtp_feed) rather than the step's batch: the
+ * request may speculate with it later (the conditions of spec_room that hold for the whole
+ * request). */
+static int mtp_follows(const engine *e, int i) {
+  const gen_request *r = e->slots[i].r;
+  return e->mtp && r && r->speculative == GEN_SPEC_ON && !r->logprobs && !r->json_mode && !r->grammar &&
+         !r->forced && !r->n_media;
+}
+
 static int spec_draft_slot(engine *e, int i, int room) {
   slot *s = &e->slots[i];
   int32_t *out = e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT;
@@ -1822,9 +1832,15 @@ static void *engine_main(void *arg) {
     }
     const int nb_dec = nb, nflag_dec = nflag; /* the decode rows come first */
     int64_t prompt_fed = 0;
+    int n_mpf = 0;
     for (int k = 0; k < p.n_prefill; k++) {
       const int i = p.prefill[k].slot;
       const slot *s = &e->slots[i];
+      if (mtp_follows(e, i)) { /* a forward call of its own that keeps the hidden rows (below) */
+        e->mtp_pf[n_mpf++] = k;
+        prompt_fed += p.prefill[k].n;
+        continue;
+      }
       for (int32_t j = 0; j < p.prefill[k].n; j++) {
         const size_t at = (size_t)p.prefill[k].pos + (size_t)j;
         e->b_tok[nb] = s->feed[at];
@@ -1836,7 +1852,7 @@ static void *engine_main(void *arg) {
       }
       prompt_fed += p.prefill[k].n;
     }
-    if (nb == 0 && nw == 0) {
+    if (nb == 0 && nw == 0 && n_mpf == 0) {
       pthread_mutex_lock(&e->mu);
       const int blocked = anna_sched_n_running(e->sc) > 0;
       pthread_mutex_unlock(&e->mu);
@@ -1909,6 +1925,19 @@ static void *engine_main(void *arg) {
       }
       continue;
     }
+    /* prompt chunks of sequences the MTP head follows: the head takes every row's hidden
+     * state; a prompt's last chunk leaves its last row's logits after the flagged rows' */
+    for (int m = 0; m < n_mpf; m++) {
+      const anna_sched_entry *pf = &p.prefill[e->mtp_pf[m]];
+      slot *s = &e->slots[pf->slot];
+      const int last = (size_t)pf->pos + (size_t)pf->n == s->n_feed;
+      const int frc = anna_mtp_feed(e->mtp, pf->slot, s->feed + pf->pos, pf->n,
+                                    last ? e->logits + (size_t)(nflag + m) * (size_t)e->V : NULL, err, sizeof err);
+      if (frc) {
+        slog(SLOG_ERROR, NULL, "prefill (MTP) failed: %s", err);
+        slot_free(e, pf->slot, "error", frc == ANNA_ERANGE || frc == ANNA_ENOMEM ? ANNA_ENOMEM : frc, err, 0);
+      }
+    }
     pthread_mutex_lock(&e->mx->mu);
     e->mx->decode_steps++;
     e->mx->batch_tokens += (uint64_t)(nb + wrows);
@@ -1971,6 +2000,17 @@ static void *engine_main(void *arg) {
       e->st.full_rows += s->r != NULL;
       if (s->r && s->exact_store && !s->decoding) exact_store(e, i, e->logits + (size_t)k * (size_t)e->V);
       if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V, -1);
+    }
+    for (int m = 0; m < n_mpf; m++) { /* the MTP-fed prompts that ended: their first token */
+      const anna_sched_entry *pf = &p.prefill[e->mtp_pf[m]];
+      const int i = pf->slot;
+      slot *s = &e->slots[i];
+      if (!s->r || s->decoding || (size_t)pf->pos + (size_t)pf->n != s->n_feed) continue;
+      float *row = e->logits + (size_t)(nflag + m) * (size_t)e->V;
+      e->st.full_rows++;
+      e->spec_ready[i] = 1; /* the head holds the prompt and drafts from its last position */
+      if (s->exact_store) exact_store(e, i, row);
+      slot_sample(e, i, row, -1);
     }
     ph_mark(e, ENG_PH_SAMPLE);
     wake_flush(e);
@@ -2204,8 +2244,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     if (e->spec_rows > SPEC_MAX_ROWS) e->spec_rows = SPEC_MAX_ROWS;
     e->spec_logits = malloc((size_t)e->spec_rows * (size_t)e->V * sizeof(float));
     e->spec_ready = calloc((size_t)S, 1);
+    e->mtp_pf = malloc((size_t)S * sizeof *e->mtp_pf);
     if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot || !e->win_smp || !e->spec_k ||
-        !e->spec_logits || !e->spec_ready) {
+        !e->spec_logits || !e->spec_ready || !e->mtp_pf) {
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the speculative drafters");
       goto fail;
     }
@@ -2328,7 +2369,7 @@ void engine_free(engine *e) {
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
-  free(e->win_smp), free(e->spec_logits), free(e->spec_k), free(e->spec_ready);
+  free(e->win_smp), free(e->spec_logits), free(e->spec_k), free(e->spec_ready), free(e->mtp_pf);
   anna_mtp_free(e->mtp); /* before the context it borrows */
   anna_draft_free(e->dm);
   anna_model_free(e->dmodel);

@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from conftest import DEFAULT_MODEL, FIXTURES, ROOT, server_bin, start_server
+from conftest import FIXTURES, ROOT, server_bin, start_server
 
 MTP = os.path.join(ROOT, "tests", "fixtures", "qwen3_5_mtp")
 PROMPTS = ["a b c d e a b c d e a b c d e a b c", "def add(x, y):\n    return x + y\n\ndef add(x, y):\n",
@@ -207,10 +207,9 @@ def test_speculative_model_errors(tmp_path):
     (other / "tokenizer.json").write_text(json.dumps(tok))
     e = run_fail("--model-dir", qwen3, "--draft-model", str(other))
     assert "--draft-model" in e and f"token {vocab[b]} is" in e, e
-    # another vocabulary size (the default model's 151936 tokens), where it was fetched
-    if os.path.exists(DEFAULT_MODEL):
-        e = run_fail("--model-dir", qwen3, "--draft-model", DEFAULT_MODEL)
-        assert "vocabulary of 151936 tokens" in e, e
+    # another vocabulary size: the 512-token qwen3_yarn fixture
+    e = run_fail("--model-dir", qwen3, "--draft-model", os.path.join(ROOT, "tests", "fixtures", "qwen3_yarn"))
+    assert "--draft-model" in e and "vocabulary of 512 tokens" in e, e
     # contradictory flags: usage errors (exit 2) before anything loads
     for args, msg in ((["--speculative", "draft"], "needs --draft-model"),
                       (["--speculative", "ngram", "--draft-model", qwen3], "goes with --speculative draft"),
