@@ -2103,6 +2103,14 @@ static int kv_blocks_for_memory(anna_model *m, anna_context_options *co, float f
   return 0;
 }
 
+/* Context checkpoint slots: the prompt cache's, and at least one window's per-position states
+ * when speculation is on (without them a hybrid model's rejected window cannot roll back). */
+static int spec_checkpoints(const engine_options *o) {
+  const int n = o->prompt_cache ? o->prompt_cache_checkpoints : 0;
+  const int k = o->spec_draft_max > ANNA_SPEC_MAX_DRAFT ? ANNA_SPEC_MAX_DRAFT : o->spec_draft_max;
+  return k > 0 && n < k + 3 ? k + 3 : n;
+}
+
 int engine_create(engine **out, anna_model *m, const anna_text *text, const engine_options *o,
                   metrics *mx, char *err, size_t errlen) {
   *out = NULL;
@@ -2148,7 +2156,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .n_ctx = e->o.n_ctx,
                              .n_batch = B,
                              .n_threads = e->o.n_threads,
-                             .n_checkpoints = e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
+                             /* hybrid models roll verify windows back through checkpoints
+                              * (anna.h): a window's per-position states need k + 3 */
+                             .n_checkpoints = spec_checkpoints(&e->o),
                              .device = e->o.device,
                              .layer_split = e->o.layer_split,
                              .kv_cache_quantization = e->o.kv_cache_quantization,
