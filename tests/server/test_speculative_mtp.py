@@ -94,11 +94,17 @@ def check_equal_plain(plain, spec, drafter):
     assert st["drafter"] == drafter and st["windows"] > 0 and st["drafted"] > 0, st
     assert metric(spec, f'anna_spec_decode_draft_tokens_total{{drafter="{drafter}"}}') == st["drafted"]
     assert metric(spec, f'anna_spec_decode_accepted_tokens_total{{drafter="{drafter}"}}') == st["accepted"]
-    # a seeded sampled request: plain sampling's text (speculative sampling keeps the draws)
+    # a seeded sampled request: plain sampling's text (speculative sampling keeps the draws),
+    # alone and four at once with a greedy neighbour (sampled windows verified together)
+    want_s = [sampled(a, m, p, 7 + i)[0] for i, p in enumerate(PROMPTS)]
     for i, p in enumerate(PROMPTS[:2]):
         t, u = sampled(b, m, p, 7 + i)
-        assert t == sampled(a, m, p, 7 + i)[0]
+        assert t == want_s[i]
         assert u.completion_tokens_details is not None
+    with cf.ThreadPoolExecutor(5) as ex:
+        fut = [ex.submit(sampled, b, m, p, 7 + i) for i, p in enumerate(PROMPTS)]
+        g = ex.submit(greedy, b, m, PROMPTS[0])
+        assert [f.result()[0] for f in fut] == want_s and g.result()[0] == want[0]
     assert spec.wait_idle()["memory"]["kv_tokens_used"] == 0
     return st
 
@@ -218,3 +224,32 @@ def test_speculative_model_errors(tmp_path):
                       (["--speculative", "eagle"], "not supported")):
         p = subprocess.run([server_bin(), "--model", "x", *args], capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and msg in p.stderr, p.stderr
+
+
+# A KV pool too small for the running set: sequences are preempted and recomputed; the model
+# drafters forget them and catch up (MTP: the recomputed prompt + generated ids through the
+# head; draft model: prefilled again), and the greedy text is the default pool's plain text.
+@pytest.mark.parametrize("drafter", ["mtp", "draft"])
+def test_model_drafters_preemption(drafter):
+    model = os.path.join(MTP, "dense") if drafter == "mtp" else os.path.join(FIXTURES, "qwen3")
+    shape = ("--parallel", "3", "--ctx-size", "256", "--batch-size", "64", "--kv-block-len", "16")
+    flags = ("--speculative", "mtp") if drafter == "mtp" else ("--draft-model", model)
+    small = start_server(model, *shape, "--kv-blocks", "9", *flags, "--draft-max", "3")
+    ref = start_server(model, *shape)
+    prompts = [[100 + (j * 37 + k * 11) % 800 for j in range(20 + 7 * k)] for k in range(3)]
+
+    def run(s):
+        c = s.client()
+        r = c.completions.create(model=c.models.list().data[0].id, prompt=prompts, max_tokens=60, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        return [(ch.text, ch.finish_reason) for ch in sorted(r.choices, key=lambda ch: ch.index)]
+
+    try:
+        assert run(small) == run(ref)
+        h = small.wait_idle()
+        assert h["scheduler"]["preemptions"] > 0, h["scheduler"]
+        assert h["speculative"]["drafter"] == drafter and h["speculative"]["windows"] > 0, h["speculative"]
+        assert h["memory"]["kv_tokens_used"] == 0
+    finally:
+        small.stop()
+        ref.stop()
