@@ -517,6 +517,8 @@ int anna_draft_create(anna_draft **out, anna_model *draft_model, const anna_mode
 void anna_draft_free(anna_draft *d);
 /* tokens[0, n) into seq (emptied first): what the target's sequence holds (not its pending token). */
 int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
+/* (API next) tokens[0, n) appended to seq (a prompt in chunks, as the target runs it). */
+int anna_draft_feed(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
 /* Drafts min(k, k_max) greedy tokens after `last` into draft; returns their number or a
  * negative ANNA_E*. */
 int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen);

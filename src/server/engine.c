@@ -221,6 +221,7 @@ struct engine {
   anna_draft *dm;
   int8_t *spec_ready;
   int *mtp_pf; /* [n_seq] a step's prompt chunks fed through the MTP head (indexes of plan.prefill) */
+  size_t *spec_fed; /* [n_seq] prompt positions the draft model holds while the slot prefills */
   int32_t *spec_draft, *spec_out;
   anna_spec_window *wins;
   int *win_slot;
@@ -460,6 +461,7 @@ const char *const engine_drafter_names[3] = {"ngram", "mtp", "draft"};
 static void spec_drop(engine *e, int i) {
   if (!e->spec_ready) return;
   e->spec_ready[i] = 0;
+  e->spec_fed[i] = 0;
   if (e->mtp) anna_mtp_reset(e->mtp, i);
   if (e->dm) anna_draft_reset(e->dm, i);
 }
@@ -1440,10 +1442,34 @@ static int spec_room(engine *e, int i) {
 /* Slot i's prompt goes through the MTP head (anna_mtp_feed) rather than the step's batch: the
  * request may speculate with it later (the conditions of spec_room that hold for the whole
  * request). */
-static int mtp_follows(const engine *e, int i) {
+static int spec_follows(const engine *e, int i) {
   const gen_request *r = e->slots[i].r;
-  return e->mtp && r && r->speculative == GEN_SPEC_ON && !r->logprobs && !r->json_mode && !r->grammar &&
-         !r->forced && !r->n_media;
+  return r && r->speculative == GEN_SPEC_ON && !r->logprobs && !r->json_mode && !r->grammar && !r->forced &&
+         !r->n_media;
+}
+
+static int mtp_follows(const engine *e, int i) {
+  return e->mtp && spec_follows(e, i);
+}
+
+/* The draft model takes slot i's prompt chunk [pos, pos + n) in the step that runs it, so its
+ * prefill is spread as the target's is (a prefix the target reused from its cache goes in with
+ * the first chunk); the last chunk leaves it in step. A failure leaves it behind: it is
+ * prefilled again when the slot starts speculating (spec_draft_slot). */
+static void draft_prompt_chunk(engine *e, int i, size_t pos, size_t n) {
+  if (!e->dm || !spec_follows(e, i)) return;
+  const slot *s = &e->slots[i];
+  char err[256];
+  int rc;
+  if (e->spec_fed[i] == pos) rc = anna_draft_feed(e->dm, i, s->feed + pos, (int32_t)n, err, sizeof err);
+  else rc = anna_draft_prefill(e->dm, i, s->feed, (int32_t)(pos + n), err, sizeof err);
+  if (rc) {
+    slog(SLOG_WARN, NULL, "draft model prefill failed (slot %d catches up later): %s", i, err);
+    spec_drop(e, i);
+    return;
+  }
+  e->spec_fed[i] = pos + n;
+  if (pos + n == s->n_feed) e->spec_ready[i] = 1;
 }
 
 static int spec_draft_slot(engine *e, int i, int room) {
@@ -1938,6 +1964,8 @@ static void *engine_main(void *arg) {
         slot_free(e, pf->slot, "error", frc == ANNA_ERANGE || frc == ANNA_ENOMEM ? ANNA_ENOMEM : frc, err, 0);
       }
     }
+    for (int k = 0; e->dm && k < p.n_prefill; k++)
+      draft_prompt_chunk(e, p.prefill[k].slot, (size_t)p.prefill[k].pos, (size_t)p.prefill[k].n);
     pthread_mutex_lock(&e->mx->mu);
     e->mx->decode_steps++;
     e->mx->batch_tokens += (uint64_t)(nb + wrows);
@@ -2255,8 +2283,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     e->spec_logits = malloc((size_t)e->spec_rows * (size_t)e->V * sizeof(float));
     e->spec_ready = calloc((size_t)S, 1);
     e->mtp_pf = malloc((size_t)S * sizeof *e->mtp_pf);
+    e->spec_fed = calloc((size_t)S, sizeof *e->spec_fed);
     if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot || !e->win_smp || !e->spec_k ||
-        !e->spec_logits || !e->spec_ready || !e->mtp_pf) {
+        !e->spec_logits || !e->spec_ready || !e->mtp_pf || !e->spec_fed) {
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the speculative drafters");
       goto fail;
     }
@@ -2379,7 +2408,7 @@ void engine_free(engine *e) {
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
-  free(e->win_smp), free(e->spec_logits), free(e->spec_k), free(e->spec_ready), free(e->mtp_pf);
+  free(e->win_smp), free(e->spec_logits), free(e->spec_k), free(e->spec_ready), free(e->mtp_pf), free(e->spec_fed);
   anna_mtp_free(e->mtp); /* before the context it borrows */
   anna_draft_free(e->dm);
   anna_model_free(e->dmodel);

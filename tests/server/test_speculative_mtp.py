@@ -143,13 +143,18 @@ def test_mtp_small_batch(extra):
         spec.stop()
 
 
-# The model itself as its draft model: every draft is the target's own greedy choice.
-@pytest.mark.parametrize("model", ["qwen3", "qwen3_5"])
-def test_draft_model_self(model):
+# The model itself as its draft model: every draft is the target's own greedy choice. The
+# draft context follows the target's prompt chunks (an 8-row batch cuts prompts into several
+# and leaves some steps without window rows, after which the draft model catches up; 16-token
+# KV blocks let a longer prompt reuse a cached prefix, which the draft takes with its first chunk).
+@pytest.mark.parametrize("model,extra", [("qwen3", ()), ("qwen3_5", ()), ("qwen3", ("--batch-size", "8")),
+                                         ("qwen3_5", ("--kv-block-len", "16"))],
+                         ids=["qwen3", "qwen3_5", "qwen3-batch8", "qwen3_5-prefix"])
+def test_draft_model_self(model, extra):
     path = os.path.join(FIXTURES, model)
     args = ("--parallel", "4", "--ctx-size", "256")
     plain = start_server(path, *args)
-    spec = start_server(path, *args, "--draft-model", path, "--draft-max", "4")
+    spec = start_server(path, *args, "--draft-model", path, "--draft-max", "4", *extra)
     try:
         check_equal_plain(plain, spec, "draft")
         # greedy windows of the draft's own greedy tokens: all accepted (the sampled ones in
@@ -164,6 +169,13 @@ def test_draft_model_self(model):
         assert st["drafted"] - d0 > 0 and st["accepted"] - a0 == st["drafted"] - d0, st
         assert all(u.completion_tokens_details.rejected_prediction_tokens == 0 for u in us)
         assert all(u.completion_tokens_details.accepted_prediction_tokens > 0 for u in us)
+        # a prompt that extends an earlier one: its cached prefix, then the rest in chunks
+        long = " ".join(PROMPTS * 2)
+        a = plain.client()
+        for p in (long, long + " and then some more words to extend it"):
+            t, u = greedy(b, m, p)
+            assert t == greedy(a, m, p)[0]
+            assert u.completion_tokens_details.rejected_prediction_tokens == 0, u
     finally:
         plain.stop()
         spec.stop()
