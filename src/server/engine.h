@@ -97,10 +97,10 @@ typedef struct engine_options {
    * drafter; the model's MTP head (anna_mtp_*: engine_create fails with ANNA_EUNSUPPORTED
    * naming the model when it has none); or a draft model loaded from spec_draft_model
    * (anna_draft_*: its vocabulary must be the target's, ANNA_EINVAL naming the first
-   * difference). Model drafters follow every speculating slot: the MTP head from the slot's
-   * first generated token (its prompt positions are not fed to the head: the server's
-   * batched prefill keeps no hidden rows), the draft model from the whole sequence (prefilled
-   * on the engine thread when the slot starts speculating). */
+   * difference). Model drafters follow every speculating slot from its prompt on: the
+   * slot's prompt chunks run through anna_mtp_feed (a forward call of their own that keeps the
+   * hidden rows; a prefix reused from the cache is not in the head) or, beside the target's
+   * chunk, through the draft model (anna_draft_feed; a cached prefix with the first chunk). */
   int spec_drafter;
   const char *spec_draft_model;
   /* Reserve one more context sequence for engine_embed (pooled hidden states): its KV
