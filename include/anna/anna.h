@@ -568,6 +568,12 @@ int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *d
  * position is the one the next draft starts from; NULL: more of the prompt follows. */
 int anna_mtp_feed(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
                   size_t errlen);
+/* (API next) anna_mtp_draft for n distinct sequences at once, each chain step one head run
+ * over all of them: sequence seq[i] drafts min(k[i], k_max) tokens after last[i] into
+ * draft + i * ANNA_SPEC_MAX_DRAFT, and k[i] is set to their number (k[i] <= 0: nothing, and
+ * its pending positions stay for its window). The drafts are anna_mtp_draft's. */
+int anna_mtp_draft_batch(anna_mtp *d, int n, const int *seq, const int32_t *last, int *k, int32_t *draft, char *err,
+                         size_t errlen);
 /* (API next) anna_mtp_verify(_sampled) for several sequences in one forward pass, as
  * anna_context_verify(_sampled): window i verifies w[i].draft[0, k) of its sequence after
  * w[i].last (k = 0: a plain step that still gives the head the new position), drawing with

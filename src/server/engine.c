@@ -221,6 +221,10 @@ struct engine {
   anna_draft *dm;
   int8_t *spec_ready;
   int *mtp_pf; /* [n_seq] a step's prompt chunks fed through the MTP head (indexes of plan.prefill) */
+  /* a step's MTP drafts, run together (anna_mtp_draft_batch): per drafting slot its sequence,
+   * requested / drafted length, pending token, window index, and drafts [n * ANNA_SPEC_MAX_DRAFT] */
+  int *mtp_bs, *mtp_bk, *mtp_bw;
+  int32_t *mtp_bl, *mtp_bd;
   size_t *spec_fed; /* [n_seq] prompt positions the draft model holds while the slot prefills */
   int32_t *spec_draft, *spec_out;
   anna_spec_window *wins;
@@ -1484,11 +1488,7 @@ static int spec_draft_slot(engine *e, int i, int room) {
       anna_mtp_reset(e->mtp, i);
       return 0;
     }
-    if (room == 0) return 0;
-    if ((kd = anna_mtp_draft(e->mtp, i, s->next_tok, out, room, err, sizeof err)) >= 0) return kd;
-    slog(SLOG_WARN, NULL, "MTP draft failed (slot %d drafts again after a plain window): %s", i, err);
-    spec_drop(e, i);
-    return 0;
+    return room; /* drafted with the step's other MTP slots (spec_mtp_drafts) */
   case ENGINE_DRAFTER_DRAFT:
     if (room < 0) return -1;
     if (!e->spec_ready[i]) {
@@ -1507,6 +1507,22 @@ static int spec_draft_slot(engine *e, int i, int room) {
     return -1;
   default:
     return room > 0 ? anna_ngram_draft(e->ng[i], out, room) : -1;
+  }
+}
+
+/* The step's MTP windows with room get their drafts from one anna_mtp_draft_batch (each chain
+ * step one head run over every drafting slot). On failure those windows verify no draft: the
+ * head restarts from them (spec_verify marks it in step again). */
+static void spec_mtp_drafts(engine *e, int n) {
+  if (n == 0) return;
+  char err[256];
+  const int rc = anna_mtp_draft_batch(e->mtp, n, e->mtp_bs, e->mtp_bl, e->mtp_bk, e->mtp_bd, err, sizeof err);
+  if (rc) slog(SLOG_WARN, NULL, "MTP draft failed (%d slots verify without drafts): %s", n, err);
+  for (int j = 0; j < n; j++) {
+    anna_spec_window *w = &e->wins[e->mtp_bw[j]];
+    w->draft = e->mtp_bd + (size_t)j * ANNA_SPEC_MAX_DRAFT;
+    w->k = rc ? 0 : e->mtp_bk[j];
+    if (rc) spec_drop(e, e->mtp_bs[j]);
   }
 }
 
@@ -1830,7 +1846,7 @@ static void *engine_main(void *arg) {
       pthread_mutex_unlock(&e->mu);
     }
     ph_mark(e, ENG_PH_SCHED);
-    int nb = 0, nflag = 0, nw = 0, wrows = 0;
+    int nb = 0, nflag = 0, nw = 0, wrows = 0, n_mtpd = 0;
     const int nseqs = p.n_decode + p.n_prefill;
     for (int k = 0; k < p.n_decode; k++) {
       const int i = p.decode[k].slot;
@@ -1844,6 +1860,10 @@ static void *engine_main(void *arg) {
                                          .draft = e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT,
                                          .k = kd,
                                          .out = e->spec_out + (size_t)i * (ANNA_SPEC_MAX_DRAFT + 1)};
+        if (e->mtp && kd > 0) { /* drafted below, with the step's other MTP slots */
+          e->mtp_bs[n_mtpd] = i, e->mtp_bk[n_mtpd] = kd, e->mtp_bl[n_mtpd] = e->slots[i].next_tok;
+          e->mtp_bw[n_mtpd++] = nw;
+        }
         e->win_slot[nw++] = i;
         wrows += kd + 1;
         continue;
@@ -1856,6 +1876,7 @@ static void *engine_main(void *arg) {
       e->out_slot[nflag++] = i;
       nb++;
     }
+    spec_mtp_drafts(e, n_mtpd);
     const int nb_dec = nb, nflag_dec = nflag; /* the decode rows come first */
     int64_t prompt_fed = 0;
     int n_mpf = 0;
@@ -2284,8 +2305,14 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     e->spec_ready = calloc((size_t)S, 1);
     e->mtp_pf = malloc((size_t)S * sizeof *e->mtp_pf);
     e->spec_fed = calloc((size_t)S, sizeof *e->spec_fed);
+    e->mtp_bs = malloc((size_t)S * sizeof *e->mtp_bs);
+    e->mtp_bk = malloc((size_t)S * sizeof *e->mtp_bk);
+    e->mtp_bw = malloc((size_t)S * sizeof *e->mtp_bw);
+    e->mtp_bl = malloc((size_t)S * sizeof *e->mtp_bl);
+    e->mtp_bd = malloc((size_t)S * ANNA_SPEC_MAX_DRAFT * sizeof *e->mtp_bd);
     if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot || !e->win_smp || !e->spec_k ||
-        !e->spec_logits || !e->spec_ready || !e->mtp_pf || !e->spec_fed) {
+        !e->spec_logits || !e->spec_ready || !e->mtp_pf || !e->spec_fed || !e->mtp_bs || !e->mtp_bk || !e->mtp_bw ||
+        !e->mtp_bl || !e->mtp_bd) {
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the speculative drafters");
       goto fail;
     }
@@ -2409,6 +2436,7 @@ void engine_free(engine *e) {
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
   free(e->win_smp), free(e->spec_logits), free(e->spec_k), free(e->spec_ready), free(e->mtp_pf), free(e->spec_fed);
+  free(e->mtp_bs), free(e->mtp_bk), free(e->mtp_bw), free(e->mtp_bl), free(e->mtp_bd);
   anna_mtp_free(e->mtp); /* before the context it borrows */
   anna_draft_free(e->dm);
   anna_model_free(e->dmodel);

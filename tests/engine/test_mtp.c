@@ -357,6 +357,33 @@ static void identity(const char *dir, const char *tag) {
     }
     snprintf(what, sizeof what, "%s: anna_mtp_verify_batch (windows of 4 and 2): each head drafts as after one prefill", tag);
     ok(what, k0 == 6 && k1 == 6 && f0 == 6 && f1 == 6 && !memcmp(d0, e0, sizeof d0) && !memcmp(d1, e1, sizeof d1));
+    /* (API next) anna_mtp_draft_batch over the same two prefills (the sequences listed in
+     * reverse, 6 and 3 drafts: chain steps with one and with two rows) drafts as one by one */
+    int32_t bd[2 * ANNA_SPEC_MAX_DRAFT];
+    int bs[2] = {1, 0}, bk[2] = {6, 3};
+    const int32_t bl[2] = {ref[g + 6], ref[g + 5]};
+    anna_context_seq_reset(c, 0), anna_mtp_reset(d, 0);
+    anna_context_seq_reset(c, 1), anna_mtp_reset(d, 1);
+    rc = anna_mtp_prefill(d, 0, all, nall + 5, lg, err, sizeof err);
+    if (!rc) rc = anna_mtp_prefill(d, 1, all, nall + 6, lg, err, sizeof err);
+    if (!rc) rc = anna_mtp_draft_batch(d, 2, bs, bl, bk, bd, err, sizeof err);
+    if (rc) printf("  draft_batch: %s\n", err);
+    snprintf(what, sizeof what, "%s: anna_mtp_draft_batch (2 sequences, 6 and 3 drafts) == anna_mtp_draft", tag);
+    ok(what, !rc && bk[0] == 6 && bk[1] == 3 && f0 == 6 && f1 == 6 && !memcmp(bd, e1, 6 * sizeof(int32_t)) &&
+                 !memcmp(bd + ANNA_SPEC_MAX_DRAFT, e0, 3 * sizeof(int32_t)));
+    /* and the heads were rewound to the true positions: after an oracle window of 2 the head
+     * drafts what a head built by one prefill of the same ids drafts */
+    int32_t ob[4], gd[6], fd[6];
+    int nb2 = 0, kg = -1, kf = -1;
+    rc = rc ? rc : anna_mtp_verify(d, 1, ref[g + 6], ref + g + 7, 2, ob, &nb2, err, sizeof err);
+    if (!rc && nb2 == 3) {
+      kg = anna_mtp_draft(d, 1, ref[g + 9], gd, 6, err, sizeof err);
+      memcpy(all + nall, ref + g, 9 * sizeof(int32_t));
+      anna_context_seq_reset(c, 0), anna_mtp_reset(d, 0);
+      if (!anna_mtp_prefill(d, 0, all, nall + 9, lg, err, sizeof err)) kf = anna_mtp_draft(d, 0, ref[g + 9], fd, 6, err, sizeof err);
+    }
+    snprintf(what, sizeof what, "%s: after anna_mtp_draft_batch and a window, drafts as after one prefill", tag);
+    ok(what, kg == 6 && kf == 6 && !memcmp(gd, fd, sizeof gd));
   }
   /* calls out of order / bad arguments */
   {
