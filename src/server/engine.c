@@ -1456,24 +1456,38 @@ static int mtp_follows(const engine *e, int i) {
   return e->mtp && spec_follows(e, i);
 }
 
+/* The draft model takes slot i's tokens [spec_fed, upto), at most budget of them this step:
+ * 1 when it then holds upto tokens, 0 when it still lags, -1 when it failed (dropped: it
+ * starts over). Catching up a cached prefix or a prompt the exact cache answered is spread
+ * over steps (the slot decodes plainly meanwhile), so it never stalls the engine for long. */
+#define SPEC_DRAFT_CATCHUP 256
+static int draft_catch_up(engine *e, int i, size_t upto, size_t budget) {
+  const slot *s = &e->slots[i];
+  size_t from = e->spec_fed[i];
+  if (from > upto) from = 0; /* cannot happen: start over rather than trust it */
+  const size_t n = upto - from < budget ? upto - from : budget;
+  if (n) {
+    char err[256];
+    /* from 0 the draft sequence is emptied first (prefill) */
+    const int rc = from ? anna_draft_feed(e->dm, i, s->toks + from, (int32_t)n, err, sizeof err)
+                        : anna_draft_prefill(e->dm, i, s->toks, (int32_t)n, err, sizeof err);
+    if (rc) {
+      slog(SLOG_WARN, NULL, "draft model prefill failed (slot %d starts over): %s", i, err);
+      spec_drop(e, i);
+      return -1;
+    }
+    e->spec_fed[i] = from + n;
+  }
+  return e->spec_fed[i] == upto;
+}
+
 /* The draft model takes slot i's prompt chunk [pos, pos + n) in the step that runs it, so its
- * prefill is spread as the target's is (a prefix the target reused from its cache goes in with
- * the first chunk); the last chunk leaves it in step. A failure leaves it behind: it is
- * prefilled again when the slot starts speculating (spec_draft_slot). */
+ * prefill is spread as the target's is (a prefix the target reused from its cache within the
+ * catch-up budget); the last chunk leaves it in step when it has caught up. */
 static void draft_prompt_chunk(engine *e, int i, size_t pos, size_t n) {
   if (!e->dm || !spec_follows(e, i)) return;
-  const slot *s = &e->slots[i];
-  char err[256];
-  int rc;
-  if (e->spec_fed[i] == pos) rc = anna_draft_feed(e->dm, i, s->feed + pos, (int32_t)n, err, sizeof err);
-  else rc = anna_draft_prefill(e->dm, i, s->feed, (int32_t)(pos + n), err, sizeof err);
-  if (rc) {
-    slog(SLOG_WARN, NULL, "draft model prefill failed (slot %d catches up later): %s", i, err);
-    spec_drop(e, i);
-    return;
-  }
-  e->spec_fed[i] = pos + n;
-  if (pos + n == s->n_feed) e->spec_ready[i] = 1;
+  if (draft_catch_up(e, i, pos + n, n + SPEC_DRAFT_CATCHUP) == 1 && pos + n == e->slots[i].n_feed)
+    e->spec_ready[i] = 1;
 }
 
 static int spec_draft_slot(engine *e, int i, int room) {
@@ -1491,13 +1505,9 @@ static int spec_draft_slot(engine *e, int i, int room) {
     return room; /* drafted with the step's other MTP slots (spec_mtp_drafts) */
   case ENGINE_DRAFTER_DRAFT:
     if (room < 0) return -1;
-    if (!e->spec_ready[i]) {
+    if (!e->spec_ready[i]) { /* behind: catch up a piece per step, decoding plainly meanwhile */
       const int32_t n = anna_context_seq_len(e->ctx, i);
-      if (n < 1 || anna_draft_prefill(e->dm, i, s->toks, n, err, sizeof err)) {
-        if (n >= 1) slog(SLOG_WARN, NULL, "draft model prefill failed (slot %d decodes plainly): %s", i, err);
-        spec_drop(e, i);
-        return -1;
-      }
+      if (n < 1 || draft_catch_up(e, i, (size_t)n, SPEC_DRAFT_CATCHUP) != 1) return -1;
       e->spec_ready[i] = 1;
     }
     if (room == 0) return 0;
@@ -1868,7 +1878,14 @@ static void *engine_main(void *arg) {
         wrows += kd + 1;
         continue;
       }
-      if (e->spec_ready && e->spec_ready[i]) spec_drop(e, i); /* the model drafter falls behind */
+      if (e->spec_ready && e->spec_ready[i]) { /* the model drafter falls behind */
+        if (e->dm) { /* by this step's token only: it holds what the sequence holds now */
+          e->spec_ready[i] = 0;
+          e->spec_fed[i] = (size_t)anna_context_seq_len(e->ctx, i);
+        } else {
+          spec_drop(e, i);
+        }
+      }
       e->b_tok[nb] = e->slots[i].next_tok;
       e->b_seq[nb] = i;
       e->b_pos[nb] = anna_context_seq_len(e->ctx, i);

@@ -265,3 +265,27 @@ def test_model_drafters_preemption(drafter):
     finally:
         small.stop()
         ref.stop()
+
+
+# A prompt longer than a step's draft catch-up (256 tokens): the second time the exact cache
+# answers it, and the draft model catches up over several steps while the slot decodes
+# plainly, then drafts; a third request extends it (a cached prefix to catch up on).
+def test_draft_model_catch_up():
+    path = os.path.join(FIXTURES, "qwen3")
+    args = ("--parallel", "2", "--ctx-size", "1024")
+    plain = start_server(path, *args)
+    spec = start_server(path, *args, "--draft-model", path, "--draft-max", "4")
+    ids = [100 + (j * 37) % 800 for j in range(700)]
+    try:
+        a, b = plain.client(), spec.client()
+        for p in (ids, ids, ids + [5, 6, 7]):
+            want = a.completions.create(model="qwen3", prompt=p, max_tokens=40, temperature=0,
+                                        extra_body={"ignore_eos": True}).choices[0].text
+            r = b.completions.create(model="qwen3", prompt=p, max_tokens=40, temperature=0,
+                                     extra_body={"ignore_eos": True})
+            d = r.usage.completion_tokens_details
+            assert r.choices[0].text == want
+            assert d.accepted_prediction_tokens > 0 and d.rejected_prediction_tokens == 0, d
+    finally:
+        plain.stop()
+        spec.stop()
