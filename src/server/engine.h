@@ -100,7 +100,8 @@ typedef struct engine_options {
    * difference). Model drafters follow every speculating slot from its prompt on: the
    * slot's prompt chunks run through anna_mtp_feed (a forward call of their own that keeps the
    * hidden rows; a prefix reused from the cache is not in the head) or, beside the target's
-   * chunk, through the draft model (anna_draft_feed; a cached prefix with the first chunk). */
+   * chunk, through the draft model (anna_draft_feed; what it lacks, a cached prefix say, it
+   * catches up a bounded piece per step while the slot decodes plainly). */
   int spec_drafter;
   const char *spec_draft_model;
   /* Reserve one more context sequence for engine_embed (pooled hidden states): its KV
