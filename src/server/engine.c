@@ -1485,9 +1485,24 @@ static int draft_catch_up(engine *e, int i, size_t upto, size_t budget) {
  * prefill is spread as the target's is (a prefix the target reused from its cache within the
  * catch-up budget); the last chunk leaves it in step when it has caught up. */
 static void draft_prompt_chunk(engine *e, int i, size_t pos, size_t n) {
-  if (!e->dm || !spec_follows(e, i)) return;
+  if (!e->dm || !e->slots[i].r || !spec_follows(e, i)) return;
   if (draft_catch_up(e, i, pos + n, n + SPEC_DRAFT_CATCHUP) == 1 && pos + n == e->slots[i].n_feed)
     e->spec_ready[i] = 1;
+}
+
+/* After a step's tokens went out (so the draft model never delays them): the draft model
+ * takes the step's prompt chunks of speculating slots, and decoding slots it lags behind (a
+ * prompt the exact cache answered, a plain step) catch up a piece; spec_draft_slot finds them
+ * in step at the next window. */
+static void spec_draft_follow(engine *e, const anna_sched_plan *p) {
+  for (int k = 0; k < p->n_prefill; k++)
+    draft_prompt_chunk(e, p->prefill[k].slot, (size_t)p->prefill[k].pos, (size_t)p->prefill[k].n);
+  for (int k = 0; k < p->n_decode; k++) {
+    const int i = p->decode[k].slot;
+    if (!e->slots[i].r || !e->slots[i].decoding || e->spec_ready[i] || !spec_follows(e, i)) continue;
+    const int32_t n = anna_context_seq_len(e->ctx, i);
+    if (n > 0) draft_catch_up(e, i, (size_t)n, SPEC_DRAFT_CATCHUP);
+  }
 }
 
 static int spec_draft_slot(engine *e, int i, int room) {
@@ -1505,9 +1520,8 @@ static int spec_draft_slot(engine *e, int i, int room) {
     return room; /* drafted with the step's other MTP slots (spec_mtp_drafts) */
   case ENGINE_DRAFTER_DRAFT:
     if (room < 0) return -1;
-    if (!e->spec_ready[i]) { /* behind: catch up a piece per step, decoding plainly meanwhile */
-      const int32_t n = anna_context_seq_len(e->ctx, i);
-      if (n < 1 || draft_catch_up(e, i, (size_t)n, SPEC_DRAFT_CATCHUP) != 1) return -1;
+    if (!e->spec_ready[i]) { /* behind: spec_draft_follow catches up after the step */
+      if (e->spec_fed[i] != (size_t)anna_context_seq_len(e->ctx, i)) return -1;
       e->spec_ready[i] = 1;
     }
     if (room == 0) return 0;
@@ -2002,8 +2016,6 @@ static void *engine_main(void *arg) {
         slot_free(e, pf->slot, "error", frc == ANNA_ERANGE || frc == ANNA_ENOMEM ? ANNA_ENOMEM : frc, err, 0);
       }
     }
-    for (int k = 0; e->dm && k < p.n_prefill; k++)
-      draft_prompt_chunk(e, p.prefill[k].slot, (size_t)p.prefill[k].pos, (size_t)p.prefill[k].n);
     pthread_mutex_lock(&e->mx->mu);
     e->mx->decode_steps++;
     e->mx->batch_tokens += (uint64_t)(nb + wrows);
@@ -2081,6 +2093,7 @@ static void *engine_main(void *arg) {
     ph_mark(e, ENG_PH_SAMPLE);
     wake_flush(e);
     ph_mark(e, ENG_PH_WAKE);
+    if (e->dm) spec_draft_follow(e, &p);
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
                            (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
