@@ -534,6 +534,8 @@ int anna_draft_create(anna_draft **out, anna_model *draft_model, const anna_mode
 void anna_draft_free(anna_draft *d);
 /* tokens[0, n) into seq (emptied first): what the target's sequence holds (not its pending token). */
 int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
+/* (API next) tokens[0, n) appended to seq (a prompt in chunks, as the target runs it). */
+int anna_draft_feed(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
 /* Drafts min(k, k_max) greedy tokens after `last` into draft; returns their number or a
  * negative ANNA_E*. */
 int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k, char *err, size_t errlen);
@@ -575,6 +577,29 @@ int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, in
  * caller-owned scratch. */
 int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *s,
                             float *logits, int32_t *out, int *n_out, char *err, size_t errlen);
+/* (API next) A prompt in pieces: tokens[0, n) continue seq at its current length (a prompt
+ * chunk; the context runs them in batches of n_batch, hidden rows only) and the head takes
+ * them. Positions the context held before the head followed seq (a prefix reused from a
+ * cache) are not in the head: its entries start at the first token fed here. logits non-NULL
+ * (the prompt's last chunk): the last token's logits [vocab] are written there and its
+ * position is the one the next draft starts from; NULL: more of the prompt follows. */
+int anna_mtp_feed(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
+                  size_t errlen);
+/* (API next) anna_mtp_draft for n distinct sequences at once, each chain step one head run
+ * over all of them: sequence seq[i] drafts min(k[i], k_max) tokens after last[i] into
+ * draft + i * ANNA_SPEC_MAX_DRAFT, and k[i] is set to their number (k[i] <= 0: nothing, and
+ * its pending positions stay for its window). The drafts are anna_mtp_draft's. */
+int anna_mtp_draft_batch(anna_mtp *d, int n, const int *seq, const int32_t *last, int *k, int32_t *draft, char *err,
+                         size_t errlen);
+/* (API next) anna_mtp_verify(_sampled) for several sequences in one forward pass, as
+ * anna_context_verify(_sampled): window i verifies w[i].draft[0, k) of its sequence after
+ * w[i].last (k = 0: a plain step that still gives the head the new position), drawing with
+ * samplers[i] when samplers is non-NULL (logits: [sum of (k + 1)] * vocab scratch then; NULL
+ * samplers: greedy, logits unused). Every window's accepted rows become its sequence's next
+ * pending positions, so the head stays in step with each sequence (anna-serve drives its
+ * speculating slots through this). The windows' rows fit the context's n_batch. */
+int anna_mtp_verify_batch(anna_mtp *d, anna_spec_window *w, int n, anna_sampler *const *samplers, float *logits,
+                          char *err, size_t errlen);
 /* Forgets seq in the head (the caller resets the context's sequence). */
 void anna_mtp_reset(anna_mtp *d, int seq);
 

@@ -87,10 +87,15 @@ static void usage(FILE *f) {
           "                           path (default: sample from the candidates the backend returns)\n"
           "  --tuning K=V,...         runtime switches (after the environment's ANNA_TUNING; keys:\n"
           "                           src/base/tuning.h)\n"
-          "  --speculative ngram|none requests verify prompt-lookup drafts in windows by default (none, the\n"
-          "                           default: only those whose body says \"speculative\": true; false opts\n"
-          "                           out). Greedy: the plain output; sampled / penalised: the same\n"
-          "                           distribution (and a seed's plain tokens). Not with logprobs, JSON or images\n"
+          "  --speculative ngram|mtp|draft|none  requests verify drafts in windows by default: prompt-lookup\n"
+          "                           (ngram), the checkpoint's MTP head (mtp: Qwen3.5 mtp.*; an error for a\n"
+          "                           model without one) or --draft-model (draft). none (also off, the\n"
+          "                           default): only requests whose body says \"speculative\": true, with the\n"
+          "                           n-gram drafter (or --draft-model's); false opts out. Greedy: the plain\n"
+          "                           output; sampled / penalised: the same distribution (and a seed's plain\n"
+          "                           tokens). Not with logprobs, JSON or images\n"
+          "  --draft-model PATH       a smaller model with the same vocabulary drafts (HF folder or GGUF;\n"
+          "                           implies --speculative draft unless --speculative none)\n"
           "  --draft-max K            most drafted tokens per window (1..16, default 6)\n"
           "  --draft-fixed            always draft --draft-max tokens (default: adapt K per sequence to its\n"
           "                           acceptance rate)\n"
@@ -167,7 +172,8 @@ int main(int argc, char **argv) {
   o.eng.n_batch = 512;
   int parallel = 0, max_body = 8 << 20, no_cache = 0, ckpts = -1, resp_ttl = 0;
   int mm_cache_mib = -1;
-  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0, spec = 0;
+  int max_img_px = 0, max_imgs = 0, max_img_bytes = 0, deterministic = 0;
+  const char *spec_name = NULL;
   int max_vid_bytes = 0, max_vid_px = 0;
   o.eng.prompt_cache_block = 256;
   o.eng.prefix_min_tail = -1; /* auto, below */
@@ -203,16 +209,13 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--deterministic")) deterministic = 1;
     else if (!strcmp(a, "--speculative")) {
       NEEDV();
-      if (!strcmp(v, "mtp")) {
-        fprintf(stderr, "error: --speculative mtp is not in the server yet (have: ngram, none; anna-generate has mtp)\n");
+      if (strcmp(v, "ngram") && strcmp(v, "mtp") && strcmp(v, "draft") && strcmp(v, "none") && strcmp(v, "off")) {
+        fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, mtp, draft, none)\n", v);
         return 2;
       }
-      if (strcmp(v, "ngram") && strcmp(v, "none")) {
-        fprintf(stderr, "error: --speculative '%s' is not supported (have: ngram, none)\n", v);
-        return 2;
-      }
-      spec = !strcmp(v, "ngram");
+      spec_name = v;
     }
+    else if (!strcmp(a, "--draft-model")) { NEEDV(); o.eng.spec_draft_model = v; }
     INTF("--mask-threads", 0, 64, o.eng.mask_threads)
     INTF("--json-mask-cache-mib", 0, 65536, o.eng.json_mask_cache_mib)
     else if (!strcmp(a, "--draft-fixed")) o.eng.spec_fixed = 1;
@@ -401,8 +404,22 @@ int main(int argc, char **argv) {
     o.eng.cached_experts_per_layer = oc.cached_experts_per_layer;
     o.eng.expert_swap_every = oc.expert_swap_every;
   }
-  /* the drafters always exist (a request may opt in); --speculative ngram makes it the default */
-  o.eng.spec_default = spec;
+  /* the drafters always exist (a request may opt in); --speculative ngram|mtp|draft makes
+   * speculation the default, with that drafter; --draft-model alone means draft */
+  const int spec_off = spec_name && (!strcmp(spec_name, "none") || !strcmp(spec_name, "off"));
+  if (!spec_name && o.eng.spec_draft_model) spec_name = "draft";
+  if (o.eng.spec_draft_model && !spec_off && strcmp(spec_name, "draft")) {
+    fprintf(stderr, "error: --draft-model goes with --speculative draft (or none), not --speculative %s\n", spec_name);
+    return 2;
+  }
+  if (spec_name && !strcmp(spec_name, "draft") && !o.eng.spec_draft_model) {
+    fprintf(stderr, "error: --speculative draft needs --draft-model PATH\n");
+    return 2;
+  }
+  o.eng.spec_default = spec_name && !spec_off;
+  o.eng.spec_drafter = o.eng.spec_draft_model             ? ENGINE_DRAFTER_DRAFT
+                       : spec_name && !strcmp(spec_name, "mtp") ? ENGINE_DRAFTER_MTP
+                                                                : ENGINE_DRAFTER_NGRAM;
   if (!o.eng.spec_draft_max) o.eng.spec_draft_max = 6;
   if (!o.eng.spec_ngram_min) o.eng.spec_ngram_min = 1;
   if (!o.eng.spec_ngram_max) o.eng.spec_ngram_max = 4;

@@ -124,6 +124,13 @@ int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n,
   return feed(d, seq, tokens, n, 0, err, errlen);
 }
 
+int anna_draft_feed(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen) {
+  if (seq < 0 || seq >= d->n_seq)
+    return anna_err(err, errlen, ANNA_ERANGE, "draft: sequence %d out of range", seq);
+  if (n < 0 || (n > 0 && !tokens)) return anna_err(err, errlen, ANNA_EINVAL, "draft feed: no tokens");
+  return feed(d, seq, tokens, n, anna_context_seq_len(d->c, seq), err, errlen);
+}
+
 int anna_draft_draft(anna_draft *d, int seq, int32_t last, int32_t *draft, int k, char *err,
                      size_t errlen) {
   if (seq < 0 || seq >= d->n_seq)

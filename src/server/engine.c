@@ -217,7 +217,20 @@ struct engine {
    * preemption parks and restores elsewhere) the n-gram drafter over prompt + generated ids,
    * its draft buffer [ANNA_SPEC_MAX_DRAFT] and the window's output [ANNA_SPEC_MAX_DRAFT + 1];
    * one window per slot at most */
-  anna_ngram **ng;
+  anna_ngram **ng; /* ENGINE_DRAFTER_NGRAM only */
+  /* model drafters: the MTP head (borrows ctx) or a draft model (owned) and its drafter, and
+   * per slot index whether the drafter holds what the slot's sequence holds (0: it catches
+   * up at the slot's next window: the head restarts, the draft context is prefilled) */
+  anna_mtp *mtp;
+  anna_model *dmodel;
+  anna_draft *dm;
+  int8_t *spec_ready;
+  int *mtp_pf; /* [n_seq] a step's prompt chunks fed through the MTP head (indexes of plan.prefill) */
+  /* a step's MTP drafts, run together (anna_mtp_draft_batch): per drafting slot its sequence,
+   * requested / drafted length, pending token, window index, and drafts [n * ANNA_SPEC_MAX_DRAFT] */
+  int *mtp_bs, *mtp_bk, *mtp_bw;
+  int32_t *mtp_bl, *mtp_bd;
+  size_t *spec_fed; /* [n_seq] prompt positions the draft model holds while the slot prefills */
   int32_t *spec_draft, *spec_out;
   anna_spec_window *wins;
   int *win_slot;
@@ -451,6 +464,17 @@ static int slot_release(engine *e, slot *s, int final) {
   return hit;
 }
 
+const char *const engine_drafter_names[3] = {"ngram", "mtp", "draft"};
+
+/* A model drafter forgets slot i's sequence (it ended, was preempted or restarts). */
+static void spec_drop(engine *e, int i) {
+  if (!e->spec_ready) return;
+  e->spec_ready[i] = 0;
+  e->spec_fed[i] = 0;
+  if (e->mtp) anna_mtp_reset(e->mtp, i);
+  if (e->dm) anna_draft_reset(e->dm, i);
+}
+
 static void slot_free(engine *e, int i, const char *reason, int code, const char *msg, int flush) {
   slot *s = &e->slots[i];
   gen_request *r = s->r;
@@ -484,6 +508,7 @@ static void slot_free(engine *e, int i, const char *reason, int code, const char
     metrics_observe(e->mx, &e->mx->e2e, (engine_now() - r->t_arrival) * 1000.0);
   /* Its blocks go back to the pool; the registered ones stay cached for the next prompt. */
   anna_context_seq_reset(e->ctx, i);
+  spec_drop(e, i);
   sc_finish(e, i); /* a no-op for a dropped sequence: the scheduler freed its slot already */
   anna_sampler_free(s->smp);
   s->smp = NULL;
@@ -512,6 +537,7 @@ static void parked_free(slot *p) {
 static void slot_preempt(engine *e, int i, wunit *u) {
   slot *s = &e->slots[i];
   anna_context_seq_reset(e->ctx, i);
+  spec_drop(e, i);
   slot *p = malloc(sizeof *p);
   anna_text_stream *ts = NULL;
   int32_t *toks = malloc((size_t)e->o.n_ctx * sizeof *toks);
@@ -703,11 +729,14 @@ static int slot_media_prefill(engine *e, int i, char *err, size_t errlen) {
 /* The drafter of slot i restarts from what the slot feeds (prompt, or prompt + generated after
  * a preemption); a history that does not fit turns drafting off for this sequence. */
 static void spec_history(engine *e, int i) {
-  if (!e->ng) return;
+  if (!e->spec_draft) return;
+  spec_drop(e, i);
   char err[128];
-  anna_ngram_reset(e->ng[i]);
   const slot *s = &e->slots[i];
-  if (anna_ngram_accept(e->ng[i], s->feed, (int32_t)s->n_feed, err, sizeof err)) anna_ngram_reset(e->ng[i]);
+  if (e->ng) {
+    anna_ngram_reset(e->ng[i]);
+    if (anna_ngram_accept(e->ng[i], s->feed, (int32_t)s->n_feed, err, sizeof err)) anna_ngram_reset(e->ng[i]);
+  }
   anna_spec_adapt_init(&e->spec_k[i], e->o.spec_draft_max, e->o.spec_fixed ? 0.0f : SPEC_ADAPT_P_MIN);
 }
 
@@ -1427,7 +1456,7 @@ static void kv_exhausted(engine *e) {
   pthread_mutex_unlock(&e->mu);
 }
 
-/* How many tokens slot i may draft this step (0: decode it plainly): speculation on for the
+/* How many tokens slot i may draft this step (-1: decode it plainly): speculation on for the
  * request (its "speculative", else the server's default), nothing that needs the full row
  * outside the sampler (logprobs, JSON, forced ids, min_tokens), no images (their positions
  * carry a rotary delta), room before max_gen and the context, and no KV block beyond the one
@@ -1436,17 +1465,133 @@ static void kv_exhausted(engine *e) {
 static int spec_room(engine *e, int i) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
-  if (!e->ng || !r || !s->decoding || r->logprobs || r->json_mode || r->grammar || r->forced ||
+  if (!e->spec_draft || !r || !s->decoding || r->logprobs || r->json_mode || r->grammar || r->forced ||
       r->n_media ||
       (size_t)s->n_gen < r->n_prefix || s->n_gen < r->min_tokens)
-    return 0;
-  if (r->speculative != GEN_SPEC_ON) return 0; /* resolved at engine_submit */
+    return -1;
+  if (r->speculative != GEN_SPEC_ON) return -1; /* resolved at engine_submit */
   int k = anna_spec_adapt_next(&e->spec_k[i]);
   const int64_t len = anna_context_seq_len(e->ctx, i);
   if (k > s->max_gen - s->n_gen - 1) k = s->max_gen - s->n_gen - 1;
   if (k > e->o.n_ctx - 1 - len) k = (int)(e->o.n_ctx - 1 - len);
   while (k > 0 && anna_context_seq_blocks_needed(e->ctx, i, k + 1) > anna_context_seq_blocks_needed(e->ctx, i, 1)) k--;
   return k > 0 ? k : 0;
+}
+
+/* Slot i's draft for this step given its room (spec_room, capped by the step's window rows):
+ * the number of drafted tokens for a window, or -1 for a plain step. The n-gram drafter
+ * windows only what it drafted. A model drafter windows every step it may (k = 0: the
+ * pending token alone), so it sees every position of the sequence: the MTP head takes the
+ * window's hidden rows (anna_mtp_verify_batch), the draft model the accepted tokens
+ * (anna_draft_commit). A drafter that is not in step first catches up: the head restarts
+ * with a k = 0 window (spec_verify marks it ready), the draft context is prefilled with what
+ * the slot's sequence holds. A drafter's failure costs its drafts, never the request: the
+ * slot decodes plainly and the drafter catches up later. */
+/* Slot i's prompt goes through the MTP head (anna_mtp_feed) rather than the step's batch: the
+ * request may speculate with it later (the conditions of spec_room that hold for the whole
+ * request). */
+static int spec_follows(const engine *e, int i) {
+  const gen_request *r = e->slots[i].r;
+  return r && r->speculative == GEN_SPEC_ON && !r->logprobs && !r->json_mode && !r->grammar && !r->forced &&
+         !r->n_media;
+}
+
+static int mtp_follows(const engine *e, int i) {
+  return e->mtp && spec_follows(e, i);
+}
+
+/* The draft model takes slot i's tokens [spec_fed, upto), at most budget of them this step:
+ * 1 when it then holds upto tokens, 0 when it still lags, -1 when it failed (dropped: it
+ * starts over). Catching up a cached prefix or a prompt the exact cache answered is spread
+ * over steps (the slot decodes plainly meanwhile), so it never stalls the engine for long. */
+#define SPEC_DRAFT_CATCHUP 256
+static int draft_catch_up(engine *e, int i, size_t upto, size_t budget) {
+  const slot *s = &e->slots[i];
+  size_t from = e->spec_fed[i];
+  if (from > upto) from = 0; /* cannot happen: start over rather than trust it */
+  const size_t n = upto - from < budget ? upto - from : budget;
+  if (n) {
+    char err[256];
+    /* from 0 the draft sequence is emptied first (prefill) */
+    const int rc = from ? anna_draft_feed(e->dm, i, s->toks + from, (int32_t)n, err, sizeof err)
+                        : anna_draft_prefill(e->dm, i, s->toks, (int32_t)n, err, sizeof err);
+    if (rc) {
+      slog(SLOG_WARN, NULL, "draft model prefill failed (slot %d starts over): %s", i, err);
+      spec_drop(e, i);
+      return -1;
+    }
+    e->spec_fed[i] = from + n;
+  }
+  return e->spec_fed[i] == upto;
+}
+
+/* The draft model takes slot i's prompt chunk [pos, pos + n) in the step that runs it, so its
+ * prefill is spread as the target's is (a prefix the target reused from its cache within the
+ * catch-up budget); the last chunk leaves it in step when it has caught up. */
+static void draft_prompt_chunk(engine *e, int i, size_t pos, size_t n) {
+  if (!e->dm || !e->slots[i].r || !spec_follows(e, i)) return;
+  if (draft_catch_up(e, i, pos + n, n + SPEC_DRAFT_CATCHUP) == 1 && pos + n == e->slots[i].n_feed)
+    e->spec_ready[i] = 1;
+}
+
+/* After a step's tokens went out (so the draft model never delays them): the draft model
+ * takes the step's prompt chunks of speculating slots, and decoding slots it lags behind (a
+ * prompt the exact cache answered, a plain step) catch up a piece; spec_draft_slot finds them
+ * in step at the next window. */
+static void spec_draft_follow(engine *e, const anna_sched_plan *p) {
+  for (int k = 0; k < p->n_prefill; k++)
+    draft_prompt_chunk(e, p->prefill[k].slot, (size_t)p->prefill[k].pos, (size_t)p->prefill[k].n);
+  for (int k = 0; k < p->n_decode; k++) {
+    const int i = p->decode[k].slot;
+    if (!e->slots[i].r || !e->slots[i].decoding || e->spec_ready[i] || !spec_follows(e, i)) continue;
+    const int32_t n = anna_context_seq_len(e->ctx, i);
+    if (n > 0) draft_catch_up(e, i, (size_t)n, SPEC_DRAFT_CATCHUP);
+  }
+}
+
+static int spec_draft_slot(engine *e, int i, int room) {
+  slot *s = &e->slots[i];
+  int32_t *out = e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT;
+  char err[256];
+  int kd;
+  switch (e->o.spec_drafter) {
+  case ENGINE_DRAFTER_MTP:
+    if (room < 0) return -1;
+    if (!e->spec_ready[i]) {
+      anna_mtp_reset(e->mtp, i);
+      return 0;
+    }
+    return room; /* drafted with the step's other MTP slots (spec_mtp_drafts) */
+  case ENGINE_DRAFTER_DRAFT:
+    if (room < 0) return -1;
+    if (!e->spec_ready[i]) { /* behind: spec_draft_follow catches up after the step */
+      if (e->spec_fed[i] != (size_t)anna_context_seq_len(e->ctx, i)) return -1;
+      e->spec_ready[i] = 1;
+    }
+    if (room == 0) return 0;
+    if ((kd = anna_draft_draft(e->dm, i, s->next_tok, out, room, err, sizeof err)) >= 0) return kd;
+    slog(SLOG_WARN, NULL, "draft model draft failed (slot %d decodes plainly): %s", i, err);
+    spec_drop(e, i);
+    return -1;
+  default:
+    return room > 0 ? anna_ngram_draft(e->ng[i], out, room) : -1;
+  }
+}
+
+/* The step's MTP windows with room get their drafts from one anna_mtp_draft_batch (each chain
+ * step one head run over every drafting slot). On failure those windows verify no draft: the
+ * head restarts from them (spec_verify marks it in step again). */
+static void spec_mtp_drafts(engine *e, int n) {
+  if (n == 0) return;
+  char err[256];
+  const int rc = anna_mtp_draft_batch(e->mtp, n, e->mtp_bs, e->mtp_bl, e->mtp_bk, e->mtp_bd, err, sizeof err);
+  if (rc) slog(SLOG_WARN, NULL, "MTP draft failed (%d slots verify without drafts): %s", n, err);
+  for (int j = 0; j < n; j++) {
+    anna_spec_window *w = &e->wins[e->mtp_bw[j]];
+    w->draft = e->mtp_bd + (size_t)j * ANNA_SPEC_MAX_DRAFT;
+    w->k = rc ? 0 : e->mtp_bk[j];
+    if (rc) spec_drop(e, e->mtp_bs[j]);
+  }
 }
 
 /* The step's verify windows, one forward pass of their own: greedy ones take the argmax
@@ -1462,12 +1607,23 @@ static int spec_verify(engine *e, int nw, int *sampled, char *err, size_t errlen
                 sp->frequency_penalty != 0.0f;
     e->win_smp[w] = e->slots[e->win_slot[w]].smp;
   }
-  const int rc = *sampled ? anna_context_verify_sampled(e->ctx, e->wins, e->win_smp, nw, e->spec_logits, err, errlen)
-                          : anna_context_verify(e->ctx, e->wins, nw, err, errlen);
+  const int rc =
+      e->mtp ? anna_mtp_verify_batch(e->mtp, e->wins, nw, *sampled ? e->win_smp : NULL, e->spec_logits, err, errlen)
+      : *sampled ? anna_context_verify_sampled(e->ctx, e->wins, e->win_smp, nw, e->spec_logits, err, errlen)
+                 : anna_context_verify(e->ctx, e->wins, nw, err, errlen);
   if (rc) return rc;
   uint64_t drafted = 0, accepted = 0;
   for (int w = 0; w < nw; w++) {
     const int i = e->win_slot[w], k = e->wins[w].k, a = e->wins[w].n_out - 1;
+    if (e->mtp) e->spec_ready[i] = 1; /* the head holds the window's rows */
+    if (e->dm) { /* the draft context keeps what the target kept */
+      const anna_spec_window *x = &e->wins[w];
+      char e2[256];
+      if (anna_draft_commit(e->dm, i, x->last, x->draft, x->k, x->out, x->n_out, e2, sizeof e2)) {
+        slog(SLOG_WARN, NULL, "draft model commit failed (slot %d catches up later): %s", i, e2);
+        spec_drop(e, i);
+      }
+    }
     anna_spec_adapt_update(&e->spec_k[i], k, a);
     drafted += (uint64_t)k;
     accepted += (uint64_t)a;
@@ -1478,8 +1634,8 @@ static int spec_verify(engine *e, int nw, int *sampled, char *err, size_t errlen
     c->spec_rejected += k - a;
     pthread_mutex_unlock(&r->mu);
   }
-  metrics_add(e->mx, &e->mx->spec_draft_tokens[METRICS_DRAFTER_NGRAM], drafted);
-  metrics_add(e->mx, &e->mx->spec_accepted_tokens[METRICS_DRAFTER_NGRAM], accepted);
+  metrics_add(e->mx, &e->mx->spec_draft_tokens[e->o.spec_drafter], drafted);
+  metrics_add(e->mx, &e->mx->spec_accepted_tokens[e->o.spec_drafter], accepted);
   return 0;
 }
 
@@ -1758,23 +1914,35 @@ static void *engine_main(void *arg) {
       pthread_mutex_unlock(&e->mu);
     }
     ph_mark(e, ENG_PH_SCHED);
-    int nb = 0, nflag = 0, nw = 0, wrows = 0;
+    int nb = 0, nflag = 0, nw = 0, wrows = 0, n_mtpd = 0;
     const int nseqs = p.n_decode + p.n_prefill;
     for (int k = 0; k < p.n_decode; k++) {
       const int i = p.decode[k].slot;
       /* the windows run as one forward pass of their own: their rows must fit n_batch */
       int room = spec_room(e, i);
       if (room > e->spec_rows - wrows - 1) room = e->spec_rows - wrows - 1;
-      const int kd = room > 0 ? anna_ngram_draft(e->ng[i], e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT, room) : 0;
-      if (kd > 0) { /* a verify window instead of one plain token */
+      const int kd = room >= 0 ? spec_draft_slot(e, i, room) : -1;
+      if (kd >= 0) { /* a verify window instead of one plain token */
         e->wins[nw] = (anna_spec_window){.seq = i,
                                          .last = e->slots[i].next_tok,
                                          .draft = e->spec_draft + (size_t)i * ANNA_SPEC_MAX_DRAFT,
                                          .k = kd,
                                          .out = e->spec_out + (size_t)i * (ANNA_SPEC_MAX_DRAFT + 1)};
+        if (e->mtp && kd > 0) { /* drafted below, with the step's other MTP slots */
+          e->mtp_bs[n_mtpd] = i, e->mtp_bk[n_mtpd] = kd, e->mtp_bl[n_mtpd] = e->slots[i].next_tok;
+          e->mtp_bw[n_mtpd++] = nw;
+        }
         e->win_slot[nw++] = i;
         wrows += kd + 1;
         continue;
+      }
+      if (e->spec_ready && e->spec_ready[i]) { /* the model drafter falls behind */
+        if (e->dm) { /* by this step's token only: it holds what the sequence holds now */
+          e->spec_ready[i] = 0;
+          e->spec_fed[i] = (size_t)anna_context_seq_len(e->ctx, i);
+        } else {
+          spec_drop(e, i);
+        }
       }
       e->b_tok[nb] = e->slots[i].next_tok;
       e->b_seq[nb] = i;
@@ -1783,11 +1951,18 @@ static void *engine_main(void *arg) {
       e->out_slot[nflag++] = i;
       nb++;
     }
+    spec_mtp_drafts(e, n_mtpd);
     const int nb_dec = nb, nflag_dec = nflag; /* the decode rows come first */
     int64_t prompt_fed = 0;
+    int n_mpf = 0;
     for (int k = 0; k < p.n_prefill; k++) {
       const int i = p.prefill[k].slot;
       const slot *s = &e->slots[i];
+      if (mtp_follows(e, i)) { /* a forward call of its own that keeps the hidden rows (below) */
+        e->mtp_pf[n_mpf++] = k;
+        prompt_fed += p.prefill[k].n;
+        continue;
+      }
       for (int32_t j = 0; j < p.prefill[k].n; j++) {
         const size_t at = (size_t)p.prefill[k].pos + (size_t)j;
         e->b_tok[nb] = s->feed[at];
@@ -1799,7 +1974,7 @@ static void *engine_main(void *arg) {
       }
       prompt_fed += p.prefill[k].n;
     }
-    if (nb == 0 && nw == 0) {
+    if (nb == 0 && nw == 0 && n_mpf == 0) {
       pthread_mutex_lock(&e->mu);
       const int blocked = anna_sched_n_running(e->sc) > 0;
       pthread_mutex_unlock(&e->mu);
@@ -1872,6 +2047,19 @@ static void *engine_main(void *arg) {
       }
       continue;
     }
+    /* prompt chunks of sequences the MTP head follows: the head takes every row's hidden
+     * state; a prompt's last chunk leaves its last row's logits after the flagged rows' */
+    for (int m = 0; m < n_mpf; m++) {
+      const anna_sched_entry *pf = &p.prefill[e->mtp_pf[m]];
+      slot *s = &e->slots[pf->slot];
+      const int last = (size_t)pf->pos + (size_t)pf->n == s->n_feed;
+      const int frc = anna_mtp_feed(e->mtp, pf->slot, s->feed + pf->pos, pf->n,
+                                    last ? e->logits + (size_t)(nflag + m) * (size_t)e->V : NULL, err, sizeof err);
+      if (frc) {
+        slog(SLOG_ERROR, NULL, "prefill (MTP) failed: %s", err);
+        slot_free(e, pf->slot, "error", frc == ANNA_ERANGE || frc == ANNA_ENOMEM ? ANNA_ENOMEM : frc, err, 0);
+      }
+    }
     pthread_mutex_lock(&e->mx->mu);
     e->mx->decode_steps++;
     e->mx->batch_tokens += (uint64_t)(nb + wrows);
@@ -1935,9 +2123,21 @@ static void *engine_main(void *arg) {
       if (s->r && s->exact_store && !s->decoding) exact_store(e, i, e->logits + (size_t)k * (size_t)e->V);
       if (s->r) slot_sample(e, i, e->logits + (size_t)k * (size_t)e->V, -1);
     }
+    for (int m = 0; m < n_mpf; m++) { /* the MTP-fed prompts that ended: their first token */
+      const anna_sched_entry *pf = &p.prefill[e->mtp_pf[m]];
+      const int i = pf->slot;
+      slot *s = &e->slots[i];
+      if (!s->r || s->decoding || (size_t)pf->pos + (size_t)pf->n != s->n_feed) continue;
+      float *row = e->logits + (size_t)(nflag + m) * (size_t)e->V;
+      e->st.full_rows++;
+      e->spec_ready[i] = 1; /* the head holds the prompt and drafts from its last position */
+      if (s->exact_store) exact_store(e, i, row);
+      slot_sample(e, i, row, -1);
+    }
     ph_mark(e, ENG_PH_SAMPLE);
     wake_flush(e);
     ph_mark(e, ENG_PH_WAKE);
+    if (e->dm) spec_draft_follow(e, &p);
     if (e->o.debug_step_delay_ms > 0) {
       struct timespec d = {e->o.debug_step_delay_ms / 1000,
                            (long)(e->o.debug_step_delay_ms % 1000) * 1000000L};
@@ -1953,11 +2153,11 @@ static void *engine_main(void *arg) {
     cached = ks.cached_blocks * ks.block_len;
     for (int k = 0; k < e->o.prompt_cache_size; k++) cached += e->ex[k].n;
     anna_spec_stats sps = {0};
-    if (e->ng) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
+    if (e->spec_draft) anna_context_spec_stats(e->ctx, &sps); /* the engine thread's counters, published under mu */
     anna_vision_stats vst;
     anna_context_vision_stats(e->ctx, &vst);
     pthread_mutex_lock(&e->mu);
-    if (e->ng) e->spec = sps;
+    if (e->spec_draft) e->spec = sps;
     e->vis = vst;
     e->running = anna_sched_n_running(e->sc);
     e->kv_tokens = kv;
@@ -2026,6 +2226,14 @@ static int kv_blocks_for_memory(anna_model *m, anna_context_options *co, float f
   return 0;
 }
 
+/* Context checkpoint slots: the prompt cache's, and at least one window's per-position states
+ * when speculation is on (without them a hybrid model's rejected window cannot roll back). */
+static int spec_checkpoints(const engine_options *o) {
+  const int n = o->prompt_cache ? o->prompt_cache_checkpoints : 0;
+  const int k = o->spec_draft_max > ANNA_SPEC_MAX_DRAFT ? ANNA_SPEC_MAX_DRAFT : o->spec_draft_max;
+  return k > 0 && n < k + 3 ? k + 3 : n;
+}
+
 int engine_create(engine **out, anna_model *m, const anna_text *text, const engine_options *o,
                   metrics *mx, char *err, size_t errlen) {
   *out = NULL;
@@ -2071,7 +2279,9 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
                              .n_ctx = e->o.n_ctx,
                              .n_batch = B,
                              .n_threads = e->o.n_threads,
-                             .n_checkpoints = e->o.prompt_cache ? e->o.prompt_cache_checkpoints : 0,
+                             /* hybrid models roll verify windows back through checkpoints
+                              * (anna.h): a window's per-position states need k + 3 */
+                             .n_checkpoints = spec_checkpoints(&e->o),
                              .device = e->o.device,
                              .layer_split = e->o.layer_split,
                              .tensor_parallel = e->o.tensor_parallel,
@@ -2168,13 +2378,59 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     if (e->spec_rows > B) e->spec_rows = B;
     if (e->spec_rows > SPEC_MAX_ROWS) e->spec_rows = SPEC_MAX_ROWS;
     e->spec_logits = malloc((size_t)e->spec_rows * (size_t)e->V * sizeof(float));
+    e->spec_ready = calloc((size_t)S, 1);
+    e->mtp_pf = malloc((size_t)S * sizeof *e->mtp_pf);
+    e->spec_fed = calloc((size_t)S, sizeof *e->spec_fed);
+    e->mtp_bs = malloc((size_t)S * sizeof *e->mtp_bs);
+    e->mtp_bk = malloc((size_t)S * sizeof *e->mtp_bk);
+    e->mtp_bw = malloc((size_t)S * sizeof *e->mtp_bw);
+    e->mtp_bl = malloc((size_t)S * sizeof *e->mtp_bl);
+    e->mtp_bd = malloc((size_t)S * ANNA_SPEC_MAX_DRAFT * sizeof *e->mtp_bd);
     if (!e->ng || !e->spec_draft || !e->spec_out || !e->wins || !e->win_slot || !e->win_smp || !e->spec_k ||
-        !e->spec_logits) {
+        !e->spec_logits || !e->spec_ready || !e->mtp_pf || !e->spec_fed || !e->mtp_bs || !e->mtp_bk || !e->mtp_bw ||
+        !e->mtp_bl || !e->mtp_bd) {
       rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the speculative drafters");
       goto fail;
     }
-    for (int i = 0; i < S; i++)
-      if ((rc = anna_ngram_create(&e->ng[i], &np, (int32_t)e->o.n_ctx + 1, err, errlen))) goto fail;
+    switch (e->o.spec_drafter) {
+    case ENGINE_DRAFTER_NGRAM:
+      for (int i = 0; i < S; i++)
+        if ((rc = anna_ngram_create(&e->ng[i], &np, (int32_t)e->o.n_ctx + 1, err, errlen))) goto fail;
+      break;
+    case ENGINE_DRAFTER_MTP: /* ANNA_EUNSUPPORTED naming the model when it has no head */
+      free(e->ng), e->ng = NULL;
+      if ((rc = anna_mtp_create(&e->mtp, e->ctx, e->o.spec_draft_max, err, errlen))) goto fail;
+      break;
+    case ENGINE_DRAFTER_DRAFT: {
+      free(e->ng), e->ng = NULL;
+      if (!e->o.spec_draft_model) {
+        rc = anna_err(err, errlen, ANNA_EINVAL, "speculative drafter 'draft' without a draft model (--draft-model)");
+        goto fail;
+      }
+      const anna_model_options dmo = {.device = e->o.device, .tuning = e->o.tuning};
+      char e2[512];
+      if ((rc = anna_model_load(&e->dmodel, e->o.spec_draft_model, &dmo, e2, sizeof e2))) {
+        anna_err(err, errlen, rc, "--draft-model %s: %s", e->o.spec_draft_model, e2);
+        goto fail;
+      }
+      /* one draft sequence per slot, as long as the target's; no prefix sharing or caches */
+      const anna_context_options dco = {.n_seq = S,
+                                        .n_ctx = e->o.n_ctx,
+                                        .n_batch = B,
+                                        .n_threads = e->o.n_threads,
+                                        .device = e->o.device,
+                                        .tuning = e->o.tuning,
+                                        .exact_matmul = e->o.exact_matmul};
+      if ((rc = anna_draft_create(&e->dm, e->dmodel, m, &dco, e->o.spec_draft_max, e2, sizeof e2))) {
+        anna_err(err, errlen, rc, "--draft-model %s: %s", e->o.spec_draft_model, e2);
+        goto fail;
+      }
+      break;
+    }
+    default:
+      rc = anna_err(err, errlen, ANNA_EINVAL, "unknown speculative drafter %d", e->o.spec_drafter);
+      goto fail;
+    }
   }
   const anna_sched_options so = {.n_slots = S,
                                  .n_batch = B,
@@ -2255,7 +2511,11 @@ void engine_free(engine *e) {
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);
-  free(e->win_smp), free(e->spec_logits), free(e->spec_k);
+  free(e->win_smp), free(e->spec_logits), free(e->spec_k), free(e->spec_ready), free(e->mtp_pf), free(e->spec_fed);
+  free(e->mtp_bs), free(e->mtp_bk), free(e->mtp_bw), free(e->mtp_bl), free(e->mtp_bd);
+  anna_mtp_free(e->mtp); /* before the context it borrows */
+  anna_draft_free(e->dm);
+  anna_model_free(e->dmodel);
   free(e->b_tok);
   free(e->b_seq);
   free(e->b_pos);
@@ -2283,8 +2543,8 @@ void engine_free(engine *e) {
 int engine_submit(engine *e, gen_request *r, char *err, size_t errlen) {
   if (!r->choices) return anna_err(err, errlen, ANNA_EINVAL, "request not prepared");
   /* the server's speculative default, resolved once: usage reports drafts whenever it is on */
-  if (r->speculative == GEN_SPEC_DEFAULT) r->speculative = e->ng && e->o.spec_default ? GEN_SPEC_ON : GEN_SPEC_OFF;
-  if (!e->ng) r->speculative = GEN_SPEC_OFF;
+  if (r->speculative == GEN_SPEC_DEFAULT) r->speculative = e->spec_draft && e->o.spec_default ? GEN_SPEC_ON : GEN_SPEC_OFF;
+  if (!e->spec_draft) r->speculative = GEN_SPEC_OFF;
   for (int p = 0; p < r->n_prompts; p++) {
     if (r->n_prompt[p] == 0) return anna_err(err, errlen, ANNA_EINVAL, "the prompt is empty");
     if (r->n_prompt[p] >= (size_t)e->o.n_ctx)

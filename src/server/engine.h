@@ -23,6 +23,10 @@
 #define GEN_MAX_TOP 20
 #define GEN_MAX_STOP 4
 
+/* engine_options.spec_drafter; the values are the metrics' METRICS_DRAFTER_* */
+enum { ENGINE_DRAFTER_NGRAM, ENGINE_DRAFTER_MTP, ENGINE_DRAFTER_DRAFT };
+extern const char *const engine_drafter_names[3]; /* "ngram", "mtp", "draft" */
+
 typedef struct engine_options {
   int n_seq, n_ctx, n_batch, n_threads; /* context shape (anna_context_options) */
   int max_batch_size;                   /* running sequences (<= n_seq) */
@@ -91,6 +95,17 @@ typedef struct engine_options {
    * per sequence to its acceptance (anna_spec_adapt) up to spec_draft_max; spec_fixed 1 keeps
    * it at spec_draft_max (--draft-fixed). */
   int spec_default, spec_fixed;
+  /* Which drafter (ENGINE_DRAFTER_*, anna-serve --speculative / --draft-model): the n-gram
+   * drafter; the model's MTP head (anna_mtp_*: engine_create fails with ANNA_EUNSUPPORTED
+   * naming the model when it has none); or a draft model loaded from spec_draft_model
+   * (anna_draft_*: its vocabulary must be the target's, ANNA_EINVAL naming the first
+   * difference). Model drafters follow every speculating slot from its prompt on: the
+   * slot's prompt chunks run through anna_mtp_feed (a forward call of their own that keeps the
+   * hidden rows; a prefix reused from the cache is not in the head) or, beside the target's
+   * chunk, through the draft model (anna_draft_feed; what it lacks, a cached prefix say, it
+   * catches up a bounded piece per step while the slot decodes plainly). */
+  int spec_drafter;
+  const char *spec_draft_model;
   /* Reserve one more context sequence for engine_embed (pooled hidden states): its KV
    * positions count in the pool like a slot's. 0: engine_embed answers ANNA_EUNSUPPORTED. */
   int embeddings;

@@ -244,7 +244,8 @@ static enum MHD_Result route_health(server *srv, conn *cn) {
     json_object_set_new(json_object_get(o, "scheduler"), "preemptions",
                         json_integer((json_int_t)st.preemptions));
     json_object_set_new(o, "speculative",
-                        json_pack("{s:s,s:b,s:b,s:i,s:I,s:I,s:I,s:I}", "drafter", eo->spec_draft_max > 0 ? "ngram" : "none",
+                        json_pack("{s:s,s:b,s:b,s:i,s:I,s:I,s:I,s:I}", "drafter",
+                                  eo->spec_draft_max > 0 ? engine_drafter_names[eo->spec_drafter] : "none",
                                   "default", eo->spec_default, "adaptive", !eo->spec_fixed, "draft_max",
                                   eo->spec_draft_max, "windows", (json_int_t)st.spec.windows, "drafted",
                                   (json_int_t)st.spec.drafted, "accepted", (json_int_t)st.spec.accepted,

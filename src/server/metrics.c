@@ -283,7 +283,7 @@ char *metrics_prometheus(metrics *m, const char *gauges) {
   for (size_t i = 0; i < sizeof ctr / sizeof ctr[0]; i++)
     sb_printf(&b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", ctr[i].name, ctr[i].help,
               ctr[i].name, ctr[i].name, (unsigned long long)ctr[i].v);
-  static const char *const drafter[METRICS_N_DRAFTERS] = {"ngram", "mtp"};
+  static const char *const drafter[METRICS_N_DRAFTERS] = {"ngram", "mtp", "draft"};
   sb_printf(&b, "# HELP anna_spec_decode_draft_tokens_total tokens drafted into speculative verify windows\n"
                 "# TYPE anna_spec_decode_draft_tokens_total counter\n");
   for (int d = 0; d < METRICS_N_DRAFTERS; d++)

@@ -41,7 +41,7 @@ extern const char *const metrics_engine_phase_names[ENG_PH_COUNT];
 /* Step kinds: only decode rows, decode rows and prompt rows, only prompt rows. */
 enum { ENG_STEP_DECODE, ENG_STEP_MIXED, ENG_STEP_PREFILL, ENG_STEP_KINDS };
 extern const char *const metrics_engine_kind_names[ENG_STEP_KINDS];
-enum { METRICS_DRAFTER_NGRAM, METRICS_DRAFTER_MTP, METRICS_N_DRAFTERS };
+enum { METRICS_DRAFTER_NGRAM, METRICS_DRAFTER_MTP, METRICS_DRAFTER_DRAFT, METRICS_N_DRAFTERS };
 
 typedef struct metrics_histo {
   uint64_t counts[METRICS_NBUCKETS + 1]; /* last: above the largest bound */

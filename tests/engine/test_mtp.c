@@ -319,6 +319,71 @@ static void identity(const char *dir, const char *tag) {
     int kb = rc ? -1 : anna_mtp_draft(d, 0, ref[g], db, 6, err, sizeof err);
     snprintf(what, sizeof what, "%s: drafts after 6 accepted windows == drafts after one prefill", tag);
     ok(what, ka == 6 && kb == 6 && !memcmp(da, db, sizeof da) && argmax(lg, V) == ref[g]);
+    /* (API next) anna_mtp_feed: the same prompt in chunks on seq 1 (the last with logits)
+     * drafts what the one prefill drafts, with the same last logits */
+    const int nall = x.n_prompt + g;
+    float lg2[V];
+    int32_t dc[6];
+    anna_context_seq_reset(c, 1);
+    anna_mtp_reset(d, 1);
+    rc = 0; /* chunks of 3 but the last (a third of the head's entries pair across chunks) */
+    int at = 0;
+    for (; !rc && nall - at > 4; at += 3) rc = anna_mtp_feed(d, 1, all + at, 3, NULL, err, sizeof err);
+    if (!rc) rc = anna_mtp_feed(d, 1, all + at, nall - at, lg2, err, sizeof err);
+    int kc = rc ? -1 : anna_mtp_draft(d, 1, ref[g], dc, 6, err, sizeof err);
+    if (rc) printf("  feed: %s\n", err);
+    snprintf(what, sizeof what, "%s: anna_mtp_feed in chunks of 3 drafts == one prefill's, logits within 1e-4", tag);
+    ok(what, kc == 6 && !memcmp(dc, db, sizeof db) && max_abs(lg, lg2, V) < 1e-4);
+    /* anna_mtp_verify_batch: both sequences in one pass (seq 1 three positions ahead, so their
+     * rows differ), oracle windows of 4 (seq 0) and 2 (seq 1); each head then drafts what a
+     * head built by one prefill of its ids drafts */
+    int32_t o0[5], o1[3], d0[6], d1[6], e0[6], e1[6];
+    int n1 = 0;
+    if (kc == 6) rc = anna_mtp_verify(d, 1, ref[g], ref + g + 1, 2, o1, &n1, err, sizeof err);
+    anna_spec_window w[2] = {{.seq = 0, .last = ref[g], .draft = ref + g + 1, .k = 4, .out = o0},
+                             {.seq = 1, .last = ref[g + 3], .draft = ref + g + 4, .k = 2, .out = o1}};
+    if (!rc && n1 == 3) rc = anna_mtp_verify_batch(d, w, 2, NULL, NULL, err, sizeof err);
+    int k0 = -1, k1 = -1, f0 = -1, f1 = -1;
+    if (!rc && w[0].n_out == 5 && w[1].n_out == 3) {
+      k0 = anna_mtp_draft(d, 0, ref[g + 5], d0, 6, err, sizeof err);
+      k1 = anna_mtp_draft(d, 1, ref[g + 6], d1, 6, err, sizeof err);
+      memcpy(all + nall, ref + g, 6 * sizeof(int32_t));
+      anna_context_seq_reset(c, 0), anna_mtp_reset(d, 0);
+      anna_context_seq_reset(c, 1), anna_mtp_reset(d, 1);
+      if (!anna_mtp_prefill(d, 0, all, nall + 5, lg, err, sizeof err)) f0 = anna_mtp_draft(d, 0, ref[g + 5], e0, 6, err, sizeof err);
+      if (!anna_mtp_prefill(d, 1, all, nall + 6, lg, err, sizeof err)) f1 = anna_mtp_draft(d, 1, ref[g + 6], e1, 6, err, sizeof err);
+    } else {
+      printf("  verify_batch: rc %d n_out %d %d %s\n", rc, w[0].n_out, w[1].n_out, rc ? err : "");
+    }
+    snprintf(what, sizeof what, "%s: anna_mtp_verify_batch (windows of 4 and 2): each head drafts as after one prefill", tag);
+    ok(what, k0 == 6 && k1 == 6 && f0 == 6 && f1 == 6 && !memcmp(d0, e0, sizeof d0) && !memcmp(d1, e1, sizeof d1));
+    /* (API next) anna_mtp_draft_batch over the same two prefills (the sequences listed in
+     * reverse, 6 and 3 drafts: chain steps with one and with two rows) drafts as one by one */
+    int32_t bd[2 * ANNA_SPEC_MAX_DRAFT];
+    int bs[2] = {1, 0}, bk[2] = {6, 3};
+    const int32_t bl[2] = {ref[g + 6], ref[g + 5]};
+    anna_context_seq_reset(c, 0), anna_mtp_reset(d, 0);
+    anna_context_seq_reset(c, 1), anna_mtp_reset(d, 1);
+    rc = anna_mtp_prefill(d, 0, all, nall + 5, lg, err, sizeof err);
+    if (!rc) rc = anna_mtp_prefill(d, 1, all, nall + 6, lg, err, sizeof err);
+    if (!rc) rc = anna_mtp_draft_batch(d, 2, bs, bl, bk, bd, err, sizeof err);
+    if (rc) printf("  draft_batch: %s\n", err);
+    snprintf(what, sizeof what, "%s: anna_mtp_draft_batch (2 sequences, 6 and 3 drafts) == anna_mtp_draft", tag);
+    ok(what, !rc && bk[0] == 6 && bk[1] == 3 && f0 == 6 && f1 == 6 && !memcmp(bd, e1, 6 * sizeof(int32_t)) &&
+                 !memcmp(bd + ANNA_SPEC_MAX_DRAFT, e0, 3 * sizeof(int32_t)));
+    /* and the heads were rewound to the true positions: after an oracle window of 2 the head
+     * drafts what a head built by one prefill of the same ids drafts */
+    int32_t ob[4], gd[6], fd[6];
+    int nb2 = 0, kg = -1, kf = -1;
+    rc = rc ? rc : anna_mtp_verify(d, 1, ref[g + 6], ref + g + 7, 2, ob, &nb2, err, sizeof err);
+    if (!rc && nb2 == 3) {
+      kg = anna_mtp_draft(d, 1, ref[g + 9], gd, 6, err, sizeof err);
+      memcpy(all + nall, ref + g, 9 * sizeof(int32_t));
+      anna_context_seq_reset(c, 0), anna_mtp_reset(d, 0);
+      if (!anna_mtp_prefill(d, 0, all, nall + 9, lg, err, sizeof err)) kf = anna_mtp_draft(d, 0, ref[g + 9], fd, 6, err, sizeof err);
+    }
+    snprintf(what, sizeof what, "%s: after anna_mtp_draft_batch and a window, drafts as after one prefill", tag);
+    ok(what, kg == 6 && kf == 6 && !memcmp(gd, fd, sizeof gd));
   }
   /* calls out of order / bad arguments */
   {

@@ -81,7 +81,7 @@ def test_speculative_real_model_accepts():
 def test_speculative_flags():
     import subprocess
     from conftest import server_bin
-    for args, msg in ((["--speculative", "eagle"], "not supported"), (["--speculative", "mtp"], "not in the server"),
+    for args, msg in ((["--speculative", "eagle"], "not supported"), (["--speculative", "draft"], "needs --draft-model"),
                       (["--speculative", "ngram", "--ngram-min", "5", "--ngram-max", "2"], "exceeds")):
         p = subprocess.run([server_bin(), "--model", "x", *args], capture_output=True, text=True, timeout=30)
         assert p.returncode == 2 and msg in p.stderr, p.stderr
