@@ -46,7 +46,7 @@
 #define MMQ_BM 64         /* weight rows per block */
 #define MMQ_KS 256        /* K elements per pipeline step */
 #define MMQ_ST (MMQ_KS + 32) /* shared row stride, bytes */
-#define MMQ_THREADS 128
+#define MMQ_THREADS 128 /* the first kernel (tuning cuda_mmq_v2=0); v2 has 256 */
 #define MMQ_MAGIC 0x4B400000 /* 12582912.0f = 1.5 * 2^23 */
 
 /* One stage: weights, activations, weight scales (16 units: Q6_K's runs), mins, x scales,
@@ -54,6 +54,18 @@
 template <int BN> struct mmq_lay {
   static constexpr int W = 0, X = MMQ_BM * MMQ_ST, SW = X + BN * MMQ_ST, MN = SW + 16 * MMQ_BM * 4,
                        XD = MN + 8 * MMQ_BM * 4, XS = XD + 8 * BN * 4, STAGE = XS + 8 * BN * 4, SMEM = 2 * STAGE;
+};
+
+/* Threads and warp tiling of a block: NT threads (128: the first kernel, 256: v2), warps WM
+ * along the 64 rows (MI m-tiles of 16 each) by WN along the BN tokens (NJ n-tiles of 8 each);
+ * each thread decodes PPT pieces per step, rows tid / 8 + RSTEP i. Only the work split
+ * differs between the two: every (row, token) sums the same dots in the same order. */
+template <int BN, int NT> struct mmq_cfg {
+  static constexpr int WARPS = NT / 32, WN = NT == MMQ_THREADS ? 2 : BN == 64 ? 4 : 2, WM = WARPS / WN;
+  static constexpr int LWM = WM == 1 ? 0 : WM == 2 ? 1 : 2; /* log2 WM: warp = wm + WM wn */
+  static constexpr int MI = MMQ_BM / 16 / WM, NJ = BN / 8 / WN;
+  static constexpr int PPT = MMQ_BM * 8 / NT, RSTEP = NT / 8;
+  static_assert(WM * WN == WARPS && (1 << LWM) == WM && MI >= 1 && NJ >= 1 && MI * 16 * WM == MMQ_BM && NJ * 8 * WN == BN, "tiling");
 };
 
 /* ---- device primitives ---- */
@@ -134,18 +146,18 @@ static __global__ void __launch_bounds__(256)
 }
 
 /* Issues the cp.async copies of step s's activation tile (tokens t0..t0 + BN) into a stage. */
-template <int TYPE, int BN>
+template <int TYPE, int BN, int NT>
 static __device__ __forceinline__ void mmq_load_x(uint8_t *st, const int8_t *xq, const float *xd, const float *xs,
                                                   int64_t t0, int64_t npad, int64_t colsp, int s, int tid) {
   typedef mmq_lay<BN> L;
-  static_assert(BN * (MMQ_KS / 16) % MMQ_THREADS == 0, "whole chunks per thread");
+  static_assert(BN * (MMQ_KS / 16) % NT == 0, "whole chunks per thread");
 #pragma unroll
-  for (int i = 0; i < BN * (MMQ_KS / 16) / MMQ_THREADS; i++) {
-    const int c = tid + MMQ_THREADS * i, tok = c / (MMQ_KS / 16), ch = c % (MMQ_KS / 16);
+  for (int i = 0; i < BN * (MMQ_KS / 16) / NT; i++) {
+    const int c = tid + NT * i, tok = c / (MMQ_KS / 16), ch = c % (MMQ_KS / 16);
     cuda_cp16(st + L::X + tok * MMQ_ST + 16 * ch, xq + (t0 + tok) * colsp + (int64_t)s * MMQ_KS + 16 * ch);
   }
   /* 8 units x BN floats: 2 BN chunks of 4 floats */
-  static_assert(2 * BN <= MMQ_THREADS, "one scale chunk per thread at most");
+  static_assert(2 * BN <= NT, "one scale chunk per thread at most");
   if (tid < 2 * BN) {
     const int u = tid / (BN / 4), j = tid % (BN / 4);
     const int64_t src = ((int64_t)s * 8 + u) * npad + t0 + 4 * j;
@@ -155,19 +167,17 @@ static __device__ __forceinline__ void mmq_load_x(uint8_t *st, const int8_t *xq,
   cuda_cp_commit();
 }
 
-/* Pieces of this thread in a step: rows tid / 8 + 16 i (i < 4), piece tid % 8 of the step. */
-#define MMQ_PPT (MMQ_BM * 8 / MMQ_THREADS)
-#define MMQ_RSTEP (MMQ_THREADS / 8)
-
-template <int TYPE>
+/* Pieces of this thread in a step: rows tid / 8 + RSTEP i (i < PPT), piece tid % 8 of the step. */
+template <int TYPE, int NT>
 static __device__ __forceinline__ void mmq_load_w(uint32_t (*raw)[cuda_piece<TYPE>::RAW], const uint8_t *W,
                                                   int64_t r0, int64_t rows, int64_t rb, int64_t pieces, int s,
                                                   int tid) {
+  typedef mmq_cfg<16, NT> C; /* PPT and RSTEP do not depend on BN */
   const int64_t p = (int64_t)s * 8 + (tid & 7);
   if (p >= pieces) return;
 #pragma unroll
-  for (int i = 0; i < MMQ_PPT; i++) {
-    const int64_t r = r0 + (tid >> 3) + MMQ_RSTEP * i;
+  for (int i = 0; i < C::PPT; i++) {
+    const int64_t r = r0 + (tid >> 3) + C::RSTEP * i;
     cuda_piece_load<TYPE>(W + (r < rows ? r : rows - 1) * rb, p, p == pieces - 1, raw[i]);
   }
 }
@@ -175,11 +185,12 @@ static __device__ __forceinline__ void mmq_load_w(uint32_t (*raw)[cuda_piece<TYP
 /* Decodes the loaded pieces into a stage: int8 words at their elements (mmq_wpos order),
  * scales per unit (32-block; Q6_K 16-run) in sw[unit][row], Q4_K / Q5_K mins in mn[block][row].
  * A piece past the row's end (32-element formats, last step) stores zeros. */
-template <int TYPE, int BN>
+template <int TYPE, int BN, int NT>
 static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t (*raw)[cuda_piece<TYPE>::RAW],
                                                     const uint8_t *W, int64_t r0, int64_t rows, int64_t rb,
                                                     int64_t pieces, int s, int tid) {
   typedef mmq_lay<BN> L;
+  typedef mmq_cfg<BN, NT> C;
   constexpr int HI = cuda_piece<TYPE>::HI;
   constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K;
   const int k = tid & 7;
@@ -187,8 +198,8 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
   const int el = (int)(cuda_q8_e0<TYPE>(p) - (int64_t)s * MMQ_KS); /* run 0's first element in the step */
   float *sw = (float *)(st + L::SW), *smn = (float *)(st + L::MN);
 #pragma unroll
-  for (int i = 0; i < MMQ_PPT; i++) {
-    const int lr = (tid >> 3) + MMQ_RSTEP * i;
+  for (int i = 0; i < C::PPT; i++) {
+    const int lr = (tid >> 3) + C::RSTEP * i;
     const int64_t r = r0 + lr;
     uint32_t v[8];
     float sc[2] = {0.0f, 0.0f}, mn[2] = {0.0f, 0.0f};
@@ -235,26 +246,29 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
   }
 }
 
-/* One step of MMAs on a stage: warp (wm, wn) = (warp % 2, warp / 2) owns rows 32 wm.. and
- * tokens BN / 2 wn..; acc[i][j][e]: m-tile i, n-tile j, fragment element e. */
-template <int TYPE, int BN>
-static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*acc)[BN / 16][4], int warp,
-                                                    int lane) {
+/* One step of MMAs on a stage: warp (wm, wn) = (warp % WM, warp / WM) owns rows 16 MI wm..
+ * and tokens 8 NJ wn..; acc[i][j][e]: m-tile i, n-tile j, fragment element e. Each
+ * accumulator takes its 32-blocks in order b = 0..7 whatever the unrolling (UNR: v2 unrolls
+ * twice so one block's shared loads overlap the other's MMAs and FMAs). */
+template <int TYPE, int BN, int NT>
+static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*acc)[mmq_cfg<BN, NT>::NJ][4],
+                                                    int warp, int lane) {
   typedef mmq_lay<BN> L;
+  typedef mmq_cfg<BN, NT> C;
   constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K, MIN = mmq_has_min<TYPE>();
-  constexpr int NJ = BN / 16;
-  const int g = lane >> 2, t = lane & 3, wm = warp & 1, wn = warp >> 1;
-  const uint8_t *wt = st + L::W + (wm * 32 + g) * MMQ_ST + 8 * t;
-  const uint8_t *xt = st + L::X + (wn * (BN / 2) + g) * MMQ_ST + 8 * t;
-  const float *sw = (const float *)(st + L::SW) + wm * 32 + g;
-  const float *smn = (const float *)(st + L::MN) + wm * 32 + g;
-  const float *sxd = (const float *)(st + L::XD) + wn * (BN / 2) + 2 * t;
-  const float *sxs = (const float *)(st + L::XS) + wn * (BN / 2) + 2 * t;
-#pragma unroll 1
+  constexpr int NJ = C::NJ, MI = C::MI, UNR = NT == MMQ_THREADS ? 1 : 2;
+  const int g = lane >> 2, t = lane & 3, wm = warp & (C::WM - 1), wn = warp >> C::LWM;
+  const uint8_t *wt = st + L::W + (wm * 16 * MI + g) * MMQ_ST + 8 * t;
+  const uint8_t *xt = st + L::X + (wn * 8 * NJ + g) * MMQ_ST + 8 * t;
+  const float *sw = (const float *)(st + L::SW) + wm * 16 * MI + g;
+  const float *smn = (const float *)(st + L::MN) + wm * 16 * MI + g;
+  const float *sxd = (const float *)(st + L::XD) + wn * 8 * NJ + 2 * t;
+  const float *sxs = (const float *)(st + L::XS) + wn * 8 * NJ + 2 * t;
+#pragma unroll UNR
   for (int b = 0; b < MMQ_KS / 32; b++) {
-    uint2 A[2][2], B[NJ];
+    uint2 A[MI][2], B[NJ];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < MI; i++) {
       A[i][0] = mmq_lds64(wt + (16 * i) * MMQ_ST + 32 * b);
       A[i][1] = mmq_lds64(wt + (16 * i + 8) * MMQ_ST + 32 * b);
     }
@@ -266,7 +280,7 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
       float2 sx = make_float2(0.0f, 0.0f);
       if constexpr (MIN) sx = *(const float2 *)(sxs + b * BN + 8 * j);
 #pragma unroll
-      for (int i = 0; i < 2; i++) {
+      for (int i = 0; i < MI; i++) {
         float *a = acc[i][j];
         if constexpr (Q6) {
           /* runs 2b (words .x) and 2b + 1 (.y), scale units of 16 elements */
@@ -298,12 +312,15 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
   }
 }
 
-template <int TYPE, int BN>
-static __global__ void __launch_bounds__(MMQ_THREADS)
+/* NT = 128: at most one block's registers assumed per SM (the first kernel); NT = 256: two
+ * blocks per SM (2 x 94 KB of shared memory at BN = 64 fit 228 KB), so at most 128 registers. */
+template <int TYPE, int BN, int NT>
+static __global__ void __launch_bounds__(NT, NT == MMQ_THREADS ? 1 : 2)
     k_mmq(float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb, const int8_t *xq, const float *xd,
           const float *xs, int64_t n, int64_t npad, int64_t colsp) {
   typedef mmq_lay<BN> L;
-  constexpr int NJ = BN / 16;
+  typedef mmq_cfg<BN, NT> C;
+  constexpr int NJ = C::NJ, MI = C::MI;
   uint8_t *sm = mmq_smem_base();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int64_t r0 = (int64_t)blockIdx.x * MMQ_BM, t0 = (int64_t)blockIdx.y * BN;
@@ -314,39 +331,39 @@ static __global__ void __launch_bounds__(MMQ_THREADS)
   const int all = (int)(colsp / MMQ_KS), z = (int)blockIdx.z, S = (int)gridDim.z;
   const int s0 = all * z / S, s1 = all * (z + 1) / S;
   y += (int64_t)z * npad * rows;
-  float acc[2][NJ][4];
+  float acc[MI][NJ][4];
 #pragma unroll
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < MI; i++)
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-  uint32_t raw[MMQ_PPT][cuda_piece<TYPE>::RAW];
-  mmq_load_x<TYPE, BN>(sm, xq, xd, xs, t0, npad, colsp, s0, tid);
-  mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, s0, tid);
-  mmq_decode_w<TYPE, BN>(sm, raw, W, r0, rows, rb, pieces, s0, tid);
+  uint32_t raw[C::PPT][cuda_piece<TYPE>::RAW];
+  mmq_load_x<TYPE, BN, NT>(sm, xq, xd, xs, t0, npad, colsp, s0, tid);
+  mmq_load_w<TYPE, NT>(raw, W, r0, rows, rb, pieces, s0, tid);
+  mmq_decode_w<TYPE, BN, NT>(sm, raw, W, r0, rows, rb, pieces, s0, tid);
   cuda_cp_wait<0>();
   __syncthreads();
   for (int s = s0; s < s1; s++) {
     uint8_t *cur = sm + ((s - s0) & 1) * L::STAGE, *nxt = sm + ((s - s0 + 1) & 1) * L::STAGE;
     /* nxt was last read by step s - 1's MMAs, which every thread finished before the barrier */
     if (s + 1 < s1) {
-      mmq_load_x<TYPE, BN>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
-      mmq_load_w<TYPE>(raw, W, r0, rows, rb, pieces, s + 1, tid);
+      mmq_load_x<TYPE, BN, NT>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
+      mmq_load_w<TYPE, NT>(raw, W, r0, rows, rb, pieces, s + 1, tid);
     }
-    mmq_mma_step<TYPE, BN>(cur, acc, warp, lane);
-    if (s + 1 < s1) mmq_decode_w<TYPE, BN>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
+    mmq_mma_step<TYPE, BN, NT>(cur, acc, warp, lane);
+    if (s + 1 < s1) mmq_decode_w<TYPE, BN, NT>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
     cuda_cp_wait<0>();
     __syncthreads();
   }
-  const int g = lane >> 2, t = lane & 3, wm = warp & 1, wn = warp >> 1;
+  const int g = lane >> 2, t = lane & 3, wm = warp & (C::WM - 1), wn = warp >> C::LWM;
 #pragma unroll
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < MI; i++)
 #pragma unroll
     for (int j = 0; j < NJ; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const int64_t r = r0 + wm * 32 + 16 * i + g + 8 * (e >> 1), tok = t0 + wn * (BN / 2) + 8 * j + 2 * t + (e & 1);
+        const int64_t r = r0 + wm * 16 * MI + 16 * i + g + 8 * (e >> 1), tok = t0 + wn * 8 * NJ + 8 * j + 2 * t + (e & 1);
         if (r < rows && tok < n) y[tok * rows + r] = acc[i][j][e];
       }
 }
@@ -374,14 +391,21 @@ static bool mmq_supported(int type, const uint8_t *W, int64_t rb, int64_t cols) 
   }
 }
 
-template <int TYPE, int BN>
+template <int TYPE, int BN, int NT>
 static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb,
                           const int8_t *xq, const float *xd, const float *xs, int64_t n, int64_t npad, int64_t colsp) {
   static int ready = 0; /* the shared-memory opt-in, once per instance (the process uses one device kind) */
   if (!ready) {
-    if (!cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (!cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              mmq_lay<BN>::SMEM),
                     "mmq shared memory"))
+      return;
+    /* v2 counts on two resident blocks: ask for the largest shared-memory carveout so the
+     * driver does not pick one that holds a single 94 KB block */
+    if (NT != MMQ_THREADS &&
+        !cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             (int)cudaSharedmemCarveoutMaxShared),
+                    "mmq shared memory carveout"))
       return;
     ready = 1;
   }
@@ -402,8 +426,8 @@ static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t row
     else S = 1;
   }
   const dim3 grid((unsigned)rblocks, (unsigned)(npad / BN), (unsigned)S);
-  cuda_launch(ci, "mmq", k_mmq<TYPE, BN>, grid, MMQ_THREADS, mmq_lay<BN>::SMEM, S > 1 ? part : y, W, rows, cols, rb,
-              xq, xd, xs, n, npad, colsp);
+  cuda_launch(ci, "mmq", k_mmq<TYPE, BN, NT>, grid, NT, mmq_lay<BN>::SMEM, S > 1 ? part : y, W, rows, cols, rb, xq,
+              xd, xs, n, npad, colsp);
   if (S > 1) {
     /* the planes hold npad token rows of `rows` floats; the first n are y */
     const int64_t count = n * rows;
@@ -415,9 +439,14 @@ template <int TYPE>
 static void mmq_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb,
                        const int8_t *xq, const float *xd, const float *xs, int64_t n, int bn, int64_t npad,
                        int64_t colsp) {
-  if (bn == 16) mmq_launch_bn<TYPE, 16>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
-  else if (bn == 32) mmq_launch_bn<TYPE, 32>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
-  else mmq_launch_bn<TYPE, 64>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+  /* the two kernels give the same bits (mmq_cfg): the tuning key picks the faster */
+  if (ci->mmq_v2) {
+    if (bn == 16) mmq_launch_bn<TYPE, 16, 256>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+    else if (bn == 32) mmq_launch_bn<TYPE, 32, 256>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+    else mmq_launch_bn<TYPE, 64, 256>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+  } else if (bn == 16) mmq_launch_bn<TYPE, 16, MMQ_THREADS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+  else if (bn == 32) mmq_launch_bn<TYPE, 32, MMQ_THREADS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+  else mmq_launch_bn<TYPE, 64, MMQ_THREADS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
 }
 
 bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb) {
