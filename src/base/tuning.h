@@ -68,13 +68,14 @@ typedef struct anna_tuning {
    * 136; test_cuda_ops' matvec_int8 / batch_invariant (both ways) and the fixtures passed with
    * it. 0 is the off switch. Read at CUDA backend creation. */
   int cuda_mmq_split_k;
-  /* cuda_mmq_v2 = 0 (off until its device checks have run: 1 turns it on): the int8 decode
-   * kernel (cuda_mmq.cu) in its 256-thread form: 8 warps per 64-row block (16 warps per SM
-   * instead of 8), two weight pieces per thread per step instead of four, the 32-block loop
-   * unrolled twice. The same per-(row, token) integer dots, fp32 accumulation order and K
-   * slices as the 128-thread kernel, so results are bit-identical to it (test_cuda_ops
-   * matvec_int8 compares the two); 0 runs the 128-thread kernel (the path before session 20,
-   * kept for A/B: test_cuda_ops --bench=mmq). Read at CUDA backend creation. */
+  /* cuda_mmq_v2 = 0 (off until its device checks have run): 1 runs the int8 decode kernel
+   * (cuda_mmq.cu) in its 256-thread form: 8 warps per 64-row block (16 warps per SM instead
+   * of 8), two weight pieces per thread per step instead of four, the 32-block loop unrolled
+   * twice; 2 the same with 128-column K steps (half the shared memory: three blocks per SM,
+   * one piece per thread per step). The same per-(row, token) integer dots, fp32
+   * accumulation order and K slices as the 128-thread kernel, so results are bit-identical to
+   * it (test_cuda_ops mmq_v2 compares them); 0 runs the 128-thread kernel (the path before
+   * session 20, kept for A/B: test_cuda_ops --bench=mmq). Read at CUDA backend creation. */
   int cuda_mmq_v2;
   /* spec_window_states = 1: a speculative verify window (anna_context_seq_verify) on a model
    * with recurrent (GDN) state saves that state after each drafted token (into checkpoint

@@ -426,15 +426,15 @@ void test_batch_invariant(void) {
   cuda_backend_set_batch_invariant(g_gpu, 0);
 }
 
-/* The int8 decode kernel's two forms (tuning cuda_mmq_v2: 128 threads, or 256 threads with 8
- * warps per block): the same per-(row, token) dots in the same order, so the outputs must be
- * equal bit for bit, with and without K slices, and both within the int8 bound of the f64
- * reference (int8_ref_bound). Token counts cross the 16/32/64-token tiles (partial tiles
+/* The int8 decode kernel's forms (tuning cuda_mmq_v2: 0 128 threads; 1 256 threads, 8 warps
+ * per block; 2 the same with 128-column K steps): the same per-(row, token) dots in the same
+ * order, so the outputs of 1 and 2 must equal those of 0 bit for bit, with and without K
+ * slices, and be within the int8 bound of the f64 reference (int8_ref_bound). Token counts cross the 16/32/64-token tiles (partial tiles
  * included), rows are not multiples of the 64-row block, columns span several 256-column steps
  * (32-element formats also a partial last step), and one shape has enough rows for several
  * row blocks with few K slices. Then batch invariance with v2: in batch-invariant mode a
  * token alone (n = 1, the 16-token tile) equals its row of a 64-token call and the 128-thread
- * kernel's lone result. */
+ * kernel's lone result, in both v2 forms. */
 void test_mmq_v2(void) {
   printf("int8 decode kernel: 256-thread form (cuda_mmq_v2) vs 128-thread\n");
   const int types[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q5_K,
@@ -463,31 +463,34 @@ void test_mmq_v2(void) {
         int8_ref_bound(x, wf, NULL, n, rows, cols, 0.0, &ref, &bnd);
         ops_weight ow = {type, w, rows, cols};
         float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
-        float *g[2];
-        for (int v2 = 0; v2 < 2; v2++) {
+        float *g[3];
+        for (int v2 = 0; v2 < 3; v2++) {
           float *dy = dnan(n * rows);
           cuda_backend_set_mmq_v2(g_gpu, v2);
           g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
           g[v2] = dget(dy, n * rows);
           dfree(dy);
         }
-        char what[128];
-        snprintf(what, sizeof what, "%s n=%lld %lldx%lld mmq v2%s", dtype_name(type), (long long)n, (long long)rows,
-                 (long long)cols, split ? " split-K" : "");
-        gpu_status(what);
-        worst = fmax(worst, bound_check(what, g[1], ref, bnd, n * rows, "int8"));
-        g_checks++;
-        if (memcmp(g[0], g[1], sizeof(float) * (size_t)(n * rows))) {
-          int64_t i = 0;
-          while (!memcmp(&g[0][i], &g[1][i], sizeof(float))) i++;
-          printf("  FAIL %s: token %lld row %lld: %.9g (v2) vs %.9g (128 threads)\n", what, (long long)(i / rows),
-                 (long long)(i % rows), g[1][i], g[0][i]);
-          g_fail++;
+        for (int v2 = 0; v2 < 3; v2++) {
+          char what[128];
+          snprintf(what, sizeof what, "%s n=%lld %lldx%lld mmq form %d%s", dtype_name(type), (long long)n,
+                   (long long)rows, (long long)cols, v2, split ? " split-K" : "");
+          gpu_status(what);
+          worst = fmax(worst, bound_check(what, g[v2], ref, bnd, n * rows, "int8"));
+          if (v2 == 0) continue;
+          g_checks++;
+          if (memcmp(g[0], g[v2], sizeof(float) * (size_t)(n * rows))) {
+            int64_t i = 0;
+            while (!memcmp(&g[0][i], &g[v2][i], sizeof(float))) i++;
+            printf("  FAIL %s: token %lld row %lld: %.9g vs %.9g (128 threads)\n", what, (long long)(i / rows),
+                   (long long)(i % rows), g[v2][i], g[0][i]);
+            g_fail++;
+          }
         }
         dfree(dx);
-        free(g[0]), free(g[1]), free(w), free(wf), free(x), free(ref), free(bnd);
+        free(g[0]), free(g[1]), free(g[2]), free(w), free(wf), free(x), free(ref), free(bnd);
       }
-      printf("  %-6s%s v2 largest error / bound %.3f\n", dtype_name(type), split ? " split-K" : "", worst);
+      printf("  %-6s%s largest error / bound %.3f (forms 0-2)\n", dtype_name(type), split ? " split-K" : "", worst);
     }
   }
   cuda_backend_set_mmq_v2(g_gpu, 0);
@@ -504,49 +507,52 @@ void test_mmq_v2(void) {
     void *w = make_weight(type, rows, cols, NULL);
     ops_weight ow = {type, w, rows, cols};
     float *x = hrand(n * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(n * cols));
-    float *dy = dnan(n * rows);
-    cuda_backend_set_mmq_v2(g_gpu, 1);
-    g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
-    float *all = dget(dy, n * rows);
-    dfree(dy);
-    const int64_t picks[] = {0, 17, 63};
-    for (size_t k = 0; k < sizeof picks / sizeof picks[0]; k++) {
-      const int64_t t = picks[k];
-      float *alone[2];
-      for (int v2 = 0; v2 < 2; v2++) {
-        float *d1 = dnan(rows);
-        cuda_backend_set_mmq_v2(g_gpu, v2);
-        g_gpu->matmul(g_gpu, d1, dx + t * cols, 1, &ow, NULL);
-        alone[v2] = dget(d1, rows);
-        dfree(d1);
+    for (int form = 1; form < 3; form++) {
+      float *dy = dnan(n * rows);
+      cuda_backend_set_mmq_v2(g_gpu, form);
+      g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+      float *all = dget(dy, n * rows);
+      dfree(dy);
+      const int64_t picks[] = {0, 17, 63};
+      for (size_t k = 0; k < sizeof picks / sizeof picks[0]; k++) {
+        const int64_t t = picks[k];
+        float *alone[2];
+        for (int v = 0; v < 2; v++) { /* the 128-thread kernel, then this form */
+          float *d1 = dnan(rows);
+          cuda_backend_set_mmq_v2(g_gpu, v ? form : 0);
+          g_gpu->matmul(g_gpu, d1, dx + t * cols, 1, &ow, NULL);
+          alone[v] = dget(d1, rows);
+          dfree(d1);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s token %lld of 64 vs alone, mmq form %d", dtype_name(type), (long long)t, form);
+        gpu_status(what);
+        g_checks++;
+        if (memcmp(alone[1], all + t * rows, sizeof(float) * (size_t)rows) ||
+            memcmp(alone[0], alone[1], sizeof(float) * (size_t)rows)) {
+          printf("  FAIL %s: differs (in the batch, alone, 128 threads alone)\n", what);
+          g_fail++;
+        }
+        free(alone[0]), free(alone[1]);
       }
-      char what[96];
-      snprintf(what, sizeof what, "%s token %lld of 64 vs alone, mmq v2", dtype_name(type), (long long)t);
-      gpu_status(what);
-      g_checks++;
-      if (memcmp(alone[1], all + t * rows, sizeof(float) * (size_t)rows) ||
-          memcmp(alone[0], alone[1], sizeof(float) * (size_t)rows)) {
-        printf("  FAIL %s: differs (v2 in the batch, v2 alone, 128 threads alone)\n", what);
-        g_fail++;
-      }
-      free(alone[0]), free(alone[1]);
+      free(all);
     }
     dfree(dx);
     cuda_backend_drop_mirrors(g_gpu);
-    free(all), free(x), free(w);
+    free(x), free(w);
   }
   cuda_backend_set_mmq_v2(g_gpu, 0);
   cuda_backend_set_mmq_split_k(g_gpu, 0);
   cuda_backend_set_batch_invariant(g_gpu, 0);
 }
 
-/* --bench=mmq: the int8 decode kernel, 128 threads vs v2 (tuning cuda_mmq_v2), on the 9B
+/* --bench=mmq: the int8 decode kernel, 128 threads vs the v2 forms (tuning cuda_mmq_v2 1, 2), on the 9B
  * shape's weights (4096 x 4096: q/o-like; 12288 x 4096: gate/up-like; Q6_K for the ffn_down-like
  * rows Q4_K_M keeps in 6 bits) at 16, 32 and 64 tokens, split K on (the default). Time per call
  * includes the activation quantization (and the slice reduction), as a decode step pays it;
  * GB/s = the weight's bytes / time. */
 void bench_mmq(void) {
-  printf("bench mmq (int8 decode kernel: 128 threads vs v2)\n");
+  printf("bench mmq (int8 decode kernel: form 0 = 128 threads, 1 = 256 threads, 2 = 256 threads + 128-column steps)\n");
   const int64_t shapes[][3] = {{ANNA_DTYPE_Q4_K, 4096, 4096}, {ANNA_DTYPE_Q4_K, 12288, 4096},
                                {ANNA_DTYPE_Q6_K, 4096, 12288}};
   const int64_t ns[] = {16, 32, 64}, nmax = 64;
@@ -562,8 +568,8 @@ void bench_mmq(void) {
     float *x = hrand(nmax * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(nmax * cols)), *dy = dnan(nmax * rows);
     const double wbytes = (double)dtype_row_bytes(type, cols) * rows;
     for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
-      double us[2];
-      for (int v2 = 0; v2 < 2; v2++) {
+      double us[3];
+      for (int v2 = 0; v2 < 3; v2++) {
         cuda_backend_set_mmq_v2(g_gpu, v2);
         g_gpu->matmul(g_gpu, dy, dx, ns[j], &ow, NULL);
         gpu_status("mmq bench warmup");
@@ -573,10 +579,9 @@ void bench_mmq(void) {
         gpu_status("mmq bench");
         us[v2] = (now_s() - t0) / reps * 1e6;
       }
-      printf("  mmq %-6s n=%-3lld %5lldx%-5lld: 128 threads %8.1f us (%5.0f GB/s), v2 %8.1f us (%5.0f GB/s), "
-             "v2 / old %.3f\n",
+      printf("  mmq %-6s n=%-3lld %5lldx%-5lld: form 0 %8.1f us (%5.0f GB/s), 1 %8.1f us (x%.3f), 2 %8.1f us (x%.3f)\n",
              dtype_name(type), (long long)ns[j], (long long)rows, (long long)cols, us[0], wbytes / us[0] / 1e3, us[1],
-             wbytes / us[1] / 1e3, us[1] / us[0]);
+             us[0] / us[1], us[2], us[0] / us[2]);
     }
     dfree(dx), dfree(dy);
     cuda_backend_drop_mirrors(g_gpu);

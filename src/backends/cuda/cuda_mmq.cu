@@ -54,28 +54,29 @@
 #include "base/error.h"
 
 #define MMQ_BM 64         /* weight rows per block */
-#define MMQ_KS 256        /* K elements per pipeline step */
-#define MMQ_ST (MMQ_KS + 32) /* shared row stride, bytes */
+#define MMQ_KS 256        /* K elements per pipeline step (the first kernel); K slices count in these */
 #define MMQ_THREADS 128 /* the first kernel (tuning cuda_mmq_v2=0); v2 has 256 */
 #define MMQ_MAGIC 0x4B400000 /* 12582912.0f = 1.5 * 2^23 */
 
-/* One stage: weights, activations, weight scales (16 units: Q6_K's runs), mins, x scales,
- * x sums; two stages per block. */
-template <int BN> struct mmq_lay {
-  static constexpr int W = 0, X = MMQ_BM * MMQ_ST, SW = X + BN * MMQ_ST, MN = SW + 16 * MMQ_BM * 4,
-                       XD = MN + 8 * MMQ_BM * 4, XS = XD + 8 * BN * 4, STAGE = XS + 8 * BN * 4, SMEM = 2 * STAGE;
-};
-
-/* Threads and warp tiling of a block: NT threads (128: the first kernel, 256: v2), warps WM
- * along the 64 rows (MI m-tiles of 16 each) by WN along the BN tokens (NJ n-tiles of 8 each);
- * each thread decodes PPT pieces per step, rows tid / 8 + RSTEP i. Only the work split
- * differs between the two: every (row, token) sums the same dots in the same order. */
-template <int BN, int NT> struct mmq_cfg {
+/* A block's shape: BN tokens, NT threads (128: the first kernel, 256: v2), K steps of KS
+ * columns (256; v2 mode 2: 128, half the shared memory). Warps WM along the 64 rows (MI
+ * m-tiles of 16 each) by WN along the tokens (NJ n-tiles of 8 each); each thread decodes
+ * PPT pieces per step: piece tid % PPS of the step's PPS = KS / 32 per row, rows tid / PPS +
+ * RSTEP i. One stage of shared memory: weights, activations (rows of ST = KS + 32 bytes),
+ * weight scales (2U units: Q6_K's 16-runs), mins, x scales, x sums (U = KS / 32 units);
+ * two stages per block. Only the split of the work differs between the forms: every
+ * (row, token) sums the same dots in the same order. */
+template <int BN, int NT, int KS> struct mmq_cfg {
   static constexpr int WARPS = NT / 32, WN = NT == MMQ_THREADS ? 2 : BN == 64 ? 4 : 2, WM = WARPS / WN;
   static constexpr int LWM = WM == 1 ? 0 : WM == 2 ? 1 : 2; /* log2 WM: warp = wm + WM wn */
   static constexpr int MI = MMQ_BM / 16 / WM, NJ = BN / 8 / WN;
-  static constexpr int PPT = MMQ_BM * 8 / NT, RSTEP = NT / 8;
-  static_assert(WM * WN == WARPS && (1 << LWM) == WM && MI >= 1 && NJ >= 1 && MI * 16 * WM == MMQ_BM && NJ * 8 * WN == BN, "tiling");
+  static constexpr int U = KS / 32, PPS = U, LPPS = KS == 256 ? 3 : 2, PPT = MMQ_BM * PPS / NT, RSTEP = NT / PPS;
+  static constexpr int ST = KS + 32;
+  static constexpr int W = 0, X = MMQ_BM * ST, SW = X + BN * ST, MN = SW + 2 * U * MMQ_BM * 4, XD = MN + U * MMQ_BM * 4,
+                       XS = XD + U * BN * 4, STAGE = XS + U * BN * 4, SMEM = 2 * STAGE;
+  static_assert(WM * WN == WARPS && (1 << LWM) == WM && MI >= 1 && NJ >= 1 && MI * 16 * WM == MMQ_BM && NJ * 8 * WN == BN,
+                "tiling");
+  static_assert((KS == 256 || KS == 128) && (1 << LPPS) == PPS && PPT >= 1 && PPT * NT == MMQ_BM * PPS, "pieces");
 };
 
 /* ---- device primitives ---- */
@@ -156,38 +157,40 @@ static __global__ void __launch_bounds__(256)
 }
 
 /* Issues the cp.async copies of step s's activation tile (tokens t0..t0 + BN) into a stage. */
-template <int TYPE, int BN, int NT>
+template <int TYPE, int BN, int NT, int KS>
 static __device__ __forceinline__ void mmq_load_x(uint8_t *st, const int8_t *xq, const float *xd, const float *xs,
                                                   int64_t t0, int64_t npad, int64_t colsp, int s, int tid) {
-  typedef mmq_lay<BN> L;
-  static_assert(BN * (MMQ_KS / 16) % NT == 0, "whole chunks per thread");
+  typedef mmq_cfg<BN, NT, KS> L;
+  constexpr int CH = BN * (KS / 16); /* 16-byte chunks; BN = 16, KS = 128: half the threads copy one */
+  static_assert(CH % NT == 0 || CH < NT, "whole chunks per thread");
 #pragma unroll
-  for (int i = 0; i < BN * (MMQ_KS / 16) / NT; i++) {
-    const int c = tid + NT * i, tok = c / (MMQ_KS / 16), ch = c % (MMQ_KS / 16);
-    cuda_cp16(st + L::X + tok * MMQ_ST + 16 * ch, xq + (t0 + tok) * colsp + (int64_t)s * MMQ_KS + 16 * ch);
+  for (int i = 0; i < (CH + NT - 1) / NT; i++) {
+    const int c = tid + NT * i, tok = c / (KS / 16), ch = c % (KS / 16);
+    if (CH % NT == 0 || c < CH)
+      cuda_cp16(st + L::X + tok * L::ST + 16 * ch, xq + (t0 + tok) * colsp + (int64_t)s * KS + 16 * ch);
   }
-  /* 8 units x BN floats: 2 BN chunks of 4 floats */
-  static_assert(2 * BN <= NT, "one scale chunk per thread at most");
-  if (tid < 2 * BN) {
+  /* U units x BN floats: U BN / 4 chunks of 4 floats */
+  static_assert(L::U * BN / 4 <= NT, "one scale chunk per thread at most");
+  if (tid < L::U * BN / 4) {
     const int u = tid / (BN / 4), j = tid % (BN / 4);
-    const int64_t src = ((int64_t)s * 8 + u) * npad + t0 + 4 * j;
+    const int64_t src = ((int64_t)s * L::U + u) * npad + t0 + 4 * j;
     cuda_cp16(st + L::XD + 4 * (u * BN + 4 * j), xd + src);
     if constexpr (mmq_has_min<TYPE>()) cuda_cp16(st + L::XS + 4 * (u * BN + 4 * j), xs + src);
   }
   cuda_cp_commit();
 }
 
-/* Pieces of this thread in a step: rows tid / 8 + RSTEP i (i < PPT), piece tid % 8 of the step. */
-template <int TYPE, int NT>
+/* Pieces of this thread in a step: rows tid / PPS + RSTEP i (i < PPT), piece tid % PPS of the step. */
+template <int TYPE, int NT, int KS>
 static __device__ __forceinline__ void mmq_load_w(uint32_t (*raw)[cuda_piece<TYPE>::RAW], const uint8_t *W,
                                                   int64_t r0, int64_t rows, int64_t rb, int64_t pieces, int s,
                                                   int tid) {
-  typedef mmq_cfg<16, NT> C; /* PPT and RSTEP do not depend on BN */
-  const int64_t p = (int64_t)s * 8 + (tid & 7);
+  typedef mmq_cfg<16, NT, KS> C; /* PPS, PPT and RSTEP do not depend on BN */
+  const int64_t p = (int64_t)s * C::PPS + (tid & (C::PPS - 1));
   if (p >= pieces) return;
 #pragma unroll
   for (int i = 0; i < C::PPT; i++) {
-    const int64_t r = r0 + (tid >> 3) + C::RSTEP * i;
+    const int64_t r = r0 + (tid >> C::LPPS) + C::RSTEP * i;
     cuda_piece_load<TYPE>(W + (r < rows ? r : rows - 1) * rb, p, p == pieces - 1, raw[i]);
   }
 }
@@ -195,21 +198,20 @@ static __device__ __forceinline__ void mmq_load_w(uint32_t (*raw)[cuda_piece<TYP
 /* Decodes the loaded pieces into a stage: int8 words at their elements (mmq_wpos order),
  * scales per unit (32-block; Q6_K 16-run) in sw[unit][row], Q4_K / Q5_K mins in mn[block][row].
  * A piece past the row's end (32-element formats, last step) stores zeros. */
-template <int TYPE, int BN, int NT>
+template <int TYPE, int BN, int NT, int KS>
 static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t (*raw)[cuda_piece<TYPE>::RAW],
                                                     const uint8_t *W, int64_t r0, int64_t rows, int64_t rb,
                                                     int64_t pieces, int s, int tid) {
-  typedef mmq_lay<BN> L;
-  typedef mmq_cfg<BN, NT> C;
+  typedef mmq_cfg<BN, NT, KS> C, L;
   constexpr int HI = cuda_piece<TYPE>::HI;
   constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K;
-  const int k = tid & 7;
-  const int64_t p = (int64_t)s * 8 + k;
-  const int el = (int)(cuda_q8_e0<TYPE>(p) - (int64_t)s * MMQ_KS); /* run 0's first element in the step */
+  const int k = tid & (C::PPS - 1); /* piece of the step; its parity is that of the super-block's piece p & 7 */
+  const int64_t p = (int64_t)s * C::PPS + k;
+  const int el = (int)(cuda_q8_e0<TYPE>(p) - (int64_t)s * KS); /* run 0's first element in the step */
   float *sw = (float *)(st + L::SW), *smn = (float *)(st + L::MN);
 #pragma unroll
   for (int i = 0; i < C::PPT; i++) {
-    const int lr = (tid >> 3) + C::RSTEP * i;
+    const int lr = (tid >> C::LPPS) + C::RSTEP * i;
     const int64_t r = r0 + lr;
     uint32_t v[8];
     float sc[2] = {0.0f, 0.0f}, mn[2] = {0.0f, 0.0f};
@@ -236,7 +238,7 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
 #pragma unroll
       for (int j = 0; j < 8; j++) v[j] = 0;
     }
-    uint8_t *wr = st + L::W + lr * MMQ_ST;
+    uint8_t *wr = st + L::W + lr * L::ST;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       const int e = el + (j < 4 ? 4 * j : HI + 4 * (j - 4));
@@ -260,30 +262,30 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
  * and tokens 8 NJ wn..; acc[i][j][e]: m-tile i, n-tile j, fragment element e. Each
  * accumulator takes its 32-blocks in order b = 0..7 whatever the unrolling (UNR: v2 unrolls
  * twice so one block's shared loads overlap the other's MMAs and FMAs). */
-template <int TYPE, int BN, int NT>
-static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*acc)[mmq_cfg<BN, NT>::NJ][4],
+template <int TYPE, int BN, int NT, int KS>
+static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*acc)[mmq_cfg<BN, NT, KS>::NJ][4],
                                                     int warp, int lane) {
-  typedef mmq_lay<BN> L;
-  typedef mmq_cfg<BN, NT> C;
+  typedef mmq_cfg<BN, NT, KS> C, L;
+  constexpr int ST = C::ST;
   constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K, MIN = mmq_has_min<TYPE>();
   constexpr int NJ = C::NJ, MI = C::MI, UNR = NT == MMQ_THREADS ? 1 : 2;
   const int g = lane >> 2, t = lane & 3, wm = warp & (C::WM - 1), wn = warp >> C::LWM;
-  const uint8_t *wt = st + L::W + (wm * 16 * MI + g) * MMQ_ST + 8 * t;
-  const uint8_t *xt = st + L::X + (wn * 8 * NJ + g) * MMQ_ST + 8 * t;
+  const uint8_t *wt = st + L::W + (wm * 16 * MI + g) * ST + 8 * t;
+  const uint8_t *xt = st + L::X + (wn * 8 * NJ + g) * ST + 8 * t;
   const float *sw = (const float *)(st + L::SW) + wm * 16 * MI + g;
   const float *smn = (const float *)(st + L::MN) + wm * 16 * MI + g;
   const float *sxd = (const float *)(st + L::XD) + wn * 8 * NJ + 2 * t;
   const float *sxs = (const float *)(st + L::XS) + wn * 8 * NJ + 2 * t;
 #pragma unroll UNR
-  for (int b = 0; b < MMQ_KS / 32; b++) {
+  for (int b = 0; b < KS / 32; b++) {
     uint2 A[MI][2], B[NJ];
 #pragma unroll
     for (int i = 0; i < MI; i++) {
-      A[i][0] = mmq_lds64(wt + (16 * i) * MMQ_ST + 32 * b);
-      A[i][1] = mmq_lds64(wt + (16 * i + 8) * MMQ_ST + 32 * b);
+      A[i][0] = mmq_lds64(wt + (16 * i) * ST + 32 * b);
+      A[i][1] = mmq_lds64(wt + (16 * i + 8) * ST + 32 * b);
     }
 #pragma unroll
-    for (int j = 0; j < NJ; j++) B[j] = mmq_lds64(xt + (8 * j) * MMQ_ST + 32 * b);
+    for (int j = 0; j < NJ; j++) B[j] = mmq_lds64(xt + (8 * j) * ST + 32 * b);
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
       const float2 dx = *(const float2 *)(sxd + b * BN + 8 * j);
@@ -322,14 +324,18 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
   }
 }
 
-/* NT = 128: at most one block's registers assumed per SM (the first kernel); NT = 256: two
- * blocks per SM (2 x 94 KB of shared memory at BN = 64 fit 228 KB), so at most 128 registers. */
-template <int TYPE, int BN, int NT>
-static __global__ void __launch_bounds__(NT, NT == MMQ_THREADS ? 1 : 2)
+/* Blocks per SM the register budget must allow: the first kernel assumes one; v2 two (2 x 94
+ * KB of shared memory at BN = 64, KS = 256 fit 228 KB: at most 128 registers), three with
+ * 128-column steps (51 KB at BN = 64: at most 80 registers). */
+template <int NT, int KS> constexpr int mmq_min_blocks() {
+  return NT == MMQ_THREADS ? 1 : KS == MMQ_KS ? 2 : 3;
+}
+
+template <int TYPE, int BN, int NT, int KS>
+static __global__ void __launch_bounds__(NT, mmq_min_blocks<NT, KS>())
     k_mmq(float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb, const int8_t *xq, const float *xd,
           const float *xs, int64_t n, int64_t npad, int64_t colsp) {
-  typedef mmq_lay<BN> L;
-  typedef mmq_cfg<BN, NT> C;
+  typedef mmq_cfg<BN, NT, KS> C, L;
   constexpr int NJ = C::NJ, MI = C::MI;
   uint8_t *sm = mmq_smem_base();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -337,9 +343,10 @@ static __global__ void __launch_bounds__(NT, NT == MMQ_THREADS ? 1 : 2)
   const int64_t pieces = cols / 32;
   /* split K: slice z of gridDim.z takes steps [s0, s1) and writes its partial sums to its own
    * plane of y (k_mmq_reduce adds the planes in order); the split depends on the weight's
-   * shape only, so a token's result does not depend on n */
+   * shape only, so a token's result does not depend on n; slices are cut in 256-column units
+   * whatever the step (the same slices, hence the same bits, with 128-column steps) */
   const int all = (int)(colsp / MMQ_KS), z = (int)blockIdx.z, S = (int)gridDim.z;
-  const int s0 = all * z / S, s1 = all * (z + 1) / S;
+  const int s0 = all * z / S * (MMQ_KS / KS), s1 = all * (z + 1) / S * (MMQ_KS / KS);
   y += (int64_t)z * npad * rows;
   float acc[MI][NJ][4];
 #pragma unroll
@@ -349,20 +356,20 @@ static __global__ void __launch_bounds__(NT, NT == MMQ_THREADS ? 1 : 2)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
   uint32_t raw[C::PPT][cuda_piece<TYPE>::RAW];
-  mmq_load_x<TYPE, BN, NT>(sm, xq, xd, xs, t0, npad, colsp, s0, tid);
-  mmq_load_w<TYPE, NT>(raw, W, r0, rows, rb, pieces, s0, tid);
-  mmq_decode_w<TYPE, BN, NT>(sm, raw, W, r0, rows, rb, pieces, s0, tid);
+  mmq_load_x<TYPE, BN, NT, KS>(sm, xq, xd, xs, t0, npad, colsp, s0, tid);
+  mmq_load_w<TYPE, NT, KS>(raw, W, r0, rows, rb, pieces, s0, tid);
+  mmq_decode_w<TYPE, BN, NT, KS>(sm, raw, W, r0, rows, rb, pieces, s0, tid);
   cuda_cp_wait<0>();
   __syncthreads();
   for (int s = s0; s < s1; s++) {
     uint8_t *cur = sm + ((s - s0) & 1) * L::STAGE, *nxt = sm + ((s - s0 + 1) & 1) * L::STAGE;
     /* nxt was last read by step s - 1's MMAs, which every thread finished before the barrier */
     if (s + 1 < s1) {
-      mmq_load_x<TYPE, BN, NT>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
-      mmq_load_w<TYPE, NT>(raw, W, r0, rows, rb, pieces, s + 1, tid);
+      mmq_load_x<TYPE, BN, NT, KS>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
+      mmq_load_w<TYPE, NT, KS>(raw, W, r0, rows, rb, pieces, s + 1, tid);
     }
-    mmq_mma_step<TYPE, BN, NT>(cur, acc, warp, lane);
-    if (s + 1 < s1) mmq_decode_w<TYPE, BN, NT>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
+    mmq_mma_step<TYPE, BN, NT, KS>(cur, acc, warp, lane);
+    if (s + 1 < s1) mmq_decode_w<TYPE, BN, NT, KS>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
     cuda_cp_wait<0>();
     __syncthreads();
   }
@@ -401,19 +408,19 @@ static bool mmq_supported(int type, const uint8_t *W, int64_t rb, int64_t cols) 
   }
 }
 
-template <int TYPE, int BN, int NT>
+template <int TYPE, int BN, int NT, int KS>
 static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb,
                           const int8_t *xq, const float *xd, const float *xs, int64_t n, int64_t npad, int64_t colsp) {
   static int ready = 0; /* the shared-memory opt-in, once per instance (the process uses one device kind) */
   if (!ready) {
-    if (!cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             mmq_lay<BN>::SMEM),
+    if (!cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             mmq_cfg<BN, NT, KS>::SMEM),
                     "mmq shared memory"))
       return;
-    /* v2 counts on two resident blocks: ask for the largest shared-memory carveout so the
-     * driver does not pick one that holds a single 94 KB block */
+    /* v2 counts on several resident blocks: ask for the largest shared-memory carveout so
+     * the driver does not pick one that holds fewer */
     if (NT != MMQ_THREADS &&
-        !cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        !cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT, KS>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                              (int)cudaSharedmemCarveoutMaxShared),
                     "mmq shared memory carveout"))
       return;
@@ -436,8 +443,8 @@ static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t row
     else S = 1;
   }
   const dim3 grid((unsigned)rblocks, (unsigned)(npad / BN), (unsigned)S);
-  cuda_launch(ci, "mmq", k_mmq<TYPE, BN, NT>, grid, NT, mmq_lay<BN>::SMEM, S > 1 ? part : y, W, rows, cols, rb, xq,
-              xd, xs, n, npad, colsp);
+  cuda_launch(ci, "mmq", k_mmq<TYPE, BN, NT, KS>, grid, NT, mmq_cfg<BN, NT, KS>::SMEM, S > 1 ? part : y, W, rows, cols,
+              rb, xq, xd, xs, n, npad, colsp);
   if (S > 1) {
     /* the planes hold npad token rows of `rows` floats; the first n are y */
     const int64_t count = n * rows;
@@ -449,14 +456,17 @@ template <int TYPE>
 static void mmq_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb,
                        const int8_t *xq, const float *xd, const float *xs, int64_t n, int bn, int64_t npad,
                        int64_t colsp) {
-  /* the two kernels give the same bits (mmq_cfg): the tuning key picks the faster */
-  if (ci->mmq_v2) {
-    if (bn == 16) mmq_launch_bn<TYPE, 16, 256>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
-    else if (bn == 32) mmq_launch_bn<TYPE, 32, 256>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
-    else mmq_launch_bn<TYPE, 64, 256>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
-  } else if (bn == 16) mmq_launch_bn<TYPE, 16, MMQ_THREADS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
-  else if (bn == 32) mmq_launch_bn<TYPE, 32, MMQ_THREADS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
-  else mmq_launch_bn<TYPE, 64, MMQ_THREADS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);
+  /* the forms give the same bits (mmq_cfg): the tuning key picks the faster */
+#define MMQ_BN(NT, KS)                                                                                                 \
+  do {                                                                                                                 \
+    if (bn == 16) mmq_launch_bn<TYPE, 16, NT, KS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);               \
+    else if (bn == 32) mmq_launch_bn<TYPE, 32, NT, KS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);          \
+    else mmq_launch_bn<TYPE, 64, NT, KS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);                        \
+  } while (0)
+  if (ci->mmq_v2 == 2) MMQ_BN(256, 128);
+  else if (ci->mmq_v2) MMQ_BN(256, MMQ_KS);
+  else MMQ_BN(MMQ_THREADS, MMQ_KS);
+#undef MMQ_BN
 }
 
 bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb) {
