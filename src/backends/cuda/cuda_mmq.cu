@@ -37,16 +37,19 @@
  * 9B shape, 24.3 ms for 64, against 1.6 ms to read the weights; with it, session 18: 19.3 ms
  * for 64). Results do not depend on the other tokens of the batch: each
  * (row, token) sums its 32-blocks and its slices in the same order whatever n is.
- * Two forms of k_mmq (tuning cuda_mmq_v2, mmq_cfg): the first has 4 warps per block, and
- * with ~94 KB of shared memory and 160-210 registers per thread at BN = 64 an SM holds two
+ * Three forms of k_mmq (tuning cuda_mmq_v2, mmq_cfg). Form 0 has 4 warps per block, and
+ * with ~94 KB of shared memory and 160-220 registers per thread at BN = 64 an SM holds two
  * blocks, 8 warps, too few to hide the shared-load -> MMA -> FMA chains and the decode's
  * global loads (a 64-token step of the 9B shape spent ~4x the time of a pass that decodes
- * the same weights). v2 runs the same 64 x BN tile on 8 warps (256 threads, at most 128
+ * the same weights). Form 1 runs the same 64 x BN tile on 8 warps (256 threads, at most 128
  * registers): 16 warps per SM, two pieces per thread per step instead of four, warps of
  * 32 rows x 16 tokens (BN = 64) or 16 rows x 8 NJ tokens, the 32-block loop unrolled twice.
- * Only the split of the work changes: every (row, token) takes the same dots, scales and
- * additions in the same order and the K slices are the same, so the bits are the same
- * (test_cuda_ops mmq_v2 compares them). */
+ * Form 2 also steps K by 128 columns (four pieces per row per step, one per thread): half
+ * the shared memory (51 KB at BN = 64), so three blocks per SM at most 80 registers (BN =
+ * 64 spills 16-80 bytes there), and the 320-384-block grids of the 9B shape's weights at 64
+ * tokens fit one wave of 132 x 3. Only the split of the work changes: every (row, token)
+ * takes the same dots, scales and additions in the same order and the K slices are the
+ * same, so the bits are the same (test_cuda_ops mmq_v2 compares them). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_async.cuh"
 #include "backends/cuda/cuda_quant.cuh"
