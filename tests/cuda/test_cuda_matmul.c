@@ -544,6 +544,7 @@ void test_mmq_v2(void) {
   cuda_backend_set_mmq_v2(g_gpu, 0);
   cuda_backend_set_mmq_split_k(g_gpu, 0);
   cuda_backend_set_batch_invariant(g_gpu, 0);
+  cuda_backend_set_exact(g_gpu, 1); /* the harness default */
 }
 
 /* --bench=mmq: the int8 decode kernel, 128 threads vs the v2 forms (tuning cuda_mmq_v2 1, 2), on the 9B
