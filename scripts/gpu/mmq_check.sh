@@ -29,7 +29,7 @@ timeout 120 $P/bin/test_cuda_ops --bench=mmq >$OUT/bench_mmq.log 2>&1
 row "test_cuda_ops --bench=mmq (rc $?)" ""; grep -E "^  mmq" $OUT/bench_mmq.log | tee -a $S
 # 3. fixtures at 5e-3 with each form (prefill chunks of 9..64 tokens take the kernel)
 FX="qwen3_5_moe_text qwen3"; EX="qwen3_5_x qwen3_5_moe_fused gemma4_moe qwen3moe_x llama3"
-for v in 1 2; do
+for v in 1 2 3; do
   r1=$(ANNA_TUNING=cuda_mmq_v2=$v timeout 60 $P/bin/test_fixtures .gpu/fx --device cuda --tol 5e-3 $FX 2>&1 | tail -1)
   r2=$(ANNA_TUNING=cuda_mmq_v2=$v,cuda_batch_invariant=1 timeout 60 $P/bin/test_fixtures tests/fixtures --device cuda --tol 5e-3 $EX 2>&1 | tail -1)
   row "fixtures cuda_mmq_v2=$v (+batch_invariant extra)" "$r1 | extra: $r2"
@@ -38,7 +38,7 @@ done
 wait $MK
 F=/tmp/s9/qwen3.5-9b-q4_k_rand.gguf
 for par in 64 16; do
-  for v in 0 1 2; do
+  for v in 0 1 2 3; do
     [ $(left) -gt 45 ] || { row "out of time" "par $par form $v"; break 2; }
     r=$(timeout 45 $P/bin/anna-bench --model $F --device cuda --prompt-len 512 --max-new-tokens 64 --runs 2 --warmup 1 \
         --parallel $par --tuning cuda_mmq_v2=$v 2>&1 | tee -a $OUT/bench.log | grep -E '^\| +[0-9]+ |rror' | tail -1)

@@ -72,7 +72,9 @@ typedef struct anna_tuning {
    * (cuda_mmq.cu) in its 256-thread form: 8 warps per 64-row block (16 warps per SM instead
    * of 8), two weight pieces per thread per step instead of four, the 32-block loop unrolled
    * twice; 2 the same with 128-column K steps (half the shared memory: three blocks per SM,
-   * one piece per thread per step). The same per-(row, token) integer dots, fp32
+   * one piece per thread per step); 3 form 2 with the weight and activation scales packed
+   * for one 16-byte shared load per m-tile and n-tile (the kernel is bound by its shared-
+   * memory pipe: session 20 ncu, L1/TEX 78%, issue slots 49%). The same per-(row, token) integer dots, fp32
    * accumulation order and K slices as the 128-thread kernel, so results are bit-identical to
    * it (test_cuda_ops mmq_v2 compares them); 0 runs the 128-thread kernel (the path before
    * session 20, kept for A/B: test_cuda_ops --bench=mmq). Read at CUDA backend creation. */

@@ -427,14 +427,14 @@ void test_batch_invariant(void) {
 }
 
 /* The int8 decode kernel's forms (tuning cuda_mmq_v2: 0 128 threads; 1 256 threads, 8 warps
- * per block; 2 the same with 128-column K steps): the same per-(row, token) dots in the same
- * order, so the outputs of 1 and 2 must equal those of 0 bit for bit, with and without K
+ * per block; 2 the same with 128-column K steps; 3 form 2 with packed scales): the same
+ * per-(row, token) dots in the same order, so the outputs of 1-3 must equal those of 0 bit for bit, with and without K
  * slices, and be within the int8 bound of the f64 reference (int8_ref_bound). Token counts cross the 16/32/64-token tiles (partial tiles
  * included), rows are not multiples of the 64-row block, columns span several 256-column steps
  * (32-element formats also a partial last step), and one shape has enough rows for several
  * row blocks with few K slices. Then batch invariance with v2: in batch-invariant mode a
  * token alone (n = 1, the 16-token tile) equals its row of a 64-token call and the 128-thread
- * kernel's lone result, in both v2 forms. */
+ * kernel's lone result, in every v2 form. */
 void test_mmq_v2(void) {
   printf("int8 decode kernel: 256-thread form (cuda_mmq_v2) vs 128-thread\n");
   const int types[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q5_K,
@@ -463,15 +463,15 @@ void test_mmq_v2(void) {
         int8_ref_bound(x, wf, NULL, n, rows, cols, 0.0, &ref, &bnd);
         ops_weight ow = {type, w, rows, cols};
         float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
-        float *g[3];
-        for (int v2 = 0; v2 < 3; v2++) {
+        float *g[4];
+        for (int v2 = 0; v2 < 4; v2++) {
           float *dy = dnan(n * rows);
           cuda_backend_set_mmq_v2(g_gpu, v2);
           g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
           g[v2] = dget(dy, n * rows);
           dfree(dy);
         }
-        for (int v2 = 0; v2 < 3; v2++) {
+        for (int v2 = 0; v2 < 4; v2++) {
           char what[128];
           snprintf(what, sizeof what, "%s n=%lld %lldx%lld mmq form %d%s", dtype_name(type), (long long)n,
                    (long long)rows, (long long)cols, v2, split ? " split-K" : "");
@@ -488,9 +488,9 @@ void test_mmq_v2(void) {
           }
         }
         dfree(dx);
-        free(g[0]), free(g[1]), free(g[2]), free(w), free(wf), free(x), free(ref), free(bnd);
+        free(g[0]), free(g[1]), free(g[2]), free(g[3]), free(w), free(wf), free(x), free(ref), free(bnd);
       }
-      printf("  %-6s%s largest error / bound %.3f (forms 0-2)\n", dtype_name(type), split ? " split-K" : "", worst);
+      printf("  %-6s%s largest error / bound %.3f (forms 0-3)\n", dtype_name(type), split ? " split-K" : "", worst);
     }
   }
   cuda_backend_set_mmq_v2(g_gpu, 0);
@@ -507,7 +507,7 @@ void test_mmq_v2(void) {
     void *w = make_weight(type, rows, cols, NULL);
     ops_weight ow = {type, w, rows, cols};
     float *x = hrand(n * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(n * cols));
-    for (int form = 1; form < 3; form++) {
+    for (int form = 1; form < 4; form++) {
       float *dy = dnan(n * rows);
       cuda_backend_set_mmq_v2(g_gpu, form);
       g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
@@ -553,7 +553,8 @@ void test_mmq_v2(void) {
  * includes the activation quantization (and the slice reduction), as a decode step pays it;
  * GB/s = the weight's bytes / time. */
 void bench_mmq(void) {
-  printf("bench mmq (int8 decode kernel: form 0 = 128 threads, 1 = 256 threads, 2 = 256 threads + 128-column steps)\n");
+  printf("bench mmq (int8 decode kernel, tuning cuda_mmq_v2: 0 = 128 threads, 1 = 256 threads, 2 = 1 + 128-column "
+         "steps, 3 = 2 + packed scales; xN = speed-up over 0)\n");
   const int64_t shapes[][3] = {{ANNA_DTYPE_Q4_K, 4096, 4096}, {ANNA_DTYPE_Q4_K, 12288, 4096},
                                {ANNA_DTYPE_Q6_K, 4096, 12288}};
   const int64_t ns[] = {16, 32, 64}, nmax = 64;
@@ -569,8 +570,8 @@ void bench_mmq(void) {
     float *x = hrand(nmax * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(nmax * cols)), *dy = dnan(nmax * rows);
     const double wbytes = (double)dtype_row_bytes(type, cols) * rows;
     for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
-      double us[3];
-      for (int v2 = 0; v2 < 3; v2++) {
+      double us[4];
+      for (int v2 = 0; v2 < 4; v2++) {
         cuda_backend_set_mmq_v2(g_gpu, v2);
         g_gpu->matmul(g_gpu, dy, dx, ns[j], &ow, NULL);
         gpu_status("mmq bench warmup");
@@ -580,9 +581,10 @@ void bench_mmq(void) {
         gpu_status("mmq bench");
         us[v2] = (now_s() - t0) / reps * 1e6;
       }
-      printf("  mmq %-6s n=%-3lld %5lldx%-5lld: form 0 %8.1f us (%5.0f GB/s), 1 %8.1f us (x%.3f), 2 %8.1f us (x%.3f)\n",
+      printf("  mmq %-6s n=%-3lld %5lldx%-5lld: form 0 %7.1f us (%4.0f GB/s), 1 %7.1f us (x%.2f), 2 %7.1f us (x%.2f), "
+             "3 %7.1f us (x%.2f)\n",
              dtype_name(type), (long long)ns[j], (long long)rows, (long long)cols, us[0], wbytes / us[0] / 1e3, us[1],
-             us[0] / us[1], us[2], us[0] / us[2]);
+             us[0] / us[1], us[2], us[0] / us[2], us[3], us[0] / us[3]);
     }
     dfree(dx), dfree(dy);
     cuda_backend_drop_mirrors(g_gpu);

@@ -581,7 +581,7 @@ extern "C" void cuda_backend_set_mmq_split_k(ops_backend *be, int on) {
 }
 
 extern "C" void cuda_backend_set_mmq_v2(ops_backend *be, int mode) {
-  cuda_impl_of(be)->mmq_v2 = mode == 1 || mode == 2 ? mode : 0;
+  cuda_impl_of(be)->mmq_v2 = mode >= 1 && mode <= 3 ? mode : 0;
 }
 
 extern "C" void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes) {

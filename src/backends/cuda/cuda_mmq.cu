@@ -69,7 +69,7 @@
  * weight scales (2U units: Q6_K's 16-runs), mins, x scales, x sums (U = KS / 32 units);
  * two stages per block. Only the split of the work differs between the forms: every
  * (row, token) sums the same dots in the same order. */
-template <int BN, int NT, int KS> struct mmq_cfg {
+template <int BN, int NT, int KS, bool PK = false> struct mmq_cfg {
   static constexpr int WARPS = NT / 32, WN = NT == MMQ_THREADS ? 2 : BN == 64 ? 4 : 2, WM = WARPS / WN;
   static constexpr int LWM = WM == 1 ? 0 : WM == 2 ? 1 : 2; /* log2 WM: warp = wm + WM wn */
   static constexpr int MI = MMQ_BM / 16 / WM, NJ = BN / 8 / WN;
@@ -80,6 +80,11 @@ template <int BN, int NT, int KS> struct mmq_cfg {
   static_assert(WM * WN == WARPS && (1 << LWM) == WM && MI >= 1 && NJ >= 1 && MI * 16 * WM == MMQ_BM && NJ * 8 * WN == BN,
                 "tiling");
   static_assert((KS == 256 || KS == 128) && (1 << LPPS) == PPS && PPT >= 1 && PPT * NT == MMQ_BM * PPS, "pieces");
+  /* PK (form 3): the same regions hold the scales packed for one 16-byte load each: SW as
+   * [U][4 m-tiles][8 g][4] = per 32-block b and rows 16 m + g, 16 m + 8 + g: (scale, scale,
+   * min, min) (Q6_K: runs 2b and 2b + 1: scale(g), scale(g + 8) of each; plain types: scale,
+   * scale, -, -), XD..XS as [U][BN / 2][4] = d(2p), d(2p + 1), sum(2p), sum(2p + 1) */
+  static_assert(2 * U * MMQ_BM * 4 == U * 4 * 8 * 16 && XS - XD + U * BN * 4 == U * (BN / 2) * 16, "packed sizes");
 };
 
 /* ---- device primitives ---- */
@@ -128,7 +133,7 @@ template <int TYPE> __host__ __device__ constexpr bool mmq_has_min() {
  * end take part in the shuffles with zeros. */
 static __global__ void __launch_bounds__(256)
     k_mmq_quant_x(int8_t *xq, float *xd, float *xs, const float *x, int64_t n, int64_t cols, int64_t npad,
-                  int64_t colsp) {
+                  int64_t colsp, int packed) {
   const int lane = threadIdx.x & 31, m = lane & 7;
   const int64_t nbp = colsp / 32, nb = cols / 32, total = npad * nbp;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
@@ -154,16 +159,21 @@ static __global__ void __launch_bounds__(256)
     if (u < total) {
       const uint32_t wv = __byte_perm(__byte_perm(q[0], q[1], 0x0040), __byte_perm(q[2], q[3], 0x0040), 0x5410);
       *(uint32_t *)(xq + t * colsp + b * 32 + mmq_wpos(m)) = wv;
-      if (m == 0) xd[b * npad + t] = d, xs[b * npad + t] = d * (float)s;
+      if (m == 0 && packed) { /* form 3: xd [colsp / 32][npad / 2][4] = d(2p), d(2p + 1), sum(2p), sum(2p + 1) */
+        float *q = xd + 2 * (b * npad + (t & ~(int64_t)1)) + (t & 1);
+        q[0] = d, q[2] = d * (float)s;
+      } else if (m == 0) {
+        xd[b * npad + t] = d, xs[b * npad + t] = d * (float)s;
+      }
     }
   }
 }
 
 /* Issues the cp.async copies of step s's activation tile (tokens t0..t0 + BN) into a stage. */
-template <int TYPE, int BN, int NT, int KS>
+template <int TYPE, int BN, int NT, int KS, bool PK>
 static __device__ __forceinline__ void mmq_load_x(uint8_t *st, const int8_t *xq, const float *xd, const float *xs,
                                                   int64_t t0, int64_t npad, int64_t colsp, int s, int tid) {
-  typedef mmq_cfg<BN, NT, KS> L;
+  typedef mmq_cfg<BN, NT, KS, PK> L;
   constexpr int CH = BN * (KS / 16); /* 16-byte chunks; BN = 16, KS = 128: half the threads copy one */
   static_assert(CH % NT == 0 || CH < NT, "whole chunks per thread");
 #pragma unroll
@@ -171,6 +181,15 @@ static __device__ __forceinline__ void mmq_load_x(uint8_t *st, const int8_t *xq,
     const int c = tid + NT * i, tok = c / (KS / 16), ch = c % (KS / 16);
     if (CH % NT == 0 || c < CH)
       cuda_cp16(st + L::X + tok * L::ST + 16 * ch, xq + (t0 + tok) * colsp + (int64_t)s * KS + 16 * ch);
+  }
+  if constexpr (PK) { /* U units x BN / 2 token pairs of (d, d, sum, sum): one chunk each */
+    static_assert(L::U * BN / 2 <= NT, "one scale chunk per thread at most");
+    if (tid < L::U * BN / 2) {
+      const int u = tid / (BN / 2), j = tid % (BN / 2);
+      cuda_cp16(st + L::XD + 16 * tid, xd + 2 * (((int64_t)s * L::U + u) * npad + t0) + 4 * j);
+    }
+    cuda_cp_commit();
+    return;
   }
   /* U units x BN floats: U BN / 4 chunks of 4 floats */
   static_assert(L::U * BN / 4 <= NT, "one scale chunk per thread at most");
@@ -201,11 +220,11 @@ static __device__ __forceinline__ void mmq_load_w(uint32_t (*raw)[cuda_piece<TYP
 /* Decodes the loaded pieces into a stage: int8 words at their elements (mmq_wpos order),
  * scales per unit (32-block; Q6_K 16-run) in sw[unit][row], Q4_K / Q5_K mins in mn[block][row].
  * A piece past the row's end (32-element formats, last step) stores zeros. */
-template <int TYPE, int BN, int NT, int KS>
+template <int TYPE, int BN, int NT, int KS, bool PK>
 static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t (*raw)[cuda_piece<TYPE>::RAW],
                                                     const uint8_t *W, int64_t r0, int64_t rows, int64_t rb,
                                                     int64_t pieces, int s, int tid) {
-  typedef mmq_cfg<BN, NT, KS> C, L;
+  typedef mmq_cfg<BN, NT, KS, PK> C, L;
   constexpr int HI = cuda_piece<TYPE>::HI;
   constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K;
   const int k = tid & (C::PPS - 1); /* piece of the step; its parity is that of the super-block's piece p & 7 */
@@ -247,7 +266,21 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
       const int e = el + (j < 4 ? 4 * j : HI + 4 * (j - 4));
       *(uint32_t *)(wr + (e >> 5) * 32 + mmq_wpos((e & 31) >> 2)) = v[j];
     }
-    if constexpr (Q6) {
+    if constexpr (PK) {
+      /* row lr = 16 m + 8 h + g: float slot h of (b, m, g) for scales, 2 + h for mins / Q6_K's odd run */
+      float *q = sw + 4 * (8 * (lr >> 4) + (lr & 7)) + ((lr >> 3) & 1);
+      if constexpr (Q6) {
+        const int u0 = el >> 4, u1 = (el + HI) >> 4; /* 16-runs: block u / 2, slot 2 (u % 2) + h */
+        q[128 * (u0 >> 1) + 2 * (u0 & 1)] = sc[0], q[128 * (u1 >> 1) + 2 * (u1 & 1)] = sc[1];
+      } else if constexpr (HI == 32) {
+        if ((k & 1) == 0) {
+          const int u = el >> 5;
+          q[128 * u] = sc[0], q[128 * u + 2] = mn[0], q[128 * (u + 1)] = sc[1], q[128 * (u + 1) + 2] = mn[1];
+        }
+      } else {
+        q[128 * k] = sc[0];
+      }
+    } else if constexpr (Q6) {
       sw[(el >> 4) * MMQ_BM + lr] = sc[0], sw[((el + HI) >> 4) * MMQ_BM + lr] = sc[1];
     } else if constexpr (HI == 32) { /* Q4_K / Q5_K: the pieces 2c, 2c + 1 carry sub-blocks 2c, 2c + 1 */
       if ((k & 1) == 0) {
@@ -265,10 +298,10 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
  * and tokens 8 NJ wn..; acc[i][j][e]: m-tile i, n-tile j, fragment element e. Each
  * accumulator takes its 32-blocks in order b = 0..7 whatever the unrolling (UNR: v2 unrolls
  * twice so one block's shared loads overlap the other's MMAs and FMAs). */
-template <int TYPE, int BN, int NT, int KS>
-static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*acc)[mmq_cfg<BN, NT, KS>::NJ][4],
+template <int TYPE, int BN, int NT, int KS, bool PK>
+static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*acc)[mmq_cfg<BN, NT, KS, PK>::NJ][4],
                                                     int warp, int lane) {
-  typedef mmq_cfg<BN, NT, KS> C, L;
+  typedef mmq_cfg<BN, NT, KS, PK> C, L;
   constexpr int ST = C::ST;
   constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K, MIN = mmq_has_min<TYPE>();
   constexpr int NJ = C::NJ, MI = C::MI, UNR = NT == MMQ_THREADS ? 1 : 2;
@@ -279,6 +312,8 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
   const float *smn = (const float *)(st + L::MN) + wm * 16 * MI + g;
   const float *sxd = (const float *)(st + L::XD) + wn * 8 * NJ + 2 * t;
   const float *sxs = (const float *)(st + L::XS) + wn * 8 * NJ + 2 * t;
+  const float *swp = (const float *)(st + L::SW) + 4 * g + 32 * wm * MI; /* PK: + 128 b + 32 i */
+  const float *sxp = (const float *)(st + L::XD) + 4 * (wn * 4 * NJ + t); /* PK: + 4 (b BN / 2 + 4 j) */
 #pragma unroll UNR
   for (int b = 0; b < KS / 32; b++) {
     uint2 A[MI][2], B[NJ];
@@ -291,9 +326,14 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
     for (int j = 0; j < NJ; j++) B[j] = mmq_lds64(xt + (8 * j) * ST + 32 * b);
 #pragma unroll
     for (int j = 0; j < NJ; j++) {
-      const float2 dx = *(const float2 *)(sxd + b * BN + 8 * j);
-      float2 sx = make_float2(0.0f, 0.0f);
-      if constexpr (MIN) sx = *(const float2 *)(sxs + b * BN + 8 * j);
+      float2 dx, sx = make_float2(0.0f, 0.0f);
+      if constexpr (PK) {
+        const float4 xv = *(const float4 *)(sxp + 4 * (b * (BN / 2) + 4 * j));
+        dx = make_float2(xv.x, xv.y), sx = make_float2(xv.z, xv.w);
+      } else {
+        dx = *(const float2 *)(sxd + b * BN + 8 * j);
+        if constexpr (MIN) sx = *(const float2 *)(sxs + b * BN + 8 * j);
+      }
 #pragma unroll
       for (int i = 0; i < MI; i++) {
         float *a = acc[i][j];
@@ -302,8 +342,14 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
           float d0[4], d1[4];
           mmq_mma16(d0, A[i][0].x, A[i][1].x, B[j].x);
           mmq_mma16(d1, A[i][0].y, A[i][1].y, B[j].y);
-          const float w0g = sw[(2 * b) * MMQ_BM + 16 * i], w0h = sw[(2 * b) * MMQ_BM + 16 * i + 8];
-          const float w1g = sw[(2 * b + 1) * MMQ_BM + 16 * i], w1h = sw[(2 * b + 1) * MMQ_BM + 16 * i + 8];
+          float w0g, w0h, w1g, w1h;
+          if constexpr (PK) {
+            const float4 wv = *(const float4 *)(swp + 128 * b + 32 * i);
+            w0g = wv.x, w0h = wv.y, w1g = wv.z, w1h = wv.w;
+          } else {
+            w0g = sw[(2 * b) * MMQ_BM + 16 * i], w0h = sw[(2 * b) * MMQ_BM + 16 * i + 8];
+            w1g = sw[(2 * b + 1) * MMQ_BM + 16 * i], w1h = sw[(2 * b + 1) * MMQ_BM + 16 * i + 8];
+          }
           a[0] = fmaf(dx.x, fmaf(w0g, d0[0] - 12582912.0f, w1g * (d1[0] - 12582912.0f)), a[0]);
           a[1] = fmaf(dx.y, fmaf(w0g, d0[1] - 12582912.0f, w1g * (d1[1] - 12582912.0f)), a[1]);
           a[2] = fmaf(dx.x, fmaf(w0h, d0[2] - 12582912.0f, w1h * (d1[2] - 12582912.0f)), a[2]);
@@ -311,13 +357,19 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
         } else {
           float d[4];
           mmq_mma32(d, A[i][0].x, A[i][1].x, A[i][0].y, A[i][1].y, B[j].x, B[j].y);
-          const float wg = sw[b * MMQ_BM + 16 * i], wh = sw[b * MMQ_BM + 16 * i + 8];
+          float wg, wh, mg = 0.0f, mh = 0.0f;
+          if constexpr (PK) {
+            const float4 wv = *(const float4 *)(swp + 128 * b + 32 * i);
+            wg = wv.x, wh = wv.y, mg = wv.z, mh = wv.w;
+          } else {
+            wg = sw[b * MMQ_BM + 16 * i], wh = sw[b * MMQ_BM + 16 * i + 8];
+            if constexpr (MIN) mg = smn[b * MMQ_BM + 16 * i], mh = smn[b * MMQ_BM + 16 * i + 8];
+          }
           a[0] = fmaf(wg * dx.x, d[0] - 12582912.0f, a[0]);
           a[1] = fmaf(wg * dx.y, d[1] - 12582912.0f, a[1]);
           a[2] = fmaf(wh * dx.x, d[2] - 12582912.0f, a[2]);
           a[3] = fmaf(wh * dx.y, d[3] - 12582912.0f, a[3]);
           if constexpr (MIN) {
-            const float mg = smn[b * MMQ_BM + 16 * i], mh = smn[b * MMQ_BM + 16 * i + 8];
             a[0] = fmaf(-mg, sx.x, a[0]), a[1] = fmaf(-mg, sx.y, a[1]);
             a[2] = fmaf(-mh, sx.x, a[2]), a[3] = fmaf(-mh, sx.y, a[3]);
           }
@@ -334,11 +386,11 @@ template <int NT, int KS> constexpr int mmq_min_blocks() {
   return NT == MMQ_THREADS ? 1 : KS == MMQ_KS ? 2 : 3;
 }
 
-template <int TYPE, int BN, int NT, int KS>
+template <int TYPE, int BN, int NT, int KS, bool PK>
 static __global__ void __launch_bounds__(NT, mmq_min_blocks<NT, KS>())
     k_mmq(float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb, const int8_t *xq, const float *xd,
           const float *xs, int64_t n, int64_t npad, int64_t colsp) {
-  typedef mmq_cfg<BN, NT, KS> C, L;
+  typedef mmq_cfg<BN, NT, KS, PK> C, L;
   constexpr int NJ = C::NJ, MI = C::MI;
   uint8_t *sm = mmq_smem_base();
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -359,20 +411,20 @@ static __global__ void __launch_bounds__(NT, mmq_min_blocks<NT, KS>())
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
   uint32_t raw[C::PPT][cuda_piece<TYPE>::RAW];
-  mmq_load_x<TYPE, BN, NT, KS>(sm, xq, xd, xs, t0, npad, colsp, s0, tid);
+  mmq_load_x<TYPE, BN, NT, KS, PK>(sm, xq, xd, xs, t0, npad, colsp, s0, tid);
   mmq_load_w<TYPE, NT, KS>(raw, W, r0, rows, rb, pieces, s0, tid);
-  mmq_decode_w<TYPE, BN, NT, KS>(sm, raw, W, r0, rows, rb, pieces, s0, tid);
+  mmq_decode_w<TYPE, BN, NT, KS, PK>(sm, raw, W, r0, rows, rb, pieces, s0, tid);
   cuda_cp_wait<0>();
   __syncthreads();
   for (int s = s0; s < s1; s++) {
     uint8_t *cur = sm + ((s - s0) & 1) * L::STAGE, *nxt = sm + ((s - s0 + 1) & 1) * L::STAGE;
     /* nxt was last read by step s - 1's MMAs, which every thread finished before the barrier */
     if (s + 1 < s1) {
-      mmq_load_x<TYPE, BN, NT, KS>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
+      mmq_load_x<TYPE, BN, NT, KS, PK>(nxt, xq, xd, xs, t0, npad, colsp, s + 1, tid);
       mmq_load_w<TYPE, NT, KS>(raw, W, r0, rows, rb, pieces, s + 1, tid);
     }
-    mmq_mma_step<TYPE, BN, NT, KS>(cur, acc, warp, lane);
-    if (s + 1 < s1) mmq_decode_w<TYPE, BN, NT, KS>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
+    mmq_mma_step<TYPE, BN, NT, KS, PK>(cur, acc, warp, lane);
+    if (s + 1 < s1) mmq_decode_w<TYPE, BN, NT, KS, PK>(nxt, raw, W, r0, rows, rb, pieces, s + 1, tid);
     cuda_cp_wait<0>();
     __syncthreads();
   }
@@ -411,19 +463,19 @@ static bool mmq_supported(int type, const uint8_t *W, int64_t rb, int64_t cols) 
   }
 }
 
-template <int TYPE, int BN, int NT, int KS>
+template <int TYPE, int BN, int NT, int KS, bool PK>
 static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t cols, int64_t rb,
                           const int8_t *xq, const float *xd, const float *xs, int64_t n, int64_t npad, int64_t colsp) {
   static int ready = 0; /* the shared-memory opt-in, once per instance (the process uses one device kind) */
   if (!ready) {
-    if (!cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT, KS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             mmq_cfg<BN, NT, KS>::SMEM),
+    if (!cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT, KS, PK>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             mmq_cfg<BN, NT, KS, PK>::SMEM),
                     "mmq shared memory"))
       return;
     /* v2 counts on several resident blocks: ask for the largest shared-memory carveout so
      * the driver does not pick one that holds fewer */
     if (NT != MMQ_THREADS &&
-        !cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT, KS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        !cuda_check(ci, cudaFuncSetAttribute(k_mmq<TYPE, BN, NT, KS, PK>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                              (int)cudaSharedmemCarveoutMaxShared),
                     "mmq shared memory carveout"))
       return;
@@ -446,7 +498,7 @@ static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t row
     else S = 1;
   }
   const dim3 grid((unsigned)rblocks, (unsigned)(npad / BN), (unsigned)S);
-  cuda_launch(ci, "mmq", k_mmq<TYPE, BN, NT, KS>, grid, NT, mmq_cfg<BN, NT, KS>::SMEM, S > 1 ? part : y, W, rows, cols,
+  cuda_launch(ci, "mmq", k_mmq<TYPE, BN, NT, KS, PK>, grid, NT, mmq_cfg<BN, NT, KS, PK>::SMEM, S > 1 ? part : y, W, rows, cols,
               rb, xq, xd, xs, n, npad, colsp);
   if (S > 1) {
     /* the planes hold npad token rows of `rows` floats; the first n are y */
@@ -460,15 +512,16 @@ static void mmq_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, 
                        const int8_t *xq, const float *xd, const float *xs, int64_t n, int bn, int64_t npad,
                        int64_t colsp) {
   /* the forms give the same bits (mmq_cfg): the tuning key picks the faster */
-#define MMQ_BN(NT, KS)                                                                                                 \
+#define MMQ_BN(NT, KS, PK)                                                                                             \
   do {                                                                                                                 \
-    if (bn == 16) mmq_launch_bn<TYPE, 16, NT, KS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);               \
-    else if (bn == 32) mmq_launch_bn<TYPE, 32, NT, KS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);          \
-    else mmq_launch_bn<TYPE, 64, NT, KS>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);                        \
+    if (bn == 16) mmq_launch_bn<TYPE, 16, NT, KS, PK>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);           \
+    else if (bn == 32) mmq_launch_bn<TYPE, 32, NT, KS, PK>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);      \
+    else mmq_launch_bn<TYPE, 64, NT, KS, PK>(ci, y, W, rows, cols, rb, xq, xd, xs, n, npad, colsp);                    \
   } while (0)
-  if (ci->mmq_v2 == 2) MMQ_BN(256, 128);
-  else if (ci->mmq_v2) MMQ_BN(256, MMQ_KS);
-  else MMQ_BN(MMQ_THREADS, MMQ_KS);
+  if (ci->mmq_v2 == 3) MMQ_BN(256, 128, true);
+  else if (ci->mmq_v2 == 2) MMQ_BN(256, 128, false);
+  else if (ci->mmq_v2) MMQ_BN(256, MMQ_KS, false);
+  else MMQ_BN(MMQ_THREADS, MMQ_KS, false);
 #undef MMQ_BN
 }
 
@@ -496,7 +549,8 @@ bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weig
   float *xd = (float *)(xq + npad * colsp), *xs = xd + nbp * npad;
   const int64_t units = npad * nbp;
   const int64_t blocks = (units + 31) / 32; /* 32 units per 256-thread block; far below the grid limit */
-  cuda_launch(ci, "mmq quantize", k_mmq_quant_x, (unsigned)blocks, 256, 0, xq, xd, xs, x, n, w->cols, npad, colsp);
+  cuda_launch(ci, "mmq quantize", k_mmq_quant_x, (unsigned)blocks, 256, 0, xq, xd, xs, x, n, w->cols, npad, colsp,
+              ci->mmq_v2 == 3 ? 1 : 0);
   switch (w->type) {
   case ANNA_DTYPE_Q4_0: mmq_launch<ANNA_DTYPE_Q4_0>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
   case ANNA_DTYPE_IQ4_NL:
