@@ -11,7 +11,8 @@
  *                  (unused by decode-sized batches), padded with zeros to whole tiles
  *                  (tokens to BN, columns to MMQ_KS):
  *                    xq [npad][colsp] int8, each 32-byte block's words in mmq_wpos order,
- *                    xd [colsp / 32][npad] f32 scales, xs [colsp / 32][npad] f32 sums;
+ *                    xd [colsp / 32][npad] f32 scales, xs [colsp / 32][npad] f32 sums
+ *                    (form 3: both in xd's place as [colsp / 32][npad / 2][d, d, sum, sum]);
  *   k_mmq<TYPE,BN> tiles of MMQ_BM = 64 weight rows x BN (16, 32, 64) tokens, 4 warps of
  *                  32 rows x BN / 2 tokens, K in steps of MMQ_KS = 256 (eight 32-blocks, or
  *                  one K-quant super-block). Per step each thread decodes 4 pieces
@@ -47,9 +48,14 @@
  * Form 2 also steps K by 128 columns (four pieces per row per step, one per thread): half
  * the shared memory (51 KB at BN = 64), so three blocks per SM at most 80 registers (BN =
  * 64 spills 16-80 bytes there), and the 320-384-block grids of the 9B shape's weights at 64
- * tokens fit one wave of 132 x 3. Only the split of the work changes: every (row, token)
- * takes the same dots, scales and additions in the same order and the K slices are the
- * same, so the bits are the same (test_cuda_ops mmq_v2 compares them). */
+ * tokens fit one wave of 132 x 3. Form 3 is form 2 with the scales packed (mmq_cfg PK): the
+ * session-20 ncu of form 0 (H100, BN = 16) showed the L1 / shared-memory pipe at 78% with
+ * issue slots at 49%, and per 32-block a warp loaded (scale, min) of its two row halves as
+ * four 4-byte loads per m-tile and the x scale and sum as two 8-byte loads per n-tile: form 3
+ * stores them so each is one 16-byte load (and k_mmq_quant_x writes the x pair interleaved).
+ * Only the split of the work and the shared layout change: every (row, token) takes the same
+ * dots, scales and additions in the same order and the K slices are the same, so the bits
+ * are the same (test_cuda_ops mmq_v2 compares them). */
 #include "backends/cuda/cuda_internal.h"
 #include "backends/cuda/cuda_async.cuh"
 #include "backends/cuda/cuda_quant.cuh"
