@@ -28,6 +28,7 @@ static const field fields[] = {
     {"cuda_kv_quant", KIND_BOOL, OFF(cuda_kv_quant), 0, 1, NULL}, /* new with the key: no variable to retire */
     {"cuda_batch_invariant", KIND_BOOL, OFF(cuda_batch_invariant), 0, 1, NULL},
     {"cuda_mmq_split_k", KIND_BOOL, OFF(cuda_mmq_split_k), 0, 1, NULL},
+    {"cuda_mmq_v2", KIND_INT, OFF(cuda_mmq_v2), 0, 3, NULL},
     {"spec_window_states", KIND_BOOL, OFF(spec_window_states), 0, 1, NULL},
     {"encoder_cpu", KIND_BOOL, OFF(encoder_cpu), 0, 1, NULL},
     {"cuda_offload_prefill_stream", KIND_BOOL, OFF(cuda_offload_prefill_stream), 0, 1, NULL},
@@ -66,6 +67,7 @@ void tuning_defaults(anna_tuning *t) {
       .cuda_kv_quant = 1,
       .cuda_batch_invariant = 0,
       .cuda_mmq_split_k = 1,
+      .cuda_mmq_v2 = 0,
       .spec_window_states = 1,
       .encoder_cpu = 0,
       .cuda_offload_prefill_stream = 0,

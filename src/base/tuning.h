@@ -14,7 +14,7 @@
  * the default. getenv is called here and nowhere else in src/.
  *
  * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb,
- * cuda_decode_mmq, cuda_kv_quant, cuda_batch_invariant and cuda_mmq_split_k at creation (backend_params.tuning); speculative verify
+ * cuda_decode_mmq, cuda_kv_quant, cuda_batch_invariant, cuda_mmq_split_k and cuda_mmq_v2 at creation (backend_params.tuning); speculative verify
  * windows spec_window_states; context creation and anna_speech_load encoder_cpu. Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
@@ -68,6 +68,17 @@ typedef struct anna_tuning {
    * 136; test_cuda_ops' matvec_int8 / batch_invariant (both ways) and the fixtures passed with
    * it. 0 is the off switch. Read at CUDA backend creation. */
   int cuda_mmq_split_k;
+  /* cuda_mmq_v2 = 0 (off until its device checks have run): 1 runs the int8 decode kernel
+   * (cuda_mmq.cu) in its 256-thread form: 8 warps per 64-row block (16 warps per SM instead
+   * of 8), two weight pieces per thread per step instead of four, the 32-block loop unrolled
+   * twice; 2 the same with 128-column K steps (half the shared memory: three blocks per SM,
+   * one piece per thread per step); 3 form 2 with the weight and activation scales packed
+   * for one 16-byte shared load per m-tile and n-tile (the kernel is bound by its shared-
+   * memory pipe: session 20 ncu, L1/TEX 78%, issue slots 49%). The same per-(row, token) integer dots, fp32
+   * accumulation order and K slices as the 128-thread kernel, so results are bit-identical to
+   * it (test_cuda_ops mmq_v2 compares them); 0 runs the 128-thread kernel (the path before
+   * session 20, kept for A/B: test_cuda_ops --bench=mmq). Read at CUDA backend creation. */
+  int cuda_mmq_v2;
   /* spec_window_states = 1: a speculative verify window (anna_context_seq_verify) on a model
    * with recurrent (GDN) state saves that state after each drafted token (into checkpoint
    * slots, when n_checkpoints >= drafts + 3), so a rejected tail is rolled back by one state

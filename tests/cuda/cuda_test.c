@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
   signal(SIGBUS, on_fatal);
   signal(SIGFPE, on_fatal);
   int do_bench = 0;
-  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, moe, group, topk, attn, ops, encoder) */
+  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, mmq, moe, group, topk, attn, ops, encoder) */
   const char *pick = NULL; /* --tests=a,b: those tests only */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
@@ -199,6 +199,7 @@ int main(int argc, char **argv) {
   if (only) {
     if (!strcmp(only, "gdn")) bench_gdn();
     else if (!strcmp(only, "gemm")) bench_gemm();
+    else if (!strcmp(only, "mmq")) bench_mmq();
     else if (!strcmp(only, "moe")) bench_moe();
     else if (!strcmp(only, "group")) bench_matmul_group();
     else if (!strcmp(only, "topk")) bench_topk();
@@ -206,7 +207,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(only, "ops")) bench_ops();
     else if (!strcmp(only, "encoder")) bench_encoder();
     else {
-      printf("FAILED: unknown benchmark %s (gdn, gemm, moe, group, topk, attn, ops, encoder)\n", only);
+      printf("FAILED: unknown benchmark %s (gdn, gemm, mmq, moe, group, topk, attn, ops, encoder)\n", only);
       g_fail = 1;
     }
     cuda_backend_free(g_gpu);
@@ -246,7 +247,8 @@ int main(int argc, char **argv) {
       {"kv_store", test_kv_store},                 /* after it: the same, for the older families */
       {"attention_kv", test_attention_kv},
       {"moe_offload", test_moe_offload},
-      {"encoder", test_encoder}, /* last: the others' inputs stay as they were */
+      {"encoder", test_encoder}, /* the others' inputs stay as they were */
+      {"mmq_v2", test_mmq_v2},   /* last: the others' inputs stay as they were */
   };
   int ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
@@ -273,6 +275,7 @@ int main(int argc, char **argv) {
     bench_topk();
     bench_ops();
     bench_gemm();
+    bench_mmq();
     bench_gdn();
     bench_moe();
     bench_matmul_group();

@@ -56,6 +56,8 @@ void test_matmul(void);
 void test_matvec_int8(void);
 void test_batch_invariant(void);
 void bench_gemm(void);
+void test_mmq_v2(void); /* cuda_mmq's 256-thread kernel vs the 128-thread one (bits) and the reference */
+void bench_mmq(void);   /* --bench=mmq: the two, Q4_K / Q6_K of the 9B shape at 16..64 tokens */
 /* test_cuda_group.c */
 void test_matmul_group(void);
 void test_matmul_group_route(void);

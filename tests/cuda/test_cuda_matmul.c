@@ -425,3 +425,173 @@ void test_batch_invariant(void) {
   cuda_backend_set_mmq_split_k(g_gpu, 0);
   cuda_backend_set_batch_invariant(g_gpu, 0);
 }
+
+/* The int8 decode kernel's forms (tuning cuda_mmq_v2: 0 128 threads; 1 256 threads, 8 warps
+ * per block; 2 the same with 128-column K steps; 3 form 2 with packed scales): the same
+ * per-(row, token) dots in the same order, so the outputs of 1-3 must equal those of 0 bit for bit, with and without K
+ * slices, and be within the int8 bound of the f64 reference (int8_ref_bound). Token counts cross the 16/32/64-token tiles (partial tiles
+ * included), rows are not multiples of the 64-row block, columns span several 256-column steps
+ * (32-element formats also a partial last step), and one shape has enough rows for several
+ * row blocks with few K slices. Then batch invariance with v2: in batch-invariant mode a
+ * token alone (n = 1, the 16-token tile) equals its row of a 64-token call and the 128-thread
+ * kernel's lone result, in every v2 form. */
+void test_mmq_v2(void) {
+  printf("int8 decode kernel: 256-thread form (cuda_mmq_v2) vs 128-thread\n");
+  const int types[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q5_K,
+                       ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL};
+  /* n, rows, column steps (32-element formats: 32 (3 + 5 steps) columns, not whole steps) */
+  const int shapes[][3] = {{9, 100, 2}, {16, 65, 4}, {33, 200, 3}, {64, 130, 8}, {64, 1000, 16}, {40, 63, 1}};
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_decode_mmq(g_gpu, 1);
+  for (int split = 0; split < 2; split++) {
+    cuda_backend_set_mmq_split_k(g_gpu, split);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+      const int type = types[ti];
+      const int64_t bs = dtype_block_size(type);
+      double worst = 0;
+      for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        cuda_backend_drop_mirrors(g_gpu);
+        const int64_t n = shapes[s][0], rows = shapes[s][1];
+        const int64_t cols = bs == 32 && s % 2 == 0 ? 32 * (3 + 5 * shapes[s][2]) : 256 * shapes[s][2];
+        float *wf;
+        void *w = make_weight(type, rows, cols, &wf);
+        float *x = hrand(n * cols, 1.0f);
+        for (int j = 64; j < 96; j++) x[cols + j] = 0.0f; /* token 1, block 2: scale 0 */
+        float *ref;
+        double *bnd;
+        int8_ref_bound(x, wf, NULL, n, rows, cols, 0.0, &ref, &bnd);
+        ops_weight ow = {type, w, rows, cols};
+        float *dx = dput(x, sizeof(float) * (size_t)(n * cols));
+        float *g[4];
+        for (int v2 = 0; v2 < 4; v2++) {
+          float *dy = dnan(n * rows);
+          cuda_backend_set_mmq_v2(g_gpu, v2);
+          g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+          g[v2] = dget(dy, n * rows);
+          dfree(dy);
+        }
+        for (int v2 = 0; v2 < 4; v2++) {
+          char what[128];
+          snprintf(what, sizeof what, "%s n=%lld %lldx%lld mmq form %d%s", dtype_name(type), (long long)n,
+                   (long long)rows, (long long)cols, v2, split ? " split-K" : "");
+          gpu_status(what);
+          worst = fmax(worst, bound_check(what, g[v2], ref, bnd, n * rows, "int8"));
+          if (v2 == 0) continue;
+          g_checks++;
+          if (memcmp(g[0], g[v2], sizeof(float) * (size_t)(n * rows))) {
+            int64_t i = 0;
+            while (!memcmp(&g[0][i], &g[v2][i], sizeof(float))) i++;
+            printf("  FAIL %s: token %lld row %lld: %.9g vs %.9g (128 threads)\n", what, (long long)(i / rows),
+                   (long long)(i % rows), g[v2][i], g[0][i]);
+            g_fail++;
+          }
+        }
+        dfree(dx);
+        free(g[0]), free(g[1]), free(g[2]), free(g[3]), free(w), free(wf), free(x), free(ref), free(bnd);
+      }
+      printf("  %-6s%s largest error / bound %.3f (forms 0-3)\n", dtype_name(type), split ? " split-K" : "", worst);
+    }
+  }
+  cuda_backend_set_mmq_v2(g_gpu, 0);
+  cuda_backend_set_decode_mmq(g_gpu, 0);
+
+  /* batch invariance with v2 (split K on, the default) */
+  cuda_backend_set_batch_invariant(g_gpu, 1);
+  cuda_backend_set_mmq_split_k(g_gpu, 1);
+  const int btypes[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS};
+  for (size_t ti = 0; ti < sizeof btypes / sizeof btypes[0]; ti++) {
+    const int type = btypes[ti];
+    const int64_t rows = 136, cols = 1024, n = 64;
+    cuda_backend_drop_mirrors(g_gpu);
+    void *w = make_weight(type, rows, cols, NULL);
+    ops_weight ow = {type, w, rows, cols};
+    float *x = hrand(n * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(n * cols));
+    for (int form = 1; form < 4; form++) {
+      float *dy = dnan(n * rows);
+      cuda_backend_set_mmq_v2(g_gpu, form);
+      g_gpu->matmul(g_gpu, dy, dx, n, &ow, NULL);
+      float *all = dget(dy, n * rows);
+      dfree(dy);
+      const int64_t picks[] = {0, 17, 63};
+      for (size_t k = 0; k < sizeof picks / sizeof picks[0]; k++) {
+        const int64_t t = picks[k];
+        float *alone[2];
+        for (int v = 0; v < 2; v++) { /* the 128-thread kernel, then this form */
+          float *d1 = dnan(rows);
+          cuda_backend_set_mmq_v2(g_gpu, v ? form : 0);
+          g_gpu->matmul(g_gpu, d1, dx + t * cols, 1, &ow, NULL);
+          alone[v] = dget(d1, rows);
+          dfree(d1);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s token %lld of 64 vs alone, mmq form %d", dtype_name(type), (long long)t, form);
+        gpu_status(what);
+        g_checks++;
+        if (memcmp(alone[1], all + t * rows, sizeof(float) * (size_t)rows) ||
+            memcmp(alone[0], alone[1], sizeof(float) * (size_t)rows)) {
+          printf("  FAIL %s: differs (in the batch, alone, 128 threads alone)\n", what);
+          g_fail++;
+        }
+        free(alone[0]), free(alone[1]);
+      }
+      free(all);
+    }
+    dfree(dx);
+    cuda_backend_drop_mirrors(g_gpu);
+    free(x), free(w);
+  }
+  cuda_backend_set_mmq_v2(g_gpu, 0);
+  cuda_backend_set_mmq_split_k(g_gpu, 0);
+  cuda_backend_set_batch_invariant(g_gpu, 0);
+  cuda_backend_set_exact(g_gpu, 1); /* the harness default */
+}
+
+/* --bench=mmq: the int8 decode kernel, 128 threads vs the v2 forms (tuning cuda_mmq_v2 1, 2), on the 9B
+ * shape's weights (4096 x 4096: q/o-like; 12288 x 4096: gate/up-like; Q6_K for the ffn_down-like
+ * rows Q4_K_M keeps in 6 bits) at 16, 32 and 64 tokens, split K on (the default). Time per call
+ * includes the activation quantization (and the slice reduction), as a decode step pays it;
+ * GB/s = the weight's bytes / time. */
+void bench_mmq(void) {
+  printf("bench mmq (int8 decode kernel, tuning cuda_mmq_v2: 0 = 128 threads, 1 = 256 threads, 2 = 1 + 128-column "
+         "steps, 3 = 2 + packed scales; xN = speed-up over 0)\n");
+  const int64_t shapes[][3] = {{ANNA_DTYPE_Q4_K, 4096, 4096}, {ANNA_DTYPE_Q4_K, 12288, 4096},
+                               {ANNA_DTYPE_Q6_K, 4096, 12288}};
+  const int64_t ns[] = {16, 32, 64}, nmax = 64;
+  cuda_backend_set_exact(g_gpu, 0);
+  cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+  cuda_backend_set_decode_mmq(g_gpu, 1);
+  cuda_backend_set_mmq_split_k(g_gpu, 1);
+  for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+    const int type = (int)shapes[si][0];
+    const int64_t rows = shapes[si][1], cols = shapes[si][2];
+    void *w = make_weight(type, rows, cols, NULL);
+    ops_weight ow = {type, w, rows, cols};
+    float *x = hrand(nmax * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(nmax * cols)), *dy = dnan(nmax * rows);
+    const double wbytes = (double)dtype_row_bytes(type, cols) * rows;
+    for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
+      double us[4];
+      for (int v2 = 0; v2 < 4; v2++) {
+        cuda_backend_set_mmq_v2(g_gpu, v2);
+        g_gpu->matmul(g_gpu, dy, dx, ns[j], &ow, NULL);
+        gpu_status("mmq bench warmup");
+        const int reps = 200;
+        const double t0 = now_s();
+        for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, ns[j], &ow, NULL);
+        gpu_status("mmq bench");
+        us[v2] = (now_s() - t0) / reps * 1e6;
+      }
+      printf("  mmq %-6s n=%-3lld %5lldx%-5lld: form 0 %7.1f us (%4.0f GB/s), 1 %7.1f us (x%.2f), 2 %7.1f us (x%.2f), "
+             "3 %7.1f us (x%.2f)\n",
+             dtype_name(type), (long long)ns[j], (long long)rows, (long long)cols, us[0], wbytes / us[0] / 1e3, us[1],
+             us[0] / us[1], us[2], us[0] / us[2], us[3], us[0] / us[3]);
+    }
+    dfree(dx), dfree(dy);
+    cuda_backend_drop_mirrors(g_gpu);
+    free(x), free(w);
+  }
+  cuda_backend_set_mmq_v2(g_gpu, 0);
+  cuda_backend_set_mmq_split_k(g_gpu, 0);
+  cuda_backend_set_decode_mmq(g_gpu, 0);
+  cuda_backend_set_exact(g_gpu, 1);
+}

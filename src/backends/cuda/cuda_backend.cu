@@ -580,6 +580,10 @@ extern "C" void cuda_backend_set_mmq_split_k(ops_backend *be, int on) {
   cuda_impl_of(be)->mmq_split = on;
 }
 
+extern "C" void cuda_backend_set_mmq_v2(ops_backend *be, int mode) {
+  cuda_impl_of(be)->mmq_v2 = mode >= 1 && mode <= 3 ? mode : 0;
+}
+
 extern "C" void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes) {
   cuda_impl_of(be)->piece_at = nodes > 0 ? nodes : 0;
 }
@@ -915,6 +919,7 @@ extern "C" int cuda_backend_create_device(ops_backend **out, int device, int64_t
   cuda_backend_set_decode_mmq(be, t && t->cuda_decode_mmq); /* graphs up to 8 tokens without it: MV_MAX_TOK */
   cuda_backend_set_batch_invariant(be, t && t->cuda_batch_invariant);
   ci->mmq_split = t && t->cuda_mmq_split_k;
+  cuda_backend_set_mmq_v2(be, t ? t->cuda_mmq_v2 : 0);
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;
     cuda_backend_free(be);

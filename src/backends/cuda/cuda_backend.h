@@ -168,6 +168,10 @@ void cuda_backend_set_decode_mmq(ops_backend *be, int on);
 void cuda_backend_set_batch_invariant(ops_backend *be, int on);
 /* Tuning cuda_mmq_split_k after creation (tests, benches): K slices in the int8 decode kernel. */
 void cuda_backend_set_mmq_split_k(ops_backend *be, int on);
+/* Tuning cuda_mmq_v2 after creation (tests, benches): the int8 decode kernel's form, 0 the
+ * 128-thread one, 1 256 threads, 2 256 threads and 128-column steps, 3 form 2 with packed
+ * scales (the same bits; other values mean 0). */
+void cuda_backend_set_mmq_v2(ops_backend *be, int mode);
 
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);

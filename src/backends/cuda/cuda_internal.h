@@ -101,6 +101,7 @@ typedef struct cuda_impl {
   int graph_max_tok;        /* CUDA_GRAPH_MAX_TOK with decode_mmq, else MV_MAX_TOK (8) */
   int batch_inv;            /* tuning cuda_batch_invariant: per-token matmul results independent of n */
   int mmq_split;            /* tuning cuda_mmq_split_k: cuda_mmq cuts K into slices */
+  int mmq_v2;               /* tuning cuda_mmq_v2: cuda_mmq's form 0..3 (cuda_mmq.cu; the same bits) */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
   int pdl, pdl_ok;          /* programmatic edges into cuda_launch_pdl kernels (cuda_backend_set_pdl); sm_90+ */
   cuda_node *log;           /* the step being recorded: nodes, kernel argument bytes, offsets */
