@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 12
+#define ANNA_API_VERSION_MINOR 13
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -213,7 +213,7 @@ typedef struct anna_context_options {
    * tower rows of each cached image or video; least recently used out first): 0 = 256 MiB,
    * < 0 = off (every media runs the tower). */
   int64_t mm_cache_bytes;
-  /* (API next) Tensor parallelism: N > 1 shards of every layer (attention by KV-head groups,
+  /* (API 1.13) Tensor parallelism: N > 1 shards of every layer (attention by KV-head groups,
    * Gated DeltaNet by value-head groups, MLP and every MoE expert by intermediate columns;
    * embeddings, norms and lm_head replicated), one backend per shard over the device list
    * (one device per shard, e.g. "cuda:0,cuda:1", or one device all share: "cpu" gives N CPU
@@ -225,7 +225,7 @@ typedef struct anna_context_options {
    * each). anna_context_stage_info reports one stage: the shards' devices ("cuda:0,cuda:1"),
    * shard 0's weight bytes, the KV bytes of all shards. */
   int tensor_parallel;
-  /* (API next) Its all-reduce: NULL or "auto" (NCCL when the build has it and every shard is
+  /* (API 1.13) Its all-reduce: NULL or "auto" (NCCL when the build has it and every shard is
    * on its own device, else host), "host" (partials summed on the host in rank order:
    * deterministic, any devices), "nccl" (ANNA_EUNSUPPORTED without NCCL or with shards
    * sharing a device). Read only with tensor_parallel > 1. */
@@ -534,7 +534,7 @@ int anna_draft_create(anna_draft **out, anna_model *draft_model, const anna_mode
 void anna_draft_free(anna_draft *d);
 /* tokens[0, n) into seq (emptied first): what the target's sequence holds (not its pending token). */
 int anna_draft_prefill(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
-/* (API next) tokens[0, n) appended to seq (a prompt in chunks, as the target runs it). */
+/* (API 1.13) tokens[0, n) appended to seq (a prompt in chunks, as the target runs it). */
 int anna_draft_feed(anna_draft *d, int seq, const int32_t *tokens, int32_t n, char *err, size_t errlen);
 /* Drafts min(k, k_max) greedy tokens after `last` into draft; returns their number or a
  * negative ANNA_E*. */
@@ -577,7 +577,7 @@ int anna_mtp_verify(anna_mtp *d, int seq, int32_t last, const int32_t *draft, in
  * caller-owned scratch. */
 int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *draft, int k, anna_sampler *s,
                             float *logits, int32_t *out, int *n_out, char *err, size_t errlen);
-/* (API next) A prompt in pieces: tokens[0, n) continue seq at its current length (a prompt
+/* (API 1.13) A prompt in pieces: tokens[0, n) continue seq at its current length (a prompt
  * chunk; the context runs them in batches of n_batch, hidden rows only) and the head takes
  * them. Positions the context held before the head followed seq (a prefix reused from a
  * cache) are not in the head: its entries start at the first token fed here. logits non-NULL
@@ -585,13 +585,13 @@ int anna_mtp_verify_sampled(anna_mtp *d, int seq, int32_t last, const int32_t *d
  * position is the one the next draft starts from; NULL: more of the prompt follows. */
 int anna_mtp_feed(anna_mtp *d, int seq, const int32_t *tokens, int32_t n, float *logits, char *err,
                   size_t errlen);
-/* (API next) anna_mtp_draft for n distinct sequences at once, each chain step one head run
+/* (API 1.13) anna_mtp_draft for n distinct sequences at once, each chain step one head run
  * over all of them: sequence seq[i] drafts min(k[i], k_max) tokens after last[i] into
  * draft + i * ANNA_SPEC_MAX_DRAFT, and k[i] is set to their number (k[i] <= 0: nothing, and
  * its pending positions stay for its window). The drafts are anna_mtp_draft's. */
 int anna_mtp_draft_batch(anna_mtp *d, int n, const int *seq, const int32_t *last, int *k, int32_t *draft, char *err,
                          size_t errlen);
-/* (API next) anna_mtp_verify(_sampled) for several sequences in one forward pass, as
+/* (API 1.13) anna_mtp_verify(_sampled) for several sequences in one forward pass, as
  * anna_context_verify(_sampled): window i verifies w[i].draft[0, k) of its sequence after
  * w[i].last (k = 0: a plain step that still gives the head the new position), drawing with
  * samplers[i] when samplers is non-NULL (logits: [sum of (k + 1)] * vocab scratch then; NULL
@@ -1046,7 +1046,7 @@ typedef struct anna_audio {
  * media, puts its rows in place of the pad tokens' embeddings and gives every token its
  * 3-axis rotary position; the sequence then remembers its rotary delta, so later
  * anna_context_decode calls on it (decode steps, batched with other sequences) need nothing
- * else. The tower runs on the context's device (API next; the first stage's with layer_split;
+ * else. The tower runs on the context's device (API 1.12; the first stage's with layer_split;
  * before: always the CPU) with the context's numerics (exact), on a backend of its own sized at
  * the first prefill that needs it and regrown for a larger image; tuning encoder_cpu=1 keeps it
  * on the CPU.
@@ -1230,7 +1230,7 @@ int anna_text_encode_chat_media(const anna_text *t, const anna_model *m, const c
  * features exactly as qwen-asr's processor does; anna_media_n_tokens is the number of
  * <|audio_pad|> ids its run takes in a prompt (about 13 per second). anna_context_prefill runs
  * the encoder over the prompt's audio media (on the context's own encoder backend on the
- * context's device, as an image's tower (API next; tuning encoder_cpu=1: the CPU), created
+ * context's device, as an image's tower (API 1.12; tuning encoder_cpu=1: the CPU), created
  * at the first prefill with audio and regrown for a longer clip) and puts
  * its rows in place of the pads' embeddings. Positions stay 1-D: the thinker's mRoPE sections
  * always see three equal positions, so an audio run leaves no rotary delta and later decode
@@ -1328,7 +1328,7 @@ int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char
  * one-pass decode of the same frames: bit-identical when every chunk is a multiple of the
  * codec's 16-frame step (the defaults), otherwise within the codec's streaming bound (1e-3 with
  * SIMD kernels whose rounding depends on the row count; 1.8e-4 measured for 1 + 3 + 3 ... frames).
- * Device (API next; before: CPU only): the talker, its code predictor and the codec run on
+ * Device (API 1.12; before: CPU only): the talker, its code predictor and the codec run on
  * anna_speech_options.device (one device; tuning encoder_cpu=1 keeps them on the CPU); the
  * talker's backend is made at the first request and kept. One thread drives an anna_speech at a time (callers
  * serialize synthesize calls); the model is read-only while it runs.
@@ -1343,7 +1343,7 @@ int anna_asr_transcript_join(const char *const *raw, int32_t n, int forced, char
 typedef struct anna_speech anna_speech;
 
 typedef struct anna_speech_options {
-  const char *device;    /* NULL / "cpu", "cuda", "cuda:N", "auto" (API next: devices other than cpu) */
+  const char *device;    /* NULL / "cpu", "cuda", "cuda:N", "auto" (API 1.12: devices other than cpu) */
   int n_threads;         /* <= 0: 2 */
   const char *codec_dir; /* NULL: <dir>/speech_tokenizer */
   const char *tokenizer; /* NULL: <dir>/tokenizer.json; absent file: only text_ids requests work */
