@@ -23,7 +23,7 @@ timeout 60 $P/bin/test_asr_api tests/fixtures/qwen3_asr tests/fixtures/audio .gp
 row "test_asr_api cuda --exact (rc $?)" "$(tail -1 $OUT/asr.log)"; grep -E "FAIL" $OUT/asr.log | head -4 | tee -a $S
 VE=/tmp/ve; mkdir -p $VE
 for f in config.json chat_template.jinja preprocessor_config.json; do ln -sf $PWD/tests/fixtures/qwen3_5_vision/e2e/$f $VE/$f; done
-for f in model.safetensors tokenizer.json tokenizer_config.json generation_config.json; do ln -sf $PWD/.gpu/fx/qwen3_5/$f $VE/$f; done
+for f in model.safetensors tokenizer.json tokenizer_config.json generation_config.json; do ln -sf $PWD/.gpu/fxv/qwen3_5/$f $VE/$f; done
 timeout 60 $P/bin/test_vision_api $VE tests/fixtures/qwen3_5_vision/e2e .gpu/fx/qwen3 --device cuda --exact >$OUT/vision.log 2>&1
 row "test_vision_api cuda --exact (rc $?)" "$(tail -1 $OUT/vision.log)"; grep -E "FAIL" $OUT/vision.log | head -4 | tee -a $S
 # (test_video_api: the pack is built without FFmpeg to stay under the carry limit)
