@@ -40,6 +40,14 @@ for b in "$BUILD/tests/cuda/test_cuda_encoders" "$BUILD/tests/engine/test_layer_
   "$BUILD/tests/engine/test_speech_api"; do
   [ -x "$b" ] && BINS+=("$b")
 done
+# GPU_PACK_ONLY="name name ...": only those binaries (a smaller archive for a call that needs few)
+if [ -n "${GPU_PACK_ONLY:-}" ]; then
+  KEEP=()
+  for b in "${BINS[@]}"; do
+    case " $GPU_PACK_ONLY " in *" $(basename "$b") "*) KEEP+=("$b") ;; esac
+  done
+  BINS=("${KEEP[@]}")
+fi
 for b in "${BINS[@]}"; do
   [ -x "$b" ] || { echo "gpu_pack: missing $b (build it first)" >&2; exit 1; }
   cp "$b" "$STAGE/bin/"
