@@ -159,6 +159,11 @@ void cuda_backend_drop_mirrors(ops_backend *be) {
   ci->map_cap = ci->map_n = 0;
 }
 
+int cuda_backend_mirror_has(ops_backend *be, const void *host) {
+  cuda_impl *ci = (cuda_impl *)be->impl; /* not cuda_impl_of: a query launches nothing */
+  return host && mirror_find(ci, host) ? 1 : 0;
+}
+
 /* ---- pointer ring ---- */
 
 bool cuda_ring_reserve(ops_backend *be, size_t bytes, char **h, char **d) {
