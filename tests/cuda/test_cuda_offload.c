@@ -17,6 +17,7 @@
 #include "cuda_test.h"
 
 #include "anna/anna.h" /* ANNA_E* */
+#include "backends/cuda/cuda_offload_check.h"
 
 #define OFF_L 3
 
@@ -93,12 +94,12 @@ static int off_stale_keys(const off_layer *L) {
 /* The path letters of the layer calls between two stats snapshots: Z zero-copy kernels,
  * D ids read back and misses copied into staging (decode batches), S prefill streamed,
  * x streaming on but declined (then D or Z ran). */
-static void off_path(const cuda_offload_stats *a, const cuda_offload_stats *b, char *out) {
+static void off_path(const cuda_offload_paths *a, const cuda_offload_paths *b, char *out) {
   int i = 0;
-  if (b->calls_zero_copy > a->calls_zero_copy) out[i++] = 'Z';
-  if (b->calls_staged > a->calls_staged) out[i++] = 'D';
-  if (b->calls_streamed > a->calls_streamed) out[i++] = 'S';
-  if (b->calls_stream_declined > a->calls_stream_declined) out[i++] = 'x';
+  if (b->zero_copy > a->zero_copy) out[i++] = 'Z';
+  if (b->staged > a->staged) out[i++] = 'D';
+  if (b->streamed > a->streamed) out[i++] = 'S';
+  if (b->stream_declined > a->stream_declined) out[i++] = 'x';
   if (!i) out[i++] = '-';
   out[i] = 0;
 }
@@ -116,8 +117,7 @@ static void off_path(const cuda_offload_stats *a, const cuda_offload_stats *b, c
  * offload and a wrong reference are told apart. After every step: the offload's own
  * invariants (cuda_backend_offload_check: store map, slot bytes, mirror bytes, zero-copy
  * table). Each pass prints the path each step took. */
-static void offload_run(off_layer *L, int type, int fused, int H, int I, int E, int k, int mirror, int stream,
-                        const char *what0) {
+static void offload_run(off_layer *L, int type, int H, int I, int E, int k, int mirror, int stream, const char *what0) {
   ops_model_shape *shape = calloc(1, sizeof *shape);
   shape->n_layers = OFF_L;
   shape->max_cols = H > I ? H : I;
@@ -175,8 +175,8 @@ static void offload_run(off_layer *L, int type, int fused, int H, int I, int E, 
       float *dy[OFF_L];
       int32_t *didx[OFF_L];
       float *dw[OFF_L], *refs[OFF_L];
-      cuda_offload_stats s0, s1;
-      cuda_backend_offload_stats(ob, &s0);
+      cuda_offload_paths s0, s1;
+      cuda_backend_offload_paths(ob, &s0);
       cuda_backend_step_begin(ob, n);
       for (int l = 0; l < OFF_L; l++) {
         off_route(idx, w, n, E, k, step + 30 * pass);
@@ -191,7 +191,7 @@ static void offload_run(off_layer *L, int type, int fused, int H, int I, int E, 
         refs[l] = hcopy(ref, n * H);
       }
       cuda_backend_step_end(ob);
-      cuda_backend_offload_stats(ob, &s1);
+      cuda_backend_offload_paths(ob, &s1);
       char path[8];
       off_path(&s0, &s1, path);
       if (pl + 16 < sizeof paths) pl += (size_t)snprintf(paths + pl, sizeof paths - pl, " %lld:%s", (long long)n, path);
@@ -260,16 +260,17 @@ static void offload_run(off_layer *L, int type, int fused, int H, int I, int E, 
   const int zc = st.summary && strstr(st.summary, "zero-copy");
   /* paths: zero-copy kernels exactly when zc; streaming only with the hook on (the default
    * pass's 9- and 13-token steps), declined only with it on (the exact pass's) */
-  const int paths_ok = (zc ? st.calls_zero_copy > 0 && st.calls_staged == 0 : st.calls_zero_copy == 0 && st.calls_staged > 0) &&
-                       (stream ? st.calls_streamed > 0 && st.calls_stream_declined > 0
-                               : st.calls_streamed == 0 && st.calls_stream_declined == 0);
+  cuda_offload_paths pa;
+  cuda_backend_offload_paths(ob, &pa);
+  const int paths_ok = (zc ? pa.zero_copy > 0 && pa.staged == 0 : pa.zero_copy == 0 && pa.staged > 0) &&
+                       (stream ? pa.streamed > 0 && pa.stream_declined > 0 : pa.streamed == 0 && pa.stream_declined == 0);
   if (!st.on || st.cache_per_layer != 2 || st.hits <= 0 || st.swaps <= 0 || st.bytes_mirror <= 0 || !tiers_ok ||
       st.hits >= st.routed || zc != (mirror == 1) || (!broken && !paths_ok)) {
     printf("  FAIL %s: counters: cache %d, mirrored %lld, routed %lld, hits %lld, swaps %lld, bytes %lld + %lld, calls "
            "zero-copy %lld staged %lld streamed %lld declined %lld\n",
            what, st.cache_per_layer, (long long)st.mirrored, (long long)st.routed, (long long)st.hits,
-           (long long)st.swaps, (long long)st.bytes_mirror, (long long)st.bytes_file, (long long)st.calls_zero_copy,
-           (long long)st.calls_staged, (long long)st.calls_streamed, (long long)st.calls_stream_declined);
+           (long long)st.swaps, (long long)st.bytes_mirror, (long long)st.bytes_file, (long long)pa.zero_copy,
+           (long long)pa.staged, (long long)pa.streamed, (long long)pa.stream_declined);
     g_fail++;
   } else {
     printf("  %s: %lld routed, hit rate %.2f, %lld swaps, %lld of %d experts mirrored, %lld B from the mirror, "
@@ -297,7 +298,7 @@ static void offload_case(int type, int fused, int H, int I, int E, int k, int mi
            "dropped)\n",
            what, stale);
   cuda_backend_drop_mirrors(g_gpu);
-  for (int stream = 0; stream < 2; stream++) offload_run(L, type, fused, H, I, E, k, mirror, stream, what);
+  for (int stream = 0; stream < 2; stream++) offload_run(L, type, H, I, E, k, mirror, stream, what);
   cuda_backend_drop_mirrors(g_gpu);
   for (int l = 0; l < OFF_L; l++) off_layer_free(&L[l]);
 }

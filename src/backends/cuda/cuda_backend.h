@@ -88,22 +88,9 @@ typedef struct cuda_offload_stats {
   int on, cache_per_layer, staging_slots;
   int64_t mirrored, routed, hits, swaps, bytes_mirror, bytes_file, device_bytes;
   int64_t prefill_bytes, prefill_tokens; /* expert bytes the prefill streaming copied, tokens it ran */
-  /* Offloaded layer calls by the path they took: zero-copy kernels on the table; routed ids
-   * read back and misses copied into staging (decode batches of up to 8 tokens); prefill
-   * streamed; and calls above 8 tokens with streaming on that did not stream (exact mode, a
-   * recorded zero-copy step, types the grouped path refuses, no room for its workspace),
-   * counted besides the path they then took. */
-  int64_t calls_zero_copy, calls_staged, calls_streamed, calls_stream_declined;
   const char *summary; /* one line: what went where (borrowed; NULL before the first MoE call) */
 } cuda_offload_stats;
 void cuda_backend_offload_stats(ops_backend *be, cuda_offload_stats *out);
-/* Test-only validation of the offload's state (waits for all queued work; slow: reads every
- * cache slot back): the store's invariants (expert_store_check); every occupied cache slot's
- * device bytes equal its expert's bytes in the weights; every mirrored expert's host copy
- * equals the weights; with zero-copy, the device table points each expert at its cache slot
- * or, when not cached, at its mirror copy. 0 (also when offload is off or not yet sized), or
- * ANNA_ESTATE naming the first layer / expert / slot that is wrong (a CUDA failure: its code). */
-int cuda_backend_offload_check(ops_backend *be, char *err, size_t errlen);
 
 /* Waits for queued work, then returns 0 or the sticky error (message into err). */
 int cuda_backend_error(ops_backend *be, char *err, size_t errlen);
@@ -111,10 +98,6 @@ int cuda_backend_error(ops_backend *be, char *err, size_t errlen);
 /* Forgets every mirrored weight (frees their device copies): for callers that reuse host
  * buffers with new contents at the same address (tests). */
 void cuda_backend_drop_mirrors(ops_backend *be);
-/* Test-only: 1 when host is a key of the backend's mirror map (a weight mirrored, or data
- * kept under that address), else 0. Tests that free weights and make new ones use it to see
- * whether a new host address would have found a stale copy (the reason to drop mirrors). */
-int cuda_backend_mirror_has(ops_backend *be, const void *host);
 
 /* Exact mode (anna_context_options.exact_matmul, --exact): every op keeps f32 inputs and
  * f32 arithmetic (SGEMM without TF32, CUDA-core attention and delta rule), matching the CPU

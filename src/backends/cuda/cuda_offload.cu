@@ -26,6 +26,7 @@
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "anna/anna.h" /* ANNA_E* */
+#include "backends/cuda/cuda_offload_check.h"
 #include "cache/expert_store.h"
 #include "ops/ops.h"
 #include "backends/cuda/cuda_moe.cuh" /* after ops/ops.h */
@@ -98,7 +99,7 @@ struct cuda_offload {
   cudaEvent_t ev_ready[2], ev_free[2];
   int64_t pf_bytes, pf_tokens, pf_chunks;
   int pf_oom; /* the last workspace allocation failed (chunks of that size take the decode batches) */
-  /* layer calls by path (cuda_offload_stats.calls_*): what a test prints per step */
+  /* layer calls by path (cuda_backend_offload_paths): what a test prints per step */
   int64_t n_zc, n_staged, n_declined;
 };
 
@@ -808,16 +809,22 @@ extern "C" void cuda_backend_offload_stats(ops_backend *be, cuda_offload_stats *
   out->summary = o->summary;
   out->prefill_bytes = o->pf_bytes;
   out->prefill_tokens = o->pf_tokens;
-  out->calls_zero_copy = o->n_zc;
-  out->calls_staged = o->n_staged;
-  out->calls_streamed = o->pf_chunks;
-  out->calls_stream_declined = o->n_declined;
   if (o->pf_chunks) {
     snprintf(o->summary2, sizeof o->summary2, "%s; prefill streamed %lld layer chunks, %lld expert bytes copied for %lld tokens (%.0f per token)",
              o->summary, (long long)o->pf_chunks, (long long)o->pf_bytes, (long long)o->pf_tokens,
              o->pf_tokens ? (double)o->pf_bytes / (double)o->pf_tokens : 0.0);
     out->summary = o->summary2;
   }
+}
+
+extern "C" void cuda_backend_offload_paths(ops_backend *be, cuda_offload_paths *out) {
+  memset(out, 0, sizeof *out);
+  const cuda_offload *o = ((cuda_impl *)be->impl)->offload;
+  if (!o) return;
+  out->zero_copy = o->n_zc;
+  out->staged = o->n_staged;
+  out->streamed = o->pf_chunks;
+  out->stream_declined = o->n_declined;
 }
 
 /* The first byte where the parts of two expert blobs differ (the padding between parts is
