@@ -3,14 +3,21 @@
  * layers with a tiny cache (2 slots per layer, a swap plan after every step), with a host
  * mirror that holds only some experts (the rest come from the weights' host memory), all
  * of them (zero-copy: the kernels read misses from the mirror, counters on the device), and
- * all of them with zero-copy off, so every tier and swaps run on every step. 60 steps of skewed random routing, 1 to 13 tokens
- * (above 8 the offload runs the decode kernels in batches in exact mode), each step recorded as a graph
- * where the size allows: exact mode against the CPU op (f32: 1e-4), default numerics at
- * decode sizes bit for bit against g_gpu's all-resident decode kernels. Then the counters
- * (hits, swaps, bytes from each tier) and the budget errors. */
+ * all of them with zero-copy off, so every tier and swaps run on every step; each with the
+ * prefill streaming hook off and on. 60 steps of skewed random routing, 1 to 13 tokens, each
+ * step recorded as a graph where the size allows: exact mode against the CPU op (f32: 1e-4),
+ * default numerics against g_gpu's all-resident kernels (bit for bit where the offload ran
+ * the decode kernels, 1e-3 where it streamed), that reference itself against the CPU op, and
+ * the offload's state after every step (cuda_backend_offload_check); each pass prints the
+ * path its steps took. Then the counters (hits, swaps, bytes from each tier, calls by path),
+ * the prefill streaming cases and the budget errors. g_gpu's mirror map is keyed by host
+ * address: every case drops it before and after (weights freed by one case come back at the
+ * same addresses in the next, and the old copies would be found; session 20's device run of
+ * this test failed that way, see offload_case). */
 #include "cuda_test.h"
 
 #include "anna/anna.h" /* ANNA_E* */
+#include "backends/cuda/cuda_offload_check.h"
 
 #define OFF_L 3
 
@@ -56,43 +63,94 @@ static void off_route(int32_t *idx, float *w, int64_t n, int E, int k, int step)
     }
 }
 
+/* max |g - ref| / max |ref| (cmp's measure) without counting a check: the diagnosis printed
+ * beside a failed comparison. */
+static double off_relerr(const float *g, const float *ref, int64_t n) {
+  double m = 0, scale = 1e-6;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+  for (int64_t i = 0; i < n; i++) m = fmax(m, isfinite(g[i]) ? fabs((double)g[i] - ref[i]) / scale : INFINITY);
+  return m;
+}
+
+/* How many host addresses of these layers' weights (the arrays, &gate->data, each matrix's
+ * bytes) are already keys of g_gpu's mirror map: weights freed by an earlier case and made
+ * again at the same address would find the old device copies there (the resident
+ * reference would then read another case's bytes, or take a pointer table from an old
+ * weight's bytes). Printed, then the map is dropped. */
+static int off_stale_keys(const off_layer *L) {
+  int n = 0;
+  for (int l = 0; l < OFF_L; l++) {
+    n += cuda_backend_mirror_has(g_gpu, L[l].gate) + cuda_backend_mirror_has(g_gpu, &L[l].gate->data);
+    if (L[l].up) n += cuda_backend_mirror_has(g_gpu, L[l].up);
+    n += cuda_backend_mirror_has(g_gpu, L[l].down);
+    for (int e = 0; e < L[l].E; e++) {
+      n += cuda_backend_mirror_has(g_gpu, L[l].gate[e].data) + cuda_backend_mirror_has(g_gpu, L[l].down[e].data);
+      if (L[l].up) n += cuda_backend_mirror_has(g_gpu, L[l].up[e].data);
+    }
+  }
+  return n;
+}
+
+/* The path letters of the layer calls between two stats snapshots: Z zero-copy kernels,
+ * D ids read back and misses copied into staging (decode batches), S prefill streamed,
+ * x streaming on but declined (then D or Z ran). */
+static void off_path(const cuda_offload_paths *a, const cuda_offload_paths *b, char *out) {
+  int i = 0;
+  if (b->zero_copy > a->zero_copy) out[i++] = 'Z';
+  if (b->staged > a->staged) out[i++] = 'D';
+  if (b->streamed > a->streamed) out[i++] = 'S';
+  if (b->stream_declined > a->stream_declined) out[i++] = 'x';
+  if (!i) out[i++] = '-';
+  out[i] = 0;
+}
+
 /* mirror: 0 a third of the experts (misses copied into staging, the rest read from the
  * weights), 1 all (zero-copy: the kernels read misses from the pinned mirror), 2 all with
- * the zero-copy path off (misses copied from the mirror). */
-static void offload_case(int type, int fused, int H, int I, int E, int k, int mirror) {
-  off_layer L[OFF_L];
+ * the zero-copy path off (misses copied from the mirror). stream: the prefill streaming
+ * hook (no_prefill_stream = !stream). Two passes of 30 steps of 1..13 tokens: exact mode
+ * (streaming declined: f32 decode batches) against the CPU op (1e-4); default numerics
+ * against g_gpu's all-resident kernels on the same inputs: bit for bit where the offload ran
+ * the decode kernels (the reference in the same batches of up to 8 tokens), 1e-3 where it
+ * streamed (the resident grouped path on the whole batch). Each default comparison also
+ * checks that reference against the CPU op (0.1: int8 activations; a wrong reference reads
+ * as rel err ~1), and a failed comparison prints both sides against the CPU, so a wrong
+ * offload and a wrong reference are told apart. After every step: the offload's own
+ * invariants (cuda_backend_offload_check: store map, slot bytes, mirror bytes, zero-copy
+ * table). Each pass prints the path each step took. */
+static void offload_run(off_layer *L, int type, int H, int I, int E, int k, int mirror, int stream, const char *what0) {
   ops_model_shape *shape = calloc(1, sizeof *shape);
   shape->n_layers = OFF_L;
   shape->max_cols = H > I ? H : I;
-  int64_t eb = 0;
   for (int l = 0; l < OFF_L; l++) {
-    off_layer_make(&L[l], E, fused, type, H, I);
     shape->layers[l].exp_gate = L[l].gate;
     shape->layers[l].exp_up = L[l].up;
     shape->layers[l].exp_down = L[l].down;
     shape->layers[l].n_exp = E;
   }
-  eb = dtype_row_bytes(type, H) * 2 * I + dtype_row_bytes(type, I) * H; /* gate + up (or fused) + down */
-  char what[160], err[512];
-  snprintf(what, sizeof what, "offload %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "", H, I, E,
-           k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
+  const int64_t eb = dtype_row_bytes(type, H) * 2 * I + dtype_row_bytes(type, I) * H; /* gate + up (or fused) + down */
+  char what[200], err[512];
+  snprintf(what, sizeof what, "%s stream %s", what0, stream ? "on" : "off");
   printf("  %s ...\n", what); /* the cases print their figures at the end: say where a crash was */
+  fflush(stdout);
   ops_backend *ob = NULL;
   if (cuda_backend_create(&ob, 64, err, sizeof err)) {
     printf("  FAIL %s: backend: %s\n", what, err);
     g_fail++;
+    free(shape);
     return;
   }
   /* a host mirror of about a third of the experts: the rest are read from the weights */
   const cuda_offload_params op = {.host_memory_limit = mirror ? 0 : (int64_t)OFF_L * E * (eb + 64) / 3,
                                   .cached_experts_per_layer = 2,
                                   .swap_every = 1,
-                                  .no_zero_copy = mirror == 2};
+                                  .no_zero_copy = mirror == 2,
+                                  .no_prefill_stream = !stream};
   g_checks++;
   if (cuda_backend_set_offload(ob, shape, &op, err, sizeof err)) {
     printf("  FAIL %s: set_offload: %s\n", what, err);
     g_fail++;
     ob->destroy(ob);
+    free(shape);
     return;
   }
   const int64_t NMAX = 13;
@@ -102,18 +160,23 @@ static void offload_case(int type, int fused, int H, int I, int E, int k, int mi
   int32_t *idx = malloc(sizeof(int32_t) * (size_t)(NMAX * k));
   float *w = malloc(sizeof(float) * (size_t)(NMAX * k));
   static const int sizes[] = {1, 2, 8, 3, 13, 1, 5, 9};
-  for (int pass = 0; pass < 2; pass++) {
+  int broken = 0; /* an invariant failed: the rest of the case would only repeat it */
+  for (int pass = 0; pass < 2 && !broken; pass++) {
     const int exact = pass == 0;
     cuda_backend_set_exact(ob, exact);
     cuda_backend_set_exact(g_gpu, exact);
     cuda_backend_set_graphs(ob, 1);
+    char paths[30 * 12] = "";
+    size_t pl = 0;
     for (int step = 0; step < 30; step++) {
-      const int64_t n = exact ? sizes[step % 8] : sizes[step % 8] > 8 ? 8 : sizes[step % 8];
+      const int64_t n = sizes[step % 8];
       float *x = hrand(n * H, 1.0f);
       float *dx = dput(x, sizeof(float) * (size_t)(n * H));
       float *dy[OFF_L];
       int32_t *didx[OFF_L];
       float *dw[OFF_L], *refs[OFF_L];
+      cuda_offload_paths s0, s1;
+      cuda_backend_offload_paths(ob, &s0);
       cuda_backend_step_begin(ob, n);
       for (int l = 0; l < OFF_L; l++) {
         off_route(idx, w, n, E, k, step + 30 * pass);
@@ -121,39 +184,72 @@ static void offload_case(int type, int fused, int H, int I, int E, int k, int mi
         dw[l] = dput(w, sizeof(float) * (size_t)(n * k));
         dy[l] = dnan(n * H);
         ob->moe_ffn(ob, dy[l], dx, n, H, didx[l], dw[l], k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr);
-        refs[l] = NULL;
-        if (exact) {
-          cpu_backend_set_exact_matmul(g_cpu, 1);
-          g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, scratch);
-          cpu_backend_set_exact_matmul(g_cpu, 0);
-          refs[l] = hcopy(ref, n * H);
-        }
+        /* the CPU op, f32 activations: exact mode's reference, the default pass's diagnosis */
+        cpu_backend_set_exact_matmul(g_cpu, 1);
+        g_cpu->moe_ffn(g_cpu, ref, x, n, H, idx, w, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, scratch);
+        cpu_backend_set_exact_matmul(g_cpu, 0);
+        refs[l] = hcopy(ref, n * H);
       }
       cuda_backend_step_end(ob);
+      cuda_backend_offload_paths(ob, &s1);
+      char path[8];
+      off_path(&s0, &s1, path);
+      if (pl + 16 < sizeof paths) pl += (size_t)snprintf(paths + pl, sizeof paths - pl, " %lld:%s", (long long)n, path);
       if (ob->error(ob, err, sizeof err)) {
-        printf("  FAIL %s step %d: %s\n", what, step, err);
+        printf("  FAIL %s %s step %d n=%lld path %s: %s\n", what, exact ? "exact" : "default", step, (long long)n, path,
+               err);
         g_fail++;
+        broken = 1;
         break;
       }
+      const int streamed = strchr(path, 'S') != NULL;
       for (int l = 0; l < OFF_L; l++) {
-        char cw[224];
-        snprintf(cw, sizeof cw, "%s %s step %d layer %d n=%lld", what, exact ? "exact" : "default", step, l,
-                 (long long)n);
+        char cw[260];
+        snprintf(cw, sizeof cw, "%s %s step %d layer %d n=%lld path %s", what, exact ? "exact" : "default", step, l,
+                 (long long)n, path);
+        float *g = dget(dy[l], n * H);
         if (exact) {
-          cmpd(cw, dy[l], refs[l], n * H, 1e-4);
+          cmp(cw, g, refs[l], n * H, 1e-4);
         } else {
-          /* the all-resident decode kernels on the same inputs: the same bits */
+          /* the all-resident kernels on the same inputs: the decode kernels in the offload's
+           * batches of up to 8 tokens (the same bits), or the grouped path on the whole
+           * batch where the offload streamed */
           float *dr = dnan(n * H), *dscr2 = g_gpu->alloc(g_gpu, sizeof(float) * (size_t)sf);
-          g_gpu->moe_ffn(g_gpu, dr, dx, n, H, didx[l], dw[l], k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU,
-                         dscr2);
+          const int64_t step_tok = streamed ? n : 8;
+          for (int64_t t0 = 0; t0 < n; t0 += step_tok) {
+            const int64_t m = n - t0 < step_tok ? n - t0 : step_tok;
+            g_gpu->moe_ffn(g_gpu, dr + t0 * H, dx + t0 * H, m, H, didx[l] + t0 * k, dw[l] + t0 * k, k, E, L[l].gate,
+                           L[l].up, L[l].down, ACT_KIND_SILU, dscr2);
+          }
           float *r = dget(dr, n * H);
-          cmpd(cw, dy[l], r, n * H, 0.0);
+          const int f0 = g_fail;
+          cmp(cw, g, r, n * H, streamed ? 1e-3 : 0.0);
+          const int bad = g_fail != f0;
+          char cr[300];
+          snprintf(cr, sizeof cr, "%s: resident reference vs CPU", cw);
+          cmp(cr, r, refs[l], n * H, 0.1);
+          if (bad)
+            printf("  %s: offload vs CPU f32 rel err %.3g, resident reference vs CPU %.3g (the one far from the CPU "
+                   "is wrong)\n",
+                   cw, off_relerr(g, refs[l], n * H), off_relerr(r, refs[l], n * H));
           free(r), dfree(dr), dfree(dscr2);
         }
-        free(refs[l]), dfree(dy[l]), dfree(didx[l]), dfree(dw[l]);
+        free(g), free(refs[l]), dfree(dy[l]), dfree(didx[l]), dfree(dw[l]);
       }
       dfree(dx), free(x);
+      /* the offload's own state after the step (swaps included) */
+      g_checks++;
+      if (cuda_backend_offload_check(ob, err, sizeof err)) {
+        printf("  FAIL %s %s step %d n=%lld path %s: %s\n", what, exact ? "exact" : "default", step, (long long)n, path,
+               err);
+        g_fail++;
+        broken = 1;
+        break;
+      }
     }
+    printf("  %s %s paths (tokens:path; Z zero-copy, D ids read back + staging copies, S streamed, x streaming "
+           "declined):%s\n",
+           what, exact ? "exact" : "default", paths);
   }
   cuda_backend_set_exact(g_gpu, 1);
   cuda_offload_stats st;
@@ -162,11 +258,19 @@ static void offload_case(int type, int fused, int H, int I, int E, int k, int mi
   const int tiers_ok = mirror ? st.bytes_file == 0 && st.mirrored == (int64_t)OFF_L * E
                               : st.bytes_file > 0 && st.mirrored > 0 && st.mirrored < (int64_t)OFF_L * E;
   const int zc = st.summary && strstr(st.summary, "zero-copy");
+  /* paths: zero-copy kernels exactly when zc; streaming only with the hook on (the default
+   * pass's 9- and 13-token steps), declined only with it on (the exact pass's) */
+  cuda_offload_paths pa;
+  cuda_backend_offload_paths(ob, &pa);
+  const int paths_ok = (zc ? pa.zero_copy > 0 && pa.staged == 0 : pa.zero_copy == 0 && pa.staged > 0) &&
+                       (stream ? pa.streamed > 0 && pa.stream_declined > 0 : pa.streamed == 0 && pa.stream_declined == 0);
   if (!st.on || st.cache_per_layer != 2 || st.hits <= 0 || st.swaps <= 0 || st.bytes_mirror <= 0 || !tiers_ok ||
-      st.hits >= st.routed || zc != (mirror == 1)) {
-    printf("  FAIL %s: counters: cache %d, mirrored %lld, routed %lld, hits %lld, swaps %lld, bytes %lld + %lld\n",
+      st.hits >= st.routed || zc != (mirror == 1) || (!broken && !paths_ok)) {
+    printf("  FAIL %s: counters: cache %d, mirrored %lld, routed %lld, hits %lld, swaps %lld, bytes %lld + %lld, calls "
+           "zero-copy %lld staged %lld streamed %lld declined %lld\n",
            what, st.cache_per_layer, (long long)st.mirrored, (long long)st.routed, (long long)st.hits,
-           (long long)st.swaps, (long long)st.bytes_mirror, (long long)st.bytes_file);
+           (long long)st.swaps, (long long)st.bytes_mirror, (long long)st.bytes_file, (long long)pa.zero_copy,
+           (long long)pa.staged, (long long)pa.streamed, (long long)pa.stream_declined);
     g_fail++;
   } else {
     printf("  %s: %lld routed, hit rate %.2f, %lld swaps, %lld of %d experts mirrored, %lld B from the mirror, "
@@ -177,15 +281,34 @@ static void offload_case(int type, int fused, int H, int I, int E, int k, int mi
   ob->destroy(ob);
   dfree(dscr);
   free(scratch), free(ref), free(idx), free(w);
-  for (int l = 0; l < OFF_L; l++) off_layer_free(&L[l]);
   free(shape);
+}
+
+/* One weight set through offload_run with prefill streaming off, then on. g_gpu's mirror
+ * map is dropped first (and the stale keys the new weights found are printed) and after. */
+static void offload_case(int type, int fused, int H, int I, int E, int k, int mirror) {
+  off_layer L[OFF_L];
+  for (int l = 0; l < OFF_L; l++) off_layer_make(&L[l], E, fused, type, H, I);
+  char what[160];
+  snprintf(what, sizeof what, "offload %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "", H, I, E,
+           k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
+  const int stale = off_stale_keys(L);
+  if (stale)
+    printf("  %s: %d host addresses of its weights were keys of g_gpu's mirror map (copies of freed weights: "
+           "dropped)\n",
+           what, stale);
+  cuda_backend_drop_mirrors(g_gpu);
+  for (int stream = 0; stream < 2; stream++) offload_run(L, type, H, I, E, k, mirror, stream, what);
+  cuda_backend_drop_mirrors(g_gpu);
+  for (int l = 0; l < OFF_L; l++) off_layer_free(&L[l]);
 }
 
 /* Prefill streaming (off_prefill): chunks above CUDA_MOE_DECODE_MAX_TOK tokens (300, 64,
  * 9) through OFF_L offloaded layers with a tiny cache (1 slot per layer), so most routed
  * experts stream through the staging halves. Each layer's output against g_gpu's
  * all-resident prefill (the same grouped kernels on the same weights; 1e-3 relative: the
- * resident path may take its dequantize-first variant), then the traffic: every routed miss
+ * resident path may take its dequantize-first variant), or with the hook off against the
+ * resident decode kernels on the same 8-token slices (bit for bit), then the traffic: every routed miss
  * copied at most once per layer chunk (bytes <= distinct routed experts x expert bytes),
  * and below what the decode batches (no_prefill_stream) copy for the same chunks. */
 static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int I, int E, int k, int mirror,
@@ -249,7 +372,15 @@ static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int
       float *dw = dput(w, sizeof(float) * (size_t)(n * k));
       float *dy = dnan(n * H), *dr = dnan(n * H);
       ob->moe_ffn(ob, dy, dx, n, H, didx, dw, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr);
-      g_gpu->moe_ffn(g_gpu, dr, dx, n, H, didx, dw, k, E, L[l].gate, L[l].up, L[l].down, ACT_KIND_SILU, dscr2);
+      /* streamed: the resident grouped path on the whole chunk (1e-3); decode batches: the
+       * resident decode kernels on the same 8-token slices (the same bits; the grouped path
+       * differs from their int8 activations by more than 1e-3) */
+      const int64_t slice = stream ? n : 8;
+      for (int64_t t0 = 0; t0 < n; t0 += slice) {
+        const int64_t m = n - t0 < slice ? n - t0 : slice;
+        g_gpu->moe_ffn(g_gpu, dr + t0 * H, dx + t0 * H, m, H, didx + t0 * k, dw + t0 * k, k, E, L[l].gate, L[l].up,
+                       L[l].down, ACT_KIND_SILU, dscr2);
+      }
       if (ob->error(ob, err, sizeof err)) {
         printf("  FAIL %s step %d layer %d: %s\n", what, step, l, err);
         g_fail++;
@@ -257,13 +388,19 @@ static int64_t offload_prefill_run(off_layer *L, int type, int fused, int H, int
         char cw[260];
         snprintf(cw, sizeof cw, "%s step %d layer %d n=%lld", what, step, l, (long long)n);
         float *r = dget(dr, n * H);
-        cmpd(cw, dy, r, n * H, 1e-3);
+        cmpd(cw, dy, r, n * H, stream ? 1e-3 : 0.0);
         free(r);
       }
       dfree(dy), dfree(dr), dfree(didx), dfree(dw);
     }
     cuda_backend_step_end(ob);
     dfree(dx), free(x);
+    g_checks++;
+    if (cuda_backend_offload_check(ob, err, sizeof err)) {
+      printf("  FAIL %s step %d n=%lld: %s\n", what, step, (long long)n, err);
+      g_fail++;
+      break;
+    }
   }
   cuda_backend_set_exact(g_gpu, 1);
   cuda_offload_stats st;
@@ -296,6 +433,12 @@ static void offload_prefill_case(int type, int fused, int H, int I, int E, int k
   snprintf(what, sizeof what, "offload prefill %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "",
            H, I, E, k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
   printf("  %s ...\n", what);
+  const int stale = off_stale_keys(L);
+  if (stale)
+    printf("  %s: %d host addresses of its weights were keys of g_gpu's mirror map (copies of freed weights: "
+           "dropped)\n",
+           what, stale);
+  cuda_backend_drop_mirrors(g_gpu);
   const int64_t s = offload_prefill_run(L, type, fused, H, I, E, k, mirror, 1, what);
   /* the decode batches copy misses per 8 tokens (zero-copy: they read them over PCIe and
    * count no copies, so there is nothing to compare) */
@@ -307,6 +450,7 @@ static void offload_prefill_case(int type, int fused, int H, int I, int E, int k
       g_fail++;
     }
   }
+  cuda_backend_drop_mirrors(g_gpu);
   for (int l = 0; l < OFF_L; l++) off_layer_free(&L[l]);
 }
 

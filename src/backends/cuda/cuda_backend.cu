@@ -1,6 +1,7 @@
 /* cuda_backend.cu: device memory, the sticky error, the weight mirror, the pointer ring
  * and the op table. Kernels live in one .cu per op family. */
 #include "backends/cuda/cuda_internal.h"
+#include "backends/cuda/cuda_offload_check.h" /* cuda_backend_mirror_has */
 
 #include "base/error.h"
 
@@ -157,6 +158,11 @@ void cuda_backend_drop_mirrors(ops_backend *be) {
   free(ci->map);
   ci->map = NULL;
   ci->map_cap = ci->map_n = 0;
+}
+
+extern "C" int cuda_backend_mirror_has(ops_backend *be, const void *host) {
+  cuda_impl *ci = (cuda_impl *)be->impl; /* not cuda_impl_of: a query launches nothing */
+  return host && mirror_find(ci, host) ? 1 : 0;
 }
 
 /* ---- pointer ring ---- */

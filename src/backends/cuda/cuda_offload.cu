@@ -26,6 +26,7 @@
 #include "backends/cuda/cuda_quant.cuh"
 
 #include "anna/anna.h" /* ANNA_E* */
+#include "backends/cuda/cuda_offload_check.h"
 #include "cache/expert_store.h"
 #include "ops/ops.h"
 #include "backends/cuda/cuda_moe.cuh" /* after ops/ops.h */
@@ -98,6 +99,8 @@ struct cuda_offload {
   cudaEvent_t ev_ready[2], ev_free[2];
   int64_t pf_bytes, pf_tokens, pf_chunks;
   int pf_oom; /* the last workspace allocation failed (chunks of that size take the decode batches) */
+  /* layer calls by path (cuda_backend_offload_paths): what a test prints per step */
+  int64_t n_zc, n_staged, n_declined;
 };
 
 /* expert_store_read_fn: the expert's rows from the model's host weights (its file mapping:
@@ -621,10 +624,12 @@ bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n
   }
   /* zero-copy steps being recorded (decode of up to 64 sequences) stay graphs: streaming
    * reads the routed ids back */
-  if (n > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream && !(o->zc && ci->recording) &&
-      off_prefill(be, ci, o, li, out, x, n, H, idx, wts, k, gate, up, down, act))
+  const bool stream = n > CUDA_MOE_DECODE_MAX_TOK && !o->p.no_prefill_stream;
+  if (stream && !(o->zc && ci->recording) && off_prefill(be, ci, o, li, out, x, n, H, idx, wts, k, gate, up, down, act))
     return true;
+  if (stream) o->n_declined++;
   if (o->zc) {
+    o->n_zc++;
     /* nothing to read back: count the routes on the device and run the kernels on the
      * table (cache slots and mirror copies); recordable, so the step stays a graph */
     const uint8_t *const *tab_z = o->tab_d + (int64_t)li * OFF_PARTS * o->E;
@@ -640,6 +645,7 @@ bool cuda_offload_moe_ffn(ops_backend *be, float *out, const float *x, int64_t n
     }
     return true;
   }
+  o->n_staged++;
   cuda_flush(ci); /* the routed ids are read back: the rest of a recorded step runs eagerly */
   const uint8_t *const *tab_d = o->tab_d + (int64_t)li * OFF_PARTS * o->E;
   const int base_staging = expert_store_cache_per_layer(o->st) * o->n_layers;
@@ -809,4 +815,117 @@ extern "C" void cuda_backend_offload_stats(ops_backend *be, cuda_offload_stats *
              o->pf_tokens ? (double)o->pf_bytes / (double)o->pf_tokens : 0.0);
     out->summary = o->summary2;
   }
+}
+
+extern "C" void cuda_backend_offload_paths(ops_backend *be, cuda_offload_paths *out) {
+  memset(out, 0, sizeof *out);
+  const cuda_offload *o = ((cuda_impl *)be->impl)->offload;
+  if (!o) return;
+  out->zero_copy = o->n_zc;
+  out->staged = o->n_staged;
+  out->streamed = o->pf_chunks;
+  out->stream_declined = o->n_declined;
+}
+
+/* The first byte where the parts of two expert blobs differ (the padding between parts is
+ * never written by a copy from the weights), or -1. */
+static int64_t off_blob_diff(const cuda_offload *o, const uint8_t *a, const uint8_t *b, int *part) {
+  for (int m = 0; m < OFF_PARTS; m++) {
+    const uint8_t *x = a + o->part_off[m], *y = b + o->part_off[m];
+    for (int64_t i = 0; i < o->part_bytes[m]; i++)
+      if (x[i] != y[i]) {
+        *part = m;
+        return i;
+      }
+  }
+  return -1;
+}
+
+extern "C" int cuda_backend_offload_check(ops_backend *be, char *err, size_t errlen) {
+  cuda_impl *ci = (cuda_impl *)be->impl;
+  cuda_offload *o = ci->offload;
+  if (err && errlen) err[0] = 0;
+  if (ci->err) return off_err(err, errlen, ci->err, "%s", ci->msg);
+  if (!o || !o->st) return 0;
+  cudaError_t ce = cudaStreamSynchronize(ci->stream);
+  if (ce == cudaSuccess) ce = cudaStreamSynchronize(o->cs);
+  if (ce != cudaSuccess)
+    return off_err(err, errlen, ANNA_EIO, "offload check: sync: %s", cudaGetErrorString(ce));
+  int rc = expert_store_check(o->st, err, errlen);
+  if (rc) return rc;
+  const int L = o->n_layers, E = o->E, C = expert_store_cache_per_layer(o->st);
+  uint8_t *want = (uint8_t *)malloc((size_t)o->eb), *got = (uint8_t *)malloc((size_t)o->eb);
+  const size_t tab_n = (size_t)L * OFF_PARTS * (size_t)E;
+  const uint8_t **tab = o->zc ? (const uint8_t **)malloc(tab_n * sizeof *tab) : NULL;
+  if (!want || !got || (o->zc && !tab)) {
+    free(want), free(got), free(tab);
+    return off_err(err, errlen, ANNA_ENOMEM, "offload check: out of host memory");
+  }
+  char e2[256];
+  int part = 0;
+  /* every occupied cache slot holds its expert's bytes (a slot the map calls resident but
+   * something overwrote shows here) */
+  for (int s = 0; s < C * L && !rc; s++) {
+    int l, ex;
+    expert_store_slot_owner(o->st, s, &l, &ex);
+    if (l < 0) continue;
+    if ((rc = off_read(o, l, ex, want, (size_t)o->eb, e2, sizeof e2))) {
+      off_err(err, errlen, rc, "offload check: layer %d expert %d: %s", l, ex, e2);
+      break;
+    }
+    if ((ce = cudaMemcpy(got, o->arena + (int64_t)s * o->eb, (size_t)o->eb, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+      rc = off_err(err, errlen, ANNA_EIO, "offload check: slot read: %s", cudaGetErrorString(ce));
+      break;
+    }
+    const int64_t at = off_blob_diff(o, got, want, &part);
+    if (at >= 0)
+      rc = off_err(err, errlen, ANNA_ESTATE,
+                   "offload check: cache slot %d holds layer %d expert %d by the map, but its device bytes differ from "
+                   "the weights at byte %lld of part %d",
+                   s, l, ex, (long long)at, part);
+  }
+  /* the host mirror copies */
+  for (int l = 0; l < L && !rc; l++)
+    for (int ex = 0; ex < E && !rc; ex++) {
+      const uint8_t *h = (const uint8_t *)expert_store_host_ptr(o->st, l, ex);
+      if (!h) continue;
+      if ((rc = off_read(o, l, ex, want, (size_t)o->eb, e2, sizeof e2))) {
+        off_err(err, errlen, rc, "offload check: layer %d expert %d: %s", l, ex, e2);
+        break;
+      }
+      const int64_t at = off_blob_diff(o, h, want, &part);
+      if (at >= 0)
+        rc = off_err(err, errlen, ANNA_ESTATE,
+                     "offload check: the host mirror of layer %d expert %d differs from the weights at byte %lld of "
+                     "part %d",
+                     l, ex, (long long)at, part);
+    }
+  /* zero-copy: the kernels read every routed expert through the device table, with no
+   * per-call upload, so all of it must be right between steps */
+  if (o->zc && !rc) {
+    if ((ce = cudaMemcpy(tab, o->tab_d, tab_n * sizeof *tab, cudaMemcpyDeviceToHost)) != cudaSuccess) {
+      rc = off_err(err, errlen, ANNA_EIO, "offload check: table read: %s", cudaGetErrorString(ce));
+    } else {
+      const int32_t *rt = expert_store_table(o->st);
+      for (int l = 0; l < L && !rc; l++)
+        for (int ex = 0; ex < E && !rc; ex++) {
+          const int s = rt[(int64_t)l * E + ex];
+          const uint8_t *h = (const uint8_t *)expert_store_host_ptr(o->st, l, ex);
+          for (int m = 0; m < OFF_PARTS && !rc; m++) {
+            const uint8_t *w = !o->part_bytes[m] ? NULL
+                               : s >= 0          ? o->arena + (int64_t)s * o->eb + o->part_off[m]
+                               : h               ? h + o->part_off[m]
+                                                 : NULL;
+            const uint8_t *g = tab[((int64_t)l * OFF_PARTS + m) * E + ex];
+            if (g != w)
+              rc = off_err(err, errlen, ANNA_ESTATE,
+                           "offload check: zero-copy table of layer %d, part %d of expert %d points at %p, not at its "
+                           "%s %p",
+                           l, m, ex, (const void *)g, s >= 0 ? "cache slot" : "mirror copy", (const void *)w);
+          }
+        }
+    }
+  }
+  free(want), free(got), free(tab);
+  return rc;
 }
