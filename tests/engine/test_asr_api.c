@@ -78,6 +78,7 @@ int main(int argc, char **argv) {
             argv[0]);
     return 2;
   }
+  if (media_device_absent(&md_opt)) return 77;
   const char *fix = argv[1], *audio = argv[2], *textdir = argv[3];
   char path[4096], err[512] = "", what[256];
   snprintf(path, sizeof path, "%s/expected.json", fix);

@@ -219,6 +219,7 @@ int main(int argc, char **argv) {
   /* ctest's anna_test passes the shared fixtures folder first: not used here */
   const int first = argc > 1 && strncmp(argv[1], "--", 2) ? 2 : 1;
   if (media_device_parse(&md_opt, argc, argv, first)) return 2;
+  if (media_device_absent(&md_opt)) return 77;
   if (md_opt.device) return device_checks(mdir, cdir, &md_opt);
   printf("test_speech_api (%s)\n", mdir);
   ok("probe: the talker folder is a speech model", anna_speech_probe(mdir) == 1);

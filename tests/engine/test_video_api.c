@@ -95,6 +95,7 @@ int main(int argc, char **argv) {
             "usage: test_video_api MODEL_DIR E2E_VIDEO_DIR TEXT_ONLY_MODEL_DIR BAD_DIR [--device D] [--exact] [--tuning S]\n");
     return 2;
   }
+  if (media_device_absent(&md_opt)) return 77;
   const char *mdir = argv[1], *edir = argv[2], *bdir = argv[4];
   char err[512], path[4096];
   anna_model *m = NULL;

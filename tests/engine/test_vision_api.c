@@ -213,6 +213,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: test_vision_api MODEL_DIR E2E_DIR TEXT_ONLY_MODEL_DIR [--device D] [--exact] [--tuning S]\n");
     return 2;
   }
+  if (media_device_absent(&md_opt)) return 77;
   const char *mdir = argv[1], *edir = argv[2];
   char err[512], path[4096];
   anna_model *m = NULL;
