@@ -360,7 +360,9 @@ int main(int argc, char **argv) {
   test_model("qwen3_5_text.gguf", p, q);
   snprintf(q, sizeof q, "%s/qwen3_5_moe_text", f);
   snprintf(p, sizeof p, "%s/gguf/qwen3_5_moe_fused.gguf", x);
-  test_model("qwen3_5_moe_fused.gguf", p, q);
+  if (!strncmp(g_dev, "cpu", 3)) test_model("qwen3_5_moe_fused.gguf", p, q);
+  else /* wrong on the H100 in session 20 (0.233): refused on devices until understood */
+    bad(p, 2, NULL, NULL, NULL, ANNA_EUNSUPPORTED, "fused expert gate_up");
 
   printf("errors\n");
   snprintf(p, sizeof p, "%s/qwen3", f);
