@@ -703,7 +703,7 @@ static void moe_gemms(cuda_impl *ci, const moe_gemm_args &gu, const moe_gemm_arg
 static bool moe_ffn_grouped_impl(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                                  const float *wts, int k, const ops_weight *gate, const ops_weight *up,
                                  const ops_weight *down, int act, float *scratch, int E,
-                                 const uint8_t *const *tab_in, bool dry) {
+                                 const uint8_t *const *tab_in, bool dry, int64_t cap_n) {
   cuda_impl *ci = cuda_impl_of(be);
   if (E < 1 || E > MG_MAX_E || k < 1 || H < 1) return false;
   const int64_t I = up ? up[0].rows : gate[0].rows / 2;
@@ -739,7 +739,9 @@ static bool moe_ffn_grouped_impl(ops_backend *be, float *out, const float *x, in
   while (tmax > 65535 && bn < 64) bn *= 2, tmax = (nk + bn - 1) / bn + E;
   if (tmax > 65535) return false;
   const int64_t Hs = ((int64_t)H + MG_BK - 1) / MG_BK * MG_BK, Is = (I + MG_BK - 1) / MG_BK * MG_BK;
-  moe_carver sc(scratch, n, k, H, I);
+  /* a caller's scratch sized for cap_n tokens (offload groups of a few pairs carve theirs
+   * from a whole chunk's: the per-expert arrays do not shrink with n) */
+  moe_carver sc(scratch, cap_n > n ? cap_n : n, k, H, I);
   __nv_bfloat16 *xhi = sc.take<__nv_bfloat16>(n * Hs * 2), *xlo = sc.take<__nv_bfloat16>(n * Hs * 2);
   __nv_bfloat16 *hhi = sc.take<__nv_bfloat16>(nk * Is * 2), *hlo = sc.take<__nv_bfloat16>(nk * Is * 2);
   float *y = sc.take<float>(nk * H * 4);
@@ -800,15 +802,15 @@ static bool moe_ffn_grouped_impl(ops_backend *be, float *out, const float *x, in
 static bool moe_ffn_grouped(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                             const float *wts, int k, const ops_weight *gate, const ops_weight *up,
                             const ops_weight *down, int act, float *scratch, int E) {
-  return moe_ffn_grouped_impl(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, E, NULL, false);
+  return moe_ffn_grouped_impl(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, E, NULL, false, 0);
 }
 
 bool moe_ffn_grouped_tab(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                          const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
-                         int act, float *scratch, int E, const uint8_t *const *tab, bool dry) {
+                         int act, float *scratch, int E, const uint8_t *const *tab, bool dry, int64_t cap_n) {
   cuda_impl *ci = cuda_impl_of(be);
   if (ci->exact || ci->moe_variant == CUDA_MOE_HOST) return false; /* the grouped path's own conditions */
-  return moe_ffn_grouped_impl(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, E, tab, dry);
+  return moe_ffn_grouped_impl(be, out, x, n, H, idx, wts, k, gate, up, down, act, scratch, E, tab, dry, cap_n);
 }
 
 void moe_combine(ops_backend *be, float *out, const float *y, const int32_t *inv, const float *wts, int64_t n, int H,

@@ -89,13 +89,15 @@ bool moe_ffn_decode_tab(ops_backend *be, float *out, const float *x, int64_t n, 
                         int act, float *scratch, int E, const uint8_t *const *tab, bool aligned);
 /* The grouped prefill path (cuda_moe.cu) on a caller's table of row pointers ([gate E][up E]
  * [down E], moe_table's layout; only the routed experts' entries are read): what expert
- * offload runs its prefill groups on. scratch holds ops_moe_scratch_floats(n, k, H, I)
- * floats. dry: only whether it would take these shapes (nothing queued). False when it
+ * offload runs its prefill groups on. scratch holds ops_moe_scratch_floats(max(n, cap_n), k,
+ * H, I) floats (cap_n: a group of a few pairs carved from a whole chunk's scratch; the sort's
+ * per-expert arrays do not shrink with n, so a scratch sized for the group alone can be too
+ * small). dry: only whether it would take these shapes (nothing queued). False when it
  * cannot (exact mode, the host-grouped variant, types or shapes it does not take): nothing
  * queued. */
 bool moe_ffn_grouped_tab(ops_backend *be, float *out, const float *x, int64_t n, int H, const int32_t *idx,
                          const float *wts, int k, const ops_weight *gate, const ops_weight *up, const ops_weight *down,
-                         int act, float *scratch, int E, const uint8_t *const *tab, bool dry);
+                         int act, float *scratch, int E, const uint8_t *const *tab, bool dry, int64_t cap_n);
 /* out[t] = sum_j wts[t, j] * y[inv[t * k + j]] (inv < 0: skipped), in j order: the grouped
  * path's combine. */
 void moe_combine(ops_backend *be, float *out, const float *y, const int32_t *inv, const float *wts, int64_t n, int H,

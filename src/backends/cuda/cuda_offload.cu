@@ -485,7 +485,7 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
   const int64_t nk = n * k, I = up ? up[0].rows : gate[0].rows / 2;
   const int E = o->E;
   if (nk > 0x3fffffff) return false;
-  if (!moe_ffn_grouped_tab(be, NULL, NULL, nk, H, NULL, NULL, 1, gate, up, down, act, NULL, E, NULL, true))
+  if (!moe_ffn_grouped_tab(be, NULL, NULL, nk, H, NULL, NULL, 1, gate, up, down, act, NULL, E, NULL, true, nk))
     return false;
   cuda_flush(ci); /* the routed ids are read back: the rest of a recorded step runs eagerly */
   const int C = expert_store_cache_per_layer(o->st), base = C * o->n_layers;
@@ -591,7 +591,7 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
     const int64_t b = start[eord[j0]] - cnt[eord[j0]], m = start[eord[j1 - 1]] - b;
     if (ci->err) return true;
     if (!moe_ffn_grouped_tab(be, yall + b * H, xg + b * H, m, H, idxl_d + b, ones, 1, gate, up, down, act, sub, E,
-                             (const uint8_t *const *)td, false)) {
+                             (const uint8_t *const *)td, false, nk)) {
       cuda_fail(ci, ANNA_EUNSUPPORTED, "expert offload: the grouped prefill path refused a group of %lld pairs",
                 (long long)m);
       return true;
