@@ -26,7 +26,8 @@ typedef struct off_layer {
   ops_weight *gate, *up, *down;
 } off_layer;
 
-static void off_layer_make(off_layer *m, int E, int fused, int type, int H, int I) {
+/* down_type: the down projections' type (llama.cpp's Q4_K_M gives some layers Q6_K there) */
+static void off_layer_make_mixed(off_layer *m, int E, int fused, int type, int down_type, int H, int I) {
   memset(m, 0, sizeof *m);
   m->E = E, m->fused = fused, m->H = H, m->I = I;
   m->gate = calloc((size_t)E, sizeof(ops_weight)), m->up = fused ? NULL : calloc((size_t)E, sizeof(ops_weight));
@@ -35,8 +36,12 @@ static void off_layer_make(off_layer *m, int E, int fused, int type, int H, int 
     const int64_t gr = fused ? 2 * (int64_t)I : I;
     m->gate[e] = (ops_weight){type, make_weight(type, gr, H, NULL), gr, H};
     if (!fused) m->up[e] = (ops_weight){type, make_weight(type, I, H, NULL), I, H};
-    m->down[e] = (ops_weight){type, make_weight(type, H, I, NULL), H, I};
+    m->down[e] = (ops_weight){down_type, make_weight(down_type, H, I, NULL), H, I};
   }
+}
+
+static void off_layer_make(off_layer *m, int E, int fused, int type, int H, int I) {
+  off_layer_make_mixed(m, E, fused, type, type, H, I);
 }
 
 static void off_layer_free(off_layer *m) {
@@ -259,11 +264,16 @@ static void offload_run(off_layer *L, int type, int H, int I, int E, int k, int 
                               : st.bytes_file > 0 && st.mirrored > 0 && st.mirrored < (int64_t)OFF_L * E;
   const int zc = st.summary && strstr(st.summary, "zero-copy");
   /* paths: zero-copy kernels exactly when zc; streaming only with the hook on (the default
-   * pass's 9- and 13-token steps), declined only with it on (the exact pass's) */
+   * pass's 9- and 13-token steps), declined only with it on (the exact pass's). Zero-copy
+   * steps are recorded as graphs here (every step <= 64 tokens), and a recorded zero-copy step
+   * declines streaming by design (cuda_offload_moe_ffn: it stays a graph), so with zc the
+   * hook only declines. */
   cuda_offload_paths pa;
   cuda_backend_offload_paths(ob, &pa);
-  const int paths_ok = (zc ? pa.zero_copy > 0 && pa.staged == 0 : pa.zero_copy == 0 && pa.staged > 0) &&
-                       (stream ? pa.streamed > 0 && pa.stream_declined > 0 : pa.streamed == 0 && pa.stream_declined == 0);
+  const int stream_ok = !stream ? pa.streamed == 0 && pa.stream_declined == 0
+                        : zc    ? pa.streamed == 0 && pa.stream_declined > 0
+                                : pa.streamed > 0 && pa.stream_declined > 0;
+  const int paths_ok = (zc ? pa.zero_copy > 0 && pa.staged == 0 : pa.zero_copy == 0 && pa.staged > 0) && stream_ok;
   if (!st.on || st.cache_per_layer != 2 || st.hits <= 0 || st.swaps <= 0 || st.bytes_mirror <= 0 || !tiers_ok ||
       st.hits >= st.routed || zc != (mirror == 1) || (!broken && !paths_ok)) {
     printf("  FAIL %s: counters: cache %d, mirrored %lld, routed %lld, hits %lld, swaps %lld, bytes %lld + %lld, calls "
@@ -286,12 +296,14 @@ static void offload_run(off_layer *L, int type, int H, int I, int E, int k, int 
 
 /* One weight set through offload_run with prefill streaming off, then on. g_gpu's mirror
  * map is dropped first (and the stale keys the new weights found are printed) and after. */
-static void offload_case(int type, int fused, int H, int I, int E, int k, int mirror) {
+/* down1 > 0: layer 1's down projections in that type (experts of different sizes per layer) */
+static void offload_case(int type, int fused, int H, int I, int E, int k, int mirror, int down1) {
   off_layer L[OFF_L];
-  for (int l = 0; l < OFF_L; l++) off_layer_make(&L[l], E, fused, type, H, I);
+  for (int l = 0; l < OFF_L; l++) off_layer_make_mixed(&L[l], E, fused, type, l == 1 && down1 > 0 ? down1 : type, H, I);
   char what[160];
-  snprintf(what, sizeof what, "offload %s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "", H, I, E,
-           k, mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
+  snprintf(what, sizeof what, "offload %s%s%s%s H=%d I=%d E=%d k=%d %s", dtype_name(type), fused ? " fused" : "",
+           down1 > 0 ? ", layer 1 down " : "", down1 > 0 ? dtype_name(down1) : "", H, I, E, k,
+           mirror == 0 ? "partial mirror" : mirror == 1 ? "zero-copy" : "mirror copies");
   const int stale = off_stale_keys(L);
   if (stale)
     printf("  %s: %d host addresses of its weights were keys of g_gpu's mirror map (copies of freed weights: "
@@ -513,10 +525,11 @@ void test_moe_offload(void) {
   printf("moe_offload\n  budgets ...\n");
   offload_budgets();
   for (int mirror = 0; mirror < 3; mirror++) {
-    offload_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 16, 4, mirror);
-    offload_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 12, 2, mirror);
-    offload_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3, mirror);
-    offload_case(ANNA_DTYPE_Q6_K, 1, 256, 256, 33, 8, mirror);
+    offload_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 16, 4, mirror, 0);
+    offload_case(ANNA_DTYPE_Q8_0, 1, 96, 160, 12, 2, mirror, 0);
+    offload_case(ANNA_DTYPE_BF16, 0, 64, 96, 9, 3, mirror, 0);
+    offload_case(ANNA_DTYPE_Q6_K, 1, 256, 256, 33, 8, mirror, 0);
+    offload_case(ANNA_DTYPE_Q4_K, 0, 256, 512, 16, 4, mirror, ANNA_DTYPE_Q6_K); /* Q4_K_M's mix */
   }
   for (int mirror = 0; mirror < 3; mirror++) {
     /* staging min(8 k, E): 32 and 16 slots, so 4 and 8 miss groups per chunk reuse each half */

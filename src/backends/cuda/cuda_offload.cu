@@ -58,7 +58,9 @@ struct cuda_offload {
   int n_layers; /* offloaded layers, in model order */
   const ops_weight *gate[OPS_MAX_LAYERS], *up[OPS_MAX_LAYERS], *down[OPS_MAX_LAYERS];
   int E;
-  int64_t part_off[OFF_PARTS], part_bytes[OFF_PARTS], eb; /* blob layout of one expert */
+  /* blob layout of one expert, per offloaded layer (llama.cpp's Q4_K_M gives some layers' down
+   * projections more bits, so expert sizes differ between layers); slots hold eb = the largest */
+  int64_t part_off[OPS_MAX_LAYERS][OFF_PARTS], part_bytes[OPS_MAX_LAYERS][OFF_PARTS], leb[OPS_MAX_LAYERS], eb;
   int64_t dense_weight_bytes;
   expert_store *st; /* NULL until the first MoE call sizes it */
   int k;            /* routed slots per token the staging was sized for */
@@ -109,16 +111,17 @@ static int off_read(void *user, int layer, int expert, void *dst, size_t bytes, 
   cuda_offload *o = (cuda_offload *)user;
   const ops_weight *w[OFF_PARTS] = {&o->gate[layer][expert], o->up[layer] ? &o->up[layer][expert] : NULL,
                                     &o->down[layer][expert]};
-  if (bytes < (size_t)o->eb) return off_err(err, errlen, ANNA_EINVAL, "offload: expert buffer too small");
+  if (bytes < (size_t)o->leb[layer]) return off_err(err, errlen, ANNA_EINVAL, "offload: expert buffer too small");
   for (int m = 0; m < OFF_PARTS; m++) {
     if (!w[m]) continue;
     const char *d = (const char *)w[m]->data;
-    uint8_t *to = (uint8_t *)dst + o->part_off[m];
-    if (o->fd >= 0 && d >= o->map && d + o->part_bytes[m] <= o->map + o->map_bytes) {
-      int rc = expert_store_pread(o->fd, to, (size_t)o->part_bytes[m], (int64_t)(d - o->map), o->path, err, errlen);
+    const int64_t pb = o->part_bytes[layer][m];
+    uint8_t *to = (uint8_t *)dst + o->part_off[layer][m];
+    if (o->fd >= 0 && d >= o->map && d + pb <= o->map + o->map_bytes) {
+      int rc = expert_store_pread(o->fd, to, (size_t)pb, (int64_t)(d - o->map), o->path, err, errlen);
       if (rc) return rc;
     } else {
-      memcpy(to, d, (size_t)o->part_bytes[m]);
+      memcpy(to, d, (size_t)pb);
     }
   }
   return 0;
@@ -170,20 +173,22 @@ extern "C" int cuda_backend_set_offload(ops_backend *be, const ops_model_shape *
                       l, dtype_name(ls->exp_gate[0].type));
     }
     const ops_weight *w[OFF_PARTS] = {&ls->exp_gate[0], ls->exp_up ? &ls->exp_up[0] : NULL, &ls->exp_down[0]};
+    if (o->n_layers && (!w[1]) != (!o->up[0])) {
+      free(o);
+      return off_err(err, errlen, ANNA_EUNSUPPORTED,
+                     "expert offload: layer %d's experts are %s gate/up, the first MoE layer's are not", l,
+                     w[1] ? "separate" : "fused");
+    }
+    const int li = o->n_layers;
     int64_t off = 0;
     for (int m = 0; m < OFF_PARTS; m++) {
       const int64_t b = w[m] ? dtype_row_bytes(w[m]->type, w[m]->cols) * w[m]->rows : 0;
-      if (o->n_layers && b != o->part_bytes[m]) {
-        free(o);
-        return off_err(err, errlen, ANNA_EUNSUPPORTED, "expert offload: layer %d's experts differ in size from the "
-                                                        "first MoE layer's",
-                        l);
-      }
-      o->part_off[m] = off;
-      o->part_bytes[m] = b;
+      o->part_off[li][m] = off;
+      o->part_bytes[li][m] = b;
       off += (b + 15) / 16 * 16;
     }
-    o->eb = off;
+    o->leb[li] = off;
+    if (off > o->eb) o->eb = off;
     o->E = ls->n_exp;
     o->gate[o->n_layers] = ls->exp_gate;
     o->up[o->n_layers] = ls->exp_up;
@@ -234,9 +239,10 @@ static int64_t mirrored_bytes(const cuda_impl *ci) {
  * earlier copy from that blob is pending). */
 static bool off_copy(cuda_impl *ci, cuda_offload *o, int layer, int expert, int slot, uint8_t *stage) {
   const void *src = expert_store_host_ptr(o->st, layer, expert);
+  const int64_t lb = o->leb[layer];
   if (src) {
-    expert_store_count_dma(o->st, o->eb);
-    o->bytes_mirror += o->eb;
+    expert_store_count_dma(o->st, lb);
+    o->bytes_mirror += lb;
   } else {
     char e[256];
     int rc = expert_store_fetch(o->st, layer, expert, stage, e, sizeof e);
@@ -244,11 +250,11 @@ static bool off_copy(cuda_impl *ci, cuda_offload *o, int layer, int expert, int 
       cuda_fail(ci, rc, "%s", e);
       return false;
     }
-    o->bytes_file += o->eb;
+    o->bytes_file += lb;
     src = stage;
   }
   return cuda_check(ci,
-                    cudaMemcpyAsync(o->arena + (int64_t)slot * o->eb, src, (size_t)o->eb, cudaMemcpyHostToDevice, o->cs),
+                    cudaMemcpyAsync(o->arena + (int64_t)slot * o->eb, src, (size_t)lb, cudaMemcpyHostToDevice, o->cs),
                     "offload expert copy");
 }
 
@@ -256,14 +262,15 @@ static bool off_copy(cuda_impl *ci, cuda_offload *o, int layer, int expert, int 
 static void off_point(cuda_offload *o, int layer, int e, int slot) {
   const uint8_t **t = o->tab_h + (int64_t)layer * OFF_PARTS * o->E;
   for (int m = 0; m < OFF_PARTS; m++)
-    t[(int64_t)m * o->E + e] = o->part_bytes[m] ? o->arena + (int64_t)slot * o->eb + o->part_off[m] : NULL;
+    t[(int64_t)m * o->E + e] = o->part_bytes[layer][m] ? o->arena + (int64_t)slot * o->eb + o->part_off[layer][m] : NULL;
 }
 
 /* Zero-copy: points the layer's host table entries for expert e at its mirror copy. */
 static void off_point_mirror(cuda_offload *o, int layer, int e) {
   const uint8_t *h = (const uint8_t *)expert_store_host_ptr(o->st, layer, e);
   const uint8_t **t = o->tab_h + (int64_t)layer * OFF_PARTS * o->E;
-  for (int m = 0; m < OFF_PARTS; m++) t[(int64_t)m * o->E + e] = h && o->part_bytes[m] ? h + o->part_off[m] : NULL;
+  for (int m = 0; m < OFF_PARTS; m++)
+    t[(int64_t)m * o->E + e] = h && o->part_bytes[layer][m] ? h + o->part_off[layer][m] : NULL;
 }
 
 /* Counts the routed ids of a layer call: one relaxed atomic per (token, slot). */
@@ -573,12 +580,12 @@ static bool off_prefill(ops_backend *be, cuda_impl *ci, cuda_offload *o, int li,
       const int e = eord[j];
       const int slot = hitg ? rt[e] : base + h * Sh + (j - j0);
       for (int m = 0; m < OFF_PARTS; m++)
-        ht[(int64_t)m * E + e] = o->part_bytes[m] ? o->arena + (int64_t)slot * o->eb + o->part_off[m] : NULL;
+        ht[(int64_t)m * E + e] = o->part_bytes[li][m] ? o->arena + (int64_t)slot * o->eb + o->part_off[li][m] : NULL;
       if (!hitg) {
         const bool mir = expert_store_host_ptr(o->st, li, e) != NULL;
         if (!off_copy(ci, o, li, e, slot, o->stage_h + (int64_t)(slot - base) * o->eb)) return true;
         file_pending[h] |= !mir;
-        o->pf_bytes += o->eb;
+        o->pf_bytes += o->leb[li];
       }
     }
     cuda_copy_async(ci, td, ht, tb, cudaMemcpyHostToDevice, "offload prefill table");
@@ -714,7 +721,7 @@ void cuda_offload_step_end(cuda_impl *ci) {
       const float *c = o->counts_h + (int64_t)l * o->E;
       /* PCIe reads of the misses, estimated as one expert per routed (token, slot) */
       for (int e = 0; e < o->E; e++)
-        if (tab[(int64_t)l * o->E + e] < 0 && c[e] > 0.0f) o->bytes_mirror += (int64_t)(c[e] + 0.5f) * o->eb;
+        if (tab[(int64_t)l * o->E + e] < 0 && c[e] > 0.0f) o->bytes_mirror += (int64_t)(c[e] + 0.5f) * o->leb[l];
       expert_store_add_counts(o->st, l, c);
     }
   }
@@ -829,10 +836,10 @@ extern "C" void cuda_backend_offload_paths(ops_backend *be, cuda_offload_paths *
 
 /* The first byte where the parts of two expert blobs differ (the padding between parts is
  * never written by a copy from the weights), or -1. */
-static int64_t off_blob_diff(const cuda_offload *o, const uint8_t *a, const uint8_t *b, int *part) {
+static int64_t off_blob_diff(const cuda_offload *o, int layer, const uint8_t *a, const uint8_t *b, int *part) {
   for (int m = 0; m < OFF_PARTS; m++) {
-    const uint8_t *x = a + o->part_off[m], *y = b + o->part_off[m];
-    for (int64_t i = 0; i < o->part_bytes[m]; i++)
+    const uint8_t *x = a + o->part_off[layer][m], *y = b + o->part_off[layer][m];
+    for (int64_t i = 0; i < o->part_bytes[layer][m]; i++)
       if (x[i] != y[i]) {
         *part = m;
         return i;
@@ -877,7 +884,7 @@ extern "C" int cuda_backend_offload_check(ops_backend *be, char *err, size_t err
       rc = off_err(err, errlen, ANNA_EIO, "offload check: slot read: %s", cudaGetErrorString(ce));
       break;
     }
-    const int64_t at = off_blob_diff(o, got, want, &part);
+    const int64_t at = off_blob_diff(o, l, got, want, &part);
     if (at >= 0)
       rc = off_err(err, errlen, ANNA_ESTATE,
                    "offload check: cache slot %d holds layer %d expert %d by the map, but its device bytes differ from "
@@ -893,7 +900,7 @@ extern "C" int cuda_backend_offload_check(ops_backend *be, char *err, size_t err
         off_err(err, errlen, rc, "offload check: layer %d expert %d: %s", l, ex, e2);
         break;
       }
-      const int64_t at = off_blob_diff(o, h, want, &part);
+      const int64_t at = off_blob_diff(o, l, h, want, &part);
       if (at >= 0)
         rc = off_err(err, errlen, ANNA_ESTATE,
                      "offload check: the host mirror of layer %d expert %d differs from the weights at byte %lld of "
@@ -912,10 +919,10 @@ extern "C" int cuda_backend_offload_check(ops_backend *be, char *err, size_t err
           const int s = rt[(int64_t)l * E + ex];
           const uint8_t *h = (const uint8_t *)expert_store_host_ptr(o->st, l, ex);
           for (int m = 0; m < OFF_PARTS && !rc; m++) {
-            const uint8_t *w = !o->part_bytes[m] ? NULL
-                               : s >= 0          ? o->arena + (int64_t)s * o->eb + o->part_off[m]
-                               : h               ? h + o->part_off[m]
-                                                 : NULL;
+            const uint8_t *w = !o->part_bytes[l][m] ? NULL
+                               : s >= 0             ? o->arena + (int64_t)s * o->eb + o->part_off[l][m]
+                               : h                  ? h + o->part_off[l][m]
+                                                    : NULL;
             const uint8_t *g = tab[((int64_t)l * OFF_PARTS + m) * E + ex];
             if (g != w)
               rc = off_err(err, errlen, ANNA_ESTATE,
