@@ -70,7 +70,7 @@ void tuning_defaults(anna_tuning *t) {
       .cuda_mmq_v2 = 0,
       .spec_window_states = 1,
       .encoder_cpu = 0,
-      .cuda_offload_prefill_stream = 0,
+      .cuda_offload_prefill_stream = 1,
   };
 }
 
