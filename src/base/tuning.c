@@ -29,7 +29,7 @@ static const field fields[] = {
     {"cuda_batch_invariant", KIND_BOOL, OFF(cuda_batch_invariant), 0, 1, NULL},
     {"cuda_mmq_split_k", KIND_BOOL, OFF(cuda_mmq_split_k), 0, 1, NULL},
     {"cuda_mmq_v2", KIND_INT, OFF(cuda_mmq_v2), 0, 3, NULL},
-    {"cuda_mmq_bf16", KIND_BOOL, OFF(cuda_mmq_bf16), 0, 1, NULL},
+    {"cuda_mmq_bf16", KIND_INT, OFF(cuda_mmq_bf16), 0, 2, NULL},
     {"spec_window_states", KIND_BOOL, OFF(spec_window_states), 0, 1, NULL},
     {"encoder_cpu", KIND_BOOL, OFF(encoder_cpu), 0, 1, NULL},
     {"cuda_offload_prefill_stream", KIND_BOOL, OFF(cuda_offload_prefill_stream), 0, 1, NULL},

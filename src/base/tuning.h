@@ -84,7 +84,9 @@ typedef struct anna_tuning {
    * bf16 tensor-core kernel (cuda_mmq_bf.cu: raw weight tiles through a cp.async pipeline,
    * decoded to bf16 in registers, bf16 activations, f32 sums over all of K) instead of the
    * int8 one; other types keep it. Numerics of the prefill bf16 GEMM class, not the int8
-   * matvec's (test_cuda_ops mmq_bf16). Read at CUDA backend creation. */
+   * matvec's (test_cuda_ops mmq_bf16). 1 uses 256-row blocks at 32 and 64 tokens, 2 128-row
+   * blocks at every size (the same bits; test_cuda_ops --bench=mmq_bf16 times both). Read at
+   * CUDA backend creation. */
   int cuda_mmq_bf16;
   /* spec_window_states = 1: a speculative verify window (anna_context_seq_verify) on a model
    * with recurrent (GDN) state saves that state after each drafted token (into checkpoint

@@ -39,8 +39,8 @@ static void bf16_refs(const float *x, const float *wf, int64_t n, int64_t rows, 
  * mag under 2e-5 (f32 summation order only: a wrong fragment map, scale or min gives O(1e-1)
  * and more) and |g - ref_f| / mag under 1e-2 (bf16 rounding of x and w, ~2^-9 per product at
  * worst; a K permutation that pairs weights with the wrong activations breaks it by far).
- * Then the same tokens of the 64-token call must equal these bits (K slices depend on the
- * weight's shape only; padding tokens are zeros); a type the kernel does not take (Q5_K) must
+ * Mode 2 (128-row blocks) must give mode 1's bits, and the same tokens of the 64-token call
+ * these bits (K slices depend on the weight's shape only; padding tokens are zeros); a type the kernel does not take (Q5_K) must
  * give the int8 kernel's bits with the switch on; and a recorded step (graph) the eager bits. */
 void test_mmq_bf16(void) {
   printf("bf16 decode kernel (cuda_mmq_bf16) vs CPU references\n");
@@ -69,13 +69,15 @@ void test_mmq_bf16(void) {
       bf16_refs(x, wf, nmax, rows, cols, ref_bf, ref_f, mag);
       ops_weight ow = {type, w, rows, cols};
       float *dx = dput(x, sizeof(float) * (size_t)(nmax * cols));
-      float *g[8];
-      cuda_backend_set_mmq_bf16(g_gpu, 1);
-      for (int j = 0; j < nn; j++) {
-        float *dy = dnan(ns[j] * rows);
-        g_gpu->matmul(g_gpu, dy, dx, ns[j], &ow, NULL);
-        g[j] = dget(dy, ns[j] * rows);
-        dfree(dy);
+      float *g[8], *g2[8];
+      for (int mode = 1; mode <= 2; mode++) {
+        cuda_backend_set_mmq_bf16(g_gpu, mode);
+        for (int j = 0; j < nn; j++) {
+          float *dy = dnan(ns[j] * rows);
+          g_gpu->matmul(g_gpu, dy, dx, ns[j], &ow, NULL);
+          (mode == 1 ? g : g2)[j] = dget(dy, ns[j] * rows);
+          dfree(dy);
+        }
       }
       cuda_backend_set_mmq_bf16(g_gpu, 0);
       char what[128];
@@ -104,6 +106,14 @@ void test_mmq_bf16(void) {
           g_fail++;
         }
         worst_bf = fmax(worst_bf, e_bf), worst_f = fmax(worst_f, e_f);
+        g_checks++; /* mode 2 (128-row blocks): the same bits */
+        if (memcmp(g[j], g2[j], sizeof(float) * (size_t)(n * rows))) {
+          int64_t i = 0;
+          while (!memcmp(&g[j][i], &g2[j][i], sizeof(float))) i++;
+          printf("  FAIL %s n=%lld mode 2 vs 1: token %lld row %lld: %.9g vs %.9g\n", what, (long long)n,
+                 (long long)(i / rows), (long long)(i % rows), g2[j][i], g[j][i]);
+          g_fail++;
+        }
         if (n == nmax) continue;
         g_checks++; /* the same tokens of the 64-token call: the same bits */
         if (memcmp(g[j], g[nn - 1], sizeof(float) * (size_t)(n * rows))) {
@@ -114,7 +124,7 @@ void test_mmq_bf16(void) {
           g_fail++;
         }
       }
-      for (int j = 0; j < nn; j++) free(g[j]);
+      for (int j = 0; j < nn; j++) free(g[j]), free(g2[j]);
       dfree(dx);
       free(w), free(wf), free(x), free(ref_bf), free(ref_f), free(mag);
     }
@@ -188,12 +198,13 @@ void test_mmq_bf16(void) {
   cuda_backend_set_exact(g_gpu, 1); /* the harness default */
 }
 
-/* --bench=mmq (after bench_mmq): the bf16 kernel next to the int8 kernel's form 0 on the 9B
+/* --bench=mmq (after bench_mmq): the bf16 kernel (modes 1, 2) next to the int8 kernel's form 0 on the 9B
  * shape's weights at 16, 32 and 64 tokens, split K on (the default), time per call including
  * the activation pass and the slice reduction; GB/s = the weight's bytes / time. The lm_head
  * (248320 rows) repeats a 4096-row weight (the bytes do not matter to the time). */
 void bench_mmq_bf16(void) {
-  printf("bench mmq bf16 (bf16 tensor-core decode kernel, tuning cuda_mmq_bf16, vs int8 form 0; xN = speed-up)\n");
+  printf("bench mmq bf16 (bf16 tensor-core decode kernel, tuning cuda_mmq_bf16 1: 256-row blocks at 32/64 tokens, 2: "
+         "128-row blocks; vs int8 form 0; xN = speed-up)\n");
   const int64_t shapes[][3] = {{ANNA_DTYPE_Q4_K, 4096, 4096},  {ANNA_DTYPE_Q4_K, 12288, 4096},
                                {ANNA_DTYPE_Q6_K, 4096, 12288}, {ANNA_DTYPE_Q4_K, 4096, 12288},
                                {ANNA_DTYPE_Q4_K, 1024, 4096},  {ANNA_DTYPE_Q4_K, 2048, 4096},
@@ -220,8 +231,8 @@ void bench_mmq_bf16(void) {
     float *x = hrand(nmax * cols, 1.0f), *dx = dput(x, sizeof(float) * (size_t)(nmax * cols)), *dy = dnan(nmax * rows);
     const double wbytes = (double)rb * rows;
     for (size_t j = 0; j < sizeof ns / sizeof ns[0]; j++) {
-      double us[2];
-      for (int v = 0; v < 2; v++) {
+      double us[3];
+      for (int v = 0; v < 3; v++) {
         cuda_backend_set_mmq_bf16(g_gpu, v);
         g_gpu->matmul(g_gpu, dy, dx, ns[j], &ow, NULL);
         gpu_status("mmq bf16 bench warmup");
@@ -231,9 +242,10 @@ void bench_mmq_bf16(void) {
         gpu_status("mmq bf16 bench");
         us[v] = (now_s() - t0) / reps * 1e6;
       }
-      printf("  mmq %-6s n=%-3lld %6lldx%-5lld: int8 form 0 %8.1f us (%5.0f GB/s), bf16 %8.1f us (%5.0f GB/s, x%.2f)\n",
+      printf("  mmq %-6s n=%-3lld %6lldx%-5lld: int8 form 0 %8.1f us (%5.0f GB/s), bf16 mode 1 %8.1f us (%5.0f GB/s, "
+             "x%.2f), mode 2 %8.1f us (%5.0f GB/s, x%.2f)\n",
              dtype_name(type), (long long)ns[j], (long long)rows, (long long)cols, us[0], wbytes / us[0] / 1e3, us[1],
-             wbytes / us[1] / 1e3, us[0] / us[1]);
+             wbytes / us[1] / 1e3, us[0] / us[1], us[2], wbytes / us[2] / 1e3, us[0] / us[2]);
     }
     cuda_backend_set_mmq_bf16(g_gpu, 0);
     dfree(dx), dfree(dy);

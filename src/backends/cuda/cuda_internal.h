@@ -102,7 +102,7 @@ typedef struct cuda_impl {
   int batch_inv;            /* tuning cuda_batch_invariant: per-token matmul results independent of n */
   int mmq_split;            /* tuning cuda_mmq_split_k: cuda_mmq cuts K into slices */
   int mmq_v2;               /* tuning cuda_mmq_v2: cuda_mmq's form 0..3 (cuda_mmq.cu; the same bits) */
-  int mmq_bf16;             /* tuning cuda_mmq_bf16: Q4_K / Q6_K decode batches on bf16 tensor cores (cuda_mmq_bf.cu) */
+  int mmq_bf16;             /* tuning cuda_mmq_bf16: Q4_K / Q6_K decode batches on bf16 tensor cores, 1 or 2 (cuda_mmq_bf.cu) */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
   int pdl, pdl_ok;          /* programmatic edges into cuda_launch_pdl kernels (cuda_backend_set_pdl); sm_90+ */
   cuda_node *log;           /* the step being recorded: nodes, kernel argument bytes, offsets */

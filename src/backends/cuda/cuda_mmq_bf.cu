@@ -11,11 +11,15 @@
  *                mbf_perm16 so that ldmatrix hands a thread the activations of the weights
  *                it decodes (below);
  *   k_mbf<TYPE>  tiles of BM = 32 x WARPS weight rows x BN (16, 32, 64) tokens; every warp
- *                owns 32 rows (two m-tiles) x all BN tokens (BN / 8 n-tiles), K in steps of
- *                one 256-element super-block. The raw quantized rows of a step (Q4_K: 144
- *                bytes, Q6_K: the 16-byte window around its 210 bytes) and the step's
- *                activations are staged with cp.async in an NS-stage pipeline (2-4 stages,
- *                as many as the 227 KB of shared memory hold); per step the block first
+ *                owns 32 rows (two m-tiles) x all BN tokens (BN / 8 n-tiles: each decoded
+ *                weight serves BN / 8 MMAs, each B fragment two), K in steps of one
+ *                256-element super-block. WARPS (tuning value): mode 1 8 at 32 and 64
+ *                tokens (256-row blocks: the bf16 activation tile, 2 bytes per element, is
+ *                read from L2 once per row block), 4 at 16; mode 2 4 everywhere (twice the
+ *                blocks, two per SM where two stages fit). The raw quantized rows of a step
+ *                (Q4_K: 144 bytes, Q6_K: the 16-byte window around its 210 bytes) and the
+ *                step's activations are staged with cp.async in an NS-stage pipeline (2-4
+ *                stages, as many as the shared memory holds); per step the block first
  *                turns each row's packed scales into f32 (d * sc, dmin * mn: cuda_deq32's
  *                expressions) in a small table, then each warp decodes its own A fragments
  *                from the raw bytes into registers and runs
@@ -55,6 +59,7 @@
 #define MBF_XS 528         /* bytes per token row of a stage's activations: 256 bf16 + 16 (ldmatrix banks) */
 #define MBF_SCS 20         /* floats per row of the scale table (16 used; 20: the 8 rows g hit distinct banks) */
 #define MBF_SMEM_MAX 232448 /* sm_90's per-block opt-in shared memory (227 KB) */
+#define MBF_SMEM_HALF 115712 /* each of two blocks on an sm_90 SM (228 KB, 1 KB reserved per block) */
 
 /* Raw bytes of a row per step: RAW of the format, CH 16-byte chunks copied per row (Q6_K:
  * the aligned window that covers 210 bytes starting at any even offset), RS the row stride in
@@ -65,21 +70,17 @@ template <> struct mbf_fmt<ANNA_DTYPE_Q4_K> { enum { RAW = 144, CH = 9, RS = 144
 template <> struct mbf_fmt<ANNA_DTYPE_Q6_K> { enum { RAW = 210, CH = 14, RS = 240 }; };
 
 /* BN tokens, WARPS warps of 32 rows each; stages of raw weights then activations, then one
- * scale table [BM][MBF_SCS] floats. */
+ * scale table [BM][MBF_SCS] floats. NS stages: as many as fit (at most 4) with two blocks per
+ * SM for 4 warps when two stages fit so, else (and for 8 warps) one block per SM. */
 template <int TYPE, int BN, int WARPS> struct mbf_cfg {
   static constexpr int NT = 32 * WARPS, BM = 32 * WARPS, NJ = BN / 8;
   static constexpr int RS = mbf_fmt<TYPE>::RS, CH = mbf_fmt<TYPE>::CH;
   static constexpr int X = BM * RS, STAGE = X + BN * MBF_XS, SCB = BM * MBF_SCS * 4;
-  static constexpr int FIT = (MBF_SMEM_MAX - SCB) / STAGE, NS = FIT > 4 ? 4 : FIT;
+  static constexpr int FIT2 = WARPS == 4 ? (MBF_SMEM_HALF - SCB) / STAGE : 0, FIT1 = (MBF_SMEM_MAX - SCB) / STAGE;
+  static constexpr int BLOCKS = FIT2 >= 2 ? 2 : 1, FIT = FIT2 >= 2 ? FIT2 : FIT1, NS = FIT > 4 ? 4 : FIT;
   static constexpr int SC = NS * STAGE, SMEM = SC + SCB;
   static_assert(NJ % 2 == 0 && NS >= 2 && SMEM <= MBF_SMEM_MAX && X % 16 == 0 && STAGE % 16 == 0, "tiling");
 };
-
-/* The warps per block for a token tile: 8 (256 rows: the activation tile, 2 bytes per element,
- * is re-read from L2 by every row block, so wide row blocks at 32 and 64 tokens), 4 at 16. */
-template <int BN> constexpr int mbf_warps() {
-  return BN == 16 ? 4 : 8;
-}
 
 /* Element of a 16-element run stored at memory position p (see the header comment). */
 static __host__ __device__ __forceinline__ int mbf_perm16(int p) {
@@ -321,7 +322,7 @@ static __device__ __forceinline__ void mbf_step(float (*acc)[BN / 8][4], const u
 }
 
 template <int TYPE, int BN, int WARPS>
-static __global__ void __launch_bounds__(32 * WARPS, 1)
+static __global__ void __launch_bounds__(32 * WARPS, (mbf_cfg<TYPE, BN, WARPS>::BLOCKS))
     k_mbf(float *y, const uint8_t *W, int64_t rows, int64_t rb, const uint8_t *wend, const uint16_t *xb,
           int64_t cols, int64_t n, int64_t npad) {
   typedef mbf_cfg<TYPE, BN, WARPS> C;
@@ -409,15 +410,17 @@ static int mbf_split(int64_t rows, int64_t cols, int64_t sms) {
   return best;
 }
 
-template <int TYPE, int BN>
+template <int TYPE, int BN, int WARPS>
 static void mbf_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, int64_t rb, const uint16_t *xb,
                        int64_t cols, int64_t n, int64_t npad, float *part, int S) {
-  constexpr int WARPS = mbf_warps<BN>();
   typedef mbf_cfg<TYPE, BN, WARPS> C;
   static int ready = 0; /* the shared-memory opt-in, once per instance (the process uses one device kind) */
   if (!ready) {
     if (!cuda_check(ci, cudaFuncSetAttribute(k_mbf<TYPE, BN, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
-                    "mmq bf16 shared memory"))
+                    "mmq bf16 shared memory") ||
+        !cuda_check(ci, cudaFuncSetAttribute(k_mbf<TYPE, BN, WARPS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             (int)cudaSharedmemCarveoutMaxShared),
+                    "mmq bf16 shared memory carveout"))
       return;
     ready = 1;
   }
@@ -449,11 +452,17 @@ bool cuda_mmq_bf16(cuda_impl *ci, float *y, const float *x, int64_t n, const ops
   const int64_t runs = npad * (cols / 16);
   const int64_t xblocks = (runs + 255) / 256 < 4096 ? (runs + 255) / 256 : 4096;
   cuda_launch(ci, "mmq bf16 activations", k_mbf_x, (unsigned)xblocks, 256, 0, xb, x, n, cols, npad);
+  /* warps per block (rows / 32): mode 1 8 at 32 and 64 tokens (the activation tile, 2 bytes per
+   * element, is re-read from L2 by every row block: 256-row blocks halve that), 4 at 16; mode 2
+   * 4 at every size (twice the blocks, two per SM where the stages fit). The same bits. */
+  const bool w8 = ci->mmq_bf16 == 1 && bn > 16;
 #define MBF_BN(TYPE)                                                                                                   \
   do {                                                                                                                 \
-    if (bn == 16) mbf_launch<TYPE, 16>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                                \
-    else if (bn == 32) mbf_launch<TYPE, 32>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                           \
-    else mbf_launch<TYPE, 64>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                                         \
+    if (bn == 16) mbf_launch<TYPE, 16, 4>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                             \
+    else if (bn == 32 && w8) mbf_launch<TYPE, 32, 8>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                  \
+    else if (bn == 32) mbf_launch<TYPE, 32, 4>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                        \
+    else if (w8) mbf_launch<TYPE, 64, 8>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                              \
+    else mbf_launch<TYPE, 64, 4>(ci, y, W, rows, rb, xb, cols, n, npad, part, S);                                      \
   } while (0)
   if (w->type == ANNA_DTYPE_Q4_K) MBF_BN(ANNA_DTYPE_Q4_K);
   else MBF_BN(ANNA_DTYPE_Q6_K);
