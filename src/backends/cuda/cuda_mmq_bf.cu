@@ -100,16 +100,18 @@ static __device__ __forceinline__ uint32_t mbf_pack(float lo, float hi) {
  * 2t + 9; a3: row g + 8), B 16x8 column-major (b0: k 2t, 2t + 1 of column g; b1: k 2t + 8, 2t + 9),
  * D (d0, d1: row g, columns 2t, 2t + 1; d2, d3: row g + 8). */
 static __device__ __forceinline__ void mbf_mma(float *d, const uint32_t *a, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
                "{%0,%1,%2,%3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+/* Four 8x8 b16 matrices: lanes 8m..8m + 7 give the row addresses of matrix m, lane l gets
+ * row l / 4, elements 2 (l % 4), 2 (l % 4) + 1 of each in r[m]. Volatile: stays between the
+ * barriers that publish and retire the stage. */
 static __device__ __forceinline__ void mbf_ldsm4(uint32_t *r, const void *p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"((unsigned)__cvta_generic_to_shared(p))
-               : "memory");
+               : "r"((unsigned)__cvta_generic_to_shared(p)));
 }
 /* The 32-bit word at a 2-byte aligned shared address (Q6_K windows start at any even byte). */
 static __device__ __forceinline__ uint32_t mbf_lds_u2(const uint8_t *p) {
