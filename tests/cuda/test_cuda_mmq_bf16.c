@@ -36,12 +36,13 @@ static void bf16_refs(const float *x, const float *wf, int64_t n, int64_t rows, 
 }
 
 /* The bf16 kernel's outputs for n tokens (mmq_bf16 on) against both references: |g - ref_bf| /
- * mag under 2e-5 (f32 summation order only: a wrong fragment map, scale or min gives O(1e-1)
- * and more) and |g - ref_f| / mag under 1e-2 (bf16 rounding of x and w, ~2^-9 per product at
- * worst; a K permutation that pairs weights with the wrong activations breaks it by far).
- * Mode 2 (128-row blocks) must give mode 1's bits, and the same tokens of the 64-token call
- * these bits (K slices depend on the weight's shape only; padding tokens are zeros); a type the kernel does not take (Q5_K) must
- * give the int8 kernel's bits with the switch on; and a recorded step (graph) the eager bits. */
+ * mag under 5e-5 (f32 summation order and the tensor cores' f32 adds only: a wrong fragment
+ * map, scale or min gives O(1e-1) and more) and |g - ref_f| / mag under 1e-2 (bf16 rounding of
+ * x and w, ~2^-9 per product at worst; a K permutation that pairs weights with the wrong
+ * activations breaks it by far). Mode 2 (128-row blocks) must give mode 1's bits, and the same
+ * tokens of the 64-token call these bits (K slices depend on the weight's shape only; padding
+ * tokens are zeros); a type the kernel does not take (Q5_K) must give the int8 kernel's bits
+ * with the switch on; and a recorded step (graph) the eager bits. */
 void test_mmq_bf16(void) {
   printf("bf16 decode kernel (cuda_mmq_bf16) vs CPU references\n");
   const int types[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K};
@@ -65,7 +66,8 @@ void test_mmq_bf16(void) {
       float *x = hrand(nmax * cols, 1.0f);
       for (int64_t k = 0; k < cols; k += 7) x[3 * cols + k] *= 64.0f; /* a token with outliers */
       double *ref_bf = malloc(sizeof(double) * (size_t)(nmax * rows));
-      double *ref_f = malloc(sizeof(double) * (size_t)(nmax * rows)), *mag = malloc(sizeof(double) * (size_t)(nmax * rows));
+      double *ref_f = malloc(sizeof(double) * (size_t)(nmax * rows));
+      double *mag = malloc(sizeof(double) * (size_t)(nmax * rows));
       bf16_refs(x, wf, nmax, rows, cols, ref_bf, ref_f, mag);
       ops_weight ow = {type, w, rows, cols};
       float *dx = dput(x, sizeof(float) * (size_t)(nmax * cols));
@@ -98,7 +100,7 @@ void test_mmq_bf16(void) {
           if (b > e_f) e_f = b;
         }
         g_checks++;
-        if (!(e_bf <= 2e-5) || !(e_f <= 1e-2) || bad) {
+        if (!(e_bf <= 5e-5) || !(e_f <= 1e-2) || bad) {
           printf("  FAIL %s n=%lld: err/bf16 ref %.3g (token %lld row %lld: %.9g vs %.9g), err/f32 ref %.3g, "
                  "%lld non-finite\n",
                  what, (long long)n, e_bf, (long long)(at / rows), (long long)(at % rows), g[j][at], ref_bf[at], e_f,

@@ -355,7 +355,8 @@ static __global__ void __launch_bounds__(32 * WARPS, (mbf_cfg<TYPE, BN, WARPS>::
     cuda_cp_wait<NS - 2>();
     __syncthreads(); /* step s landed for all; every warp finished step s - 1 (its stage, the table) */
     const int nx = s + NS - 1;
-    if (nx < s1) mbf_load<TYPE, BN, WARPS>(sm + ((nx - s0) % NS) * C::STAGE, W, r0, rows, rb, wend, xb, t0, cols, nx, tid);
+    if (nx < s1)
+      mbf_load<TYPE, BN, WARPS>(sm + ((nx - s0) % NS) * C::STAGE, W, r0, rows, rb, wend, xb, t0, cols, nx, tid);
     else cuda_cp_commit();
     const uint8_t *st = sm + ((s - s0) % NS) * C::STAGE;
     mbf_scales<TYPE, BN, WARPS>(sc, st, W, r0, rows, rb, s, tid);
@@ -418,7 +419,8 @@ static void mbf_launch(cuda_impl *ci, float *y, const uint8_t *W, int64_t rows, 
   typedef mbf_cfg<TYPE, BN, WARPS> C;
   static int ready = 0; /* the shared-memory opt-in, once per instance (the process uses one device kind) */
   if (!ready) {
-    if (!cuda_check(ci, cudaFuncSetAttribute(k_mbf<TYPE, BN, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
+    if (!cuda_check(ci,
+                    cudaFuncSetAttribute(k_mbf<TYPE, BN, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM),
                     "mmq bf16 shared memory") ||
         !cuda_check(ci, cudaFuncSetAttribute(k_mbf<TYPE, BN, WARPS>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                              (int)cudaSharedmemCarveoutMaxShared),
