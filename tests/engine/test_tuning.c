@@ -71,19 +71,7 @@ static void test_defaults_and_format(void) {
   char buf[2048];
   size_t n = tuning_format(&t, buf, sizeof buf);
   CHECK(n == strlen(buf), "format length %zu vs %zu", n, strlen(buf));
-  CHECK(!strcmp(buf, "prefix_kv_share=1
-cuda_moe_deq_mb=2048
-cuda_decode_mmq=1
-cuda_kv_quant=1
-cuda_batch_invariant=0
-cuda_mmq_split_k=1
-cuda_mmq_v2=0
-cuda_mmq_bf16=0
-spec_window_states=1
-encoder_cpu=0
-cuda_offload_prefill_stream=1
-"), "format text:
-%s", buf);
+  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\ncuda_decode_mmq=1\ncuda_kv_quant=1\ncuda_batch_invariant=0\ncuda_mmq_split_k=1\ncuda_mmq_v2=0\ncuda_mmq_bf16=0\nspec_window_states=1\nencoder_cpu=0\ncuda_offload_prefill_stream=1\n"), "format text:\n%s", buf);
   /* truncation: snprintf's convention, always terminated */
   char small[10];
   size_t m = tuning_format(&t, small, sizeof small);
