@@ -14,7 +14,7 @@
  * the default. getenv is called here and nowhere else in src/.
  *
  * Who reads what: context creation prefix_kv_share; the CUDA backend cuda_moe_deq_mb,
- * cuda_decode_mmq, cuda_kv_quant, cuda_batch_invariant, cuda_mmq_split_k and cuda_mmq_v2 at creation (backend_params.tuning); speculative verify
+ * cuda_decode_mmq, cuda_kv_quant, cuda_batch_invariant, cuda_mmq_split_k, cuda_mmq_v2 and cuda_mmq_bf16 at creation (backend_params.tuning); speculative verify
  * windows spec_window_states; context creation and anna_speech_load encoder_cpu. Plain data: copy freely.
  */
 #ifndef ANNA_BASE_TUNING_H
@@ -79,6 +79,15 @@ typedef struct anna_tuning {
    * it (test_cuda_ops mmq_v2 compares them); 0 runs the 128-thread kernel (the path before
    * session 20, kept for A/B: test_cuda_ops --bench=mmq). Read at CUDA backend creation. */
   int cuda_mmq_v2;
+  /* cuda_mmq_bf16 = 0 (off until its device checks have run): 1 sends Q4_K and Q6_K matmuls of
+   * 9..64 tokens (with cuda_decode_mmq on, default numerics, not batch-invariant) through the
+   * bf16 tensor-core kernel (cuda_mmq_bf.cu: raw weight tiles through a cp.async pipeline,
+   * decoded to bf16 in registers, bf16 activations, f32 sums over all of K) instead of the
+   * int8 one; other types keep it. Numerics of the prefill bf16 GEMM class, not the int8
+   * matvec's (test_cuda_ops mmq_bf16). 1 uses 256-row blocks at 32 and 64 tokens, 2 128-row
+   * blocks at every size (the same bits; test_cuda_ops --bench=mmq_bf16 times both). Read at
+   * CUDA backend creation. */
+  int cuda_mmq_bf16;
   /* spec_window_states = 1: a speculative verify window (anna_context_seq_verify) on a model
    * with recurrent (GDN) state saves that state after each drafted token (into checkpoint
    * slots, when n_checkpoints >= drafts + 3), so a rejected tail is rolled back by one state

@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
   signal(SIGBUS, on_fatal);
   signal(SIGFPE, on_fatal);
   int do_bench = 0;
-  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, mmq, moe, group, topk, attn, ops, encoder) */
+  const char *only = NULL; /* --bench=NAME: that benchmark alone, no tests (gdn, gemm, mmq, mmq_bf16, moe, group, topk, attn, ops, encoder) */
   const char *pick = NULL; /* --tests=a,b: those tests only */
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--bench")) do_bench = 1;
@@ -199,7 +199,8 @@ int main(int argc, char **argv) {
   if (only) {
     if (!strcmp(only, "gdn")) bench_gdn();
     else if (!strcmp(only, "gemm")) bench_gemm();
-    else if (!strcmp(only, "mmq")) bench_mmq();
+    else if (!strcmp(only, "mmq")) bench_mmq(), bench_mmq_bf16();
+    else if (!strcmp(only, "mmq_bf16")) bench_mmq_bf16();
     else if (!strcmp(only, "moe")) bench_moe();
     else if (!strcmp(only, "group")) bench_matmul_group();
     else if (!strcmp(only, "topk")) bench_topk();
@@ -207,7 +208,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(only, "ops")) bench_ops();
     else if (!strcmp(only, "encoder")) bench_encoder();
     else {
-      printf("FAILED: unknown benchmark %s (gdn, gemm, mmq, moe, group, topk, attn, ops, encoder)\n", only);
+      printf("FAILED: unknown benchmark %s (gdn, gemm, mmq, mmq_bf16, moe, group, topk, attn, ops, encoder)\n", only);
       g_fail = 1;
     }
     cuda_backend_free(g_gpu);
@@ -249,6 +250,7 @@ int main(int argc, char **argv) {
       {"moe_offload", test_moe_offload},
       {"encoder", test_encoder}, /* the others' inputs stay as they were */
       {"mmq_v2", test_mmq_v2},   /* last: the others' inputs stay as they were */
+      {"mmq_bf16", test_mmq_bf16}, /* after it: the same */
   };
   int ran = 0;
   for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
@@ -276,6 +278,7 @@ int main(int argc, char **argv) {
     bench_ops();
     bench_gemm();
     bench_mmq();
+    bench_mmq_bf16();
     bench_gdn();
     bench_moe();
     bench_matmul_group();

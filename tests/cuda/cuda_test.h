@@ -58,6 +58,9 @@ void test_batch_invariant(void);
 void bench_gemm(void);
 void test_mmq_v2(void); /* cuda_mmq's 256-thread kernel vs the 128-thread one (bits) and the reference */
 void bench_mmq(void);   /* --bench=mmq: the two, Q4_K / Q6_K of the 9B shape at 16..64 tokens */
+/* test_cuda_mmq_bf16.c */
+void test_mmq_bf16(void);  /* the bf16 decode kernel (tuning cuda_mmq_bf16) vs bf16-rounded and f32 references */
+void bench_mmq_bf16(void); /* --bench=mmq (after bench_mmq) or --bench=mmq_bf16: it vs the int8 kernel, 9B shapes */
 /* test_cuda_group.c */
 void test_matmul_group(void);
 void test_matmul_group_route(void);

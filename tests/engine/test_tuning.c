@@ -44,6 +44,7 @@ static const char *other_value(const char *key) {
     const char *key, *val;
   } v[] = {{"prefix_kv_share", "0"}, {"cuda_moe_deq_mb", "512"}, {"cuda_decode_mmq", "0"},
            {"cuda_kv_quant", "0"}, {"cuda_batch_invariant", "1"}, {"cuda_mmq_split_k", "0"}, {"cuda_mmq_v2", "1"},
+           {"cuda_mmq_bf16", "1"},
            {"spec_window_states", "0"}, {"encoder_cpu", "1"}, {"cuda_offload_prefill_stream", "0"}};
   for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
     if (!strcmp(v[i].key, key)) return v[i].val;
@@ -70,7 +71,7 @@ static void test_defaults_and_format(void) {
   char buf[2048];
   size_t n = tuning_format(&t, buf, sizeof buf);
   CHECK(n == strlen(buf), "format length %zu vs %zu", n, strlen(buf));
-  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\ncuda_decode_mmq=1\ncuda_kv_quant=1\ncuda_batch_invariant=0\ncuda_mmq_split_k=1\ncuda_mmq_v2=0\nspec_window_states=1\nencoder_cpu=0\ncuda_offload_prefill_stream=1\n"), "format text:\n%s", buf);
+  CHECK(!strcmp(buf, "prefix_kv_share=1\ncuda_moe_deq_mb=2048\ncuda_decode_mmq=1\ncuda_kv_quant=1\ncuda_batch_invariant=0\ncuda_mmq_split_k=1\ncuda_mmq_v2=0\ncuda_mmq_bf16=0\nspec_window_states=1\nencoder_cpu=0\ncuda_offload_prefill_stream=1\n"), "format text:\n%s", buf);
   /* truncation: snprintf's convention, always terminated */
   char small[10];
   size_t m = tuning_format(&t, small, sizeof small);
@@ -78,7 +79,7 @@ static void test_defaults_and_format(void) {
   int keys = 0, lines = 0;
   while (tuning_key(keys)) keys++;
   for (const char *p = buf; *p; p++) lines += *p == '\n';
-  CHECK(keys == 10 && lines == keys, "%d keys, %d lines", keys, lines);
+  CHECK(keys == 11 && lines == keys, "%d keys, %d lines", keys, lines);
   for (size_t i = 0; i < N_RETIRED; i++)
     for (int j = 0; j < keys; j++) CHECK(strcmp(tuning_key(j), retired_keys[i][0]), "%s is a key", tuning_key(j));
 }

@@ -590,6 +590,10 @@ extern "C" void cuda_backend_set_mmq_v2(ops_backend *be, int mode) {
   cuda_impl_of(be)->mmq_v2 = mode >= 1 && mode <= 3 ? mode : 0;
 }
 
+extern "C" void cuda_backend_set_mmq_bf16(ops_backend *be, int mode) {
+  cuda_impl_of(be)->mmq_bf16 = mode >= 1 && mode <= 2 ? mode : 0;
+}
+
 extern "C" void cuda_backend_set_graph_piece(ops_backend *be, int64_t nodes) {
   cuda_impl_of(be)->piece_at = nodes > 0 ? nodes : 0;
 }
@@ -926,6 +930,7 @@ extern "C" int cuda_backend_create_device(ops_backend **out, int device, int64_t
   cuda_backend_set_batch_invariant(be, t && t->cuda_batch_invariant);
   ci->mmq_split = t && t->cuda_mmq_split_k;
   cuda_backend_set_mmq_v2(be, t ? t->cuda_mmq_v2 : 0);
+  cuda_backend_set_mmq_bf16(be, t ? t->cuda_mmq_bf16 : 0);
   if (cublasCreate(&ci->blas) != CUBLAS_STATUS_SUCCESS) {
     ci->blas = NULL;
     cuda_backend_free(be);

@@ -172,6 +172,11 @@ void cuda_backend_set_mmq_split_k(ops_backend *be, int on);
  * 128-thread one, 1 256 threads, 2 256 threads and 128-column steps, 3 form 2 with packed
  * scales (the same bits; other values mean 0). */
 void cuda_backend_set_mmq_v2(ops_backend *be, int mode);
+/* Tuning cuda_mmq_bf16 after creation (tests, benches): 1 or 2 send Q4_K / Q6_K matmuls of
+ * 9..64 tokens (with cuda_decode_mmq on, default numerics) through the bf16 tensor-core
+ * kernel (cuda_mmq_bf.cu) instead of the int8 one, 1 with 256-row blocks at 32 and 64
+ * tokens, 2 with 128-row blocks at every size (the same bits); other values: off. */
+void cuda_backend_set_mmq_bf16(ops_backend *be, int mode);
 
 void cuda_backend_step_begin(ops_backend *be, int64_t n_tokens);
 void cuda_backend_step_end(ops_backend *be);

@@ -102,6 +102,7 @@ typedef struct cuda_impl {
   int batch_inv;            /* tuning cuda_batch_invariant: per-token matmul results independent of n */
   int mmq_split;            /* tuning cuda_mmq_split_k: cuda_mmq cuts K into slices */
   int mmq_v2;               /* tuning cuda_mmq_v2: cuda_mmq's form 0..3 (cuda_mmq.cu; the same bits) */
+  int mmq_bf16;             /* tuning cuda_mmq_bf16: Q4_K / Q6_K decode batches on bf16 tensor cores, 1 or 2 (cuda_mmq_bf.cu) */
   int recording;            /* the current step's launches go to the log (cuda_backend_step_begin) */
   int pdl, pdl_ok;          /* programmatic edges into cuda_launch_pdl kernels (cuda_backend_set_pdl); sm_90+ */
   cuda_node *log;           /* the step being recorded: nodes, kernel argument bytes, offsets */
@@ -274,6 +275,14 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
  * mode or the f32-activation matvec variant, with tuning cuda_decode_mmq off, or above
  * its token range. Recordable into a step graph (no cuBLAS, no host wait). */
 bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb);
+/* The bf16 tensor-core product for the same decode batches (cuda_mmq_bf.cu), Q4_K and Q6_K
+ * weights with their scales decoded in registers: bf16 activations and weights, f32 sums.
+ * True when it took the product (or set a sticky error), false unless tuning cuda_mmq_bf16
+ * and cuda_decode_mmq are on, in default numerics (not exact, not batch-invariant, not the
+ * f32-activation variant), 1..CUDA_MMQ_MAX_TOK tokens, a type and alignment it reads and
+ * scratch room for the bf16 activations. Recordable into a step graph. */
+bool cuda_mmq_bf16(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W,
+                   int64_t rb);
 
 /* Tensor-core GEMM for batches above the matvec range (cuda_gemm.cu): true when it took
  * the product (or set a sticky error trying), false when the f32 path must (exact mode, f32

@@ -546,6 +546,13 @@ void cuda_op_matmul(ops_backend *be, float *y, const float *x, int64_t n, const 
    * size (each token's sums in the same order whatever n is); the GEMM only for rows the
    * matvec cannot load */
   const bool mv = (n <= MV_MAX_TOK || ci->batch_inv) && wide_ok;
+  /* tuning cuda_mmq_bf16: Q4_K / Q6_K decode batches on bf16 tensor cores (it refuses
+   * batch-invariant and exact mode, other types and sizes: then the int8 kernel as before) */
+  if (!mv && n <= CUDA_MMQ_MAX_TOK && cuda_mmq_bf16(ci, y, x, n, w, W, rb)) {
+    if (bd && !ci->err) cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
+    cuda_check_launch(ci, "mmq bf16");
+    return;
+  }
   if ((!mv || ci->batch_inv) && (n <= CUDA_MMQ_MAX_TOK || ci->batch_inv) && cuda_mmq(ci, y, x, n, w, W, rb)) {
     if (bd && !ci->err) cuda_launch_pdl(ci, "bias", k_add_bias, grid_for(n * w->rows), 256, 0, y, bd, n, w->rows);
     cuda_check_launch(ci, "mmq");
