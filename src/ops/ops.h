@@ -218,6 +218,13 @@ typedef struct ops_offload_stats {
   const char *summary;
 } ops_offload_stats;
 
+/* The sample_tail op's result (backend memory): the kept mass and the drawn token. */
+typedef struct ops_tail_out {
+  double sum;
+  int32_t tok;
+  int32_t pad_;
+} ops_tail_out;
+
 typedef struct ops_backend ops_backend;
 
 struct ops_backend {
@@ -412,6 +419,25 @@ struct ops_backend {
    * 1 <= k <= OPS_TOPK_MAX and k <= vocab. NULL: not offered (the caller downloads the logits). */
   void (*topk)(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                int64_t vocab, int k, float temp);
+  /* The sampler's tail (anna_sampler_sample past its sorted head; runtime/sampler.c), on one
+   * logits row l[vocab] where the logits are, so that the row need not cross to the host. The
+   * tail is every token t not among head[0, nh) (backend memory; nh <= OPS_TOPK_MAX, ids
+   * distinct and in range), in vocabulary order, with q_t = (float)(ops_exp_nonpos(l[t] *
+   * inv_t - mx) / z) kept where q_t > 0 and q_t >= floor (floor 0: every q_t > 0). Writes
+   * out->sum = sum + the kept q_t added in vocabulary order; and, when u > 0, out->tok = the
+   * first kept t at which u minus the kept q up to and including t is <= 0 (the sampler's
+   * walk), or the last kept t when u outlasts them; out->tok = -1 when u <= 0 or nothing is
+   * kept. out: backend memory. The CPU reference does the sampler's arithmetic in its order
+   * (bit-exact); a device adds per chunk and scans the chunk sums in double, so a draw within
+   * rounding of a boundary (about 1e-12 of the mass) may move to the neighbouring kept token.
+   * NULL: not offered (the caller downloads the row). */
+  void (*sample_tail)(ops_backend *be, ops_tail_out *out, const float *l, int64_t vocab, const int32_t *head, int nh,
+                      float inv_t, float mx, double z, float floor, double sum, double u);
+  /* For i < n: logits[rows[i] * vocab + t] = -inf wherever bit t of bits[i * words ..] is set
+   * (words = (vocab + 63) / 64 uint64 per row, bit t % 64 of word t / 64: the engine's rejection
+   * bitsets). rows, bits: backend memory; rows distinct. NULL: not offered. */
+  void (*mask_rows)(ops_backend *be, float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                    int64_t n);
 
   /* ---- Encoder ops (vision towers: model/vision_qwen35.c). NULL on a backend that has not
    * implemented them yet (CUDA today): the encoder kinds then refuse that backend. ---- */

@@ -311,6 +311,59 @@ static void cpu_topk(ops_backend *be, int32_t *idx, float *val, double *stats, c
   }
 }
 
+/* The sampler's tail (ops.h sample_tail) in anna_sampler_sample's own arithmetic and order:
+ * the same q_t, added to sum and subtracted from u one by one in vocabulary order. The head
+ * ids are skipped by walking a sorted copy of them (on the stack: no allocation) beside t. */
+static int cpu_tail_cmp(const void *a, const void *b) {
+  const int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+static void cpu_sample_tail(ops_backend *be, ops_tail_out *out, const float *l, int64_t vocab, const int32_t *head,
+                            int nh, float inv_t, float mx, double z, float floor, double sum, double u) {
+  (void)be;
+  int32_t h[OPS_TOPK_MAX];
+  if (nh > OPS_TOPK_MAX) nh = OPS_TOPK_MAX;
+  memcpy(h, head, sizeof(int32_t) * (size_t)(nh > 0 ? nh : 0));
+  qsort(h, (size_t)(nh > 0 ? nh : 0), sizeof *h, cpu_tail_cmp);
+  int hn = 0; /* the next head id at or after t */
+  int32_t tok = -1;
+  const int walk = u > 0;
+  for (int64_t t = 0; t < vocab; t++) {
+    while (hn < nh && h[hn] < t) hn++;
+    if (hn < nh && h[hn] == t) continue;
+    const float q = (float)(ops_exp_nonpos(l[t] * inv_t - mx) / z);
+    if (!(q > 0.0f && q >= floor)) continue;
+    sum += q;
+    if (walk && (tok < 0 || u > 0)) { /* once u is spent, tok stays */
+      tok = (int32_t)t;
+      u -= q;
+    }
+  }
+  out->sum = sum;
+  out->tok = walk ? tok : -1;
+  out->pad_ = 0;
+}
+
+/* ops.h mask_rows: -inf where a row's rejection bitset has its bit. */
+static void cpu_mask_rows(ops_backend *be, float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                          int64_t n) {
+  (void)be;
+  const int64_t words = (vocab + 63) / 64;
+  for (int64_t i = 0; i < n; i++) {
+    float *l = logits + (int64_t)rows[i] * vocab;
+    const uint64_t *b = bits + i * words;
+    for (int64_t w = 0; w < words; w++) {
+      uint64_t m = b[w];
+      while (m) {
+        const int64_t t = w * 64 + __builtin_ctzll(m);
+        m &= m - 1;
+        if (t < vocab) l[t] = -INFINITY;
+      }
+    }
+  }
+}
+
 static void cpu_moe_route(ops_backend *be, int32_t *idx, float *wts, const float *logits, int64_t n, int E, int k,
                           int renorm, const float *per_expert) {
   (void)be;
@@ -475,6 +528,8 @@ int cpu_backend_create(ops_backend **out, threadpool *tp, int64_t scratch_floats
       .moe_ffn = cpu_moe_ffn,
       .moe_route = cpu_moe_route,
       .topk = cpu_topk,
+      .sample_tail = cpu_sample_tail,
+      .mask_rows = cpu_mask_rows,
       .destroy = cpu_backend_free,
       .kv_types = 0, /* every ops_kv_type (cpu_kv.c) */
       .residual_ring = 1,

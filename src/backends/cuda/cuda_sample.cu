@@ -1,5 +1,7 @@
-/* cuda_sample.cu: the topk op (ops.h), sampling candidates on the device: per logits row the k
- * best (value, index) pairs in the host sampler's order, the row's max and softmax sum.
+/* cuda_sample.cu: the sampling ops of ops.h on the device. topk: sampling candidates, per logits
+ * row the k best (value, index) pairs in the host sampler's order, the row's max and softmax
+ * sum; sample_tail: the sampler's draw past its sorted head (below); mask_rows: rejection
+ * bitsets applied as -inf.
  *
  * Each candidate is one 64-bit key, (order-preserving bits of the value) << 32 | (~index), so
  * that "larger key" is exactly "larger value, then lower index" and keys are distinct; NaN is
@@ -240,4 +242,177 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
       ng = nout;
     }
   }
+}
+
+/* ---- the sampler's tail (ops.h sample_tail) ----
+ * Two launches over one row: k_tail_chunks, one block per chunk of TL_CHUNK tokens, sums the
+ * chunk's kept q_t (double; head ids marked in a shared bitmap) and notes its last kept token;
+ * k_tail_walk, one block, adds the chunk sums to `sum` in chunk order, finds the chunk where
+ * the remaining u crosses zero, recomputes that chunk's q_t into shared memory and walks them
+ * in vocabulary order on one thread, exactly as the sampler does. q_t is computed with the
+ * CPU's arithmetic (ops_exp_nonpos in round-to-nearest steps, no contraction, an IEEE double
+ * division), so every q_t has the CPU's bits; only the order of the chunk additions differs. */
+#define TL_CHUNK 2048
+#define TL_THREADS 256
+
+/* ops_exp_nonpos (ops.h) step by step: each operation rounded as the C code's (no FMA). */
+static __device__ __forceinline__ float tl_exp_nonpos(float x) {
+  const bool under = !(x >= -87.0f); /* also NaN */
+  x = under ? -87.0f : x;
+  const float k = rintf(__fmul_rn(x, 1.44269504f));
+  const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(k, 0.693145752f)), __fmul_rn(k, 1.42860677e-6f));
+  float y = 1.0f / 720;
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f / 120);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f / 24);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f / 6);
+  y = __fadd_rn(__fmul_rn(y, r), 0.5f);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f);
+  const float sc = __int_as_float(((int)k + 127) << 23);
+  return under ? 0.0f : __fmul_rn(y, sc);
+}
+
+/* q_t of the sampler: (float)(exp / z), 0 where not kept (a kept q is > 0). */
+static __device__ __forceinline__ float tl_q(float l, float inv_t, float mx, double z, float floor) {
+  const float e = tl_exp_nonpos(__fsub_rn(__fmul_rn(l, inv_t), mx));
+  const float q = (float)__ddiv_rn((double)e, z);
+  return q > 0.0f && q >= floor ? q : 0.0f;
+}
+
+/* Marks the head ids that fall in [beg, beg + TL_CHUNK) in bm (TL_CHUNK bits). Ends with a barrier. */
+static __device__ void tl_mark_head(unsigned *bm, const int32_t *head, int nh, int64_t beg) {
+  for (int i = threadIdx.x; i < TL_CHUNK / 32; i += blockDim.x) bm[i] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < nh; j += blockDim.x) {
+    const int64_t o = (int64_t)head[j] - beg;
+    if (o >= 0 && o < TL_CHUNK) atomicOr(&bm[o >> 5], 1u << (o & 31));
+  }
+  __syncthreads();
+}
+
+/* Block c: part[c] = the chunk's kept mass, last[c] = its last kept token (-1: none). */
+static __global__ void k_tail_chunks(double *part, int32_t *last, const float *l, int64_t vocab,
+                                     const int32_t *head, int nh, float inv_t, float mx, double z, float floor) {
+  __shared__ unsigned bm[TL_CHUNK / 32];
+  __shared__ int lastk[TL_THREADS / 32];
+  const int64_t beg = (int64_t)blockIdx.x * TL_CHUNK;
+  const int n = (int)(vocab - beg < TL_CHUNK ? vocab - beg : TL_CHUNK);
+  tl_mark_head(bm, head, nh, beg);
+  double acc = 0;
+  int lk = -1;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (bm[i >> 5] >> (i & 31) & 1u) continue;
+    const float q = tl_q(l[beg + i], inv_t, mx, z, floor);
+    if (q > 0.0f) acc += (double)q, lk = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const int w = __shfl_xor_sync(0xffffffffu, lk, o);
+    lk = w > lk ? w : lk;
+  }
+  if ((threadIdx.x & 31) == 0) lastk[threadIdx.x >> 5] = lk;
+  const double s = tk_block_sum(acc); /* a barrier: lastk is complete */
+  if (threadIdx.x == 0) {
+    int m = -1;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = lastk[w] > m ? lastk[w] : m;
+    part[blockIdx.x] = s;
+    last[blockIdx.x] = m < 0 ? -1 : (int32_t)(beg + m);
+  }
+}
+
+/* One block: out->sum, and out->tok by the walk (u > 0). */
+static __global__ void k_tail_walk(ops_tail_out *out, const double *part, const int32_t *last, int C, const float *l,
+                                   int64_t vocab, const int32_t *head, int nh, float inv_t, float mx, double z,
+                                   float floor, double sum, double u) {
+  __shared__ unsigned bm[TL_CHUNK / 32];
+  __shared__ float qs[TL_CHUNK];
+  __shared__ int cross;
+  __shared__ double ucross;
+  if (threadIdx.x == 0) {
+    double tot = sum, uu = u;
+    int c0 = -1;
+    for (int c = 0; c < C; c++) {
+      tot += part[c];
+      if (u > 0 && c0 < 0) {
+        if (part[c] > 0 && __dsub_rn(uu, part[c]) <= 0) {
+          c0 = c;
+        } else {
+          uu = __dsub_rn(uu, part[c]);
+        }
+      }
+    }
+    out->sum = tot;
+    out->pad_ = 0;
+    int32_t tok = -1;
+    if (u > 0 && c0 < 0) /* u outlasts the kept mass (rounding): the last kept token */
+      for (int c = C - 1; c >= 0 && tok < 0; c--) tok = last[c];
+    out->tok = tok;
+    cross = c0;
+    ucross = uu;
+  }
+  __syncthreads();
+  const int c0 = cross;
+  if (c0 < 0) return;
+  const int64_t beg = (int64_t)c0 * TL_CHUNK;
+  const int n = (int)(vocab - beg < TL_CHUNK ? vocab - beg : TL_CHUNK);
+  tl_mark_head(bm, head, nh, beg);
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    qs[i] = bm[i >> 5] >> (i & 31) & 1u ? 0.0f : tl_q(l[beg + i], inv_t, mx, z, floor);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double uu = ucross;
+    int32_t tok = -1;
+    for (int i = 0; i < n; i++) {
+      if (!(qs[i] > 0.0f)) continue;
+      tok = (int32_t)(beg + i);
+      uu = __dsub_rn(uu, (double)qs[i]);
+      if (uu <= 0) break;
+    }
+    out->tok = tok; /* the chunk's last kept token when its own order falls short (rounding) */
+  }
+}
+
+void cuda_op_sample_tail(ops_backend *be, ops_tail_out *out, const float *l, int64_t vocab, const int32_t *head,
+                         int nh, float inv_t, float mx, double z, float floor, double sum, double u) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err) return;
+  const int64_t C = (vocab + TL_CHUNK - 1) / TL_CHUNK;
+  if (vocab < 1 || vocab >= INT32_MAX || nh < 0 || nh > OPS_TOPK_MAX ||
+      (size_t)C * (sizeof(double) + sizeof(int32_t)) > ci->topk_scr_bytes) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda sample_tail: vocabulary %lld, head %d (need 1 <= head <= %d)", (long long)vocab,
+              nh, OPS_TOPK_MAX);
+    return;
+  }
+  double *part = (double *)ci->topk_scr; /* topk's scratch: the same stream, never at once */
+  int32_t *last = (int32_t *)(part + C);
+  cuda_launch(ci, "sample_tail chunks", k_tail_chunks, dim3((unsigned)C), TL_THREADS, 0, part, last, l, vocab, head, nh,
+              inv_t, mx, z, floor);
+  cuda_launch(ci, "sample_tail walk", k_tail_walk, dim3(1), TL_THREADS, 0, out, (const double *)part,
+              (const int32_t *)last, (int)C, l, vocab, head, nh, inv_t, mx, z, floor, sum, u);
+}
+
+/* ---- ops.h mask_rows: one thread per bitset word ---- */
+static __global__ void k_mask_rows(float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                                   int64_t words) {
+  const int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (w >= words) return;
+  uint64_t m = bits[(int64_t)blockIdx.y * words + w];
+  float *r = logits + (int64_t)rows[blockIdx.y] * vocab;
+  while (m) {
+    const int64_t t = w * 64 + __ffsll((long long)m) - 1;
+    m &= m - 1;
+    if (t < vocab) r[t] = -INFINITY;
+  }
+}
+
+void cuda_op_mask_rows(ops_backend *be, float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                       int64_t n) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  if (n > 65535) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda mask_rows: %lld rows (at most 65535)", (long long)n);
+    return;
+  }
+  const int64_t words = (vocab + 63) / 64;
+  cuda_launch(ci, "mask_rows", k_mask_rows, dim3((unsigned)((words + 255) / 256), (unsigned)n), 256, 0, logits, vocab,
+              rows, bits, words);
 }
