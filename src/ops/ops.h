@@ -423,11 +423,12 @@ struct ops_backend {
    * logits row l[vocab] where the logits are, so that the row need not cross to the host. The
    * tail is every token t not among head[0, nh) (backend memory; nh <= OPS_TOPK_MAX, ids
    * distinct and in range), in vocabulary order, with q_t = (float)(ops_exp_nonpos(l[t] *
-   * inv_t - mx) / z) kept where q_t > 0 and q_t >= floor (floor 0: every q_t > 0). Writes
-   * out->sum = sum + the kept q_t added in vocabulary order; and, when u > 0, out->tok = the
-   * first kept t at which u minus the kept q up to and including t is <= 0 (the sampler's
-   * walk), or the last kept t when u outlasts them; out->tok = -1 when u <= 0 or nothing is
-   * kept. out: backend memory. The CPU reference does the sampler's arithmetic in its order
+   * inv_t - mx) / z) kept where q_t > 0 and q_t >= floor (floor 0: every q_t > 0). Two modes:
+   * u <= 0 (the kept mass, for min-p's draw): out->sum = sum + the kept q_t added in
+   * vocabulary order, out->tok = -1; u > 0 (the walk): out->tok = the first kept t at which u
+   * minus the kept q up to and including t is <= 0, or the last kept t when u outlasts them,
+   * -1 when nothing is kept; out->sum is then unspecified (the CPU op stops at the token).
+   * out: backend memory. The CPU reference does the sampler's arithmetic in its order
    * (bit-exact); a device adds per chunk and scans the chunk sums in double, so a draw within
    * rounding of a boundary (about 1e-12 of the mass) may move to the neighbouring kept token.
    * NULL: not offered (the caller downloads the row). */

@@ -295,12 +295,22 @@ static void cpu_topk(ops_backend *be, int32_t *idx, float *val, double *stats, c
       }
       hv[i] = x, hi[i] = (int32_t)t;
     }
-    for (int a = 1; a < m; a++) { /* insertion sort, best first (k <= OPS_TOPK_MAX) */
-      const float v = hv[a];
-      const int32_t id = hi[a];
-      int b = a;
-      for (; b > 0 && topk_before(v, id, hv[b - 1], hi[b - 1]); b--) hv[b] = hv[b - 1], hi[b] = hi[b - 1];
-      hv[b] = v, hi[b] = id;
+    /* heapsort, best first: the root (the worst of the heap) goes to the end, the heap shrinks
+     * (k log k; an insertion sort of k = 256 took 37 us of a 1000-token row's 40) */
+    for (int n = m - 1; n > 0; n--) {
+      const float v = hv[n];
+      const int32_t id = hi[n];
+      hv[n] = hv[0], hi[n] = hi[0];
+      int i = 0; /* sift (v, id) down from the root of heap [0, n) */
+      for (;;) {
+        int w = 2 * i + 1;
+        if (w >= n) break;
+        if (w + 1 < n && topk_before(hv[w], hi[w], hv[w + 1], hi[w + 1])) w++;
+        if (!topk_before(v, id, hv[w], hi[w])) break;
+        hv[i] = hv[w], hi[i] = hi[w];
+        i = w;
+      }
+      hv[i] = v, hi[i] = id;
     }
     const float mt = mx * inv_t;
     double z = 0;
@@ -334,11 +344,13 @@ static void cpu_sample_tail(ops_backend *be, ops_tail_out *out, const float *l, 
     if (hn < nh && h[hn] == t) continue;
     const float q = (float)(ops_exp_nonpos(l[t] * inv_t - mx) / z);
     if (!(q > 0.0f && q >= floor)) continue;
-    sum += q;
-    if (walk && (tok < 0 || u > 0)) { /* once u is spent, tok stays */
-      tok = (int32_t)t;
-      u -= q;
+    if (!walk) {
+      sum += q;
+      continue;
     }
+    tok = (int32_t)t;
+    u -= q;
+    if (u <= 0) break; /* the walk stops at its token (out->sum is the sum mode's only) */
   }
   out->sum = sum;
   out->tok = walk ? tok : -1;
