@@ -219,9 +219,10 @@ struct engine {
    * row's draw came to (CHOW_*), c_tok its token, c_tj its pending tail draw; the step's tail
    * draws tl / tl_row / tl_tok [n_seq] (one anna_context_sample_tail call). */
   int dev_tail, dev_mask;
-  int8_t *c_mask, *c_how;
-  uint64_t *eog_bits;
-  const uint64_t **c_bits;
+  int8_t *c_mask, *c_how, *c_done;
+  uint64_t *eog_bits, *zero_bits; /* [words]: the min_tokens mask; no mask (another temperature) */
+  const uint64_t **c_bits, **c_gb; /* c_gb: one anna_context_mask_topk call's share of c_bits */
+  float *c_temp;                   /* [n_seq] per flagged row: the temperature of its softmax sum (0: none) */
   int32_t *c_tok, *c_tj;
   anna_sample_tail *tl;
   int *tl_row;
@@ -2077,21 +2078,26 @@ static void *engine_main(void *arg) {
     kv_replan = 0;
     anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
     /* Candidates instead of logits when every sampled row allows it: the largest k any row
-     * needs (a row's own top-k is a prefix of them) at the one temperature whose softmax sum
-     * the top-p / min-p rows need; rows of different such temperatures take the full rows. */
+     * needs (a row's own top-k is a prefix of them) at the temperature whose softmax sum the
+     * first row that needs one (top-p, min-p, pure temperature) needs. Rows that need another
+     * temperature's sum, or a mask, get their candidates again where the logits are
+     * (anna_context_mask_topk, per temperature); without that op (or in a split step) a
+     * second temperature takes the full rows. */
     int kc = 0, n_cmask = 0;
     float ktemp = 0.0f;
     const int split = e->o.split_prefill && nb_dec > 0 && nb_dec < nb;
     for (int k = 0; k < nflag && !e->host_sampling; k++) {
       int kk = 0, cm = CMASK_NONE;
       float tt = 0.0f;
-      if (!slot_cand_ok(e, e->out_slot[k], split, &kk, &tt, &cm) || (tt > 0 && ktemp > 0 && tt != ktemp)) {
+      if (!slot_cand_ok(e, e->out_slot[k], split, &kk, &tt, &cm) ||
+          (tt > 0 && ktemp > 0 && tt != ktemp && (split || !e->dev_mask))) {
         kc = 0;
         break;
       }
       e->c_mask[e->out_slot[k]] = (int8_t)cm;
-      n_cmask += cm != CMASK_NONE;
-      if (tt > 0) ktemp = tt;
+      e->c_temp[k] = tt;
+      if (tt > 0 && ktemp <= 0) ktemp = tt;
+      n_cmask += cm != CMASK_NONE || (tt > 0 && tt != ktemp);
       kc = kk > kc ? kk : kc;
     }
     ph_mark(e, ENG_PH_ASSEMBLE);
@@ -2193,15 +2199,32 @@ static void *engine_main(void *arg) {
             if (none) e->c_bits[k] = NULL;
           }
         }
-        const int mrc = anna_context_mask_topk(e->ctx, e->c_bits, nflag, kc, ktemp, e->c_idx, e->c_val, e->c_st, err,
-                                               sizeof err);
-        for (int k = 0; k < nflag; k++) {
-          const int i = e->out_slot[k];
-          if (!e->c_bits[k]) continue;
-          if (mrc) e->c_how[k] = CHOW_FULL; /* the rows as the host path masks them */
-          if (!mrc && e->c_mask[i] == CMASK_POOL) e->mp->m_applied[i] = 1;
+        /* rows at another temperature: an empty mask, candidates again at theirs */
+        for (int k = 0; k < nflag; k++)
+          if (e->slots[e->out_slot[k]].r && !e->c_bits[k] && e->c_how[k] == CHOW_DRAWN && e->c_temp[k] > 0 &&
+              e->c_temp[k] != ktemp)
+            e->c_bits[k] = e->zero_bits;
+        /* one call per temperature (rows without a softmax sum go with ktemp's) */
+        for (int k = 0; k < nflag; k++) e->c_done[k] = e->c_bits[k] == NULL;
+        for (int k0 = 0; k0 < nflag; k0++) {
+          if (e->c_done[k0]) continue;
+          const float T = e->c_temp[k0] > 0 ? e->c_temp[k0] : ktemp;
+          for (int k = k0; k < nflag; k++) {
+            const int here = !e->c_done[k] && (e->c_temp[k] > 0 ? e->c_temp[k] : ktemp) == T;
+            e->c_gb[k] = here ? e->c_bits[k] : NULL;
+            e->c_done[k] |= (int8_t)here;
+          }
+          for (int k = 0; k < k0; k++) e->c_gb[k] = NULL;
+          const int mrc = anna_context_mask_topk(e->ctx, e->c_gb, nflag, kc, T, e->c_idx, e->c_val, e->c_st, err,
+                                                 sizeof err);
+          for (int k = k0; k < nflag; k++) {
+            const int i = e->out_slot[k];
+            if (!e->c_gb[k]) continue;
+            if (mrc) e->c_how[k] = CHOW_FULL; /* the rows as the host path masks them */
+            if (!mrc && e->c_mask[i] == CMASK_POOL) e->mp->m_applied[i] = 1;
+          }
+          if (mrc) slog(SLOG_WARN, NULL, "masked candidates failed, sampling the full rows: %s", err);
         }
-        if (mrc) slog(SLOG_WARN, NULL, "masked candidates failed, sampling the full rows: %s", err);
       } else {
         for (int k = 0; k < nflag; k++) e->c_how[k] = CHOW_DRAWN;
       }
@@ -2482,13 +2505,17 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
   e->c_how = calloc((size_t)S, 1);
   e->eog_bits = calloc(((size_t)e->V + 63) / 64, sizeof *e->eog_bits);
   e->c_bits = calloc((size_t)S, sizeof *e->c_bits);
+  e->c_gb = calloc((size_t)S, sizeof *e->c_gb);
+  e->c_done = calloc((size_t)S, 1);
+  e->c_temp = calloc((size_t)S, sizeof *e->c_temp);
+  e->zero_bits = calloc(((size_t)e->V + 63) / 64, sizeof *e->zero_bits);
   e->c_tok = calloc((size_t)S, sizeof *e->c_tok);
   e->c_tj = calloc((size_t)S, sizeof *e->c_tj);
   e->tl = calloc((size_t)S, sizeof *e->tl);
   e->tl_row = calloc((size_t)S, sizeof *e->tl_row);
   e->tl_tok = calloc((size_t)S, sizeof *e->tl_tok);
   if (!e->c_mask || !e->c_how || !e->eog_bits || !e->c_bits || !e->c_tok || !e->c_tj || !e->tl || !e->tl_row ||
-      !e->tl_tok) {
+      !e->tl_tok || !e->c_gb || !e->c_done || !e->c_temp || !e->zero_bits) {
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the sampling buffers");
     goto fail;
   }
@@ -2665,6 +2692,7 @@ void engine_free(engine *e) {
   free(e->c_st);
   free(e->split_tok);
   free(e->c_mask), free(e->c_how), free(e->eog_bits), free(e->c_bits), free(e->c_tok), free(e->c_tj);
+  free(e->c_gb), free(e->c_done), free(e->c_temp), free(e->zero_bits);
   free(e->tl), free(e->tl_row), free(e->tl_tok);
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);

@@ -107,3 +107,23 @@ def test_top_p_past_the_head_still_exact(pair):
     a = completions(1.5, 3, top_p=0.97)(dev.client())
     b = completions(1.5, 3, top_p=0.97)(ref.client())
     assert a == b
+
+
+def test_mixed_temperatures(pair):
+    """Requests at different temperatures in the same steps: the rows whose softmax sum is at
+    another temperature than the step's get their candidates again at theirs (one masked-topk
+    call per temperature, an empty mask), not the full rows. Sent concurrently so they share
+    steps; the CPU backend's rows do not depend on their batch, so the text is the reference's
+    however the two servers batch them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fn(c):
+        def one(args):
+            t, seed, extra = args
+            r = c.completions.create(model="qwen3", prompt=prompts(4, seed), max_tokens=24, temperature=t, seed=seed,
+                                     extra_body=extra)
+            return sorted((x.index, x.text, x.finish_reason) for x in r.choices)
+        jobs = [(0.7, 1, {}), (1.2, 2, {}), (1.9, 3, {"min_p": 0.01}), (0.0, 4, {}), (1.0, 5, {"top_k": 40})]
+        with ThreadPoolExecutor(len(jobs)) as ex:
+            return list(ex.map(one, jobs))
+    both(pair, fn)
