@@ -248,12 +248,14 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
  * Two launches over one row: k_tail_chunks, one block per chunk of TL_CHUNK tokens, sums the
  * chunk's kept q_t (double; head ids marked in a shared bitmap) and notes its last kept token;
  * k_tail_walk, one block, adds the chunk sums to `sum` in chunk order, finds the chunk where
- * the remaining u crosses zero, recomputes that chunk's q_t into shared memory and walks them
- * in vocabulary order on one thread, exactly as the sampler does. q_t is computed with the
+ * the remaining u crosses zero, recomputes that chunk's q_t into shared memory, sums them in
+ * segments of TL_SEG and walks the crossing segment's q_t in vocabulary order on one thread,
+ * as the sampler does. q_t is computed with the
  * CPU's arithmetic (ops_exp_nonpos in round-to-nearest steps, no contraction, an IEEE double
  * division), so every q_t has the CPU's bits; only the order of the chunk additions differs. */
 #define TL_CHUNK 2048
 #define TL_THREADS 256
+#define TL_SEG (TL_CHUNK / TL_THREADS) /* tokens per segment of the crossing chunk's walk */
 
 /* ops_exp_nonpos (ops.h) step by step: each operation rounded as the C code's (no FMA). */
 static __device__ __forceinline__ float tl_exp_nonpos(float x) {
@@ -325,6 +327,7 @@ static __global__ void k_tail_walk(ops_tail_out *out, const double *part, const 
                                    float floor, double sum, double u) {
   __shared__ unsigned bm[TL_CHUNK / 32];
   __shared__ float qs[TL_CHUNK];
+  __shared__ double seg[TL_THREADS];
   __shared__ int cross;
   __shared__ double ucross;
   if (threadIdx.x == 0) {
@@ -355,19 +358,40 @@ static __global__ void k_tail_walk(ops_tail_out *out, const double *part, const 
   const int64_t beg = (int64_t)c0 * TL_CHUNK;
   const int n = (int)(vocab - beg < TL_CHUNK ? vocab - beg : TL_CHUNK);
   tl_mark_head(bm, head, nh, beg);
-  for (int i = threadIdx.x; i < n; i += blockDim.x)
-    qs[i] = bm[i >> 5] >> (i & 31) & 1u ? 0.0f : tl_q(l[beg + i], inv_t, mx, z, floor);
+  for (int i = threadIdx.x; i < TL_CHUNK; i += blockDim.x)
+    qs[i] = i >= n || (bm[i >> 5] >> (i & 31) & 1u) ? 0.0f : tl_q(l[beg + i], inv_t, mx, z, floor);
+  __syncthreads();
+  /* The chunk in TL_THREADS segments of TL_SEG tokens: each thread sums its segment in order,
+   * thread 0 finds the segment where u crosses and walks its tokens one by one (a sequential
+   * walk over the whole chunk cost 2048 dependent double subtractions). */
+  const int g = threadIdx.x;
+  double a = 0;
+  for (int j = 0; j < TL_SEG; j++) a += (double)qs[g * TL_SEG + j];
+  seg[g] = a;
   __syncthreads();
   if (threadIdx.x == 0) {
     double uu = ucross;
-    int32_t tok = -1;
-    for (int i = 0; i < n; i++) {
-      if (!(qs[i] > 0.0f)) continue;
-      tok = (int32_t)(beg + i);
-      uu = __dsub_rn(uu, (double)qs[i]);
-      if (uu <= 0) break;
+    int s0 = -1;
+    for (int q = 0; q < TL_THREADS; q++) {
+      if (seg[q] > 0 && __dsub_rn(uu, seg[q]) <= 0) {
+        s0 = q;
+        break;
+      }
+      uu = __dsub_rn(uu, seg[q]);
     }
-    out->tok = tok; /* the chunk's last kept token when its own order falls short (rounding) */
+    int32_t tok = -1;
+    if (s0 < 0) { /* the chunk's own order falls short of its sum (rounding): its last kept token */
+      for (int i = n - 1; i >= 0 && tok < 0; i--)
+        if (qs[i] > 0.0f) tok = (int32_t)(beg + i);
+    } else {
+      for (int i = s0 * TL_SEG; i < (s0 + 1) * TL_SEG; i++) {
+        if (!(qs[i] > 0.0f)) continue;
+        tok = (int32_t)(beg + i);
+        uu = __dsub_rn(uu, (double)qs[i]);
+        if (uu <= 0) break;
+      }
+    }
+    out->tok = tok; /* a segment's last kept token when its order falls short (rounding) */
   }
 }
 
