@@ -127,3 +127,27 @@ def test_mixed_temperatures(pair):
         with ThreadPoolExecutor(len(jobs)) as ex:
             return list(ex.map(one, jobs))
     both(pair, fn)
+
+
+def test_split_prefill_tail_draws(pair, fixture_model):
+    """--split-prefill-decode: a step's decode rows are drawn between its two model calls; their
+    tail draws go to the device then (before the second call replaces the rows). Requests of
+    different prompt lengths arrive together so decode rows and prompt chunks share steps."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    split = start_server(fixture_model, "--parallel", "8", "--ctx-size", "1024", "--split-prefill-decode")
+    try:
+        def fn(c):
+            def one(i):
+                rnd = random.Random(i)
+                p = [rnd.randrange(6, 1000) for _ in range(4 + 60 * i)]
+                r = c.completions.create(model="qwen3", prompt=p, max_tokens=32, temperature=1.0, seed=i)
+                return r.choices[0].text
+            with ThreadPoolExecutor(4) as ex:
+                return list(ex.map(one, range(4)))
+        f0 = full_rows(split)
+        a, b = fn(split.client()), fn(pair[1].client())
+        assert a == b
+        assert full_rows(split) == f0
+    finally:
+        split.stop()
