@@ -2117,7 +2117,11 @@ static void *engine_main(void *arg) {
       }
     }
     if (e->mp) mask_pool_start(e, nflag); /* masks overlap the forward pass */
-    const int drc = nb == 0 ? 0 : step_forward(e, &b, nb_dec, nflag_dec, kc, ktemp, err, sizeof err);
+    /* When every row's candidates are computed again after the forward pass (masks, other
+     * temperatures), the pass itself needs only the cheapest candidates (k 1, no softmax sum). */
+    const int again = kc > 0 && n_cmask == nflag;
+    const int drc =
+        nb == 0 ? 0 : step_forward(e, &b, nb_dec, nflag_dec, again ? 1 : kc, again ? 0.0f : ktemp, err, sizeof err);
     ph_mark(e, ENG_PH_FORWARD);
     if (e->mp) mask_pool_apply(e, nflag, !drc && nb > 0 && kc == 0);
     if (drc) {
