@@ -724,14 +724,25 @@ static int kept_rows(anna_context *c, model_rows *mr, int need_tail, int need_ma
   return 0;
 }
 
+/* The tail draws req[0, n) staged in host scratch: one upload, the op, one download. */
+static void tail_run(const model_rows *mr, int n) {
+  ops_backend *be = mr->be;
+  const size_t rb = (size_t)n * sizeof(ops_tail_req);
+  ops_tail_req *rd = mr->scr_dev;
+  ops_tail_out *od = (ops_tail_out *)((char *)mr->scr_dev + rb);
+  be->upload(be, rd, mr->scr_host, rb);
+  be->sample_tail(be, od, mr->logits, mr->vocab, rd, n);
+  be->download(be, (char *)mr->scr_host + rb, od, (size_t)n * sizeof(ops_tail_out));
+}
+
 int anna_context_sample_tail(anna_context *c, const int *rows, const anna_sample_tail *t, int n, int32_t *out,
                              char *err, size_t errlen) {
   model_rows mr;
   int rc = kept_rows(c, &mr, 1, 0, err, errlen);
   if (rc || n <= 0) return rc;
   if (!rows || !t || !out) return anna_err(err, errlen, ANNA_EINVAL, "sample_tail: NULL argument");
-  const size_t head_bytes = (size_t)n * ANNA_TOPK_MAX * sizeof(int32_t);
-  if (head_bytes + (size_t)n * sizeof(ops_tail_out) > mr.scr_bytes)
+  const size_t rb = (size_t)n * sizeof(ops_tail_req);
+  if (rb + (size_t)n * sizeof(ops_tail_out) > mr.scr_bytes)
     return anna_err(err, errlen, ANNA_ERANGE, "sample_tail: %d rows exceed the batch", n);
   for (int i = 0; i < n; i++) {
     if (rows[i] < 0 || rows[i] >= mr.n)
@@ -740,42 +751,42 @@ int anna_context_sample_tail(anna_context *c, const int *rows, const anna_sample
     if (t[i].nh < 0 || t[i].nh > ANNA_TOPK_MAX || t[i].kept < 0 || t[i].kept > t[i].nh)
       return anna_err(err, errlen, ANNA_EINVAL, "sample_tail: draw %d was not prepared by the sampler", i);
   }
-  /* One upload of every draw's head ids, one launch pair per draw, one download. */
-  int32_t *hh = mr.scr_host, *hd = mr.scr_dev;
-  ops_tail_out *oh = (ops_tail_out *)((char *)mr.scr_host + head_bytes),
-               *od = (ops_tail_out *)((char *)mr.scr_dev + head_bytes);
-  for (int i = 0; i < n; i++) memcpy(hh + (size_t)i * ANNA_TOPK_MAX, t[i].head, sizeof(int32_t) * (size_t)t[i].nh);
-  ops_backend *be = mr.be;
-  be->upload(be, hd, hh, head_bytes);
-  const int64_t V = mr.vocab;
-  for (int i = 0; i < n; i++) { /* a floor: the kept mass first (u = 0); else the walk */
-    const anna_sample_tail *q = &t[i];
-    be->sample_tail(be, od + i, mr.logits + (int64_t)rows[i] * V, V, hd + (size_t)i * ANNA_TOPK_MAX, q->nh, q->inv_t,
-                    q->mx, q->z, q->floor_p, q->sum, q->floor_p > 0.0f ? 0.0 : q->u);
-  }
-  be->download(be, oh, od, (size_t)n * sizeof *oh);
-  int again = 0;
+  /* Round 1: every draw; a min-p floor's draw asks for its tail's kept mass (u = 0), the others
+   * walk. Round 2: the floor draws that, placed now, land past the head. */
+  ops_tail_req *rq = mr.scr_host;
+  const ops_tail_out *oh = (const ops_tail_out *)((const char *)mr.scr_host + rb);
   for (int i = 0; i < n; i++) {
     const anna_sample_tail *q = &t[i];
-    if (q->floor_p > 0.0f) { /* now the draw is placed: the head, then (below) the tail */
-      double u = q->r * oh[i].sum;
-      const int32_t h = sample_tail_head_walk(q, &u);
-      if (h >= 0) {
-        out[i] = q->head[h];
-        continue;
-      }
-      out[i] = -1;
-      be->sample_tail(be, od + i, mr.logits + (int64_t)rows[i] * V, V, hd + (size_t)i * ANNA_TOPK_MAX, q->nh,
-                      q->inv_t, q->mx, q->z, q->floor_p, 0.0, u);
-      again = 1;
+    rq[i] = (ops_tail_req){.row = rows[i], .z = q->z, .sum = q->sum, .u = q->floor_p > 0.0f ? 0.0 : q->u,
+                           .inv_t = q->inv_t, .mx = q->mx, .floor = q->floor_p, .nh = q->nh};
+    memcpy(rq[i].head, q->head, sizeof(int32_t) * (size_t)q->nh);
+  }
+  tail_run(&mr, n);
+  int n2 = 0;
+  for (int i = 0; i < n; i++) {
+    const anna_sample_tail *q = &t[i];
+    out[i] = oh[i].tok >= 0 ? oh[i].tok : q->fallback;
+    if (!(q->floor_p > 0.0f)) continue;
+    double u = q->r * oh[i].sum; /* the draw placed: the head, then (round 2) the tail */
+    const int32_t h = sample_tail_head_walk(q, &u);
+    if (h >= 0) {
+      out[i] = q->head[h];
       continue;
     }
-    out[i] = oh[i].tok >= 0 ? oh[i].tok : q->fallback;
+    out[i] = -1 - i; /* round 2's slot n2 answers for draw i */
+    rq[n2] = rq[i];  /* n2 <= i: an entry already read */
+    rq[n2].u = u;
+    n2++;
   }
-  if (again) {
-    be->download(be, oh, od, (size_t)n * sizeof *oh);
+  if (n2 > 0) {
+    tail_run(&mr, n2);
+    const ops_tail_out *o2 = (const ops_tail_out *)((const char *)mr.scr_host + (size_t)n2 * sizeof(ops_tail_req));
+    int j = 0;
     for (int i = 0; i < n; i++)
-      if (out[i] < 0) out[i] = oh[i].tok >= 0 ? oh[i].tok : t[i].fallback;
+      if (out[i] == -1 - i) {
+        out[i] = o2[j].tok >= 0 ? o2[j].tok : t[i].fallback;
+        j++;
+      }
   }
   if (c->dev->error) rc = c->dev->error(c->dev, err, errlen);
   return rc;

@@ -931,16 +931,24 @@ static void test_sampler_candidates(ops_backend *be) {
 /* anna_context_sample_tail's resolution of draws, against the backend's op on a host row (the
  * CPU backend's memory is host memory): the head walk shared with the context, the op for the
  * tail's mass (min-p) and the tail walk. */
-static int32_t tail_resolve(ops_backend *be, const float *row, int64_t V, const anna_sample_tail *t) {
+static ops_tail_out tail_op(ops_backend *be, const float *row, int64_t V, const anna_sample_tail *t, double sum,
+                            double u) {
+  ops_tail_req q = {.row = 0, .z = t->z, .sum = sum, .u = u, .inv_t = t->inv_t, .mx = t->mx, .floor = t->floor_p,
+                    .nh = t->nh};
+  memcpy(q.head, t->head, sizeof(int32_t) * (size_t)t->nh);
   ops_tail_out o;
+  be->sample_tail(be, &o, row, V, &q, 1);
+  return o;
+}
+
+static int32_t tail_resolve(ops_backend *be, const float *row, int64_t V, const anna_sample_tail *t) {
   double u = t->u;
   if (t->floor_p > 0.0f) {
-    be->sample_tail(be, &o, row, V, t->head, t->nh, t->inv_t, t->mx, t->z, t->floor_p, t->sum, 0.0);
-    u = t->r * o.sum;
+    u = t->r * tail_op(be, row, V, t, t->sum, 0.0).sum;
     const int32_t h = sample_tail_head_walk(t, &u);
     if (h >= 0) return t->head[h];
   }
-  be->sample_tail(be, &o, row, V, t->head, t->nh, t->inv_t, t->mx, t->z, t->floor_p, 0.0, u);
+  const ops_tail_out o = tail_op(be, row, V, t, 0.0, u);
   return o.tok >= 0 ? o.tok : t->fallback;
 }
 
@@ -1049,18 +1057,21 @@ static void test_sampler_tail(ops_backend *be) {
         }
     free(row), free(a), free(b), free(bits);
   }
-  /* the op's edges: nothing kept past the head (-1), a row of one kept token */
+  /* the op's edges: nothing kept past the head (-1), u past the kept mass, the sum mode; and
+   * several draws in one call (rows 0 and 1 of a two-row block) */
   {
-    float l[4] = {1.0f, -INFINITY, NAN, -INFINITY};
-    const int32_t head[1] = {0};
-    ops_tail_out o;
-    be->sample_tail(be, &o, l, 4, head, 1, 1.0f, 1.0f, 1.0, 0.0f, 0.5, 0.25);
-    check("sample_tail: nothing kept -> tok -1, sum unchanged", o.tok != -1 || o.sum != 0.5, 0);
+    float l[8] = {1.0f, -INFINITY, NAN, -INFINITY, 1.0f, -INFINITY, 1.0f, 1.0f};
+    ops_tail_req q[2] = {{.row = 0, .z = 1.0, .sum = 0.5, .u = 0.25, .inv_t = 1.0f, .mx = 1.0f, .nh = 1},
+                         {.row = 1, .z = 4.0, .sum = 0.5, .u = 0.0, .inv_t = 1.0f, .mx = 1.0f, .nh = 1}};
+    q[0].head[0] = 0, q[1].head[0] = 3;
+    ops_tail_out o[2];
+    be->sample_tail(be, o, l, 4, q, 2);
+    check("sample_tail: nothing kept -> tok -1", o[0].tok != -1, 0);
+    check("sample_tail: the sum mode, the second draw's row", o[1].tok != -1 || o[1].sum != 1.0, 0);
     l[3] = 1.0f;
-    be->sample_tail(be, &o, l, 4, head, 1, 1.0f, 1.0f, 2.0, 0.0f, 0.5, 0.75);
-    check("sample_tail: u past the kept mass -> the last kept token", o.tok != 3, 0);
-    be->sample_tail(be, &o, l, 4, head, 1, 1.0f, 1.0f, 2.0, 0.0f, 0.5, 0.0);
-    check("sample_tail: the sum mode", o.tok != -1 || o.sum != 1.0, 0);
+    q[0].z = 2.0, q[0].u = 0.75;
+    be->sample_tail(be, o, l, 4, q, 1);
+    check("sample_tail: u past the kept mass -> the last kept token", o[0].tok != 3, 0);
   }
 }
 

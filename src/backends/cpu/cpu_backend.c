@@ -329,32 +329,41 @@ static int cpu_tail_cmp(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static void cpu_sample_tail(ops_backend *be, ops_tail_out *out, const float *l, int64_t vocab, const int32_t *head,
-                            int nh, float inv_t, float mx, double z, float floor, double sum, double u) {
+_Static_assert(sizeof(((ops_tail_req *)0)->head) == OPS_TOPK_MAX * sizeof(int32_t), "ops_tail_req.head");
+
+static void cpu_sample_tail(ops_backend *be, ops_tail_out *out, const float *logits, int64_t vocab,
+                            const ops_tail_req *req, int n) {
   (void)be;
-  int32_t h[OPS_TOPK_MAX];
-  if (nh > OPS_TOPK_MAX) nh = OPS_TOPK_MAX;
-  memcpy(h, head, sizeof(int32_t) * (size_t)(nh > 0 ? nh : 0));
-  qsort(h, (size_t)(nh > 0 ? nh : 0), sizeof *h, cpu_tail_cmp);
-  int hn = 0; /* the next head id at or after t */
-  int32_t tok = -1;
-  const int walk = u > 0;
-  for (int64_t t = 0; t < vocab; t++) {
-    while (hn < nh && h[hn] < t) hn++;
-    if (hn < nh && h[hn] == t) continue;
-    const float q = (float)(ops_exp_nonpos(l[t] * inv_t - mx) / z);
-    if (!(q > 0.0f && q >= floor)) continue;
-    if (!walk) {
-      sum += q;
-      continue;
+  for (int r = 0; r < n; r++) {
+    const ops_tail_req *q = &req[r];
+    const float *l = logits + q->row * vocab;
+    const float inv_t = q->inv_t, mx = q->mx, floor = q->floor;
+    const double z = q->z;
+    const int nh = q->nh < 0 ? 0 : q->nh > OPS_TOPK_MAX ? OPS_TOPK_MAX : q->nh;
+    int32_t h[OPS_TOPK_MAX];
+    memcpy(h, q->head, sizeof(int32_t) * (size_t)nh);
+    qsort(h, (size_t)nh, sizeof *h, cpu_tail_cmp);
+    int hn = 0; /* the next head id at or after t */
+    int32_t tok = -1;
+    double sum = q->sum, u = q->u;
+    const int walk = u > 0;
+    for (int64_t t = 0; t < vocab; t++) {
+      while (hn < nh && h[hn] < t) hn++;
+      if (hn < nh && h[hn] == t) continue;
+      const float p = (float)(ops_exp_nonpos(l[t] * inv_t - mx) / z);
+      if (!(p > 0.0f && p >= floor)) continue;
+      if (!walk) {
+        sum += p;
+        continue;
+      }
+      tok = (int32_t)t;
+      u -= p;
+      if (u <= 0) break; /* the walk stops at its token (out->sum is the sum mode's only) */
     }
-    tok = (int32_t)t;
-    u -= q;
-    if (u <= 0) break; /* the walk stops at its token (out->sum is the sum mode's only) */
+    out[r].sum = sum;
+    out[r].tok = walk ? tok : -1;
+    out[r].pad_ = 0;
   }
-  out->sum = sum;
-  out->tok = walk ? tok : -1;
-  out->pad_ = 0;
 }
 
 /* ops.h mask_rows: -inf where a row's rejection bitset has its bit. */

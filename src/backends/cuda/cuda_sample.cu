@@ -245,14 +245,14 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
 }
 
 /* ---- the sampler's tail (ops.h sample_tail) ----
- * Two launches over one row: k_tail_chunks, one block per chunk of TL_CHUNK tokens, sums the
- * chunk's kept q_t (double; head ids marked in a shared bitmap) and notes its last kept token;
- * k_tail_walk, one block, adds the chunk sums to `sum` in chunk order, finds the chunk where
- * the remaining u crosses zero, recomputes that chunk's q_t into shared memory, sums them in
- * segments of TL_SEG and walks the crossing segment's q_t in vocabulary order on one thread,
- * as the sampler does. q_t is computed with the
- * CPU's arithmetic (ops_exp_nonpos in round-to-nearest steps, no contraction, an IEEE double
- * division), so every q_t has the CPU's bits; only the order of the chunk additions differs. */
+ * Two launches for all the draws: k_tail_chunks, one block per (chunk of TL_CHUNK tokens,
+ * draw), sums the chunk's kept q_t (double; head ids marked in a shared bitmap) and notes its
+ * last kept token; k_tail_walk, one block per draw, adds the chunk sums to `sum` in chunk
+ * order, finds the chunk where the remaining u crosses zero, recomputes that chunk's q_t into
+ * shared memory, sums them in segments of TL_SEG and walks the crossing segment's q_t in
+ * vocabulary order on one thread, as the sampler does. q_t is computed with the CPU's
+ * arithmetic (ops_exp_nonpos in round-to-nearest steps, no contraction, an IEEE double
+ * division), so every q_t has the CPU's bits; only the order of the additions differs. */
 #define TL_CHUNK 2048
 #define TL_THREADS 256
 #define TL_SEG (TL_CHUNK / TL_THREADS) /* tokens per segment of the crossing chunk's walk */
@@ -292,20 +292,25 @@ static __device__ void tl_mark_head(unsigned *bm, const int32_t *head, int nh, i
   __syncthreads();
 }
 
-/* Block c: part[c] = the chunk's kept mass, last[c] = its last kept token (-1: none). */
-static __global__ void k_tail_chunks(double *part, int32_t *last, const float *l, int64_t vocab,
-                                     const int32_t *head, int nh, float inv_t, float mx, double z, float floor) {
+/* Block (c, i): draw i's chunk c: part[i * C + c] = the chunk's kept mass, last[..] = its last
+ * kept token (-1: none). */
+static __global__ void k_tail_chunks(double *part, int32_t *last, const float *logits, int64_t vocab,
+                                     const ops_tail_req *req, int C) {
   __shared__ unsigned bm[TL_CHUNK / 32];
   __shared__ int lastk[TL_THREADS / 32];
+  const ops_tail_req *q = req + blockIdx.y;
+  const float *l = logits + q->row * vocab;
+  const float inv_t = q->inv_t, mx = q->mx, floor = q->floor;
+  const double z = q->z;
   const int64_t beg = (int64_t)blockIdx.x * TL_CHUNK;
   const int n = (int)(vocab - beg < TL_CHUNK ? vocab - beg : TL_CHUNK);
-  tl_mark_head(bm, head, nh, beg);
+  tl_mark_head(bm, q->head, q->nh, beg);
   double acc = 0;
   int lk = -1;
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
     if (bm[i >> 5] >> (i & 31) & 1u) continue;
-    const float q = tl_q(l[beg + i], inv_t, mx, z, floor);
-    if (q > 0.0f) acc += (double)q, lk = i;
+    const float p = tl_q(l[beg + i], inv_t, mx, z, floor);
+    if (p > 0.0f) acc += (double)p, lk = i;
   }
   for (int o = 16; o > 0; o >>= 1) {
     const int w = __shfl_xor_sync(0xffffffffu, lk, o);
@@ -316,22 +321,27 @@ static __global__ void k_tail_chunks(double *part, int32_t *last, const float *l
   if (threadIdx.x == 0) {
     int m = -1;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = lastk[w] > m ? lastk[w] : m;
-    part[blockIdx.x] = s;
-    last[blockIdx.x] = m < 0 ? -1 : (int32_t)(beg + m);
+    part[(int64_t)blockIdx.y * C + blockIdx.x] = s;
+    last[(int64_t)blockIdx.y * C + blockIdx.x] = m < 0 ? -1 : (int32_t)(beg + m);
   }
 }
 
-/* One block: out->sum, and out->tok by the walk (u > 0). */
-static __global__ void k_tail_walk(ops_tail_out *out, const double *part, const int32_t *last, int C, const float *l,
-                                   int64_t vocab, const int32_t *head, int nh, float inv_t, float mx, double z,
-                                   float floor, double sum, double u) {
+/* Block i: draw i's out->sum, and out->tok by the walk (u > 0). */
+static __global__ void k_tail_walk(ops_tail_out *outs, const double *parts, const int32_t *lasts, int C,
+                                   const float *logits, int64_t vocab, const ops_tail_req *req) {
   __shared__ unsigned bm[TL_CHUNK / 32];
   __shared__ float qs[TL_CHUNK];
   __shared__ double seg[TL_THREADS];
   __shared__ int cross;
   __shared__ double ucross;
+  const ops_tail_req *q = req + blockIdx.x;
+  ops_tail_out *out = outs + blockIdx.x;
+  const double *part = parts + (int64_t)blockIdx.x * C;
+  const int32_t *last = lasts + (int64_t)blockIdx.x * C;
+  const float *l = logits + q->row * vocab;
+  const double u = q->u;
   if (threadIdx.x == 0) {
-    double tot = sum, uu = u;
+    double tot = q->sum, uu = u;
     int c0 = -1;
     for (int c = 0; c < C; c++) {
       tot += part[c];
@@ -357,9 +367,9 @@ static __global__ void k_tail_walk(ops_tail_out *out, const double *part, const 
   if (c0 < 0) return;
   const int64_t beg = (int64_t)c0 * TL_CHUNK;
   const int n = (int)(vocab - beg < TL_CHUNK ? vocab - beg : TL_CHUNK);
-  tl_mark_head(bm, head, nh, beg);
+  tl_mark_head(bm, q->head, q->nh, beg);
   for (int i = threadIdx.x; i < TL_CHUNK; i += blockDim.x)
-    qs[i] = i >= n || (bm[i >> 5] >> (i & 31) & 1u) ? 0.0f : tl_q(l[beg + i], inv_t, mx, z, floor);
+    qs[i] = i >= n || (bm[i >> 5] >> (i & 31) & 1u) ? 0.0f : tl_q(l[beg + i], q->inv_t, q->mx, q->z, q->floor);
   __syncthreads();
   /* The chunk in TL_THREADS segments of TL_SEG tokens: each thread sums its segment in order,
    * thread 0 finds the segment where u crosses and walks its tokens one by one (a sequential
@@ -372,12 +382,12 @@ static __global__ void k_tail_walk(ops_tail_out *out, const double *part, const 
   if (threadIdx.x == 0) {
     double uu = ucross;
     int s0 = -1;
-    for (int q = 0; q < TL_THREADS; q++) {
-      if (seg[q] > 0 && __dsub_rn(uu, seg[q]) <= 0) {
-        s0 = q;
+    for (int w = 0; w < TL_THREADS; w++) {
+      if (seg[w] > 0 && __dsub_rn(uu, seg[w]) <= 0) {
+        s0 = w;
         break;
       }
-      uu = __dsub_rn(uu, seg[q]);
+      uu = __dsub_rn(uu, seg[w]);
     }
     int32_t tok = -1;
     if (s0 < 0) { /* the chunk's own order falls short of its sum (rounding): its last kept token */
@@ -395,23 +405,28 @@ static __global__ void k_tail_walk(ops_tail_out *out, const double *part, const 
   }
 }
 
-void cuda_op_sample_tail(ops_backend *be, ops_tail_out *out, const float *l, int64_t vocab, const int32_t *head,
-                         int nh, float inv_t, float mx, double z, float floor, double sum, double u) {
+void cuda_op_sample_tail(ops_backend *be, ops_tail_out *out, const float *logits, int64_t vocab,
+                         const ops_tail_req *req, int n) {
   cuda_impl *ci = cuda_impl_of(be);
-  if (ci->err) return;
+  if (ci->err || n <= 0) return;
   const int64_t C = (vocab + TL_CHUNK - 1) / TL_CHUNK;
-  if (vocab < 1 || vocab >= INT32_MAX || nh < 0 || nh > OPS_TOPK_MAX ||
-      (size_t)C * (sizeof(double) + sizeof(int32_t)) > ci->topk_scr_bytes) {
-    cuda_fail(ci, ANNA_EINVAL, "cuda sample_tail: vocabulary %lld, head %d (need 1 <= head <= %d)", (long long)vocab,
-              nh, OPS_TOPK_MAX);
+  const size_t row_bytes = (size_t)C * (sizeof(double) + sizeof(int32_t));
+  if (vocab < 1 || vocab >= INT32_MAX || row_bytes > ci->topk_scr_bytes) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda sample_tail: vocabulary %lld", (long long)vocab);
     return;
   }
-  double *part = (double *)ci->topk_scr; /* topk's scratch: the same stream, never at once */
-  int32_t *last = (int32_t *)(part + C);
-  cuda_launch(ci, "sample_tail chunks", k_tail_chunks, dim3((unsigned)C), TL_THREADS, 0, part, last, l, vocab, head, nh,
-              inv_t, mx, z, floor);
-  cuda_launch(ci, "sample_tail walk", k_tail_walk, dim3(1), TL_THREADS, 0, out, (const double *)part,
-              (const int32_t *)last, (int)C, l, vocab, head, nh, inv_t, mx, z, floor, sum, u);
+  /* topk's scratch (the same stream, never at once): draws in groups that fit it */
+  int64_t G = (int64_t)(ci->topk_scr_bytes / row_bytes);
+  if (G > 65535) G = 65535; /* grid.y */
+  for (int64_t i0 = 0; i0 < n; i0 += G) {
+    const int64_t m = n - i0 < G ? n - i0 : G;
+    double *part = (double *)ci->topk_scr;
+    int32_t *last = (int32_t *)(part + m * C);
+    cuda_launch(ci, "sample_tail chunks", k_tail_chunks, dim3((unsigned)C, (unsigned)m), TL_THREADS, 0, part, last,
+                logits, vocab, req + i0, (int)C);
+    cuda_launch(ci, "sample_tail walk", k_tail_walk, dim3((unsigned)m), TL_THREADS, 0, out + i0, (const double *)part,
+                (const int32_t *)last, (int)C, logits, vocab, req + i0);
+  }
 }
 
 /* ---- ops.h mask_rows: one thread per bitset word ---- */
