@@ -303,7 +303,10 @@ int anna_context_logits_row(anna_context *c, int row, float *out, char *err, siz
  *
  * anna_context_sample_tail: finishes the draws anna_sampler_sample_candidates_tail returned 2
  * for: out[i] = the token of draw t[i] on row rows[i] (flagged order), i < n. One upload of the
- * head ids and one download of n results (two of each when some t[i] have a min-p floor).
+ * draws, one op call and one download of n results (twice when some t[i] have a min-p floor:
+ * their tail's kept mass first). On the CPU backend out[i] is exactly anna_sampler_sample's
+ * token; a GPU sums the tail in another order, so a draw within about 1e-12 of the kept mass
+ * of a boundary between two tokens may give the neighbouring one.
  * n = 0 only asks whether the backend can (0, or ANNA_EUNSUPPORTED: it has no sampling ops;
  * then ask anna_sampler_sample_candidates for 1 instead, before the RNG is consumed). At most
  * as many rows as the context's batch. ANNA_ERANGE for a row the last call did not leave. */
