@@ -332,6 +332,7 @@ static __global__ void k_tail_walk(ops_tail_out *outs, const double *parts, cons
   __shared__ unsigned bm[TL_CHUNK / 32];
   __shared__ float qs[TL_CHUNK];
   __shared__ double seg[TL_THREADS];
+  __shared__ int32_t lst[TL_THREADS];
   __shared__ int cross;
   __shared__ double ucross;
   const ops_tail_req *q = req + blockIdx.x;
@@ -340,27 +341,36 @@ static __global__ void k_tail_walk(ops_tail_out *outs, const double *parts, cons
   const int32_t *last = lasts + (int64_t)blockIdx.x * C;
   const float *l = logits + q->row * vocab;
   const double u = q->u;
-  if (threadIdx.x == 0) {
-    double tot = q->sum, uu = u;
-    int c0 = -1;
-    for (int c = 0; c < C; c++) {
-      tot += part[c];
-      if (u > 0 && c0 < 0) {
-        if (part[c] > 0 && __dsub_rn(uu, part[c]) <= 0) {
-          c0 = c;
-        } else {
-          uu = __dsub_rn(uu, part[c]);
+  /* The chunk sums in chunk order on thread 0, staged through shared memory a tile of
+   * TL_THREADS at a time (one coalesced load each, not C dependent global loads). */
+  double tot = q->sum, uw = u;
+  int cx = -1;
+  int32_t lastk = -1;
+  for (int t0 = 0; t0 < C; t0 += TL_THREADS) {
+    const int nt = C - t0 < TL_THREADS ? C - t0 : TL_THREADS;
+    if (threadIdx.x < nt) seg[threadIdx.x] = part[t0 + threadIdx.x], lst[threadIdx.x] = last[t0 + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int c = 0; c < nt; c++) {
+        tot += seg[c];
+        lastk = lst[c] >= 0 ? lst[c] : lastk;
+        if (u > 0 && cx < 0) {
+          if (seg[c] > 0 && __dsub_rn(uw, seg[c]) <= 0) {
+            cx = t0 + c;
+          } else {
+            uw = __dsub_rn(uw, seg[c]);
+          }
         }
       }
-    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
     out->sum = tot;
     out->pad_ = 0;
-    int32_t tok = -1;
-    if (u > 0 && c0 < 0) /* u outlasts the kept mass (rounding): the last kept token */
-      for (int c = C - 1; c >= 0 && tok < 0; c--) tok = last[c];
-    out->tok = tok;
-    cross = c0;
-    ucross = uu;
+    /* u outlasts the kept mass (rounding): the last kept token */
+    out->tok = u > 0 && cx < 0 ? lastk : -1;
+    cross = cx;
+    ucross = uw;
   }
   __syncthreads();
   const int c0 = cross;
