@@ -295,6 +295,34 @@ int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float 
 /* Logits row `row` (flagged order) of the last anna_context_decode(_topk) call to out[vocab],
  * valid until the next decode call. ANNA_ERANGE when that call had no such row. */
 int anna_context_logits_row(anna_context *c, int row, float *out, char *err, size_t errlen);
+/* (API next) Sampling on the rows the last anna_context_decode(_topk) call keeps where its
+ * logits are (device memory on a GPU). Those rows stay valid until the next decode, verify or
+ * prefill call of the context (any sequence), so these calls go between that call and the
+ * next one; anna_context_mask_topk changes them in place, which anna_context_logits_row and
+ * anna_context_sample_tail then see.
+ *
+ * anna_context_sample_tail: finishes the draws anna_sampler_sample_candidates_tail returned 2
+ * for: out[i] = the token of draw t[i] on row rows[i] (flagged order), i < n. One upload of the
+ * draws, one op call and one download of n results (twice when some t[i] have a min-p floor:
+ * their tail's kept mass first). On the CPU backend out[i] is exactly anna_sampler_sample's
+ * token; a GPU sums the tail in another order, so a draw within about 1e-12 of the kept mass
+ * of a boundary between two tokens may give the neighbouring one.
+ * n = 0 only asks whether the backend can (0, or ANNA_EUNSUPPORTED: it has no sampling ops;
+ * then ask anna_sampler_sample_candidates for 1 instead, before the RNG is consumed). At most
+ * as many rows as the context's batch. ANNA_ERANGE for a row the last call did not leave. */
+typedef struct anna_sample_tail anna_sample_tail; /* the sampler section below */
+int anna_context_sample_tail(anna_context *c, const int *rows, const anna_sample_tail *t, int n, int32_t *out,
+                             char *err, size_t errlen);
+/* anna_context_mask_topk: for each row r < n_rows (flagged order) whose bits[r] is not NULL,
+ * the tokens it rejects become -inf (bits[r]: (vocab + 63) / 64 words, bit t % 64 of word
+ * t / 64 set = token t rejected; borrowed for the call), then that row's candidates are
+ * computed again as anna_context_decode_topk computes them, into idx/val[r * k ..] and
+ * stats[2r ..] (k and temp as there; the softmax sum is the masked row's). Rows with a NULL
+ * mask keep their outputs untouched. So constrained rows (JSON schema, grammar, min_tokens)
+ * are drawn from candidates too. ANNA_EUNSUPPORTED: the backend has no mask op (the full rows
+ * then). */
+int anna_context_mask_topk(anna_context *c, const uint64_t *const *bits, int n_rows, int k, float temp, int32_t *idx,
+                           float *val, double *stats, char *err, size_t errlen);
 
 /* Per-op-family seconds since creation or the last reset (families: matmul, lm_head,
  * attention, gdn, moe, other), when created with .profile = 1 on the CPU; returns how many
@@ -654,6 +682,37 @@ int32_t anna_sampler_sample(anna_sampler *s, float *logits);
 int anna_sampler_candidates_k(const anna_sampler *s, float *temp);
 int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k,
                                    const double *stats, int32_t *out);
+
+/* (API next) Draws past the candidates, where the logits are. A draw without top-k (pure
+ * temperature, or min-p keeping the whole sorted head) walks the head, then every other token
+ * in vocabulary order (anna_sampler_sample); anna_sampler_sample_candidates_tail walks the head
+ * on the host and leaves the rest to anna_context_sample_tail, which walks the tail on the
+ * decode call's kept logits row: no row crosses to the host. anna_sample_tail carries the
+ * draw between the two (filled by the sampler, read by the context; the caller only keeps it). */
+typedef struct anna_sample_tail {
+  float inv_t, mx, floor_p; /* 1 / temperature, row max / temperature, min-p floor (0: none) */
+  double z;                 /* the row's softmax sum */
+  double sum;               /* the kept mass known so far (floor_p > 0: the head's only) */
+  double r;                 /* the draw in [0, 1): u = r * the whole kept mass */
+  double u;                 /* floor_p == 0: what is left of u after the head (> 0) */
+  int32_t nh, kept;         /* sorted head length; head entries kept */
+  int32_t fallback;         /* the token when nothing past the head is kept */
+  int32_t head[ANNA_TOPK_MAX];
+  float prob[ANNA_TOPK_MAX]; /* the head's probabilities, as anna_sampler_sample computes them */
+} anna_sample_tail;
+/* (API next) anna_sampler_candidates_k for anna_sampler_sample_candidates_tail: the same, except
+ * that pure temperature sampling (no top-k, top_p 1, min_p 0) also takes the sorted head of
+ * 256 and the softmax sum at its temperature. */
+int anna_sampler_candidates_tail_k(const anna_sampler *s, float *temp);
+/* (API next) anna_sampler_sample_candidates that can also finish past the candidates. Returns
+ * 0 with the token in *out; 1 having consumed nothing when only the full row will do (the top-p
+ * nucleus reaches past the head, k too small, penalties): anna_sampler_sample on the row; or 2
+ * when the draw needs the tail (it lands past the head, or min-p needs the tail's kept mass
+ * before it can be placed): the RNG draw is consumed exactly as anna_sampler_sample consumes it,
+ * *t holds the rest, and anna_context_sample_tail on that row gives the token (the same token
+ * anna_sampler_sample draws on the CPU backend). t: caller-owned, may not be NULL. */
+int anna_sampler_sample_candidates_tail(anna_sampler *s, const int32_t *idx, const float *val, int k,
+                                        const double *stats, anna_sample_tail *t, int32_t *out);
 
 /* ---- Scheduler -------------------------------------------------------------------------
  * The continuous-batching policy (anna-serve's engine drives it), as a pure module: it

@@ -34,6 +34,7 @@ typedef struct fwd_bufs {
    * candidates */
   float *logits_in, *logits;
   void *tk_dev;
+  void *smp_dev; /* last stage: sampling scratch (fwd_state_logits_rows), FWD_SAMPLE_ROW_BYTES a row */
 } fwd_bufs;
 
 /* A pipeline stage: layers [l0, l1) run on be (stage 0: the backend the forward call is
@@ -63,6 +64,7 @@ struct fwd_state {
   float *mfreq;
   int mfreq_half;
   void *tk_host;   /* host staging copy of the last stage's tk_dev */
+  void *smp_host;  /* host twin of the last stage's smp_dev */
   int64_t last_nl; /* logits rows the last call left in the last stage's logits (fwd_state_logits_row) */
   /* tensor parallelism (fwd_state_options): NULL tp_ar = none */
   int tp_rank;
@@ -240,6 +242,7 @@ int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int 
     if (last) {
       b->logits = salloc(s, sb, (size_t)(n * c->vocab) * sizeof(float), &fail);
       b->tk_dev = salloc(s, sb, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
+      b->smp_dev = salloc(s, sb, (size_t)n * FWD_SAMPLE_ROW_BYTES(c->vocab), &fail);
     }
     b->tokens = salloc(s, sb, (size_t)n * sizeof(int32_t), &fail);
     b->pos = salloc(s, sb, (size_t)n * sizeof(int32_t), &fail);
@@ -257,6 +260,7 @@ int fwd_state_create(fwd_state **out, const text_model *m, ops_backend *be, int 
   }
   s->w = &s->st[0].b;
   s->tk_host = halloc(s, (size_t)n * FWD_TOPK_ROW_BYTES, &fail);
+  s->smp_host = halloc(s, (size_t)n * FWD_SAMPLE_ROW_BYTES(c->vocab), &fail);
   if (s->n_stages > 1)
     s->hand = halloc(s, (size_t)(n * (2 * H + (int64_t)c->n_layers * c->ple_dim)) * sizeof(float), &fail);
   if (c->mrope_section[0] + c->mrope_section[1] + c->mrope_section[2] > 0) {
@@ -921,6 +925,21 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
   memcpy(tk->idx, hi, sizeof(int32_t) * (size_t)(nl * k));
   memcpy(tk->val, hi + nl * k, sizeof(float) * (size_t)(nl * k));
   return 0;
+}
+
+void fwd_state_logits_rows(fwd_state *s, model_rows *out) {
+  const fwd_stage *ls = &s->st[s->n_stages - 1];
+  const size_t n = (size_t)s->n_batch;
+  *out = (model_rows){.be = ls->be,
+                      .logits = ls->b.logits,
+                      .n = s->last_nl,
+                      .vocab = s->cfg->vocab,
+                      .tk_dev = ls->b.tk_dev,
+                      .tk_host = s->tk_host,
+                      .tk_bytes = n * FWD_TOPK_ROW_BYTES,
+                      .scr_dev = ls->b.smp_dev,
+                      .scr_host = s->smp_host,
+                      .scr_bytes = n * FWD_SAMPLE_ROW_BYTES(s->cfg->vocab)};
 }
 
 int fwd_state_logits_row(const fwd_state *s, int64_t row, float *out, char *err, size_t errlen) {

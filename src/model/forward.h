@@ -11,6 +11,7 @@
 #define ANNA_MODEL_FORWARD_H
 
 #include "anna/anna.h"
+#include "model/kind.h"
 #include "model/model.h"
 #include "ops/ops.h"
 
@@ -128,5 +129,10 @@ int forward_batch_mm(const text_model *m, ops_backend *be, fwd_state *s, const a
 /* Row `row` (in flagged order) of the logits the last forward_batch computed, to out[vocab]:
  * the full-row fallback after a candidates call. ANNA_ERANGE when that call left no such row. */
 int fwd_state_logits_row(const fwd_state *s, int64_t row, float *out, char *err, size_t errlen);
+/* Where the last forward_batch left its logits rows (model_rows in model/kind.h): the last
+ * stage's backend and buffers, with scratch of FWD_SAMPLE_ROW_BYTES(vocab) per batch row. */
+#define FWD_SAMPLE_ROW_BYTES(vocab) \
+  ((size_t)(((vocab) + 63) / 64) * 8u + sizeof(ops_tail_req) + sizeof(ops_tail_out) + 16u)
+void fwd_state_logits_rows(fwd_state *s, model_rows *out);
 
 #endif

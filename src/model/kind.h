@@ -183,6 +183,19 @@ typedef struct model_draft_ops {
 
 /* Per-sequence state of decoders: the entries behind anna_context_seq_* and the prefix
  * pool (anna.h documents each). `state` is what the kind's state_create made. */
+/* The last run's logits rows where they are kept (model_seq_ops.logits_rows), with scratch in
+ * that memory for the calls that sample there. Valid until the next run of the state; the
+ * scratch is the state's, free between runs (the caller serialises, as for every state call). */
+typedef struct model_rows {
+  ops_backend *be; /* the backend whose memory holds them */
+  float *logits;   /* [n][vocab] (backend memory); n = 0: the last run left none */
+  int64_t n, vocab;
+  void *tk_dev, *tk_host; /* the topk op's output block and its host twin, tk_bytes each */
+  size_t tk_bytes;
+  void *scr_dev, *scr_host; /* sampling scratch and its host twin, scr_bytes each */
+  size_t scr_bytes;
+} model_rows;
+
 typedef struct model_seq_ops {
   int32_t (*seq_len)(const void *state, int seq);
   void (*reset)(void *state, int seq);
@@ -204,6 +217,9 @@ typedef struct model_seq_ops {
   int64_t (*layer_bytes)(const void *state, int l);
   /* Row `row` (flagged order) of the last run's logits to out[vocab]; ANNA_ERANGE if none. */
   int (*logits_row)(const void *state, int64_t row, float *out, char *err, size_t errlen);
+  /* Optional (NULL: the kind keeps no rows there): where the last run's logits rows are kept,
+   * for sampling them where they are (anna_context_sample_tail, anna_context_mask_topk). */
+  void (*logits_rows)(void *state, model_rows *out);
 } model_seq_ops;
 
 typedef struct model_kind {

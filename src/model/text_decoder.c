@@ -237,6 +237,9 @@ static int64_t td_kv_bytes_per_token(const void *s) {
 static int td_logits_row(const void *s, int64_t row, float *out, char *err, size_t errlen) {
   return fwd_state_logits_row(TD(s)->s[0], row, out, err, errlen);
 }
+static void td_logits_rows(void *s, model_rows *out) {
+  fwd_state_logits_rows(TD(s)->s[0], out);
+}
 
 /* ---- the MTP head (model/mtp.h) ---- */
 
@@ -309,6 +312,7 @@ static const model_seq_ops td_seq = {
     .blocks_held = td_blocks_held,
     .kv_bytes_per_token = td_kv_bytes_per_token,
     .logits_row = td_logits_row,
+    .logits_rows = td_logits_rows,
     .layer_bytes = td_layer_bytes,
 };
 

@@ -218,6 +218,21 @@ typedef struct ops_offload_stats {
   const char *summary;
 } ops_offload_stats;
 
+/* One draw of the sample_tail op (see there), and its result: the kept mass and the token. */
+typedef struct ops_tail_req {
+  int64_t row;            /* the logits row */
+  double z, sum, u;       /* softmax sum; the kept mass so far (sum mode); u > 0: the walk */
+  float inv_t, mx, floor; /* 1 / temperature, row max / temperature, min-p floor (0: none) */
+  int32_t nh;             /* head ids, <= OPS_TOPK_MAX */
+  int32_t head[256];      /* (OPS_TOPK_MAX) */
+} ops_tail_req;
+
+typedef struct ops_tail_out {
+  double sum;
+  int32_t tok;
+  int32_t pad_;
+} ops_tail_out;
+
 typedef struct ops_backend ops_backend;
 
 struct ops_backend {
@@ -412,6 +427,27 @@ struct ops_backend {
    * 1 <= k <= OPS_TOPK_MAX and k <= vocab. NULL: not offered (the caller downloads the logits). */
   void (*topk)(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                int64_t vocab, int k, float temp);
+  /* The sampler's tail (anna_sampler_sample past its sorted head; runtime/sampler.c), for n
+   * draws req[0, n) (backend memory) on rows of logits [rows][vocab], where the logits are, so
+   * that no row need cross to the host. Draw i on row l = logits + req[i].row * vocab: its
+   * tail is every token t not among req[i].head[0, nh) (ids distinct and in range), in
+   * vocabulary order, with q_t = (float)(ops_exp_nonpos(l[t] * inv_t - mx) / z) kept where
+   * q_t > 0 and q_t >= floor (floor 0: every q_t > 0). Two modes: u <= 0 (the kept mass, for
+   * min-p's draw): out[i].sum = sum + the kept q_t added in vocabulary order, out[i].tok = -1;
+   * u > 0 (the walk): out[i].tok = the first kept t at which u minus the kept q up to and
+   * including t is <= 0, or the last kept t when u outlasts them, -1 when nothing is kept;
+   * out[i].sum is then unspecified (the CPU op stops at the token). out: backend memory [n].
+   * The CPU reference does the sampler's arithmetic in its order (bit-exact); a device adds
+   * per chunk and scans the chunk sums in double, so a draw within rounding of a boundary
+   * (about 1e-12 of the mass) may move to the neighbouring kept token. NULL: not offered (the
+   * caller downloads the rows). */
+  void (*sample_tail)(ops_backend *be, ops_tail_out *out, const float *logits, int64_t vocab, const ops_tail_req *req,
+                      int n);
+  /* For i < n: logits[rows[i] * vocab + t] = -inf wherever bit t of bits[i * words ..] is set
+   * (words = (vocab + 63) / 64 uint64 per row, bit t % 64 of word t / 64: the engine's rejection
+   * bitsets). rows, bits: backend memory; rows distinct. NULL: not offered. */
+  void (*mask_rows)(ops_backend *be, float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                    int64_t n);
 
   /* ---- Encoder ops (vision towers: model/vision_qwen35.c). NULL on a backend that has not
    * implemented them yet (CUDA today): the encoder kinds then refuse that backend. ---- */
@@ -470,7 +506,7 @@ struct ops_backend {
   void (*im2col_3x3s2)(ops_backend *be, float *cols, const float *x, int64_t n_img, int h, int w, int c);
 };
 
-/* Most candidates topk returns per row. */
+/* Most candidates topk returns per row (ops_tail_req.head has as many). */
 #define OPS_TOPK_MAX 256
 
 /* First index of the largest value of x[0, n) and that value in *best: NaN never wins (a row

@@ -16,6 +16,7 @@
 #include "model/prefetch.h"
 #include "ops/ops_profile.h"
 #include "runtime/model_handle.h"
+#include "runtime/sample_tail.h"
 #include "runtime/stages.h"
 #include "runtime/tp.h"
 #include "model/shard.h"
@@ -708,6 +709,142 @@ int anna_context_logits_row(anna_context *c, int row, float *out, char *err, siz
   if (!s) return no_seq(c, err, errlen);
   int rc = s->logits_row(c->st, row, out, err, errlen);
   if (!rc && c->dev->error) rc = c->dev->error(c->dev, err, errlen);
+  return rc;
+}
+
+/* The last call's kept rows (model_rows) and the backend's sampling ops, or an error. */
+static int kept_rows(anna_context *c, model_rows *mr, int need_tail, int need_mask, char *err, size_t errlen) {
+  const model_seq_ops *s = seq_ops(c); /* binds the device */
+  if (!s || !s->logits_rows)
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "a %s model keeps no logits rows", c->m->kind->name);
+  s->logits_rows(c->st, mr);
+  if ((need_tail && !mr->be->sample_tail) || (need_mask && (!mr->be->mask_rows || !mr->be->topk)))
+    return anna_err(err, errlen, ANNA_EUNSUPPORTED, "backend %s has no %s op", mr->be->name,
+                    need_tail ? "sample_tail" : "mask_rows");
+  return 0;
+}
+
+/* The tail draws req[0, n) staged in host scratch: one upload, the op, one download. */
+static void tail_run(const model_rows *mr, int n) {
+  ops_backend *be = mr->be;
+  const size_t rb = (size_t)n * sizeof(ops_tail_req);
+  ops_tail_req *rd = mr->scr_dev;
+  ops_tail_out *od = (ops_tail_out *)((char *)mr->scr_dev + rb);
+  be->upload(be, rd, mr->scr_host, rb);
+  be->sample_tail(be, od, mr->logits, mr->vocab, rd, n);
+  be->download(be, (char *)mr->scr_host + rb, od, (size_t)n * sizeof(ops_tail_out));
+}
+
+int anna_context_sample_tail(anna_context *c, const int *rows, const anna_sample_tail *t, int n, int32_t *out,
+                             char *err, size_t errlen) {
+  model_rows mr;
+  int rc = kept_rows(c, &mr, 1, 0, err, errlen);
+  if (rc || n <= 0) return rc;
+  if (!rows || !t || !out) return anna_err(err, errlen, ANNA_EINVAL, "sample_tail: NULL argument");
+  const size_t rb = (size_t)n * sizeof(ops_tail_req);
+  if (rb + (size_t)n * sizeof(ops_tail_out) > mr.scr_bytes)
+    return anna_err(err, errlen, ANNA_ERANGE, "sample_tail: %d rows exceed the batch", n);
+  for (int i = 0; i < n; i++) {
+    if (rows[i] < 0 || rows[i] >= mr.n)
+      return anna_err(err, errlen, ANNA_ERANGE, "sample_tail: row %d (the last decode left %lld)", rows[i],
+                      (long long)mr.n);
+    if (t[i].nh < 0 || t[i].nh > ANNA_TOPK_MAX || t[i].kept < 0 || t[i].kept > t[i].nh)
+      return anna_err(err, errlen, ANNA_EINVAL, "sample_tail: draw %d was not prepared by the sampler", i);
+  }
+  /* Round 1: every draw; a min-p floor's draw asks for its tail's kept mass (u = 0), the others
+   * walk. Round 2: the floor draws that, placed now, land past the head. */
+  ops_tail_req *rq = mr.scr_host;
+  const ops_tail_out *oh = (const ops_tail_out *)((const char *)mr.scr_host + rb);
+  for (int i = 0; i < n; i++) {
+    const anna_sample_tail *q = &t[i];
+    rq[i] = (ops_tail_req){.row = rows[i], .z = q->z, .sum = q->sum, .u = q->floor_p > 0.0f ? 0.0 : q->u,
+                           .inv_t = q->inv_t, .mx = q->mx, .floor = q->floor_p, .nh = q->nh};
+    memcpy(rq[i].head, q->head, sizeof(int32_t) * (size_t)q->nh);
+  }
+  tail_run(&mr, n);
+  int n2 = 0;
+  for (int i = 0; i < n; i++) {
+    const anna_sample_tail *q = &t[i];
+    out[i] = oh[i].tok >= 0 ? oh[i].tok : q->fallback;
+    if (!(q->floor_p > 0.0f)) continue;
+    double u = q->r * oh[i].sum; /* the draw placed: the head, then (round 2) the tail */
+    const int32_t h = sample_tail_head_walk(q, &u);
+    if (h >= 0) {
+      out[i] = q->head[h];
+      continue;
+    }
+    out[i] = -1 - i; /* round 2's slot n2 answers for draw i */
+    rq[n2] = rq[i];  /* n2 <= i: an entry already read */
+    rq[n2].u = u;
+    n2++;
+  }
+  if (n2 > 0) {
+    tail_run(&mr, n2);
+    const ops_tail_out *o2 = (const ops_tail_out *)((const char *)mr.scr_host + (size_t)n2 * sizeof(ops_tail_req));
+    int j = 0;
+    for (int i = 0; i < n; i++)
+      if (out[i] == -1 - i) {
+        out[i] = o2[j].tok >= 0 ? o2[j].tok : t[i].fallback;
+        j++;
+      }
+  }
+  if (c->dev->error) rc = c->dev->error(c->dev, err, errlen);
+  return rc;
+}
+
+int anna_context_mask_topk(anna_context *c, const uint64_t *const *bits, int n_rows, int k, float temp, int32_t *idx,
+                           float *val, double *stats, char *err, size_t errlen) {
+  model_rows mr;
+  int rc = kept_rows(c, &mr, 0, 1, err, errlen);
+  if (rc) return rc;
+  if (!bits || !idx || !val || !stats) return anna_err(err, errlen, ANNA_EINVAL, "mask_topk: NULL argument");
+  if (n_rows < 0 || n_rows > mr.n)
+    return anna_err(err, errlen, ANNA_ERANGE, "mask_topk: %d rows (the last decode left %lld)", n_rows,
+                    (long long)mr.n);
+  if (k < 1 || k > ANNA_TOPK_MAX || k > mr.vocab)
+    return anna_err(err, errlen, ANNA_EINVAL, "mask_topk: k %d (1 <= k <= %d and the vocabulary)", k, ANNA_TOPK_MAX);
+  const int64_t V = mr.vocab, words = (V + 63) / 64;
+  int nm = 0;
+  for (int r = 0; r < n_rows; r++) nm += bits[r] != NULL;
+  if (nm == 0) return 0;
+  /* scratch: the masks [nm][words], then their rows [nm]; the candidates in the topk block as
+   * [stats nm * 2 | idx nm * k | val nm * k] (masked ordinal j) */
+  const size_t bbytes = (size_t)nm * (size_t)words * sizeof(uint64_t);
+  if (bbytes + (size_t)nm * sizeof(int32_t) > mr.scr_bytes)
+    return anna_err(err, errlen, ANNA_ERANGE, "mask_topk: %d rows exceed the batch", nm);
+  uint64_t *bh = mr.scr_host;
+  int32_t *rh = (int32_t *)((char *)mr.scr_host + bbytes), *rd = (int32_t *)((char *)mr.scr_dev + bbytes);
+  int j = 0;
+  for (int r = 0; r < n_rows; r++)
+    if (bits[r]) {
+      memcpy(bh + (size_t)j * (size_t)words, bits[r], (size_t)words * sizeof(uint64_t));
+      rh[j++] = r;
+    }
+  ops_backend *be = mr.be;
+  be->upload(be, mr.scr_dev, mr.scr_host, bbytes + (size_t)nm * sizeof(int32_t));
+  be->mask_rows(be, mr.logits, V, rd, mr.scr_dev, nm);
+  double *sd = mr.tk_dev;
+  int32_t *id = (int32_t *)(sd + 2 * nm);
+  float *vd = (float *)(id + (size_t)nm * (size_t)k);
+  for (int a = 0; a < nm;) { /* runs of consecutive masked rows: one topk each */
+    int b = a + 1;
+    while (b < nm && rh[b] == rh[b - 1] + 1) b++;
+    be->topk(be, id + (size_t)a * (size_t)k, vd + (size_t)a * (size_t)k, sd + 2 * a, mr.logits + (int64_t)rh[a] * V,
+             b - a, V, k, temp);
+    a = b;
+  }
+  const size_t tbytes = (size_t)nm * (2 * sizeof(double) + (size_t)k * (sizeof(int32_t) + sizeof(float)));
+  be->download(be, mr.tk_host, mr.tk_dev, tbytes);
+  const double *sh = mr.tk_host;
+  const int32_t *ih = (const int32_t *)(sh + 2 * nm);
+  const float *vh = (const float *)(ih + (size_t)nm * (size_t)k);
+  for (j = 0; j < nm; j++) {
+    const size_t r = (size_t)rh[j];
+    stats[2 * r] = sh[2 * j], stats[2 * r + 1] = sh[2 * j + 1];
+    memcpy(idx + r * (size_t)k, ih + (size_t)j * (size_t)k, sizeof(int32_t) * (size_t)k);
+    memcpy(val + r * (size_t)k, vh + (size_t)j * (size_t)k, sizeof(float) * (size_t)k);
+  }
+  if (c->dev->error) rc = c->dev->error(c->dev, err, errlen);
   return rc;
 }
 

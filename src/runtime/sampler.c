@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "ops/ops.h"
+#include "runtime/sample_tail.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -274,7 +275,8 @@ done:
   return pick;
 }
 
-int anna_sampler_candidates_k(const anna_sampler *s, float *temp) {
+/* tail: 1 for anna_sampler_candidates_tail_k (pure temperature takes the head too). */
+static int candidates_k(const anna_sampler *s, float *temp, int tail) {
   const anna_sampler_params *p = &s->p;
   if (temp) *temp = 0.0f;
   if (p->repetition_penalty != 1.0f || p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f) return 0;
@@ -282,18 +284,27 @@ int anna_sampler_candidates_k(const anna_sampler *s, float *temp) {
   const int32_t V = s->vocab;
   if (p->top_k > 0 && p->top_k < V) return p->top_k <= OPS_TOPK_MAX ? p->top_k : 0; /* the whole kept set */
   if (V <= SAMPLER_HEAD && V <= OPS_TOPK_MAX) return V;                              /* every token */
-  if (p->top_p >= 1.0f && p->min_p <= 0) return 0; /* pure temperature: every token can be drawn */
+  if (!tail && p->top_p >= 1.0f && p->min_p <= 0) return 0; /* pure temperature: every token can be drawn */
   /* the sorted head, whose probabilities divide by the whole row's softmax sum */
   if (temp) *temp = p->temperature;
   return SAMPLER_HEAD <= OPS_TOPK_MAX ? SAMPLER_HEAD : 0;
 }
 
+int anna_sampler_candidates_k(const anna_sampler *s, float *temp) {
+  return candidates_k(s, temp, 0);
+}
+
+int anna_sampler_candidates_tail_k(const anna_sampler *s, float *temp) {
+  return candidates_k(s, temp, 1);
+}
+
 /* anna_sampler_sample's steps on the candidates, in the same order and arithmetic (see there);
- * the head is the first nh candidates, already sorted by the op. */
-int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
-                              int32_t *out) {
+ * the head is the first nh candidates, already sorted by the op. t == NULL: a draw that needs
+ * the tail returns 1 before consuming anything; else it is prepared in *t and returns 2. */
+static int sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
+                             anna_sample_tail *t, int32_t *out) {
   const anna_sampler_params *p = &s->p;
-  const int need = anna_sampler_candidates_k(s, NULL);
+  const int need = candidates_k(s, NULL, t != NULL);
   if (need <= 0 || k < need) return 1;
   if (p->temperature <= 0) {
     *out = idx[0];
@@ -321,9 +332,35 @@ int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const fl
   const int32_t ns = n < nh ? n : nh;
   int32_t kept = ns;
   if (p->min_p > 0) kept = min_p_prefix(s->prob, ns, floor_p);
-  if (kept == ns && n > nh) return 1; /* tokens past the head take part */
+  const int tail = kept == ns && n > nh; /* tokens past the head take part */
+  if (tail && !t) return 1;
   double sum = 0;
   for (int32_t i = 0; i < kept; i++) sum += s->prob[i];
+  if (tail) {
+    /* anna_sampler_sample's tail: the head as there, the rest left to anna_context_sample_tail */
+    t->inv_t = inv_t, t->mx = mx, t->floor_p = floor_p, t->z = z;
+    t->nh = nh, t->kept = kept, t->fallback = idx[kept - 1];
+    memcpy(t->head, idx, sizeof(int32_t) * (size_t)nh);
+    memcpy(t->prob, s->prob, sizeof(float) * (size_t)nh);
+    t->r = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0);
+    t->u = 0;
+    if (floor_p > 0.0f) { /* the kept mass needs the tail's floor pass first */
+      t->sum = sum;
+      return 2;
+    }
+    double zh = 0; /* every token past the head: the mass z leaves to them */
+    for (int32_t i = 0; i < nh; i++) zh += exp_nonpos(val[i] * inv_t - mx);
+    sum += (z - zh) / z;
+    t->sum = sum;
+    double u = t->r * sum;
+    const int32_t i = sample_tail_head_walk(t, &u);
+    if (i >= 0) {
+      *out = idx[i];
+      return 0;
+    }
+    t->u = u;
+    return 2;
+  }
   double u = (double)(next_u64(s->rng) >> 11) * (1.0 / 9007199254740992.0) * sum;
   int32_t pick = idx[kept - 1];
   for (int32_t i = 0; i < kept; i++) {
@@ -335,4 +372,14 @@ int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const fl
   }
   *out = pick;
   return 0;
+}
+
+int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k, const double *stats,
+                                   int32_t *out) {
+  return sample_candidates(s, idx, val, k, stats, NULL, out);
+}
+
+int anna_sampler_sample_candidates_tail(anna_sampler *s, const int32_t *idx, const float *val, int k,
+                                        const double *stats, anna_sample_tail *t, int32_t *out) {
+  return sample_candidates(s, idx, val, k, stats, t, out);
 }

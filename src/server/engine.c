@@ -133,6 +133,7 @@ typedef struct slot {
   int spec_rec;    /* slot_sample's token was drawn by a sampled verify window, which recorded it */
   int32_t media_reused; /* a prompt with media: tokens the prefix pool gave (slot_media_prefill) */
   int wake;        /* its choice has news the connection has not been woken for (wake_flush) */
+  int pre_masked;  /* slot_sample's pre-drawn token came from masked candidates: feed the grammar / JSON state */
 } slot;
 
 /* Exact prompt cache entry: a context sequence (beyond the n_seq slots) holding a whole
@@ -211,6 +212,21 @@ struct engine {
   struct mask_pool *mp; /* mask workers (engine_options.mask_threads); NULL: masks inline */
   int32_t *eog_ids; /* end-of-generation tokens (min_tokens masks them) */
   int n_eog;
+  /* Draws finished where the logits are (issues 29, 30): dev_tail / dev_mask, the context
+   * offers anna_context_sample_tail / anna_context_mask_topk. c_mask [n_seq] per slot index:
+   * the mask its row draws under this step (CMASK_*); eog_bits the min_tokens mask [words].
+   * Per flagged row [n_seq]: c_bits the mask handed to anna_context_mask_topk, c_how what the
+   * row's draw came to (CHOW_*), c_tok its token, c_tj its pending tail draw; the step's tail
+   * draws tl / tl_row / tl_tok [n_seq] (one anna_context_sample_tail call). */
+  int dev_tail, dev_mask;
+  int8_t *c_mask, *c_how, *c_done;
+  uint64_t *eog_bits, *zero_bits; /* [words]: the min_tokens mask; no mask (another temperature) */
+  const uint64_t **c_bits, **c_gb; /* c_gb: one anna_context_mask_topk call's share of c_bits */
+  float *c_temp;                   /* [n_seq] per flagged row: the temperature of its softmax sum (0: none) */
+  int32_t *c_tok, *c_tj;
+  anna_sample_tail *tl;
+  int *tl_row;
+  int32_t *tl_tok;
   int64_t pool_blocks; /* KV pool size (0: no block pool) and block length, fixed at creation */
   int block_len;
   /* speculative decoding (o.spec_draft_max > 0): per slot index (not per slot struct, which a
@@ -1229,40 +1245,103 @@ static int slot_mask(engine *e, int i, float *row) {
   return 0;
 }
 
+/* The mask a row draws under (engine.c_mask): none, the end-of-generation ids (min_tokens
+ * with a temperature: the softmax sum must be the masked row's), or the mask pool's bitset
+ * (JSON mode, JSON schema, grammar). */
+enum { CMASK_NONE, CMASK_EOG, CMASK_POOL };
+/* What a flagged row's draw came to (engine.c_how). */
+enum { CHOW_DRAWN, CHOW_FULL, CHOW_TAIL, CHOW_STOP };
+
 /* Whether slot i's next row can be sampled from the backend's candidates (see
- * anna_context_decode_topk): a plain sample, no logprobs, JSON mask, forced or prefix token, or
- * exact-cache store (those read the full row); *k and *temp as anna_sampler_candidates_k. */
-static int slot_cand_ok(const engine *e, int i, int *k, float *temp) {
+ * anna_context_decode_topk): no logprobs, forced or prefix token, or exact-cache store (those
+ * read the full row); *k and *temp as anna_sampler_candidates_(tail_)k, *mask the mask its
+ * candidates need (CMASK_*: applied where the logits are, anna_context_mask_topk). split: the
+ * step makes two forward calls (step_forward), whose masks would have to be joined between
+ * them: masked rows take the full row then. */
+static int slot_cand_ok(const engine *e, int i, int split, int *k, float *temp, int *mask) {
   const slot *s = &e->slots[i];
   const gen_request *r = s->r;
-  if (!r || r->logprobs || r->json_mode || r->grammar || r->forced || (size_t)s->n_gen < r->n_prefix)
-    return 0;
+  *mask = CMASK_NONE;
+  if (!r || r->logprobs || r->forced || (size_t)s->n_gen < r->n_prefix) return 0;
   if (s->exact_store && !s->decoding) return 0;
-  int kk = anna_sampler_candidates_k(s->smp, temp);
+  if (r->json_mode || r->grammar) {
+    /* the pool computes the mask during the forward pass; a row whose mask is computed inline
+     * (no pool, a forced suffix) reads the full row */
+    if (!e->dev_mask || split || !e->mp || !slot_mask_wanted(s)) return 0;
+    *mask = CMASK_POOL;
+  }
+  int kk = e->dev_tail ? anna_sampler_candidates_tail_k(s->smp, temp) : anna_sampler_candidates_k(s->smp, temp);
   if (kk <= 0) return 0;
-  /* min_tokens masks the end-of-generation tokens: with n_eog more candidates, the masked row's
-   * best kk are the candidates without them (slot_draw). Exact only where the draw needs no
-   * softmax sum over the whole row (greedy, top-k), which the mask would change. (Benchmarks
-   * send min_tokens = max_tokens: without this every row of their steps left the device.) */
-  if (s->n_gen < r->min_tokens) {
-    if (*temp > 0 || kk + e->n_eog > ANNA_TOPK_MAX) return 0;
-    kk += e->n_eog;
+  /* min_tokens masks the end-of-generation tokens (not in JSON / grammar rows: slot_sample).
+   * Without a softmax sum (greedy, top-k) n_eog more candidates do: the masked row's best kk
+   * are the candidates without them (slot_draw). With one, the row is masked where it is.
+   * (Benchmarks send min_tokens = max_tokens: without this every row of their steps left the
+   * device.) */
+  if (s->n_gen < r->min_tokens && *mask == CMASK_NONE) {
+    if (*temp > 0) {
+      if (!e->dev_mask || split) return 0;
+      *mask = CMASK_EOG;
+    } else {
+      if (kk + e->n_eog > ANNA_TOPK_MAX) return 0;
+      kk += e->n_eog;
+    }
   }
   *k = kk;
   return 1;
 }
 
-/* anna_sampler_sample_candidates for slot i's row, the end-of-generation tokens dropped from
- * the candidates while min_tokens masks them (slot_cand_ok asked for that many more). */
-static int slot_draw(engine *e, int i, const int32_t *idx, const float *val, int kc, const double *st, int32_t *t) {
+/* Slot i's draw from its row's candidates (flagged row `row` of the last call): 0 with the
+ * token in *t; 1 when the full row is needed; 2 when the draw waits for the tail: it is
+ * e->tl[*nt] (then ++*nt), finished by tails_resolve. The end-of-generation tokens are dropped
+ * from unmasked candidates while min_tokens holds (slot_cand_ok asked for that many more). */
+static int slot_draw(engine *e, int i, int row, const int32_t *idx, const float *val, int kc, const double *st,
+                     int32_t *t, int *nt) {
   slot *s = &e->slots[i];
-  if (s->n_gen >= s->r->min_tokens) return anna_sampler_sample_candidates(s->smp, idx, val, kc, st, t);
   int32_t fi[ANNA_TOPK_MAX];
   float fv[ANNA_TOPK_MAX];
-  int n = 0;
-  for (int j = 0; j < kc && j < ANNA_TOPK_MAX; j++)
-    if (!anna_text_is_eog(e->text, idx[j])) fi[n] = idx[j], fv[n++] = val[j];
-  return anna_sampler_sample_candidates(s->smp, fi, fv, n, st, t);
+  if (s->n_gen < s->r->min_tokens && e->c_mask[i] == CMASK_NONE) {
+    int n = 0;
+    for (int j = 0; j < kc && j < ANNA_TOPK_MAX; j++)
+      if (!anna_text_is_eog(e->text, idx[j])) fi[n] = idx[j], fv[n++] = val[j];
+    idx = fi, val = fv, kc = n;
+  }
+  if (!e->dev_tail) return anna_sampler_sample_candidates(s->smp, idx, val, kc, st, t);
+  const int rc = anna_sampler_sample_candidates_tail(s->smp, idx, val, kc, st, &e->tl[*nt], t);
+  if (rc == 2) e->tl_row[(*nt)++] = row;
+  return rc;
+}
+
+/* The step's pending tail draws (slot_draw returned 2) in one call: their tokens to e->tl_tok. */
+static int tails_resolve(engine *e, int nt, char *err, size_t errlen) {
+  return nt > 0 ? anna_context_sample_tail(e->ctx, e->tl_row, e->tl, nt, e->tl_tok, err, errlen) : 0;
+}
+
+/* The pool's mask for slot i's current position, if it holds one; *stop: it leaves no token.
+ * (Once anna_context_mask_topk has applied it, m_applied tells slot_mask that a full row
+ * fetched afterwards is masked already.) */
+static const uint64_t *pool_mask_get(const engine *e, int i, int *stop) {
+  const mask_pool *p = e->mp;
+  const slot *s = &e->slots[i];
+  *stop = 0;
+  if (!p || !p->bits || !p->m_ok[i] || p->m_req[i] != s->r || p->m_ci[i] != s->ci || p->m_gen[i] != s->n_gen)
+    return NULL;
+  *stop = p->m_allow_g[i] == 0 || p->m_allow_j[i] == 0;
+  return p->bits + (size_t)i * p->words;
+}
+
+/* After a grammar / JSON row's draw: the token advances the row's grammar / JSON state. */
+static void slot_feed(engine *e, slot *s, int32_t t) {
+  const gen_request *r = s->r;
+  if (r->grammar && e->tok_cls[t] == 0 && !anna_text_is_eog(e->text, t))
+    gbnf_feed(&s->gs, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
+  if (r->json_mode && e->tok_cls[t] == 0) {
+    const char *tb = e->tok_bytes + e->tok_off[t];
+    size_t tn = e->tok_off[t + 1] - e->tok_off[t];
+    if (r->schema)
+      jsonschema_feed(&s->js, tb, tn);
+    else
+      jsonmask_feed(&s->jm, tb, tn);
+  }
 }
 
 /* One sampled position of slot i: record, stream text, decide whether it goes on. pre >= 0:
@@ -1280,6 +1359,8 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
   int forced_end = 0, json_more = 0;
   if (pre >= 0) {
     t = pre;
+    if (s->pre_masked) slot_feed(e, s, t); /* drawn from masked candidates (grammar / JSON) */
+    s->pre_masked = 0;
   } else if (r->forced) {
     if (idx < r->n_forced)
       t = r->forced[idx];
@@ -1311,16 +1392,7 @@ static void slot_sample(engine *e, int i, float *row, int32_t pre) {
       for (int k = 0; k < e->n_eog; k++)
         row[e->eog_ids[k]] = -INFINITY;
     t = anna_sampler_sample(s->smp, row);
-    if (r->grammar && e->tok_cls[t] == 0 && !anna_text_is_eog(e->text, t))
-      gbnf_feed(&s->gs, e->tok_bytes + e->tok_off[t], e->tok_off[t + 1] - e->tok_off[t]);
-    if (r->json_mode && e->tok_cls[t] == 0) {
-      const char *tb = e->tok_bytes + e->tok_off[t];
-      size_t tn = e->tok_off[t + 1] - e->tok_off[t];
-      if (r->schema)
-        jsonschema_feed(&s->js, tb, tn);
-      else
-        jsonmask_feed(&s->jm, tb, tn);
-    }
+    slot_feed(e, s, t);
   }
   s->forced_ended = forced_end;
   if (!forced_end) {
@@ -1727,17 +1799,25 @@ static int step_forward(engine *e, const anna_batch *b, int nb_dec, int nflag_de
     return rc;
   }
   int rc = anna_context_decode_topk(e->ctx, &b1, kc, ktemp, e->c_idx, e->c_val, e->c_st, err, errlen);
+  int nt = 0;
   for (int k = 0; k < nflag_dec && !rc; k++) {
     slot *s = &e->slots[e->out_slot[k]];
     e->split_tok[k] = -1;
+    e->c_tj[k] = -1;
     if (!s->r) continue;
     int32_t t;
-    if (!slot_draw(e, e->out_slot[k], e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc, kc,
-                   e->c_st + 2 * (size_t)k, &t))
+    const int how = slot_draw(e, e->out_slot[k], k, e->c_idx + (size_t)k * (size_t)kc,
+                              e->c_val + (size_t)k * (size_t)kc, kc, e->c_st + 2 * (size_t)k, &t, &nt);
+    if (how == 0)
       e->split_tok[k] = t;
+    else if (how == 2)
+      e->c_tj[k] = nt - 1;
     else
       rc = anna_context_logits_row(e->ctx, k, e->logits + (size_t)k * (size_t)e->V, err, errlen), e->st.full_rows++;
   }
+  if (!rc) rc = tails_resolve(e, nt, err, errlen); /* before the second call replaces the rows */
+  for (int k = 0; k < nflag_dec && !rc; k++)
+    if (e->c_tj[k] >= 0) e->split_tok[k] = e->tl_tok[e->c_tj[k]];
   if (!rc)
     rc = anna_context_decode_topk(e->ctx, &b2, kc, ktemp, e->c_idx + k0 * (size_t)kc, e->c_val + k0 * (size_t)kc,
                                   e->c_st + 2 * k0, err, errlen);
@@ -1998,18 +2078,26 @@ static void *engine_main(void *arg) {
     kv_replan = 0;
     anna_batch b = {nb, e->b_tok, e->b_seq, e->b_pos, e->b_want};
     /* Candidates instead of logits when every sampled row allows it: the largest k any row
-     * needs (a row's own top-k is a prefix of them) at the one temperature whose softmax sum
-     * the top-p / min-p rows need; rows of different such temperatures take the full rows. */
-    int kc = 0;
+     * needs (a row's own top-k is a prefix of them) at the temperature whose softmax sum the
+     * first row that needs one (top-p, min-p, pure temperature) needs. Rows that need another
+     * temperature's sum, or a mask, get their candidates again where the logits are
+     * (anna_context_mask_topk, per temperature); without that op (or in a split step) a
+     * second temperature takes the full rows. */
+    int kc = 0, n_cmask = 0;
     float ktemp = 0.0f;
+    const int split = e->o.split_prefill && nb_dec > 0 && nb_dec < nb;
     for (int k = 0; k < nflag && !e->host_sampling; k++) {
-      int kk = 0;
+      int kk = 0, cm = CMASK_NONE;
       float tt = 0.0f;
-      if (!slot_cand_ok(e, e->out_slot[k], &kk, &tt) || (tt > 0 && ktemp > 0 && tt != ktemp)) {
+      if (!slot_cand_ok(e, e->out_slot[k], split, &kk, &tt, &cm) ||
+          (tt > 0 && ktemp > 0 && tt != ktemp && (split || !e->dev_mask))) {
         kc = 0;
         break;
       }
-      if (tt > 0) ktemp = tt;
+      e->c_mask[e->out_slot[k]] = (int8_t)cm;
+      e->c_temp[k] = tt;
+      if (tt > 0 && ktemp <= 0) ktemp = tt;
+      n_cmask += cm != CMASK_NONE || (tt > 0 && tt != ktemp);
       kc = kk > kc ? kk : kc;
     }
     ph_mark(e, ENG_PH_ASSEMBLE);
@@ -2029,7 +2117,11 @@ static void *engine_main(void *arg) {
       }
     }
     if (e->mp) mask_pool_start(e, nflag); /* masks overlap the forward pass */
-    const int drc = nb == 0 ? 0 : step_forward(e, &b, nb_dec, nflag_dec, kc, ktemp, err, sizeof err);
+    /* When every row's candidates are computed again after the forward pass (masks, other
+     * temperatures), the pass itself needs only the cheapest candidates (k 1, no softmax sum). */
+    const int again = kc > 0 && n_cmask == nflag;
+    const int drc =
+        nb == 0 ? 0 : step_forward(e, &b, nb_dec, nflag_dec, again ? 1 : kc, again ? 0.0f : ktemp, err, sizeof err);
     ph_mark(e, ENG_PH_FORWARD);
     if (e->mp) mask_pool_apply(e, nflag, !drc && nb > 0 && kc == 0);
     if (drc) {
@@ -2094,6 +2186,71 @@ static void *engine_main(void *arg) {
       for (int j = 0; j < e->wins[w].n_out && e->slots[i].r; j++) slot_sample(e, i, NULL, e->wins[w].out[j]);
       e->slots[i].spec_rec = 0;
     }
+    if (kc > 0) { /* the candidates' draws first: masked rows, then one call for the tails */
+      int nt = 0;
+      if (n_cmask > 0) { /* (never in a split step: slot_cand_ok) */
+        for (int k = 0; k < nflag; k++) {
+          const int i = e->out_slot[k];
+          int none = 0;
+          e->c_how[k] = CHOW_DRAWN;
+          e->c_bits[k] = NULL;
+          if (!e->slots[i].r) continue;
+          if (e->c_mask[i] == CMASK_EOG) e->c_bits[k] = e->eog_bits;
+          if (e->c_mask[i] == CMASK_POOL) {
+            e->c_bits[k] = pool_mask_get(e, i, &none);
+            /* no pool mask after all (its tables failed): the full row, masked inline */
+            e->c_how[k] = none ? CHOW_STOP : e->c_bits[k] ? CHOW_DRAWN : CHOW_FULL;
+            if (none) e->c_bits[k] = NULL;
+          }
+        }
+        /* rows at another temperature: an empty mask, candidates again at theirs */
+        for (int k = 0; k < nflag; k++)
+          if (e->slots[e->out_slot[k]].r && !e->c_bits[k] && e->c_how[k] == CHOW_DRAWN && e->c_temp[k] > 0 &&
+              e->c_temp[k] != ktemp)
+            e->c_bits[k] = e->zero_bits;
+        /* one call per temperature (rows without a softmax sum go with ktemp's) */
+        for (int k = 0; k < nflag; k++) e->c_done[k] = e->c_bits[k] == NULL;
+        for (int k0 = 0; k0 < nflag; k0++) {
+          if (e->c_done[k0]) continue;
+          const float T = e->c_temp[k0] > 0 ? e->c_temp[k0] : ktemp;
+          for (int k = k0; k < nflag; k++) {
+            const int here = !e->c_done[k] && (e->c_temp[k] > 0 ? e->c_temp[k] : ktemp) == T;
+            e->c_gb[k] = here ? e->c_bits[k] : NULL;
+            e->c_done[k] |= (int8_t)here;
+          }
+          for (int k = 0; k < k0; k++) e->c_gb[k] = NULL;
+          const int mrc = anna_context_mask_topk(e->ctx, e->c_gb, nflag, kc, T, e->c_idx, e->c_val, e->c_st, err,
+                                                 sizeof err);
+          for (int k = k0; k < nflag; k++) {
+            const int i = e->out_slot[k];
+            if (!e->c_gb[k]) continue;
+            if (mrc) e->c_how[k] = CHOW_FULL; /* the rows as the host path masks them */
+            if (!mrc && e->c_mask[i] == CMASK_POOL) e->mp->m_applied[i] = 1;
+          }
+          if (mrc) slog(SLOG_WARN, NULL, "masked candidates failed, sampling the full rows: %s", err);
+        }
+      } else {
+        for (int k = 0; k < nflag; k++) e->c_how[k] = CHOW_DRAWN;
+      }
+      for (int k = e->n_split; k < nflag; k++) {
+        const int i = e->out_slot[k];
+        e->c_tj[k] = -1;
+        if (!e->slots[i].r || e->c_how[k] != CHOW_DRAWN) continue;
+        const int how = slot_draw(e, i, k - e->n_split, e->c_idx + (size_t)k * (size_t)kc,
+                                  e->c_val + (size_t)k * (size_t)kc, kc, e->c_st + 2 * (size_t)k, &e->c_tok[k], &nt);
+        e->c_how[k] = how == 0 ? CHOW_DRAWN : how == 2 ? CHOW_TAIL : CHOW_FULL;
+        if (how == 2) e->c_tj[k] = nt - 1;
+      }
+      const int trc = tails_resolve(e, nt, err, sizeof err);
+      if (trc) { /* a device error: those draws are lost */
+        slog(SLOG_ERROR, NULL, "tail draws failed: %s", err);
+        for (int k = e->n_split; k < nflag; k++)
+          if (e->c_how[k] == CHOW_TAIL) {
+            slot_free(e, e->out_slot[k], "error", trc, err, 0);
+            e->c_how[k] = CHOW_DRAWN; /* freed: nothing more to do */
+          }
+      }
+    }
     for (int k = 0; k < nflag; k++) {
       int i = e->out_slot[k];
       slot *s = &e->slots[i];
@@ -2102,11 +2259,13 @@ static void *engine_main(void *arg) {
         continue;
       }
       if (kc > 0) { /* from the candidates; a row they do not decide is fetched in full */
-        int32_t t;
         if (!s->r) continue;
-        if (!slot_draw(e, i, e->c_idx + (size_t)k * (size_t)kc, e->c_val + (size_t)k * (size_t)kc, kc,
-                       e->c_st + 2 * (size_t)k, &t)) {
-          slot_sample(e, i, NULL, t);
+        const int how = e->c_how[k];
+        if (how == CHOW_STOP) { /* the grammar / JSON leaves no token */
+          slot_free(e, i, "stop", 0, NULL, 1);
+        } else if (how == CHOW_DRAWN || how == CHOW_TAIL) {
+          s->pre_masked = e->c_mask[i] == CMASK_POOL;
+          slot_sample(e, i, NULL, how == CHOW_TAIL ? e->tl_tok[e->c_tj[k]] : e->c_tok[k]);
         } else {
           const int lrc = anna_context_logits_row(e->ctx, k - e->n_split, e->row_tmp, err, sizeof err);
           e->st.full_rows++;
@@ -2337,6 +2496,34 @@ int engine_create(engine **out, anna_model *m, const anna_text *text, const engi
     rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the prompt cache");
     goto fail;
   }
+  /* Draws where the logits are, when the backend has the ops (an n = 0 call asks). */
+  {
+    const uint64_t *none = NULL;
+    int32_t pi;
+    float pv;
+    double ps[2];
+    e->dev_tail = anna_context_sample_tail(e->ctx, NULL, NULL, 0, NULL, NULL, 0) == 0;
+    e->dev_mask = anna_context_mask_topk(e->ctx, &none, 0, 1, 0.0f, &pi, &pv, ps, NULL, 0) == 0;
+  }
+  e->c_mask = calloc((size_t)S, 1);
+  e->c_how = calloc((size_t)S, 1);
+  e->eog_bits = calloc(((size_t)e->V + 63) / 64, sizeof *e->eog_bits);
+  e->c_bits = calloc((size_t)S, sizeof *e->c_bits);
+  e->c_gb = calloc((size_t)S, sizeof *e->c_gb);
+  e->c_done = calloc((size_t)S, 1);
+  e->c_temp = calloc((size_t)S, sizeof *e->c_temp);
+  e->zero_bits = calloc(((size_t)e->V + 63) / 64, sizeof *e->zero_bits);
+  e->c_tok = calloc((size_t)S, sizeof *e->c_tok);
+  e->c_tj = calloc((size_t)S, sizeof *e->c_tj);
+  e->tl = calloc((size_t)S, sizeof *e->tl);
+  e->tl_row = calloc((size_t)S, sizeof *e->tl_row);
+  e->tl_tok = calloc((size_t)S, sizeof *e->tl_tok);
+  if (!e->c_mask || !e->c_how || !e->eog_bits || !e->c_bits || !e->c_tok || !e->c_tj || !e->tl || !e->tl_row ||
+      !e->tl_tok || !e->c_gb || !e->c_done || !e->c_temp || !e->zero_bits) {
+    rc = anna_err(err, errlen, ANNA_ENOMEM, "out of memory for the sampling buffers");
+    goto fail;
+  }
+  for (int k = 0; k < e->n_eog; k++) e->eog_bits[e->eog_ids[k] >> 6] |= (uint64_t)1 << (e->eog_ids[k] & 63);
   int mt = e->o.mask_threads;
   if (mt < 0) {
     const long nc = sysconf(_SC_NPROCESSORS_ONLN);
@@ -2508,6 +2695,9 @@ void engine_free(engine *e) {
   free(e->c_val);
   free(e->c_st);
   free(e->split_tok);
+  free(e->c_mask), free(e->c_how), free(e->eog_bits), free(e->c_bits), free(e->c_tok), free(e->c_tj);
+  free(e->c_gb), free(e->c_done), free(e->c_temp), free(e->zero_bits);
+  free(e->tl), free(e->tl_row), free(e->tl_tok);
   if (e->ng)
     for (int i = 0; i < e->o.n_seq; i++) anna_ngram_free(e->ng[i]);
   free(e->ng), free(e->spec_draft), free(e->spec_out), free(e->wins), free(e->win_slot);

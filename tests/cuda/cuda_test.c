@@ -244,6 +244,7 @@ int main(int argc, char **argv) {
       {"moe_grouped", test_moe_grouped},
       {"graphs", test_graphs},
       {"topk", test_topk},
+      {"sample_tail", test_sample_tail},
       {"gdn_step_batched", test_gdn_step_batched}, /* the others' inputs stay as they were */
       {"kv_store", test_kv_store},                 /* after it: the same, for the older families */
       {"attention_kv", test_attention_kv},

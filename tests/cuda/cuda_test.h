@@ -102,6 +102,7 @@ void test_graph_pieces(void);
 void test_graphs(void);
 /* test_cuda_sample.c */
 void test_topk(void);
+void test_sample_tail(void); /* sample_tail and mask_rows against the CPU ops (issue 29) */
 void bench_topk(void);
 /* test_cuda_encoder.c: the encoder and waveform decoder ops (vision, ASR, codec) */
 void test_encoder(void);

@@ -357,6 +357,121 @@ static void test_sampler(void) {
   }
 }
 
+/* Issue 29 / 30 through the public API, on the CPU backend: rows of one decode_topk call drawn
+ * from candidates, with the tail walked where the rows are kept (anna_context_sample_tail, all
+ * pending draws in one call) and masks applied there (anna_context_mask_topk), give the tokens
+ * anna_sampler_sample draws from the same rows downloaded whole (anna_context_decode) and,
+ * for masked rows, masked on the host. */
+static void test_device_sampling(const char *fixtures) {
+  printf("sampling where the logits are (issue 29)\n");
+  enum { R = 4, K = ANNA_TOPK_MAX };
+  char path[1024], err[256] = "";
+  snprintf(path, sizeof path, "%s/qwen3", fixtures);
+  anna_model *m = NULL;
+  anna_context *c = NULL;
+  const anna_context_options co = {.n_seq = R, .n_ctx = 64, .n_batch = 32, .n_threads = 2};
+  if (anna_model_load(&m, path, NULL, err, sizeof err) || anna_context_create(&c, m, &co, err, sizeof err)) {
+    CHECK(0, "load %s: %s", path, err);
+    anna_model_free(m);
+    return;
+  }
+  const int V = anna_model_vocab(m);
+  const int64_t words = (V + 63) / 64;
+  CHECK(anna_context_sample_tail(c, NULL, NULL, 0, NULL, err, sizeof err) == 0, "the CPU backend offers the tail");
+  float *ref = malloc(sizeof(float) * (size_t)(R * V)), *row = malloc(sizeof(float) * (size_t)V);
+  int32_t *idx = malloc(sizeof(int32_t) * R * K);
+  float *val = malloc(sizeof(float) * R * K);
+  double st[2 * R];
+  uint64_t *bits = calloc((size_t)(2 * words), sizeof(uint64_t));
+  anna_sample_tail *tl = calloc(R, sizeof *tl);
+  typedef struct {
+    float temp, min_p;
+  } ps;
+  static const ps sets[] = {{1.0f, 0.0f}, {2.5f, 0.0f}, {4.0f, 0.0f}, {3.0f, 0.001f}};
+  int diff = 0, tails = 0, draws = 0, mdiff = 0, kept_same = 1;
+  for (size_t si = 0; si < sizeof sets / sizeof *sets; si++)
+    for (int it = 0; it < 6; it++) {
+      int32_t tok[R], seq[R], pos[R];
+      int8_t want[R];
+      for (int r = 0; r < R; r++) tok[r] = (int32_t)(11 + 97 * r + 31 * it + 7 * (int)si), seq[r] = r, pos[r] = 0, want[r] = 1;
+      const anna_batch b = {R, tok, seq, pos, want};
+      anna_sampler *full[R], *cand[R];
+      for (int r = 0; r < R; r++) {
+        anna_sampler_params p = anna_sampler_params_default();
+        p.temperature = sets[si].temp, p.min_p = sets[si].min_p, p.seed = (uint64_t)(100 * it + r);
+        anna_sampler_create(&full[r], V, &p, NULL, 0);
+        anna_sampler_create(&cand[r], V, &p, NULL, 0);
+      }
+      float temp = 0.0f;
+      const int k = anna_sampler_candidates_tail_k(cand[0], &temp);
+      int rc = anna_context_decode(c, &b, ref, err, sizeof err);
+      for (int r = 0; r < R; r++) anna_context_seq_reset(c, r);
+      if (!rc) rc = anna_context_decode_topk(c, &b, k, temp, idx, val, st, err, sizeof err);
+      CHECK(rc == 0 && k == K, "decode: %s (k %d)", err, k);
+      if (rc) break;
+      /* masks on rows 0 and 2: a few ids (row 0) and most of the vocabulary (row 2) */
+      memset(bits, 0, sizeof(uint64_t) * (size_t)(2 * words));
+      for (int j = 0; j < 3; j++) {
+        const int t = (it * 131 + j * 337) % V;
+        bits[t / 64] |= 1ull << (t % 64);
+      }
+      for (int64_t w = 0; w < words; w++) bits[words + w] = ~(0x0101010101010101ull << (w % 8));
+      const uint64_t *mk[R] = {it % 2 ? bits : NULL, NULL, it % 2 ? bits + words : NULL, NULL};
+      int32_t keep_idx[K];
+      memcpy(keep_idx, idx + K, sizeof keep_idx);
+      if (it % 2) {
+        rc = anna_context_mask_topk(c, mk, R, k, temp, idx, val, st, err, sizeof err);
+        CHECK(rc == 0, "mask_topk: %s", err);
+        kept_same &= !memcmp(keep_idx, idx + K, sizeof keep_idx); /* an unmasked row untouched */
+      }
+      int rows[R], n = 0, which[R];
+      int32_t got[R], want_tok[R], out[R];
+      for (int r = 0; r < R; r++) {
+        memcpy(row, ref + (size_t)r * V, sizeof(float) * (size_t)V);
+        if (mk[r])
+          for (int t = 0; t < V; t++)
+            if (mk[r][t / 64] >> (t % 64) & 1) row[t] = -INFINITY;
+        want_tok[r] = anna_sampler_sample(full[r], row);
+        got[r] = -1;
+        const int h = anna_sampler_sample_candidates_tail(cand[r], idx + r * K, val + r * K, K, st + 2 * r, &tl[n],
+                                                          &got[r]);
+        CHECK(h != 1, "no full row without top-p (set %zu row %d)", si, r);
+        if (h == 2) rows[n] = r, which[n++] = r;
+      }
+      rc = anna_context_sample_tail(c, rows, tl, n, out, err, sizeof err);
+      CHECK(rc == 0, "sample_tail: %s", err);
+      for (int j = 0; j < n; j++) got[which[j]] = out[j];
+      tails += n;
+      for (int r = 0; r < R; r++) {
+        draws++;
+        diff += got[r] != want_tok[r];
+        mdiff += mk[r] && got[r] != want_tok[r];
+      }
+      if (it == 1) { /* the kept rows are the masked ones now */
+        rc = anna_context_logits_row(c, 0, row, err, sizeof err);
+        int masked_ok = rc == 0;
+        for (int t = 0; t < V && masked_ok; t++)
+          masked_ok = (bits[t / 64] >> (t % 64) & 1) ? row[t] == -INFINITY : row[t] == ref[t];
+        CHECK(masked_ok, "logits_row after mask_topk: the masked row");
+        const int bad_row = R;
+        CHECK(anna_context_sample_tail(c, &bad_row, tl, 1, out, err, sizeof err) == ANNA_ERANGE,
+              "sample_tail: a row the last call did not leave");
+      }
+      for (int r = 0; r < R; r++) {
+        anna_context_seq_reset(c, r);
+        anna_sampler_free(full[r]);
+        anna_sampler_free(cand[r]);
+      }
+    }
+  CHECK(diff == 0, "candidates + tail == the full-row sampler: %d of %d draws differ (%d masked)", diff, draws, mdiff);
+  CHECK(tails > 0, "some draws took the tail (%d of %d)", tails, draws);
+  CHECK(kept_same, "mask_topk leaves unmasked rows' candidates");
+  printf("  %d of %d draws walked the tail where the logits are\n", tails, draws);
+  free(ref), free(row), free(idx), free(val), free(bits), free(tl);
+  anna_context_free(c);
+  anna_model_free(m);
+}
+
 static void test_gguf(const char *gguf_dir, const char *fixtures) {
   printf("gguf\n");
   char path[1024], err[256];
@@ -506,6 +621,7 @@ int main(int argc, char **argv) {
   test_open(fixtures, gguf_dir);
   test_offload_options(fixtures);
   test_sampler();
+  test_device_sampling(fixtures);
   test_gguf(gguf_dir, fixtures);
   test_media();
   printf("%d checks, %d failures\n", g_checks, g_fail);

@@ -9,6 +9,7 @@
 #include "formats/dtype.h"
 #include "formats/quant.h"
 #include "model/config.h"
+#include "runtime/sample_tail.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -927,6 +928,153 @@ static void test_sampler_candidates(ops_backend *be) {
   }
 }
 
+/* anna_context_sample_tail's resolution of draws, against the backend's op on a host row (the
+ * CPU backend's memory is host memory): the head walk shared with the context, the op for the
+ * tail's mass (min-p) and the tail walk. */
+static ops_tail_out tail_op(ops_backend *be, const float *row, int64_t V, const anna_sample_tail *t, double sum,
+                            double u) {
+  ops_tail_req q = {.row = 0, .z = t->z, .sum = sum, .u = u, .inv_t = t->inv_t, .mx = t->mx, .floor = t->floor_p,
+                    .nh = t->nh};
+  memcpy(q.head, t->head, sizeof(int32_t) * (size_t)t->nh);
+  ops_tail_out o;
+  be->sample_tail(be, &o, row, V, &q, 1);
+  return o;
+}
+
+static int32_t tail_resolve(ops_backend *be, const float *row, int64_t V, const anna_sample_tail *t) {
+  double u = t->u;
+  if (t->floor_p > 0.0f) {
+    u = t->r * tail_op(be, row, V, t, t->sum, 0.0).sum;
+    const int32_t h = sample_tail_head_walk(t, &u);
+    if (h >= 0) return t->head[h];
+  }
+  const ops_tail_out o = tail_op(be, row, V, t, 0.0, u);
+  return o.tok >= 0 ? o.tok : t->fallback;
+}
+
+/* Rows: 0 heavy (a few dominant logits), 1 medium (150 lifted), 2 flat (nothing lifted: the
+ * draw mostly lands past the head), 3 flat with a few -inf / NaN. */
+static void tail_row(float *row, int32_t V, int kind) {
+  for (int32_t t = 0; t < V; t++) row[t] = frand() * 3.0f;
+  const int lift = kind == 0 ? 8 : kind == 1 ? 150 : 0;
+  for (int j = 0; j < lift; j++) row[rnd() % (uint64_t)V] += 10.0f + 4.0f * frand();
+  if (kind == 3)
+    for (int j = 0; j < 20; j++) row[rnd() % (uint64_t)V] = j & 1 ? NAN : -INFINITY;
+}
+
+/* Issue 29: candidates + the tail op == anna_sampler_sample token for token (one seed, two
+ * samplers), for pure temperature, min-p, top-p and both, over heavy and flat rows; and masked
+ * rows (mask_rows + topk, then the same draw) == the host masking the full row. */
+static void test_sampler_tail(ops_backend *be) {
+  printf("sampler tail (issue 29) and masked candidates\n");
+  typedef struct {
+    float top_p, min_p;
+  } ps;
+  static const ps sets[] = {{1.0f, 0.0f}, {1.0f, 0.02f}, {1.0f, 0.002f}, {0.9f, 0.0f}, {0.95f, 0.05f}};
+  static const float temps[] = {0.6f, 1.0f, 1.7f};
+  static const int32_t vocabs[] = {1000, 248320};
+  int32_t idx[OPS_TOPK_MAX];
+  float val[OPS_TOPK_MAX];
+  double st[2];
+  anna_sample_tail tl;
+  for (size_t vi = 0; vi < 2; vi++) {
+    const int32_t V = vocabs[vi];
+    const int64_t words = (V + 63) / 64;
+    float *row = malloc(sizeof(float) * (size_t)V), *a = malloc(sizeof(float) * (size_t)V),
+          *b = malloc(sizeof(float) * (size_t)V);
+    uint64_t *bits = malloc(sizeof(uint64_t) * (size_t)words);
+    for (int masked = 0; masked < 3; masked++) /* 0 none, 1 end-of-generation ids, 2 a JSON-like mask */
+      for (size_t si = 0; si < sizeof sets / sizeof *sets; si++)
+        for (size_t ti = 0; ti < sizeof temps / sizeof *temps; ti++) {
+          const int steps = V > 10000 ? 4 : 24;
+          int diff = 0, tails = 0, fulls = 0, draws = 0, declined = 0;
+          for (uint64_t seed = 1; seed <= 3; seed++) {
+            anna_sampler_params p = anna_sampler_params_default();
+            p.temperature = temps[ti], p.top_p = sets[si].top_p, p.min_p = sets[si].min_p, p.seed = seed;
+            anna_sampler *full = NULL, *cand = NULL;
+            anna_sampler_create(&full, V, &p, NULL, 0);
+            anna_sampler_create(&cand, V, &p, NULL, 0);
+            float temp = 0.0f;
+            const int k = anna_sampler_candidates_tail_k(cand, &temp);
+            declined += k <= 0;
+            for (int step = 0; step < steps && k > 0; step++) {
+              tail_row(row, V, step % 4);
+              memset(bits, 0, sizeof(uint64_t) * (size_t)words);
+              if (masked == 1) { /* three ids, one of them the row's best (it must not come out) */
+                float bst;
+                const int32_t top = (int32_t)ops_argmax_f32(row, V, &bst);
+                const int32_t ids[3] = {top, (int32_t)(rnd() % (uint64_t)V), V - 1};
+                for (int j = 0; j < 3; j++) bits[ids[j] / 64] |= 1ull << (ids[j] % 64);
+              } else if (masked == 2) { /* most tokens rejected, a few hundred allowed */
+                for (int64_t w = 0; w < words; w++) bits[w] = ~0ull;
+                for (int j = 0; j < 400; j++) {
+                  const int32_t t = (int32_t)(rnd() % (uint64_t)V);
+                  bits[t / 64] &= ~(1ull << (t % 64));
+                }
+              }
+              memcpy(a, row, sizeof(float) * (size_t)V);
+              memcpy(b, row, sizeof(float) * (size_t)V);
+              if (masked) { /* the host path: -inf on the full row */
+                for (int32_t t = 0; t < V; t++)
+                  if (bits[t / 64] >> (t % 64) & 1) a[t] = -INFINITY;
+                const int32_t r0 = 0;
+                be->mask_rows(be, b, V, &r0, bits, 1);
+              }
+              const int32_t ta = anna_sampler_sample(full, a);
+              be->topk(be, idx, val, st, b, 1, V, k, temp);
+              int32_t tb = -1;
+              const int rc = anna_sampler_sample_candidates_tail(cand, idx, val, k, st, &tl, &tb);
+              if (rc == 2) {
+                tb = tail_resolve(be, b, V, &tl);
+                tails++;
+              } else if (rc == 1) {
+                tb = anna_sampler_sample(cand, b);
+                fulls++;
+              }
+              diff += ta != tb;
+              draws++;
+              anna_sampler_accept(full, ta);
+              anna_sampler_accept(cand, tb);
+            }
+            anna_sampler_free(full);
+            anna_sampler_free(cand);
+          }
+          char what[160];
+          snprintf(what, sizeof what, "V %d T %.1f p %.2f minp %.3f mask %d: candidates_tail_k offered", V, temps[ti],
+                   sets[si].top_p, sets[si].min_p, masked);
+          check(what, declined, 0);
+          snprintf(what, sizeof what, "V %d T %.1f p %.2f minp %.3f mask %d: same tokens (%d tail, %d full of %d)", V,
+                   temps[ti], sets[si].top_p, sets[si].min_p, masked, tails, fulls, draws);
+          check(what, diff, 0);
+          /* only a top-p nucleus past the head may still need the full row */
+          if (sets[si].top_p >= 1.0f) {
+            snprintf(what, sizeof what, "V %d T %.1f minp %.3f mask %d: no full row", V, temps[ti], sets[si].min_p,
+                     masked);
+            check(what, fulls, 0);
+          }
+          if (masked == 0 && ti == 1) printf("  V %6d p %.2f minp %.3f T 1: %d of %d draws took the tail op, %d the full row\n", V,
+                                  sets[si].top_p, sets[si].min_p, tails, draws, fulls);
+        }
+    free(row), free(a), free(b), free(bits);
+  }
+  /* the op's edges: nothing kept past the head (-1), u past the kept mass, the sum mode; and
+   * several draws in one call (rows 0 and 1 of a two-row block) */
+  {
+    float l[8] = {1.0f, -INFINITY, NAN, -INFINITY, 1.0f, -INFINITY, 1.0f, 1.0f};
+    ops_tail_req q[2] = {{.row = 0, .z = 1.0, .sum = 0.5, .u = 0.25, .inv_t = 1.0f, .mx = 1.0f, .nh = 1},
+                         {.row = 1, .z = 4.0, .sum = 0.5, .u = 0.0, .inv_t = 1.0f, .mx = 1.0f, .nh = 1}};
+    q[0].head[0] = 0, q[1].head[0] = 3;
+    ops_tail_out o[2];
+    be->sample_tail(be, o, l, 4, q, 2);
+    check("sample_tail: nothing kept -> tok -1", o[0].tok != -1, 0);
+    check("sample_tail: the sum mode, the second draw's row", o[1].tok != -1 || o[1].sum != 1.0, 0);
+    l[3] = 1.0f;
+    q[0].z = 2.0, q[0].u = 0.75;
+    be->sample_tail(be, o, l, 4, q, 1);
+    check("sample_tail: u past the kept mass -> the last kept token", o[0].tok != 3, 0);
+  }
+}
+
 /* ---- encoder ops (vision towers): layer_norm, gelu, attention_seg, embed_bag, and the
  * axial 2-D rope the Qwen3.5 tower builds from two rope calls ---- */
 
@@ -1196,6 +1344,7 @@ int main(void) {
   test_sampler();
   test_topk(be);
   test_sampler_candidates(be);
+  test_sampler_tail(be);
   test_encoder_ops(be);
   test_waveform_ops(be);
   cpu_backend_free(be);

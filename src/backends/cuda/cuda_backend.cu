@@ -983,6 +983,8 @@ extern "C" int cuda_backend_create_device(ops_backend **out, int device, int64_t
   be->moe_ffn = cuda_op_moe_ffn;
   be->moe_route = cuda_op_moe_route;
   be->topk = cuda_op_topk;
+  be->sample_tail = cuda_op_sample_tail;
+  be->mask_rows = cuda_op_mask_rows;
   cuda_encoder_ops_install(be); /* vision / audio encoders, the codec's waveform decoder */
   cuda_comm_install(be);        /* tensor parallelism's NCCL all-reduce, when built with NCCL */
   be->destroy = cuda_backend_free;

@@ -362,6 +362,10 @@ void cuda_moe_route_shared(ops_backend *be, int32_t *idx, float *wts, const floa
                            int k, int renorm, const float *per_expert, const float *sh);
 void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, const float *logits, int64_t rows,
                   int64_t vocab, int k, float temp);
+void cuda_op_sample_tail(ops_backend *be, ops_tail_out *out, const float *logits, int64_t vocab,
+                         const ops_tail_req *req, int n);
+void cuda_op_mask_rows(ops_backend *be, float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                       int64_t n);
 /* cuda_encoder.cu: sets the encoder and waveform decoder ops of ops.h (layer_norm .. im2col_3x3s2). */
 void cuda_encoder_ops_install(ops_backend *be);
 /* cuda_comm.cu: sets ops.h comm_* (NCCL all-reduce) when the build has NCCL, else nothing. */

@@ -1,5 +1,7 @@
-/* cuda_sample.cu: the topk op (ops.h), sampling candidates on the device: per logits row the k
- * best (value, index) pairs in the host sampler's order, the row's max and softmax sum.
+/* cuda_sample.cu: the sampling ops of ops.h on the device. topk: sampling candidates, per logits
+ * row the k best (value, index) pairs in the host sampler's order, the row's max and softmax
+ * sum; sample_tail: the sampler's draw past its sorted head (below); mask_rows: rejection
+ * bitsets applied as -inf.
  *
  * Each candidate is one 64-bit key, (order-preserving bits of the value) << 32 | (~index), so
  * that "larger key" is exactly "larger value, then lower index" and keys are distinct; NaN is
@@ -240,4 +242,226 @@ void cuda_op_topk(ops_backend *be, int32_t *idx, float *val, double *stats, cons
       ng = nout;
     }
   }
+}
+
+/* ---- the sampler's tail (ops.h sample_tail) ----
+ * Two launches for all the draws: k_tail_chunks, one block per (chunk of TL_CHUNK tokens,
+ * draw), sums the chunk's kept q_t (double; head ids marked in a shared bitmap) and notes its
+ * last kept token; k_tail_walk, one block per draw, adds the chunk sums to `sum` in chunk
+ * order, finds the chunk where the remaining u crosses zero, recomputes that chunk's q_t into
+ * shared memory, sums them in segments of TL_SEG and walks the crossing segment's q_t in
+ * vocabulary order on one thread, as the sampler does. q_t is computed with the CPU's
+ * arithmetic (ops_exp_nonpos in round-to-nearest steps, no contraction, an IEEE double
+ * division), so every q_t has the CPU's bits; only the order of the additions differs. */
+#define TL_CHUNK 2048
+#define TL_THREADS 256
+#define TL_SEG (TL_CHUNK / TL_THREADS) /* tokens per segment of the crossing chunk's walk */
+
+/* ops_exp_nonpos (ops.h) step by step: each operation rounded as the C code's (no FMA). */
+static __device__ __forceinline__ float tl_exp_nonpos(float x) {
+  const bool under = !(x >= -87.0f); /* also NaN */
+  x = under ? -87.0f : x;
+  const float k = rintf(__fmul_rn(x, 1.44269504f));
+  const float r = __fsub_rn(__fsub_rn(x, __fmul_rn(k, 0.693145752f)), __fmul_rn(k, 1.42860677e-6f));
+  float y = 1.0f / 720;
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f / 120);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f / 24);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f / 6);
+  y = __fadd_rn(__fmul_rn(y, r), 0.5f);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f);
+  y = __fadd_rn(__fmul_rn(y, r), 1.0f);
+  const float sc = __int_as_float(((int)k + 127) << 23);
+  return under ? 0.0f : __fmul_rn(y, sc);
+}
+
+/* q_t of the sampler: (float)(exp / z), 0 where not kept (a kept q is > 0). */
+static __device__ __forceinline__ float tl_q(float l, float inv_t, float mx, double z, float floor) {
+  const float e = tl_exp_nonpos(__fsub_rn(__fmul_rn(l, inv_t), mx));
+  const float q = (float)__ddiv_rn((double)e, z);
+  return q > 0.0f && q >= floor ? q : 0.0f;
+}
+
+/* Marks the head ids that fall in [beg, beg + TL_CHUNK) in bm (TL_CHUNK bits). Ends with a barrier. */
+static __device__ void tl_mark_head(unsigned *bm, const int32_t *head, int nh, int64_t beg) {
+  for (int i = threadIdx.x; i < TL_CHUNK / 32; i += blockDim.x) bm[i] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < nh; j += blockDim.x) {
+    const int64_t o = (int64_t)head[j] - beg;
+    if (o >= 0 && o < TL_CHUNK) atomicOr(&bm[o >> 5], 1u << (o & 31));
+  }
+  __syncthreads();
+}
+
+/* Block (c, i): draw i's chunk c: part[i * C + c] = the chunk's kept mass, last[..] = its last
+ * kept token (-1: none). */
+static __global__ void k_tail_chunks(double *part, int32_t *last, const float *logits, int64_t vocab,
+                                     const ops_tail_req *req, int C) {
+  __shared__ unsigned bm[TL_CHUNK / 32];
+  __shared__ int lastk[TL_THREADS / 32];
+  const ops_tail_req *q = req + blockIdx.y;
+  const float *l = logits + q->row * vocab;
+  const float inv_t = q->inv_t, mx = q->mx, floor = q->floor;
+  const double z = q->z;
+  const int64_t beg = (int64_t)blockIdx.x * TL_CHUNK;
+  const int n = (int)(vocab - beg < TL_CHUNK ? vocab - beg : TL_CHUNK);
+  tl_mark_head(bm, q->head, q->nh, beg);
+  double acc = 0;
+  int lk = -1;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (bm[i >> 5] >> (i & 31) & 1u) continue;
+    const float p = tl_q(l[beg + i], inv_t, mx, z, floor);
+    if (p > 0.0f) acc += (double)p, lk = i;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const int w = __shfl_xor_sync(0xffffffffu, lk, o);
+    lk = w > lk ? w : lk;
+  }
+  if ((threadIdx.x & 31) == 0) lastk[threadIdx.x >> 5] = lk;
+  const double s = tk_block_sum(acc); /* a barrier: lastk is complete */
+  if (threadIdx.x == 0) {
+    int m = -1;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) m = lastk[w] > m ? lastk[w] : m;
+    part[(int64_t)blockIdx.y * C + blockIdx.x] = s;
+    last[(int64_t)blockIdx.y * C + blockIdx.x] = m < 0 ? -1 : (int32_t)(beg + m);
+  }
+}
+
+/* Block i: draw i's out->sum, and out->tok by the walk (u > 0). */
+static __global__ void k_tail_walk(ops_tail_out *outs, const double *parts, const int32_t *lasts, int C,
+                                   const float *logits, int64_t vocab, const ops_tail_req *req) {
+  __shared__ unsigned bm[TL_CHUNK / 32];
+  __shared__ float qs[TL_CHUNK];
+  __shared__ double seg[TL_THREADS];
+  __shared__ int32_t lst[TL_THREADS];
+  __shared__ int cross;
+  __shared__ double ucross;
+  const ops_tail_req *q = req + blockIdx.x;
+  ops_tail_out *out = outs + blockIdx.x;
+  const double *part = parts + (int64_t)blockIdx.x * C;
+  const int32_t *last = lasts + (int64_t)blockIdx.x * C;
+  const float *l = logits + q->row * vocab;
+  const double u = q->u;
+  /* The chunk sums in chunk order on thread 0, staged through shared memory a tile of
+   * TL_THREADS at a time (one coalesced load each, not C dependent global loads). */
+  double tot = q->sum, uw = u;
+  int cx = -1;
+  int32_t lastk = -1;
+  for (int t0 = 0; t0 < C; t0 += TL_THREADS) {
+    const int nt = C - t0 < TL_THREADS ? C - t0 : TL_THREADS;
+    if (threadIdx.x < nt) seg[threadIdx.x] = part[t0 + threadIdx.x], lst[threadIdx.x] = last[t0 + threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int c = 0; c < nt; c++) {
+        tot += seg[c];
+        lastk = lst[c] >= 0 ? lst[c] : lastk;
+        if (u > 0 && cx < 0) {
+          if (seg[c] > 0 && __dsub_rn(uw, seg[c]) <= 0) {
+            cx = t0 + c;
+          } else {
+            uw = __dsub_rn(uw, seg[c]);
+          }
+        }
+      }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    out->sum = tot;
+    out->pad_ = 0;
+    /* u outlasts the kept mass (rounding): the last kept token */
+    out->tok = u > 0 && cx < 0 ? lastk : -1;
+    cross = cx;
+    ucross = uw;
+  }
+  __syncthreads();
+  const int c0 = cross;
+  if (c0 < 0) return;
+  const int64_t beg = (int64_t)c0 * TL_CHUNK;
+  const int n = (int)(vocab - beg < TL_CHUNK ? vocab - beg : TL_CHUNK);
+  tl_mark_head(bm, q->head, q->nh, beg);
+  for (int i = threadIdx.x; i < TL_CHUNK; i += blockDim.x)
+    qs[i] = i >= n || (bm[i >> 5] >> (i & 31) & 1u) ? 0.0f : tl_q(l[beg + i], q->inv_t, q->mx, q->z, q->floor);
+  __syncthreads();
+  /* The chunk in TL_THREADS segments of TL_SEG tokens: each thread sums its segment in order,
+   * thread 0 finds the segment where u crosses and walks its tokens one by one (a sequential
+   * walk over the whole chunk cost 2048 dependent double subtractions). */
+  const int g = threadIdx.x;
+  double a = 0;
+  for (int j = 0; j < TL_SEG; j++) a += (double)qs[g * TL_SEG + j];
+  seg[g] = a;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double uu = ucross;
+    int s0 = -1;
+    for (int w = 0; w < TL_THREADS; w++) {
+      if (seg[w] > 0 && __dsub_rn(uu, seg[w]) <= 0) {
+        s0 = w;
+        break;
+      }
+      uu = __dsub_rn(uu, seg[w]);
+    }
+    int32_t tok = -1;
+    if (s0 < 0) { /* the chunk's own order falls short of its sum (rounding): its last kept token */
+      for (int i = n - 1; i >= 0 && tok < 0; i--)
+        if (qs[i] > 0.0f) tok = (int32_t)(beg + i);
+    } else {
+      for (int i = s0 * TL_SEG; i < (s0 + 1) * TL_SEG; i++) {
+        if (!(qs[i] > 0.0f)) continue;
+        tok = (int32_t)(beg + i);
+        uu = __dsub_rn(uu, (double)qs[i]);
+        if (uu <= 0) break;
+      }
+    }
+    out->tok = tok; /* a segment's last kept token when its order falls short (rounding) */
+  }
+}
+
+void cuda_op_sample_tail(ops_backend *be, ops_tail_out *out, const float *logits, int64_t vocab,
+                         const ops_tail_req *req, int n) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  const int64_t C = (vocab + TL_CHUNK - 1) / TL_CHUNK;
+  const size_t row_bytes = (size_t)C * (sizeof(double) + sizeof(int32_t));
+  if (vocab < 1 || vocab >= INT32_MAX || row_bytes > ci->topk_scr_bytes) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda sample_tail: vocabulary %lld", (long long)vocab);
+    return;
+  }
+  /* topk's scratch (the same stream, never at once): draws in groups that fit it */
+  int64_t G = (int64_t)(ci->topk_scr_bytes / row_bytes);
+  if (G > 65535) G = 65535; /* grid.y */
+  for (int64_t i0 = 0; i0 < n; i0 += G) {
+    const int64_t m = n - i0 < G ? n - i0 : G;
+    double *part = (double *)ci->topk_scr;
+    int32_t *last = (int32_t *)(part + m * C);
+    cuda_launch(ci, "sample_tail chunks", k_tail_chunks, dim3((unsigned)C, (unsigned)m), TL_THREADS, 0, part, last,
+                logits, vocab, req + i0, (int)C);
+    cuda_launch(ci, "sample_tail walk", k_tail_walk, dim3((unsigned)m), TL_THREADS, 0, out + i0, (const double *)part,
+                (const int32_t *)last, (int)C, logits, vocab, req + i0);
+  }
+}
+
+/* ---- ops.h mask_rows: one thread per bitset word ---- */
+static __global__ void k_mask_rows(float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                                   int64_t words) {
+  const int64_t w = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (w >= words) return;
+  uint64_t m = bits[(int64_t)blockIdx.y * words + w];
+  float *r = logits + (int64_t)rows[blockIdx.y] * vocab;
+  while (m) {
+    const int64_t t = w * 64 + __ffsll((long long)m) - 1;
+    m &= m - 1;
+    if (t < vocab) r[t] = -INFINITY;
+  }
+}
+
+void cuda_op_mask_rows(ops_backend *be, float *logits, int64_t vocab, const int32_t *rows, const uint64_t *bits,
+                       int64_t n) {
+  cuda_impl *ci = cuda_impl_of(be);
+  if (ci->err || n <= 0) return;
+  if (n > 65535) {
+    cuda_fail(ci, ANNA_EINVAL, "cuda mask_rows: %lld rows (at most 65535)", (long long)n);
+    return;
+  }
+  const int64_t words = (vocab + 63) / 64;
+  cuda_launch(ci, "mask_rows", k_mask_rows, dim3((unsigned)((words + 255) / 256), (unsigned)n), 256, 0, logits, vocab,
+              rows, bits, words);
 }
