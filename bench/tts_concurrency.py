@@ -101,7 +101,7 @@ def main():
     one(client, a.url, body)  # warm-up
     rows = []
     print("%5s %6s %9s %9s %9s %8s %7s %9s %10s" % ("N", "reqs", "first_p50", "first_p90", "first_max", "audio_s",
-                                                     "rtf_x", "realtime", "audio_s/s"))
+                                                     "rtf_x", "realtime", "audio_s/s"), flush=True)
     for n in [int(x) for x in a.concurrency.split(",")]:
         res = []
         t0 = time.perf_counter()
@@ -124,7 +124,7 @@ def main():
         good = [r for r in res if r and r[0] != "error"]
         errs = [r for r in res if not r or r[0] == "error"]
         if not good:
-            print("%5d all %d streams failed: %s" % (n, len(res), errs[:1]))
+            print("%5d all %d streams failed: %s" % (n, len(res), errs[:1]), flush=True)
             rows.append({"n": n, "failed": len(res)})
             continue
         first = [g[0] * 1e3 for g in good]
@@ -137,10 +137,10 @@ def main():
         print("%5d %6d %9.0f %9.0f %9.0f %8.2f %7.2f %5d/%-3d %10.1f%s" % (
             n, len(res), row["first_ms_p50"], row["first_ms_p90"], row["first_ms_max"], row["audio_s_mean"],
             row["rtf_x_mean"], row["realtime_streams"], len(res), row["audio_s_per_s"],
-            "  (%d failed: %s)" % (len(errs), errs[0][1][:80] if errs[0] else "") if errs else ""))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
+            "  (%d failed: %s)" % (len(errs), errs[0][1][:80] if errs[0] else "") if errs else ""), flush=True)
+        if a.json:  # after every row: a caller's timeout keeps the rows done
+            with open(a.json, "w") as f:
+                json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

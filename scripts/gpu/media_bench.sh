@@ -130,7 +130,7 @@ if want asr && ready asr; then
   done
   if serve_start "$W/asr" "$OUT/asr_serve.log" --parallel 128 --ctx-size 512 --max-completion-tokens 32 \
        --no-prompt-cache --mm-cache-mib 0; then
-    timeout "$(budget 150)" $CLIENT_PY bench/asr_concurrency.py --url "http://127.0.0.1:$PORT" --file "$A" --seconds 10 \
+    timeout "$(budget 150)" $CLIENT_PY -u bench/asr_concurrency.py --url "http://127.0.0.1:$PORT" --file "$A" --seconds 10 \
       -c 1,32,128 --rounds 2 >"$OUT/asr_concurrency.txt" 2>&1
     say "asr_concurrency rc $?: $(tail -3 "$OUT/asr_concurrency.txt" | tr '\n' '|')"
   fi
@@ -154,7 +154,7 @@ if want tts && ready tts; then
   say "anna-speak rc $?: $(tail -1 "$OUT/tts_speak.txt")"
   if serve_start "$W/tts" "$OUT/tts_serve.log" --debug-hooks; then
     cs=1,16,64; [ "$TINY" = 1 ] && [ "$DEV" = cpu ] && cs=1,4
-    timeout "$(budget 150)" $CLIENT_PY bench/tts_concurrency.py --url "http://127.0.0.1:$PORT" -c $cs --max-frames 50 \
+    timeout "$(budget 150)" $CLIENT_PY -u bench/tts_concurrency.py --url "http://127.0.0.1:$PORT" -c $cs --max-frames 50 \
       --json "$OUT/tts_concurrency.json" >"$OUT/tts_concurrency.txt" 2>&1
     say "tts_concurrency rc $?: $(tail -3 "$OUT/tts_concurrency.txt" | tr '\n' '|')"
   fi
