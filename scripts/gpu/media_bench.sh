@@ -106,12 +106,13 @@ serve_start() {  # dir log args...: starts anna-serve, waits for /health; sets S
   PORT=$((PORT + 1))
   "$BIN/anna-serve" --model-dir "$dir" --port $PORT --device "$DEV" "$@" >"$log" 2>&1 &
   SP=$!
-  for _ in $(seq 1 240); do
+  local tries=$(( $(budget 120) * 2 ))
+  for _ in $(seq 1 $tries); do
     "$PY" -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" 2>/dev/null && return 0
     kill -0 $SP 2>/dev/null || { say "anna-serve exited: $(tail -2 "$log")"; return 1; }
     sleep 0.5
   done
-  say "anna-serve not up after 120 s"; return 1
+  say "anna-serve not up after $((tries / 2)) s"; return 1
 }
 serve_stop() { [ -n "${SP:-}" ] && kill "$SP" 2>/dev/null && wait "$SP" 2>/dev/null; SP=""; }
 trap serve_stop EXIT
