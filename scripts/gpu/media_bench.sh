@@ -25,8 +25,8 @@
 #  asr      10 s clip, 32 new tokens per request on both sides (anna-transcribe --max-new 32;
 #           anna-serve --max-completion-tokens 32; the reference's min = max new tokens).
 #           Single stream: anna-transcribe of the clip x1 and x11 in one process each (files run
-#           one after another; the difference / 10 is the per-clip time without load and warm-up); concurrency 32 and 128:
-#           bench/asr_concurrency.py through anna-serve (--no-prompt-cache, encoder cache off: every
+#           one after another; the difference / 10 is the per-clip time without load and warm-up).
+#           Concurrency 32 and 128: bench/asr_concurrency.py through anna-serve (--no-prompt-cache, encoder cache off: every
 #           request encodes and prefills). Reference: qwen-asr + transformers 4.57 from .gpu/mwhl,
 #           batches of 1, 32, 128 (its transformers backend batches a list of clips).
 #  tts      50 frames (4 s of audio) per utterance on both sides. anna-speak --stream (one cold
