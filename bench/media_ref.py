@@ -261,6 +261,7 @@ def cmd_asr(a):
               "<|im_end|>\n<|im_start|>assistant\n")
     out = {"what": "asr", "load_s": load_s, "dtype": a.dtype, "device": dev, "audio_s": secs, "max_new": a.max_new,
            **v, "batches": []}
+    ids_first = []  # the first sequence's new ids (batch 1: compare with anna-transcribe --print-ids)
     for b in [int(x) for x in a.batches.split(",")]:
         def run():
             inp = proc(text=[prompt] * b, audio=[wav] * b, return_tensors="pt", padding=True)
@@ -268,7 +269,9 @@ def cmd_asr(a):
             inp["input_features"] = inp["input_features"].to(dt)
             g = model.generate(**inp, max_new_tokens=a.max_new, min_new_tokens=a.max_new, do_sample=False)
             seq = g.sequences if hasattr(g, "sequences") else g
-            return int(seq.shape[1] - inp["input_ids"].shape[1]), int(inp["input_ids"].shape[1])
+            n0 = inp["input_ids"].shape[1]
+            ids_first[:] = seq[0, n0:].tolist()
+            return int(seq.shape[1] - n0), int(n0)
         try:
             # batch 1 warms the kernels up; a bigger batch runs once (its cost is the point)
             s, (new, plen) = timed(run, dev, a.runs if b == 1 else 1, warmup=1 if b == 1 else 0)
@@ -278,7 +281,7 @@ def cmd_asr(a):
             torch.cuda.empty_cache()
             continue
         row = {"batch": b, "wall_s": s, "new_tokens": new, "prompt_tokens": plen, "audio_s_per_s": b * secs / s,
-               "rtf_x": secs / s if b == 1 else None}
+               "rtf_x": secs / s if b == 1 else None, "ids": list(ids_first) if b == 1 else None}
         note(f"asr batch {b}: {s:.3f} s, {new} new tokens each, {b * secs / s:.1f} audio-s/s")
         out["batches"].append(row)
         print(json.dumps(out), flush=True)  # after each batch: a timeout keeps what was done

@@ -44,8 +44,10 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--vision-text-layers", type=int, default=4)
+    ap.add_argument("--clip-seconds", type=float, default=8.0)
     a = ap.parse_args()
     o = a.out
+    clip_s = a.clip_seconds
     rows, notes = [], []
 
     def row(what, anna, ref, higher_better, nd=1):
@@ -69,7 +71,7 @@ def main():
         row(f"vision tower {n}x{n} ({tok} tok), ms", an and an.get("tower_ms"), rf and rf["tower_ms"], False)
         row(f"vision image+text TTFT {n}x{n}, ms", an and an.get("median", {}).get("ttft_ms"), rf and rf["ttft_ms"],
             False)
-        if not an:
+        if not an and os.path.exists(os.path.join(o, f"vision_anna_{n}.log")):
             notes.append(f"vision anna {n}: {read(os.path.join(o, f'vision_anna_{n}.log')).strip()[-200:]}")
 
     # ---- ASR
@@ -80,8 +82,8 @@ def main():
         except ValueError:
             return None
     t1, t11 = ms(1), ms(11)
-    asr_single = 10.0 / ((t11 - t1) / 10) if t1 and t11 and t11 > t1 else None
-    if t1 is None or t11 is None:
+    asr_single = clip_s / ((t11 - t1) / 10) if t1 and t11 and t11 > t1 else None
+    if (t1 is None or t11 is None) and os.path.exists(os.path.join(o, "asr_transcribe_1.txt")):
         notes.append("anna-transcribe: " + read(os.path.join(o, "asr_transcribe_1.txt")).strip()[-200:])
     conc = {}
     for ln in read(os.path.join(o, "asr_concurrency.txt")).splitlines():
@@ -89,10 +91,19 @@ def main():
         if len(f) == 8 and f[0].isdigit():
             conc[int(f[0])] = dict(audio_s_per_s=float(f[4]), lat_ms=float(f[5]), tok_step=float(f[7]))
     aref = last_json(os.path.join(o, "asr_ref.json"))
+    idl = [ln.strip() for ln in read(os.path.join(o, "asr_transcribe_1.txt")).splitlines()
+           if re.fullmatch(r"\d+(,\d+)*", ln.strip())]  # --print-ids' line (stderr is in the file too)
+    anna_ids = [int(x) for x in idl[0].split(",")] if idl else None
     rb = {b["batch"]: b for b in (aref or {}).get("batches", []) if "wall_s" in b}
     if aref:
         notes.append(f"asr reference: qwen-asr + transformers {aref.get('transformers')} {aref.get('dtype')} sdpa, "
                      f"generate of {aref.get('max_new')} new tokens, batches {sorted(rb)}")
+    ref_ids = rb.get(1, {}).get("ids")
+    if anna_ids and ref_ids:
+        k = next((i for i, (x, y) in enumerate(zip(anna_ids, ref_ids)) if x != y), None)
+        notes.append("asr greedy ids anna vs reference (batch 1): " +
+                     (f"equal ({len(ref_ids)})" if k is None and len(anna_ids) == len(ref_ids)
+                      else f"differ from token {k} (random weights: near-ties can flip; bf16 reference)"))
     row("asr 1 stream, x real time (anna-transcribe)", asr_single, rb.get(1, {}).get("rtf_x"), True)
     row("asr 1 stream, x real time (anna-serve c1)", conc.get(1, {}).get("audio_s_per_s"),
         rb.get(1, {}).get("rtf_x"), True)
@@ -120,7 +131,7 @@ def main():
         tb.get(1, {}).get("rtf_x_per_stream"), True, 2)
     row("tts 1 stream, x real time (anna-speak, cold)", float(m.group(4)) if m else None,
         tb.get(1, {}).get("rtf_x_per_stream"), True, 2)
-    if not m:
+    if not m and sp:
         notes.append("anna-speak: " + sp.strip()[-200:])
     for c in (16, 64):
         r = tc.get(c)

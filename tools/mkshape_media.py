@@ -14,10 +14,13 @@ seeded generator per tensor, so a folder is the same bytes on every machine).
 Shapes (../shared/docs/MODELS.md):
   asr-0.6b   audio encoder d 896, 18 layers, 14 heads, ffn 3584, conv hidden 480, n_window 50 /
              n_window_infer 800, output 1024; text Qwen3 1024 / 3072 / 28 layers / 16,8 heads of
-             128, vocab 151936, tied. Ids as tools/mkfix_asr.py remaps them: the shared 1000-id
-             test tokenizer with <|audio_start|> <|audio_end|> <|audio_pad|> <asr_text> at
-             1000-1003, then filler pieces "<fillN>" up to the vocabulary (so every id the random
-             model emits decodes, in anna and in HF tokenizers alike).
+             128, vocab 151936, tied. Ids: the shared 1000-id test tokenizer, filler pieces
+             "<fillN>" up to the vocabulary (so every id the random model emits decodes, in anna
+             and in HF tokenizers alike), then <|audio_start|> <|audio_end|> <|audio_pad|>
+             <asr_text> as its last 4 ids (151932-151935; thinker_config carries them). The
+             specials must follow the BPE vocabulary without a gap: HF tokenizers numbers added
+             tokens after it whatever tokenizer.json says (with a gap the reference never saw
+             the audio pads).
   tts-0.6b   talker Qwen3 1024 / 3072 / 28 / 16,8 / 128, text embedding 151936 x 2048, codec
              vocab 3072 (released control ids), code predictor 1024 / 3072 / 5 / 16,8 / 128 over
              2048-entry codebooks (no small_to_mtp_projection: equal widths, the 0.6B layout);
@@ -92,14 +95,20 @@ def qwen3_layers(pre, L, H, I, heads, kv, hd, mdt="BF16", vdt="F32"):
 
 # ----------------------------------------------------------------------------- ASR
 
-ASR_IDS = dict(endoftext=0, im_start=1, im_end=2, audio_start=1000, audio_end=1001, audio_pad=1002, asr_text=1003)
+def asr_ids(vocab):
+    """The audio specials sit at the vocabulary's last 4 ids, after the filler pieces: HF tokenizers
+    gives an added token the next id after the BPE vocabulary whatever tokenizer.json says, so the
+    ids must follow the vocabulary without a gap (as in Qwen's own tokenizer.json)."""
+    a = vocab - len(ASR_SPECIALS)
+    return dict(endoftext=0, im_start=1, im_end=2, audio_start=a, audio_end=a + 1, audio_pad=a + 2, asr_text=a + 3)
 ASR_SPECIALS = ("<|audio_start|>", "<|audio_end|>", "<|audio_pad|>", "<asr_text>")
 ASR = {  # encoder d / layers / heads / ffn / conv hidden; text hidden / I / layers / heads / kv / head_dim / vocab
     "real": dict(d=896, el=18, eh=14, effn=3584, ch=480, H=1024, I=3072, L=28, heads=16, kv=8, hd=128, vocab=151936,
                  n_window=50, n_window_infer=800),
-    # tiny: the fixture's dims (tests/fixtures/qwen3_asr), vocab kept past the tokenizer so the filler path runs
+    # tiny: the fixture's dims (tests/fixtures/qwen3_asr) but the released 8-s attention window, vocab
+    # kept past the tokenizer so the filler path runs
     "tiny": dict(d=64, el=2, eh=2, effn=128, ch=16, H=48, I=96, L=2, heads=4, kv=2, hd=16, vocab=1200,
-                 n_window=50, n_window_infer=100),
+                 n_window=50, n_window_infer=800),
 }
 
 
@@ -130,6 +139,7 @@ def asr_tensors(s):
 
 
 def asr_config(s):
+    ids = asr_ids(s["vocab"])
     audio = dict(num_mel_bins=128, encoder_layers=s["el"], encoder_attention_heads=s["eh"], encoder_ffn_dim=s["effn"],
                  d_model=s["d"], n_window=s["n_window"], n_window_infer=s["n_window_infer"],
                  downsample_hidden_size=s["ch"], output_dim=s["H"], max_source_positions=1500,
@@ -147,19 +157,21 @@ def asr_config(s):
     return {"architectures": ["Qwen3ASRForConditionalGeneration"], "model_type": "qwen3_asr",
             "support_languages": ["English", "Chinese"],
             "thinker_config": {"model_type": "qwen3_asr_thinker", "audio_config": audio, "text_config": text,
-                               "audio_token_id": ASR_IDS["audio_pad"], "audio_start_token_id": ASR_IDS["audio_start"],
-                               "audio_end_token_id": ASR_IDS["audio_end"], "initializer_range": 0.02}}
+                               "audio_token_id": ids["audio_pad"], "audio_start_token_id": ids["audio_start"],
+                               "audio_end_token_id": ids["audio_end"], "initializer_range": 0.02}}
 
 
-def write_tokenizer_filled(out, specials, first_id, vocab):
-    """The shared test tokenizer + added specials at first_id.. + unreachable filler pieces up to
-    `vocab` ids (printable ASCII: byte-level decoding maps them to themselves)."""
+def write_tokenizer_filled(out, specials, vocab):
+    """The shared test tokenizer + unreachable filler pieces up to `vocab` - len(specials) ids
+    (printable ASCII: byte-level decoding maps them to themselves), then the added specials."""
     tj = json.load(open(os.path.join(TOKENIZER, "tokenizer.json")))
     for k, piece in enumerate(specials):
-        tj["added_tokens"].append(dict(id=first_id + k, content=piece, single_word=False, lstrip=False,
+        tj["added_tokens"].append(dict(id=vocab - len(specials) + k, content=piece, single_word=False, lstrip=False,
                                        rstrip=False, normalized=False, special=True))
     v = tj["model"]["vocab"]
-    for i in range(first_id + len(specials), vocab):
+    first = len(v)
+    assert first == 1000 and all(t["id"] < first for t in tj["added_tokens"][:-len(specials)])
+    for i in range(first, vocab - len(specials)):
         v[f"<fill{i}>"] = i
     with open(os.path.join(out, "tokenizer.json"), "w") as f:
         json.dump(tj, f, ensure_ascii=False)
@@ -389,7 +401,7 @@ def write(kind, out, size, seed, text_layers=None, chunk_mb=64):
     print(f"[mkshape_media] {kind} ({size}): {len(ts)} tensors, {sum(t.numel for t in ts) / 1e9:.3f} B params, "
           f"{nb / 1e9:.2f} GB", file=sys.stderr)
     if kind == "asr":
-        write_tokenizer_filled(out, ASR_SPECIALS, 1000, extra["vocab"])
+        write_tokenizer_filled(out, ASR_SPECIALS, extra["vocab"])
         mkshape.write_model(out, ts, seed, 1 << 62, chunk)
     elif kind == "tts":
         write_tokenizer_tts(out)

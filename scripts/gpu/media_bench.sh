@@ -22,7 +22,8 @@
 #  vision   anna-bench --image (448x448, 1024x1024): tower ms and image+text TTFT (decode +
 #           preprocess + tower + prefill, encoder cache emptied each run); reference: the machine's
 #           transformers Qwen3_5ForConditionalGeneration (sdpa, bf16), or a "skip" line.
-#  asr      10 s clip, 32 new tokens per request on both sides (anna-transcribe --max-new 32;
+#  asr      8 s clip (one 8-s attention window: the reference's sdpa path attends over the whole
+#           clip, anna per window, the same thing up to 8 s), 32 new tokens per request on both sides (anna-transcribe --max-new 32;
 #           anna-serve --max-completion-tokens 32; the reference's min = max new tokens).
 #           Single stream: anna-transcribe of the clip x1 and x11 in one process each (files run
 #           one after another; the difference / 10 is the per-clip time without load and warm-up).
@@ -88,7 +89,7 @@ say "device $DEV tiny $TINY bin $BIN; mwhl $HAVE_MWHL; $($PY -c 'import torch,tr
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt" >&2
 
 # ---- inputs and shapes (background)
-"$PY" bench/media_ref.py inputs "$W/in" --seconds 10 2>>"$OUT/progress.log"
+"$PY" bench/media_ref.py inputs "$W/in" --seconds 8 2>>"$OUT/progress.log"
 SZ=(); [ "$TINY" = 1 ] && SZ=(--tiny)
 declare -A MK
 for k in asr tts vision; do
@@ -124,14 +125,15 @@ if want asr && ready asr; then
   for n in 1 11; do
     files=(); for _ in $(seq $n); do files+=("$A"); done
     t=$(date +%s%N)
+    pi=(); [ "$n" = 1 ] && pi=(--print-ids)  # the ids, for the greedy check against the reference
     timeout "$(budget 90)" "$BIN/anna-transcribe" --model-dir "$W/asr" --device "$DEV" --max-new 32 --no-progress \
-      "${files[@]}" >"$OUT/asr_transcribe_$n.txt" 2>&1
+      "${pi[@]}" "${files[@]}" >"$OUT/asr_transcribe_$n.txt" 2>&1
     rc=$?
     echo "$(( ($(date +%s%N) - t) / 1000000 )) $rc" >"$OUT/asr_transcribe_$n.ms"
   done
   if serve_start "$W/asr" "$OUT/asr_serve.log" --parallel 128 --ctx-size 512 --max-completion-tokens 32 \
        --no-prompt-cache --mm-cache-mib 0; then
-    timeout "$(budget 150)" $CLIENT_PY -u bench/asr_concurrency.py --url "http://127.0.0.1:$PORT" --file "$A" --seconds 10 \
+    timeout "$(budget 150)" $CLIENT_PY -u bench/asr_concurrency.py --url "http://127.0.0.1:$PORT" --file "$A" --seconds 8 \
       -c 1,32,128 --rounds 2 >"$OUT/asr_concurrency.txt" 2>&1
     say "asr_concurrency rc $?: $(tail -3 "$OUT/asr_concurrency.txt" | tr '\n' '|')"
   fi
