@@ -336,12 +336,21 @@ def cmd_tts(a):
     load_s = time.perf_counter() - t0
     tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(a.dir, "tokenizer.json"))
     ids = tok(f"<|im_start|>assistant\n{a.text}<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+    greedy = None
+    if a.greedy_frames:  # greedy codes of one utterance, to compare with anna-speak --greedy --print-codes
+        codes, _ = model.generate(input_ids=[torch.tensor([ids], device=dev)], languages=["english"],
+                                  speakers=[a.voice], non_streaming_mode=True, max_new_tokens=a.greedy_frames,
+                                  do_sample=False, subtalker_dosample=False)
+        greedy = codes[0].tolist()
+        if a.greedy_only:
+            print(json.dumps({"what": "tts_greedy", "codes": greedy}), flush=True)
+            return 0
     # warm-up (kernels, allocator) on a few frames: a full-length one would double the time
     model.generate(input_ids=[torch.tensor([ids], device=dev)], languages=["english"], speakers=[a.voice],
                    non_streaming_mode=True, max_new_tokens=4)
     dec.chunked_decode(torch.zeros(1, 16, 4, dtype=torch.long, device=dev), chunk_size=300, left_context_size=25)
     out = {"what": "tts", "load_s": load_s, "dtype": a.dtype, "device": dev, "text_tokens": len(ids),
-           "max_frames": a.frames, **v, "batches": []}
+           "max_frames": a.frames, **v, "greedy_codes": greedy, "batches": []}
     for b in [int(x) for x in a.batches.split(",")]:
         def run():
             x = [torch.tensor([ids], device=dev)] * b
@@ -394,6 +403,9 @@ def main():
             p.add_argument("--frames", type=int, default=50)
             p.add_argument("--batches", default="1,16")
             p.add_argument("--codec-f32", action="store_true", help="run the codec decoder in f32")
+            p.add_argument("--greedy-frames", type=int, default=0,
+                           help="first the greedy codes of N frames (N - 1 come out; JSON greedy_codes)")
+            p.add_argument("--greedy-only", action="store_true", help="with --greedy-frames: only those, then exit")
     a = ap.parse_args()
     return {"inputs": cmd_inputs, "vision": cmd_vision, "asr": cmd_asr, "tts": cmd_tts}[a.cmd](a)
 

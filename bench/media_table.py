@@ -124,6 +124,14 @@ def main():
     if tref:
         notes.append(f"tts reference: qwen-tts + transformers {tref.get('transformers')} {tref.get('dtype')}, "
                      f"{tref.get('max_frames')} frames max, no streaming (first audio = whole utterance)")
+    gl = [ln.strip() for ln in read(os.path.join(o, "tts_greedy_codes.txt")).splitlines()
+          if re.fullmatch(r"\d+(,\d+){15}", ln.strip())]
+    rg = (tref or {}).get("greedy_codes")
+    if gl and rg:
+        ag = [[int(x) for x in ln.split(",")] for ln in gl]
+        k = next((i for i, (x, y) in enumerate(zip(ag, rg)) if x != y), None)
+        notes.append("tts greedy codes anna vs reference: " +
+                     (f"equal ({len(rg)} frames)" if k is None else f"differ from frame {k} (bf16 reference: near-ties)"))
     row("tts first audio, 1 stream, ms (anna-serve c1 p50)", tc.get(1, {}).get("first_ms_p50"),
         tb.get(1, {}).get("first_audio_ms"), False)
     row("tts first audio, anna-speak cold process, ms", float(m.group(3)) * 1e3 if m else None, None, False)

@@ -155,6 +155,9 @@ if want tts && ready tts; then
   timeout "$(budget 60)" "$BIN/anna-speak" --model-dir "$W/tts" --device "$DEV" --text "Hello there, this is a benchmark of streaming speech synthesis." \
     --speaker ryan --language english --stream --max-frames 50 >/dev/null 2>"$OUT/tts_speak.txt"
   say "anna-speak rc $?: $(tail -1 "$OUT/tts_speak.txt")"
+  # greedy codes of 8 frames (the reference's greedy_codes: 9 asked, 8 come out), for the table's check
+  timeout "$(budget 40)" "$BIN/anna-speak" --model-dir "$W/tts" --device "$DEV" --text "Hello there, this is a benchmark of streaming speech synthesis." \
+    --speaker ryan --language english --greedy --print-codes --max-frames 8 --out "$W/greedy.wav" >"$OUT/tts_greedy_codes.txt" 2>&1
   if serve_start "$W/tts" "$OUT/tts_serve.log" --debug-hooks; then
     cs=1,16,64; [ "$TINY" = 1 ] && [ "$DEV" = cpu ] && cs=1,4
     timeout "$(budget 150)" $CLIENT_PY -u bench/tts_concurrency.py --url "http://127.0.0.1:$PORT" -c $cs --max-frames 50 \
@@ -166,7 +169,7 @@ if want tts && ready tts; then
     say "tts: reference"
     bs=1,16; [ "$DEV" = cpu ] && bs=1
     fr=50; [ "$DEV" = cpu ] && fr=12
-    timeout "$(budget 150)" $REF_PY bench/media_ref.py tts "$W/tts" --device "$DEV" --frames $fr --batches $bs \
+    timeout "$(budget 150)" $REF_PY bench/media_ref.py tts "$W/tts" --device "$DEV" --frames $fr --batches $bs --greedy-frames 9 \
       $([ "$DEV" = cpu ] && echo --dtype f32) >"$OUT/tts_ref.json" 2>"$OUT/tts_ref.log"
     say "tts reference rc $?"
   else
