@@ -67,7 +67,10 @@ budget() { local b=$1 l; l=$(( $(left) - 10 )); [ "$l" -lt "$b" ] && b=$l; [ "$b
 if [ -z "$BIN" ]; then
   mkdir -p /tmp/p && tar -C /tmp/p -xJf .gpu/pack.tar.xz || { echo "media_bench: no .gpu/pack.tar.xz" >&2; exit 1; }
   BIN=/tmp/p/bin
-  export LD_LIBRARY_PATH=/tmp/p/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+  # the pack's Debian libraries for anna's binaries only: Python (torch, ssl) keeps its own
+  AENV=(env "LD_LIBRARY_PATH=/tmp/p/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}")
+else
+  AENV=(env)
 fi
 for b in anna-bench anna-serve anna-transcribe anna-speak; do
   [ -x "$BIN/$b" ] || say "missing $BIN/$b (scripts/gpu_pack.sh packs it when built)"
@@ -105,7 +108,7 @@ PORT=18900
 serve_start() {  # dir log args...: starts anna-serve, waits for /health; sets SP
   local dir=$1 log=$2; shift 2
   PORT=$((PORT + 1))
-  "$BIN/anna-serve" --model-dir "$dir" --port $PORT --device "$DEV" "$@" >"$log" 2>&1 &
+  "${AENV[@]}" "$BIN/anna-serve" --model-dir "$dir" --port $PORT --device "$DEV" "$@" >"$log" 2>&1 &
   SP=$!
   local tries=$(( $(budget 120) * 2 ))
   for _ in $(seq 1 $tries); do
@@ -126,7 +129,7 @@ if want asr && ready asr; then
     files=(); for _ in $(seq $n); do files+=("$A"); done
     t=$(date +%s%N)
     pi=(); [ "$n" = 1 ] && pi=(--print-ids)  # the ids, for the greedy check against the reference
-    timeout "$(budget 90)" "$BIN/anna-transcribe" --model-dir "$W/asr" --device "$DEV" --max-new 32 --no-progress \
+    timeout "$(budget 90)" "${AENV[@]}" "$BIN/anna-transcribe" --model-dir "$W/asr" --device "$DEV" --max-new 32 --no-progress \
       "${pi[@]}" "${files[@]}" >"$OUT/asr_transcribe_$n.txt" 2>&1
     rc=$?
     echo "$(( ($(date +%s%N) - t) / 1000000 )) $rc" >"$OUT/asr_transcribe_$n.ms"
@@ -152,11 +155,11 @@ fi
 # ---- TTS
 if want tts && ready tts; then
   say "tts: anna"
-  timeout "$(budget 60)" "$BIN/anna-speak" --model-dir "$W/tts" --device "$DEV" --text "Hello there, this is a benchmark of streaming speech synthesis." \
+  timeout "$(budget 60)" "${AENV[@]}" "$BIN/anna-speak" --model-dir "$W/tts" --device "$DEV" --text "Hello there, this is a benchmark of streaming speech synthesis." \
     --speaker ryan --language english --stream --max-frames 50 >/dev/null 2>"$OUT/tts_speak.txt"
   say "anna-speak rc $?: $(tail -1 "$OUT/tts_speak.txt")"
   # greedy codes of 8 frames (the reference's greedy_codes: 9 asked, 8 come out), for the table's check
-  timeout "$(budget 40)" "$BIN/anna-speak" --model-dir "$W/tts" --device "$DEV" --text "Hello there, this is a benchmark of streaming speech synthesis." \
+  timeout "$(budget 40)" "${AENV[@]}" "$BIN/anna-speak" --model-dir "$W/tts" --device "$DEV" --text "Hello there, this is a benchmark of streaming speech synthesis." \
     --speaker ryan --language english --greedy --print-codes --max-frames 8 --out "$W/greedy.wav" >"$OUT/tts_greedy_codes.txt" 2>&1
   if serve_start "$W/tts" "$OUT/tts_serve.log" --debug-hooks; then
     cs=1,16,64; [ "$TINY" = 1 ] && [ "$DEV" = cpu ] && cs=1,4
@@ -181,7 +184,7 @@ fi
 if want vision && ready vision; then
   say "vision: anna"
   for n in 448 1024; do
-    timeout "$(budget 90)" "$BIN/anna-bench" --model-dir "$W/vision" --device "$DEV" --prompt "Describe this image." \
+    timeout "$(budget 90)" "${AENV[@]}" "$BIN/anna-bench" --model-dir "$W/vision" --device "$DEV" --prompt "Describe this image." \
       --image "$W/in/img$n.png" --max-new-tokens 1 --runs 3 --json >"$OUT/vision_anna_$n.json" 2>"$OUT/vision_anna_$n.log"
     say "anna-bench $n rc $?"
   done
