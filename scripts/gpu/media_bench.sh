@@ -135,7 +135,7 @@ if want asr && ready asr; then
     echo "$(( ($(date +%s%N) - t) / 1000000 )) $rc" >"$OUT/asr_transcribe_$n.ms"
   done
   if serve_start "$W/asr" "$OUT/asr_serve.log" --parallel 128 --ctx-size 512 --max-completion-tokens 32 \
-       --no-prompt-cache --mm-cache-mib 0; then
+       --no-prompt-cache --mm-cache-mib 0 --http-timeout-seconds 600; then
     timeout "$(budget 150)" $CLIENT_PY -u bench/asr_concurrency.py --url "http://127.0.0.1:$PORT" --file "$A" --seconds 8 \
       -c 1,32,128 --rounds 2 >"$OUT/asr_concurrency.txt" 2>&1
     say "asr_concurrency rc $?: $(tail -3 "$OUT/asr_concurrency.txt" | tr '\n' '|')"
@@ -161,7 +161,7 @@ if want tts && ready tts; then
   # greedy codes of 8 frames (the reference's greedy_codes: 9 asked, 8 come out), for the table's check
   timeout "$(budget 40)" "${AENV[@]}" "$BIN/anna-speak" --model-dir "$W/tts" --device "$DEV" --text "Hello there, this is a benchmark of streaming speech synthesis." \
     --speaker ryan --language english --greedy --print-codes --max-frames 8 --out "$W/greedy.wav" >"$OUT/tts_greedy_codes.txt" 2>&1
-  if serve_start "$W/tts" "$OUT/tts_serve.log" --debug-hooks; then
+  if serve_start "$W/tts" "$OUT/tts_serve.log" --debug-hooks --http-timeout-seconds 600; then
     cs=1,16,64; [ "$TINY" = 1 ] && [ "$DEV" = cpu ] && cs=1,4
     timeout "$(budget 150)" $CLIENT_PY -u bench/tts_concurrency.py --url "http://127.0.0.1:$PORT" -c $cs --max-frames 50 \
       --json "$OUT/tts_concurrency.json" >"$OUT/tts_concurrency.txt" 2>&1
