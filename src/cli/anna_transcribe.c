@@ -2,7 +2,10 @@
  * public API (anna.h "Audio in prompts"), on the CPU or --device (cuda: encoder and decoder).
  *   anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]
  *                   [--max-seconds S] [--chunk-seconds S] [--batch N] [--progress|--no-progress]
- *                   [--threads N] [--device D] [--exact] [--format text|json|srt|vtt] [--print-ids | --stream] FILE...
+ *                   [--threads N] [--device D] [--exact] [--format text|json|srt|vtt]
+ *                   [--print-ids | --stream] FILE...
+ * --device runs the encoder and the decoder there (cuda: the media benchmark's single stream);
+ * --exact: f32 activations everywhere (the CPU default quantizes them to 8 bits, as llama.cpp).
  * Each FILE (WAV, FLAC, OGG, MP3, ...) becomes an audio anna_media (decoded, resampled to
  * 16 kHz mono, log-mel: anna_media_audio_decode); its prompt is anna_asr_prompt's (the
  * context in the system turn, "language {NAME}<asr_text>" appended when forced; --language takes
