@@ -5,7 +5,8 @@
  *                   [--threads N] [--device D] [--exact] [--format text|json|srt|vtt]
  *                   [--print-ids | --stream] FILE...
  * --device runs the encoder and the decoder there (cuda: the media benchmark's single stream);
- * --exact: f32 activations everywhere (the CPU default quantizes them to 8 bits, as llama.cpp).
+ * --exact: f32 activations everywhere (anna_context_options.exact_matmul: with quantized weights
+ * the default quantizes activations to 8 bits, as llama.cpp).
  * Each FILE (WAV, FLAC, OGG, MP3, ...) becomes an audio anna_media (decoded, resampled to
  * 16 kHz mono, log-mel: anna_media_audio_decode); its prompt is anna_asr_prompt's (the
  * context in the system turn, "language {NAME}<asr_text>" appended when forced; --language takes
