@@ -12,7 +12,8 @@
 # triple the archive past the device tool's carry limit). Layout of the archive: bin/ (test_cuda_ops,
 # test_fixtures, test_kv_stress, anna-generate, anna-bench, anna-serve, and test_cuda_encoders /
 # test_layer_split / test_tensor_parallel and the media API tests test_vision_api / test_video_api / test_asr_api /
-# test_speech_api (their --device cuda mode) when built; stripped) and lib/
+# test_speech_api (their --device cuda mode), anna-transcribe / anna-speak (scripts/gpu/media_bench.sh) when
+# built; stripped) and lib/
 # (every library they link from the Debian system directories, except glibc's own, libstdc++
 # and libgcc; CUDA's own libraries are the machine's). Unpack it on the GPU machine and pass
 # the folder to scripts/gpu_check.sh --prebuilt or scripts/gpu_llamacpp.sh --anna. Keep the
@@ -27,7 +28,7 @@ if [ ! -x "$BUILD/tests/cuda/test_cuda_ops" ]; then
   cmake -S . -B "$BUILD" -DANNA_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
     -DANNA_NATIVE=OFF -DANNA_FFMPEG=OFF -DCMAKE_C_FLAGS=-march=x86-64-v3 >/dev/null
   nice cmake --build "$BUILD" -j"$(nproc)" --target test_cuda_ops test_fixtures test_kv_stress test_layer_split test_tensor_parallel test_cuda_encoders anna-generate \
-    anna-bench anna-serve test_vision_api test_video_api test_asr_api test_speech_api >/dev/null
+    anna-bench anna-serve anna-transcribe anna-speak test_vision_api test_video_api test_asr_api test_speech_api >/dev/null
 fi
 STAGE=$(mktemp -d)
 trap 'rm -rf "$STAGE"' EXIT
@@ -37,7 +38,7 @@ BINS=("$BUILD/tests/cuda/test_cuda_ops" "$BUILD/tests/engine/test_fixtures" "$BU
 # device tests built when their targets exist in this tree (copied when present)
 for b in "$BUILD/tests/cuda/test_cuda_encoders" "$BUILD/tests/engine/test_layer_split" "$BUILD/tests/engine/test_tensor_parallel" \
   "$BUILD/tests/engine/test_vision_api" "$BUILD/tests/engine/test_video_api" "$BUILD/tests/engine/test_asr_api" \
-  "$BUILD/tests/engine/test_speech_api"; do
+  "$BUILD/tests/engine/test_speech_api" "$BUILD/src/cli/anna-transcribe" "$BUILD/src/cli/anna-speak"; do
   [ -x "$b" ] && BINS+=("$b")
 done
 # GPU_PACK_ONLY="name name ...": only those binaries (a smaller archive for a call that needs few)

@@ -108,6 +108,7 @@ static void usage(FILE *f) {
           "  --max-completion-tokens N  --temperature T  --top-p P  --top-k K  --min-p P\n"
           "  --presence-penalty P  --frequency-penalty P  --repetition-penalty R  --seed S\n"
           "  --enable-thinking | --disable-thinking\n"
+          "                           (--max-completion-tokens also caps transcripts: default 512)\n"
           "  --max-body-bytes N (default 8 MiB)  --http-timeout-seconds S (default 60)\n"
           "  --http-header-timeout-seconds S  a new connection's request line and headers must come\n"
           "                           with no pause longer than S (default 10; 0 = the idle timeout):\n"
@@ -144,7 +145,8 @@ static void usage(FILE *f) {
           "                           reserves one more KV sequence)\n"
           "  --no-webui               no chat page at / (default: served, open without a key)\n"
           "testing hooks:\n"
-          "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling\n"
+          "  --debug-hooks            requests may carry \"anna_debug_output\": TEXT, emitted instead of sampling;\n"
+          "                           speech requests \"debug_delay_ms\" and \"debug_max_frames\" (a frame cap)\n"
           "  --debug-step-delay-ms MS sleep after every engine step (slow generation on tiny models)\n");
 }
 

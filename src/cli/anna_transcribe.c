@@ -1,8 +1,12 @@
 /* anna-transcribe: speech to text with a Qwen3-ASR folder (qwen-asr's layout), through the
- * public API (anna.h "Audio in prompts"), on the CPU.
+ * public API (anna.h "Audio in prompts"), on the CPU or --device (cuda: encoder and decoder).
  *   anna-transcribe --model-dir DIR [--context TEXT] [--language NAME] [--max-new N]
  *                   [--max-seconds S] [--chunk-seconds S] [--batch N] [--progress|--no-progress]
- *                   [--threads N] [--format text|json|srt|vtt] [--print-ids | --stream] FILE...
+ *                   [--threads N] [--device D] [--exact] [--format text|json|srt|vtt]
+ *                   [--print-ids | --stream] FILE...
+ * --device runs the encoder and the decoder there (cuda: the media benchmark's single stream);
+ * --exact: f32 activations everywhere (anna_context_options.exact_matmul: with quantized weights
+ * the default quantizes activations to 8 bits, as llama.cpp).
  * Each FILE (WAV, FLAC, OGG, MP3, ...) becomes an audio anna_media (decoded, resampled to
  * 16 kHz mono, log-mel: anna_media_audio_decode); its prompt is anna_asr_prompt's (the
  * context in the system turn, "language {NAME}<asr_text>" appended when forced; --language takes
@@ -42,7 +46,8 @@ static void usage(FILE *f) {
   fprintf(
       f, "usage: anna-transcribe --model-dir DIR|--hf-repo ORG/NAME [--context TEXT] [--language NAME] [--max-new N]\n"
          "                       [--max-seconds S] [--chunk-seconds S] [--batch N]\n"
-         "                       [--progress | --no-progress] [--threads N] [--format text|json|srt|vtt]\n"
+         "                       [--progress | --no-progress] [--threads N] [--device cpu|cuda|cuda:N|auto] [--exact]\n"
+         "                       [--format text|json|srt|vtt]\n"
          "                       [--print-ids | --stream] FILE...\n");
 }
 
@@ -170,7 +175,7 @@ typedef struct piece {
  * together, batch at a time, in one context of `batch` sequences, and their transcripts are
  * joined as qwen-asr joins them (anna_asr_transcript_join). */
 static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int *ctx_cap,
-                      int *ctx_seq, int threads, const char *file, const char *context,
+                      int *ctx_seq, int threads, const char *device, int exact, const char *file, const char *context,
                       const char *language, int max_new, int max_seconds, double chunk_s,
                       int batch, int fmt, int print_ids, int stream, int bar, char *err,
                       size_t errlen) {
@@ -211,7 +216,8 @@ static int transcribe(anna_model *m, const anna_text *t, anna_context **ctx, int
       anna_context_free(*ctx);
       *ctx = NULL;
       const int ns = B > *ctx_seq ? B : *ctx_seq, nc = need > *ctx_cap ? need : *ctx_cap;
-      const anna_context_options co = {.n_seq = ns, .n_ctx = nc, .n_threads = threads};
+      const anna_context_options co = {.n_seq = ns, .n_ctx = nc, .n_threads = threads, .device = device,
+                                       .exact_matmul = exact};
       rc = anna_context_create(ctx, m, &co, err, errlen);
       *ctx_cap = rc ? 0 : nc;
       *ctx_seq = rc ? 0 : ns;
@@ -382,6 +388,8 @@ int main(int argc, char **argv) {
   const char *dir = NULL, *context = "", *language = NULL, *hf = NULL;
   int max_new = 512, threads = 0, print_ids = 0, max_seconds = 3600, fmt = FMT_TEXT, stream = 0;
   int batch = 8, bar = -1;
+  const char *device = NULL; /* --device: where the encoder and decoder run (default cpu) */
+  int exact = 0;             /* --exact: f32 activations (anna_context_options.exact_matmul) */
   float chunk_s = 1200.0f; /* qwen-asr's MAX_ASR_INPUT_SECONDS */
   const char **files = calloc((size_t)argc, sizeof *files);
   int n_files = 0;
@@ -433,6 +441,11 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--threads")) {
       CLI_NEEDV();
       if (cli_int(a, v, 0, 1024, &threads)) return 2;
+    } else if (!strcmp(a, "--device")) {
+      CLI_NEEDV();
+      device = v;
+    } else if (!strcmp(a, "--exact")) {
+      exact = 1;
     } else if (!strcmp(a, "--print-ids")) {
       print_ids = 1;
     } else if (!strcmp(a, "--stream")) {
@@ -474,7 +487,7 @@ int main(int argc, char **argv) {
   anna_context *ctx = NULL;
   int ctx_cap = 0, ctx_seq = 0;
   if (bar < 0) bar = isatty(2);
-  const anna_model_options mo = {.device = "cpu"};
+  const anna_model_options mo = {.device = device ? device : "cpu"};
   int rc = anna_model_load(&m, dir, &mo, err, sizeof err);
   if (!rc && !anna_model_has_audio(m)) { /* describe: "qwen3: 2 layers, ..." */
     const char *d = anna_model_describe(m), *colon = strchr(d, ':');
@@ -493,7 +506,7 @@ int main(int argc, char **argv) {
                   language, have[0] ? have : "the 30 Qwen3-ASR languages");
   }
   for (int i = 0; !rc && i < n_files; i++)
-    rc = transcribe(m, t, &ctx, &ctx_cap, &ctx_seq, threads, files[i], context, lang, max_new,
+    rc = transcribe(m, t, &ctx, &ctx_cap, &ctx_seq, threads, device, exact, files[i], context, lang, max_new,
                     max_seconds, chunk_s, batch, fmt, print_ids, stream, bar, err, sizeof err);
   if (rc) fprintf(stderr, "error: %s\n", err[0] ? err : "failed");
   anna_context_free(ctx);

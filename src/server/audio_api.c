@@ -606,9 +606,10 @@ static int job_build(const audio_api_env *env, form *f, const char *rid, audio_j
                     np == 1 ? j->seconds : 0.0, longest,
                     np == 1 ? "" : " (its longest piece)", env->n_ctx);
   r->n = 1;
-  /* qwen-asr's transformers wrapper stops at 512 new tokens; the context bounds it too */
-  const int room = env->n_ctx - (int)longest - 1;
-  r->max_tokens = room < 512 ? room : 512;
+  /* qwen-asr's transformers wrapper stops at 512 new tokens (--max-completion-tokens: another cap,
+   * as the request cannot name one); the context bounds it too */
+  const int room = env->n_ctx - (int)longest - 1, cap = env->max_tokens > 0 ? env->max_tokens : 512;
+  r->max_tokens = room < cap ? room : cap;
   r->sp = env->defaults;
   r->sp.temperature = temp;
   r->logprobs = j->fmt == AF_VERBOSE; /* segment tokens and avg_logprob */

@@ -35,6 +35,7 @@ typedef struct audio_api_env {
   double max_audio_seconds; /* --max-audio-seconds (> 0) */
   double audio_chunk_seconds; /* --audio-chunk-seconds: longer clips are cut (<= 0: 1200) */
   size_t max_body_bytes;    /* --max-body-bytes, for the 413 message */
+  int max_tokens;           /* --max-completion-tokens: the transcript's token cap (<= 0: 512) */
   int n_ctx;
 } audio_api_env;
 

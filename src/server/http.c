@@ -640,6 +640,7 @@ static enum MHD_Result route_audio(server *srv, conn *cn, int translate) {
                              .max_audio_seconds = srv->o->max_audio_seconds > 0 ? srv->o->max_audio_seconds : 300,
                              .audio_chunk_seconds = srv->o->audio_chunk_seconds,
                              .max_body_bytes = srv->o->max_body_bytes,
+                             .max_tokens = srv->o->default_max_tokens,
                              .n_ctx = srv->cfg.n_ctx};
   return audio_api_handle(&env, cn->c, cn->rid, translate, cn->body ? cn->body : "", cn->len, cn->too_big,
                           conn_fd(cn->c), &cn->status, &cn->gr);

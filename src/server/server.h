@@ -25,7 +25,7 @@ typedef struct server_options {
   const char *mmproj;       /* anna_model_options.mmproj (--mmproj) */
   engine_options eng;           /* eng.tuning also goes to anna_model_options.tuning */
   anna_sampler_params defaults; /* generation defaults for fields a request omits */
-  int default_max_tokens;      /* chat; <= 0: up to the context */
+  int default_max_tokens;      /* chat; <= 0: up to the context; transcriptions: their cap (<= 0: 512) */
   int default_enable_thinking; /* -1: template default, 0/1: chat_template_kwargs default */
   int reasoning_deepseek;
   /* --tool-parser / --reasoning-parser: an enum outparse_tools / outparse_reasoning value,

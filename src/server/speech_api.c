@@ -42,6 +42,8 @@ typedef struct sjob {
   int sse;
   uint64_t seed;
   int delay_ms; /* --debug-hooks: sleep after each 1-frame chunk (disconnect tests) */
+  int max_frames; /* --debug-hooks: a frame cap (0: the speech object's), for benchmarks whose
+                   * random-weight talkers would rarely sample codec eos */
   /* output, under mu */
   unsigned char *buf;
   size_t len, cap, off;
@@ -206,7 +208,8 @@ static void job_run(speech_server *s, sjob *j) {
                                     .speed = j->speed,
                                     .voice_embed = j->xvec,
                                     .first_chunk_frames = j->delay_ms > 0 ? 1 : SPEECH_FIRST_CHUNK,
-                                    .chunk_frames = j->delay_ms > 0 ? 1 : 16};
+                                    .chunk_frames = j->delay_ms > 0 ? 1 : 16,
+                                    .max_frames = j->max_frames};
     rc = anna_speech_synthesize(s->sp, &rq, on_chunk, &g, &st, err, sizeof err);
     if (!rc && st.stopped && g.err[0]) rc = ANNA_EIO, snprintf(err, sizeof err, "%s", g.err);
     if (!rc && g.oom) rc = ANNA_ENOMEM, snprintf(err, sizeof err, "out of memory staging the encoded audio");
@@ -437,7 +440,7 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
   const char *key;
   json_t *v;
   json_object_foreach(root, key, v) {
-    int ok = s->debug_hooks && !strcmp(key, "debug_delay_ms");
+    int ok = s->debug_hooks && (!strcmp(key, "debug_delay_ms") || !strcmp(key, "debug_max_frames"));
     for (int i = 0; known[i] && !ok; i++) ok = !strcmp(key, known[i]);
     if (!ok) {
       *code = "unknown_parameter";
@@ -569,6 +572,12 @@ static int parse_request(speech_server *s, const char *body, size_t len, sjob *j
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 10000)
       BAD("debug_delay_ms", "'debug_delay_ms' must be an integer in [0, 10000]");
     j->delay_ms = (int)json_integer_value(v);
+  }
+  v = json_object_get(root, "debug_max_frames");
+  if (v) {
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 65536)
+      BAD("debug_max_frames", "'debug_max_frames' must be an integer in [1, 65536]");
+    j->max_frames = (int)json_integer_value(v);
   }
   if (!j->input || !j->voice || !j->format || !j->language) {
     snprintf(msg, cap, "out of memory");

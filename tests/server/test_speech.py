@@ -373,3 +373,17 @@ def test_voice_clone_register_and_speak(clone_dir, tts):
     assert {v["id"] for v in listed} == {"vivian", "ryan", "eric"} and all(v["type"] == "preset" for v in listed)
     st, out = post_form(tts, "/v1/audio/voices", {"name": "me"}, {"file": ("r.wav", wav)})
     assert st == 400 and "Base" in out["error"]["message"]
+
+
+def test_debug_max_frames_caps_the_utterance(tts, model_dir):
+    # --debug-hooks: "debug_max_frames" caps the frames (benchmarks of random-weight talkers, which
+    # rarely sample codec eos: scripts/gpu/media_bench.sh); the same bytes as anna-speak --max-frames
+    st, _, out = post(tts, {"model": NAME, "input": TEXT, "voice": "ryan", "response_format": "pcm",
+                            "debug_max_frames": 2})
+    assert st == 200 and len(out) == 2 * 1920 * 2, (st, len(out))
+    r = subprocess.run([speak_bin(), "--model-dir", model_dir, "--text", TEXT, "--speaker", "ryan", "--seed", "0",
+                        "--first-chunk-frames", "2", "--chunk-frames", "16", "--max-frames", "2", "--stream"],
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == out, r.stderr.decode()
+    st, _, out = post(tts, {"model": NAME, "input": TEXT, "voice": "ryan", "debug_max_frames": 0})
+    assert st == 400 and json.loads(out)["error"]["param"] == "debug_max_frames"

@@ -215,3 +215,19 @@ def test_stream_client_gone_frees_the_slot(asrv):
         c.close()  # gone mid-stream
     asrv.wait_idle(20)
     assert transcribe(asrv, "sweep_8k_mono").text.startswith(CASES["sweep_8k_mono"]["transcript"])
+
+
+def test_max_completion_tokens_caps_the_transcript():
+    # the request cannot name a cap: --max-completion-tokens is the server's (default 512); the
+    # capped transcript is the first ids of the uncapped one (scripts/gpu/media_bench.sh uses it to
+    # give random-weight models, which rarely stop, a fixed output length)
+    s = start_server(ASR, "--parallel", "2", "--ctx-size", "1024", "--max-completion-tokens", "3")
+    try:
+        c = CASES["sweep_8k_mono"]
+        r = transcribe(s, "sweep_8k_mono", response_format="verbose_json", timestamp_granularities=["segment"])
+        assert r.segments[0].tokens == c["greedy_ids"][:3]
+        with open(audio_file("sweep_8k_mono"), "rb") as f:
+            ev = list(s.client().audio.transcriptions.create(model="qwen3_asr", file=f, stream=True))
+        assert ev[-1].usage.output_tokens == 3
+    finally:
+        s.stop()
