@@ -38,7 +38,7 @@ extern "C" {
 /* Version of this header's contract: major * 10000 + minor * 100 + patch. Minor: additions
  * only; major: anything a caller must change for. */
 #define ANNA_API_VERSION_MAJOR 1
-#define ANNA_API_VERSION_MINOR 13
+#define ANNA_API_VERSION_MINOR 14
 #define ANNA_API_VERSION_PATCH 0
 #define ANNA_API_VERSION                                                                      \
   (ANNA_API_VERSION_MAJOR * 10000 + ANNA_API_VERSION_MINOR * 100 + ANNA_API_VERSION_PATCH)
@@ -295,7 +295,7 @@ int anna_context_decode_topk(anna_context *c, const anna_batch *b, int k, float 
 /* Logits row `row` (flagged order) of the last anna_context_decode(_topk) call to out[vocab],
  * valid until the next decode call. ANNA_ERANGE when that call had no such row. */
 int anna_context_logits_row(anna_context *c, int row, float *out, char *err, size_t errlen);
-/* (API next) Sampling on the rows the last anna_context_decode(_topk) call keeps where its
+/* (API 1.14) Sampling on the rows the last anna_context_decode(_topk) call keeps where its
  * logits are (device memory on a GPU). Those rows stay valid until the next decode, verify or
  * prefill call of the context (any sequence), so these calls go between that call and the
  * next one; anna_context_mask_topk changes them in place, which anna_context_logits_row and
@@ -683,7 +683,7 @@ int anna_sampler_candidates_k(const anna_sampler *s, float *temp);
 int anna_sampler_sample_candidates(anna_sampler *s, const int32_t *idx, const float *val, int k,
                                    const double *stats, int32_t *out);
 
-/* (API next) Draws past the candidates, where the logits are. A draw without top-k (pure
+/* (API 1.14) Draws past the candidates, where the logits are. A draw without top-k (pure
  * temperature, or min-p keeping the whole sorted head) walks the head, then every other token
  * in vocabulary order (anna_sampler_sample); anna_sampler_sample_candidates_tail walks the head
  * on the host and leaves the rest to anna_context_sample_tail, which walks the tail on the
@@ -700,11 +700,11 @@ typedef struct anna_sample_tail {
   int32_t head[ANNA_TOPK_MAX];
   float prob[ANNA_TOPK_MAX]; /* the head's probabilities, as anna_sampler_sample computes them */
 } anna_sample_tail;
-/* (API next) anna_sampler_candidates_k for anna_sampler_sample_candidates_tail: the same, except
+/* (API 1.14) anna_sampler_candidates_k for anna_sampler_sample_candidates_tail: the same, except
  * that pure temperature sampling (no top-k, top_p 1, min_p 0) also takes the sorted head of
  * 256 and the softmax sum at its temperature. */
 int anna_sampler_candidates_tail_k(const anna_sampler *s, float *temp);
-/* (API next) anna_sampler_sample_candidates that can also finish past the candidates. Returns
+/* (API 1.14) anna_sampler_sample_candidates that can also finish past the candidates. Returns
  * 0 with the token in *out; 1 having consumed nothing when only the full row will do (the top-p
  * nucleus reaches past the head, k too small, penalties): anna_sampler_sample on the row; or 2
  * when the draw needs the tail (it lands past the head, or min-p needs the tail's kept mass

@@ -28,7 +28,7 @@ static char *dump(const json_t *j) { return j ? json_dumps(j, JSON_COMPACT | JSO
 
 static void test_status(void) {
   printf("status\n");
-  CHECK(ANNA_API_VERSION == 11300, "ANNA_API_VERSION %d", ANNA_API_VERSION); /* 1.13: tensor_parallel / tp_comm, MTP and draft feeds and batched MTP windows (the server drafters); 1.12: model load progress; 1.11: anna_chat_template_source; 1.10: speculative sampling, adaptive K, draft model; 1.9: ASR chunks, TTS instructions / speed / cloning; 1.8: mmproj, mm_cache_bytes, vision stats, prefix_attach_media; 1.7: anna_sched_options.chunk_align; 1.6: device ordinals, layer_split and stage info; 1.5: MoE expert offload options; video in prompts (1.4 on its branch) */
+  CHECK(ANNA_API_VERSION == 11400, "ANNA_API_VERSION %d", ANNA_API_VERSION); /* 1.14: device-side tail draws and masked candidates (anna_context_sample_tail, anna_context_mask_topk, anna_sampler_sample_candidates_tail); 1.13: tensor_parallel / tp_comm, MTP and draft feeds and batched MTP windows (the server drafters); 1.12: model load progress; 1.11: anna_chat_template_source; 1.10: speculative sampling, adaptive K, draft model; 1.9: ASR chunks, TTS instructions / speed / cloning; 1.8: mmproj, mm_cache_bytes, vision stats, prefix_attach_media; 1.7: anna_sched_options.chunk_align; 1.6: device ordinals, layer_split and stage info; 1.5: MoE expert offload options; video in prompts (1.4 on its branch) */
   CHECK(!strcmp(anna_status_name(ANNA_OK), "ANNA_OK"), "ok");
   CHECK(!strcmp(anna_status_name(ANNA_EINVAL), "ANNA_EINVAL"), "einval");
   CHECK(!strcmp(anna_status_name(ANNA_ENOMEM), "ANNA_ENOMEM"), "enomem");
