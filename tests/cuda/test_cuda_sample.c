@@ -126,7 +126,8 @@ void bench_topk(void) {
 
 /* ---- the sampler's tail (sample_tail) and masked candidates (mask_rows + topk), issue 29 ---- */
 
-/* The CPU op on one draw (the reference; sample_tail's CPU code is the host sampler's). */
+/* The CPU op on one draw (the reference; sample_tail's CPU code is the host sampler's). l: the
+ * whole [rows][V] array (the op adds q.row * V itself). */
 static ops_tail_out tail_cpu(const float *l, int64_t V, ops_tail_req q, double u) {
   ops_tail_out o;
   q.u = u;
@@ -161,14 +162,14 @@ static void tail_case(int R, int64_t V, float temp, float floor_rel, int kind, i
     b.mx = hv[0] * b.inv_t;
     b.floor = floor_rel > 0 ? floor_rel * (float)(ops_exp_nonpos(hv[0] * b.inv_t - b.mx) / b.z) : 0.0f;
     memcpy(b.head, head, sizeof(int32_t) * (size_t)nh);
-    M[r] = tail_cpu(lr, V, b, 0.0).sum - 0.25;
+    M[r] = tail_cpu(l, V, b, 0.0).sum - 0.25;
     for (int d = 0; d < D; d++) {
       const double u = d == 0 ? 0.0
                        : d < D - 3 ? M[r] * ((double)(rnd() >> 11) * (1.0 / 9007199254740992.0))
                                    : M[r] * (1.0 + 0.005 * (d - (D - 4)));
       q[r * D + d] = b;
       q[r * D + d].u = u;
-      ref[r * D + d] = tail_cpu(lr, V, b, u);
+      ref[r * D + d] = tail_cpu(l, V, b, u);
     }
   }
   float *dl = dput(l, sizeof(float) * (size_t)(R * V));
@@ -185,14 +186,13 @@ static void tail_case(int R, int64_t V, float temp, float floor_rel, int kind, i
   int64_t bad = 0, near = 0;
   double sum_err = 0;
   for (int i = 0; i < R * D; i++) {
-    const float *lr = l + q[i].row * V;
     if (q[i].u == 0) {
       sum_err = fmax(sum_err, fabs(got[i].sum - ref[i].sum) / fmax(ref[i].sum, 1e-300));
       bad += got[i].tok != -1;
       continue;
     }
     if (got[i].tok == ref[i].tok) continue;
-    const int32_t lo = tail_cpu(lr, V, q[i], q[i].u * (1 - 1e-9)).tok, hi = tail_cpu(lr, V, q[i], q[i].u * (1 + 1e-9)).tok;
+    const int32_t lo = tail_cpu(l, V, q[i], q[i].u * (1 - 1e-9)).tok, hi = tail_cpu(l, V, q[i], q[i].u * (1 + 1e-9)).tok;
     if (got[i].tok == lo || got[i].tok == hi) {
       near++;
       continue;
