@@ -445,8 +445,11 @@ def copy_tokenizer(out, src):
 # gate/up/down stacks, routers and 1-D tensors in F32. V heads need no reordering: the data
 # is random, so grouped and tiled order are the same distribution.
 
-GGUF_TYPES = {"q8_0": "Q8_0", "bf16": "BF16", "f16": "F16", "f32": "F32", "q4_k_rand": "Q4_K"}
-GGUF_FILE_TYPES = {"q8_0": 7, "bf16": 32, "f16": 1, "f32": 0, "q4_k_rand": 15}
+GGUF_TYPES = {"q8_0": "Q8_0", "bf16": "BF16", "f16": "F16", "f32": "F32", "q4_k_rand": "Q4_K",
+              "iq2_xxs_rand": "IQ2_XXS", "iq2_m_rand": "IQ2_S"}
+# llama.cpp's LLAMA_FTYPE_MOSTLY_*: Q4_K_M 15, IQ2_XXS 19, IQ2_M 29
+GGUF_FILE_TYPES = {"q8_0": 7, "bf16": 32, "f16": 1, "f32": 0, "q4_k_rand": 15, "iq2_xxs_rand": 19, "iq2_m_rand": 29}
+RAND_TYPES = ("Q4_K", "Q6_K", "IQ2_XXS", "IQ2_S")  # written as random well-formed blocks
 
 
 def q4km_type(name, n_layers):
@@ -459,6 +462,29 @@ def q4km_type(name, n_layers):
         if i < n_layers // 8 or i >= 7 * n_layers // 8 or (i - n_layers // 8) % 3 == 2:
             return "Q6_K"
     return "Q4_K"
+
+
+def iq2m_type(name):
+    """iq2_m_rand: an IQ2_M-like mix as llama-quantize makes for small quants of MoE models:
+    routed experts in 2-bit i-quants (gate/up IQ2_XXS, down IQ2_S), the rest of the FFN IQ2_S,
+    attention / delta-net projections and the embedding Q4_K, output Q6_K."""
+    if name == "output.weight":
+        return "Q6_K"
+    if "_exps." in name:
+        return "IQ2_S" if ".ffn_down" in name else "IQ2_XXS"
+    if ".ffn_" in name:
+        return "IQ2_S"
+    return "Q4_K"
+
+
+def rand_iquant(rng, dtype, n_blocks):
+    """Random but well-formed IQ2_XXS / IQ2_S blocks: any grid index, sign and scale bits are
+    valid, so only d (f16, first) is set, for a weight spread near PROJ_STD (the grids' values
+    times (0.5 + scale) / 4 have an rms of ~54)."""
+    bb = {"IQ2_XXS": 66, "IQ2_S": 82}[dtype]
+    b = rng.integers(0, 256, (n_blocks, bb), dtype=np.uint8)
+    b[:, 0:2] = np.frombuffer(np.float16(PROJ_STD / 54).tobytes(), np.uint8)
+    return b.tobytes()
 
 
 def rand_kquant(rng, dtype, n_blocks):
@@ -668,8 +694,9 @@ def gguf_write(path, name, s, n_layers, vocab, qtype, seed, chunk_elems, tok_ggu
     for t in ts:
         if t.dtype == "Q":
             t.dtype = GGUF_TYPES[qtype]
-            if qtype == "q4_k_rand":
-                t.dtype = q4km_type(t.name, n_layers)
+            if qtype in ("q4_k_rand", "iq2_m_rand"):
+                t.dtype = q4km_type(t.name, n_layers) if qtype == "q4_k_rand" else iq2m_type(t.name)
+            if t.dtype in RAND_TYPES:
                 if t.shape[-1] % 256:  # k-quants need whole 256-element super-blocks
                     t.dtype = "Q8_0" if t.shape[-1] % 32 == 0 else "BF16"
 
@@ -747,6 +774,9 @@ def _gguf_write_tensor(job):
             if t.dtype in ("Q4_K", "Q6_K"):
                 fout.write(rand_kquant(rng, t.dtype, n * cols // 256))
                 continue
+            if t.dtype in ("IQ2_XXS", "IQ2_S"):
+                fout.write(rand_iquant(rng, t.dtype, n * cols // 256))
+                continue
             kind = t.init[0]
             if kind == NEG_A:
                 x = -rng.uniform(1.0, 16.0, n * cols).astype(np.float32)
@@ -802,7 +832,9 @@ def main():
                     help="also write OUT/<shape>-<type>.gguf (llama.cpp layout). q4_k_rand: the tensor "
                          "types of Q4_K_M filled with random well-formed blocks, for speed runs without "
                          "llama-quantize (gguf-py cannot quantize k-quants; side-by-side runs quantize the "
-                         "bf16 file with llama-quantize)")
+                         "bf16 file with llama-quantize). iq2_xxs_rand: every matrix IQ2_XXS; "
+                         "iq2_m_rand: an IQ2_M-like mix (IQ2_XXS / IQ2_S experts, Q4_K attention, Q6_K "
+                         "output), both random well-formed blocks")
     ap.add_argument("--gguf-only", action="store_true", help="write the GGUF (and config/tokenizer), no safetensors")
     ap.add_argument("--tokenizer-gguf", default=TOKENIZER_GGUF,
                     help="GGUF whose tokenizer metadata is copied into --gguf output")
@@ -852,7 +884,8 @@ def main():
         qwen = s["family"].startswith("qwen3_5")
         gvocab = args.vocab or (QWEN35_COMMON if qwen else GEMMA4_COMMON)["vocab"]
         gts = (qwen35_gguf_tensors if qwen else gemma4_gguf_tensors)(s, args.layers or s["layers"], gvocab)
-        per = {"q8_0": 34 / 32, "bf16": 2, "f16": 2, "f32": 4, "q4_k_rand": 160 / 256}[args.gguf]  # q4_k_rand: ~Q4_K_M
+        per = {"q8_0": 34 / 32, "bf16": 2, "f16": 2, "f32": 4, "q4_k_rand": 160 / 256,
+               "iq2_xxs_rand": 66 / 256, "iq2_m_rand": 72 / 256}[args.gguf]  # q4_k_rand: ~Q4_K_M
         gb = sum(t.numel * (4 if t.dtype == "F32" else per) for t in gts)
         b = gb if args.gguf_only else b + gb
     if args.max_gb and b > args.max_gb * 1e9:

@@ -104,6 +104,8 @@ static void fix_scales(int type, uint8_t *blk) {
       {ANNA_DTYPE_Q4_0, 0, -1}, {ANNA_DTYPE_Q4_1, 0, 2},  {ANNA_DTYPE_Q5_0, 0, -1}, {ANNA_DTYPE_Q5_1, 0, 2},
       {ANNA_DTYPE_Q8_0, 0, -1}, {ANNA_DTYPE_IQ4_NL, 0, -1}, {ANNA_DTYPE_Q2_K, 80, 82}, {ANNA_DTYPE_Q3_K, 108, -1},
       {ANNA_DTYPE_Q4_K, 0, 2},  {ANNA_DTYPE_Q5_K, 0, 2},  {ANNA_DTYPE_Q6_K, 208, -1}, {ANNA_DTYPE_IQ4_XS, 0, -1},
+      {ANNA_DTYPE_IQ2_XXS, 0, -1}, {ANNA_DTYPE_IQ2_XS, 0, -1}, {ANNA_DTYPE_IQ2_S, 0, -1}, {ANNA_DTYPE_IQ3_XXS, 0, -1},
+      {ANNA_DTYPE_IQ3_S, 0, -1},
   };
   for (size_t i = 0; i < sizeof off / sizeof off[0]; i++) {
     if (off[i][0] != type) continue;
@@ -206,9 +208,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(only, "topk")) bench_topk();
     else if (!strcmp(only, "attn")) bench_attention(0), bench_attention(2048 - 512), bench_attention(8192 - 512);
     else if (!strcmp(only, "ops")) bench_ops();
+    else if (!strcmp(only, "matvec_iq")) bench_matvec_iq();
     else if (!strcmp(only, "encoder")) bench_encoder();
     else {
-      printf("FAILED: unknown benchmark %s (gdn, gemm, mmq, mmq_bf16, moe, group, topk, attn, ops, encoder)\n", only);
+      printf("FAILED: unknown benchmark %s (gdn, gemm, mmq, mmq_bf16, moe, group, topk, attn, ops, matvec_iq, encoder)
+", only);
       g_fail = 1;
     }
     cuda_backend_free(g_gpu);

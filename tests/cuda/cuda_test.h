@@ -109,5 +109,6 @@ void test_encoder(void);
 void bench_encoder(void);
 /* test_cuda_bench.c */
 void bench_ops(void);
+void bench_matvec_iq(void); /* --bench=matvec_iq: IQ2_XXS..IQ3_S matvecs beside Q4_K, IQ4_XS */
 
 #endif

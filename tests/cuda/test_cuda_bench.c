@@ -3,6 +3,53 @@
  * bandwidth per weight type and token count. */
 #include "cuda_test.h"
 
+/* Matvec bandwidth of each of ntypes weight types, 12288 x 4096, 1..8 tokens. */
+static void bench_matvec_types(const int *types, int ntypes) {
+  /* NCOPY copies of the weight (distinct host pointers, so distinct device mirrors) are used
+   * in turn, so together they exceed the L2 (60 MB) and each call reads its weight from
+   * device memory, as a decode step does. */
+  enum { NCOPY = 4 };
+  const int64_t rows = 12288, cols = 4096;
+  for (int i = 0; i < ntypes; i++) {
+    float *f;
+    void *w = make_weight(types[i], rows, cols, &f);
+    free(f);
+    const size_t wb = (size_t)(dtype_row_bytes(types[i], cols) * rows);
+    ops_weight ow[NCOPY];
+    void *wc[NCOPY];
+    for (int c = 0; c < NCOPY; c++) {
+      wc[c] = malloc(wb);
+      memcpy(wc[c], w, wb);
+      ow[c] = (ops_weight){types[i], wc[c], rows, cols};
+    }
+    float *x = hrand(8 * cols, 1.0f), *dx = dput(x, sizeof(float) * 8 * (size_t)cols), *dy = dnan(64 * rows);
+    const int nts[] = {1, 2, 4, 8};
+    /* f32: f32 activations (the kernels exact mode uses); int8: the default (exact off),
+     * int8 activations where the type has a dp4a kernel (else the same kernel again);
+     * i8r4: int8 with 4 rows per warp (each activation load serves more rows) */
+    const int modes[] = {CUDA_MV_F32, CUDA_MV_DEFAULT, CUDA_MV_INT8_R4};
+    const char *mname[] = {"f32", "int8", "i8r4"};
+    for (int k = 0; k < 4; k++)
+      for (int mi = 0; mi < (nts[k] <= 2 ? 3 : 2); mi++) { /* i8r4 differs for n <= 2 only */
+        const int nt = nts[k], mode = modes[mi];
+        cuda_backend_set_matvec_variant(g_gpu, mode);
+        for (int c = 0; c < NCOPY; c++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[c], NULL);
+        gpu_status("matvec warmup");
+        const int reps = 200;
+        double t0 = now_s();
+        for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[r % NCOPY], NULL);
+        gpu_status("matvec");
+        double dt = (now_s() - t0) / reps;
+        printf("  matvec %-7s n=%d %lldx%lld %-4s: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt,
+               (long long)rows, (long long)cols, mname[mi], dt * 1e6, (double)wb / dt / 1e9);
+      }
+    cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
+    dfree(dx), dfree(dy), free(x), free(w);
+    cuda_backend_drop_mirrors(g_gpu);
+    for (int c = 0; c < NCOPY; c++) free(wc[c]);
+  }
+}
+
 /* Decode-shaped matvec bandwidth (weight bytes / time) against a device copy. */
 void bench_ops(void) {
   printf("bench (GB/s: weight bytes read per second; copy counts read + write)\n");
@@ -144,49 +191,14 @@ void bench_ops(void) {
       cuda_backend_drop_mirrors(g_gpu);
     }
   }
-  /* Matvec bandwidth: NCOPY copies of the weight (distinct host pointers, so distinct device
-   * mirrors) are used in turn, so together they exceed the L2 (60 MB) and each call reads
-   * its weight from device memory, as a decode step does. */
-  enum { NCOPY = 4 };
   const int types[] = {ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K,   ANNA_DTYPE_Q5_K,
                        ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_IQ4_NL};
-  const int64_t rows = 12288, cols = 4096;
-  for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-    float *f;
-    void *w = make_weight(types[i], rows, cols, &f);
-    free(f);
-    const size_t wb = (size_t)(dtype_row_bytes(types[i], cols) * rows);
-    ops_weight ow[NCOPY];
-    void *wc[NCOPY];
-    for (int c = 0; c < NCOPY; c++) {
-      wc[c] = malloc(wb);
-      memcpy(wc[c], w, wb);
-      ow[c] = (ops_weight){types[i], wc[c], rows, cols};
-    }
-    float *x = hrand(8 * cols, 1.0f), *dx = dput(x, sizeof(float) * 8 * (size_t)cols), *dy = dnan(64 * rows);
-    const int nts[] = {1, 2, 4, 8};
-    /* f32: f32 activations (the kernels exact mode uses); int8: the default (exact off),
-     * int8 activations where the type has a dp4a kernel (else the same kernel again);
-     * i8r4: int8 with 4 rows per warp (each activation load serves more rows) */
-    const int modes[] = {CUDA_MV_F32, CUDA_MV_DEFAULT, CUDA_MV_INT8_R4};
-    const char *mname[] = {"f32", "int8", "i8r4"};
-    for (int k = 0; k < 4; k++)
-      for (int mi = 0; mi < (nts[k] <= 2 ? 3 : 2); mi++) { /* i8r4 differs for n <= 2 only */
-        const int nt = nts[k], mode = modes[mi];
-        cuda_backend_set_matvec_variant(g_gpu, mode);
-        for (int c = 0; c < NCOPY; c++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[c], NULL);
-        gpu_status("matvec warmup");
-        const int reps = 200;
-        double t0 = now_s();
-        for (int r = 0; r < reps; r++) g_gpu->matmul(g_gpu, dy, dx, nt, &ow[r % NCOPY], NULL);
-        gpu_status("matvec");
-        double dt = (now_s() - t0) / reps;
-        printf("  matvec %-6s n=%d %lldx%lld %-4s: %7.1f us, %6.0f GB/s\n", dtype_name(types[i]), nt,
-               (long long)rows, (long long)cols, mname[mi], dt * 1e6, (double)wb / dt / 1e9);
-      }
-    cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
-    dfree(dx), dfree(dy), free(x), free(w);
-    cuda_backend_drop_mirrors(g_gpu);
-    for (int c = 0; c < NCOPY; c++) free(wc[c]);
-  }
+  bench_matvec_types(types, (int)(sizeof types / sizeof types[0]));
+}
+
+/* --bench=matvec_iq: the 2- and 3-bit i-quants beside Q4_K and IQ4_XS (the reference rows). */
+void bench_matvec_iq(void) {
+  const int types[] = {ANNA_DTYPE_Q4_K,  ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_IQ2_XXS, ANNA_DTYPE_IQ2_XS,
+                       ANNA_DTYPE_IQ2_S, ANNA_DTYPE_IQ3_XXS, ANNA_DTYPE_IQ3_S};
+  bench_matvec_types(types, (int)(sizeof types / sizeof types[0]));
 }

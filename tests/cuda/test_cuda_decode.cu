@@ -8,7 +8,8 @@
  *    16-byte aligned rows;
  *  - cuda_piece_load + cuda_piece_decode for every piece: sc * w - mn at the piece's element
  *    positions, which must cover the row exactly once; rows at every offset the piece kernels
- *    accept (cuda_matmul.cu piece_ok: 2-byte aligned, 8 for IQ4_XS, 16 for Q4_K/Q5_K);
+ *    accept (cuda_matmul.cu piece_ok: 2-byte aligned, 8 for IQ4_XS, 16 for Q4_K/Q5_K; the 2- and
+ *    3-bit i-quants 2-byte aligned);
  *  - cuda_piece_load + cuda_q8_decode: the int8 words, read as dp4a reads them (signed
  *    bytes), rebuild each weight with the kernel's offsets (Q4_0: q - 8, Q6_K: q - 32, IQ4:
  *    lo + hi of the two words) at the element cuda_q8_e0 and the activation order
@@ -220,6 +221,7 @@ template <int TYPE> static void check_pieces(int64_t nb, int off) {
           if constexpr (KQ) v = qs[run] * (float)b - qm[run];
           else if constexpr (TYPE == ANNA_DTYPE_Q6_K) v = qs[run] * (float)(b - 32);
           else if constexpr (TYPE == ANNA_DTYPE_Q4_0) v = qs[0] * (float)(b - 8);
+          else if constexpr (cuda_iq_grid_type(TYPE)) v = qs[run] * (float)b;
           else v = qs[0] * (float)b;
         }
         g_checks++;
@@ -320,7 +322,7 @@ int main(int argc, char **argv) {
       for (int r = 0; r < 64; r++) check_deq32(t, 1 + (int64_t)(rnd() % (uint64_t)max_nb), o);
     printf("  cuda_deq32 %-7s %s\n", dtype_name(t), g_fail == fail0 ? "ok" : "FAILED");
   }
-  if (ntypes != 12) fail("cuda_quant_supported names %d types, this test expects 12", ntypes);
+  if (ntypes != 17) fail("cuda_quant_supported names %d types, this test expects 17", ntypes);
 
   /* Piece decoders at the alignments cuda_matmul.cu's piece_ok accepts. */
   run_pieces<ANNA_DTYPE_Q4_0>(2, 128);
@@ -330,6 +332,11 @@ int main(int argc, char **argv) {
   run_pieces<ANNA_DTYPE_Q4_K>(16, 400);
   run_pieces<ANNA_DTYPE_Q5_K>(16, 400);
   run_pieces<ANNA_DTYPE_IQ4_XS>(8, 300);
+  run_pieces<ANNA_DTYPE_IQ2_XXS>(2, 200);
+  run_pieces<ANNA_DTYPE_IQ2_XS>(2, 200);
+  run_pieces<ANNA_DTYPE_IQ2_S>(2, 200);
+  run_pieces<ANNA_DTYPE_IQ3_XXS>(2, 200);
+  run_pieces<ANNA_DTYPE_IQ3_S>(2, 200);
   if (g_loads == 0) fail("no piece load was seen: CUDA_QUANT_HOST_LOAD is not wired");
 
   printf("test_cuda_decode: %lld checks, %lld piece loads, %d failures\n", (long long)g_checks, (long long)g_loads,

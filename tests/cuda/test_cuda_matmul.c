@@ -94,7 +94,8 @@ void test_matmul(void) {
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_F32);
   const int types[] = {ANNA_DTYPE_F32,  ANNA_DTYPE_F16,  ANNA_DTYPE_BF16, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_0,
                        ANNA_DTYPE_Q4_1, ANNA_DTYPE_Q5_0, ANNA_DTYPE_Q5_1, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_Q2_K,
-                       ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS};
+                       ANNA_DTYPE_Q3_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS,
+                       ANNA_DTYPE_IQ2_XXS, ANNA_DTYPE_IQ2_XS, ANNA_DTYPE_IQ2_S, ANNA_DTYPE_IQ3_XXS, ANNA_DTYPE_IQ3_S};
   /* the last two have more rows than the decode kernels keep resident, so their warps
    * walk several row groups */
   const int shapes[][3] = {{1, 17, 1},  {1, 300, 4},  {2, 129, 2},    {5, 64, 3},
@@ -197,8 +198,9 @@ void test_matmul(void) {
  * same bound. */
 void test_matvec_int8(void) {
   printf("matvec int8 activations\n");
-  const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q8_0,
-                       ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,   ANNA_DTYPE_Q6_K};
+  const int types[] = {ANNA_DTYPE_Q4_0,    ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ4_XS,  ANNA_DTYPE_Q8_0,
+                       ANNA_DTYPE_Q4_K,    ANNA_DTYPE_Q5_K,   ANNA_DTYPE_Q6_K,    ANNA_DTYPE_IQ2_XXS,
+                       ANNA_DTYPE_IQ2_XS,  ANNA_DTYPE_IQ2_S,  ANNA_DTYPE_IQ3_XXS, ANNA_DTYPE_IQ3_S};
   const int shapes[][3] = {{1, 17, 1}, {2, 300, 4}, {3, 129, 2}, {4, 64, 3}, {5, 33, 1},
                            {7, 100, 2}, {8, 129, 3}, {1, 20001, 2}, {3, 9001, 1}, {8, 40, 32}, {8, 24, 96},
                            /* decode batches on int8 tensor cores (cuda_mmq.cu): 16/32/64-token tiles,
@@ -344,7 +346,8 @@ void bench_gemm(void) {
 void test_batch_invariant(void) {
   printf("batch invariance\n");
   const int types[] = {ANNA_DTYPE_Q4_0, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q5_K,
-                       ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_F32, ANNA_DTYPE_BF16};
+                       ANNA_DTYPE_Q6_K, ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_F32, ANNA_DTYPE_BF16,
+                       ANNA_DTYPE_IQ2_XXS, ANNA_DTYPE_IQ2_XS, ANNA_DTYPE_IQ3_S};
   const int64_t ns[] = {2, 9, 13, 64, 100, 300};
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);
   cuda_backend_set_exact(g_gpu, 0);
@@ -438,7 +441,8 @@ void test_batch_invariant(void) {
 void test_mmq_v2(void) {
   printf("int8 decode kernel: 256-thread form (cuda_mmq_v2) vs 128-thread\n");
   const int types[] = {ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q6_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q5_K,
-                       ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL};
+                       ANNA_DTYPE_IQ4_XS, ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, ANNA_DTYPE_IQ2_XXS,
+                       ANNA_DTYPE_IQ2_S, ANNA_DTYPE_IQ3_XXS};
   /* n, rows, column steps (32-element formats: 32 (3 + 5 steps) columns, not whole steps) */
   const int shapes[][3] = {{9, 100, 2}, {16, 65, 4}, {33, 200, 3}, {64, 130, 8}, {64, 1000, 16}, {40, 63, 1}};
   cuda_backend_set_matvec_variant(g_gpu, CUDA_MV_DEFAULT);

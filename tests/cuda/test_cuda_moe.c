@@ -226,6 +226,11 @@ void test_moe(void) {
       {8, 1, ANNA_DTYPE_Q4_0, ANNA_DTYPE_Q4_0, ANNA_DTYPE_IQ4_NL, 96, 160, 11, 4, 2},
       {1, 0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q8_0, ANNA_DTYPE_Q4_K, 256, 256, 8, 2, 0},
       {1, 0, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q4_K, ANNA_DTYPE_Q8_0, 2816, 704, 6, 3, 0},
+      /* the 2- and 3-bit i-quants (an IQ2_M-like mix: IQ2_XXS / IQ2_S experts, IQ3 down) */
+      {1, 0, ANNA_DTYPE_IQ2_XXS, ANNA_DTYPE_IQ2_XXS, ANNA_DTYPE_IQ2_XXS, 256, 512, 8, 2, 0},
+      {4, 1, ANNA_DTYPE_IQ2_S, ANNA_DTYPE_IQ2_S, ANNA_DTYPE_IQ3_S, 512, 256, 9, 3, 1},
+      {8, 0, ANNA_DTYPE_IQ2_XS, ANNA_DTYPE_IQ2_XS, ANNA_DTYPE_IQ3_XXS, 256, 256, 8, 2, 0},
+      {20, 1, ANNA_DTYPE_IQ2_XXS, ANNA_DTYPE_IQ2_XXS, ANNA_DTYPE_IQ2_S, 256, 512, 8, 2, 0},
   };
   for (size_t c = 0; c < sizeof fc / sizeof fc[0]; c++) {
     cuda_backend_drop_mirrors(g_gpu);
@@ -357,7 +362,8 @@ void test_moe_grouped(void) {
                        {33, 8, 8, 384, 160, ANNA_DTYPE_Q8_0, 1},   {33, 256, 8, 512, 256, ANNA_DTYPE_Q4_K, 1},
                        {512, 256, 8, 2048, 512, ANNA_DTYPE_Q4_K, 0}, {777, 256, 8, 1024, 256, ANNA_DTYPE_Q6_K, 1},
                        {777, 8, 8, 300, 136, ANNA_DTYPE_BF16, 1},  {512, 8, 8, 256, 512, ANNA_DTYPE_Q6_K, 0},
-                       {100, 8, 2, 288, 96, ANNA_DTYPE_Q8_0, 0}};
+                       {100, 8, 2, 288, 96, ANNA_DTYPE_Q8_0, 0},   {33, 64, 8, 512, 256, ANNA_DTYPE_IQ2_XXS, 0},
+                       {100, 8, 4, 256, 512, ANNA_DTYPE_IQ2_S, 1},  {64, 8, 2, 256, 256, ANNA_DTYPE_IQ3_S, 0}};
   /* mode 5: default tiles with split activations for every type (CUDA_GEMM_BF16_SPLIT);
    * 6, 7: the cuBLAS path (quantized experts; bf16 ones fall back to the tile kernels) as
    * one grouped call and as the per-expert fallback loop; 8: the pipelined tile kernel on

@@ -105,7 +105,8 @@ void cuda_backend_drop_mirrors(ops_backend *be);
  * rule may run on tensor cores with bf16/f16/TF32 inputs and f32 accumulation. */
 void cuda_backend_set_exact(ops_backend *be, int on);
 
-/* Decode matvecs (n <= 8 tokens) of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K and Q6_K weights
+/* Decode matvecs (n <= 8 tokens) of Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K, Q6_K, IQ2_XXS,
+ * IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S weights
  * quantize the activations to int8 per 32-element block (dp4a dots, f32 scales) unless
  * exact mode is on. Test hooks (f32-bound tests and the --bench rows):
  * CUDA_MV_DEFAULT (that), CUDA_MV_F32 (f32 activations always: the kernels exact mode

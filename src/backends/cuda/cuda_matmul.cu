@@ -3,11 +3,12 @@
  *
  * Decode (n <= MV_MAX_TOK tokens): weights are read once for all tokens of a launch (up to
  * 8) and dotted with f32 activations (f32 accumulation), or, with exact mode off, int8
- * activations (k_matvec_q8: dp4a, f32 scales; Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K-Q6_K, when
- * the quantized activations fit the shared-memory budget). Plain types: one warp per row,
- * 16-byte loads when rows and activations are aligned. Q4_0, IQ4_NL, Q8_0, Q4_K, Q5_K,
- * Q6_K and IQ4_XS: the piece kernel (k_matvec_piece: persistent warps of several rows,
- * wide loads, the next loads in flight during the decode). The other quantized types and
+ * activations (k_matvec_q8: dp4a, f32 scales; Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K-Q6_K and the
+ * 2- and 3-bit i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, when the quantized
+ * activations fit the shared-memory budget). Plain types: one warp per row, 16-byte loads
+ * when rows and activations are aligned. Those same quantized types: the piece kernel
+ * (k_matvec_piece: persistent warps of several rows, wide loads, the next loads in flight
+ * during the decode). The other quantized types and
  * unaligned activations: k_matvec_quant, one lane per 32-element unit. Decode batches of
  * 9..CUDA_MMQ_MAX_TOK tokens (many sequences): cuda_mmq.cu, int8 tensor cores, each weight
  * read once. Prefill: weights
@@ -82,6 +83,9 @@ static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
     return ((uintptr_t)W & 1) == 0;
   case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K: return ((uintptr_t)W & 15) == 0 && rb % 16 == 0;
   case ANNA_DTYPE_IQ4_XS: return ((uintptr_t)W & 7) == 0 && rb % 8 == 0;
+  case ANNA_DTYPE_IQ2_XXS: case ANNA_DTYPE_IQ2_XS: case ANNA_DTYPE_IQ2_S: case ANNA_DTYPE_IQ3_XXS:
+  case ANNA_DTYPE_IQ3_S:
+    return ((uintptr_t)W & 1) == 0; /* 2-byte loads (cuda_piece_load); odd-sized blocks */
   default: return false;
   }
 }
@@ -89,7 +93,7 @@ static bool piece_ok(int type, const uint8_t *W, int64_t rb, const float *x) {
 /* The decode kernel a weight takes for nt tokens at x. One decision for single and grouped
  * launches, so a weight in a group gets the arithmetic of its own matmul. q8: int8
  * activations allowed (exact off): 1, or 2 for the 4-row variant; smem_max: the q8 kernels'
- * dynamic shared memory limit. piece_ok holds for exactly the seven types that both the
+ * dynamic shared memory limit. piece_ok holds for exactly the twelve types that both the
  * piece and the q8 kernels take. */
 enum mv_path { MV_PATH_Q8, MV_PATH_Q8R4, MV_PATH_PIECE, MV_PATH_PLAIN, MV_PATH_QUANT };
 static mv_path mv_choose(int type, const uint8_t *W, int64_t rb, const float *x, int64_t cols, int nt, int q8,
@@ -206,12 +210,14 @@ template <int TYPE, int NT> static int q8_optin(int optin, int set) {
   return m;
 }
 template <int NT> static int q8_optin_all(int optin, int set) {
-  const int r[7] = {q8_optin<ANNA_DTYPE_Q4_0, NT>(optin, set), q8_optin<ANNA_DTYPE_IQ4_NL, NT>(optin, set),
-                    q8_optin<ANNA_DTYPE_Q8_0, NT>(optin, set), q8_optin<ANNA_DTYPE_Q4_K, NT>(optin, set),
-                    q8_optin<ANNA_DTYPE_Q5_K, NT>(optin, set), q8_optin<ANNA_DTYPE_Q6_K, NT>(optin, set),
-                    q8_optin<ANNA_DTYPE_IQ4_XS, NT>(optin, set)};
+  const int r[12] = {q8_optin<ANNA_DTYPE_Q4_0, NT>(optin, set),    q8_optin<ANNA_DTYPE_IQ4_NL, NT>(optin, set),
+                     q8_optin<ANNA_DTYPE_Q8_0, NT>(optin, set),    q8_optin<ANNA_DTYPE_Q4_K, NT>(optin, set),
+                     q8_optin<ANNA_DTYPE_Q5_K, NT>(optin, set),    q8_optin<ANNA_DTYPE_Q6_K, NT>(optin, set),
+                     q8_optin<ANNA_DTYPE_IQ4_XS, NT>(optin, set),  q8_optin<ANNA_DTYPE_IQ2_XXS, NT>(optin, set),
+                     q8_optin<ANNA_DTYPE_IQ2_XS, NT>(optin, set),  q8_optin<ANNA_DTYPE_IQ2_S, NT>(optin, set),
+                     q8_optin<ANNA_DTYPE_IQ3_XXS, NT>(optin, set), q8_optin<ANNA_DTYPE_IQ3_S, NT>(optin, set)};
   int m = r[0];
-  for (int i = 1; i < 7; i++) m = r[i] < m ? r[i] : m;
+  for (int i = 1; i < 12; i++) m = r[i] < m ? r[i] : m;
   return m;
 }
 
@@ -278,6 +284,11 @@ static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t
       Q8CASE(ANNA_DTYPE_Q5_K)
       Q8CASE(ANNA_DTYPE_Q6_K)
       Q8CASE(ANNA_DTYPE_IQ4_XS)
+      Q8CASE(ANNA_DTYPE_IQ2_XXS)
+      Q8CASE(ANNA_DTYPE_IQ2_XS)
+      Q8CASE(ANNA_DTYPE_IQ2_S)
+      Q8CASE(ANNA_DTYPE_IQ3_XXS)
+      Q8CASE(ANNA_DTYPE_IQ3_S)
     default: break;
     }
   }
@@ -290,6 +301,11 @@ static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t
       PCASE(ANNA_DTYPE_Q5_K)
       PCASE(ANNA_DTYPE_Q6_K)
       PCASE(ANNA_DTYPE_IQ4_XS)
+      PCASE(ANNA_DTYPE_IQ2_XXS)
+      PCASE(ANNA_DTYPE_IQ2_XS)
+      PCASE(ANNA_DTYPE_IQ2_S)
+      PCASE(ANNA_DTYPE_IQ3_XXS)
+      PCASE(ANNA_DTYPE_IQ3_S)
     default: break;
     }
   }
@@ -318,6 +334,11 @@ static void launch_matvec(cuda_impl *ci, float *y, const float *x, const uint8_t
     QCASE(ANNA_DTYPE_Q5_K)
     QCASE(ANNA_DTYPE_Q6_K)
     QCASE(ANNA_DTYPE_IQ4_XS)
+    QCASE(ANNA_DTYPE_IQ2_XXS)
+    QCASE(ANNA_DTYPE_IQ2_XS)
+    QCASE(ANNA_DTYPE_IQ2_S)
+    QCASE(ANNA_DTYPE_IQ3_XXS)
+    QCASE(ANNA_DTYPE_IQ3_S)
   default: break; /* weight_dev rejected other types */
   }
 }
@@ -405,13 +426,15 @@ static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_tabl
   if (path == MV_PATH_Q8) {
     switch (type) {
       GQ8(ANNA_DTYPE_Q4_0) GQ8(ANNA_DTYPE_IQ4_NL) GQ8(ANNA_DTYPE_Q8_0) GQ8(ANNA_DTYPE_Q4_K) GQ8(ANNA_DTYPE_Q5_K)
-      GQ8(ANNA_DTYPE_Q6_K) GQ8(ANNA_DTYPE_IQ4_XS)
+      GQ8(ANNA_DTYPE_Q6_K) GQ8(ANNA_DTYPE_IQ4_XS) GQ8(ANNA_DTYPE_IQ2_XXS) GQ8(ANNA_DTYPE_IQ2_XS)
+      GQ8(ANNA_DTYPE_IQ2_S) GQ8(ANNA_DTYPE_IQ3_XXS) GQ8(ANNA_DTYPE_IQ3_S)
     default: break;
     }
   } else if (path == MV_PATH_PIECE) {
     switch (type) {
       GPIECE(ANNA_DTYPE_Q4_0) GPIECE(ANNA_DTYPE_IQ4_NL) GPIECE(ANNA_DTYPE_Q8_0) GPIECE(ANNA_DTYPE_Q4_K)
-      GPIECE(ANNA_DTYPE_Q5_K) GPIECE(ANNA_DTYPE_Q6_K) GPIECE(ANNA_DTYPE_IQ4_XS)
+      GPIECE(ANNA_DTYPE_Q5_K) GPIECE(ANNA_DTYPE_Q6_K) GPIECE(ANNA_DTYPE_IQ4_XS) GPIECE(ANNA_DTYPE_IQ2_XXS)
+      GPIECE(ANNA_DTYPE_IQ2_XS) GPIECE(ANNA_DTYPE_IQ2_S) GPIECE(ANNA_DTYPE_IQ3_XXS) GPIECE(ANNA_DTYPE_IQ3_S)
     default: break;
     }
   } else if (path == MV_PATH_PLAIN) {
@@ -427,6 +450,8 @@ static void group_launch(cuda_impl *ci, mv_path path, int type, int vec, mv_tabl
       GQUANT(ANNA_DTYPE_Q4_0) GQUANT(ANNA_DTYPE_Q4_1) GQUANT(ANNA_DTYPE_Q5_0) GQUANT(ANNA_DTYPE_Q5_1)
       GQUANT(ANNA_DTYPE_Q8_0) GQUANT(ANNA_DTYPE_IQ4_NL) GQUANT(ANNA_DTYPE_Q2_K) GQUANT(ANNA_DTYPE_Q3_K)
       GQUANT(ANNA_DTYPE_Q4_K) GQUANT(ANNA_DTYPE_Q5_K) GQUANT(ANNA_DTYPE_Q6_K) GQUANT(ANNA_DTYPE_IQ4_XS)
+      GQUANT(ANNA_DTYPE_IQ2_XXS) GQUANT(ANNA_DTYPE_IQ2_XS) GQUANT(ANNA_DTYPE_IQ2_S) GQUANT(ANNA_DTYPE_IQ3_XXS)
+      GQUANT(ANNA_DTYPE_IQ3_S)
     default: break;
     }
   }

@@ -233,6 +233,7 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
   typedef mmq_cfg<BN, NT, KS, PK> C, L;
   constexpr int HI = cuda_piece<TYPE>::HI;
   constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K;
+  constexpr bool R16 = Q6 || cuda_iq_run_scales(TYPE); /* a scale per 16-run (IQ2_XS / IQ2_S: runs of one block) */
   const int k = tid & (C::PPS - 1); /* piece of the step; its parity is that of the super-block's piece p & 7 */
   const int64_t p = (int64_t)s * C::PPS + k;
   const int el = (int)(cuda_q8_e0<TYPE>(p) - (int64_t)s * KS); /* run 0's first element in the step */
@@ -275,7 +276,7 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
     if constexpr (PK) {
       /* row lr = 16 m + 8 h + g: float slot h of (b, m, g) for scales, 2 + h for mins / Q6_K's odd run */
       float *q = sw + 4 * (8 * (lr >> 4) + (lr & 7)) + ((lr >> 3) & 1);
-      if constexpr (Q6) {
+      if constexpr (R16) {
         const int u0 = el >> 4, u1 = (el + HI) >> 4; /* 16-runs: block u / 2, slot 2 (u % 2) + h */
         q[128 * (u0 >> 1) + 2 * (u0 & 1)] = sc[0], q[128 * (u1 >> 1) + 2 * (u1 & 1)] = sc[1];
       } else if constexpr (HI == 32) {
@@ -286,7 +287,7 @@ static __device__ __forceinline__ void mmq_decode_w(uint8_t *st, const uint32_t 
       } else {
         q[128 * k] = sc[0];
       }
-    } else if constexpr (Q6) {
+    } else if constexpr (R16) {
       sw[(el >> 4) * MMQ_BM + lr] = sc[0], sw[((el + HI) >> 4) * MMQ_BM + lr] = sc[1];
     } else if constexpr (HI == 32) { /* Q4_K / Q5_K: the pieces 2c, 2c + 1 carry sub-blocks 2c, 2c + 1 */
       if ((k & 1) == 0) {
@@ -309,7 +310,7 @@ static __device__ __forceinline__ void mmq_mma_step(const uint8_t *st, float (*a
                                                     int warp, int lane) {
   typedef mmq_cfg<BN, NT, KS, PK> C, L;
   constexpr int ST = C::ST;
-  constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K, MIN = mmq_has_min<TYPE>();
+  constexpr bool Q6 = TYPE == ANNA_DTYPE_Q6_K || cuda_iq_run_scales(TYPE), MIN = mmq_has_min<TYPE>(); /* 16-runs */
   constexpr int NJ = C::NJ, MI = C::MI, UNR = NT == MMQ_THREADS ? 1 : 2;
   const int g = lane >> 2, t = lane & 3, wm = warp & (C::WM - 1), wn = warp >> C::LWM;
   const uint8_t *wt = st + L::W + (wm * 16 * MI + g) * ST + 8 * t;
@@ -465,6 +466,9 @@ static bool mmq_supported(int type, const uint8_t *W, int64_t rb, int64_t cols) 
     return ((uintptr_t)W & 1) == 0 && rb % 2 == 0;
   case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K: return ((uintptr_t)W & 15) == 0 && rb % 16 == 0;
   case ANNA_DTYPE_IQ4_XS: return ((uintptr_t)W & 7) == 0 && rb % 8 == 0;
+  case ANNA_DTYPE_IQ2_XXS: case ANNA_DTYPE_IQ2_XS: case ANNA_DTYPE_IQ2_S: case ANNA_DTYPE_IQ3_XXS:
+  case ANNA_DTYPE_IQ3_S:
+    return ((uintptr_t)W & 1) == 0;
   default: return false;
   }
 }
@@ -569,6 +573,17 @@ bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weig
   case ANNA_DTYPE_IQ4_XS:
     mmq_launch<ANNA_DTYPE_IQ4_XS>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp);
     break;
+  case ANNA_DTYPE_IQ2_XXS:
+    mmq_launch<ANNA_DTYPE_IQ2_XXS>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp);
+    break;
+  case ANNA_DTYPE_IQ2_XS:
+    mmq_launch<ANNA_DTYPE_IQ2_XS>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp);
+    break;
+  case ANNA_DTYPE_IQ2_S: mmq_launch<ANNA_DTYPE_IQ2_S>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
+  case ANNA_DTYPE_IQ3_XXS:
+    mmq_launch<ANNA_DTYPE_IQ3_XXS>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp);
+    break;
+  case ANNA_DTYPE_IQ3_S: mmq_launch<ANNA_DTYPE_IQ3_S>(ci, y, W, w->rows, w->cols, rb, xq, xd, xs, n, bn, npad, colsp); break;
   default: break; /* mmq_supported took none else */
   }
   return true;

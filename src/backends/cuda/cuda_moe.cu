@@ -6,8 +6,8 @@
  * pointers (built once per layer, kept with the weight mirrors), a second computes
  * out = sum over slots of w * down_e h, each output row written once (no atomics, no
  * memset). Only the selected experts' rows are read. With exact mode off, experts of the
- * types with an int8 piece decoder (Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K, Q5_K, Q6_K) take
- * the dp4a kernels instead: each block quantizes its activations (x of its token, or h of
+ * types with an int8 piece decoder (Q4_0, IQ4_NL, IQ4_XS, Q8_0, Q4_K-Q6_K, IQ2_XXS, IQ2_XS,
+ * IQ2_S, IQ3_XXS, IQ3_S) take the dp4a kernels instead: each block quantizes its activations (x of its token, or h of
  * all k slots of its token) to int8 in shared memory exactly as the dense k_matvec_q8 does
  * (cuda_q8act.cuh), and its warps stream weight pieces (cuda_piece_load, the next ones in
  * flight while the current ones are decoded to int8 words and dotted). The f32 kernels stay

@@ -344,7 +344,8 @@ const uint8_t *const *moe_table(ops_backend *be, int E, const ops_weight *gate, 
 /* The types with an int8 piece decoder (cuda_q8_decode). */
 #define MOEQ_TYPES(X) \
   X(ANNA_DTYPE_Q4_0) X(ANNA_DTYPE_IQ4_NL) X(ANNA_DTYPE_IQ4_XS) X(ANNA_DTYPE_Q8_0) X(ANNA_DTYPE_Q4_K) \
-  X(ANNA_DTYPE_Q5_K) X(ANNA_DTYPE_Q6_K)
+  X(ANNA_DTYPE_Q5_K) X(ANNA_DTYPE_Q6_K) X(ANNA_DTYPE_IQ2_XXS) X(ANNA_DTYPE_IQ2_XS) X(ANNA_DTYPE_IQ2_S) \
+  X(ANNA_DTYPE_IQ3_XXS) X(ANNA_DTYPE_IQ3_S)
 
 static bool moeq_type(int t) {
   switch (t) {

@@ -200,6 +200,12 @@ __device__ __forceinline__ float cuda_q8act_dot(const int *wq, const float *sc, 
     for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
     const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
     return sc[0] * fmaf(dx[0], f0, -32.0f * sx[0]) + sc[1] * fmaf(dx[1], f1, -32.0f * sx[1]);
+  } else if constexpr (cuda_iq_run_scales(TYPE)) { /* IQ2_XS, IQ2_S: a scale per 16-run, one block */
+    int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
+#pragma unroll
+    for (int k = 0; k < 4; k++) i0 = __dp4a(wq[k], a[k], i0), i1 = __dp4a(wq[4 + k], a[4 + k], i1);
+    const float f0 = __int_as_float(i0) - 12582912.0f, f1 = __int_as_float(i1) - 12582912.0f;
+    return dx[0] * fmaf(sc[0], f0, sc[1] * f1);
   } else {
     int i0 = MVQ8_MAGIC, i1 = MVQ8_MAGIC;
 #pragma unroll

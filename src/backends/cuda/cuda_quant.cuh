@@ -39,6 +39,25 @@ CUDA_HD int8_t cuda_hd_iq4nl(int n) {
 #endif
 }
 
+/* The 2- and 3-bit i-quant grids, packed one word per row (cuda_iq_grids.inc, generated from
+ * formats/quant_grids.c and checked against it by tests/formats/test_cuda_iq_grids.c): global
+ * memory on the device (__device__: lanes gather different rows, which __constant__ would
+ * serialize), plain arrays for the host build of the decoders. */
+#define CUDA_IQ_GRID_BEGIN(T, name, rows) __device__ static const T c_##name[rows] = {
+#define CUDA_IQ_GRID_END };
+#include "backends/cuda/cuda_iq_grids.inc"
+#undef CUDA_IQ_GRID_BEGIN
+#define CUDA_IQ_GRID_BEGIN(T, name, rows) static const T h_##name[rows] = {
+#include "backends/cuda/cuda_iq_grids.inc"
+#undef CUDA_IQ_GRID_BEGIN
+#undef CUDA_IQ_GRID_END
+
+#ifdef __CUDA_ARCH__
+#define CUDA_IQ_GRID(name, i) c_##name[i]
+#else
+#define CUDA_IQ_GRID(name, i) h_##name[i]
+#endif
+
 /* Host twins of the device intrinsics (CUDA Math API / PTX ISA definitions). __byte_perm:
  * byte i of the result is byte (s >> 4i) & 7 of the pair {y: bytes 4-7, x: bytes 0-3}. */
 CUDA_HD uint32_t cuda_hd_byte_perm(uint32_t x, uint32_t y, uint32_t s) {
@@ -72,6 +91,14 @@ CUDA_HD float cuda_hd_uint_as_float(uint32_t v) {
   return cuda_hd_int_as_float((int)v); /* the same 32 bits */
 }
 
+CUDA_HD int cuda_hd_popc(uint32_t v) {
+#ifdef __CUDA_ARCH__
+  return __popc(v);
+#else
+  return __builtin_popcount(v);
+#endif
+}
+
 CUDA_HD float ldh(const uint8_t *p) {
   return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
 }
@@ -82,9 +109,136 @@ __host__ __device__ static inline bool cuda_quant_supported(int t) {
   case ANNA_DTYPE_Q4_0: case ANNA_DTYPE_Q4_1: case ANNA_DTYPE_Q5_0: case ANNA_DTYPE_Q5_1:
   case ANNA_DTYPE_Q8_0: case ANNA_DTYPE_IQ4_NL: case ANNA_DTYPE_Q2_K: case ANNA_DTYPE_Q3_K:
   case ANNA_DTYPE_Q4_K: case ANNA_DTYPE_Q5_K: case ANNA_DTYPE_Q6_K: case ANNA_DTYPE_IQ4_XS:
+  case ANNA_DTYPE_IQ2_XXS: case ANNA_DTYPE_IQ2_XS: case ANNA_DTYPE_IQ2_S: case ANNA_DTYPE_IQ3_XXS:
+  case ANNA_DTYPE_IQ3_S:
     return true;
   default: return false;
   }
+}
+
+/* The 2- and 3-bit i-quants (grid + sign formats): 256-element blocks of 8 sub-blocks of 32,
+ * decoded through cuda_iq_decode below. */
+__host__ __device__ constexpr bool cuda_iq_grid_type(int t) {
+  return t == ANNA_DTYPE_IQ2_XXS || t == ANNA_DTYPE_IQ2_XS || t == ANNA_DTYPE_IQ2_S || t == ANNA_DTYPE_IQ3_XXS ||
+         t == ANNA_DTYPE_IQ3_S;
+}
+/* Those with one scale per 16 elements (the two runs of a piece have their own scale). */
+__host__ __device__ constexpr bool cuda_iq_run_scales(int t) {
+  return t == ANNA_DTYPE_IQ2_XS || t == ANNA_DTYPE_IQ2_S;
+}
+
+/* ---- i-quant sub-blocks ----
+ * Sub-block ib (32 elements) of an i-quant block as 4 canonical words, the same whether read
+ * byte by byte (cuda_iq_gather, any alignment) or by the piece loads (cuda_piece_load):
+ *   IQ2_XXS: [0] d            [1] 4 grid indices       [2] 4 x 7 sign bits | scale << 28
+ *   IQ2_XS:  [0] d | sc << 16 [1][2] 4 x (9-bit index | 7 sign bits << 9)
+ *   IQ2_S:   [0] d | qh << 16 | sc << 24   [1] 4 index low bytes   [2] 4 sign bytes
+ *   IQ3_XXS: [0] d            [1][2] 8 grid indices    [3] 4 x 7 sign bits | scale << 28
+ *   IQ3_S:   [0] d | qh << 16 | scale nibble << 24     [1][2] 8 index low bytes  [3] 4 sign bytes
+ * (sc: the sub-block's scale byte, two 4-bit scales of its 16-element halves; qh: its high
+ * index bits.) Block layouts as formats/quant_impl.h; every field of sub-block ib lies at a
+ * fixed offset, 2 mod 4 from the block start (the blocks are 66, 74, 82, 98, 110 bytes). */
+template <int TYPE> struct cuda_iq_layout;
+template <> struct cuda_iq_layout<ANNA_DTYPE_IQ2_XXS> { enum { BB = 66 }; };
+template <> struct cuda_iq_layout<ANNA_DTYPE_IQ2_XS> { enum { BB = 74 }; };
+template <> struct cuda_iq_layout<ANNA_DTYPE_IQ2_S> { enum { BB = 82 }; };
+template <> struct cuda_iq_layout<ANNA_DTYPE_IQ3_XXS> { enum { BB = 98 }; };
+template <> struct cuda_iq_layout<ANNA_DTYPE_IQ3_S> { enum { BB = 110 }; };
+
+/* 4 little-endian bytes at any address. */
+CUDA_HD uint32_t iq_b4(const uint8_t *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+template <int TYPE> CUDA_HD void cuda_iq_gather(const uint8_t *b, int ib, uint32_t *raw) {
+  const uint32_t d = (uint32_t)b[0] | (uint32_t)b[1] << 8;
+  raw[3] = 0;
+  if constexpr (TYPE == ANNA_DTYPE_IQ2_XXS) {
+    raw[0] = d, raw[1] = iq_b4(b + 2 + 8 * ib), raw[2] = iq_b4(b + 6 + 8 * ib);
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ2_XS) {
+    raw[0] = d | (uint32_t)b[66 + ib] << 16, raw[1] = iq_b4(b + 2 + 8 * ib), raw[2] = iq_b4(b + 6 + 8 * ib);
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ2_S) {
+    raw[0] = d | (uint32_t)b[66 + ib] << 16 | (uint32_t)b[74 + ib] << 24;
+    raw[1] = iq_b4(b + 2 + 4 * ib), raw[2] = iq_b4(b + 34 + 4 * ib);
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ3_XXS) {
+    raw[0] = d, raw[1] = iq_b4(b + 2 + 8 * ib), raw[2] = iq_b4(b + 6 + 8 * ib), raw[3] = iq_b4(b + 66 + 4 * ib);
+  } else { /* IQ3_S */
+    raw[0] = d | (uint32_t)b[66 + ib] << 16 | (uint32_t)((b[106 + ib / 2] >> (4 * (ib % 2))) & 0xf) << 24;
+    raw[1] = iq_b4(b + 2 + 8 * ib), raw[2] = iq_b4(b + 6 + 8 * ib), raw[3] = iq_b4(b + 74 + 4 * ib);
+  }
+}
+
+/* 4 unsigned grid bytes (each 1..127) negated where sign bits s (bits 0-3) are set: two's
+ * complement per byte as (g ^ m) + 1, which cannot carry across bytes since g != 0 (as the
+ * CPU's signed8). The multiply spreads bit i of s to bit 8i. */
+CUDA_HD uint32_t iq_signed4(uint32_t g, uint32_t s) {
+  const uint32_t m = (((s & 15u) * 0x00204081u) & 0x01010101u) * 0xffu;
+  return (g ^ m) + (m & 0x01010101u);
+}
+/* 7 stored sign bits to 8: bit 7 makes the parity even (the ksigns table's rule). */
+CUDA_HD uint32_t iq_signs8(uint32_t s7) {
+  return s7 | (uint32_t)(cuda_hd_popc(s7) & 1) << 7;
+}
+/* One grid row of 8 (two words) with 8 sign bits into q[0], q[1]. */
+CUDA_HD void iq_row8(uint64_t g, uint32_t s8, uint32_t *q) {
+  q[0] = iq_signed4((uint32_t)g, s8), q[1] = iq_signed4((uint32_t)(g >> 32), s8 >> 4);
+}
+
+/* Canonical words (above) to the sub-block's 32 values as 8 words of int8 (word m: elements
+ * 4m..4m+3) and its scales: element i is sc[i / 16] * q_i, the same product as the CPU's
+ * dequantizer (db * grid * sign) bit for bit. */
+template <int TYPE> CUDA_HD void cuda_iq_decode(const uint32_t *raw, uint32_t *q, float *sc) {
+  const float d = __half2float(__ushort_as_half((unsigned short)(raw[0] & 0xffff)));
+  if constexpr (TYPE == ANNA_DTYPE_IQ2_XXS) {
+    sc[0] = sc[1] = d * (0.5f + (float)(raw[2] >> 28)) * 0.25f;
+    CUDA_UNROLL
+    for (int l = 0; l < 4; l++)
+      iq_row8(CUDA_IQ_GRID(iq2xxs, (raw[1] >> (8 * l)) & 0xff), iq_signs8((raw[2] >> (7 * l)) & 127), q + 2 * l);
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ2_XS) {
+    const uint32_t s = raw[0] >> 16;
+    sc[0] = d * (0.5f + (float)(s & 0xf)) * 0.25f, sc[1] = d * (0.5f + (float)((s >> 4) & 0xf)) * 0.25f;
+    CUDA_UNROLL
+    for (int l = 0; l < 4; l++) {
+      const uint32_t v = (raw[1 + l / 2] >> (16 * (l & 1))) & 0xffff;
+      iq_row8(CUDA_IQ_GRID(iq2xs, v & 511), iq_signs8(v >> 9), q + 2 * l);
+    }
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ2_S) {
+    const uint32_t qh = (raw[0] >> 16) & 0xff, s = raw[0] >> 24;
+    sc[0] = d * (0.5f + (float)(s & 0xf)) * 0.25f, sc[1] = d * (0.5f + (float)(s >> 4)) * 0.25f;
+    CUDA_UNROLL
+    for (int l = 0; l < 4; l++) {
+      const uint32_t idx = ((raw[1] >> (8 * l)) & 0xff) | ((qh >> (2 * l)) & 3) << 8;
+      iq_row8(CUDA_IQ_GRID(iq2s, idx), (raw[2] >> (8 * l)) & 0xff, q + 2 * l);
+    }
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ3_XXS) {
+    sc[0] = sc[1] = d * (0.5f + (float)(raw[3] >> 28)) * 0.5f;
+    CUDA_UNROLL
+    for (int l = 0; l < 4; l++) {
+      const uint32_t w = raw[1 + l / 2] >> (16 * (l & 1)), s8 = iq_signs8((raw[3] >> (7 * l)) & 127);
+      q[2 * l] = iq_signed4(CUDA_IQ_GRID(iq3xxs, w & 0xff), s8);
+      q[2 * l + 1] = iq_signed4(CUDA_IQ_GRID(iq3xxs, (w >> 8) & 0xff), s8 >> 4);
+    }
+  } else { /* IQ3_S */
+    const uint32_t qh = (raw[0] >> 16) & 0xff;
+    sc[0] = sc[1] = d * (float)(1 + 2 * (int)(raw[0] >> 24));
+    CUDA_UNROLL
+    for (int l = 0; l < 4; l++) {
+      const uint32_t w = raw[1 + l / 2] >> (16 * (l & 1)), s8 = (raw[3] >> (8 * l)) & 0xff;
+      const uint32_t i0 = (w & 0xff) | ((qh >> (2 * l)) & 1) << 8, i1 = ((w >> 8) & 0xff) | ((qh >> (2 * l + 1)) & 1) << 8;
+      q[2 * l] = iq_signed4(CUDA_IQ_GRID(iq3s, i0), s8);
+      q[2 * l + 1] = iq_signed4(CUDA_IQ_GRID(iq3s, i1), s8 >> 4);
+    }
+  }
+}
+
+/* cuda_deq32 of an i-quant unit. */
+template <int TYPE> CUDA_HD void cuda_deq32_iq(const uint8_t *row, int64_t u, float *y) {
+  uint32_t raw[4], q[8];
+  float sc[2];
+  cuda_iq_gather<TYPE>(row + (u >> 3) * cuda_iq_layout<TYPE>::BB, (int)(u & 7), raw);
+  cuda_iq_decode<TYPE>(raw, q, sc);
+  CUDA_UNROLL
+  for (int j = 0; j < 32; j++) y[j] = sc[j >> 4] * (float)(int8_t)(uint8_t)(q[j >> 2] >> (8 * (j & 3)));
 }
 
 __host__ __device__ static inline bool cuda_float_type(int t) {
@@ -247,6 +401,11 @@ CUDA_HD void cuda_deq32(int type, const uint8_t *row, int64_t u, float *y) {
     }
     break;
   }
+  case ANNA_DTYPE_IQ2_XXS: cuda_deq32_iq<ANNA_DTYPE_IQ2_XXS>(row, u, y); break;
+  case ANNA_DTYPE_IQ2_XS: cuda_deq32_iq<ANNA_DTYPE_IQ2_XS>(row, u, y); break;
+  case ANNA_DTYPE_IQ2_S: cuda_deq32_iq<ANNA_DTYPE_IQ2_S>(row, u, y); break;
+  case ANNA_DTYPE_IQ3_XXS: cuda_deq32_iq<ANNA_DTYPE_IQ3_XXS>(row, u, y); break;
+  case ANNA_DTYPE_IQ3_S: cuda_deq32_iq<ANNA_DTYPE_IQ3_S>(row, u, y); break;
   default:
     CUDA_UNROLL
     for (int j = 0; j < 32; j++) y[j] = 0.0f;
@@ -317,6 +476,12 @@ template <> struct cuda_piece<ANNA_DTYPE_Q4_K> { enum { PPB = 8, HI = 32, RAW = 
 template <> struct cuda_piece<ANNA_DTYPE_Q5_K> { enum { PPB = 8, HI = 32, RAW = 12 }; };
 template <> struct cuda_piece<ANNA_DTYPE_Q6_K> { enum { PPB = 8, HI = 64, RAW = 13 }; };
 template <> struct cuda_piece<ANNA_DTYPE_IQ4_XS> { enum { PPB = 8, HI = 16, RAW = 6 }; };
+/* i-quants: piece ib is sub-block ib, RAW its canonical words (cuda_iq_gather) */
+template <> struct cuda_piece<ANNA_DTYPE_IQ2_XXS> { enum { PPB = 8, HI = 16, RAW = 4 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ2_XS> { enum { PPB = 8, HI = 16, RAW = 4 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ2_S> { enum { PPB = 8, HI = 16, RAW = 4 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ3_XXS> { enum { PPB = 8, HI = 16, RAW = 4 }; };
+template <> struct cuda_piece<ANNA_DTYPE_IQ3_S> { enum { PPB = 8, HI = 16, RAW = 4 }; };
 
 /* 2^23 + byte i of v, as a float (byte_perm places the byte under the exponent 0x4B). */
 CUDA_HD float pc_bf(uint32_t v, int i) {
@@ -368,6 +533,12 @@ CUDA_HD void pc_bytes16(const uint32_t *q, float bias, float *w) {
     for (int j = 0; j < 4; j++) w[4 * i + j] = pc_bf(q[i], j) - bias;
 }
 
+/* 4 bytes at a 2-byte aligned p (the i-quant fields, 2 mod 4 from an odd-sized block's start)
+ * as two 2-byte loads: never past the field, whatever the block's alignment. */
+CUDA_HD uint32_t pc_ld4h(const uint8_t *p) {
+  return (uint32_t)pc_ld((const unsigned short *)p) | (uint32_t)pc_ld((const unsigned short *)(p + 2)) << 16;
+}
+
 /* Loads piece p of a row into raw (cuda_piece<TYPE>::RAW words). last: p is the row's
  * final piece. */
 template <int TYPE>
@@ -395,6 +566,28 @@ CUDA_HD void cuda_piece_load(const uint8_t *row, int64_t p, bool last, uint32_t 
     const uint8_t *scl = b + 192 + 8 * hh + (k & 3);
     raw[10] = pc_ld(scl), raw[11] = pc_ld(scl + 4);
     raw[12] = pc_ld((const unsigned short *)(b + 208));
+  } else if constexpr (cuda_iq_grid_type(TYPE)) {
+    /* cuda_iq_gather's words with 2-byte loads (rows are only 2-byte aligned) */
+    const int ib = (int)(p & 7);
+    const uint8_t *b = row + (p >> 3) * cuda_iq_layout<TYPE>::BB;
+    const uint32_t d = pc_ld((const unsigned short *)b);
+    raw[3] = 0;
+    if constexpr (TYPE == ANNA_DTYPE_IQ2_S) {
+      raw[0] = d | (uint32_t)pc_ld(b + 66 + ib) << 16 | (uint32_t)pc_ld(b + 74 + ib) << 24;
+      raw[1] = pc_ld4h(b + 2 + 4 * ib), raw[2] = pc_ld4h(b + 34 + 4 * ib);
+    } else {
+      raw[1] = pc_ld4h(b + 2 + 8 * ib), raw[2] = pc_ld4h(b + 6 + 8 * ib);
+      if constexpr (TYPE == ANNA_DTYPE_IQ2_XXS) {
+        raw[0] = d;
+      } else if constexpr (TYPE == ANNA_DTYPE_IQ2_XS) {
+        raw[0] = d | (uint32_t)pc_ld(b + 66 + ib) << 16;
+      } else if constexpr (TYPE == ANNA_DTYPE_IQ3_XXS) {
+        raw[0] = d, raw[3] = pc_ld4h(b + 66 + 4 * ib);
+      } else { /* IQ3_S */
+        raw[0] = d | (uint32_t)pc_ld(b + 66 + ib) << 16 | (uint32_t)((pc_ld(b + 106 + ib / 2) >> (4 * (ib % 2))) & 0xf) << 24;
+        raw[3] = pc_ld4h(b + 74 + 4 * ib);
+      }
+    }
   } else { /* IQ4_XS */
     const int ib = (int)(p & 7);
     const uint8_t *b = row + (p >> 3) * 136;
@@ -502,6 +695,15 @@ CUDA_HD int64_t cuda_piece_decode(const uint8_t *row, int64_t p, const uint32_t 
     pc_bytes16(lo, 8388640.0f, w);
     pc_bytes16(hi, 8388640.0f, w + 16);
     return (p >> 3) * 256 + 128 * hh + m;
+  } else if constexpr (cuda_iq_grid_type(TYPE)) {
+    /* the int8 values as floats: byte ^ 0x80 is v + 128, 0..255 */
+    uint32_t q[8];
+    cuda_iq_decode<TYPE>(raw, q, sc);
+    CUDA_UNROLL
+    for (int i = 0; i < 8; i++) q[i] ^= 0x80808080u;
+    pc_bytes16(q, 8388736.0f, w);
+    pc_bytes16(q + 4, 8388736.0f, w + 16);
+    return (p >> 3) * 256 + 32 * (p & 7);
   } else { /* IQ4_XS: piece ib is sub-block ib */
     const int ib = (int)(p & 7);
     const int ls = ((raw[1] >> (4 * ib)) & 0xf) | (((raw[0] >> (16 + 2 * ib)) & 3) << 4);
@@ -575,7 +777,7 @@ template <int TYPE> CUDA_HD int64_t cuda_q8_e0(int64_t p) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_K || TYPE == ANNA_DTYPE_Q5_K) {
     const int k = (int)(p & 7);
     return (p >> 3) * 256 + 64 * (k >> 1) + 16 * (k & 1);
-  } else if constexpr (TYPE == ANNA_DTYPE_IQ4_XS) {
+  } else if constexpr (TYPE == ANNA_DTYPE_IQ4_XS || cuda_iq_grid_type(TYPE)) {
     return (p >> 3) * 256 + 32 * (p & 7);
   } else if constexpr (TYPE == ANNA_DTYPE_Q6_K) {
     const int k = (int)(p & 7);
@@ -589,7 +791,8 @@ template <int TYPE> CUDA_HD int64_t cuda_q8_e0(int64_t p) {
  * run k is sc[k] * q_i - mn[k] (Q4_K, Q5_K: q in 0..31, mn set), sc[0] * (q_i - 8) (Q4_0:
  * q in 0..15, the kernel subtracts 8 * the block's activation sum), sc[k] * (q_i - 32)
  * (Q6_K: q in 0..63, runs 64 elements apart, likewise), sc[0] * T[n_i] (IQ4) or sc[0] * q_i
- * (Q8_0). */
+ * (Q8_0), sc[k] * q_i (2- and 3-bit i-quants: q signed, |q| <= 62; sc[0] == sc[1] unless
+ * cuda_iq_run_scales). */
 template <int TYPE>
 CUDA_HD void cuda_q8_decode(const uint8_t *row, int64_t p, const uint32_t *raw, int *wq, float *sc, float *mn) {
   if constexpr (TYPE == ANNA_DTYPE_Q4_0 || TYPE == ANNA_DTYPE_IQ4_NL || TYPE == ANNA_DTYPE_Q8_0) {
@@ -636,6 +839,8 @@ CUDA_HD void cuda_q8_decode(const uint8_t *row, int64_t p, const uint32_t *raw, 
       wq[i] = (int)((ql & 0x0f0f0f0fu) | (((qh >> s0) & 0x03030303u) << 4));
       wq[4 + i] = (int)(((ql >> 4) & 0x0f0f0f0fu) | (((qh >> (s0 + 4)) & 0x03030303u) << 4));
     }
+  } else if constexpr (cuda_iq_grid_type(TYPE)) {
+    cuda_iq_decode<TYPE>(raw, (uint32_t *)wq, sc);
   } else { /* IQ4_XS */
     const int ib = (int)(p & 7);
     const int ls = ((raw[1] >> (4 * ib)) & 0xf) | (((raw[0] >> (16 + 2 * ib)) & 3) << 4);
