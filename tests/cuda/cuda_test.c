@@ -211,8 +211,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(only, "matvec_iq")) bench_matvec_iq();
     else if (!strcmp(only, "encoder")) bench_encoder();
     else {
-      printf("FAILED: unknown benchmark %s (gdn, gemm, mmq, mmq_bf16, moe, group, topk, attn, ops, matvec_iq, encoder)
-", only);
+      printf("FAILED: unknown benchmark %s (gdn, gemm, mmq, mmq_bf16, moe, group, topk, attn, ops, matvec_iq, encoder)\n", only);
       g_fail = 1;
     }
     cuda_backend_free(g_gpu);
