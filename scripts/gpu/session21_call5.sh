@@ -14,7 +14,7 @@ mkdir -p /tmp/p && tar -C /tmp/p -xJf .gpu/pack.tar.xz
 P=/tmp/p; export LD_LIBRARY_PATH=$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 mkdir -p /tmp/site; for w in .gpu/whl/*.whl; do python3 -m zipfile -e "$w" /tmp/site 2>/dev/null; done
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a $S
-( PYTHONPATH=/tmp/site python3 tools/mkshape.py qwen3.5-122b-a10b /tmp/s122 --gguf ${IQ_GGUF:-iq2_xxs_rand} --gguf-only --max-gb 0 --jobs 6 \
+( PYTHONPATH=/tmp/site python3 tools/mkshape.py qwen3.5-122b-a10b /tmp/s122 --gguf ${IQ_GGUF:-iq2_m_rand} --gguf-only --max-gb 0 --jobs 6 \
    --tokenizer .gpu/fx/tokenizer --tokenizer-gguf .gpu/qwen3_5.gguf >$OUT/mk122.log 2>&1 ) &
 MK=$!
 timeout 120 $P/bin/test_cuda_ops --tests=${IQ_TESTS:-sample_tail,mmq_bf16} >$OUT/ops.log 2>&1
