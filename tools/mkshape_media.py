@@ -53,7 +53,12 @@ import mkshape  # noqa: E402
 from mkshape import CONST, NORMAL, UNIFORM, Tensor  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
-TOKENIZER = mkshape.FIXTURE_TOKENIZER
+# the shared test tokenizer; on a machine without ../shared (a device call), a copy carried under
+# .gpu/fx/tokenizer, or ANNA_FIXTURE_TOKENIZER
+TOKENIZER = os.environ.get("ANNA_FIXTURE_TOKENIZER") or next(
+    (d for d in (mkshape.FIXTURE_TOKENIZER, os.path.join(ROOT, "..", "shared", "fixtures", "tokenizer"),
+                 os.path.join(ROOT, ".gpu", "fx", "tokenizer")) if os.path.isfile(os.path.join(d, "tokenizer.json"))),
+    mkshape.FIXTURE_TOKENIZER)
 LM_STD = 0.02
 
 
