@@ -13,9 +13,9 @@ NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 echo "ncu: $NCU"
 for k in "k_mmq|0" "k_mbf|1"; do
   name=${k%%|*}; m=${k#*|}
-  timeout 120 $NCU --kernel-name regex:"^${name}\$|${name}<" --launch-skip 200 --launch-count 4 \
+  timeout 120 $NCU --kernel-name regex:"^${name}\$|${name}<" --launch-skip ${SKIP:-1500} --launch-count 4 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section LaunchStats \
-    $P/bin/anna-bench --model $F --device cuda --prompt-len 16 --max-new-tokens 16 --runs 1 --warmup 0 --parallel 64 \
+    $P/bin/anna-bench --model $F --device cuda --prompt-len 16 --max-new-tokens 48 --runs 1 --warmup 0 --parallel 64 \
     --tuning cuda_mmq_bf16=$m >$OUT/ncu_$name.txt 2>&1
   echo "== $name rc $?"
   grep -E "^  [a-z_]+.*\(|Grid Size|Block Size|Duration|DRAM Throughput|Memory Throughput|L1/TEX Hit|L2 Hit|Compute \(SM\)|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Dynamic Shared" $OUT/ncu_$name.txt | head -60 | cut -c1-140
