@@ -275,6 +275,9 @@ void *cuda_ring_put(ops_backend *be, const void *host, size_t bytes);
  * mode or the f32-activation matvec variant, with tuning cuda_decode_mmq off, or above
  * its token range. Recordable into a step graph (no cuBLAS, no host wait). */
 bool cuda_mmq(cuda_impl *ci, float *y, const float *x, int64_t n, const ops_weight *w, const uint8_t *W, int64_t rb);
+/* The split-K second pass of the decode GEMMs (cuda_mmq.cu, cuda_mmq_bf.cu): y[i] = the S partial
+ * planes part[z * stride + i] added in slice order, i < count. Recordable. */
+void cuda_mmq_reduce(cuda_impl *ci, float *y, const float *part, int64_t count, int64_t stride, int S);
 /* The bf16 tensor-core product for the same decode batches (cuda_mmq_bf.cu), Q4_K and Q6_K
  * weights with their scales decoded in registers: bf16 activations and weights, f32 sums.
  * True when it took the product (or set a sticky error), false unless tuning cuda_mmq_bf16

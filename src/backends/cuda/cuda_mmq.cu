@@ -456,6 +456,10 @@ static __global__ void k_mmq_reduce(float *y, const float *part, int64_t count, 
   y[i] = a;
 }
 
+void cuda_mmq_reduce(cuda_impl *ci, float *y, const float *part, int64_t count, int64_t stride, int S) {
+  cuda_launch(ci, "mmq reduce", k_mmq_reduce, (unsigned)((count + 255) / 256), 256, 0, y, part, count, stride, S);
+}
+
 /* ---- launch ---- */
 
 /* The decoders' load alignment (as the decode matvec's piece_ok). */
@@ -513,7 +517,7 @@ static void mmq_launch_bn(cuda_impl *ci, float *y, const uint8_t *W, int64_t row
   if (S > 1) {
     /* the planes hold npad token rows of `rows` floats; the first n are y */
     const int64_t count = n * rows;
-    cuda_launch(ci, "mmq reduce", k_mmq_reduce, (unsigned)((count + 255) / 256), 256, 0, y, part, count, npad * rows, S);
+    cuda_mmq_reduce(ci, y, part, count, npad * rows, S);
   }
 }
 

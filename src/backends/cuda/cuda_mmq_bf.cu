@@ -43,7 +43,7 @@
  * one fma of the exponent-trick float 2^23 + q (no int-to-float conversions). Per (row,
  * token) the sum runs over K in a fixed order, and K slices (split K, a function of the
  * weight's shape and the SM count only, partial sums added in slice order by
- * k_mbf_reduce) do not depend on n: a token's result is the same whatever the batch around
+ * cuda_mmq_reduce) do not depend on n: a token's result is the same whatever the batch around
  * it (not a batch-invariant-mode path all the same: that mode keeps cuda_mmq's int8
  * numerics for every size). Recordable in a step graph: launch arguments depend on shapes
  * and scratch addresses only, no allocation, no host wait. */
@@ -376,15 +376,6 @@ static __global__ void __launch_bounds__(32 * WARPS, (mbf_cfg<TYPE, BN, WARPS>::
       }
 }
 
-/* y[i] = the S partial planes (stride floats apart) added in slice order. */
-static __global__ void k_mbf_reduce(float *y, const float *part, int64_t count, int64_t stride, int S) {
-  const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= count) return;
-  float a = part[i];
-  for (int z = 1; z < S; z++) a += part[z * stride + i];
-  y[i] = a;
-}
-
 /* ---- launch ---- */
 
 /* What the kernel reads: whole super-blocks; Q4_K rows and blocks 16-byte aligned (plain
@@ -473,8 +464,7 @@ bool cuda_mmq_bf16(cuda_impl *ci, float *y, const float *x, int64_t n, const ops
 #undef MBF_BN
   if (S > 1) {
     const int64_t count = n * rows; /* planes of npad token rows; the first n are y */
-    cuda_launch(ci, "mmq bf16 reduce", k_mbf_reduce, (unsigned)((count + 255) / 256), 256, 0, y, (const float *)part,
-                count, npad * rows, S);
+    cuda_mmq_reduce(ci, y, (const float *)part, count, npad * rows, S); /* cuda_mmq.cu's second pass */
   }
   return true;
 }
